@@ -1,0 +1,22 @@
+"""The ``gpupool`` command line: one group, one sub-command per job.
+
+click is used because it gives typed, composable sub-commands with good ``--help`` output and is
+maintained by the Pallets team; argparse would need more code for the same result.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gpupool import __version__
+
+
+@click.group()
+@click.version_option(__version__, prog_name="gpupool")
+def cli() -> None:
+    """GPU sharing for Kubernetes."""
+
+
+def main() -> None:
+    """Entry point of the ``gpupool`` console script."""
+    cli()
