@@ -9,12 +9,16 @@ from __future__ import annotations
 import click
 
 from gpupool import __version__
+from gpupool.cli.simulate_cmd import simulate
 
 
 @click.group()
 @click.version_option(__version__, prog_name="gpupool")
 def cli() -> None:
     """GPU sharing for Kubernetes."""
+
+
+cli.add_command(simulate)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +75,8 @@ class NodeScratch:
             virtual = state.card_virtual[self.row]
             ok &= virtual if request.kind.value == "virtual" else ~virtual
         if request.exclusive:
-            return ok & (self.mode == CardMode.IDLE)
+            idle: BoolArray = ok & (self.mode == CardMode.IDLE)
+            return idle
         ok &= self.mode != CardMode.EXCLUSIVE
         ok &= self.compute_free >= request.compute
         ok &= self.mem_free >= self.need_memory(request)
@@ -115,7 +116,7 @@ def best_fit_card(state: ClusterState, scratch: NodeScratch, request: GpuRequest
 
 def most_isolated_card(spec: NodeSpec, candidates: list[int]) -> int:
     """Among idle cards, the one farthest from any other idle card (ties: lowest index)."""
-    if len(candidates) == 1:
+    if len(candidates) == 1 or spec.topology is None:
         return candidates[0]
 
     def isolation(card: int) -> int:
@@ -133,16 +134,23 @@ def cheapest_card_set(spec: NodeSpec, candidates: list[int], count: int,
     """
     if count == len(candidates):
         return list(candidates)
+    if spec.topology is None and tiebreak is None:
+        return list(candidates[:count])
 
-    def cost(cards: tuple[int, ...] | list[int]) -> int:
+    def cost(cards: Sequence[int]) -> int:
         return sum(int(spec.link(a, b)) for a, b in itertools.combinations(cards, 2))
 
-    def key(cards: tuple[int, ...] | list[int]) -> tuple[int, int, tuple[int, ...]]:
+    def key(cards: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
         extra = sum(tiebreak(c) for c in cards) if tiebreak else 0
         return cost(cards), extra, tuple(sorted(cards))
 
     if math.comb(len(candidates), count) <= MAX_COMBINATIONS:
-        return list(min(itertools.combinations(candidates, count), key=key))
+        best_combo: tuple[int, ...] | None = None
+        for combo in itertools.combinations(candidates, count):
+            if best_combo is None or key(combo) < key(best_combo):
+                best_combo = combo
+        assert best_combo is not None
+        return list(best_combo)
     best: list[int] | None = None
     for start in candidates:
         chosen = [start]

@@ -45,11 +45,13 @@ def card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> B
     ok = eligible_cards(state, request, rows)
     mode = state.card_mode[rows]
     if request.exclusive:
-        return ok & (mode == CardMode.IDLE)
+        idle: BoolArray = ok & (mode == CardMode.IDLE)
+        return idle
     ok &= mode != CardMode.EXCLUSIVE
     ok &= state.card_compute_free[rows] >= request.compute
     ok &= state.card_mem_free[rows] >= memory_need(state, request, rows)
-    return ok
+    result: BoolArray = ok
+    return result
 
 
 def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = None) -> BoolArray:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import IntEnum, StrEnum
 
 from gpupool.core.units import COMPUTE_PER_CARD
 
 
-class GpuKind(str, Enum):
+class GpuKind(StrEnum):
     """Whether a card is a physical device or a virtual GPU (vGPU/MIG slice) exposed as one."""
 
     PHYSICAL = "physical"
@@ -159,8 +159,9 @@ class NodeSpec:
 
     def link(self, a: int, b: int) -> LinkLevel:
         """Link level between two card positions of this node."""
-        topo = self.topology or Topology.flat(len(self.cards))
-        return topo.link(a, b)
+        if self.topology is None:
+            return LinkLevel.SELF if a == b else LinkLevel.SYSTEM
+        return self.topology.link(a, b)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,11 @@ def parse_memory_mib(text: str | int) -> int:
         return text
     raw = text.strip()
     suffixes = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "u": MEMORY_UNIT_MIB}
-    for suffix, factor in suffixes.items():
+    number, factor = raw, 1
+    for suffix, multiplier in suffixes.items():
         if raw.endswith(suffix):
-            number = raw[: -len(suffix)]
+            number, factor = raw[: -len(suffix)], multiplier
             break
-    else:
-        number, factor = raw, 1
     if not number.isdigit():
         raise ValueError(f"cannot read memory quantity {text!r}: use MiB, Mi, Gi, Ti or u (256 MiB units)")
     return int(number) * factor

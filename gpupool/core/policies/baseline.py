@@ -51,11 +51,11 @@ class BinpackPolicy(PlacementPolicy):
 
     def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.gpu is None:
-            return -state.cpu_free[rows].astype(np.float64)
+            return np.asarray(-state.cpu_free[rows], dtype=np.float64)
         if shape.gpu.exclusive:
-            return -fits.sum(axis=1).astype(np.float64)
+            return np.asarray(-fits.sum(axis=1), dtype=np.float64)
         mem = np.where(fits, state.card_mem_free[rows], np.iinfo(np.int64).max)
-        return -mem.min(axis=1).astype(np.float64)
+        return np.asarray(-mem.min(axis=1), dtype=np.float64)
 
     def shared_chooser(self) -> SharedCardChooser:
         def choose(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
@@ -73,7 +73,7 @@ class SpreadPolicy(PlacementPolicy):
     name = "spread"
 
     def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
-        return gpu_free(state, rows).sum(axis=1).astype(np.float64) + state.cpu_free[rows] / 1e9
+        return np.asarray(gpu_free(state, rows).sum(axis=1) + state.cpu_free[rows] / 1e9, dtype=np.float64)
 
     def shared_chooser(self) -> SharedCardChooser:
         def choose(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
@@ -93,7 +93,7 @@ class BestFitPolicy(PlacementPolicy):
         left_cpu = state.cpu_free[rows] - shape.cpu_milli
         left_gpu = gpu_free(state, rows).sum(axis=1) - shape.milli * shape.count
         s = 0.5 * left_cpu / MAX_SPEC_CPU + 0.5 * left_gpu / MAX_SPEC_GPU
-        return np.trunc((1.0 - s) * 100.0)
+        return np.asarray(np.trunc((1.0 - s) * 100.0), dtype=np.float64)
 
     def normalize(self, scores: FloatArray) -> FloatArray:
         if len(scores) == 0:
@@ -101,7 +101,7 @@ class BestFitPolicy(PlacementPolicy):
         low, high = scores.min(), scores.max()
         if high == low:
             return np.zeros_like(scores)
-        return np.floor((scores - low) * 100.0 / (high - low))
+        return np.asarray(np.floor((scores - low) * 100.0 / (high - low)), dtype=np.float64)
 
 
 class DotProductPolicy(PlacementPolicy):
@@ -113,7 +113,7 @@ class DotProductPolicy(PlacementPolicy):
         node_cpu = state.cpu_free[rows] / MAX_SPEC_CPU
         node_gpu = gpu_free(state, rows).sum(axis=1) / MAX_SPEC_GPU
         dot = node_cpu * (shape.cpu_milli / MAX_SPEC_CPU) + node_gpu * (shape.milli * shape.count / MAX_SPEC_GPU)
-        return np.trunc(100.0 * (1.0 - dot / 2.0))
+        return np.asarray(np.trunc(100.0 * (1.0 - dot / 2.0)), dtype=np.float64)
 
 
 class PackingPolicy(PlacementPolicy):

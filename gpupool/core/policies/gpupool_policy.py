@@ -20,7 +20,7 @@ from gpupool.core.policies.base import PodShape, gpu_free
 from gpupool.core.policies.fgd import FragmentationPolicy
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
-PACKING_WEIGHT = 1e-3
+PACKING_WEIGHT = 1e-4
 """Weight of the best-fit tie-breaker, in milli-GPU of fragmentation per milli-GPU left free."""
 
 
