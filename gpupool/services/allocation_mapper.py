@@ -141,6 +141,8 @@ class AllocationMapper:
         for c in pod.admission_order():
             if c.limits.get(resource, 0) <= 0 or (pod.uid, c.name, resource) in self._served:
                 continue
+            if resource in pod.allocated.get(c.name, frozenset()):
+                continue
             if c.init and app_started:
                 continue  # kubelet allocates init containers before any app container (G2)
             if not c.init and recorded.get(c.name, {}).get(resource):

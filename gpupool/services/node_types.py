@@ -103,6 +103,8 @@ class PodView:
     containers: tuple[ContainerView, ...]
     assignment: NodeAssignment | None = None
     assignment_error: str = ""
+    allocated: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Container → resources already served, from ``allocated-v1`` (survives an agent restart)."""
 
     @property
     def key(self) -> tuple[str, str]:

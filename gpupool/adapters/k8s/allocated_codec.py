@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.core.model import CardSlice
+from gpupool.services.node_agent import ServedContainer
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,10 @@ def decode_allocated(text: str) -> list[AllocatedContainer]:
             uuids=tuple(str(c.get("uuid", "")) for c in cards),
             resources={str(k): int(v) for k, v in raw.get("resources", {}).items()}))
     return out
+
+
+def encode_served(node: str, time: str, served: list[ServedContainer]) -> str:
+    """The node agent's encoder: its served containers as ``allocated-v1``."""
+    return encode_allocated(node, time, [
+        AllocatedContainer(name=c.name, init=c.init, slices=c.record.slices, uuids=c.record.uuids,
+                           resources=dict(c.resources)) for c in served])

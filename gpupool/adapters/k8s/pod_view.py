@@ -10,8 +10,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from gpupool.adapters.k8s.allocated_codec import decode_allocated
 from gpupool.adapters.k8s.assignment_codec import AssignmentFormatError, decode_assignment
-from gpupool.services.node_types import ASSIGNMENT_ANNOTATION, ContainerView, PodView, ResourceNames
+from gpupool.services.node_types import (
+    ALLOCATED_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    ContainerView,
+    PodView,
+    ResourceNames,
+)
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -54,7 +61,15 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
             assignment = decode_assignment(raw, f"{namespace}/{name}")
         except AssignmentFormatError as exc:
             error = str(exc)
+    allocated: dict[str, frozenset[str]] = {}
+    raw_allocated = annotations.get(names.annotation(ALLOCATED_ANNOTATION))
+    if raw_allocated:
+        try:
+            allocated = {c.name: frozenset(c.resources) for c in decode_allocated(raw_allocated)}
+        except (ValueError, KeyError, TypeError):
+            allocated = {}
     terminated = status.get("phase") in _TERMINAL_PHASES or meta.get("deletionTimestamp") is not None
     return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
                    node=str(spec.get("nodeName", "")), created=_created(meta), terminated=terminated,
-                   containers=tuple(containers), assignment=assignment, assignment_error=error)
+                   containers=tuple(containers), assignment=assignment, assignment_error=error,
+                   allocated=allocated)
