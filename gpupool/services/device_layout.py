@@ -1,0 +1,75 @@
+"""The kubelet devices gpupool advertises: short IDs that name their card, per resource.
+
+IDs are ``g<i>`` (whole card), ``g<i>-m<k>`` (256 MiB of card i) and ``g<i>-c<k>`` (1 % of card i).
+Naming the card lets GetPreferredAllocation steer kubelet onto the assigned cards and lets logs and
+reconciliation read which card a device ID stands for; identity of the *pod* never comes from them
+(see docs/allocate-mapping.md). Short IDs keep ListAndWatch for 8 x 141 GB cards near 90 kB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpupool.services.gpu_inventory import GpuInventory
+from gpupool.services.node_types import CORE_PER_CARD, MEMORY_UNIT, ResourceNames
+
+
+class DeviceLayout:
+    """Device IDs of every resource, derived from the inventory."""
+
+    def __init__(self, names: ResourceNames) -> None:
+        self.names = names
+
+    def devices(self, resource: str, inventory: GpuInventory) -> list[tuple[str, bool]]:
+        """(ID, healthy) of every device of ``resource``; unhealthy cards' devices say so."""
+        out: list[tuple[str, bool]] = []
+        for card in inventory.cards:
+            for device_id in self.card_ids(resource, card.index, card.memory_mib):
+                out.append((device_id, card.healthy))
+        return out
+
+    def card_ids(self, resource: str, index: int, memory_mib: int) -> list[str]:
+        """IDs of one card for one resource."""
+        if resource == self.names.gpu:
+            return [f"g{index}"]
+        if resource == self.names.gpu_mem:
+            return [f"g{index}-m{k}" for k in range(memory_mib // MEMORY_UNIT)]
+        if resource == self.names.gpu_core:
+            return [f"g{index}-c{k}" for k in range(CORE_PER_CARD)]
+        raise KeyError(f"gpupool does not advertise {resource}")
+
+    @staticmethod
+    def card_of(device_id: str) -> int | None:
+        """The card index a device ID stands for; ``None`` for a foreign ID."""
+        if not device_id.startswith("g"):
+            return None
+        head = device_id[1:].split("-", 1)[0]
+        return int(head) if head.isdigit() else None
+
+    def prefer(self, available: Iterable[str], must_include: Iterable[str], size: int,
+               cards: list[int]) -> list[str]:
+        """``size`` IDs: ``must_include`` first, then available ones on ``cards`` round-robin,
+        then any available (lowest first) if the assigned cards lack enough free IDs."""
+        chosen = list(dict.fromkeys(must_include))[:size]
+        taken = set(chosen)
+        by_card: dict[int, list[str]] = {c: [] for c in cards}
+        rest: list[str] = []
+        for device_id in sorted(set(available) - taken, key=_id_key):
+            card = self.card_of(device_id)
+            by_card.get(-1 if card is None else card, rest).append(device_id)
+        queues = [q for q in by_card.values() if q]
+        while len(chosen) < size and queues:
+            for queue in list(queues):
+                if len(chosen) >= size:
+                    break
+                chosen.append(queue.pop(0))
+                if not queue:
+                    queues.remove(queue)
+        chosen.extend(rest[: max(0, size - len(chosen))])
+        return chosen
+
+
+def _id_key(device_id: str) -> tuple[int, int, str]:
+    card = DeviceLayout.card_of(device_id)
+    tail = device_id.rsplit("-", 1)[-1][1:] if "-" in device_id else "0"
+    return (card if card is not None else 1 << 30, int(tail) if tail.isdigit() else 0, device_id)
