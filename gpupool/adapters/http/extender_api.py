@@ -57,6 +57,7 @@ class ExtenderApi:
         self.service = service
         self.names = names
         self.metrics = metrics
+        metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
 
     # ----------------------------------------------------------------------------------- verbs

@@ -30,7 +30,6 @@ from gpupool.adapters.k8s.podapi import ApiError, ConflictError, NotFoundError, 
 from gpupool.adapters.k8s.translate import TranslationError, pod_request
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
-from gpupool.core.state import AllocationError
 from gpupool.services.extender import BindResult
 
 log = logging.getLogger(__name__)
@@ -70,17 +69,14 @@ class Binder:
                 return BindResult(str(exc), attempts=attempt)
             if not request.wants_gpu:
                 return self._post_binding(key, namespace, name, uid, node, None, None, attempt)
-            with self.cache.lock:
-                decision = self.cache.scheduler.assign(request, node)
-                if isinstance(decision, Unschedulable):
-                    return BindResult(f"pod {key} does not fit on node {node}: {decision.reason}",
-                                      attempts=attempt)
-                spec = self.cache.node_spec_of(node)
-                assert spec is not None  # assign() succeeded, so the node is known
-                try:
-                    self.cache.reserve(decision)
-                except AllocationError as exc:  # cannot happen under the lock; kept as a guard
-                    return BindResult(f"pod {key}: {exc}", attempts=attempt)
+            decision = self.cache.reserve(request, node)
+            if isinstance(decision, Unschedulable):
+                return BindResult(f"pod {key} does not fit on node {node}: {decision.reason}",
+                                  attempts=attempt)
+            spec = self.cache.node_spec_of(node)
+            if spec is None:  # the node vanished between the decision and now
+                self.cache.rollback(key)
+                return BindResult(f"node {node} is gone", attempts=attempt)
             assignment = Assignment.from_placement(decision, spec, self.clock())
             try:
                 patched = self.api.patch_pod_annotations(

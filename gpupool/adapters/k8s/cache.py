@@ -50,7 +50,7 @@ from gpupool.adapters.k8s.translate import (
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, make_policy
-from gpupool.core.scheduler import Scheduler
+from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import AllocationError, ClusterState
 
 log = logging.getLogger(__name__)
@@ -331,22 +331,29 @@ class ClusterCache:
         return ended
 
     # ---------------------------------------------------------------------- binder reservations
-    def reserve(self, placement: Placement) -> None:
-        """Book a bind in flight; raises :class:`AllocationError` (and books nothing) if it no longer fits.
+    def reserve(self, request: PodRequest, node: str) -> Placement | Unschedulable:
+        """Choose the cards for a bind in flight and book them, atomically under the lock.
 
-        The pod's previous booking (an expired or stale assignment of an earlier attempt) is given
-        back first, so a retried bind does not compete with itself.
+        The pod's previous booking (an expired or stale assignment of an earlier attempt, or one
+        another replica just wrote) is lifted while the core decides, so a retried bind does not
+        compete with itself; it is restored when the pod no longer fits.
         """
-        placement = strip_host_resources(placement)
+        key = request.key
         with self.lock:
-            previous = self.state.release(placement.pod_key)
-            try:
-                self.state.apply(placement)
-            except AllocationError:
-                if previous is not None:
-                    self.state.apply(previous)
-                raise
-            self._inflight[placement.pod_key] = placement
+            previous = self.state.release(key)
+            decision = self.scheduler.assign(request, node)
+            if isinstance(decision, Placement):
+                booked = strip_host_resources(decision)
+                try:
+                    self.state.apply(booked)
+                except AllocationError as exc:  # assign() checked it under this lock; kept as a guard
+                    decision = Unschedulable(key, str(exc))
+                else:
+                    self._inflight[key] = booked
+                    return decision
+            if previous is not None:
+                self.state.apply(previous)
+            return decision
 
     def commit(self, key: str, assignment: Assignment) -> None:
         """The bind succeeded: hold the placement until the watch shows the annotation."""
