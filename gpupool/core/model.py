@@ -189,7 +189,7 @@ class GpuRequest:
             raise ValueError(f"compute per card must be within 0..{COMPUTE_PER_CARD} per-mille")
         if self.memory_mib is not None and self.memory_mib < 0:
             raise ValueError("memory per card must be non-negative")
-        if not self.exclusive and self.compute == 0 and self.memory_mib == 0:
+        if not self.exclusive and self.compute == 0 and not self.memory_mib:
             raise ValueError("a shared GPU request must ask for memory, compute or both")
 
     @staticmethod

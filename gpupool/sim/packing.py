@@ -72,7 +72,12 @@ def workload(pods: Sequence[PodRequest], seed: int, capacity: int) -> list[PodRe
     shuffled = [ordered[i] for i in rng.permutation(len(ordered))]
     demand = sum(p.gpu_milli_total() for p in shuffled)
     target = INFLATION * capacity
+    while demand > target and shuffled:
+        # A trace larger than 130 % of the cluster is trimmed at random, as the paper's simulator does.
+        demand -= shuffled.pop(int(rng.integers(len(shuffled)))).gpu_milli_total()
     clone = 0
+    if not any(p.gpu_milli_total() for p in ordered):
+        return shuffled
     while demand < target:
         source = ordered[int(rng.integers(len(ordered)))]
         extra = source.gpu_milli_total()

@@ -74,7 +74,7 @@ def _int(row: dict[str, str], column: str, path: Path, line: int, default: int |
         return default
     try:
         return int(float(raw))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise TraceError(f"{path}:{line}: column {column!r} must be a number, got {raw!r}") from None
 
 
