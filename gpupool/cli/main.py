@@ -17,6 +17,11 @@ def cli() -> None:
     """GPU sharing for Kubernetes."""
 
 
+from gpupool.cli.node_agent_cmd import node_agent  # noqa: E402
+
+cli.add_command(node_agent)
+
+
 def main() -> None:
     """Entry point of the ``gpupool`` console script."""
     cli()
