@@ -41,31 +41,46 @@ class DeviceLayout:
     @staticmethod
     def card_of(device_id: str) -> int | None:
         """The card index a device ID stands for; ``None`` for a foreign ID."""
-        if not device_id.startswith("g"):
+        if device_id[:1] != "g":
             return None
-        head = device_id[1:].split("-", 1)[0]
+        dash = device_id.find("-")
+        head = device_id[1:dash] if dash > 0 else device_id[1:]
         return int(head) if head.isdigit() else None
 
     def prefer(self, available: Iterable[str], must_include: Iterable[str], size: int,
                cards: list[int]) -> list[str]:
         """``size`` IDs: ``must_include`` first, then available ones on ``cards`` round-robin,
-        then any available (lowest first) if the assigned cards lack enough free IDs."""
+        then any available (lowest first) if the assigned cards lack enough free IDs.
+
+        One pass over ``available`` (thousands of memory IDs) and sorting only the few buckets
+        needed: kubelet waits for this answer while holding its device-manager lock.
+        """
         chosen = list(dict.fromkeys(must_include))[:size]
+        if len(chosen) >= size:
+            return chosen
         taken = set(chosen)
+        wanted = set(cards)
         by_card: dict[int, list[str]] = {c: [] for c in cards}
         rest: list[str] = []
-        for device_id in sorted(set(available) - taken, key=_id_key):
+        for device_id in available:
+            if device_id in taken:
+                continue
             card = self.card_of(device_id)
-            by_card.get(-1 if card is None else card, rest).append(device_id)
-        queues = [q for q in by_card.values() if q]
+            if card is not None and card in wanted:
+                by_card[card].append(device_id)
+            else:
+                rest.append(device_id)
+        queues = [sorted(q, key=_id_key) for q in by_card.values() if q]
+        position = 0
         while len(chosen) < size and queues:
-            for queue in list(queues):
-                if len(chosen) >= size:
-                    break
-                chosen.append(queue.pop(0))
-                if not queue:
-                    queues.remove(queue)
-        chosen.extend(rest[: max(0, size - len(chosen))])
+            queue = queues[position % len(queues)]
+            chosen.append(queue.pop(0))
+            if not queue:
+                queues.remove(queue)
+            else:
+                position += 1
+        if len(chosen) < size:
+            chosen.extend(sorted(rest, key=_id_key)[: size - len(chosen)])
         return chosen
 
 

@@ -61,7 +61,7 @@ async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | No
     for pod in pods or []:
         source.put(pod)
     reader = PodResourcesClient(os.path.join(base, "podres.sock"))
-    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.05)
+    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2)
     manager = DevicePluginManager(plugin_dir, NAMES.all(), agent, poll_s=0.05)
     tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
     try:

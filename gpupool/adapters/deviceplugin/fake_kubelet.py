@@ -256,9 +256,8 @@ class FakeKubelet:
                         chosen += preferred[: needed - len(chosen)]
                         if len(chosen) - before == needed - before:
                             self.preferred_honoured += 1
-                    rest = list(available - set(chosen))
-                    self.rng.shuffle(rest)
-                    chosen += rest[: needed - len(chosen)]
+                    rest = sorted(available - set(chosen))
+                    chosen += self.rng.sample(rest, needed - len(chosen))
             devs = list(chosen)
             self.rng.shuffle(devs)
             reply = await ep.stub.Allocate(pb.AllocateRequest(
@@ -305,12 +304,14 @@ class FakeKubelet:
     async def list_pod_resources(self) -> Any:
         async with self.dm_lock:
             out = []
+            index: dict[tuple[str, str], list[tuple[str, frozenset[str]]]] = {}
+            for (uid, c, r), ids in self.pod_devices.items():
+                index.setdefault((uid, c), []).append((r, ids))
             for pod in self.pod_manager.values():
                 containers = []
                 for cname, _limits in pod.app:
                     devices = [podres_pb.ContainerDevices(resource_name=r, device_ids=sorted(ids))
-                               for (uid, c, r), ids in self.pod_devices.items()
-                               if uid == pod.uid and c == cname]
+                               for r, ids in index.get((pod.uid, cname), [])]
                     containers.append(podres_pb.ContainerResources(name=cname, devices=devices))
                 out.append(podres_pb.PodResources(name=pod.name, namespace=pod.namespace,
                                                   containers=containers))

@@ -55,7 +55,8 @@ class FakeGpuBackend:
         self._topology = topology
         self._paths = device_paths
         self._script = sorted(events or [], key=lambda e: e.at)
-        self._injected: asyncio.Queue[HealthEvent] | None = None
+        # Created up front so that events injected before anyone watches are not lost.
+        self._injected: asyncio.Queue[HealthEvent] = asyncio.Queue()
 
     @staticmethod
     def from_file(path: str | Path) -> FakeGpuBackend:
@@ -108,8 +109,7 @@ class FakeGpuBackend:
     def inject(self, event: HealthEvent) -> None:
         """Apply a health change now (tests); it is also emitted by :meth:`health_events`."""
         self._apply(event)
-        if self._injected is not None:
-            self._injected.put_nowait(event)
+        self._injected.put_nowait(event)
 
     def _apply(self, event: HealthEvent) -> None:
         card = self._cards.get(event.card)
@@ -127,7 +127,6 @@ class FakeGpuBackend:
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         """Replay the script relative to the first call, interleaved with injected events."""
-        self._injected = asyncio.Queue()
         loop = asyncio.get_running_loop()
         start = loop.time()
         script = list(self._script)
