@@ -17,6 +17,11 @@ def cli() -> None:
     """GPU sharing for Kubernetes."""
 
 
+from gpupool.cli.extender_cmd import extender  # noqa: E402  (sub-commands register after the group)
+
+cli.add_command(extender)
+
+
 def main() -> None:
     """Entry point of the ``gpupool`` console script."""
     cli()
