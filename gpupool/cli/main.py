@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from gpupool import __version__
+from gpupool.cli.extender_cmd import extender
 from gpupool.cli.node_agent_cmd import node_agent
 from gpupool.cli.simulate_cmd import simulate
 
@@ -21,6 +22,7 @@ def cli() -> None:
 
 cli.add_command(simulate)
 cli.add_command(node_agent)
+cli.add_command(extender)
 
 
 def main() -> None:
