@@ -9,12 +9,16 @@ from __future__ import annotations
 import click
 
 from gpupool import __version__
+from gpupool.cli.testenv_cmd import testenv
 
 
 @click.group()
 @click.version_option(__version__, prog_name="gpupool")
 def cli() -> None:
     """GPU sharing for Kubernetes."""
+
+
+cli.add_command(testenv)
 
 
 def main() -> None:
