@@ -12,6 +12,7 @@ from gpupool import __version__
 from gpupool.cli.extender_cmd import extender
 from gpupool.cli.node_agent_cmd import node_agent
 from gpupool.cli.simulate_cmd import simulate
+from gpupool.cli.testenv_cmd import testenv
 
 
 @click.group()
@@ -21,8 +22,9 @@ def cli() -> None:
 
 
 cli.add_command(simulate)
-cli.add_command(node_agent)
 cli.add_command(extender)
+cli.add_command(node_agent)
+cli.add_command(testenv)
 
 
 def main() -> None:

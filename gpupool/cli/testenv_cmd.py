@@ -1,0 +1,125 @@
+"""``gpupool testenv build|up|down|env``: a real Kubernetes on this machine, for tests and demos.
+
+``up`` starts the components in the background and exits; ``down`` stops them from the state file
+``up`` wrote. Use ``eval "$(gpupool testenv env)"`` to point kubectl and clients at the cluster.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+import click
+
+from gpupool.testenv.build import ensure_binaries
+from gpupool.testenv.config import ExtenderConfig
+from gpupool.testenv.controlplane import start_control_plane
+from gpupool.testenv.errors import TestenvError
+from gpupool.testenv.kubelet import created_mount_points, start_kubelet
+from gpupool.testenv.statefile import (
+    EnvState,
+    default_state_dir,
+    load_state,
+    save_state,
+    stop_state,
+)
+
+_state_dir_option = click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=None,
+    help="Where the running environment keeps its files (default $GPUPOOL_TESTENV_STATE or "
+         "/tmp/gpupool-testenv).",
+)
+
+
+def _progress(message: str) -> None:
+    click.echo(f"testenv: {message}", err=True)
+
+
+@click.group("testenv")
+def testenv() -> None:
+    """A real kube-apiserver, kube-scheduler and kubelet (v1.20.2) on this machine."""
+
+
+@testenv.command("build")
+def build_cmd() -> None:
+    """Build (or find in the cache) the binaries; a cache hit returns at once."""
+    started = time.monotonic()
+    try:
+        binaries = ensure_binaries(log=_progress)
+    except TestenvError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for name, path in vars(binaries).items():
+        click.echo(f"{name}: {path}")
+    _progress(f"done in {time.monotonic() - started:.1f}s")
+
+
+@testenv.command("up")
+@_state_dir_option
+@click.option("--kubelet", "nodes", multiple=True, metavar="NODE",
+              help="Also start a kubelet (fake container runtime) registering this node; repeatable.")
+@click.option("--extender-url", default=None, help="Point kube-scheduler at an extender at this URL prefix.")
+@click.option("--managed-resource", "managed", multiple=True, metavar="NAME",
+              help="Extended resource the extender manages (ignoredByScheduler); repeatable.")
+@click.option("--bind-verb", default=None, help="Let the extender bind pods with this verb (e.g. bind).")
+def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], extender_url: str | None,
+           managed: tuple[str, ...], bind_verb: str | None) -> None:
+    """Start etcd, kube-apiserver, kube-scheduler (and kubelets) in the background."""
+    state_dir = state_dir or default_state_dir()
+    previous = load_state(state_dir)
+    if previous is not None and previous.running():
+        raise click.ClickException(f"already up (state in {state_dir}); run `gpupool testenv down` first")
+    if previous is not None:
+        stop_state(state_dir, previous)  # leftovers of a crashed run
+    extenders: tuple[ExtenderConfig, ...] = ()
+    if extender_url:
+        extenders = (ExtenderConfig(url_prefix=extender_url, bind_verb=bind_verb,
+                                    managed_resources=managed),)
+    started = time.monotonic()
+    try:
+        binaries = ensure_binaries(log=_progress)
+        plane = start_control_plane(binaries, state_dir=state_dir, extenders=extenders)
+        plane.remove_state_on_stop = False
+        state = EnvState(control_plane=plane.to_record())
+        save_state(state_dir, state)
+        _progress(f"control plane ready at {plane.server} in {time.monotonic() - started:.1f}s")
+        for node in nodes:
+            kubelet = start_kubelet(plane, node)
+            state.kubelets.append(kubelet.to_record())
+            state.created_mount_points = [str(p) for p in created_mount_points()]
+            save_state(state_dir, state)
+            _progress(f"node {node} Ready ({kubelet.node_ip}:{kubelet.port})")
+    except TestenvError as exc:
+        recorded = load_state(state_dir)
+        if recorded is not None:
+            stop_state(state_dir, recorded)
+        raise click.ClickException(str(exc)) from exc
+    _print_env(state_dir)
+
+
+@testenv.command("down")
+@_state_dir_option
+def down_cmd(state_dir: Path | None) -> None:
+    """Stop everything `up` started and delete its state directory."""
+    state_dir = state_dir or default_state_dir()
+    state = load_state(state_dir)
+    if state is None:
+        _progress(f"nothing to stop (no state in {state_dir})")
+        return
+    stop_state(state_dir, state)
+    _progress("stopped")
+
+
+@testenv.command("env")
+@_state_dir_option
+def env_cmd(state_dir: Path | None) -> None:
+    """Print `export KUBECONFIG=...` for the running environment (use with eval)."""
+    _print_env(state_dir or default_state_dir())
+
+
+def _print_env(state_dir: Path) -> None:
+    state = load_state(state_dir)
+    if state is None:
+        raise click.ClickException(f"no test environment recorded in {state_dir}; run `gpupool testenv up`")
+    click.echo(f"export KUBECONFIG={shlex.quote(str(state.kubeconfig))}")
+    click.echo(f"export GPUPOOL_TESTENV_STATE={shlex.quote(str(state_dir))}")

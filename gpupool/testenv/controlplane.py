@@ -1,0 +1,265 @@
+"""etcd + kube-apiserver + kube-scheduler on loopback, started and stopped as one unit.
+
+There is deliberately no kube-controller-manager: tests see exactly the API behaviour they cause
+(no garbage collector, no node lifecycle taints, no service-account tokens). Two admission plugins
+that would wait for such a controller are disabled (``ServiceAccount``, ``TaintNodesByCondition``).
+
+Every port is picked free at start, so several control planes (parallel sessions, a developer's
+own) coexist; a start that loses a port race is retried with fresh ports.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from gpupool.testenv.build import ensure_binaries
+from gpupool.testenv.config import (
+    SERVICE_CLUSTER_IP_RANGE,
+    ExtenderConfig,
+    render_kubeconfig,
+    render_scheduler_config,
+    render_token_file,
+)
+from gpupool.testenv.errors import StartupError
+from gpupool.testenv.paths import Binaries
+from gpupool.testenv.pki import Pki, make_pki
+from gpupool.testenv.ports import free_ports
+from gpupool.testenv.probe import http_get, is_ok
+from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+
+#: Admission plugins that need a controller this environment does not run.
+DISABLED_ADMISSION_PLUGINS = ("ServiceAccount", "TaintNodesByCondition")
+
+_START_ATTEMPTS = 3
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane; use as a context manager or call :meth:`stop`."""
+
+    state_dir: Path
+    server: str
+    token: str
+    ca_cert: Path
+    kubeconfig: Path
+    binaries: Binaries
+    etcd: ManagedProcess
+    apiserver: ManagedProcess
+    scheduler: ManagedProcess | None
+    extenders: tuple[ExtenderConfig, ...] = ()
+    etcd_url: str = ""
+    remove_state_on_stop: bool = True
+    _stopped: bool = field(default=False, repr=False)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def processes(self) -> list[ManagedProcess]:
+        """The running components, in start order."""
+        procs = [self.etcd, self.apiserver]
+        if self.scheduler is not None:
+            procs.append(self.scheduler)
+        return procs
+
+    def restart_scheduler(self, extenders: Sequence[ExtenderConfig] = (), timeout: float = 30.0) -> None:
+        """Replace the scheduler by one configured with ``extenders`` (e.g. a test's extender URL).
+
+        Restarting only the scheduler takes about a second, against several for the whole plane.
+        """
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.scheduler = _start_scheduler(self.binaries, self.state_dir, self.kubeconfig, extenders,
+                                          timeout=timeout)
+        self.extenders = tuple(extenders)
+
+    def restart_apiserver(self, timeout: float = 60.0) -> None:
+        """Restart kube-apiserver on the same port, etcd and certificates (data survives).
+
+        The new apiserver starts its watch caches afresh, so a client resuming a watch from a
+        resourceVersion older than the restart gets 410 Gone and must relist: the recovery path
+        the extender and node agent need to handle after a control-plane upgrade.
+        """
+        self.apiserver.stop()
+        port = int(self.server.rsplit(":", 1)[1])
+        pki = Pki.in_dir(self.ca_cert.parent)
+        self.apiserver = _start_apiserver(self.binaries, self.state_dir, pki.server_cert, pki.server_key,
+                                          pki.service_account_key, self.etcd_url, port)
+        _wait_apiserver_ready(self.server, self.token, self.ca_cert, timeout, [self.etcd, self.apiserver])
+
+    def stop(self) -> None:
+        """Stop scheduler, apiserver, then etcd (the apiserver hangs retrying a dead etcd)."""
+        if self._stopped:
+            return
+        for proc in reversed(self.processes()):
+            proc.stop()
+        self._stopped = True
+        if self.remove_state_on_stop:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-serialisable description, so another process can stop this plane."""
+        return {
+            "state_dir": str(self.state_dir), "server": self.server, "token": self.token,
+            "ca_cert": str(self.ca_cert), "kubeconfig": str(self.kubeconfig),
+            "etcd_url": self.etcd_url,
+            "processes": [p.to_record() for p in self.processes()],
+        }
+
+
+def stop_recorded(record: dict[str, Any]) -> None:
+    """Stop the processes of a :meth:`ControlPlane.to_record` record, newest first."""
+    for proc_record in reversed(record["processes"]):
+        ManagedProcess.from_record(proc_record).stop()
+
+
+def new_state_dir(prefix: str = "gpupool-testenv-") -> Path:
+    """A fresh, private directory under /tmp for one run's files."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def start_control_plane(
+    binaries: Binaries | None = None,
+    *,
+    state_dir: Path | None = None,
+    extenders: Sequence[ExtenderConfig] = (),
+    with_scheduler: bool = True,
+    timeout: float = 60.0,
+) -> ControlPlane:
+    """Start etcd, kube-apiserver and (unless ``with_scheduler`` is false) kube-scheduler.
+
+    Returns once the apiserver reports ready, the ``default`` namespace exists and the scheduler
+    answers its health check. Builds the binaries first when the cache lacks them. On failure
+    everything already started is stopped and :class:`StartupError` names the failing log.
+    """
+    binaries = binaries or ensure_binaries()
+    state_dir = state_dir or new_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pki = make_pki(state_dir / "pki")
+    token = secrets.token_hex(16)
+    (state_dir / "tokens.csv").write_text(render_token_file(token))
+    last_error: StartupError | None = None
+    for _ in range(_START_ATTEMPTS):
+        try:
+            plane = _start_once(binaries, state_dir, pki, token, extenders, with_scheduler, timeout)
+        except StartupError as exc:  # most often a port taken between picking and binding
+            last_error = exc
+            shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+            continue
+        (state_dir / "controlplane.json").write_text(json.dumps(plane.to_record(), indent=2))
+        return plane
+    assert last_error is not None
+    raise last_error
+
+
+def _start_once(binaries: Binaries, state_dir: Path, pki: Pki, token: str,
+                extenders: Sequence[ExtenderConfig], with_scheduler: bool, timeout: float) -> ControlPlane:
+    """One start attempt with fresh ports; stops what it started if any step fails."""
+    started: list[ManagedProcess] = []
+    try:
+        etcd_port, etcd_peer_port, api_port = free_ports(3)
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd = _start_etcd(binaries, state_dir, etcd_port, etcd_peer_port, timeout)
+        started.append(etcd)
+        server = f"https://127.0.0.1:{api_port}"
+        apiserver = _start_apiserver(binaries, state_dir, pki.server_cert, pki.server_key,
+                                     pki.service_account_key, etcd_url, api_port)
+        started.append(apiserver)
+        _wait_apiserver_ready(server, token, pki.ca_cert, timeout, [etcd, apiserver])
+        kubeconfig = state_dir / "kubeconfig"
+        kubeconfig.write_text(render_kubeconfig(server, token, pki.ca_cert.read_bytes()))
+        scheduler = None
+        if with_scheduler:
+            scheduler = _start_scheduler(binaries, state_dir, kubeconfig, extenders, timeout=timeout)
+        return ControlPlane(state_dir=state_dir, server=server, token=token, ca_cert=pki.ca_cert,
+                            kubeconfig=kubeconfig, binaries=binaries, etcd=etcd, apiserver=apiserver,
+                            scheduler=scheduler, extenders=tuple(extenders), etcd_url=etcd_url)
+    except BaseException:
+        for proc in reversed(started):
+            proc.stop()
+        raise
+
+
+def _wait_apiserver_ready(server: str, token: str, ca_cert: Path, timeout: float,
+                          watch: Sequence[ManagedProcess]) -> None:
+    """Wait for /readyz and for the ``default`` namespace (created by a post-start hook)."""
+    wait_until(lambda: is_ok(f"{server}/readyz", token=token, ca_cert=ca_cert),
+               what="kube-apiserver /readyz", timeout=timeout, watch=watch)
+    wait_until(lambda: http_get(f"{server}/api/v1/namespaces/default", token=token,
+                                ca_cert=ca_cert)[0] == 200,
+               what="the default namespace", timeout=timeout, watch=watch)
+
+
+def _start_etcd(binaries: Binaries, state_dir: Path, port: int, peer_port: int,
+                timeout: float) -> ManagedProcess:
+    client = f"http://127.0.0.1:{port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    etcd = spawn("etcd", [
+        binaries.etcd, "--name=gpupool-testenv", f"--data-dir={state_dir / 'etcd'}",
+        f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=gpupool-testenv={peer}", "--initial-cluster-state=new",
+        "--log-level=warn",
+    ], state_dir / "logs" / "etcd.log")
+    wait_until(lambda: '"true"' in http_get(f"{client}/health")[1], what="etcd /health",
+               timeout=timeout, watch=[etcd])
+    return etcd
+
+
+def apiserver_args(*, etcd_url: str, port: int, cert: Path, key: Path, sa_key: Path,
+                   token_file: Path, cert_dir: Path) -> list[str]:
+    """kube-apiserver's flags (without the binary); a pure function for tests and docs."""
+    return [
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
+        f"--cert-dir={cert_dir}", f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
+        f"--token-auth-file={token_file}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        f"--disable-admission-plugins={','.join(DISABLED_ADMISSION_PLUGINS)}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
+        "--v=1",
+    ]
+
+
+def _start_apiserver(binaries: Binaries, state_dir: Path, cert: Path, key: Path, sa_key: Path,
+                     etcd_url: str, port: int) -> ManagedProcess:
+    args = apiserver_args(etcd_url=etcd_url, port=port, cert=cert, key=key, sa_key=sa_key,
+                          token_file=state_dir / "tokens.csv", cert_dir=state_dir / "pki")
+    return spawn("kube-apiserver", [binaries.kube_apiserver, *args],
+                 state_dir / "logs" / "kube-apiserver.log")
+
+
+def _start_scheduler(binaries: Binaries, state_dir: Path, kubeconfig: Path,
+                     extenders: Sequence[ExtenderConfig], *, timeout: float) -> ManagedProcess:
+    last_error: StartupError | None = None
+    for _ in range(_START_ATTEMPTS):
+        (healthz_port,) = free_ports(1)
+        config = state_dir / "kube-scheduler.yaml"
+        config.write_text(render_scheduler_config(str(kubeconfig), f"127.0.0.1:{healthz_port}", extenders))
+        scheduler = spawn("kube-scheduler", [
+            binaries.kube_scheduler, f"--config={config}", "--secure-port=0", "--v=2",
+        ], state_dir / "logs" / "kube-scheduler.log")
+        try:
+            wait_until(partial(is_ok, f"http://127.0.0.1:{healthz_port}/healthz"),
+                       what="kube-scheduler /healthz", timeout=timeout, watch=[scheduler])
+            return scheduler
+        except StartupError as exc:
+            last_error = exc
+            scheduler.stop()
+    assert last_error is not None
+    raise last_error

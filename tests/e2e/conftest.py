@@ -1,0 +1,160 @@
+"""Fixtures for end-to-end tests against a real kube-apiserver/scheduler/kubelet (v1.20.2).
+
+Public fixtures (use them from any test under tests/e2e):
+
+* ``testenv_binaries`` (session): the built binaries; builds on first use (minutes, cached after).
+* ``control_plane`` (session): a running :class:`gpupool.testenv.ControlPlane`.
+* ``kube_api_client`` (session): ``kubernetes.client.ApiClient`` for it; ``core_v1``: ``CoreV1Api``.
+* ``namespace``: a fresh namespace, deleted with everything in it after the test.
+* ``make_node``: ``make_node(name=None, allocatable={...}, labels={...}) -> str`` registers a Node
+  object with no kubelet behind it (deleted after the test).
+* ``start_kubelet``: ``start_kubelet(node_name, labels=None, extra_config=None) -> Kubelet`` starts
+  a real kubelet with the fake container runtime and waits for the node to be Ready; stopped and
+  its Node deleted after the test.
+
+The environment is skipped (with the reason in the test report) only when it cannot be built on
+this machine at all: not root, no apt, or no route to Debian's registry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from e2e_support import MakeNode, StartKubelet
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from gpupool.testenv.build import build_impossible_reason, ensure_binaries
+from gpupool.testenv.controlplane import ControlPlane, start_control_plane
+from gpupool.testenv.errors import BuildImpossibleError
+from gpupool.testenv.kubelet import Kubelet
+from gpupool.testenv.kubelet import start_kubelet as _start_kubelet
+from gpupool.testenv.paths import Binaries
+
+#: Resources of a node created with ``make_node`` unless the test says otherwise.
+DEFAULT_ALLOCATABLE = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+
+
+def _progress(message: str) -> None:
+    print(f"[gpupool testenv] {message}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def testenv_binaries() -> Binaries:
+    """The test environment's binaries; built on demand, skipped only where building is impossible."""
+    reason = build_impossible_reason()
+    if reason is not None:
+        pytest.skip(f"gpupool testenv cannot be built on this machine: {reason}")
+    try:
+        return ensure_binaries(log=_progress)
+    except BuildImpossibleError as exc:
+        pytest.skip(f"gpupool testenv cannot be built on this machine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(testenv_binaries: Binaries) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-scheduler for the whole session, stopped at the end."""
+    plane = start_control_plane(testenv_binaries)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """The official Kubernetes client, configured from the control plane's kubeconfig."""
+    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        yield api_client
+    finally:
+        api_client.close()
+
+
+@pytest.fixture
+def core_v1(kube_api_client: client.ApiClient) -> client.CoreV1Api:
+    """``CoreV1Api`` bound to the test control plane."""
+    return client.CoreV1Api(kube_api_client)
+
+
+@pytest.fixture
+def namespace(core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace, deleted (pods first, with grace period 0) after the test.
+
+    No namespace controller runs, so the namespace's ``kubernetes`` finalizer is cleared through
+    the ``finalize`` subresource; otherwise it would stay Terminating forever.
+    """
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        delete_namespace(core_v1, name)
+
+
+def delete_namespace(core_v1: client.CoreV1Api, name: str) -> None:
+    """Force-delete every pod in ``name``, then the namespace itself, without a controller."""
+    for pod in core_v1.list_namespaced_pod(name).items:
+        try:
+            core_v1.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    for cm in core_v1.list_namespaced_config_map(name).items:
+        core_v1.delete_namespaced_config_map(cm.metadata.name, name)
+    core_v1.delete_namespace(name)
+    try:
+        ns = core_v1.read_namespace(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return
+        raise
+    ns.spec.finalizers = []
+    core_v1.replace_namespace_finalize(name, ns)
+
+
+@pytest.fixture
+def make_node(core_v1: client.CoreV1Api) -> Iterator[MakeNode]:
+    """Create Node objects without a kubelet (the scheduler treats them as schedulable)."""
+    created: list[str] = []
+
+    def make(name: str | None = None, allocatable: Mapping[str, str] | None = None,
+             labels: Mapping[str, str] | None = None) -> str:
+        node_name = name or f"e2e-node-{uuid.uuid4().hex[:8]}"
+        resources = {**DEFAULT_ALLOCATABLE, **(allocatable or {})}
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node_name,
+                         "labels": {"kubernetes.io/hostname": node_name, **(labels or {})}},
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+        core_v1.create_node(body)
+        created.append(node_name)
+        return node_name
+
+    yield make
+    for node_name in created:
+        try:
+            core_v1.delete_node(node_name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+@pytest.fixture
+def start_kubelet(control_plane: ControlPlane, core_v1: client.CoreV1Api) -> Iterator[StartKubelet]:
+    """Start real kubelets (fake container runtime) by node name; all stopped after the test."""
+    started: list[Kubelet] = []
+
+    def start(node_name: str, labels: Mapping[str, str] | None = None,
+              extra_config: Mapping[str, Any] | None = None) -> Kubelet:
+        kubelet = _start_kubelet(control_plane, node_name, labels=labels, extra_config=extra_config)
+        started.append(kubelet)
+        return kubelet
+
+    yield start
+    for kubelet in reversed(started):
+        kubelet.stop(delete_node=True)

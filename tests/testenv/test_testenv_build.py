@@ -1,0 +1,106 @@
+"""Unit tests of the build cache logic (no compiling: the expensive step is replaced)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.testenv import build
+from gpupool.testenv.paths import CACHE_ENV, FAKECRI_COMMAND, K8S_COMMANDS, bin_dir, cache_dir
+
+
+@pytest.fixture
+def fake_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    etcd = tmp_path / "etcd"
+    _executable(etcd)
+    monkeypatch.setattr(build, "system_etcd", lambda: etcd)
+    return tmp_path / "cache"
+
+
+def _executable(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+
+
+def _fill_cache(digest: str) -> None:
+    for name in (*K8S_COMMANDS, FAKECRI_COMMAND):
+        _executable(bin_dir() / name)
+    (bin_dir() / ".fakecri.sha256").write_text(digest + "\n")
+
+
+def test_cache_dir_follows_the_environment(fake_cache: Path) -> None:
+    assert cache_dir() == fake_cache
+    assert bin_dir() == fake_cache / "bin"
+
+
+def test_default_cache_dir_is_outside_the_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert cache_dir() == Path.home() / ".cache" / "gpupool" / "k8s-v1.20.2"
+
+
+def test_empty_cache_is_a_miss(fake_cache: Path) -> None:
+    assert build.cached_binaries() is None
+
+
+def test_complete_cache_is_a_hit(fake_cache: Path) -> None:
+    _fill_cache(build.fakecri_digest())
+    binaries = build.cached_binaries()
+    assert binaries is not None
+    assert binaries.kubelet == fake_cache / "bin" / "kubelet"
+    assert binaries.missing() == []
+
+
+def test_changed_fakecri_source_invalidates_the_cache(fake_cache: Path) -> None:
+    _fill_cache("0" * 64)
+    assert build.cached_binaries() is None
+
+
+def test_cache_hit_is_instant(fake_cache: Path) -> None:
+    _fill_cache(build.fakecri_digest())
+    started = time.perf_counter()
+    build.ensure_binaries()
+    assert time.perf_counter() - started < 0.1
+
+
+def test_parallel_callers_build_once(fake_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def slow_build(root: Path, log: build.Log) -> object:
+        calls.append(1)
+        time.sleep(0.5)
+        _fill_cache(build.fakecri_digest())
+        binaries = build.cached_binaries()
+        assert binaries is not None
+        return binaries
+
+    monkeypatch.setattr(build, "_build", slow_build)
+    monkeypatch.setattr(build, "build_impossible_reason", lambda: None)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build.ensure_binaries())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert len(results) == 4 and len(set(results)) == 1
+
+
+def test_private_apt_options_keep_system_config_untouched(tmp_path: Path) -> None:
+    options = build.private_apt_options(tmp_path)
+    values = options[1::2]
+    assert f"Dir::Etc::SourceList={tmp_path / 'sources.list'}" in values
+    assert "Dir::Etc::SourceParts=/dev/null" in values
+    assert f"Dir::State::Lists={tmp_path / 'lists'}" in values
+    assert f"Dir::Cache={tmp_path / 'cache'}" in values
+    assert options[0::2] == ["-o"] * 4
+
+
+def test_fakecri_source_ships_with_the_package() -> None:
+    text = build.fakecri_source().read_text()
+    assert "package main" in text
+    assert "pkg/kubelet/cri/remote/fake" in text
