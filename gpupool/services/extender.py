@@ -16,16 +16,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from gpupool.core.feasibility import request_problem
+from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler, Unschedulable
-from gpupool.core.state import AllocationError, ClusterState
+from gpupool.core.state import AllocationError, ClusterState, IntArray
 
 log = logging.getLogger(__name__)
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
+RowsAndNames = tuple[IntArray, npt.NDArray[np.object_]]
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's MaxExtenderPriority: extender scores are integers 0..10."""
 
@@ -98,41 +101,66 @@ class ExtenderService:
         self.settings = settings or ExtenderSettings()
         self.is_leader = is_leader
         self.leader_name = leader_name
+        self._rows_cache: dict[tuple[tuple[str, ...], int, int], RowsAndNames] = {}
 
-    def _feasible(self, request: PodRequest, names: list[str]) -> tuple[dict[str, float], dict[str, str]]:
-        """Scores of the nodes among ``names`` that can hold ``request``, and reasons for the others.
+    def _rows(self, names: list[str]) -> RowsAndNames:
+        """Ledger rows of ``names`` (-1 where unknown) and the names as an array, cached.
 
-        Must be called with the cache lock held.
+        kube-scheduler sends the same node list call after call, so the mapping is kept for the last
+        lists seen and reused while the ledger's membership is unchanged.
         """
         state = self.cache.state
-        failed: dict[str, str] = {}
+        key = (tuple(names), state.size, int(state.present.sum()))
+        found = self._rows_cache.get(key)
+        if found is None:
+            index = state.index
+            rows = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+            known = rows >= 0
+            known[known] = state.present[rows[known]]
+            rows[~known] = -1
+            found = (rows, np.array(names, dtype=object))
+            if len(self._rows_cache) >= 8:  # filter's and prioritize's lists of a few pod shapes
+                self._rows_cache.pop(next(iter(self._rows_cache)))
+            self._rows_cache[key] = found
+        return found
+
+    def _feasible(self, request: PodRequest,
+                  names: list[str]) -> tuple[list[str], FloatArray, dict[str, str]]:
+        """The nodes among ``names`` that can hold ``request`` (in request order) with their policy
+        scores, and a reason for every other node. Must be called with the cache lock held."""
+        state = self.cache.state
         problem = request_problem(state, request)
         if problem is not None:
-            return {}, dict.fromkeys(names, problem)
-        rows: list[int] = []
-        for name in names:
-            row = state.index.get(name)
-            if row is None or not state.present[row]:
-                failed[name] = UNKNOWN_NODE
-            elif name in self.cache.node_problems:
-                failed[name] = self.cache.node_problems[name]
-            else:
-                rows.append(row)
-        if not rows:
-            return {}, failed
-        row_array = np.asarray(rows, dtype=np.int64)
-        ok_rows, scores = self.cache.scheduler.filter_and_score(request, row_array)
-        passed = {state.specs[int(r)].name: float(s) for r, s in zip(ok_rows, scores, strict=True)}
-        rejected = np.setdiff1d(row_array, ok_rows)
+            return [], np.zeros(0), dict.fromkeys(names, problem)
+        rows, name_array = self._rows(names)
+        usable = rows >= 0
+        failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
+        if self.cache.node_problems:
+            asked = set(names)
+            for name, reason in self.cache.node_problems.items():
+                row = state.index.get(name)
+                if row is not None and name in asked:
+                    usable &= rows != row
+                    failed[name] = reason
+        candidates = rows[usable]
+        if not len(candidates):
+            return [], np.zeros(0), failed
+        ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
+        score_of = np.full(state.size, np.nan)
+        score_of[ok_rows] = scores
+        candidate_scores = score_of[candidates]
+        fits = ~np.isnan(candidate_scores)
+        candidate_names = name_array[usable]
+        rejected = candidates[~fits]
         limit = self.settings.explain_limit
         if len(rejected):
-            failed.update(self.cache.scheduler.explain(request, rejected[:limit]))
+            explained = self.cache.scheduler.explain(request, rejected[:limit])
             for row in rejected[:limit]:
-                failed.setdefault(state.specs[int(row)].name, "does not fit")
-            for row in rejected[limit:]:
-                failed[state.specs[int(row)].name] = (
-                    f"insufficient GPU capacity for the request (reasons given for {limit} nodes only)")
-        return passed, failed
+                name = state.specs[int(row)].name
+                failed[name] = explained.get(name, "does not fit")
+            summary = f"insufficient GPU capacity for the request (reasons given for {limit} nodes only)"
+            failed.update(dict.fromkeys(candidate_names[~fits][limit:].tolist(), summary))
+        return candidate_names[fits].tolist(), candidate_scores[fits], failed
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str]) -> FilterOutcome:
@@ -142,8 +170,8 @@ class ExtenderService:
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
-            passed, failed = self._feasible(request, names)
-        return FilterOutcome(passed=[n for n in names if n in passed], failed=failed)
+            passed, _, failed = self._feasible(request, names)
+        return FilterOutcome(passed=passed, failed=failed)
 
     def prioritize(self, request: PodRequest, names: list[str]) -> tuple[dict[str, int], str]:
         """Scores 0..10 per node from the placement policy (infeasible nodes 0), and an error."""
@@ -152,8 +180,8 @@ class ExtenderService:
         if not self.cache.synced:
             return {}, NOT_SYNCED
         with self.cache.lock:
-            passed, _ = self._feasible(request, names)
-        return scale_scores(passed, names), ""
+            passed, scores, _ = self._feasible(request, names)
+        return scale_scores(passed, scores, names), ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
         """Bind on the leader only; elsewhere answer an error so kube-scheduler retries."""
@@ -202,7 +230,7 @@ class ExtenderService:
         return kept, ""
 
 
-def scale_scores(passed: dict[str, float], names: list[str]) -> dict[str, int]:
+def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> dict[str, int]:
     """Map the policy's scores of feasible nodes onto 0..10 (min-max); other nodes get 0.
 
     The best feasible node always gets 10, so the extender's preference survives kube-scheduler's
@@ -211,11 +239,10 @@ def scale_scores(passed: dict[str, float], names: list[str]) -> dict[str, int]:
     result = dict.fromkeys(names, 0)
     if not passed:
         return result
-    values = np.array(list(passed.values()), dtype=np.float64)
-    low, high = float(values.min()), float(values.max())
-    for name, score in passed.items():
-        if high == low:
-            result[name] = MAX_EXTENDER_PRIORITY
-        else:
-            result[name] = round((score - low) * MAX_EXTENDER_PRIORITY / (high - low))
+    low, high = float(scores.min()), float(scores.max())
+    if high == low:
+        scaled = np.full(len(passed), MAX_EXTENDER_PRIORITY, dtype=np.int64)
+    else:
+        scaled = np.rint((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
+    result.update(zip(passed, scaled.tolist(), strict=True))
     return result

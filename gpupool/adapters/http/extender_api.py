@@ -30,7 +30,7 @@ from gpupool.adapters.http.extender_types import (
     FilterResult,
     WireError,
     binding_result,
-    host_priority_list,
+    encode_host_priority_list,
     parse_binding_args,
     parse_extender_args,
     parse_preemption_args,
@@ -44,6 +44,13 @@ from gpupool.services.extender import ExtenderService
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[tuple[Any, str]]]
+
+class RawJson:
+    """A response body that is already JSON text (built faster than ``json.dumps`` would)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
 
 SERVICE_KEY: web.AppKey[ExtenderService] = web.AppKey("service", ExtenderService)
 METRICS_KEY: web.AppKey[ExtenderMetrics] = web.AppKey("metrics", ExtenderMetrics)
@@ -78,12 +85,12 @@ class ExtenderApi:
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
-            return host_priority_list(dict.fromkeys(args.node_names, 0)), "invalid_pod"
+            return RawJson(encode_host_priority_list(dict.fromkeys(args.node_names, 0))), "invalid_pod"
         scores, error = self.service.prioritize(request, args.node_names)
         if error:
             log.warning("prioritize: %s", error)
             scores = dict.fromkeys(args.node_names, 0)
-        return host_priority_list(scores), "error" if error else "ok"
+        return RawJson(encode_host_priority_list(scores)), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)
@@ -129,8 +136,8 @@ class ExtenderApi:
                 status, outcome = 500, "internal_error"
                 body = {"Error": f"gpupool extender internal error in {verb}: {type(exc).__name__}: {exc}"}
             self.metrics.observe(verb, outcome, time.perf_counter() - started)
-            return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
-                                content_type="application/json")
+            text = body.text if isinstance(body, RawJson) else json.dumps(body, separators=(",", ":"))
+            return web.Response(status=status, text=text, content_type="application/json")
 
         return endpoint
 

@@ -10,6 +10,8 @@ Malformed documents raise :class:`WireError`; the HTTP layer answers those with 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +123,23 @@ class FilterResult:
 def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
     """``HostPriorityList``: ``[{"Host": name, "Score": 0..10}]``."""
     return [{"Host": host, "Score": int(score)} for host, score in scores.items()]
+
+
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+
+
+def encode_host_priority_list(scores: Mapping[str, int]) -> str:
+    """The JSON text of :func:`host_priority_list`, built directly.
+
+    Why: a 5,000-node answer through ``json.dumps`` of 5,000 small dicts took longer than deciding
+    the scores. Node names are DNS labels and need no escaping; any other name is escaped properly.
+    """
+    parts = [
+        f'{{"Host":"{host}","Score":{int(score)}}}' if _PLAIN_NAME.match(host)
+        else f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
+        for host, score in scores.items()
+    ]
+    return "[" + ",".join(parts) + "]"
 
 
 # -------------------------------------------------------------------------------------- bind

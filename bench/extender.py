@@ -1,0 +1,283 @@
+"""Benchmark of the scheduler extender: filter+prioritize latency over HTTP, and binds per second.
+
+Filter+prioritize: an in-process aiohttp server with a ledger of ``--nodes`` nodes of
+``--gpus-per-node`` cards (half full with random slices), asked about a pod with *all* node names
+(``nodeCacheCapable``), as kube-scheduler asks; one sample is the two HTTP round trips. After every
+sample the pod is booked on the best node, so the ledger changes as it does in a cluster.
+
+Binds: ``--binds`` pods bound by 8 threads (the extender's bind pool). Against the real apiserver
+from ``gpupool testenv`` when it is available (``--apiserver auto``), else against the in-process
+:class:`FakePodApi`; the output says which. Every recorded assignment is checked afterwards: a card
+booked beyond its memory is reported as ``double_booked``.
+
+    python3 bench/extender.py --nodes 5000 --gpus-per-node 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.adapters.k8s.binder import Binder
+from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.fake_api import FakePodApi
+from gpupool.adapters.k8s.names import ResourceNames
+from gpupool.adapters.k8s.translate import pod_request
+from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.core.model import GpuCard
+from gpupool.services.extender import ExtenderService
+
+CARD_MIB = 16276
+SHAPES = [
+    {"gpupool.io/gpu-mem": "2048"},
+    {"gpupool.io/gpu-mem": "4069"},
+    {"gpupool.io/gpu-mem": "8138"},
+    {"gpupool.io/gpu-core": "25"},
+    {"gpupool.io/gpu-core": "50", "gpupool.io/gpu-mem": "6000"},
+    {"gpupool.io/gpu": "1"},
+    {"gpupool.io/gpu": "2"},
+]
+
+
+def node_json(name: str, cards: int) -> dict[str, Any]:
+    inventory = Inventory(tuple(GpuCard(i, f"GPU-{name}-{i}", "A100", CARD_MIB) for i in range(cards)))
+    caps = {"cpu": "96", "memory": "768Gi", "pods": "250"}
+    return {
+        "metadata": {"name": name, "annotations": {"gpupool.io/inventory-v1": encode_inventory(inventory)}},
+        "status": {"capacity": caps, "allocatable": caps},
+    }
+
+
+def pod_json(name: str, limits: dict[str, str], namespace: str = "default") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "x", "resources": {"limits": limits, "requests": {"cpu": "1"}}}
+            ]
+        },
+    }
+
+
+def build_cache(nodes: int, cards: int, fill: float, rng: random.Random) -> tuple[ClusterCache, list[str]]:
+    cache = ClusterCache(policy="gpupool")
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    cache.replace_nodes(node_json(n, cards) for n in names)
+    cache.replace_pods([])
+    filled = 0
+    target = int(fill * nodes * cards)
+    i = 0
+    while filled < target:  # half fill with slices, booked straight into the ledger
+        request = pod_request(pod_json(f"fill-{i}", rng.choice(SHAPES[:5])), cache.names)
+        node = names[rng.randrange(nodes)]
+        decision = cache.reserve(request, node)
+        i += 1
+        if hasattr(decision, "containers"):
+            filled += 1
+    return cache, names
+
+
+class RecordingMetrics(ExtenderMetrics):
+    """Metrics that also keep each request's server-side duration (handler entry to response)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server_ms: list[float] = []
+
+    def observe(self, verb: str, outcome: str, seconds: float) -> None:
+        super().observe(verb, outcome, seconds)
+        self.server_ms.append(seconds * 1000)
+
+
+async def latency(
+    cache: ClusterCache, names: list[str], samples: int, rng: random.Random
+) -> tuple[list[float], list[float]]:
+    """Round-trip and server-side milliseconds of filter+prioritize, per sample."""
+    service = ExtenderService(cache, None)
+    metrics = RecordingMetrics()
+    app = ExtenderApi(service, ResourceNames(), metrics).app()
+    round_trip: list[float] = []
+    server: list[float] = []
+    async with TestClient(TestServer(app)) as client:
+        for i in range(samples + 20):
+            pod = pod_json(f"bench-{i}", rng.choice(SHAPES))
+            body = json.dumps({"Pod": pod, "NodeNames": names})  # kube-scheduler's work, not timed
+            metrics.server_ms.clear()
+            started = time.perf_counter()
+            resp = await client.post("/filter", data=body)
+            filtered = await resp.json()
+            resp = await client.post(
+                "/prioritize", data=json.dumps({"Pod": pod, "NodeNames": filtered["NodeNames"]})
+            )
+            scores = await resp.json()
+            elapsed = (time.perf_counter() - started) * 1000
+            if i >= 20:  # warm-up: first calls per shape build the score caches
+                round_trip.append(elapsed)
+                server.append(sum(metrics.server_ms))
+            if scores:
+                best = max(scores, key=lambda e: e["Score"])["Host"]
+                cache.reserve(pod_request(pod, cache.names), best)
+    return round_trip, server
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def real_apiserver() -> tuple[Any, Any] | None:
+    """A control plane from gpupool testenv, or None when it is not available here."""
+    try:
+        from gpupool.testenv.build import build_impossible_reason
+        from gpupool.testenv.controlplane import start_control_plane
+        from gpupool.testenv.paths import Binaries, bin_dir
+    except ImportError:
+        return None
+    import shutil
+
+    if build_impossible_reason() is not None:
+        return None
+    etcd = shutil.which("etcd")
+    binaries = Binaries.in_dir(bin_dir(), Path(etcd)) if etcd else None
+    if binaries is None or binaries.missing():
+        return None
+    plane = start_control_plane(binaries, with_scheduler=False)
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return plane, client.CoreV1Api(client.ApiClient(configuration))
+
+
+def binds(count: int, nodes: int, cards: int, mode: str, rng: random.Random) -> dict[str, Any]:
+    plane = None
+    core = None
+    if mode in ("auto", "real"):
+        found = real_apiserver()
+        if found is None and mode == "real":
+            raise SystemExit("no gpupool testenv apiserver available")
+        if found is not None:
+            plane, core = found
+    names = [f"bind-node-{i}" for i in range(nodes)]
+    cache = ClusterCache(policy="gpupool")
+    cache.replace_nodes(node_json(n, cards) for n in names)
+    cache.replace_pods([])
+    try:
+        if core is not None:
+            from gpupool.adapters.k8s.podapi import KubePodApi
+
+            api: Any = KubePodApi(core)
+            for n in names:
+                core.create_node(node_json(n, cards))
+            for i in range(count):
+                core.create_namespaced_pod("default", pod_json(f"b{i}", rng.choice(SHAPES[:5])))
+            against = "real kube-apiserver v1.20.2 (gpupool testenv)"
+        else:
+            api = FakePodApi()
+            for i in range(count):
+                api.create_pod(pod_json(f"b{i}", rng.choice(SHAPES[:5])))
+            against = "in-process FakePodApi"
+        binder = Binder(cache, api)
+        targets = [names[rng.randrange(nodes)] for _ in range(count)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: binder.bind("default", f"b{i}", "", targets[i]), range(count)))
+        seconds = time.perf_counter() - started
+        pods = (
+            [core.read_namespaced_pod(f"b{i}", "default").to_dict() for i in range(count)]
+            if core
+            else api.list_pods()
+        )
+        used: dict[tuple[str, int], int] = defaultdict(int)
+        for p in pods:
+            meta = p.get("metadata") or {}
+            text = (meta.get("annotations") or {}).get("gpupool.io/assignment-v1")
+            if text:
+                a = decode_assignment(text)
+                for c in a.containers:
+                    for ref in c.cards:
+                        used[(a.node, ref.index)] += ref.memory_mib
+        ok = sum(1 for r in results if r.ok)
+        return {
+            "binds_per_s": round(count / seconds, 1),
+            "binds_ok": ok,
+            "binds_refused": count - ok,
+            "double_booked_cards": sum(1 for v in used.values() if v > CARD_MIB),
+            "binds_against": against,
+        }
+    finally:
+        if plane is not None:
+            plane.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument(
+        "--fill", type=float, default=0.5, help="share of cards holding a slice before timing"
+    )
+    parser.add_argument("--binds", type=int, default=400)
+    parser.add_argument("--bind-nodes", type=int, default=50)
+    parser.add_argument("--apiserver", choices=["auto", "real", "fake"], default="auto")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
+    opts = parser.parse_args()
+    rng = random.Random(opts.seed)
+    setup = time.perf_counter()
+    cache, names = build_cache(opts.nodes, opts.gpus_per_node, opts.fill, rng)
+    setup_s = time.perf_counter() - setup
+    samples, server = asyncio.run(latency(cache, names, opts.samples, rng))
+    bind_stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng)
+    result = {
+        "filter_prioritize_p50_ms": round(statistics.median(server), 2),
+        "filter_prioritize_p99_ms": round(pct(server, 99), 2),
+        "binds_per_s": bind_stats["binds_per_s"],
+        "round_trip_p50_ms": round(statistics.median(samples), 2),
+        "round_trip_p99_ms": round(pct(samples, 99), 2),
+    }
+    rows = [
+        ("nodes x cards", f"{opts.nodes} x {opts.gpus_per_node}"),
+        ("ledger build (s)", f"{setup_s:.1f}"),
+        ("filter+prioritize samples", str(len(samples))),
+        (
+            "server-side p50 / p99 (ms)",
+            f"{result['filter_prioritize_p50_ms']:.2f} / {result['filter_prioritize_p99_ms']:.2f}",
+        ),
+        (
+            "HTTP round trip p50 / p99 (ms)",
+            f"{result['round_trip_p50_ms']:.2f} / {result['round_trip_p99_ms']:.2f}",
+        ),
+        ("binds against", bind_stats["binds_against"]),
+        ("binds/s (8 threads)", f"{bind_stats['binds_per_s']:.1f}"),
+        ("binds ok / refused", f"{bind_stats['binds_ok']} / {bind_stats['binds_refused']}"),
+        ("double-booked cards", str(bind_stats["double_booked_cards"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if opts.json:
+        print(json.dumps({**result, **{k: v for k, v in bind_stats.items() if k != "binds_per_s"}}))
+
+
+if __name__ == "__main__":
+    main()
