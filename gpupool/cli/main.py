@@ -9,6 +9,9 @@ from __future__ import annotations
 import click
 
 from gpupool import __version__
+from gpupool.cli.extender_cmd import extender
+from gpupool.cli.node_agent_cmd import node_agent
+from gpupool.cli.simulate_cmd import simulate
 from gpupool.cli.testenv_cmd import testenv
 
 
@@ -18,6 +21,9 @@ def cli() -> None:
     """GPU sharing for Kubernetes."""
 
 
+cli.add_command(simulate)
+cli.add_command(extender)
+cli.add_command(node_agent)
 cli.add_command(testenv)
 
 

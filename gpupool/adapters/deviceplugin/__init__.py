@@ -1,0 +1,1 @@
+"""The kubelet device-plugin protocol (v1beta1) over unix sockets, with grpcio's asyncio API."""

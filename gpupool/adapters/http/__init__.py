@@ -1,0 +1,1 @@
+"""HTTP adapters: the kube-scheduler extender v1 wire types and the aiohttp endpoints."""

@@ -1,0 +1,343 @@
+"""Versioned JSON codecs for the annotations gpupool keeps its state in.
+
+Why annotations and why strict: the cluster's GPU state lives in the API (architecture.md), so every
+process can be killed and rebuild its view from these values. A value that is silently misread
+would double-book a card after a restart, so every decoder validates the whole document and raises
+:class:`AnnotationError` naming the field; callers report it instead of guessing.
+
+Three documents:
+
+``<domain>/inventory-v1`` (node, written by the node side)::
+
+    {"v": 1,
+     "cards": [{"index": 0, "uuid": "GPU-...", "model": "Tesla-V100", "memoryMiB": 16276,
+                "healthy": true}, ...],
+     "links": [[0, 2], [2, 0]]}
+
+  ``cards[].kind`` ("physical" | "virtual") is optional. ``links`` is optional: a square, symmetric
+  matrix of link levels in card order (0 self, 1 NVLink, 2 one PCIe switch, 3 several switches,
+  4 host bridge, 5 NUMA node, 6 across sockets; :class:`gpupool.core.model.LinkLevel`).
+
+``<domain>/assignment-v1`` (pod, written by the extender at bind)::
+
+    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:00Z",
+     "containers": [{"name": "main", "init": false,
+                     "cards": [{"index": 0, "uuid": "GPU-...", "memoryMiB": 8138,
+                                "computeMilli": 0, "exclusive": false}]}]}
+
+  Compute is per-mille of one card (the core's unit, exact for trace requests).
+
+``<domain>/allocated-v1`` (pod, written by the node side after Allocate)::
+
+    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:03Z"}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.core.model import (
+    CardSlice,
+    ContainerAssignment,
+    GpuCard,
+    GpuKind,
+    LinkLevel,
+    NodeSpec,
+    Placement,
+    Topology,
+)
+from gpupool.core.units import COMPUTE_PER_CARD
+
+SCHEMA_VERSION = 1
+
+
+class AnnotationError(ValueError):
+    """An annotation value that does not follow its schema; the message names the field."""
+
+
+# --------------------------------------------------------------------------------- field readers
+def _load(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise AnnotationError(f"{what}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise AnnotationError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+    version = doc.get("v")
+    if version != SCHEMA_VERSION:
+        raise AnnotationError(f"{what}: unsupported schema version {version!r} (this build reads v1)")
+    return doc
+
+
+def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in doc:
+        raise AnnotationError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    # bool is an int in Python; never accept true/false where a number is meant.
+    if isinstance(value, bool) and kind is not bool:
+        raise AnnotationError(f"{where}.{key}: expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise AnnotationError(f"{where}.{key}: expected {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def _non_negative(doc: Mapping[str, Any], key: str, where: str) -> int:
+    value: int = _field(doc, key, int, where)
+    if value < 0:
+        raise AnnotationError(f"{where}.{key}: must be non-negative, got {value}")
+    return value
+
+
+def format_time(when: dt.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, as Kubernetes writes times."""
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str, where: str) -> dt.datetime:
+    """Read an RFC 3339 time; naive times are taken as UTC."""
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise AnnotationError(f"{where}: {text!r} is not an RFC 3339 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+# ------------------------------------------------------------------------------------ inventory
+@dataclass(frozen=True)
+class Inventory:
+    """A node's cards in index order and their link matrix (None when the node did not publish it)."""
+
+    cards: tuple[GpuCard, ...]
+    topology: Topology | None = None
+
+
+def decode_inventory(text: str) -> Inventory:
+    """Validate and decode an ``inventory-v1`` value."""
+    what = "inventory-v1"
+    doc = _load(text, what)
+    raw_cards = _field(doc, "cards", list, what)
+    cards: list[GpuCard] = []
+    seen_index: set[int] = set()
+    seen_uuid: set[str] = set()
+    for pos, raw in enumerate(raw_cards):
+        where = f"{what}.cards[{pos}]"
+        if not isinstance(raw, dict):
+            raise AnnotationError(f"{where}: expected an object")
+        index = _non_negative(raw, "index", where)
+        uuid = _field(raw, "uuid", str, where)
+        model = _field(raw, "model", str, where)
+        memory = _non_negative(raw, "memoryMiB", where)
+        healthy = _field(raw, "healthy", bool, where)
+        kind_text = raw.get("kind", GpuKind.PHYSICAL.value)
+        if kind_text not in {k.value for k in GpuKind}:
+            raise AnnotationError(f"{where}.kind: expected physical or virtual, got {kind_text!r}")
+        if not uuid or not model:
+            raise AnnotationError(f"{where}: uuid and model must be non-empty")
+        if index in seen_index:
+            raise AnnotationError(f"{where}.index: card index {index} appears twice")
+        if uuid in seen_uuid:
+            raise AnnotationError(f"{where}.uuid: {uuid} appears twice")
+        seen_index.add(index)
+        seen_uuid.add(uuid)
+        cards.append(GpuCard(index=index, uuid=uuid, model=model, memory_mib=memory,
+                             kind=GpuKind(kind_text), healthy=healthy))
+    cards.sort(key=lambda c: c.index)
+    topology = None
+    if "links" in doc:
+        topology = _decode_links(doc["links"], len(cards), what)
+    return Inventory(cards=tuple(cards), topology=topology)
+
+
+def _decode_links(raw: Any, count: int, what: str) -> Topology:
+    where = f"{what}.links"
+    if not isinstance(raw, list) or len(raw) != count:
+        raise AnnotationError(f"{where}: expected a {count}x{count} matrix (one row per card)")
+    rows: list[tuple[LinkLevel, ...]] = []
+    for i, row in enumerate(raw):
+        if not isinstance(row, list) or len(row) != count:
+            raise AnnotationError(f"{where}[{i}]: expected {count} link levels")
+        levels: list[LinkLevel] = []
+        for j, value in enumerate(row):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= max(LinkLevel):
+                raise AnnotationError(f"{where}[{i}][{j}]: expected a link level 0..{int(max(LinkLevel))}")
+            if (i == j) != (value == LinkLevel.SELF):
+                raise AnnotationError(f"{where}[{i}][{j}]: level 0 (self) belongs on the diagonal only")
+            levels.append(LinkLevel(value))
+        rows.append(tuple(levels))
+    for i in range(count):
+        for j in range(count):
+            if rows[i][j] != rows[j][i]:
+                raise AnnotationError(f"{where}: not symmetric at [{i}][{j}]")
+    return Topology(tuple(rows))
+
+
+def encode_inventory(inventory: Inventory) -> str:
+    """The compact JSON of an ``inventory-v1`` value (what the node side publishes)."""
+    doc: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "cards": [
+            {"index": c.index, "uuid": c.uuid, "model": c.model, "memoryMiB": c.memory_mib,
+             "healthy": c.healthy, **({"kind": c.kind.value} if c.kind != GpuKind.PHYSICAL else {})}
+            for c in inventory.cards
+        ],
+    }
+    if inventory.topology is not None:
+        doc["links"] = [[int(level) for level in row] for row in inventory.topology.levels]
+    return json.dumps(doc, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------------- assignment
+@dataclass(frozen=True)
+class CardRef:
+    """One card of one container's assignment, named both ways (index for humans, uuid for safety)."""
+
+    index: int
+    uuid: str
+    memory_mib: int
+    compute: int
+    exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerCards:
+    """The cards one container got, in the order they are exposed to it."""
+
+    name: str
+    cards: tuple[CardRef, ...]
+    init: bool = False
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The decoded ``assignment-v1`` value."""
+
+    node: str
+    time: dt.datetime
+    containers: tuple[ContainerCards, ...]
+
+    @staticmethod
+    def from_placement(placement: Placement, spec: NodeSpec, when: dt.datetime) -> Assignment:
+        """Name the core's card positions by the node's card index and uuid."""
+        containers = tuple(
+            ContainerCards(
+                name=a.container, init=a.init,
+                cards=tuple(CardRef(index=spec.cards[s.card].index, uuid=spec.cards[s.card].uuid,
+                                    memory_mib=s.memory_mib, compute=s.compute, exclusive=s.exclusive)
+                            for s in a.slices),
+            )
+            for a in placement.containers
+        )
+        return Assignment(node=spec.name, time=when, containers=containers)
+
+    def to_placement(self, pod_key: str, spec: NodeSpec, cpu_milli: int, memory_mib: int) -> Placement:
+        """Back to card positions of ``spec``; raises :class:`AnnotationError` if a card is unknown.
+
+        The uuid must match the card at that index: if the node's cards changed (a card replaced),
+        the old assignment does not silently move to the new card.
+        """
+        position = {card.index: pos for pos, card in enumerate(spec.cards)}
+        containers: list[ContainerAssignment] = []
+        for c in self.containers:
+            slices: list[CardSlice] = []
+            for ref in c.cards:
+                pos = position.get(ref.index)
+                if pos is None or spec.cards[pos].uuid != ref.uuid:
+                    raise AnnotationError(
+                        f"assignment-v1: node {spec.name} has no card {ref.index} with uuid {ref.uuid}")
+                slices.append(CardSlice(card=pos, memory_mib=ref.memory_mib, compute=ref.compute,
+                                        exclusive=ref.exclusive))
+            containers.append(ContainerAssignment(container=c.name, slices=tuple(slices), init=c.init))
+        return Placement(pod_key=pod_key, node=spec.name, cpu_milli=cpu_milli, memory_mib=memory_mib,
+                         containers=tuple(containers))
+
+
+def encode_assignment(assignment: Assignment) -> str:
+    """The compact JSON of an ``assignment-v1`` value."""
+    doc = {
+        "v": SCHEMA_VERSION,
+        "node": assignment.node,
+        "time": format_time(assignment.time),
+        "containers": [
+            {"name": c.name, "init": c.init,
+             "cards": [{"index": r.index, "uuid": r.uuid, "memoryMiB": r.memory_mib,
+                        "computeMilli": r.compute, "exclusive": r.exclusive} for r in c.cards]}
+            for c in assignment.containers
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def decode_assignment(text: str) -> Assignment:
+    """Validate and decode an ``assignment-v1`` value."""
+    what = "assignment-v1"
+    doc = _load(text, what)
+    node = _field(doc, "node", str, what)
+    if not node:
+        raise AnnotationError(f"{what}.node: must be non-empty")
+    when = parse_time(_field(doc, "time", str, what), f"{what}.time")
+    containers: list[ContainerCards] = []
+    names: set[tuple[str, bool]] = set()
+    for i, raw in enumerate(_field(doc, "containers", list, what)):
+        where = f"{what}.containers[{i}]"
+        if not isinstance(raw, dict):
+            raise AnnotationError(f"{where}: expected an object")
+        name = _field(raw, "name", str, where)
+        init = _field(raw, "init", bool, where)
+        if (name, init) in names:
+            raise AnnotationError(f"{where}.name: container {name!r} appears twice")
+        names.add((name, init))
+        refs: list[CardRef] = []
+        for j, card in enumerate(_field(raw, "cards", list, where)):
+            cw = f"{where}.cards[{j}]"
+            if not isinstance(card, dict):
+                raise AnnotationError(f"{cw}: expected an object")
+            compute = _non_negative(card, "computeMilli", cw)
+            if compute > COMPUTE_PER_CARD:
+                raise AnnotationError(f"{cw}.computeMilli: at most {COMPUTE_PER_CARD}, got {compute}")
+            refs.append(CardRef(index=_non_negative(card, "index", cw), uuid=_field(card, "uuid", str, cw),
+                                memory_mib=_non_negative(card, "memoryMiB", cw), compute=compute,
+                                exclusive=_field(card, "exclusive", bool, cw)))
+        if not refs:
+            raise AnnotationError(f"{where}.cards: a container entry needs at least one card")
+        if len({r.index for r in refs}) != len(refs):
+            raise AnnotationError(f"{where}.cards: a card appears twice")
+        containers.append(ContainerCards(name=name, cards=tuple(refs), init=init))
+    return Assignment(node=node, time=when, containers=tuple(containers))
+
+
+# ------------------------------------------------------------------------------------ allocated
+@dataclass(frozen=True)
+class Allocated:
+    """The node side's confirmation that the pod's containers received their cards."""
+
+    node: str
+    time: dt.datetime
+
+
+def encode_allocated(allocated: Allocated) -> str:
+    """The compact JSON of an ``allocated-v1`` value."""
+    return json.dumps({"v": SCHEMA_VERSION, "node": allocated.node, "time": format_time(allocated.time)},
+                      separators=(",", ":"))
+
+
+def decode_allocated(text: str) -> Allocated:
+    """Validate and decode an ``allocated-v1`` value."""
+    what = "allocated-v1"
+    doc = _load(text, what)
+    node = _field(doc, "node", str, what)
+    return Allocated(node=node, time=parse_time(_field(doc, "time", str, what), f"{what}.time"))
+
+
+def card_indices(assignment: Assignment) -> Sequence[int]:
+    """Every card index the assignment touches (sorted, once each)."""
+    return sorted({r.index for c in assignment.containers for r in c.cards})

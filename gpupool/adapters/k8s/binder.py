@@ -1,0 +1,143 @@
+"""Bind one pod: choose its exact cards, record them on the pod, then POST the Binding.
+
+Why this order and these guards (two binds racing for the last space on a card must never both
+succeed):
+
+1. The cards are chosen *and booked* in the cache's ledger under one lock
+   (:meth:`ClusterCache.reserve`), before anything is written. A second bind in this process sees
+   the booking and either takes other cards or fails with the core's reason.
+2. The assignment annotation is written with the pod's resourceVersion as a precondition. If
+   anything changed the pod since we read it (another replica annotating it, a retry of the same
+   bind), the API answers 409: the reservation is rolled back, the pod is read again and the
+   decision re-evaluated from scratch.
+3. Only then is the Binding posted; the API refuses to bind an already-bound pod (409).
+4. Any failure rolls the reservation back; success pins it until the watch has caught up.
+
+When nothing fits any more the bind returns an error: kube-scheduler then puts the pod back in its
+queue and schedules it again with fresh filter results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gpupool.adapters.k8s.annotations import AnnotationError, Assignment, decode_assignment, encode_assignment
+from gpupool.adapters.k8s.cache import ClusterCache, now_utc
+from gpupool.adapters.k8s.podapi import ApiError, ConflictError, NotFoundError, PodApi
+from gpupool.adapters.k8s.translate import TranslationError, pod_request
+from gpupool.core.model import Placement
+from gpupool.core.scheduler import Unschedulable
+from gpupool.services.extender import BindResult
+
+log = logging.getLogger(__name__)
+
+
+class Binder:
+    """Binds pods through a :class:`PodApi`, keeping the cache's ledger in step."""
+
+    def __init__(self, cache: ClusterCache, api: PodApi, *, max_attempts: int = 4,
+                 clock: Callable[[], dt.datetime] = now_utc) -> None:
+        self.cache = cache
+        self.api = api
+        self.max_attempts = max_attempts
+        self.clock = clock
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
+        """Bind ``namespace/name`` to ``node``; never raises for API or input problems."""
+        key = f"{namespace}/{name}"
+        last_conflict = ""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                pod = self.api.get_pod(namespace, name)
+            except NotFoundError:
+                return BindResult(f"pod {key} no longer exists", attempts=attempt)
+            except ApiError as exc:
+                return BindResult(f"cannot read pod {key}: {exc}", attempts=attempt)
+            meta = pod.get("metadata") or {}
+            if uid and meta.get("uid") != uid:
+                return BindResult(f"pod {key} was replaced (uid {meta.get('uid')}, asked {uid})",
+                                  attempts=attempt)
+            bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
+            if bound_to:
+                return self._already_bound(pod, key, bound_to, node, attempt)
+            try:
+                request = pod_request(pod, self.cache.names)
+            except TranslationError as exc:
+                return BindResult(str(exc), attempts=attempt)
+            if not request.wants_gpu:
+                return self._post_binding(key, namespace, name, uid, node, None, None, attempt)
+            decision = self.cache.reserve(request, node)
+            if isinstance(decision, Unschedulable):
+                return BindResult(f"pod {key} does not fit on node {node}: {decision.reason}",
+                                  attempts=attempt)
+            spec = self.cache.node_spec_of(node)
+            if spec is None:  # the node vanished between the decision and now
+                self.cache.rollback(key)
+                return BindResult(f"node {node} is gone", attempts=attempt)
+            assignment = Assignment.from_placement(decision, spec, self.clock())
+            try:
+                patched = self.api.patch_pod_annotations(
+                    namespace, name, str(meta.get("resourceVersion") or ""),
+                    {self.cache.names.assignment: encode_assignment(assignment)})
+            except ConflictError as exc:
+                self.cache.rollback(key)
+                last_conflict = str(exc)
+                log.info("bind %s: pod changed while binding (attempt %d), re-evaluating", key, attempt)
+                continue
+            except ApiError as exc:
+                self.cache.rollback(key)
+                return BindResult(f"cannot record the assignment on pod {key}: {exc}", attempts=attempt)
+            result = self._post_binding(key, namespace, name, uid, node, decision, assignment, attempt)
+            if result.ok:
+                return result
+            self._clear_annotation(namespace, name, patched)
+            if result.error.startswith("conflict:"):
+                last_conflict = result.error
+                continue
+            return result
+        return BindResult(f"pod {key}: gave up after {self.max_attempts} conflicting updates "
+                          f"({last_conflict})", attempts=self.max_attempts)
+
+    def _post_binding(self, key: str, namespace: str, name: str, uid: str, node: str,
+                      placement: Placement | None, assignment: Assignment | None, attempt: int) -> BindResult:
+        try:
+            self.api.bind_pod(namespace, name, uid, node)
+        except ConflictError as exc:
+            if placement is not None:
+                self.cache.rollback(key)
+            return BindResult(f"conflict: {exc}", attempts=attempt)
+        except ApiError as exc:
+            if placement is not None:
+                self.cache.rollback(key)
+            return BindResult(f"cannot bind pod {key} to {node}: {exc}", attempts=attempt)
+        if assignment is not None:
+            self.cache.commit(key, assignment)
+        return BindResult(placement=placement, attempts=attempt)
+
+    def _already_bound(self, pod: dict[str, Any], key: str, bound_to: str, node: str,
+                       attempt: int) -> BindResult:
+        """A bind for a pod that is bound already: success if it is where we were asked to put it."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(self.cache.names.assignment)
+        if bound_to != node:
+            return BindResult(f"pod {key} is already bound to node {bound_to}", attempts=attempt)
+        if text is not None:
+            try:
+                if decode_assignment(text).node != node:
+                    return BindResult(f"pod {key} is bound to {node} but its assignment names another node",
+                                      attempts=attempt)
+            except AnnotationError as exc:
+                return BindResult(f"pod {key}: {exc}", attempts=attempt)
+        self.cache.upsert_pod(pod)  # adopt the other writer's booking now rather than at the next event
+        return BindResult(attempts=attempt)
+
+    def _clear_annotation(self, namespace: str, name: str, patched: dict[str, Any]) -> None:
+        """Best effort: remove an assignment whose Binding failed (the expiry covers a failure here)."""
+        rv = str((patched.get("metadata") or {}).get("resourceVersion") or "")
+        try:
+            self.api.patch_pod_annotations(namespace, name, rv, {self.cache.names.assignment: None})
+        except ApiError as exc:
+            log.info("could not clear the assignment of %s/%s: %s", namespace, name, exc)

@@ -1,0 +1,110 @@
+"""The three pod calls a bind needs, behind a small interface, with typed errors.
+
+Why an interface: the conflict-safety of binding is proven in unit tests against
+:class:`gpupool.adapters.k8s.fake_api.FakePodApi` (which returns 409 exactly as the apiserver does),
+and the benchmark can run against it when no apiserver is available. :class:`KubePodApi` is the
+real implementation over the official client; it reads raw JSON (``_preload_content=False``)
+because deserialising into client models is slow and the translation works on dicts anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+
+class ApiError(RuntimeError):
+    """A call to the API failed; ``status`` is the HTTP status (0 when no response came)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ConflictError(ApiError):
+    """409: the object changed since it was read (or the pod is already bound)."""
+
+
+class NotFoundError(ApiError):
+    """404: the object does not exist (any more)."""
+
+
+class PodApi(Protocol):
+    """What the binder asks of the API."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as JSON (fresh from the API, with its current resourceVersion)."""
+
+    def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
+                              annotations: dict[str, str | None]) -> dict[str, Any]:
+        """Merge ``annotations`` (None deletes one) if the pod is still at ``resource_version``.
+
+        Raises :class:`ConflictError` when it is not: this precondition is the optimistic
+        concurrency that stops two writers from both believing they annotated the same version.
+        """
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the Binding; :class:`ConflictError` if the pod is already bound or was replaced."""
+
+
+def _raise_for(exc: Exception, what: str) -> ApiError:
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None)
+    detail = ""
+    if body:
+        try:
+            detail = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            detail = str(body)[:200]
+    message = f"{what}: HTTP {status} {detail}".strip()
+    if status == 409:
+        return ConflictError(message, status)
+    if status == 404:
+        return NotFoundError(message, status)
+    return ApiError(message, status)
+
+
+class KubePodApi:
+    """:class:`PodApi` over ``kubernetes.client.CoreV1Api``."""
+
+    def __init__(self, core_v1: Any, request_timeout_s: float = 10.0) -> None:
+        self.core = core_v1
+        self.timeout = request_timeout_s
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                 _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _raise_for(exc, f"GET pod {namespace}/{name}") from None
+        result: dict[str, Any] = json.loads(resp.data)
+        return result
+
+    def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
+                              annotations: dict[str, str | None]) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+        try:
+            resp = self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
+                                                  _content_type="application/merge-patch+json",
+                                                  _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _raise_for(exc, f"PATCH pod {namespace}/{name}") from None
+        result: dict[str, Any] = json.loads(resp.data)
+        return result
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        from kubernetes.client import V1Binding, V1ObjectMeta, V1ObjectReference
+        from kubernetes.client.exceptions import ApiException
+
+        body = V1Binding(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+                         target=V1ObjectReference(api_version="v1", kind="Node", name=node))
+        try:
+            # Raw response: older clients fail to deserialise the Binding the server echoes back.
+            self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                    _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _raise_for(exc, f"POST binding {namespace}/{name} → {node}") from None

@@ -1,0 +1,135 @@
+"""``gpupool extender``: run the kube-scheduler extender (HTTP server, watches, leader election).
+
+This module only wires the pieces together; each piece has its own module under
+``gpupool/adapters`` and ``gpupool/services`` (see docs/extender.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.k8s.binder import Binder
+from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
+from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
+from gpupool.adapters.k8s.podapi import KubePodApi
+from gpupool.adapters.k8s.watch import start_watches
+from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.services.extender import ExtenderService, ExtenderSettings
+
+log = logging.getLogger("gpupool.extender")
+
+
+@dataclass(frozen=True)
+class ExtenderOptions:
+    """Everything ``gpupool extender`` can be told."""
+
+    host: str = "0.0.0.0"
+    port: int = 8888
+    url_prefix: str = ""
+    kubeconfig: str | None = None
+    domain: str = DEFAULT_DOMAIN
+    policy: str = DEFAULT_POLICY
+    unconfirmed_timeout_s: float = 300.0
+    leader_elect: bool = True
+    lease_namespace: str = "kube-system"
+    lease_name: str = "gpupool-extender"
+    identity: str = ""
+    explain_limit: int = 64
+
+
+def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
+    from kubernetes import client
+    from kubernetes import config as config_module
+
+    config: Any = config_module  # the client's loaders are untyped
+    configuration = client.Configuration()
+    if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32  # binds run on a pool of threads
+    api_client = client.ApiClient(configuration)
+    return client.CoreV1Api(api_client), client.CoordinationV1Api(api_client)
+
+
+def run_extender(options: ExtenderOptions) -> None:
+    """Start watches, leader election and the HTTP server; blocks until interrupted."""
+    from aiohttp import web
+
+    names = ResourceNames(options.domain)
+    core_v1, coordination_v1 = _clients(options.kubeconfig)
+    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
+    stop = threading.Event()
+    start_watches(cache, core_v1, stop)
+    identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
+    elector = None
+    if options.leader_elect:
+        elector = LeaderElector(coordination_v1, identity, LeaseSettings(options.lease_namespace,
+                                                                         options.lease_name)).start()
+    service = ExtenderService(cache, Binder(cache, KubePodApi(core_v1)),
+                              settings=ExtenderSettings(explain_limit=options.explain_limit),
+                              is_leader=elector.is_leader if elector else (lambda: True),
+                              leader_name=elector.holder if elector else (lambda: identity))
+
+    def housekeeping() -> None:
+        profiled = False
+        ticks = 0
+        while not stop.wait(5.0):
+            cache.expire()
+            ticks += 1
+            if cache.synced and (not profiled or ticks % 60 == 0):
+                cache.refresh_profile()  # fragmentation policies score against the running workload
+                profiled = True
+
+    threading.Thread(target=housekeeping, name="gpupool-housekeeping", daemon=True).start()
+    app = ExtenderApi(service, names, ExtenderMetrics()).app(options.url_prefix)
+    log.info("gpupool extender %s listening on %s:%d (policy %s, domain %s)", identity, options.host,
+             options.port, options.policy, options.domain)
+    try:
+        web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
+    finally:
+        stop.set()
+        if elector is not None:
+            elector.stop.set()
+
+
+@click.command("extender")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8888, show_default=True, type=int, help="Port to listen on.")
+@click.option("--url-prefix", default="", help="Path prefix of the verbs (the path part of urlPrefix).")
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
+              help="Kubeconfig file; default: in-cluster config, else ~/.kube/config.")
+@click.option("--domain", default=DEFAULT_DOMAIN, show_default=True,
+              help="Domain of resource and annotation names.")
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
+              help="Placement policy for prioritize and for choosing cards.")
+@click.option("--unconfirmed-timeout", default=300.0, show_default=True, type=float,
+              help="Seconds after which an assignment whose pod was never bound is dropped.")
+@click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
+              help="Bind only while holding the Lease (run several replicas for HA).")
+@click.option("--lease-namespace", default="kube-system", show_default=True)
+@click.option("--lease-name", default="gpupool-extender", show_default=True)
+@click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
+@click.option("--explain-limit", default=64, show_default=True, type=int,
+              help="Failed nodes given an individual reason per filter call.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
+             unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
+             identity: str, explain_limit: int, verbose: bool) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
+                                 domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
+                                 leader_elect=leader_elect, lease_namespace=lease_namespace,
+                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit))

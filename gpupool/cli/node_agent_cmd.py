@@ -1,0 +1,68 @@
+"""``gpupool node-agent``: the device plugin and node agent of one node."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import click
+
+from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+
+
+@click.command("node-agent")
+@click.option("--node-name", default=lambda: os.environ.get("NODE_NAME", socket.gethostname()),
+              show_default="$NODE_NAME or hostname", help="This node's name in Kubernetes.")
+@click.option("--fake-gpus", type=click.Path(exists=True, dir_okay=False),
+              help="Describe GPUs with a YAML file instead of NVML (see docs/node-agent.md).")
+@click.option("--plugin-dir", default=DEVICE_PLUGIN_DIR, show_default=True)
+@click.option("--pod-resources-socket", default=POD_RESOURCES_SOCKET, show_default=True)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube.")
+@click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
+@click.option("-v", "--verbose", is_flag=True)
+def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
+               kubeconfig: str | None, domain: str, verbose: bool) -> None:
+    """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain))
+
+
+async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
+               domain: str) -> None:
+    from gpupool.adapters.deviceplugin.manager import DevicePluginManager
+    from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
+    from gpupool.adapters.k8s.allocated_codec import encode_served
+    from gpupool.adapters.k8s.kube_pod_source import KubePodSource
+    from gpupool.services.gpu_inventory import GpuBackend
+    from gpupool.services.node_agent import NodeAgent
+    from gpupool.services.node_types import ResourceNames
+
+    names = ResourceNames(domain)
+    backend: GpuBackend
+    if fake_gpus:
+        from gpupool.adapters.nvml.fake import FakeGpuBackend
+        backend = FakeGpuBackend.from_file(fake_gpus)
+    else:
+        from gpupool.adapters.nvml.real import NvmlBackend
+        backend = NvmlBackend()
+    pods = KubePodSource(names, kubeconfig)
+    agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served)
+    await pods.publish_node(node, agent.inventory)
+    manager = DevicePluginManager(plugin_dir, names.all(), agent)
+
+    async def publish_on_change() -> None:
+        version = agent.devices_version
+        while True:
+            version = await agent.wait_devices_changed(version)
+            await pods.publish_node(node, agent.inventory)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(manager.run())
+            group.create_task(agent.run())
+            group.create_task(publish_on_change())
+    finally:
+        backend.close()

@@ -1,0 +1,119 @@
+"""``gpupool simulate``: replay a trace through the same scheduling code the extender runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from gpupool.core.fragmentation import WorkloadProfile
+from gpupool.core.model import NodeSpec, PodRequest
+from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.sim.packing import SeedResult, run_seed
+from gpupool.sim.report import PolicyReport, plot, text_table
+from gpupool.sim.timeline import replay_timeline
+from gpupool.sim.trace import TraceError, TracePod, load_nodes, load_pods, resolve_nodes, resolve_trace
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42-51"``, ``"42,45"`` or ``"42"`` into a list of seeds."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if high < low:
+                    raise ValueError
+                seeds.extend(range(low, high + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use a seed, a list (42,43) or a range (42-51)") from None
+    if not seeds:
+        raise click.BadParameter("no seeds given")
+    return seeds
+
+
+def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile]) -> SeedResult:
+    nodes, pods, policy, seed, profile = args
+    return run_seed(nodes, pods, policy, seed, profile)
+
+
+@click.command("simulate")
+@click.option("--trace", "trace", default="default", show_default=True,
+              help="Pod list: a bundled name (default, gpushare40, multigpu20, gpuspec10, cpu050) or a CSV path.")
+@click.option("--nodes", "nodes_name", default="openb", show_default=True,
+              help="Node list: the bundled 'openb' cluster or a CSV path.")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(sorted(POLICIES)),
+              help=f"Placement policy; repeat to compare. [default: {DEFAULT_POLICY}]")
+@click.option("--seeds", default="42-51", show_default=True, help="Seeds: 42, 42,43 or 42-51.")
+@click.option("--mode", type=click.Choice(["packing", "timeline"]), default="packing", show_default=True,
+              help="packing: the FGD paper's fill-to-130% experiment; timeline: arrivals and departures in time.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the curves.")
+@click.option("--jobs", type=int, default=0, help="Worker processes (default: one per CPU).")
+def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str, as_json: bool,
+             plot_path: str | None, jobs: int) -> None:
+    """Replay a trace on a cluster and report how well the policy packs GPUs."""
+    chosen = list(policies) or [DEFAULT_POLICY]
+    try:
+        nodes = load_nodes(resolve_nodes(nodes_name))
+        trace_pods = load_pods(resolve_trace(trace))
+    except (TraceError, OSError) as error:
+        raise click.ClickException(str(error)) from error
+    if mode == "timeline":
+        _timeline(nodes, trace_pods, chosen, as_json)
+        return
+    seed_list = parse_seeds(seeds)
+    pods = [p.request for p in trace_pods]
+    profile = WorkloadProfile.from_pods(pods)
+    tasks = [(nodes, pods, policy, seed, profile) for policy in chosen for seed in seed_list]
+    workers = jobs or min(len(tasks), os.cpu_count() or 1)
+    results: list[SeedResult] = []
+    with tqdm(total=len(tasks), desc="simulating", unit="run", file=sys.stderr, disable=None) as bar:
+        if workers <= 1:
+            for task in tasks:
+                results.append(_job(task))
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for result in pool.map(_job, tasks):
+                    results.append(result)
+                    bar.update(1)
+    reports = [
+        PolicyReport(policy, trace, tuple(results[i * len(seed_list):(i + 1) * len(seed_list)]))
+        for i, policy in enumerate(chosen)
+    ]
+    if plot_path:
+        plot(reports, plot_path)
+    if as_json:
+        payload = reports[0].to_json() if len(reports) == 1 else {"policies": [r.to_json() for r in reports]}
+        click.echo(json.dumps(payload))
+        return
+    click.echo(text_table(reports))
+    if plot_path:
+        click.echo(f"plot written to {Path(plot_path).resolve()}")
+
+
+def _timeline(nodes: list[NodeSpec], pods: list[TracePod], policies: list[str], as_json: bool) -> None:
+    results = [replay_timeline(nodes, pods, policy) for policy in policies]
+    if as_json:
+        click.echo(json.dumps({"mode": "timeline", "policies": [
+            {"policy": r.policy, "refused_pods": r.refused_pods, "peak_allocated_gpu_pct": r.peak_allocated_gpu_pct,
+             "mean_allocated_gpu_pct": r.mean_allocated_gpu_pct,
+             "points": [[p.time, p.allocated_gpu_pct, p.running_pods, p.refused_pods] for p in r.points]}
+            for r in results]}))
+        return
+    for r in results:
+        click.echo(f"policy {r.policy}: refused {r.refused_pods} pods, GPU allocation mean "
+                   f"{r.mean_allocated_gpu_pct:.2f}%, peak {r.peak_allocated_gpu_pct:.2f}%")
+        click.echo(f"{'hour':>8}{'alloc %':>10}{'running':>9}{'refused':>9}")
+        stride = max(1, len(r.points) // 20)
+        for p in r.points[::stride]:
+            click.echo(f"{p.time / 3600:>8.1f}{p.allocated_gpu_pct:>10.2f}{p.running_pods:>9}{p.refused_pods:>9}")

@@ -1,0 +1,241 @@
+"""Choosing the exact cards of one node for every container of a pod.
+
+The card rules follow Tencent GPUManager's three cases:
+
+* more than one card: the set with the least communication cost (sum of link levels);
+* exactly one whole card: the most isolated idle card, so that well-connected groups stay intact
+  for later multi-card requests ("avoid orphan cards");
+* less than one card: the slice goes where it leaves the least fragmentation; the default is best
+  fit (the tightest card that holds it), and a placement policy can substitute its own chooser
+  (FGD chooses the card that raises fragmentation least).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.model import (
+    CardMode,
+    CardSlice,
+    ContainerAssignment,
+    ContainerRequest,
+    GpuRequest,
+    NodeSpec,
+    Placement,
+    PodRequest,
+)
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.units import COMPUTE_PER_CARD
+
+MAX_COMBINATIONS = 4096
+"""Above this many candidate card sets the multi-card choice turns greedy (nodes of 16+ cards)."""
+
+
+@dataclass
+class NodeScratch:
+    """A private copy of one node's card state, consumed container by container."""
+
+    row: int
+    spec: NodeSpec
+    mem_total: IntArray
+    mem_free: IntArray
+    compute_free: IntArray
+    mode: IntArray
+    eligible_base: BoolArray
+
+    @staticmethod
+    def of(state: ClusterState, row: int) -> NodeScratch:
+        return NodeScratch(
+            row=row,
+            spec=state.specs[row],
+            mem_total=state.card_mem_total[row].copy(),
+            mem_free=state.card_mem_free[row].copy(),
+            compute_free=state.card_compute_free[row].copy(),
+            mode=state.card_mode[row].copy(),
+            eligible_base=state.card_exists[row] & state.card_healthy[row],
+        )
+
+    def need_memory(self, request: GpuRequest) -> IntArray:
+        if request.exclusive:
+            return self.mem_total
+        if request.memory_mib is None:
+            return self.mem_total * request.compute // COMPUTE_PER_CARD
+        return np.full_like(self.mem_total, request.memory_mib)
+
+    def fits(self, state: ClusterState, request: GpuRequest) -> BoolArray:
+        ok = self.eligible_base.copy()
+        if request.models:
+            ok &= np.isin(state.card_model[self.row], state.model_ids(request.models))
+        if request.kind is not None:
+            virtual = state.card_virtual[self.row]
+            ok &= virtual if request.kind.value == "virtual" else ~virtual
+        if request.exclusive:
+            idle: BoolArray = ok & (self.mode == CardMode.IDLE)
+            return idle
+        ok &= self.mode != CardMode.EXCLUSIVE
+        ok &= self.compute_free >= request.compute
+        ok &= self.mem_free >= self.need_memory(request)
+        return ok
+
+    def take(self, card: int, request: GpuRequest) -> CardSlice:
+        if request.exclusive:
+            memory = int(self.mem_total[card])
+            compute = int(self.compute_free[card])
+            self.mem_free[card] = 0
+            self.compute_free[card] = 0
+            self.mode[card] = CardMode.EXCLUSIVE
+            return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=True)
+        memory = int(self.need_memory(request)[card])
+        self.mem_free[card] -= memory
+        self.compute_free[card] -= request.compute
+        self.mode[card] = CardMode.SHARED
+        return CardSlice(card=card, memory_mib=memory, compute=request.compute)
+
+
+SharedCardChooser = Callable[[ClusterState, NodeScratch, GpuRequest, BoolArray, int], int]
+"""Picks one card for a sub-card slice among the ``True`` positions of the mask; the last argument
+is the CPU the pod takes on the node (fragmentation-aware choosers need it)."""
+
+
+def best_fit_card(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
+                  cpu_milli: int = 0) -> int:
+    """The tightest card that holds the slice (least free compute, then memory, then index).
+
+    This is Alibaba gpushare's binpack rule generalised to two dimensions: filling the fullest
+    card first keeps empty cards whole for whole-card requests.
+    """
+    candidates = np.flatnonzero(mask)
+    keys = np.lexsort((candidates, scratch.mem_free[candidates], scratch.compute_free[candidates]))
+    return int(candidates[keys[0]])
+
+
+def most_isolated_card(spec: NodeSpec, candidates: list[int]) -> int:
+    """Among idle cards, the one farthest from any other idle card (ties: lowest index)."""
+    if len(candidates) == 1 or spec.topology is None:
+        return candidates[0]
+
+    def isolation(card: int) -> int:
+        return min(int(spec.link(card, other)) for other in candidates if other != card)
+
+    return max(candidates, key=lambda card: (isolation(card), -card))
+
+
+def cheapest_card_set(spec: NodeSpec, candidates: list[int], count: int,
+                      tiebreak: Callable[[int], int] | None = None) -> list[int]:
+    """The ``count`` cards with the least total pairwise link cost.
+
+    Ties go to the set whose ``tiebreak`` sum is smallest (best fit for slices), then the lowest
+    indices. Large nodes fall back to a greedy build from every start card.
+    """
+    if count == len(candidates):
+        return list(candidates)
+    if spec.topology is None and tiebreak is None:
+        return list(candidates[:count])
+
+    def cost(cards: Sequence[int]) -> int:
+        return sum(int(spec.link(a, b)) for a, b in itertools.combinations(cards, 2))
+
+    def key(cards: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
+        extra = sum(tiebreak(c) for c in cards) if tiebreak else 0
+        return cost(cards), extra, tuple(sorted(cards))
+
+    if math.comb(len(candidates), count) <= MAX_COMBINATIONS:
+        best_combo: tuple[int, ...] | None = None
+        for combo in itertools.combinations(candidates, count):
+            if best_combo is None or key(combo) < key(best_combo):
+                best_combo = combo
+        assert best_combo is not None
+        return list(best_combo)
+    best: list[int] | None = None
+    for start in candidates:
+        chosen = [start]
+        while len(chosen) < count:
+            rest = [c for c in candidates if c not in chosen]
+            chosen.append(min(rest, key=lambda c: (sum(int(spec.link(c, x)) for x in chosen), c)))
+        if best is None or key(chosen) < key(best):
+            best = chosen
+    assert best is not None
+    return sorted(best)
+
+
+def choose_cards(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
+                 shared_chooser: SharedCardChooser | None = None,
+                 prefer: frozenset[int] = frozenset(), cpu_milli: int = 0) -> list[int]:
+    """The cards for one container, following the three topology cases (see module doc)."""
+    candidates = [int(c) for c in np.flatnonzero(mask)]
+    preferred = [c for c in candidates if c in prefer]
+    if len(preferred) >= request.count and not request.exclusive:
+        candidates = preferred
+    if request.count == 1:
+        if request.exclusive:
+            return [most_isolated_card(scratch.spec, candidates)]
+        sub_mask = np.zeros_like(mask)
+        sub_mask[candidates] = True
+        chooser = shared_chooser or best_fit_card
+        return [chooser(state, scratch, request, sub_mask, cpu_milli)]
+    return cheapest_card_set(scratch.spec, candidates, request.count,
+                             tiebreak=lambda c: int(scratch.compute_free[c]))
+
+
+def _size_key(container: ContainerRequest) -> tuple[int, int, int]:
+    gpu = container.gpu
+    assert gpu is not None
+    return (1 if gpu.exclusive else 0, gpu.count, gpu.compute)
+
+
+def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
+                   shared_chooser: SharedCardChooser | None = None) -> Placement | str:
+    """Choose cards for every container of ``pod`` on node ``row``; a reason string if impossible.
+
+    App containers are placed largest first (whole cards before slices) on a scratch copy of the
+    node, so that one container never takes a card another needs. Init containers run before the
+    app containers, so they are matched against the node as it was before the pod and preferably on
+    the cards the app containers got (the ledger then holds the larger of the two, not the sum).
+    """
+    spec = state.specs[row]
+    if not state.present[row]:
+        return f"node {spec.name} is not known to gpupool"
+    if state.cpu_free[row] < pod.cpu_milli:
+        return f"insufficient CPU: {pod.cpu_milli}m requested, {int(state.cpu_free[row])}m free"
+    if state.mem_free[row] < pod.memory_mib:
+        return f"insufficient memory: {pod.memory_mib} MiB requested, {int(state.mem_free[row])} MiB free"
+    scratch = NodeScratch.of(state, row)
+    chosen: dict[str, ContainerAssignment] = {}
+    for container in sorted(pod.gpu_containers, key=_size_key, reverse=True):
+        assert container.gpu is not None
+        mask = scratch.fits(state, container.gpu)
+        if int(mask.sum()) < container.gpu.count:
+            return _explain(state, row, container)
+        cards = choose_cards(state, scratch, container.gpu, mask, shared_chooser, cpu_milli=pod.cpu_milli)
+        slices = tuple(scratch.take(card, container.gpu) for card in cards)
+        chosen[container.name] = ContainerAssignment(container=container.name, slices=slices)
+    app_cards = frozenset(s.card for a in chosen.values() for s in a.slices)
+    assignments = [chosen[c.name] for c in pod.containers if c.name in chosen]
+    for container in pod.init_containers:
+        if container.gpu is None:
+            continue
+        before = NodeScratch.of(state, row)
+        mask = before.fits(state, container.gpu)
+        if int(mask.sum()) < container.gpu.count:
+            return _explain(state, row, container)
+        cards = choose_cards(state, before, container.gpu, mask, shared_chooser, prefer=app_cards,
+                             cpu_milli=pod.cpu_milli)
+        slices = tuple(before.take(card, container.gpu) for card in cards)
+        assignments.append(ContainerAssignment(container=container.name, slices=slices, init=True))
+    placement = Placement(pod_key=pod.key, node=spec.name, cpu_milli=pod.cpu_milli,
+                          memory_mib=pod.memory_mib, containers=tuple(assignments))
+    problem = state.check(placement)
+    return placement if problem is None else problem
+
+
+def _explain(state: ClusterState, row: int, container: ContainerRequest) -> str:
+    from gpupool.core.feasibility import explain_node
+    from gpupool.core.model import PodRequest as _Pod
+
+    reason = explain_node(state, row, _Pod(key="-", containers=(container,)))
+    return reason or f"the cards left on node {state.specs[row].name} cannot hold container {container.name}"

@@ -1,0 +1,148 @@
+"""Which cards and nodes can hold a request, vectorised over nodes, with reasons a user can act on.
+
+The vectorised masks are what the simulator and the extender's filter evaluate for thousands of nodes;
+:func:`explain_node` turns a failure on one node into a sentence ("no single card has 8138 MiB free;
+largest free 4069 MiB") for the extender's ``FailedNodes``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from gpupool.core.model import CardMode, GpuKind, GpuRequest, PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.units import COMPUTE_PER_CARD
+
+
+def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> IntArray:
+    """Memory the request takes on each card of ``rows`` (proportional requests vary per card)."""
+    totals = state.card_mem_total[rows]
+    if request.exclusive:
+        return totals
+    if request.memory_mib is None:
+        return totals * request.compute // COMPUTE_PER_CARD
+    return np.full_like(totals, request.memory_mib)
+
+
+def eligible_cards(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
+    """Cards that exist, are healthy and have an allowed model and kind (capacity not checked)."""
+    ok = state.card_exists[rows] & state.card_healthy[rows]
+    if request.models:
+        ok &= np.isin(state.card_model[rows], state.model_ids(request.models))
+    if request.kind is not None:
+        virtual = state.card_virtual[rows]
+        ok &= virtual if request.kind == GpuKind.VIRTUAL else ~virtual
+    return ok
+
+
+def card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
+    """``[rows, cards]``: which cards can take one slice of ``request`` right now.
+
+    Whole-card requests need an idle card (fully free, then closed to sharing); slices need a card
+    that is idle or already shared and has both the memory and the compute free.
+    """
+    ok = eligible_cards(state, request, rows)
+    mode = state.card_mode[rows]
+    if request.exclusive:
+        idle: BoolArray = ok & (mode == CardMode.IDLE)
+        return idle
+    ok &= mode != CardMode.EXCLUSIVE
+    ok &= state.card_compute_free[rows] >= request.compute
+    ok &= state.card_mem_free[rows] >= memory_need(state, request, rows)
+    result: BoolArray = ok
+    return result
+
+
+def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = None) -> BoolArray:
+    """Nodes (of ``rows``, default all) that pass CPU, memory and per-container card counts.
+
+    Exact for pods with at most one GPU container (the common case and every trace pod). With several
+    GPU containers it is a necessary condition; :func:`gpupool.core.cards.assign_on_node` decides.
+    """
+    if rows is None:
+        rows = np.arange(state.size, dtype=np.int64)
+    ok: BoolArray = state.present[rows].copy()
+    ok &= state.cpu_free[rows] >= pod.cpu_milli
+    ok &= state.mem_free[rows] >= pod.memory_mib
+    for container in (*pod.containers, *pod.init_containers):
+        if container.gpu is None:
+            continue
+        fits = card_fit_mask(state, container.gpu, rows)
+        ok &= fits.sum(axis=1) >= container.gpu.count
+    return ok
+
+
+def request_problem(state: ClusterState, pod: PodRequest) -> str | None:
+    """A reason why no node of the cluster could ever hold ``pod``, or None.
+
+    This is the "larger than the biggest card" rule: it is reported once, up front, instead of as a
+    puzzling failure on every node.
+    """
+    present = state.card_exists & state.present[:, None]
+    if not present.any():
+        return "the cluster has no GPU cards" if pod.wants_gpu else None
+    largest_mem = int(state.card_mem_total[present].max())
+    most_cards = int(state.card_count[state.present].max()) if state.present.any() else 0
+    for container in (*pod.containers, *pod.init_containers):
+        request = container.gpu
+        if request is None:
+            continue
+        if request.count > most_cards:
+            return (f"container {container.name} asks for {request.count} cards; the largest node "
+                    f"has {most_cards}")
+        if request.memory_mib is not None and request.memory_mib > largest_mem:
+            return (f"container {container.name} asks for {request.memory_mib} MiB on one card; "
+                    f"the largest card has {largest_mem} MiB")
+        if request.models and not state.model_ids(request.models):
+            return (f"container {container.name} asks for GPU model(s) {', '.join(sorted(request.models))}; "
+                    f"the cluster has {', '.join(sorted(state.models))}")
+    return None
+
+
+def explain_node(state: ClusterState, row: int, pod: PodRequest) -> str | None:
+    """Why ``pod`` does not fit on node ``row`` now, in words; None if it fits (as far as counts go)."""
+    rows = np.array([row], dtype=np.int64)
+    name = state.specs[row].name
+    if not state.present[row]:
+        return f"node {name} is not known to gpupool"
+    if state.cpu_free[row] < pod.cpu_milli:
+        return f"insufficient CPU: {pod.cpu_milli}m requested, {int(state.cpu_free[row])}m free"
+    if state.mem_free[row] < pod.memory_mib:
+        return f"insufficient memory: {pod.memory_mib} MiB requested, {int(state.mem_free[row])} MiB free"
+    for container in (*pod.containers, *pod.init_containers):
+        request = container.gpu
+        if request is None:
+            continue
+        eligible = eligible_cards(state, request, rows)[0]
+        if not eligible.any():
+            if request.models:
+                have = sorted({state.models[m] for m in state.card_model[row] if m >= 0})
+                return (f"no healthy card of model {'|'.join(sorted(request.models))} "
+                        f"(node has {', '.join(have) or 'no cards'})")
+            return "no healthy card of the requested kind"
+        fits = card_fit_mask(state, request, rows)[0]
+        if int(fits.sum()) >= request.count:
+            continue
+        if request.exclusive:
+            idle = int((eligible & (state.card_mode[row] == CardMode.IDLE)).sum())
+            return f"needs {request.count} idle whole card(s); {idle} idle"
+        shareable = eligible & (state.card_mode[row] != CardMode.EXCLUSIVE)
+        need_mem = memory_need(state, request, rows)[0]
+        mem_free = np.where(shareable, state.card_mem_free[row], -1)
+        compute_free = np.where(shareable, state.card_compute_free[row], -1)
+        if not (mem_free >= need_mem).any() or (mem_free >= need_mem).sum() < request.count:
+            largest = int(mem_free.max()) if shareable.any() else 0
+            wanted = int(need_mem[shareable].min()) if shareable.any() else int(need_mem.max())
+            if request.count == 1:
+                return f"no single card has {wanted} MiB free; largest free {max(largest, 0)} MiB"
+            return f"fewer than {request.count} cards have {wanted} MiB free; largest free {max(largest, 0)} MiB"
+        best_compute = int(compute_free.max()) if shareable.any() else 0
+        return (f"no card has {request.compute / 10:g}% compute free together with the memory; "
+                f"largest free compute {max(best_compute, 0) / 10:g}%")
+    return None
+
+
+def as_rows(values: npt.ArrayLike) -> IntArray:
+    """Coerce a list of row numbers into the index array the vectorised functions take."""
+    return np.asarray(values, dtype=np.int64)

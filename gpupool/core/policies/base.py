@@ -1,0 +1,98 @@
+"""The one interface every placement policy implements.
+
+Like kube-scheduler's score plugins, a policy is a small object that scores candidate nodes for a
+pod from the cluster state; it never books anything. Scores are "higher is better" floats over the
+rows it is given. Policies whose score of a node depends only on that node (``node_local``) let the
+scheduler cache scores per request shape and recompute only nodes that changed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from gpupool.core.cards import NodeScratch, SharedCardChooser
+from gpupool.core.fragmentation import DEFAULT_CPU_MILLI, FloatArray, WorkloadProfile, primary_gpu
+from gpupool.core.model import GpuRequest, PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.units import COMPUTE_PER_CARD
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What scoring looks at: the pod's CPU (non-zero), memory, and its main GPU request."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpu: GpuRequest | None
+
+    @staticmethod
+    def of(pod: PodRequest) -> PodShape:
+        return PodShape(cpu_milli=pod.cpu_milli or DEFAULT_CPU_MILLI, memory_mib=pod.memory_mib,
+                        gpu=primary_gpu(pod))
+
+    @property
+    def milli(self) -> int:
+        """Per-card compute in per-mille (whole cards count 1000), 0 without GPUs."""
+        if self.gpu is None:
+            return 0
+        return COMPUTE_PER_CARD if self.gpu.exclusive else self.gpu.compute
+
+    @property
+    def count(self) -> int:
+        return 0 if self.gpu is None else self.gpu.count
+
+    @property
+    def shares_one_card(self) -> bool:
+        return self.gpu is not None and not self.gpu.exclusive and self.gpu.count == 1
+
+
+class PlacementPolicy(ABC):
+    """Scores nodes for a pod; optionally chooses the card for a sub-card slice."""
+
+    name: ClassVar[str]
+    node_local: ClassVar[bool] = True
+    needs_profile: ClassVar[bool] = False
+
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
+        self.rng = rng or np.random.default_rng(0)
+        self.profile: WorkloadProfile | None = None
+
+    def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
+        """Called once the cluster and the expected workload are known (FGD needs the latter)."""
+        self.profile = profile
+
+    @abstractmethod
+    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+        """Scores of ``rows`` (all feasible) for a pod of ``shape``; ``fits`` is the ``[R, G]`` mask of
+        cards that can hold one slice of its GPU request (all False without one)."""
+
+    def normalize(self, scores: FloatArray) -> FloatArray:
+        """Turn raw scores of the feasible nodes into final ones (identity unless overridden)."""
+        return scores
+
+    def shared_chooser(self) -> SharedCardChooser | None:
+        """The card chooser for sub-card slices; None means best fit."""
+        return None
+
+
+def gpu_free(state: ClusterState, rows: IntArray) -> IntArray:
+    """Free compute per card of ``rows`` (missing/unhealthy cards: 0)."""
+    usable = state.card_exists[rows] & state.card_healthy[rows]
+    return np.where(usable, state.card_compute_free[rows], 0)
+
+
+def tightest_fit_card(free: IntArray, fits: BoolArray) -> IntArray:
+    """Per row, the fitting card with the least free compute (ties: lowest index); -1 if none."""
+    masked = np.where(fits, free, np.iinfo(np.int64).max)
+    best = masked.argmin(axis=1)
+    return np.where(fits.any(axis=1), best, -1)
+
+
+def choose_with_scores(scratch: NodeScratch, mask: BoolArray, card_scores: FloatArray) -> int:
+    """The highest-scoring card of the mask; ties to the lowest index."""
+    scores = np.where(mask, card_scores, -np.inf)
+    return int(np.argmax(scores))

@@ -1,0 +1,173 @@
+"""One scheduling decision: filter, score, pick the node, choose the cards.
+
+This is the code path the simulator replays and the extender serves, so a decision in a capacity
+planning run is the decision the cluster would make. It is pure: it reads and (in
+:meth:`Scheduler.schedule`) books into a :class:`ClusterState`, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.core.cards import assign_on_node
+from gpupool.core.feasibility import card_fit_mask, explain_node, node_fit_mask, request_problem
+from gpupool.core.fragmentation import FloatArray, WorkloadProfile
+from gpupool.core.model import GpuRequest, Placement, PodRequest
+from gpupool.core.policies import PlacementPolicy, PodShape
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """A pod that fits nowhere (or not on the node asked), with the reason."""
+
+    pod_key: str
+    reason: str
+    per_node: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _ShapeCache:
+    version: IntArray
+    feasible: BoolArray
+    raw: FloatArray
+
+
+def _is_simple(pod: PodRequest) -> bool:
+    """One GPU container at most and no GPU init containers: the vectorised path is exact."""
+    return len(pod.gpu_containers) <= 1 and all(c.gpu is None for c in pod.init_containers)
+
+
+class Scheduler:
+    """Places pods on a :class:`ClusterState` with one placement policy.
+
+    ``tie_rank`` orders nodes for equal scores (lower wins); without it ties are broken at random.
+    Scores of node-local policies are cached per request shape and recomputed only for nodes that
+    changed since, which is what makes replaying a 1,000-node trace take seconds.
+    """
+
+    def __init__(self, state: ClusterState, policy: PlacementPolicy, *, profile: WorkloadProfile | None = None,
+                 tie_rank: IntArray | None = None, rng: np.random.Generator | None = None,
+                 cache: bool = True) -> None:
+        self.state = state
+        self.policy = policy
+        self.tie_rank = tie_rank
+        self.rng = rng or np.random.default_rng(0)
+        self.use_cache = cache and policy.node_local
+        self._cache: dict[tuple[int, int, GpuRequest | None], _ShapeCache] = {}
+        policy.prepare(state, profile)
+
+    # ------------------------------------------------------------------------- filter and score
+    def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
+        feasible = node_fit_mask(self.state, pod, rows)
+        raw = np.full(len(rows), -np.inf)
+        ok_rows = rows[feasible]
+        if len(ok_rows):
+            if shape.gpu is not None:
+                fits = card_fit_mask(self.state, shape.gpu, ok_rows)
+            else:
+                fits = np.zeros((len(ok_rows), self.state.max_cards), dtype=bool)
+            raw[feasible] = self.policy.score(self.state, shape, ok_rows, fits)
+        return feasible, raw
+
+    def filter_and_score(self, pod: PodRequest, rows: IntArray | None = None) -> tuple[IntArray, FloatArray]:
+        """Feasible rows among ``rows`` (default: all) and their final scores (higher is better)."""
+        state = self.state
+        all_rows = np.arange(state.size, dtype=np.int64)
+        shape = PodShape.of(pod)
+        if _is_simple(pod):
+            if self.use_cache:
+                feasible, raw = self._cached(shape, pod, all_rows)
+            else:
+                feasible, raw = self._evaluate(shape, pod, all_rows)
+            if rows is not None:
+                keep = np.zeros(state.size, dtype=bool)
+                keep[rows] = True
+                feasible = feasible & keep
+            ok = np.flatnonzero(feasible).astype(np.int64)
+            return ok, self.policy.normalize(raw[ok])
+        candidates = all_rows if rows is None else np.asarray(rows, dtype=np.int64)
+        prefilter = candidates[node_fit_mask(state, pod, candidates)]
+        chooser = self.policy.shared_chooser()
+        ok_list = [int(r) for r in prefilter if isinstance(assign_on_node(state, int(r), pod, chooser), Placement)]
+        ok = np.array(ok_list, dtype=np.int64)
+        if not len(ok):
+            return ok, np.zeros(0)
+        _, raw = self._evaluate(shape, PodRequest(key=pod.key, containers=()), ok)
+        return ok, self.policy.normalize(raw)
+
+    def _cached(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
+        key = (pod.cpu_milli, pod.memory_mib, shape.gpu)
+        entry = self._cache.get(key)
+        size = self.state.size
+        if entry is None or len(entry.version) != size:
+            feasible, raw = self._evaluate(shape, pod, rows)
+            self._cache[key] = _ShapeCache(self.state.node_version[:size].copy(), feasible, raw)
+            return feasible, raw
+        stale = np.flatnonzero(entry.version != self.state.node_version[:size]).astype(np.int64)
+        if len(stale):
+            feasible, raw = self._evaluate(shape, pod, stale)
+            entry.feasible[stale] = feasible
+            entry.raw[stale] = raw
+            entry.version[stale] = self.state.node_version[stale]
+        return entry.feasible, entry.raw
+
+    # ----------------------------------------------------------------------------------- decide
+    def pick(self, rows: IntArray, scores: FloatArray) -> IntArray:
+        """Rows ordered best first: by score, then tie rank (or random order when none is set)."""
+        if self.tie_rank is not None:
+            secondary = self.tie_rank[rows]
+        else:
+            secondary = self.rng.permutation(len(rows))
+        order = np.lexsort((secondary, -scores))
+        return rows[order]
+
+    def decide(self, pod: PodRequest) -> Placement | Unschedulable:
+        """The placement the policy chooses for ``pod`` (nothing is booked)."""
+        problem = request_problem(self.state, pod)
+        if problem is not None:
+            return Unschedulable(pod.key, problem)
+        rows, scores = self.filter_and_score(pod)
+        if not len(rows):
+            return Unschedulable(pod.key, "no node can hold the pod")
+        chooser = self.policy.shared_chooser()
+        best = self.pick(rows, scores)
+        for row in best[:8]:
+            result = assign_on_node(self.state, int(row), pod, chooser)
+            if isinstance(result, Placement):
+                return result
+        return Unschedulable(pod.key, "no node can hold the pod")
+
+    def schedule(self, pod: PodRequest) -> Placement | Unschedulable:
+        """Decide and book."""
+        decision = self.decide(pod)
+        if isinstance(decision, Placement):
+            self.state.apply(decision)
+        return decision
+
+    def assign(self, pod: PodRequest, node: str) -> Placement | Unschedulable:
+        """Choose cards for ``pod`` on a node someone else chose (the extender's bind); nothing booked."""
+        row = self.state.index.get(node)
+        if row is None or not self.state.present[row]:
+            return Unschedulable(pod.key, f"node {node} is not known to gpupool")
+        problem = request_problem(self.state, pod)
+        if problem is not None:
+            return Unschedulable(pod.key, problem)
+        result = assign_on_node(self.state, row, pod, self.policy.shared_chooser())
+        if isinstance(result, Placement):
+            return result
+        return Unschedulable(pod.key, result, {node: result})
+
+    def explain(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
+        """Reasons, per node name, why the pod does not fit on each of ``rows``."""
+        reasons: dict[str, str] = {}
+        for row in rows:
+            reason = explain_node(self.state, int(row), pod)
+            if reason is None:
+                result = assign_on_node(self.state, int(row), pod, self.policy.shared_chooser())
+                reason = None if isinstance(result, Placement) else result
+            if reason is not None:
+                reasons[self.state.specs[int(row)].name] = reason
+        return reasons

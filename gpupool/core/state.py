@@ -1,0 +1,308 @@
+"""The allocation ledger: what every card of every node has free, kept as arrays.
+
+Why arrays: the same ledger serves the simulator (tens of thousands of decisions over a 1,213-node
+cluster) and the extender (filter + prioritize over 5,000 nodes within milliseconds). Keeping each
+quantity as an ``N x G`` array (nodes x card slots) lets feasibility and scoring run vectorised over
+all nodes at once, while :meth:`ClusterState.apply` is the single place that books resources and
+refuses anything that would over-commit a card or share an exclusive one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpupool.core.model import CardMode, GpuKind, NodeSpec, Placement
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class AllocationError(ValueError):
+    """A placement that the ledger refuses; the message says which card or node and why."""
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """A read-only view of one card's bookkeeping, for reasons, metrics and annotations."""
+
+    node: str
+    card: int
+    memory_total: int
+    memory_free: int
+    compute_total: int
+    compute_free: int
+    mode: CardMode
+    healthy: bool
+
+
+class ClusterState:
+    """Nodes, their cards, and every placement booked on them.
+
+    Invariants (checked by property tests): for every card ``0 <= free <= total`` in memory and
+    compute; an ``EXCLUSIVE`` card is held by exactly one pod; a ``SHARED`` card holds only slices.
+    """
+
+    def __init__(self, nodes: Iterable[NodeSpec] = (), max_cards: int = 8) -> None:
+        self.specs: list[NodeSpec] = []
+        self.index: dict[str, int] = {}
+        self.models: list[str] = []
+        self._model_ids: dict[str, int] = {}
+        self.placements: dict[str, Placement] = {}
+        self.pods_on: dict[int, set[str]] = {}
+        self.max_cards = max_cards
+        self.version = 0
+        self.node_version: IntArray = np.zeros(0, dtype=np.int64)
+        self.present: BoolArray = np.zeros(0, dtype=bool)
+        self.cpu_total: IntArray = np.zeros(0, dtype=np.int64)
+        self.cpu_free: IntArray = np.zeros(0, dtype=np.int64)
+        self.mem_total: IntArray = np.zeros(0, dtype=np.int64)
+        self.mem_free: IntArray = np.zeros(0, dtype=np.int64)
+        self.card_count: IntArray = np.zeros(0, dtype=np.int64)
+        self._alloc_card_arrays(0, max_cards)
+        nodes = list(nodes)
+        if nodes:
+            self.max_cards = max(max_cards, *(len(n.cards) for n in nodes))
+            self._grow(len(nodes), self.max_cards)
+            for spec in nodes:
+                self.upsert_node(spec)
+
+    # ----------------------------------------------------------------------------------- layout
+    def _alloc_card_arrays(self, rows: int, cols: int) -> None:
+        shape = (rows, cols)
+        self.card_exists: BoolArray = np.zeros(shape, dtype=bool)
+        self.card_healthy: BoolArray = np.zeros(shape, dtype=bool)
+        self.card_model: IntArray = np.full(shape, -1, dtype=np.int64)
+        self.card_virtual: BoolArray = np.zeros(shape, dtype=bool)
+        self.card_mem_total: IntArray = np.zeros(shape, dtype=np.int64)
+        self.card_mem_free: IntArray = np.zeros(shape, dtype=np.int64)
+        self.card_compute_total: IntArray = np.zeros(shape, dtype=np.int64)
+        self.card_compute_free: IntArray = np.zeros(shape, dtype=np.int64)
+        self.card_mode: IntArray = np.zeros(shape, dtype=np.int64)
+        self.card_holders: IntArray = np.zeros(shape, dtype=np.int64)
+
+    _NODE_ARRAYS = ("node_version", "present", "cpu_total", "cpu_free", "mem_total", "mem_free",
+                    "card_count")
+    _CARD_ARRAYS = ("card_exists", "card_healthy", "card_model", "card_virtual", "card_mem_total",
+                    "card_mem_free", "card_compute_total", "card_compute_free", "card_mode",
+                    "card_holders")
+
+    def _grow(self, rows: int, cols: int) -> None:
+        """Make room for ``rows`` nodes of up to ``cols`` cards, keeping current contents."""
+        old_rows = len(self.present)
+        old_cols = self.card_exists.shape[1] if self.card_exists.ndim == 2 else 0
+        if rows <= old_rows and cols <= old_cols:
+            return
+        rows, cols = max(rows, old_rows), max(cols, old_cols)
+        for name in self._NODE_ARRAYS:
+            old = getattr(self, name)
+            new = np.zeros(rows, dtype=old.dtype)
+            new[:old_rows] = old
+            setattr(self, name, new)
+        for name in self._CARD_ARRAYS:
+            old = getattr(self, name)
+            fill = -1 if name == "card_model" else 0
+            new = np.full((rows, cols), fill, dtype=old.dtype)
+            new[:old_rows, :old_cols] = old
+            setattr(self, name, new)
+        self.max_cards = cols
+
+    def model_id(self, model: str) -> int:
+        """A stable small integer for a GPU model name (so model filters are array compares)."""
+        found = self._model_ids.get(model)
+        if found is None:
+            found = len(self.models)
+            self.models.append(model)
+            self._model_ids[model] = found
+        return found
+
+    def model_ids(self, models: Iterable[str]) -> list[int]:
+        """Ids of the known models among ``models`` (unknown ones match no card)."""
+        return [self._model_ids[m] for m in models if m in self._model_ids]
+
+    # ------------------------------------------------------------------------------- membership
+    def upsert_node(self, spec: NodeSpec) -> int:
+        """Add a node or replace its description; bookings already on it are kept and re-applied.
+
+        Re-applying matters after an inventory change (a card lost, a restart of the node side):
+        free capacity is always derived as total minus what placements hold, never patched.
+        """
+        row = self.index.get(spec.name)
+        if row is None:
+            row = len(self.specs)
+            self.specs.append(spec)
+            self.index[spec.name] = row
+            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
+        else:
+            self.specs[row] = spec
+            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
+        self.present[row] = True
+        self.cpu_total[row] = spec.cpu_milli
+        self.mem_total[row] = spec.memory_mib
+        self.card_count[row] = len(spec.cards)
+        self.card_exists[row, :] = False
+        self.card_healthy[row, :] = False
+        self.card_model[row, :] = -1
+        for pos, card in enumerate(spec.cards):
+            self.card_exists[row, pos] = True
+            self.card_healthy[row, pos] = card.healthy
+            self.card_model[row, pos] = self.model_id(card.model)
+            self.card_virtual[row, pos] = card.kind == GpuKind.VIRTUAL
+            self.card_mem_total[row, pos] = card.memory_mib
+            self.card_compute_total[row, pos] = card.compute
+        self._recompute_node(row)
+        return row
+
+    def remove_node(self, name: str) -> list[Placement]:
+        """Forget a node; returns (and drops) the placements that were on it."""
+        row = self.index.get(name)
+        if row is None:
+            return []
+        dropped = [p for p in self.placements.values() if p.node == name]
+        for p in dropped:
+            del self.placements[p.pod_key]
+        self.pods_on.pop(row, None)
+        self.present[row] = False
+        self.card_exists[row, :] = False
+        self.card_healthy[row, :] = False
+        self.cpu_total[row] = self.cpu_free[row] = 0
+        self.mem_total[row] = self.mem_free[row] = 0
+        self._touch(row)
+        return dropped
+
+    def set_card_health(self, node: str, card: int, healthy: bool) -> None:
+        """Mark a card (un)healthy: an unhealthy card takes no new slices but keeps its bookings."""
+        row = self.index[node]
+        if not self.card_exists[row, card]:
+            raise AllocationError(f"node {node} has no card {card}")
+        self.card_healthy[row, card] = healthy
+        self._touch(row)
+
+    def _recompute_node(self, row: int) -> None:
+        self.cpu_free[row] = self.cpu_total[row]
+        self.mem_free[row] = self.mem_total[row]
+        self.card_mem_free[row, :] = self.card_mem_total[row, :]
+        self.card_compute_free[row, :] = self.card_compute_total[row, :]
+        self.card_mode[row, :] = CardMode.IDLE
+        self.card_holders[row, :] = 0
+        name = self.specs[row].name
+        for placement in [p for p in self.placements.values() if p.node == name]:
+            self._book(row, placement, sign=1)
+        self._touch(row)
+
+    def _touch(self, row: int) -> None:
+        self.version += 1
+        self.node_version[row] = self.version
+
+    @property
+    def size(self) -> int:
+        """Number of node rows (including removed nodes, whose ``present`` is False)."""
+        return len(self.specs)
+
+    # ---------------------------------------------------------------------------------- booking
+    def check(self, placement: Placement) -> str | None:
+        """Why ``placement`` cannot be booked now, or None when it can."""
+        row = self.index.get(placement.node)
+        if row is None or not self.present[row]:
+            return f"node {placement.node} is not known"
+        if placement.pod_key in self.placements:
+            return f"pod {placement.pod_key} already holds a placement"
+        if placement.cpu_milli > self.cpu_free[row]:
+            return (f"node {placement.node}: {placement.cpu_milli}m CPU requested, "
+                    f"{int(self.cpu_free[row])}m free")
+        if placement.memory_mib > self.mem_free[row]:
+            return (f"node {placement.node}: {placement.memory_mib} MiB memory requested, "
+                    f"{int(self.mem_free[row])} MiB free")
+        for card, (memory, compute, exclusive) in placement.held_per_card().items():
+            if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
+                return f"node {placement.node} has no card {card}"
+            if not self.card_healthy[row, card]:
+                return f"node {placement.node} card {card} is unhealthy"
+            mode = self.card_mode[row, card]
+            if exclusive:
+                if mode != CardMode.IDLE:
+                    return f"node {placement.node} card {card} is in use; a whole-card request needs it idle"
+                continue
+            if mode == CardMode.EXCLUSIVE:
+                return f"node {placement.node} card {card} is held exclusively"
+            if memory > self.card_mem_free[row, card]:
+                return (f"node {placement.node} card {card}: {memory} MiB requested, "
+                        f"{int(self.card_mem_free[row, card])} MiB free")
+            if compute > self.card_compute_free[row, card]:
+                return (f"node {placement.node} card {card}: compute {compute}/1000 requested, "
+                        f"{int(self.card_compute_free[row, card])}/1000 free")
+        return None
+
+    def apply(self, placement: Placement) -> None:
+        """Book a placement, or raise :class:`AllocationError` and change nothing."""
+        reason = self.check(placement)
+        if reason is not None:
+            raise AllocationError(reason)
+        row = self.index[placement.node]
+        self._book(row, placement, sign=1)
+        self.placements[placement.pod_key] = placement
+        self.pods_on.setdefault(row, set()).add(placement.pod_key)
+        self._touch(row)
+
+    def release(self, pod_key: str) -> Placement | None:
+        """Give back what a pod holds; unknown pods are ignored (deletes can repeat)."""
+        placement = self.placements.pop(pod_key, None)
+        if placement is None:
+            return None
+        row = self.index.get(placement.node)
+        if row is not None:
+            self.pods_on.get(row, set()).discard(pod_key)
+        if row is not None and self.present[row]:
+            self._book(row, placement, sign=-1)
+            self._touch(row)
+        return placement
+
+    def _book(self, row: int, placement: Placement, sign: int) -> None:
+        self.cpu_free[row] -= sign * placement.cpu_milli
+        self.mem_free[row] -= sign * placement.memory_mib
+        for card, (memory, compute, exclusive) in placement.held_per_card().items():
+            if exclusive:
+                self.card_mem_free[row, card] = 0 if sign > 0 else self.card_mem_total[row, card]
+                self.card_compute_free[row, card] = (
+                    0 if sign > 0 else self.card_compute_total[row, card])
+                self.card_mode[row, card] = CardMode.EXCLUSIVE if sign > 0 else CardMode.IDLE
+                self.card_holders[row, card] = 1 if sign > 0 else 0
+                continue
+            self.card_mem_free[row, card] -= sign * memory
+            self.card_compute_free[row, card] -= sign * compute
+            self.card_holders[row, card] += sign
+            self.card_mode[row, card] = (
+                CardMode.SHARED if self.card_holders[row, card] > 0 else CardMode.IDLE)
+
+    # ------------------------------------------------------------------------------------ views
+    def card_usage(self, node: str) -> list[CardUsage]:
+        """Per-card bookkeeping of one node."""
+        row = self.index[node]
+        return [
+            CardUsage(
+                node=node,
+                card=pos,
+                memory_total=int(self.card_mem_total[row, pos]),
+                memory_free=int(self.card_mem_free[row, pos]),
+                compute_total=int(self.card_compute_total[row, pos]),
+                compute_free=int(self.card_compute_free[row, pos]),
+                mode=CardMode(int(self.card_mode[row, pos])),
+                healthy=bool(self.card_healthy[row, pos]),
+            )
+            for pos in range(int(self.card_count[row]))
+        ]
+
+    def allocated_compute(self) -> int:
+        """Compute booked over the whole cluster, per-mille (the trace's allocated milli-GPU)."""
+        used = (self.card_compute_total - self.card_compute_free)[self.card_exists]
+        return int(used.sum())
+
+    def total_compute(self) -> int:
+        """Compute of every existing card, per-mille."""
+        return int(self.card_compute_total[self.card_exists].sum())
+
+    def node_names(self, rows: Sequence[int] | npt.NDArray[np.int64]) -> list[str]:
+        return [self.specs[int(r)].name for r in rows]

@@ -1,0 +1,69 @@
+"""The node's GPUs as the node-side services see them: inventory, health events, the backend port.
+
+These types live in ``services`` (not in the NVML adapter) because imports point downwards: the
+node agent and the allocation mapper use them, and the NVML/fake adapters implement the port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpupool.core.model import GpuCard, Topology
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """The cards of this machine, their link levels and their device nodes (``/dev/nvidiaN``)."""
+
+    cards: tuple[GpuCard, ...]
+    topology: Topology
+    device_paths: tuple[str, ...]
+
+    def card(self, index: int) -> GpuCard:
+        """The card with NVML index ``index``; ``KeyError`` when the machine has none."""
+        for card in self.cards:
+            if card.index == index:
+                return card
+        raise KeyError(f"no GPU with index {index} on this node")
+
+    def device_path(self, index: int) -> str:
+        """Host path of the card's device node."""
+        for card, path in zip(self.cards, self.device_paths, strict=True):
+            if card.index == index:
+                return path
+        raise KeyError(f"no GPU with index {index} on this node")
+
+    @property
+    def model(self) -> str:
+        """The node's GPU model (the most common one when a node mixes models)."""
+        if not self.cards:
+            return ""
+        models = [c.model for c in self.cards]
+        return max(sorted(set(models)), key=models.count)
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A card became unhealthy (XID, lost) or recovered; ``reason`` is for logs and events."""
+
+    card: int
+    healthy: bool
+    reason: str
+
+
+class GpuBackend(Protocol):
+    """Discovery and health watching of this machine's GPUs."""
+
+    def inventory(self) -> GpuInventory:
+        """The cards as they are now (health included)."""
+        ...
+
+    def health_events(self) -> AsyncIterator[HealthEvent]:
+        """Health changes as they happen; runs until cancelled."""
+        ...
+
+    def close(self) -> None:
+        """Release the library (NVML shutdown); idempotent."""
+        ...

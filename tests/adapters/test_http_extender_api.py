@@ -1,0 +1,263 @@
+"""The HTTP endpoints through aiohttp's test client: exact wire JSON, both node modes, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from k8s_builders import container, node, placed_pod, pod
+
+from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.k8s.binder import Binder
+from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.fake_api import FakePodApi
+from gpupool.adapters.k8s.names import ResourceNames
+from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.services.extender import ExtenderService
+
+Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
+
+# Alibaba's worked example: three nodes with two 16,276 MiB cards each.
+# N1: GPU0 full, GPU1 4,069 free; N2: 4,069 free on each card; N3: GPU0 8,138 free, GPU1 full.
+ALIBABA_NODES = [node(n, [16276, 16276]) for n in ("N1", "N2", "N3")]
+ALIBABA_PODS = [
+    placed_pod("n1a", "N1", 0, 16276),
+    placed_pod("n1b", "N1", 1, 12207),
+    placed_pod("n2a", "N2", 0, 12207),
+    placed_pod("n2b", "N2", 1, 12207),
+    placed_pod("n3a", "N3", 0, 8138),
+    placed_pod("n3b", "N3", 1, 16276),
+]
+
+
+def run(
+    scenario: Scenario,
+    *,
+    synced: bool = True,
+    nodes: list[dict[str, Any]] | None = None,
+    pods: list[dict[str, Any]] | None = None,
+    policy: str = "binpack",
+    leader: bool = True,
+) -> None:
+    async def main() -> None:
+        api = FakePodApi()
+        cache = ClusterCache(policy=policy)
+        if synced:
+            cache.replace_nodes(ALIBABA_NODES if nodes is None else nodes)
+            cache.replace_pods(ALIBABA_PODS if pods is None else pods)
+            for p in ALIBABA_PODS if pods is None else pods:
+                api.create_pod(p)
+        api.listeners.append(lambda kind, p: cache.upsert_pod(p))
+        service = ExtenderService(
+            cache, Binder(cache, api), is_leader=lambda: leader, leader_name=lambda: "replica-0"
+        )
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        async with TestClient(TestServer(app)) as client:
+            await scenario(client, api, cache)
+
+    asyncio.run(main())
+
+
+def args(p: dict[str, Any], names: list[str] | None = None, *, full: bool = False) -> dict[str, Any]:
+    names = names or ["N1", "N2", "N3"]
+    if full:
+        return {"Pod": p, "Nodes": {"items": [node(n, [16276, 16276]) for n in names]}, "NodeNames": None}
+    return {"Pod": p, "Nodes": None, "NodeNames": names}
+
+
+async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    resp = await client.post(path, data=data)
+    return resp.status, await resp.json()
+
+
+def test_filter_node_names_mode_alibaba_example() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=8138))))
+        assert status == 200
+        assert body["NodeNames"] == ["N3"]
+        assert body["Nodes"] is None and body["Error"] == ""
+        assert body["FailedNodes"] == {
+            "N1": "no single card has 8138 MiB free; largest free 4069 MiB",
+            "N2": "no single card has 8138 MiB free; largest free 4069 MiB",
+        }
+
+    run(scenario)
+
+
+def test_filter_full_nodes_mode_returns_node_objects() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=8138)), full=True))
+        assert status == 200
+        assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["N3"]
+        assert body["NodeNames"] is None
+        assert set(body["FailedNodes"]) == {"N1", "N2"}
+
+    run(scenario)
+
+
+def test_field_names_are_read_case_insensitively() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(
+            client, "/filter", {"pod": pod("p", container(gpu_mem=8138)), "nodenames": ["N3", "N9"]}
+        )
+        assert status == 200 and body["NodeNames"] == ["N3"]
+        assert body["FailedNodes"] == {"N9": "node is not in the gpupool extender's cache"}
+
+    run(scenario)
+
+
+def test_prioritize_scores_zero_to_ten() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=1000))))
+        assert status == 200
+        scores = {e["Host"]: e["Score"] for e in body}
+        assert set(scores) == {"N1", "N2", "N3"}
+        assert all(0 <= s <= 10 and isinstance(s, int) for s in scores.values())
+        assert max(scores.values()) == 10
+        # binpack: the tightest card that still fits is N1 GPU1 (4,069 free), so N1 is best.
+        assert scores["N1"] == 10
+        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=8138))))
+        assert {e["Host"]: e["Score"] for e in body} == {"N1": 0, "N2": 0, "N3": 10}
+
+    run(scenario)
+
+
+def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        api.create_pod(pod("p", container(gpu_mem=8138)))
+        body = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-default-p", "Node": "N3"}
+        status, result = await post(client, "/bind", body)
+        assert (status, result) == (200, {"Error": ""})
+        stored = api.get_pod("default", "p")
+        assignment = json.loads(stored["metadata"]["annotations"]["gpupool.io/assignment-v1"])
+        assert stored["spec"]["nodeName"] == "N3"
+        assert assignment["containers"][0]["cards"] == [
+            {"index": 0, "uuid": "GPU-N3-0", "memoryMiB": 8138, "computeMilli": 0, "exclusive": False}
+        ]
+        status, again = await post(client, "/bind", {**body, "PodName": "q"})
+        assert status == 200 and "no longer exists" in again["Error"]
+
+    run(scenario)
+
+
+def test_bind_on_a_follower_is_refused() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        api.create_pod(pod("p", container(gpu_mem=1)))
+        status, result = await post(
+            client, "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": "N3"}
+        )
+        assert status == 200
+        assert result["Error"] == "this gpupool extender replica is not the leader; the leader is replica-0"
+
+    run(scenario, leader=False)
+
+
+def test_not_synced_answers_an_error_instead_of_guessing() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1))))
+        assert status == 200 and "not synced" in body["Error"] and body["NodeNames"] == []
+        resp = await client.get("/readyz")
+        assert resp.status == 503
+        status, body = await post(client, "/filter", args(pod("plain", container(cpu="1"))))
+        assert body["NodeNames"] == ["N1", "N2", "N3"] and body["Error"] == ""
+
+    run(scenario, synced=False)
+
+
+def test_malformed_input_gets_400_with_an_error() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        cases: list[tuple[str, Any, str]] = [
+            ("/filter", "{not json", "malformed JSON"),
+            ("/filter", b"\xff\xfe", "malformed JSON"),
+            ("/filter", [], "expected a JSON object"),
+            ("/filter", {"NodeNames": ["N1"]}, "missing field Pod"),
+            ("/filter", {"Pod": {"metadata": {}}, "NodeNames": ["N1"]}, "missing metadata.name"),
+            ("/filter", {"Pod": pod("p"), "NodeNames": "N1"}, "list of node names"),
+            ("/filter", {"Pod": pod("p")}, "needs Nodes or NodeNames"),
+            (
+                "/prioritize",
+                {"Pod": pod("p"), "Nodes": {"items": [{"metadata": {}}]}},
+                "missing metadata.name",
+            ),
+            ("/bind", {"PodName": "p", "PodNamespace": "default"}, "missing or empty field Node"),
+            ("/bind", {"PodName": 3, "PodNamespace": "default", "Node": "N1"}, "PodName"),
+            ("/preempt", {"Pod": pod("p"), "NodeNameToMetaVictims": {"N1": {"Pods": [{}]}}}, "missing uid"),
+        ]
+        for path, body, fragment in cases:
+            status, result = await post(client, path, body)
+            assert status == 400, (path, body)
+            assert fragment in result["Error"], (fragment, result)
+
+    run(scenario)
+
+
+def test_broken_pod_annotations_are_an_error_not_a_crash() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        bad = pod("p", container(gpu_mem=10), annotations={"gpupool.io/exclusive": "maybe"})
+        status, body = await post(client, "/filter", args(bad))
+        assert status == 200 and "gpupool.io/exclusive" in body["Error"]
+        status, body = await post(client, "/prioritize", args(bad))
+        assert status == 200 and {e["Score"] for e in body} == {0}
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem="12.5"))))
+        assert "whole number" in body["Error"]
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=100000))))
+        assert body["NodeNames"] == [] and set(body["FailedNodes"]) == {"N1", "N2", "N3"}
+        assert "largest card has 16276 MiB" in body["FailedNodes"]["N1"]
+
+    run(scenario)
+
+
+def test_preempt_keeps_only_nodes_where_the_victims_free_enough() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        body = {
+            "Pod": pod("p", container(gpu_mem=16276)),
+            "NodeNameToMetaVictims": {
+                "N1": {"Pods": [{"UID": "uid-default-n1b"}], "NumPDBViolations": 1},  # frees GPU1
+                "N2": {"Pods": [{"UID": "uid-default-n2a"}], "NumPDBViolations": 0},  # frees GPU0
+                "N3": {"Pods": [], "NumPDBViolations": 0},  # frees nothing
+            },
+        }
+        before = [u.memory_free for n in ("N1", "N2", "N3") for u in cache.state.card_usage(n)]
+        status, result = await post(client, "/preempt", body)
+        assert status == 200
+        assert result == {
+            "NodeNameToMetaVictims": {
+                "N1": {"Pods": [{"UID": "uid-default-n1b"}], "NumPDBViolations": 1},
+                "N2": {"Pods": [{"UID": "uid-default-n2a"}], "NumPDBViolations": 0},
+            }
+        }
+        after = [u.memory_free for n in ("N1", "N2", "N3") for u in cache.state.card_usage(n)]
+        assert before == after
+
+    run(scenario)
+
+
+def test_metrics_count_requests_and_export_cards() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        await post(client, "/filter", args(pod("p", container(gpu_mem=1))))
+        await post(client, "/filter", "{")
+        text = await (await client.get("/metrics")).text()
+        assert 'gpupool_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
+        assert 'gpupool_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
+        assert "gpupool_extender_request_seconds_bucket" in text
+        assert (
+            'gpupool_card_memory_allocated_mib{card="0",model="Tesla-V100",node="N3",uuid="GPU-N3-0"} 8138.0'
+        ) in text
+        assert "gpupool_extender_cache_synced 1.0" in text
+
+    run(scenario)
+
+
+def test_broken_node_inventory_is_the_failure_reason() -> None:
+    bad = node("N4", annotations={"gpupool.io/inventory-v1": '{"v": 1, "cards": 3}'})
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        _status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1)), ["N3", "N4"]))
+        assert body["NodeNames"] == ["N3"]
+        assert "cards: expected list" in body["FailedNodes"]["N4"]
+
+    run(scenario, nodes=[*ALIBABA_NODES, bad])

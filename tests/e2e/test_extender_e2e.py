@@ -1,0 +1,350 @@
+"""gpupool's extender behind the real kube-scheduler and kube-apiserver (v1.20.2, from the testenv).
+
+The extender runs as its own process (``gpupool extender``), exactly as deployed, so that one test
+can kill it in the middle of 200 bindings and start it again. Nodes are API objects without a
+kubelet (their GPUs are described by the ``inventory-v1`` annotation), so pods end *bound*
+(``spec.nodeName`` set), which is all the scheduler side decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+testenv_config = pytest.importorskip("gpupool.testenv.config", reason="gpupool testenv not available")
+
+from kubernetes import client  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory  # noqa: E402
+from gpupool.adapters.k8s.names import ResourceNames  # noqa: E402
+from gpupool.core.model import GpuCard  # noqa: E402
+
+NAMES = ResourceNames()
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ExtenderProcess:
+    """``gpupool extender`` as a child process; can be killed (SIGKILL) and started again."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.port = _free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        cmd = [
+            sys.executable,
+            "-c",
+            "from gpupool.cli.main import main; main()",
+            "extender",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--policy",
+            "binpack",
+            "--lease-namespace",
+            "default",
+            "--identity",
+            "e2e-extender",
+            "--unconfirmed-timeout",
+            "600",
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"extender not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def gpupool_extender(
+    control_plane: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExtenderProcess]:
+    """The extender process, and kube-scheduler restarted to call it for gpupool resources only."""
+    extender = ExtenderProcess(control_plane.kubeconfig, tmp_path_factory.mktemp("extender") / "extender.log")
+    extender.start()
+    control_plane.restart_scheduler(
+        [
+            testenv_config.ExtenderConfig(
+                url_prefix=extender.url,
+                filter_verb="filter",
+                prioritize_verb="prioritize",
+                bind_verb="bind",
+                weight=5,
+                node_cache_capable=True,
+                managed_resources=NAMES.managed(),
+                http_timeout_s=10.0,
+            )
+        ]
+    )
+    try:
+        yield extender
+    finally:
+        extender.kill()
+        control_plane.restart_scheduler([])
+
+
+NodeFactory = Callable[..., str]
+
+
+@pytest.fixture
+def gpu_node(core_v1: client.CoreV1Api) -> Iterator[NodeFactory]:
+    """Create kubelet-less Nodes publishing ``inventory-v1``; deleted after the test."""
+    created: list[str] = []
+
+    def make(card_mib: list[int], name: str | None = None) -> str:
+        node_name = name or f"gpu-{uuid.uuid4().hex[:6]}"
+        cards = tuple(GpuCard(i, f"GPU-{node_name}-{i}", "Tesla-P100", m) for i, m in enumerate(card_mib))
+        resources = {"cpu": "64", "memory": "256Gi", "pods": "250"}
+        core_v1.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node_name,
+                    "labels": {"kubernetes.io/hostname": node_name},
+                    "annotations": {NAMES.inventory: encode_inventory(Inventory(cards))},
+                },
+                "status": {"capacity": resources, "allocatable": resources},
+            }
+        )
+        created.append(node_name)
+        return node_name
+
+    yield make
+    for node_name in created:
+        try:
+            core_v1.delete_node(node_name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def gpu_pod(
+    name: str,
+    mib: int | None,
+    *,
+    node_selector: str | None = None,
+    node_name: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits = {NAMES.gpu_mem: str(mib)} if mib is not None else {}
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": {"cpu": "10m"}}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node_selector:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node_selector}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def wait_bound(
+    core_v1: client.CoreV1Api, namespace: str, names: list[str], timeout: float = 120
+) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    bound: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        for p in core_v1.list_namespaced_pod(namespace).items:
+            if p.metadata.name in names and p.spec.node_name:
+                bound[p.metadata.name] = p.spec.node_name
+        if len(bound) == len(names):
+            return bound
+        time.sleep(0.5)
+    missing = sorted(set(names) - set(bound))
+    raise AssertionError(f"{len(missing)} pods never bound, e.g. {missing[:5]}")
+
+
+def assignments(core_v1: client.CoreV1Api, namespace: str) -> dict[str, Any]:
+    result = {}
+    for p in core_v1.list_namespaced_pod(namespace).items:
+        text = (p.metadata.annotations or {}).get(NAMES.assignment)
+        if text:
+            result[p.metadata.name] = decode_assignment(text)
+    return result
+
+
+def test_pods_without_gpu_never_reach_the_extender(
+    core_v1: client.CoreV1Api, namespace: str, gpu_node: NodeFactory, gpupool_extender: ExtenderProcess
+) -> None:
+    gpu_node([16276])
+    before = gpupool_extender.metric("gpupool_extender_requests_total", outcome="ok", verb="filter")
+    core_v1.create_namespaced_pod(namespace, gpu_pod("plain", None))
+    wait_bound(core_v1, namespace, ["plain"])
+    core_v1.create_namespaced_pod(namespace, gpu_pod("shared", 1000))
+    wait_bound(core_v1, namespace, ["shared"])
+    after = gpupool_extender.metric("gpupool_extender_requests_total", outcome="ok", verb="filter")
+    assert after == before + 1  # only the GPU pod was filtered by the extender
+    assert set(assignments(core_v1, namespace)) == {"shared"}
+
+
+def placed_pod(name: str, node: str, card: int, mib: int) -> dict[str, Any]:
+    """A pod bound directly to ``node`` with its recorded assignment (as an earlier bind leaves it)."""
+    note = json.dumps(
+        {
+            "v": 1,
+            "node": node,
+            "time": "2024-05-01T00:00:00Z",
+            "containers": [
+                {
+                    "name": "main",
+                    "init": False,
+                    "cards": [
+                        {
+                            "index": card,
+                            "uuid": f"GPU-{node}-{card}",
+                            "memoryMiB": mib,
+                            "computeMilli": 0,
+                            "exclusive": False,
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+    return gpu_pod(name, mib, node_name=node, annotations={NAMES.assignment: note})
+
+
+def wait_booked(extender: ExtenderProcess, node: str, card: int, mib: int, timeout: float = 20) -> None:
+    """Until the extender's ledger (its per-card metric) shows ``mib`` allocated on the card."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = extender.metric(
+            "gpupool_card_memory_allocated_mib",
+            card=str(card),
+            model="Tesla-P100",
+            node=node,
+            uuid=f"GPU-{node}-{card}",
+        )
+        if value == mib:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{node} card {card} never showed {mib} MiB allocated")
+
+
+def test_alibaba_example_lands_on_n3_gpu0(
+    core_v1: client.CoreV1Api, namespace: str, gpu_node: NodeFactory, gpupool_extender: ExtenderProcess
+) -> None:
+    """Three nodes with two 16,276 MiB cards, used as in the design note: N1 has 4,069 MiB free in
+    all, N2 4,069 on each card, N3 8,138 on GPU0. An 8,138 MiB pod can only go to N3 GPU0."""
+    tag = uuid.uuid4().hex[:4]
+    n1, n2, n3 = (gpu_node([16276, 16276], f"n{i}-{tag}") for i in (1, 2, 3))
+    used = [(n1, 0, 16276), (n1, 1, 12207), (n2, 0, 12207), (n2, 1, 12207), (n3, 0, 8138), (n3, 1, 16276)]
+    for i, (node, card, mib) in enumerate(used):
+        core_v1.create_namespaced_pod(namespace, placed_pod(f"used{i}", node, card, mib))
+    for node, card, mib in used:
+        wait_booked(gpupool_extender, node, card, mib)
+    core_v1.create_namespaced_pod(namespace, gpu_pod("want-8138", 8138))
+    assert wait_bound(core_v1, namespace, ["want-8138"])["want-8138"] == n3
+    a = assignments(core_v1, namespace)["want-8138"]
+    assert (a.node, a.containers[0].cards[0].index, a.containers[0].cards[0].memory_mib) == (n3, 0, 8138)
+
+
+def test_binpack_picks_gpu1(
+    core_v1: client.CoreV1Api, namespace: str, gpu_node: NodeFactory, gpupool_extender: ExtenderProcess
+) -> None:
+    """Cards with 12,207 / 8,138 / 4,069 / 16,276 MiB free: an 8,138 MiB pod goes to GPU1."""
+    node = gpu_node([16276] * 4)
+    for card, mib in enumerate([4069, 8138, 12207]):
+        core_v1.create_namespaced_pod(namespace, placed_pod(f"used{card}", node, card, mib))
+    for card, mib in enumerate([4069, 8138, 12207]):
+        wait_booked(gpupool_extender, node, card, mib)
+    core_v1.create_namespaced_pod(namespace, gpu_pod("binpack", 8138, node_selector=node))
+    wait_bound(core_v1, namespace, ["binpack"])
+    assert assignments(core_v1, namespace)["binpack"].containers[0].cards[0].index == 1
+
+
+def test_200_pods_with_an_extender_restart_never_over_commit(
+    core_v1: client.CoreV1Api, namespace: str, gpu_node: NodeFactory, gpupool_extender: ExtenderProcess
+) -> None:
+    card_mib = 16276
+    nodes = [gpu_node([card_mib] * 4) for _ in range(10)]
+    sizes = [1024, 2048, 3072, 4069]
+    names = [f"p{i:03d}" for i in range(200)]
+    total = sum(sizes[i % 4] for i in range(200))
+    assert total < 0.8 * card_mib * 4 * len(nodes)
+    for i, name in enumerate(names):
+        core_v1.create_namespaced_pod(namespace, gpu_pod(name, sizes[i % 4]))
+    # Kill the extender once some pods are bound, keep it down a moment, start it again.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum(1 for p in core_v1.list_namespaced_pod(namespace).items if p.spec.node_name) >= 40:
+            break
+        time.sleep(0.2)
+    gpupool_extender.kill()
+    time.sleep(2.0)
+    gpupool_extender.start()
+    bound = wait_bound(core_v1, namespace, names, timeout=240)
+    assert set(bound) == set(names)
+    used: dict[tuple[str, int], int] = defaultdict(int)
+    found = assignments(core_v1, namespace)
+    assert set(found) == set(names)
+    for name, a in found.items():
+        assert a.node == bound[name], name
+        for ref in a.containers[0].cards:
+            used[(a.node, ref.index)] += ref.memory_mib
+    assert set(n for n, _ in used) <= set(nodes)
+    over = {k: v for k, v in used.items() if v > card_mib}
+    assert not over, over

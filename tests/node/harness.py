@@ -1,0 +1,78 @@
+"""Runs the node agent's device plugins against the fake kubelet, in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpupool.adapters.deviceplugin.fake_kubelet import FakeKubelet, FakePod
+from gpupool.adapters.deviceplugin.manager import DevicePluginManager
+from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
+from gpupool.adapters.k8s.allocated_codec import encode_served
+from gpupool.adapters.k8s.memory_pod_source import InMemoryPodSource
+from gpupool.adapters.nvml.fake import FakeGpuBackend
+from gpupool.services.node_agent import NodeAgent
+from gpupool.services.node_types import ResourceNames
+
+NAMES = ResourceNames()
+
+
+def fake_pod(pod: dict[str, Any]) -> FakePod:
+    """The fake kubelet's view of a pod JSON."""
+    meta, spec = pod["metadata"], pod["spec"]
+
+    def containers(key: str) -> list[tuple[str, dict[str, int]]]:
+        return [(c["name"], {k: int(v) for k, v in c.get("resources", {}).get("limits", {}).items()})
+                for c in spec.get(key, [])]
+
+    created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+    return FakePod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], created=created,
+                   init=containers("initContainers"), app=containers("containers"))
+
+
+@dataclass
+class Node:
+    kubelet: FakeKubelet
+    agent: NodeAgent
+    source: InMemoryPodSource
+    backend: FakeGpuBackend
+    manager: DevicePluginManager
+    dir: str
+
+
+@contextlib.asynccontextmanager
+async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | None = None, seed: int = 0,
+                       reject: Callable[[FakePod], str | None] | None = None) -> AsyncIterator[Node]:
+    """A fake kubelet with the agent's three plugins registered."""
+    base = tempfile.mkdtemp(prefix="gp", dir="/tmp")
+    plugin_dir = os.path.join(base, "dp")
+    kubelet = FakeKubelet(plugin_dir, os.path.join(base, "podres.sock"), random.Random(seed), reject)
+    await kubelet.start()
+    backend = FakeGpuBackend.from_dict(gpu_file)
+    source = InMemoryPodSource(NAMES)
+    for pod in pods or []:
+        source.put(pod)
+    reader = PodResourcesClient(os.path.join(base, "podres.sock"))
+    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2)
+    manager = DevicePluginManager(plugin_dir, NAMES.all(), agent, poll_s=0.05)
+    tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
+    try:
+        await kubelet.wait_registered(3)
+        yield Node(kubelet, agent, source, backend, manager, base)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await reader.close()
+        await kubelet.stop()
+        shutil.rmtree(base, ignore_errors=True)
