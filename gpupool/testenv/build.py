@@ -37,6 +37,10 @@ from gpupool.testenv.paths import (
 #: Debian packages that provide the Go toolchain, etcd and rsync (the Kubernetes Makefile uses it).
 APT_PACKAGES = ("golang-go", "etcd-server", "rsync")
 
+#: Debian release whose ``kubernetes`` source package is ``1.20.5+really1.20.2`` (pinned: source
+#: packages build anywhere, and a newer release may carry another Kubernetes or none at all).
+DEBIAN_SUITE = "bookworm"
+
 #: The commit of upstream v1.20.2, stamped into the binaries' version info.
 K8S_GIT_COMMIT = "faecb196815e248d3ecfb03c680a4507229c2a56"
 
@@ -172,6 +176,8 @@ def _build(root: Path, log: Log) -> Binaries:
             shutil.copyfile(built / name, tmp)
             tmp.chmod(0o755)
             tmp.replace(out / name)  # atomic: readers never see a half-copied binary
+        # The Go build cache is 1.5 GB; rebuilding the small fake runtime without it takes ~1 min.
+        shutil.rmtree(tree / "_output" / "local" / "go" / "cache", ignore_errors=True)
     stamp.write_text(digest + "\n")
     binaries = Binaries.in_dir(out, etcd)
     if binaries.missing():
@@ -186,7 +192,7 @@ def _install_packages(logs: Path, log: Log) -> None:
         return
     log(f"installing {' '.join(APT_PACKAGES)} make with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES, "make"]
+    cmd = ["apt-get", "install", "-y", *APT_PACKAGES, "make"]
     try:
         _run(cmd, logs / "apt-install.log", env=env, failure=BuildImpossibleError, step="apt-get install")
     except BuildImpossibleError:
@@ -194,18 +200,6 @@ def _install_packages(logs: Path, log: Log) -> None:
         _run(["apt-get", "update"], logs / "apt-update-system.log", env=env,
              failure=BuildImpossibleError, step="apt-get update")
         _run(cmd, logs / "apt-install.log", env=env, failure=BuildImpossibleError, step="apt-get install")
-
-
-def debian_suite() -> str:
-    """The Debian suite to fetch the source from: this machine's codename, else bookworm."""
-    try:
-        for line in Path("/etc/os-release").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key == "VERSION_CODENAME" and value.strip('"'):
-                return value.strip('"')
-    except OSError:
-        pass
-    return "bookworm"
 
 
 def private_apt_options(apt_dir: Path) -> list[str]:
@@ -227,7 +221,7 @@ def _source_tree(root: Path, logs: Path, log: Log) -> Path:
     (apt_dir / "lists" / "partial").mkdir(parents=True, exist_ok=True)
     (apt_dir / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
     (apt_dir / "sources.list").write_text(
-        f"deb-src http://deb.debian.org/debian {debian_suite()} main\n"
+        f"deb-src http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
     )
     options = private_apt_options(apt_dir)
     log("fetching Debian's kubernetes source package")

@@ -40,6 +40,11 @@ DISABLED_ADMISSION_PLUGINS = ("ServiceAccount", "TaintNodesByCondition")
 
 _START_ATTEMPTS = 3
 
+# kube-apiserver stops listening at once on SIGTERM but then lingers while clients hold watches
+# open (15 s and more with a scheduler connected). Its state is in etcd, so after a short grace
+# period SIGKILL is safe and keeps teardown and restart_apiserver() fast.
+_APISERVER_STOP_TIMEOUT = 3.0
+
 
 @dataclass
 class ControlPlane:
@@ -90,7 +95,7 @@ class ControlPlane:
         resourceVersion older than the restart gets 410 Gone and must relist: the recovery path
         the extender and node agent need to handle after a control-plane upgrade.
         """
-        self.apiserver.stop()
+        self.apiserver.stop(timeout=_APISERVER_STOP_TIMEOUT)
         port = int(self.server.rsplit(":", 1)[1])
         pki = Pki.in_dir(self.ca_cert.parent)
         self.apiserver = _start_apiserver(self.binaries, self.state_dir, pki.server_cert, pki.server_key,
@@ -102,7 +107,7 @@ class ControlPlane:
         if self._stopped:
             return
         for proc in reversed(self.processes()):
-            proc.stop()
+            proc.stop(timeout=_APISERVER_STOP_TIMEOUT if proc is self.apiserver else 15.0)
         self._stopped = True
         if self.remove_state_on_stop:
             shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -120,7 +125,8 @@ class ControlPlane:
 def stop_recorded(record: dict[str, Any]) -> None:
     """Stop the processes of a :meth:`ControlPlane.to_record` record, newest first."""
     for proc_record in reversed(record["processes"]):
-        ManagedProcess.from_record(proc_record).stop()
+        proc = ManagedProcess.from_record(proc_record)
+        proc.stop(timeout=_APISERVER_STOP_TIMEOUT if proc.name == "kube-apiserver" else 15.0)
 
 
 def new_state_dir(prefix: str = "gpupool-testenv-") -> Path:

@@ -104,3 +104,47 @@ def test_fakecri_source_ships_with_the_package() -> None:
     text = build.fakecri_source().read_text()
     assert "package main" in text
     assert "pkg/kubelet/cri/remote/fake" in text
+
+
+def test_build_is_impossible_without_apt(fake_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    reason = build.build_impossible_reason()
+    assert reason is not None and "apt-get" in reason
+    with pytest.raises(build.BuildImpossibleError, match="apt-get"):
+        build.ensure_binaries()
+
+
+def test_build_is_impossible_for_non_root_without_tools(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda name: None if name == "go" else f"/usr/bin/{name}")
+    monkeypatch.setattr(build.os, "geteuid", lambda: 1000)
+    reason = build.build_impossible_reason()
+    assert reason is not None and "go" in reason and "root" in reason
+
+
+def test_a_complete_cache_is_usable_even_where_building_is_impossible(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill_cache(build.fakecri_digest())
+    monkeypatch.setattr(build.os, "geteuid", lambda: 1000)
+    assert build.build_impossible_reason() is None
+
+
+def test_install_refreshes_package_lists_once_when_install_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log_path: Path, *, failure: type[Exception], step: str,
+                 **_: object) -> None:
+        commands.append(list(cmd))
+        if cmd[:2] == ["apt-get", "install"] and len(commands) == 1:
+            raise failure("stale lists")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    build._install_packages(tmp_path, lambda _: None)
+    assert [c[:2] for c in commands] == [["apt-get", "install"], ["apt-get", "update"],
+                                         ["apt-get", "install"]]
+    assert {"golang-go", "etcd-server", "rsync", "make"} <= set(commands[0])
