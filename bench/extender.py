@@ -187,11 +187,15 @@ def binds(count: int, nodes: int, cards: int, mode: str, rng: random.Random) -> 
                 core.create_node(node_json(n, cards))
             for i in range(count):
                 core.create_namespaced_pod("default", pod_json(f"b{i}", rng.choice(SHAPES[:5])))
+            listed = json.loads(core.list_namespaced_pod("default", _preload_content=False).data)["items"]
+            cache.replace_pods(listed)  # what the extender's watch would have delivered
             against = "real kube-apiserver v1.20.2 (gpupool testenv)"
         else:
             api = FakePodApi()
             for i in range(count):
                 api.create_pod(pod_json(f"b{i}", rng.choice(SHAPES[:5])))
+            cache.replace_pods(api.list_pods())
+            api.listeners.append(lambda kind, p: cache.upsert_pod(p))
             against = "in-process FakePodApi"
         binder = Binder(cache, api)
         targets = [names[rng.randrange(nodes)] for _ in range(count)]

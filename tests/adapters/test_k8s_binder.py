@@ -54,7 +54,7 @@ def test_bind_records_the_exact_cards_then_binds() -> None:
     api.create_pod(pod("p", container(gpu_mem=8138)))
     result = binder.bind("default", "p", "uid-default-p", "n1")
     assert result.ok, result.error
-    assert api.calls == ["get default/p", "patch default/p", "bind default/p n1"]
+    assert api.calls == ["patch default/p", "bind default/p n1"]  # the watch's copy saved the GET
     stored = api.get_pod("default", "p")
     assert stored["spec"]["nodeName"] == "n1"
     assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT])
@@ -139,7 +139,8 @@ def test_a_409_with_room_left_retries_and_succeeds() -> None:
 
 
 def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
-    """Replica B read the pod, then replica A bound it; B's write is refused (409) and B adopts A's."""
+    """Replica B read the pod, then replica A bound it; B's write is refused (409), B reads the pod
+    again, finds it bound where it was asked to bind it, and adopts A's assignment."""
     api, cache_a, binder_a = world([node("n1", [16276, 16276])])
     cache_b = ClusterCache(policy="binpack")
     cache_b.replace_nodes([node("n1", [16276, 16276])])
@@ -148,17 +149,18 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
     api.create_pod(pod("p", container(gpu_mem=8000)))
 
     class Interleaved:
+        """B's API: replica A binds the pod after B has read it and before B's write arrives."""
+
         done = False
 
         def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-            seen = api.get_pod(namespace, name)
+            return api.get_pod(namespace, name)
+
+        def patch_pod_annotations(self, namespace: str, name: str, *args: Any) -> dict[str, Any]:
             if not self.done:
                 self.done = True
                 assert binder_a.bind(namespace, name, "", "n1").ok
-            return seen
-
-        def patch_pod_annotations(self, *args: Any) -> dict[str, Any]:
-            return api.patch_pod_annotations(*args)
+            return api.patch_pod_annotations(namespace, name, *args)
 
         def bind_pod(self, *args: Any) -> None:
             api.bind_pod(*args)

@@ -329,10 +329,13 @@ def test_200_pods_with_an_extender_restart_never_over_commit(
         core_v1.create_namespaced_pod(namespace, gpu_pod(name, sizes[i % 4]))
     # Kill the extender once some pods are bound, keep it down a moment, start it again.
     deadline = time.monotonic() + 60
+    bound_at_kill = 0
     while time.monotonic() < deadline:
-        if sum(1 for p in core_v1.list_namespaced_pod(namespace).items if p.spec.node_name) >= 40:
+        bound_at_kill = sum(1 for p in core_v1.list_namespaced_pod(namespace).items if p.spec.node_name)
+        if bound_at_kill >= 40:
             break
         time.sleep(0.2)
+    assert 40 <= bound_at_kill < len(names), bound_at_kill  # the kill lands in the middle
     gpupool_extender.kill()
     time.sleep(2.0)
     gpupool_extender.start()

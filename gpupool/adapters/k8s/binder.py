@@ -50,8 +50,11 @@ class Binder:
         key = f"{namespace}/{name}"
         last_conflict = ""
         for attempt in range(1, self.max_attempts + 1):
+            # First attempt: the watch's copy saves a GET; if it is stale, the resourceVersion
+            # precondition on the patch fails with 409 and the next attempt reads the API.
+            cached = self.cache.pod_object(key) if attempt == 1 else None
             try:
-                pod = self.api.get_pod(namespace, name)
+                pod = cached if cached is not None else self.api.get_pod(namespace, name)
             except NotFoundError:
                 return BindResult(f"pod {key} no longer exists", attempts=attempt)
             except ApiError as exc:

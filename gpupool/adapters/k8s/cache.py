@@ -73,6 +73,7 @@ class PodRecord:
     assignment: Assignment | None
     allocated: bool
     problem: str | None = None
+    raw: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -305,7 +306,8 @@ class ClusterCache:
         status = raw.get("status") or {}
         return PodRecord(key=key, uid=str(meta.get("uid") or ""), node_name=str(spec.get("nodeName") or ""),
                          finished=status.get("phase") in FINISHED_PHASES,
-                         request=request, assignment=assignment, allocated=allocated, problem=problem)
+                         request=request, assignment=assignment, allocated=allocated, problem=problem,
+                         raw=raw)
 
     # ------------------------------------------------------------------------------- booking
     def _desired(self, key: str) -> Placement | None:
@@ -412,6 +414,12 @@ class ClusterCache:
         """Binds currently holding a reservation."""
         with self.lock:
             return len(self._inflight)
+
+    def pod_object(self, key: str) -> dict[str, Any] | None:
+        """The last pod object the watch delivered for ``key`` (GPU pods only), or None."""
+        with self.lock:
+            record = self.pods.get(key)
+            return dict(record.raw) if record is not None and record.raw is not None else None
 
     def key_for_uid(self, uid: str) -> str | None:
         """``namespace/name`` of a known GPU pod by uid."""
