@@ -132,6 +132,8 @@ def render_kubelet_config(*, address: str, port: int, healthz_port: int,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "clusterDomain": "cluster.local",
+        # Ready (and device-plugin resources) reach the Node object within seconds, not 10 s.
+        "nodeStatusUpdateFrequency": "2s",
         "nodeStatusReportFrequency": "10s",
     }
     if extra:

@@ -3,9 +3,9 @@
 kubelet refuses loopback node IPs, and the apiserver reaches the kubelet (for ``kubectl logs``) at
 the node's InternalIP. Any address of a local interface works, because traffic to it never leaves
 the machine. When the machine has none (a bare network namespace), we create one: a ``dummy``
-interface, or, where the dummy module is unavailable, one end of a veth pair whose peer sits in a
-private network namespace. The created interface is left in place (harmless, and reused by the
-next run) and named ``gpupool0`` so it is easy to find and delete.
+interface, or, where the kernel lacks the dummy module (as on some micro-VMs), a veth pair with
+both ends in this namespace. The created interface is left in place (harmless, and reused by the
+next run) and named ``gpupool0`` so it is easy to find and delete (``ip link del gpupool0``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from ipaddress import IPv4Address, ip_address
 DUMMY_INTERFACE = "gpupool0"
 #: Address given to that interface (from a private range unlikely to clash; /32 so no route leaks).
 DUMMY_ADDRESS = "10.213.213.1"
-_NETNS = "gpupool-testenv"
 
 
 def parse_ipv4_addresses(ip_output: str) -> list[tuple[str, str]]:
@@ -63,9 +62,8 @@ def create_node_address() -> str:
     """Give this machine :data:`DUMMY_ADDRESS` on a new interface (needs root, CAP_NET_ADMIN)."""
     attempts = [
         [["ip", "link", "add", DUMMY_INTERFACE, "type", "dummy"]],
-        [["ip", "netns", "add", _NETNS],
-         ["ip", "link", "add", DUMMY_INTERFACE, "type", "veth", "peer", "name", "gpupool0p",
-          "netns", _NETNS]],
+        [["ip", "link", "add", DUMMY_INTERFACE, "type", "veth", "peer", "name", f"{DUMMY_INTERFACE}p"],
+         ["ip", "link", "set", f"{DUMMY_INTERFACE}p", "up"]],
     ]
     errors = []
     for steps in attempts:

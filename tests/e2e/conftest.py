@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from e2e_support import MakeNode, StartKubelet
@@ -38,6 +38,22 @@ from gpupool.testenv.paths import Binaries
 DEFAULT_ALLOCATABLE = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 
 
+_skip_reason: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly, without ``-rs``, that the end-to-end tests did not run and why."""
+    if _skip_reason:
+        terminalreporter.write_sep("=", "gpupool testenv unavailable: end-to-end tests skipped", yellow=True)
+        terminalreporter.write_line(_skip_reason[0])
+
+
+def _skip(reason: str) -> NoReturn:
+    message = f"gpupool testenv cannot be built on this machine: {reason}"
+    _skip_reason.append(message)
+    pytest.skip(message)
+
+
 def _progress(message: str) -> None:
     print(f"[gpupool testenv] {message}", flush=True)
 
@@ -47,11 +63,11 @@ def testenv_binaries() -> Binaries:
     """The test environment's binaries; built on demand, skipped only where building is impossible."""
     reason = build_impossible_reason()
     if reason is not None:
-        pytest.skip(f"gpupool testenv cannot be built on this machine: {reason}")
+        _skip(reason)
     try:
         return ensure_binaries(log=_progress)
     except BuildImpossibleError as exc:
-        pytest.skip(f"gpupool testenv cannot be built on this machine: {exc}")
+        _skip(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -84,6 +84,7 @@ def test_kubelet_config_has_the_settings_a_container_less_machine_needs() -> Non
     assert config["makeIPTablesUtilChains"] is False
     assert config["authorization"]["mode"] == "AlwaysAllow"
     assert config["authentication"]["webhook"]["enabled"] is False
+    assert config["nodeStatusUpdateFrequency"] == "2s"  # node Ready in ~8 s instead of ~17 s
 
 
 def test_kubelet_config_extra_overrides() -> None:

@@ -147,3 +147,29 @@ def test_spawned_process_gets_its_own_session(tmp_path: Path) -> None:
         assert sid == proc.pid
     finally:
         proc.stop()
+
+
+NODE_IP_PROBE = """
+import socket
+from gpupool.testenv.nodeip import DUMMY_ADDRESS, find_node_ip
+ip = find_node_ip()
+assert ip == DUMMY_ADDRESS, ip
+server = socket.socket()
+server.bind((ip, 0))
+server.listen()
+socket.create_connection(server.getsockname(), timeout=2).close()
+assert find_node_ip() == ip  # the second call reuses the interface
+print("ok")
+"""
+
+
+def test_a_machine_without_addresses_gets_a_usable_node_ip() -> None:
+    """In a fresh network namespace (only loopback) find_node_ip creates an address that works."""
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a network namespace here: {probe.stderr.decode().strip()}")
+    result = subprocess.run(
+        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"', sys.executable,
+         NODE_IP_PROBE], capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
