@@ -36,9 +36,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
     from gpupool.adapters.k8s.allocated_codec import encode_served
     from gpupool.adapters.k8s.kube_pod_source import KubePodSource
+    from gpupool.core.names import ResourceNames
     from gpupool.services.gpu_inventory import GpuBackend
     from gpupool.services.node_agent import NodeAgent
-    from gpupool.services.node_types import ResourceNames
 
     names = ResourceNames(domain)
     backend: GpuBackend

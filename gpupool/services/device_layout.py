@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpupool.core.names import ResourceNames
 from gpupool.services.gpu_inventory import GpuInventory
-from gpupool.services.node_types import CORE_PER_CARD, MEMORY_UNIT, ResourceNames
+from gpupool.services.node_types import CORE_PER_CARD, MEMORY_UNIT
 
 
 class DeviceLayout:

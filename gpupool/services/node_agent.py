@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gpupool.core.names import ResourceNames
 from gpupool.services.allocation_mapper import AllocationMapper, MappingError, PodKey, ServedRecord
 from gpupool.services.container_grant import build_grant
 from gpupool.services.device_layout import DeviceLayout
@@ -31,7 +32,6 @@ from gpupool.services.node_types import (
     PodResourcesSnapshot,
     PodSource,
     PodView,
-    ResourceNames,
 )
 
 log = logging.getLogger(__name__)

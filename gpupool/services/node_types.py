@@ -20,43 +20,10 @@ MODEL_LABEL = "gpu-model"
 INVENTORY_ANNOTATION = "inventory-v1"
 
 
-@dataclass(frozen=True)
-class ResourceNames:
-    """The extended resources gpupool advertises to kubelet, under one configurable domain.
-
-    Units (what one kubelet "device" of the resource stands for):
-
-    * ``<domain>/gpu``: one whole card (one device per card, ID ``g<i>``);
-    * ``<domain>/gpu-mem``: 256 MiB of card memory (``memory // 256`` devices per card, ``g<i>-m<k>``);
-    * ``<domain>/gpu-core``: 1 % of one card's compute (100 devices per card, ``g<i>-c<k>``).
-
-    A container's limit is its total over all its cards. 8 x 141 GB cards give 4,488 memory
-    devices, about 90 kB per ListAndWatch message.
-    """
-
-    domain: str = "gpupool.io"
-
-    @property
-    def gpu(self) -> str:
-        return f"{self.domain}/gpu"
-
-    @property
-    def gpu_mem(self) -> str:
-        return f"{self.domain}/gpu-mem"
-
-    @property
-    def gpu_core(self) -> str:
-        return f"{self.domain}/gpu-core"
-
-    def all(self) -> tuple[str, str, str]:
-        """Every resource, in registration order."""
-        return (self.gpu, self.gpu_mem, self.gpu_core)
-
-    def annotation(self, name: str) -> str:
-        """A versioned annotation/label key under the domain (``gpupool.io/allocated-v1``)."""
-        return f"{self.domain}/{name}"
-
-
+# The units of the advertised resources (what one kubelet "device" stands for): ``<domain>/gpu`` one
+# whole card (ID ``g<i>``); ``<domain>/gpu-mem`` 256 MiB of card memory (``g<i>-m<k>``);
+# ``<domain>/gpu-core`` 1 % of one card's compute (``g<i>-c<k>``). A container's limit is its total
+# over all its cards; 8 x 141 GB cards give 4,488 memory devices, about 90 kB per ListAndWatch.
 MEMORY_UNIT = MEMORY_UNIT_MIB
 CORE_PER_CARD = 100
 

@@ -22,8 +22,9 @@ from gpupool.core.model import (
     Placement,
     PodRequest,
 )
+from gpupool.core.names import ResourceNames
 from gpupool.core.state import ClusterState
-from gpupool.services.node_types import MEMORY_UNIT, ResourceNames
+from gpupool.services.node_types import MEMORY_UNIT
 
 SHARED_SHAPES = ((1, 10), (2, 10), (2, 20), (4, 20), (4, 30), (8, 50))
 """(memory in 256 MiB units, compute per-mille) of the shared slices; few shapes so many pods

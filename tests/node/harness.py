@@ -19,8 +19,8 @@ from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
 from gpupool.adapters.k8s.allocated_codec import encode_served
 from gpupool.adapters.k8s.memory_pod_source import InMemoryPodSource
 from gpupool.adapters.nvml.fake import FakeGpuBackend
+from gpupool.core.names import ResourceNames
 from gpupool.services.node_agent import NodeAgent
-from gpupool.services.node_types import ResourceNames
 
 NAMES = ResourceNames()
 

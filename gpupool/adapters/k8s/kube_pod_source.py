@@ -14,8 +14,9 @@ from typing import Any, cast
 
 from gpupool.adapters.k8s.inventory_codec import encode_inventory
 from gpupool.adapters.k8s.pod_view import pod_view_from_json
+from gpupool.core.names import ResourceNames
 from gpupool.services.gpu_inventory import GpuInventory
-from gpupool.services.node_types import INVENTORY_ANNOTATION, MODEL_LABEL, PodView, ResourceNames
+from gpupool.services.node_types import INVENTORY_ANNOTATION, MODEL_LABEL, PodView
 
 
 class KubePodSource:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupool.adapters.k8s.pod_view import pod_view_from_json
-from gpupool.services.node_types import PodView, ResourceNames
+from gpupool.core.names import ResourceNames
+from gpupool.services.node_types import PodView
 
 
 class InMemoryPodSource:

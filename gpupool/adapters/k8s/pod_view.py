@@ -12,12 +12,12 @@ from typing import Any
 
 from gpupool.adapters.k8s.allocated_codec import decode_allocated
 from gpupool.adapters.k8s.assignment_codec import AssignmentFormatError, decode_assignment
+from gpupool.core.names import ResourceNames
 from gpupool.services.node_types import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     ContainerView,
     PodView,
-    ResourceNames,
 )
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
