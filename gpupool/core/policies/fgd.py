@@ -51,23 +51,19 @@ class FragmentationPolicy(PlacementPolicy):
         gains = np.repeat((before - after_node)[:, None], fits.shape[1], axis=1)
         return gains
 
+    def card_scores(self, gains: FloatArray) -> FloatArray:
+        """Turn fragmentation gains into the policy's scores (same shape)."""
+        raise NotImplementedError
 
-def sigmoid_score(gain: FloatArray) -> FloatArray:
-    """The paper simulator's integer score: ``int(100 / (1 + exp(-gain / 1000)))``."""
-    with np.errstate(over="ignore"):
-        return np.trunc(100.0 / (1.0 + np.exp(-gain / 1000.0)))
-
-
-class FgdPolicy(FragmentationPolicy):
-    """FGD exactly as the paper's simulator scores it."""
-
-    name = "fgd"
+    def card_tiebreak(self, scratch: NodeScratch) -> FloatArray:
+        """A small per-card term added when choosing a slice's card within one node (default none)."""
+        return np.zeros(len(scratch.compute_free))
 
     def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
-        gains = self.card_gains(state, shape, rows, fits)
-        scores = sigmoid_score(gains)
+        """A node scores as its best card; pods without GPUs score by the node-wide gain."""
+        scores = self.card_scores(self.card_gains(state, shape, rows, fits))
         if shape.gpu is None:
-            return scores[:, 0] if scores.shape[1] else np.full(len(rows), 50.0)
+            return scores[:, 0] if scores.shape[1] else self.card_scores(np.zeros(len(rows)))
         result: FloatArray = np.where(fits, scores, -1.0).max(axis=1)
         return result
 
@@ -76,8 +72,23 @@ class FgdPolicy(FragmentationPolicy):
                    cpu_milli: int) -> int:
             rows = np.array([scratch.row], dtype=np.int64)
             shape = PodShape(cpu_milli=cpu_milli or 100, memory_mib=0, gpu=request)
-            gains = self.card_gains(state, shape, rows, mask[None, :])[0]
-            scores = np.where(mask, sigmoid_score(gains), -1.0)
-            return int(np.argmax(scores))
+            scores = self.card_scores(self.card_gains(state, shape, rows, mask[None, :])[0])
+            return int(np.argmax(np.where(mask, scores + self.card_tiebreak(scratch), -np.inf)))
 
         return choose
+
+
+def sigmoid_score(gain: FloatArray) -> FloatArray:
+    """The paper simulator's integer score: ``int(100 / (1 + exp(-gain / 1000)))``."""
+    with np.errstate(over="ignore"):
+        result: FloatArray = np.trunc(100.0 / (1.0 + np.exp(-gain / 1000.0)))
+    return result
+
+
+class FgdPolicy(FragmentationPolicy):
+    """FGD exactly as the paper's simulator scores it."""
+
+    name = "fgd"
+
+    def card_scores(self, gains: FloatArray) -> FloatArray:
+        return sigmoid_score(gains)

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpupool.core.cards import NodeScratch, SharedCardChooser
+from gpupool.core.cards import NodeScratch
 from gpupool.core.fragmentation import FloatArray
-from gpupool.core.model import GpuRequest
-from gpupool.core.policies.base import PodShape
 from gpupool.core.policies.fgd import FragmentationPolicy
-from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 DEFAULT_LEVELS = 50
 """Number of score bins over the sigmoid of the fragmentation gain."""
@@ -44,22 +41,10 @@ class GpupoolPolicy(FragmentationPolicy):
     name = "gpupool"
     levels = DEFAULT_LEVELS
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
-        scores = binned_score(self.card_gains(state, shape, rows, fits), self.levels)
-        if shape.gpu is None:
-            column: FloatArray = scores[:, 0] if scores.shape[1] else np.zeros(len(rows))
-            return column
-        result: FloatArray = np.where(fits, scores, -1.0).max(axis=1)
+    def card_scores(self, gains: FloatArray) -> FloatArray:
+        return binned_score(gains, self.levels)
+
+    def card_tiebreak(self, scratch: NodeScratch) -> FloatArray:
+        # Within the best bin, the tightest card: it keeps emptier cards whole.
+        result: FloatArray = np.asarray(-1e-6 * scratch.compute_free, dtype=np.float64)
         return result
-
-    def shared_chooser(self) -> SharedCardChooser:
-        def choose(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
-                   cpu_milli: int) -> int:
-            rows = np.array([scratch.row], dtype=np.int64)
-            shape = PodShape(cpu_milli=cpu_milli or 100, memory_mib=0, gpu=request)
-            gains = self.card_gains(state, shape, rows, mask[None, :])[0]
-            # Within the best bin, the tightest card: it keeps emptier cards whole.
-            key = np.where(mask, binned_score(gains, self.levels) - 1e-6 * scratch.compute_free, -np.inf)
-            return int(np.argmax(key))
-
-        return choose
