@@ -19,6 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool.core.feasibility import (
+    eligible_cards,
+    explain_node,
+    memory_need_on,
+    node_resources_problem,
+    slice_fits,
+)
 from gpupool.core.model import (
     CardMode,
     CardSlice,
@@ -30,7 +37,6 @@ from gpupool.core.model import (
     PodRequest,
 )
 from gpupool.core.state import BoolArray, ClusterState, IntArray
-from gpupool.core.units import COMPUTE_PER_CARD
 
 MAX_COMBINATIONS = 4096
 """Above this many candidate card sets the multi-card choice turns greedy (nodes of 16+ cards)."""
@@ -46,7 +52,6 @@ class NodeScratch:
     mem_free: IntArray
     compute_free: IntArray
     mode: IntArray
-    eligible_base: BoolArray
 
     @staticmethod
     def of(state: ClusterState, row: int) -> NodeScratch:
@@ -57,30 +62,12 @@ class NodeScratch:
             mem_free=state.card_mem_free[row].copy(),
             compute_free=state.card_compute_free[row].copy(),
             mode=state.card_mode[row].copy(),
-            eligible_base=state.card_exists[row] & state.card_healthy[row],
         )
 
-    def need_memory(self, request: GpuRequest) -> IntArray:
-        if request.exclusive:
-            return self.mem_total
-        if request.memory_mib is None:
-            return self.mem_total * request.compute // COMPUTE_PER_CARD
-        return np.full_like(self.mem_total, request.memory_mib)
-
     def fits(self, state: ClusterState, request: GpuRequest) -> BoolArray:
-        ok = self.eligible_base.copy()
-        if request.models:
-            ok &= np.isin(state.card_model[self.row], state.model_ids(request.models))
-        if request.kind is not None:
-            virtual = state.card_virtual[self.row]
-            ok &= virtual if request.kind.value == "virtual" else ~virtual
-        if request.exclusive:
-            idle: BoolArray = ok & (self.mode == CardMode.IDLE)
-            return idle
-        ok &= self.mode != CardMode.EXCLUSIVE
-        ok &= self.compute_free >= request.compute
-        ok &= self.mem_free >= self.need_memory(request)
-        return ok
+        """Cards of this copy that can take one slice of ``request`` (the ledger's rule)."""
+        eligible = eligible_cards(state, request, np.array([self.row], dtype=np.int64))[0]
+        return slice_fits(eligible, self.mode, self.compute_free, self.mem_free, self.mem_total, request)
 
     def take(self, card: int, request: GpuRequest) -> CardSlice:
         if request.exclusive:
@@ -90,7 +77,7 @@ class NodeScratch:
             self.compute_free[card] = 0
             self.mode[card] = CardMode.EXCLUSIVE
             return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=True)
-        memory = int(self.need_memory(request)[card])
+        memory = int(memory_need_on(self.mem_total, request)[card])
         self.mem_free[card] -= memory
         self.compute_free[card] -= request.compute
         self.mode[card] = CardMode.SHARED
@@ -198,12 +185,9 @@ def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
     the cards the app containers got (the ledger then holds the larger of the two, not the sum).
     """
     spec = state.specs[row]
-    if not state.present[row]:
-        return f"node {spec.name} is not known to gpupool"
-    if state.cpu_free[row] < pod.cpu_milli:
-        return f"insufficient CPU: {pod.cpu_milli}m requested, {int(state.cpu_free[row])}m free"
-    if state.mem_free[row] < pod.memory_mib:
-        return f"insufficient memory: {pod.memory_mib} MiB requested, {int(state.mem_free[row])} MiB free"
+    problem = node_resources_problem(state, row, pod)
+    if problem is not None:
+        return problem
     scratch = NodeScratch.of(state, row)
     chosen: dict[str, ContainerAssignment] = {}
     for container in sorted(pod.gpu_containers, key=_size_key, reverse=True):
@@ -234,8 +218,5 @@ def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
 
 
 def _explain(state: ClusterState, row: int, container: ContainerRequest) -> str:
-    from gpupool.core.feasibility import explain_node
-    from gpupool.core.model import PodRequest as _Pod
-
-    reason = explain_node(state, row, _Pod(key="-", containers=(container,)))
+    reason = explain_node(state, row, PodRequest(key="-", containers=(container,)))
     return reason or f"the cards left on node {state.specs[row].name} cannot hold container {container.name}"

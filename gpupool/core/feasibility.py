@@ -17,7 +17,11 @@ from gpupool.core.units import COMPUTE_PER_CARD
 
 def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> IntArray:
     """Memory the request takes on each card of ``rows`` (proportional requests vary per card)."""
-    totals = state.card_mem_total[rows]
+    return memory_need_on(state.card_mem_total[rows], request)
+
+
+def memory_need_on(totals: IntArray, request: GpuRequest) -> IntArray:
+    """Memory the request takes on cards of the given total memory."""
     if request.exclusive:
         return totals
     if request.memory_mib is None:
@@ -42,16 +46,21 @@ def card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> B
     Whole-card requests need an idle card (fully free, then closed to sharing); slices need a card
     that is idle or already shared and has both the memory and the compute free.
     """
-    ok = eligible_cards(state, request, rows)
-    mode = state.card_mode[rows]
+    return slice_fits(eligible_cards(state, request, rows), state.card_mode[rows],
+                      state.card_compute_free[rows], state.card_mem_free[rows],
+                      state.card_mem_total[rows], request)
+
+
+def slice_fits(eligible: BoolArray, mode: IntArray, compute_free: IntArray, mem_free: IntArray,
+               mem_total: IntArray, request: GpuRequest) -> BoolArray:
+    """The card rule on given free amounts; the ledger and a node's scratch copy both use it."""
     if request.exclusive:
-        idle: BoolArray = ok & (mode == CardMode.IDLE)
+        idle: BoolArray = eligible & (mode == CardMode.IDLE)
         return idle
-    ok &= mode != CardMode.EXCLUSIVE
-    ok &= state.card_compute_free[rows] >= request.compute
-    ok &= state.card_mem_free[rows] >= memory_need(state, request, rows)
-    result: BoolArray = ok
-    return result
+    ok: BoolArray = eligible & (mode != CardMode.EXCLUSIVE)
+    ok &= compute_free >= request.compute
+    ok &= mem_free >= memory_need_on(mem_total, request)
+    return ok
 
 
 def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = None) -> BoolArray:
@@ -100,16 +109,23 @@ def request_problem(state: ClusterState, pod: PodRequest) -> str | None:
     return None
 
 
-def explain_node(state: ClusterState, row: int, pod: PodRequest) -> str | None:
-    """Why ``pod`` does not fit on node ``row`` now, in words; None if it fits (as far as counts go)."""
-    rows = np.array([row], dtype=np.int64)
-    name = state.specs[row].name
+def node_resources_problem(state: ClusterState, row: int, pod: PodRequest) -> str | None:
+    """Why node ``row`` cannot hold the pod's CPU and memory (or is unknown), or None."""
     if not state.present[row]:
-        return f"node {name} is not known to gpupool"
+        return f"node {state.specs[row].name} is not known to gpupool"
     if state.cpu_free[row] < pod.cpu_milli:
         return f"insufficient CPU: {pod.cpu_milli}m requested, {int(state.cpu_free[row])}m free"
     if state.mem_free[row] < pod.memory_mib:
         return f"insufficient memory: {pod.memory_mib} MiB requested, {int(state.mem_free[row])} MiB free"
+    return None
+
+
+def explain_node(state: ClusterState, row: int, pod: PodRequest) -> str | None:
+    """Why ``pod`` does not fit on node ``row`` now, in words; None if it fits (as far as counts go)."""
+    rows = np.array([row], dtype=np.int64)
+    problem = node_resources_problem(state, row, pod)
+    if problem is not None:
+        return problem
     for container in (*pod.containers, *pod.init_containers):
         request = container.gpu
         if request is None:
