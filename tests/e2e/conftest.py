@@ -138,13 +138,14 @@ def make_node(core_v1: client.CoreV1Api) -> Iterator[MakeNode]:
     created: list[str] = []
 
     def make(name: str | None = None, allocatable: Mapping[str, str] | None = None,
-             labels: Mapping[str, str] | None = None) -> str:
+             labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None) -> str:
         node_name = name or f"e2e-node-{uuid.uuid4().hex[:8]}"
         resources = {**DEFAULT_ALLOCATABLE, **(allocatable or {})}
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node_name,
-                         "labels": {"kubernetes.io/hostname": node_name, **(labels or {})}},
+                         "labels": {"kubernetes.io/hostname": node_name, **(labels or {})},
+                         "annotations": dict(annotations or {})},
             "status": {"capacity": resources, "allocatable": resources},
         }
         core_v1.create_node(body)

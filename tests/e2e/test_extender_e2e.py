@@ -27,8 +27,8 @@ pytestmark = pytest.mark.e2e
 
 testenv_config = pytest.importorskip("gpupool.testenv.config", reason="gpupool testenv not available")
 
+from e2e_support import MakeNode  # noqa: E402
 from kubernetes import client  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
 
 from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory  # noqa: E402
 from gpupool.adapters.k8s.names import ResourceNames  # noqa: E402
@@ -142,36 +142,16 @@ NodeFactory = Callable[..., str]
 
 
 @pytest.fixture
-def gpu_node(core_v1: client.CoreV1Api) -> Iterator[NodeFactory]:
-    """Create kubelet-less Nodes publishing ``inventory-v1``; deleted after the test."""
-    created: list[str] = []
+def gpu_node(make_node: MakeNode) -> NodeFactory:
+    """Kubelet-less Nodes publishing ``inventory-v1``; deleted after the test by ``make_node``."""
 
     def make(card_mib: list[int], name: str | None = None) -> str:
         node_name = name or f"gpu-{uuid.uuid4().hex[:6]}"
         cards = tuple(GpuCard(i, f"GPU-{node_name}-{i}", "Tesla-P100", m) for i, m in enumerate(card_mib))
-        resources = {"cpu": "64", "memory": "256Gi", "pods": "250"}
-        core_v1.create_node(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": node_name,
-                    "labels": {"kubernetes.io/hostname": node_name},
-                    "annotations": {NAMES.inventory: encode_inventory(Inventory(cards))},
-                },
-                "status": {"capacity": resources, "allocatable": resources},
-            }
-        )
-        created.append(node_name)
-        return node_name
+        return make_node(node_name, {"cpu": "64", "memory": "256Gi", "pods": "250"},
+                         annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
 
-    yield make
-    for node_name in created:
-        try:
-            core_v1.delete_node(node_name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    return make
 
 
 def gpu_pod(
