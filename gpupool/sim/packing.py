@@ -53,15 +53,26 @@ class _Recorder:
         return arrive_pct
 
     def curve(self, upto: int = 130) -> dict[int, float]:
+        """Unallocated % for every arrived-demand % from 0 to ``upto``.
+
+        A bin with samples is their mean; an empty bin borrows its neighbours (the paper's
+        smoothing); a bin with none nearby keeps the last value before it, because nothing arrived
+        in between (a small cluster jumps several percent per pod). Before any arrival all is idle.
+        Points beyond the last arrival (and its neighbour) stay undefined: that demand never came.
+        """
         curve: dict[int, float] = {}
-        for x in range(upto + 1):
+        last = 100.0
+        for x in range(min(upto, max(self.counts, default=-2) + 1) + 1):
             if x in self.counts:
                 curve[x] = round(100.0 - self.sums[x] / self.counts[x], 4)
-                continue
-            near = [k for k in (x - 1, x, x + 1) if k in self.counts]
-            if near:
-                total = sum(self.sums[k] for k in near) / sum(self.counts[k] for k in near)
-                curve[x] = round(100.0 - total, 4)
+            else:
+                near = [k for k in (x - 1, x, x + 1) if k in self.counts]
+                if near:
+                    total = sum(self.sums[k] for k in near) / sum(self.counts[k] for k in near)
+                    curve[x] = round(100.0 - total, 4)
+                else:
+                    curve[x] = last
+            last = curve[x]
         return curve
 
 

@@ -18,11 +18,18 @@ class PolicyReport:
     trace: str
     results: tuple[SeedResult, ...]
 
-    def median_at(self, point: int) -> float:
-        return round(statistics.median(r.unallocated_pct[point] for r in self.results), 3)
+    def _values_at(self, point: int) -> list[float] | None:
+        """Every seed's value at ``point``, or None when a seed's demand never reached it."""
+        values = [r.unallocated_pct.get(point) for r in self.results]
+        return None if any(v is None for v in values) else [v for v in values if v is not None]
 
-    def mean_at(self, point: int) -> float:
-        return round(statistics.fmean(r.unallocated_pct[point] for r in self.results), 3)
+    def median_at(self, point: int) -> float | None:
+        values = self._values_at(point)
+        return None if values is None else round(statistics.median(values), 3)
+
+    def mean_at(self, point: int) -> float | None:
+        values = self._values_at(point)
+        return None if values is None else round(statistics.fmean(values), 3)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -33,7 +40,7 @@ class PolicyReport:
             "unallocated_pct_mean_at": {str(p): self.mean_at(p) for p in REPORT_POINTS},
             "per_seed": {
                 str(r.seed): {
-                    "unallocated_pct_at": {str(p): r.unallocated_pct[p] for p in REPORT_POINTS},
+                    "unallocated_pct_at": {str(p): r.unallocated_pct.get(p) for p in REPORT_POINTS},
                     "fragmentation_pct_at": {str(p): r.fragmentation_pct.get(p) for p in REPORT_POINTS},
                     "pods": r.pods_total,
                     "failed_pods": r.pods_failed,
@@ -52,9 +59,13 @@ def text_table(reports: Sequence[PolicyReport]) -> str:
     for report in reports:
         failed = statistics.median(r.pods_failed for r in report.results)
         seconds = statistics.fmean(r.seconds for r in report.results)
-        lines.append(f"{report.policy:<12}" + "".join(f"{report.median_at(p):>9.2f}" for p in REPORT_POINTS)
+        lines.append(f"{report.policy:<12}" + "".join(_cell(report.median_at(p)) for p in REPORT_POINTS)
                      + f"{failed:>9.0f}{seconds:>9.1f}")
     return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    return f"{'-':>9}" if value is None else f"{value:>9.2f}"
 
 
 def plot(reports: Sequence[PolicyReport], path: str) -> None:

@@ -1,0 +1,115 @@
+"""``gpupool simulate`` as a user runs it: options, JSON shape, plot, errors, and a fast start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.cli.main import SUBCOMMANDS, cli
+
+NODES_CSV = """\
+sn,cpu_milli,memory_mib,gpu,model
+n0,64000,262144,2,T4
+n1,64000,262144,2,T4
+"""
+#: Four whole-card pods fill the four cards exactly; the simulator clones them up to 130 %.
+PODS_CSV = """\
+name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+p0,1000,1024,1,1000,,LS,Running,0,100,0
+p1,1000,1024,1,1000,,LS,Running,10,200,10
+p2,1000,1024,1,1000,,LS,Running,20,300,20
+p3,1000,1024,1,1000,,LS,Running,30,400,30
+"""
+
+
+@pytest.fixture
+def small_cluster(tmp_path: Path) -> tuple[Path, Path]:
+    nodes = tmp_path / "nodes.csv"
+    pods = tmp_path / "pods.csv"
+    nodes.write_text(NODES_CSV)
+    pods.write_text(PODS_CSV)
+    return nodes, pods
+
+
+def _simulate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["simulate", *args])
+    return result.exit_code, result.output
+
+
+def test_json_reports_medians_and_per_seed_values(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--policy", "bestfit",
+                          "--seeds", "1-3", "--json", "--jobs", "1")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["policy"] == "bestfit"
+    assert report["seeds"] == [1, 2, 3]
+    assert set(report["unallocated_pct_at"]) == {"90", "95", "100", "110", "130"}
+    assert report["unallocated_pct_at"]["100"] == 0.0  # four whole cards for four whole-card pods
+    # Each pod is 25 % of the cluster: at 90 % arrived the state is still that after 75 %.
+    assert report["unallocated_pct_at"]["90"] == report["unallocated_pct_at"]["95"] == 25.0
+    assert report["unallocated_pct_at"]["130"] is None  # the clones stop at 125 %: never reached
+    assert set(report["per_seed"]) == {"1", "2", "3"}
+    assert all(seed["failed_pods"] >= 1 for seed in report["per_seed"].values())  # the clones beyond 100 %
+
+
+def test_several_policies_are_reported_side_by_side(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--policy", "fgd",
+                          "--policy", "gpupool", "--seeds", "7", "--json", "--jobs", "1")
+    assert code == 0, out
+    assert [r["policy"] for r in json.loads(out)["policies"]] == ["fgd", "gpupool"]
+
+
+def test_table_and_plot(small_cluster: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = small_cluster
+    png = tmp_path / "curves.png"
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--seeds", "1",
+                          "--plot", str(png), "--jobs", "1")
+    assert code == 0, out
+    assert "gpupool" in out and "plot written to" in out
+    row = next(line for line in out.splitlines() if line.startswith("gpupool"))
+    assert row.split()[1:6] == ["25.00", "25.00", "0.00", "0.00", "-"]  # 90 95 100 110 130
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_mode_json(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--json")
+    assert code == 0, out
+    (result,) = json.loads(out)["policies"]
+    assert result["refused_pods"] == 0
+    assert result["peak_allocated_gpu_pct"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--trace", "no-such-trace"], "no bundled trace or file named 'no-such-trace'"),
+    (["--seeds", "9-3"], "use a seed, a list (42,43) or a range (42-51)"),
+    (["--policy", "nope"], "Invalid value for '--policy'"),
+])
+def test_bad_arguments_get_a_clear_error(args: list[str], message: str) -> None:
+    code, out = _simulate(*args)
+    assert code != 0
+    assert message in out
+
+
+def test_every_subcommand_is_listed_and_loads() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in SUBCOMMANDS:
+        assert name in result.output
+        assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0
+
+
+def test_simulate_does_not_import_the_kubernetes_client_or_grpc() -> None:
+    """The simulator is the first thing a user runs; the cluster adapters' imports cost it ~1.3 s."""
+    probe = ("import sys\nfrom click.testing import CliRunner\nfrom gpupool.cli.main import cli\n"
+             "assert CliRunner().invoke(cli, ['simulate', '--help']).exit_code == 0\n"
+             "print(sorted(m for m in ('kubernetes', 'grpc', 'prometheus_client') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
