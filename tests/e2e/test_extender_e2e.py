@@ -31,7 +31,7 @@ from e2e_support import MakeNode  # noqa: E402
 from kubernetes import client  # noqa: E402
 
 from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory  # noqa: E402
-from gpupool.adapters.k8s.names import ResourceNames  # noqa: E402
+from gpupool.adapters.k8s.names import NVIDIA_GPUMEM, ResourceNames  # noqa: E402
 from gpupool.core.model import GpuCard  # noqa: E402
 
 NAMES = ResourceNames()
@@ -162,7 +162,9 @@ def gpu_pod(
     node_name: str | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    limits = {NAMES.gpu_mem: str(mib)} if mib is not None else {}
+    # MiB per card through the HAMi alias: the scenarios use card sizes that are not multiples of
+    # gpupool.io/gpu-mem's 256 MiB unit.
+    limits = {NVIDIA_GPUMEM: str(mib)} if mib is not None else {}
     spec: dict[str, Any] = {
         "containers": [
             {"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": {"cpu": "10m"}}}

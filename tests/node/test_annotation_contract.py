@@ -18,7 +18,15 @@ from gpupool.adapters.k8s.kube_pod_source import node_patch
 from gpupool.adapters.k8s.pod_view import pod_view_from_json
 from gpupool.adapters.k8s.translate import node_spec
 from gpupool.adapters.nvml.fake import FakeGpuBackend
-from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, LinkLevel, NodeSpec, Placement
+from gpupool.core.model import (
+    CardSlice,
+    ContainerAssignment,
+    GpuCard,
+    LinkLevel,
+    NodeSpec,
+    Placement,
+    Topology,
+)
 from gpupool.core.names import ResourceNames
 from gpupool.services.allocation_mapper import ServedRecord
 from gpupool.services.node_agent import ServedContainer
@@ -92,3 +100,28 @@ def test_the_extender_confirms_with_the_allocated_value_the_node_writes() -> Non
     # ... and the node agent reads its own value back after a restart.
     assert pod_view_from_json(_pod({NAMES.allocated: text}), NAMES).allocated == {
         "main": frozenset({NAMES.gpu_mem, NAMES.gpu_core})}
+
+
+def test_one_gpu_mem_unit_is_one_kubelet_device_of_the_node() -> None:
+    """kubelet admits a container only if the node advertises as many free devices as its limit.
+
+    So the extender must read ``gpu-mem`` in the node's device unit: a container asking for every
+    memory device of a card asks for exactly that card's memory. (The extender used to read MiB:
+    a 4 GiB slice had to be written ``gpu-mem: 4096``, which kubelet could only admit with 4,096
+    devices of 256 MiB, i.e. 1 TiB.)
+    """
+    from gpupool.adapters.k8s.translate import pod_request
+    from gpupool.services.device_layout import DeviceLayout
+    from gpupool.services.gpu_inventory import GpuInventory
+
+    card = GpuCard(0, "GPU-aaaa", "T4", 16384)
+    inventory = GpuInventory((card,), Topology.flat(1), ("/dev/nvidia0",))
+    devices = DeviceLayout(NAMES).devices(NAMES.gpu_mem, inventory)
+    cores = DeviceLayout(NAMES).devices(NAMES.gpu_core, inventory)
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [
+        {"name": "main", "resources": {"limits": {NAMES.gpu_mem: str(len(devices)), NAMES.gpu_core: "30"}}}]}}
+
+    gpu = pod_request(pod, NAMES).containers[0].gpu
+
+    assert gpu is not None and gpu.memory_mib == card.memory_mib == len(devices) * 256
+    assert gpu.compute == 300 and len(cores) == 100  # one percent of a card per device
