@@ -226,12 +226,14 @@ def gpu_pod_manifest(name: str, containers: list[ContainerLimits], *, node: str 
 
 def expected_grant(namespace: str, pod: str, container: str, cards: Any) -> dict[str, str]:
     """The env the node agent must hand a container whose assignment-v1 entry lists ``cards``
-    (``CardRef``s, in exposure order): exactly those cards and limits, named for that container."""
-    percents = [max(1, c.compute // 10) for c in cards]
+    (``CardRef``s, in exposure order): exactly those cards and limits, named for that container.
+    A memory-only slice has no compute share (0 %) and does not cap MPS."""
+    percents = [max(1, c.compute // 10) if c.compute else 0 for c in cards]
+    capped = [p for p in percents if p]
     return {
         "NVIDIA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards),
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={c.memory_mib}M" for i, c in enumerate(cards)),
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(percents)),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(capped) if capped else 100),
         "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(c.memory_mib) for c in cards),
         "GPUPOOL_COMPUTE_PERCENT": ",".join(str(p) for p in percents),
         "GPUPOOL_CARD_INDICES": ",".join(str(c.index) for c in cards),
