@@ -43,12 +43,13 @@ from gpupool.core.model import GpuCard
 from gpupool.services.extender import ExtenderService
 
 CARD_MIB = 16276
+# Memory in MiB per card through the HAMi alias (gpupool.io/gpu-mem counts 256 MiB units).
 SHAPES = [
-    {"gpupool.io/gpu-mem": "2048"},
-    {"gpupool.io/gpu-mem": "4069"},
-    {"gpupool.io/gpu-mem": "8138"},
+    {"nvidia.com/gpumem": "2048"},
+    {"nvidia.com/gpumem": "4069"},
+    {"nvidia.com/gpumem": "8138"},
     {"gpupool.io/gpu-core": "25"},
-    {"gpupool.io/gpu-core": "50", "gpupool.io/gpu-mem": "6000"},
+    {"gpupool.io/gpu-core": "50", "nvidia.com/gpumem": "6000"},
     {"gpupool.io/gpu": "1"},
     {"gpupool.io/gpu": "2"},
 ]

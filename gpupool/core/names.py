@@ -47,12 +47,12 @@ class ResourceNames:
 
     @property
     def gpu_mem(self) -> str:
-        """Memory per card in MiB."""
+        """Memory per card in units of 256 MiB: one unit is one kubelet device of the node agent."""
         return f"{self.domain}/gpu-mem"
 
     @property
     def gpu_core(self) -> str:
-        """Compute per card in percent (100 = the whole card)."""
+        """Compute per card in percent (100 = the whole card); one percent is one kubelet device."""
         return f"{self.domain}/gpu-core"
 
     def all(self) -> tuple[str, str, str]:

@@ -5,7 +5,8 @@ Env vars, per container, cards in the order the scheduler exposed them:
 * ``NVIDIA_VISIBLE_DEVICES``: card UUIDs (read by the NVIDIA container runtime);
 * ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``: ``0=4096M,1=4096M`` (ordinal within the container);
 * ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: the smallest per-card compute share, in percent (MPS takes
-  one value per client);
+  one value per client); a slice without a compute share (memory only, gpushare's meaning: it
+  shares compute best-effort) does not limit it, so a memory-only container gets 100, not 1;
 * ``GPUPOOL_MEMORY_LIMIT_MIB`` / ``GPUPOOL_COMPUTE_PERCENT`` / ``GPUPOOL_CARD_INDICES`` /
   ``GPUPOOL_CARD_UUIDS``: the same per card, comma-separated, for gpupool's own enforcement;
 * ``GPUPOOL_POD`` / ``GPUPOOL_CONTAINER``: whose assignment this is, so a mix-up is visible in logs.
@@ -27,6 +28,12 @@ class GrantError(ValueError):
     """The assignment names cards this node does not have (or no longer has the same UUID)."""
 
 
+def compute_percent(compute_milli: int) -> int:
+    """A slice's compute share in whole percent for the env: 0 for none (memory-only slices),
+    otherwise at least 1 (a share below 1 % is still a share)."""
+    return max(1, compute_milli // 10) if compute_milli > 0 else 0
+
+
 def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, str] | None,
                 inventory: GpuInventory) -> ContainerGrant:
     """Env vars and device specs for exactly the assigned cards of one container."""
@@ -42,12 +49,13 @@ def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, 
                              f" the scheduler assigned {expected}")
         cards.append(card)
         paths.append(inventory.device_path(s.card))
-    percents = [max(1, s.compute // 10) for s in assignment.slices]
+    percents = [compute_percent(s.compute) for s in assignment.slices]
+    limited = [p for p in percents if p > 0]
     envs = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards),
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={s.memory_mib}M"
                                                      for i, s in enumerate(assignment.slices)),
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(percents) if percents else 100),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(limited) if limited else 100),
         "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(s.memory_mib) for s in assignment.slices),
         "GPUPOOL_COMPUTE_PERCENT": ",".join(str(p) for p in percents),
         "GPUPOOL_CARD_INDICES": ",".join(str(s.card) for s in assignment.slices),

@@ -36,7 +36,7 @@ from gpupool.services.node_types import (
 
 log = logging.getLogger(__name__)
 
-AllocatedEncoder = Callable[[str, str, list["ServedContainer"]], str]
+AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
 
 
 @dataclass
@@ -202,8 +202,7 @@ class NodeAgent:
     def allocated_annotation(self, key: PodKey) -> str:
         """The ``allocated-v1`` value for a pod as the agent knows it now."""
         containers = list(self._served.get(key, {}).values())
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return self._encode(self.node, stamp, containers)
+        return self._encode(self.node, datetime.now(UTC), containers)
 
     async def flush(self) -> None:
         """Write every pending ``allocated-v1`` annotation now."""

@@ -8,11 +8,12 @@ requests on different cards, multi-container pods, GPU init containers, GPU side
 
 from __future__ import annotations
 
-import json
+import datetime as dt
 import random
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.adapters.k8s.annotations import Assignment, encode_assignment
 from gpupool.core.cards import assign_on_node
 from gpupool.core.model import (
     ContainerRequest,
@@ -54,25 +55,19 @@ def fake_gpu_file(cards: int, memory_mib: int = 81920,
 
 
 def limits_for(names: ResourceNames, placement: Placement, container: str) -> dict[str, int]:
-    """The container's gpupool limits: its totals over its cards (see ResourceNames)."""
+    """The container's gpupool limits, per card as users write them (see ResourceNames)."""
     for a in placement.containers:
         if a.container != container:
             continue
         if any(s.exclusive for s in a.slices):
             return {names.gpu: len(a.slices)}
-        return {names.gpu_mem: sum(s.memory_mib for s in a.slices) // MEMORY_UNIT,
-                names.gpu_core: sum(s.compute for s in a.slices) // 10}
+        first = a.slices[0]
+        return {names.gpu_mem: first.memory_mib // MEMORY_UNIT, names.gpu_core: first.compute // 10}
     return {}
 
 
-def encode_assignment(placement: Placement, uuids: dict[int, str]) -> str:
-    """The extender's ``assignment-v1`` value for a placement."""
-    return json.dumps({"version": 1, "node": placement.node, "time": "2024-01-01T00:00:00Z",
-                       "containers": [{"name": a.container, "init": a.init,
-                                       "cards": [{"index": s.card, "uuid": uuids[s.card],
-                                                  "memoryMiB": s.memory_mib, "compute": s.compute,
-                                                  "exclusive": s.exclusive} for s in a.slices]}
-                                      for a in placement.containers]}, separators=(",", ":"))
+#: The bind time written into generated assignments (any fixed time: nothing reads it as "now").
+ASSIGNED_AT = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
 def _shared(rng: random.Random) -> GpuRequest:
@@ -106,9 +101,8 @@ def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
     gpu_file = fake_gpu_file(cards)
     gpu_cards = tuple(GpuCard(index=i, uuid=c["uuid"], model=gpu_file["model"], memory_mib=c["memoryMiB"])
                       for i, c in enumerate(gpu_file["cards"]))
-    uuids = {c.index: c.uuid for c in gpu_cards}
-    state = ClusterState([NodeSpec(node, cpu_milli=10**7, memory_mib=10**8, cards=gpu_cards)],
-                         max_cards=cards)
+    spec_of_node = NodeSpec(node, cpu_milli=10**7, memory_mib=10**8, cards=gpu_cards)
+    state = ClusterState([spec_of_node], max_cards=cards)
     whole_left = [max(1, cards // 8)]
     pods: list[WorkloadPod] = []
     created = list(range(count))
@@ -126,7 +120,8 @@ def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
             "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{i:04d}",
                          "creationTimestamp": f"2024-01-01T00:{created[i] // 60:02d}:{created[i] % 60:02d}Z",
                          "annotations": {names.annotation("assignment-v1"):
-                                         encode_assignment(placement, uuids)}},
+                                         encode_assignment(Assignment.from_placement(
+                                             placement, spec_of_node, ASSIGNED_AT))}},
             "spec": {"nodeName": node, "initContainers": [spec(c) for c in request.init_containers],
                      "containers": [spec(c) for c in request.containers]},
             "status": {"phase": "Pending"}}, placement=placement))

@@ -37,8 +37,13 @@ def node(
 
 
 def container(name: str = "main", **limits: str | int) -> dict[str, Any]:
-    """A container whose limits are given as keyword arguments (``gpu_mem=8138`` → gpupool.io/gpu-mem)."""
-    names = {"gpu": "gpupool.io/gpu", "gpu_mem": "gpupool.io/gpu-mem", "gpu_core": "gpupool.io/gpu-core"}
+    """A container whose limits are given as keyword arguments.
+
+    ``gpu_mem=16`` → ``gpupool.io/gpu-mem`` (256 MiB units); ``mib=8138`` → ``nvidia.com/gpumem``
+    (MiB per card), for tests whose card sizes are not multiples of 256 MiB (the Alibaba example).
+    """
+    names = {"gpu": "gpupool.io/gpu", "gpu_mem": "gpupool.io/gpu-mem", "gpu_core": "gpupool.io/gpu-core",
+             "mib": "nvidia.com/gpumem"}
     resolved = {names.get(k, k.replace("__", "/").replace("_", "-")): str(v) for k, v in limits.items()}
     return {"name": name, "image": "busybox", "resources": {"limits": resolved}}
 
@@ -54,7 +59,7 @@ def pod(
     phase: str = "Pending",
 ) -> dict[str, Any]:
     """A pod with the given containers (default: one container asking 1000 MiB)."""
-    spec: dict[str, Any] = {"containers": list(containers) or [container(gpu_mem=1000)]}
+    spec: dict[str, Any] = {"containers": list(containers) or [container(mib=1000)]}
     if init:
         spec["initContainers"] = init
     if node_name:
@@ -88,7 +93,7 @@ def placed_pod(
     )
     return pod(
         name,
-        container(gpu_mem=mib),
+        container(mib=mib),
         node_name=node_name if bound else "",
         annotations={"gpupool.io/assignment-v1": encode_assignment(a)},
     )

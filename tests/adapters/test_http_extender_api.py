@@ -76,7 +76,7 @@ async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
 
 def test_filter_node_names_mode_alibaba_example() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=8138))))
+        status, body = await post(client, "/filter", args(pod("p", container(mib=8138))))
         assert status == 200
         assert body["NodeNames"] == ["N3"]
         assert body["Nodes"] is None and body["Error"] == ""
@@ -90,7 +90,7 @@ def test_filter_node_names_mode_alibaba_example() -> None:
 
 def test_filter_full_nodes_mode_returns_node_objects() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=8138)), full=True))
+        status, body = await post(client, "/filter", args(pod("p", container(mib=8138)), full=True))
         assert status == 200
         assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["N3"]
         assert body["NodeNames"] is None
@@ -102,7 +102,7 @@ def test_filter_full_nodes_mode_returns_node_objects() -> None:
 def test_field_names_are_read_case_insensitively() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         status, body = await post(
-            client, "/filter", {"pod": pod("p", container(gpu_mem=8138)), "nodenames": ["N3", "N9"]}
+            client, "/filter", {"pod": pod("p", container(mib=8138)), "nodenames": ["N3", "N9"]}
         )
         assert status == 200 and body["NodeNames"] == ["N3"]
         assert body["FailedNodes"] == {"N9": "node is not in the gpupool extender's cache"}
@@ -112,7 +112,7 @@ def test_field_names_are_read_case_insensitively() -> None:
 
 def test_prioritize_scores_zero_to_ten() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=1000))))
+        status, body = await post(client, "/prioritize", args(pod("p", container(mib=1000))))
         assert status == 200
         scores = {e["Host"]: e["Score"] for e in body}
         assert set(scores) == {"N1", "N2", "N3"}
@@ -120,7 +120,7 @@ def test_prioritize_scores_zero_to_ten() -> None:
         assert max(scores.values()) == 10
         # binpack: the tightest card that still fits is N1 GPU1 (4,069 free), so N1 is best.
         assert scores["N1"] == 10
-        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=8138))))
+        status, body = await post(client, "/prioritize", args(pod("p", container(mib=8138))))
         assert {e["Host"]: e["Score"] for e in body} == {"N1": 0, "N2": 0, "N3": 10}
 
     run(scenario)
@@ -128,7 +128,7 @@ def test_prioritize_scores_zero_to_ten() -> None:
 
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        api.create_pod(pod("p", container(gpu_mem=8138)))
+        api.create_pod(pod("p", container(mib=8138)))
         body = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-default-p", "Node": "N3"}
         status, result = await post(client, "/bind", body)
         assert (status, result) == (200, {"Error": ""})
@@ -146,7 +146,7 @@ def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
 
 def test_bind_on_a_follower_is_refused() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        api.create_pod(pod("p", container(gpu_mem=1)))
+        api.create_pod(pod("p", container(mib=1)))
         status, result = await post(
             client, "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": "N3"}
         )
@@ -158,7 +158,7 @@ def test_bind_on_a_follower_is_refused() -> None:
 
 def test_not_synced_answers_an_error_instead_of_guessing() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1))))
+        status, body = await post(client, "/filter", args(pod("p", container(mib=1))))
         assert status == 200 and "not synced" in body["Error"] and body["NodeNames"] == []
         resp = await client.get("/readyz")
         assert resp.status == 503
@@ -197,14 +197,14 @@ def test_malformed_input_gets_400_with_an_error() -> None:
 
 def test_broken_pod_annotations_are_an_error_not_a_crash() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        bad = pod("p", container(gpu_mem=10), annotations={"gpupool.io/exclusive": "maybe"})
+        bad = pod("p", container(mib=10), annotations={"gpupool.io/exclusive": "maybe"})
         status, body = await post(client, "/filter", args(bad))
         assert status == 200 and "gpupool.io/exclusive" in body["Error"]
         status, body = await post(client, "/prioritize", args(bad))
         assert status == 200 and {e["Score"] for e in body} == {0}
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem="12.5"))))
+        status, body = await post(client, "/filter", args(pod("p", container(mib="12.5"))))
         assert "whole number" in body["Error"]
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=100000))))
+        status, body = await post(client, "/filter", args(pod("p", container(mib=100000))))
         assert body["NodeNames"] == [] and set(body["FailedNodes"]) == {"N1", "N2", "N3"}
         assert "largest card has 16276 MiB" in body["FailedNodes"]["N1"]
 
@@ -214,7 +214,7 @@ def test_broken_pod_annotations_are_an_error_not_a_crash() -> None:
 def test_preempt_keeps_only_nodes_where_the_victims_free_enough() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         body = {
-            "Pod": pod("p", container(gpu_mem=16276)),
+            "Pod": pod("p", container(mib=16276)),
             "NodeNameToMetaVictims": {
                 "N1": {"Pods": [{"UID": "uid-default-n1b"}], "NumPDBViolations": 1},  # frees GPU1
                 "N2": {"Pods": [{"UID": "uid-default-n2a"}], "NumPDBViolations": 0},  # frees GPU0
@@ -238,7 +238,7 @@ def test_preempt_keeps_only_nodes_where_the_victims_free_enough() -> None:
 
 def test_metrics_count_requests_and_export_cards() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        await post(client, "/filter", args(pod("p", container(gpu_mem=1))))
+        await post(client, "/filter", args(pod("p", container(mib=1))))
         await post(client, "/filter", "{")
         text = await (await client.get("/metrics")).text()
         assert 'gpupool_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
@@ -256,7 +256,7 @@ def test_broken_node_inventory_is_the_failure_reason() -> None:
     bad = node("N4", annotations={"gpupool.io/inventory-v1": '{"v": 1, "cards": 3}'})
 
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        _status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1)), ["N3", "N4"]))
+        _status, body = await post(client, "/filter", args(pod("p", container(mib=1)), ["N3", "N4"]))
         assert body["NodeNames"] == ["N3"]
         assert "cards: expected list" in body["FailedNodes"]["N4"]
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpupool.adapters.k8s.annotations import (
     Allocated,
+    AllocatedContainer,
     AnnotationError,
     Assignment,
     CardRef,
@@ -177,3 +178,34 @@ def test_allocated_round_trip() -> None:
     with pytest.raises(AnnotationError):
         decode_allocated('{"v":1,"node":"n1"}')
     assert LinkLevel.SELF == 0
+
+
+def test_allocated_with_containers_round_trip() -> None:
+    value = Allocated("n1", WHEN, (
+        AllocatedContainer("worker", (CardRef(1, "GPU-b", 4096, 300),), resources={"gpupool.io/gpu-mem": 16}),
+        AllocatedContainer("warmup", (CardRef(0, "GPU-a", 512, 100),), init=True),
+    ))
+    text = encode_allocated(value)
+    decoded = decode_allocated(text)
+    assert [c.name for c in decoded.containers] == ["warmup", "worker"]  # sorted: stable rewrites
+    assert {c.name: c for c in decoded.containers} == {c.name: c for c in value.containers}
+    assert json.loads(text)["containers"][1]["cards"][0] == {
+        "index": 1, "uuid": "GPU-b", "memoryMiB": 4096, "computeMilli": 300}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda d: d.update(containers={}), "containers: expected list"),
+        (lambda d: d["containers"][0].pop("init"), r"containers\[0\]: missing field 'init'"),
+        (lambda d: d["containers"][0]["cards"][0].pop("computeMilli"), "missing field 'computeMilli'"),
+        (lambda d: d["containers"][0]["resources"].update(x=-1), r"resources\.x: must be non-negative"),
+        (lambda d: d.update(version=1, v=None), "unsupported schema version None"),
+    ],
+)
+def test_allocated_rejects(mutate: object, fragment: str) -> None:
+    value = Allocated("n1", WHEN, (AllocatedContainer("main", (CardRef(0, "u", 1, 2),), resources={"r": 1}),))
+    doc = json.loads(encode_allocated(value))
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(AnnotationError, match=fragment):
+        decode_allocated(json.dumps(doc))

@@ -51,7 +51,7 @@ def usage_from_annotations(api: FakePodApi) -> dict[tuple[str, int], int]:
 
 def test_bind_records_the_exact_cards_then_binds() -> None:
     api, cache, binder = world([node("n1", [16276, 16276])])
-    api.create_pod(pod("p", container(gpu_mem=8138)))
+    api.create_pod(pod("p", container(mib=8138)))
     result = binder.bind("default", "p", "uid-default-p", "n1")
     assert result.ok, result.error
     assert api.calls == ["patch default/p", "bind default/p n1"]  # the watch's copy saved the GET
@@ -70,7 +70,7 @@ def test_binpack_picks_the_tightest_card() -> None:
     for card, used in enumerate([4069, 8138, 12207]):
         api.create_pod(placed_pod(f"used{card}", "n1", card, used))
     assert free_mib(cache, "n1") == [12207, 8138, 4069, 16276]
-    api.create_pod(pod("p", container(gpu_mem=8138)))
+    api.create_pod(pod("p", container(mib=8138)))
     result = binder.bind("default", "p", "", "n1")
     assert result.ok and result.placement is not None
     assert result.placement.containers[0].cards == (1,)
@@ -79,10 +79,10 @@ def test_binpack_picks_the_tightest_card() -> None:
 
 def test_two_binds_for_the_last_slice_exactly_one_wins() -> None:
     api, cache, binder = world([node("n1", [16276])], latency=0.005)
-    api.create_pod(pod("first", container(gpu_mem=8138)))
+    api.create_pod(pod("first", container(mib=8138)))
     assert binder.bind("default", "first", "", "n1").ok
     for name in ("a", "b"):
-        api.create_pod(pod(name, container(gpu_mem=8138)))
+        api.create_pod(pod(name, container(mib=8138)))
     barrier = threading.Barrier(2)
     results: dict[str, Any] = {}
 
@@ -107,10 +107,10 @@ def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
     """While ``a`` writes its assignment, the pod changes and ``b`` takes the last slice: ``a`` gets a
     409, re-reads, re-evaluates and fails with the core's reason instead of over-committing."""
     api, cache, binder = world([node("n1", [16276])])
-    api.create_pod(pod("first", container(gpu_mem=8138)))
+    api.create_pod(pod("first", container(mib=8138)))
     assert binder.bind("default", "first", "", "n1").ok
-    api.create_pod(pod("a", container(gpu_mem=8138)))
-    api.create_pod(pod("b", container(gpu_mem=8138)))
+    api.create_pod(pod("a", container(mib=8138)))
+    api.create_pod(pod("b", container(mib=8138)))
     b_results = []
 
     def competing_writer(namespace: str, name: str) -> None:
@@ -130,7 +130,7 @@ def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
 
 def test_a_409_with_room_left_retries_and_succeeds() -> None:
     api, cache, binder = world([node("n1", [16276])])
-    api.create_pod(pod("a", container(gpu_mem=1000)))
+    api.create_pod(pod("a", container(mib=1000)))
     api.conflicts_to_inject = 2
     api.before_conflict = lambda ns, name: api.touch_pod(ns, name)
     result = binder.bind("default", "a", "", "n1")
@@ -146,7 +146,7 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
     cache_b.replace_nodes([node("n1", [16276, 16276])])
     cache_b.replace_pods([])
     api.listeners.append(lambda kind, p: cache_b.upsert_pod(p))
-    api.create_pod(pod("p", container(gpu_mem=8000)))
+    api.create_pod(pod("p", container(mib=8000)))
 
     class Interleaved:
         """B's API: replica A binds the pod after B has read it and before B's write arrives."""
@@ -173,7 +173,7 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
 
 def test_a_failed_binding_rolls_the_reservation_back() -> None:
     api, cache, binder = world([node("n1", [16276])])
-    api.create_pod(pod("p", container(gpu_mem=16000)))
+    api.create_pod(pod("p", container(mib=16000)))
 
     def broken(*_: Any) -> None:
         raise ApiError("apiserver unavailable", 503)
@@ -189,18 +189,18 @@ def test_a_failed_binding_rolls_the_reservation_back() -> None:
 def test_bind_errors_are_reported_not_raised() -> None:
     api, _cache, binder = world([node("n1", [16276])])
     assert "no longer exists" in binder.bind("default", "ghost", "", "n1").error
-    api.create_pod(pod("big", container(gpu_mem=20000)))
+    api.create_pod(pod("big", container(mib=20000)))
     assert "largest card has 16276 MiB" in binder.bind("default", "big", "", "n1").error
-    api.create_pod(pod("bad", container(gpu_mem="x")))
+    api.create_pod(pod("bad", container(mib="x")))
     assert "not a Kubernetes quantity" in binder.bind("default", "bad", "", "n1").error
-    api.create_pod(pod("other", container(gpu_mem=1)))
+    api.create_pod(pod("other", container(mib=1)))
     assert "replaced" in binder.bind("default", "other", "wrong-uid", "n1").error
     assert "not known" in binder.bind("default", "other", "", "nowhere").error
 
 
 def test_binding_a_pod_already_bound_there_is_idempotent() -> None:
     api, cache, binder = world([node("n1", [16276]), node("n2", [16276])])
-    api.create_pod(pod("p", container(gpu_mem=100)))
+    api.create_pod(pod("p", container(mib=100)))
     assert binder.bind("default", "p", "", "n1").ok
     assert binder.bind("default", "p", "", "n1").ok
     assert "already bound to node n1" in binder.bind("default", "p", "", "n2").error
@@ -212,7 +212,7 @@ def test_restart_rebuilds_every_reservation_from_annotations() -> None:
     api, cache, binder = world(nodes)
     rng = random.Random(7)
     for i in range(40):
-        api.create_pod(pod(f"p{i}", container(gpu_mem=rng.choice([1000, 2000, 4069, 8138]))))
+        api.create_pod(pod(f"p{i}", container(mib=rng.choice([1000, 2000, 4069, 8138]))))
         binder.bind("default", f"p{i}", "", f"n{rng.randrange(4)}")
     api.create_pod(pod("whole", container(gpu=1)))
     binder.bind("default", "whole", "", "n0")
@@ -270,7 +270,7 @@ def test_many_concurrent_binds_never_over_commit() -> None:
     rng = random.Random(3)
     names = [f"p{i}" for i in range(60)]
     for name in names:
-        api.create_pod(pod(name, container(gpu_mem=rng.choice([2000, 4069, 8138]))))
+        api.create_pod(pod(name, container(mib=rng.choice([2000, 4069, 8138]))))
     outcomes: list[bool] = []
 
     def worker(chunk: list[str]) -> None:
@@ -294,6 +294,6 @@ def test_many_concurrent_binds_never_over_commit() -> None:
 def test_a_broken_assignment_is_reported_and_not_booked(bad: str) -> None:
     cache = ClusterCache()
     cache.replace_nodes([node("n1", [16276])])
-    cache.replace_pods([pod("p", container(gpu_mem=1), node_name="n1", annotations={ASSIGNMENT: bad})])
+    cache.replace_pods([pod("p", container(mib=1), node_name="n1", annotations={ASSIGNMENT: bad})])
     assert free_mib(cache, "n1") == [16276]
     assert "assignment-v1" in (cache.pods["default/p"].problem or "")

@@ -21,10 +21,10 @@ def gpu_of(c: dict[str, Any], annotations: dict[str, str] | None = None) -> GpuR
 @pytest.mark.parametrize(
     ("limits", "expected"),
     [
-        ({"gpu_mem": 8138}, GpuRequest(count=1, compute=0, memory_mib=8138)),
+        ({"gpu_mem": 32}, GpuRequest(count=1, compute=0, memory_mib=8192)),  # 256 MiB units
         ({"gpu_core": 30}, GpuRequest(count=1, compute=300, memory_mib=None)),
-        ({"gpu_core": 30, "gpu_mem": 4096}, GpuRequest(count=1, compute=300, memory_mib=4096)),
-        ({"gpu": 2, "gpu_mem": 4096}, GpuRequest(count=2, compute=0, memory_mib=4096)),
+        ({"gpu_core": 30, "gpu_mem": 16}, GpuRequest(count=1, compute=300, memory_mib=4096)),
+        ({"gpu": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096)),  # per card
         ({"gpu": 2}, GpuRequest.whole(2)),
         ({"gpu_core": 100}, GpuRequest.whole(1)),
         ({"aliyun.com/gpu-mem": 4}, GpuRequest(compute=0, memory_mib=4096)),
@@ -55,12 +55,12 @@ def test_container_requests(limits: dict[str, int], expected: GpuRequest) -> Non
 
 def test_requests_only_and_equal_requests_and_limits() -> None:
     c = {"name": "main", "resources": {"requests": {"gpupool.io/gpu-mem": "100"}}}
-    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=100)
+    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=25600)
     c = {
         "name": "main",
         "resources": {"requests": {"gpupool.io/gpu-mem": "100"}, "limits": {"gpupool.io/gpu-mem": "100"}},
     }
-    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=100)
+    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=25600)
 
 
 def test_annotations_models_and_exclusive() -> None:
@@ -95,7 +95,7 @@ def test_pod_without_gpu() -> None:
 def test_custom_domain() -> None:
     names = ResourceNames("example.com")
     c = {"name": "main", "resources": {"limits": {"example.com/gpu-mem": "5"}}}
-    assert pod_request(pod("p", c), names).containers[0].gpu == GpuRequest(compute=0, memory_mib=5)
+    assert pod_request(pod("p", c), names).containers[0].gpu == GpuRequest(compute=0, memory_mib=5 * 256)
     assert pod_request(pod("p", container(gpu_mem=5)), names).containers[0].gpu is None
 
 
@@ -144,7 +144,7 @@ def test_v1pod_model_is_accepted() -> None:
     )
     request = pod_request(model, NAMES)
     assert request.key == "x/m"
-    assert request.containers[0].gpu == GpuRequest(compute=0, memory_mib=64)
+    assert request.containers[0].gpu == GpuRequest(compute=0, memory_mib=64 * 256)
 
 
 def test_node_from_inventory() -> None:
@@ -154,12 +154,13 @@ def test_node_from_inventory() -> None:
 
 
 def test_node_fallback_splits_capacity_evenly() -> None:
-    raw = node("n2", capacity={"gpupool.io/gpu": "2", "gpupool.io/gpu-mem": "32552"})
+    # The device plugin advertises memory in 256 MiB devices: 2 x 16,384 MiB = 128 devices.
+    raw = node("n2", capacity={"gpupool.io/gpu": "2", "gpupool.io/gpu-mem": "128"})
     raw["metadata"]["labels"]["nvidia.com/gpu.product"] = "Tesla-P100"
     spec = node_spec(raw, NAMES)
     assert [(c.uuid, c.memory_mib, c.model) for c in spec.cards] == [
-        ("n2-gpu0", 16276, "Tesla-P100"),
-        ("n2-gpu1", 16276, "Tesla-P100"),
+        ("n2-gpu0", 16384, "Tesla-P100"),
+        ("n2-gpu1", 16384, "Tesla-P100"),
     ]
     assert node_spec(node("plain"), NAMES).cards == ()
 

@@ -11,6 +11,10 @@ Public fixtures (use them from any test under tests/e2e):
 * ``start_kubelet``: ``start_kubelet(node_name, labels=None, extra_config=None) -> Kubelet`` starts
   a real kubelet with the fake container runtime and waits for the node to be Ready; stopped and
   its Node deleted after the test.
+* ``gpupool_extender`` (module): ``gpupool extender`` (policy binpack) as a process, and
+  kube-scheduler restarted to call it for gpupool's resources; both undone after the module.
+* ``start_node_agent``: ``start_node_agent(kubelet, gpus_yaml) -> NodeAgentProcess`` runs
+  ``gpupool node-agent --fake-gpus`` against that kubelet; stopped after the test.
 
 The environment is skipped (with the reason in the test report) only when it cannot be built on
 this machine at all: not root, no apt, or no route to Debian's registry.
@@ -19,15 +23,18 @@ this machine at all: not root, no apt, or no route to Debian's registry.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from e2e_support import MakeNode, StartKubelet
+from e2e_support import ExtenderProcess, MakeNode, NodeAgentProcess, StartKubelet
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from gpupool.core.names import ResourceNames
 from gpupool.testenv.build import build_impossible_reason, ensure_binaries
+from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane, start_control_plane
 from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.kubelet import Kubelet
@@ -175,3 +182,39 @@ def start_kubelet(control_plane: ControlPlane, core_v1: client.CoreV1Api) -> Ite
     yield start
     for kubelet in reversed(started):
         kubelet.stop(delete_node=True)
+
+
+@pytest.fixture(scope="module")
+def gpupool_extender(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExtenderProcess]:
+    """The extender process, and kube-scheduler restarted to call it for gpupool resources only."""
+    extender = ExtenderProcess(control_plane.kubeconfig, tmp_path_factory.mktemp("extender") / "extender.log")
+    extender.start()
+    control_plane.restart_scheduler([
+        ExtenderConfig(url_prefix=extender.url, filter_verb="filter", prioritize_verb="prioritize",
+                       bind_verb="bind", weight=5, node_cache_capable=True,
+                       managed_resources=ResourceNames().managed(), http_timeout_s=10.0)])
+    try:
+        yield extender
+    finally:
+        extender.kill()
+        control_plane.restart_scheduler([])
+
+
+@pytest.fixture
+def start_node_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., NodeAgentProcess]]:
+    """Start ``gpupool node-agent --fake-gpus`` processes for kubelets; all stopped after the test."""
+    started: list[NodeAgentProcess] = []
+
+    def start(kubelet: Kubelet, gpus_yaml: str) -> NodeAgentProcess:
+        workdir = tmp_path / f"agent-{kubelet.node_name}"
+        workdir.mkdir()
+        agent = NodeAgentProcess(kubelet, control_plane.kubeconfig, gpus_yaml, workdir)
+        started.append(agent)
+        agent.start()
+        return agent
+
+    yield start
+    for agent in reversed(started):
+        agent.stop()

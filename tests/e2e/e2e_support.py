@@ -1,9 +1,21 @@
-"""Small helpers shared by the end-to-end tests: pod manifests and polling."""
+"""Helpers shared by the end-to-end tests: pod manifests, polling, and gpupool's own processes.
+
+``ExtenderProcess`` and ``NodeAgentProcess`` run ``gpupool extender`` / ``gpupool node-agent`` as
+child processes, exactly as deployed (the CLI, a kubeconfig, flags), so a test can kill and restart
+them and their logs land in a file the failure message names.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gpupool.testenv.kubelet import Kubelet
@@ -64,3 +76,178 @@ def condition(obj: Any, kind: str) -> Any:
         if cond.type == kind:
             return cond
     return None
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: ``python -c ...`` that runs the ``gpupool`` CLI of this checkout (PYTHONPATH points at REPO).
+GPUPOOL_CLI = [sys.executable, "-c", "from gpupool.cli.main import main; main()"]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def log_tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log file, for failure messages."""
+    return path.read_text(errors="replace")[-chars:] if path.exists() else f"(no log at {path})"
+
+
+class ExtenderProcess:
+    """``gpupool extender`` as a child process; can be killed (SIGKILL) and started again."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, policy: str = "binpack") -> None:
+        self.kubeconfig = kubeconfig
+        self.port = free_port()
+        self.log_path = log_path
+        self.policy = policy
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start and wait for ``/readyz`` (the watch cache has synced)."""
+        cmd = [*GPUPOOL_CLI, "extender", "--host", "127.0.0.1", "--port", str(self.port),
+               "--kubeconfig", str(self.kubeconfig), "--policy", self.policy,
+               "--lease-namespace", "default", "--identity", "e2e-extender",
+               "--unconfirmed-timeout", "600"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, log_tail(self.log_path)
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"extender not ready:\n{log_tail(self.log_path)}")
+
+    def kill(self) -> None:
+        """SIGKILL (no clean shutdown: the point of the restart tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of ``/metrics`` (0 when absent)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+class NodeAgentProcess:
+    """``gpupool node-agent --fake-gpus`` for one test-environment kubelet.
+
+    Pointed at the kubelet's host-side paths (``Kubelet.device_plugin_dir``,
+    ``Kubelet.pod_resources_socket``), the way a DaemonSet would mount them, with the control
+    plane's kubeconfig for the pod and node annotations.
+    """
+
+    def __init__(self, kubelet: Kubelet, kubeconfig: Path, gpus_yaml: str, workdir: Path) -> None:
+        self.kubelet = kubelet
+        self.kubeconfig = kubeconfig
+        self.gpus = workdir / "gpus.yaml"
+        self.gpus.write_text(gpus_yaml)
+        self.log_path = workdir / "node-agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [*GPUPOOL_CLI, "node-agent", "--node-name", self.kubelet.node_name,
+               "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
+               "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
+               "--kubeconfig", str(self.kubeconfig)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 10 s; returns the exit status (None if never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return log_tail(self.log_path)
+
+
+# ------------------------------------------------------------------------------ gpupool pods
+#: The env keys a gpupool grant sets (gpupool/services/container_grant.py).
+GRANT_KEYS = ("NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+              "GPUPOOL_MEMORY_LIMIT_MIB", "GPUPOOL_COMPUTE_PERCENT", "GPUPOOL_CARD_INDICES",
+              "GPUPOOL_CARD_UUIDS", "GPUPOOL_POD", "GPUPOOL_CONTAINER")
+
+ContainerLimits = tuple[str, Mapping[str, str]]
+"""A container of :func:`gpu_pod_manifest`: its name and its gpupool limits (empty: no GPU)."""
+
+
+def gpu_pod_manifest(name: str, containers: list[ContainerLimits], *, node: str | None = None,
+                     init: list[ContainerLimits] | None = None,
+                     scheduler_name: str | None = None) -> dict[str, Any]:
+    """A pod whose containers ask for gpupool resources; pinned to ``node`` by its hostname label."""
+    def spec(c: ContainerLimits) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": c[0], "image": "busybox:1.36", "command": ["sleep", "3600"]}
+        if c[1]:
+            out["resources"] = {"limits": dict(c[1])}
+        return out
+
+    pod_spec: dict[str, Any] = {"containers": [spec(c) for c in containers], "terminationGracePeriodSeconds": 1}
+    if init:
+        pod_spec["initContainers"] = [spec(c) for c in init]
+    if node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if scheduler_name:
+        pod_spec["schedulerName"] = scheduler_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pod_spec}
+
+
+def expected_grant(namespace: str, pod: str, container: str, cards: Any) -> dict[str, str]:
+    """The env the node agent must hand a container whose assignment-v1 entry lists ``cards``
+    (``CardRef``s, in exposure order): exactly those cards and limits, named for that container.
+    A memory-only slice has no compute share (0 %) and does not cap MPS."""
+    percents = [max(1, c.compute // 10) if c.compute else 0 for c in cards]
+    capped = [p for p in percents if p]
+    return {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={c.memory_mib}M" for i, c in enumerate(cards)),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(capped) if capped else 100),
+        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(c.memory_mib) for c in cards),
+        "GPUPOOL_COMPUTE_PERCENT": ",".join(str(p) for p in percents),
+        "GPUPOOL_CARD_INDICES": ",".join(str(c.index) for c in cards),
+        "GPUPOOL_CARD_UUIDS": ",".join(c.uuid for c in cards),
+        "GPUPOOL_POD": f"{namespace}/{pod}",
+        "GPUPOOL_CONTAINER": container,
+    }
+
+
+def env_from_log(log: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of a fake-runtime container log (it prints the container's env)."""
+    env: dict[str, str] = {}
+    for line in log.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and " " not in key:
+            env[key] = value
+    return env

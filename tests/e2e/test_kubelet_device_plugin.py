@@ -8,20 +8,14 @@ registers again after ``Kubelet.restart()``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from e2e_support import StartKubelet, wait_for
+from e2e_support import NodeAgentProcess, StartKubelet, wait_for
 from kubernetes import client
 
-from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.kubelet import Kubelet
-
-pytest.importorskip("gpupool.services.node_agent", reason="gpupool node agent not available")
 
 pytestmark = pytest.mark.e2e
 
@@ -40,31 +34,12 @@ def kubelet(start_kubelet: StartKubelet) -> Kubelet:
 
 
 @pytest.fixture
-def node_agent(kubelet: Kubelet, control_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
-    gpus = tmp_path / "gpus.yaml"
-    gpus.write_text(GPUS)
-    log = tmp_path / "node-agent.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from gpupool.cli.main import main; main()", "node-agent",
-             "--node-name", kubelet.node_name, "--fake-gpus", str(gpus),
-             "--plugin-dir", str(kubelet.device_plugin_dir),
-             "--pod-resources-socket", str(kubelet.pod_resources_socket),
-             "--kubeconfig", str(control_plane.kubeconfig)],
-            stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def node_agent(kubelet: Kubelet, start_node_agent: Callable[..., NodeAgentProcess]) -> str:
+    return str(start_node_agent(kubelet, GPUS).log_path)
 
 
 def test_node_agent_registers_through_the_host_paths_and_again_after_a_kubelet_restart(
-    core_v1: client.CoreV1Api, kubelet: Kubelet, node_agent: Path
+    core_v1: client.CoreV1Api, kubelet: Kubelet, node_agent: str
 ) -> None:
     def gpupool_allocatable() -> dict[str, str] | None:
         allocatable = core_v1.read_node(kubelet.node_name).status.allocatable or {}

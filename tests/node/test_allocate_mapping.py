@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 
 from gpupool.adapters.deviceplugin.fake_kubelet import FakePod
-from gpupool.adapters.k8s.allocated_codec import decode_allocated
+from gpupool.adapters.k8s.annotations import decode_allocated
 from gpupool.sim.node_workload import WorkloadPod, generate
 from tests.node.harness import NAMES, fake_pod, running_node
 
@@ -80,9 +80,9 @@ def test_200_pods_random_batches_every_container_exact(seed: int) -> None:
             for p in pods:
                 raw = node.source.annotation(*p.key, NAMES.annotation("allocated-v1"))
                 assert raw is not None, p.key
-                served = {c.name: c for c in decode_allocated(raw)}
+                served = {c.name: c for c in decode_allocated(raw).containers}
                 for a in p.placement.containers:
-                    got = [(s.card, s.memory_mib, s.compute) for s in served[a.container].slices]
+                    got = [(r.index, r.memory_mib, r.compute) for r in served[a.container].cards]
                     assert got == [(s.card, s.memory_mib, s.compute) for s in a.slices]
             # kubelet was steered onto the assigned cards for most requests (advisory only).
             assert k.preferred_calls > 0
@@ -145,7 +145,8 @@ def test_rejected_pods_in_the_same_batch_never_overcommit_and_annotations_tell_t
                     continue
                 assert fake.phase == "Running", (key, fake.reason)
                 raw = node.source.annotation(*key, NAMES.annotation("allocated-v1"))
-                truth = {c.name: c for c in decode_allocated(raw or '{"version":1}')}
+                assert raw is not None, key
+                truth = {c.name: c for c in decode_allocated(raw).containers}
                 for a in by_key[key].placement.containers:
                     env = fake.runs[a.container].envs
                     got_cards = [int(c) for c in env["GPUPOOL_CARD_INDICES"].split(",")]
@@ -153,7 +154,7 @@ def test_rejected_pods_in_the_same_batch_never_overcommit_and_annotations_tell_t
                     # (a) same request signature as scheduled
                     assert got_mem == [s.memory_mib for s in a.slices], key
                     # (b) the annotation names the cards in the env
-                    assert [s.card for s in truth[a.container].slices] == got_cards, key
+                    assert [r.index for r in truth[a.container].cards] == got_cards, key
                     if not a.init:
                         for card, m, pct in zip(got_cards, got_mem,
                                                 env["GPUPOOL_COMPUTE_PERCENT"].split(","), strict=True):

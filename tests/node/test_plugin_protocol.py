@@ -92,9 +92,12 @@ def test_kubelet_restart_reregisters_within_seconds() -> None:
             assert loop.time() - start < 3.0
             assert all(os.path.exists(ep.socket) for ep in k.endpoints.values())
             assert k.allocatable(NAMES.gpu) == 4
-            # The re-registered plugin still serves the pods admitted after the restart.
+            # The re-registered plugin still serves the pods admitted right after the restart,
+            # although its PodResources channel failed while kubelet was away (found with a real
+            # kubelet: the channel's reconnect backoff refused the first Allocate).
             await k.handle_pod_additions([fake_pod(p.json) for p in pods[5:]])
             await k.wait_idle()
             assert all(p.phase == "Running" for p in k.pod_manager.values()), \
                 [(p.name, p.reason) for p in k.pod_manager.values()]
+            assert node.agent.stats.refused == 0
     asyncio.run(main())

@@ -17,8 +17,9 @@ Allocate mapping depends on it (pkg/kubelet/cm/devicemanager/manager.go, kubelet
 * Pods of a batch start concurrently (pod workers): PreStartContainer per container and resource,
   then the env of the container is the merge of its resources' responses (first value wins; a
   differing value is recorded as a conflict).
-* ``restart()``: the plugin directory is wiped and ``kubelet.sock`` re-created; plugins must
-  register again. Checkpointed allocations survive.
+* ``restart()``: kubelet is away for a moment (no Registration, no PodResources), the plugin
+  directory is wiped and ``kubelet.sock`` re-created; plugins must register again. Checkpointed
+  allocations survive.
 """
 
 from __future__ import annotations
@@ -137,16 +138,19 @@ class FakeKubelet:
             await ep.channel.close()
         self.endpoints.clear()
 
-    async def restart(self) -> None:
-        """kubelet restart: registration server gone, plugin dir wiped, kubelet.sock re-created."""
-        if self._reg_server is not None:
-            await self._reg_server.stop(0)
+    async def restart(self, downtime_s: float = 0.6) -> None:
+        """kubelet restart: registration and PodResources servers gone for ``downtime_s``, plugin
+        dir wiped, both sockets re-created (a real kubelet is away for seconds)."""
+        for server in (self._reg_server, self._pr_server):
+            if server is not None:
+                await server.stop(0)
+        self._reg_server = self._pr_server = None
         await self._drop_endpoints()
         for name in os.listdir(self.plugin_dir):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.unlink(os.path.join(self.plugin_dir, name))
-        await asyncio.sleep(0.05)
-        await self._start_registration()
+        await asyncio.sleep(downtime_s)
+        await self.start()
 
     async def on_register(self, request: Any) -> None:
         socket = os.path.join(self.plugin_dir, request.endpoint)

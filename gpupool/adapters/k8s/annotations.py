@@ -29,7 +29,18 @@ Three documents:
 
 ``<domain>/allocated-v1`` (pod, written by the node side after Allocate)::
 
-    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:03Z"}
+    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:03Z",
+     "containers": [{"name": "main", "init": false,
+                     "cards": [{"index": 0, "uuid": "GPU-...", "memoryMiB": 8138,
+                                "computeMilli": 0}],
+                     "resources": {"gpupool.io/gpu-mem": 31}}]}
+
+  ``containers`` (optional: the extender needs only ``node``) records what each container really
+  received and how many kubelet devices of each resource it holds; the node agent reads it back
+  after a restart to know which containers were already served.
+
+The node side and the extender read and write these documents with this one module, so a field
+renamed on one side cannot silently break the other.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.core.model import (
@@ -317,17 +328,36 @@ def decode_assignment(text: str) -> Assignment:
 
 # ------------------------------------------------------------------------------------ allocated
 @dataclass(frozen=True)
+class AllocatedContainer:
+    """One container as the node served it: its cards (index, uuid, slice) and device counts."""
+
+    name: str
+    cards: tuple[CardRef, ...]
+    init: bool = False
+    resources: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Allocated:
     """The node side's confirmation that the pod's containers received their cards."""
 
     node: str
     time: dt.datetime
+    containers: tuple[AllocatedContainer, ...] = ()
 
 
 def encode_allocated(allocated: Allocated) -> str:
-    """The compact JSON of an ``allocated-v1`` value."""
-    return json.dumps({"v": SCHEMA_VERSION, "node": allocated.node, "time": format_time(allocated.time)},
-                      separators=(",", ":"))
+    """The compact JSON of an ``allocated-v1`` value (containers sorted by name: stable rewrites)."""
+    doc: dict[str, Any] = {"v": SCHEMA_VERSION, "node": allocated.node, "time": format_time(allocated.time)}
+    if allocated.containers:
+        doc["containers"] = [
+            {"name": c.name, "init": c.init,
+             "cards": [{"index": r.index, "uuid": r.uuid, "memoryMiB": r.memory_mib, "computeMilli": r.compute}
+                       for r in c.cards],
+             "resources": dict(sorted(c.resources.items()))}
+            for c in sorted(allocated.containers, key=lambda c: (c.name, c.init))
+        ]
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def decode_allocated(text: str) -> Allocated:
@@ -335,7 +365,25 @@ def decode_allocated(text: str) -> Allocated:
     what = "allocated-v1"
     doc = _load(text, what)
     node = _field(doc, "node", str, what)
-    return Allocated(node=node, time=parse_time(_field(doc, "time", str, what), f"{what}.time"))
+    when = parse_time(_field(doc, "time", str, what), f"{what}.time")
+    containers: list[AllocatedContainer] = []
+    for i, raw in enumerate(_field(doc, "containers", list, what) if "containers" in doc else []):
+        where = f"{what}.containers[{i}]"
+        if not isinstance(raw, dict):
+            raise AnnotationError(f"{where}: expected an object")
+        refs: list[CardRef] = []
+        for j, card in enumerate(_field(raw, "cards", list, where)):
+            cw = f"{where}.cards[{j}]"
+            if not isinstance(card, dict):
+                raise AnnotationError(f"{cw}: expected an object")
+            refs.append(CardRef(index=_non_negative(card, "index", cw), uuid=_field(card, "uuid", str, cw),
+                                memory_mib=_non_negative(card, "memoryMiB", cw),
+                                compute=_non_negative(card, "computeMilli", cw)))
+        raw_resources = _field(raw, "resources", dict, where) if "resources" in raw else {}
+        resources = {str(k): _non_negative(raw_resources, k, f"{where}.resources") for k in raw_resources}
+        containers.append(AllocatedContainer(name=_field(raw, "name", str, where), cards=tuple(refs),
+                                             init=_field(raw, "init", bool, where), resources=resources))
+    return Allocated(node=node, time=when, containers=tuple(containers))
 
 
 def card_indices(assignment: Assignment) -> Sequence[int]:

@@ -1,90 +1,39 @@
-"""A tolerant reader of the extender's pod annotation ``gpupool.io/assignment-v1``.
+"""The node agent's reading of ``<domain>/assignment-v1``: the extender's document as a NodeAssignment.
 
-The extender owns the writer (branch ``extender``); until both are merged this decoder accepts the
-agreed shape and the obvious spellings of it, and rejects anything it cannot read exactly, with a
-message naming the field. Accepted::
-
-    {"version": 1, "node": "n1", "time": "...",
-     "containers": [{"name": "c", "init": false,
-                     "cards": [{"index": 0, "uuid": "GPU-..", "memoryMiB": 4096,
-                                "compute": 300, "exclusive": false}]}]}
-
-``containers`` may also be an object keyed by container name. ``compute`` is per-mille of a card
-(the core's unit); ``computePercent``/``corePercent`` in percent are converted. Memory may be
-``memoryMiB``, ``memory_mib`` or ``memory``.
+The node decodes with the extender's own strict reader (:mod:`gpupool.adapters.k8s.annotations`) so
+both sides agree on every field by construction; an earlier separate "tolerant" reader expected
+``compute`` where the extender writes ``computeMilli`` and refused every real assignment. This module
+only re-shapes the result: cards keep their NVML index (the node has no card positions of its own)
+and their uuids, so the grant can refuse an assignment made for a card this node no longer has.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
+from gpupool.adapters.k8s.annotations import AnnotationError, decode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.services.node_types import NodeAssignment
 
+__all__ = ["AssignmentFormatError", "node_assignment"]
 
-class AssignmentFormatError(ValueError):
-    """The annotation cannot be read exactly; the node refuses to guess."""
-
-
-def _first(raw: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        if name in raw:
-            return raw[name]
-    raise KeyError(names[0])
+#: A value that does not follow the schema (the extender's error type, re-exported for the node).
+AssignmentFormatError = AnnotationError
 
 
-def _card(raw: Any, where: str) -> tuple[CardSlice, str]:
-    if not isinstance(raw, dict):
-        raise AssignmentFormatError(f"{where}: a card must be an object")
+def node_assignment(text: str, pod_key: str) -> NodeAssignment:
+    """Decode pod ``pod_key``'s assignment; :class:`AssignmentFormatError` names the bad field."""
     try:
-        index = int(_first(raw, "index", "card"))
-        memory = int(_first(raw, "memoryMiB", "memory_mib", "memory"))
-        if "compute" in raw:
-            compute = int(raw["compute"])
-        else:
-            compute = int(_first(raw, "computePercent", "corePercent", "core")) * 10
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AssignmentFormatError(f"{where}: missing or bad field {exc}") from exc
-    slice_ = CardSlice(card=index, memory_mib=memory, compute=compute,
-                       exclusive=bool(raw.get("exclusive", False)))
-    return slice_, str(raw.get("uuid", ""))
-
-
-def decode_assignment(text: str, pod_key: str) -> NodeAssignment:
-    """Parse the annotation of pod ``pod_key`` into the core's :class:`Placement`."""
-    try:
-        doc: Any = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AssignmentFormatError(f"{pod_key}: assignment-v1 is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise AssignmentFormatError(f"{pod_key}: assignment-v1 must be an object")
-    if doc.get("version", 1) != 1:
-        raise AssignmentFormatError(f"{pod_key}: assignment version {doc.get('version')} is not 1")
-    raw_containers = doc.get("containers")
-    if isinstance(raw_containers, dict):
-        items = [dict(v, name=k) if isinstance(v, dict) else {"name": k, "cards": v}
-                 for k, v in raw_containers.items()]
-    elif isinstance(raw_containers, list):
-        items = raw_containers
-    else:
-        raise AssignmentFormatError(f"{pod_key}: assignment-v1 needs 'containers'")
+        doc = decode_assignment(text)
+    except AnnotationError as exc:
+        raise AssignmentFormatError(f"{pod_key}: {exc}") from None
     uuids: dict[int, str] = {}
-    assignments = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or "name" not in item:
-            raise AssignmentFormatError(f"{pod_key}: containers[{i}] needs a name")
-        raw_cards = item.get("cards", item.get("slices"))
-        if not isinstance(raw_cards, list):
-            raise AssignmentFormatError(f"{pod_key}: container {item['name']}: 'cards' must be a list")
+    containers = []
+    for c in doc.containers:
         slices = []
-        for j, raw in enumerate(raw_cards):
-            slice_, uuid = _card(raw, f"{pod_key}: container {item['name']} card {j}")
-            slices.append(slice_)
-            if uuid:
-                uuids[slice_.card] = uuid
-        assignments.append(ContainerAssignment(container=str(item["name"]), slices=tuple(slices),
-                                               init=bool(item.get("init", False))))
-    placement = Placement(pod_key=pod_key, node=str(doc.get("node", "")), cpu_milli=0, memory_mib=0,
-                          containers=tuple(assignments))
-    return NodeAssignment(placement=placement, uuids=uuids, time=str(doc.get("time", "")))
+        for ref in c.cards:
+            slices.append(CardSlice(card=ref.index, memory_mib=ref.memory_mib, compute=ref.compute,
+                                    exclusive=ref.exclusive))
+            uuids[ref.index] = ref.uuid
+        containers.append(ContainerAssignment(container=c.name, slices=tuple(slices), init=c.init))
+    placement = Placement(pod_key=pod_key, node=doc.node, cpu_milli=0, memory_mib=0,
+                          containers=tuple(containers))
+    return NodeAssignment(placement=placement, uuids=uuids, time=doc.time.isoformat())

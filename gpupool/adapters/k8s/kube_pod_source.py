@@ -8,15 +8,14 @@ pod identity (uid) avoids re-decoding unchanged pods.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from gpupool.adapters.k8s.inventory_codec import encode_inventory
+from gpupool.adapters.k8s.annotations import Inventory, encode_inventory
 from gpupool.adapters.k8s.pod_view import pod_view_from_json
 from gpupool.core.names import ResourceNames
 from gpupool.services.gpu_inventory import GpuInventory
-from gpupool.services.node_types import INVENTORY_ANNOTATION, MODEL_LABEL, PodView
+from gpupool.services.node_types import MODEL_LABEL, PodView
 
 
 class KubePodSource:
@@ -59,18 +58,18 @@ class KubePodSource:
 
     async def publish_node(self, node: str, inventory: GpuInventory) -> None:
         """Write the inventory annotation and the GPU model label on the node."""
-        body = {"metadata": {
-            "annotations": {self.names.annotation(INVENTORY_ANNOTATION):
-                            encode_inventory(inventory.cards, inventory.topology)},
-            "labels": {self.names.annotation(MODEL_LABEL): _label_value(inventory.model)}}}
-        await asyncio.to_thread(self._api.patch_node, node, body)
+        await asyncio.to_thread(self._api.patch_node, node, node_patch(self.names, inventory))
+
+
+def node_patch(names: ResourceNames, inventory: GpuInventory) -> dict[str, Any]:
+    """The merge patch that publishes a node's cards: ``inventory-v1`` (the extender's own schema,
+    so its reader accepts what the node writes) and the GPU model label."""
+    return {"metadata": {
+        "annotations": {names.inventory: encode_inventory(Inventory(inventory.cards, inventory.topology))},
+        "labels": {names.annotation(MODEL_LABEL): _label_value(inventory.model)}}}
 
 
 def _label_value(text: str) -> str:
     """Label values allow [A-Za-z0-9._-], at most 63 characters."""
     cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in text)
     return cleaned[:63].strip("-._") or "unknown"
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from gpupool.adapters.k8s.allocated_codec import decode_allocated
-from gpupool.adapters.k8s.assignment_codec import AssignmentFormatError, decode_assignment
+from gpupool.adapters.k8s.allocated_codec import served_resources
+from gpupool.adapters.k8s.annotations import AnnotationError
+from gpupool.adapters.k8s.assignment_codec import node_assignment
 from gpupool.core.names import ResourceNames
 from gpupool.services.node_types import (
     ALLOCATED_ANNOTATION,
@@ -58,16 +59,16 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     assignment, error = None, ""
     if raw is not None:
         try:
-            assignment = decode_assignment(raw, f"{namespace}/{name}")
-        except AssignmentFormatError as exc:
+            assignment = node_assignment(raw, f"{namespace}/{name}")
+        except AnnotationError as exc:
             error = str(exc)
     allocated: dict[str, frozenset[str]] = {}
     raw_allocated = annotations.get(names.annotation(ALLOCATED_ANNOTATION))
     if raw_allocated:
         try:
-            allocated = {c.name: frozenset(c.resources) for c in decode_allocated(raw_allocated)}
-        except (ValueError, KeyError, TypeError):
-            allocated = {}
+            allocated = served_resources(raw_allocated)
+        except AnnotationError:
+            allocated = {}  # unreadable: containers count as unserved, PodResources still tells
     terminated = status.get("phase") in _TERMINAL_PHASES or meta.get("deletionTimestamp") is not None
     return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
                    node=str(spec.get("nodeName", "")), created=_created(meta), terminated=terminated,

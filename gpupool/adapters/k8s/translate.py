@@ -7,9 +7,12 @@ The rules, per container (limits first, requests when no limit is given; both gi
 is an error, as the API itself demands for extended resources):
 
 * ``<domain>/gpu: n`` alone: n whole cards, exclusive.
-* ``<domain>/gpu-mem: MiB`` and/or ``<domain>/gpu-core: percent``: a slice of each of ``n`` cards
-  (``n`` = ``<domain>/gpu`` or 1). Memory without compute takes no compute share (gpushare);
-  compute without memory takes the same share of the card's memory (the trace's meaning).
+* ``<domain>/gpu-mem: units`` (256 MiB each, per card) and/or ``<domain>/gpu-core: percent`` (per
+  card): a slice of each of ``n`` cards (``n`` = ``<domain>/gpu`` or 1). The memory unit is the
+  node's kubelet device (``g<i>-m<k>``): kubelet admits a container only if the node has as many
+  free devices as its limit says, so the limit must count devices, not MiB. Memory without
+  compute takes no compute share (gpushare); compute without memory takes the same share of the
+  card's memory (the trace's meaning).
   ``gpu-core: 100`` is a whole card.
 * Aliases: ``aliyun.com/gpu-mem`` (GiB), ``tencent.com/vcuda-memory`` (256 MiB units),
   ``tencent.com/vcuda-core`` (percent; above 100 a multiple of 100 means that many whole cards),
@@ -142,8 +145,8 @@ def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
     if not found:
         return None
     count = found.get(names.gpu)
-    memory_units = {names.gpu_mem: 1, n.ALIYUN_GPU_MEM: 1024, n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB,
-                    n.NVIDIA_GPUMEM: 1}
+    memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: 1024,
+                    n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB, n.NVIDIA_GPUMEM: 1}
     memory = _one_of(found, memory_units, "GPU memory", where)
     core = _one_of(found, {names.gpu_core: 1, n.NVIDIA_GPUCORES: 1, n.TENCENT_VCUDA_CORE: 1},
                    "GPU compute", where)
@@ -246,7 +249,8 @@ def node_spec(node: Mapping[str, Any] | Any, names: ResourceNames) -> NodeSpec:
     """Translate a node: cards from ``<domain>/inventory-v1``, else the capacity fallback.
 
     Fallback when the annotation is absent: ``<domain>/gpu`` in the node's capacity gives the card
-    count and ``<domain>/gpu-mem`` the total memory in MiB, split evenly over the cards (uuids are
+    count and ``<domain>/gpu-mem`` the total memory in 256 MiB devices (what the device plugin
+    advertises), split evenly over the cards (uuids are
     synthesised as ``<node>-gpu<i>``; the model is the ``nvidia.com/gpu.product`` label or
     ``unknown``). A broken annotation raises :class:`TranslationError`: the caller keeps the node
     without cards and reports the reason, rather than guessing its cards.
@@ -288,7 +292,7 @@ def _fallback_cards(name: str, capacity: Mapping[str, Any], labels: Mapping[str,
         return ()
     count = _count(count_raw, names.gpu, where)
     total_raw = capacity.get(names.gpu_mem)
-    total = _count(total_raw, names.gpu_mem, where) if total_raw is not None else 0
+    total = _count(total_raw, names.gpu_mem, where) * MEMORY_UNIT_MIB if total_raw is not None else 0
     model = labels.get(GPU_PRODUCT_LABEL, FALLBACK_MODEL)
     per_card = total // count if count else 0
     return tuple(GpuCard(index=i, uuid=f"{name}-gpu{i}", model=model, memory_mib=per_card)

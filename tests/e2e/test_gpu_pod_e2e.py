@@ -1,0 +1,237 @@
+"""GPU pods end to end: kube-scheduler + gpupool extender + a real kubelet + ``gpupool node-agent``.
+
+Every piece runs as in a cluster (v1.20.2 from the test environment): kube-scheduler calls the
+extender (a ``gpupool extender`` process) for gpupool's resources, the extender writes
+``assignment-v1`` and binds, kubelet admits the pod and calls the node agent's device plugins
+(``gpupool node-agent --fake-gpus``, registered through the kubelet's host paths), the agent maps
+each Allocate to its container, answers with the container's cards and writes ``allocated-v1``,
+and the fake container runtime prints each container's env to its log, which we read back through
+the apiserver (``kubectl logs``).
+
+What it proves: pods of every shape reach Running with exactly their assigned cards and limits in
+their env; the node agent re-registers after a kubelet restart and later pods run while the
+earlier ones keep running; and everything the test started (processes, mounts, node) is gone at
+the end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from e2e_support import (
+    GRANT_KEYS,
+    ContainerLimits,
+    ExtenderProcess,
+    NodeAgentProcess,
+    StartKubelet,
+    env_from_log,
+    expected_grant,
+    gpu_pod_manifest,
+    wait_for,
+)
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.adapters.k8s.annotations import (
+    AnnotationError,
+    Assignment,
+    decode_allocated,
+    decode_assignment,
+    decode_inventory,
+)
+from gpupool.core.names import ResourceNames
+from gpupool.testenv.kubelet import Kubelet
+
+pytestmark = pytest.mark.e2e
+
+NAMES = ResourceNames()
+CARD_MIB = 16384
+GPUS = f"""\
+model: Tesla-T4
+cards:
+  - {{uuid: GPU-e2e-0000, memoryMiB: {CARD_MIB}}}
+  - {{uuid: GPU-e2e-0001, memoryMiB: {CARD_MIB}}}
+topology: [[0, 1]]
+"""
+
+
+def shared(mem_units: int, percent: int) -> dict[str, str]:
+    """A slice of one card: ``mem_units`` x 256 MiB and ``percent`` % of its compute."""
+    return {NAMES.gpu_mem: str(mem_units), NAMES.gpu_core: str(percent)}
+
+
+WHOLE = {NAMES.gpu: "1"}
+
+
+def wait_gpu_node(core_v1: client.CoreV1Api, kubelet: Kubelet, agent: NodeAgentProcess) -> None:
+    """Until the node advertises the agent's devices and publishes its inventory."""
+    def ready() -> bool:
+        assert agent.running(), agent.log()
+        node = core_v1.read_node(kubelet.node_name)
+        allocatable = node.status.allocatable or {}
+        text = (node.metadata.annotations or {}).get(NAMES.inventory)
+        return (allocatable.get(NAMES.gpu) == "2" and allocatable.get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256)
+                and text is not None and len(decode_inventory(text).cards) == 2)
+
+    wait_for(ready, timeout=60, what=f"gpupool devices and inventory on {kubelet.node_name}:\n{agent.log()}")
+
+
+def running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
+    pod = core_v1.read_namespaced_pod(name, namespace)
+    if pod.status.phase == "Failed":
+        raise AssertionError(f"{name} failed: {pod.status.reason}: {pod.status.message}")
+    return pod if pod.status.phase == "Running" else None
+
+
+def init_running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
+    pod = core_v1.read_namespaced_pod(name, namespace)
+    statuses = pod.status.init_container_statuses or []
+    return pod if statuses and statuses[0].state.running is not None else None
+
+
+def container_env(core_v1: client.CoreV1Api, namespace: str, pod: str, container: str) -> dict[str, str]:
+    """The env the runtime started ``container`` with, from its log (apiserver -> kubelet)."""
+    def read() -> dict[str, str] | None:
+        env = env_from_log(str(core_v1.read_namespaced_pod_log(pod, namespace, container=container)))
+        return env or None
+
+    return wait_for(read, timeout=30, what=f"log of {pod}/{container}")
+
+
+def check_pod(core_v1: client.CoreV1Api, namespace: str, name: str, node: str,
+              containers: list[ContainerLimits], *, started: set[str] | None = None) -> Assignment:
+    """The pod's assignment matches its limits, each started container's env is exactly its
+    assignment, and ``allocated-v1`` records the same cards for every GPU container."""
+    pod = core_v1.read_namespaced_pod(name, namespace)
+    notes = pod.metadata.annotations or {}
+    assignment = decode_assignment(notes[NAMES.assignment])
+    assert assignment.node == node == pod.spec.node_name
+    by_name = {c.name: c for c in assignment.containers}
+    for cname, limits in containers:
+        if not limits:
+            assert cname not in by_name
+            continue
+        cards = by_name[cname].cards
+        if NAMES.gpu in limits:
+            assert len(cards) == int(limits[NAMES.gpu]) and all(c.exclusive for c in cards)
+            assert all(c.memory_mib == CARD_MIB for c in cards)
+        else:
+            assert [(c.memory_mib, c.compute) for c in cards] == [
+                (int(limits[NAMES.gpu_mem]) * 256, int(limits.get(NAMES.gpu_core, "0")) * 10)]
+    for cname, limits in containers:
+        if started is not None and cname not in started:
+            continue
+        env = container_env(core_v1, namespace, name, cname)
+        if limits:
+            got = {k: env.get(k) for k in GRANT_KEYS}
+            assert got == expected_grant(namespace, name, cname, by_name[cname].cards), (name, cname)
+        else:
+            assert not set(GRANT_KEYS) & set(env), (name, cname, env)  # no GPU, no grant
+
+    def allocated() -> dict[str, list[tuple[int, str, int, int]]] | None:
+        text = (core_v1.read_namespaced_pod(name, namespace).metadata.annotations or {}).get(NAMES.allocated)
+        if text is None:
+            return None
+        try:
+            value = decode_allocated(text)
+        except AnnotationError as exc:
+            raise AssertionError(f"{name}: allocated-v1 unreadable: {exc}") from None
+        assert value.node == node
+        got = {c.name: [(r.index, r.uuid, r.memory_mib, r.compute) for r in c.cards] for c in value.containers}
+        return got if set(got) == set(by_name) else None
+
+    recorded = wait_for(allocated, timeout=30, what=f"allocated-v1 on {name} for every GPU container")
+    assert recorded == {c.name: [(r.index, r.uuid, r.memory_mib, r.compute) for r in c.cards]
+                        for c in assignment.containers}
+    return assignment
+
+
+def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
+    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
+    start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
+) -> None:
+    timings: dict[str, float] = {}
+    began = time.monotonic()
+    node = f"e2e-gpu-{uuid.uuid4().hex[:6]}"
+    kubelet = start_kubelet(node)
+    agent = start_node_agent(kubelet, GPUS)
+    wait_gpu_node(core_v1, kubelet, agent)
+    timings["node ready with gpupool devices"] = time.monotonic() - began
+
+    # A whole card first (so the binpack policy then packs every slice onto the other card).
+    whole: list[ContainerLimits] = [("main", WHOLE)]
+    created = time.monotonic()
+    core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("whole", whole, node=node))
+    wait_for(lambda: running(core_v1, namespace, "whole"), timeout=90, what=f"whole Running\n{agent.log()}")
+    timings["whole-card pod: create to Running"] = time.monotonic() - created
+
+    pods: dict[str, list[ContainerLimits]] = {
+        "shared": [("main", shared(16, 30))],                                  # 4 GiB, 30 %
+        # helper: memory only (shares compute best-effort); log-shipper: no GPU at all
+        "multi": [("worker", shared(8, 20)), ("helper", {NAMES.gpu_mem: "4"}), ("log-shipper", {})],
+    }
+    init: list[ContainerLimits] = [("warmup", shared(4, 10))]
+    with_init: list[ContainerLimits] = [("main", shared(8, 20))]
+    created = time.monotonic()
+    for name, containers in pods.items():
+        core_v1.create_namespaced_pod(namespace, gpu_pod_manifest(name, containers, node=node))
+    core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("with-init", with_init, node=node, init=init))
+    for name in pods:
+        wait_for(lambda n=name: running(core_v1, namespace, n), timeout=90, what=f"{name} Running\n{agent.log()}")
+    timings["shared + multi-container pods: create to Running"] = time.monotonic() - created
+    # The fake runtime's containers never exit, so an init container runs forever: the pod stays
+    # in Init, but kubelet admitted it (Allocate for init *and* app containers) and started "warmup".
+    wait_for(lambda: init_running(core_v1, namespace, "with-init"), timeout=90, what="init container running")
+
+    check_pod(core_v1, namespace, "whole", node, whole)
+    assignments = {name: check_pod(core_v1, namespace, name, node, containers) for name, containers in pods.items()}
+    check_pod(core_v1, namespace, "with-init", node, init + with_init, started={"warmup"})
+    [whole_card] = decode_assignment(core_v1.read_namespaced_pod("whole", namespace)
+                                     .metadata.annotations[NAMES.assignment]).containers[0].cards
+    slice_cards = {c.index for a in assignments.values() for cc in a.containers for c in cc.cards}
+    assert slice_cards == {1 - whole_card.index}  # no slice on the exclusive card
+    before = {p.metadata.name: p.status.container_statuses for p in core_v1.list_namespaced_pod(namespace).items
+              if p.status.phase == "Running"}
+    assert set(before) == {"whole", "shared", "multi"}
+
+    # kubelet restarts: it wipes the plugin directory, the agent must serve and register again.
+    sockets = {p.name for p in kubelet.device_plugin_dir.glob("gpupool-*.sock")}
+    assert sockets == {"gpupool-gpu.sock", "gpupool-gpu-mem.sock", "gpupool-gpu-core.sock"}
+    restarted = time.monotonic()
+    kubelet.restart()
+    wait_for(lambda: sockets <= {p.name for p in kubelet.device_plugin_dir.iterdir()}, timeout=60,
+             what=f"plugin sockets re-created after the kubelet restart\n{agent.log()}")
+    wait_gpu_node(core_v1, kubelet, agent)
+    timings["kubelet restart to plugins registered again"] = time.monotonic() - restarted
+
+    later: list[ContainerLimits] = [("main", shared(8, 10))]
+    created = time.monotonic()
+    core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("after-restart", later, node=node))
+    wait_for(lambda: running(core_v1, namespace, "after-restart"), timeout=90,
+             what=f"after-restart Running\n{agent.log()}")
+    timings["pod after the restart: create to Running"] = time.monotonic() - created
+    check_pod(core_v1, namespace, "after-restart", node, later)
+    for name, statuses in before.items():
+        pod = core_v1.read_namespaced_pod(name, namespace)
+        assert pod.status.phase == "Running", name
+        assert [(s.container_id, s.restart_count) for s in pod.status.container_statuses] == [
+            (s.container_id, 0) for s in statuses], name
+    assert agent.running(), agent.log()
+
+    # Clean-up is part of the contract: the agent exits on SIGTERM, kubelet's processes, mounts,
+    # directories and Node are gone.
+    assert agent.stop() is not None and not agent.running()
+    plugin_sockets = [kubelet.device_plugin_dir / name for name in sockets]
+    kubelet.stop(delete_node=True)
+    assert not kubelet.kubelet.alive() and not kubelet.fakecri.alive()
+    assert not kubelet.directory.exists() and not any(p.exists() for p in plugin_sockets)
+    assert str(kubelet.directory) not in Path("/proc/self/mountinfo").read_text()
+    with pytest.raises(ApiException) as gone:
+        core_v1.read_node(node)
+    assert gone.value.status == 404
+    timings["whole test"] = time.monotonic() - began
+    print("\n" + "\n".join(f"  {k}: {v:.1f} s" for k, v in timings.items()))
