@@ -1,7 +1,12 @@
 """gpupool's own placement policy (the default).
 
 It is FGD's fragmentation gradient (place each pod where it raises fragmentation against the expected
-workload least) with two deliberate choices, both measured on the openb traces (docs/policies.md):
+workload least) with three deliberate choices, all measured on the openb traces (docs/policies.md):
+
+* The gain also counts CPU–GPU balance (:mod:`gpupool.core.balance`): ``BALANCE_WEIGHT`` times the
+  GPU the pod would leave stranded for lack of CPU is subtracted from the fragmentation decrease.
+  This was the largest single improvement: 4.75 -> 4.14 % unallocated at 100 % arrived on the
+  default trace (seeds 42-51), below the paper's FGD on all five bundled traces.
 
 * Gains are compared in coarse bins, not exactly. Ranking nodes by exact fragmentation change looked
   like an obvious improvement and measured far worse (7.4 % unallocated at 100 % arrived on the
@@ -20,12 +25,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpupool.core.balance import cpu_per_gpu_milli, stranding_increase
 from gpupool.core.cards import NodeScratch
-from gpupool.core.fragmentation import FloatArray
+from gpupool.core.fragmentation import FloatArray, WorkloadProfile
+from gpupool.core.policies.base import PodShape
 from gpupool.core.policies.fgd import FragmentationPolicy
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 DEFAULT_LEVELS = 50
 """Number of score bins over the sigmoid of the fragmentation gain."""
+
+BALANCE_WEIGHT = 2.0
+"""Milli-GPU of fragmentation one milli-GPU of stranded GPU counts as. Results were flat between 2
+and 4 (4.14 +- 0.01 on seeds 42-44) and worse at 0.5 (4.20); 2 is the smaller of the flat range."""
 
 
 def binned_score(gain: FloatArray, levels: int) -> FloatArray:
@@ -36,10 +48,26 @@ def binned_score(gain: FloatArray, levels: int) -> FloatArray:
 
 
 class GpupoolPolicy(FragmentationPolicy):
-    """Fragmentation gradient over coarse bins; topology-aware multi-card choice from the core."""
+    """Fragmentation gradient plus CPU–GPU balance over coarse bins; topology-aware multi-card choice."""
 
     name = "gpupool"
     levels = DEFAULT_LEVELS
+    balance_weight = BALANCE_WEIGHT
+
+    def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
+        super().prepare(state, profile)
+        self.kappa = cpu_per_gpu_milli(profile) if profile is not None else None
+
+    def card_gains(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+        gains = super().card_gains(state, shape, rows, fits)
+        if self.kappa is None or not self.balance_weight:
+            return gains
+        gpu_taken = float(shape.milli * shape.count)
+        stranding = stranding_increase(self.measure.card_free(rows).sum(axis=1).astype(np.float64),
+                                       state.cpu_free[rows].astype(np.float64), self.kappa,
+                                       gpu_taken, float(shape.cpu_milli))
+        result: FloatArray = gains - self.balance_weight * stranding[:, None]
+        return result
 
     def card_scores(self, gains: FloatArray) -> FloatArray:
         return binned_score(gains, self.levels)
