@@ -1,11 +1,13 @@
 """CPU–GPU balance: how much of a node's free GPU its free CPU can no longer feed.
 
 Why this exists: on Alibaba's openb cluster most GPU nodes carry about 12 cores per GPU while the
-workload asks about 11 per GPU, and a fifth of the CPU demand comes from pods without GPUs. FGD's
-fragmentation measure only notices CPU when a typical pod stops fitting on a node at all, so CPU-only
-pods and CPU-heavy GPU pods drift onto GPU-rich, CPU-poor nodes until their last GPUs are stranded.
-Measured on the default trace, that stranding (not card fragments) was most of what separated FGD
-from the offline packing bound (docs/policies.md).
+workload's GPU pods ask about 11 per GPU, some far more and some far less. FGD's fragmentation
+measure only notices CPU when a typical pod stops fitting on a node at all, so CPU-heavy GPU pods
+land on CPU-poor nodes as readily as on CPU-rich ones, and the last GPUs of CPU-poor nodes end up
+with no CPU to go with them. Measured on the default trace, that stranding (not card fragments) was
+most of what separated FGD from the offline packing bound (docs/policies.md); weighing it for GPU
+pods is what helps (CPU-only pods alone: no gain), because it pairs CPU-heavy GPU pods with CPU-rich
+nodes and CPU-light ones with CPU-poor nodes.
 
 The *stranded* GPU of a node is the free GPU its free CPU cannot serve at the workload's own CPU per
 GPU ratio ``kappa``: ``max(0, gpu_free - cpu_free / kappa)``. Placement policies add the change of
