@@ -44,13 +44,20 @@ class _Recorder:
     capacity: int
     sums: dict[int, float] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
+    frag_sums: dict[int, float] = field(default_factory=dict)
 
-    def add(self, arrived: int, used: int) -> int:
+    def add(self, arrived: int, used: int, fragmentation_pct: float = 0.0) -> int:
+        """Record the state after one pod; returns its arrived-demand bin."""
         arrive_pct = round(arrived * 100 / self.capacity)
         alloc_pct = round(used * 100 / self.capacity, 2)
         self.sums[arrive_pct] = self.sums.get(arrive_pct, 0.0) + alloc_pct
         self.counts[arrive_pct] = self.counts.get(arrive_pct, 0) + 1
+        self.frag_sums[arrive_pct] = self.frag_sums.get(arrive_pct, 0.0) + fragmentation_pct
         return arrive_pct
+
+    def fragmentation(self) -> dict[int, float]:
+        """Mean fragmentation % of the pods in each bin (bins without pods are left out)."""
+        return {x: round(self.frag_sums[x] / n, 4) for x, n in sorted(self.counts.items())}
 
     def curve(self, upto: int = 130) -> dict[int, float]:
         """Unallocated % for every arrived-demand % from 0 to ``upto``.
@@ -116,26 +123,27 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name:
     scheduler = Scheduler(state, make_policy(policy_name, rng), profile=profile, tie_rank=tie_rank, rng=rng)
     measure = FragmentationMeasure(state, profile)
     all_rows = np.arange(state.size, dtype=np.int64)
+    # Per-node fragmentation and idle GPU, refreshed only for the node each placement changes.
+    node_frag = measure.node_fragment(all_rows)
+    node_idle = measure.card_free(all_rows).sum(axis=1)
     recorder = _Recorder(capacity)
-    frag: dict[int, float] = {}
     arrived = used = failed = 0
-    last_pct = -1
     for done, pod in enumerate(arrivals, start=1):
         arrived += pod.gpu_milli_total()
         decision = scheduler.schedule(pod)
         if isinstance(decision, Placement):
             used += sum(s.compute for c in decision.containers if not c.init for s in c.slices)
+            row = np.array([state.index[decision.node]], dtype=np.int64)
+            node_frag[row] = measure.node_fragment(row)
+            node_idle[row] = measure.card_free(row).sum(axis=1)
         else:
             failed += 1
-        pct = recorder.add(arrived, used)
-        if pct != last_pct:
-            idle = float(measure.card_free(all_rows).sum())
-            frag[pct] = round(100.0 * float(measure.node_fragment(all_rows).sum()) / idle, 4) if idle else 0.0
-            last_pct = pct
+        idle = float(node_idle.sum())
+        recorder.add(arrived, used, 100.0 * float(node_frag.sum()) / idle if idle else 0.0)
         if progress is not None and done % 500 == 0:
             progress(500)
     if progress is not None:
         progress(len(arrivals) % 500)
-    return SeedResult(seed=seed, unallocated_pct=recorder.curve(), fragmentation_pct=frag,
+    return SeedResult(seed=seed, unallocated_pct=recorder.curve(), fragmentation_pct=recorder.fragmentation(),
                       pods_total=len(arrivals), pods_failed=failed,
                       seconds=round(time.perf_counter() - started, 3))

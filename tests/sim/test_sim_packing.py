@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy as np
 import pytest
 
+from gpupool.core.fragmentation import FragmentationMeasure, WorkloadProfile
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
-from gpupool.core.policies import POLICIES
+from gpupool.core.policies import POLICIES, make_policy
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState
 from gpupool.sim.packing import INFLATION, REPORT_POINTS, SeedResult, _Recorder, run_seed, workload
 
 
@@ -66,6 +70,43 @@ def test_recorder_rounds_allocation_to_two_decimals() -> None:
     recorder.add(0, 1_000)
     assert recorder.sums[0] == 33.33
     assert recorder.curve(0) == {0: 66.67}
+
+
+def test_recorder_fragmentation_is_the_mean_over_the_pods_of_a_bin() -> None:
+    recorder = _Recorder(1_000)
+    recorder.add(100, 400, 10.0)   # bin 10
+    recorder.add(101, 500, 20.0)   # bin 10
+    recorder.add(120, 600, 5.0)    # bin 12
+    assert recorder.fragmentation() == {10: 15.0, 12: 5.0}
+
+
+def test_fragmentation_curve_matches_a_full_recount_after_every_pod() -> None:
+    """run_seed refreshes one node's fragmentation per placement; recounting every node agrees."""
+    nodes = gpu_nodes(3, 4)
+    pods = [pod(f"p{i}", (130 * i) % 900 + 100) for i in range(12)]
+    result = run_seed(nodes, pods, "fgd", seed=5)
+    # The same decisions on a fresh ledger, measuring the whole cluster after each pod.
+    state = ClusterState(nodes)
+    capacity = state.total_compute()
+    profile = WorkloadProfile.from_pods(pods)
+    rng = np.random.default_rng(5 + 1_000_003)
+    tie_rank = np.random.default_rng(5).permutation(state.size).astype(np.int64)
+    scheduler = Scheduler(state, make_policy("fgd", rng), profile=profile, tie_rank=tie_rank, rng=rng)
+    measure = FragmentationMeasure(state, profile)
+    rows = np.arange(state.size, dtype=np.int64)
+    sums: dict[int, list[float]] = {}
+    arrived = 0
+    for arrival in workload(pods, 5, capacity):
+        arrived += arrival.gpu_milli_total()
+        scheduler.schedule(arrival)
+        idle = float(measure.card_free(rows).sum())
+        value = 100.0 * float(measure.node_fragment(rows).sum()) / idle if idle else 0.0
+        sums.setdefault(round(arrived * 100 / capacity), []).append(value)
+    expected = {b: sum(v) / len(v) for b, v in sums.items()}
+    assert result.fragmentation_pct.keys() == expected.keys()
+    for b, value in expected.items():
+        assert result.fragmentation_pct[b] == pytest.approx(value, abs=1e-3), b
+    assert any(v > 0 for v in expected.values())  # the trace does fragment the cluster
 
 
 # ------------------------------------------------------------------------------------ workload
