@@ -126,6 +126,24 @@ def test_prioritize_scores_zero_to_ten() -> None:
     run(scenario)
 
 
+def test_any_node_name_comes_back_as_valid_json() -> None:
+    """Names are echoed in FailedNodes and HostPriorityList; whatever a client sends (quotes,
+    backslashes, a trailing newline, non-ASCII), the answer must stay valid JSON with the same name."""
+    odd = ['a"b', "c\\d", "e\n", "ünï", "N1"]
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), odd))
+        assert status == 200
+        assert body["NodeNames"] == ["N1"]
+        assert set(body["FailedNodes"]) == set(odd[:-1])
+        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=1000)), odd))
+        assert status == 200
+        assert [e["Host"] for e in body] == odd
+        assert {e["Host"]: e["Score"] for e in body}["N1"] == 10
+
+    run(scenario)
+
+
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         api.create_pod(pod("p", container(gpu_mem=8138)))
@@ -177,6 +195,9 @@ def test_malformed_input_gets_400_with_an_error() -> None:
             ("/filter", {"NodeNames": ["N1"]}, "missing field Pod"),
             ("/filter", {"Pod": {"metadata": {}}, "NodeNames": ["N1"]}, "missing metadata.name"),
             ("/filter", {"Pod": pod("p"), "NodeNames": "N1"}, "list of node names"),
+            ("/filter", {"Pod": pod("p"), "NodeNames": ["N1", 2]}, "list of node names"),
+            ("/prioritize", {"Pod": pod("p"), "NodeNames": [None]}, "list of node names"),
+            ("/filter", b'{"Pod": 1, "Pod": NaN}', "malformed JSON"),
             ("/filter", {"Pod": pod("p")}, "needs Nodes or NodeNames"),
             (
                 "/prioritize",

@@ -10,11 +10,11 @@ Malformed documents raise :class:`WireError`; the HTTP layer answers those with 
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 
 class WireError(ValueError):
@@ -60,8 +60,14 @@ def _node_name(node: Any, where: str) -> str:
 
 
 def _str_list(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    # "".join() checks that every item is a string in C: 5,000 names take ~30 µs instead of ~0.3 ms
+    # for an isinstance() per name, and this runs twice per pod (filter and prioritize).
+    if not isinstance(value, list):
         raise WireError(f"{where}: expected a list of node names")
+    try:
+        "".join(value)
+    except TypeError:
+        raise WireError(f"{where}: expected a list of node names") from None
     return list(value)
 
 
@@ -125,21 +131,14 @@ def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": int(score)} for host, score in scores.items()]
 
 
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+def encode_host_priority_list(scores: Mapping[str, int]) -> bytes:
+    """The JSON of :func:`host_priority_list`, encoded with orjson.
 
-
-def encode_host_priority_list(scores: Mapping[str, int]) -> str:
-    """The JSON text of :func:`host_priority_list`, built directly.
-
-    Why: a 5,000-node answer through ``json.dumps`` of 5,000 small dicts took longer than deciding
-    the scores. Node names are DNS labels and need no escaping; any other name is escaped properly.
+    Why: this answer has one entry per node (5,000). The former hand-built text matched a regular
+    expression per name to prove it needed no escaping, which cost ~4 ms; orjson encodes the 5,000
+    small objects, escaping every name properly, in ~1 ms.
     """
-    parts = [
-        f'{{"Host":"{host}","Score":{int(score)}}}' if _PLAIN_NAME.match(host)
-        else f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
-        for host, score in scores.items()
-    ]
-    return "[" + ",".join(parts) + "]"
+    return orjson.dumps(host_priority_list(scores))
 
 
 # -------------------------------------------------------------------------------------- bind
