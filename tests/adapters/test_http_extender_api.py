@@ -16,7 +16,7 @@ from gpupool.adapters.k8s.cache import ClusterCache
 from gpupool.adapters.k8s.fake_api import FakePodApi
 from gpupool.adapters.k8s.names import ResourceNames
 from gpupool.adapters.metrics import ExtenderMetrics
-from gpupool.services.extender import ExtenderService
+from gpupool.services.extender import UNKNOWN_NODE, ExtenderService
 
 Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
 
@@ -142,6 +142,24 @@ def test_any_node_name_comes_back_as_valid_json() -> None:
         assert {e["Host"]: e["Score"] for e in body}["N1"] == 10
 
     run(scenario)
+
+
+def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> None:
+    """The same name list is mapped to ledger rows once and reused; the reuse must end when the set
+    of nodes changes, even if the number of nodes present stays the same."""
+    names = ["N1", "N2", "N3"]
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        cache.remove_node("N3")
+        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        assert body["FailedNodes"]["N3"] == UNKNOWN_NODE
+        cache.remove_node("N2")
+        cache.upsert_node(node("N3", [16276, 16276]))
+        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        assert body["FailedNodes"] == {"N2": UNKNOWN_NODE}
+        assert body["NodeNames"] == ["N1", "N3"]
+
+    run(scenario, pods=[])
 
 
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
