@@ -7,10 +7,12 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
 from k8s_builders import container, node, placed_pod, pod
 
 from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.http.extender_types import HostPriorityEncoder, host_priority_list
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
 from gpupool.adapters.k8s.fake_api import FakePodApi
@@ -160,6 +162,16 @@ def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> No
         assert body["NodeNames"] == ["N1", "N3"]
 
     run(scenario, pods=[])
+
+
+def test_host_priority_encoder_writes_the_same_json_as_the_plain_list() -> None:
+    encoder = HostPriorityEncoder(max_hosts=4)
+    scores: dict[str, Any] = {"N1": 10, 'a"b': 0, "c\\d": 3, "e\n": True, "ünï": np.int64(7), "big": 12}
+    for _ in range(2):  # the second time from remembered fragments (emptied once past max_hosts)
+        body = encoder.encode(scores)
+        assert json.loads(body) == host_priority_list(scores)
+        assert all(type(e["Score"]) is int for e in json.loads(body))
+    assert encoder.encode({}) == b"[]"
 
 
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:

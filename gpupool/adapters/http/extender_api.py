@@ -34,9 +34,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpupool.adapters.http.extender_types import (
     ExtenderArgs,
     FilterResult,
+    HostPriorityEncoder,
     WireError,
     binding_result,
-    encode_host_priority_list,
     parse_binding_args,
     parse_extender_args,
     parse_preemption_args,
@@ -72,6 +72,7 @@ class ExtenderApi:
         self.metrics = metrics
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
+        self.priorities = HostPriorityEncoder()
 
     # ----------------------------------------------------------------------------------- verbs
     async def _filter(self, doc: Any) -> tuple[Any, str]:
@@ -91,12 +92,12 @@ class ExtenderApi:
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
-            return RawJson(encode_host_priority_list(dict.fromkeys(args.node_names, 0))), "invalid_pod"
+            return RawJson(self.priorities.encode(dict.fromkeys(args.node_names, 0))), "invalid_pod"
         scores, error = self.service.prioritize(request, args.node_names)
         if error:
             log.warning("prioritize: %s", error)
             scores = dict.fromkeys(args.node_names, 0)
-        return RawJson(encode_host_priority_list(scores)), "error" if error else "ok"
+        return RawJson(self.priorities.encode(scores)), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)

@@ -131,14 +131,41 @@ def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": int(score)} for host, score in scores.items()]
 
 
-def encode_host_priority_list(scores: Mapping[str, int]) -> bytes:
-    """The JSON of :func:`host_priority_list`, encoded with orjson.
+class HostPriorityEncoder:
+    """Writes ``HostPriorityList`` JSON from per-host fragments remembered between calls.
 
-    Why: this answer has one entry per node (5,000). The former hand-built text matched a regular
-    expression per name to prove it needed no escaping, which cost ~4 ms; orjson encodes the 5,000
-    small objects, escaping every name properly, in ~1 ms.
+    Why: the answer has one entry per node (5,000) on every prioritize. Building 5,000 small dicts
+    for an encoder costs ~1 ms, and the former hand-built text, which matched a regular expression
+    per name to prove it needed no escaping, ~4 ms. Here each host's ``{"Host":"…","Score":`` is
+    encoded once (by orjson, so any name is escaped correctly) and an entry is that fragment plus
+    the score's digits: ~0.5 ms. kube-scheduler asks about the same nodes every time, so the memo
+    stays the size of the cluster; it is emptied if it ever holds more than ``max_hosts``.
     """
-    return orjson.dumps(host_priority_list(scores))
+
+    _SCORES = tuple(f"{score}}}".encode() for score in range(11))
+
+    def __init__(self, max_hosts: int = 100_000) -> None:
+        self.max_hosts = max_hosts
+        self._prefix: dict[str, bytes] = {}
+
+    def _fragment(self, host: str) -> bytes:
+        if len(self._prefix) >= self.max_hosts:
+            self._prefix.clear()
+        fragment = b'{"Host":' + orjson.dumps(host) + b',"Score":'
+        self._prefix[host] = fragment
+        return fragment
+
+    def encode(self, scores: Mapping[str, int]) -> bytes:
+        """The JSON of :func:`host_priority_list` for ``scores``."""
+        prefix = self._prefix
+        fragment = self._fragment
+        digits = self._SCORES
+        parts = [
+            (prefix.get(host) or fragment(host))
+            + (digits[score] if type(score) is int and 0 <= score <= 10 else b"%d}" % int(score))
+            for host, score in scores.items()
+        ]
+        return b"[" + b",".join(parts) + b"]"
 
 
 # -------------------------------------------------------------------------------------- bind
