@@ -132,10 +132,11 @@ class ExtenderService:
             self._rows_cache.pop(next(iter(self._rows_cache)))
         self._rows_cache[key] = found
 
-    def _feasible(self, request: PodRequest,
-                  names: list[str]) -> tuple[list[str], FloatArray, dict[str, str]]:
+    def _feasible(self, request: PodRequest, names: list[str],
+                  explain: bool = True) -> tuple[list[str], FloatArray, dict[str, str]]:
         """The nodes among ``names`` that can hold ``request`` (in request order) with their policy
-        scores, and a reason for every other node. Must be called with the cache lock held."""
+        scores, and a reason for every other node (for nodes rejected by the GPU check only when
+        ``explain``: prioritize has no use for them). Must be called with the cache lock held."""
         state = self.cache.state
         problem = request_problem(state, request)
         if problem is not None:
@@ -161,7 +162,7 @@ class ExtenderService:
         candidate_names = name_array[usable]
         rejected = candidates[~fits]
         limit = self.settings.explain_limit
-        if len(rejected):
+        if len(rejected) and explain:
             explained = self.cache.scheduler.explain(request, rejected[:limit])
             for row in rejected[:limit]:
                 name = state.specs[int(row)].name
@@ -193,7 +194,7 @@ class ExtenderService:
         if not self.cache.synced:
             return {}, NOT_SYNCED
         with self.cache.lock:
-            passed, scores, _ = self._feasible(request, names)
+            passed, scores, _ = self._feasible(request, names, explain=False)
         return scale_scores(passed, scores, names), ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
@@ -249,13 +250,15 @@ def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> dic
     The best feasible node always gets 10, so the extender's preference survives kube-scheduler's
     weighting even when the policy's raw differences are tiny.
     """
-    result = dict.fromkeys(names, 0)
     if not passed:
-        return result
+        return dict.fromkeys(names, 0)
     low, high = float(scores.min()), float(scores.max())
     if high == low:
         scaled = np.full(len(passed), MAX_EXTENDER_PRIORITY, dtype=np.int64)
     else:
         scaled = np.rint((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
+    if len(passed) == len(names):  # the usual prioritize: every node asked about passed (in order)
+        return dict(zip(passed, scaled.tolist(), strict=True))
+    result = dict.fromkeys(names, 0)
     result.update(zip(passed, scaled.tolist(), strict=True))
     return result
