@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from k8s_builders import container, node, placed_pod, pod
 
 from gpupool.adapters.http.extender_api import ExtenderApi
 from gpupool.adapters.http.extender_types import HostPriorityEncoder, host_priority_list
+from gpupool.adapters.k8s.annotations import decode_assignment
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
 from gpupool.adapters.k8s.fake_api import FakePodApi
@@ -43,9 +46,10 @@ def run(
     pods: list[dict[str, Any]] | None = None,
     policy: str = "binpack",
     leader: bool = True,
+    latency: float = 0.0,
 ) -> None:
     async def main() -> None:
-        api = FakePodApi()
+        api = FakePodApi(latency_s=latency)
         cache = ClusterCache(policy=policy)
         if synced:
             cache.replace_nodes(ALIBABA_NODES if nodes is None else nodes)
@@ -190,6 +194,60 @@ def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
         assert status == 200 and "no longer exists" in again["Error"]
 
     run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("ask", "taken"),
+    [({"gpu_mem": 8138}, {"gpu_mem": 8138}), ({"gpu_core": 50}, {"gpu_core": 50}), ({"gpu": 1}, None)],
+    ids=["last-half-memory", "last-half-compute", "last-whole-card"],
+)
+def test_concurrent_binds_for_the_last_space_on_a_card_never_both_succeed(
+    ask: dict[str, int], taken: dict[str, int] | None
+) -> None:
+    """Eight binds for the one space left on a card arrive at once and run side by side on the
+    extender's bind threads, each API call taking 20 ms: every round exactly one wins, the others
+    get the core's reason, and the recorded assignments never over-commit the card."""
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        for round_ in range(3):
+            name = f"card{round_}"
+            cache.upsert_node(node(name, [16276]))
+            if taken is not None:
+                first = api.create_pod(pod(f"first{round_}", container(**taken)))
+                status, body = await post(client, "/bind", binding(first, name))
+                assert (status, body) == (200, {"Error": ""})
+            contenders = [api.create_pod(pod(f"r{round_}c{i}", container(**ask))) for i in range(8)]
+            answers = await asyncio.gather(*(post(client, "/bind", binding(p, name)) for p in contenders))
+            assert all(status == 200 for status, _ in answers)
+            errors = [body["Error"] for _, body in answers]
+            assert errors.count("") == 1, errors
+            assert all("does not fit" in e for e in errors if e)
+        memory: dict[tuple[str, int], int] = defaultdict(int)
+        compute: dict[tuple[str, int], int] = defaultdict(int)
+        holders: dict[tuple[str, int], list[bool]] = defaultdict(list)
+        for p in api.list_pods():
+            text = p["metadata"]["annotations"].get("gpupool.io/assignment-v1")
+            if text and p["spec"].get("nodeName"):
+                assignment = decode_assignment(text)
+                for ref in assignment.containers[0].cards:
+                    memory[(assignment.node, ref.index)] += ref.memory_mib
+                    compute[(assignment.node, ref.index)] += 1000 if ref.exclusive else ref.compute
+                    holders[(assignment.node, ref.index)].append(ref.exclusive)
+        assert len(holders) == 3
+        assert all(v <= 16276 for v in memory.values()), memory
+        assert all(v <= 1000 for v in compute.values()), compute
+        assert all(len(h) == 1 for h in holders.values() if any(h)), holders
+        for round_ in range(3):
+            assert [u.memory_free for u in cache.state.card_usage(f"card{round_}")] == [
+                16276 - memory[(f"card{round_}", 0)]
+            ]
+
+    run(scenario, pods=[], latency=0.02)
+
+
+def binding(p: dict[str, Any], node_name: str) -> dict[str, str]:
+    meta = p["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node_name}
 
 
 def test_bind_on_a_follower_is_refused() -> None:
