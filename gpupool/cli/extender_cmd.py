@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gpupool.adapters.heap import freeze_long_lived
 from gpupool.adapters.http.extender_api import ExtenderApi
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
@@ -90,6 +91,8 @@ def run_extender(options: ExtenderOptions) -> None:
             if cache.synced and (not profiled or ticks % 60 == 0):
                 cache.refresh_profile()  # fragmentation policies score against the running workload
                 profiled = True
+                frozen = freeze_long_lived()  # keep full GC pauses out of filter/prioritize
+                log.debug("%d long-lived objects exempt from garbage collection", frozen)
 
     threading.Thread(target=housekeeping, name="gpupool-housekeeping", daemon=True).start()
     app = ExtenderApi(service, names, ExtenderMetrics()).app(options.url_prefix)

@@ -88,11 +88,11 @@ def request_problem(state: ClusterState, pod: PodRequest) -> str | None:
     This is the "larger than the biggest card" rule: it is reported once, up front, instead of as a
     puzzling failure on every node.
     """
-    present = state.card_exists & state.present[:, None]
-    if not present.any():
+    capacity = state.capacity()  # memoised per node-set change: this runs on every filter and bind
+    if not capacity.has_cards:
         return "the cluster has no GPU cards" if pod.wants_gpu else None
-    largest_mem = int(state.card_mem_total[present].max())
-    most_cards = int(state.card_count[state.present].max()) if state.present.any() else 0
+    largest_mem = capacity.largest_card_mib
+    most_cards = capacity.most_cards
     for container in (*pod.containers, *pod.init_containers):
         request = container.gpu
         if request is None:

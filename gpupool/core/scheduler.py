@@ -7,6 +7,7 @@ planning run is the decision the cluster would make. It is pure: it reads and (i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,9 @@ from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import GpuRequest, Placement, PodRequest
 from gpupool.core.policies import PlacementPolicy, PodShape
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+EXPLAIN_MEMO_REQUESTS = 64
+"""Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Scheduler:
         self.rng = rng or np.random.default_rng(0)
         self.use_cache = cache and policy.node_local
         self._cache: dict[tuple[int, int, GpuRequest | None], _ShapeCache] = {}
+        self._explained: dict[PodRequest, dict[int, tuple[int, str | None]]] = {}
         policy.prepare(state, profile)
 
     # ------------------------------------------------------------------------- filter and score
@@ -161,13 +166,34 @@ class Scheduler:
         return Unschedulable(pod.key, result, {node: result})
 
     def explain(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
-        """Reasons, per node name, why the pod does not fit on each of ``rows``."""
+        """Reasons, per node name, why the pod does not fit on each of ``rows``.
+
+        A reason depends only on the node's bookings and description and on the pod's request (not
+        its name), so it is remembered per request and node and reused while the node's
+        :attr:`ClusterState.node_version` is unchanged: kube-scheduler asks about the same failing
+        nodes for every pod of a kind, and explaining one costs ~50 µs.
+        """
+        request = dataclasses.replace(pod, key="")
+        memo = self._explained.pop(request, {})
+        self._explained[request] = memo  # most recently used last
+        if len(self._explained) > EXPLAIN_MEMO_REQUESTS:
+            self._explained.pop(next(iter(self._explained)))
+        versions = self.state.node_version
         reasons: dict[str, str] = {}
-        for row in rows:
-            reason = explain_node(self.state, int(row), pod)
-            if reason is None:
-                result = assign_on_node(self.state, int(row), pod, self.policy.shared_chooser())
-                reason = None if isinstance(result, Placement) else result
+        for row in rows.tolist():
+            known = memo.get(row)
+            if known is not None and known[0] == versions[row]:
+                reason = known[1]
+            else:
+                reason = self._explain_row(pod, row)
+                memo[row] = (int(versions[row]), reason)
             if reason is not None:
-                reasons[self.state.specs[int(row)].name] = reason
+                reasons[self.state.specs[row].name] = reason
         return reasons
+
+    def _explain_row(self, pod: PodRequest, row: int) -> str | None:
+        reason = explain_node(self.state, row, pod)
+        if reason is None:
+            result = assign_on_node(self.state, row, pod, self.policy.shared_chooser())
+            reason = None if isinstance(result, Placement) else result
+        return reason

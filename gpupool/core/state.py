@@ -39,6 +39,15 @@ class CardUsage:
     healthy: bool
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """Cluster-wide maxima that decide whether a request could fit on *any* node, bookings aside."""
+
+    has_cards: bool
+    largest_card_mib: int
+    most_cards: int
+
+
 class ClusterState:
     """Nodes, their cards, and every placement booked on them.
 
@@ -55,6 +64,7 @@ class ClusterState:
         self.pods_on: dict[int, set[str]] = {}
         self.max_cards = max_cards
         self.version = 0
+        """Bumped by every change of any node's bookings or description (see :attr:`node_version`)."""
         self.node_version: IntArray = np.zeros(0, dtype=np.int64)
         self.present: BoolArray = np.zeros(0, dtype=bool)
         self.cpu_total: IntArray = np.zeros(0, dtype=np.int64)
@@ -63,12 +73,12 @@ class ClusterState:
         self.mem_free: IntArray = np.zeros(0, dtype=np.int64)
         self.card_count: IntArray = np.zeros(0, dtype=np.int64)
         self._alloc_card_arrays(0, max_cards)
-        nodes = list(nodes)
-        if nodes:
-            self.max_cards = max(max_cards, *(len(n.cards) for n in nodes))
-            self._grow(len(nodes), self.max_cards)
-            for spec in nodes:
-                self.upsert_node(spec)
+        self._storage: dict[str, npt.NDArray[np.generic]] = {
+            name: getattr(self, name) for name in (*self._NODE_ARRAYS, *self._CARD_ARRAYS)}
+        self.layout_version = 0
+        """Bumped when a node is added, replaced or removed; bookings do not change it."""
+        self._capacity_memo: tuple[int, Capacity] | None = None
+        self.add_nodes(nodes)
 
     # ----------------------------------------------------------------------------------- layout
     def _alloc_card_arrays(self, rows: int, cols: int) -> None:
@@ -91,23 +101,34 @@ class ClusterState:
                     "card_holders")
 
     def _grow(self, rows: int, cols: int) -> None:
-        """Make room for ``rows`` nodes of up to ``cols`` cards, keeping current contents."""
+        """Make the arrays ``rows`` long and at least ``cols`` wide, keeping current contents.
+
+        The public arrays are views of the first ``rows`` rows of larger buffers that grow
+        geometrically, so adding nodes one at a time (watch events, a re-list) copies each row a
+        constant number of times on average. A full copy per added node made 5,000 single adds
+        quadratic (seconds). Rows never shrink: a removed node keeps its row, not present.
+        """
         old_rows = len(self.present)
         old_cols = self.card_exists.shape[1] if self.card_exists.ndim == 2 else 0
         if rows <= old_rows and cols <= old_cols:
             return
         rows, cols = max(rows, old_rows), max(cols, old_cols)
-        for name in self._NODE_ARRAYS:
-            old = getattr(self, name)
-            new = np.zeros(rows, dtype=old.dtype)
-            new[:old_rows] = old
-            setattr(self, name, new)
-        for name in self._CARD_ARRAYS:
-            old = getattr(self, name)
-            fill = -1 if name == "card_model" else 0
-            new = np.full((rows, cols), fill, dtype=old.dtype)
-            new[:old_rows, :old_cols] = old
-            setattr(self, name, new)
+        allocated = len(self._storage["present"])
+        if rows > allocated or cols > old_cols:
+            capacity = max(rows, 2 * allocated, 16) if rows > allocated else allocated
+            for name in self._NODE_ARRAYS:
+                old = self._storage[name]
+                new = np.zeros(capacity, dtype=old.dtype)
+                new[:old_rows] = old[:old_rows]
+                self._storage[name] = new
+            for name in self._CARD_ARRAYS:
+                old = self._storage[name]
+                fill = -1 if name == "card_model" else 0
+                new = np.full((capacity, cols), fill, dtype=old.dtype)
+                new[:old_rows, :old_cols] = old[:old_rows, :old_cols]
+                self._storage[name] = new
+        for name, buffer in self._storage.items():
+            setattr(self, name, buffer[:rows])
         self.max_cards = cols
 
     def model_id(self, model: str) -> int:
@@ -124,6 +145,38 @@ class ClusterState:
         return [self._model_ids[m] for m in models if m in self._model_ids]
 
     # ------------------------------------------------------------------------------- membership
+    def add_nodes(self, specs: Iterable[NodeSpec]) -> list[int]:
+        """Add (or replace) many nodes with one allocation; returns their rows, in order.
+
+        A full node list (start, re-list after 410 Gone) arrives at once: growing the arrays to
+        the final size first means no row is copied more than once, whatever the list's length.
+        """
+        specs = list(specs)
+        fresh = len({s.name for s in specs if s.name not in self.index})
+        widest = max((len(s.cards) for s in specs), default=0)
+        self._grow(self.size + fresh, max(self.max_cards, widest))
+        return [self.upsert_node(spec) for spec in specs]
+
+    def capacity(self) -> Capacity:
+        """Largest card, most cards on one node, any card at all: over present nodes, memoised.
+
+        These change only when a node is added, replaced or removed (:attr:`layout_version`), never
+        when a pod is booked, so the per-request check of :func:`request_problem` costs a lookup
+        instead of a scan of every card of the cluster (~0.15 ms for 5,000 x 8 cards).
+        """
+        memo = self._capacity_memo
+        if memo is not None and memo[0] == self.layout_version:
+            return memo[1]
+        present = self.card_exists & self.present[:, None]
+        has_cards = bool(present.any())
+        summary = Capacity(
+            has_cards=has_cards,
+            largest_card_mib=int(self.card_mem_total[present].max()) if has_cards else 0,
+            most_cards=int(self.card_count[self.present].max()) if self.present.any() else 0,
+        )
+        self._capacity_memo = (self.layout_version, summary)
+        return summary
+
     def upsert_node(self, spec: NodeSpec) -> int:
         """Add a node or replace its description; bookings already on it are kept and re-applied.
 
@@ -139,6 +192,7 @@ class ClusterState:
         else:
             self.specs[row] = spec
             self._grow(row + 1, max(self.max_cards, len(spec.cards)))
+        self.layout_version += 1
         self.present[row] = True
         self.cpu_total[row] = spec.cpu_milli
         self.mem_total[row] = spec.memory_mib
@@ -165,6 +219,7 @@ class ClusterState:
         for p in dropped:
             del self.placements[p.pod_key]
         self.pods_on.pop(row, None)
+        self.layout_version += 1
         self.present[row] = False
         self.card_exists[row, :] = False
         self.card_healthy[row, :] = False
@@ -188,9 +243,8 @@ class ClusterState:
         self.card_compute_free[row, :] = self.card_compute_total[row, :]
         self.card_mode[row, :] = CardMode.IDLE
         self.card_holders[row, :] = 0
-        name = self.specs[row].name
-        for placement in [p for p in self.placements.values() if p.node == name]:
-            self._book(row, placement, sign=1)
+        for key in self.pods_on.get(row, ()):  # this node's placements only, not all of them
+            self._book(row, self.placements[key], sign=1)
         self._touch(row)
 
     def _touch(self, row: int) -> None:

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
@@ -101,33 +102,41 @@ class ExtenderService:
         self.settings = settings or ExtenderSettings()
         self.is_leader = is_leader
         self.leader_name = leader_name
-        self._rows_cache: dict[tuple[tuple[str, ...], int, int], RowsAndNames] = {}
+        self._rows_cache: dict[tuple[tuple[str, ...], int], RowsAndNames] = {}
 
     def _rows(self, names: list[str]) -> RowsAndNames:
         """Ledger rows of ``names`` (-1 where unknown) and the names as an array, cached.
 
         kube-scheduler sends the same node list call after call, so the mapping is kept for the last
-        lists seen and reused while the ledger's membership is unchanged.
+        lists seen and reused while the ledger's set of nodes is unchanged.
         """
         state = self.cache.state
-        key = (tuple(names), state.size, int(state.present.sum()))
+        key = self._rows_key(names)
         found = self._rows_cache.get(key)
         if found is None:
-            index = state.index
-            rows = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+            rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
             known = rows >= 0
             known[known] = state.present[rows[known]]
             rows[~known] = -1
             found = (rows, np.array(names, dtype=object))
-            if len(self._rows_cache) >= 8:  # filter's and prioritize's lists of a few pod shapes
-                self._rows_cache.pop(next(iter(self._rows_cache)))
-            self._rows_cache[key] = found
+            self._remember_rows(key, found)
         return found
 
-    def _feasible(self, request: PodRequest,
-                  names: list[str]) -> tuple[list[str], FloatArray, dict[str, str]]:
+    def _rows_key(self, names: list[str]) -> tuple[tuple[str, ...], int]:
+        # layout_version moves whenever a node is added, replaced or removed: exact, where the former
+        # (rows, nodes present) pair could not tell one node leaving while another came back
+        return tuple(names), self.cache.state.layout_version
+
+    def _remember_rows(self, key: tuple[tuple[str, ...], int], found: RowsAndNames) -> None:
+        if len(self._rows_cache) >= 8:  # filter's and prioritize's lists of a few pod shapes
+            self._rows_cache.pop(next(iter(self._rows_cache)))
+        self._rows_cache[key] = found
+
+    def _feasible(self, request: PodRequest, names: list[str],
+                  explain: bool = True) -> tuple[list[str], FloatArray, dict[str, str]]:
         """The nodes among ``names`` that can hold ``request`` (in request order) with their policy
-        scores, and a reason for every other node. Must be called with the cache lock held."""
+        scores, and a reason for every other node (for nodes rejected by the GPU check only when
+        ``explain``: prioritize has no use for them). Must be called with the cache lock held."""
         state = self.cache.state
         problem = request_problem(state, request)
         if problem is not None:
@@ -153,14 +162,19 @@ class ExtenderService:
         candidate_names = name_array[usable]
         rejected = candidates[~fits]
         limit = self.settings.explain_limit
-        if len(rejected):
+        if len(rejected) and explain:
             explained = self.cache.scheduler.explain(request, rejected[:limit])
             for row in rejected[:limit]:
                 name = state.specs[int(row)].name
                 failed[name] = explained.get(name, "does not fit")
             summary = f"insufficient GPU capacity for the request (reasons given for {limit} nodes only)"
             failed.update(dict.fromkeys(candidate_names[~fits][limit:].tolist(), summary))
-        return candidate_names[fits].tolist(), candidate_scores[fits], failed
+        passed: list[str] = candidate_names[fits].tolist()
+        if len(passed) != len(names):
+            # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
+            # are known here, so that call skips mapping 5,000 names to rows again (~0.5 ms)
+            self._remember_rows(self._rows_key(passed), (candidates[fits], candidate_names[fits]))
+        return passed, candidate_scores[fits], failed
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str]) -> FilterOutcome:
@@ -180,7 +194,7 @@ class ExtenderService:
         if not self.cache.synced:
             return {}, NOT_SYNCED
         with self.cache.lock:
-            passed, scores, _ = self._feasible(request, names)
+            passed, scores, _ = self._feasible(request, names, explain=False)
         return scale_scores(passed, scores, names), ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
@@ -236,13 +250,15 @@ def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> dic
     The best feasible node always gets 10, so the extender's preference survives kube-scheduler's
     weighting even when the policy's raw differences are tiny.
     """
-    result = dict.fromkeys(names, 0)
     if not passed:
-        return result
+        return dict.fromkeys(names, 0)
     low, high = float(scores.min()), float(scores.max())
     if high == low:
         scaled = np.full(len(passed), MAX_EXTENDER_PRIORITY, dtype=np.int64)
     else:
         scaled = np.rint((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
+    if len(passed) == len(names):  # the usual prioritize: every node asked about passed (in order)
+        return dict(zip(passed, scaled.tolist(), strict=True))
+    result = dict.fromkeys(names, 0)
     result.update(zip(passed, scaled.tolist(), strict=True))
     return result

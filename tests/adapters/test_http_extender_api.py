@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from k8s_builders import container, node, placed_pod, pod
 
 from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.http.extender_types import HostPriorityEncoder, host_priority_list
+from gpupool.adapters.k8s.annotations import decode_assignment
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
 from gpupool.adapters.k8s.fake_api import FakePodApi
 from gpupool.adapters.k8s.names import ResourceNames
 from gpupool.adapters.metrics import ExtenderMetrics
-from gpupool.services.extender import ExtenderService
+from gpupool.services.extender import UNKNOWN_NODE, ExtenderService
 
 Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
 
@@ -41,9 +46,10 @@ def run(
     pods: list[dict[str, Any]] | None = None,
     policy: str = "binpack",
     leader: bool = True,
+    latency: float = 0.0,
 ) -> None:
     async def main() -> None:
-        api = FakePodApi()
+        api = FakePodApi(latency_s=latency)
         cache = ClusterCache(policy=policy)
         if synced:
             cache.replace_nodes(ALIBABA_NODES if nodes is None else nodes)
@@ -126,6 +132,52 @@ def test_prioritize_scores_zero_to_ten() -> None:
     run(scenario)
 
 
+def test_any_node_name_comes_back_as_valid_json() -> None:
+    """Names are echoed in FailedNodes and HostPriorityList; whatever a client sends (quotes,
+    backslashes, a trailing newline, non-ASCII), the answer must stay valid JSON with the same name."""
+    odd = ['a"b', "c\\d", "e\n", "ünï", "N1"]
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), odd))
+        assert status == 200
+        assert body["NodeNames"] == ["N1"]
+        assert set(body["FailedNodes"]) == set(odd[:-1])
+        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=1000)), odd))
+        assert status == 200
+        assert [e["Host"] for e in body] == odd
+        assert {e["Host"]: e["Score"] for e in body}["N1"] == 10
+
+    run(scenario)
+
+
+def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> None:
+    """The same name list is mapped to ledger rows once and reused; the reuse must end when the set
+    of nodes changes, even if the number of nodes present stays the same."""
+    names = ["N1", "N2", "N3"]
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        cache.remove_node("N3")
+        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        assert body["FailedNodes"]["N3"] == UNKNOWN_NODE
+        cache.remove_node("N2")
+        cache.upsert_node(node("N3", [16276, 16276]))
+        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        assert body["FailedNodes"] == {"N2": UNKNOWN_NODE}
+        assert body["NodeNames"] == ["N1", "N3"]
+
+    run(scenario, pods=[])
+
+
+def test_host_priority_encoder_writes_the_same_json_as_the_plain_list() -> None:
+    encoder = HostPriorityEncoder(max_hosts=4)
+    scores: dict[str, Any] = {"N1": 10, 'a"b': 0, "c\\d": 3, "e\n": True, "ünï": np.int64(7), "big": 12}
+    for _ in range(2):  # the second time from remembered fragments (emptied once past max_hosts)
+        body = encoder.encode(scores)
+        assert json.loads(body) == host_priority_list(scores)
+        assert all(type(e["Score"]) is int for e in json.loads(body))
+    assert encoder.encode({}) == b"[]"
+
+
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         api.create_pod(pod("p", container(mib=8138)))
@@ -142,6 +194,60 @@ def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
         assert status == 200 and "no longer exists" in again["Error"]
 
     run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("ask", "taken"),
+    [({"gpu_mem": 8138}, {"gpu_mem": 8138}), ({"gpu_core": 50}, {"gpu_core": 50}), ({"gpu": 1}, None)],
+    ids=["last-half-memory", "last-half-compute", "last-whole-card"],
+)
+def test_concurrent_binds_for_the_last_space_on_a_card_never_both_succeed(
+    ask: dict[str, int], taken: dict[str, int] | None
+) -> None:
+    """Eight binds for the one space left on a card arrive at once and run side by side on the
+    extender's bind threads, each API call taking 20 ms: every round exactly one wins, the others
+    get the core's reason, and the recorded assignments never over-commit the card."""
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        for round_ in range(3):
+            name = f"card{round_}"
+            cache.upsert_node(node(name, [16276]))
+            if taken is not None:
+                first = api.create_pod(pod(f"first{round_}", container(**taken)))
+                status, body = await post(client, "/bind", binding(first, name))
+                assert (status, body) == (200, {"Error": ""})
+            contenders = [api.create_pod(pod(f"r{round_}c{i}", container(**ask))) for i in range(8)]
+            answers = await asyncio.gather(*(post(client, "/bind", binding(p, name)) for p in contenders))
+            assert all(status == 200 for status, _ in answers)
+            errors = [body["Error"] for _, body in answers]
+            assert errors.count("") == 1, errors
+            assert all("does not fit" in e for e in errors if e)
+        memory: dict[tuple[str, int], int] = defaultdict(int)
+        compute: dict[tuple[str, int], int] = defaultdict(int)
+        holders: dict[tuple[str, int], list[bool]] = defaultdict(list)
+        for p in api.list_pods():
+            text = p["metadata"]["annotations"].get("gpupool.io/assignment-v1")
+            if text and p["spec"].get("nodeName"):
+                assignment = decode_assignment(text)
+                for ref in assignment.containers[0].cards:
+                    memory[(assignment.node, ref.index)] += ref.memory_mib
+                    compute[(assignment.node, ref.index)] += 1000 if ref.exclusive else ref.compute
+                    holders[(assignment.node, ref.index)].append(ref.exclusive)
+        assert len(holders) == 3
+        assert all(v <= 16276 for v in memory.values()), memory
+        assert all(v <= 1000 for v in compute.values()), compute
+        assert all(len(h) == 1 for h in holders.values() if any(h)), holders
+        for round_ in range(3):
+            assert [u.memory_free for u in cache.state.card_usage(f"card{round_}")] == [
+                16276 - memory[(f"card{round_}", 0)]
+            ]
+
+    run(scenario, pods=[], latency=0.02)
+
+
+def binding(p: dict[str, Any], node_name: str) -> dict[str, str]:
+    meta = p["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node_name}
 
 
 def test_bind_on_a_follower_is_refused() -> None:
@@ -177,6 +283,9 @@ def test_malformed_input_gets_400_with_an_error() -> None:
             ("/filter", {"NodeNames": ["N1"]}, "missing field Pod"),
             ("/filter", {"Pod": {"metadata": {}}, "NodeNames": ["N1"]}, "missing metadata.name"),
             ("/filter", {"Pod": pod("p"), "NodeNames": "N1"}, "list of node names"),
+            ("/filter", {"Pod": pod("p"), "NodeNames": ["N1", 2]}, "list of node names"),
+            ("/prioritize", {"Pod": pod("p"), "NodeNames": [None]}, "list of node names"),
+            ("/filter", b'{"Pod": 1, "Pod": NaN}', "malformed JSON"),
             ("/filter", {"Pod": pod("p")}, "needs Nodes or NodeNames"),
             (
                 "/prioritize",

@@ -217,6 +217,57 @@ def test_upsert_node_adds_new_nodes_and_rows_grow() -> None:
     assert [len(state.card_usage(f"n{i}")) for i in range(3)] == [1, 2, 3]
 
 
+def test_adding_nodes_one_at_a_time_grows_storage_geometrically() -> None:
+    """Each single add used to copy every array (quadratic: seconds for 5,000 nodes); the buffers
+    now double, so 2,000 adds reallocate a handful of times, and the public arrays stay exactly
+    ``size`` rows long."""
+    state = ClusterState()
+    buffers = set()
+    for i in range(2_000):
+        state.upsert_node(make_node(f"n{i}", 2))
+        buffers.add(id(state._storage["card_mem_free"]))
+        assert len(state.present) == len(state.card_mem_free) == state.size == i + 1
+    assert len(buffers) <= 12
+    assert state.total_compute() == 4_000 * 1000
+
+
+def test_add_nodes_matches_one_at_a_time_and_keeps_bookings() -> None:
+    one_by_one = ClusterState()
+    for i in range(5):
+        one_by_one.upsert_node(make_node(f"n{i}", 2))
+    bulk = ClusterState()
+    assert bulk.add_nodes([make_node(f"n{i}", 2) for i in range(5)]) == [0, 1, 2, 3, 4]
+    for name in ClusterState._NODE_ARRAYS + ClusterState._CARD_ARRAYS:
+        if name != "node_version":
+            np.testing.assert_array_equal(getattr(bulk, name), getattr(one_by_one, name), err_msg=name)
+    book_slice(bulk, "a", "n1", 1, compute=300, memory=4_000)
+    before = ledger_snapshot(bulk)
+    # a later list: one known node again, a wider node (the card columns grow), a duplicate name
+    rows = bulk.add_nodes([make_node("n1", 2), make_node("wide", 10), make_node("x", 1), make_node("x", 3)])
+    assert rows == [1, 5, 6, 6]
+    assert bulk.size == 7 and bulk.max_cards == 10
+    assert usage(bulk, "n1", 1) == (12_384, 700, CardMode.SHARED)
+    for name, old in before.items():  # the first five rows, in the old width, are untouched
+        now = getattr(bulk, name)
+        np.testing.assert_array_equal(now[:5, :8] if now.ndim == 2 else now[:5], old, err_msg=name)
+    assert len(bulk.card_usage("x")) == 3
+    assert bulk.add_nodes([]) == []
+
+
+def test_capacity_is_memoised_until_the_set_of_nodes_changes(state: ClusterState) -> None:
+    first = state.capacity()
+    assert (first.has_cards, first.largest_card_mib, first.most_cards) == (True, 16_384, 4)
+    book_slice(state, "a", "n1", 0, compute=300)
+    assert state.capacity() is first  # bookings do not change it: no scan per request
+    state.upsert_node(make_node("big", [32_768] * 6))
+    assert (state.capacity().largest_card_mib, state.capacity().most_cards) == (32_768, 6)
+    state.remove_node("big")
+    assert (state.capacity().largest_card_mib, state.capacity().most_cards) == (16_384, 4)
+    state.remove_node("n0")
+    state.remove_node("n1")
+    assert not state.capacity().has_cards
+
+
 def test_upsert_node_can_change_the_card_model_and_health() -> None:
     state = ClusterState([make_node("n", 2, model="A")])
     state.upsert_node(make_node("n", 2, model="B", unhealthy=[0]))

@@ -8,6 +8,12 @@ leader) is a 200 with ``Error`` set, which kube-scheduler shows in the pod's eve
 that is not an extender document at all (malformed JSON, missing fields) gets a 400, and a bug gets
 a 500; both still carry a JSON ``Error``. No input can crash the server.
 
+Bodies are read and written with orjson: a filter answer carries up to one reason per node (5,000
+strings) and a request up to 5,000 names; the standard library's encoder took ~2.6 ms for such an
+answer, orjson ~0.3 ms, with the same JSON (compact separators, keys in insertion order; non-ASCII
+text is written as UTF-8 rather than ``\\u`` escapes, which every JSON reader, Go's included,
+treats alike).
+
 Filter and prioritize run on the event loop: they are a few milliseconds of numpy under the cache
 lock, and a thread hop would cost more than it saves. Bind calls the API, so it runs in a thread pool.
 """
@@ -15,22 +21,22 @@ lock, and a thread hop would cost more than it saves. Bind calls the API, so it 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.adapters.http.extender_types import (
     ExtenderArgs,
     FilterResult,
+    HostPriorityEncoder,
     WireError,
     binding_result,
-    encode_host_priority_list,
     parse_binding_args,
     parse_extender_args,
     parse_preemption_args,
@@ -46,10 +52,10 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Awaitable[tuple[Any, str]]]
 
 class RawJson:
-    """A response body that is already JSON text (built faster than ``json.dumps`` would)."""
+    """A response body that is already encoded JSON (built faster than a generic encoder would)."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 SERVICE_KEY: web.AppKey[ExtenderService] = web.AppKey("service", ExtenderService)
@@ -66,6 +72,7 @@ class ExtenderApi:
         self.metrics = metrics
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
+        self.priorities = HostPriorityEncoder()
 
     # ----------------------------------------------------------------------------------- verbs
     async def _filter(self, doc: Any) -> tuple[Any, str]:
@@ -85,12 +92,12 @@ class ExtenderApi:
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
-            return RawJson(encode_host_priority_list(dict.fromkeys(args.node_names, 0))), "invalid_pod"
+            return RawJson(self.priorities.encode(dict.fromkeys(args.node_names, 0))), "invalid_pod"
         scores, error = self.service.prioritize(request, args.node_names)
         if error:
             log.warning("prioritize: %s", error)
             scores = dict.fromkeys(args.node_names, 0)
-        return RawJson(encode_host_priority_list(scores)), "error" if error else "ok"
+        return RawJson(self.priorities.encode(scores)), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)
@@ -124,8 +131,8 @@ class ExtenderApi:
             try:
                 raw = await request.read()
                 try:
-                    doc = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as exc:
+                    doc = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
                     raise WireError(f"malformed JSON: {exc}") from None
                 body, outcome = await handler(doc)
             except WireError as exc:
@@ -136,8 +143,8 @@ class ExtenderApi:
                 status, outcome = 500, "internal_error"
                 body = {"Error": f"gpupool extender internal error in {verb}: {type(exc).__name__}: {exc}"}
             self.metrics.observe(verb, outcome, time.perf_counter() - started)
-            text = body.text if isinstance(body, RawJson) else json.dumps(body, separators=(",", ":"))
-            return web.Response(status=status, text=text, content_type="application/json")
+            data = body.data if isinstance(body, RawJson) else orjson.dumps(body)
+            return web.Response(status=status, body=data, content_type="application/json", charset="utf-8")
 
         return endpoint
 

@@ -10,11 +10,11 @@ Malformed documents raise :class:`WireError`; the HTTP layer answers those with 
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+import orjson
 
 
 class WireError(ValueError):
@@ -60,8 +60,14 @@ def _node_name(node: Any, where: str) -> str:
 
 
 def _str_list(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    # "".join() checks that every item is a string in C: 5,000 names take ~30 µs instead of ~0.3 ms
+    # for an isinstance() per name, and this runs twice per pod (filter and prioritize).
+    if not isinstance(value, list):
         raise WireError(f"{where}: expected a list of node names")
+    try:
+        "".join(value)
+    except TypeError:
+        raise WireError(f"{where}: expected a list of node names") from None
     return list(value)
 
 
@@ -125,21 +131,37 @@ def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": int(score)} for host, score in scores.items()]
 
 
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+class HostPriorityEncoder:
+    """Writes ``HostPriorityList`` JSON from per-host fragments remembered between calls.
 
-
-def encode_host_priority_list(scores: Mapping[str, int]) -> str:
-    """The JSON text of :func:`host_priority_list`, built directly.
-
-    Why: a 5,000-node answer through ``json.dumps`` of 5,000 small dicts took longer than deciding
-    the scores. Node names are DNS labels and need no escaping; any other name is escaped properly.
+    Why: the answer has one entry per node (5,000) on every prioritize. Building 5,000 small dicts
+    for an encoder costs ~1 ms, and the former hand-built text, which matched a regular expression
+    per name to prove it needed no escaping, ~4 ms. Here each host's ``{"Host":"…","Score":`` is
+    encoded once (by orjson, so any name is escaped correctly) and an entry is that fragment plus
+    the score's digits, two dictionary lookups. kube-scheduler asks about the same nodes every
+    time, so the memo stays the size of the cluster; it is emptied if it ever holds more than
+    ``max_hosts``. Scores outside 0..10 (never produced by the service) take a slower, exact path.
     """
-    parts = [
-        f'{{"Host":"{host}","Score":{int(score)}}}' if _PLAIN_NAME.match(host)
-        else f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
-        for host, score in scores.items()
-    ]
-    return "[" + ",".join(parts) + "]"
+
+    _DIGITS: ClassVar[dict[int, bytes]] = {score: f"{score}}}".encode() for score in range(11)}
+
+    def __init__(self, max_hosts: int = 100_000) -> None:
+        self.max_hosts = max_hosts
+        self._prefix: dict[str, bytes] = {}
+
+    def encode(self, scores: Mapping[str, int]) -> bytes:
+        """The JSON of :func:`host_priority_list` for ``scores``."""
+        prefix, digits = self._prefix, self._DIGITS
+        try:
+            parts = [prefix[host] + digits[score] for host, score in scores.items()]
+        except KeyError:  # a host seen for the first time, or a score outside 0..10
+            if len(prefix) + len(scores) > self.max_hosts:
+                prefix.clear()
+            for host in scores:
+                if host not in prefix:
+                    prefix[host] = b'{"Host":' + orjson.dumps(host) + b',"Score":'
+            parts = [prefix[host] + (digits.get(score) or b"%d}" % int(score)) for host, score in scores.items()]
+        return b"[" + b",".join(parts) + b"]"
 
 
 # -------------------------------------------------------------------------------------- bind

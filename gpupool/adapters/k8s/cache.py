@@ -171,19 +171,29 @@ class ClusterCache:
         self._node_memo[name] = (fingerprint, spec)
         return spec
 
-    def _bulk_load(self, raws: list[dict[str, Any]]) -> None:
-        """First list into an empty ledger: build it in one go (adding rows one by one regrows the
-        arrays every time, which is quadratic and took seconds for 5,000 nodes)."""
+    def _add_new_nodes(self, raws: list[dict[str, Any]]) -> None:
+        """Add the nodes of a list that the ledger does not know yet, with one allocation.
+
+        A first list (or a re-list that brings many new nodes) would otherwise grow the ledger one
+        node at a time. Nodes whose description is broken are left to :meth:`upsert_node`, which
+        records the reason.
+        """
         specs: list[NodeSpec] = []
         for raw in raws:
+            name = str((raw.get("metadata") or {}).get("name") or "")
+            if not name or name in self.state.index:
+                continue
             try:
                 specs.append(self._spec_for(raw))
             except TranslationError:
-                continue  # upsert_node records the reason right after
-        self.state = ClusterState(specs)
-        self.scheduler = Scheduler(self.state, make_policy(self.policy_name))
-        for key in [k for keys in self._waiting_on_node.values() for k in keys]:
-            self._reconcile(key)
+                continue
+        if not specs:
+            return
+        self.state.add_nodes(specs)
+        for spec in specs:  # pods whose assignment names a node that was not there yet
+            self.node_problems.pop(spec.name, None)
+            for key in list(self._waiting_on_node.get(spec.name, ())):
+                self._reconcile(key)
 
     def remove_node(self, name: str) -> None:
         """Apply a DELETED node; its bookings go with it and come back if the node does."""
@@ -196,8 +206,7 @@ class ClusterCache:
         """Apply a full list (start, or re-list after 410 Gone): upsert all, remove the rest."""
         with self.lock:
             raws = [as_dict(node) for node in nodes]
-            if self.state.size == 0:
-                self._bulk_load(raws)
+            self._add_new_nodes(raws)
             seen: set[str] = set()
             for raw in raws:
                 self.upsert_node(raw)

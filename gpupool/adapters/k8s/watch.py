@@ -6,8 +6,14 @@ correctness:
 * list first (paginated, raw JSON), replace the cache's view, remember the list's resourceVersion;
 * watch from that resourceVersion, applying each event and advancing the version (bookmarks too);
 * a watch that ends normally (server timeout) resumes from the last version;
-* ``410 Gone`` (the version was compacted away) means events were lost: list again;
+* ``410 Gone`` (the version was compacted away) means events were lost: list again. The apiserver
+  says so either as an HTTP 410 or, for a watch, as an ``ERROR`` event inside a 200 stream;
 * any other error backs off and resumes; the cache keeps answering from what it has.
+
+The watch stream is read here, line by line, rather than through ``kubernetes.watch.Watch``: with
+``deserialize=False`` (raw dicts, much cheaper than client models) that helper fails on the
+``ERROR`` event with a ``KeyError`` instead of raising 410, and the loop then retried the same
+expired version forever and never listed again.
 """
 
 from __future__ import annotations
@@ -15,8 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpupool.adapters.k8s.cache import ClusterCache
@@ -67,7 +72,6 @@ class ListWatch:
         self.relists += 1
 
     def _run(self) -> None:
-        from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
         need_list = True
@@ -76,50 +80,87 @@ class ListWatch:
                 if need_list:
                     self.list_once()
                     need_list = False
-                watch_module: Any = watch
-                watcher = watch_module.Watch()
-                stream = watcher.stream(self.list_fn, resource_version=self.resource_version,
-                                        timeout_seconds=self.watch_timeout_s, allow_watch_bookmarks=True,
-                                        deserialize=False)
-                for event in stream:
-                    if self.stop.is_set():
-                        return
-                    kind = event.get("type")
-                    obj = event.get("object") or {}
-                    version = (obj.get("metadata") or {}).get("resourceVersion")
-                    if version:
-                        self.resource_version = str(version)
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self.on_event(kind, obj)
+                need_list = self.watch_once()
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("%s watch: resourceVersion %s expired (410 Gone); listing again",
+                    log.info("%s: resourceVersion %s expired (410 Gone); listing again",
                              self.kind, self.resource_version)
                     need_list = True
                     continue
                 log.warning("%s watch failed: %s; retrying", self.kind, exc)
-                time.sleep(self.backoff_s)
+                self.stop.wait(self.backoff_s)
             except Exception as exc:  # network errors, decode errors: back off and resume
                 log.warning("%s watch failed: %s: %s; retrying", self.kind, type(exc).__name__, exc)
-                time.sleep(self.backoff_s)
+                self.stop.wait(self.backoff_s)
+
+    def watch_once(self) -> bool:
+        """One watch request from :attr:`resource_version`, applied event by event until the server
+        ends it; returns True when the version has expired (410 Gone) and a new list is needed."""
+        resp = self.list_fn(watch=True, resource_version=self.resource_version,
+                            timeout_seconds=self.watch_timeout_s, allow_watch_bookmarks=True,
+                            _preload_content=False)
+        try:
+            for line in _lines(resp):
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        log.info("%s watch: resourceVersion %s expired (410 Gone); listing again",
+                                 self.kind, self.resource_version)
+                        return True
+                    raise WatchError(f"{self.kind} watch: error event {obj.get('code')} "
+                                     f"{obj.get('reason')}: {obj.get('message')}")
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    self.resource_version = str(version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self.on_event(kind, obj)
+                if self.stop.is_set():
+                    break
+        finally:
+            resp.close()
+            resp.release_conn()
+        return False
+
+
+class WatchError(RuntimeError):
+    """The watch stream carried an ERROR event other than 410 Gone."""
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The non-empty lines of a streamed answer (one JSON event per line)."""
+    pending = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        if isinstance(chunk, str):
+            chunk = chunk.encode()
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if pending.strip():
+        yield pending
+
+
+def apply_node_event(cache: ClusterCache, kind: str, obj: dict[str, Any]) -> None:
+    """One node event into the cache."""
+    if kind == "DELETED":
+        cache.remove_node(str((obj.get("metadata") or {}).get("name")))
+    else:
+        cache.upsert_node(obj)
+
+
+def apply_pod_event(cache: ClusterCache, kind: str, obj: dict[str, Any]) -> None:
+    """One pod event into the cache."""
+    if kind == "DELETED":
+        cache.remove_pod(obj)
+    else:
+        cache.upsert_pod(obj)
 
 
 def start_watches(cache: ClusterCache, core_v1: Any, stop: threading.Event) -> tuple[ListWatch, ListWatch]:
     """Start the node and pod watches feeding ``cache``; returns them (for status and tests)."""
-
-    def node_event(kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            cache.remove_node(str((obj.get("metadata") or {}).get("name")))
-        else:
-            cache.upsert_node(obj)
-
-    def pod_event(kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            cache.remove_pod(obj)
-        else:
-            cache.upsert_pod(obj)
-
-    nodes = ListWatch("nodes", core_v1.list_node, cache.replace_nodes, node_event, stop=stop).start()
-    pods = ListWatch("pods", core_v1.list_pod_for_all_namespaces, cache.replace_pods, pod_event,
-                     stop=stop).start()
+    nodes = ListWatch("nodes", core_v1.list_node, cache.replace_nodes,
+                      lambda kind, obj: apply_node_event(cache, kind, obj), stop=stop).start()
+    pods = ListWatch("pods", core_v1.list_pod_for_all_namespaces, cache.replace_pods,
+                     lambda kind, obj: apply_pod_event(cache, kind, obj), stop=stop).start()
     return nodes, pods

@@ -1,0 +1,116 @@
+"""The list+watch loop against the in-process fake API: events, resume, and a re-list on 410 Gone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from k8s_builders import container, node, pod
+
+from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.fake_api import FakePodApi
+from gpupool.adapters.k8s.fake_watch import FakeListWatch
+from gpupool.adapters.k8s.watch import ListWatch, apply_pod_event
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+class World:
+    def __init__(self) -> None:
+        self.api = FakePodApi()
+        self.server = FakeListWatch(self.api)
+        self.cache = ClusterCache(policy="binpack")
+        self.cache.replace_nodes([node("n1", [16276])])
+        self.stop = threading.Event()
+        self.watch = ListWatch("pods", self.server.list_pod_for_all_namespaces, self.cache.replace_pods,
+                               lambda kind, obj: apply_pod_event(self.cache, kind, obj), stop=self.stop,
+                               page_size=2, watch_timeout_s=1, backoff_s=0.05)
+
+    def create(self, name: str) -> None:
+        self.api.create_pod(pod(name, container(gpu_mem=1000)))
+
+    def known(self) -> set[str]:
+        return set(self.cache.pods)
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    w = World()
+    yield w
+    w.stop.set()
+    w.server.hold_watches()  # end the open stream now rather than at its timeout
+    w.server.release_watches()
+    w.watch.thread.join(timeout=10)
+    assert not w.watch.thread.is_alive()
+
+
+def test_list_then_watch_applies_every_event(world: World) -> None:
+    for name in ("p1", "p2", "p3"):
+        world.create(name)
+    world.watch.start()
+    eventually(lambda: world.cache.synced and world.known() == {"default/p1", "default/p2", "default/p3"})
+    assert world.server.lists == 2  # three pods in pages of two
+    world.create("p4")
+    world.api.delete_pod("default", "p1")
+    eventually(lambda: world.known() == {"default/p2", "default/p3", "default/p4"})
+    assert world.watch.relists == 1
+    assert world.watch.resource_version == str(world.api.resource_version)
+
+
+def test_a_watch_that_ends_resumes_from_the_last_version_without_listing(world: World) -> None:
+    world.create("p1")
+    world.watch.start()
+    eventually(lambda: world.known() == {"default/p1"})
+    world.server.hold_watches()  # the stream ends, as at a server-side timeout
+    world.create("p2")
+    world.server.release_watches()
+    eventually(lambda: world.known() == {"default/p1", "default/p2"})
+    assert world.watch.relists == 1
+
+
+def test_410_gone_in_the_stream_lists_again_and_catches_up(world: World) -> None:
+    """Events lost while disconnected (a delete among them) can only be recovered by a new list."""
+    for name in ("p1", "p2"):
+        world.create(name)
+    world.watch.start()
+    eventually(lambda: world.known() == {"default/p1", "default/p2"})
+    world.server.hold_watches()
+    world.api.delete_pod("default", "p1")
+    world.create("p3")
+    world.api.compact()  # the watcher's resourceVersion is now too old: 410 Gone
+    world.server.release_watches()
+    eventually(lambda: world.watch.relists == 2)
+    eventually(lambda: world.known() == {"default/p2", "default/p3"})
+    world.create("p4")  # and it watches on from the new list's version
+    eventually(lambda: "default/p4" in world.known())
+    assert world.watch.relists == 2
+
+
+def test_410_as_an_http_error_lists_again_too(world: World) -> None:
+    world.create("p1")
+    world.watch.start()
+    eventually(lambda: world.known() == {"default/p1"})
+    world.server.hold_watches()
+    world.server.fail_next_watch(410)
+    world.create("p2")
+    world.server.release_watches()
+    eventually(lambda: world.watch.relists == 2 and world.known() == {"default/p1", "default/p2"})
+
+
+def test_other_watch_errors_back_off_and_resume_without_listing(world: World) -> None:
+    world.create("p1")
+    world.watch.start()
+    eventually(lambda: world.known() == {"default/p1"})
+    world.server.hold_watches()
+    world.server.fail_next_watch(500)
+    world.create("p2")
+    world.server.release_watches()
+    eventually(lambda: world.known() == {"default/p1", "default/p2"})
+    assert world.watch.relists == 1
