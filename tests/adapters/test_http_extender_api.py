@@ -138,11 +138,11 @@ def test_any_node_name_comes_back_as_valid_json() -> None:
     odd = ['a"b', "c\\d", "e\n", "ünï", "N1"]
 
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
-        status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), odd))
+        status, body = await post(client, "/filter", args(pod("p", container(mib=1000)), odd))
         assert status == 200
         assert body["NodeNames"] == ["N1"]
         assert set(body["FailedNodes"]) == set(odd[:-1])
-        status, body = await post(client, "/prioritize", args(pod("p", container(gpu_mem=1000)), odd))
+        status, body = await post(client, "/prioritize", args(pod("p", container(mib=1000)), odd))
         assert status == 200
         assert [e["Host"] for e in body] == odd
         assert {e["Host"]: e["Score"] for e in body}["N1"] == 10
@@ -157,11 +157,11 @@ def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> No
 
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         cache.remove_node("N3")
-        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        _, body = await post(client, "/filter", args(pod("p", container(mib=1000)), names))
         assert body["FailedNodes"]["N3"] == UNKNOWN_NODE
         cache.remove_node("N2")
         cache.upsert_node(node("N3", [16276, 16276]))
-        _, body = await post(client, "/filter", args(pod("p", container(gpu_mem=1000)), names))
+        _, body = await post(client, "/filter", args(pod("p", container(mib=1000)), names))
         assert body["FailedNodes"] == {"N2": UNKNOWN_NODE}
         assert body["NodeNames"] == ["N1", "N3"]
 
@@ -198,7 +198,7 @@ def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
 
 @pytest.mark.parametrize(
     ("ask", "taken"),
-    [({"gpu_mem": 8138}, {"gpu_mem": 8138}), ({"gpu_core": 50}, {"gpu_core": 50}), ({"gpu": 1}, None)],
+    [({"mib": 8138}, {"mib": 8138}), ({"gpu_core": 50}, {"gpu_core": 50}), ({"gpu": 1}, None)],
     ids=["last-half-memory", "last-half-compute", "last-whole-card"],
 )
 def test_concurrent_binds_for_the_last_space_on_a_card_never_both_succeed(

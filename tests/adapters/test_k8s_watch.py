@@ -34,7 +34,7 @@ class World:
                                page_size=2, watch_timeout_s=1, backoff_s=0.05)
 
     def create(self, name: str) -> None:
-        self.api.create_pod(pod(name, container(gpu_mem=1000)))
+        self.api.create_pod(pod(name, container(mib=1000)))
 
     def known(self) -> set[str]:
         return set(self.cache.pods)
