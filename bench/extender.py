@@ -59,7 +59,9 @@ SHAPES = [
 
 def node_json(name: str, cards: int) -> dict[str, Any]:
     inventory = Inventory(tuple(GpuCard(i, f"GPU-{name}-{i}", "A100", CARD_MIB) for i in range(cards)))
-    caps = {"cpu": "96", "memory": "768Gi", "pods": "250"}
+    # The node advertises HAMi's MiB alias (as a node whose device plugin served it would), so the
+    # extender considers it for the MiB shapes above.
+    caps = {"cpu": "96", "memory": "768Gi", "pods": "250", "nvidia.com/gpumem": "1"}
     return {
         "metadata": {"name": name, "annotations": {"gpupool.io/inventory-v1": encode_inventory(inventory)}},
         "status": {"capacity": caps, "allocatable": caps},

@@ -21,17 +21,27 @@ from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_S
 @click.option("--pod-resources-socket", default=POD_RESOURCES_SOCKET, show_default=True)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube.")
 @click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
+@click.option("--serve-aliases", default="", metavar="FAMILIES",
+              help="Also serve these foreign resource families, comma-separated: gpushare "
+                   "(aliyun.com/gpu-mem, GiB), gpumanager (tencent.com/vcuda-core, vcuda-memory). "
+                   "For nodes that take over from those device plugins (docs/node-agent.md).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, verbose: bool) -> None:
+               kubeconfig: str | None, domain: str, serve_aliases: str, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
+    from gpupool.core.names import alias_family_resources
+
+    try:
+        aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain))
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str) -> None:
+               domain: str, aliases: tuple[str, ...]) -> None:
     from gpupool.adapters.deviceplugin.manager import DevicePluginManager
     from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
     from gpupool.adapters.k8s.allocated_codec import encode_served
@@ -49,9 +59,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         from gpupool.adapters.nvml.real import NvmlBackend
         backend = NvmlBackend()
     pods = KubePodSource(names, kubeconfig)
-    agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served)
+    agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases)
     await pods.publish_node(node, agent.inventory)
-    manager = DevicePluginManager(plugin_dir, names.all(), agent)
+    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
 
     async def publish_on_change() -> None:
         version = agent.devices_version

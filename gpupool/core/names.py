@@ -28,6 +28,37 @@ NVIDIA_GPUCORES = "nvidia.com/gpucores"
 ALIASES: tuple[str, ...] = (ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY, NVIDIA_GPUMEM,
                             NVIDIA_GPUCORES)
 
+#: Foreign resource families the node agent can serve as kubelet devices (opt-in, per node:
+#: ``gpupool node-agent --serve-aliases gpushare,gpumanager``), by the project an admin migrates from.
+#: Their units are coarse enough to be kubelet devices (1 GiB, 256 MiB, 1 %), so kubelet's count
+#: admission can follow the extender's booking exactly.
+ALIAS_FAMILIES: dict[str, tuple[str, ...]] = {
+    "gpushare": (ALIYUN_GPU_MEM,),
+    "gpumanager": (TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY),
+}
+
+#: Why no node agent serves an alias: the extender's filter gives this reason instead of letting
+#: kubelet silently drop the resource (kubelet ignores extended resources its node does not
+#: advertise, so the container would start without any GPU grant).
+UNSERVABLE: dict[str, str] = {
+    name: ("HAMi's resources are not served by gpupool's node agent: nvidia.com/gpumem counts MiB, and a "
+           "kubelet device per MiB (143,771 per H200 card) is more than kubelet's device plugin stream "
+           "carries; HAMi's card count is nvidia.com/gpu, NVIDIA's whole-card resource. Ask for "
+           "gpupool.io/gpu-mem (256 MiB units) and gpupool.io/gpu-core (percent) instead")
+    for name in (NVIDIA_GPUMEM, NVIDIA_GPUCORES)
+}
+
+
+def alias_family_resources(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The foreign resources of the named families, in registration order; ``ValueError`` names
+    an unknown family (and the known ones) so a typo in a DaemonSet's flags fails at start."""
+    out: list[str] = []
+    for family in families:
+        if family not in ALIAS_FAMILIES:
+            raise ValueError(f"unknown alias family {family!r}; known: {', '.join(ALIAS_FAMILIES)}")
+        out.extend(r for r in ALIAS_FAMILIES[family] if r not in out)
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class ResourceNames:
@@ -42,8 +73,17 @@ class ResourceNames:
     # ------------------------------------------------------------------ extended resources
     @property
     def gpu(self) -> str:
-        """Whole cards (a count)."""
+        """Whole exclusive cards (a count); one card is one kubelet device. Never part of a slice:
+        kubelet would take whole-card devices for a shared slice and refuse pods the extender
+        placed on cards that other slices share."""
         return f"{self.domain}/gpu"
+
+    @property
+    def gpu_shared(self) -> str:
+        """How many cards a slice (``gpu-mem``/``gpu-core``) spans; 1 when absent. One kubelet
+        device is one slice on one card; the node agent advertises more per card than a card can
+        ever hold slices, so kubelet's count never refuses what the extender placed."""
+        return f"{self.domain}/gpu-shared"
 
     @property
     def gpu_mem(self) -> str:
@@ -55,13 +95,13 @@ class ResourceNames:
         """Compute per card in percent (100 = the whole card); one percent is one kubelet device."""
         return f"{self.domain}/gpu-core"
 
-    def all(self) -> tuple[str, str, str]:
+    def all(self) -> tuple[str, str, str, str]:
         """gpupool's own resources, in the order the device plugin registers them."""
-        return (self.gpu, self.gpu_mem, self.gpu_core)
+        return (self.gpu, self.gpu_mem, self.gpu_core, self.gpu_shared)
 
     def managed(self) -> tuple[str, ...]:
         """Every resource name the extender owns (for ``managedResources`` and quick pod checks)."""
-        return (self.gpu, self.gpu_mem, self.gpu_core, *ALIASES)
+        return (*self.all(), *ALIASES)
 
     # ------------------------------------------------------------------------- annotations
     @property

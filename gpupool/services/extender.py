@@ -22,6 +22,7 @@ import numpy.typing as npt
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import Placement, PodRequest
+from gpupool.core.names import ALIAS_FAMILIES, UNSERVABLE
 from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import AllocationError, ClusterState, IntArray
 
@@ -44,6 +45,8 @@ class Ledger(Protocol):
     state: ClusterState
     scheduler: Scheduler
     node_problems: dict[str, str]
+    served_aliases: dict[str, frozenset[str]]
+    """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
 
     @property
     def synced(self) -> bool:
@@ -132,11 +135,14 @@ class ExtenderService:
             self._rows_cache.pop(next(iter(self._rows_cache)))
         self._rows_cache[key] = found
 
-    def _feasible(self, request: PodRequest, names: list[str],
+    def _feasible(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
                   explain: bool = True) -> tuple[list[str], FloatArray, dict[str, str]]:
         """The nodes among ``names`` that can hold ``request`` (in request order) with their policy
         scores, and a reason for every other node (for nodes rejected by the GPU check only when
-        ``explain``: prioritize has no use for them). Must be called with the cache lock held."""
+        ``explain``: prioritize has no use for them). Must be called with the cache lock held.
+
+        ``aliases``: the foreign resource names the pod uses; a node qualifies only if it serves
+        every one of them."""
         state = self.cache.state
         problem = request_problem(state, request)
         if problem is not None:
@@ -151,6 +157,12 @@ class ExtenderService:
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
+        if aliases:
+            for i, name in enumerate(names):
+                why = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset()))
+                if why is not None and usable[i]:
+                    usable[i] = False
+                    failed[name] = why
         candidates = rows[usable]
         if not len(candidates):
             return [], np.zeros(0), failed
@@ -177,24 +189,27 @@ class ExtenderService:
         return passed, candidate_scores[fits], failed
 
     # -------------------------------------------------------------------------------- verbs
-    def filter(self, request: PodRequest, names: list[str]) -> FilterOutcome:
-        """Nodes that can hold every GPU container of the pod, with a reason for each other node."""
+    def filter(self, request: PodRequest, names: list[str],
+               aliases: frozenset[str] = frozenset()) -> FilterOutcome:
+        """Nodes that can hold every GPU container of the pod (and serve the foreign ``aliases`` it
+        uses), with a reason for each other node."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
-            passed, _, failed = self._feasible(request, names)
+            passed, _, failed = self._feasible(request, names, aliases)
         return FilterOutcome(passed=passed, failed=failed)
 
-    def prioritize(self, request: PodRequest, names: list[str]) -> tuple[dict[str, int], str]:
+    def prioritize(self, request: PodRequest, names: list[str],
+                   aliases: frozenset[str] = frozenset()) -> tuple[dict[str, int], str]:
         """Scores 0..10 per node from the placement policy (infeasible nodes 0), and an error."""
         if not request.wants_gpu:
             return dict.fromkeys(names, 0), ""
         if not self.cache.synced:
             return {}, NOT_SYNCED
         with self.cache.lock:
-            passed, scores, _ = self._feasible(request, names, explain=False)
+            passed, scores, _ = self._feasible(request, names, aliases, explain=False)
         return scale_scores(passed, scores, names), ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
@@ -242,6 +257,23 @@ class ExtenderService:
                 if not isinstance(decision, Unschedulable):
                     kept[node] = list(uids)
         return kept, ""
+
+
+def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
+    """Why a node cannot take a pod's foreign aliases, or ``None`` when it serves them all.
+
+    kubelet drops an extended resource its node does not advertise (it admits the pod and never
+    calls a device plugin for it), so placing the pod there would start it without its GPU grant.
+    """
+    missing = sorted(wanted - served)
+    if not missing:
+        return None
+    hints = sorted({UNSERVABLE[m] for m in missing if m in UNSERVABLE})
+    if hints:
+        return "; ".join(hints)
+    families = sorted({f for f, members in ALIAS_FAMILIES.items() for m in missing if m in members})
+    return (f"node does not serve {', '.join(missing)}: start its gpupool node agent with "
+            f"--serve-aliases {','.join(families)}")
 
 
 def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> dict[str, int]:

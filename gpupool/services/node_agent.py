@@ -64,9 +64,11 @@ class NodeAgent:
 
     def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, aliases: tuple[str, ...] = ()) -> None:
         self.node = node
         self.names = names
+        self.resources: tuple[str, ...] = (*names.all(), *aliases)
+        """What this agent serves: gpupool's resources, then the opt-in foreign aliases."""
         self.backend = backend
         self.pods = pods
         self.podresources = podresources

@@ -22,10 +22,11 @@ INVENTORY_ANNOTATION = "inventory-v1"
 
 # The units of the advertised resources (what one kubelet "device" stands for): ``<domain>/gpu`` one
 # whole card (ID ``g<i>``); ``<domain>/gpu-mem`` 256 MiB of card memory (``g<i>-m<k>``);
-# ``<domain>/gpu-core`` 1 % of one card's compute (``g<i>-c<k>``). A container's limit is what it
-# takes on *each* of its cards (the extender's reading); kubelet's device counts are only its
-# admission guard, the assignment says which cards. 8 x 141 GB cards give 4,488 memory devices,
-# about 90 kB per ListAndWatch.
+# ``<domain>/gpu-core`` 1 % of one card's compute (``g<i>-c<k>``); ``<domain>/gpu-shared`` one slice
+# on a card (``g<i>-s<k>``); foreign aliases see :mod:`gpupool.services.device_layout`. A
+# container's limit is what it takes on *each* of its cards (the extender's reading); kubelet's
+# device counts are only its admission guard, the assignment says which cards. 8 x 141 GB cards
+# give 4,512 memory devices, about 90 kB per ListAndWatch.
 MEMORY_UNIT = MEMORY_UNIT_MIB
 CORE_PER_CARD = 100
 

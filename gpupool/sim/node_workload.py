@@ -62,7 +62,10 @@ def limits_for(names: ResourceNames, placement: Placement, container: str) -> di
         if any(s.exclusive for s in a.slices):
             return {names.gpu: len(a.slices)}
         first = a.slices[0]
-        return {names.gpu_mem: first.memory_mib // MEMORY_UNIT, names.gpu_core: first.compute // 10}
+        limits = {names.gpu_mem: first.memory_mib // MEMORY_UNIT, names.gpu_core: first.compute // 10}
+        if len(a.slices) > 1:
+            limits[names.gpu_shared] = len(a.slices)  # a slice of several cards
+        return limits
     return {}
 
 

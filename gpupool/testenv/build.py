@@ -44,7 +44,8 @@ DEBIAN_SUITE = "bookworm"
 #: The commit of upstream v1.20.2, stamped into the binaries' version info.
 K8S_GIT_COMMIT = "faecb196815e248d3ecfb03c680a4507229c2a56"
 
-_STAMP_NAME = ".fakecri.sha256"
+#: How many hex digits of the source's SHA-256 name a fake-runtime binary (64 bits: no collisions).
+FAKECRI_KEY_LENGTH = 16
 
 Log = Callable[[str], None]
 
@@ -63,6 +64,16 @@ def fakecri_digest() -> str:
     return hashlib.sha256(fakecri_source().read_bytes()).hexdigest()
 
 
+def fakecri_binary() -> Path:
+    """Where the fake runtime built from *this* source lives: ``bin/gpupool-fakecri-<hash>``.
+
+    Keyed by the source's hash, not stamped: checkouts with different ``main.go`` (branches, other
+    engineers' worktrees sharing the cache) each find their own binary, a rebuild never replaces a
+    binary another run is executing, and no two checkouts rebuild over each other in turn.
+    """
+    return bin_dir() / f"{FAKECRI_COMMAND}-{fakecri_digest()[:FAKECRI_KEY_LENGTH]}"
+
+
 def system_etcd() -> Path | None:
     """The etcd binary installed by ``etcd-server``, if present."""
     found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
@@ -77,11 +88,8 @@ def cached_binaries() -> Binaries | None:
     etcd = system_etcd()
     if etcd is None:
         return None
-    binaries = Binaries.in_dir(bin_dir(), etcd)
+    binaries = Binaries.in_dir(bin_dir(), etcd, fakecri_binary())
     if binaries.missing():
-        return None
-    stamp = bin_dir() / _STAMP_NAME
-    if not stamp.is_file() or stamp.read_text().strip() != fakecri_digest():
         return None
     return binaries
 
@@ -149,16 +157,7 @@ def _build(root: Path, log: Log) -> Binaries:
     etcd = system_etcd()
     if etcd is None:
         raise BuildFailedError("etcd not found after installing etcd-server")
-    k8s_missing = [c for c in K8S_COMMANDS if not (out / c).is_file()]
-    targets = [f"cmd/{c}" for c in k8s_missing]
-    stamp = out / _STAMP_NAME
-    digest = fakecri_digest()
-    fakecri_stale = not stamp.is_file() or stamp.read_text().strip() != digest
-    if fakecri_stale or not (out / FAKECRI_COMMAND).is_file():
-        fakecri_dir = tree / "cmd" / FAKECRI_COMMAND
-        fakecri_dir.mkdir(exist_ok=True)
-        shutil.copyfile(fakecri_source(), fakecri_dir / "main.go")
-        targets.append(f"cmd/{FAKECRI_COMMAND}")
+    targets = [f"cmd/{c}" for c in K8S_COMMANDS if not (out / c).is_file()]
     if targets:
         log(f"compiling {' '.join(targets)} (cold: several minutes; log: {logs / 'make.log'})")
         _run(
@@ -171,19 +170,60 @@ def _build(root: Path, log: Log) -> Binaries:
         )
         built = tree / "_output" / "bin"
         for target in targets:
-            name = target.removeprefix("cmd/")
-            tmp = out / f".{name}.tmp"
-            shutil.copyfile(built / name, tmp)
-            tmp.chmod(0o755)
-            tmp.replace(out / name)  # atomic: readers never see a half-copied binary
-        # The Go build cache is 1.5 GB; rebuilding the small fake runtime without it takes ~1 min.
+            _install(built / target.removeprefix("cmd/"), out / target.removeprefix("cmd/"))
+        # The Go build cache is 1.5 GB; the fake runtime keeps its own, smaller one.
         shutil.rmtree(tree / "_output" / "local" / "go" / "cache", ignore_errors=True)
-    stamp.write_text(digest + "\n")
-    binaries = Binaries.in_dir(out, etcd)
+    fakecri = fakecri_binary()
+    if not fakecri.is_file():
+        _build_fakecri(root, tree, fakecri, logs, log)
+    binaries = Binaries.in_dir(out, etcd, fakecri)
     if binaries.missing():
         raise BuildFailedError(f"build finished but these are missing: {binaries.missing()}")
     log(f"test environment binaries ready in {out}")
     return binaries
+
+
+def _build_fakecri(root: Path, tree: Path, target: Path, logs: Path, log: Log) -> None:
+    """Compile this checkout's fake runtime into ``target`` with ``go build`` (no ``make``: it needs
+    no generated files) and a Go build cache of its own, kept so that the next change of
+    ``main.go`` recompiles one small package in seconds instead of its dependencies for a minute.
+
+    The source goes to a directory named by its hash, so a build for another checkout (same lock,
+    same tree) never compiles this one's ``main.go`` by mistake.
+    """
+    key = target.name.removeprefix(f"{FAKECRI_COMMAND}-")
+    package = tree / "cmd" / f"{FAKECRI_COMMAND}-{key}"
+    package.mkdir(exist_ok=True)
+    shutil.copyfile(fakecri_source(), package / "main.go")
+    tmp = target.with_name(f".{target.name}.tmp")
+    log(f"compiling the fake container runtime {target.name} (log: {logs / 'fakecri.log'})")
+    # Kubernetes 1.20 builds in GOPATH mode (hack/lib/init.sh: GO111MODULE=off), from the tree
+    # linked into _output/local/go as k8s.io/kubernetes, so vendor/ resolves the imports.
+    gopath = tree / "_output" / "local" / "go"
+    linked = gopath / "src" / "k8s.io" / "kubernetes"
+    if not linked.exists():
+        linked.parent.mkdir(parents=True, exist_ok=True)
+        linked.symlink_to(tree)
+    # PWD: Go takes the working directory from it when it names the same directory, and only the
+    # path through GOPATH lets vendor/ resolve (the real path lies outside GOPATH).
+    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "", "GOPROXY": "off", "CGO_ENABLED": "0",
+           "GOPATH": str(gopath), "GOCACHE": str(root / "go-cache-fakecri"), "PWD": str(linked)}
+    try:
+        _run(["go", "build", "-ldflags=-s -w", "-o", str(tmp), f"./cmd/{package.name}"], logs / "fakecri.log",
+             cwd=linked, env=env, failure=BuildFailedError, step="go build (fake runtime)")
+    finally:
+        shutil.rmtree(package, ignore_errors=True)
+    _install(tmp, target)
+    tmp.unlink()
+
+
+def _install(built: Path, target: Path) -> None:
+    """Copy a built binary into place atomically: a reader sees the old file or the whole new one,
+    and a process already running the old file keeps it (``rename`` replaces the name only)."""
+    tmp = target.with_name(f".{target.name}.copy")
+    shutil.copyfile(built, tmp)
+    tmp.chmod(0o755)
+    tmp.replace(target)
 
 
 def _install_packages(logs: Path, log: Log) -> None:

@@ -48,13 +48,14 @@ class Binaries:
     etcd: Path
 
     @classmethod
-    def in_dir(cls, directory: Path, etcd: Path) -> Binaries:
-        """The binaries as laid out by the build in ``directory``, plus the system's etcd."""
+    def in_dir(cls, directory: Path, etcd: Path, fakecri: Path | None = None) -> Binaries:
+        """The binaries as laid out by the build in ``directory``, plus the system's etcd; the fake
+        runtime at ``fakecri`` (the build keys it by its source's hash) or in ``directory``."""
         return cls(
             kube_apiserver=directory / "kube-apiserver",
             kube_scheduler=directory / "kube-scheduler",
             kubelet=directory / "kubelet",
-            fakecri=directory / FAKECRI_COMMAND,
+            fakecri=fakecri or directory / FAKECRI_COMMAND,
             etcd=etcd,
         )
 

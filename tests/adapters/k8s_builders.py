@@ -8,6 +8,7 @@ from gpupool.adapters.k8s.annotations import Inventory, encode_inventory
 from gpupool.core.model import GpuCard, Topology
 
 GIB = 1024 * 1024 * 1024
+HAMI_MIB = "nvidia.com/gpumem"
 
 
 def node(
@@ -18,8 +19,13 @@ def node(
     topology: Topology | None = None,
     annotations: dict[str, str] | None = None,
     capacity: dict[str, str] | None = None,
+    serves: tuple[str, ...] = (HAMI_MIB,),
 ) -> dict[str, Any]:
-    """A node; with ``card_mib`` it publishes an ``inventory-v1`` annotation with those cards."""
+    """A node; with ``card_mib`` it publishes an ``inventory-v1`` annotation with those cards.
+
+    ``serves``: foreign aliases its kubelet advertises (the extender sends a pod that uses an alias
+    only to nodes that advertise it). By default HAMi's MiB alias, which these tests use to ask
+    exact MiB (the Alibaba example's cards are not multiples of 256 MiB)."""
     notes = dict(annotations or {})
     if card_mib is not None:
         cards = tuple(
@@ -27,7 +33,7 @@ def node(
             for i, m in enumerate(card_mib)
         )
         notes["gpupool.io/inventory-v1"] = encode_inventory(Inventory(cards, topology))
-    caps = {"cpu": "32", "memory": "128Gi", "pods": "110", **(capacity or {})}
+    caps = {"cpu": "32", "memory": "128Gi", "pods": "110", **dict.fromkeys(serves, "1"), **(capacity or {})}
     return {
         "apiVersion": "v1",
         "kind": "Node",

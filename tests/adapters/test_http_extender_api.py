@@ -370,3 +370,34 @@ def test_broken_node_inventory_is_the_failure_reason() -> None:
         assert "cards: expected list" in body["FailedNodes"]["N4"]
 
     run(scenario, nodes=[*ALIBABA_NODES, bad])
+
+
+def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
+    """kubelet drops an extended resource its node does not advertise (no Allocate, no grant), so a
+    pod asking for an alias passes only the nodes whose kubelet lists it; the others are refused
+    with the node agent flag that would serve it (HAMi: why gpupool cannot)."""
+    nodes = [node("serves", [16384], serves=("aliyun.com/gpu-mem", "tencent.com/vcuda-core")),
+             node("plain", [16384], serves=())]
+
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        names = ["serves", "plain"]
+        status, body = await post(client, "/filter", args(pod("p", container(**{"aliyun.com/gpu-mem": 4})), names))
+        assert status == 200 and body["NodeNames"] == ["serves"]
+        assert body["FailedNodes"] == {"plain": "node does not serve aliyun.com/gpu-mem: start its gpupool "
+                                                "node agent with --serve-aliases gpushare"}
+        status, body = await post(client, "/filter", args(pod("q", container(**{
+            "tencent.com/vcuda-core": 20, "tencent.com/vcuda-memory": 8})), names))
+        assert body["NodeNames"] == []
+        assert "--serve-aliases gpumanager" in body["FailedNodes"]["serves"]
+        assert "tencent.com/vcuda-core, tencent.com/vcuda-memory" in body["FailedNodes"]["plain"]
+        status, body = await post(client, "/filter", args(pod("r", container(mib=1000)), names))
+        assert body["NodeNames"] == [] and all("HAMi" in r and "gpupool.io/gpu-mem" in r
+                                               for r in body["FailedNodes"].values())
+        status, body = await post(client, "/prioritize", args(pod("s", container(**{"aliyun.com/gpu-mem": 4})),
+                                                               names))
+        assert {h["Host"]: h["Score"] for h in body} == {"serves": 10, "plain": 0}
+        # gpupool's own resources need no alias: both nodes qualify
+        status, body = await post(client, "/filter", args(pod("t", container(gpu_mem=16)), names))
+        assert body["NodeNames"] == names
+
+    run(scenario, nodes=nodes, pods=[])

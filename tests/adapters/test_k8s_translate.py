@@ -24,7 +24,10 @@ def gpu_of(c: dict[str, Any], annotations: dict[str, str] | None = None) -> GpuR
         ({"gpu_mem": 32}, GpuRequest(count=1, compute=0, memory_mib=8192)),  # 256 MiB units
         ({"gpu_core": 30}, GpuRequest(count=1, compute=300, memory_mib=None)),
         ({"gpu_core": 30, "gpu_mem": 16}, GpuRequest(count=1, compute=300, memory_mib=4096)),
-        ({"gpu": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096)),  # per card
+        ({"gpu_shared": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096)),  # per card
+        ({"gpu_shared": 2, "gpu_mem": 16, "gpu_core": 30}, GpuRequest(count=2, compute=300, memory_mib=4096)),
+        ({"gpu_shared": 2, "gpu_core": 100}, GpuRequest.whole(2)),
+        ({"gpu_shared": 2, "aliyun.com/gpu-mem": 3}, GpuRequest(count=2, compute=0, memory_mib=3072)),
         ({"gpu": 2}, GpuRequest.whole(2)),
         ({"gpu_core": 100}, GpuRequest.whole(1)),
         ({"aliyun.com/gpu-mem": 4}, GpuRequest(compute=0, memory_mib=4096)),
@@ -45,6 +48,7 @@ def test_container_requests(limits: dict[str, int], expected: GpuRequest) -> Non
                     "gpu": "gpupool.io/gpu",
                     "gpu_mem": "gpupool.io/gpu-mem",
                     "gpu_core": "gpupool.io/gpu-core",
+                    "gpu_shared": "gpupool.io/gpu-shared",
                 }.get(k, k): str(v)
                 for k, v in limits.items()
             }
@@ -117,6 +121,12 @@ def test_custom_domain() -> None:
         (container(gpu_mem=10), {"gpupool.io/exclusive": "yes"}, 'must be "true" or "false"'),
         ({"name": "main", "resources": {"limits": ["gpu"]}}, None, "expected an object"),
         ({"resources": {}}, None, "has no name"),
+        # gpu counts whole exclusive cards: with a slice kubelet would take whole-card devices
+        (container(gpu=2, gpu_mem=16), None, "write gpupool.io/gpu-shared: 2"),
+        (container(gpu=1, gpu_core=30), None, "cannot be combined with gpupool.io/gpu-core"),
+        (container(gpu=1, **{"tencent.com/vcuda-core": 100}), None, "whole exclusive cards"),
+        (container(**{"gpupool.io/gpu-shared": 2}), None, "add gpupool.io/gpu-mem and/or gpupool.io/gpu-core"),
+        (container(**{"gpupool.io/gpu-shared": 3, "tencent.com/vcuda-core": 200}), None, "means 2 cards"),
     ],
 )
 def test_rejections(c: dict[str, Any], annotations: dict[str, str] | None, fragment: str) -> None:

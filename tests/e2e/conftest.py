@@ -13,8 +13,9 @@ Public fixtures (use them from any test under tests/e2e):
   its Node deleted after the test.
 * ``gpupool_extender`` (module): ``gpupool extender`` (policy binpack) as a process, and
   kube-scheduler restarted to call it for gpupool's resources; both undone after the module.
-* ``start_node_agent``: ``start_node_agent(kubelet, gpus_yaml) -> NodeAgentProcess`` runs
-  ``gpupool node-agent --fake-gpus`` against that kubelet; stopped after the test.
+* ``start_node_agent``: ``start_node_agent(kubelet, gpus_yaml, extra_args=()) -> NodeAgentProcess``
+  runs ``gpupool node-agent --fake-gpus`` (plus ``extra_args``) against that kubelet; stopped
+  after the test.
 
 The environment is skipped (with the reason in the test report) only when it cannot be built on
 this machine at all: not root, no apt, or no route to Debian's registry.
@@ -207,10 +208,10 @@ def start_node_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Ca
     """Start ``gpupool node-agent --fake-gpus`` processes for kubelets; all stopped after the test."""
     started: list[NodeAgentProcess] = []
 
-    def start(kubelet: Kubelet, gpus_yaml: str) -> NodeAgentProcess:
+    def start(kubelet: Kubelet, gpus_yaml: str, extra_args: tuple[str, ...] = ()) -> NodeAgentProcess:
         workdir = tmp_path / f"agent-{kubelet.node_name}"
         workdir.mkdir()
-        agent = NodeAgentProcess(kubelet, control_plane.kubeconfig, gpus_yaml, workdir)
+        agent = NodeAgentProcess(kubelet, control_plane.kubeconfig, gpus_yaml, workdir, extra_args)
         started.append(agent)
         agent.start()
         return agent

@@ -158,8 +158,10 @@ class NodeAgentProcess:
     plane's kubeconfig for the pod and node annotations.
     """
 
-    def __init__(self, kubelet: Kubelet, kubeconfig: Path, gpus_yaml: str, workdir: Path) -> None:
+    def __init__(self, kubelet: Kubelet, kubeconfig: Path, gpus_yaml: str, workdir: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.kubelet = kubelet
+        self.extra_args = extra_args
         self.kubeconfig = kubeconfig
         self.gpus = workdir / "gpus.yaml"
         self.gpus.write_text(gpus_yaml)
@@ -170,7 +172,7 @@ class NodeAgentProcess:
         cmd = [*GPUPOOL_CLI, "node-agent", "--node-name", self.kubelet.node_name,
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
-               "--kubeconfig", str(self.kubeconfig)]
+               "--kubeconfig", str(self.kubeconfig), *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
 
@@ -207,16 +209,19 @@ ContainerLimits = tuple[str, Mapping[str, str]]
 def gpu_pod_manifest(name: str, containers: list[ContainerLimits], *, node: str | None = None,
                      init: list[ContainerLimits] | None = None,
                      scheduler_name: str | None = None) -> dict[str, Any]:
-    """A pod whose containers ask for gpupool resources; pinned to ``node`` by its hostname label."""
-    def spec(c: ContainerLimits) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": c[0], "image": "busybox:1.36", "command": ["sleep", "3600"]}
+    """A pod whose containers ask for gpupool resources; pinned to ``node`` by its hostname label.
+
+    Init containers run ``true``, which the test environment's fake runtime lets exit 0 at once, so
+    the app containers start after them as on a real node."""
+    def spec(c: ContainerLimits, command: tuple[str, ...] = ("sleep", "3600")) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": c[0], "image": "busybox:1.36", "command": list(command)}
         if c[1]:
             out["resources"] = {"limits": dict(c[1])}
         return out
 
     pod_spec: dict[str, Any] = {"containers": [spec(c) for c in containers], "terminationGracePeriodSeconds": 1}
     if init:
-        pod_spec["initContainers"] = [spec(c) for c in init]
+        pod_spec["initContainers"] = [spec(c, ("true",)) for c in init]
     if node:
         pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if scheduler_name:

@@ -33,12 +33,16 @@ NodeFactory = Callable[..., str]
 
 @pytest.fixture
 def gpu_node(make_node: MakeNode) -> NodeFactory:
-    """Kubelet-less Nodes publishing ``inventory-v1``; deleted after the test by ``make_node``."""
+    """Kubelet-less Nodes publishing ``inventory-v1``; deleted after the test by ``make_node``.
+
+    They advertise HAMi's MiB alias, which the pods here use to ask exact MiB (the Alibaba
+    example's cards are not multiples of 256 MiB): the extender sends a pod that uses an alias only
+    to nodes whose kubelet lists it, as a node whose device plugin served it would."""
 
     def make(card_mib: list[int], name: str | None = None) -> str:
         node_name = name or f"gpu-{uuid.uuid4().hex[:6]}"
         cards = tuple(GpuCard(i, f"GPU-{node_name}-{i}", "Tesla-P100", m) for i, m in enumerate(card_mib))
-        return make_node(node_name, {"cpu": "64", "memory": "256Gi", "pods": "250"},
+        return make_node(node_name, {"cpu": "64", "memory": "256Gi", "pods": "250", NVIDIA_GPUMEM: "1"},
                          annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
 
     return make

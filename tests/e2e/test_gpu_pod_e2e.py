@@ -9,9 +9,12 @@ and the fake container runtime prints each container's env to its log, which we 
 the apiserver (``kubectl logs``).
 
 What it proves: pods of every shape reach Running with exactly their assigned cards and limits in
-their env; the node agent re-registers after a kubelet restart and later pods run while the
-earlier ones keep running; and everything the test started (processes, mounts, node) is gone at
-the end.
+their env (two slices that each span the same two cards, a foreign gpushare alias served with
+``--serve-aliases gpushare``, an init container that finishes before its app container starts,
+each with its own grant); a pod asking for an alias no node serves stays Pending with the
+extender's reason; the node agent re-registers after a kubelet restart and later pods run while
+the earlier ones keep running; and everything the test started (processes, mounts, node) is gone
+at the end.
 """
 
 from __future__ import annotations
@@ -43,25 +46,32 @@ from gpupool.adapters.k8s.annotations import (
     decode_assignment,
     decode_inventory,
 )
-from gpupool.core.names import ResourceNames
+from gpupool.core.names import ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY, ResourceNames
 from gpupool.testenv.kubelet import Kubelet
 
 pytestmark = pytest.mark.e2e
 
 NAMES = ResourceNames()
 CARD_MIB = 16384
+CARDS = 3
 GPUS = f"""\
 model: Tesla-T4
 cards:
   - {{uuid: GPU-e2e-0000, memoryMiB: {CARD_MIB}}}
   - {{uuid: GPU-e2e-0001, memoryMiB: {CARD_MIB}}}
-topology: [[0, 1]]
+  - {{uuid: GPU-e2e-0002, memoryMiB: {CARD_MIB}}}
+topology: [[0, 1, 2]]
 """
+#: The node agent also serves gpushare's resource, as on a node migrated from it.
+AGENT_ARGS = ("--serve-aliases", "gpushare")
 
 
-def shared(mem_units: int, percent: int) -> dict[str, str]:
-    """A slice of one card: ``mem_units`` x 256 MiB and ``percent`` % of its compute."""
-    return {NAMES.gpu_mem: str(mem_units), NAMES.gpu_core: str(percent)}
+def shared(mem_units: int, percent: int, cards: int = 1) -> dict[str, str]:
+    """A slice of ``cards`` cards: ``mem_units`` x 256 MiB and ``percent`` % of the compute of each."""
+    limits = {NAMES.gpu_mem: str(mem_units), NAMES.gpu_core: str(percent)}
+    if cards > 1:
+        limits[NAMES.gpu_shared] = str(cards)
+    return limits
 
 
 WHOLE = {NAMES.gpu: "1"}
@@ -74,8 +84,11 @@ def wait_gpu_node(core_v1: client.CoreV1Api, kubelet: Kubelet, agent: NodeAgentP
         node = core_v1.read_node(kubelet.node_name)
         allocatable = node.status.allocatable or {}
         text = (node.metadata.annotations or {}).get(NAMES.inventory)
-        return (allocatable.get(NAMES.gpu) == "2" and allocatable.get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256)
-                and text is not None and len(decode_inventory(text).cards) == 2)
+        units = CARD_MIB // 256
+        return (allocatable.get(NAMES.gpu) == str(CARDS) and allocatable.get(NAMES.gpu_mem) == str(CARDS * units)
+                and allocatable.get(NAMES.gpu_shared) == str(CARDS * (units + 100))
+                and allocatable.get(ALIYUN_GPU_MEM) == str(CARDS * CARD_MIB // 1024)
+                and text is not None and len(decode_inventory(text).cards) == CARDS)
 
     wait_for(ready, timeout=60, what=f"gpupool devices and inventory on {kubelet.node_name}:\n{agent.log()}")
 
@@ -87,10 +100,13 @@ def running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Po
     return pod if pod.status.phase == "Running" else None
 
 
-def init_running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
+def unschedulable(core_v1: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The scheduler's message once it has marked the pod unschedulable."""
     pod = core_v1.read_namespaced_pod(name, namespace)
-    statuses = pod.status.init_container_statuses or []
-    return pod if statuses and statuses[0].state.running is not None else None
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            return str(cond.message)
+    return None
 
 
 def container_env(core_v1: client.CoreV1Api, namespace: str, pod: str, container: str) -> dict[str, str]:
@@ -120,8 +136,11 @@ def check_pod(core_v1: client.CoreV1Api, namespace: str, name: str, node: str,
             assert len(cards) == int(limits[NAMES.gpu]) and all(c.exclusive for c in cards)
             assert all(c.memory_mib == CARD_MIB for c in cards)
         else:
-            assert [(c.memory_mib, c.compute) for c in cards] == [
-                (int(limits[NAMES.gpu_mem]) * 256, int(limits.get(NAMES.gpu_core, "0")) * 10)]
+            mib = int(limits.get(NAMES.gpu_mem, "0")) * 256 or int(limits.get(ALIYUN_GPU_MEM, "0")) * 1024
+            per_card = (mib, int(limits.get(NAMES.gpu_core, "0")) * 10)
+            count = int(limits.get(NAMES.gpu_shared, "1"))
+            assert [(c.memory_mib, c.compute) for c in cards] == [per_card] * count
+            assert len({c.index for c in cards}) == count
     for cname, limits in containers:
         if started is not None and cname not in started:
             continue
@@ -158,7 +177,7 @@ def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
     began = time.monotonic()
     node = f"e2e-gpu-{uuid.uuid4().hex[:6]}"
     kubelet = start_kubelet(node)
-    agent = start_node_agent(kubelet, GPUS)
+    agent = start_node_agent(kubelet, GPUS, AGENT_ARGS)
     wait_gpu_node(core_v1, kubelet, agent)
     timings["node ready with gpupool devices"] = time.monotonic() - began
 
@@ -173,34 +192,49 @@ def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
         "shared": [("main", shared(16, 30))],                                  # 4 GiB, 30 %
         # helper: memory only (shares compute best-effort); log-shipper: no GPU at all
         "multi": [("worker", shared(8, 20)), ("helper", {NAMES.gpu_mem: "4"}), ("log-shipper", {})],
+        # two slices that each span two cards: both must pass kubelet's device admission
+        "span-a": [("main", shared(8, 20, cards=2))],
+        "span-b": [("main", shared(8, 20, cards=2))],
+        "gpushare": [("main", {ALIYUN_GPU_MEM: "2"})],                         # 2 GiB, gpushare's unit
     }
     init: list[ContainerLimits] = [("warmup", shared(4, 10))]
     with_init: list[ContainerLimits] = [("main", shared(8, 20))]
+    pods["with-init"] = with_init
     created = time.monotonic()
     for name, containers in pods.items():
-        core_v1.create_namespaced_pod(namespace, gpu_pod_manifest(name, containers, node=node))
-    core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("with-init", with_init, node=node, init=init))
+        core_v1.create_namespaced_pod(namespace, gpu_pod_manifest(
+            name, containers, node=node, init=init if name == "with-init" else None))
     for name in pods:
         wait_for(lambda n=name: running(core_v1, namespace, n), timeout=90, what=f"{name} Running\n{agent.log()}")
-    timings["shared + multi-container pods: create to Running"] = time.monotonic() - created
-    # The fake runtime's containers never exit, so an init container runs forever: the pod stays
-    # in Init, but kubelet admitted it (Allocate for init *and* app containers) and started "warmup".
-    wait_for(lambda: init_running(core_v1, namespace, "with-init"), timeout=90, what="init container running")
+    timings["shared, multi-card, alias and init-container pods: create to Running"] = time.monotonic() - created
+    # The init container ran ("true" exits 0 in the fake runtime) before the app container started.
+    [warmup] = core_v1.read_namespaced_pod("with-init", namespace).status.init_container_statuses
+    assert warmup.state.terminated is not None and warmup.state.terminated.exit_code == 0, warmup.state
+
+    # An alias this node does not serve: the extender keeps the pod off the node, with the reason.
+    tencent: list[ContainerLimits] = [("main", {TENCENT_VCUDA_CORE: "10", TENCENT_VCUDA_MEMORY: "4"})]
+    core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("tencent", tencent, node=node))
+    message = wait_for(lambda: unschedulable(core_v1, namespace, "tencent"), timeout=60,
+                       what="tencent pod marked unschedulable")
+    assert "--serve-aliases gpumanager" in message, message
 
     check_pod(core_v1, namespace, "whole", node, whole)
-    assignments = {name: check_pod(core_v1, namespace, name, node, containers) for name, containers in pods.items()}
-    check_pod(core_v1, namespace, "with-init", node, init + with_init, started={"warmup"})
+    assignments = {name: check_pod(core_v1, namespace, name, node, containers + (init if name == "with-init" else []))
+                   for name, containers in pods.items()}
     [whole_card] = decode_assignment(core_v1.read_namespaced_pod("whole", namespace)
                                      .metadata.annotations[NAMES.assignment]).containers[0].cards
     slice_cards = {c.index for a in assignments.values() for cc in a.containers for c in cc.cards}
-    assert slice_cards == {1 - whole_card.index}  # no slice on the exclusive card
+    assert slice_cards == set(range(CARDS)) - {whole_card.index}  # no slice on the exclusive card
+    spans = [{c.index for c in assignments[n].containers[0].cards} for n in ("span-a", "span-b")]
+    assert spans[0] == spans[1] == slice_cards  # both multi-card slices share the same two cards
     before = {p.metadata.name: p.status.container_statuses for p in core_v1.list_namespaced_pod(namespace).items
               if p.status.phase == "Running"}
-    assert set(before) == {"whole", "shared", "multi"}
+    assert set(before) == {"whole", *pods}
 
     # kubelet restarts: it wipes the plugin directory, the agent must serve and register again.
     sockets = {p.name for p in kubelet.device_plugin_dir.glob("gpupool-*.sock")}
-    assert sockets == {"gpupool-gpu.sock", "gpupool-gpu-mem.sock", "gpupool-gpu-core.sock"}
+    assert sockets == {"gpupool-gpu.sock", "gpupool-gpu-mem.sock", "gpupool-gpu-core.sock",
+                       "gpupool-gpu-shared.sock", "gpupool-aliyun.com-gpu-mem.sock"}
     restarted = time.monotonic()
     kubelet.restart()
     wait_for(lambda: sockets <= {p.name for p in kubelet.device_plugin_dir.iterdir()}, timeout=60,

@@ -74,7 +74,7 @@ async def node_side(node: str, kubeconfig: str) -> AsyncIterator[tuple[FakeKubel
     manager = DevicePluginManager(kubelet.plugin_dir, NAMES.all(), agent, poll_s=0.05)
     tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
     try:
-        await kubelet.wait_registered(3)
+        await kubelet.wait_registered(len(NAMES.all()))
         yield kubelet, agent
     finally:
         for task in tasks:

@@ -50,8 +50,9 @@ class Node:
 
 @contextlib.asynccontextmanager
 async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | None = None, seed: int = 0,
-                       reject: Callable[[FakePod], str | None] | None = None) -> AsyncIterator[Node]:
-    """A fake kubelet with the agent's three plugins registered."""
+                       reject: Callable[[FakePod], str | None] | None = None,
+                       aliases: tuple[str, ...] = ()) -> AsyncIterator[Node]:
+    """A fake kubelet with the agent's plugins registered (gpupool's resources and ``aliases``)."""
     base = tempfile.mkdtemp(prefix="gp", dir="/tmp")
     plugin_dir = os.path.join(base, "dp")
     kubelet = FakeKubelet(plugin_dir, os.path.join(base, "podres.sock"), random.Random(seed), reject)
@@ -61,11 +62,11 @@ async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | No
     for pod in pods or []:
         source.put(pod)
     reader = PodResourcesClient(os.path.join(base, "podres.sock"))
-    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2)
-    manager = DevicePluginManager(plugin_dir, NAMES.all(), agent, poll_s=0.05)
+    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases)
+    manager = DevicePluginManager(plugin_dir, agent.resources, agent, poll_s=0.05)
     tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
     try:
-        await kubelet.wait_registered(3)
+        await kubelet.wait_registered(len(agent.resources))
         yield Node(kubelet, agent, source, backend, manager, base)
     finally:
         for task in tasks:

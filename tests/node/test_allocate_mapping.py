@@ -46,7 +46,8 @@ def check_container_env(pod: WorkloadPod, fake: FakePod, uuids: dict[int, str]) 
         assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == ",".join(str(s.memory_mib) for s in a.slices), where
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(
             f"{i}={s.memory_mib}M" for i, s in enumerate(a.slices)), where
-        assert env["GPUPOOL_COMPUTE_PERCENT"] == ",".join(str(max(1, s.compute // 10)) for s in a.slices)
+        assert env["GPUPOOL_COMPUTE_PERCENT"] == ",".join(str(max(1, s.compute // 10) if s.compute else 0)
+                                                       for s in a.slices), where
         for s in a.slices:
             assert f"/dev/nvidia{s.card}" in run.devices, where
         assert "/dev/nvidiactl" in run.devices and "/dev/nvidia-uvm" in run.devices

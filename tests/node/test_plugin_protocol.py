@@ -19,6 +19,8 @@ def test_registers_all_resources_with_unit_counts() -> None:
             assert k.allocatable(NAMES.gpu) == 4
             assert k.allocatable(NAMES.gpu_mem) == 4 * 81920 // 256
             assert k.allocatable(NAMES.gpu_core) == 400
+            # one device per slice: more per card than a card can hold (memory units + 100)
+            assert k.allocatable(NAMES.gpu_shared) == 4 * (81920 // 256 + 100)
             for ep in k.endpoints.values():
                 assert ep.options.pre_start_required and ep.options.get_preferred_allocation_available
     asyncio.run(main())
@@ -33,6 +35,10 @@ def test_list_and_watch_for_eight_141gb_cards_is_under_1mb() -> None:
             assert len(devices) == 8 * 564
             assert size < 1_000_000, size
             assert node.kubelet.allocatable(NAMES.gpu_mem) == 8 * 564
+            slices = node.agent.device_list(NAMES.gpu_shared)
+            size = pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i, _ in slices]
+                                           ).ByteSize()
+            assert len(slices) == 8 * (564 + 100) and size < 1_000_000, size
     asyncio.run(main())
 
 
@@ -88,7 +94,7 @@ def test_kubelet_restart_reregisters_within_seconds() -> None:
             assert not any(f.startswith("gpupool-") for f in os.listdir(k.plugin_dir))
             loop = asyncio.get_running_loop()
             start = loop.time()
-            await k.wait_registered(3, count=2, timeout=5)
+            await k.wait_registered(len(NAMES.all()), count=2, timeout=5)
             assert loop.time() - start < 3.0
             assert all(os.path.exists(ep.socket) for ep in k.endpoints.values())
             assert k.allocatable(NAMES.gpu) == 4

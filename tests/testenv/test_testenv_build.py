@@ -28,9 +28,9 @@ def _executable(path: Path) -> None:
 
 
 def _fill_cache(digest: str) -> None:
-    for name in (*K8S_COMMANDS, FAKECRI_COMMAND):
+    for name in K8S_COMMANDS:
         _executable(bin_dir() / name)
-    (bin_dir() / ".fakecri.sha256").write_text(digest + "\n")
+    _executable(bin_dir() / f"{FAKECRI_COMMAND}-{digest[:build.FAKECRI_KEY_LENGTH]}")
 
 
 def test_cache_dir_follows_the_environment(fake_cache: Path) -> None:
@@ -58,6 +58,48 @@ def test_complete_cache_is_a_hit(fake_cache: Path) -> None:
 def test_changed_fakecri_source_invalidates_the_cache(fake_cache: Path) -> None:
     _fill_cache("0" * 64)
     assert build.cached_binaries() is None
+
+
+def test_fake_runtime_binary_is_keyed_by_its_source(fake_cache: Path) -> None:
+    _fill_cache(build.fakecri_digest())
+    binaries = build.cached_binaries()
+    assert binaries is not None
+    assert binaries.fakecri == build.fakecri_binary()
+    assert binaries.fakecri.name == f"{FAKECRI_COMMAND}-{build.fakecri_digest()[:16]}"
+
+
+def test_changed_source_rebuilds_only_the_fake_runtime_beside_the_old_one(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another checkout's fake runtime (older source, maybe running right now) is left untouched:
+    the new one gets its own name, built with ``go build`` (no ``make`` of the Kubernetes tree)."""
+    _fill_cache("0" * 64)
+    other = bin_dir() / f"{FAKECRI_COMMAND}-{'0' * 16}"
+    before = other.stat().st_ino
+    tree = fake_cache / "src" / "kubernetes"
+    (tree / "cmd").mkdir(parents=True)
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log_path: Path, *, failure: type[Exception], step: str,
+                 cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        commands.append(list(cmd))
+        linked = tree / "_output" / "local" / "go" / "src" / "k8s.io" / "kubernetes"
+        assert cmd[:2] == ["go", "build"] and env is not None and cwd == linked
+        assert env["GO111MODULE"] == "off" and env["PWD"] == str(linked)  # Kubernetes 1.20: GOPATH mode
+        assert env["GOCACHE"] == str(fake_cache / "go-cache-fakecri")  # kept: quick rebuilds
+        package = linked / cmd[-1]
+        assert (package / "main.go").read_text() == build.fakecri_source().read_text()
+        _executable(Path(cmd[cmd.index("-o") + 1]))
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "_install_packages", lambda logs, log: None)
+    monkeypatch.setattr(build, "_source_tree", lambda root, logs, log: tree)
+    binaries = build._build(fake_cache, lambda _: None)
+    assert len(commands) == 1
+    assert binaries.fakecri == build.fakecri_binary() and binaries.missing() == []
+    assert other.stat().st_ino == before
+    assert build.cached_binaries() == binaries
+    assert not list((tree / "cmd").iterdir())  # the per-hash package directory is removed
 
 
 def test_cache_hit_is_instant(fake_cache: Path) -> None:

@@ -14,23 +14,27 @@ from gpupool.adapters.deviceplugin.registration import (
     wait_for_socket,
 )
 from gpupool.adapters.deviceplugin.server import AllocationHandler, ResourcePluginServer
+from gpupool.core.names import DEFAULT_DOMAIN
 
 log = logging.getLogger(__name__)
 
 
-def socket_name(resource: str) -> str:
-    """``gpupool.io/gpu-mem`` → ``gpupool-gpu-mem.sock`` (one file per resource)."""
-    return "gpupool-" + resource.rsplit("/", 1)[-1] + ".sock"
+def socket_name(resource: str, own_domain: str = DEFAULT_DOMAIN) -> str:
+    """One file per resource: ``gpupool.io/gpu-mem`` → ``gpupool-gpu-mem.sock``; a foreign alias
+    keeps its domain, so ``aliyun.com/gpu-mem`` (``gpupool-aliyun.com-gpu-mem.sock``) cannot
+    overwrite gpupool's own ``gpu-mem`` socket."""
+    domain, _, name = resource.rpartition("/")
+    return f"gpupool-{name}.sock" if domain == own_domain else f"gpupool-{domain}-{name}.sock"
 
 
 class DevicePluginManager:
     """Keeps every resource served and registered with the kubelet in ``plugin_dir``."""
 
     def __init__(self, plugin_dir: str, resources: tuple[str, ...], handler: AllocationHandler,
-                 poll_s: float = 0.2) -> None:
+                 poll_s: float = 0.2, own_domain: str = DEFAULT_DOMAIN) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = os.path.join(plugin_dir, KUBELET_SOCKET)
-        self.servers = [ResourcePluginServer(r, os.path.join(plugin_dir, socket_name(r)), handler)
+        self.servers = [ResourcePluginServer(r, os.path.join(plugin_dir, socket_name(r, own_domain)), handler)
                         for r in resources]
         self.poll_s = poll_s
         self.registrations = 0

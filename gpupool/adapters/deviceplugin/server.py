@@ -1,7 +1,8 @@
 """One device-plugin gRPC server per resource, on its own unix socket in kubelet's plugin dir.
 
-kubelet keeps one endpoint per resource name, so gpupool runs three small servers (gpu, gpu-mem,
-gpu-core) that all delegate to the same :class:`AllocationHandler` (the node agent). The servicer
+kubelet keeps one endpoint per resource name, so gpupool runs one small server per resource (gpu,
+gpu-mem, gpu-core, gpu-shared, and the foreign aliases it is asked to serve) that all delegate to the
+same :class:`AllocationHandler` (the node agent). The servicer
 only translates between protobuf and the handler's typed calls; errors become gRPC status codes
 with the handler's message, which kubelet copies into the pod's admission failure.
 """

@@ -43,7 +43,7 @@ from gpupool.adapters.http.extender_types import (
     preemption_result,
 )
 from gpupool.adapters.k8s.names import ResourceNames
-from gpupool.adapters.k8s.translate import TranslationError, pod_request
+from gpupool.adapters.k8s.translate import TranslationError, foreign_resources, pod_request
 from gpupool.adapters.metrics import ExtenderMetrics
 from gpupool.services.extender import ExtenderService
 
@@ -81,7 +81,7 @@ class ExtenderApi:
             request = pod_request(args.pod, self.names)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
-        outcome = self.service.filter(request, args.node_names)
+        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod))
         result = FilterResult(passed=outcome.passed, failed=outcome.failed, error=outcome.error)
         return result.to_json(args), "error" if outcome.error else "ok"
 
@@ -93,7 +93,7 @@ class ExtenderApi:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
             return RawJson(self.priorities.encode(dict.fromkeys(args.node_names, 0))), "invalid_pod"
-        scores, error = self.service.prioritize(request, args.node_names)
+        scores, error = self.service.prioritize(request, args.node_names, foreign_resources(args.pod))
         if error:
             log.warning("prioritize: %s", error)
             scores = dict.fromkeys(args.node_names, 0)

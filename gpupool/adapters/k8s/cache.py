@@ -39,7 +39,7 @@ from gpupool.adapters.k8s.annotations import (
     decode_allocated,
     decode_assignment,
 )
-from gpupool.adapters.k8s.names import ResourceNames
+from gpupool.adapters.k8s.names import ALIASES, ResourceNames
 from gpupool.adapters.k8s.translate import (
     TranslationError,
     as_dict,
@@ -104,6 +104,7 @@ class ClusterCache:
         self.pods: dict[str, PodRecord] = {}
         self.uids: dict[str, str] = {}
         self.node_problems: dict[str, str] = {}
+        self.served_aliases: dict[str, frozenset[str]] = {}
         self.conflicts: dict[str, str] = {}
         self._waiting_on_node: dict[str, set[str]] = {}
         self._inflight: dict[str, Placement] = {}
@@ -145,6 +146,7 @@ class ClusterCache:
                 spec = NodeSpec(name=name, cpu_milli=0, memory_mib=0)
                 self.node_problems[name] = str(exc)
                 log.warning("%s", exc)
+            self.served_aliases[spec.name] = served_aliases(raw)
             old = self.state.index.get(spec.name)
             if old is not None and self.state.present[old] and self.state.specs[old] == spec:
                 return  # heartbeats change status fields we do not read
@@ -200,6 +202,7 @@ class ClusterCache:
         with self.lock:
             self.state.remove_node(name)
             self.node_problems.pop(name, None)
+            self.served_aliases.pop(name, None)
             self._node_memo.pop(name, None)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any] | Any]) -> None:
@@ -442,6 +445,18 @@ class ClusterCache:
             if row is None or not self.state.present[row]:
                 return None
             return self.state.specs[row]
+
+
+def served_aliases(node: Mapping[str, Any]) -> frozenset[str]:
+    """The foreign aliases a node's kubelet advertises (its node agent serves them as devices).
+
+    kubelet lists a device plugin's resource in the node's capacity and allocatable once the plugin
+    registered (with 0 while every card is unhealthy, which still means "served": the card check
+    then refuses with the better reason).
+    """
+    status = node.get("status") or {}
+    listed = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
+    return frozenset(name for name in listed if name in ALIASES)
 
 
 def now_utc() -> dt.datetime:

@@ -13,7 +13,7 @@ from typing import Any
 from gpupool.adapters.k8s.allocated_codec import served_resources
 from gpupool.adapters.k8s.annotations import AnnotationError
 from gpupool.adapters.k8s.assignment_codec import node_assignment
-from gpupool.core.names import ResourceNames
+from gpupool.core.names import ALIASES, ResourceNames
 from gpupool.services.node_types import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -42,16 +42,17 @@ def _created(meta: Mapping[str, Any]) -> float:
 
 
 def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
-    """Reduce a pod to its identity, containers' gpupool limits, phase and decoded assignment."""
+    """Reduce a pod to its identity, containers' GPU limits (gpupool's resources and the foreign
+    aliases, any of which kubelet may allocate), phase and decoded assignment."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    prefix = f"{names.domain}/"
+    served = frozenset((*names.all(), *ALIASES))
     containers = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
             limits = (c.get("resources") or {}).get("limits") or {}
-            ours = {k: _quantity(v) for k, v in limits.items() if k.startswith(prefix)}
+            ours = {k: _quantity(v) for k, v in limits.items() if k in served}
             containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours))
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     annotations = meta.get("annotations") or {}

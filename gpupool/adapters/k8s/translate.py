@@ -6,14 +6,18 @@ models convert to the same camelCase dicts (:func:`as_dict`), so one code path s
 The rules, per container (limits first, requests when no limit is given; both given and different
 is an error, as the API itself demands for extended resources):
 
-* ``<domain>/gpu: n`` alone: n whole cards, exclusive.
+* ``<domain>/gpu: n``: n whole cards, exclusive. It is never combined with a slice: kubelet takes
+  one whole-card device per unit of it, so a shared slice that also asked for ``gpu`` would use up
+  whole-card devices while the extender books only a share of the cards, and kubelet would refuse
+  pods the extender placed beside it (refused here with the reason and the right spelling).
 * ``<domain>/gpu-mem: units`` (256 MiB each, per card) and/or ``<domain>/gpu-core: percent`` (per
-  card): a slice of each of ``n`` cards (``n`` = ``<domain>/gpu`` or 1). The memory unit is the
-  node's kubelet device (``g<i>-m<k>``): kubelet admits a container only if the node has as many
+  card): a slice of each of ``n`` cards (``n`` = ``<domain>/gpu-shared`` or 1). The memory unit is
+  the node's kubelet device (``g<i>-m<k>``): kubelet admits a container only if the node has as many
   free devices as its limit says, so the limit must count devices, not MiB. Memory without
   compute takes no compute share (gpushare); compute without memory takes the same share of the
   card's memory (the trace's meaning).
-  ``gpu-core: 100`` is a whole card.
+  ``gpu-core: 100`` is a whole card (``gpu-shared: n`` with it: n whole cards).
+* ``<domain>/gpu-shared: n`` without memory or compute is refused (whole cards are ``gpu``).
 * Aliases: ``aliyun.com/gpu-mem`` (GiB), ``tencent.com/vcuda-memory`` (256 MiB units),
   ``tencent.com/vcuda-core`` (percent; above 100 a multiple of 100 means that many whole cards),
   ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpucores`` (percent).
@@ -144,21 +148,33 @@ def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
     """The per-card GPU request of one container from its managed resources (see module doc)."""
     if not found:
         return None
-    count = found.get(names.gpu)
+    whole_cards = found.get(names.gpu)
+    count = found.get(names.gpu_shared)
     memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: 1024,
                     n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB, n.NVIDIA_GPUMEM: 1}
     memory = _one_of(found, memory_units, "GPU memory", where)
     core = _one_of(found, {names.gpu_core: 1, n.NVIDIA_GPUCORES: 1, n.TENCENT_VCUDA_CORE: 1},
                    "GPU compute", where)
+    if whole_cards is not None:
+        slice_names = [r for r in found if r != names.gpu]
+        if slice_names:
+            raise TranslationError(
+                f"{where}: {names.gpu} counts whole exclusive cards and cannot be combined with "
+                f"{', '.join(slice_names)}; for a slice of several cards write {names.gpu_shared}: "
+                f"{whole_cards} beside the slice's memory/compute")
+        return GpuRequest.whole(whole_cards, models)
+    if memory is None and core is None:
+        raise TranslationError(f"{where}: {names.gpu_shared} gives the card count of a slice; add "
+                               f"{names.gpu_mem} and/or {names.gpu_core} (whole cards: {names.gpu})")
     if core is not None and core > 100:
         if n.TENCENT_VCUDA_CORE in found and core % 100 == 0:
             whole = core // 100
             if count is not None and count != whole:
                 raise TranslationError(f"{where}: {n.TENCENT_VCUDA_CORE}={core} means {whole} cards, "
-                                       f"but {names.gpu}={count}")
+                                       f"but {names.gpu_shared}={count}")
             return GpuRequest.whole(whole, models)
         raise TranslationError(f"{where}: GPU compute is a percentage of one card (1..100), got {core}")
-    if exclusive or core == 100 or (memory is None and core is None):
+    if exclusive or core == 100:
         return GpuRequest.whole(count or 1, models)
     try:
         return GpuRequest(count=count or 1, compute=percent_to_compute(core or 0),
@@ -202,6 +218,23 @@ def pod_wants_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
                 if any(name in (resources.get(part) or {}) for name in managed):
                     return True
     return False
+
+
+def foreign_resources(pod: Mapping[str, Any] | Any) -> frozenset[str]:
+    """The foreign aliases (``aliyun.com/gpu-mem``, ...) any container of the pod asks for.
+
+    A node serves an alias only when its node agent advertises it (kubelet then lists it in the
+    node's allocatable); elsewhere kubelet would drop it silently and start the container without a
+    GPU grant, so the extender sends such pods only to nodes that serve every alias they use.
+    """
+    spec = as_dict(pod).get("spec") or {}
+    found: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = (container or {}).get("resources") or {}
+            for part in ("limits", "requests"):
+                found.update(name for name in (resources.get(part) or {}) if name in n.ALIASES)
+    return frozenset(found)
 
 
 def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodRequest:

@@ -16,6 +16,11 @@
 //     when it removes a container);
 //  4. each container's environment is written to its log in CRI log format,
 //     so `kubectl logs` shows what a device plugin's Allocate injected.
+//
+// Containers run until they are stopped, except one whose command is `true`
+// or `false` (as in busybox: `command: ["true"]`): it exits right after it
+// started, with status 0 or 1, so init containers finish and Job-like pods
+// complete. Its environment is still written to its log first.
 package main
 
 import (
@@ -45,8 +50,26 @@ type runtime struct {
 	*fake.RemoteRuntime
 	imageFsDir string
 
-	mu  sync.Mutex
-	env map[string][]*kubeapi.KeyValue // container ID -> env, written to the log at start
+	mu   sync.Mutex
+	env  map[string][]*kubeapi.KeyValue // container ID -> env, written to the log at start
+	exit map[string]int32               // container ID -> exit code, for containers that exit at once
+}
+
+// exitCode says whether a container's command makes it exit right after it
+// starts, and with which status: `true` exits 0, `false` exits 1 (a path such
+// as /bin/true counts too; arguments are ignored, as those commands do).
+func exitCode(config *kubeapi.ContainerConfig) (int32, bool) {
+	command := config.GetCommand()
+	if len(command) == 0 {
+		return 0, false
+	}
+	switch filepath.Base(command[0]) {
+	case "true":
+		return 0, true
+	case "false":
+		return 1, true
+	}
+	return 0, false
 }
 
 // CreateContainer lets the fake create the container, then gives it a real log path.
@@ -75,6 +98,9 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 	svc.Unlock()
 	r.mu.Lock()
 	r.env[resp.ContainerId] = req.GetConfig().GetEnvs()
+	if code, ok := exitCode(req.GetConfig()); ok {
+		r.exit[resp.ContainerId] = code
+	}
 	r.mu.Unlock()
 	return resp, nil
 }
@@ -94,11 +120,26 @@ func (r *runtime) StartContainer(ctx context.Context, req *kubeapi.StartContaine
 	svc.Unlock()
 	r.mu.Lock()
 	envs := r.env[req.ContainerId]
+	code, exits := r.exit[req.ContainerId]
 	r.mu.Unlock()
 	if logPath != "" {
 		if err := writeEnvLog(logPath, envs); err != nil {
 			fmt.Fprintf(os.Stderr, "gpupool-fakecri: writing log of %s: %v\n", req.ContainerId, err)
 		}
+	}
+	if exits {
+		// The process "ran" and finished: kubelet's next relist sees it exited.
+		svc.Lock()
+		if c, ok := svc.Containers[req.ContainerId]; ok {
+			c.State = kubeapi.ContainerState_CONTAINER_EXITED
+			c.FinishedAt = time.Now().UnixNano()
+			c.ExitCode = code
+			c.Reason = "Completed"
+			if code != 0 {
+				c.Reason = "Error"
+			}
+		}
+		svc.Unlock()
 	}
 	return resp, nil
 }
@@ -107,6 +148,7 @@ func (r *runtime) StartContainer(ctx context.Context, req *kubeapi.StartContaine
 func (r *runtime) RemoveContainer(ctx context.Context, req *kubeapi.RemoveContainerRequest) (*kubeapi.RemoveContainerResponse, error) {
 	r.mu.Lock()
 	delete(r.env, req.ContainerId)
+	delete(r.exit, req.ContainerId)
 	r.mu.Unlock()
 	return r.RemoteRuntime.RemoveContainer(ctx, req)
 }
@@ -171,7 +213,8 @@ func main() {
 			{Type: kubeapi.NetworkReady, Status: true},
 		},
 	}
-	r := &runtime{RemoteRuntime: f, imageFsDir: *imageFsDir, env: map[string][]*kubeapi.KeyValue{}}
+	r := &runtime{RemoteRuntime: f, imageFsDir: *imageFsDir, env: map[string][]*kubeapi.KeyValue{},
+		exit: map[string]int32{}}
 
 	server := grpc.NewServer()
 	kubeapi.RegisterRuntimeServiceServer(server, r)
