@@ -28,6 +28,12 @@ topology: [[0, 1]]
 """
 
 
+#: Two 143,771 MiB cards: 561 units of 256 MiB each; a card offers one gpu-shared device per memory
+#: unit and percent of compute (no card can hold more slices than that).
+EXPECTED = {"gpupool.io/gpu": "2", "gpupool.io/gpu-mem": "1122", "gpupool.io/gpu-core": "200",
+            "gpupool.io/gpu-shared": "1322"}
+
+
 @pytest.fixture
 def kubelet(start_kubelet: StartKubelet) -> Kubelet:
     return start_kubelet(f"e2e-plugin-{uuid.uuid4().hex[:6]}")
@@ -42,9 +48,10 @@ def test_node_agent_registers_through_the_host_paths_and_again_after_a_kubelet_r
     core_v1: client.CoreV1Api, kubelet: Kubelet, node_agent: str
 ) -> None:
     def gpupool_allocatable() -> dict[str, str] | None:
+        """All four gpupool resources once every plugin has registered (they register one by one)."""
         allocatable = core_v1.read_node(kubelet.node_name).status.allocatable or {}
         found = {k: v for k, v in allocatable.items() if k.startswith("gpupool.io/") and v != "0"}
-        return found or None
+        return found if found.keys() == EXPECTED.keys() else None
 
     before = wait_for(gpupool_allocatable, timeout=60,
                       what=f"gpupool.io resources on the node (agent log: {node_agent})")
@@ -59,4 +66,4 @@ def test_node_agent_registers_through_the_host_paths_and_again_after_a_kubelet_r
 
     wait_for(registered_again, timeout=60, what=f"plugin sockets re-created (agent log: {node_agent})")
     after = wait_for(gpupool_allocatable, timeout=60, what="gpupool.io resources after the restart")
-    assert after == before
+    assert before == after == EXPECTED
