@@ -45,13 +45,13 @@ from gpupool.core.model import GpuCard
 from gpupool.services.extender import ExtenderService
 
 CARD_MIB = 16276
-# Memory in MiB per card through the HAMi alias (gpupool.io/gpu-mem counts 256 MiB units).
+# gpupool's own resources, the path every gpupool pod takes (gpu-mem counts 256 MiB units per card).
 SHAPES = [
-    {"nvidia.com/gpumem": "2048"},
-    {"nvidia.com/gpumem": "4069"},
-    {"nvidia.com/gpumem": "8138"},
+    {"gpupool.io/gpu-mem": "8"},
+    {"gpupool.io/gpu-mem": "16"},
+    {"gpupool.io/gpu-mem": "31"},
     {"gpupool.io/gpu-core": "25"},
-    {"gpupool.io/gpu-core": "50", "nvidia.com/gpumem": "6000"},
+    {"gpupool.io/gpu-core": "50", "gpupool.io/gpu-mem": "23"},
     {"gpupool.io/gpu": "1"},
     {"gpupool.io/gpu": "2"},
 ]
@@ -59,9 +59,7 @@ SHAPES = [
 
 def node_json(name: str, cards: int) -> dict[str, Any]:
     inventory = Inventory(tuple(GpuCard(i, f"GPU-{name}-{i}", "A100", CARD_MIB) for i in range(cards)))
-    # The node advertises HAMi's MiB alias (as a node whose device plugin served it would), so the
-    # extender considers it for the MiB shapes above.
-    caps = {"cpu": "96", "memory": "768Gi", "pods": "250", "nvidia.com/gpumem": "1"}
+    caps = {"cpu": "96", "memory": "768Gi", "pods": "250"}
     return {
         "metadata": {"name": name, "annotations": {"gpupool.io/inventory-v1": encode_inventory(inventory)}},
         "status": {"capacity": caps, "allocatable": caps},

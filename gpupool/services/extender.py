@@ -24,7 +24,7 @@ from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.names import ALIAS_FAMILIES, UNSERVABLE
 from gpupool.core.scheduler import Scheduler, Unschedulable
-from gpupool.core.state import AllocationError, ClusterState, IntArray
+from gpupool.core.state import AllocationError, BoolArray, ClusterState, IntArray
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class Ledger(Protocol):
     node_problems: dict[str, str]
     served_aliases: dict[str, frozenset[str]]
     """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
+    served_aliases_version: int
+    """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
 
     @property
     def synced(self) -> bool:
@@ -106,6 +108,7 @@ class ExtenderService:
         self.is_leader = is_leader
         self.leader_name = leader_name
         self._rows_cache: dict[tuple[tuple[str, ...], int], RowsAndNames] = {}
+        self._serving: dict[tuple[frozenset[str], int, int], BoolArray] = {}
 
     def _rows(self, names: list[str]) -> RowsAndNames:
         """Ledger rows of ``names`` (-1 where unknown) and the names as an array, cached.
@@ -158,11 +161,11 @@ class ExtenderService:
                     usable &= rows != row
                     failed[name] = reason
         if aliases:
-            for i, name in enumerate(names):
-                why = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset()))
-                if why is not None and usable[i]:
-                    usable[i] = False
-                    failed[name] = why
+            lacking = np.flatnonzero(usable & ~self._serving_rows(aliases)[np.maximum(rows, 0)])
+            usable[lacking] = False
+            for i in lacking.tolist():
+                name = names[i]
+                failed[name] = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset())) or ""
         candidates = rows[usable]
         if not len(candidates):
             return [], np.zeros(0), failed
@@ -187,6 +190,21 @@ class ExtenderService:
             # are known here, so that call skips mapping 5,000 names to rows again (~0.5 ms)
             self._remember_rows(self._rows_key(passed), (candidates[fits], candidate_names[fits]))
         return passed, candidate_scores[fits], failed
+
+    def _serving_rows(self, aliases: frozenset[str]) -> BoolArray:
+        """Per ledger row, does the node serve every alias in ``aliases``; cached until the ledger's
+        nodes or their advertised aliases change (kube-scheduler asks about 5,000 names per call)."""
+        state = self.cache.state
+        key = (aliases, state.layout_version, self.cache.served_aliases_version)
+        found = self._serving.get(key)
+        if found is None:
+            served = self.cache.served_aliases
+            found = np.fromiter((aliases <= served.get(spec.name, frozenset()) for spec in state.specs),
+                                dtype=bool, count=len(state.specs))
+            if len(found) == 0:
+                found = np.zeros(1, dtype=bool)
+            self._serving = {key: found}
+        return found
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str],

@@ -399,5 +399,12 @@ def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
         # gpupool's own resources need no alias: both nodes qualify
         status, body = await post(client, "/filter", args(pod("t", container(gpu_mem=16)), names))
         assert body["NodeNames"] == names
+        # The node agent of "plain" starts serving gpushare: the next filter sees it (no stale mask).
+        cache.upsert_node(node("plain", [16384], serves=("aliyun.com/gpu-mem",)))
+        status, body = await post(client, "/filter", args(pod("u", container(**{"aliyun.com/gpu-mem": 4})), names))
+        assert body["NodeNames"] == names and body["FailedNodes"] == {}
+        cache.upsert_node(node("serves", [16384], serves=()))
+        status, body = await post(client, "/filter", args(pod("v", container(**{"aliyun.com/gpu-mem": 4})), names))
+        assert body["NodeNames"] == ["plain"] and set(body["FailedNodes"]) == {"serves"}
 
     run(scenario, nodes=nodes, pods=[])

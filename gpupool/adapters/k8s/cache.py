@@ -105,6 +105,7 @@ class ClusterCache:
         self.uids: dict[str, str] = {}
         self.node_problems: dict[str, str] = {}
         self.served_aliases: dict[str, frozenset[str]] = {}
+        self.served_aliases_version = 0
         self.conflicts: dict[str, str] = {}
         self._waiting_on_node: dict[str, set[str]] = {}
         self._inflight: dict[str, Placement] = {}
@@ -146,7 +147,10 @@ class ClusterCache:
                 spec = NodeSpec(name=name, cpu_milli=0, memory_mib=0)
                 self.node_problems[name] = str(exc)
                 log.warning("%s", exc)
-            self.served_aliases[spec.name] = served_aliases(raw)
+            served = served_aliases(raw)
+            if self.served_aliases.get(spec.name) != served:
+                self.served_aliases[spec.name] = served
+                self.served_aliases_version += 1
             old = self.state.index.get(spec.name)
             if old is not None and self.state.present[old] and self.state.specs[old] == spec:
                 return  # heartbeats change status fields we do not read
@@ -202,7 +206,8 @@ class ClusterCache:
         with self.lock:
             self.state.remove_node(name)
             self.node_problems.pop(name, None)
-            self.served_aliases.pop(name, None)
+            if self.served_aliases.pop(name, None) is not None:
+                self.served_aliases_version += 1
             self._node_memo.pop(name, None)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any] | Any]) -> None:
