@@ -19,6 +19,7 @@ from gpupool.adapters.heap import freeze_long_lived
 from gpupool.adapters.http.extender_api import ExtenderApi
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.handover import BindFence, Handover, Unfenced
 from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
 from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.adapters.k8s.podapi import KubePodApi
@@ -71,13 +72,20 @@ def run_extender(options: ExtenderOptions) -> None:
     core_v1, coordination_v1 = _clients(options.kubeconfig)
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
     stop = threading.Event()
-    start_watches(cache, core_v1, stop)
+    _, pod_watch = start_watches(cache, core_v1, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
+    lease = LeaseSettings(options.lease_namespace, options.lease_name)
     elector = None
+    fence: BindFence = Unfenced()
     if options.leader_elect:
-        elector = LeaderElector(coordination_v1, identity, LeaseSettings(options.lease_namespace,
-                                                                         options.lease_name)).start()
-    service = ExtenderService(cache, Binder(cache, KubePodApi(core_v1)),
+        elector = LeaderElector(coordination_v1, identity, lease)
+        # a new term binds only after a quorum list of pods is in the ledger (docs/extender.md, HA)
+        handover = Handover(elector, pod_watch.catch_up, stop=stop)
+        elector.on_started_leading = handover.started_leading
+        fence = handover
+        elector.start()
+    pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
+    service = ExtenderService(cache, Binder(cache, pod_api, fence=fence),
                               settings=ExtenderSettings(explain_limit=options.explain_limit),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity))

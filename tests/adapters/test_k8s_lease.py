@@ -115,3 +115,11 @@ def test_two_candidates_racing_for_an_expired_lease_cannot_both_win() -> None:
 def test_commit_timeout_fits_between_renew_deadline_and_lease_duration() -> None:
     assert SETTINGS.commit_timeout_s == 4.0
     assert LeaseSettings().commit_timeout_s < LeaseSettings().lease_duration - LeaseSettings().renew_deadline
+
+
+def test_a_lapsed_leader_does_not_name_itself_as_the_leader() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a = elector(api, clock, "a")
+    assert a.try_acquire_or_renew() and a.holder() == "a"
+    clock.advance(11)
+    assert a.holder() == ""

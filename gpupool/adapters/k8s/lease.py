@@ -85,7 +85,10 @@ class LeaderElector:
         return term if self.monotonic() < until else None
 
     def holder(self) -> str:
-        """The identity that held the Lease at the last look."""
+        """The identity that held the Lease at the last look ("" for ourselves once our deadline
+        passed: then we do not know who leads)."""
+        if self._holder == self.identity and not self.is_leader():
+            return ""
         return self._holder
 
     def _step_down(self) -> None:
