@@ -6,6 +6,7 @@ This module only wires the pieces together; each piece has its own module under
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -23,7 +24,7 @@ from gpupool.adapters.k8s.handover import BindFence, Handover, Unfenced
 from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
 from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.adapters.k8s.podapi import KubePodApi
-from gpupool.adapters.k8s.watch import start_watches
+from gpupool.adapters.k8s.watch import ListWatch, start_watches
 from gpupool.adapters.metrics import ExtenderMetrics
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.services.extender import ExtenderService, ExtenderSettings
@@ -64,17 +65,37 @@ def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(api_client), client.CoordinationV1Api(api_client)
 
 
-def run_extender(options: ExtenderOptions) -> None:
-    """Start watches, leader election and the HTTP server; blocks until interrupted."""
-    from aiohttp import web
+@dataclass
+class Replica:
+    """One running extender replica without its HTTP server (what a test drives in process)."""
 
+    cache: ClusterCache
+    service: ExtenderService
+    pod_watch: ListWatch
+    elector: LeaderElector | None
+    stop: threading.Event
+    identity: str
+
+    def shutdown(self) -> None:
+        """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
+        self.stop.set()
+        if self.elector is not None:
+            self.elector.stop.set()
+
+
+def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
+                  lease: LeaseSettings | None = None) -> Replica:
+    """Start the watches and leader election of one replica and wire its service.
+
+    ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
+    """
     names = ResourceNames(options.domain)
-    core_v1, coordination_v1 = _clients(options.kubeconfig)
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
-    lease = LeaseSettings(options.lease_namespace, options.lease_name)
+    lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
+                                name=options.lease_name)
     elector = None
     fence: BindFence = Unfenced()
     if options.leader_elect:
@@ -89,6 +110,17 @@ def run_extender(options: ExtenderOptions) -> None:
                               settings=ExtenderSettings(explain_limit=options.explain_limit),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity))
+    return Replica(cache, service, pod_watch, elector, stop, identity)
+
+
+def run_extender(options: ExtenderOptions) -> None:
+    """Start watches, leader election and the HTTP server; blocks until interrupted."""
+    from aiohttp import web
+
+    names = ResourceNames(options.domain)
+    core_v1, coordination_v1 = _clients(options.kubeconfig)
+    replica = start_replica(options, core_v1, coordination_v1)
+    cache, service, stop, identity = replica.cache, replica.service, replica.stop, replica.identity
 
     def housekeeping() -> None:
         profiled = False
@@ -109,9 +141,7 @@ def run_extender(options: ExtenderOptions) -> None:
     try:
         web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
     finally:
-        stop.set()
-        if elector is not None:
-            elector.stop.set()
+        replica.shutdown()
 
 
 @click.command("extender")
