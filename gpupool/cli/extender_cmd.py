@@ -6,6 +6,7 @@ This module only wires the pieces together; each piece has its own module under
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -19,10 +20,11 @@ from gpupool.adapters.heap import freeze_long_lived
 from gpupool.adapters.http.extender_api import ExtenderApi
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.handover import BindFence, Handover, Unfenced
 from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
 from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.adapters.k8s.podapi import KubePodApi
-from gpupool.adapters.k8s.watch import start_watches
+from gpupool.adapters.k8s.watch import ListWatch, start_watches
 from gpupool.adapters.metrics import ExtenderMetrics
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.services.extender import ExtenderService, ExtenderSettings
@@ -63,24 +65,62 @@ def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(api_client), client.CoordinationV1Api(api_client)
 
 
+@dataclass
+class Replica:
+    """One running extender replica without its HTTP server (what a test drives in process)."""
+
+    cache: ClusterCache
+    service: ExtenderService
+    pod_watch: ListWatch
+    elector: LeaderElector | None
+    stop: threading.Event
+    identity: str
+
+    def shutdown(self) -> None:
+        """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
+        self.stop.set()
+        if self.elector is not None:
+            self.elector.stop.set()
+
+
+def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
+                  lease: LeaseSettings | None = None) -> Replica:
+    """Start the watches and leader election of one replica and wire its service.
+
+    ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
+    """
+    names = ResourceNames(options.domain)
+    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
+    stop = threading.Event()
+    _, pod_watch = start_watches(cache, core_v1, stop)
+    identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
+    lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
+                                name=options.lease_name)
+    elector = None
+    fence: BindFence = Unfenced()
+    if options.leader_elect:
+        elector = LeaderElector(coordination_v1, identity, lease)
+        # a new term binds only after a quorum list of pods is in the ledger (docs/extender.md, HA)
+        handover = Handover(elector, pod_watch.catch_up, stop=stop)
+        elector.on_started_leading = handover.started_leading
+        fence = handover
+        elector.start()
+    pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
+    service = ExtenderService(cache, Binder(cache, pod_api, fence=fence),
+                              settings=ExtenderSettings(explain_limit=options.explain_limit),
+                              is_leader=elector.is_leader if elector else (lambda: True),
+                              leader_name=elector.holder if elector else (lambda: identity))
+    return Replica(cache, service, pod_watch, elector, stop, identity)
+
+
 def run_extender(options: ExtenderOptions) -> None:
     """Start watches, leader election and the HTTP server; blocks until interrupted."""
     from aiohttp import web
 
     names = ResourceNames(options.domain)
     core_v1, coordination_v1 = _clients(options.kubeconfig)
-    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
-    stop = threading.Event()
-    start_watches(cache, core_v1, stop)
-    identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
-    elector = None
-    if options.leader_elect:
-        elector = LeaderElector(coordination_v1, identity, LeaseSettings(options.lease_namespace,
-                                                                         options.lease_name)).start()
-    service = ExtenderService(cache, Binder(cache, KubePodApi(core_v1)),
-                              settings=ExtenderSettings(explain_limit=options.explain_limit),
-                              is_leader=elector.is_leader if elector else (lambda: True),
-                              leader_name=elector.holder if elector else (lambda: identity))
+    replica = start_replica(options, core_v1, coordination_v1)
+    cache, service, stop, identity = replica.cache, replica.service, replica.stop, replica.identity
 
     def housekeeping() -> None:
         profiled = False
@@ -101,9 +141,7 @@ def run_extender(options: ExtenderOptions) -> None:
     try:
         web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
     finally:
-        stop.set()
-        if elector is not None:
-            elector.stop.set()
+        replica.shutdown()
 
 
 @click.command("extender")

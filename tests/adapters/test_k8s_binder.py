@@ -297,3 +297,24 @@ def test_a_broken_assignment_is_reported_and_not_booked(bad: str) -> None:
     cache.replace_pods([pod("p", container(mib=1), node_name="n1", annotations={ASSIGNMENT: bad})])
     assert free_mib(cache, "n1") == [16276]
     assert "assignment-v1" in (cache.pods["default/p"].problem or "")
+
+
+def test_a_patch_without_answer_keeps_the_cards_booked() -> None:
+    """The write may have been applied: freeing its cards before the watch says would let the next
+    bind give them away a second time."""
+    from gpupool.adapters.k8s.podapi import NoAnswerError
+
+    api, cache, binder = world([node("n1", [16276])])
+    api.create_pod(pod("p", container(mib=10000)))
+    api.create_pod(pod("q", container(mib=10000)))
+
+    def no_answer(namespace: str, name: str, resource_version: str,
+                  annotations: dict[str, str | None]) -> dict[str, Any]:
+        raise NoAnswerError("PATCH pod default/p: no answer: ReadTimeoutError")
+
+    api.patch_pod_annotations = no_answer  # type: ignore[method-assign]
+    result = binder.bind("default", "p", "", "n1")
+    assert not result.ok and "stay booked" in result.error
+    assert free_mib(cache, "n1") == [6276]
+    assert not cache.in_flight()
+    assert not binder.bind("default", "q", "", "n1").ok  # the space is not given away twice

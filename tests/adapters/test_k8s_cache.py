@@ -31,3 +31,20 @@ def test_a_relist_adds_new_nodes_and_books_the_pods_waiting_for_them() -> None:
     assert not cache.state.present[cache.state.index["gone"]]
     assert cache.state.size == 5
     assert not cache.conflicts
+
+
+def test_a_list_of_the_same_object_versions_translates_nothing_again() -> None:
+    """A catch-up list of a view that is already current only compares versions."""
+    cache = ClusterCache(policy="binpack")
+    cache.replace_nodes([node("n1", [16276])])
+    a, b = placed_pod("a", "n1", 0, 4000), placed_pod("b", "n1", 0, 2000)
+    a["metadata"]["resourceVersion"], b["metadata"]["resourceVersion"] = "7", "8"
+    cache.replace_pods([a, b])
+    translated: list[str] = []
+    record = cache._record
+    cache._record = lambda raw: (translated.append(raw["metadata"]["name"]), record(raw))[1]  # type: ignore[method-assign]
+    moved = placed_pod("b", "n1", 0, 6000)
+    moved["metadata"]["resourceVersion"] = "9"
+    cache.replace_pods([a, moved])
+    assert translated == ["b"]  # only the pod whose version moved
+    assert free_mib(cache, "n1") == [6276]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
 
-from gpupool.adapters.k8s.podapi import ConflictError, KubePodApi
+from gpupool.adapters.k8s.podapi import ConflictError, KubePodApi, NoAnswerError
 
 
 class _Apiserver(ThreadingHTTPServer):
@@ -22,6 +23,7 @@ class _Apiserver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.connections = 0
         self.bound: set[str] = set()
+        self.patch_delay_s = 0.0
 
     def process_request(self, request: object, client_address: object) -> None:
         self.connections += 1
@@ -55,6 +57,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        server = self.server
+        assert isinstance(server, _Apiserver)
+        time.sleep(server.patch_delay_s)
         self._answer(200, {"metadata": {"name": "p", "resourceVersion": "2"}})
 
 
@@ -68,10 +73,10 @@ def apiserver() -> Iterator[_Apiserver]:
     server.server_close()
 
 
-def kube_api(server: _Apiserver) -> KubePodApi:
+def kube_api(server: _Apiserver, patch_timeout_s: float | None = None) -> KubePodApi:
     configuration = client.Configuration()
     configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    return KubePodApi(client.CoreV1Api(client.ApiClient(configuration)))
+    return KubePodApi(client.CoreV1Api(client.ApiClient(configuration)), patch_timeout_s=patch_timeout_s)
 
 
 def test_binds_and_patches_reuse_one_connection(apiserver: _Apiserver) -> None:
@@ -92,3 +97,17 @@ def test_a_conflicting_bind_is_a_conflict_error_and_keeps_the_connection(apiserv
         api.bind_pod("default", "p", "", "n2")
     api.bind_pod("default", "q", "", "n1")
     assert apiserver.connections == 1
+
+
+def test_the_assignment_write_gives_up_after_its_own_timeout(apiserver: _Apiserver) -> None:
+    """A leader's write must be over before another replica may acquire the Lease: the PATCH is
+    bounded by the commit timeout, and no answer is a typed error (not a raw urllib3 exception that
+    would leave the bind's reservation in flight forever)."""
+    api = kube_api(apiserver, patch_timeout_s=0.3)
+    apiserver.patch_delay_s = 2.0
+    started = time.monotonic()
+    with pytest.raises(NoAnswerError):
+        api.patch_pod_annotations("default", "p", "1", {"gpupool.io/assignment-v1": "{}"})
+    assert time.monotonic() - started < 1.5
+    apiserver.patch_delay_s = 0.0
+    api.bind_pod("default", "p", "", "n1")  # the other calls keep their longer timeout

@@ -114,3 +114,36 @@ def test_other_watch_errors_back_off_and_resume_without_listing(world: World) ->
     world.server.release_watches()
     eventually(lambda: world.known() == {"default/p1", "default/p2"})
     assert world.watch.relists == 1
+
+
+def test_catch_up_lists_what_a_lagging_watch_has_not_delivered_and_drops_its_older_events(
+        world: World) -> None:
+    """A new leader's catch-up: the quorum list is applied at once, and the events the lagging
+    stream still carries (all at or before the list's version) never overwrite it."""
+    applied: list[int] = []
+    on_event = world.watch.on_event
+    world.watch.on_event = lambda kind, obj: (applied.append(int(obj["metadata"]["resourceVersion"])),
+                                              on_event(kind, obj))[1]
+    world.create("p1")
+    world.watch.start()
+    eventually(lambda: world.known() == {"default/p1"})
+    world.server.hold_watches()  # the watch lags: nothing more arrives for now
+    world.create("p2")
+    world.api.delete_pod("default", "p1")
+    version = world.watch.catch_up()
+    assert version == str(world.api.resource_version)
+    assert world.known() == {"default/p2"} and world.watch.catch_ups == 1
+    applied.clear()
+    world.server.release_watches()  # the stream resumes from before the list...
+    world.create("p3")
+    eventually(lambda: world.known() == {"default/p2", "default/p3"})
+    assert applied and min(applied) > int(version)  # ...but only newer events are applied
+    assert world.watch.relists == 1  # no 410, no re-list of the watch loop's own
+
+
+def test_catch_up_applies_nothing_when_the_watch_is_already_there(world: World) -> None:
+    world.create("p1")
+    world.watch.start()
+    eventually(lambda: world.watch.resource_version == str(world.api.resource_version))
+    assert world.watch.catch_up() == str(world.api.resource_version)
+    assert world.watch.catch_ups == 0 and world.known() == {"default/p1"}

@@ -13,6 +13,11 @@ succeed):
 3. Only then is the Binding posted; the API refuses to bind an already-bound pod (409).
 4. Any failure rolls the reservation back; success pins it until the watch has caught up.
 
+With several replicas, a :class:`~gpupool.adapters.k8s.handover.BindFence` admits a bind only on
+the leader whose ledger has caught up after it became leader, and is asked again right before the
+assignment is written: a replica whose term ended meanwhile rolls back and writes nothing (the
+Binding itself may follow a written assignment: the assignment is what books the cards).
+
 When nothing fits any more the bind returns an error: kube-scheduler then puts the pod back in its
 queue and schedules it again with fresh filter results.
 """
@@ -26,7 +31,8 @@ from typing import Any
 
 from gpupool.adapters.k8s.annotations import AnnotationError, Assignment, decode_assignment, encode_assignment
 from gpupool.adapters.k8s.cache import ClusterCache, now_utc
-from gpupool.adapters.k8s.podapi import ApiError, ConflictError, NotFoundError, PodApi
+from gpupool.adapters.k8s.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
+from gpupool.adapters.k8s.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
 from gpupool.adapters.k8s.translate import TranslationError, pod_request
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
@@ -39,15 +45,19 @@ class Binder:
     """Binds pods through a :class:`PodApi`, keeping the cache's ledger in step."""
 
     def __init__(self, cache: ClusterCache, api: PodApi, *, max_attempts: int = 4,
-                 clock: Callable[[], dt.datetime] = now_utc) -> None:
+                 clock: Callable[[], dt.datetime] = now_utc, fence: BindFence | None = None) -> None:
         self.cache = cache
         self.api = api
         self.max_attempts = max_attempts
         self.clock = clock
+        self.fence: BindFence = fence or Unfenced()
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
         """Bind ``namespace/name`` to ``node``; never raises for API or input problems."""
         key = f"{namespace}/{name}"
+        ticket = self.fence.admit()
+        if ticket is None:
+            return BindResult(self.fence.refusal() or CATCHING_UP, attempts=0)
         last_conflict = ""
         for attempt in range(1, self.max_attempts + 1):
             # First attempt: the watch's copy saves a GET; if it is stale, the resourceVersion
@@ -81,6 +91,10 @@ class Binder:
                 self.cache.rollback(key)
                 return BindResult(f"node {node} is gone", attempts=attempt)
             assignment = Assignment.from_placement(decision, spec, self.clock())
+            if not self.fence.holds(ticket):  # the last moment: after this the booking is public
+                self.cache.rollback(key)
+                log.warning("bind %s: leadership ended during the bind; nothing written", key)
+                return BindResult(LOST_DURING_BIND, attempts=attempt)
             try:
                 patched = self.api.patch_pod_annotations(
                     namespace, name, str(meta.get("resourceVersion") or ""),
@@ -90,6 +104,12 @@ class Binder:
                 last_conflict = str(exc)
                 log.info("bind %s: pod changed while binding (attempt %d), re-evaluating", key, attempt)
                 continue
+            except NoAnswerError as exc:
+                # The write may have been applied (timed out after the server took it): keep the
+                # cards booked until the watch shows the annotation or the pin runs out.
+                self.cache.commit(key, assignment)
+                return BindResult(f"cannot record the assignment on pod {key} (its cards stay booked "
+                                  f"until the watch shows whether it was written): {exc}", attempts=attempt)
             except ApiError as exc:
                 self.cache.rollback(key)
                 return BindResult(f"cannot record the assignment on pod {key}: {exc}", attempts=attempt)

@@ -269,15 +269,29 @@ class ClusterCache:
             for pod in pods:
                 raw = as_dict(pod)
                 try:
-                    seen.add(pod_key(raw))
+                    key = pod_key(raw)
                 except TranslationError:
                     continue
+                seen.add(key)
+                if self._unchanged(key, raw):
+                    continue  # a catch-up or re-list of a current view re-translates nothing
                 self.upsert_pod(raw)
             for key in list(self.pods):
                 if key not in seen:
                     self._pins.pop(key, None)
                     self._forget(key)
             self.pods_synced = True
+
+    def _unchanged(self, key: str, raw: Mapping[str, Any]) -> bool:
+        """Whether the record of ``key`` was made from this very object version (same uid and
+        resourceVersion; never for objects without a version)."""
+        record = self.pods.get(key)
+        if record is None or record.raw is None:
+            return False
+        meta = raw.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        old = record.raw.get("metadata") or {}
+        return bool(version) and version == old.get("resourceVersion") and record.uid == str(meta.get("uid") or "")
 
     def _forget(self, key: str) -> None:
         record = self.pods.pop(key, None)

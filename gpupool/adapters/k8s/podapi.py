@@ -29,6 +29,10 @@ class NotFoundError(ApiError):
     """404: the object does not exist (any more)."""
 
 
+class NoAnswerError(ApiError):
+    """No HTTP answer (timeout, connection reset): a write may or may not have been applied."""
+
+
 class PodApi(Protocol):
     """What the binder asks of the API."""
 
@@ -64,41 +68,59 @@ def _raise_for(exc: Exception, what: str) -> ApiError:
     return ApiError(message, status)
 
 
-class KubePodApi:
-    """:class:`PodApi` over ``kubernetes.client.CoreV1Api``."""
+def _no_answer(exc: Exception, what: str) -> NoAnswerError:
+    return NoAnswerError(f"{what}: no answer: {type(exc).__name__}: {exc}")
 
-    def __init__(self, core_v1: Any, request_timeout_s: float = 10.0) -> None:
+
+class KubePodApi:
+    """:class:`PodApi` over ``kubernetes.client.CoreV1Api``.
+
+    ``patch_timeout_s`` bounds the assignment write separately: a leader's write must be over
+    before another replica may take the Lease (:attr:`LeaseSettings.commit_timeout_s`), so it gets
+    a shorter timeout than the reads and the Binding.
+    """
+
+    def __init__(self, core_v1: Any, request_timeout_s: float = 10.0,
+                 patch_timeout_s: float | None = None) -> None:
         self.core = core_v1
         self.timeout = request_timeout_s
+        self.patch_timeout = request_timeout_s if patch_timeout_s is None else patch_timeout_s
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                  _request_timeout=self.timeout)
         except ApiException as exc:
             raise _raise_for(exc, f"GET pod {namespace}/{name}") from None
+        except (HTTPError, OSError) as exc:
+            raise _no_answer(exc, f"GET pod {namespace}/{name}") from None
         result: dict[str, Any] = json.loads(resp.data)
         return result
 
     def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
                               annotations: dict[str, str | None]) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
         try:
             resp = self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
                                                   _content_type="application/merge-patch+json",
-                                                  _request_timeout=self.timeout)
+                                                  _request_timeout=self.patch_timeout)
         except ApiException as exc:
             raise _raise_for(exc, f"PATCH pod {namespace}/{name}") from None
+        except (HTTPError, OSError) as exc:
+            raise _no_answer(exc, f"PATCH pod {namespace}/{name}") from None
         result: dict[str, Any] = json.loads(resp.data)
         return result
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         from kubernetes.client import V1Binding, V1ObjectMeta, V1ObjectReference
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         body = V1Binding(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
                          target=V1ObjectReference(api_version="v1", kind="Node", name=node))
@@ -108,6 +130,8 @@ class KubePodApi:
                                                            _request_timeout=self.timeout)
         except ApiException as exc:
             raise _raise_for(exc, f"POST binding {namespace}/{name} → {node}") from None
+        except (HTTPError, OSError) as exc:
+            raise _no_answer(exc, f"POST binding {namespace}/{name} → {node}") from None
         # Drain the (small) answer: urllib3 returns a connection to its pool only once the body has
         # been read. Unread, every bind left its TLS connection to the garbage collector and the
         # next call paid a new TCP + TLS handshake (measured: one handshake per bind, ~28 ms).

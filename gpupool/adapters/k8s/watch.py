@@ -8,7 +8,14 @@ correctness:
 * a watch that ends normally (server timeout) resumes from the last version;
 * ``410 Gone`` (the version was compacted away) means events were lost: list again. The apiserver
   says so either as an HTTP 410 or, for a watch, as an ``ERROR`` event inside a 200 stream;
-* any other error backs off and resumes; the cache keeps answering from what it has.
+* any other error backs off and resumes; the cache keeps answering from what it has;
+* :meth:`ListWatch.catch_up` (a new leader, see :mod:`gpupool.adapters.k8s.handover`) lists from
+  etcd *now* and makes the view at least that fresh, whatever the watch has delivered so far.
+
+Lists go out without a resourceVersion: the apiserver then serves them from etcd with a quorum read
+(the official client sends no ``resourceVersion`` parameter when none is given), so a list's version
+covers every write committed before the list was served. The watch cache (``resourceVersion=0``)
+could answer from behind.
 
 The watch stream is read here, line by line, rather than through ``kubernetes.watch.Watch``: with
 ``deserialize=False`` (raw dicts, much cheaper than client models) that helper fails on the
@@ -47,14 +54,21 @@ class ListWatch:
         self.backoff_s = backoff_s
         self.resource_version = ""
         self.relists = 0
+        self.catch_ups = 0
+        # Lists and events are applied under this lock; a list applied by catch_up() bumps the
+        # generation, and a watch stream opened before it drops its remaining events (older, or
+        # fetched again by the next watch from the list's version) instead of applying them over
+        # the fresher list.
+        self._apply = threading.Lock()
+        self._generation = 0
         self.thread = threading.Thread(target=self._run, name=f"gpupool-watch-{kind}", daemon=True)
 
     def start(self) -> ListWatch:
         self.thread.start()
         return self
 
-    def list_once(self) -> None:
-        """A full paginated list applied to the cache; sets :attr:`resource_version`."""
+    def _fetch(self) -> tuple[list[dict[str, Any]], str]:
+        """A full paginated list (a quorum read: no resourceVersion) and the list's version."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -66,10 +80,36 @@ class ListWatch:
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
-                self.resource_version = str(meta.get("resourceVersion") or "")
-                break
-        self.on_list(items)
+                return items, str(meta.get("resourceVersion") or "")
+
+    def _adopt(self, items: list[dict[str, Any]], version: str) -> bool:
+        """Apply a list unless the view is already at or past its version; returns whether applied."""
+        with self._apply:
+            if at_least(self.resource_version, version):
+                return False  # a newer list or the watch got further meanwhile
+            self._generation += 1
+            self.on_list(items)
+            self.resource_version = version
+            return True
+
+    def list_once(self) -> None:
+        """A full paginated list applied to the cache; sets :attr:`resource_version`."""
+        items, version = self._fetch()
+        self._adopt(items, version)
         self.relists += 1
+
+    def catch_up(self) -> str:
+        """Make the view include every write committed before this call; returns the list's version.
+
+        Why not just wait for the watch to pass the quorum version: a watch delivers nothing while
+        no pod changes (bookmarks of v1.20 come only near the watch's timeout), so it might never
+        say that it has. The list is applied only when the watch is behind it.
+        """
+        items, version = self._fetch()
+        if self._adopt(items, version):
+            self.catch_ups += 1
+            log.info("%s: caught up with a quorum list at resourceVersion %s", self.kind, version)
+        return version
 
     def _run(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -96,7 +136,9 @@ class ListWatch:
     def watch_once(self) -> bool:
         """One watch request from :attr:`resource_version`, applied event by event until the server
         ends it; returns True when the version has expired (410 Gone) and a new list is needed."""
-        resp = self.list_fn(watch=True, resource_version=self.resource_version,
+        with self._apply:
+            since, generation = self.resource_version, self._generation
+        resp = self.list_fn(watch=True, resource_version=since,
                             timeout_seconds=self.watch_timeout_s, allow_watch_bookmarks=True,
                             _preload_content=False)
         try:
@@ -112,15 +154,31 @@ class ListWatch:
                     raise WatchError(f"{self.kind} watch: error event {obj.get('code')} "
                                      f"{obj.get('reason')}: {obj.get('message')}")
                 version = (obj.get("metadata") or {}).get("resourceVersion")
-                if version:
-                    self.resource_version = str(version)
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.on_event(kind, obj)
+                with self._apply:
+                    if generation != self._generation:
+                        return False  # a catch-up list replaced the view: watch on from its version
+                    if version:
+                        self.resource_version = str(version)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.on_event(kind, obj)
                 if self.stop.is_set():
                     break
         finally:
             resp.close()
             resp.release_conn()
+        return False
+
+
+def at_least(version: str, other: str) -> bool:
+    """Whether resourceVersion ``version`` is at or after ``other``.
+
+    Kubernetes calls resourceVersions opaque, but etcd's are its revision numbers, compared here only
+    to tell which of two lists (or a list and the watch) is fresher; anything not a number counts as
+    "not known to be fresher", so the list is applied.
+    """
+    try:
+        return int(version) >= int(other)
+    except ValueError:
         return False
 
 
