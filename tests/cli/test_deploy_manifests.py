@@ -1,0 +1,307 @@
+"""deploy/*.yaml must say only what the code understands.
+
+A manifest is not executed by any other test: a renamed flag, a probe path the server does not
+serve, a Lease name the Role does not cover or a port that differs between the Service and the
+scheduler config would only show up on a real cluster, as a crash loop or a scheduler that cannot
+reach its extender. These tests parse every container's args with the real click command (the
+same parser the container's ``gpupool`` entrypoint runs) and cross-check the values that several
+files must agree on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+import pytest
+import yaml
+
+from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.adapters.http.extender_api import ExtenderApi
+from gpupool.adapters.k8s.binder import Binder
+from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.fake_api import FakePodApi
+from gpupool.adapters.k8s.names import ResourceNames
+from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.cli.main import SUBCOMMANDS, cli
+from gpupool.services.extender import ExtenderService
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "Pod"}
+#: The image the Dockerfile builds (README "Deploy"); every gpupool container must name it.
+IMAGE = "gpupool:latest"
+
+
+@dataclass(frozen=True)
+class Container:
+    """One gpupool container of a workload in deploy/, with where it came from (for messages)."""
+
+    file: str
+    workload: dict[str, Any]
+    spec: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}: {self.workload['kind']} {self.workload['metadata']['name']}/{self.spec['name']}"
+
+    @property
+    def pod_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = self.workload["spec"]
+        return spec if self.workload["kind"] == "Pod" else spec["template"]["spec"]
+
+    @property
+    def env(self) -> dict[str, dict[str, Any]]:
+        return {e["name"]: e for e in self.spec.get("env", [])}
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    """Every YAML document of deploy/, with its file name."""
+    docs = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path.name, doc))
+    return docs
+
+
+def gpupool_containers() -> list[Container]:
+    found = []
+    for file, doc in documents():
+        if doc["kind"] not in WORKLOAD_KINDS:
+            continue
+        pod_spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+        for spec in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+            if spec["image"].split(":")[0].endswith("gpupool"):
+                found.append(Container(file, doc, spec))
+    return found
+
+
+def by_kind(kind: str) -> Iterator[dict[str, Any]]:
+    return (doc for _, doc in documents() if doc["kind"] == kind)
+
+
+def one(kind: str, name: str) -> dict[str, Any]:
+    (doc,) = (d for d in by_kind(kind) if d["metadata"]["name"] == name)
+    return doc
+
+
+def command_of(args: list[str]) -> click.Command:
+    """The click command the container's first arg names, loaded as ``gpupool`` loads it."""
+    assert args and args[0] in SUBCOMMANDS, f"first arg {args[:1]} is not a gpupool sub-command"
+    command = cli.get_command(click.Context(cli), args[0])
+    assert command is not None
+    return command
+
+
+def expand(args: list[str], env: dict[str, dict[str, Any]]) -> list[str]:
+    """Substitute ``$(VAR)`` as kubelet does; a variable the container does not define is an error
+    (kubelet would pass the text ``$(VAR)`` on unchanged)."""
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        assert name in env, f"$({name}) used in args but not defined in the container's env"
+        return f"<{name}>"
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg) for arg in args]
+
+
+def parse(container: Container) -> tuple[click.Command, dict[str, Any]]:
+    """Check every option name exists on the command, then let click parse and convert the args
+    exactly as the entrypoint would; returns the parameters the command would run with."""
+    args = expand(list(container.spec["args"]), container.env)
+    command = command_of(args)
+    declared = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    for arg in args[1:]:
+        if arg.startswith("-"):
+            option = arg.split("=", 1)[0]
+            assert option in declared, f"{container.where}: {option} is not an option of gpupool {args[0]}"
+    ctx = command.make_context(args[0], args[1:], resilient_parsing=False)
+    return command, dict(ctx.params)
+
+
+def containers_running(subcommand: str) -> list[Container]:
+    found = [c for c in gpupool_containers() if c.spec["args"][0] == subcommand]
+    assert found, f"no manifest in deploy/ runs gpupool {subcommand}"
+    return found
+
+
+# ---------------------------------------------------------------------------------------- args
+
+
+def test_deploy_has_both_components() -> None:
+    assert {c.spec["args"][0] for c in gpupool_containers()} == {"extender", "node-agent"}
+
+
+@pytest.mark.parametrize("container", gpupool_containers(), ids=lambda c: c.where)
+def test_every_arg_parses_with_the_real_command(container: Container) -> None:
+    assert "command" not in container.spec, "the image's entrypoint is `gpupool`; give args only"
+    assert container.spec["image"] == IMAGE
+    parse(container)
+
+
+@pytest.mark.parametrize("bad", [["extender", "--lease-namespce=kube-system"],
+                                 ["extender", "--policy=nope"],
+                                 ["node-agent", "--plugin_dir=/x"],
+                                 ["node-agent", "--node-name=$(NODE)"],
+                                 ["simulat"]])
+def test_the_check_refuses_what_gpupool_would_refuse(bad: list[str]) -> None:
+    """The checker itself: a misspelt flag, a bad choice, an undefined variable, a wrong command."""
+    container = Container("x.yaml", {"kind": "Pod", "metadata": {"name": "p"}, "spec": {}},
+                          {"name": "c", "image": IMAGE, "args": bad})
+    with pytest.raises((AssertionError, click.UsageError)):
+        parse(container)
+
+
+def test_dockerfile_entrypoint_is_the_console_script() -> None:
+    """The manifests pass args only, so the image's entrypoint must be the ``gpupool`` script."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["gpupool"]' in dockerfile
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'gpupool = "gpupool.cli.main:main"' in pyproject
+
+
+# ------------------------------------------------------------------------------- node agent
+
+
+def test_node_agent_learns_its_node_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod's hostname is the pod name, not the node's: NODE_NAME must come from spec.nodeName
+    and reach ``--node-name`` (explicitly as $(NODE_NAME) or through the option's default)."""
+    for container in containers_running("node-agent"):
+        source = container.env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert source == "spec.nodeName"
+        monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+        args = [a.replace("$(NODE_NAME)", os.environ["NODE_NAME"]) for a in container.spec["args"]]
+        command = command_of(args)
+        params = command.make_context(args[0], args[1:]).params
+        assert params["node_name"] == "gpu-node-7"
+
+
+def test_node_agent_mounts_kubelets_socket_directories() -> None:
+    """The flags point into volumes that are kubelet's own directories on the host."""
+    for container in containers_running("node-agent"):
+        _, params = parse(container)
+        mounts = {m["mountPath"]: m for m in container.spec["volumeMounts"]}
+        host = {v["name"]: v["hostPath"]["path"] for v in container.pod_spec["volumes"] if "hostPath" in v}
+        plugins = mounts[params["plugin_dir"]]
+        assert host[plugins["name"]] == DEVICE_PLUGIN_DIR and not plugins.get("readOnly", False)
+        podres_dir = os.path.dirname(params["pod_resources_socket"])
+        assert host[mounts[podres_dir]["name"]] == os.path.dirname(POD_RESOURCES_SOCKET)
+
+
+def test_node_agent_is_not_privileged_and_runs_only_on_labelled_gpu_nodes() -> None:
+    for container in containers_running("node-agent"):
+        security = container.spec["securityContext"]
+        assert security.get("privileged", False) is False
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        pod = container.pod_spec
+        assert pod["nodeSelector"] == {"gpupool.io/node-agent": "true"}
+        assert not pod.get("hostNetwork") and not pod.get("hostPID")
+        assert {t["key"] for t in pod["tolerations"]} >= {"nvidia.com/gpu"}
+        assert "resources" in container.spec and not any(
+            name in container.spec["resources"].get("limits", {}) for name in ResourceNames().managed())
+
+
+# ---------------------------------------------------------------------------------- extender
+
+
+def _extender_routes(url_prefix: str) -> set[tuple[str, str]]:
+    cache = ClusterCache()
+    service = ExtenderService(cache, Binder(cache, FakePodApi()), is_leader=lambda: True,
+                              leader_name=lambda: "x")
+    app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app(url_prefix)
+    return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+
+
+def test_extender_ports_probes_and_service_agree() -> None:
+    """containerPort = --port, probe paths are served, the Service targets that port."""
+    for container in containers_running("extender"):
+        _, params = parse(container)
+        ports = {p["name"]: p["containerPort"] for p in container.spec["ports"]}
+        routes = _extender_routes(params["url_prefix"])
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = container.spec[probe]["httpGet"]
+            assert ports[get["port"]] == params["port"]
+            assert ("GET", get["path"]) in routes
+        labels = container.workload["spec"]["template"]["metadata"]["labels"]
+        (service,) = (s for s in by_kind("Service")
+                      if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
+                      and s["spec"]["selector"].items() <= labels.items())
+        (port,) = service["spec"]["ports"]
+        assert ports[port["targetPort"]] == params["port"]
+
+
+def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
+    """urlPrefix host/port is the Service, its path + verb is a route, managedResources is exactly
+    what the extender manages."""
+    (container,) = containers_running("extender")
+    _, params = parse(container)
+    routes = _extender_routes(params["url_prefix"])
+    (service,) = by_kind("Service")
+    configs = list(by_kind("KubeSchedulerConfiguration"))
+    assert {c["apiVersion"].split("/")[1] for c in configs} == {"v1", "v1beta1"}
+    for config in configs:
+        (entry,) = config["extenders"]
+        url = urlsplit(entry["urlPrefix"])
+        assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+        assert url.port == service["spec"]["ports"][0]["port"]
+        assert url.scheme == ("https" if entry["enableHTTPS"] else "http")
+        assert url.path.rstrip("/") == params["url_prefix"].rstrip("/")
+        for verb in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
+            if verb in entry:
+                assert ("POST", f"{url.path.rstrip('/')}/{entry[verb]}") in routes
+        managed = [m["name"] for m in entry["managedResources"]]
+        assert sorted(managed) == sorted(ResourceNames(params["domain"]).managed())
+        assert all(m["ignoredByScheduler"] for m in entry["managedResources"])
+
+
+def test_extender_lease_flags_match_its_role() -> None:
+    """The Role covers exactly the Lease the flags name, in the namespace they name."""
+    (container,) = containers_running("extender")
+    _, params = parse(container)
+    assert params["leader_elect"]
+    role = one("Role", "gpupool-extender-lease")
+    assert role["metadata"]["namespace"] == params["lease_namespace"]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named and all(r["resourceNames"] == [params["lease_name"]] for r in named)
+
+
+def test_extender_is_read_only_and_non_root() -> None:
+    (container,) = containers_running("extender")
+    security = container.spec["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    mounts = {m["mountPath"] for m in container.spec.get("volumeMounts", [])}
+    assert "/tmp" in mounts  # Python's tempfile and the client's CA/cert temp files have a place
+
+
+# ------------------------------------------------------------------------------------- RBAC
+
+
+@pytest.mark.parametrize("container", gpupool_containers(), ids=lambda c: c.where)
+def test_every_workloads_service_account_exists_and_is_bound(container: Container) -> None:
+    namespace = container.workload["metadata"]["namespace"]
+    account = container.pod_spec["serviceAccountName"]
+    assert any(sa["metadata"] == {"name": account, "namespace": namespace} for sa in by_kind("ServiceAccount"))
+    bound = [b for kind in ("ClusterRoleBinding", "RoleBinding") for b in by_kind(kind)
+             if {"kind": "ServiceAccount", "name": account, "namespace": namespace} in b["subjects"]]
+    assert bound
+    for binding in bound:
+        role = one(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        assert role["rules"]
+
+
+def test_every_rbac_file_lists_its_permissions_in_a_header() -> None:
+    """Reviewers read the header, the apiserver reads the rules: each rule's resources are named."""
+    for path in sorted(DEPLOY.glob("*rbac*.yaml")):
+        header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+        for doc in yaml.safe_load_all(path.read_text()):
+            for rule in (doc or {}).get("rules", []):
+                for resource in rule["resources"]:
+                    assert resource in header, f"{path.name}: {resource} not explained in the header"

@@ -1,0 +1,333 @@
+"""deploy/ against the real kube-apiserver v1.20.2 (RBAC authorizer on).
+
+* The RBAC objects of deploy/ are created (namespace rewritten to the test's own) and
+  SubjectAccessReview shows each ServiceAccount is allowed exactly the verbs its code uses, over a
+  matrix of verbs and resources, so an extra grant fails as surely as a missing one.
+* The real clients then run *as* those ServiceAccounts (a TokenRequest token in a kubeconfig):
+  the node agent's ``KubePodSource`` publishes a Node's inventory, reads and annotates a pod; an
+  extender replica (``start_replica`` with ``_clients``) lists and watches, takes the Lease and binds
+  that pod. A permission the code needs but the Role lacks fails here, not in production.
+* The Deployment, DaemonSet and Service are created with server-side dry run, so the apiserver
+  validates them, and every field the manifests set must come back: v1.20 silently drops unknown
+  fields, so a misspelt key would otherwise pass validation and be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_support import NO_SCHEDULER, MakeNode, wait_for
+from kubernetes import client, utils
+from kubernetes.client.rest import ApiException
+
+from gpupool.adapters.k8s.allocated_codec import encode_served
+from gpupool.adapters.k8s.annotations import decode_allocated, decode_assignment, decode_inventory
+from gpupool.adapters.k8s.kube_pod_source import KubePodSource
+from gpupool.adapters.k8s.lease import LeaseSettings
+from gpupool.adapters.k8s.names import ResourceNames
+from gpupool.adapters.nvml.fake import FakeGpuBackend
+from gpupool.cli.extender_cmd import ExtenderOptions, _clients, start_replica
+from gpupool.services.node_types import MODEL_LABEL
+from gpupool.testenv.config import render_kubeconfig
+from gpupool.testenv.controlplane import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+NAMES = ResourceNames()
+DEPLOYED_NAMESPACE = "kube-system"
+EXTENDER_SA, AGENT_SA = "gpupool-extender", "gpupool-node-agent"
+LEASE = "gpupool-extender"  # the extender's default --lease-name, as deploy/ runs it
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+#: (group, resource, subresource) probed for every verb.
+RESOURCES = (("", "pods", ""), ("", "pods", "binding"), ("", "pods", "status"), ("", "pods", "eviction"),
+             ("", "nodes", ""), ("", "nodes", "status"), ("", "secrets", ""), ("", "configmaps", ""),
+             ("", "events", ""), ("", "serviceaccounts", "token"), ("coordination.k8s.io", "leases", ""),
+             ("apps", "daemonsets", ""))
+
+
+def deploy_documents(namespace: str) -> list[dict[str, Any]]:
+    """Every document of deploy/*.yaml with kube-system rewritten to ``namespace`` (objects,
+    ServiceAccount subjects), so the test's objects live and die with the test's namespace."""
+    docs = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is None:
+                continue
+            if doc.get("metadata", {}).get("namespace") == DEPLOYED_NAMESPACE:
+                doc["metadata"]["namespace"] = namespace
+            for subject in doc.get("subjects", []):
+                if subject.get("namespace") == DEPLOYED_NAMESPACE:
+                    subject["namespace"] = namespace
+            docs.append(doc)
+    return docs
+
+
+def _delete(api_client: client.ApiClient, doc: dict[str, Any]) -> None:
+    name, namespace = doc["metadata"]["name"], doc["metadata"].get("namespace")
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    calls = {"ServiceAccount": lambda: client.CoreV1Api(api_client).delete_namespaced_service_account(name, namespace),
+             "ClusterRole": lambda: rbac.delete_cluster_role(name),
+             "ClusterRoleBinding": lambda: rbac.delete_cluster_role_binding(name),
+             "Role": lambda: rbac.delete_namespaced_role(name, namespace),
+             "RoleBinding": lambda: rbac.delete_namespaced_role_binding(name, namespace)}
+    try:
+        calls[doc["kind"]]()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.fixture
+def deployed_rbac(kube_api_client: client.ApiClient, namespace: str) -> Iterator[str]:
+    """deploy/'s ServiceAccounts, Roles and bindings in the test namespace; all deleted after."""
+    docs = [d for d in deploy_documents(namespace) if d["kind"] in RBAC_KINDS]
+    assert {d["kind"] for d in docs} == set(RBAC_KINDS)
+    created: list[dict[str, Any]] = []
+    try:
+        for doc in docs:
+            utils.create_from_dict(kube_api_client, doc)
+            created.append(doc)
+        yield namespace
+    finally:
+        for doc in reversed(created):
+            _delete(kube_api_client, doc)
+
+
+def allowed(authz: client.AuthorizationV1Api, namespace: str, account: str, attrs: dict[str, str]) -> bool:
+    """The apiserver's RBAC decision for the ServiceAccount, with the groups its token carries."""
+    review = authz.create_subject_access_review({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": f"system:serviceaccount:{namespace}:{account}",
+                 "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                            "system:authenticated"],
+                 "resourceAttributes": attrs}})
+    return bool(review.status.allowed)
+
+
+def matrix(namespace: str) -> list[dict[str, str]]:
+    """Every probed verb on every probed resource: pods in another namespace (ClusterRoles reach
+    everywhere), the Lease by its name and by another, in the lease namespace and elsewhere."""
+    probes = []
+    for group, resource, sub in RESOURCES:
+        places: list[tuple[str, str]] = [("", "")] if resource == "nodes" else [("default", "")]
+        if resource == "leases":
+            places = [(namespace, LEASE), (namespace, "someone-else"), (namespace, ""), ("default", LEASE)]
+        elif resource == "pods" and sub:
+            places = [("default", "p")]
+        for verb in VERBS:
+            for ns, name in places:
+                if verb in ("list", "watch", "deletecollection", "create") and name and not sub:
+                    continue  # these requests carry no name
+                probes.append({"verb": verb, "group": group, "resource": resource, "subresource": sub,
+                               "namespace": ns, "name": name})
+    return probes
+
+
+def key(attrs: dict[str, str]) -> tuple[str, ...]:
+    return (attrs["verb"], attrs["group"], attrs["resource"], attrs["subresource"], attrs["namespace"],
+            attrs["name"])
+
+
+def expected_extender(namespace: str) -> set[tuple[str, ...]]:
+    """What gpupool/adapters/k8s/{watch,podapi,lease}.py call (deploy/rbac.yaml's header)."""
+    return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
+            ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
+            ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
+            ("create", "", "pods", "binding", "default", "p"),
+            ("create", "coordination.k8s.io", "leases", "", namespace, ""),
+            ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
+            ("update", "coordination.k8s.io", "leases", "", namespace, LEASE)}
+
+
+def expected_node_agent() -> set[tuple[str, ...]]:
+    """What gpupool/adapters/k8s/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
+    return {("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
+            ("patch", "", "nodes", "", "", "")}
+
+
+def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(
+    kube_api_client: client.ApiClient, deployed_rbac: str
+) -> None:
+    authz = client.AuthorizationV1Api(kube_api_client)
+    probes = matrix(deployed_rbac)
+    for account, expected in ((EXTENDER_SA, expected_extender(deployed_rbac)), (AGENT_SA, expected_node_agent())):
+        granted = {key(p) for p in probes if allowed(authz, deployed_rbac, account, p)}
+        assert granted == expected, (account, "extra:", granted - expected, "missing:", expected - granted)
+    # the denials the brief names, spelled out
+    for account in (EXTENDER_SA, AGENT_SA):
+        assert not allowed(authz, deployed_rbac, account, {"verb": "delete", "resource": "pods",
+                                                           "namespace": "default"})
+        assert not allowed(authz, deployed_rbac, account, {"verb": "update", "resource": "secrets",
+                                                           "namespace": deployed_rbac})
+
+
+# ------------------------------------------------------------------------------ as the accounts
+
+
+def service_account_kubeconfig(control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
+                               account: str, path: Path) -> Path:
+    """A kubeconfig holding a short-lived token of the ServiceAccount (TokenRequest), as the
+    pod's projected token would be."""
+    request = core_v1.create_namespaced_service_account_token(
+        account, namespace, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)))
+    path.write_text(render_kubeconfig(control_plane.server, request.status.token, control_plane.ca_cert.read_bytes()))
+    return path
+
+
+def gpu_pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulerName": NO_SCHEDULER, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "busybox",
+                                     "resources": {"limits": {NAMES.gpu_mem: "16", NAMES.gpu_core: "30"}}}]}}
+
+
+def test_the_real_clients_work_as_their_service_accounts(
+    control_plane: ControlPlane, core_v1: client.CoreV1Api, deployed_rbac: str, make_node: MakeNode,
+    tmp_path: Path,
+) -> None:
+    namespace = deployed_rbac
+    node = make_node(f"deploy-{uuid.uuid4().hex[:6]}")
+    core_v1.create_namespaced_pod(namespace, gpu_pod("p1"))
+    backend = FakeGpuBackend.from_dict({"model": "Tesla-T4", "cards": [
+        {"uuid": f"GPU-{node}-{i}", "memoryMiB": 15360} for i in range(2)]})
+
+    # The node agent: KubePodSource loads its kubeconfig into the client's process-wide default.
+    saved_default = client.Configuration.get_default_copy()
+    agent_config = service_account_kubeconfig(control_plane, core_v1, namespace, AGENT_SA, tmp_path / "agent")
+    try:
+        source = KubePodSource(NAMES, str(agent_config))
+        asyncio.run(source.publish_node(node, backend.inventory()))
+        agent_api = client.CoreV1Api()
+        with pytest.raises(ApiException) as denied:
+            agent_api.list_namespaced_pod(namespace)  # the agent reads by name; listing is not granted
+        assert denied.value.status == 403
+    finally:
+        client.Configuration.set_default(saved_default)
+    published = core_v1.read_node(node).metadata
+    assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
+    assert published.labels[NAMES.annotation(MODEL_LABEL)] == "Tesla-T4"
+
+    # The extender: its own wiring (_clients, start_replica) on a kubeconfig with its token.
+    extender_core, coordination = _clients(str(service_account_kubeconfig(
+        control_plane, core_v1, namespace, EXTENDER_SA, tmp_path / "extender")))
+    replica = start_replica(ExtenderOptions(policy="binpack", lease_namespace=namespace, identity="deploy-e2e"),
+                            extender_core, coordination,
+                            LeaseSettings(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5))
+    try:
+        assert replica.elector is not None
+        wait_for(lambda: replica.cache.synced and replica.elector is not None and replica.elector.is_leader(),
+                 timeout=30, what="the extender (as its ServiceAccount) to sync and lead")
+        uid = core_v1.read_namespaced_pod("p1", namespace).metadata.uid
+        deadline = time.monotonic() + 30
+        while not (result := replica.service.bind(namespace, "p1", uid, node)).ok:
+            assert time.monotonic() < deadline, result.error
+            time.sleep(0.1)
+        with pytest.raises(ApiException) as denied:
+            extender_core.delete_namespaced_pod("p1", namespace)
+        assert denied.value.status == 403
+        # the Lease was created; now it must also be renewed (read + replace), or leadership lapses
+        leases = client.CoordinationV1Api(core_v1.api_client)
+        created = leases.read_namespaced_lease(LEASE, namespace).metadata.resource_version
+        renewed = wait_for(lambda: (lease := leases.read_namespaced_lease(LEASE, namespace))
+                           .metadata.resource_version != created and lease, timeout=10, what="a Lease renewal")
+        assert renewed.spec.holder_identity == "deploy-e2e" and replica.elector.is_leader()
+    finally:
+        replica.shutdown()
+    bound = core_v1.read_namespaced_pod("p1", namespace)
+    assert bound.spec.node_name == node
+    assert decode_assignment(bound.metadata.annotations[NAMES.assignment]).node == node
+
+    # The node agent again: read the bound pod by name, write allocated-v1 on it.
+    try:
+        source = KubePodSource(NAMES, str(agent_config))
+        view = asyncio.run(source.get(namespace, "p1"))
+        assert view is not None and view.node == node and view.assignment is not None
+        asyncio.run(source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])}))
+    finally:
+        client.Configuration.set_default(saved_default)
+    written = core_v1.read_namespaced_pod("p1", namespace).metadata.annotations[NAMES.allocated]
+    assert decode_allocated(written).node == node
+
+
+# ------------------------------------------------------------------------------ schema (dry run)
+
+
+def lost_fields(sent: Any, returned: Any, path: str = "") -> list[str]:
+    """Paths the manifest sets that are absent or different in the server's answer (defaults the
+    server adds are fine; anything it dropped is a misspelt or misplaced field)."""
+    if isinstance(sent, dict):
+        if not isinstance(returned, dict):
+            return [path or "/"]
+        return [lost for k, v in sent.items()
+                for lost in ([f"{path}.{k}"] if k not in returned else lost_fields(v, returned[k], f"{path}.{k}"))]
+    if isinstance(sent, list):
+        if not isinstance(returned, list) or len(returned) != len(sent):
+            return [path]
+        return [lost for i, (s, r) in enumerate(zip(sent, returned, strict=True))
+                for lost in lost_fields(s, r, f"{path}[{i}]")]
+    return [] if sent == returned else [f"{path}: {sent!r} became {returned!r}"]
+
+
+#: Where each workload kind is POSTed.
+COLLECTIONS = {"Deployment": "/apis/apps/v1/namespaces/{}/deployments",
+               "DaemonSet": "/apis/apps/v1/namespaces/{}/daemonsets",
+               "Service": "/api/v1/namespaces/{}/services"}
+
+
+def dry_run_create(control_plane: ControlPlane, doc: dict[str, Any]) -> dict[str, Any]:
+    """POST the manifest as it is with ``dryRun=All``; the server's answer as raw JSON.
+
+    Plain HTTP rather than the client's typed calls: the client validates bodies against its own
+    models (and its models drop unknown fields), which would hide what the apiserver does with
+    them. Raises ``HTTPError`` on a refusal.
+    """
+    url = control_plane.server + COLLECTIONS[doc["kind"]].format(doc["metadata"]["namespace"]) + "?dryRun=All"
+    request = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST", headers={
+        "Authorization": f"Bearer {control_plane.token}", "Content-Type": "application/json"})
+    context = ssl.create_default_context(cafile=str(control_plane.ca_cert))
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def test_workloads_pass_server_side_validation_without_losing_fields(
+    control_plane: ControlPlane, kube_api_client: client.ApiClient, namespace: str
+) -> None:
+    docs = [d for d in deploy_documents(namespace) if d["kind"] in ("Deployment", "DaemonSet", "Service")]
+    assert sorted(d["kind"] for d in docs) == ["DaemonSet", "Deployment", "Service"]
+    for doc in docs:
+        answer = dry_run_create(control_plane, doc)
+        assert answer["kind"] == doc["kind"] and answer["metadata"]["namespace"] == namespace
+        assert lost_fields(doc, answer) == [], doc["kind"]
+    apps = client.AppsV1Api(kube_api_client)
+    assert apps.list_namespaced_deployment(namespace).items == []  # dry run: nothing was stored
+    assert apps.list_namespaced_daemon_set(namespace).items == []
+
+    # The check itself: a misspelt field is dropped by v1.20 without an error, and reported here.
+    broken = copy.deepcopy(next(d for d in docs if d["kind"] == "DaemonSet"))
+    broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = [{"name": "tmp", "mountPath": "/x"}]
+    answer = dry_run_create(control_plane, broken)
+    assert lost_fields(broken, answer) == [".spec.template.spec.containers[0].volumeMount"]
+    # and a value the schema refuses is an error, not a silent drop
+    invalid = copy.deepcopy(broken)
+    invalid["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"] = {"drop": "ALL"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        dry_run_create(control_plane, invalid)
+    assert refused.value.code in (400, 422)
