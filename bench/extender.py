@@ -221,8 +221,9 @@ def latency_other_process(
             first = time.perf_counter() - started
             body = orjson.dumps({"Pod": pod, "NodeNames": orjson.loads(answer)["NodeNames"]})
             started = time.perf_counter()
-            scores = orjson.loads(exchange("/prioritize", body))
+            answer = exchange("/prioritize", body)
             elapsed = (first + time.perf_counter() - started) * 1000
+            scores = orjson.loads(answer)
             if i >= 20:
                 round_trip.append(elapsed)
             if scores:
