@@ -10,6 +10,7 @@ because deserialising into client models is slow and the translation works on di
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -86,52 +87,42 @@ class KubePodApi:
         self.timeout = request_timeout_s
         self.patch_timeout = request_timeout_s if patch_timeout_s is None else patch_timeout_s
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    @staticmethod
+    def _call(what: str, call: Callable[[], Any]) -> Any:
+        """Run one API call, turning its failures into this module's errors (raw response back)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
-            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                 _request_timeout=self.timeout)
+            return call()
         except ApiException as exc:
-            raise _raise_for(exc, f"GET pod {namespace}/{name}") from None
+            raise _raise_for(exc, what) from None
         except (HTTPError, OSError) as exc:
-            raise _no_answer(exc, f"GET pod {namespace}/{name}") from None
+            raise _no_answer(exc, what) from None
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        resp = self._call(f"GET pod {namespace}/{name}", lambda: self.core.read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=self.timeout))
         result: dict[str, Any] = json.loads(resp.data)
         return result
 
     def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
                               annotations: dict[str, str | None]) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-        try:
-            resp = self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
-                                                  _content_type="application/merge-patch+json",
-                                                  _request_timeout=self.patch_timeout)
-        except ApiException as exc:
-            raise _raise_for(exc, f"PATCH pod {namespace}/{name}") from None
-        except (HTTPError, OSError) as exc:
-            raise _no_answer(exc, f"PATCH pod {namespace}/{name}") from None
+        resp = self._call(f"PATCH pod {namespace}/{name}", lambda: self.core.patch_namespaced_pod(
+            name, namespace, body, _preload_content=False, _content_type="application/merge-patch+json",
+            _request_timeout=self.patch_timeout))
         result: dict[str, Any] = json.loads(resp.data)
         return result
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         from kubernetes.client import V1Binding, V1ObjectMeta, V1ObjectReference
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
 
         body = V1Binding(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
                          target=V1ObjectReference(api_version="v1", kind="Node", name=node))
-        try:
-            # Raw response: older clients fail to deserialise the Binding the server echoes back.
-            resp = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                           _request_timeout=self.timeout)
-        except ApiException as exc:
-            raise _raise_for(exc, f"POST binding {namespace}/{name} → {node}") from None
-        except (HTTPError, OSError) as exc:
-            raise _no_answer(exc, f"POST binding {namespace}/{name} → {node}") from None
+        # Raw response: older clients fail to deserialise the Binding the server echoes back.
+        resp = self._call(f"POST binding {namespace}/{name} → {node}", lambda: self.core.create_namespaced_pod_binding(
+            name, namespace, body, _preload_content=False, _request_timeout=self.timeout))
         # Drain the (small) answer: urllib3 returns a connection to its pool only once the body has
         # been read. Unread, every bind left its TLS connection to the garbage collector and the
         # next call paid a new TCP + TLS handshake (measured: one handshake per bind, ~28 ms).
