@@ -187,8 +187,14 @@ def _cpu_memory(container: Mapping[str, Any], where: str) -> tuple[int, int]:
     resources = _map(container, "resources", where)
     requests = _map(resources, "requests", f"{where}.resources")
     limits = _map(resources, "limits", f"{where}.resources")
-    cpu = requests.get("cpu", limits.get("cpu"))
-    memory = requests.get("memory", limits.get("memory"))
+    return _cpu_memory_from(requests, limits, where)
+
+
+def _cpu_memory_from(first: Mapping[str, Any], fallback: Mapping[str, Any], where: str) -> tuple[int, int]:
+    """CPU milli and memory MiB from ``first`` (a container's requests, a node's allocatable), each
+    falling back to ``fallback`` (limits, capacity); 0 where neither names it."""
+    cpu = first.get("cpu", fallback.get("cpu"))
+    memory = first.get("memory", fallback.get("memory"))
     cpu_milli = int(_quantity(cpu, "cpu", where) * 1000) if cpu is not None else 0
     memory_mib = int(_quantity(memory, "memory", where) / MIB) if memory is not None else 0
     return cpu_milli, memory_mib
@@ -297,10 +303,7 @@ def node_spec(node: Mapping[str, Any] | Any, names: ResourceNames) -> NodeSpec:
     status = _map(node, "status", where)
     allocatable = _map(status, "allocatable", f"{where}.status")
     capacity = _map(status, "capacity", f"{where}.status")
-    cpu = allocatable.get("cpu", capacity.get("cpu"))
-    memory = allocatable.get("memory", capacity.get("memory"))
-    cpu_milli = int(_quantity(cpu, "cpu", where) * 1000) if cpu is not None else 0
-    memory_mib = int(_quantity(memory, "memory", where) / MIB) if memory is not None else 0
+    cpu_milli, memory_mib = _cpu_memory_from(allocatable, capacity, where)
     labels = dict(_map(meta, "labels", f"{where}.metadata"))
     annotations = _map(meta, "annotations", f"{where}.metadata")
     raw_inventory = annotations.get(names.inventory)
