@@ -161,7 +161,8 @@ class ExtenderService:
                     usable &= rows != row
                     failed[name] = reason
         if aliases:
-            lacking = np.flatnonzero(usable & ~self._serving_rows(aliases)[np.maximum(rows, 0)])
+            known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
+            lacking = known[~self._serving_rows(aliases)[rows[known]]]
             usable[lacking] = False
             for i in lacking.tolist():
                 name = names[i]
@@ -201,8 +202,6 @@ class ExtenderService:
             served = self.cache.served_aliases
             found = np.fromiter((aliases <= served.get(spec.name, frozenset()) for spec in state.specs),
                                 dtype=bool, count=len(state.specs))
-            if len(found) == 0:
-                found = np.zeros(1, dtype=bool)
             self._serving = {key: found}
         return found
 
