@@ -57,7 +57,7 @@ def binned_score(gain: FloatArray, levels: int) -> FloatArray:
 
 
 class GpupoolPolicy(FragmentationPolicy):
-    """Fragmentation gradient plus CPU–GPU balance over coarse bins; topology-aware multi-card choice."""
+    """Fragmentation gradient plus CPU–GPU balance and model scarcity over coarse bins."""
 
     name = "gpupool"
     levels = DEFAULT_LEVELS
