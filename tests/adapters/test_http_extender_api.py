@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from k8s_builders import container, node, placed_pod, pod
 
 from gpupool.adapters.http.extender_api import ExtenderApi
@@ -21,7 +23,7 @@ from gpupool.adapters.k8s.cache import ClusterCache
 from gpupool.adapters.k8s.fake_api import FakePodApi
 from gpupool.adapters.k8s.names import ResourceNames
 from gpupool.adapters.metrics import ExtenderMetrics
-from gpupool.services.extender import UNKNOWN_NODE, ExtenderService
+from gpupool.services.extender import UNKNOWN_NODE, ExtenderService, scale_scores
 
 Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
 
@@ -132,6 +134,45 @@ def test_prioritize_scores_zero_to_ten() -> None:
     run(scenario)
 
 
+def test_prioritize_reuses_the_same_pods_filter_scores_while_the_ledger_is_unchanged() -> None:
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        calls: list[int] = []
+        scheduler = cache.scheduler
+        original = scheduler.filter_and_score
+
+        def counting(*a: Any, **k: Any) -> Any:
+            calls.append(1)
+            return original(*a, **k)
+
+        scheduler.filter_and_score = counting  # type: ignore[method-assign]
+        p = pod("p", container(mib=1000))
+        _, filtered = await post(client, "/filter", args(p))
+        assert filtered["NodeNames"] == ["N1", "N2", "N3"] and len(calls) == 1
+        _, reused = await post(client, "/prioritize", args(p, filtered["NodeNames"]))
+        assert len(calls) == 1  # answered from the filter's scores
+        # a different pod, or a node list other than the filter's, is scored afresh: same answer
+        _, fresh = await post(client, "/prioritize", args(pod("q", container(mib=1000)), ["N1", "N2", "N3"]))
+        assert len(calls) == 2 and fresh == reused
+        assert {e["Host"]: e["Score"] for e in reused}["N1"] == 10
+
+    run(scenario)
+
+
+def test_prioritize_after_a_booking_between_filter_and_prioritize_scores_afresh() -> None:
+    """A bind landing between a pod's filter and prioritize changes the ledger: the filter's scores
+    are stale (N1, the binpack favourite, is now full) and must not be reused."""
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        p = pod("p", container(mib=1000))
+        _, filtered = await post(client, "/filter", args(p))
+        assert filtered["NodeNames"] == ["N1", "N2", "N3"]
+        cache.upsert_pod(placed_pod("late", "N1", 1, 4069))
+        _, body = await post(client, "/prioritize", args(p, filtered["NodeNames"]))
+        scores = {e["Host"]: e["Score"] for e in body}
+        assert scores["N1"] == 0 and max(scores.values()) == 10
+
+    run(scenario)
+
+
 def test_any_node_name_comes_back_as_valid_json() -> None:
     """Names are echoed in FailedNodes and HostPriorityList; whatever a client sends (quotes,
     backslashes, a trailing newline, non-ASCII), the answer must stay valid JSON with the same name."""
@@ -176,6 +217,33 @@ def test_host_priority_encoder_writes_the_same_json_as_the_plain_list() -> None:
         assert json.loads(body) == host_priority_list(scores)
         assert all(type(e["Score"]) is int for e in json.loads(body))
     assert encoder.encode({}) == b"[]"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=12), st.integers(-3, 13)), max_size=30),
+       st.integers(1, 40))
+def test_host_priority_encoder_lists_match_the_plain_list(pairs: list[tuple[str, int]], memo: int) -> None:
+    """Aligned host and score sequences (the service's numpy scores) give the same JSON as the plain
+    list, whether the scores are in 0..10 (the interleaved fast path) or not, with a memo that
+    overflows and is refilled."""
+    encoder = HostPriorityEncoder(max_hosts=memo)
+    hosts = [h for h, _ in pairs]
+    scores = [v for _, v in pairs]
+    expected = [{"Host": h, "Score": v} for h, v in pairs]
+    for _ in range(2):
+        assert json.loads(encoder.encode_lists(hosts, np.array(scores, dtype=np.int64))) == expected
+        assert json.loads(encoder.encode_lists(hosts, scores)) == expected
+
+
+def test_scale_scores_keeps_the_asked_order_and_zeroes_infeasible_nodes() -> None:
+    names = ["a", "b", "c", "d"]
+    scaled = scale_scores(["b", "d"], np.array([1.0, 3.0]), names)
+    assert scaled.hosts == names
+    assert scaled.as_dict() == {"a": 0, "b": 0, "c": 0, "d": 10}
+    assert scale_scores(["d", "b"], np.array([2.0, 2.0]), names).as_dict() == {"a": 0, "b": 10, "c": 0, "d": 10}
+    every = scale_scores(names, np.array([0.0, 5.0, 10.0, 2.5]), names)
+    assert every.scores.tolist() == [0, 5, 10, 2]  # rint: 2.5 rounds to even
+    assert scale_scores([], np.zeros(0), names).as_dict() == dict.fromkeys(names, 0)
 
 
 def test_bind_lands_on_n3_gpu0_and_records_it() -> None:

@@ -45,7 +45,7 @@ from gpupool.adapters.http.extender_types import (
 from gpupool.adapters.k8s.names import ResourceNames
 from gpupool.adapters.k8s.translate import TranslationError, foreign_resources, pod_request
 from gpupool.adapters.metrics import ExtenderMetrics
-from gpupool.services.extender import ExtenderService
+from gpupool.services.extender import ExtenderService, NodeScores
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class ExtenderApi:
         scores, error = self.service.prioritize(request, args.node_names, foreign_resources(args.pod))
         if error:
             log.warning("prioritize: %s", error)
-            scores = dict.fromkeys(args.node_names, 0)
-        return RawJson(self.priorities.encode(scores)), "error" if error else "ok"
+            scores = NodeScores.uniform(args.node_names)
+        return RawJson(self.priorities.encode_lists(scores.hosts, scores.scores)), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)

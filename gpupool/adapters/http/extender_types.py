@@ -10,10 +10,12 @@ Malformed documents raise :class:`WireError`; the HTTP layer answers those with 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 
@@ -135,15 +137,16 @@ class HostPriorityEncoder:
     """Writes ``HostPriorityList`` JSON from per-host fragments remembered between calls.
 
     Why: the answer has one entry per node (5,000) on every prioritize. Building 5,000 small dicts
-    for an encoder costs ~1 ms, and the former hand-built text, which matched a regular expression
-    per name to prove it needed no escaping, ~4 ms. Here each host's ``{"Host":"…","Score":`` is
-    encoded once (by orjson, so any name is escaped correctly) and an entry is that fragment plus
-    the score's digits, two dictionary lookups. kube-scheduler asks about the same nodes every
-    time, so the memo stays the size of the cluster; it is emptied if it ever holds more than
+    for an encoder costs ~1 ms, a Python loop joining a fragment and a score per host ~1 ms too.
+    Here each host's ``{"Host":"…","Score":`` is encoded once (by orjson, so any name is escaped
+    correctly), and an answer is those fragments interleaved with the scores' ``N},`` texts by two
+    slice assignments and one join (~0.4 ms). kube-scheduler asks about the same nodes every time,
+    so the memo stays the size of the cluster; it is emptied if it ever holds more than
     ``max_hosts``. Scores outside 0..10 (never produced by the service) take a slower, exact path.
     """
 
-    _DIGITS: ClassVar[dict[int, bytes]] = {score: f"{score}}}".encode() for score in range(11)}
+    _SCORE_TEXTS: ClassVar[npt.NDArray[np.object_]] = np.array(
+        [f"{score}}},".encode() for score in range(11)], dtype=object)
 
     def __init__(self, max_hosts: int = 100_000) -> None:
         self.max_hosts = max_hosts
@@ -151,17 +154,32 @@ class HostPriorityEncoder:
 
     def encode(self, scores: Mapping[str, int]) -> bytes:
         """The JSON of :func:`host_priority_list` for ``scores``."""
-        prefix, digits = self._prefix, self._DIGITS
+        return self.encode_lists(list(scores), list(scores.values()))
+
+    def encode_lists(self, hosts: Sequence[str], scores: Sequence[int] | npt.NDArray[np.int64]) -> bytes:
+        """The JSON of :func:`host_priority_list` for ``scores[i]`` of ``hosts[i]``."""
+        if not len(hosts):
+            return b"[]"
+        prefix = self._prefix
         try:
-            parts = [prefix[host] + digits[score] for host, score in scores.items()]
-        except KeyError:  # a host seen for the first time, or a score outside 0..10
-            if len(prefix) + len(scores) > self.max_hosts:
+            fragments = list(map(prefix.__getitem__, hosts))
+        except KeyError:  # a host seen for the first time
+            if len(prefix) + len(hosts) > self.max_hosts:
                 prefix.clear()
-            for host in scores:
+            for host in hosts:
                 if host not in prefix:
                     prefix[host] = b'{"Host":' + orjson.dumps(host) + b',"Score":'
-            parts = [prefix[host] + (digits.get(score) or b"%d}" % int(score)) for host, score in scores.items()]
-        return b"[" + b",".join(parts) + b"]"
+            fragments = list(map(prefix.__getitem__, hosts))
+        values = np.asarray(scores)
+        if values.dtype.kind in "iu" and len(values) and values.min() >= 0 and values.max() <= 10:
+            texts = self._SCORE_TEXTS[values].tolist()
+        else:
+            texts = [b"%d}," % int(score) for score in values.tolist()]
+        parts: list[bytes] = [b""] * (2 * len(fragments))
+        parts[0::2] = fragments
+        parts[1::2] = texts
+        body = b"".join(parts)
+        return b"[" + body[:-1] + b"]"
 
 
 # -------------------------------------------------------------------------------------- bind
