@@ -1,4 +1,4 @@
-"""How well could any scheduler pack a trace? An offline lower bound on unallocated GPU %.
+"""How well could a scheduler pack a trace? An offline packing reference for unallocated GPU %.
 
 Usage: ``python bench/packing_floor.py [--traces default,...] [--seeds 42-51]``.
 
@@ -7,8 +7,10 @@ is placed, the cards holding them carry at least the waste of the best *offline*
 those slices (cards of 1000 milli), and whole-card pods have exactly the remaining cards. The
 cutting-stock LP relaxation (column generation with a bounded-knapsack pricing step) gives a lower
 bound on that packing's card count, hence on the waste. It ignores CPU, memory and GPU models, so
-it is optimistic: no online policy can be expected to reach it, and a policy close to it has little
-left to win. Seeds and arrival order are the simulator's (``gpupool.sim.packing.workload``).
+it is optimistic for such a scheduler. It bounds only a scheduler that places *every* slice that
+arrived: one that fails some pods (near 100 % every scheduler does) leaves no hole for them, and can
+end below it (gpupool does on gpushare40). Read it as a yardstick for how much packing waste is
+left. Seeds and arrival order are the simulator's (``gpupool.sim.packing.workload``).
 Needs scipy (HiGHS LP solver; in the ``dev`` extra).
 """
 

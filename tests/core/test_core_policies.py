@@ -288,7 +288,10 @@ def test_gpupool_follows_the_fragmentation_gradient() -> None:
     state = cluster([0, 700], [400, 400])
     assert decide("gpupool", state, slice_pod("p", 300), profile=only(HALF), prefer=[1, 0]) == ("n0", (1,))
     _, scores = Scheduler(state, make_policy("gpupool"), profile=only(HALF)).filter_and_score(slice_pod("p", 300))
-    assert scores.tolist() == [gpupool_bin(300), gpupool_bin(-300)]
+    # FGD gains +300 (n0's 300 hole filled) and -300 (n1 left with a 300 hole); both holes are also
+    # dead (the workload's only slice, 500, fits neither), which gpupool counts on top
+    dead = POLICIES["gpupool"].dead_hole_weight * 300  # type: ignore[attr-defined]
+    assert scores.tolist() == [gpupool_bin(300 + dead), gpupool_bin(-300 - dead)]
     assert scores[0] > scores[1]
 
 
