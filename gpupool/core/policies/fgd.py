@@ -33,11 +33,16 @@ class FragmentationPolicy(PlacementPolicy):
         For whole-card, multi-card and CPU-only pods the card does not matter to the measure, so
         every column holds the node's value.
         """
-        before = self.measure.node_fragment(rows)
+        return self.fragment_gains(shape, rows, fits, None)
+
+    def fragment_gains(self, shape: PodShape, rows: IntArray, fits: BoolArray,
+                       free: IntArray | None) -> FloatArray:
+        """:meth:`card_gains`, reusing the rows' free compute per card when the caller has it."""
         if shape.shares_one_card:
-            after = self.measure.after_slice(rows, shape.milli, shape.cpu_milli)
+            before, after = self.measure.before_and_after_slice(rows, shape.milli, shape.cpu_milli, free)
             gains = before[:, None] - after
             return np.where(fits, gains, -np.inf)
+        before = self.measure.node_fragment(rows)
         if shape.gpu is None:
             after_node = self.measure.after_taking(rows, np.zeros_like(fits), 0, shape.cpu_milli)
         elif shape.gpu.exclusive:

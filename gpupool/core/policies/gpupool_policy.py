@@ -99,9 +99,9 @@ class GpupoolPolicy(FragmentationPolicy):
         return self._scarcity
 
     def card_gains(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
-        gains = super().card_gains(state, shape, rows, fits)
-        gpu_taken = float(shape.milli * shape.count)
         free = self.measure.card_free(rows)
+        gains = self.fragment_gains(shape, rows, fits, free)
+        gpu_taken = float(shape.milli * shape.count)
         if shape.shares_one_card and self.dead_hole_weight:
             gains = gains - self.dead_hole_weight * dead_compute_change(self.dead_holes, free, shape.milli)
         if self.kappa is not None and self.balance_weight:
