@@ -144,9 +144,11 @@ class FragmentationMeasure:
         result: FloatArray = total * self.weight_total - (satisfied * used_free) @ self.class_weight
         return result
 
-    def node_fragment(self, rows: IntArray) -> FloatArray:
-        """Current fragmentation of the nodes ``rows``."""
-        return self.fragment(self.card_free(rows), self.state.cpu_free[rows], self._card_access(rows))
+    def node_fragment(self, rows: IntArray, free: IntArray | None = None) -> FloatArray:
+        """Current fragmentation of the nodes ``rows`` (``free``: their :meth:`card_free`, if known)."""
+        if free is None:
+            free = self.card_free(rows)
+        return self.fragment(free, self.state.cpu_free[rows], self._card_access(rows))
 
     def after_slice(self, rows: IntArray, milli: int, cpu: int) -> FloatArray:
         """``[R, G]``: fragmentation of each node if a ``milli`` slice (and ``cpu``) went to card g.
