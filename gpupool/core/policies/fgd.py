@@ -42,13 +42,14 @@ class FragmentationPolicy(PlacementPolicy):
             before, after = self.measure.before_and_after_slice(rows, shape.milli, shape.cpu_milli, free)
             gains = before[:, None] - after
             return np.where(fits, gains, -np.inf)
-        before = self.measure.node_fragment(rows)
+        if free is None:
+            free = self.measure.card_free(rows)
+        before = self.measure.node_fragment(rows, free)
         if shape.gpu is None:
             after_node = self.measure.after_taking(rows, np.zeros_like(fits), 0, shape.cpu_milli)
         elif shape.gpu.exclusive:
             after_node = self.measure.after_whole(rows, shape.count, shape.cpu_milli)
         else:
-            free = self.measure.card_free(rows)
             order = np.argsort(np.where(fits, free, np.iinfo(np.int64).max), axis=1, kind="stable")
             taken = np.zeros_like(fits)
             np.put_along_axis(taken, order[:, : shape.count], True, axis=1)
