@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
 RowsAndNames = tuple[IntArray, npt.NDArray[np.object_]]
+NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
+NO_ROWS.flags.writeable = False
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's MaxExtenderPriority: extender scores are integers 0..10."""
 
@@ -78,13 +80,32 @@ class PodBinder(Protocol):
         """Bind the pod to ``node``; errors are returned, never raised."""
 
 
+@dataclass(frozen=True, eq=False)
+class LedgerRows:
+    """The ledger's node names by row, for one set of nodes of one ledger state.
+
+    Why: answers name up to 5,000 nodes per call, and an HTTP adapter can write them fastest from
+    per-row records it prepares once (:mod:`gpupool.adapters.http.host_records`). Answers therefore
+    carry their ledger rows and this object; its *identity* says which rows mean which names (a new
+    object whenever a node is added, replaced or removed, or the ledger state is replaced), so a
+    record table kept for one object can never be read with rows of another layout.
+    """
+
+    names: tuple[str, ...]
+
+
 @dataclass
 class FilterOutcome:
-    """Nodes that passed (in request order), reasons for the others, or an error for the whole call."""
+    """Nodes that passed (in request order), reasons for the others, or an error for the whole call.
+
+    ``rows``: when set, the ledger rows of ``passed`` (``rows[i]`` is ``passed[i]`` in ``layout``).
+    """
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     error: str = ""
+    rows: IntArray | None = None
+    layout: LedgerRows | None = None
 
 
 @dataclass(frozen=True)
@@ -94,10 +115,15 @@ class NodeScores:
     Why two aligned sequences and not a dict: the answer has an entry per node (5,000) on every
     call; zipping them into a dict and walking it again to write JSON cost ~1.5 ms of the ~3 ms
     prioritize took. The HTTP adapter writes the JSON straight from the array.
+
+    ``rows``: when set, the ledger row of every host (``rows[i]`` is ``hosts[i]`` in ``layout``),
+    so the adapter can write the answer from per-row records.
     """
 
     hosts: list[str]
     scores: IntArray
+    rows: IntArray | None = None
+    layout: LedgerRows | None = None
 
     @staticmethod
     def uniform(hosts: list[str], score: int = 0) -> NodeScores:
@@ -122,7 +148,31 @@ class _FilterMemo:
     state: ClusterState
     versions: tuple[int, int, int]
     passed: list[str]
+    rows: IntArray
     scores: FloatArray
+
+
+@dataclass(frozen=True)
+class _Feasible:
+    """What :meth:`ExtenderService._feasible` found: the nodes that passed (request order), their
+    rows and scores, reasons for the others, and the rows of every node asked about (-1 where the
+    ledger does not have it; None when the request failed before nodes were looked at)."""
+
+    passed: list[str]
+    passed_rows: IntArray
+    scores: FloatArray
+    failed: dict[str, str]
+    asked_rows: IntArray | None
+
+
+@dataclass(frozen=True)
+class _RowsEntry:
+    """A node list seen before, with its ledger rows (see :meth:`ExtenderService._rows`)."""
+
+    names: list[str]
+    state: ClusterState
+    layout_version: int
+    found: RowsAndNames
 
 
 @dataclass(frozen=True)
@@ -145,7 +195,8 @@ class ExtenderService:
         self.settings = settings or ExtenderSettings()
         self.is_leader = is_leader
         self.leader_name = leader_name
-        self._rows_cache: dict[tuple[tuple[str, ...], int], RowsAndNames] = {}
+        self._rows_cache: list[_RowsEntry] = []
+        self._layout_memo: tuple[ClusterState, int, LedgerRows] | None = None
         self._serving: dict[tuple[frozenset[str], int, int], BoolArray] = {}
         self._last_filter: _FilterMemo | None = None
 
@@ -153,34 +204,43 @@ class ExtenderService:
         """Ledger rows of ``names`` (-1 where unknown) and the names as an array, cached.
 
         kube-scheduler sends the same node list call after call, so the mapping is kept for the last
-        lists seen and reused while the ledger's set of nodes is unchanged.
+        lists seen and reused while the ledger's set of nodes is unchanged. A list is recognised by
+        comparing it with the remembered ones (``==`` stops at the first differing name, or at once
+        when the lengths differ): ~0.1 ms for 5,000 names, where hashing a tuple of them as a dict
+        key took ~0.3 ms. The remembered lists are the request's own (never changed afterwards).
         """
         state = self.cache.state
-        key = self._rows_key(names)
-        found = self._rows_cache.get(key)
-        if found is None:
-            rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-            known = rows >= 0
-            known[known] = state.present[rows[known]]
-            rows[~known] = -1
-            found = (rows, np.array(names, dtype=object))
-            self._remember_rows(key, found)
+        for entry in self._rows_cache:
+            if entry.state is state and entry.layout_version == state.layout_version and entry.names == names:
+                return entry.found
+        rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        known = rows >= 0
+        known[known] = state.present[rows[known]]
+        rows[~known] = -1
+        found = (rows, np.array(names, dtype=object))
+        self._remember_rows(names, found)
         return found
 
-    def _rows_key(self, names: list[str]) -> tuple[tuple[str, ...], int]:
+    def _remember_rows(self, names: list[str], found: RowsAndNames) -> None:
         # layout_version moves whenever a node is added, replaced or removed: exact, where the former
         # (rows, nodes present) pair could not tell one node leaving while another came back
-        return tuple(names), self.cache.state.layout_version
+        state = self.cache.state
+        self._rows_cache.insert(0, _RowsEntry(names, state, state.layout_version, found))
+        del self._rows_cache[8:]  # filter's and prioritize's lists of a few pod shapes
 
-    def _remember_rows(self, key: tuple[tuple[str, ...], int], found: RowsAndNames) -> None:
-        if len(self._rows_cache) >= 8:  # filter's and prioritize's lists of a few pod shapes
-            self._rows_cache.pop(next(iter(self._rows_cache)))
-        self._rows_cache[key] = found
+    def _layout(self) -> LedgerRows:
+        """The :class:`LedgerRows` of the ledger as it is now (one object per state and layout)."""
+        state = self.cache.state
+        known = self._layout_memo
+        if known is None or known[0] is not state or known[1] != state.layout_version:
+            known = (state, state.layout_version, LedgerRows(tuple(spec.name for spec in state.specs)))
+            self._layout_memo = known
+        return known[2]
 
     def _feasible(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
-                  explain: bool = True) -> tuple[list[str], FloatArray, dict[str, str]]:
-        """The nodes among ``names`` that can hold ``request`` (in request order) with their policy
-        scores, and a reason for every other node (for nodes rejected by the GPU check only when
+                  explain: bool = True) -> _Feasible:
+        """The nodes among ``names`` that can hold ``request`` (in request order), their ledger rows
+        and policy scores, and a reason for every other node (for nodes rejected by the GPU check only when
         ``explain``: prioritize has no use for them). Must be called with the cache lock held.
 
         ``aliases``: the foreign resource names the pod uses; a node qualifies only if it serves
@@ -188,7 +248,7 @@ class ExtenderService:
         state = self.cache.state
         problem = request_problem(state, request)
         if problem is not None:
-            return [], np.zeros(0), dict.fromkeys(names, problem)
+            return _Feasible([], NO_ROWS, np.zeros(0), dict.fromkeys(names, problem), None)
         rows, name_array = self._rows(names)
         usable = rows >= 0
         failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
@@ -208,7 +268,7 @@ class ExtenderService:
                 failed[name] = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset())) or ""
         candidates = rows[usable]
         if not len(candidates):
-            return [], np.zeros(0), failed
+            return _Feasible([], NO_ROWS, np.zeros(0), failed, rows)
         ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
         score_of = np.full(state.size, np.nan)
         score_of[ok_rows] = scores
@@ -225,11 +285,12 @@ class ExtenderService:
             summary = f"insufficient GPU capacity for the request (reasons given for {limit} nodes only)"
             failed.update(dict.fromkeys(candidate_names[~fits][limit:].tolist(), summary))
         passed: list[str] = candidate_names[fits].tolist()
+        passed_rows = candidates[fits]
         if len(passed) != len(names):
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
             # are known here, so that call skips mapping 5,000 names to rows again (~0.5 ms)
-            self._remember_rows(self._rows_key(passed), (candidates[fits], candidate_names[fits]))
-        return passed, candidate_scores[fits], failed
+            self._remember_rows(passed, (passed_rows, candidate_names[fits]))
+        return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
 
     def _serving_rows(self, aliases: frozenset[str]) -> BoolArray:
         """Per ledger row, does the node serve every alias in ``aliases``; cached until the ledger's
@@ -254,10 +315,11 @@ class ExtenderService:
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
-            passed, scores, failed = self._feasible(request, names, aliases)
-            state = self.cache.state
-            self._last_filter = _FilterMemo(request, aliases, state, self._versions(), passed, scores)
-        return FilterOutcome(passed=passed, failed=failed)
+            found = self._feasible(request, names, aliases)
+            self._last_filter = _FilterMemo(request, aliases, self.cache.state, self._versions(), found.passed,
+                                            found.passed_rows, found.scores)
+            layout = self._layout()
+        return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
 
     def _versions(self) -> tuple[int, int, int]:
         state = self.cache.state
@@ -283,12 +345,18 @@ class ExtenderService:
             return NodeScores.uniform([]), NOT_SYNCED
         with self.cache.lock:
             memo = self._reusable_filter(request, names, aliases)
+            layout = self._layout()
             if memo is not None:
                 # memo.passed holds the ledger's own name strings (hashes known): cheaper to look up
                 # than the freshly decoded ``names`` it equals
-                return scale_scores(memo.passed, memo.scores, memo.passed), ""
-            passed, scores, _ = self._feasible(request, names, aliases, explain=False)
-        return scale_scores(passed, scores, names), ""
+                scaled = scale_scores(memo.passed, memo.scores, memo.passed)
+                return NodeScores(scaled.hosts, scaled.scores, memo.rows, layout), ""
+            found = self._feasible(request, names, aliases, explain=False)
+        scaled = scale_scores(found.passed, found.scores, names)
+        asked = found.asked_rows
+        if asked is not None and len(asked) and asked.min() >= 0:  # every node asked about is in the ledger
+            return NodeScores(scaled.hosts, scaled.scores, asked, layout), ""
+        return scaled, ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
         """Bind on the leader only; elsewhere answer an error so kube-scheduler retries."""

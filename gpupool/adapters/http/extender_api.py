@@ -42,6 +42,7 @@ from gpupool.adapters.http.extender_types import (
     parse_preemption_args,
     preemption_result,
 )
+from gpupool.adapters.http.host_records import RecordsForLayout
 from gpupool.adapters.k8s.names import ResourceNames
 from gpupool.adapters.k8s.translate import TranslationError, foreign_resources, pod_request
 from gpupool.adapters.metrics import ExtenderMetrics
@@ -73,6 +74,7 @@ class ExtenderApi:
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
         self.priorities = HostPriorityEncoder()
+        self.records = RecordsForLayout()
 
     # ----------------------------------------------------------------------------------- verbs
     async def _filter(self, doc: Any) -> tuple[Any, str]:
@@ -82,8 +84,15 @@ class ExtenderApi:
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
         outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod))
+        label = "error" if outcome.error else "ok"
+        if args.node_cache_capable:
+            passed = self.records.name_list(outcome.passed, outcome.rows, outcome.layout)
+            if passed is not None:  # the same document FilterResult.to_json gives, written faster
+                return RawJson(b'{"Nodes":null,"NodeNames":' + passed + b',"FailedNodes":'
+                               + orjson.dumps(outcome.failed) + b',"Error":'
+                               + orjson.dumps(outcome.error) + b"}"), label
         result = FilterResult(passed=outcome.passed, failed=outcome.failed, error=outcome.error)
-        return result.to_json(args), "error" if outcome.error else "ok"
+        return result.to_json(args), label
 
     async def _prioritize(self, doc: Any) -> tuple[Any, str]:
         args: ExtenderArgs = parse_extender_args(doc)
@@ -97,7 +106,10 @@ class ExtenderApi:
         if error:
             log.warning("prioritize: %s", error)
             scores = NodeScores.uniform(args.node_names)
-        return RawJson(self.priorities.encode_lists(scores.hosts, scores.scores)), "error" if error else "ok"
+        body = self.records.priority_list(scores)
+        if body is None:
+            body = self.priorities.encode_lists(scores.hosts, scores.scores)
+        return RawJson(body), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)

@@ -143,6 +143,10 @@ class HostPriorityEncoder:
     slice assignments and one join (~0.4 ms). kube-scheduler asks about the same nodes every time,
     so the memo stays the size of the cluster; it is emptied if it ever holds more than
     ``max_hosts``. Scores outside 0..10 (never produced by the service) take a slower, exact path.
+
+    The extender writes most answers faster still, from per-row records of the ledger's nodes
+    (:mod:`gpupool.adapters.http.host_records`); this encoder serves the answers that cannot be
+    (a node the ledger does not know, names too uneven to pad, an error answer).
     """
 
     _SCORE_TEXTS: ClassVar[npt.NDArray[np.object_]] = np.array(
