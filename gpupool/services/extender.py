@@ -210,8 +210,10 @@ class ExtenderService:
         key took ~0.3 ms. The remembered lists are the request's own (never changed afterwards).
         """
         state = self.cache.state
-        for entry in self._rows_cache:
+        for position, entry in enumerate(self._rows_cache):
             if entry.state is state and entry.layout_version == state.layout_version and entry.names == names:
+                if position:  # most recently used first: the full node list, asked by every filter, stays
+                    self._rows_cache.insert(0, self._rows_cache.pop(position))
                 return entry.found
         rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
         known = rows >= 0

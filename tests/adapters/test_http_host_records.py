@@ -125,3 +125,24 @@ def test_http_answers_from_records_are_the_compact_documents() -> None:
                     cache.upsert_node(node("late-node", [16276]))
 
     asyncio.run(main())
+
+
+def test_the_full_node_list_stays_mapped_while_filters_leave_many_passed_lists() -> None:
+    """Every filter remembers the list of nodes that passed (for prioritize); more than the memo
+    holds must not push out the full list that every filter sends (a 5,000-name miss costs ~1 ms)."""
+    names = [f"n{i:02d}" for i in range(20)]
+    cache, service = _service(names)
+    mapped: list[int] = []
+    remember = service._remember_rows
+
+    def counting(listed: list[str], found: Any) -> None:
+        mapped.append(len(listed))
+        remember(listed, found)
+
+    service._remember_rows = counting  # type: ignore[method-assign]
+    for i in range(12):  # each filter leaves another passed list, after one more node filled up
+        request = pod_request(pod(f"p{i}", container(gpu=2)), cache.names)
+        outcome = service.filter(request, names)
+        assert len(outcome.passed) == len(names) - i
+        cache.reserve(request, outcome.passed[0])
+    assert mapped.count(len(names)) == 1  # the full list was mapped once, then always found
