@@ -82,13 +82,13 @@ class PodBinder(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class LedgerRows:
-    """The ledger's node names by row, for one set of nodes of one ledger state.
+    """The ledger's node names by row.
 
     Why: answers name up to 5,000 nodes per call, and an HTTP adapter can write them fastest from
     per-row records it prepares once (:mod:`gpupool.adapters.http.host_records`). Answers therefore
-    carry their ledger rows and this object; its *identity* says which rows mean which names (a new
-    object whenever a node is added, replaced or removed, or the ledger state is replaced), so a
-    record table kept for one object can never be read with rows of another layout.
+    carry their ledger rows and this object; its *identity* says which rows mean which names: the
+    service makes a new one whenever a row's name changes (a node added, or the ledger state
+    replaced), so a record table kept for one object is never read with rows of another naming.
     """
 
     names: tuple[str, ...]
@@ -235,7 +235,11 @@ class ExtenderService:
         state = self.cache.state
         known = self._layout_memo
         if known is None or known[0] is not state or known[1] != state.layout_version:
-            known = (state, state.layout_version, LedgerRows(tuple(spec.name for spec in state.specs)))
+            names = tuple(spec.name for spec in state.specs)
+            # a node replaced (labels, inventory) or removed keeps every row's name: keep the object,
+            # so the adapter's record table (~3 ms to build for 5,000 nodes) is not rebuilt
+            rows = known[2] if known is not None and known[2].names == names else LedgerRows(names)
+            known = (state, state.layout_version, rows)
             self._layout_memo = known
         return known[2]
 

@@ -88,10 +88,16 @@ def test_service_answers_name_their_ledger_rows() -> None:
         assert [scores.layout.names[r] for r in scores.rows] == scores.hosts == list(names)
     scores, _ = service.prioritize(request, ["N1", "nowhere"])
     assert scores.rows is None and scores.hosts == ["N1", "nowhere"]
+
+    # rows keep their names when a node is replaced or removed: the same object (no table rebuilt);
+    # a node added names a new row: a new object
     before = service.filter(request, ["N1"]).layout
+    cache.upsert_node(node("N1", [16276, 16276], model="Tesla-T4"))
     cache.remove_node("N3")
-    after = service.filter(request, ["N1"]).layout
-    assert before is not after and after is not None and after.names[:2] == ("N1", "N2")
+    assert service.filter(request, ["N1"]).layout is before
+    cache.upsert_node(node("N4", [16276]))
+    after = service.filter(request, ["N1", "N4"]).layout
+    assert after is not before and after is not None and after.names == ("N1", "N2", "N3", "N4")
 
 
 def test_http_answers_from_records_are_the_compact_documents() -> None:
