@@ -231,7 +231,8 @@ class ExtenderService:
         del self._rows_cache[8:]  # filter's and prioritize's lists of a few pod shapes
 
     def _layout(self) -> LedgerRows:
-        """The :class:`LedgerRows` of the ledger as it is now (one object per state and layout)."""
+        """The :class:`LedgerRows` of the ledger as it is now: the same object until a row's name
+        changes or the ledger state is replaced."""
         state = self.cache.state
         known = self._layout_memo
         if known is None or known[0] is not state or known[1] != state.layout_version:
