@@ -255,10 +255,11 @@ def real_apiserver() -> tuple[Any, Any] | None:
     if binaries is None or binaries.missing():
         return None
     plane = start_control_plane(binaries, with_scheduler=False)
-    from kubernetes import client, config
+    from kubernetes import client
 
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
+    from gpupool.adapters.k8s.client_config import api_configuration
+
+    configuration = api_configuration(str(plane.kubeconfig))  # as the extender loads it
     configuration.connection_pool_maxsize = 32
     return plane, client.CoreV1Api(client.ApiClient(configuration))
 

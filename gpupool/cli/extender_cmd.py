@@ -20,6 +20,7 @@ from gpupool.adapters.heap import freeze_long_lived
 from gpupool.adapters.http.extender_api import ExtenderApi
 from gpupool.adapters.k8s.binder import Binder
 from gpupool.adapters.k8s.cache import ClusterCache
+from gpupool.adapters.k8s.client_config import api_configuration
 from gpupool.adapters.k8s.handover import BindFence, Handover, Unfenced
 from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
 from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
@@ -52,14 +53,8 @@ class ExtenderOptions:
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
     from kubernetes import client
-    from kubernetes import config as config_module
 
-    config: Any = config_module  # the client's loaders are untyped
-    configuration = client.Configuration()
-    if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
+    configuration = api_configuration(kubeconfig)
     configuration.connection_pool_maxsize = 32  # binds run on a pool of threads
     api_client = client.ApiClient(configuration)
     return client.CoreV1Api(api_client), client.CoordinationV1Api(api_client)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from gpupool.adapters.k8s.annotations import Inventory, encode_inventory
+from gpupool.adapters.k8s.client_config import api_configuration
 from gpupool.adapters.k8s.pod_view import pod_view_from_json
 from gpupool.core.names import ResourceNames
 from gpupool.services.gpu_inventory import GpuInventory
@@ -25,17 +26,11 @@ class KubePodSource:
         import kubernetes
 
         k8s = cast(Any, kubernetes)  # the client ships without type information
-        if kubeconfig:
-            k8s.config.load_kube_config(kubeconfig)
-        else:
-            try:
-                k8s.config.load_incluster_config()
-            except k8s.config.ConfigException:
-                k8s.config.load_kube_config()
         client = k8s.client
+        api_client = client.ApiClient(api_configuration(kubeconfig))
         self.names = names
-        self._api = client.CoreV1Api()
-        self._sanitize = client.ApiClient().sanitize_for_serialization
+        self._api = client.CoreV1Api(api_client)
+        self._sanitize = api_client.sanitize_for_serialization
 
     async def get(self, namespace: str, name: str) -> PodView | None:
         """GET the pod; ``None`` on 404."""
