@@ -35,6 +35,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.adapters.k8s.allocated_codec import encode_served
 from gpupool.adapters.k8s.annotations import decode_allocated, decode_assignment, decode_inventory
+from gpupool.adapters.k8s.client_config import api_configuration
 from gpupool.adapters.k8s.kube_pod_source import KubePodSource
 from gpupool.adapters.k8s.lease import LeaseSettings
 from gpupool.adapters.k8s.names import ResourceNames
@@ -208,18 +209,17 @@ def test_the_real_clients_work_as_their_service_accounts(
     backend = FakeGpuBackend.from_dict({"model": "Tesla-T4", "cards": [
         {"uuid": f"GPU-{node}-{i}", "memoryMiB": 15360} for i in range(2)]})
 
-    # The node agent: KubePodSource loads its kubeconfig into the client's process-wide default.
+    # The node agent: KubePodSource loads its kubeconfig as the agent does (its own client, not the
+    # process-wide default, which the other clients of this test keep using).
     saved_default = client.Configuration.get_default_copy()
     agent_config = service_account_kubeconfig(control_plane, core_v1, namespace, AGENT_SA, tmp_path / "agent")
-    try:
-        source = KubePodSource(NAMES, str(agent_config))
-        asyncio.run(source.publish_node(node, backend.inventory()))
-        agent_api = client.CoreV1Api()
-        with pytest.raises(ApiException) as denied:
-            agent_api.list_namespaced_pod(namespace)  # the agent reads by name; listing is not granted
-        assert denied.value.status == 403
-    finally:
-        client.Configuration.set_default(saved_default)
+    source = KubePodSource(NAMES, str(agent_config))
+    asyncio.run(source.publish_node(node, backend.inventory()))
+    assert client.Configuration.get_default_copy().host == saved_default.host
+    agent_api = client.CoreV1Api(client.ApiClient(api_configuration(str(agent_config))))
+    with pytest.raises(ApiException) as denied:
+        agent_api.list_namespaced_pod(namespace)  # the agent reads by name; listing is not granted
+    assert denied.value.status == 403
     published = core_v1.read_node(node).metadata
     assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
     assert published.labels[NAMES.annotation(MODEL_LABEL)] == "Tesla-T4"
@@ -255,13 +255,10 @@ def test_the_real_clients_work_as_their_service_accounts(
     assert decode_assignment(bound.metadata.annotations[NAMES.assignment]).node == node
 
     # The node agent again: read the bound pod by name, write allocated-v1 on it.
-    try:
-        source = KubePodSource(NAMES, str(agent_config))
-        view = asyncio.run(source.get(namespace, "p1"))
-        assert view is not None and view.node == node and view.assignment is not None
-        asyncio.run(source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])}))
-    finally:
-        client.Configuration.set_default(saved_default)
+    source = KubePodSource(NAMES, str(agent_config))
+    view = asyncio.run(source.get(namespace, "p1"))
+    assert view is not None and view.node == node and view.assignment is not None
+    asyncio.run(source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])}))
     written = core_v1.read_namespaced_pod("p1", namespace).metadata.annotations[NAMES.allocated]
     assert decode_allocated(written).node == node
 
