@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +27,7 @@ from e2e_support import ContainerLimits, ExtenderProcess, MakeNode, expected_gra
 from kubernetes import client
 
 from gpupool.adapters.deviceplugin.fake_kubelet import FakeKubelet, FakePod
-from gpupool.adapters.deviceplugin.manager import DevicePluginManager
+from gpupool.adapters.deviceplugin.fake_node import agent_on_fake_kubelet
 from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
 from gpupool.adapters.k8s.allocated_codec import encode_served
 from gpupool.adapters.k8s.annotations import decode_allocated, decode_assignment
@@ -63,28 +60,17 @@ PODS: dict[str, tuple[list[ContainerLimits], list[ContainerLimits]]] = {
 @contextlib.asynccontextmanager
 async def node_side(node: str, kubeconfig: str) -> AsyncIterator[tuple[FakeKubelet, NodeAgent]]:
     """The node agent (real API) behind its plugin servers, registered with a fake kubelet."""
-    base = tempfile.mkdtemp(prefix="gpe2e", dir="/tmp")  # unix socket paths must stay short
-    kubelet = FakeKubelet(os.path.join(base, "dp"), os.path.join(base, "podres.sock"), random.Random(7))
-    await kubelet.start()
     backend = FakeGpuBackend.from_dict({"model": "Tesla-T4", "cards": CARDS, "topology": [[0, 1], [2, 3]]})
     source = KubePodSource(NAMES, kubeconfig)
-    reader = PodResourcesClient(os.path.join(base, "podres.sock"))
-    agent = NodeAgent(node, NAMES, backend, source, reader, encode_served, poll_s=0.2)
-    await source.publish_node(node, agent.inventory)  # what `gpupool node-agent` does first
-    manager = DevicePluginManager(kubelet.plugin_dir, NAMES.all(), agent, poll_s=0.05)
-    tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
-    try:
-        await kubelet.wait_registered(len(NAMES.all()))
-        yield kubelet, agent
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await reader.close()
-        await kubelet.stop()
-        shutil.rmtree(base, ignore_errors=True)
+
+    def make_agent(reader: PodResourcesClient) -> NodeAgent:
+        return NodeAgent(node, NAMES, backend, source, reader, encode_served, poll_s=0.2)
+
+    async def publish(agent: NodeAgent) -> None:  # what `gpupool node-agent` does first
+        await source.publish_node(node, agent.inventory)
+
+    async with agent_on_fake_kubelet(make_agent, seed=7, before_plugins=publish, prefix="gpe2e") as side:
+        yield side.kubelet, side.agent
 
 
 def fake_pod(pod: client.V1Pod) -> FakePod:

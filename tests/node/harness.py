@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import random
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gpupool.adapters.deviceplugin.fake_kubelet import FakeKubelet, FakePod
+from gpupool.adapters.deviceplugin.fake_node import agent_on_fake_kubelet
 from gpupool.adapters.deviceplugin.manager import DevicePluginManager
 from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
 from gpupool.adapters.k8s.allocated_codec import encode_served
@@ -53,27 +49,13 @@ async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | No
                        reject: Callable[[FakePod], str | None] | None = None,
                        aliases: tuple[str, ...] = ()) -> AsyncIterator[Node]:
     """A fake kubelet with the agent's plugins registered (gpupool's resources and ``aliases``)."""
-    base = tempfile.mkdtemp(prefix="gp", dir="/tmp")
-    plugin_dir = os.path.join(base, "dp")
-    kubelet = FakeKubelet(plugin_dir, os.path.join(base, "podres.sock"), random.Random(seed), reject)
-    await kubelet.start()
     backend = FakeGpuBackend.from_dict(gpu_file)
     source = InMemoryPodSource(NAMES)
     for pod in pods or []:
         source.put(pod)
-    reader = PodResourcesClient(os.path.join(base, "podres.sock"))
-    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases)
-    manager = DevicePluginManager(plugin_dir, agent.resources, agent, poll_s=0.05)
-    tasks = [asyncio.create_task(manager.run()), asyncio.create_task(agent.run())]
-    try:
-        await kubelet.wait_registered(len(agent.resources))
-        yield Node(kubelet, agent, source, backend, manager, base)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await reader.close()
-        await kubelet.stop()
-        shutil.rmtree(base, ignore_errors=True)
+
+    def make_agent(reader: PodResourcesClient) -> NodeAgent:
+        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases)
+
+    async with agent_on_fake_kubelet(make_agent, seed=seed, reject=reject) as node:
+        yield Node(node.kubelet, node.agent, source, backend, node.manager, node.dir)
