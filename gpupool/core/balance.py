@@ -23,7 +23,7 @@ from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 
 def cpu_per_gpu_milli(profile: WorkloadProfile) -> float | None:
     """CPU milli the workload's GPU pods ask per milli-GPU, frequency-weighted; None without any."""
-    gpu_pods = [p for p in profile.pods if p.count > 0 and p.milli > 0]
+    gpu_pods = profile.gpu_pods()
     gpu = sum(p.milli * p.count * p.freq for p in gpu_pods)
     if gpu <= 0:
         return None

@@ -68,6 +68,10 @@ class WorkloadProfile:
 
     pods: tuple[TypicalPod, ...]
 
+    def gpu_pods(self) -> list[TypicalPod]:
+        """The typical pods that ask for some GPU (CPU-only pods left out)."""
+        return [p for p in self.pods if p.count > 0 and p.milli > 0]
+
     @staticmethod
     def from_pods(pods: Iterable[PodRequest], coverage: float = 0.95) -> WorkloadProfile:
         """The most frequent shapes covering ``coverage`` of the pods, frequencies renormalised.

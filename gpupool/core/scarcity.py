@@ -21,7 +21,7 @@ from gpupool.core.fragmentation import WorkloadProfile
 
 def model_scarcity(profile: WorkloadProfile, capacity: Mapping[str, int]) -> dict[str, float]:
     """Scarcity per model present in ``capacity`` (milli-GPU per model); models absent score 0."""
-    gpu_pods = [p for p in profile.pods if p.count > 0 and p.milli > 0]
+    gpu_pods = profile.gpu_pods()
     total_demand = sum(p.freq * p.milli * p.count for p in gpu_pods)
     total_capacity = sum(capacity.values())
     if total_demand <= 0 or total_capacity <= 0:
