@@ -48,7 +48,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupool.core.model import (
@@ -107,6 +107,22 @@ def _non_negative(doc: Mapping[str, Any], key: str, where: str) -> int:
     if value < 0:
         raise AnnotationError(f"{where}.{key}: must be non-negative, got {value}")
     return value
+
+
+def _card_doc(ref: CardRef) -> dict[str, Any]:
+    """A card entry as both documents write it (``assignment-v1`` adds ``exclusive``)."""
+    return {"index": ref.index, "uuid": ref.uuid, "memoryMiB": ref.memory_mib, "computeMilli": ref.compute}
+
+
+def _card_ref(card: Any, where: str, *, max_compute: int | None = None) -> CardRef:
+    """Read a card entry's index, uuid, memoryMiB and computeMilli (``exclusive`` left False)."""
+    if not isinstance(card, dict):
+        raise AnnotationError(f"{where}: expected an object")
+    compute = _non_negative(card, "computeMilli", where)
+    if max_compute is not None and compute > max_compute:
+        raise AnnotationError(f"{where}.computeMilli: at most {max_compute}, got {compute}")
+    return CardRef(index=_non_negative(card, "index", where), uuid=_field(card, "uuid", str, where),
+                   memory_mib=_non_negative(card, "memoryMiB", where), compute=compute)
 
 
 def format_time(when: dt.datetime) -> str:
@@ -280,8 +296,7 @@ def encode_assignment(assignment: Assignment) -> str:
         "time": format_time(assignment.time),
         "containers": [
             {"name": c.name, "init": c.init,
-             "cards": [{"index": r.index, "uuid": r.uuid, "memoryMiB": r.memory_mib,
-                        "computeMilli": r.compute, "exclusive": r.exclusive} for r in c.cards]}
+             "cards": [{**_card_doc(r), "exclusive": r.exclusive} for r in c.cards]}
             for c in assignment.containers
         ],
     }
@@ -310,14 +325,8 @@ def decode_assignment(text: str) -> Assignment:
         refs: list[CardRef] = []
         for j, card in enumerate(_field(raw, "cards", list, where)):
             cw = f"{where}.cards[{j}]"
-            if not isinstance(card, dict):
-                raise AnnotationError(f"{cw}: expected an object")
-            compute = _non_negative(card, "computeMilli", cw)
-            if compute > COMPUTE_PER_CARD:
-                raise AnnotationError(f"{cw}.computeMilli: at most {COMPUTE_PER_CARD}, got {compute}")
-            refs.append(CardRef(index=_non_negative(card, "index", cw), uuid=_field(card, "uuid", str, cw),
-                                memory_mib=_non_negative(card, "memoryMiB", cw), compute=compute,
-                                exclusive=_field(card, "exclusive", bool, cw)))
+            ref = _card_ref(card, cw, max_compute=COMPUTE_PER_CARD)
+            refs.append(replace(ref, exclusive=_field(card, "exclusive", bool, cw)))
         if not refs:
             raise AnnotationError(f"{where}.cards: a container entry needs at least one card")
         if len({r.index for r in refs}) != len(refs):
@@ -352,8 +361,7 @@ def encode_allocated(allocated: Allocated) -> str:
     if allocated.containers:
         doc["containers"] = [
             {"name": c.name, "init": c.init,
-             "cards": [{"index": r.index, "uuid": r.uuid, "memoryMiB": r.memory_mib, "computeMilli": r.compute}
-                       for r in c.cards],
+             "cards": [_card_doc(r) for r in c.cards],
              "resources": dict(sorted(c.resources.items()))}
             for c in sorted(allocated.containers, key=lambda c: (c.name, c.init))
         ]
@@ -373,12 +381,7 @@ def decode_allocated(text: str) -> Allocated:
             raise AnnotationError(f"{where}: expected an object")
         refs: list[CardRef] = []
         for j, card in enumerate(_field(raw, "cards", list, where)):
-            cw = f"{where}.cards[{j}]"
-            if not isinstance(card, dict):
-                raise AnnotationError(f"{cw}: expected an object")
-            refs.append(CardRef(index=_non_negative(card, "index", cw), uuid=_field(card, "uuid", str, cw),
-                                memory_mib=_non_negative(card, "memoryMiB", cw),
-                                compute=_non_negative(card, "computeMilli", cw)))
+            refs.append(_card_ref(card, f"{where}.cards[{j}]"))
         raw_resources = _field(raw, "resources", dict, where) if "resources" in raw else {}
         resources = {str(k): _non_negative(raw_resources, k, f"{where}.resources") for k in raw_resources}
         containers.append(AllocatedContainer(name=_field(raw, "name", str, where), cards=tuple(refs),
