@@ -13,7 +13,7 @@ from typing import Any
 from gpupool.adapters.k8s.allocated_codec import served_resources
 from gpupool.adapters.k8s.annotations import AnnotationError
 from gpupool.adapters.k8s.assignment_codec import node_assignment
-from gpupool.core.names import ALIASES, ResourceNames
+from gpupool.core.names import ResourceNames
 from gpupool.services.node_types import (
     ALLOCATED_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -47,7 +47,7 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    served = frozenset((*names.all(), *ALIASES))
+    served = frozenset(names.managed())
     containers = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
