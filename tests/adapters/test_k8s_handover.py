@@ -148,12 +148,18 @@ def test_a_new_leader_refuses_binds_until_caught_up_then_avoids_the_taken_slice(
     eventually(lambda: a.cache.pods.get("default/p3") is not None)
 
 
-def test_an_old_leader_whose_deadline_passes_mid_bind_writes_no_assignment(cluster: Cluster) -> None:
+def leader_with_pending_pod(cluster: Cluster) -> Replica:
+    """Replica "a", leading and caught up, with pod ``p1`` (10,000 MiB) in its cache, not yet bound."""
     a = cluster.replica("a")
     cluster.create("p1", 10000)
     eventually(lambda: "default/p1" in a.cache.pods)
     assert a.elector.try_acquire_or_renew()
     a.catch_up()
+    return a
+
+
+def test_an_old_leader_whose_deadline_passes_mid_bind_writes_no_assignment(cluster: Cluster) -> None:
+    a = leader_with_pending_pod(cluster)
     reserve = a.cache.reserve
 
     def slow_reserve(request: PodRequest, node_name: str) -> Placement | Unschedulable:
@@ -173,11 +179,7 @@ def test_an_old_leader_whose_deadline_passes_mid_bind_writes_no_assignment(clust
 def test_a_bind_begun_in_an_earlier_term_writes_nothing_even_if_leading_again(cluster: Cluster) -> None:
     """Lost and won again mid-bind: another leader may have booked meanwhile, so the ticket of the
     old term is void; the new term binds only after its own catch-up."""
-    a = cluster.replica("a")
-    cluster.create("p1", 10000)
-    eventually(lambda: "default/p1" in a.cache.pods)
-    assert a.elector.try_acquire_or_renew()
-    a.catch_up()
+    a = leader_with_pending_pod(cluster)
     reserve = a.cache.reserve
 
     def lapse_and_return(request: PodRequest, node_name: str) -> Placement | Unschedulable:
