@@ -40,20 +40,24 @@ def views(*pods: PodView) -> dict[tuple[str, str], PodView]:
     return {p.key: p for p in pods}
 
 
+def observed(*pods: PodView) -> tuple[AllocationMapper, PodResourcesSnapshot]:
+    """A mapper on node n1 that has seen kubelet list ``pods`` (no devices yet), and that listing."""
+    mapper = AllocationMapper("n1")
+    snap = listed(*pods)
+    mapper.observe(snap, views(*pods))
+    return mapper, snap
+
+
 def test_one_waiting_container_is_unique() -> None:
     a = pod("a", ("main", False, 16, 1))
-    mapper = AllocationMapper("n1")
-    snap = listed(a)
-    mapper.observe(snap, views(a))
+    mapper, snap = observed(a)
     res = mapper.resolve(MEM, 16, snap, views(a))
     assert (res.pod.name, res.container.name, res.basis, res.assignment.cards) == ("a", "main", "unique", (1,))
 
 
 def test_init_then_app_in_spec_order() -> None:
     a = pod("a", ("warmup", True, 4, 0), ("main", False, 4, 0))
-    mapper = AllocationMapper("n1")
-    snap = listed(a)
-    mapper.observe(snap, views(a))
+    mapper, snap = observed(a)
     first = mapper.resolve(MEM, 4, snap, views(a))
     assert first.container.name == "warmup"
     mapper.record(first, MEM, frozenset({"g0-m0"}), ("GPU-a",))
@@ -80,9 +84,7 @@ def test_the_pod_that_appeared_last_is_the_one_being_admitted() -> None:
 
 def test_same_snapshot_tie_goes_to_the_later_created_pod() -> None:
     a, b = pod("a", ("main", False, 8, 0), created=1.0), pod("b", ("main", False, 8, 1), created=2.0)
-    mapper = AllocationMapper("n1")
-    snap = listed(a, b)
-    mapper.observe(snap, views(a, b))
+    mapper, snap = observed(a, b)
     res = mapper.resolve(MEM, 8, snap, views(a, b))
     assert (res.pod.name, res.basis) == ("b", "created")
 
@@ -97,18 +99,14 @@ def test_same_snapshot_tie_goes_to_the_later_created_pod() -> None:
     ],
 )
 def test_no_match_is_refused_with_what_was_considered(p: PodView, size: int, fragment: str) -> None:
-    mapper = AllocationMapper("n1")
-    snap = listed(p)
-    mapper.observe(snap, views(p))
+    mapper, snap = observed(p)
     with pytest.raises(MappingError, match=fragment):
         mapper.resolve(MEM, size, snap, views(p))
 
 
 def test_devices_recorded_under_another_container_are_a_mismatch() -> None:
     a, b = pod("a", ("main", False, 8, 0), created=1.0), pod("b", ("main", False, 8, 1), created=2.0)
-    mapper = AllocationMapper("n1")
-    snap = listed(a, b)
-    mapper.observe(snap, views(a, b))
+    mapper, snap = observed(a, b)
     res = mapper.resolve(MEM, 8, snap, views(a, b))
     assert res.pod.name == "b"
     ids = frozenset({"g1-m0"})
