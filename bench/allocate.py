@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpupool.sim.node_workload import generate
-from tests.node.harness import fake_pod, running_node
+from gpupool.testing.node_workload import generate
+from tests.nodeagent.harness import fake_pod, running_node
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -35,17 +35,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
 
-from gpupool.adapters.heap import freeze_long_lived
-from gpupool.adapters.http.extender_api import ExtenderApi
-from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory
-from gpupool.adapters.k8s.binder import Binder
-from gpupool.adapters.k8s.cache import ClusterCache
-from gpupool.adapters.k8s.fake_api import FakePodApi
-from gpupool.adapters.k8s.names import ResourceNames
-from gpupool.adapters.k8s.translate import pod_request
-from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
-from gpupool.services.extender import ExtenderService
+from gpupool.extender.binder import Binder
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.gc_freeze import freeze_long_lived
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.service import ExtenderService
+from gpupool.kube.translate import pod_request
+from gpupool.testing.fake_api import FakePodApi
 
 CARD_MIB = 16276
 # gpupool's own resources, the path every gpupool pod takes (gpu-mem counts 256 MiB units per card).
@@ -257,7 +257,7 @@ def real_apiserver() -> tuple[Any, Any] | None:
     plane = start_control_plane(binaries, with_scheduler=False)
     from kubernetes import client
 
-    from gpupool.adapters.k8s.client_config import api_configuration
+    from gpupool.kube.client_config import api_configuration
 
     configuration = api_configuration(str(plane.kubeconfig))  # as the extender loads it
     configuration.connection_pool_maxsize = 32
@@ -279,7 +279,7 @@ def binds(count: int, nodes: int, cards: int, mode: str, rng: random.Random) -> 
     cache.replace_pods([])
     try:
         if core is not None:
-            from gpupool.adapters.k8s.podapi import KubePodApi
+            from gpupool.kube.podapi import KubePodApi
 
             api: Any = KubePodApi(core)
             for n in names:
@@ -349,7 +349,7 @@ def main() -> None:
     rng = random.Random(opts.seed)
     timings: dict[str, float] = {}
     cache, names = build_cache(opts.nodes, opts.gpus_per_node, opts.fill, rng, timings)
-    freeze_long_lived()  # as the extender does once its cache has synced (gpupool/adapters/heap.py)
+    freeze_long_lived()  # as the extender does once its cache has synced (gpupool/extender/gc_freeze.py)
     counters = cpu_times()
     samples, server = latency(cache, names, opts.samples, rng)
     stolen = steal_share(counters, cpu_times())

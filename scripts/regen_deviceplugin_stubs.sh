@@ -4,7 +4,7 @@
 # that the generated code matches the runtime it is committed for.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-pkg="gpupool/adapters/deviceplugin"
+pkg="gpupool/nodeagent/deviceplugin"
 out="$root/$pkg/generated"
 cd "$root/$pkg/proto"
 python3 -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \

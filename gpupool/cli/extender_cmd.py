@@ -16,19 +16,19 @@ from typing import Any
 
 import click
 
-from gpupool.adapters.heap import freeze_long_lived
-from gpupool.adapters.http.extender_api import ExtenderApi
-from gpupool.adapters.k8s.binder import Binder
-from gpupool.adapters.k8s.cache import ClusterCache
-from gpupool.adapters.k8s.client_config import api_configuration
-from gpupool.adapters.k8s.handover import BindFence, Handover, Unfenced
-from gpupool.adapters.k8s.lease import LeaderElector, LeaseSettings
-from gpupool.adapters.k8s.names import DEFAULT_DOMAIN, ResourceNames
-from gpupool.adapters.k8s.podapi import KubePodApi
-from gpupool.adapters.k8s.watch import ListWatch, start_watches
-from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
-from gpupool.services.extender import ExtenderService, ExtenderSettings
+from gpupool.extender.binder import Binder
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.gc_freeze import freeze_long_lived
+from gpupool.extender.handover import BindFence, Handover, Unfenced
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.lease import LeaderElector, LeaseSettings
+from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.watch import ListWatch, start_watches
+from gpupool.kube.client_config import api_configuration
+from gpupool.kube.podapi import KubePodApi
 
 log = logging.getLogger("gpupool.extender")
 

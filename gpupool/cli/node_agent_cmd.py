@@ -9,7 +9,7 @@ import socket
 
 import click
 
-from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 
 
 @click.command("node-agent")
@@ -29,7 +29,7 @@ from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_S
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
-    from gpupool.core.names import alias_family_resources
+    from gpupool.api.names import alias_family_resources
 
     try:
         aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
@@ -42,21 +42,21 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
                domain: str, aliases: tuple[str, ...]) -> None:
-    from gpupool.adapters.deviceplugin.manager import DevicePluginManager
-    from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
-    from gpupool.adapters.k8s.allocated_codec import encode_served
-    from gpupool.adapters.k8s.kube_pod_source import KubePodSource
-    from gpupool.core.names import ResourceNames
-    from gpupool.services.gpu_inventory import GpuBackend
-    from gpupool.services.node_agent import NodeAgent
+    from gpupool.api.names import ResourceNames
+    from gpupool.nodeagent.agent import NodeAgent
+    from gpupool.nodeagent.allocated_codec import encode_served
+    from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
+    from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
+    from gpupool.nodeagent.gpu_inventory import GpuBackend
+    from gpupool.nodeagent.kube_pod_source import KubePodSource
 
     names = ResourceNames(domain)
     backend: GpuBackend
     if fake_gpus:
-        from gpupool.adapters.nvml.fake import FakeGpuBackend
+        from gpupool.nodeagent.nvml.fake import FakeGpuBackend
         backend = FakeGpuBackend.from_file(fake_gpus)
     else:
-        from gpupool.adapters.nvml.real import NvmlBackend
+        from gpupool.nodeagent.nvml.real import NvmlBackend
         backend = NvmlBackend()
     pods = KubePodSource(names, kubeconfig)
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases)

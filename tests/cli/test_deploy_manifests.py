@@ -22,15 +22,15 @@ import click
 import pytest
 import yaml
 
-from gpupool.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
-from gpupool.adapters.http.extender_api import ExtenderApi
-from gpupool.adapters.k8s.binder import Binder
-from gpupool.adapters.k8s.cache import ClusterCache
-from gpupool.adapters.k8s.fake_api import FakePodApi
-from gpupool.adapters.k8s.names import ResourceNames
-from gpupool.adapters.metrics import ExtenderMetrics
+from gpupool.api.names import ResourceNames
 from gpupool.cli.main import SUBCOMMANDS, cli
-from gpupool.services.extender import ExtenderService
+from gpupool.extender.binder import Binder
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.service import ExtenderService
+from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.testing.fake_api import FakePodApi
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from e2e_support import ExtenderProcess, MakeNode, NodeAgentProcess, StartKubelet
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpupool.core.names import ResourceNames
+from gpupool.api.names import ResourceNames
 from gpupool.testenv.build import build_impossible_reason, ensure_binaries
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane, start_control_plane
@@ -41,6 +40,7 @@ from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.kubelet import Kubelet
 from gpupool.testenv.kubelet import start_kubelet as _start_kubelet
 from gpupool.testenv.paths import Binaries
+from tests.e2e.e2e_support import ExtenderProcess, MakeNode, NodeAgentProcess, StartKubelet
 
 #: Resources of a node created with ``make_node`` unless the test says otherwise.
 DEFAULT_ALLOCATABLE = {"cpu": "8", "memory": "32Gi", "pods": "110"}

@@ -197,7 +197,7 @@ class NodeAgentProcess:
 
 
 # ------------------------------------------------------------------------------ gpupool pods
-#: The env keys a gpupool grant sets (gpupool/services/container_grant.py).
+#: The env keys a gpupool grant sets (gpupool/nodeagent/container_grant.py).
 GRANT_KEYS = ("NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "GPUPOOL_MEMORY_LIMIT_MIB", "GPUPOOL_COMPUTE_PERCENT", "GPUPOOL_CARD_INDICES",
               "GPUPOOL_CARD_UUIDS", "GPUPOOL_POD", "GPUPOOL_CONTAINER")

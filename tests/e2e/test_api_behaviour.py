@@ -13,11 +13,11 @@ import uuid
 from typing import Any
 
 import pytest
-from e2e_support import NO_SCHEDULER, MakeNode, condition, pod_manifest, wait_for
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from gpupool.testenv.controlplane import ControlPlane
+from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode, condition, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 

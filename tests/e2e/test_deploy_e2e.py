@@ -29,21 +29,21 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import NO_SCHEDULER, MakeNode, wait_for
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 
-from gpupool.adapters.k8s.allocated_codec import encode_served
-from gpupool.adapters.k8s.annotations import decode_allocated, decode_assignment, decode_inventory
-from gpupool.adapters.k8s.client_config import api_configuration
-from gpupool.adapters.k8s.kube_pod_source import KubePodSource
-from gpupool.adapters.k8s.lease import LeaseSettings
-from gpupool.adapters.k8s.names import ResourceNames
-from gpupool.adapters.nvml.fake import FakeGpuBackend
+from gpupool.api.annotations import decode_allocated, decode_assignment, decode_inventory
+from gpupool.api.names import ResourceNames
 from gpupool.cli.extender_cmd import ExtenderOptions, _clients, start_replica
-from gpupool.services.node_types import MODEL_LABEL
+from gpupool.extender.lease import LeaseSettings
+from gpupool.kube.client_config import api_configuration
+from gpupool.nodeagent.allocated_codec import encode_served
+from gpupool.nodeagent.kube_pod_source import KubePodSource
+from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+from gpupool.nodeagent.types import MODEL_LABEL
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
+from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -146,7 +146,7 @@ def key(attrs: dict[str, str]) -> tuple[str, ...]:
 
 
 def expected_extender(namespace: str) -> set[tuple[str, ...]]:
-    """What gpupool/adapters/k8s/{watch,podapi,lease}.py call (deploy/rbac.yaml's header)."""
+    """What the extender's watch, pod API and lease code call (deploy/rbac.yaml's header)."""
     return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
             ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
             ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
@@ -157,7 +157,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
 
 
 def expected_node_agent() -> set[tuple[str, ...]]:
-    """What gpupool/adapters/k8s/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
+    """What gpupool/nodeagent/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
     return {("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
             ("patch", "", "nodes", "", "", "")}
 

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e_support import ExtenderProcess, MakeNode
 from kubernetes import client
 
-from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory
-from gpupool.adapters.k8s.names import NVIDIA_GPUMEM, ResourceNames
+from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.core.model import GpuCard
+from tests.e2e.e2e_support import ExtenderProcess, MakeNode
 
 pytestmark = pytest.mark.e2e
 

@@ -13,16 +13,16 @@ import uuid
 from typing import Any
 
 import pytest
-from e2e_support import NO_SCHEDULER, MakeNode
 from kubernetes import client
 
-from gpupool.adapters.k8s.annotations import Inventory, decode_assignment, encode_inventory
-from gpupool.adapters.k8s.handover import CATCHING_UP
-from gpupool.adapters.k8s.lease import LeaseSettings
-from gpupool.adapters.k8s.names import NVIDIA_GPUMEM, ResourceNames
+from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.cli.extender_cmd import ExtenderOptions, Replica, start_replica
 from gpupool.core.model import GpuCard
-from gpupool.services.extender import BindResult
+from gpupool.extender.handover import CATCHING_UP
+from gpupool.extender.lease import LeaseSettings
+from gpupool.extender.service import BindResult
+from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from e2e_support import (
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.api.annotations import (
+    AnnotationError,
+    Assignment,
+    decode_allocated,
+    decode_assignment,
+    decode_inventory,
+)
+from gpupool.api.names import ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY, ResourceNames
+from gpupool.testenv.kubelet import Kubelet
+from tests.e2e.e2e_support import (
     GRANT_KEYS,
     ContainerLimits,
     ExtenderProcess,
@@ -36,18 +48,6 @@ from e2e_support import (
     gpu_pod_manifest,
     wait_for,
 )
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-
-from gpupool.adapters.k8s.annotations import (
-    AnnotationError,
-    Assignment,
-    decode_allocated,
-    decode_assignment,
-    decode_inventory,
-)
-from gpupool.core.names import ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY, ResourceNames
-from gpupool.testenv.kubelet import Kubelet
 
 pytestmark = pytest.mark.e2e
 

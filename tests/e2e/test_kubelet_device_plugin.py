@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from e2e_support import NodeAgentProcess, StartKubelet, wait_for
 from kubernetes import client
 
 from gpupool.testenv.kubelet import Kubelet
+from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, wait_for
 
 pytestmark = pytest.mark.e2e
 

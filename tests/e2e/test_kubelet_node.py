@@ -7,11 +7,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from e2e_support import StartKubelet, condition, pod_manifest, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpupool.testenv.paths import K8S_VERSION
+from tests.e2e.e2e_support import StartKubelet, condition, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 

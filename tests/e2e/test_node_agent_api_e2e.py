@@ -23,20 +23,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from e2e_support import ContainerLimits, ExtenderProcess, MakeNode, expected_grant, gpu_pod_manifest, wait_for
 from kubernetes import client
 
-from gpupool.adapters.deviceplugin.fake_kubelet import FakeKubelet, FakePod
-from gpupool.adapters.deviceplugin.fake_node import agent_on_fake_kubelet
-from gpupool.adapters.deviceplugin.podresources import PodResourcesClient
-from gpupool.adapters.k8s.allocated_codec import encode_served
-from gpupool.adapters.k8s.annotations import decode_allocated, decode_assignment
-from gpupool.adapters.k8s.kube_pod_source import KubePodSource
-from gpupool.adapters.k8s.translate import node_spec
-from gpupool.adapters.nvml.fake import FakeGpuBackend
-from gpupool.core.names import ResourceNames
-from gpupool.services.node_agent import NodeAgent
+from gpupool.api.annotations import decode_allocated, decode_assignment
+from gpupool.api.names import ResourceNames
+from gpupool.kube.translate import node_spec
+from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.allocated_codec import encode_served
+from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
+from gpupool.nodeagent.kube_pod_source import KubePodSource
+from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testenv.controlplane import ControlPlane
+from gpupool.testing.fake_kubelet import FakeKubelet, FakePod
+from gpupool.testing.fake_node import agent_on_fake_kubelet
+from tests.e2e.e2e_support import ContainerLimits, ExtenderProcess, MakeNode, expected_grant, gpu_pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from e2e_support import MakeNode, pod_manifest, wait_for
 from kubernetes import client
 
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
+from tests.e2e.e2e_support import MakeNode, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 

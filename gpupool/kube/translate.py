@@ -1,0 +1,335 @@
+"""Kubernetes objects (JSON dicts or client models) → the core's :class:`PodRequest` and :class:`NodeSpec`.
+
+Why dicts: kube-scheduler sends pods and nodes as JSON, the watch delivers raw JSON, and client
+models convert to the same camelCase dicts (:func:`as_dict`), so one code path serves all three.
+
+The rules, per container (limits first, requests when no limit is given; both given and different
+is an error, as the API itself demands for extended resources):
+
+* ``<domain>/gpu: n``: n whole cards, exclusive. It is never combined with a slice: kubelet takes
+  one whole-card device per unit of it, so a shared slice that also asked for ``gpu`` would use up
+  whole-card devices while the extender books only a share of the cards, and kubelet would refuse
+  pods the extender placed beside it (refused here with the reason and the right spelling).
+* ``<domain>/gpu-mem: units`` (256 MiB each, per card) and/or ``<domain>/gpu-core: percent`` (per
+  card): a slice of each of ``n`` cards (``n`` = ``<domain>/gpu-shared`` or 1). The memory unit is
+  the node's kubelet device (``g<i>-m<k>``): kubelet admits a container only if the node has as many
+  free devices as its limit says, so the limit must count devices, not MiB. Memory without
+  compute takes no compute share (gpushare); compute without memory takes the same share of the
+  card's memory (the trace's meaning).
+  ``gpu-core: 100`` is a whole card (``gpu-shared: n`` with it: n whole cards).
+* ``<domain>/gpu-shared: n`` without memory or compute is refused (whole cards are ``gpu``).
+* Aliases: ``aliyun.com/gpu-mem`` (GiB), ``tencent.com/vcuda-memory`` (256 MiB units),
+  ``tencent.com/vcuda-core`` (percent; above 100 a multiple of 100 means that many whole cards),
+  ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpucores`` (percent).
+* Pod annotations: ``<domain>/gpu-models`` (comma-separated allowed models) and
+  ``<domain>/exclusive: "true"`` (whole cards for every GPU container).
+
+Init containers with ``restartPolicy: Always`` are sidecars: they run beside the app containers, so
+they are counted as app containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from gpupool.api import names as n
+from gpupool.api.annotations import AnnotationError, decode_inventory
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
+from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
+
+MIB = 1024 * 1024
+_parse_quantity: Any = parse_quantity  # untyped in the client
+
+#: Label the NVIDIA GPU feature discovery sets; used as the model of fallback cards when present.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+FALLBACK_MODEL = "unknown"
+
+
+class TranslationError(ValueError):
+    """A pod or node that cannot be read; the message names the object and the field."""
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A client model (``V1Pod``, ``V1Node``) or a dict as the API's camelCase JSON dict."""
+    if isinstance(obj, dict):
+        return obj
+    from kubernetes.client import ApiClient
+
+    serialize: Any = ApiClient().sanitize_for_serialization
+    result = serialize(obj)
+    if not isinstance(result, dict):
+        raise TranslationError(f"expected a Kubernetes object, got {type(obj).__name__}")
+    return result
+
+
+def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TranslationError(f"{where}.{key}: expected an object")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TranslationError(f"{where}.{key}: expected a list")
+    return value
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod dict (namespace defaults to ``default``)."""
+    meta = _map(pod, "metadata", "pod")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise TranslationError("pod.metadata.name: missing")
+    namespace = meta.get("namespace") or "default"
+    return f"{namespace}/{name}"
+
+
+def _quantity(value: Any, resource: str, where: str) -> Decimal:
+    try:
+        q = _parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation):
+        raise TranslationError(f"{where}: {resource}={value!r} is not a Kubernetes quantity") from None
+    if q < 0:
+        raise TranslationError(f"{where}: {resource}={value!r} must be non-negative")
+    return Decimal(q)
+
+
+def _count(value: Any, resource: str, where: str) -> int:
+    q = _quantity(value, resource, where)
+    if q != q.to_integral_value():
+        raise TranslationError(f"{where}: {resource}={value!r} must be a whole number")
+    return int(q)
+
+
+def _extended(container: Mapping[str, Any], where: str, managed: tuple[str, ...]) -> dict[str, int]:
+    """The managed extended resources a container asks for (limits, else requests)."""
+    resources = _map(container, "resources", where)
+    limits = _map(resources, "limits", f"{where}.resources")
+    requests = _map(resources, "requests", f"{where}.resources")
+    found: dict[str, int] = {}
+    for name in managed:
+        limit = limits.get(name)
+        request = requests.get(name)
+        if limit is None and request is None:
+            continue
+        if limit is not None and request is not None and \
+                _count(limit, name, where) != _count(request, name, where):
+            raise TranslationError(f"{where}: {name} request {request!r} differs from limit {limit!r}; "
+                                   "extended resources must have request == limit")
+        value = _count(limit if limit is not None else request, name, where)
+        if value:
+            found[name] = value
+    return found
+
+
+def _one_of(found: Mapping[str, int], options: Mapping[str, int], what: str, where: str) -> int | None:
+    """The value of the single option present (scaled), or None; two present is ambiguous."""
+    present = [name for name in options if name in found]
+    if len(present) > 1:
+        raise TranslationError(f"{where}: {what} given twice ({', '.join(present)}); use one name")
+    if not present:
+        return None
+    return found[present[0]] * options[present[0]]
+
+
+def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
+                exclusive: bool = False, models: frozenset[str] = frozenset()) -> GpuRequest | None:
+    """The per-card GPU request of one container from its managed resources (see module doc)."""
+    if not found:
+        return None
+    whole_cards = found.get(names.gpu)
+    count = found.get(names.gpu_shared)
+    memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: 1024,
+                    n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB, n.NVIDIA_GPUMEM: 1}
+    memory = _one_of(found, memory_units, "GPU memory", where)
+    core = _one_of(found, {names.gpu_core: 1, n.NVIDIA_GPUCORES: 1, n.TENCENT_VCUDA_CORE: 1},
+                   "GPU compute", where)
+    if whole_cards is not None:
+        slice_names = [r for r in found if r != names.gpu]
+        if slice_names:
+            raise TranslationError(
+                f"{where}: {names.gpu} counts whole exclusive cards and cannot be combined with "
+                f"{', '.join(slice_names)}; for a slice of several cards write {names.gpu_shared}: "
+                f"{whole_cards} beside the slice's memory/compute")
+        return GpuRequest.whole(whole_cards, models)
+    if memory is None and core is None:
+        raise TranslationError(f"{where}: {names.gpu_shared} gives the card count of a slice; add "
+                               f"{names.gpu_mem} and/or {names.gpu_core} (whole cards: {names.gpu})")
+    if core is not None and core > 100:
+        if n.TENCENT_VCUDA_CORE in found and core % 100 == 0:
+            whole = core // 100
+            if count is not None and count != whole:
+                raise TranslationError(f"{where}: {n.TENCENT_VCUDA_CORE}={core} means {whole} cards, "
+                                       f"but {names.gpu_shared}={count}")
+            return GpuRequest.whole(whole, models)
+        raise TranslationError(f"{where}: GPU compute is a percentage of one card (1..100), got {core}")
+    if exclusive or core == 100:
+        return GpuRequest.whole(count or 1, models)
+    try:
+        return GpuRequest(count=count or 1, compute=percent_to_compute(core or 0),
+                          memory_mib=memory if memory is not None else (None if core else 0), models=models)
+    except ValueError as exc:
+        raise TranslationError(f"{where}: {exc}") from None
+
+
+def _cpu_memory(container: Mapping[str, Any], where: str) -> tuple[int, int]:
+    resources = _map(container, "resources", where)
+    requests = _map(resources, "requests", f"{where}.resources")
+    limits = _map(resources, "limits", f"{where}.resources")
+    return _cpu_memory_from(requests, limits, where)
+
+
+def _cpu_memory_from(first: Mapping[str, Any], fallback: Mapping[str, Any], where: str) -> tuple[int, int]:
+    """CPU milli and memory MiB from ``first`` (a container's requests, a node's allocatable), each
+    falling back to ``fallback`` (limits, capacity); 0 where neither names it."""
+    cpu = first.get("cpu", fallback.get("cpu"))
+    memory = first.get("memory", fallback.get("memory"))
+    cpu_milli = int(_quantity(cpu, "cpu", where) * 1000) if cpu is not None else 0
+    memory_mib = int(_quantity(memory, "memory", where) / MIB) if memory is not None else 0
+    return cpu_milli, memory_mib
+
+
+def _pod_options(meta: Mapping[str, Any], names: ResourceNames, where: str) -> tuple[bool, frozenset[str]]:
+    annotations = _map(meta, "annotations", f"{where}.metadata")
+    raw_exclusive = annotations.get(names.exclusive, "false")
+    if raw_exclusive not in ("true", "false"):
+        raise TranslationError(f"{where}: annotation {names.exclusive} must be \"true\" or \"false\", "
+                               f"got {raw_exclusive!r}")
+    raw_models = annotations.get(names.gpu_models, "")
+    if not isinstance(raw_models, str):
+        raise TranslationError(f"{where}: annotation {names.gpu_models} must be a string")
+    models = frozenset(m.strip() for m in raw_models.split(",") if m.strip())
+    return raw_exclusive == "true", models
+
+
+def pod_wants_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
+    """Whether any container asks for a managed resource (cheap; no validation)."""
+    managed = names.managed()
+    spec = pod.get("spec") or {}
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = (container or {}).get("resources") or {}
+            for part in ("limits", "requests"):
+                if any(name in (resources.get(part) or {}) for name in managed):
+                    return True
+    return False
+
+
+def foreign_resources(pod: Mapping[str, Any] | Any) -> frozenset[str]:
+    """The foreign aliases (``aliyun.com/gpu-mem``, ...) any container of the pod asks for.
+
+    A node serves an alias only when its node agent advertises it (kubelet then lists it in the
+    node's allocatable); elsewhere kubelet would drop it silently and start the container without a
+    GPU grant, so the extender sends such pods only to nodes that serve every alias they use.
+    """
+    spec = as_dict(pod).get("spec") or {}
+    found: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = (container or {}).get("resources") or {}
+            for part in ("limits", "requests"):
+                found.update(name for name in (resources.get(part) or {}) if name in n.ALIASES)
+    return frozenset(found)
+
+
+def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodRequest:
+    """Translate a pod into the core's request; raises :class:`TranslationError` with the reason."""
+    pod = as_dict(pod)
+    key = pod_key(pod)
+    where = f"pod {key}"
+    meta = _map(pod, "metadata", where)
+    spec = _map(pod, "spec", where)
+    exclusive, models = _pod_options(meta, names, where)
+    managed = names.managed()
+
+    def container(raw: Any, kind: str) -> ContainerRequest:
+        if not isinstance(raw, Mapping):
+            raise TranslationError(f"{where}: every entry of spec.{kind} must be an object")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError(f"{where}: a container in spec.{kind} has no name")
+        cwhere = f"{where} container {name}"
+        cpu, memory = _cpu_memory(raw, cwhere)
+        gpu = gpu_request(_extended(raw, cwhere, managed), names, cwhere, exclusive=exclusive, models=models)
+        return ContainerRequest(name=name, cpu_milli=cpu, memory_mib=memory, gpu=gpu)
+
+    apps = [container(c, "containers") for c in _list(spec, "containers", where)]
+    inits: list[ContainerRequest] = []
+    for raw in _list(spec, "initContainers", where):
+        translated = container(raw, "initContainers")
+        if isinstance(raw, Mapping) and raw.get("restartPolicy") == "Always":
+            apps.append(translated)  # a sidecar runs beside the app containers
+        else:
+            inits.append(translated)
+    seen: set[str] = set()
+    for c in (*apps, *inits):
+        if c.name in seen:
+            raise TranslationError(f"{where}: container name {c.name!r} appears twice")
+        seen.add(c.name)
+    priority = spec.get("priority") or 0
+    if not isinstance(priority, int):
+        raise TranslationError(f"{where}: spec.priority must be an integer")
+    return PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority)
+
+
+# ------------------------------------------------------------------------------------------ nodes
+def node_spec(node: Mapping[str, Any] | Any, names: ResourceNames) -> NodeSpec:
+    """Translate a node: cards from ``<domain>/inventory-v1``, else the capacity fallback.
+
+    Fallback when the annotation is absent: ``<domain>/gpu`` in the node's capacity gives the card
+    count and ``<domain>/gpu-mem`` the total memory in 256 MiB devices (what the device plugin
+    advertises), split evenly over the cards (uuids are
+    synthesised as ``<node>-gpu<i>``; the model is the ``nvidia.com/gpu.product`` label or
+    ``unknown``). A broken annotation raises :class:`TranslationError`: the caller keeps the node
+    without cards and reports the reason, rather than guessing its cards.
+    """
+    node = as_dict(node)
+    meta = _map(node, "metadata", "node")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise TranslationError("node.metadata.name: missing")
+    where = f"node {name}"
+    status = _map(node, "status", where)
+    allocatable = _map(status, "allocatable", f"{where}.status")
+    capacity = _map(status, "capacity", f"{where}.status")
+    cpu_milli, memory_mib = _cpu_memory_from(allocatable, capacity, where)
+    labels = dict(_map(meta, "labels", f"{where}.metadata"))
+    annotations = _map(meta, "annotations", f"{where}.metadata")
+    raw_inventory = annotations.get(names.inventory)
+    topology = None
+    if raw_inventory is not None:
+        try:
+            inventory = decode_inventory(raw_inventory)
+        except AnnotationError as exc:
+            raise TranslationError(f"{where}: {exc}") from None
+        cards = inventory.cards
+        topology = inventory.topology
+    else:
+        cards = _fallback_cards(name, capacity or allocatable, labels, names, where)
+    return NodeSpec(name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, cards=cards, labels=labels,
+                    topology=topology)
+
+
+def _fallback_cards(name: str, capacity: Mapping[str, Any], labels: Mapping[str, str],
+                    names: ResourceNames, where: str) -> tuple[GpuCard, ...]:
+    count_raw = capacity.get(names.gpu)
+    if count_raw is None:
+        return ()
+    count = _count(count_raw, names.gpu, where)
+    total_raw = capacity.get(names.gpu_mem)
+    total = _count(total_raw, names.gpu_mem, where) * MEMORY_UNIT_MIB if total_raw is not None else 0
+    model = labels.get(GPU_PRODUCT_LABEL, FALLBACK_MODEL)
+    per_card = total // count if count else 0
+    return tuple(GpuCard(index=i, uuid=f"{name}-gpu{i}", model=model, memory_mib=per_card)
+                 for i in range(count))

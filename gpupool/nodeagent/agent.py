@@ -1,0 +1,251 @@
+"""The node agent: answers kubelet's device-plugin calls and keeps the pods' annotations true.
+
+It owns the allocation mapper, the device layout and the GPU inventory, and implements the device
+plugin servers' handler. Kubernetes and kubelet are reached only through the ports in
+:mod:`gpupool.nodeagent.types` (pod source, PodResources reader), so the same agent runs
+against a real cluster, the fake kubelet of the tests and the benchmark.
+
+Latency: Allocate does one PodResources ``List`` (local unix socket) and pure bookkeeping; the pod
+annotation is written by a background writer so the API round trip never delays admission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gpupool.api.names import ResourceNames
+from gpupool.nodeagent.allocation_mapper import AllocationMapper, MappingError, PodKey, ServedRecord
+from gpupool.nodeagent.container_grant import build_grant
+from gpupool.nodeagent.device_layout import DeviceLayout
+from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
+from gpupool.nodeagent.types import (
+    ALLOCATED_ANNOTATION,
+    ContainerGrant,
+    PodResourcesReader,
+    PodResourcesSnapshot,
+    PodSource,
+    PodView,
+)
+
+log = logging.getLogger(__name__)
+
+AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
+
+
+@dataclass
+class ServedContainer:
+    """What one container was served, accumulated over its resources (for ``allocated-v1``)."""
+
+    name: str
+    init: bool
+    record: ServedRecord
+    resources: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class AgentStats:
+    """Counters the tests, the benchmark and metrics read."""
+
+    bases: Counter[str] = field(default_factory=Counter)
+    refused: int = 0
+    mismatches: int = 0
+    allocate_ms: list[float] = field(default_factory=list)
+
+
+class NodeAgent:
+    """Implements :class:`gpupool.nodeagent.deviceplugin.server.AllocationHandler`."""
+
+    def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
+                 podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
+                 poll_s: float = 0.5, aliases: tuple[str, ...] = ()) -> None:
+        self.node = node
+        self.names = names
+        self.resources: tuple[str, ...] = (*names.all(), *aliases)
+        """What this agent serves: gpupool's resources, then the opt-in foreign aliases."""
+        self.backend = backend
+        self.pods = pods
+        self.podresources = podresources
+        self.layout = DeviceLayout(names)
+        self.mapper = AllocationMapper(node)
+        self.stats = AgentStats()
+        self.poll_s = poll_s
+        self._encode = encode_allocated
+        self._inventory: GpuInventory = backend.inventory()
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._snapshot: PodResourcesSnapshot = {}
+        self._views: dict[PodKey, PodView] = {}
+        self._served: dict[PodKey, dict[str, ServedContainer]] = {}
+        self._dirty: set[PodKey] = set()
+        self._wake_writer = asyncio.Event()
+        self._fixed: set[tuple[str, frozenset[str]]] = set()
+
+    # ------------------------------------------------------------------ devices and health
+    @property
+    def inventory(self) -> GpuInventory:
+        return self._inventory
+
+    @property
+    def devices_version(self) -> int:
+        return self._version
+
+    def device_list(self, resource: str) -> list[tuple[str, bool]]:
+        """(ID, healthy) for ListAndWatch."""
+        return self.layout.devices(resource, self._inventory)
+
+    async def wait_devices_changed(self, seen_version: int) -> int:
+        """Block until the device list changes (health event)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version != seen_version)
+            return self._version
+
+    async def apply_health(self, event: HealthEvent) -> None:
+        """A card's health changed: refresh inventory and wake every ListAndWatch stream."""
+        log.warning("card %d %s: %s", event.card, "healthy" if event.healthy else "unhealthy", event.reason)
+        self._inventory = self.backend.inventory()
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ kubelet calls
+    async def _refresh(self) -> tuple[PodResourcesSnapshot, dict[PodKey, PodView]]:
+        snapshot = await self.podresources.list()
+        views: dict[PodKey, PodView] = {}
+        for key in snapshot:
+            view = await self.pods.get(*key)
+            if view is not None:
+                views[key] = view
+        self._snapshot, self._views = snapshot, views
+        self.mapper.observe(snapshot, views)
+        return snapshot, views
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        """Device IDs on the assigned cards of the container that (by the last snapshot) comes next.
+
+        Must not call PodResources: kubelet 1.20 holds its device-manager lock while it waits for
+        this answer, and PodResources needs the same lock. The answer is advisory only.
+        """
+        cards: list[int] = []
+        with contextlib.suppress(MappingError):
+            res = self.mapper.resolve(resource, size, self._snapshot, self._views)
+            cards = list(res.assignment.cards)
+        return self.layout.prefer(available, must_include, size, cards)
+
+    async def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
+        """Resolve the container, build its grant, log it, queue the annotation write."""
+        started = time.perf_counter()
+        ids = frozenset(device_ids)
+        snapshot, views = await self._refresh()
+        try:
+            res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
+            uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
+                     if any(c.index == s.card for c in self._inventory.cards)}
+            grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,
+                                dict(res.pod.assignment.uuids) if res.pod.assignment else None,
+                                self._inventory)
+        except (MappingError, ValueError) as exc:
+            self.stats.refused += 1
+            log.error("refusing Allocate %s x%d: %s", resource, len(ids), exc)
+            raise
+        record = self.mapper.record(res, resource, ids, tuple(uuids[s.card] for s in res.assignment.slices))
+        self.stats.bases[res.basis] += 1
+        if res.basis == "ambiguous":
+            log.warning("Allocate %s x%d resolved by tie-break to %s/%s/%s among %d candidates",
+                        resource, len(ids), res.pod.namespace, res.pod.name, res.container.name,
+                        res.candidates)
+        self._note_served(res.pod.key, record, resource, len(ids))
+        self.stats.allocate_ms.append((time.perf_counter() - started) * 1000.0)
+        return grant
+
+    async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
+        """Before a container starts its device IDs are in PodResources: check who holds them."""
+        snapshot, _ = await self._refresh()
+        self._reconcile(snapshot)
+
+    # ------------------------------------------------------------------ annotations
+    def _note_served(self, key: PodKey, record: ServedRecord, resource: str, count: int) -> None:
+        containers = self._served.setdefault(key, {})
+        entry = containers.get(record.container)
+        if entry is None or entry.record.slices != record.slices:
+            entry = ServedContainer(record.container, record.init, record)
+            containers[record.container] = entry
+        entry.resources[resource] = count
+        self._dirty.add(key)
+        self._wake_writer.set()
+
+    def _reconcile(self, snapshot: PodResourcesSnapshot) -> None:
+        for mismatch in self.mapper.mismatches(snapshot):
+            rec = mismatch.record
+            marker = (rec.resource, rec.device_ids)
+            if marker in self._fixed:
+                continue
+            self._fixed.add(marker)
+            self.stats.mismatches += 1
+            log.warning("kubelet gave %s of %s/%s to %s/%s; recording the truth", rec.resource,
+                        rec.pod_key[1], rec.container, mismatch.holder[1], mismatch.holder_container)
+            wrong = self._served.get(rec.pod_key, {})
+            entry = wrong.pop(rec.container, None)
+            self._dirty.add(rec.pod_key)
+            truth = self._served.setdefault(mismatch.holder, {})
+            moved = ServedContainer(mismatch.holder_container, False, rec,
+                                    dict(entry.resources) if entry else {rec.resource: len(rec.device_ids)})
+            truth[mismatch.holder_container] = moved
+            self._dirty.add(mismatch.holder)
+        self._wake_writer.set()
+
+    def allocated_annotation(self, key: PodKey) -> str:
+        """The ``allocated-v1`` value for a pod as the agent knows it now."""
+        containers = list(self._served.get(key, {}).values())
+        return self._encode(self.node, datetime.now(UTC), containers)
+
+    async def flush(self) -> None:
+        """Write every pending ``allocated-v1`` annotation now."""
+        while self._dirty:
+            key = self._dirty.pop()
+            try:
+                await self.pods.annotate(*key, {self.names.annotation(ALLOCATED_ANNOTATION):
+                                                self.allocated_annotation(key)})
+            except Exception as exc:  # the API may be briefly away; retry on the next wake-up
+                log.error("annotating %s/%s failed: %s", key[0], key[1], exc)
+                self._dirty.add(key)
+                raise
+
+    # ------------------------------------------------------------------ background work
+    async def _writer(self) -> None:
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer.clear()
+            try:
+                await self.flush()
+            except Exception:
+                await asyncio.sleep(1.0)
+                self._wake_writer.set()
+
+    async def _poller(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                snapshot, _ = await self._refresh()
+                self._reconcile(snapshot)
+            except Exception as exc:
+                log.debug("PodResources poll failed: %s", exc)
+
+    async def _health(self) -> None:
+        async for event in self.backend.health_events():
+            await self.apply_health(event)
+
+    async def run(self) -> None:
+        """Health watching, annotation writing and PodResources polling, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._writer())
+            group.create_task(self._poller())
+            group.create_task(self._health())
+

@@ -1,0 +1,68 @@
+"""Runs the three resource servers through kubelet restarts: serve, register, watch, repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from gpupool.api.names import DEFAULT_DOMAIN
+from gpupool.nodeagent.deviceplugin.api import KUBELET_SOCKET
+from gpupool.nodeagent.deviceplugin.registration import (
+    RegistrationError,
+    register,
+    wait_for_restart,
+    wait_for_socket,
+)
+from gpupool.nodeagent.deviceplugin.server import AllocationHandler, ResourcePluginServer
+
+log = logging.getLogger(__name__)
+
+
+def socket_name(resource: str, own_domain: str = DEFAULT_DOMAIN) -> str:
+    """One file per resource: ``gpupool.io/gpu-mem`` → ``gpupool-gpu-mem.sock``; a foreign alias
+    keeps its domain, so ``aliyun.com/gpu-mem`` (``gpupool-aliyun.com-gpu-mem.sock``) cannot
+    overwrite gpupool's own ``gpu-mem`` socket."""
+    domain, _, name = resource.rpartition("/")
+    return f"gpupool-{name}.sock" if domain == own_domain else f"gpupool-{domain}-{name}.sock"
+
+
+class DevicePluginManager:
+    """Keeps every resource served and registered with the kubelet in ``plugin_dir``."""
+
+    def __init__(self, plugin_dir: str, resources: tuple[str, ...], handler: AllocationHandler,
+                 poll_s: float = 0.2, own_domain: str = DEFAULT_DOMAIN) -> None:
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = os.path.join(plugin_dir, KUBELET_SOCKET)
+        self.servers = [ResourcePluginServer(r, os.path.join(plugin_dir, socket_name(r, own_domain)), handler)
+                        for r in resources]
+        self.poll_s = poll_s
+        self.registrations = 0
+        self.registered = asyncio.Event()
+
+    async def run(self) -> None:
+        """Serve and register; on kubelet restart do it again; until cancelled."""
+        try:
+            while True:
+                await wait_for_socket(self.kubelet_socket, self.poll_s)
+                for server in self.servers:
+                    await server.start()
+                try:
+                    for server in self.servers:
+                        await register(self.kubelet_socket, os.path.basename(server.socket_path),
+                                       server.resource)
+                    self.registrations += 1
+                    self.registered.set()
+                    log.info("registered %d resources with kubelet", len(self.servers))
+                    reason = await wait_for_restart(self.kubelet_socket,
+                                                    [s.socket_path for s in self.servers], self.poll_s)
+                    log.warning("re-registering: %s", reason)
+                except RegistrationError as exc:
+                    log.error("%s; retrying", exc)
+                    await asyncio.sleep(1.0)
+                self.registered.clear()
+                for server in self.servers:
+                    await server.stop()
+        finally:
+            for server in self.servers:
+                await server.stop()

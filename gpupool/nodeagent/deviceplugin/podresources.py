@@ -1,0 +1,56 @@
+"""A client of kubelet's PodResources API (v1 ``List``) returning the services' snapshot type.
+
+kubelet's PodResources server goes away while kubelet restarts. A gRPC channel that failed to
+connect then waits out an exponential reconnect backoff (up to two minutes by default) and fails
+every call fast in the meantime, so the first Allocate after a kubelet restart was refused with
+UNAVAILABLE although kubelet was back. The socket is local: the channel retries quickly (short
+backoff), and a call that still finds it unavailable is retried once on a fresh channel.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from gpupool.nodeagent.deviceplugin.api import POD_RESOURCES_SOCKET, podres_grpc, podres_pb
+from gpupool.nodeagent.types import PodResourcesSnapshot
+
+#: Reconnect quickly to the local socket (gRPC's defaults are 1 s initial, 120 s maximum).
+_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+class PodResourcesClient:
+    """Keeps one channel to ``socket`` and lists pod resources on demand."""
+
+    def __init__(self, socket: str = POD_RESOURCES_SOCKET, timeout_s: float = 2.0) -> None:
+        self.socket = socket
+        self.timeout_s = timeout_s
+        self._channel: grpc.aio.Channel | None = None
+
+    def _stub(self) -> podres_grpc.PodResourcesListerStub:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}", options=_CHANNEL_OPTIONS)
+        return podres_grpc.PodResourcesListerStub(self._channel)
+
+    async def list(self) -> PodResourcesSnapshot:
+        """One List call, as (namespace, name) → container → resource → device IDs."""
+        request = podres_pb.ListPodResourcesRequest()
+        try:
+            reply = await self._stub().List(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            await self.close()  # a fresh channel connects at once instead of waiting out a backoff
+            reply = await self._stub().List(request, timeout=self.timeout_s, wait_for_ready=True)
+        out: dict[tuple[str, str], dict[str, dict[str, frozenset[str]]]] = {}
+        for pod in reply.pod_resources:
+            containers = out.setdefault((pod.namespace, pod.name), {})
+            for c in pod.containers:
+                containers[c.name] = {d.resource_name: frozenset(d.device_ids) for d in c.devices}
+        return out
+
+    async def close(self) -> None:
+        """Close the channel."""
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

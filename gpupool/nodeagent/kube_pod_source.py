@@ -1,0 +1,70 @@
+"""Pods and node metadata through the official kubernetes client (blocking calls run in threads).
+
+Reads are by name (``GET pod``): the node agent only asks for pods kubelet already lists, so a
+per-pod read is exact and needs no cache to be correct; a small cache keyed by resourceVersion-free
+pod identity (uid) avoids re-decoding unchanged pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, cast
+
+from gpupool.api.annotations import Inventory, encode_inventory
+from gpupool.api.names import ResourceNames
+from gpupool.kube.client_config import api_configuration
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.pod_view import pod_view_from_json
+from gpupool.nodeagent.types import MODEL_LABEL, PodView
+
+
+class KubePodSource:
+    """:class:`PodSource` over the API server."""
+
+    def __init__(self, names: ResourceNames, kubeconfig: str | None = None) -> None:
+        import kubernetes
+
+        k8s = cast(Any, kubernetes)  # the client ships without type information
+        client = k8s.client
+        api_client = client.ApiClient(api_configuration(kubeconfig))
+        self.names = names
+        self._api = client.CoreV1Api(api_client)
+        self._sanitize = api_client.sanitize_for_serialization
+
+    async def get(self, namespace: str, name: str) -> PodView | None:
+        """GET the pod; ``None`` on 404."""
+        import kubernetes
+
+        api_exception = cast(Any, kubernetes).client.exceptions.ApiException
+        try:
+            pod = await asyncio.to_thread(self._api.read_namespaced_pod, name, namespace)
+        except api_exception as exc:
+            if exc.status == 404:
+                return None
+            raise
+        raw: dict[str, Any] = self._sanitize(pod)
+        return pod_view_from_json(raw, self.names)
+
+    async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch the pod's annotations."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        await asyncio.to_thread(self._api.patch_namespaced_pod, name, namespace, body)
+
+    async def publish_node(self, node: str, inventory: GpuInventory) -> None:
+        """Write the inventory annotation and the GPU model label on the node."""
+        await asyncio.to_thread(self._api.patch_node, node, node_patch(self.names, inventory))
+
+
+def node_patch(names: ResourceNames, inventory: GpuInventory) -> dict[str, Any]:
+    """The merge patch that publishes a node's cards: ``inventory-v1`` (the extender's own schema,
+    so its reader accepts what the node writes) and the GPU model label."""
+    return {"metadata": {
+        "annotations": {names.inventory: encode_inventory(Inventory(inventory.cards, inventory.topology))},
+        "labels": {names.annotation(MODEL_LABEL): _label_value(inventory.model)}}}
+
+
+def _label_value(text: str) -> str:
+    """Label values allow [A-Za-z0-9._-], at most 63 characters."""
+    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in text)
+    return cleaned[:63].strip("-._") or "unknown"

@@ -1,0 +1,77 @@
+"""Build the node agent's :class:`PodView` from a pod as JSON (API object or test fixture).
+
+One converter for every source: the kubernetes client's objects are turned into plain JSON with
+``ApiClient().sanitize_for_serialization`` first, and the in-memory test API stores JSON already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from gpupool.api.annotations import AnnotationError
+from gpupool.api.names import ResourceNames
+from gpupool.nodeagent.allocated_codec import served_resources
+from gpupool.nodeagent.assignment_codec import node_assignment
+from gpupool.nodeagent.types import (
+    ALLOCATED_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    ContainerView,
+    PodView,
+)
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _quantity(value: Any) -> int:
+    """Extended resources are integers; kubelet counts devices, so a fraction is an error."""
+    text = str(value)
+    if not text.isdigit():
+        raise ValueError(f"extended resource quantity {text!r} must be a whole number")
+    return int(text)
+
+
+def _created(meta: Mapping[str, Any]) -> float:
+    stamp = meta.get("creationTimestamp")
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if isinstance(stamp, str) and stamp:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
+    """Reduce a pod to its identity, containers' GPU limits (gpupool's resources and the foreign
+    aliases, any of which kubelet may allocate), phase and decoded assignment."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    served = frozenset(names.managed())
+    containers = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        for c in spec.get(key) or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            ours = {k: _quantity(v) for k, v in limits.items() if k in served}
+            containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours))
+    namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
+    annotations = meta.get("annotations") or {}
+    raw = annotations.get(names.annotation(ASSIGNMENT_ANNOTATION))
+    assignment, error = None, ""
+    if raw is not None:
+        try:
+            assignment = node_assignment(raw, f"{namespace}/{name}")
+        except AnnotationError as exc:
+            error = str(exc)
+    allocated: dict[str, frozenset[str]] = {}
+    raw_allocated = annotations.get(names.annotation(ALLOCATED_ANNOTATION))
+    if raw_allocated:
+        try:
+            allocated = served_resources(raw_allocated)
+        except AnnotationError:
+            allocated = {}  # unreadable: containers count as unserved, PodResources still tells
+    terminated = status.get("phase") in _TERMINAL_PHASES or meta.get("deletionTimestamp") is not None
+    return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
+                   node=str(spec.get("nodeName", "")), created=_created(meta), terminated=terminated,
+                   containers=tuple(containers), assignment=assignment, assignment_error=error,
+                   allocated=allocated)

@@ -1,0 +1,133 @@
+"""Domain types and ports of the node side: pods as the node agent sees them, and what it reads.
+
+The node agent and the allocation mapper work on these frozen views; the Kubernetes adapters build
+them from API objects and the kubelet's PodResources answers. Keeping them here (not in the
+adapters) lets the services stay free of Kubernetes plumbing and lets tests feed them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpupool.core.model import CardSlice, ContainerAssignment, Placement
+from gpupool.core.units import MEMORY_UNIT_MIB
+
+ASSIGNMENT_ANNOTATION = "assignment-v1"
+ALLOCATED_ANNOTATION = "allocated-v1"
+MODEL_LABEL = "gpu-model"
+INVENTORY_ANNOTATION = "inventory-v1"
+
+
+# The units of the advertised resources (what one kubelet "device" stands for): ``<domain>/gpu`` one
+# whole card (ID ``g<i>``); ``<domain>/gpu-mem`` 256 MiB of card memory (``g<i>-m<k>``);
+# ``<domain>/gpu-core`` 1 % of one card's compute (``g<i>-c<k>``); ``<domain>/gpu-shared`` one slice
+# on a card (``g<i>-s<k>``); foreign aliases see :mod:`gpupool.nodeagent.device_layout`. A
+# container's limit is what it takes on *each* of its cards (the extender's reading); kubelet's
+# device counts are only its admission guard, the assignment says which cards. 8 x 141 GB cards
+# give 4,512 memory devices, about 90 kB per ListAndWatch.
+MEMORY_UNIT = MEMORY_UNIT_MIB
+CORE_PER_CARD = 100
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """The scheduler's decision for one pod, as decoded from ``<domain>/assignment-v1``.
+
+    ``placement`` is the core's type (card = NVML index); ``uuids`` maps each index to the UUID the
+    scheduler saw, so the node can refuse an assignment made for cards it no longer has.
+    """
+
+    placement: Placement
+    uuids: Mapping[int, str]
+    time: str = ""
+
+    def container(self, name: str) -> ContainerAssignment | None:
+        """The slices of one container (init or app), or ``None`` when it holds no GPU."""
+        for assignment in self.placement.containers:
+            if assignment.container == name:
+                return assignment
+        return None
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One container of a pod: its name, whether it is an init container, its extended limits."""
+
+    name: str
+    init: bool
+    limits: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod bound to this node, reduced to what the node agent needs."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    created: float
+    terminated: bool
+    containers: tuple[ContainerView, ...]
+    assignment: NodeAssignment | None = None
+    assignment_error: str = ""
+    allocated: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Container → resources already served, from ``allocated-v1`` (survives an agent restart)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    def admission_order(self) -> tuple[ContainerView, ...]:
+        """Init containers, then app containers, each in spec order: kubelet's Allocate order."""
+        return (*(c for c in self.containers if c.init), *(c for c in self.containers if not c.init))
+
+
+PodResourcesSnapshot = Mapping[tuple[str, str], Mapping[str, Mapping[str, frozenset[str]]]]
+"""kubelet's PodResources List: (namespace, name) → container → resource → device IDs. Lists
+every pod in kubelet's pod manager (admitted or being admitted); app containers only."""
+
+
+class PodSource(Protocol):
+    """Pods bound to this node, from a watch cache or the API (tests: an in-memory fake)."""
+
+    async def get(self, namespace: str, name: str) -> PodView | None:
+        """The pod now (an API read when the cache lacks it); ``None`` when it does not exist."""
+        ...
+
+    async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch annotations onto the pod."""
+        ...
+
+
+class PodResourcesReader(Protocol):
+    """kubelet's PodResources API."""
+
+    async def list(self) -> PodResourcesSnapshot:
+        """One List call."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device node to expose: host path, path in the container, cgroup permissions."""
+
+    host_path: str
+    container_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class ContainerGrant:
+    """What Allocate returns for one container: env vars and device nodes."""
+
+    envs: Mapping[str, str]
+    devices: tuple[DeviceSpec, ...]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def card_slices(assignment: ContainerAssignment) -> tuple[CardSlice, ...]:
+    """The slices in exposure order (a tiny helper so callers need not know the core's layout)."""
+    return assignment.slices

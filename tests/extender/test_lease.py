@@ -1,0 +1,125 @@
+"""Leader election over a fake coordination API with the apiserver's resourceVersion rules."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+from kubernetes.client.exceptions import ApiException
+
+from gpupool.extender.lease import LeaderElector, LeaseSettings
+from tests.extender.lease_fakes import FakeClock, FakeCoordination
+
+SETTINGS = LeaseSettings(namespace="default", lease_duration=15.0, renew_deadline=10.0, retry_period=2.0)
+
+
+def elector(api: FakeCoordination, clock: FakeClock, name: str, started: list[str] | None = None,
+            settings: LeaseSettings = SETTINGS) -> LeaderElector:
+    hook = (lambda: started.append(name)) if started is not None else None
+    return LeaderElector(api, name, settings, on_started_leading=hook, monotonic=clock.monotonic,
+                         wall=clock.wall)
+
+
+def test_one_leader_then_takeover_after_expiry() -> None:
+    api, clock, started = FakeCoordination(), FakeClock(), []
+    a, b = elector(api, clock, "a", started), elector(api, clock, "b", started)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    assert a.is_leader() and not b.is_leader()
+    assert b.holder() == "a"
+    clock.advance(2)
+    assert a.try_acquire_or_renew()  # renewal keeps it
+    assert not b.try_acquire_or_renew()  # b sees the renewed record: its 15 s start again
+    clock.advance(10.5)
+    assert not a.is_leader()  # past the renew deadline without renewing: stop binding
+    assert not b.try_acquire_or_renew()  # 10.5 s after b saw the record: not expired yet
+    clock.advance(5)
+    assert b.try_acquire_or_renew() and b.is_leader()
+    assert api.leases["gpupool-extender"].spec.lease_transitions == 1
+    assert not a.try_acquire_or_renew()
+    assert started == ["a", "b"]
+
+
+def test_expiry_is_judged_on_the_candidates_clock_not_the_holders_renew_time() -> None:
+    """A holder whose wall clock is an hour behind looks long expired by its renewTime; the
+    candidate still waits lease_duration after it saw the record (no clock-skew assumption)."""
+    api, clock = FakeCoordination(), FakeClock()
+    skewed = LeaderElector(api, "a", SETTINGS, monotonic=clock.monotonic,
+                           wall=lambda: clock.wall() - dt.timedelta(hours=1))
+    b = elector(api, clock, "b")
+    assert skewed.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    clock.advance(9)
+    assert skewed.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    assert skewed.is_leader() and b.holder() == "a"
+
+
+def test_terms_count_each_stretch_of_leadership() -> None:
+    api, clock, started = FakeCoordination(), FakeClock(), []
+    a = elector(api, clock, "a", started)
+    assert a.try_acquire_or_renew() and a.leading_term() == 1
+    clock.advance(2)
+    assert a.try_acquire_or_renew() and a.leading_term() == 1  # a renewal in time: same term
+    clock.advance(11)
+    assert a.leading_term() is None  # deadline passed: no term while not leading
+    assert a.try_acquire_or_renew() and a.leading_term() == 2  # back, but possibly after others
+    assert started == ["a", "a"]
+
+
+def test_losing_the_lease_to_another_holder_stops_leading_at_once() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a = elector(api, clock, "a")
+    assert a.try_acquire_or_renew()
+    lease = api.leases["gpupool-extender"]
+    lease.spec.holder_identity = "intruder"  # e.g. an operator handing the Lease over
+    api.version += 1
+    lease.metadata.resource_version = str(api.version)
+    assert not a.try_acquire_or_renew()
+    assert not a.is_leader() and a.leading_term() is None  # long before its own deadline
+
+
+def test_a_refused_renewal_stops_leading_at_once_other_errors_do_not() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a = elector(api, clock, "a")
+    assert a.try_acquire_or_renew()
+    original = api.replace_namespaced_lease
+
+    def failing(status: int) -> None:
+        def replace(name: str, namespace: str, body: object) -> object:
+            raise ApiException(status=status, reason="injected")
+        api.replace_namespaced_lease = replace  # type: ignore[method-assign,assignment]
+
+    failing(500)
+    clock.advance(2)
+    assert a.try_acquire_or_renew() and a.is_leader()  # a flaky API: leader until the deadline
+    failing(409)
+    assert not a.try_acquire_or_renew() and not a.is_leader()  # someone else wrote the Lease
+    api.replace_namespaced_lease = original  # type: ignore[method-assign]
+
+
+def test_two_candidates_racing_for_an_expired_lease_cannot_both_win() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a, b, c = elector(api, clock, "a"), elector(api, clock, "b"), elector(api, clock, "c")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
+    clock.advance(16)
+    stale = api.read_namespaced_lease("gpupool-extender", "default")
+    assert b.try_acquire_or_renew()
+    original = api.read_namespaced_lease
+    api.read_namespaced_lease = lambda name, namespace: copy.deepcopy(stale)  # type: ignore[method-assign]
+    assert not c.try_acquire_or_renew()  # saw the expired lease too, but its update is refused
+    api.read_namespaced_lease = original  # type: ignore[method-assign]
+    assert api.leases["gpupool-extender"].spec.holder_identity == "b"
+
+
+def test_commit_timeout_fits_between_renew_deadline_and_lease_duration() -> None:
+    assert SETTINGS.commit_timeout_s == 4.0
+    assert LeaseSettings().commit_timeout_s < LeaseSettings().lease_duration - LeaseSettings().renew_deadline
+
+
+def test_a_lapsed_leader_does_not_name_itself_as_the_leader() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a = elector(api, clock, "a")
+    assert a.try_acquire_or_renew() and a.holder() == "a"
+    clock.advance(11)
+    assert a.holder() == ""

@@ -1,0 +1,180 @@
+"""Pod and node JSON → core requests and node specs, including aliases and every rejection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import GpuRequest
+from gpupool.kube.translate import TranslationError, node_spec, pod_request, pod_wants_gpu
+from tests.kube.builders import container, node, pod
+
+NAMES = ResourceNames()
+
+
+def gpu_of(c: dict[str, Any], annotations: dict[str, str] | None = None) -> GpuRequest | None:
+    return pod_request(pod("p", c, annotations=annotations), NAMES).containers[0].gpu
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ({"gpu_mem": 32}, GpuRequest(count=1, compute=0, memory_mib=8192)),  # 256 MiB units
+        ({"gpu_core": 30}, GpuRequest(count=1, compute=300, memory_mib=None)),
+        ({"gpu_core": 30, "gpu_mem": 16}, GpuRequest(count=1, compute=300, memory_mib=4096)),
+        ({"gpu_shared": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096)),  # per card
+        ({"gpu_shared": 2, "gpu_mem": 16, "gpu_core": 30}, GpuRequest(count=2, compute=300, memory_mib=4096)),
+        ({"gpu_shared": 2, "gpu_core": 100}, GpuRequest.whole(2)),
+        ({"gpu_shared": 2, "aliyun.com/gpu-mem": 3}, GpuRequest(count=2, compute=0, memory_mib=3072)),
+        ({"gpu": 2}, GpuRequest.whole(2)),
+        ({"gpu_core": 100}, GpuRequest.whole(1)),
+        ({"aliyun.com/gpu-mem": 4}, GpuRequest(compute=0, memory_mib=4096)),
+        (
+            {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8},
+            GpuRequest(compute=500, memory_mib=2048),
+        ),
+        ({"tencent.com/vcuda-core": 200}, GpuRequest.whole(2)),
+        ({"nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, GpuRequest(compute=250, memory_mib=3000)),
+    ],
+)
+def test_container_requests(limits: dict[str, int], expected: GpuRequest) -> None:
+    c = {
+        "name": "main",
+        "resources": {
+            "limits": {
+                {
+                    "gpu": "gpupool.io/gpu",
+                    "gpu_mem": "gpupool.io/gpu-mem",
+                    "gpu_core": "gpupool.io/gpu-core",
+                    "gpu_shared": "gpupool.io/gpu-shared",
+                }.get(k, k): str(v)
+                for k, v in limits.items()
+            }
+        },
+    }
+    assert gpu_of(c) == expected
+
+
+def test_requests_only_and_equal_requests_and_limits() -> None:
+    c = {"name": "main", "resources": {"requests": {"gpupool.io/gpu-mem": "100"}}}
+    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=25600)
+    c = {
+        "name": "main",
+        "resources": {"requests": {"gpupool.io/gpu-mem": "100"}, "limits": {"gpupool.io/gpu-mem": "100"}},
+    }
+    assert gpu_of(c) == GpuRequest(compute=0, memory_mib=25600)
+
+
+def test_annotations_models_and_exclusive() -> None:
+    gpu = gpu_of(
+        container(gpu_mem=100), {"gpupool.io/gpu-models": "A100, V100", "gpupool.io/exclusive": "true"}
+    )
+    assert gpu == GpuRequest.whole(1, frozenset({"A100", "V100"}))
+
+
+def test_multi_container_init_and_sidecar() -> None:
+    p = pod(
+        "p",
+        container("a", gpu_mem=100, cpu="500m", memory="1Gi"),
+        container("b", cpu="1"),
+        init=[container("init", gpu_core=50), {**container("side", gpu_mem=10), "restartPolicy": "Always"}],
+    )
+    request = pod_request(p, NAMES)
+    assert [c.name for c in request.containers] == ["a", "b", "side"]
+    assert [c.name for c in request.init_containers] == ["init"]
+    assert request.containers[0].cpu_milli == 500 and request.containers[0].memory_mib == 1024
+    assert request.cpu_milli == 1500
+    assert request.key == "default/p"
+    assert request.wants_gpu
+
+
+def test_pod_without_gpu() -> None:
+    p = pod("p", container(cpu="1"))
+    assert not pod_wants_gpu(p, NAMES)
+    assert not pod_request(p, NAMES).wants_gpu
+
+
+def test_custom_domain() -> None:
+    names = ResourceNames("example.com")
+    c = {"name": "main", "resources": {"limits": {"example.com/gpu-mem": "5"}}}
+    assert pod_request(pod("p", c), names).containers[0].gpu == GpuRequest(compute=0, memory_mib=5 * 256)
+    assert pod_request(pod("p", container(gpu_mem=5)), names).containers[0].gpu is None
+
+
+@pytest.mark.parametrize(
+    ("c", "annotations", "fragment"),
+    [
+        (container(gpu_mem="1.5"), None, "must be a whole number"),
+        (container(gpu_mem="lots"), None, "not a Kubernetes quantity"),
+        (container(gpu_core=150), None, "percentage of one card"),
+        (container(gpu_mem=10, **{"aliyun.com/gpu-mem": 1}), None, "GPU memory given twice"),
+        (
+            {
+                "name": "main",
+                "resources": {"requests": {"gpupool.io/gpu-mem": "1"}, "limits": {"gpupool.io/gpu-mem": "2"}},
+            },
+            None,
+            "request == limit",
+        ),
+        (container(gpu_mem=10), {"gpupool.io/exclusive": "yes"}, 'must be "true" or "false"'),
+        ({"name": "main", "resources": {"limits": ["gpu"]}}, None, "expected an object"),
+        ({"resources": {}}, None, "has no name"),
+        # gpu counts whole exclusive cards: with a slice kubelet would take whole-card devices
+        (container(gpu=2, gpu_mem=16), None, "write gpupool.io/gpu-shared: 2"),
+        (container(gpu=1, gpu_core=30), None, "cannot be combined with gpupool.io/gpu-core"),
+        (container(gpu=1, **{"tencent.com/vcuda-core": 100}), None, "whole exclusive cards"),
+        (container(**{"gpupool.io/gpu-shared": 2}), None, "add gpupool.io/gpu-mem and/or gpupool.io/gpu-core"),
+        (container(**{"gpupool.io/gpu-shared": 3, "tencent.com/vcuda-core": 200}), None, "means 2 cards"),
+    ],
+)
+def test_rejections(c: dict[str, Any], annotations: dict[str, str] | None, fragment: str) -> None:
+    with pytest.raises(TranslationError, match=fragment):
+        pod_request(pod("p", c, annotations=annotations), NAMES)
+
+
+def test_duplicate_container_names() -> None:
+    with pytest.raises(TranslationError, match="appears twice"):
+        pod_request(pod("p", container("a", gpu_mem=1), container("a", gpu_mem=1)), NAMES)
+
+
+def test_v1pod_model_is_accepted() -> None:
+    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
+
+    model = V1Pod(
+        metadata=V1ObjectMeta(name="m", namespace="x"),
+        spec=V1PodSpec(
+            containers=[
+                V1Container(
+                    name="main", resources=V1ResourceRequirements(limits={"gpupool.io/gpu-mem": "64"})
+                )
+            ]
+        ),
+    )
+    request = pod_request(model, NAMES)
+    assert request.key == "x/m"
+    assert request.containers[0].gpu == GpuRequest(compute=0, memory_mib=64 * 256)
+
+
+def test_node_from_inventory() -> None:
+    spec = node_spec(node("n1", [16276, 8000], model="T4"), NAMES)
+    assert [(c.index, c.memory_mib, c.model) for c in spec.cards] == [(0, 16276, "T4"), (1, 8000, "T4")]
+    assert spec.cpu_milli == 32000 and spec.memory_mib == 128 * 1024
+
+
+def test_node_fallback_splits_capacity_evenly() -> None:
+    # The device plugin advertises memory in 256 MiB devices: 2 x 16,384 MiB = 128 devices.
+    raw = node("n2", capacity={"gpupool.io/gpu": "2", "gpupool.io/gpu-mem": "128"})
+    raw["metadata"]["labels"]["nvidia.com/gpu.product"] = "Tesla-P100"
+    spec = node_spec(raw, NAMES)
+    assert [(c.uuid, c.memory_mib, c.model) for c in spec.cards] == [
+        ("n2-gpu0", 16384, "Tesla-P100"),
+        ("n2-gpu1", 16384, "Tesla-P100"),
+    ]
+    assert node_spec(node("plain"), NAMES).cards == ()
+
+
+def test_node_with_broken_inventory() -> None:
+    with pytest.raises(TranslationError, match="node bad: inventory-v1"):
+        node_spec(node("bad", annotations={"gpupool.io/inventory-v1": "{"}), NAMES)

@@ -1,0 +1,169 @@
+"""The Allocate mapping under load: every container gets exactly its scheduled cards.
+
+200 pods with varied requests (equal requests on different cards, multi-container pods, GPU init
+containers, GPU sidecars, whole cards) reach the fake kubelet in random batches and random order;
+kubelet admits them as 1.20 does. The test checks each started container's env against the
+scheduler's assignment, the absence of env conflicts and refusals, and the allocated-v1 annotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import defaultdict
+
+import pytest
+
+from gpupool.api.annotations import decode_allocated
+from gpupool.testing.fake_kubelet import FakePod
+from gpupool.testing.node_workload import WorkloadPod, generate
+from tests.nodeagent.harness import NAMES, fake_pod, running_node
+
+
+def batches(items: list[WorkloadPod], rng: random.Random) -> list[list[WorkloadPod]]:
+    items = list(items)
+    rng.shuffle(items)
+    out, i = [], 0
+    while i < len(items):
+        n = rng.randint(1, 12)
+        out.append(items[i:i + n])
+        i += n
+    return out
+
+
+def check_container_env(pod: WorkloadPod, fake: FakePod, uuids: dict[int, str]) -> int:
+    checked = 0
+    for a in pod.placement.containers:
+        run = fake.runs[a.container]
+        assert not run.conflicts, run.conflicts
+        env = run.envs
+        where = f"{pod.key}/{a.container}"
+        assert env["GPUPOOL_POD"] == f"{pod.key[0]}/{pod.key[1]}", where
+        assert env["GPUPOOL_CONTAINER"] == a.container, where
+        assert env["GPUPOOL_CARD_INDICES"] == ",".join(str(s.card) for s in a.slices), where
+        assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids[s.card] for s in a.slices), where
+        assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == ",".join(str(s.memory_mib) for s in a.slices), where
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(
+            f"{i}={s.memory_mib}M" for i, s in enumerate(a.slices)), where
+        assert env["GPUPOOL_COMPUTE_PERCENT"] == ",".join(str(max(1, s.compute // 10) if s.compute else 0)
+                                                       for s in a.slices), where
+        for s in a.slices:
+            assert f"/dev/nvidia{s.card}" in run.devices, where
+        assert "/dev/nvidiactl" in run.devices and "/dev/nvidia-uvm" in run.devices
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_200_pods_random_batches_every_container_exact(seed: int) -> None:
+    gpu_file, pods = generate(200, cards=16, seed=seed)
+    uuids = {i: c["uuid"] for i, c in enumerate(gpu_file["cards"])}
+    rng = random.Random(seed)
+
+    async def main() -> None:
+        async with running_node(gpu_file, [p.json for p in pods], seed=seed) as node:
+            k = node.kubelet
+            # Batches arrive concurrently (several config updates in flight); kubelet serialises.
+            await asyncio.gather(*(k.handle_pod_additions([fake_pod(p.json) for p in b])
+                                   for b in batches(pods, rng)))
+            await k.wait_idle(60)
+            await node.agent.flush()
+            fakes = {(p.namespace, p.name): p for p in k.pod_manager.values()}
+            failed = [(key, p.reason) for key, p in fakes.items() if p.phase != "Running"]
+            assert not failed, failed
+            checked = sum(check_container_env(p, fakes[p.key], uuids) for p in pods)
+            assert checked == sum(len(p.placement.containers) for p in pods)
+            assert node.agent.stats.refused == 0
+            assert node.agent.stats.mismatches == 0
+            # Serial admission + newest-pod rule: no tie-breaking was ever needed.
+            assert set(node.agent.stats.bases) <= {"unique", "newest"}, node.agent.stats.bases
+            for p in pods:
+                raw = node.source.annotation(*p.key, NAMES.annotation("allocated-v1"))
+                assert raw is not None, p.key
+                served = {c.name: c for c in decode_allocated(raw).containers}
+                for a in p.placement.containers:
+                    got = [(r.index, r.memory_mib, r.compute) for r in served[a.container].cards]
+                    assert got == [(s.card, s.memory_mib, s.compute) for s in a.slices]
+            # kubelet was steered onto the assigned cards for most requests (advisory only).
+            assert k.preferred_calls > 0
+    asyncio.run(main())
+
+
+def test_equal_requests_on_different_cards_are_not_swapped() -> None:
+    """Pods with identical requests, each on its own card, admitted in reverse creation order."""
+    gpu_file, pods = generate(60, cards=8, seed=11)
+    uuids = {i: c["uuid"] for i, c in enumerate(gpu_file["cards"])}
+    by_shape: dict[str, list[WorkloadPod]] = defaultdict(list)
+    for p in pods:
+        by_shape[json.dumps(p.json["spec"], sort_keys=True)].append(p)
+    twins = max(by_shape.values(), key=len)
+    assert len(twins) >= 5 and len({p.placement.containers[0].slices[0].card for p in twins}) >= 2
+
+    async def main() -> None:
+        async with running_node(gpu_file, [p.json for p in twins]) as node:
+            k = node.kubelet
+            for p in reversed(twins):
+                await k.handle_pod_additions([fake_pod(p.json)])
+            await k.wait_idle()
+            fakes = {(p.namespace, p.name): p for p in k.pod_manager.values()}
+            for p in twins:
+                check_container_env(p, fakes[p.key], uuids)
+    asyncio.run(main())
+
+
+def test_rejected_pods_in_the_same_batch_never_overcommit_and_annotations_tell_the_truth() -> None:
+    """Adversarial: kubelet rejects some pods (not for GPUs) just before admitting others.
+
+    A rejected pod stays in kubelet's pod manager with no devices; it is the one case where two pods
+    can first appear in the same PodResources snapshot. The mapper must then still (a) never
+    hand a container a grant of a different request signature, (b) record in allocated-v1 what
+    each running container really got, (c) keep every card within its memory and compute.
+    """
+    gpu_file, pods = generate(120, cards=16, seed=5)
+    cards = {i: c["memoryMiB"] for i, c in enumerate(gpu_file["cards"])}
+    rng = random.Random(5)
+    rejected = {p.key for p in pods if rng.random() < 0.25}
+
+    def reject(pod: FakePod) -> str | None:
+        return "OutOfcpu" if (pod.namespace, pod.name) in rejected else None
+
+    async def main() -> None:
+        async with running_node(gpu_file, [p.json for p in pods], seed=5, reject=reject) as node:
+            k = node.kubelet
+            await asyncio.gather(*(k.handle_pod_additions([fake_pod(p.json) for p in b])
+                                   for b in batches(pods, rng)))
+            await k.wait_idle(60)
+            await asyncio.sleep(0.2)  # one reconcile poll
+            await node.agent.flush()
+            by_key = {p.key: p for p in pods}
+            mem: dict[int, int] = defaultdict(int)
+            compute: dict[int, int] = defaultdict(int)
+            for fake in k.pod_manager.values():
+                key = (fake.namespace, fake.name)
+                if key in rejected:
+                    assert fake.phase == "Failed"
+                    continue
+                assert fake.phase == "Running", (key, fake.reason)
+                raw = node.source.annotation(*key, NAMES.annotation("allocated-v1"))
+                assert raw is not None, key
+                truth = {c.name: c for c in decode_allocated(raw).containers}
+                for a in by_key[key].placement.containers:
+                    env = fake.runs[a.container].envs
+                    got_cards = [int(c) for c in env["GPUPOOL_CARD_INDICES"].split(",")]
+                    got_mem = [int(m) for m in env["GPUPOOL_MEMORY_LIMIT_MIB"].split(",")]
+                    # (a) same request signature as scheduled
+                    assert got_mem == [s.memory_mib for s in a.slices], key
+                    # (b) the annotation names the cards in the env
+                    assert [r.index for r in truth[a.container].cards] == got_cards, key
+                    if not a.init:
+                        for card, m, pct in zip(got_cards, got_mem,
+                                                env["GPUPOOL_COMPUTE_PERCENT"].split(","), strict=True):
+                            mem[card] += m
+                            compute[card] += int(pct)
+            # (c) no card over-committed by what containers really run with
+            for card, used in mem.items():
+                assert used <= cards[card], (card, used)
+                assert compute[card] <= 100, (card, compute[card])
+            assert node.agent.stats.refused == 0
+    asyncio.run(main())
