@@ -1,15 +1,6 @@
 """What a container gets for its cards: env vars and device nodes (the Allocate response body).
 
-Env vars, per container, cards in the order the scheduler exposed them:
-
-* ``NVIDIA_VISIBLE_DEVICES``: card UUIDs (read by the NVIDIA container runtime);
-* ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``: ``0=4096M,1=4096M`` (ordinal within the container);
-* ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: the smallest per-card compute share, in percent (MPS takes
-  one value per client); a slice without a compute share (memory only, gpushare's meaning: it
-  shares compute best-effort) does not limit it, so a memory-only container gets 100, not 1;
-* ``GPUPOOL_MEMORY_LIMIT_MIB`` / ``GPUPOOL_COMPUTE_PERCENT`` / ``GPUPOOL_CARD_INDICES`` /
-  ``GPUPOOL_CARD_UUIDS``: the same per card, comma-separated, for gpupool's own enforcement;
-* ``GPUPOOL_POD`` / ``GPUPOOL_CONTAINER``: whose assignment this is, so a mix-up is visible in logs.
+The env vars follow the contract in :mod:`gpupool.api.environment`.
 
 Every resource's Allocate for the same container returns the identical grant, so kubelet's merge of
 the responses (first value wins, equal values are not a conflict) is exact whatever its order.
@@ -17,6 +8,7 @@ the responses (first value wins, equal values are not a conflict) is exact whate
 
 from __future__ import annotations
 
+from gpupool.api.environment import CardShare, ContainerEnvironment
 from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.types import ContainerGrant, DeviceSpec
@@ -49,20 +41,9 @@ def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, 
                              f" the scheduler assigned {expected}")
         cards.append(card)
         paths.append(inventory.device_path(s.card))
-    percents = [compute_percent(s.compute) for s in assignment.slices]
-    limited = [p for p in percents if p > 0]
-    envs = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards),
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={s.memory_mib}M"
-                                                     for i, s in enumerate(assignment.slices)),
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(limited) if limited else 100),
-        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(s.memory_mib) for s in assignment.slices),
-        "GPUPOOL_COMPUTE_PERCENT": ",".join(str(p) for p in percents),
-        "GPUPOOL_CARD_INDICES": ",".join(str(s.card) for s in assignment.slices),
-        "GPUPOOL_CARD_UUIDS": ",".join(c.uuid for c in cards),
-        "GPUPOOL_POD": pod_key,
-        "GPUPOOL_CONTAINER": assignment.container,
-    }
+    shares = tuple(CardShare(s.card, c.uuid, s.memory_mib, compute_percent(s.compute))
+                   for s, c in zip(assignment.slices, cards, strict=True))
+    envs = ContainerEnvironment(pod=pod_key, container=assignment.container, cards=shares).to_env()
     devices = [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in paths]
     devices += [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in CONTROL_DEVICES]
     return ContainerGrant(envs=envs, devices=tuple(devices))

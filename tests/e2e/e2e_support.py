@@ -197,8 +197,9 @@ class NodeAgentProcess:
 
 
 # ------------------------------------------------------------------------------ gpupool pods
-#: The env keys a gpupool grant sets (gpupool/nodeagent/container_grant.py).
-GRANT_KEYS = ("NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+#: The env keys a gpupool grant sets (the contract in gpupool/api/environment.py).
+GRANT_KEYS = ("GPUPOOL_ENV_VERSION", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "GPUPOOL_MEMORY_LIMIT_MIB", "GPUPOOL_COMPUTE_PERCENT", "GPUPOOL_CARD_INDICES",
               "GPUPOOL_CARD_UUIDS", "GPUPOOL_POD", "GPUPOOL_CONTAINER")
 
@@ -236,6 +237,7 @@ def expected_grant(namespace: str, pod: str, container: str, cards: Any) -> dict
     percents = [max(1, c.compute // 10) if c.compute else 0 for c in cards]
     capped = [p for p in percents if p]
     return {
+        "GPUPOOL_ENV_VERSION": "1",
         "NVIDIA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards),
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={c.memory_mib}M" for i, c in enumerate(cards)),
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(capped) if capped else 100),

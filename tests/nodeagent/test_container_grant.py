@@ -16,6 +16,7 @@ def test_shared_slices_on_two_cards() -> None:
     grant = build_grant("ns/p", ContainerAssignment("main", (CardSlice(1, 4096, 300), CardSlice(0, 2048, 205))),
                         {0: "GPU-a", 1: "GPU-b"}, INVENTORY)
     assert grant.envs == {
+        "GPUPOOL_ENV_VERSION": "1",
         "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M,1=2048M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20",
