@@ -3,6 +3,8 @@
 Why this order and these guards (two binds racing for the last space on a card must never both
 succeed):
 
+0. The request is checked before anything else: it must name the pod's UID and a node in the
+   ledger, and the pod must ask for a resource gpupool manages. Otherwise nothing is written.
 1. The cards are chosen *and booked* in the cache's ledger under one lock
    (:meth:`ClusterCache.reserve`), before anything is written. A second bind in this process sees
    the booking and either takes other cards or fails with the core's reason.
@@ -58,6 +60,9 @@ class Binder:
         ticket = self.fence.admit()
         if ticket is None:
             return BindResult(self.fence.refusal() or CATCHING_UP, attempts=0)
+        refusal = self._refusal(key, uid, node)
+        if refusal:
+            return BindResult(refusal, attempts=0)
         last_conflict = ""
         for attempt in range(1, self.max_attempts + 1):
             # First attempt: the watch's copy saves a GET; if it is stale, the resourceVersion
@@ -70,18 +75,19 @@ class Binder:
             except ApiError as exc:
                 return BindResult(f"cannot read pod {key}: {exc}", attempts=attempt)
             meta = pod.get("metadata") or {}
-            if uid and meta.get("uid") != uid:
+            if meta.get("uid") != uid:
                 return BindResult(f"pod {key} was replaced (uid {meta.get('uid')}, asked {uid})",
                                   attempts=attempt)
-            bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
-            if bound_to:
-                return self._already_bound(pod, key, bound_to, node, attempt)
             try:
                 request = pod_request(pod, self.cache.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)
             if not request.wants_gpu:
-                return self._post_binding(key, namespace, name, uid, node, None, None, attempt)
+                return BindResult(f"pod {key} asks for no resource gpupool manages; gpupool binds only "
+                                  "pods that ask for GPU resources", attempts=attempt)
+            bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
+            if bound_to:
+                return self._already_bound(pod, key, bound_to, node, attempt)
             decision = self.cache.reserve(request, node)
             if isinstance(decision, Unschedulable):
                 return BindResult(f"pod {key} does not fit on node {node}: {decision.reason}",
@@ -123,6 +129,15 @@ class Binder:
             return result
         return BindResult(f"pod {key}: gave up after {self.max_attempts} conflicting updates "
                           f"({last_conflict})", attempts=self.max_attempts)
+
+    def _refusal(self, key: str, uid: str, node: str) -> str:
+        """Why this request is refused before the pod is even read ('' when it is not)."""
+        if not uid:
+            return (f"bind of pod {key} names no pod UID; gpupool binds only the very pod "
+                    "kube-scheduler scheduled")
+        if self.cache.node_spec_of(node) is None:
+            return f"node {node} is not known to the gpupool extender; it binds only to nodes in its ledger"
+        return ""
 
     def _post_binding(self, key: str, namespace: str, name: str, uid: str, node: str,
                       placement: Placement | None, assignment: Assignment | None, attempt: int) -> BindResult:
