@@ -288,19 +288,21 @@ def binds(count: int, nodes: int, cards: int, mode: str, rng: random.Random) -> 
                 core.create_namespaced_pod("default", pod_json(f"b{i}", rng.choice(SHAPES[:5])))
             listed = json.loads(core.list_namespaced_pod("default", _preload_content=False).data)["items"]
             cache.replace_pods(listed)  # what the extender's watch would have delivered
+            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in listed}
             against = "real kube-apiserver v1.20.2 (gpupool testenv)"
         else:
             api = FakePodApi()
             for i in range(count):
                 api.create_pod(pod_json(f"b{i}", rng.choice(SHAPES[:5])))
             cache.replace_pods(api.list_pods())
+            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list_pods()}
             api.listeners.append(lambda kind, p: cache.upsert_pod(p))
             against = "in-process FakePodApi"
         binder = Binder(cache, api)
         targets = [names[rng.randrange(nodes)] for _ in range(count)]
         started = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda i: binder.bind("default", f"b{i}", "", targets[i]), range(count)))
+            results = list(pool.map(lambda i: binder.bind("default", f"b{i}", uids[f"b{i}"], targets[i]), range(count)))
         seconds = time.perf_counter() - started
         pods = (
             [core.read_namespaced_pod(f"b{i}", "default").to_dict() for i in range(count)]

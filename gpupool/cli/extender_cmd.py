@@ -18,7 +18,7 @@ import click
 
 from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
-from gpupool.extender.binder import Binder
+from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gc_freeze import freeze_long_lived
 from gpupool.extender.handover import BindFence, Handover, Unfenced
@@ -49,6 +49,7 @@ class ExtenderOptions:
     lease_name: str = "gpupool-extender"
     identity: str = ""
     explain_limit: int = 64
+    bind_deadline_s: float = DEFAULT_DEADLINE_S
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -101,7 +102,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
         fence = handover
         elector.start()
     pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
-    service = ExtenderService(cache, Binder(cache, pod_api, fence=fence),
+    service = ExtenderService(cache, Binder(cache, pod_api, deadline_s=options.bind_deadline_s, fence=fence),
                               settings=ExtenderSettings(explain_limit=options.explain_limit),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity))
@@ -158,14 +159,18 @@ def run_extender(options: ExtenderOptions) -> None:
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
 @click.option("--explain-limit", default=64, show_default=True, type=int,
               help="Failed nodes given an individual reason per filter call.")
+@click.option("--bind-deadline", default=DEFAULT_DEADLINE_S, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, verbose: bool) -> None:
+             identity: str, explain_limit: int, bind_deadline: float, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
-                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit))
+                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit,
+                                 bind_deadline_s=bind_deadline))

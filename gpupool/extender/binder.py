@@ -3,15 +3,24 @@
 Why this order and these guards (two binds racing for the last space on a card must never both
 succeed):
 
-1. The cards are chosen *and booked* in the cache's ledger under one lock
+1. The request is checked before anything else: it must name the pod's UID and a node in the
+   ledger, and the pod must ask for a resource gpupool manages. Otherwise nothing is written.
+2. Binds of one pod run one at a time (:class:`~gpupool.extender.bind_flights.PodFlights`):
+   kube-scheduler sends a bind again once the first passed its timeout, and two binds of one pod
+   interleaved would each lift the other's reservation. A repeat of the running bind (same UID,
+   same node) gets its answer; any other waits and then starts from what the first left.
+3. The cards are chosen *and booked* in the cache's ledger under one lock
    (:meth:`ClusterCache.reserve`), before anything is written. A second bind in this process sees
    the booking and either takes other cards or fails with the core's reason.
-2. The assignment annotation is written with the pod's resourceVersion as a precondition. If
+4. The assignment annotation is written with the pod's resourceVersion as a precondition. If
    anything changed the pod since we read it (another replica annotating it, a retry of the same
    bind), the API answers 409: the reservation is rolled back, the pod is read again and the
    decision re-evaluated from scratch.
-3. Only then is the Binding posted; the API refuses to bind an already-bound pod (409).
-4. Any failure rolls the reservation back; success pins it until the watch has caught up.
+5. Only then is the Binding posted; the API refuses to bind an already-bound pod (409).
+6. Any failure rolls the reservation back; success pins it until the watch has caught up. A write
+   without an answer (timeout) may have been applied, so its cards stay booked instead.
+7. A bind has a deadline across its attempts: the apiserver can stall each call for its whole
+   timeout, and a bind that runs on would hold a bind thread and its pod's later binds.
 
 With several replicas, a :class:`~gpupool.extender.handover.BindFence` admits a bind only on
 the leader whose ledger has caught up after it became leader, and is asked again right before the
@@ -24,14 +33,18 @@ queue and schedules it again with fresh filter results.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.api.annotations import AnnotationError, Assignment, decode_assignment, encode_assignment
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
+from gpupool.extender.bind_flights import PodFlights
 from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
 from gpupool.extender.service import BindResult
@@ -40,56 +53,132 @@ from gpupool.kube.translate import TranslationError, pod_request
 
 log = logging.getLogger(__name__)
 
+DEFAULT_DEADLINE_S = 8.0
+"""A bind's total time across its attempts. Below the 10 s ``httpTimeout`` that deploy/ gives
+kube-scheduler for the extender, so that kube-scheduler gets the answer (an error included) before
+it gives up on the bind and sends it again."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The moment (on ``timer``) by which a bind must have finished its work, ``seconds`` after it began."""
+
+    at: float
+    seconds: float
+    timer: Callable[[], float]
+
+    @classmethod
+    def start(cls, seconds: float, timer: Callable[[], float]) -> Deadline:
+        return cls(timer() + seconds, seconds, timer)
+
+    def left(self) -> float:
+        """Seconds left (negative once passed)."""
+        return self.at - self.timer()
+
+    def passed(self) -> bool:
+        return self.left() <= 0
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One bind request, as the binder's steps need it."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    node: str
+
 
 class Binder:
     """Binds pods through a :class:`PodApi`, keeping the cache's ledger in step."""
 
     def __init__(self, cache: ClusterCache, api: PodApi, *, max_attempts: int = 4,
-                 clock: Callable[[], dt.datetime] = now_utc, fence: BindFence | None = None) -> None:
+                 deadline_s: float = DEFAULT_DEADLINE_S, clock: Callable[[], dt.datetime] = now_utc,
+                 timer: Callable[[], float] = time.monotonic, fence: BindFence | None = None) -> None:
         self.cache = cache
         self.api = api
         self.max_attempts = max_attempts
+        self.deadline_s = deadline_s
         self.clock = clock
+        self.timer = timer
         self.fence: BindFence = fence or Unfenced()
+        self._flights: PodFlights[BindResult] = PodFlights()
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
         """Bind ``namespace/name`` to ``node``; never raises for API or input problems."""
-        key = f"{namespace}/{name}"
+        ask = _Ask(f"{namespace}/{name}", namespace, name, uid, node)
         ticket = self.fence.admit()
         if ticket is None:
             return BindResult(self.fence.refusal() or CATCHING_UP, attempts=0)
+        refusal = self._refusal(ask)
+        if refusal:
+            return BindResult(refusal, attempts=0)
+        deadline = Deadline.start(self.deadline_s, self.timer)
+        outcome = self._flights.run(ask.key, (uid, node), deadline.left,
+                                    lambda: self._attempts(ask, ticket, deadline))
+        if outcome.result is None:
+            return BindResult(f"pod {ask.key}: an earlier bind of this pod is still in progress after "
+                              f"this bind's {deadline.seconds:g} s deadline; nothing was done, retry later",
+                              attempts=0)
+        if outcome.shared:  # the answer of the same bind, sent earlier and still running then
+            return dataclasses.replace(outcome.result, attempts=0)
+        return outcome.result
+
+    def _refusal(self, ask: _Ask) -> str:
+        """Why this request is refused before the pod is even read ('' when it is not)."""
+        if not ask.uid:
+            return (f"bind of pod {ask.key} names no pod UID; gpupool binds only the very pod "
+                    "kube-scheduler scheduled")
+        if self.cache.node_spec_of(ask.node) is None:
+            return f"node {ask.node} is not known to the gpupool extender; it binds only to nodes in its ledger"
+        return ""
+
+    @staticmethod
+    def _late(ask: _Ask, deadline: Deadline, when: str, attempt: int) -> BindResult:
+        return BindResult(f"pod {ask.key}: the bind ran past its {deadline.seconds:g} s deadline {when}; "
+                          "its reservation is released and kube-scheduler may retry", attempts=attempt)
+
+    def _attempts(self, ask: _Ask, ticket: int, deadline: Deadline) -> BindResult:
+        """Bind, reading the pod again after each conflict, until done, refused, or out of time."""
+        key = ask.key
         last_conflict = ""
         for attempt in range(1, self.max_attempts + 1):
+            if deadline.passed():
+                return self._late(ask, deadline, f"before attempt {attempt}", attempt)
             # First attempt: the watch's copy saves a GET; if it is stale, the resourceVersion
             # precondition on the patch fails with 409 and the next attempt reads the API.
             cached = self.cache.pod_object(key) if attempt == 1 else None
             try:
-                pod = cached if cached is not None else self.api.get_pod(namespace, name)
+                pod = cached if cached is not None else self.api.get_pod(ask.namespace, ask.name)
             except NotFoundError:
                 return BindResult(f"pod {key} no longer exists", attempts=attempt)
             except ApiError as exc:
                 return BindResult(f"cannot read pod {key}: {exc}", attempts=attempt)
+            if deadline.passed():
+                return self._late(ask, deadline, "while the pod was read", attempt)
             meta = pod.get("metadata") or {}
-            if uid and meta.get("uid") != uid:
-                return BindResult(f"pod {key} was replaced (uid {meta.get('uid')}, asked {uid})",
+            if meta.get("uid") != ask.uid:
+                return BindResult(f"pod {key} was replaced (uid {meta.get('uid')}, asked {ask.uid})",
                                   attempts=attempt)
-            bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
-            if bound_to:
-                return self._already_bound(pod, key, bound_to, node, attempt)
             try:
                 request = pod_request(pod, self.cache.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)
             if not request.wants_gpu:
-                return self._post_binding(key, namespace, name, uid, node, None, None, attempt)
-            decision = self.cache.reserve(request, node)
+                return BindResult(f"pod {key} asks for no resource gpupool manages; gpupool binds only "
+                                  "pods that ask for GPU resources", attempts=attempt)
+            bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
+            if bound_to:
+                return self._already_bound(pod, key, bound_to, ask.node, attempt)
+            decision = self.cache.reserve(request, ask.node)
             if isinstance(decision, Unschedulable):
-                return BindResult(f"pod {key} does not fit on node {node}: {decision.reason}",
+                return BindResult(f"pod {key} does not fit on node {ask.node}: {decision.reason}",
                                   attempts=attempt)
-            spec = self.cache.node_spec_of(node)
+            spec = self.cache.node_spec_of(ask.node)
             if spec is None:  # the node vanished between the decision and now
                 self.cache.rollback(key)
-                return BindResult(f"node {node} is gone", attempts=attempt)
+                return BindResult(f"node {ask.node} is gone", attempts=attempt)
             assignment = Assignment.from_placement(decision, spec, self.clock())
             if not self.fence.holds(ticket):  # the last moment: after this the booking is public
                 self.cache.rollback(key)
@@ -97,7 +186,7 @@ class Binder:
                 return BindResult(LOST_DURING_BIND, attempts=attempt)
             try:
                 patched = self.api.patch_pod_annotations(
-                    namespace, name, str(meta.get("resourceVersion") or ""),
+                    ask.namespace, ask.name, str(meta.get("resourceVersion") or ""),
                     {self.cache.names.assignment: encode_assignment(assignment)})
             except ConflictError as exc:
                 self.cache.rollback(key)
@@ -113,32 +202,41 @@ class Binder:
             except ApiError as exc:
                 self.cache.rollback(key)
                 return BindResult(f"cannot record the assignment on pod {key}: {exc}", attempts=attempt)
-            result = self._post_binding(key, namespace, name, uid, node, decision, assignment, attempt)
-            if result.ok:
-                return result
-            self._clear_annotation(namespace, name, patched)
-            if result.error.startswith("conflict:"):
-                last_conflict = result.error
-                continue
-            return result
+            if deadline.passed():
+                self._undo(ask, patched)
+                return self._late(ask, deadline, "while its assignment was written (the assignment is "
+                                  "removed again)", attempt)
+            try:
+                return self._post_binding(ask, decision, assignment, patched, attempt)
+            except ConflictError as exc:
+                last_conflict = str(exc)
         return BindResult(f"pod {key}: gave up after {self.max_attempts} conflicting updates "
                           f"({last_conflict})", attempts=self.max_attempts)
 
-    def _post_binding(self, key: str, namespace: str, name: str, uid: str, node: str,
-                      placement: Placement | None, assignment: Assignment | None, attempt: int) -> BindResult:
+    def _post_binding(self, ask: _Ask, placement: Placement, assignment: Assignment,
+                      patched: dict[str, Any], attempt: int) -> BindResult:
+        """POST the Binding of a pod whose assignment is written; a 409 is undone and raised again."""
         try:
-            self.api.bind_pod(namespace, name, uid, node)
-        except ConflictError as exc:
-            if placement is not None:
-                self.cache.rollback(key)
-            return BindResult(f"conflict: {exc}", attempts=attempt)
+            self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node)
+        except NoAnswerError as exc:
+            # The pod may be bound now: freeing its cards before the watch says would let the
+            # next bind give them away a second time.
+            self.cache.commit(ask.key, assignment)
+            return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
+                              f"watch shows whether it was bound): {exc}", attempts=attempt)
+        except ConflictError:
+            self._undo(ask, patched)
+            raise
         except ApiError as exc:
-            if placement is not None:
-                self.cache.rollback(key)
-            return BindResult(f"cannot bind pod {key} to {node}: {exc}", attempts=attempt)
-        if assignment is not None:
-            self.cache.commit(key, assignment)
+            self._undo(ask, patched)
+            return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
+        self.cache.commit(ask.key, assignment)
         return BindResult(placement=placement, attempts=attempt)
+
+    def _undo(self, ask: _Ask, patched: dict[str, Any]) -> None:
+        """Give the reservation back and remove the assignment just written (it will not be bound)."""
+        self.cache.rollback(ask.key)
+        self._clear_annotation(ask.namespace, ask.name, patched)
 
     def _already_bound(self, pod: dict[str, Any], key: str, bound_to: str, node: str,
                        attempt: int) -> BindResult:

@@ -71,7 +71,7 @@ def test_binpack_picks_the_tightest_card() -> None:
         api.create_pod(placed_pod(f"used{card}", "n1", card, used))
     assert free_mib(cache, "n1") == [12207, 8138, 4069, 16276]
     api.create_pod(pod("p", container(mib=8138)))
-    result = binder.bind("default", "p", "", "n1")
+    result = binder.bind("default", "p", "uid-default-p", "n1")
     assert result.ok and result.placement is not None
     assert result.placement.containers[0].cards == (1,)
     assert free_mib(cache, "n1") == [12207, 0, 4069, 16276]
@@ -80,7 +80,7 @@ def test_binpack_picks_the_tightest_card() -> None:
 def test_two_binds_for_the_last_slice_exactly_one_wins() -> None:
     api, cache, binder = world([node("n1", [16276])], latency=0.005)
     api.create_pod(pod("first", container(mib=8138)))
-    assert binder.bind("default", "first", "", "n1").ok
+    assert binder.bind("default", "first", "uid-default-first", "n1").ok
     for name in ("a", "b"):
         api.create_pod(pod(name, container(mib=8138)))
     barrier = threading.Barrier(2)
@@ -88,7 +88,7 @@ def test_two_binds_for_the_last_slice_exactly_one_wins() -> None:
 
     def run(name: str) -> None:
         barrier.wait()
-        results[name] = binder.bind("default", name, "", "n1")
+        results[name] = binder.bind("default", name, f"uid-default-{name}", "n1")
 
     threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
     for t in threads:
@@ -108,7 +108,7 @@ def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
     409, re-reads, re-evaluates and fails with the core's reason instead of over-committing."""
     api, cache, binder = world([node("n1", [16276])])
     api.create_pod(pod("first", container(mib=8138)))
-    assert binder.bind("default", "first", "", "n1").ok
+    assert binder.bind("default", "first", "uid-default-first", "n1").ok
     api.create_pod(pod("a", container(mib=8138)))
     api.create_pod(pod("b", container(mib=8138)))
     b_results = []
@@ -116,11 +116,11 @@ def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
     def competing_writer(namespace: str, name: str) -> None:
         api.touch_pod(namespace, name)
         cache.rollback(f"{namespace}/{name}")  # the slice is free while a's write is refused
-        b_results.append(binder.bind("default", "b", "", "n1"))
+        b_results.append(binder.bind("default", "b", "uid-default-b", "n1"))
 
     api.conflicts_to_inject = 1
     api.before_conflict = competing_writer
-    result = binder.bind("default", "a", "", "n1")
+    result = binder.bind("default", "a", "uid-default-a", "n1")
     assert b_results[0].ok
     assert not result.ok and result.attempts == 2
     assert "no single card has 8138 MiB free" in result.error
@@ -133,7 +133,7 @@ def test_a_409_with_room_left_retries_and_succeeds() -> None:
     api.create_pod(pod("a", container(mib=1000)))
     api.conflicts_to_inject = 2
     api.before_conflict = lambda ns, name: api.touch_pod(ns, name)
-    result = binder.bind("default", "a", "", "n1")
+    result = binder.bind("default", "a", "uid-default-a", "n1")
     assert result.ok and result.attempts == 3
     assert free_mib(cache, "n1") == [15276]
 
@@ -159,13 +159,13 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
         def patch_pod_annotations(self, namespace: str, name: str, *args: Any) -> dict[str, Any]:
             if not self.done:
                 self.done = True
-                assert binder_a.bind(namespace, name, "", "n1").ok
+                assert binder_a.bind(namespace, name, f"uid-{namespace}-{name}", "n1").ok
             return api.patch_pod_annotations(namespace, name, *args)
 
         def bind_pod(self, *args: Any) -> None:
             api.bind_pod(*args)
 
-    result = Binder(cache_b, Interleaved()).bind("default", "p", "", "n1")
+    result = Binder(cache_b, Interleaved()).bind("default", "p", "uid-default-p", "n1")
     assert result.ok and result.attempts == 2
     assert sorted(free_mib(cache_a, "n1")) == sorted(free_mib(cache_b, "n1")) == [8276, 16276]
     assert len([c for c in api.calls if c.startswith("bind")]) == 1
@@ -179,7 +179,7 @@ def test_a_failed_binding_rolls_the_reservation_back() -> None:
         raise ApiError("apiserver unavailable", 503)
 
     api.bind_pod = broken  # type: ignore[method-assign]
-    result = binder.bind("default", "p", "", "n1")
+    result = binder.bind("default", "p", "uid-default-p", "n1")
     assert not result.ok and "apiserver unavailable" in result.error
     assert free_mib(cache, "n1") == [16276]
     assert ASSIGNMENT not in api.get_pod("default", "p")["metadata"]["annotations"]
@@ -188,22 +188,22 @@ def test_a_failed_binding_rolls_the_reservation_back() -> None:
 
 def test_bind_errors_are_reported_not_raised() -> None:
     api, _cache, binder = world([node("n1", [16276])])
-    assert "no longer exists" in binder.bind("default", "ghost", "", "n1").error
+    assert "no longer exists" in binder.bind("default", "ghost", "uid-default-ghost", "n1").error
     api.create_pod(pod("big", container(mib=20000)))
-    assert "largest card has 16276 MiB" in binder.bind("default", "big", "", "n1").error
+    assert "largest card has 16276 MiB" in binder.bind("default", "big", "uid-default-big", "n1").error
     api.create_pod(pod("bad", container(mib="x")))
-    assert "not a Kubernetes quantity" in binder.bind("default", "bad", "", "n1").error
+    assert "not a Kubernetes quantity" in binder.bind("default", "bad", "uid-default-bad", "n1").error
     api.create_pod(pod("other", container(mib=1)))
     assert "replaced" in binder.bind("default", "other", "wrong-uid", "n1").error
-    assert "not known" in binder.bind("default", "other", "", "nowhere").error
+    assert "not known" in binder.bind("default", "other", "uid-default-other", "nowhere").error
 
 
 def test_binding_a_pod_already_bound_there_is_idempotent() -> None:
     api, cache, binder = world([node("n1", [16276]), node("n2", [16276])])
     api.create_pod(pod("p", container(mib=100)))
-    assert binder.bind("default", "p", "", "n1").ok
-    assert binder.bind("default", "p", "", "n1").ok
-    assert "already bound to node n1" in binder.bind("default", "p", "", "n2").error
+    assert binder.bind("default", "p", "uid-default-p", "n1").ok
+    assert binder.bind("default", "p", "uid-default-p", "n1").ok
+    assert "already bound to node n1" in binder.bind("default", "p", "uid-default-p", "n2").error
     assert free_mib(cache, "n1") == [16176]
 
 
@@ -213,9 +213,9 @@ def test_restart_rebuilds_every_reservation_from_annotations() -> None:
     rng = random.Random(7)
     for i in range(40):
         api.create_pod(pod(f"p{i}", container(mib=rng.choice([1000, 2000, 4069, 8138]))))
-        binder.bind("default", f"p{i}", "", f"n{rng.randrange(4)}")
+        binder.bind("default", f"p{i}", f"uid-default-p{i}", f"n{rng.randrange(4)}")
     api.create_pod(pod("whole", container(gpu=1)))
-    binder.bind("default", "whole", "", "n0")
+    binder.bind("default", "whole", "uid-default-whole", "n0")
     restarted = ClusterCache(policy="binpack")
     restarted.replace_pods(api.list_pods())  # pods before nodes: bookings wait for their node
     restarted.replace_nodes(nodes)
@@ -275,7 +275,7 @@ def test_many_concurrent_binds_never_over_commit() -> None:
 
     def worker(chunk: list[str]) -> None:
         for name in chunk:
-            outcomes.append(binder.bind("default", name, "", f"n{rng.randrange(3)}").ok)
+            outcomes.append(binder.bind("default", name, f"uid-default-{name}", f"n{rng.randrange(3)}").ok)
 
     threads = [threading.Thread(target=worker, args=(names[i::6],)) for i in range(6)]
     for t in threads:
@@ -313,8 +313,8 @@ def test_a_patch_without_answer_keeps_the_cards_booked() -> None:
         raise NoAnswerError("PATCH pod default/p: no answer: ReadTimeoutError")
 
     api.patch_pod_annotations = no_answer  # type: ignore[method-assign]
-    result = binder.bind("default", "p", "", "n1")
+    result = binder.bind("default", "p", "uid-default-p", "n1")
     assert not result.ok and "stay booked" in result.error
     assert free_mib(cache, "n1") == [6276]
     assert not cache.in_flight()
-    assert not binder.bind("default", "q", "", "n1").ok  # the space is not given away twice
+    assert not binder.bind("default", "q", "uid-default-q", "n1").ok  # the space is not given away twice

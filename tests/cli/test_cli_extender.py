@@ -1,0 +1,29 @@
+"""``gpupool extender --bind-deadline``: reaches the extender's options, and nonsense is refused."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.cli import extender_cmd
+from gpupool.cli.main import cli
+from gpupool.extender.binder import DEFAULT_DEADLINE_S
+
+
+@pytest.mark.parametrize(
+    ("flags", "deadline_s"),
+    [pytest.param([], DEFAULT_DEADLINE_S, id="default"), pytest.param(["--bind-deadline", "3.5"], 3.5, id="given")],
+)
+def test_the_bind_deadline_reaches_the_options(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                               deadline_s: float) -> None:
+    started: list[extender_cmd.ExtenderOptions] = []
+    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
+    result = CliRunner().invoke(cli, ["extender", *flags])
+    assert result.exit_code == 0, result.output
+    assert [options.bind_deadline_s for options in started] == [deadline_s]
+
+
+@pytest.mark.parametrize("value", [pytest.param("0", id="zero"), pytest.param("-1", id="negative")])
+def test_a_bind_deadline_that_leaves_no_time_is_refused(value: str) -> None:
+    result = CliRunner().invoke(cli, ["extender", "--bind-deadline", value])
+    assert result.exit_code == 2 and "--bind-deadline" in result.output
