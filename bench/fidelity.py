@@ -190,7 +190,7 @@ def pod_object(pod: PodRequest) -> dict[str, Any]:
 class KubeSchedulerStandIn:
     """kube-scheduler v1.20 around the extender, for one replay (see the module doc)."""
 
-    def __init__(self, scenario: Scenario, client: TestClient, api: FakePodApi) -> None:
+    def __init__(self, scenario: Scenario, client: TestClient[Any, Any], api: FakePodApi) -> None:
         self.scenario = scenario
         self.client = client
         self.api = api
@@ -237,12 +237,13 @@ class KubeSchedulerStandIn:
         names = self.resources_fit(pod)
         if not names:
             return None
-        passed = (await self.post("filter", {"Pod": created, "NodeNames": names}))["NodeNames"] or []
+        passed: list[str] = (await self.post("filter", {"Pod": created, "NodeNames": names}))["NodeNames"] or []
         if len(passed) <= 1:  # kube-scheduler does not score a single feasible node
             return passed[0] if passed else None
         scores = await self.post("prioritize", {"Pod": created, "NodeNames": passed})
         best = max(entry["Score"] for entry in scores)
-        return min((entry["Host"] for entry in scores if entry["Score"] == best), key=self.rank.__getitem__)
+        tied: list[str] = [entry["Host"] for entry in scores if entry["Score"] == best]
+        return min(tied, key=self.rank.__getitem__)
 
     async def own_node(self, pod: PodRequest) -> str | None:
         decision = self.bound_scheduler.decide(pod)
