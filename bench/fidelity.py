@@ -21,6 +21,14 @@ bench binds them itself, through the fake API, on the node the simulator's polic
 pods actually bound (the "bound" ledger below), so both replays place them by the same rule and a
 difference in them can only come from an earlier GPU pod's difference.
 
+With ``--extender-weight W`` the stand-in also runs the two score plugins of kube-scheduler v1.20's
+default profile that tell this bench's nodes apart, NodeResourcesLeastAllocated and
+NodeResourcesBalancedAllocation (weight 1 each, 0..100, over the non-zero CPU and memory requests
+of the bound pods), and adds ``W x 10 x`` the extender's 0..10 score, as kube-scheduler does. The
+other default plugins (ImageLocality, InterPodAffinity, NodeAffinity, TaintToleration,
+PodTopologySpread, NodePreferAvoidPods) give every node here the same score: the trace pods have no
+images, affinities, tolerations or owners, and the nodes no taints.
+
 The *bound* ledger is the truth of the extender replay: every pod the API shows bound, with the
 cards of its assignment and its CPU and memory. At the end it is compared with the extender's own
 ledger: ``ledger_mismatch_nodes`` counts nodes whose free CPU, memory or card space differ.
@@ -31,295 +39,21 @@ ledger: ``ledger_mismatch_nodes`` counts nodes whose free CPU, memory or card sp
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from aiohttp.test_utils import TestClient, TestServer
+from fidelity_kube import replay_extender
+from fidelity_scenario import Outcome, Replay, Scenario, build_scenario, pod_object, replay_simulator
 
-from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
-from gpupool.api.names import ResourceNames
-from gpupool.core.fragmentation import WorkloadProfile
-from gpupool.core.model import NodeSpec, Placement, PodRequest
-from gpupool.core.policies import make_policy
-from gpupool.core.scheduler import Scheduler
-from gpupool.core.state import ClusterState, IntArray
-from gpupool.core.units import COMPUTE_PER_CARD
-from gpupool.extender.binder import Binder
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.http.api import ExtenderApi
-from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
-from gpupool.sim.packing import policy_rng, tie_order, workload
-from gpupool.sim.trace import load_nodes, load_pods, resolve_nodes, resolve_trace
-from gpupool.testing.fake_api import FakePodApi
-
-NAMESPACE = "default"
-NAMES = ResourceNames()
-NODE_PODS = "1000"
-"""Pods per node in the fake nodes' allocatable: high enough never to be the limit (the trace has none)."""
+__all__ = ["build_scenario", "compare", "pod_object", "replay_extender", "replay_simulator"]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """Where one pod ended: the node and, per app container, its card indices; node None if nowhere."""
-
-    node: str | None
-    cards: tuple[tuple[str, tuple[int, ...]], ...] = ()
-
-    @staticmethod
-    def of(placement: Placement) -> Outcome:
-        return Outcome(placement.node, tuple((a.container, a.cards) for a in placement.containers if not a.init))
-
-
-UNPLACED = Outcome(None)
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One replay's outcome per pod key and its unallocated GPU share (% of capacity) at the end."""
-
-    outcomes: dict[str, Outcome]
-    unallocated_pct: float
-    seconds: float
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """The sampled cluster, the arrivals and the workload profile both replays score against."""
-
-    nodes: tuple[NodeSpec, ...]
-    arrivals: tuple[PodRequest, ...]
-    profile: WorkloadProfile
-    policy: str
-    seed: int
-
-    @property
-    def capacity(self) -> int:
-        return sum(card.compute for node in self.nodes for card in node.cards)
-
-    def ties(self) -> IntArray:
-        return tie_order(self.seed, len(self.nodes))
-
-
-def build_scenario(trace: str, node_count: int, seed: int, upto_pct: int, policy: str) -> Scenario:
-    """``node_count`` nodes drawn with ``seed`` (kept in list order) and the seed's arrivals, cut where
-    the arrived GPU demand would pass ``upto_pct`` % of the sample's capacity."""
-    every = load_nodes(resolve_nodes("openb"))
-    picked = np.sort(np.random.default_rng(seed).choice(len(every), size=min(node_count, len(every)),
-                                                        replace=False))
-    nodes = tuple(every[int(i)] for i in picked)
-    pods = [p.request for p in load_pods(resolve_trace(trace))]
-    capacity = sum(card.compute for node in nodes for card in node.cards)
-    arrivals: list[PodRequest] = []
-    arrived = 0
-    for pod in workload(pods, seed, capacity):
-        arrived += pod.gpu_milli_total()
-        if arrived * 100 > upto_pct * capacity:
-            break
-        arrivals.append(pod)
-    return Scenario(nodes, tuple(arrivals), WorkloadProfile.from_pods(pods), policy, seed)
-
-
-def unallocated_pct(state: ClusterState, capacity: int) -> float:
-    return round(100.0 * (capacity - state.allocated_compute()) / capacity, 4)
-
-
-# ------------------------------------------------------------------------------------ simulator
-def replay_simulator(scenario: Scenario) -> Replay:
-    """The packing experiment's loop (:func:`gpupool.sim.packing.run_seed`), keeping every placement."""
-    started = time.perf_counter()
-    state = ClusterState(scenario.nodes)
-    rng = policy_rng(scenario.seed)
-    scheduler = Scheduler(state, make_policy(scenario.policy, rng), profile=scenario.profile,
-                          tie_rank=scenario.ties(), rng=rng)
-    outcomes: dict[str, Outcome] = {}
-    for pod in scenario.arrivals:
-        decision = scheduler.schedule(pod)
-        outcomes[pod.key] = Outcome.of(decision) if isinstance(decision, Placement) else UNPLACED
-    return Replay(outcomes, unallocated_pct(state, scenario.capacity), time.perf_counter() - started)
-
-
-# ------------------------------------------------------------------------------- Kubernetes objects
-def node_object(spec: NodeSpec) -> dict[str, Any]:
-    """The node as the API shows it once its node agent published the inventory."""
-    allocatable = {"cpu": f"{spec.cpu_milli}m", "memory": f"{spec.memory_mib}Mi", "pods": NODE_PODS}
-    inventory = encode_inventory(Inventory(spec.cards, spec.topology))
-    return {"metadata": {"name": spec.name, "labels": dict(spec.labels),
-                         "annotations": {NAMES.inventory: inventory}},
-            "status": {"capacity": allocatable, "allocatable": allocatable}}
-
-
-def pod_object(pod: PodRequest) -> dict[str, Any]:
-    """A trace pod as a Kubernetes pod: CPU and memory requests, its GPU as gpupool resources.
-
-    A slice of the trace is ``gpu-core`` alone (per cent of a card, memory in proportion, as the
-    trace means it); whole cards are ``gpu``; model restrictions the ``gpu-models`` annotation.
-    """
-    containers: list[dict[str, Any]] = []
-    annotations: dict[str, str] = {}
-    for container in pod.containers:
-        limits: dict[str, str] = {}
-        gpu = container.gpu
-        if gpu is not None:
-            if gpu.exclusive:
-                limits[NAMES.gpu] = str(gpu.count)
-            else:
-                limits[NAMES.gpu_core] = str(gpu.compute * 100 // COMPUTE_PER_CARD)
-                if gpu.count > 1:
-                    limits[NAMES.gpu_shared] = str(gpu.count)
-            if gpu.models:
-                annotations[NAMES.gpu_models] = ",".join(sorted(gpu.models))
-        requests = {"cpu": f"{container.cpu_milli}m", "memory": f"{container.memory_mib}Mi"}
-        containers.append({"name": container.name, "image": "trace",
-                           "resources": {"requests": requests, "limits": limits}})
-    return {"metadata": {"name": pod.key, "namespace": NAMESPACE, "annotations": annotations},
-            "spec": {"containers": containers}}
-
-
-# ------------------------------------------------------------------------------------- extender
-class KubeSchedulerStandIn:
-    """kube-scheduler v1.20 around the extender, for one replay (see the module doc)."""
-
-    def __init__(self, scenario: Scenario, client: TestClient[Any, Any], api: FakePodApi) -> None:
-        self.scenario = scenario
-        self.client = client
-        self.api = api
-        self.bound = ClusterState(scenario.nodes)
-        self.bound_scheduler = Scheduler(self.bound, make_policy(scenario.policy, policy_rng(scenario.seed)),
-                                         profile=scenario.profile, tie_rank=scenario.ties(),
-                                         rng=policy_rng(scenario.seed))
-        order = np.argsort(scenario.ties(), kind="stable")
-        self.node_order = [scenario.nodes[int(i)].name for i in order]
-        self.rank = {name: position for position, name in enumerate(self.node_order)}
-        self.notes: list[str] = []
-
-    async def post(self, verb: str, body: dict[str, Any]) -> Any:
-        response = await self.client.post(f"/{verb}", data=json.dumps(body))
-        if response.status != 200:
-            raise RuntimeError(f"/{verb} answered {response.status}: {await response.text()}")
-        return await response.json()
-
-    def resources_fit(self, pod: PodRequest) -> list[str]:
-        """NodeResourcesFit: nodes whose unrequested CPU and memory hold the pod, in node order."""
-        state = self.bound
-        ok = state.present & (state.cpu_free >= pod.cpu_milli) & (state.mem_free >= pod.memory_mib)
-        return [name for name in self.node_order if ok[state.index[name]]]
-
-    async def schedule(self, pod: PodRequest) -> Outcome:
-        created = self.api.create_pod(pod_object(pod))
-        uid = created["metadata"]["uid"]
-        node = await (self.extender_node(created, pod) if pod.wants_gpu else self.own_node(pod))
-        if node is None:
-            self.api.delete_pod(NAMESPACE, pod.key)  # the packing experiment skips a pod that fits nowhere
-            return UNPLACED
-        if pod.wants_gpu:
-            answer = await self.post("bind", {"PodName": pod.key, "PodNamespace": NAMESPACE, "PodUID": uid,
-                                              "Node": node})
-            if answer.get("Error"):
-                self.notes.append(f"{pod.key}: bind to {node} refused: {answer['Error']}")
-                self.api.delete_pod(NAMESPACE, pod.key)
-                return UNPLACED
-        else:
-            self.api.bind_pod(NAMESPACE, pod.key, uid, node)
-        return self.record_bound(pod, node)
-
-    async def extender_node(self, created: dict[str, Any], pod: PodRequest) -> str | None:
-        names = self.resources_fit(pod)
-        if not names:
-            return None
-        passed: list[str] = (await self.post("filter", {"Pod": created, "NodeNames": names}))["NodeNames"] or []
-        if len(passed) <= 1:  # kube-scheduler does not score a single feasible node
-            return passed[0] if passed else None
-        scores = await self.post("prioritize", {"Pod": created, "NodeNames": passed})
-        best = max(entry["Score"] for entry in scores)
-        tied: list[str] = [entry["Host"] for entry in scores if entry["Score"] == best]
-        return min(tied, key=self.rank.__getitem__)
-
-    async def own_node(self, pod: PodRequest) -> str | None:
-        decision = self.bound_scheduler.decide(pod)
-        return decision.node if isinstance(decision, Placement) else None
-
-    def record_bound(self, pod: PodRequest, node: str) -> Outcome:
-        """Book what the API now shows for the pod (its assignment's cards, its CPU and memory)."""
-        shown = self.api.get_pod(NAMESPACE, pod.key)
-        spec = self.bound.specs[self.bound.index[node]]
-        text = (shown["metadata"].get("annotations") or {}).get(NAMES.assignment)
-        if text is None:
-            placement = Placement(pod.key, node, pod.cpu_milli, pod.memory_mib)
-        else:
-            placement = decode_assignment(text).to_placement(pod.key, spec, pod.cpu_milli, pod.memory_mib)
-        self.bound.apply(placement)
-        return Outcome.of(placement)
-
-
-def ledger_mismatches(bound: ClusterState, ledger: ClusterState) -> list[str]:
-    """Nodes whose free CPU, memory or per-card memory/compute differ between two ledgers."""
-    differing = []
-    for row, spec in enumerate(bound.specs):
-        other = ledger.index.get(spec.name)
-        if other is None:
-            differing.append(spec.name)
-            continue
-        same = (bound.cpu_free[row] == ledger.cpu_free[other] and bound.mem_free[row] == ledger.mem_free[other]
-                and np.array_equal(bound.card_mem_free[row], ledger.card_mem_free[other])
-                and np.array_equal(bound.card_compute_free[row], ledger.card_compute_free[other]))
-        if not same:
-            differing.append(spec.name)
-    return differing
-
-
-def install_profile(cache: ClusterCache, scenario: Scenario) -> None:
-    """Score against the scenario's workload profile, as the simulator does.
-
-    The extender otherwise profiles the pods it knows (``refresh_profile``), which here would be the
-    arrivals so far; the profile is an input of the decision, not part of the path compared here.
-    """
-    with cache.lock:
-        cache.scheduler = Scheduler(cache.state, make_policy(scenario.policy, policy_rng(scenario.seed)),
-                                    profile=scenario.profile, rng=policy_rng(scenario.seed))
-
-
-async def _replay_extender(scenario: Scenario) -> Replay:
-    started = time.perf_counter()
-    api = FakePodApi()
-    cache = ClusterCache(policy=scenario.policy)
-    cache.replace_nodes([node_object(spec) for spec in scenario.nodes])
-    cache.replace_pods([])
-    install_profile(cache, scenario)
-
-    def deliver(kind: str, pod: dict[str, Any]) -> None:  # the watch, without its latency
-        if kind == "DELETED":
-            cache.remove_pod(pod)
-        else:
-            cache.upsert_pod(pod)
-
-    api.listeners.append(deliver)
-    service = ExtenderService(cache, Binder(cache, api))
-    app = ExtenderApi(service, NAMES, ExtenderMetrics()).app()
-    async with TestClient(TestServer(app)) as client:
-        kube = KubeSchedulerStandIn(scenario, client, api)
-        outcomes = {pod.key: await kube.schedule(pod) for pod in scenario.arrivals}
-    mismatched = ledger_mismatches(kube.bound, cache.state)
-    notes = [*kube.notes, f"ledger_mismatch_nodes={len(mismatched)}"]
-    return Replay(outcomes, unallocated_pct(kube.bound, scenario.capacity), time.perf_counter() - started,
-                  tuple(notes))
-
-
-def replay_extender(scenario: Scenario) -> Replay:
-    return asyncio.run(_replay_extender(scenario))
-
-
-# --------------------------------------------------------------------------------------- report
 def compare(scenario: Scenario, simulator: Replay, extender: Replay) -> dict[str, Any]:
     keys = [pod.key for pod in scenario.arrivals]
     gpu_keys = [pod.key for pod in scenario.arrivals if pod.wants_gpu]
@@ -370,12 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", default="default")
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--upto", type=int, default=100, help="arrived GPU demand, % of capacity")
+    parser.add_argument("--extender-weight", type=int, default=None,
+                        help="add kube-scheduler's resource score plugins, the extender weighted so")
     parser.add_argument("--json", action="store_true", help="print one JSON line after the table")
     args = parser.parse_args(argv)
     scenario = build_scenario(args.trace, args.nodes, args.seed, args.upto, args.policy)
     simulator = replay_simulator(scenario)
-    extender = replay_extender(scenario)
+    extender = replay_extender(scenario, args.extender_weight)
     result = compare(scenario, simulator, extender)
+    result["extender_weight"] = args.extender_weight
     print(table(result))
     if args.json:
         print(json.dumps(result, sort_keys=True))
