@@ -430,10 +430,11 @@ def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
 
 
 def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> NodeScores:
-    """Map the policy's scores of feasible nodes onto 0..10 (min-max); other nodes get 0.
+    """Map the policy's scores of feasible nodes onto 0..10 (min-max, rounded down); other nodes get 0.
 
-    The best feasible node always gets 10, so the extender's preference survives kube-scheduler's
-    weighting even when the policy's raw differences are tiny.
+    Exactly the nodes with the best score get 10 and every other node at most 9, so kube-scheduler,
+    which takes a node of the highest total, chooses among the very nodes the simulator chooses
+    among (rounding to nearest gave 10 to near-best nodes too: 99 and 100 on a 0..100 scale).
     """
     if not passed:
         return NodeScores.uniform(names)
@@ -441,7 +442,9 @@ def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> Nod
     if high == low:
         scaled = np.full(len(passed), MAX_EXTENDER_PRIORITY, dtype=np.int64)
     else:
-        scaled = np.rint((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
+        below_best = MAX_EXTENDER_PRIORITY - 1
+        spread = np.floor((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
+        scaled = np.where(scores == high, MAX_EXTENDER_PRIORITY, np.minimum(spread, below_best))
     if len(passed) == len(names):  # the usual prioritize: every node asked about passed (in order)
         return NodeScores(names, scaled)
     position = {name: i for i, name in enumerate(names)}

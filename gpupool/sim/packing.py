@@ -18,7 +18,7 @@ from gpupool.core.fragmentation import FragmentationMeasure, WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, IntArray
 
 REPORT_POINTS = (90, 95, 100, 110, 130)
 INFLATION = 1.3
@@ -107,6 +107,16 @@ def workload(pods: Sequence[PodRequest], seed: int, capacity: int) -> list[PodRe
     return shuffled
 
 
+def tie_order(seed: int, size: int) -> IntArray:
+    """The seed's node order for equal scores: a random permutation of the rows (lower wins)."""
+    return np.random.default_rng(seed).permutation(size).astype(np.int64)
+
+
+def policy_rng(seed: int) -> np.random.Generator:
+    """The seed's generator for policies that draw (random) and for unranked ties."""
+    return np.random.default_rng(seed + 1_000_003)
+
+
 def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name: str, seed: int,
              profile: WorkloadProfile | None = None,
              progress: Callable[[int], None] | None = None) -> SeedResult:
@@ -117,8 +127,8 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name:
     state = ClusterState(nodes)
     capacity = state.total_compute()
     arrivals = workload(pods, seed, capacity)
-    rng = np.random.default_rng(seed + 1_000_003)
-    tie_rank = np.random.default_rng(seed).permutation(state.size).astype(np.int64)
+    rng = policy_rng(seed)
+    tie_rank = tie_order(seed, state.size)
     profile = profile or WorkloadProfile.from_pods(pods)
     scheduler = Scheduler(state, make_policy(policy_name, rng), profile=profile, tie_rank=tie_rank, rng=rng)
     measure = FragmentationMeasure(state, profile)

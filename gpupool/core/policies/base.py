@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, final
 
 import numpy as np
 
 from gpupool.core.cards import NodeScratch, SharedCardChooser
 from gpupool.core.fragmentation import DEFAULT_CPU_MILLI, FloatArray, WorkloadProfile, primary_gpu
 from gpupool.core.model import GpuRequest, PodRequest
+from gpupool.core.policies.topology import topology_rise
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.units import COMPUTE_PER_CARD
 
@@ -65,10 +66,25 @@ class PlacementPolicy(ABC):
         """Called once the cluster and the expected workload are known (FGD needs the latter)."""
         self.profile = profile
 
-    @abstractmethod
+    @final
     def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         """Scores of ``rows`` (all feasible) for a pod of ``shape``; ``fits`` is the ``[R, G]`` mask of
-        cards that can hold one slice of its GPU request (all False without one)."""
+        cards that can hold one slice of its GPU request (all False without one).
+
+        The policy's :meth:`node_score`, raised for a multi-card pod by how well each node can connect
+        its cards (:mod:`gpupool.core.policies.topology`): every policy honours the topology the same
+        way, and only between nodes it scores equal.
+        """
+        scores = self.node_score(state, shape, rows, fits)
+        if shape.count < 2:
+            return scores
+        result: FloatArray = scores + topology_rise(state, shape.count, rows, fits)
+        return result
+
+    @abstractmethod
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+        """The policy's own scores of ``rows`` (see :meth:`score`); integers for every policy but random,
+        so that the topology term, below one step, orders only nodes scored equal."""
 
     def normalize(self, scores: FloatArray) -> FloatArray:
         """Turn raw scores of the feasible nodes into final ones (identity unless overridden)."""

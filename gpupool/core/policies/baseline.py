@@ -29,7 +29,7 @@ class RandomPolicy(PlacementPolicy):
     name = "random"
     node_local = False
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         return self.rng.random(len(rows))
 
     def shared_chooser(self) -> SharedCardChooser:
@@ -49,7 +49,7 @@ class BinpackPolicy(PlacementPolicy):
 
     name = "binpack"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.gpu is None:
             return np.asarray(-state.cpu_free[rows], dtype=np.float64)
         if shape.gpu.exclusive:
@@ -72,7 +72,7 @@ class SpreadPolicy(PlacementPolicy):
 
     name = "spread"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         return np.asarray(gpu_free(state, rows).sum(axis=1) + state.cpu_free[rows] / 1e9, dtype=np.float64)
 
     def shared_chooser(self) -> SharedCardChooser:
@@ -89,19 +89,23 @@ class BestFitPolicy(PlacementPolicy):
 
     name = "bestfit"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         left_cpu = state.cpu_free[rows] - shape.cpu_milli
         left_gpu = gpu_free(state, rows).sum(axis=1) - shape.milli * shape.count
         s = 0.5 * left_cpu / MAX_SPEC_CPU + 0.5 * left_gpu / MAX_SPEC_GPU
         return np.asarray(np.trunc((1.0 - s) * 100.0), dtype=np.float64)
 
     def normalize(self, scores: FloatArray) -> FloatArray:
+        """Min-max onto 0..100 (rounded down) of the integer part; the topology rise (the fraction,
+        see :meth:`PlacementPolicy.score`) is kept on top, so it still orders equal nodes."""
         if len(scores) == 0:
             return scores
-        low, high = scores.min(), scores.max()
+        whole = np.floor(scores)
+        rise = scores - whole
+        low, high = whole.min(), whole.max()
         if high == low:
-            return np.zeros_like(scores)
-        return np.asarray(np.floor((scores - low) * 100.0 / (high - low)), dtype=np.float64)
+            return np.asarray(rise, dtype=np.float64)
+        return np.asarray(np.floor((whole - low) * 100.0 / (high - low)) + rise, dtype=np.float64)
 
 
 class DotProductPolicy(PlacementPolicy):
@@ -109,7 +113,7 @@ class DotProductPolicy(PlacementPolicy):
 
     name = "dotprod"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         node_cpu = state.cpu_free[rows] / MAX_SPEC_CPU
         node_gpu = gpu_free(state, rows).sum(axis=1) / MAX_SPEC_GPU
         dot = node_cpu * (shape.cpu_milli / MAX_SPEC_CPU) + node_gpu * (shape.milli * shape.count / MAX_SPEC_GPU)
@@ -121,7 +125,7 @@ class PackingPolicy(PlacementPolicy):
 
     name = "packing"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.milli <= 0:
             return np.zeros(len(rows))
         free = gpu_free(state, rows)
@@ -158,7 +162,7 @@ class ClusteringPolicy(PlacementPolicy):
 
     name = "clustering"
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.gpu is None:
             return np.zeros(len(rows))
         tag = "share-gpu" if not shape.gpu.exclusive else f"{shape.count}-gpu"

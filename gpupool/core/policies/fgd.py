@@ -65,7 +65,7 @@ class FragmentationPolicy(PlacementPolicy):
         """A small per-card term added when choosing a slice's card within one node (default none)."""
         return np.zeros(len(scratch.compute_free))
 
-    def score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         """A node scores as its best card; pods without GPUs score by the node-wide gain."""
         scores = self.card_scores(self.card_gains(state, shape, rows, fits))
         if shape.gpu is None:

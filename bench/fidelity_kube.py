@@ -1,0 +1,215 @@
+"""kube-scheduler v1.20 around the extender, in process, for bench/fidelity.py (see its doc).
+
+The stand-in filters CPU and memory as NodeResourcesFit does, asks the extender's HTTP verbs,
+optionally adds the default profile's resource score plugins, takes the best node (ties: the first
+in the simulator's tie order) and binds through the extender; pods without GPUs it binds itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp.test_utils import TestClient, TestServer
+from fidelity_scenario import (
+    NAMES,
+    NAMESPACE,
+    UNPLACED,
+    Outcome,
+    Replay,
+    Scenario,
+    node_object,
+    pod_object,
+    unallocated_pct,
+)
+
+from gpupool.api.annotations import decode_assignment
+from gpupool.core.model import Placement, PodRequest
+from gpupool.core.policies import make_policy
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState
+from gpupool.extender.binder import Binder
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.service import ExtenderService
+from gpupool.sim.packing import policy_rng
+from gpupool.testing.fake_api import FakePodApi
+
+MAX_NODE_SCORE = 100
+"""kube-scheduler's framework.MaxNodeScore; an extender's 0..10 is multiplied by 10 to reach it."""
+DEFAULT_CPU_REQUEST_MILLI = 100
+DEFAULT_MEMORY_REQUEST_MIB = 200
+"""What kube-scheduler's score plugins count for a container that requests no CPU or memory."""
+
+
+class KubeSchedulerStandIn:
+    """kube-scheduler v1.20 around the extender, for one replay (see the module doc)."""
+
+    def __init__(self, scenario: Scenario, client: TestClient[Any, Any], api: FakePodApi,
+                 extender_weight: int | None = None) -> None:
+        self.scenario = scenario
+        self.extender_weight = extender_weight
+        self.nonzero_requested = {spec.name: (0, 0) for spec in scenario.nodes}
+        self.client = client
+        self.api = api
+        self.bound = ClusterState(scenario.nodes)
+        self.bound_scheduler = Scheduler(self.bound, make_policy(scenario.policy, policy_rng(scenario.seed)),
+                                         profile=scenario.profile, tie_rank=scenario.ties(),
+                                         rng=policy_rng(scenario.seed))
+        order = np.argsort(scenario.ties(), kind="stable")
+        self.node_order = [scenario.nodes[int(i)].name for i in order]
+        self.rank = {name: position for position, name in enumerate(self.node_order)}
+        self.notes: list[str] = []
+
+    async def post(self, verb: str, body: dict[str, Any]) -> Any:
+        response = await self.client.post(f"/{verb}", data=json.dumps(body))
+        if response.status != 200:
+            raise RuntimeError(f"/{verb} answered {response.status}: {await response.text()}")
+        return await response.json()
+
+    def resources_fit(self, pod: PodRequest) -> list[str]:
+        """NodeResourcesFit: nodes whose unrequested CPU and memory hold the pod, in node order."""
+        state = self.bound
+        ok = state.present & (state.cpu_free >= pod.cpu_milli) & (state.mem_free >= pod.memory_mib)
+        return [name for name in self.node_order if ok[state.index[name]]]
+
+    async def schedule(self, pod: PodRequest) -> Outcome:
+        created = self.api.create_pod(pod_object(pod))
+        uid = created["metadata"]["uid"]
+        node = await (self.extender_node(created, pod) if pod.wants_gpu else self.own_node(pod))
+        if node is None:
+            self.api.delete_pod(NAMESPACE, pod.key)  # the packing experiment skips a pod that fits nowhere
+            return UNPLACED
+        if pod.wants_gpu:
+            answer = await self.post("bind", {"PodName": pod.key, "PodNamespace": NAMESPACE, "PodUID": uid,
+                                              "Node": node})
+            if answer.get("Error"):
+                self.notes.append(f"{pod.key}: bind to {node} refused: {answer['Error']}")
+                self.api.delete_pod(NAMESPACE, pod.key)
+                return UNPLACED
+        else:
+            self.api.bind_pod(NAMESPACE, pod.key, uid, node)
+        return self.record_bound(pod, node)
+
+    async def extender_node(self, created: dict[str, Any], pod: PodRequest) -> str | None:
+        names = self.resources_fit(pod)
+        if not names:
+            return None
+        passed: list[str] = (await self.post("filter", {"Pod": created, "NodeNames": names}))["NodeNames"] or []
+        if len(passed) <= 1:  # kube-scheduler does not score a single feasible node
+            return passed[0] if passed else None
+        answer = await self.post("prioritize", {"Pod": created, "NodeNames": passed})
+        scores: dict[str, int] = {entry["Host"]: entry["Score"] for entry in answer}
+        if self.extender_weight is not None:
+            scores = {name: self.resource_scores(pod, name) + score * self.extender_weight * MAX_NODE_SCORE // 10
+                      for name, score in scores.items()}
+        best = max(scores.values())
+        tied = [name for name, score in scores.items() if score == best]
+        return min(tied, key=self.rank.__getitem__)
+
+    def resource_scores(self, pod: PodRequest, name: str) -> int:
+        """NodeResourcesLeastAllocated + NodeResourcesBalancedAllocation of v1.20 (integer maths as in Go)."""
+        spec = self.bound.specs[self.bound.index[name]]
+        cpu, memory = self.nonzero_requested[name]
+        pod_cpu, pod_memory = nonzero_request(pod)
+        cpu, memory = cpu + pod_cpu, memory + pod_memory
+        least = 0
+        for requested, capacity in ((cpu, spec.cpu_milli), (memory, spec.memory_mib)):
+            if capacity > 0 and requested <= capacity:
+                least += (capacity - requested) * MAX_NODE_SCORE // capacity
+        least //= 2
+        cpu_fraction = cpu / spec.cpu_milli if spec.cpu_milli else 1.0
+        memory_fraction = memory / spec.memory_mib if spec.memory_mib else 1.0
+        balanced = 0
+        if cpu_fraction < 1 and memory_fraction < 1:
+            balanced = int((1 - abs(cpu_fraction - memory_fraction)) * MAX_NODE_SCORE)
+        return least + balanced
+
+    async def own_node(self, pod: PodRequest) -> str | None:
+        decision = self.bound_scheduler.decide(pod)
+        return decision.node if isinstance(decision, Placement) else None
+
+    def record_bound(self, pod: PodRequest, node: str) -> Outcome:
+        """Book what the API now shows for the pod (its assignment's cards, its CPU and memory)."""
+        shown = self.api.get_pod(NAMESPACE, pod.key)
+        spec = self.bound.specs[self.bound.index[node]]
+        text = (shown["metadata"].get("annotations") or {}).get(NAMES.assignment)
+        if text is None:
+            placement = Placement(pod.key, node, pod.cpu_milli, pod.memory_mib)
+        else:
+            placement = decode_assignment(text).to_placement(pod.key, spec, pod.cpu_milli, pod.memory_mib)
+        self.bound.apply(placement)
+        cpu, memory = self.nonzero_requested[node]
+        pod_cpu, pod_memory = nonzero_request(pod)
+        self.nonzero_requested[node] = (cpu + pod_cpu, memory + pod_memory)
+        return Outcome.of(placement)
+
+
+def nonzero_request(pod: PodRequest) -> tuple[int, int]:
+    """CPU milli and memory MiB as kube-scheduler's score plugins count them (a default for zero)."""
+    cpu = sum(c.cpu_milli or DEFAULT_CPU_REQUEST_MILLI for c in pod.containers)
+    memory = sum(c.memory_mib or DEFAULT_MEMORY_REQUEST_MIB for c in pod.containers)
+    return cpu, memory
+
+
+def ledger_mismatches(bound: ClusterState, ledger: ClusterState) -> list[str]:
+    """Nodes whose free CPU, memory or per-card memory/compute differ between two ledgers."""
+    differing = []
+    for row, spec in enumerate(bound.specs):
+        other = ledger.index.get(spec.name)
+        if other is None:
+            differing.append(spec.name)
+            continue
+        same = (bound.cpu_free[row] == ledger.cpu_free[other] and bound.mem_free[row] == ledger.mem_free[other]
+                and np.array_equal(bound.card_mem_free[row], ledger.card_mem_free[other])
+                and np.array_equal(bound.card_compute_free[row], ledger.card_compute_free[other]))
+        if not same:
+            differing.append(spec.name)
+    return differing
+
+
+def install_profile(cache: ClusterCache, scenario: Scenario) -> None:
+    """Score against the scenario's workload profile, as the simulator does.
+
+    The extender otherwise profiles the pods it knows (``refresh_profile``), which here would be the
+    arrivals so far; the profile is an input of the decision, not part of the path compared here.
+    """
+    with cache.lock:
+        cache.scheduler = Scheduler(cache.state, make_policy(scenario.policy, policy_rng(scenario.seed)),
+                                    profile=scenario.profile, rng=policy_rng(scenario.seed))
+
+
+async def _replay_extender(scenario: Scenario, extender_weight: int | None) -> Replay:
+    started = time.perf_counter()
+    api = FakePodApi()
+    cache = ClusterCache(policy=scenario.policy)
+    cache.replace_nodes([node_object(spec) for spec in scenario.nodes])
+    cache.replace_pods([])
+    install_profile(cache, scenario)
+
+    def deliver(kind: str, pod: dict[str, Any]) -> None:  # the watch, without its latency
+        if kind == "DELETED":
+            cache.remove_pod(pod)
+        else:
+            cache.upsert_pod(pod)
+
+    api.listeners.append(deliver)
+    service = ExtenderService(cache, Binder(cache, api))
+    app = ExtenderApi(service, NAMES, ExtenderMetrics()).app()
+    async with TestClient(TestServer(app)) as client:
+        kube = KubeSchedulerStandIn(scenario, client, api, extender_weight)
+        outcomes = {pod.key: await kube.schedule(pod) for pod in scenario.arrivals}
+    mismatched = ledger_mismatches(kube.bound, cache.state)
+    notes = [*kube.notes, f"ledger_mismatch_nodes={len(mismatched)}"]
+    return Replay(outcomes, unallocated_pct(kube.bound, scenario.capacity), time.perf_counter() - started,
+                  tuple(notes))
+
+
+def replay_extender(scenario: Scenario, extender_weight: int | None = None) -> Replay:
+    """The replay through the extender; ``extender_weight`` adds kube-scheduler's resource score
+    plugins (see the module doc), None leaves the extender the only scorer."""
+    return asyncio.run(_replay_extender(scenario, extender_weight))

@@ -1,0 +1,65 @@
+"""deploy/scheduler-config-*.yaml keep gpupool's placement (docs/fidelity.md, "kube-scheduler's own scores").
+
+kube-scheduler adds the extender's 0..10 x 10 x weight to its score plugins' 0..100 x their weight.
+The extender's best node keeps the highest total only if one step of the extender outweighs every
+plugin together, and it is only seen at all if kube-scheduler does not stop filtering early.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+MAX_NODE_SCORE = 100
+MAX_EXTENDER_PRIORITY = 10
+
+DEFAULT_SCORE_WEIGHTS: dict[str, dict[str, int]] = {
+    # kube-scheduler v1.20 (pkg/scheduler/algorithmprovider/registry.go); NodePreferAvoidPods
+    # (10000) is left out: it scores every node alike unless a node asks to avoid the pod's owner.
+    "v1beta1": {"NodeResourcesBalancedAllocation": 1, "ImageLocality": 1, "InterPodAffinity": 1,
+                "NodeResourcesLeastAllocated": 1, "NodeAffinity": 1, "PodTopologySpread": 2,
+                "TaintToleration": 1},
+    # kube-scheduler 1.25+ (pkg/scheduler/apis/config/v1/default_plugins.go)
+    "v1": {"TaintToleration": 3, "NodeAffinity": 2, "NodeResourcesFit": 1, "PodTopologySpread": 2,
+           "InterPodAffinity": 2, "NodeResourcesBalancedAllocation": 1, "ImageLocality": 1},
+}
+
+
+def configs() -> list[Any]:
+    found = []
+    for path in sorted(DEPLOY.glob("scheduler-config-*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        found.append(pytest.param(doc, id=path.name))
+    return found
+
+
+def score_weights(config: dict[str, Any]) -> dict[str, int]:
+    """The default score plugins' weights with the profile's changes (one profile at most)."""
+    weights = dict(DEFAULT_SCORE_WEIGHTS[config["apiVersion"].split("/")[1]])
+    for profile in config.get("profiles") or []:
+        plugins = profile.get("plugins") or {}
+        for point in ("score", "multiPoint"):
+            chosen = plugins.get(point) or {}
+            for plugin in chosen.get("disabled") or []:
+                if plugin["name"] == "*":
+                    weights.clear()
+                weights.pop(plugin["name"], None)
+            for plugin in chosen.get("enabled") or []:
+                weights[plugin["name"]] = plugin.get("weight", 1)
+    return weights
+
+
+@pytest.mark.parametrize("config", configs())
+def test_one_extender_step_outweighs_every_score_plugin(config: dict[str, Any]) -> None:
+    (extender,) = config["extenders"]
+    one_step = extender["weight"] * MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+    assert one_step > MAX_NODE_SCORE * sum(score_weights(config).values())
+
+
+@pytest.mark.parametrize("config", configs())
+def test_every_feasible_node_reaches_the_extender(config: dict[str, Any]) -> None:
+    assert config.get("percentageOfNodesToScore") == 100
