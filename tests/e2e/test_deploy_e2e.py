@@ -150,7 +150,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
     return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
             ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
             ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
-            ("create", "", "pods", "binding", "default", "p"),
+            ("create", "", "pods", "binding", "default", "p"), ("create", "", "events", "", "default", ""),
             ("create", "coordination.k8s.io", "leases", "", namespace, ""),
             ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
             ("update", "coordination.k8s.io", "leases", "", namespace, LEASE)}
