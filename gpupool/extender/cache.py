@@ -6,11 +6,11 @@ list+watch events (:mod:`gpupool.extender.watch`) and by the binder's own reserv
 
 The ledger books what every pod holds: its cards, and its CPU and memory on the node it is bound
 to, pods without GPUs included, so the policies' CPU terms see the node as the simulator would.
-How a pod's booking evolves (reserved by a bind, pinned after it, annotated, bound, confirmed,
-expired, released, rolled back) is the table of :mod:`gpupool.extender.bookings`; this module feeds
-it events and keeps the ledger equal to what the stages hold. Claims the cluster already holds are
-booked even beyond a card's capacity (:meth:`ClusterState.claim`), and such conflicts, like
-unreadable assignments, are tracked in :mod:`gpupool.extender.booking_problems`.
+This module turns API objects into pod records (:mod:`gpupool.extender.pod_records`) and node
+specs (:mod:`gpupool.extender.node_specs`); how a pod's booking evolves (reserved by a bind, pinned
+after it, annotated, bound, confirmed, expired, released, rolled back) is the table of
+:mod:`gpupool.extender.bookings`, and :mod:`gpupool.extender.booking_keeper` keeps the ledger equal
+to what the stages hold, conflicts included (:mod:`gpupool.extender.booking_problems`).
 
 Thread safety: every public method takes :attr:`lock`; callers that read ``state`` for several steps
 (filter, prioritize, bind) hold it themselves.
@@ -25,26 +25,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpupool.api.annotations import AnnotationError, Assignment
+from gpupool.api.annotations import Assignment
 from gpupool.api.names import ResourceNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, make_policy
 from gpupool.core.scheduler import Scheduler, Unschedulable
-from gpupool.core.state import AllocationError, ClusterState
+from gpupool.core.state import ClusterState
+from gpupool.extender.booking_keeper import BookingKeeper
 from gpupool.extender.booking_problems import BookingProblems
-from gpupool.extender.bookings import (
-    IDLE,
-    PIN_SECONDS,
-    Booking,
-    BookingError,
-    Event,
-    Notice,
-    Pin,
-    Stage,
-    advance,
-    observe,
-)
+from gpupool.extender.bookings import Booking, Notice
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
 from gpupool.extender.pod_records import PodRecord, read_pod
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
@@ -67,15 +57,11 @@ class ClusterCache:
         self.scheduler = Scheduler(self.state, make_policy(policy))  # fails fast on an unknown name
         self.pods: dict[str, PodRecord] = {}
         self.uids: dict[str, str] = {}
-        self.bookings: dict[str, Booking] = {}
-        self.problems = BookingProblems()
+        self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s)
         self.node_problems: dict[str, str] = {}
         self.served_aliases: dict[str, frozenset[str]] = {}
         self.served_aliases_version = 0
         self._specs = NodeSpecs(self.names)
-        self._pins: dict[str, Pin] = {}
-        self._on_node: dict[str, set[str]] = {}
-        self._nodes_of: dict[str, frozenset[str]] = {}
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -120,7 +106,7 @@ class ClusterCache:
             if old is not None and self.state.present[old] and self.state.specs[old] == spec:
                 return  # heartbeats change status fields we do not read
             self.state.upsert_node(spec)
-            self._sync_node(spec.name)
+            self.keeper.sync_node(spec.name)
 
     def _add_new_nodes(self, raws: list[dict[str, Any]]) -> None:
         """Add the nodes of a list that the ledger does not know yet, with one allocation.
@@ -143,18 +129,17 @@ class ClusterCache:
         self.state.add_nodes(specs)
         for spec in specs:  # pods that name a node that was not there yet
             self.node_problems.pop(spec.name, None)
-            self._sync_node(spec.name)
+            self.keeper.sync_node(spec.name)
 
     def remove_node(self, name: str) -> None:
         """Apply a DELETED node; its bookings go with it and come back if the node does."""
         with self.lock:
             self.state.remove_node(name)
-            self.problems.cards_over(self.state, name, (), self._uid_of)
             self.node_problems.pop(name, None)
             if self.served_aliases.pop(name, None) is not None:
                 self.served_aliases_version += 1
             self._specs.forget(name)
-            self._sync_node(name)
+            self.keeper.sync_node(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any] | Any]) -> None:
         """Apply a full list (start, or re-list after 410 Gone): upsert all, remove the rest."""
@@ -169,10 +154,6 @@ class ClusterCache:
                 if spec.name not in seen and self.state.present[self.state.index[spec.name]]:
                     self.remove_node(spec.name)
             self.nodes_synced = True
-
-    def _sync_node(self, name: str) -> None:
-        for key in sorted(self._on_node.get(name, ())):
-            self._sync(key)
 
     # ----------------------------------------------------------------------------------- pods
     def upsert_pod(self, pod: Mapping[str, Any] | Any) -> None:
@@ -193,7 +174,7 @@ class ClusterCache:
                 self._forget(record.key)  # same name, new pod
             self.pods[record.key] = record
             self.uids[record.uid] = record.key
-            self._sync(record.key)
+            self.keeper.sync(record.key)
 
     def remove_pod(self, pod: Mapping[str, Any] | Any) -> None:
         """Apply a DELETED pod: its cards are free again (a bind in flight keeps its reservation)."""
@@ -207,7 +188,7 @@ class ClusterCache:
             record = self.pods.get(key)
             if record is not None and uid and record.uid != uid:
                 return  # a delete of an older pod of the same name
-            self._pins.pop(key, None)
+            self.keeper.forget_pin(key)
             self._forget(key)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any] | Any]) -> None:
@@ -226,7 +207,7 @@ class ClusterCache:
                     continue  # a catch-up or re-list of a current view re-translates nothing
                 self.upsert_pod(raw)
             for key in [k for k in self.pods if k not in seen]:
-                self._pins.pop(key, None)
+                self.keeper.forget_pin(key)
                 self._forget(key)
             self.pods_synced = True
 
@@ -234,100 +215,14 @@ class ClusterCache:
         record = self.pods.pop(key, None)
         if record is not None:
             self.uids.pop(record.uid, None)
-        self._sync(key)
-
-    # ------------------------------------------------------------------------------- booking
-    def _sync(self, key: str) -> None:
-        """Feed the booking of ``key`` what its latest pod object (and pin) says now."""
-        pin = self._pins.get(key)
-        seen = observe(self.pods.get(key), pin, now=self.clock(),
-                       unconfirmed_timeout_s=self.unconfirmed_timeout_s, spec_of=self.node_spec_of)
-        if pin is not None and seen.event is not Event.SEEN_BEHIND:
-            del self._pins[key]  # shown by the watch, ended with the pod, or out of time
-        self._fire(key, seen.event, seen.placement, seen.problem)
-        if pin is not None and seen.event is Event.TIMED_OUT:
-            self._sync(key)  # what the API says, now that the pin is gone
-
-    def _fire(self, key: str, event: Event, placement: Placement | None = None,
-              problem: str | None = None) -> None:
-        old = self.bookings.get(key, Booking())
-        try:
-            new = advance(old, event, placement, problem)
-        except BookingError as exc:
-            log.error("pod %s: %s; booking kept as it is", key, exc)
-            return
-        if new.stage in IDLE and key not in self.pods and key not in self._pins:
-            self.bookings.pop(key, None)
-        else:
-            self.bookings[key] = new
-        if new.stage is Stage.UNREADABLE and new.placement is not None:
-            self.problems.set_unreadable(key, self._uid_of(key), new.placement.node, new.problem or "")
-        else:
-            self.problems.clear_unreadable(key)
-        self._index(key)
-        self._book(key, new.placement)
-
-    def _index(self, key: str) -> None:
-        """Remember which nodes the pod's booking depends on, so a node's arrival or change re-syncs it."""
-        record, pin, booking = self.pods.get(key), self._pins.get(key), self.bookings.get(key)
-        nodes = {record.node_name, record.assignment.node if record.assignment else ""} if record else set()
-        if pin is not None:
-            nodes.add(pin.placement.node)
-        if booking is not None and booking.placement is not None:
-            nodes.add(booking.placement.node)
-        nodes.discard("")
-        before = self._nodes_of.get(key, frozenset())
-        for gone in before - nodes:
-            self._on_node.get(gone, set()).discard(key)
-        for node in nodes - before:
-            self._on_node.setdefault(node, set()).add(key)
-        if nodes:
-            self._nodes_of[key] = frozenset(nodes)
-        else:
-            self._nodes_of.pop(key, None)
-
-    def _book(self, key: str, desired: Placement | None) -> None:
-        """Make the ledger hold ``desired`` for ``key`` (nothing while its node is absent)."""
-        if desired is not None and self.node_spec_of(desired.node) is None:
-            desired = None  # booked when the node arrives (the pod is indexed under it)
-        if self.state.placements.get(key) == desired:
-            return
-        self._release(key)
-        if desired is not None:
-            try:
-                over = self.state.claim(desired)
-            except AllocationError as exc:
-                log.error("pod %s: cannot book %s: %s", key, desired, exc)
-                return
-            if over or desired.node in self.problems.overcommitted:
-                self.problems.cards_over(self.state, desired.node, over, self._uid_of)
-
-    def _release(self, key: str) -> Placement | None:
-        placement = self.state.release(key)
-        if placement is not None and placement.node in self.problems.overcommitted:
-            # a release from an over-committed card does not restore its mode: derive the node again
-            node = placement.node
-            self.state.upsert_node(self.state.specs[self.state.index[node]])
-            self.problems.cards_over(self.state, node, self.state.over_capacity(node), self._uid_of)
-        return placement
-
-    def _uid_of(self, key: str) -> str:
-        record = self.pods.get(key)
-        return record.uid if record is not None else ""
-
-    def expire(self) -> list[str]:
-        """Re-evaluate unbound assignments and pins against the clock; returns pods whose booking ended."""
-        ended: list[str] = []
-        with self.lock:
-            keys = [k for k, r in self.pods.items() if r.assignment is not None and not r.node_name]
-            for key in sorted({*keys, *self._pins}):
-                had = key in self.state.placements
-                self._sync(key)
-                if had and key not in self.state.placements:
-                    ended.append(key)
-        return ended
+        self.keeper.sync(key)
 
     # ---------------------------------------------------------------------- binder reservations
+    def expire(self) -> list[str]:
+        """Re-evaluate unbound assignments and pins against the clock; returns pods whose booking ended."""
+        with self.lock:
+            return self.keeper.expire()
+
     def reserve(self, request: PodRequest, node: str) -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them, atomically under the lock.
 
@@ -336,24 +231,8 @@ class ClusterCache:
         compete with itself; it is restored when the pod no longer fits. A node with a claim whose
         assignment cannot be read takes no GPU pod (its free cards are not known).
         """
-        key = request.key
         with self.lock:
-            refused = self.problems.refused_nodes.get(node)
-            if refused is not None and request.wants_gpu:
-                return Unschedulable(key, refused, {node: refused})
-            previous = self._release(key)
-            decision = self.scheduler.assign(request, node)
-            if isinstance(decision, Placement):
-                try:
-                    self.state.apply(decision)
-                except AllocationError as exc:  # assign() checked it under this lock; kept as a guard
-                    decision = Unschedulable(key, str(exc))
-                else:
-                    self._fire(key, Event.RESERVE, decision)
-                    return decision
-            if previous is not None:
-                self._book(key, previous)
-            return decision
+            return self.keeper.reserve(request, node, self.scheduler)
 
     def commit(self, key: str, assignment: Assignment) -> None:
         """The bind wrote ``assignment`` (or may have): hold its cards until the watch shows it.
@@ -362,34 +241,17 @@ class ClusterCache:
         the assignment itself: it is written, so it holds them.
         """
         with self.lock:
-            booking = self.bookings.get(key, Booking())
-            placement = booking.placement if booking.stage is Stage.RESERVED else None
-            spec = self.node_spec_of(assignment.node)
-            if placement is None and spec is not None:
-                record = self.pods.get(key)
-                try:
-                    placement = assignment.to_placement(key, spec, record.cpu_milli if record else 0,
-                                                        record.memory_mib if record else 0)
-                except AnnotationError as exc:
-                    log.error("pod %s: committed assignment cannot be booked: %s", key, exc)
-            if placement is None:
-                log.error("pod %s: commit of an assignment for node %s, which the ledger does not have",
-                          key, assignment.node)
-                return
-            self._pins[key] = Pin(placement, assignment, self.clock() + PIN_SECONDS)
-            self._fire(key, Event.COMMIT, placement)
-            self._sync(key)
+            self.keeper.commit(key, assignment)
 
     def rollback(self, key: str) -> None:
         """The bind failed: give the reservation back and book what the API last said instead."""
         with self.lock:
-            self._fire(key, Event.ROLLBACK)
-            self._sync(key)
+            self.keeper.rollback(key)
 
     def in_flight(self) -> int:
         """Binds currently holding a reservation."""
         with self.lock:
-            return sum(1 for b in self.bookings.values() if b.stage is Stage.RESERVED)
+            return self.keeper.in_flight()
 
     # ---------------------------------------------------------------------------------- reads
     def pod_object(self, key: str) -> dict[str, Any] | None:
@@ -406,10 +268,17 @@ class ClusterCache:
     def node_spec_of(self, name: str) -> NodeSpec | None:
         """The spec of a present node."""
         with self.lock:
-            row = self.state.index.get(name)
-            if row is None or not self.state.present[row]:
-                return None
-            return self.state.specs[row]
+            return self.keeper.spec_of(name)
+
+    @property
+    def bookings(self) -> dict[str, Booking]:
+        """Every known pod's booking (read under :attr:`lock`)."""
+        return self.keeper.bookings
+
+    @property
+    def problems(self) -> BookingProblems:
+        """Over-committed cards and unreadable claims (read under :attr:`lock`)."""
+        return self.keeper.problems
 
     @property
     def claim_problems(self) -> dict[str, str]:
