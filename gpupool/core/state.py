@@ -368,13 +368,13 @@ class ClusterState:
 
         Why apart from :meth:`apply`: a bound pod holds the cards its assignment names whatever the
         ledger thinks, and an older version or a hand edit can leave two pods claiming more than a
-        card has. Refusing the second claim hid it: its space was offered to the next pod, and once
-        the first claimant left the card looked emptier than it was. Booked anyway, the card's free
-        memory or compute goes below zero (or a whole-card holder shares it), so every fit rule
-        refuses it new slices until enough claimants have left. Releasing a claim from a card that
-        is over capacity does not restore its mode exactly: re-derive the node afterwards
-        (:meth:`upsert_node` with its spec). Raises :class:`AllocationError`, booking nothing, for an
-        unknown node or card or a pod that already holds a placement.
+        card has. Refusing the second claim would hide it: its space would be offered to the next
+        pod, and once the first claimant left the card would look emptier than it is. Booked
+        anyway, the card's free memory or compute goes below zero (or a whole-card holder shares
+        it), so every fit rule refuses it new slices until enough claimants have left. Releasing a
+        claim from a card that is over capacity does not restore its mode exactly: re-derive the
+        node afterwards (:meth:`upsert_node` with its spec). Raises :class:`AllocationError`,
+        booking nothing, for an unknown node or card or a pod that already holds a placement.
         """
         row = self.index.get(placement.node)
         if row is None or not self.present[row]:
