@@ -1,7 +1,7 @@
 """``gpupool extender``: run the kube-scheduler extender (HTTP server, watches, leader election).
 
 This module only wires the pieces together; each piece has its own module under
-``gpupool/adapters`` and ``gpupool/services`` (see docs/extender.md).
+``gpupool/extender`` (see docs/extender.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.gc_freeze import freeze_long_lived
 from gpupool.extender.handover import BindFence, Handover, Unfenced
+from gpupool.extender.housekeeping import Housekeeping
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.metrics import ExtenderMetrics
@@ -71,6 +71,7 @@ class Replica:
     elector: LeaderElector | None
     stop: threading.Event
     identity: str
+    housekeeping: Housekeeping
 
     def shutdown(self) -> None:
         """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
@@ -106,7 +107,8 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
                               settings=ExtenderSettings(explain_limit=options.explain_limit),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity))
-    return Replica(cache, service, pod_watch, elector, stop, identity)
+    housekeeping = Housekeeping(cache, pod_api, is_leader=service.is_leader)
+    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping)
 
 
 def run_extender(options: ExtenderOptions) -> None:
@@ -116,21 +118,8 @@ def run_extender(options: ExtenderOptions) -> None:
     names = ResourceNames(options.domain)
     core_v1, coordination_v1 = _clients(options.kubeconfig)
     replica = start_replica(options, core_v1, coordination_v1)
-    cache, service, stop, identity = replica.cache, replica.service, replica.stop, replica.identity
-
-    def housekeeping() -> None:
-        profiled = False
-        ticks = 0
-        while not stop.wait(5.0):
-            cache.expire()
-            ticks += 1
-            if cache.synced and (not profiled or ticks % 60 == 0):
-                cache.refresh_profile()  # fragmentation policies score against the running workload
-                profiled = True
-                frozen = freeze_long_lived()  # keep full GC pauses out of filter/prioritize
-                log.debug("%d long-lived objects exempt from garbage collection", frozen)
-
-    threading.Thread(target=housekeeping, name="gpupool-housekeeping", daemon=True).start()
+    service, identity = replica.service, replica.identity
+    replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
     app = ExtenderApi(service, names, ExtenderMetrics()).app(options.url_prefix)
     log.info("gpupool extender %s listening on %s:%d (policy %s, domain %s)", identity, options.host,
              options.port, options.policy, options.domain)

@@ -360,3 +360,55 @@ class ClusterState:
 
     def node_names(self, rows: Sequence[int] | npt.NDArray[np.int64]) -> list[str]:
         return [self.specs[int(r)].name for r in rows]
+
+    # ------------------------------------------------------------------------------------ claims
+    def claim(self, placement: Placement) -> tuple[int, ...]:
+        """Book what the cluster already holds, even beyond a card's capacity; returns the card
+        positions of the placement's node that are over capacity afterwards.
+
+        Why apart from :meth:`apply`: a bound pod holds the cards its assignment names whatever the
+        ledger thinks, and an older version or a hand edit can leave two pods claiming more than a
+        card has. Refusing the second claim would hide it: its space would be offered to the next
+        pod, and once the first claimant left the card would look emptier than it is. Booked
+        anyway, the card's free memory or compute goes below zero (or a whole-card holder shares
+        it), so every fit rule refuses it new slices until enough claimants have left. Releasing a
+        claim from a card that is over capacity does not restore its mode exactly: re-derive the
+        node afterwards (:meth:`upsert_node` with its spec). Raises :class:`AllocationError`,
+        booking nothing, for an unknown node or card or a pod that already holds a placement.
+        """
+        row = self.index.get(placement.node)
+        if row is None or not self.present[row]:
+            raise AllocationError(f"node {placement.node} is not known")
+        if placement.pod_key in self.placements:
+            raise AllocationError(f"pod {placement.pod_key} already holds a placement")
+        for card in placement.held_per_card():
+            if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
+                raise AllocationError(f"node {placement.node} has no card {card}")
+        self._book(row, placement, sign=1)
+        self.placements[placement.pod_key] = placement
+        self.pods_on.setdefault(row, set()).add(placement.pod_key)
+        self._touch(row)
+        return self.over_capacity(placement.node)
+
+    def over_capacity(self, node: str) -> tuple[int, ...]:
+        """Card positions of ``node`` whose bookings add up to more than the card has: memory or
+        compute beyond its total, or a whole-card holder sharing the card with anyone."""
+        row = self.index.get(node)
+        if row is None or not self.present[row]:
+            return ()
+        memory: dict[int, int] = {}
+        compute: dict[int, int] = {}
+        holders: dict[int, int] = {}
+        whole: set[int] = set()
+        for key in self.pods_on.get(row, ()):
+            for card, (mib, milli, exclusive) in self.placements[key].held_per_card().items():
+                memory[card] = memory.get(card, 0) + mib
+                compute[card] = compute.get(card, 0) + milli
+                holders[card] = holders.get(card, 0) + 1
+                if exclusive:
+                    whole.add(card)
+        return tuple(sorted(
+            card for card in holders
+            if memory[card] > self.card_mem_total[row, card]
+            or compute[card] > self.card_compute_total[row, card]
+            or (card in whole and holders[card] > 1)))

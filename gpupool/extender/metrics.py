@@ -37,8 +37,9 @@ class ExtenderMetrics:
         self.latency.labels(verb).observe(seconds)
 
     def watch_ledger(self, ledger: Ledger) -> None:
-        """Export per-card allocation read from the ledger at scrape time."""
+        """Export per-card allocation and booking conflicts read from the ledger at scrape time."""
         self.registry.register(LedgerCollector(ledger))
+        self.registry.register(BookingProblemsCollector(ledger))
 
 
 class LedgerCollector(Collector):
@@ -73,3 +74,25 @@ class LedgerCollector(Collector):
                     compute_alloc.add_metric(values, int(state.card_compute_total[row, pos])
                                              - int(state.card_compute_free[row, pos]))
         yield from (mem_alloc, mem_total, compute_alloc, synced)
+
+
+class BookingProblemsCollector(Collector):
+    """Claims the ledger cannot square (see :mod:`gpupool.extender.booking_problems`): an alert on
+    either gauge above zero finds them without reading the logs."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily; nothing to declare up front
+
+    def collect(self) -> Iterator[Metric]:
+        overcommitted = GaugeMetricFamily(
+            "gpupool_extender_overcommitted_cards",
+            "Cards whose bound pods claim more memory or compute than the card has (or share a whole card)")
+        overcommitted.add_metric([], float(self.ledger.overcommitted_cards()))
+        unreadable = GaugeMetricFamily(
+            "gpupool_extender_unreadable_assignments",
+            "Bound pods whose assignment cannot be read (their nodes take no GPU pods)")
+        unreadable.add_metric([], float(self.ledger.unreadable_assignments()))
+        yield from (overcommitted, unreadable)

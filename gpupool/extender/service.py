@@ -1,36 +1,36 @@
-"""The extender's decisions: filter, prioritize, bind and preempt over a GPU ledger and the core.
+"""The extender's decisions: filter, prioritize, bind and preempt over the ledger and the core.
 
 Why a service between HTTP and the core: the HTTP adapter only speaks the wire format and Kubernetes
 JSON, the core only speaks :class:`PodRequest`/:class:`ClusterState`; this module is where "the
 cache has not synced", "this replica is not the leader" and "explain at most N failed nodes" are
-decided. It imports only the core: the Kubernetes cache and binder plug in through the two small
-protocols below (:class:`Ledger`, :class:`PodBinder`), as architecture.md's layering asks.
+decided. It imports only the core (and the row lookups of :mod:`gpupool.extender.node_rows`): the
+Kubernetes cache and binder plug in through the two small protocols below (:class:`Ledger`,
+:class:`PodBinder`), as architecture.md's layering asks. Answers carry ledger rows and a layout
+number, never an adapter's encoding: an adapter that writes answers from per-row data keeps that
+data itself, keyed by the number (:meth:`ExtenderService.row_names`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from gpupool.api.names import ALIAS_FAMILIES, UNSERVABLE
 from gpupool.core.feasibility import request_problem
-from gpupool.core.fragmentation import FloatArray
+from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.scheduler import Scheduler, Unschedulable
-from gpupool.core.state import AllocationError, BoolArray, ClusterState, IntArray
-
-log = logging.getLogger(__name__)
+from gpupool.core.policies import make_policy
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.what_if import what_if_copy
+from gpupool.extender.node_rows import NodeRows
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
-RowsAndNames = tuple[IntArray, npt.NDArray[np.object_]]
 NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 NO_ROWS.flags.writeable = False
 MAX_EXTENDER_PRIORITY = 10
@@ -51,13 +51,30 @@ class Ledger(Protocol):
     """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
     served_aliases_version: int
     """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
+    policy_name: str
+    profile: WorkloadProfile | None
+    """The placement policy and the workload profile the scheduler was built with (what-if
+    questions build their own scheduler the same way)."""
 
     @property
     def synced(self) -> bool:
         """True once the ledger reflects a full list of nodes and pods."""
 
+    @property
+    def claim_problems(self) -> dict[str, str]:
+        """Per node holding a pod whose assignment cannot be read, why GPU pods are refused there."""
+
+    def unreadable_on(self, node: str) -> frozenset[str]:
+        """Pods bound to ``node`` whose assignment cannot be read."""
+
     def key_for_uid(self, uid: str) -> str | None:
-        """``namespace/name`` of a known GPU pod by uid."""
+        """``namespace/name`` of a known pod by uid."""
+
+    def overcommitted_cards(self) -> int:
+        """Cards whose claims exceed them now."""
+
+    def unreadable_assignments(self) -> int:
+        """Bound pods whose assignment cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -80,32 +97,19 @@ class PodBinder(Protocol):
         """Bind the pod to ``node``; errors are returned, never raised."""
 
 
-@dataclass(frozen=True, eq=False)
-class LedgerRows:
-    """The ledger's node names by row.
-
-    Why: answers name up to 5,000 nodes per call, and an HTTP adapter can write them fastest from
-    per-row records it prepares once (:mod:`gpupool.extender.http.host_records`). Answers therefore
-    carry their ledger rows and this object; its *identity* says which rows mean which names: the
-    service makes a new one whenever a row's name changes (a node added, or the ledger state
-    replaced), so a record table kept for one object is never read with rows of another naming.
-    """
-
-    names: tuple[str, ...]
-
-
 @dataclass
 class FilterOutcome:
     """Nodes that passed (in request order), reasons for the others, or an error for the whole call.
 
-    ``rows``: when set, the ledger rows of ``passed`` (``rows[i]`` is ``passed[i]`` in ``layout``).
+    ``rows``: when set, the ledger rows of ``passed`` (``rows[i]`` is ``passed[i]`` in the layout
+    numbered ``layout``, see :meth:`ExtenderService.row_names`).
     """
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     error: str = ""
     rows: IntArray | None = None
-    layout: LedgerRows | None = None
+    layout: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,14 +120,14 @@ class NodeScores:
     call; zipping them into a dict and walking it again to write JSON cost ~1.5 ms of the ~3 ms
     prioritize took. The HTTP adapter writes the JSON straight from the array.
 
-    ``rows``: when set, the ledger row of every host (``rows[i]`` is ``hosts[i]`` in ``layout``),
-    so the adapter can write the answer from per-row records.
+    ``rows``: when set, the ledger row of every host (``rows[i]`` is ``hosts[i]`` in the layout
+    numbered ``layout``), so an adapter can write the answer from per-row records it keeps.
     """
 
     hosts: list[str]
     scores: IntArray
     rows: IntArray | None = None
-    layout: LedgerRows | None = None
+    layout: int | None = None
 
     @staticmethod
     def uniform(hosts: list[str], score: int = 0) -> NodeScores:
@@ -166,16 +170,6 @@ class _Feasible:
 
 
 @dataclass(frozen=True)
-class _RowsEntry:
-    """A node list seen before, with its ledger rows (see :meth:`ExtenderService._rows`)."""
-
-    names: list[str]
-    state: ClusterState
-    layout_version: int
-    found: RowsAndNames
-
-
-@dataclass(frozen=True)
 class ExtenderSettings:
     """Tunables of the service (the CLI exposes each as a flag)."""
 
@@ -195,54 +189,14 @@ class ExtenderService:
         self.settings = settings or ExtenderSettings()
         self.is_leader = is_leader
         self.leader_name = leader_name
-        self._rows_cache: list[_RowsEntry] = []
-        self._layout_memo: tuple[ClusterState, int, LedgerRows] | None = None
-        self._serving: dict[tuple[frozenset[str], int, int], BoolArray] = {}
+        self.node_rows = NodeRows()
         self._last_filter: _FilterMemo | None = None
 
-    def _rows(self, names: list[str]) -> RowsAndNames:
-        """Ledger rows of ``names`` (-1 where unknown) and the names as an array, cached.
-
-        kube-scheduler sends the same node list call after call, so the mapping is kept for the last
-        lists seen and reused while the ledger's set of nodes is unchanged. A list is recognised by
-        comparing it with the remembered ones (``==`` stops at the first differing name, or at once
-        when the lengths differ): ~0.1 ms for 5,000 names, where hashing a tuple of them as a dict
-        key took ~0.3 ms. The remembered lists are the request's own (never changed afterwards).
-        """
-        state = self.cache.state
-        for position, entry in enumerate(self._rows_cache):
-            if entry.state is state and entry.layout_version == state.layout_version and entry.names == names:
-                if position:  # most recently used first: the full node list, asked by every filter, stays
-                    self._rows_cache.insert(0, self._rows_cache.pop(position))
-                return entry.found
-        rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        known = rows >= 0
-        known[known] = state.present[rows[known]]
-        rows[~known] = -1
-        found = (rows, np.array(names, dtype=object))
-        self._remember_rows(names, found)
-        return found
-
-    def _remember_rows(self, names: list[str], found: RowsAndNames) -> None:
-        # layout_version moves whenever a node is added, replaced or removed: exact, where the former
-        # (rows, nodes present) pair could not tell one node leaving while another came back
-        state = self.cache.state
-        self._rows_cache.insert(0, _RowsEntry(names, state, state.layout_version, found))
-        del self._rows_cache[8:]  # filter's and prioritize's lists of a few pod shapes
-
-    def _layout(self) -> LedgerRows:
-        """The :class:`LedgerRows` of the ledger as it is now: the same object until a row's name
-        changes or the ledger state is replaced."""
-        state = self.cache.state
-        known = self._layout_memo
-        if known is None or known[0] is not state or known[1] != state.layout_version:
-            names = tuple(spec.name for spec in state.specs)
-            # a node replaced (labels, inventory) or removed keeps every row's name: keep the object,
-            # so the adapter's record table (~3 ms to build for 5,000 nodes) is not rebuilt
-            rows = known[2] if known is not None and known[2].names == names else LedgerRows(names)
-            known = (state, state.layout_version, rows)
-            self._layout_memo = known
-        return known[2]
+    def row_names(self, layout: int) -> tuple[str, ...] | None:
+        """The node name of every ledger row in the layout numbered ``layout`` (the ``layout`` of an
+        answer), or None once the ledger's rows have changed names since. The number moves only
+        when a row's name changes, so per-row data an adapter keeps by it stays valid meanwhile."""
+        return self.node_rows.names(layout)
 
     def _feasible(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
                   explain: bool = True) -> _Feasible:
@@ -256,19 +210,22 @@ class ExtenderService:
         problem = request_problem(state, request)
         if problem is not None:
             return _Feasible([], NO_ROWS, np.zeros(0), dict.fromkeys(names, problem), None)
-        rows, name_array = self._rows(names)
+        rows, name_array = self.node_rows.rows(state, names)
         usable = rows >= 0
         failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
-        if self.cache.node_problems:
+        refused = {**self.cache.claim_problems, **self.cache.node_problems}
+        if refused:
             asked = set(names)
-            for name, reason in self.cache.node_problems.items():
+            for name, reason in refused.items():
                 row = state.index.get(name)
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
         if aliases:
             known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
-            lacking = known[~self._serving_rows(aliases)[rows[known]]]
+            serving = self.node_rows.serving(state, aliases, self.cache.served_aliases,
+                                             self.cache.served_aliases_version)
+            lacking = known[~serving[rows[known]]]
             usable[lacking] = False
             for i in lacking.tolist():
                 name = names[i]
@@ -296,21 +253,8 @@ class ExtenderService:
         if len(passed) != len(names):
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
             # are known here, so that call skips mapping 5,000 names to rows again (~0.5 ms)
-            self._remember_rows(passed, (passed_rows, candidate_names[fits]))
+            self.node_rows.remember(state, passed, (passed_rows, candidate_names[fits]))
         return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
-
-    def _serving_rows(self, aliases: frozenset[str]) -> BoolArray:
-        """Per ledger row, does the node serve every alias in ``aliases``; cached until the ledger's
-        nodes or their advertised aliases change (kube-scheduler asks about 5,000 names per call)."""
-        state = self.cache.state
-        key = (aliases, state.layout_version, self.cache.served_aliases_version)
-        found = self._serving.get(key)
-        if found is None:
-            served = self.cache.served_aliases
-            found = np.fromiter((aliases <= served.get(spec.name, frozenset()) for spec in state.specs),
-                                dtype=bool, count=len(state.specs))
-            self._serving = {key: found}
-        return found
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str],
@@ -325,7 +269,7 @@ class ExtenderService:
             found = self._feasible(request, names, aliases)
             self._last_filter = _FilterMemo(request, aliases, self.cache.state, self._versions(), found.passed,
                                             found.passed_rows, found.scores)
-            layout = self._layout()
+            layout = self.node_rows.layout(self.cache.state)
         return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
 
     def _versions(self) -> tuple[int, int, int]:
@@ -335,9 +279,10 @@ class ExtenderService:
     def _reusable_filter(self, request: PodRequest, names: list[str],
                          aliases: frozenset[str]) -> _FilterMemo | None:
         """The last filter's memo when it answers this prioritize exactly (see :class:`_FilterMemo`);
-        never while some node has a problem (those are checked afresh on every call)."""
+        never while some node is refused for a problem (those are checked afresh on every call)."""
         memo = self._last_filter
-        if (memo is None or self.cache.node_problems or memo.state is not self.cache.state
+        if (memo is None or self.cache.node_problems or self.cache.claim_problems
+                or memo.state is not self.cache.state
                 or memo.versions != self._versions() or memo.aliases != aliases
                 or memo.request != request or memo.passed != names):
             return None
@@ -352,7 +297,7 @@ class ExtenderService:
             return NodeScores.uniform([]), NOT_SYNCED
         with self.cache.lock:
             memo = self._reusable_filter(request, names, aliases)
-            layout = self._layout()
+            layout = self.node_rows.layout(self.cache.state)
             if memo is not None:
                 # memo.passed holds the ledger's own name strings (hashes known): cheaper to look up
                 # than the freshly decoded ``names`` it equals
@@ -379,10 +324,11 @@ class ExtenderService:
 
     def preempt(self, request: PodRequest,
                 victims: Mapping[str, list[str]]) -> tuple[dict[str, list[str]], str]:
-        """Keep the nodes where evicting the proposed victims (uids per node) frees enough GPU.
+        """Keep the nodes where evicting the proposed victims (uids per node) frees enough.
 
-        The victims' bookings are lifted one node at a time, the pod is tried with the core, and the
-        bookings are put back exactly, all under the cache lock.
+        The question is asked of a what-if copy of the nodes without the victims' bookings
+        (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node holding a
+        pod whose assignment cannot be read stays refused unless every such pod is a victim.
         """
         if not request.wants_gpu:
             return dict(victims), ""
@@ -390,24 +336,17 @@ class ExtenderService:
             return {}, NOT_SYNCED
         kept: dict[str, list[str]] = {}
         with self.cache.lock:
+            leaving = {node: {k for k in map(self.cache.key_for_uid, uids) if k is not None}
+                       for node, uids in victims.items()}
             state = self.cache.state
+            lifted = {key for node, keys in leaving.items() for key in keys
+                      if (held := state.placements.get(key)) is not None and held.node == node}
+            what_if = what_if_copy(state, victims, without=lifted)
+            scheduler = Scheduler(what_if, make_policy(self.cache.policy_name), profile=self.cache.profile)
             for node, uids in victims.items():
-                keys = [k for k in (self.cache.key_for_uid(u) for u in uids) if k is not None]
-                lifted: list[Placement] = []
-                for key in keys:
-                    placement = state.placements.get(key)
-                    if placement is not None and placement.node == node:
-                        state.release(key)
-                        lifted.append(placement)
-                try:
-                    decision = self.cache.scheduler.assign(request, node)
-                finally:
-                    for placement in lifted:
-                        try:
-                            state.apply(placement)
-                        except AllocationError:  # pragma: no cover - they coexisted a moment ago
-                            log.error("could not restore %s after a preemption check", placement.pod_key)
-                if not isinstance(decision, Unschedulable):
+                if self.cache.unreadable_on(node) - leaving[node]:
+                    continue
+                if isinstance(scheduler.assign(request, node), Placement):
                     kept[node] = list(uids)
         return kept, ""
 

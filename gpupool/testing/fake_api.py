@@ -18,7 +18,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.kube.podapi import ConflictError, NotFoundError
+from gpupool.kube.podapi import ConflictError, NotFoundError, pod_event
 
 PodListener = Callable[[str, dict[str, Any]], None]
 
@@ -40,6 +40,8 @@ class FakePodApi:
         self._compacted_rv = 0
         self.listeners: list[PodListener] = []
         self.calls: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        """Events created about pods (core/v1 Event JSON), oldest first."""
         #: Inject conflicts: the next N patches fail with 409 after ``before_conflict`` runs.
         self.conflicts_to_inject = 0
         self.before_conflict: Callable[[str, str], None] | None = None
@@ -129,6 +131,15 @@ class FakePodApi:
             result = copy.deepcopy(pod)
         self._notify("MODIFIED", result)
 
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        """The kubelet's status update: the pod is ``Running``, ``Succeeded``, ``Failed``..."""
+        with self._lock:
+            pod = self._pods[(namespace, name)]
+            pod.setdefault("status", {})["phase"] = phase
+            self._bump(pod)
+            result = copy.deepcopy(pod)
+        self._notify("MODIFIED", result)
+
     # --------------------------------------------------------------------------------- PodApi
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         self._sleep()
@@ -184,3 +195,9 @@ class FakePodApi:
             self._bump(pod)
             result = copy.deepcopy(pod)
         self._notify("MODIFIED", result)
+
+    def create_pod_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        self._sleep()
+        with self._lock:
+            self.calls.append(f"event {namespace}/{name} {reason}")
+            self.events.append(pod_event(namespace, name, uid, reason, message))

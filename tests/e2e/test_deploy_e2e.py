@@ -150,7 +150,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
     return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
             ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
             ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
-            ("create", "", "pods", "binding", "default", "p"),
+            ("create", "", "pods", "binding", "default", "p"), ("create", "", "events", "", "default", ""),
             ("create", "coordination.k8s.io", "leases", "", namespace, ""),
             ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
             ("update", "coordination.k8s.io", "leases", "", namespace, LEASE)}
@@ -242,6 +242,11 @@ def test_the_real_clients_work_as_their_service_accounts(
         with pytest.raises(ApiException) as denied:
             extender_core.delete_namespaced_pod("p1", namespace)
         assert denied.value.status == 403
+        # a booking problem becomes an Event on the pod, written with the extender's own pod API
+        assert replica.housekeeping.events is not None
+        replica.housekeeping.events.create_pod_event(namespace, "p1", uid, "GpupoolDeployCheck", "events work")
+        [event] = [e for e in core_v1.list_namespaced_event(namespace).items if e.reason == "GpupoolDeployCheck"]
+        assert (event.involved_object.name, event.involved_object.uid, event.type) == ("p1", uid, "Warning")
         # the Lease was created; now it must also be renewed (read + replace), or leadership lapses
         leases = client.CoordinationV1Api(core_v1.api_client)
         created = leases.read_namespaced_lease(LEASE, namespace).metadata.resource_version

@@ -17,7 +17,7 @@ from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.host_records import HostRecords, RecordsForLayout
 from gpupool.extender.http.wire import FilterResult, parse_extender_args
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService, LedgerRows, NodeScores
+from gpupool.extender.service import ExtenderService, NodeScores
 from gpupool.kube.translate import pod_request
 from tests.kube.builders import container, node, placed_pod, pod
 
@@ -27,7 +27,7 @@ from tests.kube.builders import container, node, placed_pod, pod
 def test_records_decode_to_the_plain_lists(names: list[str], data: st.DataObject) -> None:
     """Any names (quotes, backslashes, control characters, non-ASCII), any rows in any order with
     repeats, any scores 0..10: the padded answer decodes to exactly the compact one."""
-    records = HostRecords.build(LedgerRows(tuple(names)))
+    records = HostRecords.build(names)
     if records is None:  # padding would grow the answer too much: only for very uneven names
         quoted = [len(json.dumps(n, ensure_ascii=False).encode()) for n in names]
         assert max(quoted) * len(quoted) > 1.5 * sum(quoted)
@@ -41,27 +41,35 @@ def test_records_decode_to_the_plain_lists(names: list[str], data: st.DataObject
 
 
 def test_a_name_much_longer_than_the_rest_gets_no_table() -> None:
-    short = LedgerRows(tuple(f"n{i}" for i in range(50)))
+    short = [f"n{i}" for i in range(50)]
     assert HostRecords.build(short) is not None
-    assert HostRecords.build(LedgerRows((*short.names, "x" * 500))) is None
-    empty = HostRecords.build(LedgerRows(()))
+    assert HostRecords.build([*short, "x" * 500]) is None
+    empty = HostRecords.build([])
     assert empty is not None and empty.name_list(np.zeros(0, dtype=np.int64)) == b"[]"
 
 
 def test_records_are_rebuilt_for_a_new_layout_only() -> None:
-    """The table belongs to one LedgerRows object: a new object (nodes added, replaced or removed)
-    gets a new table, so rows are never read against the names of another layout."""
-    chooser = RecordsForLayout()
-    first = LedgerRows(("a", "b"))
+    """The table belongs to one layout number: another number gets a new table, built from that
+    layout's names, so rows are never read against the names of another layout; a number whose
+    names the service no longer has gets no table (the answer is written the compact way)."""
+    layouts = {1: ("a", "b"), 2: ("b", "c")}
+    asked: list[int] = []
+
+    def names_of(layout: int) -> tuple[str, ...] | None:
+        asked.append(layout)
+        return layouts.get(layout)
+
+    chooser = RecordsForLayout(names_of)
+    first, second = 1, 2  # in layout 2, row 0 means another node
     table = chooser.for_layout(first)
-    assert table is not None and chooser.for_layout(first) is table
-    second = LedgerRows(("b", "c"))  # row 0 now means another node
+    assert table is not None and chooser.for_layout(first) is table and asked == [1]
     answer = chooser.priority_list(NodeScores(["b", "c"], np.array([3, 10]), np.array([0, 1]), second))
     assert answer is not None and json.loads(answer) == [{"Host": "b", "Score": 3}, {"Host": "c", "Score": 10}]
     # nothing to write from: no rows, a score out of range, or rows not aligned with the hosts
     assert chooser.priority_list(NodeScores(["b"], np.array([3]))) is None
     assert chooser.priority_list(NodeScores(["b"], np.array([11]), np.array([0]), second)) is None
     assert chooser.name_list(["b", "c"], np.array([0]), second) is None
+    assert chooser.for_layout(3) is None and chooser.name_list(["a"], np.array([0]), 3) is None
 
 
 def _service(names: list[str]) -> tuple[ClusterCache, ExtenderService]:
@@ -81,23 +89,26 @@ def test_service_answers_name_their_ledger_rows() -> None:
     outcome = service.filter(request, ["N3", "N1", "N2"])
     assert outcome.rows is not None and outcome.layout is not None
     assert outcome.passed == ["N3", "N1"] and "N2" in outcome.failed
-    assert [outcome.layout.names[r] for r in outcome.rows] == outcome.passed
+    names_of = service.row_names(outcome.layout)
+    assert names_of is not None and [names_of[r] for r in outcome.rows] == outcome.passed
     for names in (outcome.passed, ["N2", "N1"]):  # the memo's list, then one scored afresh
         scores, _ = service.prioritize(request, list(names))
         assert scores.rows is not None and scores.layout is not None
-        assert [scores.layout.names[r] for r in scores.rows] == scores.hosts == list(names)
+        row_names = service.row_names(scores.layout)
+        assert row_names is not None and [row_names[r] for r in scores.rows] == scores.hosts == list(names)
     scores, _ = service.prioritize(request, ["N1", "nowhere"])
     assert scores.rows is None and scores.hosts == ["N1", "nowhere"]
 
-    # rows keep their names when a node is replaced or removed: the same object (no table rebuilt);
-    # a node added names a new row: a new object
+    # rows keep their names when a node is replaced or removed: the same number (no table rebuilt);
+    # a node added names a new row: a new number, and the old one's names are gone
     before = service.filter(request, ["N1"]).layout
     cache.upsert_node(node("N1", [16276, 16276], model="Tesla-T4"))
     cache.remove_node("N3")
-    assert service.filter(request, ["N1"]).layout is before
+    assert service.filter(request, ["N1"]).layout == before
     cache.upsert_node(node("N4", [16276]))
     after = service.filter(request, ["N1", "N4"]).layout
-    assert after is not before and after is not None and after.names == ("N1", "N2", "N3", "N4")
+    assert before is not None and after is not None and after != before
+    assert service.row_names(after) == ("N1", "N2", "N3", "N4") and service.row_names(before) is None
 
 
 def test_http_answers_from_records_are_the_compact_documents() -> None:
@@ -139,13 +150,13 @@ def test_the_full_node_list_stays_mapped_while_filters_leave_many_passed_lists()
     names = [f"n{i:02d}" for i in range(20)]
     cache, service = _service(names)
     mapped: list[int] = []
-    remember = service._remember_rows
+    remember = service.node_rows.remember
 
-    def counting(listed: list[str], found: Any) -> None:
+    def counting(state: Any, listed: list[str], found: Any) -> None:
         mapped.append(len(listed))
-        remember(listed, found)
+        remember(state, listed, found)
 
-    service._remember_rows = counting  # type: ignore[method-assign]
+    service.node_rows.remember = counting  # type: ignore[method-assign]
     for i in range(12):  # each filter leaves another passed list, after one more node filled up
         request = pod_request(pod(f"p{i}", container(gpu=2)), cache.names)
         outcome = service.filter(request, names)

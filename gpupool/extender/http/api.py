@@ -74,7 +74,7 @@ class ExtenderApi:
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
         self.priorities = HostPriorityEncoder()
-        self.records = RecordsForLayout()
+        self.records = RecordsForLayout(service.row_names)
 
     # ----------------------------------------------------------------------------------- verbs
     async def _filter(self, doc: Any) -> tuple[Any, str]:

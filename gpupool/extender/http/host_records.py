@@ -19,13 +19,17 @@ the answer its slower, compact way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
-from gpupool.extender.service import LedgerRows, NodeScores
+from gpupool.extender.service import NodeScores
+
+NamesOfLayout = Callable[[int], "tuple[str, ...] | None"]
+"""The service's :meth:`~gpupool.extender.service.ExtenderService.row_names`: the node name of every
+ledger row in a numbered layout, or None once the layout has moved on."""
 
 ByteTable = npt.NDArray[np.uint8]
 
@@ -62,25 +66,25 @@ def _as_list(gathered: ByteTable) -> bytes:
 
 
 class HostRecords:
-    """The priority and name records of every node of one :class:`LedgerRows`, by ledger row."""
+    """The priority and name records of every node of one ledger layout, by ledger row."""
 
-    def __init__(self, layout: LedgerRows, priority: ByteTable, names: ByteTable) -> None:
-        self.layout = layout
+    def __init__(self, priority: ByteTable, names: ByteTable) -> None:
         self._priority = priority
         self._names = names
 
     @classmethod
-    def build(cls, layout: LedgerRows) -> HostRecords | None:
-        """Records for ``layout``; None when padding would grow answers more than :data:`MAX_PADDING`."""
-        quoted = [orjson.dumps(name) for name in layout.names]  # orjson escapes any name correctly
+    def build(cls, row_names: Sequence[str]) -> HostRecords | None:
+        """Records for the nodes ``row_names`` (by row); None when padding would grow answers more
+        than :data:`MAX_PADDING`."""
+        quoted = [orjson.dumps(name) for name in row_names]  # orjson escapes any name correctly
         if not quoted:
-            return cls(layout, _table([], _SCORE_TAIL), _table([], b","))
+            return cls(_table([], _SCORE_TAIL), _table([], b","))
         compact = sum(map(len, quoted))
         if (max(map(len, quoted)) * len(quoted)) > MAX_PADDING * compact:
             return None
         priority = _table([b'{"Host":' + name + b"," for name in quoted], _SCORE_TAIL)
         names = _table(quoted, b",")
-        return cls(layout, priority, names)
+        return cls(priority, names)
 
     def priority_list(self, rows: npt.NDArray[np.int64], scores: npt.NDArray[np.int64]) -> bytes:
         """``HostPriorityList`` JSON: ``scores[i]`` (0..10) for the node of ``rows[i]``."""
@@ -96,18 +100,27 @@ class HostRecords:
 
 
 class RecordsForLayout:
-    """Keeps the :class:`HostRecords` of the latest ledger layout and answers from it when it can."""
+    """Keeps the :class:`HostRecords` of the latest ledger layout and answers from it when it can.
 
-    def __init__(self) -> None:
+    This is the adapter's own name → record table: the service's answers carry ledger rows and the
+    number of the layout they index, and ``names_of`` gives that layout's row names, so the table is
+    built once per layout number (a node added) and never read with rows of another layout.
+    """
+
+    def __init__(self, names_of: NamesOfLayout) -> None:
+        self._names_of = names_of
         self._records: HostRecords | None = None
-        self._layout: LedgerRows | None = None
+        self._layout: int | None = None
 
-    def for_layout(self, layout: LedgerRows | None) -> HostRecords | None:
-        """The records of ``layout`` (built on first use), or None when there are none."""
+    def for_layout(self, layout: int | None) -> HostRecords | None:
+        """The records of layout ``layout`` (built on first use), or None when there are none."""
         if layout is None:
             return None
-        if self._layout is not layout:
-            self._records = HostRecords.build(layout)
+        if self._layout != layout:
+            names = self._names_of(layout)
+            if names is None:  # the ledger has moved on since the answer: write this one compactly
+                return None
+            self._records = HostRecords.build(names)
             self._layout = layout
         return self._records
 
@@ -123,7 +136,7 @@ class RecordsForLayout:
         return records.priority_list(scores.rows, values)
 
     def name_list(self, names: Sequence[str], rows: npt.NDArray[np.int64] | None,
-                  layout: LedgerRows | None) -> bytes | None:
+                  layout: int | None) -> bytes | None:
         """``names`` (the nodes of ``rows``) as a JSON list, or None when it must be written another way."""
         records = self.for_layout(layout)
         if records is None or rows is None or len(rows) != len(names):

@@ -1,0 +1,246 @@
+"""The life cycle of one pod's booking, as a table of transitions.
+
+This module owns the states a booking can be in and the events that move it (the shape of h11's
+``_state.py``): the cache (:mod:`gpupool.extender.cache`) feeds it events from the binder (reserve,
+commit, rollback), from the watch (what the latest pod object says, classified by :func:`observe`)
+and from the clock, and books in the ledger whatever the resulting stage holds. A pair of stage and
+event that is not in :data:`TRANSITIONS` raises :class:`BookingError`: the table is the whole rule.
+
+The usual path, and the ways out::
+
+    NONE --RESERVE--> RESERVED --COMMIT--> PINNED --SEEN_BOUND--> BOUND --SEEN_CONFIRMED--> CONFIRMED
+                         |                   |  (the watch shows the write)    |
+                      ROLLBACK           TIMED_OUT                        SEEN_NOTHING
+                         v                   v                                 v
+                    ROLLED_BACK           EXPIRED                          RELEASED
+
+A bind in flight (``RESERVED``) holds its cards whatever the watch says meanwhile. A bind that
+wrote its assignment (``PINNED``) holds them until the watch shows that write (an older event still
+in the stream must not free them), the pod ends, or ``PIN_SECONDS`` pass. Pods the watch shows are
+``ANNOTATED`` (not bound yet: expires after the unconfirmed timeout), ``BOUND`` or ``CONFIRMED``
+(by the node agent's ``allocated-v1``). A pod bound by kube-scheduler alone, without GPUs, is
+``BOUND`` with its CPU and memory only. A bound pod whose assignment cannot be read is
+``UNREADABLE``: it holds its CPU and memory, and the cache refuses GPU placements on its node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpupool.api.annotations import AnnotationError, Assignment
+from gpupool.core.model import NodeSpec, Placement
+from gpupool.extender.pod_records import PodRecord
+
+PIN_SECONDS = 120.0
+"""How long a committed bind is held against a watch that has not yet shown its assignment."""
+
+
+class Stage(StrEnum):
+    """Where a pod's booking is; the stages in :data:`HOLDING` hold a placement in the ledger."""
+
+    NONE = "none"
+    WAITING = "waiting"
+    """The pod names a node the ledger does not have (yet): booked when the node arrives."""
+    RESERVED = "reserved"
+    PINNED = "pinned"
+    ANNOTATED = "annotated"
+    BOUND = "bound"
+    CONFIRMED = "confirmed"
+    UNREADABLE = "unreadable"
+    EXPIRED = "expired"
+    RELEASED = "released"
+    ROLLED_BACK = "rolled_back"
+
+
+class Event(StrEnum):
+    """What can happen to a booking: binder calls, watch observations, the clock."""
+
+    RESERVE = "reserve"
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    SEEN_NOTHING = "seen_nothing"
+    """The pod holds nothing: deleted, finished, or neither annotated nor bound."""
+    SEEN_ANNOTATED = "seen_annotated"
+    SEEN_BOUND = "seen_bound"
+    SEEN_CONFIRMED = "seen_confirmed"
+    SEEN_UNREADABLE = "seen_unreadable"
+    SEEN_UNKNOWN_NODE = "seen_unknown_node"
+    SEEN_BEHIND = "seen_behind"
+    """The watch has not yet shown the assignment this extender committed for the pod."""
+    TIMED_OUT = "timed_out"
+    """An unbound, unconfirmed assignment outlived the unconfirmed timeout, or a pin its deadline."""
+
+
+class BookingError(RuntimeError):
+    """An event that the table does not allow in the booking's stage."""
+
+
+HOLDING = frozenset({Stage.RESERVED, Stage.PINNED, Stage.ANNOTATED, Stage.BOUND, Stage.CONFIRMED,
+                     Stage.UNREADABLE})
+IDLE = frozenset(set(Stage) - HOLDING)
+"""Stages that hold nothing; every event leads out of them the same way."""
+
+_SEEN = {Event.SEEN_ANNOTATED: Stage.ANNOTATED, Event.SEEN_BOUND: Stage.BOUND,
+         Event.SEEN_CONFIRMED: Stage.CONFIRMED, Event.SEEN_UNREADABLE: Stage.UNREADABLE,
+         Event.SEEN_UNKNOWN_NODE: Stage.WAITING}
+"""Where a watch observation leads from any stage the watch decides (the API is the truth there)."""
+
+_FROM_IDLE: dict[Event, Stage] = {
+    Event.RESERVE: Stage.RESERVED,
+    Event.COMMIT: Stage.PINNED,  # a write whose reservation a concurrent bind of the pod ended: still held
+    Event.SEEN_NOTHING: Stage.NONE,
+    Event.SEEN_BEHIND: Stage.PINNED,  # a pin kept across a retried bind that rolled back
+    Event.TIMED_OUT: Stage.EXPIRED,
+    **_SEEN,
+}
+_FROM_PINNED: dict[Event, Stage] = {
+    Event.RESERVE: Stage.RESERVED,
+    Event.COMMIT: Stage.PINNED,
+    Event.SEEN_NOTHING: Stage.RELEASED,
+    Event.SEEN_BEHIND: Stage.PINNED,
+    Event.TIMED_OUT: Stage.EXPIRED,
+    **_SEEN,
+}
+_FROM_SEEN: dict[Event, Stage] = {
+    Event.RESERVE: Stage.RESERVED,  # a retried bind lifts the pod's own earlier assignment
+    Event.COMMIT: Stage.PINNED,
+    Event.SEEN_NOTHING: Stage.RELEASED,
+    **_SEEN,
+}
+
+TRANSITIONS: dict[tuple[Stage, Event], Stage] = {
+    **{(stage, event): to for stage in IDLE for event, to in _FROM_IDLE.items()},
+    (Stage.RESERVED, Event.RESERVE): Stage.RESERVED,  # a retried bind replaces its reservation
+    (Stage.RESERVED, Event.COMMIT): Stage.PINNED,
+    (Stage.RESERVED, Event.ROLLBACK): Stage.ROLLED_BACK,
+    **{(Stage.RESERVED, event): Stage.RESERVED
+       for event in (Event.SEEN_NOTHING, Event.SEEN_BEHIND, Event.TIMED_OUT, *_SEEN)},
+    **{(Stage.PINNED, event): to for event, to in _FROM_PINNED.items()},
+    **{(stage, event): to for stage in (Stage.ANNOTATED, Stage.BOUND, Stage.CONFIRMED, Stage.UNREADABLE)
+       for event, to in _FROM_SEEN.items()},
+    (Stage.ANNOTATED, Event.TIMED_OUT): Stage.EXPIRED,
+}
+"""(stage, event) → next stage. Not here, by design: a rollback without a reservation, a time-out
+of a bound pod, an observation "behind a pin" in a stage the watch already decided."""
+
+HELD = frozenset((Stage.RESERVED, event) for event in Event if event not in
+                 (Event.RESERVE, Event.COMMIT, Event.ROLLBACK))
+"""Transitions that keep the booking as it is: a bind in flight holds its cards."""
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A pod's stage and what it holds in the ledger (None in the stages that hold nothing)."""
+
+    stage: Stage = Stage.NONE
+    placement: Placement | None = None
+    problem: str | None = None
+
+
+def next_stage(stage: Stage, event: Event) -> Stage:
+    """The stage after ``event``; raises :class:`BookingError` when the table does not allow it."""
+    try:
+        return TRANSITIONS[(stage, event)]
+    except KeyError:
+        raise BookingError(f"booking in stage {stage.value} cannot take event {event.value}") from None
+
+
+def advance(booking: Booking, event: Event, placement: Placement | None = None,
+            problem: str | None = None) -> Booking:
+    """The booking after ``event``, holding ``placement`` if the new stage holds anything."""
+    stage = next_stage(booking.stage, event)
+    if (booking.stage, event) in HELD:
+        return booking
+    if stage not in HOLDING:
+        return Booking(stage, problem=problem)
+    return Booking(stage, placement, problem)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A bind this extender committed: its placement, the assignment it wrote, and until when it is
+    held against a watch that has not shown that assignment."""
+
+    placement: Placement
+    assignment: Assignment
+    deadline: float
+
+    def shown_by(self, record: PodRecord | None) -> bool:
+        """Whether the pod object carries this very assignment (same node, same time stamp)."""
+        seen = record.assignment if record is not None else None
+        return seen is not None and (seen.node, seen.time) == (self.assignment.node, self.assignment.time)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the latest pod object says about the booking: an event, the placement it holds, and why
+    an assignment could not be used."""
+
+    event: Event
+    placement: Placement | None = None
+    problem: str | None = None
+
+
+def host_only(record: PodRecord, node: str) -> Placement:
+    """The pod's CPU and memory on ``node``, no cards."""
+    return Placement(pod_key=record.key, node=node, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
+
+
+def observe(record: PodRecord | None, pin: Pin | None, *, now: float, unconfirmed_timeout_s: float,
+            spec_of: Callable[[str], NodeSpec | None]) -> Observation:
+    """Classify the latest pod object (None: deleted) into the event it means for the booking.
+
+    ``spec_of`` gives a present node's spec (None for a node the ledger does not have).
+    """
+    if record is None or record.finished:
+        return Observation(Event.SEEN_NOTHING)
+    if pin is not None and not pin.shown_by(record):
+        if now > pin.deadline:
+            return Observation(Event.TIMED_OUT)
+        return Observation(Event.SEEN_BEHIND, pin.placement)
+    assignment = record.assignment
+    bound = record.node_name
+    if assignment is None or (bound and bound != assignment.node):
+        # no (readable) assignment, or one for another node (stale): the pod holds its CPU and
+        # memory where it is bound, and nothing before it is bound
+        if not bound:
+            return Observation(Event.SEEN_NOTHING, problem=record.problem)
+        if spec_of(bound) is None:
+            return Observation(Event.SEEN_UNKNOWN_NODE)
+        if record.assignment_unreadable:
+            return Observation(Event.SEEN_UNREADABLE, host_only(record, bound), record.problem)
+        return Observation(Event.SEEN_BOUND, host_only(record, bound))
+    if not bound and not record.allocated and now - assignment.time.timestamp() > unconfirmed_timeout_s:
+        return Observation(Event.TIMED_OUT)
+    spec = spec_of(assignment.node)
+    if spec is None:
+        return Observation(Event.SEEN_UNKNOWN_NODE)
+    try:
+        placement = assignment.to_placement(record.key, spec, record.cpu_milli, record.memory_mib)
+    except AnnotationError as exc:
+        problem = f"pod {record.key}: {exc}"
+        if bound:
+            return Observation(Event.SEEN_UNREADABLE, host_only(record, bound), problem)
+        return Observation(Event.SEEN_NOTHING, problem=problem)
+    if record.allocated:
+        return Observation(Event.SEEN_CONFIRMED, placement)
+    return Observation(Event.SEEN_BOUND if bound else Event.SEEN_ANNOTATED, placement)
+
+
+OVERCOMMITTED = "GpupoolCardOverCommitted"
+"""Event reason on the pods that together claim more of a card than it has."""
+UNREADABLE = "GpupoolAssignmentUnreadable"
+"""Event reason on a bound pod whose assignment the extender cannot read."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A booking problem to report on a pod as a Kubernetes Event (posted outside the cache lock,
+    by :mod:`gpupool.extender.housekeeping`)."""
+
+    pod_key: str
+    uid: str
+    reason: str
+    message: str
