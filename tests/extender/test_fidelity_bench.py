@@ -47,9 +47,6 @@ def test_gpu_only_policies_place_every_pod_as_the_simulator(policy: str) -> None
     assert result["unallocated_pct_extender"] == result["unallocated_pct_simulator"]
 
 
-@pytest.mark.xfail(strict=True, reason="the extender's ledger books GPUs only: the default policy's "
-                                       "CPU-GPU balance term sees idle CPU on every node (issue 9, "
-                                       "'the extender books CPU and memory for every pod')")
 def test_default_policy_places_every_pod_as_the_simulator() -> None:
     result = _measure("gpupool")
     assert result["ledger_mismatch_nodes"] == 0
