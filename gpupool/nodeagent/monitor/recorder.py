@@ -1,7 +1,9 @@
 """The user-side recorder: turns open/close events into per-device holders in the state file.
 
 It registers with an event source (:meth:`UsageRecorder.registration`), answers opens through the
-decider it was given, and writes the state file after every change. Events are facts about one
+decider it was given, and stores the state after every change (through a
+:class:`~gpupool.nodeagent.monitor.state_writer.BackgroundStateWriter` in the agent, so that the
+source's thread never waits for a disk). Events are facts about one
 process and one file; the holder set is kept honest against /proc because events alone can mislead:
 a close is reported for the process that dropped the *last* reference (after a fork, not the one
 that opened), fanotify may merge events, and processes opened devices while the agent was down.
@@ -21,7 +23,7 @@ from dataclasses import replace
 
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, OpenDecider, Registration, allow_every_open
 from gpupool.nodeagent.monitor.process_table import ProcessTable
-from gpupool.nodeagent.monitor.state_file import StateFile
+from gpupool.nodeagent.monitor.state_writer import StateStore
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, ProcessIdentity, UsageState
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ def no_identity(pid: int) -> ProcessIdentity:
 class UsageRecorder:
     """Holds the node's usage state, applies events to it and persists every change."""
 
-    def __init__(self, node: str, paths: Iterable[str], state_file: StateFile, processes: ProcessTable, *,
+    def __init__(self, node: str, paths: Iterable[str], state_file: StateStore, processes: ProcessTable, *,
                  identify: IdentityResolver = no_identity, decide: OpenDecider = allow_every_open,
                  clock: Callable[[], float] = time.time, ignore_pids: Iterable[int] | None = None) -> None:
         self._node = node

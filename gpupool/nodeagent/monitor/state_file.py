@@ -24,10 +24,17 @@ _TEMP_SUFFIX = ".tmp"
 
 
 class StateFile:
-    """Reads and atomically replaces one state file."""
+    """Reads and atomically replaces one state file.
 
-    def __init__(self, path: str | os.PathLike[str] = DEFAULT_STATE_PATH) -> None:
+    ``sync=False`` skips both fsyncs: the rename alone is atomic for every process that reads the
+    file, so an agent restart still finds the old or the new state; only a power loss may lose the
+    last writes, after which no recorded holder is alive anyway. For a file on tmpfs (``/run``),
+    or where the disk's fsync latency is too high (docs/monitor.md, "Measurements").
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_STATE_PATH, *, sync: bool = True) -> None:
         self.path = Path(path)
+        self.sync = sync
 
     def write(self, state: UsageState) -> None:
         """Replace the file with ``state`` (temp file, fsync, rename, fsync of the directory)."""
@@ -36,8 +43,11 @@ class StateFile:
         with open(temp, "wb") as fh:
             fh.write(encode_state(state))
             fh.flush()
-            os.fsync(fh.fileno())
+            if self.sync:
+                os.fsync(fh.fileno())
         os.replace(temp, self.path)
+        if not self.sync:
+            return
         directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(directory)

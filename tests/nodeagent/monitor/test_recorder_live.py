@@ -17,6 +17,7 @@ from gpupool.nodeagent.monitor.recorder import UsageRecorder
 from gpupool.nodeagent.monitor.source_selector import probe_fanotify
 from gpupool.nodeagent.monitor.state_codec import decode_state
 from gpupool.nodeagent.monitor.state_file import StateFile
+from gpupool.nodeagent.monitor.state_writer import BackgroundStateWriter
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from gpupool.nodeagent.monitor.watched_files import WatchedFiles
 from tests.nodeagent.monitor.children import WAIT_SECONDS, HoldingChild, stand_in
@@ -56,7 +57,9 @@ def test_a_childs_hold_shows_in_the_state_file_until_it_exits(
         tmp_path: Path, make_source: Callable[[list[str]], EventSource]) -> None:
     devices = [stand_in(str(tmp_path), f"nvidia{i}") for i in range(2)]
     state_path = tmp_path / "state" / "state.json"
-    recorder = UsageRecorder("n1", devices, StateFile(state_path), ProcfsTable(WatchedFiles(devices)))
+    writer = BackgroundStateWriter(StateFile(state_path))  # as the agent runs it
+    writer.start()
+    recorder = UsageRecorder("n1", devices, writer, ProcfsTable(WatchedFiles(devices)))
     recorder.restore()
     source = make_source(devices)
     source.register(recorder.registration())
@@ -69,6 +72,7 @@ def test_a_childs_hold_shows_in_the_state_file_until_it_exits(
         _wait_on_disk(state_path, devices[1], (DeviceState.FREE, []))
     finally:
         source.stop()
+        writer.stop()
     assert _holders_on_disk(state_path)[devices[0]] == (DeviceState.FREE, [])
 
 
