@@ -1,0 +1,73 @@
+"""Container ID → (namespace, pod, container): the port the node agent fills from what it knows.
+
+The node agent learns containers from its pod source (``status.containerStatuses[].containerID``,
+``<runtime>://<id>``) and devices per container from kubelet's PodResources; it feeds them here.
+The in-memory directory is both the tests' implementation and the one the agent keeps updated.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """A container of a pod, by names."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+class ContainerDirectory(Protocol):
+    """Answers which pod container a runtime container ID, or a pod UID, belongs to."""
+
+    def container(self, container_id: str) -> ContainerRef | None:
+        """The container with this runtime ID (bare, without ``<runtime>://``)."""
+        ...
+
+    def pod(self, pod_uid: str) -> tuple[str, str] | None:
+        """(namespace, name) of the pod with this UID."""
+        ...
+
+
+def bare_container_id(status_id: str) -> str:
+    """``containerd://abc`` (a pod status's form) → ``abc``; a bare id is returned as is."""
+    return status_id.split("://", 1)[-1]
+
+
+class InMemoryContainerDirectory:
+    """A :class:`ContainerDirectory` kept up to date by whoever watches the pods."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._containers: dict[str, ContainerRef] = {}
+        self._pods: dict[str, tuple[str, str]] = {}
+
+    def add(self, pod_uid: str, namespace: str, pod: str, containers: dict[str, str]) -> None:
+        """Record a pod and its containers (name → status container ID, any form)."""
+        with self._lock:
+            self._pods[pod_uid] = (namespace, pod)
+            for name, status_id in containers.items():
+                if status_id:
+                    self._containers[bare_container_id(status_id)] = ContainerRef(namespace, pod, name)
+
+    def remove_pod(self, pod_uid: str) -> None:
+        """Forget a pod and its containers."""
+        with self._lock:
+            names = self._pods.pop(pod_uid, None)
+            if names is not None:
+                self._containers = {cid: ref for cid, ref in self._containers.items()
+                                    if (ref.namespace, ref.pod) != names}
+
+    def container(self, container_id: str) -> ContainerRef | None:
+        """The container with this runtime ID."""
+        with self._lock:
+            return self._containers.get(container_id)
+
+    def pod(self, pod_uid: str) -> tuple[str, str] | None:
+        """(namespace, name) of the pod with this UID."""
+        with self._lock:
+            return self._pods.get(pod_uid)

@@ -1,0 +1,169 @@
+"""The user-side recorder: turns open/close events into per-device holders in the state file.
+
+It registers with an event source (:meth:`UsageRecorder.registration`), answers opens through the
+decider it was given, and stores the state after every change (through a
+:class:`~gpupool.nodeagent.monitor.state_writer.BackgroundStateWriter` in the agent, so that the
+source's thread never waits for a disk). Events are facts about one
+process and one file; the holder set is kept honest against /proc because events alone can mislead:
+a close is reported for the process that dropped the *last* reference (after a fork, not the one
+that opened), fanotify may merge events, and processes opened devices while the agent was down.
+So a close removes every holder of that file that no longer holds it, a restart keeps only holders
+whose process (pid and start time) is alive and still holds the file, and a scan adds holders
+nobody saw open. A live holder is never dropped: the record errs towards busy, never towards free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, OpenDecider, Registration, allow_every_open
+from gpupool.nodeagent.monitor.process_table import ProcessTable
+from gpupool.nodeagent.monitor.state_writer import StateStore
+from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, ProcessIdentity, UsageState
+
+log = logging.getLogger(__name__)
+
+IdentityResolver = Callable[[int], ProcessIdentity]
+
+
+def no_identity(pid: int) -> ProcessIdentity:
+    """The resolver used when none is given: every process is in no known container."""
+    return ProcessIdentity()
+
+
+class UsageRecorder:
+    """Holds the node's usage state, applies events to it and persists every change."""
+
+    def __init__(self, node: str, paths: Iterable[str], state_file: StateStore, processes: ProcessTable, *,
+                 identify: IdentityResolver = no_identity, decide: OpenDecider = allow_every_open,
+                 clock: Callable[[], float] = time.time, ignore_pids: Iterable[int] | None = None) -> None:
+        self._node = node
+        self._file = state_file
+        self._processes = processes
+        self._identify = identify
+        self._decide = decide
+        self._clock = clock
+        self._ignore = frozenset(ignore_pids) if ignore_pids is not None else frozenset({os.getpid()})
+        self._lock = threading.Lock()
+        self._devices = {path: DeviceUsage(path) for path in dict.fromkeys(paths)}
+        self._updated = clock()
+
+    @property
+    def state(self) -> UsageState:
+        """The current state (what the file holds after the last successful write)."""
+        with self._lock:
+            return self._snapshot()
+
+    def registration(self) -> Registration:
+        """What to hand the event source before it starts."""
+        return Registration(sink=self.on_event, decide=self._decide)
+
+    def restore(self) -> None:
+        """Start from the previous agent's file, keep its live holders, add holders found now."""
+        previous = self._file.load()
+        with self._lock:
+            if previous is not None:
+                if previous.node != self._node:
+                    log.warning("usage state file %s was written for node %r, this is %r; reading it anyway",
+                                self._file.path, previous.node, self._node)
+                for device in previous.devices:
+                    if device.path not in self._devices:
+                        log.info("dropping %s from the usage state: no longer watched", device.path)
+                        continue
+                    alive = tuple(h for h in device.holders if self._still_holding(h, device.path))
+                    for gone in set(device.holders) - set(alive):
+                        log.info("pid %d no longer holds %s (exited, reused or closed while the agent "
+                                 "was down)", gone.pid, device.path)
+                    self._devices[device.path] = replace(device, holders=alive,
+                                                         state=device.state if alive else DeviceState.FREE)
+            self._add_unseen_holders()
+            self._persist()
+
+    def on_event(self, event: DeviceEvent) -> None:
+        """Apply one open or close and write the file."""
+        if event.pid in self._ignore or event.path not in self._devices:
+            return
+        with self._lock:
+            device = self._devices[event.path]
+            if event.kind is EventKind.OPEN:
+                self._open(device, event)
+            else:
+                self._devices[event.path] = device.with_holders(
+                    tuple(h for h in device.holders if self._still_holding(h, device.path)), event.time)
+            self._persist()
+
+    def prune(self) -> None:
+        """Drop holders that exited or no longer hold their file (periodically, and after restarts)."""
+        with self._lock:
+            changed = False
+            for path, device in self._devices.items():
+                alive = tuple(h for h in device.holders if self._still_holding(h, path))
+                if alive != device.holders:
+                    self._devices[path] = device.with_holders(alive, device.last_use)
+                    changed = True
+            if changed:
+                self._persist()
+
+    def set_state(self, path: str, state: DeviceState) -> None:
+        """Record busy or idle from the idle rule; a device nobody holds stays free."""
+        with self._lock:
+            device = self._devices.get(path)
+            if device is None or not device.holders or state is DeviceState.FREE or device.state is state:
+                return
+            self._devices[path] = replace(device, state=state)
+            self._persist()
+
+    def _open(self, device: DeviceUsage, event: DeviceEvent) -> None:
+        if device.holder(event.pid) is not None:
+            self._devices[device.path] = device.with_holders(device.holders, event.time)
+            return
+        start = self._processes.start_time(event.pid)
+        if start is None:
+            log.info("pid %d opened %s and exited before it was recorded", event.pid, device.path)
+            self._devices[device.path] = device.with_holders(device.holders, event.time)
+            return
+        holder = self._holder(event.pid, start, event.time)
+        self._devices[device.path] = device.with_holders((*device.holders, holder), event.time)
+
+    def _holder(self, pid: int, start: int, since: float) -> Holder:
+        try:
+            who = self._identify(pid)
+        except Exception:
+            log.exception("could not tell which container pid %d runs in", pid)
+            who = ProcessIdentity()
+        return Holder(pid=pid, start_time=start, since=since, container_id=who.container_id,
+                      container=who.container, pod=who.pod, namespace=who.namespace)
+
+    def _still_holding(self, holder: Holder, path: str) -> bool:
+        return (self._processes.start_time(holder.pid) == holder.start_time
+                and self._processes.holds(holder.pid, path))
+
+    def _add_unseen_holders(self) -> None:
+        now = self._clock()
+        for path, pids in self._processes.holders().items():
+            device = self._devices.get(path)
+            if device is None:
+                continue
+            new = []
+            for pid in sorted(pids - {h.pid for h in device.holders} - self._ignore):
+                start = self._processes.start_time(pid)
+                if start is not None:
+                    new.append(self._holder(pid, start, now))
+            if new:
+                self._devices[path] = device.with_holders((*device.holders, *new), device.last_use)
+
+    def _snapshot(self) -> UsageState:
+        return UsageState(self._node, self._updated, tuple(self._devices[p] for p in sorted(self._devices)))
+
+    def _persist(self) -> None:
+        self._updated = self._clock()
+        try:
+            self._file.write(self._snapshot())
+        except OSError as exc:
+            log.error("cannot write the usage state file %s (%s); the state is kept in memory and "
+                      "written with the next change", self._file.path, exc.strerror)

@@ -1,0 +1,92 @@
+"""The recorded usage of a node's GPU device files: who holds each, since when, and its state.
+
+This is what the state file stores. Only the node agent writes and reads it (the lending rules and
+the risk checks run inside the agent), so the schema lives with the monitor, not in ``gpupool.api``;
+it is versioned all the same because the file outlives the agent that wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class DeviceState(StrEnum):
+    """free: nobody holds it; busy: held and in use; idle: held but unused for the idle time."""
+
+    FREE = "free"
+    BUSY = "busy"
+    IDLE = "idle"
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """The container a process runs in; empty fields when it runs in none the node knows."""
+
+    container_id: str = ""
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding a device file open, and the container it runs in when known.
+
+    ``start_time`` (clock ticks since boot, /proc/<pid>/stat) tells a live holder from a process
+    that got its PID reused. Empty ``container``/``pod``/``namespace`` mean not in a known pod.
+    ``priority`` is filled by the lending rules; ``None`` until they exist.
+    """
+
+    pid: int
+    start_time: int
+    since: float
+    container_id: str = ""
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device file: its holders (ordered by pid), the last open or close, and its state."""
+
+    path: str
+    holders: tuple[Holder, ...] = ()
+    last_use: float | None = None
+    state: DeviceState = DeviceState.FREE
+
+    def holder(self, pid: int) -> Holder | None:
+        """The holder with this pid, if any."""
+        for holder in self.holders:
+            if holder.pid == pid:
+                return holder
+        return None
+
+    def with_holders(self, holders: tuple[Holder, ...], last_use: float | None) -> DeviceUsage:
+        """A copy with these holders; a device nobody holds is free, a newly held one busy."""
+        ordered = tuple(sorted(holders, key=lambda h: h.pid))
+        if not ordered:
+            state = DeviceState.FREE
+        elif self.state is DeviceState.FREE or len(ordered) > len(self.holders):
+            state = DeviceState.BUSY
+        else:
+            state = self.state
+        return replace(self, holders=ordered, last_use=last_use, state=state)
+
+
+@dataclass(frozen=True)
+class UsageState:
+    """All watched device files of one node, ordered by path."""
+
+    node: str
+    updated: float
+    devices: tuple[DeviceUsage, ...]
+
+    def device(self, path: str) -> DeviceUsage | None:
+        """The usage of one device file, if it is watched."""
+        for device in self.devices:
+            if device.path == path:
+                return device
+        return None
