@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpupool.core import card_rule
+from gpupool.core.card_rule import BoolArray, CardBook, CardSlots, CardUse, CardVerdict, Demand, IntArray
 from gpupool.core.model import CardMode, GpuKind, NodeSpec, Placement
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+__all__ = ["AllocationError", "BoolArray", "Capacity", "CardUsage", "ClusterState", "IntArray"]
 
 
 class AllocationError(ValueError):
@@ -271,24 +272,36 @@ class ClusterState:
             return (f"node {placement.node}: {placement.memory_mib} MiB memory requested, "
                     f"{int(self.mem_free[row])} MiB free")
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
-            if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
-                return f"node {placement.node} has no card {card}"
-            if not self.card_healthy[row, card]:
-                return f"node {placement.node} card {card} is unhealthy"
-            mode = self.card_mode[row, card]
-            if exclusive:
-                if mode != CardMode.IDLE:
-                    return f"node {placement.node} card {card} is in use; a whole-card request needs it idle"
-                continue
-            if mode == CardMode.EXCLUSIVE:
-                return f"node {placement.node} card {card} is held exclusively"
-            if memory > self.card_mem_free[row, card]:
-                return (f"node {placement.node} card {card}: {memory} MiB requested, "
-                        f"{int(self.card_mem_free[row, card])} MiB free")
-            if compute > self.card_compute_free[row, card]:
-                return (f"node {placement.node} card {card}: compute {compute}/1000 requested, "
-                        f"{int(self.card_compute_free[row, card])}/1000 free")
+            demand = Demand(memory, compute, exclusive)
+            verdict = self.card_verdict(row, card, demand)
+            if verdict != CardVerdict.FITS:
+                return self._refusal(placement.node, row, card, verdict, demand)
         return None
+
+    def card_verdict(self, row: int, card: int, demand: Demand) -> CardVerdict:
+        """The card rule (:mod:`gpupool.core.card_rule`) for one card of node ``row``."""
+        if not 0 <= card < self.max_cards:
+            return CardVerdict.NO_CARD
+        at = (row, card)
+        return card_rule.verdict(CardSlots(self.card_exists[at], self.card_healthy[at]),
+                                 CardUse(self.card_mode[at], self.card_mem_free[at], self.card_compute_free[at]),
+                                 demand)
+
+    def _refusal(self, node: str, row: int, card: int, verdict: CardVerdict, demand: Demand) -> str:
+        """The ledger's sentence for a card that refuses a held share."""
+        if verdict == CardVerdict.NO_CARD:
+            return f"node {node} has no card {card}"
+        if verdict == CardVerdict.UNHEALTHY:
+            return f"node {node} card {card} is unhealthy"
+        if verdict == CardVerdict.NOT_IDLE:
+            return f"node {node} card {card} is in use; a whole-card request needs it idle"
+        if verdict == CardVerdict.EXCLUSIVE_HELD:
+            return f"node {node} card {card} is held exclusively"
+        if verdict == CardVerdict.NO_MEMORY:
+            return (f"node {node} card {card}: {demand.memory} MiB requested, "
+                    f"{int(self.card_mem_free[row, card])} MiB free")
+        return (f"node {node} card {card}: compute {demand.compute}/1000 requested, "
+                f"{int(self.card_compute_free[row, card])}/1000 free")
 
     def apply(self, placement: Placement) -> None:
         """Book a placement, or raise :class:`AllocationError` and change nothing."""
@@ -317,19 +330,10 @@ class ClusterState:
     def _book(self, row: int, placement: Placement, sign: int) -> None:
         self.cpu_free[row] -= sign * placement.cpu_milli
         self.mem_free[row] -= sign * placement.memory_mib
+        cards = CardBook(self.card_mem_total, self.card_mem_free, self.card_compute_total,
+                         self.card_compute_free, self.card_mode, self.card_holders)
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
-            if exclusive:
-                self.card_mem_free[row, card] = 0 if sign > 0 else self.card_mem_total[row, card]
-                self.card_compute_free[row, card] = (
-                    0 if sign > 0 else self.card_compute_total[row, card])
-                self.card_mode[row, card] = CardMode.EXCLUSIVE if sign > 0 else CardMode.IDLE
-                self.card_holders[row, card] = 1 if sign > 0 else 0
-                continue
-            self.card_mem_free[row, card] -= sign * memory
-            self.card_compute_free[row, card] -= sign * compute
-            self.card_holders[row, card] += sign
-            self.card_mode[row, card] = (
-                CardMode.SHARED if self.card_holders[row, card] > 0 else CardMode.IDLE)
+            cards.book((row, card), memory, compute, exclusive, sign)
 
     # ------------------------------------------------------------------------------------ views
     def card_usage(self, node: str) -> list[CardUsage]:
