@@ -17,7 +17,8 @@ import numpy.typing as npt
 
 from gpupool.core import card_rule
 from gpupool.core.card_rule import BoolArray, CardBook, CardSlots, CardUse, CardVerdict, Demand, IntArray
-from gpupool.core.model import CardMode, GpuKind, NodeSpec, Placement
+from gpupool.core.ledger_row import NodeRow
+from gpupool.core.model import CardMode, NodeSpec, Placement
 
 __all__ = ["AllocationError", "BoolArray", "Capacity", "CardUsage", "ClusterState", "IntArray"]
 
@@ -117,17 +118,17 @@ class ClusterState:
         allocated = len(self._storage["present"])
         if rows > allocated or cols > old_cols:
             capacity = max(rows, 2 * allocated, 16) if rows > allocated else allocated
+            grown: dict[str, npt.NDArray[np.generic]] = {}  # swapped in whole: a failed allocation changes nothing
             for name in self._NODE_ARRAYS:
                 old = self._storage[name]
-                new = np.zeros(capacity, dtype=old.dtype)
-                new[:old_rows] = old[:old_rows]
-                self._storage[name] = new
+                grown[name] = np.zeros(capacity, dtype=old.dtype)
+                grown[name][:old_rows] = old[:old_rows]
             for name in self._CARD_ARRAYS:
                 old = self._storage[name]
                 fill = -1 if name == "card_model" else 0
-                new = np.full((capacity, cols), fill, dtype=old.dtype)
-                new[:old_rows, :old_cols] = old[:old_rows, :old_cols]
-                self._storage[name] = new
+                grown[name] = np.full((capacity, cols), fill, dtype=old.dtype)
+                grown[name][:old_rows, :old_cols] = old[:old_rows, :old_cols]
+            self._storage = grown
         for name, buffer in self._storage.items():
             setattr(self, name, buffer[:rows])
         self.max_cards = cols
@@ -151,12 +152,14 @@ class ClusterState:
 
         A full node list (start, re-list after 410 Gone) arrives at once: growing the arrays to
         the final size first means no row is copied more than once, whatever the list's length.
+        All or nothing: every node is converted for the arrays before the first one is written, so
+        a node the ledger cannot hold raises and leaves the ledger as it was.
         """
-        specs = list(specs)
-        fresh = len({s.name for s in specs if s.name not in self.index})
-        widest = max((len(s.cards) for s in specs), default=0)
+        staged = [NodeRow.of(spec) for spec in specs]
+        fresh = len({s.spec.name for s in staged if s.spec.name not in self.index})
+        widest = max((s.card_count for s in staged), default=0)
         self._grow(self.size + fresh, max(self.max_cards, widest))
-        return [self.upsert_node(spec) for spec in specs]
+        return [self._write_node(node) for node in staged]
 
     def capacity(self) -> Capacity:
         """Largest card, most cards on one node, any card at all: over present nodes, memoised.
@@ -183,31 +186,39 @@ class ClusterState:
 
         Re-applying matters after an inventory change (a card lost, a restart of the node side):
         free capacity is always derived as total minus what placements hold, never patched.
+        All or nothing: the description is converted for the arrays first, so a value the ledger
+        cannot hold raises ``ValueError`` before anything changes (a half-written node would look
+        unchanged to the caller's retry and never be repaired).
         """
+        staged = NodeRow.of(spec)
+        self._grow(self.size + (spec.name not in self.index), max(self.max_cards, staged.card_count))
+        return self._write_node(staged)
+
+    def _write_node(self, node: NodeRow) -> int:
+        """Write a converted node into its row (the arrays are already wide enough); cannot fail."""
+        spec = node.spec
         row = self.index.get(spec.name)
         if row is None:
             row = len(self.specs)
             self.specs.append(spec)
             self.index[spec.name] = row
-            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
         else:
             self.specs[row] = spec
-            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
         self.layout_version += 1
         self.present[row] = True
-        self.cpu_total[row] = spec.cpu_milli
-        self.mem_total[row] = spec.memory_mib
-        self.card_count[row] = len(spec.cards)
-        self.card_exists[row, :] = False
-        self.card_healthy[row, :] = False
-        self.card_model[row, :] = -1
-        for pos, card in enumerate(spec.cards):
-            self.card_exists[row, pos] = True
-            self.card_healthy[row, pos] = card.healthy
-            self.card_model[row, pos] = self.model_id(card.model)
-            self.card_virtual[row, pos] = card.kind == GpuKind.VIRTUAL
-            self.card_mem_total[row, pos] = card.memory_mib
-            self.card_compute_total[row, pos] = card.compute
+        self.cpu_total[row] = node.cpu_milli
+        self.mem_total[row] = node.memory_mib
+        self.card_count[row] = node.card_count
+        cards = slice(0, node.card_count)
+        for name, fill in (("card_exists", False), ("card_healthy", False), ("card_model", -1),
+                           ("card_virtual", False), ("card_mem_total", 0), ("card_compute_total", 0)):
+            getattr(self, name)[row, :] = fill
+        self.card_exists[row, cards] = True
+        self.card_healthy[row, cards] = node.healthy
+        self.card_model[row, cards] = [self.model_id(model) for model in node.models]
+        self.card_virtual[row, cards] = node.virtual
+        self.card_mem_total[row, cards] = node.card_memory_mib
+        self.card_compute_total[row, cards] = node.card_compute
         self._recompute_node(row)
         return row
 
