@@ -80,10 +80,9 @@ class NodeScratch:
 
     def fits(self, state: ClusterState, request: GpuRequest) -> BoolArray:
         """Cards of this copy that can take one slice of ``request`` (the ledger's rule)."""
-        slots = card_slots(state, request, np.array([self.row], dtype=np.int64))
         use = CardUse(self.book.mode, self.book.mem_free, self.book.compute_free)
-        fits: BoolArray = card_rule.fit_mask(slots, use, card_rule.demand_of(request, self.book.mem_total))[0]
-        return fits
+        return card_rule.fit_mask(card_slots(state, request, self.row), use,
+                                  card_rule.demand_of(request, self.book.mem_total))
 
     def take(self, card: int, request: GpuRequest) -> CardSlice:
         """Book one slice of ``request`` on ``card`` of this copy; the slice the ledger will hold."""

@@ -23,8 +23,9 @@ def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> Int
     return card_rule.memory_need(state.card_mem_total[rows], request)
 
 
-def card_slots(state: ClusterState, request: GpuRequest, rows: IntArray) -> CardSlots:
-    """The ledger's description of the cards of ``rows`` and whether ``request`` accepts them."""
+def card_slots(state: ClusterState, request: GpuRequest, rows: IntArray | int) -> CardSlots:
+    """The ledger's description of the cards of ``rows`` (or of one row) and whether ``request``
+    accepts them."""
     model_ok = kind_ok = None
     if request.models:
         model_ok = np.isin(state.card_model[rows], state.model_ids(request.models))
