@@ -65,14 +65,20 @@ def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = 
     """
     if rows is None:
         rows = np.arange(state.size, dtype=np.int64)
-    ok: BoolArray = state.present[rows].copy()
-    ok &= state.cpu_free[rows] >= pod.cpu_milli
-    ok &= state.mem_free[rows] >= pod.memory_mib
+    ok = node_room_mask(state, pod, rows)
     for container in (*pod.containers, *pod.init_containers):
         if container.gpu is None:
             continue
         fits = card_fit_mask(state, container.gpu, rows)
         ok &= fits.sum(axis=1) >= container.gpu.count
+    return ok
+
+
+def node_room_mask(state: ClusterState, pod: PodRequest, rows: IntArray) -> BoolArray:
+    """Nodes of ``rows`` that are known and have the pod's CPU and memory free (cards not checked)."""
+    ok: BoolArray = state.present[rows].copy()
+    ok &= state.cpu_free[rows] >= pod.cpu_milli
+    ok &= state.mem_free[rows] >= pod.memory_mib
     return ok
 
 
