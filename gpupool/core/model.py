@@ -39,7 +39,7 @@ print ints of more than 4,300 digits, and a message should stay readable)."""
 
 def check_bounds(owner: str, name: str, value: object, maximum: int) -> None:
     """Raise ``ValueError`` naming ``owner`` and field ``name`` unless ``value`` is an int in 0..maximum."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ValueError(f"{owner}: {name} must be an integer, got {type(value).__name__}")
     number = int(value)
     if number < 0:

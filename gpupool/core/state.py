@@ -209,16 +209,19 @@ class ClusterState:
         self.cpu_total[row] = node.cpu_milli
         self.mem_total[row] = node.memory_mib
         self.card_count[row] = node.card_count
-        cards = slice(0, node.card_count)
-        for name, fill in (("card_exists", False), ("card_healthy", False), ("card_model", -1),
-                           ("card_virtual", False), ("card_mem_total", 0), ("card_compute_total", 0)):
-            getattr(self, name)[row, :] = fill
-        self.card_exists[row, cards] = True
-        self.card_healthy[row, cards] = node.healthy
-        self.card_model[row, cards] = [self.model_id(model) for model in node.models]
-        self.card_virtual[row, cards] = node.virtual
-        self.card_mem_total[row, cards] = node.card_memory_mib
-        self.card_compute_total[row, cards] = node.card_compute
+        count = node.card_count
+        self.card_exists[row, :count] = True
+        self.card_exists[row, count:] = False
+        self.card_healthy[row, :count] = node.healthy
+        self.card_healthy[row, count:] = False
+        self.card_model[row, :count] = [self.model_id(model) for model in node.models]
+        self.card_model[row, count:] = -1
+        self.card_virtual[row, :count] = node.virtual
+        self.card_virtual[row, count:] = False
+        self.card_mem_total[row, :count] = node.card_memory_mib
+        self.card_mem_total[row, count:] = 0
+        self.card_compute_total[row, :count] = node.card_compute
+        self.card_compute_total[row, count:] = 0
         self._recompute_node(row)
         return row
 
