@@ -138,11 +138,6 @@ def _all(found: list[tuple[CardVerdict, Flags]]) -> Flags:
     return result
 
 
-def eligible_mask(slots: CardSlots) -> BoolArray:
-    """Cards that pass every check no booking changes (arrays in, array out)."""
-    return np.asarray(_all(slot_checks(slots)), dtype=bool)
-
-
 def fit_mask(slots: CardSlots, use: CardUse, demand: Demand) -> BoolArray:
     """Cards that can take one slice now (arrays in, array out; shapes broadcast)."""
     return np.asarray(_all(checks(slots, use, demand)), dtype=bool)

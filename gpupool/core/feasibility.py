@@ -40,11 +40,6 @@ def card_use(state: ClusterState, rows: IntArray) -> CardUse:
     return CardUse(state.card_mode[rows], state.card_mem_free[rows], state.card_compute_free[rows])
 
 
-def eligible_cards(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
-    """Cards that exist, are healthy and have an allowed model and kind (capacity not checked)."""
-    return card_rule.eligible_mask(card_slots(state, request, rows))
-
-
 def card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
     """``[rows, cards]``: which cards can take one slice of ``request`` right now (the card rule)."""
     return card_rule.fit_mask(card_slots(state, request, rows), card_use(state, rows),
