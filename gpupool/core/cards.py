@@ -19,15 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.feasibility import (
-    eligible_cards,
-    explain_node,
-    memory_need_on,
-    node_resources_problem,
-    slice_fits,
-)
+from gpupool.core import card_rule
+from gpupool.core.card_rule import CardBook, CardUse
+from gpupool.core.feasibility import card_slots, explain_cards, node_resources_problem
 from gpupool.core.model import (
-    CardMode,
     CardSlice,
     ContainerAssignment,
     ContainerRequest,
@@ -42,46 +37,62 @@ MAX_COMBINATIONS = 4096
 """Above this many candidate card sets the multi-card choice turns greedy (nodes of 16+ cards)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeScratch:
-    """A private copy of one node's card state, consumed container by container."""
+    """A private copy of one node's card bookings, consumed container by container.
+
+    The copy is checked and booked by the ledger's own card rule (:mod:`gpupool.core.card_rule`), so a
+    choice made on it is one the ledger accepts.
+    """
 
     row: int
     spec: NodeSpec
-    mem_total: IntArray
-    mem_free: IntArray
-    compute_free: IntArray
-    mode: IntArray
+    book: CardBook
 
     @staticmethod
     def of(state: ClusterState, row: int) -> NodeScratch:
-        return NodeScratch(
-            row=row,
-            spec=state.specs[row],
-            mem_total=state.card_mem_total[row].copy(),
+        """A copy of what bookings change; the totals, which they only read, are the ledger's own."""
+        return NodeScratch(row=row, spec=state.specs[row], book=CardBook(
+            mem_total=state.card_mem_total[row],
             mem_free=state.card_mem_free[row].copy(),
+            compute_total=state.card_compute_total[row],
             compute_free=state.card_compute_free[row].copy(),
             mode=state.card_mode[row].copy(),
-        )
+            holders=state.card_holders[row].copy(),
+        ))
+
+    @property
+    def mem_total(self) -> IntArray:
+        """The arrays the card choosers of the policies read, by their short names."""
+        return self.book.mem_total
+
+    @property
+    def mem_free(self) -> IntArray:
+        return self.book.mem_free
+
+    @property
+    def compute_free(self) -> IntArray:
+        return self.book.compute_free
+
+    @property
+    def mode(self) -> IntArray:
+        return self.book.mode
 
     def fits(self, state: ClusterState, request: GpuRequest) -> BoolArray:
         """Cards of this copy that can take one slice of ``request`` (the ledger's rule)."""
-        eligible = eligible_cards(state, request, np.array([self.row], dtype=np.int64))[0]
-        return slice_fits(eligible, self.mode, self.compute_free, self.mem_free, self.mem_total, request)
+        use = CardUse(self.book.mode, self.book.mem_free, self.book.compute_free)
+        return card_rule.fit_mask(card_slots(state, request, self.row), use,
+                                  card_rule.demand_of(request, self.book.mem_total))
 
     def take(self, card: int, request: GpuRequest) -> CardSlice:
+        """Book one slice of ``request`` on ``card`` of this copy; the slice the ledger will hold."""
         if request.exclusive:
-            memory = int(self.mem_total[card])
-            compute = int(self.compute_free[card])
-            self.mem_free[card] = 0
-            self.compute_free[card] = 0
-            self.mode[card] = CardMode.EXCLUSIVE
-            return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=True)
-        memory = int(memory_need_on(self.mem_total, request)[card])
-        self.mem_free[card] -= memory
-        self.compute_free[card] -= request.compute
-        self.mode[card] = CardMode.SHARED
-        return CardSlice(card=card, memory_mib=memory, compute=request.compute)
+            memory, compute = int(self.book.mem_total[card]), int(self.book.compute_total[card])
+        else:
+            memory = int(card_rule.memory_need(self.book.mem_total[card:card + 1], request)[0])
+            compute = request.compute
+        self.book.book(card, memory, compute, request.exclusive)
+        return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=request.exclusive)
 
 
 SharedCardChooser = Callable[[ClusterState, NodeScratch, GpuRequest, BoolArray, int], int]
@@ -218,5 +229,8 @@ def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
 
 
 def _explain(state: ClusterState, row: int, container: ContainerRequest) -> str:
-    reason = explain_node(state, row, PodRequest(key="-", containers=(container,)))
+    """Why the container's cards are missing; the ledger's view may fit where the scratch copy did not
+    (earlier containers of the pod took the cards), hence the fallback sentence."""
+    assert container.gpu is not None
+    reason = explain_cards(state, row, container.gpu)
     return reason or f"the cards left on node {state.specs[row].name} cannot hold container {container.name}"

@@ -2,7 +2,9 @@
 
 The vectorised masks are what the simulator and the extender's filter evaluate for thousands of nodes;
 :func:`explain_node` turns a failure on one node into a sentence ("no single card has 8138 MiB free;
-largest free 4069 MiB") for the extender's ``FailedNodes``.
+largest free 4069 MiB") for the extender's ``FailedNodes``. Both read the ledger's cards through the
+one card rule (:mod:`gpupool.core.card_rule`): the masks ask it which cards fit, the explanation asks
+it why each card does not and only words its verdicts.
 """
 
 from __future__ import annotations
@@ -10,57 +12,44 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import CardMode, GpuKind, GpuRequest, PodRequest
+from gpupool.core import card_rule
+from gpupool.core.card_rule import FIRST_BOOKING_VERDICT, CardSlots, CardUse, CardVerdict
+from gpupool.core.model import GpuKind, GpuRequest, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
-from gpupool.core.units import COMPUTE_PER_CARD
 
 
 def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> IntArray:
     """Memory the request takes on each card of ``rows`` (proportional requests vary per card)."""
-    return memory_need_on(state.card_mem_total[rows], request)
+    return card_rule.memory_need(state.card_mem_total[rows], request)
 
 
-def memory_need_on(totals: IntArray, request: GpuRequest) -> IntArray:
-    """Memory the request takes on cards of the given total memory."""
-    if request.exclusive:
-        return totals
-    if request.memory_mib is None:
-        return totals * request.compute // COMPUTE_PER_CARD
-    return np.full_like(totals, request.memory_mib)
-
-
-def eligible_cards(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
-    """Cards that exist, are healthy and have an allowed model and kind (capacity not checked)."""
-    ok = state.card_exists[rows] & state.card_healthy[rows]
+def card_slots(state: ClusterState, request: GpuRequest, rows: IntArray | int) -> CardSlots:
+    """The ledger's description of the cards of ``rows`` (or of one row) and whether ``request``
+    accepts them."""
+    model_ok = kind_ok = None
     if request.models:
-        ok &= np.isin(state.card_model[rows], state.model_ids(request.models))
+        model_ok = np.isin(state.card_model[rows], state.model_ids(request.models))
     if request.kind is not None:
         virtual = state.card_virtual[rows]
-        ok &= virtual if request.kind == GpuKind.VIRTUAL else ~virtual
-    return ok
+        kind_ok = virtual if request.kind == GpuKind.VIRTUAL else ~virtual
+    return CardSlots(state.card_exists[rows], state.card_healthy[rows], model_ok, kind_ok)
+
+
+def card_use(state: ClusterState, rows: IntArray) -> CardUse:
+    """What the ledger has booked on the cards of ``rows``."""
+    return CardUse(state.card_mode[rows], state.card_mem_free[rows], state.card_compute_free[rows])
 
 
 def card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
-    """``[rows, cards]``: which cards can take one slice of ``request`` right now.
-
-    Whole-card requests need an idle card (fully free, then closed to sharing); slices need a card
-    that is idle or already shared and has both the memory and the compute free.
-    """
-    return slice_fits(eligible_cards(state, request, rows), state.card_mode[rows],
-                      state.card_compute_free[rows], state.card_mem_free[rows],
-                      state.card_mem_total[rows], request)
+    """``[rows, cards]``: which cards can take one slice of ``request`` right now (the card rule)."""
+    return card_rule.fit_mask(card_slots(state, request, rows), card_use(state, rows),
+                              card_rule.demand_of(request, state.card_mem_total[rows]))
 
 
-def slice_fits(eligible: BoolArray, mode: IntArray, compute_free: IntArray, mem_free: IntArray,
-               mem_total: IntArray, request: GpuRequest) -> BoolArray:
-    """The card rule on given free amounts; the ledger and a node's scratch copy both use it."""
-    if request.exclusive:
-        idle: BoolArray = eligible & (mode == CardMode.IDLE)
-        return idle
-    ok: BoolArray = eligible & (mode != CardMode.EXCLUSIVE)
-    ok &= compute_free >= request.compute
-    ok &= mem_free >= memory_need_on(mem_total, request)
-    return ok
+def card_verdicts(state: ClusterState, request: GpuRequest, rows: IntArray) -> IntArray:
+    """``[rows, cards]``: the :class:`CardVerdict` of every card for one slice of ``request``."""
+    return card_rule.verdicts(card_slots(state, request, rows), card_use(state, rows),
+                              card_rule.demand_of(request, state.card_mem_total[rows]))
 
 
 def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = None) -> BoolArray:
@@ -71,14 +60,20 @@ def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = 
     """
     if rows is None:
         rows = np.arange(state.size, dtype=np.int64)
-    ok: BoolArray = state.present[rows].copy()
-    ok &= state.cpu_free[rows] >= pod.cpu_milli
-    ok &= state.mem_free[rows] >= pod.memory_mib
+    ok = node_room_mask(state, pod, rows)
     for container in (*pod.containers, *pod.init_containers):
         if container.gpu is None:
             continue
         fits = card_fit_mask(state, container.gpu, rows)
         ok &= fits.sum(axis=1) >= container.gpu.count
+    return ok
+
+
+def node_room_mask(state: ClusterState, pod: PodRequest, rows: IntArray) -> BoolArray:
+    """Nodes of ``rows`` that are known and have the pod's CPU and memory free (cards not checked)."""
+    ok: BoolArray = state.present[rows].copy()
+    ok &= state.cpu_free[rows] >= pod.cpu_milli
+    ok &= state.mem_free[rows] >= pod.memory_mib
     return ok
 
 
@@ -122,41 +117,50 @@ def node_resources_problem(state: ClusterState, row: int, pod: PodRequest) -> st
 
 def explain_node(state: ClusterState, row: int, pod: PodRequest) -> str | None:
     """Why ``pod`` does not fit on node ``row`` now, in words; None if it fits (as far as counts go)."""
-    rows = np.array([row], dtype=np.int64)
     problem = node_resources_problem(state, row, pod)
     if problem is not None:
         return problem
     for container in (*pod.containers, *pod.init_containers):
-        request = container.gpu
-        if request is None:
-            continue
-        eligible = eligible_cards(state, request, rows)[0]
-        if not eligible.any():
-            if request.models:
-                have = sorted({state.models[m] for m in state.card_model[row] if m >= 0})
-                return (f"no healthy card of model {'|'.join(sorted(request.models))} "
-                        f"(node has {', '.join(have) or 'no cards'})")
-            return "no healthy card of the requested kind"
-        fits = card_fit_mask(state, request, rows)[0]
-        if int(fits.sum()) >= request.count:
-            continue
-        if request.exclusive:
-            idle = int((eligible & (state.card_mode[row] == CardMode.IDLE)).sum())
-            return f"needs {request.count} idle whole card(s); {idle} idle"
-        shareable = eligible & (state.card_mode[row] != CardMode.EXCLUSIVE)
-        need_mem = memory_need(state, request, rows)[0]
-        mem_free = np.where(shareable, state.card_mem_free[row], -1)
-        compute_free = np.where(shareable, state.card_compute_free[row], -1)
-        if not (mem_free >= need_mem).any() or (mem_free >= need_mem).sum() < request.count:
-            largest = int(mem_free.max()) if shareable.any() else 0
-            wanted = int(need_mem[shareable].min()) if shareable.any() else int(need_mem.max())
-            if request.count == 1:
-                return f"no single card has {wanted} MiB free; largest free {max(largest, 0)} MiB"
-            return f"fewer than {request.count} cards have {wanted} MiB free; largest free {max(largest, 0)} MiB"
-        best_compute = int(compute_free.max()) if shareable.any() else 0
-        return (f"no card has {request.compute / 10:g}% compute free together with the memory; "
-                f"largest free compute {max(best_compute, 0) / 10:g}%")
+        if container.gpu is not None:
+            problem = explain_cards(state, row, container.gpu)
+            if problem is not None:
+                return problem
     return None
+
+
+def explain_cards(state: ClusterState, row: int, request: GpuRequest) -> str | None:
+    """Why node ``row`` has fewer than ``request.count`` cards that take a slice, from their verdicts.
+
+    The sentence names the first thing the cards lack, in the order of the card rule: an accepted
+    healthy card, then an idle card (whole cards) or the memory and then the compute (slices).
+    """
+    rows = np.array([row], dtype=np.int64)
+    codes = card_verdicts(state, request, rows)[0]
+    if int((codes == CardVerdict.FITS).sum()) >= request.count:
+        return None
+    eligible = codes >= FIRST_BOOKING_VERDICT
+    eligible |= codes == CardVerdict.FITS
+    if not eligible.any():
+        if request.models:
+            have = sorted({state.models[m] for m in state.card_model[row] if m >= 0})
+            return (f"no healthy card of model {'|'.join(sorted(request.models))} "
+                    f"(node has {', '.join(have) or 'no cards'})")
+        return "no healthy card of the requested kind"
+    if request.exclusive:
+        idle = int((codes == CardVerdict.FITS).sum())
+        return f"needs {request.count} idle whole card(s); {idle} idle"
+    shareable = eligible & (codes != CardVerdict.EXCLUSIVE_HELD)
+    has_memory = (codes == CardVerdict.FITS) | (codes == CardVerdict.NO_COMPUTE)
+    if int(has_memory.sum()) < request.count:
+        need = memory_need(state, request, rows)[0]
+        largest = int(state.card_mem_free[row][shareable].max()) if shareable.any() else 0
+        wanted = int(need[shareable].min()) if shareable.any() else int(need.max())
+        if request.count == 1:
+            return f"no single card has {wanted} MiB free; largest free {max(largest, 0)} MiB"
+        return f"fewer than {request.count} cards have {wanted} MiB free; largest free {max(largest, 0)} MiB"
+    best_compute = int(state.card_compute_free[row][shareable].max())
+    return (f"no card has {request.compute / 10:g}% compute free together with the memory; "
+            f"largest free compute {max(best_compute, 0) / 10:g}%")
 
 
 def as_rows(values: npt.ArrayLike) -> IntArray:

@@ -11,11 +11,47 @@ pass them around (and cache them) without defensive copies. Units are fixed once
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
 from gpupool.core.units import COMPUTE_PER_CARD
+
+MAX_CARD_MEMORY_MIB = 2**31
+"""Most memory one card (or one slice of it) may have: 2 PiB, thousands of times today's largest card.
+The ledger keeps amounts as int64; with this bound and :data:`MAX_CARDS_PER_NODE` no sum over a
+cluster of a million nodes can overflow, so a typo in an inventory is refused here, not mid-update."""
+
+MAX_CARDS_PER_NODE = 256
+"""Most cards one node may publish (the ledger's arrays are nodes x the widest node's cards)."""
+
+MAX_NODE_CPU_MILLI = 2**40
+"""Most allocatable CPU of one node, in milli-cores (about 10^9 cores)."""
+
+MAX_NODE_MEMORY_MIB = 2**40
+"""Most allocatable memory of one node, in MiB (1 EiB)."""
+
+_SHOWN_DIGITS = 20
+"""Numbers longer than this are described by their size in errors, not printed (Python refuses to
+print ints of more than 4,300 digits, and a message should stay readable)."""
+
+
+def check_bounds(owner: str, name: str, value: object, maximum: int) -> None:
+    """Raise ``ValueError`` naming ``owner`` and field ``name`` unless ``value`` is an int in 0..maximum."""
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise ValueError(f"{owner}: {name} must be an integer, got {type(value).__name__}")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"{owner}: {name} must be non-negative, got {_shown(number)}")
+    if number > maximum:
+        raise ValueError(f"{owner}: {name} must be at most {maximum}, got {_shown(number)}")
+
+
+def _shown(number: int) -> str:
+    if abs(number) < 10**_SHOWN_DIGITS:
+        return str(number)
+    return f"a number of {number.bit_length()} bits"
 
 
 class GpuKind(StrEnum):
@@ -68,8 +104,10 @@ class GpuCard:
     healthy: bool = True
 
     def __post_init__(self) -> None:
-        if self.memory_mib < 0 or self.compute < 0:
-            raise ValueError(f"card {self.index}: memory and compute must be non-negative")
+        check_bounds("card", "index", self.index, MAX_CARDS_PER_NODE - 1)
+        owner = f"card {self.index}"
+        check_bounds(owner, "memory_mib", self.memory_mib, MAX_CARD_MEMORY_MIB)
+        check_bounds(owner, "compute", self.compute, COMPUTE_PER_CARD)
 
 
 @dataclass(frozen=True)
@@ -157,6 +195,13 @@ class NodeSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     topology: Topology | None = None
 
+    def __post_init__(self) -> None:
+        owner = f"node {self.name}"
+        check_bounds(owner, "cpu_milli", self.cpu_milli, MAX_NODE_CPU_MILLI)
+        check_bounds(owner, "memory_mib", self.memory_mib, MAX_NODE_MEMORY_MIB)
+        if len(self.cards) > MAX_CARDS_PER_NODE:
+            raise ValueError(f"{owner}: cards: {len(self.cards)} cards, at most {MAX_CARDS_PER_NODE}")
+
     def link(self, a: int, b: int) -> LinkLevel:
         """Link level between two card positions of this node."""
         if self.topology is None:
@@ -189,6 +234,9 @@ class GpuRequest:
             raise ValueError(f"compute per card must be within 0..{COMPUTE_PER_CARD} per-mille")
         if self.memory_mib is not None and self.memory_mib < 0:
             raise ValueError("memory per card must be non-negative")
+        if self.memory_mib is not None and self.memory_mib > MAX_CARD_MEMORY_MIB:
+            raise ValueError(f"memory per card must be at most {MAX_CARD_MEMORY_MIB} MiB (the largest card "
+                             f"gpupool accepts), got {_shown(self.memory_mib)}")
         if not self.exclusive and self.compute == 0 and not self.memory_mib:
             raise ValueError("a shared GPU request must ask for memory, compute or both")
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.core.cards import assign_on_node
-from gpupool.core.feasibility import card_fit_mask, explain_node, node_fit_mask, request_problem
+from gpupool.core.feasibility import (
+    card_fit_mask,
+    explain_node,
+    node_fit_mask,
+    node_room_mask,
+    request_problem,
+)
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import GpuRequest, Placement, PodRequest
 from gpupool.core.policies import PlacementPolicy, PodShape
@@ -37,6 +43,11 @@ class _ShapeCache:
     version: IntArray
     feasible: BoolArray
     raw: FloatArray
+
+
+def _one_gpu_request(pod: PodRequest) -> bool:
+    """Exactly one GPU container and no GPU init containers: the pod's one request is its shape's."""
+    return len(pod.gpu_containers) == 1 and all(c.gpu is None for c in pod.init_containers)
 
 
 def _is_simple(pod: PodRequest) -> bool:
@@ -66,16 +77,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------------- filter and score
     def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
-        feasible = node_fit_mask(self.state, pod, rows)
+        feasible, fits = self._feasible(shape, pod, rows)
         raw = np.full(len(rows), -np.inf)
-        ok_rows = rows[feasible]
-        if len(ok_rows):
-            if shape.gpu is not None:
-                fits = card_fit_mask(self.state, shape.gpu, ok_rows)
-            else:
-                fits = np.zeros((len(ok_rows), self.state.max_cards), dtype=bool)
-            raw[feasible] = self.policy.score(self.state, shape, ok_rows, fits)
+        if feasible.any():
+            raw[feasible] = self.policy.score(self.state, shape, rows[feasible], fits)
         return feasible, raw
+
+    def _feasible(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, BoolArray]:
+        """Feasible rows among ``rows``, and the card mask of the feasible ones for the shape's request."""
+        gpu = shape.gpu
+        if gpu is None:
+            feasible = node_fit_mask(self.state, pod, rows)
+            return feasible, np.zeros((int(feasible.sum()), self.state.max_cards), dtype=bool)
+        if _one_gpu_request(pod):
+            # the card mask node_fit_mask would compute for the pod's one request: computed once here
+            cards = card_fit_mask(self.state, gpu, rows)
+            feasible = node_room_mask(self.state, pod, rows) & (cards.sum(axis=1) >= gpu.count)
+            return feasible, cards[feasible]
+        feasible = node_fit_mask(self.state, pod, rows)
+        return feasible, card_fit_mask(self.state, gpu, rows[feasible])
 
     def filter_and_score(self, pod: PodRequest, rows: IntArray | None = None) -> tuple[IntArray, FloatArray]:
         """Feasible rows among ``rows`` (default: all) and their final scores (higher is better)."""

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import CardMode, GpuKind, NodeSpec, Placement
+from gpupool.core import card_rule
+from gpupool.core.card_rule import BoolArray, CardBook, CardSlots, CardUse, CardVerdict, Demand, IntArray
+from gpupool.core.ledger_row import NodeRow
+from gpupool.core.model import CardMode, NodeSpec, Placement
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+__all__ = ["AllocationError", "BoolArray", "Capacity", "CardUsage", "ClusterState", "IntArray"]
 
 
 class AllocationError(ValueError):
@@ -116,17 +118,17 @@ class ClusterState:
         allocated = len(self._storage["present"])
         if rows > allocated or cols > old_cols:
             capacity = max(rows, 2 * allocated, 16) if rows > allocated else allocated
+            grown: dict[str, npt.NDArray[np.generic]] = {}  # swapped in whole: a failed allocation changes nothing
             for name in self._NODE_ARRAYS:
                 old = self._storage[name]
-                new = np.zeros(capacity, dtype=old.dtype)
-                new[:old_rows] = old[:old_rows]
-                self._storage[name] = new
+                grown[name] = np.zeros(capacity, dtype=old.dtype)
+                grown[name][:old_rows] = old[:old_rows]
             for name in self._CARD_ARRAYS:
                 old = self._storage[name]
                 fill = -1 if name == "card_model" else 0
-                new = np.full((capacity, cols), fill, dtype=old.dtype)
-                new[:old_rows, :old_cols] = old[:old_rows, :old_cols]
-                self._storage[name] = new
+                grown[name] = np.full((capacity, cols), fill, dtype=old.dtype)
+                grown[name][:old_rows, :old_cols] = old[:old_rows, :old_cols]
+            self._storage = grown
         for name, buffer in self._storage.items():
             setattr(self, name, buffer[:rows])
         self.max_cards = cols
@@ -150,12 +152,14 @@ class ClusterState:
 
         A full node list (start, re-list after 410 Gone) arrives at once: growing the arrays to
         the final size first means no row is copied more than once, whatever the list's length.
+        All or nothing: every node is converted for the arrays before the first one is written, so
+        a node the ledger cannot hold raises and leaves the ledger as it was.
         """
-        specs = list(specs)
-        fresh = len({s.name for s in specs if s.name not in self.index})
-        widest = max((len(s.cards) for s in specs), default=0)
+        staged = [NodeRow.of(spec) for spec in specs]
+        fresh = len({s.spec.name for s in staged if s.spec.name not in self.index})
+        widest = max((s.card_count for s in staged), default=0)
         self._grow(self.size + fresh, max(self.max_cards, widest))
-        return [self.upsert_node(spec) for spec in specs]
+        return [self._write_node(node) for node in staged]
 
     def capacity(self) -> Capacity:
         """Largest card, most cards on one node, any card at all: over present nodes, memoised.
@@ -182,31 +186,42 @@ class ClusterState:
 
         Re-applying matters after an inventory change (a card lost, a restart of the node side):
         free capacity is always derived as total minus what placements hold, never patched.
+        All or nothing: the description is converted for the arrays first, so a value the ledger
+        cannot hold raises ``ValueError`` before anything changes (a half-written node would look
+        unchanged to the caller's retry and never be repaired).
         """
+        staged = NodeRow.of(spec)
+        self._grow(self.size + (spec.name not in self.index), max(self.max_cards, staged.card_count))
+        return self._write_node(staged)
+
+    def _write_node(self, node: NodeRow) -> int:
+        """Write a converted node into its row (the arrays are already wide enough); cannot fail."""
+        spec = node.spec
         row = self.index.get(spec.name)
         if row is None:
             row = len(self.specs)
             self.specs.append(spec)
             self.index[spec.name] = row
-            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
         else:
             self.specs[row] = spec
-            self._grow(row + 1, max(self.max_cards, len(spec.cards)))
         self.layout_version += 1
         self.present[row] = True
-        self.cpu_total[row] = spec.cpu_milli
-        self.mem_total[row] = spec.memory_mib
-        self.card_count[row] = len(spec.cards)
-        self.card_exists[row, :] = False
-        self.card_healthy[row, :] = False
-        self.card_model[row, :] = -1
-        for pos, card in enumerate(spec.cards):
-            self.card_exists[row, pos] = True
-            self.card_healthy[row, pos] = card.healthy
-            self.card_model[row, pos] = self.model_id(card.model)
-            self.card_virtual[row, pos] = card.kind == GpuKind.VIRTUAL
-            self.card_mem_total[row, pos] = card.memory_mib
-            self.card_compute_total[row, pos] = card.compute
+        self.cpu_total[row] = node.cpu_milli
+        self.mem_total[row] = node.memory_mib
+        self.card_count[row] = node.card_count
+        count = node.card_count
+        self.card_exists[row, :count] = True
+        self.card_exists[row, count:] = False
+        self.card_healthy[row, :count] = node.healthy
+        self.card_healthy[row, count:] = False
+        self.card_model[row, :count] = [self.model_id(model) for model in node.models]
+        self.card_model[row, count:] = -1
+        self.card_virtual[row, :count] = node.virtual
+        self.card_virtual[row, count:] = False
+        self.card_mem_total[row, :count] = node.card_memory_mib
+        self.card_mem_total[row, count:] = 0
+        self.card_compute_total[row, :count] = node.card_compute
+        self.card_compute_total[row, count:] = 0
         self._recompute_node(row)
         return row
 
@@ -271,24 +286,36 @@ class ClusterState:
             return (f"node {placement.node}: {placement.memory_mib} MiB memory requested, "
                     f"{int(self.mem_free[row])} MiB free")
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
-            if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
-                return f"node {placement.node} has no card {card}"
-            if not self.card_healthy[row, card]:
-                return f"node {placement.node} card {card} is unhealthy"
-            mode = self.card_mode[row, card]
-            if exclusive:
-                if mode != CardMode.IDLE:
-                    return f"node {placement.node} card {card} is in use; a whole-card request needs it idle"
-                continue
-            if mode == CardMode.EXCLUSIVE:
-                return f"node {placement.node} card {card} is held exclusively"
-            if memory > self.card_mem_free[row, card]:
-                return (f"node {placement.node} card {card}: {memory} MiB requested, "
-                        f"{int(self.card_mem_free[row, card])} MiB free")
-            if compute > self.card_compute_free[row, card]:
-                return (f"node {placement.node} card {card}: compute {compute}/1000 requested, "
-                        f"{int(self.card_compute_free[row, card])}/1000 free")
+            demand = Demand(memory, compute, exclusive)
+            verdict = self.card_verdict(row, card, demand)
+            if verdict != CardVerdict.FITS:
+                return self._refusal(placement.node, row, card, verdict, demand)
         return None
+
+    def card_verdict(self, row: int, card: int, demand: Demand) -> CardVerdict:
+        """The card rule (:mod:`gpupool.core.card_rule`) for one card of node ``row``."""
+        if not 0 <= card < self.max_cards:
+            return CardVerdict.NO_CARD
+        at = (row, card)
+        return card_rule.verdict(CardSlots(self.card_exists[at], self.card_healthy[at]),
+                                 CardUse(self.card_mode[at], self.card_mem_free[at], self.card_compute_free[at]),
+                                 demand)
+
+    def _refusal(self, node: str, row: int, card: int, verdict: CardVerdict, demand: Demand) -> str:
+        """The ledger's sentence for a card that refuses a held share."""
+        if verdict == CardVerdict.NO_CARD:
+            return f"node {node} has no card {card}"
+        if verdict == CardVerdict.UNHEALTHY:
+            return f"node {node} card {card} is unhealthy"
+        if verdict == CardVerdict.NOT_IDLE:
+            return f"node {node} card {card} is in use; a whole-card request needs it idle"
+        if verdict == CardVerdict.EXCLUSIVE_HELD:
+            return f"node {node} card {card} is held exclusively"
+        if verdict == CardVerdict.NO_MEMORY:
+            return (f"node {node} card {card}: {demand.memory} MiB requested, "
+                    f"{int(self.card_mem_free[row, card])} MiB free")
+        return (f"node {node} card {card}: compute {demand.compute}/1000 requested, "
+                f"{int(self.card_compute_free[row, card])}/1000 free")
 
     def apply(self, placement: Placement) -> None:
         """Book a placement, or raise :class:`AllocationError` and change nothing."""
@@ -317,19 +344,10 @@ class ClusterState:
     def _book(self, row: int, placement: Placement, sign: int) -> None:
         self.cpu_free[row] -= sign * placement.cpu_milli
         self.mem_free[row] -= sign * placement.memory_mib
+        cards = CardBook(self.card_mem_total, self.card_mem_free, self.card_compute_total,
+                         self.card_compute_free, self.card_mode, self.card_holders)
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
-            if exclusive:
-                self.card_mem_free[row, card] = 0 if sign > 0 else self.card_mem_total[row, card]
-                self.card_compute_free[row, card] = (
-                    0 if sign > 0 else self.card_compute_total[row, card])
-                self.card_mode[row, card] = CardMode.EXCLUSIVE if sign > 0 else CardMode.IDLE
-                self.card_holders[row, card] = 1 if sign > 0 else 0
-                continue
-            self.card_mem_free[row, card] -= sign * memory
-            self.card_compute_free[row, card] -= sign * compute
-            self.card_holders[row, card] += sign
-            self.card_mode[row, card] = (
-                CardMode.SHARED if self.card_holders[row, card] > 0 else CardMode.IDLE)
+            cards.book((row, card), memory, compute, exclusive, sign)
 
     # ------------------------------------------------------------------------------------ views
     def card_usage(self, node: str) -> list[CardUsage]:

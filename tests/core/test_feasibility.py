@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpupool.core.card_rule import CardVerdict
 from gpupool.core.feasibility import (
     as_rows,
     card_fit_mask,
-    eligible_cards,
+    card_verdicts,
     explain_node,
     memory_need,
     node_fit_mask,
@@ -70,7 +71,8 @@ def test_card_fit_mask(state: ClusterState, request_: GpuRequest, expected: list
 
 def test_unhealthy_cards_are_not_eligible(state: ClusterState) -> None:
     state.set_card_health("n0", 1, False)
-    assert eligible_cards(state, GpuRequest.fraction(100), rows(0))[0, :2].tolist() == [True, False]
+    assert card_verdicts(state, GpuRequest.fraction(100), rows(0))[0, :2].tolist() == [
+        CardVerdict.FITS, CardVerdict.UNHEALTHY]
     assert card_fit_mask(state, GpuRequest.fraction(100), rows(0))[0, :2].tolist() == [True, False]
 
 

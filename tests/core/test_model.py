@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from gpupool.core.model import (
+    MAX_CARD_MEMORY_MIB,
+    MAX_CARDS_PER_NODE,
+    MAX_NODE_CPU_MILLI,
+    MAX_NODE_MEMORY_MIB,
     CardSlice,
     ContainerAssignment,
     ContainerRequest,
@@ -26,6 +32,54 @@ def test_card_rejects_negative_capacity() -> None:
         GpuCard(index=0, uuid="u", model="A", memory_mib=-1)
     with pytest.raises(ValueError, match="non-negative"):
         GpuCard(index=0, uuid="u", model="A", memory_mib=1, compute=-1)
+
+
+BIG = 10**30  # a 31-digit memoryMiB, as a broken inventory file once published
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=BIG),
+                     r"card 0: memory_mib must be at most 2147483648, got a number of 100 bits", id="card-memory-huge"),
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=MAX_CARD_MEMORY_MIB + 1),
+                     r"card 0: memory_mib must be at most 2147483648, got 2147483649", id="card-memory-just-over"),
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=1, compute=1001),
+                     r"card 0: compute must be at most 1000", id="card-compute-over-a-card"),
+        pytest.param(lambda: GpuCard(index=MAX_CARDS_PER_NODE, uuid="u", model="A", memory_mib=1),
+                     r"card: index must be at most 255", id="card-index"),
+        pytest.param(lambda: GpuCard(index=-1, uuid="u", model="A", memory_mib=1),
+                     r"card: index must be non-negative", id="card-index-negative"),
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=1.5),  # type: ignore[arg-type]
+                     r"card 0: memory_mib must be an integer, got float", id="card-memory-float"),
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=True),
+                     r"card 0: memory_mib must be an integer, got bool", id="card-memory-bool"),
+        pytest.param(lambda: GpuCard(index=0, uuid="u", model="A", memory_mib=10**5000),
+                     r"memory_mib must be at most 2147483648, got a number of 16610 bits",
+                     id="card-memory-5000-digits"),
+        pytest.param(lambda: NodeSpec("n", cpu_milli=MAX_NODE_CPU_MILLI + 1, memory_mib=0),
+                     r"node n: cpu_milli must be at most", id="node-cpu"),
+        pytest.param(lambda: NodeSpec("n", cpu_milli=0, memory_mib=-1),
+                     r"node n: memory_mib must be non-negative", id="node-memory-negative"),
+        pytest.param(lambda: NodeSpec("n", cpu_milli=0, memory_mib=BIG),
+                     r"node n: memory_mib must be at most", id="node-memory-huge"),
+        pytest.param(lambda: NodeSpec("n", cpu_milli=0, memory_mib=0,
+                                      cards=(GpuCard(0, "u", "A", 1),) * (MAX_CARDS_PER_NODE + 1)),
+                     r"node n: cards: 257 cards, at most 256", id="node-too-many-cards"),
+        pytest.param(lambda: GpuRequest(compute=0, memory_mib=MAX_CARD_MEMORY_MIB + 1),
+                     r"memory per card must be at most 2147483648 MiB", id="request-memory-over-any-card"),
+    ],
+)
+def test_numbers_outside_the_ledgers_bounds_are_refused_with_the_field_named(build: Callable[[], object],
+                                                                              message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_largest_accepted_numbers_still_build() -> None:
+    card = GpuCard(index=MAX_CARDS_PER_NODE - 1, uuid="u", model="A", memory_mib=MAX_CARD_MEMORY_MIB)
+    NodeSpec("n", cpu_milli=MAX_NODE_CPU_MILLI, memory_mib=MAX_NODE_MEMORY_MIB, cards=(card,) * MAX_CARDS_PER_NODE)
+    GpuRequest(compute=0, memory_mib=MAX_CARD_MEMORY_MIB)
 
 
 # ---------------------------------------------------------------------------------- GpuRequest
