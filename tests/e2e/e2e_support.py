@@ -7,6 +7,7 @@ them and their logs land in a file the failure message names.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -148,6 +149,15 @@ class ExtenderProcess:
             if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
+
+    def passes(self, pod: Mapping[str, Any], nodes: list[str]) -> list[str]:
+        """The nodes the extender's ``/filter`` passes for ``pod``, from its ledger as it is now."""
+        body = json.dumps({"Pod": pod, "NodeNames": nodes}).encode()
+        request = urllib.request.Request(f"{self.url}/filter", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            passed: list[str] = json.loads(resp.read())["NodeNames"] or []
+        return passed
 
 
 class NodeAgentProcess:
