@@ -176,18 +176,26 @@ class NodeAgentProcess:
         self.gpus = workdir / "gpus.yaml"
         self.gpus.write_text(gpus_yaml)
         self.log_path = workdir / "node-agent.log"
+        self.metrics_port = free_port()  # not the default: several agents share the loopback here
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         cmd = [*GPUPOOL_CLI, "node-agent", "--node-name", self.kubelet.node_name,
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
-               "--kubeconfig", str(self.kubeconfig), *self.extra_args]
+               "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port),
+               *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def metrics(self) -> str:
+        """The agent's ``/metrics`` text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            text: str = resp.read().decode()
+        return text
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 10 s; returns the exit status (None if never started)."""
