@@ -9,18 +9,26 @@ those, what kube-scheduler waits for. ``server_side_*`` are the handlers' own du
 samples (from the request's headers to the answer's body, without the HTTP transfer). After every
 sample the pod is booked on the best node, so the ledger changes as it does in a cluster.
 
+Scrapes: a second run of ``--samples`` samples with a scraper thread in the client process that GETs
+the extender's ``/metrics`` every ``--scrape-interval`` seconds (as Prometheus would, on its own
+connection); ``filter_prioritize_p99_ms_scraped`` is that run's round-trip p99 and
+``scrape_p50_ms``/``scrape_max_ms`` the scrapes' own durations. ``scrape_lock_hold_ms`` and
+``scrape_render_ms`` come from scraping the same ledger in this process before the server starts:
+the longest hold of the ledger lock during a scrape, and the whole scrape.
+
 Binds: ``--binds`` pods bound by 8 threads (the extender's bind pool). Against the real apiserver
 from ``gpupool testenv`` when it is available (``--apiserver auto``), else against the in-process
 :class:`FakePodApi`; the output says which. Every recorded assignment is checked afterwards: a card
 booked beyond its memory is reported as ``double_booked``.
 
     python3 bench/extender.py --nodes 5000 --gpus-per-node 8 --json
+
+The cluster is built by bench/extender_cluster.py, the HTTP measurements are bench/extender_latency.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import statistics
@@ -33,182 +41,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orjson
-
-from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
-from gpupool.api.names import ResourceNames
-from gpupool.core.model import GpuCard
+from bench.extender_cluster import CARD_MIB, SHAPES, build_cache, node_json, pod_json
+from bench.extender_latency import latency, scrape_cost
+from gpupool.api.annotations import decode_assignment
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gc_freeze import freeze_long_lived
-from gpupool.extender.http.api import ExtenderApi
-from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
-from gpupool.kube.translate import pod_request
 from gpupool.testing.fake_api import FakePodApi
-
-CARD_MIB = 16276
-# gpupool's own resources, the path every gpupool pod takes (gpu-mem counts 256 MiB units per card).
-SHAPES = [
-    {"gpupool.io/gpu-mem": "8"},
-    {"gpupool.io/gpu-mem": "16"},
-    {"gpupool.io/gpu-mem": "31"},
-    {"gpupool.io/gpu-core": "25"},
-    {"gpupool.io/gpu-core": "50", "gpupool.io/gpu-mem": "23"},
-    {"gpupool.io/gpu": "1"},
-    {"gpupool.io/gpu": "2"},
-]
-
-
-def node_json(name: str, cards: int) -> dict[str, Any]:
-    inventory = Inventory(tuple(GpuCard(i, f"GPU-{name}-{i}", "A100", CARD_MIB) for i in range(cards)))
-    caps = {"cpu": "96", "memory": "768Gi", "pods": "250"}
-    return {
-        "metadata": {"name": name, "annotations": {"gpupool.io/inventory-v1": encode_inventory(inventory)}},
-        "status": {"capacity": caps, "allocatable": caps},
-    }
-
-
-def pod_json(name: str, limits: dict[str, str], namespace: str = "default") -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "x", "resources": {"limits": limits, "requests": {"cpu": "1"}}}
-            ]
-        },
-    }
-
-
-def build_cache(
-    nodes: int, cards: int, fill: float, rng: random.Random, timings: dict[str, float] | None = None
-) -> tuple[ClusterCache, list[str]]:
-    """A synced cache of ``nodes`` nodes, ``fill`` of their cards holding a slice.
-
-    ``timings`` receives ``ledger_s`` (the node list into the ledger, as at the extender's start)
-    and ``fill_s`` (booking the slices one by one through the binder's reservation path).
-    """
-    cache = ClusterCache(policy="gpupool")
-    names = [f"node-{i:05d}" for i in range(nodes)]
-    listed = [node_json(n, cards) for n in names]  # what the node list delivers, not timed
-    started = time.perf_counter()
-    cache.replace_nodes(listed)
-    cache.replace_pods([])
-    booked = time.perf_counter()
-    filled = 0
-    target = int(fill * nodes * cards)
-    i = 0
-    while filled < target:  # half fill with slices, booked straight into the ledger
-        request = pod_request(pod_json(f"fill-{i}", rng.choice(SHAPES[:5])), cache.names)
-        node = names[rng.randrange(nodes)]
-        decision = cache.reserve(request, node)
-        i += 1
-        if hasattr(decision, "containers"):
-            filled += 1
-    if timings is not None:
-        timings["ledger_s"] = booked - started
-        timings["fill_s"] = time.perf_counter() - booked
-    return cache, names
-
-
-class RecordingMetrics(ExtenderMetrics):
-    """Metrics that also keep each request's server-side duration (handler entry to response)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.server_ms: list[float] = []
-
-    def observe(self, verb: str, outcome: str, seconds: float) -> None:
-        super().observe(verb, outcome, seconds)
-        self.server_ms.append(seconds * 1000)
-
-
-def _serve_forked(cache: ClusterCache, port: int, ready: Any) -> None:
-    """Child process: the extender app over the parent's cache (copied by fork), plus a bench route
-    that books a pod on a node (the ledger change a bind would make) and one that hands back the
-    server-side timings. The parent is then a client in another process, as kube-scheduler is."""
-    from aiohttp import web
-
-    service = ExtenderService(cache, None)
-    metrics = RecordingMetrics()
-    app = ExtenderApi(service, ResourceNames(), metrics).app()
-
-    async def book(request: web.Request) -> web.Response:
-        doc = await request.json()
-        cache.reserve(pod_request(doc["pod"], cache.names), doc["node"])
-        return web.Response(text="ok")
-
-    async def server_ms(_request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(metrics.server_ms), content_type="application/json")
-
-    app.router.add_post("/bench/book", book)
-    app.router.add_get("/bench/server-ms", server_ms)
-
-    async def main() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        ready.set()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-def latency(
-    cache: ClusterCache, names: list[str], samples: int, rng: random.Random
-) -> tuple[list[float], list[float]]:
-    """Round-trip and server-side milliseconds of filter+prioritize, per sample.
-
-    The server runs in a forked child and the client is a plain keep-alive HTTP client here, so that
-    neither the client's interpreter nor its JSON work shares the server's, as with kube-scheduler.
-    Timed: from sending each request to reading each answer (encoding the request bodies and
-    decoding the answers are kube-scheduler's work and are not timed)."""
-    import http.client
-    import multiprocessing
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = multiprocessing.get_context("fork")
-    ready = context.Event()
-    child = context.Process(target=_serve_forked, args=(cache, port, ready), daemon=True)
-    child.start()
-    headers = {"Content-Type": "application/json"}
-    try:
-        if not ready.wait(60):
-            raise RuntimeError("bench server did not start")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-
-        def exchange(path: str, body: bytes) -> bytes:
-            conn.request("POST", path, body=body, headers=headers)
-            return conn.getresponse().read()
-
-        round_trip: list[float] = []
-        for i in range(samples + 20):
-            pod = pod_json(f"bench-{i}", rng.choice(SHAPES))
-            body = orjson.dumps({"Pod": pod, "NodeNames": names})
-            started = time.perf_counter()
-            answer = exchange("/filter", body)
-            first = time.perf_counter() - started
-            body = orjson.dumps({"Pod": pod, "NodeNames": orjson.loads(answer)["NodeNames"]})
-            started = time.perf_counter()
-            answer = exchange("/prioritize", body)
-            elapsed = (first + time.perf_counter() - started) * 1000
-            scores = orjson.loads(answer)
-            if i >= 20:
-                round_trip.append(elapsed)
-            if scores:
-                best = max(scores, key=lambda e: e["Score"])["Host"]
-                exchange("/bench/book", orjson.dumps({"pod": pod, "node": best}))
-        conn.request("GET", "/bench/server-ms")
-        per_request = orjson.loads(conn.getresponse().read())
-        conn.close()
-        pairs = [per_request[j] + per_request[j + 1] for j in range(0, len(per_request) - 1, 2)]
-        return round_trip, pairs[20:]
-    finally:
-        child.terminate()
-        child.join(10)
 
 
 def cpu_times() -> list[int] | None:
@@ -345,16 +184,19 @@ def main() -> None:
     parser.add_argument("--bind-nodes", type=int, default=50)
     parser.add_argument("--apiserver", choices=["auto", "real", "fake"], default="auto")
     parser.add_argument("--seed", type=int, default=1)
-
+    parser.add_argument("--scrape-interval", type=float, default=1.0,
+                        help="seconds between /metrics scrapes in the second run of samples; 0: no such run")
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
     timings: dict[str, float] = {}
     cache, names = build_cache(opts.nodes, opts.gpus_per_node, opts.fill, rng, timings)
     freeze_long_lived()  # as the extender does once its cache has synced (gpupool/extender/gc_freeze.py)
+    cost = scrape_cost(cache)
     counters = cpu_times()
-    samples, server = latency(cache, names, opts.samples, rng)
+    runs = latency(cache, names, opts.samples, rng, opts.scrape_interval)
     stolen = steal_share(counters, cpu_times())
+    samples, server, scraped, scrapes = runs.round_trip, runs.server, runs.round_trip_scraped, runs.scrapes
     bind_stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng)
     result = {
         "filter_prioritize_p50_ms": round(statistics.median(samples), 2),
@@ -363,7 +205,13 @@ def main() -> None:
         "server_side_p50_ms": round(statistics.median(server), 2),
         "server_side_p99_ms": round(pct(server, 99), 2),
         "cpu_steal_pct": None if stolen is None else round(100 * stolen, 1),
-
+        "filter_prioritize_p99_ms_scraped": round(pct(scraped, 99), 2) if scraped else None,
+        "scrapes": len(scrapes),
+        "scrape_p50_ms": round(statistics.median(scrapes), 2) if scrapes else None,
+        "scrape_max_ms": round(max(scrapes), 2) if scrapes else None,
+        "scrape_lock_hold_ms": round(cost["lock_hold_ms"], 3),
+        "scrape_render_ms": round(cost["render_ms"], 2),
+        "scrape_bytes": int(cost["bytes"]),
         "ledger_build_s": round(timings["ledger_s"], 2),
         "fill_s": round(timings["fill_s"], 1),
     }
@@ -381,7 +229,12 @@ def main() -> None:
             f"{result['server_side_p50_ms']:.2f} / {result['server_side_p99_ms']:.2f}",
         ),
         ("  CPU time stolen by the hypervisor meanwhile (%)", str(result["cpu_steal_pct"])),
-
+        (f"round trip p99 (ms) with /metrics scraped every {opts.scrape_interval:g} s",
+         str(result["filter_prioritize_p99_ms_scraped"])),
+        ("  scrapes, their p50 / max (ms)",
+         f"{result['scrapes']}, {result['scrape_p50_ms']} / {result['scrape_max_ms']}"),
+        ("one scrape in process: lock held / whole (ms), bytes",
+         f"{result['scrape_lock_hold_ms']} / {result['scrape_render_ms']}, {result['scrape_bytes']}"),
         ("binds against", bind_stats["binds_against"]),
         ("binds/s (8 threads)", f"{bind_stats['binds_per_s']:.1f}"),
         ("binds ok / refused", f"{bind_stats['binds_ok']} / {bind_stats['binds_refused']}"),

@@ -10,6 +10,7 @@ import socket
 import click
 
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 
 
 @click.command("node-agent")
@@ -25,9 +26,13 @@ from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_
               help="Also serve these foreign resource families, comma-separated: gpushare "
                    "(aliyun.com/gpu-mem, GiB), gpumanager (tencent.com/vcuda-core, vcuda-memory). "
                    "For nodes that take over from those device plugins (docs/node-agent.md).")
+@click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
+              type=click.IntRange(0, 65535),
+              help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, serve_aliases: str, verbose: bool) -> None:
+               kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
+               verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -37,11 +42,12 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases))
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
+                     metrics_port))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...]) -> None:
+               domain: str, aliases: tuple[str, ...], metrics_port: int) -> None:
     from gpupool.api.names import ResourceNames
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
@@ -49,6 +55,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
     from gpupool.nodeagent.gpu_inventory import GpuBackend
     from gpupool.nodeagent.kube_pod_source import KubePodSource
+    from gpupool.nodeagent.metrics import serve_metrics
 
     names = ResourceNames(domain)
     backend: GpuBackend
@@ -62,6 +69,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
+    metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
 
     async def publish_on_change() -> None:
         version = agent.devices_version
@@ -75,4 +83,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(agent.run())
             group.create_task(publish_on_change())
     finally:
+        if metrics is not None:
+            await metrics.cleanup()
         backend.close()

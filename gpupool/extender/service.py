@@ -27,6 +27,7 @@ from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.what_if import what_if_copy
+from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.node_rows import NodeRows
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
@@ -61,6 +62,11 @@ class Ledger(Protocol):
         """True once the ledger reflects a full list of nodes and pods."""
 
     @property
+    def problems(self) -> BookingProblems:
+        """Claims the ledger cannot square (over-committed cards, unreadable assignments); read
+        under ``lock``."""
+
+    @property
     def claim_problems(self) -> dict[str, str]:
         """Per node holding a pod whose assignment cannot be read, why GPU pods are refused there."""
 
@@ -70,11 +76,6 @@ class Ledger(Protocol):
     def key_for_uid(self, uid: str) -> str | None:
         """``namespace/name`` of a known pod by uid."""
 
-    def overcommitted_cards(self) -> int:
-        """Cards whose claims exceed them now."""
-
-    def unreadable_assignments(self) -> int:
-        """Bound pods whose assignment cannot be read."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,15 @@ class NodeAgent:
             self._version += 1
             self._changed.notify_all()
 
+    # ------------------------------------------------------------------ what metrics read
+    def listed_pods(self) -> list[PodView]:
+        """The pods kubelet listed at the last PodResources read, as the pod source described them."""
+        return list(self._views.values())
+
+    def served_containers(self) -> int:
+        """Containers of pods kubelet still lists whose Allocate this agent answered."""
+        return sum(len(containers) for key, containers in self._served.items() if key in self._snapshot)
+
     # ------------------------------------------------------------------ kubelet calls
     async def _refresh(self) -> tuple[PodResourcesSnapshot, dict[PodKey, PodView]]:
         snapshot = await self.podresources.list()

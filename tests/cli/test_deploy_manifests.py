@@ -208,6 +208,20 @@ def test_node_agent_is_not_privileged_and_runs_only_on_labelled_gpu_nodes() -> N
             name in container.spec["resources"].get("limits", {}) for name in ResourceNames().managed())
 
 
+def test_node_agent_metrics_port_is_declared_and_annotated_for_scraping() -> None:
+    """--metrics-port is the container's metrics port and the port the prometheus.io annotations name
+    (tests/nodeagent/test_metrics.py scrapes the agent's /metrics)."""
+    for container in containers_running("node-agent"):
+        _, params = parse(container)
+        assert params["metrics_port"] > 0
+        ports = {p["name"]: p["containerPort"] for p in container.spec["ports"]}
+        assert ports["metrics"] == params["metrics_port"]
+        notes = container.workload["spec"]["template"]["metadata"]["annotations"]
+        assert notes["prometheus.io/scrape"] == "true"
+        assert int(notes["prometheus.io/port"]) == params["metrics_port"]
+        assert notes["prometheus.io/path"] == "/metrics"
+
+
 # ---------------------------------------------------------------------------------- extender
 
 
@@ -235,6 +249,8 @@ def test_extender_ports_probes_and_service_agree() -> None:
                       and s["spec"]["selector"].items() <= labels.items())
         (port,) = service["spec"]["ports"]
         assert ports[port["targetPort"]] == params["port"]
+        notes = container.workload["spec"]["template"]["metadata"]["annotations"]
+        assert int(notes["prometheus.io/port"]) == params["port"] and ("GET", "/metrics") in routes
 
 
 def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:

@@ -7,6 +7,7 @@ them and their logs land in a file the failure message names.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -149,6 +150,15 @@ class ExtenderProcess:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def passes(self, pod: Mapping[str, Any], nodes: list[str]) -> list[str]:
+        """The nodes the extender's ``/filter`` passes for ``pod``, from its ledger as it is now."""
+        body = json.dumps({"Pod": pod, "NodeNames": nodes}).encode()
+        request = urllib.request.Request(f"{self.url}/filter", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            passed: list[str] = json.loads(resp.read())["NodeNames"] or []
+        return passed
+
 
 class NodeAgentProcess:
     """``gpupool node-agent --fake-gpus`` for one test-environment kubelet.
@@ -166,18 +176,26 @@ class NodeAgentProcess:
         self.gpus = workdir / "gpus.yaml"
         self.gpus.write_text(gpus_yaml)
         self.log_path = workdir / "node-agent.log"
+        self.metrics_port = free_port()  # not the default: several agents share the loopback here
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         cmd = [*GPUPOOL_CLI, "node-agent", "--node-name", self.kubelet.node_name,
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
-               "--kubeconfig", str(self.kubeconfig), *self.extra_args]
+               "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port),
+               *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def metrics(self) -> str:
+        """The agent's ``/metrics`` text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            text: str = resp.read().decode()
+        return text
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 10 s; returns the exit status (None if never started)."""

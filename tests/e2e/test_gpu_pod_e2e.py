@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.annotations import (
     AnnotationError,
@@ -36,6 +37,7 @@ from gpupool.api.annotations import (
     decode_inventory,
 )
 from gpupool.api.names import ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY, ResourceNames
+from gpupool.core.model import GpuCard, NodeSpec
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e.e2e_support import (
     GRANT_KEYS,
@@ -169,6 +171,27 @@ def check_pod(core_v1: client.CoreV1Api, namespace: str, name: str, node: str,
     return assignment
 
 
+def check_agent_metrics(core_v1: client.CoreV1Api, namespace: str, node: str, names: list[str],
+                        agent: NodeAgentProcess) -> None:
+    """The agent's ``/metrics`` shows, per card, the memory the pods' assignments book on it (by the
+    extender's rule: an init container holds its cards alone, before the app containers)."""
+    spec = NodeSpec(node, 0, 0, tuple(GpuCard(i, f"GPU-e2e-{i:04d}", "Tesla-T4", CARD_MIB) for i in range(CARDS)))
+    booked = dict.fromkeys(range(CARDS), 0)
+    for name in names:
+        text = core_v1.read_namespaced_pod(name, namespace).metadata.annotations[NAMES.assignment]
+        placement = decode_assignment(text).to_placement(f"{namespace}/{name}", spec, 0, 0)
+        for card, (mib, _compute, _exclusive) in placement.held_per_card().items():
+            booked[card] += mib
+    expected = {str(card): float(mib) for card, mib in booked.items()}
+
+    def shown() -> dict[str, float] | None:
+        got = {s.labels["card"]: s.value for family in text_string_to_metric_families(agent.metrics())
+               for s in family.samples if s.name == "gpupool_card_memory_allocated_mib"}
+        return got if got == expected else None
+
+    wait_for(shown, timeout=15, what=f"the agent's metrics to show {expected}\n{agent.metrics()}")
+
+
 def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
     core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
     start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
@@ -230,6 +253,7 @@ def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
     before = {p.metadata.name: p.status.container_statuses for p in core_v1.list_namespaced_pod(namespace).items
               if p.status.phase == "Running"}
     assert set(before) == {"whole", *pods}
+    check_agent_metrics(core_v1, namespace, node, ["whole", *pods], agent)
 
     # kubelet restarts: it wipes the plugin directory, the agent must serve and register again.
     sockets = {p.name for p in kubelet.device_plugin_dir.glob("gpupool-*.sock")}

@@ -97,9 +97,10 @@ def test_extender_binds_fake_kubelet_admits_and_annotations_agree(
             spec = node_spec(core_v1.read_node(node), NAMES)
             assert [(c.uuid, c.memory_mib, c.model) for c in spec.cards] == [
                 (c["uuid"], c["memoryMiB"], "Tesla-T4") for c in CARDS]
-            await asyncio.to_thread(wait_for, lambda: gpupool_extender.metric(
-                "gpupool_card_memory_total_mib", card="3", model="Tesla-T4", node=node, uuid=CARDS[3]["uuid"]),
-                timeout=30, what="the extender's ledger holds the node's cards")
+            probe = {"metadata": {"name": "probe", "namespace": "default", "uid": "probe"},
+                     "spec": {"containers": [{"name": "main", "resources": {"limits": {NAMES.gpu: "4"}}}]}}
+            await asyncio.to_thread(wait_for, lambda: gpupool_extender.passes(probe, [node]),
+                                    timeout=30, what="the extender's ledger holds the node's four cards")
 
             for name, (init, app) in PODS.items():
                 core_v1.create_namespaced_pod(namespace, gpu_pod_manifest(name, app, init=init, node=node))

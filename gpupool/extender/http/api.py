@@ -16,6 +16,8 @@ treats alike).
 
 Filter and prioritize run on the event loop: they are a few milliseconds of numpy under the cache
 lock, and a thread hop would cost more than it saves. Bind calls the API, so it runs in a thread pool.
+A ``/metrics`` scrape is rendered on a thread of its own: however long rendering takes, the loop
+keeps answering filter and prioritize (the ledger lock is held only while the totals are copied).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class ExtenderApi:
         self.metrics = metrics
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
+        # one thread: concurrent scrapes queue instead of rendering side by side
+        self.scrapes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-metrics")
         self.priorities = HostPriorityEncoder()
         self.records = RecordsForLayout(service.row_names)
 
@@ -114,8 +118,9 @@ class ExtenderApi:
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self.pool, self.service.bind, args.pod_namespace, args.pod_name,
-                                            args.pod_uid, args.node)
+        with self.metrics.binds_in_flight.track_inprogress():
+            result = await loop.run_in_executor(self.pool, self.service.bind, args.pod_namespace,
+                                                args.pod_name, args.pod_uid, args.node)
         if result.attempts > 1:
             self.metrics.bind_attempts.inc(result.attempts - 1)
         if result.error:
@@ -169,7 +174,8 @@ class ExtenderApi:
         return web.Response(status=503, text="cache not synced")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(self.scrapes, generate_latest, self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def app(self, prefix: str = "") -> web.Application:
@@ -190,3 +196,4 @@ class ExtenderApi:
 
     async def _shutdown(self, _: web.Application) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.scrapes.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,142 @@
+"""Prometheus metrics of one node agent: its own cards and what gpupool's assignments book on them.
+
+Why per-card series live here and not in the extender: the extender's ledger holds every card of the
+cluster, and writing a series for each stalled its scheduling answers on large clusters; each agent
+has only its own few cards, and Prometheus gathers them from all nodes. The values are what the pods
+kubelet lists on this node were assigned (the same rule the extender books by: an init container
+holds its cards alone, before the app containers), so a card whose booked memory exceeds its total
+shows an over-commitment the node actually runs.
+
+Served on the agent's own event loop: its state changes only there, so a scrape reads it without a
+lock, and a node's handful of cards renders in well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpupool.core.model import GpuCard
+from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.types import PodView
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9400
+"""Where ``gpupool node-agent`` serves ``/metrics`` unless told otherwise (0 turns it off)."""
+
+CARD_LABELS = ("node", "card", "uuid", "model")
+
+
+@dataclass(frozen=True)
+class CardReport:
+    """One card and what the assignments of the pods on this node book on it."""
+
+    card: GpuCard
+    memory_booked_mib: int
+    compute_booked_permille: int
+    containers: int
+
+
+def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView]) -> tuple[CardReport, ...]:
+    """Per card of ``inventory``: memory and compute booked by the assignments of ``pods``, and how
+    many app containers hold a slice of it. Finished pods and assignments for another node count
+    nothing; a card the node does not have is not reported (its assignment is refused at Allocate)."""
+    memory: defaultdict[int, int] = defaultdict(int)
+    compute: defaultdict[int, int] = defaultdict(int)
+    containers: defaultdict[int, int] = defaultdict(int)
+    for pod in pods:
+        if pod.terminated or pod.assignment is None:
+            continue
+        placement = pod.assignment.placement
+        if placement.node not in ("", node):
+            continue
+        for card, (mib, permille, _exclusive) in placement.held_per_card().items():
+            memory[card] += mib
+            compute[card] += permille
+        for assignment in placement.containers:
+            if not assignment.init:
+                for card in {s.card for s in assignment.slices}:
+                    containers[card] += 1
+    return tuple(CardReport(c, memory[c.index], compute[c.index], containers[c.index])
+                 for c in inventory.cards)
+
+
+CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
+    ("gpupool_card_memory_total_mib", "Memory of a card (MiB)", lambda r: r.card.memory_mib),
+    ("gpupool_card_memory_allocated_mib", "Memory gpupool's assignments book on a card (MiB)",
+     lambda r: r.memory_booked_mib),
+    ("gpupool_card_compute_total_permille", "Compute of a card (per-mille)", lambda r: r.card.compute),
+    ("gpupool_card_compute_allocated_permille",
+     "Compute gpupool's assignments book on a card (per-mille of the card)", lambda r: r.compute_booked_permille),
+    ("gpupool_card_healthy", "1 while the card is healthy", lambda r: float(r.card.healthy)),
+    ("gpupool_card_containers", "App containers holding a slice of the card", lambda r: r.containers),
+)
+"""Name, help and value of each per-card gauge (labels: :data:`CARD_LABELS`)."""
+
+
+class NodeAgentCollector(Collector):
+    """The agent's cards and counters, computed at scrape time from its current state."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily; nothing to declare up front
+
+    def collect(self) -> Iterator[Metric]:
+        agent = self.agent
+        reports = card_reports(agent.node, agent.inventory, agent.listed_pods())
+        for name, documentation, value in CARD_GAUGES:
+            family = GaugeMetricFamily(name, documentation, labels=CARD_LABELS)
+            for report in reports:
+                card = report.card
+                family.add_metric([agent.node, str(card.index), card.uuid, card.model], value(report))
+            yield family
+        yield GaugeMetricFamily("gpupool_node_containers_served",
+                                "Containers of listed pods whose Allocate this agent answered",
+                                value=agent.served_containers())
+        yield CounterMetricFamily("gpupool_node_allocate_refused", "Allocate calls refused",
+                                  value=agent.stats.refused)
+        yield CounterMetricFamily("gpupool_node_allocation_mismatches",
+                                  "Grants kubelet recorded under another container than the one served",
+                                  value=agent.stats.mismatches)
+
+
+def metrics_app(agent: NodeAgent) -> web.Application:
+    """An aiohttp application serving the agent's metrics on ``GET /metrics``."""
+    registry = CollectorRegistry()
+    registry.register(NodeAgentCollector(agent))
+
+    async def scrape(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    return app
+
+
+async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0") -> web.AppRunner | None:
+    """Serve ``/metrics`` on ``host:port`` from the running loop; the runner to clean up, or None.
+
+    A port that cannot be bound is logged and the agent goes on without metrics: the device plugin
+    is what the node's pods need, the metrics are not worth a crash loop.
+    """
+    runner = web.AppRunner(metrics_app(agent), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        log.error("metrics not served: cannot listen on %s:%d: %s", host, port, exc)
+        await runner.cleanup()
+        return None
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    return runner
