@@ -48,7 +48,7 @@ def two_cards(first: str, second: str = "{uuid: GPU-b, memoryMiB: 16384}", extra
         pytest.param(two_cards("{uuid: GPU-a, model: \"T4\\e[2J\", memoryMiB: 16384}"),
                      "cards[0].model: must not contain control", id="model-with-escape"),
         pytest.param(two_cards("{uuid: '', memoryMiB: 16384}"), "cards[0].uuid: must be non-empty", id="empty-uuid"),
-        pytest.param("cards:\n" + "".join(f"  - {{memoryMiB: 1}}\n" for _ in range(65)),
+        pytest.param("cards:\n" + "  - {memoryMiB: 1}\n" * 65,
                      "cards: at most 64 cards, got 65", id="too-many-cards"),
         pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="links: [[0, 1, 1], [1, 0, 1], [1, 1, 0]]\n"),
                      "links: expected a 2x2 matrix", id="links-of-wrong-size"),
