@@ -106,6 +106,10 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     if not isinstance(name, str) or not name:
         raise TranslationError("pod.metadata.name: missing")
     namespace = meta.get("namespace") or "default"
+    for field, value in (("name", name), ("namespace", namespace)):
+        problem = text_problem(value) if isinstance(value, str) else "must be a string"
+        if problem is not None:  # names reach log lines and events: no control characters
+            raise InvalidObjectError(f"pod.metadata.{field} {shown(value)}: {problem}")
     return f"{namespace}/{name}"
 
 

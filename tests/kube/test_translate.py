@@ -198,6 +198,15 @@ def test_values_the_apiserver_refuses_are_invalid_objects(c: dict[str, Any], fra
         pod_request(pod("p", c), NAMES)
 
 
+@pytest.mark.parametrize("field", [pytest.param("name", id="name"), pytest.param("namespace", id="namespace")])
+def test_a_pod_name_with_control_characters_is_an_invalid_object(field: str) -> None:
+    """Pod names reach log lines and events; the apiserver allows DNS names only."""
+    p = pod("p", container(cpu="1"))
+    p["metadata"][field] = "p\x1b[31m"
+    with pytest.raises(InvalidObjectError, match=rf"pod\.metadata\.{field} 'p\\x1b\[31m': must not contain control"):
+        pod_request(p, NAMES)
+
+
 def test_a_priority_past_int32_is_an_invalid_object() -> None:
     p = pod("p", container(cpu="1"))
     p["spec"]["priority"] = 1 << 40
