@@ -23,6 +23,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gc_freeze import freeze_long_lived
 from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
@@ -49,6 +50,7 @@ class ExtenderOptions:
     lease_name: str = "gpupool-extender"
     identity: str = ""
     explain_limit: int = 64
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -130,7 +132,7 @@ def run_extender(options: ExtenderOptions) -> None:
                 log.debug("%d long-lived objects exempt from garbage collection", frozen)
 
     threading.Thread(target=housekeeping, name="gpupool-housekeeping", daemon=True).start()
-    app = ExtenderApi(service, names, ExtenderMetrics()).app(options.url_prefix)
+    app = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes).app(options.url_prefix)
     log.info("gpupool extender %s listening on %s:%d (policy %s, domain %s)", identity, options.host,
              options.port, options.policy, options.domain)
     try:
@@ -158,14 +160,17 @@ def run_extender(options: ExtenderOptions) -> None:
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
 @click.option("--explain-limit", default=64, show_default=True, type=int,
               help="Failed nodes given an individual reason per filter call.")
+@click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
+              help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, verbose: bool) -> None:
+             identity: str, explain_limit: int, max_body_bytes: int, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
-                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit))
+                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit,
+                                 max_body_bytes=max_body_bytes))
