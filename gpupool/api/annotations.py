@@ -39,8 +39,11 @@ Three documents:
   received and how many kubelet devices of each resource it holds; the node agent reads it back
   after a restart to know which containers were already served.
 
-The node side and the extender read and write these documents with this one module, so a field
-renamed on one side cannot silently break the other.
+Bounds: every number is an integer from 0 to its maximum in :mod:`gpupool.api.limits` (card
+memory 1 TiB, index 255, compute 1000, 64 cards per node), and uuids, models and names are
+non-empty printable text of at most 512 characters. The node side and the extender read and write
+these documents with this one module (:func:`check_inventory` is the node side's check before it
+publishes), so a field renamed or a value refused on one side cannot silently break the other.
 """
 
 from __future__ import annotations
@@ -51,6 +54,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpupool.api.fields import SCHEMA_VERSION as SCHEMA_VERSION  # re-exported: the codecs' public names
+from gpupool.api.fields import AnnotationError as AnnotationError
+from gpupool.api.fields import (
+    bounded,
+    check_text,
+    load_document,
+    text,
+)
+from gpupool.api.fields import field as read_field
+from gpupool.api.limits import (
+    MAX_CARD_INDEX,
+    MAX_CARD_MEMORY_MIB,
+    MAX_CARDS_PER_NODE,
+    MAX_COMPUTE_PER_CARD,
+    MAX_DEVICES_PER_RESOURCE,
+)
 from gpupool.core.model import (
     CardSlice,
     ContainerAssignment,
@@ -61,68 +80,34 @@ from gpupool.core.model import (
     Placement,
     Topology,
 )
-from gpupool.core.units import COMPUTE_PER_CARD
-
-SCHEMA_VERSION = 1
 
 
-class AnnotationError(ValueError):
-    """An annotation value that does not follow its schema; the message names the field."""
-
-
-# --------------------------------------------------------------------------------- field readers
-def _load(text: str, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise AnnotationError(f"{what}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise AnnotationError(f"{what}: expected a JSON object, got {type(doc).__name__}")
-    version = doc.get("v")
-    if version != SCHEMA_VERSION:
-        raise AnnotationError(f"{what}: unsupported schema version {version!r} (this build reads v1)")
-    return doc
-
-
-def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in doc:
-        raise AnnotationError(f"{where}: missing field {key!r}")
-    value = doc[key]
-    # bool is an int in Python; never accept true/false where a number is meant.
-    if isinstance(value, bool) and kind is not bool:
-        raise AnnotationError(f"{where}.{key}: expected {_kind_name(kind)}, got a boolean")
-    if not isinstance(value, kind):
-        raise AnnotationError(f"{where}.{key}: expected {_kind_name(kind)}, got {type(value).__name__}")
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    if isinstance(kind, tuple):
-        return " or ".join(k.__name__ for k in kind)
-    return kind.__name__
-
-
-def _non_negative(doc: Mapping[str, Any], key: str, where: str) -> int:
-    value: int = _field(doc, key, int, where)
-    if value < 0:
-        raise AnnotationError(f"{where}.{key}: must be non-negative, got {value}")
-    return value
-
-
+# --------------------------------------------------------------------------------- card entries
 def _card_doc(ref: CardRef) -> dict[str, Any]:
     """A card entry as both documents write it (``assignment-v1`` adds ``exclusive``)."""
     return {"index": ref.index, "uuid": ref.uuid, "memoryMiB": ref.memory_mib, "computeMilli": ref.compute}
 
 
-def _card_ref(card: Any, where: str, *, max_compute: int | None = None) -> CardRef:
+def _card_ref(card: Any, where: str) -> CardRef:
     """Read a card entry's index, uuid, memoryMiB and computeMilli (``exclusive`` left False)."""
     if not isinstance(card, dict):
         raise AnnotationError(f"{where}: expected an object")
-    compute = _non_negative(card, "computeMilli", where)
-    if max_compute is not None and compute > max_compute:
-        raise AnnotationError(f"{where}.computeMilli: at most {max_compute}, got {compute}")
-    return CardRef(index=_non_negative(card, "index", where), uuid=_field(card, "uuid", str, where),
-                   memory_mib=_non_negative(card, "memoryMiB", where), compute=compute)
+    compute = bounded(card, "computeMilli", where, MAX_COMPUTE_PER_CARD)
+    return CardRef(index=bounded(card, "index", where, MAX_CARD_INDEX), uuid=text(card, "uuid", where),
+                   memory_mib=bounded(card, "memoryMiB", where, MAX_CARD_MEMORY_MIB, "MiB"), compute=compute)
+
+
+def _card_list(doc: Mapping[str, Any], where: str) -> list[Any]:
+    """A ``cards`` list of at most one node's worth of cards."""
+    raw: list[Any] = read_field(doc, "cards", list, where)
+    if len(raw) > MAX_CARDS_PER_NODE:
+        raise AnnotationError(f"{_path(where, 'cards')}: at most {MAX_CARDS_PER_NODE} cards, got {len(raw)}")
+    return raw
+
+
+def _path(what: str, rest: str) -> str:
+    """``what.rest``, or ``rest`` alone when the document has no name of its own (``what`` empty)."""
+    return f"{what}.{rest}" if what else rest
 
 
 def format_time(when: dt.datetime) -> str:
@@ -130,12 +115,12 @@ def format_time(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def parse_time(text: str, where: str) -> dt.datetime:
+def parse_time(value: str, where: str) -> dt.datetime:
     """Read an RFC 3339 time; naive times are taken as UTC."""
     try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise AnnotationError(f"{where}: {text!r} is not an RFC 3339 time") from None
+        raise AnnotationError(f"{where}: {value[:64]!r} is not an RFC 3339 time") from None
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
@@ -148,28 +133,64 @@ class Inventory:
     topology: Topology | None = None
 
 
-def decode_inventory(text: str) -> Inventory:
+def decode_inventory(value: str) -> Inventory:
     """Validate and decode an ``inventory-v1`` value."""
     what = "inventory-v1"
-    doc = _load(text, what)
-    raw_cards = _field(doc, "cards", list, what)
+    return _read_inventory(load_document(value, what), what)
+
+
+def encode_inventory(inventory: Inventory) -> str:
+    """The compact JSON of an ``inventory-v1`` value (what the node side publishes).
+
+    The value is checked with the reader's own rules first (:func:`check_inventory`), so the node
+    side can never publish an inventory that the extender would refuse.
+    """
+    doc = _inventory_doc(inventory)
+    _read_inventory(doc, "inventory-v1")
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def check_inventory(inventory: Inventory, what: str = "inventory-v1") -> None:
+    """Raise :class:`AnnotationError` if ``inventory`` breaks a rule of ``inventory-v1``.
+
+    The one rule for both sides: the node agent checks its cards with it before serving or
+    publishing them (a fake-GPU file at load), the extender applies it when it reads the annotation.
+    Messages name the field as ``<what>.cards[<position>].<field>`` (``cards[<position>].<field>``
+    when ``what`` is empty), positions in the given order.
+    """
+    _read_inventory(_inventory_doc(inventory), what)
+
+
+def _inventory_doc(inventory: Inventory) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "cards": [
+            {"index": c.index, "uuid": c.uuid, "model": c.model, "memoryMiB": c.memory_mib,
+             "healthy": c.healthy, **({"kind": c.kind.value} if c.kind != GpuKind.PHYSICAL else {})}
+            for c in inventory.cards
+        ],
+    }
+    if inventory.topology is not None:
+        doc["links"] = [[int(level) for level in row] for row in inventory.topology.levels]
+    return doc
+
+
+def _read_inventory(doc: Mapping[str, Any], what: str) -> Inventory:
     cards: list[GpuCard] = []
     seen_index: set[int] = set()
     seen_uuid: set[str] = set()
-    for pos, raw in enumerate(raw_cards):
-        where = f"{what}.cards[{pos}]"
+    for pos, raw in enumerate(_card_list(doc, what)):
+        where = _path(what, f"cards[{pos}]")
         if not isinstance(raw, dict):
             raise AnnotationError(f"{where}: expected an object")
-        index = _non_negative(raw, "index", where)
-        uuid = _field(raw, "uuid", str, where)
-        model = _field(raw, "model", str, where)
-        memory = _non_negative(raw, "memoryMiB", where)
-        healthy = _field(raw, "healthy", bool, where)
+        index = bounded(raw, "index", where, MAX_CARD_INDEX)
+        uuid = text(raw, "uuid", where)
+        model = text(raw, "model", where)
+        memory = bounded(raw, "memoryMiB", where, MAX_CARD_MEMORY_MIB, "MiB")
+        healthy = read_field(raw, "healthy", bool, where)
         kind_text = raw.get("kind", GpuKind.PHYSICAL.value)
         if kind_text not in {k.value for k in GpuKind}:
-            raise AnnotationError(f"{where}.kind: expected physical or virtual, got {kind_text!r}")
-        if not uuid or not model:
-            raise AnnotationError(f"{where}: uuid and model must be non-empty")
+            raise AnnotationError(f"{where}.kind: expected physical or virtual, got {str(kind_text)[:64]!r}")
         if index in seen_index:
             raise AnnotationError(f"{where}.index: card index {index} appears twice")
         if uuid in seen_uuid:
@@ -186,7 +207,7 @@ def decode_inventory(text: str) -> Inventory:
 
 
 def _decode_links(raw: Any, count: int, what: str) -> Topology:
-    where = f"{what}.links"
+    where = _path(what, "links")
     if not isinstance(raw, list) or len(raw) != count:
         raise AnnotationError(f"{where}: expected a {count}x{count} matrix (one row per card)")
     rows: list[tuple[LinkLevel, ...]] = []
@@ -206,21 +227,6 @@ def _decode_links(raw: Any, count: int, what: str) -> Topology:
             if rows[i][j] != rows[j][i]:
                 raise AnnotationError(f"{where}: not symmetric at [{i}][{j}]")
     return Topology(tuple(rows))
-
-
-def encode_inventory(inventory: Inventory) -> str:
-    """The compact JSON of an ``inventory-v1`` value (what the node side publishes)."""
-    doc: dict[str, Any] = {
-        "v": SCHEMA_VERSION,
-        "cards": [
-            {"index": c.index, "uuid": c.uuid, "model": c.model, "memoryMiB": c.memory_mib,
-             "healthy": c.healthy, **({"kind": c.kind.value} if c.kind != GpuKind.PHYSICAL else {})}
-            for c in inventory.cards
-        ],
-    }
-    if inventory.topology is not None:
-        doc["links"] = [[int(level) for level in row] for row in inventory.topology.levels]
-    return json.dumps(doc, separators=(",", ":"))
 
 
 # ----------------------------------------------------------------------------------- assignment
@@ -303,30 +309,27 @@ def encode_assignment(assignment: Assignment) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def decode_assignment(text: str) -> Assignment:
+def decode_assignment(value: str) -> Assignment:
     """Validate and decode an ``assignment-v1`` value."""
     what = "assignment-v1"
-    doc = _load(text, what)
-    node = _field(doc, "node", str, what)
-    if not node:
-        raise AnnotationError(f"{what}.node: must be non-empty")
-    when = parse_time(_field(doc, "time", str, what), f"{what}.time")
+    doc = load_document(value, what)
+    node = text(doc, "node", what)
+    when = parse_time(read_field(doc, "time", str, what), f"{what}.time")
     containers: list[ContainerCards] = []
     names: set[tuple[str, bool]] = set()
-    for i, raw in enumerate(_field(doc, "containers", list, what)):
+    for i, raw in enumerate(read_field(doc, "containers", list, what)):
         where = f"{what}.containers[{i}]"
         if not isinstance(raw, dict):
             raise AnnotationError(f"{where}: expected an object")
-        name = _field(raw, "name", str, where)
-        init = _field(raw, "init", bool, where)
+        name = text(raw, "name", where)
+        init = read_field(raw, "init", bool, where)
         if (name, init) in names:
             raise AnnotationError(f"{where}.name: container {name!r} appears twice")
         names.add((name, init))
         refs: list[CardRef] = []
-        for j, card in enumerate(_field(raw, "cards", list, where)):
+        for j, card in enumerate(_card_list(raw, where)):
             cw = f"{where}.cards[{j}]"
-            ref = _card_ref(card, cw, max_compute=COMPUTE_PER_CARD)
-            refs.append(replace(ref, exclusive=_field(card, "exclusive", bool, cw)))
+            refs.append(replace(_card_ref(card, cw), exclusive=read_field(card, "exclusive", bool, cw)))
         if not refs:
             raise AnnotationError(f"{where}.cards: a container entry needs at least one card")
         if len({r.index for r in refs}) != len(refs):
@@ -368,24 +371,25 @@ def encode_allocated(allocated: Allocated) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def decode_allocated(text: str) -> Allocated:
+def decode_allocated(value: str) -> Allocated:
     """Validate and decode an ``allocated-v1`` value."""
     what = "allocated-v1"
-    doc = _load(text, what)
-    node = _field(doc, "node", str, what)
-    when = parse_time(_field(doc, "time", str, what), f"{what}.time")
+    doc = load_document(value, what)
+    node = text(doc, "node", what)
+    when = parse_time(read_field(doc, "time", str, what), f"{what}.time")
     containers: list[AllocatedContainer] = []
-    for i, raw in enumerate(_field(doc, "containers", list, what) if "containers" in doc else []):
+    for i, raw in enumerate(read_field(doc, "containers", list, what) if "containers" in doc else []):
         where = f"{what}.containers[{i}]"
         if not isinstance(raw, dict):
             raise AnnotationError(f"{where}: expected an object")
-        refs: list[CardRef] = []
-        for j, card in enumerate(_field(raw, "cards", list, where)):
-            refs.append(_card_ref(card, f"{where}.cards[{j}]"))
-        raw_resources = _field(raw, "resources", dict, where) if "resources" in raw else {}
-        resources = {str(k): _non_negative(raw_resources, k, f"{where}.resources") for k in raw_resources}
-        containers.append(AllocatedContainer(name=_field(raw, "name", str, where), cards=tuple(refs),
-                                             init=_field(raw, "init", bool, where), resources=resources))
+        refs = [_card_ref(card, f"{where}.cards[{j}]") for j, card in enumerate(_card_list(raw, where))]
+        raw_resources = read_field(raw, "resources", dict, where) if "resources" in raw else {}
+        resources: dict[str, int] = {}
+        for name in raw_resources:
+            check_text(name, f"{where}.resources")
+            resources[name] = bounded(raw_resources, name, f"{where}.resources", MAX_DEVICES_PER_RESOURCE)
+        containers.append(AllocatedContainer(name=text(raw, "name", where), cards=tuple(refs),
+                                             init=read_field(raw, "init", bool, where), resources=resources))
     return Allocated(node=node, time=when, containers=tuple(containers))
 
 

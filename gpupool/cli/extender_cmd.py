@@ -23,6 +23,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.housekeeping import Housekeeping
 from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
@@ -50,6 +51,7 @@ class ExtenderOptions:
     identity: str = ""
     explain_limit: int = 64
     bind_deadline_s: float = DEFAULT_DEADLINE_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -120,7 +122,7 @@ def run_extender(options: ExtenderOptions) -> None:
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
     replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
-    app = ExtenderApi(service, names, ExtenderMetrics()).app(options.url_prefix)
+    app = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes).app(options.url_prefix)
     log.info("gpupool extender %s listening on %s:%d (policy %s, domain %s)", identity, options.host,
              options.port, options.policy, options.domain)
     try:
@@ -151,10 +153,12 @@ def run_extender(options: ExtenderOptions) -> None:
 @click.option("--bind-deadline", default=DEFAULT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
+@click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
+              help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, bind_deadline: float, verbose: bool) -> None:
+             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -162,4 +166,4 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 bind_deadline_s=bind_deadline))
+                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes))

@@ -60,8 +60,11 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     names = ResourceNames(domain)
     backend: GpuBackend
     if fake_gpus:
-        from gpupool.nodeagent.nvml.fake import FakeGpuBackend
-        backend = FakeGpuBackend.from_file(fake_gpus)
+        from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
+        try:
+            backend = FakeGpuBackend.from_file(fake_gpus)
+        except FakeGpuFileError as exc:  # the file and field named, not a traceback
+            raise click.BadParameter(str(exc), param_hint="--fake-gpus") from None
     else:
         from gpupool.nodeagent.nvml.real import NvmlBackend
         backend = NvmlBackend()

@@ -31,19 +31,27 @@ they are counted as app containers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
-
-from kubernetes.utils import parse_quantity
 
 from gpupool.api import names as n
 from gpupool.api.annotations import AnnotationError, decode_inventory
+from gpupool.api.fields import shown
+from gpupool.api.limits import (
+    MAX_CARD_MEMORY_MIB,
+    MAX_CARDS_PER_NODE,
+    MAX_NODE_CPU_MILLI,
+    MAX_NODE_MEMORY_MIB,
+    text_problem,
+)
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
 from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
+from gpupool.kube.quantity import QuantityError, parse_quantity
 
 MIB = 1024 * 1024
-_parse_quantity: Any = parse_quantity  # untyped in the client
+MAX_PRIORITY = (1 << 31) - 1
+"""``spec.priority`` is an int32 in the API."""
 
 #: Label the NVIDIA GPU feature discovery sets; used as the model of fallback cards when present.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -52,6 +60,12 @@ FALLBACK_MODEL = "unknown"
 
 class TranslationError(ValueError):
     """A pod or node that cannot be read; the message names the object and the field."""
+
+
+class InvalidObjectError(TranslationError):
+    """A value the apiserver itself refuses (not a quantity, out of its range, a container name
+    that is no name): an object carrying it never came from a cluster, so the extender answers a
+    request with it as malformed (400) rather than as a pod that does not fit."""
 
 
 def as_dict(obj: Any) -> dict[str, Any]:
@@ -92,24 +106,36 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     if not isinstance(name, str) or not name:
         raise TranslationError("pod.metadata.name: missing")
     namespace = meta.get("namespace") or "default"
+    for field, value in (("name", name), ("namespace", namespace)):
+        problem = text_problem(value) if isinstance(value, str) else "must be a string"
+        if problem is not None:  # names reach log lines and events: no control characters
+            raise InvalidObjectError(f"pod.metadata.{field} {shown(value)}: {problem}")
     return f"{namespace}/{name}"
 
 
 def _quantity(value: Any, resource: str, where: str) -> Decimal:
     try:
-        q = _parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation):
-        raise TranslationError(f"{where}: {resource}={value!r} is not a Kubernetes quantity") from None
+        q = parse_quantity(value)
+    except QuantityError as exc:
+        raise InvalidObjectError(f"{where}: {resource}={shown(value)} {exc}") from None
     if q < 0:
-        raise TranslationError(f"{where}: {resource}={value!r} must be non-negative")
-    return Decimal(q)
+        raise TranslationError(f"{where}: {resource}={shown(value)} must be non-negative")
+    return q
 
 
 def _count(value: Any, resource: str, where: str) -> int:
     q = _quantity(value, resource, where)
     if q != q.to_integral_value():
-        raise TranslationError(f"{where}: {resource}={value!r} must be a whole number")
+        raise TranslationError(f"{where}: {resource}={shown(value)} must be a whole number")
     return int(q)
+
+
+def _at_most(value: int, maximum: int, what: str, where: str) -> int:
+    """``value`` if within gpupool's bound for one node (:mod:`gpupool.api.limits`), else the reason:
+    a value past it fits no node and would overflow the ledger's ``int64`` sums."""
+    if value > maximum:
+        raise TranslationError(f"{where}: {what}={value} exceeds gpupool's bound for one node (at most {maximum})")
+    return value
 
 
 def _extended(container: Mapping[str, Any], where: str, managed: tuple[str, ...]) -> dict[str, int]:
@@ -155,6 +181,11 @@ def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
     memory = _one_of(found, memory_units, "GPU memory", where)
     core = _one_of(found, {names.gpu_core: 1, n.NVIDIA_GPUCORES: 1, n.TENCENT_VCUDA_CORE: 1},
                    "GPU compute", where)
+    for card_count in (names.gpu, names.gpu_shared):
+        if card_count in found:
+            _at_most(found[card_count], MAX_CARDS_PER_NODE, card_count, where)
+    if memory is not None:
+        _at_most(memory, MAX_CARD_MEMORY_MIB, "GPU memory per card (MiB)", where)
     if whole_cards is not None:
         slice_names = [r for r in found if r != names.gpu]
         if slice_names:
@@ -168,7 +199,7 @@ def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
                                f"{names.gpu_mem} and/or {names.gpu_core} (whole cards: {names.gpu})")
     if core is not None and core > 100:
         if n.TENCENT_VCUDA_CORE in found and core % 100 == 0:
-            whole = core // 100
+            whole = _at_most(core // 100, MAX_CARDS_PER_NODE, f"{n.TENCENT_VCUDA_CORE} (whole cards)", where)
             if count is not None and count != whole:
                 raise TranslationError(f"{where}: {n.TENCENT_VCUDA_CORE}={core} means {whole} cards, "
                                        f"but {names.gpu_shared}={count}")
@@ -197,7 +228,8 @@ def _cpu_memory_from(first: Mapping[str, Any], fallback: Mapping[str, Any], wher
     memory = first.get("memory", fallback.get("memory"))
     cpu_milli = int(_quantity(cpu, "cpu", where) * 1000) if cpu is not None else 0
     memory_mib = int(_quantity(memory, "memory", where) / MIB) if memory is not None else 0
-    return cpu_milli, memory_mib
+    return (_at_most(cpu_milli, MAX_NODE_CPU_MILLI, "cpu (milli)", where),
+            _at_most(memory_mib, MAX_NODE_MEMORY_MIB, "memory (MiB)", where))
 
 
 def _pod_options(meta: Mapping[str, Any], names: ResourceNames, where: str) -> tuple[bool, frozenset[str]]:
@@ -259,6 +291,9 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
         name = raw.get("name")
         if not isinstance(name, str) or not name:
             raise TranslationError(f"{where}: a container in spec.{kind} has no name")
+        problem = text_problem(name)
+        if problem is not None:
+            raise InvalidObjectError(f"{where}: container name {shown(name)} in spec.{kind} {problem}")
         cwhere = f"{where} container {name}"
         cpu, memory = _cpu_memory(raw, cwhere)
         gpu = gpu_request(_extended(raw, cwhere, managed), names, cwhere, exclusive=exclusive, models=models)
@@ -278,8 +313,8 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
             raise TranslationError(f"{where}: container name {c.name!r} appears twice")
         seen.add(c.name)
     priority = spec.get("priority") or 0
-    if not isinstance(priority, int):
-        raise TranslationError(f"{where}: spec.priority must be an integer")
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise InvalidObjectError(f"{where}: spec.priority must be a 32-bit integer, got {shown(priority)}")
     return PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority)
 
 
@@ -326,10 +361,10 @@ def _fallback_cards(name: str, capacity: Mapping[str, Any], labels: Mapping[str,
     count_raw = capacity.get(names.gpu)
     if count_raw is None:
         return ()
-    count = _count(count_raw, names.gpu, where)
+    count = _at_most(_count(count_raw, names.gpu, where), MAX_CARDS_PER_NODE, names.gpu, where)
     total_raw = capacity.get(names.gpu_mem)
     total = _count(total_raw, names.gpu_mem, where) * MEMORY_UNIT_MIB if total_raw is not None else 0
     model = labels.get(GPU_PRODUCT_LABEL, FALLBACK_MODEL)
-    per_card = total // count if count else 0
+    per_card = _at_most(total // count if count else 0, MAX_CARD_MEMORY_MIB, "GPU memory per card (MiB)", where)
     return tuple(GpuCard(index=i, uuid=f"{name}-gpu{i}", model=model, memory_mib=per_card)
                  for i in range(count))

@@ -8,7 +8,7 @@ import pytest
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuRequest
-from gpupool.kube.translate import TranslationError, node_spec, pod_request, pod_wants_gpu
+from gpupool.kube.translate import InvalidObjectError, TranslationError, node_spec, pod_request, pod_wants_gpu
 from tests.kube.builders import container, node, pod
 
 NAMES = ResourceNames()
@@ -178,3 +178,84 @@ def test_node_fallback_splits_capacity_evenly() -> None:
 def test_node_with_broken_inventory() -> None:
     with pytest.raises(TranslationError, match="node bad: inventory-v1"):
         node_spec(node("bad", annotations={"gpupool.io/inventory-v1": "{"}), NAMES)
+
+
+@pytest.mark.parametrize(
+    ("c", "fragment"),
+    [
+        pytest.param(container(cpu="inf"), "cpu='inf' is not a Kubernetes quantity", id="cpu-inf"),
+        pytest.param(container(memory="NaN"), "memory='NaN' is not a Kubernetes quantity", id="memory-nan"),
+        pytest.param(container(gpu_mem="9" * 3000), "gpupool.io/gpu-mem='99999999999", id="3000-digit-gpu-mem"),
+        pytest.param(container(mib="1e999999999"), "beyond the Kubernetes quantity range", id="huge-exponent"),
+        pytest.param({"name": "main\nforged", "resources": {}}, "container name 'main\\\\nforged'",
+                     id="container-name-with-newline"),
+        pytest.param(container(gpu_mem="lots"), "not a Kubernetes quantity", id="not-a-quantity"),
+    ],
+)
+def test_values_the_apiserver_refuses_are_invalid_objects(c: dict[str, Any], fragment: str) -> None:
+    """InvalidObjectError: the extender answers these 400 (the pod never came from a cluster)."""
+    with pytest.raises(InvalidObjectError, match=fragment):
+        pod_request(pod("p", c), NAMES)
+
+
+@pytest.mark.parametrize("field", [pytest.param("name", id="name"), pytest.param("namespace", id="namespace")])
+def test_a_pod_name_with_control_characters_is_an_invalid_object(field: str) -> None:
+    """Pod names reach log lines and events; the apiserver allows DNS names only."""
+    p = pod("p", container(cpu="1"))
+    p["metadata"][field] = "p\x1b[31m"
+    with pytest.raises(InvalidObjectError, match=rf"pod\.metadata\.{field} 'p\\x1b\[31m': must not contain control"):
+        pod_request(p, NAMES)
+
+
+def test_a_priority_past_int32_is_an_invalid_object() -> None:
+    p = pod("p", container(cpu="1"))
+    p["spec"]["priority"] = 1 << 40
+    with pytest.raises(InvalidObjectError, match=r"spec\.priority must be a 32-bit integer"):
+        pod_request(p, NAMES)
+
+
+@pytest.mark.parametrize(
+    ("c", "fragment"),
+    [
+        pytest.param(container(cpu="9e15"), r"cpu \(milli\)=9000000000000000000 exceeds gpupool's bound",
+                     id="cpu-past-the-ledger"),
+        pytest.param(container(memory="4Pi"), r"memory \(MiB\)=4294967296 exceeds", id="memory-past-the-ledger"),
+        pytest.param(container(gpu=65), r"gpupool.io/gpu=65 exceeds gpupool's bound for one node \(at most 64\)",
+                     id="too-many-whole-cards"),
+        pytest.param(container(gpu_mem=16, **{"gpupool.io/gpu-shared": 100}), "gpupool.io/gpu-shared=100 exceeds",
+                     id="slice-of-too-many-cards"),
+        pytest.param(container(gpu_mem=4097), r"GPU memory per card \(MiB\)=1048832 exceeds", id="slice-past-1TiB"),
+        pytest.param(container(**{"tencent.com/vcuda-core": 10000}), r"vcuda-core \(whole cards\)=100 exceeds",
+                     id="vcuda-whole-cards"),
+    ],
+)
+def test_values_past_gpupool_bounds_are_a_pod_error(c: dict[str, Any], fragment: str) -> None:
+    """Valid Kubernetes, but past what any node can have: a pod-level reason, never an overflow."""
+    with pytest.raises(TranslationError, match=fragment) as refused:
+        pod_request(pod("p", c), NAMES)
+    assert not isinstance(refused.value, InvalidObjectError)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "fragment"),
+    [
+        pytest.param({"cpu": "9e15"}, r"cpu \(milli\)=9000000000000000000 exceeds", id="cpu"),
+        pytest.param({"memory": "inf"}, "memory='inf' is not a Kubernetes quantity", id="memory-inf"),
+        pytest.param({"gpupool.io/gpu": "1e9"}, "gpupool.io/gpu=1000000000 exceeds", id="a-billion-fallback-cards"),
+        pytest.param({"gpupool.io/gpu": "1", "gpupool.io/gpu-mem": "1e15"}, r"GPU memory per card \(MiB\)=",
+                     id="fallback-card-memory"),
+    ],
+)
+def test_node_values_past_the_bounds_are_the_node_reason(capacity: dict[str, str], fragment: str) -> None:
+    """The cache keeps such a node without cards and reports this reason (no ledger overflow, no
+    billion-card tuple)."""
+    raw = node("big", capacity=capacity)
+    with pytest.raises(TranslationError, match=fragment):
+        node_spec(raw, NAMES)
+
+
+def test_node_with_a_31_digit_card_is_refused_by_name() -> None:
+    inventory = ('{"v": 1, "cards": [{"index": 0, "uuid": "GPU-a", "model": "T4", '
+                 '"memoryMiB": 1000000000000000000000000000000, "healthy": true}]}')
+    with pytest.raises(TranslationError, match=r"node big: inventory-v1.cards\[0\].memoryMiB: at most 1048576 MiB"):
+        node_spec(node("big", annotations={"gpupool.io/inventory-v1": inventory}), NAMES)

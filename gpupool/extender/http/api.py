@@ -5,8 +5,11 @@ Also ``GET /healthz`` (the process answers), ``/readyz`` (the cache has synced) 
 Why these status codes: kube-scheduler discards the body of a non-200 answer, so every answer about
 a *pod* (it does not fit, its annotation is broken, the cache is not ready, this replica is not the
 leader) is a 200 with ``Error`` set, which kube-scheduler shows in the pod's events. Only a request
-that is not an extender document at all (malformed JSON, missing fields) gets a 400, and a bug gets
-a 500; both still carry a JSON ``Error``. No input can crash the server.
+that is not an extender document at all (malformed JSON, missing fields) or that carries a value the
+apiserver itself refuses (a quantity such as ``inf``, ``NaN`` or thousands of digits; it never came
+from a cluster) gets a 400, a body past the size cap a 413 and one past the in-flight budget a 503
+(:mod:`gpupool.extender.http.body`), and a bug gets a 500; all carry a JSON ``Error``. No input can
+crash the server.
 
 Bodies are read and written with orjson: a filter answer carries up to one reason per node (5,000
 strings) and a request up to 5,000 names; the standard library's encoder took ~2.6 ms for such an
@@ -34,6 +37,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.api.names import ResourceNames
+from gpupool.core.model import PodRequest
+from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.http.host_records import RecordsForLayout
 from gpupool.extender.http.wire import (
     ExtenderArgs,
@@ -48,7 +53,7 @@ from gpupool.extender.http.wire import (
 )
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, NodeScores
-from gpupool.kube.translate import TranslationError, foreign_resources, pod_request
+from gpupool.kube.translate import InvalidObjectError, TranslationError, foreign_resources, pod_request
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +74,9 @@ class ExtenderApi:
     """Binds an :class:`ExtenderService` to HTTP routes."""
 
     def __init__(self, service: ExtenderService, names: ResourceNames, metrics: ExtenderMetrics,
-                 bind_workers: int = 8) -> None:
+                 bind_workers: int = 8, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.service = service
+        self.bodies = BodyReader(max_body_bytes)
         self.names = names
         self.metrics = metrics
         metrics.watch_ledger(service.cache)
@@ -81,10 +87,18 @@ class ExtenderApi:
         self.records = RecordsForLayout(service.row_names)
 
     # ----------------------------------------------------------------------------------- verbs
+    def _pod_request(self, pod: dict[str, Any]) -> PodRequest:
+        """The pod's request; :class:`TranslationError` for a pod gpupool refuses, :class:`WireError`
+        (400) for a value the apiserver itself would have refused (``inf``, a 3,000-digit quantity)."""
+        try:
+            return pod_request(pod, self.names)
+        except InvalidObjectError as exc:
+            raise WireError(str(exc)) from None
+
     async def _filter(self, doc: Any) -> tuple[Any, str]:
         args = parse_extender_args(doc)
         try:
-            request = pod_request(args.pod, self.names)
+            request = self._pod_request(args.pod)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
         outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod))
@@ -101,7 +115,7 @@ class ExtenderApi:
     async def _prioritize(self, doc: Any) -> tuple[Any, str]:
         args: ExtenderArgs = parse_extender_args(doc)
         try:
-            request = pod_request(args.pod, self.names)
+            request = self._pod_request(args.pod)
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
@@ -131,7 +145,7 @@ class ExtenderApi:
     async def _preempt(self, doc: Any) -> tuple[Any, str]:
         args = parse_preemption_args(doc)
         try:
-            request = pod_request(args.pod, self.names)
+            request = self._pod_request(args.pod)
         except TranslationError as exc:
             log.warning("preempt: %s", exc)
             return preemption_result({}, {}), "invalid_pod"
@@ -145,23 +159,34 @@ class ExtenderApi:
         async def endpoint(request: web.Request) -> web.Response:
             started = time.perf_counter()
             status = 200
+            headers: dict[str, str] = {}
             try:
-                raw = await request.read()
-                try:
-                    doc = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise WireError(f"malformed JSON: {exc}") from None
-                body, outcome = await handler(doc)
+                async with self.bodies.body(request) as raw:
+                    try:
+                        doc = orjson.loads(raw)
+                    except orjson.JSONDecodeError as exc:
+                        raise WireError(f"malformed JSON: {exc}") from None
+                    body, outcome = await handler(doc)
             except WireError as exc:
                 status, outcome = 400, "bad_request"
                 body = {"Error": f"bad {verb} request: {exc}"}
+            except BodyTooLargeError as exc:
+                status, outcome = 413, "too_large"
+                body = {"Error": f"bad {verb} request: {exc}"}
+            except BodiesBusyError as exc:
+                status, outcome, headers = 503, "busy", {"Retry-After": "1"}
+                body = {"Error": f"gpupool extender busy in {verb}: {exc}"}
             except Exception as exc:  # never let one request take the server down
                 log.exception("%s failed", verb)
                 status, outcome = 500, "internal_error"
                 body = {"Error": f"gpupool extender internal error in {verb}: {type(exc).__name__}: {exc}"}
             self.metrics.observe(verb, outcome, time.perf_counter() - started)
             data = body.data if isinstance(body, RawJson) else orjson.dumps(body)
-            return web.Response(status=status, body=data, content_type="application/json", charset="utf-8")
+            response = web.Response(status=status, body=data, content_type="application/json", charset="utf-8",
+                                    headers=headers)
+            if status in (413, 503):
+                response.force_close()  # do not read (or linger over) the rest of a refused body
+            return response
 
         return endpoint
 
@@ -181,7 +206,7 @@ class ExtenderApi:
     def app(self, prefix: str = "") -> web.Application:
         """The aiohttp application; verbs are served under ``prefix`` (kube-scheduler's urlPrefix path)."""
         prefix = prefix.rstrip("/")
-        application = web.Application(client_max_size=256 * 1024 * 1024)
+        application = web.Application(client_max_size=self.bodies.max_body_bytes)
         application[SERVICE_KEY] = self.service
         application[METRICS_KEY] = self.metrics
         handlers: dict[str, Handler] = {"filter": self._filter, "prioritize": self._prioritize,

@@ -1,11 +1,12 @@
 """A fake GPU backend described by a YAML file: cards, topology, and failures over time.
 
-Format (all keys but ``cards`` optional)::
+Format (all keys but ``cards`` and each card's ``memoryMiB`` optional)::
 
-    cards:
-      - {uuid: GPU-aaaa, model: NVIDIA-H200, memoryMiB: 143771}
-      - {uuid: GPU-bbbb, model: NVIDIA-H200, memoryMiB: 143771, healthy: false}
-    topology: [[0, 1], [2, 3]]      # nested groups (see Topology.from_tree) or
+    model: NVIDIA-H200              # every card's model unless the card names its own
+    cards:                          # index defaults to the position, uuid to GPU-fake-<position>
+      - {uuid: GPU-aaaa, memoryMiB: 143771}
+      - {index: 1, uuid: GPU-bbbb, model: NVIDIA-H200, memoryMiB: 143771, healthy: false}
+    topology: [[0, 1], [2, 3]]      # nested groups of card positions (Topology.from_tree) or
     links: [[0, 1], [1, 0]]         # a full matrix of LinkLevel numbers
     devicePathPrefix: /dev/nvidia   # device nodes are <prefix><index>
     events:                         # applied in time order, seconds after start
@@ -13,6 +14,9 @@ Format (all keys but ``cards`` optional)::
       - {at: 2.5, card: 1, xid: 13}        # application XID -> ignored
       - {at: 4.0, card: 1, recover: true}  # healthy again
       - {at: 6.0, card: 0, lost: true}     # fell off the bus -> unhealthy
+
+Every field is checked when the file is loaded (:mod:`gpupool.nodeagent.nvml.fake_file`): a file
+whose inventory the extender would refuse stops the agent at start with the file and field named.
 
 Why time-scripted events: the health path (ListAndWatch updates, kubelet allocatable) must be
 tested without hardware, deterministically, and the same file drives the CLI for demos.
@@ -22,28 +26,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpupool.core.model import GpuCard, LinkLevel, Topology
+from gpupool.core.model import GpuCard, Topology
 from gpupool.nodeagent.nvml.backend import GpuInventory, HealthEvent, xid_is_critical
+from gpupool.nodeagent.nvml.fake_file import FakeGpuFileError, ScriptedEvent, read_fake_gpu_file
 
-
-class FakeGpuFileError(ValueError):
-    """The fake-GPU YAML file is malformed; the message names the entry."""
-
-
-@dataclass(frozen=True)
-class ScriptedEvent:
-    """One line of the ``events`` list."""
-
-    at: float
-    card: int
-    kind: str  # "xid", "recover", "lost"
-    xid: int = 0
+__all__ = ["FakeGpuBackend", "FakeGpuFileError", "ScriptedEvent"]
 
 
 class FakeGpuBackend:
@@ -60,46 +53,20 @@ class FakeGpuBackend:
 
     @staticmethod
     def from_file(path: str | Path) -> FakeGpuBackend:
-        """Read the YAML description (see module doc)."""
+        """Read and validate the YAML description (see module doc); :class:`FakeGpuFileError` names
+        the file and the field of anything the extender would refuse to read back."""
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            try:
+                data = yaml.safe_load(fh)
+            except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an int past 4,300 digits
+                raise FakeGpuFileError(f"{path}: not a YAML document ({str(exc)[:200]})") from None
         return FakeGpuBackend.from_dict(data, source=str(path))
 
     @staticmethod
     def from_dict(data: Any, source: str = "<dict>") -> FakeGpuBackend:
-        """Build from the already-parsed YAML structure."""
-        if not isinstance(data, dict) or not isinstance(data.get("cards"), list):
-            raise FakeGpuFileError(f"{source}: expected a mapping with a 'cards' list")
-        cards: list[GpuCard] = []
-        for i, raw in enumerate(data["cards"]):
-            if not isinstance(raw, dict):
-                raise FakeGpuFileError(f"{source}: cards[{i}] must be a mapping")
-            try:
-                cards.append(GpuCard(index=int(raw.get("index", i)),
-                                     uuid=str(raw.get("uuid", f"GPU-fake-{i:04d}")),
-                                     model=str(raw.get("model", data.get("model", "FAKE-GPU"))),
-                                     memory_mib=int(raw["memoryMiB"]),
-                                     healthy=bool(raw.get("healthy", True))))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise FakeGpuFileError(f"{source}: cards[{i}]: {exc}") from exc
-        count = len(cards)
-        if "links" in data:
-            topology = Topology(tuple(tuple(LinkLevel(int(v)) for v in row) for row in data["links"]))
-        elif "topology" in data:
-            topology = Topology.from_tree(data["topology"], count)
-        else:
-            topology = Topology.flat(count)
-        prefix = str(data.get("devicePathPrefix", "/dev/nvidia"))
-        paths = [f"{prefix}{c.index}" for c in cards]
-        events: list[ScriptedEvent] = []
-        for i, raw in enumerate(data.get("events") or []):
-            try:
-                kind = "recover" if raw.get("recover") else "lost" if raw.get("lost") else "xid"
-                events.append(ScriptedEvent(at=float(raw["at"]), card=int(raw["card"]), kind=kind,
-                                            xid=int(raw.get("xid", 0))))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise FakeGpuFileError(f"{source}: events[{i}]: {exc}") from exc
-        return FakeGpuBackend(cards, topology, paths, events)
+        """Build from the already-parsed YAML structure (validated as :func:`read_fake_gpu_file` says)."""
+        spec = read_fake_gpu_file(data, source)
+        return FakeGpuBackend(list(spec.cards), spec.topology, list(spec.device_paths), list(spec.events))
 
     def inventory(self) -> GpuInventory:
         """The cards with their current health."""

@@ -1,0 +1,104 @@
+"""The fake-GPU file: every file whose inventory the extender would refuse stops the agent at load,
+with the file and the field named; good files load as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.api.annotations import Inventory, decode_inventory, encode_inventory
+from gpupool.cli.main import cli
+from gpupool.core.model import LinkLevel
+from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
+
+GOOD = """\
+model: NVIDIA-H200
+cards:
+  - {uuid: GPU-aaaa, memoryMiB: 143771}
+  - {uuid: GPU-bbbb, memoryMiB: 143771, healthy: false}
+topology: [[0, 1]]
+events:
+  - {at: 30, card: 1, xid: 79}
+  - {at: 60, card: 1, recover: true}
+"""
+
+
+def two_cards(first: str, second: str = "{uuid: GPU-b, memoryMiB: 16384}", extra: str = "") -> str:
+    return f"model: T4\ncards:\n  - {first}\n  - {second}\n{extra}"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        # the six kinds the agent accepted and the extender then refused (or silently misread)
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1000000000000000000000000000000}"),
+                     "cards[0].memoryMiB: at most 1048576 MiB", id="31-digit-memory"),
+        pytest.param(two_cards("{index: -1, uuid: GPU-a, memoryMiB: 16384}"),
+                     "cards[0].index: must be non-negative", id="negative-index"),
+        pytest.param(two_cards("{uuid: GPU-b, memoryMiB: 16384}"), "cards[1].uuid: GPU-b appears twice",
+                     id="duplicate-uuid"),
+        pytest.param(two_cards("{index: 1, uuid: GPU-a, memoryMiB: 16384}", "{index: 1, uuid: GPU-b, memoryMiB: 1}"),
+                     "cards[1].index: card index 1 appears twice", id="duplicate-index"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1.5}"), "cards[0].memoryMiB: expected a whole number, got 1.5",
+                     id="fractional-memory"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: '16384'}"), "cards[0].memoryMiB: expected a whole number",
+                     id="memory-as-text"),
+        pytest.param(two_cards("{uuid: GPU-a, model: \"T4\\e[2J\", memoryMiB: 16384}"),
+                     "cards[0].model: must not contain control", id="model-with-escape"),
+        pytest.param(two_cards("{uuid: '', memoryMiB: 16384}"), "cards[0].uuid: must be non-empty", id="empty-uuid"),
+        pytest.param("cards:\n" + "  - {memoryMiB: 1}\n" * 65,
+                     "cards: at most 64 cards, got 65", id="too-many-cards"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="links: [[0, 1, 1], [1, 0, 1], [1, 1, 0]]\n"),
+                     "links: expected a 2x2 matrix", id="links-of-wrong-size"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="links: [[0, 1], [2, 0]]\n"),
+                     "links: not symmetric", id="links-not-symmetric"),
+        # shapes the old loader turned into crashes or silent defaults
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="links: [[0, 9], [9, 0]]\n"),
+                     "links[0][1]: expected a link level 0..6, got 9", id="link-level-out-of-range"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="topology: [[0, 5]]\n"),
+                     "topology[0][1]: expected a card position 0..1", id="topology-names-no-card"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1, healthy: 'false'}"),
+                     "cards[0].healthy: expected true or false, got 'false'", id="healthy-as-text"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMib: 1}"), "cards[0]: unknown field 'memoryMib'",
+                     id="typo-in-a-card"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="link: [[0, 1], [1, 0]]\n"),
+                     "the file: unknown field 'link'", id="typo-at-the-top"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="events: [{at: 1, card: 7, lost: true}]\n"),
+                     "events[0].card: no card has index 7", id="event-for-no-card"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="events: [{at: .nan, card: 0, lost: true}]\n"),
+                     "events[0].at: expected seconds after start", id="event-at-nan"),
+        pytest.param("cards: {uuid: GPU-a}\n", "cards: expected a list of cards", id="cards-not-a-list"),
+        pytest.param("cards: [{memoryMiB: " + "9" * 5000 + "}]\n", "not a YAML document", id="5000-digits"),
+    ],
+)
+def test_a_bad_file_is_refused_at_load_naming_file_and_field(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(text)
+    with pytest.raises(FakeGpuFileError) as refused:
+        FakeGpuBackend.from_file(path)
+    assert str(refused.value).startswith(f"{path}: ")
+    assert fragment in str(refused.value)
+
+
+def test_the_documented_file_loads_and_publishes_what_the_extender_reads(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(GOOD)
+    inventory = FakeGpuBackend.from_file(path).inventory()
+    assert [(c.index, c.uuid, c.model, c.memory_mib, c.healthy) for c in inventory.cards] == [
+        (0, "GPU-aaaa", "NVIDIA-H200", 143771, True), (1, "GPU-bbbb", "NVIDIA-H200", 143771, False)]
+    assert inventory.topology.link(0, 1) == LinkLevel.PCIE_SWITCH
+    published = Inventory(inventory.cards, inventory.topology)
+    assert decode_inventory(encode_inventory(published)) == published
+
+
+def test_the_agent_does_not_start_on_a_bad_file(tmp_path: Path) -> None:
+    """The command stops before it talks to kubelet or the API: nothing is served or published."""
+    path = tmp_path / "gpus.yaml"
+    path.write_text(two_cards("{uuid: GPU-a, memoryMiB: 1000000000000000000000000000000}"))
+    result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", "--fake-gpus", str(path),
+                                      "--plugin-dir", str(tmp_path / "plugins"),
+                                      "--kubeconfig", str(tmp_path / "no-such-kubeconfig")])
+    assert result.exit_code == 2, result.output
+    assert "--fake-gpus" in result.output and "cards[0].memoryMiB: at most 1048576 MiB" in result.output
