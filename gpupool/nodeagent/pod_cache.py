@@ -221,7 +221,8 @@ class NodePodCache:
 
     # ------------------------------------------------------------------ the watch (its thread)
     async def run(self) -> None:
-        """List and watch until cancelled (the watch thread stops with it)."""
+        """List and watch until cancelled. The watch thread then stops at its next event or when
+        the server ends the request; it is a daemon thread, so it never holds up an exit."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
 
