@@ -68,7 +68,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     else:
         from gpupool.nodeagent.nvml.real import NvmlBackend
         backend = NvmlBackend()
-    pods = KubePodSource(names, kubeconfig)
+    pods = KubePodSource(names, node, kubeconfig)
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
@@ -82,6 +82,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
 
     try:
         async with asyncio.TaskGroup() as group:
+            group.create_task(pods.run())  # the watch of this node's pods, first
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_on_change())

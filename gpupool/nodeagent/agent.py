@@ -85,6 +85,7 @@ class NodeAgent:
         self._served: dict[PodKey, dict[str, ServedContainer]] = {}
         self._dirty: set[PodKey] = set()
         self._wake_writer = asyncio.Event()
+        self._writing = asyncio.Lock()
         self._fixed: set[tuple[str, frozenset[str]]] = set()
 
     # ------------------------------------------------------------------ devices and health
@@ -216,16 +217,22 @@ class NodeAgent:
         return self._encode(self.node, datetime.now(UTC), containers)
 
     async def flush(self) -> None:
-        """Write every pending ``allocated-v1`` annotation now."""
-        while self._dirty:
-            key = self._dirty.pop()
-            try:
-                await self.pods.annotate(*key, {self.names.annotation(ALLOCATED_ANNOTATION):
-                                                self.allocated_annotation(key)})
-            except Exception as exc:  # the API may be briefly away; retry on the next wake-up
-                log.error("annotating %s/%s failed: %s", key[0], key[1], exc)
-                self._dirty.add(key)
-                raise
+        """Write every pending ``allocated-v1`` annotation now.
+
+        One flush at a time (the background writer's and a caller's): two patches of one pod in
+        flight together can reach the apiserver in either order, and an older value landing last
+        would erase a container already served.
+        """
+        async with self._writing:
+            while self._dirty:
+                key = self._dirty.pop()
+                try:
+                    await self.pods.annotate(*key, {self.names.annotation(ALLOCATED_ANNOTATION):
+                                                    self.allocated_annotation(key)})
+                except Exception as exc:  # the API may be briefly away; retry on the next wake-up
+                    log.error("annotating %s/%s failed: %s", key[0], key[1], exc)
+                    self._dirty.add(key)
+                    raise
 
     # ------------------------------------------------------------------ background work
     async def _writer(self) -> None:

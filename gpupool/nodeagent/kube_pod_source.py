@@ -1,8 +1,9 @@
 """Pods and node metadata through the official kubernetes client (blocking calls run in threads).
 
-Reads are by name (``GET pod``): the node agent only asks for pods kubelet already lists, so a
-per-pod read is exact and needs no cache to be correct; a small cache keyed by resourceVersion-free
-pod identity (uid) avoids re-decoding unchanged pods.
+Pods are read from a watch of this node's pods (:class:`gpupool.nodeagent.pod_cache.NodePodCache`),
+not one GET per pod on every Allocate and every PodResources poll; :meth:`KubePodSource.run` must be
+running for it to fill. A GET by name remains only as the cache's last resort. Writes are merge
+patches: ``allocated-v1`` on pods, the inventory and model label on the node.
 """
 
 from __future__ import annotations
@@ -15,25 +16,39 @@ from gpupool.api.annotations import Inventory, encode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.kube.client_config import api_configuration
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
 from gpupool.nodeagent.types import MODEL_LABEL, PodView
 
+#: The agent's requests say who made them (apiserver logs, audit, API priority and fairness).
+USER_AGENT = "gpupool-node-agent"
+
 
 class KubePodSource:
-    """:class:`PodSource` over the API server."""
+    """:class:`PodSource` over the API server for the pods of ``node``."""
 
-    def __init__(self, names: ResourceNames, kubeconfig: str | None = None) -> None:
+    def __init__(self, names: ResourceNames, node: str, kubeconfig: str | None = None) -> None:
         import kubernetes
 
         k8s = cast(Any, kubernetes)  # the client ships without type information
         client = k8s.client
         api_client = client.ApiClient(api_configuration(kubeconfig))
+        api_client.user_agent = f"{USER_AGENT}/{node}"
         self.names = names
         self._api = client.CoreV1Api(api_client)
         self._sanitize = api_client.sanitize_for_serialization
+        self.cache = NodePodCache(node, names, self._api.list_pod_for_all_namespaces, self.read)
+
+    async def run(self) -> None:
+        """Keep the pod cache current (list+watch) until cancelled."""
+        await self.cache.run()
 
     async def get(self, namespace: str, name: str) -> PodView | None:
-        """GET the pod; ``None`` on 404."""
+        """The pod from the watch cache (see :meth:`NodePodCache.get`); ``None`` when it does not exist."""
+        return await self.cache.get(namespace, name)
+
+    async def read(self, namespace: str, name: str) -> PodView | None:
+        """GET the pod; ``None`` on 404 (the cache's last resort)."""
         import kubernetes
 
         api_exception = cast(Any, kubernetes).client.exceptions.ApiException

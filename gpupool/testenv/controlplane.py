@@ -6,6 +6,9 @@ that would wait for such a controller are disabled (``ServiceAccount``, ``TaintN
 
 Every port is picked free at start, so several control planes (parallel sessions, a developer's
 own) coexist; a start that loses a port race is retried with fresh ports.
+
+The apiserver audits the requests of one extra identity (:mod:`gpupool.testenv.audit`): a test
+that runs a component with :attr:`ControlPlane.audited_kubeconfig` can count every request it made.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gpupool.testenv.audit import AUDITED_USER, audit_args, render_audit_policy
 from gpupool.testenv.build import ensure_binaries
 from gpupool.testenv.config import (
     SERVICE_CLUSTER_IP_RANGE,
@@ -63,6 +67,16 @@ class ControlPlane:
     etcd_url: str = ""
     remove_state_on_stop: bool = True
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def audited_kubeconfig(self) -> Path:
+        """A kubeconfig whose requests the apiserver writes to :attr:`audit_log` (and no others')."""
+        return self.state_dir / "kubeconfig-audited"
+
+    @property
+    def audit_log(self) -> Path:
+        """The requests made with :attr:`audited_kubeconfig` (read with ``read_audit_log``)."""
+        return _audit_log(self.state_dir)
 
     def __enter__(self) -> ControlPlane:
         return self
@@ -152,12 +166,16 @@ def start_control_plane(
     state_dir = state_dir or new_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     pki = make_pki(state_dir / "pki")
-    token = secrets.token_hex(16)
-    (state_dir / "tokens.csv").write_text(render_token_file(token))
+    token, audited_token = secrets.token_hex(16), secrets.token_hex(16)
+    (state_dir / "tokens.csv").write_text(render_token_file(token) + render_token_file(
+        audited_token, user=AUDITED_USER, uid=f"{AUDITED_USER}-uid"))
+    (state_dir / "audit-policy.yaml").write_text(render_audit_policy())
     last_error: StartupError | None = None
     for _ in range(_START_ATTEMPTS):
         try:
             plane = _start_once(binaries, state_dir, pki, token, extenders, with_scheduler, timeout)
+            plane.audited_kubeconfig.write_text(render_kubeconfig(plane.server, audited_token,
+                                                                  pki.ca_cert.read_bytes()))
         except StartupError as exc:  # most often a port taken between picking and binding
             last_error = exc
             shutil.rmtree(state_dir / "etcd", ignore_errors=True)
@@ -223,8 +241,10 @@ def _start_etcd(binaries: Binaries, state_dir: Path, port: int, peer_port: int,
 
 
 def apiserver_args(*, etcd_url: str, port: int, cert: Path, key: Path, sa_key: Path,
-                   token_file: Path, cert_dir: Path) -> list[str]:
+                   token_file: Path, cert_dir: Path, audit_policy: Path | None = None,
+                   audit_log: Path | None = None) -> list[str]:
     """kube-apiserver's flags (without the binary); a pure function for tests and docs."""
+    audit = audit_args(audit_policy, audit_log) if audit_policy and audit_log else []
     return [
         f"--etcd-servers={etcd_url}",
         "--bind-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
@@ -239,15 +259,21 @@ def apiserver_args(*, etcd_url: str, port: int, cert: Path, key: Path, sa_key: P
         "--allow-privileged=true",
         "--endpoint-reconciler-type=none",
         "--v=1",
+        *audit,
     ]
 
 
 def _start_apiserver(binaries: Binaries, state_dir: Path, cert: Path, key: Path, sa_key: Path,
                      etcd_url: str, port: int) -> ManagedProcess:
     args = apiserver_args(etcd_url=etcd_url, port=port, cert=cert, key=key, sa_key=sa_key,
-                          token_file=state_dir / "tokens.csv", cert_dir=state_dir / "pki")
+                          token_file=state_dir / "tokens.csv", cert_dir=state_dir / "pki",
+                          audit_policy=state_dir / "audit-policy.yaml", audit_log=_audit_log(state_dir))
     return spawn("kube-apiserver", [binaries.kube_apiserver, *args],
                  state_dir / "logs" / "kube-apiserver.log")
+
+
+def _audit_log(state_dir: Path) -> Path:
+    return state_dir / "logs" / "audit.log"
 
 
 def _start_scheduler(binaries: Binaries, state_dir: Path, kubeconfig: Path,

@@ -118,6 +118,17 @@ class FakePodApi:
                 self._changed.wait(wait_s)
             return [copy.deepcopy(e) for e in self._history if e[0] > resource_version]
 
+    def version_before(self, namespace: str, name: str, resource_version: int) -> dict[str, Any] | None:
+        """The pod as it was just before ``resource_version`` (from the event history), or ``None``
+        when the history holds no earlier version of it (never existed, or compacted away)."""
+        with self._lock:
+            for version, _, obj in reversed(self._history):
+                meta = obj["metadata"]
+                if version < resource_version and (meta["namespace"], meta["name"]) == (namespace, name):
+                    earlier: dict[str, Any] = copy.deepcopy(obj)
+                    return earlier
+            return None
+
     def wake(self) -> None:
         """Wake everyone waiting in :meth:`events_after`."""
         with self._lock:

@@ -6,6 +6,11 @@ client's calling convention with ``_preload_content=False`` (a list answer with 
 answer whose ``.stream()`` yields newline-separated JSON events) so those rules are tested in
 process. Like the apiserver, a watch from a compacted resourceVersion answers HTTP 200 with one
 ``ERROR`` event of code 410; :meth:`FakeListWatch.fail_next_watch` gives an HTTP error instead.
+
+The one field selector the products use, ``spec.nodeName=<node>`` (the node agent's own pods), is
+honoured as the apiserver does: the list and the watch carry only matching pods, and a pod that
+starts matching (bound to the node) arrives as ``ADDED``. Any other selector is refused, so a test
+cannot silently watch more than it asked for.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class FakeListWatch:
         self._gate = threading.Event()
         self._gate.set()
         self._fail_with: int | None = None
+        self._fail_lists: list[int] = []
+        self.list_versions: list[str | None] = []
+        """The ``resourceVersion`` each list asked for (``None``: a quorum read)."""
 
     # ------------------------------------------------------------------------------ test side
     def hold_watches(self) -> None:
@@ -84,18 +92,30 @@ class FakeListWatch:
         """The next watch call raises ``ApiException(status)``, as an HTTP error answer does."""
         self._fail_with = status
 
+    def fail_next_lists(self, status: int, times: int = 1) -> None:
+        """The next ``times`` list calls raise ``ApiException(status)``."""
+        self._fail_lists = [status] * times
+
     # -------------------------------------------------------------------------- client side
     def list_pod_for_all_namespaces(self, *, watch: bool = False, resource_version: str | None = None,
                                     timeout_seconds: int | None = None, limit: int | None = None,
-                                    _continue: str | None = None, **_: Any) -> _ListAnswer | _WatchAnswer:
+                                    _continue: str | None = None, field_selector: str | None = None,
+                                    **_: Any) -> _ListAnswer | _WatchAnswer:
+        node = _selected_node(field_selector)
         if watch:
-            return self._watch(int(resource_version or 0), float(timeout_seconds or 300))
-        return self._list(limit, _continue)
+            return self._watch(int(resource_version or 0), float(timeout_seconds or 300), node)
+        self.list_versions.append(resource_version)
+        return self._list(limit, _continue, node)
 
-    def _list(self, limit: int | None, token: str | None) -> _ListAnswer:
+    def _list(self, limit: int | None, token: str | None, node: str | None) -> _ListAnswer:
         self.lists += 1
+        if self._fail_lists:
+            from kubernetes.client.exceptions import ApiException
+
+            raise ApiException(status=self._fail_lists.pop(), reason="injected by FakeListWatch")
         version = self.api.resource_version
-        pods = sorted(self.api.list_pods(), key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        pods = sorted((p for p in self.api.list_pods() if node is None or _on_node(p, node)),
+                      key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
         start = int(token or 0)
         end = len(pods) if not limit else min(len(pods), start + limit)
         meta: dict[str, Any] = {"resourceVersion": str(version)}
@@ -103,7 +123,7 @@ class FakeListWatch:
             meta["continue"] = str(end)
         return _ListAnswer({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": pods[start:end]})
 
-    def _watch(self, since: int, timeout_s: float) -> _WatchAnswer:
+    def _watch(self, since: int, timeout_s: float, node: str | None) -> _WatchAnswer:
         self._gate.wait()
         self.watches += 1
         if self._fail_with is not None:
@@ -114,14 +134,14 @@ class FakeListWatch:
         with self._lock:
             self._open_streams += 1
             generation = self._generation
-        return _WatchAnswer(self._events(since, timeout_s, generation), self._closed)
+        return _WatchAnswer(self._events(since, timeout_s, generation, node), self._closed)
 
     def _closed(self) -> None:
         with self._lock:
             self._open_streams -= 1
             self._lock.notify_all()
 
-    def _events(self, since: int, timeout_s: float, generation: int) -> Iterator[bytes]:
+    def _events(self, since: int, timeout_s: float, generation: int, node: str | None) -> Iterator[bytes]:
         deadline = time.monotonic() + timeout_s
         while generation == self._generation and time.monotonic() < deadline:
             try:
@@ -134,5 +154,33 @@ class FakeListWatch:
             if generation != self._generation:
                 return
             for version, kind, obj in events:
-                yield json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                selected = kind if node is None else self._selected(version, kind, obj, node)
+                if selected is not None:
+                    yield json.dumps({"type": selected, "object": obj}).encode() + b"\n"
                 since = version
+
+    def _selected(self, version: int, kind: str, obj: dict[str, Any], node: str) -> str | None:
+        """The event a watch selecting ``node``'s pods carries for this change, if any: a pod that
+        starts matching is ADDED, one that stops matching DELETED (the apiserver's rule)."""
+        meta = obj["metadata"]
+        before = self.api.version_before(meta["namespace"], meta["name"], version)
+        now = _on_node(obj, node)
+        was = kind != "ADDED" and (now if before is None else _on_node(before, node))
+        if kind == "MODIFIED" and was != now:
+            return "ADDED" if now else "DELETED"
+        return kind if now else None
+
+
+def _selected_node(field_selector: str | None) -> str | None:
+    """The node of a ``spec.nodeName=<node>`` selector; ``None`` without one."""
+    if not field_selector:
+        return None
+    field, sep, value = field_selector.partition("=")
+    if field != "spec.nodeName" or not sep or "," in value:
+        raise ValueError(f"FakeListWatch supports only the field selector spec.nodeName=<node>, "
+                         f"not {field_selector!r}")
+    return value
+
+
+def _on_node(pod: dict[str, Any], node: str) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName") == node)

@@ -4,7 +4,8 @@
   SubjectAccessReview shows each ServiceAccount is allowed exactly the verbs its code uses, over a
   matrix of verbs and resources, so an extra grant fails as surely as a missing one.
 * The real clients then run *as* those ServiceAccounts (a TokenRequest token in a kubeconfig):
-  the node agent's ``KubePodSource`` publishes a Node's inventory, reads and annotates a pod; an
+  the node agent's ``KubePodSource`` publishes a Node's inventory, fills its pod cache by a
+  field-selected list+watch, reads a pod through it and by name, and annotates it; an
   extender replica (``start_replica`` with ``_clients``) lists and watches, takes the Lease and binds
   that pod. A permission the code needs but the Role lacks fails here, not in production.
 * The Deployment, DaemonSet and Service are created with server-side dry run, so the apiserver
@@ -158,7 +159,8 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
 
 def expected_node_agent() -> set[tuple[str, ...]]:
     """What gpupool/nodeagent/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
-    return {("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
+    return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
+            ("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
             ("patch", "", "nodes", "", "", "")}
 
 
@@ -213,12 +215,12 @@ def test_the_real_clients_work_as_their_service_accounts(
     # process-wide default, which the other clients of this test keep using).
     saved_default = client.Configuration.get_default_copy()
     agent_config = service_account_kubeconfig(control_plane, core_v1, namespace, AGENT_SA, tmp_path / "agent")
-    source = KubePodSource(NAMES, str(agent_config))
+    source = KubePodSource(NAMES, node, str(agent_config))
     asyncio.run(source.publish_node(node, backend.inventory()))
     assert client.Configuration.get_default_copy().host == saved_default.host
     agent_api = client.CoreV1Api(client.ApiClient(api_configuration(str(agent_config))))
     with pytest.raises(ApiException) as denied:
-        agent_api.list_namespaced_pod(namespace)  # the agent reads by name; listing is not granted
+        agent_api.list_node()  # the agent patches its Node; it never lists nodes
     assert denied.value.status == 403
     published = core_v1.read_node(node).metadata
     assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
@@ -259,11 +261,23 @@ def test_the_real_clients_work_as_their_service_accounts(
     assert bound.spec.node_name == node
     assert decode_assignment(bound.metadata.annotations[NAMES.assignment]).node == node
 
-    # The node agent again: read the bound pod by name, write allocated-v1 on it.
-    source = KubePodSource(NAMES, str(agent_config))
-    view = asyncio.run(source.get(namespace, "p1"))
-    assert view is not None and view.node == node and view.assignment is not None
-    asyncio.run(source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])}))
+    # The node agent again: its pod cache lists and watches its node's pods, the last-resort read
+    # by name works, and it writes allocated-v1 on the pod.
+    source = KubePodSource(NAMES, node, str(agent_config))
+
+    async def agent_reads() -> None:
+        watching = asyncio.create_task(source.run())
+        try:
+            assert await source.cache.wait_synced(30), "the pod cache did not sync as the ServiceAccount"
+            view = await source.get(namespace, "p1")
+            assert view is not None and view.node == node and view.assignment is not None
+            assert source.cache.stats.hits == 1 and source.cache.stats.fallback_reads == 0
+            assert await source.read(namespace, "p1") == view
+            await source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])})
+        finally:
+            watching.cancel()
+
+    asyncio.run(agent_reads())
     written = core_v1.read_namespaced_pod("p1", namespace).metadata.annotations[NAMES.allocated]
     assert decode_allocated(written).node == node
 

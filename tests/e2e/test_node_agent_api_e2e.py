@@ -2,7 +2,7 @@
 
 kube-scheduler and the ``gpupool extender`` process bind pods onto a Node object without a real
 kubelet; the node agent runs in this process on the real API (``KubePodSource``: it publishes the
-node's inventory, reads the bound pods, writes ``allocated-v1``) behind its three device-plugin
+node's inventory, watches the bound pods, writes ``allocated-v1``) behind its three device-plugin
 servers; the fake kubelet (modelled on kubelet 1.20's device manager) registers them and admits the
 bound pods in concurrent batches, calling GetPreferredAllocation/Allocate/PreStartContainer over
 gRPC. At the end the pods' annotations agree with each other and with what every container got:
@@ -61,7 +61,7 @@ PODS: dict[str, tuple[list[ContainerLimits], list[ContainerLimits]]] = {
 async def node_side(node: str, kubeconfig: str) -> AsyncIterator[tuple[FakeKubelet, NodeAgent]]:
     """The node agent (real API) behind its plugin servers, registered with a fake kubelet."""
     backend = FakeGpuBackend.from_dict({"model": "Tesla-T4", "cards": CARDS, "topology": [[0, 1], [2, 3]]})
-    source = KubePodSource(NAMES, kubeconfig)
+    source = KubePodSource(NAMES, node, kubeconfig)
 
     def make_agent(reader: PodResourcesClient) -> NodeAgent:
         return NodeAgent(node, NAMES, backend, source, reader, encode_served, poll_s=0.2)
@@ -69,8 +69,17 @@ async def node_side(node: str, kubeconfig: str) -> AsyncIterator[tuple[FakeKubel
     async def publish(agent: NodeAgent) -> None:  # what `gpupool node-agent` does first
         await source.publish_node(node, agent.inventory)
 
-    async with agent_on_fake_kubelet(make_agent, seed=7, before_plugins=publish, prefix="gpe2e") as side:
-        yield side.kubelet, side.agent
+    watching = asyncio.create_task(source.run())
+    try:
+        assert await source.cache.wait_synced(30)
+        async with agent_on_fake_kubelet(make_agent, seed=7, before_plugins=publish, prefix="gpe2e") as side:
+            yield side.kubelet, side.agent
+        # kubelet admitted pods bound long before: every read came from the watch
+        assert source.cache.stats.fallback_reads == 0
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
 
 
 def fake_pod(pod: client.V1Pod) -> FakePod:

@@ -1,0 +1,259 @@
+"""The node agent's pod cache against the in-process fake list+watch: the store follows the
+events, 410 Gone and errors are survived, and a pod is read from the API only as the last resort."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gpupool.kube.listwatch import Backoff
+from gpupool.kube.podapi import NotFoundError
+from gpupool.nodeagent.pod_cache import NodePodCache
+from gpupool.nodeagent.pod_view import pod_view_from_json
+from gpupool.nodeagent.types import ASSIGNMENT_ANNOTATION, PodView
+from gpupool.testing.fake_api import FakePodApi
+from gpupool.testing.fake_watch import FakeListWatch
+from tests.nodeagent.harness import NAMES
+
+NODE = "node-a"
+#: Long enough that a test finding a pod by waiting proves the wait ended on the pod's event.
+SLOW_ARRIVAL_S = 5.0
+
+
+def pod(name: str, node: str | None = NODE, mem: str = "4") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": {NAMES.gpu_mem: mem}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+@dataclass
+class World:
+    api: FakePodApi
+    server: FakeListWatch
+    cache: NodePodCache
+    now: list[float]
+    reads: list[tuple[str, str]] = field(default_factory=list)
+
+    def gets(self) -> list[str]:
+        """The API GETs the cache made (the fake records every call)."""
+        return [c for c in self.api.calls if c.startswith("get ")]
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def watched(*pods: dict[str, Any], arrival_wait_s: float = SLOW_ARRIVAL_S,
+                  list_pods: Callable[[FakeListWatch], Any] | None = None) -> AsyncIterator[World]:
+    """The cache running over a fake API holding ``pods``; synced before the test body runs."""
+    api = FakePodApi()
+    for p in pods:
+        api.create_pod(p)
+    server = FakeListWatch(api, poll_s=0.01)
+    now = [1000.0]
+    reads: list[tuple[str, str]] = []
+
+    async def read(namespace: str, name: str) -> PodView | None:
+        reads.append((namespace, name))
+        try:
+            return pod_view_from_json(await asyncio.to_thread(api.get_pod, namespace, name), NAMES)
+        except NotFoundError:
+            return None
+
+    lister = list_pods(server) if list_pods else server.list_pod_for_all_namespaces
+    cache = NodePodCache(NODE, NAMES, lister, read, arrival_wait_s=arrival_wait_s,
+                         backoff=Backoff(0.01, 0.05), watch_timeout_s=1, clock=lambda: now[0])
+    task = asyncio.create_task(cache.run())
+    try:
+        assert await cache.wait_synced(10), "the cache never synced"
+        yield World(api, server, cache, now, reads)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(server.hold_watches)  # end the open stream now, not at its timeout
+        server.release_watches()
+        assert cache.watch is not None
+        await asyncio.to_thread(cache.watch.thread.join, 10)
+        assert not cache.watch.thread.is_alive()
+
+
+def cached(world: World) -> set[str]:
+    return {name for name in ("p1", "p2", "p3", "p4", "p9") if world.cache.cached("default", name)}
+
+
+def test_lists_this_nodes_pods_from_the_apiservers_watch_cache() -> None:
+    async def main() -> None:
+        async with watched(pod("p1"), pod("p2", node="node-b"), pod("p3", node=None)) as world:
+            assert cached(world) == {"p1"}
+            assert world.server.list_versions == ["0"]  # resourceVersion=0: not an etcd scan
+            view = await world.cache.get("default", "p1")
+            assert view is not None and view.node == NODE and view.containers[0].limits == {NAMES.gpu_mem: 4}
+            assert world.cache.stats.hits == 1 and world.gets() == []
+
+    asyncio.run(main())
+
+
+def test_added_modified_and_deleted_events_reach_the_store_without_reads() -> None:
+    async def main() -> None:
+        async with watched(pod("p1"), pod("p2", node=None), arrival_wait_s=0.1) as world:
+            world.api.create_pod(pod("p3"))  # ADDED on this node
+            world.api.bind_pod("default", "p2", "", NODE)  # bound: starts matching the selector
+            await eventually(lambda: cached(world) == {"p1", "p2", "p3"})
+            rv = world.api.list_pods()[0]["metadata"]["resourceVersion"]
+            world.api.patch_pod_annotations("default", "p1", rv, {NAMES.annotation(ASSIGNMENT_ANNOTATION): "{"})
+            await eventually(lambda: bool((v := world.cache.cached("default", "p1")) and v.assignment_error))
+            world.api.delete_pod("default", "p3")
+            await eventually(lambda: cached(world) == {"p1", "p2"})
+            assert await world.cache.get("default", "p2") is not None
+            assert await world.cache.get("default", "p3") is None  # the watch said it is gone: no read
+            assert world.cache.stats.absent == 1
+            assert world.gets() == [] and world.reads == []
+
+    asyncio.run(main())
+
+
+def test_410_gone_lists_again_and_recovers_what_the_watch_missed() -> None:
+    async def main() -> None:
+        async with watched(pod("p1"), pod("p2"), arrival_wait_s=0.1) as world:
+            await asyncio.to_thread(world.server.hold_watches)  # disconnected while...
+            world.api.delete_pod("default", "p1")
+            world.api.create_pod(pod("p3"))
+            world.api.compact()  # ...etcd compacts the events away
+            world.server.release_watches()
+            await eventually(lambda: cached(world) == {"p2", "p3"})
+            assert world.cache.stats.lists == 2 and world.server.lists == 2
+            assert await world.cache.get("default", "p1") is None  # missing from the new list: gone
+            assert world.reads == []
+
+    asyncio.run(main())
+
+
+def test_list_and_watch_errors_back_off_and_resume() -> None:
+    async def main() -> None:
+        api_errors = 3
+
+        def failing_lister(server: FakeListWatch) -> Any:
+            server.fail_next_lists(500, times=api_errors)
+            return server.list_pod_for_all_namespaces
+
+        async with watched(pod("p1"), list_pods=failing_lister) as world:
+            assert world.cache.watch is not None
+            assert world.cache.watch.failures == api_errors and cached(world) == {"p1"}
+            await asyncio.to_thread(world.server.hold_watches)
+            world.server.fail_next_watch(503)
+            world.api.create_pod(pod("p2"))
+            world.server.release_watches()
+            await eventually(lambda: cached(world) == {"p1", "p2"})
+            assert world.cache.watch.failures == api_errors + 1
+            assert world.cache.stats.lists == 1  # an error is not a 410: the watch resumed, no re-list
+
+    asyncio.run(main())
+
+
+def test_a_pod_bound_after_allocate_started_is_served_when_its_event_arrives() -> None:
+    async def main() -> None:
+        async with watched(pod("p1")) as world:
+            await asyncio.to_thread(world.server.hold_watches)  # the watch trails kubelet's
+            started = time.monotonic()
+            allocate = asyncio.create_task(world.cache.get("default", "p9"))
+            await asyncio.sleep(0.1)
+            assert not allocate.done()  # waiting on the store, not reading the API
+            world.api.create_pod(pod("p9"))
+            world.server.release_watches()
+            view = await allocate
+            assert view is not None and view.name == "p9"
+            assert time.monotonic() - started < SLOW_ARRIVAL_S / 2  # woken by the event, not the bound
+            assert world.cache.stats.waited == 1 and world.reads == [] and world.gets() == []
+
+    asyncio.run(main())
+
+
+def test_a_pod_the_watch_does_not_bring_in_time_is_read_once_as_the_last_resort() -> None:
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.1) as world:
+            await asyncio.to_thread(world.server.hold_watches)  # the watch is stuck
+            world.api.create_pod(pod("p9"))
+            view = await world.cache.get("default", "p9")
+            assert view is not None and view.name == "p9"
+            assert world.cache.stats.fallback_reads == 1 and world.gets() == ["get default/p9"]
+            world.server.release_watches()
+
+    asyncio.run(main())
+
+
+def test_a_pod_missing_from_the_api_is_read_again_only_after_the_ttl() -> None:
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.05) as world:
+            assert await world.cache.get("default", "ghost") is None  # kubelet lists it, the API not
+            assert await world.cache.get("default", "ghost") is None
+            assert world.reads == [("default", "ghost")] and world.cache.stats.absent == 1
+            world.now[0] += 31.0
+            assert await world.cache.get("default", "ghost") is None
+            assert world.reads == [("default", "ghost")] * 2
+
+    asyncio.run(main())
+
+
+def test_a_pod_recreated_under_a_deleted_name_is_found_by_waiting() -> None:
+    """A StatefulSet's pod comes back with its name: the deletion memo must not hide it."""
+    async def main() -> None:
+        async with watched(pod("p1")) as world:
+            world.api.delete_pod("default", "p1")
+            await eventually(lambda: cached(world) == set())
+            await asyncio.to_thread(world.server.hold_watches)
+            allocate = asyncio.create_task(world.cache.get("default", "p1"))
+            await asyncio.sleep(0.1)
+            world.api.create_pod(pod("p1", mem="8"))
+            world.server.release_watches()
+            view = await allocate
+            assert view is not None and view.containers[0].limits == {NAMES.gpu_mem: 8}
+            assert world.reads == []
+
+    asyncio.run(main())
+
+
+def test_an_unreadable_pod_fails_its_own_reads_and_nothing_else() -> None:
+    async def main() -> None:
+        async with watched(pod("p1", mem="1.5"), pod("p2")) as world:
+            with pytest.raises(ValueError, match=r"default/p1 cannot be read.*whole number"):
+                await world.cache.get("default", "p1")
+            assert await world.cache.get("default", "p2") is not None
+            world.api.create_pod(pod("p3"))  # the watch goes on
+            await eventually(lambda: world.cache.cached("default", "p3") is not None)
+            assert world.reads == []
+
+    asyncio.run(main())
+
+
+def test_a_pod_of_another_node_is_never_kept_even_if_the_server_ignores_the_selector() -> None:
+    def selector_ignored(server: FakeListWatch) -> Any:
+        def list_pods(*, field_selector: str | None = None, **kwargs: Any) -> Any:
+            return server.list_pod_for_all_namespaces(**kwargs)
+        return list_pods
+
+    async def main() -> None:
+        async with watched(pod("p1"), pod("p2", node="node-b"), list_pods=selector_ignored) as world:
+            world.api.create_pod(pod("p3", node="node-b"))
+            world.api.create_pod(pod("p4"))
+            await eventually(lambda: cached(world) == {"p1", "p4"})
+            assert world.cache.stats.events >= 1 and cached(world) == {"p1", "p4"}
+
+    asyncio.run(main())
+
+
+def test_the_fake_list_watch_refuses_a_selector_it_does_not_implement() -> None:
+    server = FakeListWatch(FakePodApi())
+    with pytest.raises(ValueError, match=r"spec\.nodeName=<node>"):
+        server.list_pod_for_all_namespaces(field_selector="status.phase=Running")
