@@ -8,6 +8,11 @@ here, ~5 % of what one bind costs the extender (two requests, 4.4 ms of CPU in a
 urllib3 and TLS). The environment does not change while the process runs, so the proxy is resolved
 once here and kept; the token refresh itself is untouched. Both CLI commands load through here, so
 the extender and the node agent find their credentials the same way.
+
+One call is one request (``retries = 0``): urllib3's default retries a read that timed out three
+times, so one GET of a bind could take four times its timeout, past the bind's deadline and
+kube-scheduler's ``httpTimeout``. Every caller already owns its retries: the binder within its
+deadline, the watches and the Lease with their back-off.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ def api_configuration(kubeconfig: str | None = None) -> Any:
         except loaders.ConfigException:
             loaders.load_kube_config(client_configuration=configuration)
     keep_environment_proxy(configuration)
+    configuration.retries = 0  # one call, one request (module docstring)
     return configuration
 
 
