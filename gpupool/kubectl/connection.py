@@ -1,0 +1,86 @@
+"""The plugin's only contact with the cluster: load a kubeconfig as kubectl does, and read nodes and pods.
+
+Why not :func:`gpupool.kube.client_config.api_configuration`: the plugin runs on a user's machine
+with a kubeconfig and must honour ``--context`` as kubectl does; the components' loader prefers
+the in-cluster service account and has no context. ``KUBECONFIG`` (with ``:``-separated files) and
+``~/.kube/config`` are the official client's defaults, the same as kubectl's.
+
+Objects are read as the API's JSON (``_preload_content=False``): the translation takes camelCase
+dicts, and skipping the client's model classes is several times faster on a large cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.kube.client_config import keep_environment_proxy
+
+DEFAULT_NAMESPACE = "default"
+REQUEST_TIMEOUT_S = 30.0
+"""Per request: a list of 5,000 nodes is a few MB; an apiserver that does not answer in this long
+is reported rather than waited on."""
+
+
+class ClusterAccessError(RuntimeError):
+    """The kubeconfig cannot be loaded or the API refused a read; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A configured API client and the namespace the kubeconfig's context names."""
+
+    api: Any
+    namespace: str
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Connection:
+    """Load ``kubeconfig`` (default: ``KUBECONFIG``, else ``~/.kube/config``) with ``context`` (default:
+    its current context)."""
+    from kubernetes import client
+    from kubernetes import config as config_module
+
+    loaders: Any = config_module  # the client's loaders are untyped
+    configuration = client.Configuration()
+    try:
+        loaders.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration,
+                                 persist_config=False)
+        contexts, active = loaders.list_kube_config_contexts(config_file=kubeconfig)
+    except (loaders.ConfigException, OSError, ValueError) as exc:
+        raise ClusterAccessError(f"cannot load the kubeconfig: {exc}") from None
+    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+    namespace = str(((chosen or {}).get("context") or {}).get("namespace") or DEFAULT_NAMESPACE)
+    keep_environment_proxy(configuration)
+    return Connection(api=client.CoreV1Api(client.ApiClient(configuration)), namespace=namespace)
+
+
+def _read(call: Any, what: str, *args: Any) -> Any:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        response = call(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+    except ApiException as exc:
+        raise ClusterAccessError(f"cannot read {what}: {exc.status} {exc.reason}") from None
+    except HTTPError as exc:
+        raise ClusterAccessError(f"cannot reach the API server to read {what}: {exc}") from None
+    return json.loads(response.data)
+
+
+def list_nodes(connection: Connection) -> list[dict[str, Any]]:
+    """Every node, as the API's JSON."""
+    items: list[dict[str, Any]] = _read(connection.api.list_node, "nodes").get("items") or []
+    return items
+
+
+def list_pods(connection: Connection) -> list[dict[str, Any]]:
+    """Every pod of every namespace, as the API's JSON."""
+    items: list[dict[str, Any]] = _read(connection.api.list_pod_for_all_namespaces, "pods").get("items") or []
+    return items
+
+
+def read_pod(connection: Connection, namespace: str, name: str) -> dict[str, Any]:
+    """One pod, as the API's JSON."""
+    pod: dict[str, Any] = _read(connection.api.read_namespaced_pod, f"pod {namespace}/{name}", name, namespace)
+    return pod

@@ -1,0 +1,125 @@
+"""The ``kubectl-gpupool`` command: ``kubectl gpupool inspect [NODE]`` and ``kubectl gpupool why POD``.
+
+kubectl runs any executable named ``kubectl-<name>`` on ``PATH`` for ``kubectl <name>``, passing
+every argument after the name; the console script installed with the package is that executable
+(``python -m gpupool.kubectl`` is the same command). Connection flags follow kubectl's names and
+are accepted after the sub-command, where kubectl leaves them to a plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import click
+
+from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
+from gpupool.kube.translate import TranslationError, foreign_resources, pod_key, pod_request
+from gpupool.kubectl import connection as kube
+from gpupool.kubectl.inspect import inspect_json, inspect_table, node_views
+from gpupool.kubectl.snapshot import build_snapshot
+from gpupool.kubectl.usage import NoUsage
+from gpupool.kubectl.why import BEST_NODES, explain, why_json, why_text
+
+EXAMPLES_PER_REASON = 3
+"""Nodes ``why`` names under each reason unless told otherwise."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def connection_options(command: F) -> F:
+    """kubectl's connection flags and gpupool's resource domain, on every sub-command."""
+    for option in reversed((
+        click.option("--kubeconfig", default=None, help="Path of the kubeconfig (default: "
+                     "KUBECONFIG, else ~/.kube/config)."),
+        click.option("--context", default=None, help="The kubeconfig context to use (default: its current one)."),
+        click.option("--resource-domain", default=DEFAULT_DOMAIN, show_default=True,
+                     help="gpupool's resource and annotation domain, as the extender was started with."),
+        click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True),
+    )):
+        command = option(command)
+    return command
+
+
+def _connect(kubeconfig: str | None, context: str | None) -> kube.Connection:
+    try:
+        return kube.connect(kubeconfig, context)
+    except kube.ClusterAccessError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _emit(output: str, text: Callable[[], str], doc: Callable[[], Mapping[str, Any]]) -> None:
+    click.echo(json.dumps(doc(), indent=2) if output == "json" else text())
+
+
+@click.group(name="kubectl-gpupool")
+def cli() -> None:
+    """What gpupool has booked on each GPU, and why a pod waits (read-only)."""
+
+
+@cli.command()
+@click.argument("node", required=False)
+@connection_options
+def inspect(node: str | None, kubeconfig: str | None, context: str | None, resource_domain: str,
+            output: str) -> None:
+    """Per node and card: model, memory and compute booked/total, health, usage, and the pods holding slices."""
+    connection = _connect(kubeconfig, context)
+    try:
+        nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
+    except kube.ClusterAccessError as exc:
+        raise click.ClickException(str(exc)) from None
+    snapshot = build_snapshot(nodes, pods, ResourceNames(resource_domain), now=time.time())
+    views = node_views(snapshot, NoUsage(), only=node)
+    if node is not None and not views:
+        raise click.ClickException(f"node {node} not found")
+    _emit(output, lambda: inspect_table(views), lambda: inspect_json(views, dict(snapshot.pod_problems)))
+
+
+@cli.command()
+@click.argument("pod")
+@click.option("-n", "--namespace", default=None, help="The pod's namespace (default: the context's, else default).")
+@click.option("--examples", default=EXAMPLES_PER_REASON, show_default=True,
+              help="Nodes named under each reason (0: all).")
+@click.option("--best", default=BEST_NODES, show_default=True, help="Fitting nodes named, best first.")
+@connection_options
+def why(pod: str, namespace: str | None, examples: int, best: int, kubeconfig: str | None, context: str | None,
+        resource_domain: str, output: str) -> None:
+    """Why POD fits on no node by gpupool's booking (or where it fits), with the extender's reasons."""
+    connection = _connect(kubeconfig, context)
+    names = ResourceNames(resource_domain)
+    try:
+        raw = kube.read_pod(connection, namespace or connection.namespace, pod)
+        nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
+    except kube.ClusterAccessError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        request = pod_request(raw, names)
+    except TranslationError as exc:
+        raise click.ClickException(f"gpupool cannot read the pod's request: {exc}") from None
+    bound = str((raw.get("spec") or {}).get("nodeName") or "")
+    if bound:
+        click.echo(f"pod {pod_key(raw)} is already bound to node {bound}; see: kubectl gpupool inspect {bound}")
+        return
+    snapshot = build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key}))
+    answer = explain(snapshot, request, foreign_resources(raw), best=best)
+    says = scheduler_message(raw)
+    if not request.wants_gpu:
+        click.echo(f"note: pod {request.key} asks for no gpupool resource; only its CPU and memory are checked",
+                   err=True)
+    _emit(output, lambda: why_text(answer, examples=examples, scheduler_says=says), lambda: why_json(answer, says))
+
+
+def scheduler_message(pod: Mapping[str, Any]) -> str | None:
+    """The message of the pod's ``PodScheduled=False`` condition (kube-scheduler's last word), if any."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            message = condition.get("message")
+            return str(message) if message else None
+    return None
+
+
+def main() -> None:
+    """Entry point of the ``kubectl-gpupool`` console script."""
+    cli(prog_name="kubectl gpupool")

@@ -1,0 +1,91 @@
+"""``inspect``: the per-card views, the aligned table and the JSON, on hand-made API objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.kubectl.inspect import HEADERS, inspect_json, inspect_table, node_views
+from gpupool.kubectl.snapshot import build_snapshot
+from gpupool.kubectl.usage import CardUsageSample, NoUsage
+from tests.kubectl.objects import NAMES, NOW, assignment, gpu_node, gpu_pod, placed
+
+
+class FixedUsage:
+    """A usage source that reports one card (what the agent will publish later)."""
+
+    def card_usage(self, node: str, uuid: str) -> CardUsageSample | None:
+        return CardUsageSample(utilisation_pct=37.0, memory_used_mib=5120) if uuid == "GPU-a-0" else None
+
+
+def views(usage: object = None, only: str | None = None) -> list:  # type: ignore[type-arg]
+    nodes = [gpu_node("b", [16384]), gpu_node("a", [16384, 16384])]
+    pods = [placed("p1", "a", 0, 8), placed("p2", "a", 0, 4, namespace="ml", container="worker"),
+            gpu_pod("w", 2, annotations=assignment("b", 0, 512, compute=250))]
+    snapshot = build_snapshot(nodes, pods, NAMES, now=NOW.timestamp())
+    return node_views(snapshot, usage or NoUsage(), only=only)  # type: ignore[arg-type]
+
+
+def test_cards_show_booked_over_total_and_their_holders() -> None:
+    card = views()[0].cards[0]
+    assert (card.memory_booked, card.memory_total) == (3072, 16384)
+    assert [h.shown() for h in card.holders] == ["ml/p2/worker (1024MiB, 0%)", "team/p1/main (2048MiB, 0%)"]
+
+
+def test_the_table_aligns_columns_and_puts_further_holders_on_their_own_line() -> None:
+    lines = inspect_table(views()).splitlines()
+    assert lines[0].split() == list(HEADERS)
+    start = lines[0].index("HOLDERS")
+    assert lines[1][start:] == "ml/p2/worker (1024MiB, 0%)"
+    assert lines[2].strip() == "team/p1/main (2048MiB, 0%)" and lines[2].index("team") == start
+    assert lines[1].split()[:8] == ["a", "0", "Tesla-T4", "healthy", "shared", "3072/16384", "0%/100%", "-"]
+    assert lines[3].split() == ["a", "1", "Tesla-T4", "healthy", "idle", "0/16384", "0%/100%", "-", "-"]
+
+
+def test_a_bind_in_flight_is_marked() -> None:
+    holder = views(only="b")[0].cards[0].holders[0]
+    assert holder.shown() == "team/w/main (512MiB, 25%) binding"
+
+
+def test_usage_is_a_dash_until_a_source_reports_it() -> None:
+    assert views()[0].cards[0].usage is None
+    row = inspect_table(views(FixedUsage())).splitlines()[1]
+    assert "37% 5120MiB" in row
+    assert inspect_json(views(FixedUsage()))["nodes"][0]["cards"][0]["usage"] == {
+        "utilisationPercent": 37.0, "memoryUsedMiB": 5120}
+
+
+def test_json_carries_the_same_numbers() -> None:
+    doc = inspect_json(views(), {"team/x": "why"})
+    card = doc["nodes"][0]["cards"][0]
+    assert card["memoryMiB"] == {"booked": 3072, "total": 16384}
+    assert card["computeMilli"] == {"booked": 0, "total": 1000}
+    assert [h["pod"] for h in card["holders"]] == ["ml/p2", "team/p1"]
+    assert doc["nodes"][0]["cpuMilli"] == {"booked": 2000, "total": 16000}
+    assert doc["podProblems"] == {"team/x": "why"}
+
+
+@pytest.mark.parametrize("only, names", [
+    pytest.param(None, ["a", "b"], id="all-nodes-by-name"),
+    pytest.param("b", ["b"], id="one-node"),
+    pytest.param("nope", [], id="unknown-node"),
+])
+def test_node_filter(only: str | None, names: list[str]) -> None:
+    assert [v.name for v in views(only=only)] == names
+
+
+def test_a_node_without_cards_and_its_problem_are_shown() -> None:
+    node = gpu_node("c", [16384])
+    node["metadata"]["annotations"][NAMES.inventory] = "garbage"
+    text = inspect_table(node_views(build_snapshot([node], [], NAMES, now=0), NoUsage()))
+    assert text.splitlines()[1].split() == ["c", *["-"] * (len(HEADERS) - 1)]
+    assert text.splitlines()[2].startswith("node c: node c: inventory-v1")
+
+
+def test_over_committed_cards_say_so() -> None:
+    pods = [placed("a", "n", 0, 40), placed("b", "n", 0, 40)]
+    text = inspect_table(node_views(build_snapshot([gpu_node("n", [16384])], pods, NAMES, now=0), NoUsage()))
+    assert "over-committed" in text.splitlines()[1]
+
+
+def test_no_nodes() -> None:
+    assert inspect_table([]) == "No nodes found."

@@ -1,0 +1,85 @@
+"""The command itself, with the cluster reads replaced by hand-made objects."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.kubectl import connection as kube
+from gpupool.kubectl.main import cli, scheduler_message
+from tests.kubectl.objects import gpu_node, gpu_pod, placed
+
+NODES = [gpu_node("a", [16384])]
+PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a", 0, 1, container="c")]
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Fake reads; returns the (namespace, name) of every pod read."""
+    asked: list[tuple[str, str]] = []
+
+    def read_pod(_: kube.Connection, namespace: str, name: str) -> dict[str, Any]:
+        asked.append((namespace, name))
+        found = [p for p in PODS if p["metadata"]["name"] == name]
+        if not found:
+            raise kube.ClusterAccessError(f"cannot read pod {namespace}/{name}: 404 Not Found")
+        return found[0]
+
+    monkeypatch.setattr(kube, "connect", lambda kubeconfig, context: kube.Connection(api=None, namespace="team"))
+    monkeypatch.setattr(kube, "list_nodes", lambda _: NODES)
+    monkeypatch.setattr(kube, "list_pods", lambda _: PODS)
+    monkeypatch.setattr(kube, "read_pod", read_pod)
+    return asked
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_inspect_prints_the_table(cluster: list[tuple[str, str]]) -> None:
+    result = run("inspect")
+    assert result.exit_code == 0, result.output
+    assert "team/holder/main (15360MiB, 0%)" in result.output
+
+
+def test_inspect_json(cluster: list[tuple[str, str]]) -> None:
+    doc = json.loads(run("inspect", "a", "-o", "json").output)
+    assert doc["nodes"][0]["cards"][0]["memoryMiB"] == {"booked": 15616, "total": 16384}
+
+
+def test_inspect_of_an_unknown_node_fails_clearly(cluster: list[tuple[str, str]]) -> None:
+    result = run("inspect", "nope")
+    assert result.exit_code == 1 and "node nope not found" in result.output
+
+
+def test_why_reads_the_pod_in_the_contexts_namespace_and_explains(cluster: list[tuple[str, str]]) -> None:
+    result = run("why", "waiting")
+    assert cluster == [("team", "waiting")]
+    assert result.output.splitlines()[:2] == ["pod team/waiting fits on none of 1 node:",
+                                              "  1 node: no single card has 8192 MiB free"]
+
+
+def test_why_of_a_bound_pod_points_at_inspect(cluster: list[tuple[str, str]]) -> None:
+    result = run("why", "holder", "-n", "other")
+    assert cluster == [("other", "holder")]
+    assert result.output.strip() == "pod team/holder is already bound to node a; see: kubectl gpupool inspect a"
+
+
+def test_why_of_a_missing_pod_fails_clearly(cluster: list[tuple[str, str]]) -> None:
+    result = run("why", "ghost")
+    assert result.exit_code == 1 and "404 Not Found" in result.output
+
+
+def test_an_unloadable_kubeconfig_is_a_clear_error(tmp_path: Any) -> None:
+    result = run("inspect", "--kubeconfig", str(tmp_path / "missing"))
+    assert result.exit_code == 1 and "cannot load the kubeconfig" in result.output
+
+
+def test_kube_schedulers_word_is_its_pod_scheduled_condition() -> None:
+    pod = {"status": {"conditions": [{"type": "Ready", "status": "False", "message": "x"},
+                                     {"type": "PodScheduled", "status": "False", "message": "0/3 nodes"}]}}
+    assert scheduler_message(pod) == "0/3 nodes"
+    assert scheduler_message({}) is None
