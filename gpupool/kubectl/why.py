@@ -22,7 +22,7 @@ import numpy as np
 
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import WorkloadProfile
-from gpupool.core.model import Placement, PodRequest
+from gpupool.core.model import PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.kubectl.snapshot import ClusterSnapshot
@@ -82,7 +82,10 @@ def alias_problem(wanted: frozenset[str], listed: frozenset[str]) -> str | None:
 
 def explain(snapshot: ClusterSnapshot, request: PodRequest, aliases: frozenset[str] = frozenset(), *,
             policy: str = DEFAULT_POLICY, best: int = BEST_NODES) -> Explanation:
-    """Where ``request`` fits in ``snapshot`` now, and why not everywhere else."""
+    """Where ``request`` fits in ``snapshot`` now, and why not everywhere else.
+
+    The scheduler's filter is exact (the vectorised masks for one GPU container, the card choice
+    itself for several), so every node it passes can take the pod."""
     state = snapshot.state
     present = [row for row in range(state.size) if state.present[row]]
     names = [state.specs[row].name for row in present]
@@ -108,15 +111,8 @@ def explain(snapshot: ClusterSnapshot, request: PodRequest, aliases: frozenset[s
         name = state.specs[row].name
         failed[name] = explained.get(name, DOES_NOT_FIT)
     score_of = dict(zip(ok.tolist(), scores.tolist(), strict=True))
-    fits: list[tuple[str, float]] = []
-    for row in scheduler.pick(ok, scores).tolist():
-        name = state.specs[row].name
-        decision = scheduler.assign(request, name)  # the masks are exact only for one GPU container
-        if not isinstance(decision, Placement):
-            failed[name] = decision.reason
-        elif len(fits) < best:
-            fits.append((name, float(score_of[row])))
-    return Explanation(request.key, len(names), tuple(fits), group_reasons(failed))
+    fits = tuple((state.specs[row].name, float(score_of[row])) for row in scheduler.pick(ok, scores)[:best].tolist())
+    return Explanation(request.key, len(names), fits, group_reasons(failed))
 
 
 # ------------------------------------------------------------------------------------- rendering
