@@ -11,6 +11,20 @@ import click
 
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
+from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
+from gpupool.nodeagent.monitor.scripted_usage import parse_duration
+from gpupool.nodeagent.monitor.service import MonitorConfig
+from gpupool.nodeagent.monitor.state_file import DEFAULT_STATE_PATH
+
+
+def _duration(value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0 s", param_hint="--idle-after")
+    return seconds
 
 
 @click.command("node-agent")
@@ -29,10 +43,16 @@ from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 @click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
               type=click.IntRange(0, 65535),
               help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
+@click.option("--usage-monitor/--no-usage-monitor", default=True, show_default=True,
+              help="Watch opens of the GPU device files, sample usage, mark idle cards (docs/monitor.md).")
+@click.option("--usage-state-file", default=DEFAULT_STATE_PATH, show_default=True,
+              type=click.Path(dir_okay=False), help="The usage monitor's state file (on a hostPath).")
+@click.option("--idle-after", default=f"{DEFAULT_IDLE_AFTER_SECONDS / 60:g}m", show_default=True,
+              metavar="DURATION", help="A held card without SM activity this long is idle (e.g. 90s, 10m, 1h).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
-               verbose: bool) -> None:
+               usage_monitor: bool, usage_state_file: str, idle_after: str, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -40,14 +60,15 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
+    monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
-                     metrics_port))
+                     metrics_port, monitor))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...], metrics_port: int) -> None:
+               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None) -> None:
     from gpupool.api.names import ResourceNames
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
@@ -56,6 +77,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.gpu_inventory import GpuBackend
     from gpupool.nodeagent.kube_pod_source import KubePodSource
     from gpupool.nodeagent.metrics import serve_metrics
+    from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
+    from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
     names = ResourceNames(domain)
     backend: GpuBackend
@@ -69,7 +92,19 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         from gpupool.nodeagent.nvml.real import NvmlBackend
         backend = NvmlBackend()
     pods = KubePodSource(names, node, kubeconfig)
-    agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases)
+    monitor = None
+    if monitor_config is not None:
+        monitor = build_monitor(node, backend, monitor_config,
+                                pod_event_listener(pods.post_event, monitor_config.idle_after))
+        pods.cache.feeds.append(DirectoryFeed(monitor.directory))
+        try:
+            monitor.start()  # logs which event source runs and why
+        except Exception:  # the device plugin is what the node's pods need; run without the monitor
+            logging.getLogger(__name__).exception("usage monitor not started; the agent runs without it")
+            monitor.stop()
+            monitor = None
+    agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
+                      monitor=monitor)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
     metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
@@ -89,4 +124,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     finally:
         if metrics is not None:
             await metrics.cleanup()
+        if monitor is not None:
+            monitor.stop()
         backend.close()

@@ -25,6 +25,7 @@ from gpupool.nodeagent.allocation_mapper import AllocationMapper, MappingError, 
 from gpupool.nodeagent.container_grant import build_grant
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
+from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.types import (
     ALLOCATED_ANNOTATION,
     ContainerGrant,
@@ -64,7 +65,7 @@ class NodeAgent:
 
     def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
-                 poll_s: float = 0.5, aliases: tuple[str, ...] = ()) -> None:
+                 poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None) -> None:
         self.node = node
         self.names = names
         self.resources: tuple[str, ...] = (*names.all(), *aliases)
@@ -87,6 +88,8 @@ class NodeAgent:
         self._wake_writer = asyncio.Event()
         self._writing = asyncio.Lock()
         self._fixed: set[tuple[str, frozenset[str]]] = set()
+        self.monitor = monitor
+        """The GPU usage monitor (started by the caller), or ``None`` when it is off."""
 
     # ------------------------------------------------------------------ devices and health
     @property
@@ -259,9 +262,11 @@ class NodeAgent:
             await self.apply_health(event)
 
     async def run(self) -> None:
-        """Health watching, annotation writing and PodResources polling, until cancelled."""
+        """Health watching, annotation writing, PodResources polling and usage sampling, until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._writer())
             group.create_task(self._poller())
             group.create_task(self._health())
+            if self.monitor is not None:
+                group.create_task(self.monitor.run())
 

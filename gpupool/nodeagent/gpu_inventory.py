@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class GpuBackend(Protocol):
 
     def health_events(self) -> AsyncIterator[HealthEvent]:
         """Health changes as they happen; runs until cancelled."""
+        ...
+
+    def sample_usage(self) -> UsageSample:
+        """Per card utilisation and memory, per process memory and SM share, now (the usage
+        monitor's sampler). Blocking; a card that cannot be read is left out of the sample (the
+        idle rule then counts it as active), an error for the whole node raises."""
         ...
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 Pods are read from a watch of this node's pods (:class:`gpupool.nodeagent.pod_cache.NodePodCache`),
 not one GET per pod on every Allocate and every PodResources poll; :meth:`KubePodSource.run` must be
 running for it to fill. A GET by name remains only as the cache's last resort. Writes are merge
-patches: ``allocated-v1`` on pods, the inventory and model label on the node.
+patches: ``allocated-v1`` on pods, the inventory and model label on the node; the usage monitor's
+busy/idle changes are created as events on the pods holding the card.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, cast
 from gpupool.api.annotations import Inventory, encode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.kube.client_config import api_configuration
+from gpupool.kube.podapi import pod_event
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
@@ -65,6 +67,13 @@ class KubePodSource:
         """Merge-patch the pod's annotations."""
         body = {"metadata": {"annotations": dict(annotations)}}
         await asyncio.to_thread(self._api.patch_namespaced_pod, name, namespace, body)
+
+    async def post_event(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Create a Normal event about the pod (the usage monitor's busy/idle changes)."""
+        body = pod_event(namespace, name, "", reason, message)
+        body["type"] = "Normal"
+        body["source"] = {"component": USER_AGENT, "host": self.cache.node}
+        await asyncio.to_thread(self._api.create_namespaced_event, namespace, body)
 
     async def publish_node(self, node: str, inventory: GpuInventory) -> None:
         """Write the inventory annotation and the GPU model label on the node."""

@@ -27,6 +27,8 @@ from gpupool.core.model import GpuCard
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.types import PodView
+from gpupool.nodeagent.usage_metrics import UsageCollector
+from gpupool.nodeagent.usage_report import usage_table
 
 log = logging.getLogger(__name__)
 
@@ -111,16 +113,31 @@ class NodeAgentCollector(Collector):
                                   value=agent.stats.mismatches)
 
 
-def metrics_app(agent: NodeAgent) -> web.Application:
-    """An aiohttp application serving the agent's metrics on ``GET /metrics``."""
+def agent_registry(agent: NodeAgent) -> CollectorRegistry:
+    """Every series the agent exports: its cards and counters, and the usage monitor's when it runs."""
     registry = CollectorRegistry()
     registry.register(NodeAgentCollector(agent))
+    if agent.monitor is not None:
+        registry.register(UsageCollector(agent, agent.monitor))
+    return registry
+
+
+def metrics_app(agent: NodeAgent) -> web.Application:
+    """An aiohttp application serving ``GET /metrics`` and, with the usage monitor, ``GET /usage``
+    (a plain-text table per card and per container)."""
+    registry = agent_registry(agent)
 
     async def scrape(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def usage(_request: web.Request) -> web.Response:
+        if agent.monitor is None:
+            return web.Response(status=404, text="the usage monitor is off (--no-usage-monitor)\n")
+        return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods()))
+
     app = web.Application()
     app.router.add_get("/metrics", scrape)
+    app.router.add_get("/usage", usage)
     return app
 
 

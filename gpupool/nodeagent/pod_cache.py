@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import Backoff, ListFn, ListWatch
@@ -59,6 +59,19 @@ BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_JITTER = 0.5, 30.0, 0.5
 #: Each watch request asks the server to end it after a random 5 to 10 minutes (as client-go
 #: does), so the agents' re-watches spread out instead of arriving together.
 WATCH_TIMEOUT_RANGE_S = (300, 600)
+
+
+class PodFeed(Protocol):
+    """Also receives the raw pods the watch delivers, on the watch's thread (the usage monitor's
+    container directory: it needs ``status.containerStatuses``, which the pod view drops)."""
+
+    def on_list(self, items: Iterable[dict[str, Any]]) -> None:
+        """A full list of this node's pods."""
+        ...
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,9 @@ class NodePodCache:
         self._arrivals: dict[PodKey, list[asyncio.Future[None]]] = {}
         self._synced = asyncio.Event()
         self.watch: ListWatch | None = None
+        self.feeds: list[PodFeed] = []
+        """Told of every list and event as it arrives (on the watch thread); a failing feed is
+        logged and never stops the watch."""
 
     # ------------------------------------------------------------------ reading (PodSource)
     @property
@@ -234,10 +250,14 @@ class NodePodCache:
                     stop.set()
 
         def on_list(items: Iterable[dict[str, Any]]) -> None:
-            decoded = (decode_pod(obj, self.names) for obj in items if self._ours(obj))
+            ours = [obj for obj in items if self._ours(obj)]
+            self._feed("list", lambda feed: feed.on_list(ours))
+            decoded = (decode_pod(obj, self.names) for obj in ours)
             post(self.replace, dict(d for d in decoded if d is not None))
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
+            self._feed(kind, lambda feed: feed.on_event(
+                kind if self._ours(obj) or kind == "DELETED" else "DELETED", obj))
             decoded = decode_pod(obj, self.names)
             if decoded is None:
                 return
@@ -254,6 +274,13 @@ class NodePodCache:
             await asyncio.Future()  # until cancelled
         finally:
             stop.set()
+
+    def _feed(self, what: str, call: Callable[[PodFeed], None]) -> None:
+        for feed in self.feeds:
+            try:
+                call(feed)
+            except Exception:
+                log.exception("pod feed %s failed on a %s", type(feed).__name__, what)
 
     def _ours(self, obj: dict[str, Any]) -> bool:
         """The selector already says so; checked again so a pod of another node can never be used."""

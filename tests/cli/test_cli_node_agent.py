@@ -18,3 +18,17 @@ def test_help_names_the_alias_families() -> None:
     result = CliRunner().invoke(cli, ["node-agent", "--help"])
     assert result.exit_code == 0
     assert "--serve-aliases" in result.output and "gpushare" in result.output
+
+
+def test_a_bad_idle_time_is_refused_at_start() -> None:
+    for value in ("ten minutes", "0s"):
+        result = CliRunner().invoke(cli, ["node-agent", "--idle-after", value])
+        assert result.exit_code == 2, result.output
+        assert "--idle-after" in result.output
+
+
+def test_help_names_the_usage_monitor_options() -> None:
+    result = CliRunner().invoke(cli, ["node-agent", "--help"])
+    for option in ("--usage-monitor / --no-usage-monitor", "--usage-state-file", "--idle-after"):
+        assert option in result.output
+    assert "/var/lib/gpupool/monitor/state.json" in result.output and "10m" in result.output

@@ -199,13 +199,26 @@ def test_node_agent_is_not_privileged_and_runs_only_on_labelled_gpu_nodes() -> N
         assert security.get("privileged", False) is False
         assert security["allowPrivilegeEscalation"] is False
         assert security["readOnlyRootFilesystem"] is True
-        assert security["capabilities"] == {"drop": ["ALL"]}
+        # all dropped; added back only what the usage monitor's sources need (docs/monitor.md)
+        assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"]}
         pod = container.pod_spec
         assert pod["nodeSelector"] == {"gpupool.io/node-agent": "true"}
-        assert not pod.get("hostNetwork") and not pod.get("hostPID")
+        assert not pod.get("hostNetwork")
+        assert pod.get("hostPID") is True  # the monitor reads the containers' processes in /proc
         assert {t["key"] for t in pod["tolerations"]} >= {"nvidia.com/gpu"}
         assert "resources" in container.spec and not any(
             name in container.spec["resources"].get("limits", {}) for name in ResourceNames().managed())
+
+
+def test_node_agent_usage_state_file_is_on_a_host_path() -> None:
+    """The monitor's state file outlives the agent's pod: its directory is a hostPath volume."""
+    for container in containers_running("node-agent"):
+        _, params = parse(container)
+        assert params["usage_monitor"] is True
+        mounts = {m["mountPath"]: m for m in container.spec["volumeMounts"]}
+        host = {v["name"]: v["hostPath"]["path"] for v in container.pod_spec["volumes"] if "hostPath" in v}
+        directory = os.path.dirname(params["usage_state_file"])
+        assert host[mounts[directory]["name"]] == directory and not mounts[directory].get("readOnly", False)
 
 
 def test_node_agent_metrics_port_is_declared_and_annotated_for_scraping() -> None:

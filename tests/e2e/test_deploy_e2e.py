@@ -161,7 +161,7 @@ def expected_node_agent() -> set[tuple[str, ...]]:
     """What gpupool/nodeagent/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
     return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
             ("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
-            ("patch", "", "nodes", "", "", "")}
+            ("patch", "", "nodes", "", "", ""), ("create", "", "events", "", "default", "")}
 
 
 def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(

@@ -102,3 +102,29 @@ def test_the_agent_does_not_start_on_a_bad_file(tmp_path: Path) -> None:
                                       "--kubeconfig", str(tmp_path / "no-such-kubeconfig")])
     assert result.exit_code == 2, result.output
     assert "--fake-gpus" in result.output and "cards[0].memoryMiB: at most 1048576 MiB" in result.output
+
+
+def test_the_usage_script_is_what_the_fake_backend_samples() -> None:
+    """The monitor samples the backend; the fake one replays the file's ``usage`` key by card index."""
+    clock = [100.0]
+    backend = FakeGpuBackend.from_dict({"cards": [{"index": 2, "memoryMiB": 1000}, {"index": 5, "memoryMiB": 2000}],
+                                        "usage": [{"at": 0, "card": 1, "utilization": 70,
+                                                   "processes": [{"pid": 9, "memoryMiB": 500, "sm": 70}]},
+                                                  {"at": "1m", "card": 1, "utilization": 0}]},
+                                       clock=lambda: clock[0])
+    first = backend.sample_usage()
+    assert [(c.index, c.utilization_percent, c.memory_used_mib, c.memory_total_mib) for c in first.cards] == [
+        (2, 0, 0, 1000), (5, 70, 500, 2000)]
+    clock[0] = 160.0
+    assert backend.sample_usage().card(5).utilization_percent == 0  # type: ignore[union-attr]
+
+
+def test_without_a_usage_script_every_card_is_unused() -> None:
+    backend = FakeGpuBackend.from_dict({"cards": [{"memoryMiB": 1000}]})
+    assert [(c.index, c.utilization_percent, c.memory_total_mib) for c in backend.sample_usage().cards] == [
+        (0, 0, 1000)]
+
+
+def test_a_bad_usage_script_stops_the_load_with_the_entry_named() -> None:
+    with pytest.raises(FakeGpuFileError, match=r"<dict>: usage\[0\]: 120 is not a percentage"):
+        FakeGpuBackend.from_dict({"cards": [{"memoryMiB": 1000}], "usage": [{"at": 0, "card": 0, "utilization": 120}]})

@@ -257,3 +257,37 @@ def test_the_fake_list_watch_refuses_a_selector_it_does_not_implement() -> None:
     server = FakeListWatch(FakePodApi())
     with pytest.raises(ValueError, match=r"spec\.nodeName=<node>"):
         server.list_pod_for_all_namespaces(field_selector="status.phase=Running")
+
+
+class RecordingFeed:
+    """A pod feed that records what the watch hands it; ``fail`` makes every call raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[tuple[str, tuple[str, ...]]] = []
+
+    def on_list(self, items: Any) -> None:
+        if self.fail:
+            raise RuntimeError("feed bug")
+        self.seen.append(("LIST", tuple(sorted(o["metadata"]["name"] for o in items))))
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.fail:
+            raise RuntimeError("feed bug")
+        self.seen.append((kind, (obj["metadata"]["name"],)))
+
+
+def test_feeds_see_this_nodes_raw_pods_and_a_failing_feed_stops_nothing() -> None:
+    """The usage monitor's container directory is fed from the same watch (it needs the pods'
+    containerStatuses); a pod moving to another node reaches the feed as deleted."""
+    async def main() -> None:
+        feed, broken = RecordingFeed(), RecordingFeed(fail=True)
+        async with watched(pod("p1"), pod("p2", node="node-b"), arrival_wait_s=0.1) as world:
+            world.cache.feeds[:] = [broken, feed]
+            world.api.create_pod(pod("p3"))
+            await eventually(lambda: ("ADDED", ("p3",)) in feed.seen)
+            world.api.delete_pod("default", "p3")
+            await eventually(lambda: ("DELETED", ("p3",)) in feed.seen)
+            assert cached(world) == {"p1"}
+
+    asyncio.run(main())

@@ -14,6 +14,9 @@ Format (all keys but ``cards`` and each card's ``memoryMiB`` optional)::
       - {at: 2.5, card: 1, xid: 13}        # application XID -> ignored
       - {at: 4.0, card: 1, recover: true}  # healthy again
       - {at: 6.0, card: 0, lost: true}     # fell off the bus -> unhealthy
+    usage:                          # what the usage monitor samples (gpupool.nodeagent.monitor.scripted_usage)
+      - {at: 0, card: 0, utilization: 80, processes: [{pid: 100, memoryMiB: 4000, sm: 80}]}
+      - {at: 2h, card: 0, utilization: 0}
 
 Every field is checked when the file is loaded (:mod:`gpupool.nodeagent.nvml.fake_file`): a file
 whose inventory the extender would refuse stops the agent at start with the file and field named.
@@ -25,7 +28,8 @@ tested without hardware, deterministically, and the same file drives the CLI for
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ from typing import Any
 import yaml
 
 from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.monitor.scripted_usage import ScriptedUsage, UsageScriptError
+from gpupool.nodeagent.monitor.usage_sampling import CardUsage, UsageSample
 from gpupool.nodeagent.nvml.backend import GpuInventory, HealthEvent, xid_is_critical
 from gpupool.nodeagent.nvml.fake_file import FakeGpuFileError, ScriptedEvent, read_fake_gpu_file
 
@@ -43,10 +49,12 @@ class FakeGpuBackend:
     """Serves a fixed inventory and replays scripted health events (or ones injected by tests)."""
 
     def __init__(self, cards: list[GpuCard], topology: Topology, device_paths: list[str],
-                 events: list[ScriptedEvent] | None = None) -> None:
+                 events: list[ScriptedEvent] | None = None, usage: ScriptedUsage | None = None) -> None:
         self._cards = {c.index: c for c in cards}
+        self._positions = [c.index for c in cards]
         self._topology = topology
         self._paths = device_paths
+        self._usage = usage
         self._script = sorted(events or [], key=lambda e: e.at)
         # Created up front so that events injected before anyone watches are not lost.
         self._injected: asyncio.Queue[HealthEvent] = asyncio.Queue()
@@ -63,10 +71,17 @@ class FakeGpuBackend:
         return FakeGpuBackend.from_dict(data, source=str(path))
 
     @staticmethod
-    def from_dict(data: Any, source: str = "<dict>") -> FakeGpuBackend:
-        """Build from the already-parsed YAML structure (validated as :func:`read_fake_gpu_file` says)."""
+    def from_dict(data: Any, source: str = "<dict>", clock: Callable[[], float] = time.time) -> FakeGpuBackend:
+        """Build from the already-parsed YAML structure (validated as :func:`read_fake_gpu_file` says);
+        the ``usage`` script, if any, replays on ``clock`` from the first sample."""
         spec = read_fake_gpu_file(data, source)
-        return FakeGpuBackend(list(spec.cards), spec.topology, list(spec.device_paths), list(spec.events))
+        usage = None
+        if data.get("usage") is not None:
+            try:
+                usage = ScriptedUsage.from_dict(data, clock, source=source)
+            except UsageScriptError as exc:
+                raise FakeGpuFileError(str(exc)) from None
+        return FakeGpuBackend(list(spec.cards), spec.topology, list(spec.device_paths), list(spec.events), usage)
 
     def inventory(self) -> GpuInventory:
         """The cards with their current health."""
@@ -111,6 +126,16 @@ class FakeGpuBackend:
             if event is not None:
                 self._apply(event)
                 yield event
+
+    def sample_usage(self) -> UsageSample:
+        """The ``usage`` script at this moment (cards by their index); without a script every card
+        is unused, with its memory total."""
+        if self._usage is None:
+            cards = tuple(CardUsage(c.index, 0, 0, c.memory_mib) for c in self.inventory().cards)
+            return UsageSample(time.time(), cards)
+        sample = self._usage.sample()
+        return UsageSample(sample.time, tuple(replace(card, index=self._positions[card.index])
+                                              for card in sample.cards))
 
     def close(self) -> None:
         """Nothing to release."""

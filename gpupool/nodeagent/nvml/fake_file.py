@@ -23,7 +23,7 @@ from gpupool.api.fields import check_bounded, shown
 from gpupool.api.limits import MAX_CARD_INDEX, MAX_CARD_MEMORY_MIB, MAX_CARDS_PER_NODE, text_problem
 from gpupool.core.model import GpuCard, LinkLevel, Topology
 
-TOP_KEYS = frozenset({"model", "cards", "topology", "links", "devicePathPrefix", "events"})
+TOP_KEYS = frozenset({"model", "cards", "topology", "links", "devicePathPrefix", "events", "usage"})
 CARD_KEYS = frozenset({"index", "uuid", "model", "memoryMiB", "healthy"})
 EVENT_KEYS = frozenset({"at", "card", "xid", "recover", "lost"})
 DEFAULT_MODEL = "FAKE-GPU"

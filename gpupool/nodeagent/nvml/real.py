@@ -14,7 +14,9 @@ from types import ModuleType
 from typing import Any, cast
 
 from gpupool.core.model import GpuCard, LinkLevel, Topology
+from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.nvml.backend import GpuInventory, HealthEvent, xid_is_critical
+from gpupool.nodeagent.nvml.usage import NvmlUsageSampler
 
 _NVML_LEVELS = {0: LinkLevel.SELF, 10: LinkLevel.PCIE_SWITCH, 20: LinkLevel.MULTI_SWITCH,
                 30: LinkLevel.HOST_BRIDGE, 40: LinkLevel.NUMA_NODE, 50: LinkLevel.SYSTEM}
@@ -48,6 +50,7 @@ class NvmlBackend:
         self._nvml = _load()
         self._poll = poll_interval_s
         self._unhealthy: dict[int, str] = {}
+        self._usage = NvmlUsageSampler(self._nvml, self._handles)
 
     def _handles(self) -> list[Any]:
         n = self._nvml
@@ -80,6 +83,10 @@ class NvmlBackend:
                 levels[a][b] = level
         topology = Topology(tuple(tuple(row) for row in levels))
         return GpuInventory(cards=tuple(cards), topology=topology, device_paths=tuple(paths))
+
+    def sample_usage(self) -> UsageSample:
+        """Utilisation, memory and processes of every card that answers (:mod:`.usage`)."""
+        return self._usage.sample()
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         """XID events from an NVML event set (waited on in a thread) and a lost-card poll."""

@@ -1,0 +1,79 @@
+"""Fill the container directory from the watch of this node's pods.
+
+A process's cgroup names its runtime container ID; the pod's ``status.containerStatuses[]`` (and
+``initContainerStatuses[]``) name the same ID as ``<runtime>://<id>`` next to the container's name,
+and ``metadata.uid`` matches the pod UID in the cgroup path. The feed is called on the pod watch's
+own thread (the directory locks), with the raw pod JSON, so it needs nothing the pod view drops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+
+log = logging.getLogger(__name__)
+
+_STATUS_KEYS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+
+
+@dataclass(frozen=True)
+class PodContainers:
+    """A pod's identity and its containers' runtime IDs (name → ``<runtime>://<id>``; empty until
+    the container was created)."""
+
+    uid: str
+    namespace: str
+    name: str
+    containers: Mapping[str, str]
+
+
+def pod_containers(obj: Mapping[str, Any]) -> PodContainers | None:
+    """The containers of a pod as JSON; ``None`` for an object without a UID or name."""
+    meta = obj.get("metadata") or {}
+    uid, name = meta.get("uid"), meta.get("name")
+    if not isinstance(uid, str) or not uid or not isinstance(name, str) or not name:
+        return None
+    status = obj.get("status") or {}
+    containers: dict[str, str] = {}
+    for key in _STATUS_KEYS:
+        for entry in status.get(key) or []:
+            if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+                containers[entry["name"]] = str(entry.get("containerID") or "")
+    return PodContainers(uid, str(meta.get("namespace", "default")), name, containers)
+
+
+class DirectoryFeed:
+    """Keeps an :class:`InMemoryContainerDirectory` equal to the watched pods' containers."""
+
+    def __init__(self, directory: InMemoryContainerDirectory) -> None:
+        self.directory = directory
+        self._uids: set[str] = set()
+
+    def on_list(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: the directory becomes exactly these pods."""
+        listed = [p for p in (pod_containers(obj) for obj in items) if p is not None]
+        for uid in self._uids - {p.uid for p in listed}:
+            self.directory.remove_pod(uid)
+        self._uids = set()
+        for pod in listed:
+            self._add(pod)
+
+    def on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A watch event: ``ADDED``/``MODIFIED`` records the pod, ``DELETED`` forgets it."""
+        pod = pod_containers(obj)
+        if pod is None:
+            return
+        if kind == "DELETED":
+            self.directory.remove_pod(pod.uid)
+            self._uids.discard(pod.uid)
+        else:
+            self._add(pod)
+
+    def _add(self, pod: PodContainers) -> None:
+        self.directory.remove_pod(pod.uid)  # a restarted container has a new ID; drop the old one
+        self.directory.add(pod.uid, pod.namespace, pod.name, dict(pod.containers))
+        self._uids.add(pod.uid)

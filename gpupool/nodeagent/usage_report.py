@@ -1,0 +1,127 @@
+"""What the usage monitor knows, per card and per pod container, for ``/metrics`` and ``/usage``.
+
+Per card: the last sample (utilisation, memory used / total), the recorded state and holders, and
+the idle time. Per container: what its processes use on each card (their NVML memory and SM shares,
+matched to the container through the holders of the card's device file) next to what its grant
+allows there: the assignment's memory and the compute share as the environment contract
+(:mod:`gpupool.api.environment`) states it, ``GPUPOOL_MEMORY_LIMIT_MIB`` and
+``GPUPOOL_COMPUTE_PERCENT`` (0: no compute limit). A container that holds a card without an
+assignment (a GPU taken outside gpupool) is shown with zero limits, so it stands out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpupool.core.model import GpuCard
+from gpupool.nodeagent.container_grant import compute_percent
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.monitor.usage_state import DeviceState
+from gpupool.nodeagent.types import PodView
+
+
+@dataclass(frozen=True)
+class CardUsageRow:
+    """One card: sampled use (``None`` when the last sample lacked it), state and holders."""
+
+    card: GpuCard
+    path: str
+    state: DeviceState
+    holders: int
+    idle_seconds: float
+    utilization_percent: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int
+
+
+@dataclass(frozen=True)
+class ContainerUsageRow:
+    """One pod container on one card: use against its grant."""
+
+    namespace: str
+    pod: str
+    container: str
+    card: int
+    memory_used_mib: int
+    memory_limit_mib: int
+    sm_percent: int
+    compute_share_percent: int
+    processes: int
+
+
+def card_rows(monitor: UsageMonitor, inventory: GpuInventory) -> tuple[CardUsageRow, ...]:
+    """Every card of the inventory as the monitor sees it now."""
+    state, sample = monitor.state, monitor.last_sample
+    rows = []
+    for card in inventory.cards:
+        path = inventory.device_path(card.index)
+        device = state.device(path)
+        sampled = sample.card(card.index) if sample is not None else None
+        rows.append(CardUsageRow(card, path, device.state if device else DeviceState.FREE,
+                                 len(device.holders) if device else 0, monitor.idle_seconds(path),
+                                 sampled.utilization_percent if sampled else None,
+                                 sampled.memory_used_mib if sampled else None,
+                                 sampled.memory_total_mib if sampled else card.memory_mib))
+    return tuple(rows)
+
+
+_Key = tuple[str, str, str, int]  # namespace, pod, container, card
+
+
+def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
+                   pods: Iterable[PodView]) -> tuple[ContainerUsageRow, ...]:
+    """Containers with a grant on this node's cards or holding one, ordered by name and card."""
+    limits: dict[_Key, tuple[int, int]] = {}
+    for pod in pods:
+        if pod.terminated or pod.assignment is None or pod.assignment.placement.node not in ("", node):
+            continue
+        for assignment in pod.assignment.placement.containers:
+            for s in assignment.slices:
+                limits[(pod.namespace, pod.name, assignment.container, s.card)] = (
+                    s.memory_mib, compute_percent(s.compute))
+    used: dict[_Key, tuple[int, int, int]] = {}
+    state, sample = monitor.state, monitor.last_sample
+    for card in inventory.cards:
+        device = state.device(inventory.device_path(card.index))
+        sampled = sample.card(card.index) if sample is not None else None
+        processes = {p.pid: p for p in sampled.processes} if sampled else {}
+        for holder in device.holders if device else ():
+            if not holder.pod:
+                continue
+            key = (holder.namespace, holder.pod, holder.container, card.index)
+            memory, sm, count = used.get(key, (0, 0, 0))
+            process = processes.get(holder.pid)
+            if process is not None:
+                memory += process.memory_used_mib
+                sm += process.sm_percent or 0
+            used[key] = (memory, sm, count + 1)
+    rows = []
+    for key in sorted(limits.keys() | used.keys()):
+        memory_limit, share = limits.get(key, (0, 0))
+        memory, sm, count = used.get(key, (0, 0, 0))
+        rows.append(ContainerUsageRow(*key, memory_used_mib=memory, memory_limit_mib=memory_limit,
+                                      sm_percent=min(sm, 100), compute_share_percent=share, processes=count))
+    return tuple(rows)
+
+
+def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> str:
+    """The ``/usage`` page: a per-card table, then a per-container table (plain text)."""
+    source = monitor.source.name if monitor.source is not None else "none"
+    lines = [f"node {node}  event source: {source}  idle after: {monitor.config.idle_after:g} s", "",
+             f"{'CARD':<5}{'MODEL':<16}{'STATE':<7}{'UTIL%':>6}{'MEM USED/TOTAL MiB':>22}{'HOLDERS':>9}"
+             f"{'IDLE s':>9}"]
+    for row in card_rows(monitor, inventory):
+        util = "-" if row.utilization_percent is None else str(row.utilization_percent)
+        used = "-" if row.memory_used_mib is None else str(row.memory_used_mib)
+        lines.append(f"{row.card.index:<5}{row.card.model[:15]:<16}{row.state:<7}{util:>6}"
+                     f"{used + '/' + str(row.memory_total_mib):>22}{row.holders:>9}{row.idle_seconds:>9.0f}")
+    lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':>5}{'MEM USED/LIMIT MiB':>20}{'SM%/SHARE%':>12}"
+                  f"{'PROCS':>7}"]
+    for c in container_rows(node, monitor, inventory, pods):
+        name = f"{c.namespace}/{c.pod}/{c.container or '?'}"
+        share = str(c.compute_share_percent) if c.compute_share_percent else "-"
+        lines.append(f"{name[:47]:<48}{c.card:>5}{f'{c.memory_used_mib}/{c.memory_limit_mib}':>20}"
+                     f"{f'{c.sm_percent}/{share}':>12}{c.processes:>7}")
+    return "\n".join(lines) + "\n"
