@@ -177,6 +177,7 @@ class NodeAgentProcess:
         self.gpus.write_text(gpus_yaml)
         self.log_path = workdir / "node-agent.log"
         self.metrics_port = free_port()  # not the default: several agents share the loopback here
+        self.usage_state = workdir / "usage-state.json"  # not the node's real /var/lib/gpupool
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -184,7 +185,7 @@ class NodeAgentProcess:
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
                "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port),
-               *self.extra_args]
+               "--usage-state-file", str(self.usage_state), *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
 
