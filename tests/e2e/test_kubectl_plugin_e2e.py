@@ -37,14 +37,17 @@ KUBECTL_TIMEOUT_S = 60
 @pytest.fixture
 def kubectl(tmp_path: Path, control_plane: ControlPlane) -> dict[str, str]:
     """The environment under which ``kubectl gpupool`` reaches this checkout's plugin and the test cluster."""
-    if shutil.which("kubectl") is None:
+    kubectl_binary = shutil.which("kubectl")
+    if kubectl_binary is None:
         pytest.skip("the kubectl client is not installed on this machine")
     plugin = tmp_path / "bin" / "kubectl-gpupool"
     plugin.parent.mkdir()
     plugin.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gpupool.kubectl "$@"\n')
     plugin.chmod(0o755)
-    return {**os.environ, "PATH": f"{plugin.parent}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(ROOT), "KUBECONFIG": str(control_plane.kubeconfig)}
+    # Only the wrapper's and kubectl's own folders: an installed console script elsewhere on PATH
+    # would be a second plugin of the same name, which `kubectl plugin list` reports as an error.
+    path = os.pathsep.join((str(plugin.parent), str(Path(kubectl_binary).parent), "/usr/bin", "/bin"))
+    return {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "KUBECONFIG": str(control_plane.kubeconfig)}
 
 
 def run_kubectl(env: dict[str, str], *args: str) -> str:
