@@ -8,7 +8,7 @@ planning run is the decision the cluster would make. It is pure: it reads and (i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,7 +35,6 @@ class Unschedulable:
 
     pod_key: str
     reason: str
-    per_node: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -183,7 +182,7 @@ class Scheduler:
         result = assign_on_node(self.state, row, pod, self.policy.shared_chooser())
         if isinstance(result, Placement):
             return result
-        return Unschedulable(pod.key, result, {node: result})
+        return Unschedulable(pod.key, result)
 
     def explain(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
         """Reasons, per node name, why the pod does not fit on each of ``rows``.

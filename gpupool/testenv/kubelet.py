@@ -102,18 +102,9 @@ class Kubelet:
         return self.root_dir / "pod-resources" / "kubelet.sock"
 
     @property
-    def pod_log_dir(self) -> Path:
-        """Host path of this kubelet's ``/var/log/pods``."""
-        return self.directory / "log-pods"
-
-    @property
     def cri_socket(self) -> Path:
         """The fake runtime's socket."""
         return self.directory / "cri.sock"
-
-    def in_namespace(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` prefixed to run in this kubelet's mount namespace (seeing its /var/lib/kubelet)."""
-        return ["nsenter", f"--mount=/proc/{self.fakecri.pid}/ns/mnt", "--", *argv]
 
     def restart(self, timeout: float = 60.0) -> None:
         """Stop and start kubelet only; the fake runtime (and its "containers") keep running.

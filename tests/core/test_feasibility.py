@@ -7,7 +7,6 @@ import pytest
 
 from gpupool.core.card_rule import CardVerdict
 from gpupool.core.feasibility import (
-    as_rows,
     card_fit_mask,
     card_verdicts,
     explain_node,
@@ -196,9 +195,3 @@ def test_explain_node_unhealthy_and_removed() -> None:
     assert explain_node(state, 0, slice_pod("p", 100)) == "no healthy card of the requested kind"
     state.remove_node("m")
     assert explain_node(state, 1, slice_pod("p", 100)) == "node m is not known to gpupool"
-
-
-def test_as_rows() -> None:
-    result = as_rows([2, 0])
-    assert result.dtype == np.int64
-    assert result.tolist() == [2, 0]

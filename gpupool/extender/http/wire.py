@@ -225,7 +225,6 @@ class PreemptionArgs:
     pod: dict[str, Any]
     victims: dict[str, list[str]]
     pdb_violations: dict[str, int]
-    meta_mode: bool
 
 
 def parse_preemption_args(doc: Any) -> PreemptionArgs:
@@ -256,7 +255,7 @@ def parse_preemption_args(doc: Any) -> PreemptionArgs:
         victims[str(node)] = uids
         count = ci_get(entry, "NumPDBViolations") or 0
         violations[str(node)] = int(count) if isinstance(count, int) else 0
-    return PreemptionArgs(pod=pod, victims=victims, pdb_violations=violations, meta_mode=meta is not None)
+    return PreemptionArgs(pod=pod, victims=victims, pdb_violations=violations)
 
 
 def preemption_result(victims: Mapping[str, list[str]], violations: Mapping[str, int]) -> dict[str, Any]:
