@@ -79,7 +79,7 @@ def test_200_pods_random_batches_every_container_exact(seed: int) -> None:
             # Serial admission + newest-pod rule: no tie-breaking was ever needed.
             assert set(node.agent.stats.bases) <= {"unique", "newest"}, node.agent.stats.bases
             for p in pods:
-                raw = node.source.annotation(*p.key, NAMES.annotation("allocated-v1"))
+                raw = node.source.annotation(*p.key, NAMES.allocated)
                 assert raw is not None, p.key
                 served = {c.name: c for c in decode_allocated(raw).containers}
                 for a in p.placement.containers:
@@ -145,7 +145,7 @@ def test_rejected_pods_in_the_same_batch_never_overcommit_and_annotations_tell_t
                     assert fake.phase == "Failed"
                     continue
                 assert fake.phase == "Running", (key, fake.reason)
-                raw = node.source.annotation(*key, NAMES.annotation("allocated-v1"))
+                raw = node.source.annotation(*key, NAMES.allocated)
                 assert raw is not None, key
                 truth = {c.name: c for c in decode_allocated(raw).containers}
                 for a in by_key[key].placement.containers:
