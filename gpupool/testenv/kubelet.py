@@ -293,7 +293,7 @@ def node_is_ready(node: Mapping[str, Any], heartbeat_since: float | None = None)
 
 def wait_node_ready(control_plane: ControlPlane, node_name: str, *, timeout: float = 90.0,
                     watch: Sequence[ManagedProcess] = (), heartbeat_since: float | None = None) -> None:
-    """Block until Node ``node_name`` exists and is Ready (kubelet takes ~10-15 s)."""
+    """Block until Node ``node_name`` exists and is Ready (seconds: docs/testenv.md, "Timings")."""
 
     def ready() -> bool:
         status, body = http_get(f"{control_plane.server}/api/v1/nodes/{node_name}",
