@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.cards import assign_on_node, best_fit_card, cheapest_card_set, most_isolated_card
+from gpupool.core.cards import NodeScratch, assign_on_node, best_fit_card, cheapest_card_set, most_isolated_card
 from gpupool.core.model import ContainerRequest, GpuRequest, LinkLevel, Placement, PodRequest, Topology
 from gpupool.core.state import ClusterState
 from tests.core.builders import book_slice, book_whole, make_node, pod_with, slice_pod
@@ -143,8 +143,6 @@ def test_best_fit_breaks_compute_ties_by_free_memory() -> None:
 
 
 def test_best_fit_card_direct() -> None:
-    from gpupool.core.cards import NodeScratch
-
     state = ClusterState([make_node("n", 3)])
     book_slice(state, "a", "n", 2, compute=600)
     scratch = NodeScratch.of(state, 0)

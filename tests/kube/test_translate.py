@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuRequest
@@ -140,8 +141,6 @@ def test_duplicate_container_names() -> None:
 
 
 def test_v1pod_model_is_accepted() -> None:
-    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
-
     model = V1Pod(
         metadata=V1ObjectMeta(name="m", namespace="x"),
         spec=V1PodSpec(
