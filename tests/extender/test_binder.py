@@ -258,7 +258,10 @@ def test_many_concurrent_binds_never_over_commit() -> None:
         assert [16276 - used.get((name, i), 0) for i in range(2)] == free_mib(cache, name)
 
 
-@pytest.mark.parametrize("bad", ["{", json.dumps({"v": 1})])
+@pytest.mark.parametrize("bad", [
+    pytest.param("{", id="not-json"),
+    pytest.param(json.dumps({"v": 1}), id="missing-fields"),
+])
 def test_a_broken_assignment_is_reported_and_not_booked(bad: str) -> None:
     cache = ClusterCache()
     cache.replace_nodes([node("n1", [16276])])
