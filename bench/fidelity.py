@@ -46,10 +46,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity_kube import replay_extender
-from fidelity_scenario import Outcome, Replay, Scenario, build_scenario, pod_object, replay_simulator
+from bench.fidelity_kube import replay_extender
+from bench.fidelity_scenario import Outcome, Replay, Scenario, build_scenario, pod_object, replay_simulator
 
 __all__ = ["build_scenario", "compare", "pod_object", "replay_extender", "replay_simulator"]
 
@@ -103,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trace", default="default")
     parser.add_argument("--policy", default="gpupool")
-    parser.add_argument("--upto", type=int, default=100, help="arrived GPU demand, % of capacity")
+    parser.add_argument("--upto", type=int, default=100, help="arrived GPU demand, %% of capacity")
     parser.add_argument("--extender-weight", type=int, default=None,
                         help="add kube-scheduler's resource score plugins, the extender weighted so")
     parser.add_argument("--json", action="store_true", help="print one JSON line after the table")

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
-from fidelity_scenario import (
+
+from bench.fidelity_scenario import (
     NAMES,
     NAMESPACE,
     UNPLACED,
@@ -25,7 +26,6 @@ from fidelity_scenario import (
     pod_object,
     unallocated_pct,
 )
-
 from gpupool.api.annotations import decode_assignment
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.policies import make_policy

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import linprog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool.cli.simulate_cmd import parse_seeds
 from gpupool.core.fragmentation import shape_of

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -391,8 +391,3 @@ def decode_allocated(value: str) -> Allocated:
         containers.append(AllocatedContainer(name=text(raw, "name", where), cards=tuple(refs),
                                              init=read_field(raw, "init", bool, where), resources=resources))
     return Allocated(node=node, time=when, containers=tuple(containers))
-
-
-def card_indices(assignment: Assignment) -> Sequence[int]:
-    """Every card index the assignment touches (sorted, once each)."""
-    return sorted({r.index for c in assignment.containers for r in c.cards})

@@ -129,6 +129,7 @@ class ResourceNames:
         """Pod annotation ``"true"``: every GPU container takes whole cards, closed to sharing."""
         return f"{self.domain}/exclusive"
 
-    def annotation(self, name: str) -> str:
-        """A versioned annotation/label key under the domain (``gpupool.io/allocated-v1``)."""
-        return f"{self.domain}/{name}"
+    @property
+    def model_label(self) -> str:
+        """Node label: the cards' model as the node side publishes it (for node selectors)."""
+        return f"{self.domain}/gpu-model"

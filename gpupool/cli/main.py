@@ -4,7 +4,8 @@ click is used because it gives typed, composable sub-commands with good ``--help
 maintained by the Pallets team; argparse would need more code for the same result.
 
 Sub-commands are imported only when they run: the extender and node agent pull in the Kubernetes
-client, gRPC and Prometheus (about 1.3 s of imports), which ``gpupool simulate`` never needs.
+client, gRPC and Prometheus (a start-up delay a person notices), which ``gpupool simulate`` never
+needs.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Flags = BoolArray | np.bool_ | bool
 Amounts = IntArray | np.integer[Any] | int
 """Quantities for many cards (an array) or for one (a scalar)."""
 
-_IDLE = int(CardMode.IDLE)  # plain ints: enum member access costs ~1 µs in the hot paths
+_IDLE = int(CardMode.IDLE)  # plain ints: enum member access is slow in the hot paths
 _SHARED = int(CardMode.SHARED)
 _EXCLUSIVE = int(CardMode.EXCLUSIVE)
 

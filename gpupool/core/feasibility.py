@@ -10,7 +10,6 @@ it why each card does not and only words its verdicts.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
 from gpupool.core import card_rule
 from gpupool.core.card_rule import FIRST_BOOKING_VERDICT, CardSlots, CardUse, CardVerdict
@@ -161,8 +160,3 @@ def explain_cards(state: ClusterState, row: int, request: GpuRequest) -> str | N
     best_compute = int(state.card_compute_free[row][shareable].max())
     return (f"no card has {request.compute / 10:g}% compute free together with the memory; "
             f"largest free compute {max(best_compute, 0) / 10:g}%")
-
-
-def as_rows(values: npt.ArrayLike) -> IntArray:
-    """Coerce a list of row numbers into the index array the vectorised functions take."""
-    return np.asarray(values, dtype=np.int64)

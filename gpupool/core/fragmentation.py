@@ -167,7 +167,7 @@ class FragmentationMeasure:
 
         The "after" is computed incrementally from the node's current per-class usable sums, which
         the "before" needs anyway, so the cost is one pass over ``[R, G, classes]``. Every slice's
-        score needs both; computing them apart did the current sums twice (~10 % of a trace replay).
+        score needs both; computing them apart would do the current sums twice per slice scored.
         ``free``: :meth:`card_free` of ``rows`` when the caller has it already.
         """
         if free is None:

@@ -53,8 +53,9 @@ class LedgerArrays:
 
         The public arrays are views of the first ``rows`` rows of larger buffers that grow
         geometrically, so adding nodes one at a time (watch events, a re-list) copies each row a
-        constant number of times on average. A full copy per added node made 5,000 single adds
-        quadratic (seconds). Rows never shrink: a removed node keeps its row, not present.
+        constant number of times on average; a full copy per added node would make single adds
+        quadratic in the cluster's size. Rows never shrink: a removed node keeps its row, not
+        present.
         """
         old_rows = len(self.present)
         old_cols = self.card_exists.shape[1] if self.card_exists.ndim == 2 else 0

@@ -1,4 +1,4 @@
-"""Units and their parsing: the one place where user quantities become core integers."""
+"""Units of the core: compute in per-mille of a card, memory in MiB and its 256 MiB slicing unit."""
 
 from __future__ import annotations
 
@@ -15,25 +15,3 @@ def percent_to_compute(percent: int) -> int:
         raise ValueError(f"compute must be a percentage of one card (0..100), got {percent}")
     return percent * (COMPUTE_PER_CARD // 100)
 
-
-def parse_memory_mib(text: str | int) -> int:
-    """Parse a memory quantity into MiB.
-
-    Accepted: a bare integer (MiB), ``"4096Mi"``, ``"16Gi"``, and ``"16u"`` for 16 units of
-    256 MiB. Anything else raises ``ValueError`` with the text, so a broken annotation or resource
-    value is reported, never guessed.
-    """
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"memory must be non-negative, got {text}")
-        return text
-    raw = text.strip()
-    suffixes = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "u": MEMORY_UNIT_MIB}
-    number, factor = raw, 1
-    for suffix, multiplier in suffixes.items():
-        if raw.endswith(suffix):
-            number, factor = raw[: -len(suffix)], multiplier
-            break
-    if not number.isdigit():
-        raise ValueError(f"cannot read memory quantity {text!r}: use MiB, Mi, Gi, Ti or u (256 MiB units)")
-    return int(number) * factor

@@ -98,7 +98,7 @@ class BookingKeeper:
         key = request.key
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
-            return Unschedulable(key, refused, {node: refused})
+            return Unschedulable(key, refused)
         previous = self._release(key)
         decision = scheduler.assign(request, node)
         if isinstance(decision, Placement):

@@ -2,10 +2,11 @@
 
 Why: the watch cache of a large cluster is hundreds of thousands of objects (node specs, pod
 records, bookings) that live for the whole process. Every full (generation 2) collection walks all
-of them: measured 120-195 ms with 5,000 nodes and 20,000 bookings, a pause that lands inside
-whatever filter or prioritize call is running and alone breaks a 15 ms p99. ``gc.freeze()`` moves
-the objects alive now to a permanent generation that collections skip (they are still freed by
-reference counting when dropped); after it the same collections took about 10 ms.
+of them, a pause many times a filter call's length that lands inside whatever filter or
+prioritize call is running and alone breaks the latency target. ``gc.freeze()`` moves the objects
+alive now to a permanent generation that collections skip (they are still freed by reference
+counting when dropped), which shortens those pauses by an order of magnitude (docs/extender.md,
+"Latency and throughput work").
 
 Collect first, so that garbage cycles are freed rather than frozen, and repeat now and then
 (the cache keeps growing with new pods): each call then only walks what is younger than the last.

@@ -3,11 +3,12 @@
 Why a private registry: several extenders (tests, the benchmark) live in one process, and the
 default global registry refuses a second metric of the same name.
 
-Why totals only, no per-card series: a 5,000-node ledger has 40,000 cards, and writing a series per
-card took ~0.4 s under the ledger lock and ~2 s of rendering, time in which filter and prioritize
-waited. A scrape now copies a handful of arrays under the lock (:meth:`LedgerTotals.read`) and sums
-them outside it; its size does not grow with the cluster. Per-card series come from the node agents,
-each for its own cards (:mod:`gpupool.nodeagent.metrics`).
+Why totals only, no per-card series: a large ledger has tens of thousands of cards, and a series per
+card makes a scrape hold the ledger lock and the event loop for a time that grows with the cluster,
+time in which filter and prioritize wait (docs/extender.md, "Scrapes during filter and prioritize").
+A scrape copies a handful of arrays under the lock (:meth:`LedgerTotals.read`) and sums them outside
+it; its size does not grow with the cluster. Per-card series come from the node agents, each for its
+own cards (:mod:`gpupool.nodeagent.metrics`).
 """
 
 from __future__ import annotations

@@ -117,9 +117,10 @@ class FilterOutcome:
 class NodeScores:
     """Prioritize's answer: ``scores[i]`` (0..10) for ``hosts[i]``, in the order asked.
 
-    Why two aligned sequences and not a dict: the answer has an entry per node (5,000) on every
-    call; zipping them into a dict and walking it again to write JSON cost ~1.5 ms of the ~3 ms
-    prioritize took. The HTTP adapter writes the JSON straight from the array.
+    Why two aligned sequences and not a dict: the answer has an entry per node on every call, and
+    zipping them into a dict only to walk it again to write JSON would double prioritize's time
+    (docs/extender.md, "Numbers behind the code"). The HTTP adapter writes the JSON straight from
+    the array.
 
     ``rows``: when set, the ledger row of every host (``rows[i]`` is ``hosts[i]`` in the layout
     numbered ``layout``), so an adapter can write the answer from per-row records it keeps.
@@ -175,7 +176,8 @@ class ExtenderSettings:
     """Tunables of the service (the CLI exposes each as a flag)."""
 
     explain_limit: int = 64
-    """Failed nodes explained one by one; the rest share a summary (explaining is ~50 µs a node)."""
+    """Failed nodes explained one by one; the rest share a summary (explaining a node is a scalar
+    walk of its cards, too slow to do for thousands of nodes per call)."""
 
 
 class ExtenderService:
@@ -253,7 +255,7 @@ class ExtenderService:
         passed_rows = candidates[fits]
         if len(passed) != len(names):
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
-            # are known here, so that call skips mapping 5,000 names to rows again (~0.5 ms)
+            # are known here, so that call skips mapping thousands of names to rows again
             self.node_rows.remember(state, passed, (passed_rows, candidate_names[fits]))
         return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
 

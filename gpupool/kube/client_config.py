@@ -3,11 +3,11 @@
 Why a module of its own: both loaders of the official client (kubeconfig and in-cluster) install a
 hook that runs before *every* request to refresh the token, and that hook assigns the API host
 again. Assigning the host makes the client resolve the proxy from the environment again
-(``urllib.request.getproxies()`` walks every environment variable): ~0.12 ms of CPU per request
-here, ~5 % of what one bind costs the extender (two requests, 4.4 ms of CPU in all, most of it
-urllib3 and TLS). The environment does not change while the process runs, so the proxy is resolved
-once here and kept; the token refresh itself is untouched. Both CLI commands load through here, so
-the extender and the node agent find their credentials the same way.
+(``urllib.request.getproxies()`` walks every environment variable), a few per cent of the CPU one
+bind costs the extender (docs/extender.md, "Numbers behind the code"). The environment does not
+change while the process runs, so the proxy is resolved once here and kept; the token refresh itself
+is untouched. Both CLI commands load through here, so the extender and the node agent find their
+credentials the same way.
 
 One call is one request (``retries = 0``): urllib3's default retries a read that timed out three
 times, so one GET of a bind could take four times its timeout, past the bind's deadline and

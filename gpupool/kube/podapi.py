@@ -145,8 +145,8 @@ class KubePodApi:
         resp = self._call(f"POST binding {namespace}/{name} → {node}", lambda: self.core.create_namespaced_pod_binding(
             name, namespace, body, _preload_content=False, _request_timeout=self.timeout))
         # Drain the (small) answer: urllib3 returns a connection to its pool only once the body has
-        # been read. Unread, every bind left its TLS connection to the garbage collector and the
-        # next call paid a new TCP + TLS handshake (measured: one handshake per bind, ~28 ms).
+        # been read. Unread, every bind leaves its TLS connection to the garbage collector and the
+        # next call pays a new TCP + TLS handshake.
         resp.data  # noqa: B018 - read for its side effect
 
     def create_pod_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:

@@ -27,7 +27,6 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.types import (
-    ALLOCATED_ANNOTATION,
     ContainerGrant,
     PodResourcesReader,
     PodResourcesSnapshot,
@@ -230,7 +229,7 @@ class NodeAgent:
             while self._dirty:
                 key = self._dirty.pop()
                 try:
-                    await self.pods.annotate(*key, {self.names.annotation(ALLOCATED_ANNOTATION):
+                    await self.pods.annotate(*key, {self.names.allocated:
                                                     self.allocated_annotation(key)})
                 except Exception as exc:  # the API may be briefly away; retry on the next wake-up
                     log.error("annotating %s/%s failed: %s", key[0], key[1], exc)

@@ -2,9 +2,9 @@
 
 The schema itself (and its strict reader) lives in :mod:`gpupool.api.annotations`, shared
 with the extender: the extender reads ``node`` to confirm a booking, the node agent reads the
-containers back after a restart to know which of them kubelet already had served. Before this module
-used the one schema, the node wrote ``"version"`` where the extender reads ``"v"``, so no pod was
-ever confirmed.
+containers back after a restart to know which of them kubelet already had served. Two copies of
+the schema drift apart: a node writing ``"version"`` where the extender reads ``"v"`` confirms no
+pod at all.
 """
 
 from __future__ import annotations

@@ -124,14 +124,6 @@ class AllocationMapper:
         for k in [k for k in self._first_seen if k[2] == uid]:
             del self._first_seen[k]
 
-    def mark_served(self, pod: PodView, container: str, resource: str) -> None:
-        """Treat a container as served without a record (recovered from ``allocated-v1``)."""
-        key = (pod.uid, container, resource)
-        if key not in self._served:
-            self._served[key] = ServedRecord(pod.key, pod.uid, container, False, resource, frozenset(),
-                                             (), (), "recovered", self._clock())
-            self._pods_served[pod.uid] = self._pods_served.get(pod.uid, 0) + 1
-
     # ------------------------------------------------------------------------------ resolving
     def next_container(self, pod: PodView, resource: str,
                        snapshot: PodResourcesSnapshot) -> ContainerView | None:

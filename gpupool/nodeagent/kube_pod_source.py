@@ -20,7 +20,7 @@ from gpupool.kube.podapi import pod_event
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
-from gpupool.nodeagent.types import MODEL_LABEL, PodView
+from gpupool.nodeagent.types import PodView
 
 #: The agent's requests say who made them (apiserver logs, audit, API priority and fairness).
 USER_AGENT = "gpupool-node-agent"
@@ -85,7 +85,7 @@ def node_patch(names: ResourceNames, inventory: GpuInventory) -> dict[str, Any]:
     so its reader accepts what the node writes) and the GPU model label."""
     return {"metadata": {
         "annotations": {names.inventory: encode_inventory(Inventory(inventory.cards, inventory.topology))},
-        "labels": {names.annotation(MODEL_LABEL): _label_value(inventory.model)}}}
+        "labels": {names.model_label: _label_value(inventory.model)}}}
 
 
 def _label_value(text: str) -> str:

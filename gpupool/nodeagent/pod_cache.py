@@ -1,7 +1,7 @@
 """This node's pods, kept current by a list+watch selected by ``spec.nodeName``.
 
-Why a cache: the agent needs the pods kubelet lists on every Allocate and on every PodResources
-poll (0.5 s). Reading each of them from the API cost one GET per pod per call, on every node; a
+Why a cache: the agent needs the pods kubelet lists on every Allocate and on every PodResources poll
+(0.5 s). Reading each of them from the API would cost one GET per pod per call, on every node; a
 watch costs one open request while nothing changes, and one event per change.
 
 How it is fed: :class:`gpupool.kube.listwatch.ListWatch` runs on a daemon thread (the official

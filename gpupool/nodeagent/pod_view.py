@@ -15,8 +15,6 @@ from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.allocated_codec import served_resources
 from gpupool.nodeagent.assignment_codec import node_assignment
 from gpupool.nodeagent.types import (
-    ALLOCATED_ANNOTATION,
-    ASSIGNMENT_ANNOTATION,
     ContainerView,
     PodView,
 )
@@ -56,7 +54,7 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
             containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours))
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     annotations = meta.get("annotations") or {}
-    raw = annotations.get(names.annotation(ASSIGNMENT_ANNOTATION))
+    raw = annotations.get(names.assignment)
     assignment, error = None, ""
     if raw is not None:
         try:
@@ -64,7 +62,7 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
         except AnnotationError as exc:
             error = str(exc)
     allocated: dict[str, frozenset[str]] = {}
-    raw_allocated = annotations.get(names.annotation(ALLOCATED_ANNOTATION))
+    raw_allocated = annotations.get(names.allocated)
     if raw_allocated:
         try:
             allocated = served_resources(raw_allocated)

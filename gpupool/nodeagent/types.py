@@ -11,14 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpupool.core.model import CardSlice, ContainerAssignment, Placement
+from gpupool.core.model import ContainerAssignment, Placement
 from gpupool.core.units import MEMORY_UNIT_MIB
-
-ASSIGNMENT_ANNOTATION = "assignment-v1"
-ALLOCATED_ANNOTATION = "allocated-v1"
-MODEL_LABEL = "gpu-model"
-INVENTORY_ANNOTATION = "inventory-v1"
-
 
 # The units of the advertised resources (what one kubelet "device" stands for): ``<domain>/gpu`` one
 # whole card (ID ``g<i>``); ``<domain>/gpu-mem`` 256 MiB of card memory (``g<i>-m<k>``);
@@ -126,8 +120,3 @@ class ContainerGrant:
     envs: Mapping[str, str]
     devices: tuple[DeviceSpec, ...]
     annotations: Mapping[str, str] = field(default_factory=dict)
-
-
-def card_slices(assignment: ContainerAssignment) -> tuple[CardSlice, ...]:
-    """The slices in exposure order (a tiny helper so callers need not know the core's layout)."""
-    return assignment.slices

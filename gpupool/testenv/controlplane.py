@@ -44,9 +44,9 @@ DISABLED_ADMISSION_PLUGINS = ("ServiceAccount", "TaintNodesByCondition")
 
 _START_ATTEMPTS = 3
 
-# kube-apiserver stops listening at once on SIGTERM but then lingers while clients hold watches
-# open (15 s and more with a scheduler connected). Its state is in etcd, so after a short grace
-# period SIGKILL is safe and keeps teardown and restart_apiserver() fast.
+# kube-apiserver stops listening at once on SIGTERM but then lingers while clients hold watches open
+# (long after the test is done when a scheduler is connected). Its state is in etcd, so after a
+# short grace period SIGKILL is safe and keeps teardown and restart_apiserver() fast.
 _APISERVER_STOP_TIMEOUT = 3.0
 
 

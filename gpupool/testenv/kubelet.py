@@ -102,18 +102,9 @@ class Kubelet:
         return self.root_dir / "pod-resources" / "kubelet.sock"
 
     @property
-    def pod_log_dir(self) -> Path:
-        """Host path of this kubelet's ``/var/log/pods``."""
-        return self.directory / "log-pods"
-
-    @property
     def cri_socket(self) -> Path:
         """The fake runtime's socket."""
         return self.directory / "cri.sock"
-
-    def in_namespace(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` prefixed to run in this kubelet's mount namespace (seeing its /var/lib/kubelet)."""
-        return ["nsenter", f"--mount=/proc/{self.fakecri.pid}/ns/mnt", "--", *argv]
 
     def restart(self, timeout: float = 60.0) -> None:
         """Stop and start kubelet only; the fake runtime (and its "containers") keep running.
@@ -302,7 +293,7 @@ def node_is_ready(node: Mapping[str, Any], heartbeat_since: float | None = None)
 
 def wait_node_ready(control_plane: ControlPlane, node_name: str, *, timeout: float = 90.0,
                     watch: Sequence[ManagedProcess] = (), heartbeat_since: float | None = None) -> None:
-    """Block until Node ``node_name`` exists and is Ready (kubelet takes ~10-15 s)."""
+    """Block until Node ``node_name`` exists and is Ready (seconds: docs/testenv.md, "Timings")."""
 
     def ready() -> bool:
         status, body = http_get(f"{control_plane.server}/api/v1/nodes/{node_name}",

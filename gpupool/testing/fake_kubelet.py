@@ -48,7 +48,6 @@ class Endpoint:
     stub: Any
     healthy: set[str] = field(default_factory=set)
     unhealthy: set[str] = field(default_factory=set)
-    updates: int = 0
     watch: asyncio.Task[None] | None = None
 
 
@@ -95,7 +94,6 @@ class FakeKubelet:
         self.admission = asyncio.Lock()
         self.workers: set[asyncio.Task[None]] = set()
         self.preferred_calls = 0
-        self.preferred_honoured = 0
         self._reg_server: grpc.aio.Server | None = None
         self._pr_server: grpc.aio.Server | None = None
 
@@ -174,7 +172,6 @@ class FakeKubelet:
         async for reply in ep.stub.ListAndWatch(pb.Empty()):
             ep.healthy = {d.ID for d in reply.devices if d.health == HEALTHY}
             ep.unhealthy = {d.ID for d in reply.devices if d.health != HEALTHY}
-            ep.updates += 1
             first.set()
 
     async def wait_registered(self, resources: int, count: int = 1, timeout: float = 10.0) -> None:
@@ -256,10 +253,7 @@ class FakeKubelet:
                         reply = await ep.stub.GetPreferredAllocation(
                             pb.PreferredAllocationRequest(container_requests=[req]), timeout=10)
                         preferred = [d for d in reply.container_responses[0].deviceIDs if d in available]
-                        before = len(chosen)
                         chosen += preferred[: needed - len(chosen)]
-                        if len(chosen) - before == needed - before:
-                            self.preferred_honoured += 1
                     rest = sorted(available - set(chosen))
                     chosen += self.rng.sample(rest, needed - len(chosen))
             devs = list(chosen)

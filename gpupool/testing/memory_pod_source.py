@@ -21,7 +21,6 @@ class InMemoryPodSource:
     def __init__(self, names: ResourceNames) -> None:
         self.names = names
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.patches = 0
         self._views: dict[tuple[str, str], PodView] = {}
 
     def put(self, pod: Mapping[str, Any]) -> None:
@@ -33,10 +32,6 @@ class InMemoryPodSource:
 
     def delete(self, namespace: str, name: str) -> None:
         self.pods.pop((namespace, name), None)
-        self._views.pop((namespace, name), None)
-
-    def set_phase(self, namespace: str, name: str, phase: str) -> None:
-        self.pods[(namespace, name)].setdefault("status", {})["phase"] = phase
         self._views.pop((namespace, name), None)
 
     async def get(self, namespace: str, name: str) -> PodView | None:
@@ -55,7 +50,6 @@ class InMemoryPodSource:
             return
         pod.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
         self._views.pop((namespace, name), None)
-        self.patches += 1
 
     def annotation(self, namespace: str, name: str, key: str) -> str | None:
         """Read one annotation back (tests)."""

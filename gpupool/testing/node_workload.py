@@ -122,7 +122,7 @@ def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
         pods.append(WorkloadPod(json={
             "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{i:04d}",
                          "creationTimestamp": f"2024-01-01T00:{created[i] // 60:02d}:{created[i] % 60:02d}Z",
-                         "annotations": {names.annotation("assignment-v1"):
+                         "annotations": {names.assignment:
                                          encode_assignment(Assignment.from_placement(
                                              placement, spec_of_node, ASSIGNED_AT))}},
             "spec": {"nodeName": node, "initContainers": [spec(c) for c in request.init_containers],

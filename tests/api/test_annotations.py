@@ -57,26 +57,23 @@ def test_inventory_cards_sorted_by_index() -> None:
 @pytest.mark.parametrize(
     ("doc", "fragment"),
     [
-        ("not json", "not valid JSON"),
-        ("[]", "expected a JSON object"),
-        ({"v": 2, "cards": []}, "unsupported schema version 2"),
-        ({"v": 1}, "missing field 'cards'"),
-        (
+        pytest.param("not json", "not valid JSON", id="not-json"),
+        pytest.param("[]", "expected a JSON object", id="not-an-object"),
+        pytest.param({"v": 2, "cards": []}, "unsupported schema version 2", id="unknown-version"),
+        pytest.param({"v": 1}, "missing field 'cards'", id="no-cards"),
+        pytest.param(
             {"v": 1, "cards": [{"index": 0, "uuid": "a", "model": "T4", "memoryMiB": -1, "healthy": True}]},
-            "memoryMiB: must be non-negative",
-        ),
-        (
+            "memoryMiB: must be non-negative", id="negative-memory"),
+        pytest.param(
             {
                 "v": 1,
                 "cards": [{"index": 0, "uuid": "a", "model": "T4", "memoryMiB": "16Gi", "healthy": True}],
             },
-            "memoryMiB: expected int",
-        ),
-        (
+            "memoryMiB: expected int", id="memory-as-text"),
+        pytest.param(
             {"v": 1, "cards": [{"index": 0, "uuid": "a", "model": "T4", "memoryMiB": True, "healthy": True}]},
-            "got a boolean",
-        ),
-        (
+            "got a boolean", id="memory-as-boolean"),
+        pytest.param(
             {
                 "v": 1,
                 "cards": [
@@ -84,17 +81,15 @@ def test_inventory_cards_sorted_by_index() -> None:
                     {"index": 0, "uuid": "b", "model": "T4", "memoryMiB": 1, "healthy": True},
                 ],
             },
-            "appears twice",
-        ),
-        (
+            "appears twice", id="duplicate-index"),
+        pytest.param(
             {
                 "v": 1,
                 "cards": [{"index": 0, "uuid": "a", "model": "T4", "memoryMiB": 1, "healthy": True}],
                 "links": [[1]],
             },
-            "diagonal",
-        ),
-        (
+            "diagonal", id="self-link"),
+        pytest.param(
             {
                 "v": 1,
                 "cards": [
@@ -103,17 +98,15 @@ def test_inventory_cards_sorted_by_index() -> None:
                 ],
                 "links": [[0, 1], [2, 0]],
             },
-            "not symmetric",
-        ),
-        (
+            "not symmetric", id="asymmetric-links"),
+        pytest.param(
             {
                 "v": 1,
                 "cards": [
                     {"index": 0, "uuid": "a", "model": "T4", "memoryMiB": 1, "healthy": True, "kind": "mig"}
                 ],
             },
-            "physical or virtual",
-        ),
+            "physical or virtual", id="unknown-kind"),
     ],
 )
 def test_inventory_rejects(doc: object, fragment: str) -> None:
@@ -155,12 +148,21 @@ def test_assignment_refuses_a_replaced_card() -> None:
 @pytest.mark.parametrize(
     ("mutate", "fragment"),
     [
-        (lambda d: d.pop("node"), "missing field 'node'"),
-        (lambda d: d.update(time="yesterday"), "not an RFC 3339 time"),
-        (lambda d: d["containers"][0]["cards"][0].update(computeMilli=1001), "at most 1000"),
-        (lambda d: d["containers"][0].update(cards=[]), "at least one card"),
-        (lambda d: d["containers"].append(dict(d["containers"][0])), "appears twice"),
-        (lambda d: d["containers"][0]["cards"][0].pop("uuid"), "missing field 'uuid'"),
+        pytest.param(lambda d: d.pop("node"), "missing field 'node'", id="no-node"),
+        pytest.param(lambda d: d.update(time="yesterday"), "not an RFC 3339 time", id="unreadable-time"),
+        pytest.param(
+            lambda d: d["containers"][0]["cards"][0].update(computeMilli=1001), "at most 1000",
+            id="compute-over-a-card",
+        ),
+        pytest.param(lambda d: d["containers"][0].update(cards=[]), "at least one card", id="no-cards"),
+        pytest.param(
+            lambda d: d["containers"].append(dict(d["containers"][0])), "appears twice",
+            id="duplicate-container",
+        ),
+        pytest.param(
+            lambda d: d["containers"][0]["cards"][0].pop("uuid"), "missing field 'uuid'",
+            id="card-without-uuid",
+        ),
     ],
 )
 def test_assignment_rejects(mutate: object, fragment: str) -> None:
@@ -196,11 +198,20 @@ def test_allocated_with_containers_round_trip() -> None:
 @pytest.mark.parametrize(
     ("mutate", "fragment"),
     [
-        (lambda d: d.update(containers={}), "containers: expected list"),
-        (lambda d: d["containers"][0].pop("init"), r"containers\[0\]: missing field 'init'"),
-        (lambda d: d["containers"][0]["cards"][0].pop("computeMilli"), "missing field 'computeMilli'"),
-        (lambda d: d["containers"][0]["resources"].update(x=-1), r"resources\.x: must be non-negative"),
-        (lambda d: d.update(version=1, v=None), "unsupported schema version None"),
+        pytest.param(lambda d: d.update(containers={}), "containers: expected list", id="containers-not-a-list"),
+        pytest.param(
+            lambda d: d["containers"][0].pop("init"), r"containers\[0\]: missing field 'init'",
+            id="container-without-init",
+        ),
+        pytest.param(
+            lambda d: d["containers"][0]["cards"][0].pop("computeMilli"), "missing field 'computeMilli'",
+            id="card-without-compute",
+        ),
+        pytest.param(
+            lambda d: d["containers"][0]["resources"].update(x=-1), r"resources\.x: must be non-negative",
+            id="negative-resource-count",
+        ),
+        pytest.param(lambda d: d.update(version=1, v=None), "unsupported schema version None", id="unknown-version"),
     ],
 )
 def test_allocated_rejects(mutate: object, fragment: str) -> None:

@@ -88,9 +88,9 @@ def test_timeline_mode_json(small_cluster: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--trace", "no-such-trace"], "no bundled trace or file named 'no-such-trace'"),
-    (["--seeds", "9-3"], "use a seed, a list (42,43) or a range (42-51)"),
-    (["--policy", "nope"], "Invalid value for '--policy'"),
+    pytest.param(["--trace", "no-such-trace"], "no bundled trace or file named 'no-such-trace'", id="unknown-trace"),
+    pytest.param(["--seeds", "9-3"], "use a seed, a list (42,43) or a range (42-51)", id="reversed-seed-range"),
+    pytest.param(["--policy", "nope"], "Invalid value for '--policy'", id="unknown-policy"),
 ])
 def test_bad_arguments_get_a_clear_error(args: list[str], message: str) -> None:
     code, out = _simulate(*args)

@@ -144,11 +144,13 @@ def test_every_arg_parses_with_the_real_command(container: Container) -> None:
     parse(container)
 
 
-@pytest.mark.parametrize("bad", [["extender", "--lease-namespce=kube-system"],
-                                 ["extender", "--policy=nope"],
-                                 ["node-agent", "--plugin_dir=/x"],
-                                 ["node-agent", "--node-name=$(NODE)"],
-                                 ["simulat"]])
+@pytest.mark.parametrize("bad", [
+    pytest.param(["extender", "--lease-namespce=kube-system"], id="misspelt-extender-flag"),
+    pytest.param(["extender", "--policy=nope"], id="unknown-policy"),
+    pytest.param(["node-agent", "--plugin_dir=/x"], id="underscore-flag"),
+    pytest.param(["node-agent", "--node-name=$(NODE)"], id="unexpanded-variable"),
+    pytest.param(["simulat"], id="misspelt-command"),
+])
 def test_the_check_refuses_what_gpupool_would_refuse(bad: list[str]) -> None:
     """The checker itself: a misspelt flag, a bad choice, an undefined variable, a wrong command."""
     container = Container("x.yaml", {"kind": "Pod", "metadata": {"name": "p"}, "spec": {}},

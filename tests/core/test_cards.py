@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.cards import assign_on_node, best_fit_card, cheapest_card_set, most_isolated_card
+from gpupool.core.cards import NodeScratch, assign_on_node, best_fit_card, cheapest_card_set, most_isolated_card
 from gpupool.core.model import ContainerRequest, GpuRequest, LinkLevel, Placement, PodRequest, Topology
 from gpupool.core.state import ClusterState
 from tests.core.builders import book_slice, book_whole, make_node, pod_with, slice_pod
@@ -36,15 +36,20 @@ def cards_of(result: Placement | str, container: str = "main") -> tuple[int, ...
 @pytest.mark.parametrize(
     ("count", "exclusive", "expected"),
     [
-        (2, (), (0, 1)),
-        (2, (0,), (2, 3)),            # not (1, 2): 1 and 2 meet only at the host bridge
-        (2, (0, 2), (4, 5)),          # 1 and 3 are orphans of their switches
-        (2, (0, 2, 4, 6), (1, 3)),    # every pair is broken; the host bridge beats crossing sockets
-        (4, (), (0, 1, 2, 3)),
-        (4, (0,), (4, 5, 6, 7)),      # one host-bridge half, never straddling the sockets
-        (4, (5,), (0, 1, 2, 3)),
-        (3, (0,), (1, 2, 3)),         # 4 + 4 + 2, as (4, 5, 6); ties go to the lowest indices
-        (8, (), tuple(range(8))),
+        pytest.param(2, (), (0, 1), id="pair-on-an-idle-node"),
+        # not (1, 2): 1 and 2 meet only at the host bridge
+        pytest.param(2, (0,), (2, 3), id="pair-skips-a-broken-switch"),
+        # 1 and 3 are orphans of their switches
+        pytest.param(2, (0, 2), (4, 5), id="pair-skips-two-orphans"),
+        # every pair is broken; the host bridge beats crossing sockets
+        pytest.param(2, (0, 2, 4, 6), (1, 3), id="pair-over-the-host-bridge"),
+        pytest.param(4, (), (0, 1, 2, 3), id="four-on-an-idle-node"),
+        # one host-bridge half, never straddling the sockets
+        pytest.param(4, (0,), (4, 5, 6, 7), id="four-on-the-intact-half"),
+        pytest.param(4, (5,), (0, 1, 2, 3), id="four-beside-a-busy-card"),
+        # 4 + 4 + 2, as (4, 5, 6); ties go to the lowest indices
+        pytest.param(3, (0,), (1, 2, 3), id="three-on-one-socket"),
+        pytest.param(8, (), tuple(range(8)), id="eight-whole-node"),
     ],
 )
 def test_multi_card_whole_requests_take_the_cheapest_link_set(count: int, exclusive: tuple[int, ...],
@@ -92,11 +97,16 @@ def test_large_nodes_fall_back_to_greedy_but_stay_on_one_switch() -> None:
 @pytest.mark.parametrize(
     ("exclusive", "expected"),
     [
-        ((4,), 5),          # 5 lost its switch partner: use it, keep the intact pairs
-        ((0, 6), 1),        # 1 and 7 are both orphans; lowest index
-        ((0, 1, 2), 3),     # 3 is alone on its host bridge
-        ((1, 2, 3, 4), 0),  # 0 is alone on its socket
-        ((), 0),            # nothing isolated: lowest index
+        # 5 lost its switch partner: use it, keep the intact pairs
+        pytest.param((4,), 5, id="orphan-of-its-switch"),
+        # 1 and 7 are both orphans; lowest index
+        pytest.param((0, 6), 1, id="lowest-of-two-orphans"),
+        # 3 is alone on its host bridge
+        pytest.param((0, 1, 2), 3, id="alone-on-a-host-bridge"),
+        # 0 is alone on its socket
+        pytest.param((1, 2, 3, 4), 0, id="alone-on-a-socket"),
+        # nothing isolated: lowest index
+        pytest.param((), 0, id="nothing-isolated"),
     ],
 )
 def test_one_whole_card_takes_the_most_isolated_idle_card(exclusive: tuple[int, ...], expected: int) -> None:
@@ -122,11 +132,14 @@ def test_most_isolated_card_direct() -> None:
 @pytest.mark.parametrize(
     ("used", "milli", "expected"),
     [
-        ({}, 300, 0),
-        ({1: 500, 2: 200}, 300, 1),         # tightest card that holds it
-        ({1: 500, 2: 200}, 600, 2),         # card 1 is too full now
-        ({1: 800, 2: 700, 3: 700}, 300, 2),  # ties on compute: lowest index
-        ({0: 900, 1: 900, 2: 900, 3: 900}, 200, 4),
+        pytest.param({}, 300, 0, id="empty-node"),
+        # tightest card that holds it
+        pytest.param({1: 500, 2: 200}, 300, 1, id="tightest-that-fits"),
+        # card 1 is too full now
+        pytest.param({1: 500, 2: 200}, 600, 2, id="next-when-full"),
+        # ties on compute: lowest index
+        pytest.param({1: 800, 2: 700, 3: 700}, 300, 2, id="compute-tie-lowest-index"),
+        pytest.param({0: 900, 1: 900, 2: 900, 3: 900}, 200, 4, id="only-the-idle-card"),
     ],
 )
 def test_slice_goes_to_the_tightest_card(used: dict[int, int], milli: int, expected: int) -> None:
@@ -143,8 +156,6 @@ def test_best_fit_breaks_compute_ties_by_free_memory() -> None:
 
 
 def test_best_fit_card_direct() -> None:
-    from gpupool.core.cards import NodeScratch
-
     state = ClusterState([make_node("n", 3)])
     book_slice(state, "a", "n", 2, compute=600)
     scratch = NodeScratch.of(state, 0)

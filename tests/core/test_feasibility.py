@@ -7,7 +7,6 @@ import pytest
 
 from gpupool.core.card_rule import CardVerdict
 from gpupool.core.feasibility import (
-    as_rows,
     card_fit_mask,
     card_verdicts,
     explain_node,
@@ -50,16 +49,37 @@ def test_memory_need_per_card(state: ClusterState) -> None:
     ("request_", "expected"),
     [
         # n0: card 0 has 500 compute / 8192 MiB left; n1: card 0 exclusive; n2: one 8 GiB virtual card
-        (GpuRequest.fraction(500), [[True, True], [False, True], [True, False]]),
-        (GpuRequest.fraction(501), [[False, True], [False, True], [True, False]]),
-        (GpuRequest(compute=0, memory_mib=8_192), [[True, True], [False, True], [True, False]]),
-        (GpuRequest(compute=0, memory_mib=8_193), [[False, True], [False, True], [False, False]]),
-        (GpuRequest.whole(), [[False, True], [False, True], [True, False]]),
-        (GpuRequest(compute=100, models=frozenset({"B"})), [[False, False], [False, True], [False, False]]),
-        (GpuRequest(compute=100, models=frozenset({"A", "B"})), [[True, True], [False, True], [True, False]]),
-        (GpuRequest(compute=100, models=frozenset({"H100"})), [[False, False], [False, False], [False, False]]),
-        (GpuRequest(compute=100, kind=GpuKind.VIRTUAL), [[False, False], [False, False], [True, False]]),
-        (GpuRequest(compute=100, kind=GpuKind.PHYSICAL), [[True, True], [False, True], [False, False]]),
+        pytest.param(GpuRequest.fraction(500), [[True, True], [False, True], [True, False]], id="half-card"),
+        pytest.param(GpuRequest.fraction(501), [[False, True], [False, True], [True, False]], id="just-over-half"),
+        pytest.param(
+            GpuRequest(compute=0, memory_mib=8_192), [[True, True], [False, True], [True, False]],
+            id="memory-only-fits",
+        ),
+        pytest.param(
+            GpuRequest(compute=0, memory_mib=8_193), [[False, True], [False, True], [False, False]],
+            id="memory-only-too-much",
+        ),
+        pytest.param(GpuRequest.whole(), [[False, True], [False, True], [True, False]], id="whole-card"),
+        pytest.param(
+            GpuRequest(compute=100, models=frozenset({"B"})), [[False, False], [False, True], [False, False]],
+            id="model-b",
+        ),
+        pytest.param(
+            GpuRequest(compute=100, models=frozenset({"A", "B"})), [[True, True], [False, True], [True, False]],
+            id="models-a-or-b",
+        ),
+        pytest.param(
+            GpuRequest(compute=100, models=frozenset({"H100"})), [[False, False], [False, False], [False, False]],
+            id="model-absent",
+        ),
+        pytest.param(
+            GpuRequest(compute=100, kind=GpuKind.VIRTUAL), [[False, False], [False, False], [True, False]],
+            id="virtual-kind",
+        ),
+        pytest.param(
+            GpuRequest(compute=100, kind=GpuKind.PHYSICAL), [[True, True], [False, True], [False, False]],
+            id="physical-kind",
+        ),
     ],
 )
 def test_card_fit_mask(state: ClusterState, request_: GpuRequest, expected: list[list[bool]]) -> None:
@@ -79,16 +99,21 @@ def test_unhealthy_cards_are_not_eligible(state: ClusterState) -> None:
 @pytest.mark.parametrize(
     ("pod", "expected"),
     [
-        (slice_pod("p", 500), [True, True, True]),
-        (slice_pod("p", 500, count=2), [True, False, False]),
-        (slice_pod("p", 1000), [True, True, True]),
-        (slice_pod("p", 1000, count=2), [False, False, False]),
-        (slice_pod("p", 300, models=["B"]), [False, True, False]),
-        (slice_pod("p", 300, models=["A"]), [True, False, True]),
-        (slice_pod("p", 300, cpu=4_001), [False, True, True]),  # n0 has 4000m CPU
-        (slice_pod("p", 300, memory=8_001), [False, True, True]),  # n0 has 8000 MiB memory
-        (pod_with("p", GpuRequest(compute=100, kind=GpuKind.VIRTUAL)), [False, False, True]),
-        (pod_with("p", None), [True, True, True]),
+        pytest.param(slice_pod("p", 500), [True, True, True], id="half-card"),
+        pytest.param(slice_pod("p", 500, count=2), [True, False, False], id="two-half-cards"),
+        pytest.param(slice_pod("p", 1000), [True, True, True], id="whole-card"),
+        pytest.param(slice_pod("p", 1000, count=2), [False, False, False], id="two-whole-cards"),
+        pytest.param(slice_pod("p", 300, models=["B"]), [False, True, False], id="model-b"),
+        pytest.param(slice_pod("p", 300, models=["A"]), [True, False, True], id="model-a"),
+        # n0 has 4000m CPU
+        pytest.param(slice_pod("p", 300, cpu=4_001), [False, True, True], id="cpu-short"),
+        # n0 has 8000 MiB memory
+        pytest.param(slice_pod("p", 300, memory=8_001), [False, True, True], id="memory-short"),
+        pytest.param(
+            pod_with("p", GpuRequest(compute=100, kind=GpuKind.VIRTUAL)), [False, False, True],
+            id="virtual-kind",
+        ),
+        pytest.param(pod_with("p", None), [True, True, True], id="no-gpu"),
     ],
 )
 def test_node_fit_mask(state: ClusterState, pod: PodRequest, expected: list[bool]) -> None:
@@ -110,10 +135,16 @@ def test_node_fit_mask_excludes_removed_nodes(state: ClusterState) -> None:
 @pytest.mark.parametrize(
     ("pod", "message"),
     [
-        (mem_pod("p", 32_769), "container main asks for 32769 MiB on one card; the largest card has 32768 MiB"),
-        (slice_pod("p", 1000, count=3), "container main asks for 3 cards; the largest node has 2"),
-        (slice_pod("p", 100, models=["H100", "A100"]),
-         "container main asks for GPU model(s) A100, H100; the cluster has A, B"),
+        pytest.param(
+            mem_pod("p", 32_769), "container main asks for 32769 MiB on one card; the largest card has 32768 MiB",
+            id="card-too-small",
+        ),
+        pytest.param(
+            slice_pod("p", 1000, count=3), "container main asks for 3 cards; the largest node has 2",
+            id="too-many-cards",
+        ),
+        pytest.param(slice_pod("p", 100, models=["H100", "A100"]),
+         "container main asks for GPU model(s) A100, H100; the cluster has A, B", id="unknown-models"),
     ],
 )
 def test_request_problem(state: ClusterState, pod: PodRequest, message: str) -> None:
@@ -122,8 +153,13 @@ def test_request_problem(state: ClusterState, pod: PodRequest, message: str) -> 
 
 @pytest.mark.parametrize(
     "pod",
-    [mem_pod("p", 32_768), slice_pod("p", 1000, count=2), slice_pod("p", 100, models=["B", "H100"]),
-     pod_with("p", None), slice_pod("p", 999)],
+    [
+        pytest.param(mem_pod("p", 32_768), id="largest-card"),
+        pytest.param(slice_pod("p", 1000, count=2), id="most-cards"),
+        pytest.param(slice_pod("p", 100, models=["B", "H100"]), id="one-known-model"),
+        pytest.param(pod_with("p", None), id="no-gpu"),
+        pytest.param(slice_pod("p", 999), id="just-under-a-card"),
+    ],
 )
 def test_no_request_problem(state: ClusterState, pod: PodRequest) -> None:
     assert request_problem(state, pod) is None
@@ -164,20 +200,41 @@ def test_gpushare_filter_example_explains_each_node() -> None:
 @pytest.mark.parametrize(
     ("pod", "row", "message"),
     [
-        (slice_pod("p", 100, cpu=4_001), 0, "insufficient CPU: 4001m requested, 4000m free"),
-        (slice_pod("p", 100, memory=9_000), 0, "insufficient memory: 9000 MiB requested, 8000 MiB free"),
-        (slice_pod("p", 100, models=["B"]), 0, "no healthy card of model B (node has A)"),
-        (slice_pod("p", 100, models=["B", "C"]), 2, "no healthy card of model B|C (node has A)"),
-        (pod_with("p", GpuRequest(compute=100, kind=GpuKind.VIRTUAL)), 0, "no healthy card of the requested kind"),
-        (slice_pod("p", 1000, count=2), 1, "needs 2 idle whole card(s); 1 idle"),
-        (slice_pod("p", 1000, count=2), 0, "needs 2 idle whole card(s); 1 idle"),
-        (mem_pod("p", 16_385), 0, "no single card has 16385 MiB free; largest free 16384 MiB"),
-        (pod_with("p", GpuRequest(count=2, compute=0, memory_mib=9_000)), 0,
-         "fewer than 2 cards have 9000 MiB free; largest free 16384 MiB"),
-        (pod_with("p", GpuRequest(count=2, compute=600, memory_mib=100)), 0,
-         "no card has 60% compute free together with the memory; largest free compute 100%"),
-        (slice_pod("p", 500), 0, None),
-        (slice_pod("p", 1000), 1, None),
+        pytest.param(
+            slice_pod("p", 100, cpu=4_001), 0, "insufficient CPU: 4001m requested, 4000m free",
+            id="cpu-short",
+        ),
+        pytest.param(
+            slice_pod("p", 100, memory=9_000), 0, "insufficient memory: 9000 MiB requested, 8000 MiB free",
+            id="memory-short",
+        ),
+        pytest.param(
+            slice_pod("p", 100, models=["B"]), 0, "no healthy card of model B (node has A)",
+            id="model-absent",
+        ),
+        pytest.param(
+            slice_pod("p", 100, models=["B", "C"]), 2, "no healthy card of model B|C (node has A)",
+            id="models-absent",
+        ),
+        pytest.param(
+            pod_with("p", GpuRequest(compute=100, kind=GpuKind.VIRTUAL)), 0, "no healthy card of the requested kind",
+            id="kind-absent",
+        ),
+        pytest.param(
+            slice_pod("p", 1000, count=2), 1, "needs 2 idle whole card(s); 1 idle",
+            id="n1-other-card-exclusive",
+        ),
+        pytest.param(slice_pod("p", 1000, count=2), 0, "needs 2 idle whole card(s); 1 idle", id="n0-other-card-shared"),
+        pytest.param(
+            mem_pod("p", 16_385), 0, "no single card has 16385 MiB free; largest free 16384 MiB",
+            id="no-card-with-the-memory",
+        ),
+        pytest.param(pod_with("p", GpuRequest(count=2, compute=0, memory_mib=9_000)), 0,
+         "fewer than 2 cards have 9000 MiB free; largest free 16384 MiB", id="too-few-cards-with-the-memory"),
+        pytest.param(pod_with("p", GpuRequest(count=2, compute=600, memory_mib=100)), 0,
+         "no card has 60% compute free together with the memory; largest free compute 100%", id="compute-short"),
+        pytest.param(slice_pod("p", 500), 0, None, id="fits-slice"),
+        pytest.param(slice_pod("p", 1000), 1, None, id="fits-whole"),
     ],
 )
 def test_explain_node(state: ClusterState, pod: PodRequest, row: int, message: str | None) -> None:
@@ -196,9 +253,3 @@ def test_explain_node_unhealthy_and_removed() -> None:
     assert explain_node(state, 0, slice_pod("p", 100)) == "no healthy card of the requested kind"
     state.remove_node("m")
     assert explain_node(state, 1, slice_pod("p", 100)) == "node m is not known to gpupool"
-
-
-def test_as_rows() -> None:
-    result = as_rows([2, 0])
-    assert result.dtype == np.int64
-    assert result.tolist() == [2, 0]

@@ -119,19 +119,21 @@ def solo(milli: int, count: int = 1, cpu: int = 1000, models: frozenset[str] = f
     ("free", "pod", "expected"),
     [
         # Q3: only cards smaller than the class's slice are fragment
-        ([1000, 300], solo(500), 300),
-        ([1000, 600], solo(500), 0),
-        ([400, 300, 1000], solo(500), 700),
-        ([400, 300, 1000], solo(300), 0),      # 300 >= 300: usable
-        ([400, 300, 1000], solo(301), 300),
-        ([0, 1000], solo(500), 0),             # a full card adds nothing
+        pytest.param([1000, 300], solo(500), 300, id="small-card-is-fragment"),
+        pytest.param([1000, 600], solo(500), 0, id="large-cards-usable"),
+        pytest.param([400, 300, 1000], solo(500), 700, id="two-small-cards-fragment"),
+        # 300 >= 300: usable
+        pytest.param([400, 300, 1000], solo(300), 0, id="exactly-the-slice-usable"),
+        pytest.param([400, 300, 1000], solo(301), 300, id="just-under-the-slice"),
+        # a full card adds nothing
+        pytest.param([0, 1000], solo(500), 0, id="full-card-adds-nothing"),
         # Q2: no card (or too few) can take the class: all idle is fragment
-        ([400, 300], solo(500), 700),
-        ([1000, 300], solo(1000, count=2), 1300),
-        ([1000, 1000], solo(1000, count=2), 0),
-        ([1000, 900, 1000], solo(900, count=3), 0),
+        pytest.param([400, 300], solo(500), 700, id="no-card-takes-it"),
+        pytest.param([1000, 300], solo(1000, count=2), 1300, id="too-few-whole-cards"),
+        pytest.param([1000, 1000], solo(1000, count=2), 0, id="enough-whole-cards"),
+        pytest.param([1000, 900, 1000], solo(900, count=3), 0, id="enough-cards-for-three"),
         # CPU-only class: every idle card counts, satisfied or not
-        ([1000, 300], solo(0, count=0), 1300),
+        pytest.param([1000, 300], solo(0, count=0), 1300, id="cpu-only-class"),
     ],
 )
 def test_node_fragment_single_class(free: list[int], pod: TypicalPod, expected: float) -> None:

@@ -28,12 +28,15 @@ def bind_example() -> ClusterState:
 @pytest.mark.parametrize(
     ("gpu_mib", "card"),
     [
-        (8_138, 1),    # the example: GPU2 is too small, GPU1 has exactly enough and least left
-        (4_069, 2),    # exactly GPU2's free memory
-        (4_070, 1),
-        (12_207, 0),
-        (12_208, 3),   # only the empty card holds it
-        (1, 2),
+        # the example: GPU2 is too small, GPU1 has exactly enough and least left
+        pytest.param(8_138, 1, id="alibaba-example"),
+        # exactly GPU2's free memory
+        pytest.param(4_069, 2, id="exactly-gpu2-free"),
+        pytest.param(4_070, 1, id="just-over-gpu2"),
+        pytest.param(12_207, 0, id="exactly-gpu0-free"),
+        # only the empty card holds it
+        pytest.param(12_208, 3, id="only-the-empty-card"),
+        pytest.param(1, 2, id="smallest-slice"),
     ],
 )
 def test_bind_picks_the_card_with_least_free_memory_that_fits(gpu_mib: int, card: int) -> None:

@@ -51,8 +51,10 @@ def test_the_charge_is_the_dead_compute_created_minus_the_dead_compute_filled() 
 
 
 @pytest.mark.parametrize(("milli", "on_a", "on_b"), [
-    (320, (470,), (320,)),  # a: 530 free -> 210 dead; b: 680 -> 360, which a 320 still fits
-    (160, (650,), (810,)),  # a: 350 -> 190 dead; b: fills the 190 an 810 slice left
+    # a: 530 free -> 210 dead; b: 680 -> 360, which a 320 still fits
+    pytest.param(320, (470,), (320,), id="210-dead-on-a"),
+    # a: 350 -> 190 dead; b: fills the 190 an 810 slice left
+    pytest.param(160, (650,), (810,), id="fills-the-190-hole"),
 ])
 def test_gpupool_leaves_no_dead_hole_where_the_fragmentation_gain_alone_would(
         milli: int, on_a: tuple[int, ...], on_b: tuple[int, ...]) -> None:

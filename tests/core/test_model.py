@@ -88,12 +88,12 @@ def test_largest_accepted_numbers_still_build() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"count": 0, "compute": 100}, "at least one card"),
-        ({"count": -1, "compute": 100}, "at least one card"),
-        ({"compute": -1}, "within 0..1000"),
-        ({"compute": 1001}, "within 0..1000"),
-        ({"compute": 100, "memory_mib": -1}, "non-negative"),
-        ({"compute": 0, "memory_mib": 0}, "memory, compute or both"),
+        pytest.param({"count": 0, "compute": 100}, "at least one card", id="zero-cards"),
+        pytest.param({"count": -1, "compute": 100}, "at least one card", id="negative-cards"),
+        pytest.param({"compute": -1}, "within 0..1000", id="negative-compute"),
+        pytest.param({"compute": 1001}, "within 0..1000", id="compute-over-a-card"),
+        pytest.param({"compute": 100, "memory_mib": -1}, "non-negative", id="negative-memory"),
+        pytest.param({"compute": 0, "memory_mib": 0}, "memory, compute or both", id="no-amounts"),
     ],
 )
 def test_gpu_request_validation(kwargs: dict[str, int], message: str) -> None:
@@ -104,10 +104,13 @@ def test_gpu_request_validation(kwargs: dict[str, int], message: str) -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"compute": 0, "memory_mib": 1},  # memory only
-        {"compute": 1, "memory_mib": 0},  # compute only
-        {"compute": 1000, "memory_mib": None},
-        {"exclusive": True, "compute": 0, "memory_mib": 0},  # exclusive needs no amounts
+        # memory only
+        pytest.param({"compute": 0, "memory_mib": 1}, id="memory-only"),
+        # compute only
+        pytest.param({"compute": 1, "memory_mib": 0}, id="compute-only"),
+        pytest.param({"compute": 1000, "memory_mib": None}, id="whole-compute"),
+        # exclusive needs no amounts
+        pytest.param({"exclusive": True, "compute": 0, "memory_mib": 0}, id="exclusive-without-amounts"),
     ],
 )
 def test_gpu_request_accepts_valid_forms(kwargs: dict[str, object]) -> None:
@@ -128,11 +131,11 @@ def test_whole_is_exclusive_full_card() -> None:
 @pytest.mark.parametrize(
     ("milli", "count", "expected"),
     [
-        (300, 1, GpuRequest(count=1, compute=300, memory_mib=None)),
-        (999, 2, GpuRequest(count=2, compute=999, memory_mib=None)),
-        (1000, 1, GpuRequest.whole(1)),
-        (1000, 4, GpuRequest.whole(4)),
-        (1500, 1, GpuRequest.whole(1)),
+        pytest.param(300, 1, GpuRequest(count=1, compute=300, memory_mib=None), id="one-slice"),
+        pytest.param(999, 2, GpuRequest(count=2, compute=999, memory_mib=None), id="two-slices"),
+        pytest.param(1000, 1, GpuRequest.whole(1), id="one-whole-card"),
+        pytest.param(1000, 4, GpuRequest.whole(4), id="four-whole-cards"),
+        pytest.param(1500, 1, GpuRequest.whole(1), id="over-a-card-is-whole"),
     ],
 )
 def test_fraction(milli: int, count: int, expected: GpuRequest) -> None:
@@ -151,12 +154,13 @@ CARD = GpuCard(index=0, uuid="u", model="A", memory_mib=16_276, compute=1000)
 @pytest.mark.parametrize(
     ("request_", "memory", "compute"),
     [
-        (GpuRequest(compute=300, memory_mib=None), 4882, 300),  # 16276 * 0.3 = 4882.8, floored
-        (GpuRequest(compute=500, memory_mib=None), 8138, 500),
-        (GpuRequest(compute=1, memory_mib=None), 16, 1),
-        (GpuRequest(compute=0, memory_mib=8138), 8138, 0),
-        (GpuRequest(compute=250, memory_mib=100), 100, 250),
-        (GpuRequest.whole(), 16_276, 1000),
+        # 16276 * 0.3 = 4882.8, floored
+        pytest.param(GpuRequest(compute=300, memory_mib=None), 4882, 300, id="compute-share-floors-memory"),
+        pytest.param(GpuRequest(compute=500, memory_mib=None), 8138, 500, id="half-card"),
+        pytest.param(GpuRequest(compute=1, memory_mib=None), 16, 1, id="one-per-mille"),
+        pytest.param(GpuRequest(compute=0, memory_mib=8138), 8138, 0, id="memory-only"),
+        pytest.param(GpuRequest(compute=250, memory_mib=100), 100, 250, id="memory-and-compute"),
+        pytest.param(GpuRequest.whole(), 16_276, 1000, id="whole-card"),
     ],
 )
 def test_memory_and_compute_on_card(request_: GpuRequest, memory: int, compute: int) -> None:
@@ -179,12 +183,12 @@ def test_whole_card_takes_the_card_compute_even_for_virtual_cards() -> None:
 @pytest.mark.parametrize(
     ("models", "kind", "card_model", "card_kind", "allowed"),
     [
-        (frozenset(), None, "A", GpuKind.PHYSICAL, True),
-        (frozenset({"A", "B"}), None, "B", GpuKind.PHYSICAL, True),
-        (frozenset({"A"}), None, "B", GpuKind.PHYSICAL, False),
-        (frozenset(), GpuKind.VIRTUAL, "A", GpuKind.PHYSICAL, False),
-        (frozenset(), GpuKind.VIRTUAL, "A", GpuKind.VIRTUAL, True),
-        (frozenset({"A"}), GpuKind.PHYSICAL, "A", GpuKind.PHYSICAL, True),
+        pytest.param(frozenset(), None, "A", GpuKind.PHYSICAL, True, id="any-model"),
+        pytest.param(frozenset({"A", "B"}), None, "B", GpuKind.PHYSICAL, True, id="listed-model"),
+        pytest.param(frozenset({"A"}), None, "B", GpuKind.PHYSICAL, False, id="unlisted-model"),
+        pytest.param(frozenset(), GpuKind.VIRTUAL, "A", GpuKind.PHYSICAL, False, id="virtual-wanted-physical-card"),
+        pytest.param(frozenset(), GpuKind.VIRTUAL, "A", GpuKind.VIRTUAL, True, id="virtual-wanted-virtual-card"),
+        pytest.param(frozenset({"A"}), GpuKind.PHYSICAL, "A", GpuKind.PHYSICAL, True, id="model-and-kind-match"),
     ],
 )
 def test_allows(models: frozenset[str], kind: GpuKind | None, card_model: str, card_kind: GpuKind,
@@ -203,12 +207,15 @@ def _c(name: str, cpu: int, mem: int, gpu: GpuRequest | None = None) -> Containe
 @pytest.mark.parametrize(
     ("apps", "inits", "cpu", "memory"),
     [
-        ([(1000, 100)], [], 1000, 100),
-        ([(1000, 100), (500, 300)], [], 1500, 400),
-        ([(1000, 100), (500, 300)], [(1200, 50)], 1500, 400),  # app sum wins
-        ([(1000, 100), (500, 300)], [(2000, 50)], 2000, 400),  # init CPU wins, app memory wins
-        ([(1000, 100)], [(200, 900), (300, 700)], 1000, 900),  # largest init, not the init sum
-        ([], [], 0, 0),
+        pytest.param([(1000, 100)], [], 1000, 100, id="one-app"),
+        pytest.param([(1000, 100), (500, 300)], [], 1500, 400, id="two-apps-sum"),
+        # app sum wins
+        pytest.param([(1000, 100), (500, 300)], [(1200, 50)], 1500, 400, id="app-sum-beats-init"),
+        # init CPU wins, app memory wins
+        pytest.param([(1000, 100), (500, 300)], [(2000, 50)], 2000, 400, id="init-cpu-beats-apps"),
+        # largest init, not the init sum
+        pytest.param([(1000, 100)], [(200, 900), (300, 700)], 1000, 900, id="largest-init-not-init-sum"),
+        pytest.param([], [], 0, 0, id="no-containers"),
     ],
 )
 def test_pod_cpu_and_memory_follow_the_init_container_max_rule(

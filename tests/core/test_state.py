@@ -67,13 +67,19 @@ def test_release_restores_and_returns_the_placement(state: ClusterState) -> None
 @pytest.mark.parametrize(
     ("slices", "cpu", "memory", "message"),
     [
-        ([], 8_001, 0, "node n0: 8001m CPU requested, 8000m free"),
-        ([], 0, 32_001, "node n0: 32001 MiB memory requested, 32000 MiB free"),
-        ([CardSlice(0, 16_385, 1)], 0, 0, "node n0 card 0: 16385 MiB requested, 16384 MiB free"),
-        ([CardSlice(0, 1, 1001)], 0, 0, "node n0 card 0: compute 1001/1000 requested, 1000/1000 free"),
-        ([CardSlice(2, 1, 1)], 0, 0, "node n0 has no card 2"),
-        ([CardSlice(-1, 1, 1)], 0, 0, "node n0 has no card -1"),
-        ([CardSlice(8, 1, 1)], 0, 0, "node n0 has no card 8"),
+        pytest.param([], 8_001, 0, "node n0: 8001m CPU requested, 8000m free", id="cpu-short"),
+        pytest.param([], 0, 32_001, "node n0: 32001 MiB memory requested, 32000 MiB free", id="memory-short"),
+        pytest.param(
+            [CardSlice(0, 16_385, 1)], 0, 0, "node n0 card 0: 16385 MiB requested, 16384 MiB free",
+            id="card-memory-short",
+        ),
+        pytest.param(
+            [CardSlice(0, 1, 1001)], 0, 0, "node n0 card 0: compute 1001/1000 requested, 1000/1000 free",
+            id="card-compute-short",
+        ),
+        pytest.param([CardSlice(2, 1, 1)], 0, 0, "node n0 has no card 2", id="card-past-the-end"),
+        pytest.param([CardSlice(-1, 1, 1)], 0, 0, "node n0 has no card -1", id="negative-card"),
+        pytest.param([CardSlice(8, 1, 1)], 0, 0, "node n0 has no card 8", id="card-far-past-the-end"),
     ],
 )
 def test_check_refuses_over_commit(state: ClusterState, slices: list[CardSlice], cpu: int, memory: int,

@@ -41,7 +41,6 @@ from gpupool.kube.client_config import api_configuration
 from gpupool.nodeagent.allocated_codec import encode_served
 from gpupool.nodeagent.kube_pod_source import KubePodSource
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
-from gpupool.nodeagent.types import MODEL_LABEL
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode, wait_for
@@ -224,7 +223,7 @@ def test_the_real_clients_work_as_their_service_accounts(
     assert denied.value.status == 403
     published = core_v1.read_node(node).metadata
     assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
-    assert published.labels[NAMES.annotation(MODEL_LABEL)] == "Tesla-T4"
+    assert published.labels[NAMES.model_label] == "Tesla-T4"
 
     # The extender: its own wiring (_clients, start_replica) on a kubeconfig with its token.
     extender_core, coordination = _clients(str(service_account_kubeconfig(

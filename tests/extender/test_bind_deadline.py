@@ -17,7 +17,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.kube.podapi import NoAnswerError
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.bind_fakes import LaggingWatch
-from tests.extender.test_binder import ASSIGNMENT, free_mib, world
+from tests.extender.binder_world import ASSIGNMENT, free_mib, world
 from tests.kube.builders import container, node, pod
 
 DEADLINE_S = 8.0

@@ -20,7 +20,7 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.bind_fakes import BindInThread, LaggingWatch, StallingApi
-from tests.extender.test_binder import free_mib, usage_from_annotations
+from tests.extender.binder_world import free_mib, usage_from_annotations
 from tests.kube.builders import container, node, pod
 
 CARD_MIB = 16276

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from gpupool.extender.cache import ClusterCache
 from gpupool.testing.fake_api import FakePodApi
-from tests.extender.test_http_api import post, run
+from tests.extender.http_world import post, run
 from tests.kube.builders import container, pod
 
 ASSIGNMENT = "gpupool.io/assignment-v1"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -13,40 +12,9 @@ import pytest
 from gpupool.api.annotations import decode_assignment
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.kube.podapi import ApiError
-from gpupool.testing.fake_api import FakePodApi
+from gpupool.kube.podapi import ApiError, NoAnswerError
+from tests.extender.binder_world import ASSIGNMENT, free_mib, usage_from_annotations, world
 from tests.kube.builders import container, node, placed_pod, pod
-
-ASSIGNMENT = "gpupool.io/assignment-v1"
-
-
-def world(
-    nodes: list[dict[str, Any]], policy: str = "binpack", latency: float = 0.0, timeout: float = 300.0
-) -> tuple[FakePodApi, ClusterCache, Binder]:
-    """A fake API whose changes reach the cache the way a watch delivers them."""
-    api = FakePodApi(latency_s=latency)
-    cache = ClusterCache(policy=policy, unconfirmed_timeout_s=timeout)
-    cache.replace_nodes(nodes)
-    cache.replace_pods([])
-    api.listeners.append(lambda kind, p: cache.remove_pod(p) if kind == "DELETED" else cache.upsert_pod(p))
-    return api, cache, Binder(cache, api)
-
-
-def free_mib(cache: ClusterCache, name: str) -> list[int]:
-    return [u.memory_free for u in cache.state.card_usage(name)]
-
-
-def usage_from_annotations(api: FakePodApi) -> dict[tuple[str, int], int]:
-    """Memory per (node, card index) summed over every pod's recorded assignment."""
-    used: dict[tuple[str, int], int] = defaultdict(int)
-    for p in api.list_pods():
-        text = (p["metadata"].get("annotations") or {}).get(ASSIGNMENT)
-        if text:
-            a = decode_assignment(text)
-            for c in a.containers:
-                for ref in c.cards:
-                    used[(a.node, ref.index)] += ref.memory_mib
-    return used
 
 
 def test_bind_records_the_exact_cards_then_binds() -> None:
@@ -290,7 +258,10 @@ def test_many_concurrent_binds_never_over_commit() -> None:
         assert [16276 - used.get((name, i), 0) for i in range(2)] == free_mib(cache, name)
 
 
-@pytest.mark.parametrize("bad", ["{", json.dumps({"v": 1})])
+@pytest.mark.parametrize("bad", [
+    pytest.param("{", id="not-json"),
+    pytest.param(json.dumps({"v": 1}), id="missing-fields"),
+])
 def test_a_broken_assignment_is_reported_and_not_booked(bad: str) -> None:
     cache = ClusterCache()
     cache.replace_nodes([node("n1", [16276])])
@@ -302,7 +273,6 @@ def test_a_broken_assignment_is_reported_and_not_booked(bad: str) -> None:
 def test_a_patch_without_answer_keeps_the_cards_booked() -> None:
     """The write may have been applied: freeing its cards before the watch says would let the next
     bind give them away a second time."""
-    from gpupool.kube.podapi import NoAnswerError
 
     api, cache, binder = world([node("n1", [16276])])
     api.create_pod(pod("p", container(mib=10000)))

@@ -6,32 +6,18 @@ for kube-scheduler) and through the simulator; these tests hold the agreement it
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from functools import cache
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-
-@cache
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
-    spec = importlib.util.spec_from_file_location("fidelity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its data classes look their module up there
-    spec.loader.exec_module(module)
-    return module
+from bench.fidelity import build_scenario, compare, pod_object, replay_extender, replay_simulator
+from gpupool.api.names import ResourceNames
+from gpupool.kube.translate import pod_request
 
 
 def _measure(policy: str, nodes: int = 40, seed: int = 42, upto: int = 90) -> dict[str, Any]:
-    bench = _bench()
-    scenario = bench.build_scenario("default", nodes, seed, upto, policy)
-    result: dict[str, Any] = bench.compare(scenario, bench.replay_simulator(scenario),
-                                           bench.replay_extender(scenario))
+    scenario = build_scenario("default", nodes, seed, upto, policy)
+    result: dict[str, Any] = compare(scenario, replay_simulator(scenario), replay_extender(scenario))
     return result
 
 
@@ -55,11 +41,7 @@ def test_default_policy_places_every_pod_as_the_simulator() -> None:
 
 def test_trace_pods_translate_back_to_the_same_request() -> None:
     """The Kubernetes pod the bench creates is read by the extender as the trace's request."""
-    from gpupool.api.names import ResourceNames
-    from gpupool.kube.translate import pod_request
-
-    bench = _bench()
-    scenario = bench.build_scenario("default", 40, 42, 90, "binpack")
+    scenario = build_scenario("default", 40, 42, 90, "binpack")
     for pod in scenario.arrivals:
-        translated = pod_request(bench.pod_object(pod), ResourceNames())
+        translated = pod_request(pod_object(pod), ResourceNames())
         assert translated.containers == pod.containers, pod.key

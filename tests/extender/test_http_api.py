@@ -5,81 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.api.annotations import decode_assignment
-from gpupool.api.names import ResourceNames
-from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.wire import HostPriorityEncoder, host_priority_list
-from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import UNKNOWN_NODE, ExtenderService, scale_scores
+from gpupool.extender.service import UNKNOWN_NODE, scale_scores
 from gpupool.testing.fake_api import FakePodApi
+from tests.extender.http_world import ALIBABA_NODES, args, post, run
 from tests.kube.builders import container, node, placed_pod, pod
-
-Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
-
-# Alibaba's worked example: three nodes with two 16,276 MiB cards each.
-# N1: GPU0 full, GPU1 4,069 free; N2: 4,069 free on each card; N3: GPU0 8,138 free, GPU1 full.
-ALIBABA_NODES = [node(n, [16276, 16276]) for n in ("N1", "N2", "N3")]
-ALIBABA_PODS = [
-    placed_pod("n1a", "N1", 0, 16276),
-    placed_pod("n1b", "N1", 1, 12207),
-    placed_pod("n2a", "N2", 0, 12207),
-    placed_pod("n2b", "N2", 1, 12207),
-    placed_pod("n3a", "N3", 0, 8138),
-    placed_pod("n3b", "N3", 1, 16276),
-]
-
-
-def run(
-    scenario: Scenario,
-    *,
-    synced: bool = True,
-    nodes: list[dict[str, Any]] | None = None,
-    pods: list[dict[str, Any]] | None = None,
-    policy: str = "binpack",
-    leader: bool = True,
-    latency: float = 0.0,
-) -> None:
-    async def main() -> None:
-        api = FakePodApi(latency_s=latency)
-        cache = ClusterCache(policy=policy)
-        if synced:
-            cache.replace_nodes(ALIBABA_NODES if nodes is None else nodes)
-            cache.replace_pods(ALIBABA_PODS if pods is None else pods)
-            for p in ALIBABA_PODS if pods is None else pods:
-                api.create_pod(p)
-        api.listeners.append(lambda kind, p: cache.upsert_pod(p))
-        service = ExtenderService(
-            cache, Binder(cache, api), is_leader=lambda: leader, leader_name=lambda: "replica-0"
-        )
-        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
-        async with TestClient(TestServer(app)) as client:
-            await scenario(client, api, cache)
-
-    asyncio.run(main())
-
-
-def args(p: dict[str, Any], names: list[str] | None = None, *, full: bool = False) -> dict[str, Any]:
-    names = names or ["N1", "N2", "N3"]
-    if full:
-        return {"Pod": p, "Nodes": {"items": [node(n, [16276, 16276]) for n in names]}, "NodeNames": None}
-    return {"Pod": p, "Nodes": None, "NodeNames": names}
-
-
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    resp = await client.post(path, data=data)
-    return resp.status, await resp.json()
 
 
 def test_filter_node_names_mode_alibaba_example() -> None:

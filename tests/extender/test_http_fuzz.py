@@ -27,7 +27,7 @@ from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.testing.fake_api import FakePodApi
-from tests.extender.test_http_api import ALIBABA_NODES, ALIBABA_PODS
+from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS
 from tests.kube.builders import container, pod
 
 T = TypeVar("T")

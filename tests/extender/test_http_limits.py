@@ -21,7 +21,7 @@ from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, IN_FLIGHT_BODIES,
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.testing.fake_api import FakePodApi
-from tests.extender.test_http_api import ALIBABA_NODES, ALIBABA_PODS
+from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS
 from tests.kube.builders import container, node, pod
 
 MIB = 1024 * 1024

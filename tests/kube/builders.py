@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from gpupool.api.annotations import Inventory, encode_inventory
+from gpupool.api.annotations import Assignment, CardRef, ContainerCards, Inventory, encode_assignment, encode_inventory
 from gpupool.core.model import GpuCard, Topology
 
 GIB = 1024 * 1024 * 1024
@@ -89,9 +90,6 @@ def placed_pod(
     name: str, node_name: str, card: int, mib: int, *, bound: bool = True, when: float | None = None
 ) -> dict[str, Any]:
     """A pod already holding ``mib`` on card ``card`` of ``node_name`` (as an earlier bind left it)."""
-    import datetime as dt
-
-    from gpupool.api.annotations import Assignment, CardRef, ContainerCards, encode_assignment
 
     stamp = dt.datetime.fromtimestamp(when, dt.UTC) if when is not None else dt.datetime.now(dt.UTC)
     a = Assignment(

@@ -6,6 +6,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client.configuration as configuration_module
 import pytest
 
 from gpupool.kube.client_config import api_configuration
@@ -33,8 +34,6 @@ def _counting_getproxies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def counting() -> dict[str, str]:
         calls.append(1)
         return original()
-
-    import kubernetes.client.configuration as configuration_module
 
     monkeypatch.setattr(configuration_module, "getproxies", counting)
     return calls

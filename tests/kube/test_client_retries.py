@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.podapi import KubePodApi, NoAnswerError
@@ -63,8 +64,6 @@ current-context: x
 
 def test_a_read_that_times_out_is_sent_once(tmp_path: Path,
                                             stalling_server: tuple[str, type[_StallingApiserver]]) -> None:
-    from kubernetes import client
-
     url, handler = stalling_server
     core = client.CoreV1Api(client.ApiClient(api_configuration(_kubeconfig(tmp_path, url))))
     with pytest.raises(NoAnswerError):

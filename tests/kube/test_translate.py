@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuRequest
@@ -21,22 +22,38 @@ def gpu_of(c: dict[str, Any], annotations: dict[str, str] | None = None) -> GpuR
 @pytest.mark.parametrize(
     ("limits", "expected"),
     [
-        ({"gpu_mem": 32}, GpuRequest(count=1, compute=0, memory_mib=8192)),  # 256 MiB units
-        ({"gpu_core": 30}, GpuRequest(count=1, compute=300, memory_mib=None)),
-        ({"gpu_core": 30, "gpu_mem": 16}, GpuRequest(count=1, compute=300, memory_mib=4096)),
-        ({"gpu_shared": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096)),  # per card
-        ({"gpu_shared": 2, "gpu_mem": 16, "gpu_core": 30}, GpuRequest(count=2, compute=300, memory_mib=4096)),
-        ({"gpu_shared": 2, "gpu_core": 100}, GpuRequest.whole(2)),
-        ({"gpu_shared": 2, "aliyun.com/gpu-mem": 3}, GpuRequest(count=2, compute=0, memory_mib=3072)),
-        ({"gpu": 2}, GpuRequest.whole(2)),
-        ({"gpu_core": 100}, GpuRequest.whole(1)),
-        ({"aliyun.com/gpu-mem": 4}, GpuRequest(compute=0, memory_mib=4096)),
-        (
-            {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8},
-            GpuRequest(compute=500, memory_mib=2048),
+        # 256 MiB units
+        pytest.param({"gpu_mem": 32}, GpuRequest(count=1, compute=0, memory_mib=8192), id="memory-units"),
+        pytest.param({"gpu_core": 30}, GpuRequest(count=1, compute=300, memory_mib=None), id="compute-percent"),
+        pytest.param(
+            {"gpu_core": 30, "gpu_mem": 16}, GpuRequest(count=1, compute=300, memory_mib=4096),
+            id="compute-and-memory",
         ),
-        ({"tencent.com/vcuda-core": 200}, GpuRequest.whole(2)),
-        ({"nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, GpuRequest(compute=250, memory_mib=3000)),
+        # per card
+        pytest.param(
+            {"gpu_shared": 2, "gpu_mem": 16}, GpuRequest(count=2, compute=0, memory_mib=4096),
+            id="shared-memory-per-card",
+        ),
+        pytest.param(
+            {"gpu_shared": 2, "gpu_mem": 16, "gpu_core": 30}, GpuRequest(count=2, compute=300, memory_mib=4096),
+            id="shared-memory-and-compute",
+        ),
+        pytest.param({"gpu_shared": 2, "gpu_core": 100}, GpuRequest.whole(2), id="shared-full-compute-is-whole"),
+        pytest.param(
+            {"gpu_shared": 2, "aliyun.com/gpu-mem": 3}, GpuRequest(count=2, compute=0, memory_mib=3072),
+            id="shared-aliyun-memory",
+        ),
+        pytest.param({"gpu": 2}, GpuRequest.whole(2), id="whole-cards"),
+        pytest.param({"gpu_core": 100}, GpuRequest.whole(1), id="full-compute-is-whole"),
+        pytest.param({"aliyun.com/gpu-mem": 4}, GpuRequest(compute=0, memory_mib=4096), id="aliyun-memory"),
+        pytest.param(
+            {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8},
+            GpuRequest(compute=500, memory_mib=2048), id="tencent-vcuda"),
+        pytest.param({"tencent.com/vcuda-core": 200}, GpuRequest.whole(2), id="tencent-vcuda-whole-cards"),
+        pytest.param(
+            {"nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, GpuRequest(compute=250, memory_mib=3000),
+            id="hami-gpumem-gpucores",
+        ),
     ],
 )
 def test_container_requests(limits: dict[str, int], expected: GpuRequest) -> None:
@@ -106,27 +123,50 @@ def test_custom_domain() -> None:
 @pytest.mark.parametrize(
     ("c", "annotations", "fragment"),
     [
-        (container(gpu_mem="1.5"), None, "must be a whole number"),
-        (container(gpu_mem="lots"), None, "not a Kubernetes quantity"),
-        (container(gpu_core=150), None, "percentage of one card"),
-        (container(gpu_mem=10, **{"aliyun.com/gpu-mem": 1}), None, "GPU memory given twice"),
-        (
+        pytest.param(container(gpu_mem="1.5"), None, "must be a whole number", id="fractional-memory"),
+        pytest.param(container(gpu_mem="lots"), None, "not a Kubernetes quantity", id="unreadable-quantity"),
+        pytest.param(container(gpu_core=150), None, "percentage of one card", id="compute-over-a-card"),
+        pytest.param(
+            container(gpu_mem=10, **{"aliyun.com/gpu-mem": 1}), None, "GPU memory given twice",
+            id="memory-given-twice",
+        ),
+        pytest.param(
             {
                 "name": "main",
                 "resources": {"requests": {"gpupool.io/gpu-mem": "1"}, "limits": {"gpupool.io/gpu-mem": "2"}},
             },
             None,
-            "request == limit",
+            "request == limit", id="request-differs-from-limit"),
+        pytest.param(
+            container(gpu_mem=10), {"gpupool.io/exclusive": "yes"}, 'must be "true" or "false"',
+            id="exclusive-not-boolean",
         ),
-        (container(gpu_mem=10), {"gpupool.io/exclusive": "yes"}, 'must be "true" or "false"'),
-        ({"name": "main", "resources": {"limits": ["gpu"]}}, None, "expected an object"),
-        ({"resources": {}}, None, "has no name"),
+        pytest.param(
+            {"name": "main", "resources": {"limits": ["gpu"]}}, None, "expected an object",
+            id="limits-not-an-object",
+        ),
+        pytest.param({"resources": {}}, None, "has no name", id="container-without-name"),
         # gpu counts whole exclusive cards: with a slice kubelet would take whole-card devices
-        (container(gpu=2, gpu_mem=16), None, "write gpupool.io/gpu-shared: 2"),
-        (container(gpu=1, gpu_core=30), None, "cannot be combined with gpupool.io/gpu-core"),
-        (container(gpu=1, **{"tencent.com/vcuda-core": 100}), None, "whole exclusive cards"),
-        (container(**{"gpupool.io/gpu-shared": 2}), None, "add gpupool.io/gpu-mem and/or gpupool.io/gpu-core"),
-        (container(**{"gpupool.io/gpu-shared": 3, "tencent.com/vcuda-core": 200}), None, "means 2 cards"),
+        pytest.param(
+            container(gpu=2, gpu_mem=16), None, "write gpupool.io/gpu-shared: 2",
+            id="whole-cards-with-memory",
+        ),
+        pytest.param(
+            container(gpu=1, gpu_core=30), None, "cannot be combined with gpupool.io/gpu-core",
+            id="whole-cards-with-compute",
+        ),
+        pytest.param(
+            container(gpu=1, **{"tencent.com/vcuda-core": 100}), None, "whole exclusive cards",
+            id="whole-cards-with-vcuda-core",
+        ),
+        pytest.param(
+            container(**{"gpupool.io/gpu-shared": 2}), None, "add gpupool.io/gpu-mem and/or gpupool.io/gpu-core",
+            id="shared-without-amounts",
+        ),
+        pytest.param(
+            container(**{"gpupool.io/gpu-shared": 3, "tencent.com/vcuda-core": 200}), None, "means 2 cards",
+            id="shared-count-disagrees-with-vcuda",
+        ),
     ],
 )
 def test_rejections(c: dict[str, Any], annotations: dict[str, str] | None, fragment: str) -> None:
@@ -140,8 +180,6 @@ def test_duplicate_container_names() -> None:
 
 
 def test_v1pod_model_is_accepted() -> None:
-    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
-
     model = V1Pod(
         metadata=V1ObjectMeta(name="m", namespace="x"),
         spec=V1PodSpec(

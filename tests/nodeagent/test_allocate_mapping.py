@@ -18,6 +18,7 @@ import pytest
 from gpupool.api.annotations import decode_allocated
 from gpupool.testing.fake_kubelet import FakePod
 from gpupool.testing.node_workload import WorkloadPod, generate
+from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import NAMES, fake_pod, running_node
 
 
@@ -30,29 +31,6 @@ def batches(items: list[WorkloadPod], rng: random.Random) -> list[list[WorkloadP
         out.append(items[i:i + n])
         i += n
     return out
-
-
-def check_container_env(pod: WorkloadPod, fake: FakePod, uuids: dict[int, str]) -> int:
-    checked = 0
-    for a in pod.placement.containers:
-        run = fake.runs[a.container]
-        assert not run.conflicts, run.conflicts
-        env = run.envs
-        where = f"{pod.key}/{a.container}"
-        assert env["GPUPOOL_POD"] == f"{pod.key[0]}/{pod.key[1]}", where
-        assert env["GPUPOOL_CONTAINER"] == a.container, where
-        assert env["GPUPOOL_CARD_INDICES"] == ",".join(str(s.card) for s in a.slices), where
-        assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids[s.card] for s in a.slices), where
-        assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == ",".join(str(s.memory_mib) for s in a.slices), where
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(
-            f"{i}={s.memory_mib}M" for i, s in enumerate(a.slices)), where
-        assert env["GPUPOOL_COMPUTE_PERCENT"] == ",".join(str(max(1, s.compute // 10) if s.compute else 0)
-                                                       for s in a.slices), where
-        for s in a.slices:
-            assert f"/dev/nvidia{s.card}" in run.devices, where
-        assert "/dev/nvidiactl" in run.devices and "/dev/nvidia-uvm" in run.devices
-        checked += 1
-    return checked
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -79,7 +57,7 @@ def test_200_pods_random_batches_every_container_exact(seed: int) -> None:
             # Serial admission + newest-pod rule: no tie-breaking was ever needed.
             assert set(node.agent.stats.bases) <= {"unique", "newest"}, node.agent.stats.bases
             for p in pods:
-                raw = node.source.annotation(*p.key, NAMES.annotation("allocated-v1"))
+                raw = node.source.annotation(*p.key, NAMES.allocated)
                 assert raw is not None, p.key
                 served = {c.name: c for c in decode_allocated(raw).containers}
                 for a in p.placement.containers:
@@ -145,7 +123,7 @@ def test_rejected_pods_in_the_same_batch_never_overcommit_and_annotations_tell_t
                     assert fake.phase == "Failed"
                     continue
                 assert fake.phase == "Running", (key, fake.reason)
-                raw = node.source.annotation(*key, NAMES.annotation("allocated-v1"))
+                raw = node.source.annotation(*key, NAMES.allocated)
                 assert raw is not None, key
                 truth = {c.name: c for c in decode_allocated(raw).containers}
                 for a in by_key[key].placement.containers:

@@ -92,10 +92,19 @@ def test_same_snapshot_tie_goes_to_the_later_created_pod() -> None:
 @pytest.mark.parametrize(
     ("p", "size", "fragment"),
     [
-        (pod("a", ("main", False, 8, 0)), 4, "ns/a/main wants 8"),
-        (pod("a", ("main", False, 4, 0), assigned=False), 4, "ns/a has no readable assignment assignment-v1"),
-        (pod("a", ("main", False, 4, 0), node="n2"), 4, "is not assigned cards on n1"),
-        (pod("a", ("main", False, 4, 0), terminated=True), 4, "no listed pod waits for it"),
+        pytest.param(pod("a", ("main", False, 8, 0)), 4, "ns/a/main wants 8", id="wants-more-than-offered"),
+        pytest.param(
+            pod("a", ("main", False, 4, 0), assigned=False), 4, "ns/a has no readable assignment assignment-v1",
+            id="no-readable-assignment",
+        ),
+        pytest.param(
+            pod("a", ("main", False, 4, 0), node="n2"), 4, "is not assigned cards on n1",
+            id="assigned-to-another-node",
+        ),
+        pytest.param(
+            pod("a", ("main", False, 4, 0), terminated=True), 4, "no listed pod waits for it",
+            id="terminated-pod",
+        ),
     ],
 )
 def test_no_match_is_refused_with_what_was_considered(p: PodView, size: int, fragment: str) -> None:

@@ -23,10 +23,12 @@ from gpupool.core.model import (
     Placement,
     Topology,
 )
-from gpupool.kube.translate import node_spec
+from gpupool.kube.translate import node_spec, pod_request
 from gpupool.nodeagent.agent import ServedContainer
 from gpupool.nodeagent.allocated_codec import encode_served, served_resources
 from gpupool.nodeagent.allocation_mapper import ServedRecord
+from gpupool.nodeagent.device_layout import DeviceLayout
+from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.kube_pod_source import node_patch
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.nodeagent.pod_view import pod_view_from_json
@@ -110,9 +112,6 @@ def test_one_gpu_mem_unit_is_one_kubelet_device_of_the_node() -> None:
     a 4 GiB slice had to be written ``gpu-mem: 4096``, which kubelet could only admit with 4,096
     devices of 256 MiB, i.e. 1 TiB.)
     """
-    from gpupool.kube.translate import pod_request
-    from gpupool.nodeagent.device_layout import DeviceLayout
-    from gpupool.nodeagent.gpu_inventory import GpuInventory
 
     card = GpuCard(0, "GPU-aaaa", "T4", 16384)
     inventory = GpuInventory((card,), Topology.flat(1), ("/dev/nvidia0",))

@@ -16,7 +16,7 @@ from gpupool.kube.listwatch import Backoff
 from gpupool.kube.podapi import NotFoundError
 from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
-from gpupool.nodeagent.types import ASSIGNMENT_ANNOTATION, PodView
+from gpupool.nodeagent.types import PodView
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch
 from tests.nodeagent.harness import NAMES
@@ -112,7 +112,7 @@ def test_added_modified_and_deleted_events_reach_the_store_without_reads() -> No
             world.api.bind_pod("default", "p2", "", NODE)  # bound: starts matching the selector
             await eventually(lambda: cached(world) == {"p1", "p2", "p3"})
             rv = world.api.list_pods()[0]["metadata"]["resourceVersion"]
-            world.api.patch_pod_annotations("default", "p1", rv, {NAMES.annotation(ASSIGNMENT_ANNOTATION): "{"})
+            world.api.patch_pod_annotations("default", "p1", rv, {NAMES.assignment: "{"})
             await eventually(lambda: bool((v := world.cache.cached("default", "p1")) and v.assignment_error))
             world.api.delete_pod("default", "p3")
             await eventually(lambda: cached(world) == {"p1", "p2"})

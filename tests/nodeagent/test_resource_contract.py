@@ -25,9 +25,10 @@ from gpupool.core.model import GpuCard, NodeSpec, Placement
 from gpupool.core.state import ClusterState
 from gpupool.kube.translate import pod_request
 from gpupool.nodeagent.device_layout import DeviceLayout
-from gpupool.testing.node_workload import ASSIGNED_AT, fake_gpu_file
+from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+from gpupool.testing.node_workload import ASSIGNED_AT, WorkloadPod, fake_gpu_file
+from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import NAMES, fake_pod, running_node
-from tests.nodeagent.test_allocate_mapping import check_container_env
 
 SERVED_ALIASES = n.alias_family_resources(list(n.ALIAS_FAMILIES))
 SHARED = NAMES.gpu_shared
@@ -94,7 +95,6 @@ def test_kubelet_device_counts_cover_every_booking(seed: int) -> None:
     shapes = [*rng.sample(SHAPES, 6), {SHARED: 2, NAMES.gpu_core: 1}, {NAMES.gpu_mem: 1}]
     _, placed = fill(gpu_file, shapes, rng, tries=600)
     assert len(placed) >= 10
-    from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 
     inventory = FakeGpuBackend.from_dict(gpu_file).inventory()
     layout = DeviceLayout(NAMES)
@@ -143,7 +143,6 @@ def test_two_shared_multi_card_pods_and_aliases_are_admitted_with_their_cards() 
             await k.wait_idle(30)
             fakes = {(p.namespace, p.name): p for p in k.pod_manager.values()}
             assert [(key, p.phase, p.reason) for key, p in fakes.items() if p.phase != "Running"] == []
-            from gpupool.testing.node_workload import WorkloadPod
 
             for pod, placement in placed:
                 wp = WorkloadPod(json=pod, placement=placement)

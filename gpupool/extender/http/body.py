@@ -1,13 +1,13 @@
 """Request bodies read under two caps: one body's size, and the bytes all requests hold at once.
 
-Why: aiohttp's ``request.read()`` buffers a whole body before anything can refuse it, and its own
-cap was 256 MiB; eight concurrent 250 MB bodies took the extender to 2.7 GB (its pod limit is
-2 GiB) and stalled ``/healthz`` for 8 s while they were parsed. Here a body is read chunk by chunk
-and refused (413) as soon as it passes ``max_body_bytes`` (at once when its ``Content-Length``
-says so), and a request that would push the bytes held by all requests in flight past
-``max_in_flight_bytes`` is turned away (503, ``Retry-After``) instead of queued. Memory for bodies
-is therefore bounded whatever the number of connections, and the event loop never parses more
-than one capped body at a time.
+Why: aiohttp's ``request.read()`` buffers a whole body before anything can refuse it, under a cap
+far above one request's real size, so a few concurrent huge bodies can push the extender past its
+pod's memory limit and stall ``/healthz`` while they are parsed (docs/extender.md, "Numbers behind
+the code"). Here a body is read chunk by chunk and refused (413) as soon as it passes
+``max_body_bytes`` (at once when its ``Content-Length`` says so), and a request that would push the
+bytes held by all requests in flight past ``max_in_flight_bytes`` is turned away (503,
+``Retry-After``) instead of queued. Memory for bodies is therefore bounded whatever the number of
+connections, and the event loop never parses more than one capped body at a time.
 
 The default cap (:data:`DEFAULT_MAX_BODY_BYTES`) is sized for the largest request kube-scheduler
 sends with ``nodeCacheCapable: true``:

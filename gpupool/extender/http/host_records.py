@@ -1,12 +1,13 @@
 """Answers that list thousands of nodes, written as one numpy row gather from per-node records.
 
 Why: filter answers ``NodeNames`` and prioritize answers a ``HostPriorityList`` for every node
-kube-scheduler asked about (5,000 in the benchmark), twice per pod. Joining per-host byte strings
-in Python touches 5,000 scattered objects per answer (~1 ms in a server whose caches are full of
-ledger data); here every node's JSON is prepared once per ledger layout in one contiguous table,
-each record padded with spaces to one width, and an answer is ``table[rows]`` plus two digit
-columns (~0.1 ms). JSON allows whitespace between tokens, so a padded record is still exact JSON
-and decodes to the same values (Go's decoder, which kube-scheduler uses, included).
+kube-scheduler asked about (5,000 in the benchmark), twice per pod. Joining per-host byte strings in
+Python touches thousands of scattered objects per answer, slow in a server whose caches are full of
+ledger data; here every node's JSON is prepared once per ledger layout in one contiguous table, each
+record padded with spaces to one width, and an answer is ``table[rows]`` plus two digit columns, an
+order of magnitude faster (docs/extender.md, "Session 4"). JSON allows whitespace between tokens, so
+a padded record is still exact JSON and decodes to the same values (Go's decoder, which
+kube-scheduler uses, included).
 
 A record of the priority table reads ``{"Host":"node-7",  "Score":10},`` (the two score characters
 are `` 0``..``10``); a record of the name table reads ``"node-7"  ,``. The trailing comma of the
@@ -46,7 +47,8 @@ def _table(records: Sequence[bytes], tail: bytes) -> ByteTable:
 
     Built by numpy's fixed-width bytes type, which pads each record with NUL bytes; the NULs then
     become spaces. A record never holds a NUL of its own (orjson writes control characters as
-    ``\\u0000`` escapes). ~3 ms for 5,000 nodes, where a row-by-row copy took ~30 ms.
+    ``\\u0000`` escapes). A row-by-row copy is an order of magnitude slower than this fixed-width
+    build.
     """
     width = max(map(len, records), default=0) + len(tail)
     if not records:

@@ -37,7 +37,6 @@ class DevicePluginManager:
         self.servers = [ResourcePluginServer(r, os.path.join(plugin_dir, socket_name(r, own_domain)), handler)
                         for r in resources]
         self.poll_s = poll_s
-        self.registrations = 0
         self.registered = asyncio.Event()
 
     async def run(self) -> None:
@@ -51,7 +50,6 @@ class DevicePluginManager:
                     for server in self.servers:
                         await register(self.kubelet_socket, os.path.basename(server.socket_path),
                                        server.resource)
-                    self.registrations += 1
                     self.registered.set()
                     log.info("registered %d resources with kubelet", len(self.servers))
                     reason = await wait_for_restart(self.kubelet_socket,

@@ -9,7 +9,6 @@ with the handler's message, which kubelet copies into the pod's admission failur
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -126,11 +125,3 @@ class ResourcePluginServer:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-
-    def socket_exists(self) -> bool:
-        return os.path.exists(self.socket_path)
-
-
-async def serve_forever_guard() -> None:
-    """Sleep forever (used where a task must stay alive until cancelled)."""
-    await asyncio.Event().wait()

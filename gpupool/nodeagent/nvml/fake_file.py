@@ -2,7 +2,7 @@
 
 Why strict: the node agent publishes what this file says as the node's ``inventory-v1``. A file the
 extender's reader refuses (a 31-digit memory, two cards with one uuid, a links matrix of the wrong
-size, ``memoryMiB: 1.5`` read as 1, ``healthy: "false"`` read as true) used to load without a word
+size, ``memoryMiB: 1.5`` read as 1, ``healthy: "false"`` read as true) would load without a word
 and leave the node silently unusable, or advertise billions of kubelet devices. Here the file's own
 shape is checked field by field, and the cards and links then pass
 :func:`gpupool.api.annotations.check_inventory`, the extender's rule, so a file the agent accepts
