@@ -154,9 +154,9 @@ class Binder:
         for attempt in range(1, self.max_attempts + 1):
             if deadline.passed():
                 return self._late(ask, deadline, f"before attempt {attempt}", attempt)
-            # First attempt: the watch's copy saves a GET; if it is stale, the write's preconditions
-            # fail with 409 (the Binding's from v1.23, the PATCH's always) and the next attempt
-            # reads the API.
+            # First attempt: the watch's copy saves a GET. A stale copy gets a 409 from the write
+            # (the PATCH's precondition; the Binding's from v1.23, or because the pod is bound) and
+            # the next attempt reads the API.
             cached = self.cache.pod_object(key) if attempt == 1 else None
             try:
                 pod = cached if cached is not None else self.api.get_pod(ask.namespace, ask.name)

@@ -81,3 +81,17 @@ def test_a_refused_binding_leaves_no_assignment_behind() -> None:
         assert free_mib(cache, "n1") == [16276]
     finally:
         watch.close()
+
+
+def test_a_pod_deleted_before_its_binding_books_nothing() -> None:
+    api, cache, watch = lagging_world()
+    try:
+        created = api.create_pod(pod("p", container(mib=8000)))
+        watch.flush()
+        api.delete_pod("default", "p")  # the cache still has the pod
+        result = Binder(cache, api).bind("default", "p", created["metadata"]["uid"], "n1")
+        assert result.error == "pod default/p no longer exists" and result.attempts == 1
+        assert free_mib(cache, "n1") == [16276]
+        assert cache.in_flight() == 0
+    finally:
+        watch.close()
