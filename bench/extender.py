@@ -16,12 +16,16 @@ connection); ``filter_prioritize_p99_ms_scraped`` is that run's round-trip p99 a
 ``scrape_render_ms`` come from scraping the same ledger in this process before the server starts:
 the longest hold of the ledger lock during a scrape, and the whole scrape.
 
-Binds: ``--binds`` pods bound by 8 threads (the extender's bind pool). Against the real apiserver
-from ``gpupool testenv`` when it is available (``--apiserver auto``), else against the in-process
-:class:`FakePodApi`; the output says which. Every recorded assignment is checked afterwards: a card
-booked beyond its memory is reported as ``double_booked``.
+Binds: ``--binds`` pods bound by ``--bind-threads`` threads (8: the extender's bind pool), see
+bench/extender_binds.py. Against the real apiserver from ``gpupool testenv`` (``--apiserver
+real``; ``auto`` uses it when its binaries are built and warns on stderr when it falls back to the
+in-process :class:`FakePodApi`); the table and the JSON say which (``"apiserver": "real"|"fake"``).
+``--bind-writes 2`` measures the two-write bind (PATCH, then Binding) instead of the Binding that
+carries the assignment. Every recorded assignment is checked afterwards: a card booked beyond its
+memory is reported as ``double_booked_cards``.
 
     python3 bench/extender.py --nodes 5000 --gpus-per-node 8 --json
+    python3 bench/extender.py --binds-only --apiserver real --binds 2000 --json
 
 The cluster is built by bench/extender_cluster.py, the HTTP measurements are bench/extender_latency.py.
 """
@@ -33,21 +37,15 @@ import json
 import random
 import statistics
 import sys
-import time
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.extender_cluster import CARD_MIB, SHAPES, build_cache, node_json, pod_json
+from bench.extender_binds import APISERVER_MODES, binds
+from bench.extender_cluster import build_cache
 from bench.extender_latency import latency, scrape_cost
-from gpupool.api.annotations import decode_assignment
-from gpupool.extender.binder import Binder
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gc_freeze import freeze_long_lived
-from gpupool.testing.fake_api import FakePodApi
 
 
 def cpu_times() -> list[int] | None:
@@ -77,99 +75,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def real_apiserver() -> tuple[Any, Any] | None:
-    """A control plane from gpupool testenv, or None when it is not available here."""
-    try:
-        from gpupool.testenv.build import build_impossible_reason
-        from gpupool.testenv.controlplane import start_control_plane
-        from gpupool.testenv.paths import Binaries, bin_dir
-    except ImportError:
-        return None
-    import shutil
-
-    if build_impossible_reason() is not None:
-        return None
-    etcd = shutil.which("etcd")
-    binaries = Binaries.in_dir(bin_dir(), Path(etcd)) if etcd else None
-    if binaries is None or binaries.missing():
-        return None
-    plane = start_control_plane(binaries, with_scheduler=False)
-    from kubernetes import client
-
-    from gpupool.kube.client_config import api_configuration
-
-    configuration = api_configuration(str(plane.kubeconfig))  # as the extender loads it
-    configuration.connection_pool_maxsize = 32
-    return plane, client.CoreV1Api(client.ApiClient(configuration))
-
-
-def binds(count: int, nodes: int, cards: int, mode: str, rng: random.Random) -> dict[str, Any]:
-    plane = None
-    core = None
-    if mode in ("auto", "real"):
-        found = real_apiserver()
-        if found is None and mode == "real":
-            raise SystemExit("no gpupool testenv apiserver available")
-        if found is not None:
-            plane, core = found
-    names = [f"bind-node-{i}" for i in range(nodes)]
-    cache = ClusterCache(policy="gpupool")
-    cache.replace_nodes(node_json(n, cards) for n in names)
-    cache.replace_pods([])
-    try:
-        if core is not None:
-            from gpupool.kube.podapi import KubePodApi
-
-            api: Any = KubePodApi(core)
-            for n in names:
-                core.create_node(node_json(n, cards))
-            for i in range(count):
-                core.create_namespaced_pod("default", pod_json(f"b{i}", rng.choice(SHAPES[:5])))
-            listed = json.loads(core.list_namespaced_pod("default", _preload_content=False).data)["items"]
-            cache.replace_pods(listed)  # what the extender's watch would have delivered
-            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in listed}
-            against = "real kube-apiserver v1.20.2 (gpupool testenv)"
-        else:
-            api = FakePodApi()
-            for i in range(count):
-                api.create_pod(pod_json(f"b{i}", rng.choice(SHAPES[:5])))
-            cache.replace_pods(api.list_pods())
-            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list_pods()}
-            api.listeners.append(lambda kind, p: cache.upsert_pod(p))
-            against = "in-process FakePodApi"
-        binder = Binder(cache, api)
-        targets = [names[rng.randrange(nodes)] for _ in range(count)]
-        started = time.perf_counter()
-        with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda i: binder.bind("default", f"b{i}", uids[f"b{i}"], targets[i]), range(count)))
-        seconds = time.perf_counter() - started
-        pods = (
-            [core.read_namespaced_pod(f"b{i}", "default").to_dict() for i in range(count)]
-            if core
-            else api.list_pods()
-        )
-        used: dict[tuple[str, int], int] = defaultdict(int)
-        for p in pods:
-            meta = p.get("metadata") or {}
-            text = (meta.get("annotations") or {}).get("gpupool.io/assignment-v1")
-            if text:
-                a = decode_assignment(text)
-                for c in a.containers:
-                    for ref in c.cards:
-                        used[(a.node, ref.index)] += ref.memory_mib
-        ok = sum(1 for r in results if r.ok)
-        return {
-            "binds_per_s": round(count / seconds, 1),
-            "binds_ok": ok,
-            "binds_refused": count - ok,
-            "double_booked_cards": sum(1 for v in used.values() if v > CARD_MIB),
-            "binds_against": against,
-        }
-    finally:
-        if plane is not None:
-            plane.stop()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,13 +87,20 @@ def main() -> None:
     )
     parser.add_argument("--binds", type=int, default=400)
     parser.add_argument("--bind-nodes", type=int, default=50)
-    parser.add_argument("--apiserver", choices=["auto", "real", "fake"], default="auto")
+    parser.add_argument("--bind-threads", type=int, default=8)
+    parser.add_argument("--bind-writes", type=int, choices=[1, 2], default=1,
+                        help="1: the Binding carries the assignment; 2: PATCH the assignment, then bind")
+    parser.add_argument("--binds-only", action="store_true", help="measure the binds only")
+    parser.add_argument("--apiserver", choices=APISERVER_MODES, default="auto")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds between /metrics scrapes in the second run of samples; 0: no such run")
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
+    if opts.binds_only:
+        report_binds(opts, rng)
+        return
     timings: dict[str, float] = {}
     cache, names = build_cache(opts.nodes, opts.gpus_per_node, opts.fill, rng, timings)
     freeze_long_lived()  # as the extender does once its cache has synced (gpupool/extender/gc_freeze.py)
@@ -197,7 +109,8 @@ def main() -> None:
     runs = latency(cache, names, opts.samples, rng, opts.scrape_interval)
     stolen = steal_share(counters, cpu_times())
     samples, server, scraped, scrapes = runs.round_trip, runs.server, runs.round_trip_scraped, runs.scrapes
-    bind_stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng)
+    bind_stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng,
+                       threads=opts.bind_threads, one_write=opts.bind_writes == 1)
     result = {
         "filter_prioritize_p50_ms": round(statistics.median(samples), 2),
         "filter_prioritize_p99_ms": round(pct(samples, 99), 2),
@@ -235,16 +148,37 @@ def main() -> None:
          f"{result['scrapes']}, {result['scrape_p50_ms']} / {result['scrape_max_ms']}"),
         ("one scrape in process: lock held / whole (ms), bytes",
          f"{result['scrape_lock_hold_ms']} / {result['scrape_render_ms']}, {result['scrape_bytes']}"),
-        ("binds against", bind_stats["binds_against"]),
-        ("binds/s (8 threads)", f"{bind_stats['binds_per_s']:.1f}"),
-        ("binds ok / refused", f"{bind_stats['binds_ok']} / {bind_stats['binds_refused']}"),
-        ("double-booked cards", str(bind_stats["double_booked_cards"])),
+        *bind_rows(bind_stats),
     ]
+    print_table(rows)
+    if opts.json:
+        print(json.dumps({**result, **{k: v for k, v in bind_stats.items() if k != "binds_per_s"}}))
+
+
+def bind_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        ("apiserver (binds against)", f"{stats['apiserver']}: {stats['binds_against']}"),
+        (f"binds/s ({stats['bind_threads']} threads, {stats['bind_writes']} write(s) per bind)",
+         f"{stats['binds_per_s']:.1f}"),
+        ("binds ok / refused", f"{stats['binds_ok']} / {stats['binds_refused']}"),
+        ("double-booked cards", str(stats["double_booked_cards"])),
+        ("CPU s during the binds", ", ".join(f"{k} {v}" for k, v in stats["bind_cpu_s"].items())),
+        ("load average (1 min) after the binds", str(stats["load_average_1m"])),
+    ]
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def report_binds(opts: argparse.Namespace, rng: random.Random) -> None:
+    stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng,
+                  threads=opts.bind_threads, one_write=opts.bind_writes == 1)
+    print_table(bind_rows(stats))
     if opts.json:
-        print(json.dumps({**result, **{k: v for k, v in bind_stats.items() if k != "binds_per_s"}}))
+        print(json.dumps(stats))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,17 @@ succeed):
 3. The cards are chosen *and booked* in the cache's ledger under one lock
    (:meth:`ClusterCache.reserve`), before anything is written. A second bind in this process sees
    the booking and either takes other cards or fails with the core's reason.
-4. The assignment annotation is written with the pod's resourceVersion as a precondition. If
-   anything changed the pod since we read it (another replica annotating it, a retry of the same
-   bind), the API answers 409: the reservation is rolled back, the pod is read again and the
-   decision re-evaluated from scratch.
-5. Only then is the Binding posted; the API refuses to bind an already-bound pod (409).
+4. One write records the cards and binds: the Binding carries the assignment annotation, which
+   the apiserver merges into the pod in the same write that sets its node, and refuses (409) for
+   a pod that is bound already. So a pod is never bound without its assignment, nor annotated
+   without being bound, and of two writers of one pod (another replica, a retry of the same bind)
+   exactly one succeeds; the other's reservation is rolled back, the pod is read again and the
+   decision re-evaluated from scratch. The Binding also names the pod's uid and the
+   resourceVersion read, preconditions that apiservers from v1.23 check (409 for a pod replaced
+   or changed since); v1.20-v1.22 ignore them (see docs/extender.md, "Bind").
+5. ``annotate_in_binding=False`` keeps the two writes for apiservers that drop a Binding's
+   annotations: the annotation is PATCHed with the resourceVersion as a precondition (409 when the
+   pod changed since it was read), and only then is the Binding posted.
 6. Any failure rolls the reservation back; success pins it until the watch has caught up. A write
    without an answer (timeout) may have been applied, so its cards stay booked instead.
 7. A bind has a deadline across its attempts: the apiserver can stall each call for its whole
@@ -95,8 +101,10 @@ class Binder:
 
     def __init__(self, cache: ClusterCache, api: PodApi, *, max_attempts: int = 4,
                  deadline_s: float = DEFAULT_DEADLINE_S, clock: Callable[[], dt.datetime] = now_utc,
-                 timer: Callable[[], float] = time.monotonic, fence: BindFence | None = None) -> None:
+                 timer: Callable[[], float] = time.monotonic, fence: BindFence | None = None,
+                 annotate_in_binding: bool = True) -> None:
         self.cache = cache
+        self.annotate_in_binding = annotate_in_binding
         self.api = api
         self.max_attempts = max_attempts
         self.deadline_s = deadline_s
@@ -146,8 +154,9 @@ class Binder:
         for attempt in range(1, self.max_attempts + 1):
             if deadline.passed():
                 return self._late(ask, deadline, f"before attempt {attempt}", attempt)
-            # First attempt: the watch's copy saves a GET; if it is stale, the resourceVersion
-            # precondition on the patch fails with 409 and the next attempt reads the API.
+            # First attempt: the watch's copy saves a GET. A stale copy gets a 409 from the write
+            # (the PATCH's precondition; the Binding's from v1.23, or because the pod is bound) and
+            # the next attempt reads the API.
             cached = self.cache.pod_object(key) if attempt == 1 else None
             try:
                 pod = cached if cached is not None else self.api.get_pod(ask.namespace, ask.name)
@@ -184,6 +193,13 @@ class Binder:
                 self.cache.rollback(key)
                 log.warning("bind %s: leadership ended during the bind; nothing written", key)
                 return BindResult(LOST_DURING_BIND, attempts=attempt)
+            if self.annotate_in_binding:
+                try:
+                    return self._bind_with_assignment(ask, decision, assignment, meta, attempt)
+                except ConflictError as exc:
+                    last_conflict = str(exc)
+                    log.info("bind %s: pod bound or changed meanwhile (attempt %d), re-evaluating", key, attempt)
+                    continue
             try:
                 patched = self.api.patch_pod_annotations(
                     ask.namespace, ask.name, str(meta.get("resourceVersion") or ""),
@@ -212,6 +228,31 @@ class Binder:
                 last_conflict = str(exc)
         return BindResult(f"pod {key}: gave up after {self.max_attempts} conflicting updates "
                           f"({last_conflict})", attempts=self.max_attempts)
+
+    def _bind_with_assignment(self, ask: _Ask, placement: Placement, assignment: Assignment,
+                              meta: dict[str, Any], attempt: int) -> BindResult:
+        """POST the Binding that carries the assignment; a 409 is rolled back and raised again."""
+        try:
+            self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node,
+                              annotations={self.cache.names.assignment: encode_assignment(assignment)},
+                              resource_version=str(meta.get("resourceVersion") or ""))
+        except ConflictError:
+            self.cache.rollback(ask.key)
+            raise
+        except NoAnswerError as exc:
+            # The pod may be bound with its assignment now: keep the cards booked until the watch
+            # shows whether it was (or the pin runs out).
+            self.cache.commit(ask.key, assignment)
+            return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
+                              f"watch shows whether it was bound): {exc}", attempts=attempt)
+        except NotFoundError:
+            self.cache.rollback(ask.key)
+            return BindResult(f"pod {ask.key} no longer exists", attempts=attempt)
+        except ApiError as exc:
+            self.cache.rollback(ask.key)
+            return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
+        self.cache.commit(ask.key, assignment)  # bound: a success even past the deadline
+        return BindResult(placement=placement, attempts=attempt)
 
     def _post_binding(self, ask: _Ask, placement: Placement, assignment: Assignment,
                       patched: dict[str, Any], attempt: int) -> BindResult:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 EVENT_SOURCE = "gpupool-extender"
@@ -52,8 +52,16 @@ class PodApi(Protocol):
         concurrency that stops two writers from both believing they annotated the same version.
         """
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the Binding; :class:`ConflictError` if the pod is already bound or was replaced."""
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, *,
+                 annotations: Mapping[str, str] | None = None, resource_version: str = "") -> None:
+        """POST the Binding; :class:`ConflictError` if the pod is already bound or was replaced.
+
+        ``annotations`` travel in the Binding's own metadata: the apiserver merges them into the
+        pod in the same write that sets its node (``setPodHostAndAnnotations``), so a pod is never
+        bound without them, nor annotated without being bound. ``uid`` and ``resource_version``
+        are sent as preconditions; apiservers from v1.23 honour both (409 when the pod was
+        replaced or changed), v1.20-v1.22 ignore them and refuse only an already bound pod.
+        """
 
     def create_pod_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         """Record a Warning Event about the pod (``kubectl describe pod`` shows it)."""
@@ -90,6 +98,21 @@ def pod_event(namespace: str, name: str, uid: str, reason: str, message: str,
             "count": 1}
 
 
+def binding_body(namespace: str, name: str, uid: str, node: str,
+                 annotations: Mapping[str, str] | None = None, resource_version: str = "") -> dict[str, Any]:
+    """A core/v1 Binding as JSON: the pod (with its uid and version as preconditions), the node and
+    the annotations the apiserver merges into the pod as it binds it."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
 def _no_answer(exc: Exception, what: str) -> NoAnswerError:
     return NoAnswerError(f"{what}: no answer: {type(exc).__name__}: {exc}")
 
@@ -97,9 +120,10 @@ def _no_answer(exc: Exception, what: str) -> NoAnswerError:
 class KubePodApi:
     """:class:`PodApi` over ``kubernetes.client.CoreV1Api``.
 
-    ``patch_timeout_s`` bounds the assignment write separately: a leader's write must be over
-    before another replica may take the Lease (:attr:`LeaseSettings.commit_timeout_s`), so it gets
-    a shorter timeout than the reads and the Binding.
+    ``patch_timeout_s`` bounds the assignment write separately (the PATCH, or the Binding that
+    carries the assignment): a leader's write must be over before another replica may take the
+    Lease (:attr:`LeaseSettings.commit_timeout_s`), so it gets a shorter timeout than the reads and
+    a Binding without annotations.
     """
 
     def __init__(self, core_v1: Any, request_timeout_s: float = 10.0,
@@ -136,14 +160,14 @@ class KubePodApi:
         result: dict[str, Any] = json.loads(resp.data)
         return result
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        from kubernetes.client import V1Binding, V1ObjectMeta, V1ObjectReference
-
-        body = V1Binding(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
-                         target=V1ObjectReference(api_version="v1", kind="Node", name=node))
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, *,
+                 annotations: Mapping[str, str] | None = None, resource_version: str = "") -> None:
+        body = binding_body(namespace, name, uid, node, annotations, resource_version)
+        # A Binding that carries the assignment is the assignment write: it gets the commit timeout.
+        timeout = self.patch_timeout if annotations else self.timeout
         # Raw response: older clients fail to deserialise the Binding the server echoes back.
         resp = self._call(f"POST binding {namespace}/{name} → {node}", lambda: self.core.create_namespaced_pod_binding(
-            name, namespace, body, _preload_content=False, _request_timeout=self.timeout))
+            name, namespace, body, _preload_content=False, _request_timeout=timeout))
         # Drain the (small) answer: urllib3 returns a connection to its pool only once the body has
         # been read. Unread, every bind leaves its TLS connection to the garbage collector and the
         # next call pays a new TCP + TLS handshake.

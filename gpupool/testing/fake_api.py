@@ -1,8 +1,9 @@
 """An in-process stand-in for the apiserver's pod endpoints, faithful where binding safety depends on it.
 
 It keeps one global resourceVersion counter like etcd, refuses a patch whose resourceVersion
-precondition is stale (409), refuses to bind a pod that is already bound or whose uid differs
-(409), and tells subscribers about every change (the way a watch would), optionally late. Tests use
+precondition is stale (409), refuses to bind a pod that is already bound or whose uid or
+resourceVersion differs (409; as apiservers from v1.23 do), merges a Binding's annotations into
+the pod as it binds it, and tells subscribers about every change (the way a watch would), optionally late. Tests use
 it to prove the race rules; ``bench/extender.py`` uses it when no real apiserver is available.
 
 Every change is also kept in an event history (what etcd keeps until it compacts), which
@@ -15,7 +16,7 @@ import copy
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpupool.kube.podapi import ConflictError, NotFoundError, pod_event
@@ -42,7 +43,8 @@ class FakePodApi:
         self.calls: list[str] = []
         self.events: list[dict[str, Any]] = []
         """Events created about pods (core/v1 Event JSON), oldest first."""
-        #: Inject conflicts: the next N patches fail with 409 after ``before_conflict`` runs.
+        #: Inject conflicts: the next N assignment writes (a patch, or a Binding that carries
+        #: annotations) fail with 409 after ``before_conflict`` runs.
         self.conflicts_to_inject = 0
         self.before_conflict: Callable[[str, str], None] | None = None
 
@@ -151,6 +153,16 @@ class FakePodApi:
             result = copy.deepcopy(pod)
         self._notify("MODIFIED", result)
 
+    def _injected_conflict(self, namespace: str, name: str) -> bool:
+        """Whether this write is one of the injected conflicts (``before_conflict`` has run then)."""
+        with self._lock:
+            inject = self.conflicts_to_inject > 0
+            if inject:
+                self.conflicts_to_inject -= 1
+        if inject and self.before_conflict is not None:
+            self.before_conflict(namespace, name)
+        return inject
+
     # --------------------------------------------------------------------------------- PodApi
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         self._sleep()
@@ -164,13 +176,7 @@ class FakePodApi:
     def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
                               annotations: dict[str, str | None]) -> dict[str, Any]:
         self._sleep()
-        inject = False
-        with self._lock:
-            if self.conflicts_to_inject > 0:
-                self.conflicts_to_inject -= 1
-                inject = True
-        if inject and self.before_conflict is not None:
-            self.before_conflict(namespace, name)
+        inject = self._injected_conflict(namespace, name)
         with self._lock:
             self.calls.append(f"patch {namespace}/{name}")
             pod = self._pods.get((namespace, name))
@@ -190,19 +196,30 @@ class FakePodApi:
         self._notify("MODIFIED", result)
         return result
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, *,
+                 annotations: Mapping[str, str] | None = None, resource_version: str = "") -> None:
+        """Bind as an apiserver from v1.23 does: the uid and resourceVersion preconditions are
+        checked (v1.20 ignores them), and the Binding's annotations are merged in the same write."""
         self._sleep()
+        inject = self._injected_conflict(namespace, name) if annotations else False
         with self._lock:
             self.calls.append(f"bind {namespace}/{name} {node}")
             pod = self._pods.get((namespace, name))
             if pod is None:
                 raise NotFoundError(f"pod {namespace}/{name} not found", 404)
+            if inject:
+                raise ConflictError(f"Operation cannot be fulfilled on pods/binding \"{name}\": injected", 409)
             if uid and pod["metadata"]["uid"] != uid:
                 raise ConflictError(f"pod {namespace}/{name}: uid changed", 409)
+            if resource_version and pod["metadata"]["resourceVersion"] != resource_version:
+                raise ConflictError(f"Operation cannot be fulfilled on pods/binding \"{name}\": the object "
+                                    "has been modified; please apply your changes to the latest version", 409)
             if pod["spec"].get("nodeName"):
                 bound = pod["spec"]["nodeName"]
                 raise ConflictError(f"pod {name} is already assigned to node \"{bound}\"", 409)
             pod["spec"]["nodeName"] = node
+            if annotations:
+                pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             result = copy.deepcopy(pod)
         self._notify("MODIFIED", result)

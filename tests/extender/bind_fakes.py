@@ -51,6 +51,8 @@ class StallingApi:
         self.api = api
         self._holds: dict[tuple[str, str], list[Hold]] = {}
         self._lock = threading.Lock()
+        self.bound: list[str] = []
+        """Names of the pods whose Binding the API accepted, in order (a refused one is not here)."""
 
     def hold(self, verb: str, name: str, seconds: float | None = None) -> Hold:
         """Stall the next ``verb`` call for pod ``name`` (queued after earlier holds of the same call)."""
@@ -75,9 +77,11 @@ class StallingApi:
         self._stall("patch", name)
         return self.api.patch_pod_annotations(namespace, name, resource_version, annotations)
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, **binding: Any) -> None:
         self._stall("bind", name)
-        self.api.bind_pod(namespace, name, uid, node)
+        self.api.bind_pod(namespace, name, uid, node, **binding)
+        with self._lock:
+            self.bound.append(name)
 
 
 class LaggingWatch:

@@ -17,7 +17,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.kube.podapi import NoAnswerError
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.bind_fakes import LaggingWatch
-from tests.extender.binder_world import ASSIGNMENT, free_mib, world
+from tests.extender.binder_world import ASSIGNMENT, WRITES, free_mib, world
 from tests.kube.builders import container, node, pod
 
 DEADLINE_S = 8.0
@@ -50,9 +50,11 @@ class ClockedApi:
         finally:
             self._took("patch")
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node_name: str) -> None:
-        self.api.bind_pod(namespace, name, uid, node_name)
-        self._took("bind")
+    def bind_pod(self, namespace: str, name: str, uid: str, node_name: str, **binding: Any) -> None:
+        try:
+            self.api.bind_pod(namespace, name, uid, node_name, **binding)
+        finally:
+            self._took("bind")
 
 
 @dataclass(frozen=True)
@@ -64,25 +66,31 @@ class Expected:
 
 
 @pytest.mark.parametrize(
-    ("slow", "conflicts", "expected"),
+    ("one_write", "slow", "conflicts", "expected"),
     [
-        pytest.param("patch", 0, Expected("deadline while its assignment was written", 1, 0, False),
+        pytest.param(False, "patch", 0, Expected("deadline while its assignment was written", 1, 0, False),
                      id="assignment-answered-late"),
-        pytest.param("patch", 1, Expected("deadline before attempt 2", 1, 0, False),
+        pytest.param(False, "patch", 1, Expected("deadline before attempt 2", 1, 0, False),
                      id="conflict-answered-late"),
-        pytest.param("get", 1, Expected("deadline while the pod was read", 1, 0, False),
+        pytest.param(False, "get", 1, Expected("deadline while the pod was read", 1, 0, False),
                      id="read-after-a-conflict-late"),
-        pytest.param("bind", 0, Expected("", 0, 1, True), id="binding-answered-late-is-bound"),
+        pytest.param(False, "bind", 0, Expected("", 0, 1, True), id="binding-answered-late-is-bound"),
+        # The Binding carries the assignment; ``bindings`` counts the Bindings sent, refused or not.
+        pytest.param(True, "bind", 0, Expected("", 0, 1, True), id="one-write-answered-late-is-bound"),
+        pytest.param(True, "bind", 1, Expected("deadline before attempt 2", 1, 1, False),
+                     id="one-write-conflict-answered-late"),
+        pytest.param(True, "get", 1, Expected("deadline while the pod was read", 1, 1, False),
+                     id="one-write-read-after-a-conflict-late"),
     ],
 )
-def test_a_bind_past_its_deadline_says_so_and_rolls_back_once(slow: str, conflicts: int,
+def test_a_bind_past_its_deadline_says_so_and_rolls_back_once(one_write: bool, slow: str, conflicts: int,
                                                               expected: Expected) -> None:
     api, cache, _ = world([node("n1", [16276])])
     api.create_pod(pod("p", container(mib=10000)))
     api.conflicts_to_inject = conflicts
     api.before_conflict = lambda namespace, name: api.touch_pod(namespace, name)
     clocked = ClockedApi(api, slow)
-    binder = Binder(cache, clocked, deadline_s=DEADLINE_S, timer=lambda: clocked.now)
+    binder = Binder(cache, clocked, deadline_s=DEADLINE_S, timer=lambda: clocked.now, annotate_in_binding=one_write)
     rollbacks: list[str] = []
     rollback = cache.rollback
 
@@ -96,11 +104,13 @@ def test_a_bind_past_its_deadline_says_so_and_rolls_back_once(slow: str, conflic
     assert len(rollbacks) == expected.rollbacks
     assert sum(1 for call in api.calls if call.startswith("bind ")) == expected.bindings
     assert (ASSIGNMENT in api.get_pod("default", "p")["metadata"]["annotations"]) == expected.annotated
+    assert bool(api.get_pod("default", "p")["spec"].get("nodeName")) == expected.annotated
     assert cache.in_flight() == 0
     assert free_mib(cache, "n1") == [16276 - 10000 if expected.annotated else 16276]
 
 
-def test_a_binding_without_answer_keeps_the_cards_booked() -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_binding_without_answer_keeps_the_cards_booked(one_write: bool) -> None:
     """The Binding reached the apiserver but its answer did not come back: until the watch shows the
     pod bound, freeing its cards would let the next bind give them away a second time."""
     api = FakePodApi()
@@ -114,12 +124,12 @@ def test_a_binding_without_answer_keeps_the_cards_booked() -> None:
         watch.flush()
         post_binding = api.bind_pod
 
-        def applied_without_answer(namespace: str, name: str, uid: str, node_name: str) -> None:
-            post_binding(namespace, name, uid, node_name)
+        def applied_without_answer(namespace: str, name: str, uid: str, node_name: str, **binding: Any) -> None:
+            post_binding(namespace, name, uid, node_name, **binding)
             raise NoAnswerError(f"POST binding {namespace}/{name}: no answer: ReadTimeoutError")
 
         api.bind_pod = applied_without_answer  # type: ignore[method-assign]
-        binder = Binder(cache, api)
+        binder = Binder(cache, api, annotate_in_binding=one_write)
         result = binder.bind("default", "p", "uid-default-p", "n1")
         assert "stay booked" in result.error
         assert cache.in_flight() == 0

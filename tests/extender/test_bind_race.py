@@ -20,7 +20,7 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.bind_fakes import BindInThread, LaggingWatch, StallingApi
-from tests.extender.binder_world import free_mib, usage_from_annotations
+from tests.extender.binder_world import WRITES, free_mib, usage_from_annotations
 from tests.kube.builders import container, node, pod
 
 CARD_MIB = 16276
@@ -45,7 +45,13 @@ class RaceWorld:
         return self.api.create_pod(pod(name, container(mib=POD_MIB)))
 
     def bindings_of(self, name: str) -> int:
-        return sum(1 for call in self.api.calls if call.startswith(f"bind default/{name} "))
+        """Bindings of ``name`` the API accepted."""
+        return self.stalls.bound.count(name)
+
+    @property
+    def assignment_write(self) -> str:
+        """The verb of the call that writes the assignment (a stall there holds the bind mid-write)."""
+        return "bind" if self.binder.annotate_in_binding else "patch"
 
 
 WorldFactory = Callable[..., RaceWorld]
@@ -53,11 +59,11 @@ WorldFactory = Callable[..., RaceWorld]
 
 @contextmanager
 def race_worlds() -> Iterator[WorldFactory]:
-    """Make worlds (``make(lag_s, latency_s=0.0)``): one card of ``CARD_MIB`` on node ``n1``; the
-    watches are stopped on exit."""
+    """Make worlds (``make(lag_s, latency_s=0.0, one_write=True)``): one card of ``CARD_MIB`` on
+    node ``n1``; the watches are stopped on exit."""
     watches: list[LaggingWatch] = []
 
-    def make(lag_s: float, latency_s: float = 0.0) -> RaceWorld:
+    def make(lag_s: float, latency_s: float = 0.0, one_write: bool = True) -> RaceWorld:
         api = FakePodApi(latency_s=latency_s)
         cache = ClusterCache(policy="binpack")
         cache.replace_nodes([node("n1", [CARD_MIB])])
@@ -65,7 +71,7 @@ def race_worlds() -> Iterator[WorldFactory]:
         stalls = StallingApi(api)
         watch = LaggingWatch(api, cache, lag_s)
         watches.append(watch)
-        return RaceWorld(api, stalls, cache, Binder(cache, stalls), watch)
+        return RaceWorld(api, stalls, cache, Binder(cache, stalls, annotate_in_binding=one_write), watch)
 
     try:
         yield make
@@ -112,10 +118,11 @@ def test_a_resent_bind_waits_for_the_first_and_no_third_pod_lands_on_its_card(ra
     assert_one_pod_on_the_card(world)
 
 
-def test_a_bind_resent_after_the_first_finished_books_nothing_twice(race_world: WorldFactory) -> None:
-    """The watch has not shown the first bind yet: the re-sent bind reads the pod, finds it bound
-    to the node it asks for and succeeds; the card stays taken throughout."""
-    world = race_world(WATCH_BEHIND_S)
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_bind_resent_after_the_first_finished_books_nothing_twice(race_world: WorldFactory, one_write: bool) -> None:
+    """The watch has not shown the first bind yet: the re-sent bind's write is refused (409), it
+    reads the pod, finds it bound to the node it asks for and succeeds; the card stays taken."""
+    world = race_world(WATCH_BEHIND_S, one_write=one_write)
     p, q = world.create("p"), world.create("q")
     world.watch.flush()
     first = world.binder.bind("default", "p", p["metadata"]["uid"], "n1")
@@ -127,12 +134,13 @@ def test_a_bind_resent_after_the_first_finished_books_nothing_twice(race_world: 
     assert_one_pod_on_the_card(world)
 
 
-def test_a_resent_bind_to_another_node_waits_and_is_refused(race_world: WorldFactory) -> None:
-    world = race_world(WATCH_BEHIND_S)
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_resent_bind_to_another_node_waits_and_is_refused(race_world: WorldFactory, one_write: bool) -> None:
+    world = race_world(WATCH_BEHIND_S, one_write=one_write)
     world.cache.upsert_node(node("n2", [CARD_MIB]))
     p = world.create("p")
     world.watch.flush()
-    first_patch = world.stalls.hold("patch", "p")
+    first_patch = world.stalls.hold(world.assignment_write, "p")
     first = BindInThread(world.binder, p, "n1")
     assert first_patch.entered.wait(5)
     elsewhere = BindInThread(world.binder, p, "n2")
@@ -146,13 +154,14 @@ def test_a_resent_bind_to_another_node_waits_and_is_refused(race_world: WorldFac
     assert free_mib(world.cache, "n2") == [CARD_MIB]
 
 
-def test_a_resent_bind_waits_no_longer_than_its_deadline(race_world: WorldFactory) -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_resent_bind_waits_no_longer_than_its_deadline(race_world: WorldFactory, one_write: bool) -> None:
     """The first bind hangs on its write: the re-sent one answers an error once its own deadline has
     passed, having written and booked nothing; the first then completes."""
-    world = race_world(WATCH_BEHIND_S)
+    world = race_world(WATCH_BEHIND_S, one_write=one_write)
     p = world.create("p")
     world.watch.flush()
-    first_patch = world.stalls.hold("patch", "p")
+    first_patch = world.stalls.hold(world.assignment_write, "p")
     first = BindInThread(world.binder, p, "n1")
     assert first_patch.entered.wait(5)
     world.binder.deadline_s = 0.2  # for binds that start from now on
@@ -182,11 +191,11 @@ class RoundOutcome:
     over_committed: bool
 
 
-def race_round(make: WorldFactory, lag_s: float) -> RoundOutcome:
+def race_round(make: WorldFactory, lag_s: float, one_write: bool = True) -> RoundOutcome:
     """One round of the reliability probe: a bind of ``p`` whose Binding hangs, the same bind sent
     again shortly after (its read of the pod hangs too), and a third pod ``q`` tried on the same
     card again and again while both are in flight; the watch runs ``lag_s`` behind the API."""
-    world = make(lag_s, latency_s=0.001)
+    world = make(lag_s, latency_s=0.001, one_write=one_write)
     p, q = world.create("p"), world.create("q")
     world.watch.flush()
     world.stalls.hold("bind", "p", FIRST_BINDING_STALL_S)
@@ -211,9 +220,11 @@ def race_round(make: WorldFactory, lag_s: float) -> RoundOutcome:
 
 @pytest.mark.parametrize("lag_s", [pytest.param(0.05, id="watch-50ms-behind"),
                                    pytest.param(0.2, id="watch-200ms-behind")])
-def test_no_third_pod_lands_while_two_binds_of_one_pod_are_in_flight(race_world: WorldFactory, lag_s: float) -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_no_third_pod_lands_while_two_binds_of_one_pod_are_in_flight(race_world: WorldFactory, lag_s: float,
+                                                                     one_write: bool) -> None:
     for _ in range(RACE_ROUNDS):
-        outcome = race_round(race_world, lag_s)
+        outcome = race_round(race_world, lag_s, one_write)
         assert outcome == RoundOutcome(third_pod_bound=False, first_pod_bound=True, over_committed=False)
 
 

@@ -13,16 +13,19 @@ from gpupool.api.annotations import decode_assignment
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.kube.podapi import ApiError, NoAnswerError
-from tests.extender.binder_world import ASSIGNMENT, free_mib, usage_from_annotations, world
+from tests.extender.binder_world import ASSIGNMENT, WRITES, free_mib, usage_from_annotations, world
 from tests.kube.builders import container, node, placed_pod, pod
 
 
-def test_bind_records_the_exact_cards_then_binds() -> None:
-    api, cache, binder = world([node("n1", [16276, 16276])])
+@pytest.mark.parametrize("one_write", WRITES)
+def test_bind_records_the_exact_cards_then_binds(one_write: bool) -> None:
+    api, cache, binder = world([node("n1", [16276, 16276])], one_write=one_write)
     api.create_pod(pod("p", container(mib=8138)))
     result = binder.bind("default", "p", "uid-default-p", "n1")
     assert result.ok, result.error
-    assert api.calls == ["patch default/p", "bind default/p n1"]  # the watch's copy saved the GET
+    # The watch's copy saved the GET; the Binding carries the assignment where it can.
+    writes = ["bind default/p n1"] if one_write else ["patch default/p", "bind default/p n1"]
+    assert api.calls == writes
     stored = api.get_pod("default", "p")
     assert stored["spec"]["nodeName"] == "n1"
     assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT])
@@ -45,8 +48,9 @@ def test_binpack_picks_the_tightest_card() -> None:
     assert free_mib(cache, "n1") == [12207, 0, 4069, 16276]
 
 
-def test_two_binds_for_the_last_slice_exactly_one_wins() -> None:
-    api, cache, binder = world([node("n1", [16276])], latency=0.005)
+@pytest.mark.parametrize("one_write", WRITES)
+def test_two_binds_for_the_last_slice_exactly_one_wins(one_write: bool) -> None:
+    api, cache, binder = world([node("n1", [16276])], latency=0.005, one_write=one_write)
     api.create_pod(pod("first", container(mib=8138)))
     assert binder.bind("default", "first", "uid-default-first", "n1").ok
     for name in ("a", "b"):
@@ -71,10 +75,11 @@ def test_two_binds_for_the_last_slice_exactly_one_wins() -> None:
     assert free_mib(cache, "n1") == [0]
 
 
-def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_409_on_the_annotation_makes_the_bind_re_evaluate(one_write: bool) -> None:
     """While ``a`` writes its assignment, the pod changes and ``b`` takes the last slice: ``a`` gets a
     409, re-reads, re-evaluates and fails with the core's reason instead of over-committing."""
-    api, cache, binder = world([node("n1", [16276])])
+    api, cache, binder = world([node("n1", [16276])], one_write=one_write)
     api.create_pod(pod("first", container(mib=8138)))
     assert binder.bind("default", "first", "uid-default-first", "n1").ok
     api.create_pod(pod("a", container(mib=8138)))
@@ -96,8 +101,9 @@ def test_a_409_on_the_annotation_makes_the_bind_re_evaluate() -> None:
     assert "spec" in api.get_pod("default", "a") and not api.get_pod("default", "a")["spec"].get("nodeName")
 
 
-def test_a_409_with_room_left_retries_and_succeeds() -> None:
-    api, cache, binder = world([node("n1", [16276])])
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_409_with_room_left_retries_and_succeeds(one_write: bool) -> None:
+    api, cache, binder = world([node("n1", [16276])], one_write=one_write)
     api.create_pod(pod("a", container(mib=1000)))
     api.conflicts_to_inject = 2
     api.before_conflict = lambda ns, name: api.touch_pod(ns, name)
@@ -106,10 +112,11 @@ def test_a_409_with_room_left_retries_and_succeeds() -> None:
     assert free_mib(cache, "n1") == [15276]
 
 
-def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_the_same_pod_bound_by_two_replicas_gets_one_assignment(one_write: bool) -> None:
     """Replica B read the pod, then replica A bound it; B's write is refused (409), B reads the pod
     again, finds it bound where it was asked to bind it, and adopts A's assignment."""
-    api, cache_a, binder_a = world([node("n1", [16276, 16276])])
+    api, cache_a, binder_a = world([node("n1", [16276, 16276])], one_write=one_write)
     cache_b = ClusterCache(policy="binpack")
     cache_b.replace_nodes([node("n1", [16276, 16276])])
     cache_b.replace_pods([])
@@ -124,26 +131,35 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment() -> None:
         def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
             return api.get_pod(namespace, name)
 
-        def patch_pod_annotations(self, namespace: str, name: str, *args: Any) -> dict[str, Any]:
+        def _a_binds_first(self, namespace: str, name: str) -> None:
             if not self.done:
                 self.done = True
                 assert binder_a.bind(namespace, name, f"uid-{namespace}-{name}", "n1").ok
+
+        def patch_pod_annotations(self, namespace: str, name: str, *args: Any) -> dict[str, Any]:
+            self._a_binds_first(namespace, name)
             return api.patch_pod_annotations(namespace, name, *args)
 
-        def bind_pod(self, *args: Any) -> None:
-            api.bind_pod(*args)
+        def bind_pod(self, namespace: str, name: str, *args: Any, **binding: Any) -> None:
+            self._a_binds_first(namespace, name)
+            api.bind_pod(namespace, name, *args, **binding)
 
-    result = Binder(cache_b, Interleaved()).bind("default", "p", "uid-default-p", "n1")
+    result = Binder(cache_b, Interleaved(), annotate_in_binding=one_write).bind("default", "p", "uid-default-p", "n1")
     assert result.ok and result.attempts == 2
+    pod_now = api.get_pod("default", "p")
+    assert decode_assignment(pod_now["metadata"]["annotations"][ASSIGNMENT]).node == "n1"
     assert sorted(free_mib(cache_a, "n1")) == sorted(free_mib(cache_b, "n1")) == [8276, 16276]
-    assert len([c for c in api.calls if c.startswith("bind")]) == 1
+    # Two writers, one pod: A's Binding; B's write (its PATCH, or its Binding) refused with 409.
+    assert len([c for c in api.calls if c.startswith("bind")]) == (2 if one_write else 1)
+    assert pod_now["spec"]["nodeName"] == "n1"
 
 
-def test_a_failed_binding_rolls_the_reservation_back() -> None:
-    api, cache, binder = world([node("n1", [16276])])
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_failed_binding_rolls_the_reservation_back(one_write: bool) -> None:
+    api, cache, binder = world([node("n1", [16276])], one_write=one_write)
     api.create_pod(pod("p", container(mib=16000)))
 
-    def broken(*_: Any) -> None:
+    def broken(*_: Any, **__: Any) -> None:
         raise ApiError("apiserver unavailable", 503)
 
     api.bind_pod = broken  # type: ignore[method-assign]
@@ -232,9 +248,10 @@ def test_confirmed_assignments_do_not_expire() -> None:
     assert free_mib(cache, "n1") == [12276]
 
 
-def test_many_concurrent_binds_never_over_commit() -> None:
+@pytest.mark.parametrize("one_write", WRITES)
+def test_many_concurrent_binds_never_over_commit(one_write: bool) -> None:
     nodes = [node(f"n{i}", [16276, 16276]) for i in range(3)]
-    api, cache, binder = world(nodes, latency=0.001)
+    api, cache, binder = world(nodes, latency=0.001, one_write=one_write)
     rng = random.Random(3)
     names = [f"p{i}" for i in range(60)]
     for name in names:
@@ -274,7 +291,7 @@ def test_a_patch_without_answer_keeps_the_cards_booked() -> None:
     """The write may have been applied: freeing its cards before the watch says would let the next
     bind give them away a second time."""
 
-    api, cache, binder = world([node("n1", [16276])])
+    api, cache, binder = world([node("n1", [16276])], one_write=False)
     api.create_pod(pod("p", container(mib=10000)))
     api.create_pod(pod("q", container(mib=10000)))
 

@@ -24,6 +24,8 @@ class _Apiserver(ThreadingHTTPServer):
         self.connections = 0
         self.bound: set[str] = set()
         self.patch_delay_s = 0.0
+        self.post_delay_s = 0.0
+        self.posted: list[dict[str, object]] = []
 
     def process_request(self, request: object, client_address: object) -> None:
         self.connections += 1
@@ -46,9 +48,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server = self.server
         assert isinstance(server, _Apiserver)
+        server.posted.append(json.loads(body))
+        time.sleep(server.post_delay_s)
         if self.path in server.bound:
             self._answer(409, {"kind": "Status", "code": 409, "message": "already assigned"})
             return
@@ -111,3 +115,32 @@ def test_the_assignment_write_gives_up_after_its_own_timeout(apiserver: _Apiserv
     assert time.monotonic() - started < 1.5
     apiserver.patch_delay_s = 0.0
     api.bind_pod("default", "p", "", "n1")  # the other calls keep their longer timeout
+
+
+def test_a_binding_carries_the_assignment_and_the_preconditions(apiserver: _Apiserver) -> None:
+    """The apiserver merges a Binding's annotations into the pod as it binds it; uid and
+    resourceVersion are the preconditions apiservers from v1.23 check."""
+    api = kube_api(apiserver)
+    api.bind_pod("default", "p", "uid-p", "n1", annotations={"gpupool.io/assignment-v1": "{}"},
+                 resource_version="7")
+    api.bind_pod("default", "q", "", "n1")
+    assert apiserver.posted == [
+        {"apiVersion": "v1", "kind": "Binding",
+         "metadata": {"name": "p", "namespace": "default", "uid": "uid-p", "resourceVersion": "7",
+                      "annotations": {"gpupool.io/assignment-v1": "{}"}},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}},
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "q", "namespace": "default"},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}},
+    ]
+
+
+def test_a_binding_that_carries_the_assignment_gives_up_after_the_commit_timeout(apiserver: _Apiserver) -> None:
+    """That Binding is the assignment write: like the PATCH, it must be over before another replica
+    may take the Lease. A Binding without annotations keeps the longer timeout."""
+    api = kube_api(apiserver, patch_timeout_s=0.3)
+    apiserver.post_delay_s = 0.6
+    started = time.monotonic()
+    with pytest.raises(NoAnswerError):
+        api.bind_pod("default", "p", "uid-p", "n1", annotations={"gpupool.io/assignment-v1": "{}"})
+    assert time.monotonic() - started < 0.55
+    api.bind_pod("default", "q", "uid-q", "n1")  # answered after 0.6 s: within the longer timeout

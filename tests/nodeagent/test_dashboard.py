@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.nodeagent.metrics import agent_registry
-from tests.nodeagent.test_usage_metrics import agent_with_monitor
+from tests.nodeagent.usage_world import agent_with_monitor
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpupool-dashboard.json"
 SERIES = re.compile(r"\b(gpupool_[a-z0-9_]+)")

@@ -4,68 +4,19 @@ the ``/usage`` table, and busy/idle changes as events on the holding pods."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.metrics import metrics_app
-from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind
-from gpupool.nodeagent.monitor.service import MonitorConfig, StateChange, UsageMonitor
-from gpupool.nodeagent.monitor.source_selector import SourceChoice
-from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity
-from gpupool.nodeagent.nvml.backend import CONTROL_DEVICES
+from gpupool.nodeagent.monitor.service import StateChange
+from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
-from gpupool.nodeagent.types import NodeAssignment, PodResourcesSnapshot, PodView
-from gpupool.nodeagent.usage_monitor import BUSY_REASON, IDLE_REASON, BackendSampler, card_paths, pod_event_listener
+from gpupool.nodeagent.usage_monitor import BUSY_REASON, IDLE_REASON, pod_event_listener
 from tests.nodeagent.harness import NAMES
-from tests.nodeagent.monitor.fake_processes import FakeProcesses
-from tests.nodeagent.monitor.scripted_source import ScriptedSource
-
-NODE = "node-a"
-GPUS = {"model": "Tesla-T4", "cards": [{"uuid": "GPU-0", "memoryMiB": 16384}, {"uuid": "GPU-1", "memoryMiB": 16384}],
-        "usage": [{"at": 0, "card": 0, "utilization": 50,
-                   "processes": [{"pid": 100, "memoryMiB": 3000, "sm": 40}, {"pid": 999, "memoryMiB": 500}]}]}
-WHO = {100: ProcessIdentity("c100", "train", "job-0", "ml"), 300: ProcessIdentity("c300", "x", "rogue", "ml")}
-
-
-class Pods:
-    """The pod source and PodResources of one assigned pod, ml/job-0 (train: 4 GiB, 30 % of card 0)."""
-
-    view = PodView("ml", "job-0", "uid-0", NODE, 0.0, False, (), NodeAssignment(
-        Placement("ml/job-0", NODE, 0, 0, (ContainerAssignment("train", (CardSlice(0, 4096, 300),)),)),
-        {0: "GPU-0"}))
-
-    async def get(self, namespace: str, name: str) -> PodView | None:
-        return self.view if (namespace, name) == self.view.key else None
-
-    async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        pass
-
-    async def list(self) -> PodResourcesSnapshot:
-        return {self.view.key: {}}
-
-
-def agent_with_monitor(tmp_path: Path) -> tuple[NodeAgent, UsageMonitor, ScriptedSource]:
-    backend = FakeGpuBackend.from_dict(GPUS, clock=lambda: 50.0)
-    source, processes = ScriptedSource(), FakeProcesses()
-
-    def choose(paths: Sequence[str]) -> SourceChoice:
-        return SourceChoice(source, "test")
-
-    monitor = UsageMonitor(NODE, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
-                           MonitorConfig(str(tmp_path / "state.json")), choose=choose, processes=processes,
-                           identify=lambda pid: WHO[pid], clock=lambda: 50.0)
-    monitor.start()
-    for pid, path in ((100, "/dev/nvidia0"), (300, "/dev/nvidia1")):
-        processes.spawn(pid, path)
-        source.emit(DeviceEvent(EventKind.OPEN, path, pid, 40.0))
-    pods = Pods()
-    agent = NodeAgent(NODE, NAMES, backend, pods, pods, lambda *a: "", monitor=monitor)
-    return agent, monitor, source
+from tests.nodeagent.usage_world import GPUS, NODE, Pods, agent_with_monitor
 
 
 def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
