@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--traces", default=",".join(BUNDLED_TRACES))
     parser.add_argument("--policies", default=",".join(sorted(POLICIES)))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--per-seed", action="store_true",
+                        help="also print every seed's value, one line per trace and policy")
     args = parser.parse_args()
     traces = args.traces.split(",")
     policies = args.policies.split(",")
@@ -77,6 +79,10 @@ def main() -> None:
             paper = PAPER.get(trace.split("@")[0], {}).get(policy)
             cells.append(f"{mean:6.2f} [{paper:5.2f}]" if paper is not None else f"{mean:6.2f}        ")
         print(f"{policy:<12}" + "".join(f"{c:>{width}}" for c in cells) + f"{statistics.fmean(seconds):>9.1f}")
+    if args.per_seed:
+        for (trace, policy), runs in results.items():
+            values = " ".join(f"{r.seed}:{r.unallocated_pct[100]:.2f}" for r in sorted(runs, key=lambda r: r.seed))
+            print(f"per-seed {trace} {policy} {values}")
 
 
 if __name__ == "__main__":
