@@ -18,8 +18,8 @@ the CPU of a CPU-rich node beyond ``kappa`` per free GPU looks free, so CPU-only
 CPU-rich nodes (openb's T4 nodes: 52 cores per GPU) while those still have free GPUs. When the
 workload's CPU comes close to the cluster's, every node ends at exactly ``kappa`` per free GPU and the
 GPU pods that ask more than that per GPU (18-25 cores per GPU for a tenth of the GPU demand) fit
-nowhere: on the paper's 25 % CPU-only workload GPU pods started failing at 88 % arrived instead of
-94 %. With the large reserve a CPU-only pod pays for every core it takes from a node that still
+nowhere: on a generated 25 % CPU-only workload (cpu250, seed 42) GPU pods started failing at 88 %
+arrived instead of 94 %. With the large reserve a CPU-only pod pays for every core it takes from a node that still
 has free GPU, goes first to nodes whose GPUs are all allocated, and otherwise spreads over the node
 kinds, which leaves the CPU-rich nodes' headroom to the CPU-heavy GPU pods.
 """
