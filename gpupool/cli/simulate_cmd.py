@@ -17,7 +17,8 @@ from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.sim.packing import SeedResult, run_seed
 from gpupool.sim.report import PolicyReport, plot, text_table
 from gpupool.sim.timeline import replay_timeline
-from gpupool.sim.trace import TraceError, TracePod, load_nodes, load_pods, resolve_nodes, resolve_trace
+from gpupool.sim.trace import TraceError, TracePod, load_nodes, resolve_nodes
+from gpupool.sim.variants import load_trace
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -47,7 +48,8 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
 
 @click.command("simulate")
 @click.option("--trace", "trace", default="default", show_default=True,
-              help="Pod list: a bundled name (default, gpushare40, multigpu20, gpuspec10, cpu050) or a CSV path.")
+              help="Pod list: a bundled name (default, gpushare40, multigpu20, gpuspec10, cpu050), a generated "
+                   "CPU-share variant (cpu250: 25.0 % of pods CPU-only, cpu250@7: another draw) or a CSV path.")
 @click.option("--nodes", "nodes_name", default="openb", show_default=True,
               help="Node list: the bundled 'openb' cluster or a CSV path.")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(sorted(POLICIES)),
@@ -64,7 +66,7 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
     chosen = list(policies) or [DEFAULT_POLICY]
     try:
         nodes = load_nodes(resolve_nodes(nodes_name))
-        trace_pods = load_pods(resolve_trace(trace))
+        trace_pods = load_trace(trace)
     except (TraceError, OSError) as error:
         raise click.ClickException(str(error)) from error
     if mode == "timeline":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpupool.core.balance import cpu_per_gpu_milli, stranded_gpu, stranding_increase
+from gpupool.core.balance import cpu_only_kappa, cpu_per_gpu_milli, stranded_gpu, stranding_increase
 from gpupool.core.fragmentation import TypicalPod, WorkloadProfile
 from gpupool.core.model import Placement
 from gpupool.core.policies import make_policy
@@ -71,6 +71,47 @@ def test_on_a_cpu_tight_cluster_balance_places_every_pod_that_fgd_can_strand() -
     """
     nodes = [make_node("tight", 2, cpu=12_000), make_node("rich", 2, cpu=64_000)]
     pods = [cpu_pod("a-batch", cpu=6_000)] + [slice_pod(f"b-gpu-{i}", 1000, cpu=5_000) for i in range(4)]
+    seeds = range(20)
+    assert [run_seed(nodes, pods, "gpupool", seed=s).at(100) for s in seeds] == [0.0] * len(seeds)
+    assert any(run_seed(nodes, pods, "fgd", seed=s).at(100) > 0.0 for s in seeds)
+
+
+def test_cpu_only_pods_measure_against_a_larger_reserve() -> None:
+    assert cpu_only_kappa(5.0, 5.0) == pytest.approx(25.0)
+    assert cpu_only_kappa(5.0, 1.0) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="at least 1 x kappa"):
+        cpu_only_kappa(5.0, 0.5)
+
+
+def test_gpupool_sends_a_cpu_only_pod_to_a_node_without_free_gpu_before_a_cpu_rich_one() -> None:
+    # rich: 2 free cards and 40 cores, 8 per card above the workload's 5 (kappa): at kappa an
+    # 8-core pod strands nothing there, exactly as on n-full, whose only card is taken. Only the
+    # CPU-only reserve (5 x kappa) tells them apart; the node order prefers rich.
+    state = ClusterState([make_node("rich", 2, cpu=40_000), make_node("n-full", 1, cpu=32_000)])
+    profile = WorkloadProfile((WHOLE_5_CORES,))
+    prefer_rich = np.array([0, 1], dtype=np.int64)
+    scheduler = Scheduler(state, make_policy("gpupool"), profile=profile, tie_rank=prefer_rich)
+    assert isinstance(scheduler.assign(slice_pod("taken", 1000, cpu=5_000), "n-full"), Placement)
+    decision = scheduler.decide(cpu_pod("batch", cpu=8_000))
+    assert isinstance(decision, Placement)
+    assert decision.node == "n-full"
+    # at the GPU pods' own ratio (reserve 1) both strand nothing and the node order decides
+    policy = make_policy("gpupool")
+    policy.cpu_only_reserve = 1.0  # type: ignore[attr-defined]
+    same_ratio = Scheduler(state, policy, profile=profile, tie_rank=prefer_rich).decide(cpu_pod("batch", cpu=8_000))
+    assert isinstance(same_ratio, Placement)
+    assert same_ratio.node == "rich"
+
+
+def test_when_cpu_runs_short_cpu_only_pods_leave_the_cpu_rich_node_to_cpu_heavy_gpu_pods() -> None:
+    """Known answer: the CPU-heavy GPU pods (16 cores per card) fit only on the 40-core node, and only
+    if the 12-core CPU-only pod goes to the CPU node; at the GPU pods' average ratio (9 cores per card)
+    the 40-core node looks as good for it (28 cores still feed its 2 cards) and the node order decides.
+    """
+    nodes = [make_node("rich", 2, cpu=40_000), make_node("tight", 2, cpu=10_000),
+             make_node("cpu", 0, cpu=12_000)]
+    pods = ([cpu_pod("a-batch", cpu=12_000)] + [slice_pod(f"b-heavy-{i}", 1000, cpu=16_000) for i in range(2)]
+            + [slice_pod(f"c-light-{i}", 1000, cpu=2_000) for i in range(2)])
     seeds = range(20)
     assert [run_seed(nodes, pods, "gpupool", seed=s).at(100) for s in seeds] == [0.0] * len(seeds)
     assert any(run_seed(nodes, pods, "fgd", seed=s).at(100) > 0.0 for s in seeds)

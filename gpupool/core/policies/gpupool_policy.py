@@ -1,12 +1,17 @@
 """gpupool's own placement policy (the default).
 
 It is FGD's fragmentation gradient (place each pod where it raises fragmentation against the expected
-workload least) with four deliberate choices, all measured on the openb traces (docs/policies.md):
+workload least) with these deliberate choices, all measured on the openb traces (docs/policies.md):
 
 * The gain also counts CPU–GPU balance (:mod:`gpupool.core.balance`): ``BALANCE_WEIGHT`` times the
   GPU the pod would leave stranded for lack of CPU is subtracted from the fragmentation decrease.
   This was the largest single improvement: 4.75 -> 4.14 % unallocated at 100 % arrived on the
   default trace (seeds 42-51), below the paper's FGD on all five bundled traces.
+* A CPU-only pod measures that stranding against a far larger reserve, ``CPU_ONLY_RESERVE`` times
+  ``kappa`` per free GPU (:func:`gpupool.core.balance.cpu_only_kappa`): it pays for every core it
+  takes from a node that still has free GPU, so it goes first where the GPUs are all allocated and
+  leaves the CPU-rich nodes' headroom to CPU-heavy GPU pods. This matters when CPU runs out: on the
+  generated 25 % CPU-only workload (``cpu250``, seeds 42-44) 7.16 -> 5.70 %.
 * The gain also counts GPU-model scarcity (:mod:`gpupool.core.scarcity`): a pod pays
   ``SCARCITY_WEIGHT`` x its milli-GPU x the scarcity of the card's model, so pods that may run
   anywhere leave the models that restricted pods depend on. gpuspec10 trace, seeds 42-44:
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpupool.core.balance import cpu_per_gpu_milli, stranding_increase
+from gpupool.core.balance import cpu_only_kappa, cpu_per_gpu_milli, stranding_increase
 from gpupool.core.cards import NodeScratch
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.holes import dead_compute_change, dead_hole_table
@@ -49,6 +54,13 @@ DEFAULT_LEVELS = 50
 BALANCE_WEIGHT = 2.0
 """Milli-GPU of fragmentation one milli-GPU of stranded GPU counts as. Results were flat between 2
 and 4 (4.14 +- 0.01 on seeds 42-44) and worse at 0.5 (4.20); 2 is the smaller of the flat range."""
+
+CPU_ONLY_RESERVE = 5.0
+"""For CPU-only pods, the CPU a node keeps per free milli-GPU, in multiples of ``kappa`` (54 cores per
+GPU on the default trace, more than the CPU-richest openb nodes' 52). Generated cpu200 / cpu250 /
+cpu300, seeds 42-44: 1 (the GPU pods' own ratio) 3.95 / 7.16 / 14.45; 3 / 4 gave 3.88 / 6.64 / 13.75
+and 3.89 / 6.24 / 13.58; 5 / 7 / 10 gave 4.08 / 5.70 / 13.71, 4.00 / 5.84 / 13.78 and
+4.04 / 5.90 / 13.57 (docs/policies.md). The bundled traces do not move."""
 
 SCARCITY_WEIGHT = 0.25
 """Charge per milli-GPU per unit of model scarcity. gpuspec10, seeds 42-44: 0.1 / 0.25 / 0.5 / 1 gave
@@ -74,6 +86,7 @@ class GpupoolPolicy(FragmentationPolicy):
     name = "gpupool"
     levels = DEFAULT_LEVELS
     balance_weight = BALANCE_WEIGHT
+    cpu_only_reserve = CPU_ONLY_RESERVE
     scarcity_weight = SCARCITY_WEIGHT
     dead_hole_weight = DEAD_HOLE_WEIGHT
 
@@ -105,8 +118,9 @@ class GpupoolPolicy(FragmentationPolicy):
         if shape.shares_one_card and self.dead_hole_weight:
             gains = gains - self.dead_hole_weight * dead_compute_change(self.dead_holes, free, shape.milli)
         if self.kappa is not None and self.balance_weight:
+            kappa = self.kappa if shape.gpu is not None else cpu_only_kappa(self.kappa, self.cpu_only_reserve)
             stranding = stranding_increase(free.sum(axis=1).astype(np.float64),
-                                           state.cpu_free[rows].astype(np.float64), self.kappa,
+                                           state.cpu_free[rows].astype(np.float64), kappa,
                                            gpu_taken, float(shape.cpu_milli))
             gains = gains - self.balance_weight * stranding[:, None]
         if shape.gpu is not None and self.scarcity_weight:
