@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpupool.api.annotations import AnnotationError, Assignment
+from gpupool.api.annotations import Assignment
 from gpupool.core.model import NodeSpec, Placement
-from gpupool.extender.pod_records import PodRecord
+from gpupool.kube.pod_holding import Holding, HoldingKind, PodRecord, holding
 
 PIN_SECONDS = 120.0
 """How long a committed bind is held against a watch that has not yet shown its assignment."""
@@ -183,15 +183,22 @@ class Observation:
     problem: str | None = None
 
 
-def host_only(record: PodRecord, node: str) -> Placement:
-    """The pod's CPU and memory on ``node``, no cards."""
-    return Placement(pod_key=record.key, node=node, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
+_SEEN_HOLDING = {HoldingKind.NOTHING: Event.SEEN_NOTHING, HoldingKind.EXPIRED: Event.TIMED_OUT,
+                 HoldingKind.UNKNOWN_NODE: Event.SEEN_UNKNOWN_NODE, HoldingKind.HOST_ONLY: Event.SEEN_BOUND,
+                 HoldingKind.UNREADABLE: Event.SEEN_UNREADABLE}
+"""The event each kind of holding means; a placement's depends on how far it got (:func:`_placed`)."""
+
+_WITH_PROBLEM = frozenset({HoldingKind.NOTHING, HoldingKind.UNREADABLE})
+"""The kinds whose observation carries why the pod's assignment or request could not be used."""
 
 
 def observe(record: PodRecord | None, pin: Pin | None, *, now: float, unconfirmed_timeout_s: float,
             spec_of: Callable[[str], NodeSpec | None]) -> Observation:
     """Classify the latest pod object (None: deleted) into the event it means for the booking.
 
+    What the object holds is the shared rule (:func:`gpupool.kube.pod_holding.holding`); the
+    extender's own part is its pin: a committed bind the watch has not shown yet holds its cards
+    until it is shown, the pod ends, or the pin's deadline passes.
     ``spec_of`` gives a present node's spec (None for a node the ledger does not have).
     """
     if record is None or record.finished:
@@ -200,33 +207,19 @@ def observe(record: PodRecord | None, pin: Pin | None, *, now: float, unconfirme
         if now > pin.deadline:
             return Observation(Event.TIMED_OUT)
         return Observation(Event.SEEN_BEHIND, pin.placement)
-    assignment = record.assignment
-    bound = record.node_name
-    if assignment is None or (bound and bound != assignment.node):
-        # no (readable) assignment, or one for another node (stale): the pod holds its CPU and
-        # memory where it is bound, and nothing before it is bound
-        if not bound:
-            return Observation(Event.SEEN_NOTHING, problem=record.problem)
-        if spec_of(bound) is None:
-            return Observation(Event.SEEN_UNKNOWN_NODE)
-        if record.assignment_unreadable:
-            return Observation(Event.SEEN_UNREADABLE, host_only(record, bound), record.problem)
-        return Observation(Event.SEEN_BOUND, host_only(record, bound))
-    if not bound and not record.allocated and now - assignment.time.timestamp() > unconfirmed_timeout_s:
-        return Observation(Event.TIMED_OUT)
-    spec = spec_of(assignment.node)
-    if spec is None:
-        return Observation(Event.SEEN_UNKNOWN_NODE)
-    try:
-        placement = assignment.to_placement(record.key, spec, record.cpu_milli, record.memory_mib)
-    except AnnotationError as exc:
-        problem = f"pod {record.key}: {exc}"
-        if bound:
-            return Observation(Event.SEEN_UNREADABLE, host_only(record, bound), problem)
-        return Observation(Event.SEEN_NOTHING, problem=problem)
-    if record.allocated:
-        return Observation(Event.SEEN_CONFIRMED, placement)
-    return Observation(Event.SEEN_BOUND if bound else Event.SEEN_ANNOTATED, placement)
+    held = holding(record, spec_of, now=now, unconfirmed_timeout_s=unconfirmed_timeout_s)
+    event = _placed(held) if held.kind is HoldingKind.PLACEMENT else _SEEN_HOLDING[held.kind]
+    if held.kind not in _WITH_PROBLEM:
+        return Observation(event, held.placement)
+    problem = f"pod {record.key}: {held.problem}" if held.problem is not None else record.request_problem
+    return Observation(event, held.placement, problem)
+
+
+def _placed(held: Holding) -> Event:
+    """The event of a pod holding its assignment's placement: confirmed, bound or only annotated."""
+    if held.confirmed:
+        return Event.SEEN_CONFIRMED
+    return Event.SEEN_BOUND if held.bound else Event.SEEN_ANNOTATED
 
 
 OVERCOMMITTED = "GpupoolCardOverCommitted"

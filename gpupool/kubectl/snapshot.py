@@ -2,17 +2,13 @@
 
 Why a snapshot and not the extender's cache: the plugin runs once and exits, it has no watch, no
 binds in flight and no clock of pins, and it may not import the extender (``.importlinter``). It
-uses the same translation (:func:`gpupool.kube.translate.node_spec`, :func:`pod_request`, the
-annotation codecs) and books with :meth:`ClusterState.claim`, so cards, holders and free space are
-the extender's. The rule for what a pod holds is the watch side of the extender's booking table
-(:func:`gpupool.extender.bookings.observe`) without pins, which live only inside the extender:
-
-* a finished pod (``Succeeded``/``Failed``) holds nothing;
-* a pod with a readable assignment for the node it is bound to (or not bound yet) holds the cards
-  it names, plus its CPU and memory there; one assigned but not bound and not confirmed by the node
-  agent for longer than the extender's unconfirmed timeout holds nothing (the extender let it go);
-* any other bound pod holds its CPU and memory only; if its assignment cannot be read (or names
-  cards the node does not have), the node takes no GPU pod, as in the extender.
+uses the same translation (:func:`gpupool.kube.translate.node_spec`, the annotation codecs) and
+books with :meth:`ClusterState.claim`, so cards, holders and free space are the extender's. What a
+pod holds is the rule the extender books by, from the same module
+(:func:`gpupool.kube.pod_holding.holding`), without pins, which live only inside the extender:
+finished pods and assignments expired unconfirmed hold nothing and are left out; a pod whose
+assignment cannot be used on the node it is bound to refuses that node to GPU pods, as in the
+extender.
 """
 
 from __future__ import annotations
@@ -21,18 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.annotations import AnnotationError, Assignment, decode_allocated, decode_assignment
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.state import AllocationError, ClusterState
-from gpupool.kube.translate import TranslationError, node_spec, pod_key, pod_request
+from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
+from gpupool.kube.translate import TranslationError, node_spec
 
 UNCONFIRMED_TIMEOUT_S = 300.0
 """The extender's default ``--unconfirmed-timeout``: how long an assignment without a binding holds its cards."""
-
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-"""Phases whose containers have stopped for good: the pod holds nothing any more."""
-
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
@@ -128,57 +120,14 @@ def _spec_of(state: ClusterState, name: str) -> NodeSpec | None:
 
 
 def _booking(raw: Mapping[str, Any], names: ResourceNames, state: ClusterState, now: float) -> _Booking | None:
-    """What one pod holds (see the module docstring), or None for a pod that holds nothing."""
-    meta = raw.get("metadata") or {}
-    status = raw.get("status") or {}
-    if status.get("phase") in FINISHED_PHASES:
+    """What one pod holds (the shared rule, :func:`gpupool.kube.pod_holding.holding`), or None for a
+    pod that finished or whose unconfirmed assignment expired."""
+    record = pod_record(raw, names)
+    if record is None or record.finished:
         return None
-    try:
-        key = pod_key(raw)
-    except TranslationError:
+    held = holding(record, lambda name: _spec_of(state, name), now=now, unconfirmed_timeout_s=UNCONFIRMED_TIMEOUT_S)
+    if held.kind is HoldingKind.EXPIRED:
         return None
-    bound = str((raw.get("spec") or {}).get("nodeName") or "")
-    annotations = meta.get("annotations") or {}
-    problem: str | None = None
-    request: PodRequest | None = None
-    cpu = memory = 0
-    try:
-        request = pod_request(raw, names)
-        cpu, memory = request.cpu_milli, request.memory_mib
-    except TranslationError as exc:
-        problem = str(exc)
-    assignment: Assignment | None = None
-    text = annotations.get(names.assignment)
-    if text is not None:
-        try:
-            assignment = decode_assignment(text)
-        except AnnotationError as exc:
-            problem = str(exc)
-    host_only = Placement(pod_key=key, node=bound, cpu_milli=cpu, memory_mib=memory)
-    if assignment is None or (bound and bound != assignment.node):
-        if not bound or _spec_of(state, bound) is None:
-            return _Booking(key, None, bool(bound), request, problem)
-        return _Booking(key, host_only, True, request, problem, refuses_node=text is not None and assignment is None)
-    if not bound and not _allocated(annotations, names, assignment) and \
-            now - assignment.time.timestamp() > UNCONFIRMED_TIMEOUT_S:
-        return None
-    spec = _spec_of(state, assignment.node)
-    if spec is None:
-        return _Booking(key, None, bool(bound), request, problem)
-    try:
-        placement = assignment.to_placement(key, spec, cpu, memory)
-    except AnnotationError as exc:
-        return _Booking(key, host_only if bound else None, bool(bound), request, str(exc),
-                        refuses_node=bool(bound))
-    return _Booking(key, placement, bool(bound), request, problem)
-
-
-def _allocated(annotations: Mapping[str, Any], names: ResourceNames, assignment: Assignment) -> bool:
-    """Whether the node agent confirmed the assignment (``allocated-v1`` for the same node)."""
-    text = annotations.get(names.allocated)
-    if text is None:
-        return False
-    try:
-        return decode_allocated(text).node == assignment.node
-    except AnnotationError:
-        return False
+    problem = held.problem if held.problem is not None else record.request_problem
+    return _Booking(record.key, held.placement, held.bound, record.request, problem,
+                    refuses_node=held.kind is HoldingKind.UNREADABLE)

@@ -1,0 +1,206 @@
+"""What one pod object holds in the ledger: the rule the extender and the kubectl plugin share.
+
+Why here, below both products: the extender books pods from its watch and the plugin from one list,
+and both must agree on what every pod holds, or the plugin would explain a ledger the extender does
+not keep. The rule needs nothing of either product (no pins, no clock of its own, no watch), so it
+lives with the rest of the Kubernetes translation; each product maps :class:`Holding` to its own
+terms (the extender to the events of its booking table, the plugin to its snapshot).
+
+:func:`pod_record` reads a pod object into checked values (it never raises on bad annotations and
+never logs: the extender logs what it keeps, the plugin reports problems in its answer).
+:func:`holding` classifies a record:
+
+* finished (``Succeeded``/``Failed``) → nothing;
+* no readable assignment, or one for another node than the pod is bound to (stale): nothing before
+  the pod is bound, else its CPU and memory on its node (host-only); ``UNREADABLE`` when the
+  assignment does not decode (its cards are unknown, so the node takes no GPU pod);
+* an assignment neither bound nor confirmed (``allocated-v1``) past the unconfirmed timeout →
+  ``EXPIRED``: the extender let it go;
+* a node the ledger does not have → ``UNKNOWN_NODE``;
+* an assignment naming cards its node does not have: ``UNREADABLE`` when bound, nothing before;
+* else the placement it names, annotated, bound, or confirmed by the node agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpupool.api.annotations import AnnotationError, Assignment, decode_allocated, decode_assignment
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import NodeSpec, Placement, PodRequest
+from gpupool.kube.translate import TranslationError, pod_key, pod_request, pod_wants_gpu
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+"""Phases whose containers have stopped for good: the pod holds nothing any more."""
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """One pod object as read: its request, assignment, binding and phase.
+
+    ``request_problem``: why the request could not be read; ``assignment_problem``: why the
+    assignment annotation does not decode; ``allocated_problem``: why ``allocated-v1`` does not
+    (None when it reads or is absent). ``raw``: the object itself, kept for GPU pods and pods with
+    an assignment only (the extender's binder reads it instead of the API; other pods are never
+    bound by the extender, so their objects are not kept).
+    """
+
+    key: str
+    uid: str
+    version: str
+    node_name: str
+    finished: bool
+    wants_gpu: bool
+    request: PodRequest | None
+    assignment: Assignment | None
+    allocated: bool
+    request_problem: str | None = None
+    assignment_problem: str | None = None
+    allocated_problem: str | None = None
+    raw: Mapping[str, Any] | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the pod's assignment (first) or request could not be read; None when both could."""
+        if self.assignment_problem is not None:
+            return f"pod {self.key}: {self.assignment_problem}"
+        return self.request_problem
+
+    @property
+    def assignment_unreadable(self) -> bool:
+        """Whether the pod carries an assignment that does not decode."""
+        return self.assignment_problem is not None
+
+    @property
+    def cpu_milli(self) -> int:
+        """CPU the pod holds on its node (0 when its request could not be read)."""
+        return self.request.cpu_milli if self.request is not None else 0
+
+    @property
+    def memory_mib(self) -> int:
+        """Memory the pod holds on its node (0 when its request could not be read)."""
+        return self.request.memory_mib if self.request is not None else 0
+
+    def same_object(self, raw: Mapping[str, Any]) -> bool:
+        """Whether this record was made from this very object version (same uid and
+        resourceVersion; never for objects without a version)."""
+        meta = raw.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        return bool(version) and str(version) == self.version and self.uid == str(meta.get("uid") or "")
+
+
+def pod_record(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
+    """A record of the pod object, or None when it has no readable namespace and name."""
+    try:
+        key = pod_key(raw)
+    except TranslationError:
+        return None
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    status = raw.get("status") or {}
+    request: PodRequest | None = None
+    request_problem: str | None = None
+    try:
+        request = pod_request(raw, names)
+    except TranslationError as exc:
+        request_problem = str(exc)
+    assignment_text = annotations.get(names.assignment)
+    assignment: Assignment | None = None
+    assignment_problem: str | None = None
+    if assignment_text is not None:
+        try:
+            assignment = decode_assignment(assignment_text)
+        except AnnotationError as exc:
+            assignment_problem = str(exc)
+    allocated = False
+    allocated_problem: str | None = None
+    allocated_text = annotations.get(names.allocated)
+    if allocated_text is not None:
+        try:
+            confirmed_on = decode_allocated(allocated_text).node
+            allocated = assignment is not None and confirmed_on == assignment.node
+        except AnnotationError as exc:
+            allocated_problem = str(exc)
+    wants_gpu = pod_wants_gpu(raw, names)
+    return PodRecord(key=key, uid=str(meta.get("uid") or ""), version=str(meta.get("resourceVersion") or ""),
+                     node_name=str((raw.get("spec") or {}).get("nodeName") or ""),
+                     finished=status.get("phase") in FINISHED_PHASES, wants_gpu=wants_gpu, request=request,
+                     assignment=assignment, allocated=allocated, request_problem=request_problem,
+                     assignment_problem=assignment_problem, allocated_problem=allocated_problem,
+                     raw=raw if wants_gpu or assignment_text is not None else None)
+
+
+class HoldingKind(StrEnum):
+    """The kinds of what a pod object holds; only ``HOST_ONLY``, ``UNREADABLE`` and ``PLACEMENT``
+    hold anything."""
+
+    NOTHING = "nothing"
+    """Finished, or not bound and without a usable assignment."""
+    EXPIRED = "expired"
+    """An assignment neither bound nor confirmed for longer than the unconfirmed timeout."""
+    UNKNOWN_NODE = "unknown_node"
+    """It names a node the ledger does not have (yet)."""
+    HOST_ONLY = "host_only"
+    """Bound without an assignment for its node: its CPU and memory there, no cards."""
+    UNREADABLE = "unreadable"
+    """Bound with an assignment that cannot be used: host-only, and its node takes no GPU pod."""
+    PLACEMENT = "placement"
+    """The cards, CPU and memory its assignment names."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a pod holds: its kind, the placement (None for the kinds that hold nothing), whether it
+    is bound and confirmed, and why its assignment cannot be used (``problem``, None when it can
+    or there is none)."""
+
+    kind: HoldingKind
+    placement: Placement | None = None
+    bound: bool = False
+    confirmed: bool = False
+    problem: str | None = None
+
+    @property
+    def annotated(self) -> bool:
+        """Whether it holds a placement by its assignment alone (a bind in flight or lost)."""
+        return self.kind is HoldingKind.PLACEMENT and not self.bound
+
+
+def host_only(record: PodRecord, node: str) -> Placement:
+    """The pod's CPU and memory on ``node``, no cards."""
+    return Placement(pod_key=record.key, node=node, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
+
+
+def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now: float,
+            unconfirmed_timeout_s: float) -> Holding:
+    """What ``record`` holds at ``now`` (epoch seconds); see the module docstring.
+
+    ``spec_of`` gives a present node's spec (None for a node the ledger does not have).
+    """
+    assignment = record.assignment
+    bound = record.node_name
+    problem = record.assignment_problem
+    if record.finished:
+        return Holding(HoldingKind.NOTHING, problem=problem)
+    if assignment is None or (bound and bound != assignment.node):
+        if not bound:
+            return Holding(HoldingKind.NOTHING, problem=problem)
+        if spec_of(bound) is None:
+            return Holding(HoldingKind.UNKNOWN_NODE, bound=True, problem=problem)
+        kind = HoldingKind.UNREADABLE if record.assignment_unreadable else HoldingKind.HOST_ONLY
+        return Holding(kind, host_only(record, bound), bound=True, problem=problem)
+    if not bound and not record.allocated and now - assignment.time.timestamp() > unconfirmed_timeout_s:
+        return Holding(HoldingKind.EXPIRED)
+    spec = spec_of(assignment.node)
+    if spec is None:
+        return Holding(HoldingKind.UNKNOWN_NODE, bound=bool(bound))
+    try:
+        placement = assignment.to_placement(record.key, spec, record.cpu_milli, record.memory_mib)
+    except AnnotationError as exc:
+        if bound:
+            return Holding(HoldingKind.UNREADABLE, host_only(record, bound), bound=True, problem=str(exc))
+        return Holding(HoldingKind.NOTHING, problem=str(exc))
+    return Holding(HoldingKind.PLACEMENT, placement, bound=bool(bound), confirmed=record.allocated)
