@@ -15,6 +15,7 @@ from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.sim.packing import SeedResult, run_seed
+from gpupool.sim.published import context_lines
 from gpupool.sim.report import PolicyReport, plot, text_table
 from gpupool.sim.timeline import replay_timeline
 from gpupool.sim.trace import TraceError, TracePod, load_nodes, resolve_nodes
@@ -99,6 +100,8 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
         click.echo(json.dumps(payload))
         return
     click.echo(text_table(reports))
+    for line in context_lines(trace, sum(len(node.cards) for node in nodes)):
+        click.echo(line)
     if plot_path:
         click.echo(f"plot written to {Path(plot_path).resolve()}")
 

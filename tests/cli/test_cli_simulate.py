@@ -76,6 +76,8 @@ def test_table_and_plot(small_cluster: tuple[Path, Path], tmp_path: Path) -> Non
     row = next(line for line in out.splitlines() if line.startswith("gpupool"))
     assert row.split()[1:6] == ["25.00", "25.00", "0.00", "0.00", "-"]  # 90 95 100 110 130
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "one point of unallocated GPU is 0.04 GPUs of this cluster's 4" in out  # 4 cards
+    assert "published" not in out  # the paper has no numbers for a user's own trace
 
 
 def test_timeline_mode_json(small_cluster: tuple[Path, Path]) -> None:
