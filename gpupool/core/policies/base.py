@@ -14,7 +14,7 @@ from typing import ClassVar, final
 
 import numpy as np
 
-from gpupool.core.cards import NodeScratch, SharedCardChooser
+from gpupool.core.cards import SharedCardChooser
 from gpupool.core.fragmentation import DEFAULT_CPU_MILLI, FloatArray, WorkloadProfile, primary_gpu
 from gpupool.core.model import GpuRequest, PodRequest
 from gpupool.core.policies.topology import topology_rise
@@ -56,7 +56,6 @@ class PlacementPolicy(ABC):
 
     name: ClassVar[str]
     node_local: ClassVar[bool] = True
-    needs_profile: ClassVar[bool] = False
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
         self.rng = rng or np.random.default_rng(0)
@@ -107,8 +106,3 @@ def tightest_fit_card(free: IntArray, fits: BoolArray) -> IntArray:
     best = masked.argmin(axis=1)
     return np.where(fits.any(axis=1), best, -1)
 
-
-def choose_with_scores(scratch: NodeScratch, mask: BoolArray, card_scores: FloatArray) -> int:
-    """The highest-scoring card of the mask; ties to the lowest index."""
-    scores = np.where(mask, card_scores, -np.inf)
-    return int(np.argmax(scores))

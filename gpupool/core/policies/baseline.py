@@ -14,7 +14,7 @@ import numpy as np
 from gpupool.core.cards import NodeScratch, SharedCardChooser
 from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import GpuRequest, Placement
-from gpupool.core.policies.base import PlacementPolicy, PodShape, gpu_free, tightest_fit_card
+from gpupool.core.policies.base import PlacementPolicy, PodShape, gpu_free
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 MAX_SPEC_CPU = 128_000
@@ -181,7 +181,3 @@ class ClusteringPolicy(PlacementPolicy):
             scores[i] = base[i] + bonus
         return scores
 
-
-def tightest_card(state: ClusterState, rows: IntArray, fits: BoolArray) -> IntArray:
-    """Best-fit card per row (exposed for policies that score by it)."""
-    return tightest_fit_card(gpu_free(state, rows), fits)

@@ -21,8 +21,6 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 class FragmentationPolicy(PlacementPolicy):
     """Shared machinery: per-card fragmentation deltas for a pod over candidate nodes."""
 
-    needs_profile = True
-
     def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
         super().prepare(state, profile)
         self.measure = FragmentationMeasure(state, profile or WorkloadProfile(()))
