@@ -5,9 +5,8 @@ cannot use it *now*. It does not see that some holes will be filled later and ot
 On the default openb trace a 320-milli pod arriving at a card with 530 free (one 470 slice) or one
 with 350 free (a 650 slice) scores within one bin either way (FGD gains 224 and 296 milli-GPU), yet
 the first choice leaves 210 milli that only the rare 160/110/50-milli pods fit, the second leaves 30.
-At the moment the default trace's cluster runs out of whole cards (seed 42, 95.9 % arrived) every
-hole was under 300 milli and about 27 GPUs of them sat on such pairings beyond what an offline
-packing of the same slices would leave.
+When the cluster runs out of whole cards, such pairings are a large part of what separates the
+policy from an offline packing of the same slices (docs/policies.md, "Dead holes").
 
 A hole of ``h`` milli is *dead* when the single-card slices of the workload that fit in it (milli
 <= h) are fewer than ``share`` of all its slices. The policy charges a pod for the dead compute its
@@ -25,9 +24,8 @@ from gpupool.core.state import IntArray
 from gpupool.core.units import COMPUTE_PER_CARD
 
 DEAD_SHARE = 0.03
-"""A hole is dead when fewer than this share of the workload's slices fit in it. Default trace,
-seeds 42-44: 0.02 and 0.03 are the same cut there (holes under 220 milli); 0.05 (under 230) and
-0.1 (under 320) measured worse (docs/policies.md)."""
+"""A hole is dead when fewer than this share of the workload's slices fit in it; wider cuts measured
+worse (docs/policies.md, "Dead holes")."""
 
 
 def dead_hole_table(profile: WorkloadProfile, share: float = DEAD_SHARE) -> FloatArray:

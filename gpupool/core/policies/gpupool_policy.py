@@ -1,34 +1,33 @@
 """gpupool's own placement policy (the default).
 
 It is FGD's fragmentation gradient (place each pod where it raises fragmentation against the expected
-workload least) with these deliberate choices, all measured on the openb traces (docs/policies.md):
+workload least) with these deliberate choices; each was measured on the openb traces, and the
+numbers, the variants tried and the seeds are in docs/policies.md:
 
 * The gain also counts CPU–GPU balance (:mod:`gpupool.core.balance`): ``BALANCE_WEIGHT`` times the
   GPU the pod would leave stranded for lack of CPU is subtracted from the fragmentation decrease.
-  This was the largest single improvement: 4.75 -> 4.14 % unallocated at 100 % arrived on the
-  default trace (seeds 42-51), below the paper's FGD on all five bundled traces.
+  The largest single improvement, on every bundled trace.
 * A CPU-only pod measures that stranding against a far larger reserve, ``CPU_ONLY_RESERVE`` times
   ``kappa`` per free GPU (:func:`gpupool.core.balance.cpu_only_kappa`): it pays for every core it
   takes from a node that still has free GPU, so it goes first where the GPUs are all allocated and
-  leaves the CPU-rich nodes' headroom to CPU-heavy GPU pods. This matters when CPU runs out: on the
-  generated 25 % CPU-only workload (``cpu250``, seeds 42-44) 7.16 -> 5.70 %.
+  leaves the CPU-rich nodes' headroom to CPU-heavy GPU pods. This matters when CPU runs out (the
+  paper's CPU-share workloads, ``cpu250``).
 * The gain also counts GPU-model scarcity (:mod:`gpupool.core.scarcity`): a pod pays
   ``SCARCITY_WEIGHT`` x its milli-GPU x the scarcity of the card's model, so pods that may run
-  anywhere leave the models that restricted pods depend on. gpuspec10 trace, seeds 42-44:
-  5.07 -> 4.18 %; traces without restricted pods are unchanged (the term is 0 there).
+  anywhere leave the models that restricted pods depend on (gpuspec10); traces without restricted
+  pods are unchanged (the term is 0 there).
 
 * The gain also counts dead holes (:mod:`gpupool.core.holes`): ``DEAD_HOLE_WEIGHT`` times the
   compute a slice leaves free on its card that almost none of the workload's slices fit (minus the
-  dead compute it fills) is subtracted. Default trace, seeds 42-51: 4.14 -> 3.86 %; every bundled
-  trace improved by 0.2-0.4 points.
+  dead compute it fills) is subtracted; it helped every bundled trace.
 
 * Gains are compared in coarse bins, not exactly. Ranking nodes by exact fragmentation change looked
-  like an obvious improvement and measured far worse (7.4 % unallocated at 100 % arrived on the
-  default trace against 4.6 %): differences of a few milli-GPU are noise in the measure, and
+  like an obvious improvement and measured far worse: differences of a few milli-GPU are noise in
+  the measure, and
   following them sends every pod of a shape to the same kind of node, exhausting its CPU. Binning
   leaves near-equal nodes to the scheduler's node order, which spreads such pods.
-* The bin width is a parameter (``levels``); 50 levels over the sigmoid measured at least as well as
-  the paper's 100 on seeds 42-44 of the default trace.
+* The bin width is a parameter (``levels``); 50 levels over the sigmoid do at least as well as the
+  paper's 100.
 
 The whole-card and multi-card choice is the core's topology-aware one (Tencent GPUManager's rules),
 which the paper's simulator does not have; the openb cluster publishes no topology, so on the trace
@@ -52,25 +51,23 @@ DEFAULT_LEVELS = 50
 """Number of score bins over the sigmoid of the fragmentation gain."""
 
 BALANCE_WEIGHT = 2.0
-"""Milli-GPU of fragmentation one milli-GPU of stranded GPU counts as. Results were flat between 2
-and 4 (4.14 +- 0.01 on seeds 42-44) and worse at 0.5 (4.20); 2 is the smaller of the flat range."""
+"""Milli-GPU of fragmentation one milli-GPU of stranded GPU counts as: the smaller end of the range
+where results are flat (docs/policies.md)."""
 
 CPU_ONLY_RESERVE = 5.0
-"""For CPU-only pods, the CPU a node keeps per free milli-GPU, in multiples of ``kappa`` (54 cores per
-GPU on the default trace, more than the CPU-richest openb nodes' 52). Generated cpu200 / cpu250 /
-cpu300, seeds 42-44: 1 (the GPU pods' own ratio) 3.95 / 7.16 / 14.45; 3 / 4 gave 3.88 / 6.64 / 13.75
-and 3.89 / 6.24 / 13.58; 5 / 7 / 10 gave 4.08 / 5.70 / 13.71, 4.00 / 5.84 / 13.78 and
-4.04 / 5.90 / 13.57 (docs/policies.md). The bundled traces do not move."""
+"""For CPU-only pods, the CPU a node keeps per free milli-GPU, in multiples of ``kappa``: the
+smallest multiple tried whose reserve covers the CPU-richest nodes' cores per GPU, which is where
+the gain appears (docs/policies.md, "CPU-only pods when CPU is scarce"). The bundled traces do not
+move."""
 
 SCARCITY_WEIGHT = 0.25
-"""Charge per milli-GPU per unit of model scarcity. gpuspec10, seeds 42-44: 0.1 / 0.25 / 0.5 / 1 gave
-4.14 / 4.18 / 4.15 / 4.30 (none: 5.07); 0.25 is the middle of the flat range."""
+"""Charge per milli-GPU per unit of model scarcity: the middle of the range where results are flat
+(docs/policies.md, "GPU-model scarcity")."""
 
 
 DEAD_HOLE_WEIGHT = 4.0
-"""Milli-GPU of fragmentation one milli-GPU of dead hole counts as. Default trace, seeds 42-44:
-0.5 / 1 / 2 / 3 / 4 gave 4.07 / 3.97 / 3.94 / 3.89 / 3.87 (none: 4.14; 6 with the 5 % cut: 3.92);
-held-out seeds 45-51 confirmed 3 and 4 (3.88 / 3.86)."""
+"""Milli-GPU of fragmentation one milli-GPU of dead hole counts as: the best of the weights tried on
+the tuning seeds, confirmed on held-out seeds (docs/policies.md, "Dead holes")."""
 
 
 def binned_score(gain: FloatArray, levels: int) -> FloatArray:
