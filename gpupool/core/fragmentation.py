@@ -144,8 +144,8 @@ class FragmentationMeasure:
         """Fragmentation of nodes given their free compute per card ``[R, G]`` and CPU ``[R]``."""
         free_k = free.astype(np.int32)[..., None]
         usable = access & (free_k >= self._milli32)
-        used_free = np.where(usable, free_k, 0).sum(axis=1)
-        usable_count = np.count_nonzero(usable, axis=1)
+        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
+        usable_count = usable.sum(axis=1)
         satisfied = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
                      & self._gpu_class)
         total = free.sum(axis=1).astype(np.float64)
@@ -179,24 +179,29 @@ class FragmentationMeasure:
         access = self._card_access(rows)
         free_k = free.astype(np.int32)[..., None]
         usable = access & (free_k >= self._milli32)
-        held = np.where(usable, free_k, 0)  # what each card adds to a class's usable sum now
-        used_free = held.sum(axis=1)
-        usable_count = np.count_nonzero(usable, axis=1)
+        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
+        usable_count = usable.sum(axis=1)
         cpu_free = self.state.cpu_free[rows]
-        satisfied_now = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
-                         & self._gpu_class)
+        count_ok = usable_count >= self.class_count
+        satisfied_now = (cpu_free[:, None] >= self.class_cpu) & self._gpu_class & count_ok
         total = free.sum(axis=1).astype(np.float64)
         before: FloatArray = total * self.weight_total - np.where(satisfied_now, used_free, 0.0) @ self.class_weight
-        after_k = free_k - milli
-        usable_after = access & (after_k >= self._milli32)
-        used_after = used_free[:, None, :] - held + np.where(usable_after, after_k, 0)
-        count_after = usable_count[:, None, :] - usable + usable_after
-        cpu_ok = (cpu_free - cpu)[:, None] >= self.class_cpu  # [R, classes]: no card changes it
-        cpu_ok &= self._gpu_class
-        satisfied = (count_after >= self.class_count) & cpu_ok[:, None, :]
+        # After a slice on card g, a class's usable sum loses all the card added if the card stops
+        # being usable for it ("lost"), and the slice alone if it stays usable; its usable count
+        # drops by one exactly where the card is lost. Written as masks and one masked subtraction:
+        # np.where over broadcast operands cost several times more on these [R, G, classes] arrays.
+        usable_after = usable & (free_k >= self._milli32 + milli)
+        lost = usable ^ usable_after
+        given = lost * free_k
+        given += usable_after * np.int32(milli)
+        cpu_ok = ((cpu_free - cpu)[:, None] >= self.class_cpu) & self._gpu_class
+        keeps_count = (count_ok & cpu_ok)[:, None, :]
+        spares_count = ((usable_count > self.class_count) & cpu_ok)[:, None, :]
+        satisfied = (keeps_count & ~lost) | (spares_count & lost)
+        used_after = np.subtract(used_free[:, None, :], given, dtype=np.float64, where=satisfied,
+                                 out=np.zeros(given.shape))
         total_after = total - milli
-        result: FloatArray = (total_after[:, None] * self.weight_total
-                              - np.where(satisfied, used_after, 0.0) @ self.class_weight)
+        result: FloatArray = total_after[:, None] * self.weight_total - used_after @ self.class_weight
         return before, result
 
     def after_taking(self, rows: IntArray, taken: BoolArray, milli: int | None, cpu: int,
