@@ -115,6 +115,9 @@ class FragmentationMeasure:
         self.class_weight: FloatArray = np.array([p.freq for p in pods], dtype=np.float64)
         self.weight_total = float(self.class_weight.sum())
         self._gpu_class: BoolArray = self.class_count > 0
+        # The per-card arrays are [rows, cards, classes] of compute (0..1000) and sums of at most
+        # a node's cards: int32 holds them exactly and halves the memory traffic of int64.
+        self._milli32: npt.NDArray[np.int32] = self.class_milli.astype(np.int32)
         self._access_models = -1
         self._access: BoolArray = np.zeros((0, len(pods)), dtype=bool)
 
@@ -139,13 +142,14 @@ class FragmentationMeasure:
 
     def fragment(self, free: IntArray, cpu_free: IntArray, access: BoolArray) -> FloatArray:
         """Fragmentation of nodes given their free compute per card ``[R, G]`` and CPU ``[R]``."""
-        usable = access & (free[..., None] >= self.class_milli)
-        used_free = (usable * free[..., None]).sum(axis=1)
+        free_k = free.astype(np.int32)[..., None]
+        usable = access & (free_k >= self._milli32)
+        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
         usable_count = usable.sum(axis=1)
         satisfied = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
                      & self._gpu_class)
         total = free.sum(axis=1).astype(np.float64)
-        result: FloatArray = total * self.weight_total - (satisfied * used_free) @ self.class_weight
+        result: FloatArray = total * self.weight_total - np.where(satisfied, used_free, 0.0) @ self.class_weight
         return result
 
     def node_fragment(self, rows: IntArray, free: IntArray | None = None) -> FloatArray:
@@ -173,44 +177,55 @@ class FragmentationMeasure:
         if free is None:
             free = self.card_free(rows)
         access = self._card_access(rows)
-        usable = access & (free[..., None] >= self.class_milli)
-        used_free = (usable * free[..., None]).sum(axis=1)
+        free_k = free.astype(np.int32)[..., None]
+        usable = access & (free_k >= self._milli32)
+        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
         usable_count = usable.sum(axis=1)
         cpu_free = self.state.cpu_free[rows]
-        satisfied_now = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
-                         & self._gpu_class)
+        count_ok = usable_count >= self.class_count
+        satisfied_now = (cpu_free[:, None] >= self.class_cpu) & self._gpu_class & count_ok
         total = free.sum(axis=1).astype(np.float64)
-        before: FloatArray = total * self.weight_total - (satisfied_now * used_free) @ self.class_weight
-        after = free - milli
-        usable_after = access & (after[..., None] >= self.class_milli)
-        used_after = (used_free[:, None, :] - usable * free[..., None]
-                      + usable_after * after[..., None])
-        count_after = usable_count[:, None, :] - usable + usable_after
-        cpu_after = cpu_free - cpu
-        satisfied = ((cpu_after[:, None, None] >= self.class_cpu) & (count_after >= self.class_count)
-                     & self._gpu_class)
+        before: FloatArray = total * self.weight_total - np.where(satisfied_now, used_free, 0.0) @ self.class_weight
+        # After a slice on card g, a class's usable sum loses all the card added if the card stops
+        # being usable for it ("lost"), and the slice alone if it stays usable; its usable count
+        # drops by one exactly where the card is lost. Written as masks and one masked subtraction:
+        # np.where over broadcast operands cost several times more on these [R, G, classes] arrays.
+        usable_after = usable & (free_k >= self._milli32 + milli)
+        lost = usable ^ usable_after
+        given = lost * free_k
+        given += usable_after * np.int32(milli)
+        cpu_ok = ((cpu_free - cpu)[:, None] >= self.class_cpu) & self._gpu_class
+        keeps_count = (count_ok & cpu_ok)[:, None, :]
+        spares_count = ((usable_count > self.class_count) & cpu_ok)[:, None, :]
+        satisfied = (keeps_count & ~lost) | (spares_count & lost)
+        used_after = np.subtract(used_free[:, None, :], given, dtype=np.float64, where=satisfied,
+                                 out=np.zeros(given.shape))
         total_after = total - milli
-        result: FloatArray = (total_after[:, None] * self.weight_total
-                              - (satisfied * used_after) @ self.class_weight)
+        result: FloatArray = total_after[:, None] * self.weight_total - used_after @ self.class_weight
         return before, result
 
-    def after_taking(self, rows: IntArray, taken: BoolArray, milli: int | None, cpu: int) -> FloatArray:
+    def after_taking(self, rows: IntArray, taken: BoolArray, milli: int | None, cpu: int,
+                     free: IntArray | None = None) -> FloatArray:
         """Fragmentation of each node after the cards marked in ``taken`` (``[R, G]``) give up
-        ``milli`` each (``None``: the whole card) and the node gives up ``cpu``."""
-        free = self.card_free(rows).copy()
+        ``milli`` each (``None``: the whole card) and the node gives up ``cpu``.
+
+        ``free``: :meth:`card_free` of ``rows`` when the caller has it already (it is not changed).
+        """
+        free = (self.card_free(rows) if free is None else free).copy()
         if milli is None:
             free[taken] = 0
         else:
             free[taken] -= milli
         return self.fragment(free, self.state.cpu_free[rows] - cpu, self._card_access(rows))
 
-    def after_whole(self, rows: IntArray, count: int, cpu: int) -> FloatArray:
+    def after_whole(self, rows: IntArray, count: int, cpu: int, free: IntArray | None = None) -> FloatArray:
         """Fragmentation of each node after ``count`` whole idle cards (and ``cpu``) are taken.
 
         Which idle cards go does not change the measure (all are equally idle), so the first ones
-        stand in.
+        stand in. ``free``: as for :meth:`after_taking`.
         """
-        free = self.card_free(rows)
+        if free is None:
+            free = self.card_free(rows)
         idle = (self.state.card_mode[rows] == 0) & (free > 0)
         taken = idle & (np.cumsum(idle, axis=1) <= count)
-        return self.after_taking(rows, taken, None, cpu)
+        return self.after_taking(rows, taken, None, cpu, free)

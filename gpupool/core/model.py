@@ -15,6 +15,7 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from functools import cached_property
 
 from gpupool.core.units import COMPUTE_PER_CARD
 
@@ -302,17 +303,20 @@ class PodRequest:
     init_containers: tuple[ContainerRequest, ...] = ()
     priority: int = 0
 
-    @property
+    # The derived totals below are cached: the scheduler reads them several times per decision, and
+    # the request is immutable (cached values live outside the fields, so equality and hashing are
+    # unchanged).
+    @cached_property
     def cpu_milli(self) -> int:
         app = sum(c.cpu_milli for c in self.containers)
         return max([app, *(c.cpu_milli for c in self.init_containers)])
 
-    @property
+    @cached_property
     def memory_mib(self) -> int:
         app = sum(c.memory_mib for c in self.containers)
         return max([app, *(c.memory_mib for c in self.init_containers)])
 
-    @property
+    @cached_property
     def gpu_containers(self) -> tuple[ContainerRequest, ...]:
         """App containers that ask for GPUs, in spec order."""
         return tuple(c for c in self.containers if c.gpu is not None)

@@ -28,6 +28,9 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 EXPLAIN_MEMO_REQUESTS = 64
 """Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
 
+PICK_TRIES = 8
+"""Best-scored nodes on which the card choice is tried before a pod is declared unschedulable."""
+
 
 @dataclass(frozen=True)
 class Unschedulable:
@@ -141,12 +144,29 @@ class Scheduler:
     # ----------------------------------------------------------------------------------- decide
     def pick(self, rows: IntArray, scores: FloatArray) -> IntArray:
         """Rows ordered best first: by score, then tie rank (or random order when none is set)."""
+        return self._order(rows, scores, self._secondary(rows))
+
+    def _secondary(self, rows: IntArray) -> IntArray:
+        """The tie order of ``rows`` (a draw from the generator when no tie rank is set)."""
         if self.tie_rank is not None:
-            secondary = self.tie_rank[rows]
-        else:
-            secondary = self.rng.permutation(len(rows))
+            return self.tie_rank[rows]
+        secondary: IntArray = self.rng.permutation(len(rows))
+        return secondary
+
+    @staticmethod
+    def _order(rows: IntArray, scores: FloatArray, secondary: IntArray) -> IntArray:
         order = np.lexsort((secondary, -scores))
         return rows[order]
+
+    @staticmethod
+    def _first(rows: IntArray, scores: FloatArray, secondary: IntArray) -> int | None:
+        """``_order(...)[0]`` without sorting every row (the first pick almost always holds the pod);
+        None when a NaN score makes the shortcut unsafe."""
+        top = scores.max()
+        if np.isnan(top):
+            return None
+        tied = np.flatnonzero(scores == top)
+        return int(rows[tied[np.argmin(secondary[tied])]])
 
     def decide(self, pod: PodRequest) -> Placement | Unschedulable:
         """The placement the policy chooses for ``pod`` (nothing is booked)."""
@@ -157,8 +177,16 @@ class Scheduler:
         if not len(rows):
             return Unschedulable(pod.key, "no node can hold the pod")
         chooser = self.policy.shared_chooser()
-        best = self.pick(rows, scores)
-        for row in best[:8]:
+        secondary = self._secondary(rows)
+        first = self._first(rows, scores, secondary)
+        if first is not None:
+            result = assign_on_node(self.state, first, pod, chooser)
+            if isinstance(result, Placement):
+                return result
+        best = self._order(rows, scores, secondary)
+        for row in best[:PICK_TRIES]:
+            if int(row) == first:
+                continue
             result = assign_on_node(self.state, int(row), pod, chooser)
             if isinstance(result, Placement):
                 return result

@@ -44,14 +44,14 @@ class FragmentationPolicy(PlacementPolicy):
             free = self.measure.card_free(rows)
         before = self.measure.node_fragment(rows, free)
         if shape.gpu is None:
-            after_node = self.measure.after_taking(rows, np.zeros_like(fits), 0, shape.cpu_milli)
+            after_node = self.measure.after_taking(rows, np.zeros_like(fits), 0, shape.cpu_milli, free)
         elif shape.gpu.exclusive:
-            after_node = self.measure.after_whole(rows, shape.count, shape.cpu_milli)
+            after_node = self.measure.after_whole(rows, shape.count, shape.cpu_milli, free)
         else:
             order = np.argsort(np.where(fits, free, np.iinfo(np.int64).max), axis=1, kind="stable")
             taken = np.zeros_like(fits)
             np.put_along_axis(taken, order[:, : shape.count], True, axis=1)
-            after_node = self.measure.after_taking(rows, taken & fits, shape.milli, shape.cpu_milli)
+            after_node = self.measure.after_taking(rows, taken & fits, shape.milli, shape.cpu_milli, free)
         gains = np.repeat((before - after_node)[:, None], fits.shape[1], axis=1)
         return gains
 
