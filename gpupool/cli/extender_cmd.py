@@ -27,8 +27,9 @@ from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
-from gpupool.extender.watch import ListWatch, start_watches
+from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
+from gpupool.kube.listwatch import ListWatch
 from gpupool.kube.podapi import KubePodApi
 
 log = logging.getLogger("gpupool.extender")

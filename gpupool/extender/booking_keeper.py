@@ -31,7 +31,7 @@ from gpupool.extender.bookings import (
     advance,
     observe,
 )
-from gpupool.extender.pod_records import PodRecord
+from gpupool.kube.pod_holding import PodRecord
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from gpupool.extender.booking_keeper import BookingKeeper
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
-from gpupool.extender.pod_records import PodRecord, read_pod
+from gpupool.extender.pod_records import read_pod
+from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,6 @@ from gpupool.api.names import ResourceNames
 from gpupool.kube.pod_holding import FINISHED_PHASES, PodRecord, pod_record
 from gpupool.kube.translate import pod_wants_gpu
 
-__all__ = ["FINISHED_PHASES", "PodRecord", "read_pod"]
-
 log = logging.getLogger(__name__)
 
 

@@ -10,8 +10,6 @@ from typing import Any
 from gpupool.extender.cache import ClusterCache
 from gpupool.kube.listwatch import ListWatch
 
-__all__ = ["ListWatch", "apply_node_event", "apply_pod_event", "start_watches"]
-
 
 def apply_node_event(cache: ClusterCache, kind: str, obj: dict[str, Any]) -> None:
     """One node event into the cache."""

@@ -20,7 +20,8 @@ from gpupool.extender.bookings import (
     next_stage,
     observe,
 )
-from gpupool.extender.pod_records import PodRecord, read_pod
+from gpupool.extender.pod_records import read_pod
+from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.translate import node_spec
 from tests.kube.builders import container, node, placed_pod, pod
 

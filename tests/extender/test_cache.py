@@ -14,8 +14,10 @@ from gpupool.api.names import ResourceNames
 from gpupool.extender import cache as cache_module
 from gpupool.extender.bookings import Stage
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.pod_records import PodRecord, read_pod
-from gpupool.extender.watch import ListWatch, apply_pod_event
+from gpupool.extender.pod_records import read_pod
+from gpupool.extender.watch import apply_pod_event
+from gpupool.kube.listwatch import ListWatch
+from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.translate import pod_request
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch

@@ -18,7 +18,8 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, NOT_LEADING, Handover
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.service import ExtenderService
-from gpupool.extender.watch import ListWatch, apply_pod_event
+from gpupool.extender.watch import apply_pod_event
+from gpupool.kube.listwatch import ListWatch
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch
 from tests.extender.lease_fakes import FakeClock, FakeCoordination

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.watch import ListWatch, apply_pod_event
+from gpupool.extender.watch import apply_pod_event
+from gpupool.kube.listwatch import ListWatch
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch
 from tests.kube.builders import container, node, pod
