@@ -30,10 +30,11 @@ def read_pod(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
     annotations = meta.get("annotations") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
-    if annotations.get(names.assignment) is None and not pod_wants_gpu(raw, names) and \
+    wants_gpu = pod_wants_gpu(raw, names)
+    if annotations.get(names.assignment) is None and not wants_gpu and \
             (not spec.get("nodeName") or status.get("phase") in FINISHED_PHASES):
         return None
-    record = pod_record(raw, names)
+    record = pod_record(raw, names, wants_gpu=wants_gpu)
     if record is None:
         return None
     if record.assignment_unreadable:

@@ -92,8 +92,11 @@ class PodRecord:
         return bool(version) and str(version) == self.version and self.uid == str(meta.get("uid") or "")
 
 
-def pod_record(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
-    """A record of the pod object, or None when it has no readable namespace and name."""
+def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool | None = None) -> PodRecord | None:
+    """A record of the pod object, or None when it has no readable namespace and name.
+
+    ``wants_gpu``: :func:`pod_wants_gpu` of the object when the caller has already asked it (the
+    extender does, for every pod event, to decide whether to keep the pod at all)."""
     try:
         key = pod_key(raw)
     except TranslationError:
@@ -124,7 +127,8 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None
             allocated = assignment is not None and confirmed_on == assignment.node
         except AnnotationError as exc:
             allocated_problem = str(exc)
-    wants_gpu = pod_wants_gpu(raw, names)
+    if wants_gpu is None:
+        wants_gpu = pod_wants_gpu(raw, names)
     return PodRecord(key=key, uid=str(meta.get("uid") or ""), version=str(meta.get("resourceVersion") or ""),
                      node_name=str((raw.get("spec") or {}).get("nodeName") or ""),
                      finished=status.get("phase") in FINISHED_PHASES, wants_gpu=wants_gpu, request=request,
