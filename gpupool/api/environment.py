@@ -14,6 +14,16 @@ comma-separated, in the order the scheduler exposed the cards to the container (
   ``GPUPOOL_CARD_UUIDS``: the same per card for gpupool's own enforcement (0 % = no compute limit);
 * ``GPUPOOL_POD`` / ``GPUPOOL_CONTAINER``: whose share this is, so a mix-up is visible in logs and
   usage can be attributed.
+
+Optional variables (:data:`OPTIONAL`), set only where the node enforces shares with a backend that
+needs them; a reader must not require them, which is why adding them kept version ``1``:
+
+* ``GPUPOOL_SHIM_DIR`` / ``GPUPOOL_AGENT_SOCKET`` / ``GPUPOOL_SHIM_TOKEN`` / ``GPUPOOL_COMPUTE_MODE``:
+  the interception library's per-container directory, the node agent's registration socket, the
+  container's registration token and ``hard`` or ``soft`` compute limiting (paths and the
+  registration protocol: :mod:`gpupool.api.shim_contract`);
+* ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``: where the node's MPS control daemon
+  listens, as mounted into the container.
 """
 
 from __future__ import annotations
@@ -35,9 +45,25 @@ CARD_UUIDS = "GPUPOOL_CARD_UUIDS"
 POD = "GPUPOOL_POD"
 CONTAINER = "GPUPOOL_CONTAINER"
 
-#: Every variable of the contract, in the order Allocate writes them.
+SHIM_DIR = "GPUPOOL_SHIM_DIR"
+AGENT_SOCKET = "GPUPOOL_AGENT_SOCKET"
+SHIM_TOKEN = "GPUPOOL_SHIM_TOKEN"
+COMPUTE_MODE = "GPUPOOL_COMPUTE_MODE"
+MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
+
+#: Every variable a reader requires, in the order Allocate writes them.
 ALL = (VERSION, NVIDIA_VISIBLE_DEVICES, MPS_PINNED_MEMORY, MPS_THREAD_PERCENTAGE, MEMORY_LIMIT_MIB,
        COMPUTE_PERCENT, CARD_INDICES, CARD_UUIDS, POD, CONTAINER)
+
+#: Variables set only by some enforcement backends; readers take them when present.
+OPTIONAL = (SHIM_DIR, AGENT_SOCKET, SHIM_TOKEN, COMPUTE_MODE, MPS_PIPE_DIRECTORY, MPS_LOG_DIRECTORY)
+
+#: ``GPUPOOL_COMPUTE_MODE`` values: ``hard`` never lets a container above its compute share, ``soft``
+#: lets it use more while the card has idle capacity; absent means ``hard``.
+COMPUTE_MODE_HARD = "hard"
+COMPUTE_MODE_SOFT = "soft"
+COMPUTE_MODES = (COMPUTE_MODE_HARD, COMPUTE_MODE_SOFT)
 
 #: MPS's value for "no limit": a container whose slices carry no compute share.
 UNLIMITED_PERCENT = 100
@@ -101,6 +127,14 @@ class ContainerEnvironment:
             raise EnvContractError(f"{COMPUTE_PERCENT}: a share above 100 %")
         cards = tuple(CardShare(i, u, m, c) for i, u, m, c in zip(indices, uuids, memory, compute, strict=True))
         return ContainerEnvironment(pod=env[POD], container=env[CONTAINER], cards=cards)
+
+
+def compute_mode(env: Mapping[str, str]) -> str:
+    """``GPUPOOL_COMPUTE_MODE`` of an environment: ``hard`` when absent, an error when unknown."""
+    mode = env.get(COMPUTE_MODE, COMPUTE_MODE_HARD)
+    if mode not in COMPUTE_MODES:
+        raise EnvContractError(f"{COMPUTE_MODE}={mode!r}: expected one of {', '.join(COMPUTE_MODES)}")
+    return mode
 
 
 def _join(parts: Iterable[str]) -> str:

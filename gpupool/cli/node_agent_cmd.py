@@ -9,7 +9,12 @@ import socket
 
 import click
 
+from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.nodeagent.isolation.backends import AUTO, CHOICES
+from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
+from gpupool.nodeagent.isolation.setup import IsolationConfig
+from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
@@ -49,10 +54,23 @@ def _duration(value: str) -> float:
               type=click.Path(dir_okay=False), help="The usage monitor's state file (on a hostPath).")
 @click.option("--idle-after", default=f"{DEFAULT_IDLE_AFTER_SECONDS / 60:g}m", show_default=True,
               metavar="DURATION", help="A held card without SM activity this long is idle (e.g. 90s, 10m, 1h).")
+@click.option("--isolation", type=click.Choice(CHOICES), default=AUTO, show_default=True,
+              help="What enforces the shares: shim (the interception library), mps (the agent runs the MPS "
+                   "control daemon), none; auto: shim with --shim-library, else none (docs/isolation-backends.md).")
+@click.option("--shim-library", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The interception library to mount into containers (`gpupool shim path` prints it).")
+@click.option("--compute-mode", type=click.Choice(COMPUTE_MODES), default=COMPUTE_MODE_HARD, show_default=True,
+              help="hard: never above the compute share; soft: above it while the card is otherwise idle.")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False),
+              help="Per-container directories, the registration socket and the MPS directories live here.")
+@click.option("--mps-control", default=DEFAULT_MPS_CONTROL, show_default=True,
+              help="The MPS control daemon binary (--isolation mps).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
-               usage_monitor: bool, usage_state_file: str, idle_after: str, verbose: bool) -> None:
+               usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
+               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
+               verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -63,20 +81,25 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
-                     metrics_port, monitor))
+                     metrics_port, monitor, isolation_config))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None) -> None:
+               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None,
+               isolation: IsolationConfig) -> None:
     from gpupool.api.names import ResourceNames
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
     from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
     from gpupool.nodeagent.gpu_inventory import GpuBackend
+    from gpupool.nodeagent.isolation.backends import IsolationConfigError
+    from gpupool.nodeagent.isolation.setup import build_enforcement
     from gpupool.nodeagent.kube_pod_source import KubePodSource
     from gpupool.nodeagent.metrics import serve_metrics
+    from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
     from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
@@ -103,8 +126,18 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             logging.getLogger(__name__).exception("usage monitor not started; the agent runs without it")
             monitor.stop()
             monitor = None
+    directory = monitor.directory if monitor is not None else InMemoryContainerDirectory()
+    if monitor is None:
+        pods.cache.feeds.append(DirectoryFeed(directory))
+    try:
+        enforcement = build_enforcement(isolation, directory)
+    except (IsolationConfigError, OSError) as exc:
+        if monitor is not None:
+            monitor.stop()
+        backend.close()
+        raise click.BadParameter(str(exc), param_hint="--isolation") from None
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
-                      monitor=monitor)
+                      monitor=monitor, enforcement=enforcement)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
     metrics = await serve_metrics(agent, metrics_port) if metrics_port else None

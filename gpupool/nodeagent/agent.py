@@ -25,6 +25,7 @@ from gpupool.nodeagent.allocation_mapper import AllocationMapper, MappingError, 
 from gpupool.nodeagent.container_grant import build_grant
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
+from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.types import (
     ContainerGrant,
@@ -64,7 +65,8 @@ class NodeAgent:
 
     def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
-                 poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None) -> None:
+                 poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None,
+                 enforcement: Enforcement | None = None) -> None:
         self.node = node
         self.names = names
         self.resources: tuple[str, ...] = (*names.all(), *aliases)
@@ -89,6 +91,9 @@ class NodeAgent:
         self._fixed: set[tuple[str, frozenset[str]]] = set()
         self.monitor = monitor
         """The GPU usage monitor (started by the caller), or ``None`` when it is off."""
+        self.enforcement: Enforcement = enforcement or NoEnforcement()
+        """What holds containers to their shares on this node (adds env and mounts to grants)."""
+        self._listed = False
 
     # ------------------------------------------------------------------ devices and health
     @property
@@ -122,6 +127,13 @@ class NodeAgent:
         """The pods kubelet listed at the last PodResources read, as the pod source described them."""
         return list(self._views.values())
 
+    def live_pods(self) -> dict[str, PodKey] | None:
+        """Pod UID → (namespace, name) of every pod kubelet listed at the last PodResources read;
+        ``None`` before the first read or while a listed pod could not be read (its UID unknown)."""
+        if not self._listed or any(key not in self._views for key in self._snapshot):
+            return None
+        return {view.uid: key for key, view in self._views.items()}
+
     def served_containers(self) -> int:
         """Containers of pods kubelet still lists whose Allocate this agent answered."""
         return sum(len(containers) for key, containers in self._served.items() if key in self._snapshot)
@@ -134,7 +146,7 @@ class NodeAgent:
             view = await self.pods.get(*key)
             if view is not None:
                 views[key] = view
-        self._snapshot, self._views = snapshot, views
+        self._snapshot, self._views, self._listed = snapshot, views, True
         self.mapper.observe(snapshot, views)
         return snapshot, views
 
@@ -162,7 +174,7 @@ class NodeAgent:
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,
                                 dict(res.pod.assignment.uuids) if res.pod.assignment else None,
-                                self._inventory)
+                                self._inventory, self.enforcement.grant_extras(res.pod, res.container.name))
         except (MappingError, ValueError) as exc:
             self.stats.refused += 1
             log.error("refusing Allocate %s x%d: %s", resource, len(ids), exc)
@@ -261,11 +273,13 @@ class NodeAgent:
             await self.apply_health(event)
 
     async def run(self) -> None:
-        """Health watching, annotation writing, PodResources polling and usage sampling, until cancelled."""
+        """Health watching, annotation writing, PodResources polling, usage sampling and the
+        enforcement backend's work, until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._writer())
             group.create_task(self._poller())
             group.create_task(self._health())
+            group.create_task(self.enforcement.run(self.live_pods))
             if self.monitor is not None:
                 group.create_task(self.monitor.run())
 

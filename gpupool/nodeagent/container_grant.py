@@ -1,6 +1,7 @@
-"""What a container gets for its cards: env vars and device nodes (the Allocate response body).
+"""What a container gets for its cards: env vars, device nodes and mounts (the Allocate response body).
 
-The env vars follow the contract in :mod:`gpupool.api.environment`.
+The env vars follow the contract in :mod:`gpupool.api.environment`; the node's enforcement backend
+adds its own variables and mounts (:mod:`gpupool.nodeagent.isolation`).
 
 Every resource's Allocate for the same container returns the identical grant, so kubelet's merge of
 the responses (first value wins, equal values are not a conflict) is exact whatever its order.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from gpupool.api.environment import CardShare, ContainerEnvironment
 from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.gpu_inventory import GpuInventory
-from gpupool.nodeagent.types import ContainerGrant, DeviceSpec
+from gpupool.nodeagent.types import ContainerGrant, DeviceSpec, GrantExtras
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -27,8 +28,9 @@ def compute_percent(compute_milli: int) -> int:
 
 
 def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, str] | None,
-                inventory: GpuInventory) -> ContainerGrant:
-    """Env vars and device specs for exactly the assigned cards of one container."""
+                inventory: GpuInventory, extras: GrantExtras | None = None) -> ContainerGrant:
+    """Env vars and device specs for exactly the assigned cards of one container, plus what the
+    enforcement backend adds (``extras``; its variables never replace the contract's own)."""
     cards, paths = [], []
     for s in assignment.slices:
         try:
@@ -46,4 +48,9 @@ def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, 
     envs = ContainerEnvironment(pod=pod_key, container=assignment.container, cards=shares).to_env()
     devices = [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in paths]
     devices += [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in CONTROL_DEVICES]
-    return ContainerGrant(envs=envs, devices=tuple(devices))
+    if extras is None:
+        return ContainerGrant(envs=envs, devices=tuple(devices))
+    clash = sorted(k for k in extras.envs if k in envs)
+    if clash:
+        raise GrantError(f"{pod_key}/{assignment.container}: the enforcement backend would replace {', '.join(clash)}")
+    return ContainerGrant(envs={**envs, **extras.envs}, devices=tuple(devices), mounts=extras.mounts)

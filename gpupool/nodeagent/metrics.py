@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
 from gpupool.nodeagent.types import PodView
 from gpupool.nodeagent.usage_metrics import UsageCollector
 from gpupool.nodeagent.usage_report import usage_table
@@ -117,6 +118,7 @@ def agent_registry(agent: NodeAgent) -> CollectorRegistry:
     """Every series the agent exports: its cards and counters, and the usage monitor's when it runs."""
     registry = CollectorRegistry()
     registry.register(NodeAgentCollector(agent))
+    registry.register(IsolationCollector(agent))
     if agent.monitor is not None:
         registry.register(UsageCollector(agent, agent.monitor))
     return registry
@@ -133,7 +135,8 @@ def metrics_app(agent: NodeAgent) -> web.Application:
     async def usage(_request: web.Request) -> web.Response:
         if agent.monitor is None:
             return web.Response(status=404, text="the usage monitor is off (--no-usage-monitor)\n")
-        return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods()))
+        return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
+                            + isolation_table(agent))
 
     app = web.Application()
     app.router.add_get("/metrics", scrape)

@@ -114,9 +114,28 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host file or directory bind-mounted into the container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class GrantExtras:
+    """What the node's enforcement backend adds to a container's grant (the same for every resource
+    of the container, so kubelet's merge of the responses stays exact)."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerGrant:
-    """What Allocate returns for one container: env vars and device nodes."""
+    """What Allocate returns for one container: env vars, device nodes and mounts."""
 
     envs: Mapping[str, str]
     devices: tuple[DeviceSpec, ...]
     annotations: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()

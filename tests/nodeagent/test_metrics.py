@@ -66,7 +66,9 @@ def by_card(text: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if "card" in s.labels:
+            if s.name == "gpupool_card_isolation_backend":  # one sample per backend: its own label
+                assert set(s.labels) == {"node", "card", "uuid", "model", "backend"}
+            elif "card" in s.labels:
                 assert set(s.labels) == {"node", "card", "uuid", "model"}
                 out.setdefault(s.name, {})[s.labels["card"]] = s.value
     return out

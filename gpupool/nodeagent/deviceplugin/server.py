@@ -89,6 +89,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             responses.append(pb.ContainerAllocateResponse(
                 envs=dict(grant.envs), annotations=dict(grant.annotations),
+                mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                                 read_only=m.read_only) for m in grant.mounts],
                 devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path,
                                        permissions=d.permissions) for d in grant.devices]))
         return pb.AllocateResponse(container_responses=responses)

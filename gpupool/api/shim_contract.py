@@ -1,0 +1,143 @@
+"""The contract between the interception library inside a container and the node agent.
+
+Two sides implement it: the C library (``gpupool/shim``) and the node agent's registration server
+(:mod:`gpupool.nodeagent.isolation`). The paths below are where Allocate's mounts put things *inside*
+the container; the host side of each mount is the agent's business. The registration protocol is
+one JSON line each way over a unix socket: the library presents the per-container token Allocate
+handed out, the agent answers whether it knows it. Tests that play the library's side use the same
+codec, so a drift between the two sides fails a test instead of a registration.
+
+Every decode error is a :class:`ShimProtocolError` whose message says what was wrong; the server
+sends that message back as the refusal reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# ----------------------------------------------------------------------- paths in the container
+CONTAINER_LIBRARY_PATH = "/usr/local/gpupool/lib/libgpupool-shim.so"
+"""The library, bind-mounted read-only from the host file ``gpupool shim path`` prints."""
+
+PRELOAD_PATH = "/etc/ld.so.preload"
+"""The dynamic loader's preload list, a read-only bind mount of a host file naming the library."""
+
+PRELOAD_LINE = CONTAINER_LIBRARY_PATH + "\n"
+"""The whole content of that file: one line, the library's path in the container."""
+
+CONTAINER_SHIM_DIR = "/var/run/gpupool"
+"""The per-container directory (read-write, only this container has it)."""
+
+TOKEN_FILE = "token"
+"""In the per-container directory: the container's token, one line."""
+
+REGION_FILE = "memory.region"
+"""In the per-container directory: the shared accounting region the library creates."""
+
+CONTAINER_AGENT_SOCKET_DIR = "/var/run/gpupool-agent"
+"""The agent's socket directory as mounted (read-only) into every container with a share."""
+
+AGENT_SOCKET_NAME = "agent.sock"
+CONTAINER_AGENT_SOCKET = f"{CONTAINER_AGENT_SOCKET_DIR}/{AGENT_SOCKET_NAME}"
+
+# ----------------------------------------------------------------------------- registration
+PROTOCOL_VERSION = 1
+OP_REGISTER = "register"
+MAX_LINE_BYTES = 4096
+"""A request or reply line longer than this (newline included) is refused unread."""
+
+TOKEN_BYTES = 32
+TOKEN_HEX_CHARS = 2 * TOKEN_BYTES
+_TOKEN = re.compile(rf"^[0-9a-f]{{{TOKEN_HEX_CHARS}}}$")
+_MAX_NAME = 512  # namespace/name and container are DNS names; anything longer is not one
+
+
+class ShimProtocolError(ValueError):
+    """A line that does not follow the registration protocol; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    """What a process presents: its token, its pid (as it sees it) and whose share it claims."""
+
+    token: str
+    pid: int
+    pod: str  # "namespace/name", as in GPUPOOL_POD
+    container: str
+
+
+@dataclass(frozen=True)
+class RegisterReply:
+    """The agent's answer; ``reason`` says why when ``ok`` is false."""
+
+    ok: bool
+    reason: str = ""
+
+
+def is_token(text: str) -> bool:
+    """Whether ``text`` has a token's form (64 lower-case hex digits)."""
+    return bool(_TOKEN.match(text))
+
+
+def encode_request(request: RegisterRequest) -> bytes:
+    """The request line the library sends (newline-terminated)."""
+    return _line({"v": PROTOCOL_VERSION, "op": OP_REGISTER, "token": request.token, "pid": request.pid,
+                  "pod": request.pod, "container": request.container})
+
+
+def decode_request(line: bytes) -> RegisterRequest:
+    """Read one request line (with or without its newline)."""
+    doc = _document(line)
+    if doc.get("op") != OP_REGISTER:
+        raise ShimProtocolError(f"op {doc.get('op')!r}: only {OP_REGISTER!r} is known")
+    token, pid = doc.get("token"), doc.get("pid")
+    if not isinstance(token, str) or not is_token(token):
+        raise ShimProtocolError(f"token: expected {TOKEN_HEX_CHARS} lower-case hex digits")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        raise ShimProtocolError(f"pid: expected a positive integer, got {pid!r}")
+    pod, container = doc.get("pod", ""), doc.get("container", "")
+    for key, value in (("pod", pod), ("container", container)):
+        if not isinstance(value, str) or len(value) > _MAX_NAME:
+            raise ShimProtocolError(f"{key}: expected a string of at most {_MAX_NAME} characters")
+    return RegisterRequest(token, pid, pod, container)
+
+
+def encode_reply(reply: RegisterReply) -> bytes:
+    """The reply line the agent sends (newline-terminated, the reason cut to fit one line)."""
+    doc: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": reply.ok}
+    if not reply.ok:
+        doc["reason"] = reply.reason[: MAX_LINE_BYTES // 2]
+    return _line(doc)
+
+
+def decode_reply(line: bytes) -> RegisterReply:
+    """Read one reply line (the library's side; tests use it)."""
+    doc = _document(line)
+    ok, reason = doc.get("ok"), doc.get("reason", "")
+    if not isinstance(ok, bool) or not isinstance(reason, str):
+        raise ShimProtocolError("reply: expected a boolean ok and a string reason")
+    return RegisterReply(ok, reason)
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    data = json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+    if len(data) > MAX_LINE_BYTES:
+        raise ShimProtocolError(f"line of {len(data)} bytes exceeds {MAX_LINE_BYTES}")
+    return data
+
+
+def _document(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_LINE_BYTES:
+        raise ShimProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    try:
+        doc = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ShimProtocolError(f"not a JSON line: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ShimProtocolError("not a JSON object")
+    if doc.get("v") != PROTOCOL_VERSION:
+        raise ShimProtocolError(f"v {doc.get('v')!r}: this agent speaks version {PROTOCOL_VERSION}")
+    return doc

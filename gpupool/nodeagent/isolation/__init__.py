@@ -1,0 +1,1 @@
+"""Enforcing the shares: the backends (interception library, MPS, none), chosen per node."""

@@ -1,0 +1,56 @@
+"""Build the node's enforcement backend from ``gpupool node-agent``'s options."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gpupool.api.environment import COMPUTE_MODE_HARD
+from gpupool.nodeagent.isolation.backends import (
+    AUTO,
+    Enforcement,
+    IsolationBackend,
+    NoEnforcement,
+    choose_backend,
+)
+from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT, detect_dmem
+from gpupool.nodeagent.isolation.mps_backend import MpsEnforcement, MpsLayout
+from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
+from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
+from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR, ShimLayout
+from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
+from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
+from gpupool.nodeagent.monitor.procfs import PROC
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """The options that choose and configure the backend."""
+
+    requested: str = AUTO
+    shim_library: str | None = None
+    state_dir: str = DEFAULT_STATE_DIR
+    compute_mode: str = COMPUTE_MODE_HARD
+    mps_control: str = DEFAULT_MPS_CONTROL
+    cgroup_root: str = CGROUP_ROOT
+    proc: str = PROC
+
+
+def build_enforcement(config: IsolationConfig, directory: ContainerDirectory) -> Enforcement:
+    """The backend ``config`` asks for (an impossible request raises
+    :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError` or ``OSError``)."""
+    choice = choose_backend(config.requested, config.shim_library)
+    dmem = detect_dmem(config.cgroup_root)
+    log.info("isolation backend: %s (%s); dmem: %s", choice.backend, choice.reason,
+             "usable" if dmem.usable else dmem.reason)
+    if choice.backend is IsolationBackend.NONE:
+        log.warning("shares are NOT enforced on this node: a container granted part of a card can use all "
+                    "of it (start the agent with --shim-library or --isolation mps)")
+        return NoEnforcement()
+    if choice.backend is IsolationBackend.MPS:
+        return MpsEnforcement(MpsLayout(config.state_dir), config.mps_control, dmem)
+    registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
+    return ShimEnforcement(config.shim_library or "", ShimLayout(config.state_dir), registry, config.compute_mode)
