@@ -11,7 +11,7 @@ import click
 
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
-from gpupool.nodeagent.isolation.backends import AUTO, CHOICES
+from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
@@ -81,6 +81,10 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        choose_backend(isolation, shim_library)  # refuse an impossible choice before anything starts
+    except IsolationConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--isolation") from None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
                      metrics_port, monitor, isolation_config))

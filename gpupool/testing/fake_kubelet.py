@@ -53,11 +53,13 @@ class Endpoint:
 
 @dataclass
 class ContainerRun:
-    """A started container: its env and devices as the runtime would get them."""
+    """A started container: its env, devices and mounts as the runtime would get them."""
 
     envs: dict[str, str]
     devices: list[str]
     conflicts: list[str]
+    mounts: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    """Container path → (host path, read-only); the first response's mount of a path wins."""
 
 
 @dataclass
@@ -269,6 +271,7 @@ class FakeKubelet:
             envs: dict[str, str] = {}
             devices: list[str] = []
             conflicts: list[str] = []
+            mounts: dict[str, tuple[str, bool]] = {}
             for resource in limits:
                 key = (pod.uid, cname, resource)
                 if key not in self.responses:
@@ -285,7 +288,12 @@ class FakeKubelet:
                 for d in resp.devices:
                     if d.container_path not in devices:
                         devices.append(d.container_path)
-            pod.runs[cname] = ContainerRun(envs, devices, conflicts)
+                for m in resp.mounts:  # kubelet keeps the first mount of a path, logs a different one
+                    mount = (m.host_path, m.read_only)
+                    if m.container_path in mounts and mounts[m.container_path] != mount:
+                        conflicts.append(f"mount {m.container_path}: {mounts[m.container_path]} vs {mount}")
+                    mounts.setdefault(m.container_path, mount)
+            pod.runs[cname] = ContainerRun(envs, devices, conflicts, mounts)
         pod.phase = "Running"
 
     async def wait_idle(self, timeout: float = 30.0) -> None:

@@ -13,6 +13,7 @@ from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.allocated_codec import encode_served
 from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
 from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
+from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testing.fake_kubelet import FakeKubelet, FakePod
 from gpupool.testing.fake_node import agent_on_fake_kubelet
@@ -47,15 +48,17 @@ class Node:
 @contextlib.asynccontextmanager
 async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | None = None, seed: int = 0,
                        reject: Callable[[FakePod], str | None] | None = None,
-                       aliases: tuple[str, ...] = ()) -> AsyncIterator[Node]:
-    """A fake kubelet with the agent's plugins registered (gpupool's resources and ``aliases``)."""
+                       aliases: tuple[str, ...] = (), enforcement: Enforcement | None = None) -> AsyncIterator[Node]:
+    """A fake kubelet with the agent's plugins registered (gpupool's resources and ``aliases``),
+    the agent enforcing shares with ``enforcement`` (default: none)."""
     backend = FakeGpuBackend.from_dict(gpu_file)
     source = InMemoryPodSource(NAMES)
     for pod in pods or []:
         source.put(pod)
 
     def make_agent(reader: PodResourcesClient) -> NodeAgent:
-        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases)
+        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases,
+                         enforcement=enforcement)
 
     async with agent_on_fake_kubelet(make_agent, seed=seed, reject=reject) as node:
         yield Node(node.kubelet, node.agent, source, backend, node.manager, node.dir)

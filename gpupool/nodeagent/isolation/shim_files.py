@@ -7,9 +7,10 @@
     <state>/agent-socket/agent.sock           the registration socket (its directory is mounted)
     <state>/containers/<pod-uid>_<container>/ one per container with a share (mounted read-write)
 
-A per-container directory is keyed by pod UID and container name, both of which cannot contain
-``_`` (a UID is hex and dashes, a container name a DNS label), so the name splits back
-unambiguously. Only that container mounts it, so it may be writable by any user in the container
+A per-container directory is keyed by pod UID and container name, neither of which may contain
+``_`` (a UID is hex and dashes in practice, opaque by contract, so any UID without ``_``, ``/`` or a
+leading dot is taken; a container name is a DNS label), so the name splits back unambiguously.
+Only that container mounts it, so it may be writable by any user in the container
 (the library's first process creates the accounting region there); the ``containers`` directory
 above it is root-only, so nobody else on the host reaches it.
 """
@@ -20,6 +21,7 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ from gpupool.api.shim_contract import AGENT_SOCKET_NAME, PRELOAD_LINE, TOKEN_FIL
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = "/var/lib/gpupool"
-_UID = re.compile(r"^[0-9a-f-]{1,64}$")
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,127}$")  # UUIDs in practice; never "_", "/" or ".."
 _CONTAINER = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CONTAINER_DIR_MODE = 0o777  # the container's user may be anyone; only that container mounts it
 
@@ -92,7 +94,7 @@ def write_if_changed(path: str, text: str, mode: int) -> None:
     with contextlib.suppress(OSError), open(path, encoding="utf-8") as fh:
         if fh.read() == text:
             return
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"  # unique per writer, thread or process
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.chmod(tmp, mode)

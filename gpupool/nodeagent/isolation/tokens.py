@@ -34,7 +34,7 @@ def load_or_create_secret(path: str) -> bytes:
     """
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     fresh = secrets.token_bytes(SECRET_BYTES)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"  # unique per writer, thread or process
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _SECRET_MODE)
     try:
         os.write(fd, fresh)

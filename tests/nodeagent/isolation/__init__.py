@@ -1,0 +1,1 @@
+"""Tests of the enforcement backends of the node agent."""
