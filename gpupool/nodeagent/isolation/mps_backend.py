@@ -47,6 +47,11 @@ class MpsLayout:
         return os.path.join(self.state_dir, "mps", "log")
 
 
+def daemon_command(layout: MpsLayout, control: str) -> tuple[list[str], dict[str, str]]:
+    """The control daemon's command line and the environment that places its directories."""
+    return [control, "-f"], {env.MPS_PIPE_DIRECTORY: layout.pipe_dir, env.MPS_LOG_DIRECTORY: layout.log_dir}
+
+
 class MpsEnforcement:
     """:class:`~gpupool.nodeagent.isolation.backends.Enforcement` with NVIDIA MPS."""
 
@@ -56,8 +61,7 @@ class MpsEnforcement:
             os.makedirs(path, mode=0o755, exist_ok=True)
         self.layout = layout
         self.dmem = dmem
-        self.supervisor = supervisor or MpsDaemonSupervisor(
-            [control, "-f"], {env.MPS_PIPE_DIRECTORY: layout.pipe_dir, env.MPS_LOG_DIRECTORY: layout.log_dir})
+        self.supervisor = supervisor or MpsDaemonSupervisor(*daemon_command(layout, control))
         self._extras = GrantExtras(
             {env.MPS_PIPE_DIRECTORY: CONTAINER_PIPE_DIR, env.MPS_LOG_DIRECTORY: CONTAINER_LOG_DIR},
             (Mount(layout.pipe_dir, CONTAINER_PIPE_DIR, read_only=False),

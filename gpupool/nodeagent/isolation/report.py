@@ -17,7 +17,6 @@ from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.isolation.backends import Enforcement, IsolationBackend
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 
-
 _CARD_LABELS = ("node", "card", "uuid", "model")  # the labels of every per-card series of the agent
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.api import environment as env
-from gpupool.api.shim_contract import decode_reply, encode_request, RegisterRequest
+from gpupool.api.shim_contract import RegisterRequest, decode_reply, encode_request
 from gpupool.nodeagent.container_grant import GrantError
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout

@@ -1,0 +1,99 @@
+"""Which backend a node gets, and what the cgroup root says about the kernel's dmem controller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.cli.main import cli
+from gpupool.nodeagent.isolation.backends import IsolationBackend, IsolationConfigError, choose_backend
+from gpupool.nodeagent.isolation.dmem import detect_dmem, parse_capacity
+from gpupool.nodeagent.isolation.mps_backend import MpsEnforcement
+from gpupool.nodeagent.isolation.setup import IsolationConfig, build_enforcement
+from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
+from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+
+
+@pytest.mark.parametrize(("requested", "library", "backend"), [
+    pytest.param("auto", "/lib/shim.so", IsolationBackend.SHIM, id="auto-with-library"),
+    pytest.param("auto", None, IsolationBackend.NONE, id="auto-without-library"),
+    pytest.param("shim", "/lib/shim.so", IsolationBackend.SHIM, id="shim"),
+    pytest.param("mps", None, IsolationBackend.MPS, id="mps-only-when-asked"),
+    pytest.param("none", "/lib/shim.so", IsolationBackend.NONE, id="none-wins-over-a-library"),
+])
+def test_choice(requested: str, library: str | None, backend: IsolationBackend) -> None:
+    assert choose_backend(requested, library).backend is backend
+
+
+@pytest.mark.parametrize(("requested", "library", "message"), [
+    pytest.param("shim", None, "--isolation shim needs --shim-library", id="shim-without-library"),
+    pytest.param("vgpu", None, "expected one of auto, shim, mps, none", id="unknown"),
+])
+def test_impossible_choices_are_errors(requested: str, library: str | None, message: str) -> None:
+    with pytest.raises(IsolationConfigError, match=message):
+        choose_backend(requested, library)
+
+
+def test_the_command_refuses_shim_without_a_library_before_starting() -> None:
+    result = CliRunner().invoke(cli, ["node-agent", "--isolation", "shim"])
+    assert result.exit_code == 2, result.output
+    assert "--isolation shim needs --shim-library" in result.output
+
+
+def test_help_names_the_isolation_options() -> None:
+    result = CliRunner().invoke(cli, ["node-agent", "--help"])
+    for option in ("--isolation", "--shim-library", "--compute-mode", "--state-dir", "--mps-control"):
+        assert option in result.output
+
+
+def test_build_enforcement(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"\x7fELF")
+    directory = InMemoryContainerDirectory()
+    root = str(tmp_path / "no-cgroup")
+    shim = build_enforcement(IsolationConfig("auto", str(library), str(tmp_path / "s"), cgroup_root=root), directory)
+    assert isinstance(shim, ShimEnforcement) and shim.state().enforcing
+    mps = build_enforcement(IsolationConfig("mps", None, str(tmp_path / "m"), cgroup_root=root), directory)
+    assert isinstance(mps, MpsEnforcement) and "no cgroup v2" in mps.dmem.reason
+    with caplog.at_level("WARNING"):
+        none = build_enforcement(IsolationConfig("auto", None, str(tmp_path / "n"), cgroup_root=root), directory)
+    assert not none.state().enforcing
+    assert "shares are NOT enforced" in caplog.text
+    assert not (tmp_path / "n").exists()  # nothing is written for a node without enforcement
+
+
+def cgroup_root(tmp_path: Path, controllers: str | None, capacity: str | None) -> str:
+    if controllers is not None:
+        (tmp_path / "cgroup.controllers").write_text(controllers + "\n")
+    if capacity is not None:
+        (tmp_path / "dmem.capacity").write_text(capacity)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(("controllers", "capacity", "usable", "reason"), [
+    pytest.param(None, None, False, "no cgroup v2", id="cgroup-v1-or-hybrid"),
+    pytest.param("cpu io memory pids", None, False, "no dmem controller", id="kernel-without-dmem"),
+    pytest.param("cpu memory dmem", None, False, "dmem.capacity unreadable", id="no-capacity-file"),
+    pytest.param("cpu memory dmem", "drm/0000:03:00.0/vram0 8573157376\n", False,
+                 "no NVIDIA region in dmem.capacity (regions: drm/0000:03:00.0/vram0)", id="only-another-driver"),
+    pytest.param("cpu memory dmem", "nvidia/0000:17:00.0/vidmem 150754820096\n"
+                                    "nvidia/0000:3d:00.0/vidmem 150754820096\n", True, "2 NVIDIA regions",
+                 id="nvidia-regions"),
+])
+def test_dmem_detection(tmp_path: Path, controllers: str | None, capacity: str | None, usable: bool,
+                        reason: str) -> None:
+    status = detect_dmem(cgroup_root(tmp_path, controllers, capacity))
+    assert status.usable is usable
+    assert reason in status.reason
+
+
+def test_capacity_lines_that_are_not_regions_are_skipped() -> None:
+    regions = parse_capacity("nvidia/0000:17:00.0/vidmem 1024\ngarbage\nname notanumber\n")
+    assert [(r.name, r.capacity_bytes) for r in regions] == [("nvidia/0000:17:00.0/vidmem", 1024)]
+
+
+def test_this_machine_is_detected_without_error() -> None:
+    status = detect_dmem()
+    assert status.reason  # whatever the kernel here offers, the answer says why
