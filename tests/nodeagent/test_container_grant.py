@@ -7,6 +7,7 @@ import pytest
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, Topology
 from gpupool.nodeagent.container_grant import GrantError, build_grant
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.types import GrantExtras, Mount
 
 INVENTORY = GpuInventory((GpuCard(0, "GPU-a", "T4", 16384), GpuCard(1, "GPU-b", "T4", 16384)),
                          Topology.flat(2), ("/dev/nvidia0", "/dev/nvidia1"))
@@ -49,3 +50,14 @@ def test_a_card_replaced_since_scheduling_is_refused() -> None:
         build_grant("ns/p", ContainerAssignment("main", (CardSlice(1, 4096, 300),)), {1: "GPU-old"}, INVENTORY)
     with pytest.raises(GrantError, match="no GPU with index 7"):
         build_grant("ns/p", ContainerAssignment("main", (CardSlice(7, 4096, 300),)), None, INVENTORY)
+
+
+def test_the_backend_adds_variables_and_mounts_but_never_replaces_the_contract() -> None:
+    slices = ContainerAssignment("main", (CardSlice(0, 4096, 300),))
+    plain = build_grant("ns/p", slices, None, INVENTORY)
+    mount = Mount("/var/lib/gpupool/containers/u_main", "/var/run/gpupool", read_only=False)
+    grant = build_grant("ns/p", slices, None, INVENTORY, GrantExtras({"GPUPOOL_SHIM_TOKEN": "ab" * 32}, (mount,)))
+    assert grant.envs == {**plain.envs, "GPUPOOL_SHIM_TOKEN": "ab" * 32}
+    assert grant.mounts == (mount,) and grant.devices == plain.devices
+    with pytest.raises(GrantError, match="would replace GPUPOOL_MEMORY_LIMIT_MIB"):
+        build_grant("ns/p", slices, None, INVENTORY, GrantExtras({"GPUPOOL_MEMORY_LIMIT_MIB": "99999"}))

@@ -129,3 +129,14 @@ def test_after_a_restart_running_containers_still_register_with_the_same_token(t
             finally:
                 await restarted.server.stop()
     assert decode_reply(asyncio.run(main())).ok
+
+
+def test_nothing_is_removed_while_the_listing_is_unknown(tmp_path: Path) -> None:
+    """A PodResources outage or an unreadable listed pod must not look like every pod being gone."""
+    clock = Clock()
+    shim = backend(tmp_path / "state", clock)
+    path = shim.grant_extras(pod(), "main").mounts[2].host_path
+    shim.sweep({})
+    clock.now = 500.0
+    assert shim.sweep(None) == [] and os.path.isdir(path)
+    assert shim.sweep({}) == [(UID, "main")]
