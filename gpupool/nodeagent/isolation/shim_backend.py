@@ -1,6 +1,7 @@
 """The interception-library backend: grants carry its mounts and token, the agent serves registration.
 
-At Allocate the container gets (paths in :mod:`gpupool.api.shim_contract`): the library, read-only;
+At Allocate the container gets (paths in :mod:`gpupool.api.shim_contract`): the library (its copy
+under the state directory, a host path), read-only;
 an ``/etc/ld.so.preload`` naming it, read-only (so even a process started without the container's
 environment loads it); its own directory, read-write, holding its token; and the agent's socket
 directory, read-only. Every call for one container returns the same, because the token is derived
@@ -34,6 +35,7 @@ from gpupool.nodeagent.isolation.shim_files import (
     ShimFileError,
     ShimLayout,
     existing_containers,
+    install_library,
     prepare_container,
     prepare_node,
     remove_container,
@@ -59,7 +61,7 @@ class ShimEnforcement:
             raise ValueError(f"compute mode {compute_mode!r}: expected one of {', '.join(env.COMPUTE_MODES)}")
         if not os.path.isfile(library):
             raise FileNotFoundError(f"interception library {library} does not exist (build it: `gpupool shim path`)")
-        self.library = os.path.abspath(library)
+        self.source = os.path.abspath(library)
         self.layout = layout
         self.registry = registry
         self.compute_mode = compute_mode
@@ -69,6 +71,7 @@ class ShimEnforcement:
         self._gone_after = gone_after_s
         self._gone_since: dict[str, float] = {}
         prepare_node(layout)
+        self.library = install_library(layout, self.source)
         self._signer = TokenSigner(load_or_create_secret(layout.secret))
         for uid, container in existing_containers(layout):  # containers from before a restart
             registry.issue(self._signer.token(uid, container), uid, container)

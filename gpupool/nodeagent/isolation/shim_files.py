@@ -4,12 +4,18 @@
 
     <state>/shim-secret                       the token secret (0600; never mounted)
     <state>/shim/ld.so.preload                one line naming the library in the container
+    <state>/shim/libgpupool-shim.so           the library, copied here at start (see below)
     <state>/agent-socket/agent.sock           the registration socket (its directory is mounted)
     <state>/containers/<pod-uid>_<container>/ one per container with a share (mounted read-write)
 
 A per-container directory is keyed by pod UID and container name, neither of which may contain
 ``_`` (a UID is hex and dashes in practice, opaque by contract, so any UID without ``_``, ``/`` or a
 leading dot is taken; a container name is a DNS label), so the name splits back unambiguously.
+The library is copied under the state directory because the path ``gpupool shim path`` prints is
+a path in the agent's own filesystem, which on a DaemonSet is the agent's image, not the host the
+container runtime bind-mounts from; the state directory is a host path seen at the same place. A
+changed library replaces the copy atomically: running containers keep the inode they mounted.
+
 Only that container mounts it, so it may be writable by any user in the container
 (the library's first process creates the accounting region there); the ``containers`` directory
 above it is root-only, so nobody else on the host reaches it.
@@ -54,6 +60,10 @@ class ShimLayout:
         return os.path.join(self.state_dir, "shim", "ld.so.preload")
 
     @property
+    def library(self) -> str:
+        return os.path.join(self.state_dir, "shim", "libgpupool-shim.so")
+
+    @property
     def socket_dir(self) -> str:
         return os.path.join(self.state_dir, "agent-socket")
 
@@ -87,6 +97,22 @@ def prepare_node(layout: ShimLayout) -> None:
     os.makedirs(layout.socket_dir, mode=0o755, exist_ok=True)
     os.makedirs(os.path.dirname(layout.preload), mode=0o755, exist_ok=True)
     write_if_changed(layout.preload, PRELOAD_LINE, 0o644)
+
+
+def install_library(layout: ShimLayout, source: str) -> str:
+    """Copy the library to its host path under the state directory (unless it is there already)."""
+    target = layout.library
+    with open(source, "rb") as fh:
+        data = fh.read()
+    with contextlib.suppress(OSError), open(target, "rb") as fh:
+        if fh.read() == data:
+            return target
+    tmp = f"{target}.{secrets.token_hex(8)}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    return target
 
 
 def write_if_changed(path: str, text: str, mode: int) -> None:

@@ -50,7 +50,7 @@ def test_the_grant_carries_the_mounts_and_variables_of_the_contract(tmp_path: Pa
     state = tmp_path / "state"
     host_dir = str(state / "containers" / f"{UID}_main")
     assert extras.mounts == (
-        Mount(str(tmp_path / "libgpupool-shim.so"), "/usr/local/gpupool/lib/libgpupool-shim.so", True),
+        Mount(str(state / "shim" / "libgpupool-shim.so"), "/usr/local/gpupool/lib/libgpupool-shim.so", True),
         Mount(str(state / "shim" / "ld.so.preload"), "/etc/ld.so.preload", True),
         Mount(host_dir, "/var/run/gpupool", False),
         Mount(str(state / "agent-socket"), "/var/run/gpupool-agent", True),
@@ -140,3 +140,19 @@ def test_nothing_is_removed_while_the_listing_is_unknown(tmp_path: Path) -> None
     clock.now = 500.0
     assert shim.sweep(None) == [] and os.path.isdir(path)
     assert shim.sweep({}) == [(UID, "main")]
+
+
+def test_the_library_is_copied_to_a_host_path_and_replaced_when_it_changes(tmp_path: Path) -> None:
+    """The path `gpupool shim path` prints is inside the agent's image on a DaemonSet; the runtime
+    mounts from the host, so the grant names the copy under the state directory."""
+    shim = backend(tmp_path / "state")
+    copy = Path(shim.library)
+    assert copy == tmp_path / "state" / "shim" / "libgpupool-shim.so"
+    assert copy.read_bytes() == b"\x7fELF" and os.access(copy, os.X_OK)
+    inode = copy.stat().st_ino
+    backend(tmp_path / "state")  # the same library: the copy is left alone
+    assert copy.stat().st_ino == inode
+    (tmp_path / "libgpupool-shim.so").write_bytes(b"\x7fELF v2")
+    ShimEnforcement(str(tmp_path / "libgpupool-shim.so"), ShimLayout(str(tmp_path / "state")),
+                    ShimRegistry(lambda _: CgroupIdentity(Runtime.UNKNOWN)))
+    assert copy.read_bytes() == b"\x7fELF v2" and copy.stat().st_ino != inode
