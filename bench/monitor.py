@@ -5,14 +5,18 @@
 - ``open_to_state_p99_ms``: 8 child processes open and close stand-in device files (regular files:
   fanotify reports no character-device opens on some kernels) 1,000 times in all; each open's
   ``time.monotonic()`` taken in the child just before ``open()`` is matched with the end of the
-  state-file write (fsync and rename included) that first shows that process holding that file.
-  Writes go through the write-behind writer, as in the agent; ``*_nosync`` the same with
-  ``StateFile(sync=False)``; ``state_write_*`` one fsync'ed write alone (this disk's floor).
-  Needs root (fanotify permission events); the source is the fanotify one, the decider allows all.
+  state-file write (rename included) that first shows that process holding that file. Writes go
+  through the write-behind writer to a state file on tmpfs (``/dev/shm``, standing in for the
+  default ``/run/gpupool``; no fsync there), as in the agent; ``*_fsync`` the same on this disk
+  with fsyncs (a state file configured under ``/var/lib``); ``state_write_*`` one fsync'ed write
+  alone (this disk's floor). Needs root (fanotify permission events); the source is the fanotify
+  one, the decider allows all.
 - ``agent_cpu_pct``: CPU of this process (all threads) as a percentage of one core while the
   monitor runs with 8 cards x 64 holding processes at 1 s sampling: scripted usage samples, the idle
   rule, and a prune every ``--prune-every`` seconds; ``agent_cpu_pct_scan`` the same with the /proc
-  scan source (1 s) instead of fanotify.
+  scan source (1 s) instead of fanotify, once the processes are past the scan's start-up window
+  (``YOUNG_SCANS`` scans, every fd table listed each scan), and ``agent_cpu_pct_scan_startup`` during
+  that window (the first seconds after 512 processes started at once).
 Prints a table and, with ``--json``, one JSON line.
 """
 
@@ -31,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, EventSource, Registration
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
+from gpupool.nodeagent.monitor.fs_kind import in_memory
 from gpupool.nodeagent.monitor.idle import IdleDetector
-from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource
+from gpupool.nodeagent.monitor.proc_scan_source import YOUNG_SCANS, ProcScanSource
 from gpupool.nodeagent.monitor.process_table import ProcfsTable
 from gpupool.nodeagent.monitor.recorder import UsageRecorder
 from gpupool.nodeagent.monitor.scripted_usage import ScriptedUsage
@@ -99,7 +104,7 @@ class CountingWriter(BackgroundStateWriter):
 
 
 class CountedStateFile(StateFile):
-    def __init__(self, path: Path, counter: EventCounter, sync: bool) -> None:
+    def __init__(self, path: Path, counter: EventCounter, sync: bool | None) -> None:
         super().__init__(path, sync=sync)
         self.counter = counter
 
@@ -108,12 +113,14 @@ class CountedStateFile(StateFile):
         self.counter.written(state)
 
 
-def open_latency(directory: Path, opens: int, processes: int, sync: bool) -> dict[str, float]:
+def open_latency(directory: Path, opens: int, processes: int, state_dir: Path, sync: bool | None,
+                 suffix: str) -> dict[str, float]:
+    """``sync`` None: as the agent (fsync unless ``state_dir`` is on tmpfs)."""
     devices = [str(directory / f"nvidia{i}") for i in range(CARDS)]
     for path in devices:
         Path(path).write_text("stand-in\n")
     counter = EventCounter()
-    writer = CountingWriter(CountedStateFile(directory / "state.json", counter, sync), counter)
+    writer = CountingWriter(CountedStateFile(state_dir / "state.json", counter, sync), counter)
     writer.start()
     recorder = UsageRecorder("bench", devices, writer, ProcfsTable(WatchedFiles(devices)))
     recorder.restore()
@@ -146,7 +153,6 @@ def open_latency(directory: Path, opens: int, processes: int, sync: bool) -> dic
             for at, number in zip(times, numbers, strict=False):
                 done = next(w for included, w in counter.writes if included >= number)
                 latencies.append((done - at) * 1000)
-    suffix = "" if sync else "_nosync"
     return {f"opens{suffix}": float(sum(len(o) for _, o in results)), f"unmatched_opens{suffix}": float(unmatched),
             f"state_writes{suffix}": float(len(counter.writes)),
             f"open_to_state_p50_ms{suffix}": percentile(latencies, 0.5),
@@ -156,7 +162,7 @@ def open_latency(directory: Path, opens: int, processes: int, sync: bool) -> dic
 
 def write_latency(directory: Path, writes: int) -> dict[str, float]:
     """What one fsync'ed state-file write costs on this disk (the floor of the latency above)."""
-    file = StateFile(directory / "alone.json")
+    file = StateFile(directory / "alone.json", sync=True)
     state = UsageState("bench", 0.0, tuple(DeviceUsage(f"/dev/nvidia{i}") for i in range(CARDS)))
     took = []
     for _ in range(writes):
@@ -166,7 +172,8 @@ def write_latency(directory: Path, writes: int) -> dict[str, float]:
     return {"state_write_p50_ms": percentile(took, 0.5), "state_write_p99_ms": percentile(took, 0.99)}
 
 
-def steady_cpu(directory: Path, per_card: int, seconds: float, prune_every: float, scan: bool) -> float:
+def steady_cpu(directory: Path, per_card: int, seconds: float, prune_every: float, scan: bool) -> tuple[float, float]:
+    """CPU percent of one core: during the scan's start-up window (0 for fanotify), and after it."""
     devices = [str(directory / f"gpu{i}") for i in range(CARDS)]
     for path in devices:
         Path(path).write_text("stand-in\n")
@@ -198,22 +205,36 @@ def steady_cpu(directory: Path, per_card: int, seconds: float, prune_every: floa
                     last_prune = time.monotonic()
 
         source.start()
+        begun = time.monotonic()
         thread = threading.Thread(target=sampling, daemon=True)
         thread.start()
         time.sleep(1.5)  # past the scan source's first full scan
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        time.sleep(seconds)
-        cpu = time.process_time() - cpu0
-        wall = time.monotonic() - wall0
+        startup = 0.0
+        if scan:
+            startup = measure_cpu(min(seconds, YOUNG_SCANS - 2.0))
+            time.sleep(max(0.0, YOUNG_SCANS + 2.0 - (time.monotonic() - begun)))
+        steady = measure_cpu(seconds)
         stop.set()
         thread.join()
         source.stop()
         assert sum(len(d.holders) for d in recorder.state.devices) == len(holders)
-        return 100 * cpu / wall
+        return startup, steady
     finally:
         for holder in holders:
             holder.kill()
             holder.wait()
+
+
+def measure_cpu(seconds: float) -> float:
+    """CPU of this process over the next ``seconds``, in percent of one core."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (time.process_time() - cpu0) / (time.monotonic() - wall0)
+
+
+def memory_directory() -> str | None:
+    """A tmpfs directory for the state file, standing in for /run/gpupool (None: none here)."""
+    return next((d for d in ("/run", "/dev/shm") if in_memory(d)), None)
 
 
 def main() -> None:
@@ -229,12 +250,17 @@ def main() -> None:
         why_not = probe_fanotify([__file__])
         if why_not is not None:
             sys.exit(f"fanotify not usable here: {why_not}")
-        result = open_latency(Path(directory), args.opens, args.processes, sync=True)
-        result.update(open_latency(Path(directory), args.opens, args.processes, sync=False))
+        memory = memory_directory()
+        if memory is None:
+            sys.exit("no tmpfs directory (/run or /dev/shm) for the state file")
+        with tempfile.TemporaryDirectory(dir=memory) as state_dir:
+            result = open_latency(Path(directory), args.opens, args.processes, Path(state_dir), None, "")
+        result.update(open_latency(Path(directory), args.opens, args.processes, Path(directory), True, "_fsync"))
         result.update(write_latency(Path(directory), 300))
-        result["agent_cpu_pct"] = steady_cpu(Path(directory), args.per_card, args.seconds, args.prune_every, False)
-        result["agent_cpu_pct_scan"] = steady_cpu(Path(directory), args.per_card, args.seconds, args.prune_every,
-                                                  True)
+        _, result["agent_cpu_pct"] = steady_cpu(Path(directory), args.per_card, args.seconds, args.prune_every,
+                                                False)
+        result["agent_cpu_pct_scan_startup"], result["agent_cpu_pct_scan"] = steady_cpu(
+            Path(directory), args.per_card, args.seconds, args.prune_every, True)
     print(f"{'metric':<30} {'value':>10}")
     for key, value in result.items():
         print(f"{key:<30} {value:>10.2f}")

@@ -21,6 +21,8 @@ DEFAULT_NAMESPACE = "default"
 REQUEST_TIMEOUT_S = 30.0
 """Per request: a list of 5,000 nodes is a few MB; an apiserver that does not answer in this long
 is reported rather than waited on."""
+MESSAGE_CHARS = 200
+"""How much of an error body a message quotes."""
 
 
 class ClusterAccessError(RuntimeError):
@@ -78,6 +80,34 @@ def list_pods(connection: Connection) -> list[dict[str, Any]]:
     """Every pod of every namespace, as the API's JSON."""
     items: list[dict[str, Any]] = _read(connection.api.list_pod_for_all_namespaces, "pods").get("items") or []
     return items
+
+
+def read_node_proxy(connection: Connection, node: str, port: int, path: str, timeout_s: float) -> str:
+    """``GET /api/v1/nodes/<node>:<port>/proxy/<path>``: the API server forwards it to the node's address
+    (RBAC: ``get`` on ``nodes/proxy``). The body, or :class:`ClusterAccessError` saying why not."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        response = connection.api.connect_get_node_proxy_with_path(
+            f"{node}:{port}", path, _preload_content=False, _request_timeout=timeout_s)
+    except ApiException as exc:
+        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+        raise ClusterAccessError(f"{exc.status} {exc.reason}: {_api_message(body)}") from None
+    except HTTPError as exc:
+        raise ClusterAccessError(f"no answer in {timeout_s:g} s ({type(exc).__name__})") from None
+    data: bytes = response.data
+    return data.decode(errors="replace")
+
+
+def _api_message(body: str) -> str:
+    """The ``message`` of an API ``Status`` body, else the body itself (the proxied server's answer), cut short."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    message = doc.get("message") or doc.get("error") if isinstance(doc, dict) else None
+    return " ".join(str(message or body).split())[:MESSAGE_CHARS]
 
 
 def read_pod(connection: Connection, namespace: str, name: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``kubectl gpupool inspect``: per node and per card, what is booked, by whom, and (later) what is used.
+"""``kubectl gpupool inspect``: per node and per card, what is booked, by whom, and what is used.
 
 The views are frozen dataclasses read from a :class:`ClusterSnapshot`; the table and the JSON are
 two renderings of the same views, so a script and a person see the same numbers. Compute is shown
@@ -62,7 +62,8 @@ class CardView:
 
 @dataclass(frozen=True)
 class NodeView:
-    """One node: its CPU and memory booked out of allocatable, its cards, and why it takes no GPU pod."""
+    """One node: its CPU and memory booked out of allocatable, its cards, why it takes no GPU pod, and
+    why its usage is unknown."""
 
     name: str
     cpu_booked: int
@@ -71,6 +72,7 @@ class NodeView:
     memory_total: int
     cards: tuple[CardView, ...]
     problem: str | None
+    usage_note: str | None = None
 
 
 def percent(compute: int) -> str:
@@ -96,7 +98,8 @@ def node_views(snapshot: ClusterSnapshot, usage: UsageSource, only: str | None =
             for pos, (card, use) in enumerate(zip(spec.cards, state.card_usage(spec.name), strict=True)))
         views.append(NodeView(name=spec.name, cpu_booked=spec.cpu_milli - int(state.cpu_free[row]),
                               cpu_total=spec.cpu_milli, memory_booked=spec.memory_mib - int(state.mem_free[row]),
-                              memory_total=spec.memory_mib, cards=cards, problem=snapshot.node_problems.get(spec.name)))
+                              memory_total=spec.memory_mib, cards=cards, problem=snapshot.node_problems.get(spec.name),
+                              usage_note=usage.node_note(spec.name) if cards else None))
     return sorted(views, key=lambda v: v.name)
 
 
@@ -135,15 +138,16 @@ def inspect_table(views: list[NodeView]) -> str:
             rows.extend([""] * (len(HEADERS) - 1) + [more] for more in holders[1:])
     if not rows:
         return "No nodes found."
-    notes = [f"node {node.name}: {node.problem}" for node in views if node.problem]
+    notes = [f"node {node.name}: {note}" for node in views for note in (node.problem, node.usage_note) if note]
     return "\n".join([render_table(HEADERS, rows), *notes])
 
 
 def inspect_json(views: list[NodeView], pod_problems: dict[str, str] | None = None) -> dict[str, Any]:
-    """The same views for scripts (``-o json``); ``usage`` is null where nothing publishes it."""
+    """The same views for scripts (``-o json``); ``usage`` is null where nothing publishes it, and the
+    node's ``usageNote`` says why."""
     return {
         "nodes": [
-            {"name": node.name, "problem": node.problem,
+            {"name": node.name, "problem": node.problem, "usageNote": node.usage_note,
              "cpuMilli": {"booked": node.cpu_booked, "total": node.cpu_total},
              "memoryMiB": {"booked": node.memory_booked, "total": node.memory_total},
              "cards": [_card_json(card) for card in node.cards]}

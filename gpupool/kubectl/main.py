@@ -18,9 +18,10 @@ import click
 from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.kube.translate import TranslationError, foreign_resources, pod_key, pod_request
 from gpupool.kubectl import connection as kube
+from gpupool.kubectl.agent_usage import AGENT_TIMEOUT_S, DEFAULT_AGENT_PORT, AgentUsage
 from gpupool.kubectl.inspect import inspect_json, inspect_table, node_views
 from gpupool.kubectl.snapshot import build_snapshot
-from gpupool.kubectl.usage import NoUsage
+from gpupool.kubectl.usage import NoUsage, UsageSource
 from gpupool.kubectl.why import BEST_NODES, explain, why_json, why_text
 
 EXAMPLES_PER_REASON = 3
@@ -61,9 +62,14 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("node", required=False)
+@click.option("--agent-port", default=DEFAULT_AGENT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="The node agents' metrics port, read through the API server's node proxy for the "
+                   "usage column (needs get on nodes/proxy); 0: do not read usage.")
+@click.option("--agent-timeout", default=AGENT_TIMEOUT_S, show_default=True, type=click.FloatRange(0.1, 60),
+              help="Seconds to wait for each node's agent.")
 @connection_options
-def inspect(node: str | None, kubeconfig: str | None, context: str | None, resource_domain: str,
-            output: str) -> None:
+def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig: str | None, context: str | None,
+            resource_domain: str, output: str) -> None:
     """Per node and card: model, memory and compute booked/total, health, usage, and the pods holding slices."""
     connection = _connect(kubeconfig, context)
     try:
@@ -71,7 +77,14 @@ def inspect(node: str | None, kubeconfig: str | None, context: str | None, resou
     except kube.ClusterAccessError as exc:
         raise click.ClickException(str(exc)) from None
     snapshot = build_snapshot(nodes, pods, ResourceNames(resource_domain), now=time.time())
-    views = node_views(snapshot, NoUsage(), only=node)
+    usage: UsageSource = NoUsage()
+    if agent_port:
+        agents = AgentUsage(lambda *ask: kube.read_node_proxy(connection, *ask), agent_port, agent_timeout)
+        state = snapshot.state
+        agents.fetch(spec.name for row, spec in enumerate(state.specs)
+                     if state.present[row] and spec.cards and node in (None, spec.name))
+        usage = agents
+    views = node_views(snapshot, usage, only=node)
     if node is not None and not views:
         raise click.ClickException(f"node {node} not found")
     _emit(output, lambda: inspect_table(views), lambda: inspect_json(views, dict(snapshot.pod_problems)))

@@ -1,9 +1,9 @@
 """Where ``kubectl gpupool inspect`` gets what a card is actually doing, as opposed to what is booked.
 
-Why a port: nothing publishes usage to the API yet. The node agent's usage monitor will; the
-plugin then reads it through a :class:`UsageSource` (a node annotation, or the agent's ``/usage``
-endpoint through the API server's node proxy) without the table or the JSON changing shape. Until
-then :class:`NoUsage` answers every card with None and the column shows ``-``.
+Why a port: the booking comes from the API's objects, the use from each node agent's usage monitor
+(:mod:`gpupool.kubectl.agent_usage` reads it through the API server's node proxy). The views ask a
+:class:`UsageSource` per card and per node, so the table and the JSON keep their shape whether
+usage is read, switched off (:class:`NoUsage`) or unreachable on some nodes (``-`` and a note).
 """
 
 from __future__ import annotations
@@ -33,12 +33,19 @@ class UsageSource(Protocol):
     def card_usage(self, node: str, uuid: str) -> CardUsageSample | None:
         """The latest sample for card ``uuid`` of ``node``."""
 
+    def node_note(self, node: str) -> str | None:
+        """Why ``node``'s usage is unknown (its agent unreachable, its monitor off), or None."""
+
 
 class NoUsage:
-    """The usage source while no component publishes usage: every card unknown."""
+    """The usage source when usage is not asked for: every card unknown, no notes."""
 
     def card_usage(self, node: str, uuid: str) -> CardUsageSample | None:
-        """Always None (nothing publishes usage yet)."""
+        """Always None."""
+        return None
+
+    def node_note(self, node: str) -> str | None:
+        """Always None (not asking is no problem of the node)."""
         return None
 
 

@@ -23,13 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpupool.api.usage_report import USAGE_REPORT_PATH, encode_usage_report
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
 from gpupool.nodeagent.types import PodView
 from gpupool.nodeagent.usage_metrics import UsageCollector
-from gpupool.nodeagent.usage_report import usage_table
+from gpupool.nodeagent.usage_report import usage_report, usage_table
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def agent_registry(agent: NodeAgent) -> CollectorRegistry:
 
 def metrics_app(agent: NodeAgent) -> web.Application:
     """An aiohttp application serving ``GET /metrics`` and, with the usage monitor, ``GET /usage``
-    (a plain-text table per card and per container)."""
+    (a plain-text table per card and per container) and ``GET /usage.json`` (the same for programs,
+    :mod:`gpupool.api.usage_report`; the kubectl plugin reads it through the API server's node proxy)."""
     registry = agent_registry(agent)
 
     async def scrape(_request: web.Request) -> web.Response:
@@ -138,9 +140,16 @@ def metrics_app(agent: NodeAgent) -> web.Application:
         return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
                             + isolation_table(agent))
 
+    async def usage_json(_request: web.Request) -> web.Response:
+        if agent.monitor is None:
+            return web.json_response({"error": "the usage monitor is off (--no-usage-monitor)"}, status=404)
+        report = usage_report(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
+        return web.Response(text=encode_usage_report(report), content_type="application/json")
+
     app = web.Application()
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/usage", usage)
+    app.router.add_get(f"/{USAGE_REPORT_PATH}", usage_json)
     return app
 
 

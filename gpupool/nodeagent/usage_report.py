@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpupool.api.usage_report import CardUsageReport, ContainerUsageReport, NodeUsageReport
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.container_grant import compute_percent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -104,6 +105,20 @@ def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
         rows.append(ContainerUsageRow(*key, memory_used_mib=memory, memory_limit_mib=memory_limit,
                                       sm_percent=min(sm, 100), compute_share_percent=share, processes=count))
     return tuple(rows)
+
+
+def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> NodeUsageReport:
+    """The same as :func:`usage_table`, as the contract's document (``/usage.json``)."""
+    cards = tuple(CardUsageReport(index=r.card.index, uuid=r.card.uuid, model=r.card.model, state=r.state.value,
+                                  utilization_percent=r.utilization_percent, memory_used_mib=r.memory_used_mib,
+                                  memory_total_mib=r.memory_total_mib, holders=r.holders,
+                                  idle_seconds=float(r.idle_seconds))
+                  for r in card_rows(monitor, inventory))
+    containers = tuple(ContainerUsageReport(c.namespace, c.pod, c.container, c.card, c.memory_used_mib,
+                                            c.memory_limit_mib, c.sm_percent, c.compute_share_percent, c.processes)
+                       for c in container_rows(node, monitor, inventory, pods))
+    source = monitor.source.name if monitor.source is not None else "none"
+    return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers)
 
 
 def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> str:

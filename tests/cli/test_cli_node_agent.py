@@ -31,4 +31,4 @@ def test_help_names_the_usage_monitor_options() -> None:
     result = CliRunner().invoke(cli, ["node-agent", "--help"])
     for option in ("--usage-monitor / --no-usage-monitor", "--usage-state-file", "--idle-after"):
         assert option in result.output
-    assert "/var/lib/gpupool/monitor/state.json" in result.output and "10m" in result.output
+    assert "/run/gpupool/monitor/state.json" in result.output and "10m" in result.output

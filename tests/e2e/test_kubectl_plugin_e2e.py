@@ -9,22 +9,30 @@ point) with this checkout on ``PYTHONPATH``. Nodes are kubelet-less API objects 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from kubernetes import client
 
 from gpupool.api.annotations import Inventory, encode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
+from gpupool.nodeagent.metrics import metrics_app
+from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.testenv.controlplane import ControlPlane
-from tests.e2e.e2e_support import MakeNode
+from gpupool.testenv.nodeip import find_node_ip
+from tests.e2e.e2e_support import MakeNode, free_port
 from tests.kubectl.objects import assignment
+from tests.nodeagent.usage_world import agent_with_monitor
 
 pytestmark = pytest.mark.e2e
 
@@ -56,10 +64,46 @@ def run_kubectl(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def gpu_node(make_node: MakeNode, cards: int, model: str = "Tesla-T4") -> str:
+def gpu_node(make_node: MakeNode, cards: int, model: str = "Tesla-T4", uuids: tuple[str, ...] = ()) -> str:
     name = f"kp-{uuid.uuid4().hex[:6]}"
-    inventory = Inventory(tuple(GpuCard(i, f"GPU-{name}-{i}", model, CARD_MIB) for i in range(cards)))
+    inventory = Inventory(tuple(GpuCard(i, uuids[i] if uuids else f"GPU-{name}-{i}", model, CARD_MIB)
+                                for i in range(cards)))
     return make_node(name, annotations={NAMES.inventory: encode_inventory(inventory)})
+
+
+def set_internal_ip(core_v1: client.CoreV1Api, node: str, address: str) -> None:
+    core_v1.patch_node_status(node, {"status": {"addresses": [{"type": "InternalIP", "address": address}]}})
+
+
+@pytest.fixture
+def serve_agent(tmp_path: Path) -> Iterator[Callable[[str], tuple[str, int]]]:
+    """``serve_agent(node)`` runs the agent HTTP server of ``node`` (scripted monitor: pid 100 on card
+    GPU-0 at 50 %, 3500 MiB used) on this machine's node address and a free port, on a loop of its
+    own thread; stopped after the test."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started: list[tuple[web.AppRunner, UsageMonitor]] = []
+
+    async def start(node: str, host: str, port: int) -> None:
+        agent, monitor, _ = agent_with_monitor(tmp_path, node)
+        started.append((web.AppRunner(metrics_app(agent)), monitor))
+        await agent.pre_start("", [])
+        await monitor.step()
+        await started[-1][0].setup()
+        await web.TCPSite(started[-1][0], host, port).start()
+
+    def serve(node: str) -> tuple[str, int]:
+        host, port = find_node_ip(), free_port()
+        asyncio.run_coroutine_threadsafe(start(node, host, port), loop).result(30)
+        return host, port
+
+    yield serve
+    for runner, monitor in started:
+        monitor.stop()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
 
 
 def pod(name: str, mem_units: int, node: str = "", card: int = 0, model: str = "") -> dict[str, object]:
@@ -104,3 +148,25 @@ def test_why_explains_a_pending_pod_that_fits_nowhere(
     assert f"pod {namespace}/waiting fits on none of" in out
     assert "  1 node: no single card has 8192 MiB free" in out.splitlines()[1:]
     assert f"      {node}: no single card has 8192 MiB free; largest free 4096 MiB" in out.splitlines()
+
+
+UNREACHABLE_IP = "198.51.100.7"
+"""TEST-NET-2: no agent answers there."""
+
+
+def test_inspect_reads_usage_from_each_agent_through_the_node_proxy(
+        kubectl: dict[str, str], core_v1: client.CoreV1Api, make_node: MakeNode,
+        serve_agent: Callable[[str], tuple[str, int]]) -> None:
+    node = gpu_node(make_node, 2, uuids=("GPU-0", "GPU-1"))
+    host, port = serve_agent(node)
+    set_internal_ip(core_v1, node, host)
+    away = gpu_node(make_node, 1)
+    set_internal_ip(core_v1, away, UNREACHABLE_IP)
+    lines = run_kubectl(kubectl, "gpupool", "inspect", "--agent-port", str(port), "--agent-timeout", "2",
+                        ).splitlines()
+    rows = {(line.split()[0], line.split()[1]): line.split() for line in lines[1:] if line.startswith("kp-")}
+    assert rows[(node, "0")][7:9] == ["50%", "3500MiB"]
+    assert rows[(node, "1")][7:9] == ["0%", "0MiB"]
+    assert rows[(away, "0")][7] == "-"
+    note = next(line for line in lines if line.startswith(f"node {away}: "))
+    assert note.startswith(f"node {away}: usage not read from the node agent (port {port}): "), note

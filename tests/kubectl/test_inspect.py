@@ -11,10 +11,13 @@ from tests.kubectl.objects import NAMES, NOW, assignment, gpu_node, gpu_pod, pla
 
 
 class FixedUsage:
-    """A usage source that reports one card (what the agent will publish later)."""
+    """A usage source that reports one card of node a, and nothing of node b (its agent is away)."""
 
     def card_usage(self, node: str, uuid: str) -> CardUsageSample | None:
         return CardUsageSample(utilisation_pct=37.0, memory_used_mib=5120) if uuid == "GPU-a-0" else None
+
+    def node_note(self, node: str) -> str | None:
+        return "usage not read: 503 Service Unavailable" if node == "b" else None
 
 
 def views(usage: object = None, only: str | None = None) -> list:  # type: ignore[type-arg]
@@ -52,6 +55,15 @@ def test_usage_is_a_dash_until_a_source_reports_it() -> None:
     assert "37% 5120MiB" in row
     assert inspect_json(views(FixedUsage()))["nodes"][0]["cards"][0]["usage"] == {
         "utilisationPercent": 37.0, "memoryUsedMiB": 5120}
+
+
+def test_a_node_whose_usage_is_unknown_gets_a_note_below_the_table() -> None:
+    text = inspect_table(views(FixedUsage()))
+    assert text.splitlines()[-1] == "node b: usage not read: 503 Service Unavailable"
+    doc = inspect_json(views(FixedUsage()))
+    assert [(n["name"], n["usageNote"]) for n in doc["nodes"]] == [
+        ("a", None), ("b", "usage not read: 503 Service Unavailable")]
+    assert doc["nodes"][1]["cards"][0]["usage"] is None
 
 
 def test_json_carries_the_same_numbers() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_usage_report
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
 from tests.kubectl.objects import gpu_node, gpu_pod, placed
@@ -32,7 +33,16 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(kube, "list_nodes", lambda _: NODES)
     monkeypatch.setattr(kube, "list_pods", lambda _: PODS)
     monkeypatch.setattr(kube, "read_pod", read_pod)
+    monkeypatch.setattr(kube, "read_node_proxy", read_node_proxy)
     return asked
+
+
+def read_node_proxy(_: kube.Connection, node: str, port: int, path: str, timeout_s: float) -> str:
+    """The agent of node a on port 9400 reports its card; any other port is an agent nobody runs."""
+    if (node, port, path) != ("a", 9400, "usage.json"):
+        raise kube.ClusterAccessError("503 Service Unavailable: error trying to reach service: connection refused")
+    return encode_usage_report(NodeUsageReport("a", "proc-scan", 600.0, (CardUsageReport(
+        0, "GPU-a-0", "Tesla-T4", "busy", 61, 9000, 16384, 2, 0.0),), ()))
 
 
 def run(*args: str) -> Any:
@@ -43,6 +53,26 @@ def test_inspect_prints_the_table(cluster: list[tuple[str, str]]) -> None:
     result = run("inspect")
     assert result.exit_code == 0, result.output
     assert "team/holder/main (15360MiB, 0%)" in result.output
+
+
+def test_inspect_reads_usage_from_the_node_agent(cluster: list[tuple[str, str]]) -> None:
+    result = run("inspect")
+    assert result.output.splitlines()[1].split()[7:9] == ["61%", "9000MiB"]
+
+
+def test_inspect_of_an_unreachable_agent_shows_a_dash_and_a_note(cluster: list[tuple[str, str]]) -> None:
+    result = run("inspect", "--agent-port", "9500")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1].split()[7] == "-"
+    assert result.output.splitlines()[-1] == ("node a: usage not read from the node agent (port 9500): 503 "
+                                              "Service Unavailable: error trying to reach service: connection refused")
+
+
+def test_inspect_with_agent_port_0_asks_no_agent(cluster: list[tuple[str, str]],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube, "read_node_proxy", None)  # would raise if called
+    result = run("inspect", "--agent-port", "0")
+    assert result.exit_code == 0 and result.output.splitlines()[1].split()[7] == "-"
 
 
 def test_inspect_json(cluster: list[tuple[str, str]]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.api.usage_report import NodeUsageReport, decode_usage_report
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.metrics import metrics_app
 from gpupool.nodeagent.monitor.service import StateChange
@@ -66,6 +67,28 @@ def test_metrics_and_the_usage_table_show_each_card_and_container(tmp_path: Path
     asyncio.run(main())
 
 
+def test_usage_json_is_the_same_report_for_programs(tmp_path: Path) -> None:
+    async def main() -> NodeUsageReport:
+        agent, monitor, _ = agent_with_monitor(tmp_path)
+        try:
+            await agent.pre_start("", [])
+            await monitor.step()
+            async with TestClient(TestServer(metrics_app(agent))) as client:
+                response = await client.get("/usage.json")
+                assert response.content_type == "application/json"
+                return decode_usage_report(await response.text())
+        finally:
+            monitor.stop()
+
+    report = asyncio.run(main())
+    assert (report.node, report.source, report.idle_after_seconds) == (NODE, "scripted", 600.0)
+    assert [(c.uuid, c.state, c.utilization_percent, c.memory_used_mib, c.memory_total_mib, c.holders)
+            for c in report.cards] == [("GPU-0", "busy", 50, 3500, 16384, 1), ("GPU-1", "busy", 0, 0, 16384, 1)]
+    assert [(c.pod, c.container, c.card, c.memory_used_mib, c.memory_limit_mib, c.sm_percent,
+             c.compute_share_percent) for c in report.containers] == [
+        ("job-0", "train", 0, 3000, 4096, 40, 30), ("rogue", "x", 1, 0, 0, 0, 0)]
+
+
 def test_usage_is_404_when_the_monitor_is_off(tmp_path: Path) -> None:
     async def main() -> None:
         pods = Pods()
@@ -73,6 +96,8 @@ def test_usage_is_404_when_the_monitor_is_off(tmp_path: Path) -> None:
         async with TestClient(TestServer(metrics_app(agent))) as client:
             response = await client.get("/usage")
             assert response.status == 404 and "--no-usage-monitor" in await response.text()
+            response = await client.get("/usage.json")
+            assert response.status == 404 and "--no-usage-monitor" in (await response.json())["error"]
             assert "gpupool_card_utilization_percent" not in await (await client.get("/metrics")).text()
 
     asyncio.run(main())

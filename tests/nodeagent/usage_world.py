@@ -43,14 +43,16 @@ class Pods:
         return {self.view.key: {}}
 
 
-def agent_with_monitor(tmp_path: Path) -> tuple[NodeAgent, UsageMonitor, ScriptedSource]:
+def agent_with_monitor(tmp_path: Path, node: str = NODE) -> tuple[NodeAgent, UsageMonitor, ScriptedSource]:
+    """An agent of ``node`` whose monitor has recorded pid 100 (ml/job-0/train) on card 0 and pid 300
+    (ml/rogue/x, no grant) on card 1; the fake backend samples card 0 at 50 %."""
     backend = FakeGpuBackend.from_dict(GPUS, clock=lambda: 50.0)
     source, processes = ScriptedSource(), FakeProcesses()
 
     def choose(paths: Sequence[str]) -> SourceChoice:
         return SourceChoice(source, "test")
 
-    monitor = UsageMonitor(NODE, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
+    monitor = UsageMonitor(node, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
                            MonitorConfig(str(tmp_path / "state.json")), choose=choose, processes=processes,
                            identify=lambda pid: WHO[pid], clock=lambda: 50.0)
     monitor.start()
@@ -58,5 +60,5 @@ def agent_with_monitor(tmp_path: Path) -> tuple[NodeAgent, UsageMonitor, Scripte
         processes.spawn(pid, path)
         source.emit(DeviceEvent(EventKind.OPEN, path, pid, 40.0))
     pods = Pods()
-    agent = NodeAgent(NODE, NAMES, backend, pods, pods, lambda *a: "", monitor=monitor)
+    agent = NodeAgent(node, NAMES, backend, pods, pods, lambda *a: "", monitor=monitor)
     return agent, monitor, source

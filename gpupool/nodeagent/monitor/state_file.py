@@ -1,10 +1,18 @@
 """The per-node state file: written atomically, read back after a restart, never fatal when bad.
 
-Default path :data:`DEFAULT_STATE_PATH`, on a hostPath volume so that it outlives the agent's pod.
-A write goes to a temporary file in the same directory, is fsync'ed, renamed over the old file, and
-the directory is fsync'ed: a reader (or the agent after a crash or power loss) sees the old state or
-the new one, never a mix. A file that is nevertheless torn or corrupt (a disk error, a hand edit) is
-moved aside as ``<name>.corrupt`` with a logged reason and the agent starts from an empty state.
+Default path :data:`DEFAULT_STATE_PATH`, on tmpfs (``/run``) through a hostPath volume, so that it
+outlives the agent's pod but not the node's boot. Why tmpfs: the file describes live processes
+only; after a reboot none of them is alive, so a file that survived it would hold nothing true.
+What must hold is that a reader and a restarted agent never see a mix of two states, and the rename
+gives that on any filesystem.
+
+A write goes to a temporary file in the same directory and is renamed over the old file. On a disk
+the temporary file is fsync'ed before the rename and the directory after it, so that a power loss
+leaves the old state or the new one (the issue's "write, fsync, rename"); on tmpfs or ramfs there is
+nothing to sync to and a power loss empties the directory anyway, so both fsyncs are skipped (this
+is what keeps an open's record within milliseconds; docs/monitor.md, "Measurements"). A file that is
+nevertheless torn or corrupt (a disk error, a hand edit) is moved aside as ``<name>.corrupt`` with a
+logged reason and the agent starts from an empty state.
 """
 
 from __future__ import annotations
@@ -13,12 +21,13 @@ import logging
 import os
 from pathlib import Path
 
+from gpupool.nodeagent.monitor.fs_kind import in_memory
 from gpupool.nodeagent.monitor.state_codec import StateFileError, decode_state, encode_state
 from gpupool.nodeagent.monitor.usage_state import UsageState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATE_PATH = "/var/lib/gpupool/monitor/state.json"
+DEFAULT_STATE_PATH = "/run/gpupool/monitor/state.json"
 CORRUPT_SUFFIX = ".corrupt"
 _TEMP_SUFFIX = ".tmp"
 
@@ -26,18 +35,28 @@ _TEMP_SUFFIX = ".tmp"
 class StateFile:
     """Reads and atomically replaces one state file.
 
-    ``sync=False`` skips both fsyncs: the rename alone is atomic for every process that reads the
-    file, so an agent restart still finds the old or the new state; only a power loss may lose the
-    last writes, after which no recorded holder is alive anyway. For a file on tmpfs (``/run``),
-    or where the disk's fsync latency is too high (docs/monitor.md, "Measurements").
+    ``sync``: None (default) fsyncs unless the file's directory is on tmpfs or ramfs (asked once, at
+    the first write); True always, False never. ``sync=False`` on a disk: the rename alone is atomic
+    for every process that reads the file, so an agent restart still finds the old or the new state;
+    only a power loss may lose the last writes, after which no recorded holder is alive anyway.
     """
 
-    def __init__(self, path: str | os.PathLike[str] = DEFAULT_STATE_PATH, *, sync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_STATE_PATH, *, sync: bool | None = None) -> None:
         self.path = Path(path)
-        self.sync = sync
+        self._sync = sync
+
+    @property
+    def sync(self) -> bool:
+        """Whether writes fsync (decided on the first use when not given)."""
+        if self._sync is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._sync = not in_memory(self.path.parent)
+            log.info("usage state file %s: %s", self.path, "on disk, writes are fsync'ed" if self._sync
+                     else "in memory (tmpfs), writes are renamed without fsync")
+        return self._sync
 
     def write(self, state: UsageState) -> None:
-        """Replace the file with ``state`` (temp file, fsync, rename, fsync of the directory)."""
+        """Replace the file with ``state`` (temp file, [fsync,] rename[, fsync of the directory])."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(self.path.name + _TEMP_SUFFIX)
         with open(temp, "wb") as fh:

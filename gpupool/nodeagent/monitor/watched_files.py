@@ -41,6 +41,8 @@ class WatchedFiles:
         self._paths = tuple(dict.fromkeys(paths))
         if not self._paths:
             raise ValueError("no device files to watch")
+        self.base_names = frozenset(os.path.basename(path) for path in self._paths)
+        """The watched paths' last components: a descriptor whose link target ends otherwise is no watched file."""
         self._by_key: dict[FileKey, str] = {}
         self.missing: tuple[str, ...] = ()
         self.refresh()

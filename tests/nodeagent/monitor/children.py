@@ -23,6 +23,15 @@ _HOLDER = (
     "sys.stdin.readline()\n"
 )
 
+_LATE_OPENER = (
+    "import os, sys\n"
+    "print('started', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "fds = [os.open(p, os.O_RDONLY) for p in sys.argv[1:]]\n"
+    "print('opened', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
 _TRY_OPEN = (
     "import os, sys\n"
     "try:\n"
@@ -36,11 +45,11 @@ _TRY_OPEN = (
 class HoldingChild:
     """A process that opens ``paths``, holds them until :meth:`close_files`, and exits on :meth:`end`."""
 
-    def __init__(self, *paths: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", _HOLDER, *paths], stdin=subprocess.PIPE,
+    def __init__(self, *paths: str, script: str = _HOLDER, first_word: str = "opened") -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", script, *paths], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
         self.pid = self.process.pid
-        self._expect("opened")
+        self._expect(first_word)
 
     def _expect(self, word: str) -> None:
         assert self.process.stdout is not None
@@ -49,10 +58,13 @@ class HoldingChild:
 
     def close_files(self) -> None:
         """Close every file; returns when the child has closed them."""
+        self._cue("closed")
+
+    def _cue(self, word: str) -> None:
         assert self.process.stdin is not None
         self.process.stdin.write("\n")
         self.process.stdin.flush()
-        self._expect("closed")
+        self._expect(word)
 
     def end(self) -> None:
         """Let the child exit and reap it."""
@@ -70,6 +82,18 @@ class HoldingChild:
 
     def __exit__(self, *exc: object) -> None:
         self.end()
+
+
+class LateOpener(HoldingChild):
+    """A process that starts holding nothing and opens ``paths`` on :meth:`open_files` (an old process
+    that takes a GPU later)."""
+
+    def __init__(self, *paths: str) -> None:
+        super().__init__(*paths, script=_LATE_OPENER, first_word="started")
+
+    def open_files(self) -> None:
+        """Open every file; returns when the child holds them."""
+        self._cue("opened")
 
 
 def open_in_child(path: str) -> int:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupool.nodeagent.monitor.fs_kind import filesystem_magic, in_memory
 from gpupool.nodeagent.monitor.state_codec import StateFileError, decode_state, encode_state
 from gpupool.nodeagent.monitor.state_file import StateFile
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState
@@ -113,3 +117,48 @@ def test_an_unreadable_file_loads_as_nothing_and_is_kept_aside(tmp_path: Path, c
 def test_no_file_loads_as_nothing_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert StateFile(tmp_path / "state.json").load() is None
     assert not caplog.text
+
+
+MEMORY_DIR = Path("/dev/shm")
+
+
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("sync", "on_disk", "expected"), [
+    pytest.param(None, True, 2, id="auto-on-disk-syncs-file-and-directory"),
+    pytest.param(None, False, 0, id="auto-on-tmpfs-only-renames"),
+    pytest.param(True, False, 2, id="forced-on-tmpfs"),
+    pytest.param(False, True, 0, id="off-on-disk"),
+])
+def test_fsync_unless_the_file_is_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: bool | None,
+                                            on_disk: bool, expected: int) -> None:
+    if on_disk and in_memory(tmp_path):
+        pytest.skip("the test's temporary directory is on tmpfs here")
+    if not on_disk and not in_memory(MEMORY_DIR):
+        pytest.skip(f"{MEMORY_DIR} is not tmpfs here")
+    directory = tmp_path if on_disk else Path(tempfile.mkdtemp(dir=MEMORY_DIR))
+    try:
+        file = StateFile(directory / "sub" / "state.json", sync=sync)
+        calls = _fsyncs(monkeypatch)
+        state = UsageState("n", 1.0, (DeviceUsage("/dev/nvidia0"),))
+        file.write(state)
+        assert len(calls) == expected and file.sync is (expected > 0)
+        assert file.load() == state
+    finally:
+        if not on_disk:
+            shutil.rmtree(directory)
+
+
+def test_filesystem_kinds() -> None:
+    assert filesystem_magic("/proc") is not None and not in_memory("/proc")
+    assert filesystem_magic("/no/such/dir") is None and not in_memory("/no/such/dir")

@@ -1,0 +1,122 @@
+"""The node agent's usage report: what its usage monitor measures, as JSON for other components.
+
+Why in the contract: the node agent writes it (``GET /usage.json`` on its metrics port) and the
+kubectl plugin reads it through the API server's node proxy; neither product may import the other,
+so the document and its codec live here, like the annotations. ``/usage`` shows the same as text
+for people; scripts and the plugin read this one instead of parsing a table.
+
+Version 1::
+
+    {"v": 1, "node": "n1", "source": "proc-scan", "idleAfterSeconds": 600.0,
+     "cards": [{"index": 0, "uuid": "GPU-...", "model": "Tesla-T4", "state": "busy",
+                "utilizationPercent": 50, "memoryUsedMiB": 3500, "memoryTotalMiB": 16384,
+                "holders": 1, "idleSeconds": 0.0}],
+     "containers": [{"namespace": "ml", "pod": "job-0", "container": "train", "card": 0,
+                     "memoryUsedMiB": 3000, "memoryLimitMiB": 4096, "smPercent": 40,
+                     "computeSharePercent": 30, "processes": 1}]}
+
+``utilizationPercent`` and ``memoryUsedMiB`` are null when the last sample lacked the card (an NVML
+error); a reader shows them as unknown, never as 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.api.fields import SCHEMA_VERSION, AnnotationError, field, load_document
+
+USAGE_REPORT_PATH = "usage.json"
+"""Where the node agent serves the report, on its metrics port (``/usage.json``)."""
+
+CARD_STATES = ("free", "busy", "idle")
+_WHAT = "usage report"
+
+
+@dataclass(frozen=True)
+class CardUsageReport:
+    """One card: its sampled use (None: not in the last sample), recorded state and holders."""
+
+    index: int
+    uuid: str
+    model: str
+    state: str
+    utilization_percent: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int
+    holders: int
+    idle_seconds: float
+
+
+@dataclass(frozen=True)
+class ContainerUsageReport:
+    """One pod container on one card: what its processes use against what its grant allows."""
+
+    namespace: str
+    pod: str
+    container: str
+    card: int
+    memory_used_mib: int
+    memory_limit_mib: int
+    sm_percent: int
+    compute_share_percent: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class NodeUsageReport:
+    """Everything one agent's usage monitor reports."""
+
+    node: str
+    source: str
+    idle_after_seconds: float
+    cards: tuple[CardUsageReport, ...]
+    containers: tuple[ContainerUsageReport, ...]
+
+
+_CARD_FIELDS = (("index", "index", int), ("uuid", "uuid", str), ("model", "model", str), ("state", "state", str),
+                ("utilization_percent", "utilizationPercent", (int, type(None))),
+                ("memory_used_mib", "memoryUsedMiB", (int, type(None))), ("memory_total_mib", "memoryTotalMiB", int),
+                ("holders", "holders", int), ("idle_seconds", "idleSeconds", (int, float)))
+_CONTAINER_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("container", "container", str),
+                     ("card", "card", int), ("memory_used_mib", "memoryUsedMiB", int),
+                     ("memory_limit_mib", "memoryLimitMiB", int), ("sm_percent", "smPercent", int),
+                     ("compute_share_percent", "computeSharePercent", int), ("processes", "processes", int))
+
+
+def encode_usage_report(report: NodeUsageReport) -> str:
+    """The report as JSON text."""
+    return json.dumps({
+        "v": SCHEMA_VERSION, "node": report.node, "source": report.source,
+        "idleAfterSeconds": report.idle_after_seconds,
+        "cards": [{key: getattr(card, attr) for attr, key, _ in _CARD_FIELDS} for card in report.cards],
+        "containers": [{key: getattr(c, attr) for attr, key, _ in _CONTAINER_FIELDS} for c in report.containers],
+    })
+
+
+def decode_usage_report(text: str) -> NodeUsageReport:
+    """Read a report; :class:`AnnotationError` names the first field that breaks the schema."""
+    doc = load_document(text, _WHAT)
+    cards = tuple(CardUsageReport(**_read(item, _CARD_FIELDS, f"{_WHAT}.cards[{i}]"))
+                  for i, item in enumerate(_items(doc, "cards")))
+    for i, card in enumerate(cards):
+        if card.state not in CARD_STATES:
+            raise AnnotationError(f"{_WHAT}.cards[{i}].state: one of {', '.join(CARD_STATES)}, got {card.state!r}")
+    containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"))
+                       for i, item in enumerate(_items(doc, "containers")))
+    return NodeUsageReport(node=field(doc, "node", str, _WHAT), source=field(doc, "source", str, _WHAT),
+                           idle_after_seconds=float(field(doc, "idleAfterSeconds", (int, float), _WHAT)),
+                           cards=cards, containers=containers)
+
+
+def _items(doc: Mapping[str, Any], key: str) -> list[Any]:
+    items: list[Any] = field(doc, key, list, _WHAT)
+    return items
+
+
+def _read(item: Any, fields: tuple[tuple[str, str, Any], ...], where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise AnnotationError(f"{where}: expected a JSON object, got {type(item).__name__}")
+    return {attr: field(item, key, kind, where) for attr, key, kind in fields}

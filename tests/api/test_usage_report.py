@@ -1,0 +1,53 @@
+"""The node agent's usage report (``/usage.json``): round trip and refusals that name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpupool.api.fields import AnnotationError
+from gpupool.api.usage_report import (
+    CardUsageReport,
+    ContainerUsageReport,
+    NodeUsageReport,
+    decode_usage_report,
+    encode_usage_report,
+)
+
+REPORT = NodeUsageReport(
+    "n1", "proc-scan", 600.0,
+    (CardUsageReport(0, "GPU-0", "T4", "busy", 50, 3500, 16384, 1, 0.0),
+     CardUsageReport(1, "GPU-1", "T4", "idle", None, None, 16384, 2, 720.5)),
+    (ContainerUsageReport("ml", "job-0", "train", 0, 3000, 4096, 40, 30, 1),))
+
+
+def test_round_trip() -> None:
+    assert decode_usage_report(encode_usage_report(REPORT)) == REPORT
+
+
+def doc_with(**changes: object) -> str:
+    doc = json.loads(encode_usage_report(REPORT))
+    for path, value in changes.items():
+        target = doc
+        *parents, key = path.split("__")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[int(key) if key.isdigit() else key] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    pytest.param("[]", "expected a JSON object", id="not-an-object"),
+    pytest.param(doc_with(v=2), "unsupported schema version 2", id="version"),
+    pytest.param(doc_with(cards__0__state="asleep"), "cards[0].state: one of free, busy, idle", id="state"),
+    pytest.param(doc_with(cards__1__holders="2"), "cards[1].holders: expected int", id="holders-type"),
+    pytest.param(doc_with(cards__0__utilizationPercent=True), "utilizationPercent: expected int or NoneType, "
+                 "got a boolean", id="boolean"),
+    pytest.param(doc_with(containers__0="x"), "containers[0]: expected a JSON object", id="container-type"),
+    pytest.param(doc_with(node=None), "usage report.node: expected str", id="node"),
+])
+def test_a_bad_report_names_the_field(text: str, message: str) -> None:
+    with pytest.raises(AnnotationError) as caught:
+        decode_usage_report(text)
+    assert message in str(caught.value)

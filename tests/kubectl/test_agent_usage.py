@@ -1,0 +1,84 @@
+"""Usage read from the node agents: one report per node, every failure a note, never an exception."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_usage_report
+from gpupool.kubectl.agent_usage import AgentUsage
+from gpupool.kubectl.connection import ClusterAccessError
+from gpupool.kubectl.usage import CardUsageSample
+
+
+def report(node: str, utilization: int | None = 40) -> str:
+    cards = (CardUsageReport(0, f"GPU-{node}-0", "T4", "busy", utilization, 2048, 16384, 1, 0.0),
+             CardUsageReport(1, f"GPU-{node}-1", "T4", "free", 0, 0, 16384, 0, 0.0))
+    return encode_usage_report(NodeUsageReport(node, "proc-scan", 600.0, cards, ()))
+
+
+ANSWERS: dict[str, str | Exception] = {
+    "ok": report("ok"),
+    "refused": ClusterAccessError("503 Service Unavailable: dial tcp 10.0.0.9:9400: connect: connection refused"),
+    "forbidden": ClusterAccessError('403 Forbidden: nodes "forbidden" is forbidden: cannot get resource '
+                                    '"nodes/proxy"'),
+    "socket": OSError("connection reset"),
+    "garbage": "<html>not json</html>",
+    "other": report("elsewhere"),
+    "unsampled": report("unsampled", utilization=None),
+}
+
+
+def read(node: str, port: int, path: str, timeout_s: float) -> str:
+    answer = ANSWERS[node]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+@pytest.fixture
+def usage() -> AgentUsage:
+    source = AgentUsage(read, port=9400, timeout_s=1.0)
+    source.fetch(ANSWERS)
+    return source
+
+
+def test_a_reporting_agent_fills_its_cards(usage: AgentUsage) -> None:
+    assert usage.card_usage("ok", "GPU-ok-0") == CardUsageSample(40.0, 2048)
+    assert usage.card_usage("ok", "GPU-ok-1") == CardUsageSample(0.0, 0)
+    assert usage.card_usage("ok", "GPU-ok-9") is None and usage.node_note("ok") is None
+
+
+@pytest.mark.parametrize(("node", "note"), [
+    pytest.param("refused", "503 Service Unavailable: dial tcp", id="agent-down"),
+    pytest.param("forbidden", "cannot get resource \"nodes/proxy\"", id="no-rbac"),
+    pytest.param("socket", "connection reset", id="socket-error"),
+    pytest.param("garbage", "usage report: not valid JSON", id="not-a-report"),
+    pytest.param("other", "the agent there reports for node 'elsewhere'", id="wrong-node"),
+])
+def test_a_node_without_a_usable_report_has_a_note_and_no_usage(usage: AgentUsage, node: str, note: str) -> None:
+    assert usage.card_usage(node, f"GPU-{node}-0") is None
+    text = usage.node_note(node)
+    assert text is not None and text.startswith("usage not read from the node agent (port 9400): ") and note in text
+
+
+def test_a_card_missing_from_the_agents_sample_is_unknown_not_zero(usage: AgentUsage) -> None:
+    assert usage.card_usage("unsampled", "GPU-unsampled-0") is None
+    assert usage.card_usage("unsampled", "GPU-unsampled-1") == CardUsageSample(0.0, 0)
+
+
+def test_nodes_are_asked_in_parallel() -> None:
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def slow(node: str, port: int, path: str, timeout_s: float) -> str:
+        with lock:
+            started.append(node)
+        time.sleep(0.3)
+        return report(node)
+
+    begin = time.monotonic()
+    AgentUsage(slow).fetch([f"n{i}" for i in range(8)])
+    assert len(started) == 8 and time.monotonic() - begin < 1.5  # one after another: 2.4 s
