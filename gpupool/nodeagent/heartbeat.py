@@ -122,3 +122,14 @@ class AgentHeartbeat:
                 log.warning("renewing node agent lease %s/%s failed: %s", self.settings.namespace, self.name,
                             getattr(exc, "reason", None) or exc)
             await asyncio.sleep(delay)
+
+
+def kube_heartbeat(node: str, kubeconfig: str | None, settings: HeartbeatSettings) -> AgentHeartbeat:
+    """The heartbeat on the official client, configured as the agent's pod source is."""
+    from kubernetes import client
+
+    from gpupool.kube.client_config import api_configuration
+
+    api_client = client.ApiClient(api_configuration(kubeconfig))
+    api_client.user_agent = f"gpupool-node-agent/{node}"
+    return AgentHeartbeat(client.CoordinationV1Api(api_client), node, settings)
