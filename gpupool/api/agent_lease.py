@@ -22,8 +22,10 @@ LEASE_PREFIX = "gpupool-agent-"
 #: The label the extender's watch selects agent Leases by (its value is :data:`LEASE_COMPONENT`).
 LEASE_LABEL = "app.kubernetes.io/component"
 LEASE_COMPONENT = "gpupool-node-agent-heartbeat"
-#: Where agents renew and the extender watches unless told otherwise (the DaemonSet's namespace).
-DEFAULT_LEASE_NAMESPACE = "kube-system"
+#: Where agents renew and the extender watches unless told otherwise: a namespace of their own, as
+#: kubelet's node Leases have kube-node-lease, so that the agents' RBAC (update on every Lease there)
+#: reaches no other component's Lease (kube-system holds the control plane's leader elections).
+DEFAULT_LEASE_NAMESPACE = "gpupool-node-lease"
 #: kubelet's own node Lease timings: renewed every 10 s, lapsed after 40 s (four missed renewals).
 DEFAULT_RENEW_INTERVAL_S = 10.0
 DEFAULT_LEASE_DURATION_S = 40

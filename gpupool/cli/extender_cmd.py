@@ -209,11 +209,11 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
 @click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
               help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
-@click.option("--tls-cert-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False),
               help="Serve the verbs over HTTPS with this certificate (PEM); reloaded when it changes.")
-@click.option("--tls-private-key-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--tls-private-key-file", type=click.Path(dir_okay=False),
               help="The private key of --tls-cert-file (PEM).")
-@click.option("--client-ca-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--client-ca-file", type=click.Path(dir_okay=False),
               help="Accept only clients with a certificate signed by this CA (kube-scheduler's tlsConfig).")
 @click.option("--health-port", type=click.IntRange(0, 65535), default=None,
               help=f"Plain-HTTP port for /healthz, /readyz, /metrics only [default: {DEFAULT_HEALTH_PORT} "

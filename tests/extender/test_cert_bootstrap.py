@@ -132,7 +132,7 @@ def test_secrets_managed_elsewhere_are_left_alone() -> None:
 
 
 def test_a_secret_without_its_key_is_named() -> None:
-    with pytest.raises(ValueError, match="has no tls.key"):
+    with pytest.raises(ValueError, match=r"has no tls\.key"):
         pair_of(SimpleNamespace(metadata=SimpleNamespace(name="x"), data={"tls.crt": ""}))
 
 
