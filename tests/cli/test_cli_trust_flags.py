@@ -24,7 +24,7 @@ def started_with(monkeypatch: pytest.MonkeyPatch, *flags: str) -> extender_cmd.E
 
 def test_without_tls_flags_the_extender_serves_plain_http_and_no_health_port(monkeypatch: pytest.MonkeyPatch) -> None:
     options = started_with(monkeypatch)
-    assert options.tls is None and options.agent_lease_namespace == "kube-system"
+    assert options.tls is None and options.agent_lease_namespace == "gpupool-node-lease"
     assert not options.require_agent_lease
     listeners = extender_cmd._listeners(options)
     assert listeners.tls is None and listeners.health_port is None
