@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from kubernetes import client
 
 from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
 from gpupool.api.names import ResourceNames
+from gpupool.cli.certs_cmd import certs
 from gpupool.core.model import GpuCard
+from gpupool.extender.http.cert_secrets import bootstrap, pair_of
 from gpupool.extender.http.certificates import KeyPair, issue_ca, issue_leaf
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import MakeNode, gpu_pod_manifest, wait_for
@@ -177,3 +180,26 @@ def test_a_rotated_serving_certificate_is_used_without_a_restart(
     core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("after", [("main", {NAMES.gpu_mem: "16"})]))
     assert wait_for(lambda: bound_node(core_v1, namespace, "after"), timeout=60, what="a bind after rotation") == node
     assert extender.proc.pid == pid and extender.proc.poll() is None
+
+
+def test_certs_bootstrap_against_the_real_apiserver_is_idempotent(
+        control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path) -> None:
+    """``gpupool certs bootstrap`` with the control plane's kubeconfig: three Secrets made once, read
+    back by the next run, rotated with the resourceVersion precondition; the client files it writes
+    work for mutual TLS against the serving Secret."""
+    args = ["bootstrap", "--namespace", namespace, "--secret", "ext-tls", "--host", "127.0.0.1",
+            "--kubeconfig", str(control_plane.kubeconfig), "--client-dir", str(tmp_path / "client")]
+    first = CliRunner().invoke(certs, args)
+    assert first.exit_code == 0, first.output
+    stored = {s.metadata.name: s for s in core_v1.list_namespaced_secret(namespace).items}
+    assert {"ext-tls", "ext-tls-client", "ext-tls-ca"} <= set(stored)
+    assert stored["ext-tls"].type == "kubernetes.io/tls"
+    again = CliRunner().invoke(certs, args)
+    assert again.exit_code == 0 and "nothing changed" in again.output
+    assert core_v1.read_namespaced_secret("ext-tls", namespace).metadata.resource_version == \
+        stored["ext-tls"].metadata.resource_version
+    ca = pair_of(stored["ext-tls-ca"])
+    rotated = bootstrap(core_v1, namespace, "ext-tls", ("127.0.0.1",), rotate=True)
+    assert rotated.written == ["ext-tls", "ext-tls-client"] and rotated.bundle.ca == ca
+    client_files = tmp_path / "client"
+    assert (client_files / "ca.crt").read_bytes() == ca.cert_pem
