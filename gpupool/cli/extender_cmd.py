@@ -7,6 +7,7 @@ This module only wires the pieces together; each piece has its own module under
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 
 import click
 
+from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
 from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
@@ -24,7 +26,10 @@ from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.housekeeping import Housekeeping
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
+from gpupool.extender.http.serving import DEFAULT_HEALTH_PORT, Listeners, run_until_signalled, warn_if_open
+from gpupool.extender.http.tls import DEFAULT_RELOAD_INTERVAL_S, ReloadingTls, TlsConfigError, TlsFiles
 from gpupool.extender.lease import LeaderElector, LeaseSettings
+from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.watch import start_watches
@@ -53,6 +58,13 @@ class ExtenderOptions:
     explain_limit: int = 64
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tls: TlsFiles | None = None
+    tls_reload_s: float = DEFAULT_RELOAD_INTERVAL_S
+    health_port: int | None = None
+    """Plain-HTTP port for probes and metrics; None: :data:`DEFAULT_HEALTH_PORT` with TLS, none without."""
+    agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
+    """Where node agents renew their Leases (docs/security.md, Liveness); "" watches none."""
+    require_agent_lease: bool = False
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -75,6 +87,7 @@ class Replica:
     stop: threading.Event
     identity: str
     housekeeping: Housekeeping
+    liveness: AgentLiveness | None = None
 
     def shutdown(self) -> None:
         """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
@@ -106,30 +119,70 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
         fence = handover
         elector.start()
     pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
+    liveness = _watch_agent_leases(options, cache, coordination_v1, stop)
     service = ExtenderService(cache, Binder(cache, pod_api, deadline_s=options.bind_deadline_s, fence=fence),
                               settings=ExtenderSettings(explain_limit=options.explain_limit),
                               is_leader=elector.is_leader if elector else (lambda: True),
-                              leader_name=elector.holder if elector else (lambda: identity))
+                              leader_name=elector.holder if elector else (lambda: identity),
+                              node_gate=liveness.refusals if liveness else (lambda _: {}))
     housekeeping = Housekeeping(cache, pod_api, is_leader=service.is_leader)
-    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping)
+    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness)
+
+
+def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
+                        stop: threading.Event) -> AgentLiveness | None:
+    """The node agents' Leases, watched (gpupool/extender/liveness.py); None when turned off."""
+    if not options.agent_lease_namespace:
+        return None
+    liveness = AgentLiveness(options.agent_lease_namespace, require=options.require_agent_lease,
+                             ledger_lock=cache.lock)
+    leases = functools.partial(coordination_v1.list_namespaced_lease, options.agent_lease_namespace,
+                               label_selector=label_selector())
+    ListWatch("agent-leases", leases, liveness.replace, liveness.apply, stop=stop).start()
+    return liveness
 
 
 def run_extender(options: ExtenderOptions) -> None:
     """Start watches, leader election and the HTTP server; blocks until interrupted."""
-    from aiohttp import web
-
     names = ResourceNames(options.domain)
     core_v1, coordination_v1 = _clients(options.kubeconfig)
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
     replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
-    app = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes).app(options.url_prefix)
-    log.info("gpupool extender %s listening on %s:%d (policy %s, domain %s)", identity, options.host,
-             options.port, options.policy, options.domain)
+    api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
+    listeners = _listeners(options)
+    warn_if_open(listeners)
+    log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
+             options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.domain,
+             f", health on :{listeners.health_port}" if listeners.health_port else "")
     try:
-        web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
+        run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners)
     finally:
         replica.shutdown()
+
+
+def _listeners(options: ExtenderOptions) -> Listeners:
+    tls = ReloadingTls(options.tls, options.tls_reload_s) if options.tls is not None else None
+    health = options.health_port
+    if health is None:
+        health = DEFAULT_HEALTH_PORT if tls is not None else 0
+    return Listeners(options.host, options.port, tls, health or None)
+
+
+def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
+    """The TLS flags as one value; both or neither of the certificate and its key."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise click.UsageError("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
+        return None
+    if cert is None or key is None:
+        raise click.UsageError("--tls-cert-file and --tls-private-key-file go together")
+    files = TlsFiles(cert, key, client_ca)
+    try:
+        ReloadingTls(files)  # load once now: a wrong file is a usage error, not a crash at start-up
+    except TlsConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    return files
 
 
 @click.command("extender")
@@ -156,15 +209,38 @@ def run_extender(options: ExtenderOptions) -> None:
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
 @click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
               help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False),
+              help="Serve the verbs over HTTPS with this certificate (PEM); reloaded when it changes.")
+@click.option("--tls-private-key-file", type=click.Path(dir_okay=False),
+              help="The private key of --tls-cert-file (PEM).")
+@click.option("--client-ca-file", type=click.Path(dir_okay=False),
+              help="Accept only clients with a certificate signed by this CA (kube-scheduler's tlsConfig).")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=None,
+              help=f"Plain-HTTP port for /healthz, /readyz, /metrics only [default: {DEFAULT_HEALTH_PORT} "
+                   "with TLS, none without; 0: none].")
+@click.option("--tls-reload-interval", default=DEFAULT_RELOAD_INTERVAL_S, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), help="Seconds between checks of the TLS files.")
+@click.option("--agent-lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
+              help="Watch the node agents' Leases here; a node whose Lease lapsed gets no GPU pods "
+                   "(\"\": do not watch).")
+@click.option("--require-agent-lease/--no-require-agent-lease", default=False, show_default=True,
+              help="Also refuse nodes that never had a node agent Lease (docs/security.md, Liveness).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, verbose: bool) -> None:
+             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int,
+             tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
+             health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
+             require_agent_lease: bool, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tls = tls_files(tls_cert_file, tls_private_key_file, client_ca_file)
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes))
+                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes, tls=tls,
+                                 tls_reload_s=tls_reload_interval, health_port=health_port,
+                                 agent_lease_namespace=agent_lease_namespace,
+                                 require_agent_lease=require_agent_lease))

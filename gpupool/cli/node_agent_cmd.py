@@ -9,8 +9,10 @@ import socket
 
 import click
 
+from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAMESPACE, DEFAULT_RENEW_INTERVAL_S
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
@@ -65,12 +67,18 @@ def _duration(value: str) -> float:
               help="Per-container directories, the registration socket and the MPS directories live here.")
 @click.option("--mps-control", default=DEFAULT_MPS_CONTROL, show_default=True,
               help="The MPS control daemon binary (--isolation mps).")
+@click.option("--lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
+              help="Renew this node's heartbeat Lease gpupool-agent-<node> here (\"\": none; docs/security.md).")
+@click.option("--lease-duration", default=DEFAULT_LEASE_DURATION_S, show_default=True, type=click.IntRange(min=1),
+              help="Seconds the extender waits after the last renewal before it stops placing GPU pods here.")
+@click.option("--lease-renew-interval", default=DEFAULT_RENEW_INTERVAL_S, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), help="Seconds between renewals of the Lease.")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
                usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
-               verbose: bool) -> None:
+               lease_namespace: str, lease_duration: int, lease_renew_interval: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -79,6 +87,10 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
     monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
+    try:
+        beat = HeartbeatSettings(lease_namespace, lease_duration, lease_renew_interval) if lease_namespace else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lease-renew-interval") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -87,12 +99,12 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
-                     metrics_port, monitor, isolation_config))
+                     metrics_port, monitor, isolation_config, beat))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
                domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None,
-               isolation: IsolationConfig) -> None:
+               isolation: IsolationConfig, heartbeat: HeartbeatSettings | None = None) -> None:
     from gpupool.api.names import ResourceNames
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
@@ -105,6 +117,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.metrics import serve_metrics
     from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
     from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
+    from gpupool.nodeagent.schedule_check import REFUSED_REASON
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
     names = ResourceNames(domain)
@@ -130,6 +143,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             logging.getLogger(__name__).exception("usage monitor not started; the agent runs without it")
             monitor.stop()
             monitor = None
+    async def report_refusal(pod: tuple[str, str], reason: str) -> None:
+        await pods.post_event(*pod, REFUSED_REASON, reason, event_type="Warning")
+
     directory = monitor.directory if monitor is not None else InMemoryContainerDirectory()
     if monitor is None:
         pods.cache.feeds.append(DirectoryFeed(directory))
@@ -141,7 +157,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         backend.close()
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
-                      monitor=monitor, enforcement=enforcement)
+                      monitor=monitor, enforcement=enforcement, report_refusal=report_refusal)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
     metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
@@ -158,6 +174,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_on_change())
+            if heartbeat is not None:  # after the first publication: a live Lease means a served node
+                from gpupool.nodeagent.heartbeat import kube_heartbeat
+                group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run())
     finally:
         if metrics is not None:
             await metrics.cleanup()

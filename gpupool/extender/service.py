@@ -36,6 +36,7 @@ NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 NO_ROWS.flags.writeable = False
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's MaxExtenderPriority: extender scores are integers 0..10."""
+NodeGate = Callable[[ClusterState], Mapping[str, str]]  # refusals from outside the ledger (extender/liveness.py)
 
 
 class Ledger(Protocol):
@@ -186,8 +187,9 @@ class ExtenderService:
     def __init__(self, cache: Ledger, binder: PodBinder | None, *,
                  settings: ExtenderSettings | None = None,
                  is_leader: Callable[[], bool] = lambda: True,
-                 leader_name: Callable[[], str] = lambda: "") -> None:
+                 leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {}) -> None:
         self.cache = cache
+        self.node_gate = node_gate
         self.binder = binder
         self.settings = settings or ExtenderSettings()
         self.is_leader = is_leader
@@ -216,7 +218,7 @@ class ExtenderService:
         rows, name_array = self.node_rows.rows(state, names)
         usable = rows >= 0
         failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
-        refused = {**self.cache.claim_problems, **self.cache.node_problems}
+        refused = {**self.cache.claim_problems, **self.cache.node_problems, **self.node_gate(state)}
         if refused:
             asked = set(names)
             for name, reason in refused.items():
@@ -284,7 +286,7 @@ class ExtenderService:
         """The last filter's memo when it answers this prioritize exactly (see :class:`_FilterMemo`);
         never while some node is refused for a problem (those are checked afresh on every call)."""
         memo = self._last_filter
-        if (memo is None or self.cache.node_problems or self.cache.claim_problems
+        if (memo is None or self.cache.node_problems or self.cache.claim_problems or self.node_gate(self.cache.state)
                 or memo.state is not self.cache.state
                 or memo.versions != self._versions() or memo.aliases != aliases
                 or memo.request != request or memo.passed != names):
@@ -323,7 +325,8 @@ class ExtenderService:
             leader = self.leader_name()
             return BindResult("this gpupool extender replica is not the leader"
                               + (f"; the leader is {leader}" if leader else ""))
-        return self.binder.bind(namespace, name, uid, node)
+        gated = self.node_gate(self.cache.state).get(node)
+        return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
 
     def preempt(self, request: PodRequest,
                 victims: Mapping[str, list[str]]) -> tuple[dict[str, list[str]], str]:
@@ -346,8 +349,9 @@ class ExtenderService:
                       if (held := state.placements.get(key)) is not None and held.node == node}
             what_if = what_if_copy(state, victims, without=lifted)
             scheduler = Scheduler(what_if, make_policy(self.cache.policy_name), profile=self.cache.profile)
+            gated = self.node_gate(state)
             for node, uids in victims.items():
-                if self.cache.unreadable_on(node) - leaving[node]:
+                if node in gated or self.cache.unreadable_on(node) - leaving[node]:
                     continue
                 if isinstance(scheduler.assign(request, node), Placement):
                     kept[node] = list(uids)

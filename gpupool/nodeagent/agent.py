@@ -16,17 +16,18 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.allocation_mapper import AllocationMapper, MappingError, PodKey, ServedRecord
-from gpupool.nodeagent.container_grant import build_grant
+from gpupool.nodeagent.container_grant import GrantError, build_grant
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.schedule_check import check_assignment
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -38,6 +39,8 @@ from gpupool.nodeagent.types import (
 log = logging.getLogger(__name__)
 
 AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
+RefusalReporter = Callable[[PodKey, str], Coroutine[None, None, None]]
+"""Tells a pod why its grant was refused (a Warning event; see :mod:`.schedule_check`)."""
 
 
 @dataclass
@@ -66,7 +69,7 @@ class NodeAgent:
     def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
                  poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None,
-                 enforcement: Enforcement | None = None) -> None:
+                 enforcement: Enforcement | None = None, report_refusal: RefusalReporter | None = None) -> None:
         self.node = node
         self.names = names
         self.resources: tuple[str, ...] = (*names.all(), *aliases)
@@ -94,6 +97,8 @@ class NodeAgent:
         self.enforcement: Enforcement = enforcement or NoEnforcement()
         """What holds containers to their shares on this node (adds env and mounts to grants)."""
         self._listed = False
+        self._report_refusal = report_refusal
+        self._reports: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ devices and health
     @property
@@ -170,6 +175,7 @@ class NodeAgent:
         snapshot, views = await self._refresh()
         try:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
+            check_assignment(self.node, self._inventory, res.pod, res.assignment, self._granted(views))
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,
@@ -178,6 +184,10 @@ class NodeAgent:
         except (MappingError, ValueError) as exc:
             self.stats.refused += 1
             log.error("refusing Allocate %s x%d: %s", resource, len(ids), exc)
+            if isinstance(exc, GrantError):  # the pod is known: tell it why, without delaying kubelet
+                report = asyncio.create_task(self._report(res.pod.key, str(exc)))
+                self._reports.add(report)
+                report.add_done_callback(self._reports.discard)
             raise
         record = self.mapper.record(res, resource, ids, tuple(uuids[s.card] for s in res.assignment.slices))
         self.stats.bases[res.basis] += 1
@@ -188,6 +198,18 @@ class NodeAgent:
         self._note_served(res.pod.key, record, resource, len(ids))
         self.stats.allocate_ms.append((time.perf_counter() - started) * 1000.0)
         return grant
+
+    async def _report(self, pod: PodKey, reason: str) -> None:
+        if self._report_refusal is not None:
+            try:
+                await self._report_refusal(pod, reason)
+            except Exception as exc:  # the refusal stands; only its event is lost
+                log.warning("could not report the refusal on %s/%s: %s", pod[0], pod[1], exc)
+
+    def _granted(self, views: Mapping[PodKey, PodView]) -> list[PodView]:
+        """Listed pods holding grants on this node: served by this agent, or by an earlier one
+        (their ``allocated-v1``)."""
+        return [view for key, view in views.items() if key in self._served or view.allocated]
 
     async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
         """Before a container starts its device IDs are in PodResources: check who holds them."""

@@ -68,10 +68,12 @@ class KubePodSource:
         body = {"metadata": {"annotations": dict(annotations)}}
         await asyncio.to_thread(self._api.patch_namespaced_pod, name, namespace, body)
 
-    async def post_event(self, namespace: str, name: str, reason: str, message: str) -> None:
-        """Create a Normal event about the pod (the usage monitor's busy/idle changes)."""
+    async def post_event(self, namespace: str, name: str, reason: str, message: str,
+                         event_type: str = "Normal") -> None:
+        """Create an event about the pod (the usage monitor's busy/idle changes; a refused grant's
+        Warning)."""
         body = pod_event(namespace, name, "", reason, message)
-        body["type"] = "Normal"
+        body["type"] = event_type
         body["source"] = {"component": USER_AGENT, "host": self.cache.node}
         await asyncio.to_thread(self._api.create_namespaced_event, namespace, body)
 

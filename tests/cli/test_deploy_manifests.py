@@ -248,16 +248,23 @@ def _extender_routes(url_prefix: str) -> set[tuple[str, str]]:
     return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
 
 
+def _probe_routes() -> set[tuple[str, str]]:
+    cache = ClusterCache()
+    app = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics()).probe_app()
+    return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+
+
 def test_extender_ports_probes_and_service_agree() -> None:
-    """containerPort = --port, probe paths are served, the Service targets that port."""
+    """containerPort = --port, probe paths are served on the plain health port (the verbs' port asks
+    for a client certificate kubelet does not have), the Service targets the verbs' port."""
     for container in containers_running("extender"):
         _, params = parse(container)
+        assert params["tls_cert_file"] and params["client_ca_file"], "production serves the verbs over mutual TLS"
         ports = {p["name"]: p["containerPort"] for p in container.spec["ports"]}
-        routes = _extender_routes(params["url_prefix"])
         for probe in ("readinessProbe", "livenessProbe"):
             get = container.spec[probe]["httpGet"]
-            assert ports[get["port"]] == params["port"]
-            assert ("GET", get["path"]) in routes
+            assert ports[get["port"]] == params["health_port"] != params["port"]
+            assert get.get("scheme", "HTTP") == "HTTP" and ("GET", get["path"]) in _probe_routes()
         labels = container.workload["spec"]["template"]["metadata"]["labels"]
         (service,) = (s for s in by_kind("Service")
                       if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
@@ -265,7 +272,7 @@ def test_extender_ports_probes_and_service_agree() -> None:
         (port,) = service["spec"]["ports"]
         assert ports[port["targetPort"]] == params["port"]
         notes = container.workload["spec"]["template"]["metadata"]["annotations"]
-        assert int(notes["prometheus.io/port"]) == params["port"] and ("GET", "/metrics") in routes
+        assert int(notes["prometheus.io/port"]) == params["health_port"] and ("GET", "/metrics") in _probe_routes()
 
 
 def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
@@ -301,6 +308,45 @@ def test_extender_lease_flags_match_its_role() -> None:
     assert role["metadata"]["namespace"] == params["lease_namespace"]
     named = [r for r in role["rules"] if r.get("resourceNames")]
     assert named and all(r["resourceNames"] == [params["lease_name"]] for r in named)
+
+
+def test_extender_tls_files_come_from_the_mounted_secret() -> None:
+    """--tls-cert-file, --tls-private-key-file and --client-ca-file are the keys of one mounted Secret
+    in cert-manager's layout (tls.crt, tls.key, ca.crt); the scheduler configs present a client
+    certificate and verify the extender with a CA."""
+    (container,) = containers_running("extender")
+    _, params = parse(container)
+    mounts = {m["name"]: m["mountPath"] for m in container.spec["volumeMounts"]}
+    volumes = {v["name"]: v for v in container.pod_spec["volumes"]}
+    (tls,) = (name for name, v in volumes.items() if "secret" in v)
+    for flag, key in (("tls_cert_file", "tls.crt"), ("tls_private_key_file", "tls.key"), ("client_ca_file", "ca.crt")):
+        assert params[flag] == f"{mounts[tls]}/{key}"
+    for config in by_kind("KubeSchedulerConfiguration"):
+        (entry,) = config["extenders"]
+        assert entry["enableHTTPS"] is True and set(entry["tlsConfig"]) == {"certFile", "keyFile", "caFile"}
+
+
+def test_agent_and_extender_agree_on_the_lease_namespace_and_its_roles() -> None:
+    """The agents renew where the extender watches; each has exactly its Lease verbs there, and
+    the namespace is the agents' own (no control-plane Lease within their reach)."""
+    (extender,) = containers_running("extender")
+    (agent,) = containers_running("node-agent")
+    _, extender_params = parse(extender)
+    _, agent_params = parse(agent)
+    namespace = agent_params["lease_namespace"]
+    assert extender_params["agent_lease_namespace"] == namespace != "kube-system"
+    assert extender_params["require_agent_lease"]
+    assert agent_params["lease_renew_interval"] < agent_params["lease_duration"]
+    assert any(doc["metadata"]["name"] == namespace for doc in by_kind("Namespace"))
+    verbs = {}
+    for binding in by_kind("RoleBinding"):
+        if binding["metadata"]["namespace"] != namespace:
+            continue
+        role = one("Role", binding["roleRef"]["name"])
+        assert role["metadata"]["namespace"] == namespace
+        for subject in binding["subjects"]:
+            verbs[subject["name"]] = {v for r in role["rules"] for v in r["verbs"] if "leases" in r["resources"]}
+    assert verbs == {"gpupool-extender": {"list", "watch"}, "gpupool-node-agent": {"create", "get", "update"}}
 
 
 def test_extender_is_read_only_and_non_root() -> None:

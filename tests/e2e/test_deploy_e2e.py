@@ -39,10 +39,12 @@ from gpupool.cli.extender_cmd import ExtenderOptions, _clients, start_replica
 from gpupool.extender.lease import LeaseSettings
 from gpupool.kube.client_config import api_configuration
 from gpupool.nodeagent.allocated_codec import encode_served
+from gpupool.nodeagent.heartbeat import HeartbeatSettings, kube_heartbeat
 from gpupool.nodeagent.kube_pod_source import KubePodSource
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
+from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +52,9 @@ pytestmark = pytest.mark.e2e
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAMES = ResourceNames()
 DEPLOYED_NAMESPACE = "kube-system"
+#: The node agents' heartbeat Leases live in a namespace of their own (deploy/node-agent-rbac.yaml).
+DEPLOYED_LEASE_NAMESPACE = "gpupool-node-lease"
+AGENT_LEASE = "gpupool-agent-n1"
 EXTENDER_SA, AGENT_SA = "gpupool-extender", "gpupool-node-agent"
 LEASE = "gpupool-extender"  # the extender's default --lease-name, as deploy/ runs it
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
@@ -62,16 +67,23 @@ RESOURCES = (("", "pods", ""), ("", "pods", "binding"), ("", "pods", "status"), 
              ("apps", "daemonsets", ""))
 
 
+def lease_namespace(namespace: str) -> str:
+    """Where the test deploys what deploy/ puts in the agents' Lease namespace."""
+    return f"{namespace}-lease"
+
+
 def deploy_documents(namespace: str) -> list[dict[str, Any]]:
-    """Every document of deploy/*.yaml with kube-system rewritten to ``namespace`` (objects,
-    ServiceAccount subjects), so the test's objects live and die with the test's namespace."""
+    """Every document of deploy/*.yaml with kube-system rewritten to ``namespace`` and the agents'
+    Lease namespace to :func:`lease_namespace` (objects, ServiceAccount subjects), so the test's
+    objects live and die with the test's namespaces."""
     docs = []
+    moved = {DEPLOYED_NAMESPACE: namespace, DEPLOYED_LEASE_NAMESPACE: lease_namespace(namespace)}
     for path in sorted(DEPLOY.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is None:
                 continue
-            if doc.get("metadata", {}).get("namespace") == DEPLOYED_NAMESPACE:
-                doc["metadata"]["namespace"] = namespace
+            if doc.get("metadata", {}).get("namespace") in moved:
+                doc["metadata"]["namespace"] = moved[doc["metadata"]["namespace"]]
             for subject in doc.get("subjects", []):
                 if subject.get("namespace") == DEPLOYED_NAMESPACE:
                     subject["namespace"] = namespace
@@ -96,10 +108,13 @@ def _delete(api_client: client.ApiClient, doc: dict[str, Any]) -> None:
 
 @pytest.fixture
 def deployed_rbac(kube_api_client: client.ApiClient, namespace: str) -> Iterator[str]:
-    """deploy/'s ServiceAccounts, Roles and bindings in the test namespace; all deleted after."""
+    """deploy/'s ServiceAccounts, Roles and bindings in the test namespace (and the Lease namespace
+    beside it); all deleted after."""
     docs = [d for d in deploy_documents(namespace) if d["kind"] in RBAC_KINDS]
     assert {d["kind"] for d in docs} == set(RBAC_KINDS)
     created: list[dict[str, Any]] = []
+    core_v1 = client.CoreV1Api(kube_api_client)
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=lease_namespace(namespace))))
     try:
         for doc in docs:
             utils.create_from_dict(kube_api_client, doc)
@@ -108,6 +123,7 @@ def deployed_rbac(kube_api_client: client.ApiClient, namespace: str) -> Iterator
     finally:
         for doc in reversed(created):
             _delete(kube_api_client, doc)
+        delete_namespace(core_v1, lease_namespace(namespace))
 
 
 def allowed(authz: client.AuthorizationV1Api, namespace: str, account: str, attrs: dict[str, str]) -> bool:
@@ -128,7 +144,8 @@ def matrix(namespace: str) -> list[dict[str, str]]:
     for group, resource, sub in RESOURCES:
         places: list[tuple[str, str]] = [("", "")] if resource == "nodes" else [("default", "")]
         if resource == "leases":
-            places = [(namespace, LEASE), (namespace, "someone-else"), (namespace, ""), ("default", LEASE)]
+            places = [(namespace, LEASE), (namespace, "someone-else"), (namespace, ""), ("default", LEASE),
+                      (lease_namespace(namespace), AGENT_LEASE), (lease_namespace(namespace), "")]
         elif resource == "pods" and sub:
             places = [("default", "p")]
         for verb in VERBS:
@@ -153,14 +170,21 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("create", "", "pods", "binding", "default", "p"), ("create", "", "events", "", "default", ""),
             ("create", "coordination.k8s.io", "leases", "", namespace, ""),
             ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
-            ("update", "coordination.k8s.io", "leases", "", namespace, LEASE)}
+            ("update", "coordination.k8s.io", "leases", "", namespace, LEASE),
+            ("list", "coordination.k8s.io", "leases", "", lease_namespace(namespace), ""),
+            ("watch", "coordination.k8s.io", "leases", "", lease_namespace(namespace), "")}
 
 
-def expected_node_agent() -> set[tuple[str, ...]]:
-    """What gpupool/nodeagent/kube_pod_source.py calls (deploy/node-agent-rbac.yaml's header)."""
+def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
+    """What gpupool/nodeagent/kube_pod_source.py and heartbeat.py call (deploy/node-agent-rbac.yaml's
+    header): Lease verbs only in the agents' own Lease namespace."""
+    leases = lease_namespace(namespace)
     return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
             ("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
-            ("patch", "", "nodes", "", "", ""), ("create", "", "events", "", "default", "")}
+            ("patch", "", "nodes", "", "", ""), ("create", "", "events", "", "default", ""),
+            ("create", "coordination.k8s.io", "leases", "", leases, ""),
+            *(("get", "coordination.k8s.io", "leases", "", leases, name) for name in (AGENT_LEASE, "")),
+            *(("update", "coordination.k8s.io", "leases", "", leases, name) for name in (AGENT_LEASE, ""))}
 
 
 def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(
@@ -168,7 +192,8 @@ def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(
 ) -> None:
     authz = client.AuthorizationV1Api(kube_api_client)
     probes = matrix(deployed_rbac)
-    for account, expected in ((EXTENDER_SA, expected_extender(deployed_rbac)), (AGENT_SA, expected_node_agent())):
+    for account, expected in ((EXTENDER_SA, expected_extender(deployed_rbac)),
+                              (AGENT_SA, expected_node_agent(deployed_rbac))):
         granted = {key(p) for p in probes if allowed(authz, deployed_rbac, account, p)}
         assert granted == expected, (account, "extra:", granted - expected, "missing:", expected - granted)
     # the denials the brief names, spelled out
@@ -221,6 +246,13 @@ def test_the_real_clients_work_as_their_service_accounts(
     with pytest.raises(ApiException) as denied:
         agent_api.list_node()  # the agent patches its Node; it never lists nodes
     assert denied.value.status == 403
+    # its heartbeat: create, then renew, the node's Lease in the agents' Lease namespace
+    heartbeat = kube_heartbeat(node, str(agent_config), HeartbeatSettings(lease_namespace(namespace)))
+    heartbeat.renew_once()
+    heartbeat.renew_once()
+    leases = client.CoordinationV1Api(core_v1.api_client)
+    beat = leases.read_namespaced_lease(heartbeat.name, lease_namespace(namespace))
+    assert beat.spec.holder_identity == node
     published = core_v1.read_node(node).metadata
     assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
     assert published.labels[NAMES.model_label] == "Tesla-T4"
@@ -228,13 +260,19 @@ def test_the_real_clients_work_as_their_service_accounts(
     # The extender: its own wiring (_clients, start_replica) on a kubeconfig with its token.
     extender_core, coordination = _clients(str(service_account_kubeconfig(
         control_plane, core_v1, namespace, EXTENDER_SA, tmp_path / "extender")))
-    replica = start_replica(ExtenderOptions(policy="binpack", lease_namespace=namespace, identity="deploy-e2e"),
+    replica = start_replica(ExtenderOptions(policy="binpack", lease_namespace=namespace, identity="deploy-e2e",
+                                            agent_lease_namespace=lease_namespace(namespace)),
                             extender_core, coordination,
                             LeaseSettings(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5))
     try:
         assert replica.elector is not None
         wait_for(lambda: replica.cache.synced and replica.elector is not None and replica.elector.is_leader(),
                  timeout=30, what="the extender (as its ServiceAccount) to sync and lead")
+        # it lists and watches the agents' Leases: the node's heartbeat is known, nothing refused
+        assert replica.liveness is not None
+        wait_for(lambda: replica.liveness is not None and replica.liveness.synced, timeout=30,
+                 what="the extender's watch of the agent Leases (as its ServiceAccount)")
+        assert replica.liveness.refusals(replica.cache.state) == {}
         uid = core_v1.read_namespaced_pod("p1", namespace).metadata.uid
         deadline = time.monotonic() + 30
         while not (result := replica.service.bind(namespace, "p1", uid, node)).ok:

@@ -113,6 +113,8 @@ def run_scheduler(binaries: Binaries, plane: ControlPlane, workdir: Path, extend
                           for profile in config.get("profiles") or [{}]]
     (entry,) = config["extenders"]
     entry["urlPrefix"] = extender_url
+    entry["enableHTTPS"] = extender_url.startswith("https://")  # the stand-in extender speaks plain HTTP:
+    entry.pop("tlsConfig", None)  # its mutual TLS is tested in test_extender_tls_e2e.py
     if weight is not None:
         entry["weight"] = weight
     path = workdir / f"{scheduler_name}.yaml"

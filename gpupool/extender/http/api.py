@@ -213,11 +213,22 @@ class ExtenderApi:
                                         "bind": self._bind, "preempt": self._preempt}
         for verb, handler in handlers.items():
             application.router.add_post(f"{prefix}/{verb}", self._endpoint(verb, handler))
+        self._add_probes(application)
+        application.on_cleanup.append(self._shutdown)
+        return application
+
+    def probe_app(self) -> web.Application:
+        """``/healthz``, ``/readyz`` and ``/metrics`` only, no verb: what the plain-HTTP health port
+        serves beside the verbs' mutual-TLS port, for kubelet's probes and Prometheus, which present
+        no client certificate (docs/security.md)."""
+        application = web.Application(client_max_size=1024)
+        self._add_probes(application)
+        return application
+
+    def _add_probes(self, application: web.Application) -> None:
         application.router.add_get("/healthz", self._healthz)
         application.router.add_get("/readyz", self._readyz)
         application.router.add_get("/metrics", self._metrics)
-        application.on_cleanup.append(self._shutdown)
-        return application
 
     async def _shutdown(self, _: web.Application) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

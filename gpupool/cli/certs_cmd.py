@@ -1,0 +1,70 @@
+"""``gpupool certs bootstrap``: the extender's CA, serving and client certificates, once, into Secrets.
+
+The work is in :mod:`gpupool.extender.http.cert_secrets`; this module parses flags, writes the
+client's files where kube-scheduler reads them, and says what it did.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from gpupool.extender.http.cert_secrets import CLIENT_SUFFIX, Bundle
+
+#: Files ``--client-dir`` writes, as the scheduler's extender ``tlsConfig`` names them.
+CLIENT_FILES = ("client.crt", "client.key", "ca.crt")
+
+
+def write_client_files(bundle: Bundle, directory: Path) -> list[Path]:
+    """kube-scheduler's ``certFile``, ``keyFile`` and ``caFile``; the key readable by its owner only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / n for n in CLIENT_FILES]
+    for path, data in zip(paths, (bundle.client.cert_pem, bundle.client.key_pem, bundle.ca.cert_pem), strict=True):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        fd = os.open(path, flags, 0o600 if path.suffix == ".key" else 0o644)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    return paths
+
+
+@click.group("certs")
+def certs() -> None:
+    """Certificates of the extender's mutual TLS (docs/security.md)."""
+
+
+@certs.command("bootstrap")
+@click.option("--namespace", default="kube-system", show_default=True, help="Namespace of the Secrets.")
+@click.option("--secret", default="gpupool-extender-tls", show_default=True,
+              help=f"The serving Secret's name; the client's is <secret>{CLIENT_SUFFIX}, the CA's <secret>-ca.")
+@click.option("--service", default="gpupool-extender", show_default=True,
+              help="The extender's Service: the serving certificate names <service>.<namespace>.svc etc.")
+@click.option("--host", "hosts", multiple=True, metavar="NAME_OR_IP",
+              help="Another name or address the serving certificate is valid for (repeatable).")
+@click.option("--rotate", is_flag=True,
+              help="Issue new serving and client certificates from the existing CA (the CA is kept).")
+@click.option("--client-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Also write the client's {', '.join(CLIENT_FILES)} here (for kube-scheduler's tlsConfig).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube/config.")
+def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...], rotate: bool,
+              client_dir: Path | None, kubeconfig: str | None) -> None:
+    """Create the extender's CA and certificates into Secrets, unless they exist (idempotent)."""
+    from kubernetes import client
+
+    from gpupool.extender.http.cert_secrets import bootstrap as run_bootstrap
+    from gpupool.extender.http.certificates import service_hosts
+    from gpupool.kube.client_config import api_configuration
+
+    core_v1 = client.CoreV1Api(client.ApiClient(api_configuration(kubeconfig)))
+    try:
+        result = run_bootstrap(core_v1, namespace, secret, service_hosts(service, namespace, hosts), rotate=rotate)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if result.written:
+        click.echo(f"wrote Secrets {', '.join(f'{namespace}/{n}' for n in result.written)}")
+    else:
+        click.echo(f"Secrets {namespace}/{secret}, {secret}{CLIENT_SUFFIX}, {secret}-ca already exist; nothing changed")
+    if client_dir is not None:
+        for path in write_client_files(result.bundle, client_dir):
+            click.echo(f"wrote {path}")
