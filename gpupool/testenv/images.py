@@ -33,7 +33,7 @@ from gpupool.testenv.build import source_tree
 from gpupool.testenv.errors import BuildFailedError
 from gpupool.testenv.image_archive import Entry, docker_archive, image_config, layer_tar, sha256_digest
 from gpupool.testenv.paths import cache_dir
-from gpupool.testenv.runtime_tools import RuntimeTools
+from gpupool.testenv.runtime_tools import RuntimeTools, ensure_runtime_tools
 
 #: The registry part of every local image's name (never contacted: pods say ``pullPolicy: Never``).
 REGISTRY = "gpupool.local"
@@ -84,13 +84,17 @@ def images_dir() -> Path:
     return cache_dir() / "images"
 
 
-def build_image(name: str, files: Mapping[str, Path] | None = None, *, tools: RuntimeTools,
-                base: Base = Base.DYNAMIC, cmd: tuple[str, ...] = ("sh",)) -> Image:
+def build_image(name: str, files: Mapping[str, Path] | None = None, *, base: Base = Base.DYNAMIC,
+                cmd: tuple[str, ...] = ("sh",), tools: RuntimeTools | None = None) -> Image:
     """An image of ``base`` plus ``files`` (container path → host file, which replaces a base file
-    at the same path); cached by content, so calling it again with the same inputs is cheap."""
+    at the same path); cached by content, so calling it again with the same inputs is cheap.
+
+    ``tools`` default to :func:`~gpupool.testenv.runtime_tools.ensure_runtime_tools` (which
+    installs busybox-static on first use).
+    """
     if not name.replace("-", "").isalnum() or name != name.lower():
         raise ValueError(f"image name must be lower-case letters, digits and '-': {name!r}")
-    entries = list(base_entries(base, tools))
+    entries = list(base_entries(base, tools or ensure_runtime_tools()))
     entries += [Entry.host_file(path, source) for path, source in sorted((files or {}).items())]
     return _archive(name, entries, cmd)
 

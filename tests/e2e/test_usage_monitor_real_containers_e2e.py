@@ -180,8 +180,7 @@ def test_dynamic_image_runs_a_dynamic_program_with_a_preloaded_library(
     subprocess.run([gcc, "-shared", "-fPIC", "-o", tmp_path / "libpreload.so", tmp_path / "preload.c"], check=True)
     subprocess.run([gcc, "-o", tmp_path / "hello", tmp_path / "main.c"], check=True)
     image = build_image("dynamic-hello", {f"{LIB_DIR}/libpreload.so": tmp_path / "libpreload.so",
-                                          "/usr/local/bin/hello": tmp_path / "hello"},
-                        tools=ensure_runtime_tools())
+                                          "/usr/local/bin/hello": tmp_path / "hello"})
     containerd_kubelet.import_image(image)
     manifest = pod_manifest("dyn", containerd_kubelet.node_name, image.ref, {"main": {}},
                             "hello; LD_PRELOAD=libpreload.so hello; sleep 3600", {})
