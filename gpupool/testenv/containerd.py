@@ -105,15 +105,19 @@ def start_containerd(directory: Path, *, tools: RuntimeTools, binds: Mapping[Pat
         sub.mkdir(parents=True, exist_ok=True)
     bridge = bridge_name(directory)
     subnet = _claim_subnet(bridge)
-    layout.config.write_text(render_containerd_config(layout, sandbox_image=pause.ref,
-                                                       cni_bin_dir=tools.cni_bin_dir))
-    (layout.cni_conf_dir / "10-gpupool.conflist").write_text(render_cni_conflist(
-        name=f"gpupool-{bridge}", bridge=bridge, subnet=subnet, data_dir=layout.cni_data_dir))
-    all_binds = {**binds, directory / "run-containerd": RUNTIME_STATE_PATHS[0],
-                 directory / "var-lib-cni": RUNTIME_STATE_PATHS[1]}
-    argv = namespace_argv(all_binds, cwd, [str(tools.containerd), "--config", str(layout.config)],
-                          prelude=device_prelude(directory / "dev-overlay", device_nodes))
-    process = spawn("containerd", argv, directory / "containerd.log", executable=tools.containerd, cwd=cwd)
+    try:
+        layout.config.write_text(render_containerd_config(layout, sandbox_image=pause.ref,
+                                                           cni_bin_dir=tools.cni_bin_dir))
+        (layout.cni_conf_dir / "10-gpupool.conflist").write_text(render_cni_conflist(
+            name=f"gpupool-{bridge}", bridge=bridge, subnet=subnet, data_dir=layout.cni_data_dir))
+        all_binds = {**binds, directory / "run-containerd": RUNTIME_STATE_PATHS[0],
+                     directory / "var-lib-cni": RUNTIME_STATE_PATHS[1]}
+        argv = namespace_argv(all_binds, cwd, [str(tools.containerd), "--config", str(layout.config)],
+                              prelude=device_prelude(directory / "dev-overlay", device_nodes))
+        process = spawn("containerd", argv, directory / "containerd.log", executable=tools.containerd, cwd=cwd)
+    except BaseException:
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
+        raise
     runtime = Containerd(layout=layout, process=process, tools=tools, bridge=bridge, subnet=subnet)
     try:
         wait_until(lambda: layout.socket.is_socket() and _answers(runtime), what="the containerd socket",

@@ -13,7 +13,8 @@ card its ``GPUPOOL_CARD_INDICES`` names, and ``/proc/<pid>/environ`` holds exact
 state file lists that card held by that process under its own namespace, pod, container and
 container ID, which is the ``containerID`` of the pod's status and the ``/k8s.io/<id>`` of the
 process's cgroup; and the card goes free when the pod is deleted. A second test runs a dynamically
-linked program with a preloaded library in the dynamic image (the image API other tests build on).
+linked program with a preloaded library in the dynamic image (the image API other tests build on),
+and its container keeps running across a kubelet restart.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import os
 import shutil
 import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,53 +33,20 @@ from kubernetes import client
 
 from gpupool.api.annotations import decode_assignment
 from gpupool.api.names import ResourceNames
-from gpupool.testenv.containerd import DeviceNode
-from gpupool.testenv.controlplane import ControlPlane
-from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.images import LIB_DIR, build_image
-from gpupool.testenv.kubelet import Kubelet, start_kubelet
-from gpupool.testenv.runtime_tools import ensure_runtime_tools, runtime_impossible_reason
+from gpupool.testenv.kubelet import Kubelet
+from tests.e2e import real_containers
 from tests.e2e.e2e_support import GRANT_KEYS, ExtenderProcess, NodeAgentProcess, expected_grant, wait_for
+from tests.e2e.real_containers import stand_in_cards
 
 pytestmark = pytest.mark.e2e
 
+containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
+
 NAMES = ResourceNames()
 CARD_MIB = 16384
-#: Stand-in card devices: (major, minor) of /dev/random and /dev/urandom, distinct and openable.
-CARD_DEVICES = ((1, 8), (1, 9))
-#: The control devices every grant lists; they only need to exist for the runtime to create them.
-CONTROL_NODES = tuple(DeviceNode(p, 1, 3) for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
 #: Reads the card named by the grant's env and keeps it open as the container's only process.
 OPEN_CARD = 'exec 3<"${CARD_PREFIX}${GPUPOOL_CARD_INDICES}"; exec sleep 3600'
-
-
-@pytest.fixture(scope="module")
-def containerd_kubelet(control_plane: ControlPlane, kube_api_client: client.ApiClient) -> Iterator[Kubelet]:
-    """A real kubelet with containerd, for the module; skipped only where nothing can be installed."""
-    reason = runtime_impossible_reason()
-    if reason is not None:
-        pytest.skip(f"real containers cannot run on this machine: {reason}")
-    try:
-        ensure_runtime_tools(log=lambda m: print(f"[gpupool testenv] {m}", flush=True))
-    except BuildImpossibleError as exc:
-        pytest.skip(f"real containers cannot run on this machine: {exc}")
-    began = time.monotonic()
-    kubelet = start_kubelet(control_plane, f"e2e-real-{uuid.uuid4().hex[:6]}", runtime="containerd",
-                            device_nodes=CONTROL_NODES)
-    print(f"\n  containerd kubelet start to node Ready: {time.monotonic() - began:.1f} s")
-    try:
-        yield kubelet
-    finally:
-        kubelet.stop(delete_node=True)
-
-
-def stand_in_cards(directory: Path) -> str:
-    """Make the card device nodes; return the fake GPU file that points the agent at them."""
-    directory.mkdir(parents=True)
-    for index, (major, minor) in enumerate(CARD_DEVICES):
-        os.mknod(directory / f"nvidia{index}", 0o666 | 0o020000, os.makedev(major, minor))
-    cards = "\n".join(f"  - {{uuid: GPU-real-{i:04d}, memoryMiB: {CARD_MIB}}}" for i in range(len(CARD_DEVICES)))
-    return f"model: Tesla-T4\ndevicePathPrefix: {directory}/nvidia\ncards:\n{cards}\n"
 
 
 def pod_manifest(name: str, node: str, image: str, containers: dict[str, dict[str, str]],
@@ -140,10 +107,13 @@ def test_usage_monitor_records_a_real_containers_open_of_its_granted_card(
         path = f"{prefix}{card.index}"
 
         def holder(cname: str = assigned.name, path: str = path) -> dict[str, Any] | None:
-            mine = [h for h in device_holders(agent.usage_state).get(path, []) if h["containerId"] == ids[cname]]
+            # Named once the agent's pod watch has the container's ID (kubelet reports it after start).
+            mine = [h for h in device_holders(agent.usage_state).get(path, [])
+                    if h["containerId"] == ids[cname] and h["container"]]
             return mine[0] if mine else None
 
-        found = wait_for(holder, timeout=30, what=f"{assigned.name}'s open of {path} in the state file\n{agent.log()}")
+        found = wait_for(holder, timeout=30, what=f"{assigned.name}'s open of {path} in the state file, named"
+                         f"\n{agent.log()}")
         assert (found["namespace"], found["pod"], found["container"]) == (namespace, "job", assigned.name)
         pid = found["pid"]
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"3600"]
@@ -193,3 +163,10 @@ def test_dynamic_image_runs_a_dynamic_program_with_a_preloaded_library(
 
     log = wait_for(full_log, timeout=30, what="dyn's log")
     assert log.splitlines() == ["dynamic main", "preloaded", "dynamic main"], log
+
+    # As on a real node, a kubelet restart leaves the running containers alone.
+    [before] = core_v1.read_namespaced_pod("dyn", namespace).status.container_statuses
+    containerd_kubelet.restart()
+    pod = core_v1.read_namespaced_pod("dyn", namespace)
+    assert pod.status.phase == "Running"
+    assert [(s.container_id, s.restart_count) for s in pod.status.container_statuses] == [(before.container_id, 0)]
