@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,9 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 #: The CNI plugins the test network uses.
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
+#: ELF program header type of the loader request: a static program has none.
+PT_INTERP = 3
+
 #: The static C library, needed to link the pause binary statically.
 STATIC_LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.a")
 
@@ -63,9 +67,33 @@ def _program(name: str) -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def is_static_elf(path: Path) -> bool:
+    """Whether ``path`` is a 64-bit ELF executable without a program interpreter (``PT_INTERP``).
+
+    Debian's ``busybox`` package (dynamic) and ``busybox-static`` install the same path; only the
+    static one runs in an image without a C library.
+    """
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(64)
+            if header[:5] != b"\x7fELF\x02":
+                return False
+            phoff, = struct.unpack_from("<Q", header, 0x20)
+            phentsize, phnum = struct.unpack_from("<HH", header, 0x36)
+            fh.seek(phoff)
+            table = fh.read(phentsize * phnum)
+    except (OSError, struct.error):
+        return False
+    types = [struct.unpack_from("<I", table, i * phentsize)[0] for i in range(len(table) // phentsize)]
+    return PT_INTERP not in types
+
+
 def missing_programs() -> list[str]:
     """What is not installed yet (programs, CNI plugins, the static libc), by name."""
     missing = [name for name in REQUIRED_PROGRAMS if _program(name) is None]
+    busybox = _program("busybox")
+    if busybox is not None and not is_static_elf(busybox):
+        missing.append("busybox (statically linked)")
     missing += [f"cni/{p}" for p in CNI_PLUGINS if not (CNI_BIN_DIR / p).is_file()]
     if not STATIC_LIBC.is_file():
         missing.append(str(STATIC_LIBC))

@@ -129,3 +129,17 @@ def test_runtime_tools_install_with_apt_when_missing(monkeypatch: pytest.MonkeyP
     [cmd] = installed
     assert cmd[:3] == ["apt-get", "install", "-y"]
     assert {"containerd", "runc", "containernetworking-plugins", "busybox-static"} <= set(cmd)
+
+
+def test_only_a_static_busybox_counts(tmp_path: Path) -> None:
+    """A dynamic busybox (Debian's ``busybox`` package) would not run in the busybox image."""
+    assert runtime_tools.is_static_elf(Path("/bin/ls")) is False  # dynamically linked
+    text = tmp_path / "script"
+    text.write_text("#!/bin/sh\n")
+    assert runtime_tools.is_static_elf(text) is False
+    static = tmp_path / "static"
+    c_source = tmp_path / "main.c"
+    c_source.write_text("int main(void) { return 0; }\n")
+    if subprocess.run(["gcc", "-static", "-o", str(static), str(c_source)], capture_output=True).returncode != 0:
+        pytest.skip("no gcc with a static libc here")
+    assert runtime_tools.is_static_elf(static) is True
