@@ -17,6 +17,7 @@ from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import start_control_plane
 from gpupool.testenv.errors import TestenvError
 from gpupool.testenv.kubelet import created_mount_points, start_kubelet
+from gpupool.testenv.node_runtime import RuntimeKind
 from gpupool.testenv.statefile import (
     EnvState,
     default_state_dir,
@@ -57,12 +58,16 @@ def build_cmd() -> None:
 @testenv.command("up")
 @_state_dir_option
 @click.option("--kubelet", "nodes", multiple=True, metavar="NODE",
-              help="Also start a kubelet (fake container runtime) registering this node; repeatable.")
+              help="Also start a kubelet registering this node; repeatable.")
+@click.option("--runtime", type=click.Choice([k.value for k in RuntimeKind]), default=RuntimeKind.FAKE.value,
+              show_default=True,
+              help="The kubelets' container runtime: the fake CRI (no processes) or containerd (real "
+                   "containers; installs containerd, runc, CNI plugins and busybox-static with apt on first use).")
 @click.option("--extender-url", default=None, help="Point kube-scheduler at an extender at this URL prefix.")
 @click.option("--managed-resource", "managed", multiple=True, metavar="NAME",
               help="Extended resource the extender manages (ignoredByScheduler); repeatable.")
 @click.option("--bind-verb", default=None, help="Let the extender bind pods with this verb (e.g. bind).")
-def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], extender_url: str | None,
+def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], runtime: str, extender_url: str | None,
            managed: tuple[str, ...], bind_verb: str | None) -> None:
     """Start etcd, kube-apiserver, kube-scheduler (and kubelets) in the background."""
     state_dir = state_dir or default_state_dir()
@@ -84,11 +89,15 @@ def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], extender_url: str | N
         save_state(state_dir, state)
         _progress(f"control plane ready at {plane.server} in {time.monotonic() - started:.1f}s")
         for node in nodes:
-            kubelet = start_kubelet(plane, node)
+            kubelet = start_kubelet(plane, node, runtime=runtime, log=_progress)
             state.kubelets.append(kubelet.to_record())
             state.created_mount_points = [str(p) for p in created_mount_points()]
             save_state(state_dir, state)
-            _progress(f"node {node} Ready ({kubelet.node_ip}:{kubelet.port})")
+            _progress(f"node {node} Ready ({kubelet.node_ip}:{kubelet.port}, {runtime} runtime)")
+            if kubelet.runtime.images is not None:
+                images = kubelet.runtime.images
+                _progress(f"node {node} images (imagePullPolicy: Never): {images.busybox.ref} "
+                          f"{images.dynamic.ref}")
     except TestenvError as exc:
         recorded = load_state(state_dir)
         if recorded is not None:

@@ -146,6 +146,10 @@ def _exclusive_lock(path: Path, log: Log) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+#: Public names of the step runner and the lock, for the other build steps of the test environment.
+exclusive_lock = _exclusive_lock
+
+
 def _build(root: Path, log: Log) -> Binaries:
     """Run every build step that the cache does not already have done."""
     logs = root / "logs"
@@ -252,6 +256,18 @@ def private_apt_options(apt_dir: Path) -> list[str]:
     ]
 
 
+def source_tree(log: Log = _quiet) -> Path:
+    """The unpacked Kubernetes tree in the cache (downloaded and unpacked first if it is missing),
+    for the other things built from it (the pause image)."""
+    root = cache_dir()
+    tree = root / "src" / "kubernetes"
+    if (tree / "Makefile").is_file() and (tree / "vendor").is_dir():
+        return tree
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / ".build.lock", log):
+        return _source_tree(root, root / "logs", log)
+
+
 def _source_tree(root: Path, logs: Path, log: Log) -> Path:
     """Download and unpack Debian's ``kubernetes`` source package (once) and return the tree."""
     tree = root / "src" / "kubernetes"
@@ -328,3 +344,6 @@ def _run(
     if rc != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise failure(f"{step} failed (exit {rc}); full log: {log_path}\n{tail}")
+
+
+run_step = _run

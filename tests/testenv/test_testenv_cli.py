@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from click.testing import CliRunner
 
 from gpupool.cli.main import cli
@@ -52,3 +54,44 @@ def test_down_with_nothing_recorded_is_a_no_op(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["testenv", "down", "--state-dir", str(tmp_path / "none")])
     assert result.exit_code == 0
     assert "nothing to stop" in result.output
+
+
+def test_up_rejects_an_unknown_runtime(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["testenv", "up", "--state-dir", str(tmp_path), "--runtime", "docker"])
+    assert result.exit_code != 0
+    assert "'fake', 'containerd'" in result.output
+
+
+def test_up_hands_the_runtime_to_every_kubelet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--runtime containerd`` reaches ``start_kubelet`` and each node's images are printed."""
+    from gpupool.cli import testenv_cmd
+
+    started: list[tuple[str, str]] = []
+
+    class Plane:
+        remove_state_on_stop = True
+        server = "https://127.0.0.1:6443"
+
+        def to_record(self) -> dict[str, object]:
+            return {"kubeconfig": str(tmp_path / "kubeconfig"), "processes": []}
+
+    class Node:
+        node_ip, port = "192.0.2.1", 10250
+        runtime = SimpleNamespace(images=SimpleNamespace(busybox=SimpleNamespace(ref="gpupool.local/busybox:k"),
+                                                         dynamic=SimpleNamespace(ref="gpupool.local/dynamic:k")))
+
+        def to_record(self) -> dict[str, object]:
+            return {"processes": []}
+
+    def start_kubelet(_plane: object, node: str, *, runtime: str, log: object) -> Node:
+        started.append((node, runtime))
+        return Node()
+
+    monkeypatch.setattr(testenv_cmd, "ensure_binaries", lambda log: None)
+    monkeypatch.setattr(testenv_cmd, "start_control_plane", lambda *a, **k: Plane())
+    monkeypatch.setattr(testenv_cmd, "start_kubelet", start_kubelet)
+    result = CliRunner().invoke(cli, ["testenv", "up", "--state-dir", str(tmp_path), "--runtime", "containerd",
+                                      "--kubelet", "a", "--kubelet", "b"])
+    assert result.exit_code == 0, result.output
+    assert started == [("a", "containerd"), ("b", "containerd")]
+    assert "gpupool.local/busybox:k" in result.output

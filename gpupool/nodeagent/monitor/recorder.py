@@ -109,6 +109,34 @@ class UsageRecorder:
             if changed:
                 self._persist()
 
+    def identify_again(self) -> None:
+        """Name the pod container of holders recorded before anyone could.
+
+        A process in a real container typically opens its device the moment it starts, before
+        kubelet reports the container's ID in the pod's status and the agent's pod watch learns it:
+        the open is recorded with the cgroup's container ID only. Each call asks again for the
+        holders still without a container name (same process: pid and start time) and writes the
+        file when one is named now.
+        """
+        with self._lock:
+            changed = False
+            for path, device in self._devices.items():
+                holders = tuple(h if h.container else self._named(h) for h in device.holders)
+                if holders != device.holders:
+                    self._devices[path] = replace(device, holders=holders)
+                    changed = True
+            if changed:
+                self._persist()
+
+    def _named(self, holder: Holder) -> Holder:
+        if self._processes.start_time(holder.pid) != holder.start_time:
+            return holder
+        named = self._holder(holder.pid, holder.start_time, holder.since)
+        if not named.container:
+            return holder
+        return replace(holder, container_id=named.container_id, container=named.container, pod=named.pod,
+                       namespace=named.namespace)
+
     def set_state(self, path: str, state: DeviceState) -> None:
         """Record busy or idle from the idle rule; a device nobody holds stays free."""
         with self._lock:

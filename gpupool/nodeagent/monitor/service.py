@@ -126,11 +126,13 @@ class UsageMonitor:
         self._writer.stop()
 
     async def run(self) -> None:
-        """Sample and apply the idle rule every ``sample_every``; prune every ``prune_every``."""
+        """Sample, apply the idle rule and name newly known holders every ``sample_every``; prune every
+        ``prune_every``."""
         next_prune = self._clock() + self.config.prune_every
         while True:
             try:
                 await self.step()
+                await asyncio.to_thread(self.recorder.identify_again)
                 if self._clock() >= next_prune:
                     next_prune = self._clock() + self.config.prune_every
                     await asyncio.to_thread(self.recorder.prune)

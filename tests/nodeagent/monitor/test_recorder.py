@@ -195,3 +195,35 @@ def test_the_file_is_json_with_a_schema_and_version(tmp_path: Path) -> None:
     _recorder(tmp_path, FakeProcesses()).restore()
     document = json.loads((tmp_path / "state.json").read_text())
     assert (document["schema"], document["version"], document["node"]) == ("gpupool.io/usage-state", 1, "n1")
+
+
+def test_a_holder_opened_before_its_pod_named_the_container_is_named_later(tmp_path: Path) -> None:
+    """A real container opens its device at once; kubelet reports its ID in the pod status later."""
+    known: dict[int, ProcessIdentity] = {}
+    procs = FakeProcesses()
+    procs.spawn(7, GPU0, start=123)
+    procs.spawn(8, GPU0, start=124)
+    recorder = UsageRecorder("n1", [GPU0], StateFile(tmp_path / "state.json"), procs,
+                             identify=lambda pid: known.get(pid, ProcessIdentity(f"c{pid}")), ignore_pids=())
+    recorder.on_event(open_(7))
+    recorder.on_event(open_(8))
+    known[7] = ProcessIdentity("c7", "train", "job", "ml")
+    recorder.identify_again()
+    names = {h.pid: (h.container_id, h.container, h.pod, h.namespace, h.since)
+             for h in decode_state((tmp_path / "state.json").read_bytes()).devices[0].holders}
+    assert names == {7: ("c7", "train", "job", "ml", 10.0), 8: ("c8", "", "", "", 10.0)}
+
+
+def test_a_reused_pid_is_not_named_after_the_new_process(tmp_path: Path) -> None:
+    known: dict[int, ProcessIdentity] = {}
+    procs = FakeProcesses()
+    procs.spawn(7, GPU0, start=123)
+    recorder = UsageRecorder("n1", [GPU0], StateFile(tmp_path / "state.json"), procs,
+                             identify=lambda pid: known.get(pid, ProcessIdentity()), ignore_pids=())
+    recorder.on_event(open_(7))
+    procs.exit(7)
+    procs.spawn(7, GPU0, start=999)  # another process got pid 7 before the holder was named
+    known[7] = ProcessIdentity("c9", "other", "other-pod", "ml")
+    recorder.identify_again()
+    [holder] = recorder.state.devices[0].holders
+    assert (holder.start_time, holder.container) == (123, "")
