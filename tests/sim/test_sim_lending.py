@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -39,7 +40,7 @@ def test_idle_windows_start_after_the_threshold_and_stay_inside_the_life() -> No
     assert windows
     for start, end in windows:
         assert 0 < start < end <= 48 * HOUR
-    assert all(a[1] < b[0] for a, b in zip(windows, windows[1:], strict=False))
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(windows))
 
 
 def test_lendable_share_matches_the_model_over_a_long_life() -> None:
