@@ -95,7 +95,7 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
             raise click.UsageError("--lending replays arrivals in time: add --mode timeline")
         setup = LendingSetup(chosen[0], load, hours, lending_nodes, IdleModel(idle_share=idle_share),
                              parse_seeds(seeds)[0])
-        report = run_lending(nodes, trace_pods, setup)
+        report = run_lending(nodes, trace_pods, setup, jobs=jobs or (os.cpu_count() or 1))
         click.echo(json.dumps(report.to_json()) if as_json else "\n".join(text_report(report)))
         return
     if mode == "timeline":

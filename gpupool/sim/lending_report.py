@@ -10,6 +10,7 @@ only the owners' idle windows change.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -23,7 +24,8 @@ from gpupool.sim.trace import TracePod
 DEFAULT_LOAD = 2.0
 """Offered GPU demand as a multiple of the cluster's GPUs: lending matters only when pods wait."""
 
-DEFAULT_HOURS = 72.0
+DEFAULT_HOURS = 168.0
+"""A week of arrivals: long enough for the queue of a cluster offered twice its GPUs to settle."""
 DEFAULT_NODES = 30
 """GPU nodes drawn from the trace's cluster: enough for every card shape, small enough to replay
 three days of arrivals in seconds."""
@@ -87,21 +89,32 @@ def recovered_pct(without: ReplayOutcome, with_lending: ReplayOutcome) -> float:
 
 
 def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup: LendingSetup,
-                idle_shares: Sequence[float] = IDLE_SHARES) -> LendingReport:
-    """Replay one loaded workload without lending, with it, and with it at each idle share of the table."""
+                idle_shares: Sequence[float] = IDLE_SHARES, jobs: int = 1) -> LendingReport:
+    """Replay one loaded workload without lending, with it, and with it at each idle share of the table.
+
+    The replays are independent; ``jobs`` > 1 runs them in that many processes.
+    """
     nodes = sample_nodes(all_nodes, setup.nodes, np.random.default_rng(setup.seed))
-    pods = _workload(nodes, trace, setup, setup.idle)
-    without = replay(nodes, pods, setup.policy, lending=False, hours=setup.hours, seed=setup.seed)
-    with_lending = replay(nodes, pods, setup.policy, lending=True, hours=setup.hours, seed=setup.seed)
-    rows = []
-    for share in idle_shares:
-        if share == setup.idle.idle_share:
-            outcome = with_lending
-        else:
-            varied = _workload(nodes, trace, setup, replace(setup.idle, idle_share=share))
-            outcome = replay(nodes, varied, setup.policy, lending=True, hours=setup.hours, seed=setup.seed)
-        rows.append(GainRow(share, recovered_pct(without, outcome), outcome.reclaims, outcome.mean_wait_hours))
-    return LendingReport(setup, sum(len(n.cards) for n in nodes), without, with_lending, tuple(rows))
+    shares = [setup.idle.idle_share, *(s for s in idle_shares if s != setup.idle.idle_share)]
+    runs = [(nodes, trace, setup, None)] + [(nodes, trace, setup, share) for share in shares]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            outcomes = list(pool.map(_run, runs))
+    else:
+        outcomes = [_run(run) for run in runs]
+    without, with_lending = outcomes[0], outcomes[1]
+    by_share = dict(zip(shares, outcomes[1:], strict=True))
+    rows = tuple(GainRow(share, recovered_pct(without, by_share[share]), by_share[share].reclaims,
+                         by_share[share].mean_wait_hours) for share in idle_shares)
+    return LendingReport(setup, sum(len(n.cards) for n in nodes), without, with_lending, rows)
+
+
+def _run(run: tuple[Sequence[NodeSpec], Sequence[TracePod], LendingSetup, float | None]) -> ReplayOutcome:
+    """One replay: without lending (share None) or with lending at an idle share."""
+    nodes, trace, setup, share = run
+    idle = setup.idle if share is None else replace(setup.idle, idle_share=share)
+    pods = _workload(nodes, trace, setup, idle)
+    return replay(nodes, pods, setup.policy, lending=share is not None, hours=setup.hours, seed=setup.seed)
 
 
 def _workload(nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup: LendingSetup,
