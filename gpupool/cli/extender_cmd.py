@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
+from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.cache import ClusterCache
@@ -53,6 +53,12 @@ class ExtenderOptions:
     explain_limit: int = 64
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    hami: bool = False
+    gpushare_memory_unit: str = "GiB"
+
+    def resource_names(self) -> ResourceNames:
+        """The names and units the extender reads pods with (one place for both replicas' paths)."""
+        return ResourceNames(self.domain, hami=self.hami, gpushare_unit_mib=GPUSHARE_UNITS[self.gpushare_memory_unit])
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -89,7 +95,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
 
     ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
     """
-    names = ResourceNames(options.domain)
+    names = options.resource_names()
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
@@ -118,7 +124,7 @@ def run_extender(options: ExtenderOptions) -> None:
     """Start watches, leader election and the HTTP server; blocks until interrupted."""
     from aiohttp import web
 
-    names = ResourceNames(options.domain)
+    names = options.resource_names()
     core_v1, coordination_v1 = _clients(options.kubeconfig)
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
@@ -156,10 +162,16 @@ def run_extender(options: ExtenderOptions) -> None:
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
 @click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
               help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
+@click.option("--hami/--no-hami", default=False, show_default=True,
+              help="nvidia.com/gpu alone is HAMi's card count (whole cards gpupool schedules); only where no "
+                   "node runs NVIDIA's own device plugin (docs/hami.md).")
+@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(list(GPUSHARE_UNITS)),
+              help="What one aliyun.com/gpu-mem is (gpushare clusters that ran --memory-unit=MiB).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, verbose: bool) -> None:
+             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, hami: bool,
+             gpushare_memory_unit: str, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -167,4 +179,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes))
+                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes, hami=hami,
+                                 gpushare_memory_unit=gpushare_memory_unit))

@@ -9,6 +9,7 @@ import socket
 
 import click
 
+from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
@@ -38,8 +39,11 @@ def _duration(value: str) -> float:
 @click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
 @click.option("--serve-aliases", default="", metavar="FAMILIES",
               help="Also serve these foreign resource families, comma-separated: gpushare "
-                   "(aliyun.com/gpu-mem, GiB), gpumanager (tencent.com/vcuda-core, vcuda-memory). "
-                   "For nodes that take over from those device plugins (docs/node-agent.md).")
+                   "(aliyun.com/gpu-mem), gpumanager (tencent.com/vcuda-core, vcuda-memory), hami "
+                   "(nvidia.com/gpu, carrying nvidia.com/gpumem, gpumem-percentage, gpucores). For nodes "
+                   "that take over from those device plugins (docs/node-agent.md, docs/hami.md).")
+@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(["GiB", "MiB"]),
+              help="What one aliyun.com/gpu-mem device is; the extender must read the same unit.")
 @click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
               type=click.IntRange(0, 65535),
               help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
@@ -51,10 +55,11 @@ def _duration(value: str) -> float:
               metavar="DURATION", help="A held card without SM activity this long is idle (e.g. 90s, 10m, 1h).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
-               usage_monitor: bool, usage_state_file: str, idle_after: str, verbose: bool) -> None:
+               kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
+               metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str,
+               verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
-    from gpupool.api.names import alias_family_resources
+    from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
     try:
         aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
@@ -63,15 +68,17 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
+    names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None) -> None:
-    from gpupool.api.names import ResourceNames
+               names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
+               monitor_config: MonitorConfig | None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
+    from gpupool.nodeagent.device_layout import list_and_watch_problem
     from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
     from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
     from gpupool.nodeagent.gpu_inventory import GpuBackend
@@ -80,7 +87,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
-    names = ResourceNames(domain)
     backend: GpuBackend
     if fake_gpus:
         from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
@@ -105,8 +111,12 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             monitor = None
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
                       monitor=monitor)
+    for resource in agent.resources:  # a list kubelet cannot read would leave the resource unserved
+        problem = list_and_watch_problem(agent.layout, resource, agent.inventory)
+        if problem is not None:
+            raise click.ClickException(problem)
     await pods.publish_node(node, agent.inventory)
-    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
+    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
     metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
 
     async def publish_on_change() -> None:
