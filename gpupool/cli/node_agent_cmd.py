@@ -11,6 +11,7 @@ import click
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAMESPACE, DEFAULT_RENEW_INTERVAL_S
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
+from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
@@ -45,8 +46,11 @@ def _duration(value: str) -> float:
 @click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
 @click.option("--serve-aliases", default="", metavar="FAMILIES",
               help="Also serve these foreign resource families, comma-separated: gpushare "
-                   "(aliyun.com/gpu-mem, GiB), gpumanager (tencent.com/vcuda-core, vcuda-memory). "
-                   "For nodes that take over from those device plugins (docs/node-agent.md).")
+                   "(aliyun.com/gpu-mem), gpumanager (tencent.com/vcuda-core, vcuda-memory), hami "
+                   "(nvidia.com/gpu, carrying nvidia.com/gpumem, gpumem-percentage, gpucores). For nodes "
+                   "that take over from those device plugins (docs/node-agent.md, docs/hami.md).")
+@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(["GiB", "MiB"]),
+              help="What one aliyun.com/gpu-mem device is; the extender must read the same unit.")
 @click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
               type=click.IntRange(0, 65535),
               help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
@@ -75,12 +79,12 @@ def _duration(value: str) -> float:
               type=click.FloatRange(min=0, min_open=True), help="Seconds between renewals of the Lease.")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
-               usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
+               kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
+               metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
-    from gpupool.api.names import alias_family_resources
+    from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
     try:
         aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
@@ -98,16 +102,18 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
-    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
+    names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None,
-               isolation: IsolationConfig, heartbeat: HeartbeatSettings | None = None) -> None:
-    from gpupool.api.names import ResourceNames
+               names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
+               monitor_config: MonitorConfig | None, isolation: IsolationConfig,
+               heartbeat: HeartbeatSettings | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
+    from gpupool.nodeagent.device_layout import list_and_watch_problem
     from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
     from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
     from gpupool.nodeagent.gpu_inventory import GpuBackend
@@ -120,7 +126,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.schedule_check import REFUSED_REASON
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
-    names = ResourceNames(domain)
     backend: GpuBackend
     if fake_gpus:
         from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
@@ -158,8 +163,12 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
                       monitor=monitor, enforcement=enforcement, report_refusal=report_refusal)
+    for resource in agent.resources:  # a list kubelet cannot read would leave the resource unserved
+        problem = list_and_watch_problem(agent.layout, resource, agent.inventory)
+        if problem is not None:
+            raise click.ClickException(problem)
     await pods.publish_node(node, agent.inventory)
-    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
+    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
     metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
 
     async def publish_on_change() -> None:
