@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "extender": "gpupool.cli.extender_cmd:extender",
     "node-agent": "gpupool.cli.node_agent_cmd:node_agent",
     "testenv": "gpupool.cli.testenv_cmd:testenv",
+    "shim": "gpupool.cli.shim_cmd:shim",
 }
 
 
