@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import RELEASE, SANITIZED, Flavour, ShimBuildError
+from gpupool.shim.build import RELEASE, SANITIZED, Flavour, ShimBuildError, find_compiler
 from tests.shim.toolchain import Toolchain, build_toolchain
 
 FLAVOURS = {"plain": RELEASE, "asan": SANITIZED}
@@ -15,9 +15,10 @@ FLAVOURS = {"plain": RELEASE, "asan": SANITIZED}
 
 def _build(factory: pytest.TempPathFactory, flavour: Flavour) -> Toolchain:
     try:
-        return build_toolchain(flavour, factory.mktemp(f"shim-{flavour.name}"))
+        find_compiler()
     except ShimBuildError as exc:
         pytest.skip(f"cannot build the interception library here: {exc}")
+    return build_toolchain(flavour, factory.mktemp(f"shim-{flavour.name}"))  # a compile error fails
 
 
 @pytest.fixture(scope="session")

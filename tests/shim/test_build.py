@@ -75,3 +75,19 @@ def test_a_file_that_is_not_a_region_is_refused() -> None:
         parse_region(b"\0" * 100)
     with pytest.raises(RegionFormatError):
         parse_region(b"\0" * 39552)
+
+
+def test_the_image_ships_the_library_where_shim_path_looks() -> None:
+    """The Docker image builds the library into the package (its runtime stage has no compiler)."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    site_packages = "/install/lib/python3.11/site-packages/"
+    packaged = site_packages + str(build.PACKAGED_LIBRARY.relative_to(build.PACKAGE_DIR.parent.parent))
+    assert f"shim build \\\n      --output {packaged}" in dockerfile
+    assert "gcc libc6-dev" in dockerfile
+
+
+def test_shim_build_writes_where_asked(tmp_path: Path) -> None:
+    target = tmp_path / "lib" / "libgpupool-shim.so"
+    result = CliRunner().invoke(cli, ["shim", "build", "--output", str(target)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(target) and target.read_bytes().startswith(b"\x7fELF")

@@ -35,14 +35,20 @@ def test_four_processes_allocating_at_once_never_exceed_the_limit(tc: Toolchain,
 
 def test_a_killed_process_memory_comes_back(tc: Toolchain, work: Path) -> None:
     env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="4096")
-    holder = Holder(tc, env, "alloc:3g")
+    killed = work / "killed"
+    victim = Holder(tc, env, "alloc:3g")
     try:
-        assert codes(holder.wait_ready()) == [OK, OK]
-        steps, _ = run_probe(tc, env, "symbol", "alloc:3g")
-        assert codes(steps) == [OUT_OF_MEMORY]  # the holder still has it
+        assert codes(victim.wait_ready()) == [OK, OK]
+        survivor = Holder(tc, env, "alloc:3g", f"wait:{killed}", "alloc:3g")
+        assert survivor.read_step().code == OUT_OF_MEMORY  # joined, and refused, before the kill
     finally:
-        holder.kill()  # SIGKILL: no destructor, no free
-    steps, _ = run_probe(tc, env, "symbol", "alloc:3g", "info")
+        victim.kill()  # SIGKILL: no destructor, no free
+    try:
+        killed.touch()
+        assert codes(survivor.wait_ready()) == [OUT_OF_MEMORY, OK, OK, OK]
+    finally:
+        survivor.kill()
+    steps, _ = run_probe(tc, env, "symbol", "alloc:3g", "info")  # a newcomer too
     assert codes(steps) == [OK, OK]
     assert steps[1].values == (str(GIB), str(4 * GIB))
 

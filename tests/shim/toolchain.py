@@ -117,12 +117,18 @@ class Holder:
 
     def wait_ready(self) -> list[Step]:
         """Read lines until the ``hold`` step: every earlier step is done."""
+        while not self.steps or self.steps[-1].text != "hold":
+            self.read_step()
+        return self.steps
+
+    def read_step(self) -> Step:
+        """Wait for the next step to finish."""
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.steps.extend(parse_steps(line))
-            if line.startswith("hold"):
-                return self.steps
-        raise AssertionError(f"holder ended early: {self.process.wait()} {self.stderr()}")
+        line = self.process.stdout.readline()
+        if not line:
+            raise AssertionError(f"holder ended early: {self.process.wait()} {self.stderr()}")
+        self.steps.extend(parse_steps(line))
+        return self.steps[-1]
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
