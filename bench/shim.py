@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 bench/shim.py --json
 
 Runs ``bench/shim_bench.c`` against the stand-in driver (kernels of zero length, so the card never
-throttles anything) without the library and with it, ``--runs`` times each, and reports the
-difference of the medians per call:
+throttles anything) without the library and with it, ``--runs`` times each (taking turns), and
+reports the difference of the medians per call:
 - ``alloc_overhead_ns`` / ``free_overhead_ns``: cuMemAlloc_v2 / cuMemFree_v2 of 4 KiB under a
   memory limit (charge and release in the container's region, the pointer table);
 - ``launch_overhead_ns``: cuLaunchKernel with no compute share (the library is active for memory);
@@ -51,9 +51,13 @@ def run_once(binary: Path, env: dict[str, str]) -> dict[str, float]:
     return {parts[i]: float(parts[i + 1]) for i in range(0, len(parts), 2)}
 
 
-def medians(binary: Path, env: dict[str, str], runs: int) -> dict[str, float]:
-    samples = [run_once(binary, env) for _ in range(runs)]
-    return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+def medians(binary: Path, envs: list[dict[str, str]], runs: int) -> list[dict[str, float]]:
+    """Median per configuration; the configurations take turns, so a load change hits them alike."""
+    samples: list[list[dict[str, float]]] = [[] for _ in envs]
+    for _ in range(runs):
+        for index, env in enumerate(envs):
+            samples[index].append(run_once(binary, env))
+    return [{key: statistics.median(s[key] for s in runs_of) for key in runs_of[0]} for runs_of in samples]
 
 
 def main() -> None:
@@ -68,10 +72,10 @@ def main() -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "CUDA_DEVICE_", "LD_PRELOAD"))}
         base.update(LD_LIBRARY_PATH=str(standin), GPUPOOL_STANDIN_STATE=str(work / "standin.state"),
                     GPUPOOL_STANDIN_KERNEL_US="0")
-        shimmed = {**base, "LD_PRELOAD": str(library), "GPUPOOL_SHIM_DIR": str(work), "GPUPOOL_MEMORY_LIMIT_MIB": "16384"}
-        without = medians(binary, base, args.runs)
-        with_memory = medians(binary, shimmed, args.runs)
-        with_share = medians(binary, {**shimmed, "GPUPOOL_COMPUTE_PERCENT": "50"}, args.runs)
+        shimmed = {**base, "LD_PRELOAD": str(library), "GPUPOOL_SHIM_DIR": str(work),
+                   "GPUPOOL_MEMORY_LIMIT_MIB": "16384"}
+        without, with_memory, with_share = medians(
+            binary, [base, shimmed, {**shimmed, "GPUPOOL_COMPUTE_PERCENT": "50"}], args.runs)
     result = {
         "alloc_overhead_ns": round(with_memory["alloc_ns"] - without["alloc_ns"], 1),
         "free_overhead_ns": round(with_memory["free_ns"] - without["free_ns"], 1),

@@ -11,7 +11,10 @@ import pytest
 from tests.shim.toolchain import RUN_TIMEOUT_S, Toolchain, assert_clean
 
 TOLERANCE = 10.0  # percentage points around the share
-SATURATED = 90.0  # a launcher alone and unthrottled keeps the card at least this busy
+SATURATED = 80.0  # a launcher alone and unthrottled keeps the card at least this busy (loaded machine)
+#: Kernels of 4 ms and a 20 ms launch queue: a launcher starved of CPU for a while on a loaded
+#: machine still finds the card busy when it runs again, as with a real driver's deep queue.
+CARD = {"GPUPOOL_STANDIN_KERNEL_US": "4000", "GPUPOOL_STANDIN_QUEUE_US": "20000"}
 
 
 def launch(tc: Toolchain, env: dict[str, str], api: str, seconds: float, *windows: str,
@@ -20,7 +23,7 @@ def launch(tc: Toolchain, env: dict[str, str], api: str, seconds: float, *window
     args = [str(tc.launcher), api, str(seconds), *windows]
     if neighbour_at is not None:
         args += ["--neighbour-at", str(neighbour_at)]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    done = subprocess.run(args, env={**env, **CARD}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert_clean(done.stderr)
     assert done.returncode == 0, done.stdout + done.stderr
     return [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("window")]
@@ -34,7 +37,7 @@ def test_without_a_share_a_launcher_saturates_the_card(plain: Toolchain, work: P
 @pytest.mark.parametrize("api", ["kernel", "kernelex", "cooperative", "graph"])
 def test_hard_mode_keeps_utilisation_at_the_share(plain: Toolchain, work: Path, api: str) -> None:
     env = plain.env(work, GPUPOOL_COMPUTE_PERCENT="30")
-    (busy,) = launch(plain, env, api, 2.0, "0.6-2.0")
+    (busy,) = launch(plain, env, api, 1.6, "0.5-1.6")
     assert abs(busy - 30) <= TOLERANCE, busy
 
 
@@ -60,7 +63,7 @@ def test_hami_sm_limit_sets_the_share(plain: Toolchain, work: Path) -> None:
 
 
 def test_the_processes_of_a_container_share_one_share(plain: Toolchain, work: Path) -> None:
-    env = plain.env(work, GPUPOOL_COMPUTE_PERCENT="40")
+    env = {**plain.env(work, GPUPOOL_COMPUTE_PERCENT="40"), **CARD}
     args = [str(plain.launcher), "kernel", "2.5", "0.8-2.5"]
     runs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]

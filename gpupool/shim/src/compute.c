@@ -16,7 +16,7 @@
 
 #define CONTROL_PERIOD_NS 50000000ull /* how often the rate is re-set */
 #define CONTROL_WAKE_NS (CONTROL_PERIOD_NS / 4)
-#define BURST_NS 10000000.0           /* tokens saved up while idle: this much time at the rate */
+#define BURST_NS 25000000.0           /* tokens saved up while idle (or starved of CPU): this much time at the rate */
 #define MAX_WAIT_NS 1000000000.0      /* one launch never waits longer than this */
 #define SOFT_IDLE_PERCENT 5           /* others below this: the card counts as otherwise idle */
 #define HEADROOM 2.0                  /* an unthrottled target keeps the rate this far above demand */
@@ -45,9 +45,12 @@ static void refill(struct shim_bucket *b, uint64_t now, double rate) {
     uint64_t last = __atomic_load_n(&b->refill_ns, __ATOMIC_ACQUIRE);
     if (now <= last || !__atomic_compare_exchange_n(&b->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
-    double accrued = rate * (double)(now - last), burst = rate * BURST_NS;
-    int64_t add = accrued > burst ? (int64_t)burst + 1 : (int64_t)accrued;
-    int64_t cap = (int64_t)burst + 1;
+    /* Debts are repaid in full (a launch may cost more than a burst); only savings are capped. */
+    double accrued = rate * (double)(now - last);
+    int64_t cap = (int64_t)(rate * BURST_NS) + 1;
+    double room = (double)cap - (double)__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
+    int64_t add = (int64_t)(accrued < room ? accrued : room);
+    if (add <= 0) return;
     int64_t tokens = __atomic_add_fetch(&b->tokens, add, __ATOMIC_ACQ_REL);
     while (tokens > cap && !__atomic_compare_exchange_n(&b->tokens, &tokens, cap, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }

@@ -167,7 +167,8 @@ static void declare_limits(struct shim_region *r, int alone) {
         struct shim_region_device *dev = &r->dev[d];
         uint64_t memory = c->memory_limit[d];
         uint32_t percent = (uint32_t)c->compute_percent[d];
-        if (alone) {
+        if (alone) { /* nobody left from before: neither their limits nor their learned rate apply */
+            memset(&dev->bucket, 0, sizeof dev->bucket);
             dev->memory_limit = memory;
             dev->compute_percent = percent;
             dev->compute_mode = (uint32_t)c->mode;
