@@ -101,3 +101,12 @@ def test_an_unreadable_limit_refuses_allocations_instead_of_granting_the_card(tc
     steps, stderr = run_probe(tc, tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB=value), "symbol", "alloc:1m")
     assert codes(steps) == [OUT_OF_MEMORY]
     assert "GPUPOOL_MEMORY_LIMIT_MIB" in stderr
+
+
+def test_dlsym_rtld_next_still_means_after_the_caller(tc: Toolchain, work: Path) -> None:
+    """The library replaces dlsym; an interposer loaded after it must still find libc's function."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
+    env["LD_PRELOAD"] = f"{tc.preload} {tc.interposer}"
+    steps, _ = run_probe(tc, env, "symbol", "ppid", "alloc:2g")
+    assert int(steps[0].values[0]) > 1_000_000  # the interposer ran and reached the real getppid
+    assert codes(steps)[1:] == [OUT_OF_MEMORY]

@@ -29,6 +29,7 @@ class Toolchain:
     standin: Path
     probe: Path
     launcher: Path
+    interposer: Path  # a library that wraps getppid through dlsym(RTLD_NEXT)
 
     def env(self, work: Path, **variables: str) -> dict[str, str]:
         """The environment of a process in the container whose directory is ``work/ctr``."""
@@ -59,13 +60,16 @@ def build_toolchain(flavour: Flavour, out: Path) -> Toolchain:
         subprocess.run([*compiler, *flags, "-Werror", f"-I{SOURCE_DIR}", "-o", str(target), str(PROGRAMS / f"{name}.c"),
                         f"-L{standin}", "-l:libcuda.so.1", "-ldl", "-lpthread"], check=True, capture_output=True)
         programs[name] = target
+    interposer = out / "libinterposer.so"
+    subprocess.run([*compiler, *COMMON_FLAGS, *flavour.flags, "-Werror", "-o", str(interposer),
+                    str(PROGRAMS / "interposer.c"), "-ldl"], check=True, capture_output=True)
     preload = str(library)
     if "-fsanitize=address,undefined" in flavour.flags:
         # The sanitizer runtime must come first among the preloaded libraries.
         runtime = subprocess.run([*compiler, "-print-file-name=libasan.so"], capture_output=True, text=True,
                                  check=True).stdout.strip()
         preload = f"{runtime} {library}"
-    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"])
+    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"], interposer)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@
  * Usage: probe MODE STEP... ; each step prints one line "<step> <CUresult> [values]".
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
- *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  (I: index of an earlier allocation)
+ *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
+ *        (I: index of an earlier allocation)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -194,6 +195,8 @@ static void step(const char *text) {
         rc = CUDA_SUCCESS;
         for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) rc = api.launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
         printf(" %d", rc);
+    } else if (strcmp(verb, "ppid") == 0) {
+        printf(" 0 %d", (int)getppid());
     } else if (strcmp(verb, "sleep") == 0) {
         usleep((useconds_t)atoi(argument) * 1000);
         printf(" 0");
