@@ -167,3 +167,21 @@ def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> No
     if built is None:
         pytest.skip("this Dockerfile does not build the interception library yet")
     assert library == built.group(1).replace("/install/", "/usr/local/", 1)
+
+
+def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_path: Path) -> None:
+    """The base only reports; the component's --risk-action comes last (click keeps the last), and
+    its ClusterRole adds create on pods/eviction for the agent's ServiceAccount, nothing else."""
+    from gpupool.cli.node_agent_cmd import node_agent
+
+    base_args = container(one(render("base"), "DaemonSet", "gpupool-node-agent"))["args"]
+    docs = with_components(tmp_path, "components/risk-evict")
+    agent = one(docs, "DaemonSet", "gpupool-node-agent")
+    for args, action in ((base_args, "report"), (container(agent)["args"], "evict")):
+        params = node_agent.make_context("node-agent", [a for a in args[1:] if not a.startswith("--node-name")]).params
+        assert params["risk_action"] == action
+    role = one(docs, "ClusterRole", "gpupool-node-agent-evict")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]
+    binding = one(docs, "ClusterRoleBinding", "gpupool-node-agent-evict")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(agent)["serviceAccountName"],
+                                    "namespace": agent["metadata"]["namespace"]}]
