@@ -172,7 +172,7 @@ def key(attrs: dict[str, str]) -> tuple[str, ...]:
 
 
 def expected_extender(namespace: str) -> set[tuple[str, ...]]:
-    """What the extender's watch, pod API and lease code call (deploy/rbac.yaml's header)."""
+    """What the extender's watch, pod API and lease code call (deploy/kustomize/base/extender-rbac.yaml's header)."""
     return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
             ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
             ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
@@ -185,7 +185,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
 
 
 def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
-    """What gpupool/nodeagent/kube_pod_source.py and heartbeat.py call (deploy/node-agent-rbac.yaml's
+    """What gpupool/nodeagent/kube_pod_source.py and heartbeat.py call (deploy/kustomize/base/node-agent-rbac.yaml's
     header): Lease verbs only in the agents' own Lease namespace."""
     leases = lease_namespace(namespace)
     return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
