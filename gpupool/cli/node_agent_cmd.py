@@ -23,15 +23,18 @@ from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.monitor.state_file import DEFAULT_STATE_PATH
+from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S
+from gpupool.nodeagent.risk.findings import RiskAction
+from gpupool.nodeagent.risk.setup import ACTIONS
 
 
-def _duration(value: str) -> float:
+def _duration(value: str, option: str = "--idle-after") -> float:
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
     if seconds <= 0:
-        raise click.BadParameter("must be longer than 0 s", param_hint="--idle-after")
+        raise click.BadParameter("must be longer than 0 s", param_hint=option)
     return seconds
 
 
@@ -77,12 +80,18 @@ def _duration(value: str) -> float:
               help="Seconds the extender waits after the last renewal before it stops placing GPU pods here.")
 @click.option("--lease-renew-interval", default=DEFAULT_RENEW_INTERVAL_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True), help="Seconds between renewals of the Lease.")
+@click.option("--risk-action", type=click.Choice(ACTIONS), default=RiskAction.REPORT.value, show_default=True,
+              help="What to do about a process on a card outside its grant (docs/security.md, \"Risk detection\"): "
+                   "report (event and metric), refuse-opens, evict (the pod), cordon-card. Needs the usage monitor.")
+@click.option("--risk-grace", default=f"{DEFAULT_GRACE_S:g}s", show_default=True, metavar="DURATION",
+              help="A holder is judged only after holding its card this long.")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
-               lease_namespace: str, lease_duration: int, lease_renew_interval: float, verbose: bool) -> None:
+               lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
+               risk_grace: str, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -103,14 +112,16 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
+    risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
-                     metrics_port, monitor, isolation_config, beat))
+                     metrics_port, monitor, isolation_config, beat, risk))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
                names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
-               heartbeat: HeartbeatSettings | None = None) -> None:
+               heartbeat: HeartbeatSettings | None = None,
+               risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S)) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -123,6 +134,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.metrics import serve_metrics
     from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
     from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
+    from gpupool.nodeagent.risk.metrics import RiskCollector
+    from gpupool.nodeagent.risk.setup import build_risk, open_decider
     from gpupool.nodeagent.schedule_check import REFUSED_REASON
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
@@ -138,9 +151,11 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         backend = NvmlBackend()
     pods = KubePodSource(names, node, kubeconfig)
     monitor = None
+    decider = open_decider(risk[0])
     if monitor_config is not None:
         monitor = build_monitor(node, backend, monitor_config,
-                                pod_event_listener(pods.post_event, monitor_config.idle_after))
+                                pod_event_listener(pods.post_event, monitor_config.idle_after),
+                                **({"decide": decider} if decider is not None else {}))
         pods.cache.feeds.append(DirectoryFeed(monitor.directory))
         try:
             monitor.start()  # logs which event source runs and why
@@ -169,7 +184,15 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             raise click.ClickException(problem)
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
-    metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
+
+    async def post_warning(namespace: str, pod: str, reason: str, message: str) -> None:
+        await pods.post_event(namespace, pod, reason, message, event_type="Warning")
+
+    checks = build_risk(risk[0], agent, monitor, post_warning, decider, kubeconfig, risk[1]) if monitor else None
+    if checks is None:
+        logging.getLogger(__name__).warning("risk checks off: they need the usage monitor's holders")
+    extra = [RiskCollector(checks)] if checks is not None else []
+    metrics = await serve_metrics(agent, metrics_port, extra=extra) if metrics_port else None
 
     async def publish_on_change() -> None:
         version = agent.devices_version
@@ -183,6 +206,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_on_change())
+            if checks is not None:
+                group.create_task(checks.run())
             if heartbeat is not None:  # after the first publication: a live Lease means a served node
                 from gpupool.nodeagent.heartbeat import kube_heartbeat
                 group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run())
