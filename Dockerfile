@@ -1,4 +1,4 @@
-# gpupool:latest, the image deploy/extender-deployment.yaml and deploy/node-agent-daemonset.yaml name.
+# gpupool:latest, the image deploy/kustomize/base names (extender Deployment and node agent DaemonSet).
 #
 #   docker build -t gpupool:latest .          (then push it where your nodes pull from and change
 #                                               `image:` in the two manifests, or load it into kind)
@@ -34,7 +34,7 @@ LABEL org.opencontainers.image.title="gpupool" \
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /install /usr/local
 # nobody: the extender needs no privilege at all. The node agent's DaemonSet overrides this with
-# runAsUser 0 because kubelet's socket directories are root-owned (deploy/node-agent-daemonset.yaml).
+# runAsUser 0 because kubelet's socket directories are root-owned (deploy/kustomize/base/node-agent-daemonset.yaml).
 USER 65534:65534
 ENTRYPOINT ["gpupool"]
 CMD ["--help"]
