@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -31,11 +32,50 @@ REPO = Path(__file__).resolve().parents[1]
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpupool-extender"
 
 
-def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str | None = None) -> None:
+def thread_schedstat() -> tuple[float, float]:
+    """Seconds this thread has run on a CPU and waited in a run queue for one (``/proc/thread-self/
+    schedstat``); (0, 0) where the kernel does not keep them."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            ran, waited, _ = stat.read().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
+def install_workload(replica: Any, trace: str) -> None:
+    """Score against the workload profile of ``trace``'s pods once housekeeping has made its first
+    profile (of the pods known at start: none in a fresh bench cluster, which leaves a
+    fragmentation policy scoring every node alike until its next refresh, minutes later).
+
+    The profile is what :meth:`ClusterCache.refresh_profile` computes once pods of that trace run
+    in the cluster; the bench's pods are drawn from it.
+    """
+    from gpupool.core.fragmentation import WorkloadProfile
+    from gpupool.core.policies import make_policy
+    from gpupool.core.scheduler import Scheduler
+    from gpupool.extender.gc_freeze import freeze_long_lived
+    from gpupool.sim.trace import load_pods, resolve_trace
+
+    profile = WorkloadProfile.from_pods([p.request for p in load_pods(resolve_trace(trace))])
+    while not replica.housekeeping.profiled:
+        time.sleep(0.1)
+    cache = replica.cache
+    with cache.lock:
+        cache.profile = profile
+        cache.scheduler = Scheduler(cache.state, make_policy(cache.policy_name), profile=profile)
+    freeze_long_lived()
+    logging.getLogger("bench").info("scoring against the workload profile of trace %s", trace)
+
+
+def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str | None = None,
+          workload: str | None = None) -> None:
     """Child process: ``gpupool extender`` with per-request timings (blocks until killed).
 
-    ``profile``: run cProfile on the event loop's thread (filter, prioritize, the bind's HTTP side;
-    not the bind threads or the watches) and write its stats there on exit.
+    ``profile``: run cProfile (CPU time) on the event loop's thread (filter, prioritize, the bind's HTTP side;
+    not the bind threads or the watches) and write its stats there on exit. ``workload``: a trace
+    whose workload profile the policy scores against (:func:`install_workload`); ``/bench/ready``
+    answers 200 once it is in place.
     """
     import orjson
     from aiohttp import web
@@ -73,16 +113,48 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
     metrics = TimedMetrics()
     app = ExtenderApi(replica.service, ResourceNames(), metrics).app()
 
+    spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+
+    @web.middleware
+    async def account(request: web.Request, handler: Any) -> Any:
+        """Split each request's handling on the loop's thread into CPU, waiting for a CPU, and the rest."""
+        before, started = thread_schedstat(), time.monotonic()
+        try:
+            return await handler(request)
+        finally:
+            after, ended = thread_schedstat(), time.monotonic()
+            total = spent[request.path.rsplit("/", 1)[-1]]
+            total[0] += ended - started
+            total[1] += after[0] - before[0]
+            total[2] += after[1] - before[1]
+            total[3] += 1
+
+    app.middlewares.append(account)
+
     async def timings(request: web.Request) -> web.Response:
-        body = orjson.dumps({"ms": metrics.ms, "outcomes": metrics.outcomes, "stamps": metrics.stamps})
+        body = orjson.dumps({"ms": metrics.ms, "outcomes": metrics.outcomes, "stamps": metrics.stamps,
+                            "spent": spent})
         if request.query.get("reset"):
             metrics.ms.clear()
             metrics.outcomes.clear()
             metrics.stamps.clear()
+            spent.clear()
         return web.Response(body=body, content_type="application/json")
 
+    installed = threading.Event()
+
+    def install() -> None:
+        if workload:
+            install_workload(replica, workload)
+        installed.set()
+
+    async def ready(_request: web.Request) -> web.Response:
+        return web.Response(status=200 if installed.is_set() else 503)
+
     app.router.add_get("/bench/timings", timings)
-    profiler = cProfile.Profile() if profile else None
+    app.router.add_get("/bench/ready", ready)
+    threading.Thread(target=install, name="bench-workload", daemon=True).start()
+    profiler = cProfile.Profile(time.thread_time) if profile else None  # CPU time: waits are not work
     if profiler is not None:
         profiler.enable()
     try:
@@ -92,6 +164,20 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
+
+
+def handler_split(spent: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per verb, the mean ms a request spent in its handler on the event loop's thread: ``wall``,
+    of which ``cpu`` running, ``run_queue`` waiting for a CPU (the machine is busy), and ``other``
+    neither: the thread slept, i.e. waited for the interpreter lock, which a bind or watch thread held
+    (a bind's own wait for its thread pool shows here too)."""
+    out = {}
+    for verb, (wall, cpu, queued, count) in sorted(spent.items()):
+        if count:
+            out[verb] = {"wall": round(1000 * wall / count, 2), "cpu": round(1000 * cpu / count, 2),
+                         "run_queue": round(1000 * queued / count, 2),
+                         "other": round(1000 * (wall - cpu - queued) / count, 2)}
+    return out
 
 
 CYCLE_PARTS = ("filter", "filter_to_prioritize", "prioritize", "prioritize_to_next_filter", "cycle")
@@ -132,7 +218,8 @@ class BenchExtender:
     """The child process seen from the bench: start, readiness, leadership, timings, stop."""
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path, policy: str = "gpupool",
-                 identity: str = "bench-extender", profile: Path | None = None) -> None:
+                 identity: str = "bench-extender", profile: Path | None = None,
+                 workload: str | None = None) -> None:
         self.port = port
         self.identity = identity
         self.log_path = log_path
@@ -141,6 +228,8 @@ class BenchExtender:
                 "--port", str(port), "--identity", identity, "--policy", policy]
         if profile is not None:
             argv += ["--profile", str(profile)]
+        if workload is not None:
+            argv += ["--workload", workload]
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=REPO, env=env, start_new_session=True)
@@ -155,14 +244,16 @@ class BenchExtender:
             return data
 
     def wait_ready(self, lease_holder: Any, timeout: float = 120.0) -> None:
-        """Until ``/readyz`` answers (the cache has synced) and ``lease_holder()`` names this replica."""
+        """Until ``/readyz`` answers (the cache has synced), the workload profile is in place and
+        ``lease_holder()`` names this replica."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"extender exited ({self.proc.returncode}); log {self.log_path}:\n"
                                    f"{self.log_path.read_text(errors='replace')[-3000:]}")
             try:
-                if self.get("/readyz") == b"ok" and lease_holder() == self.identity:
+                if (self.get("/readyz") == b"ok" and self.get("/bench/ready") == b""
+                        and lease_holder() == self.identity):
                     return
             except OSError:
                 pass
@@ -190,8 +281,9 @@ def main() -> None:
     parser.add_argument("--identity", default="bench-extender")
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--profile", default=None, help="write cProfile stats of the event loop's thread here")
+    parser.add_argument("--workload", default=None, help="score against this trace's workload profile")
     opts = parser.parse_args()
-    serve(opts.kubeconfig, opts.port, opts.identity, opts.policy, opts.profile)
+    serve(opts.kubeconfig, opts.port, opts.identity, opts.policy, opts.profile, opts.workload)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ One cluster from ``gpupool testenv`` (etcd, kube-apiserver, kube-scheduler v1.20
    8-card machine, its inventory annotation and extended resources, Ready; no kubelets), created by
    ``--create-threads`` clients;
 2. the extender as ``gpupool extender`` runs it (bench/e2e_extender.py: leader election, watches,
-   default policy), and kube-scheduler with the shipped ``deploy/scheduler-config-v1beta1.yaml``
-   pointed at it (bench/e2e_scheduler.py), its client limited to ``--scheduler-qps``/``--scheduler-burst``;
+   default policy, scoring against the trace's workload profile as it would once such pods run;
+   ``--fresh-profile`` keeps the empty profile of a fresh cluster, under which every node scores
+   alike), and kube-scheduler with the shipped ``deploy/scheduler-config-v1beta1.yaml`` pointed at
+   it (bench/e2e_scheduler.py), its client limited to ``--scheduler-qps``/``--scheduler-burst``;
 3. **GPU phase**: ``--gpu-pods`` pods with the trace's shapes created at once; kube-scheduler asks
    the extender to filter, prioritize and bind each;
 4. **CPU phase**, same cluster and scheduler: ``--cpu-pods`` CPU-only pods of the trace created at
@@ -17,8 +19,12 @@ One cluster from ``gpupool testenv`` (etcd, kube-apiserver, kube-scheduler v1.20
 binds stamped by a watch opened before the pods were created. Per phase, kube-scheduler's own
 latencies from its ``/metrics`` (1.20 has no series per extender: the scheduling algorithm's
 duration includes the extender's filter and prioritize round trips, the binding duration its bind;
-see bench/e2e_scheduler.py), the extender's own handler times per verb, and the CPU seconds etcd,
-kube-apiserver, kube-scheduler, the extender and this process spent. At the end every assignment
+see bench/e2e_scheduler.py), the extender's own handler times per verb, the scheduling cycle as
+the extender sees it (``cycle_ms``: its handlers and kube-scheduler's share between them), where
+its event loop's time went per request (``extender_loop_ms``: CPU, run queue, interpreter lock),
+and the CPU seconds etcd, kube-apiserver, kube-scheduler, the extender and this process spent.
+``--pprof-dir`` saves a CPU profile of kube-scheduler per phase, ``--profile-extender`` a cProfile
+of the extender's event loop. At the end every assignment
 on a pod is checked: ``double_booked_cards`` counts cards whose assignments add up to more memory or
 compute than the card has.
 
@@ -41,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.e2e_extender import LEASE_PATH, BenchExtender, cycle_breakdown
+from bench.e2e_extender import LEASE_PATH, BenchExtender, cycle_breakdown, handler_split
 from bench.e2e_kube import Api, ApiError, BoundWatch, card_overcommits
 from bench.e2e_objects import (
     NodeShape,
@@ -58,6 +64,8 @@ from bench.extender import cpu_times, steal_share
 from bench.extender_binds import process_cpu_s
 
 NAMESPACE = "bench"
+TRACE = "default"
+"""The bundled trace the pods are drawn from, and whose workload profile the extender scores against."""
 DEFAULT_QPS = 1000.0
 DEFAULT_BURST = 1000
 """kube-scheduler's client limit in both phases: high enough that neither phase waits for it here
@@ -83,9 +91,24 @@ class Components:
 
     def cpu_s(self) -> dict[str, float]:
         times = os.times()
+        pid = self.extender.proc.pid
+        extender, loop = process_cpu_s(pid), thread_cpu_s(pid, pid)
         return {"etcd": process_cpu_s(self.plane.etcd.pid), "kube_apiserver": process_cpu_s(self.plane.apiserver.pid),
                 "kube_scheduler": process_cpu_s(self.scheduler.process.pid),
-                "extender": process_cpu_s(self.extender.proc.pid), "bench": times.user + times.system}
+                "extender": extender, "extender_loop_thread": loop, "extender_other_threads": extender - loop,
+                "bench": times.user + times.system}
+
+
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """User + system CPU seconds of one thread (``/proc/<pid>/task/<tid>/stat``), 0 where unreadable.
+
+    The extender's event loop runs on its main thread (tid = pid): filter, prioritize and the HTTP
+    side of every request; binds, watches and housekeeping run on other threads."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_phase(label: str, api: Api, watch: BoundWatch, parts: Components, manifests: list[dict[str, Any]],
@@ -128,6 +151,7 @@ def run_phase(label: str, api: Api, watch: BoundWatch, parts: Components, manife
                                "count": len(ms)} for verb, ms in sorted(timings["ms"].items()) if ms},
         "extender_outcomes": timings["outcomes"],
         "cycle_ms": cycle_breakdown(timings["stamps"]),
+        "extender_loop_ms": handler_split(timings["spent"]),
         "cpu_s": {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_after},
         "cpu_steal_pct": None if stolen is None else round(100 * stolen, 1),
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -168,7 +192,8 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
         extender_port, scheduler_port = free_ports(2)
         extender = BenchExtender(plane.kubeconfig, extender_port, plane.state_dir / "logs" / "extender.log",
                                  policy=opts.policy,
-                                 profile=Path(opts.profile_extender) if opts.profile_extender else None)
+                                 profile=Path(opts.profile_extender) if opts.profile_extender else None,
+                                 workload=None if opts.fresh_profile else TRACE)
         try:
             extender.wait_ready(lambda: _lease_holder(api))
             config = scheduler_config(plane.kubeconfig, extender.url, f"127.0.0.1:{scheduler_port}",
@@ -195,8 +220,8 @@ def _lease_holder(api: Api) -> str | None:
 
 def measure(opts: argparse.Namespace) -> dict[str, Any]:
     shape = common_shape()
-    gpu = gpu_pods(opts.gpu_pods, shape, opts.nodes, opts.seed)
-    cpu = cpu_pods(opts.cpu_pods, shape, opts.seed)
+    gpu = gpu_pods(opts.gpu_pods, shape, opts.nodes, opts.seed, TRACE)
+    cpu = cpu_pods(opts.cpu_pods, shape, opts.seed, TRACE)
     cpu_need = demand(gpu.pods)[0] + demand(cpu.pods)[0]
     if cpu_need > opts.nodes * shape.cpu_milli * opts.max_cpu_share:
         raise SystemExit(f"the pods ask {cpu_need / 1000:.0f} cores of {opts.nodes * shape.cpu_milli / 1000:.0f}: "
@@ -227,6 +252,7 @@ def measure(opts: argparse.Namespace) -> dict[str, Any]:
         "double_booked_cards": over, "wrong_assignments": wrong,
         "scheduler_qps": opts.scheduler_qps, "scheduler_burst": opts.scheduler_burst,
         "policy": opts.policy, "seed": opts.seed,
+        "extender_workload_profile": None if opts.fresh_profile else TRACE,
         "skipped_too_large": gpu.skipped_too_large + cpu.skipped_too_large,
         "kube_scheduler_series": "scheduling_algorithm_duration_seconds (filter+score incl. the extender's "
                                  "filter and prioritize), binding_duration_seconds (the extender's bind for GPU "
@@ -252,6 +278,7 @@ def table(result: dict[str, Any]) -> str:
                  (f"{label}: schedule attempts", json.dumps(ks["attempts"])),
                  (f"{label}: extender handler ms", json.dumps(phase["extender_ms"])),
                  (f"{label}: cycle seen by the extender ms", json.dumps(phase["cycle_ms"])),
+                 (f"{label}: extender loop thread per request ms", json.dumps(phase["extender_loop_ms"])),
                  (f"{label}: CPU s", json.dumps(phase["cpu_s"]))]
     rows += [("gpu / cpu pods/s", str(result["gpu_to_cpu"])),
              ("double-booked cards / wrong assignments", f"{result['double_booked_cards']} / "
@@ -280,6 +307,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pprof-seconds", type=int, default=15, help="length of each profile, from the phase's start")
     p.add_argument("--profile-extender", default=None,
                    help="write cProfile stats of the extender's event loop (both phases) to this file")
+    p.add_argument("--fresh-profile", action="store_true",
+                   help="leave the extender the profile it makes at start (no pods: every node scores alike)")
     p.add_argument("--json", action="store_true", help="print one JSON line after the table")
     return p
 

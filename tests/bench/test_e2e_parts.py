@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.e2e_extender import cycle_breakdown
+from bench.e2e_extender import cycle_breakdown, handler_split
 from bench.e2e_kube import card_overcommits
 from bench.e2e_objects import (
     LARGEST_SHARE,
@@ -144,3 +144,9 @@ def test_the_cycle_is_split_between_the_extender_and_kube_scheduler() -> None:
     assert parts["prioritize"]["p50"] == pytest.approx(1.0)
     assert parts["prioritize_to_next_filter"] == {"p50": 4.0, "mean": 4.0}
     assert parts["cycle"]["p50"] == pytest.approx(10.0)  # 10 ms and 10 ms
+
+
+def test_the_loop_threads_time_is_split_into_cpu_run_queue_and_the_rest() -> None:
+    # two filters: 6 ms on the wall, 2 ms on a CPU, 3 ms waiting for one, so 1 ms asleep
+    split = handler_split({"filter": [0.006, 0.002, 0.003, 2], "bind": [0.0, 0.0, 0.0, 0]})
+    assert split == {"filter": {"wall": 3.0, "cpu": 1.0, "run_queue": 1.5, "other": 0.5}}
