@@ -8,8 +8,8 @@ run under the cache lock. Every ``interval_s`` one :meth:`Housekeeping.tick`:
 1. re-evaluates unbound assignments and pins against the clock (:meth:`ClusterCache.expire`);
 2. once synced, and then every ``profile_every`` ticks (every tick while no pod is known, so that
    an extender started on an empty cluster scores by the first pods' shapes, not all nodes alike),
-   rebuilds the scheduler with the workload profile of the pods known now and freezes the long-lived objects out of full collections
-   (:mod:`gpupool.extender.gc_freeze`);
+   rebuilds the scheduler with the workload profile of the pods known now and freezes the
+   long-lived objects out of full collections (:mod:`gpupool.extender.gc_freeze`);
 3. posts the cache's booking notices (over-committed cards, unreadable assignments) as Events on
    the pods involved, on the leader only (every replica sees the same conflicts).
 """
