@@ -129,7 +129,7 @@ class Bpf:
                 self._prog_load(prog_type, instructions, name, license_, expected_attach_type,
                                 LOG_LEVEL_ON_FAILURE)
             except BpfError as second:
-                raise BpfError(first.errno, first.strerror, second.verifier_log) from None
+                raise BpfError(first.errno or 0, first.strerror or "", second.verifier_log) from None
             raise
 
     def _prog_load(self, prog_type: int, instructions: bytes, name: str, license_: str,
@@ -147,7 +147,7 @@ class Bpf:
             return self._call(BPF_PROG_LOAD, attr, f"PROG_LOAD {name}")
         except BpfError as exc:
             text = log_buf.value.decode(errors="replace").strip() if log_level else ""
-            raise BpfError(exc.errno, exc.strerror, text) from None
+            raise BpfError(exc.errno or 0, exc.strerror or "", text) from None
 
     def prog_attach(self, target_fd: int, prog_fd: int, attach_type: int, flags: int) -> None:
         """Attach ``prog_fd`` to the cgroup directory open as ``target_fd``."""

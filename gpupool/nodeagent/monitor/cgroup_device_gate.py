@@ -139,7 +139,10 @@ class CgroupDeviceGate:
             attached = self._find(cgroup)
             if attached is None or number not in attached.denied:
                 return
-            self._bpf.map_delete(attached.map_fd, program.deny_key(number.major, number.minor))
+            try:
+                self._bpf.map_delete(attached.map_fd, program.deny_key(number.major, number.minor))
+            except sys_bpf.BpfError as exc:
+                raise GateError(f"cannot allow {number} to {attached.directory}: {exc.strerror}") from None
             attached.denied.discard(number)
             log.info("device gate: %s allowed again to cgroup %s", number, attached.directory)
             if not attached.denied:
@@ -187,13 +190,16 @@ class CgroupDeviceGate:
         return attached
 
     def _attach(self, directory: str) -> _Attached:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise GateError(f"cannot open cgroup {directory}: {exc.strerror}") from None
         map_fd = prog_fd = -1
         try:
             map_fd = self._bpf.map_create(sys_bpf.BPF_MAP_TYPE_HASH, program.DENY_KEY.size,
                                           program.DENY_VALUE.size, program.DENY_MAP_MAX_ENTRIES, MAP_NAME)
             prog_fd = load_program(self._bpf, map_fd)
-            link_fd = self._link(dir_fd, prog_fd, directory)
+            link_fd = _link(self._bpf, dir_fd, prog_fd, directory)
         except (sys_bpf.BpfError, GateError) as exc:
             for fd in (prog_fd, map_fd, dir_fd):
                 if fd >= 0:
@@ -203,20 +209,6 @@ class CgroupDeviceGate:
             raise GateError(f"cannot set up the device program for {directory}: {exc.strerror}"
                             f"{_capability_hint(exc)}") from None
         return _Attached(directory, dir_fd, map_fd, prog_fd, link_fd)
-
-    def _link(self, dir_fd: int, prog_fd: int, directory: str) -> int | None:
-        try:
-            return self._bpf.link_create(dir_fd, prog_fd, sys_bpf.BPF_CGROUP_DEVICE)
-        except sys_bpf.BpfError as exc:
-            if exc.errno != errno.EINVAL:
-                raise GateError(f"cannot attach the device program to {directory}: {exc.strerror}"
-                                f"{_attach_hint(exc)}") from None
-        try:  # kernels before 5.7: no cgroup links
-            self._bpf.prog_attach(dir_fd, prog_fd, sys_bpf.BPF_CGROUP_DEVICE, sys_bpf.BPF_F_ALLOW_MULTI)
-        except sys_bpf.BpfError as exc:
-            raise GateError(f"cannot attach the device program to {directory}: {exc.strerror}"
-                            f"{_attach_hint(exc)}") from None
-        return None
 
     def _detach(self, attached: _Attached) -> None:
         if attached.link_fd is not None:
@@ -228,6 +220,22 @@ class CgroupDeviceGate:
                 log.info("device gate: detach from %s: %s", attached.directory, exc.strerror)
         for fd in (attached.prog_fd, attached.map_fd, attached.dir_fd):
             os.close(fd)
+
+
+def _link(bpf: sys_bpf.Bpf, dir_fd: int, prog_fd: int, directory: str) -> int | None:
+    """Attach through a BPF link (returned); ``None`` when attached with ``BPF_PROG_ATTACH``."""
+    try:
+        return bpf.link_create(dir_fd, prog_fd, sys_bpf.BPF_CGROUP_DEVICE)
+    except sys_bpf.BpfError as exc:
+        if exc.errno != errno.EINVAL:
+            raise GateError(f"cannot attach the device program to {directory}: {exc.strerror}"
+                            f"{_attach_hint(exc)}") from None
+    try:  # kernels before 5.7: no cgroup links
+        bpf.prog_attach(dir_fd, prog_fd, sys_bpf.BPF_CGROUP_DEVICE, sys_bpf.BPF_F_ALLOW_MULTI)
+    except sys_bpf.BpfError as exc:
+        raise GateError(f"cannot attach the device program to {directory}: {exc.strerror}"
+                        f"{_attach_hint(exc)}") from None
+    return None
 
 
 def _attach_hint(exc: sys_bpf.BpfError) -> str:
@@ -254,9 +262,9 @@ def cgroup_device_gate_available(mount: str | None = None) -> tuple[bool, str]:
     it attaches to this process's own cgroup (with an empty deny map: it allows everything)."""
     try:
         gate = CgroupDeviceGate(mount)
-    except GateError as exc:
+        bpf = sys_bpf.Bpf()
+    except (GateError, sys_bpf.BpfError) as exc:
         return False, str(exc)
-    bpf = gate._bpf  # noqa: SLF001 - the probe is this module's own
     fds: list[int] = []
     try:
         fds.append(bpf.map_create(sys_bpf.BPF_MAP_TYPE_HASH, program.DENY_KEY.size, program.DENY_VALUE.size,
@@ -264,7 +272,7 @@ def cgroup_device_gate_available(mount: str | None = None) -> tuple[bool, str]:
         fds.append(load_program(bpf, fds[0]))
         own = cgroup2_directory(cgroup2_path_of_pid(os.getpid()), gate.mount)
         fds.append(os.open(own, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-        link = gate._link(fds[2], fds[1], own)  # noqa: SLF001
+        link = _link(bpf, fds[2], fds[1], own)
         if link is None:
             bpf.prog_detach(fds[2], fds[1], sys_bpf.BPF_CGROUP_DEVICE)
         else:

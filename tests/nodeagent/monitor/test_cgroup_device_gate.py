@@ -41,7 +41,10 @@ _OPENER = (
     "for line in sys.stdin:\n"
     "    path, mode = line.split()\n"
     "    try:\n"
-    "        os.close(os.open(path, os.O_WRONLY if mode == 'w' else os.O_RDONLY))\n"
+    "        if mode == 'm':\n"
+    "            os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))\n"
+    "        else:\n"
+    "            os.close(os.open(path, os.O_WRONLY if mode == 'w' else os.O_RDONLY))\n"
     "        print(0, flush=True)\n"
     "    except OSError as exc:\n"
     "        print(exc.errno, flush=True)\n"
@@ -65,7 +68,8 @@ class Opener:
         return self.process.stdout.readline().strip()
 
     def open(self, path: str, mode: str = "r") -> int:
-        """The errno of opening ``path`` for reading (``r``) or writing (``w``) in the child."""
+        """The errno of opening ``path`` for reading (``r``) or writing (``w``), or of creating a
+        node of 1:3 there (``m``), in the child."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{path} {mode}\n")
         self.process.stdin.flush()
@@ -131,6 +135,7 @@ def test_a_denied_device_fails_to_open_in_the_cgroup_only_until_allowed(
         assert inside.open(devices[NULL], "w") == errno.EPERM
         assert inside.open(devices[ZERO]) == 0, "another device stays open to the container"
         assert outside.open(devices[NULL]) == 0, "a process outside the cgroup is not affected"
+        assert inside.open(devices[NULL] + ".node", "m") == 0, "creating a node is not using it"
         gate.allow(cgroup, devices[NULL])
         assert inside.open(devices[NULL]) == 0
     finally:
@@ -278,7 +283,7 @@ def test_clear_errors(gate: CgroupDeviceGate, cgroup: str, tmp_path: os.PathLike
 def test_a_refused_program_reports_the_verifier_log(tmp_path: os.PathLike[str]) -> None:
     not_a_map = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with pytest.raises(GateError, match="(?s)refuses the cgroup-device program.*verifier log:\n.+"):
+        with pytest.raises(GateError, match=r"(?s)refuses the cgroup-device program.*verifier log:\n.+"):
             load_program(sys_bpf.Bpf(), not_a_map)
     finally:
         os.close(not_a_map)
