@@ -158,6 +158,11 @@ class FragmentationMeasure:
             free = self.card_free(rows)
         return self.fragment(free, self.state.cpu_free[rows], self._card_access(rows))
 
+    def fragment_of(self, rows: IntArray, free: IntArray, cpu_free: IntArray) -> FloatArray:
+        """Fragmentation of the nodes ``rows`` had they ``free`` compute per card and ``cpu_free`` CPU
+        (their cards' models as now): measures states recorded earlier, several in one pass."""
+        return self.fragment(free, cpu_free, self._card_access(rows))
+
     def after_slice(self, rows: IntArray, milli: int, cpu: int) -> FloatArray:
         """``[R, G]``: fragmentation of each node if a ``milli`` slice (and ``cpu``) went to card g.
 
