@@ -28,6 +28,10 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 EXPLAIN_MEMO_REQUESTS = 64
 """Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
 
+SHAPES_KEPT = 256
+"""Request shapes whose feasibility and scores are cached; card scopes (groups, pins, quota states)
+multiply the shapes, so the oldest is dropped past this many."""
+
 PICK_TRIES = 8
 """Best-scored nodes on which the card choice is tried before a pod is declared unschedulable."""
 
@@ -131,7 +135,10 @@ class Scheduler:
         size = self.state.size
         if entry is None or len(entry.version) != size:
             feasible, raw = self._evaluate(shape, pod, rows)
+            self._cache.pop(key, None)
             self._cache[key] = _ShapeCache(self.state.node_version[:size].copy(), feasible, raw)
+            if len(self._cache) > SHAPES_KEPT:
+                self._cache.pop(next(iter(self._cache)))
             return feasible, raw
         stale = np.flatnonzero(entry.version != self.state.node_version[:size]).astype(np.int64)
         if len(stale):
