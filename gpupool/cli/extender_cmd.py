@@ -27,6 +27,7 @@ from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
@@ -53,6 +54,7 @@ class ExtenderOptions:
     explain_limit: int = 64
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tenancy: bool = True
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -90,9 +92,12 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
     """
     names = ResourceNames(options.domain)
-    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
+    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s,
+                         tenancy_required=options.tenancy)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
+    if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
+        start_tenancy_watches(cache, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
                                 name=options.lease_name)
@@ -156,10 +161,13 @@ def run_extender(options: ExtenderOptions) -> None:
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
 @click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(min=1),
               help="Largest request body read; larger ones get 413 (docs/extender.md, Limits).")
+@click.option("--tenancy/--no-tenancy", default=True, show_default=True,
+              help="Watch ResourceGroups, GpuQuotas and Namespaces and apply them (docs/tenancy.md).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, verbose: bool) -> None:
+             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int, tenancy: bool,
+             verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -167,4 +175,4 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes))
+                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes, tenancy=tenancy))

@@ -59,7 +59,8 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 RESOURCES = (("", "pods", ""), ("", "pods", "binding"), ("", "pods", "status"), ("", "pods", "eviction"),
              ("", "nodes", ""), ("", "nodes", "status"), ("", "secrets", ""), ("", "configmaps", ""),
              ("", "events", ""), ("", "serviceaccounts", "token"), ("coordination.k8s.io", "leases", ""),
-             ("apps", "daemonsets", ""))
+             ("apps", "daemonsets", ""), ("", "namespaces", ""), ("gpupool.io", "resourcegroups", ""),
+             ("gpupool.io", "gpuquotas", ""))
 
 
 def deploy_documents(namespace: str) -> list[dict[str, Any]]:
@@ -126,7 +127,8 @@ def matrix(namespace: str) -> list[dict[str, str]]:
     everywhere), the Lease by its name and by another, in the lease namespace and elsewhere."""
     probes = []
     for group, resource, sub in RESOURCES:
-        places: list[tuple[str, str]] = [("", "")] if resource == "nodes" else [("default", "")]
+        cluster_scoped = resource in ("nodes", "namespaces", "resourcegroups")
+        places: list[tuple[str, str]] = [("", "")] if cluster_scoped else [("default", "")]
         if resource == "leases":
             places = [(namespace, LEASE), (namespace, "someone-else"), (namespace, ""), ("default", LEASE)]
         elif resource == "pods" and sub:
@@ -153,7 +155,11 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("create", "", "pods", "binding", "default", "p"), ("create", "", "events", "", "default", ""),
             ("create", "coordination.k8s.io", "leases", "", namespace, ""),
             ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
-            ("update", "coordination.k8s.io", "leases", "", namespace, LEASE)}
+            ("update", "coordination.k8s.io", "leases", "", namespace, LEASE),
+            ("list", "", "namespaces", "", "", ""), ("watch", "", "namespaces", "", "", ""),
+            ("list", "gpupool.io", "resourcegroups", "", "", ""), ("watch", "gpupool.io", "resourcegroups", "", "", ""),
+            ("list", "gpupool.io", "gpuquotas", "", "default", ""),
+            ("watch", "gpupool.io", "gpuquotas", "", "default", "")}
 
 
 def expected_node_agent() -> set[tuple[str, ...]]:
