@@ -91,10 +91,17 @@ class ScopeMasks:
     def __init__(self) -> None:
         self._layout = -1
         self._positions: dict[str, tuple[int, int]] = {}
-        self._masks: OrderedDict[CardScope, BoolArray] = OrderedDict()
+        self._masks: OrderedDict[CardScope, tuple[BoolArray, BoolArray]] = OrderedDict()
 
     def mask(self, state: ClusterState, scope: CardScope) -> BoolArray:
         """The read-only mask of the cards of ``state`` that ``scope`` admits."""
+        return self._entry(state, scope)[0]
+
+    def reach(self, state: ClusterState, scope: CardScope) -> BoolArray:
+        """The read-only mask of the nodes (rows) holding at least one card ``scope`` admits."""
+        return self._entry(state, scope)[1]
+
+    def _entry(self, state: ClusterState, scope: CardScope) -> tuple[BoolArray, BoolArray]:
         if self._layout != state.layout_version:
             self._layout = state.layout_version
             self._positions = {}
@@ -104,10 +111,12 @@ class ScopeMasks:
             self._masks.move_to_end(scope)
             return found
         built = self._build(state, scope)
-        self._masks[scope] = built
+        reach: BoolArray = np.asarray(built.any(axis=1))
+        reach.flags.writeable = False
+        self._masks[scope] = (built, reach)
         if len(self._masks) > MASKS_KEPT:
             self._masks.popitem(last=False)
-        return built
+        return built, reach
 
     def _index(self, state: ClusterState) -> dict[str, tuple[int, int]]:
         if not self._positions and state.size:

@@ -114,7 +114,7 @@ def remainder(state: ClusterState, pod: PodRequest, rows: IntArray, measure: str
 
 def group_rows(state: ClusterState, group: Group) -> IntArray:
     """Ledger rows of the present nodes that hold at least one card of the group."""
-    rows: IntArray = np.flatnonzero(state.scope_mask(group.scope).any(axis=1) & state.present).astype(np.int64)
+    rows: IntArray = np.flatnonzero(state.scope_reach(group.scope) & state.present).astype(np.int64)
     return rows
 
 

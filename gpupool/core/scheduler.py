@@ -83,6 +83,20 @@ class Scheduler:
 
     # ------------------------------------------------------------------------- filter and score
     def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
+        scope = shape.gpu.scope if shape.gpu is not None else None
+        if scope is not None:
+            # a node without a card of the request's scope cannot hold it: only the others are
+            # evaluated (a group's pod costs its group's nodes, not the cluster's)
+            reach = self.state.scope_reach(scope)[rows]
+            if not reach.all():
+                feasible = np.zeros(len(rows), dtype=bool)
+                raw = np.full(len(rows), -np.inf)
+                if reach.any():
+                    feasible[reach], raw[reach] = self._evaluate_rows(shape, pod, rows[reach])
+                return feasible, raw
+        return self._evaluate_rows(shape, pod, rows)
+
+    def _evaluate_rows(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
         feasible, fits = self._feasible(shape, pod, rows)
         raw = np.full(len(rows), -np.inf)
         if feasible.any():

@@ -82,6 +82,10 @@ class ClusterState(LedgerArrays):
         """``[nodes, cards]``: the cards ``scope`` admits (read-only, kept per node layout)."""
         return self._scope_masks.mask(self, scope)
 
+    def scope_reach(self, scope: CardScope) -> BoolArray:
+        """``[nodes]``: the nodes with a card ``scope`` admits (read-only, kept per node layout)."""
+        return self._scope_masks.reach(self, scope)
+
     def model_id(self, model: str) -> int:
         """A stable small integer for a GPU model name (so model filters are array compares)."""
         found = self._model_ids.get(model)

@@ -211,7 +211,7 @@ class ExtenderService:
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
-        admission.refuse_nodes(state, rows, usable, names, failed)  # group, pools, pins, quota models
+        admission.refuse_nodes(state, rows, usable, name_array, failed)  # group, pools, pins, quota models
         if aliases:
             known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
             serving = self.node_rows.serving(state, aliases, self.cache.served_aliases,

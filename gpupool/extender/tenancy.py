@@ -23,10 +23,12 @@ out of the group and reported) and kept until the tenancy objects or the node la
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from gpupool.core.card_scope import CardScope, CardSet, narrow
 from gpupool.core.groups import Group, choose_group, outside_scope, scoped
@@ -40,6 +42,7 @@ from gpupool.kube.tenancy import PodTenancy
 log = logging.getLogger(__name__)
 
 QuotaCheck = Callable[[Placement], "str | None"]
+ObjectArray = npt.NDArray[np.object_]
 
 
 @dataclass(frozen=True)
@@ -59,23 +62,29 @@ class Admission:
     layers: tuple[Layer, ...] = ()
     quotas: tuple[Quota, ...] = ()
     tenant: str = ""
+    refusals: LayerRefusals | None = field(default=None, compare=False)
 
-    def refuse_nodes(self, state: ClusterState, rows: IntArray, usable: BoolArray, names: list[str],
+    def refuse_nodes(self, state: ClusterState, rows: IntArray, usable: BoolArray, names: ObjectArray,
                      failed: dict[str, str]) -> None:
         """Mark the usable nodes of ``rows`` (ledger rows of ``names``) where a layer leaves no card
-        unusable, with the layer's reason."""
+        unusable, with the layer's reason (a node refused for an earlier reason keeps that one)."""
+        refusals = self.refusals or LayerRefusals()
         for layer in self.layers:
-            known = np.flatnonzero(usable)
-            reach: BoolArray = np.asarray(state.scope_mask(layer.scope).any(axis=1))
-            lacking = known[~reach[rows[known]]]
-            if len(lacking):
-                usable[lacking] = False
-                failed.update(dict.fromkeys([names[i] for i in lacking.tolist()], layer.reason))
+            lacking, reasons = refusals.of(state, layer, rows, names)
+            if not len(lacking):
+                continue
+            if usable[lacking].all():
+                failed.update(reasons)
+            else:
+                fresh = lacking[usable[lacking]]
+                failed.update(dict.fromkeys(names[fresh].tolist(), layer.reason))
+            usable[lacking] = False
+
 
     def node_refusal(self, state: ClusterState, row: int) -> str | None:
         """The first layer's reason when it leaves node ``row`` no card (the bind's node check)."""
         for layer in self.layers:
-            if not state.scope_mask(layer.scope)[row].any():
+            if not state.scope_reach(layer.scope)[row]:
                 return layer.reason
         return None
 
@@ -93,6 +102,34 @@ class Admission:
         return check
 
 
+class LayerRefusals:
+    """Per layer and asked node list, the positions of the nodes it leaves without a card and their
+    reasons as a ready dictionary. The pods of one group ask about the same 5,000 nodes again and
+    again, and building a 5,000-entry dictionary per filter cost more than the rest of the
+    admission; ``names`` is the service's long-lived array of the asked names, so its identity
+    (with the node layout) says when the answer may have changed."""
+
+    def __init__(self, kept: int = 128) -> None:
+        self.kept = kept
+        self._found: OrderedDict[tuple[CardScope, str, int, int],
+                                 tuple[ObjectArray, IntArray, dict[str, str]]] = OrderedDict()
+
+    def of(self, state: ClusterState, layer: Layer, rows: IntArray,
+           names: ObjectArray) -> tuple[IntArray, dict[str, str]]:
+        key = (layer.scope, layer.reason, id(names), state.layout_version)
+        found = self._found.get(key)
+        if found is not None and found[0] is names:  # the entry holds the array: its id stays its own
+            self._found.move_to_end(key)
+            return found[1], found[2]
+        known = np.flatnonzero(rows >= 0)
+        lacking: IntArray = known[~state.scope_reach(layer.scope)[rows[known]]]
+        reasons = dict.fromkeys(names[lacking].tolist(), layer.reason)
+        self._found[key] = (names, lacking, reasons)
+        if len(self._found) > self.kept:
+            self._found.popitem(last=False)
+        return lacking, reasons
+
+
 @dataclass(frozen=True)
 class _Compiled:
     groups: dict[str, Group]
@@ -108,6 +145,7 @@ class Admissions:
         self._compiled: tuple[tuple[int, int, int], _Compiled] | None = None
         self._pools: dict[tuple[int, int, frozenset[str]], CardScope] = {}
         self.group_problems: dict[str, str] = {}
+        self.refusals = LayerRefusals()
 
     def admit(self, state: ClusterState, request: PodRequest, tenant: PodTenancy | None, *,
               node: str | None = None) -> Admission:
@@ -140,7 +178,7 @@ class Admissions:
         scope: CardScope | None = None
         for layer in layers:
             scope = narrow(scope, layer.scope)
-        return Admission(scoped(request, scope), None, tuple(layers), quotas, tenant.namespace)
+        return Admission(scoped(request, scope), None, tuple(layers), quotas, tenant.namespace, self.refusals)
 
     # ------------------------------------------------------------------------------ groups
     def _group_layer(self, state: ClusterState, request: PodRequest, tenant: PodTenancy, node: str | None,
@@ -172,7 +210,7 @@ class Admissions:
                 candidates.append(compiled.groups[name])
         if node is not None and len(candidates) > 1:
             row = state.index.get(node)
-            on_node = [g for g in candidates if row is not None and state.scope_mask(g.scope)[row].any()]
+            on_node = [g for g in candidates if row is not None and state.scope_reach(g.scope)[row]]
             candidates = on_node or candidates
         if not candidates:
             return "; ".join(refusals)

@@ -147,3 +147,16 @@ def test_a_group_change_reaches_the_next_filter_and_prioritize() -> None:
     assert service.filter(request, NODES, frozenset(), tenant).passed == ["n3"]
     scores, _ = service.prioritize(request, ["n1", "n3"], frozenset(), tenant)
     assert scores.as_dict()["n1"] == 0 and scores.as_dict()["n3"] == 10
+
+
+def test_a_node_refused_for_another_reason_keeps_that_reason_on_every_filter() -> None:
+    broken = node("n3", [CARD])
+    broken["metadata"]["annotations"]["gpupool.io/inventory-v1"] = "{not json"
+    cache = world([node("n1", [CARD]), node("n2", [CARD]), broken], groups=[group("g", {"n1": None})])
+    service = ExtenderService(cache, None)
+    request, tenant = read(cache, gpu_pod("p", "x", group_label="g", gpu_core=10))
+    for _ in range(3):  # the second and third filters answer from the remembered layer refusals
+        outcome = service.filter(request, NODES, frozenset(), tenant)
+        assert outcome.passed == ["n1"]
+        assert outcome.failed["n2"] == "node is not in resource group g (no GPU of the group is on it)"
+        assert "inventory-v1" in outcome.failed["n3"]
