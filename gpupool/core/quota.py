@@ -58,7 +58,7 @@ def _over(quota: str, model: str, limits: Limits, used: Amounts, asked: Amounts)
     """Which limit of ``limits`` the request passes, in words, or None."""
     where = f"GpuQuota {quota}" + (f", GPU model {model}" if model else "")
     checks = (("GPU memory", limits.memory_mib, used.memory_mib, asked.memory_mib, _mib),
-              ("GPU compute", limits.compute, used.compute, asked.compute, _percent),
+              ("GPU compute (percent of one GPU)", limits.compute, used.compute, asked.compute, _percent),
               ("whole GPUs", limits.cards, used.cards, asked.cards, str))
     for what, limit, held, wanted, shown in checks:
         if limit is not None and wanted > 0 and held + wanted > limit:
@@ -71,7 +71,9 @@ def _mib(value: int) -> str:
 
 
 def _percent(value: int) -> str:
-    return f"{value / 10:g}%"
+    """Per-mille as the percent the pod API speaks, without a ``%`` sign: kube-scheduler passes an
+    extender's reasons through a format string, which turns ``%,`` into ``%!,(MISSING)``."""
+    return f"{value / 10:g}"
 
 
 def quota_verdict(quotas: Iterable[Quota], used: ModelUse, asked: ModelUse) -> str | None:

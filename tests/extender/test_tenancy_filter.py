@@ -77,7 +77,8 @@ def test_quota_refuses_at_filter_naming_limit_used_and_asked() -> None:
     assert not hasattr(cache.reserve(request, "n1", tenant), "reason")
     outcome = run_filter(cache, gpu_pod("p", "team-a", gpu_core=20))
     assert outcome.passed == []
-    assert set(outcome.failed.values()) == {"GpuQuota team-a/gpus: GPU compute limit 50%, used 40%, asked 20%"}
+    assert set(outcome.failed.values()) == {
+        "GpuQuota team-a/gpus: GPU compute (percent of one GPU) limit 50, used 40, asked 20"}
     assert run_filter(cache, gpu_pod("p", "team-a", gpu_core=10)).passed == NODES
     assert run_filter(cache, gpu_pod("p", "team-b", gpu_core=90)).passed == NODES  # another namespace
 

@@ -28,7 +28,7 @@ def test_a_quota_caps_its_tenant_and_leaves_the_other_alone() -> None:
     ls, be = reports["LS"], reports["BE"]
     assert (ls.arrived, ls.placed, ls.refused_by_quota) == (8, 4, 4)
     assert ls.peak_compute == 2_000
-    assert ls.first_quota_reason == "GpuQuota LS/q: GPU compute limit 200%, used 200%, asked 50%"
+    assert ls.first_quota_reason == "GpuQuota LS/q: GPU compute (percent of one GPU) limit 200, used 200, asked 50"
     assert (be.placed, be.refused_by_quota, be.peak_compute) == (4, 0, 2_000)
 
 
