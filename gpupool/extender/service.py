@@ -211,7 +211,7 @@ class ExtenderService:
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
-        admission.refuse_nodes(state, rows, usable, name_array, failed)  # group, pools, pins, quota models
+        outside = admission.refuse_nodes(state, rows, usable, name_array)  # group, pools, pins, quota models
         if aliases:
             known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
             serving = self.node_rows.serving(state, aliases, self.cache.served_aliases,
@@ -223,7 +223,7 @@ class ExtenderService:
                 failed[name] = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset())) or ""
         candidates = rows[usable]
         if not len(candidates):
-            return _Feasible([], NO_ROWS, np.zeros(0), failed, rows)
+            return _Feasible([], NO_ROWS, np.zeros(0), with_outside(failed, outside, []), rows)
         ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
         score_of = np.full(state.size, np.nan)
         score_of[ok_rows] = scores
@@ -245,7 +245,7 @@ class ExtenderService:
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
             # are known here, so that call skips mapping thousands of names to rows again
             self.node_rows.remember(state, passed, (passed_rows, candidate_names[fits]))
-        return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
+        return _Feasible(passed, passed_rows, candidate_scores[fits], with_outside(failed, outside, passed), rows)
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
@@ -347,6 +347,17 @@ class ExtenderService:
                 if isinstance(scheduler.assign(request, node), Placement):
                     kept[node] = list(uids)
         return kept, ""
+
+
+def with_outside(failed: dict[str, str], outside: list[dict[str, str]], passed: list[str]) -> dict[str, str]:
+    """``failed`` with the reasons of the nodes outside the pod's group, pools or card controls when
+    no node passed. kube-scheduler shows reasons only for a pod that fits nowhere; when one fits,
+    listing the ~5,000 nodes outside a 50-node group (400 KB of JSON per filter) cost more than the
+    rest of the call, so they are then left out, as nodes not passed and not explained."""
+    if not passed:
+        for reasons in outside:
+            failed.update(reasons)
+    return failed
 
 
 def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:

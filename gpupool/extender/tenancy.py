@@ -64,21 +64,23 @@ class Admission:
     tenant: str = ""
     refusals: LayerRefusals | None = field(default=None, compare=False)
 
-    def refuse_nodes(self, state: ClusterState, rows: IntArray, usable: BoolArray, names: ObjectArray,
-                     failed: dict[str, str]) -> None:
+    def refuse_nodes(self, state: ClusterState, rows: IntArray, usable: BoolArray,
+                     names: ObjectArray) -> list[dict[str, str]]:
         """Mark the usable nodes of ``rows`` (ledger rows of ``names``) where a layer leaves no card
-        unusable, with the layer's reason (a node refused for an earlier reason keeps that one)."""
+        unusable; returns their reasons, per layer (nodes refused before keep their own reason)."""
         refusals = self.refusals or LayerRefusals()
+        found: list[dict[str, str]] = []
         for layer in self.layers:
             lacking, reasons = refusals.of(state, layer, rows, names)
             if not len(lacking):
                 continue
             if usable[lacking].all():
-                failed.update(reasons)
+                found.append(reasons)
             else:
                 fresh = lacking[usable[lacking]]
-                failed.update(dict.fromkeys(names[fresh].tolist(), layer.reason))
+                found.append(dict.fromkeys(names[fresh].tolist(), layer.reason))
             usable[lacking] = False
+        return found
 
 
     def node_refusal(self, state: ClusterState, row: int) -> str | None:
