@@ -55,6 +55,7 @@ from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
 from gpupool.extender.service import BindResult
 from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
+from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import TranslationError, pod_request
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class Binder:
                                   attempts=attempt)
             try:
                 request = pod_request(pod, self.cache.names)
+                tenant = pod_tenancy(pod, self.cache.tenancy.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)
             if not request.wants_gpu:
@@ -180,7 +182,7 @@ class Binder:
             bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
             if bound_to:
                 return self._already_bound(pod, key, bound_to, ask.node, attempt)
-            decision = self.cache.reserve(request, ask.node)
+            decision = self.cache.reserve(request, ask.node, tenant)
             if isinstance(decision, Unschedulable):
                 return BindResult(f"pod {key} does not fit on node {ask.node}: {decision.reason}",
                                   attempts=attempt)
