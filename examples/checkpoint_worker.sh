@@ -28,7 +28,7 @@ if [ -n "$IGNORE_CHECKPOINT" ]; then trap '' USR1 TERM; else trap checkpoint USR
 echo "started at step $step"
 while :; do
   step=$((step + 1))
-  sleep "${STEP_SECONDS:-1}" &
+  sleep "${STEP_SECONDS:-1}" 3<&- &  # the card stays with the worker, not its timer
   sleeper=$!
   wait "$sleeper"
 done
