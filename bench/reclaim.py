@@ -118,10 +118,11 @@ def run(cycles: int) -> dict[str, Any]:
                                                   card, str(trigger)))
         wait(lambda: container_id(core, "default", "owner"), 90, "owner running")
         script = WORKER.read_text()
-        samples, stages = [], []
+        samples, stages, resumed = [], [], 0
         for i in range(1, cycles + 1):
             wait(lambda: 0 in lent_cards(core, node), 60, f"card 0 lent (cycle {i})\n{agent.log()}")
-            notes = {NAMES.assignment: assignment(node), LEND.borrowed: "true", LEND.borrowed_from: "default/owner"}
+            notes = {NAMES.assignment: assignment(node), LEND.borrowed: "true", LEND.borrowed_from: "default/owner",
+                     LEND.checkpoint_key: "bench-borrower"}  # each borrower continues the last one's task
             name = f"borrower-{i}"
             core.create_namespaced_pod("default", pod(name, node, image, script, notes, card))
             cid = wait(lambda n=name: container_id(core, "default", n), 90, f"{name} running\n{agent.log()}")
@@ -133,6 +134,8 @@ def run(cycles: int) -> dict[str, Any]:
                 raise TimeoutError(f"{name}'s processes (container {cid}): {status.container_statuses}\n"
                                    f"{core.read_namespaced_pod_log(name, 'default')}\n{agent.log()}") from None
             time.sleep(1.5)  # the borrower's open recorded and allowed (the card stays lent)
+            first = str(core.read_namespaced_pod_log(name, "default")).splitlines()[:1]
+            resumed += bool(first and first[0].startswith("resumed from /var/run/gpupool/checkpoint/ckpt-"))
             assert 0 in lent_cards(core, node), f"{name}'s open ended the loan\n{agent.log()}"
             began = time.monotonic()
             (trigger / f"go-{i}").touch()
@@ -148,6 +151,7 @@ def run(cycles: int) -> dict[str, Any]:
         return {"owner_reclaim_p99_s": _p99(samples), "owner_reclaim_median_s": statistics.median(samples),
                 "borrower_stopped_median_s": statistics.median(stages), "cycles": cycles,
                 "samples_s": [round(s, 3) for s in samples], "checkpoints_written": len(checkpoints),
+                "borrowers_resumed": resumed,
                 "target_s": TARGET_S, "placement": "borrowers bound by hand (nodeName + annotations)"}
     finally:
         if agent is not None:
