@@ -1,4 +1,4 @@
-# gpupool:latest, the image deploy/extender-deployment.yaml and deploy/node-agent-daemonset.yaml name.
+# gpupool:latest, the image deploy/kustomize/base names (extender Deployment and node agent DaemonSet).
 #
 #   docker build -t gpupool:latest .          (then push it where your nodes pull from and change
 #                                               `image:` in the two manifests, or load it into kind)
@@ -6,9 +6,14 @@
 # Two stages: the build stage runs `pip install .` (setuptools, wheel caches, the build's own
 # temporary files) and the runtime stage copies only the installed packages, so the image carries
 # no pip cache, no build tools and no source checkout. Every dependency ships manylinux wheels for
-# amd64 and arm64 (numpy, grpcio, orjson, aiohttp), so no compiler is needed in either stage.
+# amd64 and arm64 (numpy, grpcio, orjson, aiohttp); the only compiled part is gpupool's own C
+# interception library, built in the build stage (gcc) and shipped prebuilt in the package, where
+# `gpupool shim path` finds it, so the runtime stage needs no compiler either.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what `pip install .` reads: the project file, the readme it names, the package.
 COPY pyproject.toml README.md ./
@@ -16,7 +21,9 @@ COPY gpupool ./gpupool
 # --prefix: everything lands under /install, copied as one layer below. pip compiles the .pyc files
 # here, so the runtime never needs to write them (the extender runs with a read-only root FS).
 RUN pip install --prefix=/install . \
- && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool --version
+ && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool --version \
+ && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool shim build \
+      --output /install/lib/python3.11/site-packages/gpupool/shim/lib/libgpupool-shim.so
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="gpupool" \
@@ -27,7 +34,7 @@ LABEL org.opencontainers.image.title="gpupool" \
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /install /usr/local
 # nobody: the extender needs no privilege at all. The node agent's DaemonSet overrides this with
-# runAsUser 0 because kubelet's socket directories are root-owned (deploy/node-agent-daemonset.yaml).
+# runAsUser 0 because kubelet's socket directories are root-owned (deploy/kustomize/base/node-agent-daemonset.yaml).
 USER 65534:65534
 ENTRYPOINT ["gpupool"]
 CMD ["--help"]

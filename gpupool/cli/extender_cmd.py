@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
-from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
+from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.cache import ClusterCache
@@ -65,6 +65,12 @@ class ExtenderOptions:
     agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
     """Where node agents renew their Leases (docs/security.md, Liveness); "" watches none."""
     require_agent_lease: bool = False
+    hami: bool = False
+    gpushare_memory_unit: str = "GiB"
+
+    def resource_names(self) -> ResourceNames:
+        """The names and units the extender reads pods with (one place for both replicas' paths)."""
+        return ResourceNames(self.domain, hami=self.hami, gpushare_unit_mib=GPUSHARE_UNITS[self.gpushare_memory_unit])
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -102,7 +108,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
 
     ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
     """
-    names = ResourceNames(options.domain)
+    names = options.resource_names()
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
@@ -144,7 +150,8 @@ def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordinat
 
 def run_extender(options: ExtenderOptions) -> None:
     """Start watches, leader election and the HTTP server; blocks until interrupted."""
-    names = ResourceNames(options.domain)
+
+    names = options.resource_names()
     core_v1, coordination_v1 = _clients(options.kubeconfig)
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
@@ -225,13 +232,18 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "(\"\": do not watch).")
 @click.option("--require-agent-lease/--no-require-agent-lease", default=False, show_default=True,
               help="Also refuse nodes that never had a node agent Lease (docs/security.md, Liveness).")
+@click.option("--hami/--no-hami", default=False, show_default=True,
+              help="nvidia.com/gpu alone is HAMi's card count (whole cards gpupool schedules); only where no "
+                   "node runs NVIDIA's own device plugin (docs/hami.md).")
+@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(list(GPUSHARE_UNITS)),
+              help="What one aliyun.com/gpu-mem is (gpushare clusters that ran --memory-unit=MiB).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
-             require_agent_lease: bool, verbose: bool) -> None:
+             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -243,4 +255,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,
-                                 require_agent_lease=require_agent_lease))
+                                 require_agent_lease=require_agent_lease, hami=hami,
+                                 gpushare_memory_unit=gpushare_memory_unit))

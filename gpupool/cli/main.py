@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "simulate": "gpupool.cli.simulate_cmd:simulate",
     "extender": "gpupool.cli.extender_cmd:extender",
     "node-agent": "gpupool.cli.node_agent_cmd:node_agent",
+    "shim": "gpupool.cli.shim_cmd:shim",
     "testenv": "gpupool.cli.testenv_cmd:testenv",
     "certs": "gpupool.cli.certs_cmd:certs",
 }

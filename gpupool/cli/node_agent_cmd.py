@@ -12,6 +12,7 @@ import click
 from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAMESPACE, DEFAULT_RENEW_INTERVAL_S
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
+from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
@@ -24,15 +25,18 @@ from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.monitor.state_file import DEFAULT_STATE_PATH
+from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S
+from gpupool.nodeagent.risk.findings import RiskAction
+from gpupool.nodeagent.risk.setup import ACTIONS
 
 
-def _duration(value: str) -> float:
+def _duration(value: str, option: str = "--idle-after") -> float:
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
     if seconds <= 0:
-        raise click.BadParameter("must be longer than 0 s", param_hint="--idle-after")
+        raise click.BadParameter("must be longer than 0 s", param_hint=option)
     return seconds
 
 
@@ -47,8 +51,11 @@ def _duration(value: str) -> float:
 @click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
 @click.option("--serve-aliases", default="", metavar="FAMILIES",
               help="Also serve these foreign resource families, comma-separated: gpushare "
-                   "(aliyun.com/gpu-mem, GiB), gpumanager (tencent.com/vcuda-core, vcuda-memory). "
-                   "For nodes that take over from those device plugins (docs/node-agent.md).")
+                   "(aliyun.com/gpu-mem), gpumanager (tencent.com/vcuda-core, vcuda-memory), hami "
+                   "(nvidia.com/gpu, carrying nvidia.com/gpumem, gpumem-percentage, gpucores). For nodes "
+                   "that take over from those device plugins (docs/node-agent.md, docs/hami.md).")
+@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(["GiB", "MiB"]),
+              help="What one aliyun.com/gpu-mem device is; the extender must read the same unit.")
 @click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
               type=click.IntRange(0, 65535),
               help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
@@ -75,6 +82,11 @@ def _duration(value: str) -> float:
               help="Seconds the extender waits after the last renewal before it stops placing GPU pods here.")
 @click.option("--lease-renew-interval", default=DEFAULT_RENEW_INTERVAL_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True), help="Seconds between renewals of the Lease.")
+@click.option("--risk-action", type=click.Choice(ACTIONS), default=RiskAction.REPORT.value, show_default=True,
+              help="What to do about a process on a card outside its grant (docs/security.md, \"Risk detection\"): "
+                   "report (event and metric), refuse-opens, evict (the pod), cordon-card. Needs the usage monitor.")
+@click.option("--risk-grace", default=f"{DEFAULT_GRACE_S:g}s", show_default=True, metavar="DURATION",
+              help="A holder is judged only after holding its card this long.")
 @click.option("--lending/--no-lending", default=False, show_default=True,
               help="Lend idle cards to waiting pods and apply the priority rules at every open (docs/lending.md).")
 @click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
@@ -85,13 +97,14 @@ def _duration(value: str) -> float:
               type=click.FloatRange(min=0), help="Seconds a reclaimed task has to write its checkpoint (--lending).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, serve_aliases: str, metrics_port: int,
-               usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
+               kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
+               metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
-               lease_namespace: str, lease_duration: int, lease_renew_interval: float, lending: bool,
-               high_priority_threshold: int, checkpoint_dir: str, checkpoint_deadline: float, verbose: bool) -> None:
+               lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
+               risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
+               checkpoint_deadline: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
-    from gpupool.api.names import alias_family_resources
+    from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
     try:
         aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
@@ -109,20 +122,24 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
+    names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
+    risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold) if lending else None
-    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, domain, aliases,
-                     metrics_port, monitor, isolation_config, beat, lend))
+    asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
+                     metrics_port, monitor, isolation_config, beat, risk, lend))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
-               domain: str, aliases: tuple[str, ...], metrics_port: int, monitor_config: MonitorConfig | None,
-               isolation: IsolationConfig, heartbeat: HeartbeatSettings | None = None,
+               names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
+               monitor_config: MonitorConfig | None, isolation: IsolationConfig,
+               heartbeat: HeartbeatSettings | None = None,
+               risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S),
                lend: LendingOptions | None = None) -> None:
-    from gpupool.api.names import ResourceNames
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
+    from gpupool.nodeagent.device_layout import list_and_watch_problem
     from gpupool.nodeagent.deviceplugin.manager import DevicePluginManager
     from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
     from gpupool.nodeagent.gpu_inventory import GpuBackend
@@ -132,10 +149,11 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     from gpupool.nodeagent.metrics import serve_metrics
     from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
     from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed
+    from gpupool.nodeagent.risk.metrics import RiskCollector
+    from gpupool.nodeagent.risk.setup import build_risk, open_decider
     from gpupool.nodeagent.schedule_check import REFUSED_REASON
     from gpupool.nodeagent.usage_monitor import build_monitor, pod_event_listener
 
-    names = ResourceNames(domain)
     backend: GpuBackend
     if fake_gpus:
         from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
@@ -148,9 +166,11 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         backend = NvmlBackend()
     pods = KubePodSource(names, node, kubeconfig)
     monitor = None
+    decider = open_decider(risk[0])
     if monitor_config is not None:
         monitor = build_monitor(node, backend, monitor_config,
-                                pod_event_listener(pods.post_event, monitor_config.idle_after))
+                                pod_event_listener(pods.post_event, monitor_config.idle_after),
+                                **({"decide": decider} if decider is not None else {}))
         pods.cache.feeds.append(DirectoryFeed(monitor.directory))
         try:
             monitor.start()  # logs which event source runs and why
@@ -179,10 +199,22 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         enforcement = lending.wrap(enforcement)
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
                       monitor=monitor, enforcement=enforcement, report_refusal=report_refusal)
+    for resource in agent.resources:  # a list kubelet cannot read would leave the resource unserved
+        problem = list_and_watch_problem(agent.layout, resource, agent.inventory)
+        if problem is not None:
+            raise click.ClickException(problem)
     service = lending.attach(agent, monitor) if lending is not None and monitor is not None else None
     await pods.publish_node(node, agent.inventory)
-    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=domain)
-    metrics = await serve_metrics(agent, metrics_port) if metrics_port else None
+    manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
+
+    async def post_warning(namespace: str, pod: str, reason: str, message: str) -> None:
+        await pods.post_event(namespace, pod, reason, message, event_type="Warning")
+
+    checks = build_risk(risk[0], agent, monitor, post_warning, decider, kubeconfig, risk[1]) if monitor else None
+    if checks is None:
+        logging.getLogger(__name__).warning("risk checks off: they need the usage monitor's holders")
+    extra = [RiskCollector(checks)] if checks is not None else []
+    metrics = await serve_metrics(agent, metrics_port, extra=extra) if metrics_port else None
 
     async def publish_on_change() -> None:
         version = agent.devices_version
@@ -196,6 +228,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_on_change())
+            if checks is not None:
+                group.create_task(checks.run())
             if service is not None:
                 group.create_task(service.run())
             if heartbeat is not None:  # after the first publication: a live Lease means a served node

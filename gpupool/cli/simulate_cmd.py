@@ -14,6 +14,15 @@ from tqdm import tqdm
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.sim.idle_model import DEFAULT_IDLE_SHARE, IdleModel
+from gpupool.sim.lending_report import (
+    DEFAULT_HOURS,
+    DEFAULT_LOAD,
+    DEFAULT_NODES,
+    LendingSetup,
+    run_lending,
+    text_report,
+)
 from gpupool.sim.packing import SeedResult, run_seed
 from gpupool.sim.published import context_lines
 from gpupool.sim.report import PolicyReport, plot, text_table
@@ -58,10 +67,21 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
 @click.option("--seeds", default="42-51", show_default=True, help="Seeds: 42, 42,43 or 42-51.")
 @click.option("--mode", type=click.Choice(["packing", "timeline"]), default="packing", show_default=True,
               help="packing: the FGD paper's fill-to-130% experiment; timeline: arrivals and departures in time.")
+@click.option("--lending", is_flag=True,
+              help="With --mode timeline: replay a loaded cluster without and with idle-GPU lending (docs/lending.md).")
+@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_LOAD, show_default=True,
+              help="--lending: offered GPU demand as a multiple of the cluster's GPUs.")
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_HOURS, show_default=True,
+              help="--lending: hours of arrivals replayed.")
+@click.option("--lending-nodes", type=click.IntRange(min=1), default=DEFAULT_NODES, show_default=True,
+              help="--lending: GPU nodes drawn from the cluster.")
+@click.option("--idle-share", type=click.FloatRange(min=0, max=1, max_open=True), default=DEFAULT_IDLE_SHARE,
+              show_default=True, help="--lending: share of a GPU pod's running time spent idle.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the curves.")
 @click.option("--jobs", type=int, default=0, help="Worker processes (default: one per CPU).")
-def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str, as_json: bool,
+def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str, lending: bool,
+             load: float, hours: float, lending_nodes: int, idle_share: float, as_json: bool,
              plot_path: str | None, jobs: int) -> None:
     """Replay a trace on a cluster and report how well the policy packs GPUs."""
     chosen = list(policies) or [DEFAULT_POLICY]
@@ -70,6 +90,14 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
         trace_pods = load_trace(trace)
     except (TraceError, OSError) as error:
         raise click.ClickException(str(error)) from error
+    if lending:
+        if mode != "timeline":
+            raise click.UsageError("--lending replays arrivals in time: add --mode timeline")
+        setup = LendingSetup(chosen[0], load, hours, lending_nodes, IdleModel(idle_share=idle_share),
+                             parse_seeds(seeds)[0])
+        report = run_lending(nodes, trace_pods, setup, jobs=jobs or (os.cpu_count() or 1))
+        click.echo(json.dumps(report.to_json()) if as_json else "\n".join(text_report(report)))
+        return
     if mode == "timeline":
         _timeline(nodes, trace_pods, chosen, as_json)
         return

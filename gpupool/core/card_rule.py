@@ -94,6 +94,8 @@ def memory_need(mem_total: IntArray, request: GpuRequest) -> IntArray:
     """
     if request.exclusive:
         return mem_total
+    if request.memory_share is not None:
+        return mem_total * request.memory_share // COMPUTE_PER_CARD
     if request.memory_mib is None:
         return mem_total * request.compute // COMPUTE_PER_CARD
     return np.full_like(mem_total, request.memory_mib)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from functools import cached_property
 
+from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.units import COMPUTE_PER_CARD
 
 MAX_CARD_MEMORY_MIB = 2**31
@@ -219,6 +220,7 @@ class GpuRequest:
       ``memory_mib``. ``memory_mib=None`` means "proportional to compute": a 0.3-GPU request gets 30 %
       of the chosen card's memory, which is the meaning of the trace's milli-GPU requests.
     * ``models``: allowed GPU models (empty = any); ``kind``: physical or virtual only (None = any).
+    * ``memory_share``: per-mille of the chosen card's memory whatever the compute (HAMi's percentage).
     """
 
     count: int = 1
@@ -227,18 +229,20 @@ class GpuRequest:
     exclusive: bool = False
     models: frozenset[str] = frozenset()
     kind: GpuKind | None = None
+    memory_share: int | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError("a GPU request needs at least one card")
         if not 0 <= self.compute <= COMPUTE_PER_CARD:
             raise ValueError(f"compute per card must be within 0..{COMPUTE_PER_CARD} per-mille")
-        if self.memory_mib is not None and self.memory_mib < 0:
-            raise ValueError("memory per card must be non-negative")
-        if self.memory_mib is not None and self.memory_mib > MAX_CARD_MEMORY_MIB:
-            raise ValueError(f"memory per card must be at most {MAX_CARD_MEMORY_MIB} MiB (the largest card "
+        if self.memory_mib is not None and not 0 <= self.memory_mib <= MAX_CARD_MEMORY_MIB:
+            raise ValueError("memory per card must be non-negative" if self.memory_mib < 0 else
+                             f"memory per card must be at most {MAX_CARD_MEMORY_MIB} MiB (the largest card "
                              f"gpupool accepts), got {_shown(self.memory_mib)}")
-        if not self.exclusive and self.compute == 0 and not self.memory_mib:
+        if self.memory_share is not None and (not 0 < self.memory_share <= 1000 or self.memory_mib != 0):
+            raise ValueError("a memory share is 1..1000 per-mille of a card, with memory_mib 0")
+        if not self.exclusive and self.compute == 0 and not self.memory_mib and self.memory_share is None:
             raise ValueError("a shared GPU request must ask for memory, compute or both")
 
     @staticmethod
@@ -261,9 +265,12 @@ class GpuRequest:
         """Memory this request takes on ``card`` in MiB."""
         if self.exclusive:
             return card.memory_mib
-        if self.memory_mib is None:
-            # Floor, so that slices whose compute sums to a whole card never exceed its memory.
-            return card.memory_mib * self.compute // COMPUTE_PER_CARD
+        if self.memory_share is not None:
+            return card.memory_mib * self.memory_share // COMPUTE_PER_CARD
+        if self.memory_mib is None or self.memory_share is not None:
+            # Floor, so that slices whose shares sum to a whole card never exceed its memory.
+            share = self.compute if self.memory_share is None else self.memory_share
+            return card.memory_mib * share // COMPUTE_PER_CARD
         return self.memory_mib
 
     def compute_on(self, card: GpuCard) -> int:
@@ -302,6 +309,8 @@ class PodRequest:
     containers: tuple[ContainerRequest, ...]
     init_containers: tuple[ContainerRequest, ...] = ()
     priority: int = 0
+    policy: PolicyChoice | None = None
+    """The pod's own node/card policy (None: the scheduler's)."""
 
     # The derived totals below are cached: the scheduler reads them several times per decision, and
     # the request is immutable (cached values live outside the fields, so equality and hashing are
@@ -327,12 +336,8 @@ class PodRequest:
 
     def gpu_milli_total(self) -> int:
         """Requested compute over all app containers in per-mille of a card (the trace's metric)."""
-        total = 0
-        for c in self.gpu_containers:
-            assert c.gpu is not None
-            per_card = COMPUTE_PER_CARD if c.gpu.exclusive else c.gpu.compute
-            total += per_card * c.gpu.count
-        return total
+        return sum((COMPUTE_PER_CARD if c.gpu.exclusive else c.gpu.compute) * c.gpu.count
+                   for c in self.gpu_containers if c.gpu is not None)
 
 
 @dataclass(frozen=True)
@@ -376,22 +381,13 @@ class Placement:
         """
         app: dict[int, list[int]] = {}
         exclusive: set[int] = set()
-        for assignment in self.containers:
-            if assignment.init:
-                continue
+        for assignment in sorted(self.containers, key=lambda a: a.init):  # app containers first
             for s in assignment.slices:
                 acc = app.setdefault(s.card, [0, 0])
-                acc[0] += s.memory_mib
-                acc[1] += s.compute
-                if s.exclusive:
-                    exclusive.add(s.card)
-        for assignment in self.containers:
-            if not assignment.init:
-                continue
-            for s in assignment.slices:
-                acc = app.setdefault(s.card, [0, 0])
-                acc[0] = max(acc[0], s.memory_mib)
-                acc[1] = max(acc[1], s.compute)
+                if assignment.init:
+                    acc[0], acc[1] = max(acc[0], s.memory_mib), max(acc[1], s.compute)
+                else:
+                    acc[0], acc[1] = acc[0] + s.memory_mib, acc[1] + s.compute
                 if s.exclusive:
                     exclusive.add(s.card)
         return {card: (m, c, card in exclusive) for card, (m, c) in app.items()}

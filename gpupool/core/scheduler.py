@@ -22,7 +22,8 @@ from gpupool.core.feasibility import (
 )
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import GpuRequest, Placement, PodRequest
-from gpupool.core.policies import PlacementPolicy, PodShape
+from gpupool.core.pod_policy import PolicyChoice
+from gpupool.core.policies import PerPodPolicy, PlacementPolicy, PodShape
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 EXPLAIN_MEMO_REQUESTS = 64
@@ -73,16 +74,28 @@ class Scheduler:
         self.tie_rank = tie_rank
         self.rng = rng or np.random.default_rng(0)
         self.use_cache = cache and policy.node_local
-        self._cache: dict[tuple[int, int, GpuRequest | None], _ShapeCache] = {}
+        self._cache: dict[tuple[int, int, GpuRequest | None, PolicyChoice | None], _ShapeCache] = {}
         self._explained: dict[PodRequest, dict[int, tuple[int, str | None]]] = {}
+        self._profile = profile
+        self._per_pod: dict[PolicyChoice, PlacementPolicy] = {}
         policy.prepare(state, profile)
+
+    def policy_for(self, pod: PodRequest) -> PlacementPolicy:
+        """The scheduler's policy, or the pod's own node/card choice on top of it (one per choice)."""
+        if pod.policy is None or pod.policy.is_default:
+            return self.policy
+        found = self._per_pod.get(pod.policy)
+        if found is None:
+            found = self._per_pod[pod.policy] = PerPodPolicy(self.policy, pod.policy)
+            found.prepare(self.state, self._profile)
+        return found
 
     # ------------------------------------------------------------------------- filter and score
     def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
         feasible, fits = self._feasible(shape, pod, rows)
         raw = np.full(len(rows), -np.inf)
         if feasible.any():
-            raw[feasible] = self.policy.score(self.state, shape, rows[feasible], fits)
+            raw[feasible] = self.policy_for(pod).score(self.state, shape, rows[feasible], fits)
         return feasible, raw
 
     def _feasible(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, BoolArray]:
@@ -104,8 +117,9 @@ class Scheduler:
         state = self.state
         all_rows = np.arange(state.size, dtype=np.int64)
         shape = PodShape.of(pod)
+        policy = self.policy_for(pod)
         if _is_simple(pod):
-            if self.use_cache:
+            if self.use_cache and policy.scores_are_node_local():
                 feasible, raw = self._cached(shape, pod, all_rows)
             else:
                 feasible, raw = self._evaluate(shape, pod, all_rows)
@@ -114,19 +128,19 @@ class Scheduler:
                 keep[rows] = True
                 feasible = feasible & keep
             ok = np.flatnonzero(feasible).astype(np.int64)
-            return ok, self.policy.normalize(raw[ok])
+            return ok, policy.normalize(raw[ok])
         candidates = all_rows if rows is None else np.asarray(rows, dtype=np.int64)
         prefilter = candidates[node_fit_mask(state, pod, candidates)]
-        chooser = self.policy.shared_chooser()
+        chooser = policy.shared_chooser()
         ok_list = [int(r) for r in prefilter if isinstance(assign_on_node(state, int(r), pod, chooser), Placement)]
         ok = np.array(ok_list, dtype=np.int64)
         if not len(ok):
             return ok, np.zeros(0)
-        _, raw = self._evaluate(shape, PodRequest(key=pod.key, containers=()), ok)
-        return ok, self.policy.normalize(raw)
+        _, raw = self._evaluate(shape, PodRequest(key=pod.key, containers=(), policy=pod.policy), ok)
+        return ok, policy.normalize(raw)
 
     def _cached(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
-        key = (pod.cpu_milli, pod.memory_mib, shape.gpu)
+        key = (pod.cpu_milli, pod.memory_mib, shape.gpu, pod.policy)
         entry = self._cache.get(key)
         size = self.state.size
         if entry is None or len(entry.version) != size:
@@ -176,7 +190,7 @@ class Scheduler:
         rows, scores = self.filter_and_score(pod)
         if not len(rows):
             return Unschedulable(pod.key, "no node can hold the pod")
-        chooser = self.policy.shared_chooser()
+        chooser = self.policy_for(pod).shared_chooser()
         secondary = self._secondary(rows)
         first = self._first(rows, scores, secondary)
         if first is not None:
@@ -207,7 +221,7 @@ class Scheduler:
         problem = request_problem(self.state, pod)
         if problem is not None:
             return Unschedulable(pod.key, problem)
-        result = assign_on_node(self.state, row, pod, self.policy.shared_chooser())
+        result = assign_on_node(self.state, row, pod, self.policy_for(pod).shared_chooser())
         if isinstance(result, Placement):
             return result
         return Unschedulable(pod.key, result)
@@ -241,6 +255,6 @@ class Scheduler:
     def _explain_row(self, pod: PodRequest, row: int) -> str | None:
         reason = explain_node(self.state, row, pod)
         if reason is None:
-            result = assign_on_node(self.state, row, pod, self.policy.shared_chooser())
+            result = assign_on_node(self.state, row, pod, self.policy_for(pod).shared_chooser())
             reason = None if isinstance(result, Placement) else result
         return reason

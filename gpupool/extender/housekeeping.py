@@ -6,9 +6,10 @@ garbage-collection freeze are too slow for a request; and Events are API writes,
 run under the cache lock. Every ``interval_s`` one :meth:`Housekeeping.tick`:
 
 1. re-evaluates unbound assignments and pins against the clock (:meth:`ClusterCache.expire`);
-2. once synced, and then every ``profile_every`` ticks, rebuilds the scheduler with the workload
-   profile of the pods known now and freezes the long-lived objects out of full collections
-   (:mod:`gpupool.extender.gc_freeze`);
+2. once synced, and then every ``profile_every`` ticks (every tick while no pod is known, so that
+   an extender started on an empty cluster scores by the first pods' shapes, not all nodes alike),
+   rebuilds the scheduler with the workload profile of the pods known now and freezes the
+   long-lived objects out of full collections (:mod:`gpupool.extender.gc_freeze`);
 3. posts the cache's booking notices (over-committed cards, unreadable assignments) as Events on
    the pods involved, on the leader only (every replica sees the same conflicts).
 """
@@ -58,7 +59,8 @@ class Housekeeping:
         """One round of the work above; API failures are logged, never raised."""
         self.cache.expire()
         self.ticks += 1
-        if self.cache.synced and (not self.profiled or self.ticks % self.settings.profile_every == 0):
+        due = not self.profiled or self.cache.profile is None or self.ticks % self.settings.profile_every == 0
+        if self.cache.synced and due:
             self.cache.refresh_profile()  # fragmentation policies score against the running workload
             self.profiled = True
             frozen = self.freeze()  # keep full GC pauses out of filter/prioritize

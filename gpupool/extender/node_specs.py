@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpupool.api.names import ALIASES, ResourceNames
+from gpupool.api.names import CARRIED_BY, SERVABLE, ResourceNames
 from gpupool.core.model import NodeSpec
 from gpupool.kube.translate import node_spec
 
@@ -57,4 +57,4 @@ def served_aliases(node: Mapping[str, Any]) -> frozenset[str]:
     """
     status = node.get("status") or {}
     listed = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
-    return frozenset(name for name in listed if name in ALIASES)
+    return frozenset(name for name in listed if name in SERVABLE or name in CARRIED_BY)

@@ -18,11 +18,13 @@ is an error, as the API itself demands for extended resources):
   card's memory (the trace's meaning).
   ``gpu-core: 100`` is a whole card (``gpu-shared: n`` with it: n whole cards).
 * ``<domain>/gpu-shared: n`` without memory or compute is refused (whole cards are ``gpu``).
-* Aliases: ``aliyun.com/gpu-mem`` (GiB), ``tencent.com/vcuda-memory`` (256 MiB units),
-  ``tencent.com/vcuda-core`` (percent; above 100 a multiple of 100 means that many whole cards),
-  ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpucores`` (percent).
-* Pod annotations: ``<domain>/gpu-models`` (comma-separated allowed models) and
-  ``<domain>/exclusive: "true"`` (whole cards for every GPU container).
+* Aliases: ``aliyun.com/gpu-mem`` (GiB, or MiB per deployment; a total over the cards of the pod
+  label ``aliyun.com/gpu-count``), ``tencent.com/vcuda-memory`` (256 MiB units),
+  ``tencent.com/vcuda-core`` (percent; above 100 a multiple of 100 means that many whole cards);
+  HAMi's ``nvidia.com/gpu`` with ``gpumem``, ``gpumem-percentage``, ``gpucores``, ``priority``,
+  read as HAMi means them (:mod:`gpupool.kube.foreign`).
+* Pod annotations and labels: :mod:`gpupool.kube.pod_options` (exclusive, models, card kind, the
+  pod's node and card policy).
 
 Init containers with ``restartPolicy: Always`` are sidecars: they run beside the app containers, so
 they are counted as app containers.
@@ -31,6 +33,7 @@ they are counted as app containers.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -47,6 +50,8 @@ from gpupool.api.limits import (
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
 from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
+from gpupool.kube.foreign import ForeignRequestError, gpushare_per_card, hami_request, is_hami
+from gpupool.kube.pod_options import PodOptionError, PodOptions, pod_options
 from gpupool.kube.quantity import QuantityError, parse_quantity
 
 MIB = 1024 * 1024
@@ -56,6 +61,8 @@ MAX_PRIORITY = (1 << 31) - 1
 #: Label the NVIDIA GPU feature discovery sets; used as the model of fallback cards when present.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FALLBACK_MODEL = "unknown"
+NO_OPTIONS = PodOptions()
+"""A pod whose metadata asks nothing of its GPUs."""
 
 
 class TranslationError(ValueError):
@@ -169,18 +176,33 @@ def _one_of(found: Mapping[str, int], options: Mapping[str, int], what: str, whe
     return found[present[0]] * options[present[0]]
 
 
-def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
-                exclusive: bool = False, models: frozenset[str] = frozenset()) -> GpuRequest | None:
-    """The per-card GPU request of one container from its managed resources (see module doc)."""
-    if not found:
+def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str,
+                options: PodOptions = NO_OPTIONS) -> GpuRequest | None:
+    """The per-card GPU request of one container from its resources (see module doc); None for a
+    container without any of gpupool's (a bare ``nvidia.com/gpu`` is NVIDIA's plugin's unless
+    ``names.hami``)."""
+    if not found or (not names.hami and set(found) == {n.NVIDIA_GPU}):
         return None
+    try:
+        if is_hami(found):
+            return hami_request(found, where, exclusive=options.exclusive, models=options.models,
+                                kind=options.kind)
+        found = gpushare_per_card(found, names, options.gpushare_cards, where)
+    except ForeignRequestError as exc:
+        raise TranslationError(str(exc)) from None
+    request = _native_request(found, names, where, exclusive=options.exclusive, models=options.models)
+    return request if options.kind is None else replace(request, kind=options.kind)
+
+
+def _native_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
+                    exclusive: bool, models: frozenset[str]) -> GpuRequest:
+    """gpupool's own names, gpushare's and GPUManager's (one meaning per unit, see module doc)."""
     whole_cards = found.get(names.gpu)
     count = found.get(names.gpu_shared)
-    memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: 1024,
-                    n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB, n.NVIDIA_GPUMEM: 1}
+    memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: names.gpushare_unit_mib,
+                    n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB}
     memory = _one_of(found, memory_units, "GPU memory", where)
-    core = _one_of(found, {names.gpu_core: 1, n.NVIDIA_GPUCORES: 1, n.TENCENT_VCUDA_CORE: 1},
-                   "GPU compute", where)
+    core = _one_of(found, {names.gpu_core: 1, n.TENCENT_VCUDA_CORE: 1}, "GPU compute", where)
     for card_count in (names.gpu, names.gpu_shared):
         if card_count in found:
             _at_most(found[card_count], MAX_CARDS_PER_NODE, card_count, where)
@@ -232,19 +254,6 @@ def _cpu_memory_from(first: Mapping[str, Any], fallback: Mapping[str, Any], wher
             _at_most(memory_mib, MAX_NODE_MEMORY_MIB, "memory (MiB)", where))
 
 
-def _pod_options(meta: Mapping[str, Any], names: ResourceNames, where: str) -> tuple[bool, frozenset[str]]:
-    annotations = _map(meta, "annotations", f"{where}.metadata")
-    raw_exclusive = annotations.get(names.exclusive, "false")
-    if raw_exclusive not in ("true", "false"):
-        raise TranslationError(f"{where}: annotation {names.exclusive} must be \"true\" or \"false\", "
-                               f"got {raw_exclusive!r}")
-    raw_models = annotations.get(names.gpu_models, "")
-    if not isinstance(raw_models, str):
-        raise TranslationError(f"{where}: annotation {names.gpu_models} must be a string")
-    models = frozenset(m.strip() for m in raw_models.split(",") if m.strip())
-    return raw_exclusive == "true", models
-
-
 def pod_wants_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
     """Whether any container asks for a managed resource (cheap; no validation)."""
     managed = names.managed()
@@ -259,7 +268,9 @@ def pod_wants_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
 
 
 def foreign_resources(pod: Mapping[str, Any] | Any) -> frozenset[str]:
-    """The foreign aliases (``aliyun.com/gpu-mem``, ...) any container of the pod asks for.
+    """The foreign resources (``aliyun.com/gpu-mem``, ``nvidia.com/gpu``, ...) kubelet must find on a
+    node for the pod: the aliases it asks for, with HAMi's memory/compute names standing for
+    ``nvidia.com/gpu``, which carries them (no node advertises those, see ``CARRIED_BY``).
 
     A node serves an alias only when its node agent advertises it (kubelet then lists it in the
     node's allocatable); elsewhere kubelet would drop it silently and start the container without a
@@ -270,8 +281,11 @@ def foreign_resources(pod: Mapping[str, Any] | Any) -> frozenset[str]:
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or ():
             resources = (container or {}).get("resources") or {}
-            for part in ("limits", "requests"):
-                found.update(name for name in (resources.get(part) or {}) if name in n.ALIASES)
+            asked = {name for part in ("limits", "requests") for name in resources.get(part) or {}}
+            carried = {name for name in asked if name in n.CARRIED_BY}
+            found.update(name for name in asked if name in n.SERVABLE)
+            # carried names stand for their carrier; without it in the container no node serves them
+            found.update({n.CARRIED_BY[name] for name in carried} if n.NVIDIA_GPU in asked else carried)
     return frozenset(found)
 
 
@@ -282,8 +296,11 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
     where = f"pod {key}"
     meta = _map(pod, "metadata", where)
     spec = _map(pod, "spec", where)
-    exclusive, models = _pod_options(meta, names, where)
-    managed = names.managed()
+    try:
+        options = pod_options(meta, names)
+    except PodOptionError as exc:
+        raise TranslationError(f"{where}: {exc}") from None
+    readable = names.readable()
 
     def container(raw: Any, kind: str) -> ContainerRequest:
         if not isinstance(raw, Mapping):
@@ -296,7 +313,13 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
             raise InvalidObjectError(f"{where}: container name {shown(name)} in spec.{kind} {problem}")
         cwhere = f"{where} container {name}"
         cpu, memory = _cpu_memory(raw, cwhere)
-        gpu = gpu_request(_extended(raw, cwhere, managed), names, cwhere, exclusive=exclusive, models=models)
+        found = _extended(raw, cwhere, readable)
+        carried = sorted(r for r in found if r in n.CARRIED_BY)
+        if kind == "initContainers" and carried:  # kubelet drops unadvertised names for app containers only
+            raise TranslationError(f"{cwhere}: kubelet refuses an init container asking for {', '.join(carried)} "
+                                   "(no node advertises it); ask for whole cards with nvidia.com/gpu alone or "
+                                   "give the slice to an app container")
+        gpu = gpu_request(found, names, cwhere, options)
         return ContainerRequest(name=name, cpu_milli=cpu, memory_mib=memory, gpu=gpu)
 
     apps = [container(c, "containers") for c in _list(spec, "containers", where)]
@@ -315,7 +338,8 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
     priority = spec.get("priority") or 0
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
         raise InvalidObjectError(f"{where}: spec.priority must be a 32-bit integer, got {shown(priority)}")
-    return PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority)
+    return PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority,
+                      policy=options.policy)
 
 
 # ------------------------------------------------------------------------------------------ nodes

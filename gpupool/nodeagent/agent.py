@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gpupool.api.names import ResourceNames
@@ -98,6 +98,7 @@ class NodeAgent:
         self.enforcement: Enforcement = enforcement or NoEnforcement()
         """What holds containers to their shares on this node (adds env and mounts to grants)."""
         self._listed = False
+        self._cordoned: dict[int, str] = {}
         self._report_refusal = report_refusal
         self.extra_devices: Callable[[str], list[tuple[str, bool]]] | None = None
         """More devices per resource (lent capacity, :mod:`gpupool.nodeagent.lending`)."""
@@ -137,8 +138,27 @@ class NodeAgent:
     async def apply_health(self, event: HealthEvent) -> None:
         """A card's health changed: refresh inventory and wake every ListAndWatch stream."""
         log.warning("card %d %s: %s", event.card, "healthy" if event.healthy else "unhealthy", event.reason)
-        self._inventory = self.backend.inventory()
-        await self.devices_changed()
+        await self._devices_changed()
+
+    async def cordon(self, cards: Mapping[int, str]) -> None:
+        """Report exactly these cards unhealthy whatever their backend says (risk isolation: kubelet
+        and the extender grant nothing new there), the others as the backend says; card → reason."""
+        if dict(cards) == self._cordoned:
+            return
+        for card in cards.keys() - self._cordoned.keys():
+            log.warning("card %d cordoned: %s", card, cards[card])
+        for card in self._cordoned.keys() - cards.keys():
+            log.info("card %d no longer cordoned", card)
+        self._cordoned = dict(cards)
+        await self._devices_changed()
+
+    async def _devices_changed(self) -> None:
+        inventory = self.backend.inventory()
+        self._inventory = replace(inventory, cards=tuple(
+            replace(c, healthy=False) if c.index in self._cordoned else c for c in inventory.cards))
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
 
     # ------------------------------------------------------------------ what metrics read
     def listed_pods(self) -> list[PodView]:

@@ -1,7 +1,8 @@
 """The kubelet devices gpupool advertises: short IDs that name their card, per resource.
 
 IDs are ``g<i>`` (whole card), ``g<i>-m<k>`` (256 MiB of card i), ``g<i>-G<k>`` (1 GiB of card i,
-gpushare's unit), ``g<i>-c<k>`` (1 % of card i) and ``g<i>-s<k>`` (one slice on card i).
+gpushare's unit; ``g<i>-M<k>``: 1 MiB, its MiB mode), ``g<i>-c<k>`` (1 % of card i), ``g<i>-s<k>``
+(one slice on card i) and ``g<i>-h<k>`` (one HAMi card of a container on card i: ``nvidia.com/gpu``).
 Naming the card lets GetPreferredAllocation steer kubelet onto the assigned cards and lets logs and
 reconciliation read which card a device ID stands for; identity of the *pod* never comes from them
 (see docs/allocate-mapping.md). Short IDs keep ListAndWatch for 8 x 141 GB cards near 90 kB.
@@ -11,6 +12,13 @@ devices of each resource as its limit, so each resource's devices per card are e
 extender can book of that card in the resource's unit (whole cards, memory units, percent), and
 never fewer; ``gpu-shared`` counts slices, which the extender does not cap, so a card offers more
 slice devices than it can ever hold slices (each slice takes at least one memory unit or 1 %).
+HAMi's ``nvidia.com/gpu`` counts the cards of each container, i.e. slices too: every HAMi slice
+takes at least 256 MiB or 1 % of the card's memory (its memory share, floored), so a card of at
+least 100 MiB holds at most ``memory // 256 + 200`` of them (``floor(m/100) >= m/200``).
+
+A device is ~22 bytes of a ListAndWatch message, and kubelet reads at most 4 MiB per message
+(gRPC's default): :func:`list_and_watch_problem` refuses a layout past that (gpushare's MiB mode
+on a node with much GPU memory) at start, with the reason, instead of a plugin kubelet cannot read.
 """
 
 from __future__ import annotations
@@ -23,40 +31,54 @@ from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.types import CORE_PER_CARD, MEMORY_UNIT
 
+KUBELET_MESSAGE_BYTES = 4 * 1024 * 1024
+"""The largest gRPC message kubelet's device plugin client receives (gRPC's default)."""
+DEVICE_MESSAGE_BYTES = 6
+"""Per device in a ListAndWatch message beyond its ID and health strings (tags and lengths)."""
+HEALTH_BYTES = len("Unhealthy")
+
 
 @dataclass(frozen=True)
 class DeviceUnit:
     """What one kubelet device of a resource stands for: ``tag`` in its ID (``g<i>-<tag><k>``; empty
-    for the whole card ``g<i>``) and how many devices one card offers."""
+    for the whole card ``g<i>``) and how many devices one card offers: ``memory // memory_mib``
+    (0 when ``memory_mib`` is 0) plus ``fixed``."""
 
     tag: str
     memory_mib: int = 0
-    """One device is this much card memory (0: not a memory resource)."""
+    """Devices per this much card memory (0: none by memory)."""
     fixed: int = 0
-    """Devices per card whatever its memory (whole card: 1, percent: 100)."""
-    slices: bool = False
-    """One device is one slice: more per card than a card can hold slices."""
+    """Devices per card whatever its memory (whole card: 1, percent: 100, slices: 100 or 200 more)."""
 
     def count(self, card_memory_mib: int) -> int:
         """Devices of this resource on one card."""
-        if self.slices:
-            return card_memory_mib // MEMORY_UNIT + CORE_PER_CARD
-        if self.memory_mib:
-            return card_memory_mib // self.memory_mib
-        return self.fixed
+        return (card_memory_mib // self.memory_mib if self.memory_mib else 0) + self.fixed
 
 
 def device_units(names: ResourceNames) -> dict[str, DeviceUnit]:
     """Every resource the node agent can serve: gpupool's own and the servable foreign aliases."""
+    gib = names.gpushare_unit_mib == n.GIB_MIB
     return {
         names.gpu: DeviceUnit("", fixed=1),
         names.gpu_mem: DeviceUnit("m", memory_mib=MEMORY_UNIT),
         names.gpu_core: DeviceUnit("c", fixed=CORE_PER_CARD),
-        names.gpu_shared: DeviceUnit("s", slices=True),
-        n.ALIYUN_GPU_MEM: DeviceUnit("G", memory_mib=1024),
+        names.gpu_shared: DeviceUnit("s", memory_mib=MEMORY_UNIT, fixed=CORE_PER_CARD),
+        n.ALIYUN_GPU_MEM: DeviceUnit("G" if gib else "M", memory_mib=names.gpushare_unit_mib),
         n.TENCENT_VCUDA_MEMORY: DeviceUnit("m", memory_mib=MEMORY_UNIT),
         n.TENCENT_VCUDA_CORE: DeviceUnit("c", fixed=CORE_PER_CARD),
+        n.NVIDIA_GPU: DeviceUnit("h", memory_mib=MEMORY_UNIT, fixed=2 * CORE_PER_CARD),
     }
+
+
+def list_and_watch_problem(layout: DeviceLayout, resource: str, inventory: GpuInventory) -> str | None:
+    """Why kubelet could not read ``resource``'s device list for these cards, or None."""
+    size = sum(len(device_id) + HEALTH_BYTES + DEVICE_MESSAGE_BYTES
+               for card in inventory.cards
+               for device_id in layout.card_ids(resource, card.index, card.memory_mib))
+    if size <= KUBELET_MESSAGE_BYTES:
+        return None
+    return (f"{resource}: {size:,} bytes of devices per ListAndWatch, more than kubelet reads in one "
+            f"message ({KUBELET_MESSAGE_BYTES:,}); this node's GPU memory is too large for that unit")
 
 
 class DeviceLayout:

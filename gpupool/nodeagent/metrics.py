@@ -115,9 +115,12 @@ class NodeAgentCollector(Collector):
                                   value=agent.stats.mismatches)
 
 
-def agent_registry(agent: NodeAgent) -> CollectorRegistry:
-    """Every series the agent exports: its cards and counters, and the usage monitor's when it runs."""
+def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = ()) -> CollectorRegistry:
+    """Every series the agent exports: its cards and counters, the usage monitor's when it runs, and
+    ``extra`` (the risk checks')."""
     registry = CollectorRegistry()
+    for collector in extra:
+        registry.register(collector)
     registry.register(NodeAgentCollector(agent))
     registry.register(IsolationCollector(agent))
     if agent.monitor is not None:
@@ -125,11 +128,11 @@ def agent_registry(agent: NodeAgent) -> CollectorRegistry:
     return registry
 
 
-def metrics_app(agent: NodeAgent) -> web.Application:
+def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Application:
     """An aiohttp application serving ``GET /metrics`` and, with the usage monitor, ``GET /usage``
     (a plain-text table per card and per container) and ``GET /usage.json`` (the same for programs,
     :mod:`gpupool.api.usage_report`; the kubectl plugin reads it through the API server's node proxy)."""
-    registry = agent_registry(agent)
+    registry = agent_registry(agent, extra)
 
     async def scrape(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -153,13 +156,14 @@ def metrics_app(agent: NodeAgent) -> web.Application:
     return app
 
 
-async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0") -> web.AppRunner | None:
+async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0",
+                        extra: Iterable[Collector] = ()) -> web.AppRunner | None:
     """Serve ``/metrics`` on ``host:port`` from the running loop; the runner to clean up, or None.
 
     A port that cannot be bound is logged and the agent goes on without metrics: the device plugin
     is what the node's pods need, the metrics are not worth a crash loop.
     """
-    runner = web.AppRunner(metrics_app(agent), access_log=None)
+    runner = web.AppRunner(metrics_app(agent, extra), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

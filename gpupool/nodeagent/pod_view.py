@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from gpupool.api.annotations import AnnotationError
 from gpupool.api.names import ResourceNames
+from gpupool.kube.quantity import QuantityError, parse_quantity
 from gpupool.nodeagent.allocated_codec import served_resources
 from gpupool.nodeagent.assignment_codec import node_assignment
 from gpupool.nodeagent.types import (
@@ -23,11 +25,15 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def _quantity(value: Any) -> int:
-    """Extended resources are integers; kubelet counts devices, so a fraction is an error."""
-    text = str(value)
-    if not text.isdigit():
-        raise ValueError(f"extended resource quantity {text!r} must be a whole number")
-    return int(text)
+    """Extended resources are integers; kubelet counts devices, so a fraction is an error. The
+    apiserver returns them canonical (``3000`` comes back as ``3k``), so the quantity grammar reads them."""
+    try:
+        number = parse_quantity(value)
+    except QuantityError:
+        number = Decimal(-1)
+    if number < 0 or number != number.to_integral_value():
+        raise ValueError(f"extended resource quantity {str(value)!r} must be a whole number")
+    return int(number)
 
 
 def _created(meta: Mapping[str, Any]) -> float:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory
+from gpupool.nodeagent.monitor.events import OpenDecider, allow_every_open
 from gpupool.nodeagent.monitor.service import MonitorConfig, StateChange, StateListener, UsageMonitor
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState
@@ -43,10 +44,11 @@ def card_paths(inventory: GpuInventory) -> dict[str, int]:
 
 
 def build_monitor(node: str, backend: GpuBackend, config: MonitorConfig,
-                  on_change: StateListener | None = None) -> UsageMonitor:
-    """A monitor of this node's cards and control devices, sampling ``backend`` (not started)."""
+                  on_change: StateListener | None = None, decide: OpenDecider = allow_every_open) -> UsageMonitor:
+    """A monitor of this node's cards and control devices, sampling ``backend`` (not started);
+    ``decide`` answers the opens a deciding source holds (the risk checks' refusals)."""
     return UsageMonitor(node, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
-                        config, on_change=on_change)
+                        config, on_change=on_change, decide=decide)
 
 
 def change_message(change: StateChange, idle_after: float) -> str:

@@ -238,6 +238,8 @@ class FakeKubelet:
             if needed <= 0:
                 continue
             ep = self.endpoints.get(resource)
+            if ep is None and cname in {c for c, _ in pod.app}:
+                continue  # removeMissingExtendedResources: an app container's unadvertised names are dropped
             if ep is None:
                 raise RuntimeError(f"unknown resource {resource}")
             async with self.dm_lock:

@@ -89,7 +89,31 @@ def test_timeline_mode_json(small_cluster: tuple[Path, Path]) -> None:
     assert result["peak_allocated_gpu_pct"] == pytest.approx(100.0)
 
 
+def test_lending_replay_json(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",
+                          "--hours", "12", "--lending-nodes", "2", "--load", "2", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["lending"] is True and report["setup"]["cluster_gpus"] == 4
+    assert report["gpu_hours_recovered_pct"] >= 0
+    assert report["without_lending"]["borrowed_gpu_hours"] == 0
+    assert report["without_lending"]["mean_wait_hours"] > 0  # twice the load the cluster holds: pods wait
+    assert [row["idle_share"] for row in report["by_idle_share"]] == [0.1, 0.2, 0.3, 0.4, 0.5]
+
+
+def test_lending_replay_table(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",
+                          "--hours", "6", "--lending-nodes", "2")
+    assert code == 0, out
+    assert "gpu_hours_recovered_pct:" in out and "idle share" in out and "lends / reclaims" in out
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    pytest.param(["--lending"], "--lending replays arrivals in time: add --mode timeline", id="lending-packing"),
+    pytest.param(["--mode", "timeline", "--lending", "--idle-share", "1"], "Invalid value for '--idle-share'",
+                 id="always-idle"),
     pytest.param(["--trace", "no-such-trace"], "no bundled trace or file named 'no-such-trace'", id="unknown-trace"),
     pytest.param(["--seeds", "9-3"], "use a seed, a list (42,43) or a range (42-51)", id="reversed-seed-range"),
     pytest.param(["--policy", "nope"], "Invalid value for '--policy'", id="unknown-policy"),

@@ -1,4 +1,8 @@
-"""deploy/*.yaml must say only what the code understands.
+"""deploy/ must say only what the code understands.
+
+What is checked is what an admin applies: the production overlay as ``kubectl kustomize`` renders it
+(deploy/kustomize/overlays/production: the base, the certificate Job, the NetworkPolicy, the agent
+Lease requirement), plus the scheduler configurations in deploy/.
 
 A manifest is not executed by any other test: a renamed flag, a probe path the server does not
 serve, a Lease name the Role does not cover or a port that differs between the Service and the
@@ -31,10 +35,15 @@ from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.testing.fake_api import FakePodApi
+from tests.deploy.kustomize_render import KUBECTL, KUSTOMIZE, NO_KUBECTL, pod_spec, render
+
+if KUBECTL is None:
+    pytest.skip(NO_KUBECTL, allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "Pod"}
+#: What an admin applies by default (docs/deploy.md).
+OVERLAY = "overlays/production"
 #: The image the Dockerfile builds (README "Deploy"); every gpupool container must name it.
 IMAGE = "gpupool:latest"
 
@@ -53,8 +62,9 @@ class Container:
 
     @property
     def pod_spec(self) -> dict[str, Any]:
-        spec: dict[str, Any] = self.workload["spec"]
-        return spec if self.workload["kind"] == "Pod" else spec["template"]["spec"]
+        spec = pod_spec(self.workload)
+        assert spec is not None
+        return spec
 
     @property
     def env(self) -> dict[str, dict[str, Any]]:
@@ -62,8 +72,9 @@ class Container:
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
-    """Every YAML document of deploy/, with its file name."""
-    docs = []
+    """The rendered production overlay, then every YAML document of deploy/*.yaml (the scheduler
+    configurations), each with where it came from."""
+    docs = [(OVERLAY, doc) for doc in render(OVERLAY)]
     for path in sorted(DEPLOY.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
@@ -74,10 +85,10 @@ def documents() -> list[tuple[str, dict[str, Any]]]:
 def gpupool_containers() -> list[Container]:
     found = []
     for file, doc in documents():
-        if doc["kind"] not in WORKLOAD_KINDS:
+        pod = pod_spec(doc)
+        if pod is None:
             continue
-        pod_spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
-        for spec in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+        for spec in [*pod.get("initContainers", []), *pod["containers"]]:
             if spec["image"].split(":")[0].endswith("gpupool"):
                 found.append(Container(file, doc, spec))
     return found
@@ -92,12 +103,17 @@ def one(kind: str, name: str) -> dict[str, Any]:
     return doc
 
 
-def command_of(args: list[str]) -> click.Command:
-    """The click command the container's first arg names, loaded as ``gpupool`` loads it."""
+def command_of(args: list[str]) -> tuple[click.Command, list[str]]:
+    """The click command the container's args name (through a group such as ``certs bootstrap``),
+    loaded as ``gpupool`` loads it, and the args left for it."""
     assert args and args[0] in SUBCOMMANDS, f"first arg {args[:1]} is not a gpupool sub-command"
     command = cli.get_command(click.Context(cli), args[0])
-    assert command is not None
-    return command
+    rest = args[1:]
+    while isinstance(command, click.Group):
+        assert rest and not rest[0].startswith("-"), f"{args}: the group {command.name} needs a sub-command"
+        command, rest = command.get_command(click.Context(command), rest[0]), rest[1:]
+    assert command is not None, f"{args}: no such command"
+    return command, rest
 
 
 def expand(args: list[str], env: dict[str, dict[str, Any]]) -> list[str]:
@@ -114,13 +130,13 @@ def parse(container: Container) -> tuple[click.Command, dict[str, Any]]:
     """Check every option name exists on the command, then let click parse and convert the args
     exactly as the entrypoint would; returns the parameters the command would run with."""
     args = expand(list(container.spec["args"]), container.env)
-    command = command_of(args)
+    command, rest = command_of(args)
     declared = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
-    for arg in args[1:]:
+    for arg in rest:
         if arg.startswith("-"):
             option = arg.split("=", 1)[0]
             assert option in declared, f"{container.where}: {option} is not an option of gpupool {args[0]}"
-    ctx = command.make_context(args[0], args[1:], resilient_parsing=False)
+    ctx = command.make_context(args[0], rest, resilient_parsing=False)
     return command, dict(ctx.params)
 
 
@@ -133,8 +149,8 @@ def containers_running(subcommand: str) -> list[Container]:
 # ---------------------------------------------------------------------------------------- args
 
 
-def test_deploy_has_both_components() -> None:
-    assert {c.spec["args"][0] for c in gpupool_containers()} == {"extender", "node-agent"}
+def test_deploy_has_both_components_and_the_certificate_jobs() -> None:
+    assert {c.spec["args"][0] for c in gpupool_containers()} == {"extender", "node-agent", "certs"}
 
 
 @pytest.mark.parametrize("container", gpupool_containers(), ids=lambda c: c.where)
@@ -150,6 +166,8 @@ def test_every_arg_parses_with_the_real_command(container: Container) -> None:
     pytest.param(["node-agent", "--plugin_dir=/x"], id="underscore-flag"),
     pytest.param(["node-agent", "--node-name=$(NODE)"], id="unexpanded-variable"),
     pytest.param(["simulat"], id="misspelt-command"),
+    pytest.param(["certs", "--namespace=x"], id="group-without-sub-command"),
+    pytest.param(["certs", "bootstrap", "--secrets=x"], id="misspelt-sub-command-flag"),
 ])
 def test_the_check_refuses_what_gpupool_would_refuse(bad: list[str]) -> None:
     """The checker itself: a misspelt flag, a bad choice, an undefined variable, a wrong command."""
@@ -178,8 +196,8 @@ def test_node_agent_learns_its_node_from_the_downward_api(monkeypatch: pytest.Mo
         assert source == "spec.nodeName"
         monkeypatch.setenv("NODE_NAME", "gpu-node-7")
         args = [a.replace("$(NODE_NAME)", os.environ["NODE_NAME"]) for a in container.spec["args"]]
-        command = command_of(args)
-        params = command.make_context(args[0], args[1:]).params
+        command, rest = command_of(args)
+        params = command.make_context(args[0], rest).params
         assert params["node_name"] == "gpu-node-7"
 
 
@@ -212,15 +230,36 @@ def test_node_agent_is_not_privileged_and_runs_only_on_labelled_gpu_nodes() -> N
             name in container.spec["resources"].get("limits", {}) for name in ResourceNames().managed())
 
 
+def host_directory(container: Container, path: str) -> str | None:
+    """The host path ``path`` inside the container is on, when a writable hostPath volume holds it
+    (the deepest mount containing it, as the kernel resolves it); ``None`` otherwise."""
+    host = {v["name"]: v["hostPath"]["path"] for v in container.pod_spec["volumes"] if "hostPath" in v}
+    holding = [m for m in container.spec["volumeMounts"]
+               if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not holding:
+        return None
+    mount = max(holding, key=lambda m: len(m["mountPath"]))
+    if mount["name"] not in host or mount.get("readOnly", False):
+        return None
+    return host[mount["name"]] + path[len(mount["mountPath"].rstrip("/")):]
+
+
 def test_node_agent_usage_state_file_is_on_a_host_path() -> None:
-    """The monitor's state file outlives the agent's pod: its directory is a hostPath volume."""
+    """The monitor's state file outlives the agent's pod: it is on a writable hostPath volume."""
     for container in containers_running("node-agent"):
         _, params = parse(container)
         assert params["usage_monitor"] is True
-        mounts = {m["mountPath"]: m for m in container.spec["volumeMounts"]}
-        host = {v["name"]: v["hostPath"]["path"] for v in container.pod_spec["volumes"] if "hostPath" in v}
         directory = os.path.dirname(params["usage_state_file"])
-        assert host[mounts[directory]["name"]] == directory and not mounts[directory].get("readOnly", False)
+        assert host_directory(container, directory) == directory
+
+
+def test_node_agent_state_dir_is_the_same_path_on_the_host() -> None:
+    """The isolation backends name files under --state-dir in their grants, and the container runtime
+    bind-mounts them from the host: the agent must see the host's directory at the same path."""
+    for container in containers_running("node-agent"):
+        _, params = parse(container)
+        assert host_directory(container, params["state_dir"]) == params["state_dir"]
+        assert host_directory(container, "/run/gpupool") == "/run/gpupool"
 
 
 def test_node_agent_metrics_port_is_declared_and_annotated_for_scraping() -> None:
@@ -365,7 +404,8 @@ def test_extender_is_read_only_and_non_root() -> None:
 def test_every_workloads_service_account_exists_and_is_bound(container: Container) -> None:
     namespace = container.workload["metadata"]["namespace"]
     account = container.pod_spec["serviceAccountName"]
-    assert any(sa["metadata"] == {"name": account, "namespace": namespace} for sa in by_kind("ServiceAccount"))
+    assert any((sa["metadata"]["name"], sa["metadata"]["namespace"]) == (account, namespace)
+               for sa in by_kind("ServiceAccount"))
     bound = [b for kind in ("ClusterRoleBinding", "RoleBinding") for b in by_kind(kind)
              if {"kind": "ServiceAccount", "name": account, "namespace": namespace} in b["subjects"]]
     assert bound
@@ -376,7 +416,9 @@ def test_every_workloads_service_account_exists_and_is_bound(container: Containe
 
 def test_every_rbac_file_lists_its_permissions_in_a_header() -> None:
     """Reviewers read the header, the apiserver reads the rules: each rule's resources are named."""
-    for path in sorted(DEPLOY.glob("*rbac*.yaml")):
+    files = sorted(KUSTOMIZE.rglob("*rbac*.yaml"))
+    assert {p.parent.name for p in files} >= {"base", "certs-bootstrap"}
+    for path in files:
         header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
         for doc in yaml.safe_load_all(path.read_text()):
             for rule in (doc or {}).get("rules", []):

@@ -103,11 +103,13 @@ def log_tail(path: Path, chars: int = 3000) -> str:
 class ExtenderProcess:
     """``gpupool extender`` as a child process; can be killed (SIGKILL) and started again."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, policy: str = "binpack") -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, policy: str = "binpack",
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.port = free_port()
         self.log_path = log_path
         self.policy = policy
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -119,7 +121,7 @@ class ExtenderProcess:
         cmd = [*GPUPOOL_CLI, "extender", "--host", "127.0.0.1", "--port", str(self.port),
                "--kubeconfig", str(self.kubeconfig), "--policy", self.policy,
                "--lease-namespace", "default", "--identity", "e2e-extender",
-               "--unconfirmed-timeout", "600"]
+               "--unconfirmed-timeout", "600", *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
         deadline = time.monotonic() + 60

@@ -1,5 +1,9 @@
 """deploy/ against the real kube-apiserver v1.20.2 (RBAC authorizer on).
 
+What is deployed is the production overlay as ``kubectl kustomize`` renders it
+(deploy/kustomize/overlays/production; tests/e2e/test_kustomize_e2e.py sends every overlay through
+``kubectl apply --dry-run=server``).
+
 * The RBAC objects of deploy/ are created (namespace rewritten to the test's own) and
   SubjectAccessReview shows each ServiceAccount is allowed exactly the verbs its code uses, over a
   matrix of verbs and resources, so an extra grant fails as surely as a missing one.
@@ -29,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 
@@ -44,19 +47,23 @@ from gpupool.nodeagent.kube_pod_source import KubePodSource
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
+from tests.deploy.kustomize_render import render, require_kubectl
 from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import NO_SCHEDULER, MakeNode, wait_for
 
 pytestmark = pytest.mark.e2e
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAMES = ResourceNames()
-DEPLOYED_NAMESPACE = "kube-system"
-#: The node agents' heartbeat Leases live in a namespace of their own (deploy/node-agent-rbac.yaml).
+#: The extender's and the node agent's namespaces (deploy/kustomize/base/namespaces.yaml): both are
+#: moved into the test's namespace, so that the test's objects live and die with it.
+DEPLOYED_NAMESPACES = ("gpupool-system", "gpupool-node")
+#: The node agents' heartbeat Leases live in a namespace of their own.
 DEPLOYED_LEASE_NAMESPACE = "gpupool-node-lease"
 AGENT_LEASE = "gpupool-agent-n1"
-EXTENDER_SA, AGENT_SA = "gpupool-extender", "gpupool-node-agent"
+EXTENDER_SA, AGENT_SA, CERTS_SA = "gpupool-extender", "gpupool-node-agent", "gpupool-certs"
 LEASE = "gpupool-extender"  # the extender's default --lease-name, as deploy/ runs it
+#: The Secrets `gpupool certs bootstrap` makes (components/certs-bootstrap/certs-rbac.yaml).
+CERT_SECRETS = ("gpupool-extender-tls", "gpupool-extender-tls-client", "gpupool-extender-tls-ca")
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
@@ -73,21 +80,20 @@ def lease_namespace(namespace: str) -> str:
 
 
 def deploy_documents(namespace: str) -> list[dict[str, Any]]:
-    """Every document of deploy/*.yaml with kube-system rewritten to ``namespace`` and the agents'
-    Lease namespace to :func:`lease_namespace` (objects, ServiceAccount subjects), so the test's
-    objects live and die with the test's namespaces."""
+    """The rendered production overlay with gpupool's namespaces rewritten to ``namespace`` and the
+    agents' Lease namespace to :func:`lease_namespace` (objects, ServiceAccount subjects)."""
+    require_kubectl()
     docs = []
-    moved = {DEPLOYED_NAMESPACE: namespace, DEPLOYED_LEASE_NAMESPACE: lease_namespace(namespace)}
-    for path in sorted(DEPLOY.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is None:
-                continue
-            if doc.get("metadata", {}).get("namespace") in moved:
-                doc["metadata"]["namespace"] = moved[doc["metadata"]["namespace"]]
-            for subject in doc.get("subjects", []):
-                if subject.get("namespace") == DEPLOYED_NAMESPACE:
-                    subject["namespace"] = namespace
-            docs.append(doc)
+    moved = {**dict.fromkeys(DEPLOYED_NAMESPACES, namespace), DEPLOYED_LEASE_NAMESPACE: lease_namespace(namespace)}
+    for doc in render("overlays/production"):
+        if doc["kind"] == "Namespace":
+            continue  # the test makes its own
+        if doc.get("metadata", {}).get("namespace") in moved:
+            doc["metadata"]["namespace"] = moved[doc["metadata"]["namespace"]]
+        for subject in doc.get("subjects", []):
+            if subject.get("namespace") in moved:
+                subject["namespace"] = moved[subject["namespace"]]
+        docs.append(doc)
     return docs
 
 
@@ -148,6 +154,9 @@ def matrix(namespace: str) -> list[dict[str, str]]:
                       (lease_namespace(namespace), AGENT_LEASE), (lease_namespace(namespace), "")]
         elif resource == "pods" and sub:
             places = [("default", "p")]
+        elif resource == "secrets":
+            places = [(namespace, CERT_SECRETS[0]), (namespace, CERT_SECRETS[2]), (namespace, "someone-else"),
+                      (namespace, ""), ("default", CERT_SECRETS[0]), ("default", "")]
         for verb in VERBS:
             for ns, name in places:
                 if verb in ("list", "watch", "deletecollection", "create") and name and not sub:
@@ -163,7 +172,7 @@ def key(attrs: dict[str, str]) -> tuple[str, ...]:
 
 
 def expected_extender(namespace: str) -> set[tuple[str, ...]]:
-    """What the extender's watch, pod API and lease code call (deploy/rbac.yaml's header)."""
+    """What the extender's watch, pod API and lease code call (deploy/kustomize/base/extender-rbac.yaml's header)."""
     return {("list", "", "nodes", "", "", ""), ("watch", "", "nodes", "", "", ""),
             ("get", "", "pods", "", "default", ""), ("list", "", "pods", "", "default", ""),
             ("watch", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
@@ -176,7 +185,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
 
 
 def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
-    """What gpupool/nodeagent/kube_pod_source.py and heartbeat.py call (deploy/node-agent-rbac.yaml's
+    """What gpupool/nodeagent/kube_pod_source.py and heartbeat.py call (deploy/kustomize/base/node-agent-rbac.yaml's
     header): Lease verbs only in the agents' own Lease namespace."""
     leases = lease_namespace(namespace)
     return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
@@ -187,17 +196,26 @@ def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
             *(("update", "coordination.k8s.io", "leases", "", leases, name) for name in (AGENT_LEASE, ""))}
 
 
+def expected_certs(namespace: str) -> set[tuple[str, ...]]:
+    """What `gpupool certs bootstrap` calls (gpupool/extender/http/cert_secrets.py): create, and read
+    back and replace its own Secrets by name, in the extender's namespace only."""
+    return {("create", "", "secrets", "", namespace, ""),
+            *((verb, "", "secrets", "", namespace, name) for verb in ("get", "update")
+              for name in (CERT_SECRETS[0], CERT_SECRETS[2]))}
+
+
 def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(
     kube_api_client: client.ApiClient, deployed_rbac: str
 ) -> None:
     authz = client.AuthorizationV1Api(kube_api_client)
     probes = matrix(deployed_rbac)
     for account, expected in ((EXTENDER_SA, expected_extender(deployed_rbac)),
-                              (AGENT_SA, expected_node_agent(deployed_rbac))):
+                              (AGENT_SA, expected_node_agent(deployed_rbac)),
+                              (CERTS_SA, expected_certs(deployed_rbac))):
         granted = {key(p) for p in probes if allowed(authz, deployed_rbac, account, p)}
         assert granted == expected, (account, "extra:", granted - expected, "missing:", expected - granted)
     # the denials the brief names, spelled out
-    for account in (EXTENDER_SA, AGENT_SA):
+    for account in (EXTENDER_SA, AGENT_SA, CERTS_SA):
         assert not allowed(authz, deployed_rbac, account, {"verb": "delete", "resource": "pods",
                                                            "namespace": "default"})
         assert not allowed(authz, deployed_rbac, account, {"verb": "update", "resource": "secrets",

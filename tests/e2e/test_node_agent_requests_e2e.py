@@ -9,7 +9,8 @@ agent has stopped (v1.20 logs a watch only when it ends):
 * start-up: the inventory patch, one list and one watch of the node's pods;
 * pods admitted after the cache synced: no read of any pod (no get, list or watch), only the
   ``allocated-v1`` patches;
-* idle: nothing at all (the start-up watch stays open);
+* idle: nothing but the heartbeat Lease (a read and a write per renewal; the start-up watch stays
+  open);
 * a second agent start and an apiserver restart (the restarted apiserver's watch cache has
   forgotten the agent's resourceVersion: 410 Gone): lists and watches again, and the next pod
   again costs no read.
@@ -72,6 +73,18 @@ def agent_requests(plane: ControlPlane, node: str, start: float, end: float) -> 
             if r.user_agent.startswith(f"{USER_AGENT}/{node}") and start <= r.received < end]
 
 
+#: The agent's heartbeat renewal interval (its default): the only requests it makes while idle.
+RENEW_S = 10.0
+
+
+def heartbeat(requests: list[AuditedRequest]) -> list[AuditedRequest]:
+    return [r for r in requests if r.resource == "leases"]
+
+
+def without_heartbeat(requests: list[AuditedRequest]) -> list[AuditedRequest]:
+    return [r for r in requests if r.resource != "leases"]
+
+
 def counts(requests: list[AuditedRequest]) -> dict[str, int]:
     return dict(sorted(Counter(r.what for r in requests).items()))
 
@@ -91,7 +104,8 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
 ) -> None:
     node = f"e2e-count-{uuid.uuid4().hex[:6]}"
     kubelet = start_kubelet(node)
-    agent = NodeAgentProcess(kubelet, control_plane.audited_kubeconfig, GPUS, tmp_path)
+    agent = NodeAgentProcess(kubelet, control_plane.audited_kubeconfig, GPUS, tmp_path,
+                             extra_args=("--lease-namespace", namespace))
 
     def admit(pods: dict[str, list[ContainerLimits]]) -> None:
         for name, containers in pods.items():
@@ -142,10 +156,12 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
 
     phases = {"startup": (began, admitting), "admitting": (admitting, idle_from), "idle": (idle_from, idle_to),
               "restarts": (restarted, ended)}
-    got = {phase: agent_requests(control_plane, node, *window) for phase, window in phases.items()}
+    everything = {phase: agent_requests(control_plane, node, *window) for phase, window in phases.items()}
+    beats = {phase: heartbeat(requests) for phase, requests in everything.items()}
+    got = {phase: without_heartbeat(requests) for phase, requests in everything.items()}
     measured = {phase: counts(requests) for phase, requests in got.items()}
     print(f"\nnode agent requests (idle {IDLE_S:.0f} s; restarts: agent, then apiserver, then one pod): "
-          + json.dumps(measured))
+          + json.dumps(measured) + "; heartbeat: " + json.dumps({p: counts(r) for p, r in beats.items()}))
 
     assert measured["startup"] == {"list pods": 1, "patch nodes": 1, "watch pods": 1}, got["startup"]
     query = {r.verb: parse_qs(urlsplit(r.uri).query) for r in got["startup"] if r.resource == "pods"}
@@ -157,8 +173,12 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
     allocate_calls = sum(len(limits) for containers in PODS.values() for _, limits in containers)
     assert len(PODS) <= len(admitted) <= allocate_calls  # allocated-v1 writes: at most one per Allocate
     assert got["idle"] == []
-    assert not [r for r in read_audit_log(control_plane.audit_log)
-                if r.user_agent.startswith(f"{USER_AGENT}/{node}") and idle_to <= r.received < restarted]
+    renewals = IDLE_S / RENEW_S + 1
+    assert len(beats["idle"]) <= 2 * renewals, beats["idle"]  # a read and a write per renewal, no retry storm
+    assert {r.what for r in beats["idle"]} <= {"get leases", "update leases", "create leases"}, beats["idle"]
+    assert not without_heartbeat([r for r in read_audit_log(control_plane.audit_log)
+                                  if r.user_agent.startswith(f"{USER_AGENT}/{node}")
+                                  and idle_to <= r.received < restarted])
     recovered = got["restarts"]
     assert [r for r in recovered if r.verb == "get"] == [], recovered
     assert measured["restarts"]["list pods"] == 2, recovered  # start, 410

@@ -50,6 +50,22 @@ def test_a_tick_expires_refreshes_the_profile_once_synced_and_freezes() -> None:
     assert "default/late" not in cache.state.placements  # never bound: expired
 
 
+def test_an_empty_cluster_is_profiled_again_at_every_tick_until_pods_arrive() -> None:
+    """An extender started before any pod would otherwise score every node alike for minutes."""
+    cache = ClusterCache(policy="fgd", unconfirmed_timeout_s=60, clock=Clock())
+    cache.replace_nodes([node("n1", [16384, 16384])])
+    cache.replace_pods([])
+    work = Housekeeping(cache, settings=HousekeepingSettings(profile_every=1000), freeze=lambda: 0)
+    work.tick()
+    assert cache.profile is None
+    cache.upsert_pod(placed_pod("a", "n1", 0, 4096, when=NOW))
+    work.tick()  # far from profile_every: refreshed because there was no profile
+    assert cache.profile is not None
+    scheduler = cache.scheduler
+    work.tick()
+    assert cache.scheduler is scheduler  # a profile exists: back to every profile_every ticks
+
+
 def test_notices_become_events_on_the_pods_on_the_leader_only() -> None:
     clock = Clock()
     api = FakePodApi()

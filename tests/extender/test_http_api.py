@@ -382,8 +382,9 @@ def test_broken_node_inventory_is_the_failure_reason() -> None:
 def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
     """kubelet drops an extended resource its node does not advertise (no Allocate, no grant), so a
     pod asking for an alias passes only the nodes whose kubelet lists it; the others are refused
-    with the node agent flag that would serve it (HAMi: why gpupool cannot)."""
-    nodes = [node("serves", [16384], serves=("aliyun.com/gpu-mem", "tencent.com/vcuda-core")),
+    with the node agent flag that would serve it. HAMi's memory rides on nvidia.com/gpu: without it in
+    the container no node can hand the grant, and every node says so."""
+    nodes = [node("serves", [16384], serves=("aliyun.com/gpu-mem", "tencent.com/vcuda-core", "nvidia.com/gpu")),
              node("plain", [16384], serves=())]
 
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
@@ -398,8 +399,13 @@ def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
         assert "--serve-aliases gpumanager" in body["FailedNodes"]["serves"]
         assert "tencent.com/vcuda-core, tencent.com/vcuda-memory" in body["FailedNodes"]["plain"]
         status, body = await post(client, "/filter", args(pod("r", container(mib=1000)), names))
-        assert body["NodeNames"] == [] and all("HAMi" in r and "gpupool.io/gpu-mem" in r
+        assert body["NodeNames"] == [] and all("needs nvidia.com/gpu beside it" in r
                                                for r in body["FailedNodes"].values())
+        hami = container(**{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 30})
+        status, body = await post(client, "/filter", args(pod("r2", hami), names))
+        assert body["NodeNames"] == ["serves"]
+        assert body["FailedNodes"] == {"plain": "node does not serve nvidia.com/gpu: start its gpupool "
+                                                "node agent with --serve-aliases hami"}
         status, body = await post(client, "/prioritize", args(pod("s", container(**{"aliyun.com/gpu-mem": 4})),
                                                                names))
         assert {h["Host"]: h["Score"] for h in body} == {"serves": 10, "plain": 0}

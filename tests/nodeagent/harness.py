@@ -48,16 +48,17 @@ class Node:
 @contextlib.asynccontextmanager
 async def running_node(gpu_file: dict[str, Any], pods: list[dict[str, Any]] | None = None, seed: int = 0,
                        reject: Callable[[FakePod], str | None] | None = None,
-                       aliases: tuple[str, ...] = (), enforcement: Enforcement | None = None) -> AsyncIterator[Node]:
+                       aliases: tuple[str, ...] = (), enforcement: Enforcement | None = None,
+                       names: ResourceNames = NAMES) -> AsyncIterator[Node]:
     """A fake kubelet with the agent's plugins registered (gpupool's resources and ``aliases``),
     the agent enforcing shares with ``enforcement`` (default: none)."""
     backend = FakeGpuBackend.from_dict(gpu_file)
-    source = InMemoryPodSource(NAMES)
+    source = InMemoryPodSource(names)
     for pod in pods or []:
         source.put(pod)
 
     def make_agent(reader: PodResourcesClient) -> NodeAgent:
-        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases,
+        return NodeAgent("node-a", names, backend, source, reader, encode_served, poll_s=0.2, aliases=aliases,
                          enforcement=enforcement)
 
     async with agent_on_fake_kubelet(make_agent, seed=seed, reject=reject) as node:

@@ -16,6 +16,7 @@ from gpupool.core.policies.baseline import (
 )
 from gpupool.core.policies.fgd import FgdPolicy
 from gpupool.core.policies.gpupool_policy import GpupoolPolicy
+from gpupool.core.policies.per_pod import PerPodPolicy
 
 POLICIES: dict[str, type[PlacementPolicy]] = {
     cls.name: cls
@@ -34,4 +35,4 @@ def make_policy(name: str, rng: np.random.Generator | None = None) -> PlacementP
     return cls(rng)
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "PlacementPolicy", "PodShape", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "PerPodPolicy", "PlacementPolicy", "PodShape", "make_policy"]

@@ -85,6 +85,10 @@ class PlacementPolicy(ABC):
         """The policy's own scores of ``rows`` (see :meth:`score`); integers for every policy but random,
         so that the topology term, below one step, orders only nodes scored equal."""
 
+    def scores_are_node_local(self) -> bool:
+        """Whether :meth:`score` of a node depends on that node alone (the scheduler may cache it)."""
+        return self.node_local
+
     def normalize(self, scores: FloatArray) -> FloatArray:
         """Turn raw scores of the feasible nodes into final ones (identity unless overridden)."""
         return scores

@@ -77,9 +77,16 @@ class UsageRecorder:
         return Registration(sink=self.on_event, decide=self._ask)
 
     def use_rules(self, decide: OpenDecider, prioritize: Prioritizer, on_open: OpenListener) -> None:
-        """Plug in the lending rules after the source started: who may open, what priority a new
-        holder is recorded at, and who hears of each new holder."""
-        self._decide, self._prioritize, self._on_open = decide, prioritize, on_open
+        """Plug in the lending rules after the source started: who may open (added to the decider
+        given at construction, e.g. the risk checks': an open is refused when either refuses; the
+        earlier one is asked first), what priority a new holder is recorded at, and who hears of
+        each new holder."""
+        earlier = self._decide
+
+        def both(event: DeviceEvent) -> Verdict:
+            return Verdict.DENY if earlier(event) is Verdict.DENY else decide(event)
+
+        self._decide, self._prioritize, self._on_open = both, prioritize, on_open
 
     def _ask(self, event: DeviceEvent) -> Verdict:
         """The decider the source calls: the one plugged in now (the ignored pids are never asked)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
-from gpupool.nodeagent.monitor.events import EventSource
+from gpupool.nodeagent.monitor.events import EventSource, OpenDecider, allow_every_open
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS, IdleDetector
 from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource
 from gpupool.nodeagent.monitor.process_table import ProcessTable, ProcfsTable
@@ -73,7 +73,8 @@ class UsageMonitor:
                  directory: InMemoryContainerDirectory | None = None,
                  choose: Callable[[Sequence[str]], SourceChoice] = choose_source,
                  processes: ProcessTable | None = None, identify: IdentityResolver | None = None,
-                 on_change: StateListener | None = None, clock: Callable[[], float] = time.time) -> None:
+                 on_change: StateListener | None = None, clock: Callable[[], float] = time.time,
+                 decide: OpenDecider = allow_every_open) -> None:
         self.node = node
         self.cards = dict(cards)
         """Card device path → card index."""
@@ -91,7 +92,8 @@ class UsageMonitor:
         self._writer = BackgroundStateWriter(StateFile(config.state_path))
         self.recorder = UsageRecorder(node, self.paths, self._writer,
                                       processes or ProcfsTable(WatchedFiles(self.paths)),
-                                      identify=identify or ContainerResolver(self.directory), clock=clock)
+                                      identify=identify or ContainerResolver(self.directory), clock=clock,
+                                      decide=decide)
         self.detector = IdleDetector(self.cards, idle_after=config.idle_after)
         self.source: EventSource | None = None
         self.source_reason = ""

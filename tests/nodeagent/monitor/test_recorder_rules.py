@@ -18,16 +18,26 @@ def test_rules_plugged_in_after_registration_answer_and_hear_every_new_holder(tm
     procs.spawn(7, GPU0)
     named: dict[int, ProcessIdentity] = {7: ProcessIdentity("c7", "main", "pod-7", "ml")}
     recorder = UsageRecorder("n1", [GPU0], StateFile(tmp_path / "state.json"), procs,
-                             identify=lambda pid: named.get(pid, ProcessIdentity()), ignore_pids=[9])
+                             identify=lambda pid: named.get(pid, ProcessIdentity()), ignore_pids=[9],
+                             decide=lambda event: Verdict.DENY if event.pid == 6 else Verdict.ALLOW)
     registration = recorder.registration()  # what the source holds from before the rules exist
     heard: list[tuple[str, int, int | None, int]] = []
 
     def on_open(path: str, holder: Holder) -> None:  # reads the state: must not be under the lock
         heard.append((path, holder.pid, holder.priority, len(recorder.state.devices[0].holders)))
 
-    recorder.use_rules(lambda event: Verdict.DENY, lambda who, path: 1 if who.pod else None, on_open)
+    asked: list[int] = []
+
+    def rules(event: DeviceEvent) -> Verdict:
+        asked.append(event.pid)
+        return Verdict.DENY if event.pid == 7 else Verdict.ALLOW
+
+    recorder.use_rules(rules, lambda who, path: 1 if who.pod else None, on_open)
     open_event = DeviceEvent(EventKind.OPEN, GPU0, 7, 1.0)
     assert registration.decide(open_event) is Verdict.DENY
+    assert registration.decide(DeviceEvent(EventKind.OPEN, GPU0, 6, 1.0)) is Verdict.DENY  # the earlier decider
+    assert registration.decide(DeviceEvent(EventKind.OPEN, GPU0, 5, 1.0)) is Verdict.ALLOW
+    assert asked == [7, 5]
     assert registration.decide(DeviceEvent(EventKind.OPEN, GPU0, 9, 1.0)) is Verdict.ALLOW  # the agent itself
     registration.sink(open_event)
     assert heard == [(GPU0, 7, 1, 1)]

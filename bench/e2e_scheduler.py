@@ -1,0 +1,171 @@
+"""kube-scheduler v1.20.2 for bench/e2e_scheduling.py: the shipped configuration, started, and what
+it measures about itself (``/metrics``).
+
+The configuration is ``deploy/scheduler-config-v1beta1.yaml`` as shipped (extender verbs, weight,
+``nodeCacheCapable``, ``managedResources``, ``httpTimeout``, ``percentageOfNodesToScore: 100``),
+with only what a test cluster must change: the kubeconfig, the extender's URL, no leader election
+(one scheduler), loopback health and metrics addresses, and the client's ``qps``/``burst``, which
+the bench sets explicitly so that both phases run under the same limit (v1beta1's defaults are 50
+and 100: every Binding kube-scheduler posts itself, i.e. every CPU-only pod, waits for that limiter;
+the extender binds GPU pods with its own client).
+
+What kube-scheduler 1.20 measures (it has no series per extender; checked in the v1.20.2 source,
+``pkg/scheduler/metrics/metrics.go``):
+
+* ``scheduler_scheduling_algorithm_duration_seconds``: one scheduling cycle's filter and score,
+  the extender's ``filter`` and ``prioritize`` round trips included (``genericScheduler.Schedule``);
+* ``scheduler_binding_duration_seconds`` (deprecated in 1.20, still exposed): the bind, i.e. the
+  extender's ``bind`` round trip for a GPU pod, kube-scheduler's own Binding POST otherwise;
+* ``scheduler_e2e_scheduling_duration_seconds{result="scheduled"}``: both, from the start of the cycle;
+* ``scheduler_schedule_attempts_total{result}``: scheduled, unschedulable, error (a refused bind).
+
+Histograms have buckets of 1 ms x 2^k; quantiles are interpolated within a bucket as Prometheus's
+``histogram_quantile`` does, so they are coarse (a factor of two per bucket).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.testenv.paths import Binaries
+from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIG = REPO / "deploy" / "scheduler-config-v1beta1.yaml"
+
+ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+BINDING = "scheduler_binding_duration_seconds"
+E2E = "scheduler_e2e_scheduling_duration_seconds"
+ATTEMPTS = "scheduler_schedule_attempts_total"
+HISTOGRAMS = (ALGORITHM, BINDING, E2E)
+
+
+def scheduler_config(kubeconfig: Path, extender_url: str, address: str, qps: float, burst: int,
+                     shipped: Path = SHIPPED_CONFIG) -> str:
+    """The shipped v1beta1 configuration with the test cluster's kubeconfig, URL, addresses and limits."""
+    config: dict[str, Any] = yaml.safe_load(shipped.read_text())
+    config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(kubeconfig),
+                                  "qps": qps, "burst": burst}
+    config["leaderElection"] = {"leaderElect": False}
+    config["healthzBindAddress"] = address
+    config["metricsBindAddress"] = address
+    (extender,) = config["extenders"]
+    extender["urlPrefix"] = extender_url
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+@dataclass
+class Scheduler:
+    """A running kube-scheduler and the address of its ``/metrics``."""
+
+    process: ManagedProcess
+    address: str
+
+    def scrape(self) -> dict[str, Any]:
+        """The series this bench reads, keyed ``name`` or ``name{label=value,...}``."""
+        with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        return parse(text)
+
+    def cpu_profile(self, seconds: int, path: Path) -> threading.Thread:
+        """Save a CPU profile of the next ``seconds`` (Go's pprof; ``enableProfiling`` is on by
+        default) to ``path``, from a thread of its own; read it with ``go tool pprof``."""
+        def fetch() -> None:
+            url = f"http://{self.address}/debug/pprof/profile?seconds={seconds}"
+            with urllib.request.urlopen(url, timeout=seconds + 60) as answer:
+                path.write_bytes(answer.read())
+
+        thread = threading.Thread(target=fetch, name="bench-pprof", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_scheduler(binaries: Binaries, state_dir: Path, config_text: str, port: int,
+                    timeout: float = 60.0) -> Scheduler:
+    config = state_dir / "kube-scheduler-bench.yaml"
+    config.write_text(config_text)
+    process = spawn("kube-scheduler", [binaries.kube_scheduler, f"--config={config}", "--secure-port=0", "--v=2"],
+                    state_dir / "logs" / "kube-scheduler-bench.log")
+    address = f"127.0.0.1:{port}"
+    wait_until(lambda: _ok(f"http://{address}/healthz"), what="kube-scheduler /healthz", timeout=timeout,
+               watch=[process])
+    return Scheduler(process, address)
+
+
+def _ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as answer:
+        return bool(answer.status == 200)
+
+
+def parse(text: str) -> dict[str, Any]:
+    """The bench's histograms (``result="scheduled"`` only, profiles summed) as ``{"buckets": [(le,
+    cumulative count)], "sum", "count"}``, and the schedule attempts as ``attempts:<result>``."""
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type == "histogram" and family.name in HISTOGRAMS:
+            buckets: dict[float, float] = {}
+            entry: dict[str, Any] = {"sum": 0.0, "count": 0.0}
+            for sample in family.samples:
+                if sample.labels.get("result", "scheduled") != "scheduled":
+                    continue
+                if sample.name.endswith("_bucket"):
+                    le = float(sample.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + sample.value
+                elif sample.name.endswith("_sum"):
+                    entry["sum"] += sample.value
+                elif sample.name.endswith("_count"):
+                    entry["count"] += sample.value
+            out[family.name] = {**entry, "buckets": sorted(buckets.items())}
+        for sample in family.samples:
+            if sample.name == ATTEMPTS:
+                key = f"attempts:{sample.labels.get('result')}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def histogram_delta(after: dict[str, Any], before: dict[str, Any], name: str) -> dict[str, Any]:
+    """What a histogram observed between two scrapes."""
+    now = after.get(name, {"buckets": [], "sum": 0.0, "count": 0.0})
+    then = before.get(name, {"buckets": [], "sum": 0.0, "count": 0.0})
+    earlier = dict(then["buckets"])
+    return {"buckets": [(le, count - earlier.get(le, 0.0)) for le, count in now["buckets"]],
+            "sum": now["sum"] - then["sum"], "count": now["count"] - then["count"]}
+
+
+def quantile(histogram: dict[str, Any], q: float) -> float | None:
+    """Prometheus's ``histogram_quantile``: linear within the bucket that holds the q-th observation."""
+    buckets = sorted(histogram["buckets"])
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            span = count - below
+            return float(lower + (upper - lower) * ((rank - below) / span if span > 0 else 0.0))
+        lower, below = upper, count
+    return lower
+
+
+def summary_ms(histogram: dict[str, Any]) -> dict[str, float | None]:
+    """p50, p99 and mean in milliseconds, and the number of observations."""
+    count = histogram["count"]
+    p50, p99 = quantile(histogram, 0.5), quantile(histogram, 0.99)
+    return {"p50_ms": None if p50 is None else round(1000 * p50, 2),
+            "p99_ms": None if p99 is None else round(1000 * p99, 2),
+            "mean_ms": round(1000 * histogram["sum"] / count, 2) if count else None,
+            "count": int(count)}

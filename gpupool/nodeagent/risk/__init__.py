@@ -1,0 +1,1 @@
+"""Risk detection and isolation in the node agent: processes on cards they were not granted."""

@@ -1,0 +1,77 @@
+"""What counts as a risk on a node's GPUs, and what the agent may do about one.
+
+A risk is a process using a card outside what gpupool granted its container (the Chengyun seed's
+"越权行为", overreach, that the control center isolates):
+
+* ``ungranted-card``: a process of a pod container holds a card's device file while that container
+  holds no share of the card (a pod that asked for no GPU but sees one, a container that opened a
+  card of its neighbour);
+* ``over-memory``: the processes of a container use more memory on a card than its grant allows,
+  on a node where no isolation backend enforces the limit (with one, the backend refuses the
+  allocation itself);
+* ``unregistered-process``: on a card the container shares with others, a process of the container
+  holds the card without having registered with the agent, where the interception library runs: it
+  bypassed the library (a static binary, a cleared ``LD_PRELOAD``) and so its limits.
+
+The cluster's policy (``--risk-action``) chooses the action; every risk is also an event on the pod
+and a metric, whatever the action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RiskKind(StrEnum):
+    """The kinds of risk the detector finds (module docstring)."""
+
+    UNGRANTED_CARD = "ungranted-card"
+    OVER_MEMORY = "over-memory"
+    UNREGISTERED_PROCESS = "unregistered-process"
+
+
+class RiskAction(StrEnum):
+    """What the agent does about a risk (``gpupool node-agent --risk-action``).
+
+    report: an event on the pod and the metrics, nothing else; refuse-opens: besides, the container's
+    further opens of the GPU device files are denied where the event source holds opens for a
+    verdict (fanotify); evict: besides, the pod is evicted through the Eviction API (its
+    PodDisruptionBudget applies); cordon-card: besides, the card is reported unhealthy to kubelet
+    and in the node's inventory, so that nothing new is granted there until the risk is gone.
+    """
+
+    REPORT = "report"
+    REFUSE_OPENS = "refuse-opens"
+    EVICT = "evict"
+    CORDON_CARD = "cordon-card"
+
+
+#: The Warning event's reason on the pod, per kind.
+EVENT_REASONS = {RiskKind.UNGRANTED_CARD: "GpuRiskUngrantedCard", RiskKind.OVER_MEMORY: "GpuRiskOverMemory",
+                 RiskKind.UNREGISTERED_PROCESS: "GpuRiskUnregisteredProcess"}
+
+
+@dataclass(frozen=True)
+class Risk:
+    """One risk: which card, which container, which process (``pid`` 0 for a container-wide one)."""
+
+    kind: RiskKind
+    card: int
+    namespace: str
+    pod: str
+    container: str
+    container_id: str
+    pid: int
+    start_time: int
+    detail: str
+
+    @property
+    def key(self) -> tuple[str, int, str, str, str, int, int]:
+        """Identity across detection rounds: the same process (pid and start time) or container."""
+        return (self.kind.value, self.card, self.namespace, self.pod, self.container, self.pid, self.start_time)
+
+    def message(self) -> str:
+        """The event's text."""
+        who = f"pid {self.pid}" if self.pid else "its processes"
+        return f"GPU {self.card}: {self.container} ({who}) {self.detail}"

@@ -1,0 +1,82 @@
+"""The risk checks as the node agent runs them: look, detect, respond, every ``interval_s``.
+
+Reads only what the agent and its usage monitor already hold (no extra /proc walk or NVML call of
+its own), so a round costs microseconds per holder. Nothing here stops the agent: a failing round is
+logged and the next one runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
+from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.risk.decider import RiskOpenDecider
+from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S, NodeView, Registered, detect, grants_of
+from gpupool.nodeagent.risk.findings import Risk
+from gpupool.nodeagent.risk.responder import RiskResponder
+from gpupool.nodeagent.types import PodView
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 2.0
+
+
+def shim_registered(agent: NodeAgent, pods: list[PodView]) -> Registered | None:
+    """Registered pids per container where the interception library enforces; ``None`` elsewhere."""
+    enforcement = agent.enforcement
+    if not isinstance(enforcement, ShimEnforcement) or not enforcement.state().enforcing:
+        return None
+    uids = {(pod.namespace, pod.name): pod.uid for pod in pods}
+    registry = enforcement.registry
+
+    def registered(namespace: str, pod: str, container: str) -> frozenset[int]:
+        uid = uids.get((namespace, pod))
+        return frozenset(p.pid for p in registry.processes(uid, container)) if uid else frozenset()
+
+    return registered
+
+
+class RiskMonitor:
+    """Runs the detector on the agent's view and hands the result to the responder."""
+
+    def __init__(self, agent: NodeAgent, monitor: UsageMonitor, responder: RiskResponder, *,
+                 decider: RiskOpenDecider | None = None, grace_s: float = DEFAULT_GRACE_S,
+                 interval_s: float = CHECK_EVERY_S, clock: Callable[[], float] = time.time) -> None:
+        self.agent = agent
+        self.monitor = monitor
+        self.responder = responder
+        self.decider = decider
+        self.grace_s = grace_s
+        self.interval_s = interval_s
+        self.rounds = 0
+        self._clock = clock
+
+    def view(self) -> NodeView:
+        """The node as the detector sees it now."""
+        pods = self.agent.listed_pods()
+        return NodeView(cards=self.monitor.cards, state=self.monitor.state, sample=self.monitor.last_sample,
+                        grants=grants_of(self.agent.node, pods), enforcing=self.agent.enforcement.state().enforcing,
+                        registered=shim_registered(self.agent, pods), now=self._clock())
+
+    async def step(self) -> list[Risk]:
+        """One round; the risks that are new in it."""
+        self.rounds += 1
+        view = self.view()
+        new = await self.responder.observe(detect(view, self.grace_s))
+        if self.decider is not None and self.decider.blocked:
+            self.decider.keep_pods((pod.namespace, pod.name) for pod in self.agent.listed_pods())
+        return new
+
+    async def run(self) -> None:
+        """Check every ``interval_s`` until cancelled."""
+        while True:
+            try:
+                await self.step()
+            except Exception:
+                log.exception("risk check failed; retrying at the next round")
+            await asyncio.sleep(self.interval_s)

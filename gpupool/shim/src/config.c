@@ -1,0 +1,183 @@
+/*
+ * Limits and settings, read once from the environment (gpupool's contract first, HAMi-core's
+ * variables as a fallback) so that every hook sees the same values for the life of the process.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define MIB (1024ull * 1024ull)
+#define DEFAULT_DIR "/var/run/gpupool"
+#define REGION_FILE "memory.region"
+/* A value that cannot be read must not hand out the whole card: one byte refuses everything. */
+#define REFUSE_ALL_BYTES 1ull
+
+static struct shim_config config;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+static void copy_env(char *dest, size_t size, const char *name) {
+    const char *value = getenv(name);
+    if (value != NULL) snprintf(dest, size, "%s", value);
+}
+
+static int parse_uint(const char *text, size_t length, uint64_t *out) {
+    uint64_t value = 0;
+    if (length == 0 || length > 15) return -1;
+    for (size_t i = 0; i < length; i++) {
+        if (!isdigit((unsigned char)text[i])) return -1;
+        value = value * 10 + (uint64_t)(text[i] - '0');
+    }
+    *out = value;
+    return 0;
+}
+
+int shim_parse_size(const char *text, uint64_t *bytes) {
+    size_t length = strlen(text);
+    uint64_t unit = 1;
+    if (length > 0) {
+        switch (tolower((unsigned char)text[length - 1])) {
+        case 'k': unit = 1024ull; length--; break;
+        case 'm': unit = MIB; length--; break;
+        case 'g': unit = 1024ull * MIB; length--; break;
+        default: break;
+        }
+    }
+    uint64_t value;
+    if (parse_uint(text, length, &value) != 0) return -1;
+    *bytes = value * unit;
+    return 0;
+}
+
+/* A comma list, one entry per CUDA ordinal; calls store(ordinal, text, length) for each entry. */
+static void each_entry(const char *list, const char *name, void (*store)(int, const char *, size_t, const char *)) {
+    int ordinal = 0;
+    const char *start = list;
+    for (;;) {
+        const char *end = strchr(start, ',');
+        size_t length = end ? (size_t)(end - start) : strlen(start);
+        if (ordinal >= SHIM_MAX_DEVICES) {
+            shim_log(SHIM_LOG_WARN, "%s names more than %d cards; the rest are ignored", name, SHIM_MAX_DEVICES);
+            return;
+        }
+        store(ordinal++, start, length, name);
+        if (end == NULL) return;
+        start = end + 1;
+    }
+}
+
+static void store_memory_mib(int ordinal, const char *text, size_t length, const char *name) {
+    uint64_t mib;
+    if (parse_uint(text, length, &mib) != 0) {
+        shim_log(SHIM_LOG_ERROR, "%s: entry %d (%.*s) is not a number of MiB; card %d refuses allocations",
+                 name, ordinal, (int)length, text, ordinal);
+        config.memory_limit[ordinal] = REFUSE_ALL_BYTES;
+        return;
+    }
+    config.memory_limit[ordinal] = mib * MIB; /* 0 = no limit, like the compute share */
+}
+
+static void store_percent(int ordinal, const char *text, size_t length, const char *name) {
+    uint64_t percent;
+    if (parse_uint(text, length, &percent) != 0) {
+        shim_log(SHIM_LOG_ERROR, "%s: entry %d (%.*s) is not a percentage; card %d gets 1 %%",
+                 name, ordinal, (int)length, text, ordinal);
+        percent = 1;
+    }
+    config.compute_percent[ordinal] = percent >= 100 ? 0 : (int)percent;
+}
+
+static void store_uuid(int ordinal, const char *text, size_t length, const char *name) {
+    (void)name;
+    snprintf(config.uuids[ordinal], SHIM_UUID_LEN, "%.*s", (int)length, text);
+    config.uuid_count = ordinal + 1;
+}
+
+static void read_hami_memory(void) {
+    const char *all = getenv("CUDA_DEVICE_MEMORY_LIMIT");
+    for (int i = 0; i < SHIM_MAX_DEVICES; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        const char *text = getenv(name);
+        if (text == NULL) {
+            text = all;
+            snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT");
+        }
+        if (text == NULL) continue;
+        if (shim_parse_size(text, &config.memory_limit[i]) != 0) {
+            shim_log(SHIM_LOG_ERROR, "%s=%s is not a size (like 4096m or 4g); card %d refuses allocations",
+                     name, text, i);
+            config.memory_limit[i] = REFUSE_ALL_BYTES;
+        }
+    }
+}
+
+static int any_limit(void) {
+    for (int i = 0; i < SHIM_MAX_DEVICES; i++)
+        if (config.memory_limit[i] != 0 || config.compute_percent[i] != 0) return 1;
+    return 0;
+}
+
+static int file_exists(const char *dir) {
+    char path[PATH_MAX + 32];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, REGION_FILE);
+    return stat(path, &st) == 0;
+}
+
+static void read_config(void) {
+    const char *list;
+    if ((list = getenv("GPUPOOL_MEMORY_LIMIT_MIB")) != NULL && *list != '\0')
+        each_entry(list, "GPUPOOL_MEMORY_LIMIT_MIB", store_memory_mib);
+    else
+        read_hami_memory();
+    if ((list = getenv("GPUPOOL_COMPUTE_PERCENT")) != NULL && *list != '\0')
+        each_entry(list, "GPUPOOL_COMPUTE_PERCENT", store_percent);
+    else if ((list = getenv("CUDA_DEVICE_SM_LIMIT")) != NULL && *list != '\0')
+        for (int i = 0; i < SHIM_MAX_DEVICES; i++) store_percent(i, list, strlen(list), "CUDA_DEVICE_SM_LIMIT");
+    if ((list = getenv("GPUPOOL_CARD_UUIDS")) != NULL && *list != '\0')
+        each_entry(list, "GPUPOOL_CARD_UUIDS", store_uuid);
+
+    const char *mode = getenv("GPUPOOL_COMPUTE_MODE");
+    config.mode = SHIM_MODE_HARD;
+    if (mode != NULL && strcmp(mode, "soft") == 0) config.mode = SHIM_MODE_SOFT;
+    else if (mode != NULL && strcmp(mode, "hard") != 0 && *mode != '\0')
+        shim_log(SHIM_LOG_WARN, "GPUPOOL_COMPUTE_MODE=%s is neither hard nor soft; using hard", mode);
+
+    copy_env(config.socket_path, sizeof config.socket_path, "GPUPOOL_AGENT_SOCKET");
+    copy_env(config.token, sizeof config.token, "GPUPOOL_SHIM_TOKEN");
+    copy_env(config.pod, sizeof config.pod, "GPUPOOL_POD");
+    copy_env(config.container, sizeof config.container, "GPUPOOL_CONTAINER");
+
+    /* A process whose environment lost the limits still finds its container's region (the preload
+     * file loads the library regardless) and takes the limits recorded there. The per-user
+     * fallback directory is never adopted that way: it may hold a region of an unrelated run. */
+    const char *dir = getenv("GPUPOOL_SHIM_DIR");
+    int adopt = 0;
+    if (dir != NULL && *dir != '\0') {
+        snprintf(config.dir, sizeof config.dir, "%s", dir);
+        adopt = file_exists(config.dir);
+    } else if (file_exists(DEFAULT_DIR)) {
+        snprintf(config.dir, sizeof config.dir, "%s", DEFAULT_DIR);
+        adopt = 1;
+    } else {
+        snprintf(config.dir, sizeof config.dir, "/tmp/gpupool-shim-%u", (unsigned)getuid());
+    }
+    config.enabled = any_limit() || adopt;
+    const char *disable = getenv("GPUPOOL_SHIM_DISABLE");
+    if (disable != NULL && strcmp(disable, "1") == 0) {
+        if (config.enabled) shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1: limits are NOT enforced in this process");
+        config.enabled = 0;
+    }
+}
+
+const struct shim_config *shim_config(void) {
+    pthread_once(&config_once, read_config);
+    return &config;
+}

@@ -1,0 +1,69 @@
+/*
+ * Prototypes of the driver entry points the library wraps or calls, and that the stand-in driver
+ * implements. The interception library defines the wrapped ones under the same names (that is how
+ * symbol interposition works), so one list of prototypes serves both sides.
+ */
+#ifndef GPUPOOL_CUDA_API_H
+#define GPUPOOL_CUDA_API_H
+
+#include "cuda_types.h"
+
+#define API __attribute__((visibility("default")))
+
+API CUresult cuInit(unsigned int flags);
+API CUresult cuCtxGetDevice(CUdevice *device);
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *symbolStatus);
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                unsigned int ElementSizeBytes);
+API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+API CUresult cuMemFree_v2(CUdeviceptr dptr);
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags);
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                          CUstream hStream);
+API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+API CUresult cuArrayDestroy(CUarray hArray);
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pDesc,
+                                    unsigned int numMipmapLevels);
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
+
+API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+
+#define LAUNCH_PARAMS                                                                                   \
+    CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,                 \
+        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                         \
+        unsigned int sharedMemBytes, CUstream hStream
+API CUresult cuLaunchKernel(LAUNCH_PARAMS, void **kernelParams, void **extra);
+API CUresult cuLaunchKernel_ptsz(LAUNCH_PARAMS, void **kernelParams, void **extra);
+API CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS, void **kernelParams);
+API CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_PARAMS, void **kernelParams);
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                   void **extra);
+API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+
+API nvmlReturn_t nvmlInit_v2(void);
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                 unsigned int *processSamplesCount,
+                                                 unsigned long long lastSeenTimeStamp);
+
+#endif

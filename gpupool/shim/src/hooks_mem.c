@@ -1,0 +1,189 @@
+/*
+ * Device-memory allocation and release. Every allocation is charged to the container's budget
+ * BEFORE the driver is asked (so concurrent processes cannot all pass the check and overshoot
+ * together) and given back when the driver refuses or when the memory is freed.
+ */
+#include "shim.h"
+
+#define PITCH_ALIGNMENT 512u /* rows of a pitched allocation start at this alignment */
+
+/* Charge bytes on a card; CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY when the budget is spent. */
+static CUresult charge(int dev, uint64_t bytes) {
+    if (shim_region_charge(dev, bytes) == 0) return CUDA_SUCCESS;
+    shim_log(SHIM_LOG_INFO, "refusing %llu bytes on card %d: the container's limit is %llu bytes",
+             (unsigned long long)bytes, dev, (unsigned long long)shim_memory_limit(dev));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The card a context-bound allocation lands on, or -1 when it is not limited. */
+static int limited_device(void) {
+    if (!shim_config()->enabled) return -1;
+    int dev = shim_current_device();
+    return shim_memory_limited(dev) ? dev : -1;
+}
+
+/* Charge, allocate, track: the common shape of pointer allocations. */
+#define GUARDED_ALLOC(dev, bytes, kind, key_expr, call)                                                  \
+    do {                                                                                                \
+        if ((dev) < 0) return (call);                                                                   \
+        CUresult status_ = charge((dev), (bytes));                                                      \
+        if (status_ != CUDA_SUCCESS) return status_;                                                    \
+        status_ = (call);                                                                               \
+        if (status_ != CUDA_SUCCESS) shim_region_release((dev), (bytes));                               \
+        else shim_track((kind), (uint64_t)(key_expr), (dev), (bytes));                                  \
+        return status_;                                                                                 \
+    } while (0)
+
+/* Forget, free, give back (or keep the charge when the driver refused to free). */
+#define GUARDED_FREE(kind, key, call)                                                                   \
+    do {                                                                                                \
+        int dev_;                                                                                       \
+        uint64_t bytes_;                                                                                \
+        int tracked_ = shim_untrack((kind), (uint64_t)(key), &dev_, &bytes_);                           \
+        CUresult status_ = (call);                                                                      \
+        if (tracked_ && status_ == CUDA_SUCCESS) shim_region_release(dev_, bytes_);                     \
+        else if (tracked_) shim_track((kind), (uint64_t)(key), dev_, bytes_);                           \
+        return status_;                                                                                 \
+    } while (0)
+
+#define REQUIRE(name)                                                                                   \
+    if (REAL(name) == NULL) return CUDA_ERROR_NOT_SUPPORTED
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    REQUIRE(cuMemAlloc_v2);
+    int dev = limited_device();
+    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAlloc_v2)(dptr, bytesize));
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    REQUIRE(cuMemAllocManaged);
+    int dev = limited_device();
+    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAllocManaged)(dptr, bytesize, flags));
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes) {
+    REQUIRE(cuMemAllocPitch_v2);
+    int dev = limited_device();
+    if (dev < 0) return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    uint64_t row = ((uint64_t)WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    uint64_t estimate;
+    if (__builtin_mul_overflow(row, (uint64_t)Height, &estimate)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult status = charge(dev, estimate);
+    if (status != CUDA_SUCCESS) return status;
+    status = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (status != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        return status;
+    }
+    /* The driver chose the pitch: charge what it really took, or undo when that no longer fits. */
+    uint64_t actual = (uint64_t)*pPitch * Height;
+    if (actual > estimate && charge(dev, actual - estimate) != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        REAL(cuMemFree_v2)(*dptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < estimate) shim_region_release(dev, estimate - actual);
+    shim_track(SHIM_KIND_POINTER, *dptr, dev, actual);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    REQUIRE(cuMemFree_v2);
+    GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree_v2)(dptr));
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+    REQUIRE(cuMemCreate);
+    int dev = -1;
+    if (shim_config()->enabled && prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        shim_memory_limited(prop->location.id))
+        dev = prop->location.id;
+    GUARDED_ALLOC(dev, size, SHIM_KIND_HANDLE, *handle, REAL(cuMemCreate)(handle, size, prop, flags));
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    REQUIRE(cuMemRelease);
+    GUARDED_FREE(SHIM_KIND_HANDLE, handle, REAL(cuMemRelease)(handle));
+}
+
+/* Stream-ordered allocations count when they are requested; the pool's cached memory does not. */
+#define ASYNC_ALLOC(name, ...)                                                                          \
+    REQUIRE(name);                                                                                      \
+    int dev = limited_device();                                                                         \
+    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__))
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    ASYNC_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    REQUIRE(cuMemFreeAsync);
+    GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFreeAsync)(dptr, hStream));
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    REQUIRE(cuMemFreeAsync_ptsz);
+    GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFreeAsync_ptsz)(dptr, hStream));
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    REQUIRE(cuArrayCreate_v2);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : shim_array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArrayCreate_v2)(pHandle, desc));
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    REQUIRE(cuArray3DCreate_v2);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0
+                             : shim_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                                desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArray3DCreate_v2)(pHandle, desc));
+}
+
+CUresult cuArrayDestroy(CUarray hArray) {
+    REQUIRE(cuArrayDestroy);
+    GUARDED_FREE(SHIM_KIND_ARRAY, (uintptr_t)hArray, REAL(cuArrayDestroy)(hArray));
+}
+
+/* Every level halves each extent, down to 1. */
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+    uint64_t total = 0;
+    for (unsigned int level = 0; level < levels && level < 64; level++) {
+        uint64_t part = shim_array_bytes(desc->Width >> level ? desc->Width >> level : 1,
+                                         desc->Height >> level ? desc->Height >> level : 1,
+                                         desc->Depth >> level ? desc->Depth >> level : 1, desc->Format,
+                                         desc->NumChannels);
+        if (__builtin_add_overflow(total, part, &total)) return UINT64_MAX;
+    }
+    return total;
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int numMipmapLevels) {
+    REQUIRE(cuMipmappedArrayCreate);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : mipmap_bytes(desc, numMipmapLevels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_MIPMAP, (uintptr_t)*pHandle,
+                  REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels));
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    REQUIRE(cuMipmappedArrayDestroy);
+    GUARDED_FREE(SHIM_KIND_MIPMAP, (uintptr_t)hMipmappedArray, REAL(cuMipmappedArrayDestroy)(hMipmappedArray));
+}

@@ -1,0 +1,327 @@
+/*
+ * The per-container accounting region: open or create memory.region, one slot per process (pid
+ * and start time, so a dead or reused pid is told apart), memory charged under a robust
+ * process-shared mutex so that the limit holds for all of the container's processes at once and a
+ * process killed while holding the lock does not wedge the others.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "region.h"
+
+static struct shim_region *region;
+static pthread_once_t region_once = PTHREAD_ONCE_INIT;
+static int my_slot = -1;
+static int need_claim = 1;
+
+static int read_proc_stat(int pid, char *state, uint64_t *start_time) {
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t length = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (length <= 0) return -1;
+    text[length] = '\0';
+    char *cursor = strrchr(text, ')'); /* the command name may hold spaces and parentheses */
+    if (cursor == NULL || cursor[1] != ' ') return -1;
+    cursor += 2;
+    *state = *cursor;
+    for (int field = 3; field < 22; field++) {
+        cursor = strchr(cursor, ' ');
+        if (cursor == NULL) return -1;
+        cursor++;
+    }
+    *start_time = strtoull(cursor, NULL, 10);
+    return 0;
+}
+
+static uint64_t own_start_time(void) {
+    char state;
+    uint64_t start = 0;
+    read_proc_stat(getpid(), &state, &start);
+    return start;
+}
+
+/* Whether the process of a slot still runs: a zombie counts as gone (its driver context is). */
+static int slot_alive(const struct shim_region_slot *slot) {
+    if (kill(slot->pid, 0) != 0 && errno == ESRCH) return 0;
+    char state;
+    uint64_t start;
+    if (read_proc_stat(slot->pid, &state, &start) != 0) return 1; /* no /proc: trust kill() */
+    return start == slot->start_time && state != 'Z' && state != 'X';
+}
+
+static void empty_slot(struct shim_region *r, struct shim_region_slot *slot) {
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        uint64_t held = slot->used[d];
+        r->dev[d].used -= held < r->dev[d].used ? held : r->dev[d].used;
+        slot->used[d] = 0;
+    }
+    __atomic_store_n(&slot->pid, 0, __ATOMIC_RELEASE);
+}
+
+/* Under the lock: give back what dead processes held. Returns how many slots were freed. */
+static int reclaim_dead(struct shim_region *r) {
+    int freed = 0;
+    for (int i = 0; i < SHIM_REGION_SLOTS; i++) {
+        struct shim_region_slot *slot = &r->slot[i];
+        if (slot->pid == 0 || i == my_slot || slot_alive(slot)) continue;
+        shim_log(SHIM_LOG_INFO, "reclaiming the memory of process %d (gone)", slot->pid);
+        empty_slot(r, slot);
+        freed++;
+    }
+    return freed;
+}
+
+/* After a holder died inside the lock, the totals may miss its last step: rebuild them. */
+static void repair(struct shim_region *r) {
+    reclaim_dead(r);
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < SHIM_REGION_SLOTS; i++)
+            if (r->slot[i].pid != 0) sum += r->slot[i].used[d];
+        r->dev[d].used = sum;
+    }
+}
+
+static int lock_region(struct shim_region *r) {
+    int rc = pthread_mutex_lock(&r->lock);
+    if (rc == EOWNERDEAD) {
+        shim_log(SHIM_LOG_INFO, "a process died holding the region lock; repairing the totals");
+        repair(r);
+        pthread_mutex_consistent(&r->lock);
+        return 0;
+    }
+    if (rc != 0) shim_log(SHIM_LOG_ERROR, "cannot lock the accounting region: %s", strerror(rc));
+    return rc;
+}
+
+static void init_region(struct shim_region *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutexattr_t attributes;
+    pthread_mutexattr_init(&attributes);
+    pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&r->lock, &attributes);
+    pthread_mutexattr_destroy(&attributes);
+    r->version = SHIM_REGION_VERSION;
+    r->size = sizeof *r;
+    r->device_count = SHIM_MAX_DEVICES;
+    r->slot_count = SHIM_REGION_SLOTS;
+    __atomic_store_n(&r->magic, SHIM_REGION_MAGIC, __ATOMIC_RELEASE);
+}
+
+static struct shim_region *private_region(const char *why) {
+    shim_log(SHIM_LOG_WARN, "%s; memory is accounted per process, not per container", why);
+    void *map = mmap(NULL, sizeof(struct shim_region), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return NULL;
+    init_region(map);
+    return map;
+}
+
+static struct shim_region *map_file(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return NULL;
+    struct shim_region *r = NULL;
+    struct stat st;
+    /* The file lock covers creation only: it serialises first openers, and is dropped when a
+     * creator dies half-way, so the next opener initialises the file again. */
+    if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0) goto done;
+    if (st.st_size == 0) {
+        if (ftruncate(fd, sizeof *r) != 0) goto done;
+        if (fchmod(fd, 0666) != 0) shim_log(SHIM_LOG_DEBUG, "fchmod %s: %s", path, strerror(errno));
+    } else if (st.st_size != (off_t)sizeof *r) {
+        shim_log(SHIM_LOG_ERROR, "%s has %lld bytes, this library expects %zu", path, (long long)st.st_size,
+                 sizeof *r);
+        goto done;
+    }
+    void *map = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) goto done;
+    r = map;
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != SHIM_REGION_MAGIC) init_region(r);
+    if (r->version != SHIM_REGION_VERSION || r->size != sizeof *r) {
+        shim_log(SHIM_LOG_ERROR, "%s is region version %u, this library writes %u", path, r->version,
+                 SHIM_REGION_VERSION);
+        munmap(map, sizeof *r);
+        r = NULL;
+    }
+done:
+    flock(fd, LOCK_UN);
+    close(fd);
+    return r;
+}
+
+/* Under the lock: the limits a container's processes declared; the smallest one holds. */
+static void declare_limits(struct shim_region *r, int alone) {
+    const struct shim_config *c = shim_config();
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        struct shim_region_device *dev = &r->dev[d];
+        uint64_t memory = c->memory_limit[d];
+        uint32_t percent = (uint32_t)c->compute_percent[d];
+        if (alone) { /* nobody left from before: neither their limits nor their learned rate apply */
+            memset(&dev->bucket, 0, sizeof dev->bucket);
+            dev->memory_limit = memory;
+            dev->compute_percent = percent;
+            dev->compute_mode = (uint32_t)c->mode;
+            continue;
+        }
+        if (memory != 0 && (dev->memory_limit == 0 || memory < dev->memory_limit)) dev->memory_limit = memory;
+        if (percent != 0 && (dev->compute_percent == 0 || percent < dev->compute_percent))
+            dev->compute_percent = percent;
+        if (percent != 0 && c->mode == SHIM_MODE_HARD) dev->compute_mode = SHIM_MODE_HARD;
+    }
+}
+
+static void claim_slot(struct shim_region *r) {
+    int pid = getpid();
+    uint64_t start = own_start_time();
+    my_slot = -1;
+    for (int i = 0; i < SHIM_REGION_SLOTS && my_slot < 0; i++)
+        if (r->slot[i].pid == pid) { /* left by this pid before an exec: that image's memory is gone */
+            empty_slot(r, &r->slot[i]);
+            my_slot = i;
+        }
+    for (int i = 0; i < SHIM_REGION_SLOTS && my_slot < 0; i++)
+        if (r->slot[i].pid == 0) my_slot = i;
+    if (my_slot < 0) {
+        shim_log(SHIM_LOG_ERROR, "all %d process slots of the region are taken; this process's memory is not "
+                 "reclaimed if it dies", SHIM_REGION_SLOTS);
+        return;
+    }
+    r->slot[my_slot].start_time = start;
+    __atomic_store_n(&r->slot[my_slot].pid, pid, __ATOMIC_RELEASE);
+}
+
+static void join_region(struct shim_region *r) {
+    if (lock_region(r) != 0) return;
+    if (!__atomic_load_n(&need_claim, __ATOMIC_ACQUIRE)) { /* another thread joined meanwhile */
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
+    reclaim_dead(r);
+    int alone = 1;
+    for (int i = 0; i < SHIM_REGION_SLOTS; i++)
+        if (r->slot[i].pid != 0 && r->slot[i].pid != getpid()) alone = 0;
+    declare_limits(r, alone);
+    claim_slot(r);
+    __atomic_store_n(&need_claim, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void after_fork_child(void) {
+    need_claim = 1;
+    my_slot = -1;
+    shim_forget_all();
+    shim_compute_after_fork();
+}
+
+static void open_region(void) {
+    const struct shim_config *c = shim_config();
+    char path[PATH_MAX + 32];
+    if (mkdir(c->dir, 0700) != 0 && errno != EEXIST)
+        shim_log(SHIM_LOG_DEBUG, "mkdir %s: %s", c->dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/memory.region", c->dir);
+    region = map_file(path);
+    if (region == NULL) {
+        char why[PATH_MAX + 64];
+        snprintf(why, sizeof why, "cannot use %s (%s)", path, strerror(errno));
+        region = private_region(why);
+    }
+    if (region != NULL) pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+static struct shim_region *get_region(void) {
+    pthread_once(&region_once, open_region);
+    if (region != NULL && __atomic_load_n(&need_claim, __ATOMIC_ACQUIRE)) join_region(region);
+    return region;
+}
+
+int shim_region_charge(int dev, uint64_t bytes) {
+    struct shim_region *r = get_region();
+    if (r == NULL || lock_region(r) != 0) return -1;
+    struct shim_region_device *d = &r->dev[dev];
+    int fits = d->memory_limit == 0 || (d->used <= d->memory_limit && bytes <= d->memory_limit - d->used);
+    if (!fits && reclaim_dead(r) > 0)
+        fits = d->used <= d->memory_limit && bytes <= d->memory_limit - d->used;
+    if (fits) {
+        d->used += bytes;
+        if (my_slot >= 0) r->slot[my_slot].used[dev] += bytes;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return fits ? 0 : -1;
+}
+
+void shim_region_release(int dev, uint64_t bytes) {
+    struct shim_region *r = get_region();
+    if (r == NULL || lock_region(r) != 0) return;
+    struct shim_region_device *d = &r->dev[dev];
+    d->used -= bytes < d->used ? bytes : d->used;
+    if (my_slot >= 0) {
+        uint64_t *mine = &r->slot[my_slot].used[dev];
+        *mine -= bytes < *mine ? bytes : *mine;
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+uint64_t shim_region_used(int dev) {
+    static uint64_t last_reclaim_ns;
+    struct shim_region *r = get_region();
+    if (r == NULL || lock_region(r) != 0) return 0;
+    uint64_t now = shim_now_ns();
+    if (now - __atomic_load_n(&last_reclaim_ns, __ATOMIC_RELAXED) > 1000000000ull) { /* reports stay fresh */
+        __atomic_store_n(&last_reclaim_ns, now, __ATOMIC_RELAXED);
+        reclaim_dead(r);
+    }
+    uint64_t used = r->dev[dev].used;
+    pthread_mutex_unlock(&r->lock);
+    return used;
+}
+
+uint64_t shim_memory_limit(int dev) {
+    struct shim_region *r = get_region();
+    if (r == NULL) return shim_config()->memory_limit[dev];
+    return __atomic_load_n(&r->dev[dev].memory_limit, __ATOMIC_RELAXED);
+}
+
+int shim_compute_limit(int dev, int *mode) {
+    struct shim_region *r = get_region();
+    if (r == NULL) {
+        *mode = shim_config()->mode;
+        return shim_config()->compute_percent[dev];
+    }
+    *mode = (int)__atomic_load_n(&r->dev[dev].compute_mode, __ATOMIC_RELAXED);
+    return (int)__atomic_load_n(&r->dev[dev].compute_percent, __ATOMIC_RELAXED);
+}
+
+int shim_region_pids(int *pids, int max) {
+    struct shim_region *r = get_region();
+    int count = 0;
+    for (int i = 0; r != NULL && i < SHIM_REGION_SLOTS && count < max; i++) {
+        int pid = __atomic_load_n(&r->slot[i].pid, __ATOMIC_ACQUIRE);
+        if (pid != 0) pids[count++] = pid;
+    }
+    return count;
+}
+
+struct shim_bucket *shim_region_bucket(int dev) {
+    struct shim_region *r = get_region();
+    return r == NULL ? NULL : &r->dev[dev].bucket;
+}
+
+/* A process that exits normally gives its slot back at once; a killed one is reclaimed later. */
+__attribute__((destructor)) static void leave_region(void) {
+    if (region == NULL || my_slot < 0 || need_claim) return;
+    if (lock_region(region) != 0) return;
+    if (region->slot[my_slot].pid == getpid()) empty_slot(region, &region->slot[my_slot]);
+    pthread_mutex_unlock(&region->lock);
+    my_slot = -1;
+}

@@ -1,0 +1,72 @@
+/*
+ * Layout of memory.region, the accounting file every process of one container maps (MAP_SHARED).
+ * Version 1, little-endian, 64-bit. Readers check magic, version and size before using it; the
+ * node agent may read it (docs/isolation.md gives the offsets). The memory fields change only
+ * under the robust process-shared mutex; the compute bucket is lock-free.
+ */
+#ifndef GPUPOOL_REGION_H
+#define GPUPOOL_REGION_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "shim.h"
+
+#define SHIM_REGION_MAGIC 0x52535047u /* "GPSR" */
+#define SHIM_REGION_VERSION 1u
+#define SHIM_REGION_SLOTS 256
+
+/* Compute state of one card, shared by the container's processes (see compute.c). */
+struct shim_bucket {
+    int64_t tokens;               /* may go negative: launches waiting for their turn */
+    uint64_t rate_bits;           /* double, tokens per nanosecond; 0: not throttled yet */
+    uint64_t refill_ns;           /* CLOCK_MONOTONIC of the last refill */
+    uint64_t consumed;            /* tokens taken since the region was created */
+    uint64_t control_ns;          /* CLOCK_MONOTONIC of the last controller step */
+    uint64_t control_consumed;    /* consumed at that step */
+    uint64_t cost_average;        /* running mean cost of one kernel launch, for graph launches */
+    uint32_t util_container;      /* last measured utilisation of the container, percent */
+    uint32_t util_others;         /* ... of every other process on the card */
+    uint32_t target_percent;      /* what the controller aimed at in its last step */
+    uint32_t reserved32;
+    uint64_t reserved[3];
+};
+
+struct shim_region_device {
+    uint64_t used;                /* bytes charged by live processes */
+    uint64_t memory_limit;        /* smallest limit a live process declared; 0: none */
+    uint32_t compute_percent;     /* smallest share a live process declared; 0: none */
+    uint32_t compute_mode;        /* SHIM_MODE_HARD when any live process declared hard */
+    uint64_t reserved[5];
+    struct shim_bucket bucket;
+};
+
+struct shim_region_slot {
+    int32_t pid;                  /* 0: free */
+    uint32_t reserved;
+    uint64_t start_time;          /* /proc/<pid>/stat field 22, tells a reused pid apart */
+    uint64_t used[SHIM_MAX_DEVICES];
+};
+
+struct shim_region {
+    uint32_t magic;               /* written last, when the rest is initialised */
+    uint32_t version;
+    uint32_t size;                /* sizeof(struct shim_region) */
+    uint32_t device_count;        /* SHIM_MAX_DEVICES */
+    uint32_t slot_count;          /* SHIM_REGION_SLOTS */
+    uint32_t reserved32;
+    uint64_t reserved[5];
+    union {
+        pthread_mutex_t lock;     /* robust, process-shared */
+        char lock_space[64];
+    };
+    struct shim_region_device dev[SHIM_MAX_DEVICES];
+    struct shim_region_slot slot[SHIM_REGION_SLOTS];
+};
+
+_Static_assert(sizeof(pthread_mutex_t) <= 64, "the lock fits its space");
+_Static_assert(sizeof(struct shim_bucket) == 96, "bucket layout is part of the format");
+_Static_assert(sizeof(struct shim_region_device) == 160, "device layout is part of the format");
+_Static_assert(sizeof(struct shim_region_slot) == 144, "slot layout is part of the format");
+
+#endif

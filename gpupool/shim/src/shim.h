@@ -1,0 +1,138 @@
+/*
+ * Internal interfaces between the parts of the interception library (one file per job):
+ *   log.c       messages on stderr, level from GPUPOOL_SHIM_LOG
+ *   config.c    limits and settings read once from the environment
+ *   region.c    the per-container shared accounting region (memory.region)
+ *   memory.c    per-process table of live allocations, charge and release
+ *   compute.c   token bucket and the controller that sets its rate from measured utilisation
+ *   symbols.c   the hook table, the real driver entry points, dlsym and cuGetProcAddress
+ *   hooks_*.c   the wrapped driver and NVML entry points
+ *   register.c  registration with the node agent
+ */
+#ifndef GPUPOOL_SHIM_H
+#define GPUPOOL_SHIM_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "cuda_api.h"
+
+#define SHIM_MAX_DEVICES 16
+#define SHIM_UUID_LEN 96
+#define SHIM_HIDDEN __attribute__((visibility("hidden")))
+
+/* log.c */
+enum { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO = 1, SHIM_LOG_WARN = 2, SHIM_LOG_ERROR = 3 };
+SHIM_HIDDEN void shim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* config.c */
+enum { SHIM_MODE_HARD = 0, SHIM_MODE_SOFT = 1 };
+struct shim_config {
+    int enabled;                                  /* 0: pass-through */
+    int log_level;
+    int mode;                                     /* SHIM_MODE_HARD or SHIM_MODE_SOFT */
+    uint64_t memory_limit[SHIM_MAX_DEVICES];      /* bytes; 0: no limit on that device */
+    int compute_percent[SHIM_MAX_DEVICES];        /* 1..99; 0: no limit on that device */
+    int uuid_count;
+    char uuids[SHIM_MAX_DEVICES][SHIM_UUID_LEN];  /* GPUPOOL_CARD_UUIDS, by CUDA ordinal */
+    char dir[PATH_MAX];                           /* where memory.region lives */
+    char socket_path[108];                        /* sun_path size */
+    char token[160];
+    char pod[256];
+    char container[256];
+};
+SHIM_HIDDEN const struct shim_config *shim_config(void);
+/* A size in HAMi-core's notation: digits with an optional k/m/g suffix (1024-based), else bytes. */
+SHIM_HIDDEN int shim_parse_size(const char *text, uint64_t *bytes);
+
+/* region.c */
+SHIM_HIDDEN int shim_region_charge(int dev, uint64_t bytes);   /* 0 or -1 (over the limit) */
+SHIM_HIDDEN void shim_region_release(int dev, uint64_t bytes);
+SHIM_HIDDEN uint64_t shim_region_used(int dev);
+SHIM_HIDDEN uint64_t shim_memory_limit(int dev);               /* effective, 0: none */
+SHIM_HIDDEN int shim_compute_limit(int dev, int *mode);        /* effective percent, 0: none */
+SHIM_HIDDEN int shim_region_pids(int *pids, int max);          /* live processes of the container */
+struct shim_bucket;
+SHIM_HIDDEN struct shim_bucket *shim_region_bucket(int dev);
+
+/* memory.c */
+enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4 };
+SHIM_HIDDEN int shim_current_device(void);
+SHIM_HIDDEN int shim_memory_limited(int dev);
+SHIM_HIDDEN void shim_track(int kind, uint64_t key, int dev, uint64_t bytes);
+SHIM_HIDDEN int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes);
+SHIM_HIDDEN void shim_forget_all(void);
+SHIM_HIDDEN uint64_t shim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned channels);
+
+/* compute.c */
+SHIM_HIDDEN void shim_compute_launch(int dev, uint64_t cost);
+SHIM_HIDDEN uint64_t shim_graph_cost(int dev);
+SHIM_HIDDEN void shim_compute_after_fork(void);
+
+/* symbols.c */
+#define SHIM_HOOKS(X)                                                                                   \
+    X(cuInit, "cuInit", 0, 0)                                                                           \
+    X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                                                  \
+    X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                                               \
+    X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                             \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                                   \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 0, 0)                                                     \
+    X(cuMemFree_v2, "cuMemFree", 3020, 0)                                                               \
+    X(cuMemCreate, "cuMemCreate", 0, 0)                                                                 \
+    X(cuMemRelease, "cuMemRelease", 0, 0)                                                               \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 0, 0)                                                         \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1)                                                    \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0)                                         \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 0, 1)                                    \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 0, 0)                                                           \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 0, 1)                                                      \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0)                                                       \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0)                                                   \
+    X(cuArrayDestroy, "cuArrayDestroy", 0, 0)                                                           \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0)                                           \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0)                                         \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                         \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                                 \
+    X(cuLaunchKernel, "cuLaunchKernel", 0, 0)                                                           \
+    X(cuLaunchKernel_ptsz, "cuLaunchKernel", 0, 1)                                                      \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0)                                                       \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 0, 1)                                                  \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0, 0)                                     \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1)                                \
+    X(cuGraphLaunch, "cuGraphLaunch", 0, 0)                                                             \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1)                                                        \
+    X(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0)                                         \
+    X(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0)
+
+/* Entry points the library calls but does not wrap. */
+#define SHIM_HELPERS(X)                                                                                 \
+    X(cuCtxGetDevice)                                                                                   \
+    X(nvmlInit_v2)                                                                                      \
+    X(nvmlDeviceGetHandleByIndex_v2)                                                                    \
+    X(nvmlDeviceGetHandleByUUID)                                                                        \
+    X(nvmlDeviceGetIndex)                                                                               \
+    X(nvmlDeviceGetUUID)                                                                                \
+    X(nvmlDeviceGetProcessUtilization)
+
+#define SHIM_HOOK_ID(name, base, version, ptds) SHIM_ID_##name,
+#define SHIM_HELPER_ID(name) SHIM_ID_##name,
+enum shim_symbol_id { SHIM_HOOKS(SHIM_HOOK_ID) SHIM_HELPERS(SHIM_HELPER_ID) SHIM_SYMBOL_COUNT };
+#undef SHIM_HOOK_ID
+#undef SHIM_HELPER_ID
+
+SHIM_HIDDEN void *shim_real(enum shim_symbol_id id);
+/* The real entry point, typed like the wrapper of the same name. */
+#define REAL(name) ((__typeof__(&name))shim_real(SHIM_ID_##name))
+
+/* register.c */
+SHIM_HIDDEN void shim_register_once(void);
+
+static inline uint64_t shim_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+SHIM_HIDDEN void shim_sleep_ns(uint64_t ns);
+
+#endif

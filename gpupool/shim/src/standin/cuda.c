@@ -1,0 +1,334 @@
+/*
+ * A stand-in libcuda.so.1 for the interception library's tests: devices of a fixed size, tracked
+ * allocations (a free of an unknown pointer fails, as with the real driver), entry points reachable
+ * by symbol and through cuGetProcAddress_v2 (from its own table, like the real driver, so the
+ * lookup never passes through dlsym), and launches that occupy the card's shared timeline for the
+ * configured kernel time. No memory is really allocated: pointers are numbers.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cuda_api.h"
+#include "state.h"
+
+#define POINTER_BASE 0x700000000000ull
+#define ALIGNMENT 512ull
+#define MAX_ALLOCATIONS 65536
+
+API CUresult cuDriverGetVersion(int *version);
+API CUresult cuDeviceGet(CUdevice *device, int ordinal);
+API CUresult cuDeviceGetCount(int *count);
+API CUresult cuDeviceGetName(char *name, int length, CUdevice dev);
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+API CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxDestroy_v2(CUcontext ctx);
+API CUresult cuCtxSetCurrent(CUcontext ctx);
+API CUresult cuCtxGetCurrent(CUcontext *ctx);
+API CUresult cuCtxSynchronize(void);
+API CUresult cuStreamSynchronize(CUstream stream);
+API uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
+API uint64_t gpupoolStandinUsedBytes(int dev);
+
+struct allocation {
+    uint64_t key; /* 0: free entry */
+    int dev;
+    uint64_t bytes;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct allocation allocations[MAX_ALLOCATIONS];
+static uint64_t used[STANDIN_MAX_DEVICES];
+static uint64_t next_address = POINTER_BASE;
+static uint64_t last_end_ns;
+static int initialised;
+static __thread int current = -1; /* device of the calling thread's context, -1: none */
+
+static CUresult checked_device(CUdevice dev) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    return dev >= 0 && dev < standin_settings()->devices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+#define TOMBSTONE 1ull /* keys are multiples of ALIGNMENT, so 1 is never one */
+
+static uint32_t home_of(uint64_t key) { return (uint32_t)((key / ALIGNMENT) * 2654435761u) % MAX_ALLOCATIONS; }
+
+static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    if (bytes <= standin_settings()->memory_bytes - used[dev]) {
+        uint64_t address = next_address;
+        uint32_t i = home_of(address);
+        for (uint32_t probe = 0; probe < MAX_ALLOCATIONS; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
+            if (allocations[i].key != 0 && allocations[i].key != TOMBSTONE) continue;
+            *key = address;
+            next_address += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+            allocations[i] = (struct allocation){.key = address, .dev = dev, .bytes = bytes};
+            used[dev] += bytes;
+            status = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static CUresult release(uint64_t key) {
+    CUresult status = CUDA_ERROR_INVALID_VALUE;
+    if (key == 0 || key == TOMBSTONE) return status;
+    pthread_mutex_lock(&lock);
+    uint32_t i = home_of(key);
+    for (uint32_t probe = 0; probe < MAX_ALLOCATIONS && allocations[i].key != 0; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
+        if (allocations[i].key != key) continue;
+        used[allocations[i].dev] -= allocations[i].bytes;
+        allocations[i].key = TOMBSTONE;
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    initialised = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *version) {
+    *version = 12080;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    CUresult status = checked_device(ordinal);
+    if (status == CUDA_SUCCESS) *device = ordinal;
+    return status;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    *count = standin_settings()->devices;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int length, CUdevice dev) {
+    CUresult status = checked_device(dev);
+    if (status == CUDA_SUCCESS) snprintf(name, (size_t)length, "gpupool stand-in device %d", dev);
+    return status;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    CUresult status = checked_device(dev);
+    if (status == CUDA_SUCCESS) *bytes = standin_settings()->memory_bytes;
+    return status;
+}
+
+/* A context is its device's ordinal plus one. */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    CUresult status = checked_device(dev);
+    if (status == CUDA_SUCCESS) *ctx = (CUcontext)(uintptr_t)(dev + 1);
+    return status;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return checked_device(dev); }
+
+CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    CUresult status = cuDevicePrimaryCtxRetain(ctx, dev);
+    if (status == CUDA_SUCCESS) current = dev;
+    return status;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if ((intptr_t)ctx - 1 == current) current = -1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = (int)(intptr_t)ctx - 1;
+    if (ctx != NULL && checked_device(dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    current = ctx == NULL ? -1 : dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    *ctx = current < 0 ? NULL : (CUcontext)(uintptr_t)(current + 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device) {
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = current;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+    uint64_t end = __atomic_load_n(&last_end_ns, __ATOMIC_ACQUIRE), now = standin_now_ns();
+    if (end > now) {
+        struct timespec pause = {(time_t)((end - now) / 1000000000ull), (long)((end - now) % 1000000000ull)};
+        nanosleep(&pause, NULL);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream stream) {
+    (void)stream;
+    return cuCtxSynchronize();
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    *free = standin_settings()->memory_bytes - used[current];
+    pthread_mutex_unlock(&lock);
+    *total = standin_settings()->memory_bytes;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return allocate(current, bytesize, dptr); }
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    (void)flags;
+    return allocate(current, bytesize, dptr);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes) {
+    (void)ElementSizeBytes;
+    *pPitch = (WidthInBytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+    return allocate(current, (uint64_t)*pPitch * Height, dptr);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) { return release(dptr); }
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+    (void)flags;
+    if (prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (checked_device(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
+    return allocate(prop->location.id, size, handle);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(handle); }
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream;
+    return allocate(current, bytesize, dptr);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    (void)pool;
+    (void)hStream;
+    return allocate(current, bytesize, dptr);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    (void)hStream;
+    return release(dptr);
+}
+
+static CUresult create_array(CUarray *handle, uint64_t bytes) {
+    unsigned long long key;
+    CUresult status = allocate(current, bytes, &key);
+    if (status == CUDA_SUCCESS) *handle = (CUarray)(uintptr_t)key;
+    return status;
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * d->NumChannels * 4);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                                     d->NumChannels * 4);
+}
+
+CUresult cuArrayDestroy(CUarray hArray) { return release((uint64_t)(uintptr_t)hArray); }
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    return create_array((CUarray *)pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) *
+                                                (d->Depth ? d->Depth : 1) * d->NumChannels * 4 * 2 + levels);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release((uint64_t)(uintptr_t)h); }
+
+static CUresult run_kernel(void) {
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t end = standin_enqueue(current, standin_settings()->kernel_ns, (int)getpid());
+    uint64_t last = __atomic_load_n(&last_end_ns, __ATOMIC_ACQUIRE);
+    while (end > last && !__atomic_compare_exchange_n(&last_end_ns, &last, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(LAUNCH_PARAMS, void **kernelParams, void **extra) { return run_kernel(); }
+CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS, void **kernelParams) { return run_kernel(); }
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
+    return config == NULL ? CUDA_ERROR_INVALID_VALUE : run_kernel();
+}
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    return hGraphExec == NULL ? CUDA_ERROR_INVALID_VALUE : run_kernel();
+}
+
+uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns) {
+    return standin_busy(dev, pid, from_ns, to_ns);
+}
+
+uint64_t gpupoolStandinUsedBytes(int dev) {
+    pthread_mutex_lock(&lock);
+    uint64_t bytes = dev >= 0 && dev < STANDIN_MAX_DEVICES ? used[dev] : 0;
+    pthread_mutex_unlock(&lock);
+    return bytes;
+}
+
+#define ENTRY(name) {#name, (void *)&name},
+static const struct {
+    const char *name;
+    void *function;
+} entry_points[] = {
+    ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuDeviceGet) ENTRY(cuDeviceGetCount) ENTRY(cuDeviceGetName)
+    ENTRY(cuDeviceTotalMem_v2) ENTRY(cuDevicePrimaryCtxRetain) ENTRY(cuDevicePrimaryCtxRelease_v2)
+    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice)
+    ENTRY(cuCtxSynchronize) ENTRY(cuStreamSynchronize) ENTRY(cuMemGetInfo_v2) ENTRY(cuMemAlloc_v2)
+    ENTRY(cuMemAllocManaged) ENTRY(cuMemAllocPitch_v2) ENTRY(cuMemFree_v2) ENTRY(cuMemCreate) ENTRY(cuMemRelease)
+    ENTRY(cuMemAllocAsync) ENTRY(cuMemAllocFromPoolAsync) ENTRY(cuMemFreeAsync) ENTRY(cuArrayCreate_v2)
+    ENTRY(cuArray3DCreate_v2) ENTRY(cuArrayDestroy) ENTRY(cuMipmappedArrayCreate) ENTRY(cuMipmappedArrayDestroy)
+    ENTRY(cuLaunchKernel) ENTRY(cuLaunchCooperativeKernel) ENTRY(cuLaunchKernelEx) ENTRY(cuGraphLaunch)
+    ENTRY(cuGetProcAddress) ENTRY(cuGetProcAddress_v2)
+};
+
+static void *entry_named(const char *name) {
+    for (size_t i = 0; i < sizeof entry_points / sizeof *entry_points; i++)
+        if (strcmp(entry_points[i].name, name) == 0) return entry_points[i].function;
+    return NULL;
+}
+
+/* As the real driver: a base name means its newest variant the caller's CUDA version knows. */
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus) {
+    (void)flags;
+    char versioned[128];
+    void *found = NULL;
+    if (cudaVersion >= 3020) {
+        snprintf(versioned, sizeof versioned, "%s_v2", symbol);
+        if (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000) found = entry_named(versioned);
+    }
+    if (found == NULL) found = entry_named(symbol);
+    if (symbolStatus != NULL)
+        *symbolStatus = found ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    *pfn = found;
+    return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

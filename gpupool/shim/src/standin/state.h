@@ -1,0 +1,31 @@
+/*
+ * The stand-in driver's card timeline, shared by every process on this "machine" through a file
+ * (GPUPOOL_STANDIN_STATE): kernels of all processes run one after another on a card, each for the
+ * configured time, so busy time per card and per process can be measured the way NVML reports it.
+ */
+#ifndef GPUPOOL_STANDIN_STATE_H
+#define GPUPOOL_STANDIN_STATE_H
+
+#include <stdint.h>
+
+#define STANDIN_MAX_DEVICES 4
+#define STANDIN_RING 32768
+
+struct standin_settings {
+    int devices;
+    uint64_t memory_bytes;
+    uint64_t kernel_ns;
+    uint64_t queue_ns;   /* a launch blocks while the card has more than this much queued work */
+    uint64_t window_ns;  /* NVML's sample period when a caller gives no timestamp */
+};
+
+const struct standin_settings *standin_settings(void);
+uint64_t standin_now_ns(void);
+/* Queue a kernel of the given length on a card for pid; returns when it ends (CLOCK_MONOTONIC). */
+uint64_t standin_enqueue(int dev, uint64_t duration_ns, int pid);
+/* Busy nanoseconds of a card within [from, to), for one pid or (pid 0) for all. */
+uint64_t standin_busy(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
+/* The distinct pids that had work on a card within [from, to). */
+int standin_pids(int dev, uint64_t from_ns, uint64_t to_ns, int *pids, int max);
+
+#endif

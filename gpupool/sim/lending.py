@@ -1,0 +1,356 @@
+"""Replaying a loaded cluster with and without idle-GPU lending (the Huanrong patent, claims 1, 5, 6).
+
+Pods arrive, wait in one queue ordered by request time (the earliest request is tried first), and
+run for their lifetime. With lending on, a running pod whose GPUs are idle (by the monitor's rule,
+see :mod:`gpupool.sim.idle_model`) lends them: a waiting pod that fits nowhere on free capacity may
+run on them as a borrower. When the owner is busy again, the borrowers in its way are reclaimed
+(the most recently started first), record their progress and go back to the queue at their original
+place; they resume where they stopped (the checkpoint protocol).
+
+Two ledgers keep the books, both :class:`~gpupool.core.state.ClusterState` with the core's one card
+rule, both placed into by the core's :class:`~gpupool.core.scheduler.Scheduler`:
+
+* ``owned``: every running regular pod with everything it holds. Regular placements are decided
+  here, so a regular pod never takes capacity that an idle owner will want back.
+* ``lent`` (lending only): regular pods' CPU and memory, the GPUs of owners that are busy, and the
+  borrowers. Borrowers are decided here. A regular pod's booking (or an owner's return) that does
+  not fit reclaims borrowers on that node until it does; since ``lent`` minus its borrowers is never
+  more than ``owned``, that always ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+import numpy as np
+
+from gpupool.core.fragmentation import WorkloadProfile
+from gpupool.core.model import NodeSpec, Placement
+from gpupool.core.policies import make_policy
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState
+from gpupool.sim.arrivals import ArrivingPod
+
+QUEUE_TRIES = 32
+"""Scheduling attempts per ledger after each event that frees capacity. A pod asking for more GPU
+than the ledger has free costs no attempt; the cap bounds the cost of a long queue on a saturated
+cluster (later pods get the next event)."""
+
+FEW_NODES = 4
+"""Nodes that gained room up to which a shape that fit nowhere is tried on them alone."""
+
+_HOUR = 3600.0
+
+
+class _Event(IntEnum):
+    """Kinds of events; at equal times the lower value goes first (departures free room before arrivals)."""
+
+    FINISH = 0
+    OWNER_BUSY = 1
+    OWNER_IDLE = 2
+    ARRIVE = 3
+
+
+class _Status(IntEnum):
+    WAITING = 0
+    REGULAR = 1
+    BORROWER = 2
+    DONE = 3
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What one replay (with or without lending) measured over its horizon."""
+
+    lending: bool
+    pods: int
+    finished: int
+    still_waiting: int
+    allocated_gpu_hours: float  # held by regular pods (owners, idle or not)
+    borrowed_gpu_hours: float  # served to borrowers on lent GPUs
+    mean_wait_hours: float  # arrival to first start; pods never started count up to the horizon
+    p95_wait_hours: float
+    lends: int  # idle windows in which an owner lent its GPUs
+    reclaims: int  # borrowers stopped because their owner (or a regular pod) needed the GPUs
+
+
+class _NoRoom:
+    """Request shapes that found no room on a ledger, and the nodes that gained room since.
+
+    Between two attempts a ledger only gains room where something was released; a shape that fit
+    nowhere can fit only there. When one or a few nodes gained room the shape is tried on them
+    alone (the policy would have no other node to choose from); when none did, not at all.
+    """
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.failed_at: dict[int, int] = {}  # shape number -> length of ``released`` then
+
+    def gained_room(self, node: str) -> None:
+        self.released.append(node)
+
+    def found_none(self, shape: int) -> None:
+        self.failed_at[shape] = len(self.released)
+
+    def nodes_to_try(self, shape: int) -> tuple[str, ...] | None:
+        """The nodes worth trying: all (None), a few, or none (an empty tuple)."""
+        since = self.failed_at.get(shape)
+        if since is None:
+            return None
+        if since == len(self.released):
+            return ()
+        fresh = set(self.released[since:])
+        if len(fresh) > FEW_NODES:
+            return None
+        return tuple(sorted(fresh))
+
+
+class _Replay:
+    """One run over a fixed workload; see the module docstring for the two ledgers."""
+
+    def __init__(self, nodes: Sequence[NodeSpec], pods: Sequence[ArrivingPod], policy: str, *,
+                 lending: bool, hours: float, seed: int) -> None:
+        self.pods = pods
+        self.lending = lending
+        self.horizon = hours * _HOUR
+        profile = WorkloadProfile.from_pods([p.request for p in pods])
+        self.owned = ClusterState(nodes)
+        self.lent = ClusterState(nodes)
+        rng = np.random.default_rng(seed)
+        tie_rank = rng.permutation(self.owned.size).astype(np.int64)
+        self.owned_scheduler = Scheduler(self.owned, make_policy(policy, rng), profile=profile,
+                                         tie_rank=tie_rank, rng=rng)
+        self.lent_scheduler = Scheduler(self.lent, make_policy(policy, rng), profile=profile,
+                                        tie_rank=tie_rank, rng=rng)
+        count = len(pods)
+        numbers: dict[tuple[object, ...], int] = {}
+        self.shapes = [numbers.setdefault((p.request.containers, p.request.init_containers), len(numbers))
+                       for p in pods]
+        self.status = [_Status.WAITING] * count
+        self.remaining = [p.duration_s for p in pods]
+        self.run_start = [0.0] * count
+        self.first_start: list[float | None] = [None] * count
+        self.epoch = [0] * count
+        self.idle_now = [False] * count
+        self.placements: dict[int, Placement] = {}
+        self.borrowers_on: dict[str, list[int]] = {}
+        self.waiting: dict[int, list[tuple[float, int]]] = {}  # shape -> (request time, pod), earliest first
+        self.events: list[tuple[float, int, int, int]] = []  # (time, kind, pod, epoch)
+        self.gpu_hours = {_Status.REGULAR: 0.0, _Status.BORROWER: 0.0}
+        cards = float(sum(len(n.cards) for n in nodes))
+        self.free_gpus = {False: cards, True: cards}  # per ledger (lent: True), to skip hopeless tries
+        self.no_room = {False: _NoRoom(), True: _NoRoom()}
+        self.lends = self.reclaims = self.finished = 0
+
+    # ------------------------------------------------------------------------------------ the loop
+    def run(self) -> ReplayOutcome:
+        for position, pod in enumerate(self.pods):
+            self.events.append((pod.arrival_s, _Event.ARRIVE, position, 0))
+        heapq.heapify(self.events)
+        while self.events and self.events[0][0] <= self.horizon:
+            time, kind, position, epoch = heapq.heappop(self.events)
+            if epoch != self.epoch[position]:
+                continue  # the pod was reclaimed or finished since this event was planned
+            if kind == _Event.ARRIVE:
+                self._wait(position)
+            elif kind == _Event.FINISH:
+                self._finish(position, time)
+            elif kind == _Event.OWNER_IDLE:
+                self._lend(position)
+            else:
+                self._take_back(position, time)  # reclaimed borrowers may fit elsewhere
+            self._serve_queue(time)
+        for position, status in enumerate(self.status):
+            if status in (_Status.REGULAR, _Status.BORROWER):
+                self._account(position, self.horizon)
+        return self._outcome()
+
+    # ----------------------------------------------------------------------------------- transitions
+    def _serve_queue(self, now: float) -> None:
+        """Try waiting pods, earliest request first: on free capacity, else (lending) on lent GPUs.
+
+        Pods of one shape are interchangeable, so each pass looks at the earliest waiting pod of each
+        shape and moves on to the next shape when it does not fit. A shape that found no room is
+        tried again only on the nodes that gained room since (see :class:`_NoRoom`); attempts are
+        capped per pass (:data:`QUEUE_TRIES`).
+        """
+        ledgers = (False, True) if self.lending else (False,)
+        tries = dict.fromkeys(ledgers, 0)
+        for _, shape in sorted((line[0][0], shape) for shape, line in self.waiting.items() if line):
+            line = self.waiting[shape]
+            while line and self._start_first(line, shape, ledgers, tries, now):
+                pass
+            if all(t >= QUEUE_TRIES for t in tries.values()):
+                return
+
+    def _start_first(self, line: list[tuple[float, int]], shape: int, ledgers: tuple[bool, ...],
+                     tries: dict[bool, int], now: float) -> bool:
+        """Start the earliest waiting pod of a shape if any ledger has room; whether it started."""
+        position = line[0][1]
+        pod = self.pods[position]
+        for lent in ledgers:
+            if tries[lent] >= QUEUE_TRIES or pod.gpus > self.free_gpus[lent]:
+                continue
+            nodes = self.no_room[lent].nodes_to_try(shape)
+            if nodes == ():
+                continue
+            tries[lent] += 1
+            decision = self._place(lent, pod, nodes)
+            if decision is None:
+                self.no_room[lent].found_none(shape)
+                continue
+            line.pop(0)
+            (self._start_borrower if lent else self._start_regular)(position, decision, now)
+            return True
+        return False
+
+    def _place(self, lent: bool, pod: ArrivingPod, nodes: tuple[str, ...] | None) -> Placement | None:
+        """Book ``pod`` where the policy puts it; on ``nodes`` only when all others are known full."""
+        scheduler = self.lent_scheduler if lent else self.owned_scheduler
+        if nodes is None:
+            decision = scheduler.schedule(pod.request)
+            return decision if isinstance(decision, Placement) else None
+        state = scheduler.state
+        request = pod.request
+        for node in nodes:
+            row = state.index[node]
+            if (state.cpu_free[row] < request.cpu_milli or state.mem_free[row] < request.memory_mib
+                    or state.card_compute_free[row].sum() < request.gpu_milli_total()):
+                continue  # the quick sums say no; assign() would say so at greater cost
+            decision = scheduler.assign(request, node)
+            if isinstance(decision, Placement):
+                scheduler.state.apply(decision)
+                return decision
+        return None
+
+    def _wait(self, position: int) -> None:
+        bisect.insort(self.waiting.setdefault(self.shapes[position], []), (self.pods[position].arrival_s, position))
+
+    def _release(self, lent: bool, key: str) -> Placement | None:
+        placement = (self.lent if lent else self.owned).release(key)
+        if placement is not None:
+            self.no_room[lent].gained_room(placement.node)
+        return placement
+
+    def _start_regular(self, position: int, placement: Placement, now: float) -> None:
+        self._started(position, placement, _Status.REGULAR, now)
+        self.free_gpus[False] -= self.pods[position].gpus
+        if self.lending:
+            host, gpus = _split(placement)
+            self._book_lent(host, now)
+            self._book_lent(gpus, now)
+            self.free_gpus[True] -= self.pods[position].gpus
+            done = self.pods[position].duration_s - self.remaining[position]
+            for start, end in self.pods[position].lendable:
+                if end > done:
+                    self._plan(now + max(start, done) - done, _Event.OWNER_IDLE, position)
+                    self._plan(now + end - done, _Event.OWNER_BUSY, position)
+
+    def _start_borrower(self, position: int, placement: Placement, now: float) -> None:
+        self._started(position, placement, _Status.BORROWER, now)
+        self.free_gpus[True] -= self.pods[position].gpus
+        self.borrowers_on.setdefault(placement.node, []).append(position)
+
+    def _started(self, position: int, placement: Placement, status: _Status, now: float) -> None:
+        self.status[position] = status
+        self.placements[position] = placement
+        self.run_start[position] = now
+        if self.first_start[position] is None:
+            self.first_start[position] = now
+        self._plan(now + self.remaining[position], _Event.FINISH, position)
+
+    def _finish(self, position: int, now: float) -> None:
+        self._account(position, now)
+        key = self.pods[position].request.key
+        if self.status[position] == _Status.REGULAR:
+            self._release(False, key)
+            self.free_gpus[False] += self.pods[position].gpus
+            if self.lending:
+                self._release(True, f"{key}#host")
+                if self._release(True, f"{key}#gpu") is not None:
+                    self.free_gpus[True] += self.pods[position].gpus
+        else:
+            self._unbook_borrower(position)
+        self.status[position] = _Status.DONE
+        self.epoch[position] += 1
+        self.finished += 1
+
+    def _lend(self, position: int) -> None:
+        if self.status[position] != _Status.REGULAR or self.idle_now[position]:
+            return
+        if self._release(True, f"{self.pods[position].request.key}#gpu") is not None:
+            self.idle_now[position] = True
+            self.free_gpus[True] += self.pods[position].gpus
+            self.lends += 1
+
+    def _take_back(self, position: int, now: float) -> None:
+        if self.status[position] != _Status.REGULAR or not self.idle_now[position]:
+            return
+        self.idle_now[position] = False
+        self._book_lent(_split(self.placements[position])[1], now)
+        self.free_gpus[True] -= self.pods[position].gpus
+
+    def _book_lent(self, part: Placement, now: float) -> None:
+        """Book a regular pod's part in the lent ledger, reclaiming borrowers in its way."""
+        while (reason := self.lent.check(part)) is not None:
+            in_way = self.borrowers_on.get(part.node)
+            if not in_way:
+                raise RuntimeError(f"lent ledger holds more than the owned one on {part.node}: {reason}")
+            self._reclaim(in_way[-1], now)
+        self.lent.apply(part)
+
+    def _reclaim(self, position: int, now: float) -> None:
+        self._account(position, now)
+        self.remaining[position] -= now - self.run_start[position]
+        self._unbook_borrower(position)
+        self.status[position] = _Status.WAITING
+        self.epoch[position] += 1
+        self.reclaims += 1
+        self._wait(position)
+
+    def _unbook_borrower(self, position: int) -> None:
+        placement = self.placements.pop(position)
+        self._release(True, placement.pod_key)
+        self.borrowers_on[placement.node].remove(position)
+        self.free_gpus[True] += self.pods[position].gpus
+
+    # ------------------------------------------------------------------------------------ accounting
+    def _plan(self, time: float, kind: _Event, position: int) -> None:
+        heapq.heappush(self.events, (time, kind, position, self.epoch[position]))
+
+    def _account(self, position: int, until: float) -> None:
+        held = min(until, self.horizon) - self.run_start[position]
+        self.gpu_hours[_Status(self.status[position])] += self.pods[position].gpus * held / _HOUR
+
+    def _outcome(self) -> ReplayOutcome:
+        arrived = [i for i, p in enumerate(self.pods) if p.arrival_s <= self.horizon]
+        waits = np.array([(_or(self.first_start[i], self.horizon) - self.pods[i].arrival_s) / _HOUR
+                          for i in arrived] or [0.0])
+        return ReplayOutcome(
+            lending=self.lending, pods=len(arrived), finished=self.finished,
+            still_waiting=sum(1 for i in arrived if self.first_start[i] is None),
+            allocated_gpu_hours=round(self.gpu_hours[_Status.REGULAR], 3),
+            borrowed_gpu_hours=round(self.gpu_hours[_Status.BORROWER], 3),
+            mean_wait_hours=round(float(waits.mean()), 4), p95_wait_hours=round(float(np.percentile(waits, 95)), 4),
+            lends=self.lends, reclaims=self.reclaims)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _split(placement: Placement) -> tuple[Placement, Placement]:
+    """A regular pod's booking in the lent ledger: its CPU and memory, and (lendable) its GPUs."""
+    host = replace(placement, pod_key=f"{placement.pod_key}#host", containers=())
+    gpus = replace(placement, pod_key=f"{placement.pod_key}#gpu", cpu_milli=0, memory_mib=0)
+    return host, gpus
+
+
+def replay(nodes: Sequence[NodeSpec], pods: Sequence[ArrivingPod], policy: str, *, lending: bool,
+           hours: float, seed: int = 42) -> ReplayOutcome:
+    """Replay ``pods`` on ``nodes`` for ``hours`` with one placement policy, lending or not."""
+    return _Replay(nodes, pods, policy, lending=lending, hours=hours, seed=seed).run()

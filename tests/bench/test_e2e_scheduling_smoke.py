@@ -1,0 +1,58 @@
+"""bench/e2e_scheduling.py at a tiny size against the real control plane (e2e): it keeps working.
+
+Asserts what every run must show (every pod bound, no card booked twice, the keys the docs quote);
+no timing: the figures are measurements, not test outcomes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.e2e_scheduling import main, measure, parser
+from gpupool.testenv.build import build_impossible_reason
+
+pytestmark = pytest.mark.e2e
+
+TOP_LEVEL_KEYS = {
+    "gpu_pods_per_s", "cpu_pods_per_s", "gpu_to_cpu", "nodes", "gpu_pods", "cpu_pods", "gpu_bound", "cpu_bound",
+    "double_booked_cards", "wrong_assignments", "scheduler_qps", "scheduler_burst", "kube_scheduler_series",
+    "load_average_1m_start", "load_average_1m_end", "phases",
+}
+PHASE_KEYS = {"pods_per_s", "bound", "seconds", "kube_scheduler", "extender_ms", "cpu_s", "cycle_ms"}
+
+
+@pytest.fixture(scope="module")
+def result() -> dict[str, object]:
+    reason = build_impossible_reason()
+    if reason is not None:
+        pytest.skip(f"gpupool testenv cannot be built here: {reason}")
+    opts = parser().parse_args(["--nodes", "20", "--gpu-pods", "40", "--cpu-pods", "40", "--timeout", "120"])
+    found: dict[str, object] = measure(opts)
+    return found
+
+
+def test_every_pod_is_bound_and_no_card_is_booked_twice(result: dict[str, object]) -> None:
+    assert (result["gpu_bound"], result["cpu_bound"]) == (40, 40)
+    assert result["double_booked_cards"] == 0 and result["wrong_assignments"] == 0
+
+
+def test_the_json_carries_what_the_docs_quote(result: dict[str, object]) -> None:
+    assert set(result) >= TOP_LEVEL_KEYS
+    phases = result["phases"]
+    assert isinstance(phases, dict)
+    gpu, cpu = phases["gpu"], phases["cpu"]
+    assert set(gpu) >= PHASE_KEYS and set(cpu) >= PHASE_KEYS
+    # kube-scheduler counted every pod, and only GPU pods reached the extender
+    assert gpu["kube_scheduler"]["attempts"]["scheduled"] == 40
+    assert gpu["kube_scheduler"]["scheduling_algorithm_duration"]["count"] == 40
+    assert gpu["extender_ms"]["bind"]["count"] == 40 and gpu["extender_ms"]["filter"]["count"] == 40
+    assert cpu["kube_scheduler"]["attempts"]["scheduled"] == 40
+    assert cpu["extender_ms"] == {}
+
+
+def test_the_command_line_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    if build_impossible_reason() is not None:
+        pytest.skip("gpupool testenv cannot be built here")
+    assert main(["--nodes", "4", "--gpu-pods", "4", "--cpu-pods", "4", "--timeout", "120", "--json"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("{") and '"gpu_pods_per_s"' in last

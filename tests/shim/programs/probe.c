@@ -1,0 +1,228 @@
+/*
+ * Drives the driver API step by step for the interception library's tests. The entry points come
+ * from one of three places, so each path into the library is tested on its own:
+ *   symbol       the program is linked against libcuda.so.1 and calls it by name;
+ *   dlsym        dlopen("libcuda.so.1") + dlsym(name);
+ *   procaddress  only cuGetProcAddress_v2 is looked up; everything else comes through it.
+ * Usage: probe MODE STEP... ; each step prints one line "<step> <CUresult> [values]".
+ * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
+ *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
+ *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
+ *        (I: index of an earlier allocation)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+
+#define CUDA_VERSION_ASKED 12080
+#define MAX_HANDLES 4096
+
+static struct {
+    __typeof__(&cuInit) init;
+    __typeof__(&cuDevicePrimaryCtxRetain) retain;
+    __typeof__(&cuCtxSetCurrent) set_current;
+    __typeof__(&cuMemAlloc_v2) alloc;
+    __typeof__(&cuMemAllocManaged) managed;
+    __typeof__(&cuMemAllocAsync) async;
+    __typeof__(&cuMemAllocFromPoolAsync) pool;
+    __typeof__(&cuMemAllocPitch_v2) pitch;
+    __typeof__(&cuMemFree_v2) free;
+    __typeof__(&cuMemFreeAsync) free_async;
+    __typeof__(&cuMemCreate) create;
+    __typeof__(&cuMemRelease) release;
+    __typeof__(&cuArrayCreate_v2) array;
+    __typeof__(&cuArray3DCreate_v2) array3d;
+    __typeof__(&cuArrayDestroy) destroy;
+    __typeof__(&cuMipmappedArrayCreate) mipmap;
+    __typeof__(&cuMipmappedArrayDestroy) unmip;
+    __typeof__(&cuMemGetInfo_v2) info;
+    __typeof__(&cuDeviceTotalMem_v2) total;
+    __typeof__(&cuLaunchKernel) launch;
+} api;
+
+static unsigned long long handles[MAX_HANDLES];
+static int handle_count;
+
+static void *resolve_dlsym(void *library, const char *name) {
+    void *found = dlsym(library, name);
+    if (found == NULL) fprintf(stderr, "probe: %s not found\n", name);
+    return found;
+}
+
+static void *resolve_proc(void *getter, const char *name) {
+    void *found = NULL;
+    CUdriverProcAddressQueryResult status;
+    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, CUDA_VERSION_ASKED, 0, &status);
+    if (rc != CUDA_SUCCESS) fprintf(stderr, "probe: cuGetProcAddress_v2(%s) = %d\n", name, rc);
+    return found;
+}
+
+#define FILL(field, symbol, base)                                                                      \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, base)
+
+static void fill(char mode) {
+    void *library = NULL, *getter = NULL;
+    if (mode != 's') {
+        library = dlopen("libcuda.so.1", RTLD_NOW);
+        if (library == NULL) {
+            fprintf(stderr, "probe: %s\n", dlerror());
+            exit(3);
+        }
+        getter = dlsym(library, "cuGetProcAddress_v2");
+    }
+    FILL(init, cuInit, "cuInit");
+    FILL(retain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    FILL(set_current, cuCtxSetCurrent, "cuCtxSetCurrent");
+    FILL(alloc, cuMemAlloc_v2, "cuMemAlloc");
+    FILL(managed, cuMemAllocManaged, "cuMemAllocManaged");
+    FILL(async, cuMemAllocAsync, "cuMemAllocAsync");
+    FILL(pool, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+    FILL(pitch, cuMemAllocPitch_v2, "cuMemAllocPitch");
+    FILL(free, cuMemFree_v2, "cuMemFree");
+    FILL(free_async, cuMemFreeAsync, "cuMemFreeAsync");
+    FILL(create, cuMemCreate, "cuMemCreate");
+    FILL(release, cuMemRelease, "cuMemRelease");
+    FILL(array, cuArrayCreate_v2, "cuArrayCreate");
+    FILL(array3d, cuArray3DCreate_v2, "cuArray3DCreate");
+    FILL(destroy, cuArrayDestroy, "cuArrayDestroy");
+    FILL(mipmap, cuMipmappedArrayCreate, "cuMipmappedArrayCreate");
+    FILL(unmip, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy");
+    FILL(info, cuMemGetInfo_v2, "cuMemGetInfo");
+    FILL(total, cuDeviceTotalMem_v2, "cuDeviceTotalMem");
+    FILL(launch, cuLaunchKernel, "cuLaunchKernel");
+}
+
+static unsigned long long size_of(const char *text) {
+    char *end;
+    unsigned long long value = strtoull(text, &end, 10);
+    switch (*end) {
+    case 'k': return value << 10;
+    case 'm': return value << 20;
+    case 'g': return value << 30;
+    default: return value;
+    }
+}
+
+static void keep(CUresult rc, unsigned long long handle) {
+    if (rc == CUDA_SUCCESS && handle_count < MAX_HANDLES) handles[handle_count++] = handle;
+    printf(" %d", rc == CUDA_SUCCESS ? handle_count - 1 : -1);
+}
+
+static void step(const char *text) {
+    char verb[32] = "";
+    const char *argument = strchr(text, ':');
+    snprintf(verb, sizeof verb, "%.*s", argument ? (int)(argument - text) : (int)strlen(text), text);
+    argument = argument ? argument + 1 : "";
+    unsigned long long a = 0, b = 0, c = 0;
+    sscanf(argument, "%llux%llux%llu", &a, &b, &c);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    unsigned long long handle = 0;
+    printf("%s", text);
+    if (strcmp(verb, "alloc") == 0) rc = api.alloc(&handle, size_of(argument)), printf(" %d", rc), keep(rc, handle);
+    else if (strcmp(verb, "managed") == 0) rc = api.managed(&handle, size_of(argument), 1), printf(" %d", rc), keep(rc, handle);
+    else if (strcmp(verb, "async") == 0) rc = api.async(&handle, size_of(argument), NULL), printf(" %d", rc), keep(rc, handle);
+    else if (strcmp(verb, "pool") == 0) rc = api.pool(&handle, size_of(argument), NULL, NULL), printf(" %d", rc), keep(rc, handle);
+    else if (strcmp(verb, "pitch") == 0) {
+        size_t pitch = 0;
+        rc = api.pitch(&handle, &pitch, a, b, 4);
+        printf(" %d", rc);
+        keep(rc, handle);
+        printf(" %zu", pitch);
+    } else if (strcmp(verb, "create") == 0) {
+        CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        rc = api.create(&handle, size_of(argument), &prop, 0);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "array") == 0) {
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = a, .Height = b, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUarray h = NULL;
+        rc = api.array(&h, &d);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)h);
+    } else if (strcmp(verb, "array3d") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = a, .Height = b, .Depth = c, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUarray h = NULL;
+        rc = api.array3d(&h, &d);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)h);
+    } else if (strcmp(verb, "mipmap") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = a, .Height = b, .Depth = 0, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUmipmappedArray h = NULL;
+        rc = api.mipmap(&h, &d, (unsigned)c);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)h);
+    } else if (strcmp(verb, "free") == 0) printf(" %d", api.free(handles[atoi(argument)]));
+    else if (strcmp(verb, "freeasync") == 0) printf(" %d", api.free_async(handles[atoi(argument)], NULL));
+    else if (strcmp(verb, "release") == 0) printf(" %d", api.release(handles[atoi(argument)]));
+    else if (strcmp(verb, "destroy") == 0) printf(" %d", api.destroy((CUarray)(uintptr_t)handles[atoi(argument)]));
+    else if (strcmp(verb, "unmip") == 0) printf(" %d", api.unmip((CUmipmappedArray)(uintptr_t)handles[atoi(argument)]));
+    else if (strcmp(verb, "info") == 0) {
+        size_t free = 0, total = 0;
+        rc = api.info(&free, &total);
+        printf(" %d %zu %zu", rc, free, total);
+    } else if (strcmp(verb, "total") == 0) {
+        size_t total = 0;
+        rc = api.total(&total, 0);
+        printf(" %d %zu", rc, total);
+    } else if (strcmp(verb, "grab") == 0) { /* grab:SIZE:N allocate up to N blocks, report how many */
+        const char *count = strchr(argument, ':');
+        int wanted = count ? atoi(count + 1) : MAX_HANDLES, got = 0;
+        unsigned long long size = size_of(argument);
+        for (int i = 0; i < wanted; i++) {
+            if (api.alloc(&handle, size) != CUDA_SUCCESS) continue;
+            handles[handle_count++ % MAX_HANDLES] = handle;
+            got++;
+        }
+        printf(" 0 %d", got);
+    } else if (strcmp(verb, "wait") == 0) { /* wait:PATH until the file exists (a start line for racers) */
+        struct stat st;
+        while (stat(argument, &st) != 0) usleep(1000);
+        printf(" 0");
+    } else if (strcmp(verb, "launch") == 0) {
+        int n = atoi(argument);
+        rc = CUDA_SUCCESS;
+        for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) rc = api.launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        printf(" %d", rc);
+    } else if (strcmp(verb, "ppid") == 0) {
+        printf(" 0 %d", (int)getppid());
+    } else if (strcmp(verb, "sleep") == 0) {
+        usleep((useconds_t)atoi(argument) * 1000);
+        printf(" 0");
+    } else if (strcmp(verb, "hold") == 0) {
+        printf(" 0\n");
+        fflush(stdout);
+        for (;;) pause();
+    } else {
+        printf(" unknown-step\n");
+        exit(2);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strchr("sdp", argv[1][0]) == NULL) {
+        fprintf(stderr, "usage: probe symbol|dlsym|procaddress STEP...\n");
+        return 2;
+    }
+    fill(argv[1][0]);
+    CUcontext ctx;
+    if (api.init(0) != CUDA_SUCCESS || api.retain(&ctx, 0) != CUDA_SUCCESS || api.set_current(ctx) != CUDA_SUCCESS) {
+        fprintf(stderr, "probe: no context\n");
+        return 3;
+    }
+    for (int i = 2; i < argc; i++) step(argv[i]);
+    return 0;
+}

@@ -1,0 +1,87 @@
+"""Registration with the node agent: one JSON line per process, never a condition for the limits."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.shim.toolchain import Toolchain, codes, run_probe
+
+OK, OUT_OF_MEMORY = 0, 2
+TOKEN = "ab" * 32
+WAIT_FOR_REGISTRATION = "sleep:500"  # registration runs on a thread of its own
+
+
+class FakeAgent:
+    """A unix-socket server that records each request line and answers with a fixed reply."""
+
+    def __init__(self, path: Path, reply: bytes) -> None:
+        self.requests: list[dict[str, object]] = []
+        self.reply = reply
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            with connection:
+                line = connection.makefile("rb").readline()
+                self.requests.append(json.loads(line))
+                connection.sendall(self.reply)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture()
+def agent(work: Path) -> Iterator[FakeAgent]:
+    served = FakeAgent(work / "agent.sock", b'{"v":1,"ok":true}\n')
+    yield served
+    served.close()
+
+
+def registering_env(tc: Toolchain, work: Path, socket_path: Path) -> dict[str, str]:
+    return tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024", GPUPOOL_SHIM_TOKEN=TOKEN,
+                  GPUPOOL_AGENT_SOCKET=str(socket_path), GPUPOOL_POD='team-a/trainer"1', GPUPOOL_CONTAINER="main",
+                  GPUPOOL_SHIM_LOG="info")
+
+
+def test_a_process_registers_once_with_its_token(tc: Toolchain, work: Path, agent: FakeAgent) -> None:
+    env = registering_env(tc, work, work / "agent.sock")
+    steps, stderr = run_probe(tc, env, "symbol", "alloc:1g", WAIT_FOR_REGISTRATION)
+    assert codes(steps) == [OK, OK]
+    assert len(agent.requests) == 1
+    request = agent.requests[0]
+    assert request == {"v": 1, "op": "register", "token": TOKEN, "pid": request["pid"],
+                       "pod": 'team-a/trainer"1', "container": "main"}
+    assert isinstance(request["pid"], int) and request["pid"] > 0
+    assert "registered with the node agent" in stderr
+
+
+def test_limits_hold_when_the_agent_refuses(tc: Toolchain, work: Path) -> None:
+    refusing = FakeAgent(work / "agent.sock", b'{"v":1,"ok":false,"reason":"unknown token"}\n')
+    try:
+        steps, stderr = run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", WAIT_FOR_REGISTRATION,
+                                  "alloc:2g")
+    finally:
+        refusing.close()
+    assert codes(steps) == [OK, OUT_OF_MEMORY]
+    assert "unknown token" in stderr
+
+
+def test_limits_hold_when_the_agent_is_unreachable(tc: Toolchain, work: Path) -> None:
+    steps, stderr = run_probe(tc, registering_env(tc, work, work / "nobody.sock"), "symbol", WAIT_FOR_REGISTRATION,
+                              "alloc:2g")
+    assert codes(steps) == [OK, OUT_OF_MEMORY]
+    assert "node agent unreachable" in stderr
