@@ -32,6 +32,7 @@ from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
@@ -67,6 +68,7 @@ class ExtenderOptions:
     require_agent_lease: bool = False
     hami: bool = False
     gpushare_memory_unit: str = "GiB"
+    tenancy: bool = True
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -109,9 +111,12 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
     """
     names = options.resource_names()
-    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
+    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s,
+                         tenancy_required=options.tenancy)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
+    if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
+        start_tenancy_watches(cache, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
                                 name=options.lease_name)
@@ -237,13 +242,16 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "node runs NVIDIA's own device plugin (docs/hami.md).")
 @click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(list(GPUSHARE_UNITS)),
               help="What one aliyun.com/gpu-mem is (gpushare clusters that ran --memory-unit=MiB).")
+@click.option("--tenancy/--no-tenancy", default=True, show_default=True,
+              help="Watch ResourceGroups, GpuQuotas and Namespaces and apply them (docs/tenancy.md).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
-             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, verbose: bool) -> None:
+             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
+             verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -256,4 +264,4 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,
                                  require_agent_lease=require_agent_lease, hami=hami,
-                                 gpushare_memory_unit=gpushare_memory_unit))
+                                 gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy))
