@@ -41,6 +41,8 @@ def crds(kube_api_client: client.ApiClient) -> Iterator[None]:
     names = []
     for path in sorted(CRDS.glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
+        if doc.get("kind") != "CustomResourceDefinition":
+            continue  # the directory's kustomization.yaml
         names.append(doc["metadata"]["name"])
         utils.create_from_dict(kube_api_client, doc)
     for name in names:
