@@ -9,6 +9,7 @@ parses flags, reads the cluster and writes YAML.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def _api_client(kubeconfig: str | None) -> Any:
     return client.ApiClient(api_configuration(kubeconfig))
 
 
-def _cluster_nodes(api_client: Any) -> list[dict[str, Any]]:
+def _cluster_nodes(api_client: Any) -> list[Mapping[str, Any]]:
     from kubernetes import client
 
     items = client.CoreV1Api(api_client).list_node().items

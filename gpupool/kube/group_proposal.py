@@ -190,7 +190,10 @@ def propose(nodes: Iterable[NodeSpec], request: ProposalRequest) -> list[Resourc
     return groups
 
 
-def manifest(group: ResourceGroup, names: TenancyNames = TenancyNames()) -> dict[str, Any]:
+DEFAULT_NAMES = TenancyNames()
+
+
+def manifest(group: ResourceGroup, names: TenancyNames = DEFAULT_NAMES) -> dict[str, Any]:
     """The ``ResourceGroup`` object of ``group``, as ``kubectl apply`` takes it."""
     nodes: list[dict[str, Any]] = []
     for node in group.nodes:
