@@ -150,3 +150,20 @@ def refused_models(quotas: Iterable[Quota], used: ModelUse, pod: PodRequest,
         if reason is not None:
             refused[model] = reason
     return refused
+
+
+def refused_everywhere(refused: Mapping[str, str], sizes: Mapping[str, int]) -> str | None:
+    """The reason refusing the pod on every node, when :func:`refused_models` closed every GPU model
+    of the cluster to it (its quotas' reasons, sorted and joined); None while some model has room.
+
+    The filter refuses the pod everywhere with it, and the admission webhook rejects at create time
+    with it a pod that no model could hold even in an empty namespace: one rule, one text.
+    """
+    if refused and set(refused) >= set(sizes):
+        return refused_text(refused)
+    return None
+
+
+def refused_text(refused: Mapping[str, str]) -> str:
+    """The refused models' reasons as one sentence (each distinct reason once, sorted)."""
+    return "; ".join(sorted(set(refused.values())))

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from gpupool.core.card_scope import CardScope, CardSet, narrow
 from gpupool.core.groups import Group, choose_group, outside_scope, scoped
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.quota import ModelSizes, Quota, quota_verdict, refused_models
+from gpupool.core.quota import ModelSizes, Quota, quota_verdict, refused_everywhere, refused_models, refused_text
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.usage import placement_use
 from gpupool.extender.tenancy_book import TenancyBook
@@ -171,12 +171,12 @@ class Admissions:
         if quotas and node is None:
             sizes = self.sizes.of(state)
             refused = refused_models(quotas, state.usage.of(tenant.namespace), request, sizes)
-            reasons = "; ".join(sorted(set(refused.values())))
-            if refused and set(refused) >= set(sizes):
-                return Admission(request, reasons)
+            everywhere = refused_everywhere(refused, sizes)
+            if everywhere is not None:
+                return Admission(request, everywhere)
             if refused:
                 layers.append(Layer(CardScope("GPU models the quota leaves room on",
-                                              avoid_models=frozenset(refused)), reasons))
+                                              avoid_models=frozenset(refused)), refused_text(refused)))
         scope: CardScope | None = None
         for layer in layers:
             scope = narrow(scope, layer.scope)
