@@ -36,10 +36,12 @@ from gpupool.core.state import ClusterState
 from gpupool.extender.booking_keeper import BookingKeeper
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
+from gpupool.extender.lendable import LendingNames, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.tenancy import Admissions
 from gpupool.extender.tenancy_book import TenancyBook
+from gpupool.extender.victims import Holder
 from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.tenancy import PodTenancy
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
@@ -68,6 +70,7 @@ class ClusterCache:
         self.served_aliases: dict[str, frozenset[str]] = {}
         self.served_aliases_version = 0
         self._specs = NodeSpecs(self.names)
+        self._lending = LendingNames(self.names.domain)
         self.nodes_synced = False
         self.pods_synced = False
         self.tenancy = TenancyBook(TenancyNames(self.names.domain))
@@ -287,6 +290,21 @@ class ClusterCache:
         """``namespace/name`` of a known pod by uid."""
         with self.lock:
             return self.uids.get(uid)
+
+    def holders_on(self, node: str) -> list[Holder]:
+        """The pods bound to ``node`` whose request reads, with priority, borrower mark and cards
+        (a pod whose priority cannot be read is never offered as a victim)."""
+        with self.lock:
+            row = self.state.index.get(node)
+            found: list[Holder] = []
+            for key in sorted(self.state.pods_on.get(row, ()) if row is not None else ()):
+                record = self.pods.get(key)
+                if record is None or record.request is None or record.node_name != node:
+                    continue
+                cards = tuple(sorted(self.state.placements[key].held_per_card()))
+                found.append(Holder(key, record.uid, record.request.priority,
+                                    is_borrower(record.raw, self._lending), cards))
+            return found
 
     def node_spec_of(self, name: str) -> NodeSpec | None:
         """The spec of a present node."""

@@ -26,7 +26,6 @@ from gpupool.core.model import Placement, PodRequest
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
-from gpupool.core.what_if import what_if_copy
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
@@ -34,6 +33,7 @@ from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
 from gpupool.extender.tenancy import Admission, Admissions
 from gpupool.extender.tenancy_book import TenancyBook
+from gpupool.extender.victims import Holder, choose_victims, fits_on
 from gpupool.kube.tenancy import PodTenancy
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
@@ -84,6 +84,9 @@ class Ledger(Protocol):
 
     def key_for_uid(self, uid: str) -> str | None:
         """``namespace/name`` of a known pod by uid."""
+
+    def holders_on(self, node: str) -> list[Holder]:
+        """The pods booked on ``node``, with their priority and whether they borrow lent capacity."""
 
 
 
@@ -321,11 +324,13 @@ class ExtenderService:
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
-        """Keep the nodes where evicting the proposed victims (uids per node) frees enough.
+        """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs; nodes
+        where no set of lower-priority pods frees enough are left out.
 
-        The question is asked of a what-if copy of the nodes without the victims' bookings
-        (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node holding a
-        pod whose assignment cannot be read stays refused unless every such pod is a victim.
+        kube-scheduler's proposals stay; the extender adds the GPU victims it needs, borrowers
+        first (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the
+        node (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node
+        holding a pod whose assignment cannot be read stays refused unless every such pod is a victim.
         """
         if not request.wants_gpu:
             return dict(victims), ""
@@ -337,20 +342,24 @@ class ExtenderService:
             if admission.error is not None:
                 return {}, ""
             request = admission.request
-            leaving = {node: {k for k in map(self.cache.key_for_uid, uids) if k is not None}
-                       for node, uids in victims.items()}
             state = self.cache.state
-            lifted = {key for node, keys in leaving.items() for key in keys
-                      if (held := state.placements.get(key)) is not None and held.node == node}
-            what_if = what_if_copy(state, victims, without=lifted)
-            scheduler = Scheduler(what_if, make_policy(self.cache.policy_name), profile=self.cache.profile)
             gated = self.node_gate(state)
             for node, uids in victims.items():
-                if node in gated or self.cache.unreadable_on(node) - leaving[node]:
+                if node in gated or node not in state.index:
                     continue
-                if isinstance(scheduler.assign(request, node), Placement):
-                    kept[node] = list(uids)
+                proposed = {k for k in map(self.cache.key_for_uid, uids) if k is not None}
+                holders = self.cache.holders_on(node)
+                fits = fits_on(state, node, request, self._what_if_scheduler)
+                chosen = choose_victims(request, proposed, holders, fits)
+                if chosen is None or self.cache.unreadable_on(node) - chosen:
+                    continue
+                uid_of = {h.key: h.uid for h in holders}
+                kept[node] = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
         return kept, ""
+
+    def _what_if_scheduler(self, state: ClusterState) -> Scheduler:
+        """A scheduler over a what-if copy, built as the ledger's own (policy, workload profile)."""
+        return Scheduler(state, make_policy(self.cache.policy_name), profile=self.cache.profile)
 
 
 def with_outside(failed: dict[str, str], outside: list[dict[str, str]], passed: list[str]) -> dict[str, str]:

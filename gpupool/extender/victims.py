@@ -1,0 +1,97 @@
+"""Which pods of a node to evict so that a higher-priority GPU pod fits: the preempt verb's choice.
+
+Why the extender chooses victims itself: gpupool's resources are ``ignoredByScheduler``, so when
+kube-scheduler (v1.20 ``selectVictimsOnNode``) removes the lower-priority pods of a node and then
+reprieves them one by one, its own filters pass with every pod back and it proposes the node with
+*no* victims (or only the ones its CPU and memory need). Only the ledger knows which cards a pod
+holds, so the preempt answer adds the GPU victims; kube-scheduler accepts any pod of the node in
+the answer (it looks the uids up on the node) and deletes exactly those.
+
+The choice: the proposed victims always stay (kube-scheduler's own filters need them); among the
+node's other pods of lower priority than the preemptor, borrowers (pods placed on lent capacity,
+low priority by definition) are taken first, then the lowest priorities. Several orders are tried,
+one per card of the node (its holders first), and after each greedy pass every added victim that
+is not needed is reprieved, so victims on cards the pod does not need stay. Of the sets found, the
+one with the fewest non-borrowers, then the lowest highest priority, then the fewest pods wins
+(kube-scheduler then ranks the nodes the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from gpupool.core.model import Placement, PodRequest
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState
+from gpupool.core.what_if import what_if_copy
+
+Fits = Callable[[frozenset[str]], bool]
+"""Whether the preemptor fits on the node once the pods of these keys are gone."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A pod bound to a node, as the preempt choice sees it."""
+
+    key: str
+    uid: str
+    priority: int
+    borrowed: bool = False
+    cards: tuple[int, ...] = ()
+    """The card positions its placement holds (empty for a pod without GPUs)."""
+
+
+def fits_on(state: ClusterState, node: str, request: PodRequest,
+            scheduler: Callable[[ClusterState], Scheduler]) -> Fits:
+    """A :data:`Fits` asking a what-if copy of ``node`` (the shared ledger is only read; keys
+    booked on other nodes change nothing here). ``scheduler``: builds the scheduler for a copy
+    (the ledger's policy and workload profile)."""
+    def fits(without: frozenset[str]) -> bool:
+        copy = what_if_copy(state, [node], without=without)
+        return isinstance(scheduler(copy).assign(request, node), Placement)
+    return fits
+
+
+def _rank(chosen: frozenset[str], by_key: dict[str, Holder]) -> tuple[int, int, int, int]:
+    """Fewest non-borrowers, lowest highest priority, fewest pods, lowest priority sum (unknown
+    keys, kube-scheduler's own proposals, count as they are: they are in every set alike)."""
+    known = [by_key[k] for k in chosen if k in by_key]
+    return (sum(not h.borrowed for h in known), max((h.priority for h in known), default=-(1 << 31)),
+            len(chosen), sum(h.priority for h in known))
+
+
+def _greedy(order: Sequence[Holder], base: frozenset[str], fits: Fits) -> frozenset[str] | None:
+    """Add victims in ``order`` until the pod fits, then reprieve every added one not needed
+    (most important first); None when even all of them do not free enough."""
+    chosen = set(base)
+    added: list[Holder] = []
+    for holder in order:
+        if fits(frozenset(chosen)):
+            break
+        chosen.add(holder.key)
+        added.append(holder)
+    if not fits(frozenset(chosen)):
+        return None
+    for holder in sorted(added, key=lambda h: (h.borrowed, -h.priority, h.key)):
+        trial = frozenset(chosen - {holder.key})
+        if fits(trial):
+            chosen.discard(holder.key)
+    return frozenset(chosen)
+
+
+def choose_victims(request: PodRequest, proposed: Collection[str], holders: Sequence[Holder],
+                   fits: Fits) -> frozenset[str] | None:
+    """The keys to evict on one node (``proposed`` plus the fewest others), or None when no set of
+    lower-priority pods frees enough there."""
+    base = frozenset(proposed)
+    pool = [h for h in holders if h.key not in base and h.priority < request.priority]
+    by_key = {h.key: h for h in pool}
+    plain = sorted(pool, key=lambda h: (not h.borrowed, h.priority, h.key))
+    orders = [plain]
+    for card in sorted({c for h in pool for c in h.cards}):
+        orders.append(sorted(pool, key=lambda h: (card not in h.cards, not h.borrowed, h.priority, h.key)))
+    found = [s for s in (_greedy(order, base, fits) for order in orders) if s is not None]
+    if not found:
+        return None
+    return min(found, key=lambda s: (_rank(s, by_key), sorted(s)))
