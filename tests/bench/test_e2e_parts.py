@@ -66,7 +66,12 @@ def test_scheduler_config_is_the_shipped_one_with_the_clusters_addresses_and_lim
     assert config["leaderElection"] == {"leaderElect": False}
     assert config["metricsBindAddress"] == config["healthzBindAddress"] == "127.0.0.1:7"
     (extender,) = config["extenders"]
-    assert extender == {**shipped["extenders"][0], "urlPrefix": "http://127.0.0.1:9/x"}
+    tls_fields = ("enableHTTPS", "tlsConfig")  # the bench's extender serves plain HTTP
+    plain = {k: v for k, v in shipped["extenders"][0].items() if k not in tls_fields}
+    assert extender == {**plain, "urlPrefix": "http://127.0.0.1:9/x"}
+    https = yaml.safe_load(scheduler_config(tmp_path / "kc", "https://127.0.0.1:9/x", "127.0.0.1:7", 1.0, 1))
+    assert {k: https["extenders"][0].get(k) for k in tls_fields} == {k: shipped["extenders"][0].get(k)
+                                                                     for k in tls_fields}
 
 
 METRICS = """\
