@@ -27,7 +27,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.schedule_check import check_assignment
+from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -222,6 +222,9 @@ class NodeAgent:
                 report = asyncio.create_task(self._report(res.pod.key, str(exc)))
                 self._reports.add(report)
                 report.add_done_callback(self._reports.discard)
+            if isinstance(exc, CardStateRefused):
+                log.warning("the assignment was decided from a stale view of the cards; publishing them again")
+                await self._devices_changed()
             raise
         record = self.mapper.record(res, resource, ids, tuple(uuids[s.card] for s in res.assignment.slices))
         self.stats.bases[res.basis] += 1
