@@ -13,6 +13,7 @@ Not thread-safe on its own: the cache calls it under its lock.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 from gpupool.api.annotations import AnnotationError, Assignment
@@ -36,6 +37,13 @@ from gpupool.kube.pod_holding import PodRecord
 
 log = logging.getLogger(__name__)
 
+ENDED_DELETED = "deleted"
+ENDED_FINISHED = "finished"
+"""Succeeded or Failed: its containers exited, or kubelet refused it (an admission error)."""
+ENDED_CLEARED = "cleared"
+"""Still there, but holds nothing any more (its assignment was removed, it asks for no GPU)."""
+RELEASE_REASONS = (ENDED_DELETED, ENDED_FINISHED, ENDED_CLEARED)
+
 
 class BookingKeeper:
     """Every pod's :class:`Booking`, the pins of committed binds, and the ledger they are booked in."""
@@ -51,6 +59,8 @@ class BookingKeeper:
         self.pins: dict[str, Pin] = {}
         self._on_node: dict[str, set[str]] = {}
         self._nodes_of: dict[str, frozenset[str]] = {}
+        self.released: Counter[str] = Counter()
+        """Bookings given back because the pod ended, by how (:data:`RELEASE_REASONS`; metrics)."""
 
     def spec_of(self, name: str) -> NodeSpec | None:
         """The spec of a present node."""
@@ -63,11 +73,15 @@ class BookingKeeper:
     def sync(self, key: str) -> None:
         """Feed the booking of ``key`` what its latest pod record (and pin) says now."""
         pin = self.pins.get(key)
-        seen = observe(self.pods.get(key), pin, now=self.clock(),
+        record = self.pods.get(key)
+        seen = observe(record, pin, now=self.clock(),
                        unconfirmed_timeout_s=self.unconfirmed_timeout_s, spec_of=self.spec_of)
         if pin is not None and seen.event is not Event.SEEN_BEHIND:
             del self.pins[key]  # shown by the watch, ended with the pod, or out of time
+        held = self.state.placements.get(key)
         self._fire(key, seen.event, seen.placement, seen.problem)
+        if held is not None and key not in self.state.placements and seen.event is Event.SEEN_NOTHING:
+            self._count_release(key, held, record)
         if pin is not None and seen.event is Event.TIMED_OUT:
             self.sync(key)  # what the API says, now that the pin is gone
 
@@ -77,6 +91,13 @@ class BookingKeeper:
             self.problems.cards_over(self.state, name, (), self.uid_of)
         for key in sorted(self._on_node.get(name, ())):
             self.sync(key)
+
+    def _count_release(self, key: str, held: Placement, record: PodRecord | None) -> None:
+        """Count and log a booking the pod's end (or its cleared assignment) just gave back."""
+        reason = ENDED_DELETED if record is None else ENDED_FINISHED if record.finished else ENDED_CLEARED
+        self.released[reason] += 1
+        log.info("pod %s %s: released its booking on node %s (cards %s)", key, reason, held.node,
+                 sorted({s.card for c in held.containers for s in c.slices}))
 
     def forget_pin(self, key: str) -> None:
         """The pod is gone: nothing is left for its pin to hold."""

@@ -317,6 +317,11 @@ class ClusterCache:
         return self.keeper.bookings
 
     @property
+    def released_bookings(self) -> Mapping[str, int]:
+        """Bookings given back because their pod ended, by how (read under :attr:`lock`)."""
+        return self.keeper.released
+
+    @property
     def problems(self) -> BookingProblems:
         """Over-committed cards and unreadable claims (read under :attr:`lock`)."""
         return self.keeper.problems

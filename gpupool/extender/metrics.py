@@ -14,15 +14,16 @@ own cards (:mod:`gpupool.nodeagent.metrics`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpupool.core.model import CardMode
 from gpupool.core.state import BoolArray, IntArray
+from gpupool.extender.booking_keeper import RELEASE_REASONS
 from gpupool.extender.service import Ledger
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -93,6 +94,8 @@ class LedgerTotals:
     compute_allocated_permille: int
     overcommitted_cards: int
     unreadable_assignments: int
+    bookings_released: tuple[tuple[str, int], ...] = ()
+    """Bookings given back because their pod ended, by how (:data:`RELEASE_REASONS` order)."""
 
     @classmethod
     def read(cls, ledger: Ledger) -> LedgerTotals:
@@ -109,8 +112,10 @@ class LedgerTotals:
             unreadable = len(ledger.problems.unreadable)
             booked = len(state.placements)
             synced = ledger.synced
-        return cls.summarise(arrays, synced=synced, nodes_with_problem=problems, pods_booked=booked,
-                             overcommitted_cards=overcommitted, unreadable_assignments=unreadable)
+            released = tuple((reason, ledger.released_bookings.get(reason, 0)) for reason in RELEASE_REASONS)
+        totals = cls.summarise(arrays, synced=synced, nodes_with_problem=problems, pods_booked=booked,
+                               overcommitted_cards=overcommitted, unreadable_assignments=unreadable)
+        return replace(totals, bookings_released=released)
 
     @classmethod
     def summarise(cls, arrays: CardArrays, *, synced: bool, nodes_with_problem: int, pods_booked: int,
@@ -177,3 +182,10 @@ class LedgerCollector(Collector):
         for state, count in totals.cards_by_state:
             cards.add_metric([state], count)
         yield cards
+        released = CounterMetricFamily("gpupool_extender_bookings_released",
+                                        "Bookings given back because their pod ended: deleted, finished "
+                                        "(Succeeded/Failed), or cleared (holds nothing any more)",
+                                        labels=["reason"])
+        for reason, count in totals.bookings_released:
+            released.add_metric([reason], count)
+        yield released

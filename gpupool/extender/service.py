@@ -71,6 +71,11 @@ class Ledger(Protocol):
         """True once the ledger reflects a full list of nodes and pods."""
 
     @property
+    def released_bookings(self) -> Mapping[str, int]:
+        """Bookings given back because their pod ended, by how (deleted, finished, cleared); read
+        under ``lock``."""
+
+    @property
     def problems(self) -> BookingProblems:
         """Claims the ledger cannot square (over-committed cards, unreadable assignments); read
         under ``lock``."""

@@ -28,7 +28,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.schedule_check import check_assignment
+from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -61,6 +61,8 @@ class AgentStats:
     bases: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     mismatches: int = 0
+    released_pods: int = 0
+    """Pods whose grants the agent dropped because kubelet no longer lists them (gone or replaced)."""
     allocate_ms: list[float] = field(default_factory=list)
 
 
@@ -186,7 +188,20 @@ class NodeAgent:
                 views[key] = view
         self._snapshot, self._views, self._listed = snapshot, views, True
         self.mapper.observe(snapshot, views)
+        self._release_gone(snapshot)
         return snapshot, views
+
+    def _release_gone(self, snapshot: PodResourcesSnapshot) -> None:
+        """Drop what was served to pods kubelet no longer lists, once the mapper forgot them too
+        (its grace covers a List taken mid-change): their grants no longer count, and no annotation
+        is written to a pod that is gone."""
+        kept = {record.pod_key for record in self.mapper.served()}
+        for key in [k for k in self._served if k not in snapshot and k not in kept]:
+            containers = self._served.pop(key)
+            self._dirty.discard(key)
+            self.stats.released_pods += 1
+            log.info("released the grants of pod %s/%s (%s): kubelet no longer lists it", key[0], key[1],
+                     ", ".join(sorted(containers)) or "no containers")
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:
@@ -209,7 +224,8 @@ class NodeAgent:
         try:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
             if self.vouch is None or not self.vouch(res.pod, res.assignment):
-                check_assignment(self.node, self._inventory, res.pod, res.assignment, self._granted(views))
+                check_assignment(self.node, self._inventory, res.pod, res.assignment,
+                                 self._granted(views, snapshot))
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,
@@ -222,6 +238,9 @@ class NodeAgent:
                 report = asyncio.create_task(self._report(res.pod.key, str(exc)))
                 self._reports.add(report)
                 report.add_done_callback(self._reports.discard)
+            if isinstance(exc, CardStateRefused):
+                log.warning("the assignment was decided from a stale view of the cards; publishing them again")
+                await self._devices_changed()
             raise
         record = self.mapper.record(res, resource, ids, tuple(uuids[s.card] for s in res.assignment.slices))
         self.stats.bases[res.basis] += 1
@@ -240,10 +259,32 @@ class NodeAgent:
             except Exception as exc:  # the refusal stands; only its event is lost
                 log.warning("could not report the refusal on %s/%s: %s", pod[0], pod[1], exc)
 
-    def _granted(self, views: Mapping[PodKey, PodView]) -> list[PodView]:
+    def _granted(self, views: Mapping[PodKey, PodView], snapshot: PodResourcesSnapshot) -> list[PodView]:
         """Listed pods holding grants on this node: served by this agent, or by an earlier one
-        (their ``allocated-v1``)."""
-        return [view for key, view in views.items() if key in self._served or view.allocated]
+        (their ``allocated-v1``), and still holding devices by kubelet's account.
+
+        Why kubelet's devices too: kubelet frees the devices of a pod whose containers ended (it
+        knows first; the pod's phase reaches the API and this agent's pod watch later), and a grant
+        whose devices kubelet gave back is dead: it must not refuse the pod that gets them next.
+        """
+        return [view for key, view in views.items()
+                if (self._served_to(key, view) or view.allocated) and self._holds_devices(view, snapshot)]
+
+    def _served_to(self, key: PodKey, view: PodView) -> bool:
+        """Whether this agent served ``view`` itself (not an earlier pod of the same name)."""
+        containers = self._served.get(key, {})
+        return any(c.record.uid == view.uid for c in containers.values())
+
+    def _holds_devices(self, view: PodView, snapshot: PodResourcesSnapshot) -> bool:
+        """False when the pod's app containers hold GPU slices but kubelet lists none of its devices
+        (PodResources lists app containers only: a pod granted through init containers alone
+        counts by its phase)."""
+        if view.assignment is None or not any(c.slices for c in view.assignment.placement.containers
+                                              if not c.init):
+            return True
+        listed = snapshot.get(view.key, {})
+        return any(ids for devices in listed.values() for resource, ids in devices.items()
+                   if resource in self.resources)
 
     async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
         """Before a container starts its device IDs are in PodResources: check who holds them."""
@@ -253,6 +294,8 @@ class NodeAgent:
     # ------------------------------------------------------------------ annotations
     def _note_served(self, key: PodKey, record: ServedRecord, resource: str, count: int) -> None:
         containers = self._served.setdefault(key, {})
+        if any(c.record.uid != record.uid for c in containers.values()):
+            containers.clear()  # an earlier pod of the same name: its grants ended with it
         entry = containers.get(record.container)
         if entry is None or entry.record.slices != record.slices:
             entry = ServedContainer(record.container, record.init, record)

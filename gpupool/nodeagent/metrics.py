@@ -113,6 +113,9 @@ class NodeAgentCollector(Collector):
         yield CounterMetricFamily("gpupool_node_allocation_mismatches",
                                   "Grants kubelet recorded under another container than the one served",
                                   value=agent.stats.mismatches)
+        yield CounterMetricFamily("gpupool_node_pods_released",
+                                  "Pods whose grants the agent dropped because kubelet no longer lists them",
+                                  value=agent.stats.released_pods)
 
 
 def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = ()) -> CollectorRegistry:

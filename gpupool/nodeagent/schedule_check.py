@@ -33,6 +33,12 @@ class AssignmentRefused(GrantError):
     """The node will not grant this assignment; the message says which card and why."""
 
 
+class CardStateRefused(AssignmentRefused):
+    """Refused because of a card itself (not on the node, or unhealthy): the view the assignment was
+    decided from is stale, so the agent publishes its inventory again (the extender's next
+    placement, e.g. of the replacement pod, then avoids the card)."""
+
+
 Holder = tuple[str, int, int, bool]
 """A granted pod on a card: ``namespace/name``, memory MiB, compute per-mille, exclusive."""
 
@@ -64,9 +70,9 @@ def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container
     for s in container.slices:
         card = cards.get(s.card)
         if card is None:
-            raise AssignmentRefused(f"card {s.card} is not on node {node} (it has {sorted(cards)})")
+            raise CardStateRefused(f"card {s.card} is not on node {node} (it has {sorted(cards)})")
         if not card.healthy:
-            raise AssignmentRefused(f"card {s.card} ({card.uuid}) on node {node} is unhealthy")
+            raise CardStateRefused(f"card {s.card} ({card.uuid}) on node {node} is unhealthy")
     if pod.assignment is None:
         return
     own = pod.assignment.placement.held_per_card()

@@ -79,6 +79,9 @@ class UsageCollector(Collector):
         yield from containers.values()
         yield CounterMetricFamily("gpupool_monitor_sample_errors", "Usage samples that failed as a whole",
                                   value=monitor.sample_errors)
+        yield CounterMetricFamily("gpupool_monitor_holders_released",
+                                  "Holders dropped because their process exited or let go unseen (cards freed)",
+                                  value=monitor.recorder.released)
         source = GaugeMetricFamily("gpupool_monitor_source_info", "The event source the monitor runs",
                                    labels=("node", "source"))
         source.add_metric([agent.node, monitor.source.name if monitor.source else "none"], 1.0)

@@ -1,8 +1,10 @@
 """etcd + kube-apiserver + kube-scheduler on loopback, started and stopped as one unit.
 
-There is deliberately no kube-controller-manager: tests see exactly the API behaviour they cause
-(no garbage collector, no node lifecycle taints, no service-account tokens). Two admission plugins
-that would wait for such a controller are disabled (``ServiceAccount``, ``TaintNodesByCondition``).
+There is no kube-controller-manager unless a test asks for one: tests see exactly the API behaviour
+they cause (no garbage collector, no node lifecycle taints, no service-account tokens). Two admission
+plugins that would wait for such a controller are disabled (``ServiceAccount``,
+``TaintNodesByCondition``). A test that needs a workload's controller starts a few controllers for
+its own duration (:meth:`ControlPlane.start_controllers`, :mod:`gpupool.testenv.controllers`).
 
 Every port is picked free at start, so several control planes (parallel sessions, a developer's
 own) coexist; a start that loses a port race is retried with fresh ports.
@@ -32,6 +34,7 @@ from gpupool.testenv.config import (
     render_scheduler_config,
     render_token_file,
 )
+from gpupool.testenv.controllers import DEFAULT_CONTROLLERS, start_controller_manager
 from gpupool.testenv.errors import StartupError
 from gpupool.testenv.paths import Binaries
 from gpupool.testenv.pki import Pki, make_pki
@@ -66,6 +69,8 @@ class ControlPlane:
     extenders: tuple[ExtenderConfig, ...] = ()
     etcd_url: str = ""
     remove_state_on_stop: bool = True
+    controller_manager: ManagedProcess | None = None
+    """Running while a test asked for controllers (:meth:`start_controllers`)."""
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -89,7 +94,22 @@ class ControlPlane:
         procs = [self.etcd, self.apiserver]
         if self.scheduler is not None:
             procs.append(self.scheduler)
+        if self.controller_manager is not None:
+            procs.append(self.controller_manager)
         return procs
+
+    def start_controllers(self, controllers: Sequence[str] = DEFAULT_CONTROLLERS, timeout: float = 60.0) -> None:
+        """Run kube-controller-manager with ``controllers`` (default: Deployments and ReplicaSets)
+        until :meth:`stop_controllers`; one already running is replaced."""
+        self.stop_controllers()
+        self.controller_manager = start_controller_manager(self.binaries, self.state_dir, self.kubeconfig,
+                                                           controllers, timeout=timeout)
+
+    def stop_controllers(self) -> None:
+        """Stop the controller-manager, if one runs: the objects it made stay, nobody reconciles them."""
+        if self.controller_manager is not None:
+            self.controller_manager.stop()
+            self.controller_manager = None
 
     def restart_scheduler(self, extenders: Sequence[ExtenderConfig] = (), timeout: float = 30.0) -> None:
         """Replace the scheduler by one configured with ``extenders`` (e.g. a test's extender URL).
@@ -154,9 +174,11 @@ def start_control_plane(
     state_dir: Path | None = None,
     extenders: Sequence[ExtenderConfig] = (),
     with_scheduler: bool = True,
+    controllers: Sequence[str] = (),
     timeout: float = 60.0,
 ) -> ControlPlane:
-    """Start etcd, kube-apiserver and (unless ``with_scheduler`` is false) kube-scheduler.
+    """Start etcd, kube-apiserver and (unless ``with_scheduler`` is false) kube-scheduler, and
+    kube-controller-manager with ``controllers`` when any are named.
 
     Returns once the apiserver reports ready, the ``default`` namespace exists and the scheduler
     answers its health check. Builds the binaries first when the cache lacks them. On failure
@@ -180,6 +202,12 @@ def start_control_plane(
             last_error = exc
             shutil.rmtree(state_dir / "etcd", ignore_errors=True)
             continue
+        if controllers:
+            try:
+                plane.start_controllers(controllers, timeout=timeout)
+            except BaseException:
+                plane.stop()
+                raise
         (state_dir / "controlplane.json").write_text(json.dumps(plane.to_record(), indent=2))
         return plane
     assert last_error is not None

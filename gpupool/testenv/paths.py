@@ -18,7 +18,9 @@ K8S_VERSION = "v1.20.2"
 CACHE_ENV = "GPUPOOL_TESTENV_CACHE"
 
 #: Names of the binaries built from the Kubernetes tree, in ``make WHAT=...`` order.
-K8S_COMMANDS = ("kube-apiserver", "kube-scheduler", "kubelet")
+#: kube-controller-manager runs only when a test asks for controllers (Deployments, ReplicaSets,
+#: garbage collection), but is built with the rest so that a cache is complete or not at all.
+K8S_COMMANDS = ("kube-apiserver", "kube-scheduler", "kubelet", "kube-controller-manager")
 
 #: Name of the project's fake CRI runtime main, built in the same tree.
 FAKECRI_COMMAND = "gpupool-fakecri"
@@ -46,6 +48,7 @@ class Binaries:
     kubelet: Path
     fakecri: Path
     etcd: Path
+    kube_controller_manager: Path
 
     @classmethod
     def in_dir(cls, directory: Path, etcd: Path, fakecri: Path | None = None) -> Binaries:
@@ -57,9 +60,11 @@ class Binaries:
             kubelet=directory / "kubelet",
             fakecri=fakecri or directory / FAKECRI_COMMAND,
             etcd=etcd,
+            kube_controller_manager=directory / "kube-controller-manager",
         )
 
     def missing(self) -> list[Path]:
         """The paths that are not executable files (empty when everything is in place)."""
-        paths = [self.kube_apiserver, self.kube_scheduler, self.kubelet, self.fakecri, self.etcd]
+        paths = [self.kube_apiserver, self.kube_scheduler, self.kubelet, self.kube_controller_manager,
+                 self.fakecri, self.etcd]
         return [p for p in paths if not (p.is_file() and os.access(p, os.X_OK))]

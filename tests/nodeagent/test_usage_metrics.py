@@ -43,6 +43,7 @@ def test_metrics_and_the_usage_table_show_each_card_and_container(tmp_path: Path
         try:
             await agent.pre_start("", [])  # reads PodResources and the pods, as the poller does
             await monitor.step()
+            monitor.recorder.released = 3  # as if prune had dropped three exited holders
             async with TestClient(TestServer(metrics_app(agent))) as client:
                 text = await (await client.get("/metrics")).text()
                 table = await (await client.get("/usage")).text()
@@ -60,6 +61,7 @@ def test_metrics_and_the_usage_table_show_each_card_and_container(tmp_path: Path
         assert got["gpupool_container_memory_limit_mib"] == {job: 4096, rogue: 0}  # rogue: no grant
         assert got["gpupool_container_sm_utilization_percent"] == {job: 40, rogue: 0}
         assert got["gpupool_container_compute_share_percent"] == {job: 30, rogue: 0}
+        assert got["gpupool_monitor_holders_released_total"] == {(): 3}
         assert got["gpupool_monitor_source_info"] == {(("node", NODE), ("source", "scripted")): 1}
         assert "ml/job-0/train" in table and "3000/4096" in table and "40/30" in table
         assert "ml/rogue/x" in table and "busy" in table

@@ -137,6 +137,32 @@ def test_an_apiserver_built_before_the_reflect2_patch_is_built_again_from_the_pa
     assert stamp.is_file() and build.cached_binaries() is not None
 
 
+def test_a_cache_from_before_the_controller_manager_compiles_only_that(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kube-controller-manager joined the binaries later: a cache without it is a miss, and the
+    build compiles it alone (the others stay as they are)."""
+    _fill_cache(build.fakecri_digest())
+    (bin_dir() / "kube-controller-manager").unlink()
+    assert build.cached_binaries() is None
+    tree = fake_cache / "src" / "kubernetes"
+    (tree / "vendor" / "github.com" / "modern-go" / "reflect2").mkdir(parents=True)
+    made: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log_path: Path, **_: object) -> None:
+        made.append(list(cmd))
+        _executable(tree / "_output" / "bin" / "kube-controller-manager")
+
+    monkeypatch.setattr(build, "REFLECT2_SOURCE", fake_cache)
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "_install_packages", lambda logs, log: None)
+    monkeypatch.setattr(build, "_source_tree", lambda root, logs, log: tree)
+    build._build(fake_cache, lambda _: None)
+    assert made == [["make", "WHAT=cmd/kube-controller-manager"]]
+    binaries = build.cached_binaries()
+    assert binaries is not None and binaries.kube_controller_manager == bin_dir() / "kube-controller-manager"
+
+
 def test_cache_hit_neither_builds_nor_locks(fake_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hit returns the cached binaries without the build-possible probe, the lock or a build
     (what made it instant; a wall-clock bound here would flake on a loaded CI machine)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
+import pytest
 import yaml
 
 from gpupool.testenv.config import (
@@ -13,6 +15,7 @@ from gpupool.testenv.config import (
     render_scheduler_config,
     render_token_file,
 )
+from gpupool.testenv.controllers import controller_manager_args
 
 
 def test_token_file_single_group_is_plain_csv() -> None:
@@ -92,3 +95,15 @@ def test_kubelet_config_extra_overrides() -> None:
                                                   extra={"featureGates": {"X": True}, "port": 3}))
     assert config["featureGates"] == {"X": True}
     assert config["port"] == 3
+
+
+def test_controller_manager_runs_only_the_named_controllers_without_leader_election() -> None:
+    args = controller_manager_args(kubeconfig=Path("/k"), healthz_port=1234, controllers=("deployment", "replicaset"))
+    assert "--controllers=deployment,replicaset" in args
+    assert {"--leader-elect=false", "--port=1234", "--address=127.0.0.1", "--secure-port=0",
+            "--kubeconfig=/k"} <= set(args)
+
+
+def test_controller_manager_needs_a_controller() -> None:
+    with pytest.raises(ValueError, match="at least one controller"):
+        controller_manager_args(kubeconfig=Path("/k"), healthz_port=1, controllers=())

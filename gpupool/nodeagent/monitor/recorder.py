@@ -65,6 +65,8 @@ class UsageRecorder:
         self._lock = threading.Lock()
         self._devices = {path: DeviceUsage(path) for path in dict.fromkeys(paths)}
         self._updated = clock()
+        self.released = 0
+        """Holders dropped by :meth:`prune` since start (processes gone; metrics)."""
 
     @property
     def state(self) -> UsageState:
@@ -131,17 +133,27 @@ class UsageRecorder:
         if new is not None:
             self._tell(event.path, new)
 
-    def prune(self) -> None:
-        """Drop holders that exited or no longer hold their file (periodically, and after restarts)."""
+    def prune(self) -> int:
+        """Drop holders that exited or no longer hold their file (periodically, and after restarts);
+        returns how many were dropped, each logged and counted in :attr:`released`.
+
+        Why report it: a holder dropped here is a process that died or let go without a close the
+        source saw (a killed container, merged events); the card it held is free again from now on.
+        """
+        dropped: list[tuple[str, Holder]] = []
         with self._lock:
-            changed = False
             for path, device in self._devices.items():
                 alive = tuple(h for h in device.holders if self._still_holding(h, path))
                 if alive != device.holders:
+                    dropped.extend((path, h) for h in device.holders if h not in alive)
                     self._devices[path] = device.with_holders(alive, device.last_use)
-                    changed = True
-            if changed:
+            if dropped:
+                self.released += len(dropped)
                 self._persist()
+        for path, holder in dropped:
+            who = f"{holder.namespace}/{holder.pod}/{holder.container or '?'}" if holder.pod else "no known pod"
+            log.info("released %s: pid %d (%s) is gone or no longer holds it", path, holder.pid, who)
+        return len(dropped)
 
     def identify_again(self) -> None:
         """Name the pod container of holders recorded before anyone could.

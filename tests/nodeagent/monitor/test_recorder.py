@@ -108,6 +108,23 @@ def test_prune_drops_exited_holders_only(tmp_path: Path) -> None:
     assert _on_disk(tmp_path)[GPU0][:2] == (DeviceState.BUSY, [8])
 
 
+def test_prune_counts_and_logs_the_holders_it_releases(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    procs = FakeProcesses()
+    for pid in (7, 8, 9):
+        procs.spawn(pid, GPU0)
+    recorder = _recorder(tmp_path, procs)
+    for pid in (7, 8, 9):
+        recorder.on_event(open_(pid))
+    procs.exit(7)
+    procs.exit(9)
+    with caplog.at_level("INFO", logger="gpupool.nodeagent.monitor.recorder"):
+        assert recorder.prune() == 2
+    assert recorder.prune() == 0  # nothing more to release: counted once
+    assert recorder.released == 2
+    released = [r.getMessage() for r in caplog.records if r.getMessage().startswith("released")]
+    assert [m.split(": pid ")[1].split(" ")[0] for m in released] == ["7", "9"]
+
+
 @pytest.mark.parametrize("change, survivors", [
     pytest.param(lambda p: None, [7, 8], id="both-alive"),
     pytest.param(lambda p: p.exit(7), [8], id="holder-exited"),
