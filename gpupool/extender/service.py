@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +27,8 @@ from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.what_if import what_if_copy
+from gpupool.extender.best_nodes import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY
+from gpupool.extender.best_nodes import best_nodes, policy_steps
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.node_rows import NodeRows
 
@@ -34,8 +36,6 @@ NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shor
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
 NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 NO_ROWS.flags.writeable = False
-MAX_EXTENDER_PRIORITY = 10
-"""kube-scheduler's MaxExtenderPriority: extender scores are integers 0..10."""
 NodeGate = Callable[[ClusterState], Mapping[str, str]]  # refusals from outside the ledger (extender/liveness.py)
 
 
@@ -179,6 +179,9 @@ class ExtenderSettings:
     explain_limit: int = 64
     """Failed nodes explained one by one; the rest share a summary (explaining a node is a scalar
     walk of its cards, too slow to do for thousands of nodes per call)."""
+    filter_best_only: bool = False
+    """Pass only the nodes the policy scores best (gpupool/extender/best_nodes.py), for a
+    kube-scheduler configured without ``prioritizeVerb``."""
 
 
 class ExtenderService:
@@ -272,6 +275,10 @@ class ExtenderService:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
             found = self._feasible(request, names, aliases)
+            if self.settings.filter_best_only:
+                best = best_nodes(found.passed, found.passed_rows, found.scores)
+                found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
+                                failed={**found.failed, **best.not_best})
             self._last_filter = _FilterMemo(request, aliases, self.cache.state, self._versions(), found.passed,
                                             found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
@@ -384,13 +391,7 @@ def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> Nod
     """
     if not passed:
         return NodeScores.uniform(names)
-    low, high = float(scores.min()), float(scores.max())
-    if high == low:
-        scaled = np.full(len(passed), MAX_EXTENDER_PRIORITY, dtype=np.int64)
-    else:
-        below_best = MAX_EXTENDER_PRIORITY - 1
-        spread = np.floor((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
-        scaled = np.where(scores == high, MAX_EXTENDER_PRIORITY, np.minimum(spread, below_best))
+    scaled = policy_steps(scores)
     if len(passed) == len(names):  # the usual prioritize: every node asked about passed (in order)
         return NodeScores(names, scaled)
     position = {name: i for i, name in enumerate(names)}
