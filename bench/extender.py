@@ -27,8 +27,15 @@ in-process :class:`FakePodApi`); the table and the JSON say which (``"apiserver"
 carries the assignment. Every recorded assignment is checked afterwards: a card booked beyond its
 memory is reported as ``double_booked_cards``.
 
+Tenancy: with ``--groups N`` and/or ``--quotas M`` the same cluster is also measured with N resource
+groups and M namespaces with a GpuQuota each (bench/extender_tenancy.py), whose pods each name a
+group and live in a quota's namespace, alternating ``--tenancy-rounds`` times with runs of the plain
+pods (no scrapes in either): ``tenancy_p99_ms`` against ``plain_p99_ms`` (and their ratio), both from
+this one run.
+
     python3 bench/extender.py --nodes 5000 --gpus-per-node 8 --json
     python3 bench/extender.py --binds-only --apiserver real --binds 2000 --json
+    python3 bench/extender.py --groups 100 --quotas 1000 --apiserver fake --binds 20 --json
 
 The cluster is built by bench/extender_cluster.py, the HTTP measurements are bench/extender_latency.py.
 """
@@ -48,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.extender_binds import APISERVER_MODES, binds
 from bench.extender_cluster import build_cache
 from bench.extender_latency import latency, scrape_cost
+from bench.extender_tenancy import install, plain_pods, tenant_pods
 from gpupool.extender.gc_freeze import freeze_long_lived
 
 
@@ -100,6 +108,10 @@ def main() -> None:
                         help="seconds between /metrics scrapes in the second run of samples; 0: no such run")
     parser.add_argument("--filter-best-only", action="store_true",
                         help="the extender's --filter-best-only, samples without prioritize (no prioritizeVerb)")
+    parser.add_argument("--groups", type=int, default=0, help="resource groups for the tenancy comparison")
+    parser.add_argument("--quotas", type=int, default=0, help="namespaces with a GpuQuota for the comparison")
+    parser.add_argument("--tenancy-rounds", type=int, default=2,
+                        help="alternations of plain and tenancy runs (each --samples samples)")
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
@@ -111,9 +123,10 @@ def main() -> None:
     freeze_long_lived()  # as the extender does once its cache has synced (gpupool/extender/gc_freeze.py)
     cost = scrape_cost(cache)
     counters = cpu_times()
-    runs = latency(cache, names, opts.samples, rng, opts.scrape_interval, opts.filter_best_only)
+    runs = latency(cache, names, opts.samples, rng, opts.scrape_interval, best_only=opts.filter_best_only)
     stolen = steal_share(counters, cpu_times())
     samples, server, scraped, scrapes = runs.round_trip, runs.server, runs.round_trip_scraped, runs.scrapes
+    tenancy = compare_tenancy(cache, names, opts, rng) if opts.groups or opts.quotas else {}
     bind_stats = binds(opts.binds, opts.bind_nodes, opts.gpus_per_node, opts.apiserver, rng,
                        threads=opts.bind_threads, one_write=opts.bind_writes == 1)
     result = {
@@ -135,6 +148,7 @@ def main() -> None:
         "scrape_bytes": int(cost["bytes"]),
         "ledger_build_s": round(timings["ledger_s"], 2),
         "fill_s": round(timings["fill_s"], 1),
+        **tenancy,
     }
     rows = [
         ("nodes x cards", f"{opts.nodes} x {opts.gpus_per_node}"),
@@ -158,11 +172,50 @@ def main() -> None:
          f"{result['scrapes']}, {result['scrape_p50_ms']} / {result['scrape_max_ms']}"),
         ("one scrape in process: lock held / whole (ms), bytes",
          f"{result['scrape_lock_hold_ms']} / {result['scrape_render_ms']}, {result['scrape_bytes']}"),
+        *tenancy_rows(tenancy),
         *bind_rows(bind_stats),
     ]
     print_table(rows)
     if opts.json:
         print(json.dumps({**result, **{k: v for k, v in bind_stats.items() if k != "binds_per_s"}}))
+
+
+def compare_tenancy(cache: Any, names: list[str], opts: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """Plain runs and runs with ``--groups`` groups and ``--quotas`` quotas, alternating, on one
+    ledger; round trips and the handlers' times of each kind."""
+    plain: tuple[list[float], list[float]] = ([], [])
+    tenancy: tuple[list[float], list[float]] = ([], [])
+    for _ in range(opts.tenancy_rounds):
+        for kind, collect in (("plain", plain), ("tenancy", tenancy)):
+            with_objects = kind == "tenancy"
+            install(cache, names, opts.groups if with_objects else 0, opts.quotas if with_objects else 0,
+                    opts.gpus_per_node)
+            pods = tenant_pods(rng, opts.groups, opts.quotas) if with_objects else plain_pods(rng)
+            runs = latency(cache, names, opts.samples, rng, 0.0, pods)
+            collect[0].extend(runs.round_trip)
+            collect[1].extend(runs.server)
+    install(cache, names, 0, 0, opts.gpus_per_node)
+    p99_plain, p99_tenancy = pct(plain[0], 99), pct(tenancy[0], 99)
+    return {"groups": opts.groups, "quotas": opts.quotas, "tenancy_samples": len(tenancy[0]),
+            "plain_p50_ms": round(statistics.median(plain[0]), 2), "plain_p99_ms": round(p99_plain, 2),
+            "tenancy_p50_ms": round(statistics.median(tenancy[0]), 2), "tenancy_p99_ms": round(p99_tenancy, 2),
+            "tenancy_p99_ratio": round(p99_tenancy / p99_plain, 3),
+            "plain_server_p99_ms": round(pct(plain[1], 99), 2),
+            "tenancy_server_p99_ms": round(pct(tenancy[1], 99), 2)}
+
+
+def tenancy_rows(found: dict[str, Any]) -> list[tuple[str, str]]:
+    if not found:
+        return []
+    return [
+        (f"with {found['groups']} groups, {found['quotas']} quotas: round trip p50 / p99 (ms)",
+         f"{found['tenancy_p50_ms']:.2f} / {found['tenancy_p99_ms']:.2f}"),
+        ("  the plain pods alternating with them p50 / p99 (ms)",
+         f"{found['plain_p50_ms']:.2f} / {found['plain_p99_ms']:.2f}"),
+        ("  p99 ratio tenancy / plain; handlers' p99 (ms) tenancy / plain",
+         f"{found['tenancy_p99_ratio']:.3f}; {found['tenancy_server_p99_ms']:.2f} / "
+         f"{found['plain_server_p99_ms']:.2f}"),
+    ]
 
 
 def bind_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import pod_request
 
 
@@ -47,7 +49,8 @@ def _serve_forked(cache: ClusterCache, port: int, ready: Any, best_only: bool = 
 
     async def book(request: web.Request) -> web.Response:
         doc = await request.json()
-        cache.reserve(pod_request(doc["pod"], cache.names), doc["node"])
+        pod = doc["pod"]
+        cache.reserve(pod_request(pod, cache.names), doc["node"], pod_tenancy(pod, cache.tenancy.names))
         return web.Response(text="ok")
 
     async def server_ms(_request: web.Request) -> web.Response:
@@ -158,6 +161,7 @@ class LatencyRuns:
 
 def latency(
     cache: ClusterCache, names: list[str], samples: int, rng: random.Random, scrape_interval: float,
+    pods: Callable[[int], dict[str, Any]] | None = None,
     best_only: bool = False,
 ) -> LatencyRuns:
     """Round-trip and server-side milliseconds of filter+prioritize, per sample; then the same
@@ -168,7 +172,8 @@ def latency(
     The server runs in a forked child and the client is a plain keep-alive HTTP client here, so that
     neither the client's interpreter nor its JSON work shares the server's, as with kube-scheduler.
     Timed: from sending each request to reading each answer (encoding the request bodies and
-    decoding the answers are kube-scheduler's work and are not timed)."""
+    decoding the answers are kube-scheduler's work and are not timed). ``pods``: the pod of sample
+    ``i`` (default: a random shape in namespace ``default``, without a group)."""
     import http.client
     import multiprocessing
     import socket
@@ -195,7 +200,7 @@ def latency(
         def run(count: int, first: int) -> list[float]:
             round_trip: list[float] = []
             for i in range(first, first + count):
-                pod = pod_json(f"bench-{i}", rng.choice(SHAPES))
+                pod = pods(i) if pods is not None else pod_json(f"bench-{i}", rng.choice(SHAPES))
                 body = orjson.dumps({"Pod": pod, "NodeNames": names})
                 started = time.perf_counter()
                 answer = exchange("/filter", body)

@@ -20,12 +20,15 @@ Three documents:
 
 ``<domain>/assignment-v1`` (pod, written by the extender at bind)::
 
-    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:00Z",
+    {"v": 1, "node": "n3", "time": "2024-05-01T10:00:00Z", "podUID": "6f1c...",
      "containers": [{"name": "main", "init": false,
                      "cards": [{"index": 0, "uuid": "GPU-...", "memoryMiB": 8138,
                                 "computeMilli": 0, "exclusive": false}]}]}
 
-  Compute is per-mille of one card (the core's unit, exact for trace requests).
+  Compute is per-mille of one card (the core's unit, exact for trace requests). ``podUID``
+  (optional; v1.1, older writers omit it, older readers ignore it) is the uid of the pod the cards
+  were decided for: a Binding is addressed by name only, so a pod replaced under that name may
+  receive it, and the readers then refuse the assignment (:func:`foreign_assignment`).
 
 ``<domain>/allocated-v1`` (pod, written by the node side after Allocate)::
 
@@ -63,6 +66,8 @@ from gpupool.api.fields import (
     text,
 )
 from gpupool.api.fields import field as read_field
+from gpupool.api.fields import format_time as format_time  # re-exported: the codecs' public names
+from gpupool.api.fields import parse_time as parse_time
 from gpupool.api.limits import (
     MAX_CARD_INDEX,
     MAX_CARD_MEMORY_MIB,
@@ -108,20 +113,6 @@ def _card_list(doc: Mapping[str, Any], where: str) -> list[Any]:
 def _path(what: str, rest: str) -> str:
     """``what.rest``, or ``rest`` alone when the document has no name of its own (``what`` empty)."""
     return f"{what}.{rest}" if what else rest
-
-
-def format_time(when: dt.datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``, as Kubernetes writes times."""
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(value: str, where: str) -> dt.datetime:
-    """Read an RFC 3339 time; naive times are taken as UTC."""
-    try:
-        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise AnnotationError(f"{where}: {value[:64]!r} is not an RFC 3339 time") from None
-    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 # ------------------------------------------------------------------------------------ inventory
@@ -257,10 +248,12 @@ class Assignment:
     node: str
     time: dt.datetime
     containers: tuple[ContainerCards, ...]
+    pod_uid: str = ""
+    """The uid of the pod the cards were decided for ("" in documents written before v1.1)."""
 
     @staticmethod
-    def from_placement(placement: Placement, spec: NodeSpec, when: dt.datetime) -> Assignment:
-        """Name the core's card positions by the node's card index and uuid."""
+    def from_placement(placement: Placement, spec: NodeSpec, when: dt.datetime, pod_uid: str = "") -> Assignment:
+        """Name the core's card positions by the node's card index and uuid; ``pod_uid`` names the pod."""
         containers = tuple(
             ContainerCards(
                 name=a.container, init=a.init,
@@ -270,7 +263,7 @@ class Assignment:
             )
             for a in placement.containers
         )
-        return Assignment(node=spec.name, time=when, containers=containers)
+        return Assignment(node=spec.name, time=when, containers=containers, pod_uid=pod_uid)
 
     def to_placement(self, pod_key: str, spec: NodeSpec, cpu_milli: int, memory_mib: int) -> Placement:
         """Back to card positions of ``spec``; raises :class:`AnnotationError` if a card is unknown.
@@ -294,12 +287,22 @@ class Assignment:
                          containers=tuple(containers))
 
 
+def foreign_assignment(decided_for: str, uid: str) -> str | None:
+    """Why an assignment whose ``podUID`` is ``decided_for`` may not serve the pod of ``uid`` (None
+    when it may: same uid, or a document written before ``podUID`` existed)."""
+    if not decided_for or decided_for == uid:
+        return None
+    return (f"assignment-v1 was decided for pod uid {decided_for}, not this pod (uid {uid}): the pod was "
+            "replaced under its name before its Binding; delete it and let its controller recreate it")
+
+
 def encode_assignment(assignment: Assignment) -> str:
     """The compact JSON of an ``assignment-v1`` value."""
     doc = {
         "v": SCHEMA_VERSION,
         "node": assignment.node,
         "time": format_time(assignment.time),
+        **({"podUID": assignment.pod_uid} if assignment.pod_uid else {}),
         "containers": [
             {"name": c.name, "init": c.init,
              "cards": [{**_card_doc(r), "exclusive": r.exclusive} for r in c.cards]}
@@ -315,6 +318,7 @@ def decode_assignment(value: str) -> Assignment:
     doc = load_document(value, what)
     node = text(doc, "node", what)
     when = parse_time(read_field(doc, "time", str, what), f"{what}.time")
+    pod_uid = text(doc, "podUID", what) if "podUID" in doc else ""
     containers: list[ContainerCards] = []
     names: set[tuple[str, bool]] = set()
     for i, raw in enumerate(read_field(doc, "containers", list, what)):
@@ -335,7 +339,7 @@ def decode_assignment(value: str) -> Assignment:
         if len({r.index for r in refs}) != len(refs):
             raise AnnotationError(f"{where}.cards: a card appears twice")
         containers.append(ContainerCards(name=name, cards=tuple(refs), init=init))
-    return Assignment(node=node, time=when, containers=tuple(containers))
+    return Assignment(node=node, time=when, containers=tuple(containers), pod_uid=pod_uid)
 
 
 # ------------------------------------------------------------------------------------ allocated

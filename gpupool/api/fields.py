@@ -6,6 +6,7 @@ sign, upper bound and text rules are written once and every document applies the
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -87,6 +88,20 @@ def shown(value: object) -> str:
         return f"a {value.bit_length()}-bit integer"
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:24]}...({len(text)} characters)"
+
+
+def format_time(when: dt.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, as Kubernetes writes times."""
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str, where: str) -> dt.datetime:
+    """Read an RFC 3339 time; naive times are taken as UTC."""
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise AnnotationError(f"{where}: {value[:64]!r} is not an RFC 3339 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

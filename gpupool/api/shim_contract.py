@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 # ----------------------------------------------------------------------- paths in the container
 CONTAINER_LIBRARY_PATH = "/usr/local/gpupool/lib/libgpupool-shim.so"
@@ -47,6 +47,8 @@ CONTAINER_AGENT_SOCKET = f"{CONTAINER_AGENT_SOCKET_DIR}/{AGENT_SOCKET_NAME}"
 PROTOCOL_VERSION = 1
 OP_REGISTER = "register"
 MAX_LINE_BYTES = 4096
+HOST_PID_KEY = "hostPid"
+"""The reply's optional field: the registering process's pid in the agent's pid namespace."""
 """A request or reply line longer than this (newline included) is refused unread."""
 
 TOKEN_BYTES = 32
@@ -71,10 +73,18 @@ class RegisterRequest:
 
 @dataclass(frozen=True)
 class RegisterReply:
-    """The agent's answer; ``reason`` says why when ``ok`` is false."""
+    """The agent's answer; ``reason`` says why when ``ok`` is false.
+
+    ``host_pid`` (``"hostPid"`` on the wire, optional, only with ``ok``) is the registering process's
+    pid as the agent saw it through ``SO_PEERCRED``: the host's pid namespace when the agent runs in
+    it. NVML reports that pid, not the one the process knows itself by inside its container, so
+    the library needs it to find its own utilisation. A reply without it is still valid (an older
+    agent); the library then matches by its own pid, which is right only outside a pid namespace.
+    """
 
     ok: bool
     reason: str = ""
+    host_pid: int | None = None
 
 
 def is_token(text: str) -> bool:
@@ -96,7 +106,7 @@ def decode_request(line: bytes) -> RegisterRequest:
     token, pid = doc.get("token"), doc.get("pid")
     if not isinstance(token, str) or not is_token(token):
         raise ShimProtocolError(f"token: expected {TOKEN_HEX_CHARS} lower-case hex digits")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+    if not _positive_int(pid):
         raise ShimProtocolError(f"pid: expected a positive integer, got {pid!r}")
     pod, container = doc.get("pod", ""), doc.get("container", "")
     for key, value in (("pod", pod), ("container", container)):
@@ -110,16 +120,24 @@ def encode_reply(reply: RegisterReply) -> bytes:
     doc: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": reply.ok}
     if not reply.ok:
         doc["reason"] = reply.reason[: MAX_LINE_BYTES // 2]
+    elif reply.host_pid is not None:
+        doc[HOST_PID_KEY] = reply.host_pid
     return _line(doc)
 
 
 def decode_reply(line: bytes) -> RegisterReply:
     """Read one reply line (the library's side; tests use it)."""
     doc = _document(line)
-    ok, reason = doc.get("ok"), doc.get("reason", "")
+    ok, reason, host_pid = doc.get("ok"), doc.get("reason", ""), doc.get(HOST_PID_KEY)
     if not isinstance(ok, bool) or not isinstance(reason, str):
         raise ShimProtocolError("reply: expected a boolean ok and a string reason")
-    return RegisterReply(ok, reason)
+    if host_pid is not None and not _positive_int(host_pid):
+        raise ShimProtocolError(f"{HOST_PID_KEY}: expected a positive integer, got {host_pid!r}")
+    return RegisterReply(ok, reason, host_pid)
+
+
+def _positive_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _line(doc: dict[str, Any]) -> bytes:

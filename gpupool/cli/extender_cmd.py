@@ -20,10 +20,12 @@ import click
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
 from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.housekeeping import Housekeeping
+from gpupool.extender.http.admission_review import AdmissionApi
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.http.serving import DEFAULT_HEALTH_PORT, Listeners, run_until_signalled, warn_if_open
@@ -32,6 +34,7 @@ from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
@@ -70,6 +73,9 @@ class ExtenderOptions:
     require_agent_lease: bool = False
     hami: bool = False
     gpushare_memory_unit: str = "GiB"
+    tenancy: bool = True
+    admission_port: int | None = None
+    """The quota admission webhook's TLS port (docs/tenancy.md); None: not served."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -117,9 +123,12 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     ``lease`` overrides the timings (tests shorten them); namespace and name come from ``options``.
     """
     names = options.resource_names()
-    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s)
+    cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s,
+                         tenancy_required=options.tenancy)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
+    if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
+        start_tenancy_watches(cache, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
                                 name=options.lease_name)
@@ -166,12 +175,15 @@ def run_extender(options: ExtenderOptions) -> None:
     replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
     api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
     listeners = _listeners(options)
+    admission = None
+    if listeners.admission_port is not None:
+        admission = AdmissionApi(QuotaAdmission(service.cache, names), api.metrics, api.bodies).app()
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.domain,
              f", health on :{listeners.health_port}" if listeners.health_port else "")
     try:
-        run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners)
+        run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners, admission)
     finally:
         replica.shutdown()
 
@@ -181,7 +193,10 @@ def _listeners(options: ExtenderOptions) -> Listeners:
     health = options.health_port
     if health is None:
         health = DEFAULT_HEALTH_PORT if tls is not None else 0
-    return Listeners(options.host, options.port, tls, health or None)
+    admission_tls = None
+    if options.admission_port is not None and options.tls is not None:
+        admission_tls = ReloadingTls(dataclasses.replace(options.tls, client_ca_file=None), options.tls_reload_s)
+    return Listeners(options.host, options.port, tls, health or None, options.admission_port, admission_tls)
 
 
 def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
@@ -249,17 +264,26 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "node runs NVIDIA's own device plugin (docs/hami.md).")
 @click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(list(GPUSHARE_UNITS)),
               help="What one aliyun.com/gpu-mem is (gpushare clusters that ran --memory-unit=MiB).")
+@click.option("--tenancy/--no-tenancy", default=True, show_default=True,
+              help="Watch ResourceGroups, GpuQuotas and Namespaces and apply them (docs/tenancy.md).")
+@click.option("--admission-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve the GPU quota admission webhook (POST /admission/pods) on this HTTPS port, with "
+                   "--tls-cert-file and no client certificate asked (docs/tenancy.md) [default: not served].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, explain_limit: int, filter_best_only: bool, bind_deadline: float, max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
-             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, verbose: bool) -> None:
+             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
+             admission_port: int | None, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = tls_files(tls_cert_file, tls_private_key_file, client_ca_file)
+    if admission_port is not None and (tls is None or not tenancy):
+        raise click.UsageError("--admission-port needs --tls-cert-file and --tls-private-key-file (the apiserver "
+                               "calls webhooks over HTTPS only) and the tenancy watches (no --no-tenancy)")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
@@ -269,4 +293,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,
                                  require_agent_lease=require_agent_lease, hami=hami,
-                                 gpushare_memory_unit=gpushare_memory_unit))
+                                 gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
+                                 admission_port=admission_port))

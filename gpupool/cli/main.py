@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "shim": "gpupool.cli.shim_cmd:shim",
     "testenv": "gpupool.cli.testenv_cmd:testenv",
     "certs": "gpupool.cli.certs_cmd:certs",
+    "groups": "gpupool.cli.groups_cmd:groups_cli",
 }
 
 

@@ -11,6 +11,7 @@ import click
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAMESPACE, DEFAULT_RENEW_INTERVAL_S
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
+from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
@@ -18,6 +19,7 @@ from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigE
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
+from gpupool.nodeagent.lending.options import DEFAULT_CHECKPOINT_ROOT, LendingOptions
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
@@ -85,13 +87,22 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                    "report (event and metric), refuse-opens, evict (the pod), cordon-card. Needs the usage monitor.")
 @click.option("--risk-grace", default=f"{DEFAULT_GRACE_S:g}s", show_default=True, metavar="DURATION",
               help="A holder is judged only after holding its card this long.")
+@click.option("--lending/--no-lending", default=False, show_default=True,
+              help="Lend idle cards to waiting pods and apply the priority rules at every open (docs/lending.md).")
+@click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
+              help="A pod whose spec.priority is at least this is high priority (--lending).")
+@click.option("--checkpoint-dir", default=DEFAULT_CHECKPOINT_ROOT, show_default=True,
+              type=click.Path(file_okay=False), help="Per-task checkpoint directories (--lending; a hostPath).")
+@click.option("--checkpoint-deadline", default=DEFAULT_CHECKPOINT_DEADLINE_S, show_default=True,
+              type=click.FloatRange(min=0), help="Seconds a reclaimed task has to write its checkpoint (--lending).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
-               risk_grace: str, verbose: bool) -> None:
+               risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
+               checkpoint_deadline: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -113,15 +124,19 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
+    if lending and monitor is None:
+        raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
+    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold) if lending else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
-                     metrics_port, monitor, isolation_config, beat, risk))
+                     metrics_port, monitor, isolation_config, beat, risk, lend))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
                names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
                heartbeat: HeartbeatSettings | None = None,
-               risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S)) -> None:
+               risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S),
+               lend: LendingOptions | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -176,12 +191,19 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             monitor.stop()
         backend.close()
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
+    lending = None
+    if lend is not None and monitor is not None:
+        from gpupool.nodeagent.lending.setup import LendingSetup
+        lending = LendingSetup(node, names, lend, kubeconfig)
+        pods.cache.feeds.append(lending.pods)
+        enforcement = lending.wrap(enforcement)
     agent = NodeAgent(node, names, backend, pods, PodResourcesClient(podres), encode_served, aliases=aliases,
                       monitor=monitor, enforcement=enforcement, report_refusal=report_refusal)
     for resource in agent.resources:  # a list kubelet cannot read would leave the resource unserved
         problem = list_and_watch_problem(agent.layout, resource, agent.inventory)
         if problem is not None:
             raise click.ClickException(problem)
+    service = lending.attach(agent, monitor) if lending is not None and monitor is not None else None
     await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
 
@@ -208,6 +230,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(publish_on_change())
             if checks is not None:
                 group.create_task(checks.run())
+            if service is not None:
+                group.create_task(service.run())
             if heartbeat is not None:  # after the first publication: a live Lease means a served node
                 from gpupool.nodeagent.heartbeat import kube_heartbeat
                 group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run())

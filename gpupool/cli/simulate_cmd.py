@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from gpupool.cli.simulate_tenants import report_tenants
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
@@ -80,9 +81,13 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the curves.")
 @click.option("--jobs", type=int, default=0, help="Worker processes (default: one per CPU).")
+@click.option("--tenants", type=click.Choice(["none", "qos"]), default="none", show_default=True,
+              help="qos: replay in time with the trace's QoS classes as tenants and report per tenant.")
+@click.option("--quotas", "quotas_path", type=click.Path(dir_okay=False, exists=True),
+              help="YAML: tenant -> GpuQuota spec (with --tenants qos; docs/tenancy.md).")
 def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str, lending: bool,
              load: float, hours: float, lending_nodes: int, idle_share: float, as_json: bool,
-             plot_path: str | None, jobs: int) -> None:
+             plot_path: str | None, jobs: int, tenants: str, quotas_path: str | None) -> None:
     """Replay a trace on a cluster and report how well the policy packs GPUs."""
     chosen = list(policies) or [DEFAULT_POLICY]
     try:
@@ -90,6 +95,11 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
         trace_pods = load_trace(trace)
     except (TraceError, OSError) as error:
         raise click.ClickException(str(error)) from error
+    if tenants == "qos":
+        report_tenants(nodes, trace_pods, chosen, quotas_path, as_json)
+        return
+    if quotas_path:
+        raise click.BadParameter("--quotas needs --tenants qos")
     if lending:
         if mode != "timeline":
             raise click.UsageError("--lending replays arrivals in time: add --mode timeline")

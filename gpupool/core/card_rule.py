@@ -46,12 +46,14 @@ class CardVerdict(IntEnum):
     UNHEALTHY = 2
     WRONG_MODEL = 3
     WRONG_KIND = 4
-    NOT_IDLE = 5
+    OUT_OF_SCOPE = 5
+    """The request's card scope (its group, pins, avoided cards or models) excludes the card."""
+    NOT_IDLE = 6
     """A whole card was asked and the card holds something."""
-    EXCLUSIVE_HELD = 6
+    EXCLUSIVE_HELD = 7
     """A slice was asked and the card is held whole."""
-    NO_MEMORY = 7
-    NO_COMPUTE = 8
+    NO_MEMORY = 8
+    NO_COMPUTE = 9
 
 
 FIRST_BOOKING_VERDICT = CardVerdict.NOT_IDLE
@@ -60,14 +62,17 @@ FIRST_BOOKING_VERDICT = CardVerdict.NOT_IDLE
 class CardSlots(NamedTuple):
     """What the node side says about cards, and whether the request accepts them.
 
-    ``model_ok`` / ``kind_ok`` are None when the request accepts any model / kind (the check is then
-    skipped, not evaluated as all-true). A named tuple because the ledger builds one per card checked.
+    ``model_ok`` / ``kind_ok`` / ``in_scope`` are None when the request accepts any model / kind /
+    card (the check is then skipped, not evaluated as all-true; ``in_scope`` comes from the
+    request's :class:`~gpupool.core.card_scope.CardScope`). A named tuple because the ledger builds
+    one per card checked.
     """
 
     exists: Flags
     healthy: Flags
     model_ok: Flags | None = None
     kind_ok: Flags | None = None
+    in_scope: Flags | None = None
 
 
 class CardUse(NamedTuple):
@@ -107,13 +112,16 @@ def demand_of(request: GpuRequest, mem_total: IntArray) -> Demand:
 
 
 def slot_checks(slots: CardSlots) -> list[tuple[CardVerdict, Flags]]:
-    """The checks no booking changes: the card exists, is healthy, and has an accepted model and kind."""
+    """The checks no booking changes: the card exists, is healthy, has an accepted model and kind, and
+    is within the request's scope."""
     found: list[tuple[CardVerdict, Flags]] = [
         (CardVerdict.NO_CARD, slots.exists), (CardVerdict.UNHEALTHY, slots.healthy)]
     if slots.model_ok is not None:
         found.append((CardVerdict.WRONG_MODEL, slots.model_ok))
     if slots.kind_ok is not None:
         found.append((CardVerdict.WRONG_KIND, slots.kind_ok))
+    if slots.in_scope is not None:
+        found.append((CardVerdict.OUT_OF_SCOPE, slots.in_scope))
     return found
 
 

@@ -24,14 +24,16 @@ def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> Int
 
 def card_slots(state: ClusterState, request: GpuRequest, rows: IntArray | int) -> CardSlots:
     """The ledger's description of the cards of ``rows`` (or of one row) and whether ``request``
-    accepts them."""
-    model_ok = kind_ok = None
+    accepts them (model, kind, and its card scope)."""
+    model_ok = kind_ok = in_scope = None
     if request.models:
         model_ok = np.isin(state.card_model[rows], state.model_ids(request.models))
     if request.kind is not None:
         virtual = state.card_virtual[rows]
         kind_ok = virtual if request.kind == GpuKind.VIRTUAL else ~virtual
-    return CardSlots(state.card_exists[rows], state.card_healthy[rows], model_ok, kind_ok)
+    if request.scope is not None:
+        in_scope = state.scope_mask(request.scope)[rows]
+    return CardSlots(state.card_exists[rows], state.card_healthy[rows], model_ok, kind_ok, in_scope)
 
 
 def card_use(state: ClusterState, rows: IntArray) -> CardUse:
@@ -140,6 +142,8 @@ def explain_cards(state: ClusterState, row: int, request: GpuRequest) -> str | N
     eligible = codes >= FIRST_BOOKING_VERDICT
     eligible |= codes == CardVerdict.FITS
     if not eligible.any():
+        if request.scope is not None and (codes == CardVerdict.OUT_OF_SCOPE).any():
+            return f"no healthy card of the requested kind within {request.scope.label} on this node"
         if request.models:
             have = sorted({state.models[m] for m in state.card_model[row] if m >= 0})
             return (f"no healthy card of model {'|'.join(sorted(request.models))} "

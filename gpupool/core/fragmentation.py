@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,10 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.units import COMPUTE_PER_CARD
 
 FloatArray = npt.NDArray[np.float64]
+
+INT16_CARDS = int(np.iinfo(np.int16).max) // COMPUTE_PER_CARD
+"""Card columns up to which the per-card passes use int16: a node's summed free compute (at most
+1000 per card) stays below its maximum, and so does a card's compute plus a class's size."""
 
 DEFAULT_CPU_MILLI = 100
 """Kubernetes counts a zero CPU request as 100m when scoring; so does the fragmentation measure."""
@@ -115,9 +120,11 @@ class FragmentationMeasure:
         self.class_weight: FloatArray = np.array([p.freq for p in pods], dtype=np.float64)
         self.weight_total = float(self.class_weight.sum())
         self._gpu_class: BoolArray = self.class_count > 0
-        # The per-card arrays are [rows, cards, classes] of compute (0..1000) and sums of at most
-        # a node's cards: int32 holds them exactly and halves the memory traffic of int64.
-        self._milli32: npt.NDArray[np.int32] = self.class_milli.astype(np.int32)
+        # The per-card arrays are [rows, cards, classes] of compute (0..1000 per card) and sums over
+        # a node's cards: the narrowest integer type that holds them exactly (see _narrow) cuts the
+        # memory traffic of int64 by four, and the values, hence every score, are the same.
+        self._milli_by_type: dict[type[np.signedinteger[Any]], npt.NDArray[np.signedinteger[Any]]] = {
+            kind: self.class_milli.astype(kind) for kind in (np.int16, np.int32)}
         self._access_models = -1
         self._access: BoolArray = np.zeros((0, len(pods)), dtype=bool)
 
@@ -131,6 +138,12 @@ class FragmentationMeasure:
             self._access, self._access_models = table, len(self.state.models)
         return self._access
 
+    def _narrow(self, free: IntArray) -> tuple[type[np.signedinteger[Any]], npt.NDArray[np.signedinteger[Any]]]:
+        """The integer type for the per-card passes over ``free`` (``[rows, cards]``), and the class
+        sizes in it: int16 while a node's summed compute fits (32 cards), int32 beyond."""
+        kind: type[np.signedinteger[Any]] = np.int16 if free.shape[-1] <= INT16_CARDS else np.int32
+        return kind, self._milli_by_type[kind]
+
     def card_free(self, rows: IntArray) -> IntArray:
         """Free compute per card of ``rows``; missing or unhealthy cards count as nothing free."""
         state = self.state
@@ -142,9 +155,10 @@ class FragmentationMeasure:
 
     def fragment(self, free: IntArray, cpu_free: IntArray, access: BoolArray) -> FloatArray:
         """Fragmentation of nodes given their free compute per card ``[R, G]`` and CPU ``[R]``."""
-        free_k = free.astype(np.int32)[..., None]
-        usable = access & (free_k >= self._milli32)
-        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
+        kind, class_milli = self._narrow(free)
+        free_k = free.astype(kind)[..., None]
+        usable = access & (free_k >= class_milli)
+        used_free = (usable * free_k).sum(axis=1, dtype=kind)
         usable_count = usable.sum(axis=1)
         satisfied = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
                      & self._gpu_class)
@@ -157,6 +171,11 @@ class FragmentationMeasure:
         if free is None:
             free = self.card_free(rows)
         return self.fragment(free, self.state.cpu_free[rows], self._card_access(rows))
+
+    def fragment_of(self, rows: IntArray, free: IntArray, cpu_free: IntArray) -> FloatArray:
+        """Fragmentation of the nodes ``rows`` had they ``free`` compute per card and ``cpu_free`` CPU
+        (their cards' models as now): measures states recorded earlier, several in one pass."""
+        return self.fragment(free, cpu_free, self._card_access(rows))
 
     def after_slice(self, rows: IntArray, milli: int, cpu: int) -> FloatArray:
         """``[R, G]``: fragmentation of each node if a ``milli`` slice (and ``cpu``) went to card g.
@@ -177,9 +196,10 @@ class FragmentationMeasure:
         if free is None:
             free = self.card_free(rows)
         access = self._card_access(rows)
-        free_k = free.astype(np.int32)[..., None]
-        usable = access & (free_k >= self._milli32)
-        used_free = (usable * free_k).sum(axis=1, dtype=np.int32)
+        kind, class_milli = self._narrow(free)
+        free_k = free.astype(kind)[..., None]
+        usable = access & (free_k >= class_milli)
+        used_free = (usable * free_k).sum(axis=1, dtype=kind)
         usable_count = usable.sum(axis=1)
         cpu_free = self.state.cpu_free[rows]
         count_ok = usable_count >= self.class_count
@@ -190,10 +210,10 @@ class FragmentationMeasure:
         # being usable for it ("lost"), and the slice alone if it stays usable; its usable count
         # drops by one exactly where the card is lost. Written as masks and one masked subtraction:
         # np.where over broadcast operands cost several times more on these [R, G, classes] arrays.
-        usable_after = usable & (free_k >= self._milli32 + milli)
+        usable_after = usable & (free_k >= class_milli + milli)
         lost = usable ^ usable_after
         given = lost * free_k
-        given += usable_after * np.int32(milli)
+        given += usable_after * kind(milli)
         cpu_ok = ((cpu_free - cpu)[:, None] >= self.class_cpu) & self._gpu_class
         keeps_count = (count_ok & cpu_ok)[:, None, :]
         spares_count = ((usable_count > self.class_count) & cpu_ok)[:, None, :]

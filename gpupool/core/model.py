@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from functools import cached_property
 
+from gpupool.core.card_scope import CardScope
 from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.units import COMPUTE_PER_CARD
 
@@ -219,7 +220,8 @@ class GpuRequest:
     * otherwise a slice of ``count`` cards (usually 1), each giving ``compute`` per-mille and
       ``memory_mib``. ``memory_mib=None`` means "proportional to compute": a 0.3-GPU request gets 30 %
       of the chosen card's memory, which is the meaning of the trace's milli-GPU requests.
-    * ``models``: allowed GPU models (empty = any); ``kind``: physical or virtual only (None = any).
+    * ``models``: allowed GPU models (empty = any); ``kind``: physical or virtual only (None = any);
+      ``scope``: the cards it may use at all (group, pins, avoided cards/models; None = any).
     * ``memory_share``: per-mille of the chosen card's memory whatever the compute (HAMi's percentage).
     """
 
@@ -230,6 +232,7 @@ class GpuRequest:
     models: frozenset[str] = frozenset()
     kind: GpuKind | None = None
     memory_share: int | None = None
+    scope: CardScope | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:

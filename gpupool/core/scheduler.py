@@ -29,6 +29,10 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 EXPLAIN_MEMO_REQUESTS = 64
 """Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
 
+SHAPES_KEPT = 256
+"""Request shapes whose feasibility and scores are cached; card scopes (groups, pins, quota states)
+multiply the shapes, so the oldest is dropped past this many."""
+
 PICK_TRIES = 8
 """Best-scored nodes on which the card choice is tried before a pod is declared unschedulable."""
 
@@ -92,6 +96,20 @@ class Scheduler:
 
     # ------------------------------------------------------------------------- filter and score
     def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
+        scope = shape.gpu.scope if shape.gpu is not None else None
+        if scope is not None:
+            # a node without a card of the request's scope cannot hold it: only the others are
+            # evaluated (a group's pod costs its group's nodes, not the cluster's)
+            reach = self.state.scope_reach(scope)[rows]
+            if not reach.all():
+                feasible = np.zeros(len(rows), dtype=bool)
+                raw = np.full(len(rows), -np.inf)
+                if reach.any():
+                    feasible[reach], raw[reach] = self._evaluate_rows(shape, pod, rows[reach])
+                return feasible, raw
+        return self._evaluate_rows(shape, pod, rows)
+
+    def _evaluate_rows(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
         feasible, fits = self._feasible(shape, pod, rows)
         raw = np.full(len(rows), -np.inf)
         if feasible.any():
@@ -145,7 +163,10 @@ class Scheduler:
         size = self.state.size
         if entry is None or len(entry.version) != size:
             feasible, raw = self._evaluate(shape, pod, rows)
+            self._cache.pop(key, None)
             self._cache[key] = _ShapeCache(self.state.node_version[:size].copy(), feasible, raw)
+            if len(self._cache) > SHAPES_KEPT:
+                self._cache.pop(next(iter(self._cache)))
             return feasible, raw
         stale = np.flatnonzero(entry.version != self.state.node_version[:size]).astype(np.int64)
         if len(stale):

@@ -17,9 +17,11 @@ import numpy.typing as npt
 
 from gpupool.core import card_rule
 from gpupool.core.card_rule import BoolArray, CardBook, CardSlots, CardUse, CardVerdict, Demand, IntArray
+from gpupool.core.card_scope import CardScope, ScopeMasks
 from gpupool.core.ledger_arrays import LedgerArrays
 from gpupool.core.ledger_row import NodeRow
 from gpupool.core.model import CardMode, NodeSpec, Placement
+from gpupool.core.usage import UsageTally, placement_use
 
 __all__ = ["AllocationError", "BoolArray", "Capacity", "CardUsage", "ClusterState", "IntArray"]
 
@@ -71,7 +73,18 @@ class ClusterState(LedgerArrays):
         self.layout_version = 0
         """Bumped when a node is added, replaced or removed; bookings do not change it."""
         self._capacity_memo: tuple[int, Capacity] | None = None
+        self.usage = UsageTally()
+        """Per tenant and GPU model, what the booked placements hold (quotas count from it)."""
+        self._scope_masks = ScopeMasks()
         self.add_nodes(nodes)
+
+    def scope_mask(self, scope: CardScope) -> BoolArray:
+        """``[nodes, cards]``: the cards ``scope`` admits (read-only, kept per node layout)."""
+        return self._scope_masks.mask(self, scope)
+
+    def scope_reach(self, scope: CardScope) -> BoolArray:
+        """``[nodes]``: the nodes with a card ``scope`` admits (read-only, kept per node layout)."""
+        return self._scope_masks.reach(self, scope)
 
     def model_id(self, model: str) -> int:
         """A stable small integer for a GPU model name (so model filters are array compares)."""
@@ -173,6 +186,7 @@ class ClusterState(LedgerArrays):
         dropped = [p for p in self.placements.values() if p.node == name]
         for p in dropped:
             del self.placements[p.pod_key]
+            self.usage.remove(p.pod_key)
         self.pods_on.pop(row, None)
         self.layout_version += 1
         self.present[row] = False
@@ -200,6 +214,7 @@ class ClusterState(LedgerArrays):
         self.card_holders[row, :] = 0
         for key in self.pods_on.get(row, ()):  # this node's placements only, not all of them
             self._book(row, self.placements[key], sign=1)
+            self.usage.add(key, placement_use(self.placements[key], self.specs[row]))
         self._touch(row)
 
     def _touch(self, row: int) -> None:
@@ -212,8 +227,9 @@ class ClusterState(LedgerArrays):
         return len(self.specs)
 
     # ---------------------------------------------------------------------------------- booking
-    def check(self, placement: Placement) -> str | None:
-        """Why ``placement`` cannot be booked now, or None when it can."""
+    def check(self, placement: Placement, scope: CardScope | None = None) -> str | None:
+        """Why ``placement`` cannot be booked now, or None when it can (``scope``: the cards the
+        request that chose it may use; a card outside it is refused as the card rule refuses it)."""
         row = self.index.get(placement.node)
         if row is None or not self.present[row]:
             return f"node {placement.node} is not known"
@@ -225,19 +241,22 @@ class ClusterState(LedgerArrays):
         if placement.memory_mib > self.mem_free[row]:
             return (f"node {placement.node}: {placement.memory_mib} MiB memory requested, "
                     f"{int(self.mem_free[row])} MiB free")
+        in_scope = self.scope_mask(scope)[row] if scope is not None else None
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
             demand = Demand(memory, compute, exclusive)
-            verdict = self.card_verdict(row, card, demand)
+            verdict = self.card_verdict(row, card, demand, in_scope)
             if verdict != CardVerdict.FITS:
                 return self._refusal(placement.node, row, card, verdict, demand)
         return None
 
-    def card_verdict(self, row: int, card: int, demand: Demand) -> CardVerdict:
-        """The card rule (:mod:`gpupool.core.card_rule`) for one card of node ``row``."""
+    def card_verdict(self, row: int, card: int, demand: Demand, in_scope: BoolArray | None = None) -> CardVerdict:
+        """The card rule (:mod:`gpupool.core.card_rule`) for one card of node ``row``; ``in_scope``:
+        the row of a scope mask (:meth:`scope_mask`) when the request has a card scope."""
         if not 0 <= card < self.max_cards:
             return CardVerdict.NO_CARD
         at = (row, card)
-        return card_rule.verdict(CardSlots(self.card_exists[at], self.card_healthy[at]),
+        scoped = None if in_scope is None else in_scope[card]
+        return card_rule.verdict(CardSlots(self.card_exists[at], self.card_healthy[at], in_scope=scoped),
                                  CardUse(self.card_mode[at], self.card_mem_free[at], self.card_compute_free[at]),
                                  demand)
 
@@ -247,6 +266,8 @@ class ClusterState(LedgerArrays):
             return f"node {node} has no card {card}"
         if verdict == CardVerdict.UNHEALTHY:
             return f"node {node} card {card} is unhealthy"
+        if verdict == CardVerdict.OUT_OF_SCOPE:
+            return f"node {node} card {card} is outside the cards the pod may use"
         if verdict == CardVerdict.NOT_IDLE:
             return f"node {node} card {card} is in use; a whole-card request needs it idle"
         if verdict == CardVerdict.EXCLUSIVE_HELD:
@@ -257,13 +278,17 @@ class ClusterState(LedgerArrays):
         return (f"node {node} card {card}: compute {demand.compute}/1000 requested, "
                 f"{int(self.card_compute_free[row, card])}/1000 free")
 
-    def apply(self, placement: Placement) -> None:
+    def apply(self, placement: Placement, scope: CardScope | None = None) -> None:
         """Book a placement, or raise :class:`AllocationError` and change nothing."""
-        reason = self.check(placement)
+        reason = self.check(placement, scope)
         if reason is not None:
             raise AllocationError(reason)
-        row = self.index[placement.node]
+        self._hold(self.index[placement.node], placement)
+
+    def _hold(self, row: int, placement: Placement) -> None:
+        """Book a checked (or claimed) placement and count it for its tenant."""
         self._book(row, placement, sign=1)
+        self.usage.add(placement.pod_key, placement_use(placement, self.specs[row]))
         self.placements[placement.pod_key] = placement
         self.pods_on.setdefault(row, set()).add(placement.pod_key)
         self._touch(row)
@@ -273,6 +298,7 @@ class ClusterState(LedgerArrays):
         placement = self.placements.pop(pod_key, None)
         if placement is None:
             return None
+        self.usage.remove(pod_key)
         row = self.index.get(placement.node)
         if row is not None:
             self.pods_on.get(row, set()).discard(pod_key)
@@ -342,10 +368,7 @@ class ClusterState(LedgerArrays):
         for card in placement.held_per_card():
             if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
                 raise AllocationError(f"node {placement.node} has no card {card}")
-        self._book(row, placement, sign=1)
-        self.placements[placement.pod_key] = placement
-        self.pods_on.setdefault(row, set()).add(placement.pod_key)
-        self._touch(row)
+        self._hold(row, placement)
         return self.over_capacity(placement.node)
 
     def over_capacity(self, node: str) -> tuple[int, ...]:

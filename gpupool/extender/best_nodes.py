@@ -21,29 +21,12 @@ import numpy as np
 
 from gpupool.core.fragmentation import FloatArray
 from gpupool.core.state import IntArray
+from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY, scale_scores
 
-MAX_EXTENDER_PRIORITY = 10
-"""kube-scheduler's MaxExtenderPriority: extender scores are integers 0..10."""
 NOT_BEST = "fits, but the policy prefers other nodes (score {score} < best 10)"
 """The reason of a feasible node that is not among the best; ``score`` on prioritize's 0..10 scale."""
 _NOT_BEST_REASONS = tuple(NOT_BEST.format(score=s) for s in range(MAX_EXTENDER_PRIORITY))
 """One string per step: the reasons are shared, not formatted per node (1,000s per call)."""
-
-
-def policy_steps(scores: FloatArray) -> IntArray:
-    """The policy's scores of feasible nodes on 0..10 (min-max, rounded down): exactly the nodes with
-    the best score get 10 and every other node at most 9.
-
-    Rounding to nearest gave 10 to near-best nodes too (99 and 100 on a 0..100 scale), and
-    kube-scheduler then chose among nodes the simulator never would (docs/fidelity.md).
-    """
-    if not len(scores):
-        return np.zeros(0, dtype=np.int64)
-    low, high = float(scores.min()), float(scores.max())
-    if high == low:
-        return np.full(len(scores), MAX_EXTENDER_PRIORITY, dtype=np.int64)
-    spread = np.floor((scores - low) * MAX_EXTENDER_PRIORITY / (high - low)).astype(np.int64)
-    return np.where(scores == high, MAX_EXTENDER_PRIORITY, np.minimum(spread, MAX_EXTENDER_PRIORITY - 1))
 
 
 @dataclass(frozen=True)
@@ -62,7 +45,7 @@ def best_nodes(passed: list[str], rows: IntArray, scores: FloatArray) -> BestNod
     highest; the others get :data:`NOT_BEST` with their step on prioritize's scale."""
     if not passed:
         return BestNodes([], rows, scores, {})
-    steps = policy_steps(scores)
+    steps = scale_scores(passed, scores, passed).scores  # prioritize's own 0..10 of the same nodes
     best = steps == MAX_EXTENDER_PRIORITY
     if best.all():
         return BestNodes(passed, rows, scores, {})

@@ -19,7 +19,10 @@ succeed):
    exactly one succeeds; the other's reservation is rolled back, the pod is read again and the
    decision re-evaluated from scratch. The Binding also names the pod's uid and the
    resourceVersion read, preconditions that apiservers from v1.23 check (409 for a pod replaced
-   or changed since); v1.20-v1.22 ignore them (see docs/extender.md, "Bind").
+   or changed since); v1.20-v1.22 ignore them and bind whichever pod has the name. So the
+   assignment also names the pod's uid (``podUID``): the node agent refuses to grant it to any
+   other pod, and the cache treats a pod carrying another pod's assignment as unreadable (see
+   docs/extender.md, "Bind").
 5. ``annotate_in_binding=False`` keeps the two writes for apiservers that drop a Binding's
    annotations: the annotation is PATCHed with the resourceVersion as a precondition (409 when the
    pod changed since it was read), and only then is the Binding posted.
@@ -47,7 +50,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.annotations import AnnotationError, Assignment, decode_assignment, encode_assignment
+from gpupool.api.annotations import (
+    AnnotationError,
+    Assignment,
+    decode_assignment,
+    encode_assignment,
+    foreign_assignment,
+)
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
 from gpupool.extender.bind_flights import PodFlights
@@ -55,6 +64,7 @@ from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
 from gpupool.extender.service import BindResult
 from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
+from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import TranslationError, pod_request
 
 log = logging.getLogger(__name__)
@@ -172,6 +182,7 @@ class Binder:
                                   attempts=attempt)
             try:
                 request = pod_request(pod, self.cache.names)
+                tenant = pod_tenancy(pod, self.cache.tenancy.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)
             if not request.wants_gpu:
@@ -180,7 +191,7 @@ class Binder:
             bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
             if bound_to:
                 return self._already_bound(pod, key, bound_to, ask.node, attempt)
-            decision = self.cache.reserve(request, ask.node)
+            decision = self.cache.reserve(request, ask.node, tenant)
             if isinstance(decision, Unschedulable):
                 return BindResult(f"pod {key} does not fit on node {ask.node}: {decision.reason}",
                                   attempts=attempt)
@@ -188,7 +199,9 @@ class Binder:
             if spec is None:  # the node vanished between the decision and now
                 self.cache.rollback(key)
                 return BindResult(f"node {ask.node} is gone", attempts=attempt)
-            assignment = Assignment.from_placement(decision, spec, self.clock())
+            # The pod's uid goes into the assignment: v1.20-v1.22 bind by name alone, and a pod
+            # replaced under that name before the Binding must not be granted these cards.
+            assignment = Assignment.from_placement(decision, spec, self.clock(), pod_uid=ask.uid)
             if not self.fence.holds(ticket):  # the last moment: after this the booking is public
                 self.cache.rollback(key)
                 log.warning("bind %s: leadership ended during the bind; nothing written", key)
@@ -288,11 +301,15 @@ class Binder:
             return BindResult(f"pod {key} is already bound to node {bound_to}", attempts=attempt)
         if text is not None:
             try:
-                if decode_assignment(text).node != node:
-                    return BindResult(f"pod {key} is bound to {node} but its assignment names another node",
-                                      attempts=attempt)
+                assignment = decode_assignment(text)
             except AnnotationError as exc:
                 return BindResult(f"pod {key}: {exc}", attempts=attempt)
+            if assignment.node != node:
+                return BindResult(f"pod {key} is bound to {node} but its assignment names another node",
+                                  attempts=attempt)
+            foreign = foreign_assignment(assignment.pod_uid, str((pod.get("metadata") or {}).get("uid") or ""))
+            if foreign is not None:
+                return BindResult(f"pod {key}: {foreign}", attempts=attempt)
         self.cache.upsert_pod(pod)  # adopt the other writer's booking now rather than at the next event
         return BindResult(attempts=attempt)
 

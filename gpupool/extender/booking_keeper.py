@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from gpupool.api.annotations import AnnotationError, Assignment
+from gpupool.core.groups import scope_of
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import AllocationError, ClusterState
@@ -93,17 +94,25 @@ class BookingKeeper:
         return ended
 
     # ----------------------------------------------------------------------------- binder side
-    def reserve(self, request: PodRequest, node: str, scheduler: Scheduler) -> Placement | Unschedulable:
-        """Choose the cards for a bind in flight and book them (see :meth:`ClusterCache.reserve`)."""
+    def reserve(self, request: PodRequest, node: str, scheduler: Scheduler, *,
+                check: Callable[[Placement], str | None] | None = None) -> Placement | Unschedulable:
+        """Choose the cards for a bind in flight and book them (see :meth:`ClusterCache.reserve`).
+
+        ``check``: a last word on the chosen placement (the pod's quotas), asked after the pod's
+        previous booking is lifted and before the new one is booked, in this one step."""
         key = request.key
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
             return Unschedulable(key, refused)
         previous = self._release(key)
         decision = scheduler.assign(request, node)
+        if isinstance(decision, Placement) and check is not None:
+            reason = check(decision)
+            if reason is not None:
+                decision = Unschedulable(key, reason)
         if isinstance(decision, Placement):
             try:
-                self.state.apply(decision)
+                self.state.apply(decision, scope_of(request))
             except AllocationError as exc:  # assign() checked it under the lock; kept as a guard
                 decision = Unschedulable(key, str(exc))
             else:

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpupool.api.annotations import Assignment
 from gpupool.api.names import ResourceNames
+from gpupool.api.tenancy import TenancyNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, make_policy
@@ -37,7 +38,10 @@ from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
+from gpupool.extender.tenancy import Admissions
+from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.kube.pod_holding import PodRecord
+from gpupool.kube.tenancy import PodTenancy
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
 
 log = logging.getLogger(__name__)
@@ -47,7 +51,8 @@ class ClusterCache:
     """Nodes and pods from the API, folded into one :class:`ClusterState` and a :class:`Scheduler`."""
 
     def __init__(self, names: ResourceNames | None = None, *, policy: str = DEFAULT_POLICY,
-                 unconfirmed_timeout_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+                 unconfirmed_timeout_s: float = 300.0, clock: Callable[[], float] = time.time,
+                 tenancy_required: bool = False) -> None:
         self.names = names or ResourceNames()
         self.policy_name = policy
         self.unconfirmed_timeout_s = unconfirmed_timeout_s
@@ -65,12 +70,19 @@ class ClusterCache:
         self._specs = NodeSpecs(self.names)
         self.nodes_synced = False
         self.pods_synced = False
+        self.tenancy = TenancyBook(TenancyNames(self.names.domain))
+        """Resource groups, GPU quotas and namespaces' default groups (fed by
+        :mod:`gpupool.extender.tenancy_watch`; read and changed under :attr:`lock`)."""
+        self.admissions = Admissions(self.tenancy)
+        self.tenancy_required = tenancy_required
+        """Whether readiness waits for the tenancy objects (the extender watches them)."""
 
     # ------------------------------------------------------------------------------ readiness
     @property
     def synced(self) -> bool:
-        """True once one full list of nodes and of pods has been applied."""
-        return self.nodes_synced and self.pods_synced
+        """True once one full list of nodes and of pods (and, when required, of the tenancy
+        objects) has been applied."""
+        return self.nodes_synced and self.pods_synced and (not self.tenancy_required or self.tenancy.all_synced)
 
     def refresh_profile(self) -> None:
         """Rebuild the scheduler with the workload profile of the pods known now.
@@ -224,16 +236,26 @@ class ClusterCache:
         with self.lock:
             return self.keeper.expire()
 
-    def reserve(self, request: PodRequest, node: str) -> Placement | Unschedulable:
+    def reserve(self, request: PodRequest, node: str, tenant: PodTenancy | None = None) -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them, atomically under the lock.
 
         The pod's previous booking (an expired or stale assignment of an earlier attempt, or one
         another replica just wrote) is lifted while the core decides, so a retried bind does not
         compete with itself; it is restored when the pod no longer fits. A node with a claim whose
-        assignment cannot be read takes no GPU pod (its free cards are not known).
+        assignment cannot be read takes no GPU pod (its free cards are not known). ``tenant``: the
+        pod's tenancy: its group and pools must hold the node, and its quotas are checked against
+        the exact placement in the same step as it is booked (:mod:`gpupool.extender.tenancy`).
         """
         with self.lock:
-            return self.keeper.reserve(request, node, self.scheduler)
+            admission = self.admissions.admit(self.state, request, tenant, node=node)
+            if admission.error is not None:
+                return Unschedulable(request.key, admission.error)
+            row = self.state.index.get(node)
+            refusal = admission.node_refusal(self.state, row) if row is not None else None
+            if refusal is not None:
+                return Unschedulable(request.key, refusal)
+            return self.keeper.reserve(admission.request, node, self.scheduler,
+                                       check=admission.quota_check(self.state))
 
     def commit(self, key: str, assignment: Assignment) -> None:
         """The bind wrote ``assignment`` (or may have): hold its cards until the watch shows it.

@@ -27,10 +27,15 @@ from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.what_if import what_if_copy
-from gpupool.extender.best_nodes import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY
-from gpupool.extender.best_nodes import best_nodes, policy_steps
+from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.node_rows import NodeRows
+from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
+from gpupool.extender.node_scores import NodeScores as NodeScores
+from gpupool.extender.node_scores import scale_scores as scale_scores
+from gpupool.extender.tenancy import Admission, Admissions
+from gpupool.extender.tenancy_book import TenancyBook
+from gpupool.kube.tenancy import PodTenancy
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
@@ -55,6 +60,10 @@ class Ledger(Protocol):
     """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
     policy_name: str
     profile: WorkloadProfile | None
+    tenancy: TenancyBook
+    admissions: Admissions
+    """Resource groups and quotas, and the admission of a pod under them (see
+    :mod:`gpupool.extender.tenancy`)."""
     """The placement policy and the workload profile the scheduler was built with (what-if
     questions build their own scheduler the same way)."""
 
@@ -115,32 +124,6 @@ class FilterOutcome:
 
 
 @dataclass(frozen=True)
-class NodeScores:
-    """Prioritize's answer: ``scores[i]`` (0..10) for ``hosts[i]``, in the order asked.
-
-    Why two aligned sequences and not a dict: the answer has an entry per node on every call, and
-    zipping them into a dict only to walk it again to write JSON would double prioritize's time
-    (docs/extender.md, "Numbers behind the code"). The HTTP adapter writes the JSON straight from
-    the array.
-
-    ``rows``: when set, the ledger row of every host (``rows[i]`` is ``hosts[i]`` in the layout
-    numbered ``layout``), so an adapter can write the answer from per-row records it keeps.
-    """
-
-    hosts: list[str]
-    scores: IntArray
-    rows: IntArray | None = None
-    layout: int | None = None
-
-    @staticmethod
-    def uniform(hosts: list[str], score: int = 0) -> NodeScores:
-        return NodeScores(hosts, np.full(len(hosts), score, dtype=np.int64))
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(zip(self.hosts, self.scores.tolist(), strict=True))
-
-
-@dataclass(frozen=True)
 class _FilterMemo:
     """The last filter's feasible nodes and their raw policy scores, for prioritize to reuse.
 
@@ -153,7 +136,7 @@ class _FilterMemo:
     request: PodRequest
     aliases: frozenset[str]
     state: ClusterState
-    versions: tuple[int, int, int]
+    versions: tuple[int, int, int, int]
     passed: list[str]
     rows: IntArray
     scores: FloatArray
@@ -206,7 +189,11 @@ class ExtenderService:
         when a row's name changes, so per-row data an adapter keeps by it stays valid meanwhile."""
         return self.node_rows.names(layout)
 
-    def _feasible(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
+    def _admit(self, request: PodRequest, tenant: PodTenancy | None) -> Admission:
+        """The pod under its group, quotas and card controls (call with the cache lock held)."""
+        return self.cache.admissions.admit(self.cache.state, request, tenant)
+
+    def _feasible(self, admission: Admission, names: list[str], aliases: frozenset[str] = frozenset(),
                   explain: bool = True) -> _Feasible:
         """The nodes among ``names`` that can hold ``request`` (in request order), their ledger rows
         and policy scores, and a reason for every other node (for nodes rejected by the GPU check only when
@@ -215,7 +202,8 @@ class ExtenderService:
         ``aliases``: the foreign resource names the pod uses; a node qualifies only if it serves
         every one of them."""
         state = self.cache.state
-        problem = request_problem(state, request)
+        request = admission.request
+        problem = admission.error or request_problem(state, request)
         if problem is not None:
             return _Feasible([], NO_ROWS, np.zeros(0), dict.fromkeys(names, problem), None)
         rows, name_array = self.node_rows.rows(state, names)
@@ -229,6 +217,7 @@ class ExtenderService:
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
+        outside = admission.refuse_nodes(state, rows, usable, name_array)  # group, pools, pins, quota models
         if aliases:
             known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
             serving = self.node_rows.serving(state, aliases, self.cache.served_aliases,
@@ -240,7 +229,7 @@ class ExtenderService:
                 failed[name] = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset())) or ""
         candidates = rows[usable]
         if not len(candidates):
-            return _Feasible([], NO_ROWS, np.zeros(0), failed, rows)
+            return _Feasible([], NO_ROWS, np.zeros(0), with_outside(failed, outside, []), rows)
         ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
         score_of = np.full(state.size, np.nan)
         score_of[ok_rows] = scores
@@ -262,31 +251,33 @@ class ExtenderService:
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
             # are known here, so that call skips mapping thousands of names to rows again
             self.node_rows.remember(state, passed, (passed_rows, candidate_names[fits]))
-        return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
+        return _Feasible(passed, passed_rows, candidate_scores[fits], with_outside(failed, outside, passed), rows)
 
     # -------------------------------------------------------------------------------- verbs
-    def filter(self, request: PodRequest, names: list[str],
-               aliases: frozenset[str] = frozenset()) -> FilterOutcome:
+    def filter(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
+               tenant: PodTenancy | None = None) -> FilterOutcome:
         """Nodes that can hold every GPU container of the pod (and serve the foreign ``aliases`` it
-        uses), with a reason for each other node."""
+        uses, and are open to its ``tenant``'s group, pools and quotas), with a reason for each
+        other node."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
-            found = self._feasible(request, names, aliases)
+            admission = self._admit(request, tenant)
+            found = self._feasible(admission, names, aliases)
             if self.settings.filter_best_only:
                 best = best_nodes(found.passed, found.passed_rows, found.scores)
                 found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
                                 failed={**found.failed, **best.not_best})
-            self._last_filter = _FilterMemo(request, aliases, self.cache.state, self._versions(), found.passed,
-                                            found.passed_rows, found.scores)
+            self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
+                                            found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
         return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
 
-    def _versions(self) -> tuple[int, int, int]:
+    def _versions(self) -> tuple[int, int, int, int]:
         state = self.cache.state
-        return state.version, state.layout_version, self.cache.served_aliases_version
+        return state.version, state.layout_version, self.cache.served_aliases_version, self.cache.tenancy.version
 
     def _reusable_filter(self, request: PodRequest, names: list[str],
                          aliases: frozenset[str]) -> _FilterMemo | None:
@@ -300,22 +291,23 @@ class ExtenderService:
             return None
         return memo
 
-    def prioritize(self, request: PodRequest, names: list[str],
-                   aliases: frozenset[str] = frozenset()) -> tuple[NodeScores, str]:
+    def prioritize(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
+                   tenant: PodTenancy | None = None) -> tuple[NodeScores, str]:
         """Scores 0..10 per node from the placement policy (infeasible nodes 0), and an error."""
         if not request.wants_gpu:
             return NodeScores.uniform(names), ""
         if not self.cache.synced:
             return NodeScores.uniform([]), NOT_SYNCED
         with self.cache.lock:
-            memo = self._reusable_filter(request, names, aliases)
+            admission = self._admit(request, tenant)
+            memo = self._reusable_filter(admission.request, names, aliases)
             layout = self.node_rows.layout(self.cache.state)
             if memo is not None:
                 # memo.passed holds the ledger's own name strings (hashes known): cheaper to look up
                 # than the freshly decoded ``names`` it equals
                 scaled = scale_scores(memo.passed, memo.scores, memo.passed)
                 return NodeScores(scaled.hosts, scaled.scores, memo.rows, layout), ""
-            found = self._feasible(request, names, aliases, explain=False)
+            found = self._feasible(admission, names, aliases, explain=False)
         scaled = scale_scores(found.passed, found.scores, names)
         asked = found.asked_rows
         if asked is not None and len(asked) and asked.min() >= 0:  # every node asked about is in the ledger
@@ -335,8 +327,8 @@ class ExtenderService:
         gated = self.node_gate(self.cache.state).get(node)
         return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
 
-    def preempt(self, request: PodRequest,
-                victims: Mapping[str, list[str]]) -> tuple[dict[str, list[str]], str]:
+    def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
+                tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
         """Keep the nodes where evicting the proposed victims (uids per node) frees enough.
 
         The question is asked of a what-if copy of the nodes without the victims' bookings
@@ -349,6 +341,10 @@ class ExtenderService:
             return {}, NOT_SYNCED
         kept: dict[str, list[str]] = {}
         with self.cache.lock:
+            admission = self._admit(request, tenant)  # the cards its group and controls allow
+            if admission.error is not None:
+                return {}, ""
+            request = admission.request
             leaving = {node: {k for k in map(self.cache.key_for_uid, uids) if k is not None}
                        for node, uids in victims.items()}
             state = self.cache.state
@@ -363,6 +359,17 @@ class ExtenderService:
                 if isinstance(scheduler.assign(request, node), Placement):
                     kept[node] = list(uids)
         return kept, ""
+
+
+def with_outside(failed: dict[str, str], outside: list[dict[str, str]], passed: list[str]) -> dict[str, str]:
+    """``failed`` with the reasons of the nodes outside the pod's group, pools or card controls when
+    no node passed. kube-scheduler shows reasons only for a pod that fits nowhere; when one fits,
+    listing the ~5,000 nodes outside a 50-node group (400 KB of JSON per filter) cost more than the
+    rest of the call, so they are then left out, as nodes not passed and not explained."""
+    if not passed:
+        for reasons in outside:
+            failed.update(reasons)
+    return failed
 
 
 def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
@@ -380,21 +387,3 @@ def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
     families = sorted({f for f, members in ALIAS_FAMILIES.items() for m in missing if m in members})
     return (f"node does not serve {', '.join(missing)}: start its gpupool node agent with "
             f"--serve-aliases {','.join(families)}")
-
-
-def scale_scores(passed: list[str], scores: FloatArray, names: list[str]) -> NodeScores:
-    """Map the policy's scores of feasible nodes onto 0..10 (min-max, rounded down); other nodes get 0.
-
-    Exactly the nodes with the best score get 10 and every other node at most 9, so kube-scheduler,
-    which takes a node of the highest total, chooses among the very nodes the simulator chooses
-    among (rounding to nearest gave 10 to near-best nodes too: 99 and 100 on a 0..100 scale).
-    """
-    if not passed:
-        return NodeScores.uniform(names)
-    scaled = policy_steps(scores)
-    if len(passed) == len(names):  # the usual prioritize: every node asked about passed (in order)
-        return NodeScores(names, scaled)
-    position = {name: i for i, name in enumerate(names)}
-    full = np.zeros(len(names), dtype=np.int64)
-    full[[position[name] for name in passed]] = scaled
-    return NodeScores(names, full)

@@ -14,6 +14,9 @@ never logs: the extender logs what it keeps, the plugin reports problems in its 
 * no readable assignment, or one for another node than the pod is bound to (stale): nothing before
   the pod is bound, else its CPU and memory on its node (host-only); ``UNREADABLE`` when the
   assignment does not decode (its cards are unknown, so the node takes no GPU pod);
+* an assignment whose ``podUID`` is another pod's (v1.20-v1.22 bind a pod replaced under the name
+  of the one the cards were decided for): the same, as if it did not decode (``UNREADABLE`` when
+  bound and asking for GPUs: the node agent refuses it, an older agent might grant it);
 * an assignment neither bound nor confirmed (``allocated-v1``) past the unconfirmed timeout →
   ``EXPIRED``: the extender let it go;
 * a node the ledger does not have → ``UNKNOWN_NODE``;
@@ -28,7 +31,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpupool.api.annotations import AnnotationError, Assignment, decode_allocated, decode_assignment
+from gpupool.api.annotations import (
+    AnnotationError,
+    Assignment,
+    decode_allocated,
+    decode_assignment,
+    foreign_assignment,
+)
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.kube.translate import TranslationError, pod_key, pod_request, pod_wants_gpu
@@ -42,10 +51,11 @@ class PodRecord:
     """One pod object as read: its request, assignment, binding and phase.
 
     ``request_problem``: why the request could not be read; ``assignment_problem``: why the
-    assignment annotation does not decode; ``allocated_problem``: why ``allocated-v1`` does not
-    (None when it reads or is absent). ``raw``: the object itself, kept for GPU pods and pods with
-    an assignment only (the extender's binder reads it instead of the API; other pods are never
-    bound by the extender, so their objects are not kept).
+    assignment annotation does not decode or is another pod's (its ``podUID``);
+    ``allocated_problem``: why ``allocated-v1`` does not (None when it reads or is absent).
+    ``raw``: the object itself, kept for GPU pods and pods with an assignment only (the extender's
+    binder reads it instead of the API; other pods are never bound by the extender, so their
+    objects are not kept).
     """
 
     key: str
@@ -71,7 +81,8 @@ class PodRecord:
 
     @property
     def assignment_unreadable(self) -> bool:
-        """Whether the pod carries an assignment that does not decode."""
+        """Whether the pod carries an assignment it cannot use: one that does not decode, or one
+        decided for another pod (then ``assignment`` holds it, decoded)."""
         return self.assignment_problem is not None
 
     @property
@@ -118,6 +129,8 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
             assignment = decode_assignment(assignment_text)
         except AnnotationError as exc:
             assignment_problem = str(exc)
+        else:
+            assignment_problem = foreign_assignment(assignment.pod_uid, str(meta.get("uid") or ""))
     allocated = False
     allocated_problem: str | None = None
     allocated_text = annotations.get(names.allocated)
@@ -189,12 +202,15 @@ def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now
     problem = record.assignment_problem
     if record.finished:
         return Holding(HoldingKind.NOTHING, problem=problem)
-    if assignment is None or (bound and bound != assignment.node):
+    foreign = assignment is not None and problem is not None  # decided for a pod this one replaced
+    if assignment is None or foreign or (bound and bound != assignment.node):
         if not bound:
             return Holding(HoldingKind.NOTHING, problem=problem)
         if spec_of(bound) is None:
             return Holding(HoldingKind.UNKNOWN_NODE, bound=True, problem=problem)
-        kind = HoldingKind.UNREADABLE if record.assignment_unreadable else HoldingKind.HOST_ONLY
+        # A pod that asks for no GPU is granted no card, whatever assignment it carries.
+        unusable = record.assignment_unreadable and (record.wants_gpu or not foreign)
+        kind = HoldingKind.UNREADABLE if unusable else HoldingKind.HOST_ONLY
         return Holding(kind, host_only(record, bound), bound=True, problem=problem)
     if not bound and not record.allocated and now - assignment.time.timestamp() > unconfirmed_timeout_s:
         return Holding(HoldingKind.EXPIRED)

@@ -12,9 +12,10 @@ from HAMi or Alibaba's cGPU mean one thing and disagree loudly:
   ``topology-aware`` card policy is what gpupool does for multi-card pods anyway); the two
   spellings given with different values is an error;
 * the label ``aliyun.com/gpu-count``: cGPU's card count for a pod's ``aliyun.com/gpu-mem`` total;
-* HAMi's card restrictions (``nvidia.com/use-gputype``, ``nouse-gputype``, ``use-gpuuuid``,
-  ``nouse-gpuuuid``): parsed by :func:`hami_card_restrictions`; until the core's card scope takes
-  them, a pod that uses one is refused with the reason rather than placed on a card it excludes.
+* HAMi's card restrictions: ``nouse-gputype``, ``use-gpuuuid`` and ``nouse-gpuuuid`` are applied by
+  the pod's card scope (:mod:`gpupool.kube.tenancy`, exact model names); ``use-gputype`` (HAMi
+  matches it as a substring of the model) is not, so a pod that uses it is refused with the reason
+  rather than placed on a card it excludes.
 """
 
 from __future__ import annotations
@@ -156,11 +157,10 @@ def pod_options(meta: Mapping[str, Any], names: ResourceNames) -> PodOptions:
     if exclusive not in ("true", "false"):
         raise PodOptionError(f"annotation {names.exclusive} must be \"true\" or \"false\", got {exclusive!r}")
     restrictions = hami_card_restrictions(annotations)
-    if not restrictions.empty:
+    if restrictions.use_types:
         raise PodOptionError(
-            f"annotations {n.HAMI_USE_GPUTYPE}, {n.HAMI_NOUSE_GPUTYPE}, {n.HAMI_USE_GPUUUID} and "
-            f"{n.HAMI_NOUSE_GPUUUID} are not applied by this gpupool yet; name allowed models in "
-            f"{names.gpu_models} instead")
+            f"annotation {n.HAMI_USE_GPUTYPE} is not applied by this gpupool yet; name the allowed models "
+            f"exactly in {names.gpu_models} instead")
     return PodOptions(exclusive=exclusive == "true",
                       models=_items(_text(annotations, names.gpu_models, "annotation")),
                       kind=_kind(annotations, names), policy=_policy(annotations, names),

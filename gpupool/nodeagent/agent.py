@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gpupool.api.names import ResourceNames
+from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.allocation_mapper import AllocationMapper, MappingError, PodKey, ServedRecord
 from gpupool.nodeagent.container_grant import GrantError, build_grant
 from gpupool.nodeagent.device_layout import DeviceLayout
@@ -99,6 +100,11 @@ class NodeAgent:
         self._listed = False
         self._cordoned: dict[int, str] = {}
         self._report_refusal = report_refusal
+        self.extra_devices: Callable[[str], list[tuple[str, bool]]] | None = None
+        """More devices per resource (lent capacity, :mod:`gpupool.nodeagent.lending`)."""
+        self.vouch: Callable[[PodView, ContainerAssignment], bool] | None = None
+        """Whether another check vouches for a container's cards instead of :func:`check_assignment`
+        (a borrower fits its loan, not the bookings of its card)."""
         self._reports: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ devices and health
@@ -112,7 +118,16 @@ class NodeAgent:
 
     def device_list(self, resource: str) -> list[tuple[str, bool]]:
         """(ID, healthy) for ListAndWatch."""
-        return self.layout.devices(resource, self._inventory)
+        devices = self.layout.devices(resource, self._inventory)
+        if self.extra_devices is not None:
+            devices += self.extra_devices(resource)
+        return devices
+
+    async def devices_changed(self) -> None:
+        """Wake every ListAndWatch stream: the device list changed (health or lent capacity)."""
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
 
     async def wait_devices_changed(self, seen_version: int) -> int:
         """Block until the device list changes (health event)."""
@@ -193,7 +208,8 @@ class NodeAgent:
         snapshot, views = await self._refresh()
         try:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
-            check_assignment(self.node, self._inventory, res.pod, res.assignment, self._granted(views))
+            if self.vouch is None or not self.vouch(res.pod, res.assignment):
+                check_assignment(self.node, self._inventory, res.pod, res.assignment, self._granted(views))
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,

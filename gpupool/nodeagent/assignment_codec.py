@@ -36,4 +36,4 @@ def node_assignment(text: str, pod_key: str) -> NodeAssignment:
         containers.append(ContainerAssignment(container=c.name, slices=tuple(slices), init=c.init))
     placement = Placement(pod_key=pod_key, node=doc.node, cpu_milli=0, memory_mib=0,
                           containers=tuple(containers))
-    return NodeAssignment(placement=placement, uuids=uuids, time=doc.time.isoformat())
+    return NodeAssignment(placement=placement, uuids=uuids, time=doc.time.isoformat(), pod_uid=doc.pod_uid)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from gpupool.api.annotations import foreign_assignment
 from gpupool.core.model import ContainerAssignment
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.nodeagent.container_grant import GrantError
@@ -51,8 +52,14 @@ def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container
                      granted: Iterable[PodView]) -> None:
     """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.
 
-    ``granted``: the other pods of this node that hold grants (the pod itself is skipped).
+    ``granted``: the other pods of this node that hold grants (the pod itself is skipped). An
+    assignment decided for another pod (its ``podUID``; a pod replaced under the same name before
+    the extender's Binding, which v1.20-v1.22 address by name only) is refused first.
     """
+    if pod.assignment is not None:
+        foreign = foreign_assignment(pod.assignment.pod_uid, pod.uid)
+        if foreign is not None:
+            raise AssignmentRefused(foreign)
     cards = {c.index: c for c in inventory.cards}
     for s in container.slices:
         card = cards.get(s.card)

@@ -36,6 +36,8 @@ class NodeAssignment:
     placement: Placement
     uuids: Mapping[int, str]
     time: str = ""
+    pod_uid: str = ""
+    """The uid of the pod the extender decided for ("" from extenders before ``podUID``)."""
 
     def container(self, name: str) -> ContainerAssignment | None:
         """The slices of one container (init or app), or ``None`` when it holds no GPU."""

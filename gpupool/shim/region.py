@@ -18,7 +18,7 @@ SLOTS = 256
 HEADER = struct.Struct("<6I")  # magic, version, size, device_count, slot_count, reserved
 DEVICES_OFFSET = 128  # after the header (64 bytes) and the lock (64 bytes)
 DEVICE = struct.Struct("<QQII40x" "qQQQQQQIIII24x")  # memory fields, then the compute bucket
-SLOT = struct.Struct("<iIQ16Q")
+SLOT = struct.Struct("<iiQ16Q")
 SLOTS_OFFSET = DEVICES_OFFSET + MAX_DEVICES * DEVICE.size
 SIZE = SLOTS_OFFSET + SLOTS * SLOT.size
 MODES = ("hard", "soft")
@@ -48,6 +48,7 @@ class ProcessSlot:
     pid: int
     start_time: int  # /proc/<pid>/stat field 22
     used_bytes: tuple[int, ...]
+    host_pid: int = 0  # the pid the agent saw it register with (NVML's); 0: not known
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,9 @@ def parse_region(data: bytes) -> RegionSnapshot:
                                    util_container, util_others, target))
     processes = []
     for index in range(SLOTS):
-        pid, _, start, *used = SLOT.unpack_from(data, SLOTS_OFFSET + index * SLOT.size)
+        pid, host_pid, start, *used = SLOT.unpack_from(data, SLOTS_OFFSET + index * SLOT.size)
         if pid:
-            processes.append(ProcessSlot(pid, start, tuple(used)))
+            processes.append(ProcessSlot(pid, start, tuple(used), host_pid))
     return RegionSnapshot(tuple(devices), tuple(processes))
 
 

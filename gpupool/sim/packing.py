@@ -19,6 +19,7 @@ from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
+from gpupool.sim.fragment_log import FragmentLog
 
 REPORT_POINTS = (90, 95, 100, 110, 130)
 INFLATION = 1.3
@@ -131,34 +132,24 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name:
     tie_rank = tie_order(seed, state.size)
     profile = profile or WorkloadProfile.from_pods(pods)
     scheduler = Scheduler(state, make_policy(policy_name, rng), profile=profile, tie_rank=tie_rank, rng=rng)
-    measure = FragmentationMeasure(state, profile)
-    all_rows = np.arange(state.size, dtype=np.int64)
-    # Per-node fragmentation and idle GPU, refreshed only for the node each placement changes, and
-    # their cluster totals kept as running sums (summing 1,213 nodes after every pod cost ~5 % of a
-    # replay; the float drift over a replay is far below the report's 4 decimals).
-    node_frag = measure.node_fragment(all_rows)
-    node_idle = measure.card_free(all_rows).sum(axis=1)
-    frag_total, idle_total = float(node_frag.sum()), int(node_idle.sum())
+    log = FragmentLog(state, FragmentationMeasure(state, profile))
     recorder = _Recorder(capacity)
     arrived = used = failed = 0
     for done, pod in enumerate(arrivals, start=1):
         arrived += pod.gpu_milli_total()
         decision = scheduler.schedule(pod)
+        row = None
         if isinstance(decision, Placement):
             used += sum(s.compute for c in decision.containers if not c.init for s in c.slices)
             row = state.index[decision.node]
-            rows = np.array([row], dtype=np.int64)
-            free = measure.card_free(rows)
-            frag = float(measure.node_fragment(rows, free)[0])
-            idle = int(free.sum())
-            frag_total += frag - float(node_frag[row])
-            idle_total += idle - int(node_idle[row])
-            node_frag[row], node_idle[row] = frag, idle
         else:
             failed += 1
-        recorder.add(arrived, used, 100.0 * frag_total / idle_total if idle_total else 0.0)
+        for outcome in log.record(arrived, used, row):
+            recorder.add(outcome.arrived, outcome.used, outcome.fragmentation_pct)
         if progress is not None and done % 500 == 0:
             progress(500)
+    for outcome in log.flush():
+        recorder.add(outcome.arrived, outcome.used, outcome.fragmentation_pct)
     if progress is not None:
         progress(len(arrivals) % 500)
     return SeedResult(seed=seed, unallocated_pct=recorder.curve(), fragmentation_pct=recorder.fragmentation(),

@@ -37,11 +37,13 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TracePod:
-    """A pod of the trace: its request plus the times the time-replay mode uses."""
+    """A pod of the trace: its request plus the times the time-replay mode uses, and its QoS class
+    (``LS``, ``BE``, ...; the tenant of a replay with tenants)."""
 
     request: PodRequest
     creation_time: int
     deletion_time: int | None
+    qos: str = ""
 
 
 def _data_file(name: str) -> Path:
@@ -118,6 +120,7 @@ def load_pods(path: Path) -> list[TracePod]:
                 request=PodRequest(key=name, containers=(container,)),
                 creation_time=_int(row, "creation_time", path, line, default=0),
                 deletion_time=int(float(deletion)) if deletion else None,
+                qos=(row.get("qos") or "").strip(),
             ))
     if not pods:
         raise TraceError(f"{path}: no pods")

@@ -34,8 +34,19 @@ from gpupool.testenv.paths import (
     cache_dir,
 )
 
-#: Debian packages that provide the Go toolchain, etcd and rsync (the Kubernetes Makefile uses it).
-APT_PACKAGES = ("golang-go", "etcd-server", "rsync")
+#: Debian packages that provide the Go toolchain, etcd and rsync (the Kubernetes Makefile uses it),
+#: and the source of reflect2 1.0.2 (see :data:`REFLECT2_SOURCE`).
+APT_PACKAGES = ("golang-go", "etcd-server", "rsync", "golang-github-modern-go-reflect2-dev")
+
+#: reflect2 1.0.2, which replaces the tree's vendored 1.0.1. Built with Go 1.18 or later (Debian
+#: bookworm has 1.19), reflect2 1.0.1 makes kube-apiserver crash with "unexpected fault address"
+#: the first time it encodes a map through json-iterator, which it does for every custom resource
+#: it stores (modern-go/reflect2#23); 1.0.2 is the upstream fix, with the same API.
+REFLECT2_SOURCE = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
+
+#: The binaries built from a patched tree, and the name of the patch: a binary built before the
+#: patch (no stamp ``.<binary>.<patch>`` beside it) is built again.
+PATCHED = {"kube-apiserver": "reflect2-1.0.2"}
 
 #: Debian release whose ``kubernetes`` source package is ``1.20.5+really1.20.2`` (pinned: source
 #: packages build anywhere, and a newer release may carry another Kubernetes or none at all).
@@ -89,9 +100,14 @@ def cached_binaries() -> Binaries | None:
     if etcd is None:
         return None
     binaries = Binaries.in_dir(bin_dir(), etcd, fakecri_binary())
-    if binaries.missing():
+    if binaries.missing() or any(not _stamp(c).is_file() for c in PATCHED):
         return None
     return binaries
+
+
+def _stamp(command: str) -> Path:
+    """The file saying that ``command`` was built from the tree with its patch applied."""
+    return bin_dir() / f".{command}.{PATCHED[command]}"
 
 
 def build_impossible_reason() -> str | None:
@@ -161,8 +177,10 @@ def _build(root: Path, log: Log) -> Binaries:
     etcd = system_etcd()
     if etcd is None:
         raise BuildFailedError("etcd not found after installing etcd-server")
-    targets = [f"cmd/{c}" for c in K8S_COMMANDS if not (out / c).is_file()]
+    targets = [f"cmd/{c}" for c in K8S_COMMANDS
+               if not (out / c).is_file() or (c in PATCHED and not _stamp(c).is_file())]
     if targets:
+        _patch_vendor(tree)
         log(f"compiling {' '.join(targets)} (cold: several minutes; log: {logs / 'make.log'})")
         _run(
             ["make", f"WHAT={' '.join(targets)}"],
@@ -174,7 +192,10 @@ def _build(root: Path, log: Log) -> Binaries:
         )
         built = tree / "_output" / "bin"
         for target in targets:
-            _install(built / target.removeprefix("cmd/"), out / target.removeprefix("cmd/"))
+            command = target.removeprefix("cmd/")
+            _install(built / command, out / command)
+            if command in PATCHED:
+                _stamp(command).touch()
         # The Go build cache is 1.5 GB; the fake runtime keeps its own, smaller one.
         shutil.rmtree(tree / "_output" / "local" / "go" / "cache", ignore_errors=True)
     fakecri = fakecri_binary()
@@ -221,6 +242,18 @@ def _build_fakecri(root: Path, tree: Path, target: Path, logs: Path, log: Log) -
     tmp.unlink()
 
 
+def _patch_vendor(tree: Path) -> None:
+    """Put reflect2 1.0.2 in place of the tree's vendored 1.0.1 (see :data:`REFLECT2_SOURCE`)."""
+    if not REFLECT2_SOURCE.is_dir():
+        raise BuildFailedError(f"{REFLECT2_SOURCE} missing: apt-get install golang-github-modern-go-reflect2-dev")
+    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
+    for old in vendored.glob("*.go"):
+        old.unlink()
+    for new in REFLECT2_SOURCE.glob("*.go"):
+        if not new.name.endswith("_test.go"):
+            shutil.copyfile(new, vendored / new.name)
+
+
 def _install(built: Path, target: Path) -> None:
     """Copy a built binary into place atomically: a reader sees the old file or the whole new one,
     and a process already running the old file keeps it (``rename`` replaces the name only)."""
@@ -232,7 +265,7 @@ def _install(built: Path, target: Path) -> None:
 
 def _install_packages(logs: Path, log: Log) -> None:
     """``apt-get install`` Go, etcd and rsync when any is missing (needs root; CI runs as root)."""
-    if all(shutil.which(t) for t in ("go", "etcd", "rsync", "make")):
+    if all(shutil.which(t) for t in ("go", "etcd", "rsync", "make")) and REFLECT2_SOURCE.is_dir():
         return
     log(f"installing {' '.join(APT_PACKAGES)} make with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}

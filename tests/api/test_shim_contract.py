@@ -85,6 +85,7 @@ def test_malformed_requests_say_why(line: bytes, reason: str) -> None:
 
 @pytest.mark.parametrize("reply", [
     pytest.param(sc.RegisterReply(True), id="ok"),
+    pytest.param(sc.RegisterReply(True, host_pid=48213), id="ok-with-host-pid"),
     pytest.param(sc.RegisterReply(False, "unknown token"), id="refused"),
 ])
 def test_reply_round_trip(reply: sc.RegisterReply) -> None:
@@ -94,3 +95,28 @@ def test_reply_round_trip(reply: sc.RegisterReply) -> None:
 def test_a_long_reason_still_fits_one_line() -> None:
     line = sc.encode_reply(sc.RegisterReply(False, "x" * 10_000))
     assert len(line) <= sc.MAX_LINE_BYTES and not sc.decode_reply(line).ok
+
+
+def test_the_host_pid_is_on_the_wire_as_hostpid() -> None:
+    assert sc.encode_reply(sc.RegisterReply(True, host_pid=48213)) == b'{"v":1,"ok":true,"hostPid":48213}\n'
+
+
+def test_a_refusal_never_carries_a_host_pid() -> None:
+    assert b"hostPid" not in sc.encode_reply(sc.RegisterReply(False, "unknown token", host_pid=48213))
+
+
+def test_a_reply_without_host_pid_from_an_older_agent_is_valid() -> None:
+    assert sc.decode_reply(b'{"v":1,"ok":true}\n') == sc.RegisterReply(True, "", None)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("48213", id="string"),
+    pytest.param(0, id="zero"),
+    pytest.param(-5, id="negative"),
+    pytest.param(True, id="boolean"),
+    pytest.param(1.5, id="float"),
+])
+def test_a_malformed_host_pid_says_why(value: object) -> None:
+    line = json.dumps({"v": 1, "ok": True, "hostPid": value}).encode()
+    with pytest.raises(sc.ShimProtocolError, match="hostPid: expected a positive integer"):
+        sc.decode_reply(line)

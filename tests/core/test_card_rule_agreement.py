@@ -3,7 +3,8 @@
 Random nodes (card sizes, models, kinds, health) receive random bookings through the ledger (pods
 placed by the card chooser, raw slices and whole cards, health changes, releases). Then, for random
 requests (whole cards, several cards, shared slices, memory-only and compute-only slices, GPU models,
-card kinds) on every node:
+card kinds, card scopes: group cards by node or UUID, pinned and avoided UUIDs, avoided models) on
+every node:
 
 * the node mask (:func:`node_fit_mask`) says the node fits,
 * the explanation (:func:`explain_node`) says nothing,
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.card_rule import CardVerdict, Demand
+from gpupool.core.card_scope import CardScope, CardSet
 from gpupool.core.cards import NodeScratch, assign_on_node
 from gpupool.core.feasibility import card_fit_mask, card_verdicts, explain_node, memory_need, node_fit_mask
 from gpupool.core.model import (
@@ -63,13 +65,35 @@ def node_specs(draw: st.DrawFn, name: str) -> NodeSpec:
                     memory_mib=draw(st.sampled_from([8_192, 65_536])), cards=tuple(cards))
 
 
+NODE_NAMES = [f"n{i}" for i in range(MAX_NODES)]
+UUIDS = [f"n{i}-{c}" for i in range(MAX_NODES) for c in range(5)]
+
+
+@st.composite
+def card_sets(draw: st.DrawFn) -> CardSet:
+    return CardSet(frozenset(draw(st.lists(st.sampled_from(NODE_NAMES), max_size=2))),
+                   frozenset(draw(st.lists(st.sampled_from(UUIDS), max_size=8))))
+
+
+@st.composite
+def card_scopes(draw: st.DrawFn) -> CardScope | None:
+    """None half of the time; else a group's cards, pins, avoided cards and models, in any mix."""
+    if draw(st.booleans()):
+        return None
+    within = tuple(draw(st.lists(card_sets(), max_size=2)))
+    avoid = draw(card_sets()) if draw(st.booleans()) else CardSet()
+    models = frozenset(draw(st.sampled_from([(), (), ("A",), ("B", "Z")])))
+    return CardScope("scope", within, avoid, models)
+
+
 @st.composite
 def gpu_requests(draw: st.DrawFn) -> GpuRequest:
     models = frozenset(draw(st.sampled_from([(), (), ("A",), ("B", "C"), ("Z",)])))
     kind = draw(st.sampled_from([None, None, None, GpuKind.PHYSICAL, GpuKind.VIRTUAL]))
+    scope = draw(card_scopes())
     form = draw(st.sampled_from(["fraction", "whole", "several", "memory", "compute", "both"]))
     if form == "whole":
-        return dataclasses.replace(GpuRequest.whole(draw(st.integers(1, 3)), models), kind=kind)
+        return dataclasses.replace(GpuRequest.whole(draw(st.integers(1, 3)), models), kind=kind, scope=scope)
     count = draw(st.integers(2, 3)) if form == "several" else 1
     compute = draw(COMPUTES) if form in ("fraction", "several", "compute", "both") else 0
     memory: int | None = None
@@ -77,7 +101,7 @@ def gpu_requests(draw: st.DrawFn) -> GpuRequest:
         memory = draw(MEMORIES)
     elif form == "compute":
         memory = 0
-    return GpuRequest(count=count, compute=compute, memory_mib=memory, models=models, kind=kind)
+    return GpuRequest(count=count, compute=compute, memory_mib=memory, models=models, kind=kind, scope=scope)
 
 
 @st.composite
@@ -123,6 +147,9 @@ def plain_rule(state: ClusterState, row: int, card: int, request: GpuRequest) ->
     usage = state.card_usage(spec.name)[card]
     if not usage.healthy or not request.allows(spec.cards[card]):
         return False
+    found = spec.cards[card]
+    if request.scope is not None and not request.scope.admits(spec.name, found.uuid, found.model):
+        return False
     if request.exclusive:
         return usage.mode == CardMode.IDLE
     return (usage.mode != CardMode.EXCLUSIVE and usage.memory_free >= request.memory_on(spec.cards[card])
@@ -137,11 +164,12 @@ def check_cards_agree(state: ClusterState, row: int, request: GpuRequest) -> Non
     np.testing.assert_array_equal(NodeScratch.of(state, row).fits(state, request), mask)
     assert mask.tolist() == [plain_rule(state, row, c, request) for c in range(state.max_cards)]
     need = memory_need(state, request, rows)[0]
+    in_scope = state.scope_mask(request.scope)[row] if request.scope is not None else None
     for card in range(state.max_cards):
         if codes[card] in (CardVerdict.WRONG_MODEL, CardVerdict.WRONG_KIND):
             continue  # a placement names no model or kind: the ledger cannot check those
         demand = Demand(int(need[card]), request.compute, request.exclusive)
-        assert state.card_verdict(row, card, demand) == codes[card], (card, codes[card])
+        assert state.card_verdict(row, card, demand, in_scope) == codes[card], (card, codes[card])
 
 
 def check_ledger_agrees_card_by_card(state: ClusterState, row: int, pod: PodRequest) -> None:
@@ -161,7 +189,8 @@ def check_ledger_agrees_card_by_card(state: ClusterState, row: int, pod: PodRequ
         slc = CardSlice(card, int(need[card]), request.compute, exclusive=request.exclusive)
         placement = raw_placement(pod.key, state.specs[row].name, [slc], cpu=pod.cpu_milli,
                                   memory=pod.memory_mib)
-        assert (state.check(placement) is None) == (room and bool(mask[card])), (card, state.check(placement))
+        verdict = state.check(placement, request.scope)
+        assert (verdict is None) == (room and bool(mask[card])), (card, verdict)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -179,6 +208,6 @@ def test_mask_explanation_chooser_and_ledger_agree(state: ClusterState, requests
             result = assign_on_node(state, row, pod)
             assert isinstance(result, Placement) == bool(fits[row]), result
             if isinstance(result, Placement):
-                assert state.check(result) is None
-                state.apply(result)
+                assert state.check(result, request.scope) is None
+                state.apply(result, request.scope)
                 state.release(pod.key)

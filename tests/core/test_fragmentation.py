@@ -325,3 +325,20 @@ def test_after_whole_matches_fragment_recomputed_from_scratch(
         actual = measure.node_fragment(all_rows)
         state.release("probe")
         assert predicted[row] == pytest.approx(actual[row], abs=1e-6)
+
+
+@pytest.mark.parametrize("cards", [
+    pytest.param(8, id="narrow-passes"),
+    pytest.param(40, id="wide-node-needs-int32"),  # 40 idle cards: 40,000 free, beyond int16
+])
+def test_sums_over_a_node_stay_exact_whatever_its_card_count(cards: int) -> None:
+    """A class that cannot use the cards (too few for its count) leaves all their compute a fragment,
+    and a slice on one card removes exactly the slice from it."""
+    state = ClusterState([make_node("n", cards)], max_cards=cards)
+    wide = TypicalPod(cpu_milli=100, milli=1000, count=cards + 1, models=frozenset(), freq=1.0)
+    small = TypicalPod(cpu_milli=100, milli=100, count=1, models=frozenset(), freq=1.0)
+    measure = FragmentationMeasure(state, WorkloadProfile((wide, small)))
+    assert measure.node_fragment(rows(0)).tolist() == [1000.0 * cards]
+    before, after = measure.before_and_after_slice(rows(0), 300, 100)
+    assert before.tolist() == [1000.0 * cards]
+    assert after[0].tolist() == [1000.0 * cards - 300] * cards

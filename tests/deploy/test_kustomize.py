@@ -21,7 +21,8 @@ from tests.deploy.kustomize_render import KUSTOMIZE, OVERLAYS, ROOT, pod_spec, r
 from tests.deploy.pod_security import baseline_violations, restricted_violations
 
 NAMESPACES = {"gpupool-system": "restricted", "gpupool-node": "privileged", "gpupool-node-lease": "restricted"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                  "ValidatingWebhookConfiguration"}
 SHIM_COMPONENT = "components/shim-isolation"
 
 

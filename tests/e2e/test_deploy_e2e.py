@@ -71,7 +71,8 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 RESOURCES = (("", "pods", ""), ("", "pods", "binding"), ("", "pods", "status"), ("", "pods", "eviction"),
              ("", "nodes", ""), ("", "nodes", "status"), ("", "secrets", ""), ("", "configmaps", ""),
              ("", "events", ""), ("", "serviceaccounts", "token"), ("coordination.k8s.io", "leases", ""),
-             ("apps", "daemonsets", ""))
+             ("apps", "daemonsets", ""), ("", "namespaces", ""), ("gpupool.io", "resourcegroups", ""),
+             ("gpupool.io", "gpuquotas", ""))
 
 
 def lease_namespace(namespace: str) -> str:
@@ -148,7 +149,8 @@ def matrix(namespace: str) -> list[dict[str, str]]:
     everywhere), the Lease by its name and by another, in the lease namespace and elsewhere."""
     probes = []
     for group, resource, sub in RESOURCES:
-        places: list[tuple[str, str]] = [("", "")] if resource == "nodes" else [("default", "")]
+        cluster_scoped = resource in ("nodes", "namespaces", "resourcegroups")
+        places: list[tuple[str, str]] = [("", "")] if cluster_scoped else [("default", "")]
         if resource == "leases":
             places = [(namespace, LEASE), (namespace, "someone-else"), (namespace, ""), ("default", LEASE),
                       (lease_namespace(namespace), AGENT_LEASE), (lease_namespace(namespace), "")]
@@ -181,7 +183,11 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("get", "coordination.k8s.io", "leases", "", namespace, LEASE),
             ("update", "coordination.k8s.io", "leases", "", namespace, LEASE),
             ("list", "coordination.k8s.io", "leases", "", lease_namespace(namespace), ""),
-            ("watch", "coordination.k8s.io", "leases", "", lease_namespace(namespace), "")}
+            ("watch", "coordination.k8s.io", "leases", "", lease_namespace(namespace), ""),
+            ("list", "", "namespaces", "", "", ""), ("watch", "", "namespaces", "", "", ""),
+            ("list", "gpupool.io", "resourcegroups", "", "", ""), ("watch", "gpupool.io", "resourcegroups", "", "", ""),
+            ("list", "gpupool.io", "gpuquotas", "", "default", ""),
+            ("watch", "gpupool.io", "gpuquotas", "", "default", "")}
 
 
 def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:

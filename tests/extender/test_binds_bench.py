@@ -54,6 +54,8 @@ def built_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     for name in K8S_COMMANDS:
         _executable(tmp_path / "bin" / name)
+    for name, patch in testenv_build.PATCHED.items():  # built from the patched tree
+        (tmp_path / "bin" / f".{name}.{patch}").touch()
     _executable(testenv_build.fakecri_binary())
     _executable(tmp_path / "etcd")
     monkeypatch.setattr(testenv_build, "system_etcd", lambda: tmp_path / "etcd")

@@ -20,6 +20,7 @@ from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.service import ExtenderService
 from gpupool.extender.watch import apply_pod_event
 from gpupool.kube.listwatch import ListWatch
+from gpupool.kube.tenancy import PodTenancy
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch
 from tests.extender.lease_fakes import FakeClock, FakeCoordination
@@ -163,8 +164,9 @@ def test_an_old_leader_whose_deadline_passes_mid_bind_writes_no_assignment(clust
     a = leader_with_pending_pod(cluster)
     reserve = a.cache.reserve
 
-    def slow_reserve(request: PodRequest, node_name: str) -> Placement | Unschedulable:
-        decision = reserve(request, node_name)
+    def slow_reserve(request: PodRequest, node_name: str,
+                     tenant: PodTenancy | None = None) -> Placement | Unschedulable:
+        decision = reserve(request, node_name, tenant)
         cluster.clock.advance(10.5)  # a long pause: the renew deadline passes before the write
         return decision
 
@@ -183,8 +185,9 @@ def test_a_bind_begun_in_an_earlier_term_writes_nothing_even_if_leading_again(cl
     a = leader_with_pending_pod(cluster)
     reserve = a.cache.reserve
 
-    def lapse_and_return(request: PodRequest, node_name: str) -> Placement | Unschedulable:
-        decision = reserve(request, node_name)
+    def lapse_and_return(request: PodRequest, node_name: str,
+                         tenant: PodTenancy | None = None) -> Placement | Unschedulable:
+        decision = reserve(request, node_name, tenant)
         cluster.clock.advance(11)
         assert a.elector.try_acquire_or_renew() and a.elector.leading_term() == 2
         return decision

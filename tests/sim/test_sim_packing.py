@@ -13,6 +13,7 @@ from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, 
 from gpupool.core.policies import POLICIES, make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
+from gpupool.sim import fragment_log
 from gpupool.sim.packing import INFLATION, REPORT_POINTS, SeedResult, _Recorder, run_seed, workload
 
 
@@ -80,8 +81,16 @@ def test_recorder_fragmentation_is_the_mean_over_the_pods_of_a_bin() -> None:
     assert recorder.fragmentation() == {10: 15.0, 12: 5.0}
 
 
-def test_fragmentation_curve_matches_a_full_recount_after_every_pod() -> None:
-    """run_seed refreshes one node's fragmentation per placement; recounting every node agrees."""
+@pytest.mark.parametrize("batch", [
+    pytest.param(fragment_log.BATCH, id="one-batch"),
+    pytest.param(3, id="batches-of-3"),  # a flush mid-replay, a node placed on twice in one batch
+    pytest.param(1, id="every-pod"),
+])
+def test_fragmentation_curve_matches_a_full_recount_after_every_pod(batch: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_seed refreshes one node's fragmentation per placement, measured in batches; recounting
+    every node after every pod agrees."""
+    monkeypatch.setattr(fragment_log, "BATCH", batch)
     nodes = gpu_nodes(3, 4)
     pods = [pod(f"p{i}", (130 * i) % 900 + 100) for i in range(12)]
     result = run_seed(nodes, pods, "fgd", seed=5)

@@ -30,6 +30,8 @@ def _executable(path: Path) -> None:
 def _fill_cache(digest: str) -> None:
     for name in K8S_COMMANDS:
         _executable(bin_dir() / name)
+    for name, patch in build.PATCHED.items():
+        (bin_dir() / f".{name}.{patch}").touch()
     _executable(bin_dir() / f"{FAKECRI_COMMAND}-{digest[:build.FAKECRI_KEY_LENGTH]}")
 
 
@@ -100,6 +102,39 @@ def test_changed_source_rebuilds_only_the_fake_runtime_beside_the_old_one(
     assert other.stat().st_ino == before
     assert build.cached_binaries() == binaries
     assert not list((tree / "cmd").iterdir())  # the per-hash package directory is removed
+
+
+def test_an_apiserver_built_before_the_reflect2_patch_is_built_again_from_the_patched_tree(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache from before the patch (no stamp) is a miss; only kube-apiserver is compiled again, after
+    the vendored reflect2 is replaced, and the stamp makes the next call a hit."""
+    _fill_cache(build.fakecri_digest())
+    stamp = bin_dir() / ".kube-apiserver.reflect2-1.0.2"
+    stamp.unlink()
+    assert build.cached_binaries() is None
+    tree = fake_cache / "src" / "kubernetes"
+    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
+    vendored.mkdir(parents=True)
+    (vendored / "old_only.go").write_text("package reflect2 // 1.0.1\n")
+    source = fake_cache / "reflect2-1.0.2"
+    source.mkdir()
+    (source / "go_above_118.go").write_text("package reflect2 // 1.0.2\n")
+    (source / "reflect2_test.go").write_text("package reflect2\n")
+    made: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log_path: Path, **_: object) -> None:
+        made.append(list(cmd))
+        assert sorted(p.name for p in vendored.iterdir()) == ["go_above_118.go"]
+        _executable(tree / "_output" / "bin" / "kube-apiserver")
+
+    monkeypatch.setattr(build, "REFLECT2_SOURCE", source)
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "_install_packages", lambda logs, log: None)
+    monkeypatch.setattr(build, "_source_tree", lambda root, logs, log: tree)
+    build._build(fake_cache, lambda _: None)
+    assert made == [["make", "WHAT=cmd/kube-apiserver"]]
+    assert stamp.is_file() and build.cached_binaries() is not None
 
 
 def test_cache_hit_neither_builds_nor_locks(fake_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

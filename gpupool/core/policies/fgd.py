@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from gpupool.core.cards import NodeScratch, SharedCardChooser
-from gpupool.core.fragmentation import FloatArray, FragmentationMeasure, WorkloadProfile
+from gpupool.core.fragmentation import DEFAULT_CPU_MILLI, FloatArray, FragmentationMeasure, WorkloadProfile
 from gpupool.core.model import GpuRequest
 from gpupool.core.policies.base import PlacementPolicy, PodShape
+from gpupool.core.policies.card_memo import CardScoreMemo
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 
@@ -24,6 +25,7 @@ class FragmentationPolicy(PlacementPolicy):
     def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
         super().prepare(state, profile)
         self.measure = FragmentationMeasure(state, profile or WorkloadProfile(()))
+        self.card_memo = CardScoreMemo()
 
     def card_gains(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         """``[R, G]`` fragmentation decrease (before - after) per candidate card; -inf where unfit.
@@ -66,6 +68,9 @@ class FragmentationPolicy(PlacementPolicy):
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         """A node scores as its best card; pods without GPUs score by the node-wide gain."""
         scores = self.card_scores(self.card_gains(state, shape, rows, fits))
+        if shape.shares_one_card:
+            assert shape.gpu is not None
+            self.card_memo.store(state, (shape.cpu_milli, shape.gpu), rows, scores, fits)
         if shape.gpu is None:
             return scores[:, 0] if scores.shape[1] else self.card_scores(np.zeros(len(rows)))
         result: FloatArray = np.where(fits, scores, -1.0).max(axis=1)
@@ -74,9 +79,11 @@ class FragmentationPolicy(PlacementPolicy):
     def shared_chooser(self) -> SharedCardChooser:
         def choose(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
                    cpu_milli: int) -> int:
-            rows = np.array([scratch.row], dtype=np.int64)
-            shape = PodShape(cpu_milli=cpu_milli or 100, memory_mib=0, gpu=request)
-            scores = self.card_scores(self.card_gains(state, shape, rows, mask[None, :])[0])
+            shape = PodShape(cpu_milli=cpu_milli or DEFAULT_CPU_MILLI, memory_mib=0, gpu=request)
+            scores = self.card_memo.lookup(state, (shape.cpu_milli, request), scratch.row, mask)
+            if scores is None:  # not scored at this version (or not with these cards): score it now
+                rows = np.array([scratch.row], dtype=np.int64)
+                scores = self.card_scores(self.card_gains(state, shape, rows, mask[None, :])[0])
             return int(np.argmax(np.where(mask, scores + self.card_tiebreak(scratch), -np.inf)))
 
         return choose

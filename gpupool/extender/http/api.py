@@ -37,6 +37,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.api.names import ResourceNames
+from gpupool.api.tenancy import TenancyNames
 from gpupool.core.model import PodRequest
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.http.host_records import RecordsForLayout
@@ -53,6 +54,7 @@ from gpupool.extender.http.wire import (
 )
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, NodeScores
+from gpupool.kube.tenancy import PodTenancy, pod_tenancy
 from gpupool.kube.translate import InvalidObjectError, TranslationError, foreign_resources, pod_request
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class ExtenderApi:
         self.service = service
         self.bodies = BodyReader(max_body_bytes)
         self.names = names
+        self.tenancy_names = TenancyNames(names.domain)
         self.metrics = metrics
         metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
@@ -95,13 +98,18 @@ class ExtenderApi:
         except InvalidObjectError as exc:
             raise WireError(str(exc)) from None
 
+    def _tenant(self, pod: dict[str, Any]) -> PodTenancy:
+        """The pod's group, namespace and card controls; :class:`TranslationError` for a broken one."""
+        return pod_tenancy(pod, self.tenancy_names)
+
     async def _filter(self, doc: Any) -> tuple[Any, str]:
         args = parse_extender_args(doc)
         try:
             request = self._pod_request(args.pod)
+            tenant = self._tenant(args.pod)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
-        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod))
+        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant)
         label = "error" if outcome.error else "ok"
         if args.node_cache_capable:
             passed = self.records.name_list(outcome.passed, outcome.rows, outcome.layout)
@@ -116,11 +124,12 @@ class ExtenderApi:
         args: ExtenderArgs = parse_extender_args(doc)
         try:
             request = self._pod_request(args.pod)
+            tenant = self._tenant(args.pod)
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
             log.warning("prioritize: %s", exc)
             return RawJson(self.priorities.encode(dict.fromkeys(args.node_names, 0))), "invalid_pod"
-        scores, error = self.service.prioritize(request, args.node_names, foreign_resources(args.pod))
+        scores, error = self.service.prioritize(request, args.node_names, foreign_resources(args.pod), tenant)
         if error:
             log.warning("prioritize: %s", error)
             scores = NodeScores.uniform(args.node_names)
@@ -146,10 +155,11 @@ class ExtenderApi:
         args = parse_preemption_args(doc)
         try:
             request = self._pod_request(args.pod)
+            tenant = self._tenant(args.pod)
         except TranslationError as exc:
             log.warning("preempt: %s", exc)
             return preemption_result({}, {}), "invalid_pod"
-        kept, error = self.service.preempt(request, args.victims)
+        kept, error = self.service.preempt(request, args.victims, tenant)
         if error:
             log.warning("preempt: %s", error)
         return preemption_result(kept, args.pdb_violations), "error" if error else "ok"

@@ -39,6 +39,10 @@ class Listeners:
     port: int
     tls: ReloadingTls | None = None
     health_port: int | None = None
+    admission_port: int | None = None
+    """The admission webhook's TLS port (None: none); it serves ``admission_tls``, the same
+    certificate as the verbs without a client CA (the apiserver presents none)."""
+    admission_tls: ReloadingTls | None = None
 
 
 def warn_if_open(listeners: Listeners) -> None:
@@ -50,10 +54,11 @@ def warn_if_open(listeners: Listeners) -> None:
 
 
 async def serve(app: web.Application, probes: web.Application | None, listeners: Listeners,
-                stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set; certificate files are polled meanwhile (see :mod:`.tls`)."""
+                stop: asyncio.Event, admission: web.Application | None = None) -> None:
+    """Serve until ``stop`` is set; certificate files are polled meanwhile (see :mod:`.tls`).
+    ``admission``: the webhook's application, on ``listeners.admission_port``."""
     runners: list[web.AppRunner] = []
-    reloading: asyncio.Task[None] | None = None
+    reloading: list[asyncio.Task[None]] = []
     try:
         main = web.AppRunner(app, access_log=None, handle_signals=False)
         runners.append(main)
@@ -65,25 +70,33 @@ async def serve(app: web.Application, probes: web.Application | None, listeners:
             runners.append(health)
             await health.setup()
             await web.TCPSite(health, listeners.host, listeners.health_port).start()
+        if admission is not None and listeners.admission_port is not None and listeners.admission_tls is not None:
+            webhook = web.AppRunner(admission, access_log=None, handle_signals=False)
+            runners.append(webhook)
+            await webhook.setup()
+            await web.TCPSite(webhook, listeners.host, listeners.admission_port,
+                              ssl_context=listeners.admission_tls.context).start()
+            reloading.append(asyncio.create_task(listeners.admission_tls.watch(), name="gpupool-admission-tls-reload"))
         if listeners.tls is not None:
-            reloading = asyncio.create_task(listeners.tls.watch(), name="gpupool-tls-reload")
+            reloading.append(asyncio.create_task(listeners.tls.watch(), name="gpupool-tls-reload"))
         await stop.wait()
     finally:
-        if reloading is not None:
-            reloading.cancel()
+        for task in reloading:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reloading
+                await task
         for runner in reversed(runners):
             await runner.cleanup()
 
 
-def run_until_signalled(app: web.Application, probes: web.Application | None, listeners: Listeners) -> None:
+def run_until_signalled(app: web.Application, probes: web.Application | None, listeners: Listeners,
+                        admission: web.Application | None = None) -> None:
     """Serve until SIGINT or SIGTERM (what ``web.run_app`` did, for two sites)."""
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(app, probes, listeners, stop)
+        await serve(app, probes, listeners, stop, admission)
 
     asyncio.run(main())

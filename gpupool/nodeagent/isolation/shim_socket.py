@@ -1,9 +1,11 @@
 """The registration socket: one JSON line in, one JSON line out, per connection.
 
-Served on the agent's event loop. Every failure of one connection (a malformed or oversized line, a
-client that never sends, one that hangs up before the reply) ends that connection with a reason in
-the log and, where the client still listens, in the reply; it never ends the server. Connections
-beyond :data:`MAX_CONNECTIONS` at once wait for a slot, so a flood cannot take the agent's memory.
+Served on the agent's event loop. An accepted registration's reply carries the peer's pid as the
+agent sees it (``hostPid``): inside a pid namespace a process does not know it, and NVML reports it.
+Every failure of one connection (a malformed or oversized line, a client that never sends, one that
+hangs up before the reply) ends that connection with a reason in the log and, where the client
+still listens, in the reply; it never ends the server. Connections beyond :data:`MAX_CONNECTIONS`
+at once wait for a slot, so a flood cannot take the agent's memory.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import socket
 import struct
+from dataclasses import replace
 
 from gpupool.api.shim_contract import (
     MAX_LINE_BYTES,
@@ -108,7 +111,9 @@ class RegistrationServer:
             request = decode_request(line)
         except ShimProtocolError as exc:
             return self._malformed(str(exc))
-        return self.registry.register(request, pid)
+        reply = self.registry.register(request, pid)
+        # The library matches NVML's per-process samples by this pid (docs/isolation.md).
+        return replace(reply, host_pid=pid) if reply.ok else reply
 
     def _malformed(self, reason: str) -> RegisterReply:
         self.registry.stats.refuse("malformed")

@@ -21,7 +21,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, OpenDecider, Registration, allow_every_open
+from gpupool.nodeagent.monitor.events import (
+    DeviceEvent,
+    EventKind,
+    OpenDecider,
+    Registration,
+    Verdict,
+    allow_every_open,
+)
 from gpupool.nodeagent.monitor.process_table import ProcessTable
 from gpupool.nodeagent.monitor.state_writer import StateStore
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, ProcessIdentity, UsageState
@@ -29,6 +36,10 @@ from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Hold
 log = logging.getLogger(__name__)
 
 IdentityResolver = Callable[[int], ProcessIdentity]
+Prioritizer = Callable[[ProcessIdentity, str], int | None]
+"""The priority recorded for a new holder of a path (the lending rules; ``None``: none)."""
+OpenListener = Callable[[str, Holder], None]
+"""Told of every new holder after it is recorded (the lending rules enforce refusals through it)."""
 
 
 def no_identity(pid: int) -> ProcessIdentity:
@@ -47,6 +58,8 @@ class UsageRecorder:
         self._processes = processes
         self._identify = identify
         self._decide = decide
+        self._prioritize: Prioritizer | None = None
+        self._on_open: OpenListener | None = None
         self._clock = clock
         self._ignore = frozenset(ignore_pids) if ignore_pids is not None else frozenset({os.getpid()})
         self._lock = threading.Lock()
@@ -61,7 +74,25 @@ class UsageRecorder:
 
     def registration(self) -> Registration:
         """What to hand the event source before it starts."""
-        return Registration(sink=self.on_event, decide=self._decide)
+        return Registration(sink=self.on_event, decide=self._ask)
+
+    def use_rules(self, decide: OpenDecider, prioritize: Prioritizer, on_open: OpenListener) -> None:
+        """Plug in the lending rules after the source started: who may open (added to the decider
+        given at construction, e.g. the risk checks': an open is refused when either refuses; the
+        earlier one is asked first), what priority a new holder is recorded at, and who hears of
+        each new holder."""
+        earlier = self._decide
+
+        def both(event: DeviceEvent) -> Verdict:
+            return Verdict.DENY if earlier(event) is Verdict.DENY else decide(event)
+
+        self._decide, self._prioritize, self._on_open = both, prioritize, on_open
+
+    def _ask(self, event: DeviceEvent) -> Verdict:
+        """The decider the source calls: the one plugged in now (the ignored pids are never asked)."""
+        if event.pid in self._ignore:
+            return Verdict.ALLOW
+        return self._decide(event)
 
     def restore(self) -> None:
         """Start from the previous agent's file, keep its live holders, add holders found now."""
@@ -88,14 +119,17 @@ class UsageRecorder:
         """Apply one open or close and write the file."""
         if event.pid in self._ignore or event.path not in self._devices:
             return
+        new = None
         with self._lock:
             device = self._devices[event.path]
             if event.kind is EventKind.OPEN:
-                self._open(device, event)
+                new = self._open(device, event)
             else:
                 self._devices[event.path] = device.with_holders(
                     tuple(h for h in device.holders if self._still_holding(h, device.path)), event.time)
             self._persist()
+        if new is not None:
+            self._tell(event.path, new)
 
     def prune(self) -> None:
         """Drop holders that exited or no longer hold their file (periodically, and after restarts)."""
@@ -118,24 +152,26 @@ class UsageRecorder:
         holders still without a container name (same process: pid and start time) and writes the
         file when one is named now.
         """
+        named: list[tuple[str, Holder]] = []
         with self._lock:
-            changed = False
             for path, device in self._devices.items():
-                holders = tuple(h if h.container else self._named(h) for h in device.holders)
+                holders = tuple(h if h.container else self._named(h, path) for h in device.holders)
                 if holders != device.holders:
                     self._devices[path] = replace(device, holders=holders)
-                    changed = True
-            if changed:
+                    named += [(path, h) for h in holders if h not in device.holders]
+            if named:
                 self._persist()
+        for path, holder in named:  # the rules could not place them at their open
+            self._tell(path, holder)
 
-    def _named(self, holder: Holder) -> Holder:
+    def _named(self, holder: Holder, path: str) -> Holder:
         if self._processes.start_time(holder.pid) != holder.start_time:
             return holder
-        named = self._holder(holder.pid, holder.start_time, holder.since)
+        named = self._holder(holder.pid, holder.start_time, holder.since, path)
         if not named.container:
             return holder
         return replace(holder, container_id=named.container_id, container=named.container, pod=named.pod,
-                       namespace=named.namespace)
+                       namespace=named.namespace, priority=named.priority)
 
     def set_state(self, path: str, state: DeviceState) -> None:
         """Record busy or idle from the idle rule; a device nobody holds stays free."""
@@ -146,26 +182,42 @@ class UsageRecorder:
             self._devices[path] = replace(device, state=state)
             self._persist()
 
-    def _open(self, device: DeviceUsage, event: DeviceEvent) -> None:
+    def _open(self, device: DeviceUsage, event: DeviceEvent) -> Holder | None:
         if device.holder(event.pid) is not None:
             self._devices[device.path] = device.with_holders(device.holders, event.time)
-            return
+            return None
         start = self._processes.start_time(event.pid)
         if start is None:
             log.info("pid %d opened %s and exited before it was recorded", event.pid, device.path)
             self._devices[device.path] = device.with_holders(device.holders, event.time)
-            return
-        holder = self._holder(event.pid, start, event.time)
+            return None
+        holder = self._holder(event.pid, start, event.time, device.path)
         self._devices[device.path] = device.with_holders((*device.holders, holder), event.time)
+        return holder
 
-    def _holder(self, pid: int, start: int, since: float) -> Holder:
+    def _tell(self, path: str, holder: Holder) -> None:
+        """Hand a new (or newly named) holder to the open listener, outside the lock (it reads the state)."""
+        if self._on_open is None:
+            return
+        try:
+            self._on_open(path, holder)
+        except Exception:
+            log.exception("the open listener failed on %s by pid %d", path, holder.pid)
+
+    def _holder(self, pid: int, start: int, since: float, path: str = "") -> Holder:
         try:
             who = self._identify(pid)
         except Exception:
             log.exception("could not tell which container pid %d runs in", pid)
             who = ProcessIdentity()
+        priority = None
+        if self._prioritize is not None and path:
+            try:
+                priority = self._prioritize(who, path)
+            except Exception:
+                log.exception("could not tell the priority of pid %d", pid)
         return Holder(pid=pid, start_time=start, since=since, container_id=who.container_id,
-                      container=who.container, pod=who.pod, namespace=who.namespace)
+                      container=who.container, pod=who.pod, namespace=who.namespace, priority=priority)
 
     def _still_holding(self, holder: Holder, path: str) -> bool:
         return (self._processes.start_time(holder.pid) == holder.start_time

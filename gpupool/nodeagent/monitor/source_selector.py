@@ -5,6 +5,10 @@ mark and still report nothing: kernels from 6.14 on (``file_set_fsnotify_mode``)
 events for character devices, observed on 6.18. So the probe does what the source will rely on: it
 marks each file for ``FAN_OPEN`` in a permission-class group, opens it, and waits for the event.
 Anything short of an event for every file falls back to the /proc scan.
+
+Apart from the event source, the start-up report says whether the cgroup-device gate
+(``cgroup_device_gate``) can refuse a container's opens on this node: on kernels where fanotify is
+blind to character devices it is the only allow/deny answer.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpupool.nodeagent.monitor import fanotify_abi as abi
+from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available
 from gpupool.nodeagent.monitor.events import EventSource
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
 from gpupool.nodeagent.monitor.proc_scan_source import DEFAULT_INTERVAL_SECONDS, ProcScanSource
@@ -33,6 +38,9 @@ class SourceChoice:
 
     source: EventSource
     reason: str
+    gate_available: bool = False
+    """Whether ``CgroupDeviceGate`` works here (the allow/deny answer for device opens)."""
+    gate_reason: str = "not probed"
 
 
 def probe_fanotify(paths: Sequence[str], timeout: float = PROBE_TIMEOUT_SECONDS) -> str | None:
@@ -78,20 +86,25 @@ def _saw_open(group: int, key: FileKey, timeout: float) -> bool:
 
 
 def choose_source(paths: Sequence[str], *, scan_interval: float = DEFAULT_INTERVAL_SECONDS,
-                  probe: Callable[[Sequence[str]], str | None] = probe_fanotify) -> SourceChoice:
-    """fanotify when the probe sees opens of every present path, else the /proc scan."""
+                  probe: Callable[[Sequence[str]], str | None] = probe_fanotify,
+                  gate_probe: Callable[[], tuple[bool, str]] = cgroup_device_gate_available) -> SourceChoice:
+    """fanotify when the probe sees opens of every present path, else the /proc scan; and whether
+    the cgroup-device gate runs."""
     present = [p for p in paths if os.path.exists(p)]
     if not present:
         why_not: str | None = "none of the watched device files exists yet"
     else:
         why_not = probe(present)
+    gate_available, gate_reason = gate_probe()
     if why_not is None:
         choice = SourceChoice(FanotifySource(paths),
                               f"fanotify reports opens of {len(present)} device file(s); opens are "
-                              "answered allow/deny")
+                              "answered allow/deny", gate_available, gate_reason)
     else:
         choice = SourceChoice(ProcScanSource(paths, interval=scan_interval),
                               f"{why_not}: scanning /proc/<pid>/fd every {scan_interval:g} s "
-                              "(no allow/deny)")
+                              "(no allow/deny)", gate_available, gate_reason)
     log.info("usage monitor event source: %s (%s)", choice.source.name, choice.reason)
+    log.info("usage monitor device gate (deny opens per container): %s (%s)",
+             "cgroup-device-bpf" if gate_available else "none", gate_reason)
     return choice

@@ -21,6 +21,8 @@ static struct shim_region *region;
 static pthread_once_t region_once = PTHREAD_ONCE_INIT;
 static int my_slot = -1;
 static int need_claim = 1;
+static int host_pid;     /* from the registration reply, which may come before or after the slot */
+static int region_ready; /* open_region has run: the registration thread may use the region */
 
 static int read_proc_stat(int pid, char *state, uint64_t *start_time) {
     char path[64], text[1024];
@@ -66,6 +68,7 @@ static void empty_slot(struct shim_region *r, struct shim_region_slot *slot) {
         r->dev[d].used -= held < r->dev[d].used ? held : r->dev[d].used;
         slot->used[d] = 0;
     }
+    __atomic_store_n(&slot->host_pid, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->pid, 0, __ATOMIC_RELEASE);
 }
 
@@ -198,6 +201,7 @@ static void claim_slot(struct shim_region *r) {
         return;
     }
     r->slot[my_slot].start_time = start;
+    __atomic_store_n(&r->slot[my_slot].host_pid, __atomic_load_n(&host_pid, __ATOMIC_SEQ_CST), __ATOMIC_RELAXED);
     __atomic_store_n(&r->slot[my_slot].pid, pid, __ATOMIC_RELEASE);
 }
 
@@ -220,6 +224,7 @@ static void join_region(struct shim_region *r) {
 static void after_fork_child(void) {
     need_claim = 1;
     my_slot = -1;
+    host_pid = 0; /* the parent's; the child is another process */
     shim_forget_all();
     shim_compute_after_fork();
 }
@@ -237,6 +242,7 @@ static void open_region(void) {
         region = private_region(why);
     }
     if (region != NULL) pthread_atfork(NULL, NULL, after_fork_child);
+    __atomic_store_n(&region_ready, 1, __ATOMIC_SEQ_CST);
 }
 
 static struct shim_region *get_region(void) {
@@ -302,14 +308,30 @@ int shim_compute_limit(int dev, int *mode) {
     return (int)__atomic_load_n(&r->dev[dev].compute_percent, __ATOMIC_RELAXED);
 }
 
+/* NVML names processes by their pid in the host's namespace; a process that learnt it from the
+ * agent is listed by it, the others by their own pid (right only outside a pid namespace). */
 int shim_region_pids(int *pids, int max) {
     struct shim_region *r = get_region();
     int count = 0;
     for (int i = 0; r != NULL && i < SHIM_REGION_SLOTS && count < max; i++) {
         int pid = __atomic_load_n(&r->slot[i].pid, __ATOMIC_ACQUIRE);
-        if (pid != 0) pids[count++] = pid;
+        int outside = __atomic_load_n(&r->slot[i].host_pid, __ATOMIC_RELAXED);
+        if (pid != 0) pids[count++] = outside > 0 ? outside : pid;
     }
     return count;
+}
+
+/* Called from the registration thread. It never opens the region itself (a process without limits
+ * has none); when the region is not open or the slot not claimed yet, claim_slot copies the pid.
+ * Sequentially consistent on both sides, so one of them always sees the other's store. */
+void shim_region_set_host_pid(int pid) {
+    __atomic_store_n(&host_pid, pid, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&region_ready, __ATOMIC_SEQ_CST)) return;
+    struct shim_region *r = region;
+    if (r == NULL || lock_region(r) != 0) return;
+    if (my_slot >= 0 && r->slot[my_slot].pid == getpid())
+        __atomic_store_n(&r->slot[my_slot].host_pid, pid, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&r->lock);
 }
 
 struct shim_bucket *shim_region_bucket(int dev) {

@@ -43,7 +43,7 @@ struct shim_region_device {
 
 struct shim_region_slot {
     int32_t pid;                  /* 0: free */
-    uint32_t reserved;
+    int32_t host_pid;             /* the pid NVML knows it by (from the agent's reply); 0: unknown */
     uint64_t start_time;          /* /proc/<pid>/stat field 22, tells a reused pid apart */
     uint64_t used[SHIM_MAX_DEVICES];
 };

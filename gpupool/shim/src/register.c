@@ -1,13 +1,16 @@
 /*
  * Registration with the node agent (docs/isolation.md, "Registration"): once per process, at the
  * first cuInit, from a detached thread so the workload never waits on the agent. The limits do
- * not depend on it: an agent that is down, slow or refusing only costs a log line.
+ * not depend on it: an agent that is down, slow or refusing only costs a log line. The reply may
+ * carry the pid the agent saw (hostPid), which the compute controller matches NVML's samples by.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,6 +20,7 @@
 
 #define TIMEOUT_MS 200
 #define MAX_LINE 4096
+#define HOST_PID_KEY "\"hostPid\":"
 
 static pthread_once_t register_once = PTHREAD_ONCE_INIT;
 
@@ -51,6 +55,21 @@ static int request_line(char *line, size_t size) {
     return at < size ? (int)at : -1;
 }
 
+/* The reply's optional "hostPid": this process's pid as the agent sees it (SO_PEERCRED), which is
+ * how NVML names it when the container has its own pid namespace. 0 when absent or malformed. */
+static int reply_host_pid(const char *reply) {
+    const char *at = strstr(reply, HOST_PID_KEY);
+    if (at == NULL) return 0;
+    at += strlen(HOST_PID_KEY);
+    while (*at == ' ') at++;
+    if (*at < '1' || *at > '9') return 0;
+    char *end;
+    errno = 0;
+    long pid = strtol(at, &end, 10);
+    if (errno != 0 || pid > INT_MAX || (*end != ',' && *end != '}' && *end != ' ')) return 0;
+    return (int)pid;
+}
+
 static void exchange(int fd) {
     char line[MAX_LINE], reply[MAX_LINE];
     int length = request_line(line, sizeof line);
@@ -67,8 +86,11 @@ static void exchange(int fd) {
         got += (size_t)n;
     }
     reply[got] = '\0';
-    if (strstr(reply, "\"ok\":true") != NULL) shim_log(SHIM_LOG_INFO, "registered with the node agent");
-    else shim_log(SHIM_LOG_WARN, "the node agent did not register this process (limits still hold): %.200s",
+    if (strstr(reply, "\"ok\":true") != NULL) {
+        int host_pid = reply_host_pid(reply);
+        if (host_pid > 0) shim_region_set_host_pid(host_pid);
+        shim_log(SHIM_LOG_INFO, "registered with the node agent (host pid %d)", host_pid > 0 ? host_pid : (int)getpid());
+    } else shim_log(SHIM_LOG_WARN, "the node agent did not register this process (limits still hold): %.200s",
                   got ? reply : "no answer");
 }
 

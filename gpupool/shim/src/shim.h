@@ -52,7 +52,8 @@ SHIM_HIDDEN void shim_region_release(int dev, uint64_t bytes);
 SHIM_HIDDEN uint64_t shim_region_used(int dev);
 SHIM_HIDDEN uint64_t shim_memory_limit(int dev);               /* effective, 0: none */
 SHIM_HIDDEN int shim_compute_limit(int dev, int *mode);        /* effective percent, 0: none */
-SHIM_HIDDEN int shim_region_pids(int *pids, int max);          /* live processes of the container */
+SHIM_HIDDEN int shim_region_pids(int *pids, int max);          /* live processes, as NVML names them */
+SHIM_HIDDEN void shim_region_set_host_pid(int pid);             /* this process's pid outside its pid namespace */
 struct shim_bucket;
 SHIM_HIDDEN struct shim_bucket *shim_region_bucket(int dev);
 

@@ -74,6 +74,27 @@ def test_the_recorded_pid_is_the_registering_process() -> None:
     run(test)
 
 
+def test_the_reply_hands_the_registering_process_its_pid_as_the_agent_sees_it() -> None:
+    async def test(server: RegistrationServer) -> None:
+        def register() -> tuple[int, int | None]:
+            with registered_child(server.path, GOOD) as (child, reply):
+                assert reply.ok, reply.reason
+                return child.pid, reply.host_pid
+        pid, host_pid = await asyncio.to_thread(register)
+        assert host_pid == pid != GOOD.pid  # SO_PEERCRED's pid, not the one the request reported
+
+    run(test)
+
+
+def test_a_refusal_carries_no_host_pid() -> None:
+    async def test(server: RegistrationServer) -> None:
+        bad = RegisterRequest("cd" * 32, 7, "ns/p", "main")
+        reply = decode_reply(await asyncio.to_thread(exchange, server.path, encode_request(bad)))
+        assert not reply.ok and reply.host_pid is None
+
+    run(test)
+
+
 def test_socket_is_connectable_by_any_user_and_removed_at_stop() -> None:
     async def main() -> None:
         async with serving() as server:

@@ -263,7 +263,7 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release((uint64_t)
 
 static CUresult run_kernel(void) {
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    uint64_t end = standin_enqueue(current, standin_settings()->kernel_ns, (int)getpid());
+    uint64_t end = standin_enqueue(current, standin_settings()->kernel_ns, standin_driver_pid((int)getpid()));
     uint64_t last = __atomic_load_n(&last_end_ns, __ATOMIC_ACQUIRE);
     while (end > last && !__atomic_compare_exchange_n(&last_end_ns, &last, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }
@@ -280,7 +280,7 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
 }
 
 uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns) {
-    return standin_busy(dev, pid, from_ns, to_ns);
+    return standin_busy(dev, pid == 0 ? 0 : standin_driver_pid(pid), from_ns, to_ns); /* pid: the caller's own */
 }
 
 uint64_t gpupoolStandinUsedBytes(int dev) {

@@ -54,12 +54,15 @@ static void read_settings(void) {
     settings.kernel_ns = env_number("GPUPOOL_STANDIN_KERNEL_US", 1000) * 1000;
     settings.queue_ns = env_number("GPUPOOL_STANDIN_QUEUE_US", 2000) * 1000;
     settings.window_ns = env_number("GPUPOOL_STANDIN_SAMPLE_MS", 100) * 1000000;
+    settings.pid_offset = (int)env_number("GPUPOOL_STANDIN_PID_OFFSET", 0);
 }
 
 const struct standin_settings *standin_settings(void) {
     pthread_once(&settings_once, read_settings);
     return &settings;
 }
+
+int standin_driver_pid(int own_pid) { return own_pid + standin_settings()->pid_offset; }
 
 uint64_t standin_now_ns(void) {
     struct timespec ts;

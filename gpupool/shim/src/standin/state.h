@@ -17,10 +17,13 @@ struct standin_settings {
     uint64_t kernel_ns;
     uint64_t queue_ns;   /* a launch blocks while the card has more than this much queued work */
     uint64_t window_ns;  /* NVML's sample period when a caller gives no timestamp */
+    int pid_offset;      /* added to a process's own pid: the pid a driver outside its pid namespace sees */
 };
 
 const struct standin_settings *standin_settings(void);
 uint64_t standin_now_ns(void);
+/* The pid the driver (and NVML) know a process by: its own, plus GPUPOOL_STANDIN_PID_OFFSET. */
+int standin_driver_pid(int own_pid);
 /* Queue a kernel of the given length on a card for pid; returns when it ends (CLOCK_MONOTONIC). */
 uint64_t standin_enqueue(int dev, uint64_t duration_ns, int pid);
 /* Busy nanoseconds of a card within [from, to), for one pid or (pid 0) for all. */

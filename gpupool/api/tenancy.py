@@ -1,0 +1,231 @@
+"""The tenancy contract: the ``ResourceGroup`` and ``GpuQuota`` custom resources and the pod,
+namespace and node names that select them.
+
+Why typed and strict: a custom resource is written by hand. The CRDs (deploy/crds/) make the
+apiserver refuse most mistakes, but a cluster may run without them updated, and a CR the extender
+misreads would let a tenant take cards it must not. So every CR is decoded here, field by field,
+and a broken one raises :class:`TenancyError` naming the object and the field; the extender then
+reports it and treats the object conservatively (see docs/tenancy.md: a broken group admits no
+pod, a broken quota refuses every GPU pod of its namespace).
+
+``ResourceGroup`` (cluster-scoped)::
+
+    apiVersion: gpupool.io/v1alpha1
+    kind: ResourceGroup
+    metadata: {name: team-a}
+    spec:
+      shared: false                  # false: its GPUs are reserved for its pods
+      nodes:
+      - name: node-1
+        gpus: [GPU-8a1c..., GPU-...]  # UUIDs on that node; omitted: every GPU of the node
+      subjects:                      # who may use it; omitted: every namespace
+      - {kind: Namespace, name: team-a}
+      - {kind: ServiceAccount, namespace: ci, name: trainer}
+      - {kind: User, name: alice}    # (and Group) kept for an admission check; pods do not name them
+
+``GpuQuota`` (namespaced; decoded by :mod:`gpupool.api.quota`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.api.fields import shown
+from gpupool.api.limits import text_problem
+
+API_VERSION = "v1alpha1"
+MAX_GROUP_NODES = 100_000
+"""Nodes one group may list (a cluster of the Kubernetes maximum is 5,000; room for typos only)."""
+MAX_NODE_GPUS = 256
+"""GPU UUIDs one node entry may list (the core's largest node)."""
+MAX_SUBJECTS = 1_000
+
+SUBJECT_KINDS = ("Namespace", "ServiceAccount", "User", "Group")
+
+
+class TenancyError(ValueError):
+    """A custom resource or a tenancy annotation that cannot be read; the message names it and the field."""
+
+
+@dataclass(frozen=True)
+class TenancyNames:
+    """The names of the tenancy contract under the resource domain (default ``gpupool.io``)."""
+
+    domain: str = "gpupool.io"
+
+    @property
+    def api_group(self) -> str:
+        """The custom resources' API group."""
+        return self.domain
+
+    @property
+    def group_label(self) -> str:
+        """Pod label: the resource group the pod asks for (seed 002: the key names the requester's
+        choice, the value the group)."""
+        return f"{self.domain}/group"
+
+    @property
+    def default_groups(self) -> str:
+        """Namespace annotation (or label): the group(s) of the namespace's pods that name none;
+        several, comma-separated, let the extender choose the best-fitting one."""
+        return f"{self.domain}/default-groups"
+
+    @property
+    def pool_label(self) -> str:
+        """Node label: the pool a node belongs to (a ``GpuQuota``'s ``pools`` lists its values)."""
+        return f"{self.domain}/pool"
+
+    @property
+    def gpu_uuids(self) -> str:
+        """Pod annotation: comma-separated GPU UUIDs the pod may use (pin)."""
+        return f"{self.domain}/gpu-uuids"
+
+    @property
+    def avoid_gpu_uuids(self) -> str:
+        """Pod annotation: comma-separated GPU UUIDs the pod must not use."""
+        return f"{self.domain}/avoid-gpu-uuids"
+
+    @property
+    def avoid_gpu_models(self) -> str:
+        """Pod annotation: comma-separated GPU models the pod must not use."""
+        return f"{self.domain}/avoid-gpu-models"
+
+
+HAMI_PIN_UUIDS = "nvidia.com/use-gpuuuid"
+HAMI_AVOID_UUIDS = "nvidia.com/nouse-gpuuuid"
+HAMI_AVOID_MODELS = "nvidia.com/nouse-gputype"
+"""HAMi's spellings of the same pod controls, read as aliases so its manifests run unchanged."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Who may use a group: ``kind`` Namespace (``name``), ServiceAccount (``namespace``/``name``),
+    User or Group (``name``)."""
+
+    kind: str
+    name: str
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class GroupNode:
+    """One node of a group and the GPUs of it bound to the group (None: all of them)."""
+
+    name: str
+    gpus: frozenset[str] | None
+
+
+@dataclass(frozen=True)
+class ResourceGroup:
+    """A decoded ``ResourceGroup``."""
+
+    name: str
+    nodes: tuple[GroupNode, ...]
+    shared: bool = False
+    subjects: tuple[Subject, ...] = ()
+
+    def admits(self, namespace: str, service_account: str) -> bool:
+        """Whether a pod of ``namespace`` running as ``service_account`` may use the group (no
+        subjects: every pod; User and Group subjects are not properties of a pod)."""
+        if not self.subjects:
+            return True
+        for subject in self.subjects:
+            if subject.kind == "Namespace" and subject.name == namespace:
+                return True
+            if subject.kind == "ServiceAccount" and subject.namespace == namespace \
+                    and subject.name == (service_account or "default"):
+                return True
+        return False
+
+
+def name_field(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise TenancyError(f"{where}: expected a string, got {type(value).__name__}")
+    problem = text_problem(value)
+    if problem is not None:
+        raise TenancyError(f"{where} {shown(value)}: {problem}")
+    return value
+
+
+def list_field(value: Any, where: str, most: int) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TenancyError(f"{where}: expected a list, got {type(value).__name__}")
+    if len(value) > most:
+        raise TenancyError(f"{where}: at most {most} entries, got {len(value)}")
+    return value
+
+
+def object_field(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TenancyError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def object_name(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """``(namespace, name)`` of a custom object ("" namespace for cluster-scoped ones)."""
+    meta = object_field(obj.get("metadata"), "metadata")
+    namespace = meta.get("namespace") or ""
+    name = name_field(meta.get("name"), "metadata.name")
+    return (name_field(namespace, "metadata.namespace") if namespace else "", name)
+
+
+def decode_group(obj: Mapping[str, Any]) -> ResourceGroup:
+    """A ``ResourceGroup`` object (JSON as the API serves it), checked field by field."""
+    _, name = object_name(obj)
+    where = f"ResourceGroup {name}"
+    spec = object_field(obj.get("spec"), f"{where}: spec")
+    shared = spec.get("shared", False)
+    if not isinstance(shared, bool):
+        raise TenancyError(f"{where}: spec.shared: expected true or false, got {shown(shared)}")
+    nodes: list[GroupNode] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(list_field(spec.get("nodes"), f"{where}: spec.nodes", MAX_GROUP_NODES)):
+        at = f"{where}: spec.nodes[{i}]"
+        entry = object_field(raw, at)
+        node = name_field(entry.get("name"), f"{at}.name")
+        if node in seen:
+            raise TenancyError(f"{at}.name: node {node} is listed twice")
+        seen.add(node)
+        gpus_raw = entry.get("gpus")
+        gpus = None
+        if gpus_raw is not None:
+            entries = list_field(gpus_raw, f"{at}.gpus", MAX_NODE_GPUS)
+            listed = [name_field(u, f"{at}.gpus[{j}]") for j, u in enumerate(entries)]
+            if not listed:
+                raise TenancyError(f"{at}.gpus: empty; list the node's GPUs of the group, or omit gpus "
+                                   "for all of them")
+            if len(set(listed)) != len(listed):
+                raise TenancyError(f"{at}.gpus: a GPU is listed twice")
+            gpus = frozenset(listed)
+        nodes.append(GroupNode(node, gpus))
+    subjects = tuple(_subject(raw, f"{where}: spec.subjects[{i}]")
+                     for i, raw in enumerate(list_field(spec.get("subjects"), f"{where}: spec.subjects", MAX_SUBJECTS)))
+    return ResourceGroup(name, tuple(nodes), shared, subjects)
+
+
+def _subject(raw: Any, where: str) -> Subject:
+    entry = object_field(raw, where)
+    kind = entry.get("kind")
+    if kind not in SUBJECT_KINDS:
+        raise TenancyError(f"{where}.kind: one of {', '.join(SUBJECT_KINDS)}, got {shown(kind)}")
+    name = name_field(entry.get("name"), f"{where}.name")
+    namespace = ""
+    if kind == "ServiceAccount":
+        namespace = name_field(entry.get("namespace"), f"{where}.namespace")
+    return Subject(kind, name, namespace)
+
+
+def name_list(text: Any, where: str) -> frozenset[str]:
+    """A comma-separated annotation value as a set of names (blank entries skipped)."""
+    if not isinstance(text, str):
+        raise TenancyError(f"{where}: expected a string")
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for part in names:
+        name_field(part, where)
+    return frozenset(names)

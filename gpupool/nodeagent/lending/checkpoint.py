@@ -1,0 +1,110 @@
+"""The checkpoint protocol (claim 6): a per-task directory, its environment, and resuming from it.
+
+Every container with a gpupool share gets ``GPUPOOL_CHECKPOINT_DIR`` (a host directory per task,
+mounted read-write at :data:`~gpupool.api.lending.CHECKPOINT_MOUNT`), the signal and the deadline
+it has to write a checkpoint before it is ended. The task is the pod's ``checkpoint-key``
+annotation, else its controller's UID, else ``namespace/name``: a Job's or ReplicaSet's next pod
+finds the checkpoints of the one that was reclaimed. When the directory holds a checkpoint, the
+newest (by modification time; names starting with a dot are work in progress) is named in
+``GPUPOOL_RESUME_FROM``.
+
+NVIDIA's ``cuda-checkpoint`` (driver 550+) can suspend a process's CUDA state into host memory so
+that CRIU can dump it; where the binary is found it is reported at start. The agent does not drive
+it yet: it needs a real GPU and CRIU in the node image (docs/lending.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+
+from gpupool.api import lending as contract
+from gpupool.nodeagent.isolation.backends import Enforcement as EnforcementPort
+from gpupool.nodeagent.isolation.backends import EnforcementState, LivePods
+from gpupool.nodeagent.lending.pods import LendingPod
+from gpupool.nodeagent.types import GrantExtras, Mount, PodView
+
+log = logging.getLogger(__name__)
+
+CUDA_CHECKPOINT = "cuda-checkpoint"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_NAME_LIMIT = 60
+
+
+def find_cuda_checkpoint(which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """The path of NVIDIA's ``cuda-checkpoint`` when the node has it."""
+    return which(CUDA_CHECKPOINT)
+
+
+def task_dir_name(key: str) -> str:
+    """A directory name for a checkpoint key: readable, and unique by a hash of the whole key."""
+    readable = _UNSAFE.sub("_", key).strip("._")[:_NAME_LIMIT] or "task"
+    return f"{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+class CheckpointStore:
+    """The per-task directories under ``root`` (a hostPath, e.g. ``/var/lib/gpupool/checkpoint``)."""
+
+    def __init__(self, root: str, deadline_s: float = contract.DEFAULT_CHECKPOINT_DEADLINE_S) -> None:
+        self.root = root
+        self.deadline_s = deadline_s
+
+    def directory(self, key: str) -> str:
+        """The host directory of a task (created)."""
+        path = os.path.join(self.root, task_dir_name(key))
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    @staticmethod
+    def newest(directory: str) -> str | None:
+        """The name of the newest finished checkpoint in ``directory``, if any."""
+        try:
+            entries = [e for e in os.scandir(directory) if not e.name.startswith(".") and e.is_file()]
+        except OSError:
+            return None
+        if not entries:
+            return None
+        return max(entries, key=lambda e: (e.stat().st_mtime_ns, e.name)).name
+
+    def extras(self, key: str) -> GrantExtras:
+        """The protocol's environment and mount for a container of task ``key``."""
+        host = self.directory(key)
+        env = {contract.CHECKPOINT_DIR_ENV: contract.CHECKPOINT_MOUNT,
+               contract.CHECKPOINT_SIGNAL_ENV: contract.CHECKPOINT_SIGNAL,
+               contract.CHECKPOINT_DEADLINE_ENV: f"{self.deadline_s:g}"}
+        newest = self.newest(host)
+        if newest is not None:
+            env[contract.RESUME_FROM_ENV] = f"{contract.CHECKPOINT_MOUNT}/{newest}"
+        return GrantExtras(envs=env, mounts=(Mount(host, contract.CHECKPOINT_MOUNT, read_only=False),))
+
+
+class CheckpointEnforcement:
+    """The node's enforcement backend with the checkpoint protocol added to every grant."""
+
+    def __init__(self, inner: EnforcementPort, store: CheckpointStore,
+                 pod_of: Callable[[tuple[str, str]], LendingPod | None]) -> None:
+        self._inner = inner
+        self._store = store
+        self._pod_of = pod_of
+
+    def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
+        """The backend's extras plus the protocol's (the backend's variables win a clash)."""
+        base = self._inner.grant_extras(pod, container)
+        known = self._pod_of(pod.key)
+        key = known.checkpoint_key if known is not None else f"{pod.namespace}/{pod.name}"
+        try:
+            ours = self._store.extras(key)
+        except OSError as exc:  # no checkpoint directory: the grant goes on without the protocol
+            log.error("no checkpoint directory for %s/%s: %s", pod.namespace, pod.name, exc)
+            return base
+        return GrantExtras(envs={**ours.envs, **base.envs}, mounts=(*base.mounts, *ours.mounts))
+
+    def state(self) -> EnforcementState:
+        return self._inner.state()
+
+    async def run(self, live_pods: LivePods) -> None:
+        await self._inner.run(live_pods)

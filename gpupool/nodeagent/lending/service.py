@@ -1,0 +1,244 @@
+"""The lending service of the node agent: loans, the rules at every open, reclaims, publication.
+
+Threads: the event source calls :meth:`LendingService.decide` (an opener may be waiting) and the
+recorder calls :meth:`LendingService.on_open` after recording a holder, both on the source's
+thread; everything else runs on the agent's event loop. Loans and the set of pods in reclaim are
+guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe``.
+
+Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``; where it
+cannot (the /proc scan, and every character device on kernels that report no fanotify events for
+them) the same decision is applied to the recorded open: a refused asker's pod is reclaimed (its
+processes stopped), so the refusal is enforced by stopping processes, within one scan interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
+from gpupool.nodeagent.device_layout import DeviceLayout
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.devices import lent_devices
+from gpupool.nodeagent.lending.loans import Loan, LoanFile, new_loans
+from gpupool.nodeagent.lending.pods import LendingPods
+from gpupool.nodeagent.lending.processes import PodProcesses
+from gpupool.nodeagent.lending.publisher import LendablePublisher
+from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder
+from gpupool.nodeagent.lending.rules import Claim, Occupant, OpenDecision, PodKey, decide_open
+from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
+from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.monitor.usage_state import Holder, ProcessIdentity
+
+log = logging.getLogger(__name__)
+
+PRIORITY_RECORDED = {Priority.HIGH: 1, Priority.LOW: 0}
+"""What the monitor's state file records as a holder's ``priority`` (rules 2 and 4)."""
+
+
+@dataclass(frozen=True)
+class LendingConfig:
+    """The agent's ``--lending`` options."""
+
+    loans_path: str
+    deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
+
+
+class LendingService:
+    """Owns the loans of one node and applies the rules; :meth:`start`, then :meth:`run`."""
+
+    def __init__(self, monitor: UsageMonitor, inventory: Callable[[], GpuInventory], layout: DeviceLayout,
+                 pods: LendingPods, reclaimer_factory: Callable[[Callable[[PodKey], Awaitable[None]]], Reclaimer],
+                 publisher: LendablePublisher, devices_changed: Callable[[], Awaitable[None]],
+                 config: LendingConfig, identify: Callable[[int], ProcessIdentity]) -> None:
+        self.monitor = monitor
+        self.pods = pods
+        self.publisher = publisher
+        self.config = config
+        self._inventory = inventory
+        self._layout = layout
+        self._devices_changed = devices_changed
+        self._identify = identify
+        self._file = LoanFile(config.loans_path)
+        self._lock = threading.Lock()
+        self._loans: dict[int, Loan] = {}
+        self._reclaiming: set[PodKey] = set()
+        self.reclaimer = reclaimer_factory(self._after_stop)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.decisions: list[tuple[str, OpenDecision]] = []
+        """The last decisions that did anything (for logs, /usage and tests), newest last."""
+
+    # ------------------------------------------------------------------ state
+    @property
+    def loans(self) -> dict[int, Loan]:
+        with self._lock:
+            return dict(self._loans)
+
+    @property
+    def reclaiming(self) -> frozenset[PodKey]:
+        with self._lock:
+            return frozenset(self._reclaiming)
+
+    def device_list(self, resource: str) -> list[tuple[str, bool]]:
+        """The lent devices of ``resource`` now (the device plugin adds them to the card's own)."""
+        return lent_devices(self._layout, resource, self.loans.values())
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Resume the loans of the previous agent whose owners still hold their card, hook the rules into
+        the monitor's recorder, and queue the first publication."""
+        self._loop = loop
+        state = self.monitor.state
+        for loan in self._file.load():
+            device = state.device(loan.path)
+            held = {(h.namespace, h.pod, h.container) for h in device.holders} if device else set()
+            if loan.owners & held:
+                self._loans[loan.card] = loan
+                log.info("resuming the loan of card %d (owners %s)", loan.card, sorted(loan.owners))
+            else:
+                log.info("dropping the loan of card %d: no owner holds it any more", loan.card)
+        self._save()
+        self.monitor.recorder.use_rules(self.decide, self.priority_of, self.on_open)
+        self.publisher.offer(x.offer() for x in self._loans.values())
+
+    # ------------------------------------------------------------------ the rules (source thread)
+    def decide(self, event: DeviceEvent) -> Verdict:
+        """Answer an open the source holds; reclaims start asynchronously."""
+        try:
+            who = self._identify(event.pid)
+        except Exception:
+            log.exception("lending: cannot tell who pid %d is; allowing its open", event.pid)
+            return Verdict.ALLOW
+        return self._apply(event.path, who, "open")
+
+    def on_open(self, path: str, holder: Holder) -> None:
+        """A recorded open (every source): the rules again, enforced by reclaiming where needed."""
+        who = ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace)
+        self._apply(path, who, "recorded open")
+
+    def priority_of(self, who: ProcessIdentity, path: str) -> int | None:
+        """The priority recorded for a new holder (``None``: not in a known pod)."""
+        occupant = self._occupant(who, path)
+        if occupant is None:
+            return None
+        return PRIORITY_RECORDED[Priority.LOW if occupant.claim is Claim.BORROWED else occupant.priority]
+
+    def _apply(self, path: str, who: ProcessIdentity, what: str) -> Verdict:
+        card = self.monitor.cards.get(path)
+        asker = self._occupant(who, path)
+        if card is None or asker is None:
+            return Verdict.ALLOW
+        device = self.monitor.state.device(path)
+        holders = [o for o in (self._occupant(self._identity(h), path) for h in (device.holders if device else ()))
+                   if o is not None]
+        with self._lock:
+            loan = self._loans.get(card)
+            dormant = loan.owners if loan is not None else frozenset()
+            decision = decide_open(asker, holders, dormant=dormant, reclaiming=frozenset(self._reclaiming))
+            ended = None
+            if decision.verdict is Verdict.ALLOW and asker.container in dormant:
+                ended = self._loans.pop(card)  # the owner is back: the card returns to it
+            new = [p for p in decision.reclaim if p not in self._reclaiming]
+            self._reclaiming.update(new)
+        if ended is not None:
+            log.warning("card %d: owner %s opened it again; the loan ends", card, "/".join(asker.container))
+            self._call(self._loan_ended)
+        if new or decision.verdict is Verdict.DENY:
+            log.warning("card %d %s by %s: rule %d, %s; %s", card, what, "/".join(asker.container),
+                        decision.rule, decision.verdict, decision.reason)
+            self.decisions = [*self.decisions[-99:], (path, decision)]
+        for pod in new:
+            self._call(self._start_reclaim, pod, decision.reason or f"card {card} is needed")
+        return decision.verdict
+
+    def _occupant(self, who: ProcessIdentity, path: str) -> Occupant | None:
+        if not who.pod or not who.container:
+            return None
+        pod = self.pods.get((who.namespace, who.pod))
+        card = self.monitor.cards.get(path)
+        if pod is None or card is None:
+            return None
+        if pod.borrowed:
+            claim = Claim.BORROWED
+        elif card in pod.booked.get(who.container, frozenset()):
+            claim = Claim.BOOKED
+        else:
+            claim = Claim.UNBOOKED
+        return Occupant((who.namespace, who.pod, who.container), pod.priority, claim)
+
+    @staticmethod
+    def _identity(holder: Holder) -> ProcessIdentity:
+        return ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace)
+
+    def _call(self, fn: Callable[..., object], *args: object) -> None:
+        if self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    # ------------------------------------------------------------------ on the loop
+    def _start_reclaim(self, pod: PodKey, why: str) -> None:
+        info = self.pods.get(pod)
+        ids = frozenset(i for i in (info.container_ids.values() if info else ()) if i)
+        order = ReclaimOrder(pod, PodProcesses(info.uid if info else "", ids), why, self.config.deadline_s)
+        task = self.reclaimer.reclaim(order)
+        task.add_done_callback(lambda _: self._reclaim_done(pod))
+
+    def _reclaim_done(self, pod: PodKey) -> None:
+        with self._lock:
+            self._reclaiming.discard(pod)
+
+    async def _after_stop(self, pod: PodKey) -> None:
+        """A reclaimed pod's processes are gone: withdraw what is no longer lent, publish at once."""
+        await self._changed()
+        await self.publisher.publish_now()
+
+    def _loan_ended(self) -> None:
+        self._save()
+        self.publisher.offer(x.offer() for x in self.loans.values())
+        assert self._loop is not None
+        self._loop.create_task(self._notify_devices())
+
+    async def _notify_devices(self) -> None:
+        await self._devices_changed()
+
+    async def _changed(self) -> None:
+        self._save()
+        self.publisher.offer(x.offer() for x in self.loans.values())
+        await self._devices_changed()
+
+    async def step(self) -> None:
+        """Lend the cards that went idle, end loans whose owners left the node."""
+        state, sample = self.monitor.state, self.monitor.last_sample
+        with self._lock:
+            gone = [c for c, x in self._loans.items() if self.pods.synced
+                    and all(self.pods.get((ns, pod)) is None for ns, pod, _ in x.owners)]
+            for card in gone:
+                log.info("card %d: its owners left the node; the loan ends", card)
+                del self._loans[card]
+            fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get, self._loans)
+            for loan in fresh:
+                log.info("card %d is idle: lending %d MiB, %d %% (owners %s)", loan.card, loan.memory_mib,
+                         loan.compute_percent, sorted(loan.owners))
+                self._loans[loan.card] = loan
+        if gone or fresh:
+            await self._changed()
+
+    async def run(self, every_s: float = 1.0) -> None:
+        """The loop: a step every ``every_s`` and the publisher, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.publisher.run())
+            while True:
+                try:
+                    await self.step()
+                except Exception:
+                    log.exception("lending step failed; retrying")
+                await asyncio.sleep(every_s)
+
+    def _save(self) -> None:
+        try:
+            self._file.save(self.loans.values())
+        except OSError as exc:
+            log.error("cannot write the lending file %s: %s", self._file.path, exc)
+

@@ -1,0 +1,74 @@
+"""Assembling the lending side for ``gpupool node-agent --lending``.
+
+Two steps, because the grant's checkpoint extras must wrap the enforcement backend before the node
+agent exists, and the service needs the agent's device list and monitor afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from gpupool.api.lending import LendingNames
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import ContainerAssignment
+from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.isolation.backends import Enforcement
+from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
+from gpupool.nodeagent.lending.kube_io import KubeLending
+from gpupool.nodeagent.lending.options import LendingOptions
+from gpupool.nodeagent.lending.pods import LendingPods
+from gpupool.nodeagent.lending.processes import ProcfsProcesses
+from gpupool.nodeagent.lending.publisher import LendablePublisher
+from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
+from gpupool.nodeagent.lending.service import LendingConfig, LendingService
+from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
+from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.types import PodView
+
+log = logging.getLogger(__name__)
+
+LOANS_FILE = "lending.json"
+
+
+class LendingSetup:
+    """Holds the parts between the two steps."""
+
+    def __init__(self, node: str, resources: ResourceNames, options: LendingOptions,
+                 kubeconfig: str | None = None) -> None:
+        self.names = LendingNames(resources.domain)
+        self.options = options
+        self.pods = LendingPods(resources, self.names, options.threshold)
+        self.kube = KubeLending(node, self.names, kubeconfig)
+        self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
+        tool = find_cuda_checkpoint()
+        log.info("checkpoint protocol: directories under %s, deadline %g s; cuda-checkpoint %s",
+                 options.checkpoint_root, options.deadline_s, f"found at {tool} (not driven yet)" if tool
+                 else "not found")
+
+    def wrap(self, enforcement: Enforcement) -> CheckpointEnforcement:
+        """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
+        return CheckpointEnforcement(enforcement, self.store, self.pods.get)
+
+    def attach(self, agent: NodeAgent, monitor: UsageMonitor) -> LendingService:
+        """Step 2: the service, plugged into the agent's device list and Allocate check."""
+        def reclaimer(on_stopped: StoppedHook) -> Reclaimer:
+            return Reclaimer(ProcfsProcesses(), self.kube, on_stopped=on_stopped)
+
+        loans = os.path.join(os.path.dirname(monitor.config.state_path) or ".", LOANS_FILE)
+        service = LendingService(monitor, lambda: agent.inventory, agent.layout, self.pods, reclaimer,
+                                 LendablePublisher(self.kube.write_lendable), agent.devices_changed,
+                                 LendingConfig(loans, self.options.deadline_s), ContainerResolver(monitor.directory))
+        agent.extra_devices = service.device_list
+
+        def vouch(pod: PodView, container: ContainerAssignment) -> bool:
+            known = self.pods.get(pod.key)
+            loans_now = service.loans
+            return (known is not None and known.borrowed
+                    and all(s.card in loans_now and s.memory_mib <= loans_now[s.card].memory_mib
+                            for s in container.slices))
+
+        agent.vouch = vouch
+        service.start(asyncio.get_running_loop())
+        return service

@@ -1,0 +1,268 @@
+"""The lending service: loans of idle cards, the rules at opens, reclaim and the faults of issue 13."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from gpupool.api.lending import decode_lendable
+from gpupool.nodeagent.device_layout import DeviceLayout
+from gpupool.nodeagent.lending.pods import LendingPods
+from gpupool.nodeagent.lending.processes import PodProcesses
+from gpupool.nodeagent.lending.publisher import LendablePublisher
+from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
+from gpupool.nodeagent.lending.service import LendingConfig, LendingService
+from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, Verdict
+from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
+from tests.nodeagent.lending.support import LEND, NAMES, FakeMonitor, holder, inventory, pod_json
+
+CARD0, CARD1 = "/dev/nvidia0", "/dev/nvidia1"
+
+
+class Processes:
+    """Scripted container processes: pid → container ID; a signalled process exits at once."""
+
+    def __init__(self) -> None:
+        self.alive: dict[int, str] = {}
+        self.sent: list[tuple[int, str]] = []
+
+    def pids(self, target: PodProcesses) -> set[int]:
+        return {p for p, c in self.alive.items() if c in target.container_ids}
+
+    def send(self, pid: int, sig: Any) -> None:
+        self.sent.append((pid, sig.name))
+        self.alive.pop(pid, None)
+
+
+class Api:
+    def __init__(self) -> None:
+        self.evicted: list[tuple[str, str]] = []
+        self.annotations: list[str | None] = []
+
+    async def evict(self, namespace: str, name: str) -> str:
+        self.evicted.append((namespace, name))
+        return "evicted"
+
+    async def warn(self, namespace: str, name: str, reason: str, message: str) -> None:
+        return None
+
+    async def write(self, value: str | None) -> None:
+        self.annotations.append(value)
+
+
+class World:
+    def __init__(self, tmp: Path, pods: list[dict[str, Any]]) -> None:
+        self.monitor = FakeMonitor(str(tmp / "state.json"))
+        self.pods = LendingPods(NAMES, LEND)
+        self.pods.on_list(pods)
+        self.processes = Processes()
+        self.api = Api()
+        self.device_bumps = 0
+        self.tmp = tmp
+
+    def service(self) -> LendingService:
+        async def bump() -> None:
+            self.device_bumps += 1
+
+        def reclaimer(on_stopped: StoppedHook) -> Reclaimer:
+            return Reclaimer(self.processes, self.api, on_stopped=on_stopped, poll_s=0.01)
+
+        def identify(pid: int) -> ProcessIdentity:
+            pod = f"p{pid // 100}" if pid // 100 else ""
+            names = {1: "owner", 2: "borrower", 3: "owner1", 4: "borrower1", 5: "other"}
+            name = names.get(pid // 100, "")
+            return ProcessIdentity(f"id-{name}", "c", name, "ns") if name and pod else ProcessIdentity()
+
+        return LendingService(self.monitor, inventory, DeviceLayout(NAMES), self.pods, reclaimer,
+                              LendablePublisher(self.api.write, min_interval_s=0), bump,
+                              LendingConfig(str(self.tmp / "lending.json"), deadline_s=1), identify)
+
+
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(body())
+
+
+async def settle(service: LendingService) -> None:
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if not service.reclaimer.in_flight:
+            break
+    await asyncio.sleep(0.02)
+
+
+def idle_owner(world: World, path: str = CARD0, owner: str = "owner", pid: int = 100) -> None:
+    world.monitor.hold(path, holder(owner, pid), state=DeviceState.IDLE)
+    world.monitor.sample({0: 2048, 1: 2048})
+
+
+PODS = [pod_json("owner", cards=(0,)), pod_json("borrower", borrowed_from="ns/owner", cards=(0,)),
+        pod_json("owner1", cards=(1,)), pod_json("borrower1", borrowed_from="ns/owner1", cards=(1,)),
+        pod_json("other", priority=2000)]
+
+
+def open_(pid: int, path: str = CARD0) -> DeviceEvent:
+    return DeviceEvent(EventKind.OPEN, path, pid, 0.0)
+
+
+def test_an_idle_card_is_lent_published_and_advertised(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        assert service.device_list(NAMES.gpu_mem) == []
+        idle_owner(world)
+        await service.step()
+        [loan] = service.loans.values()
+        assert (loan.card, loan.memory_mib, loan.owners) == (0, 16384 - 2048, frozenset({("ns", "owner", "c")}))
+        mem = service.device_list(NAMES.gpu_mem)
+        assert len(mem) == (16384 - 2048) // 256 and mem[0] == ("lend-g0-m0", True)
+        assert len(service.device_list(NAMES.gpu_core)) == 100 and service.device_list(NAMES.gpu) == []
+        assert world.device_bumps == 1
+        await service.publisher.publish_now()
+        [card] = decode_lendable(world.api.annotations[-1] or "").cards
+        assert (card.owner, card.owner_container, card.memory_mib) == ("ns/owner", "c", 14336)
+
+    run(body)
+
+
+def test_the_owner_returning_reclaims_the_borrower_once_and_withdraws_the_devices(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        idle_owner(world)
+        await service.step()
+        assert service.decide(open_(200)) is Verdict.ALLOW  # the borrower: the owner lent it
+        world.processes.alive = {200: "id-borrower", 201: "id-borrower"}
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.IDLE)
+        assert service.decide(open_(101)) is Verdict.ALLOW  # the owner again: rule 1
+        assert service.loans == {} and ("ns", "borrower") in service.reclaiming
+        assert service.decide(open_(102)) is Verdict.ALLOW  # while the reclaim runs
+        assert service.decide(open_(202)) is Verdict.DENY  # the borrower is refused meanwhile
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")]  # one reclaim, not three
+        assert sorted(world.processes.sent) == [(200, "SIGUSR1"), (201, "SIGUSR1")]
+        assert service.device_list(NAMES.gpu_mem) == [] and world.api.annotations[-1] is None
+        assert service.reclaiming == frozenset()
+
+    run(body)
+
+
+def test_a_borrower_opening_a_card_that_is_not_lent_is_refused_and_stopped(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        world.monitor.hold(CARD0, holder("owner", 100))  # busy: not lent
+        world.processes.alive = {200: "id-borrower"}
+        service.on_open(CARD0, holder("borrower", 200))  # the /proc scan: enforced by stopping it
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")] and world.processes.sent == [(200, "SIGUSR1")]
+
+    run(body)
+
+
+def test_a_restarted_agent_resumes_the_loan(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        first = world.service()
+        first.start(asyncio.get_running_loop())
+        idle_owner(world)
+        await first.step()
+        assert json.loads((tmp_path / "lending.json").read_text())["loans"][0]["card"] == 0
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.BUSY)
+        again = world.service()  # the agent restarted: the card is busy with the borrower now
+        again.start(asyncio.get_running_loop())
+        assert set(again.loans) == {0} and again.device_list(NAMES.gpu_mem)
+        assert again.decide(open_(201)) is Verdict.ALLOW  # the dormant owner still does not refuse it
+        world.processes.alive = {200: "id-borrower"}
+        assert again.decide(open_(101)) is Verdict.ALLOW
+        await settle(again)
+        assert world.api.evicted == [("ns", "borrower")]
+
+    run(body)
+
+
+def test_a_loan_whose_owner_stopped_holding_is_not_resumed(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        first = world.service()
+        first.start(asyncio.get_running_loop())
+        idle_owner(world)
+        await first.step()
+        world.monitor.hold(CARD0, holder("borrower", 200))
+        again = world.service()
+        again.start(asyncio.get_running_loop())
+        assert again.loans == {}
+
+    run(body)
+
+
+def test_two_owners_idle_at_once_get_their_own_cards_back(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        idle_owner(world)
+        idle_owner(world, CARD1, "owner1", 300)
+        await service.step()
+        assert set(service.loans) == {0, 1}
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.IDLE)
+        world.monitor.hold(CARD1, holder("owner1", 300), holder("borrower1", 400), state=DeviceState.IDLE)
+        world.processes.alive = {200: "id-borrower", 400: "id-borrower1"}
+        assert service.decide(open_(101)) is Verdict.ALLOW
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")] and set(service.loans) == {1}
+        assert service.device_list(NAMES.gpu_mem)[0][0] == "lend-g1-m0"
+        assert decode_lendable(world.api.annotations[-1] or "").cards[0].index == 1
+
+    run(body)
+
+
+def test_no_loan_while_a_high_priority_pod_without_a_share_holds_the_card(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        world.monitor.hold(CARD0, holder("owner", 100), holder("other", 500), state=DeviceState.IDLE)
+        world.monitor.sample({})
+        await service.step()
+        assert service.loans == {}
+
+    run(body)
+
+
+def test_a_loan_ends_when_its_owner_leaves_the_node(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.service()
+        service.start(asyncio.get_running_loop())
+        idle_owner(world)
+        await service.step()
+        world.pods.on_event("DELETED", PODS[0])
+        await service.step()
+        assert service.loans == {}
+
+    run(body)
+
+
+def test_recorded_priorities(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+    service = world.service()
+    assert service.priority_of(ProcessIdentity("id-other", "c", "other", "ns"), CARD0) == 1
+    assert service.priority_of(ProcessIdentity("id-borrower", "c", "borrower", "ns"), CARD0) == 0
+    assert service.priority_of(ProcessIdentity(), CARD0) is None
+
+
+
