@@ -69,13 +69,13 @@ def install_workload(replica: Any, trace: str) -> None:
 
 
 def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str | None = None,
-          workload: str | None = None) -> None:
+          workload: str | None = None, filter_best_only: bool = False) -> None:
     """Child process: ``gpupool extender`` with per-request timings (blocks until killed).
 
     ``profile``: run cProfile (CPU time) on the event loop's thread (filter, prioritize, the bind's HTTP side;
     not the bind threads or the watches) and write its stats there on exit. ``workload``: a trace
     whose workload profile the policy scores against (:func:`install_workload`); ``/bench/ready``
-    answers 200 once it is in place.
+    answers 200 once it is in place. ``filter_best_only``: ``gpupool extender --filter-best-only``.
     """
     import orjson
     from aiohttp import web
@@ -104,7 +104,7 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ExtenderOptions(host="127.0.0.1", port=port, kubeconfig=kubeconfig, policy=policy,
-                              identity=identity)
+                              identity=identity, filter_best_only=filter_best_only)
     configuration = api_configuration(kubeconfig)
     configuration.connection_pool_maxsize = 32  # as gpupool extender's own client: binds run on a pool
     api_client = client.ApiClient(configuration)
@@ -219,7 +219,7 @@ class BenchExtender:
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path, policy: str = "gpupool",
                  identity: str = "bench-extender", profile: Path | None = None,
-                 workload: str | None = None) -> None:
+                 workload: str | None = None, filter_best_only: bool = False) -> None:
         self.port = port
         self.identity = identity
         self.log_path = log_path
@@ -230,6 +230,8 @@ class BenchExtender:
             argv += ["--profile", str(profile)]
         if workload is not None:
             argv += ["--workload", workload]
+        if filter_best_only:
+            argv.append("--filter-best-only")
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=REPO, env=env, start_new_session=True)
@@ -282,8 +284,10 @@ def main() -> None:
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--profile", default=None, help="write cProfile stats of the event loop's thread here")
     parser.add_argument("--workload", default=None, help="score against this trace's workload profile")
+    parser.add_argument("--filter-best-only", action="store_true", help="as gpupool extender --filter-best-only")
     opts = parser.parse_args()
-    serve(opts.kubeconfig, opts.port, opts.identity, opts.policy, opts.profile, opts.workload)
+    serve(opts.kubeconfig, opts.port, opts.identity, opts.policy, opts.profile, opts.workload,
+          opts.filter_best_only)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """kube-scheduler v1.20.2 for bench/e2e_scheduling.py: the shipped configuration, started, and what
 it measures about itself (``/metrics``).
 
-The configuration is ``deploy/scheduler-config-v1beta1.yaml`` as shipped (extender verbs, weight,
+The configuration is a shipped v1beta1 file (:data:`SHIPPED_CONFIGS`: extender verbs, weight,
 ``nodeCacheCapable``, ``managedResources``, ``httpTimeout``, ``percentageOfNodesToScore: 100``),
-with only what a test cluster must change: the kubeconfig, the extender's URL, no leader election
+with only what a test cluster must change: the kubeconfig, the extender's URL (plain HTTP, without
+the shipped client certificate), no leader election
 (one scheduler), loopback health and metrics addresses, and the client's ``qps``/``burst``, which
 the bench sets explicitly so that both phases run under the same limit (v1beta1's defaults are 50
 and 100: every Binding kube-scheduler posts itself, i.e. every CPU-only pod, waits for that limiter;
@@ -40,6 +41,10 @@ from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = REPO / "deploy" / "scheduler-config-v1beta1.yaml"
+SHIPPED_CONFIGS = {"best-only": SHIPPED_CONFIG,
+                   "prioritize": REPO / "deploy" / "scheduler-config-v1beta1-prioritize.yaml"}
+"""The shipped v1beta1 configuration of each mode: filter (the extender's --filter-best-only) and
+bind, the default; or filter, prioritize and bind (the extender's --no-filter-best-only)."""
 
 ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
 BINDING = "scheduler_binding_duration_seconds"

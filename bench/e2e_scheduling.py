@@ -8,10 +8,14 @@ One cluster from ``gpupool testenv`` (etcd, kube-apiserver, kube-scheduler v1.20
 2. the extender as ``gpupool extender`` runs it (bench/e2e_extender.py: leader election, watches,
    default policy, scoring against the trace's workload profile as it would once such pods run;
    ``--fresh-profile`` keeps the empty profile of a fresh cluster, under which every node scores
-   alike), and kube-scheduler with the shipped ``deploy/scheduler-config-v1beta1.yaml`` pointed at
-   it (bench/e2e_scheduler.py), its client limited to ``--scheduler-qps``/``--scheduler-burst``;
+   alike), and kube-scheduler with the shipped configuration of ``--mode`` pointed at it
+   (bench/e2e_scheduler.py), its client limited to ``--scheduler-qps``/``--scheduler-burst``.
+   ``--mode best-only`` (the default): ``deploy/scheduler-config-v1beta1.yaml`` (filter, bind) and
+   the extender's ``--filter-best-only``; ``--mode prioritize``:
+   ``deploy/scheduler-config-v1beta1-prioritize.yaml`` (filter, prioritize, bind) and
+   ``--no-filter-best-only``;
 3. **GPU phase**: ``--gpu-pods`` pods with the trace's shapes created at once; kube-scheduler asks
-   the extender to filter, prioritize and bind each;
+   the extender to filter (and, in ``prioritize`` mode, prioritize) and bind each;
 4. **CPU phase**, same cluster and scheduler: ``--cpu-pods`` CPU-only pods of the trace created at
    once; ``managedResources`` keeps them away from the extender and kube-scheduler binds them itself.
 
@@ -30,6 +34,7 @@ compute than the card has.
 
     python3 bench/e2e_scheduling.py --json
     python3 bench/e2e_scheduling.py --nodes 20 --gpu-pods 40 --cpu-pods 40 --json
+    python3 bench/e2e_scheduling.py --mode prioritize --json
 """
 
 from __future__ import annotations
@@ -59,7 +64,14 @@ from bench.e2e_objects import (
     node_spec,
     pod_manifest,
 )
-from bench.e2e_scheduler import HISTOGRAMS, histogram_delta, scheduler_config, start_scheduler, summary_ms
+from bench.e2e_scheduler import (
+    HISTOGRAMS,
+    SHIPPED_CONFIGS,
+    histogram_delta,
+    scheduler_config,
+    start_scheduler,
+    summary_ms,
+)
 from bench.extender import cpu_times, steal_share
 from bench.extender_binds import process_cpu_s
 
@@ -193,11 +205,12 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
         extender = BenchExtender(plane.kubeconfig, extender_port, plane.state_dir / "logs" / "extender.log",
                                  policy=opts.policy,
                                  profile=Path(opts.profile_extender) if opts.profile_extender else None,
-                                 workload=None if opts.fresh_profile else TRACE)
+                                 workload=None if opts.fresh_profile else TRACE,
+                                 filter_best_only=opts.mode == "best-only")
         try:
             extender.wait_ready(lambda: _lease_holder(api))
             config = scheduler_config(plane.kubeconfig, extender.url, f"127.0.0.1:{scheduler_port}",
-                                      opts.scheduler_qps, opts.scheduler_burst)
+                                      opts.scheduler_qps, opts.scheduler_burst, SHIPPED_CONFIGS[opts.mode])
             scheduler = start_scheduler(binaries, plane.state_dir, config, scheduler_port)
         except BaseException:
             extender.stop()
@@ -251,7 +264,7 @@ def measure(opts: argparse.Namespace) -> dict[str, Any]:
         "gpu_bound": phases["gpu"]["bound"], "cpu_bound": phases["cpu"]["bound"],
         "double_booked_cards": over, "wrong_assignments": wrong,
         "scheduler_qps": opts.scheduler_qps, "scheduler_burst": opts.scheduler_burst,
-        "policy": opts.policy, "seed": opts.seed,
+        "policy": opts.policy, "seed": opts.seed, "mode": opts.mode,
         "extender_workload_profile": None if opts.fresh_profile else TRACE,
         "skipped_too_large": gpu.skipped_too_large + cpu.skipped_too_large,
         "kube_scheduler_series": "scheduling_algorithm_duration_seconds (filter+score incl. the extender's "
@@ -264,6 +277,7 @@ def measure(opts: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     rows = [("nodes x cards", f"{result['nodes']} x {result['cards_per_node']}"),
+            ("mode (scheduler configuration)", result["mode"]),
             ("kube-scheduler client qps / burst", f"{result['scheduler_qps']:g} / {result['scheduler_burst']}")]
     for label in ("gpu", "cpu"):
         phase = result["phases"][label]
@@ -296,6 +310,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-pods", type=int, default=2000)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--policy", default="gpupool", help="the extender's --policy")
+    p.add_argument("--mode", choices=sorted(SHIPPED_CONFIGS), default="best-only",
+                   help="the shipped scheduler configuration (best-only: no prioritizeVerb, the extender's "
+                        "--filter-best-only; prioritize: the -prioritize.yaml variant, --no-filter-best-only)")
     p.add_argument("--scheduler-qps", type=float, default=DEFAULT_QPS)
     p.add_argument("--scheduler-burst", type=int, default=DEFAULT_BURST)
     p.add_argument("--create-threads", type=int, default=16)

@@ -8,6 +8,9 @@ from sending each request to having read each answer; ``filter_prioritize_p50_ms
 those, what kube-scheduler waits for. ``server_side_*`` are the handlers' own durations in the same
 samples (from the request's headers to the answer's body, without the HTTP transfer). After every
 sample the pod is booked on the best node, so the ledger changes as it does in a cluster.
+``filter_p50_ms``/``_p99_ms``: the filter round trip alone. ``--filter-best-only``: the extender
+passes only its best nodes and a sample is that filter alone (the configuration without
+``prioritizeVerb``; the pod is booked on the first node passed).
 
 Scrapes: a second run of ``--samples`` samples with a scraper thread in the client process that GETs
 the extender's ``/metrics`` every ``--scrape-interval`` seconds (as Prometheus would, on its own
@@ -103,6 +106,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="seconds between /metrics scrapes in the second run of samples; 0: no such run")
+    parser.add_argument("--filter-best-only", action="store_true",
+                        help="the extender's --filter-best-only, samples without prioritize (no prioritizeVerb)")
     parser.add_argument("--groups", type=int, default=0, help="resource groups for the tenancy comparison")
     parser.add_argument("--quotas", type=int, default=0, help="namespaces with a GpuQuota for the comparison")
     parser.add_argument("--tenancy-rounds", type=int, default=2,
@@ -118,7 +123,7 @@ def main() -> None:
     freeze_long_lived()  # as the extender does once its cache has synced (gpupool/extender/gc_freeze.py)
     cost = scrape_cost(cache)
     counters = cpu_times()
-    runs = latency(cache, names, opts.samples, rng, opts.scrape_interval)
+    runs = latency(cache, names, opts.samples, rng, opts.scrape_interval, best_only=opts.filter_best_only)
     stolen = steal_share(counters, cpu_times())
     samples, server, scraped, scrapes = runs.round_trip, runs.server, runs.round_trip_scraped, runs.scrapes
     tenancy = compare_tenancy(cache, names, opts, rng) if opts.groups or opts.quotas else {}
@@ -127,6 +132,9 @@ def main() -> None:
     result = {
         "filter_prioritize_p50_ms": round(statistics.median(samples), 2),
         "filter_prioritize_p99_ms": round(pct(samples, 99), 2),
+        "filter_p50_ms": round(statistics.median(runs.filter), 2),
+        "filter_p99_ms": round(pct(runs.filter, 99), 2),
+        "filter_best_only": opts.filter_best_only,
         "binds_per_s": bind_stats["binds_per_s"],
         "server_side_p50_ms": round(statistics.median(server), 2),
         "server_side_p99_ms": round(pct(server, 99), 2),
@@ -151,6 +159,8 @@ def main() -> None:
             "round trip p50 / p99 (ms), client in another process",
             f"{result['filter_prioritize_p50_ms']:.2f} / {result['filter_prioritize_p99_ms']:.2f}",
         ),
+        ("  filter alone p50 / p99 (ms)" + (" (best only)" if opts.filter_best_only else ""),
+         f"{result['filter_p50_ms']:.2f} / {result['filter_p99_ms']:.2f}"),
         (
             "  of which in the handlers p50 / p99 (ms)",
             f"{result['server_side_p50_ms']:.2f} / {result['server_side_p99_ms']:.2f}",

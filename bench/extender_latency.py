@@ -20,7 +20,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import pod_request
 
@@ -37,13 +37,13 @@ class RecordingMetrics(ExtenderMetrics):
         self.server_ms.append(seconds * 1000)
 
 
-def _serve_forked(cache: ClusterCache, port: int, ready: Any) -> None:
+def _serve_forked(cache: ClusterCache, port: int, ready: Any, best_only: bool = False) -> None:
     """Child process: the extender app over the parent's cache (copied by fork), plus a bench route
     that books a pod on a node (the ledger change a bind would make) and one that hands back the
     server-side timings. The parent is then a client in another process, as kube-scheduler is."""
     from aiohttp import web
 
-    service = ExtenderService(cache, None)
+    service = ExtenderService(cache, None, settings=ExtenderSettings(filter_best_only=best_only))
     metrics = RecordingMetrics()
     app = ExtenderApi(service, ResourceNames(), metrics).app()
 
@@ -150,20 +150,24 @@ class Scraper(threading.Thread):
 @dataclass(frozen=True)
 class LatencyRuns:
     """Milliseconds per sample: round trips without and with scrapes, the handlers' own time (without
-    scrapes), and each scrape's duration."""
+    scrapes), and each scrape's duration; ``filter``: the filter round trip alone (without scrapes)."""
 
     round_trip: list[float]
     server: list[float]
     round_trip_scraped: list[float]
     scrapes: list[float]
+    filter: list[float]
 
 
 def latency(
     cache: ClusterCache, names: list[str], samples: int, rng: random.Random, scrape_interval: float,
     pods: Callable[[int], dict[str, Any]] | None = None,
+    best_only: bool = False,
 ) -> LatencyRuns:
     """Round-trip and server-side milliseconds of filter+prioritize, per sample; then the same
     number of samples again while a scraper reads ``/metrics`` (when ``scrape_interval`` > 0).
+    ``best_only``: the extender's ``--filter-best-only`` and no prioritize (the configuration without
+    ``prioritizeVerb``): each sample is the filter alone, and the pod is booked on its first passed node.
 
     The server runs in a forked child and the client is a plain keep-alive HTTP client here, so that
     neither the client's interpreter nor its JSON work shares the server's, as with kube-scheduler.
@@ -179,7 +183,7 @@ def latency(
         port = probe.getsockname()[1]
     context = multiprocessing.get_context("fork")
     ready = context.Event()
-    child = context.Process(target=_serve_forked, args=(cache, port, ready), daemon=True)
+    child = context.Process(target=_serve_forked, args=(cache, port, ready, best_only), daemon=True)
     child.start()
     headers = {"Content-Type": "application/json"}
     try:
@@ -191,6 +195,8 @@ def latency(
             conn.request("POST", path, body=body, headers=headers)
             return conn.getresponse().read()
 
+        filters: list[float] = []
+
         def run(count: int, first: int) -> list[float]:
             round_trip: list[float] = []
             for i in range(first, first + count):
@@ -199,7 +205,14 @@ def latency(
                 started = time.perf_counter()
                 answer = exchange("/filter", body)
                 filtered = time.perf_counter() - started
-                body = orjson.dumps({"Pod": pod, "NodeNames": orjson.loads(answer)["NodeNames"]})
+                filters.append(filtered * 1000)
+                passed = orjson.loads(answer)["NodeNames"]
+                if best_only:
+                    round_trip.append(filtered * 1000)
+                    if passed:
+                        exchange("/bench/book", orjson.dumps({"pod": pod, "node": passed[0]}))
+                    continue
+                body = orjson.dumps({"Pod": pod, "NodeNames": passed})
                 started = time.perf_counter()
                 answer = exchange("/prioritize", body)
                 round_trip.append((filtered + time.perf_counter() - started) * 1000)
@@ -223,8 +236,10 @@ def latency(
         conn.request("GET", "/bench/server-ms")
         per_request = orjson.loads(conn.getresponse().read())
         conn.close()
-        pairs = [per_request[j] + per_request[j + 1] for j in range(0, len(per_request) - 1, 2)]
-        return LatencyRuns(plain, pairs[warm:samples + warm], scraped, scraper.durations_ms)
+        per_sample = 1 if best_only else 2  # filter (and prioritize)
+        pairs = [sum(per_request[j:j + per_sample]) for j in range(0, len(per_request) - per_sample + 1, per_sample)]
+        return LatencyRuns(plain, pairs[warm:samples + warm], scraped, scraper.durations_ms,
+                           filters[warm:samples + warm])
     finally:
         child.terminate()
         child.join(10)

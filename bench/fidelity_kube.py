@@ -1,8 +1,9 @@
 """kube-scheduler v1.20 around the extender, in process, for bench/fidelity.py (see its doc).
 
-The stand-in filters CPU and memory as NodeResourcesFit does, asks the extender's HTTP verbs,
-optionally adds the default profile's resource score plugins, takes the best node (ties: the first
-in the simulator's tie order) and binds through the extender; pods without GPUs it binds itself.
+The stand-in filters CPU and memory as NodeResourcesFit does, asks the extender's HTTP verbs
+(filter and prioritize, or filter alone with ``--filter-best-only``), optionally adds the default
+profile's resource score plugins, takes the best node (ties: the first in the simulator's tie order)
+and binds through the extender; pods without GPUs it binds itself.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.sim.packing import policy_rng
 from gpupool.testing.fake_api import FakePodApi
 
@@ -50,9 +51,10 @@ class KubeSchedulerStandIn:
     """kube-scheduler v1.20 around the extender, for one replay (see the module doc)."""
 
     def __init__(self, scenario: Scenario, client: TestClient[Any, Any], api: FakePodApi,
-                 extender_weight: int | None = None) -> None:
+                 extender_weight: int | None = None, best_only: bool = False) -> None:
         self.scenario = scenario
         self.extender_weight = extender_weight
+        self.best_only = best_only
         self.nonzero_requested = {spec.name: (0, 0) for spec in scenario.nodes}
         self.client = client
         self.api = api
@@ -102,8 +104,11 @@ class KubeSchedulerStandIn:
         passed: list[str] = (await self.post("filter", {"Pod": created, "NodeNames": names}))["NodeNames"] or []
         if len(passed) <= 1:  # kube-scheduler does not score a single feasible node
             return passed[0] if passed else None
-        answer = await self.post("prioritize", {"Pod": created, "NodeNames": passed})
-        scores: dict[str, int] = {entry["Host"]: entry["Score"] for entry in answer}
+        if self.best_only:  # no prioritizeVerb: kube-scheduler's own plugins alone score what passed
+            scores: dict[str, int] = dict.fromkeys(passed, 0)
+        else:
+            answer = await self.post("prioritize", {"Pod": created, "NodeNames": passed})
+            scores = {entry["Host"]: entry["Score"] for entry in answer}
         if self.extender_weight is not None:
             scores = {name: self.resource_scores(pod, name) + score * self.extender_weight * MAX_NODE_SCORE // 10
                       for name, score in scores.items()}
@@ -183,7 +188,7 @@ def install_profile(cache: ClusterCache, scenario: Scenario) -> None:
                                     profile=scenario.profile, rng=policy_rng(scenario.seed))
 
 
-async def _replay_extender(scenario: Scenario, extender_weight: int | None) -> Replay:
+async def _replay_extender(scenario: Scenario, extender_weight: int | None, best_only: bool) -> Replay:
     started = time.perf_counter()
     api = FakePodApi()
     cache = ClusterCache(policy=scenario.policy)
@@ -198,10 +203,10 @@ async def _replay_extender(scenario: Scenario, extender_weight: int | None) -> R
             cache.upsert_pod(pod)
 
     api.listeners.append(deliver)
-    service = ExtenderService(cache, Binder(cache, api))
+    service = ExtenderService(cache, Binder(cache, api), settings=ExtenderSettings(filter_best_only=best_only))
     app = ExtenderApi(service, NAMES, ExtenderMetrics()).app()
     async with TestClient(TestServer(app)) as client:
-        kube = KubeSchedulerStandIn(scenario, client, api, extender_weight)
+        kube = KubeSchedulerStandIn(scenario, client, api, extender_weight, best_only)
         outcomes = {pod.key: await kube.schedule(pod) for pod in scenario.arrivals}
     mismatched = ledger_mismatches(kube.bound, cache.state)
     notes = [*kube.notes, f"ledger_mismatch_nodes={len(mismatched)}"]
@@ -209,7 +214,9 @@ async def _replay_extender(scenario: Scenario, extender_weight: int | None) -> R
                   tuple(notes))
 
 
-def replay_extender(scenario: Scenario, extender_weight: int | None = None) -> Replay:
+def replay_extender(scenario: Scenario, extender_weight: int | None = None, best_only: bool = False) -> Replay:
     """The replay through the extender; ``extender_weight`` adds kube-scheduler's resource score
-    plugins (see the module doc), None leaves the extender the only scorer."""
-    return asyncio.run(_replay_extender(scenario, extender_weight))
+    plugins (see the module doc), None leaves the extender the only scorer. ``best_only``: the
+    extender's ``--filter-best-only`` and a configuration without ``prioritizeVerb`` (the plugins,
+    when added, then score the passed nodes alone: the weight no longer matters)."""
+    return asyncio.run(_replay_extender(scenario, extender_weight, best_only))

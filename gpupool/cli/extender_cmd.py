@@ -59,6 +59,9 @@ class ExtenderOptions:
     lease_name: str = "gpupool-extender"
     identity: str = ""
     explain_limit: int = 64
+    filter_best_only: bool = True
+    """Filter passes only the policy's best nodes (what the shipped scheduler configurations, which have
+    no prioritizeVerb, need; right under a configuration with prioritizeVerb too)."""
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tls: TlsFiles | None = None
@@ -108,6 +111,11 @@ class Replica:
             self.elector.stop.set()
 
 
+def service_settings(options: ExtenderOptions) -> ExtenderSettings:
+    """The service's tunables among the options."""
+    return ExtenderSettings(explain_limit=options.explain_limit, filter_best_only=options.filter_best_only)
+
+
 def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
                   lease: LeaseSettings | None = None) -> Replica:
     """Start the watches and leader election of one replica and wire its service.
@@ -136,7 +144,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
     liveness = _watch_agent_leases(options, cache, coordination_v1, stop)
     service = ExtenderService(cache, Binder(cache, pod_api, deadline_s=options.bind_deadline_s, fence=fence),
-                              settings=ExtenderSettings(explain_limit=options.explain_limit),
+                              settings=service_settings(options),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity),
                               node_gate=liveness.refusals if liveness else (lambda _: {}))
@@ -226,6 +234,10 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
 @click.option("--explain-limit", default=64, show_default=True, type=int,
               help="Failed nodes given an individual reason per filter call.")
+@click.option("--filter-best-only/--no-filter-best-only", default=True, show_default=True,
+              help="Filter passes only the nodes the policy scores best (the others get a reason): needed by "
+                   "deploy/scheduler-config-*.yaml (no prioritizeVerb); --no-filter-best-only passes every node "
+                   "that fits, for the -prioritize.yaml variants (docs/extender.md, Filter best only).")
 @click.option("--bind-deadline", default=DEFAULT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
@@ -260,7 +272,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, bind_deadline: float, max_body_bytes: int,
+             identity: str, explain_limit: int, filter_best_only: bool, bind_deadline: float, max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
@@ -276,7 +288,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 bind_deadline_s=bind_deadline, max_body_bytes=max_body_bytes, tls=tls,
+                                 filter_best_only=filter_best_only, bind_deadline_s=bind_deadline,
+                                 max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,
                                  require_agent_lease=require_agent_lease, hami=hami,

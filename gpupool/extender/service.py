@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +26,7 @@ from gpupool.core.model import Placement, PodRequest
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
+from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
@@ -169,6 +170,9 @@ class ExtenderSettings:
     explain_limit: int = 64
     """Failed nodes explained one by one; the rest share a summary (explaining a node is a scalar
     walk of its cards, too slow to do for thousands of nodes per call)."""
+    filter_best_only: bool = False
+    """Pass only the nodes the policy scores best (gpupool/extender/best_nodes.py), for a
+    kube-scheduler configured without ``prioritizeVerb``."""
 
 
 class ExtenderService:
@@ -270,6 +274,10 @@ class ExtenderService:
         with self.cache.lock:
             admission = self._admit(request, tenant)
             found = self._feasible(admission, names, aliases)
+            if self.settings.filter_best_only:
+                best = best_nodes(found.passed, found.passed_rows, found.scores)
+                found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
+                                failed={**found.failed, **best.not_best})
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)

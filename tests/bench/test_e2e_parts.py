@@ -21,7 +21,15 @@ from bench.e2e_objects import (
     node_spec,
     pod_manifest,
 )
-from bench.e2e_scheduler import SHIPPED_CONFIG, histogram_delta, parse, quantile, scheduler_config
+from bench.e2e_scheduler import (
+    SHIPPED_CONFIG,
+    SHIPPED_CONFIGS,
+    histogram_delta,
+    parse,
+    quantile,
+    scheduler_config,
+)
+from bench.e2e_scheduling import parser
 from gpupool.api.annotations import decode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.kube.translate import node_spec as node_spec_from_json
@@ -58,20 +66,24 @@ def test_pods_are_the_traces_and_at_most_half_a_node() -> None:
     assert pod_request(manifest, NAMES).containers == gpu.pods[0].containers  # the same request read back
 
 
-def test_scheduler_config_is_the_shipped_one_with_the_clusters_addresses_and_limits(tmp_path: Any) -> None:
-    shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
-    config = yaml.safe_load(scheduler_config(tmp_path / "kc", "http://127.0.0.1:9/x", "127.0.0.1:7", 300.0, 600))
+@pytest.mark.parametrize("mode", [pytest.param(mode, id=mode) for mode in sorted(SHIPPED_CONFIGS)])
+def test_scheduler_config_is_the_shipped_one_with_the_clusters_addresses_and_limits(tmp_path: Any, mode: str) -> None:
+    shipped = yaml.safe_load(SHIPPED_CONFIGS[mode].read_text())
+    config = yaml.safe_load(scheduler_config(tmp_path / "kc", "http://127.0.0.1:9/x", "127.0.0.1:7", 300.0, 600,
+                                             SHIPPED_CONFIGS[mode]))
     assert config["clientConnection"] == {"kubeconfig": str(tmp_path / "kc"), "qps": 300.0, "burst": 600}
     assert config["percentageOfNodesToScore"] == shipped["percentageOfNodesToScore"] == 100
     assert config["leaderElection"] == {"leaderElect": False}
     assert config["metricsBindAddress"] == config["healthzBindAddress"] == "127.0.0.1:7"
     (extender,) = config["extenders"]
-    tls_fields = ("enableHTTPS", "tlsConfig")  # the bench's extender serves plain HTTP
-    plain = {k: v for k, v in shipped["extenders"][0].items() if k not in tls_fields}
-    assert extender == {**plain, "urlPrefix": "http://127.0.0.1:9/x"}
-    https = yaml.safe_load(scheduler_config(tmp_path / "kc", "https://127.0.0.1:9/x", "127.0.0.1:7", 1.0, 1))
-    assert {k: https["extenders"][0].get(k) for k in tls_fields} == {k: shipped["extenders"][0].get(k)
-                                                                     for k in tls_fields}
+    expected = {**shipped["extenders"][0], "urlPrefix": "http://127.0.0.1:9/x"}
+    expected.pop("enableHTTPS"), expected.pop("tlsConfig")  # the bench's extender speaks plain HTTP
+    assert extender == expected
+    assert ("prioritizeVerb" in extender) == (mode == "prioritize")
+
+
+def test_the_default_mode_is_the_shipped_default_configuration() -> None:
+    assert SHIPPED_CONFIGS[parser().get_default("mode")] == SHIPPED_CONFIG
 
 
 METRICS = """\

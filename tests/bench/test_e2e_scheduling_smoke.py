@@ -21,12 +21,16 @@ TOP_LEVEL_KEYS = {
 PHASE_KEYS = {"pods_per_s", "bound", "seconds", "kube_scheduler", "extender_ms", "cpu_s", "cycle_ms"}
 
 
-@pytest.fixture(scope="module")
-def result() -> dict[str, object]:
+@pytest.fixture(scope="module", params=[pytest.param("prioritize", id="prioritize"),
+                                        pytest.param("best-only", id="best-only")])
+def result(request: pytest.FixtureRequest) -> dict[str, object]:
+    """One run per shipped configuration: filter, prioritize and bind; or (with the extender's
+    --filter-best-only) filter and bind."""
     reason = build_impossible_reason()
     if reason is not None:
         pytest.skip(f"gpupool testenv cannot be built here: {reason}")
-    opts = parser().parse_args(["--nodes", "20", "--gpu-pods", "40", "--cpu-pods", "40", "--timeout", "120"])
+    opts = parser().parse_args(["--nodes", "20", "--gpu-pods", "40", "--cpu-pods", "40", "--timeout", "120",
+                                "--mode", request.param])
     found: dict[str, object] = measure(opts)
     return found
 
@@ -48,6 +52,8 @@ def test_the_json_carries_what_the_docs_quote(result: dict[str, object]) -> None
     assert gpu["extender_ms"]["bind"]["count"] == 40 and gpu["extender_ms"]["filter"]["count"] == 40
     assert cpu["kube_scheduler"]["attempts"]["scheduled"] == 40
     assert cpu["extender_ms"] == {}
+    # kube-scheduler calls prioritize only when its configuration names the verb
+    assert ("prioritize" in gpu["extender_ms"]) == (result["mode"] == "prioritize")
 
 
 def test_the_command_line_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,8 @@
 kube-scheduler adds the extender's 0..10 x 10 x weight to its score plugins' 0..100 x their weight.
 The extender's best node keeps the highest total only if one step of the extender outweighs every
 plugin together, and it is only seen at all if kube-scheduler does not stop filtering early.
+A configuration without ``prioritizeVerb`` keeps it another way: the extender's filter passes only
+its best nodes (``--filter-best-only``), so there is no weight to check, and the file must say so.
 """
 
 from __future__ import annotations
@@ -37,6 +39,24 @@ def configs() -> list[Any]:
     return found
 
 
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in sorted(DEPLOY.glob("scheduler-config-*.yaml"))])
+def test_a_configuration_without_prioritize_names_the_extender_flag_it_needs(path: Path) -> None:
+    """Without prioritizeVerb, kube-scheduler's plugins choose among every node filter passes: only
+    an extender run with --filter-best-only keeps the policy's choice."""
+    (extender,) = yaml.safe_load(path.read_text())["extenders"]
+    if "prioritizeVerb" not in extender:
+        assert "--filter-best-only" in path.read_text().split("apiVersion:")[0]
+        assert "weight" not in extender  # it would weigh nothing: a reader would take it for a setting
+    assert extender["filterVerb"] and extender["bindVerb"]
+
+
+def test_both_modes_are_shipped_for_each_api_version() -> None:
+    """The filter-and-prioritize and the best-only configuration, for 1.20 (v1beta1) and 1.25+ (v1)."""
+    shipped = {(c.values[0]["apiVersion"].split("/")[1], "prioritizeVerb" in c.values[0]["extenders"][0])
+               for c in configs()}
+    assert shipped == {(v, p) for v in ("v1beta1", "v1") for p in (True, False)}
+
+
 def score_weights(config: dict[str, Any]) -> dict[str, int]:
     """The default score plugins' weights with the profile's changes (one profile at most)."""
     weights = dict(DEFAULT_SCORE_WEIGHTS[config["apiVersion"].split("/")[1]])
@@ -53,7 +73,11 @@ def score_weights(config: dict[str, Any]) -> dict[str, int]:
     return weights
 
 
-@pytest.mark.parametrize("config", configs())
+def configs_with(prioritize: bool) -> list[Any]:
+    return [c for c in configs() if ("prioritizeVerb" in c.values[0]["extenders"][0]) == prioritize]
+
+
+@pytest.mark.parametrize("config", configs_with(prioritize=True))
 def test_one_extender_step_outweighs_every_score_plugin(config: dict[str, Any]) -> None:
     (extender,) = config["extenders"]
     one_step = extender["weight"] * MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY

@@ -1,7 +1,8 @@
-"""The shipped v1beta1 scheduler configuration, run by the real kube-scheduler v1.20.2.
+"""The shipped v1beta1 scheduler configuration with prioritize, run by the real kube-scheduler v1.20.2.
 
 kube-scheduler refuses a configuration it cannot read (it exits), so starting it with
-deploy/scheduler-config-v1beta1.yaml proves the file is valid for 1.20. The test then shows what the
+deploy/scheduler-config-v1beta1-prioritize.yaml proves the file is valid for 1.20 (the default file,
+without prioritize, runs in tests/bench/test_e2e_scheduling_smoke.py). The test then shows what the
 file is for: the extender prefers a busy node by the least step it can express (10 against 9), and
 kube-scheduler's NodeResourcesLeastAllocated prefers the idle one; with the file's weight the
 extender's choice stands, with the weight the file used to have (5) the plugin's wins.
@@ -34,7 +35,7 @@ from tests.e2e.e2e_support import MakeNode, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "scheduler-config-v1beta1.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "scheduler-config-v1beta1-prioritize.yaml"
 GPU_MEM = "gpupool.io/gpu-mem"
 SMALL_NODE = {"cpu": "8", "memory": "8Gi", "pods": "110"}
 PRE_CONFIG_WEIGHT = 5

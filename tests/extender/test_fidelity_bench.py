@@ -15,9 +15,11 @@ from gpupool.api.names import ResourceNames
 from gpupool.kube.translate import pod_request
 
 
-def _measure(policy: str, nodes: int = 40, seed: int = 42, upto: int = 90) -> dict[str, Any]:
+def _measure(policy: str, nodes: int = 40, seed: int = 42, upto: int = 90, *, best_only: bool = False,
+             extender_weight: int | None = None) -> dict[str, Any]:
     scenario = build_scenario("default", nodes, seed, upto, policy)
-    result: dict[str, Any] = compare(scenario, replay_simulator(scenario), replay_extender(scenario))
+    extender = replay_extender(scenario, extender_weight, best_only)
+    result: dict[str, Any] = compare(scenario, replay_simulator(scenario), extender)
     return result
 
 
@@ -37,6 +39,26 @@ def test_default_policy_places_every_pod_as_the_simulator() -> None:
     result = _measure("gpupool")
     assert result["ledger_mismatch_nodes"] == 0
     assert result["same_placement_pct"] >= 99.0, result["first_divergence"]
+
+
+@pytest.mark.parametrize("policy", [pytest.param("binpack", id="binpack"), pytest.param("gpupool", id="gpupool")])
+def test_filter_best_only_without_prioritize_places_every_pod_as_the_simulator(policy: str) -> None:
+    """--filter-best-only and no prioritizeVerb: kube-scheduler chooses among the nodes filter passed,
+    which are exactly the policy's best, so the placement is the simulator's."""
+    result = _measure(policy, best_only=True)
+    assert result["pods"] > 100 and result["bind_refusals"] == 0 and result["ledger_mismatch_nodes"] == 0
+    assert result["same_placement_pct"] == 100.0, result["first_divergence"]
+    assert result["unallocated_pct_extender"] == result["unallocated_pct_simulator"]
+
+
+def test_filter_best_only_leaves_kube_schedulers_plugins_the_same_choice_as_the_shipped_weight() -> None:
+    """With kube-scheduler's resource plugins scoring, both modes choose the same nodes: the weight
+    makes the plugins choose among the extender's best nodes, and best-only passes only those."""
+    scenario = build_scenario("default", 40, 42, 90, "gpupool")
+    weighted = replay_extender(scenario, 100)
+    best_only = replay_extender(scenario, 100, best_only=True)
+    assert weighted.outcomes == best_only.outcomes
+    assert best_only.outcomes != replay_extender(scenario).outcomes  # the plugins did break ties here
 
 
 def test_trace_pods_translate_back_to_the_same_request() -> None:

@@ -1,0 +1,132 @@
+"""``--filter-best-only``: filter passes exactly the nodes prioritize would score 10, and says why
+every other node was left out.
+
+With the scheduler configuration without ``prioritizeVerb`` kube-scheduler chooses among the nodes
+filter passes, so the passed set must be the policy's best set (ties included) for the placement to
+stay the policy's; the refused nodes keep a reason each (``FailedNodes``), the nodes that fit but
+are not best a "fits, but ..." one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupool.api.names import ResourceNames
+from gpupool.extender.best_nodes import NOT_BEST, best_nodes
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.service import MAX_EXTENDER_PRIORITY, ExtenderService, ExtenderSettings, scale_scores
+from gpupool.kube.translate import pod_request
+from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS
+from tests.kube.builders import container, node, placed_pod, pod
+
+BEST_ONLY = ExtenderSettings(filter_best_only=True)
+
+
+@pytest.mark.parametrize(("raw", "kept", "reasons"), [
+    pytest.param([0.0, 99.0, 100.0], ["n2"], {"n0": 0, "n1": 9}, id="near-best-is-left-out"),
+    pytest.param([5.0, 7.0, 7.0, 6.0], ["n1", "n2"], {"n0": 0, "n3": 5}, id="ties-all-kept-in-order"),
+    pytest.param([3.0, 3.0], ["n0", "n1"], {}, id="all-equal-all-pass"),
+    pytest.param([], [], {}, id="nothing-fits"),
+])
+def test_best_nodes_keeps_the_top_scored_and_explains_the_rest(raw: list[float], kept: list[str],
+                                                               reasons: dict[str, int]) -> None:
+    names = [f"n{i}" for i in range(len(raw))]
+    rows = np.arange(len(raw), dtype=np.int64)
+    best = best_nodes(names, rows, np.array(raw))
+    assert best.passed == kept
+    assert best.rows.tolist() == [names.index(n) for n in kept]
+    assert best.not_best == {name: NOT_BEST.format(score=step) for name, step in reasons.items()}
+
+
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=1, max_size=40))
+def test_the_passed_nodes_are_exactly_those_prioritize_scores_ten(raw: list[float]) -> None:
+    names = [f"n{i}" for i in range(len(raw))]
+    scores = np.array(raw)
+    best = best_nodes(names, np.arange(len(raw), dtype=np.int64), scores)
+    scaled = scale_scores(names, scores, names).as_dict()
+    assert best.passed == [n for n in names if scaled[n] == MAX_EXTENDER_PRIORITY]
+    assert best.not_best == {n: NOT_BEST.format(score=scaled[n]) for n in names if scaled[n] < MAX_EXTENDER_PRIORITY}
+
+
+def alibaba_cache() -> ClusterCache:
+    """Three nodes of two 16,276 MiB cards: N1 has 4,069 MiB free on one card, N2 on each, N3 8,138 on
+    one; binpack ties N1 and N2 for a 4,069 MiB pod (it fills a card on either)."""
+    cache = ClusterCache(policy="binpack")
+    cache.replace_nodes(ALIBABA_NODES)
+    cache.replace_pods(ALIBABA_PODS)
+    return cache
+
+
+@pytest.mark.parametrize(("mib", "passed", "not_best", "refused"), [
+    pytest.param(4069, ["N1", "N2"], {"N3"}, set(), id="binpack-ties-the-cards-the-pod-fills"),
+    pytest.param(8138, ["N3"], set(), {"N1", "N2"}, id="one-node-fits"),
+    pytest.param(16276, [], set(), {"N1", "N2", "N3"}, id="none-fits"),
+])
+def test_filter_passes_the_best_nodes_and_gives_every_other_node_a_reason(
+        mib: int, passed: list[str], not_best: set[str], refused: set[str]) -> None:
+    cache = alibaba_cache()
+    request = pod_request(pod("p", container(mib=mib)), cache.names)
+    outcome = ExtenderService(cache, None, settings=BEST_ONLY).filter(request, ["N1", "N2", "N3"])
+    assert outcome.error == "" and outcome.passed == passed
+    assert set(outcome.failed) == not_best | refused
+    assert {n for n, why in outcome.failed.items() if why.startswith("fits, but")} == not_best
+    everything = ExtenderService(cache, None).filter(request, ["N1", "N2", "N3"])  # the default mode
+    assert set(everything.passed) == set(passed) | not_best
+    assert {n: everything.failed[n] for n in refused} == {n: outcome.failed[n] for n in refused}
+
+
+def test_the_best_set_is_prioritizes_ten_on_a_busier_cluster() -> None:
+    """Many nodes, many shapes: filter (best only) and prioritize (after the default filter) agree."""
+    cache = ClusterCache(policy="binpack")
+    names = [f"node-{i}" for i in range(12)]
+    cache.replace_nodes([node(n, [16384] * 4) for n in names])
+    cache.replace_pods([placed_pod(f"p{i}", names[i % 12], i % 4, 1024 * (1 + i % 7)) for i in range(30)])
+    best_only, default = ExtenderService(cache, None, settings=BEST_ONLY), ExtenderService(cache, None)
+    narrowed = 0
+    for limits in ({"gpu_mem": 8}, {"gpu_mem": 40}, {"gpu": 1}, {"gpu": 2}, {"gpu_core": 30, "gpu_mem": 16}):
+        request = pod_request(pod("p", container(**limits)), cache.names)
+        feasible = default.filter(request, names).passed
+        scores, error = default.prioritize(request, feasible)
+        assert error == ""
+        ten = [n for n, s in scores.as_dict().items() if s == MAX_EXTENDER_PRIORITY]
+        assert best_only.filter(request, names).passed == ten, limits
+        narrowed += len(ten) < len(feasible)
+    assert narrowed  # the case is not vacuous: some shape has feasible nodes that are not best
+
+
+def test_prioritize_after_a_best_only_filter_scores_every_passed_node_ten() -> None:
+    """A scheduler configuration that keeps prioritizeVerb still gets the policy's choice."""
+    cache = alibaba_cache()
+    request = pod_request(pod("p", container(mib=4069)), cache.names)
+    service = ExtenderService(cache, None, settings=BEST_ONLY)
+    passed = service.filter(request, ["N1", "N2", "N3"]).passed
+    scores, error = service.prioritize(request, passed)
+    assert error == "" and scores.as_dict() == dict.fromkeys(passed, MAX_EXTENDER_PRIORITY)
+
+
+def test_the_http_filter_answers_the_best_nodes_and_every_failed_node() -> None:
+    """What kube-scheduler decodes: NodeNames the best nodes, FailedNodes every other node asked about."""
+    async def main() -> dict[str, Any]:
+        cache = alibaba_cache()
+        app = ExtenderApi(ExtenderService(cache, None, settings=BEST_ONLY), ResourceNames(), ExtenderMetrics()).app()
+        body = {"Pod": pod("p", container(mib=4069)), "Nodes": None, "NodeNames": ["N3", "N2", "N1"]}
+        async with TestClient(TestServer(app)) as client:
+            answer = await client.post("/filter", data=json.dumps(body))
+            assert answer.status == 200
+            doc: dict[str, Any] = await answer.json()
+            return doc
+
+    doc = asyncio.run(main())
+    assert doc["NodeNames"] == ["N2", "N1"] and doc["Error"] == ""  # both fill a card: tied best, order kept
+    assert set(doc["FailedNodes"]) == {"N3"}
+    assert all(why.startswith("fits, but the policy prefers other nodes") for why in doc["FailedNodes"].values())
