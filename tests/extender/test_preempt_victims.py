@@ -94,7 +94,7 @@ def test_preempt_reprieves_a_victim_the_pod_does_not_need() -> None:
 def test_the_shipped_scheduler_configurations_call_preempt() -> None:
     deploy = Path(__file__).resolve().parents[2] / "deploy"
     configs = sorted(deploy.glob("scheduler-config-*.yaml"))
-    assert len(configs) == 2
+    assert len(configs) == 4  # v1 and v1beta1, best-only and -prioritize
     for path in configs:
         (entry,) = yaml.safe_load(path.read_text())["extenders"]
         assert entry["preemptVerb"] == "preempt", path.name
