@@ -37,19 +37,8 @@ class CardUsageRow:
     memory_total_mib: int
 
 
-@dataclass(frozen=True)
-class ContainerUsageRow:
-    """One pod container on one card: use against its grant."""
-
-    namespace: str
-    pod: str
-    container: str
-    card: int
-    memory_used_mib: int
-    memory_limit_mib: int
-    sm_percent: int
-    compute_share_percent: int
-    processes: int
+ContainerUsageRow = ContainerUsageReport
+"""One pod container on one card: use against its grant (the contract's row, used for both pages)."""
 
 
 def card_rows(monitor: UsageMonitor, inventory: GpuInventory) -> tuple[CardUsageRow, ...]:
@@ -114,9 +103,7 @@ def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods
                                   memory_total_mib=r.memory_total_mib, holders=r.holders,
                                   idle_seconds=float(r.idle_seconds))
                   for r in card_rows(monitor, inventory))
-    containers = tuple(ContainerUsageReport(c.namespace, c.pod, c.container, c.card, c.memory_used_mib,
-                                            c.memory_limit_mib, c.sm_percent, c.compute_share_percent, c.processes)
-                       for c in container_rows(node, monitor, inventory, pods))
+    containers = container_rows(node, monitor, inventory, pods)
     source = monitor.source.name if monitor.source is not None else "none"
     return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers)
 
