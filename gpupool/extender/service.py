@@ -19,7 +19,6 @@ from typing import Protocol
 
 import numpy as np
 
-from gpupool.api.names import ALIAS_FAMILIES, UNSERVABLE
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
@@ -32,6 +31,7 @@ from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
+from gpupool.extender.refusal_texts import alias_problem, with_outside
 from gpupool.extender.tenancy import Admission, Admissions
 from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder, choose_victims, fits_on
@@ -373,31 +373,3 @@ class ExtenderService:
     def _what_if_scheduler(self, state: ClusterState) -> Scheduler:
         """A scheduler over a what-if copy, built as the ledger's own (policy, workload profile)."""
         return Scheduler(state, make_policy(self.cache.policy_name), profile=self.cache.profile)
-
-
-def with_outside(failed: dict[str, str], outside: list[dict[str, str]], passed: list[str]) -> dict[str, str]:
-    """``failed`` with the reasons of the nodes outside the pod's group, pools or card controls when
-    no node passed. kube-scheduler shows reasons only for a pod that fits nowhere; when one fits,
-    listing the ~5,000 nodes outside a 50-node group (400 KB of JSON per filter) cost more than the
-    rest of the call, so they are then left out, as nodes not passed and not explained."""
-    if not passed:
-        for reasons in outside:
-            failed.update(reasons)
-    return failed
-
-
-def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
-    """Why a node cannot take a pod's foreign aliases, or ``None`` when it serves them all.
-
-    kubelet drops an extended resource its node does not advertise (it admits the pod and never
-    calls a device plugin for it), so placing the pod there would start it without its GPU grant.
-    """
-    missing = sorted(wanted - served)
-    if not missing:
-        return None
-    hints = sorted({UNSERVABLE[m] for m in missing if m in UNSERVABLE})
-    if hints:
-        return "; ".join(hints)
-    families = sorted({f for f, members in ALIAS_FAMILIES.items() for m in missing if m in members})
-    return (f"node does not serve {', '.join(missing)}: start its gpupool node agent with "
-            f"--serve-aliases {','.join(families)}")
