@@ -9,7 +9,9 @@ end *bound*, which is all the scheduling side decides; the cards each got are re
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +89,22 @@ def resource_group(api: client.CustomObjectsApi, name: str, nodes: dict[str, lis
     api.create_cluster_custom_object(GROUP, VERSION, "resourcegroups", body)
 
 
+def extender_sees_groups(extender: ExtenderProcess, node: str, namespace: str, *groups: str) -> None:
+    """Until the extender's watch has the groups: kube-scheduler retries a pod refused for an unknown
+    group only after up to a minute (v1.20 does not watch these CRs), so pods are created after."""
+    def known(group: str) -> bool:
+        probe = pod("probe", core=10, group=group)
+        probe["metadata"]["namespace"] = namespace
+        body = json.dumps({"Pod": probe, "NodeNames": [node]}).encode()
+        request = urllib.request.Request(f"{extender.url}/filter", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            answer = json.loads(resp.read())
+        return "does not exist" not in json.dumps(answer.get("FailedNodes") or {})
+    for group in groups:
+        wait_for(lambda g=group: known(g) or None, timeout=30, what=f"the extender knowing resource group {group}")
+
+
 def gpu_quota(api: client.CustomObjectsApi, namespace: str, spec: dict[str, Any]) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuQuota", "metadata": {"name": "gpus"}, "spec": spec}
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpuquotas", body)
@@ -140,6 +158,7 @@ def test_two_tenants_groups_over_shared_and_unshared_gpus(
     resource_group(custom, "team-a", {a_only: None, both: [f"GPU-{both}-0"]}, namespaces=(namespace,))
     resource_group(custom, "team-b", {both: [f"GPU-{both}-1"], b_only: None}, shared=True,
                    namespaces=(second_namespace,))
+    extender_sees_groups(gpupool_extender, both, namespace, "team-a", "team-b")
     a_cards = {f"GPU-{a_only}-0", f"GPU-{a_only}-1", f"GPU-{both}-0"}
     b_cards = {f"GPU-{both}-1", f"GPU-{b_only}-0", f"GPU-{b_only}-1"}
     for i in range(3):
