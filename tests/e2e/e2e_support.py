@@ -116,19 +116,28 @@ class ExtenderProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def ready_url(self) -> str:
+        """Where ``/readyz`` answers (a TLS extender serves it on its plain health port)."""
+        return f"{self.url}/readyz"
+
+    def serving_args(self) -> tuple[str, ...]:
+        """Flags that choose how the extender serves (none: plain HTTP on ``port``)."""
+        return ()
+
     def start(self) -> None:
         """Start and wait for ``/readyz`` (the watch cache has synced)."""
         cmd = [*GPUPOOL_CLI, "extender", "--host", "127.0.0.1", "--port", str(self.port),
                "--kubeconfig", str(self.kubeconfig), "--policy", self.policy,
                "--lease-namespace", "default", "--identity", "e2e-extender",
-               "--unconfirmed-timeout", "600", *self.extra_args]
+               "--unconfirmed-timeout", "600", *self.serving_args(), *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, log_tail(self.log_path)
             try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                with urllib.request.urlopen(self.ready_url, timeout=1) as resp:
                     if resp.status == 200:
                         return
             except OSError:
