@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
+from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
 
 DEFAULT_CHECKPOINT_ROOT = "/var/lib/gpupool/checkpoint"
 DEFAULT_ACTIVE_PERCENT = 10
@@ -31,11 +32,12 @@ class ActivityThresholds:
 @dataclass(frozen=True)
 class LendingOptions:
     """``--checkpoint-dir``, ``--checkpoint-deadline``, ``--high-priority-threshold``, the owner-activity
-    thresholds and where the interception
+    thresholds, ``--cuda-checkpoint-timeout`` (0: never run the tool) and where the interception
     library's regions are (``--state-dir``; ``None``: not read)."""
 
     checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT
     deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
     threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD
     activity: ActivityThresholds = field(default_factory=ActivityThresholds)
+    cuda_checkpoint_timeout_s: float = DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
     shim_state_dir: str | None = None
