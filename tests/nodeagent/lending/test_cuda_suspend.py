@@ -70,8 +70,8 @@ def test_the_state_is_read_before_a_toggle(tmp_path: Path, mode: str, outcome: S
 def test_a_hanging_tool_is_killed_at_the_bound(tmp_path: Path, mode: str) -> None:
     tool, _ = stand_in(tmp_path, mode)
     began = time.monotonic()
-    assert asyncio.run(CudaCheckpoint(tool, 0.5).suspend([1, 2, 3])) == dict.fromkeys((1, 2, 3), Suspension.TIMED_OUT)
-    assert time.monotonic() - began < 1.3  # one bound for all of them (run at once), not one per process
+    assert asyncio.run(CudaCheckpoint(tool, 1.0).suspend([1, 2, 3])) == dict.fromkeys((1, 2, 3), Suspension.TIMED_OUT)
+    assert 1.0 <= time.monotonic() - began < 2.5  # one bound for all of them (run at once), not 1 s each
 
 
 def test_a_missing_tool_is_no_error(tmp_path: Path) -> None:
@@ -116,7 +116,10 @@ def test_a_tool_that_fails_or_hangs_still_lets_the_reclaim_finish_within_its_bou
     deadline, bound = 0.3, 0.5
     took, suspended, killed = reclaim(children, CudaCheckpoint(tool, bound), deadline)
     assert (suspended, killed) == (0, 1)
-    assert took < deadline + bound + 1.0
+    if mode == "toggle-fails":
+        assert took < deadline + 1.5
+    else:  # the hanging tool is cut at the bound, not waited for
+        assert deadline + bound <= took < deadline + bound + 1.5
     assert proc.wait(1) == -signal.SIGKILL
 
 
