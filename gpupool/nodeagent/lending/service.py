@@ -3,7 +3,9 @@
 Threads: the event source calls :meth:`LendingService.decide` (an opener may be waiting) and the
 recorder calls :meth:`LendingService.on_open` after recording a holder, both on the source's
 thread; everything else runs on the agent's event loop. Loans and the set of pods in reclaim are
-guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe``.
+guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe``. Each step also
+reads the owners of every loan (:mod:`~gpupool.nodeagent.lending.owner_activity`, files in a worker
+thread): an owner that computes again without opening the card is handled as if it had opened it.
 
 Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``; where it
 cannot (the /proc scan, and every character device on kernels that report no fanotify events for
