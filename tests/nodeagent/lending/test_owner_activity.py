@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from gpupool.nodeagent.lending.options import ActivityThresholds
 from gpupool.nodeagent.lending.rules import Rule
 from gpupool.nodeagent.lending.service import LendingService
 from gpupool.nodeagent.monitor.usage_sampling import ProcessUsage
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from tests.nodeagent.lending.regions import region_path, write_region
-from tests.nodeagent.lending.support import NAMES, holder
+from tests.nodeagent.lending.support import NAMES, holder, pod_json
 from tests.nodeagent.lending.world import CARD0, CARD1, PODS, World, idle_owner, run, settle, tick
 
 SAMPLES = 3
@@ -151,5 +153,24 @@ def test_without_the_library_the_regions_are_not_read(tmp_path: Path) -> None:
         write_region(tmp_path / "state", "uid-owner", {0: (2048, 80)})
         await samples(service, world, 2 * SAMPLES, util={0: 95})
         assert set(service.loans) == {0}
+
+    run(body)
+
+
+@pytest.mark.parametrize(("region", "ends"), [
+    pytest.param({0: (1024, 0), 1: (2048, 80)}, True, id="card-0-is-ordinal-1:-computing"),
+    pytest.param({0: (1024, 80), 1: (2048, 0)}, False, id="ordinal-0-is-card-1:-not-the-lent-card"),
+])
+def test_the_region_is_read_at_the_lent_cards_ordinal_in_the_owner(tmp_path: Path, region: dict[int, tuple[int, int]],
+                                                                   ends: bool) -> None:
+    pods = [pod_json("owner", cards=(1, 0)), *PODS[1:]]  # the owner sees card 1 as ordinal 0, card 0 as 1
+    world = World(tmp_path, pods)
+
+    async def body() -> None:
+        service = await lent(world, tmp_path)
+        write_region(tmp_path / "state", "uid-owner", region)
+        await samples(service, world, SAMPLES, util={0: 95, 1: 95})
+        await settle(service)
+        assert (service.loans == {}) is ends
 
     run(body)
