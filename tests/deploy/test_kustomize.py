@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+from gpupool.shim.build import PACKAGED_LIBRARY
 from tests.deploy.kustomize_render import KUSTOMIZE, OVERLAYS, ROOT, pod_spec, render, require_kubectl
 from tests.deploy.pod_security import baseline_violations, restricted_violations
 
@@ -165,9 +166,16 @@ def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> No
     (library,) = [a.split("=", 1)[1] for a in args if a.startswith("--shim-library=")]
     dockerfile = (ROOT / "Dockerfile").read_text()
     built = re.search(r"shim build \\?\s*--output (\S+)", dockerfile)
-    if built is None:
-        pytest.skip("this Dockerfile does not build the interception library yet")
+    assert built is not None, "the Dockerfile's build stage must run `gpupool shim build --output PATH`"
+    assert re.search(r"^COPY --from=build /install /usr/local$", dockerfile, re.M), \
+        "the runtime stage must copy the build stage's /install prefix to /usr/local"
     assert library == built.group(1).replace("/install/", "/usr/local/", 1)
+    # Where `gpupool shim path` looks in the image: the packaged library of the installed package,
+    # under the site-packages of the base image's Python.
+    (python,) = set(re.findall(r"^FROM python:(\d+\.\d+)-slim", dockerfile, re.M))
+    site = f"/usr/local/lib/python{python}/site-packages/"
+    assert library.startswith(site)
+    assert library[len(site):] == PACKAGED_LIBRARY.relative_to(PACKAGED_LIBRARY.parents[3]).as_posix()
 
 
 def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_path: Path) -> None:
