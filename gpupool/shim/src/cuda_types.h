@@ -146,5 +146,14 @@ typedef struct {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 #define NVML_DEVICE_UUID_BUFFER_SIZE 80
+typedef struct {
+    char busIdLegacy[16]; /* "0000:3b:00.0" style, 4-digit domain */
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32]; /* "00000000:3B:00.0": 8-digit domain, upper case */
+} nvmlPciInfo_t;
 
 #endif
