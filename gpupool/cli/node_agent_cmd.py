@@ -185,7 +185,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     if monitor is None:
         pods.cache.feeds.append(DirectoryFeed(directory))
     try:
-        enforcement = build_enforcement(isolation, directory)
+        cards = backend.inventory()
+        enforcement = build_enforcement(isolation, directory,
+                                        {c.index: cards.pci_bus_id(c.index) for c in cards.cards})
     except (IsolationConfigError, OSError) as exc:
         if monitor is not None:
             monitor.stop()
