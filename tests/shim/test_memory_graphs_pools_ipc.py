@@ -81,3 +81,17 @@ def test_ipc_imported_memory_is_not_charged_to_the_importer(tc: Toolchain, work:
     assert steps[2].values[0] == str(256 * MIB)  # only the exported allocation is charged
     assert steps[5].values[0] == str(0)  # closing the import gives nothing back
     assert steps[7].values[0] == str(768 * MIB)  # freeing the exported allocation does
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_ordered_memory_of_a_captured_stream_counts_until_its_graph_is_destroyed(
+        tc: Toolchain, work: Path, mode: str) -> None:
+    """Captured, an allocation and its free become the graph's memory node: every launch holds the
+    memory, so the free inside the capture gives nothing back; destroying the graph does."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
+    steps, _ = run_probe(tc, env, mode, "capture", "casync:768m", "cfree:0", "casync:512m", "endcapture",
+                         "info", "alloc:512m", "gdel:1", "info", "async:768m", "freeasync:2", "info")
+    assert codes(steps) == [OK, OK, OK, OUT_OF_MEMORY, OK, OK, OUT_OF_MEMORY, OK, OK, OK, OK, OK]
+    assert steps[5].values[0] == str(256 * MIB)
+    assert steps[8].values[0] == str(GIB)
+    assert steps[11].values[0] == str(GIB)  # outside a capture a free gives back at once

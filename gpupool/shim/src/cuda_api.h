@@ -47,6 +47,9 @@ API CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const C
                                const CUgraphEdgeData *dependencyData, size_t numDependencies,
                                CUgraphNodeParams *nodeParams);
 API CUresult cuGraphDestroyNode(CUgraphNode hNode);
+API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+                                       CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                       size_t *numDependencies_out);
 API CUresult cuGraphDestroy(CUgraph hGraph);
 
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);

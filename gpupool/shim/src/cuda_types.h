@@ -141,6 +141,9 @@ typedef struct {
     unsigned char reserved[5];
 } CUgraphEdgeData;
 
+/* Stream capture: a stream being captured records work into a graph instead of running it. */
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
+
 /* Inter-process memory handles. */
 typedef struct {
     char reserved[64];

@@ -1,8 +1,8 @@
 /*
  * Memory the plain allocation calls do not show: graph memory nodes and what memory pools keep.
  *
- * Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) with a MEM_ALLOC node) are
- * charged when the node is created, against the card the node's pool properties name, and given
+ * Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) with a MEM_ALLOC node, and the
+ * stream-ordered allocations of a captured stream, hooks_mem.c) are charged when the node is created, against the card the node's pool properties name, and given
  * back when the node or its graph is destroyed. The driver backs a node with physical memory when
  * the graph is launched and keeps it for later launches (until cuDeviceGraphMemTrim and the
  * graph's end), and the node's address is valid from its creation: charging from creation to
@@ -90,7 +90,10 @@ CUresult cuGraphDestroyNode(CUgraphNode hNode) {
 CUresult cuGraphDestroy(CUgraph hGraph) {
     REQUIRE(cuGraphDestroy);
     CUresult status = REAL(cuGraphDestroy)(hGraph);
-    if (status == CUDA_SUCCESS && hGraph != NULL) shim_release_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hGraph);
+    if (status == CUDA_SUCCESS && hGraph != NULL) {
+        shim_release_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hGraph);
+        shim_release_owned(SHIM_KIND_CAPTURED, (uintptr_t)hGraph);
+    }
     return status;
 }
 

@@ -58,7 +58,8 @@ struct shim_bucket;
 SHIM_HIDDEN struct shim_bucket *shim_region_bucket(int dev);
 
 /* memory.c */
-enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4, SHIM_KIND_GRAPH_NODE = 5 };
+enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4, SHIM_KIND_GRAPH_NODE = 5,
+       SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */ };
 SHIM_HIDDEN int shim_current_device(void);
 SHIM_HIDDEN int shim_memory_limited(int dev);
 SHIM_HIDDEN int shim_any_memory_limited(void);
@@ -121,6 +122,7 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
 /* Entry points the library calls but does not wrap. */
 #define SHIM_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice)                                                                                   \
+    X(cuStreamGetCaptureInfo_v2)                                                                        \
     X(nvmlInit_v2)                                                                                      \
     X(nvmlDeviceGetHandleByIndex_v2)                                                                    \
     X(nvmlDeviceGetHandleByUUID)                                                                        \

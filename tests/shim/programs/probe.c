@@ -10,6 +10,7 @@
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
  *        defpool  mkpool  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
+ *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
@@ -30,6 +31,8 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
@@ -37,6 +40,7 @@ uint64_t gpupoolStandinUsedBytes(int dev);
 
 #define CUDA_VERSION_ASKED 12080
 #define MAX_HANDLES 4096
+#define CAPTURED_STREAM ((CUstream)(uintptr_t)0x5000) /* the stand-in takes any non-NULL stream */
 
 static struct {
     __typeof__(&cuInit) init;
@@ -72,6 +76,8 @@ static struct {
     __typeof__(&cuIpcGetMemHandle) ipc_get;
     __typeof__(&cuIpcOpenMemHandle_v2) ipc_open;
     __typeof__(&cuIpcCloseMemHandle) ipc_close;
+    __typeof__(&cuStreamBeginCapture_v2) begin_capture;
+    __typeof__(&cuStreamEndCapture) end_capture;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -139,6 +145,8 @@ static void fill(char mode) {
     FILL(ipc_get, cuIpcGetMemHandle, "cuIpcGetMemHandle");
     FILL(ipc_open, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle");
     FILL(ipc_close, cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+    FILL(begin_capture, cuStreamBeginCapture_v2, "cuStreamBeginCapture");
+    FILL(end_capture, cuStreamEndCapture, "cuStreamEndCapture");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -221,6 +229,19 @@ static int step_more(const char *verb, const char *argument) {
         keep(rc, handle);
     } else if (strcmp(verb, "ipcclose") == 0) {
         printf(" %d", api.ipc_close(target));
+    } else if (strcmp(verb, "capture") == 0) {
+        printf(" %d", api.begin_capture(CAPTURED_STREAM, 0));
+    } else if (strcmp(verb, "endcapture") == 0) {
+        CUgraph graph = NULL;
+        rc = api.end_capture(CAPTURED_STREAM, &graph);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)graph);
+    } else if (strcmp(verb, "casync") == 0) {
+        rc = api.async(&handle, size_of(argument), CAPTURED_STREAM);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "cfree") == 0) {
+        printf(" %d", api.free_async(target, CAPTURED_STREAM));
     } else {
         return 0;
     }

@@ -8,7 +8,8 @@
  * Memory pools keep what cuMemFreeAsync gives back (still counted as used) and release the part
  * above their release threshold at the next synchronisation, as the real driver does; graph memory
  * nodes take their memory when they are created and give it back when the node or its graph is
- * destroyed; IPC handles carry the exporter's pointer, and opening one allocates nothing.
+ * destroyed (a stream-ordered allocation on a captured stream is one: its free in the capture
+ * gives nothing back); IPC handles carry the exporter's pointer, and opening one allocates nothing.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -45,6 +46,8 @@ API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 API CUresult cuMemPoolDestroy(CUmemoryPool pool);
 API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
@@ -333,8 +336,69 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
     return CUDA_SUCCESS;
 }
 
+/* Streams being captured, and the graph each records into. Streams are any non-NULL value. */
+#define MAX_CAPTURES 16
+static struct {
+    CUstream stream;
+    CUgraph graph;
+} captures[MAX_CAPTURES];
+static uint64_t next_graph = 1, next_node = 1;
+
+static CUgraph captured_into(CUstream stream) {
+    CUgraph graph = NULL;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES && stream != NULL; i++)
+        if (captures[i].stream == stream) graph = captures[i].graph;
+    pthread_mutex_unlock(&lock);
+    return graph;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
+    (void)mode;
+    if (hStream == NULL || captured_into(hStream) != NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        if (captures[i].stream != NULL) continue;
+        captures[i].stream = hStream;
+        captures[i].graph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    CUresult status = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES && hStream != NULL; i++) {
+        if (captures[i].stream != hStream) continue;
+        *phGraph = captures[i].graph;
+        captures[i].stream = NULL;
+        status = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out) {
+    CUgraph graph = captured_into(hStream);
+    if (captureStatus_out == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *captureStatus_out = graph != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id_out != NULL) *id_out = (uintptr_t)graph;
+    if (graph_out != NULL) *graph_out = graph;
+    if (dependencies_out != NULL) *dependencies_out = NULL;
+    if (numDependencies_out != NULL) *numDependencies_out = 0;
+    return CUDA_SUCCESS;
+}
+
+/* On a captured stream the allocation is a memory node of the capture's graph. */
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    (void)hStream;
+    CUgraph graph = captured_into(hStream);
+    if (graph != NULL) return allocate_in(current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
     return allocate_in(current, bytesize, pool_index(NULL), 0, dptr);
 }
 
@@ -345,8 +409,9 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
     return allocate_in(pools[p].dev, bytesize, p, 0, dptr);
 }
 
+/* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    (void)hStream;
+    if (captured_into(hStream) != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     return release(dptr);
 }
 
@@ -377,7 +442,6 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release((uint64_t)
 
 /* Graphs are numbers; a memory node is its allocation's address (a multiple of ALIGNMENT), any
  * other node an odd number. */
-static uint64_t next_graph = 1, next_node = 1;
 
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
     (void)flags;
@@ -502,7 +566,8 @@ static const struct {
     ENTRY(cuGetProcAddress) ENTRY(cuGetProcAddress_v2) ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuMemPoolCreate)
     ENTRY(cuMemPoolDestroy) ENTRY(cuMemPoolSetAttribute) ENTRY(cuMemPoolGetAttribute) ENTRY(cuGraphCreate)
     ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphDestroyNode)
-    ENTRY(cuGraphDestroy) ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
+    ENTRY(cuGraphDestroy) ENTRY(cuStreamBeginCapture_v2) ENTRY(cuStreamEndCapture) ENTRY(cuStreamGetCaptureInfo_v2)
+    ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
 };
 
 static void *entry_named(const char *name) {
