@@ -178,6 +178,20 @@ def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> No
     assert library[len(site):] == PACKAGED_LIBRARY.relative_to(PACKAGED_LIBRARY.parents[3]).as_posix()
 
 
+def test_dmem_component_mounts_the_host_cgroup_root_where_the_agent_looks(tmp_path: Path) -> None:
+    """The host's cgroup v2 root read-write at the path --cgroup-root names, and the command accepts it."""
+    from gpupool.cli.node_agent_cmd import node_agent
+
+    docs = with_components(tmp_path, "components/dmem-limits")
+    agent = one(docs, "DaemonSet", "gpupool-node-agent")
+    args = container(agent)["args"]
+    params = node_agent.make_context("node-agent", [a for a in args[1:] if not a.startswith("--node-name")]).params
+    (mount,) = [m for m in container(agent)["volumeMounts"] if m["name"] == "host-cgroup"]
+    (volume,) = [v for v in pod_spec(agent)["volumes"] if v["name"] == "host-cgroup"]
+    assert params["cgroup_root"] == mount["mountPath"] and not mount.get("readOnly", False)
+    assert volume["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+
+
 def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_path: Path) -> None:
     """The base only reports; the component's --risk-action comes last (click keeps the last), and
     its ClusterRole adds create on pods/eviction for the agent's ServiceAccount, nothing else."""
