@@ -16,6 +16,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
+from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
@@ -84,6 +85,9 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Per-container directories, the registration socket and the MPS directories live here.")
 @click.option("--mps-control", default=DEFAULT_MPS_CONTROL, show_default=True,
               help="The MPS control daemon binary (--isolation mps).")
+@click.option("--cgroup-root", default=CGROUP_ROOT, show_default=True, type=click.Path(file_okay=False),
+              help="The host's cgroup v2 root, where dmem.max limits are written when the kernel has the dmem "
+                   "controller (docs/isolation-backends.md).")
 @click.option("--lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
               help="Renew this node's heartbeat Lease gpupool-agent-<node> here (\"\": none; docs/security.md).")
 @click.option("--lease-duration", default=DEFAULT_LEASE_DURATION_S, show_default=True, type=click.IntRange(min=1),
@@ -116,7 +120,7 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
-               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
+               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str, cgroup_root: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
                checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
@@ -139,7 +143,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         choose_backend(isolation, shim_library)  # refuse an impossible choice before anything starts
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
-    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
+    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root)
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     if lending and monitor is None:
@@ -205,7 +209,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     if monitor is None:
         pods.cache.feeds.append(DirectoryFeed(directory))
     try:
-        enforcement = build_enforcement(isolation, directory)
+        cards = backend.inventory()
+        enforcement = build_enforcement(isolation, directory,
+                                        {c.index: cards.pci_bus_id(c.index) for c in cards.cards})
     except (IsolationConfigError, OSError) as exc:
         if monitor is not None:
             monitor.stop()
