@@ -91,6 +91,7 @@ class CheckpointEnforcement:
         self._inner = inner
         self._store = store
         self._pod_of = pod_of
+        self.registry = getattr(inner, "registry", None)  # the library's registrations, for the report
 
     def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
         """The backend's extras plus the protocol's (the backend's variables win a clash)."""
