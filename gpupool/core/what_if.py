@@ -32,6 +32,7 @@ def what_if_copy(state: ClusterState, nodes: Iterable[str], *, without: Collecti
         mine = copy.index[spec.name]
         cards = len(spec.cards)
         copy.card_healthy[mine, :cards] = state.card_healthy[row, :cards]
+        copy.set_loans(spec.name, state.lent.loans(row).values())
         for key in sorted(state.pods_on.get(row, ())):
             if key not in without:
                 copy.claim(state.placements[key])
