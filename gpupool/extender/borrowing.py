@@ -1,0 +1,189 @@
+"""Who may borrow lent capacity, and which waiting pod gets a loan first.
+
+A pod is placed on lent capacity (:mod:`gpupool.core.lent`) only when all of these hold:
+
+* it fits no free (owned) capacity among the nodes kube-scheduler proposed: free capacity is
+  always preferred, and a pod placed there is never reclaimed;
+* its priority reads low (:func:`gpupool.api.lending.pod_priority`: ``gpupool.io/priority``, else
+  its PriorityClass against the threshold): a borrower is low priority by definition, and a
+  high-priority pod would lose its card the moment the owner returns;
+* it is willing: ``gpupool.io/borrow: "true"``, or no annotation and a controller owns it.
+  ``"false"`` (or any other value) opts out. Why a controller by default: a borrower is evicted
+  when the owner returns; a Deployment's, Job's or StatefulSet's pod is then replaced and waits
+  again, while a bare pod would end evicted, lost to the user who never asked to borrow;
+* no older waiting pod wants the same loan (claim 5, the earliest request wins): a pod that was
+  refused owned capacity on a node and could borrow there is remembered for
+  :data:`WAIT_MEMORY_S`; while it is still pending and its request fits the node's loan, a younger
+  pod is refused that node with the older pod's name. Only nodes the older pod's own filter
+  proposed and admitted count, so a pod that can never run there (selectors, taints, its group)
+  blocks nobody. Age is ``metadata.creationTimestamp`` (then the name).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD, LendingNames, Priority, pod_priority
+from gpupool.core.fragmentation import FloatArray, WorkloadProfile
+from gpupool.core.lent_view import LentFit, PolicyFactory, lent_assign, lent_fit
+from gpupool.core.model import Placement, PodRequest
+from gpupool.core.scheduler import Unschedulable
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.kube.pod_holding import PodRecord
+
+WAIT_MEMORY_S = 300.0
+"""How long a pod refused owned capacity is remembered as waiting for a loan. kube-scheduler 1.20
+retries an unschedulable pod at least every 60 s, so a pod still waiting is seen again well within
+this; one that stopped being retried (deleted, scheduled elsewhere) is forgotten."""
+
+BORROW_TRUE = "true"
+NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class BorrowSettings:
+    """The extender's lending switches (the CLI exposes them)."""
+
+    enabled: bool = True
+    """Place borrowers on the cards nodes publish as lendable (nodes lend only with the agent's
+    ``--lending``)."""
+    threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD
+    """``spec.priority`` at or above which a pod is high priority (the agents' threshold)."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pod that found no owned capacity and may borrow: its age and the nodes it could use."""
+
+    key: str
+    uid: str
+    created: float
+    nodes: frozenset[str]
+    seen: float
+
+    def order(self) -> tuple[float, str]:
+        return self.created, self.key
+
+
+@dataclass
+class Lending:
+    """The borrower rules over the cache's pod records (read under the cache's lock)."""
+
+    pods: Mapping[str, PodRecord]
+    names: LendingNames
+    settings: BorrowSettings = field(default_factory=BorrowSettings)
+    clock: Callable[[], float] = time.time
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+
+    def refusal(self, key: str) -> str | None:
+        """Why pod ``key`` may not borrow (None when it may), from its watched object."""
+        if not self.settings.enabled:
+            return "lending is off in this extender"
+        record = self.pods.get(key)
+        if record is None or record.raw is None or record.request is None:
+            return "the extender has not seen the pod yet (it may borrow on a later try)"
+        meta = record.raw.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        said = str(annotations.get(self.names.borrow, "")).strip().lower()
+        if said and said != BORROW_TRUE:
+            return f"{self.names.borrow}: {said!r} (only \"true\" lets a pod borrow)"
+        if pod_priority(record.request.priority, annotations, threshold=self.settings.threshold,
+                        names=self.names) is Priority.HIGH:
+            return "a high-priority pod does not borrow (a borrower is reclaimed when the owner returns)"
+        if not said and not _controlled(meta):
+            return f"a pod without a controller borrows only with {self.names.borrow}: \"true\""
+        return None
+
+    def fit(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
+            profile: WorkloadProfile | None, explain_limit: int) -> LentFit:
+        """The rows whose loans can hold ``request`` (a pod that may borrow and fits no owned
+        capacity on ``rows``, the nodes admitted for it), less those held for an older request."""
+        me = self._me(request.key, frozenset(state.node_names(rows)))
+        self.waiting[request.key] = me
+        found = lent_fit(state, request, rows, policy(), profile, explain_limit)
+        if not len(found.rows):
+            return found
+        held = {row: why for row in found.rows.tolist() if (why := self._held(state, me, row, policy, profile))}
+        if not held:
+            return found
+        keep = np.array([row not in held for row in found.rows.tolist()], dtype=bool)
+        return LentFit(found.rows[keep], found.scores[keep], {**found.reasons, **held})
+
+    def assign(self, state: ClusterState, request: PodRequest, node: str, policy: PolicyFactory,
+               profile: WorkloadProfile | None) -> Placement | Unschedulable:
+        """The bind's choice on ``node``'s loans, under the same rules as :meth:`fit`."""
+        refused = self.refusal(request.key)
+        if refused is not None:
+            return Unschedulable(request.key, f"no free capacity, and it may not borrow: {refused}")
+        row = state.index.get(node)
+        if row is not None:
+            held = self._held(state, self._me(request.key, frozenset((node,))), row, policy, profile)
+            if held is not None:
+                return Unschedulable(request.key, held)
+        decision = lent_assign(state, request, node, policy(), profile)
+        if isinstance(decision, Placement):
+            self.waiting.pop(request.key, None)
+        return decision
+
+    def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
+              profile: WorkloadProfile | None, explain_limit: int) -> tuple[IntArray, FloatArray, dict[int, str]]:
+        """The filter's second step, for a pod that fits no owned capacity on ``rows``: the rows
+        whose loans can hold it, their scores, and per row a note for the node's refusal."""
+        refused = self.refusal(request.key)
+        if refused is not None:
+            return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")
+        found = self.fit(state, request, rows, policy, profile, explain_limit)
+        return found.rows, found.scores, {row: f"; {why}" for row, why in found.reasons.items()}
+
+    def _me(self, key: str, nodes: frozenset[str]) -> Waiting:
+        """Pod ``key`` as a waiting pod now (its first-seen age kept when it has no timestamp)."""
+        record = self.pods.get(key)
+        uid = record.uid if record is not None else ""
+        known = self.waiting.get(key)
+        created = known.created if known is not None and known.uid == uid else self._created(record)
+        return Waiting(key, uid, created, nodes, self.clock())
+
+    def _held(self, state: ClusterState, me: Waiting, row: int, policy: PolicyFactory,
+              profile: WorkloadProfile | None) -> str | None:
+        """The older waiting pod the loan of ``row`` is held for, in words; None when there is none."""
+        node = state.specs[row].name
+        for other in self._older(me):
+            record = self.pods.get(other.key)
+            if (node not in other.nodes or record is None or record.request is None
+                    or self.refusal(other.key) is not None):
+                continue
+            if len(lent_fit(state, record.request, [row], policy(), profile, 0).rows):
+                return (f"its lent capacity is held for the earlier request {other.key} (the earliest "
+                        "waiting pod borrows first)")
+        return None
+
+    def _older(self, me: Waiting) -> Iterable[Waiting]:
+        """The waiting pods older than ``me`` that are still pending, oldest first; forgets the rest."""
+        now = self.clock()
+        for key in [k for k, w in self.waiting.items() if not self._pending(w, now)]:
+            del self.waiting[key]
+        return sorted((w for w in self.waiting.values() if w.order() < me.order()), key=Waiting.order)
+
+    def _pending(self, waiting: Waiting, now: float) -> bool:
+        record = self.pods.get(waiting.key)
+        return (now - waiting.seen <= WAIT_MEMORY_S and record is not None and record.uid == waiting.uid
+                and not record.node_name and not record.finished)
+
+    def _created(self, record: PodRecord | None) -> float:
+        stamp = ((record.raw or {}).get("metadata") or {}).get("creationTimestamp") if record else None
+        try:
+            return dt.datetime.fromisoformat(str(stamp)).timestamp() if stamp else self.clock()
+        except ValueError:
+            return math.inf
+
+
+def _controlled(meta: Mapping[str, object]) -> bool:
+    """Whether a controller (ReplicaSet, Job, StatefulSet, ...) owns the pod."""
+    owners = meta.get("ownerReferences") or []
+    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
