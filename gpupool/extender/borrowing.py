@@ -24,17 +24,17 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD, LendingNames, Priority, pod_priority
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
-from gpupool.core.lent_view import LentFit, PolicyFactory, lent_assign, lent_fit
+from gpupool.core.lent_view import PolicyFactory, lent_assign, lent_fit, lent_view
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.scheduler import Unschedulable
-from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.scheduler import Scheduler, Unschedulable
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.kube.pod_holding import PodRecord
 
 WAIT_MEMORY_S = 300.0
@@ -44,6 +44,9 @@ this; one that stopped being retried (deleted, scheduled elsewhere) is forgotten
 
 BORROW_TRUE = "true"
 NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
+OLDER_CHECKED = 64
+"""Older waiting pods a loan is checked against, oldest first: bounds a filter's cost when many
+pods wait (the oldest are the ones the rule serves first)."""
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,24 @@ class BorrowSettings:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A pod that found no owned capacity and may borrow: its age and the nodes it could use."""
+    """A pod that found no owned capacity and may borrow: its age and the ledger rows of the nodes
+    its filter admitted (a mask over the rows then known; rows keep their node's name for good)."""
 
     key: str
     uid: str
     created: float
-    nodes: frozenset[str]
+    admitted: BoolArray
     seen: float
 
     def order(self) -> tuple[float, str]:
         return self.created, self.key
+
+    def admits(self, rows: IntArray) -> BoolArray:
+        """Which of ``rows`` this pod's filter admitted."""
+        known = rows < len(self.admitted)
+        found: BoolArray = np.zeros(len(rows), dtype=bool)
+        found[known] = self.admitted[rows[known]]
+        return found
 
 
 @dataclass
@@ -100,70 +111,81 @@ class Lending:
             return f"a pod without a controller borrows only with {self.names.borrow}: \"true\""
         return None
 
-    def fit(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
-            profile: WorkloadProfile | None, explain_limit: int) -> LentFit:
-        """The rows whose loans can hold ``request`` (a pod that may borrow and fits no owned
-        capacity on ``rows``, the nodes admitted for it), less those held for an older request."""
-        me = self._me(request.key, frozenset(state.node_names(rows)))
+    def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
+              profile: WorkloadProfile | None, explain_limit: int) -> tuple[IntArray, FloatArray, dict[int, str]]:
+        """The filter's second step, for a pod that fits no owned capacity on ``rows`` (the nodes
+        admitted for it): the rows whose loans can hold it, less those held for an older request,
+        their scores, and per row a note for the node's refusal."""
+        refused = self.refusal(request.key)
+        if refused is not None:
+            return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")
+        admitted: BoolArray = np.zeros(state.size, dtype=bool)
+        admitted[rows] = True
+        me = self._me(request.key, admitted)
         self.waiting[request.key] = me
         found = lent_fit(state, request, rows, policy(), profile, explain_limit)
-        if not len(found.rows):
-            return found
-        held = {row: why for row in found.rows.tolist() if (why := self._held(state, me, row, policy, profile))}
+        notes = {row: f"; {why}" for row, why in found.reasons.items()}
+        held = self._held(state, me, found.rows, policy, profile)
         if not held:
-            return found
+            return found.rows, found.scores, notes
         keep = np.array([row not in held for row in found.rows.tolist()], dtype=bool)
-        return LentFit(found.rows[keep], found.scores[keep], {**found.reasons, **held})
+        return found.rows[keep], found.scores[keep], {**notes, **{row: f"; {why}" for row, why in held.items()}}
 
     def assign(self, state: ClusterState, request: PodRequest, node: str, policy: PolicyFactory,
                profile: WorkloadProfile | None) -> Placement | Unschedulable:
-        """The bind's choice on ``node``'s loans, under the same rules as :meth:`fit`."""
+        """The bind's choice on ``node``'s loans, under the same rules as :meth:`place`."""
         refused = self.refusal(request.key)
         if refused is not None:
             return Unschedulable(request.key, f"no free capacity, and it may not borrow: {refused}")
         row = state.index.get(node)
         if row is not None:
-            held = self._held(state, self._me(request.key, frozenset((node,))), row, policy, profile)
-            if held is not None:
-                return Unschedulable(request.key, held)
+            admitted: BoolArray = np.zeros(state.size, dtype=bool)
+            admitted[row] = True
+            held = self._held(state, self._me(request.key, admitted), np.array([row], dtype=np.int64), policy,
+                              profile)
+            if held:
+                return Unschedulable(request.key, held[row])
         decision = lent_assign(state, request, node, policy(), profile)
         if isinstance(decision, Placement):
             self.waiting.pop(request.key, None)
         return decision
 
-    def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
-              profile: WorkloadProfile | None, explain_limit: int) -> tuple[IntArray, FloatArray, dict[int, str]]:
-        """The filter's second step, for a pod that fits no owned capacity on ``rows``: the rows
-        whose loans can hold it, their scores, and per row a note for the node's refusal."""
-        refused = self.refusal(request.key)
-        if refused is not None:
-            return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")
-        found = self.fit(state, request, rows, policy, profile, explain_limit)
-        return found.rows, found.scores, {row: f"; {why}" for row, why in found.reasons.items()}
-
-    def _me(self, key: str, nodes: frozenset[str]) -> Waiting:
+    def _me(self, key: str, admitted: BoolArray) -> Waiting:
         """Pod ``key`` as a waiting pod now (its first-seen age kept when it has no timestamp)."""
         record = self.pods.get(key)
         uid = record.uid if record is not None else ""
         known = self.waiting.get(key)
         created = known.created if known is not None and known.uid == uid else self._created(record)
-        return Waiting(key, uid, created, nodes, self.clock())
+        return Waiting(key, uid, created, admitted, self.clock())
 
-    def _held(self, state: ClusterState, me: Waiting, row: int, policy: PolicyFactory,
-              profile: WorkloadProfile | None) -> str | None:
-        """The older waiting pod the loan of ``row`` is held for, in words; None when there is none."""
-        node = state.specs[row].name
-        for other in self._older(me):
+    def _held(self, state: ClusterState, me: Waiting, rows: IntArray, policy: PolicyFactory,
+              profile: WorkloadProfile | None) -> dict[int, str]:
+        """Of ``rows`` (lending rows that fit ``me``), those whose loan an older waiting pod admitted
+        there fits now, each with that pod's name in words (the oldest such pod)."""
+        if not len(rows):
+            return {}
+        older = self._older(me)[:OLDER_CHECKED]
+        if not older:
+            return {}
+        seen = lent_view(state, rows)
+        scheduler = Scheduler(seen.view, policy(), profile=profile, cache=False)
+        held: dict[int, str] = {}
+        for other in older:
             record = self.pods.get(other.key)
-            if (node not in other.nodes or record is None or record.request is None
-                    or self.refusal(other.key) is not None):
+            if record is None or record.request is None or self.refusal(other.key) is not None:
                 continue
-            if len(lent_fit(state, record.request, [row], policy(), profile, 0).rows):
-                return (f"its lent capacity is held for the earlier request {other.key} (the earliest "
-                        "waiting pod borrows first)")
-        return None
+            open_rows = np.flatnonzero(other.admits(seen.real_rows) & ~np.isin(seen.real_rows, list(held)))
+            if not len(open_rows):
+                continue
+            fits, _ = scheduler.filter_and_score(record.request, open_rows.astype(np.int64))
+            for row in seen.real(fits).tolist():
+                held[row] = (f"its lent capacity is held for the earlier request {other.key} (the earliest "
+                             "waiting pod borrows first)")
+            if len(held) == len(seen.real_rows):
+                break
+        return held
 
-    def _older(self, me: Waiting) -> Iterable[Waiting]:
+    def _older(self, me: Waiting) -> list[Waiting]:
         """The waiting pods older than ``me`` that are still pending, oldest first; forgets the rest."""
         now = self.clock()
         for key in [k for k, w in self.waiting.items() if not self._pending(w, now)]:

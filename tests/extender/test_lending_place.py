@@ -129,3 +129,23 @@ def test_a_broken_lendable_annotation_lends_nothing_with_a_reason(text: str, why
     assert why in cache.loans.problems["n1"]
     assert cache.state.lent.lending_rows() == []
     assert filtered(service, borrower).passed == []
+
+
+def test_an_older_pod_holds_only_the_loans_of_nodes_its_own_filter_admitted() -> None:
+    """The older pod can never run on n1 (kube-scheduler proposed only n2 for it: a selector, a
+    taint): it holds nothing there, and the younger pod borrows n1's card."""
+    older, younger = waiting("older", 8000, age_s=0), waiting("younger", 8000, age_s=30)
+    _, _, service = lending_world(older, younger, nodes=[lending_node(), node("n2", [])])
+    assert filtered(service, older, ["n2"]).passed == []
+    assert filtered(service, younger, ["n1"]).passed == ["n1"]
+
+
+def test_a_finished_older_pod_holds_nothing() -> None:
+    older, younger = waiting("older", 8000, age_s=0), waiting("younger", 8000, age_s=30)
+    _, cache, service = lending_world(older, younger)
+    assert filtered(service, older).passed == ["n1"]  # it was asked first, and not bound yet
+    assert "held for the earlier request" in filtered(service, younger).failed["n1"]
+    older["status"]["phase"] = "Failed"
+    older["metadata"]["resourceVersion"] = "2"
+    cache.upsert_pod(older)
+    assert filtered(service, younger).passed == ["n1"]
