@@ -119,6 +119,7 @@ class Lending:
         refused = self.refusal(request.key)
         if refused is not None:
             return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")
+        self._forget_gone()
         admitted: BoolArray = np.zeros(state.size, dtype=bool)
         admitted[rows] = True
         me = self._me(request.key, admitted)
@@ -138,6 +139,7 @@ class Lending:
         if refused is not None:
             return Unschedulable(request.key, f"no free capacity, and it may not borrow: {refused}")
         row = state.index.get(node)
+        self._forget_gone()
         if row is not None:
             admitted: BoolArray = np.zeros(state.size, dtype=bool)
             admitted[row] = True
@@ -185,11 +187,14 @@ class Lending:
                 break
         return held
 
-    def _older(self, me: Waiting) -> list[Waiting]:
-        """The waiting pods older than ``me`` that are still pending, oldest first; forgets the rest."""
+    def _forget_gone(self) -> None:
+        """Forget the waiting pods that no longer wait (bound, ended, replaced, not seen for long)."""
         now = self.clock()
         for key in [k for k, w in self.waiting.items() if not self._pending(w, now)]:
             del self.waiting[key]
+
+    def _older(self, me: Waiting) -> list[Waiting]:
+        """The waiting pods older than ``me``, oldest first."""
         return sorted((w for w in self.waiting.values() if w.order() < me.order()), key=Waiting.order)
 
     def _pending(self, waiting: Waiting, now: float) -> bool:

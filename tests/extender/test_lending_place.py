@@ -149,3 +149,13 @@ def test_a_finished_older_pod_holds_nothing() -> None:
     older["metadata"]["resourceVersion"] = "2"
     cache.upsert_pod(older)
     assert filtered(service, younger).passed == ["n1"]
+
+
+def test_waiting_pods_are_forgotten_once_they_no_longer_wait() -> None:
+    borrower = waiting("b", LENT_MIB + 1)
+    api, cache, service = lending_world(borrower, waiting("other", 1000, age_s=5))
+    assert filtered(service, borrower).passed == []
+    assert "default/b" in cache.lending.waiting
+    api.delete_pod("default", "b")
+    filtered(service, waiting("other", 1000, age_s=5))
+    assert "default/b" not in cache.lending.waiting
