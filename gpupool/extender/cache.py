@@ -73,9 +73,9 @@ class ClusterCache:
         self._specs = NodeSpecs(self.names)
         self._lending = LendingNames(self.names.domain)
         self.loans = NodeLoans(self._lending)
+        """Every node's lent cards, booked in :attr:`state` (:mod:`gpupool.extender.lendable`)."""
         self.lending = Lending(self.pods, self._lending, borrow or BorrowSettings(), clock)
         """Who may borrow lent capacity, earliest request first (:mod:`gpupool.extender.borrowing`)."""
-        """Every node's lent cards, booked in :attr:`state` (:mod:`gpupool.extender.lendable`)."""
         self.nodes_synced = False
         self.pods_synced = False
         self.tenancy = TenancyBook(TenancyNames(self.names.domain))
