@@ -19,7 +19,15 @@ from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigE
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
-from gpupool.nodeagent.lending.options import DEFAULT_CHECKPOINT_ROOT, LendingOptions
+from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
+from gpupool.nodeagent.lending.options import (
+    DEFAULT_ACTIVE_MEMORY_MIB,
+    DEFAULT_ACTIVE_PERCENT,
+    DEFAULT_ACTIVE_SAMPLES,
+    DEFAULT_CHECKPOINT_ROOT,
+    ActivityThresholds,
+    LendingOptions,
+)
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
@@ -95,6 +103,15 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.Path(file_okay=False), help="Per-task checkpoint directories (--lending; a hostPath).")
 @click.option("--checkpoint-deadline", default=DEFAULT_CHECKPOINT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0), help="Seconds a reclaimed task has to write its checkpoint (--lending).")
+@click.option("--owner-active-percent", default=DEFAULT_ACTIVE_PERCENT, show_default=True, type=click.IntRange(1, 100),
+              help="A lent card's owner computing at least this SM share is back (--lending; docs/lending.md).")
+@click.option("--owner-active-memory", default=DEFAULT_ACTIVE_MEMORY_MIB, show_default=True,
+              type=click.IntRange(min=1), metavar="MIB", help="... or holding this much more memory than while lent.")
+@click.option("--owner-active-samples", default=DEFAULT_ACTIVE_SAMPLES, show_default=True, type=click.IntRange(min=1),
+              help="... in this many usage samples in a row; then its loan ends as if it opened the card.")
+@click.option("--cuda-checkpoint-timeout", default=DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(min=0), help="Seconds cuda-checkpoint may take to suspend what outlives the "
+              "checkpoint deadline before it is killed (--lending; 0: never run it).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
@@ -102,7 +119,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
-               checkpoint_deadline: float, verbose: bool) -> None:
+               checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
+               owner_active_samples: int, cuda_checkpoint_timeout: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -126,7 +144,9 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
-    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold) if lending else None
+    activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
+    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold, activity,
+                          cuda_checkpoint_timeout, state_dir) if lending else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend))
 
