@@ -77,6 +77,11 @@ class LendingSetup:
                     and all(s.card in loans_now and s.memory_mib <= loans_now[s.card].memory_mib
                             for s in container.slices))
 
+        def on_loan(pod: PodView) -> bool:
+            known = self.pods.get(pod.key)
+            return known is not None and known.borrowed
+
         agent.vouch = vouch
+        agent.on_loan = on_loan
         service.start(asyncio.get_running_loop())
         return service
