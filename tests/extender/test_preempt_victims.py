@@ -59,7 +59,8 @@ def uid(name: str) -> str:
                  id="nothing-frees-more-than-a-card"),
     pytest.param([held("a", 0, 16276, priority=HIGH), held("c", 1, 16276, priority=HIGH + 1)], 1000, None,
                  id="never-a-pod-of-the-same-or-higher-priority"),
-    pytest.param([held("a", 0, 8000), held("c", 1, 1000)], 1000, set(), id="fits-already-no-victims"),
+    # fits already: kube-scheduler < kubernetes#101560 crashes on a candidate with no victims
+    pytest.param([held("a", 0, 8000), held("c", 1, 1000)], 1000, None, id="fits-already-node-left-out"),
 ])
 def test_preempt_names_the_fewest_victims_that_free_the_right_card(
         pods: list[dict[str, Any]], mib: int, victims: set[str] | None) -> None:
