@@ -48,7 +48,7 @@ BORROWED = "gpupool.io/borrowed"
 #: How long the preemptor may take to bind. Mostly well under a second; but when kube-scheduler
 #: retries it on the victim's delete event before the extender's watch has released the victim's
 #: booking, the filter still refuses, and v1.20 moves the pod back only at its 60 s flush of
-#: unschedulable pods plus a backoff (docs/extender.md, "Preemption"): seen once in ten runs, ~90 s.
+#: unschedulable pods plus a backoff (docs/extender.md, "Preemption"): 3 runs in 16, ~90 s.
 BIND_TIMEOUT_S = 150
 
 
