@@ -349,7 +349,9 @@ class ExtenderService:
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
         """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs; nodes
-        where no set of lower-priority pods frees enough are left out.
+        where no set of lower-priority pods frees enough (within the pod's quotas) are left out, and
+        so are nodes left with no victim at all: kube-scheduler before kubernetes#101560 indexes the
+        first victim of every candidate and crashes on an empty list.
 
         kube-scheduler's proposals stay; the extender adds the GPU victims it needs, borrowers
         first (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the
@@ -368,17 +370,20 @@ class ExtenderService:
             request = admission.request
             state = self.cache.state
             gated = self.node_gate(state)
+            refusal = admission.quota_check(state)  # the bind's check: evict nobody for a refused bind
             for node, uids in victims.items():
                 if node in gated or node not in state.index:
                     continue
                 proposed = {k for k in map(self.cache.key_for_uid, uids) if k is not None}
                 holders = self.cache.holders_on(node)
-                fits = fits_on(state, node, request, self._what_if_scheduler)
+                fits = fits_on(state, node, request, self._what_if_scheduler, refusal)
                 chosen = choose_victims(request, proposed, holders, fits)
                 if chosen is None or self.cache.unreadable_on(node) - chosen:
                     continue
                 uid_of = {h.key: h.uid for h in holders}
-                kept[node] = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
+                named = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
+                if named:
+                    kept[node] = named
         return kept, ""
 
     def _what_if_scheduler(self, state: ClusterState) -> Scheduler:

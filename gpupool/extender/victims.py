@@ -29,6 +29,9 @@ from gpupool.core.what_if import what_if_copy
 Fits = Callable[[frozenset[str]], bool]
 """Whether the preemptor fits on the node once the pods of these keys are gone."""
 
+Refusal = Callable[[Placement], "str | None"]
+"""Why the preemptor may not take this placement (its quotas, as its bind checks them), or None."""
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -43,13 +46,16 @@ class Holder:
 
 
 def fits_on(state: ClusterState, node: str, request: PodRequest,
-            scheduler: Callable[[ClusterState], Scheduler]) -> Fits:
+            scheduler: Callable[[ClusterState], Scheduler], refusal: Refusal | None = None) -> Fits:
     """A :data:`Fits` asking a what-if copy of ``node`` (the shared ledger is only read; keys
     booked on other nodes change nothing here). ``scheduler``: builds the scheduler for a copy
-    (the ledger's policy and workload profile)."""
+    (the ledger's policy and workload profile); ``refusal``: the bind's quota check of the placement
+    found (:meth:`gpupool.extender.tenancy.Admission.quota_check`), so that no pod is evicted for a
+    placement the preemptor's bind would refuse."""
     def fits(without: frozenset[str]) -> bool:
         copy = what_if_copy(state, [node], without=without)
-        return isinstance(scheduler(copy).assign(request, node), Placement)
+        placement = scheduler(copy).assign(request, node)
+        return isinstance(placement, Placement) and (refusal is None or refusal(placement) is None)
     return fits
 
 

@@ -162,8 +162,10 @@ def _exclusive_lock(path: Path, log: Log) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-#: Public names of the step runner and the lock, for the other build steps of the test environment.
+#: Public names of the build's steps, for the other builds of the test environment
+#: (:mod:`gpupool.testenv.scheduler_patch`).
 exclusive_lock = _exclusive_lock
+quiet = _quiet
 
 
 def _build(root: Path, log: Log) -> Binaries:
@@ -380,3 +382,6 @@ def _run(
 
 
 run_step = _run
+patch_vendor = _patch_vendor
+go_env = _go_env
+install = _install

@@ -1,16 +1,22 @@
-"""A high-priority GPU pod preempts low-priority shares through the real kube-scheduler v1.20.2.
+"""A high-priority GPU pod preempts low-priority shares through the real kube-scheduler.
 
-The scheduler runs the shipped deploy/scheduler-config-v1beta1.yaml (its ``preemptVerb`` included;
-only connection details change, see test_scheduler_config_e2e.py) against the real ``gpupool
-extender`` process. The node is a kubelet-less Node object whose two cards are held by three
-low-priority pods: two shares on card 0, one on card 1. kube-scheduler cannot see gpupool's
-resources (``ignoredByScheduler``), so it proposes the node with no victims; the extender's preempt
-names the pod whose card frees enough, kube-scheduler deletes it, and the high-priority pod binds
-to the freed card while the shares on the other card stay.
+The scheduler runs the shipped deploy/scheduler-config-v1beta1-prioritize.yaml (its ``preemptVerb``
+and its one-candidate preemption profile included; only connection details change, see
+test_scheduler_config_e2e.py) against the real ``gpupool extender`` process. The node is a
+kubelet-less Node object whose two cards are held by low-priority pods. kube-scheduler cannot see
+gpupool's resources (``ignoredByScheduler``), so its dry run proposes the node with no victims; the
+extender's preempt names the pod whose card frees enough (borrowers first), kube-scheduler deletes
+it, and the high-priority pod binds to the freed card while the shares on the other card stay.
+
+The kube-scheduler is v1.20.2 with the upstream fix kubernetes#103030 (what v1.20.10 and later
+ship): stock v1.20.0-v1.20.9 never call an extender's preempt verb at all
+(:mod:`gpupool.testenv.scheduler_patch`, docs/extender.md "Preemption"); the last test shows what
+stock v1.20.2 does instead, on two nodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 import uuid
@@ -26,7 +32,9 @@ from gpupool.api.annotations import Inventory, decode_assignment, encode_invento
 from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.testenv.controlplane import ControlPlane
+from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.paths import Binaries
+from gpupool.testenv.scheduler_patch import ensure_preempting_scheduler
 from tests.e2e.e2e_support import ExtenderProcess, MakeNode, wait_for
 from tests.e2e.test_extender_e2e import placed_pod
 from tests.e2e.test_scheduler_config_e2e import run_scheduler
@@ -36,6 +44,22 @@ pytestmark = pytest.mark.e2e
 NAMES = ResourceNames()
 CARD = 16276
 LOW, HIGH = 100, 100000
+BORROWED = "gpupool.io/borrowed"
+#: How long the preemptor may take to bind. Mostly well under a second; but when kube-scheduler
+#: retries it on the victim's delete event before the extender's watch has released the victim's
+#: booking, the filter still refuses, and v1.20 moves the pod back only at its 60 s flush of
+#: unschedulable pods plus a backoff (docs/extender.md, "Preemption"): 3 runs in 16, ~90 s.
+BIND_TIMEOUT_S = 150
+
+
+@pytest.fixture(scope="session")
+def preempting_binaries(testenv_binaries: Binaries) -> Binaries:
+    """The binaries with the kube-scheduler that calls extenders on preemption (built once, cached)."""
+    try:
+        scheduler = ensure_preempting_scheduler(log=print)
+    except BuildImpossibleError as exc:
+        pytest.skip(f"cannot build the patched kube-scheduler: {exc}")
+    return dataclasses.replace(testenv_binaries, kube_scheduler=scheduler)
 
 
 @pytest.fixture
@@ -67,13 +91,19 @@ def extender_process(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Ex
         process.kill()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kube-scheduler v1.20.2 never calls the extender's preempt here: its dry run finds no candidate "
-    "(no victim selected, PostFilter returns without a nominated node); the extender's own answer, "
-    "checked first, is right. Cause not found yet."))
+#: Per case: the low-priority pods (card, MiB, borrower?) and the one the extender must evict.
+CASES = [
+    pytest.param({"a": (0, 8000, False), "b": (0, 8000, False), "c": (1, 12000, False)}, "c",
+                 id="the-share-that-frees-a-card-alone"),
+    pytest.param({"a": (0, 8000, False), "c": (1, 8000, True)}, "c", id="a-borrower-before-a-regular-share"),
+]
+
+
+@pytest.mark.parametrize(("held", "victim"), CASES)
 def test_high_priority_gpu_pod_preempts_the_share_that_frees_its_card(
-    testenv_binaries: Binaries, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
+    preempting_binaries: Binaries, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
     make_node: MakeNode, priority_classes: tuple[str, str], extender_process: ExtenderProcess, tmp_path: Path,
+    held: dict[str, tuple[int, int, bool]], victim: str,
 ) -> None:
     low, high = priority_classes
     scheduler_name = f"gpupool-preempt-{uuid.uuid4().hex[:6]}"
@@ -81,39 +111,95 @@ def test_high_priority_gpu_pod_preempts_the_share_that_frees_its_card(
     cards = tuple(GpuCard(i, f"GPU-{node}-{i}", "Tesla-P100", CARD) for i in range(2))
     make_node(node, {"cpu": "64", "memory": "256Gi", "pods": "250", NVIDIA_GPUMEM: "1"},
               annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
-    held = {"a": (0, 8000), "b": (0, 8000), "c": (1, 12000)}
-    for name, (card, mib) in held.items():
-        core_v1.create_namespaced_pod(namespace, with_priority(placed_pod(name, node, card, mib), low))
+    for name, (card, mib, borrowed) in held.items():
+        manifest = with_priority(placed_pod(name, node, card, mib), low)
+        if borrowed:
+            manifest["metadata"]["annotations"][BORROWED] = "true"
+        core_v1.create_namespaced_pod(namespace, manifest)
     wait_for(lambda: not extender_process.passes(probe(12000), [node]) or None, timeout=20,
              what="the extender books the low-priority shares")
     assert {core_v1.read_namespaced_pod(n, namespace).spec.priority for n in held} == {LOW}
+    victim_card = held[victim][0]
     uids = {p.metadata.name: p.metadata.uid for p in core_v1.list_namespaced_pod(namespace).items}
     asked = {"Pod": {"metadata": {"name": "x", "namespace": namespace, "uid": "x"},
                      "spec": {"priority": HIGH, "containers": [
                          {"name": "main", "resources": {"limits": {NVIDIA_GPUMEM: "12000"}}}]}},
              "NodeNameToMetaVictims": {node: {"Pods": []}}}
     answer = post(extender_process, "preempt", asked)["NodeNameToMetaVictims"]
-    assert answer == {node: {"Pods": [{"UID": uids["c"]}], "NumPDBViolations": 0}}
-    scheduler = run_scheduler(testenv_binaries, control_plane, tmp_path, extender_process.url, scheduler_name)
+    assert answer == {node: {"Pods": [{"UID": uids[victim]}], "NumPDBViolations": 0}}
+    scheduler = run_scheduler(preempting_binaries, control_plane, tmp_path, extender_process.url, scheduler_name)
     try:
-        wanted = with_priority(placed_pod("urgent", node, 1, 12000), high)
+        wanted = with_priority(placed_pod("urgent", node, victim_card, 12000), high)
         wanted["spec"].pop("nodeName")
         wanted["metadata"]["annotations"] = {}
         wanted["spec"]["schedulerName"] = scheduler_name
         wanted["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
         core_v1.create_namespaced_pod(namespace, wanted)
         assert core_v1.read_namespaced_pod("urgent", namespace).spec.priority == HIGH
-        bound = wait_for(lambda: core_v1.read_namespaced_pod("urgent", namespace).spec.node_name, timeout=90,
+        bound = wait_for(lambda: core_v1.read_namespaced_pod("urgent", namespace).spec.node_name,
+                         timeout=BIND_TIMEOUT_S,
                          what="the high-priority pod bound after preemption")
     finally:
         scheduler.stop()
     assert bound == node
+    assert extender_process.metric("gpupool_extender_requests_total", outcome="ok", verb="preempt") >= 2
     left = {p.metadata.name for p in core_v1.list_namespaced_pod(namespace).items
             if p.metadata.deletion_timestamp is None}
-    assert left == {"a", "b", "urgent"}  # only the share on card 1 was evicted
+    assert left == set(held) - {victim} | {"urgent"}  # only the victim was evicted
     pod = core_v1.read_namespaced_pod("urgent", namespace)
     assignment = decode_assignment(pod.metadata.annotations[NAMES.assignment])
-    assert [c.index for c in assignment.containers[0].cards] == [1]
+    assert [c.index for c in assignment.containers[0].cards] == [victim_card]
+
+
+@pytest.mark.parametrize("patched", [
+    pytest.param(False, id="stock-v1.20.2-survives-and-never-preempts"),
+    pytest.param(True, id="fixed-scheduler-evicts-one-holder"),
+])
+def test_a_gpu_pod_that_could_preempt_on_two_nodes(
+    request: pytest.FixtureRequest, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
+    make_node: MakeNode, priority_classes: tuple[str, str], extender_process: ExtenderProcess, tmp_path: Path,
+    patched: bool,
+) -> None:
+    """Two nodes, each card held by one low-priority pod. kube-scheduler's dry run finds both nodes
+    fit with no victims; stock v1.20.2 ranks two such candidates by their first victim and crashes
+    (kubernetes#101548) unless the shipped configuration's single candidate avoids the ranking. It
+    then nominates a node and evicts nobody (it never asks the extender); a fixed kube-scheduler
+    asks the extender, which names the one holder to evict."""
+    binaries: Binaries = request.getfixturevalue("preempting_binaries" if patched else "testenv_binaries")
+    low, high = priority_classes
+    nodes = [f"pair-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for node in nodes:
+        card = GpuCard(0, f"GPU-{node}-0", "Tesla-P100", CARD)
+        make_node(node, {"cpu": "64", "memory": "256Gi", "pods": "250", NVIDIA_GPUMEM: "1"},
+                  annotations={NAMES.inventory: encode_inventory(Inventory((card,)))})
+        core_v1.create_namespaced_pod(namespace, with_priority(placed_pod(f"held-{node}", node, 0, 12000), low))
+    wait_for(lambda: not extender_process.passes(probe(12000), nodes) or None, timeout=20,
+             what="the extender books the low-priority pods")
+    scheduler_name = f"gpupool-pair-{uuid.uuid4().hex[:6]}"
+    scheduler = run_scheduler(binaries, control_plane, tmp_path, extender_process.url, scheduler_name)
+    try:
+        wanted = with_priority(placed_pod("urgent", nodes[0], 0, 12000), high)
+        wanted["spec"].pop("nodeName")
+        wanted["metadata"]["annotations"] = {}
+        wanted["spec"]["schedulerName"] = scheduler_name
+        core_v1.create_namespaced_pod(namespace, wanted)
+        urgent = lambda: core_v1.read_namespaced_pod("urgent", namespace)  # noqa: E731
+        if patched:
+            bound = wait_for(lambda: urgent().spec.node_name, timeout=BIND_TIMEOUT_S,
+                             what="the pod bound after preemption")
+        else:
+            bound = None
+            wait_for(lambda: urgent().status.nominated_node_name or not scheduler.alive() or None, timeout=60,
+                     what="kube-scheduler nominating a node for the pod")
+            assert scheduler.alive(), scheduler.log_tail(40)
+    finally:
+        scheduler.stop()
+    held = {p.metadata.name for p in core_v1.list_namespaced_pod(namespace).items
+            if p.metadata.deletion_timestamp is None and p.metadata.name != "urgent"}
+    if patched:
+        assert held == {f"held-{n}" for n in nodes if n != bound}
+    else:
+        assert held == {f"held-{n}" for n in nodes}
 
 
 def with_priority(pod: dict[str, Any], priority_class: str) -> dict[str, Any]:

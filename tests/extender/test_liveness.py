@@ -13,7 +13,7 @@ from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.service import BindResult, ExtenderService
 from gpupool.kube.translate import pod_request
 from tests.extender.lease_fakes import FakeClock
-from tests.kube.builders import container, node, pod
+from tests.kube.builders import container, node, placed_pod, pod
 
 CARD = 16276
 NODES = ("n1", "n2", "n3")
@@ -80,11 +80,13 @@ def test_prioritize_does_not_reuse_a_filter_made_before_a_lapse() -> None:
 
 def test_preempt_skips_a_node_whose_agent_lapsed() -> None:
     world = World()
+    world.cache.replace_pods([placed_pod("x", "n1", 0, CARD), placed_pod("y", "n2", 0, CARD)])
     world.liveness.replace([lease(n, world.clock.wall()) for n in NODES])
     world.clock.advance(50)
     world.renew("n2")
-    kept, error = world.service.preempt(world.request, {"n1": [], "n2": []})
-    assert error == "" and kept == {"n2": []}
+    victims = {"n1": ["uid-default-x"], "n2": ["uid-default-y"]}
+    kept, error = world.service.preempt(world.request, victims)
+    assert error == "" and kept == {"n2": ["uid-default-y"]}
 
 
 @pytest.mark.parametrize(("require", "refused"), [

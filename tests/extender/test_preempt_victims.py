@@ -59,7 +59,8 @@ def uid(name: str) -> str:
                  id="nothing-frees-more-than-a-card"),
     pytest.param([held("a", 0, 16276, priority=HIGH), held("c", 1, 16276, priority=HIGH + 1)], 1000, None,
                  id="never-a-pod-of-the-same-or-higher-priority"),
-    pytest.param([held("a", 0, 8000), held("c", 1, 1000)], 1000, set(), id="fits-already-no-victims"),
+    # fits already: kube-scheduler < kubernetes#101560 crashes on a candidate with no victims
+    pytest.param([held("a", 0, 8000), held("c", 1, 1000)], 1000, None, id="fits-already-node-left-out"),
 ])
 def test_preempt_names_the_fewest_victims_that_free_the_right_card(
         pods: list[dict[str, Any]], mib: int, victims: set[str] | None) -> None:
@@ -98,3 +99,14 @@ def test_the_shipped_scheduler_configurations_call_preempt() -> None:
     for path in configs:
         (entry,) = yaml.safe_load(path.read_text())["extenders"]
         assert entry["preemptVerb"] == "preempt", path.name
+
+
+def test_the_v1beta1_configurations_rank_no_victimless_candidates() -> None:
+    """kube-scheduler 1.20.0-1.20.9 crashes ranking two candidates without victims
+    (kubernetes#101548), which is what its dry run proposes for a GPU pod: the 1.20 files ask for
+    one candidate per attempt (tests/e2e/test_preempt_e2e.py shows the crash without it)."""
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    for path in sorted(deploy.glob("scheduler-config-v1beta1*.yaml")):
+        (profile,) = yaml.safe_load(path.read_text())["profiles"]
+        (args,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "DefaultPreemption"]
+        assert args == {"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 1}, path.name

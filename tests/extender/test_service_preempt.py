@@ -68,3 +68,14 @@ def test_preempt_keeps_the_nodes_where_the_victims_free_enough(victims: dict[str
     answer, error = service.preempt(request, victims)
     assert error == "" and set(answer) == kept
     assert all(answer[n] == victims[n] for n in kept)
+
+
+def test_preempt_never_answers_a_node_with_no_victims() -> None:
+    """kube-scheduler before kubernetes#101560 (pickOneNodeForPreemption) reads the first victim
+    of every candidate when several tie, and an empty list crashes it; a node where the pod fits
+    with nobody evicted (freed since the filter) is left out, and the pod's next cycle takes it."""
+    cache = cluster()
+    service = ExtenderService(cache, None)
+    request = pod_request(pod("p", container(mib=4000, cpu="2")), cache.names)  # fits card 1 of N1 now
+    answer, error = service.preempt(request, {"N1": [], "N3": ["uid-default-hog"]})
+    assert error == "" and answer == {"N3": ["uid-default-hog"]}
