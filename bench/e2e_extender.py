@@ -18,6 +18,7 @@ import cProfile
 import json
 import logging
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -68,13 +69,28 @@ def install_workload(replica: Any, trace: str) -> None:
     logging.getLogger("bench").info("scoring against the workload profile of trace %s", trace)
 
 
+def profile_new_threads() -> list[cProfile.Profile]:
+    """Run cProfile (CPU time) on every thread started from now on (the watches, the bind pool);
+    their profiles, to merge at the end (``<profile>.threads``). ``threading.setprofile`` hands each
+    new thread a hook whose first call swaps itself for that thread's own profiler."""
+    profiles: list[cProfile.Profile] = []
+
+    def start(_frame: Any, _event: str, _arg: Any) -> None:
+        thread_profiler = cProfile.Profile(time.thread_time)
+        profiles.append(thread_profiler)
+        thread_profiler.enable()
+
+    threading.setprofile(start)
+    return profiles
+
+
 def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str | None = None,
           workload: str | None = None, filter_best_only: bool = False) -> None:
     """Child process: ``gpupool extender`` with per-request timings (blocks until killed).
 
-    ``profile``: run cProfile (CPU time) on the event loop's thread (filter, prioritize, the bind's HTTP side;
-    not the bind threads or the watches) and write its stats there on exit. ``workload``: a trace
-    whose workload profile the policy scores against (:func:`install_workload`); ``/bench/ready``
+    ``profile``: run cProfile (CPU time) on the event loop's thread (filter, prioritize, the bind's HTTP side)
+    and write its stats there on exit; the other threads' (bind pool, watches) go to ``<profile>.threads``.
+    ``workload``: a trace whose workload profile the policy scores against (:func:`install_workload`); ``/bench/ready``
     answers 200 once it is in place. ``filter_best_only``: ``gpupool extender --filter-best-only``.
     """
     import orjson
@@ -105,6 +121,7 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ExtenderOptions(host="127.0.0.1", port=port, kubeconfig=kubeconfig, policy=policy,
                               identity=identity, filter_best_only=filter_best_only)
+    thread_profiles = profile_new_threads() if profile else []
     configuration = api_configuration(kubeconfig)
     configuration.connection_pool_maxsize = 32  # as gpupool extender's own client: binds run on a pool
     api_client = client.ApiClient(configuration)
@@ -164,6 +181,8 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
+            if thread_profiles:
+                pstats.Stats(*thread_profiles).dump_stats(f"{profile}.threads")
 
 
 def handler_split(spent: dict[str, list[float]]) -> dict[str, dict[str, float]]:
