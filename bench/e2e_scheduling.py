@@ -132,6 +132,7 @@ def run_phase(label: str, api: Api, watch: BoundWatch, parts: Components, manife
     scraped = parts.scheduler.scrape()
     cpu_before, counters = parts.cpu_s(), cpu_times()
     if opts.pprof_dir:
+        Path(opts.pprof_dir).mkdir(parents=True, exist_ok=True)
         profiling = parts.scheduler.cpu_profile(opts.pprof_seconds,
                                                 Path(opts.pprof_dir) / f"kube-scheduler-{label}.pprof")
     started = api.create_all(f"/api/v1/namespaces/{NAMESPACE}/pods", manifests, threads)

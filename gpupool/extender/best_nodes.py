@@ -7,10 +7,11 @@ placement stays the policy's: the nodes passed are exactly those prioritize woul
 :data:`MAX_EXTENDER_PRIORITY` (ties included), and the shipped weight makes kube-scheduler choose
 among exactly those (docs/fidelity.md); its plugins break the ties in both modes.
 
-Every feasible node that is not among the best still gets a reason in ``FailedNodes``, so what
-kube-scheduler records about the call stays complete. Such a node is *not* a preemption candidate
-in practice: kube-scheduler v1.20 runs PostFilter (default preemption) only when no node passed the
-filter, and a best node exists whenever some node fits.
+Every feasible node that is not among the best still gets a reason from the service; the HTTP
+answer sends the reasons only when no node passed, the one case kube-scheduler reads them
+(:meth:`gpupool.extender.http.api.ExtenderApi._reasons_needed`). Such a node is *not* a preemption
+candidate in practice: kube-scheduler v1.20 runs PostFilter (default preemption) only when no node
+passed the filter, and a best node exists whenever some node fits.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ every other node was left out.
 
 With the scheduler configuration without ``prioritizeVerb`` kube-scheduler chooses among the nodes
 filter passes, so the passed set must be the policy's best set (ties included) for the placement to
-stay the policy's; the refused nodes keep a reason each (``FailedNodes``), the nodes that fit but
-are not best a "fits, but ..." one.
+stay the policy's; the refused nodes keep a reason each, the nodes that fit but are not best a
+"fits, but ..." one. On the wire (``FailedNodes``) the reasons go only with an answer that passes no
+node: kube-scheduler reads them then only.
 """
 
 from __future__ import annotations
@@ -114,19 +115,36 @@ def test_prioritize_after_a_best_only_filter_scores_every_passed_node_ten() -> N
     assert error == "" and scores.as_dict() == dict.fromkeys(passed, MAX_EXTENDER_PRIORITY)
 
 
-def test_the_http_filter_answers_the_best_nodes_and_every_failed_node() -> None:
-    """What kube-scheduler decodes: NodeNames the best nodes, FailedNodes every other node asked about."""
+def http_filter(settings: ExtenderSettings, mib: int) -> dict[str, Any]:
+    """The filter answer kube-scheduler decodes for a pod of ``mib`` asked about N3, N2, N1."""
     async def main() -> dict[str, Any]:
         cache = alibaba_cache()
-        app = ExtenderApi(ExtenderService(cache, None, settings=BEST_ONLY), ResourceNames(), ExtenderMetrics()).app()
-        body = {"Pod": pod("p", container(mib=4069)), "Nodes": None, "NodeNames": ["N3", "N2", "N1"]}
+        app = ExtenderApi(ExtenderService(cache, None, settings=settings), ResourceNames(), ExtenderMetrics()).app()
+        body = {"Pod": pod("p", container(mib=mib)), "Nodes": None, "NodeNames": ["N3", "N2", "N1"]}
         async with TestClient(TestServer(app)) as client:
             answer = await client.post("/filter", data=json.dumps(body))
             assert answer.status == 200
             doc: dict[str, Any] = await answer.json()
             return doc
 
-    doc = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_the_http_filter_answers_the_best_nodes_without_reasons_for_the_rest() -> None:
+    """NodeNames the best nodes; no FailedNodes, which kube-scheduler reads only when none passed."""
+    doc = http_filter(BEST_ONLY, 4069)
     assert doc["NodeNames"] == ["N2", "N1"] and doc["Error"] == ""  # both fill a card: tied best, order kept
-    assert set(doc["FailedNodes"]) == {"N3"}
-    assert all(why.startswith("fits, but the policy prefers other nodes") for why in doc["FailedNodes"].values())
+    assert doc["FailedNodes"] == {}
+
+
+def test_the_http_filter_gives_every_node_a_reason_when_none_passes() -> None:
+    """What the pod's FitError event and preemption read: a reason for each node asked about."""
+    doc = http_filter(BEST_ONLY, 16276)
+    assert doc["NodeNames"] == [] and doc["Error"] == ""
+    assert set(doc["FailedNodes"]) == {"N1", "N2", "N3"}
+    assert all("16276 MiB" in why for why in doc["FailedNodes"].values()), doc["FailedNodes"]
+
+
+def test_without_best_only_the_http_filter_still_gives_the_reasons_beside_passed_nodes() -> None:
+    doc = http_filter(ExtenderSettings(), 8138)
+    assert doc["NodeNames"] == ["N3"] and set(doc["FailedNodes"]) == {"N2", "N1"}

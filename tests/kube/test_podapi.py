@@ -26,6 +26,7 @@ class _Apiserver(ThreadingHTTPServer):
         self.patch_delay_s = 0.0
         self.post_delay_s = 0.0
         self.posted: list[dict[str, object]] = []
+        self.authorizations: list[str | None] = []
 
     def process_request(self, request: object, client_address: object) -> None:
         self.connections += 1
@@ -52,6 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         assert isinstance(server, _Apiserver)
         server.posted.append(json.loads(body))
+        server.authorizations.append(self.headers.get("Authorization"))
         time.sleep(server.post_delay_s)
         if self.path in server.bound:
             self._answer(409, {"kind": "Status", "code": 409, "message": "already assigned"})
@@ -144,3 +146,28 @@ def test_a_binding_that_carries_the_assignment_gives_up_after_the_commit_timeout
         api.bind_pod("default", "p", "uid-p", "n1", annotations={"gpupool.io/assignment-v1": "{}"})
     assert time.monotonic() - started < 0.55
     api.bind_pod("default", "q", "uid-q", "n1")  # answered after 0.6 s: within the longer timeout
+
+
+def test_a_binding_carries_the_current_token(apiserver: _Apiserver) -> None:
+    """The Binding skips the generated client method, not its credentials: the token goes with each
+    POST, and the client's refresh hook (exec plugins, rotated service-account tokens) runs first."""
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{apiserver.server_address[1]}"
+    configuration.api_key = {"authorization": "Bearer first"}
+    tokens = iter(["Bearer second", "Bearer third"])
+
+    def refresh(config: client.Configuration) -> None:
+        config.api_key["authorization"] = next(tokens)
+
+    configuration.refresh_api_key_hook = refresh
+    api = KubePodApi(client.CoreV1Api(client.ApiClient(configuration)))
+    api.bind_pod("default", "p", "", "n1")
+    api.bind_pod("default", "q", "", "n1")
+    assert apiserver.authorizations == ["Bearer second", "Bearer third"]
+
+
+def test_a_refused_binding_is_an_api_error_with_the_apiservers_message(apiserver: _Apiserver) -> None:
+    api = kube_api(apiserver)
+    api.bind_pod("default", "p", "", "n1")
+    with pytest.raises(ConflictError, match="already assigned"):
+        api.bind_pod("default", "p", "", "n2")

@@ -111,14 +111,24 @@ class ExtenderApi:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
         outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant)
         label = "error" if outcome.error else "ok"
+        failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
             passed = self.records.name_list(outcome.passed, outcome.rows, outcome.layout)
             if passed is not None:  # the same document FilterResult.to_json gives, written faster
                 return RawJson(b'{"Nodes":null,"NodeNames":' + passed + b',"FailedNodes":'
-                               + orjson.dumps(outcome.failed) + b',"Error":'
+                               + orjson.dumps(failed) + b',"Error":'
                                + orjson.dumps(outcome.error) + b"}"), label
-        result = FilterResult(passed=outcome.passed, failed=outcome.failed, error=outcome.error)
+        result = FilterResult(passed=outcome.passed, failed=failed, error=outcome.error)
         return result.to_json(args), label
+
+    def _reasons_needed(self, passed: list[str]) -> bool:
+        """Does the filter answer carry ``FailedNodes``? Always, except with ``--filter-best-only``
+        when some node passed. kube-scheduler v1.20 reads the reasons only when *no* node passed
+        every filter and extender (``genericScheduler.Schedule`` puts them into the ``FitError``
+        that the pod's event and preemption read); when one passed it only counts them for a log
+        line. Best only leaves ~1,000 feasible nodes out per call with a "fits, but" reason, a map
+        kube-scheduler decoded per pod for nothing (docs/extender.md, "End-to-end throughput")."""
+        return not passed or not self.service.settings.filter_best_only
 
     async def _prioritize(self, doc: Any) -> tuple[Any, str]:
         args: ExtenderArgs = parse_extender_args(doc)
