@@ -82,6 +82,7 @@ class Scheduler:
         self._explained: dict[PodRequest, dict[int, tuple[int, str | None]]] = {}
         self._profile = profile
         self._per_pod: dict[PolicyChoice, PlacementPolicy] = {}
+        self._rows_memo: IntArray = np.zeros(0, dtype=np.int64)
         policy.prepare(state, profile)
 
     def policy_for(self, pod: PodRequest) -> PlacementPolicy:
@@ -112,7 +113,7 @@ class Scheduler:
     def _evaluate_rows(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
         feasible, fits = self._feasible(shape, pod, rows)
         raw = np.full(len(rows), -np.inf)
-        if feasible.any():
+        if len(fits):  # one row of card masks per feasible row
             raw[feasible] = self.policy_for(pod).score(self.state, shape, rows[feasible], fits)
         return feasible, raw
 
@@ -125,15 +126,22 @@ class Scheduler:
         if _one_gpu_request(pod):
             # the card mask node_fit_mask would compute for the pod's one request: computed once here
             cards = card_fit_mask(self.state, gpu, rows)
-            feasible = node_room_mask(self.state, pod, rows) & (cards.sum(axis=1) >= gpu.count)
+            feasible = node_room_mask(self.state, pod, rows) & (np.add.reduce(cards, axis=1) >= gpu.count)
             return feasible, cards[feasible]
         feasible = node_fit_mask(self.state, pod, rows)
         return feasible, card_fit_mask(self.state, gpu, rows[feasible])
 
+    def _all_rows(self) -> IntArray:
+        """``arange(size)``, kept while the cluster keeps its size (read-only)."""
+        if len(self._rows_memo) != self.state.size:
+            self._rows_memo = np.arange(self.state.size, dtype=np.int64)
+            self._rows_memo.flags.writeable = False
+        return self._rows_memo
+
     def filter_and_score(self, pod: PodRequest, rows: IntArray | None = None) -> tuple[IntArray, FloatArray]:
         """Feasible rows among ``rows`` (default: all) and their final scores (higher is better)."""
         state = self.state
-        all_rows = np.arange(state.size, dtype=np.int64)
+        all_rows = self._all_rows()
         shape = PodShape.of(pod)
         policy = self.policy_for(pod)
         if _is_simple(pod):
@@ -145,8 +153,8 @@ class Scheduler:
                 keep = np.zeros(state.size, dtype=bool)
                 keep[rows] = True
                 feasible = feasible & keep
-            ok = np.flatnonzero(feasible).astype(np.int64)
-            return ok, policy.normalize(raw[ok])
+            ok: IntArray = feasible.nonzero()[0]
+            return ok, policy.normalize(raw.take(ok))
         candidates = all_rows if rows is None else np.asarray(rows, dtype=np.int64)
         prefilter = candidates[node_fit_mask(state, pod, candidates)]
         chooser = policy.shared_chooser()
@@ -168,12 +176,12 @@ class Scheduler:
             if len(self._cache) > SHAPES_KEPT:
                 self._cache.pop(next(iter(self._cache)))
             return feasible, raw
-        stale = np.flatnonzero(entry.version != self.state.node_version[:size]).astype(np.int64)
+        stale: IntArray = (entry.version != self.state.node_version[:size]).nonzero()[0]
         if len(stale):
             feasible, raw = self._evaluate(shape, pod, stale)
             entry.feasible[stale] = feasible
             entry.raw[stale] = raw
-            entry.version[stale] = self.state.node_version[stale]
+            entry.version[stale] = self.state.node_version.take(stale)
         return entry.feasible, entry.raw
 
     # ----------------------------------------------------------------------------------- decide
@@ -184,7 +192,7 @@ class Scheduler:
     def _secondary(self, rows: IntArray) -> IntArray:
         """The tie order of ``rows`` (a draw from the generator when no tie rank is set)."""
         if self.tie_rank is not None:
-            return self.tie_rank[rows]
+            return self.tie_rank.take(rows)
         secondary: IntArray = self.rng.permutation(len(rows))
         return secondary
 
@@ -197,11 +205,11 @@ class Scheduler:
     def _first(rows: IntArray, scores: FloatArray, secondary: IntArray) -> int | None:
         """``_order(...)[0]`` without sorting every row (the first pick almost always holds the pod);
         None when a NaN score makes the shortcut unsafe."""
-        top = scores.max()
+        top = np.maximum.reduce(scores)
         if np.isnan(top):
             return None
-        tied = np.flatnonzero(scores == top)
-        return int(rows[tied[np.argmin(secondary[tied])]])
+        tied = (scores == top).nonzero()[0]
+        return int(rows[tied[secondary.take(tied).argmin()]])
 
     def decide(self, pod: PodRequest) -> Placement | Unschedulable:
         """The placement the policy chooses for ``pod`` (nothing is booked)."""
