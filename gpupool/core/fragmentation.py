@@ -158,14 +158,23 @@ class FragmentationMeasure:
 
     def fragment(self, free: IntArray, cpu_free: IntArray, access: BoolArray) -> FloatArray:
         """Fragmentation of nodes given their free compute per card ``[R, G]`` and CPU ``[R]``."""
+        return self._fragment_at(cpu_free, *self._class_sums(free, access))
+
+    def _class_sums(self, free: IntArray, access: BoolArray) -> tuple[FloatArray, IntArray, IntArray]:
+        """Per node: its free compute (as float) and, per class, the free compute on the cards the
+        class can use and how many such cards there are: all of the measure that looks at cards."""
         kind, class_milli = self._narrow(free)
         free_k = free.astype(kind)[..., None]
         usable = access & (free_k >= class_milli)
         used_free = np.add.reduce(usable * free_k, axis=1, dtype=kind)
         usable_count = np.add.reduce(usable, axis=1)
+        return np.add.reduce(free, axis=1).astype(np.float64), used_free, usable_count
+
+    def _fragment_at(self, cpu_free: IntArray, total: FloatArray, used_free: IntArray,
+                     usable_count: IntArray) -> FloatArray:
+        """The fragmentation of nodes with these :meth:`_class_sums` and ``cpu_free`` CPU."""
         satisfied = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
                      & self._gpu_class)
-        total = np.add.reduce(free, axis=1).astype(np.float64)
         result: FloatArray = total * self.weight_total - np.where(satisfied, used_free, 0.0) @ self.class_weight
         return result
 
@@ -241,19 +250,23 @@ class FragmentationMeasure:
                                 with_before: bool = True) -> tuple[FloatArray, FloatArray]:
         """The nodes' current fragmentation and :meth:`after_taking` (``taken`` None: no card is
         taken, only ``cpu``), sharing the lookups both need; ``with_before`` False leaves the first
-        empty. Whole-card, multi-card and CPU-only pods are scored with both, one pass each.
+        empty. Whole-card and multi-card pods are scored with both, one pass over the cards each; a
+        CPU-only pod changes no card, so its "after" reuses the cards' pass of the "before".
         """
         if free is None:
             free = self.card_free(rows)
         access = self._card_access(rows)
         cpu_free = self.state.cpu_free.take(rows)
+        if taken is None:
+            sums = self._class_sums(free, access)
+            before = self._fragment_at(cpu_free, *sums) if with_before else np.zeros(0)
+            return before, self._fragment_at(cpu_free - cpu, *sums)
         before = self.fragment(free, cpu_free, access) if with_before else np.zeros(0)
-        if taken is not None:
-            free = free.copy()
-            if milli is None:
-                free[taken] = 0
-            else:
-                free[taken] -= milli
+        free = free.copy()
+        if milli is None:
+            free[taken] = 0
+        else:
+            free[taken] -= milli
         return before, self.fragment(free, cpu_free - cpu, access)
 
     def whole_cards_taken(self, rows: IntArray, count: int, free: IntArray) -> BoolArray:
