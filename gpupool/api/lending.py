@@ -77,6 +77,12 @@ class LendingNames:
         return f"{self.domain}/borrowed-from"
 
     @property
+    def borrow(self) -> str:
+        """Pod annotation ``true`` / ``false``: whether a low-priority pod may be placed on lent
+        capacity (absent: when a controller owns it, which replaces it after a reclaim)."""
+        return f"{self.domain}/borrow"
+
+    @property
     def checkpoint_key(self) -> str:
         """Pod annotation: the task whose checkpoints the pod shares (its restarts find them)."""
         return f"{self.domain}/checkpoint-key"

@@ -12,16 +12,18 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
+from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
+from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.housekeeping import Housekeeping
@@ -76,6 +78,8 @@ class ExtenderOptions:
     tenancy: bool = True
     admission_port: int | None = None
     """The quota admission webhook's TLS port (docs/tenancy.md); None: not served."""
+    borrow: BorrowSettings = field(default_factory=BorrowSettings)
+    """Placing low-priority pods on lent capacity (docs/lending.md, "In the extender")."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -124,7 +128,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     """
     names = options.resource_names()
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s,
-                         tenancy_required=options.tenancy)
+                         tenancy_required=options.tenancy, borrow=options.borrow)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
     if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
@@ -269,6 +273,10 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--admission-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the GPU quota admission webhook (POST /admission/pods) on this HTTPS port, with "
                    "--tls-cert-file and no client certificate asked (docs/tenancy.md) [default: not served].")
+@click.option("--lending/--no-lending", default=True, show_default=True,
+              help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
+@click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
+              help="spec.priority from which a pod is high priority and never borrows (the node agents' value).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
@@ -276,7 +284,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
-             admission_port: int | None, verbose: bool) -> None:
+             admission_port: int | None, lending: bool, high_priority_threshold: int, verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -294,4 +302,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  agent_lease_namespace=agent_lease_namespace,
                                  require_agent_lease=require_agent_lease, hami=hami,
                                  gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
-                                 admission_port=admission_port))
+                                 admission_port=admission_port,
+                                 borrow=BorrowSettings(lending, high_priority_threshold)))

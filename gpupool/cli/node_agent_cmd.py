@@ -16,10 +16,19 @@ from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
+from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
-from gpupool.nodeagent.lending.options import DEFAULT_CHECKPOINT_ROOT, LendingOptions
+from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
+from gpupool.nodeagent.lending.options import (
+    DEFAULT_ACTIVE_MEMORY_MIB,
+    DEFAULT_ACTIVE_PERCENT,
+    DEFAULT_ACTIVE_SAMPLES,
+    DEFAULT_CHECKPOINT_ROOT,
+    ActivityThresholds,
+    LendingOptions,
+)
 from gpupool.nodeagent.metrics import DEFAULT_METRICS_PORT
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
@@ -76,6 +85,9 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Per-container directories, the registration socket and the MPS directories live here.")
 @click.option("--mps-control", default=DEFAULT_MPS_CONTROL, show_default=True,
               help="The MPS control daemon binary (--isolation mps).")
+@click.option("--cgroup-root", default=CGROUP_ROOT, show_default=True, type=click.Path(file_okay=False),
+              help="The host's cgroup v2 root, where dmem.max limits are written when the kernel has the dmem "
+                   "controller (docs/isolation-backends.md).")
 @click.option("--lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
               help="Renew this node's heartbeat Lease gpupool-agent-<node> here (\"\": none; docs/security.md).")
 @click.option("--lease-duration", default=DEFAULT_LEASE_DURATION_S, show_default=True, type=click.IntRange(min=1),
@@ -95,14 +107,24 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.Path(file_okay=False), help="Per-task checkpoint directories (--lending; a hostPath).")
 @click.option("--checkpoint-deadline", default=DEFAULT_CHECKPOINT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0), help="Seconds a reclaimed task has to write its checkpoint (--lending).")
+@click.option("--owner-active-percent", default=DEFAULT_ACTIVE_PERCENT, show_default=True, type=click.IntRange(1, 100),
+              help="A lent card's owner computing at least this SM share is back (--lending; docs/lending.md).")
+@click.option("--owner-active-memory", default=DEFAULT_ACTIVE_MEMORY_MIB, show_default=True,
+              type=click.IntRange(min=1), metavar="MIB", help="... or holding this much more memory than while lent.")
+@click.option("--owner-active-samples", default=DEFAULT_ACTIVE_SAMPLES, show_default=True, type=click.IntRange(min=1),
+              help="... in this many usage samples in a row; then its loan ends as if it opened the card.")
+@click.option("--cuda-checkpoint-timeout", default=DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(min=0), help="Seconds cuda-checkpoint may take to suspend what outlives the "
+              "checkpoint deadline before it is killed (--lending; 0: never run it).")
 @click.option("-v", "--verbose", is_flag=True)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
-               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str,
+               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str, cgroup_root: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
-               checkpoint_deadline: float, verbose: bool) -> None:
+               checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
+               owner_active_samples: int, cuda_checkpoint_timeout: float, verbose: bool) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -121,12 +143,14 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         choose_backend(isolation, shim_library)  # refuse an impossible choice before anything starts
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
-    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control)
+    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root)
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
-    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold) if lending else None
+    activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
+    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold, activity,
+                          cuda_checkpoint_timeout, state_dir) if lending else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend))
 
@@ -185,7 +209,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     if monitor is None:
         pods.cache.feeds.append(DirectoryFeed(directory))
     try:
-        enforcement = build_enforcement(isolation, directory)
+        cards = backend.inventory()
+        enforcement = build_enforcement(isolation, directory,
+                                        {c.index: cards.pci_bus_id(c.index) for c in cards.cards})
     except (IsolationConfigError, OSError) as exc:
         if monitor is not None:
             monitor.stop()

@@ -376,6 +376,8 @@ class Placement:
     cpu_milli: int
     memory_mib: int
     containers: tuple[ContainerAssignment, ...] = ()
+    borrowed_from: str | None = None
+    """Owner (``ns/name``) of the lent cards it borrows: booked on their loans (core/lent.py)."""
 
     def held_per_card(self) -> Mapping[int, tuple[int, int, bool]]:
         """Memory, compute and exclusivity the pod holds per card (read-only, worked out once: the

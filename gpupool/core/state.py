@@ -20,7 +20,9 @@ from gpupool.core.card_rule import BoolArray, CardBook, CardSlots, CardUse, Card
 from gpupool.core.card_scope import CardScope, ScopeMasks
 from gpupool.core.ledger_arrays import LedgerArrays
 from gpupool.core.ledger_row import NodeRow
+from gpupool.core.lent import LentBook, Loan
 from gpupool.core.model import CardMode, NodeSpec, Placement
+from gpupool.core.over_capacity import cards_over_capacity
 from gpupool.core.usage import UsageTally, placement_use
 
 __all__ = ["AllocationError", "BoolArray", "Capacity", "CardUsage", "ClusterState", "IntArray"]
@@ -76,6 +78,8 @@ class ClusterState(LedgerArrays):
         self.usage = UsageTally()
         """Per tenant and GPU model, what the booked placements hold (quotas count from it)."""
         self._scope_masks = ScopeMasks()
+        self.lent = LentBook()
+        """Loans of lent cards and what borrowers hold on them (:mod:`gpupool.core.lent`)."""
         self.add_nodes(nodes)
 
     def scope_mask(self, scope: CardScope) -> BoolArray:
@@ -188,6 +192,7 @@ class ClusterState(LedgerArrays):
             del self.placements[p.pod_key]
             self.usage.remove(p.pod_key)
         self.pods_on.pop(row, None)
+        self.lent.forget_row(row)
         self.layout_version += 1
         self.present[row] = False
         self.card_exists[row, :] = False
@@ -242,6 +247,9 @@ class ClusterState(LedgerArrays):
             return (f"node {placement.node}: {placement.memory_mib} MiB memory requested, "
                     f"{int(self.mem_free[row])} MiB free")
         in_scope = self.scope_mask(scope)[row] if scope is not None else None
+        if placement.borrowed_from is not None:  # a borrower's slices count against the loans
+            return self.lent.refusal(placement.node, row, placement.held_per_card(), self.card_exists[row],
+                                     self.card_healthy[row], in_scope)
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
             demand = Demand(memory, compute, exclusive)
             verdict = self.card_verdict(row, card, demand, in_scope)
@@ -310,6 +318,9 @@ class ClusterState(LedgerArrays):
     def _book(self, row: int, placement: Placement, sign: int) -> None:
         self.cpu_free[row] -= sign * placement.cpu_milli
         self.mem_free[row] -= sign * placement.memory_mib
+        if placement.borrowed_from is not None:  # booked against the loans, not the owners' amounts
+            self.lent.book(row, placement.pod_key, placement.held_per_card(), sign)
+            return
         cards = CardBook(self.card_mem_total, self.card_mem_free, self.card_compute_total,
                          self.card_compute_free, self.card_mode, self.card_holders)
         for card, (memory, compute, exclusive) in placement.held_per_card().items():
@@ -373,23 +384,12 @@ class ClusterState(LedgerArrays):
 
     def over_capacity(self, node: str) -> tuple[int, ...]:
         """Card positions of ``node`` whose bookings add up to more than the card has: memory or
-        compute beyond its total, or a whole-card holder sharing the card with anyone."""
-        row = self.index.get(node)
-        if row is None or not self.present[row]:
-            return ()
-        memory: dict[int, int] = {}
-        compute: dict[int, int] = {}
-        holders: dict[int, int] = {}
-        whole: set[int] = set()
-        for key in self.pods_on.get(row, ()):
-            for card, (mib, milli, exclusive) in self.placements[key].held_per_card().items():
-                memory[card] = memory.get(card, 0) + mib
-                compute[card] = compute.get(card, 0) + milli
-                holders[card] = holders.get(card, 0) + 1
-                if exclusive:
-                    whole.add(card)
-        return tuple(sorted(
-            card for card in holders
-            if memory[card] > self.card_mem_total[row, card]
-            or compute[card] > self.card_compute_total[row, card]
-            or (card in whole and holders[card] > 1)))
+        compute beyond its total, or a whole-card holder sharing the card with anyone (borrowers
+        aside: they count against the card's loan)."""
+        return cards_over_capacity(self, node)
+
+    def set_loans(self, node: str, loans: Iterable[Loan]) -> None:
+        """Replace what the present node ``node`` lends (:mod:`gpupool.core.lent`); borrowers stay."""
+        row = self.index[node]
+        if self.lent.set_loans(row, loans):
+            self._touch(row)

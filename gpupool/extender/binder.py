@@ -62,6 +62,7 @@ from gpupool.core.scheduler import Unschedulable
 from gpupool.extender.bind_flights import PodFlights
 from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
+from gpupool.extender.lendable import LendingNames, binding_marks
 from gpupool.extender.service import BindResult
 from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
 from gpupool.kube.tenancy import pod_tenancy
@@ -216,7 +217,7 @@ class Binder:
             try:
                 patched = self.api.patch_pod_annotations(
                     ask.namespace, ask.name, str(meta.get("resourceVersion") or ""),
-                    {self.cache.names.assignment: encode_assignment(assignment)})
+                    dict[str, str | None](self._annotations(decision, assignment, meta)))
             except ConflictError as exc:
                 self.cache.rollback(key)
                 last_conflict = str(exc)
@@ -247,7 +248,7 @@ class Binder:
         """POST the Binding that carries the assignment; a 409 is rolled back and raised again."""
         try:
             self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node,
-                              annotations={self.cache.names.assignment: encode_assignment(assignment)},
+                              annotations=self._annotations(placement, assignment, meta),
                               resource_version=str(meta.get("resourceVersion") or ""))
         except ConflictError:
             self.cache.rollback(ask.key)
@@ -266,6 +267,12 @@ class Binder:
             return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
         self.cache.commit(ask.key, assignment)  # bound: a success even past the deadline
         return BindResult(placement=placement, attempts=attempt)
+
+    def _annotations(self, placement: Placement, assignment: Assignment, meta: dict[str, Any]) -> dict[str, str]:
+        """What the bind writes on the pod: the assignment, and a borrower's marks
+        (:func:`gpupool.extender.lendable.binding_marks`)."""
+        return {self.cache.names.assignment: encode_assignment(assignment),
+                **binding_marks(placement, meta.get("annotations") or {}, LendingNames(self.cache.names.domain))}
 
     def _post_binding(self, ask: _Ask, placement: Placement, assignment: Assignment,
                       patched: dict[str, Any], attempt: int) -> BindResult:
@@ -317,6 +324,8 @@ class Binder:
         """Best effort: remove an assignment whose Binding failed (the expiry covers a failure here)."""
         rv = str((patched.get("metadata") or {}).get("resourceVersion") or "")
         try:
-            self.api.patch_pod_annotations(namespace, name, rv, {self.cache.names.assignment: None})
+            lending = LendingNames(self.cache.names.domain)
+            self.api.patch_pod_annotations(namespace, name, rv, {self.cache.names.assignment: None,
+                                                                 lending.borrowed: None, lending.borrowed_from: None})
         except ApiError as exc:
             log.info("could not clear the assignment of %s/%s: %s", namespace, name, exc)

@@ -116,17 +116,23 @@ class BookingKeeper:
 
     # ----------------------------------------------------------------------------- binder side
     def reserve(self, request: PodRequest, node: str, scheduler: Scheduler, *,
-                check: Callable[[Placement], str | None] | None = None) -> Placement | Unschedulable:
+                check: Callable[[Placement], str | None] | None = None,
+                borrow: Callable[[PodRequest, str], Placement | Unschedulable] | None = None,
+                ) -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them (see :meth:`ClusterCache.reserve`).
 
         ``check``: a last word on the chosen placement (the pod's quotas), asked after the pod's
-        previous booking is lifted and before the new one is booked, in this one step."""
+        previous booking is lifted and before the new one is booked, in this one step. ``borrow``:
+        the choice on lent capacity when no owned capacity holds the pod (:mod:`gpupool.extender.borrowing`)."""
         key = request.key
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
             return Unschedulable(key, refused)
         previous = self._release(key)
         decision = scheduler.assign(request, node)
+        if isinstance(decision, Unschedulable) and borrow is not None:
+            lent = borrow(request, node)
+            decision = lent if isinstance(lent, Placement) else Unschedulable(key, f"{decision.reason}; {lent.reason}")
         if isinstance(decision, Placement) and check is not None:
             reason = check(decision)
             if reason is not None:

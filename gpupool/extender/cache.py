@@ -30,13 +30,14 @@ from gpupool.api.names import ResourceNames
 from gpupool.api.tenancy import TenancyNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
-from gpupool.core.policies import DEFAULT_POLICY, make_policy
+from gpupool.core.policies import DEFAULT_POLICY, PlacementPolicy, make_policy
 from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import ClusterState
 from gpupool.extender.booking_keeper import BookingKeeper
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
-from gpupool.extender.lendable import LendingNames, is_borrower
+from gpupool.extender.borrowing import BorrowSettings, Lending
+from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.tenancy import Admissions
@@ -54,7 +55,7 @@ class ClusterCache:
 
     def __init__(self, names: ResourceNames | None = None, *, policy: str = DEFAULT_POLICY,
                  unconfirmed_timeout_s: float = 300.0, clock: Callable[[], float] = time.time,
-                 tenancy_required: bool = False) -> None:
+                 tenancy_required: bool = False, borrow: BorrowSettings | None = None) -> None:
         self.names = names or ResourceNames()
         self.policy_name = policy
         self.unconfirmed_timeout_s = unconfirmed_timeout_s
@@ -71,6 +72,10 @@ class ClusterCache:
         self.served_aliases_version = 0
         self._specs = NodeSpecs(self.names)
         self._lending = LendingNames(self.names.domain)
+        self.loans = NodeLoans(self._lending)
+        """Every node's lent cards, booked in :attr:`state` (:mod:`gpupool.extender.lendable`)."""
+        self.lending = Lending(self.pods, self._lending, borrow or BorrowSettings(), clock)
+        """Who may borrow lent capacity, earliest request first (:mod:`gpupool.extender.borrowing`)."""
         self.nodes_synced = False
         self.pods_synced = False
         self.tenancy = TenancyBook(TenancyNames(self.names.domain))
@@ -119,10 +124,10 @@ class ClusterCache:
                 self.served_aliases[spec.name] = served
                 self.served_aliases_version += 1
             old = self.state.index.get(spec.name)
-            if old is not None and self.state.present[old] and self.state.specs[old] == spec:
-                return  # heartbeats change status fields we do not read
-            self.state.upsert_node(spec)
-            self.keeper.sync_node(spec.name)
+            if old is None or not self.state.present[old] or self.state.specs[old] != spec:
+                self.state.upsert_node(spec)  # heartbeats change status fields we do not read
+                self.keeper.sync_node(spec.name)
+            self.loans.apply(self.state, raw, spec)
 
     def _add_new_nodes(self, raws: list[dict[str, Any]]) -> None:
         """Add the nodes of a list that the ledger does not know yet, with one allocation.
@@ -155,6 +160,7 @@ class ClusterCache:
             if self.served_aliases.pop(name, None) is not None:
                 self.served_aliases_version += 1
             self._specs.forget(name)
+            self.loans.forget(name)
             self.keeper.sync_node(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any] | Any]) -> None:
@@ -258,7 +264,15 @@ class ClusterCache:
             if refusal is not None:
                 return Unschedulable(request.key, refusal)
             return self.keeper.reserve(admission.request, node, self.scheduler,
-                                       check=admission.quota_check(self.state))
+                                       check=admission.quota_check(self.state), borrow=self._borrow)
+
+    def _borrow(self, request: PodRequest, node: str) -> Placement | Unschedulable:
+        """The bind's choice on ``node``'s lent capacity (under the lock)."""
+        return self.lending.assign(self.state, request, node, self.new_policy, self.profile)
+
+    def new_policy(self) -> PlacementPolicy:
+        """A fresh instance of the placement policy (what-if and lent-capacity views prepare theirs)."""
+        return make_policy(self.policy_name)
 
     def commit(self, key: str, assignment: Assignment) -> None:
         """The bind wrote ``assignment`` (or may have): hold its cards until the watch shows it.

@@ -22,11 +22,12 @@ import numpy as np
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.policies import make_policy
+from gpupool.core.policies import PlacementPolicy, make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.booking_problems import BookingProblems
+from gpupool.extender.borrowing import Lending
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
@@ -93,6 +94,12 @@ class Ledger(Protocol):
 
     def holders_on(self, node: str) -> list[Holder]:
         """The pods booked on ``node``, with their priority and whether they borrow lent capacity."""
+
+    lending: Lending
+    """Who may borrow lent capacity and which waiting pod first (:mod:`gpupool.extender.borrowing`)."""
+
+    def new_policy(self) -> PlacementPolicy:
+        """A fresh instance of the placement policy."""
 
 
 
@@ -239,6 +246,10 @@ class ExtenderService:
         if not len(candidates):
             return _Feasible([], NO_ROWS, np.zeros(0), with_outside(failed, outside, []), rows)
         ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
+        lent: dict[int, str] = {}  # free capacity first; lent capacity only where none is free
+        if not len(ok_rows) and state.lent.lending_rows():
+            ok_rows, scores, lent = self.cache.lending.place(state, request, candidates, self.cache.new_policy,
+                                                             self.cache.profile, self.settings.explain_limit)
         score_of = np.full(state.size, np.nan)
         score_of[ok_rows] = scores
         candidate_scores = score_of[candidates]
@@ -250,7 +261,7 @@ class ExtenderService:
             explained = self.cache.scheduler.explain(request, rejected[:limit])
             for row in rejected[:limit]:
                 name = state.specs[int(row)].name
-                failed[name] = explained.get(name, "does not fit")
+                failed[name] = explained.get(name, "does not fit") + lent.get(int(row), "")
             summary = f"insufficient GPU capacity for the request (reasons given for {limit} nodes only)"
             failed.update(dict.fromkeys(candidate_names[~fits][limit:].tolist(), summary))
         passed: list[str] = candidate_names[fits].tolist()

@@ -21,11 +21,13 @@ never logs: the extender logs what it keeps, the plugin reports problems in its 
   ``EXPIRED``: the extender let it go;
 * a node the ledger does not have → ``UNKNOWN_NODE``;
 * an assignment naming cards its node does not have: ``UNREADABLE`` when bound, nothing before;
-* else the placement it names, annotated, bound, or confirmed by the node agent.
+* else the placement it names, annotated, bound, or confirmed by the node agent; a borrower's
+  (``gpupool.io/borrowed``) counts against the loans of its cards, not against their owners'.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,6 +40,7 @@ from gpupool.api.annotations import (
     decode_assignment,
     foreign_assignment,
 )
+from gpupool.api.lending import LendingNames, is_borrowed
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.kube.translate import TranslationError, pod_key, pod_request, pod_wants_gpu
@@ -71,6 +74,9 @@ class PodRecord:
     assignment_problem: str | None = None
     allocated_problem: str | None = None
     raw: Mapping[str, Any] | None = None
+    borrowed_from: str | None = None
+    """The owner whose lent cards the pod borrows (``gpupool.io/borrowed``: its cards count against
+    their loans, :mod:`gpupool.core.lent`); None for a pod that does not borrow."""
 
     @property
     def problem(self) -> str | None:
@@ -142,12 +148,14 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
             allocated_problem = str(exc)
     if wants_gpu is None:
         wants_gpu = pod_wants_gpu(raw, names)
+    lending = LendingNames(names.domain)
+    borrowed_from = str(annotations.get(lending.borrowed_from) or "") if is_borrowed(annotations, lending) else None
     return PodRecord(key=key, uid=str(meta.get("uid") or ""), version=str(meta.get("resourceVersion") or ""),
                      node_name=str((raw.get("spec") or {}).get("nodeName") or ""),
                      finished=status.get("phase") in FINISHED_PHASES, wants_gpu=wants_gpu, request=request,
                      assignment=assignment, allocated=allocated, request_problem=request_problem,
                      assignment_problem=assignment_problem, allocated_problem=allocated_problem,
-                     raw=raw if wants_gpu or assignment_text is not None else None)
+                     raw=raw if wants_gpu or assignment_text is not None else None, borrowed_from=borrowed_from)
 
 
 class HoldingKind(StrEnum):
@@ -223,4 +231,6 @@ def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now
         if bound:
             return Holding(HoldingKind.UNREADABLE, host_only(record, bound), bound=True, problem=str(exc))
         return Holding(HoldingKind.NOTHING, problem=str(exc))
+    if record.borrowed_from is not None:
+        placement = dataclasses.replace(placement, borrowed_from=record.borrowed_from)
     return Holding(HoldingKind.PLACEMENT, placement, bound=bool(bound), confirmed=record.allocated)

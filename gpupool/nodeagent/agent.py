@@ -107,6 +107,9 @@ class NodeAgent:
         self.vouch: Callable[[PodView, ContainerAssignment], bool] | None = None
         """Whether another check vouches for a container's cards instead of :func:`check_assignment`
         (a borrower fits its loan, not the bookings of its card)."""
+        self.on_loan: Callable[[PodView], bool] | None = None
+        """Whether a granted pod holds lent capacity: it counts against its loan, not against what
+        owners are booked on its cards, so it never refuses an owner's grant."""
         self._reports: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ devices and health
@@ -224,8 +227,10 @@ class NodeAgent:
         try:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
             if self.vouch is None or not self.vouch(res.pod, res.assignment):
-                check_assignment(self.node, self._inventory, res.pod, res.assignment,
-                                 self._granted(views, snapshot))
+                granted = self._granted(views, snapshot)
+                if self.on_loan is not None:
+                    granted = [p for p in granted if not self.on_loan(p)]
+                check_assignment(self.node, self._inventory, res.pod, res.assignment, granted)
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,

@@ -16,11 +16,20 @@ from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 
 @dataclass(frozen=True)
 class GpuInventory:
-    """The cards of this machine, their link levels and their device nodes (``/dev/nvidiaN``)."""
+    """The cards of this machine, their link levels, their device nodes (``/dev/nvidiaN``) and
+    their PCI addresses as NVML writes them (``00000000:3B:00.0``; empty when not known)."""
 
     cards: tuple[GpuCard, ...]
     topology: Topology
     device_paths: tuple[str, ...]
+    pci_bus_ids: tuple[str, ...] = ()
+
+    def pci_bus_id(self, index: int) -> str:
+        """NVML's PCI bus id of the card with index ``index``; ``""`` when not known."""
+        for card, bus_id in zip(self.cards, self.pci_bus_ids, strict=False):
+            if card.index == index:
+                return bus_id
+        return ""
 
     def card(self, index: int) -> GpuCard:
         """The card with NVML index ``index``; ``KeyError`` when the machine has none."""

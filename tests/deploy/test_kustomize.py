@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+from gpupool.shim.build import PACKAGED_LIBRARY
 from tests.deploy.kustomize_render import KUSTOMIZE, OVERLAYS, ROOT, pod_spec, render, require_kubectl
 from tests.deploy.pod_security import baseline_violations, restricted_violations
 
@@ -165,9 +166,30 @@ def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> No
     (library,) = [a.split("=", 1)[1] for a in args if a.startswith("--shim-library=")]
     dockerfile = (ROOT / "Dockerfile").read_text()
     built = re.search(r"shim build \\?\s*--output (\S+)", dockerfile)
-    if built is None:
-        pytest.skip("this Dockerfile does not build the interception library yet")
+    assert built is not None, "the Dockerfile's build stage must run `gpupool shim build --output PATH`"
+    assert re.search(r"^COPY --from=build /install /usr/local$", dockerfile, re.M), \
+        "the runtime stage must copy the build stage's /install prefix to /usr/local"
     assert library == built.group(1).replace("/install/", "/usr/local/", 1)
+    # Where `gpupool shim path` looks in the image: the packaged library of the installed package,
+    # under the site-packages of the base image's Python.
+    (python,) = set(re.findall(r"^FROM python:(\d+\.\d+)-slim", dockerfile, re.M))
+    site = f"/usr/local/lib/python{python}/site-packages/"
+    assert library.startswith(site)
+    assert library[len(site):] == PACKAGED_LIBRARY.relative_to(PACKAGED_LIBRARY.parents[3]).as_posix()
+
+
+def test_dmem_component_mounts_the_host_cgroup_root_where_the_agent_looks(tmp_path: Path) -> None:
+    """The host's cgroup v2 root read-write at the path --cgroup-root names, and the command accepts it."""
+    from gpupool.cli.node_agent_cmd import node_agent
+
+    docs = with_components(tmp_path, "components/dmem-limits")
+    agent = one(docs, "DaemonSet", "gpupool-node-agent")
+    args = container(agent)["args"]
+    params = node_agent.make_context("node-agent", [a for a in args[1:] if not a.startswith("--node-name")]).params
+    (mount,) = [m for m in container(agent)["volumeMounts"] if m["name"] == "host-cgroup"]
+    (volume,) = [v for v in pod_spec(agent)["volumes"] if v["name"] == "host-cgroup"]
+    assert params["cgroup_root"] == mount["mountPath"] and not mount.get("readOnly", False)
+    assert volume["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
 
 
 def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_path: Path) -> None:

@@ -59,6 +59,23 @@ def test_cuda_runtime_allocations_stop_at_the_limit(program: Path, tmp_path: Pat
     assert lines["async3g"] == [CUDA_ERROR_MEMORY_ALLOCATION]
 
 
+def test_graph_memory_nodes_count_until_their_graph_is_destroyed(program: Path, tmp_path: Path) -> None:
+    lines = run(program, tmp_path, "graph", GPUPOOL_MEMORY_LIMIT_MIB="4096")
+    assert lines["create"] == [CUDA_SUCCESS]
+    assert lines["node3g"] == [CUDA_SUCCESS]
+    assert lines["node2g"] == [CUDA_ERROR_MEMORY_ALLOCATION]
+    assert lines["alloc2g"] == [CUDA_ERROR_MEMORY_ALLOCATION]  # the unlaunched node's 3 GiB count
+    assert lines["destroy"] == [CUDA_SUCCESS]
+    assert lines["alloc2g_after_destroy"] == [CUDA_SUCCESS]
+
+
+def test_the_pool_release_threshold_stays_zero_under_a_limit(program: Path, tmp_path: Path) -> None:
+    assert run(program, tmp_path, "pool", GPUPOOL_MEMORY_LIMIT_MIB="4096")["threshold"] == [CUDA_SUCCESS,
+                                                                                           CUDA_SUCCESS, 0]
+    unlimited = run(program, tmp_path, "pool")["threshold"]
+    assert unlimited == [CUDA_SUCCESS, CUDA_SUCCESS, (1 << 64) - 1]
+
+
 def test_a_hard_share_slows_kernels_down(program: Path, tmp_path: Path) -> None:
     started = time.monotonic()
     run(program, tmp_path, "spin", str(SPIN_MS), str(SPINS))

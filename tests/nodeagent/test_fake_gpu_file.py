@@ -17,7 +17,7 @@ GOOD = """\
 model: NVIDIA-H200
 cards:
   - {uuid: GPU-aaaa, memoryMiB: 143771}
-  - {uuid: GPU-bbbb, memoryMiB: 143771, healthy: false}
+  - {uuid: GPU-bbbb, memoryMiB: 143771, healthy: false, pciBusId: "00000000:3B:00.0"}
 topology: [[0, 1]]
 events:
   - {at: 30, card: 1, xid: 79}
@@ -69,6 +69,10 @@ def two_cards(first: str, second: str = "{uuid: GPU-b, memoryMiB: 16384}", extra
                      "events[0].card: no card has index 7", id="event-for-no-card"),
         pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1}", extra="events: [{at: .nan, card: 0, lost: true}]\n"),
                      "events[0].at: expected seconds after start", id="event-at-nan"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1, pciBusId: '3B:00.0'}"),
+                     "cards[0].pciBusId: '3B:00.0' is not a PCI address", id="pci-bus-id-without-domain"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1, pciBusId: 3}"),
+                     "cards[0].pciBusId: expected a string", id="pci-bus-id-not-text"),
         pytest.param("cards: {uuid: GPU-a}\n", "cards: expected a list of cards", id="cards-not-a-list"),
         pytest.param("cards: [{memoryMiB: " + "9" * 5000 + "}]\n", "not a YAML document", id="5000-digits"),
     ],
@@ -89,6 +93,7 @@ def test_the_documented_file_loads_and_publishes_what_the_extender_reads(tmp_pat
     assert [(c.index, c.uuid, c.model, c.memory_mib, c.healthy) for c in inventory.cards] == [
         (0, "GPU-aaaa", "NVIDIA-H200", 143771, True), (1, "GPU-bbbb", "NVIDIA-H200", 143771, False)]
     assert inventory.topology.link(0, 1) == LinkLevel.PCIE_SWITCH
+    assert [inventory.pci_bus_id(0), inventory.pci_bus_id(1)] == ["", "00000000:3B:00.0"]
     published = Inventory(inventory.cards, inventory.topology)
     assert decode_inventory(encode_inventory(published)) == published
 

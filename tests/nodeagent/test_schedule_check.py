@@ -105,10 +105,13 @@ def test_assignments_that_fit_are_granted(pod: dict[str, Any], granted: list[dic
     check(pod, "main", *granted)
 
 
-def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_pod() -> None:
+@pytest.mark.parametrize("first_borrows", [pytest.param(False, id="two-owners-over-commit"),
+                                           pytest.param(True, id="a-borrower-leaves-the-owners-room")])
+def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_pod(first_borrows: bool) -> None:
     """Two pods assigned 12 GiB each on card 0 of two 16 GiB cards (an extender with a stale view):
     kubelet's device counts admit both (the node has 32 GiB of devices); the agent grants the first,
-    refuses the second's Allocate (kubelet fails the pod) and the pod gets the reason."""
+    refuses the second's Allocate (kubelet fails the pod) and the pod gets the reason. When the first
+    is a borrower (it holds lent capacity, booked against the loan), it never refuses an owner."""
     first = pod_json("first", {"main": mib(12288)})
     second = pod_json("second", {"main": mib(12288)})
     earlier = pod_json("earlier", {"main": mib(2048)}, phase="Running", allocated=True)  # before an agent restart
@@ -123,7 +126,10 @@ def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_
         reports.append((pod, reason))
 
     def make_agent(reader: PodResourcesClient) -> NodeAgent:
-        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, report_refusal=report)
+        agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, report_refusal=report)
+        if first_borrows:
+            agent.on_loan = lambda pod: pod.name == "first"
+        return agent
 
     async def main() -> None:
         async with agent_on_fake_kubelet(make_agent) as node:
@@ -135,11 +141,17 @@ def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_
             await asyncio.sleep(0.05)
             phases = {p.name: (p.phase, p.reason) for p in kubelet.pod_manager.values()}
             assert phases["earlier"][0] == phases["first"][0] == "Running"
+            if first_borrows:
+                assert phases["second"][0] == "Running" and node.agent.stats.refused == 0
+                return
             assert phases["second"][0] == "Failed"
             assert phases["second"][1].startswith("UnexpectedAdmissionError")
             assert node.agent.stats.refused == 1
 
     asyncio.run(main())
+    if first_borrows:
+        assert reports == []
+        return
     [(pod, reason)] = reports
     assert pod == ("default", "second")
     assert "12288 MiB asked, 14336 MiB of 16384 MiB already granted to default/earlier, default/first" in reason

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from gpupool.nodeagent.isolation.dmem_limits import DmemReport
 from gpupool.nodeagent.types import GrantExtras, PodView
 
 PodKey = tuple[str, str]
@@ -67,11 +68,13 @@ def choose_backend(requested: str, shim_library: str | None) -> BackendChoice:
 
 @dataclass(frozen=True)
 class EnforcementState:
-    """What a backend can say about itself now: its name, whether it is enforcing, and why not."""
+    """What a backend can say about itself now: its name, whether it is enforcing, and why not;
+    with the kernel's ``dmem`` controller in use, its regions and limits too."""
 
     backend: IsolationBackend
     enforcing: bool
     detail: str = ""
+    dmem: DmemReport | None = None
 
 
 LivePods = Callable[[], Mapping[str, PodKey] | None]

@@ -1,5 +1,6 @@
-"""What the node says about enforcement: per card which backend holds its shares, per container how
-many processes registered with the agent; for ``/metrics`` and a section of ``/usage``.
+"""What the node says about enforcement: per card which backend holds its shares (and whether the
+kernel's ``dmem`` controller caps its memory too), per container how many processes registered with
+the agent and its ``dmem`` limits; for ``/metrics`` and a section of ``/usage``.
 
 One backend serves the whole node, so every card reports the same one; the series is per card all
 the same, so a dashboard joins it with the per-card usage series, and a node whose cards differ
@@ -14,7 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpupool.nodeagent.agent import NodeAgent
-from gpupool.nodeagent.isolation.backends import Enforcement, IsolationBackend
+from gpupool.nodeagent.isolation.backends import Enforcement, EnforcementState, IsolationBackend
+from gpupool.nodeagent.isolation.dmem_limits import DmemReport
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 
 _CARD_LABELS = ("node", "card", "uuid", "model")  # the labels of every per-card series of the agent
@@ -51,6 +53,8 @@ class IsolationCollector(Collector):
             enforced.add_metric([node, str(card.index), card.uuid, card.model], float(state.enforcing))
         yield backend
         yield enforced
+        if state.dmem is not None:
+            yield from self._dmem(state.dmem)
         registry = _registry(enforcement)
         if registry is None:
             return
@@ -69,18 +73,54 @@ class IsolationCollector(Collector):
         yield refused
 
 
+    def _dmem(self, report: DmemReport) -> Iterator[Metric]:
+        node = self.agent.node
+        regions = {c.card: c.region for c in report.cards}
+        by_dmem = GaugeMetricFamily("gpupool_card_memory_enforced_by_dmem",
+                                    "1 when the kernel's dmem controller caps the card's memory shares "
+                                    "(its region is in dmem.capacity)", labels=(*_CARD_LABELS, "region"))
+        for card in self.agent.inventory.cards:
+            region = regions.get(card.index, "")
+            by_dmem.add_metric([node, str(card.index), card.uuid, card.model, region], float(bool(region)))
+        yield by_dmem
+        limits = GaugeMetricFamily("gpupool_container_dmem_limit_bytes",
+                                   "A container's device-memory limit on a card through dmem.max, by state "
+                                   "(applied, waiting, refused, failed)",
+                                   labels=("node", "namespace", "pod", "container", "card", "state"))
+        for limit in report.limits:
+            limits.add_metric([node, limit.namespace, limit.pod, limit.container, str(limit.card),
+                               limit.state.value], limit.limit_bytes)
+        yield limits
+
+
+def _memory_detail(state: EnforcementState, card: int) -> str:
+    """What caps a card's memory besides the backend: ``dmem`` with its region, or why not."""
+    if state.dmem is None:
+        return ""
+    for region in state.dmem.cards:
+        if region.card == card:
+            return f"memory also by dmem ({region.region})" if region.region else f"no dmem: {region.reason}"
+    return "no dmem: no PCI address for the card"
+
+
 def isolation_table(agent: NodeAgent) -> str:
     """The ``/usage`` section: the backend per card, then registered processes per container."""
     enforcement = agent.enforcement
     state = enforcement.state()
     lines = ["", f"{'CARD':<5}{'ISOLATION':<11}{'ENFORCED':<10}DETAIL"]
     for card in agent.inventory.cards:
-        lines.append(f"{card.index:<5}{state.backend.value:<11}{'yes' if state.enforcing else 'no':<10}"
-                     f"{state.detail}")
+        detail = "; ".join(d for d in (state.detail, _memory_detail(state, card.index)) if d)
+        lines.append(f"{card.index:<5}{state.backend.value:<11}{'yes' if state.enforcing else 'no':<10}{detail}")
     registry = _registry(enforcement)
     if registry is not None:
         lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'REGISTERED PROCS':>17}"]
         for (namespace, pod, container), count in sorted(registry.counts().items()):
             name = f"{namespace}/{pod}/{container}" if namespace else f"{pod}/{container}"
             lines.append(f"{name[:47]:<48}{count:>17}")
+    if state.dmem is not None and state.dmem.limits:
+        lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':<6}{'DMEM.MAX':>14}  STATE"]
+        for limit in state.dmem.limits:
+            name = f"{limit.namespace}/{limit.pod}/{limit.container}"
+            why = f" ({limit.detail})" if limit.detail else ""
+            lines.append(f"{name[:47]:<48}{limit.card:<6}{limit.limit_bytes:>14}  {limit.state.value}{why}")
     return "\n".join(lines) + "\n"

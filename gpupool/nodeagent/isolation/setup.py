@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpupool.api.environment import COMPUTE_MODE_HARD
@@ -13,7 +14,9 @@ from gpupool.nodeagent.isolation.backends import (
     NoEnforcement,
     choose_backend,
 )
-from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT, detect_dmem
+from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT, DmemStatus, detect_dmem
+from gpupool.nodeagent.isolation.dmem_backend import DmemEnforcement
+from gpupool.nodeagent.isolation.dmem_limits import DmemLimiter
 from gpupool.nodeagent.isolation.mps_backend import MpsEnforcement, MpsLayout
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
@@ -39,9 +42,12 @@ class IsolationConfig:
     proc: str = PROC
 
 
-def build_enforcement(config: IsolationConfig, directory: ContainerDirectory) -> Enforcement:
+def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
+                      pci_bus_ids: Mapping[int, str] | None = None) -> Enforcement:
     """The backend ``config`` asks for (an impossible request raises
-    :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError` or ``OSError``)."""
+    :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError` or ``OSError``), with
+    ``dmem`` limits beside it where the kernel offers the controller (``pci_bus_ids``: card index →
+    NVML's PCI bus id, which names each card's region)."""
     choice = choose_backend(config.requested, config.shim_library)
     dmem = detect_dmem(config.cgroup_root)
     log.info("isolation backend: %s (%s); dmem: %s", choice.backend, choice.reason,
@@ -50,7 +56,22 @@ def build_enforcement(config: IsolationConfig, directory: ContainerDirectory) ->
         log.warning("shares are NOT enforced on this node: a container granted part of a card can use all "
                     "of it (start the agent with --shim-library or --isolation mps)")
         return NoEnforcement()
+    inner: Enforcement
     if choice.backend is IsolationBackend.MPS:
-        return MpsEnforcement(MpsLayout(config.state_dir), config.mps_control, dmem)
-    registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
-    return ShimEnforcement(config.shim_library or "", ShimLayout(config.state_dir), registry, config.compute_mode)
+        inner = MpsEnforcement(MpsLayout(config.state_dir), config.mps_control, dmem)
+    else:
+        registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
+        inner = ShimEnforcement(config.shim_library or "", ShimLayout(config.state_dir), registry,
+                                config.compute_mode)
+    return with_dmem(inner, dmem, pci_bus_ids or {}, directory, config.cgroup_root)
+
+
+def with_dmem(inner: Enforcement, dmem: DmemStatus, pci_bus_ids: Mapping[int, str],
+              directory: ContainerDirectory, cgroup_root: str) -> Enforcement:
+    """``inner`` with ``dmem.max`` limits where the kernel has the controller, else ``inner`` as is."""
+    if not dmem.controller:
+        return inner
+    limiter = DmemLimiter(dmem, pci_bus_ids, directory, cgroup_root)
+    for card in limiter.regions.values():
+        log.info("card %d: dmem %s", card.card, f"region {card.region}" if card.region else card.reason)
+    return DmemEnforcement(inner, limiter)

@@ -8,9 +8,10 @@ finds the checkpoints of the one that was reclaimed. When the directory holds a 
 newest (by modification time; names starting with a dot are work in progress) is named in
 ``GPUPOOL_RESUME_FROM``.
 
-NVIDIA's ``cuda-checkpoint`` (driver 550+) can suspend a process's CUDA state into host memory so
-that CRIU can dump it; where the binary is found it is reported at start. The agent does not drive
-it yet: it needs a real GPU and CRIU in the node image (docs/lending.md).
+NVIDIA's ``cuda-checkpoint`` (driver 550+) suspends a process's CUDA state into host memory; where
+the binary is found, a reclaim runs it on the processes that outlive the deadline before they are
+killed (:mod:`gpupool.nodeagent.lending.cuda_suspend`). Dumping the suspended process with CRIU so
+that it could resume is not done (docs/lending.md).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class CheckpointEnforcement:
         self._inner = inner
         self._store = store
         self._pod_of = pod_of
+        self.registry = getattr(inner, "registry", None)  # the library's registrations, for the report
 
     def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
         """The backend's extras plus the protocol's (the backend's variables win a clash)."""

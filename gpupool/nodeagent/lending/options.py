@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
+from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
 
 DEFAULT_CHECKPOINT_ROOT = "/var/lib/gpupool/checkpoint"
+DEFAULT_ACTIVE_PERCENT = 10
+DEFAULT_ACTIVE_MEMORY_MIB = 256
+DEFAULT_ACTIVE_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class ActivityThresholds:
+    """``--owner-active-percent``, ``--owner-active-memory``, ``--owner-active-samples``: when a lent card's
+    owner counts as computing again (:mod:`gpupool.nodeagent.lending.owner_activity`)."""
+
+    percent: int = DEFAULT_ACTIVE_PERCENT
+    memory_mib: int = DEFAULT_ACTIVE_MEMORY_MIB
+    samples: int = DEFAULT_ACTIVE_SAMPLES
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.percent <= 100:
+            raise ValueError(f"owner activity: percent {self.percent} is not within 1..100")
+        if self.memory_mib < 1 or self.samples < 1:
+            raise ValueError(f"owner activity: memory {self.memory_mib} MiB and samples {self.samples} must be >= 1")
 
 
 @dataclass(frozen=True)
 class LendingOptions:
-    """``--checkpoint-dir``, ``--checkpoint-deadline``, ``--high-priority-threshold``."""
+    """``--checkpoint-dir``, ``--checkpoint-deadline``, ``--high-priority-threshold``, the owner-activity
+    thresholds, ``--cuda-checkpoint-timeout`` (0: never run the tool) and where the interception
+    library's regions are (``--state-dir``; ``None``: not read)."""
 
     checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT
     deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
     threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD
+    activity: ActivityThresholds = field(default_factory=ActivityThresholds)
+    cuda_checkpoint_timeout_s: float = DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
+    shim_state_dir: str | None = None

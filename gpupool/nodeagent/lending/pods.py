@@ -37,6 +37,8 @@ class LendingPod:
     borrowed_from: str
     booked: Mapping[str, frozenset[int]]
     """Container → the card indices its assignment books."""
+    cards: Mapping[str, tuple[int, ...]]
+    """Container → those cards in the order the container sees them (CUDA ordinal 0 first)."""
     checkpoint_key: str
     container_ids: Mapping[str, str]
     """Container → runtime container ID (``<runtime>://`` stripped; empty until created)."""
@@ -69,18 +71,19 @@ def lending_pod(obj: Mapping[str, Any], resources: ResourceNames, names: Lending
     spec_priority = (obj.get("spec") or {}).get("priority")
     if not isinstance(spec_priority, int) or isinstance(spec_priority, bool):
         spec_priority = None
-    booked: dict[str, frozenset[int]] = {}
+    cards: dict[str, tuple[int, ...]] = {}
     raw = annotations.get(resources.assignment)
     if raw:
         try:
             assignment = node_assignment(raw, f"{ids.namespace}/{ids.name}")
-            booked = {c.container: frozenset(s.card for s in c.slices) for c in assignment.placement.containers}
+            cards = {c.container: tuple(s.card for s in c.slices) for c in assignment.placement.containers}
         except AnnotationError as exc:
             log.debug("lending: %s", exc)
     return LendingPod(namespace=ids.namespace, name=ids.name, uid=ids.uid,
                       priority=pod_priority(spec_priority, annotations, threshold=threshold, names=names),
                       borrowed=is_borrowed(annotations, names),
-                      borrowed_from=annotations.get(names.borrowed_from, ""), booked=booked,
+                      borrowed_from=annotations.get(names.borrowed_from, ""),
+                      booked={k: frozenset(v) for k, v in cards.items()}, cards=cards,
                       checkpoint_key=checkpoint_key(meta, names),
                       container_ids={k: v.partition("://")[2] or v for k, v in ids.containers.items()})
 

@@ -2,7 +2,9 @@
 
 The order is the contract's (docs/lending.md): every process of the pod gets the checkpoint signal
 (``SIGUSR1``: write your checkpoint into ``$GPUPOOL_CHECKPOINT_DIR`` and exit); whatever still runs
-at the deadline gets ``SIGKILL``, and so does anything that appears in the pod afterwards (a
+at the deadline gets ``SIGKILL`` (first, where the node has ``cuda-checkpoint``, its CUDA state is
+suspended so its device memory is released at once: :mod:`~gpupool.nodeagent.lending.cuda_suspend`),
+and so does anything that appears in the pod afterwards (a
 restarted container) until the processes are gone; then ``on_stopped`` runs (the lending service
 withdraws the lent devices and republishes what is lendable: the card is back with its owner);
 then the pod is evicted through the Eviction API (deleted if eviction is refused) and gets a Warning
@@ -17,11 +19,12 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, RECLAIMED_REASON
+from gpupool.nodeagent.lending.cuda_suspend import Suspension
 from gpupool.nodeagent.lending.processes import PodProcesses, ProcessControl
 from gpupool.nodeagent.lending.rules import PodKey
 
@@ -45,6 +48,14 @@ class PodEvictor(Protocol):
         ...
 
 
+class CudaSuspender(Protocol):
+    """Suspends the CUDA state of processes about to be killed (``cuda-checkpoint``); never raises and
+    returns within its own bound."""
+
+    async def suspend(self, pids: Iterable[int]) -> dict[int, Suspension]:
+        ...
+
+
 @dataclass(frozen=True)
 class ReclaimOrder:
     """Which pod, whose processes, why, and how long it has to write its checkpoint."""
@@ -58,13 +69,15 @@ class ReclaimOrder:
 @dataclass(frozen=True)
 class ReclaimResult:
     """How a reclaim went: processes signalled and killed, seconds until they were gone, the API
-    outcome (``evicted``, ``deleted``, ``gone`` or the error)."""
+    outcome (``evicted``, ``deleted``, ``gone`` or the error), and how many of the processes left at
+    the deadline had their CUDA state suspended before the kill."""
 
     pod: PodKey
     signalled: int
     killed: int
     stopped_s: float
     api: str
+    suspended: int = 0
 
 
 StoppedHook = Callable[[PodKey], Awaitable[None]]
@@ -75,13 +88,14 @@ class Reclaimer:
 
     def __init__(self, processes: ProcessControl, evictor: PodEvictor, *, on_stopped: StoppedHook | None = None,
                  on_done: Callable[[ReclaimResult], None] | None = None, poll_s: float = POLL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, suspender: CudaSuspender | None = None) -> None:
         self._processes = processes
         self._evictor = evictor
         self._on_stopped = on_stopped
         self._on_done = on_done
         self._poll = poll_s
         self._clock = clock
+        self._suspender = suspender
         self.in_flight: dict[PodKey, asyncio.Task[ReclaimResult]] = {}
         self.results: list[ReclaimResult] = []
 
@@ -98,7 +112,7 @@ class Reclaimer:
         namespace, name = order.pod
         try:
             log.warning("reclaiming the GPU of %s/%s: %s", namespace, name, order.why)
-            signalled, killed, stopped_s = await self.stop(order)
+            signalled, killed, stopped_s, suspended = await self.stop(order)
             if self._on_stopped is not None:
                 try:
                     await self._on_stopped(order.pod)
@@ -106,6 +120,8 @@ class Reclaimer:
                     log.exception("after stopping %s/%s: updating the lent devices failed", namespace, name)
             message = (f"GPU reclaimed: {order.why}. {signalled} process(es) got {CHECKPOINT_SIGNAL.name} "
                        f"to write a checkpoint within {order.deadline_s:g} s, {killed} killed after the deadline")
+            if suspended:
+                message += f" ({suspended} with their CUDA state suspended by cuda-checkpoint first)"
             try:
                 await self._evictor.warn(namespace, name, RECLAIMED_REASON, message)
             except Exception as exc:
@@ -115,7 +131,7 @@ class Reclaimer:
             except Exception as exc:  # the processes are gone either way; the pod shows why
                 log.error("could not evict %s/%s: %s", namespace, name, exc)
                 api = f"error: {exc}"
-            result = ReclaimResult(order.pod, signalled, killed, stopped_s, api)
+            result = ReclaimResult(order.pod, signalled, killed, stopped_s, api, suspended)
             self.results.append(result)
             log.warning("reclaimed %s/%s: %d signalled, %d killed, stopped in %.2f s, %s", namespace, name,
                         signalled, killed, stopped_s, api)
@@ -125,8 +141,9 @@ class Reclaimer:
         finally:
             self.in_flight.pop(order.pod, None)
 
-    async def stop(self, order: ReclaimOrder) -> tuple[int, int, float]:
-        """Signal, wait up to the deadline, kill what is left; (signalled, killed, seconds)."""
+    async def stop(self, order: ReclaimOrder) -> tuple[int, int, float, int]:
+        """Signal, wait up to the deadline, suspend the CUDA state of what is left, kill it;
+        (signalled, killed, seconds, suspended)."""
         began = self._clock()
         pids = await asyncio.to_thread(self._processes.pids, order.processes)
         for pid in pids:
@@ -135,6 +152,15 @@ class Reclaimer:
         left = pids
         while left and self._clock() < deadline:
             await asyncio.sleep(self._poll)
+            left = await asyncio.to_thread(self._processes.pids, order.processes)
+        suspended = 0
+        if left and self._suspender is not None:
+            try:
+                outcomes = await self._suspender.suspend(left)
+            except Exception:  # the kill below ends them regardless
+                log.exception("suspending the CUDA state of %s/%s failed", *order.pod)
+                outcomes = {}
+            suspended = sum(1 for o in outcomes.values() if o is Suspension.SUSPENDED)
             left = await asyncio.to_thread(self._processes.pids, order.processes)
         killed: set[int] = set()
         settle = self._clock() + KILL_SETTLE_SECONDS
@@ -148,4 +174,4 @@ class Reclaimer:
                 break
             await asyncio.sleep(self._poll)
             left = await asyncio.to_thread(self._processes.pids, order.processes)
-        return len(pids), len(killed), self._clock() - began
+        return len(pids), len(killed), self._clock() - began, suspended

@@ -3,7 +3,9 @@
 Threads: the event source calls :meth:`LendingService.decide` (an opener may be waiting) and the
 recorder calls :meth:`LendingService.on_open` after recording a holder, both on the source's
 thread; everything else runs on the agent's event loop. Loans and the set of pods in reclaim are
-guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe``.
+guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe``. Each step also
+reads the owners of every loan (:mod:`~gpupool.nodeagent.lending.owner_activity`, files in a worker
+thread): an owner that computes again without opening the card is handled as if it had opened it.
 
 Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``; where it
 cannot (the /proc scan, and every character device on kernels that report no fanotify events for
@@ -17,21 +19,23 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.lending.devices import lent_devices
 from gpupool.nodeagent.lending.loans import Loan, LoanFile, new_loans
+from gpupool.nodeagent.lending.options import ActivityThresholds
+from gpupool.nodeagent.lending.owner_activity import OwnerWatch
 from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder
-from gpupool.nodeagent.lending.rules import Claim, Occupant, OpenDecision, PodKey, decide_open
+from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, decide_open
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.monitor.usage_state import Holder, ProcessIdentity
+from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ class LendingConfig:
 
     loans_path: str
     deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
+    activity: ActivityThresholds = field(default_factory=ActivityThresholds)
+    shim_state_dir: str | None = None
+    """Where the interception library's per-container regions are (``--state-dir``); ``None``: not read."""
 
 
 class LendingService:
@@ -67,6 +74,10 @@ class LendingService:
         self._loans: dict[int, Loan] = {}
         self._reclaiming: set[PodKey] = set()
         self.reclaimer = reclaimer_factory(self._after_stop)
+        self.watch = OwnerWatch(config.activity, pods.get, config.shim_state_dir)
+        self._returned: set[int] = set()
+        """Cards whose owner came back by activity while the monitor still calls them idle (memory only):
+        not lent again until the monitor has seen them busy (loop thread only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.decisions: list[tuple[str, OpenDecision]] = []
         """The last decisions that did anything (for logs, /usage and tests), newest last."""
@@ -143,7 +154,7 @@ class LendingService:
             new = [p for p in decision.reclaim if p not in self._reclaiming]
             self._reclaiming.update(new)
         if ended is not None:
-            log.warning("card %d: owner %s opened it again; the loan ends", card, "/".join(asker.container))
+            log.warning("card %d: %s by owner %s; the loan ends", card, what, "/".join(asker.container))
             self._call(self._loan_ended)
         if new or decision.verdict is Verdict.DENY:
             log.warning("card %d %s by %s: rule %d, %s; %s", card, what, "/".join(asker.container),
@@ -208,16 +219,30 @@ class LendingService:
         self.publisher.offer(x.offer() for x in self.loans.values())
         await self._devices_changed()
 
+    def _owner_back(self, loan: Loan, owner: ContainerKey) -> None:
+        """An owner computes again without opening the card: the same rules as its open (rule 1)."""
+        namespace, name, container = owner
+        pod = self.pods.get((namespace, name))
+        container_id = pod.container_ids.get(container, "") if pod is not None else ""
+        self._apply(loan.path, ProcessIdentity(container_id, container, name, namespace), "owner activity")
+        if loan.card not in self.loans:
+            self._returned.add(loan.card)
+
     async def step(self) -> None:
-        """Lend the cards that went idle, end loans whose owners left the node."""
+        """End loans whose owners compute again or left the node, lend the cards that went idle."""
         state, sample = self.monitor.state, self.monitor.last_sample
+        for loan, owner in await asyncio.to_thread(self.watch.observe, self.loans, sample, state):
+            self._owner_back(loan, owner)
+        self._returned = {c for c in self._returned if any(
+            self.monitor.cards.get(d.path) == c and d.state is DeviceState.IDLE for d in state.devices)}
         with self._lock:
             gone = [c for c, x in self._loans.items() if self.pods.synced
                     and all(self.pods.get((ns, pod)) is None for ns, pod, _ in x.owners)]
             for card in gone:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
-            fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get, self._loans)
+            fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get,
+                              set(self._loans) | self._returned)
             for loan in fresh:
                 log.info("card %d is idle: lending %d MiB, %d %% (owners %s)", loan.card, loan.memory_mib,
                          loan.compute_percent, sorted(loan.owners))

@@ -16,6 +16,7 @@ from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
+from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
 from gpupool.nodeagent.lending.kube_io import KubeLending
 from gpupool.nodeagent.lending.options import LendingOptions
 from gpupool.nodeagent.lending.pods import LendingPods
@@ -42,10 +43,15 @@ class LendingSetup:
         self.pods = LendingPods(resources, self.names, options.threshold)
         self.kube = KubeLending(node, self.names, kubeconfig)
         self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
-        tool = find_cuda_checkpoint()
+        tool, bound = find_cuda_checkpoint(), options.cuda_checkpoint_timeout_s
+        self.cuda = CudaCheckpoint(tool, bound) if tool and bound > 0 else None
         log.info("checkpoint protocol: directories under %s, deadline %g s; cuda-checkpoint %s",
-                 options.checkpoint_root, options.deadline_s, f"found at {tool} (not driven yet)" if tool
-                 else "not found")
+                 options.checkpoint_root, options.deadline_s,
+                 f"at {tool}: suspends what outlives the deadline (up to {bound:g} s)" if self.cuda
+                 else f"at {tool}, not run (--cuda-checkpoint-timeout 0)" if tool else "not found")
+        a = options.activity
+        log.info("owner activity ends a loan: %d %% SM or +%d MiB for %d samples in a row (regions under %s)",
+                 a.percent, a.memory_mib, a.samples, options.shim_state_dir or "none")
 
     def wrap(self, enforcement: Enforcement) -> CheckpointEnforcement:
         """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
@@ -54,12 +60,14 @@ class LendingSetup:
     def attach(self, agent: NodeAgent, monitor: UsageMonitor) -> LendingService:
         """Step 2: the service, plugged into the agent's device list and Allocate check."""
         def reclaimer(on_stopped: StoppedHook) -> Reclaimer:
-            return Reclaimer(ProcfsProcesses(), self.kube, on_stopped=on_stopped)
+            return Reclaimer(ProcfsProcesses(), self.kube, on_stopped=on_stopped, suspender=self.cuda)
 
         loans = os.path.join(os.path.dirname(monitor.config.state_path) or ".", LOANS_FILE)
         service = LendingService(monitor, lambda: agent.inventory, agent.layout, self.pods, reclaimer,
                                  LendablePublisher(self.kube.write_lendable), agent.devices_changed,
-                                 LendingConfig(loans, self.options.deadline_s), ContainerResolver(monitor.directory))
+                                 LendingConfig(loans, self.options.deadline_s, self.options.activity,
+                                               self.options.shim_state_dir),
+                                 ContainerResolver(monitor.directory))
         agent.extra_devices = service.device_list
 
         def vouch(pod: PodView, container: ContainerAssignment) -> bool:
@@ -69,6 +77,11 @@ class LendingSetup:
                     and all(s.card in loans_now and s.memory_mib <= loans_now[s.card].memory_mib
                             for s in container.slices))
 
+        def on_loan(pod: PodView) -> bool:
+            known = self.pods.get(pod.key)
+            return known is not None and known.borrowed
+
         agent.vouch = vouch
+        agent.on_loan = on_loan
         service.start(asyncio.get_running_loop())
         return service

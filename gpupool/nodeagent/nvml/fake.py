@@ -5,7 +5,8 @@ Format (all keys but ``cards`` and each card's ``memoryMiB`` optional)::
     model: NVIDIA-H200              # every card's model unless the card names its own
     cards:                          # index defaults to the position, uuid to GPU-fake-<position>
       - {uuid: GPU-aaaa, memoryMiB: 143771}
-      - {index: 1, uuid: GPU-bbbb, model: NVIDIA-H200, memoryMiB: 143771, healthy: false}
+      - {index: 1, uuid: GPU-bbbb, model: NVIDIA-H200, memoryMiB: 143771, healthy: false,
+         pciBusId: "00000000:3B:00.0"}  # NVML's PCI address (names the card's dmem region)
     topology: [[0, 1], [2, 3]]      # nested groups of card positions (Topology.from_tree) or
     links: [[0, 1], [1, 0]]         # a full matrix of LinkLevel numbers
     devicePathPrefix: /dev/nvidia   # device nodes are <prefix><index>
@@ -49,8 +50,10 @@ class FakeGpuBackend:
     """Serves a fixed inventory and replays scripted health events (or ones injected by tests)."""
 
     def __init__(self, cards: list[GpuCard], topology: Topology, device_paths: list[str],
-                 events: list[ScriptedEvent] | None = None, usage: ScriptedUsage | None = None) -> None:
+                 events: list[ScriptedEvent] | None = None, usage: ScriptedUsage | None = None,
+                 pci_bus_ids: tuple[str, ...] = ()) -> None:
         self._cards = {c.index: c for c in cards}
+        self._pci = dict(zip((c.index for c in cards), pci_bus_ids, strict=False))
         self._positions = [c.index for c in cards]
         self._topology = topology
         self._paths = device_paths
@@ -81,12 +84,14 @@ class FakeGpuBackend:
                 usage = ScriptedUsage.from_dict(data, clock, source=source)
             except UsageScriptError as exc:
                 raise FakeGpuFileError(str(exc)) from None
-        return FakeGpuBackend(list(spec.cards), spec.topology, list(spec.device_paths), list(spec.events), usage)
+        return FakeGpuBackend(list(spec.cards), spec.topology, list(spec.device_paths), list(spec.events), usage,
+                              spec.pci_bus_ids)
 
     def inventory(self) -> GpuInventory:
         """The cards with their current health."""
         cards = tuple(self._cards[i] for i in sorted(self._cards))
-        return GpuInventory(cards=cards, topology=self._topology, device_paths=tuple(self._paths))
+        return GpuInventory(cards=cards, topology=self._topology, device_paths=tuple(self._paths),
+                            pci_bus_ids=tuple(self._pci.get(c.index, "") for c in cards))
 
     def inject(self, event: HealthEvent) -> None:
         """Apply a health change now (tests); it is also emitted by :meth:`health_events`."""

@@ -14,6 +14,7 @@ The format is described in :mod:`gpupool.nodeagent.nvml.fake` and docs/node-agen
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,9 @@ from gpupool.api.limits import MAX_CARD_INDEX, MAX_CARD_MEMORY_MIB, MAX_CARDS_PE
 from gpupool.core.model import GpuCard, LinkLevel, Topology
 
 TOP_KEYS = frozenset({"model", "cards", "topology", "links", "devicePathPrefix", "events", "usage"})
-CARD_KEYS = frozenset({"index", "uuid", "model", "memoryMiB", "healthy"})
+CARD_KEYS = frozenset({"index", "uuid", "model", "memoryMiB", "healthy", "pciBusId"})
+PCI_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+"""NVML's form (``00000000:3B:00.0``) or the kernel's (``0000:3b:00.0``)."""
 EVENT_KEYS = frozenset({"at", "card", "xid", "recover", "lost"})
 DEFAULT_MODEL = "FAKE-GPU"
 DEFAULT_DEVICE_PREFIX = "/dev/nvidia"
@@ -54,6 +57,7 @@ class FakeGpuFile:
     topology: Topology
     device_paths: tuple[str, ...]
     events: tuple[ScriptedEvent, ...]
+    pci_bus_ids: tuple[str, ...] = ()
 
 
 def read_fake_gpu_file(data: Any, source: str) -> FakeGpuFile:
@@ -90,7 +94,8 @@ def _read(data: Any) -> FakeGpuFile:
     events = _list(top.get("events"), "events")
     indices = {c.index for c in cards}
     return FakeGpuFile(cards=cards, topology=topology, device_paths=tuple(f"{prefix}{c.index}" for c in cards),
-                       events=tuple(_event(raw, i, indices) for i, raw in enumerate(events)))
+                       events=tuple(_event(raw, i, indices) for i, raw in enumerate(events)),
+                       pci_bus_ids=tuple(_pci_bus_id(raw, pos) for pos, raw in enumerate(raw_cards)))
 
 
 def _card(raw: Any, pos: int, model: str) -> GpuCard:
@@ -106,6 +111,18 @@ def _card(raw: Any, pos: int, model: str) -> GpuCard:
     return GpuCard(index=index, uuid=_text(entry, "uuid", where, f"GPU-fake-{pos:04d}"),
                    model=_text(entry, "model", where, model), memory_mib=memory,
                    healthy=_flag(entry, "healthy", where, True))
+
+
+def _pci_bus_id(raw: Any, pos: int) -> str:
+    """The card's ``pciBusId`` (``""`` when absent): what names its region of the dmem controller."""
+    where = f"cards[{pos}]"
+    entry = _mapping(raw, where, CARD_KEYS)
+    if "pciBusId" not in entry:
+        return ""
+    value = _text(entry, "pciBusId", where, "")
+    if not PCI_BUS_ID.match(value):
+        raise _FieldError(f"{where}.pciBusId: {shown(value)} is not a PCI address like 00000000:3B:00.0")
+    return value
 
 
 def _links(raw: Any) -> Topology:

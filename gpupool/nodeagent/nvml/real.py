@@ -60,13 +60,14 @@ class NvmlBackend:
         """Cards with UUID, model, memory, minor number, pairwise link level and health."""
         n = self._nvml
         handles = self._handles()
-        cards, paths = [], []
+        cards, paths, buses = [], [], []
         for i, h in enumerate(handles):
             memory = n.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
             cards.append(GpuCard(index=i, uuid=_text(n.nvmlDeviceGetUUID(h)),
                                  model=_text(n.nvmlDeviceGetName(h)).replace(" ", "-"),
                                  memory_mib=int(memory), healthy=i not in self._unhealthy))
             paths.append(f"/dev/nvidia{n.nvmlDeviceGetMinorNumber(h)}")
+            buses.append(self._pci_bus_id(h))
         levels = [[LinkLevel.SELF] * len(handles) for _ in handles]
         for a, ha in enumerate(handles):
             for b, hb in enumerate(handles):
@@ -82,7 +83,16 @@ class NvmlBackend:
                     pass
                 levels[a][b] = level
         topology = Topology(tuple(tuple(row) for row in levels))
-        return GpuInventory(cards=tuple(cards), topology=topology, device_paths=tuple(paths))
+        return GpuInventory(cards=tuple(cards), topology=topology, device_paths=tuple(paths),
+                            pci_bus_ids=tuple(buses))
+
+    def _pci_bus_id(self, handle: Any) -> str:
+        """``00000000:3B:00.0``; ``""`` when the driver does not answer (the card's dmem region,
+        which is named by it, is then not looked for)."""
+        try:
+            return _text(self._nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except Exception:
+            return ""
 
     def sample_usage(self) -> UsageSample:
         """Utilisation, memory and processes of every card that answers (:mod:`.usage`)."""

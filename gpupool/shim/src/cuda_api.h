@@ -38,6 +38,20 @@ API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3
                                     unsigned int numMipmapLevels);
 API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                    size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+API CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                            size_t numDependencies, CUgraphNodeParams *nodeParams);
+API CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                               const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                               CUgraphNodeParams *nodeParams);
+API CUresult cuGraphDestroyNode(CUgraphNode hNode);
+API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+                                       CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                       size_t *numDependencies_out);
+API CUresult cuGraphDestroy(CUgraph hGraph);
+
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 

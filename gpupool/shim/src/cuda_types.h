@@ -35,6 +35,8 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 
 /* cuGetProcAddress flags and results. */
 enum {
@@ -97,6 +99,56 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* Memory pools: only the release threshold matters here (how much freed memory a pool keeps). */
+typedef int CUmemPool_attribute;
+enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 };
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* Graph memory nodes (cuGraphAddMemAllocNode, and cuGraphAddNode with type MEM_ALLOC). */
+typedef struct {
+    CUmemLocation location;
+    int flags;
+} CUmemAccessDesc;
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+enum { CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+typedef struct {
+    unsigned char from_port;
+    unsigned char to_port;
+    unsigned char type;
+    unsigned char reserved[5];
+} CUgraphEdgeData;
+
+/* Stream capture: a stream being captured records work into a graph instead of running it. */
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
+
+/* Inter-process memory handles. */
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
+
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -146,5 +198,17 @@ typedef struct {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 #define NVML_DEVICE_UUID_BUFFER_SIZE 80
+typedef struct {
+    char busIdLegacy[16]; /* "0000:3b:00.0" style, 4-digit domain */
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32]; /* "00000000:3B:00.0": 8-digit domain, upper case */
+} nvmlPciInfo_t;
+
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps layout");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
 
 #endif

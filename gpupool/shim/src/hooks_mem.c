@@ -108,11 +108,30 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     GUARDED_FREE(SHIM_KIND_HANDLE, handle, REAL(cuMemRelease)(handle));
 }
 
-/* Stream-ordered allocations count when they are requested; the pool's cached memory does not. */
+/* The graph a stream is being captured into, or NULL (the legacy NULL stream is never captured). */
+static CUgraph capture_graph(CUstream stream) {
+    if (stream == NULL || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUgraph graph = NULL;
+    if (REAL(cuStreamGetCaptureInfo_v2)(stream, &status, NULL, &graph, NULL, NULL) != CUDA_SUCCESS) return NULL;
+    return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : NULL;
+}
+
+/* Stream-ordered allocations count when they are requested (hooks_graph.c: a pool keeps nothing
+ * freed under a limit). One made while its stream is captured is a memory node of the capture's
+ * graph: charged like one, until the graph is destroyed; its free inside the capture gives back
+ * nothing, since the graph holds the memory at every launch. */
 #define ASYNC_ALLOC(name, ...)                                                                          \
     REQUIRE(name);                                                                                      \
     int dev = limited_device();                                                                         \
-    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__))
+    CUgraph graph = dev < 0 ? NULL : capture_graph(hStream);                                            \
+    if (graph == NULL) GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__)); \
+    CUresult status = charge(dev, bytesize);                                                            \
+    if (status != CUDA_SUCCESS) return status;                                                          \
+    status = REAL(name)(__VA_ARGS__);                                                                   \
+    if (status != CUDA_SUCCESS) shim_region_release(dev, bytesize);                                     \
+    else shim_track_owned(SHIM_KIND_CAPTURED, *dptr, dev, bytesize, (uintptr_t)graph);                  \
+    return status
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);

@@ -1,6 +1,7 @@
 /*
- * The process's live allocations (pointer, handle or array -> card and bytes), so that a free,
- * which names only the pointer, returns the right amount to the container's budget.
+ * The process's live allocations (pointer, handle, array or graph memory node -> card and bytes),
+ * so that a free, which names only the pointer, returns the right amount to the container's budget.
+ * An entry may name an owner (a graph for its memory nodes), whose destruction releases them all.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@ struct entry {
     uint32_t kind; /* 0: empty; TOMBSTONE: removed */
     int32_t dev;
     uint64_t bytes;
+    uint64_t owner; /* 0: none */
 };
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -51,7 +53,9 @@ static int grow(void) {
     return 0;
 }
 
-void shim_track(int kind, uint64_t key, int dev, uint64_t bytes) {
+void shim_track(int kind, uint64_t key, int dev, uint64_t bytes) { shim_track_owned(kind, key, dev, bytes, 0); }
+
+void shim_track_owned(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t owner) {
     pthread_mutex_lock(&table_lock);
     if ((occupied + 1) * 2 > capacity && grow() != 0) {
         pthread_mutex_unlock(&table_lock);
@@ -61,11 +65,16 @@ void shim_track(int kind, uint64_t key, int dev, uint64_t bytes) {
     uint32_t s = slot_of(key, (uint32_t)kind);
     while (table[s].kind != 0 && table[s].kind != TOMBSTONE) s = (s + 1) & (capacity - 1);
     if (table[s].kind == 0) occupied++;
-    table[s] = (struct entry){.key = key, .kind = (uint32_t)kind, .dev = dev, .bytes = bytes};
+    table[s] = (struct entry){.key = key, .kind = (uint32_t)kind, .dev = dev, .bytes = bytes, .owner = owner};
     pthread_mutex_unlock(&table_lock);
 }
 
 int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
+    uint64_t owner;
+    return shim_untrack_owned(kind, key, dev, bytes, &owner);
+}
+
+int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner) {
     int found = 0;
     pthread_mutex_lock(&table_lock);
     if (capacity != 0) {
@@ -74,6 +83,7 @@ int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
             if (table[s].kind == (uint32_t)kind && table[s].key == key) {
                 *dev = table[s].dev;
                 *bytes = table[s].bytes;
+                *owner = table[s].owner;
                 table[s].kind = TOMBSTONE;
                 found = 1;
                 break;
@@ -83,6 +93,21 @@ int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
     }
     pthread_mutex_unlock(&table_lock);
     return found;
+}
+
+/* A whole-table scan: only graph destruction (rare) calls it. The region is updated after the
+ * table's lock is dropped, so the two locks are never held together. */
+void shim_release_owned(int kind, uint64_t owner) {
+    uint64_t freed[SHIM_MAX_DEVICES] = {0};
+    pthread_mutex_lock(&table_lock);
+    for (uint32_t i = 0; i < capacity; i++) {
+        if (table[i].kind != (uint32_t)kind || table[i].owner != owner) continue;
+        if (table[i].dev >= 0 && table[i].dev < SHIM_MAX_DEVICES) freed[table[i].dev] += table[i].bytes;
+        table[i].kind = TOMBSTONE;
+    }
+    pthread_mutex_unlock(&table_lock);
+    for (int dev = 0; dev < SHIM_MAX_DEVICES; dev++)
+        if (freed[dev] != 0) shim_region_release(dev, freed[dev]);
 }
 
 /* In a forked child: the parent's allocations are not the child's, and the lock may be held by a
@@ -102,6 +127,12 @@ int shim_current_device(void) {
 
 int shim_memory_limited(int dev) {
     return dev >= 0 && dev < SHIM_MAX_DEVICES && shim_config()->enabled && shim_memory_limit(dev) != 0;
+}
+
+int shim_any_memory_limited(void) {
+    for (int dev = 0; dev < SHIM_MAX_DEVICES; dev++)
+        if (shim_memory_limited(dev)) return 1;
+    return 0;
 }
 
 static uint64_t element_bytes(CUarray_format format) {

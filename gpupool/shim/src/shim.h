@@ -58,11 +58,18 @@ struct shim_bucket;
 SHIM_HIDDEN struct shim_bucket *shim_region_bucket(int dev);
 
 /* memory.c */
-enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4 };
+enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4, SHIM_KIND_GRAPH_NODE = 5,
+       SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */ };
 SHIM_HIDDEN int shim_current_device(void);
 SHIM_HIDDEN int shim_memory_limited(int dev);
+SHIM_HIDDEN int shim_any_memory_limited(void);
 SHIM_HIDDEN void shim_track(int kind, uint64_t key, int dev, uint64_t bytes);
+/* Tracked with an owner (a graph's memory nodes: the graph), so all of an owner's go at once. */
+SHIM_HIDDEN void shim_track_owned(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t owner);
 SHIM_HIDDEN int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes);
+SHIM_HIDDEN int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner);
+/* Untrack every entry of kind with this owner and give its bytes back to the region. */
+SHIM_HIDDEN void shim_release_owned(int kind, uint64_t owner);
 SHIM_HIDDEN void shim_forget_all(void);
 SHIM_HIDDEN uint64_t shim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned channels);
 
@@ -93,6 +100,12 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuArrayDestroy, "cuArrayDestroy", 0, 0)                                                           \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0)                                           \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0)                                         \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0)                                             \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0)                                           \
+    X(cuGraphAddNode, "cuGraphAddNode", 0, 0)                                                           \
+    X(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0)                                                    \
+    X(cuGraphDestroyNode, "cuGraphDestroyNode", 0, 0)                                                   \
+    X(cuGraphDestroy, "cuGraphDestroy", 0, 0)                                                           \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                         \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                                 \
     X(cuLaunchKernel, "cuLaunchKernel", 0, 0)                                                           \
@@ -109,6 +122,7 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
 /* Entry points the library calls but does not wrap. */
 #define SHIM_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice)                                                                                   \
+    X(cuStreamGetCaptureInfo_v2)                                                                        \
     X(nvmlInit_v2)                                                                                      \
     X(nvmlDeviceGetHandleByIndex_v2)                                                                    \
     X(nvmlDeviceGetHandleByUUID)                                                                        \

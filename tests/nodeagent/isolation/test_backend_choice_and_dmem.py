@@ -8,12 +8,20 @@ import pytest
 from click.testing import CliRunner
 
 from gpupool.cli.main import cli
-from gpupool.nodeagent.isolation.backends import IsolationBackend, IsolationConfigError, choose_backend
+from gpupool.nodeagent.isolation.backends import (
+    IsolationBackend,
+    IsolationConfigError,
+    NoEnforcement,
+    choose_backend,
+)
 from gpupool.nodeagent.isolation.dmem import detect_dmem, parse_capacity
+from gpupool.nodeagent.isolation.dmem_backend import DmemEnforcement
 from gpupool.nodeagent.isolation.mps_backend import MpsEnforcement
 from gpupool.nodeagent.isolation.setup import IsolationConfig, build_enforcement
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+from tests.nodeagent.isolation.dmem_tree import NVIDIA_BUS_ID, NVIDIA_REGION
+from tests.nodeagent.isolation.dmem_tree import cgroup_root as dmem_root
 
 
 @pytest.mark.parametrize(("requested", "library", "backend"), [
@@ -44,7 +52,7 @@ def test_the_command_refuses_shim_without_a_library_before_starting() -> None:
 
 def test_help_names_the_isolation_options() -> None:
     result = CliRunner().invoke(cli, ["node-agent", "--help"])
-    for option in ("--isolation", "--shim-library", "--compute-mode", "--state-dir", "--mps-control"):
+    for option in ("--isolation", "--shim-library", "--compute-mode", "--state-dir", "--mps-control", "--cgroup-root"):
         assert option in result.output
 
 
@@ -62,6 +70,19 @@ def test_build_enforcement(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     assert not none.state().enforcing
     assert "shares are NOT enforced" in caplog.text
     assert not (tmp_path / "n").exists()  # nothing is written for a node without enforcement
+
+
+def test_build_enforcement_adds_dmem_limits_where_the_kernel_has_the_controller(tmp_path: Path) -> None:
+    (tmp_path / "cgroup").mkdir()
+    root = str(dmem_root(tmp_path / "cgroup"))
+    directory = InMemoryContainerDirectory()
+    mps = build_enforcement(IsolationConfig("mps", None, str(tmp_path / "m"), cgroup_root=root), directory,
+                            {0: NVIDIA_BUS_ID, 1: ""})
+    assert isinstance(mps, DmemEnforcement) and isinstance(mps.inner, MpsEnforcement)
+    assert mps.limiter.regions[0].region == NVIDIA_REGION and not mps.limiter.regions[1].region
+    none = build_enforcement(IsolationConfig("none", None, str(tmp_path / "n"), cgroup_root=root), directory,
+                             {0: NVIDIA_BUS_ID})
+    assert isinstance(none, NoEnforcement)  # "none" writes nothing, dmem or not
 
 
 def cgroup_root(tmp_path: Path, controllers: str | None, capacity: str | None) -> str:

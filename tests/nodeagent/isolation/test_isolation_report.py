@@ -8,16 +8,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api import environment as env
+from gpupool.api.lending import LendingNames
+from gpupool.api.names import ResourceNames
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.isolation.report import isolation_table
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore
+from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.metrics import metrics_app
 from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.testing.node_workload import generate
@@ -36,16 +42,22 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
-def test_metrics_and_usage_show_the_backend_and_registered_processes() -> None:
+@pytest.mark.parametrize("lending", [pytest.param(False, id="shim"),
+                                     pytest.param(True, id="shim-wrapped-by-lending-checkpoints")])
+def test_metrics_and_usage_show_the_backend_and_registered_processes(lending: bool) -> None:
     gpu_file, pods = generate(3, cards=2, seed=2)
     state = Path(tempfile.mkdtemp(prefix="gs", dir="/tmp"))  # short: the socket lives below it
     library = state / "lib.so"
     library.write_bytes(b"\x7fELF")
     registry = ShimRegistry(lambda _: CgroupIdentity(Runtime.UNKNOWN))
     shim = ShimEnforcement(str(library), ShimLayout(str(state)), registry)
+    enforcement: Enforcement = shim
+    if lending:  # --lending wraps the backend; the report must still see the registrations
+        enforcement = CheckpointEnforcement(shim, CheckpointStore(str(state / "ckpt")),
+                                            LendingPods(ResourceNames(), LendingNames()).get)
 
     async def main() -> None:
-        async with running_node(gpu_file, [p.json for p in pods], seed=2, enforcement=shim) as node:
+        async with running_node(gpu_file, [p.json for p in pods], seed=2, enforcement=enforcement) as node:
             await node.kubelet.handle_pod_additions([fake_pod(p.json) for p in pods])
             await node.kubelet.wait_idle()
             fake = next(iter(node.kubelet.pod_manager.values()))

@@ -8,7 +8,10 @@
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
- *        (I: index of an earlier allocation)
+ *        defpool  mkpool  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
+ *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
+ *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
+ *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -23,9 +26,21 @@
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxSynchronize(void);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+uint64_t gpupoolStandinUsedBytes(int dev);
 
 #define CUDA_VERSION_ASKED 12080
 #define MAX_HANDLES 4096
+#define CAPTURED_STREAM ((CUstream)(uintptr_t)0x5000) /* the stand-in takes any non-NULL stream */
 
 static struct {
     __typeof__(&cuInit) init;
@@ -48,6 +63,21 @@ static struct {
     __typeof__(&cuMemGetInfo_v2) info;
     __typeof__(&cuDeviceTotalMem_v2) total;
     __typeof__(&cuLaunchKernel) launch;
+    __typeof__(&cuCtxSynchronize) sync;
+    __typeof__(&cuDeviceGetDefaultMemPool) default_pool;
+    __typeof__(&cuMemPoolCreate) pool_create;
+    __typeof__(&cuMemPoolSetAttribute) pool_set;
+    __typeof__(&cuMemPoolGetAttribute) pool_get;
+    __typeof__(&cuGraphCreate) graph_create;
+    __typeof__(&cuGraphAddMemAllocNode) graph_memory;
+    __typeof__(&cuGraphAddNode_v2) graph_node;
+    __typeof__(&cuGraphDestroyNode) graph_destroy_node;
+    __typeof__(&cuGraphDestroy) graph_destroy;
+    __typeof__(&cuIpcGetMemHandle) ipc_get;
+    __typeof__(&cuIpcOpenMemHandle_v2) ipc_open;
+    __typeof__(&cuIpcCloseMemHandle) ipc_close;
+    __typeof__(&cuStreamBeginCapture_v2) begin_capture;
+    __typeof__(&cuStreamEndCapture) end_capture;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -102,6 +132,21 @@ static void fill(char mode) {
     FILL(info, cuMemGetInfo_v2, "cuMemGetInfo");
     FILL(total, cuDeviceTotalMem_v2, "cuDeviceTotalMem");
     FILL(launch, cuLaunchKernel, "cuLaunchKernel");
+    FILL(sync, cuCtxSynchronize, "cuCtxSynchronize");
+    FILL(default_pool, cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    FILL(pool_create, cuMemPoolCreate, "cuMemPoolCreate");
+    FILL(pool_set, cuMemPoolSetAttribute, "cuMemPoolSetAttribute");
+    FILL(pool_get, cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
+    FILL(graph_create, cuGraphCreate, "cuGraphCreate");
+    FILL(graph_memory, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode");
+    FILL(graph_node, cuGraphAddNode_v2, "cuGraphAddNode");
+    FILL(graph_destroy_node, cuGraphDestroyNode, "cuGraphDestroyNode");
+    FILL(graph_destroy, cuGraphDestroy, "cuGraphDestroy");
+    FILL(ipc_get, cuIpcGetMemHandle, "cuIpcGetMemHandle");
+    FILL(ipc_open, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle");
+    FILL(ipc_close, cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+    FILL(begin_capture, cuStreamBeginCapture_v2, "cuStreamBeginCapture");
+    FILL(end_capture, cuStreamEndCapture, "cuStreamEndCapture");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -118,6 +163,89 @@ static unsigned long long size_of(const char *text) {
 static void keep(CUresult rc, unsigned long long handle) {
     if (rc == CUDA_SUCCESS && handle_count < MAX_HANDLES) handles[handle_count++] = handle;
     printf(" %d", rc == CUDA_SUCCESS ? handle_count - 1 : -1);
+}
+
+/* "I:SIZE": an earlier handle and a size. */
+static unsigned long long indexed(const char *argument, unsigned long long *size) {
+    const char *colon = strchr(argument, ':');
+    *size = colon ? size_of(colon + 1) : 0;
+    return handles[atoi(argument) % MAX_HANDLES];
+}
+
+/* The memory-pool, graph and IPC steps; 0 when the verb is none of them. */
+static int step_more(const char *verb, const char *argument) {
+    unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb, "defpool") == 0) {
+        CUmemoryPool pool = NULL;
+        rc = api.default_pool(&pool, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)pool);
+    } else if (strcmp(verb, "mkpool") == 0) {
+        CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        CUmemoryPool pool = NULL;
+        rc = api.pool_create(&pool, &props);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)pool);
+    } else if (strcmp(verb, "setkeep") == 0) {
+        cuuint64_t value = size;
+        printf(" %d", api.pool_set((CUmemoryPool)(uintptr_t)target, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &value));
+    } else if (strcmp(verb, "getkeep") == 0) {
+        cuuint64_t value = 0;
+        rc = api.pool_get((CUmemoryPool)(uintptr_t)target, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &value);
+        printf(" %d %llu", rc, (unsigned long long)value);
+    } else if (strcmp(verb, "poolalloc") == 0) {
+        rc = api.pool(&handle, size, (CUmemoryPool)(uintptr_t)target, NULL);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "sync") == 0) {
+        printf(" %d", api.sync());
+    } else if (strcmp(verb, "used") == 0) {
+        printf(" 0 %llu", (unsigned long long)gpupoolStandinUsedBytes(0));
+    } else if (strcmp(verb, "graph") == 0) {
+        CUgraph graph = NULL;
+        rc = api.graph_create(&graph, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)graph);
+    } else if (strcmp(verb, "gmem") == 0 || strcmp(verb, "gnode") == 0) {
+        CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC};
+        params.alloc.poolProps = (CUmemPoolProps){.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE}};
+        params.alloc.bytesize = size;
+        CUgraphNode node = NULL;
+        CUgraph graph = (CUgraph)(uintptr_t)target;
+        rc = verb[1] == 'm' ? api.graph_memory(&node, graph, NULL, 0, &params.alloc)
+                            : api.graph_node(&node, graph, NULL, NULL, 0, &params);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)node);
+    } else if (strcmp(verb, "gdelnode") == 0) {
+        printf(" %d", api.graph_destroy_node((CUgraphNode)(uintptr_t)target));
+    } else if (strcmp(verb, "gdel") == 0) {
+        printf(" %d", api.graph_destroy((CUgraph)(uintptr_t)target));
+    } else if (strcmp(verb, "ipcopen") == 0) {
+        CUipcMemHandle ipc;
+        rc = api.ipc_get(&ipc, target);
+        if (rc == CUDA_SUCCESS) rc = api.ipc_open(&handle, ipc, 1);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "ipcclose") == 0) {
+        printf(" %d", api.ipc_close(target));
+    } else if (strcmp(verb, "capture") == 0) {
+        printf(" %d", api.begin_capture(CAPTURED_STREAM, 0));
+    } else if (strcmp(verb, "endcapture") == 0) {
+        CUgraph graph = NULL;
+        rc = api.end_capture(CAPTURED_STREAM, &graph);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)graph);
+    } else if (strcmp(verb, "casync") == 0) {
+        rc = api.async(&handle, size_of(argument), CAPTURED_STREAM);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "cfree") == 0) {
+        printf(" %d", api.free_async(target, CAPTURED_STREAM));
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 static void step(const char *text) {
@@ -204,7 +332,7 @@ static void step(const char *text) {
         printf(" 0\n");
         fflush(stdout);
         for (;;) pause();
-    } else {
+    } else if (!step_more(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

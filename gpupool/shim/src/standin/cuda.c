@@ -4,6 +4,12 @@
  * by symbol and through cuGetProcAddress_v2 (from its own table, like the real driver, so the
  * lookup never passes through dlsym), and launches that occupy the card's shared timeline for the
  * configured kernel time. No memory is really allocated: pointers are numbers.
+ *
+ * Memory pools keep what cuMemFreeAsync gives back (still counted as used) and release the part
+ * above their release threshold at the next synchronisation, as the real driver does; graph memory
+ * nodes take their memory when they are created and give it back when the node or its graph is
+ * destroyed (a stream-ordered allocation on a captured stream is one: its free in the capture
+ * gives nothing back); IPC handles carry the exporter's pointer, and opening one allocates nothing.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +24,8 @@
 #define POINTER_BASE 0x700000000000ull
 #define ALIGNMENT 512ull
 #define MAX_ALLOCATIONS 65536
+#define MAX_POOLS 64 /* the first STANDIN_MAX_DEVICES are the cards' default pools */
+#define NO_POOL (-1)
 
 API CUresult cuDriverGetVersion(int *version);
 API CUresult cuDeviceGet(CUdevice *device, int ordinal);
@@ -33,16 +41,36 @@ API CUresult cuCtxSynchronize(void);
 API CUresult cuStreamSynchronize(CUstream stream);
 API uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
 API uint64_t gpupoolStandinUsedBytes(int dev);
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+API CUresult cuMemPoolDestroy(CUmemoryPool pool);
+API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 
 struct allocation {
     uint64_t key; /* 0: free entry */
     int dev;
+    int pool;       /* NO_POOL, or the pool a stream-ordered allocation came from */
+    uint64_t graph; /* the graph of a memory node, 0: none */
     uint64_t bytes;
+};
+
+struct pool {
+    int live;
+    int dev;
+    uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+    uint64_t retained;  /* freed into the pool, still used on the card */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct allocation allocations[MAX_ALLOCATIONS];
 static uint64_t used[STANDIN_MAX_DEVICES];
+static struct pool pools[MAX_POOLS];
 static uint64_t next_address = POINTER_BASE;
 static uint64_t last_end_ns;
 static int initialised;
@@ -57,27 +85,35 @@ static CUresult checked_device(CUdevice dev) {
 
 static uint32_t home_of(uint64_t key) { return (uint32_t)((key / ALIGNMENT) * 2654435761u) % MAX_ALLOCATIONS; }
 
-static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
+/* An allocation on a card, from a pool (whose freed memory is used first) or for a graph node. */
+static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, unsigned long long *key) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    if (bytes <= standin_settings()->memory_bytes - used[dev]) {
+    uint64_t reused = pool == NO_POOL ? 0 : pools[pool].retained < bytes ? pools[pool].retained : bytes;
+    if (bytes - reused <= standin_settings()->memory_bytes - used[dev]) {
         uint64_t address = next_address;
         uint32_t i = home_of(address);
         for (uint32_t probe = 0; probe < MAX_ALLOCATIONS; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
             if (allocations[i].key != 0 && allocations[i].key != TOMBSTONE) continue;
             *key = address;
             next_address += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
-            allocations[i] = (struct allocation){.key = address, .dev = dev, .bytes = bytes};
-            used[dev] += bytes;
+            allocations[i] = (struct allocation){.key = address, .dev = dev, .pool = pool, .graph = graph,
+                                                 .bytes = bytes};
+            used[dev] += bytes - reused;
+            if (pool != NO_POOL) pools[pool].retained -= reused;
             status = CUDA_SUCCESS;
             break;
         }
     }
     pthread_mutex_unlock(&lock);
     return status;
+}
+
+static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
+    return allocate_in(dev, bytes, NO_POOL, 0, key);
 }
 
 static CUresult release(uint64_t key) {
@@ -87,7 +123,8 @@ static CUresult release(uint64_t key) {
     uint32_t i = home_of(key);
     for (uint32_t probe = 0; probe < MAX_ALLOCATIONS && allocations[i].key != 0; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
         if (allocations[i].key != key) continue;
-        used[allocations[i].dev] -= allocations[i].bytes;
+        if (allocations[i].pool == NO_POOL) used[allocations[i].dev] -= allocations[i].bytes;
+        else pools[allocations[i].pool].retained += allocations[i].bytes; /* kept until a synchronisation */
         allocations[i].key = TOMBSTONE;
         status = CUDA_SUCCESS;
         break;
@@ -171,7 +208,19 @@ CUresult cuCtxGetDevice(CUdevice *device) {
     return CUDA_SUCCESS;
 }
 
+/* What every pool keeps above its release threshold goes back to the card. */
+static void trim_pools(void) {
+    pthread_mutex_lock(&lock);
+    for (int p = 0; p < MAX_POOLS; p++) {
+        if (!pools[p].live || pools[p].retained <= pools[p].threshold) continue;
+        used[pools[p].dev] -= pools[p].retained - pools[p].threshold;
+        pools[p].retained = pools[p].threshold;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 CUresult cuCtxSynchronize(void) {
+    trim_pools();
     uint64_t end = __atomic_load_n(&last_end_ns, __ATOMIC_ACQUIRE), now = standin_now_ns();
     if (end > now) {
         struct timespec pause = {(time_t)((end - now) / 1000000000ull), (long)((end - now) % 1000000000ull)};
@@ -220,19 +269,149 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(handle); }
 
+/* The index of a pool handle (NULL: the current card's default pool), or NO_POOL. */
+static int pool_index(CUmemoryPool pool) {
+    if (pool == NULL) {
+        if (current < 0) return NO_POOL;
+        pthread_mutex_lock(&lock);
+        pools[current].live = 1;
+        pools[current].dev = current;
+        pthread_mutex_unlock(&lock);
+        return current;
+    }
+    intptr_t p = (intptr_t)pool - 1;
+    return p >= 0 && p < MAX_POOLS && pools[p].live ? (int)p : NO_POOL;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    CUresult status = checked_device(dev);
+    if (status != CUDA_SUCCESS) return status;
+    pthread_mutex_lock(&lock);
+    pools[dev].live = 1;
+    pools[dev].dev = dev;
+    pthread_mutex_unlock(&lock);
+    *pool = (CUmemoryPool)(uintptr_t)(dev + 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    if (props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = checked_device(props->location.id);
+    if (status != CUDA_SUCCESS) return status;
+    status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int p = STANDIN_MAX_DEVICES; p < MAX_POOLS; p++) {
+        if (pools[p].live) continue;
+        pools[p] = (struct pool){.live = 1, .dev = props->location.id};
+        *pool = (CUmemoryPool)(uintptr_t)(p + 1);
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    int p = pool == NULL ? NO_POOL : pool_index(pool);
+    if (p < STANDIN_MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE; /* unknown, or a default pool */
+    pthread_mutex_lock(&lock);
+    used[pools[p].dev] -= pools[p].retained;
+    pools[p].live = 0;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    int p = pool == NULL ? NO_POOL : pool_index(pool);
+    if (p == NO_POOL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) pools[p].threshold = *(const cuuint64_t *)value;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    int p = pool == NULL ? NO_POOL : pool_index(pool);
+    if (p == NO_POOL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return CUDA_ERROR_NOT_SUPPORTED;
+    *(cuuint64_t *)value = pools[p].threshold;
+    return CUDA_SUCCESS;
+}
+
+/* Streams being captured, and the graph each records into. Streams are any non-NULL value. */
+#define MAX_CAPTURES 16
+static struct {
+    CUstream stream;
+    CUgraph graph;
+} captures[MAX_CAPTURES];
+static uint64_t next_graph = 1, next_node = 1;
+
+static CUgraph captured_into(CUstream stream) {
+    CUgraph graph = NULL;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES && stream != NULL; i++)
+        if (captures[i].stream == stream) graph = captures[i].graph;
+    pthread_mutex_unlock(&lock);
+    return graph;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
+    (void)mode;
+    if (hStream == NULL || captured_into(hStream) != NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        if (captures[i].stream != NULL) continue;
+        captures[i].stream = hStream;
+        captures[i].graph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    CUresult status = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES && hStream != NULL; i++) {
+        if (captures[i].stream != hStream) continue;
+        *phGraph = captures[i].graph;
+        captures[i].stream = NULL;
+        status = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out) {
+    CUgraph graph = captured_into(hStream);
+    if (captureStatus_out == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *captureStatus_out = graph != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id_out != NULL) *id_out = (uintptr_t)graph;
+    if (graph_out != NULL) *graph_out = graph;
+    if (dependencies_out != NULL) *dependencies_out = NULL;
+    if (numDependencies_out != NULL) *numDependencies_out = 0;
+    return CUDA_SUCCESS;
+}
+
+/* On a captured stream the allocation is a memory node of the capture's graph. */
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    (void)hStream;
-    return allocate(current, bytesize, dptr);
+    CUgraph graph = captured_into(hStream);
+    if (graph != NULL) return allocate_in(current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
+    return allocate_in(current, bytesize, pool_index(NULL), 0, dptr);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    (void)pool;
     (void)hStream;
-    return allocate(current, bytesize, dptr);
+    int p = pool_index(pool);
+    if (p == NO_POOL) return CUDA_ERROR_INVALID_VALUE;
+    return allocate_in(pools[p].dev, bytesize, p, 0, dptr);
 }
 
+/* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    (void)hStream;
+    if (captured_into(hStream) != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     return release(dptr);
 }
 
@@ -260,6 +439,87 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release((uint64_t)(uintptr_t)h); }
+
+/* Graphs are numbers; a memory node is its allocation's address (a multiple of ALIGNMENT), any
+ * other node an odd number. */
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    (void)flags;
+    *phGraph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    if (graph == NULL || params == NULL || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = checked_device(params->poolProps.location.id);
+    if (status != CUDA_SUCCESS) return status;
+    unsigned long long key;
+    status = allocate_in(params->poolProps.location.id, params->bytesize, NO_POOL, (uintptr_t)graph, &key);
+    if (status != CUDA_SUCCESS) return status;
+    params->dptr = key;
+    *node = (CUgraphNode)(uintptr_t)key;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
+    (void)dependencies;
+    (void)numDependencies;
+    return add_memory_node(phGraphNode, hGraph, nodeParams);
+}
+
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, CUgraphNodeParams *nodeParams) {
+    (void)dependencies;
+    (void)numDependencies;
+    if (hGraph == NULL || nodeParams == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) return add_memory_node(phGraphNode, hGraph, &nodeParams->alloc);
+    *phGraphNode = (CUgraphNode)(uintptr_t)(__atomic_fetch_add(&next_node, 2, __ATOMIC_RELAXED));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams) {
+    (void)dependencyData;
+    return cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+CUresult cuGraphDestroyNode(CUgraphNode hNode) {
+    uint64_t key = (uintptr_t)hNode;
+    if (key & 1) return CUDA_SUCCESS;
+    return release(key);
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+    if (hGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (uint32_t i = 0; i < MAX_ALLOCATIONS; i++) {
+        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE) continue;
+        if (allocations[i].graph != (uintptr_t)hGraph) continue;
+        used[allocations[i].dev] -= allocations[i].bytes;
+        allocations[i].key = TOMBSTONE;
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    if (pHandle == NULL || dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &dptr, sizeof dptr);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    (void)Flags;
+    if (pdptr == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(pdptr, handle.reserved, sizeof *pdptr);
+    return *pdptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) { return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
 
 static CUresult run_kernel(void) {
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -303,7 +563,11 @@ static const struct {
     ENTRY(cuMemAllocAsync) ENTRY(cuMemAllocFromPoolAsync) ENTRY(cuMemFreeAsync) ENTRY(cuArrayCreate_v2)
     ENTRY(cuArray3DCreate_v2) ENTRY(cuArrayDestroy) ENTRY(cuMipmappedArrayCreate) ENTRY(cuMipmappedArrayDestroy)
     ENTRY(cuLaunchKernel) ENTRY(cuLaunchCooperativeKernel) ENTRY(cuLaunchKernelEx) ENTRY(cuGraphLaunch)
-    ENTRY(cuGetProcAddress) ENTRY(cuGetProcAddress_v2)
+    ENTRY(cuGetProcAddress) ENTRY(cuGetProcAddress_v2) ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuMemPoolCreate)
+    ENTRY(cuMemPoolDestroy) ENTRY(cuMemPoolSetAttribute) ENTRY(cuMemPoolGetAttribute) ENTRY(cuGraphCreate)
+    ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphDestroyNode)
+    ENTRY(cuGraphDestroy) ENTRY(cuStreamBeginCapture_v2) ENTRY(cuStreamEndCapture) ENTRY(cuStreamGetCaptureInfo_v2)
+    ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
 };
 
 static void *entry_named(const char *name) {

@@ -17,6 +17,9 @@ API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count);
 API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device);
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor);
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level);
 
 #define MAX_PIDS 256
 
@@ -85,6 +88,36 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     int i = index_of(device);
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     snprintf(name, length, "gpupool stand-in device %d", i);
+    return NVML_SUCCESS;
+}
+
+/* Card i sits at PCI bus 0x3b + i (domain 0, device 0, function 0), as NVML writes the address. */
+#define STANDIN_FIRST_BUS 0x3bu
+#define STANDIN_NVIDIA_VENDOR 0x10deu
+#define NVML_TOPOLOGY_HOSTBRIDGE 30
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    int i = index_of(device);
+    if (i < 0 || pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->bus = STANDIN_FIRST_BUS + (unsigned)i;
+    pci->pciDeviceId = STANDIN_NVIDIA_VENDOR;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus & 0xffu);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", pci->bus & 0xffu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    int i = index_of(device);
+    if (i < 0 || minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned)i;
+    return NVML_SUCCESS;
+}
+
+/* Every pair of stand-in cards shares a host bridge. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    if (index_of(a) < 0 || index_of(b) < 0 || level == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *level = NVML_TOPOLOGY_HOSTBRIDGE;
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,112 @@
+/*
+ * Memory the plain allocation calls do not show: graph memory nodes and what memory pools keep.
+ *
+ * Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) with a MEM_ALLOC node, and the
+ * stream-ordered allocations of a captured stream, hooks_mem.c) are charged when the node is created, against the card the node's pool properties name, and given
+ * back when the node or its graph is destroyed. The driver backs a node with physical memory when
+ * the graph is launched and keeps it for later launches (until cuDeviceGraphMemTrim and the
+ * graph's end), and the node's address is valid from its creation: charging from creation to
+ * destruction never counts less than the graph can hold, and it refuses an over-limit graph while
+ * it is being built, where the caller can still handle CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * Memory pools: cuMemFreeAsync gives a block back to its pool, which keeps up to its release
+ * threshold reserved after the next synchronisation. The library gives the bytes back to the
+ * budget at the free, so a pool allowed to keep freed memory (a raised threshold) would let the
+ * container hold more than its limit across several pools or beside cuMemAlloc. While a card has a
+ * memory limit the release threshold of every pool stays 0 (the driver's default): a request to
+ * raise it is passed to the driver as 0, logged once.
+ */
+#include "shim.h"
+
+static CUresult charge_node(int dev, uint64_t bytes) {
+    if (shim_region_charge(dev, bytes) == 0) return CUDA_SUCCESS;
+    shim_log(SHIM_LOG_INFO, "refusing a graph memory node of %llu bytes on card %d: the container's limit is %llu bytes",
+             (unsigned long long)bytes, dev, (unsigned long long)shim_memory_limit(dev));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The limited card a memory node allocates on, or -1 (not a device pool, not limited, disabled). */
+static int node_device(const CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    if (params == NULL || !shim_config()->enabled) return -1;
+    const CUmemLocation *where = &params->poolProps.location;
+    return where->type == CU_MEM_LOCATION_TYPE_DEVICE && shim_memory_limited(where->id) ? where->id : -1;
+}
+
+/* Charge, create, track under the graph; the charge is given back when the driver refuses. */
+#define GUARDED_NODE(params, graph, node, call)                                                         \
+    do {                                                                                                \
+        int dev_ = node_device(params);                                                                 \
+        if (dev_ < 0) return (call);                                                                    \
+        uint64_t bytes_ = (params)->bytesize;                                                           \
+        CUresult status_ = charge_node(dev_, bytes_);                                                   \
+        if (status_ != CUDA_SUCCESS) return status_;                                                    \
+        status_ = (call);                                                                               \
+        if (status_ != CUDA_SUCCESS) shim_region_release(dev_, bytes_);                                 \
+        else shim_track_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)*(node), dev_, bytes_, (uintptr_t)(graph)); \
+        return status_;                                                                                 \
+    } while (0)
+
+#define REQUIRE(name)                                                                                   \
+    if (REAL(name) == NULL) return CUDA_ERROR_NOT_SUPPORTED
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
+    REQUIRE(cuGraphAddMemAllocNode);
+    GUARDED_NODE(nodeParams, hGraph, phGraphNode,
+                 REAL(cuGraphAddMemAllocNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
+}
+
+static CUDA_MEM_ALLOC_NODE_PARAMS *alloc_params(CUgraphNodeParams *params) {
+    return params != NULL && params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? &params->alloc : NULL;
+}
+
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, CUgraphNodeParams *nodeParams) {
+    REQUIRE(cuGraphAddNode);
+    GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
+                 REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams) {
+    REQUIRE(cuGraphAddNode_v2);
+    GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
+                 REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
+                                         nodeParams));
+}
+
+CUresult cuGraphDestroyNode(CUgraphNode hNode) {
+    REQUIRE(cuGraphDestroyNode);
+    int dev;
+    uint64_t bytes, graph;
+    int tracked = shim_untrack_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hNode, &dev, &bytes, &graph);
+    CUresult status = REAL(cuGraphDestroyNode)(hNode);
+    if (tracked && status == CUDA_SUCCESS) shim_region_release(dev, bytes);
+    else if (tracked) shim_track_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hNode, dev, bytes, graph);
+    return status;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+    REQUIRE(cuGraphDestroy);
+    CUresult status = REAL(cuGraphDestroy)(hGraph);
+    if (status == CUDA_SUCCESS && hGraph != NULL) {
+        shim_release_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hGraph);
+        shim_release_owned(SHIM_KIND_CAPTURED, (uintptr_t)hGraph);
+    }
+    return status;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    REQUIRE(cuMemPoolSetAttribute);
+    static int warned;
+    uint64_t zero = 0;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && value != NULL && *(const cuuint64_t *)value != 0 &&
+        shim_config()->enabled && shim_any_memory_limited()) {
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            shim_log(SHIM_LOG_INFO, "memory pools keep a release threshold of 0 under a memory limit (asked for %llu)",
+                     (unsigned long long)*(const cuuint64_t *)value);
+        value = &zero;
+    }
+    return REAL(cuMemPoolSetAttribute)(pool, attr, value);
+}
