@@ -380,10 +380,8 @@ class Placement:
     """Owner (``ns/name``) of the lent cards it borrows: booked on their loans (core/lent.py)."""
 
     def held_per_card(self) -> Mapping[int, tuple[int, int, bool]]:
-        """Memory, compute and exclusivity the pod holds per card (read-only, worked out once: the
-        ledger reads it to check, book and count a placement). App containers add up; init
-        containers run before them, so per card the pod holds the larger of the app total and each
-        init container alone."""
+        """Memory, compute and exclusivity held per card (read-only, worked out once: each booking reads
+        it). App containers add up; init containers run first, so a card holds the larger of the two."""
         return self._held
 
     @cached_property
