@@ -1,17 +1,20 @@
-"""``gpupool simulate``: replay a trace through the same scheduling code the extender runs."""
+"""``gpupool simulate``: replay a trace through the same scheduling code the extender runs.
+
+What only some modes need (tenants, the timeline, worker processes) is imported when used: a
+one-seed replay takes a few seconds, and those imports were a noticeable part of its start.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
-from gpupool.cli.simulate_tenants import report_tenants
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
@@ -27,7 +30,6 @@ from gpupool.sim.lending_report import (
 from gpupool.sim.packing import SeedResult, run_seed
 from gpupool.sim.published import context_lines
 from gpupool.sim.report import PolicyReport, plot, text_table
-from gpupool.sim.timeline import replay_timeline
 from gpupool.sim.trace import TraceError, TracePod, load_nodes, resolve_nodes
 from gpupool.sim.variants import load_trace
 
@@ -96,6 +98,8 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
     except (TraceError, OSError) as error:
         raise click.ClickException(str(error)) from error
     if tenants == "qos":
+        from gpupool.cli.simulate_tenants import report_tenants
+
         report_tenants(nodes, trace_pods, chosen, quotas_path, as_json)
         return
     if quotas_path:
@@ -117,16 +121,18 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
     tasks = [(nodes, pods, policy, seed, profile) for policy in chosen for seed in seed_list]
     workers = jobs or min(len(tasks), os.cpu_count() or 1)
     results: list[SeedResult] = []
-    with tqdm(total=len(tasks), desc="simulating", unit="run", file=sys.stderr, disable=None) as bar:
+    with _progress(len(tasks)) as done:
         if workers <= 1:
             for task in tasks:
                 results.append(_job(task))
-                bar.update(1)
+                done()
         else:
+            from concurrent.futures import ProcessPoolExecutor
+
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 for result in pool.map(_job, tasks):
                     results.append(result)
-                    bar.update(1)
+                    done()
     reports = [
         PolicyReport(policy, trace, tuple(results[i * len(seed_list):(i + 1) * len(seed_list)]))
         for i, policy in enumerate(chosen)
@@ -144,7 +150,26 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
         click.echo(f"plot written to {Path(plot_path).resolve()}")
 
 
+@contextlib.contextmanager
+def _progress(runs: int) -> Iterator[Callable[[], None]]:
+    """A progress bar on a terminal's stderr, called once per finished run; none for a single run,
+    whose bar would only jump from 0 to 1 (and whose start would pay for importing tqdm)."""
+    if runs <= 1:
+        yield lambda: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=runs, desc="simulating", unit="run", file=sys.stderr, disable=None) as bar:
+
+        def advance() -> None:
+            bar.update(1)
+
+        yield advance
+
+
 def _timeline(nodes: list[NodeSpec], pods: list[TracePod], policies: list[str], as_json: bool) -> None:
+    from gpupool.sim.timeline import replay_timeline
+
     results = [replay_timeline(nodes, pods, policy) for policy in policies]
     if as_json:
         click.echo(json.dumps({"mode": "timeline", "policies": [

@@ -167,13 +167,16 @@ def choose_cards(state: ClusterState, scratch: NodeScratch, request: GpuRequest,
     """The cards for one container, following the three topology cases (see module doc)."""
     candidates = [int(c) for c in np.flatnonzero(mask)]
     preferred = [c for c in candidates if c in prefer]
-    if len(preferred) >= request.count and not request.exclusive:
+    narrowed = len(preferred) >= request.count and not request.exclusive
+    if narrowed:
         candidates = preferred
     if request.count == 1:
         if request.exclusive:
             return [most_isolated_card(scratch.spec, candidates)]
-        sub_mask = np.zeros_like(mask)
-        sub_mask[candidates] = True
+        sub_mask = mask
+        if narrowed:
+            sub_mask = np.zeros_like(mask)
+            sub_mask[candidates] = True
         chooser = shared_chooser or best_fit_card
         return [chooser(state, scratch, request, sub_mask, cpu_milli)]
     return cheapest_card_set(scratch.spec, candidates, request.count,

@@ -144,25 +144,37 @@ class FragmentationMeasure:
         kind: type[np.signedinteger[Any]] = np.int16 if free.shape[-1] <= INT16_CARDS else np.int32
         return kind, self._milli_by_type[kind]
 
+    # The hot paths below gather rows with ``take`` and reduce with ``np.add.reduce``: the same
+    # values as ``a[rows]`` and ``a.sum(axis=1)``, without their dispatch through Python, which is
+    # most of the cost on the one to a few dozen rows a decision usually re-scores.
     def card_free(self, rows: IntArray) -> IntArray:
         """Free compute per card of ``rows``; missing or unhealthy cards count as nothing free."""
         state = self.state
-        usable = state.card_exists[rows] & state.card_healthy[rows]
-        return np.where(usable, state.card_compute_free[rows], 0)
+        usable = state.card_exists.take(rows, 0) & state.card_healthy.take(rows, 0)
+        return np.where(usable, state.card_compute_free.take(rows, 0), 0)
 
     def _card_access(self, rows: IntArray) -> BoolArray:
-        return self._access_table()[self.state.card_model[rows] + 1]
+        return self._access_table().take(self.state.card_model.take(rows, 0) + 1, 0)
 
     def fragment(self, free: IntArray, cpu_free: IntArray, access: BoolArray) -> FloatArray:
         """Fragmentation of nodes given their free compute per card ``[R, G]`` and CPU ``[R]``."""
+        return self._fragment_at(cpu_free, *self._class_sums(free, access))
+
+    def _class_sums(self, free: IntArray, access: BoolArray) -> tuple[FloatArray, IntArray, IntArray]:
+        """Per node: its free compute (as float) and, per class, the free compute on the cards the
+        class can use and how many such cards there are: all of the measure that looks at cards."""
         kind, class_milli = self._narrow(free)
         free_k = free.astype(kind)[..., None]
         usable = access & (free_k >= class_milli)
-        used_free = (usable * free_k).sum(axis=1, dtype=kind)
-        usable_count = usable.sum(axis=1)
+        used_free = np.add.reduce(usable * free_k, axis=1, dtype=kind)
+        usable_count = np.add.reduce(usable, axis=1)
+        return np.add.reduce(free, axis=1).astype(np.float64), used_free, usable_count
+
+    def _fragment_at(self, cpu_free: IntArray, total: FloatArray, used_free: IntArray,
+                     usable_count: IntArray) -> FloatArray:
+        """The fragmentation of nodes with these :meth:`_class_sums` and ``cpu_free`` CPU."""
         satisfied = ((cpu_free[:, None] >= self.class_cpu) & (usable_count >= self.class_count)
                      & self._gpu_class)
-        total = free.sum(axis=1).astype(np.float64)
         result: FloatArray = total * self.weight_total - np.where(satisfied, used_free, 0.0) @ self.class_weight
         return result
 
@@ -170,7 +182,7 @@ class FragmentationMeasure:
         """Current fragmentation of the nodes ``rows`` (``free``: their :meth:`card_free`, if known)."""
         if free is None:
             free = self.card_free(rows)
-        return self.fragment(free, self.state.cpu_free[rows], self._card_access(rows))
+        return self.fragment(free, self.state.cpu_free.take(rows), self._card_access(rows))
 
     def fragment_of(self, rows: IntArray, free: IntArray, cpu_free: IntArray) -> FloatArray:
         """Fragmentation of the nodes ``rows`` had they ``free`` compute per card and ``cpu_free`` CPU
@@ -199,12 +211,12 @@ class FragmentationMeasure:
         kind, class_milli = self._narrow(free)
         free_k = free.astype(kind)[..., None]
         usable = access & (free_k >= class_milli)
-        used_free = (usable * free_k).sum(axis=1, dtype=kind)
-        usable_count = usable.sum(axis=1)
-        cpu_free = self.state.cpu_free[rows]
+        used_free = np.add.reduce(usable * free_k, axis=1, dtype=kind)
+        usable_count = np.add.reduce(usable, axis=1)
+        cpu_free = self.state.cpu_free.take(rows)
         count_ok = usable_count >= self.class_count
         satisfied_now = (cpu_free[:, None] >= self.class_cpu) & self._gpu_class & count_ok
-        total = free.sum(axis=1).astype(np.float64)
+        total = np.add.reduce(free, axis=1).astype(np.float64)
         before: FloatArray = total * self.weight_total - np.where(satisfied_now, used_free, 0.0) @ self.class_weight
         # After a slice on card g, a class's usable sum loses all the card added if the card stops
         # being usable for it ("lost"), and the slice alone if it stays usable; its usable count
@@ -231,21 +243,47 @@ class FragmentationMeasure:
 
         ``free``: :meth:`card_free` of ``rows`` when the caller has it already (it is not changed).
         """
-        free = (self.card_free(rows) if free is None else free).copy()
+        return self.before_and_after_taking(rows, taken, milli, cpu, free, with_before=False)[1]
+
+    def before_and_after_taking(self, rows: IntArray, taken: BoolArray | None, milli: int | None, cpu: int,
+                                free: IntArray | None = None,
+                                with_before: bool = True) -> tuple[FloatArray, FloatArray]:
+        """The nodes' current fragmentation and :meth:`after_taking` (``taken`` None: no card is
+        taken, only ``cpu``), sharing the lookups both need; ``with_before`` False leaves the first
+        empty. Whole-card and multi-card pods are scored with both, one pass over the cards each; a
+        CPU-only pod changes no card, so its "after" reuses the cards' pass of the "before".
+        """
+        if free is None:
+            free = self.card_free(rows)
+        access = self._card_access(rows)
+        cpu_free = self.state.cpu_free.take(rows)
+        if taken is None:
+            sums = self._class_sums(free, access)
+            before = self._fragment_at(cpu_free, *sums) if with_before else np.zeros(0)
+            return before, self._fragment_at(cpu_free - cpu, *sums)
+        before = self.fragment(free, cpu_free, access) if with_before else np.zeros(0)
+        free = free.copy()
         if milli is None:
             free[taken] = 0
         else:
             free[taken] -= milli
-        return self.fragment(free, self.state.cpu_free[rows] - cpu, self._card_access(rows))
+        return before, self.fragment(free, cpu_free - cpu, access)
+
+    def whole_cards_taken(self, rows: IntArray, count: int, free: IntArray) -> BoolArray:
+        """``[R, G]``: the cards :meth:`after_whole` takes (the first ``count`` idle cards of each row).
+
+        Which idle cards go does not change the measure (all are equally idle), so the first ones
+        stand in.
+        """
+        idle = (self.state.card_mode.take(rows, 0) == 0) & (free > 0)
+        taken: BoolArray = idle & (np.cumsum(idle, axis=1) <= count)
+        return taken
 
     def after_whole(self, rows: IntArray, count: int, cpu: int, free: IntArray | None = None) -> FloatArray:
         """Fragmentation of each node after ``count`` whole idle cards (and ``cpu``) are taken.
 
-        Which idle cards go does not change the measure (all are equally idle), so the first ones
-        stand in. ``free``: as for :meth:`after_taking`.
+        ``free``: as for :meth:`after_taking`.
         """
         if free is None:
             free = self.card_free(rows)
-        idle = (self.state.card_mode[rows] == 0) & (free > 0)
-        taken = idle & (np.cumsum(idle, axis=1) <= count)
-        return self.after_taking(rows, taken, None, cpu, free)
+        return self.after_taking(rows, self.whole_cards_taken(rows, count, free), None, cpu, free)

@@ -54,5 +54,5 @@ def dead_compute_change(table: FloatArray, free: IntArray, milli: int) -> FloatA
     slice does not fit are meaningless (the caller masks them). Called for every candidate node of
     every slice, so it is three array operations (``np.clip`` alone cost more on these small arrays).
     """
-    change: FloatArray = table[np.maximum(free - milli, 0)] - table[free]
+    change: FloatArray = table.take(np.maximum(free - milli, 0)) - table.take(free)
     return change

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from functools import cached_property
+from types import MappingProxyType
 
 from gpupool.core.card_scope import CardScope
 from gpupool.core.pod_policy import PolicyChoice
@@ -378,12 +379,13 @@ class Placement:
     borrowed_from: str | None = None
     """Owner (``ns/name``) of the lent cards it borrows: booked on their loans (core/lent.py)."""
 
-    def held_per_card(self) -> dict[int, tuple[int, int, bool]]:
-        """Memory, compute and exclusivity the pod holds per card.
+    def held_per_card(self) -> Mapping[int, tuple[int, int, bool]]:
+        """Memory, compute and exclusivity held per card (read-only, worked out once: each booking reads
+        it). App containers add up; init containers run first, so a card holds the larger of the two."""
+        return self._held
 
-        App containers add up; init containers run before them, so per card the pod holds the larger
-        of the app total and each init container alone.
-        """
+    @cached_property
+    def _held(self) -> Mapping[int, tuple[int, int, bool]]:
         app: dict[int, list[int]] = {}
         exclusive: set[int] = set()
         for assignment in sorted(self.containers, key=lambda a: a.init):  # app containers first
@@ -395,4 +397,4 @@ class Placement:
                     acc[0], acc[1] = acc[0] + s.memory_mib, acc[1] + s.compute
                 if s.exclusive:
                     exclusive.add(s.card)
-        return {card: (m, c, card in exclusive) for card, (m, c) in app.items()}
+        return MappingProxyType({card: (m, c, card in exclusive) for card, (m, c) in app.items()})

@@ -21,17 +21,14 @@ from gpupool.core.feasibility import (
     request_problem,
 )
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
-from gpupool.core.model import GpuRequest, Placement, PodRequest
+from gpupool.core.model import Placement, PodRequest
 from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.policies import PerPodPolicy, PlacementPolicy, PodShape
+from gpupool.core.shape_cache import RowCaches
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 EXPLAIN_MEMO_REQUESTS = 64
 """Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
-
-SHAPES_KEPT = 256
-"""Request shapes whose feasibility and scores are cached; card scopes (groups, pins, quota states)
-multiply the shapes, so the oldest is dropped past this many."""
 
 PICK_TRIES = 8
 """Best-scored nodes on which the card choice is tried before a pod is declared unschedulable."""
@@ -43,13 +40,6 @@ class Unschedulable:
 
     pod_key: str
     reason: str
-
-
-@dataclass
-class _ShapeCache:
-    version: IntArray
-    feasible: BoolArray
-    raw: FloatArray
 
 
 def _one_gpu_request(pod: PodRequest) -> bool:
@@ -66,8 +56,9 @@ class Scheduler:
     """Places pods on a :class:`ClusterState` with one placement policy.
 
     ``tie_rank`` orders nodes for equal scores (lower wins); without it ties are broken at random.
-    Scores of node-local policies are cached per request shape and recomputed only for nodes that
-    changed since, which is what makes replaying a 1,000-node trace take seconds.
+    Feasibility and the scores of node-local policies are cached per request shape
+    (:mod:`gpupool.core.shape_cache`) and recomputed only for nodes that changed since, which is
+    what makes replaying a 1,000-node trace take seconds.
     """
 
     def __init__(self, state: ClusterState, policy: PlacementPolicy, *, profile: WorkloadProfile | None = None,
@@ -78,10 +69,14 @@ class Scheduler:
         self.tie_rank = tie_rank
         self.rng = rng or np.random.default_rng(0)
         self.use_cache = cache and policy.node_local
-        self._cache: dict[tuple[int, int, GpuRequest | None, PolicyChoice | None], _ShapeCache] = {}
+        self._feasibility: RowCaches[np.bool_] = RowCaches(False, np.bool_)
+        """Per (CPU, memory, GPU request, pod policy): can the node hold the pod."""
+        self._scores: RowCaches[np.float64] = RowCaches(-np.inf, np.float64)
+        """Per (non-zero CPU, GPU request, pod policy): the policy's raw score of the node."""
         self._explained: dict[PodRequest, dict[int, tuple[int, str | None]]] = {}
         self._profile = profile
         self._per_pod: dict[PolicyChoice, PlacementPolicy] = {}
+        self._rows_memo: IntArray = np.zeros(0, dtype=np.int64)
         policy.prepare(state, profile)
 
     def policy_for(self, pod: PodRequest) -> PlacementPolicy:
@@ -96,6 +91,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------------- filter and score
     def _evaluate(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
+        """Feasible rows among ``rows`` and the raw scores of all (-inf where infeasible)."""
+        feasible, fits = self._feasible_in_reach(shape, pod, rows)
+        raw = np.full(len(rows), -np.inf)
+        if len(fits):  # one row of card masks per feasible row
+            raw[feasible] = self.policy_for(pod).score(self.state, shape, rows[feasible], fits)
+        return feasible, raw
+
+    def _feasible_in_reach(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, BoolArray]:
+        """:meth:`_feasible`, evaluated only on the rows with a card of the request's scope."""
         scope = shape.gpu.scope if shape.gpu is not None else None
         if scope is not None:
             # a node without a card of the request's scope cannot hold it: only the others are
@@ -103,18 +107,11 @@ class Scheduler:
             reach = self.state.scope_reach(scope)[rows]
             if not reach.all():
                 feasible = np.zeros(len(rows), dtype=bool)
-                raw = np.full(len(rows), -np.inf)
-                if reach.any():
-                    feasible[reach], raw[reach] = self._evaluate_rows(shape, pod, rows[reach])
-                return feasible, raw
-        return self._evaluate_rows(shape, pod, rows)
-
-    def _evaluate_rows(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
-        feasible, fits = self._feasible(shape, pod, rows)
-        raw = np.full(len(rows), -np.inf)
-        if feasible.any():
-            raw[feasible] = self.policy_for(pod).score(self.state, shape, rows[feasible], fits)
-        return feasible, raw
+                if not reach.any():
+                    return feasible, np.zeros((0, self.state.max_cards), dtype=bool)
+                feasible[reach], fits = self._feasible(shape, pod, rows[reach])
+                return feasible, fits
+        return self._feasible(shape, pod, rows)
 
     def _feasible(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, BoolArray]:
         """Feasible rows among ``rows``, and the card mask of the feasible ones for the shape's request."""
@@ -125,28 +122,35 @@ class Scheduler:
         if _one_gpu_request(pod):
             # the card mask node_fit_mask would compute for the pod's one request: computed once here
             cards = card_fit_mask(self.state, gpu, rows)
-            feasible = node_room_mask(self.state, pod, rows) & (cards.sum(axis=1) >= gpu.count)
+            feasible = node_room_mask(self.state, pod, rows) & (np.add.reduce(cards, axis=1) >= gpu.count)
             return feasible, cards[feasible]
         feasible = node_fit_mask(self.state, pod, rows)
         return feasible, card_fit_mask(self.state, gpu, rows[feasible])
 
+    def _all_rows(self) -> IntArray:
+        """``arange(size)``, kept while the cluster keeps its size (read-only)."""
+        if len(self._rows_memo) != self.state.size:
+            self._rows_memo = np.arange(self.state.size, dtype=np.int64)
+            self._rows_memo.flags.writeable = False
+        return self._rows_memo
+
     def filter_and_score(self, pod: PodRequest, rows: IntArray | None = None) -> tuple[IntArray, FloatArray]:
         """Feasible rows among ``rows`` (default: all) and their final scores (higher is better)."""
         state = self.state
-        all_rows = np.arange(state.size, dtype=np.int64)
+        all_rows = self._all_rows()
         shape = PodShape.of(pod)
         policy = self.policy_for(pod)
         if _is_simple(pod):
             if self.use_cache and policy.scores_are_node_local():
-                feasible, raw = self._cached(shape, pod, all_rows)
+                feasible, raw = self._cached(shape, pod)
             else:
                 feasible, raw = self._evaluate(shape, pod, all_rows)
             if rows is not None:
                 keep = np.zeros(state.size, dtype=bool)
                 keep[rows] = True
                 feasible = feasible & keep
-            ok = np.flatnonzero(feasible).astype(np.int64)
-            return ok, policy.normalize(raw[ok])
+            ok: IntArray = feasible.nonzero()[0]
+            return ok, policy.normalize(raw.take(ok))
         candidates = all_rows if rows is None else np.asarray(rows, dtype=np.int64)
         prefilter = candidates[node_fit_mask(state, pod, candidates)]
         chooser = policy.shared_chooser()
@@ -157,24 +161,31 @@ class Scheduler:
         _, raw = self._evaluate(shape, PodRequest(key=pod.key, containers=(), policy=pod.policy), ok)
         return ok, policy.normalize(raw)
 
-    def _cached(self, shape: PodShape, pod: PodRequest, rows: IntArray) -> tuple[BoolArray, FloatArray]:
-        key = (pod.cpu_milli, pod.memory_mib, shape.gpu, pod.policy)
-        entry = self._cache.get(key)
+    def _cached(self, shape: PodShape, pod: PodRequest) -> tuple[BoolArray, FloatArray]:
+        """Every row's feasibility and raw score (current for the feasible rows), from the shape
+        caches: only rows whose node changed since are recomputed, and only those whose score no
+        pod of the same CPU and GPU request has computed at the node's version are scored."""
         size = self.state.size
-        if entry is None or len(entry.version) != size:
-            feasible, raw = self._evaluate(shape, pod, rows)
-            self._cache.pop(key, None)
-            self._cache[key] = _ShapeCache(self.state.node_version[:size].copy(), feasible, raw)
-            if len(self._cache) > SHAPES_KEPT:
-                self._cache.pop(next(iter(self._cache)))
-            return feasible, raw
-        stale = np.flatnonzero(entry.version != self.state.node_version[:size]).astype(np.int64)
+        versions = self.state.node_version[:size]
+        scores = self._scores.entry((shape.cpu_milli, shape.gpu, pod.policy), size)
+        feasibility = self._feasibility.entry((pod.cpu_milli, pod.memory_mib, shape.gpu, pod.policy), size)
+        if feasibility.bound != scores.generation:  # its feasible rows' scores are not in this entry
+            feasibility.version[:] = -1
+            feasibility.bound = scores.generation
+        stale = feasibility.stale(versions)
         if len(stale):
-            feasible, raw = self._evaluate(shape, pod, stale)
-            entry.feasible[stale] = feasible
-            entry.raw[stale] = raw
-            entry.version[stale] = self.state.node_version[stale]
-        return entry.feasible, entry.raw
+            feasible, fits = self._feasible_in_reach(shape, pod, stale)
+            feasibility.values[stale] = feasible
+            feasibility.version[stale] = versions.take(stale)
+            rows = stale[feasible]
+            if len(rows):
+                unscored = scores.version.take(rows) != versions.take(rows)
+                if not unscored.all():
+                    rows, fits = rows[unscored], fits[unscored]
+                if len(rows):
+                    scores.values[rows] = self.policy_for(pod).score(self.state, shape, rows, fits)
+                    scores.version[rows] = versions.take(rows)
+        return feasibility.values, scores.values
 
     # ----------------------------------------------------------------------------------- decide
     def pick(self, rows: IntArray, scores: FloatArray) -> IntArray:
@@ -184,7 +195,7 @@ class Scheduler:
     def _secondary(self, rows: IntArray) -> IntArray:
         """The tie order of ``rows`` (a draw from the generator when no tie rank is set)."""
         if self.tie_rank is not None:
-            return self.tie_rank[rows]
+            return self.tie_rank.take(rows)
         secondary: IntArray = self.rng.permutation(len(rows))
         return secondary
 
@@ -197,11 +208,11 @@ class Scheduler:
     def _first(rows: IntArray, scores: FloatArray, secondary: IntArray) -> int | None:
         """``_order(...)[0]`` without sorting every row (the first pick almost always holds the pod);
         None when a NaN score makes the shortcut unsafe."""
-        top = scores.max()
+        top = np.maximum.reduce(scores)
         if np.isnan(top):
             return None
-        tied = np.flatnonzero(scores == top)
-        return int(rows[tied[np.argmin(secondary[tied])]])
+        tied = (scores == top).nonzero()[0]
+        return int(rows[tied[secondary.take(tied).argmin()]])
 
     def decide(self, pod: PodRequest) -> Placement | Unschedulable:
         """The placement the policy chooses for ``pod`` (nothing is booked)."""

@@ -10,7 +10,6 @@ only the owners' idle windows change.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -98,6 +97,8 @@ def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup:
     shares = [setup.idle.idle_share, *(s for s in idle_shares if s != setup.idle.idle_share)]
     runs = [(nodes, trace, setup, None)] + [(nodes, trace, setup, share) for share in shares]
     if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor  # only here: gpupool simulate starts faster
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             outcomes = list(pool.map(_run, runs))
     else:

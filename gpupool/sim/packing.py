@@ -17,7 +17,7 @@ import numpy as np
 from gpupool.core.fragmentation import FragmentationMeasure, WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import make_policy
-from gpupool.core.scheduler import Scheduler
+from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.sim.fragment_log import FragmentLog
 
@@ -120,8 +120,11 @@ def policy_rng(seed: int) -> np.random.Generator:
 
 def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name: str, seed: int,
              profile: WorkloadProfile | None = None,
-             progress: Callable[[int], None] | None = None) -> SeedResult:
-    """Replay one seed; ``progress`` is called with the number of pods done every few hundred."""
+             progress: Callable[[int], None] | None = None,
+             on_decision: Callable[[PodRequest, Placement | Unschedulable], None] | None = None) -> SeedResult:
+    """Replay one seed; ``progress`` is called with the number of pods done every few hundred,
+    ``on_decision`` with every pod and what was decided for it (``bench/sim_placements.py`` hashes
+    them to show that a change to the hot path moved no placement)."""
     import time
 
     started = time.perf_counter()
@@ -138,6 +141,8 @@ def run_seed(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy_name:
     for done, pod in enumerate(arrivals, start=1):
         arrived += pod.gpu_milli_total()
         decision = scheduler.schedule(pod)
+        if on_decision is not None:
+            on_decision(pod, decision)
         row = None
         if isinstance(decision, Placement):
             used += sum(s.compute for c in decision.containers if not c.init for s in c.slices)

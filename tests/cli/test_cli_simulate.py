@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -139,3 +140,23 @@ def test_simulate_does_not_import_the_kubernetes_client_or_grpc() -> None:
              "print(sorted(m for m in ('kubernetes', 'grpc', 'prometheus_client') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _modules_after(code: str, names: tuple[str, ...]) -> list[str]:
+    probe = f"import sys\n{code}\nprint(sorted(m for m in {names!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return list(ast.literal_eval(out.strip()))
+
+
+def test_simulate_imports_what_only_some_modes_need_when_they_run() -> None:
+    """Tenants (YAML, the API's codecs), the timeline and worker processes are not loaded for a
+    packing replay, and a single run shows no progress bar (nor imports tqdm): a one-seed replay
+    takes about 2.5 s, and these imports were about a tenth of it."""
+    optional = ("yaml", "gpupool.api.quota", "gpupool.cli.simulate_tenants", "gpupool.sim.timeline",
+                "concurrent.futures.process", "tqdm")
+    assert _modules_after("from click.testing import CliRunner\nfrom gpupool.cli.main import cli\n"
+                          "assert CliRunner().invoke(cli, ['simulate', '--help']).exit_code == 0", optional) == []
+    assert _modules_after("from gpupool.cli.simulate_cmd import _progress\n"
+                          "with _progress(1) as done:\n    done()", ("tqdm",)) == []
+    assert _modules_after("from gpupool.cli.simulate_cmd import _progress\n"
+                          "with _progress(2) as done:\n    done()", ("tqdm",)) == ["tqdm"]

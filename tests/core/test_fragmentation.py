@@ -327,6 +327,26 @@ def test_after_whole_matches_fragment_recomputed_from_scratch(
         assert predicted[row] == pytest.approx(actual[row], abs=1e-6)
 
 
+@settings(max_examples=100, deadline=None)
+@given(fragment_case(), st.sampled_from([0, 100, 1_000, 4_000]))
+def test_cpu_only_after_matches_fragment_recomputed_from_scratch(
+        case: tuple[ClusterState, WorkloadProfile, list[str]], cpu: int) -> None:
+    """A CPU-only pod's "after" reuses the cards' pass of the "before": the same numbers as the
+    measure of the node with the pod booked, bit for bit."""
+    state, profile, _ = case
+    measure = FragmentationMeasure(state, profile)
+    all_rows = np.arange(state.size, dtype=np.int64)
+    before, after = measure.before_and_after_taking(all_rows, None, 0, cpu)
+    assert before.tolist() == measure.node_fragment(all_rows).tolist()
+    for row in range(state.size):
+        if state.cpu_free[row] < cpu:
+            continue
+        state.apply(raw_placement("probe", state.specs[row].name, [], cpu=cpu))
+        actual = measure.node_fragment(all_rows)
+        state.release("probe")
+        assert after[row] == actual[row]
+
+
 @pytest.mark.parametrize("cards", [
     pytest.param(8, id="narrow-passes"),
     pytest.param(40, id="wide-node-needs-int32"),  # 40 idle cards: 40,000 free, beyond int16

@@ -343,3 +343,11 @@ def test_node_link_defaults_to_flat_system() -> None:
     assert node.link(0, 1) == SY
     node = NodeSpec("n", 1, 1, cards=node.cards, topology=Topology(((S, NV), (NV, S))))
     assert node.link(0, 1) == NV
+
+
+def test_held_per_card_is_worked_out_once_and_read_only() -> None:
+    placement = Placement("p", "n", 0, 0, (_assign("a", CardSlice(0, 4000, 500)),))
+    held = placement.held_per_card()
+    assert placement.held_per_card() is held
+    with pytest.raises(TypeError):
+        held[1] = (0, 0, False)  # type: ignore[index]

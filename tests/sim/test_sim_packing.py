@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpupool.core.fragmentation import FragmentationMeasure, WorkloadProfile
-from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
+from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, Placement, PodRequest
 from gpupool.core.policies import POLICIES, make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
@@ -273,3 +273,16 @@ def test_fgd_on_the_bundled_default_trace() -> None:
     pods = [p.request for p in load_pods(resolve_trace("default"))]
     result = run_seed(nodes, pods, "fgd", seed=42)
     assert 3.5 <= result.at(100) <= 6.0
+
+
+def test_every_decision_is_reported_in_arrival_order() -> None:
+    """``on_decision`` sees each arriving pod once, with what was booked for it (bench/sim_placements.py
+    hashes these to show that speed work moved no placement)."""
+    nodes = gpu_nodes(3, 2)
+    pods = [pod(f"p{i}", milli) for i, milli in enumerate((300, 1000, 500, 700, 1000))]
+    seen: list[tuple[str, object]] = []
+    result = run_seed(nodes, pods, "gpupool", 42, on_decision=lambda p, d: seen.append((p.key, d)))
+    capacity = sum(len(n.cards) for n in nodes) * 1000
+    assert [key for key, _ in seen] == [p.key for p in workload(pods, 42, capacity)]
+    failed = [d for _, d in seen if not isinstance(d, Placement)]
+    assert len(seen) == result.pods_total and len(failed) == result.pods_failed

@@ -62,6 +62,17 @@ def test_load_pods(tmp_path: Path) -> None:
     assert pods["e"].request.containers[0].gpu is None  # a GPU count without milli asks for nothing
 
 
+def test_load_pods_reads_rows_as_a_dict_reader_would(tmp_path: Path) -> None:
+    """Blank rows are skipped, cells missing at the end of a row are empty, and pods of one GPU
+    shape share one (immutable) request."""
+    path = write(tmp_path, POD_HEADER + "a,4000,8192,1,460,,LS,Running,10,99\n\n"
+                 + "b,1000,1024,1,460\n" + "c,1000,1024,1,460,T4\n")
+    a, b, c = load_pods(path)
+    assert (b.request.key, b.creation_time, b.deletion_time, b.qos) == ("b", 0, None, "")
+    assert b.request.containers[0].gpu is a.request.containers[0].gpu
+    assert c.request.containers[0].gpu == GpuRequest(compute=460, memory_mib=None, models=frozenset({"T4"}))
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [

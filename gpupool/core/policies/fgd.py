@@ -42,18 +42,20 @@ class FragmentationPolicy(PlacementPolicy):
             before, after = self.measure.before_and_after_slice(rows, shape.milli, shape.cpu_milli, free)
             gains = before[:, None] - after
             return np.where(fits, gains, -np.inf)
+        measure = self.measure
         if free is None:
-            free = self.measure.card_free(rows)
-        before = self.measure.node_fragment(rows, free)
+            free = measure.card_free(rows)
         if shape.gpu is None:
-            after_node = self.measure.after_taking(rows, np.zeros_like(fits), 0, shape.cpu_milli, free)
+            before, after_node = measure.before_and_after_taking(rows, None, 0, shape.cpu_milli, free)
         elif shape.gpu.exclusive:
-            after_node = self.measure.after_whole(rows, shape.count, shape.cpu_milli, free)
+            taken = measure.whole_cards_taken(rows, shape.count, free)
+            before, after_node = measure.before_and_after_taking(rows, taken, None, shape.cpu_milli, free)
         else:
             order = np.argsort(np.where(fits, free, np.iinfo(np.int64).max), axis=1, kind="stable")
             taken = np.zeros_like(fits)
             np.put_along_axis(taken, order[:, : shape.count], True, axis=1)
-            after_node = self.measure.after_taking(rows, taken & fits, shape.milli, shape.cpu_milli, free)
+            before, after_node = measure.before_and_after_taking(rows, taken & fits, shape.milli,
+                                                                 shape.cpu_milli, free)
         gains = np.repeat((before - after_node)[:, None], fits.shape[1], axis=1)
         return gains
 
@@ -73,7 +75,7 @@ class FragmentationPolicy(PlacementPolicy):
             self.card_memo.store(state, (shape.cpu_milli, shape.gpu), rows, scores, fits)
         if shape.gpu is None:
             return scores[:, 0] if scores.shape[1] else self.card_scores(np.zeros(len(rows)))
-        result: FloatArray = np.where(fits, scores, -1.0).max(axis=1)
+        result: FloatArray = np.maximum.reduce(np.where(fits, scores, -1.0), axis=1)
         return result
 
     def shared_chooser(self) -> SharedCardChooser:
@@ -89,10 +91,15 @@ class FragmentationPolicy(PlacementPolicy):
         return choose
 
 
+EXPONENT_CAP = 700.0
+"""Largest exponent the sigmoid scores evaluate: ``exp`` of more overflows (above 709.78), and a
+score of ``100 / (1 + exp(700))`` truncates to 0 as the overflow's would. Capping costs less than
+silencing the overflow warning with ``np.errstate`` on every score."""
+
+
 def sigmoid_score(gain: FloatArray) -> FloatArray:
     """The paper simulator's integer score: ``int(100 / (1 + exp(-gain / 1000)))``."""
-    with np.errstate(over="ignore"):
-        result: FloatArray = np.trunc(100.0 / (1.0 + np.exp(-gain / 1000.0)))
+    result: FloatArray = np.trunc(100.0 / (1.0 + np.exp(np.minimum(-gain / 1000.0, EXPONENT_CAP))))
     return result
 
 

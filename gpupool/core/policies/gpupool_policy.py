@@ -43,7 +43,7 @@ from gpupool.core.cards import NodeScratch
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.holes import dead_compute_change, dead_hole_table
 from gpupool.core.policies.base import PodShape
-from gpupool.core.policies.fgd import FragmentationPolicy
+from gpupool.core.policies.fgd import EXPONENT_CAP, FragmentationPolicy
 from gpupool.core.scarcity import model_scarcity
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -71,9 +71,12 @@ the tuning seeds, confirmed on held-out seeds (docs/policies.md, "Dead holes")."
 
 
 def binned_score(gain: FloatArray, levels: int) -> FloatArray:
-    """``floor(levels * sigmoid(gain / 1000))``: equal for gains within one bin of each other."""
-    with np.errstate(over="ignore"):
-        result: FloatArray = np.floor(levels / (1.0 + np.exp(-gain / 1000.0)))
+    """``floor(levels * sigmoid(gain / 1000))``: equal for gains within one bin of each other.
+
+    The exponent is capped (:data:`gpupool.core.policies.fgd.EXPONENT_CAP`) instead of silencing
+    the overflow: the score there is 0 either way.
+    """
+    result: FloatArray = np.floor(levels / (1.0 + np.exp(np.minimum(-gain / 1000.0, EXPONENT_CAP))))
     return result
 
 
@@ -116,12 +119,12 @@ class GpupoolPolicy(FragmentationPolicy):
             gains = gains - self.dead_hole_weight * dead_compute_change(self.dead_holes, free, shape.milli)
         if self.kappa is not None and self.balance_weight:
             kappa = self.kappa if shape.gpu is not None else cpu_only_kappa(self.kappa, self.cpu_only_reserve)
-            stranding = stranding_increase(free.sum(axis=1).astype(np.float64),
-                                           state.cpu_free[rows].astype(np.float64), kappa,
+            stranding = stranding_increase(np.add.reduce(free, axis=1).astype(np.float64),
+                                           state.cpu_free.take(rows).astype(np.float64), kappa,
                                            gpu_taken, float(shape.cpu_milli))
             gains = gains - self.balance_weight * stranding[:, None]
         if shape.gpu is not None and self.scarcity_weight:
-            scarcity = self.scarcity_by_model_id(state)[state.card_model[rows] + 1]
+            scarcity = self.scarcity_by_model_id(state).take(state.card_model.take(rows, 0) + 1)
             if shape.shares_one_card:
                 gains = gains - self.scarcity_weight * shape.milli * scarcity
             else:  # whole or several cards: the node's scarcest model stands for the cards it gives
