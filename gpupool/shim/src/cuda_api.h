@@ -24,6 +24,15 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr);
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                          unsigned long long flags);
 API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags);
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                          CUmemAllocationHandleType handleType, unsigned long long flags);
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                            CUmemAllocationHandleType shHandleType);
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
 API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
@@ -51,6 +60,13 @@ API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out,
                                        CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                        size_t *numDependencies_out);
 API CUresult cuGraphDestroy(CUgraph hGraph);
+API CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph);
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
+API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                          CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                               CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);

@@ -99,6 +99,13 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* Sharing VMM allocations between processes (cuMemExportToShareableHandle). */
+typedef int CUmemAllocationHandleType;
+enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, CU_MEM_HANDLE_TYPE_FABRIC = 0x8 };
+typedef struct {
+    unsigned char data[64];
+} CUmemFabricHandle;
+
 /* Memory pools: only the release threshold matters here (how much freed memory a pool keeps). */
 typedef int CUmemPool_attribute;
 enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 };
@@ -143,6 +150,17 @@ typedef struct {
 
 /* Stream capture: a stream being captured records work into a graph instead of running it. */
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
+/* Stream handles with a meaning of their own: the legacy NULL stream (never captured) and the
+ * calling thread's per-thread default stream, which the _ptsz entry points mean by NULL. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* Inter-process memory handles. */
 typedef struct {

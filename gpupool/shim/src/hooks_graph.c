@@ -87,13 +87,11 @@ CUresult cuGraphDestroyNode(CUgraphNode hNode) {
     return status;
 }
 
+/* A graph's memory outlives it while an executable graph made from it lives (hooks_graph_exec.c). */
 CUresult cuGraphDestroy(CUgraph hGraph) {
     REQUIRE(cuGraphDestroy);
     CUresult status = REAL(cuGraphDestroy)(hGraph);
-    if (status == CUDA_SUCCESS && hGraph != NULL) {
-        shim_release_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hGraph);
-        shim_release_owned(SHIM_KIND_CAPTURED, (uintptr_t)hGraph);
-    }
+    if (status == CUDA_SUCCESS && hGraph != NULL) shim_graph_memory_ends((uintptr_t)hGraph);
     return status;
 }
 

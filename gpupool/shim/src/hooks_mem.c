@@ -93,21 +93,6 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                     unsigned long long flags) {
-    REQUIRE(cuMemCreate);
-    int dev = -1;
-    if (shim_config()->enabled && prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-        shim_memory_limited(prop->location.id))
-        dev = prop->location.id;
-    GUARDED_ALLOC(dev, size, SHIM_KIND_HANDLE, *handle, REAL(cuMemCreate)(handle, size, prop, flags));
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    REQUIRE(cuMemRelease);
-    GUARDED_FREE(SHIM_KIND_HANDLE, handle, REAL(cuMemRelease)(handle));
-}
-
 /* The graph a stream is being captured into, or NULL (the legacy NULL stream is never captured). */
 static CUgraph capture_graph(CUstream stream) {
     if (stream == NULL || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;

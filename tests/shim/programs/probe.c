@@ -11,6 +11,8 @@
  *        defpool  mkpool  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
+ *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
+ *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
@@ -37,6 +39,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 uint64_t gpupoolStandinUsedBytes(int dev);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
 
 #define CUDA_VERSION_ASKED 12080
 #define MAX_HANDLES 4096
@@ -78,6 +82,16 @@ static struct {
     __typeof__(&cuIpcCloseMemHandle) ipc_close;
     __typeof__(&cuStreamBeginCapture_v2) begin_capture;
     __typeof__(&cuStreamEndCapture) end_capture;
+    __typeof__(&cuMemAddressReserve) reserve;
+    __typeof__(&cuMemMap) map;
+    __typeof__(&cuMemUnmap) unmap;
+    __typeof__(&cuMemExportToShareableHandle) export_handle;
+    __typeof__(&cuMemImportFromShareableHandle) import_handle;
+    __typeof__(&cuMemRetainAllocationHandle) retain_handle;
+    __typeof__(&cuGraphInstantiateWithFlags) instantiate;
+    __typeof__(&cuGraphInstantiateWithParams) instantiate_params;
+    __typeof__(&cuGraphExecDestroy) exec_destroy;
+    __typeof__(&cuGraphClone) clone;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -147,6 +161,16 @@ static void fill(char mode) {
     FILL(ipc_close, cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
     FILL(begin_capture, cuStreamBeginCapture_v2, "cuStreamBeginCapture");
     FILL(end_capture, cuStreamEndCapture, "cuStreamEndCapture");
+    FILL(reserve, cuMemAddressReserve, "cuMemAddressReserve");
+    FILL(map, cuMemMap, "cuMemMap");
+    FILL(unmap, cuMemUnmap, "cuMemUnmap");
+    FILL(export_handle, cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
+    FILL(import_handle, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+    FILL(retain_handle, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle");
+    FILL(instantiate, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+    FILL(instantiate_params, cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams");
+    FILL(exec_destroy, cuGraphExecDestroy, "cuGraphExecDestroy");
+    FILL(clone, cuGraphClone, "cuGraphClone");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -170,6 +194,65 @@ static unsigned long long indexed(const char *argument, unsigned long long *size
     const char *colon = strchr(argument, ':');
     *size = colon ? size_of(colon + 1) : 0;
     return handles[atoi(argument) % MAX_HANDLES];
+}
+
+/* The VMM steps; 0 when the verb is none of them. */
+static int step_vmm(const char *verb, const char *argument) {
+    unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb, "map") == 0) { /* reserve addresses for SIZE bytes and map handle I there */
+        CUdeviceptr va = 0;
+        rc = api.reserve(&va, size, 0, 0, 0);
+        if (rc == CUDA_SUCCESS) rc = api.map(va, size, 0, target, 0);
+        printf(" %d", rc);
+        keep(rc, va);
+    } else if (strcmp(verb, "unmap") == 0) {
+        printf(" %d", api.unmap(target, size));
+    } else if (strcmp(verb, "export") == 0) {
+        int fd = -1;
+        rc = api.export_handle(&fd, target, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        printf(" %d", rc);
+        keep(rc, (unsigned long long)fd);
+        printf(" %d", fd);
+    } else if (strcmp(verb, "import") == 0 || strcmp(verb, "importfd") == 0) {
+        int fd = verb[6] == 'f' ? atoi(argument) : (int)target;
+        rc = api.import_handle(&handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "close") == 0) {
+        printf(" %d", close((int)target) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+    } else if (strcmp(verb, "retain") == 0) { /* an address inside the mapping at index I */
+        rc = api.retain_handle(&handle, (void *)(uintptr_t)(target + 4096));
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Executable graphs and copies; 0 when the verb is none of them. */
+static int step_graph(const char *verb, const char *argument) {
+    unsigned long long size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb, "inst") == 0 || strcmp(verb, "instp") == 0) {
+        CUgraphExec exec = NULL;
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {0};
+        rc = verb[4] == 'p' ? api.instantiate_params(&exec, (CUgraph)(uintptr_t)target, &params)
+                            : api.instantiate(&exec, (CUgraph)(uintptr_t)target, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)exec);
+    } else if (strcmp(verb, "execdel") == 0) {
+        printf(" %d", api.exec_destroy((CUgraphExec)(uintptr_t)target));
+    } else if (strcmp(verb, "clone") == 0) {
+        CUgraph copy = NULL;
+        rc = api.clone(&copy, (CUgraph)(uintptr_t)target);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)copy);
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 /* The memory-pool, graph and IPC steps; 0 when the verb is none of them. */
@@ -332,7 +415,7 @@ static void step(const char *text) {
         printf(" 0\n");
         fflush(stdout);
         for (;;) pause();
-    } else if (!step_more(verb, argument)) {
+    } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

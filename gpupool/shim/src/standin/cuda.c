@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../cuda_api.h"
+#include "driver.h"
 #include "state.h"
 
 #define POINTER_BASE 0x700000000000ull
@@ -51,6 +52,9 @@ API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags);
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 
 struct allocation {
     uint64_t key; /* 0: free entry */
@@ -116,6 +120,10 @@ static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
     return allocate_in(dev, bytes, NO_POOL, 0, key);
 }
 
+CUresult standin_allocate(int dev, uint64_t bytes, unsigned long long *key) { return allocate(dev, bytes, key); }
+int standin_current_device(void) { return current; }
+CUresult standin_checked_device(int dev) { return checked_device(dev); }
+
 static CUresult release(uint64_t key) {
     CUresult status = CUDA_ERROR_INVALID_VALUE;
     if (key == 0 || key == TOMBSTONE) return status;
@@ -132,6 +140,8 @@ static CUresult release(uint64_t key) {
     pthread_mutex_unlock(&lock);
     return status;
 }
+
+CUresult standin_release(uint64_t key) { return release(key); }
 
 CUresult cuInit(unsigned int flags) {
     (void)flags;
@@ -258,16 +268,6 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return release(dptr); }
-
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                     unsigned long long flags) {
-    (void)flags;
-    if (prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (checked_device(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
-    return allocate(prop->location.id, size, handle);
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(handle); }
 
 /* The index of a pool handle (NULL: the current card's default pool), or NO_POOL. */
 static int pool_index(CUmemoryPool pool) {
@@ -492,17 +492,138 @@ CUresult cuGraphDestroyNode(CUgraphNode hNode) {
     return release(key);
 }
 
-CUresult cuGraphDestroy(CUgraph hGraph) {
-    if (hGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&lock);
+/* Memory nodes belong to their graph, or to the executable graph made from it once the graph is
+ * destroyed (it keeps the memory for its launches), and go when their owner goes. */
+#define EXEC_BASE (1ull << 44)
+#define MAX_INSTANCES 64
+static struct {
+    uint64_t exec, graph; /* exec 0: free */
+} instances[MAX_INSTANCES];
+static uint64_t next_exec = EXEC_BASE;
+
+/* Under lock: give every allocation of owner to another (0: free it); returns the bytes per card. */
+static void hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_DEVICES]) {
     for (uint32_t i = 0; i < MAX_ALLOCATIONS; i++) {
-        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE) continue;
-        if (allocations[i].graph != (uintptr_t)hGraph) continue;
+        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE || allocations[i].graph != owner) continue;
+        if (bytes != NULL) bytes[allocations[i].dev] += allocations[i].bytes;
+        if (to != 0) {
+            allocations[i].graph = to;
+            continue;
+        }
         used[allocations[i].dev] -= allocations[i].bytes;
         allocations[i].key = TOMBSTONE;
     }
+}
+
+static uint64_t instance_of(uint64_t graph) {
+    for (int i = 0; i < MAX_INSTANCES; i++)
+        if (instances[i].exec != 0 && instances[i].graph == graph) return instances[i].exec;
+    return 0;
+}
+
+/* GPUPOOL_STANDIN_GRAPH_COPIES=1: clones and extra instantiations of a graph with memory nodes
+ * work and take their own memory (CUDA refuses both; this plays a driver that would not). */
+static int copies_allowed(void) {
+    const char *value = getenv("GPUPOOL_STANDIN_GRAPH_COPIES");
+    return value != NULL && strcmp(value, "1") == 0;
+}
+
+/* The memory of graph's nodes, allocated again for copy. */
+static CUresult copy_memory(uint64_t graph, uint64_t copy) {
+    uint64_t bytes[STANDIN_MAX_DEVICES] = {0};
+    pthread_mutex_lock(&lock);
+    hand_over(graph, graph, bytes);
+    pthread_mutex_unlock(&lock);
+    for (int dev = 0; dev < STANDIN_MAX_DEVICES; dev++) {
+        unsigned long long key;
+        if (bytes[dev] == 0 || allocate_in(dev, bytes[dev], NO_POOL, copy, &key) == CUDA_SUCCESS) continue;
+        pthread_mutex_lock(&lock);
+        hand_over(copy, 0, NULL);
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+static int has_memory(uint64_t graph) {
+    uint64_t bytes[STANDIN_MAX_DEVICES] = {0}, total = 0;
+    pthread_mutex_lock(&lock);
+    hand_over(graph, graph, bytes);
+    pthread_mutex_unlock(&lock);
+    for (int dev = 0; dev < STANDIN_MAX_DEVICES; dev++) total += bytes[dev];
+    return total != 0;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+    if (hGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    uint64_t exec = instance_of((uintptr_t)hGraph);
+    hand_over((uintptr_t)hGraph, exec, NULL);
+    for (int i = 0; i < MAX_INSTANCES; i++)
+        if (instances[i].exec != 0 && instances[i].graph == (uintptr_t)hGraph) instances[i].graph = 0;
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
+}
+
+CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph) {
+    if (phGraphClone == NULL || originalGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t clone = __atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
+    if (has_memory((uintptr_t)originalGraph)) {
+        if (!copies_allowed()) return CUDA_ERROR_NOT_SUPPORTED;
+        CUresult status = copy_memory((uintptr_t)originalGraph, clone);
+        if (status != CUDA_SUCCESS) return status;
+    }
+    *phGraphClone = (CUgraph)(uintptr_t)clone;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    (void)flags;
+    if (phGraphExec == NULL || hGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t exec = __atomic_fetch_add(&next_exec, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&lock);
+    int taken = instance_of((uintptr_t)hGraph) != 0;
+    pthread_mutex_unlock(&lock);
+    if (taken && has_memory((uintptr_t)hGraph)) { /* CUDA: one executable graph at a time */
+        if (!copies_allowed()) return CUDA_ERROR_INVALID_VALUE;
+        CUresult status = copy_memory((uintptr_t)hGraph, exec);
+        if (status != CUDA_SUCCESS) return status;
+    }
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_INSTANCES; i++) {
+        if (instances[i].exec != 0) continue;
+        instances[i].exec = exec;
+        instances[i].graph = (uintptr_t)hGraph;
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    if (status == CUDA_SUCCESS) *phGraphExec = (CUgraphExec)(uintptr_t)exec;
+    return status;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, instantiateParams != NULL ? instantiateParams->flags : 0);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    return cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    CUresult status = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_INSTANCES && hGraphExec != NULL; i++) {
+        if (instances[i].exec != (uintptr_t)hGraphExec) continue;
+        instances[i].exec = 0;
+        hand_over((uintptr_t)hGraphExec, 0, NULL);
+        status = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
@@ -544,6 +665,7 @@ uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns
 }
 
 uint64_t gpupoolStandinUsedBytes(int dev) {
+    standin_vmm_settle();
     pthread_mutex_lock(&lock);
     uint64_t bytes = dev >= 0 && dev < STANDIN_MAX_DEVICES ? used[dev] : 0;
     pthread_mutex_unlock(&lock);
@@ -568,6 +690,10 @@ static const struct {
     ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphDestroyNode)
     ENTRY(cuGraphDestroy) ENTRY(cuStreamBeginCapture_v2) ENTRY(cuStreamEndCapture) ENTRY(cuStreamGetCaptureInfo_v2)
     ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
+    ENTRY(cuMemAddressReserve) ENTRY(cuMemAddressFree) ENTRY(cuMemMap) ENTRY(cuMemUnmap)
+    ENTRY(cuMemExportToShareableHandle) ENTRY(cuMemImportFromShareableHandle) ENTRY(cuMemRetainAllocationHandle)
+    ENTRY(cuMemGetAllocationPropertiesFromHandle) ENTRY(cuGraphClone) ENTRY(cuGraphInstantiateWithFlags)
+    ENTRY(cuGraphInstantiateWithParams) ENTRY(cuGraphInstantiateWithParams_ptsz) ENTRY(cuGraphExecDestroy)
 };
 
 static void *entry_named(const char *name) {
