@@ -93,9 +93,12 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
-/* The graph a stream is being captured into, or NULL (the legacy NULL stream is never captured). */
-static CUgraph capture_graph(CUstream stream) {
-    if (stream == NULL || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;
+/* The graph a stream is being captured into, or NULL. NULL means the legacy stream, which is
+ * never captured, except to the _ptsz entry points, where it is the calling thread's per-thread
+ * default stream, which can be (so can CU_STREAM_PER_THREAD, passed to any of them). */
+static CUgraph capture_graph(CUstream stream, int per_thread) {
+    if (stream == NULL && per_thread) stream = CU_STREAM_PER_THREAD;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUgraph graph = NULL;
     if (REAL(cuStreamGetCaptureInfo_v2)(stream, &status, NULL, &graph, NULL, NULL) != CUDA_SUCCESS) return NULL;
@@ -106,10 +109,10 @@ static CUgraph capture_graph(CUstream stream) {
  * freed under a limit). One made while its stream is captured is a memory node of the capture's
  * graph: charged like one, until the graph is destroyed; its free inside the capture gives back
  * nothing, since the graph holds the memory at every launch. */
-#define ASYNC_ALLOC(name, ...)                                                                          \
+#define ASYNC_ALLOC(name, per_thread, ...)                                                               \
     REQUIRE(name);                                                                                      \
     int dev = limited_device();                                                                         \
-    CUgraph graph = dev < 0 ? NULL : capture_graph(hStream);                                            \
+    CUgraph graph = dev < 0 ? NULL : capture_graph(hStream, per_thread);                                \
     if (graph == NULL) GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__)); \
     CUresult status = charge(dev, bytesize);                                                            \
     if (status != CUDA_SUCCESS) return status;                                                          \
@@ -119,19 +122,19 @@ static CUgraph capture_graph(CUstream stream) {
     return status
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync, 0, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync, 0, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {

@@ -13,6 +13,8 @@
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
  *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
+ *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
+ *        entry points on the NULL stream, prefixed t the plain ones on CU_STREAM_PER_THREAD
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
@@ -39,6 +41,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 uint64_t gpupoolStandinUsedBytes(int dev);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags);
 
@@ -92,6 +96,10 @@ static struct {
     __typeof__(&cuGraphInstantiateWithParams) instantiate_params;
     __typeof__(&cuGraphExecDestroy) exec_destroy;
     __typeof__(&cuGraphClone) clone;
+    __typeof__(&cuMemAllocAsync_ptsz) async_ptsz;
+    __typeof__(&cuMemFreeAsync_ptsz) free_async_ptsz;
+    __typeof__(&cuStreamBeginCapture_v2_ptsz) begin_capture_ptsz;
+    __typeof__(&cuStreamEndCapture_ptsz) end_capture_ptsz;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -103,10 +111,10 @@ static void *resolve_dlsym(void *library, const char *name) {
     return found;
 }
 
-static void *resolve_proc(void *getter, const char *name) {
+static void *resolve_proc(void *getter, const char *name, cuuint64_t flags) {
     void *found = NULL;
     CUdriverProcAddressQueryResult status;
-    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, CUDA_VERSION_ASKED, 0, &status);
+    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, CUDA_VERSION_ASKED, flags, &status);
     if (rc != CUDA_SUCCESS) fprintf(stderr, "probe: cuGetProcAddress_v2(%s) = %d\n", name, rc);
     return found;
 }
@@ -114,7 +122,13 @@ static void *resolve_proc(void *getter, const char *name) {
 #define FILL(field, symbol, base)                                                                      \
     api.field = mode == 's' ? &symbol                                                                   \
                 : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
-                              : (__typeof__(&symbol))resolve_proc(getter, base)
+                              : (__typeof__(&symbol))resolve_proc(getter, base, 0)
+/* A _ptsz entry point: through cuGetProcAddress, the base name asked for per-thread streams. */
+#define FILL_PTSZ(field, symbol, base)                                                                 \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, base,                         \
+                                                                  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
 
 static void fill(char mode) {
     void *library = NULL, *getter = NULL;
@@ -171,6 +185,10 @@ static void fill(char mode) {
     FILL(instantiate_params, cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams");
     FILL(exec_destroy, cuGraphExecDestroy, "cuGraphExecDestroy");
     FILL(clone, cuGraphClone, "cuGraphClone");
+    FILL_PTSZ(async_ptsz, cuMemAllocAsync_ptsz, "cuMemAllocAsync");
+    FILL_PTSZ(free_async_ptsz, cuMemFreeAsync_ptsz, "cuMemFreeAsync");
+    FILL_PTSZ(begin_capture_ptsz, cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture");
+    FILL_PTSZ(end_capture_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -249,6 +267,33 @@ static int step_graph(const char *verb, const char *argument) {
         rc = api.clone(&copy, (CUgraph)(uintptr_t)target);
         printf(" %d", rc);
         keep(rc, (uintptr_t)copy);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Capture on a thread's default stream: p = the _ptsz entry points with NULL, t = the plain ones
+ * with CU_STREAM_PER_THREAD; 0 when the verb is none of them. */
+static int step_per_thread(const char *verb, const char *argument) {
+    if (verb[0] != 'p' && verb[0] != 't') return 0;
+    int ptsz = verb[0] == 'p';
+    CUstream stream = ptsz ? NULL : CU_STREAM_PER_THREAD;
+    unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb + 1, "capture") == 0) {
+        printf(" %d", ptsz ? api.begin_capture_ptsz(stream, 0) : api.begin_capture(stream, 0));
+    } else if (strcmp(verb + 1, "endcapture") == 0) {
+        CUgraph graph = NULL;
+        rc = ptsz ? api.end_capture_ptsz(stream, &graph) : api.end_capture(stream, &graph);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)graph);
+    } else if (strcmp(verb + 1, "casync") == 0) {
+        rc = ptsz ? api.async_ptsz(&handle, size_of(argument), stream) : api.async(&handle, size_of(argument), stream);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb + 1, "cfree") == 0) {
+        printf(" %d", ptsz ? api.free_async_ptsz(target, stream) : api.free_async(target, stream));
     } else {
         return 0;
     }
@@ -415,7 +460,8 @@ static void step(const char *text) {
         printf(" 0\n");
         fflush(stdout);
         for (;;) pause();
-    } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument)) {
+    } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument) &&
+               !step_per_thread(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

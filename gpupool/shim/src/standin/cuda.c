@@ -336,13 +336,22 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
     return CUDA_SUCCESS;
 }
 
-/* Streams being captured, and the graph each records into. Streams are any non-NULL value. */
+/* Streams being captured, and the graph each records into. Streams are any value but the legacy
+ * stream (NULL to the plain entry points, CU_STREAM_LEGACY), which cannot be captured; NULL to the
+ * _ptsz entry points and CU_STREAM_PER_THREAD to any are the calling thread's own default stream. */
 #define MAX_CAPTURES 16
 static struct {
     CUstream stream;
     CUgraph graph;
 } captures[MAX_CAPTURES];
 static uint64_t next_graph = 1, next_node = 1;
+static __thread char per_thread_stream; /* its address names this thread's default stream */
+
+static CUstream stream_of(CUstream stream, int per_thread) {
+    if (stream == NULL && per_thread) stream = CU_STREAM_PER_THREAD;
+    if (stream == CU_STREAM_LEGACY) return NULL;
+    return stream == CU_STREAM_PER_THREAD ? (CUstream)&per_thread_stream : stream;
+}
 
 static CUgraph captured_into(CUstream stream) {
     CUgraph graph = NULL;
@@ -353,14 +362,13 @@ static CUgraph captured_into(CUstream stream) {
     return graph;
 }
 
-CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
-    (void)mode;
-    if (hStream == NULL || captured_into(hStream) != NULL) return CUDA_ERROR_INVALID_VALUE;
+static CUresult begin_capture(CUstream stream) {
+    if (stream == NULL || captured_into(stream) != NULL) return CUDA_ERROR_INVALID_VALUE;
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_CAPTURES; i++) {
         if (captures[i].stream != NULL) continue;
-        captures[i].stream = hStream;
+        captures[i].stream = stream;
         captures[i].graph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
         status = CUDA_SUCCESS;
         break;
@@ -369,11 +377,11 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
     return status;
 }
 
-CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+static CUresult end_capture(CUstream stream, CUgraph *phGraph) {
     CUresult status = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_CAPTURES && hStream != NULL; i++) {
-        if (captures[i].stream != hStream) continue;
+    for (int i = 0; i < MAX_CAPTURES && stream != NULL; i++) {
+        if (captures[i].stream != stream) continue;
         *phGraph = captures[i].graph;
         captures[i].stream = NULL;
         status = CUDA_SUCCESS;
@@ -382,10 +390,9 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     return status;
 }
 
-CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
-                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
-                                   size_t *numDependencies_out) {
-    CUgraph graph = captured_into(hStream);
+static CUresult capture_info(CUstream stream, int *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                             const CUgraphNode **dependencies_out, size_t *numDependencies_out) {
+    CUgraph graph = captured_into(stream);
     if (captureStatus_out == NULL) return CUDA_ERROR_INVALID_VALUE;
     *captureStatus_out = graph != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     if (id_out != NULL) *id_out = (uintptr_t)graph;
@@ -396,24 +403,58 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuu
 }
 
 /* On a captured stream the allocation is a memory node of the capture's graph. */
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    CUgraph graph = captured_into(hStream);
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
+    CUgraph graph = captured_into(stream);
     if (graph != NULL) return allocate_in(current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
     return allocate_in(current, bytesize, pool_index(NULL), 0, dptr);
 }
 
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    (void)hStream;
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
     int p = pool_index(pool);
     if (p == NO_POOL) return CUDA_ERROR_INVALID_VALUE;
     return allocate_in(pools[p].dev, bytesize, p, 0, dptr);
 }
 
 /* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    if (captured_into(hStream) != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+static CUresult free_async(CUdeviceptr dptr, CUstream stream) {
+    if (captured_into(stream) != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     return release(dptr);
 }
+
+#define CAPTURE_INFO_PARAMS                                                                             \
+    CUstream hStream, int *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,                   \
+        const CUgraphNode **dependencies_out, size_t *numDependencies_out
+#define CAPTURE_INFO_ARGS captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
+API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+API CUresult cuStreamGetCaptureInfo_v2_ptsz(CAPTURE_INFO_PARAMS);
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) { return (void)mode, begin_capture(stream_of(hStream, 0)); }
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode) {
+    return (void)mode, begin_capture(stream_of(hStream, 1));
+}
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(stream_of(hStream, 0), phGraph); }
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(stream_of(hStream, 1), phGraph);
+}
+CUresult cuStreamGetCaptureInfo_v2(CAPTURE_INFO_PARAMS) { return capture_info(stream_of(hStream, 0), CAPTURE_INFO_ARGS); }
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CAPTURE_INFO_PARAMS) {
+    return capture_info(stream_of(hStream, 1), CAPTURE_INFO_ARGS);
+}
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, stream_of(hStream, 0));
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, stream_of(hStream, 1));
+}
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return (void)hStream, alloc_from_pool(dptr, bytesize, pool);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return (void)hStream, alloc_from_pool(dptr, bytesize, pool);
+}
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, stream_of(hStream, 0)); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, stream_of(hStream, 1)); }
 
 static CUresult create_array(CUarray *handle, uint64_t bytes) {
     unsigned long long key;
@@ -694,6 +735,8 @@ static const struct {
     ENTRY(cuMemExportToShareableHandle) ENTRY(cuMemImportFromShareableHandle) ENTRY(cuMemRetainAllocationHandle)
     ENTRY(cuMemGetAllocationPropertiesFromHandle) ENTRY(cuGraphClone) ENTRY(cuGraphInstantiateWithFlags)
     ENTRY(cuGraphInstantiateWithParams) ENTRY(cuGraphInstantiateWithParams_ptsz) ENTRY(cuGraphExecDestroy)
+    ENTRY(cuStreamBeginCapture_v2_ptsz) ENTRY(cuStreamEndCapture_ptsz) ENTRY(cuStreamGetCaptureInfo_v2_ptsz)
+    ENTRY(cuMemAllocAsync_ptsz) ENTRY(cuMemAllocFromPoolAsync_ptsz) ENTRY(cuMemFreeAsync_ptsz)
 };
 
 static void *entry_named(const char *name) {
@@ -702,17 +745,21 @@ static void *entry_named(const char *name) {
     return NULL;
 }
 
-/* As the real driver: a base name means its newest variant the caller's CUDA version knows. */
+/* As the real driver: a base name means its newest variant the caller's CUDA version knows, its
+ * per-thread-default-stream (_ptsz) variant when the caller asks for those and there is one. */
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus) {
-    (void)flags;
-    char versioned[128];
+    char name[128];
     void *found = NULL;
-    if (cudaVersion >= 3020) {
-        snprintf(versioned, sizeof versioned, "%s_v2", symbol);
-        if (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000) found = entry_named(versioned);
+    int versioned = cudaVersion >= 3020 && (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000);
+    for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
+         per_thread--) {
+        const char *suffix = per_thread ? "_ptsz" : "";
+        snprintf(name, sizeof name, "%s_v2%s", symbol, suffix);
+        if (versioned) found = entry_named(name);
+        snprintf(name, sizeof name, "%s%s", symbol, suffix);
+        if (found == NULL) found = entry_named(name);
     }
-    if (found == NULL) found = entry_named(symbol);
     if (symbolStatus != NULL)
         *symbolStatus = found ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     *pfn = found;
