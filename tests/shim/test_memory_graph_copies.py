@@ -18,8 +18,8 @@ MODES = ["symbol", "dlsym", "procaddress"]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("instantiate", ["inst", "instp"],
-                         ids=["cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams"])
+@pytest.mark.parametrize("instantiate", ["inst", "instp", "instl"],
+                         ids=["cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphInstantiate_v2"])
 def test_the_executable_graph_keeps_the_charge_of_a_destroyed_graph(tc: Toolchain, work: Path, mode: str,
                                                                      instantiate: str) -> None:
     env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")

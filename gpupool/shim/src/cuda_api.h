@@ -17,6 +17,14 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
                                  CUdriverProcAddressQueryResult *symbolStatus);
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                             unsigned int ElementSizeBytes);
+API CUresult cuMemFree(CUdeviceptr_v1 dptr);
+API CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
+API CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
+API CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *memHandleDesc);
+API CUresult cuDestroyExternalMemory(CUexternalMemory extMem);
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                 unsigned int ElementSizeBytes);
 API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
@@ -67,6 +75,10 @@ API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGra
 API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
 API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                                size_t bufferSize);
+API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                   char *logBuffer, size_t bufferSize);
 
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);

@@ -71,6 +71,23 @@ typedef struct {
     unsigned int NumChannels;
 } CUDA_ARRAY_DESCRIPTOR;
 
+/* The v1 entry points' (CUDA < 3.2) 32-bit pointers and descriptors. */
+typedef unsigned int CUdeviceptr_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
 typedef struct {
     size_t Width;
     size_t Height;
@@ -105,6 +122,24 @@ enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, CU_MEM_HANDLE_TYPE_FABRIC
 typedef struct {
     unsigned char data[64];
 } CUmemFabricHandle;
+
+/* Memory another API allocated, imported into CUDA. */
+typedef struct CUextMemory_st *CUexternalMemory;
+enum { CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1 };
+typedef struct {
+    int type;
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciBufObject;
+    } handle;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
 
 /* Memory pools: only the release threshold matters here (how much freed memory a pool keeps). */
 typedef int CUmemPool_attribute;
@@ -227,6 +262,8 @@ typedef struct {
 } nvmlPciInfo_t;
 
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps layout");
+_Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "CUDA_EXTERNAL_MEMORY_HANDLE_DESC layout");
+_Static_assert(sizeof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC) == 104, "CUDA_EXTERNAL_MEMORY_HANDLE_DESC layout");
 _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
 
 #endif

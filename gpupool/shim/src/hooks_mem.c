@@ -61,31 +61,66 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAllocManaged)(dptr, bytesize, flags));
 }
 
+/* Pitched allocations: the driver chooses the pitch, so an estimate is charged first and then
+ * corrected to what the driver took (or the allocation undone when that no longer fits). */
+static CUresult charge_pitch(int dev, uint64_t width, uint64_t height, uint64_t *estimate) {
+    uint64_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    if (__builtin_mul_overflow(row, height, estimate)) return CUDA_ERROR_OUT_OF_MEMORY;
+    return charge(dev, *estimate);
+}
+
+static CUresult settle_pitch(int dev, uint64_t estimate, CUresult status, uint64_t key, uint64_t actual, int legacy) {
+    if (status != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        return status;
+    }
+    if (actual > estimate && charge(dev, actual - estimate) != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        if (legacy) REAL(cuMemFree)((CUdeviceptr_v1)key);
+        else REAL(cuMemFree_v2)(key);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < estimate) shim_region_release(dev, estimate - actual);
+    shim_track(SHIM_KIND_POINTER, key, dev, actual);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                             unsigned int ElementSizeBytes) {
     REQUIRE(cuMemAllocPitch_v2);
     int dev = limited_device();
     if (dev < 0) return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    uint64_t row = ((uint64_t)WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     uint64_t estimate;
-    if (__builtin_mul_overflow(row, (uint64_t)Height, &estimate)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult status = charge(dev, estimate);
+    CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
     if (status != CUDA_SUCCESS) return status;
     status = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (status != CUDA_SUCCESS) {
-        shim_region_release(dev, estimate);
-        return status;
-    }
-    /* The driver chose the pitch: charge what it really took, or undo when that no longer fits. */
-    uint64_t actual = (uint64_t)*pPitch * Height;
-    if (actual > estimate && charge(dev, actual - estimate) != CUDA_SUCCESS) {
-        shim_region_release(dev, estimate);
-        REAL(cuMemFree_v2)(*dptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (actual < estimate) shim_region_release(dev, estimate - actual);
-    shim_track(SHIM_KIND_POINTER, *dptr, dev, actual);
-    return CUDA_SUCCESS;
+    return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
+                        status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 0);
+}
+
+/* The v1 entry points (CUDA < 3.2: 32-bit pointers and sizes), still exported by the driver. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    REQUIRE(cuMemAlloc);
+    int dev = limited_device();
+    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAlloc)(dptr, bytesize));
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                         unsigned int ElementSizeBytes) {
+    REQUIRE(cuMemAllocPitch);
+    int dev = limited_device();
+    if (dev < 0) return REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    uint64_t estimate;
+    CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
+    if (status != CUDA_SUCCESS) return status;
+    status = REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
+                        status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 1);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr) {
+    REQUIRE(cuMemFree);
+    GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree)(dptr));
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -163,6 +198,22 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *des
     GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArray3DCreate_v2)(pHandle, desc));
 }
 
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc) {
+    REQUIRE(cuArrayCreate);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : shim_array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArrayCreate)(pHandle, desc));
+}
+
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc) {
+    REQUIRE(cuArray3DCreate);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0
+                             : shim_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                                desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArray3DCreate)(pHandle, desc));
+}
+
 CUresult cuArrayDestroy(CUarray hArray) {
     REQUIRE(cuArrayDestroy);
     GUARDED_FREE(SHIM_KIND_ARRAY, (uintptr_t)hArray, REAL(cuArrayDestroy)(hArray));
@@ -193,4 +244,19 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
     REQUIRE(cuMipmappedArrayDestroy);
     GUARDED_FREE(SHIM_KIND_MIPMAP, (uintptr_t)hMipmappedArray, REAL(cuMipmappedArrayDestroy)(hMipmappedArray));
+}
+
+/* Memory another API (Vulkan, OpenGL, NvSciBuf) allocated is invisible here until CUDA imports it;
+ * the import names its size, and the importer pays for what it can reach, on its current card. */
+CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *memHandleDesc) {
+    REQUIRE(cuImportExternalMemory);
+    int dev = memHandleDesc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : memHandleDesc->size;
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_EXTERNAL, (uintptr_t)*extMem_out,
+                  REAL(cuImportExternalMemory)(extMem_out, memHandleDesc));
+}
+
+CUresult cuDestroyExternalMemory(CUexternalMemory extMem) {
+    REQUIRE(cuDestroyExternalMemory);
+    GUARDED_FREE(SHIM_KIND_EXTERNAL, (uintptr_t)extMem, REAL(cuDestroyExternalMemory)(extMem));
 }

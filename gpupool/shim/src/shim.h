@@ -79,7 +79,8 @@ SHIM_HIDDEN void shim_table_clear(struct shim_table *t);
 enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4, SHIM_KIND_GRAPH_NODE = 5,
        SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */,
        SHIM_KIND_GRAPH_COPY = 7 /* a copy's share of the memory nodes it copied: key (copy << 4) | card */,
-       SHIM_KIND_EXEC = 8 /* an executable graph instantiated from a graph with memory nodes; owner: that graph */ };
+       SHIM_KIND_EXEC = 8 /* an executable graph instantiated from a graph with memory nodes; owner: that graph */,
+       SHIM_KIND_EXTERNAL = 9 /* memory another API allocated, imported with cuImportExternalMemory */ };
 SHIM_HIDDEN int shim_current_device(void);
 /* Charge bytes on a card: CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (logged, naming what) past the limit. */
 SHIM_HIDDEN CUresult shim_charge(int dev, uint64_t bytes, const char *what);
@@ -121,6 +122,13 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                                               \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                             \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                                   \
+    X(cuMemAlloc, "cuMemAlloc", 0, 0)                                                                   \
+    X(cuMemAllocPitch, "cuMemAllocPitch", 0, 0)                                                         \
+    X(cuMemFree, "cuMemFree", 0, 0)                                                                     \
+    X(cuArrayCreate, "cuArrayCreate", 0, 0)                                                             \
+    X(cuArray3DCreate, "cuArray3DCreate", 0, 0)                                                         \
+    X(cuImportExternalMemory, "cuImportExternalMemory", 0, 0)                                           \
+    X(cuDestroyExternalMemory, "cuDestroyExternalMemory", 0, 0)                                         \
     X(cuMemAllocManaged, "cuMemAllocManaged", 0, 0)                                                     \
     X(cuMemFree_v2, "cuMemFree", 3020, 0)                                                               \
     X(cuMemCreate, "cuMemCreate", 0, 0)                                                                 \
@@ -152,6 +160,9 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0)                               \
     X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 0, 1)                          \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0)                                                   \
+    /* the 5-argument instantiation of CUDA 11; by address only: the same name means another signature now */ \
+    X(cuGraphInstantiate, "", 0, 0)                                                                     \
+    X(cuGraphInstantiate_v2, "", 0, 0)                                                                  \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                         \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                                 \
     X(cuLaunchKernel, "cuLaunchKernel", 0, 0)                                                           \

@@ -13,12 +13,15 @@
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
  *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
+ *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
+ *        extimport:SIZE  extdel:I  instl:I   (external memory; CUDA 11's 5-argument instantiation)
  *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
  *        entry points on the NULL stream, prefixed t the plain ones on CU_STREAM_PER_THREAD
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +50,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
                              unsigned long long flags);
 
 #define CUDA_VERSION_ASKED 12080
+#define CUDA_VERSION_V1 3010
 #define MAX_HANDLES 4096
 #define CAPTURED_STREAM ((CUstream)(uintptr_t)0x5000) /* the stand-in takes any non-NULL stream */
 
@@ -100,6 +104,14 @@ static struct {
     __typeof__(&cuMemFreeAsync_ptsz) free_async_ptsz;
     __typeof__(&cuStreamBeginCapture_v2_ptsz) begin_capture_ptsz;
     __typeof__(&cuStreamEndCapture_ptsz) end_capture_ptsz;
+    __typeof__(&cuMemAlloc) alloc1;
+    __typeof__(&cuMemAllocPitch) pitch1;
+    __typeof__(&cuMemFree) free1;
+    __typeof__(&cuArrayCreate) array1;
+    __typeof__(&cuArray3DCreate) array3d1;
+    __typeof__(&cuImportExternalMemory) ext_import;
+    __typeof__(&cuDestroyExternalMemory) ext_destroy;
+    __typeof__(&cuGraphInstantiate_v2) instantiate_legacy;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -111,10 +123,10 @@ static void *resolve_dlsym(void *library, const char *name) {
     return found;
 }
 
-static void *resolve_proc(void *getter, const char *name, cuuint64_t flags) {
+static void *resolve_proc(void *getter, const char *name, cuuint64_t flags, int version) {
     void *found = NULL;
     CUdriverProcAddressQueryResult status;
-    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, CUDA_VERSION_ASKED, flags, &status);
+    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, version, flags, &status);
     if (rc != CUDA_SUCCESS) fprintf(stderr, "probe: cuGetProcAddress_v2(%s) = %d\n", name, rc);
     return found;
 }
@@ -122,13 +134,19 @@ static void *resolve_proc(void *getter, const char *name, cuuint64_t flags) {
 #define FILL(field, symbol, base)                                                                      \
     api.field = mode == 's' ? &symbol                                                                   \
                 : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
-                              : (__typeof__(&symbol))resolve_proc(getter, base, 0)
+                              : (__typeof__(&symbol))resolve_proc(getter, base, 0, CUDA_VERSION_ASKED)
+/* A v1 entry point: through cuGetProcAddress, the base name asked for by a CUDA 3.1 program. */
+#define FILL_V1(field, symbol)                                                                          \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, #symbol, 0, CUDA_VERSION_V1)
 /* A _ptsz entry point: through cuGetProcAddress, the base name asked for per-thread streams. */
 #define FILL_PTSZ(field, symbol, base)                                                                 \
     api.field = mode == 's' ? &symbol                                                                   \
                 : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
                               : (__typeof__(&symbol))resolve_proc(getter, base,                         \
-                                                                  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+                                                                  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, \
+                                                                  CUDA_VERSION_ASKED)
 
 static void fill(char mode) {
     void *library = NULL, *getter = NULL;
@@ -189,6 +207,14 @@ static void fill(char mode) {
     FILL_PTSZ(free_async_ptsz, cuMemFreeAsync_ptsz, "cuMemFreeAsync");
     FILL_PTSZ(begin_capture_ptsz, cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture");
     FILL_PTSZ(end_capture_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture");
+    FILL_V1(alloc1, cuMemAlloc);
+    FILL_V1(pitch1, cuMemAllocPitch);
+    FILL_V1(free1, cuMemFree);
+    FILL_V1(array1, cuArrayCreate);
+    FILL_V1(array3d1, cuArray3DCreate);
+    FILL(ext_import, cuImportExternalMemory, "cuImportExternalMemory");
+    FILL(ext_destroy, cuDestroyExternalMemory, "cuDestroyExternalMemory");
+    FILL(instantiate_legacy, cuGraphInstantiate_v2, "cuGraphInstantiate_v2");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -267,6 +293,50 @@ static int step_graph(const char *verb, const char *argument) {
         rc = api.clone(&copy, (CUgraph)(uintptr_t)target);
         printf(" %d", rc);
         keep(rc, (uintptr_t)copy);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The v1 entry points, external memory and CUDA 11's instantiation; 0 when the verb is none of them. */
+static int step_legacy(const char *verb, const char *argument) {
+    unsigned long long size = 0, target = indexed(argument, &size);
+    unsigned a = 0, b = 0, c = 0;
+    sscanf(argument, "%ux%ux%u", &a, &b, &c);
+    CUresult rc;
+    if (strcmp(verb, "alloc1") == 0 || strcmp(verb, "pitch1") == 0) {
+        CUdeviceptr_v1 pointer = 0;
+        unsigned pitch = 0;
+        rc = verb[0] == 'a' ? api.alloc1(&pointer, (unsigned)size_of(argument)) : api.pitch1(&pointer, &pitch, a, b, 4);
+        printf(" %d", rc);
+        keep(rc, pointer);
+    } else if (strcmp(verb, "free1") == 0) {
+        printf(" %d", api.free1((CUdeviceptr_v1)target));
+    } else if (strcmp(verb, "array1") == 0 || strcmp(verb, "array3d1") == 0) {
+        CUDA_ARRAY_DESCRIPTOR_v1 flat = {.Width = a, .Height = b, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUDA_ARRAY3D_DESCRIPTOR_v1 deep = {.Width = a, .Height = b, .Depth = c, .Format = CU_AD_FORMAT_FLOAT,
+                                           .NumChannels = 1};
+        CUarray array = NULL;
+        rc = verb[5] == '1' ? api.array1(&array, &flat) : api.array3d1(&array, &deep);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)array);
+    } else if (strcmp(verb, "extimport") == 0) { /* the stand-in takes any descriptor and owns it after */
+        CUDA_EXTERNAL_MEMORY_HANDLE_DESC desc = {.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+                                                 .size = size_of(argument)};
+        desc.handle.fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        CUexternalMemory memory = NULL;
+        rc = api.ext_import(&memory, &desc);
+        if (rc != CUDA_SUCCESS) close(desc.handle.fd);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)memory);
+    } else if (strcmp(verb, "extdel") == 0) {
+        printf(" %d", api.ext_destroy((CUexternalMemory)(uintptr_t)target));
+    } else if (strcmp(verb, "instl") == 0) {
+        CUgraphExec exec = NULL;
+        rc = api.instantiate_legacy(&exec, (CUgraph)(uintptr_t)target, NULL, NULL, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)exec);
     } else {
         return 0;
     }
@@ -461,7 +531,7 @@ static void step(const char *text) {
         fflush(stdout);
         for (;;) pause();
     } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument) &&
-               !step_per_thread(verb, argument)) {
+               !step_per_thread(verb, argument) && !step_legacy(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

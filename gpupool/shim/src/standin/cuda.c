@@ -23,6 +23,7 @@
 #include "state.h"
 
 #define POINTER_BASE 0x700000000000ull
+#define LEGACY_POINTER_BASE 0x10000000ull
 #define ALIGNMENT 512ull
 #define MAX_ALLOCATIONS 65536
 #define MAX_POOLS 64 /* the first STANDIN_MAX_DEVICES are the cards' default pools */
@@ -76,6 +77,7 @@ static struct allocation allocations[MAX_ALLOCATIONS];
 static uint64_t used[STANDIN_MAX_DEVICES];
 static struct pool pools[MAX_POOLS];
 static uint64_t next_address = POINTER_BASE;
+static uint64_t next_low_address = LEGACY_POINTER_BASE; /* for the 32-bit pointers of the v1 entry points */
 static uint64_t last_end_ns;
 static int initialised;
 static __thread int current = -1; /* device of the calling thread's context, -1: none */
@@ -90,7 +92,8 @@ static CUresult checked_device(CUdevice dev) {
 static uint32_t home_of(uint64_t key) { return (uint32_t)((key / ALIGNMENT) * 2654435761u) % MAX_ALLOCATIONS; }
 
 /* An allocation on a card, from a pool (whose freed memory is used first) or for a graph node. */
-static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, unsigned long long *key) {
+static CUresult allocate_in(uint64_t *cursor, int dev, uint64_t bytes, int pool, uint64_t graph,
+                            unsigned long long *key) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -98,12 +101,12 @@ static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, u
     pthread_mutex_lock(&lock);
     uint64_t reused = pool == NO_POOL ? 0 : pools[pool].retained < bytes ? pools[pool].retained : bytes;
     if (bytes - reused <= standin_settings()->memory_bytes - used[dev]) {
-        uint64_t address = next_address;
+        uint64_t address = *cursor;
         uint32_t i = home_of(address);
         for (uint32_t probe = 0; probe < MAX_ALLOCATIONS; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
             if (allocations[i].key != 0 && allocations[i].key != TOMBSTONE) continue;
             *key = address;
-            next_address += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+            *cursor += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
             allocations[i] = (struct allocation){.key = address, .dev = dev, .pool = pool, .graph = graph,
                                                  .bytes = bytes};
             used[dev] += bytes - reused;
@@ -117,7 +120,7 @@ static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, u
 }
 
 static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
-    return allocate_in(dev, bytes, NO_POOL, 0, key);
+    return allocate_in(&next_address, dev, bytes, NO_POOL, 0, key);
 }
 
 CUresult standin_allocate(int dev, uint64_t bytes, unsigned long long *key) { return allocate(dev, bytes, key); }
@@ -405,14 +408,14 @@ static CUresult capture_info(CUstream stream, int *captureStatus_out, cuuint64_t
 /* On a captured stream the allocation is a memory node of the capture's graph. */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
     CUgraph graph = captured_into(stream);
-    if (graph != NULL) return allocate_in(current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
-    return allocate_in(current, bytesize, pool_index(NULL), 0, dptr);
+    if (graph != NULL) return allocate_in(&next_address, current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
+    return allocate_in(&next_address, current, bytesize, pool_index(NULL), 0, dptr);
 }
 
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
     int p = pool_index(pool);
     if (p == NO_POOL) return CUDA_ERROR_INVALID_VALUE;
-    return allocate_in(pools[p].dev, bytesize, p, 0, dptr);
+    return allocate_in(&next_address, pools[p].dev, bytesize, p, 0, dptr);
 }
 
 /* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
@@ -456,6 +459,54 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, stream_of(hStream, 0)); }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, stream_of(hStream, 1)); }
 
+/* The v1 entry points (CUDA < 3.2): 32-bit pointers, sizes and array extents. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    unsigned long long key;
+    CUresult status = allocate_in(&next_low_address, current, bytesize, NO_POOL, 0, &key);
+    if (status == CUDA_SUCCESS) *dptr = (CUdeviceptr_v1)key;
+    return status;
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                         unsigned int ElementSizeBytes) {
+    (void)ElementSizeBytes;
+    *pPitch = (unsigned int)((WidthInBytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT);
+    return cuMemAlloc(dptr, *pPitch * Height);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr) { return release(dptr); }
+
+/* Memory another API allocated (Vulkan, OpenGL...): importing it allocates nothing here. */
+#define MAX_EXTERNAL 64
+static uint64_t externals[MAX_EXTERNAL], next_external = 0x9000;
+
+CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
+    if (extMem_out == NULL || desc == NULL || desc->type != CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD ||
+        desc->handle.fd < 0 || desc->size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_EXTERNAL; i++) {
+        if (externals[i] != 0) continue;
+        externals[i] = next_external++;
+        *extMem_out = (CUexternalMemory)(uintptr_t)externals[i];
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    if (status == CUDA_SUCCESS) close(desc->handle.fd); /* the driver owns the descriptor now */
+    return status;
+}
+
+CUresult cuDestroyExternalMemory(CUexternalMemory extMem) {
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_EXTERNAL && extMem != NULL; i++)
+        if (externals[i] == (uintptr_t)extMem) externals[i] = 0, status = CUDA_SUCCESS;
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
 static CUresult create_array(CUarray *handle, uint64_t bytes) {
     unsigned long long key;
     CUresult status = allocate(current, bytes, &key);
@@ -468,6 +519,15 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
 }
 
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                                     d->NumChannels * 4);
+}
+
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * d->NumChannels * 4);
+}
+
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) {
     return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
                                      d->NumChannels * 4);
 }
@@ -496,7 +556,7 @@ static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, CUDA_MEM_ALLOC
     CUresult status = checked_device(params->poolProps.location.id);
     if (status != CUDA_SUCCESS) return status;
     unsigned long long key;
-    status = allocate_in(params->poolProps.location.id, params->bytesize, NO_POOL, (uintptr_t)graph, &key);
+    status = allocate_in(&next_address, params->poolProps.location.id, params->bytesize, NO_POOL, (uintptr_t)graph, &key);
     if (status != CUDA_SUCCESS) return status;
     params->dptr = key;
     *node = (CUgraphNode)(uintptr_t)key;
@@ -577,7 +637,7 @@ static CUresult copy_memory(uint64_t graph, uint64_t copy) {
     pthread_mutex_unlock(&lock);
     for (int dev = 0; dev < STANDIN_MAX_DEVICES; dev++) {
         unsigned long long key;
-        if (bytes[dev] == 0 || allocate_in(dev, bytes[dev], NO_POOL, copy, &key) == CUDA_SUCCESS) continue;
+        if (bytes[dev] == 0 || allocate_in(&next_address, dev, bytes[dev], NO_POOL, copy, &key) == CUDA_SUCCESS) continue;
         pthread_mutex_lock(&lock);
         hand_over(copy, 0, NULL);
         pthread_mutex_unlock(&lock);
@@ -652,6 +712,17 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                            CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
     return cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+}
+
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                            size_t bufferSize) {
+    (void)phErrorNode, (void)logBuffer, (void)bufferSize;
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize) {
+    return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
@@ -737,6 +808,8 @@ static const struct {
     ENTRY(cuGraphInstantiateWithParams) ENTRY(cuGraphInstantiateWithParams_ptsz) ENTRY(cuGraphExecDestroy)
     ENTRY(cuStreamBeginCapture_v2_ptsz) ENTRY(cuStreamEndCapture_ptsz) ENTRY(cuStreamGetCaptureInfo_v2_ptsz)
     ENTRY(cuMemAllocAsync_ptsz) ENTRY(cuMemAllocFromPoolAsync_ptsz) ENTRY(cuMemFreeAsync_ptsz)
+    ENTRY(cuMemAlloc) ENTRY(cuMemAllocPitch) ENTRY(cuMemFree) ENTRY(cuArrayCreate) ENTRY(cuArray3DCreate)
+    ENTRY(cuImportExternalMemory) ENTRY(cuDestroyExternalMemory) ENTRY(cuGraphInstantiate) ENTRY(cuGraphInstantiate_v2)
 };
 
 static void *entry_named(const char *name) {
