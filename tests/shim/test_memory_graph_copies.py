@@ -61,3 +61,16 @@ def test_a_driver_that_copies_memory_nodes_gets_each_copy_charged(tc: Toolchain,
     assert steps[11].values[0] == str(256 * MIB)  # the clone's memory passed to its executable graph
     assert steps[13].values[0] == str(640 * MIB)  # only the original's node is left
     assert steps[14].values == (str(384 * MIB),)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_child_graph_moved_into_its_parent_goes_with_the_parent(tc: Toolchain, work: Path, mode: str) -> None:
+    """A graph with memory nodes can only be a child by moving it into the parent, which owns and
+    destroys it from then on: its charge goes with the parent (and its executable graph)."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
+    steps, _ = run_probe(tc, env, mode, "graph", "gmem:0:768m", "graph", "gmove:2:0", "inst:2", "gdel:2", "info",
+                         "execdel:4", "info", "used")
+    assert codes(steps) == [OK] * 10
+    assert steps[6].values[0] == str(256 * MIB)  # the parent's executable graph holds the child's memory
+    assert steps[8].values[0] == str(GIB)
+    assert steps[9].values == ("0",)

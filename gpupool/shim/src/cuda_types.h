@@ -166,12 +166,20 @@ typedef struct {
     size_t bytesize;
     CUdeviceptr dptr; /* out */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
-enum { CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+enum { CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+/* A child graph node: the child is cloned into the parent, or (required for one with memory
+ * nodes) moved, after which the parent owns it. */
+enum { CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1 };
+typedef struct {
+    CUgraph graph;
+    int ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
 typedef struct {
     int type;
     int reserved0[3];
     union {
         long long reserved1[29];
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;
     };
     long long reserved2;

@@ -60,9 +60,21 @@ static CUDA_MEM_ALLOC_NODE_PARAMS *alloc_params(CUgraphNodeParams *params) {
     return params != NULL && params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? &params->alloc : NULL;
 }
 
+/* A child graph moved into a parent (the only way a graph with memory nodes becomes a child) is
+ * the parent's now, and goes with it: so does the charge of its memory nodes. */
+static CUresult adopted(CUresult status, CUgraph parent, const CUgraphNodeParams *params) {
+    if (status == CUDA_SUCCESS && params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+        params->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && params->graph.graph != NULL)
+        shim_graph_memory_moves((uintptr_t)params->graph.graph, (uintptr_t)parent);
+    return status;
+}
+
 CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                         size_t numDependencies, CUgraphNodeParams *nodeParams) {
     REQUIRE(cuGraphAddNode);
+    if (alloc_params(nodeParams) == NULL)
+        return adopted(REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams), hGraph,
+                       nodeParams);
     GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
                  REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
 }
@@ -71,6 +83,10 @@ CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgra
                            const CUgraphEdgeData *dependencyData, size_t numDependencies,
                            CUgraphNodeParams *nodeParams) {
     REQUIRE(cuGraphAddNode_v2);
+    if (alloc_params(nodeParams) == NULL)
+        return adopted(REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
+                                               nodeParams),
+                       hGraph, nodeParams);
     GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
                  REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
                                          nodeParams));

@@ -54,6 +54,10 @@ void shim_graph_memory_ends(uint64_t graph) {
     shim_reown(SHIM_KIND_EXEC, graph, exec); /* the executable graph now holds the memory itself */
 }
 
+void shim_graph_memory_moves(uint64_t child, uint64_t parent) {
+    for (size_t k = 0; k < MEMORY_KINDS; k++) shim_reown(memory_kinds[k], child, parent);
+}
+
 CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph) {
     REQUIRE(cuGraphClone);
     CUresult status = REAL(cuGraphClone)(phGraphClone, originalGraph);

@@ -109,6 +109,8 @@ SHIM_HIDDEN uint64_t shim_array_bytes(size_t w, size_t h, size_t d, CUarray_form
 
 /* hooks_graph_exec.c: the graph's memory goes back, or to the executable graph made from it */
 SHIM_HIDDEN void shim_graph_memory_ends(uint64_t graph);
+/* A child graph moved into its parent: the parent holds the child's memory nodes now. */
+SHIM_HIDDEN void shim_graph_memory_moves(uint64_t child, uint64_t parent);
 
 /* compute.c */
 SHIM_HIDDEN void shim_compute_launch(int dev, uint64_t cost);

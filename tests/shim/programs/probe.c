@@ -13,6 +13,7 @@
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
  *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
+ *        gmove:P:C   (graph C moved into graph P as a child graph node)
  *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
  *        extimport:SIZE  extdel:I  instl:I   (external memory; CUDA 11's 5-argument instantiation)
  *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
@@ -288,6 +289,14 @@ static int step_graph(const char *verb, const char *argument) {
         keep(rc, (uintptr_t)exec);
     } else if (strcmp(verb, "execdel") == 0) {
         printf(" %d", api.exec_destroy((CUgraphExec)(uintptr_t)target));
+    } else if (strcmp(verb, "gmove") == 0) {
+        CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+        params.graph.graph = (CUgraph)(uintptr_t)handles[size % MAX_HANDLES];
+        params.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        CUgraphNode node = NULL;
+        rc = api.graph_node(&node, (CUgraph)(uintptr_t)target, NULL, NULL, 0, &params);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)node);
     } else if (strcmp(verb, "clone") == 0) {
         CUgraph copy = NULL;
         rc = api.clone(&copy, (CUgraph)(uintptr_t)target);

@@ -570,12 +570,19 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const 
     return add_memory_node(phGraphNode, hGraph, nodeParams);
 }
 
+static void hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_DEVICES]);
+
 CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                         size_t numDependencies, CUgraphNodeParams *nodeParams) {
     (void)dependencies;
     (void)numDependencies;
     if (hGraph == NULL || nodeParams == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) return add_memory_node(phGraphNode, hGraph, &nodeParams->alloc);
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH && nodeParams->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+        pthread_mutex_lock(&lock); /* the parent owns the child and its memory nodes now */
+        hand_over((uintptr_t)nodeParams->graph.graph, (uintptr_t)hGraph, NULL);
+        pthread_mutex_unlock(&lock);
+    }
     *phGraphNode = (CUgraphNode)(uintptr_t)(__atomic_fetch_add(&next_node, 2, __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }
