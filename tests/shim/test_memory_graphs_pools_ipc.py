@@ -111,3 +111,13 @@ def test_capture_on_the_per_thread_default_stream_is_seen(tc: Toolchain, work: P
     assert steps[4].values[0] == str(256 * MIB)  # the graph holds 768 MiB until it is destroyed
     assert steps[7].values[0] == str(GIB)
     assert steps[8].values == ("0",)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_allocation_from_another_cards_pool_is_charged_to_that_card(tc: Toolchain, work: Path, mode: str) -> None:
+    """The context is on card 0, the pool on card 1: the pool's allocations count against card 1's
+    limit, not card 0's."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024,1024", GPUPOOL_STANDIN_DEVICES="2")
+    steps, _ = run_probe(tc, env, mode, "mkpool:1", "poolalloc:0:768m", "info", "alloc:768m", "poolalloc:0:512m")
+    assert codes(steps) == [OK, OK, OK, OK, OUT_OF_MEMORY]
+    assert steps[2].values[0] == str(GIB)  # card 0 untouched by the pool's 768 MiB

@@ -55,6 +55,12 @@ API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3
                                     unsigned int numMipmapLevels);
 API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+API CUresult cuMemPoolDestroy(CUmemoryPool pool);
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+API CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, int type);
+API CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, int type);
 API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                     size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);

@@ -144,9 +144,9 @@ static CUgraph capture_graph(CUstream stream, int per_thread) {
  * freed under a limit). One made while its stream is captured is a memory node of the capture's
  * graph: charged like one, until the graph is destroyed; its free inside the capture gives back
  * nothing, since the graph holds the memory at every launch. */
-#define ASYNC_ALLOC(name, per_thread, ...)                                                               \
+#define ASYNC_ALLOC(name, per_thread, pool, ...)                                                         \
     REQUIRE(name);                                                                                      \
-    int dev = limited_device();                                                                         \
+    int dev = shim_config()->enabled ? shim_pool_device(pool, limited_device()) : -1;                   \
     CUgraph graph = dev < 0 ? NULL : capture_graph(hStream, per_thread);                                \
     if (graph == NULL) GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__)); \
     CUresult status = charge(dev, bytesize);                                                            \
@@ -157,19 +157,19 @@ static CUgraph capture_graph(CUstream stream, int per_thread) {
     return status
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync, 0, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync, 0, NULL, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1, NULL, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync, 0, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync, 0, pool, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1, pool, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {

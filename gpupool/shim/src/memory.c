@@ -27,6 +27,14 @@ int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
     return shim_untrack_owned(kind, key, dev, bytes, &owner);
 }
 
+int shim_lookup(int kind, uint64_t key, int *dev) {
+    pthread_mutex_lock(&table_lock);
+    struct shim_entry *entry = shim_table_get(&table, (uint32_t)kind, key);
+    if (entry != NULL) *dev = entry->dev;
+    pthread_mutex_unlock(&table_lock);
+    return entry != NULL;
+}
+
 int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner) {
     pthread_mutex_lock(&table_lock);
     struct shim_entry *entry = shim_table_get(&table, (uint32_t)kind, key);

@@ -80,7 +80,9 @@ enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KI
        SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */,
        SHIM_KIND_GRAPH_COPY = 7 /* a copy's share of the memory nodes it copied: key (copy << 4) | card */,
        SHIM_KIND_EXEC = 8 /* an executable graph instantiated from a graph with memory nodes; owner: that graph */,
-       SHIM_KIND_EXTERNAL = 9 /* memory another API allocated, imported with cuImportExternalMemory */ };
+       SHIM_KIND_EXTERNAL = 9 /* memory another API allocated, imported with cuImportExternalMemory */,
+       SHIM_KIND_POOL = 10 /* a memory pool and where it allocates: dev, or SHIM_POOL_HOST */ };
+#define SHIM_POOL_HOST (-2)
 SHIM_HIDDEN int shim_current_device(void);
 /* Charge bytes on a card: CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (logged, naming what) past the limit. */
 SHIM_HIDDEN CUresult shim_charge(int dev, uint64_t bytes, const char *what);
@@ -90,6 +92,8 @@ SHIM_HIDDEN void shim_track(int kind, uint64_t key, int dev, uint64_t bytes);
 /* Tracked with an owner (a graph's memory nodes: the graph), so all of an owner's go at once. */
 SHIM_HIDDEN void shim_track_owned(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t owner);
 SHIM_HIDDEN int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes);
+/* Whether an entry is tracked, and its card; the entry stays. */
+SHIM_HIDDEN int shim_lookup(int kind, uint64_t key, int *dev);
 SHIM_HIDDEN int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner);
 /* Untrack every entry of kind with this owner and give its bytes back to the region. */
 SHIM_HIDDEN void shim_release_owned(int kind, uint64_t owner);
@@ -106,6 +110,9 @@ SHIM_HIDDEN void shim_forget_all(void);
 /* vmm.c */
 SHIM_HIDDEN void shim_vmm_forget_all(void);
 SHIM_HIDDEN uint64_t shim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned channels);
+
+/* hooks_graph.c: the limited card a pool allocates on, -1 (host, not limited), fallback (unknown pool) */
+SHIM_HIDDEN int shim_pool_device(CUmemoryPool pool, int fallback);
 
 /* hooks_graph_exec.c: the graph's memory goes back, or to the executable graph made from it */
 SHIM_HIDDEN void shim_graph_memory_ends(uint64_t graph);
@@ -152,6 +159,12 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0)                                           \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0)                                         \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0)                                             \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 0, 0)                                                         \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0)                                                       \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0)                                     \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0)                                                   \
+    X(cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 0, 0)                                           \
+    X(cuMemGetMemPool, "cuMemGetMemPool", 0, 0)                                                         \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0)                                           \
     X(cuGraphAddNode, "cuGraphAddNode", 0, 0)                                                           \
     X(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0)                                                    \

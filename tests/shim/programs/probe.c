@@ -8,7 +8,7 @@
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
- *        defpool  mkpool  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
+ *        defpool  mkpool[:DEV]  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
@@ -389,7 +389,7 @@ static int step_more(const char *verb, const char *argument) {
         printf(" %d", rc);
         keep(rc, (uintptr_t)pool);
     } else if (strcmp(verb, "mkpool") == 0) {
-        CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)}};
         CUmemoryPool pool = NULL;
         rc = api.pool_create(&pool, &props);
         printf(" %d", rc);
