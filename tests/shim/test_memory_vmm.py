@@ -108,3 +108,15 @@ def test_another_containers_export_is_charged_once_to_the_importer_as_it_maps(tc
         assert free_of(steps[9].values) == GIB
     finally:
         holder.kill()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_many_mapped_allocations_are_counted_and_given_back(tc: Toolchain, work: Path, mode: str) -> None:
+    """A framework maps thousands of small VMM pages (the library's tables grow meanwhile)."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="2048")
+    steps, _ = run_probe(tc, env, mode, "vmmgrab:1500:1m", "info", "alloc:1g", "vmmdrop", "info", "used")
+    assert codes(steps) == [OK, OK, OUT_OF_MEMORY, OK, OK, OK]
+    assert steps[0].values == ("1500",)
+    assert free_of(steps[1].values) == (2048 - 1500) * MIB
+    assert free_of(steps[4].values) == 2 * GIB
+    assert steps[5].values == ("0",)

@@ -187,9 +187,10 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     }
     if (status == CUDA_SUCCESS) status = REAL(cuMemMap)(ptr, size, offset, handle, flags);
     if (allocation != NULL && status == CUDA_SUCCESS) {
+        uint64_t id = allocation->key;
         allocation->bytes += extra;
-        put(MAPPING, ptr, 0, size, allocation->key);
-        add_reference(allocation->key);
+        put(MAPPING, ptr, 0, size, id); /* may move the table's entries: allocation is stale after it */
+        add_reference(id);
     } else if (charged) {
         shim_region_release(allocation->dev, extra);
     }

@@ -12,6 +12,7 @@
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
+ *        vmmgrab:N:SIZE  vmmdrop   (N allocations of SIZE, each mapped and its handle released; unmap them)
  *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
  *        gmove:P:C   (graph C moved into graph P as a child graph node)
  *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
@@ -116,6 +117,9 @@ static struct {
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
+static CUdeviceptr grabbed[MAX_HANDLES];
+static unsigned long long grabbed_size;
+static int grabbed_count;
 static int handle_count;
 
 static void *resolve_dlsym(void *library, const char *name) {
@@ -253,6 +257,25 @@ static int step_vmm(const char *verb, const char *argument) {
         keep(rc, va);
     } else if (strcmp(verb, "unmap") == 0) {
         printf(" %d", api.unmap(target, size));
+    } else if (strcmp(verb, "vmmgrab") == 0) { /* many at once: the library's tables have to grow */
+        CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        int wanted = atoi(argument) < MAX_HANDLES ? atoi(argument) : MAX_HANDLES;
+        rc = CUDA_SUCCESS;
+        grabbed_size = size;
+        for (grabbed_count = 0; grabbed_count < wanted && rc == CUDA_SUCCESS; grabbed_count++) {
+            CUdeviceptr va = 0;
+            rc = api.create(&handle, size, &prop, 0);
+            if (rc == CUDA_SUCCESS) rc = api.reserve(&va, size, 0, 0, 0);
+            if (rc == CUDA_SUCCESS) rc = api.map(va, size, 0, handle, 0);
+            if (rc == CUDA_SUCCESS) rc = api.release(handle);
+            grabbed[grabbed_count] = va;
+        }
+        printf(" %d %d", rc, grabbed_count - (rc != CUDA_SUCCESS));
+    } else if (strcmp(verb, "vmmdrop") == 0) {
+        rc = CUDA_SUCCESS;
+        for (int i = 0; i < grabbed_count && rc == CUDA_SUCCESS; i++)
+            if (grabbed[i] != 0) rc = api.unmap(grabbed[i], grabbed_size);
+        printf(" %d", rc);
     } else if (strcmp(verb, "export") == 0) {
         int fd = -1;
         rc = api.export_handle(&fd, target, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);

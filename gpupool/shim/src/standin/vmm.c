@@ -16,9 +16,9 @@
 #include "../cuda_api.h"
 #include "driver.h"
 
-#define MAX_VMM 1024
-#define MAX_HANDLES 4096
-#define MAX_MAPPINGS 4096
+#define MAX_VMM 8192
+#define MAX_HANDLES 8192
+#define MAX_MAPPINGS 8192
 #define HANDLE_BASE 0x10000ull
 #define VA_BASE 0x7e0000000000ull
 #define GRANULE (2ull << 20)
