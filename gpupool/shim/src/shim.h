@@ -131,11 +131,6 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                                               \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                             \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                                   \
-    X(cuMemAlloc, "cuMemAlloc", 0, 0)                                                                   \
-    X(cuMemAllocPitch, "cuMemAllocPitch", 0, 0)                                                         \
-    X(cuMemFree, "cuMemFree", 0, 0)                                                                     \
-    X(cuArrayCreate, "cuArrayCreate", 0, 0)                                                             \
-    X(cuArray3DCreate, "cuArray3DCreate", 0, 0)                                                         \
     X(cuImportExternalMemory, "cuImportExternalMemory", 0, 0)                                           \
     X(cuDestroyExternalMemory, "cuDestroyExternalMemory", 0, 0)                                         \
     X(cuMemAllocManaged, "cuMemAllocManaged", 0, 0)                                                     \
@@ -158,6 +153,12 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuArrayDestroy, "cuArrayDestroy", 0, 0)                                                           \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0)                                           \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0)                                         \
+    /* the v1 entry points after the others: a driver answer that is the address of both picks v2 */   \
+    X(cuMemAlloc, "cuMemAlloc", 0, 0)                                                                   \
+    X(cuMemAllocPitch, "cuMemAllocPitch", 0, 0)                                                         \
+    X(cuMemFree, "cuMemFree", 0, 0)                                                                     \
+    X(cuArrayCreate, "cuArrayCreate", 0, 0)                                                             \
+    X(cuArray3DCreate, "cuArray3DCreate", 0, 0)                                                         \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0)                                             \
     X(cuMemPoolCreate, "cuMemPoolCreate", 0, 0)                                                         \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0)                                                       \
