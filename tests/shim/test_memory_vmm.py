@@ -6,6 +6,7 @@ allocations"). Plain and under ASan+UBSan, through each way a program reaches th
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -19,8 +20,25 @@ MIB, GIB = 1 << 20, 1 << 30
 MODES = ["symbol", "dlsym", "procaddress"]
 
 
+SYS_PIDFD_GETFD = 438  # x86-64 and arm64
+
+
 def free_of(step_values: tuple[str, ...]) -> int:
     return int(step_values[0])
+
+
+def take_descriptor(pid: int, fd: int) -> int:
+    """A copy of another process's descriptor, the same open file (as SCM_RIGHTS would pass it;
+    reopening /proc/<pid>/fd/<fd> would make a new one, which an exported file is not)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        copy = int(libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
+        if copy < 0:
+            pytest.skip(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+        return copy
+    finally:
+        os.close(pidfd)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -39,7 +57,8 @@ def test_a_mapped_allocation_stays_charged_after_its_handle_is_released(tc: Tool
 @pytest.mark.parametrize("mode", MODES)
 def test_exporting_to_itself_does_not_free_the_charge(tc: Toolchain, work: Path, mode: str) -> None:
     """The bypass: export, import the file again, release the original. The import is the same
-    allocation, so it stays charged until the import, too, is released."""
+    allocation, so it stays charged until the import, too, is released. Every exported file is an
+    open of the same file (as every driver export is of /dev/nvidiactl)."""
     env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
     steps, _ = run_probe(tc, env, mode, "create:768m", "export:0", "import:1", "release:0", "info",
                          "alloc:512m", "used", "close:1", "release:2", "info", "used")
@@ -91,7 +110,7 @@ def test_another_containers_export_is_charged_once_to_the_importer_as_it_maps(tc
     holder = Holder(tc, tc.env(exporter_dir, GPUPOOL_MEMORY_LIMIT_MIB="1024"), "create:768m", "export:0")
     try:
         exported = holder.wait_ready()
-        fd = os.open(f"/proc/{holder.process.pid}/fd/{exported[1].values[1]}", os.O_RDONLY)
+        fd = take_descriptor(holder.process.pid, int(exported[1].values[1]))
         try:
             env = tc.env(importer_dir, GPUPOOL_MEMORY_LIMIT_MIB="1024")
             done = subprocess.run([str(tc.probe), mode, f"importfd:{fd}", "info", "map:0:768m", "map:0:768m",
@@ -120,3 +139,17 @@ def test_many_mapped_allocations_are_counted_and_given_back(tc: Toolchain, work:
     assert free_of(steps[1].values) == (2048 - 1500) * MIB
     assert free_of(steps[4].values) == 2 * GIB
     assert steps[5].values == ("0",)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_export_is_told_apart_though_all_are_opens_of_one_file(tc: Toolchain, work: Path, mode: str) -> None:
+    """Two allocations exported (both files opens of the same file, like the driver's): importing
+    the second and releasing its original keeps the second charged, not the first."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
+    steps, _ = run_probe(tc, env, mode, "create:256m", "create:512m", "export:0", "export:1", "import:3",
+                         "release:1", "info", "close:2", "close:3", "release:0", "info", "release:4", "info", "used")
+    assert codes(steps) == [OK] * 14
+    assert free_of(steps[6].values) == 256 * MIB  # both still held: the first by its handle
+    assert free_of(steps[10].values) == 512 * MIB  # the first went with its handle and file
+    assert free_of(steps[12].values) == GIB
+    assert steps[13].values == ("0",)

@@ -7,7 +7,11 @@
  * handle while the memory is still mapped, imported or exported gives nothing back.
  *
  * Imports: a file or fabric handle this process exported names an allocation it already charged,
- * and the import is one more reference to it. Anything else (another process's export, of this
+ * and the import is one more reference to it. A file is known by its descriptor number, checked
+ * against the file it named at the export: the driver's exported files are all opens of
+ * /dev/nvidiactl, one inode for every export and for the driver's own control descriptors, so the
+ * inode alone says nothing. A dup of the file is not recognised: its import is charged as
+ * another process's would be (more, never less). Anything else (another process's export, of this
  * container or another) is charged to the importer when it maps the memory, by the bytes it maps
  * (the size of an imported allocation is not known before): the importer holds memory the exporter
  * may release at any time, so the importer pays for what it can reach. Within one container that
@@ -17,8 +21,6 @@
  * never confused with the one just released (these calls are rare: not on an allocation's hot path).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -32,7 +34,7 @@
  *   EXPORTED   key id: exported at least once (its FILE and FABRIC entries go with it)
  *   HANDLE     key handle value; bytes = times held; owner = id
  *   MAPPING    key address; bytes = size; owner = id
- *   FILE       key st_ino of an exported file; bytes = st_dev; owner = id
+ *   FILE       key descriptor number of an exported file; bytes = its file's identity; owner = id
  *   FABRIC     key digest of an exported fabric handle; owner = id */
 enum { ALLOCATION = 1, FOREIGN, EXPORTED, HANDLE, MAPPING, FILE_EXPORT, FABRIC_EXPORT };
 
@@ -57,25 +59,32 @@ static void drop(uint32_t kind, uint64_t key) {
     if (entry != NULL) shim_table_remove(entry);
 }
 
+/* What a descriptor's file is (device, inode, special device): the same for every /dev/nvidiactl
+ * open, different once the number is closed and reused for something else. */
+static int file_identity(int fd, uint64_t *identity) {
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) return -1;
+    *identity = ((uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull) ^ (uint64_t)st.st_ino ^ ((uint64_t)st.st_rdev << 32);
+    return 0;
+}
+
 static uint64_t fabric_digest(const void *handle) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (size_t i = 0; i < sizeof(CUmemFabricHandle); i++) h = (h ^ ((const unsigned char *)handle)[i]) * 0x100000001b3ull;
     return h | 1; /* never 0 */
 }
 
-/* Whether any open descriptor of this process is a file exported from allocation id. */
+/* Whether a descriptor this process got from exporting allocation id is still open (its number
+ * still names a file like the one exported; a closed number's record is dropped). */
 static int exported_file_open(uint64_t id) {
-    DIR *dir = opendir("/proc/self/fd");
-    if (dir == NULL) return 0;
     int open_file = 0;
-    struct dirent *item;
-    struct stat st;
-    while (!open_file && (item = readdir(dir)) != NULL) {
-        if (item->d_name[0] == '.' || fstatat(dirfd(dir), item->d_name, &st, 0) != 0) continue;
-        struct shim_entry *file = get(FILE_EXPORT, (uint64_t)st.st_ino);
-        open_file = file != NULL && file->bytes == (uint64_t)st.st_dev && file->owner == id;
+    for (uint32_t i = 0; i < vmm.capacity; i++) {
+        struct shim_entry *file = &vmm.slots[i];
+        if (file->kind != FILE_EXPORT || file->owner != id) continue;
+        uint64_t identity;
+        if (file_identity((int)file->key, &identity) == 0 && identity == file->bytes) open_file = 1;
+        else shim_table_remove(file);
     }
-    closedir(dir);
     return open_file;
 }
 
@@ -222,10 +231,11 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
     CUresult status = REAL(cuMemExportToShareableHandle)(shareableHandle, handle, handleType, flags);
     struct shim_entry *held = get(HANDLE, handle);
     if (status == CUDA_SUCCESS && held != NULL && shareableHandle != NULL) {
-        uint64_t id = held->owner;
-        struct stat st;
-        if (handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fstat(*(int *)shareableHandle, &st) == 0) {
-            if (get(FILE_EXPORT, (uint64_t)st.st_ino) == NULL) put(FILE_EXPORT, (uint64_t)st.st_ino, 0, (uint64_t)st.st_dev, id);
+        uint64_t id = held->owner, identity;
+        int fd = *(int *)shareableHandle;
+        if (handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && file_identity(fd, &identity) == 0) {
+            drop(FILE_EXPORT, (uint64_t)fd); /* the number was closed and reused: the new export wins */
+            put(FILE_EXPORT, (uint64_t)fd, 0, identity, id);
         } else if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) {
             uint64_t digest = fabric_digest(shareableHandle);
             if (get(FABRIC_EXPORT, digest) == NULL) put(FABRIC_EXPORT, digest, 0, 0, id);
@@ -239,10 +249,11 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
 /* The allocation this process exported as osHandle, or 0. */
 static uint64_t own_export(void *osHandle, CUmemAllocationHandleType type) {
     struct shim_entry *found = NULL;
-    struct stat st;
-    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fstat((int)(intptr_t)osHandle, &st) == 0) {
-        found = get(FILE_EXPORT, (uint64_t)st.st_ino);
-        if (found != NULL && found->bytes != (uint64_t)st.st_dev) found = NULL;
+    uint64_t identity;
+    int fd = (int)(intptr_t)osHandle;
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && file_identity(fd, &identity) == 0) {
+        found = get(FILE_EXPORT, (uint64_t)fd);
+        if (found != NULL && found->bytes != identity) found = NULL;
     } else if (type == CU_MEM_HANDLE_TYPE_FABRIC && osHandle != NULL) {
         found = get(FABRIC_EXPORT, fabric_digest(osHandle));
     }

@@ -164,6 +164,7 @@ void standin_hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_D
 
 CUresult cuInit(unsigned int flags) {
     (void)flags;
+    standin_vmm_open_control();
     initialised = 1;
     return CUDA_SUCCESS;
 }

@@ -30,5 +30,7 @@ API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus
 
 /* Let VMM allocations go that only an exported file kept, once that file is closed. */
 void standin_vmm_settle(void);
+/* At cuInit: the control descriptor, an open of the file every export opens (vmm.c). */
+void standin_vmm_open_control(void);
 
 #endif

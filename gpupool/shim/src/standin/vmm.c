@@ -1,14 +1,22 @@
 /*
  * The stand-in driver's virtual memory management, with the real driver's lifetime rule: a
  * cuMemCreate allocation is freed when no handle (created, imported, retained), no mapping and no
- * open exported file refers to it. Exported handles are POSIX file descriptors (a memfd holding the
- * card and size, so another process can import it); importing one this process exported is one
- * more handle to the same allocation, importing another process's allocates nothing here.
+ * open exported file refers to it. Like the real driver's, whose exported files are all opens of
+ * /dev/nvidiactl (one inode, also that of the process's own control descriptor), every exported
+ * file here is an open of one carrier file, kept open from cuInit as the control descriptor too;
+ * what tells exports apart is the open file's position, shared by its dups and by the copies
+ * passed to other processes, and the carrier holds each export's card and size at that offset.
+ * Importing one this process exported is one more handle to the same allocation, importing
+ * another process's allocates nothing here.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,7 +43,7 @@ struct vmm {
     uint64_t key;  /* the card memory (standin_allocate) */
     uint64_t bytes;
     int refs;
-    uint64_t file_dev, file_ino;
+    int64_t offset; /* of its export in the carrier */
 };
 struct file_header {
     int dev;
@@ -48,7 +56,39 @@ static struct { uint64_t value; int vmm; int count; } handles[MAX_HANDLES];
 static struct { uint64_t va, size, handle; int vmm; } mappings[MAX_MAPPINGS];
 static uint64_t next_handle = HANDLE_BASE, next_va = VA_BASE;
 
+#define FIRST_EXPORT 4096 /* offsets below are never an export's: the control descriptor sits at 0 */
+#define EXPORT_STRIDE 64
+
+/* The carrier every exported file opens: next to the shared state file, else in /tmp. */
+static int open_carrier(void) {
+    const char *state = getenv("GPUPOOL_STANDIN_STATE");
+    char path[4096];
+    snprintf(path, sizeof path, "%s.carrier", state != NULL ? state : "/tmp/gpupool-standin");
+    return open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+}
+
+/* The position of an open descriptor, from /proc (lseek would need it and move nothing, but
+ * reading fdinfo works for any descriptor of this process). */
+static int64_t position_of(const char *fd_name) {
+    char path[300], text[256];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%.255s", fd_name);
+    FILE *info = fopen(path, "re");
+    long long pos = -1;
+    while (info != NULL && fgets(text, sizeof text, info) != NULL)
+        if (sscanf(text, "pos: %lld", &pos) == 1) break;
+    if (info != NULL) fclose(info);
+    return pos;
+}
+
+/* Whether a descriptor of this process is the allocation's exported file (or a dup of it). */
 static int file_open(const struct vmm *v) {
+    struct stat carrier;
+    int fd = open_carrier();
+    if (fd < 0 || fstat(fd, &carrier) != 0) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    close(fd);
     DIR *dir = opendir("/proc/self/fd");
     if (dir == NULL) return 0;
     struct dirent *item;
@@ -56,7 +96,7 @@ static int file_open(const struct vmm *v) {
     int found = 0;
     while (!found && (item = readdir(dir)) != NULL)
         found = item->d_name[0] != '.' && fstatat(dirfd(dir), item->d_name, &st, 0) == 0 &&
-                (uint64_t)st.st_ino == v->file_ino && (uint64_t)st.st_dev == v->file_dev;
+                st.st_ino == carrier.st_ino && st.st_dev == carrier.st_dev && position_of(item->d_name) == v->offset;
     closedir(dir);
     return found;
 }
@@ -179,6 +219,17 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* A new export's offset in the carrier: the carrier's first 8 bytes count the exports made. */
+static int64_t next_export(int fd) {
+    int64_t count = 0;
+    if (flock(fd, LOCK_EX) != 0) return -1;
+    if (pread(fd, &count, sizeof count, 0) != (ssize_t)sizeof count) count = 0;
+    count++;
+    int written = pwrite(fd, &count, sizeof count, 0) == (ssize_t)sizeof count;
+    flock(fd, LOCK_UN);
+    return written ? FIRST_EXPORT + count * EXPORT_STRIDE : -1;
+}
+
 CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                       CUmemAllocationHandleType handleType, unsigned long long flags) {
     (void)flags;
@@ -188,13 +239,13 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
     pthread_mutex_lock(&lock);
     int h = handle_index(handle);
     struct vmm *v = h >= 0 ? &vmms[handles[h].vmm] : NULL;
-    int fd = v != NULL ? memfd_create("gpupool-standin-vmm", MFD_CLOEXEC) : -1;
+    int fd = v != NULL ? open_carrier() : -1;
+    int64_t offset = fd >= 0 ? next_export(fd) : -1;
     struct file_header header = {.dev = v != NULL ? v->dev : 0, .bytes = v != NULL ? v->bytes : 0};
-    struct stat st;
-    if (fd >= 0 && pwrite(fd, &header, sizeof header, 0) == (ssize_t)sizeof header && fstat(fd, &st) == 0) {
+    if (offset > 0 && pwrite(fd, &header, sizeof header, offset) == (ssize_t)sizeof header &&
+        lseek(fd, offset, SEEK_SET) == offset) {
         v->exported = 1; /* one file per allocation is enough for the tests: the last export's */
-        v->file_dev = (uint64_t)st.st_dev;
-        v->file_ino = (uint64_t)st.st_ino;
+        v->offset = offset;
         *(int *)shareableHandle = fd;
         status = CUDA_SUCCESS;
     } else if (fd >= 0) {
@@ -209,17 +260,15 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
                                         CUmemAllocationHandleType shHandleType) {
     if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
     int fd = (int)(intptr_t)osHandle;
-    struct stat st;
     struct file_header header;
-    if (handle == NULL || fstat(fd, &st) != 0 || pread(fd, &header, sizeof header, 0) != (ssize_t)sizeof header)
+    int64_t offset = handle != NULL ? lseek(fd, 0, SEEK_CUR) : -1;
+    if (offset < FIRST_EXPORT || pread(fd, &header, sizeof header, offset) != (ssize_t)sizeof header)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     int v = -1, h = -1;
     for (int i = 0; i < MAX_VMM && v < 0; i++)
-        if (vmms[i].live && vmms[i].exported && vmms[i].file_ino == (uint64_t)st.st_ino &&
-            vmms[i].file_dev == (uint64_t)st.st_dev)
-            v = i;
+        if (vmms[i].live && vmms[i].exported && vmms[i].offset == offset) v = i;
     if (v < 0 && (v = free_vmm()) >= 0)
         vmms[v] = (struct vmm){.live = 1, .foreign = 1, .dev = header.dev, .bytes = header.bytes};
     if (v >= 0) h = new_handle(v);
@@ -229,6 +278,13 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     }
     pthread_mutex_unlock(&lock);
     return status;
+}
+
+/* The control descriptor every process of the real driver keeps open on /dev/nvidiactl, which
+ * every exported file is an open of too. */
+void standin_vmm_open_control(void) {
+    static int control = -1;
+    if (__atomic_load_n(&control, __ATOMIC_ACQUIRE) < 0) __atomic_store_n(&control, open_carrier(), __ATOMIC_RELEASE);
 }
 
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
