@@ -29,7 +29,7 @@ CACHE_ENV = "GPUPOOL_SHIM_CACHE"
 DIGEST_LENGTH = 16
 COMPILE_TIMEOUT_S = 300
 #: The stand-in driver's files, by the sonames programs look for.
-STANDIN_LIBRARIES = {"libcuda.so.1": "cuda.c", "libnvidia-ml.so.1": "nvml.c"}
+STANDIN_LIBRARIES = {"libcuda.so.1": ("cuda.c", "vmm.c", "graph.c"), "libnvidia-ml.so.1": ("nvml.c",)}
 
 NO_COMPILER = (
     "no C compiler found (looked for $CC, cc, gcc, clang): the interception library is built from C "
@@ -150,13 +150,13 @@ def build_standin(output_dir: Path | None = None, *, flavour: Flavour = RELEASE,
     compiler = find_compiler()
     flags = (*COMMON_FLAGS, *flavour.flags, "-Wl,-Bsymbolic", *(("-Werror",) if werror else ()))
     shared = STANDIN_DIR / "state.c"
-    all_sources = [STANDIN_DIR / source for source in STANDIN_LIBRARIES.values()] + [shared]
+    all_sources = [STANDIN_DIR / source for sources in STANDIN_LIBRARIES.values() for source in sources] + [shared]
     if output_dir is None:
         output_dir = cache_dir() / f"standin-{flavour.name}-{_digest(compiler, flags, all_sources)}"
-    for soname, source in STANDIN_LIBRARIES.items():
+    for soname, sources in STANDIN_LIBRARIES.items():
         target = output_dir / soname
         if not target.is_file():
-            _compile(compiler, [*flags, f"-Wl,-soname,{soname}"], [STANDIN_DIR / source, shared], target)
+            _compile(compiler, [*flags, f"-Wl,-soname,{soname}"], [*(STANDIN_DIR / s for s in sources), shared], target)
     link = output_dir / "libcuda.so"  # what `-lcuda` looks for when a test program links against it
     if not link.exists():
         link.symlink_to("libcuda.so.1")

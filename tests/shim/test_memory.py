@@ -48,14 +48,20 @@ KINDS = [
     pytest.param("array:4096x4096", "destroy:0", id="cuArrayCreate"),
     pytest.param("array3d:1024x1024x16", "destroy:0", id="cuArray3DCreate"),
     pytest.param("mipmap:4096x2048x2", "unmip:0", id="cuMipmappedArrayCreate"),  # 32 MiB + 8 MiB
+    pytest.param("alloc1:64m", "free1:0", id="cuMemAlloc-v1"),
+    pytest.param("pitch1:65536x1024", "free1:0", id="cuMemAllocPitch-v1"),
+    pytest.param("array1:4096x4096", "destroy:0", id="cuArrayCreate-v1"),
+    pytest.param("array3d1:1024x1024x16", "destroy:0", id="cuArray3DCreate-v1"),
+    pytest.param("extimport:64m", "extdel:0", id="cuImportExternalMemory"),
 ]
 
 
+@pytest.mark.parametrize("mode", ["symbol", "dlsym", "procaddress"])
 @pytest.mark.parametrize(("allocate", "release"), KINDS)
 def test_every_allocation_kind_is_counted_and_given_back(tc: Toolchain, work: Path, allocate: str,
-                                                          release: str) -> None:
+                                                          release: str, mode: str) -> None:
     env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="64")
-    steps, _ = run_probe(tc, env, "procaddress", allocate, "alloc:32m", release, "alloc:32m", "info")
+    steps, _ = run_probe(tc, env, mode, allocate, "alloc:32m", release, "alloc:32m", "info")
     assert codes(steps) == [OK, OUT_OF_MEMORY, OK, OK, OK]
     assert steps[-1].values == (str(32 * MIB), str(64 * MIB))
 

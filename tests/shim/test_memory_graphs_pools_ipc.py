@@ -95,3 +95,29 @@ def test_stream_ordered_memory_of_a_captured_stream_counts_until_its_graph_is_de
     assert steps[5].values[0] == str(256 * MIB)
     assert steps[8].values[0] == str(GIB)
     assert steps[11].values[0] == str(GIB)  # outside a capture a free gives back at once
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("prefix", ["p", "t"], ids=["ptsz-entry-points-on-NULL", "CU_STREAM_PER_THREAD"])
+def test_capture_on_the_per_thread_default_stream_is_seen(tc: Toolchain, work: Path, mode: str,
+                                                          prefix: str) -> None:
+    """A program built for per-thread default streams captures on NULL through the _ptsz entry
+    points (or names CU_STREAM_PER_THREAD): its allocations there are the graph's, and the free in
+    the capture gives nothing back."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024")
+    steps, _ = run_probe(tc, env, mode, f"{prefix}capture", f"{prefix}casync:768m", f"{prefix}cfree:0",
+                         f"{prefix}endcapture", "info", "alloc:512m", "gdel:1", "info", "used")
+    assert codes(steps) == [OK, OK, OK, OK, OK, OUT_OF_MEMORY, OK, OK, OK]
+    assert steps[4].values[0] == str(256 * MIB)  # the graph holds 768 MiB until it is destroyed
+    assert steps[7].values[0] == str(GIB)
+    assert steps[8].values == ("0",)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_allocation_from_another_cards_pool_is_charged_to_that_card(tc: Toolchain, work: Path, mode: str) -> None:
+    """The context is on card 0, the pool on card 1: the pool's allocations count against card 1's
+    limit, not card 0's."""
+    env = tc.env(work, GPUPOOL_MEMORY_LIMIT_MIB="1024,1024", GPUPOOL_STANDIN_DEVICES="2")
+    steps, _ = run_probe(tc, env, mode, "mkpool:1", "poolalloc:0:768m", "info", "alloc:768m", "poolalloc:0:512m")
+    assert codes(steps) == [OK, OK, OK, OK, OUT_OF_MEMORY]
+    assert steps[2].values[0] == str(GIB)  # card 0 untouched by the pool's 768 MiB

@@ -17,6 +17,14 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
                                  CUdriverProcAddressQueryResult *symbolStatus);
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                             unsigned int ElementSizeBytes);
+API CUresult cuMemFree(CUdeviceptr_v1 dptr);
+API CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
+API CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
+API CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *memHandleDesc);
+API CUresult cuDestroyExternalMemory(CUexternalMemory extMem);
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                 unsigned int ElementSizeBytes);
 API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
@@ -24,6 +32,15 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr);
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                          unsigned long long flags);
 API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags);
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                          CUmemAllocationHandleType handleType, unsigned long long flags);
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                            CUmemAllocationHandleType shHandleType);
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
 API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
@@ -38,6 +55,12 @@ API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3
                                     unsigned int numMipmapLevels);
 API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+API CUresult cuMemPoolDestroy(CUmemoryPool pool);
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+API CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, int type);
+API CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, int type);
 API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                     size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
@@ -51,6 +74,17 @@ API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out,
                                        CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                        size_t *numDependencies_out);
 API CUresult cuGraphDestroy(CUgraph hGraph);
+API CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph);
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
+API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                          CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                               CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                                size_t bufferSize);
+API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                   char *logBuffer, size_t bufferSize);
 
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);

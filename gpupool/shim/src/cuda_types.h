@@ -71,6 +71,23 @@ typedef struct {
     unsigned int NumChannels;
 } CUDA_ARRAY_DESCRIPTOR;
 
+/* The v1 entry points' (CUDA < 3.2) 32-bit pointers and descriptors. */
+typedef unsigned int CUdeviceptr_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
 typedef struct {
     size_t Width;
     size_t Height;
@@ -99,6 +116,31 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* Sharing VMM allocations between processes (cuMemExportToShareableHandle). */
+typedef int CUmemAllocationHandleType;
+enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, CU_MEM_HANDLE_TYPE_FABRIC = 0x8 };
+typedef struct {
+    unsigned char data[64];
+} CUmemFabricHandle;
+
+/* Memory another API allocated, imported into CUDA. */
+typedef struct CUextMemory_st *CUexternalMemory;
+enum { CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1 };
+typedef struct {
+    int type;
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciBufObject;
+    } handle;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
+
 /* Memory pools: only the release threshold matters here (how much freed memory a pool keeps). */
 typedef int CUmemPool_attribute;
 enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 };
@@ -124,12 +166,20 @@ typedef struct {
     size_t bytesize;
     CUdeviceptr dptr; /* out */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
-enum { CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+enum { CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+/* A child graph node: the child is cloned into the parent, or (required for one with memory
+ * nodes) moved, after which the parent owns it. */
+enum { CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1 };
+typedef struct {
+    CUgraph graph;
+    int ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
 typedef struct {
     int type;
     int reserved0[3];
     union {
         long long reserved1[29];
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;
     };
     long long reserved2;
@@ -143,6 +193,17 @@ typedef struct {
 
 /* Stream capture: a stream being captured records work into a graph instead of running it. */
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
+/* Stream handles with a meaning of their own: the legacy NULL stream (never captured) and the
+ * calling thread's per-thread default stream, which the _ptsz entry points mean by NULL. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* Inter-process memory handles. */
 typedef struct {
@@ -209,6 +270,8 @@ typedef struct {
 } nvmlPciInfo_t;
 
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps layout");
+_Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "CUDA_EXTERNAL_MEMORY_HANDLE_DESC layout");
+_Static_assert(sizeof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC) == 104, "CUDA_EXTERNAL_MEMORY_HANDLE_DESC layout");
 _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
 
 #endif

@@ -9,6 +9,9 @@
  * destruction never counts less than the graph can hold, and it refuses an over-limit graph while
  * it is being built, where the caller can still handle CUDA_ERROR_OUT_OF_MEMORY.
  *
+ * Memory pools are remembered with the card they allocate on (cuMemPoolCreate and the calls that
+ * hand out a device's pools), so an allocation from one is charged to that card.
+ *
  * Memory pools: cuMemFreeAsync gives a block back to its pool, which keeps up to its release
  * threshold reserved after the next synchronisation. The library gives the bytes back to the
  * budget at the free, so a pool allowed to keep freed memory (a raised threshold) would let the
@@ -60,9 +63,21 @@ static CUDA_MEM_ALLOC_NODE_PARAMS *alloc_params(CUgraphNodeParams *params) {
     return params != NULL && params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? &params->alloc : NULL;
 }
 
+/* A child graph moved into a parent (the only way a graph with memory nodes becomes a child) is
+ * the parent's now, and goes with it: so does the charge of its memory nodes. */
+static CUresult adopted(CUresult status, CUgraph parent, const CUgraphNodeParams *params) {
+    if (status == CUDA_SUCCESS && params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+        params->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && params->graph.graph != NULL)
+        shim_graph_memory_moves((uintptr_t)params->graph.graph, (uintptr_t)parent);
+    return status;
+}
+
 CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                         size_t numDependencies, CUgraphNodeParams *nodeParams) {
     REQUIRE(cuGraphAddNode);
+    if (alloc_params(nodeParams) == NULL)
+        return adopted(REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams), hGraph,
+                       nodeParams);
     GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
                  REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
 }
@@ -71,6 +86,10 @@ CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgra
                            const CUgraphEdgeData *dependencyData, size_t numDependencies,
                            CUgraphNodeParams *nodeParams) {
     REQUIRE(cuGraphAddNode_v2);
+    if (alloc_params(nodeParams) == NULL)
+        return adopted(REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
+                                               nodeParams),
+                       hGraph, nodeParams);
     GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
                  REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
                                          nodeParams));
@@ -87,13 +106,11 @@ CUresult cuGraphDestroyNode(CUgraphNode hNode) {
     return status;
 }
 
+/* A graph's memory outlives it while an executable graph made from it lives (hooks_graph_exec.c). */
 CUresult cuGraphDestroy(CUgraph hGraph) {
     REQUIRE(cuGraphDestroy);
     CUresult status = REAL(cuGraphDestroy)(hGraph);
-    if (status == CUDA_SUCCESS && hGraph != NULL) {
-        shim_release_owned(SHIM_KIND_GRAPH_NODE, (uintptr_t)hGraph);
-        shim_release_owned(SHIM_KIND_CAPTURED, (uintptr_t)hGraph);
-    }
+    if (status == CUDA_SUCCESS && hGraph != NULL) shim_graph_memory_ends((uintptr_t)hGraph);
     return status;
 }
 
@@ -109,4 +126,66 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
         value = &zero;
     }
     return REAL(cuMemPoolSetAttribute)(pool, attr, value);
+}
+
+/* Where a pool allocates, so cuMemAllocFromPoolAsync charges that card and not the current one
+ * (a pool may belong to another card; a host pool's memory is not device memory). */
+static void note_pool(CUresult status, CUmemoryPool pool, const CUmemLocation *where) {
+    if (status != CUDA_SUCCESS || pool == NULL || where == NULL || !shim_config()->enabled) return;
+    int dev = where->type == CU_MEM_LOCATION_TYPE_DEVICE ? where->id : SHIM_POOL_HOST, old;
+    uint64_t bytes;
+    shim_untrack(SHIM_KIND_POOL, (uintptr_t)pool, &old, &bytes); /* a default pool is asked for often */
+    shim_track(SHIM_KIND_POOL, (uintptr_t)pool, dev, 0);
+}
+
+int shim_pool_device(CUmemoryPool pool, int fallback) {
+    int dev;
+    if (pool == NULL || !shim_lookup(SHIM_KIND_POOL, (uintptr_t)pool, &dev)) return fallback;
+    return shim_memory_limited(dev) ? dev : -1;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+    REQUIRE(cuMemPoolCreate);
+    CUresult status = REAL(cuMemPoolCreate)(pool, poolProps);
+    note_pool(status, pool != NULL ? *pool : NULL, poolProps != NULL ? &poolProps->location : NULL);
+    return status;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    REQUIRE(cuMemPoolDestroy);
+    CUresult status = REAL(cuMemPoolDestroy)(pool);
+    int dev;
+    uint64_t bytes;
+    if (status == CUDA_SUCCESS) shim_untrack(SHIM_KIND_POOL, (uintptr_t)pool, &dev, &bytes);
+    return status;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    REQUIRE(cuDeviceGetDefaultMemPool);
+    CUresult status = REAL(cuDeviceGetDefaultMemPool)(pool_out, dev);
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    note_pool(status, pool_out != NULL ? *pool_out : NULL, &where);
+    return status;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    REQUIRE(cuDeviceGetMemPool);
+    CUresult status = REAL(cuDeviceGetMemPool)(pool, dev);
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    note_pool(status, pool != NULL ? *pool : NULL, &where);
+    return status;
+}
+
+CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, int type) {
+    REQUIRE(cuMemGetDefaultMemPool);
+    CUresult status = REAL(cuMemGetDefaultMemPool)(pool_out, location, type);
+    note_pool(status, pool_out != NULL ? *pool_out : NULL, location);
+    return status;
+}
+
+CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, int type) {
+    REQUIRE(cuMemGetMemPool);
+    CUresult status = REAL(cuMemGetMemPool)(pool, location, type);
+    note_pool(status, pool != NULL ? *pool : NULL, location);
+    return status;
 }

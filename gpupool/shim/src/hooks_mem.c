@@ -61,31 +61,66 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAllocManaged)(dptr, bytesize, flags));
 }
 
+/* Pitched allocations: the driver chooses the pitch, so an estimate is charged first and then
+ * corrected to what the driver took (or the allocation undone when that no longer fits). */
+static CUresult charge_pitch(int dev, uint64_t width, uint64_t height, uint64_t *estimate) {
+    uint64_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    if (__builtin_mul_overflow(row, height, estimate)) return CUDA_ERROR_OUT_OF_MEMORY;
+    return charge(dev, *estimate);
+}
+
+static CUresult settle_pitch(int dev, uint64_t estimate, CUresult status, uint64_t key, uint64_t actual, int legacy) {
+    if (status != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        return status;
+    }
+    if (actual > estimate && charge(dev, actual - estimate) != CUDA_SUCCESS) {
+        shim_region_release(dev, estimate);
+        if (legacy) REAL(cuMemFree)((CUdeviceptr_v1)key);
+        else REAL(cuMemFree_v2)(key);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < estimate) shim_region_release(dev, estimate - actual);
+    shim_track(SHIM_KIND_POINTER, key, dev, actual);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                             unsigned int ElementSizeBytes) {
     REQUIRE(cuMemAllocPitch_v2);
     int dev = limited_device();
     if (dev < 0) return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    uint64_t row = ((uint64_t)WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     uint64_t estimate;
-    if (__builtin_mul_overflow(row, (uint64_t)Height, &estimate)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult status = charge(dev, estimate);
+    CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
     if (status != CUDA_SUCCESS) return status;
     status = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (status != CUDA_SUCCESS) {
-        shim_region_release(dev, estimate);
-        return status;
-    }
-    /* The driver chose the pitch: charge what it really took, or undo when that no longer fits. */
-    uint64_t actual = (uint64_t)*pPitch * Height;
-    if (actual > estimate && charge(dev, actual - estimate) != CUDA_SUCCESS) {
-        shim_region_release(dev, estimate);
-        REAL(cuMemFree_v2)(*dptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (actual < estimate) shim_region_release(dev, estimate - actual);
-    shim_track(SHIM_KIND_POINTER, *dptr, dev, actual);
-    return CUDA_SUCCESS;
+    return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
+                        status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 0);
+}
+
+/* The v1 entry points (CUDA < 3.2: 32-bit pointers and sizes), still exported by the driver. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    REQUIRE(cuMemAlloc);
+    int dev = limited_device();
+    GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(cuMemAlloc)(dptr, bytesize));
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                         unsigned int ElementSizeBytes) {
+    REQUIRE(cuMemAllocPitch);
+    int dev = limited_device();
+    if (dev < 0) return REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    uint64_t estimate;
+    CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
+    if (status != CUDA_SUCCESS) return status;
+    status = REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
+                        status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 1);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr) {
+    REQUIRE(cuMemFree);
+    GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree)(dptr));
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -93,24 +128,12 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     GUARDED_FREE(SHIM_KIND_POINTER, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                     unsigned long long flags) {
-    REQUIRE(cuMemCreate);
-    int dev = -1;
-    if (shim_config()->enabled && prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-        shim_memory_limited(prop->location.id))
-        dev = prop->location.id;
-    GUARDED_ALLOC(dev, size, SHIM_KIND_HANDLE, *handle, REAL(cuMemCreate)(handle, size, prop, flags));
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    REQUIRE(cuMemRelease);
-    GUARDED_FREE(SHIM_KIND_HANDLE, handle, REAL(cuMemRelease)(handle));
-}
-
-/* The graph a stream is being captured into, or NULL (the legacy NULL stream is never captured). */
-static CUgraph capture_graph(CUstream stream) {
-    if (stream == NULL || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;
+/* The graph a stream is being captured into, or NULL. NULL means the legacy stream, which is
+ * never captured, except to the _ptsz entry points, where it is the calling thread's per-thread
+ * default stream, which can be (so can CU_STREAM_PER_THREAD, passed to any of them). */
+static CUgraph capture_graph(CUstream stream, int per_thread) {
+    if (stream == NULL && per_thread) stream = CU_STREAM_PER_THREAD;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || REAL(cuStreamGetCaptureInfo_v2) == NULL) return NULL;
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUgraph graph = NULL;
     if (REAL(cuStreamGetCaptureInfo_v2)(stream, &status, NULL, &graph, NULL, NULL) != CUDA_SUCCESS) return NULL;
@@ -121,10 +144,10 @@ static CUgraph capture_graph(CUstream stream) {
  * freed under a limit). One made while its stream is captured is a memory node of the capture's
  * graph: charged like one, until the graph is destroyed; its free inside the capture gives back
  * nothing, since the graph holds the memory at every launch. */
-#define ASYNC_ALLOC(name, ...)                                                                          \
+#define ASYNC_ALLOC(name, per_thread, pool, ...)                                                         \
     REQUIRE(name);                                                                                      \
-    int dev = limited_device();                                                                         \
-    CUgraph graph = dev < 0 ? NULL : capture_graph(hStream);                                            \
+    int dev = shim_config()->enabled ? shim_pool_device(pool, limited_device()) : -1;                   \
+    CUgraph graph = dev < 0 ? NULL : capture_graph(hStream, per_thread);                                \
     if (graph == NULL) GUARDED_ALLOC(dev, bytesize, SHIM_KIND_POINTER, *dptr, REAL(name)(__VA_ARGS__)); \
     CUresult status = charge(dev, bytesize);                                                            \
     if (status != CUDA_SUCCESS) return status;                                                          \
@@ -134,19 +157,19 @@ static CUgraph capture_graph(CUstream stream) {
     return status
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync, 0, NULL, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+    ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1, NULL, dptr, bytesize, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync, 0, pool, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1, pool, dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
@@ -173,6 +196,22 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *des
                              : shim_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
                                                 desc->NumChannels);
     GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArray3DCreate_v2)(pHandle, desc));
+}
+
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc) {
+    REQUIRE(cuArrayCreate);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : shim_array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArrayCreate)(pHandle, desc));
+}
+
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc) {
+    REQUIRE(cuArray3DCreate);
+    int dev = desc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0
+                             : shim_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                                desc->NumChannels);
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_ARRAY, (uintptr_t)*pHandle, REAL(cuArray3DCreate)(pHandle, desc));
 }
 
 CUresult cuArrayDestroy(CUarray hArray) {
@@ -205,4 +244,19 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
     REQUIRE(cuMipmappedArrayDestroy);
     GUARDED_FREE(SHIM_KIND_MIPMAP, (uintptr_t)hMipmappedArray, REAL(cuMipmappedArrayDestroy)(hMipmappedArray));
+}
+
+/* Memory another API (Vulkan, OpenGL, NvSciBuf) allocated is invisible here until CUDA imports it;
+ * the import names its size, and the importer pays for what it can reach, on its current card. */
+CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *memHandleDesc) {
+    REQUIRE(cuImportExternalMemory);
+    int dev = memHandleDesc != NULL ? limited_device() : -1;
+    uint64_t bytes = dev < 0 ? 0 : memHandleDesc->size;
+    GUARDED_ALLOC(dev, bytes, SHIM_KIND_EXTERNAL, (uintptr_t)*extMem_out,
+                  REAL(cuImportExternalMemory)(extMem_out, memHandleDesc));
+}
+
+CUresult cuDestroyExternalMemory(CUexternalMemory extMem) {
+    REQUIRE(cuDestroyExternalMemory);
+    GUARDED_FREE(SHIM_KIND_EXTERNAL, (uintptr_t)extMem, REAL(cuDestroyExternalMemory)(extMem));
 }

@@ -9,64 +9,17 @@
 
 #include "shim.h"
 
-#define TOMBSTONE 0xffffu
-#define INITIAL_CAPACITY 1024u
-
-struct entry {
-    uint64_t key;
-    uint32_t kind; /* 0: empty; TOMBSTONE: removed */
-    int32_t dev;
-    uint64_t bytes;
-    uint64_t owner; /* 0: none */
-};
-
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct entry *table;
-static uint32_t capacity, occupied; /* occupied counts tombstones too */
-
-static uint32_t slot_of(uint64_t key, uint32_t kind) {
-    uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9e3779b97f4a7c15ull;
-    return (uint32_t)(h >> 32) & (capacity - 1);
-}
-
-static int grow(void) {
-    uint32_t old_capacity = capacity;
-    struct entry *old = table;
-    uint32_t live = 0;
-    for (uint32_t i = 0; i < old_capacity; i++) live += old[i].kind != 0 && old[i].kind != TOMBSTONE;
-    /* Mostly tombstones (allocation churn): rebuild at the same size instead of doubling. */
-    uint32_t new_capacity = old_capacity == 0 ? INITIAL_CAPACITY : live * 4 < old_capacity ? old_capacity
-                                                                                         : old_capacity * 2;
-    struct entry *fresh = calloc(new_capacity, sizeof *fresh);
-    if (fresh == NULL) return -1;
-    table = fresh;
-    capacity = new_capacity;
-    occupied = 0;
-    for (uint32_t i = 0; i < old_capacity; i++) {
-        if (old[i].kind == 0 || old[i].kind == TOMBSTONE) continue;
-        uint32_t s = slot_of(old[i].key, old[i].kind);
-        while (table[s].kind != 0) s = (s + 1) & (capacity - 1);
-        table[s] = old[i];
-        occupied++;
-    }
-    free(old);
-    return 0;
-}
+static struct shim_table table;
 
 void shim_track(int kind, uint64_t key, int dev, uint64_t bytes) { shim_track_owned(kind, key, dev, bytes, 0); }
 
 void shim_track_owned(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t owner) {
+    struct shim_entry entry = {.key = key, .kind = (uint32_t)kind, .dev = dev, .bytes = bytes, .owner = owner};
     pthread_mutex_lock(&table_lock);
-    if ((occupied + 1) * 2 > capacity && grow() != 0) {
-        pthread_mutex_unlock(&table_lock);
-        shim_log(SHIM_LOG_ERROR, "out of host memory tracking an allocation; its bytes stay charged");
-        return;
-    }
-    uint32_t s = slot_of(key, (uint32_t)kind);
-    while (table[s].kind != 0 && table[s].kind != TOMBSTONE) s = (s + 1) & (capacity - 1);
-    if (table[s].kind == 0) occupied++;
-    table[s] = (struct entry){.key = key, .kind = (uint32_t)kind, .dev = dev, .bytes = bytes, .owner = owner};
+    int failed = shim_table_put(&table, &entry);
     pthread_mutex_unlock(&table_lock);
+    if (failed) shim_log(SHIM_LOG_ERROR, "out of host memory tracking an allocation; its bytes stay charged");
 }
 
 int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
@@ -74,25 +27,25 @@ int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes) {
     return shim_untrack_owned(kind, key, dev, bytes, &owner);
 }
 
-int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner) {
-    int found = 0;
+int shim_lookup(int kind, uint64_t key, int *dev) {
     pthread_mutex_lock(&table_lock);
-    if (capacity != 0) {
-        uint32_t s = slot_of(key, (uint32_t)kind);
-        while (table[s].kind != 0) {
-            if (table[s].kind == (uint32_t)kind && table[s].key == key) {
-                *dev = table[s].dev;
-                *bytes = table[s].bytes;
-                *owner = table[s].owner;
-                table[s].kind = TOMBSTONE;
-                found = 1;
-                break;
-            }
-            s = (s + 1) & (capacity - 1);
-        }
+    struct shim_entry *entry = shim_table_get(&table, (uint32_t)kind, key);
+    if (entry != NULL) *dev = entry->dev;
+    pthread_mutex_unlock(&table_lock);
+    return entry != NULL;
+}
+
+int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner) {
+    pthread_mutex_lock(&table_lock);
+    struct shim_entry *entry = shim_table_get(&table, (uint32_t)kind, key);
+    if (entry != NULL) {
+        *dev = entry->dev;
+        *bytes = entry->bytes;
+        *owner = entry->owner;
+        shim_table_remove(entry);
     }
     pthread_mutex_unlock(&table_lock);
-    return found;
+    return entry != NULL;
 }
 
 /* A whole-table scan: only graph destruction (rare) calls it. The region is updated after the
@@ -100,23 +53,72 @@ int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64
 void shim_release_owned(int kind, uint64_t owner) {
     uint64_t freed[SHIM_MAX_DEVICES] = {0};
     pthread_mutex_lock(&table_lock);
-    for (uint32_t i = 0; i < capacity; i++) {
-        if (table[i].kind != (uint32_t)kind || table[i].owner != owner) continue;
-        if (table[i].dev >= 0 && table[i].dev < SHIM_MAX_DEVICES) freed[table[i].dev] += table[i].bytes;
-        table[i].kind = TOMBSTONE;
+    for (uint32_t i = 0; i < table.capacity; i++) {
+        struct shim_entry *entry = &table.slots[i];
+        if (entry->kind != (uint32_t)kind || entry->owner != owner) continue;
+        if (entry->dev >= 0 && entry->dev < SHIM_MAX_DEVICES) freed[entry->dev] += entry->bytes;
+        shim_table_remove(entry);
     }
     pthread_mutex_unlock(&table_lock);
     for (int dev = 0; dev < SHIM_MAX_DEVICES; dev++)
         if (freed[dev] != 0) shim_region_release(dev, freed[dev]);
 }
 
+int shim_reown(int kind, uint64_t from, uint64_t to) {
+    int moved = 0;
+    pthread_mutex_lock(&table_lock);
+    for (uint32_t i = 0; i < table.capacity; i++) {
+        struct shim_entry *entry = &table.slots[i];
+        if (entry->kind == (uint32_t)kind && entry->owner == from) {
+            entry->owner = to;
+            moved++;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return moved;
+}
+
+int shim_owns_any(int kind, uint64_t owner) {
+    int found = 0;
+    pthread_mutex_lock(&table_lock);
+    for (uint32_t i = 0; i < table.capacity && !found; i++)
+        found = table.slots[i].kind == (uint32_t)kind && table.slots[i].owner == owner;
+    pthread_mutex_unlock(&table_lock);
+    return found;
+}
+
+uint64_t shim_find_owned(int kind, uint64_t owner) {
+    uint64_t key = 0;
+    pthread_mutex_lock(&table_lock);
+    for (uint32_t i = 0; i < table.capacity && key == 0; i++)
+        if (table.slots[i].kind == (uint32_t)kind && table.slots[i].owner == owner) key = table.slots[i].key;
+    pthread_mutex_unlock(&table_lock);
+    return key;
+}
+
+void shim_sum_owned(int kind, uint64_t owner, uint64_t sums[SHIM_MAX_DEVICES]) {
+    pthread_mutex_lock(&table_lock);
+    for (uint32_t i = 0; i < table.capacity; i++) {
+        const struct shim_entry *entry = &table.slots[i];
+        if (entry->kind == (uint32_t)kind && entry->owner == owner && entry->dev >= 0 && entry->dev < SHIM_MAX_DEVICES)
+            sums[entry->dev] += entry->bytes;
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
 /* In a forked child: the parent's allocations are not the child's, and the lock may be held by a
  * thread that does not exist here. */
 void shim_forget_all(void) {
     pthread_mutex_init(&table_lock, NULL);
-    free(table);
-    table = NULL;
-    capacity = occupied = 0;
+    shim_table_clear(&table);
+    shim_vmm_forget_all();
+}
+
+CUresult shim_charge(int dev, uint64_t bytes, const char *what) {
+    if (shim_region_charge(dev, bytes) == 0) return CUDA_SUCCESS;
+    shim_log(SHIM_LOG_INFO, "refusing %s of %llu bytes on card %d: the container's limit is %llu bytes", what,
+             (unsigned long long)bytes, dev, (unsigned long long)shim_memory_limit(dev));
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 int shim_current_device(void) {

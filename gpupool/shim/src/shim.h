@@ -57,21 +57,67 @@ SHIM_HIDDEN void shim_region_set_host_pid(int pid);             /* this process'
 struct shim_bucket;
 SHIM_HIDDEN struct shim_bucket *shim_region_bucket(int dev);
 
+/* table.c: (kind, key) -> entry, open addressing; the caller holds its own lock */
+struct shim_entry {
+    uint64_t key;
+    uint32_t kind; /* 0: empty */
+    int32_t dev;
+    uint64_t bytes;
+    uint64_t owner; /* 0: none */
+};
+struct shim_table {
+    struct shim_entry *slots;
+    uint32_t capacity, occupied; /* occupied counts removed entries too */
+};
+SHIM_HIDDEN int shim_table_put(struct shim_table *t, const struct shim_entry *entry); /* -1: out of memory */
+SHIM_HIDDEN struct shim_entry *shim_table_get(struct shim_table *t, uint32_t kind, uint64_t key);
+SHIM_HIDDEN void shim_table_remove(struct shim_entry *entry);
+SHIM_HIDDEN int shim_table_live(const struct shim_entry *entry);
+SHIM_HIDDEN void shim_table_clear(struct shim_table *t);
+
 /* memory.c */
 enum { SHIM_KIND_POINTER = 1, SHIM_KIND_HANDLE = 2, SHIM_KIND_ARRAY = 3, SHIM_KIND_MIPMAP = 4, SHIM_KIND_GRAPH_NODE = 5,
-       SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */ };
+       SHIM_KIND_CAPTURED = 6 /* an allocation made while its stream was captured: the graph's */,
+       SHIM_KIND_GRAPH_COPY = 7 /* a copy's share of the memory nodes it copied: key (copy << 4) | card */,
+       SHIM_KIND_EXEC = 8 /* an executable graph instantiated from a graph with memory nodes; owner: that graph */,
+       SHIM_KIND_EXTERNAL = 9 /* memory another API allocated, imported with cuImportExternalMemory */,
+       SHIM_KIND_POOL = 10 /* a memory pool and where it allocates: dev, or SHIM_POOL_HOST */ };
+#define SHIM_POOL_HOST (-2)
 SHIM_HIDDEN int shim_current_device(void);
+/* Charge bytes on a card: CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (logged, naming what) past the limit. */
+SHIM_HIDDEN CUresult shim_charge(int dev, uint64_t bytes, const char *what);
 SHIM_HIDDEN int shim_memory_limited(int dev);
 SHIM_HIDDEN int shim_any_memory_limited(void);
 SHIM_HIDDEN void shim_track(int kind, uint64_t key, int dev, uint64_t bytes);
 /* Tracked with an owner (a graph's memory nodes: the graph), so all of an owner's go at once. */
 SHIM_HIDDEN void shim_track_owned(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t owner);
 SHIM_HIDDEN int shim_untrack(int kind, uint64_t key, int *dev, uint64_t *bytes);
+/* Whether an entry is tracked, and its card; the entry stays. */
+SHIM_HIDDEN int shim_lookup(int kind, uint64_t key, int *dev);
 SHIM_HIDDEN int shim_untrack_owned(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *owner);
 /* Untrack every entry of kind with this owner and give its bytes back to the region. */
 SHIM_HIDDEN void shim_release_owned(int kind, uint64_t owner);
+/* Hand every entry of kind owned by from over to to; returns how many moved. */
+SHIM_HIDDEN int shim_reown(int kind, uint64_t from, uint64_t to);
+/* Whether any entry of kind has this owner. */
+SHIM_HIDDEN int shim_owns_any(int kind, uint64_t owner);
+/* The key of an entry of kind with this owner, or 0. */
+SHIM_HIDDEN uint64_t shim_find_owned(int kind, uint64_t owner);
+/* Bytes per card of the entries of kind with this owner, added to sums. */
+SHIM_HIDDEN void shim_sum_owned(int kind, uint64_t owner, uint64_t sums[SHIM_MAX_DEVICES]);
 SHIM_HIDDEN void shim_forget_all(void);
+
+/* vmm.c */
+SHIM_HIDDEN void shim_vmm_forget_all(void);
 SHIM_HIDDEN uint64_t shim_array_bytes(size_t w, size_t h, size_t d, CUarray_format format, unsigned channels);
+
+/* hooks_graph.c: the limited card a pool allocates on, -1 (host, not limited), fallback (unknown pool) */
+SHIM_HIDDEN int shim_pool_device(CUmemoryPool pool, int fallback);
+
+/* hooks_graph_exec.c: the graph's memory goes back, or to the executable graph made from it */
+SHIM_HIDDEN void shim_graph_memory_ends(uint64_t graph);
+/* A child graph moved into its parent: the parent holds the child's memory nodes now. */
+SHIM_HIDDEN void shim_graph_memory_moves(uint64_t child, uint64_t parent);
 
 /* compute.c */
 SHIM_HIDDEN void shim_compute_launch(int dev, uint64_t cost);
@@ -85,10 +131,17 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                                               \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                             \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                                   \
+    X(cuImportExternalMemory, "cuImportExternalMemory", 0, 0)                                           \
+    X(cuDestroyExternalMemory, "cuDestroyExternalMemory", 0, 0)                                         \
     X(cuMemAllocManaged, "cuMemAllocManaged", 0, 0)                                                     \
     X(cuMemFree_v2, "cuMemFree", 3020, 0)                                                               \
     X(cuMemCreate, "cuMemCreate", 0, 0)                                                                 \
     X(cuMemRelease, "cuMemRelease", 0, 0)                                                               \
+    X(cuMemMap, "cuMemMap", 0, 0)                                                                       \
+    X(cuMemUnmap, "cuMemUnmap", 0, 0)                                                                   \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 0, 0)                               \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0, 0)                           \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0, 0)                                 \
     X(cuMemAllocAsync, "cuMemAllocAsync", 0, 0)                                                         \
     X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1)                                                    \
     X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0)                                         \
@@ -100,12 +153,32 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(cuArrayDestroy, "cuArrayDestroy", 0, 0)                                                           \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0)                                           \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0)                                         \
+    /* the v1 entry points after the others: a driver answer that is the address of both picks v2 */   \
+    X(cuMemAlloc, "cuMemAlloc", 0, 0)                                                                   \
+    X(cuMemAllocPitch, "cuMemAllocPitch", 0, 0)                                                         \
+    X(cuMemFree, "cuMemFree", 0, 0)                                                                     \
+    X(cuArrayCreate, "cuArrayCreate", 0, 0)                                                             \
+    X(cuArray3DCreate, "cuArray3DCreate", 0, 0)                                                         \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0)                                             \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 0, 0)                                                         \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0)                                                       \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0)                                     \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0)                                                   \
+    X(cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 0, 0)                                           \
+    X(cuMemGetMemPool, "cuMemGetMemPool", 0, 0)                                                         \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0)                                           \
     X(cuGraphAddNode, "cuGraphAddNode", 0, 0)                                                           \
     X(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0)                                                    \
     X(cuGraphDestroyNode, "cuGraphDestroyNode", 0, 0)                                                   \
     X(cuGraphDestroy, "cuGraphDestroy", 0, 0)                                                           \
+    X(cuGraphClone, "cuGraphClone", 0, 0)                                                               \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 0)                                 \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0)                               \
+    X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 0, 1)                          \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0)                                                   \
+    /* the 5-argument instantiation of CUDA 11; by address only: the same name means another signature now */ \
+    X(cuGraphInstantiate, "", 0, 0)                                                                     \
+    X(cuGraphInstantiate_v2, "", 0, 0)                                                                  \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                         \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                                 \
     X(cuLaunchKernel, "cuLaunchKernel", 0, 0)                                                           \
@@ -123,6 +196,7 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
 #define SHIM_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice)                                                                                   \
     X(cuStreamGetCaptureInfo_v2)                                                                        \
+    X(cuMemGetAllocationPropertiesFromHandle)                                                           \
     X(nvmlInit_v2)                                                                                      \
     X(nvmlDeviceGetHandleByIndex_v2)                                                                    \
     X(nvmlDeviceGetHandleByUUID)                                                                        \

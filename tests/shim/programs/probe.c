@@ -8,13 +8,22 @@
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
- *        defpool  mkpool  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
+ *        defpool  mkpool[:DEV]  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
+ *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
+ *        vmmgrab:N:SIZE  vmmdrop   (N allocations of SIZE, each mapped and its handle released; unmap them)
+ *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
+ *        gmove:P:C   (graph C moved into graph P as a child graph node)
+ *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
+ *        extimport:SIZE  extdel:I  instl:I   (external memory; CUDA 11's 5-argument instantiation)
+ *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
+ *        entry points on the NULL stream, prefixed t the plain ones on CU_STREAM_PER_THREAD
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +46,13 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 uint64_t gpupoolStandinUsedBytes(int dev);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
 
 #define CUDA_VERSION_ASKED 12080
+#define CUDA_VERSION_V1 3010
 #define MAX_HANDLES 4096
 #define CAPTURED_STREAM ((CUstream)(uintptr_t)0x5000) /* the stand-in takes any non-NULL stream */
 
@@ -78,9 +92,34 @@ static struct {
     __typeof__(&cuIpcCloseMemHandle) ipc_close;
     __typeof__(&cuStreamBeginCapture_v2) begin_capture;
     __typeof__(&cuStreamEndCapture) end_capture;
+    __typeof__(&cuMemAddressReserve) reserve;
+    __typeof__(&cuMemMap) map;
+    __typeof__(&cuMemUnmap) unmap;
+    __typeof__(&cuMemExportToShareableHandle) export_handle;
+    __typeof__(&cuMemImportFromShareableHandle) import_handle;
+    __typeof__(&cuMemRetainAllocationHandle) retain_handle;
+    __typeof__(&cuGraphInstantiateWithFlags) instantiate;
+    __typeof__(&cuGraphInstantiateWithParams) instantiate_params;
+    __typeof__(&cuGraphExecDestroy) exec_destroy;
+    __typeof__(&cuGraphClone) clone;
+    __typeof__(&cuMemAllocAsync_ptsz) async_ptsz;
+    __typeof__(&cuMemFreeAsync_ptsz) free_async_ptsz;
+    __typeof__(&cuStreamBeginCapture_v2_ptsz) begin_capture_ptsz;
+    __typeof__(&cuStreamEndCapture_ptsz) end_capture_ptsz;
+    __typeof__(&cuMemAlloc) alloc1;
+    __typeof__(&cuMemAllocPitch) pitch1;
+    __typeof__(&cuMemFree) free1;
+    __typeof__(&cuArrayCreate) array1;
+    __typeof__(&cuArray3DCreate) array3d1;
+    __typeof__(&cuImportExternalMemory) ext_import;
+    __typeof__(&cuDestroyExternalMemory) ext_destroy;
+    __typeof__(&cuGraphInstantiate_v2) instantiate_legacy;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
+static CUdeviceptr grabbed[MAX_HANDLES];
+static unsigned long long grabbed_size;
+static int grabbed_count;
 static int handle_count;
 
 static void *resolve_dlsym(void *library, const char *name) {
@@ -89,10 +128,10 @@ static void *resolve_dlsym(void *library, const char *name) {
     return found;
 }
 
-static void *resolve_proc(void *getter, const char *name) {
+static void *resolve_proc(void *getter, const char *name, cuuint64_t flags, int version) {
     void *found = NULL;
     CUdriverProcAddressQueryResult status;
-    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, CUDA_VERSION_ASKED, 0, &status);
+    CUresult rc = ((__typeof__(&cuGetProcAddress_v2))getter)(name, &found, version, flags, &status);
     if (rc != CUDA_SUCCESS) fprintf(stderr, "probe: cuGetProcAddress_v2(%s) = %d\n", name, rc);
     return found;
 }
@@ -100,7 +139,19 @@ static void *resolve_proc(void *getter, const char *name) {
 #define FILL(field, symbol, base)                                                                      \
     api.field = mode == 's' ? &symbol                                                                   \
                 : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
-                              : (__typeof__(&symbol))resolve_proc(getter, base)
+                              : (__typeof__(&symbol))resolve_proc(getter, base, 0, CUDA_VERSION_ASKED)
+/* A v1 entry point: through cuGetProcAddress, the base name asked for by a CUDA 3.1 program. */
+#define FILL_V1(field, symbol)                                                                          \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, #symbol, 0, CUDA_VERSION_V1)
+/* A _ptsz entry point: through cuGetProcAddress, the base name asked for per-thread streams. */
+#define FILL_PTSZ(field, symbol, base)                                                                 \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, base,                         \
+                                                                  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, \
+                                                                  CUDA_VERSION_ASKED)
 
 static void fill(char mode) {
     void *library = NULL, *getter = NULL;
@@ -147,6 +198,28 @@ static void fill(char mode) {
     FILL(ipc_close, cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
     FILL(begin_capture, cuStreamBeginCapture_v2, "cuStreamBeginCapture");
     FILL(end_capture, cuStreamEndCapture, "cuStreamEndCapture");
+    FILL(reserve, cuMemAddressReserve, "cuMemAddressReserve");
+    FILL(map, cuMemMap, "cuMemMap");
+    FILL(unmap, cuMemUnmap, "cuMemUnmap");
+    FILL(export_handle, cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
+    FILL(import_handle, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+    FILL(retain_handle, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle");
+    FILL(instantiate, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+    FILL(instantiate_params, cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams");
+    FILL(exec_destroy, cuGraphExecDestroy, "cuGraphExecDestroy");
+    FILL(clone, cuGraphClone, "cuGraphClone");
+    FILL_PTSZ(async_ptsz, cuMemAllocAsync_ptsz, "cuMemAllocAsync");
+    FILL_PTSZ(free_async_ptsz, cuMemFreeAsync_ptsz, "cuMemFreeAsync");
+    FILL_PTSZ(begin_capture_ptsz, cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture");
+    FILL_PTSZ(end_capture_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture");
+    FILL_V1(alloc1, cuMemAlloc);
+    FILL_V1(pitch1, cuMemAllocPitch);
+    FILL_V1(free1, cuMemFree);
+    FILL_V1(array1, cuArrayCreate);
+    FILL_V1(array3d1, cuArray3DCreate);
+    FILL(ext_import, cuImportExternalMemory, "cuImportExternalMemory");
+    FILL(ext_destroy, cuDestroyExternalMemory, "cuDestroyExternalMemory");
+    FILL(instantiate_legacy, cuGraphInstantiate_v2, "cuGraphInstantiate_v2");
 }
 
 static unsigned long long size_of(const char *text) {
@@ -172,6 +245,163 @@ static unsigned long long indexed(const char *argument, unsigned long long *size
     return handles[atoi(argument) % MAX_HANDLES];
 }
 
+/* The VMM steps; 0 when the verb is none of them. */
+static int step_vmm(const char *verb, const char *argument) {
+    unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb, "map") == 0) { /* reserve addresses for SIZE bytes and map handle I there */
+        CUdeviceptr va = 0;
+        rc = api.reserve(&va, size, 0, 0, 0);
+        if (rc == CUDA_SUCCESS) rc = api.map(va, size, 0, target, 0);
+        printf(" %d", rc);
+        keep(rc, va);
+    } else if (strcmp(verb, "unmap") == 0) {
+        printf(" %d", api.unmap(target, size));
+    } else if (strcmp(verb, "vmmgrab") == 0) { /* many at once: the library's tables have to grow */
+        CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        int wanted = atoi(argument) < MAX_HANDLES ? atoi(argument) : MAX_HANDLES;
+        rc = CUDA_SUCCESS;
+        grabbed_size = size;
+        for (grabbed_count = 0; grabbed_count < wanted && rc == CUDA_SUCCESS; grabbed_count++) {
+            CUdeviceptr va = 0;
+            rc = api.create(&handle, size, &prop, 0);
+            if (rc == CUDA_SUCCESS) rc = api.reserve(&va, size, 0, 0, 0);
+            if (rc == CUDA_SUCCESS) rc = api.map(va, size, 0, handle, 0);
+            if (rc == CUDA_SUCCESS) rc = api.release(handle);
+            grabbed[grabbed_count] = va;
+        }
+        printf(" %d %d", rc, grabbed_count - (rc != CUDA_SUCCESS));
+    } else if (strcmp(verb, "vmmdrop") == 0) {
+        rc = CUDA_SUCCESS;
+        for (int i = 0; i < grabbed_count && rc == CUDA_SUCCESS; i++)
+            if (grabbed[i] != 0) rc = api.unmap(grabbed[i], grabbed_size);
+        printf(" %d", rc);
+    } else if (strcmp(verb, "export") == 0) {
+        int fd = -1;
+        rc = api.export_handle(&fd, target, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        printf(" %d", rc);
+        keep(rc, (unsigned long long)fd);
+        printf(" %d", fd);
+    } else if (strcmp(verb, "import") == 0 || strcmp(verb, "importfd") == 0) {
+        int fd = verb[6] == 'f' ? atoi(argument) : (int)target;
+        rc = api.import_handle(&handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb, "close") == 0) {
+        printf(" %d", close((int)target) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+    } else if (strcmp(verb, "retain") == 0) { /* an address inside the mapping at index I */
+        rc = api.retain_handle(&handle, (void *)(uintptr_t)(target + 4096));
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Executable graphs and copies; 0 when the verb is none of them. */
+static int step_graph(const char *verb, const char *argument) {
+    unsigned long long size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb, "inst") == 0 || strcmp(verb, "instp") == 0) {
+        CUgraphExec exec = NULL;
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {0};
+        rc = verb[4] == 'p' ? api.instantiate_params(&exec, (CUgraph)(uintptr_t)target, &params)
+                            : api.instantiate(&exec, (CUgraph)(uintptr_t)target, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)exec);
+    } else if (strcmp(verb, "execdel") == 0) {
+        printf(" %d", api.exec_destroy((CUgraphExec)(uintptr_t)target));
+    } else if (strcmp(verb, "gmove") == 0) {
+        CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+        params.graph.graph = (CUgraph)(uintptr_t)handles[size % MAX_HANDLES];
+        params.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        CUgraphNode node = NULL;
+        rc = api.graph_node(&node, (CUgraph)(uintptr_t)target, NULL, NULL, 0, &params);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)node);
+    } else if (strcmp(verb, "clone") == 0) {
+        CUgraph copy = NULL;
+        rc = api.clone(&copy, (CUgraph)(uintptr_t)target);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)copy);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The v1 entry points, external memory and CUDA 11's instantiation; 0 when the verb is none of them. */
+static int step_legacy(const char *verb, const char *argument) {
+    unsigned long long size = 0, target = indexed(argument, &size);
+    unsigned a = 0, b = 0, c = 0;
+    sscanf(argument, "%ux%ux%u", &a, &b, &c);
+    CUresult rc;
+    if (strcmp(verb, "alloc1") == 0 || strcmp(verb, "pitch1") == 0) {
+        CUdeviceptr_v1 pointer = 0;
+        unsigned pitch = 0;
+        rc = verb[0] == 'a' ? api.alloc1(&pointer, (unsigned)size_of(argument)) : api.pitch1(&pointer, &pitch, a, b, 4);
+        printf(" %d", rc);
+        keep(rc, pointer);
+    } else if (strcmp(verb, "free1") == 0) {
+        printf(" %d", api.free1((CUdeviceptr_v1)target));
+    } else if (strcmp(verb, "array1") == 0 || strcmp(verb, "array3d1") == 0) {
+        CUDA_ARRAY_DESCRIPTOR_v1 flat = {.Width = a, .Height = b, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUDA_ARRAY3D_DESCRIPTOR_v1 deep = {.Width = a, .Height = b, .Depth = c, .Format = CU_AD_FORMAT_FLOAT,
+                                           .NumChannels = 1};
+        CUarray array = NULL;
+        rc = verb[5] == '1' ? api.array1(&array, &flat) : api.array3d1(&array, &deep);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)array);
+    } else if (strcmp(verb, "extimport") == 0) { /* the stand-in takes any descriptor and owns it after */
+        CUDA_EXTERNAL_MEMORY_HANDLE_DESC desc = {.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+                                                 .size = size_of(argument)};
+        desc.handle.fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        CUexternalMemory memory = NULL;
+        rc = api.ext_import(&memory, &desc);
+        if (rc != CUDA_SUCCESS) close(desc.handle.fd);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)memory);
+    } else if (strcmp(verb, "extdel") == 0) {
+        printf(" %d", api.ext_destroy((CUexternalMemory)(uintptr_t)target));
+    } else if (strcmp(verb, "instl") == 0) {
+        CUgraphExec exec = NULL;
+        rc = api.instantiate_legacy(&exec, (CUgraph)(uintptr_t)target, NULL, NULL, 0);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)exec);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Capture on a thread's default stream: p = the _ptsz entry points with NULL, t = the plain ones
+ * with CU_STREAM_PER_THREAD; 0 when the verb is none of them. */
+static int step_per_thread(const char *verb, const char *argument) {
+    if (verb[0] != 'p' && verb[0] != 't') return 0;
+    int ptsz = verb[0] == 'p';
+    CUstream stream = ptsz ? NULL : CU_STREAM_PER_THREAD;
+    unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
+    CUresult rc;
+    if (strcmp(verb + 1, "capture") == 0) {
+        printf(" %d", ptsz ? api.begin_capture_ptsz(stream, 0) : api.begin_capture(stream, 0));
+    } else if (strcmp(verb + 1, "endcapture") == 0) {
+        CUgraph graph = NULL;
+        rc = ptsz ? api.end_capture_ptsz(stream, &graph) : api.end_capture(stream, &graph);
+        printf(" %d", rc);
+        keep(rc, (uintptr_t)graph);
+    } else if (strcmp(verb + 1, "casync") == 0) {
+        rc = ptsz ? api.async_ptsz(&handle, size_of(argument), stream) : api.async(&handle, size_of(argument), stream);
+        printf(" %d", rc);
+        keep(rc, handle);
+    } else if (strcmp(verb + 1, "cfree") == 0) {
+        printf(" %d", ptsz ? api.free_async_ptsz(target, stream) : api.free_async(target, stream));
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* The memory-pool, graph and IPC steps; 0 when the verb is none of them. */
 static int step_more(const char *verb, const char *argument) {
     unsigned long long handle = 0, size = 0, target = indexed(argument, &size);
@@ -182,7 +412,7 @@ static int step_more(const char *verb, const char *argument) {
         printf(" %d", rc);
         keep(rc, (uintptr_t)pool);
     } else if (strcmp(verb, "mkpool") == 0) {
-        CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+        CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)}};
         CUmemoryPool pool = NULL;
         rc = api.pool_create(&pool, &props);
         printf(" %d", rc);
@@ -332,7 +562,8 @@ static void step(const char *text) {
         printf(" 0\n");
         fflush(stdout);
         for (;;) pause();
-    } else if (!step_more(verb, argument)) {
+    } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument) &&
+               !step_per_thread(verb, argument) && !step_legacy(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

@@ -6,10 +6,10 @@
  * configured kernel time. No memory is really allocated: pointers are numbers.
  *
  * Memory pools keep what cuMemFreeAsync gives back (still counted as used) and release the part
- * above their release threshold at the next synchronisation, as the real driver does; graph memory
- * nodes take their memory when they are created and give it back when the node or its graph is
- * destroyed (a stream-ordered allocation on a captured stream is one: its free in the capture
- * gives nothing back); IPC handles carry the exporter's pointer, and opening one allocates nothing.
+ * above their release threshold at the next synchronisation, as the real driver does; a
+ * stream-ordered allocation on a captured stream is a memory node of the capture's graph (graph.c),
+ * and its free in the capture gives nothing back; IPC handles carry the exporter's pointer, and
+ * opening one allocates nothing. VMM allocations: vmm.c.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include "../cuda_api.h"
+#include "driver.h"
 #include "state.h"
 
 #define POINTER_BASE 0x700000000000ull
+#define LEGACY_POINTER_BASE 0x10000000ull
 #define ALIGNMENT 512ull
 #define MAX_ALLOCATIONS 65536
 #define MAX_POOLS 64 /* the first STANDIN_MAX_DEVICES are the cards' default pools */
@@ -45,12 +47,12 @@ API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
 API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 API CUresult cuMemPoolDestroy(CUmemoryPool pool);
 API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
-API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
-API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
-API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags);
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 
 struct allocation {
     uint64_t key; /* 0: free entry */
@@ -72,6 +74,7 @@ static struct allocation allocations[MAX_ALLOCATIONS];
 static uint64_t used[STANDIN_MAX_DEVICES];
 static struct pool pools[MAX_POOLS];
 static uint64_t next_address = POINTER_BASE;
+static uint64_t next_low_address = LEGACY_POINTER_BASE; /* for the 32-bit pointers of the v1 entry points */
 static uint64_t last_end_ns;
 static int initialised;
 static __thread int current = -1; /* device of the calling thread's context, -1: none */
@@ -86,7 +89,8 @@ static CUresult checked_device(CUdevice dev) {
 static uint32_t home_of(uint64_t key) { return (uint32_t)((key / ALIGNMENT) * 2654435761u) % MAX_ALLOCATIONS; }
 
 /* An allocation on a card, from a pool (whose freed memory is used first) or for a graph node. */
-static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, unsigned long long *key) {
+static CUresult allocate_in(uint64_t *cursor, int dev, uint64_t bytes, int pool, uint64_t graph,
+                            unsigned long long *key) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -94,12 +98,12 @@ static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, u
     pthread_mutex_lock(&lock);
     uint64_t reused = pool == NO_POOL ? 0 : pools[pool].retained < bytes ? pools[pool].retained : bytes;
     if (bytes - reused <= standin_settings()->memory_bytes - used[dev]) {
-        uint64_t address = next_address;
+        uint64_t address = *cursor;
         uint32_t i = home_of(address);
         for (uint32_t probe = 0; probe < MAX_ALLOCATIONS; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
             if (allocations[i].key != 0 && allocations[i].key != TOMBSTONE) continue;
             *key = address;
-            next_address += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+            *cursor += (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
             allocations[i] = (struct allocation){.key = address, .dev = dev, .pool = pool, .graph = graph,
                                                  .bytes = bytes};
             used[dev] += bytes - reused;
@@ -113,8 +117,12 @@ static CUresult allocate_in(int dev, uint64_t bytes, int pool, uint64_t graph, u
 }
 
 static CUresult allocate(int dev, uint64_t bytes, unsigned long long *key) {
-    return allocate_in(dev, bytes, NO_POOL, 0, key);
+    return allocate_in(&next_address, dev, bytes, NO_POOL, 0, key);
 }
+
+CUresult standin_allocate(int dev, uint64_t bytes, unsigned long long *key) { return allocate(dev, bytes, key); }
+int standin_current_device(void) { return current; }
+CUresult standin_checked_device(int dev) { return checked_device(dev); }
 
 static CUresult release(uint64_t key) {
     CUresult status = CUDA_ERROR_INVALID_VALUE;
@@ -133,8 +141,30 @@ static CUresult release(uint64_t key) {
     return status;
 }
 
+CUresult standin_release(uint64_t key) { return release(key); }
+
+CUresult standin_allocate_for_graph(int dev, uint64_t bytes, uint64_t graph, unsigned long long *key) {
+    return allocate_in(&next_address, dev, bytes, NO_POOL, graph, key);
+}
+
+void standin_hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_DEVICES]) {
+    pthread_mutex_lock(&lock);
+    for (uint32_t i = 0; i < MAX_ALLOCATIONS; i++) {
+        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE || allocations[i].graph != owner) continue;
+        if (bytes != NULL) bytes[allocations[i].dev] += allocations[i].bytes;
+        if (to != 0) {
+            allocations[i].graph = to;
+            continue;
+        }
+        used[allocations[i].dev] -= allocations[i].bytes;
+        allocations[i].key = TOMBSTONE;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 CUresult cuInit(unsigned int flags) {
     (void)flags;
+    standin_vmm_open_control();
     initialised = 1;
     return CUDA_SUCCESS;
 }
@@ -259,16 +289,6 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return release(dptr); }
 
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                     unsigned long long flags) {
-    (void)flags;
-    if (prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (checked_device(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
-    return allocate(prop->location.id, size, handle);
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(handle); }
-
 /* The index of a pool handle (NULL: the current card's default pool), or NO_POOL. */
 static int pool_index(CUmemoryPool pool) {
     if (pool == NULL) {
@@ -336,83 +356,85 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
     return CUDA_SUCCESS;
 }
 
-/* Streams being captured, and the graph each records into. Streams are any non-NULL value. */
-#define MAX_CAPTURES 16
-static struct {
-    CUstream stream;
-    CUgraph graph;
-} captures[MAX_CAPTURES];
-static uint64_t next_graph = 1, next_node = 1;
-
-static CUgraph captured_into(CUstream stream) {
-    CUgraph graph = NULL;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_CAPTURES && stream != NULL; i++)
-        if (captures[i].stream == stream) graph = captures[i].graph;
-    pthread_mutex_unlock(&lock);
-    return graph;
+/* On a captured stream the allocation is a memory node of the capture's graph. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUgraph graph) {
+    if (graph != NULL) return allocate_in(&next_address, current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
+    return allocate_in(&next_address, current, bytesize, pool_index(NULL), 0, dptr);
 }
 
-CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
-    (void)mode;
-    if (hStream == NULL || captured_into(hStream) != NULL) return CUDA_ERROR_INVALID_VALUE;
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
+    int p = pool_index(pool);
+    if (p == NO_POOL) return CUDA_ERROR_INVALID_VALUE;
+    return allocate_in(&next_address, pools[p].dev, bytesize, p, 0, dptr);
+}
+
+/* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
+static CUresult free_async(CUdeviceptr dptr, CUgraph graph) {
+    if (graph != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    return release(dptr);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, standin_capture_graph(hStream, 0));
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, standin_capture_graph(hStream, 1));
+}
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return (void)hStream, alloc_from_pool(dptr, bytesize, pool);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return (void)hStream, alloc_from_pool(dptr, bytesize, pool);
+}
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, standin_capture_graph(hStream, 0)); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, standin_capture_graph(hStream, 1)); }
+
+/* The v1 entry points (CUDA < 3.2): 32-bit pointers, sizes and array extents. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    unsigned long long key;
+    CUresult status = allocate_in(&next_low_address, current, bytesize, NO_POOL, 0, &key);
+    if (status == CUDA_SUCCESS) *dptr = (CUdeviceptr_v1)key;
+    return status;
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                         unsigned int ElementSizeBytes) {
+    (void)ElementSizeBytes;
+    *pPitch = (unsigned int)((WidthInBytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT);
+    return cuMemAlloc(dptr, *pPitch * Height);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr) { return release(dptr); }
+
+/* Memory another API allocated (Vulkan, OpenGL...): importing it allocates nothing here. */
+#define MAX_EXTERNAL 64
+static uint64_t externals[MAX_EXTERNAL], next_external = 0x9000;
+
+CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
+    if (extMem_out == NULL || desc == NULL || desc->type != CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD ||
+        desc->handle.fd < 0 || desc->size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_CAPTURES; i++) {
-        if (captures[i].stream != NULL) continue;
-        captures[i].stream = hStream;
-        captures[i].graph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < MAX_EXTERNAL; i++) {
+        if (externals[i] != 0) continue;
+        externals[i] = next_external++;
+        *extMem_out = (CUexternalMemory)(uintptr_t)externals[i];
         status = CUDA_SUCCESS;
         break;
     }
     pthread_mutex_unlock(&lock);
+    if (status == CUDA_SUCCESS) close(desc->handle.fd); /* the driver owns the descriptor now */
     return status;
 }
 
-CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
-    CUresult status = CUDA_ERROR_INVALID_VALUE;
+CUresult cuDestroyExternalMemory(CUexternalMemory extMem) {
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_CAPTURES && hStream != NULL; i++) {
-        if (captures[i].stream != hStream) continue;
-        *phGraph = captures[i].graph;
-        captures[i].stream = NULL;
-        status = CUDA_SUCCESS;
-    }
+    for (int i = 0; i < MAX_EXTERNAL && extMem != NULL; i++)
+        if (externals[i] == (uintptr_t)extMem) externals[i] = 0, status = CUDA_SUCCESS;
     pthread_mutex_unlock(&lock);
     return status;
-}
-
-CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
-                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
-                                   size_t *numDependencies_out) {
-    CUgraph graph = captured_into(hStream);
-    if (captureStatus_out == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *captureStatus_out = graph != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-    if (id_out != NULL) *id_out = (uintptr_t)graph;
-    if (graph_out != NULL) *graph_out = graph;
-    if (dependencies_out != NULL) *dependencies_out = NULL;
-    if (numDependencies_out != NULL) *numDependencies_out = 0;
-    return CUDA_SUCCESS;
-}
-
-/* On a captured stream the allocation is a memory node of the capture's graph. */
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    CUgraph graph = captured_into(hStream);
-    if (graph != NULL) return allocate_in(current, bytesize, NO_POOL, (uintptr_t)graph, dptr);
-    return allocate_in(current, bytesize, pool_index(NULL), 0, dptr);
-}
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    (void)hStream;
-    int p = pool_index(pool);
-    if (p == NO_POOL) return CUDA_ERROR_INVALID_VALUE;
-    return allocate_in(pools[p].dev, bytesize, p, 0, dptr);
-}
-
-/* A free recorded into a captured graph frees nothing now: the graph holds the memory. */
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    if (captured_into(hStream) != NULL) return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-    return release(dptr);
 }
 
 static CUresult create_array(CUarray *handle, uint64_t bytes) {
@@ -431,6 +453,15 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) 
                                      d->NumChannels * 4);
 }
 
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * d->NumChannels * 4);
+}
+
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) {
+    return create_array(pHandle, (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                                     d->NumChannels * 4);
+}
+
 CUresult cuArrayDestroy(CUarray hArray) { return release((uint64_t)(uintptr_t)hArray); }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
@@ -439,71 +470,6 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release((uint64_t)(uintptr_t)h); }
-
-/* Graphs are numbers; a memory node is its allocation's address (a multiple of ALIGNMENT), any
- * other node an odd number. */
-
-CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
-    (void)flags;
-    *phGraph = (CUgraph)(uintptr_t)__atomic_fetch_add(&next_graph, 1, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
-}
-
-static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
-    if (graph == NULL || params == NULL || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult status = checked_device(params->poolProps.location.id);
-    if (status != CUDA_SUCCESS) return status;
-    unsigned long long key;
-    status = allocate_in(params->poolProps.location.id, params->bytesize, NO_POOL, (uintptr_t)graph, &key);
-    if (status != CUDA_SUCCESS) return status;
-    params->dptr = key;
-    *node = (CUgraphNode)(uintptr_t)key;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
-    (void)dependencies;
-    (void)numDependencies;
-    return add_memory_node(phGraphNode, hGraph, nodeParams);
-}
-
-CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                        size_t numDependencies, CUgraphNodeParams *nodeParams) {
-    (void)dependencies;
-    (void)numDependencies;
-    if (hGraph == NULL || nodeParams == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) return add_memory_node(phGraphNode, hGraph, &nodeParams->alloc);
-    *phGraphNode = (CUgraphNode)(uintptr_t)(__atomic_fetch_add(&next_node, 2, __ATOMIC_RELAXED));
-    return CUDA_SUCCESS;
-}
-
-CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
-                           CUgraphNodeParams *nodeParams) {
-    (void)dependencyData;
-    return cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
-}
-
-CUresult cuGraphDestroyNode(CUgraphNode hNode) {
-    uint64_t key = (uintptr_t)hNode;
-    if (key & 1) return CUDA_SUCCESS;
-    return release(key);
-}
-
-CUresult cuGraphDestroy(CUgraph hGraph) {
-    if (hGraph == NULL) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&lock);
-    for (uint32_t i = 0; i < MAX_ALLOCATIONS; i++) {
-        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE) continue;
-        if (allocations[i].graph != (uintptr_t)hGraph) continue;
-        used[allocations[i].dev] -= allocations[i].bytes;
-        allocations[i].key = TOMBSTONE;
-    }
-    pthread_mutex_unlock(&lock);
-    return CUDA_SUCCESS;
-}
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     if (pHandle == NULL || dptr == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -544,6 +510,7 @@ uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns
 }
 
 uint64_t gpupoolStandinUsedBytes(int dev) {
+    standin_vmm_settle();
     pthread_mutex_lock(&lock);
     uint64_t bytes = dev >= 0 && dev < STANDIN_MAX_DEVICES ? used[dev] : 0;
     pthread_mutex_unlock(&lock);
@@ -568,6 +535,14 @@ static const struct {
     ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphDestroyNode)
     ENTRY(cuGraphDestroy) ENTRY(cuStreamBeginCapture_v2) ENTRY(cuStreamEndCapture) ENTRY(cuStreamGetCaptureInfo_v2)
     ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
+    ENTRY(cuMemAddressReserve) ENTRY(cuMemAddressFree) ENTRY(cuMemMap) ENTRY(cuMemUnmap)
+    ENTRY(cuMemExportToShareableHandle) ENTRY(cuMemImportFromShareableHandle) ENTRY(cuMemRetainAllocationHandle)
+    ENTRY(cuMemGetAllocationPropertiesFromHandle) ENTRY(cuGraphClone) ENTRY(cuGraphInstantiateWithFlags)
+    ENTRY(cuGraphInstantiateWithParams) ENTRY(cuGraphInstantiateWithParams_ptsz) ENTRY(cuGraphExecDestroy)
+    ENTRY(cuStreamBeginCapture_v2_ptsz) ENTRY(cuStreamEndCapture_ptsz) ENTRY(cuStreamGetCaptureInfo_v2_ptsz)
+    ENTRY(cuMemAllocAsync_ptsz) ENTRY(cuMemAllocFromPoolAsync_ptsz) ENTRY(cuMemFreeAsync_ptsz)
+    ENTRY(cuMemAlloc) ENTRY(cuMemAllocPitch) ENTRY(cuMemFree) ENTRY(cuArrayCreate) ENTRY(cuArray3DCreate)
+    ENTRY(cuImportExternalMemory) ENTRY(cuDestroyExternalMemory) ENTRY(cuGraphInstantiate) ENTRY(cuGraphInstantiate_v2)
 };
 
 static void *entry_named(const char *name) {
@@ -576,17 +551,21 @@ static void *entry_named(const char *name) {
     return NULL;
 }
 
-/* As the real driver: a base name means its newest variant the caller's CUDA version knows. */
+/* As the real driver: a base name means its newest variant the caller's CUDA version knows, its
+ * per-thread-default-stream (_ptsz) variant when the caller asks for those and there is one. */
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus) {
-    (void)flags;
-    char versioned[128];
+    char name[128];
     void *found = NULL;
-    if (cudaVersion >= 3020) {
-        snprintf(versioned, sizeof versioned, "%s_v2", symbol);
-        if (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000) found = entry_named(versioned);
+    int versioned = cudaVersion >= 3020 && (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000);
+    for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
+         per_thread--) {
+        const char *suffix = per_thread ? "_ptsz" : "";
+        snprintf(name, sizeof name, "%s_v2%s", symbol, suffix);
+        if (versioned) found = entry_named(name);
+        snprintf(name, sizeof name, "%s%s", symbol, suffix);
+        if (found == NULL) found = entry_named(name);
     }
-    if (found == NULL) found = entry_named(symbol);
     if (symbolStatus != NULL)
         *symbolStatus = found ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     *pfn = found;

@@ -1,0 +1,36 @@
+/* What the stand-in libcuda.so.1's parts share: cuda.c owns the cards' memory, vmm.c builds VMM
+ * allocations on it, graph.c graphs and stream capture. */
+#ifndef GPUPOOL_STANDIN_DRIVER_H
+#define GPUPOOL_STANDIN_DRIVER_H
+
+#include "../cuda_api.h"
+#include "state.h"
+
+/* The calling thread's current card, -1 without a context. */
+int standin_current_device(void);
+CUresult standin_checked_device(int dev);
+/* Take bytes of a card's memory (a key names them), and give them back. */
+CUresult standin_allocate(int dev, uint64_t bytes, unsigned long long *key);
+CUresult standin_release(uint64_t key);
+/* Memory for a graph's memory node (owner: the graph), and every allocation of owner handed to
+ * another (to 0: freed); bytes (or NULL) gets what each card held. */
+CUresult standin_allocate_for_graph(int dev, uint64_t bytes, uint64_t graph, unsigned long long *key);
+void standin_hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_DEVICES]);
+/* The graph a stream is being captured into, or NULL (graph.c); per_thread: a _ptsz caller. */
+CUgraph standin_capture_graph(CUstream stream, int per_thread);
+/* Entry points graph.c defines that cuda.c's lookup table names. */
+API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
+API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+                                            CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                            size_t *numDependencies_out);
+
+/* Let VMM allocations go that only an exported file kept, once that file is closed. */
+void standin_vmm_settle(void);
+/* At cuInit: the control descriptor, an open of the file every export opens (vmm.c). */
+void standin_vmm_open_control(void);
+
+#endif
