@@ -35,7 +35,7 @@ from gpupool.extender.node_scores import scale_scores as scale_scores
 from gpupool.extender.refusal_texts import alias_problem, with_outside
 from gpupool.extender.tenancy import Admission, Admissions
 from gpupool.extender.tenancy_book import TenancyBook
-from gpupool.extender.victims import Holder, choose_victims, fits_on
+from gpupool.extender.victims import Holder, NoFollowUp, PreemptAnswers, choose_victims, fits_on
 from gpupool.kube.tenancy import PodTenancy
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
@@ -188,8 +188,10 @@ class ExtenderService:
     def __init__(self, cache: Ledger, binder: PodBinder | None, *,
                  settings: ExtenderSettings | None = None,
                  is_leader: Callable[[], bool] = lambda: True,
-                 leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {}) -> None:
+                 leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {},
+                 preempt_answers: PreemptAnswers | None = None) -> None:
         self.cache = cache
+        self.preempt_answers = preempt_answers or NoFollowUp()
         self.node_gate = node_gate
         self.binder = binder
         self.settings = settings or ExtenderSettings()
@@ -357,17 +359,21 @@ class ExtenderService:
         first (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the
         node (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node
         holding a pod whose assignment cannot be read stays refused unless every such pod is a victim.
+        No node while the victims of the pod's last answer are still being evicted (``awaiting``).
         """
         if not request.wants_gpu:
             return dict(victims), ""
         if not self.cache.synced:
             return {}, NOT_SYNCED
         kept: dict[str, list[str]] = {}
+        named: dict[str, frozenset[str]] = {}
         with self.cache.lock:
             admission = self._admit(request, tenant)  # the cards its group and controls allow
             if admission.error is not None:
                 return {}, ""
             request = admission.request
+            if self.preempt_answers.awaiting(request.key):  # its victims are being evicted: no more
+                return {}, ""
             state = self.cache.state
             gated = self.node_gate(state)
             refusal = admission.quota_check(state)  # the bind's check: evict nobody for a refused bind
@@ -381,9 +387,11 @@ class ExtenderService:
                 if chosen is None or self.cache.unreadable_on(node) - chosen:
                     continue
                 uid_of = {h.key: h.uid for h in holders}
-                named = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
-                if named:
-                    kept[node] = named
+                answer = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
+                if answer:
+                    kept[node] = answer
+                    named[node] = chosen
+            self.preempt_answers.remember(request.key, named)  # under the lock: no victim released in between
         return kept, ""
 
     def _what_if_scheduler(self, state: ClusterState) -> Scheduler:
