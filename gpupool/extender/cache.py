@@ -67,7 +67,7 @@ class ClusterCache:
         self.pods: dict[str, PodRecord] = {}
         self.uids: dict[str, str] = {}
         self.release_listeners: list[Callable[[str], None]] = []
-        """Told the key of every pod that ended (its booking released or its record gone), under
+        """Told the key of every pod whose end released its booking (every bound pod has one), under
         :attr:`lock`; they must not block (:mod:`gpupool.extender.requeue`)."""
         self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s,
                                     on_release=self._announce_release)
@@ -242,8 +242,6 @@ class ClusterCache:
         if record is not None:
             self.uids.pop(record.uid, None)
         self.keeper.sync(key)
-        if record is not None:
-            self._announce_release(key)
 
     def _announce_release(self, key: str) -> None:
         for listener in self.release_listeners:

@@ -115,6 +115,19 @@ def test_a_victim_that_finishes_counts_as_released() -> None:
     assert world.requeue.run_once() == 1
 
 
+def test_a_victim_whose_assignment_cannot_be_read_counts_once_it_is_gone() -> None:
+    """Such a pod keeps its node closed to GPU pods until it is evicted too (it books its CPU and
+    memory only)."""
+    world = World()
+    broken = with_priority(pod("broken", container(mib=1000), node_name="N2",
+                               annotations={"gpupool.io/assignment-v1": "{"}), LOW)
+    world.api.create_pod(broken)
+    world.waiting("urgent")
+    assert world.preempt("urgent", {"N2": [world.uid("broken")]}) == {"N2": [world.uid("broken")]}
+    world.api.delete_pod("default", "broken")
+    assert world.requeue.run_once() == 1
+
+
 @pytest.mark.parametrize("ends", [
     pytest.param(lambda w: w.api.delete_pod("default", "urgent"), id="preemptor-deleted"),
     pytest.param(lambda w: w.api.create_pod(with_priority(pod("urgent", node_name="N2"), HIGH)) if
