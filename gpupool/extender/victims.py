@@ -18,9 +18,8 @@ one with the fewest non-borrowers, then the lowest highest priority, then the fe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler
@@ -32,29 +31,6 @@ Fits = Callable[[frozenset[str]], bool]
 
 Refusal = Callable[[Placement], "str | None"]
 """Why the preemptor may not take this placement (its quotas, as its bind checks them), or None."""
-
-
-class PreemptAnswers(Protocol):
-    """What follows a preempt answer: kube-scheduler evicts the victims of one node, then retries
-    the pod (:class:`gpupool.extender.requeue.PreemptRequeue` sees that it is retried)."""
-
-    def remember(self, key: str, victims: Mapping[str, Collection[str]]) -> None:
-        """The answer for pod ``key``: per node, the keys of its victims (called under the ledger lock)."""
-
-    def awaiting(self, key: str) -> bool:
-        """Whether pod ``key`` has a recent answer whose victims are still booked: kube-scheduler is
-        evicting them, and a further answer would evict more pods for one pod."""
-
-
-class NoFollowUp:
-    """:class:`PreemptAnswers` that remembers nothing (a service without the API, tests)."""
-
-    def remember(self, key: str, victims: Mapping[str, Collection[str]]) -> None:
-        """Nothing to remember."""
-
-    def awaiting(self, key: str) -> bool:
-        """Never."""
-        return False
 
 
 @dataclass(frozen=True)
