@@ -35,6 +35,7 @@ from gpupool.extender.http.tls import DEFAULT_RELOAD_INTERVAL_S, ReloadingTls, T
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.requeue import PreemptRequeue, cache_pending
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.watch import start_watches
@@ -107,6 +108,7 @@ class Replica:
     identity: str
     housekeeping: Housekeeping
     liveness: AgentLiveness | None = None
+    requeue: PreemptRequeue | None = None
 
     def shutdown(self) -> None:
         """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
@@ -147,13 +149,16 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
         elector.start()
     pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
     liveness = _watch_agent_leases(options, cache, coordination_v1, stop)
+    requeue = PreemptRequeue(pod_api, names.domain, pending=cache_pending(cache))  # retry preemptors promptly
+    cache.release_listeners.append(requeue.released)
     service = ExtenderService(cache, Binder(cache, pod_api, deadline_s=options.bind_deadline_s, fence=fence),
                               settings=service_settings(options),
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity),
-                              node_gate=liveness.refusals if liveness else (lambda _: {}))
+                              node_gate=liveness.refusals if liveness else (lambda _: {}),
+                              preempt_answers=requeue)
     housekeeping = Housekeeping(cache, pod_api, is_leader=service.is_leader)
-    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness)
+    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue)
 
 
 def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
@@ -177,6 +182,8 @@ def run_extender(options: ExtenderOptions) -> None:
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
     replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
+    if replica.requeue is not None:
+        replica.requeue.start(replica.stop)  # nudges preemptors whose victims are gone (gpupool/extender/requeue.py)
     api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
     listeners = _listeners(options)
     admission = None

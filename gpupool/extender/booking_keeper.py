@@ -49,8 +49,10 @@ class BookingKeeper:
     """Every pod's :class:`Booking`, the pins of committed binds, and the ledger they are booked in."""
 
     def __init__(self, state: ClusterState, pods: Mapping[str, PodRecord], *, clock: Callable[[], float],
-                 unconfirmed_timeout_s: float) -> None:
+                 unconfirmed_timeout_s: float, on_release: Callable[[str], None] = lambda _key: None) -> None:
         self.state = state
+        self.on_release = on_release
+        """Told the key of every pod whose end released its booking (under the cache's lock)."""
         self.pods = pods
         self.clock = clock
         self.unconfirmed_timeout_s = unconfirmed_timeout_s
@@ -98,6 +100,7 @@ class BookingKeeper:
         self.released[reason] += 1
         log.info("pod %s %s: released its booking on node %s (cards %s)", key, reason, held.node,
                  sorted({s.card for c in held.containers for s in c.slices}))
+        self.on_release(key)
 
     def forget_pin(self, key: str) -> None:
         """The pod is gone: nothing is left for its pin to hold."""

@@ -66,7 +66,11 @@ class ClusterCache:
         self.scheduler = Scheduler(self.state, make_policy(policy))  # fails fast on an unknown name
         self.pods: dict[str, PodRecord] = {}
         self.uids: dict[str, str] = {}
-        self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s)
+        self.release_listeners: list[Callable[[str], None]] = []
+        """Told the key of every pod whose end released its booking (every bound pod has one), under
+        :attr:`lock`; they must not block (:mod:`gpupool.extender.requeue`)."""
+        self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s,
+                                    on_release=self._announce_release)
         self.node_problems: dict[str, str] = {}
         self.served_aliases: dict[str, frozenset[str]] = {}
         self.served_aliases_version = 0
@@ -238,6 +242,13 @@ class ClusterCache:
         if record is not None:
             self.uids.pop(record.uid, None)
         self.keeper.sync(key)
+
+    def _announce_release(self, key: str) -> None:
+        for listener in self.release_listeners:
+            try:
+                listener(key)
+            except Exception:  # a listener's bug must not stop the watch from keeping the ledger
+                log.exception("release listener failed for pod %s", key)
 
     # ---------------------------------------------------------------------- binder reservations
     def expire(self) -> list[str]:

@@ -22,7 +22,7 @@ import numpy as np
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.policies import PlacementPolicy, make_policy
+from gpupool.core.policies import PlacementPolicy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.best_nodes import best_nodes
@@ -32,17 +32,18 @@ from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
+from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
+from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
 from gpupool.extender.refusal_texts import alias_problem, with_outside
 from gpupool.extender.tenancy import Admission, Admissions
 from gpupool.extender.tenancy_book import TenancyBook
-from gpupool.extender.victims import Holder, choose_victims, fits_on
+from gpupool.extender.victims import Holder
 from gpupool.kube.tenancy import PodTenancy
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
 NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 NO_ROWS.flags.writeable = False
-NodeGate = Callable[[ClusterState], Mapping[str, str]]  # refusals from outside the ledger (extender/liveness.py)
 
 
 class Ledger(Protocol):
@@ -188,8 +189,10 @@ class ExtenderService:
     def __init__(self, cache: Ledger, binder: PodBinder | None, *,
                  settings: ExtenderSettings | None = None,
                  is_leader: Callable[[], bool] = lambda: True,
-                 leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {}) -> None:
+                 leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {},
+                 preempt_answers: PreemptAnswers | None = None) -> None:
         self.cache = cache
+        self.preempt_answers = preempt_answers or NoFollowUp()
         self.node_gate = node_gate
         self.binder = binder
         self.settings = settings or ExtenderSettings()
@@ -348,44 +351,10 @@ class ExtenderService:
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
-        """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs; nodes
-        where no set of lower-priority pods frees enough (within the pod's quotas) are left out, and
-        so are nodes left with no victim at all: kube-scheduler before kubernetes#101560 indexes the
-        first victim of every candidate and crashes on an empty list.
-
-        kube-scheduler's proposals stay; the extender adds the GPU victims it needs, borrowers
-        first (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the
-        node (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node
-        holding a pod whose assignment cannot be read stays refused unless every such pod is a victim.
-        """
+        """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs
+        (:func:`gpupool.extender.preemption.answer_preemption`)."""
         if not request.wants_gpu:
             return dict(victims), ""
         if not self.cache.synced:
             return {}, NOT_SYNCED
-        kept: dict[str, list[str]] = {}
-        with self.cache.lock:
-            admission = self._admit(request, tenant)  # the cards its group and controls allow
-            if admission.error is not None:
-                return {}, ""
-            request = admission.request
-            state = self.cache.state
-            gated = self.node_gate(state)
-            refusal = admission.quota_check(state)  # the bind's check: evict nobody for a refused bind
-            for node, uids in victims.items():
-                if node in gated or node not in state.index:
-                    continue
-                proposed = {k for k in map(self.cache.key_for_uid, uids) if k is not None}
-                holders = self.cache.holders_on(node)
-                fits = fits_on(state, node, request, self._what_if_scheduler, refusal)
-                chosen = choose_victims(request, proposed, holders, fits)
-                if chosen is None or self.cache.unreadable_on(node) - chosen:
-                    continue
-                uid_of = {h.key: h.uid for h in holders}
-                named = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
-                if named:
-                    kept[node] = named
-        return kept, ""
-
-    def _what_if_scheduler(self, state: ClusterState) -> Scheduler:
-        """A scheduler over a what-if copy, built as the ledger's own (policy, workload profile)."""
-        return Scheduler(state, make_policy(self.cache.policy_name), profile=self.cache.profile)
+        return answer_preemption(self.cache, request, victims, tenant, self.node_gate, self.preempt_answers), ""

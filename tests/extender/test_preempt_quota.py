@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupool.core.model import Placement
+from gpupool.extender.preemption import what_if_scheduler
 from gpupool.extender.service import ExtenderService
 from gpupool.extender.victims import fits_on
 from tests.extender.tenancy_world import CARD, gpu_pod, quota, read, world
@@ -40,7 +41,6 @@ def test_a_placement_the_quota_check_refuses_does_not_fit() -> None:
     cache = world([node("v100", [CARD, CARD])])
     cache.replace_pods([low("x", "other", "v100", 0)])
     request, _ = read(cache, gpu_pod("urgent", gpu_mem=CARD // 256))
-    service = ExtenderService(cache, None)
     asked: list[Placement] = []
 
     def refuse(placement: Placement) -> str:
@@ -48,6 +48,6 @@ def test_a_placement_the_quota_check_refuses_does_not_fit() -> None:
         return "GpuQuota team-a/gpus: no room"
 
     with cache.lock:
-        assert fits_on(cache.state, "v100", request, service._what_if_scheduler)(frozenset())
-        assert not fits_on(cache.state, "v100", request, service._what_if_scheduler, refuse)(frozenset())
+        assert fits_on(cache.state, "v100", request, what_if_scheduler(cache))(frozenset())
+        assert not fits_on(cache.state, "v100", request, what_if_scheduler(cache), refuse)(frozenset())
     assert [p.node for p in asked] == ["v100"]

@@ -1,0 +1,119 @@
+"""The preempt verb over the ledger: per node kube-scheduler proposes, the victims whose eviction
+frees the cards the pod needs, and what follows the answer.
+
+Why apart from :mod:`gpupool.extender.service`: the choice of victims on one node is
+:mod:`gpupool.extender.victims` (pure); this module asks it for every proposed node under the
+ledger lock, with the pod's admission (group, quotas, card controls) and the nodes gated from
+outside the ledger, and hands the answer to :class:`PreemptAnswers`, so that kube-scheduler's retry
+of the pod is not left to chance (:mod:`gpupool.extender.requeue`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
+
+from gpupool.core.fragmentation import WorkloadProfile
+from gpupool.core.model import PodRequest
+from gpupool.core.policies import make_policy
+from gpupool.core.scheduler import Scheduler
+from gpupool.core.state import ClusterState
+from gpupool.extender.tenancy import Admissions
+from gpupool.extender.victims import Holder, choose_victims, fits_on
+from gpupool.kube.tenancy import PodTenancy
+
+NodeGate = Callable[[ClusterState], Mapping[str, str]]
+"""Per node, why it takes no pod, from outside the ledger (:mod:`gpupool.extender.liveness`)."""
+
+
+class PreemptLedger(Protocol):
+    """What a preempt answer reads of the ledger (:class:`gpupool.extender.cache.ClusterCache`)."""
+
+    lock: threading.RLock
+    state: ClusterState
+    admissions: Admissions
+    policy_name: str
+    profile: WorkloadProfile | None
+
+    def key_for_uid(self, uid: str) -> str | None:
+        """``namespace/name`` of a known pod by uid."""
+
+    def holders_on(self, node: str) -> list[Holder]:
+        """The pods booked on ``node``, with their priority and whether they borrow lent capacity."""
+
+    def unreadable_on(self, node: str) -> frozenset[str]:
+        """Pods bound to ``node`` whose assignment cannot be read."""
+
+
+class PreemptAnswers(Protocol):
+    """What follows a preempt answer: kube-scheduler evicts the victims of one node, then retries
+    the pod (:class:`gpupool.extender.requeue.PreemptRequeue` sees that it is retried)."""
+
+    def remember(self, key: str, victims: Mapping[str, Collection[str]]) -> None:
+        """The answer for pod ``key``: per node, the keys of its victims (called under the ledger lock)."""
+
+    def awaiting(self, key: str) -> bool:
+        """Whether pod ``key`` has a recent answer whose victims are still booked: kube-scheduler is
+        evicting them, and a further answer would evict more pods for one pod."""
+
+
+class NoFollowUp:
+    """:class:`PreemptAnswers` that remembers nothing (a service without the API, tests)."""
+
+    def remember(self, key: str, victims: Mapping[str, Collection[str]]) -> None:
+        """Nothing to remember."""
+
+    def awaiting(self, key: str) -> bool:
+        """Never."""
+        return False
+
+
+def what_if_scheduler(ledger: PreemptLedger) -> Callable[[ClusterState], Scheduler]:
+    """Builds the scheduler over a what-if copy as the ledger's own is built (policy, workload profile)."""
+    def build(state: ClusterState) -> Scheduler:
+        return Scheduler(state, make_policy(ledger.policy_name), profile=ledger.profile)
+    return build
+
+
+def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mapping[str, list[str]],
+                      tenant: PodTenancy | None, gate: NodeGate, answers: PreemptAnswers) -> dict[str, list[str]]:
+    """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs; nodes
+    where no set of lower-priority pods frees enough (within the pod's quotas) are left out, and
+    so are nodes left with no victim at all: kube-scheduler before kubernetes#101560 indexes the
+    first victim of every candidate and crashes on an empty list.
+
+    kube-scheduler's proposals stay; the extender adds the GPU victims it needs, borrowers first
+    (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the node
+    (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node holding a
+    pod whose assignment cannot be read stays refused unless every such pod is a victim. No node
+    while the victims of the pod's last answer are still being evicted (``answers.awaiting``).
+    """
+    kept: dict[str, list[str]] = {}
+    named: dict[str, frozenset[str]] = {}
+    with ledger.lock:
+        admission = ledger.admissions.admit(ledger.state, request, tenant)  # its group's cards and controls
+        if admission.error is not None:
+            return {}
+        request = admission.request
+        if answers.awaiting(request.key):  # its victims are being evicted: no more
+            return {}
+        state = ledger.state
+        gated = gate(state)
+        refusal = admission.quota_check(state)  # the bind's check: evict nobody for a refused bind
+        for node, uids in victims.items():
+            if node in gated or node not in state.index:
+                continue
+            proposed = {k for k in map(ledger.key_for_uid, uids) if k is not None}
+            holders = ledger.holders_on(node)
+            chosen = choose_victims(request, proposed, holders,
+                                    fits_on(state, node, request, what_if_scheduler(ledger), refusal))
+            if chosen is None or ledger.unreadable_on(node) - chosen:
+                continue
+            uid_of = {h.key: h.uid for h in holders}
+            answer = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
+            if answer:
+                kept[node] = answer
+                named[node] = chosen
+        answers.remember(request.key, named)  # under the lock: no victim is released in between
+    return kept
