@@ -1,8 +1,8 @@
 """A pod's translated request, kept per pod uid while the fields the translation reads are unchanged.
 
-Why: the extender translates every GPU pod three times, the watch's ADDED event, kube-scheduler's
-filter call and the MODIFIED event after the bind, each a fresh JSON object of the same pod (and
-every CPU-only pod twice, for its CPU and memory). A pod's containers, init containers and priority
+Why: the extender translated every GPU pod four times (the watch's ADDED event, kube-scheduler's
+filter call, the bind, the MODIFIED event after it), each from a fresh JSON object of the same pod
+(and every bound CPU-only pod once per event, for its CPU and memory). A pod's containers, init containers and priority
 cannot change after creation; what changes between those events is its status, node name and the
 annotations gpupool writes itself (the assignment, the node agent's confirmation). So the request
 translated from the first of them answers the others once a comparison shows the fields

@@ -17,6 +17,7 @@ from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.service import ExtenderService
 from gpupool.kube.translate import TranslationError, pod_request
+from tests.extender.binder_world import world
 from tests.kube.builders import container, node, pod
 
 NAMES = ResourceNames()
@@ -124,3 +125,12 @@ def test_the_watch_and_the_filter_share_the_caches_memo() -> None:
     _bound(bound)
     cache.upsert_pod(bound)
     assert cache.requests.hits == 2
+
+
+def test_the_bind_reuses_the_request_its_watch_event_translated() -> None:
+    api, cache, binder = world([node("n1", [16384])])
+    api.create_pod(pod("p", container(gpu_mem=4)))  # the fake API's watch delivers it to the cache
+    api.listeners.clear()  # from here on only the bind asks the memo
+    hits = cache.requests.hits
+    assert binder.bind("default", "p", "uid-default-p", "n1").ok
+    assert cache.requests.hits == hits + 1
