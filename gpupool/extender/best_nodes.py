@@ -41,9 +41,10 @@ class BestNodes:
     not_best: dict[str, str]
 
 
-def best_nodes(passed: list[str], rows: IntArray, scores: FloatArray) -> BestNodes:
+def best_nodes(passed: list[str], rows: IntArray, scores: FloatArray, *, reasons: bool = True) -> BestNodes:
     """Keep the feasible nodes ``passed`` (rows and policy scores aligned with it) whose score is the
-    highest; the others get :data:`NOT_BEST` with their step on prioritize's scale."""
+    highest; the others get :data:`NOT_BEST` with their step on prioritize's scale (none without
+    ``reasons``: an answer that has a node drops them anyway)."""
     if not passed:
         return BestNodes([], rows, scores, {})
     steps = scale_scores(passed, scores, passed).scores  # prioritize's own 0..10 of the same nodes
@@ -51,6 +52,8 @@ def best_nodes(passed: list[str], rows: IntArray, scores: FloatArray) -> BestNod
     if best.all():
         return BestNodes(passed, rows, scores, {})
     keep = np.flatnonzero(best).tolist()
+    if not reasons:
+        return BestNodes([passed[i] for i in keep], rows[best], scores[best], {})
     drop = np.flatnonzero(~best).tolist()
     step_of = steps.tolist()
     return BestNodes([passed[i] for i in keep], rows[best], scores[best],

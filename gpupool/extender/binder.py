@@ -66,7 +66,7 @@ from gpupool.extender.lendable import LendingNames, binding_marks
 from gpupool.extender.service import BindResult
 from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
 from gpupool.kube.tenancy import pod_tenancy
-from gpupool.kube.translate import TranslationError, pod_request
+from gpupool.kube.translate import TranslationError
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Binder:
                 return BindResult(f"pod {key} was replaced (uid {meta.get('uid')}, asked {ask.uid})",
                                   attempts=attempt)
             try:
-                request = pod_request(pod, self.cache.names)
+                request = self.cache.requests.request(pod)  # the watch has usually translated it
                 tenant = pod_tenancy(pod, self.cache.tenancy.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)

@@ -40,6 +40,7 @@ from gpupool.extender.borrowing import BorrowSettings, Lending
 from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
+from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.tenancy import Admissions
 from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
@@ -75,6 +76,8 @@ class ClusterCache:
         self.served_aliases: dict[str, frozenset[str]] = {}
         self.served_aliases_version = 0
         self._specs = NodeSpecs(self.names)
+        self.requests = RequestMemo(self.names)
+        """Translated requests of the pods seen, shared by the watch and the filter."""
         self._lending = LendingNames(self.names.domain)
         self.loans = NodeLoans(self._lending)
         """Every node's lent cards, booked in :attr:`state` (:mod:`gpupool.extender.lendable`)."""
@@ -185,7 +188,7 @@ class ClusterCache:
     def upsert_pod(self, pod: Mapping[str, Any] | Any) -> None:
         """Apply an ADDED/MODIFIED pod."""
         raw = as_dict(pod)
-        record = read_pod(raw, self.names)
+        record = read_pod(raw, self.names, self.requests)
         with self.lock:
             if record is None:
                 try:

@@ -17,15 +17,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupool.api.names import ResourceNames
+from gpupool.extender.request_memo import RequestMemo
 from gpupool.kube.pod_holding import FINISHED_PHASES, PodRecord, pod_record
 from gpupool.kube.translate import pod_wants_gpu
 
 log = logging.getLogger(__name__)
 
 
-def read_pod(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
+def read_pod(raw: Mapping[str, Any], names: ResourceNames, memo: RequestMemo | None = None) -> PodRecord | None:
     """A record of the pod, or None for a pod the extender has no business with (no GPUs, no
-    assignment, not bound, or finished without either)."""
+    assignment, not bound, or finished without either). ``memo``: where the pod's request is
+    looked up before it is translated (:mod:`gpupool.extender.request_memo`)."""
     meta = raw.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = raw.get("spec") or {}
@@ -34,7 +36,7 @@ def read_pod(raw: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
     if annotations.get(names.assignment) is None and not wants_gpu and \
             (not spec.get("nodeName") or status.get("phase") in FINISHED_PHASES):
         return None
-    record = pod_record(raw, names, wants_gpu=wants_gpu)
+    record = pod_record(raw, names, wants_gpu=wants_gpu, translate=memo.request if memo is not None else None)
     if record is None:
         return None
     if record.assignment_unreadable:

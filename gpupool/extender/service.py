@@ -212,10 +212,11 @@ class ExtenderService:
         return self.cache.admissions.admit(self.cache.state, request, tenant)
 
     def _feasible(self, admission: Admission, names: list[str], aliases: frozenset[str] = frozenset(),
-                  explain: bool = True) -> _Feasible:
+                  explain: bool = True, explain_if_passed: bool = True) -> _Feasible:
         """The nodes among ``names`` that can hold ``request`` (in request order), their ledger rows
         and policy scores, and a reason for every other node (for nodes rejected by the GPU check only when
-        ``explain``: prioritize has no use for them). Must be called with the cache lock held.
+        ``explain``, and unless ``explain_if_passed`` only when none passed: prioritize has no use for
+        them, nor has a best-only answer with a node in it). Must be called with the cache lock held.
 
         ``aliases``: the foreign resource names the pod uses; a node qualifies only if it serves
         every one of them."""
@@ -260,7 +261,7 @@ class ExtenderService:
         candidate_names = name_array[usable]
         rejected = candidates[~fits]
         limit = self.settings.explain_limit
-        if len(rejected) and explain:
+        if len(rejected) and explain and (explain_if_passed or not fits.any()):
             explained = self.cache.scheduler.explain(request, rejected[:limit])
             for row in rejected[:limit]:
                 name = state.specs[int(row)].name
@@ -277,21 +278,23 @@ class ExtenderService:
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
-               tenant: PodTenancy | None = None) -> FilterOutcome:
+               tenant: PodTenancy | None = None, *, reasons_if_passed: bool = True) -> FilterOutcome:
         """Nodes that can hold every GPU container of the pod (and serve the foreign ``aliases`` it
         uses, and are open to its ``tenant``'s group, pools and quotas), with a reason for each
-        other node."""
+        other node (``reasons_if_passed=False``: the GPU check's only when no node passed, for an
+        answer that carries reasons only then, see ``ExtenderApi._reasons_needed``)."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
             admission = self._admit(request, tenant)
-            found = self._feasible(admission, names, aliases)
+            found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed)
             if self.settings.filter_best_only:
-                best = best_nodes(found.passed, found.passed_rows, found.scores)
+                best = best_nodes(found.passed, found.passed_rows, found.scores, reasons=reasons_if_passed)
+                failed = {**found.failed, **best.not_best} if best.not_best else found.failed
                 found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
-                                failed={**found.failed, **best.not_best})
+                                failed=failed)
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)

@@ -109,8 +109,12 @@ class PodRecord:
         return bool(version) and str(version) == self.version and self.uid == str(meta.get("uid") or "")
 
 
-def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool | None = None) -> PodRecord | None:
+def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool | None = None,
+               translate: Callable[[Mapping[str, Any]], PodRequest] | None = None) -> PodRecord | None:
     """A record of the pod object, or None when it has no readable namespace and name.
+
+    ``translate``: what gives the pod's request (default :func:`pod_request` with ``names``; the
+    extender passes one that remembers the requests of pods it has translated before).
 
     ``wants_gpu``: :func:`pod_wants_gpu` of the object when the caller has already asked it (the
     extender does, for every pod event, to decide whether to keep the pod at all)."""
@@ -124,7 +128,7 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
     request: PodRequest | None = None
     request_problem: str | None = None
     try:
-        request = pod_request(raw, names)
+        request = translate(raw) if translate is not None else pod_request(raw, names)
     except TranslationError as exc:
         request_problem = str(exc)
     assignment_text = annotations.get(names.assignment)

@@ -15,6 +15,7 @@ from gpupool.extender import cache as cache_module
 from gpupool.extender.bookings import Stage
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.pod_records import read_pod
+from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.watch import apply_pod_event
 from gpupool.kube.listwatch import ListWatch
 from gpupool.kube.pod_holding import PodRecord
@@ -58,9 +59,9 @@ def test_a_list_of_the_same_object_versions_translates_nothing_again(monkeypatch
     cache.replace_pods([a, b])
     translated: list[str] = []
 
-    def counting(raw: dict[str, Any], names: ResourceNames) -> PodRecord | None:
+    def counting(raw: dict[str, Any], names: ResourceNames, memo: RequestMemo | None = None) -> PodRecord | None:
         translated.append(raw["metadata"]["name"])
-        return read_pod(raw, names)
+        return read_pod(raw, names, memo)
 
     monkeypatch.setattr(cache_module, "read_pod", counting)
     moved = placed_pod("b", "n1", 0, 6000)

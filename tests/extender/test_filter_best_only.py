@@ -148,3 +148,28 @@ def test_the_http_filter_gives_every_node_a_reason_when_none_passes() -> None:
 def test_without_best_only_the_http_filter_still_gives_the_reasons_beside_passed_nodes() -> None:
     doc = http_filter(ExtenderSettings(), 8138)
     assert doc["NodeNames"] == ["N3"] and set(doc["FailedNodes"]) == {"N2", "N1"}
+
+
+@pytest.mark.parametrize(("mib", "passed", "failed"), [
+    pytest.param(4069, ["N1", "N2"], set(), id="not-best-left-unexplained"),
+    pytest.param(8138, ["N3"], set(), id="refused-left-unexplained"),
+    pytest.param(16276, [], {"N1", "N2", "N3"}, id="none-passed-every-node-explained"),
+])
+def test_a_filter_without_reasons_beside_passed_nodes_explains_only_when_none_passed(
+        mib: int, passed: list[str], failed: set[str]) -> None:
+    """What the HTTP answer of best only asks for: it drops the reasons whenever a node passed, so
+    they are not worked out then; the passed nodes are the same either way."""
+    cache = alibaba_cache()
+    request = pod_request(pod("p", container(mib=mib)), cache.names)
+    service = ExtenderService(cache, None, settings=BEST_ONLY)
+    outcome = service.filter(request, ["N1", "N2", "N3"], reasons_if_passed=False)
+    assert outcome.passed == passed and set(outcome.failed) == failed
+    assert outcome.failed == {n: why for n, why in service.filter(request, ["N1", "N2", "N3"]).failed.items()
+                              if n in failed}
+
+
+def test_best_nodes_without_reasons_keeps_the_same_nodes() -> None:
+    names, rows, scores = ["a", "b", "c"], np.array([0, 1, 2]), np.array([1.0, 3.0, 3.0])
+    with_reasons, without = best_nodes(names, rows, scores), best_nodes(names, rows, scores, reasons=False)
+    assert without.passed == with_reasons.passed == ["b", "c"]
+    assert without.rows.tolist() == [1, 2] and without.not_best == {} and with_reasons.not_best

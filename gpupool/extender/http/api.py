@@ -53,9 +53,10 @@ from gpupool.extender.http.wire import (
     preemption_result,
 )
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.service import ExtenderService, NodeScores
 from gpupool.kube.tenancy import PodTenancy, pod_tenancy
-from gpupool.kube.translate import InvalidObjectError, TranslationError, foreign_resources, pod_request
+from gpupool.kube.translate import InvalidObjectError, TranslationError, foreign_resources
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,16 @@ class ExtenderApi:
         self.scrapes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-metrics")
         self.priorities = HostPriorityEncoder()
         self.records = RecordsForLayout(service.row_names)
+        shared = getattr(service.cache, "requests", None)  # the watch's (ClusterCache), when it translates alike
+        self.requests = shared if isinstance(shared, RequestMemo) and shared.names == names else RequestMemo(names)
+        """Translated requests: the pod's filter call reuses what its watch event translated."""
 
     # ----------------------------------------------------------------------------------- verbs
     def _pod_request(self, pod: dict[str, Any]) -> PodRequest:
         """The pod's request; :class:`TranslationError` for a pod gpupool refuses, :class:`WireError`
         (400) for a value the apiserver itself would have refused (``inf``, a 3,000-digit quantity)."""
         try:
-            return pod_request(pod, self.names)
+            return self.requests.request(pod)
         except InvalidObjectError as exc:
             raise WireError(str(exc)) from None
 
@@ -109,7 +113,8 @@ class ExtenderApi:
             tenant = self._tenant(args.pod)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
-        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant)
+        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant,
+                                      reasons_if_passed=not self.service.settings.filter_best_only)
         label = "error" if outcome.error else "ok"
         failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
