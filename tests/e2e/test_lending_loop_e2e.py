@@ -3,26 +3,29 @@
 The real kube-scheduler v1.20.2 with the shipped configuration (only connection details changed,
 see test_scheduler_config_e2e.py) calls the real ``gpupool extender`` (lending on, its default); a
 real kubelet with containerd runs the pods; ``gpupool node-agent --lending`` serves one stand-in
-card (a character device the host and the containers open alike) and runs the usage monitor.
+card (a character device the host and the containers open alike) and runs the usage monitor;
+kube-controller-manager runs the ReplicaSet controller.
 
 1. The owner pod is placed by the scheduler and the extender (12 GiB of the 16 GiB card), opens
    its card and computes nothing: the monitor calls the card idle after ``--idle-after`` and the
    agent lends it (``lend-`` devices, ``gpupool.io/lendable``).
-2. A low-priority pod asking 8 GiB fits no free capacity. The extender places it on the lent card
-   and its Binding carries the borrower marks; the kubelet admits it only through the ``lend-``
-   devices (the card's own 64 memory devices are 48 taken), Allocate vouches, and it runs
-   ``examples/checkpoint_worker.sh`` holding the card beside its idle owner.
-3. The owner opens the card again: the borrower's processes are stopped (it writes its
-   checkpoint), it is evicted with a ``GpuReclaimed`` event, the node withdraws the loan and the
-   extender's ledger takes no new borrower there.
+2. A ReplicaSet's low-priority pod asking 8 GiB fits no free capacity. The extender places it on
+   the lent card and its Binding carries the borrower marks; the kubelet admits it only through
+   the ``lend-`` devices (48 of the card's own 64 memory devices are the owner's), Allocate
+   vouches, and it runs ``examples/checkpoint_worker.sh`` holding the card beside its idle owner.
+   The extender would place a second borrower on the loan's room, and only there.
+3. The agent is restarted and resumes the loan. The owner opens the card again: the borrower's
+   processes are stopped (it writes its checkpoint), it is evicted with a ``GpuReclaimed`` event,
+   the node withdraws the loan and the extender's ledger follows.
+4. The ReplicaSet replaces the borrower; the replacement waits until the owner idles again, is
+   placed on the loan and resumes from the checkpoint (its controller's directory).
 
-Throughout, every holder of the card is a pod the extender's ledger books on it, and no card is
+At every step, every holder of the card is a pod the extender's ledger books on it, and no card is
 over-committed in the ledger.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +36,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from bench.reclaim import OWNER, WORKER
+from bench.reclaim import CARD_MIB, OWNER, TARGET_S, WORKER, one_card
 from gpupool.api.annotations import decode_assignment
 from gpupool.api.lending import RECLAIMED_REASON, LendingNames, decode_lendable, is_borrowed
 from gpupool.api.names import ResourceNames
@@ -50,7 +53,6 @@ pytestmark = pytest.mark.e2e
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
 
 NAMES, LEND = ResourceNames(), LendingNames()
-CARD_MIB = 16384
 OWNER_UNITS, BORROWER_UNITS = "48", "32"
 """gpu-mem in 256 MiB units: the owner 12 GiB, the borrower 8 GiB (more than the 4 GiB left free)."""
 PROBE_UNITS = "20"
@@ -58,14 +60,6 @@ PROBE_UNITS = "20"
 CORE = "30"
 PLACED_S = 60.0
 """Bound on a borrower's creation to Running on the lent card (the measured figure is printed)."""
-
-
-def one_stand_in_card(directory: Path) -> str:
-    """One card device (``/dev/random``'s numbers) and the ``--fake-gpus`` file naming it."""
-    directory.mkdir(parents=True)
-    os.mknod(directory / "nvidia0", 0o666 | 0o020000, os.makedev(*real_containers.CARD_DEVICES[0]))
-    return (f"model: Tesla-T4\ndevicePathPrefix: {directory}/nvidia\n"
-            f"cards:\n  - {{uuid: GPU-real-0000, memoryMiB: {CARD_MIB}}}\n")
 
 
 def gpu_pod(name: str, node: str, image: str, scheduler: str, units: str, command: str,
@@ -100,7 +94,7 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
 ) -> None:
     kubelet = containerd_kubelet
     node, image = kubelet.node_name, kubelet.images.busybox.ref
-    cards = one_stand_in_card(tmp_path / "dev")
+    cards = one_card(tmp_path / "dev")
     prefix, trigger = f"{tmp_path / 'dev'}/nvidia", tmp_path / "trigger"
     trigger.mkdir()
     agent = start_node_agent(kubelet, cards, ("--lending", "--idle-after", "2s", "--checkpoint-deadline", "3",
@@ -108,6 +102,7 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
     scheduler_name = f"gpupool-loop-{uuid.uuid4().hex[:6]}"
     scheduler = run_scheduler(testenv_binaries, control_plane, tmp_path, extender.url, scheduler_name)
     try:
+        control_plane.start_controllers(("replicaset",))
         wait_for(lambda: allocatable(core_v1, node) == CARD_MIB // 256, timeout=60,
                  what=f"the card's devices on {node}\n{agent.log()}")
         core_v1.create_namespaced_pod(namespace, gpu_pod("owner", node, image, scheduler_name, OWNER_UNITS, OWNER,
@@ -124,53 +119,113 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         wait_for(lambda: allocatable(core_v1, node) > CARD_MIB // 256 or None, timeout=30,
                  what="the lent devices in the node's allocatable")
 
+        apps = client.AppsV1Api(core_v1.api_client)
+        template = gpu_pod("borrower", node, image, scheduler_name, BORROWER_UNITS, WORKER.read_text(), {}, prefix)
         created = time.monotonic()
-        core_v1.create_namespaced_pod(namespace, gpu_pod("borrower", node, image, scheduler_name, BORROWER_UNITS,
-                                                         WORKER.read_text(), {LEND.borrow: "true"}, prefix))
-        borrower = wait_for(lambda: running(core_v1, namespace, "borrower"), timeout=PLACED_S,
-                            what=f"the borrower placed and Running\n{agent.log()}")
-        placed_s = time.monotonic() - created
-        print(f"\n  borrower created to Running on the lent card: {placed_s:.1f} s")
-        notes = borrower.metadata.annotations
-        assert is_borrowed(notes) and notes[LEND.borrowed_from] == f"{namespace}/owner", notes
-        [borrowed] = decode_assignment(notes[NAMES.assignment]).containers[0].cards
-        assert (borrowed.index, borrowed.memory_mib) == (0, 8 * 1024)
-        ids = {name: container_id(core_v1, namespace, name) for name in ("owner", "borrower")}
+        apps.create_namespaced_replica_set(namespace, replica_set(template))
+        first = wait_for(lambda: borrower_running(core_v1, namespace), timeout=PLACED_S,
+                         what=f"the borrower placed and Running\n{agent.log()}")
+        print(f"\n  borrower created to Running on the lent card: {time.monotonic() - created:.1f} s")
+        check_borrower(first, namespace)
+        name = first.metadata.name
+        ids = {"owner": container_id(core_v1, namespace, "owner"), name: container_id_of(first)}
         card = f"{prefix}0"
-        wait_for(lambda: holders(agent, card) >= {ids["owner"], ids["borrower"]} or None, timeout=30,
+        wait_for(lambda: holders(agent, card) >= set(ids.values()) or None, timeout=30,
                  what=f"owner and borrower holding the card in the monitor's state\n{agent.log()}")
         time.sleep(1.5)  # the borrower's open recorded and allowed: the card stays lent
         assert lent(core_v1, node) is not None, agent.log()
         assert holders(agent, card) <= set(ids.values())  # nobody the ledger does not book
-        assert extender.metric("gpupool_extender_overcommitted_cards") == 0
 
         # a second borrower would still fit the loan (and only the loan) while it stands
         probe = gpu_pod("probe", node, image, NO_SCHEDULER, PROBE_UNITS, "true", {LEND.borrow: "true"}, prefix)
         core_v1.create_namespaced_pod(namespace, probe)
-        probe = core_v1.api_client.sanitize_for_serialization(wait_for(
-            lambda: core_v1.read_namespaced_pod("probe", namespace), timeout=5, what="probe"))
-        wait_for(lambda: extender.passes(probe, [node]) == [node] or None, timeout=30,
-                 what="the extender passing a second borrower on the loan's room")
+        wait_for(lambda: extender.passes(as_dict(core_v1, "probe", namespace), [node]) == [node] or None,
+                 timeout=30, what="the extender passing a second borrower on the loan's room")
+        core_v1.delete_namespaced_pod("probe", namespace, grace_period_seconds=0)  # it waits no longer
+        assert extender.metric("gpupool_cluster_lent_cards", state="lent") == 1
+
+        # the agent restarted mid-lend resumes the loan (its owner still holds the card)
+        agent.stop()
+        agent.start()
+        wait_for(lambda: "resuming the loan of card 0" in agent.log_path.read_text(), timeout=60,
+                 what=f"the restarted agent resuming the loan\n{agent.log()}")
+        wait_for(lambda: holders(agent, card) >= set(ids.values()) or None, timeout=30,
+                 what=f"the restarted monitor finding both holders\n{agent.log()}")
+        time.sleep(1.5)
+        assert lent(core_v1, node) is not None and borrower_running(core_v1, namespace), agent.log()
 
         began = time.monotonic()
         (trigger / "go-1").touch()  # the owner opens its card again
-        wait_for(lambda: ids["borrower"] not in holders(agent, card), timeout=30, interval=0.05,
+        wait_for(lambda: ids[name] not in holders(agent, card), timeout=30, interval=0.05,
                  what=f"the borrower's processes stopped\n{agent.log()}")
         wait_for(lambda: lent(core_v1, node) is None, timeout=30, interval=0.05, what="the loan withdrawn")
-        print(f"  owner open to card back: {time.monotonic() - began:.2f} s")
-        wait_for(lambda: gone(core_v1, namespace, "borrower"), timeout=60, what=f"the borrower evicted\n{agent.log()}")
-        reasons = [e.reason for e in core_v1.list_namespaced_event(namespace).items
-                   if e.involved_object.name == "borrower"]
+        back_s = time.monotonic() - began
+        print(f"  owner open to card back: {back_s:.2f} s")
+        assert back_s <= TARGET_S
+        # the extender's ledger follows before the idle owner lends the card again (2 s later)
+        wait_for(lambda: extender.metric("gpupool_cluster_lent_cards", state="lent") == 0, timeout=2, interval=0.05,
+                 what="the extender seeing the loan withdrawn")
+        wait_for(lambda: gone(core_v1, namespace, name), timeout=60, what=f"the borrower evicted\n{agent.log()}")
+        reasons = [e.reason for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.name == name]
         assert RECLAIMED_REASON in reasons, reasons
         assert [p.name for p in (tmp_path / "ckpt").rglob("ckpt-*")], "the borrower wrote no checkpoint"
         assert holders(agent, card) <= {ids["owner"]}
-        # the extender's ledger follows: the card is no longer lent, so no new borrower is placed there
-        wait_for(lambda: not extender.passes(probe, [node]) or None, timeout=30,
-                 what="the extender refusing a borrower once the loan is withdrawn")
+
+        # the ReplicaSet replaces the evicted borrower; it borrows again once the owner idles again
+        wait_for(lambda: lent(core_v1, node) is not None, timeout=30, what="the card lent again")
+        relent_at = time.monotonic()
+        second = wait_for(lambda: borrower_running(core_v1, namespace, not_named=name), timeout=PLACED_S,
+                          what=f"the replacement placed on the lent card again\n{agent.log()}")
+        print(f"  card lent again to the waiting replacement Running: {time.monotonic() - relent_at:.1f} s")
+        check_borrower(second, namespace)
+        first_line = wait_for(lambda: log_lines(core_v1, second.metadata.name, namespace), timeout=10,
+                              what="the replacement's log")[0]
+        assert first_line.startswith("resumed from /var/run/gpupool/checkpoint/ckpt-"), first_line
+        assert extender.metric("gpupool_extender_borrowers_placed_total") == 2
         assert extender.metric("gpupool_extender_overcommitted_cards") == 0
         assert agent.running(), agent.log()
+        apps.delete_namespaced_replica_set("borrowers", namespace)
     finally:
         scheduler.stop()
+        control_plane.stop_controllers()
+
+
+def replica_set(template: dict[str, Any]) -> dict[str, Any]:
+    """One borrower replica: a controller's pod borrows without opting in, and its checkpoint
+    directory is the controller's (the replacement resumes from it)."""
+    labels = {"app": "borrowers"}
+    meta = {**template["metadata"], "labels": labels}
+    meta.pop("name")
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "borrowers"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": meta, "spec": template["spec"]}}}
+
+
+def borrower_running(core_v1: client.CoreV1Api, namespace: str, not_named: str = "") -> client.V1Pod | None:
+    """The ReplicaSet's running pod (other than ``not_named``), or None."""
+    for pod in core_v1.list_namespaced_pod(namespace, label_selector="app=borrowers").items:
+        if pod.metadata.name != not_named and pod.metadata.deletion_timestamp is None:
+            found = running(core_v1, namespace, pod.metadata.name)
+            if found is not None:
+                return found
+    return None
+
+
+def check_borrower(pod: client.V1Pod, namespace: str) -> None:
+    """Placed by the extender on the lent card, with the marks the agent's Allocate vouched by."""
+    notes = pod.metadata.annotations
+    assert is_borrowed(notes) and notes[LEND.borrowed_from] == f"{namespace}/owner", notes
+    [borrowed] = decode_assignment(notes[NAMES.assignment]).containers[0].cards
+    assert (borrowed.index, borrowed.memory_mib) == (0, 8 * 1024)
+
+
+def as_dict(core_v1: client.CoreV1Api, name: str, namespace: str) -> dict[str, Any]:
+    found: dict[str, Any] = core_v1.api_client.sanitize_for_serialization(core_v1.read_namespaced_pod(name, namespace))
+    return found
+
+
+def log_lines(core_v1: client.CoreV1Api, name: str, namespace: str) -> list[str] | None:
+    return str(core_v1.read_namespaced_pod_log(name, namespace)).splitlines() or None
 
 
 def allocatable(core_v1: client.CoreV1Api, node: str) -> int:
