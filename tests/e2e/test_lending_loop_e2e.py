@@ -13,7 +13,8 @@ kube-controller-manager runs the ReplicaSet controller.
    the lent card and its Binding carries the borrower marks; the kubelet admits it only through
    the ``lend-`` devices (48 of the card's own 64 memory devices are the owner's), Allocate
    vouches, and it runs ``examples/checkpoint_worker.sh`` holding the card beside its idle owner.
-   The extender would place a second borrower on the loan's room, and only there.
+   The extender would place a second borrower on the loan's room, and only there; a high-priority
+   pod asking that room is never placed (it stays pending to the end).
 3. The agent is restarted and resumes the loan. The owner opens the card again: the borrower's
    processes are stopped (it writes its checkpoint), it is evicted with a ``GpuReclaimed`` event,
    the node withdraws the loan and the extender's ledger follows.
@@ -43,14 +44,16 @@ from gpupool.api.names import ResourceNames
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.kubelet import Kubelet
 from gpupool.testenv.paths import Binaries
-from tests.e2e import real_containers
+from tests.e2e import real_containers, test_preempt_e2e
 from tests.e2e.e2e_support import NO_SCHEDULER, ExtenderProcess, NodeAgentProcess, wait_for
+from tests.e2e.test_preempt_e2e import with_priority
 from tests.e2e.test_scheduler_config_e2e import run_scheduler
 from tests.e2e.test_usage_monitor_real_containers_e2e import device_holders
 
 pytestmark = pytest.mark.e2e
 
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
+priority_classes = test_preempt_e2e.priority_classes  # the fixture: a low and a high PriorityClass
 
 NAMES, LEND = ResourceNames(), LendingNames()
 OWNER_UNITS, BORROWER_UNITS = "48", "32"
@@ -90,8 +93,9 @@ def extender(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ExtenderPr
 def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_owner_opens_it(
     testenv_binaries: Binaries, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
     containerd_kubelet: Kubelet, tmp_path: Path, start_node_agent: Callable[..., NodeAgentProcess],
-    extender: ExtenderProcess,
+    extender: ExtenderProcess, priority_classes: tuple[str, str],
 ) -> None:
+    low, high = priority_classes
     kubelet = containerd_kubelet
     node, image = kubelet.node_name, kubelet.images.busybox.ref
     cards = one_card(tmp_path / "dev")
@@ -120,7 +124,8 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
                  what="the lent devices in the node's allocatable")
 
         apps = client.AppsV1Api(core_v1.api_client)
-        template = gpu_pod("borrower", node, image, scheduler_name, BORROWER_UNITS, WORKER.read_text(), {}, prefix)
+        template = with_priority(gpu_pod("borrower", node, image, scheduler_name, BORROWER_UNITS,
+                                         WORKER.read_text(), {}, prefix), low)
         created = time.monotonic()
         apps.create_namespaced_replica_set(namespace, replica_set(template))
         first = wait_for(lambda: borrower_running(core_v1, namespace), timeout=PLACED_S,
@@ -142,6 +147,10 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         wait_for(lambda: extender.passes(as_dict(core_v1, "probe", namespace), [node]) == [node] or None,
                  timeout=30, what="the extender passing a second borrower on the loan's room")
         core_v1.delete_namespaced_pod("probe", namespace, grace_period_seconds=0)  # it waits no longer
+        # a high-priority pod that would fit there never borrows (it would lose the card to the owner)
+        urgent = with_priority(gpu_pod("urgent", node, image, scheduler_name, PROBE_UNITS, WORKER.read_text(),
+                                       {LEND.borrow: "true"}, prefix), high)
+        core_v1.create_namespaced_pod(namespace, urgent)
         assert extender.metric("gpupool_cluster_lent_cards", state="lent") == 1
 
         # the agent restarted mid-lend resumes the loan (its owner still holds the card)
@@ -182,6 +191,11 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
                               what="the replacement's log")[0]
         assert first_line.startswith("resumed from /var/run/gpupool/checkpoint/ckpt-"), first_line
         assert extender.metric("gpupool_extender_borrowers_placed_total") == 2
+        urgent_now = core_v1.read_namespaced_pod("urgent", namespace)  # pending all along (about 15 s)
+        assert urgent_now.spec.node_name is None and not is_borrowed(urgent_now.metadata.annotations or {})
+        refusals = [e.message for e in core_v1.list_namespaced_event(namespace).items
+                    if e.involved_object.name == "urgent" and e.reason == "FailedScheduling"]
+        assert any("a high-priority pod does not borrow" in m for m in refusals), refusals
         assert extender.metric("gpupool_extender_overcommitted_cards") == 0
         assert agent.running(), agent.log()
         apps.delete_namespaced_replica_set("borrowers", namespace)
@@ -215,8 +229,10 @@ def check_borrower(pod: client.V1Pod, namespace: str) -> None:
     """Placed by the extender on the lent card, with the marks the agent's Allocate vouched by."""
     notes = pod.metadata.annotations
     assert is_borrowed(notes) and notes[LEND.borrowed_from] == f"{namespace}/owner", notes
-    [borrowed] = decode_assignment(notes[NAMES.assignment]).containers[0].cards
+    assignment = decode_assignment(notes[NAMES.assignment])
+    [borrowed] = assignment.containers[0].cards
     assert (borrowed.index, borrowed.memory_mib) == (0, 8 * 1024)
+    assert assignment.pod_uid == pod.metadata.uid
 
 
 def as_dict(core_v1: client.CoreV1Api, name: str, namespace: str) -> dict[str, Any]:
