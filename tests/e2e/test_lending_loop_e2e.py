@@ -61,6 +61,9 @@ OWNER_UNITS, BORROWER_UNITS = "48", "32"
 PROBE_UNITS = "20"
 """5 GiB: above the card's free 4 GiB, within what the loan keeps beside the borrower."""
 CORE = "30"
+EVICTED_S = 3.0
+"""Bound on the reclaimed borrower's pod being gone after the loan is withdrawn (kubelet takes 4-8 s
+to finalise a pod left Terminating)."""
 PLACED_S = 60.0
 """Bound on a borrower's creation to Running on the lent card (the measured figure is printed)."""
 
@@ -174,7 +177,10 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         # the extender's ledger follows before the idle owner lends the card again (2 s later)
         wait_for(lambda: extender.metric("gpupool_cluster_lent_cards", state="lent") == 0, timeout=2, interval=0.05,
                  what="the extender seeing the loan withdrawn")
-        wait_for(lambda: gone(core_v1, namespace, name), timeout=60, what=f"the borrower evicted\n{agent.log()}")
+        # evicted without a grace period (its processes are stopped): the pod, and its booking on the
+        # loan in the extender's ledger, goes at once, not when kubelet finalises it seconds later
+        wait_for(lambda: deleted(core_v1, namespace, name), timeout=EVICTED_S, interval=0.05,
+                 what=f"the borrower evicted and gone\n{agent.log()}")
         reasons = [e.reason for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.name == name]
         assert RECLAIMED_REASON in reasons, reasons
         assert [p.name for p in (tmp_path / "ckpt").rglob("ckpt-*")], "the borrower wrote no checkpoint"
@@ -190,7 +196,7 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         first_line = wait_for(lambda: log_lines(core_v1, second.metadata.name, namespace), timeout=10,
                               what="the replacement's log")[0]
         assert first_line.startswith("resumed from /var/run/gpupool/checkpoint/ckpt-"), first_line
-        assert extender.metric("gpupool_extender_borrowers_placed_total") == 2
+        assert extender.metric("gpupool_extender_borrowers_placed_total") >= 2  # a retried bind counts again
         urgent_now = core_v1.read_namespaced_pod("urgent", namespace)  # pending all along (about 15 s)
         assert urgent_now.spec.node_name is None and not is_borrowed(urgent_now.metadata.annotations or {})
         refusals = [e.message for e in core_v1.list_namespaced_event(namespace).items
@@ -276,9 +282,9 @@ def holders(agent: NodeAgentProcess, card: str) -> set[str]:
     return {h["containerId"] for h in device_holders(agent.usage_state).get(card, []) if h.get("containerId")}
 
 
-def gone(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
+def deleted(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
     try:
-        pod = core_v1.read_namespaced_pod(name, namespace)
+        core_v1.read_namespaced_pod(name, namespace)
     except ApiException as exc:
         return exc.status == 404
-    return pod.metadata.deletion_timestamp is not None or pod.status.phase in ("Failed", "Succeeded")
+    return False
