@@ -1,18 +1,26 @@
 """Owner reclaim latency of a lent card, with real processes in real containers.
 
     PYTHONPATH=. python3 bench/reclaim.py --json [--cycles 5] [--trigger open|activity]
+                                                 [--placement extender|hand]
 
 A real kube-apiserver and a real kubelet (v1.20.2) with containerd and runc (gpupool testenv), and
-``gpupool node-agent --lending`` with stand-in card devices. The owner pod books 4 GiB of card 0 and
-holds the card open without computing, so the usage monitor calls it idle after ``--idle-after``
-(2 s here) and the agent lends it: ``lendable`` on the Node, ``lend-`` devices in the plugin. Each
-cycle a borrower pod is bound by hand onto the lent card (nodeName plus the assignment and borrower
-annotations the extender will write; the extender side of lending is not part of this bench) and
-runs ``examples/checkpoint_worker.sh`` holding the card. Then the owner opens the card again (a new
-process in the owner's container, started when the bench creates a trigger file) and the clock
-runs from that moment (the trigger's creation, so the owner's 50 ms polling counts against it) until
-the card is back with the owner: no process of the borrower's container left on the host and the
-Node's ``lendable`` annotation without card 0 (published after the lent devices are withdrawn).
+``gpupool node-agent --lending`` with one stand-in card (16 GiB). The owner pod books 12 GiB of it
+and holds the card open without computing, so the usage monitor calls it idle after
+``--idle-after`` (2 s here) and the agent lends it: ``lendable`` on the Node, ``lend-`` devices in
+the plugin. Each cycle a borrower pod asking 8 GiB (more than the 4 GiB left free) is placed on the
+lent card and runs ``examples/checkpoint_worker.sh`` holding the card.
+
+``--placement extender`` (the default): the real kube-scheduler with the shipped configuration
+calls the real ``gpupool extender``, which places the owner and then each borrower (a bare pod
+annotated ``gpupool.io/borrow: "true"``) on the loan; ``borrower_placed_s`` runs from the
+borrower's creation to its container running. ``--placement hand``: both are bound by hand
+(nodeName plus the assignment and borrower annotations the extender would write).
+
+Then the owner opens the card again (a new process in the owner's container, started when the
+bench creates a trigger file) and the clock runs from that moment (the trigger's creation, so the
+owner's 50 ms polling counts against it) until the card is back with the owner: no process of the
+borrower's container left on the host and the Node's ``lendable`` annotation without card 0
+(published after the lent devices are withdrawn).
 
 ``--trigger activity``: the owner does not open the card again; its container's interception-library
 region (written by the bench at the agent's ``--state-dir``, as the library would) shows 1 GiB more
@@ -25,6 +33,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import stat
 import statistics
 import sys
 import tempfile
@@ -42,7 +52,9 @@ from tests.nodeagent.lending.regions import write_region
 NAMES, LEND = ResourceNames(), LendingNames()
 WORKER = Path(__file__).resolve().parents[1] / "examples" / "checkpoint_worker.sh"
 TARGET_S = 5.0
-SHARE = {NAMES.gpu_mem: "16", NAMES.gpu_core: "30"}
+OWNER_MIB, BORROWER_MIB, CARD_MIB, MEM_UNIT_MIB = 12 * 1024, 8 * 1024, 16 * 1024, 256
+CORE_PERCENT = 30
+PLACEMENTS = ("extender", "hand")
 #: The owner: one process holds card 0 (and forks nothing), and at each trigger file one more process
 #: opens it. The polling loop does not hold the card: a child forked while the card is open holds it
 #: until it closes it, and the /proc scan may record that as the owner opening the card again.
@@ -50,21 +62,33 @@ OWNER = ('sh -c \'exec 3<"$CARD"; exec sleep 3600\' & i=1; while :; do while [ !
          'done; sh -c \'exec 4<"$CARD"; exec sleep 3600\' & i=$((i + 1)); done')
 
 
-def pod(name: str, node: str, image: str, command: str, annotations: dict[str, str], card: str,
-        trigger: str | None = None) -> dict[str, Any]:
+def pod(name: str, node: str, image: str, command: str, annotations: dict[str, str], card: str, mib: int,
+        scheduler: str | None, trigger: str | None = None) -> dict[str, Any]:
+    """A busybox pod asking ``mib`` of the card: for ``scheduler`` on ``node``, or bound to it."""
     volumes = [{"name": "trigger", "hostPath": {"path": trigger}}] if trigger else []
+    limits = {NAMES.gpu_mem: str(mib // MEM_UNIT_MIB), NAMES.gpu_core: str(CORE_PERCENT)}
+    where: dict[str, Any] = ({"schedulerName": scheduler, "nodeSelector": {"kubernetes.io/hostname": node}}
+                             if scheduler else {"nodeName": node})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "volumes": volumes,
+            "spec": {**where, "terminationGracePeriodSeconds": 1, "volumes": volumes,
                      "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", command], "resources": {"limits": SHARE},
+                                     "command": ["sh", "-c", command], "resources": {"limits": limits},
                                      "env": [{"name": "CARD", "value": card}],
                                      "volumeMounts": [{"name": "trigger", "mountPath": "/trigger"}] if trigger
                                      else []}]}}
 
 
-def assignment(node: str) -> str:
-    return encode_assignment(Assignment(node, dt.datetime.now(dt.UTC),
-                                        (ContainerCards("c", (CardRef(0, "GPU-real-0000", 4096, 300),)),)))
+def assignment(node: str, mib: int) -> str:
+    return encode_assignment(Assignment(node, dt.datetime.now(dt.UTC), (ContainerCards(
+        "c", (CardRef(0, "GPU-real-0000", mib, CORE_PERCENT * 10),)),)))
+
+
+def one_card(directory: Path) -> str:
+    """One stand-in card device (``/dev/random``'s numbers) and the ``--fake-gpus`` file naming it."""
+    directory.mkdir(parents=True)
+    os.mknod(directory / "nvidia0", 0o666 | stat.S_IFCHR, os.makedev(1, 8))
+    return (f"model: Tesla-T4\ndevicePathPrefix: {directory}/nvidia\n"
+            f"cards:\n  - {{uuid: GPU-real-0000, memoryMiB: {CARD_MIB}}}\n")
 
 
 def wait(probe: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -90,7 +114,7 @@ def container_id(core: Any, namespace: str, name: str) -> str | None:
     return str(statuses[0].container_id).partition("://")[2]
 
 
-def run(cycles: int, trigger_kind: str = "open") -> dict[str, Any]:
+def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") -> dict[str, Any]:
     from kubernetes import client
 
     from gpupool.kube.client_config import api_configuration
@@ -98,23 +122,31 @@ def run(cycles: int, trigger_kind: str = "open") -> dict[str, Any]:
     from gpupool.testenv.controlplane import start_control_plane
     from gpupool.testenv.kubelet import start_kubelet
     from gpupool.testenv.runtime_tools import ensure_runtime_tools, runtime_impossible_reason
-    from tests.e2e.e2e_support import NodeAgentProcess
-    from tests.e2e.real_containers import CONTROL_NODES, stand_in_cards
+    from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess
+    from tests.e2e.real_containers import CONTROL_NODES
+    from tests.e2e.test_scheduler_config_e2e import run_scheduler
 
     reason = runtime_impossible_reason()
     if reason is not None:
         raise SystemExit(f"real containers cannot run here: {reason}")
     ensure_runtime_tools(lambda m: print(m, file=sys.stderr))
     work = Path(tempfile.mkdtemp(prefix="gpupool-reclaim-"))
-    plane = start_control_plane(ensure_binaries(lambda m: print(m, file=sys.stderr)), with_scheduler=False)
-    kubelet = agent = None
+    binaries = ensure_binaries(lambda m: print(m, file=sys.stderr))
+    plane = start_control_plane(binaries, with_scheduler=False)
+    kubelet = agent = extender = scheduler_process = None
+    scheduler: str | None = None
     try:
         core = client.CoreV1Api(client.ApiClient(api_configuration(str(plane.kubeconfig))))
+        if placement == "extender":
+            extender = ExtenderProcess(plane.kubeconfig, work / "extender.log")
+            extender.start()
+            scheduler = f"gpupool-reclaim-{uuid.uuid4().hex[:6]}"
+            scheduler_process = run_scheduler(binaries, plane, work, extender.url, scheduler)
         kubelet = start_kubelet(plane, f"reclaim-{uuid.uuid4().hex[:6]}", runtime="containerd",
                                 device_nodes=CONTROL_NODES)
         node, image = kubelet.node_name, kubelet.images.busybox.ref
         (work / "agent").mkdir()
-        agent = NodeAgentProcess(kubelet, plane.kubeconfig, stand_in_cards(work / "dev"), work / "agent",
+        agent = NodeAgentProcess(kubelet, plane.kubeconfig, one_card(work / "dev"), work / "agent",
                                  ("--lending", "--idle-after", "2s", "--checkpoint-dir", str(work / "ckpt"),
                                   "--checkpoint-deadline", "3", "--lease-namespace", "",
                                   "--state-dir", str(work / "state")))
@@ -123,21 +155,27 @@ def run(cycles: int, trigger_kind: str = "open") -> dict[str, Any]:
         trigger = work / "trigger"
         trigger.mkdir()
         wait(lambda: (core.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem), 60, "gpupool devices")
-        core.create_namespaced_pod("default", pod("owner", node, image, OWNER, {NAMES.assignment: assignment(node)},
-                                                  card, str(trigger)))
+        owner_notes = {} if scheduler else {NAMES.assignment: assignment(node, OWNER_MIB)}
+        core.create_namespaced_pod("default", pod("owner", node, image, OWNER, owner_notes, card, OWNER_MIB,
+                                                  scheduler, str(trigger)))
         wait(lambda: container_id(core, "default", "owner"), 90, "owner running")
         owner_uid = str(core.read_namespaced_pod("owner", "default").metadata.uid)
         script = WORKER.read_text()
-        samples, stages, resumed = [], [], 0
+        samples, stages, placed, resumed = [], [], [], 0
         if trigger_kind == "activity":
             write_region(work / "state", owner_uid, {0: (0, 0)})  # the owner's library: nothing allocated yet
         for i in range(1, cycles + 1):
             wait(lambda: 0 in lent_cards(core, node), 60, f"card 0 lent (cycle {i})\n{agent.log()}")
-            notes = {NAMES.assignment: assignment(node), LEND.borrowed: "true", LEND.borrowed_from: "default/owner",
-                     LEND.checkpoint_key: "bench-borrower"}  # each borrower continues the last one's task
+            notes = {LEND.checkpoint_key: "bench-borrower"}  # each borrower continues the last one's task
+            notes.update({LEND.borrow: "true"} if scheduler else {
+                NAMES.assignment: assignment(node, BORROWER_MIB), LEND.borrowed: "true",
+                LEND.borrowed_from: "default/owner"})
             name = f"borrower-{i}"
-            core.create_namespaced_pod("default", pod(name, node, image, script, notes, card))
+            created = time.monotonic()
+            core.create_namespaced_pod("default", pod(name, node, image, script, notes, card, BORROWER_MIB, scheduler))
             cid = wait(lambda n=name: container_id(core, "default", n), 90, f"{name} running\n{agent.log()}")
+            placed.append(time.monotonic() - created)
+            _check_borrower(core, name)
             procs = PodProcesses("", frozenset({cid}))
             try:
                 wait(lambda p=procs: ProcfsProcesses().pids(p), 10, f"{name}'s processes")
@@ -163,21 +201,34 @@ def run(cycles: int, trigger_kind: str = "open") -> dict[str, Any]:
             if trigger_kind == "activity":  # back to the lent baseline; an open makes the card busy, then idle again
                 write_region(work / "state", owner_uid, {0: (0, 0)})
                 (trigger / f"go-{i}").touch()
-            print(f"cycle {i}: owner {trigger_kind} -> card back {samples[-1]:.2f} s "
-                  f"(borrower stopped {stopped:.2f} s)", file=sys.stderr)
+            print(f"cycle {i}: borrower placed and running {placed[-1]:.2f} s; owner {trigger_kind} -> card back "
+                  f"{samples[-1]:.2f} s (borrower stopped {stopped:.2f} s)", file=sys.stderr)
         checkpoints = sorted(p.name for p in (work / "ckpt").rglob("ckpt-*"))
         return {"owner_reclaim_p99_s": _p99(samples), "owner_reclaim_median_s": statistics.median(samples),
                 "borrower_stopped_median_s": statistics.median(stages), "cycles": cycles,
                 "samples_s": [round(s, 3) for s in samples], "checkpoints_written": len(checkpoints),
-                "borrowers_resumed": resumed,
-                "target_s": TARGET_S, "placement": "borrowers bound by hand (nodeName + annotations)",
-                "trigger": trigger_kind}
+                "borrower_placed_s": round(statistics.median(placed), 3),
+                "borrower_placed_max_s": round(max(placed), 3),
+                "borrower_placed_samples_s": [round(s, 3) for s in placed],
+                "borrowers_resumed": resumed, "target_s": TARGET_S, "placement": placement,
+                "trigger": trigger_kind, "load_average": [round(x, 2) for x in os.getloadavg()]}
     finally:
+        if scheduler_process is not None:
+            scheduler_process.stop()
+        if extender is not None:
+            extender.kill()
         if agent is not None:
             agent.stop()
         if kubelet is not None:
             kubelet.stop(delete_node=True)
         plane.stop()
+
+
+def _check_borrower(core: Any, name: str) -> None:
+    """The running borrower carries the marks the node agent vouched by (bind wrote them)."""
+    notes = core.read_namespaced_pod(name, "default").metadata.annotations or {}
+    if notes.get(LEND.borrowed) != "true" or notes.get(LEND.borrowed_from) != "default/owner":
+        raise AssertionError(f"{name} runs without the borrower marks: {notes}")
 
 
 def _gone_or_failed(core: Any, name: str) -> bool:
@@ -200,14 +251,17 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--trigger", choices=("open", "activity"), default="open",
                         help="the owner opens the card again, or computes again without an open (its region)")
+    parser.add_argument("--placement", choices=PLACEMENTS, default="extender",
+                        help="borrowers placed by kube-scheduler and the extender, or bound by hand")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.cycles, args.trigger)
+    result = run(args.cycles, args.trigger, args.placement)
     print(f"{'cycle':>6} {'owner ' + args.trigger + ' -> card back (s)':>32}")
     for i, s in enumerate(result["samples_s"], 1):
         print(f"{i:>6} {s:>32.3f}")
     print(f"p99 {result['owner_reclaim_p99_s']:.3f} s, median {result['owner_reclaim_median_s']:.3f} s "
-          f"(target <= {TARGET_S:g} s)")
+          f"(target <= {TARGET_S:g} s); borrower created to running {result['borrower_placed_s']:.3f} s "
+          f"(median, {args.placement})")
     if args.json:
         print(json.dumps(result))
 

@@ -86,6 +86,21 @@ def card_refusal(slots: CardSlots) -> CardVerdict:
     return next((code for code, passes in slot_checks(slots) if not passes), CardVerdict.FITS)
 
 
+@dataclass(frozen=True)
+class LentTotals:
+    """What the ledger's loans add up to (the extender's metrics export these)."""
+
+    lending_nodes: int = 0
+    lent_cards: int = 0
+    """Cards with a loan now."""
+    withdrawn_cards: int = 0
+    """Cards without a loan whose borrowers are still booked (the node agent is reclaiming them)."""
+    borrowers: int = 0
+    """Pods booked on lent capacity."""
+    lent_memory_mib: int = 0
+    borrowed_memory_mib: int = 0
+
+
 class LentBook:
     """The loans of every node row and what borrowers hold on them.
 
@@ -122,6 +137,16 @@ class LentBook:
     def lending_rows(self) -> list[int]:
         """Rows with at least one loan, in order."""
         return sorted(self._loans)
+
+    def totals(self) -> LentTotals:
+        """Every loan and borrower summed (a scrape's read; its cost grows with the loans only)."""
+        lent = {(row, card) for row, loans in self._loans.items() for card in loans}
+        withdrawn = sum(1 for key in self._borrowed if key not in lent)
+        return LentTotals(
+            lending_nodes=len(self._loans), lent_cards=len(lent), withdrawn_cards=withdrawn,
+            borrowers=len(self._held),
+            lent_memory_mib=sum(loan.memory_mib for loans in self._loans.values() for loan in loans.values()),
+            borrowed_memory_mib=sum(acc[0] for acc in self._borrowed.values()))
 
     # ------------------------------------------------------------------------------ borrowers
     def hold(self, key: str, row: int, held: HeldPerCard) -> None:

@@ -24,8 +24,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -60,6 +62,19 @@ class BorrowSettings:
     """``spec.priority`` at or above which a pod is high priority (the agents' threshold)."""
 
 
+class FilterOutcome(StrEnum):
+    """How a filter's question to lent capacity ended (the ``outcome`` label of
+    ``gpupool_extender_lending_filters``)."""
+
+    PASSED = "passed"
+    """At least one node may take the pod on a loan."""
+    HELD_FOR_EARLIER = "held_for_earlier"
+    """Loans fit the pod, but every one is held for an older waiting pod (claim 5)."""
+    NO_LOAN_FITS = "no_loan_fits"
+    NOT_A_BORROWER = "not_a_borrower"
+    """The pod may not borrow (priority, opt-out, no controller, lending off)."""
+
+
 @dataclass(frozen=True)
 class Waiting:
     """A pod that found no owned capacity and may borrow: its age and the ledger rows of the nodes
@@ -91,6 +106,11 @@ class Lending:
     settings: BorrowSettings = field(default_factory=BorrowSettings)
     clock: Callable[[], float] = time.time
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    filters: Counter[FilterOutcome] = field(default_factory=Counter)
+    """Filter answers that asked lent capacity, by outcome (exported as metrics; read under the lock)."""
+    placed: int = 0
+    """Binds that booked a pod on lent capacity (counted by the cache when the booking is made; a
+    bind whose API write then fails counts too)."""
 
     def refusal(self, key: str) -> str | None:
         """Why pod ``key`` may not borrow (None when it may), from its watched object."""
@@ -118,6 +138,7 @@ class Lending:
         their scores, and per row a note for the node's refusal."""
         refused = self.refusal(request.key)
         if refused is not None:
+            self.filters[FilterOutcome.NOT_A_BORROWER] += 1
             return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")
         self._forget_gone()
         admitted: BoolArray = np.zeros(state.size, dtype=bool)
@@ -127,9 +148,11 @@ class Lending:
         found = lent_fit(state, request, rows, policy(), profile, explain_limit)
         notes = {row: f"; {why}" for row, why in found.reasons.items()}
         held = self._held(state, me, found.rows, policy, profile)
+        keep = np.array([row not in held for row in found.rows.tolist()], dtype=bool)
+        self.filters[FilterOutcome.PASSED if keep.any() else FilterOutcome.HELD_FOR_EARLIER if len(keep)
+                     else FilterOutcome.NO_LOAN_FITS] += 1
         if not held:
             return found.rows, found.scores, notes
-        keep = np.array([row not in held for row in found.rows.tolist()], dtype=bool)
         return found.rows[keep], found.scores[keep], {**notes, **{row: f"; {why}" for row, why in held.items()}}
 
     def assign(self, state: ClusterState, request: PodRequest, node: str, policy: PolicyFactory,

@@ -277,8 +277,11 @@ class ClusterCache:
             refusal = admission.node_refusal(self.state, row) if row is not None else None
             if refusal is not None:
                 return Unschedulable(request.key, refusal)
-            return self.keeper.reserve(admission.request, node, self.scheduler,
-                                       check=admission.quota_check(self.state), borrow=self._borrow)
+            decision = self.keeper.reserve(admission.request, node, self.scheduler,
+                                           check=admission.quota_check(self.state), borrow=self._borrow)
+            if isinstance(decision, Placement) and decision.borrowed_from is not None:
+                self.lending.placed += 1
+            return decision
 
     def _borrow(self, request: PodRequest, node: str) -> Placement | Unschedulable:
         """The bind's choice on ``node``'s lent capacity (under the lock)."""

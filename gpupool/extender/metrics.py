@@ -14,16 +14,18 @@ own cards (:mod:`gpupool.nodeagent.metrics`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpupool.core.lent import LentTotals
 from gpupool.core.model import CardMode
 from gpupool.core.state import BoolArray, IntArray
 from gpupool.extender.booking_keeper import RELEASE_REASONS
+from gpupool.extender.borrowing import FilterOutcome
 from gpupool.extender.service import Ledger
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -96,6 +98,11 @@ class LedgerTotals:
     unreadable_assignments: int
     bookings_released: tuple[tuple[str, int], ...] = ()
     """Bookings given back because their pod ended, by how (:data:`RELEASE_REASONS` order)."""
+    lent: LentTotals = field(default_factory=LentTotals)
+    """The loans the nodes publish and the borrowers booked on them."""
+    lending_filters: tuple[tuple[str, int], ...] = ()
+    """Filter answers that asked lent capacity, by outcome (:class:`FilterOutcome` order)."""
+    borrowers_placed: int = 0
 
     @classmethod
     def read(cls, ledger: Ledger) -> LedgerTotals:
@@ -113,9 +120,13 @@ class LedgerTotals:
             booked = len(state.placements)
             synced = ledger.synced
             released = tuple((reason, ledger.released_bookings.get(reason, 0)) for reason in RELEASE_REASONS)
+            lent = state.lent.totals()
+            filters = tuple((outcome.value, ledger.lending.filters[outcome]) for outcome in FilterOutcome)
+            placed = ledger.lending.placed
         totals = cls.summarise(arrays, synced=synced, nodes_with_problem=problems, pods_booked=booked,
                                overcommitted_cards=overcommitted, unreadable_assignments=unreadable)
-        return replace(totals, bookings_released=released)
+        return replace(totals, bookings_released=released, lent=lent, lending_filters=filters,
+                       borrowers_placed=placed)
 
     @classmethod
     def summarise(cls, arrays: CardArrays, *, synced: bool, nodes_with_problem: int, pods_booked: int,
@@ -160,6 +171,13 @@ TOTAL_GAUGES: tuple[tuple[str, str, Callable[[LedgerTotals], float]], ...] = (
     ("gpupool_extender_unreadable_assignments",
      "Bound pods whose assignment cannot be read (their nodes take no GPU pods)",
      lambda t: t.unreadable_assignments),
+    ("gpupool_cluster_lending_nodes", "Nodes that lend at least one idle card (docs/lending.md)",
+     lambda t: t.lent.lending_nodes),
+    ("gpupool_cluster_borrowers_booked", "Pods booked on lent capacity", lambda t: t.lent.borrowers),
+    ("gpupool_cluster_lent_memory_mib", "Memory the nodes lend on idle cards (MiB)",
+     lambda t: t.lent.lent_memory_mib),
+    ("gpupool_cluster_borrowed_memory_mib", "Memory borrowers hold on lent cards (MiB)",
+     lambda t: t.lent.borrowed_memory_mib),
 )
 """Name, help and value of each unlabelled gauge (one row per total of :class:`LedgerTotals`)."""
 
@@ -189,3 +207,23 @@ class LedgerCollector(Collector):
         for reason, count in totals.bookings_released:
             released.add_metric([reason], count)
         yield released
+        yield from lending_families(totals)
+
+
+def lending_families(totals: LedgerTotals) -> Iterator[Metric]:
+    """The lending series whose values carry a label or count events (docs/extender.md, Metrics)."""
+    lent = GaugeMetricFamily("gpupool_cluster_lent_cards", "Cards by lending state: lent (a loan now) or "
+                             "withdrawn (no loan, borrowers still booked while the node reclaims them)",
+                             labels=["state"])
+    lent.add_metric(["lent"], totals.lent.lent_cards)
+    lent.add_metric(["withdrawn"], totals.lent.withdrawn_cards)
+    yield lent
+    filters = CounterMetricFamily("gpupool_extender_lending_filters",
+                                  "Filters of pods that fit no free capacity and asked lent capacity, by "
+                                  "outcome: passed, held_for_earlier (every loan that fits is held for an "
+                                  "older waiting pod), no_loan_fits, not_a_borrower", labels=["outcome"])
+    for outcome, count in totals.lending_filters:
+        filters.add_metric([outcome], count)
+    yield filters
+    yield CounterMetricFamily("gpupool_extender_borrowers_placed", "Binds that booked a pod on lent capacity",
+                              value=totals.borrowers_placed)
