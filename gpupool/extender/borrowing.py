@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -112,19 +113,26 @@ class Lending:
     """Binds that booked a pod on lent capacity (counted by the cache when the booking is made; a
     bind whose API write then fails counts too)."""
 
-    def refusal(self, key: str) -> str | None:
-        """Why pod ``key`` may not borrow (None when it may), from its watched object."""
+    def refusal(self, key: str, asked: PodRequest | None = None, pod: Mapping[str, Any] | None = None) -> str | None:
+        """Why pod ``key`` may not borrow (None when it may), from its watched object, or else from
+        the object the filter was asked about (``pod``, translated as ``asked``): kube-scheduler can
+        ask before the extender's watch delivers a new pod, and refusing then would cost the pod a
+        retry with back-off."""
         if not self.settings.enabled:
             return "lending is off in this extender"
         record = self.pods.get(key)
-        if record is None or record.raw is None or record.request is None:
+        if record is not None and record.raw is not None and record.request is not None:
+            raw, priority = record.raw, record.request.priority
+        elif pod is not None and asked is not None:
+            raw, priority = pod, asked.priority
+        else:
             return "the extender has not seen the pod yet (it may borrow on a later try)"
-        meta = record.raw.get("metadata") or {}
+        meta = raw.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         said = str(annotations.get(self.names.borrow, "")).strip().lower()
         if said and said != BORROW_TRUE:
             return f"{self.names.borrow}: {said!r} (only \"true\" lets a pod borrow)"
-        if pod_priority(record.request.priority, annotations, threshold=self.settings.threshold,
+        if pod_priority(priority, annotations, threshold=self.settings.threshold,
                         names=self.names) is Priority.HIGH:
             return "a high-priority pod does not borrow (a borrower is reclaimed when the owner returns)"
         if not said and not _controlled(meta):
@@ -132,11 +140,13 @@ class Lending:
         return None
 
     def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
-              profile: WorkloadProfile | None, explain_limit: int) -> tuple[IntArray, FloatArray, dict[int, str]]:
+              profile: WorkloadProfile | None, explain_limit: int,
+              pod: Mapping[str, Any] | None = None) -> tuple[IntArray, FloatArray, dict[int, str]]:
         """The filter's second step, for a pod that fits no owned capacity on ``rows`` (the nodes
         admitted for it): the rows whose loans can hold it, less those held for an older request,
-        their scores, and per row a note for the node's refusal."""
-        refused = self.refusal(request.key)
+        their scores, and per row a note for the node's refusal. ``pod``: the object the filter
+        was asked about (read when the watch has not delivered the pod yet)."""
+        refused = self.refusal(request.key, request, pod)
         if refused is not None:
             self.filters[FilterOutcome.NOT_A_BORROWER] += 1
             return NO_ROWS, np.zeros(0), dict.fromkeys(rows[:explain_limit].tolist(), f"; not a borrower: {refused}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -212,14 +212,15 @@ class ExtenderService:
         return self.cache.admissions.admit(self.cache.state, request, tenant)
 
     def _feasible(self, admission: Admission, names: list[str], aliases: frozenset[str] = frozenset(),
-                  explain: bool = True, explain_if_passed: bool = True) -> _Feasible:
+                  explain: bool = True, explain_if_passed: bool = True,
+                  pod: Mapping[str, Any] | None = None) -> _Feasible:
         """The nodes among ``names`` that can hold ``request`` (in request order), their ledger rows
         and policy scores, and a reason for every other node (for nodes rejected by the GPU check only when
         ``explain``, and unless ``explain_if_passed`` only when none passed: prioritize has no use for
         them, nor has a best-only answer with a node in it). Must be called with the cache lock held.
 
         ``aliases``: the foreign resource names the pod uses; a node qualifies only if it serves
-        every one of them."""
+        every one of them. ``pod``: the object asked about, for the borrower rules."""
         state = self.cache.state
         request = admission.request
         problem = admission.error or request_problem(state, request)
@@ -253,7 +254,7 @@ class ExtenderService:
         lent: dict[int, str] = {}  # free capacity first; lent capacity only where none is free
         if not len(ok_rows) and state.lent.lending_rows():
             ok_rows, scores, lent = self.cache.lending.place(state, request, candidates, self.cache.new_policy,
-                                                             self.cache.profile, self.settings.explain_limit)
+                                                             self.cache.profile, self.settings.explain_limit, pod)
         score_of = np.full(state.size, np.nan)
         score_of[ok_rows] = scores
         candidate_scores = score_of[candidates]
@@ -278,18 +279,21 @@ class ExtenderService:
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
-               tenant: PodTenancy | None = None, *, reasons_if_passed: bool = True) -> FilterOutcome:
+               tenant: PodTenancy | None = None, *, reasons_if_passed: bool = True,
+               pod: Mapping[str, Any] | None = None) -> FilterOutcome:
         """Nodes that can hold every GPU container of the pod (and serve the foreign ``aliases`` it
         uses, and are open to its ``tenant``'s group, pools and quotas), with a reason for each
         other node (``reasons_if_passed=False``: the GPU check's only when no node passed, for an
-        answer that carries reasons only then, see ``ExtenderApi._reasons_needed``)."""
+        answer that carries reasons only then, see ``ExtenderApi._reasons_needed``). ``pod``: the
+        object kube-scheduler sent, which the borrower rules read when the watch has not delivered
+        the pod yet."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
         with self.cache.lock:
             admission = self._admit(request, tenant)
-            found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed)
+            found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed, pod=pod)
             if self.settings.filter_best_only:
                 best = best_nodes(found.passed, found.passed_rows, found.scores, reasons=reasons_if_passed)
                 failed = {**found.failed, **best.not_best} if best.not_best else found.failed

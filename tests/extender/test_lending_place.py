@@ -58,6 +58,20 @@ def test_pods_that_may_not_borrow_or_do_not_fit_are_refused_with_a_reason(raw: d
     assert service.bind("default", "b", raw["metadata"]["uid"], "n1").error
 
 
+@pytest.mark.parametrize(("raw", "passed"), [
+    pytest.param(waiting("b", 8000), ["n1"], id="a-borrower"),
+    pytest.param(waiting("b", 8000, priority=HIGH), [], id="a-high-priority-pod"),
+])
+def test_a_pod_the_watch_has_not_delivered_yet_is_judged_by_the_object_the_filter_was_sent(
+        raw: dict[str, Any], passed: list[str]) -> None:
+    """kube-scheduler can ask about a pod before the extender's watch has it; refusing then costs
+    the pod a retry with back-off (1-10 s)."""
+    _, _, service = lending_world()  # the API and the cache know only the owner
+    request = pod_request(raw, service.cache.names)
+    assert "has not seen the pod yet" in service.filter(request, ["n1"]).failed["n1"]
+    assert service.filter(request, ["n1"], pod=raw).passed == passed
+
+
 def test_a_bare_pod_borrows_when_it_opts_in() -> None:
     raw = waiting("b", 8000, controlled=False, borrow="true")
     _, _, service = lending_world(raw)

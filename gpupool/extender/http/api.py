@@ -114,7 +114,7 @@ class ExtenderApi:
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
         outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant,
-                                      reasons_if_passed=not self.service.settings.filter_best_only)
+                                      reasons_if_passed=not self.service.settings.filter_best_only, pod=args.pod)
         label = "error" if outcome.error else "ok"
         failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
