@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ THRESHOLDS = ActivityThresholds(percent=10, memory_mib=256, samples=SAMPLES)
 
 async def lent(world: World, tmp: Path) -> LendingService:
     """Card 0 lent by ns/owner (pid 100), held by ns/borrower (pids 200, 201) too."""
-    service = world.service(THRESHOLDS, str(tmp / "state"))
-    service.start(asyncio.get_running_loop())
+    service = world.started(THRESHOLDS, str(tmp / "state"))
     idle_owner(world)
     await service.step()
     assert set(service.loans) == {0}
@@ -146,8 +144,7 @@ def test_without_the_library_the_regions_are_not_read(tmp_path: Path) -> None:
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service(THRESHOLDS, None)
-        service.start(asyncio.get_running_loop())
+        service = world.started(THRESHOLDS, None)
         idle_owner(world)
         await service.step()
         write_region(tmp_path / "state", "uid-owner", {0: (2048, 80)})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -17,8 +16,7 @@ def test_an_idle_card_is_lent_published_and_advertised(tmp_path: Path) -> None:
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         assert service.device_list(NAMES.gpu_mem) == []
         idle_owner(world)
         await service.step()
@@ -39,8 +37,7 @@ def test_the_owner_returning_reclaims_the_borrower_once_and_withdraws_the_device
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         idle_owner(world)
         await service.step()
         assert service.decide(open_(200)) is Verdict.ALLOW  # the borrower: the owner lent it
@@ -63,8 +60,7 @@ def test_a_borrower_opening_a_card_that_is_not_lent_is_refused_and_stopped(tmp_p
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         world.monitor.hold(CARD0, holder("owner", 100))  # busy: not lent
         world.processes.alive = {200: "id-borrower"}
         service.on_open(CARD0, holder("borrower", 200))  # the /proc scan: enforced by stopping it
@@ -78,14 +74,12 @@ def test_a_restarted_agent_resumes_the_loan(tmp_path: Path) -> None:
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        first = world.service()
-        first.start(asyncio.get_running_loop())
+        first = world.started()
         idle_owner(world)
         await first.step()
         assert json.loads((tmp_path / "lending.json").read_text())["loans"][0]["card"] == 0
         world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.BUSY)
-        again = world.service()  # the agent restarted: the card is busy with the borrower now
-        again.start(asyncio.get_running_loop())
+        again = world.started()  # the agent restarted: the card is busy with the borrower now
         assert set(again.loans) == {0} and again.device_list(NAMES.gpu_mem)
         assert again.decide(open_(201)) is Verdict.ALLOW  # the dormant owner still does not refuse it
         world.processes.alive = {200: "id-borrower"}
@@ -100,13 +94,11 @@ def test_a_loan_whose_owner_stopped_holding_is_not_resumed(tmp_path: Path) -> No
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        first = world.service()
-        first.start(asyncio.get_running_loop())
+        first = world.started()
         idle_owner(world)
         await first.step()
         world.monitor.hold(CARD0, holder("borrower", 200))
-        again = world.service()
-        again.start(asyncio.get_running_loop())
+        again = world.started()
         assert again.loans == {}
 
     run(body)
@@ -116,8 +108,7 @@ def test_two_owners_idle_at_once_get_their_own_cards_back(tmp_path: Path) -> Non
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         idle_owner(world)
         idle_owner(world, CARD1, "owner1", 300)
         await service.step()
@@ -138,8 +129,7 @@ def test_no_loan_while_a_high_priority_pod_without_a_share_holds_the_card(tmp_pa
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         world.monitor.hold(CARD0, holder("owner", 100), holder("other", 500), state=DeviceState.IDLE)
         world.monitor.sample({})
         await service.step()
@@ -152,8 +142,7 @@ def test_a_loan_ends_when_its_owner_leaves_the_node(tmp_path: Path) -> None:
     world = World(tmp_path, PODS)
 
     async def body() -> None:
-        service = world.service()
-        service.start(asyncio.get_running_loop())
+        service = world.started()
         idle_owner(world)
         await service.step()
         world.pods.on_event("DELETED", PODS[0])

@@ -82,6 +82,12 @@ class World:
                                             activity=activity or ActivityThresholds(),
                                             shim_state_dir=shim_state_dir), identify)
 
+    def started(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None) -> LendingService:
+        """:meth:`service`, started on the running event loop (call it inside the test's body)."""
+        service = self.service(activity, shim_state_dir)
+        service.start(asyncio.get_running_loop())
+        return service
+
 
 def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
