@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,18 @@ def fake_pod(pod: dict[str, Any]) -> FakePod:
     created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
     return FakePod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], created=created,
                    init=containers("initContainers"), app=containers("containers"))
+
+
+async def admit_all_running(kubelet: FakeKubelet, pods: Iterable[dict[str, Any]],
+                            timeout_s: float = 30) -> dict[tuple[str, str], FakePod]:
+    """Admit ``pods`` one at a time, wait until kubelet is idle, check that every pod runs (the
+    failures are listed with their reasons otherwise); the kubelet's pods by (namespace, name)."""
+    for pod in pods:
+        await kubelet.handle_pod_additions([fake_pod(pod)])
+    await kubelet.wait_idle(timeout_s)
+    fakes = {(p.namespace, p.name): p for p in kubelet.pod_manager.values()}
+    assert [(key, p.phase, p.reason) for key, p in fakes.items() if p.phase != "Running"] == []
+    return fakes
 
 
 @dataclass

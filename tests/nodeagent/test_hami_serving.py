@@ -26,7 +26,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout, list_and_watch_problem
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testing.node_workload import ASSIGNED_AT, WorkloadPod, fake_gpu_file
 from tests.nodeagent.container_env import check_container_env
-from tests.nodeagent.harness import fake_pod, running_node
+from tests.nodeagent.harness import admit_all_running, running_node
 
 HAMI = ResourceNames(hami=True)
 GPU, MEM, PCT, CORES = n.NVIDIA_GPU, n.NVIDIA_GPUMEM, n.NVIDIA_GPUMEM_PERCENTAGE, n.NVIDIA_GPUCORES
@@ -136,11 +136,7 @@ def test_hami_pods_are_admitted_with_their_cards_through_nvidia_gpu() -> None:
         async with running_node(gpu_file, [p for p, _ in placed], aliases=(GPU,), names=HAMI) as node:
             k = node.kubelet
             assert k.allocatable(GPU) == 4 * (64 + 200)
-            for pod, _ in placed:
-                await k.handle_pod_additions([fake_pod(pod)])
-            await k.wait_idle(30)
-            fakes = {(p.namespace, p.name): p for p in k.pod_manager.values()}
-            assert [(key, p.phase, p.reason) for key, p in fakes.items() if p.phase != "Running"] == []
+            fakes = await admit_all_running(k, (pod for pod, _ in placed))
             for pod, placement in placed:
                 wp = WorkloadPod(json=pod, placement=placement)
                 assert check_container_env(wp, fakes[wp.key], uuids) == 1

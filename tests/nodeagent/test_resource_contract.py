@@ -28,7 +28,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testing.node_workload import ASSIGNED_AT, WorkloadPod, fake_gpu_file
 from tests.nodeagent.container_env import check_container_env
-from tests.nodeagent.harness import NAMES, fake_pod, running_node
+from tests.nodeagent.harness import NAMES, admit_all_running, running_node
 
 SERVED_ALIASES = n.alias_family_resources(list(n.ALIAS_FAMILIES))
 SHARED = NAMES.gpu_shared
@@ -138,11 +138,7 @@ def test_two_shared_multi_card_pods_and_aliases_are_admitted_with_their_cards() 
             assert k.allocatable(n.ALIYUN_GPU_MEM) == 3 * 16
             assert k.allocatable(n.TENCENT_VCUDA_MEMORY) == 3 * 64
             assert k.allocatable(SHARED) == 3 * (64 + 100)
-            for pod, _ in placed:
-                await k.handle_pod_additions([fake_pod(pod)])
-            await k.wait_idle(30)
-            fakes = {(p.namespace, p.name): p for p in k.pod_manager.values()}
-            assert [(key, p.phase, p.reason) for key, p in fakes.items() if p.phase != "Running"] == []
+            fakes = await admit_all_running(k, (pod for pod, _ in placed))
 
             for pod, placement in placed:
                 wp = WorkloadPod(json=pod, placement=placement)
