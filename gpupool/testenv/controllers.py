@@ -16,19 +16,14 @@ secure one would need delegated authentication set up for a single ``/healthz``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
-from gpupool.testenv.errors import StartupError
+from gpupool.testenv.healthz_start import start_with_healthz
 from gpupool.testenv.paths import Binaries
-from gpupool.testenv.ports import free_ports
-from gpupool.testenv.probe import is_ok
-from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from gpupool.testenv.procs import ManagedProcess, spawn
 
 #: What a workload's replacement needs: Deployments make ReplicaSets, ReplicaSets make pods.
 DEFAULT_CONTROLLERS = ("deployment", "replicaset")
-
-_START_ATTEMPTS = 3
 
 
 def controller_manager_args(*, kubeconfig: Path, healthz_port: int, controllers: Sequence[str]) -> list[str]:
@@ -51,18 +46,9 @@ def start_controller_manager(binaries: Binaries, state_dir: Path, kubeconfig: Pa
                              timeout: float = 60.0) -> ManagedProcess:
     """Start kube-controller-manager with ``controllers`` and wait for its ``/healthz``; a start that
     loses a port race is retried with a fresh port."""
-    last_error: StartupError | None = None
-    for _ in range(_START_ATTEMPTS):
-        (healthz_port,) = free_ports(1)
+    def start(healthz_port: int) -> ManagedProcess:
         args = controller_manager_args(kubeconfig=kubeconfig, healthz_port=healthz_port, controllers=controllers)
-        manager = spawn("kube-controller-manager", [binaries.kube_controller_manager, *args],
-                        state_dir / "logs" / "kube-controller-manager.log")
-        try:
-            wait_until(partial(is_ok, f"http://127.0.0.1:{healthz_port}/healthz"),
-                       what="kube-controller-manager /healthz", timeout=timeout, watch=[manager])
-            return manager
-        except StartupError as exc:
-            last_error = exc
-            manager.stop()
-    assert last_error is not None
-    raise last_error
+        return spawn("kube-controller-manager", [binaries.kube_controller_manager, *args],
+                     state_dir / "logs" / "kube-controller-manager.log")
+
+    return start_with_healthz("kube-controller-manager", start, timeout)

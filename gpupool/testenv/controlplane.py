@@ -21,7 +21,6 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from gpupool.testenv.config import (
 )
 from gpupool.testenv.controllers import DEFAULT_CONTROLLERS, start_controller_manager
 from gpupool.testenv.errors import StartupError
+from gpupool.testenv.healthz_start import START_ATTEMPTS, start_with_healthz
 from gpupool.testenv.paths import Binaries
 from gpupool.testenv.pki import Pki, make_pki
 from gpupool.testenv.ports import free_ports
@@ -45,7 +45,6 @@ from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
 #: Admission plugins that need a controller this environment does not run.
 DISABLED_ADMISSION_PLUGINS = ("ServiceAccount", "TaintNodesByCondition")
 
-_START_ATTEMPTS = 3
 
 # kube-apiserver stops listening at once on SIGTERM but then lingers while clients hold watches open
 # (long after the test is done when a scheduler is connected). Its state is in etcd, so after a
@@ -193,7 +192,7 @@ def start_control_plane(
         audited_token, user=AUDITED_USER, uid=f"{AUDITED_USER}-uid"))
     (state_dir / "audit-policy.yaml").write_text(render_audit_policy())
     last_error: StartupError | None = None
-    for _ in range(_START_ATTEMPTS):
+    for _ in range(START_ATTEMPTS):
         try:
             plane = _start_once(binaries, state_dir, pki, token, extenders, with_scheduler, timeout)
             plane.audited_kubeconfig.write_text(render_kubeconfig(plane.server, audited_token,
@@ -306,20 +305,11 @@ def _audit_log(state_dir: Path) -> Path:
 
 def _start_scheduler(binaries: Binaries, state_dir: Path, kubeconfig: Path,
                      extenders: Sequence[ExtenderConfig], *, timeout: float) -> ManagedProcess:
-    last_error: StartupError | None = None
-    for _ in range(_START_ATTEMPTS):
-        (healthz_port,) = free_ports(1)
+    def start(healthz_port: int) -> ManagedProcess:
         config = state_dir / "kube-scheduler.yaml"
         config.write_text(render_scheduler_config(str(kubeconfig), f"127.0.0.1:{healthz_port}", extenders))
-        scheduler = spawn("kube-scheduler", [
+        return spawn("kube-scheduler", [
             binaries.kube_scheduler, f"--config={config}", "--secure-port=0", "--v=2",
         ], state_dir / "logs" / "kube-scheduler.log")
-        try:
-            wait_until(partial(is_ok, f"http://127.0.0.1:{healthz_port}/healthz"),
-                       what="kube-scheduler /healthz", timeout=timeout, watch=[scheduler])
-            return scheduler
-        except StartupError as exc:
-            last_error = exc
-            scheduler.stop()
-    assert last_error is not None
-    raise last_error
+
+    return start_with_healthz("kube-scheduler", start, timeout)
