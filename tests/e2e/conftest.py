@@ -185,6 +185,18 @@ def start_kubelet(control_plane: ControlPlane, core_v1: client.CoreV1Api) -> Ite
         kubelet.stop(delete_node=True)
 
 
+@pytest.fixture
+def extender_process(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
+    """A ``gpupool extender`` process on the control plane (no scheduler calls it until a test
+    starts one that does); killed after the test."""
+    process = ExtenderProcess(control_plane.kubeconfig, tmp_path / "extender.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
 @pytest.fixture(scope="module")
 def gpupool_extender(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,20 +83,10 @@ def gpu_pod(name: str, node: str, image: str, scheduler: str, units: str, comman
                      "volumes": [{"name": "trigger", "hostPath": {"path": str(trigger)}}] if trigger else []}}
 
 
-@pytest.fixture
-def extender(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    process = ExtenderProcess(control_plane.kubeconfig, tmp_path / "extender.log")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.kill()
-
-
 def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_owner_opens_it(
     testenv_binaries: Binaries, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
     containerd_kubelet: Kubelet, tmp_path: Path, start_node_agent: Callable[..., NodeAgentProcess],
-    extender: ExtenderProcess, priority_classes: tuple[str, str],
+    extender_process: ExtenderProcess, priority_classes: tuple[str, str],
 ) -> None:
     low, high = priority_classes
     kubelet = containerd_kubelet
@@ -107,7 +97,7 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
     agent = start_node_agent(kubelet, cards, ("--lending", "--idle-after", "2s", "--checkpoint-deadline", "3",
                                               "--checkpoint-dir", str(tmp_path / "ckpt"), "--lease-namespace", ""))
     scheduler_name = f"gpupool-loop-{uuid.uuid4().hex[:6]}"
-    scheduler = run_scheduler(testenv_binaries, control_plane, tmp_path, extender.url, scheduler_name)
+    scheduler = run_scheduler(testenv_binaries, control_plane, tmp_path, extender_process.url, scheduler_name)
     try:
         control_plane.start_controllers(("replicaset",))
         wait_for(lambda: allocatable(core_v1, node) == CARD_MIB // 256, timeout=60,
@@ -147,14 +137,14 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         # a second borrower would still fit the loan (and only the loan) while it stands
         probe = gpu_pod("probe", node, image, NO_SCHEDULER, PROBE_UNITS, "true", {LEND.borrow: "true"}, prefix)
         core_v1.create_namespaced_pod(namespace, probe)
-        wait_for(lambda: extender.passes(as_dict(core_v1, "probe", namespace), [node]) == [node] or None,
+        wait_for(lambda: extender_process.passes(as_dict(core_v1, "probe", namespace), [node]) == [node] or None,
                  timeout=30, what="the extender passing a second borrower on the loan's room")
         core_v1.delete_namespaced_pod("probe", namespace, grace_period_seconds=0)  # it waits no longer
         # a high-priority pod that would fit there never borrows (it would lose the card to the owner)
         urgent = with_priority(gpu_pod("urgent", node, image, scheduler_name, PROBE_UNITS, WORKER.read_text(),
                                        {LEND.borrow: "true"}, prefix), high)
         core_v1.create_namespaced_pod(namespace, urgent)
-        assert extender.metric("gpupool_cluster_lent_cards", state="lent") == 1
+        assert extender_process.metric("gpupool_cluster_lent_cards", state="lent") == 1
 
         # the agent restarted mid-lend resumes the loan (its owner still holds the card)
         agent.stop()
@@ -175,8 +165,8 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         print(f"  owner open to card back: {back_s:.2f} s")
         assert back_s <= TARGET_S
         # the extender's ledger follows before the idle owner lends the card again (2 s later)
-        wait_for(lambda: extender.metric("gpupool_cluster_lent_cards", state="lent") == 0, timeout=2, interval=0.05,
-                 what="the extender seeing the loan withdrawn")
+        wait_for(lambda: extender_process.metric("gpupool_cluster_lent_cards", state="lent") == 0, timeout=2,
+                 interval=0.05, what="the extender seeing the loan withdrawn")
         # evicted without a grace period (its processes are stopped): the pod, and its booking on the
         # loan in the extender's ledger, goes at once, not when kubelet finalises it seconds later
         wait_for(lambda: deleted(core_v1, namespace, name), timeout=EVICTED_S, interval=0.05,
@@ -196,13 +186,13 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
         first_line = wait_for(lambda: log_lines(core_v1, second.metadata.name, namespace), timeout=10,
                               what="the replacement's log")[0]
         assert first_line.startswith("resumed from /var/run/gpupool/checkpoint/ckpt-"), first_line
-        assert extender.metric("gpupool_extender_borrowers_placed_total") >= 2  # a retried bind counts again
+        assert extender_process.metric("gpupool_extender_borrowers_placed_total") >= 2  # a retried bind counts again
         urgent_now = core_v1.read_namespaced_pod("urgent", namespace)  # pending all along (about 15 s)
         assert urgent_now.spec.node_name is None and not is_borrowed(urgent_now.metadata.annotations or {})
         refusals = [e.message for e in core_v1.list_namespaced_event(namespace).items
                     if e.involved_object.name == "urgent" and e.reason == "FailedScheduling"]
         assert any("a high-priority pod does not borrow" in m for m in refusals), refusals
-        assert extender.metric("gpupool_extender_overcommitted_cards") == 0
+        assert extender_process.metric("gpupool_extender_overcommitted_cards") == 0
         assert agent.running(), agent.log()
         apps.delete_namespaced_replica_set("borrowers", namespace)
     finally:

@@ -111,16 +111,6 @@ def lagging_extender(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Ex
         proxy.stop()
 
 
-@pytest.fixture
-def extender_process(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    process = ExtenderProcess(control_plane.kubeconfig, tmp_path / "extender.log")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.kill()
-
-
 #: Per case: the low-priority pods (card, MiB, borrower?) and the one the extender must evict.
 CASES = [
     pytest.param({"a": (0, 8000, False), "b": (0, 8000, False), "c": (1, 12000, False)}, "c",

@@ -26,8 +26,9 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.testenv.controlplane import ControlPlane
-from tests.e2e.e2e_support import MakeNode, free_port, wait_for
-from tests.e2e.test_tenancy_e2e import CRDS, gpu_quota, pod
+from tests.e2e import test_tenancy_e2e
+from tests.e2e.e2e_support import MakeNode, free_port
+from tests.e2e.test_tenancy_e2e import gpu_quota, pod
 from tests.e2e.trust_support import FlaggedExtender
 
 pytestmark = pytest.mark.e2e
@@ -37,23 +38,7 @@ SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "kustomize" / "compon
     "webhook.yaml"
 OVER = "GpuQuota {ns}/gpus: whole GPUs limit 1, used 0, asked 2"
 
-
-@pytest.fixture(scope="module")
-def crds(kube_api_client: client.ApiClient) -> Iterator[None]:
-    """The CustomResourceDefinitions of deploy/crds/ (not its kustomization) installed for this module."""
-    extensions = client.ApiextensionsV1Api(kube_api_client)
-    docs = [yaml.safe_load(p.read_text()) for p in sorted(CRDS.glob("*.yaml"))]
-    names = [d["metadata"]["name"] for d in docs if d.get("kind") == "CustomResourceDefinition"]
-    for doc in docs:
-        if doc.get("kind") == "CustomResourceDefinition":
-            extensions.create_custom_resource_definition(doc)
-    for name in names:
-        wait_for(lambda n=name: any(c.type == "Established" and c.status == "True" for c in
-                                    extensions.read_custom_resource_definition(n).status.conditions or []),
-                 timeout=30, what=f"CRD {name} established")
-    yield
-    for name in names:
-        extensions.delete_custom_resource_definition(name)
+crds = test_tenancy_e2e.crds  # the fixture: deploy/crds/ installed and Established for this module
 
 
 @pytest.fixture(scope="module")
