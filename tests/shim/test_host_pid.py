@@ -9,9 +9,6 @@ offset, as the real agent answers with the pid it sees through ``SO_PEERCRED``.
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import pytest
 
 from gpupool.api.shim_contract import RegisterReply, encode_reply
 from gpupool.shim.region import DeviceState, read_region
+from tests.shim.fake_agent import FakeAgent
 from tests.shim.test_compute import TOLERANCE, launch
 from tests.shim.toolchain import Holder, Toolchain
 
@@ -27,34 +25,13 @@ TOKEN = "cd" * 32
 SHARE = 30
 WAIT_FOR_REGISTRATION = "sleep:500"  # registration runs on a thread of its own
 
-Answer = Callable[[int], bytes]
+PidAnswer = Callable[[int], bytes]
 """The reply line for a request that named this pid."""
 
 
-class HostPidAgent:
-    """A unix-socket server that answers every registration with ``answer(request pid)``."""
-
-    def __init__(self, path: Path, answer: Answer) -> None:
-        self.answer = answer
-        self.requests = 0
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.server.accept()
-            except OSError:
-                return
-            with connection:
-                request = json.loads(connection.makefile("rb").readline())
-                self.requests += 1
-                connection.sendall(self.answer(int(request["pid"])))
-
-    def close(self) -> None:
-        self.server.close()
+def pid_agent(path: Path, answer: PidAnswer) -> FakeAgent:
+    """An agent answering each registration by the pid it named."""
+    return FakeAgent(path, lambda request: answer(int(request["pid"])))
 
 
 def with_host_pid(pid: int) -> bytes:
@@ -74,20 +51,20 @@ def namespaced_env(tc: Toolchain, work: Path, **variables: str) -> dict[str, str
                   GPUPOOL_STANDIN_PID_OFFSET=str(PID_OFFSET), **variables)
 
 
-def behind_pid_namespace(tc: Toolchain, work: Path, answer: Answer) -> tuple[float, DeviceState]:
+def behind_pid_namespace(tc: Toolchain, work: Path, answer: PidAnswer) -> tuple[float, DeviceState]:
     """The card share a hard-limited launcher took, with the driver seeing other pids than it, and
     what its controller last measured (the region keeps it after the launcher exits)."""
-    agent = HostPidAgent(work / "agent.sock", answer)
+    agent = pid_agent(work / "agent.sock", answer)
     try:
         (busy,) = launch(tc, namespaced_env(tc, work, GPUPOOL_COMPUTE_PERCENT=str(SHARE)), "kernel", 1.8, "0.7-1.8")
     finally:
         agent.close()
-    assert agent.requests == 1
+    assert len(agent.requests) == 1
     return busy, read_region(work / "ctr" / "memory.region").devices[0]
 
 
 def test_the_host_pid_from_the_reply_goes_into_the_process_slot(plain: Toolchain, work: Path) -> None:
-    agent = HostPidAgent(work / "agent.sock", with_host_pid)
+    agent = pid_agent(work / "agent.sock", with_host_pid)
     holder = Holder(plain, namespaced_env(plain, work, GPUPOOL_MEMORY_LIMIT_MIB="1024"), "alloc:1m",
                     WAIT_FOR_REGISTRATION)
     try:
@@ -112,7 +89,7 @@ def test_the_host_pid_from_the_reply_lets_the_controller_hold_the_share(
     pytest.param(malformed_host_pid, id="malformed-host-pid"),
 ])
 def test_without_a_usable_host_pid_the_controller_does_not_see_its_own_container(
-        plain: Toolchain, work: Path, answer: Answer) -> None:
+        plain: Toolchain, work: Path, answer: PidAnswer) -> None:
     """The gap the reply closes (and proof that the offset makes the pids differ): the controller
     finds none of its processes among NVML's samples, counts its own work as a neighbour's, and
     never learns a rate. (How busy the unthrottled launcher keeps the card depends on the CPU it

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.shim.fake_agent import FakeAgent, replying
 from tests.shim.toolchain import Toolchain, codes, run_probe
 
 OK, OUT_OF_MEMORY = 0, 2
@@ -17,36 +15,9 @@ TOKEN = "ab" * 32
 WAIT_FOR_REGISTRATION = "sleep:500"  # registration runs on a thread of its own
 
 
-class FakeAgent:
-    """A unix-socket server that records each request line and answers with a fixed reply."""
-
-    def __init__(self, path: Path, reply: bytes) -> None:
-        self.requests: list[dict[str, object]] = []
-        self.reply = reply
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(8)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.server.accept()
-            except OSError:
-                return
-            with connection:
-                line = connection.makefile("rb").readline()
-                self.requests.append(json.loads(line))
-                connection.sendall(self.reply)
-
-    def close(self) -> None:
-        self.server.close()
-
-
 @pytest.fixture()
 def agent(work: Path) -> Iterator[FakeAgent]:
-    served = FakeAgent(work / "agent.sock", b'{"v":1,"ok":true}\n')
+    served = FakeAgent(work / "agent.sock", replying(b'{"v":1,"ok":true}\n'))
     yield served
     served.close()
 
@@ -70,7 +41,7 @@ def test_a_process_registers_once_with_its_token(tc: Toolchain, work: Path, agen
 
 
 def test_limits_hold_when_the_agent_refuses(tc: Toolchain, work: Path) -> None:
-    refusing = FakeAgent(work / "agent.sock", b'{"v":1,"ok":false,"reason":"unknown token"}\n')
+    refusing = FakeAgent(work / "agent.sock", replying(b'{"v":1,"ok":false,"reason":"unknown token"}\n'))
     try:
         steps, stderr = run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", WAIT_FOR_REGISTRATION,
                                   "alloc:2g")
