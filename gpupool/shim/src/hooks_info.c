@@ -23,6 +23,9 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
     uint64_t limit = shim_memory_limit(dev);
     if (total != NULL && *total > limit) *total = limit;
     if (free != NULL) *free = left_of(dev, *free);
+    shim_log(SHIM_LOG_DEBUG, "cuMemGetInfo on card %d: free %llu, total %llu (limit %llu)", dev,
+             free == NULL ? 0ull : (unsigned long long)*free, total == NULL ? 0ull : (unsigned long long)*total,
+             (unsigned long long)limit);
     return status;
 }
 

@@ -132,10 +132,20 @@ static void *substitute(const char *symbol, void *pfn, int version, cuuint64_t f
     return best != NULL ? best->wrapper : pfn;
 }
 
+/* At debug level every lookup is logged: which runtime asked for what, and whether it got a wrapper. */
+static void *substitute_logged(const char *symbol, void *pfn, int version, cuuint64_t flags) {
+    void *given = substitute(symbol, pfn, version, flags);
+    if (given != pfn) shim_log(SHIM_LOG_DEBUG, "lookup %s (version %d, flags %llu): wrapped", symbol, version,
+                               (unsigned long long)flags);
+    else shim_log(SHIM_LOG_DEBUG, "lookup %s (version %d, flags %llu): the driver's", symbol == NULL ? "(null)" : symbol,
+                  version, (unsigned long long)flags);
+    return given;
+}
+
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     if (REAL(cuGetProcAddress) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = REAL(cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
-    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
+    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags);
     return result;
 }
 
@@ -143,6 +153,6 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
                              CUdriverProcAddressQueryResult *symbolStatus) {
     if (REAL(cuGetProcAddress_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
+    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags);
     return result;
 }
