@@ -21,6 +21,7 @@ GIB = 1 << 30
 CUDA_SUCCESS = 0
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 SPIN_MS, SPINS = 2, 500  # one second of kernels
+SYNC_EVERY = 10
 THROTTLED_SLOWDOWN = 2.0  # a 30 % share stretches that second to about 3.3
 
 
@@ -82,5 +83,15 @@ def test_a_hard_share_slows_kernels_down(program: Path, tmp_path: Path) -> None:
     alone = time.monotonic() - started
     started = time.monotonic()
     run(program, tmp_path, "spin", str(SPIN_MS), str(SPINS), GPUPOOL_COMPUTE_PERCENT="30")
+    throttled = time.monotonic() - started
+    assert throttled >= THROTTLED_SLOWDOWN * alone, (alone, throttled)
+
+
+def test_a_hard_share_holds_a_program_that_synchronises_often(program: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    run(program, tmp_path, "spinsync", str(SPIN_MS), str(SPINS), str(SYNC_EVERY))
+    alone = time.monotonic() - started
+    started = time.monotonic()
+    run(program, tmp_path, "spinsync", str(SPIN_MS), str(SPINS), str(SYNC_EVERY), GPUPOOL_COMPUTE_PERCENT="30")
     throttled = time.monotonic() - started
     assert throttled >= THROTTLED_SLOWDOWN * alone, (alone, throttled)

@@ -17,13 +17,18 @@ SATURATED = 80.0  # a launcher alone and unthrottled keeps the card at least thi
 CARD = {"GPUPOOL_STANDIN_KERNEL_US": "4000", "GPUPOOL_STANDIN_QUEUE_US": "20000"}
 
 
+#: A card whose queue holds a second of 1 ms kernels, as a real one holds a thousand launches: a
+#: launcher left alone queues all of it before the controller's first measurement.
+DEEP_QUEUE_CARD = {"GPUPOOL_STANDIN_KERNEL_US": "1000", "GPUPOOL_STANDIN_QUEUE_US": "1000000"}
+
+
 def launch(tc: Toolchain, env: dict[str, str], api: str, seconds: float, *windows: str,
-           neighbour_at: float | None = None) -> list[float]:
+           neighbour_at: float | None = None, card: dict[str, str] = CARD) -> list[float]:
     """Run the launcher; the percentage of each window it kept the card busy."""
     args = [str(tc.launcher), api, str(seconds), *windows]
     if neighbour_at is not None:
         args += ["--neighbour-at", str(neighbour_at)]
-    done = subprocess.run(args, env={**env, **CARD}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    done = subprocess.run(args, env={**env, **card}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert_clean(done.stderr)
     assert done.returncode == 0, done.stdout + done.stderr
     return [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("window")]
@@ -39,6 +44,19 @@ def test_hard_mode_keeps_utilisation_at_the_share(plain: Toolchain, work: Path, 
     env = plain.env(work, GPUPOOL_COMPUTE_PERCENT="30")
     (busy,) = launch(plain, env, api, 1.6, "0.5-1.6")
     assert abs(busy - 30) <= TOLERANCE, busy
+
+
+@pytest.mark.parametrize("api", ["kernel", "graph"])
+def test_a_launcher_that_queues_far_ahead_is_held_to_its_share(plain: Toolchain, work: Path, api: str) -> None:
+    env = plain.env(work, GPUPOOL_COMPUTE_PERCENT="30")
+    (busy,) = launch(plain, env, api, 2.0, "0.6-2.0", card=DEEP_QUEUE_CARD)
+    assert abs(busy - 30) <= TOLERANCE, busy
+
+
+def test_a_launcher_alone_still_fills_a_deep_queue(plain: Toolchain, work: Path) -> None:
+    """The window only exists for limited cards: without a share nothing holds the launches back."""
+    (busy,) = launch(plain, plain.env(work), "kernel", 1.0, "0.2-1.0", card=DEEP_QUEUE_CARD)
+    assert busy >= SATURATED
 
 
 def test_hard_mode_under_sanitizers(sanitized: Toolchain, work: Path) -> None:

@@ -158,11 +158,11 @@ static void start_controller(void) {
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
 }
 
-void shim_compute_launch(int dev, uint64_t cost) {
+int shim_compute_launch(int dev, uint64_t cost) {
     int mode;
-    if (dev < 0 || shim_compute_limit(dev, &mode) == 0) return;
+    if (dev < 0 || shim_compute_limit(dev, &mode) == 0) return 0;
     struct shim_bucket *b = shim_region_bucket(dev);
-    if (b == NULL) return;
+    if (b == NULL) return 0;
     start_controller();
     cost = cost == 0 ? 1 : cost > MAX_COST ? MAX_COST : cost;
     __atomic_fetch_add(&b->consumed, cost, __ATOMIC_RELAXED);
@@ -170,12 +170,13 @@ void shim_compute_launch(int dev, uint64_t cost) {
     __atomic_store_n(&b->cost_average, average + ((int64_t)cost - (int64_t)average) / COST_SMOOTHING,
                      __ATOMIC_RELAXED);
     double rate = load_rate(b);
-    if (rate <= 0) return; /* not measured yet */
+    if (rate <= 0) return 1; /* not measured yet */
     refill(b, shim_now_ns(), rate);
     int64_t left = __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
-    if (left >= 0) return;
+    if (left >= 0) return 1;
     double wait = (double)-left / rate; /* our place in the queue of launches that owe tokens */
     shim_sleep_ns((uint64_t)(wait < MAX_WAIT_NS ? wait : MAX_WAIT_NS));
+    return 1;
 }
 
 uint64_t shim_graph_cost(int dev) {
@@ -184,4 +185,7 @@ uint64_t shim_graph_cost(int dev) {
     return average ? average : 1;
 }
 
-void shim_compute_after_fork(void) { controller_started = 0; }
+void shim_compute_after_fork(void) {
+    controller_started = 0;
+    shim_window_after_fork();
+}

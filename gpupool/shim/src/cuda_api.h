@@ -87,6 +87,11 @@ API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUg
                                    char *logBuffer, size_t bufferSize);
 
 API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+API CUresult cuCtxGetCurrent(CUcontext *pctx);
+API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+API CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+API CUresult cuEventQuery(CUevent hEvent);
+API CUresult cuThreadExchangeStreamCaptureMode(int *mode);
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 
 #define LAUNCH_PARAMS                                                                                   \

@@ -5,6 +5,7 @@
  *   region.c    the per-container shared accounting region (memory.region)
  *   memory.c    per-process table of live allocations, charge and release
  *   compute.c   token bucket and the controller that sets its rate from measured utilisation
+ *   window.c    how far a compute-limited process may launch ahead of its card
  *   symbols.c   the hook table, the real driver entry points, dlsym and cuGetProcAddress
  *   hooks_*.c   the wrapped driver and NVML entry points
  *   register.c  registration with the node agent
@@ -120,9 +121,14 @@ SHIM_HIDDEN void shim_graph_memory_ends(uint64_t graph);
 SHIM_HIDDEN void shim_graph_memory_moves(uint64_t child, uint64_t parent);
 
 /* compute.c */
-SHIM_HIDDEN void shim_compute_launch(int dev, uint64_t cost);
+/* Takes a launch's tokens (may sleep); 1 when the card's compute is limited. */
+SHIM_HIDDEN int shim_compute_launch(int dev, uint64_t cost);
 SHIM_HIDDEN uint64_t shim_graph_cost(int dev);
 SHIM_HIDDEN void shim_compute_after_fork(void);
+
+/* window.c: a compute-limited card's launches never queue far ahead of it */
+SHIM_HIDDEN void shim_window_launched(int dev, CUstream stream, int per_thread);
+SHIM_HIDDEN void shim_window_after_fork(void);
 
 /* symbols.c */
 #define SHIM_HOOKS(X)                                                                                   \
@@ -202,7 +208,12 @@ SHIM_HIDDEN void shim_compute_after_fork(void);
     X(nvmlDeviceGetHandleByUUID)                                                                        \
     X(nvmlDeviceGetIndex)                                                                               \
     X(nvmlDeviceGetUUID)                                                                                \
-    X(nvmlDeviceGetProcessUtilization)
+    X(nvmlDeviceGetProcessUtilization)                                                                  \
+    X(cuCtxGetCurrent)                                                                                  \
+    X(cuEventCreate)                                                                                    \
+    X(cuEventRecord)                                                                                    \
+    X(cuEventQuery)                                                                                     \
+    X(cuThreadExchangeStreamCaptureMode)
 
 #define SHIM_HOOK_ID(name, base, version, ptds) SHIM_ID_##name,
 #define SHIM_HELPER_ID(name) SHIM_ID_##name,

@@ -1,6 +1,6 @@
 // A real CUDA program for the interception library's GPU tests (runtime API: the runtime reaches the
 // driver through cuGetProcAddress, so this checks the lookup hooks against NVIDIA's own driver).
-// Usage: shim_check memory | graph | pool | spin MILLISECONDS COUNT
+// Usage: shim_check memory | graph | pool | spin MILLISECONDS COUNT | spinsync MILLISECONDS COUNT EVERY
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +14,8 @@ __global__ void spin(long long cycles) {
 
 static int memory() {
     size_t free = 0, total = 0;
-    printf("info %d %zu %zu\n", (int)cudaMemGetInfo(&free, &total), free, total);
+    int info = (int)cudaMemGetInfo(&free, &total); // before the printf: its arguments have no order
+    printf("info %d %zu %zu\n", info, free, total);
     void *a = nullptr, *b = nullptr, *c = nullptr;
     printf("alloc3g %d\n", (int)cudaMalloc(&a, (size_t)3 << 30));
     printf("alloc2g %d\n", (int)cudaMalloc(&b, (size_t)2 << 30));
@@ -66,11 +67,26 @@ static int spin_for(int milliseconds, int count) {
     return 0;
 }
 
+// Like spin, with a synchronisation every `every` launches: a workload that never queues far ahead.
+static int spin_synced(int milliseconds, int count, int every) {
+    int rate_khz = 0;
+    cudaDeviceGetAttribute(&rate_khz, cudaDevAttrClockRate, 0);
+    long long cycles = (long long)rate_khz * milliseconds;
+    for (int i = 0; i < count; i++) {
+        spin<<<1, 32>>>(cycles);
+        if ((i + 1) % every == 0) cudaDeviceSynchronize();
+    }
+    printf("spin %d\n", (int)cudaDeviceSynchronize());
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "memory") == 0) return memory();
     if (argc >= 2 && strcmp(argv[1], "graph") == 0) return graph();
     if (argc >= 2 && strcmp(argv[1], "pool") == 0) return pool();
     if (argc >= 4 && strcmp(argv[1], "spin") == 0) return spin_for(atoi(argv[2]), atoi(argv[3]));
-    fprintf(stderr, "usage: shim_check memory | graph | pool | spin MILLISECONDS COUNT\n");
+    if (argc >= 5 && strcmp(argv[1], "spinsync") == 0)
+        return spin_synced(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    fprintf(stderr, "usage: shim_check memory | graph | pool | spin MILLISECONDS COUNT | spinsync MS COUNT EVERY\n");
     return 2;
 }

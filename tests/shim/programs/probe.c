@@ -10,7 +10,8 @@
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
  *        defpool  mkpool[:DEV]  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
- *        capture  casync:SIZE  cfree:I  endcapture   (on a stream of its own, captured into a graph)
+ *        capture  casync:SIZE  cfree:I  claunch:N  endcapture   (on a stream of its own, captured into a graph)
+ *        events   (the stand-in's count of events recorded, and of those recorded on a captured stream)
  *        map:I:SIZE  unmap:I:SIZE  export:I  import:I  importfd:FD  close:I  retain:I   (VMM handles)
  *        vmmgrab:N:SIZE  vmmdrop   (N allocations of SIZE, each mapped and its handle released; unmap them)
  *        inst:I  instp:I  execdel:I  clone:I   (executable graphs and copies of graph I)
@@ -46,6 +47,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 uint64_t gpupoolStandinUsedBytes(int dev);
+void gpupoolStandinEventCounts(unsigned long long *recorded, unsigned long long *recorded_in_capture);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -472,6 +474,16 @@ static int step_more(const char *verb, const char *argument) {
         keep(rc, handle);
     } else if (strcmp(verb, "cfree") == 0) {
         printf(" %d", api.free_async(target, CAPTURED_STREAM));
+    } else if (strcmp(verb, "claunch") == 0) {
+        int n = atoi(argument);
+        rc = CUDA_SUCCESS;
+        for (int i = 0; i < n && rc == CUDA_SUCCESS; i++)
+            rc = api.launch(NULL, 1, 1, 1, 32, 1, 1, 0, CAPTURED_STREAM, NULL, NULL);
+        printf(" %d", rc);
+    } else if (strcmp(verb, "events") == 0) {
+        unsigned long long recorded = 0, in_capture = 0;
+        gpupoolStandinEventCounts(&recorded, &in_capture);
+        printf(" 0 %llu %llu", recorded, in_capture);
     } else {
         return 0;
     }

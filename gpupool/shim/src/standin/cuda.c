@@ -505,6 +505,8 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     return hGraphExec == NULL ? CUDA_ERROR_INVALID_VALUE : run_kernel();
 }
 
+uint64_t standin_last_end_ns(void) { return __atomic_load_n(&last_end_ns, __ATOMIC_ACQUIRE); }
+
 uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns) {
     return standin_busy(dev, pid == 0 ? 0 : standin_driver_pid(pid), from_ns, to_ns); /* pid: the caller's own */
 }

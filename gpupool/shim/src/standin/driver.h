@@ -1,11 +1,13 @@
 /* What the stand-in libcuda.so.1's parts share: cuda.c owns the cards' memory, vmm.c builds VMM
- * allocations on it, graph.c graphs and stream capture. */
+ * allocations on it, graph.c graphs and stream capture, events.c events. */
 #ifndef GPUPOOL_STANDIN_DRIVER_H
 #define GPUPOOL_STANDIN_DRIVER_H
 
 #include "../cuda_api.h"
 #include "state.h"
 
+/* When the last kernel this process queued ends (cuda.c's timeline; events.c records it). */
+uint64_t standin_last_end_ns(void);
 /* The calling thread's current card, -1 without a context. */
 int standin_current_device(void);
 CUresult standin_checked_device(int dev);
