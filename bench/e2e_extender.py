@@ -93,13 +93,14 @@ def profile_new_threads() -> list[cProfile.Profile]:
 
 
 def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str | None = None,
-          workload: str | None = None, filter_best_only: bool = False) -> None:
+          workload: str | None = None, filter_best_only: bool = False, filter_one_best: bool = True) -> None:
     """Child process: ``gpupool extender`` with per-request timings (blocks until killed).
 
     ``profile``: run cProfile (CPU time) on the event loop's thread (filter, prioritize, the bind's HTTP side)
     and write its stats there on exit; the other threads' (bind pool, watches) go to ``<profile>.threads``.
     ``workload``: a trace whose workload profile the policy scores against (:func:`install_workload`); ``/bench/ready``
-    answers 200 once it is in place. ``filter_best_only``: ``gpupool extender --filter-best-only``.
+    answers 200 once it is in place. ``filter_best_only``: ``gpupool extender --filter-best-only``;
+    ``filter_one_best``: its ``--filter-one-best`` (the default) or ``--filter-all-best``.
     """
     import orjson
     from aiohttp import web
@@ -128,7 +129,7 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ExtenderOptions(host="127.0.0.1", port=port, kubeconfig=kubeconfig, policy=policy,
-                              identity=identity, filter_best_only=filter_best_only)
+                              identity=identity, filter_best_only=filter_best_only, filter_one_best=filter_one_best)
     thread_profiles = profile_new_threads() if profile else []
     configuration = api_configuration(kubeconfig)
     configuration.connection_pool_maxsize = 32  # as gpupool extender's own client: binds run on a pool
@@ -246,7 +247,7 @@ class BenchExtender:
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path, policy: str = "gpupool",
                  identity: str = "bench-extender", profile: Path | None = None,
-                 workload: str | None = None, filter_best_only: bool = False) -> None:
+                 workload: str | None = None, filter_best_only: bool = False, filter_one_best: bool = True) -> None:
         self.port = port
         self.identity = identity
         self.log_path = log_path
@@ -259,6 +260,8 @@ class BenchExtender:
             argv += ["--workload", workload]
         if filter_best_only:
             argv.append("--filter-best-only")
+        if not filter_one_best:
+            argv.append("--filter-all-best")
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=REPO, env=env, start_new_session=True)
@@ -312,9 +315,10 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="write cProfile stats of the event loop's thread here")
     parser.add_argument("--workload", default=None, help="score against this trace's workload profile")
     parser.add_argument("--filter-best-only", action="store_true", help="as gpupool extender --filter-best-only")
+    parser.add_argument("--filter-all-best", action="store_true", help="as gpupool extender --filter-all-best")
     opts = parser.parse_args()
     serve(opts.kubeconfig, opts.port, opts.identity, opts.policy, opts.profile, opts.workload,
-          opts.filter_best_only)
+          opts.filter_best_only, not opts.filter_all_best)
 
 
 if __name__ == "__main__":

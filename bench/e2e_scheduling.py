@@ -207,7 +207,7 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
                                  policy=opts.policy,
                                  profile=Path(opts.profile_extender) if opts.profile_extender else None,
                                  workload=None if opts.fresh_profile else TRACE,
-                                 filter_best_only=opts.mode == "best-only")
+                                 filter_best_only=opts.mode == "best-only", filter_one_best=not opts.filter_all_best)
         try:
             extender.wait_ready(lambda: _lease_holder(api))
             config = scheduler_config(plane.kubeconfig, extender.url, f"127.0.0.1:{scheduler_port}",
@@ -314,6 +314,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=sorted(SHIPPED_CONFIGS), default="best-only",
                    help="the shipped scheduler configuration (best-only: no prioritizeVerb, the extender's "
                         "--filter-best-only; prioritize: the -prioritize.yaml variant, --no-filter-best-only)")
+    p.add_argument("--filter-all-best", action="store_true",
+                   help="the extender's --filter-all-best: every best node passed, kube-scheduler's plugins choose")
     p.add_argument("--scheduler-qps", type=float, default=DEFAULT_QPS)
     p.add_argument("--scheduler-burst", type=int, default=DEFAULT_BURST)
     p.add_argument("--create-threads", type=int, default=16)

@@ -65,6 +65,9 @@ class ExtenderOptions:
     filter_best_only: bool = True
     """Filter passes only the policy's best nodes (what the shipped scheduler configurations, which have
     no prioritizeVerb, need; right under a configuration with prioritizeVerb too)."""
+    filter_one_best: bool = True
+    """Of the best nodes, filter passes the first in gpupool's node order (pods with soft preferences
+    get them all)."""
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tls: TlsFiles | None = None
@@ -119,7 +122,8 @@ class Replica:
 
 def service_settings(options: ExtenderOptions) -> ExtenderSettings:
     """The service's tunables among the options."""
-    return ExtenderSettings(explain_limit=options.explain_limit, filter_best_only=options.filter_best_only)
+    return ExtenderSettings(explain_limit=options.explain_limit, filter_best_only=options.filter_best_only,
+                            filter_one_best=options.filter_one_best)
 
 
 def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
@@ -249,6 +253,11 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               help="Filter passes only the nodes the policy scores best (the others get a reason): needed by "
                    "deploy/scheduler-config-*.yaml (no prioritizeVerb); --no-filter-best-only passes every node "
                    "that fits, for the -prioritize.yaml variants (docs/extender.md, Filter best only).")
+@click.option("--filter-one-best/--filter-all-best", default=True, show_default=True,
+              help="With --filter-best-only: pass one of the best nodes, the first in gpupool's fixed node order "
+                   "(kube-scheduler then skips its scoring, and the pod goes where the simulator would put it); "
+                   "pods with soft preferences, and --filter-all-best, get every best node "
+                   "(docs/extender.md, One best node).")
 @click.option("--bind-deadline", default=DEFAULT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
@@ -287,7 +296,8 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, filter_best_only: bool, bind_deadline: float, max_body_bytes: int,
+             identity: str, explain_limit: int, filter_best_only: bool, filter_one_best: bool, bind_deadline: float,
+             max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
@@ -303,7 +313,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, identity=identity, explain_limit=explain_limit,
-                                 filter_best_only=filter_best_only, bind_deadline_s=bind_deadline,
+                                 filter_best_only=filter_best_only, filter_one_best=filter_one_best,
+                                 bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,

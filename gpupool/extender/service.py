@@ -32,6 +32,7 @@ from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
+from gpupool.extender.one_best import TIED_NOT_FIRST, InFlight, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
 from gpupool.extender.refusal_texts import alias_problem, with_outside
@@ -181,6 +182,12 @@ class ExtenderSettings:
     filter_best_only: bool = False
     """Pass only the nodes the policy scores best (gpupool/extender/best_nodes.py), for a
     kube-scheduler configured without ``prioritizeVerb``."""
+    filter_one_best: bool = False
+    """With ``filter_best_only``: pass one of the best nodes, the first in a fixed node order, unless
+    the pod has soft preferences (gpupool/extender/one_best.py)."""
+    tie_rank: Callable[[str], int] = stable_rank
+    """The fixed node order of ``filter_one_best`` (lower first); the fidelity bench sets the
+    simulator's."""
 
 
 class ExtenderService:
@@ -199,6 +206,8 @@ class ExtenderService:
         self.is_leader = is_leader
         self.leader_name = leader_name
         self.node_rows = NodeRows()
+        self.tie_ranks = TieRanks(self.settings.tie_rank)
+        self.in_flight = InFlight()
         self._last_filter: _FilterMemo | None = None
 
     def row_names(self, layout: int) -> tuple[str, ...] | None:
@@ -299,10 +308,23 @@ class ExtenderService:
                 failed = {**found.failed, **best.not_best} if best.not_best else found.failed
                 found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
                                 failed=failed)
+                if self.settings.filter_one_best and len(found.passed) > 1 and not has_soft_preferences(pod):
+                    found = self._first_ranked(found, reasons_if_passed)
+                    self.in_flight.passed(request.key, found.passed[0])
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
         return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
+
+    def _first_ranked(self, found: _Feasible, reasons: bool) -> _Feasible:
+        """Only the best node ranked first; the other best nodes get :data:`TIED_NOT_FIRST`."""
+        state = self.cache.state
+        first = self.tie_ranks.first(state, found.passed_rows, self.in_flight.rows(state))
+        failed = found.failed
+        if reasons:
+            failed = {**failed, **dict.fromkeys((n for i, n in enumerate(found.passed) if i != first), TIED_NOT_FIRST)}
+        return replace(found, passed=[found.passed[first]], passed_rows=found.passed_rows[first:first + 1],
+                       scores=found.scores[first:first + 1], failed=failed)
 
     def _versions(self) -> tuple[int, int, int, int]:
         state = self.cache.state
@@ -354,7 +376,10 @@ class ExtenderService:
             return BindResult("this gpupool extender replica is not the leader"
                               + (f"; the leader is {leader}" if leader else ""))
         gated = self.node_gate(self.cache.state).get(node)
-        return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
+        try:
+            return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
+        finally:
+            self.in_flight.booked(f"{namespace}/{name}")
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
