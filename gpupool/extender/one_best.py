@@ -15,9 +15,11 @@ so that kube-scheduler's plugins honour those preferences among them.
 kube-scheduler filters the next pod while the last one's bind is still on its way, so the ledger
 does not show that pod yet: a fixed order would hand the next pod the same node, and the second
 bind would fail where the node has no room for both (and the pod wait out kube-scheduler's back-off).
-So a node passed alone stays *in flight* until its pod's bind has booked it (or
-:data:`IN_FLIGHT_S` passed), and the order skips in-flight nodes while another best node remains:
-what kube-scheduler's plugins did with the pods it had assumed.
+So a node passed alone stays *in flight* until the ledger books its pod (the bind's reservation) or
+the bind returns (or :data:`IN_FLIGHT_S` passed), and the order skips in-flight nodes while another
+best node remains: what kube-scheduler's plugins did with the pods it had assumed. Where the only
+best node is in flight, the HTTP adapter waits (:data:`IN_FLIGHT_WAIT_S` at most) for that pod's
+booking and asks again, since the node may have no room for both.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 IN_FLIGHT_S = 2.0
 """How long a node passed alone counts as in flight when its pod's bind never comes (a pod deleted
 or refused by a later plugin); a bind normally comes within milliseconds."""
+IN_FLIGHT_WAIT_S = 0.05
+"""How long a filter whose only best node is in flight waits for that node's pod to be booked."""
+IN_FLIGHT_POLL_S = 0.001
 TIED_NOT_FIRST = "fits as well as the node passed, which comes first in gpupool's node order"
 """The reason of a best node that was not passed (sent only when no node passed, i.e. never)."""
 
@@ -98,18 +103,40 @@ class InFlight:
         with self._lock:
             self._by_pod.pop(pod, None)
 
-    def rows(self, state: ClusterState) -> IntArray:
-        """The ledger rows of the nodes in flight now (dropping those held too long)."""
+    def holders(self, state: ClusterState) -> dict[int, str]:
+        """The ledger rows of the nodes in flight now, each with its pod. A pod the ledger already
+        books (its bind reserved) is not in flight; entries held too long are dropped."""
         now = self._clock()
         with self._lock:
             if not self._by_pod:
-                return np.zeros(0, dtype=np.int64)
+                return {}
             expired = [pod for pod, (_, until) in self._by_pod.items() if until <= now]
             for pod in expired:
                 del self._by_pod[pod]
-            names = [node for node, _ in self._by_pod.values()]
-        rows = [state.index[name] for name in names if name in state.index]
-        return np.array(rows, dtype=np.int64)
+            entries = list(self._by_pod.items())
+        booked = state.placements
+        return {state.index[node]: pod for pod, (node, _) in entries if pod not in booked and node in state.index}
+
+    def holds(self, pod: str, state: ClusterState) -> bool:
+        """Whether ``pod``'s node is still in flight."""
+        return pod in self.holders(state).values()
+
+
+class OneBest:
+    """The fixed node order and the nodes in flight: which of the best nodes a filter passes."""
+
+    def __init__(self, rank_of: Callable[[str], int] = stable_rank) -> None:
+        self.ranks = TieRanks(rank_of)
+        self.in_flight = InFlight()
+
+    def choose(self, state: ClusterState, rows: IntArray, pod: str) -> tuple[int, str]:
+        """The position in ``rows`` (the best nodes) of the one to pass to ``pod``: the first in the
+        order among those not in flight for another pod, else the first; and the pod whose
+        in-flight node it is ("" when none)."""
+        holders = {row: holder for row, holder in self.in_flight.holders(state).items() if holder != pod}
+        skip = np.fromiter(holders, dtype=np.int64, count=len(holders)) if holders else None
+        first = self.ranks.first(state, rows, skip) if len(rows) > 1 else 0
+        return first, holders.get(int(rows[first]), "")
 
 
 def has_soft_preferences(pod: Mapping[str, Any] | None) -> bool:

@@ -32,7 +32,7 @@ from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
-from gpupool.extender.one_best import TIED_NOT_FIRST, InFlight, TieRanks, has_soft_preferences, stable_rank
+from gpupool.extender.one_best import TIED_NOT_FIRST, OneBest, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
 from gpupool.extender.refusal_texts import alias_problem, with_outside
@@ -138,6 +138,9 @@ class FilterOutcome:
     error: str = ""
     rows: IntArray | None = None
     layout: int | None = None
+    waits_for: str = ""
+    """The pod whose node, in flight, is the only best node passed (``filter_one_best``): the caller
+    may wait for that pod's booking and ask again (gpupool/extender/one_best.py)."""
 
 
 @dataclass(frozen=True)
@@ -206,8 +209,7 @@ class ExtenderService:
         self.is_leader = is_leader
         self.leader_name = leader_name
         self.node_rows = NodeRows()
-        self.tie_ranks = TieRanks(self.settings.tie_rank)
-        self.in_flight = InFlight()
+        self.one_best = OneBest(self.settings.tie_rank)
         self._last_filter: _FilterMemo | None = None
 
     def row_names(self, layout: int) -> tuple[str, ...] | None:
@@ -300,6 +302,7 @@ class ExtenderService:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
+        waits_for = ""
         with self.cache.lock:
             admission = self._admit(request, tenant)
             found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed, pod=pod)
@@ -308,23 +311,23 @@ class ExtenderService:
                 failed = {**found.failed, **best.not_best} if best.not_best else found.failed
                 found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
                                 failed=failed)
-                if self.settings.filter_one_best and len(found.passed) > 1 and not has_soft_preferences(pod):
-                    found = self._first_ranked(found, reasons_if_passed)
-                    self.in_flight.passed(request.key, found.passed[0])
+                if self.settings.filter_one_best and found.passed and not has_soft_preferences(pod):
+                    found, waits_for = self._one_best(found, reasons_if_passed, request.key)
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
-        return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
+        return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout,
+                             waits_for=waits_for)
 
-    def _first_ranked(self, found: _Feasible, reasons: bool) -> _Feasible:
-        """Only the best node ranked first; the other best nodes get :data:`TIED_NOT_FIRST`."""
-        state = self.cache.state
-        first = self.tie_ranks.first(state, found.passed_rows, self.in_flight.rows(state))
+    def _one_best(self, found: _Feasible, reasons: bool, pod: str) -> tuple[_Feasible, str]:
+        """Only the node :class:`OneBest` chooses; the other best nodes get :data:`TIED_NOT_FIRST`."""
+        first, waits_for = self.one_best.choose(self.cache.state, found.passed_rows, pod)
         failed = found.failed
-        if reasons:
+        if reasons and len(found.passed) > 1:
             failed = {**failed, **dict.fromkeys((n for i, n in enumerate(found.passed) if i != first), TIED_NOT_FIRST)}
+        self.one_best.in_flight.passed(pod, found.passed[first])
         return replace(found, passed=[found.passed[first]], passed_rows=found.passed_rows[first:first + 1],
-                       scores=found.scores[first:first + 1], failed=failed)
+                       scores=found.scores[first:first + 1], failed=failed), waits_for
 
     def _versions(self) -> tuple[int, int, int, int]:
         state = self.cache.state
@@ -379,7 +382,7 @@ class ExtenderService:
         try:
             return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
         finally:
-            self.in_flight.booked(f"{namespace}/{name}")
+            self.one_best.in_flight.booked(f"{namespace}/{name}")
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:

@@ -53,6 +53,7 @@ from gpupool.extender.http.wire import (
     preemption_result,
 )
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.one_best import IN_FLIGHT_POLL_S, IN_FLIGHT_WAIT_S
 from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.service import ExtenderService, NodeScores
 from gpupool.kube.tenancy import PodTenancy, pod_tenancy
@@ -113,8 +114,13 @@ class ExtenderApi:
             tenant = self._tenant(args.pod)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
-        outcome = self.service.filter(request, args.node_names, foreign_resources(args.pod), tenant,
-                                      reasons_if_passed=not self.service.settings.filter_best_only, pod=args.pod)
+        aliases = foreign_resources(args.pod)
+        reasons = not self.service.settings.filter_best_only
+        outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
+                                      pod=args.pod)
+        if outcome.waits_for and await self._booked(outcome.waits_for):
+            outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
+                                          pod=args.pod)
         label = "error" if outcome.error else "ok"
         failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
@@ -125,6 +131,16 @@ class ExtenderApi:
                                + orjson.dumps(outcome.error) + b"}"), label
         result = FilterResult(passed=outcome.passed, failed=failed, error=outcome.error)
         return result.to_json(args), label
+
+    async def _booked(self, pod: str) -> bool:
+        """Wait, briefly, until the ledger books ``pod``, whose in-flight node is the only best node
+        the filter found (docs/extender.md, "One best node"); whether it did."""
+        deadline = time.monotonic() + IN_FLIGHT_WAIT_S
+        while self.service.one_best.in_flight.holds(pod, self.service.cache.state):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(IN_FLIGHT_POLL_S)
+        return True
 
     def _reasons_needed(self, passed: list[str]) -> bool:
         """Does the filter answer carry ``FailedNodes``? Always, except with ``--filter-best-only``
