@@ -103,23 +103,28 @@ class InFlight:
         with self._lock:
             self._by_pod.pop(pod, None)
 
-    def holders(self, state: ClusterState) -> dict[int, str]:
-        """The ledger rows of the nodes in flight now, each with its pod. A pod the ledger already
-        books (its bind reserved) is not in flight; entries held too long are dropped."""
+    def _live(self, state: ClusterState) -> list[tuple[str, int]]:
+        """Each pod in flight now with its node's ledger row. A pod the ledger already books (its
+        bind reserved) is not in flight; entries held too long are dropped."""
         now = self._clock()
         with self._lock:
             if not self._by_pod:
-                return {}
+                return []
             expired = [pod for pod, (_, until) in self._by_pod.items() if until <= now]
             for pod in expired:
                 del self._by_pod[pod]
             entries = list(self._by_pod.items())
         booked = state.placements
-        return {state.index[node]: pod for pod, (node, _) in entries if pod not in booked and node in state.index}
+        return [(pod, state.index[node]) for pod, (node, _) in entries if pod not in booked and node in state.index]
+
+    def holders(self, state: ClusterState, but: str = "") -> dict[int, str]:
+        """The ledger rows of the nodes in flight now for pods other than ``but``, each with one of
+        those pods (a node passed to two pods stays in flight for the other when one asks again)."""
+        return {row: pod for pod, row in self._live(state) if pod != but}
 
     def holds(self, pod: str, state: ClusterState) -> bool:
-        """Whether ``pod``'s node is still in flight."""
-        return pod in self.holders(state).values()
+        """Whether ``pod``'s node is still in flight (whoever else holds that node too)."""
+        return any(holder == pod for holder, _ in self._live(state))
 
 
 class OneBest:
@@ -133,7 +138,7 @@ class OneBest:
         """The position in ``rows`` (the best nodes) of the one to pass to ``pod``: the first in the
         order among those not in flight for another pod, else the first; and the pod whose
         in-flight node it is ("" when none)."""
-        holders = {row: holder for row, holder in self.in_flight.holders(state).items() if holder != pod}
+        holders = self.in_flight.holders(state, but=pod)
         skip = np.fromiter(holders, dtype=np.int64, count=len(holders)) if holders else None
         first = self.ranks.first(state, rows, skip) if len(rows) > 1 else 0
         return first, holders.get(int(rows[first]), "")
