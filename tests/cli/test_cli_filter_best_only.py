@@ -1,6 +1,7 @@
 """``gpupool extender --filter-best-only``: on by default (the shipped scheduler configurations have
-no prioritizeVerb and need it), ``--no-filter-best-only`` for the ``-prioritize.yaml`` variants, and
-the choice reaches the service that answers filter."""
+no prioritizeVerb and need it), ``--no-filter-best-only`` for the ``-prioritize.yaml`` variants;
+``--filter-one-best`` (default) or ``--filter-all-best`` among the best nodes; and the choices reach
+the service that answers filter."""
 
 from __future__ import annotations
 
@@ -25,3 +26,22 @@ def test_the_flag_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch,
     (options,) = started
     assert extender_cmd.service_settings(options).filter_best_only is best_only
     assert extender_cmd.service_settings(options).explain_limit == options.explain_limit
+
+
+@pytest.mark.parametrize(("flags", "one_best"), [
+    pytest.param([], True, id="default"),
+    pytest.param(["--filter-one-best"], True, id="one-best"),
+    pytest.param(["--filter-all-best"], False, id="all-best"),
+    pytest.param(["--no-filter-best-only", "--filter-one-best"], True, id="kept-beside-no-best-only"),
+])
+def test_the_one_best_flag_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                         one_best: bool) -> None:
+    """``--filter-one-best`` (the default) narrows the best nodes to one; ``--filter-all-best`` passes them all."""
+    started: list[extender_cmd.ExtenderOptions] = []
+    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
+    result = CliRunner().invoke(cli, ["extender", *flags])
+    assert result.exit_code == 0, result.output
+    (options,) = started
+    settings = extender_cmd.service_settings(options)
+    assert options.filter_one_best is one_best and settings.filter_one_best is one_best
+    assert settings.filter_best_only is ("--no-filter-best-only" not in flags)
