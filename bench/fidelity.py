@@ -32,14 +32,17 @@ images, affinities, tolerations or owners, and the nodes no taints.
 With ``--filter-best-only`` the extender runs so and the stand-in has no ``prioritizeVerb``
 (the shipped ``deploy/scheduler-config-*.yaml``): it chooses among the nodes filter passed, by the
 resource plugins when ``--extender-weight`` adds them (the weight itself is then unused), else the
-first in the tie order.
+first in the tie order. ``--filter-one-best`` (implies ``--filter-best-only``) runs the extender's
+``--filter-one-best`` with the simulator's tie order as its node order: filter passes one node, so
+kube-scheduler (and the resource plugins, when added) has nothing left to choose.
 
 The *bound* ledger is the truth of the extender replay: every pod the API shows bound, with the
 cards of its assignment and its CPU and memory. At the end it is compared with the extender's own
 ledger: ``ledger_mismatch_nodes`` counts nodes whose free CPU, memory or card space differ.
 
     python3 bench/fidelity.py --nodes 150 --seed 42 --json
-    python3 bench/fidelity.py --nodes 150 --seed 42 --filter-best-only --json   # the shipped mode
+    python3 bench/fidelity.py --nodes 150 --seed 42 --filter-best-only --json
+    python3 bench/fidelity.py --nodes 150 --seed 42 --filter-best-only --filter-one-best --json  # shipped
 """
 
 from __future__ import annotations
@@ -113,14 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="add kube-scheduler's resource score plugins, the extender weighted so")
     parser.add_argument("--filter-best-only", action="store_true",
                         help="the extender's --filter-best-only, kube-scheduler without prioritizeVerb")
+    parser.add_argument("--filter-one-best", action="store_true",
+                        help="with it, the extender's --filter-one-best in the simulator's tie order")
     parser.add_argument("--json", action="store_true", help="print one JSON line after the table")
     args = parser.parse_args(argv)
     scenario = build_scenario(args.trace, args.nodes, args.seed, args.upto, args.policy)
     simulator = replay_simulator(scenario)
-    extender = replay_extender(scenario, args.extender_weight, args.filter_best_only)
+    best_only = args.filter_best_only or args.filter_one_best
+    extender = replay_extender(scenario, args.extender_weight, best_only, args.filter_one_best)
     result = compare(scenario, simulator, extender)
     result["extender_weight"] = args.extender_weight
-    result["filter_best_only"] = args.filter_best_only
+    result["filter_best_only"] = best_only
+    result["filter_one_best"] = args.filter_one_best
     print(table(result))
     if args.json:
         print(json.dumps(result, sort_keys=True))

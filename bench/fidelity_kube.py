@@ -3,7 +3,8 @@
 The stand-in filters CPU and memory as NodeResourcesFit does, asks the extender's HTTP verbs
 (filter and prioritize, or filter alone with ``--filter-best-only``), optionally adds the default
 profile's resource score plugins, takes the best node (ties: the first in the simulator's tie order)
-and binds through the extender; pods without GPUs it binds itself.
+and binds through the extender; pods without GPUs it binds itself. With ``--filter-one-best`` the
+extender itself passes one best node, the first in the same tie order.
 """
 
 from __future__ import annotations
@@ -62,9 +63,8 @@ class KubeSchedulerStandIn:
         self.bound_scheduler = Scheduler(self.bound, make_policy(scenario.policy, policy_rng(scenario.seed)),
                                          profile=scenario.profile, tie_rank=scenario.ties(),
                                          rng=policy_rng(scenario.seed))
-        order = np.argsort(scenario.ties(), kind="stable")
-        self.node_order = [scenario.nodes[int(i)].name for i in order]
-        self.rank = {name: position for position, name in enumerate(self.node_order)}
+        self.rank = tie_ranks(scenario)
+        self.node_order = sorted(self.rank, key=self.rank.__getitem__)
         self.notes: list[str] = []
 
     async def post(self, verb: str, body: dict[str, Any]) -> Any:
@@ -154,6 +154,12 @@ class KubeSchedulerStandIn:
         return Outcome.of(placement)
 
 
+def tie_ranks(scenario: Scenario) -> dict[str, int]:
+    """Each node's position in the simulator's order for equal scores (lower first)."""
+    order = np.argsort(scenario.ties(), kind="stable")
+    return {scenario.nodes[int(i)].name: position for position, i in enumerate(order)}
+
+
 def nonzero_request(pod: PodRequest) -> tuple[int, int]:
     """CPU milli and memory MiB as kube-scheduler's score plugins count them (a default for zero)."""
     cpu = sum(c.cpu_milli or DEFAULT_CPU_REQUEST_MILLI for c in pod.containers)
@@ -188,7 +194,8 @@ def install_profile(cache: ClusterCache, scenario: Scenario) -> None:
                                     profile=scenario.profile, rng=policy_rng(scenario.seed))
 
 
-async def _replay_extender(scenario: Scenario, extender_weight: int | None, best_only: bool) -> Replay:
+async def _replay_extender(scenario: Scenario, extender_weight: int | None, best_only: bool,
+                           one_best: bool) -> Replay:
     started = time.perf_counter()
     api = FakePodApi()
     cache = ClusterCache(policy=scenario.policy)
@@ -203,7 +210,9 @@ async def _replay_extender(scenario: Scenario, extender_weight: int | None, best
             cache.upsert_pod(pod)
 
     api.listeners.append(deliver)
-    service = ExtenderService(cache, Binder(cache, api), settings=ExtenderSettings(filter_best_only=best_only))
+    settings = ExtenderSettings(filter_best_only=best_only, filter_one_best=one_best,
+                                tie_rank=tie_ranks(scenario).__getitem__)
+    service = ExtenderService(cache, Binder(cache, api), settings=settings)
     app = ExtenderApi(service, NAMES, ExtenderMetrics()).app()
     async with TestClient(TestServer(app)) as client:
         kube = KubeSchedulerStandIn(scenario, client, api, extender_weight, best_only)
@@ -214,9 +223,12 @@ async def _replay_extender(scenario: Scenario, extender_weight: int | None, best
                   tuple(notes))
 
 
-def replay_extender(scenario: Scenario, extender_weight: int | None = None, best_only: bool = False) -> Replay:
+def replay_extender(scenario: Scenario, extender_weight: int | None = None, best_only: bool = False,
+                    one_best: bool = False) -> Replay:
     """The replay through the extender; ``extender_weight`` adds kube-scheduler's resource score
     plugins (see the module doc), None leaves the extender the only scorer. ``best_only``: the
     extender's ``--filter-best-only`` and a configuration without ``prioritizeVerb`` (the plugins,
-    when added, then score the passed nodes alone: the weight no longer matters)."""
-    return asyncio.run(_replay_extender(scenario, extender_weight, best_only))
+    when added, then score the passed nodes alone: the weight no longer matters). ``one_best``
+    (implies ``best_only``): the extender's ``--filter-one-best``, its node order the simulator's
+    tie order, so one node passes and the plugins have nothing to choose."""
+    return asyncio.run(_replay_extender(scenario, extender_weight, best_only or one_best, one_best))

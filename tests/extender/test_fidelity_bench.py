@@ -16,9 +16,9 @@ from gpupool.kube.translate import pod_request
 
 
 def _measure(policy: str, nodes: int = 40, seed: int = 42, upto: int = 90, *, best_only: bool = False,
-             extender_weight: int | None = None) -> dict[str, Any]:
+             extender_weight: int | None = None, one_best: bool = False) -> dict[str, Any]:
     scenario = build_scenario("default", nodes, seed, upto, policy)
-    extender = replay_extender(scenario, extender_weight, best_only)
+    extender = replay_extender(scenario, extender_weight, best_only, one_best)
     result: dict[str, Any] = compare(scenario, replay_simulator(scenario), extender)
     return result
 
@@ -59,6 +59,22 @@ def test_filter_best_only_leaves_kube_schedulers_plugins_the_same_choice_as_the_
     best_only = replay_extender(scenario, 100, best_only=True)
     assert weighted.outcomes == best_only.outcomes
     assert best_only.outcomes != replay_extender(scenario).outcomes  # the plugins did break ties here
+
+
+@pytest.mark.parametrize("extender_weight", [
+    pytest.param(None, id="extender-alone"),
+    pytest.param(1, id="with-resource-plugins"),
+])
+def test_filter_one_best_places_every_pod_as_the_simulator_whatever_kube_schedulers_plugins(
+        extender_weight: int | None) -> None:
+    """--filter-one-best in the simulator's tie order: one node passes, so kube-scheduler's resource
+    plugins, which draw among all the best nodes otherwise, have nothing to choose."""
+    result = _measure("gpupool", best_only=True, one_best=True, extender_weight=extender_weight)
+    assert result["pods"] > 100 and result["bind_refusals"] == 0 and result["ledger_mismatch_nodes"] == 0
+    assert result["same_placement_pct"] == 100.0, result["first_divergence"]
+    assert result["unallocated_pct_extender"] == result["unallocated_pct_simulator"]
+    if extender_weight is not None:  # not vacuous: passed every best node, the plugins choose otherwise
+        assert _measure("gpupool", best_only=True, extender_weight=extender_weight)["same_placement_pct"] < 100.0
 
 
 def test_trace_pods_translate_back_to_the_same_request() -> None:

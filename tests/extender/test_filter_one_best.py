@@ -58,7 +58,7 @@ def request_of(cache: ClusterCache, obj: dict[str, Any]) -> PodRequest:
 
 
 def passed(service: ExtenderService, obj: dict[str, Any], names: list[str] = NAMES) -> list[str]:
-    outcome = service.filter(request_of(service.cache, obj), names, pod=obj)
+    outcome = service.filter(pod_request(obj, ResourceNames()), names, pod=obj)
     assert outcome.error == ""
     return outcome.passed
 
