@@ -40,7 +40,7 @@ PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 IN_FLIGHT_S = 2.0
 """How long a node passed alone counts as in flight when its pod's bind never comes (a pod deleted
 or refused by a later plugin); a bind normally comes within milliseconds."""
-IN_FLIGHT_WAIT_S = 0.05
+IN_FLIGHT_WAIT_S = 0.25
 """How long a filter whose only best node is in flight waits for that node's pod to be booked."""
 IN_FLIGHT_POLL_S = 0.001
 TIED_NOT_FIRST = "fits as well as the node passed, which comes first in gpupool's node order"
