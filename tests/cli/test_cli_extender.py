@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from gpupool.cli import extender_cmd
 from gpupool.cli.main import cli
 from gpupool.extender.binder import DEFAULT_DEADLINE_S
+from tests.cli.extender_start import started_with
 
 
 @pytest.mark.parametrize(
@@ -16,11 +16,7 @@ from gpupool.extender.binder import DEFAULT_DEADLINE_S
 )
 def test_the_bind_deadline_reaches_the_options(monkeypatch: pytest.MonkeyPatch, flags: list[str],
                                                deadline_s: float) -> None:
-    started: list[extender_cmd.ExtenderOptions] = []
-    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
-    result = CliRunner().invoke(cli, ["extender", *flags])
-    assert result.exit_code == 0, result.output
-    assert [options.bind_deadline_s for options in started] == [deadline_s]
+    assert started_with(monkeypatch, *flags).bind_deadline_s == deadline_s
 
 
 @pytest.mark.parametrize("value", [pytest.param("0", id="zero"), pytest.param("-1", id="negative")])

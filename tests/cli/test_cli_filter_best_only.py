@@ -6,10 +6,9 @@ the service that answers filter."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
 from gpupool.cli import extender_cmd
-from gpupool.cli.main import cli
+from tests.cli.extender_start import started_with
 
 
 @pytest.mark.parametrize(("flags", "best_only"), [
@@ -19,11 +18,7 @@ from gpupool.cli.main import cli
 ])
 def test_the_flag_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch, flags: list[str],
                                                best_only: bool) -> None:
-    started: list[extender_cmd.ExtenderOptions] = []
-    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
-    result = CliRunner().invoke(cli, ["extender", *flags])
-    assert result.exit_code == 0, result.output
-    (options,) = started
+    options = started_with(monkeypatch, *flags)
     assert extender_cmd.service_settings(options).filter_best_only is best_only
     assert extender_cmd.service_settings(options).explain_limit == options.explain_limit
 
@@ -37,11 +32,7 @@ def test_the_flag_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch,
 def test_the_one_best_flag_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch, flags: list[str],
                                                          one_best: bool) -> None:
     """``--filter-one-best`` (the default) narrows the best nodes to one; ``--filter-all-best`` passes them all."""
-    started: list[extender_cmd.ExtenderOptions] = []
-    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
-    result = CliRunner().invoke(cli, ["extender", *flags])
-    assert result.exit_code == 0, result.output
-    (options,) = started
+    options = started_with(monkeypatch, *flags)
     settings = extender_cmd.service_settings(options)
     assert options.filter_one_best is one_best and settings.filter_one_best is one_best
     assert settings.filter_best_only is ("--no-filter-best-only" not in flags)

@@ -10,16 +10,8 @@ from click.testing import CliRunner
 from gpupool.cli import extender_cmd
 from gpupool.cli.main import cli
 from gpupool.extender.http.tls import TlsFiles
+from tests.cli.extender_start import started_with
 from tests.extender.tls_world import Pki, server_files
-
-
-def started_with(monkeypatch: pytest.MonkeyPatch, *flags: str) -> extender_cmd.ExtenderOptions:
-    started: list[extender_cmd.ExtenderOptions] = []
-    monkeypatch.setattr(extender_cmd, "run_extender", started.append)
-    result = CliRunner().invoke(cli, ["extender", *flags])
-    assert result.exit_code == 0, result.output
-    (options,) = started
-    return options
 
 
 def test_without_tls_flags_the_extender_serves_plain_http_and_no_health_port(monkeypatch: pytest.MonkeyPatch) -> None:

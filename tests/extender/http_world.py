@@ -77,3 +77,16 @@ async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
     resp = await client.post(path, data=data)
     return resp.status, await resp.json()
+
+
+def post_filter(service: ExtenderService, body: dict[str, Any]) -> dict[str, Any]:
+    """The filter answer kube-scheduler decodes for ``body``, from ``service`` behind the HTTP adapter."""
+    async def main() -> dict[str, Any]:
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        async with TestClient(TestServer(app)) as client:
+            answer = await client.post("/filter", data=json.dumps(body))
+            assert answer.status == 200
+            doc: dict[str, Any] = await answer.json()
+            return doc
+
+    return asyncio.run(main())

@@ -10,24 +10,18 @@ node: kube-scheduler reads them then only.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.api.names import ResourceNames
 from gpupool.extender.best_nodes import NOT_BEST, best_nodes
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.http.api import ExtenderApi
-from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import MAX_EXTENDER_PRIORITY, ExtenderService, ExtenderSettings, scale_scores
 from gpupool.kube.translate import pod_request
-from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS
+from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS, post_filter
 from tests.kube.builders import container, node, placed_pod, pod
 
 BEST_ONLY = ExtenderSettings(filter_best_only=True)
@@ -117,17 +111,8 @@ def test_prioritize_after_a_best_only_filter_scores_every_passed_node_ten() -> N
 
 def http_filter(settings: ExtenderSettings, mib: int) -> dict[str, Any]:
     """The filter answer kube-scheduler decodes for a pod of ``mib`` asked about N3, N2, N1."""
-    async def main() -> dict[str, Any]:
-        cache = alibaba_cache()
-        app = ExtenderApi(ExtenderService(cache, None, settings=settings), ResourceNames(), ExtenderMetrics()).app()
-        body = {"Pod": pod("p", container(mib=mib)), "Nodes": None, "NodeNames": ["N3", "N2", "N1"]}
-        async with TestClient(TestServer(app)) as client:
-            answer = await client.post("/filter", data=json.dumps(body))
-            assert answer.status == 200
-            doc: dict[str, Any] = await answer.json()
-            return doc
-
-    return asyncio.run(main())
+    body = {"Pod": pod("p", container(mib=mib)), "Nodes": None, "NodeNames": ["N3", "N2", "N1"]}
+    return post_filter(ExtenderService(alibaba_cache(), None, settings=settings), body)
 
 
 def test_the_http_filter_answers_the_best_nodes_without_reasons_for_the_rest() -> None:

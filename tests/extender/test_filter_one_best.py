@@ -26,6 +26,7 @@ from gpupool.extender.one_best import IN_FLIGHT_WAIT_S, PREFERRED, TIED_NOT_FIRS
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.kube.translate import pod_request
 from tests.extender.binder_world import world
+from tests.extender.http_world import post_filter
 from tests.kube.builders import container, node, placed_pod, pod
 
 NAMES = [f"node-{i}" for i in range(6)]
@@ -177,18 +178,9 @@ def test_one_best_needs_best_only() -> None:
 
 def http_filter(settings: ExtenderSettings, obj: dict[str, Any], *, node_objects: bool = False) -> dict[str, Any]:
     """The filter answer kube-scheduler decodes (NodeNames, or whole Node objects without nodeCacheCapable)."""
-    async def main() -> dict[str, Any]:
-        app = ExtenderApi(ExtenderService(empty_cache(), None, settings=settings), ResourceNames(),
-                          ExtenderMetrics()).app()
-        nodes = {"Nodes": {"items": [node(name, [16384, 16384]) for name in NAMES]}, "NodeNames": None}
-        body = {"Pod": obj, **(nodes if node_objects else {"Nodes": None, "NodeNames": NAMES})}
-        async with TestClient(TestServer(app)) as client:
-            answer = await client.post("/filter", data=json.dumps(body))
-            assert answer.status == 200
-            doc: dict[str, Any] = await answer.json()
-            return doc
-
-    return asyncio.run(main())
+    nodes = {"Nodes": {"items": [node(name, [16384, 16384]) for name in NAMES]}, "NodeNames": None}
+    body = {"Pod": obj, **(nodes if node_objects else {"Nodes": None, "NodeNames": NAMES})}
+    return post_filter(ExtenderService(empty_cache(), None, settings=settings), body)
 
 
 def test_the_http_filter_answers_one_node_name() -> None:
