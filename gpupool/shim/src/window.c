@@ -5,7 +5,8 @@
  * and run unthrottled, however the bucket paced what followed. Every WINDOW_EVERY launches the
  * library records an event behind the launch; while WINDOW_MARKS such marks are pending, the next
  * mark first waits for the oldest. The process thus never runs more than about
- * WINDOW_EVERY x WINDOW_MARKS launches ahead of its card, and the bucket's pace is the card's.
+ * WINDOW_EVERY x WINDOW_MARKS launches ahead of its card, and the bucket's pace is the card's. In
+ * soft mode, while the card is otherwise idle (target 100 %), there is no window.
  *
  * The wait polls (cuEventQuery, short sleeps) for at most WINDOW_MAX_WAIT_NS instead of blocking in
  * cuEventSynchronize: a stream whose work waits for the launching thread (a host function taking a
@@ -15,7 +16,7 @@
  */
 #include <pthread.h>
 
-#include "shim.h"
+#include "region.h"
 
 #define WINDOW_EVERY 8u                   /* launches between two marks */
 #define WINDOW_MARKS 4u                   /* marks pending at most */
@@ -94,8 +95,14 @@ static void mark(struct window *w, CUstream stream) {
     if (REAL(cuEventRecord)(w->marks[slot], stream) == CUDA_SUCCESS) w->pending++;
 }
 
+/* Soft mode on a card nobody else uses: the container may have all of it, nothing to hold back. */
+static int unbounded(int dev) {
+    struct shim_bucket *b = shim_region_bucket(dev);
+    return b != NULL && __atomic_load_n(&b->target_percent, __ATOMIC_RELAXED) >= 100;
+}
+
 void shim_window_launched(int dev, CUstream stream, int per_thread) {
-    if (dev < 0 || dev >= SHIM_MAX_DEVICES) return;
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES || unbounded(dev)) return;
     struct window *w = &windows[dev];
     if (__atomic_add_fetch(&w->launches, 1, __ATOMIC_RELAXED) % WINDOW_EVERY != 0 || !usable()) return;
     pthread_mutex_lock(&w->lock);

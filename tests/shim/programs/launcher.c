@@ -8,6 +8,7 @@
  *            "window FROM TO PERCENT"
  *   --neighbour-at S: at S seconds, start a copy of this program outside the container (the
  *            library and the limits removed from its environment) that launches until we end.
+ * Last lines: "launches N" and "events N" (events the library recorded behind launches).
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -25,6 +26,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxSynchronize(void);
 uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
+void gpupoolStandinEventCounts(unsigned long long *recorded, unsigned long long *recorded_in_capture);
 
 extern char **environ;
 #define MAX_WINDOWS 8
@@ -99,5 +101,8 @@ int main(int argc, char **argv) {
         printf("window %.2f %.2f %.1f\n", windows[w][0], windows[w][1], 100.0 * (double)busy / (double)(to - from));
     }
     printf("launches %ld\n", launches);
+    unsigned long long events = 0, in_capture = 0;
+    gpupoolStandinEventCounts(&events, &in_capture);
+    printf("events %llu\n", events);
     return 0;
 }
