@@ -38,7 +38,7 @@ from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
 from gpupool.extender.borrowing import BorrowSettings, Lending
 from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
-from gpupool.extender.node_specs import NodeSpecs, node_name, served_aliases
+from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.tenancy import Admissions
@@ -75,6 +75,7 @@ class ClusterCache:
         self.node_problems: dict[str, str] = {}
         self.served_aliases: dict[str, frozenset[str]] = {}
         self.served_aliases_version = 0
+        self.soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         self._specs = NodeSpecs(self.names)
         self.requests = RequestMemo(self.names)
         """Translated requests of the pods seen, shared by the watch and the filter."""
@@ -130,6 +131,7 @@ class ClusterCache:
             if self.served_aliases.get(spec.name) != served:
                 self.served_aliases[spec.name] = served
                 self.served_aliases_version += 1
+            (self.soft_tainted.add if has_soft_taint(raw) else self.soft_tainted.discard)(spec.name)
             old = self.state.index.get(spec.name)
             if old is None or not self.state.present[old] or self.state.specs[old] != spec:
                 self.state.upsert_node(spec)  # heartbeats change status fields we do not read
@@ -166,6 +168,7 @@ class ClusterCache:
             self.node_problems.pop(name, None)
             if self.served_aliases.pop(name, None) is not None:
                 self.served_aliases_version += 1
+            self.soft_tainted.discard(name)
             self._specs.forget(name)
             self.loans.forget(name)
             self.keeper.sync_node(name)

@@ -58,3 +58,13 @@ def served_aliases(node: Mapping[str, Any]) -> frozenset[str]:
     status = node.get("status") or {}
     listed = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
     return frozenset(name for name in listed if name in SERVABLE or name in CARRIED_BY)
+
+
+def has_soft_taint(node: Mapping[str, Any]) -> bool:
+    """Whether the node has a ``PreferNoSchedule`` taint: kube-scheduler's TaintToleration score
+    steers pods that do not tolerate it elsewhere, so the filter leaves the choice among the best
+    nodes to kube-scheduler when one of them has such a taint (docs/extender.md, "One best node")."""
+    spec = node.get("spec")
+    taints = spec.get("taints") if isinstance(spec, Mapping) else None
+    return isinstance(taints, list) and any(
+        isinstance(t, Mapping) and t.get("effect") == "PreferNoSchedule" for t in taints)

@@ -61,6 +61,7 @@ class Ledger(Protocol):
     """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
     served_aliases_version: int
     """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
+    soft_tainted: set[str]  # nodes with a PreferNoSchedule taint (gpupool/extender/one_best.py)
     policy_name: str
     profile: WorkloadProfile | None
     tenancy: TenancyBook
@@ -311,7 +312,9 @@ class ExtenderService:
                 failed = {**found.failed, **best.not_best} if best.not_best else found.failed
                 found = replace(found, passed=best.passed, passed_rows=best.rows, scores=best.scores,
                                 failed=failed)
-                if self.settings.filter_one_best and found.passed and not has_soft_preferences(pod):
+                tainted = self.cache.soft_tainted  # kube-scheduler weighs PreferNoSchedule among the best
+                if (self.settings.filter_one_best and found.passed and not has_soft_preferences(pod)
+                        and (not tainted or tainted.isdisjoint(found.passed))):
                     found, waits_for = self._one_best(found, reasons_if_passed, request.key)
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)

@@ -246,3 +246,32 @@ def test_a_filter_passes_its_only_best_node_when_the_booking_does_not_come_in_ti
     names, took = http_filter_while(None)
     assert names == ["node-3"]
     assert took >= IN_FLIGHT_WAIT_S  # it did wait
+
+
+def tainted(name: str, effect: str) -> dict[str, Any]:
+    obj = node(name, [16384, 16384])
+    obj["spec"] = {"taints": [{"key": "maintenance", "value": "soon", "effect": effect}]}
+    return obj
+
+
+@pytest.mark.parametrize(("effect", "one"), [
+    pytest.param("PreferNoSchedule", False, id="prefer-no-schedule-leaves-the-choice-to-kube-scheduler"),
+    pytest.param("NoSchedule", True, id="no-schedule-is-kube-schedulers-filter"),
+])
+def test_a_best_node_with_a_soft_taint_gives_the_pod_every_best_node(effect: str, one: bool) -> None:
+    cache = empty_cache()
+    cache.upsert_node(tainted("node-0", effect))
+    service = ExtenderService(cache, None, settings=ONE_BEST)
+    assert passed(service, gpu_pod("p")) == (["node-3"] if one else NAMES)
+
+
+def test_the_soft_taint_counts_while_the_node_has_it() -> None:
+    cache = empty_cache()
+    service = ExtenderService(cache, None, settings=ONE_BEST)
+    cache.upsert_node(tainted("node-0", "PreferNoSchedule"))
+    assert passed(service, gpu_pod("p"), ["node-1", "node-3"]) == ["node-3"]  # no tainted node among the best
+    cache.upsert_node(node("node-0", [16384, 16384]))  # the taint went
+    assert passed(service, gpu_pod("q")) == ["node-1"]  # node-3 is in flight for p
+    cache.upsert_node(tainted("node-2", "PreferNoSchedule"))
+    cache.remove_node("node-2")
+    assert cache.soft_tainted == set()
