@@ -53,6 +53,10 @@ class ExtenderMetrics:
         self.binds_in_flight = Gauge("gpupool_extender_binds_in_flight",
                                      "Binds started and not yet answered (each holds a booking)",
                                      registry=self.registry)
+        self.in_flight_waits = Counter("gpupool_extender_filter_in_flight_waits",
+                                       "Filters whose only best node was in flight for another pod, by how the wait "
+                                       "for that pod's booking ended (booked: asked again; timed_out: passed anyway)",
+                                       ["outcome"], registry=self.registry)
 
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         """Count one request and its latency."""

@@ -211,14 +211,17 @@ def one_card_cache() -> ClusterCache:
     return cache
 
 
-def http_filter_while(booking_after_s: float | None) -> tuple[list[str], float]:
+def http_filter_while(booking_after_s: float | None) -> tuple[list[str], float, dict[str, float | None]]:
     """p1 was passed node-3 (its only best node); p2's filter comes before p1's bind. The ledger books
-    p1 after ``booking_after_s`` (None: not at all); p2's answer and how long it took."""
+    p1 after ``booking_after_s`` (None: not at all); p2's answer, how long it took, and the waits
+    counted on ``/metrics`` by outcome."""
+    metrics = ExtenderMetrics()
+
     async def main() -> tuple[list[str], float]:
         cache = one_card_cache()
         service = ExtenderService(cache, None, settings=ONE_BEST)
         assert passed(service, gpu_pod("p1")) == ["node-3"]
-        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        app = ExtenderApi(service, ResourceNames(), metrics).app()
         body = {"Pod": gpu_pod("p2"), "Nodes": None, "NodeNames": NAMES}
         async with TestClient(TestServer(app)) as client:
             if booking_after_s is not None:  # what the bind's reservation does to the ledger
@@ -231,21 +234,26 @@ def http_filter_while(booking_after_s: float | None) -> tuple[list[str], float]:
             doc: dict[str, Any] = await answer.json()
             return doc["NodeNames"], took
 
-    return asyncio.run(main())
+    names, took = asyncio.run(main())
+    waits = {outcome: metrics.registry.get_sample_value("gpupool_extender_filter_in_flight_waits_total",
+                                                        {"outcome": outcome}) for outcome in ("booked", "timed_out")}
+    return names, took, waits
 
 
 def test_a_filter_waits_for_the_booking_of_its_only_best_node_and_asks_again() -> None:
     """Once p1 is booked, node-3 has no room for p2: p2 gets the first empty node instead of a
     bind that would fail."""
-    names, took = http_filter_while(IN_FLIGHT_WAIT_S / 5)
+    names, took, waits = http_filter_while(IN_FLIGHT_WAIT_S / 5)
     assert names == ["node-1"]
     assert took < IN_FLIGHT_WAIT_S  # the wait ended with the booking, not with the timeout
+    assert waits == {"booked": 1.0, "timed_out": None}
 
 
 def test_a_filter_passes_its_only_best_node_when_the_booking_does_not_come_in_time() -> None:
-    names, took = http_filter_while(None)
+    names, took, waits = http_filter_while(None)
     assert names == ["node-3"]
     assert took >= IN_FLIGHT_WAIT_S  # it did wait
+    assert waits == {"booked": None, "timed_out": 1.0}
 
 
 def tainted(name: str, effect: str) -> dict[str, Any]:

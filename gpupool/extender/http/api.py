@@ -118,9 +118,12 @@ class ExtenderApi:
         reasons = not self.service.settings.filter_best_only
         outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
                                       pod=args.pod)
-        if outcome.waits_for and await self._booked(outcome.waits_for):
-            outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
-                                          pod=args.pod)
+        if outcome.waits_for:
+            booked = await self._booked(outcome.waits_for)
+            self.metrics.in_flight_waits.labels("booked" if booked else "timed_out").inc()
+            if booked:
+                outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
+                                              pod=args.pod)
         label = "error" if outcome.error else "ok"
         failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
