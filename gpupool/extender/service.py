@@ -188,7 +188,7 @@ class ExtenderSettings:
     kube-scheduler configured without ``prioritizeVerb``."""
     filter_one_best: bool = False
     """With ``filter_best_only``: pass one of the best nodes, the first in a fixed node order, unless
-    the pod has soft preferences (gpupool/extender/one_best.py)."""
+    the pod has soft preferences or a best node a ``PreferNoSchedule`` taint (gpupool/extender/one_best.py)."""
     tie_rank: Callable[[str], int] = stable_rank
     """The fixed node order of ``filter_one_best`` (lower first); the fidelity bench sets the
     simulator's."""
