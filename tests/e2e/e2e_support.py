@@ -19,6 +19,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
 from gpupool.testenv.kubelet import Kubelet
 
 T = TypeVar("T")
@@ -69,6 +72,15 @@ def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, interv
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def pod_gone(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
+    """Whether the apiserver answers 404 for the pod (deleted, not merely terminating)."""
+    try:
+        core_v1.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        return exc.status == 404
+    return False
 
 
 def condition(obj: Any, kind: str) -> Any:

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpupool.testenv.paths import K8S_VERSION
-from tests.e2e.e2e_support import StartKubelet, condition, pod_manifest, wait_for
+from tests.e2e.e2e_support import StartKubelet, condition, pod_gone, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ def test_kubelet_registers_a_ready_node_and_runs_a_plain_pod(
 
     # A graceful delete completes only when the kubelet confirms the container is gone.
     core_v1.delete_namespaced_pod("plain", namespace)
-    wait_for(lambda: _gone(core_v1, namespace, "plain"), timeout=30, what="pod deleted by kubelet")
+    wait_for(lambda: pod_gone(core_v1, namespace, "plain"), timeout=30, what="pod deleted by kubelet")
 
     kubelet.stop(delete_node=True)
     assert not kubelet.directory.exists()
@@ -95,11 +95,3 @@ def _running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1P
 def _log_with(core_v1: client.CoreV1Api, namespace: str, name: str, text: str) -> str | None:
     log = str(core_v1.read_namespaced_pod_log(name, namespace))
     return log if text in log else None
-
-
-def _gone(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
-    try:
-        core_v1.read_namespaced_pod(name, namespace)
-    except ApiException as exc:
-        return exc.status == 404
-    return False

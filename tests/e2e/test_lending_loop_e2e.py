@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from bench.reclaim import CARD_MIB, OWNER, TARGET_S, WORKER, one_card
 from gpupool.api.annotations import decode_assignment
@@ -45,7 +44,7 @@ from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.kubelet import Kubelet
 from gpupool.testenv.paths import Binaries
 from tests.e2e import real_containers, test_preempt_e2e
-from tests.e2e.e2e_support import NO_SCHEDULER, ExtenderProcess, NodeAgentProcess, wait_for
+from tests.e2e.e2e_support import NO_SCHEDULER, ExtenderProcess, NodeAgentProcess, pod_gone, wait_for
 from tests.e2e.test_preempt_e2e import with_priority
 from tests.e2e.test_scheduler_config_e2e import run_scheduler
 from tests.e2e.test_usage_monitor_real_containers_e2e import device_holders
@@ -169,7 +168,7 @@ def test_an_idle_owners_card_is_lent_to_a_placed_borrower_and_returned_when_the_
                  interval=0.05, what="the extender seeing the loan withdrawn")
         # evicted without a grace period (its processes are stopped): the pod, and its booking on the
         # loan in the extender's ledger, goes at once, not when kubelet finalises it seconds later
-        wait_for(lambda: deleted(core_v1, namespace, name), timeout=EVICTED_S, interval=0.05,
+        wait_for(lambda: pod_gone(core_v1, namespace, name), timeout=EVICTED_S, interval=0.05,
                  what=f"the borrower evicted and gone\n{agent.log()}")
         reasons = [e.reason for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.name == name]
         assert RECLAIMED_REASON in reasons, reasons
@@ -270,11 +269,3 @@ def container_id(core_v1: client.CoreV1Api, namespace: str, name: str) -> str:
 def holders(agent: NodeAgentProcess, card: str) -> set[str]:
     """Container IDs of the processes holding ``card`` in the monitor's state file."""
     return {h["containerId"] for h in device_holders(agent.usage_state).get(card, []) if h.get("containerId")}
-
-
-def deleted(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
-    try:
-        core_v1.read_namespaced_pod(name, namespace)
-    except ApiException as exc:
-        return exc.status == 404
-    return False
