@@ -1,23 +1,23 @@
-"""kube-scheduler v1.20.2 for bench/e2e_scheduling.py: the shipped configuration, started, and what
-it measures about itself (``/metrics``).
+"""The test environment's kube-scheduler (the current release) for bench/e2e_scheduling.py: the
+shipped configuration, started, and what it measures about itself (``/metrics``).
 
-The configuration is a shipped v1beta1 file (:data:`SHIPPED_CONFIGS`: extender verbs, weight,
+The configuration is a shipped v1 file (:data:`SHIPPED_CONFIGS`: extender verbs, weight,
 ``nodeCacheCapable``, ``managedResources``, ``httpTimeout``, ``percentageOfNodesToScore: 100``),
 with only what a test cluster must change: the kubeconfig, the extender's URL (plain HTTP, without
-the shipped client certificate), no leader election
-(one scheduler), loopback health and metrics addresses, and the client's ``qps``/``burst``, which
-the bench sets explicitly so that both phases run under the same limit (v1beta1's defaults are 50
-and 100: every Binding kube-scheduler posts itself, i.e. every CPU-only pod, waits for that limiter;
-the extender binds GPU pods with its own client).
+the shipped client certificate), no leader election (one scheduler), health and metrics on a
+loopback secure port (read with the admin token), and the client's ``qps``/``burst``, which the
+bench sets explicitly so that both phases run under the same limit (every Binding kube-scheduler
+posts itself, i.e. every CPU-only pod, waits for that limiter; the extender binds GPU pods with its
+own client).
 
-What kube-scheduler 1.20 measures (it has no series per extender; checked in the v1.20.2 source,
-``pkg/scheduler/metrics/metrics.go``):
+What kube-scheduler measures (it has no series per extender; ``pkg/scheduler/metrics/metrics.go``):
 
 * ``scheduler_scheduling_algorithm_duration_seconds``: one scheduling cycle's filter and score,
-  the extender's ``filter`` and ``prioritize`` round trips included (``genericScheduler.Schedule``);
-* ``scheduler_binding_duration_seconds`` (deprecated in 1.20, still exposed): the bind, i.e. the
-  extender's ``bind`` round trip for a GPU pod, kube-scheduler's own Binding POST otherwise;
-* ``scheduler_e2e_scheduling_duration_seconds{result="scheduled"}``: both, from the start of the cycle;
+  the extender's ``filter`` and ``prioritize`` round trips included;
+* ``scheduler_binding_duration_seconds``: the bind, where the release still exposes it (the
+  extender's ``bind`` round trip for a GPU pod, kube-scheduler's own Binding POST otherwise);
+* ``scheduler_e2e_scheduling_duration_seconds{result="scheduled"}`` (``scheduler_scheduling_attempt_duration_seconds``
+  in current releases): both, from the start of the cycle;
 * ``scheduler_schedule_attempts_total{result}``: scheduled, unschedulable, error (a refused bind).
 
 Histograms have buckets of 1 ms x 2^k; quantiles are interpolated within a bucket as Prometheus's
@@ -27,6 +27,7 @@ Histograms have buckets of 1 ms x 2^k; quantiles are interpolated within a bucke
 from __future__ import annotations
 
 import math
+import ssl
 import threading
 import urllib.request
 from dataclasses import dataclass
@@ -36,32 +37,34 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.testenv.controlplane import scheduler_args
 from gpupool.testenv.paths import Binaries
+from gpupool.testenv.probe import is_ok
 from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED_CONFIG = REPO / "deploy" / "scheduler-config-v1beta1.yaml"
+SHIPPED_CONFIG = REPO / "deploy" / "scheduler-config-v1.yaml"
 SHIPPED_CONFIGS = {"best-only": SHIPPED_CONFIG,
-                   "prioritize": REPO / "deploy" / "scheduler-config-v1beta1-prioritize.yaml"}
-"""The shipped v1beta1 configuration of each mode: filter (the extender's --filter-best-only) and
+                   "prioritize": REPO / "deploy" / "scheduler-config-v1-prioritize.yaml"}
+"""The shipped v1 configuration of each mode: filter (the extender's --filter-best-only) and
 bind, the default; or filter, prioritize and bind (the extender's --no-filter-best-only)."""
 
 ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
 BINDING = "scheduler_binding_duration_seconds"
 E2E = "scheduler_e2e_scheduling_duration_seconds"
+ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+"""The current name of what :data:`E2E` measured (the older name is gone from current releases)."""
 ATTEMPTS = "scheduler_schedule_attempts_total"
-HISTOGRAMS = (ALGORITHM, BINDING, E2E)
+HISTOGRAMS = (ALGORITHM, BINDING, E2E, ATTEMPT)
 
 
-def scheduler_config(kubeconfig: Path, extender_url: str, address: str, qps: float, burst: int,
+def scheduler_config(kubeconfig: Path, extender_url: str, qps: float, burst: int,
                      shipped: Path = SHIPPED_CONFIG) -> str:
-    """The shipped v1beta1 configuration with the test cluster's kubeconfig, URL, addresses and limits."""
+    """The shipped v1 configuration with the test cluster's kubeconfig, URL and limits."""
     config: dict[str, Any] = yaml.safe_load(shipped.read_text())
     config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(kubeconfig),
                                   "qps": qps, "burst": burst}
     config["leaderElection"] = {"leaderElect": False}
-    config["healthzBindAddress"] = address
-    config["metricsBindAddress"] = address
     (extender,) = config["extenders"]
     extender["urlPrefix"] = extender_url
     if extender_url.startswith("http://"):  # the bench's extender serves plain HTTP: no client certificate
@@ -72,24 +75,28 @@ def scheduler_config(kubeconfig: Path, extender_url: str, address: str, qps: flo
 
 @dataclass
 class Scheduler:
-    """A running kube-scheduler and the address of its ``/metrics``."""
+    """A running kube-scheduler, the address of its secure port and the token that may read it."""
 
     process: ManagedProcess
     address: str
+    token: str
+
+    def _get(self, path: str, timeout: float) -> bytes:
+        request = urllib.request.Request(f"https://{self.address}{path}",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=timeout, context=_LOOPBACK_TLS) as answer:
+            body: bytes = answer.read()
+        return body
 
     def scrape(self) -> dict[str, Any]:
         """The series this bench reads, keyed ``name`` or ``name{label=value,...}``."""
-        with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=30) as answer:
-            text = answer.read().decode()
-        return parse(text)
+        return parse(self._get("/metrics", 30).decode())
 
     def cpu_profile(self, seconds: int, path: Path) -> threading.Thread:
         """Save a CPU profile of the next ``seconds`` (Go's pprof; ``enableProfiling`` is on by
         default) to ``path``, from a thread of its own; read it with ``go tool pprof``."""
         def fetch() -> None:
-            url = f"http://{self.address}/debug/pprof/profile?seconds={seconds}"
-            with urllib.request.urlopen(url, timeout=seconds + 60) as answer:
-                path.write_bytes(answer.read())
+            path.write_bytes(self._get(f"/debug/pprof/profile?seconds={seconds}", seconds + 60))
 
         thread = threading.Thread(target=fetch, name="bench-pprof", daemon=True)
         thread.start()
@@ -99,21 +106,21 @@ class Scheduler:
         self.process.stop()
 
 
-def start_scheduler(binaries: Binaries, state_dir: Path, config_text: str, port: int,
-                    timeout: float = 60.0) -> Scheduler:
+#: kube-scheduler's serving certificate is one it made up at start; the bench reads it on loopback.
+_LOOPBACK_TLS = ssl._create_unverified_context()
+
+
+def start_scheduler(binaries: Binaries, state_dir: Path, config_text: str, port: int, *, kubeconfig: Path,
+                    token: str, timeout: float = 60.0) -> Scheduler:
     config = state_dir / "kube-scheduler-bench.yaml"
     config.write_text(config_text)
-    process = spawn("kube-scheduler", [binaries.kube_scheduler, f"--config={config}", "--secure-port=0", "--v=2"],
+    process = spawn("kube-scheduler", [binaries.kube_scheduler,
+                                       *scheduler_args(config=config, kubeconfig=kubeconfig, port=port)],
                     state_dir / "logs" / "kube-scheduler-bench.log")
     address = f"127.0.0.1:{port}"
-    wait_until(lambda: _ok(f"http://{address}/healthz"), what="kube-scheduler /healthz", timeout=timeout,
-               watch=[process])
-    return Scheduler(process, address)
-
-
-def _ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as answer:
-        return bool(answer.status == 200)
+    wait_until(lambda: is_ok(f"https://{address}/healthz", verify=False), what="kube-scheduler /healthz",
+               timeout=timeout, watch=[process])
+    return Scheduler(process, address, token)
 
 
 def parse(text: str) -> dict[str, Any]:

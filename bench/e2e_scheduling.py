@@ -210,9 +210,10 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
                                  filter_best_only=opts.mode == "best-only", filter_one_best=not opts.filter_all_best)
         try:
             extender.wait_ready(lambda: _lease_holder(api))
-            config = scheduler_config(plane.kubeconfig, extender.url, f"127.0.0.1:{scheduler_port}",
-                                      opts.scheduler_qps, opts.scheduler_burst, SHIPPED_CONFIGS[opts.mode])
-            scheduler = start_scheduler(binaries, plane.state_dir, config, scheduler_port)
+            config = scheduler_config(plane.kubeconfig, extender.url, opts.scheduler_qps, opts.scheduler_burst,
+                                      SHIPPED_CONFIGS[opts.mode])
+            scheduler = start_scheduler(binaries, plane.state_dir, config, scheduler_port,
+                                        kubeconfig=plane.kubeconfig, token=plane.token)
         except BaseException:
             extender.stop()
             raise

@@ -72,7 +72,7 @@ def real_backend(build: bool) -> Backend | str:
     plane = start_control_plane(binaries, with_scheduler=False)
     configuration = api_configuration(str(plane.kubeconfig))  # as the extender loads it
     configuration.connection_pool_maxsize = CLIENT_POOL_SIZE
-    return Backend("real", "real kube-apiserver v1.20.2 (gpupool testenv)", plane,
+    return Backend("real", f"real kube-apiserver {binaries.version} (gpupool testenv)", plane,
                    client.CoreV1Api(client.ApiClient(configuration)))
 
 

@@ -25,6 +25,7 @@ from gpupool.testenv.statefile import (
     save_state,
     stop_state,
 )
+from gpupool.testenv.versions import NEWEST, RELEASES, VERSION_ENV
 
 _state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
@@ -39,16 +40,24 @@ def _progress(message: str) -> None:
 
 @click.group("testenv")
 def testenv() -> None:
-    """A real kube-apiserver, kube-scheduler and kubelet (v1.20.2) on this machine."""
+    """A real, current Kubernetes (control plane, kubelets, containerd) on this machine."""
+
+
+_version_option = click.option(
+    "--version", "version", default=None, metavar="VERSION",
+    help=f"Kubernetes release to build and run: {', '.join(r.kubernetes for r in RELEASES)} or a minor such as "
+         f"{RELEASES[-1].minor} (default ${VERSION_ENV} or {NEWEST.kubernetes}).",
+)
 
 
 @testenv.command("build")
-def build_cmd() -> None:
+@_version_option
+def build_cmd(version: str | None) -> None:
     """Build (or find in the cache) the binaries; a cache hit returns at once."""
     started = time.monotonic()
     try:
-        binaries = ensure_binaries(log=_progress)
-    except TestenvError as exc:
+        binaries = ensure_binaries(log=_progress, version=version)
+    except (TestenvError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     for name, path in vars(binaries).items():
         click.echo(f"{name}: {path}")
@@ -57,6 +66,7 @@ def build_cmd() -> None:
 
 @testenv.command("up")
 @_state_dir_option
+@_version_option
 @click.option("--kubelet", "nodes", multiple=True, metavar="NODE",
               help="Also start a kubelet registering this node; repeatable.")
 @click.option("--runtime", type=click.Choice([k.value for k in RuntimeKind]), default=RuntimeKind.FAKE.value,
@@ -67,7 +77,7 @@ def build_cmd() -> None:
 @click.option("--managed-resource", "managed", multiple=True, metavar="NAME",
               help="Extended resource the extender manages (ignoredByScheduler); repeatable.")
 @click.option("--bind-verb", default=None, help="Let the extender bind pods with this verb (e.g. bind).")
-def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], runtime: str, extender_url: str | None,
+def up_cmd(state_dir: Path | None, version: str | None, nodes: tuple[str, ...], runtime: str, extender_url: str | None,
            managed: tuple[str, ...], bind_verb: str | None) -> None:
     """Start etcd, kube-apiserver, kube-scheduler (and kubelets) in the background."""
     state_dir = state_dir or default_state_dir()
@@ -82,7 +92,8 @@ def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], runtime: str, extende
                                     managed_resources=managed),)
     started = time.monotonic()
     try:
-        binaries = ensure_binaries(log=_progress)
+        binaries = ensure_binaries(log=_progress, version=version)
+        _progress(f"Kubernetes {binaries.version}")
         plane = start_control_plane(binaries, state_dir=state_dir, extenders=extenders)
         plane.remove_state_on_stop = False
         state = EnvState(control_plane=plane.to_record())
@@ -98,7 +109,7 @@ def up_cmd(state_dir: Path | None, nodes: tuple[str, ...], runtime: str, extende
                 images = kubelet.runtime.images
                 _progress(f"node {node} images (imagePullPolicy: Never): {images.busybox.ref} "
                           f"{images.dynamic.ref}")
-    except TestenvError as exc:
+    except (TestenvError, ValueError) as exc:
         recorded = load_state(state_dir)
         if recorded is not None:
             stop_state(state_dir, recorded)

@@ -1,68 +1,52 @@
-"""Build kube-apiserver, kube-scheduler, kubelet and the fake CRI runtime, offline, once.
+"""Build a current Kubernetes (control plane, kubelet, kubectl), etcd and the fake CRI runtime from
+their published Go modules, once per version.
 
-Why build at all: Debian ships no kube-apiserver package, but its ``kubernetes`` *source* package
-(``1.20.5+really1.20.2``) is the complete upstream v1.20.2 tree with ``vendor/``. Building it needs
-only Debian's registry (no GitHub, no Go module proxy), so CI machines that can reach nothing else
-can still run a real control plane.
+Why build at all: the project depends on nothing installed on the machine image (a ``kubectl`` found
+on ``$PATH`` is not used). Kubernetes publishes ``k8s.io/kubernetes`` as a module at every release
+tag, but its ``go.mod`` points the staging modules (``k8s.io/api``, ``k8s.io/apiserver``, ...) at
+``./staging/...``, which the module does not contain. So a wrapper module requires
+``k8s.io/kubernetes vX.Y.Z`` and replaces each staging module by its published ``v0.Y.Z``
+(:func:`kubernetes_go_mod`), as every out-of-tree build of Kubernetes components does; the release
+is pinned in :mod:`gpupool.testenv.versions`.
 
-The result is cached outside the repository (see :mod:`gpupool.testenv.paths`). A cache hit checks
-a handful of files and returns, so every caller may call :func:`ensure_binaries` freely; an
-exclusive file lock makes parallel callers (two pytest sessions, CLI and pytest) build only once.
-
-The system's apt configuration is never touched: the ``deb-src`` line lives in a private sources
-list, with private list and cache directories, all under the cache root.
+The results are cached outside the repository (:mod:`gpupool.testenv.paths`); a cache hit checks a
+handful of files and returns, so every caller may call :func:`ensure_binaries` freely; an exclusive
+file lock makes parallel callers (two pytest sessions, CLI and pytest) build only once.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import re
 from pathlib import Path
 
 from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
-from gpupool.testenv.paths import (
-    FAKECRI_COMMAND,
-    K8S_COMMANDS,
-    K8S_VERSION,
-    Binaries,
-    bin_dir,
-    cache_dir,
+from gpupool.testenv.gobuild import (
+    GoBuild,
+    GoProgram,
+    build,
+    go_env,
+    module_dir,
+    toolchain_problem,
+    wrapper_go_mod,
 )
+from gpupool.testenv.paths import FAKECRI_COMMAND, K8S_COMMANDS, Binaries, cache_dir
+from gpupool.testenv.steps import Log, exclusive_lock, quiet
+from gpupool.testenv.versions import ETCD, Release, release
 
-#: Debian packages that provide the Go toolchain, etcd and rsync (the Kubernetes Makefile uses it),
-#: and the source of reflect2 1.0.2 (see :data:`REFLECT2_SOURCE`).
-APT_PACKAGES = ("golang-go", "etcd-server", "rsync", "golang-github-modern-go-reflect2-dev")
+__all__ = ["Log", "build_impossible_reason", "cached_binaries", "ensure_binaries", "fakecri_source",
+           "kubernetes_go_mod", "kubernetes_source"]
 
-#: reflect2 1.0.2, which replaces the tree's vendored 1.0.1. Built with Go 1.18 or later (Debian
-#: bookworm has 1.19), reflect2 1.0.1 makes kube-apiserver crash with "unexpected fault address"
-#: the first time it encodes a map through json-iterator, which it does for every custom resource
-#: it stores (modern-go/reflect2#23); 1.0.2 is the upstream fix, with the same API.
-REFLECT2_SOURCE = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
+#: The module of the Kubernetes release.
+KUBERNETES_MODULE = "k8s.io/kubernetes"
 
-#: The binaries built from a patched tree, and the name of the patch: a binary built before the
-#: patch (no stamp ``.<binary>.<patch>`` beside it) is built again.
-PATCHED = {"kube-apiserver": "reflect2-1.0.2"}
+#: etcd's server module; its root package is the ``etcd`` binary.
+ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 
-#: Debian release whose ``kubernetes`` source package is ``1.20.5+really1.20.2`` (pinned: source
-#: packages build anywhere, and a newer release may carry another Kubernetes or none at all).
-DEBIAN_SUITE = "bookworm"
-
-#: The commit of upstream v1.20.2, stamped into the binaries' version info.
-K8S_GIT_COMMIT = "faecb196815e248d3ecfb03c680a4507229c2a56"
-
-#: How many hex digits of the source's SHA-256 name a fake-runtime binary (64 bits: no collisions).
-FAKECRI_KEY_LENGTH = 16
-
-Log = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    """Default progress sink: say nothing."""
+#: A ``require`` line of a staging module in Kubernetes' own ``go.mod`` (``k8s.io/api v0.0.0``).
+_STAGING_REQUIRE = re.compile(r"^\s*(k8s\.io/[\w.-]+) v0\.0\.0\s*$", re.MULTILINE)
+_GODEBUG = re.compile(r"^godebug\s+(.+)$", re.MULTILINE)
+_GO_DIRECTIVE = re.compile(r"^go\s+(\S+)\s*$", re.MULTILINE)
 
 
 def fakecri_source() -> Path:
@@ -70,318 +54,130 @@ def fakecri_source() -> Path:
     return Path(__file__).resolve().parent / "fakecri" / "main.go"
 
 
-def fakecri_digest() -> str:
-    """SHA-256 of the fake CRI source; a changed source invalidates only that one binary."""
-    return hashlib.sha256(fakecri_source().read_bytes()).hexdigest()
+def kubernetes_go_mod(kubernetes_mod: str, rel: Release) -> str:
+    """The wrapper ``go.mod`` for ``rel`` from Kubernetes' own ``go.mod`` text: its ``go`` and
+    ``godebug`` lines (Kubernetes relies on them), and every staging module it requires at
+    ``v0.0.0`` replaced by the published ``v0.Y.Z``."""
+    staging = sorted(set(_STAGING_REQUIRE.findall(kubernetes_mod)))
+    if not staging:
+        raise BuildFailedError(f"{KUBERNETES_MODULE} {rel.kubernetes}: its go.mod requires no staging module at v0.0.0")
+    go_match = _GO_DIRECTIVE.search(kubernetes_mod)
+    return wrapper_go_mod([(KUBERNETES_MODULE, rel.kubernetes)],
+                          replaces=[(m, m, rel.staging) for m in staging],
+                          go=go_match.group(1) if go_match else "1.26.0",
+                          godebug=[d.strip() for d in _GODEBUG.findall(kubernetes_mod)])
 
 
-def fakecri_binary() -> Path:
-    """Where the fake runtime built from *this* source lives: ``bin/gpupool-fakecri-<hash>``.
-
-    Keyed by the source's hash, not stamped: checkouts with different ``main.go`` (branches, other
-    engineers' worktrees sharing the cache) each find their own binary, a rebuild never replaces a
-    binary another run is executing, and no two checkouts rebuild over each other in turn.
-    """
-    return bin_dir() / f"{FAKECRI_COMMAND}-{fakecri_digest()[:FAKECRI_KEY_LENGTH]}"
-
-
-def system_etcd() -> Path | None:
-    """The etcd binary installed by ``etcd-server``, if present."""
-    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
-    return Path(found) if found else None
+def _version_ldflags(rel: Release) -> str:
+    """Stamp the release into the binaries (kubelet reports it on the Node, kubectl and the
+    apiserver's /version answer it), as the upstream Makefile does from git."""
+    major, minor = rel.minor.split(".")
+    stamps = {"gitVersion": rel.kubernetes, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.{key}={value}" for key, value in stamps.items()]
+    return " ".join(flags)
 
 
-def cached_binaries() -> Binaries | None:
-    """The binaries if the cache is complete and the fake CRI matches its source, else ``None``.
+def _cached_mod_file(module: str, version: str) -> Path:
+    """Where the module cache keeps ``module@version``'s ``go.mod`` once downloaded."""
+    return Path(go_env()["GOMODCACHE"]) / "cache" / "download" / module / "@v" / f"{version}.mod"
 
-    This is the fast path: a few ``stat`` calls and one small hash, no locks, no subprocesses.
-    """
-    etcd = system_etcd()
-    if etcd is None:
+
+def _kubernetes_specs(rel: Release, kubernetes_mod: str) -> tuple[GoBuild, GoBuild]:
+    """The Kubernetes programs, and the fake runtime compiled against the same modules."""
+    go_mod = kubernetes_go_mod(kubernetes_mod, rel)
+    programs = tuple(GoProgram(c, f"{KUBERNETES_MODULE}/cmd/{c}") for c in K8S_COMMANDS)
+    kubernetes = GoBuild(key=f"kubernetes-{rel.kubernetes}", go_mod=go_mod, programs=programs,
+                         ldflags=_version_ldflags(rel))
+    source = fakecri_source().read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    fakecri = GoBuild(key=f"fakecri-{rel.kubernetes}-{digest}", go_mod=go_mod,
+                      programs=(GoProgram(FAKECRI_COMMAND, f"gpupool.local/testenv/cmd/{FAKECRI_COMMAND}"),),
+                      sources={f"cmd/{FAKECRI_COMMAND}/main.go": source})
+    return kubernetes, fakecri
+
+
+def _etcd_spec() -> GoBuild:
+    return GoBuild(key=f"etcd-{ETCD}", go_mod=wrapper_go_mod([(ETCD_MODULE, ETCD)]),
+                   programs=(GoProgram("etcd", ETCD_MODULE),))
+
+
+def _binaries(rel: Release, kubernetes: GoBuild, fakecri: GoBuild, etcd: GoBuild) -> Binaries:
+    k8s = kubernetes.paths()
+    return Binaries(kube_apiserver=k8s["kube-apiserver"], kube_scheduler=k8s["kube-scheduler"],
+                    kubelet=k8s["kubelet"], kube_controller_manager=k8s["kube-controller-manager"],
+                    kubectl=k8s["kubectl"], fakecri=fakecri.paths()[FAKECRI_COMMAND],
+                    etcd=etcd.paths()["etcd"], version=rel.kubernetes)
+
+
+def cached_binaries(version: str | None = None) -> Binaries | None:
+    """The binaries of the release ``version`` names (default: the newest) if every cache entry is
+    complete, else ``None``. The fast path: a few ``stat`` calls and small reads, no subprocess."""
+    rel = release(version)
+    mod_file = _cached_mod_file(KUBERNETES_MODULE, rel.kubernetes)
+    try:
+        kubernetes_mod = mod_file.read_text()
+    except OSError:
         return None
-    binaries = Binaries.in_dir(bin_dir(), etcd, fakecri_binary())
-    if binaries.missing() or any(not _stamp(c).is_file() for c in PATCHED):
+    kubernetes, fakecri = _kubernetes_specs(rel, kubernetes_mod)
+    etcd = _etcd_spec()
+    if not (kubernetes.is_built() and fakecri.is_built() and etcd.is_built()):
         return None
-    return binaries
+    return _binaries(rel, kubernetes, fakecri, etcd)
 
 
-def _stamp(command: str) -> Path:
-    """The file saying that ``command`` was built from the tree with its patch applied."""
-    return bin_dir() / f".{command}.{PATCHED[command]}"
+def build_impossible_reason(version: str | None = None) -> str | None:
+    """Why this machine can never build the binaries (no Go, or one too old), or ``None``.
 
-
-def build_impossible_reason() -> str | None:
-    """Why this machine can never build the binaries, or ``None`` if it might.
-
-    Only facts that no retry can change count (no apt, not root when packages are missing);
-    a missing network shows up later, when ``apt-get update`` fails.
+    A missing network shows up later, when a download fails (also :class:`BuildImpossibleError`).
     """
-    if cached_binaries() is not None:
+    if cached_binaries(version) is not None:
         return None
-    if shutil.which("apt-get") is None or shutil.which("dpkg-source") is None:
-        return "apt-get/dpkg-source not found: the test environment is built from Debian's source package"
-    missing_tools = [t for t in ("go", "etcd", "rsync", "make") if shutil.which(t) is None]
-    if missing_tools and os.geteuid() != 0:
-        return f"{', '.join(missing_tools)} missing and not running as root, so cannot apt-get install them"
-    return None
+    return toolchain_problem()
 
 
-def ensure_binaries(log: Log = _quiet) -> Binaries:
-    """Return the test environment's binaries, building them first if the cache lacks them.
+def ensure_binaries(log: Log = quiet, version: str | None = None) -> Binaries:
+    """The binaries of the release ``version`` names (default: ``$GPUPOOL_TESTENV_K8S_VERSION`` or
+    the newest pinned), built first if the cache lacks them.
 
-    Raises :class:`BuildImpossibleError` when the machine cannot build (no apt, not root, no route
-    to Debian's registry) and :class:`BuildFailedError` when a build step fails.
+    Raises :class:`BuildImpossibleError` when the machine cannot build (no Go, no route to the
+    module proxy), :class:`BuildFailedError` when a build step fails (the message names its log),
+    and ``ValueError`` for a version that is not pinned.
     """
-    hit = cached_binaries()
+    hit = cached_binaries(version)
     if hit is not None:
         return hit
-    reason = build_impossible_reason()
-    if reason is not None:
-        raise BuildImpossibleError(reason)
+    rel = release(version)
+    problem = toolchain_problem()
+    if problem is not None:
+        raise BuildImpossibleError(problem)
     root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / ".build.lock", log):
-        hit = cached_binaries()  # another process may have built while we waited
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(root / ".build.lock", log):
+        hit = cached_binaries(version)  # another process may have built while we waited
         if hit is not None:
             return hit
-        return _build(root, log)
-
-
-@contextmanager
-def _exclusive_lock(path: Path, log: Log) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path``; the kernel releases it if the holder dies."""
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"another process is building the test environment; waiting for {path}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-#: Public names of the build's steps, for the other builds of the test environment
-#: (:mod:`gpupool.testenv.scheduler_patch`).
-exclusive_lock = _exclusive_lock
-quiet = _quiet
-
-
-def _build(root: Path, log: Log) -> Binaries:
-    """Run every build step that the cache does not already have done."""
-    logs = root / "logs"
-    logs.mkdir(exist_ok=True)
-    _install_packages(logs, log)
-    tree = _source_tree(root, logs, log)
-    out = bin_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    etcd = system_etcd()
-    if etcd is None:
-        raise BuildFailedError("etcd not found after installing etcd-server")
-    targets = [f"cmd/{c}" for c in K8S_COMMANDS
-               if not (out / c).is_file() or (c in PATCHED and not _stamp(c).is_file())]
-    if targets:
-        _patch_vendor(tree)
-        log(f"compiling {' '.join(targets)} (cold: several minutes; log: {logs / 'make.log'})")
-        _run(
-            ["make", f"WHAT={' '.join(targets)}"],
-            logs / "make.log",
-            cwd=tree,
-            env=_go_env(tree),
-            failure=BuildFailedError,
-            step="make",
-        )
-        built = tree / "_output" / "bin"
-        for target in targets:
-            command = target.removeprefix("cmd/")
-            _install(built / command, out / command)
-            if command in PATCHED:
-                _stamp(command).touch()
-        # The Go build cache is 1.5 GB; the fake runtime keeps its own, smaller one.
-        shutil.rmtree(tree / "_output" / "local" / "go" / "cache", ignore_errors=True)
-    fakecri = fakecri_binary()
-    if not fakecri.is_file():
-        _build_fakecri(root, tree, fakecri, logs, log)
-    binaries = Binaries.in_dir(out, etcd, fakecri)
+        source = kubernetes_source(rel, log=log)
+        kubernetes, fakecri = _kubernetes_specs(rel, (source / "go.mod").read_text())
+        etcd = _etcd_spec()
+        for spec in (etcd, kubernetes, fakecri):
+            build(spec, logs=logs, log=log)
+    binaries = _binaries(rel, kubernetes, fakecri, etcd)
     if binaries.missing():
         raise BuildFailedError(f"build finished but these are missing: {binaries.missing()}")
-    log(f"test environment binaries ready in {out}")
+    log(f"Kubernetes {rel.kubernetes} binaries ready")
     return binaries
 
 
-def _build_fakecri(root: Path, tree: Path, target: Path, logs: Path, log: Log) -> None:
-    """Compile this checkout's fake runtime into ``target`` with ``go build`` (no ``make``: it needs
-    no generated files) and a Go build cache of its own, kept so that the next change of
-    ``main.go`` recompiles one small package in seconds instead of its dependencies for a minute.
-
-    The source goes to a directory named by its hash, so a build for another checkout (same lock,
-    same tree) never compiles this one's ``main.go`` by mistake.
-    """
-    key = target.name.removeprefix(f"{FAKECRI_COMMAND}-")
-    package = tree / "cmd" / f"{FAKECRI_COMMAND}-{key}"
-    package.mkdir(exist_ok=True)
-    shutil.copyfile(fakecri_source(), package / "main.go")
-    tmp = target.with_name(f".{target.name}.tmp")
-    log(f"compiling the fake container runtime {target.name} (log: {logs / 'fakecri.log'})")
-    # Kubernetes 1.20 builds in GOPATH mode (hack/lib/init.sh: GO111MODULE=off), from the tree
-    # linked into _output/local/go as k8s.io/kubernetes, so vendor/ resolves the imports.
-    gopath = tree / "_output" / "local" / "go"
-    linked = gopath / "src" / "k8s.io" / "kubernetes"
-    if not linked.exists():
-        linked.parent.mkdir(parents=True, exist_ok=True)
-        linked.symlink_to(tree)
-    # PWD: Go takes the working directory from it when it names the same directory, and only the
-    # path through GOPATH lets vendor/ resolve (the real path lies outside GOPATH).
-    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "", "GOPROXY": "off", "CGO_ENABLED": "0",
-           "GOPATH": str(gopath), "GOCACHE": str(root / "go-cache-fakecri"), "PWD": str(linked)}
-    try:
-        _run(["go", "build", "-ldflags=-s -w", "-o", str(tmp), f"./cmd/{package.name}"], logs / "fakecri.log",
-             cwd=linked, env=env, failure=BuildFailedError, step="go build (fake runtime)")
-    finally:
-        shutil.rmtree(package, ignore_errors=True)
-    _install(tmp, target)
-    tmp.unlink()
-
-
-def _patch_vendor(tree: Path) -> None:
-    """Put reflect2 1.0.2 in place of the tree's vendored 1.0.1 (see :data:`REFLECT2_SOURCE`)."""
-    if not REFLECT2_SOURCE.is_dir():
-        raise BuildFailedError(f"{REFLECT2_SOURCE} missing: apt-get install golang-github-modern-go-reflect2-dev")
-    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
-    for old in vendored.glob("*.go"):
-        old.unlink()
-    for new in REFLECT2_SOURCE.glob("*.go"):
-        if not new.name.endswith("_test.go"):
-            shutil.copyfile(new, vendored / new.name)
-
-
-def _install(built: Path, target: Path) -> None:
-    """Copy a built binary into place atomically: a reader sees the old file or the whole new one,
-    and a process already running the old file keeps it (``rename`` replaces the name only)."""
-    tmp = target.with_name(f".{target.name}.copy")
-    shutil.copyfile(built, tmp)
-    tmp.chmod(0o755)
-    tmp.replace(target)
-
-
-def _install_packages(logs: Path, log: Log) -> None:
-    """``apt-get install`` Go, etcd and rsync when any is missing (needs root; CI runs as root)."""
-    if all(shutil.which(t) for t in ("go", "etcd", "rsync", "make")) and REFLECT2_SOURCE.is_dir():
-        return
-    log(f"installing {' '.join(APT_PACKAGES)} make with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", *APT_PACKAGES, "make"]
-    try:
-        _run(cmd, logs / "apt-install.log", env=env, failure=BuildImpossibleError, step="apt-get install")
-    except BuildImpossibleError:
-        # Stale or absent package lists (fresh containers ship none): refresh and retry once.
-        _run(["apt-get", "update"], logs / "apt-update-system.log", env=env,
-             failure=BuildImpossibleError, step="apt-get update")
-        _run(cmd, logs / "apt-install.log", env=env, failure=BuildImpossibleError, step="apt-get install")
-
-
-def private_apt_options(apt_dir: Path) -> list[str]:
-    """apt-get options that route every read and write to ``apt_dir`` instead of /etc and /var."""
-    return [
-        "-o", f"Dir::Etc::SourceList={apt_dir / 'sources.list'}",
-        "-o", "Dir::Etc::SourceParts=/dev/null",
-        "-o", f"Dir::State::Lists={apt_dir / 'lists'}",
-        "-o", f"Dir::Cache={apt_dir / 'cache'}",
-    ]
-
-
-def source_tree(log: Log = _quiet) -> Path:
-    """The unpacked Kubernetes tree in the cache (downloaded and unpacked first if it is missing),
-    for the other things built from it (the pause image)."""
-    root = cache_dir()
-    tree = root / "src" / "kubernetes"
-    if (tree / "Makefile").is_file() and (tree / "vendor").is_dir():
-        return tree
-    (root / "logs").mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / ".build.lock", log):
-        return _source_tree(root, root / "logs", log)
-
-
-def _source_tree(root: Path, logs: Path, log: Log) -> Path:
-    """Download and unpack Debian's ``kubernetes`` source package (once) and return the tree."""
-    tree = root / "src" / "kubernetes"
-    if (tree / "Makefile").is_file() and (tree / "vendor").is_dir():
-        return tree
-    apt_dir = root / "apt"
-    (apt_dir / "lists" / "partial").mkdir(parents=True, exist_ok=True)
-    (apt_dir / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    (apt_dir / "sources.list").write_text(
-        f"deb-src http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
-    )
-    options = private_apt_options(apt_dir)
-    log("fetching Debian's kubernetes source package")
-    _run(["apt-get", *options, "update"], logs / "apt-update.log",
-         failure=BuildImpossibleError, step="apt-get update (private deb-src list)")
-    download = root / "download"
-    shutil.rmtree(download, ignore_errors=True)
-    download.mkdir(parents=True)
-    _run(["apt-get", *options, "source", "--download-only", "kubernetes"], logs / "apt-source.log",
-         cwd=download, failure=BuildImpossibleError, step="apt-get source")
-    dscs = sorted(download.glob("kubernetes_*.dsc"))
-    if not dscs:
-        raise BuildImpossibleError(f"apt-get source produced no .dsc in {download}")
-    if "really1.20.2" not in dscs[-1].name:
-        log(f"warning: expected kubernetes 1.20.5+really1.20.2, got {dscs[-1].name}")
-    unpacked = root / "src" / "kubernetes.tmp"
-    shutil.rmtree(unpacked, ignore_errors=True)
-    unpacked.parent.mkdir(parents=True, exist_ok=True)
-    _run(["dpkg-source", "-x", str(dscs[-1]), str(unpacked)], logs / "dpkg-source.log",
-         failure=BuildFailedError, step="dpkg-source -x")
-    _write_version_file(unpacked)
-    shutil.rmtree(tree, ignore_errors=True)
-    unpacked.rename(tree)
-    shutil.rmtree(download, ignore_errors=True)  # 34 MB we no longer need
-    return tree
-
-
-def _write_version_file(tree: Path) -> None:
-    """Give the binaries a real version (the tarball has no .git for the Makefile to ask)."""
-    major, minor, _ = K8S_VERSION.removeprefix("v").split(".")
-    (tree / ".gpupool-version").write_text(
-        f"KUBE_GIT_VERSION='{K8S_VERSION}'\nKUBE_GIT_MAJOR='{major}'\nKUBE_GIT_MINOR='{minor}'\n"
-        f"KUBE_GIT_COMMIT='{K8S_GIT_COMMIT}'\nKUBE_GIT_TREE_STATE='clean'\n"
-    )
-
-
-def _go_env(tree: Path) -> dict[str, str]:
-    """The environment for an offline, static, vendored build."""
-    return {
-        **os.environ,
-        "GOPROXY": "off",
-        "CGO_ENABLED": "0",
-        "GOFLAGS": "-mod=vendor",
-        "KUBE_GIT_VERSION_FILE": str(tree / ".gpupool-version"),
-    }
-
-
-def _run(
-    cmd: Sequence[str],
-    log_path: Path,
-    *,
-    failure: type[Exception],
-    step: str,
-    cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
-) -> None:
-    """Run one build step with its output in ``log_path``; raise ``failure`` with the log's tail."""
-    with log_path.open("w") as out:
-        try:
-            rc = subprocess.run(list(cmd), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, check=False).returncode
-        except OSError as exc:
-            raise failure(f"{step}: cannot run {cmd[0]}: {exc}") from exc
-    if rc != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-        raise failure(f"{step} failed (exit {rc}); full log: {log_path}\n{tail}")
-
-
-run_step = _run
-patch_vendor = _patch_vendor
-go_env = _go_env
-install = _install
+def kubernetes_source(rel: Release | None = None, *, log: Log = quiet) -> Path:
+    """The read-only source of the Kubernetes release (downloaded into the module cache once): its
+    ``go.mod``, and files other builds use (``build/pause/linux/pause.c``)."""
+    rel = rel or release()
+    logs = cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cached = Path(go_env()["GOMODCACHE"]) / f"{KUBERNETES_MODULE}@{rel.kubernetes}"
+    if (cached / "go.mod").is_file() and _cached_mod_file(KUBERNETES_MODULE, rel.kubernetes).is_file():
+        return cached
+    return module_dir(KUBERNETES_MODULE, rel.kubernetes, logs=logs, log=log)

@@ -19,7 +19,7 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 @dataclass(frozen=True)
 class ExtenderConfig:
-    """One scheduler extender, as kube-scheduler v1.20 (``v1beta1``) understands it.
+    """One scheduler extender, as kube-scheduler's ``KubeSchedulerConfiguration`` v1 states it.
 
     ``managed_resources`` are declared ``ignoredByScheduler: true``: the scheduler leaves their
     accounting to the extender, and sends the extender only pods that request one of them (so
@@ -37,7 +37,7 @@ class ExtenderConfig:
     ignorable: bool = False
     http_timeout_s: float = 5.0
 
-    def to_v1beta1(self) -> dict[str, Any]:
+    def to_v1(self) -> dict[str, Any]:
         """The ``extenders[]`` entry of a ``KubeSchedulerConfiguration``."""
         entry: dict[str, Any] = {"urlPrefix": self.url_prefix}
         for key, verb in (("filterVerb", self.filter_verb), ("prioritizeVerb", self.prioritize_verb),
@@ -82,35 +82,36 @@ def render_kubeconfig(server: str, token: str, ca_cert_pem: bytes, name: str = "
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def render_scheduler_config(kubeconfig: str, healthz_address: str,
-                            extenders: Sequence[ExtenderConfig] = ()) -> str:
-    """A ``kubescheduler.config.k8s.io/v1beta1`` configuration.
+def render_scheduler_config(kubeconfig: str, extenders: Sequence[ExtenderConfig] = ()) -> str:
+    """A ``kubescheduler.config.k8s.io/v1`` configuration.
 
     Leader election is off (one scheduler per test cluster, and a lease would make a restarted
-    scheduler wait for the old lease to expire). Health and metrics share one loopback address so
-    that several clusters on one machine never collide on the default port 10251.
+    scheduler wait for the old lease to expire). Health and metrics are served on the secure port
+    the command line names (v1 has no insecure addresses), on loopback, so several clusters on one
+    machine never collide on the default port 10259.
     """
     config: dict[str, Any] = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig},
         "leaderElection": {"leaderElect": False},
-        "healthzBindAddress": healthz_address,
-        "metricsBindAddress": healthz_address,
     }
     if extenders:
-        config["extenders"] = [e.to_v1beta1() for e in extenders]
+        config["extenders"] = [e.to_v1() for e in extenders]
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def render_kubelet_config(*, address: str, port: int, healthz_port: int,
+def render_kubelet_config(*, address: str, port: int, healthz_port: int, runtime_endpoint: str,
                           extra: Mapping[str, Any] | None = None) -> str:
-    """A ``kubelet.config.k8s.io/v1beta1`` configuration for a kubelet without a container engine.
+    """A ``kubelet.config.k8s.io/v1beta1`` configuration for a test node.
 
     Every setting here is one that a real node gets from its OS setup and a test machine lacks:
     no QoS cgroups or node-allocatable enforcement (we may run inside a container), no swap check,
     no iptables chains, no webhook auth (the apiserver talks to the kubelet only for logs), and
     eviction thresholds low enough that a busy build machine does not evict test pods.
+    ``failCgroupV1: false``: kubelet 1.35+ refuses to start on cgroup v1 by default, and this
+    project's machines mount the v1 hierarchies (the unified one has no controllers). The CRI
+    endpoint (``unix://...``) serves both the runtime and the image service.
     """
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -122,7 +123,10 @@ def render_kubelet_config(*, address: str, port: int, healthz_port: int,
         "healthzPort": healthz_port,
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": runtime_endpoint,
+        "imageServiceEndpoint": runtime_endpoint,
         "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,

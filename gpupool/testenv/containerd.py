@@ -1,10 +1,13 @@
-"""containerd (with runc and CNI) as a test node's real container runtime, in a private namespace.
+"""containerd 2 (with runc and CNI) as a test node's real container runtime, in a private namespace.
 
+The programs are the ones :mod:`gpupool.testenv.runtime_tools` builds from their Go modules.
 Started like the fake runtime (:mod:`gpupool.testenv.mountns`): ``unshare --mount`` with private
 directories over ``/var/lib/kubelet``, ``/var/log/pods``, ``/var/log/containers`` (containerd must
 see the paths kubelet sees), ``/run/containerd`` (the shims' sockets, whose directory containerd
-1.6 hard-codes) and ``/var/lib/cni`` (CNI's result cache); its own files, runc's state and the pod
-network namespaces live under the node's directory. Pods get a bridge (``gpc<hash>``) on a private
+hard-codes, 2.x as 1.x) and ``/var/lib/cni`` (CNI's result cache); its own files, runc's state, the
+pod network namespaces and the CDI specs live under the node's directory. containerd runs with the
+built programs' directories first on ``$PATH``: it finds ``containerd-shim-runc-v2`` there, and
+the shim is told runc's path in the configuration. Pods get a bridge (``gpc<hash>``) on a private
 /24 of :data:`SUBNET_POOL`.
 
 Optional stand-in device nodes (:class:`DeviceNode`, e.g. ``/dev/nvidiactl``) exist in the
@@ -100,21 +103,21 @@ def start_containerd(directory: Path, *, tools: RuntimeTools, binds: Mapping[Pat
     """Start containerd in a new mount namespace with ``binds`` (host source → target) and wait
     until its CRI socket answers; ``pause`` is the sandbox image (imported before the first pod)."""
     layout = ContainerdLayout(directory)
-    for sub in (layout.root, layout.state, layout.runc_root, layout.cni_conf_dir, layout.cni_data_dir,
-                layout.opt, directory / "run-containerd", directory / "var-lib-cni"):
+    for sub in (*layout.directories(), directory / "run-containerd", directory / "var-lib-cni"):
         sub.mkdir(parents=True, exist_ok=True)
     bridge = bridge_name(directory)
     subnet = _claim_subnet(bridge)
     try:
         layout.config.write_text(render_containerd_config(layout, sandbox_image=pause.ref,
-                                                           cni_bin_dir=tools.cni_bin_dir))
+                                                           cni_bin_dir=tools.cni_bin_dir, runc=tools.runc))
         (layout.cni_conf_dir / "10-gpupool.conflist").write_text(render_cni_conflist(
             name=f"gpupool-{bridge}", bridge=bridge, subnet=subnet, data_dir=layout.cni_data_dir))
         all_binds = {**binds, directory / "run-containerd": RUNTIME_STATE_PATHS[0],
                      directory / "var-lib-cni": RUNTIME_STATE_PATHS[1]}
         argv = namespace_argv(all_binds, cwd, [str(tools.containerd), "--config", str(layout.config)],
                               prelude=device_prelude(directory / "dev-overlay", device_nodes))
-        process = spawn("containerd", argv, directory / "containerd.log", executable=tools.containerd, cwd=cwd)
+        process = spawn("containerd", argv, directory / "containerd.log", executable=tools.containerd, cwd=cwd,
+                        env={**os.environ, "PATH": tools.path})
     except BaseException:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
         raise

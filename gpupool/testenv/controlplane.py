@@ -274,7 +274,7 @@ def apiserver_args(*, etcd_url: str, port: int, cert: Path, key: Path, sa_key: P
     audit = audit_args(audit_policy, audit_log) if audit_policy and audit_log else []
     return [
         f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
+        "--bind-address=127.0.0.1", f"--secure-port={port}",
         f"--cert-dir={cert_dir}", f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
         f"--token-auth-file={token_file}",
         "--authorization-mode=RBAC",
@@ -303,13 +303,25 @@ def _audit_log(state_dir: Path) -> Path:
     return state_dir / "logs" / "audit.log"
 
 
+def scheduler_args(*, config: Path, kubeconfig: Path, port: int) -> list[str]:
+    """kube-scheduler's flags (without the binary): its configuration, and health and metrics on
+    the loopback secure port ``port``. Requests are authenticated and authorized through the
+    apiserver (``--authentication-kubeconfig``/``--authorization-kubeconfig``), so a client with the
+    admin token may read ``/metrics``; ``/healthz`` needs no credentials."""
+    return [
+        f"--config={config}", "--bind-address=127.0.0.1", f"--secure-port={port}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--v=2",
+    ]
+
+
 def _start_scheduler(binaries: Binaries, state_dir: Path, kubeconfig: Path,
                      extenders: Sequence[ExtenderConfig], *, timeout: float) -> ManagedProcess:
     def start(healthz_port: int) -> ManagedProcess:
         config = state_dir / "kube-scheduler.yaml"
-        config.write_text(render_scheduler_config(str(kubeconfig), f"127.0.0.1:{healthz_port}", extenders))
+        config.write_text(render_scheduler_config(str(kubeconfig), extenders))
         return spawn("kube-scheduler", [
-            binaries.kube_scheduler, f"--config={config}", "--secure-port=0", "--v=2",
+            binaries.kube_scheduler, *scheduler_args(config=config, kubeconfig=kubeconfig, port=healthz_port),
         ], state_dir / "logs" / "kube-scheduler.log")
 
     return start_with_healthz("kube-scheduler", start, timeout)

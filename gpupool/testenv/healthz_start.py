@@ -17,15 +17,20 @@ from gpupool.testenv.procs import ManagedProcess, wait_until
 START_ATTEMPTS = 3
 
 
-def start_with_healthz(what: str, start: Callable[[int], ManagedProcess], timeout: float) -> ManagedProcess:
-    """``start(healthz_port)`` until its ``http://127.0.0.1:<port>/healthz`` answers; the last
-    :class:`StartupError` after :data:`START_ATTEMPTS` tries."""
+def start_with_healthz(what: str, start: Callable[[int], ManagedProcess], timeout: float, *,
+                       scheme: str = "https") -> ManagedProcess:
+    """``start(healthz_port)`` until its ``<scheme>://127.0.0.1:<port>/healthz`` answers; the last
+    :class:`StartupError` after :data:`START_ATTEMPTS` tries.
+
+    Current kube-scheduler and kube-controller-manager serve health only on their secure port,
+    with a certificate they make up at start, so the probe does not verify it (loopback only).
+    """
     last_error: StartupError | None = None
     for _ in range(START_ATTEMPTS):
         (healthz_port,) = free_ports(1)
         process = start(healthz_port)
         try:
-            wait_until(partial(is_ok, f"http://127.0.0.1:{healthz_port}/healthz"),
+            wait_until(partial(is_ok, f"{scheme}://127.0.0.1:{healthz_port}/healthz", verify=False),
                        what=f"{what} /healthz", timeout=timeout, watch=[process])
             return process
         except StartupError as exc:

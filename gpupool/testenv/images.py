@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from gpupool.testenv.build import source_tree
+from gpupool.testenv.build import kubernetes_source
 from gpupool.testenv.errors import BuildFailedError
 from gpupool.testenv.image_archive import Entry, docker_archive, image_config, layer_tar, sha256_digest
 from gpupool.testenv.paths import cache_dir
@@ -90,7 +90,7 @@ def build_image(name: str, files: Mapping[str, Path] | None = None, *, base: Bas
     at the same path); cached by content, so calling it again with the same inputs is cheap.
 
     ``tools`` default to :func:`~gpupool.testenv.runtime_tools.ensure_runtime_tools` (which
-    installs busybox-static on first use).
+    installs busybox-static, and builds containerd and runc, on first use).
     """
     if not name.replace("-", "").isalnum() or name != name.lower():
         raise ValueError(f"image name must be lower-case letters, digits and '-': {name!r}")
@@ -111,7 +111,7 @@ def dynamic_image(tools: RuntimeTools, files: Mapping[str, Path] | None = None) 
 
 def pause_image(tools: RuntimeTools) -> Image:
     """The sandbox container: the Kubernetes tree's ``pause.c``, compiled once with ``gcc -static``."""
-    source = source_tree() / PAUSE_SOURCE
+    source = kubernetes_source() / PAUSE_SOURCE
     text = source.read_bytes()
     binary = images_dir() / f"pause-{hashlib.sha256(text).hexdigest()[:KEY_LENGTH]}"
     if not binary.is_file():

@@ -32,7 +32,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gpupool.testenv.build import Log
 from gpupool.testenv.config import render_kubelet_config
 from gpupool.testenv.containerd import DeviceNode
 from gpupool.testenv.controlplane import ControlPlane
@@ -58,6 +57,7 @@ from gpupool.testenv.nodeip import find_node_ip
 from gpupool.testenv.ports import free_ports
 from gpupool.testenv.probe import http_get, http_request, is_ok
 from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from gpupool.testenv.steps import Log
 
 __all__ = ["Kubelet", "created_mount_points", "kubelet_args", "mounts_below", "node_is_ready",
            "remove_mount_points", "start_kubelet", "stop_recorded_kubelet", "wait_node_ready"]
@@ -223,7 +223,8 @@ def start_kubelet(
                                           device_nodes=device_nodes, log=log)
         port, healthz_port = free_ports(2)
         (directory / "kubelet.yaml").write_text(render_kubelet_config(
-            address=node_ip, port=port, healthz_port=healthz_port, extra=extra_config))
+            address=node_ip, port=port, healthz_port=healthz_port,
+            runtime_endpoint=f"unix://{node_runtime.cri_socket}", extra=extra_config))
         kubelet = Kubelet(node_name=node_name, node_ip=node_ip, directory=directory,
                           control_plane=control_plane, runtime=node_runtime,
                           kubelet=node_runtime.process,  # replaced just below
@@ -254,15 +255,9 @@ def kubelet_args(kubelet: Kubelet) -> list[str]:
         f"--hostname-override={kubelet.node_name}",
         f"--node-ip={kubelet.node_ip}",
         "--register-node=true",
-        "--container-runtime=remote",
-        f"--container-runtime-endpoint=unix://{kubelet.cri_socket}",
-        f"--image-service-endpoint=unix://{kubelet.cri_socket}",
         f"--root-dir={KUBELET_ROOT}",
         "--v=2",
     ]
-    if kubelet.runtime.images is not None:
-        # Only used to keep the sandbox image from image garbage collection with a remote runtime.
-        args.append(f"--pod-infra-container-image={kubelet.runtime.images.pause.ref}")
     if kubelet.labels:
         args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(kubelet.labels.items())))
     return args

@@ -15,7 +15,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from gpupool.testenv.build import Log
 from gpupool.testenv.containerd import (
     RUNTIME_STATE_PATHS,
     Containerd,
@@ -29,6 +28,7 @@ from gpupool.testenv.mountns import namespace_argv
 from gpupool.testenv.paths import Binaries
 from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
 from gpupool.testenv.runtime_tools import ensure_runtime_tools
+from gpupool.testenv.steps import Log
 
 
 class RuntimeKind(StrEnum):

@@ -322,7 +322,7 @@ def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
     routes = _extender_routes(params["url_prefix"])
     (service,) = by_kind("Service")
     configs = list(by_kind("KubeSchedulerConfiguration"))
-    assert {c["apiVersion"].split("/")[1] for c in configs} == {"v1", "v1beta1"}
+    assert {c["apiVersion"].split("/")[1] for c in configs} == {"v1"}
     for config in configs:
         (entry,) = config["extenders"]
         url = urlsplit(entry["urlPrefix"])

@@ -20,12 +20,7 @@ MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
 
 DEFAULT_SCORE_WEIGHTS: dict[str, dict[str, int]] = {
-    # kube-scheduler v1.20 (pkg/scheduler/algorithmprovider/registry.go); NodePreferAvoidPods
-    # (10000) is left out: it scores every node alike unless a node asks to avoid the pod's owner.
-    "v1beta1": {"NodeResourcesBalancedAllocation": 1, "ImageLocality": 1, "InterPodAffinity": 1,
-                "NodeResourcesLeastAllocated": 1, "NodeAffinity": 1, "PodTopologySpread": 2,
-                "TaintToleration": 1},
-    # kube-scheduler 1.25+ (pkg/scheduler/apis/config/v1/default_plugins.go)
+    # kube-scheduler 1.25+ (pkg/scheduler/apis/config/v1/default_plugins.go; the same in 1.35-1.37)
     "v1": {"TaintToleration": 3, "NodeAffinity": 2, "NodeResourcesFit": 1, "PodTopologySpread": 2,
            "InterPodAffinity": 2, "NodeResourcesBalancedAllocation": 1, "ImageLocality": 1},
 }
@@ -50,11 +45,12 @@ def test_a_configuration_without_prioritize_names_the_extender_flag_it_needs(pat
     assert extender["filterVerb"] and extender["bindVerb"]
 
 
-def test_both_modes_are_shipped_for_each_api_version() -> None:
-    """The filter-and-prioritize and the best-only configuration, for 1.20 (v1beta1) and 1.25+ (v1)."""
+def test_both_modes_are_shipped_for_the_current_api_version() -> None:
+    """The filter-and-prioritize and the best-only configuration, as ``kubescheduler.config.k8s.io/v1``
+    (every supported release reads it; v1beta1 files are gone with Kubernetes 1.20)."""
     shipped = {(c.values[0]["apiVersion"].split("/")[1], "prioritizeVerb" in c.values[0]["extenders"][0])
                for c in configs()}
-    assert shipped == {(v, p) for v in ("v1beta1", "v1") for p in (True, False)}
+    assert shipped == {("v1", p) for p in (True, False)}
 
 
 def score_weights(config: dict[str, Any]) -> dict[str, int]:

@@ -2,13 +2,14 @@
 
 The tests read what an admin's ``kubectl apply -k`` would send, not the files one by one: a patch
 of an overlay that misses its target, or a component that breaks the base, shows only in the
-rendered output. Without kubectl on PATH the tests that need it are skipped with that reason.
+rendered output. kubectl is the one the test environment builds (``gpupool testenv build``, which
+``scripts/test-all`` runs first), never one found on the machine; without that build the tests that
+need it are skipped with that reason.
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupool.testenv.build import cached_binaries
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 OVERLAYS = ("production", "production-cert-manager", "dev")
 RENDER_TIMEOUT_S = 60
-KUBECTL = shutil.which("kubectl")
-NO_KUBECTL = "kubectl is not on PATH: the kustomize package is rendered with the real kubectl kustomize"
+_BUILT = cached_binaries()
+KUBECTL = str(_BUILT.kubectl) if _BUILT is not None else None
+NO_KUBECTL = ("the test environment's kubectl is not built (run `gpupool testenv build`): the kustomize "
+              "package is rendered with the real kubectl kustomize")
 
 
 def require_kubectl() -> str:

@@ -73,19 +73,26 @@ def test_a_binding_leaves_its_annotations_on_the_pod_and_a_second_binding_is_ref
     assert after.metadata.resource_version == bound.metadata.resource_version  # nothing written
 
 
-def test_v1_20_binds_a_pod_replaced_under_its_name_despite_the_old_uid_and_version(
-        core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode) -> None:
-    """The Binding's uid and resourceVersion preconditions are honoured only from v1.23
-    (kubernetes#105913): v1.20.2 binds whichever pod has the name."""
+@pytest.mark.compat
+@pytest.mark.parametrize("stale", [pytest.param("uid", id="old-uid"), pytest.param("version", id="old-version")])
+def test_a_binding_for_a_pod_replaced_under_its_name_is_refused(
+        core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode, stale: str) -> None:
+    """The Binding's uid and resourceVersion are preconditions of the write
+    (``BindingREST.setPodNodeAndMetadata``, ``pkg/registry/core/pod/storage/storage.go``; since
+    v1.23, kubernetes#105913): a Binding decided for a pod that was replaced under its name is a 409
+    Conflict, and the replacement stays unbound and unannotated."""
     target = make_node()
     old = core_v1.create_namespaced_pod(namespace, pod_manifest("p", scheduler_name=NO_SCHEDULER))
     core_v1.delete_namespaced_pod("p", namespace, grace_period_seconds=0)
     replacement = core_v1.create_namespaced_pod(namespace, pod_manifest("p", scheduler_name=NO_SCHEDULER))
     assert replacement.metadata.uid != old.metadata.uid
-    _binding(core_v1, namespace, "p", target, uid=old.metadata.uid,
-             resource_version=old.metadata.resource_version, annotations={ASSIGNMENT: "for-the-old-pod"})
-    bound = core_v1.read_namespaced_pod("p", namespace)
-    assert bound.metadata.uid == replacement.metadata.uid and bound.spec.node_name == target
+    with pytest.raises(ApiException) as refused:
+        _binding(core_v1, namespace, "p", target,
+                 uid=old.metadata.uid if stale == "uid" else replacement.metadata.uid,
+                 resource_version=old.metadata.resource_version, annotations={ASSIGNMENT: "for-the-old-pod"})
+    assert refused.value.status == 409
+    after = core_v1.read_namespaced_pod("p", namespace)
+    assert after.spec.node_name is None and ASSIGNMENT not in (after.metadata.annotations or {})
 
 
 @pytest.mark.parametrize("one_write", [pytest.param(True, id="assignment-in-binding"),

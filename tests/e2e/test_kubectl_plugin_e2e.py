@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -44,10 +43,9 @@ KUBECTL_TIMEOUT_S = 60
 
 @pytest.fixture
 def kubectl(tmp_path: Path, control_plane: ControlPlane) -> dict[str, str]:
-    """The environment under which ``kubectl gpupool`` reaches this checkout's plugin and the test cluster."""
-    kubectl_binary = shutil.which("kubectl")
-    if kubectl_binary is None:
-        pytest.skip("the kubectl client is not installed on this machine")
+    """The environment under which ``kubectl gpupool`` reaches this checkout's plugin and the test
+    cluster, with the kubectl of the release under test (built by the test environment)."""
+    kubectl_binary = control_plane.binaries.kubectl
     plugin = tmp_path / "bin" / "kubectl-gpupool"
     plugin.parent.mkdir()
     plugin.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gpupool.kubectl "$@"\n')

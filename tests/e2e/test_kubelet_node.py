@@ -10,14 +10,14 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpupool.testenv.paths import K8S_VERSION
+from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import StartKubelet, condition, pod_gone, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 def test_kubelet_registers_a_ready_node_and_runs_a_plain_pod(
-    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet
+    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet, control_plane: ControlPlane
 ) -> None:
     host_kubelet_dir = _listing(Path("/var/lib/kubelet"))
     node_name = f"e2e-kubelet-{uuid.uuid4().hex[:6]}"
@@ -25,7 +25,7 @@ def test_kubelet_registers_a_ready_node_and_runs_a_plain_pod(
 
     node = core_v1.read_node(node_name)
     assert condition(node, "Ready").status == "True"
-    assert node.status.node_info.kubelet_version == K8S_VERSION
+    assert node.status.node_info.kubelet_version == control_plane.binaries.version
     assert {"type": "InternalIP", "address": kubelet.node_ip} in [
         {"type": a.type, "address": a.address} for a in node.status.addresses]
     assert node.metadata.labels["gpupool.io/e2e"] == "yes"

@@ -1,6 +1,6 @@
 """Every overlay of deploy/kustomize through ``kubectl apply --dry-run=server`` on the real apiserver.
 
-The real kubectl (it carries kustomize) renders each overlay and sends it to kube-apiserver v1.20.2
+The real kubectl (it carries kustomize) renders each overlay and sends it to the kube-apiserver under test
 with server-side dry run: the server validates and defaults each object as if creating it (RBAC,
 NetworkPolicy, Jobs, the workloads, the namespaces' labels) and stores nothing. Every field an
 object sets must come back, because v1.20 drops unknown fields silently. gpupool's namespaces are
@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client
 
 from gpupool.testenv.controlplane import ControlPlane
-from tests.deploy.kustomize_render import OVERLAYS, render, require_kubectl
+from tests.deploy.kustomize_render import OVERLAYS, render
 from tests.e2e.conftest import delete_namespace
 from tests.e2e.test_deploy_e2e import lost_fields
 
@@ -44,7 +44,7 @@ KUBECTL_TIMEOUT_S = 120
 
 
 def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require_kubectl(), "--kubeconfig", str(plane.kubeconfig), *args], input=stdin,
+    return subprocess.run([str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig), *args], input=stdin,
                           capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S, check=False)
 
 

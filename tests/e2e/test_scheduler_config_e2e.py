@@ -1,13 +1,13 @@
-"""The shipped v1beta1 scheduler configuration with prioritize, run by the real kube-scheduler v1.20.2.
+"""The shipped v1 scheduler configuration with prioritize, run by the real, current kube-scheduler.
 
 kube-scheduler refuses a configuration it cannot read (it exits), so starting it with
-deploy/scheduler-config-v1beta1-prioritize.yaml proves the file is valid for 1.20 (the default file,
+deploy/scheduler-config-v1-prioritize.yaml proves the file is valid for the release under test (the default file,
 without prioritize, runs in tests/bench/test_e2e_scheduling_smoke.py). The test then shows what the
 file is for: the extender prefers a busy node by the least step it can express (10 against 9), and
 kube-scheduler's NodeResourcesLeastAllocated prefers the idle one; with the file's weight the
 extender's choice stands, with the weight the file used to have (5) the plugin's wins.
 
-Only the connection details are changed for the test: the kubeconfig, the health address, the
+Only the connection details are changed for the test: the kubeconfig, the health port, the
 extender's URL (a small server here), leader election off, and a scheduler name of its own (the
 control plane's scheduler keeps serving every other test).
 """
@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpupool.testenv.controlplane import ControlPlane
+from gpupool.testenv.controlplane import ControlPlane, scheduler_args
 from gpupool.testenv.paths import Binaries
 from gpupool.testenv.ports import free_ports
 from gpupool.testenv.probe import is_ok
@@ -35,7 +35,7 @@ from tests.e2e.e2e_support import MakeNode, pod_manifest, wait_for
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "scheduler-config-v1beta1-prioritize.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "scheduler-config-v1-prioritize.yaml"
 GPU_MEM = "gpupool.io/gpu-mem"
 SMALL_NODE = {"cpu": "8", "memory": "8Gi", "pods": "110"}
 PRE_CONFIG_WEIGHT = 5
@@ -105,11 +105,8 @@ def run_scheduler(binaries: Binaries, plane: ControlPlane, workdir: Path, extend
     """kube-scheduler with the shipped file, connection details replaced (see the module doc)."""
     config = yaml.safe_load(CONFIG.read_text())
     (healthz_port,) = free_ports(1)
-    address = f"127.0.0.1:{healthz_port}"
     config["clientConnection"]["kubeconfig"] = str(plane.kubeconfig)
     config["leaderElection"] = {"leaderElect": False}
-    config["healthzBindAddress"] = address
-    config["metricsBindAddress"] = address
     config["profiles"] = [{**profile, "schedulerName": scheduler_name}
                           for profile in config.get("profiles") or [{}]]
     (entry,) = config["extenders"]
@@ -120,10 +117,10 @@ def run_scheduler(binaries: Binaries, plane: ControlPlane, workdir: Path, extend
         entry["weight"] = weight
     path = workdir / f"{scheduler_name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    process = spawn("kube-scheduler", [binaries.kube_scheduler, f"--config={path}", "--secure-port=0",
-                                       "--v=2"], workdir / f"{scheduler_name}.log")
-    wait_until(lambda: is_ok(f"http://{address}/healthz"), what="kube-scheduler with the deploy config",
-               timeout=60, watch=[process])
+    args = scheduler_args(config=path, kubeconfig=plane.kubeconfig, port=healthz_port)
+    process = spawn("kube-scheduler", [binaries.kube_scheduler, *args], workdir / f"{scheduler_name}.log")
+    wait_until(lambda: is_ok(f"https://127.0.0.1:{healthz_port}/healthz", verify=False),
+               what="kube-scheduler with the deploy config", timeout=60, watch=[process])
     return process
 
 

@@ -39,7 +39,7 @@ class TlsExtenderConfig(ExtenderConfig):
 
     tls_config: dict[str, str] = field(default_factory=dict)
 
-    def to_v1beta1(self) -> dict[str, Any]:
-        entry = super().to_v1beta1()
+    def to_v1(self) -> dict[str, Any]:
+        entry = super().to_v1()
         entry["tlsConfig"] = dict(self.tls_config)
         return entry

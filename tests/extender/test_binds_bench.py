@@ -17,7 +17,8 @@ import pytest
 
 import gpupool.testenv.build as testenv_build
 import gpupool.testenv.controlplane as testenv_controlplane
-from gpupool.testenv.paths import CACHE_ENV, K8S_COMMANDS, Binaries
+import gpupool.testenv.gobuild as testenv_gobuild
+from gpupool.testenv.paths import CACHE_ENV, Binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,17 +50,23 @@ def _executable(path: Path) -> None:
 
 
 @pytest.fixture
-def built_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A testenv cache laid out as the build leaves it: the fake CRI named by its source's hash."""
+def built_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Binaries:
+    """A testenv cache as the build leaves it (the build's compile step replaced by a stand-in
+    that writes an executable per program)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    for name in K8S_COMMANDS:
-        _executable(tmp_path / "bin" / name)
-    for name, patch in testenv_build.PATCHED.items():  # built from the patched tree
-        (tmp_path / "bin" / f".{name}.{patch}").touch()
-    _executable(testenv_build.fakecri_binary())
-    _executable(tmp_path / "etcd")
-    monkeypatch.setattr(testenv_build, "system_etcd", lambda: tmp_path / "etcd")
-    return tmp_path
+    source = tmp_path / "kubernetes-source"
+    source.mkdir()
+    (source / "go.mod").write_text("module k8s.io/kubernetes\n\ngo 1.26.0\n\nrequire (\n\tk8s.io/api v0.0.0\n)\n")
+
+    def compile_stand_in(cmd: list[str], log_path: Path, **_: Any) -> None:
+        _executable(Path(cmd[cmd.index("-o") + 1]))
+
+    monkeypatch.setattr(testenv_gobuild, "run_step", compile_stand_in)
+    monkeypatch.setattr(testenv_gobuild, "toolchain_problem", lambda: None)
+    monkeypatch.setattr(testenv_build, "toolchain_problem", lambda: None)
+    monkeypatch.setattr(testenv_build, "kubernetes_source", lambda rel, log: source)
+    monkeypatch.setattr(testenv_build, "_cached_mod_file", lambda module, version: source / "go.mod")
+    return testenv_build.ensure_binaries()
 
 
 def _refuse_to_start(binaries: Binaries, **_: Any) -> None:
@@ -67,13 +74,12 @@ def _refuse_to_start(binaries: Binaries, **_: Any) -> None:
 
 
 def test_the_real_apiserver_is_found_where_the_build_put_its_binaries(
-        built_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        built_cache: Binaries, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(testenv_controlplane, "start_control_plane", _refuse_to_start)
     with pytest.raises(_Started) as started:
         _bench().real_backend(build=False)
-    assert started.value.binaries.fakecri == testenv_build.fakecri_binary()
-    assert started.value.binaries.fakecri.name != "gpupool-fakecri"  # keyed by the source's hash
-    assert started.value.binaries.kube_apiserver == built_cache / "bin" / "kube-apiserver"
+    assert started.value.binaries == built_cache
+    assert started.value.binaries.kube_apiserver.parent.parent.name.startswith("kubernetes-v1.")
 
 
 def test_auto_falls_back_to_the_fake_api_loudly_and_says_so_in_the_result(
@@ -90,8 +96,8 @@ def test_auto_falls_back_to_the_fake_api_loudly_and_says_so_in_the_result(
 def test_real_without_a_buildable_apiserver_stops_with_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty"))
-    monkeypatch.setattr(testenv_build, "build_impossible_reason", lambda: "no apt here")
-    with pytest.raises(SystemExit, match="--apiserver real: no real apiserver: no apt here"):
+    monkeypatch.setattr(testenv_build, "build_impossible_reason", lambda: "no Go here")
+    with pytest.raises(SystemExit, match="--apiserver real: no real apiserver: no Go here"):
         _bench().binds(40, 4, 8, "real", random.Random(1))
 
 

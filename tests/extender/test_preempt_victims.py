@@ -95,18 +95,8 @@ def test_preempt_reprieves_a_victim_the_pod_does_not_need() -> None:
 def test_the_shipped_scheduler_configurations_call_preempt() -> None:
     deploy = Path(__file__).resolve().parents[2] / "deploy"
     configs = sorted(deploy.glob("scheduler-config-*.yaml"))
-    assert len(configs) == 4  # v1 and v1beta1, best-only and -prioritize
+    assert [p.name for p in configs] == ["scheduler-config-v1-prioritize.yaml", "scheduler-config-v1.yaml"]
     for path in configs:
+        assert yaml.safe_load(path.read_text())["apiVersion"] == "kubescheduler.config.k8s.io/v1", path.name
         (entry,) = yaml.safe_load(path.read_text())["extenders"]
         assert entry["preemptVerb"] == "preempt", path.name
-
-
-def test_the_v1beta1_configurations_rank_no_victimless_candidates() -> None:
-    """kube-scheduler 1.20.0-1.20.9 crashes ranking two candidates without victims
-    (kubernetes#101548), which is what its dry run proposes for a GPU pod: the 1.20 files ask for
-    one candidate per attempt (tests/e2e/test_preempt_e2e.py shows the crash without it)."""
-    deploy = Path(__file__).resolve().parents[2] / "deploy"
-    for path in sorted(deploy.glob("scheduler-config-v1beta1*.yaml")):
-        (profile,) = yaml.safe_load(path.read_text())["profiles"]
-        (args,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "DefaultPreemption"]
-        assert args == {"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 1}, path.name

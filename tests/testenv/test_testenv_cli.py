@@ -87,11 +87,24 @@ def test_up_hands_the_runtime_to_every_kubelet(tmp_path: Path, monkeypatch: pyte
         started.append((node, runtime))
         return Node()
 
-    monkeypatch.setattr(testenv_cmd, "ensure_binaries", lambda log: None)
+    asked: list[str | None] = []
+
+    def ensure_binaries(log: object, version: str | None) -> SimpleNamespace:
+        asked.append(version)
+        return SimpleNamespace(version="v1.35.4")
+
+    monkeypatch.setattr(testenv_cmd, "ensure_binaries", ensure_binaries)
     monkeypatch.setattr(testenv_cmd, "start_control_plane", lambda *a, **k: Plane())
     monkeypatch.setattr(testenv_cmd, "start_kubelet", start_kubelet)
     result = CliRunner().invoke(cli, ["testenv", "up", "--state-dir", str(tmp_path), "--runtime", "containerd",
-                                      "--kubelet", "a", "--kubelet", "b"])
+                                      "--version", "1.35", "--kubelet", "a", "--kubelet", "b"])
     assert result.exit_code == 0, result.output
+    assert asked == ["1.35"] and "Kubernetes v1.35.4" in result.output  # up says which release runs
     assert started == [("a", "containerd"), ("b", "containerd")]
     assert "gpupool.local/busybox:k" in result.output
+
+
+def test_a_release_that_is_not_pinned_is_refused_with_the_supported_ones(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["testenv", "build", "--version", "1.20.2"])
+    assert result.exit_code != 0
+    assert "1.20.2 is not a release" in result.output and "v1.37.2" in result.output

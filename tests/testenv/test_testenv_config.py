@@ -16,6 +16,7 @@ from gpupool.testenv.config import (
     render_token_file,
 )
 from gpupool.testenv.controllers import controller_manager_args
+from gpupool.testenv.controlplane import scheduler_args
 
 
 def test_token_file_single_group_is_plain_csv() -> None:
@@ -37,20 +38,27 @@ def test_kubeconfig_embeds_ca_and_token() -> None:
 
 
 def test_scheduler_config_without_extender() -> None:
-    config = yaml.safe_load(render_scheduler_config("/k/config", "127.0.0.1:5000"))
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
+    config = yaml.safe_load(render_scheduler_config("/k/config"))
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["clientConnection"]["kubeconfig"] == "/k/config"
     assert config["leaderElection"]["leaderElect"] is False
-    assert config["healthzBindAddress"] == config["metricsBindAddress"] == "127.0.0.1:5000"
+    # v1 has no insecure health or metrics address: both are on the secure port of the command line
+    assert "healthzBindAddress" not in config and "metricsBindAddress" not in config
     assert "extenders" not in config
+
+
+def test_scheduler_serves_health_and_metrics_on_a_loopback_secure_port() -> None:
+    args = scheduler_args(config=Path("/c.yaml"), kubeconfig=Path("/k"), port=1234)
+    assert {"--config=/c.yaml", "--bind-address=127.0.0.1", "--secure-port=1234",
+            "--authentication-kubeconfig=/k", "--authorization-kubeconfig=/k"} <= set(args)
 
 
 def test_scheduler_config_extender_managed_resources_are_ignored_by_scheduler() -> None:
     extender = ExtenderConfig(url_prefix="http://127.0.0.1:9000/gpupool", bind_verb="bind",
                               node_cache_capable=True,
                               managed_resources=("gpupool.io/gpu-mem", "gpupool.io/gpu-core"))
-    config = yaml.safe_load(render_scheduler_config("/k", "127.0.0.1:1", [extender]))
+    config = yaml.safe_load(render_scheduler_config("/k", [extender]))
     (entry,) = config["extenders"]
     assert entry["urlPrefix"] == "http://127.0.0.1:9000/gpupool"
     assert entry["filterVerb"] == "filter"
@@ -68,14 +76,15 @@ def test_scheduler_config_extender_managed_resources_are_ignored_by_scheduler() 
 
 
 def test_extender_without_prioritize_has_no_weight() -> None:
-    entry = ExtenderConfig(url_prefix="https://x", prioritize_verb=None).to_v1beta1()
+    entry = ExtenderConfig(url_prefix="https://x", prioritize_verb=None).to_v1()
     assert "prioritizeVerb" not in entry
     assert "weight" not in entry
     assert entry["enableHTTPS"] is True
 
 
 def test_kubelet_config_has_the_settings_a_container_less_machine_needs() -> None:
-    config = yaml.safe_load(render_kubelet_config(address="192.0.2.2", port=11250, healthz_port=11248))
+    config = yaml.safe_load(render_kubelet_config(address="192.0.2.2", port=11250, healthz_port=11248,
+                                                  runtime_endpoint="unix:///run/cri.sock"))
     assert config["kind"] == "KubeletConfiguration"
     assert config["address"] == "192.0.2.2"
     assert config["port"] == 11250
@@ -88,10 +97,12 @@ def test_kubelet_config_has_the_settings_a_container_less_machine_needs() -> Non
     assert config["authorization"]["mode"] == "AlwaysAllow"
     assert config["authentication"]["webhook"]["enabled"] is False
     assert config["nodeStatusUpdateFrequency"] == "2s"  # node Ready in ~8 s instead of ~17 s
+    assert config["containerRuntimeEndpoint"] == config["imageServiceEndpoint"] == "unix:///run/cri.sock"
+    assert config["failCgroupV1"] is False  # kubelet 1.35+ refuses cgroup v1 hosts otherwise
 
 
 def test_kubelet_config_extra_overrides() -> None:
-    config = yaml.safe_load(render_kubelet_config(address="a", port=1, healthz_port=2,
+    config = yaml.safe_load(render_kubelet_config(address="a", port=1, healthz_port=2, runtime_endpoint="unix:///x",
                                                   extra={"featureGates": {"X": True}, "port": 3}))
     assert config["featureGates"] == {"X": True}
     assert config["port"] == 3
@@ -100,7 +111,7 @@ def test_kubelet_config_extra_overrides() -> None:
 def test_controller_manager_runs_only_the_named_controllers_without_leader_election() -> None:
     args = controller_manager_args(kubeconfig=Path("/k"), healthz_port=1234, controllers=("deployment", "replicaset"))
     assert "--controllers=deployment,replicaset" in args
-    assert {"--leader-elect=false", "--port=1234", "--address=127.0.0.1", "--secure-port=0",
+    assert {"--leader-elect=false", "--secure-port=1234", "--bind-address=127.0.0.1",
             "--kubeconfig=/k"} <= set(args)
 
 

@@ -82,7 +82,8 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RuntimeTools:
     busybox = tmp_path / "busybox"
     busybox.write_text("#!/bin/sh\nprintf 'bin/sh\\nusr/bin/env\\nbin/busybox\\n'\n")
     busybox.chmod(0o755)
-    return RuntimeTools(containerd=busybox, ctr=busybox, runc=busybox, busybox=busybox, gcc=busybox, ip=busybox)
+    return RuntimeTools(containerd=busybox, ctr=busybox, runc=busybox, busybox=busybox, gcc=busybox, ip=busybox,
+                        cni_bin_dir=tmp_path)
 
 
 def test_busybox_does_not_link_over_itself(fake_tools: RuntimeTools) -> None:

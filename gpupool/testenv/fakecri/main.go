@@ -1,9 +1,9 @@
-// gpupool-fakecri serves the Kubernetes tree's fake CRI runtime
-// (pkg/kubelet/cri/remote/fake) on a unix socket, so that a real kubelet can
-// run pods on a machine without a container engine.
+// gpupool-fakecri serves Kubernetes' fake CRI runtime (k8s.io/cri-client's
+// pkg/fake, CRI v1) on a unix socket, so that a real kubelet can run pods on a
+// machine without a container engine.
 //
-// It is copied into the Kubernetes v1.20.2 source tree as cmd/gpupool-fakecri
-// by `gpupool testenv build` and compiled offline with -mod=vendor.
+// `gpupool testenv build` compiles it in the same wrapper module as the
+// Kubernetes release it serves (the same k8s.io/cri-api and cri-client).
 //
 // The upstream fake is written for unit tests; four fixes make it usable by a
 // real kubelet:
@@ -37,9 +37,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1alpha2"
-	"k8s.io/kubernetes/pkg/kubelet/cri/remote/fake"
-	"k8s.io/kubernetes/pkg/kubelet/cri/remote/util"
+	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+	"k8s.io/cri-client/pkg/util"
 )
 
 // fakeImageSize is what every pulled image reports; any non-zero value works.
@@ -153,21 +153,25 @@ func (r *runtime) RemoveContainer(ctx context.Context, req *kubeapi.RemoveContai
 	return r.RemoteRuntime.RemoveContainer(ctx, req)
 }
 
-// ImageFsInfo reports the runtime's state directory as the image filesystem.
+// ImageFsInfo reports the runtime's state directory as the image filesystem,
+// and as the containers' filesystem too (one disk, as on most nodes).
 func (r *runtime) ImageFsInfo(ctx context.Context, req *kubeapi.ImageFsInfoRequest) (*kubeapi.ImageFsInfoResponse, error) {
-	return &kubeapi.ImageFsInfoResponse{ImageFilesystems: []*kubeapi.FilesystemUsage{{
-		Timestamp:  time.Now().UnixNano(),
-		FsId:       &kubeapi.FilesystemIdentifier{Mountpoint: r.imageFsDir},
-		UsedBytes:  &kubeapi.UInt64Value{Value: fakeImageSize},
-		InodesUsed: &kubeapi.UInt64Value{Value: 1},
-	}}}, nil
+	usage := func() []*kubeapi.FilesystemUsage {
+		return []*kubeapi.FilesystemUsage{{
+			Timestamp:  time.Now().UnixNano(),
+			FsId:       &kubeapi.FilesystemIdentifier{Mountpoint: r.imageFsDir},
+			UsedBytes:  &kubeapi.UInt64Value{Value: fakeImageSize},
+			InodesUsed: &kubeapi.UInt64Value{Value: 1},
+		}}
+	}
+	return &kubeapi.ImageFsInfoResponse{ImageFilesystems: usage(), ContainerFilesystems: usage()}, nil
 }
 
 // writeEnvLog appends one CRI-format log line ("<time> stdout F KEY=VALUE") per variable.
 func writeEnvLog(path string, envs []*kubeapi.KeyValue) error {
 	lines := make([]string, 0, len(envs))
 	for _, kv := range envs {
-		lines = append(lines, kv.GetKey()+"="+kv.GetValue())
+		lines = append(lines, kv.GetKey()+"="+string(kv.GetValue()))
 	}
 	sort.Strings(lines)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -212,6 +216,10 @@ func main() {
 			{Type: kubeapi.RuntimeReady, Status: true},
 			{Type: kubeapi.NetworkReady, Status: true},
 		},
+	}
+	// kubelet takes its cgroup driver from the runtime (KubeletCgroupDriverFromCRI).
+	f.RuntimeService.FakeLinuxConfiguration = &kubeapi.LinuxRuntimeConfiguration{
+		CgroupDriver: kubeapi.CgroupDriver_CGROUPFS,
 	}
 	r := &runtime{RemoteRuntime: f, imageFsDir: *imageFsDir, env: map[string][]*kubeapi.KeyValue{},
 		exit: map[string]int32{}}
