@@ -1,4 +1,5 @@
-"""A real Kubernetes (v1.20.2) on this machine for end-to-end tests; see docs/testenv.md.
+"""A real, current Kubernetes (v1.37.2 by default; the pins are in ``versions``) on this machine for
+end-to-end tests; see docs/testenv.md.
 
 Public API (everything else is an implementation detail):
 
@@ -10,12 +11,15 @@ Public API (everything else is an implementation detail):
   plus your files) for ``Kubelet.import_image``; :class:`DeviceNode` makes stand-in device nodes.
 * :class:`ExtenderConfig` points the scheduler at an extender (``ControlPlane.restart_scheduler``).
 
-The modules are small on purpose: ``build`` (compile), ``controlplane``, ``kubelet``, ``config``
+The modules are small on purpose: ``versions`` (every pinned release), ``gobuild`` (Go programs
+from published modules into the cache), ``build`` (Kubernetes, etcd, the fake runtime), ``steps``
+(lock, logged step, atomic install), ``controlplane``, ``kubelet``, ``config``
 (pure renderers), ``pki``, ``ports``, ``nodeip``, ``procs`` (child processes), ``probe`` (HTTP
 readiness), ``statefile`` (what ``gpupool testenv up`` leaves for ``down``), ``mountns`` (a node's
 private mount namespace), ``node_runtime`` (fake or containerd), ``containerd`` and
-``containerd_config``, ``runtime_tools`` (apt-installed containerd, runc, CNI, busybox), ``images``
-and ``image_archive`` (docker-archive images built from host files).
+``containerd_config``, ``runtime_tools`` (containerd, runc and CNI built from their modules;
+busybox, gcc from apt), ``images`` and ``image_archive`` (docker-archive images built from host
+files).
 """
 
 from gpupool.testenv.build import build_impossible_reason, ensure_binaries

@@ -12,7 +12,8 @@ connections, so nothing between the component and the server (TLS termination, t
 watches, timeouts) can change what is measured or how the component behaves. Kubelets, the
 scheduler and the tests themselves use the admin token and add nothing to the log.
 
-kube-apiserver v1.20 writes a watch's entries only when the watch ends (``ResponseStarted`` too),
+kube-apiserver (seen on v1.20, and the e2e counts still hold on the current release) writes a
+watch's entries only when the watch ends (``ResponseStarted`` too),
 and never for a watch cut by a killed apiserver: count watches after the component has closed
 them, and attribute requests to the phases of a test by :attr:`AuditedRequest.received`, the time
 the server received them, not by when their entry appeared.

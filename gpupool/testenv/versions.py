@@ -51,7 +51,8 @@ OLDEST = RELEASES[-1]
 ETCD = "v3.7.0"
 #: containerd 2 (the kubelets of the newest minors refuse 1.x) and its shim, built from Go modules.
 CONTAINERD = "v2.4.2"
-#: runc, built from its Go module (cgo, no seccomp: kubelet's pods run Unconfined by default).
+#: runc, built from its Go module (cgo, with seccomp: kubelet asks ``RuntimeDefault`` for every
+#: pod sandbox, and a runc without seccomp refuses it).
 RUNC = "v1.5.3"
 #: The CNI plugins the pod network uses (bridge, host-local, loopback).
 CNI_PLUGINS = "v1.10.0"

@@ -51,7 +51,8 @@ from tests.e2e.e2e_support import (
     wait_for,
 )
 
-pytestmark = pytest.mark.e2e
+# Also in the compatibility set run on the oldest supported Kubernetes minor (scripts/test-all).
+pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
 NAMES = ResourceNames()
 CARD_MIB = 16384

@@ -33,7 +33,8 @@ from tests.e2e.e2e_support import MakeNode, free_port
 from tests.kubectl.objects import assignment
 from tests.nodeagent.usage_world import agent_with_monitor
 
-pytestmark = pytest.mark.e2e
+# Also in the compatibility set run on the oldest supported Kubernetes minor (scripts/test-all).
+pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
 NAMES = ResourceNames()
 ROOT = Path(__file__).resolve().parents[2]

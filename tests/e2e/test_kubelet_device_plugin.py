@@ -17,7 +17,8 @@ from kubernetes import client
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, wait_for
 
-pytestmark = pytest.mark.e2e
+# Also in the compatibility set run on the oldest supported Kubernetes minor (scripts/test-all).
+pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
 GPUS = """\
 model: NVIDIA-H200

@@ -57,6 +57,7 @@ def test_kubelet_registers_a_ready_node_and_runs_a_plain_pod(
     assert excinfo.value.status == 404
 
 
+@pytest.mark.compat
 def test_kubelet_restart_keeps_running_pods_and_recreates_the_registration_socket(
     core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet
 ) -> None:

@@ -49,7 +49,8 @@ from tests.e2e.test_preempt_e2e import with_priority
 from tests.e2e.test_scheduler_config_e2e import run_scheduler
 from tests.e2e.test_usage_monitor_real_containers_e2e import device_holders
 
-pytestmark = pytest.mark.e2e
+# Also in the compatibility set run on the oldest supported Kubernetes minor (scripts/test-all).
+pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
 priority_classes = test_preempt_e2e.priority_classes  # the fixture: a low and a high PriorityClass

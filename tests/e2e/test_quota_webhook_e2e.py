@@ -99,6 +99,7 @@ def refusal(core_v1: client.CoreV1Api, namespace: str, body: dict[str, Any], dry
     return None
 
 
+@pytest.mark.compat
 def test_the_apiserver_rejects_a_pod_over_its_quota_through_the_webhook(
         registered: str, core_v1: client.CoreV1Api, kube_api_client: client.ApiClient,
         make_node: MakeNode) -> None:

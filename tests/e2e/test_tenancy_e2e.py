@@ -187,6 +187,7 @@ def test_a_pod_without_a_group_stays_off_reserved_gpus_but_may_use_shared_ones(
     refused_with(core_v1, namespace, "more", "reserved by a resource group")
 
 
+@pytest.mark.compat
 def test_a_quota_reached_refuses_with_limit_used_and_asked_until_gpus_are_freed(
     core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode, custom: client.CustomObjectsApi,
     gpupool_extender: ExtenderProcess,
