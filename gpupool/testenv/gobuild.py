@@ -139,16 +139,33 @@ def go_env(*, cgo: bool = False) -> dict[str, str]:
     }
 
 
+#: What ``go mod download`` says when the proxy cannot be reached (as opposed to a version it does
+#: not serve, which is a wrong pin and a build failure).
+_UNREACHABLE = re.compile(r"dial tcp|no such host|i/o timeout|connection refused|TLS handshake timeout|"
+                          r"network is unreachable|temporary failure in name resolution", re.IGNORECASE)
+
+
 def module_dir(module: str, version: str, *, logs: Path, log: Log = quiet) -> Path:
-    """Download ``module@version`` into the module cache (once) and return its directory."""
+    """Download ``module@version`` into the module cache (once) and return its directory.
+
+    Raises :class:`BuildImpossibleError` when the module proxy cannot be reached (this machine
+    cannot build at all), :class:`BuildFailedError` when it answers but does not serve that version
+    (a wrong pin); both name the step and its log.
+    """
     _require_toolchain()
     safe = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{module}@{version}")
     log_path = logs / f"download-{safe}.log"
     out = logs / f"download-{safe}.json"
     log(f"downloading {module}@{version} (log: {log_path})")
-    run_step([str(go_binary()), "mod", "download", "-json", f"{module}@{version}"], log_path,
-             failure=BuildImpossibleError, step=f"go mod download {module}@{version}", env=go_env(),
-             cwd=logs)
+    step = f"go mod download {module}@{version}"
+    try:
+        run_step([str(go_binary()), "mod", "download", "-json", f"{module}@{version}"], log_path,
+                 failure=BuildFailedError, step=step, env=go_env(), cwd=logs)
+    except BuildFailedError as exc:
+        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        if _UNREACHABLE.search(text):
+            raise BuildImpossibleError(f"{step}: the Go module proxy cannot be reached; {exc}") from exc
+        raise BuildFailedError(f"{step}: the module proxy does not serve this version (a wrong pin?); {exc}") from exc
     text = log_path.read_text()
     out.write_text(text)
     start = text.find("{")

@@ -255,3 +255,30 @@ def test_go_runs_with_the_projects_caches_and_never_downloads_a_toolchain(fake_c
     assert env["GOCACHE"] == str(fake_cache / "go" / "build")
     assert env["GOTOOLCHAIN"] == "local"
     assert env["CGO_ENABLED"] == "0" and gobuild.go_env(cgo=True)["CGO_ENABLED"] == "1"
+
+
+def _failing_download(output: str) -> object:
+    def run(cmd: list[str], log_path: Path, *, failure: type[Exception], step: str, **_: object) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(output)
+        raise failure(f"{step} failed (exit 1); full log: {log_path}")
+    return run
+
+
+def test_a_version_the_proxy_does_not_serve_is_a_build_failure_naming_the_step_and_log(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(gobuild, "run_step", _failing_download(
+        "go: k8s.io/kubernetes@v1.99.0: reading https://proxy/k8s.io/kubernetes/@v/v1.99.0.info: 404 Not Found\n"))
+    with pytest.raises(BuildFailedError, match=r"go mod download k8s.io/kubernetes@v1.99.0.*does not serve.*log"):
+        gobuild.module_dir("k8s.io/kubernetes", "v1.99.0", logs=tmp_path)
+
+
+def test_an_unreachable_proxy_makes_the_build_impossible_not_failed(
+    fake_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(gobuild, "run_step", _failing_download(
+        "go: k8s.io/kubernetes@v1.37.2: Get \"https://proxy.example/\": "
+        "dial tcp: lookup proxy.example: no such host\n"))
+    with pytest.raises(BuildImpossibleError, match="cannot be reached"):
+        gobuild.module_dir("k8s.io/kubernetes", "v1.37.2", logs=tmp_path)
