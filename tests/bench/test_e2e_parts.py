@@ -69,12 +69,13 @@ def test_pods_are_the_traces_and_at_most_half_a_node() -> None:
 @pytest.mark.parametrize("mode", [pytest.param(mode, id=mode) for mode in sorted(SHIPPED_CONFIGS)])
 def test_scheduler_config_is_the_shipped_one_with_the_clusters_addresses_and_limits(tmp_path: Any, mode: str) -> None:
     shipped = yaml.safe_load(SHIPPED_CONFIGS[mode].read_text())
-    config = yaml.safe_load(scheduler_config(tmp_path / "kc", "http://127.0.0.1:9/x", "127.0.0.1:7", 300.0, 600,
+    config = yaml.safe_load(scheduler_config(tmp_path / "kc", "http://127.0.0.1:9/x", 300.0, 600,
                                              SHIPPED_CONFIGS[mode]))
     assert config["clientConnection"] == {"kubeconfig": str(tmp_path / "kc"), "qps": 300.0, "burst": 600}
     assert config["percentageOfNodesToScore"] == shipped["percentageOfNodesToScore"] == 100
     assert config["leaderElection"] == {"leaderElect": False}
-    assert config["metricsBindAddress"] == config["healthzBindAddress"] == "127.0.0.1:7"
+    # v1 has no insecure addresses: health and metrics are on the secure port of the command line
+    assert "metricsBindAddress" not in config and "healthzBindAddress" not in config
     (extender,) = config["extenders"]
     expected = {**shipped["extenders"][0], "urlPrefix": "http://127.0.0.1:9/x"}
     expected.pop("enableHTTPS"), expected.pop("tlsConfig")  # the bench's extender speaks plain HTTP
