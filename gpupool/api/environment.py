@@ -124,7 +124,7 @@ class ContainerEnvironment:
             raise EnvContractError(f"{CARD_INDICES}, {CARD_UUIDS}, {MEMORY_LIMIT_MIB} and {COMPUTE_PERCENT}"
                                     " name different numbers of cards")
         if any(p > 100 for p in compute):
-            raise EnvContractError(f"{COMPUTE_PERCENT}: a share above 100 %")
+            raise EnvContractError(f"{COMPUTE_PERCENT}: a share above 100 percent")
         cards = tuple(CardShare(i, u, m, c) for i, u, m, c in zip(indices, uuids, memory, compute, strict=True))
         return ContainerEnvironment(pod=env[POD], container=env[CONTAINER], cards=cards)
 

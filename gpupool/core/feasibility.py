@@ -164,5 +164,6 @@ def explain_cards(state: ClusterState, row: int, request: GpuRequest) -> str | N
             return f"no single card has {wanted} MiB free; largest free {max(largest, 0)} MiB"
         return f"fewer than {request.count} cards have {wanted} MiB free; largest free {max(largest, 0)} MiB"
     best_compute = int(state.card_compute_free[row][shareable].max())
-    return (f"no card has {request.compute / 10:g}% compute free together with the memory; "
-            f"largest free compute {max(best_compute, 0) / 10:g}%")
+    # "percent", never a "%" sign: kube-scheduler formats a reason with Go's fmt (docs/extender.md, "API")
+    return (f"no card has {request.compute / 10:g} percent compute free together with the memory; "
+            f"largest free compute {max(best_compute, 0) / 10:g} percent")

@@ -232,7 +232,8 @@ def test_gpushare_filter_example_explains_each_node() -> None:
         pytest.param(pod_with("p", GpuRequest(count=2, compute=0, memory_mib=9_000)), 0,
          "fewer than 2 cards have 9000 MiB free; largest free 16384 MiB", id="too-few-cards-with-the-memory"),
         pytest.param(pod_with("p", GpuRequest(count=2, compute=600, memory_mib=100)), 0,
-         "no card has 60% compute free together with the memory; largest free compute 100%", id="compute-short"),
+         "no card has 60 percent compute free together with the memory; largest free compute 100 percent",
+         id="compute-short"),
         pytest.param(slice_pod("p", 500), 0, None, id="fits-slice"),
         pytest.param(slice_pod("p", 1000), 1, None, id="fits-whole"),
     ],
@@ -245,7 +246,7 @@ def test_explain_node_compute_shortage() -> None:
     state = ClusterState([make_node("n", 1)])
     book_slice(state, "a", "n", 0, compute=750)
     assert explain_node(state, 0, pod_with("p", GpuRequest(compute=300, memory_mib=10))) == (
-        "no card has 30% compute free together with the memory; largest free compute 25%")
+        "no card has 30 percent compute free together with the memory; largest free compute 25 percent")
 
 
 def test_explain_node_unhealthy_and_removed() -> None:

@@ -47,6 +47,8 @@ from gpupool.extender.http.wire import (
     HostPriorityEncoder,
     WireError,
     binding_result,
+    format_safe,
+    format_safe_reasons,
     parse_binding_args,
     parse_extender_args,
     parse_preemption_args,
@@ -129,9 +131,12 @@ class ExtenderApi:
         if args.node_cache_capable:
             passed = self.records.name_list(outcome.passed, outcome.rows, outcome.layout)
             if passed is not None:  # the same document FilterResult.to_json gives, written faster
+                failed_json = orjson.dumps(failed)
+                if b"%" in failed_json:  # one scan of the bytes; kube-scheduler would take it for a verb
+                    failed_json = orjson.dumps(format_safe_reasons(failed))
                 return RawJson(b'{"Nodes":null,"NodeNames":' + passed + b',"FailedNodes":'
-                               + orjson.dumps(failed) + b',"Error":'
-                               + orjson.dumps(outcome.error) + b"}"), label
+                               + failed_json + b',"Error":'
+                               + orjson.dumps(format_safe(outcome.error)) + b"}"), label
         result = FilterResult(passed=outcome.passed, failed=failed, error=outcome.error)
         return result.to_json(args), label
 

@@ -6,6 +6,12 @@ read the same way (:func:`ci_get`) and always write the exact Go names. Pods and
 ordinary Kubernetes JSON and are passed through as dicts.
 
 Malformed documents raise :class:`WireError`; the HTTP layer answers those with 400 and an ``Error``.
+
+Every text kube-scheduler shows (``FailedNodes``' reasons, a filter's or a bind's ``Error``) leaves
+here without a ``%`` (:func:`format_safe`): kube-scheduler records the pod's ``FailedScheduling``
+event with the message as the *format string* of Go's ``fmt`` (``Eventf(pod, ..., msg)`` with no
+arguments), so ``30% c`` arrived as ``30%!c(MISSING)`` and ``%%`` as ``%``, while the pod's
+``PodScheduled`` condition keeps the raw text: only a text without ``%`` reads the same in both.
 """
 
 from __future__ import annotations
@@ -21,6 +27,25 @@ import orjson
 
 class WireError(ValueError):
     """A request body that is not a valid extender document; the message names the field."""
+
+
+SAFE_PERCENT = "\uff05"
+"""FULLWIDTH PERCENT SIGN: what a ``%`` in a text gpupool does not write itself (a model name, an
+annotation's value) becomes, so the text reads the same and Go's ``fmt`` leaves it alone. gpupool's
+own reasons write "percent" instead."""
+
+
+def format_safe(text: str) -> str:
+    """``text`` without a ``%``, which kube-scheduler's Go ``fmt`` would take for a verb (module doc)."""
+    return text.replace("%", SAFE_PERCENT) if "%" in text else text
+
+
+def format_safe_reasons(reasons: dict[str, str]) -> dict[str, str]:
+    """``reasons`` (node → reason) with :func:`format_safe` texts; the same dict when none has a ``%``
+    (one join, no per-reason Python loop, on answers of up to one reason per node)."""
+    if "%" not in "".join(reasons.values()):
+        return reasons
+    return {node: format_safe(reason) for node, reason in reasons.items()}
 
 
 def ci_get(doc: Mapping[str, Any], name: str) -> Any:
@@ -120,12 +145,13 @@ class FilterResult:
     error: str = ""
 
     def to_json(self, args: ExtenderArgs | None) -> dict[str, Any]:
+        failed, error = format_safe_reasons(self.failed), format_safe(self.error)
         if args is not None and args.nodes is not None:
             keep = set(self.passed)
             items = [n for n in args.nodes if (n.get("metadata") or {}).get("name") in keep]
             return {"Nodes": {"metadata": {}, "items": items}, "NodeNames": None,
-                    "FailedNodes": self.failed, "Error": self.error}
-        return {"Nodes": None, "NodeNames": self.passed, "FailedNodes": self.failed, "Error": self.error}
+                    "FailedNodes": failed, "Error": error}
+        return {"Nodes": None, "NodeNames": self.passed, "FailedNodes": failed, "Error": error}
 
 
 def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -214,8 +240,8 @@ def parse_binding_args(doc: Any) -> BindingArgs:
 
 
 def binding_result(error: str) -> dict[str, Any]:
-    """``ExtenderBindingResult``."""
-    return {"Error": error}
+    """``ExtenderBindingResult`` (kube-scheduler shows a refusal in the pod's events: no ``%``)."""
+    return {"Error": format_safe(error)}
 
 
 # ----------------------------------------------------------------------------------- preempt
