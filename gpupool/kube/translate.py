@@ -51,6 +51,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
 from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
 from gpupool.kube.foreign import ForeignRequestError, gpushare_per_card, hami_request, is_hami
+from gpupool.kube.memory_units import unit_problem
 from gpupool.kube.pod_options import PodOptionError, PodOptions, pod_options
 from gpupool.kube.quantity import QuantityError, parse_quantity
 
@@ -206,8 +207,9 @@ def _native_request(found: Mapping[str, int], names: ResourceNames, where: str, 
     for card_count in (names.gpu, names.gpu_shared):
         if card_count in found:
             _at_most(found[card_count], MAX_CARDS_PER_NODE, card_count, where)
-    if memory is not None:
-        _at_most(memory, MAX_CARD_MEMORY_MIB, "GPU memory per card (MiB)", where)
+    problem = unit_problem(found, memory_units)  # 1 TiB or more: a count in the wrong unit
+    if problem is not None:
+        raise TranslationError(f"{where}: {problem}")
     if whole_cards is not None:
         slice_names = [r for r in found if r != names.gpu]
         if slice_names:

@@ -12,7 +12,7 @@ from gpupool.extender.admission import NOT_SYNCED_WARNING, QuotaAdmission, Verdi
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.service import ExtenderService
 from tests.extender.tenancy_world import gpu_pod, quota, read, world
-from tests.kube.builders import node, pod
+from tests.kube.builders import container, node, pod
 
 CARD = 16_384
 TWO_MODELS = [node("v", [CARD, CARD], model="V100"), node("t", [CARD, CARD], model="T4")]
@@ -84,6 +84,15 @@ def test_pods_without_gpus_and_unreadable_pods_are_admitted() -> None:
     broken = gpu_pod("p", "team-a", gpu_core=150)
     found = verdict(cache, broken)
     assert found.allowed and found.warnings and "the scheduler will refuse the pod" in found.warnings[0]
+
+
+def test_gpu_mem_in_the_wrong_unit_is_admitted_with_the_unit_and_what_to_write() -> None:
+    """The client sees at creation why the scheduler will refuse the pod (kubectl prints warnings)."""
+    cache = world(TWO_MODELS, quotas=[quota("team-a", hard={"wholeGpus": 4})])
+    found = verdict(cache, pod("p", container(gpu_mem="4Gi"), namespace="team-a"))
+    assert found.allowed and found.warnings == (
+        "gpupool: pod team-a/p container main: gpupool.io/gpu-mem counts 256 MiB units: 4294967296 is 1 EiB; "
+        "for 4 GiB write 16; the scheduler will refuse the pod",)
 
 
 def test_before_the_cache_has_listed_everything_is_admitted_with_a_warning() -> None:

@@ -328,6 +328,19 @@ def test_broken_pod_annotations_are_an_error_not_a_crash() -> None:
     run(scenario)
 
 
+def test_gpu_mem_in_the_wrong_unit_is_refused_with_the_unit_and_what_to_write() -> None:
+    """``gpu-mem: 4Gi`` reaches the extender as 4294967296 units of 256 MiB (1 EiB): the pod's event
+    says so and what to write, not that no node has room."""
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        for value, count, size in (("4Gi", 4294967296, "1 EiB"), ("4096", 4096, "1 TiB")):
+            status, body = await post(client, "/filter", args(pod("p", container(gpu_mem=value))))
+            assert status == 200 and body["NodeNames"] == []
+            assert body["Error"] == (f"pod default/p container main: gpupool.io/gpu-mem counts 256 MiB units: "
+                                     f"{count} is {size}; for 4 GiB write 16")
+
+    run(scenario)
+
+
 def test_preempt_keeps_only_nodes_where_the_victims_free_enough() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         body = {
