@@ -70,6 +70,9 @@ def decode_quota(obj: Mapping[str, Any]) -> Quota:
     models = object_field(spec.get("models"), f"{where}: spec.models")
     if len(models) > MAX_QUOTA_MODELS:
         raise TenancyError(f"{where}: spec.models: at most {MAX_QUOTA_MODELS} models, got {len(models)}")
+    if "" in models:  # the CRD refuses it (x-kubernetes-validations); an older CRD let it through
+        raise TenancyError(f"{where}: spec.models has an empty GPU model name (key ''); name the model as "
+                           "the node inventory shows it, or remove the entry")
     per_model = tuple((name_field(model, f"{where}: spec.models key"), _limits(raw, f"{where}: spec.models.{model}"))
                       for model, raw in sorted(models.items()))
     pools = frozenset(name_field(p, f"{where}: spec.pools[{i}]")

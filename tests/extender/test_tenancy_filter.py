@@ -146,6 +146,19 @@ def test_broken_objects_are_reported_and_treated_conservatively() -> None:
     assert set(cache.tenancy.problems()) == {"ResourceGroup team-a", "GpuQuota team-b/gpus"}
 
 
+def test_a_quota_with_an_empty_model_name_is_refused_with_the_quota_and_the_key() -> None:
+    """The CRD refuses it now; one stored before (or under an older CRD) still refuses the
+    namespace's GPU pods (a broken limit is not lifted), saying which quota and which key."""
+    cache = cluster(quotas=[quota("team-b", hard={"wholeGpus": 4}, models={"": {"wholeGpus": 1}})])
+    outcome = run_filter(cache, gpu_pod("p", "team-b", gpu_core=10))
+    assert outcome.passed == []
+    assert set(outcome.failed.values()) == {
+        "GpuQuota team-b/gpus (unreadable: GpuQuota team-b/gpus: spec.models has an empty GPU model name (key ''); "
+        "name the model as the node inventory shows it, or remove the entry): GPU memory limit 0 MiB, used 0 MiB, "
+        "asked 1638 MiB"}
+    assert cache.tenancy.problems()["GpuQuota team-b/gpus"].startswith("GpuQuota team-b/gpus: spec.models has an")
+
+
 def test_a_gpu_listed_under_the_wrong_node_is_left_out_and_reported() -> None:
     cache = cluster(groups=[group("g", {"n1": ["GPU-n2-0"]})])
     outcome = run_filter(cache, gpu_pod("p", "x", group_label="g", gpu_core=10))
