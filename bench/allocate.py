@@ -1,6 +1,6 @@
 """Allocate latency with N pods arriving at once on one node (fake kubelet, real gRPC).
 
-    PYTHONPATH=. python3 bench/allocate.py --pods 100 --json
+    python3 bench/allocate.py --pods 100 --json
 
 Prints a table and, with ``--json``, one line ``{"allocate_p99_ms": ...}``. The latency is what the
 fake kubelet measures around each Allocate RPC (PodResources List + mapping + grant), i.e. what
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpupool.testing.node_harness import fake_pod, running_node
 from gpupool.testing.node_workload import generate
-from tests.nodeagent.harness import fake_pod, running_node
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -5,7 +5,7 @@ lend 12,000 MiB; ``--waiting`` older low-priority pods (13,000 MiB: they fit no 
 filtered before and wait. Timed: the filter of a younger low-priority pod asking 8,000 MiB over
 every node (what kube-scheduler sends), and of a high-priority pod that may not borrow.
 
-    PYTHONPATH=. python3 bench/lending_filter.py [--nodes 5000 --lending 100 --waiting 64 --json]
+    python3 bench/lending_filter.py [--nodes 5000 --lending 100 --waiting 64 --json]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import statistics
 import time
 
 from gpupool.kube.translate import pod_request
-from tests.extender.lending_world import CARD, lendable, lending_node, lending_world, waiting
-from tests.kube.builders import node, placed_pod
+from gpupool.testing.kube_objects import node, placed_pod
+from gpupool.testing.lending_world import CARD, lendable, lending_node, lending_world, waiting
 
 ROUNDS = 20
 

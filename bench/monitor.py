@@ -1,6 +1,6 @@
 """Usage monitor: latency from a device open to its record in the state file, and steady-state CPU.
 
-    PYTHONPATH=. python3 bench/monitor.py --json
+    python3 bench/monitor.py --json
 
 - ``open_to_state_p99_ms``: 8 child processes open and close stand-in device files (regular files:
   fanotify reports no character-device opens on some kernels) 1,000 times in all; each open's

@@ -1,9 +1,9 @@
 """Owner reclaim latency of a lent card, with real processes in real containers.
 
-    PYTHONPATH=. python3 bench/reclaim.py --json [--cycles 5] [--trigger open|activity]
+    python3 bench/reclaim.py --json [--cycles 5] [--trigger open|activity]
                                                  [--placement extender|hand]
 
-A real kube-apiserver and a real kubelet (v1.20.2) with containerd and runc (gpupool testenv), and
+A real kube-apiserver and a real kubelet with containerd and runc (gpupool testenv), and
 ``gpupool node-agent --lending`` with one stand-in card (16 GiB). The owner pod books 12 GiB of it
 and holds the card open without computing, so the usage monitor calls it idle after
 ``--idle-after`` (2 s here) and the agent lends it: ``lendable`` on the Node, ``lend-`` devices in
@@ -43,11 +43,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from gpupool.api.annotations import Assignment, CardRef, ContainerCards, encode_assignment
 from gpupool.api.lending import LendingNames, decode_lendable
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.lending.processes import PodProcesses, ProcfsProcesses
-from tests.nodeagent.lending.regions import write_region
+from gpupool.testing.shim_regions import write_region
 
 NAMES, LEND = ResourceNames(), LendingNames()
 WORKER = Path(__file__).resolve().parents[1] / "examples" / "checkpoint_worker.sh"
@@ -117,14 +119,12 @@ def container_id(core: Any, namespace: str, name: str) -> str | None:
 def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") -> dict[str, Any]:
     from kubernetes import client
 
+    from bench.reclaim_cluster import CONTROL_NODES, Extender, NodeAgent, run_scheduler  # loads gpupool.testenv
     from gpupool.kube.client_config import api_configuration
     from gpupool.testenv.build import ensure_binaries
     from gpupool.testenv.controlplane import start_control_plane
     from gpupool.testenv.kubelet import start_kubelet
     from gpupool.testenv.runtime_tools import ensure_runtime_tools, runtime_impossible_reason
-    from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess
-    from tests.e2e.real_containers import CONTROL_NODES
-    from tests.e2e.test_scheduler_config_e2e import run_scheduler
 
     reason = runtime_impossible_reason()
     if reason is not None:
@@ -138,7 +138,7 @@ def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") ->
     try:
         core = client.CoreV1Api(client.ApiClient(api_configuration(str(plane.kubeconfig))))
         if placement == "extender":
-            extender = ExtenderProcess(plane.kubeconfig, work / "extender.log")
+            extender = Extender(plane.kubeconfig, work / "extender.log")
             extender.start()
             scheduler = f"gpupool-reclaim-{uuid.uuid4().hex[:6]}"
             scheduler_process = run_scheduler(binaries, plane, work, extender.url, scheduler)
@@ -146,10 +146,10 @@ def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") ->
                                 device_nodes=CONTROL_NODES)
         node, image = kubelet.node_name, kubelet.images.busybox.ref
         (work / "agent").mkdir()
-        agent = NodeAgentProcess(kubelet, plane.kubeconfig, one_card(work / "dev"), work / "agent",
-                                 ("--lending", "--idle-after", "2s", "--checkpoint-dir", str(work / "ckpt"),
-                                  "--checkpoint-deadline", "3", "--lease-namespace", "",
-                                  "--state-dir", str(work / "state")))
+        agent = NodeAgent(kubelet, plane.kubeconfig, one_card(work / "dev"), work / "agent",
+                          ("--lending", "--idle-after", "2s", "--checkpoint-dir", str(work / "ckpt"),
+                           "--checkpoint-deadline", "3", "--lease-namespace", "",
+                           "--state-dir", str(work / "state")))
         agent.start()
         card = f"{work / 'dev'}/nvidia0"
         trigger = work / "trigger"
@@ -216,7 +216,7 @@ def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") ->
         if scheduler_process is not None:
             scheduler_process.stop()
         if extender is not None:
-            extender.kill()
+            extender.stop()
         if agent is not None:
             agent.stop()
         if kubelet is not None:

@@ -1,6 +1,6 @@
 """Interception library: what it adds to an allocation and to a kernel launch.
 
-    PYTHONPATH=. python3 bench/shim.py --json
+    python3 bench/shim.py --json
 
 Runs ``bench/shim_bench.c`` against the stand-in driver (kernels of zero length, so the card never
 throttles anything) without the library and with it, ``--runs`` times each (taking turns), and
