@@ -202,20 +202,32 @@ def build(spec: GoBuild, *, logs: Path, log: Log = quiet, parallel: int = 2) -> 
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     env = go_env(cgo=spec.cgo)
-    for program in spec.programs:
-        log_path = logs / f"build-{spec.key}-{program.name}.log"
-        log(f"compiling {program.name} ({spec.key}; cold builds take minutes; log: {log_path})")
+    for batch in _batches(spec.programs):
+        names = " ".join(p.name for p in batch)
+        log_path = logs / f"build-{spec.key}-{batch[0].name if len(batch) == 1 else 'all'}.log"
+        log(f"compiling {names} ({spec.key}; cold builds take minutes; log: {log_path})")
         command: list[str] = [str(go_binary()), "build", f"-p={parallel}", f"-ldflags={spec.ldflags}"]
         if spec.tags:
             command.append(f"-tags={','.join(spec.tags)}")
-        command += ["-o", str(partial / program.name), program.package]
-        run_step(command, log_path, failure=BuildFailedError, step=f"go build {program.package} ({spec.key})",
+        # One command for several programs: go links one while it compiles the next, so both cores
+        # stay busy (a link alone uses about one). With several packages, -o names a directory.
+        output = str(partial / batch[0].name) if len(batch) == 1 else f"{partial}/"
+        command += ["-o", output, *(p.package for p in batch)]
+        run_step(command, log_path, failure=BuildFailedError, step=f"go build {names} ({spec.key})",
                  cwd=wrapper, env=env)
     (partial / STAMP).write_text(spec.digest() + "\n")
     final = entry / "bin"
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
     return spec.paths()
+
+
+def _batches(programs: Sequence[GoProgram]) -> list[tuple[GoProgram, ...]]:
+    """The programs ``go build`` can write into one directory in one command (those whose name is
+    their package's last element, as go names them), then each other program alone."""
+    together = tuple(p for p in programs if p.name == p.package.rsplit("/", 1)[-1])
+    batches: list[tuple[GoProgram, ...]] = [together] if len(together) > 1 else [(p,) for p in together]
+    return batches + [(p,) for p in programs if p not in together]
 
 
 def _require_toolchain() -> None:

@@ -59,7 +59,9 @@ def built_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Binaries:
     (source / "go.mod").write_text("module k8s.io/kubernetes\n\ngo 1.26.0\n\nrequire (\n\tk8s.io/api v0.0.0\n)\n")
 
     def compile_stand_in(cmd: list[str], log_path: Path, **_: Any) -> None:
-        _executable(Path(cmd[cmd.index("-o") + 1]))
+        output = cmd[cmd.index("-o") + 1]
+        for package in cmd[cmd.index("-o") + 2:]:
+            _executable(Path(output) / package.rsplit("/", 1)[-1] if output.endswith("/") else Path(output))
 
     monkeypatch.setattr(testenv_gobuild, "run_step", compile_stand_in)
     monkeypatch.setattr(testenv_gobuild, "toolchain_problem", lambda: None)
