@@ -54,6 +54,20 @@ def crds(kube_api_client: client.ApiClient) -> Iterator[None]:
     yield
     for name in names:
         extensions.delete_custom_resource_definition(name)
+    # Deletion ends when the apiserver has removed every instance; the next module installing the
+    # same CRDs (the quota webhook's tests reuse this fixture) would otherwise get 409 "being deleted".
+    for name in names:
+        wait_for(lambda n=name: not _crd_exists(extensions, n), timeout=60, what=f"CRD {name} deleted")
+
+
+def _crd_exists(extensions: client.ApiextensionsV1Api, name: str) -> bool:
+    try:
+        extensions.read_custom_resource_definition(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 @pytest.fixture
