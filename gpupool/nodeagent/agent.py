@@ -5,8 +5,8 @@ plugin servers' handler. Kubernetes and kubelet are reached only through the por
 :mod:`gpupool.nodeagent.types` (pod source, PodResources reader), so the same agent runs
 against a real cluster, the fake kubelet of the tests and the benchmark.
 
-Latency: Allocate does one PodResources ``List`` (local unix socket) and pure bookkeeping; the pod
-annotation is written by a background writer so the API round trip never delays admission.
+Latency: Allocate and GetPreferredAllocation do one PodResources ``List`` (local unix socket) and
+bookkeeping; a background writer writes the pod annotation, so no API round trip delays admission.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from gpupool.nodeagent.types import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How long GetPreferredAllocation waits for its PodResources read (else: the last snapshot).
+PREFERRED_READ_S = 1.0
 
 AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
 RefusalReporter = Callable[[PodKey, str], Coroutine[None, None, None]]
@@ -206,16 +209,22 @@ class NodeAgent:
             log.info("released the grants of pod %s/%s (%s): kubelet no longer lists it", key[0], key[1],
                      ", ".join(sorted(containers)) or "no containers")
 
-    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
-                  size: int) -> list[str]:
-        """Device IDs on the assigned cards of the container that (by the last snapshot) comes next.
+    async def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                        size: int) -> list[str]:
+        """Device IDs on the assigned cards of the container that comes next (advisory only).
 
-        Must not call PodResources: kubelet 1.20 holds its device-manager lock while it waits for
-        this answer, and PodResources needs the same lock. The answer is advisory only.
-        """
+        Reads PodResources first, like Allocate: kubelet 1.35-1.37 release the device-manager lock
+        while they wait for this answer (G5) and already list the pod being admitted (G1). A read
+        that takes over :data:`PREFERRED_READ_S` (a kubelet holding its lock) answers from the last
+        snapshot."""
+        snapshot, views = self._snapshot, self._views
+        try:
+            snapshot, views = await asyncio.wait_for(self._refresh(), PREFERRED_READ_S)
+        except Exception as exc:  # advisory: answer from the last snapshot
+            log.debug("GetPreferredAllocation answers from the last PodResources snapshot: %r", exc)
         cards: list[int] = []
         with contextlib.suppress(MappingError):
-            res = self.mapper.resolve(resource, size, self._snapshot, self._views)
+            res = self.mapper.resolve(resource, size, snapshot, views)
             cards = list(res.assignment.cards)
         return self.layout.prefer(available, must_include, size, cards)
 
@@ -281,9 +290,9 @@ class NodeAgent:
         return any(c.record.uid == view.uid for c in containers.values())
 
     def _holds_devices(self, view: PodView, snapshot: PodResourcesSnapshot) -> bool:
-        """False when the pod's app containers hold GPU slices but kubelet lists none of its devices
-        (PodResources lists app containers only: a pod granted through init containers alone
-        counts by its phase)."""
+        """False when the pod's app containers (native sidecars included) hold GPU slices but kubelet
+        lists none of its devices (PodResources lists both: a pod granted through regular init
+        containers alone counts by its phase)."""
         if view.assignment is None or not any(c.slices for c in view.assignment.placement.containers
                                               if not c.init):
             return True
@@ -323,7 +332,9 @@ class NodeAgent:
             entry = wrong.pop(rec.container, None)
             self._dirty.add(rec.pod_key)
             truth = self._served.setdefault(mismatch.holder, {})
-            moved = ServedContainer(mismatch.holder_container, False, rec,
+            holder = self._views.get(mismatch.holder)  # the holder may be a native sidecar:
+            init = any(c.init for c in holder.containers if c.name == mismatch.holder_container) if holder else False
+            moved = ServedContainer(mismatch.holder_container, init, rec,
                                     dict(entry.resources) if entry else {rec.resource: len(rec.device_ids)})
             truth[mismatch.holder_container] = moved
             self._dirty.add(mismatch.holder)

@@ -1,22 +1,27 @@
 """Which pod and container an Allocate call is for, from kubelet's own record of admission.
 
-Allocate carries only device IDs. The mapper answers "whose call is this?" from facts kubelet 1.20
-guarantees (full argument in docs/allocate-mapping.md):
+Allocate carries only device IDs. The mapper answers "whose call is this?" from facts kubelet 1.35
+and 1.37 guarantee (file and function names, and what changed since 1.20, in
+docs/allocate-mapping.md):
 
 * G1 admission is serial per node: ``HandlePodAdditions`` adds a pod to the pod manager, then runs
-  its admit handlers (which call Allocate) before it touches the next pod;
-* G2 within a pod, Allocate runs for init containers then app containers in spec order, one
-  synchronous call per (container, resource);
-* G3 PodResources ``List`` shows every pod in the pod manager, and for each app container the
-  device IDs recorded for it once its Allocate returned.
+  its admission (which calls Allocate) before it touches the next pod; an in-place resize never
+  calls Allocate, and a restart re-admits checkpointed containers without calling it;
+* G2 within a pod, Allocate runs for init containers (native sidecars included) then app
+  containers in spec order, one container after the other, one synchronous call per (container,
+  resource); a container's devices are recorded once its call returned;
+* G3 PodResources ``List`` shows every active pod of the pod manager (the pod being admitted
+  included, a rejected one no longer), and for each native sidecar and app container the device
+  IDs recorded for it.
 
 So at an Allocate for resource R, the pod being admitted is listed in PodResources and still has a
-container that wants R and has not been served; every other listed pod either finished admission
-(all served) or never will be admitted again (rejected or terminated). Among several such pods the
-one that appeared in PodResources most recently is the one being admitted (G1: a pod that entered
-later started admission later, so the earlier one's admission is over). Only pods that appeared in
-the same snapshot can tie; the tie is broken by progress, creation time (kubelet sorts each batch
-by it), and finally by equivalence: containers with the same request signature are
+container that wants R and has not been served; a container is served once the agent answered it,
+``allocated-v1`` names it, PodResources shows its R devices, or PodResources shows devices for a
+container after it in admission order (G2: kubelet finished every earlier one first). Every other
+listed pod either finished admission or never calls Allocate again. Among several candidate pods
+the one that appeared in PodResources most recently is the one being admitted (G1). Only pods that
+appeared in the same snapshot can tie; the tie is broken by progress, creation time (kubelet sorts
+each batch by it), and finally by equivalence: containers with the same request signature are
 interchangeable for every per-card total, and reconciliation records what each really got.
 
 The mapper is pure bookkeeping: no I/O, no locks. It is driven from one asyncio loop, and kubelet
@@ -69,6 +74,13 @@ class ServedRecord:
     uuids: tuple[str, ...]
     basis: str
     at: float
+    sidecar: bool = False
+    """A native sidecar (init container with ``restartPolicy: Always``): PodResources lists it."""
+
+    @property
+    def listed(self) -> bool:
+        """Whether PodResources lists the served container (app containers and native sidecars)."""
+        return not self.init or self.sidecar
 
 
 @dataclass(frozen=True)
@@ -129,15 +141,18 @@ class AllocationMapper:
                        snapshot: PodResourcesSnapshot) -> ContainerView | None:
         """The container of ``pod`` whose Allocate for ``resource`` comes next, if any (G2)."""
         recorded = snapshot.get(pod.key, {})
-        app_started = any(devs for c in recorded.values() for devs in c.values())
-        for c in pod.admission_order():
+        order = pod.admission_order()
+        # kubelet allocates one container after the other in this order and records a container's
+        # devices only once its call returned (G2): devices recorded for a container (a native
+        # sidecar or an app container: G3) mean every container before it is done.
+        done_before = max((i for i, c in enumerate(order)
+                           if any(ids for ids in recorded.get(c.name, {}).values())), default=-1)
+        for i, c in enumerate(order):
             if c.limits.get(resource, 0) <= 0 or (pod.uid, c.name, resource) in self._served:
                 continue
             if resource in pod.allocated.get(c.name, frozenset()):
                 continue
-            if c.init and app_started:
-                continue  # kubelet allocates init containers before any app container (G2)
-            if not c.init and recorded.get(c.name, {}).get(resource):
+            if i < done_before or recorded.get(c.name, {}).get(resource):
                 continue
             return c
         return None
@@ -202,7 +217,8 @@ class AllocationMapper:
         """Log an answered Allocate; the container now counts as served for ``resource``."""
         pod, container = resolution.pod, resolution.container
         rec = ServedRecord(pod.key, pod.uid, container.name, container.init, resource, device_ids,
-                           resolution.assignment.slices, uuids, resolution.basis, self._clock())
+                           resolution.assignment.slices, uuids, resolution.basis, self._clock(),
+                           sidecar=container.restartable)
         self._served[(pod.uid, container.name, resource)] = rec
         self._pods_served[pod.uid] = self._pods_served.get(pod.uid, 0) + 1
         return rec
@@ -220,10 +236,13 @@ class AllocationMapper:
         return None
 
     def mismatches(self, snapshot: PodResourcesSnapshot) -> list[Mismatch]:
-        """App containers whose device IDs kubelet recorded under a container we did not serve.
+        """Listed containers (app containers, native sidecars) whose device IDs kubelet recorded
+        under a container we did not serve.
 
         Device IDs are exclusive among active pods (kubelet removes them from the free pool until the
-        pod terminates), so the holder of a served set in PodResources is exactly who got the grant.
+        pod terminates) and a listed container's IDs are never reused by another container (only a
+        regular init container's are, by later containers of its pod), so the holder of a served
+        set in PodResources is exactly who got the grant.
         """
         holders: dict[tuple[str, frozenset[str]], tuple[PodKey, str]] = {}
         for key, containers in snapshot.items():
@@ -232,7 +251,7 @@ class AllocationMapper:
                     holders[(res, ids)] = (key, cname)
         out = []
         for rec in self._served.values():
-            if rec.init or not rec.device_ids:
+            if not rec.listed or not rec.device_ids:
                 continue
             holder = holders.get((rec.resource, rec.device_ids))
             if holder is not None and holder != (rec.pod_key, rec.container):

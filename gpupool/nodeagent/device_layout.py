@@ -120,7 +120,7 @@ class DeviceLayout:
         then any available (lowest first) if the assigned cards lack enough free IDs.
 
         One pass over ``available`` (thousands of memory IDs) and sorting only the few buckets
-        needed: kubelet waits for this answer while holding its device-manager lock.
+        needed: kubelet's admission of the pod waits for this answer.
         """
         chosen = list(dict.fromkeys(must_include))[:size]
         if len(chosen) >= size:

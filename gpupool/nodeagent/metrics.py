@@ -108,6 +108,12 @@ class NodeAgentCollector(Collector):
         yield GaugeMetricFamily("gpupool_node_containers_served",
                                 "Containers of listed pods whose Allocate this agent answered",
                                 value=agent.served_containers())
+        answered = CounterMetricFamily("gpupool_node_allocations",
+                                       "Allocate calls answered, by the rule that named the container "
+                                       "(docs/allocate-mapping.md)", labels=["basis"])
+        for basis, count in sorted(agent.stats.bases.items()):
+            answered.add_metric([basis], count)
+        yield answered
         yield CounterMetricFamily("gpupool_node_allocate_refused", "Allocate calls refused",
                                   value=agent.stats.refused)
         yield CounterMetricFamily("gpupool_node_allocation_mismatches",

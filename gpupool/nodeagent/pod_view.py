@@ -57,7 +57,8 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
         for c in spec.get(key) or []:
             limits = (c.get("resources") or {}).get("limits") or {}
             ours = {k: _quantity(v) for k, v in limits.items() if k in served}
-            containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours))
+            restartable = init and c.get("restartPolicy") == "Always"  # a native sidecar
+            containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours, restartable=restartable))
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     annotations = meta.get("annotations") or {}
     raw = annotations.get(names.assignment)

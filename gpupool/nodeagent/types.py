@@ -54,6 +54,15 @@ class ContainerView:
     name: str
     init: bool
     limits: Mapping[str, int]
+    restartable: bool = False
+    """An init container with ``restartPolicy: Always`` (a native sidecar): kubelet allocates it in
+    init-container order, keeps its devices for the pod's life (never reused by later containers)
+    and PodResources lists it with them."""
+
+    @property
+    def listed(self) -> bool:
+        """Whether PodResources lists this container (app containers and native sidecars)."""
+        return not self.init or self.restartable
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,9 @@ class PodView:
 
 PodResourcesSnapshot = Mapping[tuple[str, str], Mapping[str, Mapping[str, frozenset[str]]]]
 """kubelet's PodResources List: (namespace, name) → container → resource → device IDs. Lists
-every pod in kubelet's pod manager (admitted or being admitted); app containers only."""
+every active pod of kubelet's pod manager (admitted or being admitted; a rejected or finished pod
+is not listed), its native sidecars (init containers with ``restartPolicy: Always``) and its app
+containers; regular init containers are never listed (kubelet 1.35-1.37, docs/allocate-mapping.md)."""
 
 
 class PodSource(Protocol):

@@ -1,25 +1,38 @@
-"""A fake kubelet that speaks the real gRPC protocols, modelled on kubelet 1.20's device manager.
+"""A fake kubelet that speaks the real gRPC protocols, modelled on kubelet 1.37.2 (and 1.35.4, which
+behaves the same in everything modelled here) — the releases gpupool supports.
 
 Used by the tests and the benchmark in place of a real kubelet. What it reproduces, because the
-Allocate mapping depends on it (pkg/kubelet/cm/devicemanager/manager.go, kubelet.go at v1.20):
+Allocate mapping depends on it (file and function names: docs/allocate-mapping.md):
 
 * Registration server on ``<dir>/kubelet.sock``; on Register it dials the plugin's socket, asks
-  GetDevicePluginOptions and follows ListAndWatch (healthy devices = allocatable).
+  GetDevicePluginOptions and follows ListAndWatch (healthy devices = allocatable). A resource that
+  ever registered stays known across restarts (the device manager's checkpoint), with no healthy
+  device until its plugin registers again.
 * ``HandlePodAdditions``: each batch is sorted by creation time; each pod is added to the pod
-  manager, then admitted; admission allocates init containers then app containers, one container at
-  a time, each extended resource in random (Go map) order.
-* ``devicesToAllocate`` holds the device-manager lock while it calls GetPreferredAllocation (so a
-  PodResources List issued from inside GetPreferredAllocation would block — as in kubelet); it
-  takes reusable init-container devices first, then the plugin's preference, then any free device.
-  Allocate is called without the lock; the devices are recorded after it returns.
-* PodResources v1 ``List`` over a unix socket: every pod in the pod manager, app containers only,
-  with their recorded device IDs (taking the device-manager lock).
+  manager, then admitted; admission allocates init containers (native sidecars included) then app
+  containers in spec order, one container at a time, each extended resource in random (Go map)
+  order. A resource no plugin ever registered is skipped for any container (the admission
+  predicate drops it, the device manager ignores it).
+* ``devicesToAllocate`` holds the device-manager lock, but releases it while it waits for
+  GetPreferredAllocation (so PodResources can be read from inside that call, as in kubelet); it
+  takes reusable devices first (those of the pod's regular init containers), then the plugin's
+  preference, then any free device. A container whose devices are already recorded gets no call
+  at all (after a restart, on a resize). Allocate is called without the lock; the devices are
+  recorded after it returns. A native sidecar's devices, like an app container's, are never
+  reused by a later container.
+* PodResources v1 ``List`` over a unix socket: every *active* pod of the pod manager (a rejected or
+  finished pod is not listed), its native sidecars and app containers, with their recorded device
+  IDs (regular init containers are not listed).
 * Pods of a batch start concurrently (pod workers): PreStartContainer per container and resource,
   then the env of the container is the merge of its resources' responses (first value wins; a
   differing value is recorded as a conflict).
+* ``resize()``: an in-place resize of a pod (CPU and memory only): no plugin call.
 * ``restart()``: kubelet is away for a moment (no Registration, no PodResources), the plugin
   directory is wiped and ``kubelet.sock`` re-created; plugins must register again. Checkpointed
-  allocations survive.
+  allocations survive. ``readmit()`` is the batch kubelet admits next: every active pod again, in
+  creation order, without any plugin call, but a container that is not running (a finished init
+  container) needs its resource's plugin registered with its devices healthy, or the pod is
+  rejected (kubelet's re-registration race, docs/allocate-mapping.md).
 """
 
 from __future__ import annotations
@@ -29,52 +42,14 @@ import contextlib
 import os
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
 from gpupool.nodeagent.deviceplugin.api import HEALTHY, KUBELET_SOCKET, pb, pb_grpc, podres_grpc, podres_pb
+from gpupool.testing.fake_kubelet_types import AdmissionError, ContainerRun, Endpoint, FakePod
 
-
-@dataclass
-class Endpoint:
-    """A registered plugin as kubelet keeps it."""
-
-    resource: str
-    socket: str
-    options: Any
-    channel: grpc.aio.Channel
-    stub: Any
-    healthy: set[str] = field(default_factory=set)
-    unhealthy: set[str] = field(default_factory=set)
-    watch: asyncio.Task[None] | None = None
-
-
-@dataclass
-class ContainerRun:
-    """A started container: its env, devices and mounts as the runtime would get them."""
-
-    envs: dict[str, str]
-    devices: list[str]
-    conflicts: list[str]
-    mounts: dict[str, tuple[str, bool]] = field(default_factory=dict)
-    """Container path → (host path, read-only); the first response's mount of a path wins."""
-
-
-@dataclass
-class FakePod:
-    """A pod as the fake kubelet keeps it (JSON spec plus kubelet-side state)."""
-
-    uid: str
-    namespace: str
-    name: str
-    created: float
-    init: list[tuple[str, dict[str, int]]]
-    app: list[tuple[str, dict[str, int]]]
-    phase: str = "Pending"
-    reason: str = ""
-    runs: dict[str, ContainerRun] = field(default_factory=dict)
+__all__ = ["AdmissionError", "ContainerRun", "Endpoint", "FakeKubelet", "FakePod"]
 
 
 class FakeKubelet:
@@ -96,6 +71,12 @@ class FakeKubelet:
         self.admission = asyncio.Lock()
         self.workers: set[asyncio.Task[None]] = set()
         self.preferred_calls = 0
+        self.allocate_calls = 0
+        self.resizes = 0
+        self.registered_resources: set[str] = set()
+        """Resources whose plugin ever registered (the device manager's checkpoint keeps them)."""
+        self.sources_ready = True
+        """False from a restart until the batch after it was admitted (kubelet's ``sourcesReady``)."""
         self._reg_server: grpc.aio.Server | None = None
         self._pr_server: grpc.aio.Server | None = None
 
@@ -129,6 +110,11 @@ class FakeKubelet:
                 await server.stop(0)
         self._reg_server = self._pr_server = None
 
+    async def drop_plugins(self) -> None:
+        """Forget every registered plugin (what kubelet knows right after a restart, before the
+        plugins registered again); their resources stay known, with no healthy device."""
+        await self._drop_endpoints()
+
     async def _drop_endpoints(self) -> None:
         for ep in self.endpoints.values():
             if ep.watch is not None:
@@ -140,17 +126,52 @@ class FakeKubelet:
 
     async def restart(self, downtime_s: float = 0.6) -> None:
         """kubelet restart: registration and PodResources servers gone for ``downtime_s``, plugin
-        dir wiped, both sockets re-created (a real kubelet is away for seconds)."""
+        dir wiped, both sockets re-created (a real kubelet is away for seconds). Recorded devices
+        survive (the checkpoint); call :meth:`readmit` for the batch kubelet admits next."""
         for server in (self._reg_server, self._pr_server):
             if server is not None:
                 await server.stop(0)
         self._reg_server = self._pr_server = None
         await self._drop_endpoints()
+        self.sources_ready = False
         for name in os.listdir(self.plugin_dir):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.unlink(os.path.join(self.plugin_dir, name))
         await asyncio.sleep(downtime_s)
         await self.start()
+
+    async def readmit(self) -> None:
+        """The first batch after a restart: every active pod, in creation order, admitted again
+        while sources are not ready. No plugin call for recorded devices, but a container that is
+        not running (a finished regular init container) needs them registered and healthy, else
+        the pod is rejected (``devicesToAllocate`` checks health before it sees nothing is needed)."""
+        async with self.admission:
+            for pod in sorted(self._active(), key=lambda p: p.created):
+                for cname, limits, kind in pod.admission_order():
+                    running = pod.phase == "Running" and kind != "init"
+                    try:
+                        await self._allocate_container(pod, cname, limits, {}, running=running)
+                    except AdmissionError as exc:
+                        pod.phase, pod.reason = "Failed", f"UnexpectedAdmissionError: {exc}"
+                        break
+            self.sources_ready = True
+
+    async def resize(self, uid: str) -> None:
+        """An in-place resize of pod ``uid`` (CPU and memory only: the API refuses a change of any
+        other resource). kubelet 1.37 admits it with the resize operation, which its device manager
+        ignores; 1.35 runs the device manager, which finds every container's devices recorded.
+        Either way no plugin is called."""
+        async with self.admission:
+            pod = self.pod_manager[uid]
+            for cname, limits, _kind in pod.admission_order():
+                for resource, needed in limits.items():
+                    known = self.pod_devices.get((uid, cname, resource))
+                    if known is not None and len(known) != needed:
+                        raise AdmissionError(f"{pod.name}/{cname} changed request for {resource}")
+            self.resizes += 1
+
+    def _active(self) -> list[FakePod]:
+        return [p for p in self.pod_manager.values() if p.phase not in ("Failed", "Succeeded")]
 
     async def on_register(self, request: Any) -> None:
         socket = os.path.join(self.plugin_dir, request.endpoint)
@@ -163,6 +184,7 @@ class FakeKubelet:
             old.watch.cancel()
         ep = Endpoint(request.resource_name, socket, options, channel, stub)
         self.endpoints[request.resource_name] = ep
+        self.registered_resources.add(request.resource_name)
         first = asyncio.Event()
         ep.watch = asyncio.create_task(self._watch(ep, first))
         await asyncio.wait_for(first.wait(), 5)
@@ -171,10 +193,11 @@ class FakeKubelet:
             self.registered.notify_all()
 
     async def _watch(self, ep: Endpoint, first: asyncio.Event) -> None:
-        async for reply in ep.stub.ListAndWatch(pb.Empty()):
-            ep.healthy = {d.ID for d in reply.devices if d.health == HEALTHY}
-            ep.unhealthy = {d.ID for d in reply.devices if d.health != HEALTHY}
-            first.set()
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the stream ended: kubelet stops watching
+            async for reply in ep.stub.ListAndWatch(pb.Empty()):
+                ep.healthy = {d.ID for d in reply.devices if d.health == HEALTHY}
+                ep.unhealthy = {d.ID for d in reply.devices if d.health != HEALTHY}
+                first.set()
 
     async def wait_registered(self, resources: int, count: int = 1, timeout: float = 10.0) -> None:
         """Until ``resources`` resources registered ``count`` times each (in total)."""
@@ -202,19 +225,20 @@ class FakeKubelet:
                 task = asyncio.create_task(self._pod_worker(pod))
                 self.workers.add(task)
                 task.add_done_callback(self.workers.discard)
+            self.sources_ready = True  # kubelet counts a source as seen once it handled an update
 
     async def _admit(self, pod: FakePod) -> str | None:
         reuse: dict[str, set[str]] = {}
-        for init, (cname, limits) in [(True, c) for c in pod.init] + [(False, c) for c in pod.app]:
+        for cname, limits, kind in pod.admission_order():
             try:
                 await self._allocate_container(pod, cname, limits, reuse)
-            except Exception as exc:
+            except Exception as exc:  # kubelet rejects the pod on any error of its device manager
                 return f"UnexpectedAdmissionError: {exc}"
             for res in limits:
                 devs = self.pod_devices.get((pod.uid, cname, res), frozenset())
-                if init:
+                if kind == "init":  # a regular init container's devices are reusable by later ones
                     reuse.setdefault(res, set()).update(devs)
-                else:
+                else:  # a native sidecar's or app container's are its own for the pod's life
                     reuse.get(res, set()).difference_update(devs)
         return None
 
@@ -225,48 +249,74 @@ class FakeKubelet:
             del self.pod_devices[key]
 
     def _allocated(self, resource: str) -> set[str]:
-        active = {uid for uid, p in self.pod_manager.items() if p.phase not in ("Failed", "Succeeded")}
+        active = {p.uid for p in self._active()}
         return {d for (uid, _c, r), devs in self.pod_devices.items() if r == resource and uid in active
                 for d in devs}
 
     async def _allocate_container(self, pod: FakePod, cname: str, limits: Mapping[str, int],
-                                  reuse: dict[str, set[str]]) -> None:
+                                  reuse: dict[str, set[str]], running: bool = False) -> None:
         resources = list(limits)
         self.rng.shuffle(resources)  # Go map iteration order
         for resource in resources:
             needed = limits[resource]
-            if needed <= 0:
+            if needed <= 0 or resource not in self.registered_resources:
+                continue  # not a device-plugin resource: admission drops it, the device manager skips it
+            ep, devs = await self._devices_to_allocate(pod, cname, resource, needed,
+                                                       reuse.get(resource, set()), running)
+            if ep is None or not devs:
                 continue
-            ep = self.endpoints.get(resource)
-            if ep is None and cname in {c for c, _ in pod.app}:
-                continue  # removeMissingExtendedResources: an app container's unadvertised names are dropped
-            if ep is None:
-                raise RuntimeError(f"unknown resource {resource}")
-            async with self.dm_lock:
-                self._prune_terminated()
-                chosen = list(reuse.get(resource, set()))[:needed]
-                if len(chosen) < needed:
-                    available = ep.healthy - self._allocated(resource) - set(chosen)
-                    if len(available) < needed - len(chosen):
-                        raise RuntimeError(f"requested {needed} of {resource}, {len(available)} free")
-                    if ep.options.get_preferred_allocation_available:
-                        self.preferred_calls += 1
-                        req = pb.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=sorted(available | set(chosen)),
-                            must_include_deviceIDs=sorted(chosen), allocation_size=needed)
-                        reply = await ep.stub.GetPreferredAllocation(
-                            pb.PreferredAllocationRequest(container_requests=[req]), timeout=10)
-                        preferred = [d for d in reply.container_responses[0].deviceIDs if d in available]
-                        chosen += preferred[: needed - len(chosen)]
-                    rest = sorted(available - set(chosen))
-                    chosen += self.rng.sample(rest, needed - len(chosen))
-            devs = list(chosen)
             self.rng.shuffle(devs)
+            self.allocate_calls += 1
             reply = await ep.stub.Allocate(pb.AllocateRequest(
                 container_requests=[pb.ContainerAllocateRequest(devices_ids=devs)]), timeout=10)
             async with self.dm_lock:
                 self.pod_devices[(pod.uid, cname, resource)] = frozenset(devs)
                 self.responses[(pod.uid, cname, resource)] = reply.container_responses[0]
+
+    async def _devices_to_allocate(self, pod: FakePod, cname: str, resource: str, needed: int,
+                                   reusable: set[str], running: bool) -> tuple[Endpoint | None, list[str]]:
+        """kubelet's ``devicesToAllocate``: the endpoint and the IDs to send in Allocate, or no IDs
+        when nothing is to allocate. Raises :class:`AdmissionError` where kubelet fails the
+        container."""
+        await self.dm_lock.acquire()
+        try:
+            self._prune_terminated()
+            known = self.pod_devices.get((pod.uid, cname, resource))
+            if known is not None and len(known) != needed:
+                raise AdmissionError(f"pod {pod.uid} container {cname} changed request for {resource}")
+            if not self.sources_ready and running:
+                return None, []  # kubelet restart: the container runs already, with its devices
+            ep = self.endpoints.get(resource)
+            healthy = ep.healthy if ep is not None else set()
+            if ep is None or not healthy:
+                raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
+            if known is not None:
+                if not known <= healthy:
+                    raise AdmissionError(f"previously allocated devices are no longer healthy {resource}")
+                return ep, []  # recorded already: nothing to allocate
+            chosen = list(reusable)[:needed]
+            if len(chosen) < needed:
+                available = healthy - self._allocated(resource) - set(chosen)
+                if len(available) < needed - len(chosen):
+                    raise AdmissionError(f"requested {needed} of {resource}, {len(available)} free")
+                if ep.options.get_preferred_allocation_available:
+                    self.preferred_calls += 1
+                    req = pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=sorted(available | set(chosen)),
+                        must_include_deviceIDs=sorted(chosen), allocation_size=needed)
+                    self.dm_lock.release()  # callGetPreferredAllocationIfAvailable: unlocked RPC
+                    try:
+                        reply = await ep.stub.GetPreferredAllocation(
+                            pb.PreferredAllocationRequest(container_requests=[req]), timeout=10)
+                    finally:
+                        await self.dm_lock.acquire()
+                    preferred = [d for d in reply.container_responses[0].deviceIDs if d in available]
+                    chosen += preferred[: needed - len(chosen)]
+                rest = sorted(available - set(chosen))
+                chosen += self.rng.sample(rest, needed - len(chosen))
+            return ep, chosen
+        finally:
+            self.dm_lock.release()
 
     async def _pod_worker(self, pod: FakePod) -> None:
         for cname, limits in pod.init + pod.app:
@@ -310,14 +360,18 @@ class FakeKubelet:
         await asyncio.wait_for(idle(), timeout)
 
     async def list_pod_resources(self) -> Any:
+        """PodResources List: active pods; native sidecars, then app containers, with their devices."""
         async with self.dm_lock:
+            self._prune_terminated()  # List calls UpdateAllocatedDevices first
             out = []
             index: dict[tuple[str, str], list[tuple[str, frozenset[str]]]] = {}
             for (uid, c, r), ids in self.pod_devices.items():
                 index.setdefault((uid, c), []).append((r, ids))
-            for pod in self.pod_manager.values():
+            for pod in self._active():
                 containers = []
-                for cname, _limits in pod.app:
+                for cname, _limits, kind in pod.admission_order():
+                    if kind == "init":
+                        continue
                     devices = [podres_pb.ContainerDevices(resource_name=r, device_ids=sorted(ids))
                                for r, ids in index.get((pod.uid, cname), [])]
                     containers.append(podres_pb.ContainerResources(name=cname, devices=devices))

@@ -32,8 +32,9 @@ def fake_pod(pod: dict[str, Any]) -> FakePod:
                 for c in spec.get(key, [])]
 
     created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+    sidecars = frozenset(c["name"] for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always")
     return FakePod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], created=created,
-                   init=containers("initContainers"), app=containers("containers"))
+                   init=containers("initContainers"), app=containers("containers"), sidecars=sidecars)
 
 
 async def admit_all_running(kubelet: FakeKubelet, pods: Iterable[dict[str, Any]],

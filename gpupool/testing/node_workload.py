@@ -3,7 +3,9 @@
 Each pod gets realistic gpupool limits and an ``assignment-v1`` annotation computed by
 :func:`gpupool.core.cards.assign_on_node` on a :class:`ClusterState`, exactly as the extender would
 write it, so the node side is exercised with assignments the scheduler can really produce: equal
-requests on different cards, multi-container pods, GPU init containers, GPU sidecars, whole cards.
+requests on different cards, multi-container pods, GPU init containers, GPU sidecars (as app
+containers and as native sidecars: init containers with ``restartPolicy: Always``, which the
+extender counts as app containers), whole cards.
 """
 
 from __future__ import annotations
@@ -78,22 +80,33 @@ def _shared(rng: random.Random) -> GpuRequest:
     return GpuRequest(count=1, compute=compute, memory_mib=units * MEMORY_UNIT)
 
 
-def _pod_request(i: int, rng: random.Random, whole_left: list[int]) -> PodRequest:
+def _pod_request(i: int, rng: random.Random, whole_left: list[int]) -> tuple[PodRequest, frozenset[str]]:
+    """The request as the core sees it, and which of its app containers the pod declares as native
+    sidecars (init containers with ``restartPolicy: Always``)."""
     kind = rng.random()
     key = f"team-{i % 3}/pod-{i:04d}"
+    app_only: frozenset[str] = frozenset()
     if kind < 0.05 and whole_left[0] > 0:
         whole_left[0] -= 1
-        return PodRequest(key, (ContainerRequest("main", gpu=GpuRequest.whole(1)),))
+        return PodRequest(key, (ContainerRequest("main", gpu=GpuRequest.whole(1)),)), app_only
     if kind < 0.20:  # two GPU containers and a sidecar without GPU
         return PodRequest(key, (ContainerRequest("worker", gpu=_shared(rng)),
                                 ContainerRequest("helper", gpu=_shared(rng)),
-                                ContainerRequest("log-shipper")))
-    if kind < 0.30:  # GPU init container (warm-up) then GPU app
+                                ContainerRequest("log-shipper"))), app_only
+    if kind < 0.25:  # GPU init container (warm-up) then GPU app
         return PodRequest(key, (ContainerRequest("main", gpu=_shared(rng)),),
-                          init_containers=(ContainerRequest("warmup", gpu=_shared(rng)),))
-    if kind < 0.40:  # app without GPU, GPU sidecar
-        return PodRequest(key, (ContainerRequest("app"), ContainerRequest("gpu-sidecar", gpu=_shared(rng))))
-    return PodRequest(key, (ContainerRequest("main", gpu=_shared(rng)),))
+                          init_containers=(ContainerRequest("warmup", gpu=_shared(rng)),)), app_only
+    if kind < 0.30:  # GPU init container, then a native GPU sidecar (kubelet hands it the warm-up's
+        # devices) beside the GPU app
+        main, warmup = _shared(rng), _shared(rng)
+        return PodRequest(key, (ContainerRequest("main", gpu=main), ContainerRequest("gpu-sidecar", gpu=warmup)),
+                          init_containers=(ContainerRequest("warmup", gpu=warmup),)), frozenset({"gpu-sidecar"})
+    if kind < 0.35:  # app without GPU, GPU sidecar as an app container
+        return PodRequest(key, (ContainerRequest("app"), ContainerRequest("gpu-sidecar", gpu=_shared(rng)))), app_only
+    if kind < 0.40:  # app without GPU, native GPU sidecar
+        return (PodRequest(key, (ContainerRequest("app"), ContainerRequest("gpu-sidecar", gpu=_shared(rng)))),
+                frozenset({"gpu-sidecar"}))
+    return PodRequest(key, (ContainerRequest("main", gpu=_shared(rng)),)), app_only
 
 
 def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
@@ -111,7 +124,7 @@ def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
     created = list(range(count))
     rng.shuffle(created)  # creation order differs from generation (and admission) order
     for i in range(count):
-        request = _pod_request(i, rng, whole_left)
+        request, sidecars = _pod_request(i, rng, whole_left)
         placement = assign_on_node(state, 0, request)
         if isinstance(placement, str):
             raise RuntimeError(f"workload does not fit the node: {placement}")
@@ -125,7 +138,9 @@ def generate(count: int, cards: int = 16, seed: int = 0, node: str = "node-a",
                          "annotations": {names.assignment:
                                          encode_assignment(Assignment.from_placement(
                                              placement, spec_of_node, ASSIGNED_AT))}},
-            "spec": {"nodeName": node, "initContainers": [spec(c) for c in request.init_containers],
-                     "containers": [spec(c) for c in request.containers]},
+            "spec": {"nodeName": node,
+                     "initContainers": [spec(c) for c in request.init_containers]
+                     + [{**spec(c), "restartPolicy": "Always"} for c in request.containers if c.name in sidecars],
+                     "containers": [spec(c) for c in request.containers if c.name not in sidecars]},
             "status": {"phase": "Pending"}}, placement=placement))
     return gpu_file, pods

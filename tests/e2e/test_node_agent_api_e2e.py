@@ -3,7 +3,7 @@
 kube-scheduler and the ``gpupool extender`` process bind pods onto a Node object without a real
 kubelet; the node agent runs in this process on the real API (``KubePodSource``: it publishes the
 node's inventory, watches the bound pods, writes ``allocated-v1``) behind its three device-plugin
-servers; the fake kubelet (modelled on kubelet 1.20's device manager) registers them and admits the
+servers; the fake kubelet (modelled on kubelet 1.37's device manager) registers them and admits the
 bound pods in concurrent batches, calling GetPreferredAllocation/Allocate/PreStartContainer over
 gRPC. At the end the pods' annotations agree with each other and with what every container got:
 the extender's ``assignment-v1``, the node's ``allocated-v1`` and each container's env name the same

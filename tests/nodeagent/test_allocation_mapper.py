@@ -17,12 +17,18 @@ NAMES = ResourceNames()
 MEM, CORE = NAMES.gpu_mem, NAMES.gpu_core
 
 
-def pod(name: str, *containers: tuple[str, bool, int, int], card: int = 0, created: float = 0.0,
+SIDECAR = "sidecar"
+"""The ``init`` of a native sidecar in :func:`pod`: an init container with ``restartPolicy: Always``."""
+
+
+def pod(name: str, *containers: tuple[str, bool | str, int, int], card: int = 0, created: float = 0.0,
         assigned: bool = True, terminated: bool = False, node: str = "n1") -> PodView:
-    """A pod whose containers (name, init, gpu-mem units, card) each hold one slice on ``card``."""
-    views = tuple(ContainerView(c, init, {MEM: units, CORE: 10}) for c, init, units, _ in containers)
+    """A pod whose containers (name, init, gpu-mem units, card) each hold one slice on ``card``;
+    ``init`` is :data:`SIDECAR` for a native sidecar (the extender books it as an app container)."""
+    views = tuple(ContainerView(c, bool(init), {MEM: units, CORE: 10}, restartable=init == SIDECAR)
+                  for c, init, units, _ in containers)
     placement = Placement(f"ns/{name}", node, 0, 0, tuple(
-        ContainerAssignment(c, (CardSlice(slice_card, units * 256, 100),), init=init)
+        ContainerAssignment(c, (CardSlice(slice_card, units * 256, 100),), init=init is True)
         for c, init, units, slice_card in containers))
     return PodView("ns", name, f"uid-{name}", node, created, terminated, views,
                    NodeAssignment(placement, {}) if assigned else None,
@@ -31,9 +37,10 @@ def pod(name: str, *containers: tuple[str, bool, int, int], card: int = 0, creat
 
 def listed(*pods: PodView, devices: dict[tuple[str, str], dict[str, frozenset[str]]] | None = None
            ) -> PodResourcesSnapshot:
-    """PodResources as kubelet lists them: every pod, app containers with their device IDs."""
+    """PodResources as kubelet lists them: every pod, its native sidecars and app containers with
+    their device IDs (regular init containers are not listed)."""
     devices = devices or {}
-    return {p.key: {c.name: devices.get((p.name, c.name), {}) for c in p.containers if not c.init} for p in pods}
+    return {p.key: {c.name: devices.get((p.name, c.name), {}) for c in p.containers if c.listed} for p in pods}
 
 
 def views(*pods: PodView) -> dict[tuple[str, str], PodView]:
@@ -70,6 +77,48 @@ def test_app_container_with_devices_in_podresources_is_served() -> None:
     mapper = AllocationMapper("n1")
     mapper.observe(snap, views(a))
     assert mapper.resolve(MEM, 4, snap, views(a)).container.name == "side"
+
+
+def test_a_native_sidecar_is_allocated_in_init_order_before_the_app_containers() -> None:
+    a = pod("a", ("warmup", True, 4, 0), ("side", SIDECAR, 2, 0), ("main", False, 4, 0))
+    mapper, snap = observed(a)
+    order: list[str] = []
+    for _ in range(3):
+        res = mapper.resolve(MEM, 4 if len(order) != 1 else 2, snap, views(a))
+        order.append(res.container.name)
+        mapper.record(res, MEM, frozenset({f"g0-m{len(order)}"}), ("GPU-a",))
+    assert order == ["warmup", "side", "main"]
+
+
+def test_a_sidecar_half_allocated_is_still_the_next_container() -> None:
+    """kubelet records a container's devices resource by resource, each once its Allocate returned,
+    and lists a native sidecar with them: the sidecar's first resource in PodResources does not
+    make its second one (nor the app containers' turn) come later."""
+    a = pod("a", ("side", SIDECAR, 4, 0), ("main", False, 4, 0))
+    mapper = AllocationMapper("n1")
+    snap = listed(a, devices={("a", "side"): {CORE: frozenset({"g0-c1"})}})  # gpu-core done, gpu-mem next
+    mapper.observe(snap, views(a))
+    assert mapper.resolve(MEM, 4, snap, views(a)).container.name == "side"
+
+
+def test_a_sidecars_devices_do_not_mean_the_later_init_containers_are_done() -> None:
+    """A native sidecar may come before a regular init container: its devices in PodResources say
+    only that the containers before it are done."""
+    a = pod("a", ("side", SIDECAR, 2, 0), ("migrate", True, 4, 0), ("main", False, 4, 0))
+    snap = listed(a, devices={("a", "side"): {MEM: frozenset({"g0-m0", "g0-m1"})}})
+    mapper = AllocationMapper("n1")  # an agent restarted since it served "side"
+    mapper.observe(snap, views(a))
+    assert mapper.resolve(MEM, 4, snap, views(a)).container.name == "migrate"
+
+
+def test_devices_of_a_later_container_mean_the_earlier_ones_are_done() -> None:
+    """After an agent restart (no served log, no ``allocated-v1`` yet): a regular init container and
+    a sidecar before an app container kubelet lists with devices are served."""
+    a = pod("a", ("warmup", True, 4, 0), ("side", SIDECAR, 4, 0), ("main", False, 4, 0), ("tail", False, 4, 0))
+    snap = listed(a, devices={("a", "main"): {CORE: frozenset({"g0-c0"})}})
+    mapper = AllocationMapper("n1")
+    mapper.observe(snap, views(a))
+    assert mapper.resolve(MEM, 4, snap, views(a)).container.name == "main"
 
 
 def test_the_pod_that_appeared_last_is_the_one_being_admitted() -> None:
@@ -124,6 +173,21 @@ def test_devices_recorded_under_another_container_are_a_mismatch() -> None:
     [mismatch] = mapper.mismatches(listed(a, b, devices={("a", "main"): {MEM: ids}}))
     assert mismatch.record.pod_key == ("ns", "b") and mismatch.holder == ("ns", "a")
     assert mapper.mismatches(listed(a, b, devices={("b", "main"): {MEM: ids}})) == []
+
+
+def test_a_sidecars_devices_recorded_under_another_container_are_a_mismatch() -> None:
+    """PodResources lists native sidecars and never hands their IDs to a later container, so a
+    sidecar's grant is reconciled like an app container's (a regular init container's is not: its
+    IDs may be reused by the app containers of its pod)."""
+    a, b = pod("a", ("side", SIDECAR, 8, 0)), pod("b", ("main", False, 8, 1))
+    mapper, snap = observed(a)
+    res = mapper.resolve(MEM, 8, snap, views(a))
+    assert res.container.name == "side"
+    ids = frozenset({"g0-m0"})
+    mapper.record(res, MEM, ids, ("GPU-a",))
+    [mismatch] = mapper.mismatches(listed(a, b, devices={("b", "main"): {MEM: ids}}))
+    assert (mismatch.record.container, mismatch.holder, mismatch.holder_container) == ("side", ("ns", "b"), "main")
+    assert mapper.mismatches(listed(a, b, devices={("a", "side"): {MEM: ids}})) == []
 
 
 def test_pods_gone_from_kubelet_are_forgotten_after_a_while() -> None:

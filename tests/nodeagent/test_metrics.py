@@ -97,6 +97,7 @@ def test_a_scrape_shows_what_the_ledger_would_book_on_each_card() -> None:
             node.backend.inject(HealthEvent(2, healthy=False, reason="XID 79"))
             await node.agent.apply_health(HealthEvent(2, healthy=False, reason="XID 79"))
             text = await scrape(node.agent)
+            calls = node.kubelet.allocate_calls
         got = by_card(text)
         assert got["gpupool_card_memory_allocated_mib"] == {
             str(u.card): u.memory_total - u.memory_free for u in usage}
@@ -111,6 +112,9 @@ def test_a_scrape_shows_what_the_ledger_would_book_on_each_card() -> None:
         assert totals["gpupool_node_containers_served"] == sum(len(p.placement.containers) for p in pods)
         assert totals["gpupool_node_allocate_refused_total"] == 0
         assert totals["gpupool_node_allocation_mismatches_total"] == 0
+        answered = {s.labels["basis"]: s.value for family in text_string_to_metric_families(text)
+                    for s in family.samples if s.name == "gpupool_node_allocations_total"}
+        assert set(answered) <= {"unique", "newest"} and sum(answered.values()) == calls > 0
 
     asyncio.run(main())
 

@@ -39,9 +39,9 @@ class AllocationHandler(Protocol):
         """The current device-list version."""
         ...
 
-    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
-                  size: int) -> list[str]:
-        """A preferred set of ``size`` device IDs (advisory; must not block)."""
+    async def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                        size: int) -> list[str]:
+        """A preferred set of ``size`` device IDs (advisory; answers within about a second)."""
         ...
 
     async def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
@@ -73,8 +73,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         responses = []
         for req in request.container_requests:
-            ids = self.handler.preferred(self.resource, list(req.available_deviceIDs),
-                                         list(req.must_include_deviceIDs), int(req.allocation_size))
+            ids = await self.handler.preferred(self.resource, list(req.available_deviceIDs),
+                                               list(req.must_include_deviceIDs), int(req.allocation_size))
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
