@@ -52,6 +52,18 @@ def thread_schedstat() -> tuple[float, float]:
     return int(ran) / 1e9, int(waited) / 1e9
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """User + system CPU seconds of one thread (``/proc/<pid>/task/<tid>/stat``), 0 where unreadable.
+
+    The extender's event loop runs on its main thread (tid = pid): filter, prioritize and the HTTP
+    side of every request; binds, watches and housekeeping run on other threads."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def install_workload(replica: Any, trace: str) -> None:
     """Score against the workload profile of ``trace``'s pods once housekeeping has made its first
     profile (of the pods known at start: none in a fresh bench cluster, which leaves a

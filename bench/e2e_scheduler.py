@@ -10,18 +10,22 @@ bench sets explicitly so that both phases run under the same limit (every Bindin
 posts itself, i.e. every CPU-only pod, waits for that limiter; the extender binds GPU pods with its
 own client).
 
-What kube-scheduler measures (it has no series per extender; ``pkg/scheduler/metrics/metrics.go``):
+What kube-scheduler v1.37 measures (``pkg/scheduler/metrics/metrics.go``; no series per extender,
+and ``scheduler_binding_duration_seconds`` and ``scheduler_e2e_scheduling_duration_seconds`` are
+gone from current releases):
 
 * ``scheduler_scheduling_algorithm_duration_seconds``: one scheduling cycle's filter and score,
   the extender's ``filter`` and ``prioritize`` round trips included;
-* ``scheduler_binding_duration_seconds``: the bind, where the release still exposes it (the
-  extender's ``bind`` round trip for a GPU pod, kube-scheduler's own Binding POST otherwise);
-* ``scheduler_e2e_scheduling_duration_seconds{result="scheduled"}`` (``scheduler_scheduling_attempt_duration_seconds``
-  in current releases): both, from the start of the cycle;
-* ``scheduler_schedule_attempts_total{result}``: scheduled, unschedulable, error (a refused bind).
+* ``scheduler_scheduling_attempt_duration_seconds{result="scheduled"}``: the algorithm and the
+  binding cycle (the extender's ``bind`` round trip for a GPU pod, kube-scheduler's own Binding
+  POST otherwise), from the start of the cycle; so attempt minus algorithm is about the binding;
+* ``scheduler_pod_scheduling_sli_duration_seconds``: from the pod's entry into the active queue
+  to its binding, its wait in the queue included (the scheduling SLI);
+* ``scheduler_schedule_attempts_total{result}``: scheduled, unschedulable, error (a failed bind
+  counts as error).
 
-Histograms have buckets of 1 ms x 2^k; quantiles are interpolated within a bucket as Prometheus's
-``histogram_quantile`` does, so they are coarse (a factor of two per bucket).
+Histograms have buckets of 1 ms x 2^k (the SLI's: 10 ms x 2^k); quantiles are interpolated within
+a bucket as Prometheus's ``histogram_quantile`` does, so they are coarse (a factor of two per bucket).
 """
 
 from __future__ import annotations
@@ -50,12 +54,10 @@ SHIPPED_CONFIGS = {"best-only": SHIPPED_CONFIG,
 bind, the default; or filter, prioritize and bind (the extender's --no-filter-best-only)."""
 
 ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
-BINDING = "scheduler_binding_duration_seconds"
-E2E = "scheduler_e2e_scheduling_duration_seconds"
 ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
-"""The current name of what :data:`E2E` measured (the older name is gone from current releases)."""
+SLI = "scheduler_pod_scheduling_sli_duration_seconds"
 ATTEMPTS = "scheduler_schedule_attempts_total"
-HISTOGRAMS = (ALGORITHM, BINDING, E2E, ATTEMPT)
+HISTOGRAMS = (ALGORITHM, ATTEMPT, SLI)
 
 
 def scheduler_config(kubeconfig: Path, extender_url: str, qps: float, burst: int,

@@ -10,6 +10,8 @@ Public API (everything else is an implementation detail):
 * :func:`build_image` builds a local image (busybox, plus the host's loader and libc by default,
   plus your files) for ``Kubelet.import_image``; :class:`DeviceNode` makes stand-in device nodes.
 * :class:`ExtenderConfig` points the scheduler at an extender (``ControlPlane.restart_scheduler``).
+* :func:`start_kwok` runs KWOK against a control plane: thousands of simulated nodes (those carrying
+  ``kwok.x-k8s.io/node: fake``) kept Ready, their Leases renewed, their bound pods Running.
 
 The modules are small on purpose: ``versions`` (every pinned release), ``gobuild`` (Go programs
 from published modules into the cache), ``build`` (Kubernetes, etcd, the fake runtime), ``steps``
@@ -19,7 +21,7 @@ readiness), ``statefile`` (what ``gpupool testenv up`` leaves for ``down``), ``m
 private mount namespace), ``node_runtime`` (fake or containerd), ``containerd`` and
 ``containerd_config``, ``runtime_tools`` (containerd, runc and CNI built from their modules;
 busybox, gcc from apt), ``images`` and ``image_archive`` (docker-archive images built from host
-files).
+files), ``kwok`` (KWOK built from its module, its stages and flags).
 """
 
 from gpupool.testenv.build import build_impossible_reason, ensure_binaries
@@ -29,6 +31,7 @@ from gpupool.testenv.controlplane import ControlPlane, start_control_plane
 from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError, StartupError, TestenvError
 from gpupool.testenv.images import Base, Image, build_image
 from gpupool.testenv.kubelet import Kubelet, start_kubelet
+from gpupool.testenv.kwok import KwokOptions, ensure_kwok, start_kwok
 from gpupool.testenv.node_runtime import NodeImages, RuntimeKind
 from gpupool.testenv.paths import Binaries
 
@@ -42,6 +45,7 @@ __all__ = [
     "ExtenderConfig",
     "Image",
     "Kubelet",
+    "KwokOptions",
     "NodeImages",
     "RuntimeKind",
     "StartupError",
@@ -49,6 +53,8 @@ __all__ = [
     "build_image",
     "build_impossible_reason",
     "ensure_binaries",
+    "ensure_kwok",
     "start_control_plane",
     "start_kubelet",
+    "start_kwok",
 ]

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from bench.e2e_extender import cycle_breakdown, handler_split
-from bench.e2e_kube import card_overcommits
+from bench.e2e_kube import BoundWatch, card_overcommits, forced_watch_closes
+from bench.e2e_nodes import ready_count
 from bench.e2e_objects import (
     LARGEST_SHARE,
     common_shape,
@@ -96,16 +97,28 @@ scheduler_scheduling_algorithm_duration_seconds_bucket{le="0.004"} 40
 scheduler_scheduling_algorithm_duration_seconds_bucket{le="+Inf"} 40
 scheduler_scheduling_algorithm_duration_seconds_sum 0.07
 scheduler_scheduling_algorithm_duration_seconds_count 40
-# HELP scheduler_e2e_scheduling_duration_seconds [ALPHA] E2e scheduling latency in seconds
-# TYPE scheduler_e2e_scheduling_duration_seconds histogram
-scheduler_e2e_scheduling_duration_seconds_bucket{profile="default-scheduler",result="scheduled",le="0.001"} 1
-scheduler_e2e_scheduling_duration_seconds_bucket{profile="default-scheduler",result="scheduled",le="+Inf"} 2
-scheduler_e2e_scheduling_duration_seconds_sum{profile="default-scheduler",result="scheduled"} 0.01
-scheduler_e2e_scheduling_duration_seconds_count{profile="default-scheduler",result="scheduled"} 2
-scheduler_e2e_scheduling_duration_seconds_bucket{profile="default-scheduler",result="error",le="0.001"} 7
-scheduler_e2e_scheduling_duration_seconds_bucket{profile="default-scheduler",result="error",le="+Inf"} 7
-scheduler_e2e_scheduling_duration_seconds_sum{profile="default-scheduler",result="error"} 0.003
-scheduler_e2e_scheduling_duration_seconds_count{profile="default-scheduler",result="error"} 7
+# HELP scheduler_scheduling_attempt_duration_seconds [STABLE] Scheduling attempt latency in seconds
+# TYPE scheduler_scheduling_attempt_duration_seconds histogram
+scheduler_scheduling_attempt_duration_seconds_bucket{profile="default-scheduler",result="scheduled",le="0.001"} 1
+scheduler_scheduling_attempt_duration_seconds_bucket{profile="default-scheduler",result="scheduled",le="+Inf"} 2
+scheduler_scheduling_attempt_duration_seconds_sum{profile="default-scheduler",result="scheduled"} 0.01
+scheduler_scheduling_attempt_duration_seconds_count{profile="default-scheduler",result="scheduled"} 2
+scheduler_scheduling_attempt_duration_seconds_bucket{profile="default-scheduler",result="error",le="0.001"} 7
+scheduler_scheduling_attempt_duration_seconds_bucket{profile="default-scheduler",result="error",le="+Inf"} 7
+scheduler_scheduling_attempt_duration_seconds_sum{profile="default-scheduler",result="error"} 0.003
+scheduler_scheduling_attempt_duration_seconds_count{profile="default-scheduler",result="error"} 7
+# HELP scheduler_pod_scheduling_sli_duration_seconds [BETA] E2e latency for a pod being scheduled
+# TYPE scheduler_pod_scheduling_sli_duration_seconds histogram
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="1",le="0.01"} 3
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="1",le="0.02"} 4
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="1",le="+Inf"} 4
+scheduler_pod_scheduling_sli_duration_seconds_sum{attempts="1"} 0.03
+scheduler_pod_scheduling_sli_duration_seconds_count{attempts="1"} 4
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="2",le="0.01"} 0
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="2",le="0.02"} 1
+scheduler_pod_scheduling_sli_duration_seconds_bucket{attempts="2",le="+Inf"} 1
+scheduler_pod_scheduling_sli_duration_seconds_sum{attempts="2"} 0.015
+scheduler_pod_scheduling_sli_duration_seconds_count{attempts="2"} 1
 # HELP scheduler_schedule_attempts_total [ALPHA] Number of attempts to schedule pods, by the result.
 # TYPE scheduler_schedule_attempts_total counter
 scheduler_schedule_attempts_total{profile="default-scheduler",result="scheduled"} 40
@@ -120,7 +133,9 @@ def test_histograms_are_read_and_their_quantiles_interpolated_as_prometheus_does
     assert quantile(algorithm, 0.5) == pytest.approx(0.0015)  # 20th of 40: half-way through (1, 2] ms
     assert quantile(algorithm, 0.25) == pytest.approx(0.001)
     assert quantile(algorithm, 1.0) == pytest.approx(0.004)
-    assert scraped["scheduler_e2e_scheduling_duration_seconds"]["count"] == 2  # errors left out
+    assert scraped["scheduler_scheduling_attempt_duration_seconds"]["count"] == 2  # errors left out
+    sli = scraped["scheduler_pod_scheduling_sli_duration_seconds"]  # pods of every attempt count summed
+    assert sli["count"] == 5 and sli["buckets"] == [(0.01, 3), (0.02, 5), (math.inf, 5)]
     assert scraped["attempts:scheduled"] == 40 and scraped["attempts:error"] == 7
 
 
@@ -168,3 +183,50 @@ def test_the_loop_threads_time_is_split_into_cpu_run_queue_and_the_rest() -> Non
     # two filters: 6 ms on the wall, 2 ms on a CPU, 3 ms waiting for one, so 1 ms asleep
     split = handler_split({"filter": [0.006, 0.002, 0.003, 2], "bind": [0.0, 0.0, 0.0, 0]})
     assert split == {"filter": {"wall": 3.0, "cpu": 1.0, "run_queue": 1.5, "other": 0.5}}
+
+
+def test_nodes_are_kwoks_by_default_with_a_kubelets_lease_and_bare_on_request() -> None:
+    defaults = parser().parse_args([])
+    assert defaults.kwok is True and defaults.lease_duration_s == 40
+    assert parser().parse_args(["--no-kwok"]).kwok is False
+
+
+class _TableApi:
+    """The node list in the apiserver's Table form, as ``ready_count`` asks for it."""
+
+    def __init__(self, statuses: list[str]) -> None:
+        self.statuses = statuses
+        self.asked: list[tuple[str, str | None]] = []
+
+    def call(self, method: str, path: str, accept: str | None = None) -> dict[str, Any]:
+        self.asked.append((path, accept))
+        return {"kind": "Table", "columnDefinitions": [{"name": "Name"}, {"name": "Status"}, {"name": "Roles"}],
+                "rows": [{"cells": [f"n{i}", s, "<none>"]} for i, s in enumerate(self.statuses)]}
+
+
+def test_ready_nodes_are_counted_from_the_table_form_without_the_objects() -> None:
+    api = _TableApi(["Ready", "NotReady", "Ready,SchedulingDisabled", "Unknown"])
+    assert ready_count(api) == (2, 4)  # type: ignore[arg-type]
+    ((path, accept),) = api.asked
+    assert "includeObject=None" in path and accept is not None and "as=Table" in accept
+
+
+def test_watches_the_apiserver_cut_are_counted_by_resource_and_selector(tmp_path: Any) -> None:
+    log = tmp_path / "kube-apiserver.log"
+    line = ('I1128 09:29:10.199330   27512 cache_watcher.go:214] Forcing pods watcher close due to unresponsiveness: '
+            'key: "/pods/", labels: "", fields: "{}". len(c.input) = 10, len(c.result) = 10, graceful = false\n')
+    log.write_text(line.format("spec.nodeName!=") * 2 + line.format("") + "I1128 other line\n")
+    assert forced_watch_closes(log) == {"/pods/ , fields: spec.nodeName!=": 2, "/pods/ , fields: ": 1}
+
+
+def test_the_bound_watch_resumes_from_the_last_event_and_stamps_binds_and_running() -> None:
+    watch = BoundWatch(None, "bench", "10")  # type: ignore[arg-type]
+    watch._pod({"metadata": {"name": "a", "resourceVersion": "11"}, "spec": {}, "status": {"phase": "Pending"}})
+    assert watch.version == "11" and watch.bound == {}
+    watch._pod({"metadata": {"name": "a", "resourceVersion": "12"}, "spec": {"nodeName": "n1"},
+                "status": {"phase": "Pending"}})
+    watch._pod({"metadata": {"resourceVersion": "15"}})  # a bookmark
+    watch._pod({"metadata": {"name": "a", "resourceVersion": "16"}, "spec": {"nodeName": "n1"},
+                "status": {"phase": "Running"}})
+    assert watch.version == "16" and watch.node == {"a": "n1"}
+    assert set(watch.bound) == set(watch.running) == {"a"} and watch.running["a"] >= watch.bound["a"]
