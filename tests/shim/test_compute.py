@@ -73,10 +73,12 @@ def test_soft_mode_uses_an_idle_card_and_falls_back_when_a_neighbour_appears(
     alone, shared = launch(tc, env, "kernel", 3.5, "0.3-1.5", "2.3-3.5", neighbour_at=1.5)
     assert alone >= SATURATED - 10, alone
     assert shared <= 30 + TOLERANCE, shared  # what soft mode promises: back to its share beside a neighbour
-    # Below the share is the neighbour's doing, not the throttle's: the stand-in card runs both
-    # launchers' kernels in one queue, and under the sanitizers on a busy two-core machine the
-    # launcher itself can lag (a full run once measured 19.7 %); it must still be running.
-    assert shared >= 30 - (TOLERANCE if toolchain == "plain" else 2 * TOLERANCE), shared
+    # Below the share is the CPU's doing, not the throttle's: the stand-in card runs both
+    # launchers' kernels in one FIFO queue, and whichever process gets a core when a slot frees
+    # fills it. With two busy loops beside it on this two-core machine the launcher measured
+    # 12-30 % over eight runs (idle: 29.7-30.5 %), and a CI run once 9.1 %. No lower bound above
+    # zero holds under arbitrary load; what must hold is that it keeps running.
+    assert shared > 0, shared
 
 
 def test_hami_sm_limit_sets_the_share(plain: Toolchain, work: Path) -> None:
