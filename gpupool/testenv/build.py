@@ -20,11 +20,12 @@ import hashlib
 import re
 from pathlib import Path
 
-from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
+from gpupool.testenv.errors import BuildFailedError
 from gpupool.testenv.gobuild import (
     GoBuild,
     GoProgram,
     build,
+    ensure_built,
     go_env,
     module_dir,
     toolchain_problem,
@@ -36,6 +37,9 @@ from gpupool.testenv.versions import ETCD, Release, release
 
 __all__ = ["Log", "build_impossible_reason", "cached_binaries", "ensure_binaries", "fakecri_source",
            "kubernetes_go_mod", "kubernetes_source"]
+
+#: The lock file (in the cache) that serialises builds of a release, etcd and the fake runtime.
+BUILD_LOCK = ".build.lock"
 
 #: The module of the Kubernetes release.
 KUBERNETES_MODULE = "k8s.io/kubernetes"
@@ -145,28 +149,16 @@ def ensure_binaries(log: Log = quiet, version: str | None = None) -> Binaries:
     module proxy), :class:`BuildFailedError` when a build step fails (the message names its log),
     and ``ValueError`` for a version that is not pinned.
     """
-    hit = cached_binaries(version)
-    if hit is not None:
-        return hit
     rel = release(version)
-    problem = toolchain_problem()
-    if problem is not None:
-        raise BuildImpossibleError(problem)
-    root = cache_dir()
-    logs = root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(root / ".build.lock", log):
-        hit = cached_binaries(version)  # another process may have built while we waited
-        if hit is not None:
-            return hit
+
+    def make(logs: Path) -> None:
         source = kubernetes_source(rel, log=log)
         kubernetes, fakecri = _kubernetes_specs(rel, (source / "go.mod").read_text())
-        etcd = _etcd_spec()
-        for spec in (etcd, kubernetes, fakecri):
+        for spec in (_etcd_spec(), kubernetes, fakecri):
             build(spec, logs=logs, log=log)
-    binaries = _binaries(rel, kubernetes, fakecri, etcd)
-    if binaries.missing():
-        raise BuildFailedError(f"build finished but these are missing: {binaries.missing()}")
+
+    binaries = ensure_built(lambda: cached_binaries(version), make, what=f"Kubernetes {rel.kubernetes}",
+                            lock_name=BUILD_LOCK, problem=toolchain_problem, lock=exclusive_lock, log=log)
     log(f"Kubernetes {rel.kubernetes} binaries ready")
     return binaries
 

@@ -21,13 +21,17 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
 from gpupool.testenv.paths import cache_dir
-from gpupool.testenv.steps import Log, quiet, run_step
+from gpupool.testenv.steps import Log, exclusive_lock, quiet, run_step
+
+T = TypeVar("T")
 
 #: The oldest Go that builds every pinned module (Kubernetes 1.37's ``go.mod`` says ``go 1.26.0``).
 GO_MINIMUM = (1, 26)
@@ -177,6 +181,37 @@ def module_dir(module: str, version: str, *, logs: Path, log: Log = quiet) -> Pa
     if not directory or not Path(directory).is_dir():
         raise BuildImpossibleError(f"go mod download {module}@{version} gave no source directory; log: {log_path}")
     return Path(directory)
+
+
+def ensure_built(find: Callable[[], T | None], make: Callable[[Path], None], *, what: str, lock_name: str,
+                 problem: Callable[[], str | None] = toolchain_problem,
+                 lock: Callable[[Path, Log], AbstractContextManager[None]] = exclusive_lock,
+                 log: Log = quiet) -> T:
+    """What ``find`` returns, after ``make(logs)`` builds it if the cache lacks it: the one path every
+    cached build of the test environment takes.
+
+    A hit costs ``find`` alone (no lock, no subprocess). On a miss ``problem`` says whether the
+    machine can build at all (:class:`BuildImpossibleError` with its reason if not); then the build
+    runs under the cache's lock ``lock_name``, rechecking first because another process may have
+    built it while this one waited. A build that ends without what ``find`` looks for is a
+    :class:`BuildFailedError` naming ``what``. Callers pass their module's ``problem`` and ``lock``
+    so that each stays replaceable where it is used.
+    """
+    found = find()
+    if found is not None:
+        return found
+    reason = problem()
+    if reason is not None:
+        raise BuildImpossibleError(reason)
+    logs = cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with lock(cache_dir() / lock_name, log):
+        if find() is None:
+            make(logs)
+    found = find()
+    if found is None:
+        raise BuildFailedError(f"{what}: the build finished but its cache entry is incomplete")
+    return found
 
 
 def build(spec: GoBuild, *, logs: Path, log: Log = quiet, parallel: int = 2) -> dict[str, Path]:

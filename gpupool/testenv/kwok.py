@@ -45,10 +45,18 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
-from gpupool.testenv.gobuild import GoBuild, GoProgram, build, go_env, module_dir, toolchain_problem, wrapper_go_mod
+from gpupool.testenv.errors import BuildFailedError
+from gpupool.testenv.gobuild import (
+    GoBuild,
+    GoProgram,
+    build,
+    ensure_built,
+    go_env,
+    module_dir,
+    toolchain_problem,
+    wrapper_go_mod,
+)
 from gpupool.testenv.healthz_start import start_with_healthz
-from gpupool.testenv.paths import cache_dir
 from gpupool.testenv.procs import ManagedProcess, spawn
 from gpupool.testenv.steps import Log, exclusive_lock, quiet
 from gpupool.testenv.versions import KWOK
@@ -169,23 +177,12 @@ def ensure_kwok(log: Log = quiet) -> KwokInstall:
     Raises :class:`BuildImpossibleError` (no Go, no module proxy) or :class:`BuildFailedError`
     (a build step failed; the message names its log).
     """
-    found = cached_kwok()
-    if found is not None:
-        return found
-    problem = toolchain_problem()
-    if problem is not None:
-        raise BuildImpossibleError(problem)
-    logs = cache_dir() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(cache_dir() / BUILD_LOCK, log):
-        found = cached_kwok()  # built by another process while we waited
-        if found is not None:
-            return found
+    def make(logs: Path) -> None:
         source = module_dir(KWOK_MODULE, KWOK, logs=logs, log=log)
         build(kwok_build((source / "go.mod").read_text()), logs=logs, log=log)
-    found = cached_kwok()
-    if found is None:
-        raise BuildFailedError(f"{KWOK_MODULE} {KWOK} built, but the binary or its stage files are missing")
+
+    found = ensure_built(cached_kwok, make, what=f"{KWOK_MODULE} {KWOK} (binary and stage files)",
+                         lock_name=BUILD_LOCK, problem=toolchain_problem, lock=exclusive_lock, log=log)
     log(f"KWOK {KWOK} ready")
     return found
 

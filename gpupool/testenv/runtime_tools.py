@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.testenv.errors import BuildImpossibleError
-from gpupool.testenv.gobuild import GoBuild, GoProgram, build, toolchain_problem, wrapper_go_mod
+from gpupool.testenv.gobuild import GoBuild, GoProgram, build, ensure_built, toolchain_problem, wrapper_go_mod
 from gpupool.testenv.paths import cache_dir
 from gpupool.testenv.steps import Log, exclusive_lock, quiet, run_step
 from gpupool.testenv.versions import CNI_PLUGINS, CONTAINERD, RUNC
@@ -236,20 +236,20 @@ def ensure_runtime_tools(log: Log = quiet) -> RuntimeTools:
     reason = runtime_impossible_reason()
     if reason is not None:
         raise BuildImpossibleError(reason)
-    logs = cache_dir() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     if missing_packages():  # first: runc's cgo needs gcc, libc6-dev and libseccomp-dev
+        logs = cache_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(cache_dir() / ".runtime-install.lock", log):
             if missing_packages():
                 _apt_install(logs, log)
-    if missing_builds():
-        with exclusive_lock(cache_dir() / BUILD_LOCK, log):
-            for spec in go_builds():  # built by another process meanwhile: build() returns at once
-                build(spec, logs=logs, log=log)
-    found = find_runtime_tools()
-    if found is None:
-        raise BuildImpossibleError(f"still missing after install and build: {', '.join(missing_programs())}")
-    return found
+
+    def make(logs: Path) -> None:
+        for spec in go_builds():  # each one built by another process meanwhile returns at once
+            build(spec, logs=logs, log=log)
+
+    # The machine's ability to build was judged above, packages included.
+    return ensure_built(find_runtime_tools, make, what="containerd, runc and the CNI plugins",
+                        lock_name=BUILD_LOCK, problem=lambda: None, lock=exclusive_lock, log=log)
 
 
 def _apt_install(logs: Path, log: Log) -> None:
