@@ -71,6 +71,9 @@ from gpupool.kube.translate import TranslationError
 log = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE_S = 8.0
+
+#: The least time a pod read is given, even when the deadline is about to pass.
+MIN_READ_TIMEOUT_S = 0.05
 """A bind's total time across its attempts. Below the 10 s ``httpTimeout`` that deploy/ gives
 kube-scheduler for the extender, so that kube-scheduler gets the answer (an error included) before
 it gives up on the bind and sends it again."""
@@ -170,7 +173,10 @@ class Binder:
             # the next attempt reads the API.
             cached = self.cache.pod_object(key) if attempt == 1 else None
             try:
-                pod = cached if cached is not None else self.api.get_pod(ask.namespace, ask.name)
+                # The read gets what is left of the deadline, not the client's whole timeout: an
+                # apiserver that stalls it must not make the bind answer after kube-scheduler gave up.
+                pod = cached if cached is not None else self.api.get_pod(
+                    ask.namespace, ask.name, timeout_s=max(deadline.left(), MIN_READ_TIMEOUT_S))
             except NotFoundError:
                 return BindResult(f"pod {key} no longer exists", attempts=attempt)
             except ApiError as exc:

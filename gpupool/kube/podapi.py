@@ -44,8 +44,11 @@ class NoAnswerError(ApiError):
 class PodApi(Protocol):
     """What the binder asks of the API."""
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """The pod as JSON (fresh from the API, with its current resourceVersion)."""
+    def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """The pod as JSON (fresh from the API, with its current resourceVersion).
+
+        ``timeout_s`` bounds this read when the caller has less time left than the client's own
+        request timeout (a bind answers within its deadline even when the apiserver stalls)."""
 
     def patch_pod_annotations(self, namespace: str, name: str, resource_version: str,
                               annotations: dict[str, str | None]) -> dict[str, Any]:
@@ -150,9 +153,10 @@ class KubePodApi:
         except (HTTPError, OSError) as exc:
             raise _no_answer(exc, what) from None
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        timeout = self.timeout if timeout_s is None else min(self.timeout, timeout_s)
         resp = self._call(f"GET pod {namespace}/{name}", lambda: self.core.read_namespaced_pod(
-            name, namespace, _preload_content=False, _request_timeout=self.timeout))
+            name, namespace, _preload_content=False, _request_timeout=timeout))
         result: dict[str, Any] = json.loads(resp.data)
         return result
 

@@ -164,7 +164,7 @@ class FakePodApi:
         return inject
 
     # --------------------------------------------------------------------------------- PodApi
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         self._sleep()
         with self._lock:
             self.calls.append(f"get {namespace}/{name}")

@@ -68,7 +68,7 @@ class StallingApi:
         if hold is not None:
             hold.stall()
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         self._stall("get", name)
         return self.api.get_pod(namespace, name)
 

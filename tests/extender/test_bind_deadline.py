@@ -33,12 +33,14 @@ class ClockedApi:
         self.api = api
         self.slow = slow
         self.now = 0.0
+        self.read_timeouts: list[float | None] = []
 
     def _took(self, verb: str) -> None:
         if verb == self.slow:
             self.now += SLOW_S
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        self.read_timeouts.append(timeout_s)
         pod_json = self.api.get_pod(namespace, name)
         self._took("get")
         return pod_json
@@ -107,6 +109,22 @@ def test_a_bind_past_its_deadline_says_so_and_rolls_back_once(one_write: bool, s
     assert bool(api.get_pod("default", "p")["spec"].get("nodeName")) == expected.annotated
     assert cache.in_flight() == 0
     assert free_mib(cache, "n1") == [16276 - 10000 if expected.annotated else 16276]
+
+
+@pytest.mark.parametrize("one_write", WRITES)
+def test_a_pod_read_is_given_only_what_is_left_of_the_deadline(one_write: bool) -> None:
+    """A pod missing from the watch's cache is read from the API; an apiserver that stalls that read
+    for the client's whole request timeout (10 s) made a bind answer after 10.0 s, past its 8 s
+    deadline and kube-scheduler's own timeout."""
+    api, cache, _ = world([node("n1", [16276])])
+    api.create_pod(pod("p", container(mib=10000)))
+    api.conflicts_to_inject = 1
+    api.before_conflict = lambda namespace, name: api.touch_pod(namespace, name)
+    clocked = ClockedApi(api, "")
+    binder = Binder(cache, clocked, deadline_s=DEADLINE_S, timer=lambda: clocked.now, annotate_in_binding=one_write)
+    binder.bind("default", "p", "uid-default-p", "n1")
+    assert clocked.read_timeouts, "the second attempt reads the pod from the API"
+    assert all(t is not None and 0 < t <= DEADLINE_S for t in clocked.read_timeouts), clocked.read_timeouts
 
 
 @pytest.mark.parametrize("one_write", WRITES)

@@ -128,7 +128,7 @@ def test_the_same_pod_bound_by_two_replicas_gets_one_assignment(one_write: bool)
 
         done = False
 
-        def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        def get_pod(self, namespace: str, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
             return api.get_pod(namespace, name)
 
         def _a_binds_first(self, namespace: str, name: str) -> None:

@@ -70,3 +70,16 @@ def test_a_read_that_times_out_is_sent_once(tmp_path: Path,
         KubePodApi(core, request_timeout_s=TIMEOUT_S).get_pod("ns", "p")
     time.sleep(STALL_S)  # let any retry that was sent arrive
     assert handler.hits == 1
+
+
+def test_a_read_given_less_time_than_the_client_timeout_gives_up_then(
+        tmp_path: Path, stalling_server: tuple[str, type[_StallingApiserver]]) -> None:
+    """The binder passes what is left of its deadline: the read must not wait the client's whole
+    timeout (here 30 s) when the caller has 0.2 s."""
+    url, handler = stalling_server
+    core = client.CoreV1Api(client.ApiClient(api_configuration(_kubeconfig(tmp_path, url))))
+    began = time.monotonic()
+    with pytest.raises(NoAnswerError):
+        KubePodApi(core, request_timeout_s=30.0).get_pod("ns", "p", timeout_s=TIMEOUT_S)
+    assert time.monotonic() - began < STALL_S  # the server answers after STALL_S: it was not waited for
+    assert handler.hits == 1
