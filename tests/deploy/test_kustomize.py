@@ -23,7 +23,7 @@ from tests.deploy.pod_security import baseline_violations, restricted_violations
 
 NAMESPACES = {"gpupool-system": "restricted", "gpupool-node": "privileged", "gpupool-node-lease": "restricted"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                  "ValidatingWebhookConfiguration"}
+                  "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 SHIM_COMPONENT = "components/shim-isolation"
 
 
