@@ -60,6 +60,8 @@ class ExtenderOptions:
     leader_elect: bool = True
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-extender"
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    """Leader-election timings (namespace and name come from the two fields above)."""
     identity: str = ""
     explain_limit: int = 64
     filter_best_only: bool = True
@@ -140,7 +142,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
         start_tenancy_watches(cache, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
-    lease = dataclasses.replace(lease or LeaseSettings(), namespace=options.lease_namespace,
+    lease = dataclasses.replace(lease or options.lease, namespace=options.lease_namespace,
                                 name=options.lease_name)
     elector = None
     fence: BindFence = Unfenced()
@@ -160,7 +162,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
                               is_leader=elector.is_leader if elector else (lambda: True),
                               leader_name=elector.holder if elector else (lambda: identity),
                               node_gate=liveness.refusals if liveness else (lambda _: {}),
-                              preempt_answers=requeue)
+                              preempt_answers=requeue, bind_refusal=fence.refusal)
     housekeeping = Housekeeping(cache, pod_api, is_leader=service.is_leader)
     return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue)
 
@@ -200,6 +202,8 @@ def run_extender(options: ExtenderOptions) -> None:
     try:
         run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners, admission)
     finally:
+        if replica.elector is not None:  # a clean stop hands the Lease over at once (not on SIGKILL)
+            replica.elector.release()
         replica.shutdown()
 
 
@@ -247,6 +251,15 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--lease-namespace", default="kube-system", show_default=True)
 @click.option("--lease-name", default="gpupool-extender", show_default=True)
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
+@click.option("--lease-duration", default=LeaseSettings.lease_duration, show_default=True,
+              type=click.FloatRange(min=1),
+              help="Seconds a candidate waits after it last saw the Lease change before taking it over.")
+@click.option("--renew-deadline", default=LeaseSettings.renew_deadline, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Seconds after its last renewal began that a leader stops binding (below --lease-duration).")
+@click.option("--retry-period", default=LeaseSettings.retry_period, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between attempts to acquire or renew the Lease (docs/extender.md, High availability).")
 @click.option("--explain-limit", default=64, show_default=True, type=int,
               help="Failed nodes given an individual reason per filter call.")
 @click.option("--filter-best-only/--no-filter-best-only", default=True, show_default=True,
@@ -296,7 +309,8 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, explain_limit: int, filter_best_only: bool, filter_one_best: bool, bind_deadline: float,
+             identity: str, lease_duration: float, renew_deadline: float, retry_period: float,
+             explain_limit: int, filter_best_only: bool, filter_one_best: bool, bind_deadline: float,
              max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
@@ -306,13 +320,17 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = tls_files(tls_cert_file, tls_private_key_file, client_ca_file)
+    try:
+        lease = LeaseSettings(lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if admission_port is not None and (tls is None or not tenancy):
         raise click.UsageError("--admission-port needs --tls-cert-file and --tls-private-key-file (the apiserver "
                                "calls webhooks over HTTPS only) and the tenancy watches (no --no-tenancy)")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
-                                 lease_name=lease_name, identity=identity, explain_limit=explain_limit,
+                                 lease_name=lease_name, lease=lease, identity=identity, explain_limit=explain_limit,
                                  filter_best_only=filter_best_only, filter_one_best=filter_one_best,
                                  bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,

@@ -14,6 +14,15 @@ clocks have to agree (bounded drift), not their readings (no skew assumption); t
 candidate that has just started waits one ``lease_duration`` after its first look before taking an
 abandoned Lease.
 
+The default timings (10 s / 6 s / 1 s) are shorter than kube-scheduler's own (15 s / 10 s / 2 s):
+GPU pods wait for the extender's binds, so a leader's death must be over within 15 s (a candidate
+takes over at most ``lease_duration + 2 retry_period`` plus two API round trips after the last
+renewal it saw), while ``renew_deadline`` plus the commit timeout (3.2 s) still ends before anyone
+may acquire (docs/extender.md, "High availability"). Every Lease call has a request timeout, so a
+stalled apiserver cannot hold the election loop past its deadline; a renewal that comes back after
+the deadline it was meant to extend counts for nothing (no new term is started and at once given up,
+which used to log "now the leader" and "lost the lease" in the same millisecond).
+
 Each stretch of leadership is a *term*, numbered here (not stored in the Lease). A replica that
 becomes leader again after having been without the Lease, even briefly, starts a new term: its
 ledger may have missed another leader's bookings and has to catch up first
@@ -39,9 +48,20 @@ class LeaseSettings:
 
     namespace: str = "kube-system"
     name: str = "gpupool-extender"
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: float = 10.0
+    renew_deadline: float = 6.0
+    retry_period: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("lease timings need 0 < retry period < renew deadline < lease duration "
+                             f"(got {self.retry_period}, {self.renew_deadline}, {self.lease_duration})")
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Timeout of each Lease read or write: an attempt (a read and a write) must fit in the
+        renew deadline with a retry to spare, or one stalled call would cost the leadership."""
+        return max(0.2, (self.renew_deadline - self.retry_period) / 2)
 
     @property
     def commit_timeout_s(self) -> float:
@@ -53,6 +73,13 @@ class LeaseSettings:
         scheduling (4 s of the 5 s with the default timings).
         """
         return max(0.1, 0.8 * (self.lease_duration - self.renew_deadline))
+
+    @property
+    def takeover_bound_s(self) -> float:
+        """Longest time from a leader's death to a candidate's acquisition, API latency aside: the
+        candidate saw the last record at most one retry after it was written, waits one lease
+        duration from then, and looks once per retry."""
+        return self.lease_duration + 2 * self.retry_period
 
 
 class LeaderElector:
@@ -74,6 +101,7 @@ class LeaderElector:
         self._holder = ""
         self._observed: tuple[str, float] | None = None  # (record's resourceVersion, local time seen)
         self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def is_leader(self) -> bool:
         """True while the start of the last successful renewal is younger than the renew deadline."""
@@ -113,7 +141,7 @@ class LeaderElector:
         started = self.monotonic()
         now = self.wall()
         try:
-            lease = self.api.read_namespaced_lease(s.name, s.namespace)
+            lease = self.api.read_namespaced_lease(s.name, s.namespace, _request_timeout=s.request_timeout_s)
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("reading lease %s/%s: %s", s.namespace, s.name, exc.reason)
@@ -123,7 +151,7 @@ class LeaderElector:
                                             lease_duration_seconds=int(s.lease_duration),
                                             acquire_time=now, renew_time=now, lease_transitions=0))
             try:
-                self.api.create_namespaced_lease(s.namespace, body)
+                self.api.create_namespaced_lease(s.namespace, body, _request_timeout=s.request_timeout_s)
             except ApiException as create_exc:
                 log.info("creating lease: %s", create_exc.reason)
                 self._step_down()
@@ -145,7 +173,8 @@ class LeaderElector:
         spec.renew_time = now
         spec.lease_duration_seconds = int(s.lease_duration)
         try:
-            self.api.replace_namespaced_lease(s.name, s.namespace, lease)  # carries resourceVersion
+            self.api.replace_namespaced_lease(s.name, s.namespace, lease,  # carries resourceVersion
+                                              _request_timeout=s.request_timeout_s)
         except ApiException as exc:
             log.info("renewing lease: %s", exc.reason)
             if exc.status == 409:  # someone else wrote the Lease since we read it
@@ -154,9 +183,18 @@ class LeaderElector:
         return self._won(started)
 
     def _won(self, started: float) -> bool:
-        """Our write went through: leader until ``renew_deadline`` after the attempt began."""
+        """Our write went through: leader until ``renew_deadline`` after the attempt began.
+
+        An attempt that took longer than that (an apiserver stall) proves nothing about now: the
+        Lease says we hold it, but the deadline it would set has passed, so no term starts (and the
+        current one, if any, keeps its earlier deadline). The next attempt renews from a fresh start.
+        """
         self._holder = self.identity
         term, until = self._lease
+        if self.monotonic() >= started + self.settings.renew_deadline:
+            log.info("%s: the Lease write took %.1f s, past the renew deadline; not leading until the next "
+                     "renewal", self.identity, self.monotonic() - started)
+            return self.is_leader()
         new_term = self.monotonic() >= until
         if new_term:
             term += 1
@@ -165,6 +203,38 @@ class LeaderElector:
             log.info("%s is now the gpupool extender leader (term %d)", self.identity, term)
             if self.on_started_leading is not None:
                 self.on_started_leading()
+        return True
+
+    def release(self, settle: Callable[[float], None] = time.sleep) -> bool:
+        """Give the Lease up on a clean shutdown, so a candidate takes it at its next look instead of
+        one lease duration later (client-go's ReleaseOnCancel); returns whether it was released.
+
+        Order matters: the election loop is stopped (and waited for, so no renewal races the
+        release), leadership ends here, then one commit timeout passes (``settle``) so that every
+        assignment write begun under this term has committed or been given up before a successor
+        lists pods. Never raises: a failed release costs the successor one lease duration.
+        """
+        s = self.settings
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(2 * s.request_timeout_s + s.retry_period)
+        was_leader = self.is_leader()
+        self._step_down()
+        if not was_leader:
+            return False
+        settle(s.commit_timeout_s)
+        try:
+            lease = self.api.read_namespaced_lease(s.name, s.namespace, _request_timeout=s.request_timeout_s)
+            if lease.spec.holder_identity != self.identity:
+                return False
+            lease.spec.holder_identity = None
+            lease.spec.lease_duration_seconds = 1
+            lease.spec.renew_time = self.wall()
+            self.api.replace_namespaced_lease(s.name, s.namespace, lease, _request_timeout=s.request_timeout_s)
+        except Exception as exc:  # an API error or a timeout: the successor waits one lease duration
+            log.warning("releasing the gpupool extender lease: %s: %s", type(exc).__name__, exc)
+            return False
+        log.info("%s released the gpupool extender lease", self.identity)
         return True
 
     def run(self) -> None:
@@ -180,5 +250,6 @@ class LeaderElector:
             self.stop.wait(self.settings.retry_period)
 
     def start(self) -> LeaderElector:
-        threading.Thread(target=self.run, name="gpupool-lease", daemon=True).start()
+        self._thread = threading.Thread(target=self.run, name="gpupool-lease", daemon=True)
+        self._thread.start()
         return self

@@ -106,6 +106,22 @@ class Ledger(Protocol):
 
 
 
+class RefusedPods(Protocol):
+    """Hears of every pod the filter passed no node for (see :mod:`gpupool.extender.wakeup`)."""
+
+    def refused(self, request: PodRequest, aliases: frozenset[str], tenant: PodTenancy | None,
+                pod: Mapping[str, Any] | None) -> None:
+        """Pod ``request.key`` fits no node asked about; kube-scheduler parks it until an event."""
+
+
+class NoRefusals:
+    """Nobody listens (tests, and replicas without the wake-up)."""
+
+    def refused(self, request: PodRequest, aliases: frozenset[str], tenant: PodTenancy | None,
+                pod: Mapping[str, Any] | None) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class BindResult:
     """The outcome of one bind: ``error`` empty on success; ``placement`` the cards chosen."""
@@ -201,8 +217,13 @@ class ExtenderService:
                  settings: ExtenderSettings | None = None,
                  is_leader: Callable[[], bool] = lambda: True,
                  leader_name: Callable[[], str] = lambda: "", node_gate: NodeGate = lambda _: {},
-                 preempt_answers: PreemptAnswers | None = None) -> None:
+                 preempt_answers: PreemptAnswers | None = None,
+                 bind_refusal: Callable[[], str] = lambda: "",
+                 refused: RefusedPods | None = None) -> None:
         self.cache = cache
+        self.bind_refusal = bind_refusal
+        """Why binds are refused now ("" when a bind would be tried): the fence's, see :meth:`unready`."""
+        self.refused = refused or NoRefusals()
         self.preempt_answers = preempt_answers or NoFollowUp()
         self.node_gate = node_gate
         self.binder = binder
@@ -212,6 +233,24 @@ class ExtenderService:
         self.node_rows = NodeRows()
         self.one_best = OneBest(self.settings.tie_rank)
         self._last_filter: _FilterMemo | None = None
+
+    def unready(self) -> str:
+        """Why this replica should get no kube-scheduler traffic now ("" when it should).
+
+        Ready means a bind sent here would be tried: the cache synced and, under leader election,
+        this replica leads and its term has caught up. Only such a replica is a Ready endpoint of
+        the Service kube-scheduler calls, so kube-scheduler never meets "not the leader" (a
+        follower's filter would do, but its bind could not) and a new leader gets traffic as soon
+        as it may bind (docs/extender.md, "High availability").
+        """
+        if not self.cache.synced:
+            return "cache not synced"
+        if self.binder is None:
+            return ""
+        if not self.is_leader():
+            leader = self.leader_name()
+            return "not the leader" + (f"; the leader is {leader}" if leader else "")
+        return self.bind_refusal()  # catching up after becoming leader
 
     def row_names(self, layout: int) -> tuple[str, ...] | None:
         """The node name of every ledger row in the layout numbered ``layout`` (the ``layout`` of an
@@ -307,6 +346,8 @@ class ExtenderService:
         with self.cache.lock:
             admission = self._admit(request, tenant)
             found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed, pod=pod)
+            if not found.passed and names:
+                self.refused.refused(request, aliases, tenant, pod)
             if self.settings.filter_best_only:
                 best = best_nodes(found.passed, found.passed_rows, found.scores, reasons=reasons_if_passed)
                 failed = {**found.failed, **best.not_best} if best.not_best else found.failed
@@ -321,6 +362,22 @@ class ExtenderService:
             layout = self.node_rows.layout(self.cache.state)
         return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout,
                              waits_for=waits_for)
+
+    def fits_somewhere(self, request: PodRequest, aliases: frozenset[str] = frozenset(),
+                       tenant: PodTenancy | None = None, pod: Mapping[str, Any] | None = None) -> bool:
+        """Whether the pod would pass some node of the ledger now: the filter's checks over every
+        node, without its memos and one-best bookkeeping (the wake-up asks this of pods it refused,
+        :mod:`gpupool.extender.wakeup`). Nodes kube-scheduler's own plugins would refuse count too:
+        a yes means "may fit", which is what a retry is for."""
+        if not self.cache.synced:
+            return False
+        with self.cache.lock:
+            state = self.cache.state
+            names = [spec.name for spec, present in zip(state.specs, state.present, strict=False) if present]
+            if not names:
+                return False
+            found = self._feasible(self._admit(request, tenant), names, aliases, explain=False, pod=pod)
+        return bool(found.passed)
 
     def _one_best(self, found: _Feasible, reasons: bool, pod: str) -> tuple[_Feasible, str]:
         """Only the node :class:`OneBest` chooses; the other best nodes get :data:`TIED_NOT_FIRST`."""

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -137,8 +138,9 @@ class ExtenderProcess:
         """Flags that choose how the extender serves (none: plain HTTP on ``port``)."""
         return ()
 
-    def start(self) -> None:
-        """Start and wait for ``/readyz`` (the watch cache has synced)."""
+    def start(self, follower: bool = False) -> None:
+        """Start and wait for ``/readyz`` (the watch cache has synced, and the replica leads);
+        ``follower``: a 503 "not the leader" (synced, another replica leads) is enough."""
         cmd = [*GPUPOOL_CLI, "extender", "--host", "127.0.0.1", "--port", str(self.port),
                "--kubeconfig", str(self.kubeconfig), "--policy", self.policy,
                "--lease-namespace", "default", "--identity", "e2e-extender",
@@ -152,6 +154,9 @@ class ExtenderProcess:
                 with urllib.request.urlopen(self.ready_url, timeout=1) as resp:
                     if resp.status == 200:
                         return
+            except urllib.error.HTTPError as exc:
+                if follower and exc.code == 503 and b"not the leader" in exc.read():
+                    return
             except OSError:
                 pass
             time.sleep(0.2)

@@ -15,13 +15,17 @@ class FakeCoordination:
     def __init__(self) -> None:
         self.leases: dict[str, V1Lease] = {}
         self.version = 0
+        self.timeouts: set[object] = set()
+        """Every ``_request_timeout`` a call was given (None: a call without one)."""
 
-    def read_namespaced_lease(self, name: str, namespace: str) -> V1Lease:
+    def read_namespaced_lease(self, name: str, namespace: str, **kwargs: object) -> V1Lease:
+        self.timeouts.add(kwargs.get("_request_timeout"))
         if name not in self.leases:
             raise ApiException(status=404, reason="NotFound")
         return copy.deepcopy(self.leases[name])
 
-    def create_namespaced_lease(self, namespace: str, body: V1Lease) -> V1Lease:
+    def create_namespaced_lease(self, namespace: str, body: V1Lease, **kwargs: object) -> V1Lease:
+        self.timeouts.add(kwargs.get("_request_timeout"))
         if body.metadata.name in self.leases:
             raise ApiException(status=409, reason="AlreadyExists")
         self.version += 1
@@ -29,7 +33,8 @@ class FakeCoordination:
         self.leases[body.metadata.name] = copy.deepcopy(body)
         return body
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: V1Lease) -> V1Lease:
+    def replace_namespaced_lease(self, name: str, namespace: str, body: V1Lease, **kwargs: object) -> V1Lease:
+        self.timeouts.add(kwargs.get("_request_timeout"))
         if self.leases[name].metadata.resource_version != body.metadata.resource_version:
             raise ApiException(status=409, reason="Conflict")
         self.version += 1

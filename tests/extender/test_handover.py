@@ -34,7 +34,7 @@ def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-SETTINGS = LeaseSettings(namespace="default")  # 15 s lease, 10 s renew deadline
+SETTINGS = LeaseSettings(namespace="default")  # the defaults: 10 s lease, 6 s renew deadline, 1 s retry
 ASSIGNMENT = "gpupool.io/assignment-v1"
 CARDS = [16276, 16276]
 

@@ -270,6 +270,22 @@ def test_bind_on_a_follower_is_refused() -> None:
     run(scenario, leader=False)
 
 
+def test_only_the_leader_is_ready() -> None:
+    """kube-scheduler reaches the extender through a Service whose Ready endpoints are the replicas
+    whose /readyz answers 200: a follower must not be one, or its binds refuse "not the leader"."""
+    async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        resp = await client.get("/readyz")
+        assert resp.status == 503
+        assert await resp.text() == "not the leader; the leader is replica-0"
+
+    async def leading(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        resp = await client.get("/readyz")
+        assert resp.status == 200
+
+    run(scenario, leader=False)
+    run(leading)
+
+
 def test_not_synced_answers_an_error_instead_of_guessing() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         status, body = await post(client, "/filter", args(pod("p", container(mib=1))))

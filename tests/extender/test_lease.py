@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import logging
 
+import pytest
+from kubernetes.client import V1Lease
 from kubernetes.client.exceptions import ApiException
 
 from gpupool.extender.lease import LeaderElector, LeaseSettings
@@ -85,7 +88,7 @@ def test_a_refused_renewal_stops_leading_at_once_other_errors_do_not() -> None:
     original = api.replace_namespaced_lease
 
     def failing(status: int) -> None:
-        def replace(name: str, namespace: str, body: object) -> object:
+        def replace(name: str, namespace: str, body: object, **_: object) -> object:
             raise ApiException(status=status, reason="injected")
         api.replace_namespaced_lease = replace  # type: ignore[method-assign,assignment]
 
@@ -106,7 +109,7 @@ def test_two_candidates_racing_for_an_expired_lease_cannot_both_win() -> None:
     stale = api.read_namespaced_lease("gpupool-extender", "default")
     assert b.try_acquire_or_renew()
     original = api.read_namespaced_lease
-    api.read_namespaced_lease = lambda name, namespace: copy.deepcopy(stale)  # type: ignore[method-assign]
+    api.read_namespaced_lease = lambda name, namespace, **_: copy.deepcopy(stale)  # type: ignore[method-assign]
     assert not c.try_acquire_or_renew()  # saw the expired lease too, but its update is refused
     api.read_namespaced_lease = original  # type: ignore[method-assign]
     assert api.leases["gpupool-extender"].spec.holder_identity == "b"
@@ -123,3 +126,70 @@ def test_a_lapsed_leader_does_not_name_itself_as_the_leader() -> None:
     assert a.try_acquire_or_renew() and a.holder() == "a"
     clock.advance(11)
     assert a.holder() == ""
+
+
+def test_default_timings_take_over_within_15_s_and_keep_the_commit_window() -> None:
+    """A leader's death is over within 15 s (lease duration plus two retries, API time aside), and
+    the renew deadline plus the commit timeout still end before anyone may acquire."""
+    default = LeaseSettings()
+    assert default.takeover_bound_s <= 12.0
+    assert default.renew_deadline + default.commit_timeout_s < default.lease_duration
+    assert 2 * default.request_timeout_s + default.retry_period <= default.renew_deadline
+
+
+def test_impossible_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="renew deadline < lease duration"):
+        LeaseSettings(lease_duration=5.0, renew_deadline=6.0)
+
+
+def test_every_lease_call_has_a_request_timeout() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    clock.advance(2)
+    assert a.try_acquire_or_renew()
+    assert api.timeouts == {SETTINGS.request_timeout_s}
+
+
+class StallingCoordination(FakeCoordination):
+    """Reads that take ``stall_s`` on the shared fake clock (an apiserver that stops answering)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.stall_s = 0.0
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kwargs: object) -> V1Lease:
+        self.clock.advance(self.stall_s)
+        return super().read_namespaced_lease(name, namespace, **kwargs)
+
+
+def test_a_renewal_answered_after_its_deadline_does_not_flap(caplog: pytest.LogCaptureFixture) -> None:
+    """After an API stall longer than the renew deadline the write still lands; it used to start a
+    new term that was over at once ("now the leader" and "lost the lease" in one millisecond)."""
+    clock = FakeClock()
+    api = StallingCoordination(clock)
+    started: list[str] = []
+    a = elector(api, clock, "a", started)
+    assert a.try_acquire_or_renew() and a.leading_term() == 1
+    api.stall_s = 12.0
+    with caplog.at_level(logging.INFO, logger="gpupool.extender.lease"):
+        assert not a.try_acquire_or_renew()
+    assert a.leading_term() is None and started == ["a"]
+    assert not any("now the gpupool extender leader" in r.getMessage() for r in caplog.records)
+    api.stall_s = 0.0
+    assert a.try_acquire_or_renew() and a.leading_term() == 2  # the next, prompt renewal leads again
+    assert started == ["a", "a"]
+
+
+def test_release_hands_the_lease_to_the_next_look_of_a_candidate() -> None:
+    api, clock = FakeCoordination(), FakeClock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    settled: list[float] = []
+    assert a.release(settle=settled.append)
+    assert settled == [SETTINGS.commit_timeout_s]  # in-flight writes end before anyone may list
+    assert not a.is_leader() and a.stop.is_set()
+    assert b.try_acquire_or_renew()  # no lease duration to wait
+    assert not a.release(settle=settled.append)  # not leading: nothing to give up
+    assert api.leases["gpupool-extender"].spec.holder_identity == "b"

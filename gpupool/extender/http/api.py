@@ -243,9 +243,12 @@ class ExtenderApi:
         return web.Response(text="ok")
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self.service.cache.synced:
+        """200 only where kube-scheduler's calls should go: synced and, under leader election, the
+        leader with its ledger caught up (``ExtenderService.unready``); 503 with the reason else."""
+        reason = self.service.unready()
+        if not reason:
             return web.Response(text="ok")
-        return web.Response(status=503, text="cache not synced")
+        return web.Response(status=503, text=reason)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
