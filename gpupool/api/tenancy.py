@@ -21,7 +21,8 @@ pod, a broken quota refuses every GPU pod of its namespace).
       subjects:                      # who may use it; omitted: every namespace
       - {kind: Namespace, name: team-a}
       - {kind: ServiceAccount, namespace: ci, name: trainer}
-      - {kind: User, name: alice}    # (and Group) kept for an admission check; pods do not name them
+      - {kind: User, name: alice}    # (and Group): the identity that creates the pod (or sets its
+                                     # group label), checked by the extender's pod-group webhook
 
 ``GpuQuota`` (namespaced; decoded by :mod:`gpupool.api.quota`).
 """
@@ -42,7 +43,13 @@ MAX_NODE_GPUS = 256
 """GPU UUIDs one node entry may list (the core's largest node)."""
 MAX_SUBJECTS = 1_000
 
-SUBJECT_KINDS = ("Namespace", "ServiceAccount", "User", "Group")
+POD_SUBJECT_KINDS = ("Namespace", "ServiceAccount")
+"""Subjects matched against the pod itself (its namespace, its ServiceAccount), at every decision."""
+CREATOR_SUBJECT_KINDS = ("User", "Group")
+"""Subjects matched against the requester who creates the pod or sets its group label: a pod does
+not carry that identity, so only an admission webhook (the ``AdmissionReview``'s ``userInfo``) can
+match them (:mod:`gpupool.extender.group_subjects`)."""
+SUBJECT_KINDS = POD_SUBJECT_KINDS + CREATOR_SUBJECT_KINDS
 
 
 class TenancyError(ValueError):
@@ -127,8 +134,9 @@ class ResourceGroup:
     subjects: tuple[Subject, ...] = ()
 
     def admits(self, namespace: str, service_account: str) -> bool:
-        """Whether a pod of ``namespace`` running as ``service_account`` may use the group (no
-        subjects: every pod; User and Group subjects are not properties of a pod)."""
+        """Whether a pod of ``namespace`` running as ``service_account`` may use the group by its
+        Namespace and ServiceAccount subjects (no subjects: every pod; User and Group subjects are
+        not properties of a pod, see :meth:`admits_creator`)."""
         if not self.subjects:
             return True
         for subject in self.subjects:
@@ -138,6 +146,17 @@ class ResourceGroup:
                     and subject.name == (service_account or "default"):
                 return True
         return False
+
+    @property
+    def names_creators(self) -> bool:
+        """Whether some subject is a User or a Group (matched at pod admission only)."""
+        return any(s.kind in CREATOR_SUBJECT_KINDS for s in self.subjects)
+
+    def admits_creator(self, user: str, groups: tuple[str, ...]) -> bool:
+        """Whether the requester ``user`` (member of ``groups``), who creates a pod or sets its group
+        label, is a User or Group subject of the group."""
+        return any((s.kind == "User" and s.name == user) or (s.kind == "Group" and s.name in groups)
+                   for s in self.subjects)
 
 
 def name_field(value: Any, where: str) -> str:

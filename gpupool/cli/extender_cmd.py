@@ -25,6 +25,8 @@ from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.group_subjects import GroupSubjectAdmission
+from gpupool.extender.group_writes import GroupWriteAdmission, sar_permissions
 from gpupool.extender.handover import BindFence, Handover, Unfenced
 from gpupool.extender.housekeeping import Housekeeping
 from gpupool.extender.http.admission_review import AdmissionApi
@@ -35,6 +37,7 @@ from gpupool.extender.http.tls import DEFAULT_RELOAD_INTERVAL_S, ReloadingTls, T
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.quota_status import QuotaStatusWriter
 from gpupool.extender.requeue import PreemptRequeue, cache_pending
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
@@ -83,7 +86,10 @@ class ExtenderOptions:
     gpushare_memory_unit: str = "GiB"
     tenancy: bool = True
     admission_port: int | None = None
-    """The quota admission webhook's TLS port (docs/tenancy.md); None: not served."""
+    """The admission webhooks' TLS port (docs/tenancy.md); None: not served."""
+    creator_subjects_webhook: bool = False
+    """The pod-group webhook checks who creates or labels pods naming a group, so the filter trusts the
+    label of a group with User or Group subjects (docs/tenancy.md, "Admission webhooks")."""
     borrow: BorrowSettings = field(default_factory=BorrowSettings)
     """Placing low-priority pods on lent capacity (docs/lending.md, "In the extender")."""
 
@@ -114,6 +120,7 @@ class Replica:
     housekeeping: Housekeeping
     liveness: AgentLiveness | None = None
     requeue: PreemptRequeue | None = None
+    quota_status: QuotaStatusWriter | None = None
 
     def shutdown(self) -> None:
         """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
@@ -164,7 +171,14 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
                               node_gate=liveness.refusals if liveness else (lambda _: {}),
                               preempt_answers=requeue, bind_refusal=fence.refusal)
     housekeeping = Housekeeping(cache, pod_api, is_leader=service.is_leader)
-    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue)
+    cache.admissions.creators_checked = options.creator_subjects_webhook
+    quota_status = None
+    if options.tenancy:  # the leader writes each GpuQuota's used and hard amounts (docs/tenancy.md)
+        from kubernetes import client
+
+        quota_status = QuotaStatusWriter(cache, client.CustomObjectsApi(core_v1.api_client), service.is_leader)
+    return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue,
+                   quota_status)
 
 
 def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
@@ -188,13 +202,15 @@ def run_extender(options: ExtenderOptions) -> None:
     replica = start_replica(options, core_v1, coordination_v1)
     service, identity = replica.service, replica.identity
     replica.housekeeping.start(replica.stop)  # expiry, profile refresh, Events (gpupool/extender/housekeeping.py)
+    if replica.quota_status is not None:
+        replica.quota_status.start(replica.stop)
     if replica.requeue is not None:
         replica.requeue.start(replica.stop)  # nudges preemptors whose victims are gone (gpupool/extender/requeue.py)
     api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
     listeners = _listeners(options)
     admission = None
     if listeners.admission_port is not None:
-        admission = AdmissionApi(QuotaAdmission(service.cache, names), api.metrics, api.bodies).app()
+        admission = _admission_app(service, api, core_v1)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.domain,
@@ -205,6 +221,18 @@ def run_extender(options: ExtenderOptions) -> None:
         if replica.elector is not None:  # a clean stop hands the Lease over at once (not on SIGKILL)
             replica.elector.release()
         replica.shutdown()
+
+
+def _admission_app(service: ExtenderService, api: ExtenderApi, core_v1: Any) -> Any:
+    """The webhooks' application: quotas at pod creation, groups' subjects on pods naming a group,
+    the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender)."""
+    from kubernetes import client
+
+    cache = service.cache
+    return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
+                        pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names),
+                        group_writes=GroupWriteAdmission(sar_permissions(
+                            client.AuthorizationV1Api(core_v1.api_client)))).app()
 
 
 def _listeners(options: ExtenderOptions) -> Listeners:
@@ -302,6 +330,10 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--admission-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the GPU quota admission webhook (POST /admission/pods) on this HTTPS port, with "
                    "--tls-cert-file and no client certificate asked (docs/tenancy.md) [default: not served].")
+@click.option("--creator-subjects-webhook", is_flag=True, default=False,
+              help="With --admission-port: the apiserver calls the pod-group webhook (components/quota-webhook) for "
+                   "every pod naming a group, so the filter lets a ResourceGroup's User and Group subjects admit "
+                   "the pods they create (docs/tenancy.md) [default: such subjects admit no pod].")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
 @click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
@@ -315,7 +347,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
-             admission_port: int | None, lending: bool, high_priority_threshold: int, verbose: bool) -> None:
+             admission_port: int | None, creator_subjects_webhook: bool, lending: bool, high_priority_threshold: int,
+             verbose: bool) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -327,6 +360,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
     if admission_port is not None and (tls is None or not tenancy):
         raise click.UsageError("--admission-port needs --tls-cert-file and --tls-private-key-file (the apiserver "
                                "calls webhooks over HTTPS only) and the tenancy watches (no --no-tenancy)")
+    if creator_subjects_webhook and admission_port is None:
+        raise click.UsageError("--creator-subjects-webhook needs --admission-port (the extender serves that webhook)")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
@@ -338,5 +373,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  agent_lease_namespace=agent_lease_namespace,
                                  require_agent_lease=require_agent_lease, hami=hami,
                                  gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
-                                 admission_port=admission_port,
+                                 admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
                                  borrow=BorrowSettings(lending, high_priority_threshold)))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gpupool.api.tenancy import ResourceGroup
 from gpupool.core.card_scope import CardScope, CardSet, narrow
 from gpupool.core.groups import Group, choose_group, outside_scope, scoped
 from gpupool.core.model import Placement, PodRequest
@@ -148,6 +149,23 @@ class Admissions:
         self._pools: dict[tuple[int, int, frozenset[str]], CardScope] = {}
         self.group_problems: dict[str, str] = {}
         self.refusals = LayerRefusals()
+        self.creators_checked = False
+        """Whether the pod-group webhook (:mod:`gpupool.extender.group_subjects`) checks who creates or
+        labels a pod naming a group (``--creator-subjects-webhook``): then a pod naming a group with
+        User or Group subjects was admitted by them when it was created or labelled."""
+
+    def _creator_checked(self, group: ResourceGroup, tenant: PodTenancy) -> bool:
+        """A pod that names ``group`` in its label, admitted by the webhook's check of its creator
+        (only User and Group subjects need it; the others are the pod's own)."""
+        return self.creators_checked and group.names_creators and tenant.group == group.name
+
+    def _creators_unchecked(self, group: ResourceGroup) -> str:
+        if not group.names_creators:
+            return ""
+        if not self.creators_checked:
+            return ("; its User and Group subjects are matched only by the extender's pod-group webhook, "
+                    "which this extender does not rely on (--creator-subjects-webhook)")
+        return "; its User and Group subjects admit only pods that name the group in their label"
 
     def admit(self, state: ClusterState, request: PodRequest, tenant: PodTenancy | None, *,
               node: str | None = None) -> Admission:
@@ -205,9 +223,9 @@ class Admissions:
                 refusals.append(f"ResourceGroup {name} cannot be read: {book.broken_groups[name]}")
             elif group is None:
                 refusals.append(f"resource group {name} does not exist")
-            elif not group.admits(namespace, tenant.service_account):
+            elif not (group.admits(namespace, tenant.service_account) or self._creator_checked(group, tenant)):
                 refusals.append(f"resource group {name} does not admit namespace {namespace} "
-                                f"(ServiceAccount {tenant.service_account})")
+                                f"(ServiceAccount {tenant.service_account})" + self._creators_unchecked(group))
             else:
                 candidates.append(compiled.groups[name])
         if node is not None and len(candidates) > 1:

@@ -39,6 +39,9 @@ class TenancyBook:
     broken_groups: dict[str, str] = field(default_factory=dict)
     quotas: dict[str, dict[str, Quota]] = field(default_factory=dict)
     broken_quotas: dict[str, str] = field(default_factory=dict)
+    quota_status: dict[str, Any] = field(default_factory=dict)
+    """Per ``namespace/name``, the ``status`` each quota had when last seen (the status writer
+    compares with it; a status change alone is no tenancy change, so it bumps no version)."""
     defaults: dict[str, tuple[str, ...]] = field(default_factory=dict)
     broken_defaults: dict[str, str] = field(default_factory=dict)
     version: int = 0
@@ -84,6 +87,7 @@ class TenancyBook:
         except TenancyError as exc:
             log.warning("ignoring a GpuQuota without a readable name: %s", exc)
             return
+        self.quota_status[f"{namespace}/{name}"] = obj.get("status")
         try:
             quota = decode_quota(obj)
             self.broken_quotas.pop(f"{namespace}/{name}", None)
@@ -103,6 +107,7 @@ class TenancyBook:
             return
         held = self.quotas.get(namespace, {})
         self.broken_quotas.pop(f"{namespace}/{name}", None)
+        self.quota_status.pop(f"{namespace}/{name}", None)
         if held.pop(name, None) is not None:
             self.version += 1
         if not held:
@@ -111,6 +116,7 @@ class TenancyBook:
     def replace_quotas(self, objs: Iterable[Mapping[str, Any]]) -> None:
         self.quotas.clear()
         self.broken_quotas.clear()
+        self.quota_status.clear()
         for obj in objs:
             self.upsert_quota(obj)
         self.synced.add("quotas")

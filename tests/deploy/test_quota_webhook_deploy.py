@@ -1,10 +1,12 @@
-"""components/quota-webhook as rendered: the webhook reaches the port the extender serves it on,
-with the shipped policies, and cert-manager injects its caBundle in the cert-manager overlay."""
+"""components/quota-webhook as rendered: each webhook reaches the port and path the extender serves it
+on, with the shipped policies (the quota's fails open, the tenancy ones closed), the extender may ask
+SubjectAccessReviews, and cert-manager injects the caBundle in the cert-manager overlay."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpupool.extender.http.admission_review import GROUP_WRITES_PATH, POD_GROUPS_PATH
 from tests.deploy.kustomize_render import render, require_kubectl
 from tests.deploy.test_kustomize import container, one
 
@@ -18,7 +20,7 @@ def _kubectl() -> None:
 
 def test_the_webhook_calls_the_port_and_path_the_extender_serves() -> None:
     docs = render("overlays/production-cert-manager")
-    (hook,) = one(docs, "ValidatingWebhookConfiguration", "gpupool-quota")["webhooks"]
+    hook, _, _ = one(docs, "ValidatingWebhookConfiguration", "gpupool-quota")["webhooks"]
     extender = one(docs, "Deployment", "gpupool-extender")
     service = one(docs, "Service", "gpupool-extender")
     target = hook["clientConfig"]["service"]
@@ -47,3 +49,22 @@ def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
 def test_the_plain_production_overlay_has_no_webhook_without_a_ca_bundle() -> None:
     docs = render("overlays/production")
     assert not [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+
+
+def test_the_tenancy_webhooks_fail_closed_on_the_paths_the_extender_serves() -> None:
+    docs = render("overlays/production-cert-manager")
+    _, pods, groups = one(docs, "ValidatingWebhookConfiguration", "gpupool-quota")["webhooks"]
+    assert [h["clientConfig"]["service"]["path"] for h in (pods, groups)] == [POD_GROUPS_PATH, GROUP_WRITES_PATH]
+    assert pods["failurePolicy"] == groups["failurePolicy"] == "Fail"
+    assert pods["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert pods["objectSelector"] == {"matchExpressions": [{"key": "gpupool.io/group", "operator": "Exists"}]}
+    assert groups["rules"] == [{"apiGroups": ["gpupool.io"], "apiVersions": ["*"],
+                                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourcegroups"],
+                                "scope": "Cluster"}]
+    assert "--creator-subjects-webhook" in container(one(docs, "Deployment", "gpupool-extender"))["args"]
+    role = one(docs, "ClusterRole", "gpupool-extender-webhooks")
+    assert role["rules"] == [{"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+                              "verbs": ["create"]}]
+    binding = one(docs, "ClusterRoleBinding", "gpupool-extender-webhooks")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpupool-extender",
+                                    "namespace": "gpupool-system"}]

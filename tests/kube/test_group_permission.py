@@ -18,7 +18,9 @@ from gpupool.kube.group_permission import (
 
 
 class FakeAuthorization:
-    """Answers SubjectAccessReviews from a set of (user, verb, node) grants, recording each review."""
+    """Answers SubjectAccessReviews from a set of (user, verb, node) grants, recording each review; a
+    grant on node "" covers every node (as an RBAC rule without resourceNames does), and a review
+    without a name is allowed only by such a grant."""
 
     def __init__(self, grants: set[tuple[str, str, str]]) -> None:
         self.grants = grants
@@ -29,8 +31,12 @@ class FakeAuthorization:
         spec = body["spec"]
         attrs = spec["resourceAttributes"]
         assert attrs["resource"] == "nodes" and attrs["group"] == ""
-        return SimpleNamespace(status=SimpleNamespace(
-            allowed=(spec["user"], attrs["verb"], attrs["name"]) in self.grants))
+        granted = {(spec["user"], attrs["verb"], attrs.get("name", "")), (spec["user"], attrs["verb"], "")}
+        return SimpleNamespace(status=SimpleNamespace(allowed=bool(granted & self.grants)))
+
+    def named(self) -> list[dict[str, Any]]:
+        """The reviews that named a node."""
+        return [r for r in self.reviews if "name" in r["spec"]["resourceAttributes"]]
 
 
 def group(*nodes: str) -> ResourceGroup:
@@ -58,7 +64,30 @@ def test_reviews_carry_the_users_groups_and_are_asked_once_per_node() -> None:
     api = FakeAuthorization({("alice", "update", "n1")})
     may = sar_may_modify(api, Requester("alice", ("team",)))
     assert may("n1") and may("n1")
-    assert len(api.reviews) == 1 and api.reviews[0]["spec"]["groups"] == ["team"]
+    assert len(api.named()) == 1 and api.named()[0]["spec"]["groups"] == ["team"]
+    assert len(api.reviews) == 3  # update and patch without a name first (not every node), then n1
+
+
+def test_a_user_who_may_modify_every_node_costs_two_reviews_whatever_the_groups_size() -> None:
+    api = FakeAuthorization({("admin", "patch", "")})
+    may = sar_may_modify(api, Requester("admin"))
+    assert refusal(group(*(f"n{i}" for i in range(500))), "admin", may) is None
+    assert len(api.reviews) == 2 and not api.named()
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    pytest.param(("n1", "n2"), ("n1",), "may not modify node(s) n2 (update or patch on nodes), so may not group "
+                 "or ungroup them or their GPUs", id="removing-a-forbidden-node"),
+    pytest.param(("n2",), ("n2",), "may not modify node(s) n2", id="changing-subjects-of-a-forbidden-group"),
+    pytest.param(("n1",), ("n1", "n2"), "may not modify node(s) n2", id="adding-a-forbidden-node"),
+    pytest.param(("n1",), ("n1",), None, id="own-nodes"),
+    pytest.param(("n2",), None, "ResourceGroup g: alice may not modify node(s) n2", id="deleting-a-forbidden-group"),
+])
+def test_an_update_or_delete_counts_the_nodes_before_and_after(
+        before: tuple[str, ...], after: tuple[str, ...] | None, expected: str | None) -> None:
+    may = sar_may_modify(FakeAuthorization({("alice", "update", "n1")}), Requester("alice"))
+    verdict = refusal(group(*after) if after is not None else None, "alice", may, before=group(*before))
+    assert verdict == expected if expected is None else (verdict is not None and expected in verdict)
 
 
 def test_long_refusals_count_the_rest() -> None:

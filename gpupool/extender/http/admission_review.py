@@ -1,26 +1,35 @@
-"""The validating admission webhook's HTTP side: ``POST /admission/pods`` answers an
-``AdmissionReview`` (``admission.k8s.io/v1``, or ``v1beta1``, which a v1.20 apiserver may send per
-the configuration's ``admissionReviewVersions``) with the verdict of
-:class:`gpupool.extender.admission.QuotaAdmission`.
+"""The validating admission webhooks' HTTP side: each path answers an ``AdmissionReview``
+(``admission.k8s.io/v1``, or ``v1beta1``, which an older apiserver may send per the configuration's
+``admissionReviewVersions``) with one verdict:
+
+* ``POST /admission/pods``: a new pod under its namespace's GPU quotas
+  (:class:`gpupool.extender.admission.QuotaAdmission`);
+* ``POST /admission/pod-groups``: a pod naming a resource group, by the group's subjects and the
+  requester (:class:`gpupool.extender.group_subjects.GroupSubjectAdmission`);
+* ``POST /admission/resourcegroups``: a ResourceGroup write, by the requester's permission to
+  modify the nodes it names (:class:`gpupool.extender.group_writes.GroupWriteAdmission`; its
+  SubjectAccessReviews run off the event loop).
 
 Why a port of its own (``--admission-port``), served by the extender process rather than a separate
 command: the verdict needs the extender's caches (quotas, the ledger's GPU models), which a second
 process would have to list and watch again. The verbs' port wants a client certificate from the
 scheduler's CA, which the apiserver does not present unless every apiserver is given an admission
 kubeconfig; this port serves the same certificate (reloaded the same way) without asking for one,
-and only this path: whoever reaches it learns a quota's reason for a pod they could create anyway.
+and only these paths: whoever reaches them learns a quota's reason for a pod they could create
+anyway, whether a user may use a group, or whether a user may modify some nodes.
 
 The answer echoes the request's ``apiVersion`` and ``uid`` (the apiserver checks both). A body that
 is no AdmissionReview gets a 400 with the reason (the apiserver then applies the webhook's
-``failurePolicy``); a bug a 500; nothing crashes the server. Requests other than a pod's CREATE are
-allowed untouched (the configuration should not send them).
+``failurePolicy``); a bug a 500; nothing crashes the server. Requests a path does not judge (another
+kind or operation) are allowed untouched (the configuration should not send them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,16 +37,22 @@ import orjson
 from aiohttp import web
 
 from gpupool.extender.admission import ALLOWED, QuotaAdmission, Verdict
+from gpupool.extender.group_subjects import GroupSubjectAdmission
+from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.metrics import ExtenderMetrics
 
 log = logging.getLogger(__name__)
 
 ADMISSION_PATH = "/admission/pods"
+POD_GROUPS_PATH = "/admission/pod-groups"
+GROUP_WRITES_PATH = "/admission/resourcegroups"
 REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 DENIED_CODE = 403
 """What the apiserver returns for a denied request: Forbidden, as for a ResourceQuota exceeded."""
 VERB = "admission"
+POD_GROUPS_VERB = "admission_pod_groups"
+GROUP_WRITES_VERB = "admission_resourcegroups"
 
 
 class ReviewError(ValueError):
@@ -54,6 +69,13 @@ class Review:
     kind: str
     namespace: str
     pod: Mapping[str, Any] | None
+    """The request's object (a pod on the pods' paths), None on a delete."""
+    old: Mapping[str, Any] | None = None
+    """The stored object of an update or delete."""
+    user: str = ""
+    """The requester (``userInfo.username``)."""
+    groups: tuple[str, ...] = ()
+    """The requester's groups (``userInfo.groups``)."""
 
 
 def _field(obj: Mapping[str, Any], key: str, kind: type, where: str, required: bool = True) -> Any:
@@ -85,8 +107,14 @@ def parse_review(doc: Any) -> Review:
         # the body of a pod created without these carries none; the request's are the truth
         pod = {**pod, "metadata": {**metadata, "name": metadata.get("name") or request.get("name") or "(generated)",
                                    "namespace": request.get("namespace") or metadata.get("namespace")}}
+    old = _field(request, "oldObject", dict, "request", required=False)
+    user_info = _field(request, "userInfo", dict, "request", required=False) or {}
+    user = _field(user_info, "username", str, "request.userInfo", required=False) or ""
+    groups = _field(user_info, "groups", list, "request.userInfo", required=False) or []
+    if not all(isinstance(g, str) for g in groups):
+        raise ReviewError("request.userInfo.groups: expected a list of strings")
     return Review(version, uid, str(request.get("operation") or ""), str(kind.get("kind") or ""),
-                  str(request.get("namespace") or ""), pod)
+                  str(request.get("namespace") or ""), pod, old, user, tuple(groups))
 
 
 def review_response(review: Review, verdict: Verdict) -> dict[str, Any]:
@@ -99,33 +127,67 @@ def review_response(review: Review, verdict: Verdict) -> dict[str, Any]:
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 
-class AdmissionApi:
-    """``POST /admission/pods`` over a :class:`QuotaAdmission`, with the extender's body caps."""
+Judge = Callable[[Review], Verdict]
 
-    def __init__(self, admission: QuotaAdmission, metrics: ExtenderMetrics, bodies: BodyReader) -> None:
+
+class AdmissionApi:
+    """The webhooks' paths over their verdicts, with the extender's body caps: the quota's always,
+    the pod-group and ResourceGroup-write ones when given."""
+
+    def __init__(self, admission: QuotaAdmission, metrics: ExtenderMetrics, bodies: BodyReader, *,
+                 pod_groups: GroupSubjectAdmission | None = None,
+                 group_writes: GroupWriteAdmission | None = None) -> None:
         self.admission = admission
         self.metrics = metrics
         self.bodies = bodies
+        self.pod_groups = pod_groups
+        self.group_writes = group_writes
 
     def verdict(self, review: Review) -> Verdict:
+        """The quota's verdict on a pod's creation."""
         if review.operation != "CREATE" or review.kind != "Pod" or review.pod is None:
             return ALLOWED
         return self.admission.review(review.pod, review.namespace)
 
-    async def handle(self, request: web.Request) -> web.Response:
+    def pod_group_verdict(self, review: Review) -> Verdict:
+        """The group subjects' verdict on a pod's creation or relabelling."""
+        if self.pod_groups is None or review.kind != "Pod" or review.pod is None \
+                or review.operation not in ("CREATE", "UPDATE"):
+            return ALLOWED
+        old = review.old if review.operation == "UPDATE" else None
+        return self.pod_groups.review(review.pod, old, review.namespace, review.user, review.groups)
+
+    def group_write_verdict(self, review: Review) -> Verdict:
+        """The requester's permission to write a ResourceGroup (blocking: API calls)."""
+        if self.group_writes is None or review.kind != "ResourceGroup":
+            return ALLOWED
+        return self.group_writes.review(review.operation, review.pod, review.old, review.user, review.groups)
+
+    def handler(self, verb: str, judge: Judge, blocking: bool = False) -> Callable[[web.Request], Any]:
+        """The request handler of one path: parse, judge (in a thread when ``blocking``), answer."""
+
+        async def handle(request: web.Request) -> web.Response:
+            return await self.handle(request, verb, judge, blocking)
+
+        return handle
+
+    async def handle(self, request: web.Request, verb: str = VERB, judge: Judge | None = None,
+                     blocking: bool = False) -> web.Response:
         started = time.perf_counter()
         status, outcome = 200, "ok"
+        judge = judge or self.verdict
         try:
             async with self.bodies.body(request) as raw:
                 try:
                     review = parse_review(orjson.loads(raw))
                 except orjson.JSONDecodeError as exc:
                     raise ReviewError(f"malformed JSON: {exc}") from None
-                verdict = self.verdict(review)
+            verdict = await asyncio.to_thread(judge, review) if blocking else judge(review)
             body: dict[str, Any] = review_response(review, verdict)
             if not verdict.allowed:
                 outcome = "denied"
-                log.info("admission: denied pod creation in %s: %s", review.namespace, verdict.reason)
+                log.info("%s: denied %s %s in %s for %s: %s", verb, review.operation, review.kind,
+                         review.namespace or "(cluster)", review.user or "(unknown)", verdict.reason)
         except ReviewError as exc:
             status, outcome, body = 400, "bad_request", {"Error": f"bad admission request: {exc}"}
         except BodyTooLargeError as exc:
@@ -136,12 +198,17 @@ class AdmissionApi:
             log.exception("admission failed")
             status, outcome = 500, "internal_error"
             body = {"Error": f"gpupool admission internal error: {type(exc).__name__}: {exc}"}
-        self.metrics.observe(VERB, outcome, time.perf_counter() - started)
+        self.metrics.observe(verb, outcome, time.perf_counter() - started)
         return web.Response(status=status, body=orjson.dumps(body), content_type="application/json",
                             charset="utf-8")
 
     def app(self) -> web.Application:
-        """The webhook's application: this path only."""
+        """The webhooks' application: these paths only."""
         application = web.Application(client_max_size=self.bodies.max_body_bytes)
-        application.router.add_post(ADMISSION_PATH, self.handle)
+        application.router.add_post(ADMISSION_PATH, self.handler(VERB, self.verdict))
+        if self.pod_groups is not None:
+            application.router.add_post(POD_GROUPS_PATH, self.handler(POD_GROUPS_VERB, self.pod_group_verdict))
+        if self.group_writes is not None:
+            application.router.add_post(GROUP_WRITES_PATH,
+                                        self.handler(GROUP_WRITES_VERB, self.group_write_verdict, blocking=True))
         return application
