@@ -72,7 +72,7 @@ RESOURCES = (("", "pods", ""), ("", "pods", "binding"), ("", "pods", "status"), 
              ("", "nodes", ""), ("", "nodes", "status"), ("", "secrets", ""), ("", "configmaps", ""),
              ("", "events", ""), ("", "serviceaccounts", "token"), ("coordination.k8s.io", "leases", ""),
              ("apps", "daemonsets", ""), ("", "namespaces", ""), ("gpupool.io", "resourcegroups", ""),
-             ("gpupool.io", "gpuquotas", ""))
+             ("gpupool.io", "gpuquotas", ""), ("gpupool.io", "gpuquotas", "status"))
 
 
 def lease_namespace(namespace: str) -> str:
@@ -187,7 +187,8 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("list", "", "namespaces", "", "", ""), ("watch", "", "namespaces", "", "", ""),
             ("list", "gpupool.io", "resourcegroups", "", "", ""), ("watch", "gpupool.io", "resourcegroups", "", "", ""),
             ("list", "gpupool.io", "gpuquotas", "", "default", ""),
-            ("watch", "gpupool.io", "gpuquotas", "", "default", "")}
+            ("watch", "gpupool.io", "gpuquotas", "", "default", ""),
+            ("patch", "gpupool.io", "gpuquotas", "status", "default", "")}
 
 
 def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
