@@ -41,6 +41,7 @@ from gpupool.extender.quota_status import QuotaStatusWriter
 from gpupool.extender.requeue import PreemptRequeue, cache_pending
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
+from gpupool.extender.wakeup import PendingWakeUp
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
@@ -120,6 +121,7 @@ class Replica:
     housekeeping: Housekeeping
     liveness: AgentLiveness | None = None
     requeue: PreemptRequeue | None = None
+    wakeup: PendingWakeUp | None = None
     quota_status: QuotaStatusWriter | None = None
 
     def shutdown(self) -> None:
@@ -177,8 +179,12 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
         from kubernetes import client
 
         quota_status = QuotaStatusWriter(cache, client.CustomObjectsApi(core_v1.api_client), service.is_leader)
+    # refused pods are retried when a quota, group, loan, card or agent Lease lets them fit
+    wakeup = PendingWakeUp(pod_api, cache, service.fits_somewhere, pending=cache_pending(cache),
+                           node_gate=service.node_gate, domain=names.domain)
+    service.refused = wakeup
     return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue,
-                   quota_status)
+                   quota_status=quota_status, wakeup=wakeup)
 
 
 def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
@@ -206,6 +212,8 @@ def run_extender(options: ExtenderOptions) -> None:
         replica.quota_status.start(replica.stop)
     if replica.requeue is not None:
         replica.requeue.start(replica.stop)  # nudges preemptors whose victims are gone (gpupool/extender/requeue.py)
+    if replica.wakeup is not None:
+        replica.wakeup.start(replica.stop)  # nudges refused pods a change lets fit (gpupool/extender/wakeup.py)
     api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
     listeners = _listeners(options)
     admission = None

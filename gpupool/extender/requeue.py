@@ -31,20 +31,17 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gpupool.api.names import DEFAULT_DOMAIN
 from gpupool.extender.cache import ClusterCache
-from gpupool.kube.podapi import ApiError, ConflictError, NotFoundError, PodApi
+from gpupool.extender.nudge import FAILED as FAILED  # re-exported
+from gpupool.extender.nudge import GONE as GONE
+from gpupool.extender.nudge import NUDGED as NUDGED
+from gpupool.extender.nudge import Pending as Pending
+from gpupool.extender.nudge import TokenBucket, nudge_pod, stamp
+from gpupool.kube.podapi import PodApi
 
 log = logging.getLogger(__name__)
-
-Pending = Callable[[str], "str | None"]
-"""The uid of pod ``namespace/name`` while the extender knows it as waiting (not bound, nothing
-booked), else None."""
-
-NUDGED, GONE, FAILED = "nudged", "gone", "failed"
-"""How one nudge ended: patched; the pod no longer waits (bound, deleted, replaced); the API refused."""
 
 
 @dataclass(frozen=True)
@@ -90,28 +87,6 @@ class _Answer:
     waiting: dict[str, set[str]]
 
 
-class _TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens = float(burst)
-        self.at = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
-
-    def wait_s(self) -> float:
-        """Seconds until the next token."""
-        return max(0.0, (1.0 - self.tokens) / self.rate)
-
-
 def cache_pending(cache: ClusterCache) -> Pending:
     """A :data:`Pending` over the extender's cache: a GPU pod the watch delivered, bound to no node
     and holding no booking (a bind of it in flight books its cards: no nudge then)."""
@@ -148,7 +123,7 @@ class PreemptRequeue:
         self._answers: OrderedDict[str, _Answer] = OrderedDict()
         self._by_victim: dict[str, set[str]] = {}
         self._due: deque[Due] = deque()
-        self._bucket = _TokenBucket(self.settings.rate_per_s, self.settings.burst, clock)
+        self._bucket = TokenBucket(self.settings.rate_per_s, self.settings.burst, clock)
         self._wake = threading.Event()
 
     # ------------------------------------------------------------------- under the cache's lock
@@ -258,27 +233,12 @@ class PreemptRequeue:
         if uid is None or due.uid not in ("", uid):
             log.debug("pod %s no longer waits: no retry asked", due.key)
             return GONE
-        namespace, _, name = due.key.partition("/")
-        value = f"{due.node} {self.now().strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
-        for _ in range(self.settings.conflict_retries + 1):
-            try:
-                pod = self.api.get_pod(namespace, name)
-                if not _still_waits(pod, uid):
-                    return GONE
-                version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
-                self.api.patch_pod_annotations(namespace, name, version, {self.annotation: value})
-            except ConflictError:
-                continue
-            except NotFoundError:
-                return GONE
-            except ApiError as exc:
-                log.warning("could not ask kube-scheduler to retry pod %s: %s", due.key, exc)
-                return FAILED
+        outcome = nudge_pod(self.api, due.key, uid, self.annotation, f"{due.node} {stamp(self.now())}",
+                            conflict_retries=self.settings.conflict_retries)
+        if outcome == NUDGED:
             log.info("pod %s: its victims on node %s are released; asked kube-scheduler to retry it",
                      due.key, due.node)
-            return NUDGED
-        log.warning("could not ask kube-scheduler to retry pod %s: it kept changing", due.key)
-        return FAILED
+        return outcome
 
     def run(self, stop: threading.Event) -> None:
         """Nudge as releases come in, until ``stop`` is set; a failing round is logged and the loop goes on."""
@@ -299,8 +259,3 @@ class PreemptRequeue:
         thread.start()
         return thread
 
-
-def _still_waits(pod: Mapping[str, Any], uid: str) -> bool:
-    meta = pod.get("metadata") or {}
-    return meta.get("uid") == uid and not (pod.get("spec") or {}).get("nodeName") \
-        and meta.get("deletionTimestamp") is None
