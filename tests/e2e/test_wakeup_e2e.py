@@ -15,7 +15,18 @@ from kubernetes import client
 
 from gpupool.api.names import ResourceNames
 from tests.e2e.e2e_support import ExtenderProcess, MakeNode, wait_for
-from tests.e2e.test_tenancy_e2e import GROUP, VERSION, crds, custom, gpu_node, gpu_quota, pod, refused_with
+from tests.e2e.test_tenancy_e2e import (
+    GROUP,
+    VERSION,
+    cards_of,
+    crds,
+    custom,
+    gpu_node,
+    gpu_quota,
+    pod,
+    refused_with,
+    resource_group,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -73,3 +84,22 @@ def test_a_quota_deleted_binds_the_pods_it_held_back_within_10_s(
     took = bound_within(core_v1, namespace, names, deleted, WAKE_S)
     print(f"\nquota deleted: {HELD_BACK} pods bound {took:.1f} s later")
     assert took <= WAKE_S
+
+
+def test_a_group_widened_binds_its_waiting_pod_within_10_s(
+    core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode, custom: client.CustomObjectsApi,
+    gpupool_extender: ExtenderProcess,
+) -> None:
+    first, second = gpu_node(make_node, 1), gpu_node(make_node, 1)
+    resource_group(custom, "widen", {first: None})
+    core_v1.create_namespaced_pod(namespace, pod("holder", whole=1, group="widen"))
+    assert cards_of(core_v1, namespace, "holder") == {f"GPU-{first}-0"}
+    core_v1.create_namespaced_pod(namespace, pod("waiter", whole=1, group="widen"))
+    refused_with(core_v1, namespace, "waiter", "not in resource group widen")
+    time.sleep(2)
+    widened = time.monotonic()
+    custom.patch_cluster_custom_object(GROUP, VERSION, "resourcegroups", "widen",
+                                       {"spec": {"nodes": [{"name": first}, {"name": second}]}})
+    took = bound_within(core_v1, namespace, ["waiter"], widened, WAKE_S)
+    print(f"\ngroup widened: the waiting pod bound {took:.1f} s later")
+    assert took <= WAKE_S and cards_of(core_v1, namespace, "waiter") == {f"GPU-{second}-0"}
