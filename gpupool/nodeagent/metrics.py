@@ -25,6 +25,8 @@ from prometheus_client.registry import Collector
 
 from gpupool.api.usage_report import USAGE_REPORT_PATH, encode_usage_report
 from gpupool.core.model import GpuCard
+from gpupool.netguard.limits import ServerLimits
+from gpupool.netguard.site import BoundedSite, bounded_runner
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
@@ -166,16 +168,18 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Applic
 
 
 async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0",
-                        extra: Iterable[Collector] = ()) -> web.AppRunner | None:
+                        extra: Iterable[Collector] = (), limits: ServerLimits | None = None) -> web.AppRunner | None:
     """Serve ``/metrics`` on ``host:port`` from the running loop; the runner to clean up, or None.
 
     A port that cannot be bound is logged and the agent goes on without metrics: the device plugin
-    is what the node's pods need, the metrics are not worth a crash loop.
+    is what the node's pods need, the metrics are not worth a crash loop. ``limits``: its connection
+    cap and timeouts (docs/security.md, "Bounded servers").
     """
-    runner = web.AppRunner(metrics_app(agent, extra), access_log=None)
+    limits = limits or ServerLimits()
+    runner = bounded_runner(metrics_app(agent, extra), limits, access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await BoundedSite(runner, host, port, limits, name="the metrics port").start()
     except OSError as exc:
         log.error("metrics not served: cannot listen on %s:%d: %s", host, port, exc)
         await runner.cleanup()

@@ -21,6 +21,7 @@ from gpupool.extender.http.serving import Listeners, serve
 from gpupool.extender.http.tls import ReloadingTls, TlsFiles
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
+from gpupool.netguard.limits import ServerLimits
 from tests.kube.builders import container, node, pod
 
 LOOPBACK = "127.0.0.1"
@@ -105,14 +106,15 @@ def get_plain(port: int, path: str) -> int:
 
 
 @contextmanager
-def serving(files: TlsFiles) -> Iterator[Served]:
-    """An extender (one node, N1) on loopback over TLS, plus its plain health port."""
+def serving(files: TlsFiles, limits: ServerLimits | None = None) -> Iterator[Served]:
+    """An extender (one node, N1) on loopback over TLS, plus its plain health port (``limits``: the
+    ports' caps and timeouts; the defaults when None)."""
     cache = ClusterCache(policy="binpack")
     cache.replace_nodes([node("N1", [16276])])
     cache.replace_pods([])
     api = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics())
     tls = ReloadingTls(files, interval_s=3600)
-    listeners = Listeners(LOOPBACK, free_port(), tls, free_port())
+    listeners = Listeners(LOOPBACK, free_port(), tls, free_port(), limits=limits or ServerLimits())
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     started = threading.Event()

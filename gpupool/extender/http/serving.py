@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from gpupool.extender.http.tls import ReloadingTls
+from gpupool.netguard.limits import ServerLimits
+from gpupool.netguard.site import BoundedSite, bounded_runner
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ class Listeners:
     """The admission webhook's TLS port (None: none); it serves ``admission_tls``, the same
     certificate as the verbs without a client CA (the apiserver presents none)."""
     admission_tls: ReloadingTls | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    """Connection cap and timeouts of each port (docs/security.md, "Bounded servers")."""
 
 
 def warn_if_open(listeners: Listeners) -> None:
@@ -59,23 +63,20 @@ async def serve(app: web.Application, probes: web.Application | None, listeners:
     ``admission``: the webhook's application, on ``listeners.admission_port``."""
     runners: list[web.AppRunner] = []
     reloading: list[asyncio.Task[None]] = []
+    limits = listeners.limits
+
+    async def site(application: web.Application, port: int, tls: ReloadingTls | None, name: str) -> None:
+        runner = bounded_runner(application, limits, access_log=None, handle_signals=False)
+        runners.append(runner)
+        await runner.setup()
+        await BoundedSite(runner, listeners.host, port, limits, tls.context if tls else None, name).start()
+
     try:
-        main = web.AppRunner(app, access_log=None, handle_signals=False)
-        runners.append(main)
-        await main.setup()
-        ssl_context = listeners.tls.context if listeners.tls is not None else None
-        await web.TCPSite(main, listeners.host, listeners.port, ssl_context=ssl_context).start()
+        await site(app, listeners.port, listeners.tls, "the verbs' port")
         if probes is not None and listeners.health_port is not None:
-            health = web.AppRunner(probes, access_log=None, handle_signals=False)
-            runners.append(health)
-            await health.setup()
-            await web.TCPSite(health, listeners.host, listeners.health_port).start()
+            await site(probes, listeners.health_port, None, "the health port")
         if admission is not None and listeners.admission_port is not None and listeners.admission_tls is not None:
-            webhook = web.AppRunner(admission, access_log=None, handle_signals=False)
-            runners.append(webhook)
-            await webhook.setup()
-            await web.TCPSite(webhook, listeners.host, listeners.admission_port,
-                              ssl_context=listeners.admission_tls.context).start()
+            await site(admission, listeners.admission_port, listeners.admission_tls, "the admission port")
             reloading.append(asyncio.create_task(listeners.admission_tls.watch(), name="gpupool-admission-tls-reload"))
         if listeners.tls is not None:
             reloading.append(asyncio.create_task(listeners.tls.watch(), name="gpupool-tls-reload"))
