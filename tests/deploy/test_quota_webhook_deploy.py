@@ -58,6 +58,9 @@ def test_the_tenancy_webhooks_fail_closed_on_the_paths_the_extender_serves() -> 
     assert pods["failurePolicy"] == groups["failurePolicy"] == "Fail"
     assert pods["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     assert pods["objectSelector"] == {"matchExpressions": [{"key": "gpupool.io/group", "operator": "Exists"}]}
+    (condition,) = pods["matchConditions"]  # updates only when the label is set, changed or removed
+    assert "request.operation == 'CREATE'" in condition["expression"]
+    assert condition["expression"].count("labels['gpupool.io/group']") == 2
     assert groups["rules"] == [{"apiGroups": ["gpupool.io"], "apiVersions": ["*"],
                                 "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourcegroups"],
                                 "scope": "Cluster"}]
