@@ -20,6 +20,9 @@ Allocate mapping depends on it (file and function names: docs/allocate-mapping.m
   at all (after a restart, on a resize). Allocate is called without the lock; the devices are
   recorded after it returns. A native sidecar's devices, like an app container's, are never
   reused by a later container.
+* PodResources behind kubelet's rate limit (``podresources.DefaultQPS`` 100 calls per second,
+  ``DefaultBurstTokens`` 10): a call beyond it is refused ``RESOURCE_EXHAUSTED``, "rejected by
+  rate limit".
 * PodResources v1 ``List`` over a unix socket: every *active* pod of the pod manager (a rejected or
   finished pod is not listed), its native sidecars and app containers, with their recorded device
   IDs (regular init containers are not listed).
@@ -41,6 +44,7 @@ import asyncio
 import contextlib
 import os
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,6 +77,8 @@ class FakeKubelet:
         self.preferred_calls = 0
         self.allocate_calls = 0
         self.resizes = 0
+        self.podresources_rejected = 0
+        """PodResources calls refused by the rate limit."""
         self.registered_resources: set[str] = set()
         """Resources whose plugin ever registered (the device manager's checkpoint keeps them)."""
         self.sources_ready = True
@@ -391,10 +397,38 @@ class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
         return pb.Empty()
 
 
+#: kubelet's PodResources rate limit (pkg/kubelet/apis/podresources: DefaultQPS, DefaultBurstTokens).
+PODRESOURCES_QPS = 100.0
+PODRESOURCES_BURST = 10
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved: golang.org/x/time/rate's Allow, which
+    kubelet's PodResources interceptor asks before each call."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens = float(burst)
+        self.at = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 class _PodResources(podres_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
+        self.limit = TokenBucket(PODRESOURCES_QPS, PODRESOURCES_BURST)
 
     async def List(self, request: Any, context: Any) -> Any:
+        if not self.limit.allow():
+            self.kubelet.podresources_rejected += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
         return await self.kubelet.list_pod_resources()
 

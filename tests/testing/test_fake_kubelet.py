@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 from gpupool.api.annotations import Assignment, encode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
 from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
 from gpupool.nodeagent.types import PodResourcesSnapshot
-from gpupool.testing.fake_kubelet import FakePod
+from gpupool.testing.fake_kubelet import FakeKubelet, FakePod, TokenBucket
 from gpupool.testing.node_harness import NAMES, Node, fake_pod, running_node
 from gpupool.testing.node_workload import ASSIGNED_AT, fake_gpu_file
 
@@ -120,3 +121,29 @@ def test_the_batch_after_a_restart_calls_no_plugin_but_a_finished_init_container
             assert phases["with-init"][0] == "Failed"
             assert "no healthy devices present" in phases["with-init"][1]
     asyncio.run(main())
+
+
+def test_kubelets_podresources_rate_limit_is_modelled_and_the_agents_client_waits_it_out(tmp_path: Path) -> None:
+    """kubelet refuses PodResources calls past 10 in a burst (100 a second after): the agent lists on
+    every Allocate and GetPreferredAllocation, and a refusal used to fail a pod's admission."""
+    async def main() -> None:
+        kubelet = FakeKubelet(str(tmp_path / "plugins"), str(tmp_path / "podres.sock"))
+        await kubelet.start()
+        client = PodResourcesClient(str(tmp_path / "podres.sock"))
+        try:
+            await asyncio.gather(*(client.list() for _ in range(40)))
+            assert kubelet.podresources_rejected > 0  # the burst was exceeded ...
+            assert client.rate_limited == kubelet.podresources_rejected  # ... and every refusal retried
+        finally:
+            await client.close()
+            await kubelet.stop()
+
+    asyncio.run(main())
+
+
+def test_the_token_bucket_allows_the_burst_then_the_rate() -> None:
+    now = [0.0]
+    bucket = TokenBucket(100.0, 10, clock=lambda: now[0])
+    assert [bucket.allow() for _ in range(11)] == [True] * 10 + [False]
+    now[0] += 0.01  # one token back
+    assert bucket.allow() and not bucket.allow()

@@ -5,14 +5,28 @@ connect then waits out an exponential reconnect backoff (up to two minutes by de
 every call fast in the meantime, so the first Allocate after a kubelet restart was refused with
 UNAVAILABLE although kubelet was back. The socket is local: the channel retries quickly (short
 backoff), and a call that still finds it unavailable is retried once on a fresh channel.
+
+kubelet rate-limits the PodResources API (since 1.27: a token bucket of 100 calls per second with
+a burst of 10, answered ``RESOURCE_EXHAUSTED``, "rejected by rate limit"). The agent lists on every
+Allocate and GetPreferredAllocation, so a batch of GPU pods (three resources per container, each
+with both calls) empties the burst and kubelet rejected a pod with that error
+(UnexpectedAdmissionError). A rejected call is retried after a short pause, while its time lasts.
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import grpc
 
 from gpupool.nodeagent.deviceplugin.api import POD_RESOURCES_SOCKET, podres_grpc, podres_pb
 from gpupool.nodeagent.types import PodResourcesSnapshot
+
+#: First pause after kubelet's rate limit refused a List; doubled on each refusal, up to the last
+#: (one token comes back every 10 ms at kubelet's 100 calls per second).
+RATE_LIMITED_FIRST_PAUSE_S = 0.01
+RATE_LIMITED_LAST_PAUSE_S = 0.16
 
 #: Reconnect quickly to the local socket (gRPC's defaults are 1 s initial, 120 s maximum).
 _CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
@@ -26,6 +40,8 @@ class PodResourcesClient:
         self.socket = socket
         self.timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
+        self.rate_limited = 0
+        """Lists kubelet refused by its rate limit and this client retried."""
 
     def _stub(self) -> podres_grpc.PodResourcesListerStub:
         if self._channel is None:
@@ -35,6 +51,27 @@ class PodResourcesClient:
     async def list(self) -> PodResourcesSnapshot:
         """One List call, as (namespace, name) → container → resource → device IDs."""
         request = podres_pb.ListPodResourcesRequest()
+        deadline = time.monotonic() + self.timeout_s
+        pause = RATE_LIMITED_FIRST_PAUSE_S
+        while True:
+            try:
+                reply = await self._list_once(request)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() + pause >= deadline:
+                    raise
+            self.rate_limited += 1
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RATE_LIMITED_LAST_PAUSE_S)
+        out: dict[tuple[str, str], dict[str, dict[str, frozenset[str]]]] = {}
+        for pod in reply.pod_resources:
+            containers = out.setdefault((pod.namespace, pod.name), {})
+            for c in pod.containers:
+                containers[c.name] = {d.resource_name: frozenset(d.device_ids) for d in c.devices}
+        return out
+
+    async def _list_once(self, request: podres_pb.ListPodResourcesRequest) -> podres_pb.ListPodResourcesResponse:
+        reply: podres_pb.ListPodResourcesResponse
         try:
             reply = await self._stub().List(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -42,12 +79,7 @@ class PodResourcesClient:
                 raise
             await self.close()  # a fresh channel connects at once instead of waiting out a backoff
             reply = await self._stub().List(request, timeout=self.timeout_s, wait_for_ready=True)
-        out: dict[tuple[str, str], dict[str, dict[str, frozenset[str]]]] = {}
-        for pod in reply.pod_resources:
-            containers = out.setdefault((pod.namespace, pod.name), {})
-            for c in pod.containers:
-                containers[c.name] = {d.resource_name: frozenset(d.device_ids) for d in c.devices}
-        return out
+        return reply
 
     async def close(self) -> None:
         """Close the channel."""
