@@ -108,10 +108,22 @@ class AgentHeartbeat:
                 self._last = None
             raise
 
-    async def run(self) -> None:
-        """Renew until cancelled; failures are logged and retried sooner."""
+    async def run(self, served: asyncio.Event | None = None) -> None:
+        """Renew until cancelled; failures are logged and retried sooner.
+
+        ``served`` is set while kubelet has accepted the agent's device plugins: a Lease renewed by
+        an agent kubelet does not know (a wrong ``--plugin-dir``, a registration refused, kubelet
+        restarted and not yet re-registered) would have the extender place pods that then run
+        with no GPU grant. Renewals wait for it, so such a node's Lease lapses and filter refuses it.
+        """
         interval = self.settings.renew_interval_s
         while True:
+            if served is not None and not served.is_set():
+                log.warning("node agent lease %s/%s not renewed until kubelet accepts the device plugins",
+                            self.settings.namespace, self.name)
+                await served.wait()
+                log.info("device plugins registered: renewing node agent lease %s/%s again",
+                         self.settings.namespace, self.name)
             try:
                 await asyncio.to_thread(self.renew_once)
                 self.stats.renewals += 1

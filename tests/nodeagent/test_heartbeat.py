@@ -116,3 +116,28 @@ def test_run_keeps_renewing_through_failures() -> None:
 def test_settings_that_would_lapse_between_renewals_are_refused(duration: int, interval: float) -> None:
     with pytest.raises(ValueError):
         HeartbeatSettings(duration_s=duration, renew_interval_s=interval)
+
+
+def test_no_lease_is_renewed_while_kubelet_has_not_accepted_the_device_plugins() -> None:
+    """A live Lease tells the extender the node serves GPU pods; an agent kubelet never registered
+    (a wrong --plugin-dir) kept renewing it, and pods placed there ran with no GPU grant."""
+    api, clock = CountingCoordination(), FakeClock()
+    heartbeat = AgentHeartbeat(api, "n1", HeartbeatSettings("gpupool", duration_s=2, renew_interval_s=0.02),
+                               wall=clock.wall)
+
+    async def main() -> None:
+        served = asyncio.Event()
+        task = asyncio.create_task(heartbeat.run(served=served))
+        await asyncio.sleep(0.1)
+        assert api.calls == [] and heartbeat.stats.renewals == 0  # not registered: nothing written
+        served.set()
+        await asyncio.sleep(0.1)
+        assert heartbeat.stats.renewals >= 2
+        served.clear()  # kubelet restarted: renewals stop until the plugins are registered again
+        await asyncio.sleep(0.05)
+        stopped_at = heartbeat.stats.renewals
+        await asyncio.sleep(0.1)
+        assert heartbeat.stats.renewals == stopped_at
+        task.cancel()
+
+    asyncio.run(main())

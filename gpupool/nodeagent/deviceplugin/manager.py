@@ -18,6 +18,11 @@ from gpupool.nodeagent.deviceplugin.server import AllocationHandler, ResourcePlu
 
 log = logging.getLogger(__name__)
 
+#: Seconds without kubelet's socket before the first warning; each later one waits twice as long,
+#: up to the last value (kubelet restarting takes a few seconds; a wrong directory is forever).
+FIRST_MISSING_WARNING_S = 10.0
+LAST_MISSING_WARNING_S = 300.0
+
 
 def socket_name(resource: str, own_domain: str = DEFAULT_DOMAIN) -> str:
     """One file per resource: ``gpupool.io/gpu-mem`` → ``gpupool-gpu-mem.sock``; a foreign alias
@@ -39,11 +44,27 @@ class DevicePluginManager:
         self.poll_s = poll_s
         self.registered = asyncio.Event()
 
+    async def _wait_for_kubelet(self) -> None:
+        """Wait for kubelet's registration socket, saying so at start and again (less often) while
+        it is missing: a wrong ``--plugin-dir`` otherwise waits here forever without a word."""
+        log.info("waiting for kubelet's registration socket %s", self.kubelet_socket)
+        warn_after = FIRST_MISSING_WARNING_S
+        while True:
+            try:
+                await asyncio.wait_for(wait_for_socket(self.kubelet_socket, self.poll_s), warn_after)
+                return
+            except TimeoutError:
+                log.warning("no kubelet registration socket at %s after %g s: nothing is advertised to "
+                            "kubelet and this node gets no gpupool pods until it appears; is --plugin-dir "
+                            "kubelet's device-plugins directory (usually /var/lib/kubelet/device-plugins)?",
+                            self.kubelet_socket, warn_after)
+                warn_after = min(warn_after * 2, LAST_MISSING_WARNING_S)
+
     async def run(self) -> None:
         """Serve and register; on kubelet restart do it again; until cancelled."""
         try:
             while True:
-                await wait_for_socket(self.kubelet_socket, self.poll_s)
+                await self._wait_for_kubelet()
                 for server in self.servers:
                     await server.start()
                 try:
