@@ -20,6 +20,7 @@ import click
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
 from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
+from gpupool.cli.server_options import server_limit_options
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
@@ -46,6 +47,7 @@ from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
 from gpupool.kube.podapi import KubePodApi
+from gpupool.netguard.limits import ServerLimits
 
 log = logging.getLogger("gpupool.extender")
 
@@ -80,6 +82,8 @@ class ExtenderOptions:
     tls_reload_s: float = DEFAULT_RELOAD_INTERVAL_S
     health_port: int | None = None
     """Plain-HTTP port for probes and metrics; None: :data:`DEFAULT_HEALTH_PORT` with TLS, none without."""
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
+    """Connection cap and handshake/header/idle timeouts of every port (docs/security.md, Bounded servers)."""
     agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
     """Where node agents renew their Leases (docs/security.md, Liveness); "" watches none."""
     require_agent_lease: bool = False
@@ -251,7 +255,8 @@ def _listeners(options: ExtenderOptions) -> Listeners:
     admission_tls = None
     if options.admission_port is not None and options.tls is not None:
         admission_tls = ReloadingTls(dataclasses.replace(options.tls, client_ca_file=None), options.tls_reload_s)
-    return Listeners(options.host, options.port, tls, health or None, options.admission_port, admission_tls)
+    return Listeners(options.host, options.port, tls, health or None, options.admission_port, admission_tls,
+                     options.server_limits)
 
 
 def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
@@ -347,6 +352,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
               help="spec.priority from which a pod is high priority and never borrows (the node agents' value).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@server_limit_options(tls=True)
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, lease_duration: float, renew_deadline: float, retry_period: float,
@@ -356,7 +362,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
              admission_port: int | None, creator_subjects_webhook: bool, lending: bool, high_priority_threshold: int,
-             verbose: bool) -> None:
+             verbose: bool, server_limits: ServerLimits) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -382,4 +388,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  require_agent_lease=require_agent_lease, hami=hami,
                                  gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
-                                 borrow=BorrowSettings(lending, high_priority_threshold)))
+                                 borrow=BorrowSettings(lending, high_priority_threshold),
+                                 server_limits=server_limits))

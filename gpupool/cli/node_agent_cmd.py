@@ -13,6 +13,8 @@ from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAME
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import ResourceNames
+from gpupool.cli.server_options import server_limit_options
+from gpupool.netguard.limits import ServerLimits
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
@@ -20,6 +22,7 @@ from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
+from gpupool.nodeagent.isolation.shim_socket import MAX_CONNECTIONS, READ_TIMEOUT_S, RegistrationLimits
 from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
 from gpupool.nodeagent.lending.options import (
     DEFAULT_ACTIVE_MEMORY_MIB,
@@ -116,7 +119,16 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 @click.option("--cuda-checkpoint-timeout", default=DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S, show_default=True,
               type=click.FloatRange(min=0), help="Seconds cuda-checkpoint may take to suspend what outlives the "
               "checkpoint deadline before it is killed (--lending; 0: never run it).")
+@click.option("--registration-timeout", default=READ_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a connection to the registration socket has to send its request line "
+                   "(the library sends it at once; docs/security.md, Bounded servers).")
+@click.option("--registration-max-connections", default=MAX_CONNECTIONS, show_default=True,
+              type=click.IntRange(min=1),
+              help="Connections the registration socket holds at once; past it a new one replaces the oldest "
+                   "silent one.")
 @click.option("-v", "--verbose", is_flag=True)
+@server_limit_options(tls=False)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
@@ -124,7 +136,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
                checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
-               owner_active_samples: int, cuda_checkpoint_timeout: float, verbose: bool) -> None:
+               owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
+               registration_max_connections: int, verbose: bool, server_limits: ServerLimits) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -143,7 +156,9 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         choose_backend(isolation, shim_library)  # refuse an impossible choice before anything starts
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
-    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root)
+    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root,
+                                       registration=RegistrationLimits(registration_timeout,
+                                                                       registration_max_connections))
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
     if lending and monitor is None:
@@ -152,7 +167,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold, activity,
                           cuda_checkpoint_timeout, state_dir) if lending else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
-                     metrics_port, monitor, isolation_config, beat, risk, lend))
+                     metrics_port, monitor, isolation_config, beat, risk, lend, server_limits))
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
@@ -160,7 +175,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
                heartbeat: HeartbeatSettings | None = None,
                risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S),
-               lend: LendingOptions | None = None) -> None:
+               lend: LendingOptions | None = None, server_limits: ServerLimits | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -240,7 +255,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     if checks is None:
         logging.getLogger(__name__).warning("risk checks off: they need the usage monitor's holders")
     extra = [RiskCollector(checks)] if checks is not None else []
-    metrics = await serve_metrics(agent, metrics_port, extra=extra) if metrics_port else None
+    metrics = await serve_metrics(agent, metrics_port, extra=extra, limits=server_limits) if metrics_port else None
 
     async def publish_on_change() -> None:
         version = agent.devices_version

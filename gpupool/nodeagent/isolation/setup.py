@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpupool.api.environment import COMPUTE_MODE_HARD
 from gpupool.nodeagent.isolation.backends import (
@@ -22,6 +22,7 @@ from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR, ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits
 from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.procfs import PROC
@@ -40,6 +41,7 @@ class IsolationConfig:
     mps_control: str = DEFAULT_MPS_CONTROL
     cgroup_root: str = CGROUP_ROOT
     proc: str = PROC
+    registration: RegistrationLimits = field(default_factory=RegistrationLimits)
 
 
 def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
@@ -62,7 +64,7 @@ def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
     else:
         registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
         inner = ShimEnforcement(config.shim_library or "", ShimLayout(config.state_dir), registry,
-                                config.compute_mode)
+                                config.compute_mode, registration=config.registration)
     return with_dmem(inner, dmem, pci_bus_ids or {}, directory, config.cgroup_root)
 
 

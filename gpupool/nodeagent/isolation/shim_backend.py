@@ -41,7 +41,7 @@ from gpupool.nodeagent.isolation.shim_files import (
     remove_container,
 )
 from gpupool.nodeagent.isolation.shim_registry import ContainerKey, ShimRegistry
-from gpupool.nodeagent.isolation.shim_socket import RegistrationServer
+from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits, RegistrationServer
 from gpupool.nodeagent.isolation.tokens import TokenSigner, load_or_create_secret
 from gpupool.nodeagent.types import GrantExtras, Mount, PodView
 
@@ -56,7 +56,8 @@ class ShimEnforcement:
 
     def __init__(self, library: str, layout: ShimLayout, registry: ShimRegistry,
                  compute_mode: str = env.COMPUTE_MODE_HARD, clock: Callable[[], float] = time.monotonic,
-                 sweep_interval_s: float = SWEEP_INTERVAL_S, gone_after_s: float = GONE_AFTER_S) -> None:
+                 sweep_interval_s: float = SWEEP_INTERVAL_S, gone_after_s: float = GONE_AFTER_S,
+                 registration: RegistrationLimits | None = None) -> None:
         if compute_mode not in env.COMPUTE_MODES:
             raise ValueError(f"compute mode {compute_mode!r}: expected one of {', '.join(env.COMPUTE_MODES)}")
         if not os.path.isfile(library):
@@ -65,7 +66,8 @@ class ShimEnforcement:
         self.layout = layout
         self.registry = registry
         self.compute_mode = compute_mode
-        self.server = RegistrationServer(layout.socket, registry)
+        limits = registration or RegistrationLimits()
+        self.server = RegistrationServer(layout.socket, registry, limits.read_timeout_s, limits.max_connections)
         self._clock = clock
         self._sweep_interval = sweep_interval_s
         self._gone_after = gone_after_s

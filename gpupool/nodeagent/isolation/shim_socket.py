@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import struct
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpupool.api.shim_contract import (
     MAX_LINE_BYTES,
@@ -45,6 +45,21 @@ MAX_CONNECTIONS = 256
 """Connections open at once; past it the oldest silent one makes room (a few KB each)."""
 BACKLOG = 1024
 """Connects the kernel queues: a flood's burst fits, so the library's connect is queued, not refused."""
+
+
+@dataclass(frozen=True)
+class RegistrationLimits:
+    """The socket's line deadline and connection cap (``--registration-timeout``,
+    ``--registration-max-connections``)."""
+
+    read_timeout_s: float = READ_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        if self.read_timeout_s <= 0 or self.max_connections < 1:
+            raise ValueError("the registration timeout must be above 0 s and the cap at least 1")
+
+
 _SOCKET_MODE = 0o666  # processes in containers run as any user
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
