@@ -40,6 +40,7 @@ from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.quota_status import QuotaStatusWriter
 from gpupool.extender.requeue import PreemptRequeue, cache_pending
+from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER, SchedulerSteering
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.wakeup import PendingWakeUp
@@ -97,6 +98,8 @@ class ExtenderOptions:
     label of a group with User or Group subjects (docs/tenancy.md, "Admission webhooks")."""
     borrow: BorrowSettings = field(default_factory=BorrowSettings)
     """Placing low-priority pods on lent capacity (docs/lending.md, "In the extender")."""
+    scheduler_name: str = GPUPOOL_SCHEDULER
+    """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -222,7 +225,7 @@ def run_extender(options: ExtenderOptions) -> None:
     listeners = _listeners(options)
     admission = None
     if listeners.admission_port is not None:
-        admission = _admission_app(service, api, core_v1)
+        admission = _admission_app(service, api, core_v1, options.scheduler_name)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.domain,
@@ -235,16 +238,18 @@ def run_extender(options: ExtenderOptions) -> None:
         replica.shutdown()
 
 
-def _admission_app(service: ExtenderService, api: ExtenderApi, core_v1: Any) -> Any:
+def _admission_app(service: ExtenderService, api: ExtenderApi, core_v1: Any, scheduler_name: str) -> Any:
     """The webhooks' application: quotas at pod creation, groups' subjects on pods naming a group,
-    the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender)."""
+    the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender), and
+    the scheduler of new GPU pods (``scheduler_name``, gpupool's own)."""
     from kubernetes import client
 
     cache = service.cache
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
                         pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names),
                         group_writes=GroupWriteAdmission(sar_permissions(
-                            client.AuthorizationV1Api(core_v1.api_client)))).app()
+                            client.AuthorizationV1Api(core_v1.api_client))),
+                        steering=SchedulerSteering(api.names, scheduler_name)).app()
 
 
 def _listeners(options: ExtenderOptions) -> Listeners:
@@ -347,6 +352,10 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               help="With --admission-port: the apiserver calls the pod-group webhook (components/quota-webhook) for "
                    "every pod naming a group, so the filter lets a ResourceGroup's User and Group subjects admit "
                    "the pods they create (docs/tenancy.md) [default: such subjects admit no pod].")
+@click.option("--scheduler-name", default=GPUPOOL_SCHEDULER, show_default=True,
+              help="With --admission-port: the pod-scheduler webhook (POST /admission/pod-scheduler) sets this "
+                   "spec.schedulerName on new pods that ask for gpupool's resources: the profile of gpupool's own "
+                   "kube-scheduler (docs/extender.md, \"Own scheduler\").")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
 @click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
@@ -361,8 +370,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
              require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
-             admission_port: int | None, creator_subjects_webhook: bool, lending: bool, high_priority_threshold: int,
-             verbose: bool, server_limits: ServerLimits) -> None:
+             admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str, lending: bool,
+             high_priority_threshold: int, verbose: bool, server_limits: ServerLimits) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -376,6 +385,8 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                "calls webhooks over HTTPS only) and the tenancy watches (no --no-tenancy)")
     if creator_subjects_webhook and admission_port is None:
         raise click.UsageError("--creator-subjects-webhook needs --admission-port (the extender serves that webhook)")
+    if scheduler_name in ("", DEFAULT_SCHEDULER):
+        raise click.UsageError(f"--scheduler-name must name gpupool's own scheduler, not {scheduler_name!r}")
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
@@ -389,4 +400,5 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
                                  borrow=BorrowSettings(lending, high_priority_threshold),
+                                 scheduler_name=scheduler_name,
                                  server_limits=server_limits))

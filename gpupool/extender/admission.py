@@ -37,11 +37,13 @@ NOT_SYNCED_WARNING = ("gpupool: the extender has not listed nodes, pods and quot
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether the pod may be created; ``reason`` when not; ``warnings`` shown to the client."""
+    """Whether the pod may be created; ``reason`` when not; ``warnings`` shown to the client;
+    ``patch``: JSON patch operations a mutating webhook applies to the object (empty: none)."""
 
     allowed: bool
     reason: str = ""
     warnings: tuple[str, ...] = ()
+    patch: tuple[Mapping[str, Any], ...] = ()
 
 
 ALLOWED = Verdict(True)

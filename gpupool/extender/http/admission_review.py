@@ -1,4 +1,4 @@
-"""The validating admission webhooks' HTTP side: each path answers an ``AdmissionReview``
+"""The admission webhooks' HTTP side: each path answers an ``AdmissionReview``
 (``admission.k8s.io/v1``, or ``v1beta1``, which an older apiserver may send per the configuration's
 ``admissionReviewVersions``) with one verdict:
 
@@ -8,7 +8,10 @@
   requester (:class:`gpupool.extender.group_subjects.GroupSubjectAdmission`);
 * ``POST /admission/resourcegroups``: a ResourceGroup write, by the requester's permission to
   modify the nodes it names (:class:`gpupool.extender.group_writes.GroupWriteAdmission`; its
-  SubjectAccessReviews run off the event loop).
+  SubjectAccessReviews run off the event loop);
+* ``POST /admission/pod-scheduler`` (mutating): a new pod that asks for gpupool's resources gets
+  ``spec.schedulerName`` of gpupool's own scheduler, as a JSON patch in the answer
+  (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`).
 
 Why a port of its own (``--admission-port``), served by the extender process rather than a separate
 command: the verdict needs the extender's caches (quotas, the ledger's GPU models), which a second
@@ -27,6 +30,7 @@ kind or operation) are allowed untouched (the configuration should not send them
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -41,18 +45,21 @@ from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.scheduler_steering import SchedulerSteering
 
 log = logging.getLogger(__name__)
 
 ADMISSION_PATH = "/admission/pods"
 POD_GROUPS_PATH = "/admission/pod-groups"
 GROUP_WRITES_PATH = "/admission/resourcegroups"
+POD_SCHEDULER_PATH = "/admission/pod-scheduler"
 REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 DENIED_CODE = 403
 """What the apiserver returns for a denied request: Forbidden, as for a ResourceQuota exceeded."""
 VERB = "admission"
 POD_GROUPS_VERB = "admission_pod_groups"
 GROUP_WRITES_VERB = "admission_resourcegroups"
+POD_SCHEDULER_VERB = "admission_pod_scheduler"
 
 
 class ReviewError(ValueError):
@@ -124,6 +131,9 @@ def review_response(review: Review, verdict: Verdict) -> dict[str, Any]:
         response["status"] = {"code": DENIED_CODE, "reason": "Forbidden", "message": verdict.reason}
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
+    if verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(list(verdict.patch))).decode("ascii")
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 
@@ -132,16 +142,18 @@ Judge = Callable[[Review], Verdict]
 
 class AdmissionApi:
     """The webhooks' paths over their verdicts, with the extender's body caps: the quota's always,
-    the pod-group and ResourceGroup-write ones when given."""
+    the pod-group, ResourceGroup-write and pod-scheduler ones when given."""
 
     def __init__(self, admission: QuotaAdmission, metrics: ExtenderMetrics, bodies: BodyReader, *,
                  pod_groups: GroupSubjectAdmission | None = None,
-                 group_writes: GroupWriteAdmission | None = None) -> None:
+                 group_writes: GroupWriteAdmission | None = None,
+                 steering: SchedulerSteering | None = None) -> None:
         self.admission = admission
         self.metrics = metrics
         self.bodies = bodies
         self.pod_groups = pod_groups
         self.group_writes = group_writes
+        self.steering = steering
 
     def verdict(self, review: Review) -> Verdict:
         """The quota's verdict on a pod's creation."""
@@ -162,6 +174,16 @@ class AdmissionApi:
         if self.group_writes is None or review.kind != "ResourceGroup":
             return ALLOWED
         return self.group_writes.review(review.operation, review.pod, review.old, review.user, review.groups)
+
+    def pod_scheduler_verdict(self, review: Review) -> Verdict:
+        """The scheduler a new pod goes to: a patch for pods gpupool's scheduler should place."""
+        if self.steering is None or review.operation != "CREATE" or review.kind != "Pod" or review.pod is None:
+            return ALLOWED
+        verdict = self.steering.verdict(review.pod)
+        if verdict.patch:
+            log.debug("%s: pod %s/%s goes to %s", POD_SCHEDULER_VERB, review.namespace,
+                      review.pod["metadata"]["name"], self.steering.scheduler_name)
+        return verdict
 
     def handler(self, verb: str, judge: Judge, blocking: bool = False) -> Callable[[web.Request], Any]:
         """The request handler of one path: parse, judge (in a thread when ``blocking``), answer."""
@@ -211,4 +233,7 @@ class AdmissionApi:
         if self.group_writes is not None:
             application.router.add_post(GROUP_WRITES_PATH,
                                         self.handler(GROUP_WRITES_VERB, self.group_write_verdict, blocking=True))
+        if self.steering is not None:
+            application.router.add_post(POD_SCHEDULER_PATH, self.handler(POD_SCHEDULER_VERB,
+                                                                         self.pod_scheduler_verdict))
         return application
