@@ -29,13 +29,28 @@ PRELOAD_LINE = CONTAINER_LIBRARY_PATH + "\n"
 """The whole content of that file: one line, the library's path in the container."""
 
 CONTAINER_SHIM_DIR = "/var/run/gpupool"
-"""The per-container directory (read-write, only this container has it)."""
+"""Where the container's accounting region is mounted (``GPUPOOL_SHIM_DIR``)."""
 
 TOKEN_FILE = "token"
 """In the per-container directory: the container's token, one line."""
 
 REGION_FILE = "memory.region"
-"""In the per-container directory: the shared accounting region the library creates."""
+"""In the per-container directory: the shared accounting region (the agent creates it, sized)."""
+
+CONTAINER_REGION_PATH = f"{CONTAINER_SHIM_DIR}/{REGION_FILE}"
+"""The region as the container sees it: a read-write bind mount of that one file, which the
+container can write (its processes account there) but neither unlink nor replace (a mount point),
+so deleting it cannot reset the container's account."""
+
+CONTAINER_GRANT_DIR = "/etc/gpupool"
+"""The per-container directory as mounted read-only: the grant, the token, the region (read-only)."""
+
+GRANT_FILE = "grant"
+"""In the per-container directory: what the node granted the container (:class:`NodeGrant`)."""
+
+CONTAINER_GRANT_PATH = f"{CONTAINER_GRANT_DIR}/{GRANT_FILE}"
+"""Where the library reads the grant. Compiled into the library (``SHIM_GRANT_PATH`` in
+``grant.c``), never taken from the environment: a container can neither move nor hide it."""
 
 CONTAINER_AGENT_SOCKET_DIR = "/var/run/gpupool-agent"
 """The agent's socket directory as mounted (read-only) into every container with a share."""
@@ -59,6 +74,71 @@ _MAX_NAME = 512  # namespace/name and container are DNS names; anything longer i
 
 class ShimProtocolError(ValueError):
     """A line that does not follow the registration protocol; the message is the reason."""
+
+
+# ----------------------------------------------------------------------------- the node's grant
+GRANT_VERSION = "1"
+_GRANT_KEYS = ("version", "memory_mib", "compute_percent", "compute_mode", "card_uuids", "region", "socket",
+               "token", "pod", "container")
+_GRANT_VALUE = re.compile(r"^[^\n\r\x00]*$")
+
+
+@dataclass(frozen=True)
+class NodeGrant:
+    """What the node agent grants one container, as the library reads it from :data:`GRANT_FILE`.
+
+    Per CUDA ordinal (the order of ``GPUPOOL_CARD_UUIDS``): memory in MiB and compute in percent
+    (0: no compute limit). The environment can only lower these; an ordinal the grant does not
+    list refuses every allocation. One ``key=value`` per line, ``#`` lines are comments, unknown
+    keys are skipped (a newer agent may add keys); ``version``, ``memory_mib`` and ``region`` are
+    required, and a grant the library cannot read refuses every allocation.
+    """
+
+    memory_mib: tuple[int, ...]
+    compute_percent: tuple[int, ...]
+    compute_mode: str
+    card_uuids: tuple[str, ...]
+    region: str
+    socket: str
+    token: str
+    pod: str
+    container: str
+
+
+def encode_grant(grant: NodeGrant) -> str:
+    """The grant file's text."""
+    values = {"version": GRANT_VERSION, "memory_mib": ",".join(map(str, grant.memory_mib)),
+              "compute_percent": ",".join(map(str, grant.compute_percent)), "compute_mode": grant.compute_mode,
+              "card_uuids": ",".join(grant.card_uuids), "region": grant.region, "socket": grant.socket,
+              "token": grant.token, "pod": grant.pod, "container": grant.container}
+    for key, value in values.items():
+        if not _GRANT_VALUE.match(value):
+            raise ShimProtocolError(f"grant {key}: a line break or NUL in {value!r}")
+    lines = [f"{key}={values[key]}" for key in _GRANT_KEYS]
+    return "# written by the gpupool node agent; mounted read-only into the container\n" + "\n".join(lines) + "\n"
+
+
+def decode_grant(text: str) -> NodeGrant:
+    """Read a grant file back (tests and tools; the library has its own reader in C)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ShimProtocolError(f"grant line {line!r}: expected key=value")
+        values[key] = value
+    if values.get("version") != GRANT_VERSION:
+        raise ShimProtocolError(f"grant version {values.get('version')!r}: this reader knows {GRANT_VERSION}")
+    try:
+        memory = tuple(int(v) for v in values["memory_mib"].split(","))
+        compute = tuple(int(v) for v in values["compute_percent"].split(",")) if values.get("compute_percent") else ()
+    except (KeyError, ValueError) as exc:
+        raise ShimProtocolError(f"grant limits: {exc}") from None
+    uuids = tuple(values["card_uuids"].split(",")) if values.get("card_uuids") else ()
+    return NodeGrant(memory, compute, values.get("compute_mode", "hard"), uuids, values.get("region", ""),
+                     values.get("socket", ""), values.get("token", ""), values.get("pod", ""),
+                     values.get("container", ""))
 
 
 @dataclass(frozen=True)

@@ -114,17 +114,27 @@ def _compile(compiler: list[str], flags: list[str], sources: list[Path], output:
     os.replace(temporary, output)
 
 
-def build_library(output: Path | None = None, *, flavour: Flavour = RELEASE, werror: bool = False) -> Path:
+def build_library(output: Path | None = None, *, flavour: Flavour = RELEASE, werror: bool = False,
+                  grant_path: str | None = None) -> Path:
     """Build the interception library and return its path.
 
     Without ``output`` the library goes to the cache under a digest-named file, and an existing one
     is returned without compiling. ``werror`` turns warnings into errors (the tests use it).
+    ``grant_path`` compiles in another place for the node's grant file than the container path of
+    :data:`gpupool.api.shim_contract.CONTAINER_GRANT_PATH`: only for tests, which cannot write that
+    path; the grant's path is never read from the environment, so a container cannot move it.
     """
     compiler = find_compiler()
-    flags = (*COMMON_FLAGS, *flavour.flags, *(("-Werror",) if werror else ()))
+    defines: tuple[str, ...] = ()
+    if grant_path is not None:
+        if not grant_path.startswith("/") or any(c in grant_path for c in '"\\\n'):
+            raise ShimBuildError(f"grant path {grant_path!r}: expected an absolute path without quotes or backslashes")
+        defines = (f'-DSHIM_GRANT_PATH="{grant_path}"',)
+    flags = (*COMMON_FLAGS, *flavour.flags, *defines, *(("-Werror",) if werror else ()))
     sources = library_sources()
     if output is None:
-        output = cache_dir() / f"{LIBRARY_STEM}-{flavour.name}-{_digest(compiler, flags, sources)}.so"
+        kind = f"{flavour.name}-granted" if defines else flavour.name
+        output = cache_dir() / f"{LIBRARY_STEM}-{kind}-{_digest(compiler, flags, sources)}.so"
         if output.is_file():
             return output
     _compile(compiler, list(flags), sources, output)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +58,46 @@ def test_limits_hold_when_the_agent_is_unreachable(tc: Toolchain, work: Path) ->
                               "alloc:2g")
     assert codes(steps) == [OK, OUT_OF_MEMORY]
     assert "node agent unreachable" in stderr
+
+
+def test_an_agent_that_comes_up_late_is_tried_again(tc: Toolchain, work: Path) -> None:
+    """The agent restarting (no socket yet) when the process starts: the library tries again."""
+    socket_path = work / "late.sock"
+    started: list[FakeAgent] = []
+    timer = threading.Timer(0.6, lambda: started.append(FakeAgent(socket_path, replying(b'{"v":1,"ok":true}\n'))))
+    timer.start()
+    try:
+        steps, stderr = run_probe(tc, registering_env(tc, work, socket_path), "symbol", "alloc:1g", "sleep:2500")
+    finally:
+        timer.join()
+        for agent in started:
+            agent.close()
+    assert codes(steps) == [OK, OK]
+    assert "node agent unreachable" in stderr and "registered with the node agent" in stderr
+    assert len(started[0].requests) == 1
+
+
+def test_an_agent_slower_than_one_try_is_waited_for_longer(tc: Toolchain, work: Path) -> None:
+    """An agent busy with other connections answers after 500 ms: later tries wait longer."""
+    def slow(_request: dict[str, object]) -> bytes:
+        time.sleep(0.5)
+        return b'{"v":1,"ok":true}\n'
+
+    agent = FakeAgent(work / "agent.sock", slow)
+    try:
+        steps, stderr = run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g",
+                                  "sleep:3000")
+    finally:
+        agent.close()
+    assert codes(steps) == [OK, OK]
+    assert "did not answer the registration in 200 ms" in stderr
+    assert "registered with the node agent" in stderr
+
+
+def test_a_refusal_is_not_asked_again(tc: Toolchain, work: Path) -> None:
+    refusing = FakeAgent(work / "agent.sock", replying(b'{"v":1,"ok":false,"reason":"unknown token"}\n'))
+    try:
+        run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g", "sleep:1000")
+    finally:
+        refusing.close()
+    assert len(refusing.requests) == 1

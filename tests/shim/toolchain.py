@@ -30,6 +30,12 @@ class Toolchain:
     probe: Path
     launcher: Path
     interposer: Path  # a library that wraps getppid through dlsym(RTLD_NEXT)
+    granted_preload: str  # LD_PRELOAD of the library built to read the node's grant from grant_file
+    grant_file: Path  # this flavour's stand-in for /etc/gpupool/grant; absent unless a test writes it
+
+    def granted_env(self, work: Path, **variables: str) -> dict[str, str]:
+        """The environment of a process in a gpupool container: the library that reads the grant."""
+        return {**self.env(work, **variables), "LD_PRELOAD": self.granted_preload}
 
     def env(self, work: Path, **variables: str) -> dict[str, str]:
         """The environment of a process in the container whose directory is ``work/ctr``."""
@@ -51,6 +57,10 @@ def build_toolchain(flavour: Flavour, out: Path) -> Toolchain:
     """Build (or find in the cache) the library and the stand-in driver, and compile the programs
     into ``out``, with one flavour's flags."""
     library = build_library(flavour=flavour, werror=True)  # digest-named in the cache: rebuilt on change
+    grant_file = out / "node" / "grant"
+    grant_file.parent.mkdir()
+    granted = build_library(out / "libgpupool-shim-granted.so", flavour=flavour, werror=True,
+                            grant_path=str(grant_file))
     standin = build_standin(flavour=flavour, werror=True)
     compiler = find_compiler()
     programs = {}
@@ -63,13 +73,14 @@ def build_toolchain(flavour: Flavour, out: Path) -> Toolchain:
     interposer = out / "libinterposer.so"
     subprocess.run([*compiler, *COMMON_FLAGS, *flavour.flags, "-Werror", "-o", str(interposer),
                     str(PROGRAMS / "interposer.c"), "-ldl"], check=True, capture_output=True)
-    preload = str(library)
+    preload, granted_preload = str(library), str(granted)
     if "-fsanitize=address,undefined" in flavour.flags:
         # The sanitizer runtime must come first among the preloaded libraries.
         runtime = subprocess.run([*compiler, "-print-file-name=libasan.so"], capture_output=True, text=True,
                                  check=True).stdout.strip()
-        preload = f"{runtime} {library}"
-    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"], interposer)
+        preload, granted_preload = f"{runtime} {library}", f"{runtime} {granted}"
+    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"], interposer,
+                     granted_preload, grant_file)
 
 
 @dataclass(frozen=True)

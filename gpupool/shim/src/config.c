@@ -1,6 +1,9 @@
 /*
- * Limits and settings, read once from the environment (gpupool's contract first, HAMi-core's
- * variables as a fallback) so that every hook sees the same values for the life of the process.
+ * Limits and settings, read once so that every hook sees the same values for the life of the
+ * process. In a gpupool container they come from the node's grant (grant.c), a read-only file the
+ * node agent wrote: the environment (gpupool's contract first, HAMi-core's variables as a
+ * fallback) may only lower them there, and GPUPOOL_SHIM_DISABLE is ignored. Without a grant (the
+ * library used outside gpupool) the environment is all there is, as it always was.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -20,6 +23,8 @@
 #define REFUSE_ALL_BYTES 1ull
 
 static struct shim_config config;
+/* Where the list parsers below store: the process's config, or the grant's limits while it is read. */
+static struct shim_config *into = &config;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 
 static void copy_env(char *dest, size_t size, const char *name) {
@@ -77,10 +82,10 @@ static void store_memory_mib(int ordinal, const char *text, size_t length, const
     if (parse_uint(text, length, &mib) != 0) {
         shim_log(SHIM_LOG_ERROR, "%s: entry %d (%.*s) is not a number of MiB; card %d refuses allocations",
                  name, ordinal, (int)length, text, ordinal);
-        config.memory_limit[ordinal] = REFUSE_ALL_BYTES;
+        into->memory_limit[ordinal] = REFUSE_ALL_BYTES;
         return;
     }
-    config.memory_limit[ordinal] = mib * MIB; /* 0 = no limit, like the compute share */
+    into->memory_limit[ordinal] = mib * MIB; /* 0 = no limit, like the compute share */
 }
 
 static void store_percent(int ordinal, const char *text, size_t length, const char *name) {
@@ -90,13 +95,13 @@ static void store_percent(int ordinal, const char *text, size_t length, const ch
                  name, ordinal, (int)length, text, ordinal);
         percent = 1;
     }
-    config.compute_percent[ordinal] = percent >= 100 ? 0 : (int)percent;
+    into->compute_percent[ordinal] = percent >= 100 ? 0 : (int)percent;
 }
 
 static void store_uuid(int ordinal, const char *text, size_t length, const char *name) {
     (void)name;
-    snprintf(config.uuids[ordinal], SHIM_UUID_LEN, "%.*s", (int)length, text);
-    config.uuid_count = ordinal + 1;
+    snprintf(into->uuids[ordinal], SHIM_UUID_LEN, "%.*s", (int)length, text);
+    into->uuid_count = ordinal + 1;
 }
 
 static void read_hami_memory(void) {
@@ -131,7 +136,13 @@ static int file_exists(const char *dir) {
     return stat(path, &st) == 0;
 }
 
-static void read_config(void) {
+/* The lower of two limits where 0 means "none": a limit the environment sets can only shrink one. */
+static uint64_t lower(uint64_t granted, uint64_t asked) {
+    if (granted == 0) return asked;
+    return asked != 0 && asked < granted ? asked : granted;
+}
+
+static void read_env(void) {
     const char *list;
     if ((list = getenv("GPUPOOL_MEMORY_LIMIT_MIB")) != NULL && *list != '\0')
         each_entry(list, "GPUPOOL_MEMORY_LIMIT_MIB", store_memory_mib);
@@ -154,7 +165,10 @@ static void read_config(void) {
     copy_env(config.token, sizeof config.token, "GPUPOOL_SHIM_TOKEN");
     copy_env(config.pod, sizeof config.pod, "GPUPOOL_POD");
     copy_env(config.container, sizeof config.container, "GPUPOOL_CONTAINER");
+}
 
+/* Without a grant: the environment's limits, its region directory and its escape hatch. */
+static void env_only(void) {
     /* A process whose environment lost the limits still finds its container's region (the preload
      * file loads the library regardless) and takes the limits recorded there. The per-user
      * fallback directory is never adopted that way: it may hold a region of an unrelated run. */
@@ -169,12 +183,66 @@ static void read_config(void) {
     } else {
         snprintf(config.dir, sizeof config.dir, "/tmp/gpupool-shim-%u", (unsigned)getuid());
     }
+    snprintf(config.region_path, sizeof config.region_path, "%.*s/%s", PATH_MAX - 32, config.dir, REGION_FILE);
     config.enabled = any_limit() || adopt;
     const char *disable = getenv("GPUPOOL_SHIM_DISABLE");
     if (disable != NULL && strcmp(disable, "1") == 0) {
         if (config.enabled) shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1: limits are NOT enforced in this process");
         config.enabled = 0;
     }
+}
+
+/* The grant's limits, each lowered by the environment's where that asks for less. A grant that
+ * cannot be read refuses every allocation: it exists, so this is a gpupool container. */
+static void apply_grant(const struct shim_grant *grant, int readable) {
+    static struct shim_config granted;
+    memset(&granted, 0, sizeof granted);
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) granted.memory_limit[d] = REFUSE_ALL_BYTES; /* no card granted */
+    if (!readable) {
+        shim_log(SHIM_LOG_ERROR, "the node's grant %s cannot be read; every allocation is refused", shim_grant_path());
+    } else {
+        into = &granted;
+        each_entry(grant->memory_mib, "the grant's memory_mib", store_memory_mib);
+        if (grant->compute_percent[0] != '\0')
+            each_entry(grant->compute_percent, "the grant's compute_percent", store_percent);
+        if (grant->card_uuids[0] != '\0') each_entry(grant->card_uuids, "the grant's card_uuids", store_uuid);
+        into = &config;
+    }
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        uint64_t memory = lower(granted.memory_limit[d], config.memory_limit[d]);
+        int percent = (int)lower((uint64_t)granted.compute_percent[d], (uint64_t)config.compute_percent[d]);
+        if (memory != config.memory_limit[d] && config.memory_limit[d] != 0)
+            shim_log(SHIM_LOG_WARN, "card %d: the environment asks for more memory than the node granted; "
+                     "the grant holds", d);
+        if (percent != config.compute_percent[d] && config.compute_percent[d] != 0)
+            shim_log(SHIM_LOG_WARN, "card %d: the environment asks for more compute than the node granted; "
+                     "the grant holds", d);
+        config.memory_limit[d] = memory;
+        config.compute_percent[d] = percent;
+    }
+    if (readable && strcmp(grant->compute_mode, "soft") != 0) config.mode = SHIM_MODE_HARD; /* env: soft only if granted */
+    if (granted.uuid_count > 0) {
+        memcpy(config.uuids, granted.uuids, sizeof config.uuids);
+        config.uuid_count = granted.uuid_count;
+    }
+    snprintf(config.region_path, sizeof config.region_path, "%s", readable ? grant->region : "");
+    snprintf(config.socket_path, sizeof config.socket_path, "%s", grant->socket_path);
+    snprintf(config.token, sizeof config.token, "%s", grant->token);
+    snprintf(config.pod, sizeof config.pod, "%s", grant->pod);
+    snprintf(config.container, sizeof config.container, "%s", grant->container);
+    config.granted = 1;
+    config.enabled = 1;
+    const char *disable = getenv("GPUPOOL_SHIM_DISABLE");
+    if (disable != NULL && strcmp(disable, "1") == 0)
+        shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1 is ignored: the node's grant is enforced");
+}
+
+static void read_config(void) {
+    static struct shim_grant grant;
+    int found = shim_read_grant(&grant);
+    read_env();
+    if (found == SHIM_GRANT_ABSENT) env_only();
+    else apply_grant(&grant, found == SHIM_GRANT_PRESENT);
 }
 
 const struct shim_config *shim_config(void) {

@@ -131,8 +131,10 @@ static struct shim_region *private_region(const char *why) {
     return map;
 }
 
-static struct shim_region *map_file(const char *path) {
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+/* Under a grant the file is the node agent's (a bind mount the container cannot unlink or replace):
+ * it is never created here, so a region that is not where the grant says is no region at all. */
+static struct shim_region *map_file(const char *path, int create) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
     if (fd < 0) return NULL;
     struct shim_region *r = NULL;
     struct stat st;
@@ -231,12 +233,15 @@ static void after_fork_child(void) {
 
 static void open_region(void) {
     const struct shim_config *c = shim_config();
-    char path[PATH_MAX + 32];
-    if (mkdir(c->dir, 0700) != 0 && errno != EEXIST)
+    const char *path = c->region_path;
+    if (!c->granted && mkdir(c->dir, 0700) != 0 && errno != EEXIST)
         shim_log(SHIM_LOG_DEBUG, "mkdir %s: %s", c->dir, strerror(errno));
-    snprintf(path, sizeof path, "%s/memory.region", c->dir);
-    region = map_file(path);
-    if (region == NULL) {
+    region = path[0] != '\0' ? map_file(path, !c->granted) : NULL;
+    if (region == NULL && c->granted) {
+        /* A private region would give each process the whole grant: refuse instead. */
+        shim_log(SHIM_LOG_ERROR, "cannot use the container's region %s (%s); every allocation is refused", path,
+                 strerror(errno));
+    } else if (region == NULL) {
         char why[PATH_MAX + 64];
         snprintf(why, sizeof why, "cannot use %s (%s)", path, strerror(errno));
         region = private_region(why);
@@ -251,13 +256,25 @@ static struct shim_region *get_region(void) {
     return region;
 }
 
+/* The lower of two limits where 0 means "none". */
+static uint64_t lower(uint64_t a, uint64_t b) {
+    if (a == 0) return b;
+    return b != 0 && b < a ? b : a;
+}
+
+/* The region's limit for a card, never above this process's own: the region is writable by every
+ * process of the container, so a value written there must not lift what the node granted. */
+static uint64_t effective_limit(const struct shim_region_device *d, int dev) {
+    return lower(__atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED), shim_config()->memory_limit[dev]);
+}
+
 int shim_region_charge(int dev, uint64_t bytes) {
     struct shim_region *r = get_region();
     if (r == NULL || lock_region(r) != 0) return -1;
     struct shim_region_device *d = &r->dev[dev];
-    int fits = d->memory_limit == 0 || (d->used <= d->memory_limit && bytes <= d->memory_limit - d->used);
-    if (!fits && reclaim_dead(r) > 0)
-        fits = d->used <= d->memory_limit && bytes <= d->memory_limit - d->used;
+    uint64_t limit = effective_limit(d, dev);
+    int fits = limit == 0 || (d->used <= limit && bytes <= limit - d->used);
+    if (!fits && reclaim_dead(r) > 0) fits = d->used <= limit && bytes <= limit - d->used;
     if (fits) {
         d->used += bytes;
         if (my_slot >= 0) r->slot[my_slot].used[dev] += bytes;
@@ -295,7 +312,7 @@ uint64_t shim_region_used(int dev) {
 uint64_t shim_memory_limit(int dev) {
     struct shim_region *r = get_region();
     if (r == NULL) return shim_config()->memory_limit[dev];
-    return __atomic_load_n(&r->dev[dev].memory_limit, __ATOMIC_RELAXED);
+    return effective_limit(&r->dev[dev], dev);
 }
 
 int shim_compute_limit(int dev, int *mode) {
@@ -304,8 +321,10 @@ int shim_compute_limit(int dev, int *mode) {
         *mode = shim_config()->mode;
         return shim_config()->compute_percent[dev];
     }
+    const struct shim_config *c = shim_config();
     *mode = (int)__atomic_load_n(&r->dev[dev].compute_mode, __ATOMIC_RELAXED);
-    return (int)__atomic_load_n(&r->dev[dev].compute_percent, __ATOMIC_RELAXED);
+    if (c->compute_percent[dev] != 0 && c->mode == SHIM_MODE_HARD) *mode = SHIM_MODE_HARD;
+    return (int)lower(__atomic_load_n(&r->dev[dev].compute_percent, __ATOMIC_RELAXED), (uint64_t)c->compute_percent[dev]);
 }
 
 /* NVML names processes by their pid in the host's namespace; a process that learnt it from the

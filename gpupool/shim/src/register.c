@@ -1,8 +1,12 @@
 /*
  * Registration with the node agent (docs/isolation.md, "Registration"): once per process, at the
  * first cuInit, from a detached thread so the workload never waits on the agent. The limits do
- * not depend on it: an agent that is down, slow or refusing only costs a log line. The reply may
- * carry the pid the agent saw (hostPid), which the compute controller matches NVML's samples by.
+ * not depend on it: an agent that is down, slow or refusing only costs log lines. An agent that
+ * does not answer (restarting, or its socket busy) is tried again with growing pauses and growing
+ * per-try timeouts until START_BUDGET_MS has passed, because an unregistered process is one whose
+ * compute share the agent cannot attribute; an agent that answers "no" is not asked again. The
+ * reply may carry the pid the agent saw (hostPid), which the compute controller matches NVML's
+ * samples by.
  */
 #include <errno.h>
 #include <limits.h>
@@ -14,11 +18,16 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"
 
-#define TIMEOUT_MS 200
+#define FIRST_TIMEOUT_MS 200   /* one try's connect, send and reply; doubled per try */
+#define MAX_TIMEOUT_MS 3200
+#define FIRST_PAUSE_MS 50      /* between tries; doubled per try */
+#define MAX_PAUSE_MS 2000
+#define START_BUDGET_MS 30000  /* no try starts after this long */
 #define MAX_LINE 4096
 #define HOST_PID_KEY "\"hostPid\":"
 
@@ -70,17 +79,19 @@ static int reply_host_pid(const char *reply) {
     return (int)pid;
 }
 
-static void exchange(int fd) {
+enum { TRY_REGISTERED, TRY_REFUSED, TRY_FAILED };
+
+static int exchange(int fd, int timeout_ms, int quiet) {
     char line[MAX_LINE], reply[MAX_LINE];
     int length = request_line(line, sizeof line);
-    if (length < 0 || wait_for(fd, POLLOUT, TIMEOUT_MS) != 0 ||
+    if (length < 0 || wait_for(fd, POLLOUT, timeout_ms) != 0 ||
         send(fd, line, (size_t)length, MSG_NOSIGNAL) != length) {
-        shim_log(SHIM_LOG_WARN, "could not send the registration to the node agent");
-        return;
+        if (!quiet) shim_log(SHIM_LOG_WARN, "could not send the registration to the node agent");
+        return TRY_FAILED;
     }
     size_t got = 0;
     while (got < sizeof reply - 1 && memchr(reply, '\n', got) == NULL) {
-        if (wait_for(fd, POLLIN, TIMEOUT_MS) != 0) break;
+        if (wait_for(fd, POLLIN, timeout_ms) != 0) break;
         ssize_t n = recv(fd, reply + got, sizeof reply - 1 - got, 0);
         if (n <= 0) break;
         got += (size_t)n;
@@ -90,22 +101,55 @@ static void exchange(int fd) {
         int host_pid = reply_host_pid(reply);
         if (host_pid > 0) shim_region_set_host_pid(host_pid);
         shim_log(SHIM_LOG_INFO, "registered with the node agent (host pid %d)", host_pid > 0 ? host_pid : (int)getpid());
-    } else shim_log(SHIM_LOG_WARN, "the node agent did not register this process (limits still hold): %.200s",
-                  got ? reply : "no answer");
+        return TRY_REGISTERED;
+    }
+    if (memchr(reply, '\n', got) != NULL) { /* a whole answer that is not a yes: asking again changes nothing */
+        shim_log(SHIM_LOG_WARN, "the node agent did not register this process (limits still hold): %.200s", reply);
+        return TRY_REFUSED;
+    }
+    if (!quiet) shim_log(SHIM_LOG_WARN, "the node agent did not answer the registration in %d ms (limits still hold)",
+                         timeout_ms);
+    return TRY_FAILED;
+}
+
+/* One try: connect, send, read the answer, each step within timeout_ms. */
+static int try_once(const char *socket_path, int timeout_ms, int quiet) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    snprintf(address.sun_path, sizeof address.sun_path, "%s", socket_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return TRY_FAILED;
+    int rc = connect(fd, (struct sockaddr *)&address, sizeof address);
+    if (rc != 0 && (errno == EINPROGRESS || errno == EAGAIN)) rc = wait_for(fd, POLLOUT, timeout_ms);
+    int outcome = TRY_FAILED;
+    if (rc != 0) {
+        if (!quiet) shim_log(SHIM_LOG_WARN, "node agent unreachable at %s (limits still hold)", socket_path);
+    } else outcome = exchange(fd, timeout_ms, quiet);
+    close(fd);
+    return outcome;
+}
+
+static void pause_ms(int ms) {
+    struct timespec pause = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) continue;
 }
 
 static void *register_now(void *unused) {
     (void)unused;
     const struct shim_config *c = shim_config();
-    struct sockaddr_un address = {.sun_family = AF_UNIX};
-    snprintf(address.sun_path, sizeof address.sun_path, "%s", c->socket_path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return NULL;
-    int rc = connect(fd, (struct sockaddr *)&address, sizeof address);
-    if (rc != 0 && (errno == EINPROGRESS || errno == EAGAIN)) rc = wait_for(fd, POLLOUT, TIMEOUT_MS);
-    if (rc != 0) shim_log(SHIM_LOG_WARN, "node agent unreachable at %s (limits still hold)", c->socket_path);
-    else exchange(fd);
-    close(fd);
+    uint64_t started = shim_now_ns(), budget = (uint64_t)START_BUDGET_MS * 1000000ull;
+    int timeout_ms = FIRST_TIMEOUT_MS, wait_ms = FIRST_PAUSE_MS, tries = 0;
+    for (;;) {
+        int outcome = try_once(c->socket_path, timeout_ms, tries > 0); /* the first failure is logged */
+        tries++;
+        if (outcome != TRY_FAILED) return NULL;
+        if (tries == 1) shim_log(SHIM_LOG_INFO, "trying to register again for up to %d s", START_BUDGET_MS / 1000);
+        if (shim_now_ns() - started + (uint64_t)wait_ms * 1000000ull >= budget) break;
+        pause_ms(wait_ms);
+        wait_ms = wait_ms * 2 > MAX_PAUSE_MS ? MAX_PAUSE_MS : wait_ms * 2;
+        timeout_ms = timeout_ms * 2 > MAX_TIMEOUT_MS ? MAX_TIMEOUT_MS : timeout_ms * 2;
+    }
+    shim_log(SHIM_LOG_WARN, "not registered with the node agent after %d tries in %d s (limits still hold)", tries,
+             START_BUDGET_MS / 1000);
     return NULL;
 }
 

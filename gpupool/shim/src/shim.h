@@ -1,7 +1,8 @@
 /*
  * Internal interfaces between the parts of the interception library (one file per job):
  *   log.c       messages on stderr, level from GPUPOOL_SHIM_LOG
- *   config.c    limits and settings read once from the environment
+ *   grant.c     the node's grant: the read-only file the node agent writes (limits no env var can raise)
+ *   config.c    limits and settings read once: the node's grant, lowered (never raised) by the environment
  *   region.c    the per-container shared accounting region (memory.region)
  *   memory.c    per-process table of live allocations, charge and release
  *   compute.c   token bucket and the controller that sets its rate from measured utilisation
@@ -37,7 +38,9 @@ struct shim_config {
     int compute_percent[SHIM_MAX_DEVICES];        /* 1..99; 0: no limit on that device */
     int uuid_count;
     char uuids[SHIM_MAX_DEVICES][SHIM_UUID_LEN];  /* GPUPOOL_CARD_UUIDS, by CUDA ordinal */
-    char dir[PATH_MAX];                           /* where memory.region lives */
+    int granted;                                  /* the node's grant was found: the env can only lower */
+    char dir[PATH_MAX];                           /* where memory.region lives (without a grant) */
+    char region_path[PATH_MAX];                   /* the region file itself */
     char socket_path[108];                        /* sun_path size */
     char token[160];
     char pod[256];
@@ -46,6 +49,31 @@ struct shim_config {
 SHIM_HIDDEN const struct shim_config *shim_config(void);
 /* A size in HAMi-core's notation: digits with an optional k/m/g suffix (1024-based), else bytes. */
 SHIM_HIDDEN int shim_parse_size(const char *text, uint64_t *bytes);
+
+/* elf_symbol.c: a symbol's default definition in one loaded object, from its dynamic table */
+struct link_map;
+SHIM_HIDDEN void *shim_elf_symbol(const struct link_map *map, const char *name);
+SHIM_HIDDEN int shim_same_name(const char *a, const char *b); /* strcmp(a, b) == 0, usable before sanitizers start */
+
+/* symbols.c: glibc's definition of name after this library (RTLD_NEXT from here) */
+SHIM_HIDDEN void *shim_lookup_next(const char *name);
+
+/* grant.c: the file's raw values; config.c reads the lists with the same rules as the env's */
+enum { SHIM_GRANT_ABSENT = 0, SHIM_GRANT_PRESENT = 1, SHIM_GRANT_UNREADABLE = -1 };
+struct shim_grant {
+    char version[8];
+    char memory_mib[SHIM_MAX_DEVICES * 16];       /* comma list, MiB per CUDA ordinal */
+    char compute_percent[SHIM_MAX_DEVICES * 8];   /* comma list, percent; 0: no limit */
+    char compute_mode[8];                         /* hard or soft */
+    char card_uuids[SHIM_MAX_DEVICES * SHIM_UUID_LEN];
+    char region[PATH_MAX];
+    char socket_path[108];
+    char token[160];
+    char pod[256];
+    char container[256];
+};
+SHIM_HIDDEN int shim_read_grant(struct shim_grant *grant);
+SHIM_HIDDEN const char *shim_grant_path(void);
 
 /* region.c */
 SHIM_HIDDEN int shim_region_charge(int dev, uint64_t bytes);   /* 0 or -1 (over the limit) */

@@ -1,8 +1,10 @@
 /*
  * Where calls are caught: symbol interposition (the library is preloaded, so its definitions come
- * first), dlsym (for programs and runtimes that look entry points up by name) and
- * cuGetProcAddress (the CUDA runtime fetches most driver entry points through it). Both lookups
- * hand out the wrapper in place of the driver's function while limits are in force.
+ * first), dlsym and dlvsym (for programs and runtimes that look entry points up by name) and
+ * cuGetProcAddress (the CUDA runtime fetches most driver entry points through it). Every lookup
+ * hands out the wrapper in place of the driver's function while limits are in force, and a lookup
+ * of the lookups themselves (dlsym, dlvsym, dlmopen, through any handle: libc's own, RTLD_NEXT,
+ * another namespace's libc) hands out this library's, so a program cannot fetch an unwrapped one.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -32,20 +34,45 @@ struct hook {
 static struct hook hooks[SHIM_SYMBOL_COUNT] = {SHIM_HOOKS(HOOK_ENTRY) SHIM_HELPERS(HELPER_ENTRY)};
 
 typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlsym_fn real_dlsym;
+static dlvsym_fn real_dlvsym;
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t library_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
 
+EARLY static struct link_map *object_of(const void *address) {
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (address == NULL || !dladdr1(address, &info, (void **)&map, RTLD_DL_LINKMAP)) return NULL;
+    return map;
+}
+
+/* glibc's dlvsym, read from the dynamic table of the first object after this library that defines
+ * it (else of any other): this library's own dlvsym would answer a call by name. Then glibc's
+ * dlsym through it: RTLD_NEXT from here means "after this library". */
 EARLY static void find_real_dlsym(void) {
     static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
-    for (size_t i = 0; i < sizeof versions / sizeof *versions && real_dlsym == NULL; i++)
-        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    struct link_map *self = object_of((const void *)&dlsym), *head = self;
+    for (struct link_map *l = self != NULL ? self->l_next : NULL; l != NULL && real_dlvsym == NULL; l = l->l_next)
+        real_dlvsym = (dlvsym_fn)shim_elf_symbol(l, "dlvsym");
+    while (head != NULL && head->l_prev != NULL) head = head->l_prev;
+    for (struct link_map *l = head; l != NULL && real_dlvsym == NULL; l = l->l_next)
+        if (l != self) real_dlvsym = (dlvsym_fn)shim_elf_symbol(l, "dlvsym");
+    for (size_t i = 0; real_dlvsym != NULL && i < sizeof versions / sizeof *versions && real_dlsym == NULL; i++)
+        real_dlsym = (dlsym_fn)real_dlvsym(RTLD_NEXT, "dlsym", versions[i]);
 }
 
 EARLY static void *lookup_real(void *handle, const char *name) {
     pthread_once(&dlsym_once, find_real_dlsym);
     return real_dlsym == NULL ? NULL : real_dlsym(handle, name);
 }
+
+EARLY static void *lookup_real_versioned(void *handle, const char *name, const char *version) {
+    pthread_once(&dlsym_once, find_real_dlsym);
+    return real_dlvsym == NULL ? NULL : real_dlvsym(handle, name, version);
+}
+
+void *shim_lookup_next(const char *name) { return lookup_real(RTLD_NEXT, name); }
 
 static int library_of(const struct hook *h) { return h->name[0] == 'n' ? LIBRARY_NVML : LIBRARY_CUDA; }
 
@@ -70,27 +97,31 @@ void *shim_real(enum shim_symbol_id id) {
     return __atomic_load_n(&hooks[id].real, __ATOMIC_ACQUIRE);
 }
 
-EARLY static struct link_map *object_of(const void *address) {
-    Dl_info info;
-    struct link_map *map = NULL;
-    if (address == NULL || !dladdr1(address, &info, (void **)&map, RTLD_DL_LINKMAP)) return NULL;
-    return map;
-}
-
 /* dlsym(RTLD_NEXT) means "after the caller", and glibc finds the caller from the return address:
  * called from here it would mean "after this library". Walk the objects after the real caller. */
-EARLY static void *next_after(const void *caller, const char *name) {
+EARLY static void *next_after(const void *caller, const char *name, const char *version) {
     struct link_map *from = object_of(caller), *self = object_of((const void *)&dlsym);
-    if (from == NULL || self == NULL) return lookup_real(RTLD_NEXT, name);
+    if (from == NULL || self == NULL) return version ? lookup_real_versioned(RTLD_NEXT, name, version)
+                                                     : lookup_real(RTLD_NEXT, name);
     for (struct link_map *l = from; l != NULL; l = l->l_next)
-        if (l == self) return lookup_real(RTLD_NEXT, name); /* the caller comes before this library */
+        if (l == self) /* the caller is this library or comes before it */
+            return version ? lookup_real_versioned(RTLD_NEXT, name, version) : lookup_real(RTLD_NEXT, name);
     for (struct link_map *l = from->l_next; l != NULL; l = l->l_next) {
         void *handle = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
         if (handle == NULL) continue;
-        void *found = lookup_real(handle, name);
+        void *found = version ? lookup_real_versioned(handle, name, version) : lookup_real(handle, name);
         dlclose(handle);
         if (found != NULL && object_of(found) == l) return found;
     }
+    return NULL;
+}
+
+/* This library's own lookup functions by name, for a lookup of a lookup. */
+EARLY static void *own_lookup(const char *name) {
+    if (name[0] != 'd' || name[1] != 'l') return NULL;
+    if (shim_same_name(name, "dlsym")) return (void *)&dlsym;
+    if (shim_same_name(name, "dlvsym")) return (void *)&dlvsym;
+    if (shim_same_name(name, "dlmopen")) return (void *)&dlmopen;
     return NULL;
 }
 
@@ -101,13 +132,29 @@ EARLY static const struct hook *wrapper_named(const char *name) {
     return NULL;
 }
 
+/* What a lookup hands out for name, given what glibc found (found, NULL when nothing). */
+EARLY static void *substitute_found(const char *name, void *found) {
+    if (found == NULL || name == NULL) return found;
+    const struct hook *h = wrapper_named(name);
+    if (h != NULL) return shim_config()->enabled ? h->wrapper : found;
+    /* Whoever asks, the main program or a library preloaded before this one: glibc's own would be
+     * a lookup that never sees the wrappers. */
+    void *own = own_lookup(name);
+    return own != NULL && shim_config()->enabled ? own : found;
+}
+
 EARLY __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
     const void *caller = __builtin_return_address(0);
-    void *found;
-    if (handle == RTLD_NEXT) found = next_after(caller, name);
-    else found = lookup_real(handle, name);
-    const struct hook *h = found != NULL ? wrapper_named(name) : NULL;
-    return h != NULL && shim_config()->enabled ? h->wrapper : found;
+    void *found = handle == RTLD_NEXT ? next_after(caller, name, NULL) : lookup_real(handle, name);
+    return substitute_found(name, found);
+}
+
+/* dlvsym names a version; an object without symbol versions (the driver) answers any version. */
+EARLY __attribute__((visibility("default"))) void *dlvsym(void *handle, const char *name, const char *version) {
+    const void *caller = __builtin_return_address(0);
+    void *found = handle == RTLD_NEXT ? next_after(caller, name, version)
+                                      : lookup_real_versioned(handle, name, version);
+    return substitute_found(name, found);
 }
 
 /* The wrapper for what the driver returned: by address first, else by name and version. */

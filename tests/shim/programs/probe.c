@@ -3,11 +3,16 @@
  * from one of three places, so each path into the library is tested on its own:
  *   symbol       the program is linked against libcuda.so.1 and calls it by name;
  *   dlsym        dlopen("libcuda.so.1") + dlsym(name);
- *   procaddress  only cuGetProcAddress_v2 is looked up; everything else comes through it.
+ *   procaddress  only cuGetProcAddress_v2 is looked up; everything else comes through it;
+ * and three ways around a library that replaces dlsym (each uses the dlsym it got for every name):
+ *   libcdlsym    dlsym fetched from libc's own handle;
+ *   vdlsym       dlsym fetched with dlvsym from libc's handle;
+ *   mopen        the driver loaded with dlmopen(LM_ID_NEWLM), names looked up with the dlsym of
+ *                that namespace's own libc.
  * Usage: probe MODE STEP... ; each step prints one line "<step> <CUresult> [values]".
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
- *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid
+ *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid  nsload:PATH
  *        defpool  mkpool[:DEV]  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  claunch:N  endcapture   (on a stream of its own, captured into a graph)
@@ -124,8 +129,11 @@ static unsigned long long grabbed_size;
 static int grabbed_count;
 static int handle_count;
 
+typedef void *(*lookup_fn)(void *, const char *);
+static lookup_fn lookup = dlsym;
+
 static void *resolve_dlsym(void *library, const char *name) {
-    void *found = dlsym(library, name);
+    void *found = lookup(library, name);
     if (found == NULL) fprintf(stderr, "probe: %s not found\n", name);
     return found;
 }
@@ -140,17 +148,17 @@ static void *resolve_proc(void *getter, const char *name, cuuint64_t flags, int 
 
 #define FILL(field, symbol, base)                                                                      \
     api.field = mode == 's' ? &symbol                                                                   \
-                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                : mode != 'p' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
                               : (__typeof__(&symbol))resolve_proc(getter, base, 0, CUDA_VERSION_ASKED)
 /* A v1 entry point: through cuGetProcAddress, the base name asked for by a CUDA 3.1 program. */
 #define FILL_V1(field, symbol)                                                                          \
     api.field = mode == 's' ? &symbol                                                                   \
-                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                : mode != 'p' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
                               : (__typeof__(&symbol))resolve_proc(getter, #symbol, 0, CUDA_VERSION_V1)
 /* A _ptsz entry point: through cuGetProcAddress, the base name asked for per-thread streams. */
 #define FILL_PTSZ(field, symbol, base)                                                                 \
     api.field = mode == 's' ? &symbol                                                                   \
-                : mode == 'd' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                : mode != 'p' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
                               : (__typeof__(&symbol))resolve_proc(getter, base,                         \
                                                                   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, \
                                                                   CUDA_VERSION_ASKED)
@@ -158,9 +166,23 @@ static void *resolve_proc(void *getter, const char *name, cuuint64_t flags, int 
 static void fill(char mode) {
     void *library = NULL, *getter = NULL;
     if (mode != 's') {
-        library = dlopen("libcuda.so.1", RTLD_NOW);
+        library = mode == 'm' ? dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW) : dlopen("libcuda.so.1", RTLD_NOW);
         if (library == NULL) {
             fprintf(stderr, "probe: %s\n", dlerror());
+            exit(3);
+        }
+        void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        if (mode == 'l') lookup = (lookup_fn)dlsym(libc, "dlsym");
+        if (mode == 'v') lookup = (lookup_fn)dlvsym(libc, "dlsym", "GLIBC_2.34");
+        if (mode == 'v' && lookup == NULL) lookup = (lookup_fn)dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+        if (mode == 'm') {
+            Lmid_t space = LM_ID_BASE;
+            dlinfo(library, RTLD_DI_LMID, &space);
+            void *own_libc = dlmopen(space, "libc.so.6", RTLD_NOW);
+            lookup = own_libc != NULL ? (lookup_fn)dlsym(own_libc, "dlsym") : NULL;
+        }
+        if (lookup == NULL) {
+            fprintf(stderr, "probe: no dlsym for mode %c\n", mode);
             exit(3);
         }
         getter = dlsym(library, "cuGetProcAddress_v2");
@@ -567,6 +589,9 @@ static void step(const char *text) {
         printf(" %d", rc);
     } else if (strcmp(verb, "ppid") == 0) {
         printf(" 0 %d", (int)getppid());
+    } else if (strcmp(verb, "nsload") == 0) { /* dlmopen(LM_ID_NEWLM, PATH): 0 loaded, 1 refused */
+        void *other = dlmopen(LM_ID_NEWLM, argument, RTLD_NOW);
+        printf(" %d", other == NULL);
     } else if (strcmp(verb, "sleep") == 0) {
         usleep((useconds_t)atoi(argument) * 1000);
         printf(" 0");
@@ -584,8 +609,8 @@ static void step(const char *text) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strchr("sdp", argv[1][0]) == NULL) {
-        fprintf(stderr, "usage: probe symbol|dlsym|procaddress STEP...\n");
+    if (argc < 2 || strchr("sdplvm", argv[1][0]) == NULL) {
+        fprintf(stderr, "usage: probe symbol|dlsym|procaddress|libcdlsym|vdlsym|mopen STEP...\n");
         return 2;
     }
     fill(argv[1][0]);
