@@ -27,24 +27,26 @@ from gpupool.netguard.gate import Admitted, ConnectionGate
 from gpupool.netguard.limits import ServerLimits
 
 _HEADER_ENDS = (b"\r\n\r\n", b"\n\n")
-TLS_READ_BUFFER = 64 * 1024
+TLS_READ_BUFFER = 32 * 1024
 """asyncio reads TLS into a 256 KiB buffer allocated per connection, before the handshake: most of
 the ~240 KB per silent connection measured in issue 28. A TLS record is at most 16 KiB."""
 
 
 class HeaderWatch(asyncio.Protocol):
-    """Forwards to ``inner``; closes the connection if its first header block is late."""
+    """Forwards to the server's protocol, made only once the connection is admitted (and, under TLS,
+    its handshake done: a silent connection costs no HTTP parser); closes the connection if its
+    first header block is late."""
 
-    def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate, header_timeout_s: float,
+    def __init__(self, server: Callable[[], asyncio.Protocol], gate: ConnectionGate, header_timeout_s: float,
                  owns_place: bool = True) -> None:
         """``owns_place``: take the gate's place here (plain); else the TLS layer below holds it and
         hands it over through :attr:`admitted` before the handshake starts."""
-        self._inner = inner
+        self._server = server
+        self._inner: asyncio.Protocol | None = None
         self._gate = gate
         self._timeout_s = header_timeout_s
         self.admitted: Admitted | None = None
         self._owns_place = owns_place
-        self._connected = False
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
 
@@ -54,7 +56,7 @@ class HeaderWatch(asyncio.Protocol):
             if self.admitted is None:
                 transport.abort()  # type: ignore[attr-defined]
                 return
-        self._connected = True
+        self._inner = self._server()
         self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._late)
         self._inner.connection_made(transport)
 
@@ -73,16 +75,19 @@ class HeaderWatch(asyncio.Protocol):
                     self._gate.activate(self.admitted)
             else:
                 self._tail = seen[-3:]
-        self._inner.data_received(data)
+        if self._inner is not None:
+            self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._connected else None
+        return self._inner.eof_received() if self._inner is not None else None
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if self._inner is not None:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        if self._inner is not None:
+            self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
@@ -90,9 +95,9 @@ class HeaderWatch(asyncio.Protocol):
             self._timer = None
         if self._owns_place and self.admitted is not None:
             self._gate.release(self.admitted)
-        if self._connected:
-            self._connected = False
-            self._inner.connection_lost(exc)
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.connection_lost(exc)
 
 
 class GatedTls(SSLProtocol):
@@ -130,11 +135,11 @@ def gated_factory(server: Callable[[], asyncio.Protocol], gate: ConnectionGate, 
     loop = asyncio.get_running_loop()
 
     def plain() -> asyncio.BaseProtocol:
-        return HeaderWatch(server(), gate, limits.header_timeout_s)
+        return HeaderWatch(server, gate, limits.header_timeout_s)
 
     def tls() -> asyncio.BaseProtocol:
         assert context is not None
-        watch = HeaderWatch(server(), gate, limits.header_timeout_s, owns_place=False)
+        watch = HeaderWatch(server, gate, limits.header_timeout_s, owns_place=False)
         return GatedTls(loop, watch, context, gate, limits.handshake_timeout_s)
 
     return plain if context is None else tls

@@ -21,9 +21,10 @@ from gpupool.netguard.summary_log import SummaryLog
 
 log = logging.getLogger(__name__)
 
-BACKLOG = 1024
-"""Connections the kernel queues before they are accepted (and asyncio's most accepted per turn of its
-loop): room for a flood's burst, so a real client's connect is queued rather than refused."""
+BACKLOG = 128
+"""Connections the kernel queues before they are accepted, which is also the most asyncio accepts in
+one turn of its loop: each accepted connection holds its TLS layer until the gate decides, so a
+larger batch raises the peak memory of a flood (aiohttp's default)."""
 
 def bounded_runner(app: web.Application, limits: ServerLimits, **kwargs: Any) -> web.AppRunner:
     """``web.AppRunner`` whose connections close after ``limits.idle_timeout_s`` between requests."""

@@ -57,7 +57,9 @@ def test_a_valid_registration_completes_while_1000_idle_connections_are_held() -
 
     took, ok, still_open = asyncio.run(main())
     assert ok
-    assert took < 1.0, f"the registration took {took:.2f} s behind {IDLE} idle connections"
+    # before: 64 slots held 2 s each, 29.5 s; unloaded, bench/silent_connections.py measures a few ms; the
+    # bound leaves room for a CI machine shared by other jobs
+    assert took < 3.0, f"the registration took {took:.2f} s behind {IDLE} idle connections"
     assert still_open <= MAX_CONNECTIONS, "the server held more idle connections than its cap"
 
 
@@ -93,7 +95,7 @@ def test_a_registration_gets_through_idle_connections_that_keep_coming_back() ->
             return took
 
     took = asyncio.run(main())
-    assert max(took) < 1.0, took
+    assert max(took) < 3.0, took
 
 
 def test_the_line_deadline_is_short() -> None:
