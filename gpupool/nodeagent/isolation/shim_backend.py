@@ -3,9 +3,12 @@
 At Allocate the container gets (paths in :mod:`gpupool.api.shim_contract`): the library (its copy
 under the state directory, a host path), read-only;
 an ``/etc/ld.so.preload`` naming it, read-only (so even a process started without the container's
-environment loads it); its own directory, read-write, holding its token; and the agent's socket
+environment loads it); its own directory, read-only, holding its grant (the limits the library
+enforces whatever the environment says), its token and its accounting region; that region file
+again, read-write, as a mount of its own (writable, not deletable); and the agent's socket
 directory, read-only. Every call for one container returns the same, because the token is derived
-from (pod UID, container) and the directory is made idempotently.
+from (pod UID, container), the grant from the pod's assignment, and the files are made
+idempotently.
 
 In the background the agent serves the registration socket and, every :data:`SWEEP_INTERVAL_S`,
 removes the directories (and forgets the tokens and processes) of containers whose pod kubelet has
@@ -25,9 +28,13 @@ from gpupool.api import environment as env
 from gpupool.api.shim_contract import (
     CONTAINER_AGENT_SOCKET,
     CONTAINER_AGENT_SOCKET_DIR,
+    CONTAINER_GRANT_DIR,
     CONTAINER_LIBRARY_PATH,
+    CONTAINER_REGION_PATH,
     CONTAINER_SHIM_DIR,
     PRELOAD_PATH,
+    REGION_FILE,
+    encode_grant,
 )
 from gpupool.nodeagent.container_grant import GrantError
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend, LivePods
@@ -40,6 +47,7 @@ from gpupool.nodeagent.isolation.shim_files import (
     prepare_node,
     remove_container,
 )
+from gpupool.nodeagent.isolation.shim_grant import node_grant
 from gpupool.nodeagent.isolation.shim_registry import ContainerKey, ShimRegistry
 from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits, RegistrationServer
 from gpupool.nodeagent.isolation.tokens import TokenSigner, load_or_create_secret
@@ -80,8 +88,9 @@ class ShimEnforcement:
 
     def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
         token = self._signer.token(pod.uid, container)
+        grant = encode_grant(node_grant(pod, container, token, self.compute_mode))
         try:
-            host_dir = prepare_container(self.layout, pod.uid, container, token)
+            host_dir = prepare_container(self.layout, pod.uid, container, token, grant)
         except ShimFileError as exc:
             raise GrantError(f"{pod.namespace}/{pod.name}/{container}: {exc}") from None
         self.registry.issue(token, pod.uid, container, pod.namespace, pod.name)
@@ -89,7 +98,8 @@ class ShimEnforcement:
                 env.SHIM_TOKEN: token, env.COMPUTE_MODE: self.compute_mode}
         mounts = (Mount(self.library, CONTAINER_LIBRARY_PATH, read_only=True),
                   Mount(self.layout.preload, PRELOAD_PATH, read_only=True),
-                  Mount(host_dir, CONTAINER_SHIM_DIR, read_only=False),
+                  Mount(host_dir, CONTAINER_GRANT_DIR, read_only=True),
+                  Mount(os.path.join(host_dir, REGION_FILE), CONTAINER_REGION_PATH, read_only=False),
                   Mount(self.layout.socket_dir, CONTAINER_AGENT_SOCKET_DIR, read_only=True))
         return GrantExtras(envs, mounts)
 

@@ -6,7 +6,10 @@
     <state>/shim/ld.so.preload                one line naming the library in the container
     <state>/shim/libgpupool-shim.so           the library, copied here at start (see below)
     <state>/agent-socket/agent.sock           the registration socket (its directory is mounted)
-    <state>/containers/<pod-uid>_<container>/ one per container with a share (mounted read-write)
+    <state>/containers/<pod-uid>_<container>/ one per container with a share (0755, root's):
+        grant          what the node grants it (0644), the library's limits
+        token          its registration token (0644)
+        memory.region  its accounting region (0666), created here at its full size
 
 A per-container directory is keyed by pod UID and container name, neither of which may contain
 ``_`` (a UID is hex and dashes in practice, opaque by contract, so any UID without ``_``, ``/`` or a
@@ -16,9 +19,11 @@ a path in the agent's own filesystem, which on a DaemonSet is the agent's image,
 container runtime bind-mounts from; the state directory is a host path seen at the same place. A
 changed library replaces the copy atomically: running containers keep the inode they mounted.
 
-Only that container mounts it, so it may be writable by any user in the container
-(the library's first process creates the accounting region there); the ``containers`` directory
-above it is root-only, so nobody else on the host reaches it.
+Only that container mounts it: the directory read-only (so nothing in it can be deleted, replaced
+or rewritten from inside, the grant included), and the region file alone read-write, as a mount of
+its own (a mount point cannot be unlinked or renamed over), because every process of the
+container writes its account there. The ``containers`` directory above is root-only, so nobody
+else on the host reaches them.
 """
 
 from __future__ import annotations
@@ -31,14 +36,16 @@ import secrets
 import shutil
 from dataclasses import dataclass
 
-from gpupool.api.shim_contract import AGENT_SOCKET_NAME, PRELOAD_LINE, TOKEN_FILE
+from gpupool.api.shim_contract import AGENT_SOCKET_NAME, GRANT_FILE, PRELOAD_LINE, REGION_FILE, TOKEN_FILE
+from gpupool.shim.region import SIZE as REGION_BYTES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = "/var/lib/gpupool"
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,127}$")  # UUIDs in practice; never "_", "/" or ".."
 _CONTAINER = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_CONTAINER_DIR_MODE = 0o777  # the container's user may be anyone; only that container mounts it
+_CONTAINER_DIR_MODE = 0o755  # mounted read-only; only the region file in it is writable (its own mount)
+_REGION_MODE = 0o666  # the container's user may be anyone; only that container mounts it
 
 
 class ShimFileError(OSError):
@@ -127,16 +134,35 @@ def write_if_changed(path: str, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def prepare_container(layout: ShimLayout, pod_uid: str, container: str, token: str) -> str:
-    """The container's directory with its token file; the same result however often it is called."""
+def prepare_container(layout: ShimLayout, pod_uid: str, container: str, token: str, grant: str) -> str:
+    """The container's directory with its token, grant and region; the same result however often
+    it is called (an existing region is never touched: it holds the container's account)."""
     path = layout.container_dir(pod_uid, container)
     try:
         os.makedirs(path, exist_ok=True)
         os.chmod(path, _CONTAINER_DIR_MODE)
         write_if_changed(os.path.join(path, TOKEN_FILE), token + "\n", 0o644)
+        write_if_changed(os.path.join(path, GRANT_FILE), grant, 0o644)
+        create_region(os.path.join(path, REGION_FILE))
     except OSError as exc:
         raise ShimFileError(f"cannot prepare {path}: {exc.strerror or exc}") from None
     return path
+
+
+def create_region(path: str) -> None:
+    """Create an empty region file of the library's size unless one exists. The library
+    initialises a zero-filled file; under a grant it never creates one itself (the container's
+    copy is a bind mount of this file, and a file it could create it could also delete)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _REGION_MODE)
+    except FileExistsError:
+        os.chmod(path, _REGION_MODE)
+        return
+    try:
+        os.ftruncate(fd, REGION_BYTES)
+        os.fchmod(fd, _REGION_MODE)  # past the umask
+    finally:
+        os.close(fd)
 
 
 def existing_containers(layout: ShimLayout) -> list[tuple[str, str]]:

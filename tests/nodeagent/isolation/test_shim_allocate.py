@@ -9,7 +9,12 @@ import random
 from pathlib import Path
 
 from gpupool.api import environment as env
-from gpupool.api.shim_contract import CONTAINER_SHIM_DIR, TOKEN_FILE
+from gpupool.api.shim_contract import (
+    CONTAINER_GRANT_DIR,
+    CONTAINER_REGION_PATH,
+    TOKEN_FILE,
+    decode_grant,
+)
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
@@ -18,8 +23,8 @@ from gpupool.testing.node_workload import generate
 from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import fake_pod, running_node
 
-CONTAINER_PATHS = {"/usr/local/gpupool/lib/libgpupool-shim.so", "/etc/ld.so.preload", "/var/run/gpupool",
-                   "/var/run/gpupool-agent"}
+CONTAINER_PATHS = {"/usr/local/gpupool/lib/libgpupool-shim.so", "/etc/ld.so.preload", "/etc/gpupool",
+                   "/var/run/gpupool/memory.region", "/var/run/gpupool-agent"}
 
 
 def test_concurrent_admission_gives_each_container_its_own_exact_mounts(tmp_path: Path) -> None:
@@ -50,10 +55,17 @@ def test_concurrent_admission_gives_each_container_its_own_exact_mounts(tmp_path
                     run = fake.runs[a.container]
                     assert not run.conflicts, run.conflicts
                     assert set(run.mounts) == CONTAINER_PATHS, run.mounts
-                    host_dir, read_only = run.mounts[CONTAINER_SHIM_DIR]
-                    assert (host_dir, read_only) == (str(state / "containers" / f"{fake.uid}_{a.container}"), False)
+                    host_dir, read_only = run.mounts[CONTAINER_GRANT_DIR]
+                    assert (host_dir, read_only) == (str(state / "containers" / f"{fake.uid}_{a.container}"), True)
+                    assert run.mounts[CONTAINER_REGION_PATH] == (f"{host_dir}/memory.region", False)
                     token = run.envs[env.SHIM_TOKEN]
                     assert Path(host_dir, TOKEN_FILE).read_text() == token + "\n"
+                    grant = decode_grant(Path(host_dir, "grant").read_text())
+                    assert grant.token == token and grant.container == a.container
+                    # the grant binds what the environment says, card by card
+                    assert ",".join(map(str, grant.memory_mib)) == run.envs[env.MEMORY_LIMIT_MIB]
+                    assert ",".join(map(str, grant.compute_percent)) == run.envs[env.COMPUTE_PERCENT]
+                    assert ",".join(grant.card_uuids) == run.envs[env.CARD_UUIDS]
                     assert shim.registry.owner(token) is not None
                     tokens.add(token)
             assert len(tokens) == sum(len(p.placement.containers) for p in pods)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from gpupool.api import environment as env
-from gpupool.api.shim_contract import RegisterRequest, decode_reply, encode_request
+from gpupool.api.shim_contract import NodeGrant, RegisterRequest, decode_grant, decode_reply, encode_request
+from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.nodeagent.container_grant import GrantError
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
-from gpupool.nodeagent.types import Mount, PodView
+from gpupool.nodeagent.types import Mount, NodeAssignment, PodView
 from tests.nodeagent.isolation.shim_client import exchange
 
 UID = "0f3c9a2e-1b7d-4c1e-9a55-3f2b8c7d6e10"
@@ -25,7 +26,12 @@ UID2 = "1f3c9a2e-1b7d-4c1e-9a55-3f2b8c7d6e10"
 
 
 def pod(uid: str = UID, name: str = "p") -> PodView:
-    return PodView("ns", name, uid, "node-a", 0.0, False, ())
+    """A pod whose containers main and side hold 4 GiB and 30 % of card 1 and 2 GiB of card 3."""
+    slices = (CardSlice(1, 4096, 300), CardSlice(3, 2048, 0))
+    placement = Placement(f"ns/{name}", "node-a", 0, 0, (ContainerAssignment("main", slices),
+                                                         ContainerAssignment("side", slices[:1])))
+    return PodView("ns", name, uid, "node-a", 0.0, False, (),
+                   assignment=NodeAssignment(placement, {1: "GPU-one", 3: "GPU-three"}))
 
 
 class Clock:
@@ -52,7 +58,8 @@ def test_the_grant_carries_the_mounts_and_variables_of_the_contract(tmp_path: Pa
     assert extras.mounts == (
         Mount(str(state / "shim" / "libgpupool-shim.so"), "/usr/local/gpupool/lib/libgpupool-shim.so", True),
         Mount(str(state / "shim" / "ld.so.preload"), "/etc/ld.so.preload", True),
-        Mount(host_dir, "/var/run/gpupool", False),
+        Mount(host_dir, "/etc/gpupool", True),
+        Mount(f"{host_dir}/memory.region", "/var/run/gpupool/memory.region", False),
         Mount(str(state / "agent-socket"), "/var/run/gpupool-agent", True),
     )
     token = extras.envs[env.SHIM_TOKEN]
@@ -60,6 +67,44 @@ def test_the_grant_carries_the_mounts_and_variables_of_the_contract(tmp_path: Pa
                            env.SHIM_TOKEN: token, env.COMPUTE_MODE: "soft"}
     assert Path(host_dir, "token").read_text() == token + "\n"
     assert Path(state / "shim" / "ld.so.preload").read_text() == "/usr/local/gpupool/lib/libgpupool-shim.so\n"
+
+
+def test_the_grant_file_holds_the_assignment_and_only_the_region_is_writable(tmp_path: Path) -> None:
+    """The library's limits come from this file, mounted read-only: the environment cannot raise them."""
+    shim = backend(tmp_path / "state", mode="soft")
+    extras = shim.grant_extras(pod(), "main")
+    host_dir = Path(extras.mounts[2].host_path)
+    grant = decode_grant((host_dir / "grant").read_text())
+    assert grant == NodeGrant(memory_mib=(4096, 2048), compute_percent=(30, 0), compute_mode="soft",
+                              card_uuids=("GPU-one", "GPU-three"), region="/var/run/gpupool/memory.region",
+                              socket="/var/run/gpupool-agent/agent.sock", token=extras.envs[env.SHIM_TOKEN],
+                              pod="ns/p", container="main")
+    side = Path(shim.grant_extras(pod(), "side").mounts[2].host_path)
+    assert decode_grant((side / "grant").read_text()).memory_mib == (4096,)
+    writable = [m.container_path for m in extras.mounts if not m.read_only]
+    assert writable == ["/var/run/gpupool/memory.region"]
+    assert oct(host_dir.stat().st_mode & 0o777) == "0o755"  # nothing in it can be deleted or replaced
+    assert oct((host_dir / "grant").stat().st_mode & 0o777) == "0o644"
+    region = host_dir / "memory.region"
+    assert region.stat().st_size == 39552 and oct(region.stat().st_mode & 0o777) == "0o666"
+
+
+def test_an_existing_region_is_never_reset_by_a_later_grant(tmp_path: Path) -> None:
+    """Allocate runs once per resource and again after an agent restart: the account stays."""
+    shim = backend(tmp_path / "state")
+    region = Path(shim.grant_extras(pod(), "main").mounts[3].host_path)
+    region.write_bytes(b"\x01" * 39552)
+    shim.grant_extras(pod(), "main")
+    backend(tmp_path / "state").grant_extras(pod(), "main")
+    assert region.read_bytes() == b"\x01" * 39552
+
+
+def test_a_container_without_an_assignment_gets_no_grant(tmp_path: Path) -> None:
+    shim = backend(tmp_path / "state")
+    with pytest.raises(GrantError, match="ns/p/other: no assignment"):
+        shim.grant_extras(pod(), "other")
+    with pytest.raises(GrantError, match="no assignment"):
+        shim.grant_extras(PodView("ns", "p", UID, "node-a", 0.0, False, ()), "main")
 
 
 def test_every_call_for_a_container_gives_the_same_grant_and_containers_differ(tmp_path: Path) -> None:
@@ -156,3 +201,12 @@ def test_the_library_is_copied_to_a_host_path_and_replaced_when_it_changes(tmp_p
     ShimEnforcement(str(tmp_path / "libgpupool-shim.so"), ShimLayout(str(tmp_path / "state")),
                     ShimRegistry(lambda _: CgroupIdentity(Runtime.UNKNOWN)))
     assert copy.read_bytes() == b"\x7fELF v2" and copy.stat().st_ino != inode
+
+
+def test_the_library_reads_the_grant_where_the_agent_mounts_it() -> None:
+    """The path is compiled into the library (never from the environment): both sides must agree."""
+    from gpupool.api.shim_contract import CONTAINER_GRANT_PATH
+    from gpupool.shim.build import SOURCE_DIR
+
+    source = (SOURCE_DIR / "grant.c").read_text()
+    assert f'#define SHIM_GRANT_PATH "{CONTAINER_GRANT_PATH}"' in source

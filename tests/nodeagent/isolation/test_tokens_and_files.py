@@ -71,13 +71,15 @@ def test_node_files(tmp_path: Path) -> None:
 def test_container_directory_is_made_once_and_holds_the_token(tmp_path: Path) -> None:
     layout = ShimLayout(str(tmp_path))
     prepare_node(layout)
-    path = prepare_container(layout, UID, "main", "ab" * 32)
+    path = prepare_container(layout, UID, "main", "ab" * 32, "version=1\n")
     assert path == str(tmp_path / "containers" / f"{UID}_main")
     assert Path(path, "token").read_text() == "ab" * 32 + "\n"
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o777
-    Path(path, "memory.region").write_bytes(b"\0" * 64)  # what the library leaves there
-    assert prepare_container(layout, UID, "main", "ab" * 32) == path
-    assert Path(path, "memory.region").exists()
+    assert Path(path, "grant").read_text() == "version=1\n"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755  # mounted read-only; was world-writable
+    assert Path(path, "memory.region").stat().st_size == 39552  # made by the agent, at its full size
+    Path(path, "memory.region").write_bytes(b"\1" * 39552)  # what the container's processes account
+    assert prepare_container(layout, UID, "main", "ab" * 32, "version=1\n") == path
+    assert Path(path, "memory.region").read_bytes() == b"\1" * 39552
     assert existing_containers(layout) == [(UID, "main")]
     remove_container(layout, UID, "main")
     assert existing_containers(layout) == []
