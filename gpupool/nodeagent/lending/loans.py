@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpupool.api.lending import LendableCard, Priority
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.durable import write_json_atomically
 from gpupool.nodeagent.lending.pods import LendingPod
 from gpupool.nodeagent.lending.rules import ContainerKey
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
@@ -96,7 +95,8 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
 
 
 class LoanFile:
-    """The loans on disk (JSON, written by rename); a missing or unreadable file is no loans."""
+    """The loans on disk (JSON, written atomically: :mod:`~gpupool.nodeagent.lending.durable`); a missing or
+    unreadable file is no loans."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -122,13 +122,4 @@ class LoanFile:
             {"card": x.card, "uuid": x.uuid, "path": x.path, "owners": sorted(x.owners), "memoryMiB": x.memory_mib,
              "computePercent": x.compute_percent, "idleSince": x.idle_since}
             for x in sorted(loans, key=lambda x: x.card)]}
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".lending.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh)
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_json_atomically(self.path, doc, ".lending.")

@@ -11,6 +11,11 @@ then the pod is evicted through the Eviction API (deleted if eviction is refused
 event with reason ``GpuReclaimed``, so its controller makes a new pod and a user reads why.
 
 One reclaim per pod at a time: asking again while one is in flight returns the running one.
+
+Each step is handed to ``on_step`` as it is passed (the service writes it to the reclaim journal,
+:mod:`~gpupool.nodeagent.lending.reclaim_journal`), and an order can resume from a step a previous
+agent reached: a pod already signalled is not signalled again and keeps its deadline, one whose
+deadline passed is killed at once, one already stopped is only evicted.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Protocol
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, RECLAIMED_REASON
 from gpupool.nodeagent.lending.cuda_suspend import Suspension
 from gpupool.nodeagent.lending.processes import PodProcesses, ProcessControl
+from gpupool.nodeagent.lending.reclaim_journal import ReclaimStep
 from gpupool.nodeagent.lending.rules import PodKey
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,10 @@ class ReclaimOrder:
     processes: PodProcesses
     why: str
     deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
+    resume: ReclaimStep = ReclaimStep.RECORDED
+    """The step a previous agent reached (``RECORDED``: a fresh reclaim)."""
+    signalled_at: float | None = None
+    """Wall-clock time a previous agent sent the checkpoint signal (the deadline counts from it)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class ReclaimResult:
 
 
 StoppedHook = Callable[[PodKey], Awaitable[None]]
+StepHook = Callable[[PodKey, ReclaimStep, "float | None"], None]
+"""Told each step a reclaim passes (and, for ``SIGNALLED``, the wall-clock time); must not raise."""
 
 
 class Reclaimer:
@@ -88,7 +100,8 @@ class Reclaimer:
 
     def __init__(self, processes: ProcessControl, evictor: PodEvictor, *, on_stopped: StoppedHook | None = None,
                  on_done: Callable[[ReclaimResult], None] | None = None, poll_s: float = POLL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic, suspender: CudaSuspender | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, suspender: CudaSuspender | None = None,
+                 on_step: StepHook | None = None, wall: Callable[[], float] = time.time) -> None:
         self._processes = processes
         self._evictor = evictor
         self._on_stopped = on_stopped
@@ -96,6 +109,9 @@ class Reclaimer:
         self._poll = poll_s
         self._clock = clock
         self._suspender = suspender
+        self._wall = wall
+        self.on_step = on_step
+        """Where the steps go (the lending service sets its journal here when none was given)."""
         self.in_flight: dict[PodKey, asyncio.Task[ReclaimResult]] = {}
         self.results: list[ReclaimResult] = []
 
@@ -111,26 +127,23 @@ class Reclaimer:
     async def _run(self, order: ReclaimOrder) -> ReclaimResult:
         namespace, name = order.pod
         try:
-            log.warning("reclaiming the GPU of %s/%s: %s", namespace, name, order.why)
+            if order.resume is ReclaimStep.RECORDED:
+                log.warning("reclaiming the GPU of %s/%s: %s", namespace, name, order.why)
+            else:
+                log.warning("resuming the reclaim of %s/%s after a restart of the agent (it had reached %s): %s",
+                            namespace, name, order.resume.label, order.why)
+            # a resumed order still sweeps the pod: a container restarted meanwhile is killed too
             signalled, killed, stopped_s, suspended = await self.stop(order)
+            self._step(order.pod, ReclaimStep.STOPPED)
             if self._on_stopped is not None:
                 try:
                     await self._on_stopped(order.pod)
                 except Exception:
                     log.exception("after stopping %s/%s: updating the lent devices failed", namespace, name)
-            message = (f"GPU reclaimed: {order.why}. {signalled} process(es) got {CHECKPOINT_SIGNAL.name} "
-                       f"to write a checkpoint within {order.deadline_s:g} s, {killed} killed after the deadline")
-            if suspended:
-                message += f" ({suspended} with their CUDA state suspended by cuda-checkpoint first)"
-            try:
-                await self._evictor.warn(namespace, name, RECLAIMED_REASON, message)
-            except Exception as exc:
-                log.warning("could not post %s on %s/%s: %s", RECLAIMED_REASON, namespace, name, exc)
-            try:
-                api = await self._evictor.evict(namespace, name)
-            except Exception as exc:  # the processes are gone either way; the pod shows why
-                log.error("could not evict %s/%s: %s", namespace, name, exc)
-                api = f"error: {exc}"
+            api = "evicted before the restart"
+            if order.resume < ReclaimStep.EVICTED:
+                api = await self._evict(order, self._message(order, signalled, killed, suspended))
+                self._step(order.pod, ReclaimStep.EVICTED)
             result = ReclaimResult(order.pod, signalled, killed, stopped_s, api, suspended)
             self.results.append(result)
             log.warning("reclaimed %s/%s: %d signalled, %d killed, stopped in %.2f s, %s", namespace, name,
@@ -141,18 +154,60 @@ class Reclaimer:
         finally:
             self.in_flight.pop(order.pod, None)
 
+    @staticmethod
+    def _message(order: ReclaimOrder, signalled: int, killed: int, suspended: int) -> str:
+        message = (f"GPU reclaimed: {order.why}. {signalled} process(es) got {CHECKPOINT_SIGNAL.name} "
+                   f"to write a checkpoint within {order.deadline_s:g} s, {killed} killed after the deadline")
+        if suspended:
+            message += f" ({suspended} with their CUDA state suspended by cuda-checkpoint first)"
+        if order.resume is not ReclaimStep.RECORDED:
+            message += f" (finished by a restarted node agent; the previous one had reached {order.resume.label})"
+        return message
+
+    async def _evict(self, order: ReclaimOrder, message: str) -> str:
+        namespace, name = order.pod
+        try:
+            await self._evictor.warn(namespace, name, RECLAIMED_REASON, message)
+        except Exception as exc:
+            log.warning("could not post %s on %s/%s: %s", RECLAIMED_REASON, namespace, name, exc)
+        try:
+            return await self._evictor.evict(namespace, name)
+        except Exception as exc:  # the processes are gone either way; the pod shows why
+            log.error("could not evict %s/%s: %s", namespace, name, exc)
+            return f"error: {exc}"
+
+    def _step(self, pod: PodKey, step: ReclaimStep, at: float | None = None) -> None:
+        if self.on_step is None:
+            return
+        try:
+            self.on_step(pod, step, at)
+        except Exception:  # the reclaim itself goes on
+            log.exception("recording step %s of the reclaim of %s/%s failed", step.label, *pod)
+
     async def stop(self, order: ReclaimOrder) -> tuple[int, int, float, int]:
         """Signal, wait up to the deadline, suspend the CUDA state of what is left, kill it;
-        (signalled, killed, seconds, suspended)."""
+        (signalled, killed, seconds, suspended). A resumed order skips what a previous agent did: the
+        signal once sent, the wait once its deadline (counted from that signal) passed."""
         began = self._clock()
         pids = await asyncio.to_thread(self._processes.pids, order.processes)
-        for pid in pids:
-            self._processes.send(pid, CHECKPOINT_SIGNAL)
-        deadline = began + order.deadline_s
+        wait_s = order.deadline_s
+        signalled: set[int] = set()
+        if order.resume is ReclaimStep.RECORDED:
+            for pid in pids:
+                self._processes.send(pid, CHECKPOINT_SIGNAL)
+            signalled = pids
+            self._step(order.pod, ReclaimStep.SIGNALLED, self._wall())
+        elif order.resume is ReclaimStep.SIGNALLED and order.signalled_at is not None:
+            wait_s = min(order.deadline_s, max(0.0, order.signalled_at + order.deadline_s - self._wall()))
+        else:
+            wait_s = 0.0
+        deadline = began + wait_s
         left = pids
         while left and self._clock() < deadline:
             await asyncio.sleep(self._poll)
             left = await asyncio.to_thread(self._processes.pids, order.processes)
+        if left:
+            self._step(order.pod, ReclaimStep.DEADLINE_PASSED)
         suspended = 0
         if left and self._suspender is not None:
             try:
@@ -174,4 +229,4 @@ class Reclaimer:
                 break
             await asyncio.sleep(self._poll)
             left = await asyncio.to_thread(self._processes.pids, order.processes)
-        return len(pids), len(killed), self._clock() - began, suspended
+        return len(signalled), len(killed), self._clock() - began, suspended

@@ -11,12 +11,22 @@ Where the source can answer opens (fanotify) a refusal fails the opener's ``open
 cannot (the /proc scan, and every character device on kernels that report no fanotify events for
 them) the same decision is applied to the recorded open: a refused asker's pod is reclaimed (its
 processes stopped), so the refusal is enforced by stopping processes, within one scan interval.
+
+Every reclaim is written to the reclaim journal (:mod:`~gpupool.nodeagent.lending.reclaim_journal`)
+before anything is signalled, on the thread that decided it, and before the loan it ends is removed
+from ``lending.json``. A restarted agent drops the loans those reclaims ended, finishes the reclaims
+from the step they had reached, and keeps their cards out of lending until the monitor has seen
+them in use and idle again. Once the pod watch has listed the node's pods it also judges every
+borrower still holding a card as if it had just opened it: a borrower beside an owner whose card is
+no longer lent is stopped, whatever the journal said (the safety net for a journal that could not
+be read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +41,8 @@ from gpupool.nodeagent.lending.owner_activity import OwnerWatch
 from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
-from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder
+from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimResult
+from gpupool.nodeagent.lending.reclaim_journal import JOURNAL_FILE, ReclaimJournal, ReclaimRecord
 from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, decide_open
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
@@ -73,7 +84,11 @@ class LendingService:
         self._lock = threading.Lock()
         self._loans: dict[int, Loan] = {}
         self._reclaiming: set[PodKey] = set()
+        self.journal = ReclaimJournal(os.path.join(os.path.dirname(config.loans_path) or ".", JOURNAL_FILE))
         self.reclaimer = reclaimer_factory(self._after_stop)
+        if self.reclaimer.on_step is None:
+            self.reclaimer.on_step = self.journal.advance
+        self._judged_borrowers = False
         self.watch = OwnerWatch(config.activity, pods.get, config.shim_state_dir)
         self._returned: set[int] = set()
         """Cards whose owner came back by activity while the monitor still calls them idle (memory only):
@@ -102,15 +117,31 @@ class LendingService:
         the monitor's recorder, and queue the first publication."""
         self._loop = loop
         state = self.monitor.state
+        journal = self.journal.load()
+        ended = {r.card for r in journal.records if r.returned and r.card is not None}
+        if journal.unreadable:  # a reclaim of any card may have been lost: vouch for no loan
+            log.error("the reclaim journal could not be read whole: no loan is resumed, no card is lent until the "
+                      "monitor has seen it in use and idle again, and borrowers left beside an owner are stopped")
+            self._returned.update(self.monitor.cards.values())
         for loan in self._file.load():
             device = state.device(loan.path)
             held = {(h.namespace, h.pod, h.container) for h in device.holders} if device else set()
-            if loan.owners & held:
+            if journal.unreadable:
+                log.warning("not resuming the loan of card %d: the reclaim journal is unreadable", loan.card)
+            elif loan.card in ended:
+                log.warning("not resuming the loan of card %d: its owner came back and its borrowers' reclaim was "
+                            "in progress", loan.card)
+            elif loan.owners & held:
                 self._loans[loan.card] = loan
                 log.info("resuming the loan of card %d (owners %s)", loan.card, sorted(loan.owners))
             else:
                 log.info("dropping the loan of card %d: no owner holds it any more", loan.card)
+        self._returned.update(ended)
         self._save()
+        with self._lock:
+            self._reclaiming.update(r.pod for r in journal.records)
+        for record in journal.records:
+            self._start_reclaim(record)
         self.monitor.recorder.use_rules(self.decide, self.priority_of, self.on_open)
         self.publisher.offer(x.offer() for x in self._loans.values())
 
@@ -153,6 +184,10 @@ class LendingService:
                 ended = self._loans.pop(card)  # the owner is back: the card returns to it
             new = [p for p in decision.reclaim if p not in self._reclaiming]
             self._reclaiming.update(new)
+        records = [self._record(pod, card, decision.reason or f"card {card} is needed",
+                                returned=decision.verdict is Verdict.ALLOW) for pod in new]
+        if records:  # durable before the loan leaves lending.json and before anything is signalled
+            self.journal.begin(records)
         if ended is not None:
             log.warning("card %d: %s by owner %s; the loan ends", card, what, "/".join(asker.container))
             self._call(self._loan_ended)
@@ -160,9 +195,14 @@ class LendingService:
             log.warning("card %d %s by %s: rule %d, %s; %s", card, what, "/".join(asker.container),
                         decision.rule, decision.verdict, decision.reason)
             self.decisions = [*self.decisions[-99:], (path, decision)]
-        for pod in new:
-            self._call(self._start_reclaim, pod, decision.reason or f"card {card} is needed")
+        for record in records:
+            self._call(self._start_reclaim, record)
         return decision.verdict
+
+    def _record(self, pod: PodKey, card: int, why: str, returned: bool) -> ReclaimRecord:
+        info = self.pods.get(pod)
+        ids = frozenset(i for i in (info.container_ids.values() if info else ()) if i)
+        return ReclaimRecord(pod, info.uid if info else "", ids, why, self.config.deadline_s, card, returned)
 
     def _occupant(self, who: ProcessIdentity, path: str) -> Occupant | None:
         if not who.pod or not who.container:
@@ -189,16 +229,30 @@ class LendingService:
         self._loop.call_soon_threadsafe(fn, *args)
 
     # ------------------------------------------------------------------ on the loop
-    def _start_reclaim(self, pod: PodKey, why: str) -> None:
-        info = self.pods.get(pod)
-        ids = frozenset(i for i in (info.container_ids.values() if info else ()) if i)
-        order = ReclaimOrder(pod, PodProcesses(info.uid if info else "", ids), why, self.config.deadline_s)
+    def _start_reclaim(self, record: ReclaimRecord) -> None:
+        """Run (or resume, from the journal's latest step) one recorded reclaim."""
+        pod = record.pod
+        if pod in self.reclaimer.in_flight:
+            return
+        latest = self.journal.get(pod) or record
+        info = self.pods.get(pod)  # a container restarted since the record has a new ID
+        ids = latest.container_ids | frozenset(i for i in (info.container_ids.values() if info else ()) if i)
+        order = ReclaimOrder(pod, PodProcesses(latest.uid or (info.uid if info else ""), ids), latest.why,
+                             latest.deadline_s, latest.step, latest.signalled_at)
         task = self.reclaimer.reclaim(order)
-        task.add_done_callback(lambda _: self._reclaim_done(pod))
+        task.add_done_callback(lambda done: self._reclaim_done(pod, done))
 
-    def _reclaim_done(self, pod: PodKey) -> None:
+    def _reclaim_done(self, pod: PodKey, task: asyncio.Task[ReclaimResult]) -> None:
+        """A reclaim ended: forget it, or keep its record (cancelled or failed) for the next try."""
+        if task.cancelled() or task.exception() is not None:
+            if not task.cancelled():
+                log.error("the reclaim of %s/%s failed (%r); it is tried again", *pod, task.exception())
+            return
+        record = self.journal.finish(pod)
         with self._lock:
             self._reclaiming.discard(pod)
+        if record is not None and record.returned and record.card is not None:
+            self._returned.add(record.card)  # lent again only once its owner was seen using it and idle
 
     async def _after_stop(self, pod: PodKey) -> None:
         """A reclaimed pod's processes are gone: withdraw what is no longer lent, publish at once."""
@@ -231,6 +285,11 @@ class LendingService:
     async def step(self) -> None:
         """End loans whose owners compute again or left the node, lend the cards that went idle."""
         state, sample = self.monitor.state, self.monitor.last_sample
+        for record in self.journal.records():  # a reclaim that failed, or a restart's, not running now
+            self._start_reclaim(record)
+        if not self._judged_borrowers and self.pods.synced:
+            self._judged_borrowers = True
+            self._judge_borrowers()
         for loan, owner in await asyncio.to_thread(self.watch.observe, self.loans, sample, state):
             self._owner_back(loan, owner)
         self._returned = {c for c in self._returned if any(
@@ -242,13 +301,22 @@ class LendingService:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
             fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get,
-                              set(self._loans) | self._returned)
+                              set(self._loans) | self._returned | self.journal.cards())
             for loan in fresh:
                 log.info("card %d is idle: lending %d MiB, %d %% (owners %s)", loan.card, loan.memory_mib,
                          loan.compute_percent, sorted(loan.owners))
                 self._loans[loan.card] = loan
         if gone or fresh:
             await self._changed()
+
+    def _judge_borrowers(self) -> None:
+        """Once after a start, with the pods known: every borrower holding a card faces the rules as if it
+        had just opened it (one left beside an owner whose card is not lent any more is stopped)."""
+        for device in self.monitor.state.devices:
+            for holder in device.holders:
+                pod = self.pods.get((holder.namespace, holder.pod)) if holder.pod else None
+                if pod is not None and pod.borrowed:
+                    self._apply(device.path, self._identity(holder), "held across a restart")
 
     async def run(self, every_s: float = 1.0) -> None:
         """The loop: a step every ``every_s`` and the publisher, until cancelled."""

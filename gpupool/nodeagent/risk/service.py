@@ -3,6 +3,15 @@
 Reads only what the agent and its usage monitor already hold (no extra /proc walk or NVML call of
 its own), so a round costs microseconds per holder. Nothing here stops the agent: a failing round is
 logged and the next one runs.
+
+No round judges anything before the agent has read its pods once in full (the first PodResources
+list with every listed pod's view; :meth:`NodeAgent.live_pods` is ``None`` until then). The usage
+monitor restores its holders from its state file before the agent starts, with the times they
+first held their cards, so they are past the grace period at once; with no pods listed yet every
+one of them had no grant, and a restarted agent reported its owners' own processes as
+``ungranted-card`` until the next round (2 s), which ``--risk-action evict`` would have acted on.
+A list that stays incomplete (a pod kubelet lists that the API cannot give) holds the checks for at
+most :data:`LIST_WAIT_S`; then they run, with a warning, on what is known.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from gpupool.nodeagent.types import PodView
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 2.0
+LIST_WAIT_S = 60.0
+"""The longest the checks wait for the agent's first complete list of its pods."""
 
 
 def shim_registered(agent: NodeAgent, pods: list[PodView]) -> Registered | None:
@@ -54,7 +65,10 @@ class RiskMonitor:
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.rounds = 0
+        self.ready = False
+        """Whether the agent has listed its pods once in full (no round judges anything before)."""
         self._clock = clock
+        self._waiting_since: float | None = None
 
     def view(self) -> NodeView:
         """The node as the detector sees it now."""
@@ -65,6 +79,19 @@ class RiskMonitor:
 
     async def step(self) -> list[Risk]:
         """One round; the risks that are new in it."""
+        if not self.ready:
+            now = self._clock()
+            if self._waiting_since is None:
+                self._waiting_since = now
+                log.info("risk checks wait for the agent's first complete list of its pods")
+            if self.agent.live_pods() is None:
+                if now - self._waiting_since < LIST_WAIT_S:
+                    return []
+                log.warning("risk checks start without a complete list of the node's pods after %g s: holders of "
+                            "pods not listed yet are judged without their grants", LIST_WAIT_S)
+            else:
+                log.info("risk checks start: the agent has listed its pods")
+            self.ready = True
         self.rounds += 1
         view = self.view()
         new = await self.responder.observe(detect(view, self.grace_s))

@@ -36,7 +36,7 @@ from gpupool.nodeagent.risk.decider import RiskOpenDecider, chain_deciders
 from gpupool.nodeagent.risk.findings import RiskAction, RiskKind
 from gpupool.nodeagent.risk.metrics import RiskCollector
 from gpupool.nodeagent.risk.responder import RiskResponder
-from gpupool.nodeagent.risk.service import RiskMonitor
+from gpupool.nodeagent.risk.service import LIST_WAIT_S, RiskMonitor
 from gpupool.nodeagent.types import PodView
 from tests.nodeagent.harness import NAMES, running_node
 from tests.nodeagent.monitor.children import WAIT_SECONDS, HoldingChild, stand_in
@@ -80,8 +80,14 @@ class StandInAgent:
     enforcement: NoEnforcement = field(default_factory=NoEnforcement)
     cordons: list[dict[int, str]] = field(default_factory=list)
 
+    listed: bool = True
+    """Whether the agent's first complete list of its pods is done (``live_pods`` is ``None`` before)."""
+
     def listed_pods(self) -> list[PodView]:
-        return self.pods
+        return self.pods if self.listed else []
+
+    def live_pods(self) -> dict[str, tuple[str, str]] | None:
+        return {p.uid: (p.namespace, p.name) for p in self.pods} if self.listed else None
 
     async def cordon(self, cards: Mapping[int, str]) -> None:
         self.cordons.append(dict(cards))
@@ -255,3 +261,64 @@ def test_a_cordoned_card_is_unhealthy_to_kubelet_until_released_whatever_its_hea
             await allocatable(4)
 
     asyncio.run(main())
+
+
+def test_a_restarted_agent_judges_no_restored_holder_before_it_has_listed_its_pods(tmp_path: Path) -> None:
+    """Issue 28: the restored holders are past the grace period at once; before the agent's first pod
+    list their grants were unknown and the owner's own process was reported as ``ungranted-card``."""
+    containers, sampler = Containers(), Sampler()
+    backend = FakeGpuBackend.from_dict(fake_gpu_file(2))
+    monitor, devices = start_monitor(tmp_path, containers, sampler, scan)
+    events: list[tuple[str, str, str, str]] = []
+
+    async def post(namespace: str, pod_name: str, reason: str, message: str) -> None:
+        events.append((namespace, pod_name, reason, message))
+
+    try:
+        with HoldingChild(devices[0]) as owner, HoldingChild(devices[1]) as rogue:
+            containers.put(owner.pid, "train", "main")
+            containers.put(rogue.pid, "web", "app")
+            wait_for_holder(monitor, devices[0], owner.pid)
+            wait_for_holder(monitor, devices[1], rogue.pid)
+            monitor.stop()
+            # the agent restarts: a new monitor restores both holders from the state file
+            restarted, _ = start_monitor(tmp_path, containers, sampler, scan)
+            assert {h.pid for h in restarted.state.device(devices[0]).holders} == {owner.pid}  # type: ignore[union-attr]
+            agent = StandInAgent([pod("train", {"main": (CardSlice(0, 4096, 300),)}), pod("web", None)],
+                                 backend.inventory(), listed=False)
+            now = [time.time()]
+            checks = RiskMonitor(agent, restarted, RiskResponder(RiskAction.REPORT, post),  # type: ignore[arg-type]
+                                 grace_s=0.0, clock=lambda: now[0])
+            try:
+                assert asyncio.run(checks.step()) == [] and not checks.ready  # nothing listed: nothing judged
+                agent.listed = True
+                found = asyncio.run(checks.step())
+                assert checks.ready
+                assert [(r.kind, r.pod, r.pid) for r in found] == [(RiskKind.UNGRANTED_CARD, "web", rogue.pid)]
+                assert [e[1] for e in events] == ["web"]  # the owner's process never was a risk
+            finally:
+                restarted.stop()
+    finally:
+        monitor.stop()
+
+
+def test_a_list_that_never_completes_holds_the_risk_checks_for_a_bounded_time(tmp_path: Path) -> None:
+    containers, sampler = Containers(), Sampler()
+    monitor, devices = start_monitor(tmp_path, containers, sampler, scan)
+    agent = StandInAgent([], FakeGpuBackend.from_dict(fake_gpu_file(2)).inventory(), listed=False)
+
+    async def post(namespace: str, pod_name: str, reason: str, message: str) -> None:
+        return None
+
+    now = [time.time()]
+    checks = RiskMonitor(agent, monitor, RiskResponder(RiskAction.REPORT, post),  # type: ignore[arg-type]
+                         grace_s=0.0, clock=lambda: now[0])
+    try:
+        with HoldingChild(devices[0]) as rogue:
+            containers.put(rogue.pid, "web", "app")
+            wait_for_holder(monitor, devices[0], rogue.pid)
+            assert asyncio.run(checks.step()) == []
+            now[0] += LIST_WAIT_S
+            assert [(r.kind, r.pod) for r in asyncio.run(checks.step())] == [(RiskKind.UNGRANTED_CARD, "web")]
+    finally:
+        monitor.stop()
