@@ -72,9 +72,16 @@ class Container:
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
-    """The rendered production overlay, then every YAML document of deploy/*.yaml (the scheduler
-    configurations), each with where it came from."""
+    """The rendered production overlay, the scheduler configurations its ConfigMaps hold (gpupool's
+    own scheduler's), then every YAML document of deploy/*.yaml (the configurations for a rewired
+    default scheduler), each with where it came from."""
     docs = [(OVERLAY, doc) for doc in render(OVERLAY)]
+    for _, config_map in list(docs):
+        if config_map["kind"] == "ConfigMap":
+            for key, text in (config_map.get("data") or {}).items():
+                embedded = yaml.safe_load(text) if key.endswith(".yaml") else None
+                if isinstance(embedded, dict) and embedded.get("kind") == "KubeSchedulerConfiguration":
+                    docs.append((f"{OVERLAY}: ConfigMap {config_map['metadata']['name']}/{key}", embedded))
     for path in sorted(DEPLOY.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
@@ -308,8 +315,9 @@ def test_extender_ports_probes_and_service_agree() -> None:
         (service,) = (s for s in by_kind("Service")
                       if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
                       and s["spec"]["selector"].items() <= labels.items())
-        (port,) = service["spec"]["ports"]
-        assert ports[port["targetPort"]] == params["port"]
+        served = {ports[p["targetPort"]]: p for p in service["spec"]["ports"]}
+        assert set(served) == {params["port"], params["admission_port"]}  # the verbs and the webhooks
+        assert service["spec"]["ports"][0] == served[params["port"]]  # first: the scheduler configs' urlPrefix port
         notes = container.workload["spec"]["template"]["metadata"]["annotations"]
         assert int(notes["prometheus.io/port"]) == params["health_port"] and ("GET", "/metrics") in _probe_routes()
 

@@ -23,7 +23,8 @@ from tests.deploy.pod_security import baseline_violations, restricted_violations
 
 NAMESPACES = {"gpupool-system": "restricted", "gpupool-node": "privileged", "gpupool-node-lease": "restricted"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                  "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                  "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 SHIM_COMPONENT = "components/shim-isolation"
 
 
@@ -99,7 +100,7 @@ def test_the_pod_security_check_itself_refuses_what_the_standard_refuses() -> No
         "c: seccompProfile None, not RuntimeDefault or Localhost", "c: adds SYS_ADMIN"]
 
 
-def test_network_policy_lets_only_kube_scheduler_reach_the_verbs_and_anyone_the_probes() -> None:
+def test_network_policy_lets_only_the_schedulers_reach_the_verbs_and_anyone_the_probes_and_webhooks() -> None:
     docs = render("overlays/production")
     policy = one(docs, "NetworkPolicy", "gpupool-extender")
     extender = one(docs, "Deployment", "gpupool-extender")
@@ -108,12 +109,17 @@ def test_network_policy_lets_only_kube_scheduler_reach_the_verbs_and_anyone_the_
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     ports = {p["name"]: p["containerPort"] for p in container(extender)["ports"]}
     rules = {tuple(p["port"] for p in rule["ports"]): rule.get("from") for rule in policy["spec"]["ingress"]}
-    assert set(rules) == {(ports["https"],), (ports["health"],)}
+    assert set(rules) == {(ports["https"],), (ports["health"],), (ports["admission"],)}
     assert rules[(ports["health"],)] is None  # from anywhere: kubelet's probes, Prometheus
-    scheduler_pods, control_plane = rules[(ports["https"],)]
+    assert rules[(ports["admission"],)] is None  # the apiserver, from wherever the cluster calls webhooks
+    scheduler_pods, control_plane, gpupool_scheduler = rules[(ports["https"],)]
     assert scheduler_pods == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                               "podSelector": {"matchLabels": {"component": "kube-scheduler"}}}
     assert set(control_plane) == {"ipBlock"}  # the admin's control-plane addresses (hostNetwork schedulers)
+    # gpupool's own scheduler: its pods, in the extender's namespace (a peer without namespaceSelector)
+    own = one(docs, "Deployment", "gpupool-scheduler")
+    assert own["metadata"]["namespace"] == policy["metadata"]["namespace"]
+    assert gpupool_scheduler == {"podSelector": {"matchLabels": own["spec"]["template"]["metadata"]["labels"]}}
 
 
 @pytest.mark.parametrize("overlay", ["production", "production-cert-manager"])

@@ -12,7 +12,8 @@ What is deployed is the production overlay as ``kubectl kustomize`` renders it
   field-selected list+watch, reads a pod through it and by name, and annotates it; an
   extender replica (``start_replica`` with ``_clients``) lists and watches, takes the Lease and binds
   that pod. A permission the code needs but the Role lacks fails here, not in production.
-* The Deployment, DaemonSet and Service are created with server-side dry run, so the apiserver
+* The Deployments (extender, gpupool's own scheduler), the scheduler's ConfigMap, the DaemonSet and
+  the Service are created with server-side dry run, so the apiserver
   validates them, and every field the manifests set must come back: v1.20 silently drops unknown
   fields, so a misspelt key would otherwise pass validation and be lost.
 """
@@ -61,6 +62,7 @@ DEPLOYED_NAMESPACES = ("gpupool-system", "gpupool-node")
 DEPLOYED_LEASE_NAMESPACE = "gpupool-node-lease"
 AGENT_LEASE = "gpupool-agent-n1"
 EXTENDER_SA, AGENT_SA, CERTS_SA = "gpupool-extender", "gpupool-node-agent", "gpupool-certs"
+SCHEDULER_SA = "gpupool-scheduler"
 LEASE = "gpupool-extender"  # the extender's default --lease-name, as deploy/ runs it
 #: The Secrets `gpupool certs bootstrap` makes (components/certs-bootstrap/certs-rbac.yaml).
 CERT_SECRETS = ("gpupool-extender-tls", "gpupool-extender-tls-client", "gpupool-extender-tls-ca")
@@ -229,6 +231,31 @@ def test_service_accounts_are_allowed_exactly_the_verbs_their_code_uses(
                                                            "namespace": deployed_rbac})
 
 
+def test_gpupools_scheduler_has_the_upstream_roles_and_only_its_own_lease_beyond_them(
+    kube_api_client: client.ApiClient, deployed_rbac: str
+) -> None:
+    """base/scheduler-rbac.yaml: system:kube-scheduler and system:volume-scheduler (the matrix above
+    does not apply: those roles are upstream's), plus get/update of the Lease gpupool-scheduler;
+    tests/e2e/test_own_scheduler_e2e.py runs the real kube-scheduler as this account."""
+    authz = client.AuthorizationV1Api(kube_api_client)
+    namespace = deployed_rbac
+
+    def may(verb: str, resource: str, ns: str = "", name: str = "", group: str = "", sub: str = "") -> bool:
+        return allowed(authz, namespace, SCHEDULER_SA, {"verb": verb, "group": group, "resource": resource,
+                                                         "subresource": sub, "namespace": ns, "name": name})
+
+    leases = "coordination.k8s.io"
+    assert may("get", "leases", namespace, SCHEDULER_SA, leases) and may("update", "leases", namespace, SCHEDULER_SA,
+                                                                         leases)
+    assert may("create", "leases", namespace, group=leases)  # upstream's create, cluster-wide
+    assert not may("update", "leases", namespace, LEASE, leases)  # never the extender's Lease
+    assert not may("update", "leases", lease_namespace(namespace), AGENT_LEASE, leases)  # nor an agent's
+    assert not may("update", "leases", "default", SCHEDULER_SA, leases)  # its own name, elsewhere: no
+    assert may("create", "pods", "default", "p", sub="binding") and may("list", "nodes")
+    assert may("list", "persistentvolumes")  # system:volume-scheduler
+    assert not may("get", "secrets", namespace, CERT_SECRETS[1]) and not may("patch", "nodes")
+
+
 # ------------------------------------------------------------------------------ as the accounts
 
 
@@ -366,7 +393,8 @@ def lost_fields(sent: Any, returned: Any, path: str = "") -> list[str]:
 #: Where each workload kind is POSTed.
 COLLECTIONS = {"Deployment": "/apis/apps/v1/namespaces/{}/deployments",
                "DaemonSet": "/apis/apps/v1/namespaces/{}/daemonsets",
-               "Service": "/api/v1/namespaces/{}/services"}
+               "Service": "/api/v1/namespaces/{}/services",
+               "ConfigMap": "/api/v1/namespaces/{}/configmaps"}
 
 
 def dry_run_create(control_plane: ControlPlane, doc: dict[str, Any]) -> dict[str, Any]:
@@ -388,8 +416,9 @@ def dry_run_create(control_plane: ControlPlane, doc: dict[str, Any]) -> dict[str
 def test_workloads_pass_server_side_validation_without_losing_fields(
     control_plane: ControlPlane, kube_api_client: client.ApiClient, namespace: str
 ) -> None:
-    docs = [d for d in deploy_documents(namespace) if d["kind"] in ("Deployment", "DaemonSet", "Service")]
-    assert sorted(d["kind"] for d in docs) == ["DaemonSet", "Deployment", "Service"]
+    docs = [d for d in deploy_documents(namespace) if d["kind"] in COLLECTIONS]
+    # the extender and gpupool's own scheduler (with its configuration), the node agent
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "Deployment", "Deployment", "Service"]
     for doc in docs:
         answer = dry_run_create(control_plane, doc)
         assert answer["kind"] == doc["kind"] and answer["metadata"]["namespace"] == namespace

@@ -1,0 +1,325 @@
+"""gpupool's own scheduler on the current control plane: a second kube-scheduler with the shipped
+profile, and the pod-scheduler webhook steering GPU pods to it; the default scheduler untouched.
+
+What runs, beside the control plane's own kube-scheduler (``default-scheduler``, no extender):
+
+* ``gpupool extender`` with mutual TLS on its verbs and the admission port (a CA of the test, a
+  serving certificate for 127.0.0.1, a client certificate for the scheduler);
+* the testenv's kube-scheduler binary with the KubeSchedulerConfiguration of
+  deploy/kustomize/base/scheduler-config.yaml as ``kubectl kustomize`` renders it, only the
+  connection details replaced (the extender's URL and the client certificate files, the Lease's
+  namespace), running *as the ServiceAccount* of base/scheduler-rbac.yaml (its RBAC objects
+  created, a TokenRequest token) and with the Deployment's ``--authentication-skip-lookup``;
+  it must take its Lease to schedule at all;
+* components/scheduler-webhook/webhook.yaml registered as shipped (failurePolicy, matchConditions,
+  the opt-out namespaceSelector), only ``clientConfig`` pointed at the extender with the test CA
+  and the namespaceSelector narrowed to this module's namespaces by one more expression.
+
+Then: a GPU pod created without ``schedulerName`` gets ``gpupool-scheduler`` and is bound by that
+scheduler through the extender (assignment annotation, the Scheduled event's reporter); a CPU pod
+keeps ``default-scheduler`` and is bound by it; a GPU pod in a namespace labelled
+``gpupool.io/scheduler=default``, one annotated so, and one naming another scheduler keep theirs;
+with the webhook pointed at an extender that is down, GPU pods are refused with the webhook's name
+and CPU pods are created as ever.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, utils
+from kubernetes.client.rest import ApiException
+
+from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import GpuCard
+from gpupool.extender.http.certificates import issue_ca, issue_leaf
+from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER
+from gpupool.testenv.controlplane import ControlPlane, scheduler_args
+from gpupool.testenv.ports import free_ports
+from gpupool.testenv.probe import is_ok
+from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from tests.deploy.kustomize_render import KUSTOMIZE, render, require_kubectl
+from tests.deploy.test_own_scheduler_deploy import scheduler_config
+from tests.e2e.conftest import delete_namespace
+from tests.e2e.e2e_support import MakeNode, free_port, gpu_pod_manifest, log_tail, pod_manifest, wait_for
+from tests.e2e.test_deploy_e2e import service_account_kubeconfig
+from tests.e2e.trust_support import FlaggedExtender
+
+pytestmark = pytest.mark.e2e
+
+NAMES = ResourceNames()
+WEBHOOK = KUSTOMIZE / "components" / "scheduler-webhook" / "webhook.yaml"
+SCHEDULER_RBAC = ("ServiceAccount", "ClusterRoleBinding", "Role", "RoleBinding")
+SELECTOR_KEY = "gpupool-e2e-own-scheduler"
+OPT_OUT = {"gpupool.io/scheduler": "default"}
+
+
+@dataclass
+class OwnScheduler:
+    """What the module runs: the extender, gpupool's scheduler, and the namespace of its Lease."""
+
+    extender: FlaggedExtender
+    scheduler: ManagedProcess
+    log: Path
+    lease_namespace: str
+    ca_pem: bytes
+    run_id: str
+
+
+def write(directory: Path, files: dict[str, bytes]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def scheduler_rbac(namespace: str, run_id: str) -> list[dict[str, Any]]:
+    """base/scheduler-rbac.yaml's objects moved from gpupool-system to ``namespace``; the
+    ClusterRoleBindings renamed for this run (they are cluster-wide)."""
+    docs = []
+    for doc in render("base"):
+        if doc["kind"] not in SCHEDULER_RBAC or "gpupool-scheduler" not in doc["metadata"]["name"]:
+            continue
+        if doc["metadata"].get("namespace") == "gpupool-system":
+            doc["metadata"]["namespace"] = namespace
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["metadata"]["name"] += f"-{run_id}"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        docs.append(doc)
+    assert sorted(d["kind"] for d in docs) == ["ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding",
+                                               "ServiceAccount"]
+    return docs
+
+
+def delete_rbac(api_client: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    for doc in docs:
+        if doc["kind"] == "ClusterRoleBinding":
+            try:
+                rbac.delete_cluster_role_binding(doc["metadata"]["name"])
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def start_scheduler(plane: ControlPlane, kubeconfig: Path, workdir: Path, extender_url: str, client_dir: Path,
+                    lease_namespace: str) -> tuple[ManagedProcess, Path]:
+    """The testenv's kube-scheduler with the shipped configuration, connection details replaced."""
+    config = scheduler_config(render("base"))
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    config["leaderElection"]["resourceNamespace"] = lease_namespace
+    (entry,) = config["extenders"]
+    entry["urlPrefix"] = extender_url
+    entry["tlsConfig"] = {key: str(client_dir / Path(path).name) for key, path in entry["tlsConfig"].items()}
+    path = workdir / "gpupool-scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    (port,) = free_ports(1)
+    log = workdir / "gpupool-scheduler.log"
+    process = spawn("kube-scheduler", [plane.binaries.kube_scheduler,
+                                       *scheduler_args(config=path, kubeconfig=kubeconfig, port=port),
+                                       "--authentication-skip-lookup=true"], log)
+    wait_until(lambda: is_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+               what="gpupool's kube-scheduler", timeout=60, watch=[process])
+    return process, log
+
+
+@pytest.fixture(scope="module")
+def own_scheduler(control_plane: ControlPlane, kube_api_client: client.ApiClient,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnScheduler]:
+    require_kubectl()
+    base = tmp_path_factory.mktemp("own-scheduler")
+    run_id = uuid.uuid4().hex[:6]
+    core_v1 = client.CoreV1Api(kube_api_client)
+    lease_namespace = f"gpupool-sched-{run_id}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=lease_namespace)))
+    rbac = scheduler_rbac(lease_namespace, run_id)
+    ca = issue_ca("e2e-own-scheduler-ca")
+    server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
+    scheduler_client = issue_leaf(ca, "kube-scheduler", server=False)
+    serving = write(base / "serving", {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem})
+    client_dir = write(base / "client", {"client.crt": scheduler_client.cert_pem,
+                                         "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
+    admission_port = free_port()
+    extender = FlaggedExtender(control_plane.kubeconfig, base / "extender.log", tls=True, extra_args=(
+        "--tls-cert-file", str(serving / "tls.crt"), "--tls-private-key-file", str(serving / "tls.key"),
+        "--client-ca-file", str(serving / "ca.crt"), "--admission-port", str(admission_port)))
+    extender.admission_port = admission_port  # type: ignore[attr-defined]
+    process = None
+    try:
+        for doc in rbac:
+            utils.create_from_dict(kube_api_client, doc)
+        extender.start()
+        kubeconfig = service_account_kubeconfig(control_plane, core_v1, lease_namespace, "gpupool-scheduler",
+                                                base / "scheduler-kubeconfig")
+        process, log = start_scheduler(control_plane, kubeconfig, base, extender.url, client_dir, lease_namespace)
+        leases = client.CoordinationV1Api(kube_api_client)
+
+        def holder() -> str | None:
+            try:
+                return leases.read_namespaced_lease(GPUPOOL_SCHEDULER, lease_namespace).spec.holder_identity or None
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        wait_for(holder, timeout=30, what=f"gpupool's scheduler to take its Lease\n{log_tail(log)}")
+        yield OwnScheduler(extender, process, log, lease_namespace, ca.cert_pem, run_id)
+    finally:
+        if process is not None:
+            process.stop()
+        extender.kill()
+        delete_rbac(kube_api_client, rbac)
+        delete_namespace(core_v1, lease_namespace)
+
+
+def webhook_configuration(name: str, url: str, ca_pem: bytes, selector_value: str) -> dict[str, Any]:
+    """The shipped configuration pointed at ``url`` and, beyond its own namespaceSelector, limited to
+    namespaces labelled ``SELECTOR_KEY=selector_value``."""
+    shipped: dict[str, Any] = yaml.safe_load(WEBHOOK.read_text())
+    shipped["metadata"] = {"name": name}
+    (hook,) = shipped["webhooks"]
+    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
+    hook["namespaceSelector"]["matchExpressions"].append(
+        {"key": SELECTOR_KEY, "operator": "In", "values": [selector_value]})
+    return shipped
+
+
+@pytest.fixture
+def registered(own_scheduler: OwnScheduler, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
+               namespace: str) -> Iterator[str]:
+    """The webhook, calling the extender, for ``namespace`` (and namespaces labelled like it); yields
+    the selector's value."""
+    value = uuid.uuid4().hex[:8]
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": {SELECTOR_KEY: value}}})
+    admission = client.AdmissionregistrationV1Api(kube_api_client)
+    name = f"gpupool-scheduler-{value}"
+    port = own_scheduler.extender.admission_port  # type: ignore[attr-defined]
+    admission.create_mutating_webhook_configuration(webhook_configuration(
+        name, f"https://127.0.0.1:{port}/admission/pod-scheduler", own_scheduler.ca_pem, value))
+    try:
+        # the apiserver's webhook informer takes a moment: dry-run a GPU pod until it is steered
+        wait_for(lambda: scheduler_of(create(core_v1, namespace, gpu_pod("probe"), dry_run=True))
+                 == GPUPOOL_SCHEDULER, timeout=30, what="the webhook to steer a dry-run GPU pod")
+        yield value
+    finally:
+        admission.delete_mutating_webhook_configuration(name)
+
+
+def gpu_pod(name: str, **kwargs: Any) -> dict[str, Any]:
+    return gpu_pod_manifest(name, [("main", {NAMES.gpu_mem: "16"})], **kwargs)
+
+
+def create(core_v1: client.CoreV1Api, namespace: str, body: dict[str, Any], dry_run: bool = False) -> Any:
+    return core_v1.create_namespaced_pod(namespace, body, dry_run="All" if dry_run else None)
+
+
+def scheduler_of(pod: Any) -> str:
+    return str(pod.spec.scheduler_name)
+
+
+def gpu_node(make_node: MakeNode) -> str:
+    name = f"own-{uuid.uuid4().hex[:6]}"
+    cards = tuple(GpuCard(i, f"GPU-{name}-{i}", "Tesla-T4", 16_384) for i in range(2))
+    return make_node(name, {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                     annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
+
+
+def bound(core_v1: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    node = core_v1.read_namespaced_pod(name, namespace).spec.node_name
+    return str(node) if node else None
+
+
+def scheduled_by(core_v1: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The reporter of the pod's Scheduled event: the profile's schedulerName."""
+    for event in core_v1.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items:
+        if event.reason == "Scheduled":
+            return str(event.reporting_component or (event.source.component if event.source else ""))
+    return None
+
+
+def test_a_gpu_pod_without_scheduler_name_is_placed_by_gpupools_scheduler_and_a_cpu_pod_by_the_default(
+        own_scheduler: OwnScheduler, registered: str, core_v1: client.CoreV1Api, namespace: str,
+        make_node: MakeNode) -> None:
+    node = gpu_node(make_node)
+    body = gpu_pod("gpu")
+    assert "schedulerName" not in body["spec"]
+    started = time.monotonic()
+    assert scheduler_of(create(core_v1, namespace, body)) == GPUPOOL_SCHEDULER
+    try:
+        where = wait_for(lambda: bound(core_v1, namespace, "gpu"), timeout=60, what="the GPU pod bound")
+    except AssertionError as exc:
+        logs = f"{log_tail(own_scheduler.log)}\n{log_tail(own_scheduler.extender.log_path)}"
+        raise AssertionError(f"{exc}\n{logs}") from None
+    took = time.monotonic() - started
+    assert where == node
+    pod = core_v1.read_namespaced_pod("gpu", namespace)
+    assert decode_assignment(pod.metadata.annotations[NAMES.assignment]).node == node  # the extender's bind
+    assert wait_for(lambda: scheduled_by(core_v1, namespace, "gpu"), timeout=10,
+                    what="the GPU pod's Scheduled event") == GPUPOOL_SCHEDULER
+
+    cpu = pod_manifest("cpu")
+    assert scheduler_of(create(core_v1, namespace, cpu)) == DEFAULT_SCHEDULER
+    assert wait_for(lambda: bound(core_v1, namespace, "cpu"), timeout=60, what="the CPU pod bound")
+    assert wait_for(lambda: scheduled_by(core_v1, namespace, "cpu"), timeout=10,
+                    what="the CPU pod's Scheduled event") == DEFAULT_SCHEDULER
+    assert NAMES.assignment not in (core_v1.read_namespaced_pod("cpu", namespace).metadata.annotations or {})
+    print(f"\nGPU pod created without schedulerName, steered and bound by gpupool-scheduler in {took:.1f} s")
+
+
+def test_opted_out_and_explicitly_scheduled_pods_keep_their_scheduler(
+        registered: str, core_v1: client.CoreV1Api, namespace: str) -> None:
+    opted_out_namespace = f"e2e-opt-out-{uuid.uuid4().hex[:6]}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=opted_out_namespace, labels={SELECTOR_KEY: registered, **OPT_OUT})))
+    try:
+        assert scheduler_of(create(core_v1, opted_out_namespace, gpu_pod("in-opted-out"))) == DEFAULT_SCHEDULER
+        annotated = gpu_pod("annotated")
+        annotated["metadata"]["annotations"] = dict(OPT_OUT)
+        assert scheduler_of(create(core_v1, namespace, annotated)) == DEFAULT_SCHEDULER
+        assert scheduler_of(create(core_v1, namespace, gpu_pod("elsewhere", scheduler_name="someone-else"))) \
+            == "someone-else"
+        # a sidecar's request counts as the app containers' do (the shipped matchConditions read both)
+        sidecar = pod_manifest("sidecar")
+        sidecar["spec"]["initContainers"] = [{"name": "side", "image": "busybox:1.36", "restartPolicy": "Always",
+                                              "resources": {"limits": {NAMES.gpu_core: "30"}}}]
+        assert scheduler_of(create(core_v1, namespace, sidecar, dry_run=True)) == GPUPOOL_SCHEDULER
+    finally:
+        delete_namespace(core_v1, opted_out_namespace)
+
+
+def test_while_no_extender_answers_gpu_pods_are_refused_and_cpu_pods_created(
+        own_scheduler: OwnScheduler, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
+        namespace: str) -> None:
+    """failurePolicy Fail, narrowed by the shipped matchConditions to GPU pods (docs/deploy.md)."""
+    value = uuid.uuid4().hex[:8]
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": {SELECTOR_KEY: value}}})
+    admission = client.AdmissionregistrationV1Api(kube_api_client)
+    name = f"gpupool-scheduler-down-{value}"
+    admission.create_mutating_webhook_configuration(webhook_configuration(
+        name, f"https://127.0.0.1:{free_port()}/admission/pod-scheduler", own_scheduler.ca_pem, value))
+    try:
+        def refusal() -> str | None:
+            try:
+                create(core_v1, namespace, gpu_pod("refused"), dry_run=True)
+            except ApiException as exc:
+                return f"{exc.status} {exc.body}"
+            return None
+
+        refused = wait_for(refusal, timeout=30, what="the webhook (extender down) to refuse a GPU pod")
+        assert 'failed calling webhook \\"pods.scheduler.gpupool.io\\"' in refused, refused
+        cpu = pod_manifest("cpu-while-down")
+        assert scheduler_of(create(core_v1, namespace, cpu)) == DEFAULT_SCHEDULER
+        other = gpu_pod("other-scheduler", scheduler_name="someone-else")
+        assert scheduler_of(create(core_v1, namespace, other)) == "someone-else"  # not asked either
+    finally:
+        admission.delete_mutating_webhook_configuration(name)
