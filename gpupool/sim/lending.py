@@ -76,6 +76,8 @@ class ReplayOutcome:
     p95_wait_hours: float
     lends: int  # idle windows in which an owner lent its GPUs
     reclaims: int  # borrowers stopped because their owner (or a regular pod) needed the GPUs
+    lent_gpu_hours: float = 0.0  # GPUs x time owners lent (their idle windows past the monitor's threshold)
+    resume_wait_hours: float = 0.0  # reclaimed borrowers' time back in the queue before running again
 
 
 class _NoRoom:
@@ -145,6 +147,10 @@ class _Replay:
         self.free_gpus = {False: cards, True: cards}  # per ledger (lent: True), to skip hopeless tries
         self.no_room = {False: _NoRoom(), True: _NoRoom()}
         self.lends = self.reclaims = self.finished = 0
+        self.lent_since: dict[int, float] = {}  # owner -> start of its current lent window
+        self.lent_gpu_hours = 0.0
+        self.reclaimed_at: dict[int, float] = {}  # borrower -> when it was reclaimed (until it runs again)
+        self.resume_wait_hours = 0.0
 
     # ------------------------------------------------------------------------------------ the loop
     def run(self) -> ReplayOutcome:
@@ -160,13 +166,14 @@ class _Replay:
             elif kind == _Event.FINISH:
                 self._finish(position, time)
             elif kind == _Event.OWNER_IDLE:
-                self._lend(position)
+                self._lend(position, time)
             else:
                 self._take_back(position, time)  # reclaimed borrowers may fit elsewhere
             self._serve_queue(time)
         for position, status in enumerate(self.status):
             if status in (_Status.REGULAR, _Status.BORROWER):
                 self._account(position, self.horizon)
+            self._end_lent_window(position, self.horizon)
         return self._outcome()
 
     # ----------------------------------------------------------------------------------- transitions
@@ -256,6 +263,9 @@ class _Replay:
         self.borrowers_on.setdefault(placement.node, []).append(position)
 
     def _started(self, position: int, placement: Placement, status: _Status, now: float) -> None:
+        reclaimed = self.reclaimed_at.pop(position, None)
+        if reclaimed is not None:
+            self.resume_wait_hours += (now - reclaimed) / _HOUR
         self.status[position] = status
         self.placements[position] = placement
         self.run_start[position] = now
@@ -265,6 +275,7 @@ class _Replay:
 
     def _finish(self, position: int, now: float) -> None:
         self._account(position, now)
+        self._end_lent_window(position, now)
         key = self.pods[position].request.key
         if self.status[position] == _Status.REGULAR:
             self._release(False, key)
@@ -279,18 +290,26 @@ class _Replay:
         self.epoch[position] += 1
         self.finished += 1
 
-    def _lend(self, position: int) -> None:
+    def _lend(self, position: int, now: float) -> None:
         if self.status[position] != _Status.REGULAR or self.idle_now[position]:
             return
         if self._release(True, f"{self.pods[position].request.key}#gpu") is not None:
             self.idle_now[position] = True
             self.free_gpus[True] += self.pods[position].gpus
             self.lends += 1
+            self.lent_since[position] = now
+
+    def _end_lent_window(self, position: int, now: float) -> None:
+        """Count the GPU-hours an owner's window offered, whether borrowers used them or not."""
+        since = self.lent_since.pop(position, None)
+        if since is not None:
+            self.lent_gpu_hours += self.pods[position].gpus * (min(now, self.horizon) - since) / _HOUR
 
     def _take_back(self, position: int, now: float) -> None:
         if self.status[position] != _Status.REGULAR or not self.idle_now[position]:
             return
         self.idle_now[position] = False
+        self._end_lent_window(position, now)
         self._book_lent(_split(self.placements[position])[1], now)
         self.free_gpus[True] -= self.pods[position].gpus
 
@@ -310,6 +329,7 @@ class _Replay:
         self.status[position] = _Status.WAITING
         self.epoch[position] += 1
         self.reclaims += 1
+        self.reclaimed_at[position] = now
         self._wait(position)
 
     def _unbook_borrower(self, position: int) -> None:
@@ -336,7 +356,9 @@ class _Replay:
             allocated_gpu_hours=round(self.gpu_hours[_Status.REGULAR], 3),
             borrowed_gpu_hours=round(self.gpu_hours[_Status.BORROWER], 3),
             mean_wait_hours=round(float(waits.mean()), 4), p95_wait_hours=round(float(np.percentile(waits, 95)), 4),
-            lends=self.lends, reclaims=self.reclaims)
+            lends=self.lends, reclaims=self.reclaims, lent_gpu_hours=round(self.lent_gpu_hours, 3),
+            resume_wait_hours=round(self.resume_wait_hours + sum(
+                self.horizon - at for at in self.reclaimed_at.values()) / _HOUR, 3))
 
 
 def _or(value: float | None, default: float) -> float:

@@ -2,6 +2,8 @@
 
 ``gpu_hours_recovered_pct`` is the GPU-hours borrowers ran on lent GPUs, as a percentage of the
 GPU-hours allocated in the run without lending: how much more GPU work the same cluster served.
+``idle_harvested_pct`` is the same borrowed GPU-hours as a percentage of the GPU-hours owners lent
+(their idle windows past the monitor's threshold): how much of what lending offered borrowers used.
 The gain depends most on how idle the owners are, so the experiment repeats the lending run for a
 range of idle shares (the table under the report); the workload's arrivals and shapes stay the same,
 only the owners' idle windows change.
@@ -53,6 +55,7 @@ class GainRow:
     gpu_hours_recovered_pct: float
     reclaims: int
     mean_wait_hours: float
+    idle_harvested_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,17 @@ class LendingReport:
     def gpu_hours_recovered_pct(self) -> float:
         return recovered_pct(self.without, self.with_lending)
 
+    @property
+    def idle_harvested_pct(self) -> float:
+        return harvested_pct(self.with_lending)
+
     def to_json(self) -> dict[str, object]:
         idle = self.setup.idle
         return {
             "mode": "timeline", "lending": True, "policy": self.setup.policy,
             "gpu_hours_recovered_pct": self.gpu_hours_recovered_pct,
+            "idle_harvested_pct": self.idle_harvested_pct,
+            "resume_wait_hours_per_reclaim": resume_wait_per_reclaim(self.with_lending),
             "setup": {"load": self.setup.load, "hours": self.setup.hours, "nodes": self.setup.nodes,
                       "cluster_gpus": self.cluster_gpus, "seed": self.setup.seed, "idle_share": idle.idle_share,
                       "mean_idle_minutes": idle.mean_idle_minutes, "idle_threshold_minutes": idle.threshold_minutes},
@@ -85,6 +94,21 @@ def recovered_pct(without: ReplayOutcome, with_lending: ReplayOutcome) -> float:
     if without.allocated_gpu_hours <= 0:
         return 0.0
     return round(100.0 * with_lending.borrowed_gpu_hours / without.allocated_gpu_hours, 2)
+
+
+def harvested_pct(with_lending: ReplayOutcome) -> float:
+    """Borrowed GPU-hours as a percentage of the GPU-hours owners lent."""
+    if with_lending.lent_gpu_hours <= 0:
+        return 0.0
+    return round(100.0 * with_lending.borrowed_gpu_hours / with_lending.lent_gpu_hours, 2)
+
+
+def resume_wait_per_reclaim(with_lending: ReplayOutcome) -> float:
+    """Mean hours a reclaimed borrower waited before it ran again: what a reclaim cost it (its progress
+    is kept by the checkpoint protocol, so waiting is the loss the model sees)."""
+    if with_lending.reclaims == 0:
+        return 0.0
+    return round(with_lending.resume_wait_hours / with_lending.reclaims, 3)
 
 
 def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup: LendingSetup,
@@ -106,7 +130,7 @@ def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup:
     without, with_lending = outcomes[0], outcomes[1]
     by_share = dict(zip(shares, outcomes[1:], strict=True))
     rows = tuple(GainRow(share, recovered_pct(without, by_share[share]), by_share[share].reclaims,
-                         by_share[share].mean_wait_hours) for share in idle_shares)
+                         by_share[share].mean_wait_hours, harvested_pct(by_share[share])) for share in idle_shares)
     return LendingReport(setup, sum(len(n.cards) for n in nodes), without, with_lending, rows)
 
 
@@ -145,14 +169,18 @@ def text_report(report: LendingReport) -> list[str]:
         ("GPU-hours borrowed", report.without.borrowed_gpu_hours, report.with_lending.borrowed_gpu_hours, "{:.0f}"),
         ("mean wait (h)", report.without.mean_wait_hours, report.with_lending.mean_wait_hours, "{:.2f}"),
         ("p95 wait (h)", report.without.p95_wait_hours, report.with_lending.p95_wait_hours, "{:.2f}"),
+        ("GPU-hours lent by owners", "-", f"{report.with_lending.lent_gpu_hours:.0f}", "{}"),
         ("lends / reclaims", "-", f"{report.with_lending.lends} / {report.with_lending.reclaims}", "{}"),
+        ("wait after a reclaim (h)", "-", f"{resume_wait_per_reclaim(report.with_lending):.2f}", "{}"),
     ]
     for label, before, after, fmt in rows:
         lines.append(f"{label:<26}{fmt.format(before):>12}{fmt.format(after):>14}")
     lines += ["", f"gpu_hours_recovered_pct: {report.gpu_hours_recovered_pct:.2f} % "
-                  "(GPU-hours served to borrowers / GPU-hours allocated without lending)", "",
-              f"{'idle share':>10}{'recovered %':>13}{'reclaims':>10}{'mean wait (h)':>15}"]
+                  "(GPU-hours served to borrowers / GPU-hours allocated without lending)",
+              f"idle_harvested_pct: {report.idle_harvested_pct:.2f} % "
+              "(GPU-hours served to borrowers / GPU-hours owners lent)", "",
+              f"{'idle share':>10}{'recovered %':>13}{'harvested %':>13}{'reclaims':>10}{'mean wait (h)':>15}"]
     for row in report.by_idle_share:
-        lines.append(f"{row.idle_share:>10.0%}{row.gpu_hours_recovered_pct:>13.2f}{row.reclaims:>10}"
-                     f"{row.mean_wait_hours:>15.2f}")
+        lines.append(f"{row.idle_share:>10.0%}{row.gpu_hours_recovered_pct:>13.2f}{row.idle_harvested_pct:>13.2f}"
+                     f"{row.reclaims:>10}{row.mean_wait_hours:>15.2f}")
     return lines

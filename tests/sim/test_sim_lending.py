@@ -14,6 +14,7 @@ from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, 
 from gpupool.sim.arrivals import ArrivingPod, loaded_workload, sample_nodes
 from gpupool.sim.idle_model import IdleModel
 from gpupool.sim.lending import replay
+from gpupool.sim.lending_report import harvested_pct, resume_wait_per_reclaim
 from gpupool.sim.trace import TracePod
 
 HOUR = 3600.0
@@ -82,6 +83,11 @@ def test_a_waiting_pod_borrows_the_idle_card_and_gives_it_back() -> None:
     assert with_lending.mean_wait_hours == pytest.approx((0 + 0.5) / 2)
     assert without.mean_wait_hours == pytest.approx((0 + 3.5) / 2)
     assert with_lending.finished == without.finished == 2
+    # the owner lent 1 GPU-hour and the waiter used all of it; reclaimed at 2 h, it ran again at 4 h
+    assert with_lending.lent_gpu_hours == pytest.approx(1.0) and without.lent_gpu_hours == 0
+    assert harvested_pct(with_lending) == pytest.approx(100.0)
+    assert with_lending.resume_wait_hours == pytest.approx(2.0)
+    assert resume_wait_per_reclaim(with_lending) == pytest.approx(2.0)
 
 
 def test_a_regular_pod_reclaims_a_borrower_in_its_way() -> None:
@@ -101,6 +107,15 @@ def test_borrowers_need_the_cpu_the_owner_keeps() -> None:
     waiter = pod("waiter", 0.5, 1, cpu=8_000)
     outcome = replay([node(cpu=32_000)], [owner, waiter], "gpupool", lending=True, hours=10)
     assert outcome.borrowed_gpu_hours == 0 and outcome.lends == 1
+    assert outcome.lent_gpu_hours == pytest.approx(2.0)  # offered from 1 h to 3 h, none of it harvested
+    assert harvested_pct(outcome) == 0.0
+
+
+def test_a_lent_window_open_at_the_horizon_or_at_the_owners_end_is_counted_up_to_it() -> None:
+    ends_early = pod("a", 0, 2, lendable_h=((1, 2),))  # lends until it finishes at 2 h
+    still_idle = pod("b", 0, 50, lendable_h=((3, 40),))  # still lending when the replay stops at 10 h
+    outcome = replay([node(cards=2)], [ends_early, still_idle], "gpupool", lending=True, hours=10)
+    assert outcome.lent_gpu_hours == pytest.approx(1.0 + 7.0)
 
 
 @settings(max_examples=40)
