@@ -245,7 +245,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         if problem is not None:
             raise click.ClickException(problem)
     service = lending.attach(agent, monitor) if lending is not None and monitor is not None else None
-    await pods.publish_node(node, agent.inventory)
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
 
     async def post_warning(namespace: str, pod: str, reason: str, message: str) -> None:
@@ -257,8 +256,12 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     extra = [RiskCollector(checks)] if checks is not None else []
     metrics = await serve_metrics(agent, metrics_port, extra=extra, limits=server_limits) if metrics_port else None
 
-    async def publish_on_change() -> None:
+    async def publish_once_served() -> None:
+        """The inventory goes on the Node only once kubelet accepted the device plugins (the
+        extender places pods by it; kubelet must be able to grant them), then on every change."""
+        await manager.registered.wait()
         version = agent.devices_version
+        await pods.publish_node(node, agent.inventory)
         while True:
             version = await agent.wait_devices_changed(version)
             await pods.publish_node(node, agent.inventory)
@@ -268,14 +271,14 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(pods.run())  # the watch of this node's pods, first
             group.create_task(manager.run())
             group.create_task(agent.run())
-            group.create_task(publish_on_change())
+            group.create_task(publish_once_served())
             if checks is not None:
                 group.create_task(checks.run())
             if service is not None:
                 group.create_task(service.run())
-            if heartbeat is not None:  # after the first publication: a live Lease means a served node
+            if heartbeat is not None:  # only while registered: a live Lease means a served node
                 from gpupool.nodeagent.heartbeat import kube_heartbeat
-                group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run())
+                group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run(served=manager.registered))
     finally:
         if metrics is not None:
             await metrics.cleanup()
