@@ -3,7 +3,9 @@
 A cluster of ``--nodes`` one-card nodes, each card held whole by its owner; ``--lending`` of them
 lend 12,000 MiB; ``--waiting`` older low-priority pods (13,000 MiB: they fit no loan) have been
 filtered before and wait. Timed: the filter of a younger low-priority pod asking 8,000 MiB over
-every node (what kube-scheduler sends), and of a high-priority pod that may not borrow.
+every node (what kube-scheduler sends), and of a high-priority pod that may not borrow. The filter
+passes every node that fits (``--no-filter-best-only``, not the shipped mode), so that
+``borrower_passed`` counts the lending nodes the rules let it borrow on.
 
     python3 bench/lending_filter.py [--nodes 5000 --lending 100 --waiting 64 --json]
 """
@@ -15,6 +17,7 @@ import json
 import statistics
 import time
 
+from gpupool.extender.service import ExtenderSettings
 from gpupool.kube.translate import pod_request
 from gpupool.testing.kube_objects import node, placed_pod
 from gpupool.testing.lending_world import CARD, lendable, lending_node, lending_world, waiting
@@ -40,7 +43,8 @@ def measure(count: int, lending: int, older_count: int, rounds: int = ROUNDS) ->
              else node(f"n{i}", [CARD]) for i in range(2, count + 1)]
     owners = [placed_pod(f"own{i}", f"n{i}", 0, CARD) for i in range(2, count + 1)]
     older = [waiting(f"old{i}", 13000, age_s=i) for i in range(older_count)]
-    _, cache, service = lending_world(*owners, *older, nodes=[lending_node(), *nodes])
+    every_fit = ExtenderSettings(filter_best_only=False)
+    _, cache, service = lending_world(*owners, *older, nodes=[lending_node(), *nodes], settings=every_fit)
     names = [f"n{i}" for i in range(1, count + 1)]
     for raw in older:
         service.filter(pod_request(raw, cache.names), names)

@@ -70,13 +70,15 @@ class ExtenderOptions:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     """Leader-election timings (namespace and name come from the two fields above)."""
     identity: str = ""
-    explain_limit: int = 64
-    filter_best_only: bool = True
+    explain_limit: int = ExtenderSettings.explain_limit
+    filter_best_only: bool = ExtenderSettings.filter_best_only
     """Filter passes only the policy's best nodes (what the shipped scheduler configurations, which have
     no prioritizeVerb, need; right under a configuration with prioritizeVerb too)."""
-    filter_one_best: bool = True
+    filter_one_best: bool = ExtenderSettings.filter_one_best
     """Of the best nodes, filter passes the first in gpupool's node order (pods with soft preferences
     get them all)."""
+    assume_s: float = ExtenderSettings.assume_s
+    """How long the filter's choice of a pod's cards waits for its bind (docs/extender.md, "Assumed bookings")."""
     bind_deadline_s: float = DEFAULT_DEADLINE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tls: TlsFiles | None = None
@@ -141,7 +143,7 @@ class Replica:
 def service_settings(options: ExtenderOptions) -> ExtenderSettings:
     """The service's tunables among the options."""
     return ExtenderSettings(explain_limit=options.explain_limit, filter_best_only=options.filter_best_only,
-                            filter_one_best=options.filter_one_best)
+                            filter_one_best=options.filter_one_best, assume_s=options.assume_s)
 
 
 def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
@@ -306,17 +308,21 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--retry-period", default=LeaseSettings.retry_period, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds between attempts to acquire or renew the Lease (docs/extender.md, High availability).")
-@click.option("--explain-limit", default=64, show_default=True, type=int,
+@click.option("--explain-limit", default=ExtenderSettings.explain_limit, show_default=True, type=int,
               help="Failed nodes given an individual reason per filter call.")
-@click.option("--filter-best-only/--no-filter-best-only", default=True, show_default=True,
+@click.option("--filter-best-only/--no-filter-best-only", default=ExtenderSettings.filter_best_only, show_default=True,
               help="Filter passes only the nodes the policy scores best (the others get a reason): needed by "
                    "deploy/scheduler-config-*.yaml (no prioritizeVerb); --no-filter-best-only passes every node "
                    "that fits, for the -prioritize.yaml variants (docs/extender.md, Filter best only).")
-@click.option("--filter-one-best/--filter-all-best", default=True, show_default=True,
+@click.option("--filter-one-best/--filter-all-best", default=ExtenderSettings.filter_one_best, show_default=True,
               help="With --filter-best-only: pass one of the best nodes, the first in gpupool's fixed node order "
                    "(kube-scheduler then skips its scoring, and the pod goes where the simulator would put it); "
                    "pods with soft preferences, and --filter-all-best, get every best node "
                    "(docs/extender.md, One best node).")
+@click.option("--assume-deadline", default=ExtenderSettings.assume_s, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Seconds the filter's choice for a pod it passes one node stays booked when no bind of the pod "
+                   "comes (keep it a little above kube-scheduler's httpTimeout; docs/extender.md, Assumed bookings).")
 @click.option("--bind-deadline", default=DEFAULT_DEADLINE_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a bind may take across its retries (keep it below kube-scheduler's httpTimeout).")
@@ -365,7 +371,8 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, lease_duration: float, renew_deadline: float, retry_period: float,
-             explain_limit: int, filter_best_only: bool, filter_one_best: bool, bind_deadline: float,
+             explain_limit: int, filter_best_only: bool, filter_one_best: bool, assume_deadline: float,
+             bind_deadline: float,
              max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
@@ -392,7 +399,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, lease=lease, identity=identity, explain_limit=explain_limit,
                                  filter_best_only=filter_best_only, filter_one_best=filter_one_best,
-                                 bind_deadline_s=bind_deadline,
+                                 assume_s=assume_deadline, bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  agent_lease_namespace=agent_lease_namespace,

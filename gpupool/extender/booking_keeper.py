@@ -4,8 +4,13 @@ Why apart from the cache: the cache (:mod:`gpupool.extender.cache`) turns API ob
 records and node specs; this module turns records, binder calls and the clock into events for
 each pod's booking (:mod:`gpupool.extender.bookings`) and books in the :class:`ClusterState`
 whatever the resulting stage holds. Claims the cluster already holds are booked even beyond a
-card's capacity (:meth:`ClusterState.claim`); the binder's own reservations are checked
-(:meth:`ClusterState.apply`). Conflicts go to :class:`BookingProblems`.
+card's capacity (:meth:`ClusterState.claim`); the binder's own reservations and the filter's
+assumptions are checked (:meth:`ClusterState.apply`). Conflicts go to :class:`BookingProblems`.
+
+An assumption is the filter's choice, not a claim: it yields to the cluster's claims (a claim that
+would over-commit a card an assumption holds ends the assumption rather than report a conflict),
+it ends after its deadline (:meth:`BookingKeeper.drop_lapsed`), and the bind of its pod takes it
+over as its reservation when the bind is of the same request on the same node.
 
 Not thread-safe on its own: the cache calls it under its lock.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from gpupool.api.annotations import AnnotationError, Assignment
 from gpupool.core.groups import scope_of
@@ -23,6 +29,7 @@ from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import (
+    HOLDING,
     IDLE,
     PIN_SECONDS,
     Booking,
@@ -44,6 +51,35 @@ ENDED_CLEARED = "cleared"
 """Still there, but holds nothing any more (its assignment was removed, it asks for no GPU)."""
 RELEASE_REASONS = (ENDED_DELETED, ENDED_FINISHED, ENDED_CLEARED)
 
+ASSUMED_RESERVED = "reserved"
+"""The pod's bind took the assumption over on its node (the usual end)."""
+ASSUMED_MOVED = "moved"
+"""The pod's bind reserved on another node."""
+ASSUMED_REPLACED = "replaced"
+"""A later filter of the pod decided again."""
+ASSUMED_REFUSED = "refused"
+"""The pod's bind ended without a reservation (refused, or not this replica's to do)."""
+ASSUMED_EXPIRED = "expired"
+"""No bind came before the deadline."""
+ASSUMED_POD_ENDED = "pod_ended"
+"""The pod was deleted or finished, or its node left."""
+ASSUMED_SEEN = "seen"
+"""The watch showed the pod bound or annotated by a writer (another replica's bind, say)."""
+ASSUMED_CONFLICT = "conflict"
+"""A claim of the cluster needed the assumed cards."""
+ASSUMPTION_ENDS = (ASSUMED_RESERVED, ASSUMED_MOVED, ASSUMED_REPLACED, ASSUMED_REFUSED, ASSUMED_EXPIRED,
+                   ASSUMED_POD_ENDED, ASSUMED_SEEN, ASSUMED_CONFLICT)
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """What a filter's assumption was decided for, and until when it holds (on the keeper's clock)."""
+
+    asked: PodRequest
+    """The pod's request as translated from its object: the bind reuses the assumed cards only for
+    the same request (a pod replaced under its name may ask for other amounts)."""
+    deadline: float
+
 
 class BookingKeeper:
     """Every pod's :class:`Booking`, the pins of committed binds, and the ledger they are booked in."""
@@ -63,6 +99,10 @@ class BookingKeeper:
         self._nodes_of: dict[str, frozenset[str]] = {}
         self.released: Counter[str] = Counter()
         """Bookings given back because the pod ended, by how (:data:`RELEASE_REASONS`; metrics)."""
+        self.assumptions: dict[str, Assumption] = {}
+        """Per pod in stage ``ASSUMED``, what its filter assumed it for and until when."""
+        self.assumption_ends: Counter[str] = Counter()
+        """Assumptions ended, by how (:data:`ASSUMPTION_ENDS`; metrics)."""
 
     def spec_of(self, name: str) -> NodeSpec | None:
         """The spec of a present node."""
@@ -76,6 +116,8 @@ class BookingKeeper:
         """Feed the booking of ``key`` what its latest pod record (and pin) says now."""
         pin = self.pins.get(key)
         record = self.pods.get(key)
+        if record is not None and record.finished:
+            self.unassume(key, ASSUMED_POD_ENDED)
         seen = observe(record, pin, now=self.clock(),
                        unconfirmed_timeout_s=self.unconfirmed_timeout_s, spec_of=self.spec_of)
         if pin is not None and seen.event is not Event.SEEN_BEHIND:
@@ -91,6 +133,8 @@ class BookingKeeper:
         """Re-sync every pod whose booking depends on node ``name`` (it arrived, changed or left)."""
         if self.spec_of(name) is None:
             self.problems.cards_over(self.state, name, (), self.uid_of)
+            for key in sorted(self._on_node.get(name, ())):
+                self.unassume(key, ASSUMED_POD_ENDED)  # the filter's choice went with the node
         for key in sorted(self._on_node.get(name, ())):
             self.sync(key)
 
@@ -106,10 +150,16 @@ class BookingKeeper:
         """The pod is gone: nothing is left for its pin to hold."""
         self.pins.pop(key, None)
 
+    def gone(self, key: str) -> None:
+        """The pod object the watch knew is gone (deleted, or replaced under its name): a filter's
+        assumption for it ends (a bind in flight keeps its reservation)."""
+        self.unassume(key, ASSUMED_POD_ENDED)
+
     def expire(self) -> list[str]:
-        """Re-evaluate unbound assignments and pins against the clock; returns pods whose booking ended."""
+        """Re-evaluate unbound assignments and pins against the clock, and end assumptions past
+        their deadline; returns pods whose booking ended."""
+        ended = self.drop_lapsed()
         keys = [k for k, r in self.pods.items() if r.assignment is not None and not r.node_name]
-        ended: list[str] = []
         for key in sorted({*keys, *self.pins}):
             had = key in self.state.placements
             self.sync(key)
@@ -117,29 +167,75 @@ class BookingKeeper:
                 ended.append(key)
         return ended
 
+    # ----------------------------------------------------------------------------- filter side
+    def assume(self, asked: PodRequest, request: PodRequest, node: str, scheduler: Scheduler, *, hold_s: float,
+               check: Callable[[Placement], str | None] | None = None,
+               borrow: Callable[[PodRequest, str], Placement | Unschedulable] | None = None) -> Placement | None:
+        """Book the filter's choice of cards for ``request`` on ``node`` (the one node it passed) as
+        ``ASSUMED`` for ``hold_s`` seconds; None when nothing was booked: the pod holds something
+        already (a bind in flight, a written assignment: that booking stands), or the node refuses it.
+
+        ``asked``: the request as translated from the pod (``request`` is it narrowed by the pod's
+        tenancy); ``check`` and ``borrow`` as for :meth:`reserve`. A previous assumption of the pod
+        is replaced."""
+        key = request.key
+        self.unassume(key, ASSUMED_REPLACED)
+        if self.bookings.get(key, Booking()).stage in HOLDING:
+            return None
+        if request.wants_gpu and node in self.problems.refused_nodes:
+            return None
+        decision = self._choose(request, node, scheduler, check, borrow)
+        if not isinstance(decision, Placement):
+            return None
+        try:
+            self.state.apply(decision, scope_of(request))
+        except AllocationError:
+            return None
+        self.assumptions[key] = Assumption(asked, self.clock() + hold_s)
+        self._fire(key, Event.ASSUME, decision)
+        return decision
+
+    def unassume(self, key: str, why: str) -> None:
+        """End the pod's assumption, if it has one (``why``: one of :data:`ASSUMPTION_ENDS`)."""
+        if self.bookings.get(key, Booking()).stage is Stage.ASSUMED:
+            self._fire(key, Event.UNASSUME, why=why)
+
+    def drop_lapsed(self) -> list[str]:
+        """End the assumptions whose deadline has passed; returns their pods."""
+        if not self.assumptions:
+            return []
+        now = self.clock()
+        lapsed = sorted(key for key, held in self.assumptions.items() if held.deadline <= now)
+        for key in lapsed:
+            self.unassume(key, ASSUMED_EXPIRED)
+        return lapsed
+
     # ----------------------------------------------------------------------------- binder side
     def reserve(self, request: PodRequest, node: str, scheduler: Scheduler, *,
                 check: Callable[[Placement], str | None] | None = None,
                 borrow: Callable[[PodRequest, str], Placement | Unschedulable] | None = None,
-                ) -> Placement | Unschedulable:
+                asked: PodRequest | None = None) -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them (see :meth:`ClusterCache.reserve`).
 
         ``check``: a last word on the chosen placement (the pod's quotas), asked after the pod's
         previous booking is lifted and before the new one is booked, in this one step. ``borrow``:
-        the choice on lent capacity when no owned capacity holds the pod (:mod:`gpupool.extender.borrowing`)."""
+        the choice on lent capacity when no owned capacity holds the pod (:mod:`gpupool.extender.borrowing`).
+        ``asked``: the request as translated from the pod; when the pod's filter assumed the same
+        request on this node, those cards become the reservation (if they still pass the checks).
+        An assumption is never restored: a bind that books nothing ends it."""
         key = request.key
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
             return Unschedulable(key, refused)
+        assumption = self.assumptions.get(key)
         previous = self._release(key)
-        decision = scheduler.assign(request, node)
-        if isinstance(decision, Unschedulable) and borrow is not None:
-            lent = borrow(request, node)
-            decision = lent if isinstance(lent, Placement) else Unschedulable(key, f"{decision.reason}; {lent.reason}")
-        if isinstance(decision, Placement) and check is not None:
-            reason = check(decision)
-            if reason is not None:
-                decision = Unschedulable(key, reason)
+        decision: Placement | Unschedulable | None = None
+        if (assumption is not None and previous is not None and previous.node == node
+                and assumption.asked == asked and self.state.check(previous, scope_of(request)) is None
+                and (check is None or check(previous) is None)):
+            decision = previous  # the filter's choice, as kube-scheduler's bind takes its assumed pod
+        if decision is None:
+            decision = self._choose(request, node, scheduler, check, borrow)
         if isinstance(decision, Placement):
             try:
                 self.state.apply(decision, scope_of(request))
@@ -148,8 +244,27 @@ class BookingKeeper:
             else:
                 self._fire(key, Event.RESERVE, decision)
                 return decision
-        if previous is not None:
+        if assumption is not None:
+            self._fire(key, Event.UNASSUME, why=ASSUMED_REFUSED)
+        elif previous is not None:
             self._book(key, previous)
+        return decision
+
+    @staticmethod
+    def _choose(request: PodRequest, node: str, scheduler: Scheduler,
+                check: Callable[[Placement], str | None] | None,
+                borrow: Callable[[PodRequest, str], Placement | Unschedulable] | None) -> Placement | Unschedulable:
+        """The core's cards for ``request`` on ``node`` (lent capacity when ``borrow`` and nothing
+        owned holds it), refused when ``check`` says so; nothing booked."""
+        key = request.key
+        decision = scheduler.assign(request, node)
+        if isinstance(decision, Unschedulable) and borrow is not None:
+            lent = borrow(request, node)
+            decision = lent if isinstance(lent, Placement) else Unschedulable(key, f"{decision.reason}; {lent.reason}")
+        if isinstance(decision, Placement) and check is not None:
+            reason = check(decision)
+            if reason is not None:
+                decision = Unschedulable(key, reason)
         return decision
 
     def commit(self, key: str, assignment: Assignment) -> None:
@@ -183,13 +298,16 @@ class BookingKeeper:
 
     # --------------------------------------------------------------------------------- booking
     def _fire(self, key: str, event: Event, placement: Placement | None = None,
-              problem: str | None = None) -> None:
+              problem: str | None = None, why: str = "") -> None:
         old = self.bookings.get(key, Booking())
         try:
             new = advance(old, event, placement, problem)
         except BookingError as exc:
             log.error("pod %s: %s; booking kept as it is", key, exc)
             return
+        if old.stage is Stage.ASSUMED and new.stage is not Stage.ASSUMED:
+            self.assumptions.pop(key, None)
+            self.assumption_ends[why or _assumption_end(old, event, placement)] += 1
         if new.stage in IDLE and key not in self.pods and key not in self.pins:
             self.bookings.pop(key, None)
         else:
@@ -233,8 +351,25 @@ class BookingKeeper:
             except AllocationError as exc:
                 log.error("pod %s: cannot book %s: %s", key, desired, exc)
                 return
+            if over:
+                over = self._yield_assumptions(desired.node, over)
             if over or desired.node in self.problems.overcommitted:
                 self.problems.cards_over(self.state, desired.node, over, self.uid_of)
+
+    def _yield_assumptions(self, node: str, over: tuple[int, ...]) -> tuple[int, ...]:
+        """End the assumptions holding a card of ``node`` that a claim just took beyond its
+        capacity (an assumption is the filter's guess, the claim is the cluster's); the cards
+        still over capacity afterwards."""
+        row = self.state.index[node]
+        cards = set(over)
+        yielding = sorted(k for k in self.state.pods_on.get(row, ()) if self.bookings.get(k, Booking()).stage
+                          is Stage.ASSUMED and cards.intersection(self.state.placements[k].held_per_card()))
+        if not yielding:
+            return over
+        for key in yielding:
+            self._fire(key, Event.UNASSUME, why=ASSUMED_CONFLICT)
+        self.state.upsert_node(self.state.specs[row])  # a release from a card over capacity: derive it again
+        return self.state.over_capacity(node)
 
     def _release(self, key: str) -> Placement | None:
         placement = self.state.release(key)
@@ -249,3 +384,13 @@ class BookingKeeper:
         """The uid of a known pod ("" when it is not known)."""
         record = self.pods.get(key)
         return record.uid if record is not None else ""
+
+
+def _assumption_end(old: Booking, event: Event, placement: Placement | None) -> str:
+    """How an assumption ended when the event itself says (a bind's reservation, the watch)."""
+    if event is Event.RESERVE:
+        same = placement is not None and old.placement is not None and placement.node == old.placement.node
+        return ASSUMED_RESERVED if same else ASSUMED_MOVED
+    if event is Event.ASSUME:
+        return ASSUMED_REPLACED
+    return ASSUMED_SEEN

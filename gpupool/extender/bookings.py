@@ -8,14 +8,23 @@ event that is not in :data:`TRANSITIONS` raises :class:`BookingError`: the table
 
 The usual path, and the ways out::
 
-    NONE --RESERVE--> RESERVED --COMMIT--> PINNED --SEEN_BOUND--> BOUND --SEEN_CONFIRMED--> CONFIRMED
-                         |                   |  (the watch shows the write)    |
-                      ROLLBACK           TIMED_OUT                        SEEN_NOTHING
-                         v                   v                                 v
-                    ROLLED_BACK           EXPIRED                          RELEASED
+    NONE --ASSUME--> ASSUMED --RESERVE--> RESERVED --COMMIT--> PINNED --SEEN_BOUND--> BOUND
+                        |                    |                   |   (the watch shows   |
+                    UNASSUME              ROLLBACK           TIMED_OUT   the write)   SEEN_NOTHING
+                        v                    v                   v                      v
+                      NONE              ROLLED_BACK           EXPIRED               RELEASED
 
-A bind in flight (``RESERVED``) holds its cards whatever the watch says meanwhile. A bind that
-wrote its assignment (``PINNED``) holds them until the watch shows that write (an older event still
+    BOUND --SEEN_CONFIRMED--> CONFIRMED (the node agent's allocated-v1); a bind may also start
+    from NONE (no filter passed the pod one node, or its assumption ended).
+
+A filter that passes a pod one node books its choice there (``ASSUMED``, as kube-scheduler's own
+cache assumes a pod before its bind), so the filters of other pods that come before the bind see
+it. The watch's word on a pending pod (it holds nothing) does not lift it; a bind turns it into its
+reservation (``RESERVE``, on the assumed node or another), and ``UNASSUME`` ends it without one:
+the bind was refused, a later filter of the pod decided again, the pod was deleted or finished, a
+claim of the cluster needed its cards, or its deadline passed (:mod:`gpupool.extender.booking_keeper`
+fires it). A bind in flight (``RESERVED``) holds its cards whatever the watch says meanwhile. A bind
+that wrote its assignment (``PINNED``) holds them until the watch shows that write (an older event still
 in the stream must not free them), the pod ends, or ``PIN_SECONDS`` pass. Pods the watch shows are
 ``ANNOTATED`` (not bound yet: expires after the unconfirmed timeout), ``BOUND`` or ``CONFIRMED``
 (by the node agent's ``allocated-v1``). A pod bound by kube-scheduler alone, without GPUs, is
@@ -43,6 +52,9 @@ class Stage(StrEnum):
     NONE = "none"
     WAITING = "waiting"
     """The pod names a node the ledger does not have (yet): booked when the node arrives."""
+    ASSUMED = "assumed"
+    """The filter passed the pod one node: its choice there is held until the bind, a later filter
+    of the pod, the pod's end or a deadline (in memory only: nothing is written for it)."""
     RESERVED = "reserved"
     PINNED = "pinned"
     ANNOTATED = "annotated"
@@ -57,6 +69,10 @@ class Stage(StrEnum):
 class Event(StrEnum):
     """What can happen to a booking: binder calls, watch observations, the clock."""
 
+    ASSUME = "assume"
+    """The filter passed the pod one node (a later filter of it replaces its choice)."""
+    UNASSUME = "unassume"
+    """An assumption ends without a reservation: see :class:`Stage` ``ASSUMED``."""
     RESERVE = "reserve"
     COMMIT = "commit"
     ROLLBACK = "rollback"
@@ -77,7 +93,7 @@ class BookingError(RuntimeError):
     """An event that the table does not allow in the booking's stage."""
 
 
-HOLDING = frozenset({Stage.RESERVED, Stage.PINNED, Stage.ANNOTATED, Stage.BOUND, Stage.CONFIRMED,
+HOLDING = frozenset({Stage.ASSUMED, Stage.RESERVED, Stage.PINNED, Stage.ANNOTATED, Stage.BOUND, Stage.CONFIRMED,
                      Stage.UNREADABLE})
 IDLE = frozenset(set(Stage) - HOLDING)
 """Stages that hold nothing; every event leads out of them the same way."""
@@ -88,6 +104,7 @@ _SEEN = {Event.SEEN_ANNOTATED: Stage.ANNOTATED, Event.SEEN_BOUND: Stage.BOUND,
 """Where a watch observation leads from any stage the watch decides (the API is the truth there)."""
 
 _FROM_IDLE: dict[Event, Stage] = {
+    Event.ASSUME: Stage.ASSUMED,
     Event.RESERVE: Stage.RESERVED,
     Event.COMMIT: Stage.PINNED,  # a write whose reservation a concurrent bind of the pod ended: still held
     Event.SEEN_NOTHING: Stage.NONE,
@@ -110,8 +127,20 @@ _FROM_SEEN: dict[Event, Stage] = {
     **_SEEN,
 }
 
+_FROM_ASSUMED: dict[Event, Stage] = {
+    Event.ASSUME: Stage.ASSUMED,  # a later filter of the pod decided again
+    Event.UNASSUME: Stage.NONE,
+    Event.RESERVE: Stage.RESERVED,  # the bind: on the assumed node or another
+    Event.COMMIT: Stage.PINNED,
+    Event.SEEN_NOTHING: Stage.ASSUMED,  # pending, as an assumed pod is (or not delivered by the watch yet)
+    Event.TIMED_OUT: Stage.ASSUMED,  # an expired assignment of an earlier attempt: the assumption is newer
+    Event.SEEN_BEHIND: Stage.PINNED,
+    **_SEEN,  # bound or annotated by a writer: the API is the truth
+}
+
 TRANSITIONS: dict[tuple[Stage, Event], Stage] = {
     **{(stage, event): to for stage in IDLE for event, to in _FROM_IDLE.items()},
+    **{(Stage.ASSUMED, event): to for event, to in _FROM_ASSUMED.items()},
     (Stage.RESERVED, Event.RESERVE): Stage.RESERVED,  # a retried bind replaces its reservation
     (Stage.RESERVED, Event.COMMIT): Stage.PINNED,
     (Stage.RESERVED, Event.ROLLBACK): Stage.ROLLED_BACK,
@@ -123,11 +152,15 @@ TRANSITIONS: dict[tuple[Stage, Event], Stage] = {
     (Stage.ANNOTATED, Event.TIMED_OUT): Stage.EXPIRED,
 }
 """(stage, event) → next stage. Not here, by design: a rollback without a reservation, a time-out
-of a bound pod, an observation "behind a pin" in a stage the watch already decided."""
+of a bound pod, an observation "behind a pin" in a stage the watch already decided, an assumption
+of a pod that holds something (a bind in flight, a written assignment: that booking stands), the end
+of an assumption that is not there."""
 
-HELD = frozenset((Stage.RESERVED, event) for event in Event if event not in
-                 (Event.RESERVE, Event.COMMIT, Event.ROLLBACK))
-"""Transitions that keep the booking as it is: a bind in flight holds its cards."""
+HELD = frozenset({*((Stage.RESERVED, event) for event in Event if event not in
+                    (Event.RESERVE, Event.COMMIT, Event.ROLLBACK)),
+                  (Stage.ASSUMED, Event.SEEN_NOTHING), (Stage.ASSUMED, Event.TIMED_OUT)})
+"""Transitions that keep the booking as it is: a bind in flight holds its cards, and so does an
+assumption while the watch shows its pod pending."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ list+watch events (:mod:`gpupool.extender.watch`) and by the binder's own reserv
 The ledger books what every pod holds: its cards, and its CPU and memory on the node it is bound
 to, pods without GPUs included, so the policies' CPU terms see the node as the simulator would.
 This module turns API objects into pod records (:mod:`gpupool.extender.pod_records`) and node
-specs (:mod:`gpupool.extender.node_specs`); how a pod's booking evolves (reserved by a bind, pinned
-after it, annotated, bound, confirmed, expired, released, rolled back) is the table of
+specs (:mod:`gpupool.extender.node_specs`); how a pod's booking evolves (assumed by a filter,
+reserved by a bind, pinned after it, annotated, bound, confirmed, expired, released, rolled back) is the table of
 :mod:`gpupool.extender.bookings`, and :mod:`gpupool.extender.booking_keeper` keeps the ledger equal
 to what the stages hold, conflicts included (:mod:`gpupool.extender.booking_problems`).
 
@@ -41,7 +41,7 @@ from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.request_memo import RequestMemo
-from gpupool.extender.tenancy import Admissions
+from gpupool.extender.tenancy import Admission, Admissions
 from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
 from gpupool.kube.pod_holding import PodRecord
@@ -247,6 +247,7 @@ class ClusterCache:
         record = self.pods.pop(key, None)
         if record is not None:
             self.uids.pop(record.uid, None)
+        self.keeper.gone(key)
         self.keeper.sync(key)
 
     def _announce_release(self, key: str) -> None:
@@ -256,18 +257,52 @@ class ClusterCache:
             except Exception:  # a listener's bug must not stop the watch from keeping the ledger
                 log.exception("release listener failed for pod %s", key)
 
+    # ------------------------------------------------------------------------ filter assumptions
+    def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
+        """Book the filter's choice for the pod on ``node``, the one node its answer passes, as
+        ``ASSUMED`` for ``hold_s`` seconds (:meth:`BookingKeeper.assume`): the filters of other
+        pods see it before the bind comes. ``asked``: the pod's request as translated,
+        ``admission``: it under the pod's tenancy (the filter's). None when nothing was booked."""
+        with self.lock:
+            return self.keeper.assume(asked, admission.request, node, self.scheduler, hold_s=hold_s,
+                                      check=admission.quota_check(self.state), borrow=self._borrow)
+
+    def unassume(self, key: str, why: str) -> None:
+        """End the filter's assumption for pod ``key``, if it has one (why: see
+        :data:`gpupool.extender.booking_keeper.ASSUMPTION_ENDS`)."""
+        with self.lock:
+            self.keeper.unassume(key, why)
+
+    def drop_lapsed(self) -> list[str]:
+        """End the assumptions past their deadline; returns their pods."""
+        with self.lock:
+            return self.keeper.drop_lapsed()
+
+    @property
+    def assumption_ends(self) -> Mapping[str, int]:
+        """Assumptions ended, by how (read under :attr:`lock`)."""
+        return self.keeper.assumption_ends
+
+    @property
+    def assumed_pods(self) -> int:
+        """Pods the filter's assumptions hold now (read under :attr:`lock`)."""
+        return len(self.keeper.assumptions)
+
     # ---------------------------------------------------------------------- binder reservations
     def expire(self) -> list[str]:
-        """Re-evaluate unbound assignments and pins against the clock; returns pods whose booking ended."""
+        """Re-evaluate unbound assignments and pins against the clock, and end assumptions past
+        their deadline; returns pods whose booking ended."""
         with self.lock:
             return self.keeper.expire()
 
     def reserve(self, request: PodRequest, node: str, tenant: PodTenancy | None = None) -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them, atomically under the lock.
 
-        The pod's previous booking (an expired or stale assignment of an earlier attempt, or one
-        another replica just wrote) is lifted while the core decides, so a retried bind does not
-        compete with itself; it is restored when the pod no longer fits. A node with a claim whose
+        The pod's previous booking (its filter's assumption, an expired or stale assignment of an
+        earlier attempt, or one another replica just wrote) is lifted while the core decides, so a
+        retried bind does not compete with itself; it is restored when the pod no longer fits,
+        except an assumption, which ends. The cards its filter assumed on this node for the same
+        request become the reservation when they still pass the checks. A node with a claim whose
         assignment cannot be read takes no GPU pod (its free cards are not known). ``tenant``: the
         pod's tenancy: its group and pools must hold the node, and its quotas are checked against
         the exact placement in the same step as it is booked (:mod:`gpupool.extender.tenancy`).
@@ -281,7 +316,8 @@ class ClusterCache:
             if refusal is not None:
                 return Unschedulable(request.key, refusal)
             decision = self.keeper.reserve(admission.request, node, self.scheduler,
-                                           check=admission.quota_check(self.state), borrow=self._borrow)
+                                           check=admission.quota_check(self.state), borrow=self._borrow,
+                                           asked=request)
             if isinstance(decision, Placement) and decision.borrowed_from is not None:
                 self.lending.placed += 1
             return decision

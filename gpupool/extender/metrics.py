@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from gpupool.core.lent import LentTotals
 from gpupool.core.model import CardMode
 from gpupool.core.state import BoolArray, IntArray
-from gpupool.extender.booking_keeper import RELEASE_REASONS
+from gpupool.extender.booking_keeper import ASSUMPTION_ENDS, RELEASE_REASONS
 from gpupool.extender.borrowing import FilterOutcome
 from gpupool.extender.service import Ledger
 
@@ -53,10 +53,6 @@ class ExtenderMetrics:
         self.binds_in_flight = Gauge("gpupool_extender_binds_in_flight",
                                      "Binds started and not yet answered (each holds a booking)",
                                      registry=self.registry)
-        self.in_flight_waits = Counter("gpupool_extender_filter_in_flight_waits",
-                                       "Filters whose only best node was in flight for another pod, by how the wait "
-                                       "for that pod's booking ended (booked: asked again; timed_out: passed anyway)",
-                                       ["outcome"], registry=self.registry)
 
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         """Count one request and its latency."""
@@ -107,6 +103,10 @@ class LedgerTotals:
     lending_filters: tuple[tuple[str, int], ...] = ()
     """Filter answers that asked lent capacity, by outcome (:class:`FilterOutcome` order)."""
     borrowers_placed: int = 0
+    assumed_pods: int = 0
+    """Pods whose filter's choice is booked until their bind (``ASSUMED``)."""
+    assumptions_ended: tuple[tuple[str, int], ...] = ()
+    """Assumptions ended, by how (:data:`ASSUMPTION_ENDS` order)."""
 
     @classmethod
     def read(cls, ledger: Ledger) -> LedgerTotals:
@@ -127,10 +127,12 @@ class LedgerTotals:
             lent = state.lent.totals()
             filters = tuple((outcome.value, ledger.lending.filters[outcome]) for outcome in FilterOutcome)
             placed = ledger.lending.placed
+            assumed = ledger.assumed_pods
+            ends = tuple((how, ledger.assumption_ends.get(how, 0)) for how in ASSUMPTION_ENDS)
         totals = cls.summarise(arrays, synced=synced, nodes_with_problem=problems, pods_booked=booked,
                                overcommitted_cards=overcommitted, unreadable_assignments=unreadable)
         return replace(totals, bookings_released=released, lent=lent, lending_filters=filters,
-                       borrowers_placed=placed)
+                       borrowers_placed=placed, assumed_pods=assumed, assumptions_ended=ends)
 
     @classmethod
     def summarise(cls, arrays: CardArrays, *, synced: bool, nodes_with_problem: int, pods_booked: int,
@@ -160,8 +162,10 @@ TOTAL_GAUGES: tuple[tuple[str, str, Callable[[LedgerTotals], float]], ...] = (
     ("gpupool_cluster_nodes_with_problem",
      "Nodes whose inventory or served aliases are refused (no pod is placed there)",
      lambda t: t.nodes_with_problem),
-    ("gpupool_cluster_pods_booked", "Pods holding GPU resources in the ledger (binds in flight included)",
-     lambda t: t.pods_booked),
+    ("gpupool_cluster_pods_booked", "Pods holding GPU resources in the ledger (binds in flight and assumed "
+     "pods included)", lambda t: t.pods_booked),
+    ("gpupool_extender_assumed_pods", "Pods the filter passed one node whose bind has not come yet (their cards "
+     "are booked as assumed)", lambda t: t.assumed_pods),
     ("gpupool_cluster_gpu_memory_total_mib", "Memory of every card (MiB)", lambda t: t.memory_total_mib),
     ("gpupool_cluster_gpu_memory_allocated_mib", "Memory booked on the cards (MiB)",
      lambda t: t.memory_allocated_mib),
@@ -211,6 +215,14 @@ class LedgerCollector(Collector):
         for reason, count in totals.bookings_released:
             released.add_metric([reason], count)
         yield released
+        ended = CounterMetricFamily("gpupool_extender_assumptions_ended",
+                                    "Filter assumptions ended, by how: reserved (its bind took it over), moved "
+                                    "(bound elsewhere), replaced (filtered again), refused (its bind booked "
+                                    "nothing), expired, pod_ended, seen (bound by another writer), conflict",
+                                    labels=["how"])
+        for how, count in totals.assumptions_ended:
+            ended.add_metric([how], count)
+        yield ended
         yield from lending_families(totals)
 
 

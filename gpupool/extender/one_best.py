@@ -12,21 +12,17 @@ and unrelated to names' alphabetical order. A pod with soft preferences (preferr
 affinity or anti-affinity, topology spread constraints that only prefer) still gets every best node,
 so that kube-scheduler's plugins honour those preferences among them.
 
-kube-scheduler filters the next pod while the last one's bind is still on its way, so the ledger
-does not show that pod yet: a fixed order would hand the next pod the same node, and the second
-bind would fail where the node has no room for both (and the pod wait out kube-scheduler's back-off).
-So a node passed alone stays *in flight* until the ledger books its pod (the bind's reservation) or
-the bind returns (or :data:`IN_FLIGHT_S` passed), and the order skips in-flight nodes while another
-best node remains: what kube-scheduler's plugins did with the pods it had assumed. Where the only
-best node is in flight, the HTTP adapter waits (:data:`IN_FLIGHT_WAIT_S` at most) for that pod's
-booking and asks again, since the node may have no room for both.
+kube-scheduler filters the next pod while the last one's bind is still on its way. The node passed
+alone is not skipped for the next pod: the filter books its pod's cards there at once (``ASSUMED``,
+:mod:`gpupool.extender.bookings`), so the next filter sees the node as fuller and passes it again
+only where it holds the next pod too (a packing policy often prefers it then, as the simulator,
+placing pods one after the other, would): kube-scheduler's own plugins likewise see the pods it has
+assumed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,12 +33,6 @@ from gpupool.core.state import ClusterState, IntArray
 RANK_BYTES = 7
 """Bytes of the name's digest in a rank: fits an int64 with room, ties between names ~never."""
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-IN_FLIGHT_S = 2.0
-"""How long a node passed alone counts as in flight when its pod's bind never comes (a pod deleted
-or refused by a later plugin); a bind normally comes within milliseconds."""
-IN_FLIGHT_WAIT_S = 0.25
-"""How long a filter whose only best node is in flight waits for that node's pod to be booked."""
-IN_FLIGHT_POLL_S = 0.001
 TIED_NOT_FIRST = "fits as well as the node passed, which comes first in gpupool's node order"
 """The reason of a best node that was not passed (sent only when no node passed, i.e. never)."""
 
@@ -73,75 +63,9 @@ class TieRanks:
         self._rows = (state, state.layout_version, ranks)
         return ranks
 
-    def first(self, state: ClusterState, rows: IntArray, skip: IntArray | None = None) -> int:
-        """The position in ``rows`` of the row ranked first, rows in ``skip`` last."""
-        ranks = self.ranks(state).take(rows)
-        if skip is not None and len(skip):
-            away = np.isin(rows, skip)
-            if not away.all():
-                ranks = np.where(away, np.iinfo(np.int64).max, ranks)
-        return int(ranks.argmin())
-
-
-class InFlight:
-    """Nodes passed alone to pods whose bind has not booked them yet (thread-safe: filters run on
-    the event loop, binds on a pool)."""
-
-    def __init__(self, hold_s: float = IN_FLIGHT_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._hold_s = hold_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._by_pod: dict[str, tuple[str, float]] = {}
-
-    def passed(self, pod: str, node: str) -> None:
-        """``node`` was passed alone to ``pod`` (``namespace/name``); a later filter of it replaces this."""
-        with self._lock:
-            self._by_pod[pod] = (node, self._clock() + self._hold_s)
-
-    def booked(self, pod: str) -> None:
-        """``pod``'s bind is over (booked or refused): its node is the ledger's business again."""
-        with self._lock:
-            self._by_pod.pop(pod, None)
-
-    def _live(self, state: ClusterState) -> list[tuple[str, int]]:
-        """Each pod in flight now with its node's ledger row. A pod the ledger already books (its
-        bind reserved) is not in flight; entries held too long are dropped."""
-        now = self._clock()
-        with self._lock:
-            if not self._by_pod:
-                return []
-            expired = [pod for pod, (_, until) in self._by_pod.items() if until <= now]
-            for pod in expired:
-                del self._by_pod[pod]
-            entries = list(self._by_pod.items())
-        booked = state.placements
-        return [(pod, state.index[node]) for pod, (node, _) in entries if pod not in booked and node in state.index]
-
-    def holders(self, state: ClusterState, but: str = "") -> dict[int, str]:
-        """The ledger rows of the nodes in flight now for pods other than ``but``, each with one of
-        those pods (a node passed to two pods stays in flight for the other when one asks again)."""
-        return {row: pod for pod, row in self._live(state) if pod != but}
-
-    def holds(self, pod: str, state: ClusterState) -> bool:
-        """Whether ``pod``'s node is still in flight (whoever else holds that node too)."""
-        return any(holder == pod for holder, _ in self._live(state))
-
-
-class OneBest:
-    """The fixed node order and the nodes in flight: which of the best nodes a filter passes."""
-
-    def __init__(self, rank_of: Callable[[str], int] = stable_rank) -> None:
-        self.ranks = TieRanks(rank_of)
-        self.in_flight = InFlight()
-
-    def choose(self, state: ClusterState, rows: IntArray, pod: str) -> tuple[int, str]:
-        """The position in ``rows`` (the best nodes) of the one to pass to ``pod``: the first in the
-        order among those not in flight for another pod, else the first; and the pod whose
-        in-flight node it is ("" when none)."""
-        holders = self.in_flight.holders(state, but=pod)
-        skip = np.fromiter(holders, dtype=np.int64, count=len(holders)) if holders else None
-        first = self.ranks.first(state, rows, skip) if len(rows) > 1 else 0
-        return first, holders.get(int(rows[first]), "")
+    def first(self, state: ClusterState, rows: IntArray) -> int:
+        """The position in ``rows`` of the row ranked first."""
+        return int(self.ranks(state).take(rows).argmin())
 
 
 def has_soft_preferences(pod: Mapping[str, Any] | None) -> bool:

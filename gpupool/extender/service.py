@@ -26,13 +26,14 @@ from gpupool.core.policies import PlacementPolicy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.best_nodes import best_nodes
+from gpupool.extender.booking_keeper import ASSUMED_REFUSED, ASSUMED_REPLACED
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.borrowing import Lending
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
-from gpupool.extender.one_best import TIED_NOT_FIRST, OneBest, has_soft_preferences, stable_rank
+from gpupool.extender.one_best import TIED_NOT_FIRST, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
 from gpupool.extender.refusal_texts import alias_problem, with_outside
@@ -104,6 +105,22 @@ class Ledger(Protocol):
     def new_policy(self) -> PlacementPolicy:
         """A fresh instance of the placement policy."""
 
+    def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
+        """Book the filter's choice on the one node it passes until the pod's bind (``ASSUMED``)."""
+
+    def unassume(self, key: str, why: str) -> None:
+        """End the filter's assumption for pod ``key``, if it has one."""
+
+    def drop_lapsed(self) -> list[str]:
+        """End the assumptions past their deadline."""
+
+    @property
+    def assumed_pods(self) -> int:
+        """Pods the filter's assumptions hold now; read under ``lock``."""
+
+    @property
+    def assumption_ends(self) -> Mapping[str, int]:
+        """Assumptions ended, by how; read under ``lock``."""
 
 
 class RefusedPods(Protocol):
@@ -155,9 +172,6 @@ class FilterOutcome:
     error: str = ""
     rows: IntArray | None = None
     layout: int | None = None
-    waits_for: str = ""
-    """The pod whose node, in flight, is the only best node passed (``filter_one_best``): the caller
-    may wait for that pod's booking and ask again (gpupool/extender/one_best.py)."""
 
 
 @dataclass(frozen=True)
@@ -192,19 +206,31 @@ class _Feasible:
     asked_rows: IntArray | None
 
 
+DEFAULT_ASSUME_S = 12.0
+"""How long a filter's assumption waits for its pod's bind: a little above the 10 s ``httpTimeout``
+that deploy/ gives kube-scheduler for the extender. kube-scheduler binds right after the scheduling
+cycle that filtered the pod, and a bind request outlives no ``httpTimeout``, so past this no bind of
+that decision is coming (a later extender or plugin refused the pod, or a Permit plugin held it)."""
+
+
 @dataclass(frozen=True)
 class ExtenderSettings:
-    """Tunables of the service (the CLI exposes each as a flag)."""
+    """Tunables of the service (the CLI exposes each as a flag, and its defaults are these: an
+    ``ExtenderSettings()`` is the extender users run)."""
 
     explain_limit: int = 64
     """Failed nodes explained one by one; the rest share a summary (explaining a node is a scalar
     walk of its cards, too slow to do for thousands of nodes per call)."""
-    filter_best_only: bool = False
+    filter_best_only: bool = True
     """Pass only the nodes the policy scores best (gpupool/extender/best_nodes.py), for a
-    kube-scheduler configured without ``prioritizeVerb``."""
-    filter_one_best: bool = False
+    kube-scheduler configured without ``prioritizeVerb`` (the shipped configurations); False passes
+    every node that fits, for the ``-prioritize.yaml`` variants."""
+    filter_one_best: bool = True
     """With ``filter_best_only``: pass one of the best nodes, the first in a fixed node order, unless
     the pod has soft preferences or a best node a ``PreferNoSchedule`` taint (gpupool/extender/one_best.py)."""
+    assume_s: float = DEFAULT_ASSUME_S
+    """How long the filter's choice for a pod it passes one node stays booked (``ASSUMED``) when no
+    bind of the pod comes (docs/extender.md, "Assumed bookings")."""
     tie_rank: Callable[[str], int] = stable_rank
     """The fixed node order of ``filter_one_best`` (lower first); the fidelity bench sets the
     simulator's."""
@@ -231,7 +257,8 @@ class ExtenderService:
         self.is_leader = is_leader
         self.leader_name = leader_name
         self.node_rows = NodeRows()
-        self.one_best = OneBest(self.settings.tie_rank)
+        self.tie_ranks = TieRanks(self.settings.tie_rank)
+        """The fixed node order the one best node is taken in (gpupool/extender/one_best.py)."""
         self._last_filter: _FilterMemo | None = None
 
     def unready(self) -> str:
@@ -337,13 +364,18 @@ class ExtenderService:
         other node (``reasons_if_passed=False``: the GPU check's only when no node passed, for an
         answer that carries reasons only then, see ``ExtenderApi._reasons_needed``). ``pod``: the
         object kube-scheduler sent, which the borrower rules read when the watch has not delivered
-        the pod yet."""
+        the pod yet.
+
+        An answer that passes one node books the pod's cards there (``ASSUMED``) until its bind, so
+        the filters of other pods that come before that bind decide on a ledger that holds it; the
+        pod's own earlier assumption is lifted first (this answer replaces it)."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
             return FilterOutcome(error=NOT_SYNCED)
-        waits_for = ""
         with self.cache.lock:
+            self.cache.drop_lapsed()
+            self.cache.unassume(request.key, ASSUMED_REPLACED)
             admission = self._admit(request, tenant)
             found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed, pod=pod)
             if not found.passed and names:
@@ -356,12 +388,13 @@ class ExtenderService:
                 tainted = self.cache.soft_tainted  # kube-scheduler weighs PreferNoSchedule among the best
                 if (self.settings.filter_one_best and found.passed and not has_soft_preferences(pod)
                         and (not tainted or tainted.isdisjoint(found.passed))):
-                    found, waits_for = self._one_best(found, reasons_if_passed, request.key)
+                    found = self._one_best(found, reasons_if_passed)
+            if len(found.passed) == 1:  # kube-scheduler can only bind it there
+                self.cache.assume(request, admission, found.passed[0], self.settings.assume_s)
             self._last_filter = _FilterMemo(admission.request, aliases, self.cache.state, self._versions(),
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
-        return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout,
-                             waits_for=waits_for)
+        return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
 
     def fits_somewhere(self, request: PodRequest, aliases: frozenset[str] = frozenset(),
                        tenant: PodTenancy | None = None, pod: Mapping[str, Any] | None = None) -> bool:
@@ -379,15 +412,16 @@ class ExtenderService:
             found = self._feasible(self._admit(request, tenant), names, aliases, explain=False, pod=pod)
         return bool(found.passed)
 
-    def _one_best(self, found: _Feasible, reasons: bool, pod: str) -> tuple[_Feasible, str]:
-        """Only the node :class:`OneBest` chooses; the other best nodes get :data:`TIED_NOT_FIRST`."""
-        first, waits_for = self.one_best.choose(self.cache.state, found.passed_rows, pod)
+    def _one_best(self, found: _Feasible, reasons: bool) -> _Feasible:
+        """Only the best node first in the fixed node order; the others get :data:`TIED_NOT_FIRST`.
+        No node is skipped for a pod whose bind has not come yet: that pod's assumption is in the
+        ledger, so a node it filled is no longer among the best (or no longer fits)."""
+        first = self.tie_ranks.first(self.cache.state, found.passed_rows) if len(found.passed) > 1 else 0
         failed = found.failed
         if reasons and len(found.passed) > 1:
             failed = {**failed, **dict.fromkeys((n for i, n in enumerate(found.passed) if i != first), TIED_NOT_FIRST)}
-        self.one_best.in_flight.passed(pod, found.passed[first])
         return replace(found, passed=[found.passed[first]], passed_rows=found.passed_rows[first:first + 1],
-                       scores=found.scores[first:first + 1], failed=failed), waits_for
+                       scores=found.scores[first:first + 1], failed=failed)
 
     def _versions(self) -> tuple[int, int, int, int]:
         state = self.cache.state
@@ -429,7 +463,15 @@ class ExtenderService:
         return scaled, ""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
-        """Bind on the leader only; elsewhere answer an error so kube-scheduler retries."""
+        """Bind on the leader only; elsewhere answer an error so kube-scheduler retries. Either way
+        the pod's assumption ends: a bind that books the pod took it over as its reservation, and
+        one that did not leaves nothing for it to wait for."""
+        try:
+            return self._bind(namespace, name, uid, node)
+        finally:
+            self.cache.unassume(f"{namespace}/{name}", ASSUMED_REFUSED)
+
+    def _bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
         if self.binder is None:
             return BindResult("this gpupool extender was started without binding")
         if not self.cache.synced:
@@ -439,10 +481,7 @@ class ExtenderService:
             return BindResult("this gpupool extender replica is not the leader"
                               + (f"; the leader is {leader}" if leader else ""))
         gated = self.node_gate(self.cache.state).get(node)
-        try:
-            return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
-        finally:
-            self.one_best.in_flight.booked(f"{namespace}/{name}")
+        return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
                 tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:

@@ -44,6 +44,7 @@ import numpy as np
 
 from gpupool.api.names import DEFAULT_DOMAIN
 from gpupool.core.model import PodRequest
+from gpupool.extender.booking_keeper import ASSUMED_RESERVED, ASSUMED_SEEN
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.nudge import NUDGED, Pending, TokenBucket, nudge_pod, stamp
 from gpupool.extender.preemption import NodeGate
@@ -51,6 +52,9 @@ from gpupool.kube.podapi import PodApi
 from gpupool.kube.tenancy import PodTenancy
 
 log = logging.getLogger(__name__)
+
+BOUND_ENDS = frozenset({ASSUMED_RESERVED, ASSUMED_SEEN})
+"""Ends of an assumption that hand its space to its own pod's bind: nothing was freed."""
 
 
 class Fits(Protocol):
@@ -96,11 +100,15 @@ def loosening_signature(cache: ClusterCache, node_gate: NodeGate) -> Hashable:
 
     Deliberately not the bookings (pods bound and deleted are kube-scheduler's own events) nor the
     node layout (kube-scheduler sees Node updates): only what it cannot see or does not wake
-    extender-refused pods for."""
+    extender-refused pods for. The filter's assumptions are the extender's own bookings, so those
+    that ended without their pod's bind (expired, refused, replaced...) count: kube-scheduler never
+    saw the space they held being taken."""
     state = cache.state
     present = state.present[:state.size]
     healthy = state.card_healthy[:state.size][present]
-    return (cache.tenancy.version,
+    ends = cache.assumption_ends
+    unbound = sum(count for how, count in ends.items() if how not in BOUND_ENDS)
+    return (cache.tenancy.version, unbound,
             int(np.count_nonzero(healthy)), int(state.card_mem_total[:state.size][present].sum()),
             state.lent.totals(),
             frozenset(cache.node_problems), frozenset(cache.claim_problems), frozenset(node_gate(state)))

@@ -9,7 +9,7 @@ from typing import Any
 from gpupool.api.lending import Lendable, LendableCard, LendingNames, encode_lendable
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.kube_objects import container, node, placed_pod, pod
 
@@ -51,8 +51,9 @@ def owner() -> dict[str, Any]:
 
 
 def lending_world(*pods: dict[str, Any], nodes: list[dict[str, Any]] | None = None,
-                  ) -> tuple[FakePodApi, ClusterCache, ExtenderService]:
-    """n1 lends card 0 (its owner holds it whole); ``pods`` exist in the API and the cache."""
+                  settings: ExtenderSettings | None = None) -> tuple[FakePodApi, ClusterCache, ExtenderService]:
+    """n1 lends card 0 (its owner holds it whole); ``pods`` exist in the API and the cache.
+    ``settings``: the service's mode (default: the shipped one)."""
     api = FakePodApi()
     cache = ClusterCache(policy="binpack")
     cache.replace_nodes(nodes if nodes is not None else [lending_node()])
@@ -60,4 +61,4 @@ def lending_world(*pods: dict[str, Any], nodes: list[dict[str, Any]] | None = No
         api.create_pod(raw)
     cache.replace_pods(api.list_pods())
     api.listeners.append(lambda kind, p: cache.remove_pod(p) if kind == "DELETED" else cache.upsert_pod(p))
-    return api, cache, ExtenderService(cache, Binder(cache, api))
+    return api, cache, ExtenderService(cache, Binder(cache, api), settings=settings)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.cli import extender_cmd
+from gpupool.extender.service import ExtenderSettings
 from tests.cli.extender_start import started_with
 
 
@@ -36,3 +37,20 @@ def test_the_one_best_flag_reaches_the_services_settings(monkeypatch: pytest.Mon
     settings = extender_cmd.service_settings(options)
     assert options.filter_one_best is one_best and settings.filter_one_best is one_best
     assert settings.filter_best_only is ("--no-filter-best-only" not in flags)
+
+
+def test_the_cli_without_flags_runs_the_librarys_default_extender(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One source for each default: ``ExtenderSettings()`` (what tests build) is what ``gpupool
+    extender`` runs without flags, and ``ExtenderOptions()`` (what bench/ and tests start) too."""
+    assert extender_cmd.service_settings(started_with(monkeypatch)) == ExtenderSettings()
+    assert extender_cmd.service_settings(extender_cmd.ExtenderOptions()) == ExtenderSettings()
+
+
+@pytest.mark.parametrize(("flags", "seconds"), [
+    pytest.param([], ExtenderSettings().assume_s, id="default"),
+    pytest.param(["--assume-deadline", "30"], 30.0, id="set"),
+])
+def test_the_assume_deadline_reaches_the_services_settings(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                           seconds: float) -> None:
+    """How long a filter's assumption waits for its bind (docs/extender.md, "Assumed bookings")."""
+    assert extender_cmd.service_settings(started_with(monkeypatch, *flags)).assume_s == seconds

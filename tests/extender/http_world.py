@@ -14,8 +14,9 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.testing.fake_api import FakePodApi
+from tests.extender.modes import SHIPPED
 from tests.kube.builders import node, placed_pod
 
 Scenario = Callable[[TestClient, FakePodApi, ClusterCache], Awaitable[None]]
@@ -42,8 +43,10 @@ def run(
     policy: str = "binpack",
     leader: bool = True,
     latency: float = 0.0,
+    settings: ExtenderSettings = SHIPPED,
 ) -> None:
-    """Run ``scenario`` against an extender app; nodes and pods default to Alibaba's example."""
+    """Run ``scenario`` against an extender app; nodes and pods default to Alibaba's example, the
+    mode to the shipped one (:mod:`tests.extender.modes`)."""
 
     async def main() -> None:
         api = FakePodApi(latency_s=latency)
@@ -55,7 +58,7 @@ def run(
                 api.create_pod(p)
         api.listeners.append(lambda kind, p: cache.upsert_pod(p))
         service = ExtenderService(
-            cache, Binder(cache, api), is_leader=lambda: leader, leader_name=lambda: "replica-0"
+            cache, Binder(cache, api), is_leader=lambda: leader, leader_name=lambda: "replica-0", settings=settings
         )
         app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
         async with TestClient(TestServer(app)) as client:

@@ -18,8 +18,9 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.housekeeping import Housekeeping
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.testing.fake_api import FakePodApi
+from tests.extender.modes import EVERY_FIT, SHIPPED
 from tests.kube.builders import container, node, placed_pod, pod
 
 GIB = 1024
@@ -58,7 +59,7 @@ class World:
 
 
 def run(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
-        scenario: Callable[[World], Awaitable[None]]) -> None:
+        scenario: Callable[[World], Awaitable[None]], settings: ExtenderSettings = SHIPPED) -> None:
     async def main() -> None:
         api = FakePodApi()
         cache = ClusterCache(policy="binpack")
@@ -67,7 +68,7 @@ def run(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
             api.create_pod(p)
         cache.replace_pods(api.list_pods())
         api.listeners.append(lambda kind, p: cache.remove_pod(p) if kind == "DELETED" else cache.upsert_pod(p))
-        service = ExtenderService(cache, Binder(cache, api))
+        service = ExtenderService(cache, Binder(cache, api), settings=settings)
         app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
         async with TestClient(TestServer(app)) as client:
             await scenario(World(client, api, cache))
@@ -128,7 +129,8 @@ BAD_CARD = ('{"v":1,"node":"n1","time":"2024-05-01T10:00:00Z","containers":[{"na
     pytest.param(BAD_CARD, id="a-card-the-node-does-not-have"),
 ])
 def test_a_bound_pod_whose_assignment_cannot_be_read_keeps_gpu_pods_off_its_node(assignment: str) -> None:
-    """Its cards are unknown; treating it as holding nothing put the next pod on them."""
+    """Its cards are unknown; treating it as holding nothing put the next pod on them. Every node
+    that fits is passed, with the others' reasons (:data:`EVERY_FIT`), so the answer shows the refusal."""
     async def scenario(world: World) -> None:
         answer = await world.filter(4 * GIB, ["n1", "n2"])
         assert answer["NodeNames"] == ["n2"]
@@ -142,4 +144,4 @@ def test_a_bound_pod_whose_assignment_cannot_be_read_keeps_gpu_pods_off_its_node
         assert await world.gauge("gpupool_extender_unreadable_assignments") == 0.0
 
     broken = pod("broken", container(mib=4 * GIB), node_name="n1", annotations={ASSIGNMENT: assignment})
-    run([node("n1", [CARD, CARD]), node("n2", [CARD])], [broken], scenario)
+    run([node("n1", [CARD, CARD]), node("n2", [CARD])], [broken], scenario, EVERY_FIT)

@@ -78,8 +78,29 @@ def test_a_transition_not_in_the_table_is_an_error(stage: Stage, event: Event) -
 
 def test_every_stage_takes_a_reservation_and_every_holding_stage_can_end() -> None:
     assert all((stage, Event.RESERVE) in TRANSITIONS for stage in Stage)
-    for stage in HOLDING - {Stage.RESERVED}:
+    for stage in HOLDING - {Stage.RESERVED, Stage.ASSUMED}:
         assert TRANSITIONS[(stage, Event.SEEN_NOTHING)] in IDLE
+    assert TRANSITIONS[(Stage.ASSUMED, Event.UNASSUME)] in IDLE  # a pending pod's assumption ends only so
+
+
+def test_an_assumption_holds_against_a_pending_pod_and_yields_to_a_bind_or_the_api() -> None:
+    """The watch shows an assumed pod pending (it holds nothing in the API yet): the filter's choice
+    stays. A bind takes it over; a pod bound or annotated by a writer is what the API says."""
+    assumed = advance(Booking(), Event.ASSUME, CARDS)
+    assert assumed == Booking(Stage.ASSUMED, CARDS)
+    assert advance(assumed, Event.SEEN_NOTHING) is assumed
+    assert advance(assumed, Event.TIMED_OUT) is assumed  # an expired assignment of an earlier attempt
+    assert advance(assumed, Event.ASSUME, OTHER) == Booking(Stage.ASSUMED, OTHER)
+    assert advance(assumed, Event.RESERVE, OTHER) == Booking(Stage.RESERVED, OTHER)
+    assert advance(assumed, Event.SEEN_BOUND, OTHER) == Booking(Stage.BOUND, OTHER)
+    assert advance(assumed, Event.UNASSUME) == Booking(Stage.NONE)
+
+
+@pytest.mark.parametrize("stage", sorted(HOLDING - {Stage.ASSUMED}))
+def test_a_pod_that_holds_something_is_not_assumed(stage: Stage) -> None:
+    """A bind in flight or a written assignment stands; the filter's choice does not replace it."""
+    with pytest.raises(BookingError):
+        advance(Booking(stage, CARDS), Event.ASSUME, OTHER)
 
 
 def test_a_reservation_keeps_its_placement_against_the_watch_and_idle_stages_hold_nothing() -> None:

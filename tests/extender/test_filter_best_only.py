@@ -22,9 +22,12 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.service import MAX_EXTENDER_PRIORITY, ExtenderService, ExtenderSettings, scale_scores
 from gpupool.kube.translate import pod_request
 from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS, post_filter
+from tests.extender.modes import ALL_BEST, EVERY_FIT
 from tests.kube.builders import container, node, placed_pod, pod
 
-BEST_ONLY = ExtenderSettings(filter_best_only=True)
+BEST_ONLY = ALL_BEST
+"""Every best node (``--filter-all-best``): the shipped one-best mode passes one of them, tested in
+tests/extender/test_filter_one_best.py."""
 
 
 @pytest.mark.parametrize(("raw", "kept", "reasons"), [
@@ -75,18 +78,20 @@ def test_filter_passes_the_best_nodes_and_gives_every_other_node_a_reason(
     assert outcome.error == "" and outcome.passed == passed
     assert set(outcome.failed) == not_best | refused
     assert {n for n, why in outcome.failed.items() if why.startswith("fits, but")} == not_best
-    everything = ExtenderService(cache, None).filter(request, ["N1", "N2", "N3"])  # the default mode
+    everything = ExtenderService(cache, None, settings=EVERY_FIT).filter(request, ["N1", "N2", "N3"])
     assert set(everything.passed) == set(passed) | not_best
     assert {n: everything.failed[n] for n in refused} == {n: outcome.failed[n] for n in refused}
 
 
 def test_the_best_set_is_prioritizes_ten_on_a_busier_cluster() -> None:
-    """Many nodes, many shapes: filter (best only) and prioritize (after the default filter) agree."""
+    """Many nodes, many shapes: filter (best only) and prioritize (after a filter that passes every
+    node that fits) agree."""
     cache = ClusterCache(policy="binpack")
     names = [f"node-{i}" for i in range(12)]
     cache.replace_nodes([node(n, [16384] * 4) for n in names])
     cache.replace_pods([placed_pod(f"p{i}", names[i % 12], i % 4, 1024 * (1 + i % 7)) for i in range(30)])
-    best_only, default = ExtenderService(cache, None, settings=BEST_ONLY), ExtenderService(cache, None)
+    best_only = ExtenderService(cache, None, settings=BEST_ONLY)
+    default = ExtenderService(cache, None, settings=EVERY_FIT)
     narrowed = 0
     for limits in ({"gpu_mem": 8}, {"gpu_mem": 40}, {"gpu": 1}, {"gpu": 2}, {"gpu_core": 30, "gpu_mem": 16}):
         request = pod_request(pod("p", container(**limits)), cache.names)
@@ -131,7 +136,7 @@ def test_the_http_filter_gives_every_node_a_reason_when_none_passes() -> None:
 
 
 def test_without_best_only_the_http_filter_still_gives_the_reasons_beside_passed_nodes() -> None:
-    doc = http_filter(ExtenderSettings(), 8138)
+    doc = http_filter(EVERY_FIT, 8138)
     assert doc["NodeNames"] == ["N3"] and set(doc["FailedNodes"]) == {"N2", "N1"}
 
 

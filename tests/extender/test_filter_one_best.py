@@ -1,5 +1,7 @@
 """``--filter-one-best`` (with ``--filter-best-only``): filter passes one of the policy's best nodes,
-the first in a fixed node order, skipping the nodes passed alone to pods whose bind has not come yet.
+the first in a fixed node order, and books the pod's cards there until its bind (``ASSUMED``), so
+the next pod, filtered before that bind, decides on a ledger that holds it
+(tests/extender/test_assumed_bookings.py covers the assumption's life).
 
 kube-scheduler v1.20 takes a single feasible node without scoring, so the pod lands where the
 simulator (which breaks ties by a fixed node order too) would put it; a pod with soft preferences
@@ -19,10 +21,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import PodRequest
 from gpupool.extender.best_nodes import NOT_BEST
+from gpupool.extender.bookings import Stage
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.one_best import IN_FLIGHT_WAIT_S, PREFERRED, TIED_NOT_FIRST
+from gpupool.extender.one_best import PREFERRED, TIED_NOT_FIRST
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.kube.translate import pod_request
 from tests.extender.binder_world import world
@@ -79,69 +82,74 @@ def test_all_best_passes_every_tied_node() -> None:
 def test_a_pod_with_a_soft_preference_gets_every_tied_node() -> None:
     service = ExtenderService(empty_cache(), None, settings=ONE_BEST)
     assert passed(service, gpu_pod("p", SOFT)) == NAMES
-    assert service.one_best.in_flight.holders(service.cache.state) == {}  # nothing was passed alone
+    assert service.cache.assumed_pods == 0  # nothing was passed alone, nothing assumed
 
 
-def test_pods_filtered_before_any_bind_get_the_tied_nodes_in_rank_order() -> None:
-    """kube-scheduler filters the next pod while the last one's bind is on its way: each gets the
-    next node in the order, not the one already handed out."""
+def test_pods_filtered_before_any_bind_are_placed_one_after_the_other() -> None:
+    """kube-scheduler filters the next pod while the last one's bind is on its way: each filter
+    sees the pods assumed before it, so binpack fills node-3's two cards (four 4 GiB pods each),
+    then goes on to node-1, the next in the order (the simulator's sequence), and no node is handed
+    out beyond its cards."""
     service = ExtenderService(empty_cache(), None, settings=ONE_BEST)
-    got = [passed(service, gpu_pod(f"p{i}")) for i in range(len(NAMES))]
-    assert got == [[name] for name in IN_RANK_ORDER]
-    assert passed(service, gpu_pod("one-more")) == ["node-3"]  # every node in flight: the order's first
+    got = [passed(service, gpu_pod(f"p{i}")) for i in range(9)]
+    assert got == [["node-3"]] * 8 + [["node-1"]]
+    assert [u.memory_free for u in service.cache.state.card_usage("node-3")] == [0, 0]
+    assert service.cache.assumed_pods == 9
 
 
 def test_filtering_the_same_pod_again_gives_it_the_same_node() -> None:
-    """A pod filtered twice (kube-scheduler retrying it) is not kept from the node it was passed."""
+    """A pod filtered twice (kube-scheduler retrying it) is not kept from the node it was passed:
+    its own assumption is lifted before it is decided again."""
     service = ExtenderService(empty_cache(), None, settings=ONE_BEST)
     assert passed(service, gpu_pod("p1")) == ["node-3"]
     assert passed(service, gpu_pod("p1")) == ["node-3"]
-    assert passed(service, gpu_pod("p2")) == ["node-1"]
+    assert passed(service, gpu_pod("p2")) == ["node-3"]  # binpack: the card left beside p1
     assert passed(service, gpu_pod("p1")) == ["node-3"]
+    assert service.cache.assumed_pods == 2
 
 
-def test_a_refused_bind_hands_its_node_back_to_the_order() -> None:
-    """The bind of a pod the API does not have fails: its node is no longer in flight."""
-    _, cache, binder = world([node(name, [16384, 16384]) for name in NAMES])
+def test_a_refused_bind_ends_its_pods_assumption() -> None:
+    """The bind of a pod the API does not have fails: its cards are free again."""
+    _, cache, binder = world([node(name, [4096]) for name in NAMES])  # one 4 GiB pod fills a node
     service = ExtenderService(cache, binder, settings=ONE_BEST)
     assert passed(service, gpu_pod("p1")) == ["node-3"]
     assert service.bind("default", "p1", "uid-default-p1", "node-3").error
-    assert passed(service, gpu_pod("p2")) == ["node-3"]
+    assert "default/p1" not in cache.state.placements
+    assert passed(service, gpu_pod("p2")) == ["node-3"]  # free again: the first in the order
 
 
 def test_after_a_bind_the_ledger_decides_again() -> None:
-    """Once the bind booked the pod, the node is the ledger's: binpack now prefers it alone."""
+    """The bind takes the assumed cards over; binpack then prefers the node alone."""
     api, cache, binder = world([node(name, [16384, 16384]) for name in NAMES])
     service = ExtenderService(cache, binder, settings=ONE_BEST)
     first = api.create_pod(gpu_pod("p1"))
     assert passed(service, first) == ["node-3"]
+    assumed = cache.state.placements["default/p1"]
     result = service.bind("default", "p1", first["metadata"]["uid"], "node-3")
-    assert not result.error
-    assert service.one_best.in_flight.holders(cache.state) == {}
+    assert not result.error and result.placement == assumed
+    assert cache.assumed_pods == 0 and cache.assumption_ends["reserved"] == 1
     assert passed(service, gpu_pod("p2")) == ["node-3"]  # the fullest node, the unique best
 
 
-def test_the_only_best_node_is_passed_though_in_flight_naming_the_pod_to_wait_for() -> None:
-    cache = empty_cache()
-    service = ExtenderService(cache, None, settings=ONE_BEST)
+def test_the_only_best_node_goes_to_the_next_pod_only_if_it_holds_both() -> None:
+    """node-3 (one 16 GiB card, 4 GiB left) is binpack's only best node for a 4 GiB pod: p1 gets it,
+    and p2, filtered before p1's bind, gets the first empty node at once: no wait, no bind that fails."""
+    service = ExtenderService(one_card_cache(), None, settings=ONE_BEST)
     assert passed(service, gpu_pod("p1")) == ["node-3"]
-    cache.upsert_pod(placed_pod("other", "node-3", 0, 4096))  # node-3 now the only best for binpack
-    outcome = service.filter(request_of(cache, gpu_pod("p2")), NAMES)
-    assert outcome.passed == ["node-3"] and outcome.waits_for == "default/p1"
-    again = service.filter(request_of(cache, gpu_pod("p2")), NAMES)  # p1's hold still counts
-    assert again.passed == ["node-3"] and again.waits_for == "default/p1"
+    assert passed(service, gpu_pod("p2")) == ["node-1"]
 
 
-def test_a_unique_best_node_is_passed_as_before_and_held() -> None:
-    """Held too: the next pod, filtered before this one's bind, must not take it for free."""
+def test_a_unique_best_node_is_passed_as_before_and_assumed() -> None:
+    """Assumed too: the next pod, filtered before this one's bind, must not take it for free."""
     cache = empty_cache()
     cache.upsert_pod(placed_pod("other", "node-2", 0, 4096))
     service = ExtenderService(cache, None, settings=ONE_BEST)
     outcome = service.filter(request_of(cache, gpu_pod("p")), NAMES)
-    assert outcome.passed == ["node-2"] and outcome.waits_for == ""
+    assert outcome.passed == ["node-2"]
     assert set(outcome.failed) == set(NAMES) - {"node-2"}
     assert all(why.startswith("fits, but") for why in outcome.failed.values())
-    assert service.one_best.in_flight.holders(cache.state) == {cache.state.index["node-2"]: "default/p"}
+    booking = cache.bookings["default/p"]
+    assert booking.stage is Stage.ASSUMED and booking.placement is not None and booking.placement.node == "node-2"
 
 
 def test_the_tied_nodes_not_passed_get_their_reason() -> None:
@@ -171,9 +179,11 @@ def test_the_default_order_is_the_same_for_every_replica() -> None:
 
 
 def test_one_best_needs_best_only() -> None:
-    """filter_one_best alone narrows nothing: filter passes every node that fits."""
-    service = ExtenderService(empty_cache(), None, settings=ExtenderSettings(filter_one_best=True))
-    assert passed(service, gpu_pod("p")) == NAMES
+    """filter_one_best without best only (``--no-filter-best-only``, not the default) narrows
+    nothing: filter passes every node that fits, and assumes nothing."""
+    settings = ExtenderSettings(filter_best_only=False, filter_one_best=True)
+    service = ExtenderService(empty_cache(), None, settings=settings)
+    assert passed(service, gpu_pod("p")) == NAMES and service.cache.assumed_pods == 0
 
 
 def http_filter(settings: ExtenderSettings, obj: dict[str, Any], *, node_objects: bool = False) -> dict[str, Any]:
@@ -211,49 +221,24 @@ def one_card_cache() -> ClusterCache:
     return cache
 
 
-def http_filter_while(booking_after_s: float | None) -> tuple[list[str], float, dict[str, float | None]]:
-    """p1 was passed node-3 (its only best node); p2's filter comes before p1's bind. The ledger books
-    p1 after ``booking_after_s`` (None: not at all); p2's answer, how long it took, and the waits
-    counted on ``/metrics`` by outcome."""
-    metrics = ExtenderMetrics()
-
-    async def main() -> tuple[list[str], float]:
-        cache = one_card_cache()
-        service = ExtenderService(cache, None, settings=ONE_BEST)
-        assert passed(service, gpu_pod("p1")) == ["node-3"]
-        app = ExtenderApi(service, ResourceNames(), metrics).app()
-        body = {"Pod": gpu_pod("p2"), "Nodes": None, "NodeNames": NAMES}
+def test_the_http_filter_answers_the_next_pod_at_once_from_the_assumed_ledger() -> None:
+    """Through HTTP: p2's filter, before p1's bind, is answered without waiting for that bind (the
+    adapter used to poll for up to 250 ms), and with a node that holds it."""
+    async def main() -> tuple[list[str], list[str], float]:
+        service = ExtenderService(one_card_cache(), None, settings=ONE_BEST)
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
         async with TestClient(TestServer(app)) as client:
-            if booking_after_s is not None:  # what the bind's reservation does to the ledger
-                asyncio.get_running_loop().call_later(booking_after_s, cache.upsert_pod,
-                                                      placed_pod("p1", "node-3", 0, 4096))
+            answers = []
             started = time.monotonic()
-            answer = await client.post("/filter", data=json.dumps(body))
-            took = time.monotonic() - started
-            assert answer.status == 200
-            doc: dict[str, Any] = await answer.json()
-            return doc["NodeNames"], took
+            for name in ("p1", "p2"):
+                body = {"Pod": gpu_pod(name), "Nodes": None, "NodeNames": NAMES}
+                answer = await client.post("/filter", data=json.dumps(body))
+                answers.append((await answer.json())["NodeNames"])
+            return answers[0], answers[1], time.monotonic() - started
 
-    names, took = asyncio.run(main())
-    waits = {outcome: metrics.registry.get_sample_value("gpupool_extender_filter_in_flight_waits_total",
-                                                        {"outcome": outcome}) for outcome in ("booked", "timed_out")}
-    return names, took, waits
-
-
-def test_a_filter_waits_for_the_booking_of_its_only_best_node_and_asks_again() -> None:
-    """Once p1 is booked, node-3 has no room for p2: p2 gets the first empty node instead of a
-    bind that would fail."""
-    names, took, waits = http_filter_while(IN_FLIGHT_WAIT_S / 5)
-    assert names == ["node-1"]
-    assert took < IN_FLIGHT_WAIT_S  # the wait ended with the booking, not with the timeout
-    assert waits == {"booked": 1.0, "timed_out": None}
-
-
-def test_a_filter_passes_its_only_best_node_when_the_booking_does_not_come_in_time() -> None:
-    names, took, waits = http_filter_while(None)
-    assert names == ["node-3"]
-    assert took >= IN_FLIGHT_WAIT_S  # it did wait
-    assert waits == {"booked": None, "timed_out": 1.0}
+    first, second, took = asyncio.run(main())
+    assert (first, second) == (["node-3"], ["node-1"])
+    assert took < 0.25
 
 
 def tainted(name: str, effect: str) -> dict[str, Any]:
@@ -279,7 +264,7 @@ def test_the_soft_taint_counts_while_the_node_has_it() -> None:
     cache.upsert_node(tainted("node-0", "PreferNoSchedule"))
     assert passed(service, gpu_pod("p"), ["node-1", "node-3"]) == ["node-3"]  # no tainted node among the best
     cache.upsert_node(node("node-0", [16384, 16384]))  # the taint went
-    assert passed(service, gpu_pod("q")) == ["node-1"]  # node-3 is in flight for p
+    assert passed(service, gpu_pod("q")) == ["node-3"]  # binpack: the card left beside p's assumed one
     cache.upsert_node(tainted("node-2", "PreferNoSchedule"))
     cache.remove_node("node-2")
     assert cache.soft_tainted == set()

@@ -19,6 +19,7 @@ from gpupool.extender.http.wire import FilterResult, parse_extender_args
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService, NodeScores
 from gpupool.kube.translate import pod_request
+from tests.extender.modes import EVERY_FIT
 from tests.kube.builders import container, node, placed_pod, pod
 
 
@@ -73,10 +74,12 @@ def test_records_are_rebuilt_for_a_new_layout_only() -> None:
 
 
 def _service(names: list[str]) -> tuple[ClusterCache, ExtenderService]:
+    """Filter then prioritize, as under the ``-prioritize.yaml`` configurations: the filter passes
+    every node that fits (:data:`EVERY_FIT`, not the shipped mode), prioritize scores them."""
     cache = ClusterCache(policy="binpack")
     cache.replace_nodes([node(n, [16276, 16276]) for n in names])
     cache.replace_pods([])
-    return cache, ExtenderService(cache, None)
+    return cache, ExtenderService(cache, None, settings=EVERY_FIT)
 
 
 def test_service_answers_name_their_ledger_rows() -> None:

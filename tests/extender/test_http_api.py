@@ -19,6 +19,7 @@ from gpupool.extender.http.wire import HostPriorityEncoder, host_priority_list
 from gpupool.extender.service import UNKNOWN_NODE, scale_scores
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.http_world import ALIBABA_NODES, args, post, run
+from tests.extender.modes import EVERY_FIT
 from tests.kube.builders import container, node, placed_pod, pod
 
 
@@ -33,7 +34,7 @@ def test_filter_node_names_mode_alibaba_example() -> None:
             "N2": "no single card has 8138 MiB free; largest free 4069 MiB",
         }
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_filter_full_nodes_mode_returns_node_objects() -> None:
@@ -44,7 +45,7 @@ def test_filter_full_nodes_mode_returns_node_objects() -> None:
         assert body["NodeNames"] is None
         assert set(body["FailedNodes"]) == {"N1", "N2"}
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_field_names_are_read_case_insensitively() -> None:
@@ -55,7 +56,7 @@ def test_field_names_are_read_case_insensitively() -> None:
         assert status == 200 and body["NodeNames"] == ["N3"]
         assert body["FailedNodes"] == {"N9": "node is not in the gpupool extender's cache"}
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_prioritize_scores_zero_to_ten() -> None:
@@ -95,7 +96,7 @@ def test_prioritize_reuses_the_same_pods_filter_scores_while_the_ledger_is_uncha
         assert len(calls) == 2 and fresh == reused
         assert {e["Host"]: e["Score"] for e in reused}["N1"] == 10
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_prioritize_after_a_booking_between_filter_and_prioritize_scores_afresh() -> None:
@@ -110,7 +111,7 @@ def test_prioritize_after_a_booking_between_filter_and_prioritize_scores_afresh(
         scores = {e["Host"]: e["Score"] for e in body}
         assert scores["N1"] == 0 and max(scores.values()) == 10
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_any_node_name_comes_back_as_valid_json() -> None:
@@ -128,7 +129,7 @@ def test_any_node_name_comes_back_as_valid_json() -> None:
         assert [e["Host"] for e in body] == odd
         assert {e["Host"]: e["Score"] for e in body}["N1"] == 10
 
-    run(scenario)
+    run(scenario, settings=EVERY_FIT)
 
 
 def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> None:
@@ -146,7 +147,7 @@ def test_a_node_leaving_while_another_returns_is_seen_by_the_next_filter() -> No
         assert body["FailedNodes"] == {"N2": UNKNOWN_NODE}
         assert body["NodeNames"] == ["N1", "N3"]
 
-    run(scenario, pods=[])
+    run(scenario, settings=EVERY_FIT, pods=[])
 
 
 def test_host_priority_encoder_writes_the_same_json_as_the_plain_list() -> None:
@@ -391,7 +392,9 @@ def test_metrics_count_requests_and_export_cluster_totals() -> None:
         assert 'gpupool_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
         assert "gpupool_extender_request_seconds_bucket" in text
         booked = 16276 + 12207 + 12207 + 12207 + 8138 + 16276  # ALIBABA_PODS; per-card series: node agents
+        booked += 1  # p, passed one node: its filter assumed 1 MiB there until its bind
         assert f"gpupool_cluster_gpu_memory_allocated_mib {float(booked)}" in text
+        assert "gpupool_extender_assumed_pods 1.0" in text
         assert "gpupool_extender_cache_synced 1.0" in text
 
     run(scenario)
@@ -405,7 +408,7 @@ def test_broken_node_inventory_is_the_failure_reason() -> None:
         assert body["NodeNames"] == ["N3"]
         assert "cards: expected list" in body["FailedNodes"]["N4"]
 
-    run(scenario, nodes=[*ALIBABA_NODES, bad])
+    run(scenario, settings=EVERY_FIT, nodes=[*ALIBABA_NODES, bad])
 
 
 def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
@@ -449,4 +452,4 @@ def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
         status, body = await post(client, "/filter", args(pod("v", container(**{"aliyun.com/gpu-mem": 4})), names))
         assert body["NodeNames"] == ["plain"] and set(body["FailedNodes"]) == {"serves"}
 
-    run(scenario, nodes=nodes, pods=[])
+    run(scenario, settings=EVERY_FIT, nodes=nodes, pods=[])

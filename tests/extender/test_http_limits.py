@@ -19,9 +19,10 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, IN_FLIGHT_BODIES, BodyReader
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.service import ExtenderService
+from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS
+from tests.extender.modes import EVERY_FIT, SHIPPED
 from tests.kube.builders import container, node, pod
 
 MIB = 1024 * 1024
@@ -31,13 +32,15 @@ VALID = json.dumps({"Pod": pod("ok", container(mib=8138)), "NodeNames": ["N1", "
 Scenario = Callable[[TestClient, ExtenderApi], Awaitable[None]]
 
 
-def serve(scenario: Scenario, *, nodes: list[dict[str, Any]] | None = None, cap: int = CAP) -> None:
+def serve(scenario: Scenario, *, nodes: list[dict[str, Any]] | None = None, cap: int = CAP,
+          settings: ExtenderSettings = SHIPPED) -> None:
     async def main() -> None:
         api = FakePodApi()
         cache = ClusterCache()
         cache.replace_nodes(ALIBABA_NODES if nodes is None else nodes)
         cache.replace_pods(ALIBABA_PODS)
-        service = ExtenderService(cache, Binder(cache, api), is_leader=lambda: True, leader_name=lambda: "r0")
+        service = ExtenderService(cache, Binder(cache, api), is_leader=lambda: True, leader_name=lambda: "r0",
+                                  settings=settings)
         extender = ExtenderApi(service, ResourceNames(), ExtenderMetrics(), max_body_bytes=cap)
         async with TestClient(TestServer(extender.app())) as client:
             await scenario(client, extender)
@@ -196,4 +199,4 @@ def test_a_31_digit_card_memory_is_the_nodes_failure_reason_and_the_others_still
         assert resp.status == 200 and answer["NodeNames"] == ["N3"]
         assert "inventory-v1.cards[0].memoryMiB: at most 1048576 MiB" in answer["FailedNodes"]["N4"]
 
-    serve(scenario, nodes=[*ALIBABA_NODES, huge])
+    serve(scenario, nodes=[*ALIBABA_NODES, huge], settings=EVERY_FIT)  # the reason beside a passed node

@@ -13,6 +13,7 @@ from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.service import BindResult, ExtenderService
 from gpupool.kube.translate import pod_request
 from tests.extender.lease_fakes import FakeClock
+from tests.extender.modes import EVERY_FIT
 from tests.kube.builders import container, node, placed_pod, pod
 
 CARD = 16276
@@ -33,7 +34,8 @@ class World:
         self.cache.replace_pods([])
         self.liveness = AgentLiveness("kube-system", require=require, ledger_lock=self.cache.lock,
                                       monotonic=self.clock.monotonic, wall=self.clock.wall)
-        self.service = ExtenderService(self.cache, Binder(), node_gate=self.liveness.refusals)
+        # every node that fits passes (not the shipped mode), so the answer shows each refusal
+        self.service = ExtenderService(self.cache, Binder(), node_gate=self.liveness.refusals, settings=EVERY_FIT)
         self.request = pod_request(pod("p", container(mib=4000)), self.cache.names)
 
     def renew(self, *nodes: str) -> None:

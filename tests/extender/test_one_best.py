@@ -1,9 +1,9 @@
 """``gpupool/extender/one_best.py``: the fixed node order the filter's one best node is taken in,
-the nodes in flight it skips, and which pods keep every best node (soft preferences).
+and which pods keep every best node (soft preferences).
 
 The order must be the same on every call and every replica (a hash of the name, cached per ledger
-layout); a node passed alone stays in flight until its pod's bind (or a hold time) so that the next
-pod, filtered before that bind, is handed another node.
+layout). The next pod, filtered before the last one's bind, sees that pod's assumed booking in the
+ledger (tests/extender/test_assumed_bookings.py), so the order skips nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +14,8 @@ import numpy as np
 import pytest
 
 from gpupool.core.state import ClusterState
-from gpupool.extender.one_best import (
-    IN_FLIGHT_S,
-    PREFERRED,
-    InFlight,
-    OneBest,
-    TieRanks,
-    has_soft_preferences,
-    stable_rank,
-)
-from tests.core.builders import book_whole, make_node
+from gpupool.extender.one_best import PREFERRED, TieRanks, has_soft_preferences, stable_rank
+from tests.core.builders import make_node
 
 NAMES = ("node-a", "node-b", "node-c", "node-d")
 RANK = {"node-a": 30, "node-b": 10, "node-c": 40, "node-d": 20}
@@ -81,154 +73,14 @@ def test_ranks_are_cached_per_ledger_and_layout_and_rebuilt_when_a_node_is_added
     assert other.layout_version == state.layout_version and ties.ranks(other) is not grown
 
 
-@pytest.mark.parametrize(("rows", "skip", "first"), [
-    pytest.param(("node-a", "node-b", "node-c", "node-d"), None, "node-b", id="lowest-rank"),
-    pytest.param(("node-c", "node-a"), None, "node-a", id="lowest-among-the-rows-given"),
-    pytest.param(("node-a", "node-b", "node-c", "node-d"), (), "node-b", id="empty-skip"),
-    pytest.param(("node-a", "node-b", "node-c", "node-d"), ("node-b",), "node-d", id="skips-the-first"),
-    pytest.param(("node-a", "node-b", "node-c", "node-d"), ("node-b", "node-d", "node-a"), "node-c",
-                 id="skips-all-but-one"),
-    pytest.param(("node-a", "node-b"), ("node-a", "node-b"), "node-b", id="all-skipped-lowest-rank"),
-    pytest.param(("node-a", "node-c"), ("node-b",), "node-a", id="skip-outside-the-rows"),
-    pytest.param(("node-c",), ("node-c",), "node-c", id="one-row-skipped"),
+@pytest.mark.parametrize(("rows", "first"), [
+    pytest.param(("node-a", "node-b", "node-c", "node-d"), "node-b", id="lowest-rank"),
+    pytest.param(("node-c", "node-a"), "node-a", id="lowest-among-the-rows-given"),
+    pytest.param(("node-c",), "node-c", id="one-row"),
 ])
-def test_first_takes_the_lowest_rank_skipping_while_another_row_remains(
-        rows: tuple[str, ...], skip: tuple[str, ...] | None, first: str) -> None:
+def test_first_takes_the_lowest_rank(rows: tuple[str, ...], first: str) -> None:
     state = ledger()
-    asked = rows_of(state, *rows)
-    position = TieRanks(RANK.__getitem__).first(state, asked, None if skip is None else rows_of(state, *skip))
-    assert rows[position] == first
-
-
-# ------------------------------------------------------------------------------- InFlight
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def names_in_flight(flight: InFlight, state: ClusterState) -> dict[str, str]:
-    return {state.specs[row].name: pod for row, pod in flight.holders(state).items()}
-
-
-def test_in_flight_holds_a_passed_node_until_its_pod_is_booked() -> None:
-    state, flight = ledger(), InFlight(clock=Clock())
-    assert flight.holders(state) == {}
-    flight.passed("ns/p1", "node-a")
-    flight.passed("ns/p2", "node-c")
-    assert names_in_flight(flight, state) == {"node-a": "ns/p1", "node-c": "ns/p2"}
-    assert flight.holds("ns/p1", state) and flight.holds("ns/p2", state)
-    flight.booked("ns/p1")
-    assert names_in_flight(flight, state) == {"node-c": "ns/p2"}
-    assert not flight.holds("ns/p1", state)
-    flight.booked("ns/unknown")  # a bind of a pod never passed alone: nothing to drop
-    flight.booked("ns/p1")  # twice: harmless
-    assert names_in_flight(flight, state) == {"node-c": "ns/p2"}
-
-
-def test_a_pod_the_ledger_books_is_no_longer_in_flight() -> None:
-    """The bind's reservation reaches the ledger before the bind returns: from then the ledger
-    shows the pod, and the node is the ledger's business again."""
-    state, flight = ledger(), InFlight(clock=Clock())
-    flight.passed("ns/p1", "node-a")
-    flight.passed("ns/p2", "node-b")
-    book_whole(state, "ns/p1", "node-a", 0)
-    assert names_in_flight(flight, state) == {"node-b": "ns/p2"}
-    assert not flight.holds("ns/p1", state) and flight.holds("ns/p2", state)
-
-
-def test_a_later_filter_of_the_same_pod_replaces_its_node() -> None:
-    state, flight = ledger(), InFlight(clock=Clock())
-    flight.passed("ns/p", "node-a")
-    flight.passed("ns/p", "node-b")
-    assert names_in_flight(flight, state) == {"node-b": "ns/p"}
-
-
-def test_a_node_passed_to_two_pods_stays_in_flight_until_both_are_booked() -> None:
-    state, flight = ledger(), InFlight(clock=Clock())
-    flight.passed("ns/p1", "node-a")
-    flight.passed("ns/p2", "node-a")
-    flight.booked("ns/p1")
-    assert names_in_flight(flight, state) == {"node-a": "ns/p2"}
-    flight.booked("ns/p2")
-    assert names_in_flight(flight, state) == {}
-
-
-def test_in_flight_entries_expire_after_the_hold_time() -> None:
-    clock, state = Clock(), ledger()
-    flight = InFlight(hold_s=2.0, clock=clock)
-    flight.passed("ns/p1", "node-a")
-    clock.now += 1.0
-    flight.passed("ns/p2", "node-b")
-    clock.now += 0.999
-    assert names_in_flight(flight, state) == {"node-a": "ns/p1", "node-b": "ns/p2"}
-    clock.now += 0.001  # p1's two seconds are over
-    assert names_in_flight(flight, state) == {"node-b": "ns/p2"}
-    assert not flight.holds("ns/p1", state)
-    clock.now += 1.0
-    assert names_in_flight(flight, state) == {}
-
-
-def test_the_default_hold_is_in_flight_s() -> None:
-    clock, state = Clock(), ledger()
-    flight = InFlight(clock=clock)
-    flight.passed("ns/p", "node-a")
-    clock.now += IN_FLIGHT_S - 0.01
-    assert names_in_flight(flight, state) == {"node-a": "ns/p"}
-    clock.now += 0.01
-    assert names_in_flight(flight, state) == {}
-
-
-def test_in_flight_ignores_nodes_the_ledger_does_not_have() -> None:
-    """A node removed since it was passed: no row, and no error."""
-    state, flight = ledger(), InFlight(clock=Clock())
-    flight.passed("ns/p1", "gone")
-    flight.passed("ns/p2", "node-d")
-    assert names_in_flight(flight, state) == {"node-d": "ns/p2"}
-
-
-# ------------------------------------------------------------------------------- OneBest
-def choose(one: OneBest, state: ClusterState, pod: str, *rows: str) -> tuple[str, str]:
-    first, holder = one.choose(state, rows_of(state, *rows), pod)
-    return rows[first], holder
-
-
-def test_choose_skips_the_nodes_in_flight_for_other_pods() -> None:
-    state, one = ledger(), OneBest(RANK.__getitem__)
-    assert choose(one, state, "ns/p1", *NAMES) == ("node-b", "")
-    one.in_flight.passed("ns/p1", "node-b")
-    assert choose(one, state, "ns/p2", *NAMES) == ("node-d", "")
-    one.in_flight.passed("ns/p2", "node-d")
-    assert choose(one, state, "ns/p3", "node-b", "node-d") == ("node-b", "ns/p1")  # all in flight: the first
-
-
-def test_choose_does_not_keep_a_pod_from_its_own_node() -> None:
-    """A pod filtered again (kube-scheduler retrying it) gets the node it was passed, with no one to wait for."""
-    state, one = ledger(), OneBest(RANK.__getitem__)
-    one.in_flight.passed("ns/p1", "node-b")
-    assert choose(one, state, "ns/p1", *NAMES) == ("node-b", "")
-    assert choose(one, state, "ns/p1", "node-b") == ("node-b", "")
-
-
-def test_a_node_held_for_two_pods_is_still_in_flight_for_either() -> None:
-    """p2 was passed p1's in-flight node (its only best node then): asked again with another node
-    tied, p2 is kept from it as long as p1 holds it, and p1's hold is still seen."""
-    state, one = ledger(), OneBest(RANK.__getitem__)
-    one.in_flight.passed("ns/p1", "node-b")
-    one.in_flight.passed("ns/p2", "node-b")
-    assert one.in_flight.holds("ns/p1", state) and one.in_flight.holds("ns/p2", state)
-    assert choose(one, state, "ns/p2", "node-b", "node-d") == ("node-d", "")
-    assert choose(one, state, "ns/p2", "node-b") == ("node-b", "ns/p1")
-    assert choose(one, state, "ns/p1", "node-b", "node-d") == ("node-d", "")
-
-
-def test_choose_of_a_single_best_node_names_the_pod_holding_it() -> None:
-    state, one = ledger(), OneBest(RANK.__getitem__)
-    assert choose(one, state, "ns/p2", "node-c") == ("node-c", "")
-    one.in_flight.passed("ns/p1", "node-c")
-    assert choose(one, state, "ns/p2", "node-c") == ("node-c", "ns/p1")
+    assert rows[TieRanks(RANK.__getitem__).first(state, rows_of(state, *rows))] == first
 
 
 # ------------------------------------------------------------------------------- soft preferences

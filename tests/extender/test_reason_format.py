@@ -30,6 +30,7 @@ from gpupool.extender.refusal_texts import alias_problem
 from gpupool.testing.fake_api import FakePodApi
 from tests.core.builders import book_slice, make_node, pod_with
 from tests.extender.http_world import ALIBABA_NODES, args, post, run
+from tests.extender.modes import EVERY_FIT
 from tests.kube.builders import container, node, pod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,4 +174,4 @@ def test_a_filter_answer_carries_no_percent_sign(full: bool) -> None:
             body["FailedNodes"]["N3"]
         _assert_shown_as_sent(body)
 
-    run(scenario, nodes=[*ALIBABA_NODES, odd])
+    run(scenario, settings=EVERY_FIT, nodes=[*ALIBABA_NODES, odd])

@@ -10,6 +10,7 @@ from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.service import ExtenderService, FilterOutcome
+from tests.extender.modes import EVERY_FIT
 from tests.extender.tenancy_world import gpu_pod, group, namespace, pool_node, quota, read, world
 from tests.kube.builders import node
 
@@ -22,8 +23,9 @@ def cluster(**tenancy: Any) -> ClusterCache:
 
 
 def run_filter(cache: ClusterCache, raw: dict[str, Any], names: list[str] | None = None) -> FilterOutcome:
+    """Every node that fits the pod's tenancy (:data:`EVERY_FIT`, not the shipped one-best mode)."""
     request, tenant = read(cache, raw)
-    return ExtenderService(cache, None).filter(request, names or NODES, frozenset(), tenant)
+    return ExtenderService(cache, None, settings=EVERY_FIT).filter(request, names or NODES, frozenset(), tenant)
 
 
 TEAM_A = group("team-a", {"n1": None, "n2": ["GPU-n2-1"]}, subjects=[{"kind": "Namespace", "name": "team-a"}])

@@ -55,7 +55,6 @@ from gpupool.extender.http.wire import (
     preemption_result,
 )
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.one_best import IN_FLIGHT_POLL_S, IN_FLIGHT_WAIT_S
 from gpupool.extender.request_memo import RequestMemo
 from gpupool.extender.service import ExtenderService, NodeScores
 from gpupool.kube.tenancy import PodTenancy, pod_tenancy
@@ -120,12 +119,6 @@ class ExtenderApi:
         reasons = not self.service.settings.filter_best_only
         outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
                                       pod=args.pod)
-        if outcome.waits_for:
-            booked = await self._booked(outcome.waits_for)
-            self.metrics.in_flight_waits.labels("booked" if booked else "timed_out").inc()
-            if booked:
-                outcome = self.service.filter(request, args.node_names, aliases, tenant, reasons_if_passed=reasons,
-                                              pod=args.pod)
         label = "error" if outcome.error else "ok"
         failed = outcome.failed if self._reasons_needed(outcome.passed) else {}
         if args.node_cache_capable:
@@ -139,16 +132,6 @@ class ExtenderApi:
                                + orjson.dumps(format_safe(outcome.error)) + b"}"), label
         result = FilterResult(passed=outcome.passed, failed=failed, error=outcome.error)
         return result.to_json(args), label
-
-    async def _booked(self, pod: str) -> bool:
-        """Wait, briefly, until the ledger books ``pod``, whose in-flight node is the only best node
-        the filter found (docs/extender.md, "One best node"); whether it did."""
-        deadline = time.monotonic() + IN_FLIGHT_WAIT_S
-        while self.service.one_best.in_flight.holds(pod, self.service.cache.state):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(IN_FLIGHT_POLL_S)
-        return True
 
     def _reasons_needed(self, passed: list[str]) -> bool:
         """Does the filter answer carry ``FailedNodes``? Always, except with ``--filter-best-only``
