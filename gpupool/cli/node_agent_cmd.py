@@ -37,6 +37,7 @@ from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.monitor.state_file import DEFAULT_STATE_PATH
+from gpupool.nodeagent.risk.backstop import DEFAULT_OVERHEAD_MIB
 from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S
 from gpupool.nodeagent.risk.findings import RiskAction
 from gpupool.nodeagent.risk.setup import ACTIONS
@@ -102,6 +103,9 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                    "report (event and metric), refuse-opens, evict (the pod), cordon-card. Needs the usage monitor.")
 @click.option("--risk-grace", default=f"{DEFAULT_GRACE_S:g}s", show_default=True, metavar="DURATION",
               help="A holder is judged only after holding its card this long.")
+@click.option("--risk-memory-tolerance", default=DEFAULT_OVERHEAD_MIB, show_default=True, type=click.IntRange(min=0),
+              metavar="MIB", help="Driver memory (CUDA context, module code) allowed per process above a container's "
+                                  "grant before the over-grant backstop reports it (docs/security.md).")
 @click.option("--lending/--no-lending", default=False, show_default=True,
               help="Lend idle cards to waiting pods and apply the priority rules at every open (docs/lending.md).")
 @click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
@@ -134,8 +138,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str, cgroup_root: str,
                lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
-               risk_grace: str, lending: bool, high_priority_threshold: int, checkpoint_dir: str,
-               checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
+               risk_grace: str, risk_memory_tolerance: int, lending: bool, high_priority_threshold: int,
+               checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
                registration_max_connections: int, verbose: bool, server_limits: ServerLimits) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
@@ -160,7 +164,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                                        registration=RegistrationLimits(registration_timeout,
                                                                        registration_max_connections))
     names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
-    risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"))
+    risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"), risk_memory_tolerance)
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
@@ -174,7 +178,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
                heartbeat: HeartbeatSettings | None = None,
-               risk: tuple[RiskAction, float] = (RiskAction.REPORT, DEFAULT_GRACE_S),
+               risk: tuple[RiskAction, float, int] = (RiskAction.REPORT, DEFAULT_GRACE_S, DEFAULT_OVERHEAD_MIB),
                lend: LendingOptions | None = None, server_limits: ServerLimits | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
@@ -250,7 +254,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     async def post_warning(namespace: str, pod: str, reason: str, message: str) -> None:
         await pods.post_event(namespace, pod, reason, message, event_type="Warning")
 
-    checks = build_risk(risk[0], agent, monitor, post_warning, decider, kubeconfig, risk[1]) if monitor else None
+    checks = (build_risk(risk[0], agent, monitor, post_warning, decider, kubeconfig, risk[1], risk[2],
+                         isolation.state_dir) if monitor else None)
     if checks is None:
         logging.getLogger(__name__).warning("risk checks off: they need the usage monitor's holders")
     extra = [RiskCollector(checks)] if checks is not None else []

@@ -4,11 +4,13 @@ Inputs are what the agent already keeps: the usage monitor's holders of each car
 (pid, start time, container), its last NVML sample (memory per process), the assignments of the
 pods kubelet lists on this node (what each container was granted, card by card), whether an
 isolation backend enforces the limits, and, where the interception library runs, which processes
-registered. A holder is judged only after it has held the card for ``grace_s`` (a library
-registers, a pod's names arrive through the watch, a fresh grant's annotation reaches the cache),
-and only when it runs in a known pod container: a process in no container is the host's own
-(nvidia-persistenced, a DCGM exporter, an admin's nvidia-smi), and one whose container is not named
-yet is judged once it is.
+registered and what each container's accounting region says. Only processes in a known pod
+container are judged: a process in no container is the host's own (nvidia-persistenced, a DCGM
+exporter, an admin's nvidia-smi), and one whose container is not named yet is judged once it is.
+A holder's card and registration are judged only after it has held the card for ``grace_s`` (a
+library registers, a pod's names arrive through the watch, a fresh grant's annotation reaches the
+cache); its memory (:mod:`~gpupool.nodeagent.risk.backstop`) at once, since a container with a
+grant on the card has nothing to wait for and the driver's figures are facts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from dataclasses import dataclass
 from gpupool.core.model import CardSlice
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.monitor.usage_state import Holder, UsageState
+from gpupool.nodeagent.risk.backstop import (
+    DEFAULT_OVERHEAD_MIB,
+    driver_figures,
+    memory_by_pid,
+    over_grant,
+    region_tampered,
+)
 from gpupool.nodeagent.risk.findings import Risk, RiskKind
 from gpupool.nodeagent.types import PodView
 
@@ -29,6 +38,9 @@ ContainerName = tuple[str, str, str]
 
 Registered = Callable[[str, str, str], frozenset[int]]
 """(namespace, pod, container) → host pids registered with the interception library."""
+
+RegionUse = Callable[[ContainerName], Mapping[int, int] | None]
+"""(namespace, pod, container) → card → MiB its accounting region shows; ``None`` when unreadable."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,10 @@ class NodeView:
     registered: Registered | None
     """Registered pids per container where the interception library runs; ``None`` elsewhere."""
     now: float
+    overhead_mib: int = DEFAULT_OVERHEAD_MIB
+    """Driver memory allowed per process on top of the grant (``--risk-memory-tolerance``)."""
+    region: RegionUse | None = None
+    """The containers' accounting regions where the interception library runs; ``None`` elsewhere."""
 
 
 def grants_of(node: str, pods: Iterable[PodView]) -> dict[ContainerName, dict[int, CardSlice]]:
@@ -67,23 +83,19 @@ def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:
         device = view.state.device(path)
         if device is None:
             continue
-        judged = [h for h in device.holders if h.pod and h.container and view.now - h.since >= grace_s]
-        memory = _memory_by_pid(view.sample, card)
+        memory = memory_by_pid(view.sample, card, view.now)
         by_container: dict[ContainerName, list[Holder]] = {}
-        for holder in judged:
-            by_container.setdefault((holder.namespace, holder.pod, holder.container), []).append(holder)
-        for name, holders in sorted(by_container.items()):
+        for holder in device.holders:
+            if holder.pod and holder.container:
+                by_container.setdefault((holder.namespace, holder.pod, holder.container), []).append(holder)
+        for name, named in sorted(by_container.items()):
+            holders = [h for h in named if view.now - h.since >= grace_s]
             grant = view.grants.get(name, {}).get(card)
             if grant is None:
                 risks += [_risk(RiskKind.UNGRANTED_CARD, card, h, "holds the card, and its container was granted "
                                 "no share of it") for h in holders]
                 continue
-            if not view.enforcing:
-                used = sum(memory.get(h.pid, 0) for h in holders)
-                if used > grant.memory_mib:
-                    risks.append(_risk(RiskKind.OVER_MEMORY, card, holders[0], f"use {used} MiB, above the "
-                                       f"grant's {grant.memory_mib} MiB, and no isolation backend enforces it",
-                                       per_process=False))
+            risks += _memory_risks(view, name, card, grant, named, memory)
             if view.registered is not None and not grant.exclusive:
                 known = view.registered(*name)
                 risks += [_risk(RiskKind.UNREGISTERED_PROCESS, card, h, "holds a shared card without having "
@@ -92,9 +104,27 @@ def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:
     return risks
 
 
-def _memory_by_pid(sample: UsageSample | None, card: int) -> dict[int, int]:
-    sampled = sample.card(card) if sample is not None else None
-    return {p.pid: p.memory_used_mib for p in sampled.processes} if sampled is not None else {}
+def _memory_risks(view: NodeView, name: ContainerName, card: int, grant: CardSlice, holders: list[Holder],
+                  memory: Mapping[int, int]) -> list[Risk]:
+    """The backstop for one container on one card: over its grant, or its region written down."""
+    if not memory:
+        return []
+    risks = []
+    driver = driver_figures(memory, (h.pid for h in holders))
+    detail = over_grant(driver, grant.memory_mib, view.overhead_mib, view.enforcing)
+    if detail is not None:
+        risks.append(_risk(RiskKind.OVER_MEMORY, card, holders[0], detail, per_process=False))
+    if view.region is None or view.registered is None:
+        return risks
+    known = view.registered(*name)
+    registered = driver_figures(memory, (h.pid for h in holders if h.pid in known))
+    if registered.used_mib <= view.overhead_mib * registered.processes:
+        return risks  # nothing the region must show: no need to read it
+    accounted = (view.region(name) or {}).get(card)
+    detail = region_tampered(registered, accounted, view.overhead_mib) if accounted is not None else None
+    if detail is not None:
+        risks.append(_risk(RiskKind.REGION_TAMPERED, card, holders[0], detail, per_process=False))
+    return risks
 
 
 def _risk(kind: RiskKind, card: int, holder: Holder, detail: str, per_process: bool = True) -> Risk:

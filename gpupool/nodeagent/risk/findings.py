@@ -6,9 +6,14 @@ A risk is a process using a card outside what gpupool granted its container (the
 * ``ungranted-card``: a process of a pod container holds a card's device file while that container
   holds no share of the card (a pod that asked for no GPU but sees one, a container that opened a
   card of its neighbour);
-* ``over-memory``: the processes of a container use more memory on a card than its grant allows,
-  on a node where no isolation backend enforces the limit (with one, the backend refuses the
-  allocation itself);
+* ``over-memory``: the processes of a container use more memory on a card, as the driver reports
+  it (NVML, per process), than its grant allows plus the driver's own per-process overhead, whatever
+  the isolation backend: with one enforcing, this is the backstop for a container that got past it
+  (a static binary, raw ioctls, a zeroed account);
+* ``region-tampered``: where the interception library runs, a container's accounting region shows
+  less on a card than the driver reports for the container's registered processes there, beyond
+  that overhead: its counters were written down from inside (the library enforces what the region
+  says, so the container could allocate past its grant);
 * ``unregistered-process``: on a card the container shares with others, a process of the container
   holds the card without having registered with the agent, where the interception library runs: it
   bypassed the library (a static binary, a cleared ``LD_PRELOAD``) and so its limits.
@@ -29,6 +34,7 @@ class RiskKind(StrEnum):
     UNGRANTED_CARD = "ungranted-card"
     OVER_MEMORY = "over-memory"
     UNREGISTERED_PROCESS = "unregistered-process"
+    REGION_TAMPERED = "region-tampered"
 
 
 class RiskAction(StrEnum):
@@ -49,7 +55,8 @@ class RiskAction(StrEnum):
 
 #: The Warning event's reason on the pod, per kind.
 EVENT_REASONS = {RiskKind.UNGRANTED_CARD: "GpuRiskUngrantedCard", RiskKind.OVER_MEMORY: "GpuRiskOverMemory",
-                 RiskKind.UNREGISTERED_PROCESS: "GpuRiskUnregisteredProcess"}
+                 RiskKind.UNREGISTERED_PROCESS: "GpuRiskUnregisteredProcess",
+                 RiskKind.REGION_TAMPERED: "GpuRiskRegionTampered"}
 
 
 @dataclass(frozen=True)

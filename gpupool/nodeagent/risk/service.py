@@ -1,8 +1,15 @@
 """The risk checks as the node agent runs them: look, detect, respond, every ``interval_s``.
 
 Reads only what the agent and its usage monitor already hold (no extra /proc walk or NVML call of
-its own), so a round costs microseconds per holder. Nothing here stops the agent: a failing round is
-logged and the next one runs.
+its own), so a round costs microseconds per holder; where the interception library runs, it also
+reads the accounting region of a container whose registered processes hold memory (one small file,
+at most once a round). Nothing here stops the agent: a failing round is logged and the next one
+runs.
+
+How soon a container over its grant is found (docs/security.md, "The over-grant backstop"): the
+monitor samples NVML every second and a round runs every :data:`CHECK_EVERY_S`, so within about
+3 s of the driver counting the memory (measured: ``test_backstop_live.py``); a tampered region
+needs a second sample to agree (:mod:`~gpupool.nodeagent.risk.confirm`), one round more.
 
 No round judges anything before the agent has read its pods once in full (the first PodResources
 list with every listed pod's view; :meth:`NodeAgent.live_pods` is ``None`` until then). The usage
@@ -22,11 +29,23 @@ import time
 from collections.abc import Callable
 
 from gpupool.nodeagent.agent import NodeAgent
-from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
+from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
+from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.risk.backstop import DEFAULT_OVERHEAD_MIB
+from gpupool.nodeagent.risk.confirm import Confirmation
 from gpupool.nodeagent.risk.decider import RiskOpenDecider
-from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S, NodeView, Registered, detect, grants_of
+from gpupool.nodeagent.risk.detector import (
+    DEFAULT_GRACE_S,
+    ContainerName,
+    NodeView,
+    RegionUse,
+    Registered,
+    detect,
+    grants_of,
+)
 from gpupool.nodeagent.risk.findings import Risk
+from gpupool.nodeagent.risk.regions import RegionReader
 from gpupool.nodeagent.risk.responder import RiskResponder
 from gpupool.nodeagent.types import PodView
 
@@ -37,17 +56,28 @@ LIST_WAIT_S = 60.0
 """The longest the checks wait for the agent's first complete list of its pods."""
 
 
-def shim_registered(agent: NodeAgent, pods: list[PodView]) -> Registered | None:
-    """Registered pids per container where the interception library enforces; ``None`` elsewhere."""
-    enforcement = agent.enforcement
-    if not isinstance(enforcement, ShimEnforcement) or not enforcement.state().enforcing:
+def shim_enforcing(state: EnforcementState) -> bool:
+    """Whether the interception library is the backend and enforces now. Asked through the backend's
+    state, because the library's backend may be wrapped (``dmem`` limits beside it, lending's
+    checkpoint protocol), and each wrapper reports its inner backend's state."""
+    return state.backend is IsolationBackend.SHIM and state.enforcing
+
+
+def shim_registered(agent: NodeAgent, pods: list[PodView], state: EnforcementState) -> Registered | None:
+    """Registered pids per container where the interception library enforces; ``None`` elsewhere.
+    Each container's table is read once per view (reading it prunes exited processes in /proc)."""
+    registry = getattr(agent.enforcement, "registry", None)  # wrappers pass the library's registry on
+    if not isinstance(registry, ShimRegistry) or not shim_enforcing(state):
         return None
     uids = {(pod.namespace, pod.name): pod.uid for pod in pods}
-    registry = enforcement.registry
+    read: dict[ContainerName, frozenset[int]] = {}
 
     def registered(namespace: str, pod: str, container: str) -> frozenset[int]:
-        uid = uids.get((namespace, pod))
-        return frozenset(p.pid for p in registry.processes(uid, container)) if uid else frozenset()
+        name = (namespace, pod, container)
+        if name not in read:
+            uid = uids.get((namespace, pod))
+            read[name] = frozenset(p.pid for p in registry.processes(uid, container)) if uid else frozenset()
+        return read[name]
 
     return registered
 
@@ -57,13 +87,19 @@ class RiskMonitor:
 
     def __init__(self, agent: NodeAgent, monitor: UsageMonitor, responder: RiskResponder, *,
                  decider: RiskOpenDecider | None = None, grace_s: float = DEFAULT_GRACE_S,
-                 interval_s: float = CHECK_EVERY_S, clock: Callable[[], float] = time.time) -> None:
+                 interval_s: float = CHECK_EVERY_S, clock: Callable[[], float] = time.time,
+                 overhead_mib: int = DEFAULT_OVERHEAD_MIB, regions: RegionReader | None = None) -> None:
         self.agent = agent
         self.monitor = monitor
         self.responder = responder
         self.decider = decider
         self.grace_s = grace_s
         self.interval_s = interval_s
+        self.overhead_mib = overhead_mib
+        """Driver memory allowed per process above the grant (``--risk-memory-tolerance``)."""
+        self.regions = regions
+        """The library's regions (under ``--state-dir``), read where the library enforces."""
+        self.confirmation = Confirmation()
         self.rounds = 0
         self.ready = False
         """Whether the agent has listed its pods once in full (no round judges anything before)."""
@@ -73,9 +109,14 @@ class RiskMonitor:
     def view(self) -> NodeView:
         """The node as the detector sees it now."""
         pods = self.agent.listed_pods()
+        enforcement = self.agent.enforcement.state()
+        region: RegionUse | None = None
+        if self.regions is not None and shim_enforcing(enforcement):
+            region = self.regions.for_pods(pods)
         return NodeView(cards=self.monitor.cards, state=self.monitor.state, sample=self.monitor.last_sample,
-                        grants=grants_of(self.agent.node, pods), enforcing=self.agent.enforcement.state().enforcing,
-                        registered=shim_registered(self.agent, pods), now=self._clock())
+                        grants=grants_of(self.agent.node, pods), enforcing=enforcement.enforcing,
+                        registered=shim_registered(self.agent, pods, enforcement), now=self._clock(),
+                        overhead_mib=self.overhead_mib, region=region)
 
     async def step(self) -> list[Risk]:
         """One round; the risks that are new in it."""
@@ -94,7 +135,8 @@ class RiskMonitor:
             self.ready = True
         self.rounds += 1
         view = self.view()
-        new = await self.responder.observe(detect(view, self.grace_s))
+        sample_time = view.sample.time if view.sample is not None else None
+        new = await self.responder.observe(self.confirmation.filter(detect(view, self.grace_s), sample_time))
         if self.decider is not None and self.decider.blocked:
             self.decider.keep_pods((pod.namespace, pod.name) for pod in self.agent.listed_pods())
         return new

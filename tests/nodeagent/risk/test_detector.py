@@ -41,13 +41,14 @@ def test_ungranted_cards(node: NodeView, expected: list[tuple[str, int, str, int
     pytest.param(False, {0: {11: 3000, 12: 1500}}, [("over-memory", 0, "train/main", 0)], id="two-processes-over"),
     pytest.param(False, {0: {11: 3000, 12: 1096}}, [], id="exactly-the-limit"),
     pytest.param(False, {0: {11: 3000, 99: 9000}}, [], id="another-pid-on-the-card-does-not-count"),
-    pytest.param(True, {0: {11: 9000}}, [], id="a-backend-enforces"),
+    pytest.param(True, {0: {11: 9000}}, [("over-memory", 0, "train/main", 0)], id="a-backend-enforces-and-was-passed"),
     pytest.param(False, {}, [], id="not-sampled"),
 ])
-def test_over_memory_only_where_nothing_enforces(enforcing: bool, memory: dict[int, dict[int, int]],
-                                                 expected: list[tuple[str, int, str, int]]) -> None:
+def test_over_memory_whatever_the_backend(enforcing: bool, memory: dict[int, dict[int, int]],
+                                          expected: list[tuple[str, int, str, int]]) -> None:
     holders = {0: (holder(11, "train", "main"), holder(12, "train", "main"))}
-    assert kinds(view([TRAIN], holders, enforcing=enforcing, memory=memory)) == expected
+    node = view([TRAIN], holders, enforcing=enforcing, memory=memory, overhead_mib=0)
+    assert kinds(node) == expected
 
 
 @pytest.mark.parametrize(("pods", "holders", "registered", "expected"), [

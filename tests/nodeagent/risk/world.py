@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.nodeagent.monitor.usage_sampling import CardUsage, ProcessUsage, UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState
-from gpupool.nodeagent.risk.detector import NodeView, Registered, grants_of
+from gpupool.nodeagent.risk.backstop import DEFAULT_OVERHEAD_MIB
+from gpupool.nodeagent.risk.detector import NodeView, RegionUse, Registered, grants_of
 from gpupool.nodeagent.types import NodeAssignment, PodView
 
 NODE = "n1"
@@ -48,5 +50,9 @@ def sample(memory: Mapping[int, Mapping[int, int]]) -> UsageSample:
 
 
 def view(pods: list[PodView], holders: Mapping[int, tuple[Holder, ...]], *, enforcing: bool = True,
-         memory: Mapping[int, Mapping[int, int]] | None = None, registered: Registered | None = None) -> NodeView:
-    return NodeView(CARDS, state(holders), sample(memory or {}), grants_of(NODE, pods), enforcing, registered, NOW)
+         memory: Mapping[int, Mapping[int, int]] | None = None, registered: Registered | None = None,
+         overhead_mib: int = DEFAULT_OVERHEAD_MIB, region: RegionUse | None = None,
+         sampled_at: float = NOW) -> NodeView:
+    taken = replace(sample(memory or {}), time=sampled_at)
+    return NodeView(CARDS, state(holders), taken, grants_of(NODE, pods), enforcing, registered, NOW,
+                    overhead_mib=overhead_mib, region=region)
