@@ -5,6 +5,9 @@ from __future__ import annotations
 COMPUTE_PER_CARD = 1000
 """Compute of one card in per-mille. The API speaks percent; see :func:`percent_to_compute`."""
 
+BYTES_PER_MIB = 1 << 20
+"""Bytes in one MiB: exported series are in bytes (Prometheus's base unit), the core counts MiB."""
+
 MEMORY_UNIT_MIB = 256
 """The Chengyun patent slices memory in 256 MiB units; requests may be written in them."""
 

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from gpupool.core.lent import LentTotals
 from gpupool.core.model import CardMode
 from gpupool.core.state import BoolArray, IntArray
+from gpupool.core.units import BYTES_PER_MIB, COMPUTE_PER_CARD
 from gpupool.extender.booking_keeper import ASSUMPTION_ENDS, RELEASE_REASONS
 from gpupool.extender.borrowing import FilterOutcome
 from gpupool.extender.service import Ledger
@@ -166,13 +167,14 @@ TOTAL_GAUGES: tuple[tuple[str, str, Callable[[LedgerTotals], float]], ...] = (
      "pods included)", lambda t: t.pods_booked),
     ("gpupool_extender_assumed_pods", "Pods the filter passed one node whose bind has not come yet (their cards "
      "are booked as assumed)", lambda t: t.assumed_pods),
-    ("gpupool_cluster_gpu_memory_total_mib", "Memory of every card (MiB)", lambda t: t.memory_total_mib),
-    ("gpupool_cluster_gpu_memory_allocated_mib", "Memory booked on the cards (MiB)",
-     lambda t: t.memory_allocated_mib),
-    ("gpupool_cluster_gpu_compute_total_permille", "Compute of every card (per-mille of a card)",
-     lambda t: t.compute_total_permille),
-    ("gpupool_cluster_gpu_compute_allocated_permille", "Compute booked on the cards (per-mille of a card)",
-     lambda t: t.compute_allocated_permille),
+    ("gpupool_cluster_gpu_memory_total_bytes", "Memory of every card (bytes)",
+     lambda t: t.memory_total_mib * BYTES_PER_MIB),
+    ("gpupool_cluster_gpu_memory_allocated_bytes", "Memory booked on the cards (bytes)",
+     lambda t: t.memory_allocated_mib * BYTES_PER_MIB),
+    ("gpupool_cluster_gpu_compute_total_cards", "Compute of every card, in whole cards (1: one card's compute)",
+     lambda t: t.compute_total_permille / COMPUTE_PER_CARD),
+    ("gpupool_cluster_gpu_compute_allocated_cards", "Compute booked on the cards, in whole cards",
+     lambda t: t.compute_allocated_permille / COMPUTE_PER_CARD),
     ("gpupool_extender_overcommitted_cards",
      "Cards whose bound pods claim more memory or compute than the card has (or share a whole card)",
      lambda t: t.overcommitted_cards),
@@ -182,10 +184,10 @@ TOTAL_GAUGES: tuple[tuple[str, str, Callable[[LedgerTotals], float]], ...] = (
     ("gpupool_cluster_lending_nodes", "Nodes that lend at least one idle card (docs/lending.md)",
      lambda t: t.lent.lending_nodes),
     ("gpupool_cluster_borrowers_booked", "Pods booked on lent capacity", lambda t: t.lent.borrowers),
-    ("gpupool_cluster_lent_memory_mib", "Memory the nodes lend on idle cards (MiB)",
-     lambda t: t.lent.lent_memory_mib),
-    ("gpupool_cluster_borrowed_memory_mib", "Memory borrowers hold on lent cards (MiB)",
-     lambda t: t.lent.borrowed_memory_mib),
+    ("gpupool_cluster_lent_memory_bytes", "Memory the nodes lend on idle cards (bytes)",
+     lambda t: t.lent.lent_memory_mib * BYTES_PER_MIB),
+    ("gpupool_cluster_borrowed_memory_bytes", "Memory borrowers hold on lent cards (bytes)",
+     lambda t: t.lent.borrowed_memory_mib * BYTES_PER_MIB),
 )
 """Name, help and value of each unlabelled gauge (one row per total of :class:`LedgerTotals`)."""
 

@@ -20,8 +20,9 @@ from gpupool.api.usage_report import USAGE_REPORT_PATH, NodeUsageReport, decode_
 from gpupool.kubectl.connection import ClusterAccessError
 from gpupool.kubectl.usage import CardUsageSample
 
-DEFAULT_AGENT_PORT = 9400
-"""The node agent's metrics port unless it was started with another ``--metrics-port``."""
+DEFAULT_AGENT_PORT = 9410
+"""The node agent's metrics port (its ``--metrics-port`` default, the DaemonSet's hostPort) unless it
+runs with another."""
 AGENT_TIMEOUT_S = 3.0
 """Per node: the API server's dial plus the agent's answer; a report is a few kB."""
 PARALLEL_NODES = 16

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from gpupool.api.usage_report import USAGE_REPORT_PATH, encode_usage_report
 from gpupool.core.model import GpuCard
+from gpupool.core.units import BYTES_PER_MIB, COMPUTE_PER_CARD
 from gpupool.netguard.limits import ServerLimits
 from gpupool.netguard.site import BoundedSite, bounded_runner
 from gpupool.nodeagent.agent import NodeAgent
@@ -36,8 +37,9 @@ from gpupool.nodeagent.usage_report import usage_report, usage_table
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_PORT = 9400
-"""Where ``gpupool node-agent`` serves ``/metrics`` unless told otherwise (0 turns it off)."""
+DEFAULT_METRICS_PORT = 9410
+"""Where ``gpupool node-agent`` serves ``/metrics`` unless told otherwise (0 turns it off). Not 9400:
+that is the NVIDIA DCGM exporter's, which often runs on the same GPU nodes."""
 
 CARD_LABELS = ("node", "card", "uuid", "model")
 
@@ -77,12 +79,14 @@ def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView]) ->
 
 
 CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
-    ("gpupool_card_memory_total_mib", "Memory of a card (MiB)", lambda r: r.card.memory_mib),
-    ("gpupool_card_memory_allocated_mib", "Memory gpupool's assignments book on a card (MiB)",
-     lambda r: r.memory_booked_mib),
-    ("gpupool_card_compute_total_permille", "Compute of a card (per-mille)", lambda r: r.card.compute),
-    ("gpupool_card_compute_allocated_permille",
-     "Compute gpupool's assignments book on a card (per-mille of the card)", lambda r: r.compute_booked_permille),
+    ("gpupool_card_memory_total_bytes", "Memory of a card (bytes)", lambda r: r.card.memory_mib * BYTES_PER_MIB),
+    ("gpupool_card_memory_allocated_bytes", "Memory gpupool's assignments book on a card (bytes)",
+     lambda r: r.memory_booked_mib * BYTES_PER_MIB),
+    ("gpupool_card_compute_total_ratio", "Compute of a card gpupool may book, as a fraction of the whole card",
+     lambda r: r.card.compute / COMPUTE_PER_CARD),
+    ("gpupool_card_compute_allocated_ratio",
+     "Compute gpupool's assignments book on a card, as a fraction of the whole card (above 1: over-committed)",
+     lambda r: r.compute_booked_permille / COMPUTE_PER_CARD),
     ("gpupool_card_healthy", "1 while the card is healthy", lambda r: float(r.card.healthy)),
     ("gpupool_card_containers", "App containers holding a slice of the card", lambda r: r.containers),
 )

@@ -183,11 +183,11 @@ def check_agent_metrics(core_v1: client.CoreV1Api, namespace: str, node: str, na
         placement = decode_assignment(text).to_placement(f"{namespace}/{name}", spec, 0, 0)
         for card, (mib, _compute, _exclusive) in placement.held_per_card().items():
             booked[card] += mib
-    expected = {str(card): float(mib) for card, mib in booked.items()}
+    expected = {str(card): float(mib << 20) for card, mib in booked.items()}  # the series are in bytes
 
     def shown() -> dict[str, float] | None:
         got = {s.labels["card"]: s.value for family in text_string_to_metric_families(agent.metrics())
-               for s in family.samples if s.name == "gpupool_card_memory_allocated_mib"}
+               for s in family.samples if s.name == "gpupool_card_memory_allocated_bytes"}
         return got if got == expected else None
 
     wait_for(shown, timeout=15, what=f"the agent's metrics to show {expected}\n{agent.metrics()}")

@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.utils import floatToGoString
 
 from gpupool.api.annotations import decode_assignment
 from gpupool.extender.cache import ClusterCache
@@ -393,7 +394,7 @@ def test_metrics_count_requests_and_export_cluster_totals() -> None:
         assert "gpupool_extender_request_seconds_bucket" in text
         booked = 16276 + 12207 + 12207 + 12207 + 8138 + 16276  # ALIBABA_PODS; per-card series: node agents
         booked += 1  # p, passed one node: its filter assumed 1 MiB there until its bind
-        assert f"gpupool_cluster_gpu_memory_allocated_mib {float(booked)}" in text
+        assert f"gpupool_cluster_gpu_memory_allocated_bytes {floatToGoString(booked << 20)}" in text  # bytes
         assert "gpupool_extender_assumed_pods 1.0" in text
         assert "gpupool_extender_cache_synced 1.0" in text
 

@@ -81,8 +81,8 @@ def test_the_scrape_exports_the_lending_series() -> None:
     assert got[("gpupool_cluster_lent_cards", (("state", "withdrawn"),))] == 0
     assert got[("gpupool_cluster_lending_nodes", ())] == 1
     assert got[("gpupool_cluster_borrowers_booked", ())] == 1
-    assert got[("gpupool_cluster_lent_memory_mib", ())] == LENT_MIB
-    assert got[("gpupool_cluster_borrowed_memory_mib", ())] == 8000
+    assert got[("gpupool_cluster_lent_memory_bytes", ())] == LENT_MIB << 20
+    assert got[("gpupool_cluster_borrowed_memory_bytes", ())] == 8000 << 20
     assert got[("gpupool_extender_borrowers_placed_total", ())] == 1
     assert got[("gpupool_extender_lending_filters_total", (("outcome", "passed"),))] == 1
     assert got[("gpupool_extender_lending_filters_total", (("outcome", "held_for_earlier"),))] == 0

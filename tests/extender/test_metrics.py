@@ -122,10 +122,11 @@ def test_scrape_exports_the_totals_and_the_request_counts() -> None:
         assert got[("gpupool_cluster_nodes_with_problem", ())] == 1
         assert got[("gpupool_cluster_pods_booked", ())] == 4 + 1
         assert got[("gpupool_extender_assumed_pods", ())] == 1
-        assert got[("gpupool_cluster_gpu_memory_total_mib", ())] == 5 * 16276 + 2 * 16000
-        assert got[("gpupool_cluster_gpu_memory_allocated_mib", ())] == 8138 + 4069 + 12207 + 16276 + 1
-        assert got[("gpupool_cluster_gpu_compute_total_permille", ())] == 7000
-        assert got[("gpupool_cluster_gpu_compute_allocated_permille", ())] == 1000
+        mib = 1 << 20  # the series are in bytes, the ledger in MiB
+        assert got[("gpupool_cluster_gpu_memory_total_bytes", ())] == (5 * 16276 + 2 * 16000) * mib
+        assert got[("gpupool_cluster_gpu_memory_allocated_bytes", ())] == (8138 + 4069 + 12207 + 16276 + 1) * mib
+        assert got[("gpupool_cluster_gpu_compute_total_cards", ())] == 7
+        assert got[("gpupool_cluster_gpu_compute_allocated_cards", ())] == 1
         assert {labels: v for (name, labels), v in got.items() if name == "gpupool_cluster_cards"} == {
             (("state", "idle"),): 3, (("state", "shared"),): 2, (("state", "exclusive"),): 1,
             (("state", "unhealthy"),): 1}
@@ -239,7 +240,7 @@ def test_a_scrape_takes_the_lock_once_and_renders_nothing_under_it(
     metrics.watch_ledger(cache)
     before = lock.acquisitions
     text = prometheus_client.exposition.generate_latest(metrics.registry).decode()
-    assert "gpupool_cluster_gpu_memory_allocated_mib" in text  # the totals were rendered ...
+    assert "gpupool_cluster_gpu_memory_allocated_bytes" in text  # the totals were rendered ...
     assert lock.acquisitions - before == 1  # ... from one hold of the lock (a consistent copy) ...
     assert under_lock == []  # ... during which no family, sample or text was made
     assert not lock.held

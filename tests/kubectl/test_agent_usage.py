@@ -21,7 +21,7 @@ def report(node: str, utilization: int | None = 40) -> str:
 
 ANSWERS: dict[str, str | Exception] = {
     "ok": report("ok"),
-    "refused": ClusterAccessError("503 Service Unavailable: dial tcp 10.0.0.9:9400: connect: connection refused"),
+    "refused": ClusterAccessError("503 Service Unavailable: dial tcp 10.0.0.9:9410: connect: connection refused"),
     "forbidden": ClusterAccessError('403 Forbidden: nodes "forbidden" is forbidden: cannot get resource '
                                     '"nodes/proxy"'),
     "socket": OSError("connection reset"),
@@ -40,7 +40,7 @@ def read(node: str, port: int, path: str, timeout_s: float) -> str:
 
 @pytest.fixture
 def usage() -> AgentUsage:
-    source = AgentUsage(read, port=9400, timeout_s=1.0)
+    source = AgentUsage(read, port=9410, timeout_s=1.0)
     source.fetch(ANSWERS)
     return source
 
@@ -61,7 +61,7 @@ def test_a_reporting_agent_fills_its_cards(usage: AgentUsage) -> None:
 def test_a_node_without_a_usable_report_has_a_note_and_no_usage(usage: AgentUsage, node: str, note: str) -> None:
     assert usage.card_usage(node, f"GPU-{node}-0") is None
     text = usage.node_note(node)
-    assert text is not None and text.startswith("usage not read from the node agent (port 9400): ") and note in text
+    assert text is not None and text.startswith("usage not read from the node agent (port 9410): ") and note in text
 
 
 def test_a_card_missing_from_the_agents_sample_is_unknown_not_zero(usage: AgentUsage) -> None:

@@ -38,8 +38,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 
 def read_node_proxy(_: kube.Connection, node: str, port: int, path: str, timeout_s: float) -> str:
-    """The agent of node a on port 9400 reports its card; any other port is an agent nobody runs."""
-    if (node, port, path) != ("a", 9400, "usage.json"):
+    """The agent of node a on port 9410 reports its card; any other port is an agent nobody runs."""
+    if (node, port, path) != ("a", 9410, "usage.json"):
         raise kube.ClusterAccessError("503 Service Unavailable: error trying to reach service: connection refused")
     return encode_usage_report(NodeUsageReport("a", "proc-scan", 600.0, (CardUsageReport(
         0, "GPU-a-0", "Tesla-T4", "busy", 61, 9000, 16384, 2, 0.0),), ()))

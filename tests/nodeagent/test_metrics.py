@@ -20,6 +20,8 @@ from gpupool.nodeagent.types import NodeAssignment, PodView
 from gpupool.testing.node_workload import generate
 from tests.nodeagent.harness import fake_pod, running_node
 
+MIB = 1 << 20
+
 NODE = "node-a"
 CARDS = (GpuCard(0, "GPU-0", "T4", 16384), GpuCard(1, "GPU-1", "T4", 16384))
 INVENTORY = GpuInventory(CARDS, Topology.flat(2), ("/dev/nvidia0", "/dev/nvidia1"))
@@ -99,12 +101,12 @@ def test_a_scrape_shows_what_the_ledger_would_book_on_each_card() -> None:
             text = await scrape(node.agent)
             calls = node.kubelet.allocate_calls
         got = by_card(text)
-        assert got["gpupool_card_memory_allocated_mib"] == {
-            str(u.card): u.memory_total - u.memory_free for u in usage}
-        assert got["gpupool_card_compute_allocated_permille"] == {
-            str(u.card): u.compute_total - u.compute_free for u in usage}
-        assert got["gpupool_card_memory_total_mib"] == {str(c.index): c.memory_mib for c in cards}
-        assert got["gpupool_card_compute_total_permille"] == {str(c.index): 1000 for c in cards}
+        assert got["gpupool_card_memory_allocated_bytes"] == {
+            str(u.card): (u.memory_total - u.memory_free) * MIB for u in usage}
+        assert got["gpupool_card_compute_allocated_ratio"] == {
+            str(u.card): (u.compute_total - u.compute_free) / 1000 for u in usage}
+        assert got["gpupool_card_memory_total_bytes"] == {str(c.index): c.memory_mib * MIB for c in cards}
+        assert got["gpupool_card_compute_total_ratio"] == {str(c.index): 1.0 for c in cards}
         assert got["gpupool_card_healthy"] == {"0": 1, "1": 1, "2": 0, "3": 1}
         app_containers = [a for p in pods for a in p.placement.containers if not a.init]
         assert sum(got["gpupool_card_containers"].values()) == sum(len(set(a.cards)) for a in app_containers)
@@ -133,9 +135,9 @@ def test_labels_name_the_node_and_each_card() -> None:
         async with running_node(gpu_file) as node:
             text = await scrape(node.agent)
         [sample] = [s for f in text_string_to_metric_families(text) for s in f.samples
-                    if s.name == "gpupool_card_memory_total_mib"]
+                    if s.name == "gpupool_card_memory_total_bytes"]
         assert sample.labels == {"node": NODE, "card": "0", "uuid": "GPU-x0", "model": "Tesla-T4"}
-        assert sample.value == 15360
+        assert sample.value == 15360 * MIB  # bytes: Prometheus's base unit, not the inventory's MiB
 
     asyncio.run(main())
 
@@ -159,7 +161,7 @@ def test_a_port_in_use_is_logged_not_raised_and_a_free_one_serves(caplog: pytest
                     writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
                     answer = (await reader.read()).decode()
                     writer.close()
-                    assert " 200 OK" in answer.splitlines()[0] and "gpupool_card_memory_total_mib" in answer
+                    assert " 200 OK" in answer.splitlines()[0] and "gpupool_card_memory_total_bytes" in answer
                 finally:
                     await runner.cleanup()
 

@@ -19,6 +19,8 @@ from gpupool.nodeagent.usage_monitor import BUSY_REASON, IDLE_REASON, pod_event_
 from tests.nodeagent.harness import NAMES
 from tests.nodeagent.usage_world import GPUS, NODE, Pods, agent_with_monitor
 
+MIB = 1 << 20
+
 
 def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
@@ -50,18 +52,22 @@ def test_metrics_and_the_usage_table_show_each_card_and_container(tmp_path: Path
         finally:
             monitor.stop()
         got = samples(text)
-        assert got["gpupool_card_utilization_percent"] == {card(0): 50, card(1): 0}
-        assert got["gpupool_card_memory_used_mib"] == {card(0): 3500, card(1): 0}
+        assert got["gpupool_card_utilization_ratio"] == {card(0): 0.5, card(1): 0}
+        assert got["gpupool_card_memory_used_bytes"] == {card(0): 3500 * MIB, card(1): 0}
         assert got["gpupool_card_holders"] == {card(0): 1, card(1): 1}
         assert got["gpupool_card_idle_seconds"] == {card(0): 0, card(1): 0}
         assert got["gpupool_card_state"][card(0, state="busy")] == 1
         assert got["gpupool_card_state"][card(0, state="free")] == 0
         job, rogue = container("job-0", "train", 0), container("rogue", "x", 1)
-        assert got["gpupool_container_memory_used_mib"] == {job: 3000, rogue: 0}  # pid 999 holds no device
-        assert got["gpupool_container_memory_limit_mib"] == {job: 4096, rogue: 0}  # rogue: no grant
-        assert got["gpupool_container_sm_utilization_percent"] == {job: 40, rogue: 0}
-        assert got["gpupool_container_compute_share_percent"] == {job: 30, rogue: 0}
+        assert got["gpupool_container_memory_used_bytes"] == {job: 3000 * MIB, rogue: 0}  # pid 999 holds no device
+        assert got["gpupool_container_memory_limit_bytes"] == {job: 4096 * MIB, rogue: 0}  # rogue: no grant
+        assert got["gpupool_container_sm_utilization_ratio"] == {job: 0.4, rogue: 0}
+        assert got["gpupool_container_compute_share_ratio"] == {job: 0.3, rogue: 0}
         assert got["gpupool_monitor_holders_released_total"] == {(): 3}
+        # every card and state from the first scrape, at 0 until it happens (increase() sees the first)
+        changes = got["gpupool_card_state_changes_total"]
+        assert set(changes) == {card(i, state=s) for i in (0, 1) for s in ("busy", "idle")}
+        assert set(changes.values()) == {0}
         assert got["gpupool_monitor_source_info"] == {(("node", NODE), ("source", "scripted")): 1}
         assert "ml/job-0/train" in table and "3000/4096" in table and "40/30" in table
         assert "ml/rogue/x" in table and "busy" in table
@@ -100,7 +106,7 @@ def test_usage_is_404_when_the_monitor_is_off(tmp_path: Path) -> None:
             assert response.status == 404 and "--no-usage-monitor" in await response.text()
             response = await client.get("/usage.json")
             assert response.status == 404 and "--no-usage-monitor" in (await response.json())["error"]
-            assert "gpupool_card_utilization_percent" not in await (await client.get("/metrics")).text()
+            assert "gpupool_card_utilization_ratio" not in await (await client.get("/metrics")).text()
 
     asyncio.run(main())
 
