@@ -71,6 +71,13 @@ class RawJson:
         self.data = data
 
 
+BIND_WORKERS = 32
+"""Threads that run binds (each mostly waits on its API write; as many as the API client's pool
+keeps connections, gpupool/cli/extender_cmd.py). kube-scheduler binds asynchronously and filters
+the next pods meanwhile, so binds arrive as fast as it schedules: with 8 threads they queued past
+its 10 s ``httpTimeout`` at 1,000 nodes (1,355 binds timed out in ``bench/e2e_scheduling.py``) once
+the filter no longer waited for the last pod's booking (docs/extender.md, "Assumed bookings")."""
+
 SERVICE_KEY: web.AppKey[ExtenderService] = web.AppKey("service", ExtenderService)
 METRICS_KEY: web.AppKey[ExtenderMetrics] = web.AppKey("metrics", ExtenderMetrics)
 
@@ -79,7 +86,7 @@ class ExtenderApi:
     """Binds an :class:`ExtenderService` to HTTP routes."""
 
     def __init__(self, service: ExtenderService, names: ResourceNames, metrics: ExtenderMetrics,
-                 bind_workers: int = 8, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 bind_workers: int = BIND_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.service = service
         self.bodies = BodyReader(max_body_bytes)
         self.names = names
