@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.shim.region import SLOTS as REGION_SLOTS
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 STANDIN_DIR = SOURCE_DIR / "standin"
@@ -115,7 +117,7 @@ def _compile(compiler: list[str], flags: list[str], sources: list[Path], output:
 
 
 def build_library(output: Path | None = None, *, flavour: Flavour = RELEASE, werror: bool = False,
-                  grant_path: str | None = None) -> Path:
+                  grant_path: str | None = None, region_slots: int | None = None) -> Path:
     """Build the interception library and return its path.
 
     Without ``output`` the library goes to the cache under a digest-named file, and an existing one
@@ -123,6 +125,8 @@ def build_library(output: Path | None = None, *, flavour: Flavour = RELEASE, wer
     ``grant_path`` compiles in another place for the node's grant file than the container path of
     :data:`gpupool.api.shim_contract.CONTAINER_GRANT_PATH`: only for tests, which cannot write that
     path; the grant's path is never read from the environment, so a container cannot move it.
+    ``region_slots`` compiles a smaller process table into ``memory.region`` than the format's 256:
+    only for tests, which then fill it with a few processes instead of hundreds.
     """
     compiler = find_compiler()
     defines: tuple[str, ...] = ()
@@ -130,10 +134,15 @@ def build_library(output: Path | None = None, *, flavour: Flavour = RELEASE, wer
         if not grant_path.startswith("/") or any(c in grant_path for c in '"\\\n'):
             raise ShimBuildError(f"grant path {grant_path!r}: expected an absolute path without quotes or backslashes")
         defines = (f'-DSHIM_GRANT_PATH="{grant_path}"',)
+    if region_slots is not None:
+        if not 0 < region_slots <= REGION_SLOTS:
+            raise ShimBuildError(f"region_slots {region_slots}: expected 1 to {REGION_SLOTS}")
+        defines = (*defines, f"-DSHIM_REGION_SLOTS={region_slots}")
     flags = (*COMMON_FLAGS, *flavour.flags, *defines, *(("-Werror",) if werror else ()))
     sources = library_sources()
     if output is None:
-        kind = f"{flavour.name}-granted" if defines else flavour.name
+        kind = f"{flavour.name}-granted" if grant_path is not None else flavour.name
+        kind += f"-slots{region_slots}" if region_slots is not None else ""
         output = cache_dir() / f"{LIBRARY_STEM}-{kind}-{_digest(compiler, flags, sources)}.so"
         if output.is_file():
             return output

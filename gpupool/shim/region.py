@@ -18,6 +18,8 @@ SLOTS = 256
 HEADER = struct.Struct("<6I")  # magic, version, size, device_count, slot_count, reserved
 DEVICES_OFFSET = 128  # after the header (64 bytes) and the lock (64 bytes)
 DEVICE = struct.Struct("<QQII40x" "qQQQQQQIIII24x")  # memory fields, then the compute bucket
+OVERFLOW = struct.Struct("<Q")  # at 24 into a device record: the part of `used` of processes without a slot
+OVERFLOW_OFFSET = 24
 SLOT = struct.Struct("<iiQ16Q")
 SLOTS_OFFSET = DEVICES_OFFSET + MAX_DEVICES * DEVICE.size
 SIZE = SLOTS_OFFSET + SLOTS * SLOT.size
@@ -39,6 +41,7 @@ class DeviceState:
     util_container_percent: int  # last measured by the compute controller
     util_others_percent: int
     target_percent: int
+    overflow_bytes: int = 0  # part of used_bytes charged by processes that found no free slot
 
 
 @dataclass(frozen=True)
@@ -61,20 +64,24 @@ class RegionSnapshot:
 
 def parse_region(data: bytes) -> RegionSnapshot:
     """Decode the bytes of a region file."""
-    if len(data) != SIZE:
+    if len(data) < HEADER.size:
         raise RegionFormatError(f"a version-{VERSION} region has {SIZE} bytes, this one {len(data)}")
     magic, version, size, device_count, slot_count, _ = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version != VERSION or size != SIZE or device_count != MAX_DEVICES or slot_count != SLOTS:
+    # A library compiled for tests with a smaller slot table (SHIM_REGION_SLOTS) writes its count.
+    expected = SLOTS_OFFSET + slot_count * SLOT.size
+    if magic != MAGIC or version != VERSION or size != len(data) or device_count != MAX_DEVICES or \
+            size != expected or not 0 < slot_count <= SLOTS:
         raise RegionFormatError(f"not a version-{VERSION} region (magic {magic:#x}, version {version})")
     devices = []
     for index in range(MAX_DEVICES):
         fields = DEVICE.unpack_from(data, DEVICES_OFFSET + index * DEVICE.size)
         used, limit, percent, mode = fields[0:4]
         util_container, util_others, target = fields[11:14]
+        (overflow,) = OVERFLOW.unpack_from(data, DEVICES_OFFSET + index * DEVICE.size + OVERFLOW_OFFSET)
         devices.append(DeviceState(used, limit, percent, MODES[mode] if mode < len(MODES) else str(mode),
-                                   util_container, util_others, target))
+                                   util_container, util_others, target, overflow))
     processes = []
-    for index in range(SLOTS):
+    for index in range(slot_count):
         pid, host_pid, start, *used = SLOT.unpack_from(data, SLOTS_OFFSET + index * SLOT.size)
         if pid:
             processes.append(ProcessSlot(pid, start, tuple(used), host_pid))

@@ -22,44 +22,23 @@ static pthread_once_t region_once = PTHREAD_ONCE_INIT;
 static int my_slot = -1;
 static int need_claim = 1;
 static int host_pid;     /* from the registration reply, which may come before or after the slot */
+/* Without a slot (all taken by live processes) a process charges the region's overflow account,
+ * and holds a shared lock on its byte; overflow_mine is its own part of that account. */
+static int overflowed;
+static int overflow_unlocked; /* ... without the lock: counted in the region's overflow_unlocked */
+static uint64_t overflow_mine[SHIM_MAX_DEVICES];
 static int region_ready; /* open_region has run: the registration thread may use the region */
 
-static int read_proc_stat(int pid, char *state, uint64_t *start_time) {
-    char path[64], text[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t length = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (length <= 0) return -1;
-    text[length] = '\0';
-    char *cursor = strrchr(text, ')'); /* the command name may hold spaces and parentheses */
-    if (cursor == NULL || cursor[1] != ' ') return -1;
-    cursor += 2;
-    *state = *cursor;
-    for (int field = 3; field < 22; field++) {
-        cursor = strchr(cursor, ' ');
-        if (cursor == NULL) return -1;
-        cursor++;
-    }
-    *start_time = strtoull(cursor, NULL, 10);
-    return 0;
+/* The byte of the file whose lock a slot's process holds: the slot's first. */
+static off_t slot_lock(int i) {
+    return (off_t)(offsetof(struct shim_region, slot) + (size_t)i * sizeof(struct shim_region_slot));
 }
 
-static uint64_t own_start_time(void) {
-    char state;
-    uint64_t start = 0;
-    read_proc_stat(getpid(), &state, &start);
-    return start;
-}
-
-/* Whether the process of a slot still runs: a zombie counts as gone (its driver context is). */
-static int slot_alive(const struct shim_region_slot *slot) {
-    if (kill(slot->pid, 0) != 0 && errno == ESRCH) return 0;
-    char state;
-    uint64_t start;
-    if (read_proc_stat(slot->pid, &state, &start) != 0) return 1; /* no /proc: trust kill() */
-    return start == slot->start_time && state != 'Z' && state != 'X';
+/* Gone when both witnesses say so (liveness.c): the lock on its slot is free and its pid is dead
+ * or another process's. A private region has no file: only the pid speaks there. */
+static int slot_alive(int i, const struct shim_region_slot *slot) {
+    if (shim_live_held_by_other(slot_lock(i)) == 1) return 1;
+    return shim_pid_alive(slot->pid, slot->start_time);
 }
 
 static void empty_slot(struct shim_region *r, struct shim_region_slot *slot) {
@@ -72,24 +51,46 @@ static void empty_slot(struct shim_region *r, struct shim_region_slot *slot) {
     __atomic_store_n(&slot->pid, 0, __ATOMIC_RELEASE);
 }
 
-/* Under the lock: give back what dead processes held. Returns how many slots were freed. */
+/* Whether a process other than this one is in the overflow account: 1, 0, or -1 (cannot tell). */
+static int others_in_overflow(void) { return shim_live_held_by_other(SHIM_REGION_OVERFLOW_LOCK); }
+
+/* Under the lock: the overflow account keeps no record per process, so the share of a dead one
+ * is given back when no other process without a slot is left; until then it stays counted (more
+ * than the card holds, never less). Returns 1 when something was given back. */
+static int reclaim_overflow(struct shim_region *r) {
+    int stale = 0;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) stale |= r->dev[d].overflow > overflow_mine[d];
+    /* A slot-less process without the lock is invisible to the lock: while one may live, nothing. */
+    if (!stale || r->overflow_unlocked != 0 || others_in_overflow() != 0) return 0;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        uint64_t gone = r->dev[d].overflow - overflow_mine[d];
+        if (gone == 0) continue;
+        shim_log(SHIM_LOG_INFO, "card %d: reclaiming %llu bytes of processes that had no slot (all gone)", d,
+                 (unsigned long long)gone);
+        r->dev[d].used -= gone < r->dev[d].used ? gone : r->dev[d].used;
+        r->dev[d].overflow = overflow_mine[d];
+    }
+    return 1;
+}
+
+/* Under the lock: give back what dead processes held. Returns how many records were freed. */
 static int reclaim_dead(struct shim_region *r) {
     int freed = 0;
     for (int i = 0; i < SHIM_REGION_SLOTS; i++) {
         struct shim_region_slot *slot = &r->slot[i];
-        if (slot->pid == 0 || i == my_slot || slot_alive(slot)) continue;
+        if (slot->pid == 0 || i == my_slot || slot_alive(i, slot)) continue;
         shim_log(SHIM_LOG_INFO, "reclaiming the memory of process %d (gone)", slot->pid);
         empty_slot(r, slot);
         freed++;
     }
-    return freed;
+    return freed + reclaim_overflow(r);
 }
 
 /* After a holder died inside the lock, the totals may miss its last step: rebuild them. */
 static void repair(struct shim_region *r) {
     reclaim_dead(r);
     for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
-        uint64_t sum = 0;
+        uint64_t sum = r->dev[d].overflow;
         for (int i = 0; i < SHIM_REGION_SLOTS; i++)
             if (r->slot[i].pid != 0) sum += r->slot[i].used[d];
         r->dev[d].used = sum;
@@ -161,7 +162,8 @@ static struct shim_region *map_file(const char *path, int create) {
     }
 done:
     flock(fd, LOCK_UN);
-    close(fd);
+    if (r != NULL) shim_live_init(fd, path); /* kept open: the liveness locks live on it */
+    else close(fd);
     return r;
 }
 
@@ -186,25 +188,74 @@ static void declare_limits(struct shim_region *r, int alone) {
     }
 }
 
+/* Under the lock: a free slot whose lock this process can take (a free slot still locked is a
+ * live process's that someone wrongly emptied: left alone). -1 when every slot is taken. */
+static int take_free_slot(struct shim_region *r, int pid) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < SHIM_REGION_SLOTS; i++) {
+            /* First pass: a slot this pid left before an exec (that image's memory is gone). */
+            if (r->slot[i].pid != (pass == 0 ? pid : 0)) continue;
+            if (shim_live_hold(slot_lock(i), 0) == SHIM_LIVE_TAKEN) continue;
+            if (pass == 0) empty_slot(r, &r->slot[i]);
+            return i;
+        }
+    return -1;
+}
+
+static void fill_slot(struct shim_region *r, int i, int pid) {
+    r->slot[i].start_time = shim_own_start_time();
+    __atomic_store_n(&r->slot[i].host_pid, __atomic_load_n(&host_pid, __ATOMIC_SEQ_CST), __ATOMIC_RELAXED);
+    __atomic_store_n(&r->slot[i].pid, pid, __ATOMIC_RELEASE);
+    my_slot = i;
+}
+
 static void claim_slot(struct shim_region *r) {
     int pid = getpid();
-    uint64_t start = own_start_time();
     my_slot = -1;
-    for (int i = 0; i < SHIM_REGION_SLOTS && my_slot < 0; i++)
-        if (r->slot[i].pid == pid) { /* left by this pid before an exec: that image's memory is gone */
-            empty_slot(r, &r->slot[i]);
-            my_slot = i;
-        }
-    for (int i = 0; i < SHIM_REGION_SLOTS && my_slot < 0; i++)
-        if (r->slot[i].pid == 0) my_slot = i;
-    if (my_slot < 0) {
-        shim_log(SHIM_LOG_ERROR, "all %d process slots of the region are taken; this process's memory is not "
-                 "reclaimed if it dies", SHIM_REGION_SLOTS);
+    int i = take_free_slot(r, pid);
+    if (i >= 0) {
+        fill_slot(r, i, pid);
         return;
     }
-    r->slot[my_slot].start_time = start;
-    __atomic_store_n(&r->slot[my_slot].host_pid, __atomic_load_n(&host_pid, __ATOMIC_SEQ_CST), __ATOMIC_RELAXED);
-    __atomic_store_n(&r->slot[my_slot].pid, pid, __ATOMIC_RELEASE);
+    overflowed = 1;
+    int lock = shim_live_hold(SHIM_REGION_OVERFLOW_LOCK, 1);
+    if (lock != SHIM_LIVE_HELD) { /* killed, it keeps the account from ever being reclaimed: more, never less */
+        overflow_unlocked = 1;
+        r->overflow_unlocked++;
+    }
+    shim_log(SHIM_LOG_WARN, "all %d process slots of the region are taken by live processes; this process is "
+             "accounted in the region's overflow account%s", SHIM_REGION_SLOTS,
+             lock == SHIM_LIVE_HELD ? "" : " (without a lock: its memory is reclaimed only if it exits normally)");
+}
+
+static void leave_unlocked(struct shim_region *r) {
+    if (!overflow_unlocked) return;
+    overflow_unlocked = 0;
+    if (r->overflow_unlocked > 0) r->overflow_unlocked--;
+}
+
+/* Under the lock: a process in the overflow account moves into a slot that became free, taking
+ * its own part of the account with it, so that the dead ones' part can be given back sooner. */
+static void leave_overflow_for_a_slot(struct shim_region *r) {
+    int pid = getpid();
+    int i = take_free_slot(r, pid);
+    if (i < 0) return;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        r->dev[d].overflow -= overflow_mine[d] < r->dev[d].overflow ? overflow_mine[d] : r->dev[d].overflow;
+        r->slot[i].used[d] = overflow_mine[d];
+        overflow_mine[d] = 0;
+    }
+    fill_slot(r, i, pid);
+    overflowed = 0;
+    shim_live_drop(SHIM_REGION_OVERFLOW_LOCK);
+    leave_unlocked(r);
+}
+
+/* Under the lock: the locks are the program's descriptor's; one it closed took them along. */
+static void hold_again(struct shim_region *r) {
+    if (!shim_live_reopened()) return;
+    if (my_slot >= 0) shim_live_hold(slot_lock(my_slot), 0);
+    else if (overflowed) shim_live_hold(SHIM_REGION_OVERFLOW_LOCK, 1);
 }
 
 static void join_region(struct shim_region *r) {
@@ -217,6 +268,9 @@ static void join_region(struct shim_region *r) {
     int alone = 1;
     for (int i = 0; i < SHIM_REGION_SLOTS; i++)
         if (r->slot[i].pid != 0 && r->slot[i].pid != getpid()) alone = 0;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++)
+        if (r->dev[d].overflow != 0) alone = 0; /* left only while some process without a slot lives */
+    if (others_in_overflow() == 1 || r->overflow_unlocked != 0) alone = 0;
     declare_limits(r, alone);
     claim_slot(r);
     __atomic_store_n(&need_claim, 0, __ATOMIC_RELEASE);
@@ -226,6 +280,10 @@ static void join_region(struct shim_region *r) {
 static void after_fork_child(void) {
     need_claim = 1;
     my_slot = -1;
+    overflowed = 0; /* what the parent charged stays the parent's */
+    overflow_unlocked = 0;
+    memset(overflow_mine, 0, sizeof overflow_mine);
+    shim_live_after_fork();
     host_pid = 0; /* the parent's; the child is another process */
     shim_forget_all();
     shim_compute_after_fork();
@@ -271,13 +329,23 @@ static uint64_t effective_limit(const struct shim_region_device *d, int dev) {
 int shim_region_charge(int dev, uint64_t bytes) {
     struct shim_region *r = get_region();
     if (r == NULL || lock_region(r) != 0) return -1;
+    hold_again(r);
+    if (overflowed) { /* rare (more live processes than slots): a scan per charge is affordable */
+        reclaim_dead(r);
+        leave_overflow_for_a_slot(r);
+    }
     struct shim_region_device *d = &r->dev[dev];
     uint64_t limit = effective_limit(d, dev);
     int fits = limit == 0 || (d->used <= limit && bytes <= limit - d->used);
     if (!fits && reclaim_dead(r) > 0) fits = d->used <= limit && bytes <= limit - d->used;
     if (fits) {
         d->used += bytes;
-        if (my_slot >= 0) r->slot[my_slot].used[dev] += bytes;
+        if (my_slot >= 0) {
+            r->slot[my_slot].used[dev] += bytes;
+        } else if (overflowed) {
+            d->overflow += bytes;
+            overflow_mine[dev] += bytes;
+        }
     }
     pthread_mutex_unlock(&r->lock);
     return fits ? 0 : -1;
@@ -291,6 +359,10 @@ void shim_region_release(int dev, uint64_t bytes) {
     if (my_slot >= 0) {
         uint64_t *mine = &r->slot[my_slot].used[dev];
         *mine -= bytes < *mine ? bytes : *mine;
+    } else if (overflowed) {
+        uint64_t back = bytes < overflow_mine[dev] ? bytes : overflow_mine[dev];
+        overflow_mine[dev] -= back;
+        d->overflow -= back < d->overflow ? back : d->overflow;
     }
     pthread_mutex_unlock(&r->lock);
 }
@@ -358,11 +430,24 @@ struct shim_bucket *shim_region_bucket(int dev) {
     return r == NULL ? NULL : &r->dev[dev].bucket;
 }
 
-/* A process that exits normally gives its slot back at once; a killed one is reclaimed later. */
+/* A process that exits normally gives its slot, or its part of the overflow account, back at
+ * once; a killed one is reclaimed later by whoever looks. */
 __attribute__((destructor)) static void leave_region(void) {
-    if (region == NULL || my_slot < 0 || need_claim) return;
+    if (region == NULL || need_claim || (my_slot < 0 && !overflowed)) return;
     if (lock_region(region) != 0) return;
-    if (region->slot[my_slot].pid == getpid()) empty_slot(region, &region->slot[my_slot]);
+    if (my_slot >= 0 && region->slot[my_slot].pid == getpid()) {
+        empty_slot(region, &region->slot[my_slot]);
+        shim_live_drop(slot_lock(my_slot)); /* the slot is free for the next process at once */
+    }
+    for (int d = 0; overflowed && d < SHIM_MAX_DEVICES; d++) {
+        struct shim_region_device *dev = &region->dev[d];
+        uint64_t mine = overflow_mine[d];
+        dev->overflow -= mine < dev->overflow ? mine : dev->overflow;
+        dev->used -= mine < dev->used ? mine : dev->used;
+        overflow_mine[d] = 0;
+    }
+    if (overflowed) leave_unlocked(region);
     pthread_mutex_unlock(&region->lock);
     my_slot = -1;
+    overflowed = 0;
 }

@@ -8,13 +8,20 @@
 #define GPUPOOL_REGION_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "shim.h"
 
 #define SHIM_REGION_MAGIC 0x52535047u /* "GPSR" */
 #define SHIM_REGION_VERSION 1u
+/* The format's 256; a test build may compile a smaller table (the size field tells readers). */
+#ifndef SHIM_REGION_SLOTS
 #define SHIM_REGION_SLOTS 256
+#endif
+/* Byte of the file whose shared lock every process without a slot holds (liveness.c). */
+#define SHIM_REGION_OVERFLOW_LOCK 24
 
 /* Compute state of one card, shared by the container's processes (see compute.c). */
 struct shim_bucket {
@@ -37,7 +44,8 @@ struct shim_region_device {
     uint64_t memory_limit;        /* smallest limit a live process declared; 0: none */
     uint32_t compute_percent;     /* smallest share a live process declared; 0: none */
     uint32_t compute_mode;        /* SHIM_MODE_HARD when any live process declared hard */
-    uint64_t reserved[5];
+    uint64_t overflow;            /* part of used charged by processes without a slot */
+    uint64_t reserved[4];
     struct shim_bucket bucket;
 };
 
@@ -54,7 +62,7 @@ struct shim_region {
     uint32_t size;                /* sizeof(struct shim_region) */
     uint32_t device_count;        /* SHIM_MAX_DEVICES */
     uint32_t slot_count;          /* SHIM_REGION_SLOTS */
-    uint32_t reserved32;
+    uint32_t overflow_unlocked;   /* slot-less processes that could not take the overflow lock */
     uint64_t reserved[5];
     union {
         pthread_mutex_t lock;     /* robust, process-shared */
@@ -64,9 +72,22 @@ struct shim_region {
     struct shim_region_slot slot[SHIM_REGION_SLOTS];
 };
 
+_Static_assert(offsetof(struct shim_region, reserved) == SHIM_REGION_OVERFLOW_LOCK, "the overflow lock's byte");
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "the lock fits its space");
 _Static_assert(sizeof(struct shim_bucket) == 96, "bucket layout is part of the format");
 _Static_assert(sizeof(struct shim_region_device) == 160, "device layout is part of the format");
 _Static_assert(sizeof(struct shim_region_slot) == 144, "slot layout is part of the format");
+
+/* liveness.c: whether the process behind a record still runs (a lock it holds, its pid) */
+enum { SHIM_LIVE_HELD = 0, SHIM_LIVE_TAKEN = 1, SHIM_LIVE_UNUSABLE = 2 };
+SHIM_HIDDEN int shim_read_proc_stat(int pid, char *state, int *ppid, uint64_t *start_time);
+SHIM_HIDDEN uint64_t shim_own_start_time(void);
+SHIM_HIDDEN int shim_pid_alive(int pid, uint64_t start_time);
+SHIM_HIDDEN void shim_live_init(int fd, const char *path);   /* takes the region's descriptor */
+SHIM_HIDDEN int shim_live_hold(off_t offset, int shared);    /* SHIM_LIVE_* */
+SHIM_HIDDEN void shim_live_drop(off_t offset);
+SHIM_HIDDEN int shim_live_held_by_other(off_t offset);      /* 1, 0, or -1: cannot tell */
+SHIM_HIDDEN int shim_live_reopened(void);                    /* the program closed ours: locks gone */
+SHIM_HIDDEN void shim_live_after_fork(void);
 
 #endif
