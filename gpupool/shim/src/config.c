@@ -104,23 +104,52 @@ static void store_uuid(int ordinal, const char *text, size_t length, const char 
     into->uuid_count = ordinal + 1;
 }
 
-static void read_hami_memory(void) {
-    const char *all = getenv("CUDA_DEVICE_MEMORY_LIMIT");
+/* Where limit variables are read from: the process's own environment (env == NULL), or an
+ * ancestor's, as ancestors.c reads it. */
+struct env_source {
+    const char *env;
+    size_t length;
+};
+
+static const char *get(const struct env_source *from, const char *name) {
+    return from->env == NULL ? getenv(name) : shim_env_block_get(from->env, from->length, name);
+}
+
+static void read_hami_memory(const struct env_source *from) {
+    const char *all = get(from, "CUDA_DEVICE_MEMORY_LIMIT");
     for (int i = 0; i < SHIM_MAX_DEVICES; i++) {
         char name[64];
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        const char *text = getenv(name);
+        const char *text = get(from, name);
         if (text == NULL) {
             text = all;
             snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT");
         }
         if (text == NULL) continue;
-        if (shim_parse_size(text, &config.memory_limit[i]) != 0) {
+        if (shim_parse_size(text, &into->memory_limit[i]) != 0) {
             shim_log(SHIM_LOG_ERROR, "%s=%s is not a size (like 4096m or 4g); card %d refuses allocations",
                      name, text, i);
-            config.memory_limit[i] = REFUSE_ALL_BYTES;
+            into->memory_limit[i] = REFUSE_ALL_BYTES;
         }
     }
+}
+
+/* The limit variables (gpupool's first, HAMi-core's as the fallback, per dimension) into `into`. */
+static void read_limits(const struct env_source *from) {
+    const char *list;
+    if ((list = get(from, "GPUPOOL_MEMORY_LIMIT_MIB")) != NULL && *list != '\0')
+        each_entry(list, "GPUPOOL_MEMORY_LIMIT_MIB", store_memory_mib);
+    else
+        read_hami_memory(from);
+    if ((list = get(from, "GPUPOOL_COMPUTE_PERCENT")) != NULL && *list != '\0')
+        each_entry(list, "GPUPOOL_COMPUTE_PERCENT", store_percent);
+    else if ((list = get(from, "CUDA_DEVICE_SM_LIMIT")) != NULL && *list != '\0')
+        for (int i = 0; i < SHIM_MAX_DEVICES; i++) store_percent(i, list, strlen(list), "CUDA_DEVICE_SM_LIMIT");
+    const char *mode = get(from, "GPUPOOL_COMPUTE_MODE");
+    into->mode = SHIM_MODE_HARD;
+    if (mode != NULL && strcmp(mode, "soft") == 0) into->mode = SHIM_MODE_SOFT;
+    else if (mode != NULL && strcmp(mode, "hard") != 0 && *mode != '\0')
+        shim_log(SHIM_LOG_WARN, "GPUPOOL_COMPUTE_MODE=%s is neither hard nor soft; using hard", mode);
 }
 
 static int any_limit(void) {
@@ -143,23 +172,11 @@ static uint64_t lower(uint64_t granted, uint64_t asked) {
 }
 
 static void read_env(void) {
+    const struct env_source own = {NULL, 0};
     const char *list;
-    if ((list = getenv("GPUPOOL_MEMORY_LIMIT_MIB")) != NULL && *list != '\0')
-        each_entry(list, "GPUPOOL_MEMORY_LIMIT_MIB", store_memory_mib);
-    else
-        read_hami_memory();
-    if ((list = getenv("GPUPOOL_COMPUTE_PERCENT")) != NULL && *list != '\0')
-        each_entry(list, "GPUPOOL_COMPUTE_PERCENT", store_percent);
-    else if ((list = getenv("CUDA_DEVICE_SM_LIMIT")) != NULL && *list != '\0')
-        for (int i = 0; i < SHIM_MAX_DEVICES; i++) store_percent(i, list, strlen(list), "CUDA_DEVICE_SM_LIMIT");
+    read_limits(&own);
     if ((list = getenv("GPUPOOL_CARD_UUIDS")) != NULL && *list != '\0')
         each_entry(list, "GPUPOOL_CARD_UUIDS", store_uuid);
-
-    const char *mode = getenv("GPUPOOL_COMPUTE_MODE");
-    config.mode = SHIM_MODE_HARD;
-    if (mode != NULL && strcmp(mode, "soft") == 0) config.mode = SHIM_MODE_SOFT;
-    else if (mode != NULL && strcmp(mode, "hard") != 0 && *mode != '\0')
-        shim_log(SHIM_LOG_WARN, "GPUPOOL_COMPUTE_MODE=%s is neither hard nor soft; using hard", mode);
 
     copy_env(config.socket_path, sizeof config.socket_path, "GPUPOOL_AGENT_SOCKET");
     copy_env(config.token, sizeof config.token, "GPUPOOL_SHIM_TOKEN");
@@ -167,12 +184,80 @@ static void read_env(void) {
     copy_env(config.container, sizeof config.container, "GPUPOOL_CONTAINER");
 }
 
-/* Without a grant: the environment's limits, its region directory and its escape hatch. */
+/* What the ancestors' environments add without a grant: per card the lowest limit any of them
+ * (up to the pid namespace's init) was started with, and the outermost one's region directory.
+ * An ancestor started with GPUPOOL_SHIM_DISABLE=1 declared nothing. */
+struct inherited {
+    struct shim_config limits;
+    int hard;              /* an ancestor with a compute limit asked for the hard mode */
+    int pid;               /* the nearest ancestor that declared a limit; 0: none did */
+    char dir[PATH_MAX];    /* GPUPOOL_SHIM_DIR of the outermost such ancestor */
+};
+
+static void visit_ancestor(int pid, const char *env, size_t length, void *ctx) {
+    static struct shim_config theirs;
+    struct inherited *in = ctx;
+    const struct env_source from = {env, length};
+    const char *disable = get(&from, "GPUPOOL_SHIM_DISABLE");
+    if (disable != NULL && strcmp(disable, "1") == 0) return;
+    memset(&theirs, 0, sizeof theirs);
+    into = &theirs;
+    read_limits(&from);
+    into = &config;
+    int declared = 0;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        declared |= theirs.memory_limit[d] != 0 || theirs.compute_percent[d] != 0;
+        in->limits.memory_limit[d] = lower(in->limits.memory_limit[d], theirs.memory_limit[d]);
+        in->limits.compute_percent[d] =
+            (int)lower((uint64_t)in->limits.compute_percent[d], (uint64_t)theirs.compute_percent[d]);
+        if (theirs.compute_percent[d] != 0 && theirs.mode == SHIM_MODE_HARD) in->hard = 1;
+    }
+    if (!declared) return;
+    if (in->pid == 0) in->pid = pid;
+    const char *dir = get(&from, "GPUPOOL_SHIM_DIR");
+    if (dir != NULL && *dir != '\0') snprintf(in->dir, sizeof in->dir, "%s", dir); /* walking up: outermost last */
+}
+
+/* Lowers this process's limits to its ancestors'. Returns the nearest declaring ancestor, or 0. */
+static int inherit(struct inherited *in) {
+    memset(in, 0, sizeof *in);
+    shim_each_ancestor_env(visit_ancestor, in);
+    if (in->pid == 0) return 0;
+    int raised = 0, lost = 0;
+    for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
+        uint64_t memory = lower(in->limits.memory_limit[d], config.memory_limit[d]);
+        int percent = (int)lower((uint64_t)in->limits.compute_percent[d], (uint64_t)config.compute_percent[d]);
+        lost |= (memory != 0 && config.memory_limit[d] == 0) || (percent != 0 && config.compute_percent[d] == 0);
+        raised |= (memory != config.memory_limit[d] && config.memory_limit[d] != 0) ||
+                  (percent != config.compute_percent[d] && config.compute_percent[d] != 0);
+        config.memory_limit[d] = memory;
+        config.compute_percent[d] = percent;
+    }
+    if (in->hard) config.mode = SHIM_MODE_HARD;
+    if (raised)
+        shim_log(SHIM_LOG_WARN, "the environment asks for more than ancestor %d was started with; the lower limits hold",
+                 in->pid);
+    else if (lost)
+        shim_log(SHIM_LOG_INFO, "limits taken from the environment ancestor %d was started with", in->pid);
+    return in->pid;
+}
+
+/* Without a grant: the environment's limits (never above the ancestors'), its region directory
+ * and its escape hatch. */
 static void env_only(void) {
+    static struct inherited inherited;
+    int ancestor = inherit(&inherited);
     /* A process whose environment lost the limits still finds its container's region (the preload
      * file loads the library regardless) and takes the limits recorded there. The per-user
      * fallback directory is never adopted that way: it may hold a region of an unrelated run. */
     const char *dir = getenv("GPUPOOL_SHIM_DIR");
+    if (ancestor != 0) { /* the ancestors' account, not a fresh one of the child's choosing */
+        const char *theirs = inherited.dir[0] != '\0' ? inherited.dir : NULL;
+        if (dir != NULL && *dir != '\0' && (theirs == NULL || strcmp(dir, theirs) != 0))
+            shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DIR=%s is ignored: ancestor %d was started with limits and the "
+                     "region in %s", dir, ancestor, theirs != NULL ? theirs : "the default directory");
+        dir = theirs;
+    }
     int adopt = 0;
     if (dir != NULL && *dir != '\0') {
         snprintf(config.dir, sizeof config.dir, "%s", dir);
@@ -187,8 +272,12 @@ static void env_only(void) {
     config.enabled = any_limit() || adopt;
     const char *disable = getenv("GPUPOOL_SHIM_DISABLE");
     if (disable != NULL && strcmp(disable, "1") == 0) {
-        if (config.enabled) shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1: limits are NOT enforced in this process");
-        config.enabled = 0;
+        if (ancestor != 0) {
+            shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1 is ignored: ancestor %d was started with limits", ancestor);
+        } else {
+            if (config.enabled) shim_log(SHIM_LOG_WARN, "GPUPOOL_SHIM_DISABLE=1: limits are NOT enforced in this process");
+            config.enabled = 0;
+        }
     }
 }
 

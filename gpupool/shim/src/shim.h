@@ -3,7 +3,9 @@
  *   log.c       messages on stderr, level from GPUPOOL_SHIM_LOG
  *   grant.c     the node's grant: the read-only file the node agent writes (limits no env var can raise)
  *   config.c    limits and settings read once: the node's grant, lowered (never raised) by the environment
+ *   ancestors.c the environments the process's ancestors started with (limits a child inherits)
  *   region.c    the per-container shared accounting region (memory.region)
+ *   liveness.c  whether the process behind a region record still runs (its lock, its pid)
  *   memory.c    per-process table of live allocations, charge and release
  *   compute.c   token bucket and the controller that sets its rate from measured utilisation
  *   window.c    how far a compute-limited process may launch ahead of its card
@@ -15,6 +17,7 @@
 #define GPUPOOL_SHIM_H
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -49,6 +52,11 @@ struct shim_config {
 SHIM_HIDDEN const struct shim_config *shim_config(void);
 /* A size in HAMi-core's notation: digits with an optional k/m/g suffix (1024-based), else bytes. */
 SHIM_HIDDEN int shim_parse_size(const char *text, uint64_t *bytes);
+
+/* ancestors.c: visit(pid, NUL-separated NAME=value block, its length) for the parent, its parent,
+ * ... up to the pid namespace's init (those whose environment can be read); returns how many */
+SHIM_HIDDEN int shim_each_ancestor_env(void (*visit)(int pid, const char *env, size_t length, void *ctx), void *ctx);
+SHIM_HIDDEN const char *shim_env_block_get(const char *env, size_t length, const char *name);
 
 /* elf_symbol.c: a symbol's default definition in one loaded object, from its dynamic table */
 struct link_map;

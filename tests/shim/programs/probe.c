@@ -23,6 +23,8 @@
  *        gmove:P:C   (graph C moved into graph P as a child graph node)
  *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
  *        extimport:SIZE  extdel:I  instl:I   (external memory; CUDA 11's 5-argument instantiation)
+ *        child:STEP+STEP...   (runs this program's symbol mode with those steps as a child whose
+ *        environment is cleared of the container's settings; prints its exit status, then its lines)
  *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
  *        entry points on the NULL stream, prefixed t the plain ones on CU_STREAM_PER_THREAD
  *        (I: index of an earlier allocation, pool, graph or node; used: the stand-in's bytes in use)
@@ -30,10 +32,12 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -512,6 +516,47 @@ static int step_more(const char *verb, const char *argument) {
     return 1;
 }
 
+extern char **environ;
+
+/* A child whose environment keeps only what stands for the machine (the preload file, the driver,
+ * the stand-in's state, the sanitizers), as a process started with `env -i` in a HAMi-style pod,
+ * whose /etc/ld.so.preload loads the library anyway. */
+static int step_child(const char *argument) {
+    static const char *machine[] = {"LD_PRELOAD=", "LD_LIBRARY_PATH=", "GPUPOOL_STANDIN_", "ASAN_OPTIONS=",
+                                    "UBSAN_OPTIONS=", "PATH="};
+    char *env[64], *args[64], steps[4096];
+    int n = 0, a = 0;
+    for (char **e = environ; *e != NULL && n < 63; e++)
+        for (size_t m = 0; m < sizeof machine / sizeof *machine; m++)
+            if (strncmp(*e, machine[m], strlen(machine[m])) == 0) env[n++] = *e;
+    env[n] = NULL;
+    snprintf(steps, sizeof steps, "%s", argument);
+    args[a++] = "/proc/self/exe";
+    args[a++] = "symbol";
+    for (char *part = strtok(steps, "+"); part != NULL && a < 63; part = strtok(NULL, "+")) args[a++] = part;
+    args[a] = NULL;
+    int out[2];
+    if (pipe(out) != 0) return -1;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    pid_t pid;
+    int failed = posix_spawn(&pid, "/proc/self/exe", &actions, NULL, args, env);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    static char lines[65536];
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof lines - 1 && (r = read(out[0], lines + got, sizeof lines - 1 - got)) > 0) got += (size_t)r;
+    close(out[0]);
+    int status = 0;
+    if (failed == 0) waitpid(pid, &status, 0);
+    lines[got] = '\0';
+    printf(" %d\n%s", failed != 0 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), lines);
+    return 0;
+}
+
 static void step(const char *text) {
     char verb[32] = "";
     const char *argument = strchr(text, ':');
@@ -592,6 +637,10 @@ static void step(const char *text) {
     } else if (strcmp(verb, "nsload") == 0) { /* dlmopen(LM_ID_NEWLM, PATH): 0 loaded, 1 refused */
         void *other = dlmopen(LM_ID_NEWLM, argument, RTLD_NOW);
         printf(" %d", other == NULL);
+    } else if (strcmp(verb, "child") == 0) {
+        step_child(argument);
+        fflush(stdout);
+        return; /* its lines end with their own newlines */
     } else if (strcmp(verb, "sleep") == 0) {
         usleep((useconds_t)atoi(argument) * 1000);
         printf(" 0");
