@@ -378,8 +378,9 @@ class FakeKubelet:
                 for cname, _limits, kind in pod.admission_order():
                     if kind == "init":
                         continue
-                    devices = [podres_pb.ContainerDevices(resource_name=r, device_ids=sorted(ids))
-                               for r, ids in index.get((pod.uid, cname), [])]
+                    # one entry per device ID, as kubelet answers (no topology here)
+                    devices = [podres_pb.ContainerDevices(resource_name=r, device_ids=[i])
+                               for r, ids in index.get((pod.uid, cname), []) for i in sorted(ids)]
                     containers.append(podres_pb.ContainerResources(name=cname, devices=devices))
                 out.append(podres_pb.PodResources(name=pod.name, namespace=pod.namespace,
                                                   containers=containers))

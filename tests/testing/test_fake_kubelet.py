@@ -59,7 +59,8 @@ async def listed(node: Node) -> PodResourcesSnapshot:
 def test_podresources_lists_active_pods_with_their_native_sidecars_and_app_containers() -> None:
     """A regular init container's devices go to the next container of its pod (here the sidecar);
     the sidecar keeps them, so the app container gets others. Init containers are not listed, nor
-    is a pod kubelet rejected."""
+    is a pod kubelet rejected. kubelet answers one ContainerDevices per device ID; the agent's
+    client joins them (it once kept only the last ID of each resource)."""
     sidecar = pod_doc("sidecar", 1, init={"warmup": 4}, sidecars={"side": 4}, app={"main": 4})
     rejected = pod_doc("rejected", 2, app={"main": 4})
 

@@ -67,7 +67,12 @@ class PodResourcesClient:
         for pod in reply.pod_resources:
             containers = out.setdefault((pod.namespace, pod.name), {})
             for c in pod.containers:
-                containers[c.name] = {d.resource_name: frozenset(d.device_ids) for d in c.devices}
+                # kubelet sends one ContainerDevices per device ID (and per NUMA node of it:
+                # containerDevicesFromResourceDeviceInstances, pkg/kubelet/cm/container_manager.go)
+                ids: dict[str, set[str]] = {}
+                for d in c.devices:
+                    ids.setdefault(d.resource_name, set()).update(d.device_ids)
+                containers[c.name] = {r: frozenset(v) for r, v in ids.items()}
         return out
 
     async def _list_once(self, request: podres_pb.ListPodResourcesRequest) -> podres_pb.ListPodResourcesResponse:
