@@ -12,21 +12,26 @@ its PodResources socket; what the agent answered from its ``/metrics``
 * native sidecars (G2, G3, G4, G5): each container, a sidecar after a GPU init container
   included, gets its own grant; PodResources lists sidecars and app containers only; kubelet hands
   the sidecar the init container's devices, the rest of the devices are on the assigned cards.
-
-Not yet proven on the real kubelet (the fake kubelet's tests in tests/nodeagent cover them; the
-real-kubelet versions written for them did not pass yet and are left for the next session): kubelet
-restart re-admitting every pod from its checkpoint without Allocate (G7), an in-place resize
-calling no Allocate (G6), and the 200-pod random concurrency proof on two real kubelets.
+* kubelet restart (G7, G1's batch): every pod re-admitted in one ADD from the checkpoint, no
+  Allocate reaches the agent, running pods keep their containers and device IDs; a pod whose GPU
+  init container finished is rejected if kubelet re-admits it before the plugins register again.
+* in-place resize (G6): a CPU resize is admitted and actuated (on a kubelet with pod cgroups)
+  without any Allocate; container, device IDs and grant unchanged.
+* 200 pods created concurrently on one kubelet (G1-G4 under load), every container exact.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import random
+import re
+import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,12 +46,13 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
 from gpupool.nodeagent.types import PodResourcesSnapshot
 from gpupool.testenv.kubelet import Kubelet
-from gpupool.testing.node_workload import limits_for
+from gpupool.testing.node_workload import generate, limits_for
 from tests.e2e.e2e_support import (
     NodeAgentProcess,
     StartKubelet,
     env_from_log,
     expected_grant,
+    log_tail,
     wait_for,
 )
 
@@ -99,9 +105,12 @@ class GpuNode:
 
 def start_gpu_node(core_v1: client.CoreV1Api, start_kubelet: StartKubelet,
                    start_node_agent: Callable[..., NodeAgentProcess], prefix: str,
-                   gpus: dict[str, Any] | None = None) -> GpuNode:
+                   gpus: dict[str, Any] | None = None, config: Callable[[str], dict[str, Any]] | None = None,
+                   ) -> GpuNode:
+    """A kubelet (``config(node name)`` merged into its configuration), the agent, its devices."""
     gpus = gpus or GPUS
-    kubelet = start_kubelet(f"{prefix}-{uuid.uuid4().hex[:6]}")
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kubelet = start_kubelet(name, extra_config=config(name) if config else None)
     node = GpuNode(kubelet, start_node_agent(kubelet, yaml.safe_dump(gpus)), gpus)
     wait_devices(core_v1, node)
     return node
@@ -338,3 +347,268 @@ def test_native_sidecars_with_gpu_limits_get_their_own_grants_and_are_listed(
     assert env["GPUPOOL_CARD_INDICES"] == "3" and env["GPUPOOL_CONTAINER"] == "side"
 
 
+
+
+def admission_denials(log: Path, offset: int) -> dict[str, str]:
+    """kubelet's "Pod admission denied" lines written after ``offset``: pod -> reason."""
+    out = {}
+    for line in log.read_text(errors="replace")[offset:].splitlines():
+        found = re.search(r'"Pod admission denied".* pod="[^/"]+/([^"]+)" reason="([^"]+)"', line)
+        if found:
+            out[found.group(1)] = found.group(2)
+    return out
+
+
+@pytest.mark.compat
+def test_kubelet_restart_readmits_every_pod_in_one_batch_without_allocate(
+    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
+    start_node_agent: Callable[..., NodeAgentProcess],
+) -> None:
+    """G7 and G1's batches. (1) kubelet restarts under a running agent: it re-admits every pod from
+    its checkpoint in one batch and no Allocate reaches the agent (its counters do not move).
+    (2) kubelet restarts while the agent is down, and one more pod is bound meanwhile: kubelet
+    re-admits before any plugin registered again; the running pods keep their devices, the pod
+    whose GPU init container finished and the new pod are rejected (UnexpectedAdmissionError, the
+    devices' health is checked first: upstream, not the agent); the restarted agent, which lost
+    its served log, answers no Allocate for the old pods and maps the next ones exactly."""
+    node = start_gpu_node(core_v1, start_kubelet, start_node_agent, "e2e-restart")
+    pods = {
+        "twin-a": [Box("main", "app", shared(0, 2048, 20))],
+        "twin-b": [Box("main", "app", shared(1, 2048, 20))],
+        "sidecar": [Box("side", "sidecar", shared(1, 1024, 10)), Box("main", "app", shared(1, 2048, 20))],
+        "multi": [Box("worker", "app", shared(2, 2048, 20)), Box("helper", "app", shared(2, 1024, 10))],
+        "whole": [Box("main", "app", (CardSlice(3, CARD_MIB, 1000, exclusive=True),))],
+    }
+    # a finished GPU init container: re-admitting it checks its devices' health (G7)
+    with_init = [Box("warmup", "init", shared(0, 1024, 10)), Box("main", "app", shared(0, 1024, 10))]
+    for name, boxes in [*pods.items(), ("with-init", with_init)]:
+        create(core_v1, namespace, node, manifest(node, name, boxes))
+    before = wait_running(core_v1, namespace, [*pods, "with-init"], node)
+    check_grants(core_v1, namespace, node.pods)
+    answered = wait_answered(node.agent, allocate_calls(node.pods.values()))
+    devices_before = {k: v for k, v in pod_resources(node.kubelet).items() if k[0] == namespace}
+    log = node.kubelet.kubelet.log_path
+
+    def first_batch(offset: int) -> str | None:
+        lines = [ln for ln in log.read_text(errors="replace")[offset:].splitlines()
+                 if "SyncLoop ADD" in ln and f"{namespace}/" in ln]
+        return lines[0] if lines else None
+
+    def unchanged(names: Iterable[str]) -> None:
+        now = wait_running(core_v1, namespace, names, node)
+        for name in names:  # same containers, never restarted
+            assert containers_of(now[name]) == containers_of(before[name]), name
+        listed = {k: v for k, v in pod_resources(node.kubelet).items() if k[0] == namespace}
+        for name in names:  # G7: the checkpointed device IDs
+            assert listed[(namespace, name)] == devices_before[(namespace, name)], name
+
+    # (1) the agent keeps running across the restart
+    offset = log.stat().st_size
+    node.kubelet.restart()
+    batch = wait_for(lambda: first_batch(offset), timeout=30, what=f"kubelet's first ADD\n{log_tail(log)}")
+    assert all(f"{namespace}/{name}" in batch for name in [*pods, "with-init"]), batch  # G1: one batch
+    wait_devices(core_v1, node)
+    denied = admission_denials(log, offset)
+    # the plugins usually register before kubelet re-admits (0.2 s poll; kubelet's sync loop
+    # starts about 1 s after kubelet.sock), else with-init is rejected as in (2): a race
+    assert set(denied) <= {"with-init"}, denied
+    kept = [*pods] if denied else [*pods, "with-init"]
+    unchanged(kept)
+    time.sleep(1)
+    assert counters(node.agent) == answered, "an Allocate reached the agent after the restart"
+    print(f"\n  restart under a running agent: with-init {'rejected: ' + denied['with-init'] if denied else 'kept'}")
+
+    # (2) the agent is down across the restart; a pod is bound meanwhile
+    node.agent.stop()
+    offset = log.stat().st_size
+    node.kubelet.kubelet.stop()
+    create(core_v1, namespace, node, manifest(node, "bound-while-down", [Box("main", "app", shared(2, 1024, 10))]))
+    node.kubelet.restart()
+    batch = wait_for(lambda: first_batch(offset), timeout=30, what=f"kubelet's first ADD\n{log_tail(log)}")
+    assert all(f"{namespace}/{name}" in batch for name in [*kept, "bound-while-down"]), batch
+    rejected = {n for n in ("with-init", "bound-while-down") if n in kept or n == "bound-while-down"}
+    denied = wait_for(lambda: (lambda d: d if set(d) >= rejected else None)(admission_denials(log, offset)),
+                      timeout=30, what=f"kubelet rejecting {sorted(rejected)}\n{log_tail(log)}")
+    assert denied == dict.fromkeys(rejected, "UnexpectedAdmissionError"), denied
+    # A rejected pod ends terminal: kubelet kills what still runs. The phase comes from the
+    # containers' exits (the fake runtime reports 0 for a stopped container: Succeeded; runc 137).
+    wait_for(lambda: all(phases(core_v1, namespace)[n].status.phase in ("Failed", "Succeeded") for n in rejected),
+             timeout=30, what=f"{sorted(rejected)} terminal")
+    assert phases(core_v1, namespace)["bound-while-down"].status.reason == "UnexpectedAdmissionError"
+    node.agent.start()
+    wait_devices(core_v1, node)
+    unchanged(pods)
+    time.sleep(1)
+    assert counters(node.agent).answered == 0  # G7: the restarted agent saw no Allocate
+
+    # then new pods map exactly, the agent knowing earlier grants only from PodResources/allocated-v1
+    later = {"twin-c": [Box("main", "app", shared(0, 2048, 20))],
+             "sidecar-2": [Box("side", "sidecar", shared(2, 1024, 10)), Box("main", "app", shared(2, 1024, 10))]}
+    new = {n: manifest(node, n, b) for n, b in later.items()}
+    for pod in new.values():
+        create(core_v1, namespace, node, pod)
+    wait_running(core_v1, namespace, later, node)
+    check_grants(core_v1, namespace, new)
+    wait_answered(node.agent, allocate_calls(new.values()))
+
+
+V1_CGROUPS = Path("/sys/fs/cgroup")
+
+
+@pytest.fixture
+def pod_cgroups() -> Iterator[Callable[[str], dict[str, Any]]]:
+    """kubelet configuration with pod cgroups (``cgroupsPerQOS``) under a private cgroup root.
+
+    The test environment's kubelets run without pod cgroups (``cgroupsPerQOS: false``); kubelet
+    1.35-1.37 then crash actuating an in-place resize (``doPodResizeAction`` dereferences the nil
+    cgroup config of the no-op pod container manager). With pod cgroups kubelet writes the resized
+    values into ``<root>/kubepods/...`` (the fake runtime runs no process in them); each root is
+    removed, bottom-up, after the test.
+    """
+    roots: list[str] = []
+
+    def config(node_name: str) -> dict[str, Any]:
+        root = f"/gpupool-e2e-{node_name}"
+        for hierarchy in sorted(p for p in V1_CGROUPS.iterdir() if p.is_dir() and p.name != "unified"):
+            path = hierarchy / root.lstrip("/")
+            path.mkdir(exist_ok=True)
+            for knob in ("cpuset.cpus", "cpuset.mems"):  # an empty cpuset admits no child
+                if (hierarchy / knob).exists() and not (path / knob).read_text().strip():
+                    (path / knob).write_text((hierarchy / knob).read_text())
+        roots.append(root)
+        return {"cgroupsPerQOS": True, "cgroupRoot": root}
+
+    yield config
+    for root in roots:
+        for hierarchy in V1_CGROUPS.iterdir():
+            top = hierarchy / root.lstrip("/")
+            if top.is_dir():
+                for sub in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+                    sub.rmdir()
+                top.rmdir()
+
+
+@pytest.mark.compat
+def test_in_place_resize_of_a_running_gpu_pod_calls_no_allocate(
+    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
+    start_node_agent: Callable[..., NodeAgentProcess], pod_cgroups: Callable[[str], dict[str, Any]],
+) -> None:
+    """G6: a CPU resize through the ``resize`` subresource; kubelet admits it (1.37: the device
+    manager returns at once for a resize; 1.35: it finds every device recorded) and actuates it
+    (the pod's cgroup), and no Allocate reaches the agent: same container, same device IDs, same
+    grant. The next pod of the same shape maps exactly."""
+    node = start_gpu_node(core_v1, start_kubelet, start_node_agent, "e2e-resize", config=pod_cgroups)
+    kubelet = node.kubelet
+    shape = [Box("main", "app", shared(2, 4096, 30))]
+    create(core_v1, namespace, node, manifest(node, "resized", shape, cpu="100m"))
+    [before] = wait_running(core_v1, namespace, ["resized"], node).values()
+    check_grants(core_v1, namespace, node.pods)
+    answered = wait_answered(node.agent, allocate_calls(node.pods.values()))
+    devices = pod_resources(node.kubelet)[(namespace, "resized")]
+    env = container_env(core_v1, namespace, "resized", "main")
+    allocated = before.metadata.annotations[NAMES.allocated]
+    shares = V1_CGROUPS / "cpu" / kubelet.extra_config["cgroupRoot"].lstrip("/") / "kubepods" / "burstable" / (
+        f"pod{before.metadata.uid}") / "cpu.shares"
+    assert shares.read_text().strip() == "102"  # 100m
+
+    core_v1.patch_namespaced_pod_resize(
+        "resized", namespace,
+        [{"op": "replace", "path": "/spec/containers/0/resources/requests/cpu", "value": "200m"}],
+        _content_type="application/json-patch+json")
+
+    def resized() -> client.V1Pod | None:
+        assert node.kubelet.kubelet.alive(), log_tail(node.kubelet.kubelet.log_path)
+        pod = core_v1.read_namespaced_pod("resized", namespace)
+        conditions = {c.type: c for c in pod.status.conditions or []}
+        assert "PodResizePending" not in conditions, conditions["PodResizePending"]
+        [status] = pod.status.container_statuses
+        requests = (status.resources.requests if status.resources else None) or {}
+        done = ((status.allocated_resources or {}).get("cpu") == "200m" and requests.get("cpu") == "200m"
+                and "PodResizeInProgress" not in conditions
+                and pod.status.observed_generation == pod.metadata.generation)
+        return pod if done else None
+
+    after = wait_for(resized, timeout=30, what=f"the resize actuated\n{log_tail(node.kubelet.kubelet.log_path)}")
+    assert shares.read_text().strip() == "204"  # 200m, in the pod's cgroup
+    assert containers_of(after) == containers_of(before)  # resized in place, not restarted
+    assert pod_resources(node.kubelet)[(namespace, "resized")] == devices
+    time.sleep(1)
+    assert counters(node.agent) == answered, "the resize reached the agent"
+    assert container_env(core_v1, namespace, "resized", "main") == env
+    assert after.metadata.annotations[NAMES.allocated] == allocated
+
+    twin = manifest(node, "twin", [Box("main", "app", shared(3, 4096, 30))], cpu="100m")
+    create(core_v1, namespace, node, twin)
+    wait_running(core_v1, namespace, ["twin"], node)
+    check_grants(core_v1, namespace, {"twin": twin})
+    wait_answered(node.agent, answered.answered + allocate_calls([twin]))
+
+
+def generated(node: GpuNode, count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` pods placed on ``node``'s cards by the allocation core
+    (:func:`gpupool.testing.node_workload.generate`: slices, two GPU containers beside a GPU-less
+    one, GPU init + app, GPU init + native sidecar + app, GPU sidecars, whole cards), as manifests
+    for the real kubelet."""
+    _gpus, pods = generate(count, cards=len(node.gpus["cards"]), seed=seed, node=node.name)
+    out = []
+    for w in pods:
+        spec = w.json["spec"]
+
+        def real(c: dict[str, Any], init: bool) -> dict[str, Any]:
+            done = init and c.get("restartPolicy") != "Always"
+            return {**c, "image": IMAGE, "command": ["true"] if done else ["sleep", "3600"],
+                    "resources": {"limits": {k: str(v) for k, v in c["resources"]["limits"].items()}}}
+
+        out.append({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": w.json["metadata"]["name"],
+                                 "annotations": w.json["metadata"]["annotations"]},
+                    "spec": {"nodeName": node.name, "terminationGracePeriodSeconds": 1,
+                             "initContainers": [real(c, True) for c in spec["initContainers"]],
+                             "containers": [real(c, False) for c in spec["containers"]]}})
+    return out
+
+
+def test_200_pods_created_concurrently_on_one_kubelet_each_get_their_own_grant(
+    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
+    start_node_agent: Callable[..., NodeAgentProcess],
+) -> None:
+    """G1-G4 under load on the real kubelet: 200 pods placed by the allocation core on 16 cards,
+    shuffled and created in random batches of 1-12 by eight threads at once (kubelet admits them
+    one ADD at a time, in whatever order its watch delivers them)."""
+    began = time.monotonic()
+    gpus = generate(1, cards=16, seed=0)[0]
+    node = start_gpu_node(core_v1, start_kubelet, start_node_agent, "e2e-load", gpus,
+                          config=lambda _: {"maxPods": 250})  # 110 by default
+    ready = time.monotonic()
+    pods = generated(node, 200, seed=11)
+    rng = random.Random(7)
+    rng.shuffle(pods)
+    batches, i = [], 0
+    while i < len(pods):
+        n = rng.randint(1, 12)
+        batches.append(pods[i:i + n])
+        i += n
+
+    def create_batch(batch: list[dict[str, Any]]) -> None:
+        for pod in batch:
+            create(core_v1, namespace, node, pod)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create_batch, batches))
+    created = time.monotonic()
+    wait_running(core_v1, namespace, node.pods, node, timeout=120)
+    running = time.monotonic()
+
+    checked = check_grants(core_v1, namespace, node.pods)  # env and allocated-v1 == assignment
+    wait_answered(node.agent, allocate_calls(node.pods.values()))  # one per (container, resource)
+    listed = {k: v for k, v in pod_resources(node.kubelet).items() if k[0] == namespace}
+    assert {name for _, name in listed} == set(node.pods)  # G3: every pod, nothing else
+    every = [i for cs in listed.values() for d in cs.values() for ids in ours(d).values() for i in ids]
+    assert len(every) == len(set(every))  # G4: no ID held by two listed containers
+    for (_ns, name), cs in listed.items():  # one device per unit of each limit
+        limits = dict(gpu_containers(node.pods[name]))
+        for cname, d in cs.items():
+            assert {r: len(ids) for r, ids in ours(d).items()} == {
+                r: int(v) for r, v in limits.get(cname, {}).items() if int(v) > 0}, (name, cname)
+    print(f"\n  200 pods, {checked} GPU containers: node ready {ready - began:.1f} s, created "
+          f"{created - ready:.1f} s, all Running {running - created:.1f} s, checks {time.monotonic() - running:.1f} s")
