@@ -98,9 +98,11 @@ class _Refused:
 def loosening_signature(cache: ClusterCache, node_gate: NodeGate) -> Hashable:
     """What may let a refused pod fit when it changes (call with the cache lock held).
 
-    Deliberately not the bookings (pods bound and deleted are kube-scheduler's own events) nor the
-    node layout (kube-scheduler sees Node updates): only what it cannot see or does not wake
-    extender-refused pods for. The filter's assumptions are the extender's own bookings, so those
+    Not the bookings of pods bound (each would re-check every refused pod) nor the node layout
+    (kube-scheduler sees Node updates), but the count of pods that ended: kube-scheduler retries a
+    refused pod on the deletion event, often before this extender's watch has given the cards and
+    the quota back, and then parks it again on a stale refusal (an e2e run waited past 90 s for a
+    pod a deleted one had held back by its quota). The filter's assumptions are the extender's own bookings, so those
     that ended without their pod's bind (expired, refused, replaced...) count: kube-scheduler never
     saw the space they held being taken."""
     state = cache.state
@@ -108,7 +110,7 @@ def loosening_signature(cache: ClusterCache, node_gate: NodeGate) -> Hashable:
     healthy = state.card_healthy[:state.size][present]
     ends = cache.assumption_ends
     unbound = sum(count for how, count in ends.items() if how not in BOUND_ENDS)
-    return (cache.tenancy.version, unbound,
+    return (cache.tenancy.version, unbound, sum(cache.released_bookings.values()),
             int(np.count_nonzero(healthy)), int(state.card_mem_total[:state.size][present].sum()),
             state.lent.totals(),
             frozenset(cache.node_problems), frozenset(cache.claim_problems), frozenset(node_gate(state)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.requeue import cache_pending
 from gpupool.extender.service import ExtenderService
@@ -85,6 +86,18 @@ def test_a_pod_bound_or_deleted_meanwhile_is_forgotten_without_a_nudge() -> None
     w.quota("team-a", 2)
     assert w.wakeup.run_once() == 0 and w.nudged() == []
     assert w.wakeup.tracked() == 0
+
+
+def test_a_pod_that_ended_wakes_the_pods_its_quota_use_held_back() -> None:
+    """kube-scheduler retries a refused pod on the deletion event, often before the extender's watch
+    gave the quota back: the extender must wake it once the release is in its ledger."""
+    w = World([quota("team-a", hard={"wholeGpus": 1})])
+    assert w.waiting("a1")
+    Binder(w.cache, w.api).bind("team-a", "a1", w.api.get_pod("team-a", "a1")["metadata"]["uid"], "N1")
+    assert not w.waiting("a2")  # the quota's one GPU is a1's
+    assert w.wakeup.run_once() == 0
+    w.api.delete_pod("team-a", "a1")
+    assert w.wakeup.run_once() == 1 and w.nudged() == ["team-a/a2"]
 
 
 def test_nudges_are_rate_limited_and_checks_bounded_per_round() -> None:
