@@ -22,7 +22,7 @@ from typing import Any
 
 from gpupool.testenv.errors import BuildImpossibleError, StartupError
 from gpupool.testenv.paths import cache_dir
-from gpupool.testenv.steps import Log, exclusive_lock, quiet, run_step
+from gpupool.testenv.steps import Log, apt_install, exclusive_lock, quiet, run_step
 
 PACKAGE = "prometheus"
 DEBIAN_BINARY = Path("/usr/bin/prometheus")
@@ -64,26 +64,12 @@ def ensure_prometheus(log: Log = quiet) -> Path:
     logs.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(cache_dir() / ".prometheus-install.lock", log):
         if find_prometheus() is None:
-            _apt_install(logs, log)
+            apt_install((PACKAGE,), "prometheus", logs, log, run=run_step)
     found = find_prometheus()
     if found is None:
         raise BuildImpossibleError(f"apt-get installed {PACKAGE} but no prometheus binary is on PATH "
                                    f"or at {DEBIAN_BINARY}")
     return found
-
-
-def _apt_install(logs: Path, log: Log) -> None:
-    log(f"installing {PACKAGE} with apt-get (log: {logs / 'apt-install-prometheus.log'})")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", PACKAGE]
-    try:
-        run_step(cmd, logs / "apt-install-prometheus.log", env=env, failure=BuildImpossibleError,
-                 step="apt-get install prometheus")
-    except BuildImpossibleError:
-        run_step(["apt-get", "update"], logs / "apt-update-prometheus.log", env=env,
-                 failure=BuildImpossibleError, step="apt-get update")
-        run_step(cmd, logs / "apt-install-prometheus.log", env=env, failure=BuildImpossibleError,
-                 step="apt-get install prometheus")
 
 
 def static_config(jobs: dict[str, list[str]], interval_s: float = 1.0) -> dict[str, Any]:

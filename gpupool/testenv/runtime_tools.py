@@ -38,7 +38,7 @@ from pathlib import Path
 from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.gobuild import GoBuild, GoProgram, build, ensure_built, toolchain_problem, wrapper_go_mod
 from gpupool.testenv.paths import cache_dir
-from gpupool.testenv.steps import Log, exclusive_lock, quiet, run_step
+from gpupool.testenv.steps import Log, apt_install, exclusive_lock, quiet, run_step
 from gpupool.testenv.versions import CNI_PLUGINS, CONTAINERD, RUNC
 
 #: Debian packages installed when a program of :data:`APT_PROGRAMS` or a file of :data:`APT_FILES`
@@ -241,7 +241,7 @@ def ensure_runtime_tools(log: Log = quiet) -> RuntimeTools:
         logs.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(cache_dir() / ".runtime-install.lock", log):
             if missing_packages():
-                _apt_install(logs, log)
+                apt_install(APT_PACKAGES, "runtime", logs, log, run=run_step)
 
     def make(logs: Path) -> None:
         for spec in go_builds():  # each one built by another process meanwhile returns at once
@@ -250,18 +250,3 @@ def ensure_runtime_tools(log: Log = quiet) -> RuntimeTools:
     # The machine's ability to build was judged above, packages included.
     return ensure_built(find_runtime_tools, make, what="containerd, runc and the CNI plugins",
                         lock_name=BUILD_LOCK, problem=lambda: None, lock=exclusive_lock, log=log)
-
-
-def _apt_install(logs: Path, log: Log) -> None:
-    """``apt-get install`` the packages; on failure refresh the package lists once and retry."""
-    log(f"installing {' '.join(APT_PACKAGES)} with apt-get (log: {logs / 'apt-install-runtime.log'})")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES]
-    try:
-        run_step(cmd, logs / "apt-install-runtime.log", env=env, failure=BuildImpossibleError,
-                 step="apt-get install (container runtime)")
-    except BuildImpossibleError:
-        run_step(["apt-get", "update"], logs / "apt-update-runtime.log", env=env,
-                 failure=BuildImpossibleError, step="apt-get update")
-        run_step(cmd, logs / "apt-install-runtime.log", env=env, failure=BuildImpossibleError,
-                 step="apt-get install (container runtime)")

@@ -9,10 +9,13 @@ then use the result. The kernel drops the lock of a process that dies, so no sta
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from gpupool.testenv.errors import BuildImpossibleError
 
 Log = Callable[[str], None]
 
@@ -67,3 +70,22 @@ def install(built: Path, target: Path) -> None:
     tmp.write_bytes(built.read_bytes())
     tmp.chmod(0o755)
     tmp.replace(target)
+
+
+def apt_install(packages: Sequence[str], label: str, logs: Path, log: Log, *,
+                run: Callable[..., None] = run_step) -> None:
+    """``apt-get install`` ``packages`` (no recommends); on failure refresh the package lists once and
+    retry: a fresh machine's lists are often stale. ``label`` names the logs and the steps; callers
+    pass their module's ``run_step`` so that each stays replaceable where it is used. A failure
+    after the retry is a :class:`BuildImpossibleError` naming the step and its log."""
+    install_log = logs / f"apt-install-{label}.log"
+    log(f"installing {' '.join(packages)} with apt-get (log: {install_log})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    step = f"apt-get install ({label})"
+    try:
+        run(cmd, install_log, env=env, failure=BuildImpossibleError, step=step)
+    except BuildImpossibleError:
+        run(["apt-get", "update"], logs / f"apt-update-{label}.log", env=env, failure=BuildImpossibleError,
+            step="apt-get update")
+        run(cmd, install_log, env=env, failure=BuildImpossibleError, step=step)
