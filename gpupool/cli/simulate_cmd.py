@@ -29,7 +29,7 @@ from gpupool.sim.lending_report import (
 )
 from gpupool.sim.packing import SeedResult, run_seed
 from gpupool.sim.published import context_lines
-from gpupool.sim.report import PolicyReport, plot, text_table
+from gpupool.sim.report import PlottingUnavailable, PolicyReport, plot, require_plotting, text_table
 from gpupool.sim.trace import TraceError, TracePod, load_nodes, resolve_nodes
 from gpupool.sim.variants import load_trace
 
@@ -81,7 +81,8 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
 @click.option("--idle-share", type=click.FloatRange(min=0, max=1, max_open=True), default=DEFAULT_IDLE_SHARE,
               show_default=True, help="--lending: share of a GPU pod's running time spent idle.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of the curves.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG of the curves where the policies differ (needs matplotlib).")
 @click.option("--jobs", type=int, default=0, help="Worker processes (default: one per CPU).")
 @click.option("--tenants", type=click.Choice(["none", "qos"]), default="none", show_default=True,
               help="qos: replay in time with the trace's QoS classes as tenants and report per tenant.")
@@ -92,6 +93,16 @@ def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str,
              plot_path: str | None, jobs: int, tenants: str, quotas_path: str | None) -> None:
     """Replay a trace on a cluster and report how well the policy packs GPUs."""
     chosen = list(policies) or [DEFAULT_POLICY]
+    if plot_path:
+        if mode != "packing" or lending or tenants != "none":
+            raise click.UsageError("--plot draws the packing experiment's curves: use it without --mode timeline, "
+                                   "--lending and --tenants")
+        if not Path(plot_path).resolve().parent.is_dir():
+            raise click.BadParameter(f"{plot_path}: its directory does not exist", param_hint="--plot")
+        try:
+            require_plotting()  # before the replay: a missing matplotlib must not cost a run's work
+        except PlottingUnavailable as error:
+            raise click.ClickException(str(error)) from error
     try:
         nodes = load_nodes(resolve_nodes(nodes_name))
         trace_pods = load_trace(trace)
@@ -182,6 +193,8 @@ def _timeline(nodes: list[NodeSpec], pods: list[TracePod], policies: list[str], 
         click.echo(f"policy {r.policy}: refused {r.refused_pods} pods, GPU allocation mean "
                    f"{r.mean_allocated_gpu_pct:.2f}%, peak {r.peak_allocated_gpu_pct:.2f}%")
         click.echo(f"{'hour':>8}{'alloc %':>10}{'running':>9}{'refused':>9}")
+        click.echo("  hour: the trace's clock (creation_time / 3600); alloc %: GPUs allocated, in % of the cluster's; "
+                   "running: pods placed and not yet gone; refused: pods refused so far (no node had room)")
         stride = max(1, len(r.points) // 20)
         for p in r.points[::stride]:
             click.echo(f"{p.time / 3600:>8.1f}{p.allocated_gpu_pct:>10.2f}{p.running_pods:>9}{p.refused_pods:>9}")

@@ -160,3 +160,55 @@ def test_simulate_imports_what_only_some_modes_need_when_they_run() -> None:
                           "with _progress(1) as done:\n    done()", ("tqdm",)) == []
     assert _modules_after("from gpupool.cli.simulate_cmd import _progress\n"
                           "with _progress(2) as done:\n    done()", ("tqdm",)) == ["tqdm"]
+
+
+def test_the_table_says_what_its_columns_mean(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--seeds", "1", "--jobs", "1")
+    assert code == 0, out
+    legend = out[out.index("s/seed\n"):]
+    for column in ("90%..130%:", "failed:", "s/seed:"):
+        assert column in legend, out
+    assert "in % of the cluster's GPUs" in legend and "never reached" in legend
+
+
+def test_the_timeline_table_says_what_its_columns_mean(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline")
+    assert code == 0, out
+    assert "hour: the trace's clock" in out and "refused: pods refused so far" in out
+
+
+def test_plot_without_matplotlib_fails_before_simulating(small_cluster: tuple[Path, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay of the bundled trace takes seconds per seed: a missing matplotlib must be said first."""
+    import gpupool.cli.simulate_cmd as simulate_cmd
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+
+    def no_replay(*_args: object) -> None:
+        raise AssertionError("simulated before checking for matplotlib")
+
+    monkeypatch.setattr(simulate_cmd, "_job", no_replay)
+    monkeypatch.setattr(simulate_cmd, "load_trace", no_replay)
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--seeds", "1", "--jobs", "1",
+                          "--plot", str(tmp_path / "curves.png"))
+    assert code == 1, out
+    assert "--plot needs matplotlib: pip install 'gpupool[plot]'" in out
+    assert "Traceback" not in out
+    assert not (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    pytest.param(["--mode", "timeline"], "--plot draws the packing experiment's curves", id="timeline"),
+    pytest.param(["--tenants", "qos"], "--plot draws the packing experiment's curves", id="tenants"),
+])
+def test_plot_where_it_draws_nothing_is_refused(args: list[str], message: str, tmp_path: Path) -> None:
+    code, out = _simulate(*args, "--plot", str(tmp_path / "curves.png"))
+    assert code == 2 and message in out, out
+
+
+def test_plot_into_a_missing_directory_is_refused_before_simulating(tmp_path: Path) -> None:
+    code, out = _simulate("--plot", str(tmp_path / "nowhere" / "curves.png"))
+    assert code == 2 and "its directory does not exist" in out, out
