@@ -198,3 +198,9 @@ class ResourceNames:
     def model_label(self) -> str:
         """Node label: the cards' model as the node side publishes it (for node selectors)."""
         return f"{self.domain}/gpu-model"
+
+    @property
+    def wait_for_nodes(self) -> str:
+        """Pod annotation ``"true"``: admission does not refuse the pod for asking more than every
+        card of the cluster holds now (it waits for nodes still to come, e.g. from an autoscaler)."""
+        return f"{self.domain}/wait-for-nodes"

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpupool.core import card_rule
 from gpupool.core.card_rule import FIRST_BOOKING_VERDICT, CardSlots, CardUse, CardVerdict
-from gpupool.core.model import GpuKind, GpuRequest, PodRequest
+from gpupool.core.model import CardMode, GpuKind, GpuRequest, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 
@@ -105,6 +105,51 @@ def request_problem(state: ClusterState, pod: PodRequest) -> str | None:
             return (f"container {container.name} asks for GPU model(s) {', '.join(sorted(request.models))}; "
                     f"the cluster has {', '.join(sorted(state.models))}")
     return None
+
+
+def shape_problem(state: ClusterState, pod: PodRequest) -> str | None:
+    """Why no node of the cluster could hold ``pod`` even with all its cards idle and healthy, or
+    None: :func:`request_problem`'s reason, else the first GPU container for which no node has as
+    many cards as it asks for that the card rule accepts (model, kind, memory and compute per card),
+    e.g. four 40 GiB slices where the 40 GiB cards sit two to a node.
+
+    Card health, bookings and the pod's card scope (groups, pools, pins) are left out: they change,
+    the cards of a node do not. The admission webhooks refuse a pod with this reason; the filter
+    words the same cases per node.
+    """
+    problem = request_problem(state, pod)
+    if problem is not None:
+        return problem
+    rows = np.flatnonzero(state.present)
+    if not len(rows):
+        return None
+    totals = state.card_mem_total.take(rows, 0)
+    idle = CardUse(np.full_like(totals, int(CardMode.IDLE)), totals, state.card_compute_total.take(rows, 0))
+    for container in (*pod.containers, *pod.init_containers):
+        request = container.gpu
+        if request is None:
+            continue
+        slots = card_slots(state, request, rows)
+        slots = slots._replace(healthy=slots.exists, in_scope=None)
+        fits = card_rule.fit_mask(slots, idle, card_rule.demand_of(request, totals))
+        most = int(fits.sum(axis=1).max())
+        if most < request.count:
+            return (f"container {container.name} asks for {request.count} cards of {_card_words(request)}; "
+                    f"no node has that many such cards (at most {most})")
+    return None
+
+
+def _card_words(request: GpuRequest) -> str:
+    """What one card of ``request`` must be, in words: ``40960 MiB, model A100``, ``a whole card``."""
+    parts = ["a whole card" if request.exclusive else
+             f"{request.memory_share / 10:g} percent of its memory" if request.memory_share is not None else
+             f"{request.memory_mib} MiB" if request.memory_mib is not None else
+             f"{request.compute / 10:g} percent of compute and memory"]
+    if request.models:
+        parts.append(f"model {'|'.join(sorted(request.models))}")
+    if request.kind is not None:
+        parts.append(f"kind {request.kind.value}")
+    return ", ".join(parts)
 
 
 def node_resources_problem(state: ClusterState, row: int, pod: PodRequest) -> str | None:

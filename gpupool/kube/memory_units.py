@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from fractions import Fraction
 
+from gpupool.api import names as n
 from gpupool.api.limits import MAX_CARD_MEMORY_MIB
+from gpupool.api.names import ResourceNames
+from gpupool.core.units import MEMORY_UNIT_MIB
 
 UNREALISTIC_CARD_MIB = MAX_CARD_MEMORY_MIB
 """A slice of this much memory (1 TiB) or more on one card is a count in the wrong unit."""
@@ -24,6 +27,14 @@ SIZE_UNITS = ("MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
 BYTES_PER_MIB = 1 << 20
 EXAMPLE_MIB = 4096
 """The size the hint spells out when the meant one cannot be guessed (4 GiB)."""
+
+
+def memory_units(names: ResourceNames) -> dict[str, int]:
+    """The resources that count card memory per card in units, with the MiB one unit is: gpupool's
+    and GPUManager's 256 MiB, gpushare's GiB (or MiB, per deployment). HAMi's ``nvidia.com/gpumem``
+    (MiB) is read by :mod:`gpupool.kube.foreign`."""
+    return {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: names.gpushare_unit_mib,
+            n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB}
 
 
 def size_text(mib: int | Fraction) -> str:

@@ -51,7 +51,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
 from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
 from gpupool.kube.foreign import ForeignRequestError, gpushare_per_card, hami_request, is_hami
-from gpupool.kube.memory_units import unit_problem
+from gpupool.kube.memory_units import memory_units, unit_problem
 from gpupool.kube.pod_options import PodOptionError, PodOptions, pod_options
 from gpupool.kube.quantity import QuantityError, parse_quantity
 
@@ -200,14 +200,13 @@ def _native_request(found: Mapping[str, int], names: ResourceNames, where: str, 
     """gpupool's own names, gpushare's and GPUManager's (one meaning per unit, see module doc)."""
     whole_cards = found.get(names.gpu)
     count = found.get(names.gpu_shared)
-    memory_units = {names.gpu_mem: MEMORY_UNIT_MIB, n.ALIYUN_GPU_MEM: names.gpushare_unit_mib,
-                    n.TENCENT_VCUDA_MEMORY: MEMORY_UNIT_MIB}
-    memory = _one_of(found, memory_units, "GPU memory", where)
+    units = memory_units(names)
+    memory = _one_of(found, units, "GPU memory", where)
     core = _one_of(found, {names.gpu_core: 1, n.TENCENT_VCUDA_CORE: 1}, "GPU compute", where)
     for card_count in (names.gpu, names.gpu_shared):
         if card_count in found:
             _at_most(found[card_count], MAX_CARDS_PER_NODE, card_count, where)
-    problem = unit_problem(found, memory_units)  # 1 TiB or more: a count in the wrong unit
+    problem = unit_problem(found, units)  # 1 TiB or more: a count in the wrong unit
     if problem is not None:
         raise TranslationError(f"{where}: {problem}")
     if whole_cards is not None:
@@ -257,16 +256,24 @@ def _cpu_memory_from(first: Mapping[str, Any], fallback: Mapping[str, Any], wher
 
 
 def pod_wants_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
-    """Whether any container asks for a managed resource (cheap; no validation)."""
+    """Whether any container asks for a managed resource (cheap; no validation: a malformed part
+    of the pod asks for nothing, and :func:`pod_request` says what is wrong with it)."""
     managed = names.managed()
-    spec = pod.get("spec") or {}
+    spec = _loose(pod.get("spec"))
     for key in ("containers", "initContainers"):
-        for container in spec.get(key) or ():
-            resources = (container or {}).get("resources") or {}
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else ():
+            resources = _loose(_loose(container).get("resources"))
             for part in ("limits", "requests"):
-                if any(name in (resources.get(part) or {}) for name in managed):
+                asked = _loose(resources.get(part))
+                if any(name in asked for name in managed):
                     return True
     return False
+
+
+def _loose(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def foreign_resources(pod: Mapping[str, Any] | Any) -> frozenset[str]:

@@ -61,9 +61,9 @@ def world(nodes: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] = ()
 
 
 def gpu_pod(name: str, ns: str = "team-a", *, group_label: str | None = None, gpu_core: int = 0,
-            gpu_mem: int = 0, whole: int = 0, annotations: dict[str, str] | None = None,
+            gpu_mem: int | str = 0, whole: int = 0, annotations: dict[str, str] | None = None,
             service_account: str | None = None) -> dict[str, Any]:
-    limits: dict[str, int] = {}
+    limits: dict[str, int | str] = {}
     if whole:
         limits["gpu"] = whole
     if gpu_core:

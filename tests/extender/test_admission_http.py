@@ -79,10 +79,28 @@ def test_a_pod_without_name_or_namespace_takes_the_requests() -> None:
     assert (status, body["response"]["status"]["message"]) == (200, DENIED)
 
 
-def test_an_unreadable_pod_is_allowed_with_a_warning() -> None:
+def test_an_unreadable_gpu_request_is_denied_with_the_reason() -> None:
+    """No node could ever take it, quota or not: refused at creation instead of Pending for good."""
     _, body = one(review(gpu_pod("p", "team-a", gpu_core=150)))
-    assert body["response"]["allowed"] is True
-    assert "GPU compute is a percentage of one card" in body["response"]["warnings"][0]
+    assert body["response"]["allowed"] is False
+    assert "GPU compute is a percentage of one card (1..100), got 150" in body["response"]["status"]["message"]
+
+
+def test_a_request_no_node_of_the_cluster_can_hold_is_denied() -> None:
+    """The cluster's largest card has 16 GiB; 64 GiB on one card never fits (the quota is no matter)."""
+    _, body = one(review(gpu_pod("p", "team-a", gpu_mem=256)))
+    assert body["response"]["allowed"] is False
+    assert ("container main asks for 65536 MiB on one card; the largest card has 16384 MiB"
+            in body["response"]["status"]["message"])
+
+
+def test_a_size_reaching_the_validating_webhook_is_judged_as_the_count_it_is() -> None:
+    """Without the pod-scheduler webhook nothing rewrites ``4Gi``: stored, it asks kubelet for 4 Gi
+    devices, so it is refused naming the unit and what to write."""
+    _, body = one(review(gpu_pod("p", "team-a", gpu_mem="4Gi")))
+    assert body["response"]["allowed"] is False
+    assert "gpupool.io/gpu-mem counts 256 MiB units: 4294967296 is 1 EiB; for 4 GiB write 16" in \
+        body["response"]["status"]["message"]
 
 
 @pytest.mark.parametrize(("body", "reason"), [

@@ -2,16 +2,19 @@
 (``admission.k8s.io/v1``, or ``v1beta1``, which an older apiserver may send per the configuration's
 ``admissionReviewVersions``) with one verdict:
 
-* ``POST /admission/pods``: a new pod under its namespace's GPU quotas
-  (:class:`gpupool.extender.admission.QuotaAdmission`);
+* ``POST /admission/pods``: a new pod gpupool can never place (an unreadable request, or cards no
+  node has: :class:`gpupool.extender.request_admission.RequestAdmission`), then under its
+  namespace's GPU quotas (:class:`gpupool.extender.admission.QuotaAdmission`);
 * ``POST /admission/pod-groups``: a pod naming a resource group, by the group's subjects and the
   requester (:class:`gpupool.extender.group_subjects.GroupSubjectAdmission`);
 * ``POST /admission/resourcegroups``: a ResourceGroup write, by the requester's permission to
   modify the nodes it names (:class:`gpupool.extender.group_writes.GroupWriteAdmission`; its
   SubjectAccessReviews run off the event loop);
-* ``POST /admission/pod-scheduler`` (mutating): a new pod that asks for gpupool's resources gets
-  ``spec.schedulerName`` of gpupool's own scheduler, as a JSON patch in the answer
-  (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`).
+* ``POST /admission/pod-scheduler`` (mutating): a new pod that asks for gpupool's resources has
+  the memory sizes it wrote where a resource counts units rewritten to counts, is refused when
+  gpupool can never place it (:class:`gpupool.extender.request_admission.RequestAdmission`), and
+  gets ``spec.schedulerName`` of gpupool's own scheduler
+  (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`), as one JSON patch.
 
 Why a port of its own (``--admission-port``), served by the extender process rather than a separate
 command: the verdict needs the extender's caches (quotas, the ledger's GPU models), which a second
@@ -45,6 +48,7 @@ from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.request_admission import RequestAdmission
 from gpupool.extender.scheduler_steering import SchedulerSteering
 
 log = logging.getLogger(__name__)
@@ -142,13 +146,16 @@ Judge = Callable[[Review], Verdict]
 
 class AdmissionApi:
     """The webhooks' paths over their verdicts, with the extender's body caps: the quota's always,
-    the pod-group, ResourceGroup-write and pod-scheduler ones when given."""
+    the pod-group, ResourceGroup-write and pod-scheduler ones when given. ``requests`` judges what
+    new pods ask for on both pod paths (default: against the quota admission's ledger)."""
 
     def __init__(self, admission: QuotaAdmission, metrics: ExtenderMetrics, bodies: BodyReader, *,
                  pod_groups: GroupSubjectAdmission | None = None,
                  group_writes: GroupWriteAdmission | None = None,
-                 steering: SchedulerSteering | None = None) -> None:
+                 steering: SchedulerSteering | None = None,
+                 requests: RequestAdmission | None = None) -> None:
         self.admission = admission
+        self.requests = requests or RequestAdmission(admission.ledger, admission.names)
         self.metrics = metrics
         self.bodies = bodies
         self.pod_groups = pod_groups
@@ -156,10 +163,11 @@ class AdmissionApi:
         self.steering = steering
 
     def verdict(self, review: Review) -> Verdict:
-        """The quota's verdict on a pod's creation."""
+        """The verdict on a pod's creation: its request as it will be stored, then its quotas."""
         if review.operation != "CREATE" or review.kind != "Pod" or review.pod is None:
             return ALLOWED
-        return self.admission.review(review.pod, review.namespace)
+        checked = self.requests.review(review.pod, rewrite=False)
+        return checked if not checked.allowed else self.admission.review(review.pod, review.namespace)
 
     def pod_group_verdict(self, review: Review) -> Verdict:
         """The group subjects' verdict on a pod's creation or relabelling."""
@@ -176,14 +184,20 @@ class AdmissionApi:
         return self.group_writes.review(review.operation, review.pod, review.old, review.user, review.groups)
 
     def pod_scheduler_verdict(self, review: Review) -> Verdict:
-        """The scheduler a new pod goes to: a patch for pods gpupool's scheduler should place."""
+        """What a new pod asks for (sizes rewritten to counts, or refused) and the scheduler it goes
+        to: one patch for both."""
         if self.steering is None or review.operation != "CREATE" or review.kind != "Pod" or review.pod is None:
             return ALLOWED
+        checked = self.requests.review(review.pod)
+        if not checked.allowed:
+            return checked
         verdict = self.steering.verdict(review.pod)
         if verdict.patch:
             log.debug("%s: pod %s/%s goes to %s", POD_SCHEDULER_VERB, review.namespace,
                       review.pod["metadata"]["name"], self.steering.scheduler_name)
-        return verdict
+        if not checked.patch and not checked.warnings:
+            return verdict
+        return Verdict(True, warnings=checked.warnings + verdict.warnings, patch=checked.patch + verdict.patch)
 
     def handler(self, verb: str, judge: Judge, blocking: bool = False) -> Callable[[web.Request], Any]:
         """The request handler of one path: parse, judge (in a thread when ``blocking``), answer."""
