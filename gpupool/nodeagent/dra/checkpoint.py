@@ -1,0 +1,98 @@
+"""The prepared claims of this node, kept in one JSON file so an agent restart remembers them.
+
+kubelet calls NodePrepareResources once per claim and NodeUnprepareResources when the last pod
+using it is gone; an agent restarted in between must still answer a repeated prepare with the same
+devices, and an unprepare by removing that claim's CDI spec. The file is written under a temporary
+name and renamed (never half written). A file that cannot be read is an error that names it and
+says what to do; the agent does not guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpupool.nodeagent.dra.claim_allocation import AllocatedShare, ClaimRef
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint file exists but cannot be used; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A claim prepared on this node: its shares and the CDI device that carries its grant."""
+
+    claim: ClaimRef
+    pod: tuple[str, str]
+    pod_uid: str
+    shares: tuple[AllocatedShare, ...]
+    cdi_id: str
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> str:
+    """The file's text for ``claims`` (UID → claim)."""
+    return json.dumps({"version": FORMAT_VERSION,
+                       "claims": [asdict(c) for _, c in sorted(claims.items())]}, indent=1)
+
+
+def decode(text: str) -> dict[str, PreparedClaim]:
+    """UID → prepared claim; ``ValueError`` saying what is wrong."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+        raise ValueError(f"expected a JSON object with version {FORMAT_VERSION}")
+    out: dict[str, PreparedClaim] = {}
+    for raw in doc.get("claims", []):
+        claim = _claim(raw)
+        out[claim.claim.uid] = claim
+    return out
+
+
+def _claim(raw: Any) -> PreparedClaim:
+    try:
+        ref = ClaimRef(**raw["claim"])
+        shares = tuple(AllocatedShare(**s) for s in raw["shares"])
+        pod = (str(raw["pod"][0]), str(raw["pod"][1]))
+        prepared = PreparedClaim(ref, pod, str(raw["pod_uid"]), shares, str(raw["cdi_id"]))
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"a claim entry is malformed ({exc!r})") from None
+    if not ref.uid or not all(isinstance(s.card, int) for s in shares):
+        raise ValueError(f"the entry of claim {ref} is malformed")
+    return prepared
+
+
+def load(path: str) -> dict[str, PreparedClaim]:
+    """The claims in ``path``; none when the file does not exist yet."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the DRA checkpoint {path}: {exc}") from None
+    try:
+        return decode(text)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"the DRA checkpoint {path} is not readable: {exc}. It lists the claims this node prepared; "
+            f"move it away to start empty (the claims prepared before are then unknown to the agent: "
+            f"their CDI specs stay in the CDI directory until removed by hand)") from None
+
+
+def save(path: str, claims: Mapping[str, PreparedClaim]) -> None:
+    """Write ``claims`` to ``path`` atomically."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(encode(claims))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

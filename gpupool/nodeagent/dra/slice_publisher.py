@@ -1,0 +1,80 @@
+"""Keeps this node's ResourceSlice equal to its cards: written at start and after every change of
+the inventory (health, cordon), never rewritten when nothing changed.
+
+The pool's generation goes up with every rewrite: the allocator uses only the slices of a pool's
+newest generation, so it never mixes an old view of the cards with a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from gpupool.nodeagent.dra.resource_slice import resource_slice, slice_name
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+
+
+class SliceStore(Protocol):
+    """Where slices are kept (the API; tests: a dict)."""
+
+    async def read_slice(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def write_slice(self, body: Mapping[str, Any], resource_version: str | None) -> None: ...
+
+
+class SlicePublisher:
+    """Publishes ``node``'s slice for ``driver`` from ``inventory()``."""
+
+    def __init__(self, node: str, driver: str, store: SliceStore, inventory: Callable[[], GpuInventory]) -> None:
+        self.node = node
+        self.driver = driver
+        self.store = store
+        self.inventory = inventory
+        self.writes = 0
+
+    async def publish(self) -> bool:
+        """Write the slice if it differs from what the API has; whether it wrote."""
+        name = slice_name(self.node, self.driver)
+        current = await self.store.read_slice(name)
+        generation = 1
+        version = None
+        if current is not None:
+            spec = current.get("spec") or {}
+            generation = int((spec.get("pool") or {}).get("generation", 0)) + 1
+            version = str((current.get("metadata") or {}).get("resourceVersion", ""))
+            wanted = resource_slice(self.node, self.driver, self.inventory(), generation - 1)["spec"]
+            if _same(spec, wanted):
+                return False
+        body = resource_slice(self.node, self.driver, self.inventory(), generation)
+        await self.store.write_slice(body, version)
+        self.writes += 1
+        log.info("published ResourceSlice %s (generation %d, %d devices)", name, generation,
+                 len(body["spec"]["devices"]))
+        return True
+
+    async def run(self, changed: Callable[[int], Awaitable[int]], version: int) -> None:
+        """Publish now and after every inventory change (``changed(seen)`` returns the next
+        version), retrying failed writes, until cancelled."""
+        while True:
+            try:
+                await self.publish()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API may be away; try again
+                log.error("publishing the ResourceSlice failed: %s; retrying in %g s", exc, RETRY_S)
+                await asyncio.sleep(RETRY_S)
+                continue
+            version = await changed(version)
+
+
+def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the API's spec says what ``wanted`` says, compared as written (a quantity the API
+    wrote back in another form costs one needless rewrite, never a wrong slice)."""
+    keys = ("driver", "nodeName", "pool", "devices")
+    return all(current.get(k) == wanted.get(k) for k in keys)
