@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from gpupool.api.names import ResourceNames
 from gpupool.cli.server_options import server_limit_options
 from gpupool.netguard.limits import ServerLimits
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
+from gpupool.nodeagent.dra.api import KUBELET_DIR
+from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR
+from gpupool.nodeagent.dra.setup import DraOptions
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import AUTO, CHOICES, IsolationConfigError, choose_backend
 from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT
@@ -41,6 +45,10 @@ from gpupool.nodeagent.risk.backstop import DEFAULT_OVERHEAD_MIB
 from gpupool.nodeagent.risk.detector import DEFAULT_GRACE_S
 from gpupool.nodeagent.risk.findings import RiskAction
 from gpupool.nodeagent.risk.setup import ACTIONS
+
+if TYPE_CHECKING:
+    from gpupool.nodeagent.agent import NodeAgent
+    from gpupool.nodeagent.dra.setup import DraDriver
 
 
 def _duration(value: str, option: str = "--idle-after") -> float:
@@ -131,6 +139,16 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.IntRange(min=1),
               help="Connections the registration socket holds at once; past it a new one replaces the oldest "
                    "silent one.")
+@click.option("--dra/--no-dra", default=False, show_default=True,
+              help="Also be a DRA driver (gpu.<domain>): publish this node's ResourceSlice and prepare "
+                   "ResourceClaims through kubelet's DRA plugin API (docs/dra.md).")
+@click.option("--dra-kubelet-dir", default=KUBELET_DIR, show_default=True, type=click.Path(file_okay=False),
+              help="kubelet's root directory as the agent sees it (--dra registers in its plugins_registry).")
+@click.option("--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, type=click.Path(file_okay=False),
+              help="Where --dra writes one CDI spec per prepared claim (the container runtime reads it).")
+@click.option("--dra-checkpoint", default=None, type=click.Path(dir_okay=False),
+              help="The prepared-claims file of --dra. Default: <dra-kubelet-dir>/plugins/gpu.<domain>/"
+                   "prepared-claims.json.")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
@@ -141,7 +159,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                risk_grace: str, risk_memory_tolerance: int, lending: bool, high_priority_threshold: int,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
-               registration_max_connections: int, verbose: bool, server_limits: ServerLimits) -> None:
+               registration_max_connections: int, dra: bool, dra_kubelet_dir: str, cdi_dir: str,
+               dra_checkpoint: str | None, verbose: bool, server_limits: ServerLimits) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
 
@@ -170,8 +189,25 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold, activity,
                           cuda_checkpoint_timeout, state_dir) if lending else None
+    dra_options = DraOptions(dra_kubelet_dir, cdi_dir, dra_checkpoint) if dra else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
-                     metrics_port, monitor, isolation_config, beat, risk, lend, server_limits))
+                     metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options))
+
+
+def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
+                kubeconfig: str | None) -> DraDriver:
+    """The DRA driver on the agent's cards and enforcement; a checkpoint it cannot read stops the
+    agent with the file named and what to do (docs/dra.md)."""
+    from gpupool.nodeagent.dra.checkpoint import CheckpointError
+    from gpupool.nodeagent.dra.kube_client import KubeDraClient
+    from gpupool.nodeagent.dra.setup import DraDriver
+
+    client = KubeDraClient(node, kubeconfig)
+    try:
+        return DraDriver(node, domain, options, lambda: agent.inventory, client.read_claim, client,
+                         agent.enforcement)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
@@ -179,7 +215,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
                heartbeat: HeartbeatSettings | None = None,
                risk: tuple[RiskAction, float, int] = (RiskAction.REPORT, DEFAULT_GRACE_S, DEFAULT_OVERHEAD_MIB),
-               lend: LendingOptions | None = None, server_limits: ServerLimits | None = None) -> None:
+               lend: LendingOptions | None = None, server_limits: ServerLimits | None = None,
+               dra: DraOptions | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -250,6 +287,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             raise click.ClickException(problem)
     service = lending.attach(agent, monitor) if lending is not None and monitor is not None else None
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
+    dra_driver = _dra_driver(node, names.domain, dra, agent, kubeconfig) if dra is not None else None
 
     async def post_warning(namespace: str, pod: str, reason: str, message: str) -> None:
         await pods.post_event(namespace, pod, reason, message, event_type="Warning")
@@ -277,6 +315,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_once_served())
+            if dra_driver is not None:
+                group.create_task(dra_driver.run(agent.wait_devices_changed, agent.devices_version))
             if checks is not None:
                 group.create_task(checks.run())
             if service is not None:
