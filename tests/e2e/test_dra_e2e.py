@@ -1,0 +1,149 @@
+"""gpupool's DRA driver end to end: kube-scheduler's DRA allocator + a real kubelet (fake runtime) +
+``gpupool node-agent --dra``, on the default Kubernetes (v1.37.2: resource.k8s.io/v1 served and
+DRAConsumableCapacity on by default, so the cluster needs no extra flags).
+
+The agent publishes the node's one 8 GiB card in a ResourceSlice; the DeviceClass is the shipped one
+(deploy/kustomize/components/dra). Two claims of 4 GiB are allocated on that card by kube-scheduler
+(consumable capacity), kubelet calls NodePrepareResources and the agent writes each claim's CDI spec
+with the grant an Allocate would give (4096 MiB on that card). A third 4 GiB claim finds no capacity
+left and its pod stays Pending with the scheduler's reason. A restarted agent still knows the
+prepared claims: when a pod is deleted, kubelet's NodeUnprepareResources reaches the new agent,
+which removes that claim's CDI spec and forgets it.
+
+The fake runtime does not apply CDI specs, so what a container sees is checked in the spec files,
+not in its environment (docs/dra.md says what is proven and what is not).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.api.environment import ContainerEnvironment
+from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, condition, wait_for
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = "gpu.gpupool.io"
+CARD_UUID = "GPU-dra-e2e-0000"
+GPUS = f"""\
+model: Tesla-T4
+cards:
+  - {{uuid: {CARD_UUID}, memoryMiB: 8192}}
+"""
+DEVICE_CLASSES = Path(__file__).parents[2] / "deploy/kustomize/components/dra/device-classes.yaml"
+
+
+def claim_manifest(name: str, memory: str) -> dict[str, Any]:
+    """A ResourceClaim for ``memory`` of one gpupool card."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}]}}}
+
+
+def claim_pod(name: str, claim: str, node: str) -> dict[str, Any]:
+    """A pod on ``node`` whose one container uses ``claim``."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3600"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def cdi_env(cdi_dir: Path, uid: str) -> dict[str, str] | None:
+    """The env of a claim's CDI device, or ``None`` while its spec file is missing."""
+    path = cdi_dir / f"gpupool.io-claim_{uid}.json"
+    if not path.is_file():
+        return None
+    (device,) = json.loads(path.read_text())["devices"]
+    return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+
+
+def checkpoint_uids(path: Path) -> set[str]:
+    return {c["claim"]["uid"] for c in json.loads(path.read_text())["claims"]} if path.is_file() else set()
+
+
+def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
+        kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str,
+        start_kubelet: StartKubelet, start_node_agent: Any, tmp_path: Path) -> None:
+    resource = client.ResourceV1Api(kube_api_client)
+    node = f"dra-{uuid.uuid4().hex[:6]}"
+    kubelet = start_kubelet(node)
+    cdi_dir = tmp_path / "cdi"
+    args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir))
+    agent: NodeAgentProcess = start_node_agent(kubelet, GPUS, extra_args=args)
+    checkpoint = kubelet.root_dir / "plugins" / DRIVER / "prepared-claims.json"
+    device_class = yaml.safe_load(DEVICE_CLASSES.read_text())
+    try:
+        resource.create_device_class(device_class)
+    except ApiException as exc:
+        if exc.status != 409:  # an earlier run's, identical
+            raise
+    try:
+        def node_slice() -> dict[str, Any] | None:
+            for item in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+                return kube_api_client.sanitize_for_serialization(item)  # type: ignore[no-any-return]
+            return None
+
+        published = wait_for(node_slice, timeout=60, what="the agent's ResourceSlice")
+        (device,) = published["spec"]["devices"]
+        assert (published["spec"]["driver"], device["name"], device["allowMultipleAllocations"]) == (
+            DRIVER, "gpu-0", True)
+        assert device["capacity"]["memory"]["value"] == "8Gi"
+
+        for name in ("a", "b", "c"):
+            resource.create_namespaced_resource_claim(namespace, claim_manifest(f"claim-{name}", "4Gi"))
+        for name in ("a", "b"):
+            core_v1.create_namespaced_pod(namespace, claim_pod(f"pod-{name}", f"claim-{name}", node))
+
+        def running(pod: str) -> bool:
+            return core_v1.read_namespaced_pod(pod, namespace).status.phase == "Running"
+
+        for pod in ("pod-a", "pod-b"):
+            wait_for(lambda pod=pod: running(pod), timeout=90, what=f"{pod} Running ({agent.log_path})")
+        uids = {}
+        for name in ("a", "b"):
+            claim = kube_api_client.sanitize_for_serialization(
+                resource.read_namespaced_resource_claim(f"claim-{name}", namespace))
+            (res,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (res["driver"], res["pool"], res["device"]) == (DRIVER, node, "gpu-0")
+            assert res["consumedCapacity"]["memory"] == "4Gi"
+            uid = claim["metadata"]["uid"]
+            uids[name] = uid
+            env = wait_for(lambda uid=uid: cdi_env(cdi_dir, uid), timeout=30, what=f"claim-{name}'s CDI spec")
+            grant = ContainerEnvironment.from_env(env)
+            assert [(c.index, c.uuid, c.memory_mib) for c in grant.cards] == [(0, CARD_UUID, 4096)]
+            assert grant.pod == f"{namespace}/pod-{name}"
+        assert checkpoint_uids(checkpoint) == set(uids.values())
+
+        # the card is full: a third 4 GiB claim waits, with kube-scheduler's reason
+        core_v1.create_namespaced_pod(namespace, claim_pod("pod-c", "claim-c", node))
+
+        def unschedulable() -> Any:
+            cond = condition(core_v1.read_namespaced_pod("pod-c", namespace), "PodScheduled")
+            return cond if cond is not None and cond.status == "False" else None
+
+        cond = wait_for(unschedulable, timeout=60, what="pod-c unschedulable")
+        assert cond.reason == "Unschedulable" and "claim" in cond.message, cond.message
+
+        # an agent restart keeps the prepared claims: the new agent unprepares what the old one prepared
+        agent.stop()
+        agent.start()
+        core_v1.delete_namespaced_pod("pod-a", namespace, grace_period_seconds=0)
+        wait_for(lambda: cdi_env(cdi_dir, uids["a"]) is None, timeout=60,
+                 what=f"claim-a's CDI spec removed by kubelet's unprepare ({agent.log_path})")
+        assert checkpoint_uids(checkpoint) == {uids["b"]}
+        assert cdi_env(cdi_dir, uids["b"]) is not None
+        assert agent.running()
+    finally:
+        agent.stop()
+        resource.delete_device_class(DRIVER)
+        for item in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+            resource.delete_resource_slice(item.metadata.name)
