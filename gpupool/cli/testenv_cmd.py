@@ -16,8 +16,10 @@ from gpupool.testenv.build import ensure_binaries
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import start_control_plane
 from gpupool.testenv.errors import TestenvError
+from gpupool.testenv.helm import ensure_helm
 from gpupool.testenv.kubelet import created_mount_points, start_kubelet
 from gpupool.testenv.node_runtime import RuntimeKind
+from gpupool.testenv.procs import ManagedProcess
 from gpupool.testenv.statefile import (
     EnvState,
     default_state_dir,
@@ -53,14 +55,17 @@ _version_option = click.option(
 @testenv.command("build")
 @_version_option
 def build_cmd(version: str | None) -> None:
-    """Build (or find in the cache) the binaries; a cache hit returns at once."""
+    """Build (or find in the cache) the binaries, and helm for the chart's tests; a cache hit returns
+    at once."""
     started = time.monotonic()
     try:
         binaries = ensure_binaries(log=_progress, version=version)
+        helm = ensure_helm(log=_progress)
     except (TestenvError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     for name, path in vars(binaries).items():
         click.echo(f"{name}: {path}")
+    click.echo(f"helm: {helm}")
     _progress(f"done in {time.monotonic() - started:.1f}s")
 
 
@@ -77,9 +82,15 @@ def build_cmd(version: str | None) -> None:
 @click.option("--managed-resource", "managed", multiple=True, metavar="NAME",
               help="Extended resource the extender manages (ignoredByScheduler); repeatable.")
 @click.option("--bind-verb", default=None, help="Let the extender bind pods with this verb (e.g. bind).")
+@click.option("--demo", is_flag=True,
+              help="Also run gpupool on it: the extender, gpupool's scheduler and a node agent with two fake GPUs "
+                   "on a kubelet; prints a GPU pod to apply (docs/testenv.md, \"Try gpupool\").")
 def up_cmd(state_dir: Path | None, version: str | None, nodes: tuple[str, ...], runtime: str, extender_url: str | None,
-           managed: tuple[str, ...], bind_verb: str | None) -> None:
+           managed: tuple[str, ...], bind_verb: str | None, demo: bool) -> None:
     """Start etcd, kube-apiserver, kube-scheduler (and kubelets) in the background."""
+    if demo and (extender_url or nodes or runtime != RuntimeKind.FAKE.value):
+        raise click.UsageError("--demo starts its own extender and node (fake runtime): "
+                               "leave out --extender-url, --kubelet and --runtime")
     state_dir = state_dir or default_state_dir()
     previous = load_state(state_dir)
     if previous is not None and previous.running():
@@ -90,7 +101,12 @@ def up_cmd(state_dir: Path | None, version: str | None, nodes: tuple[str, ...], 
     if extender_url:
         extenders = (ExtenderConfig(url_prefix=extender_url, bind_verb=bind_verb,
                                     managed_resources=managed),)
+    if demo:
+        from gpupool.cli.testenv_demo import DEMO_NODE
+
+        nodes = (DEMO_NODE,)
     started = time.monotonic()
+    demo_processes: list[ManagedProcess] = []
     try:
         binaries = ensure_binaries(log=_progress, version=version)
         _progress(f"Kubernetes {binaries.version}")
@@ -109,7 +125,25 @@ def up_cmd(state_dir: Path | None, version: str | None, nodes: tuple[str, ...], 
                 images = kubelet.runtime.images
                 _progress(f"node {node} images (imagePullPolicy: Never): {images.busybox.ref} "
                           f"{images.dynamic.ref}")
+            if demo:
+                from gpupool.cli.testenv_demo import guide, start_demo
+
+                try:
+                    started_demo = start_demo(plane, kubelet, state_dir / "demo", log=_progress,
+                                              started=demo_processes)
+                except TestenvError:
+                    raise
+                except Exception as exc:  # an API error while setting up: stop everything, say what
+                    raise TestenvError(f"the demo could not start: {exc}") from exc
+                state.processes = [p.to_record() for p in demo_processes]
+                save_state(state_dir, state)
+                _progress(f"gpupool demo ready in {time.monotonic() - started:.1f}s")
+                option = "" if state_dir == default_state_dir() else f" --state-dir {shlex.quote(str(state_dir))}"
+                click.echo(guide(started_demo, plane, state_dir, option))
+                return
     except (TestenvError, ValueError) as exc:
+        for process in reversed(demo_processes):
+            process.stop()
         recorded = load_state(state_dir)
         if recorded is not None:
             stop_state(state_dir, recorded)

@@ -30,11 +30,13 @@ def default_state_dir() -> Path:
 
 @dataclass
 class EnvState:
-    """What ``up`` recorded: the control plane, its kubelets, and mount points it created."""
+    """What ``up`` recorded: the control plane, its kubelets, mount points it created, and processes
+    started beside them on the cluster (``up --demo``: gpupool's components), stopped first."""
 
     control_plane: dict[str, Any]
     kubelets: list[dict[str, Any]] = field(default_factory=list)
     created_mount_points: list[str] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def kubeconfig(self) -> Path:
@@ -43,7 +45,7 @@ class EnvState:
 
     def running(self) -> bool:
         """Whether any recorded component still runs."""
-        records = [*self.control_plane["processes"]]
+        records = [*self.control_plane["processes"], *self.processes]
         for kubelet in self.kubelets:
             records.extend(kubelet["processes"])
         return any(ManagedProcess.from_record(r).alive() for r in records)
@@ -53,7 +55,8 @@ def save_state(state_dir: Path, state: EnvState) -> Path:
     """Write ``state`` to ``<state_dir>/state.json`` and return the path."""
     path = state_dir / STATE_FILE
     path.write_text(json.dumps({"control_plane": state.control_plane, "kubelets": state.kubelets,
-                                "created_mount_points": state.created_mount_points}, indent=2))
+                                "created_mount_points": state.created_mount_points,
+                                "processes": state.processes}, indent=2))
     return path
 
 
@@ -64,11 +67,15 @@ def load_state(state_dir: Path) -> EnvState | None:
         return None
     data = json.loads(path.read_text())
     return EnvState(control_plane=data["control_plane"], kubelets=list(data.get("kubelets", [])),
-                    created_mount_points=list(data.get("created_mount_points", [])))
+                    created_mount_points=list(data.get("created_mount_points", [])),
+                    processes=list(data.get("processes", [])))
 
 
 def stop_state(state_dir: Path, state: EnvState) -> None:
-    """Stop kubelets, then the control plane, and delete ``state_dir``."""
+    """Stop the processes started beside the cluster (newest first), kubelets, then the control
+    plane, and delete ``state_dir``."""
+    for record in reversed(state.processes):
+        ManagedProcess.from_record(record).stop()
     for kubelet in reversed(state.kubelets):
         stop_recorded_kubelet(kubelet)
     remove_mount_points([Path(p) for p in state.created_mount_points])

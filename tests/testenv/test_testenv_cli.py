@@ -108,3 +108,54 @@ def test_a_release_that_is_not_pinned_is_refused_with_the_supported_ones(tmp_pat
     result = CliRunner().invoke(cli, ["testenv", "build", "--version", "1.20.2"])
     assert result.exit_code != 0
     assert "1.20.2 is not a release" in result.output and "v1.37.2" in result.output
+
+
+def test_the_state_file_keeps_the_demos_processes_and_down_stops_them_first(tmp_path: Path) -> None:
+    import sys
+
+    from gpupool.testenv.procs import ManagedProcess, spawn
+
+    sleeper = spawn("gpupool-extender", [sys.executable, "-c", "import time; time.sleep(60)"],
+                    tmp_path / "sleeper.log")
+    try:
+        state_dir = tmp_path / "env"
+        state_dir.mkdir()
+        state = _state(tmp_path)
+        state.processes = [sleeper.to_record()]
+        save_state(state_dir, state)
+        loaded = load_state(state_dir)
+        assert loaded is not None and loaded.processes == [sleeper.to_record()]
+        assert loaded.running()  # a demo process alone counts as up
+        result = CliRunner().invoke(cli, ["testenv", "down", "--state-dir", str(state_dir)])
+        assert result.exit_code == 0, result.output
+        assert not ManagedProcess.from_record(sleeper.to_record()).alive()
+    finally:
+        if sleeper.popen is not None and sleeper.popen.poll() is None:
+            sleeper.popen.kill()
+        if sleeper.popen is not None:
+            sleeper.popen.wait(timeout=10)
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param(["--kubelet", "n"], id="kubelet"),
+    pytest.param(["--extender-url", "http://127.0.0.1:1"], id="extender-url"),
+    pytest.param(["--runtime", "containerd"], id="containerd"),
+])
+def test_demo_refuses_options_it_sets_itself(extra: list[str], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["testenv", "up", "--demo", "--state-dir", str(tmp_path), *extra])
+    assert result.exit_code == 2
+    assert "--demo starts its own extender and node" in result.output
+
+
+def test_the_demo_pod_asks_gpupools_scheduler_for_a_slice() -> None:
+    from gpupool.cli.testenv_demo import demo_pod, scheduler_config
+
+    pod = demo_pod()
+    assert pod["spec"]["schedulerName"] == "gpupool-scheduler"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"gpupool.io/gpu-mem": "16",
+                                                                  "gpupool.io/gpu-core": "30"}
+    config = scheduler_config(Path("/k"), "http://127.0.0.1:1")
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpupool-scheduler"]
+    (extender,) = config["extenders"]
+    assert (extender["filterVerb"], extender["bindVerb"], extender["preemptVerb"]) == ("filter", "bind", "preempt")
+    assert "prioritizeVerb" not in extender  # the extender filters best-only by default, as deployed
