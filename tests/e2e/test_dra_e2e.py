@@ -8,7 +8,8 @@ The agent publishes the node's one 8 GiB card in a ResourceSlice; the DeviceClas
 with the grant an Allocate would give (4096 MiB on that card). A third 4 GiB claim finds no capacity
 left and its pod stays Pending with the scheduler's reason. A restarted agent still knows the
 prepared claims: when a pod is deleted, kubelet's NodeUnprepareResources reaches the new agent,
-which removes that claim's CDI spec and forgets it.
+which removes that claim's CDI spec and forgets it; a restarted kubelet finds the agent's socket
+again and unprepares the other claim through it.
 
 The fake runtime does not apply CDI specs, so what a container sees is checked in the spec files,
 not in its environment (docs/dra.md says what is proven and what is not).
@@ -131,7 +132,7 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
             return cond if cond is not None and cond.status == "False" else None
 
         cond = wait_for(unschedulable, timeout=60, what="pod-c unschedulable")
-        assert cond.reason == "Unschedulable" and "claim" in cond.message, cond.message
+        assert cond.reason == "Unschedulable" and "cannot allocate all claims" in cond.message, cond.message
 
         # an agent restart keeps the prepared claims: the new agent unprepares what the old one prepared
         agent.stop()
@@ -141,6 +142,13 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
                  what=f"claim-a's CDI spec removed by kubelet's unprepare ({agent.log_path})")
         assert checkpoint_uids(checkpoint) == {uids["b"]}
         assert cdi_env(cdi_dir, uids["b"]) is not None
+
+        # a kubelet restart: kubelet finds the registration socket again and unprepares through it
+        kubelet.restart()
+        core_v1.delete_namespaced_pod("pod-b", namespace, grace_period_seconds=0)
+        wait_for(lambda: cdi_env(cdi_dir, uids["b"]) is None, timeout=60,
+                 what=f"claim-b's CDI spec removed after a kubelet restart ({agent.log_path})")
+        assert checkpoint_uids(checkpoint) == set()
         assert agent.running()
     finally:
         agent.stop()
