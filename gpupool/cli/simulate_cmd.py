@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from gpupool.cli.main import LazyGroup
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
@@ -32,6 +33,9 @@ from gpupool.sim.published import context_lines
 from gpupool.sim.report import PlottingUnavailable, PolicyReport, plot, require_plotting, text_table
 from gpupool.sim.trace import TraceError, TracePod, load_nodes, resolve_nodes
 from gpupool.sim.variants import load_trace
+
+#: ``gpupool simulate`` sub-commands, loaded when used: export needs the Kubernetes client, a replay never.
+SIMULATE_SUBCOMMANDS = {"export": "gpupool.cli.simulate_export:export"}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -59,7 +63,8 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
     return run_seed(nodes, pods, policy, seed, profile)
 
 
-@click.command("simulate")
+@click.group("simulate", cls=LazyGroup, lazy=SIMULATE_SUBCOMMANDS, invoke_without_command=True,
+             subcommand_metavar="[export ...]")
 @click.option("--trace", "trace", default="default", show_default=True,
               help="Pod list: a bundled name (default, gpushare40, multigpu20, gpuspec10, cpu050), a generated "
                    "CPU-share variant (cpu250: 25.0 % of pods CPU-only, cpu250@7: another draw) or a CSV path.")
@@ -88,10 +93,20 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
               help="qos: replay in time with the trace's QoS classes as tenants and report per tenant.")
 @click.option("--quotas", "quotas_path", type=click.Path(dir_okay=False, exists=True),
               help="YAML: tenant -> GpuQuota spec (with --tenants qos; docs/tenancy.md).")
-def simulate(trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str, lending: bool,
-             load: float, hours: float, lending_nodes: int, idle_share: float, as_json: bool,
+@click.pass_context
+def simulate(ctx: click.Context, trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str,
+             lending: bool, load: float, hours: float, lending_nodes: int, idle_share: float, as_json: bool,
              plot_path: str | None, jobs: int, tenants: str, quotas_path: str | None) -> None:
-    """Replay a trace on a cluster and report how well the policy packs GPUs."""
+    """Replay a trace on a cluster and report how well the policy packs GPUs.
+
+    `gpupool simulate export` writes a live cluster's nodes and pods as a trace to replay here."""
+    if ctx.invoked_subcommand is not None:
+        given = [param.opts[0] for param in ctx.command.params if param.name is not None
+                 and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"the replay's options ({', '.join(given)}) do not apply to "
+                                   f"`gpupool simulate {ctx.invoked_subcommand}`: give its own options after its name")
+        return
     chosen = list(policies) or [DEFAULT_POLICY]
     if plot_path:
         if mode != "packing" or lending or tenants != "none":

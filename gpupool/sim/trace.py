@@ -83,7 +83,10 @@ def _int(row: dict[str, str], column: str, path: Path, line: int, default: int |
 
 
 def load_nodes(path: Path) -> list[NodeSpec]:
-    """Nodes from a CSV with columns sn, cpu_milli, memory_mib, gpu, model."""
+    """Nodes from a CSV with columns sn, cpu_milli, memory_mib, gpu, model[, gpu_memory_mib].
+
+    A card's memory is ``gpu_memory_mib`` where the row gives it (``gpupool simulate export`` writes
+    it), else the model's from :data:`CARD_MEMORY_MIB`."""
     nodes: list[NodeSpec] = []
     with path.open(newline="") as handle:
         for line, row in enumerate(_records(handle), start=2):
@@ -92,7 +95,10 @@ def load_nodes(path: Path) -> list[NodeSpec]:
                 raise TraceError(f"{path}:{line}: node without a name (column 'sn')")
             model = (row.get("model") or "").strip()
             count = _int(row, "gpu", path, line, default=0)
-            memory = CARD_MEMORY_MIB.get(model, DEFAULT_CARD_MEMORY_MIB)
+            memory = _int(row, "gpu_memory_mib", path, line, default=0)
+            if memory < 0:
+                raise TraceError(f"{path}:{line}: column 'gpu_memory_mib' must not be negative, got {memory}")
+            memory = memory or CARD_MEMORY_MIB.get(model, DEFAULT_CARD_MEMORY_MIB)
             cards = tuple(GpuCard(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=memory)
                           for i in range(count))
             nodes.append(NodeSpec(name=name, cpu_milli=_int(row, "cpu_milli", path, line),
