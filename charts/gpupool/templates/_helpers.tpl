@@ -1,0 +1,110 @@
+{{/*
+Labels of every object: the kustomize package's app.kubernetes.io/part-of, and Helm's own.
+*/}}
+{{- define "gpupool.labels" -}}
+app.kubernetes.io/part-of: gpupool
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* gpupool's image: the tag defaults to the chart's appVersion. */}}
+{{- define "gpupool.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* imagePullSecrets of a pod spec, if any. */}}
+{{- define "gpupool.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The webhooks' caBundle: the value, else (certificates from the bootstrap Job) ca.crt of the Secret
+the Job wrote, read at install or upgrade; "" when neither is known.
+*/}}
+{{- define "gpupool.caBundle" -}}
+{{- if .Values.webhooks.caBundle -}}
+{{ .Values.webhooks.caBundle }}
+{{- else if eq .Values.certificates.source "bootstrap" -}}
+{{- $secret := lookup "v1" "Secret" "gpupool-system" "gpupool-extender-tls" -}}
+{{- if and $secret $secret.data -}}
+{{ index $secret.data "ca.crt" | default "" }}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+Whether the webhooks can be installed: cert-manager injects their CA, a known CA is set, or the
+admin manages the certificates (source none: the caBundle value is theirs to give). With the
+bootstrap Job and no CA yet, a webhook would refuse the pods it covers (failurePolicy Fail):
+it waits for the next `helm upgrade`.
+*/}}
+{{- define "gpupool.webhooksReady" -}}
+{{- if or (eq .Values.certificates.source "cert-manager") (eq .Values.certificates.source "none") (include "gpupool.caBundle" .) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The webhooks' cert-manager annotation. */}}
+{{- define "gpupool.webhookAnnotations" -}}
+{{- if eq .Values.certificates.source "cert-manager" }}
+annotations:
+  cert-manager.io/inject-ca-from: gpupool-system/gpupool-extender
+{{- end }}
+{{- end }}
+
+{{/* A webhook's clientConfig.caBundle line, when the CA is known. */}}
+{{- define "gpupool.caBundleField" -}}
+{{- with include "gpupool.caBundle" . }}
+caBundle: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The resources the extender manages (managedResources, the pod-scheduler webhook's list). */}}
+{{- define "gpupool.managedResources" -}}
+{{- $names := list "gpupool.io/gpu" "gpupool.io/gpu-mem" "gpupool.io/gpu-core" "gpupool.io/gpu-shared" "aliyun.com/gpu-mem" "tencent.com/vcuda-core" "tencent.com/vcuda-memory" "nvidia.com/gpumem" "nvidia.com/gpucores" "nvidia.com/gpumem-percentage" "nvidia.com/priority" -}}
+{{- if .Values.aliases.hamiWholeCards -}}
+{{- $names = append $names "nvidia.com/gpu" -}}
+{{- end -}}
+{{ toJson $names }}
+{{- end }}
+
+{{/* Checks of values that would otherwise render something broken, each failing with its reason. */}}
+{{- define "gpupool.validate" -}}
+{{- if not (has .Values.certificates.source (list "bootstrap" "cert-manager" "none")) -}}
+{{- fail (printf "certificates.source %q: expected bootstrap, cert-manager or none" .Values.certificates.source) -}}
+{{- end -}}
+{{- if not (has .Values.nodeAgent.isolation (list "auto" "shim" "mps" "none")) -}}
+{{- fail (printf "nodeAgent.isolation %q: expected auto, shim, mps or none (none: the explicit opt-out, nothing enforced)" .Values.nodeAgent.isolation) -}}
+{{- end -}}
+{{- if not (has .Values.nodeAgent.riskAction (list "report" "refuse-opens" "evict" "cordon-card")) -}}
+{{- fail (printf "nodeAgent.riskAction %q: expected report, refuse-opens, evict or cordon-card" .Values.nodeAgent.riskAction) -}}
+{{- end -}}
+{{- if not (has .Values.webhooks.scheduler.failurePolicy (list "Fail" "Ignore")) -}}
+{{- fail (printf "webhooks.scheduler.failurePolicy %q: expected Fail or Ignore" .Values.webhooks.scheduler.failurePolicy) -}}
+{{- end -}}
+{{- if not (has .Values.aliases.gpushareMemoryUnit (list "GiB" "MiB")) -}}
+{{- fail (printf "aliases.gpushareMemoryUnit %q: expected GiB or MiB" .Values.aliases.gpushareMemoryUnit) -}}
+{{- end -}}
+{{- if not (regexMatch "^-?[0-9]+$" (toString .Values.cluster.highPriorityThreshold)) -}}
+{{- fail (printf "cluster.highPriorityThreshold %v: expected a whole number (a pod priority)" .Values.cluster.highPriorityThreshold) -}}
+{{- end -}}
+{{- range .Values.nodeAgent.serveAliases -}}
+{{- if not (has . (list "gpushare" "gpumanager" "hami")) -}}
+{{- fail (printf "nodeAgent.serveAliases: %q is not one of gpushare, gpumanager, hami" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The data of the ConfigMap gpupool-cluster (its checksum restarts the extender and the agents). */}}
+{{- define "gpupool.clusterSettings" -}}
+resourceDomain: gpupool.io
+gpushareMemoryUnit: {{ .Values.aliases.gpushareMemoryUnit }}
+highPriorityThreshold: {{ .Values.cluster.highPriorityThreshold | quote }}
+hami: {{ .Values.aliases.hamiWholeCards | toString | quote }}
+agentLeaseNamespace: gpupool-node-lease
+{{- end }}

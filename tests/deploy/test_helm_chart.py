@@ -1,0 +1,291 @@
+"""charts/gpupool as the real helm lints and renders it: defaults, each value, bad values.
+
+tests/deploy/test_helm_kustomize_parity.py proves the chart renders what deploy/kustomize renders for
+every choice both offer; this module checks what only the chart has (the image tag from the chart's
+appVersion, the webhooks' caBundle handling, the isolation value, HAMi and gpushare names, lending)
+and that every flag it can put on a command line is one the command declares.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+import pytest
+import yaml
+
+from gpupool import __version__
+from gpupool.api.names import ResourceNames
+from gpupool.cli.main import cli
+from tests.deploy.helm_render import CHART, find, helm, render, require_helm, template_error
+from tests.deploy.kustomize_render import pod_spec
+
+#: One value per optional part, each on: lint and render must pass with every one of them.
+OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
+    "cert-manager": {"certificates.source": "cert-manager"},
+    "own-certificates": {"certificates.source": "none"},
+    "ca-bundle": {"webhooks.caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode()},
+    "quota-webhook": {"webhooks.quota.enabled": True, "certificates.source": "cert-manager"},
+    "no-scheduler-webhook": {"webhooks.scheduler.enabled": False},
+    "no-network-policy": {"networkPolicy.enabled": False},
+    "no-agent-lease": {"extender.requireAgentLease": False},
+    "risk-evict": {"nodeAgent.riskAction": "evict"},
+    "dmem-limits": {"nodeAgent.dmemLimits": True},
+    "kube-prometheus": {"monitoring.kubePrometheus.enabled": True,
+                        "monitoring.kubePrometheus.monitorLabels": {"release": "kube-prometheus-stack"}},
+    "hami": {"aliases.hamiWholeCards": True, "nodeAgent.serveAliases": ["hami", "gpushare"]},
+    "gpushare-mib": {"aliases.gpushareMemoryUnit": "MiB", "nodeAgent.serveAliases": ["gpushare"]},
+    "lending": {"nodeAgent.lending": True},
+    "dra": {"nodeAgent.dra": True},
+    "no-lending": {"extender.lending": False},
+    "isolation-shim": {"nodeAgent.isolation": "shim"},
+    "isolation-mps": {"nodeAgent.isolation": "mps"},
+    "isolation-none": {"nodeAgent.isolation": "none"},
+    "fake-gpus": {"nodeAgent.fakeGpus": "model: Fake-T4\ncards:\n  - {memoryMiB: 15360}\n",
+                  "nodeAgent.runtimeClassName": ""},
+    "pull-secrets": {"imagePullSecrets": [{"name": "registry"}], "image.pullPolicy": "Always"},
+    "namespaces-exist": {"namespaces.create": False},
+    "rewired-default-scheduler": {"scheduler.replicas": 0, "webhooks.scheduler.enabled": False},
+}
+
+
+@pytest.fixture(autouse=True)
+def _helm() -> None:
+    require_helm()
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = pod_spec(doc)
+    assert spec is not None
+    first: dict[str, Any] = spec["containers"][0]
+    return first
+
+
+def agent_args(values: dict[str, Any] | None = None) -> list[str]:
+    return list(container(find(render(values), "DaemonSet", "gpupool-node-agent"))["args"])
+
+
+def extender_args(values: dict[str, Any] | None = None) -> list[str]:
+    return list(container(find(render(values), "Deployment", "gpupool-extender"))["args"])
+
+
+def webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")]
+
+
+# ----------------------------------------------------------------------------------- lint, render
+
+
+def test_lint_passes_with_the_defaults() -> None:
+    result = helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("part", sorted(OPTIONAL_PARTS))
+def test_lint_and_render_pass_with_each_optional_part_on(part: str) -> None:
+    values = OPTIONAL_PARTS[part]
+    args = [arg for key, value in values.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
+    result = helm("lint", "--strict", str(CHART), *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    docs = render(values)
+    assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "ConfigMap", "ValidatingAdmissionPolicy"}
+
+
+def test_chart_version_and_image_tags_follow_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__  # `gpupool --version`
+    gpupool_images = {c["image"] for d in render() if (spec := pod_spec(d)) is not None
+                      and d["metadata"]["name"] != "gpupool-scheduler" for c in spec["containers"]}
+    assert gpupool_images == {f"gpupool:{__version__}"}
+    tagged = container(find(render({"image.repository": "registry.example/gpupool", "image.tag": "0.2.0"}),
+                            "Deployment", "gpupool-extender"))
+    assert tagged["image"] == "registry.example/gpupool:0.2.0"
+
+
+def test_crds_are_the_deploy_packages_and_only_rendered_from_crds_dir() -> None:
+    """Helm installs crds/ before the templates and never upgrades or deletes them (docs/helm.md)."""
+    assert not [d for d in render() if d["kind"] == "CustomResourceDefinition"]
+    crds = {d["metadata"]["name"]: d for d in render(crds=True) if d["kind"] == "CustomResourceDefinition"}
+    shipped = {}
+    for path in sorted((CHART.parents[1] / "deploy" / "crds").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if doc.get("kind") == "CustomResourceDefinition":
+            shipped[doc["metadata"]["name"]] = doc
+    assert crds == shipped
+
+
+# ----------------------------------------------------------------------------- the own scheduler
+
+
+def test_the_scheduler_configuration_calls_the_extenders_service() -> None:
+    docs = render()
+    config = yaml.safe_load(find(docs, "ConfigMap", "gpupool-scheduler-config")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    url = urlsplit(extender["urlPrefix"])
+    service = find(docs, "Service", "gpupool-extender")
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    (https,) = [p for p in service["spec"]["ports"] if p["name"] == "https"]
+    assert url.port == https["port"] and url.scheme == "https"
+    assert "--port=8888" in extender_args() and https["targetPort"] == "https"
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpupool-scheduler"]
+    assert sorted(r["name"] for r in extender["managedResources"]) == sorted(ResourceNames().managed())
+    scheduler = find(docs, "Deployment", "gpupool-scheduler")
+    assert container(scheduler)["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"
+    assert scheduler["spec"]["replicas"] == 2
+
+    def restart_annotations(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
+        return dict(find(docs, kind, name)["spec"]["template"]["metadata"]["annotations"])
+
+    changed = render({"aliases.hamiWholeCards": True})
+    # each component reads its configuration only at start: a change must restart it
+    for kind, name in (("Deployment", "gpupool-scheduler"), ("Deployment", "gpupool-extender"),
+                       ("DaemonSet", "gpupool-node-agent")):
+        assert restart_annotations(changed, kind, name) != restart_annotations(docs, kind, name), name
+
+
+# ------------------------------------------------------------------------------------- webhooks
+
+
+def test_with_the_bootstrap_job_and_no_ca_yet_the_webhooks_wait_for_an_upgrade() -> None:
+    """A webhook without its caBundle would refuse every GPU pod (failurePolicy Fail)."""
+    docs = render({"webhooks.quota.enabled": True})
+    assert webhooks(docs) == []
+    assert find(docs, "Job", next(d["metadata"]["name"] for d in docs if d["kind"] == "Job"))
+    result = helm("install", "gpupool", str(CHART), "--dry-run=client", "--namespace", "gpupool-system")
+    assert result.returncode == 0, result.stderr
+    assert "helm upgrade gpupool" in result.stdout and "--reuse-values" in result.stdout  # NOTES say what to do
+
+
+def test_a_given_ca_bundle_is_set_on_every_webhook() -> None:
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    docs = render({"webhooks.caBundle": ca, "webhooks.quota.enabled": True})
+    found = webhooks(docs)
+    assert {d["metadata"]["name"] for d in found} == {"gpupool-scheduler", "gpupool-quota"}
+    hooks = [hook for d in found for hook in d["webhooks"]]
+    assert len(hooks) == 4
+    assert all(hook["clientConfig"]["caBundle"] == ca for hook in hooks)
+    assert all("annotations" not in d["metadata"] for d in found)
+
+
+def test_cert_manager_injects_the_ca_and_no_bundle_is_rendered() -> None:
+    docs = render({"certificates.source": "cert-manager", "webhooks.quota.enabled": True})
+    found = webhooks(docs)
+    assert len(found) == 2
+    for doc in found:
+        assert doc["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "gpupool-system/gpupool-extender"}
+        assert all("caBundle" not in hook["clientConfig"] for hook in doc["webhooks"])
+    assert {d["kind"] for d in docs} >= {"Issuer", "Certificate"}
+    assert not [d for d in docs if d["kind"] in ("Job", "CronJob")]
+
+
+def test_the_scheduler_webhook_steers_the_extenders_resources_and_its_failure_policy_is_a_value() -> None:
+    (hook,) = find(render({"certificates.source": "cert-manager"}), "MutatingWebhookConfiguration",
+                   "gpupool-scheduler")["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    asked = next(c["expression"] for c in hook["matchConditions"] if c["name"] == "asks-for-gpupool-resources")
+    assert all(f"'{name}'" in asked for name in ResourceNames().managed())
+    assert "'nvidia.com/gpu'" not in asked
+    (hami,) = find(render({"certificates.source": "cert-manager", "aliases.hamiWholeCards": True,
+                           "webhooks.scheduler.failurePolicy": "Ignore"}),
+                   "MutatingWebhookConfiguration", "gpupool-scheduler")["webhooks"]
+    assert "'nvidia.com/gpu'" in next(c["expression"] for c in hami["matchConditions"]
+                                      if c["name"] == "asks-for-gpupool-resources")
+    assert hami["failurePolicy"] == "Ignore"
+
+
+# ---------------------------------------------------------------------------------- node agent
+
+
+@pytest.mark.parametrize(("isolation", "expected"), [
+    pytest.param(None, ["--isolation=auto"], id="default-auto-enforces-with-the-image-library"),
+    pytest.param("none", ["--isolation=none"], id="none-the-explicit-opt-out"),
+    pytest.param("mps", ["--isolation=mps"], id="mps"),
+    pytest.param("shim", ["--isolation=shim",
+                          "--shim-library=/usr/local/lib/python3.11/site-packages/gpupool/shim/lib/libgpupool-shim.so"],
+                 id="shim-with-the-image-library"),
+])
+def test_the_agents_args_carry_the_isolation_value(isolation: str | None, expected: list[str]) -> None:
+    args = agent_args({"nodeAgent.isolation": isolation} if isolation else None)
+    assert [a for a in args if a.startswith(("--isolation", "--shim-library"))] == expected
+
+
+def test_agent_values_become_its_flags() -> None:
+    args = agent_args({"nodeAgent.lending": True, "nodeAgent.serveAliases": ["gpushare", "hami"],
+                       "nodeAgent.riskAction": "cordon-card", "nodeAgent.extraArgs": ["--compute-mode=soft"]})
+    for flag in ("--lending", "--serve-aliases=gpushare,hami", "--risk-action=cordon-card", "--compute-mode=soft"):
+        assert flag in args
+    assert "--lending" not in agent_args()
+    docs = render({"nodeAgent.riskAction": "cordon-card"})
+    assert not [d for d in docs if d["metadata"]["name"] == "gpupool-node-agent-evict"]  # only evict needs it
+
+
+def test_extender_values_become_its_flags() -> None:
+    args = extender_args({"extender.lending": False, "extender.policy": "binpack"})
+    assert "--no-lending" in args and "--policy=binpack" in args
+    defaults = extender_args()
+    assert "--require-agent-lease" in defaults and "--no-lending" not in defaults
+
+
+def test_shared_settings_are_the_cluster_configmap() -> None:
+    """HAMi, the gpushare unit and the priority threshold are settings every component must share:
+    one ConfigMap (docs/cluster-config.md), not flags that could differ between them."""
+    default = find(render(), "ConfigMap", "gpupool-cluster")["data"]
+    assert default == {"resourceDomain": "gpupool.io", "gpushareMemoryUnit": "GiB", "highPriorityThreshold": "1000",
+                       "hami": "false", "agentLeaseNamespace": "gpupool-node-lease"}
+    changed = find(render({"aliases.hamiWholeCards": True, "aliases.gpushareMemoryUnit": "MiB",
+                           "cluster.highPriorityThreshold": 500}), "ConfigMap", "gpupool-cluster")["data"]
+    assert (changed["hami"], changed["gpushareMemoryUnit"], changed["highPriorityThreshold"]) == ("true", "MiB", "500")
+    for args in (extender_args({"aliases.hamiWholeCards": True}), agent_args({"aliases.hamiWholeCards": True})):
+        assert not [a for a in args if a.startswith(("--hami", "--gpushare-memory-unit", "--high-priority"))]
+
+
+@pytest.mark.parametrize("part", sorted(OPTIONAL_PARTS))
+def test_every_flag_the_chart_renders_is_one_the_command_declares(part: str) -> None:
+    for doc in render(OPTIONAL_PARTS[part]):
+        spec = pod_spec(doc)
+        if spec is None or doc["metadata"]["name"] == "gpupool-scheduler":
+            continue
+        args = container(doc)["args"]
+        command: click.Command | None = cli.get_command(click.Context(cli), args[0])
+        rest = args[1:]
+        while isinstance(command, click.Group):
+            command, rest = command.get_command(click.Context(command), rest[0]), rest[1:]
+        assert command is not None, args
+        declared = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+        unknown = [a for a in rest if a.startswith("-") and a.split("=", 1)[0] not in declared]
+        assert unknown == [], f"{doc['kind']} {doc['metadata']['name']}: gpupool {args[0]} has no {unknown}"
+
+
+def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
+    text = "model: Fake-T4\ncards:\n  - {memoryMiB: 15360}\n"
+    docs = render({"nodeAgent.fakeGpus": text, "nodeAgent.runtimeClassName": ""})
+    assert find(docs, "ConfigMap", "gpupool-fake-gpus")["data"] == {"gpus.yaml": text}
+    agent = find(docs, "DaemonSet", "gpupool-node-agent")
+    spec = pod_spec(agent)
+    assert spec is not None and "runtimeClassName" not in spec
+    assert "--fake-gpus=/etc/gpupool/fake/gpus.yaml" in container(agent)["args"]
+    mount = next(m for m in container(agent)["volumeMounts"] if m["name"] == "fake-gpus")
+    assert mount["mountPath"] == "/etc/gpupool/fake"
+
+
+# ---------------------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    pytest.param({"nodeAgent.isolation": "off"}, "nodeAgent.isolation \"off\": expected auto, shim, mps or none",
+                 id="isolation"),
+    pytest.param({"certificates.source": "vault"}, "certificates.source \"vault\"", id="certificates"),
+    pytest.param({"nodeAgent.riskAction": "kill"}, "nodeAgent.riskAction \"kill\"", id="risk-action"),
+    pytest.param({"nodeAgent.serveAliases": ["nvidia"]}, "\"nvidia\" is not one of gpushare, gpumanager, hami",
+                 id="aliases"),
+    pytest.param({"webhooks.scheduler.failurePolicy": "fail"}, "expected Fail or Ignore", id="failure-policy"),
+    pytest.param({"aliases.gpushareMemoryUnit": "GB"}, "expected GiB or MiB", id="gpushare-unit"),
+    pytest.param({"cluster.highPriorityThreshold": "high"}, "cluster.highPriorityThreshold high: expected a whole",
+                 id="priority-threshold"),
+])
+def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], message: str) -> None:
+    assert message in template_error(values)

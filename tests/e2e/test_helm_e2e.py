@@ -1,0 +1,300 @@
+"""charts/gpupool installed, upgraded and uninstalled by the real helm against the real apiserver.
+
+The tests run in file order on one release (``RELEASE`` in the namespace ``gpupool-system``, which
+helm creates and the chart then owns, as docs/helm.md tells admins to install it):
+
+1. ``helm install`` creates every object the release's manifest lists (server-side apply), the CRDs
+   from the chart's crds/, and no pod-scheduler webhook yet: its caBundle is the bootstrap Job's CA,
+   which does not exist before the Job ran.
+2. ``helm upgrade --reuse-values`` with a changed value (``nodeAgent.isolation=none``, a new image
+   tag) changes the DaemonSet's args and image, and replaces the certificate Job (a Job's pod
+   template cannot change).
+3. Once the Secret the bootstrap Job writes exists, ``helm upgrade`` reads its CA (Helm's lookup)
+   and installs the webhook with that caBundle. Then a GPU pod goes the whole way through the
+   chart's objects: created without ``schedulerName``, steered by the chart's webhook, placed and
+   bound by the upstream kube-scheduler running the configuration the chart installed, as the
+   chart's ServiceAccount, calling a real extender over mutual TLS. What cannot run here is replaced
+   and said so: the test environment runs no pods of its own (no image registry, no kube-proxy),
+   so the extender and the scheduler run as processes with the installed configuration, its URL
+   and certificate paths pointed at them, and the webhook's clientConfig is pointed at the
+   extender's address (the apiserver cannot reach a Service without kube-proxy).
+4. ``helm uninstall`` leaves nothing behind but the CRDs: every object of the manifest is gone,
+   the namespaces too (with the Secrets, Leases and Events made in them at run time; the
+   namespace controller runs for this), and so is Helm's release record.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import GpuCard
+from gpupool.extender.http.certificates import issue_ca, issue_leaf
+from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER
+from gpupool.testenv.controlplane import ControlPlane, scheduler_args
+from gpupool.testenv.errors import BuildImpossibleError
+from gpupool.testenv.helm import ensure_helm
+from gpupool.testenv.ports import free_ports
+from gpupool.testenv.probe import is_ok
+from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from tests.deploy.helm_render import CHART
+from tests.e2e.conftest import delete_namespace
+from tests.e2e.e2e_support import MakeNode, free_port, gpu_pod_manifest, log_tail, wait_for
+from tests.e2e.test_deploy_e2e import service_account_kubeconfig
+from tests.e2e.trust_support import FlaggedExtender
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "gpupool"
+SYSTEM = "gpupool-system"
+NAMESPACES = ("gpupool-system", "gpupool-node", "gpupool-node-lease")
+CRDS = ("gpuquotas.gpupool.io", "resourcegroups.gpupool.io")
+NAMES = ResourceNames()
+COMMAND_TIMEOUT_S = 180
+
+
+@dataclass
+class Release:
+    """The helm binary and cluster of this module, and what the tests learnt on the way."""
+
+    binary: Path
+    plane: ControlPlane
+    home: Path
+    manifests: list[str] = field(default_factory=list)
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """helm with the control plane's kubeconfig and its own cache/config/data directories."""
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig),
+               "HELM_CACHE_HOME": str(self.home / "cache"), "HELM_CONFIG_HOME": str(self.home / "config"),
+               "HELM_DATA_HOME": str(self.home / "data")}
+        return subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=env,
+                              timeout=COMMAND_TIMEOUT_S, check=False)
+
+    def ok(self, *args: str) -> str:
+        result = self.helm(*args)
+        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def manifest(self) -> str:
+        """What the release installed, as ``helm get manifest`` lists it (the templates, no CRDs)."""
+        return self.ok("get", "manifest", RELEASE, "--namespace", SYSTEM)
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.plane.binaries.kubectl), "--kubeconfig", str(self.plane.kubeconfig), *args],
+                              input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+
+
+def identities(manifest: str) -> set[tuple[str, str, str]]:
+    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+            for d in yaml.safe_load_all(manifest) if d}
+
+
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, kube_api_client: client.ApiClient,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """helm (built first if needed), with the release uninstalled and gpupool's namespaces removed
+    after the module whatever happened."""
+    try:
+        binary = ensure_helm(log=lambda m: print(f"[helm] {m}", flush=True))
+    except BuildImpossibleError as exc:
+        pytest.skip(f"helm cannot be built here: {exc}")
+    core_v1 = client.CoreV1Api(kube_api_client)
+    present = {n.metadata.name for n in core_v1.list_namespace().items} & set(NAMESPACES)
+    assert not present, f"gpupool's namespaces exist before the chart is installed: {sorted(present)}"
+    state = Release(binary, control_plane, tmp_path_factory.mktemp("helm"))
+    try:
+        yield state
+    finally:
+        if RELEASE in state.helm("list", "--all-namespaces", "--short").stdout.split():
+            state.helm("uninstall", RELEASE, "--namespace", SYSTEM)
+        for manifest in state.manifests:  # cluster-scoped objects would outlive the namespaces
+            state.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
+        for name in NAMESPACES:
+            try:
+                delete_namespace(core_v1, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def test_install_creates_every_object_and_the_crds_but_no_webhook_before_the_ca(
+        release: Release, kube_api_client: client.ApiClient) -> None:
+    release.ok("install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "--take-ownership",
+               "--set", "image.tag=e2e-1", "--set", f"scheduler.image.tag={release.plane.binaries.version}")
+    manifest = release.manifest()
+    release.manifests.append(manifest)
+    wanted = identities(manifest)
+    got = release.kubectl("get", "-f", "-", "-o", "json", stdin=manifest)
+    assert got.returncode == 0, got.stderr
+    items = json.loads(got.stdout)["items"]
+    assert {(i["kind"], i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in items} == wanted
+    for item in items:
+        assert item["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", item["metadata"]["name"]
+    kinds = {kind for kind, _, _ in wanted}
+    assert {"Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "NetworkPolicy", "Job", "CronJob"} <= kinds
+    assert "MutatingWebhookConfiguration" not in kinds  # its CA comes from the Job, later
+    core_v1 = client.CoreV1Api(kube_api_client)
+    system = core_v1.read_namespace(SYSTEM)
+    assert system.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"  # the chart's, taken over
+    assert system.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
+    crds = client.ApiextensionsV1Api(kube_api_client)
+    for name in CRDS:
+        assert crds.read_custom_resource_definition(name).metadata.name == name
+    status = json.loads(release.ok("status", RELEASE, "--namespace", SYSTEM, "-o", "json"))
+    assert status["info"]["status"] == "deployed"
+
+
+def agent(kube_api_client: client.ApiClient) -> Any:
+    return client.AppsV1Api(kube_api_client).read_namespaced_daemon_set("gpupool-node-agent", "gpupool-node")
+
+
+def jobs(kube_api_client: client.ApiClient) -> list[str]:
+    return sorted(j.metadata.name for j in client.BatchV1Api(kube_api_client).list_namespaced_job(SYSTEM).items)
+
+
+def test_upgrade_with_a_changed_value_takes_effect(release: Release, kube_api_client: client.ApiClient) -> None:
+    (container,) = agent(kube_api_client).spec.template.spec.containers
+    assert "--isolation=auto" in container.args  # the default: enforce
+    (job_before,) = jobs(kube_api_client)
+    release.ok("upgrade", RELEASE, str(CHART), "--namespace", SYSTEM, "--reuse-values",
+               "--set", "nodeAgent.isolation=none", "--set", "image.tag=e2e-2")
+    release.manifests.append(release.manifest())
+    (container,) = agent(kube_api_client).spec.template.spec.containers
+    assert "--isolation=none" in container.args and "--isolation=auto" not in container.args
+    assert container.image == "gpupool:e2e-2"
+    (job_after,) = jobs(kube_api_client)  # a new Job for the new image, the old one deleted
+    assert job_after != job_before
+    history = json.loads(release.ok("history", RELEASE, "--namespace", SYSTEM, "-o", "json"))
+    assert [h["revision"] for h in history] == [1, 2]
+
+
+def write(directory: Path, files: dict[str, bytes]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def start_scheduler(release: Release, config: dict[str, Any], kubeconfig: Path, workdir: Path,
+                    extender_url: str, client_dir: Path) -> tuple[ManagedProcess, Path]:
+    """The testenv's kube-scheduler with the configuration the chart installed; only the extender's
+    URL, the client certificate files and the API connection replaced."""
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    (entry,) = config["extenders"]
+    entry["urlPrefix"] = extender_url
+    entry["tlsConfig"] = {key: str(client_dir / Path(path).name) for key, path in entry["tlsConfig"].items()}
+    path = workdir / "gpupool-scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    (port,) = free_ports(1)
+    log = workdir / "gpupool-scheduler.log"
+    process = spawn("kube-scheduler", [release.plane.binaries.kube_scheduler,
+                                       *scheduler_args(config=path, kubeconfig=kubeconfig, port=port),
+                                       "--authentication-skip-lookup=true"], log)
+    wait_until(lambda: is_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+               what="the chart's kube-scheduler", timeout=60, watch=[process])
+    return process, log
+
+
+def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_charts_scheduler(
+        release: Release, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str,
+        make_node: MakeNode, tmp_path: Path) -> None:
+    ca = issue_ca("e2e-helm-ca")
+    serving = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
+    scheduler_client = issue_leaf(ca, "kube-scheduler", server=False)
+    # what `gpupool certs bootstrap` leaves: the serving Secret, whose ca.crt the chart looks up
+    core_v1.create_namespaced_secret(SYSTEM, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="gpupool-extender-tls"), type="kubernetes.io/tls",
+        data={k: base64.b64encode(v).decode() for k, v in
+              {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem, "ca.crt": ca.cert_pem}.items()}))
+    release.ok("upgrade", RELEASE, str(CHART), "--namespace", SYSTEM, "--reuse-values")
+    release.manifests.append(release.manifest())
+    admission = client.AdmissionregistrationV1Api(kube_api_client)
+    webhook = admission.read_mutating_webhook_configuration("gpupool-scheduler")
+    (hook,) = webhook.webhooks
+    assert base64.b64decode(hook.client_config.ca_bundle) == ca.cert_pem
+
+    serving_dir = write(tmp_path / "serving", {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
+                                               "ca.crt": ca.cert_pem})
+    client_dir = write(tmp_path / "client", {"client.crt": scheduler_client.cert_pem,
+                                             "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
+    admission_port = free_port()
+    extender = FlaggedExtender(release.plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
+        "--tls-cert-file", str(serving_dir / "tls.crt"), "--tls-private-key-file", str(serving_dir / "tls.key"),
+        "--client-ca-file", str(serving_dir / "ca.crt"), "--admission-port", str(admission_port)))
+    scheduler: ManagedProcess | None = None
+    try:
+        extender.start()
+        installed = core_v1.read_namespaced_config_map("gpupool-scheduler-config", SYSTEM)
+        kubeconfig = service_account_kubeconfig(release.plane, core_v1, SYSTEM, "gpupool-scheduler",
+                                                tmp_path / "scheduler-kubeconfig")
+        scheduler, log = start_scheduler(release, yaml.safe_load(installed.data["config.yaml"]), kubeconfig,
+                                         tmp_path, extender.url, client_dir)
+        # the one change to the installed webhook: the extender's address instead of its Service
+        admission.patch_mutating_webhook_configuration("gpupool-scheduler", [
+            {"op": "replace", "path": "/webhooks/0/clientConfig",
+             "value": {"url": f"https://127.0.0.1:{admission_port}/admission/pod-scheduler",
+                       "caBundle": hook.client_config.ca_bundle}}])
+        name = f"helm-{uuid.uuid4().hex[:6]}"
+        cards = tuple(GpuCard(i, f"GPU-{name}-{i}", "Tesla-T4", 16_384) for i in range(2))
+        node = make_node(name, {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                         annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
+        body = gpu_pod_manifest("gpu", [("main", {NAMES.gpu_mem: "16"})])
+        assert "schedulerName" not in body["spec"]
+
+        def steered() -> str | None:  # the apiserver's webhook informer takes a moment
+            pod = core_v1.create_namespaced_pod(namespace, body, dry_run="All")
+            return pod.spec.scheduler_name if pod.spec.scheduler_name == GPUPOOL_SCHEDULER else None
+
+        wait_for(steered, timeout=30, what="the chart's webhook to steer a dry-run GPU pod")
+        assert core_v1.create_namespaced_pod(namespace, body).spec.scheduler_name == GPUPOOL_SCHEDULER
+        try:
+            where = wait_for(lambda: core_v1.read_namespaced_pod("gpu", namespace).spec.node_name, timeout=60,
+                             what="the GPU pod bound")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{log_tail(log)}\n{log_tail(extender.log_path)}") from None
+        assert where == node
+        pod = core_v1.read_namespaced_pod("gpu", namespace)
+        assert decode_assignment(pod.metadata.annotations[NAMES.assignment]).node == node  # the extender's bind
+        lease = client.CoordinationV1Api(kube_api_client).read_namespaced_lease("gpupool-scheduler", SYSTEM)
+        assert lease.spec.holder_identity  # leader-elected on the chart's Lease, as the chart's account
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        extender.kill()
+
+
+def test_uninstall_leaves_nothing_behind_but_the_crds(release: Release, kube_api_client: client.ApiClient,
+                                                       core_v1: client.CoreV1Api) -> None:
+    assert release.manifests, "nothing was installed (the install test failed)"
+    release.plane.start_controllers(("namespace",))  # deletes a namespace's contents, then the namespace
+    try:
+        release.ok("uninstall", RELEASE, "--namespace", SYSTEM)
+
+        def namespaces_gone() -> bool | None:
+            names = {n.metadata.name for n in core_v1.list_namespace().items}
+            return True if not names & set(NAMESPACES) else None
+
+        wait_for(namespaces_gone, timeout=120, what="gpupool's namespaces deleted")
+    finally:
+        release.plane.stop_controllers()
+    for manifest in release.manifests:  # every revision's objects, cluster-scoped ones included
+        left = release.kubectl("get", "--ignore-not-found", "-o", "name", "-f", "-", stdin=manifest)
+        assert left.returncode == 0 and left.stdout.strip() == "", left.stdout + left.stderr
+    assert RELEASE not in release.helm("list", "--all-namespaces", "--short").stdout.split()
+    crds = client.ApiextensionsV1Api(kube_api_client)
+    for name in CRDS:  # Helm never deletes CRDs (docs/helm.md, "Uninstall")
+        assert crds.read_custom_resource_definition(name).metadata.name == name
