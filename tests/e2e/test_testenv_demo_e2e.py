@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,13 @@ def test_the_demo_pod_it_prints_runs_with_its_share_placed_by_gpupools_scheduler
         assert env["GPUPOOL_CARD_UUIDS"] in ("GPU-demo-0000", "GPU-demo-0001")
     finally:
         api.close()
+
+    # the README's next step: the plugin shows the booked card and its holder
+    inspect = subprocess.run([sys.executable, "-m", "gpupool.kubectl", "inspect", "--kubeconfig",
+                              recorded["control_plane"]["kubeconfig"]], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert inspect.returncode == 0, inspect.stderr
+    assert "4096/16384" in inspect.stdout and "default/gpu-demo/main (4096MiB, 30%)" in inspect.stdout, inspect.stdout
 
     down = gpupool("testenv", "down", "--state-dir", str(state), timeout=120)
     assert down.returncode == 0, down.stderr
