@@ -276,16 +276,37 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    pytest.param({"nodeAgent.isolation": "off"}, "nodeAgent.isolation \"off\": expected auto, shim, mps or none",
-                 id="isolation"),
-    pytest.param({"certificates.source": "vault"}, "certificates.source \"vault\"", id="certificates"),
-    pytest.param({"nodeAgent.riskAction": "kill"}, "nodeAgent.riskAction \"kill\"", id="risk-action"),
-    pytest.param({"nodeAgent.serveAliases": ["nvidia"]}, "\"nvidia\" is not one of gpushare, gpumanager, hami",
+    pytest.param({"nodeAgent.isolation": "off"}, "'/nodeAgent/isolation': value must be one of 'auto', 'shim', 'mps', "
+                 "'none'", id="isolation"),
+    pytest.param({"certificates.source": "vault"}, "'/certificates/source': value must be one of", id="certificates"),
+    pytest.param({"nodeAgent.riskAction": "kill"}, "'/nodeAgent/riskAction': value must be one of", id="risk-action"),
+    pytest.param({"nodeAgent.serveAliases": ["nvidia"]}, "'/nodeAgent/serveAliases/0': value must be one of",
                  id="aliases"),
-    pytest.param({"webhooks.scheduler.failurePolicy": "fail"}, "expected Fail or Ignore", id="failure-policy"),
-    pytest.param({"aliases.gpushareMemoryUnit": "GB"}, "expected GiB or MiB", id="gpushare-unit"),
-    pytest.param({"cluster.highPriorityThreshold": "high"}, "cluster.highPriorityThreshold high: expected a whole",
+    pytest.param({"webhooks.scheduler.failurePolicy": "fail"}, "value must be one of 'Fail', 'Ignore'",
+                 id="failure-policy"),
+    pytest.param({"aliases.gpushareMemoryUnit": "GB"}, "value must be one of 'GiB', 'MiB'", id="gpushare-unit"),
+    pytest.param({"cluster.highPriorityThreshold": "high"}, "'/cluster/highPriorityThreshold': got string, want integer",
                  id="priority-threshold"),
+    pytest.param({"extender.replicas": "two"}, "'/extender/replicas': got string, want integer", id="replicas"),
+    pytest.param({"nodeagent": {"isolation": "none"}}, "additional properties 'nodeagent' not allowed",
+                 id="misspelt-value-name"),
+    pytest.param({"nodeAgent.isolaton": "none"}, "additional properties 'isolaton' not allowed", id="misspelt-key"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], message: str) -> None:
+    """values.schema.json: a wrong type, an unknown choice or a misspelt name (which Helm would
+    otherwise ignore silently) stops install, upgrade and template with the value's path."""
     assert message in template_error(values)
+
+
+def test_the_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
+    """crds/ and the dashboard are links into deploy/ (one copy); `helm package` must put their
+    contents into the archive users install from, so it renders as the directory does."""
+    result = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (archive,) = tmp_path.glob("gpupool-*.tgz")
+    values = ["--set-json", "monitoring.kubePrometheus.enabled=true"]
+    packaged = helm("template", "gpupool", str(archive), "--include-crds", *values)
+    directory = helm("template", "gpupool", str(CHART), "--include-crds", *values)
+    assert packaged.returncode == 0, packaged.stderr
+    assert packaged.stdout == directory.stdout
+    assert "CustomResourceDefinition" in packaged.stdout and "gpupool-dashboard.json" in packaged.stdout
