@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpupool.api.annotations import Assignment
+from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
 from gpupool.api.names import ResourceNames
+from gpupool.api.settings_check import settings_problem
 from gpupool.api.tenancy import TenancyNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
@@ -56,8 +58,14 @@ class ClusterCache:
 
     def __init__(self, names: ResourceNames | None = None, *, policy: str = DEFAULT_POLICY,
                  unconfirmed_timeout_s: float = 300.0, clock: Callable[[], float] = time.time,
-                 tenancy_required: bool = False, borrow: BorrowSettings | None = None) -> None:
+                 tenancy_required: bool = False, borrow: BorrowSettings | None = None,
+                 settings: ClusterSettings | None = None, settings_source: str = CONFIG_MAP) -> None:
         self.names = names or ResourceNames()
+        self.settings = settings or ClusterSettings.reading(self.names, (borrow or BorrowSettings()).threshold)
+        """What every node's agent must run with; a node whose agent published other values gets no
+        GPU pod, with the reason in :attr:`node_problems` (docs/cluster-config.md)."""
+        self.settings_source = settings_source
+        """The ConfigMap (``namespace/name``) the reasons tell the admin to set the values in."""
         self.policy_name = policy
         self.unconfirmed_timeout_s = unconfirmed_timeout_s
         self.clock = clock
@@ -118,7 +126,7 @@ class ClusterCache:
         with self.lock:
             try:
                 spec = self._specs.spec_for(raw)
-                self.node_problems.pop(spec.name, None)
+                self._check_settings(spec.name, raw)
             except TranslationError as exc:
                 name = node_name(raw)
                 if not name:
@@ -137,6 +145,17 @@ class ClusterCache:
                 self.state.upsert_node(spec)  # heartbeats change status fields we do not read
                 self.keeper.sync_node(spec.name)
             self.loans.apply(self.state, raw, spec)
+
+    def _check_settings(self, name: str, raw: Mapping[str, Any]) -> None:
+        """Record (and log once) why the node's agent runs with other settings, or clear it."""
+        annotations = (raw.get("metadata") or {}).get("annotations") or {}
+        problem = (settings_problem(name, annotations, self.settings, config_map=self.settings_source)
+                   if isinstance(annotations, Mapping) else None)
+        if problem is None:
+            self.node_problems.pop(name, None)
+        elif self.node_problems.get(name) != problem:
+            self.node_problems[name] = problem
+            log.warning("no GPU pods on node %s: %s", name, problem)
 
     def _add_new_nodes(self, raws: list[dict[str, Any]]) -> None:
         """Add the nodes of a list that the ledger does not know yet, with one allocation.
