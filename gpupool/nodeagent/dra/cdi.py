@@ -48,7 +48,7 @@ class CdiSpecs:
         path = self.path(claim_uid)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(spec(self.kind, claim_uid, grant), out, indent=1, sort_keys=True)
+            out.write(json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":")))
         os.replace(tmp, path)
         return self.device_id(claim_uid)
 

@@ -1,0 +1,121 @@
+"""DRA prepare/unprepare latency with N claims at once on one node (real gRPC, fake kubelet side).
+
+    python3 bench/dra_prepare.py --claims 100 --json
+
+The node agent's DRA plugin serves on a temporary socket with an in-memory claim store (no API
+round trip) and writes real CDI specs and its checkpoint to a temporary directory. Like kubelet,
+the caller keeps one connection and sends one NodePrepareResources per pod (one claim each), all
+at once, then one NodeUnprepareResources per claim, all at once. The latency is measured around
+each RPC (what kubelet waits for, queueing behind the plugin's lock included). Prints a table and,
+with ``--json``, one line ``{"prepare_p99_ms": ..., "unprepare_p99_ms": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.dra.api import dra_grpc, dra_pb
+from gpupool.nodeagent.dra.setup import DraDriver, DraOptions
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+
+NODE = "bench-node"
+DRIVER = "gpu.gpupool.io"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def claim(i: int, cards: int) -> dict[str, Any]:
+    """Claim ``i``: 512 MiB and 1 % of card ``i mod cards`` (100 claims fit on 8 x 80 GB cards)."""
+    return {"metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"uid-{i}"},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i % cards}",
+                "consumedCapacity": {"memory": "512Mi", "compute": "1"}, "shareID": f"s{i}"}]}},
+                "reservedFor": [{"resource": "pods", "name": f"p{i}", "uid": f"pod-{i}"}]}}
+
+
+async def timed(call: Any, request: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    reply = await call(request, timeout=30)
+    return (time.perf_counter() - start) * 1000.0, reply
+
+
+async def run(claims: int, cards: int) -> dict[str, float]:
+    objects = {("bench", f"c{i}"): claim(i, cards) for i in range(claims)}
+
+    async def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        return objects.get((namespace, name))
+
+    inventory = GpuInventory(tuple(GpuCard(i, f"GPU-{i}", "NVIDIA-H100", 81920) for i in range(cards)), Topology(),
+                             tuple(f"/dev/nvidia{i}" for i in range(cards)))
+
+    class NoSlices:
+        async def read_slice(self, name: str) -> None:
+            return None
+
+        async def write_slice(self, body: Mapping[str, Any], version: str | None) -> None:
+            return None
+
+    with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/tmp") as d:
+        driver = DraDriver(NODE, "gpupool.io", DraOptions(f"{d}/kubelet", f"{d}/cdi"), lambda: inventory, read,
+                           NoSlices())
+        await driver.server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{driver.server.socket_path}") as channel:
+                stub = dra_grpc.DRAPluginStub(channel)
+                refs = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}") for i in range(claims)]
+                await channel.channel_ready()
+                start = time.perf_counter()
+                prepared = await asyncio.gather(*(timed(stub.NodePrepareResources,
+                                                        dra_pb.NodePrepareResourcesRequest(claims=[r])) for r in refs))
+                prepare_wall = time.perf_counter() - start
+                errors = [e for _, reply in prepared for a in reply.claims.values() if (e := a.error)]
+                if errors:
+                    raise SystemExit(f"prepare failed: {errors[0]}")
+                start = time.perf_counter()
+                unprepared = await asyncio.gather(*(timed(stub.NodeUnprepareResources,
+                                                          dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
+                                                    for r in refs))
+                unprepare_wall = time.perf_counter() - start
+        finally:
+            await driver.server.stop()
+    prep = [ms for ms, _ in prepared]
+    unprep = [ms for ms, _ in unprepared]
+    return {"claims": claims, "prepare_p50_ms": statistics.median(prep), "prepare_p99_ms": percentile(prep, 0.99),
+            "prepare_wall_s": prepare_wall, "unprepare_p50_ms": statistics.median(unprep),
+            "unprepare_p99_ms": percentile(unprep, 0.99), "unprepare_wall_s": unprepare_wall,
+            "plugin_prepare_p99_ms": percentile(driver.state.stats.prepare_ms, 0.99)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--claims", type=int, default=100)
+    parser.add_argument("--cards", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.claims, args.cards))
+    print(f"{'metric':<24} {'value':>10}")
+    for key, value in result.items():
+        print(f"{key:<24} {value:>10.2f}")
+    if args.json:
+        print(json.dumps({k: round(v, 3) for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()
