@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpupool.nodeagent.dra.resource_slice import card_of, device_name, pci_bus_id, resource_slice, slice_name
+from gpupool.api.dra import card_of, device_name
+from gpupool.nodeagent.dra.resource_slice import pci_bus_id, resource_slice, slice_name
 from gpupool.nodeagent.dra.slice_publisher import SlicePublisher
 from tests.nodeagent.dra.dra_world import DRIVER, NODE, SliceDict, inventory
 
