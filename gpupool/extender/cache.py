@@ -43,11 +43,11 @@ from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.request_memo import RequestMemo
-from gpupool.extender.tenancy import Admission, Admissions
-from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
 from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_book import TenancyBook
+from gpupool.kube.tenancy_layers import Admission, Admissions
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
 
 log = logging.getLogger(__name__)
@@ -324,7 +324,7 @@ class ClusterCache:
         request become the reservation when they still pass the checks. A node with a claim whose
         assignment cannot be read takes no GPU pod (its free cards are not known). ``tenant``: the
         pod's tenancy: its group and pools must hold the node, and its quotas are checked against
-        the exact placement in the same step as it is booked (:mod:`gpupool.extender.tenancy`).
+        the exact placement in the same step as it is booked (:mod:`gpupool.kube.tenancy_layers`).
         """
         with self.lock:
             admission = self.admissions.admit(self.state, request, tenant, node=node)
