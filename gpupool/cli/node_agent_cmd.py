@@ -196,6 +196,11 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                                                                        registration_max_connections))
     names = cluster.resource_names()
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"), risk_memory_tolerance)
+    if dra and risk[0] is not RiskAction.REPORT:
+        raise click.BadParameter(f"{risk_action} cannot be combined with --dra yet: the risk checks know only the "
+                                 "device plugin's grants, so a DRA container using its own card would be judged "
+                                 "a process without a share (docs/dra.md); use --risk-action=report",
+                                 param_hint="--risk-action")
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
