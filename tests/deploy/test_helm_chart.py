@@ -311,3 +311,12 @@ def test_the_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
     assert packaged.returncode == 0, packaged.stderr
     assert packaged.stdout == directory.stdout
     assert "CustomResourceDefinition" in packaged.stdout and "gpupool-dashboard.json" in packaged.stdout
+
+
+def test_pull_secrets_and_policy_reach_every_pod() -> None:
+    docs = render({**OPTIONAL_PARTS["pull-secrets"], "nodeAgent.fakeGpus": "cards: []\n"})
+    pods = [(d["metadata"]["name"], spec) for d in docs if (spec := pod_spec(d)) is not None]
+    assert len(pods) == 5  # extender, scheduler, agent, certificate Job and CronJob
+    for name, spec in pods:
+        assert spec["imagePullSecrets"] == [{"name": "registry"}], name
+        assert all(c["imagePullPolicy"] == "Always" for c in spec["containers"] if "gpupool" in c["image"]), name

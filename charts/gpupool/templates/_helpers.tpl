@@ -14,14 +14,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* imagePullSecrets of a pod spec, if any. */}}
-{{- define "gpupool.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-{{ toYaml . }}
-{{- end }}
-{{- end }}
-
 {{/*
 The webhooks' caBundle: the value, else (certificates from the bootstrap Job) ca.crt of the Secret
 the Job wrote, read at install or upgrade; "" when neither is known.
