@@ -292,6 +292,8 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
     pytest.param({"nodeagent": {"isolation": "none"}}, "additional properties 'nodeagent' not allowed",
                  id="misspelt-value-name"),
     pytest.param({"nodeAgent.isolaton": "none"}, "additional properties 'isolaton' not allowed", id="misspelt-key"),
+    pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
+                 "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], message: str) -> None:
     """values.schema.json: a wrong type, an unknown choice or a misspelt name (which Helm would
