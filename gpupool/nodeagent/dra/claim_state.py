@@ -7,15 +7,16 @@ hold on them, builds the container grant with the same code an Allocate uses
 writes the claim's CDI spec, then remembers the claim in the checkpoint. A repeated prepare of a
 remembered claim answers the same devices without reading anything (kubelet retries; the agent
 may have restarted). Unprepare removes the spec and forgets the claim; an unknown claim is already
-unprepared. Changes are serialised by one lock, so a claim is checked against a settled view of the
-cards. A call answers only once the checkpoint holds its change; the file is written in a thread
-by one writer at a time, so the calls that arrive meanwhile share the next write (100 claims at
-once cost a few writes, not 100).
+unprepared. Bookkeeping is serialised by one lock, so a claim is checked against a settled view of
+the cards; reading claims and writing files happen outside it. A call answers only once the
+checkpoint holds its change; the file is written in a thread by one writer at a time, so the calls
+that arrive meanwhile share the next write (100 claims at once cost a few writes, not 100).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -91,28 +92,87 @@ class ClaimState:
 
     # ------------------------------------------------------------------ kubelet's calls
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
-        """Prepare each claim; UID → its devices, or the reason it was refused (kubelet shows it)."""
+        """Prepare each claim; UID → its devices, or the reason it was refused (kubelet shows it).
+
+        Three steps, so that only bookkeeping waits for the lock: the claims not known yet are read
+        from the API concurrently; under the lock each is checked and booked; then their CDI specs
+        are written in threads, concurrently, and the checkpoint once for all."""
         out: dict[str, list[PreparedDevice] | str] = {}
+        fresh = [ref for ref in refs if ref.uid not in self._claims]
+        read = await asyncio.gather(*(self._read(ref) for ref in fresh), return_exceptions=True)
+        objects = {ref.uid: obj for ref, obj in zip(fresh, read, strict=True)}
+        specs: list[tuple[PreparedClaim, ContainerGrant]] = []
         async with self._lock:
             for ref in refs:
                 started = time.perf_counter()
                 try:
-                    prepared, new = await self._prepare_one(ref)
+                    prepared, grant = self._book(ref, objects.get(ref.uid))
                 except (ClaimError, GrantError) as exc:
-                    self.stats.refused += 1
-                    log.error("refusing to prepare claim %s: %s", ref, exc)
-                    out[ref.uid] = str(exc)
+                    out[ref.uid] = self._refuse(ref, str(exc))
                     continue
-                except Exception as exc:  # the API or the disk: kubelet retries the call
-                    self.stats.refused += 1
+                except Exception as exc:  # the API or the enforcement backend: kubelet retries the call
                     log.exception("preparing claim %s failed", ref)
-                    out[ref.uid] = f"preparing claim {ref} failed: {exc}"
+                    out[ref.uid] = self._refuse(ref, f"preparing claim {ref} failed: {exc}")
                     continue
-                self._version += new
+                if grant is not None:
+                    specs.append((prepared, grant))
                 out[ref.uid] = devices_of(prepared)
                 self.stats.prepare_ms.append((time.perf_counter() - started) * 1000.0)
+        written = await asyncio.gather(*(asyncio.to_thread(self.cdi.write, p.claim.uid, g) for p, g in specs),
+                                       return_exceptions=True)
+        for (prepared, _), result in zip(specs, written, strict=True):
+            if isinstance(result, BaseException):
+                out[prepared.claim.uid] = await self._unbook(prepared, result)
+            elif prepared.claim.uid not in self._claims:  # unprepared while its spec was written
+                with contextlib.suppress(OSError):
+                    self.cdi.remove(prepared.claim.uid)
         await self._persist()
         return out
+
+    async def _read(self, ref: ClaimRef) -> Mapping[str, Any]:
+        obj = await self._read_claim(ref.namespace, ref.name)
+        if obj is None:
+            raise ClaimError(f"claim {ref} does not exist")
+        return obj
+
+    def _refuse(self, ref: ClaimRef, reason: str) -> str:
+        self.stats.refused += 1
+        log.error("refusing to prepare claim %s: %s", ref, reason)
+        return reason
+
+    def _book(self, ref: ClaimRef, obj: Mapping[str, Any] | BaseException | None
+              ) -> tuple[PreparedClaim, ContainerGrant | None]:
+        """Under the lock: the claim as prepared, and the grant whose CDI spec must be written
+        (``None`` when the spec is on disk already)."""
+        known = self._claims.get(ref.uid)
+        if known is not None:  # prepared before (or by a call that read it meanwhile)
+            self.stats.repeated += 1
+            if self.cdi.exists(ref.uid):
+                return known, None
+            return known, self._grant(self._allocation_of(known))  # removed behind our back
+        if isinstance(obj, BaseException):
+            raise obj
+        if obj is None:
+            raise ClaimError(f"claim {ref} was not read")
+        allocation = read_allocation(ref, obj, self.driver, self.pool)
+        self._check_fits(allocation)
+        grant = self._grant(allocation)
+        prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares,
+                                 self.cdi.device_id(ref.uid))
+        self._claims[ref.uid] = prepared
+        self._version += 1
+        self.stats.prepared += 1
+        log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
+                 ", ".join(f"{s.device} {_amount(s.memory_mib)} {s.compute_percent}%" for s in allocation.shares))
+        return prepared, grant
+
+    async def _unbook(self, prepared: PreparedClaim, error: BaseException) -> str:
+        """Its CDI spec could not be written: forget the claim (kubelet calls again)."""
+        async with self._lock:
+            if self._claims.get(prepared.claim.uid) is prepared:
+                del self._claims[prepared.claim.uid]
+                self._version += 1
+        return self._refuse(prepared.claim, f"writing the CDI spec of claim {prepared.claim}: {error}")
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim; UID → "" or the reason it failed."""
@@ -135,26 +195,6 @@ class ClaimState:
         return out
 
     # ------------------------------------------------------------------ one claim
-    async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedClaim, bool]:
-        known = self._claims.get(ref.uid)
-        if known is not None:
-            self.stats.repeated += 1
-            if not self.cdi.exists(ref.uid):  # removed behind our back: write it again
-                self.cdi.write(ref.uid, self._grant(self._allocation_of(known)))
-            return known, False
-        obj = await self._read_claim(ref.namespace, ref.name)
-        if obj is None:
-            raise ClaimError(f"claim {ref} does not exist")
-        allocation = read_allocation(ref, obj, self.driver, self.pool)
-        self._check_fits(allocation)
-        cdi_id = self.cdi.write(ref.uid, self._grant(allocation))
-        prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares, cdi_id)
-        self._claims[ref.uid] = prepared
-        self.stats.prepared += 1
-        log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
-                 ", ".join(f"{s.device} {_amount(s.memory_mib)} {s.compute_percent}%" for s in allocation.shares))
-        return prepared, True
-
     def _check_fits(self, allocation: ClaimAllocation) -> None:
         """Refuse a claim whose card is gone, or that would put more memory or compute on a card
         than it has next to the claims prepared already (a stale slice, a second allocator)."""

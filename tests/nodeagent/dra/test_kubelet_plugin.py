@@ -285,3 +285,44 @@ def test_a_failed_checkpoint_write_fails_the_call_and_the_retry_writes(monkeypat
                 assert (await node.kubelet.prepare(DRIVER, [a]))["uid-a"].error == ""
                 assert set(checkpoint.load(node.driver.state.checkpoint_path)) == {"uid-a"}
     asyncio.run(main())
+
+
+def test_the_same_claim_prepared_twice_at_once_is_prepared_once() -> None:
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            a = claims.add(claim_object("a", "uid-a", [result()]))
+            async with serving(d, claims, [inventory()]) as node:
+                first, second = await asyncio.gather(node.kubelet.prepare(DRIVER, [a]),
+                                                     node.kubelet.prepare(DRIVER, [a]))
+                assert first == second and first["uid-a"].error == ""
+                assert node.driver.state.stats.prepared == 1
+                assert os.listdir(f"{d}/cdi") == ["gpupool.io-claim_uid-a.json"]
+    asyncio.run(main())
+
+
+def test_a_cdi_spec_that_cannot_be_written_refuses_the_claim_and_forgets_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.nodeagent.dra.cdi import CdiSpecs
+
+    real_write = CdiSpecs.write
+    failures = [OSError("Read-only file system")]
+
+    def flaky_write(self: CdiSpecs, uid: str, grant: Any) -> str:
+        if failures:
+            raise failures.pop()
+        return real_write(self, uid, grant)
+
+    monkeypatch.setattr(CdiSpecs, "write", flaky_write)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            a = claims.add(claim_object("a", "uid-a", [result()]))
+            async with serving(d, claims, [inventory()]) as node:
+                answer = (await node.kubelet.prepare(DRIVER, [a]))["uid-a"]
+                assert "writing the CDI spec of claim" in answer.error and "Read-only file system" in answer.error
+                assert node.driver.state.claims == {}
+                assert (await node.kubelet.prepare(DRIVER, [a]))["uid-a"].error == ""
+                assert cdi_env(d, "uid-a")
+    asyncio.run(main())
