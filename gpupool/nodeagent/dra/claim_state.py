@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 """(namespace, name) → the ResourceClaim as JSON, ``None`` when it does not exist."""
+HeldElsewhere = Callable[[], Mapping[int, tuple[int, int, bool]]]
+"""Card (NVML index) → memory MiB, compute per mille and whether whole, held by the device
+plugin's pods now (:func:`gpupool.nodeagent.dra.plugin_holdings.held_by_plugin_pods`)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ class ClaimState:
     """Prepared claims of one node: prepare, unprepare, remembered in ``checkpoint_path``."""
 
     def __init__(self, node: str, driver: str, inventory: Callable[[], GpuInventory], read_claim: ClaimReader,
-                 cdi: CdiSpecs, checkpoint_path: str, enforcement: Enforcement | None = None) -> None:
+                 cdi: CdiSpecs, checkpoint_path: str, enforcement: Enforcement | None = None,
+                 held_elsewhere: HeldElsewhere | None = None) -> None:
         self.node = node
         self.driver = driver
         self.pool = node
@@ -77,6 +81,7 @@ class ClaimState:
         self.cdi = cdi
         self.checkpoint_path = checkpoint_path
         self.enforcement: Enforcement = enforcement or NoEnforcement()
+        self._held_elsewhere = held_elsewhere
         self._claims: dict[str, PreparedClaim] = checkpoint.load(checkpoint_path)
         self._lock = asyncio.Lock()
         self._save_lock = asyncio.Lock()
@@ -197,24 +202,33 @@ class ClaimState:
     # ------------------------------------------------------------------ one claim
     def _check_fits(self, allocation: ClaimAllocation) -> None:
         """Refuse a claim whose card is gone, or that would put more memory or compute on a card
-        than it has next to the claims prepared already (a stale slice, a second allocator)."""
+        than it has next to the claims prepared already and what the device plugin's pods hold
+        there (a stale slice, a second allocator, a node that takes both kinds of pods)."""
         inventory = self._inventory()
-        for share in allocation.shares:
+        elsewhere = self._held_elsewhere() if self._held_elsewhere is not None else {}
+        for index in sorted({s.card for s in allocation.shares}):
+            mine = [s for s in allocation.shares if s.card == index]
+            device = mine[0].device
             try:
-                card = inventory.card(share.card)
+                card = inventory.card(index)
             except KeyError:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} is not on node {self.node} "
+                raise ClaimError(f"claim {allocation.claim}: device {device} is not on node {self.node} "
                                  f"(the card vanished since the slice was published?)") from None
             if not card.healthy:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} is unhealthy")
+                raise ClaimError(f"claim {allocation.claim}: device {device} is unhealthy")
             capacity = memory_capacity_mib(card.memory_mib)
-            held = [s for c in self._claims.values() for s in c.shares if s.card == share.card]
-            memory = sum(capacity if s.memory_mib is None else s.memory_mib for s in (*held, share))
-            compute = sum(s.compute_percent for s in (*held, share))
+            other_memory, other_milli, other_whole = elsewhere.get(index, (0, 0, False))
+            if other_whole:
+                raise ClaimError(f"claim {allocation.claim}: device {device} is held whole by a device-plugin pod")
+            held = [s for c in self._claims.values() for s in c.shares if s.card == index]
+            memory = other_memory + sum(capacity if s.memory_mib is None else s.memory_mib for s in (*held, *mine))
+            compute = -(-other_milli // 10) + sum(s.compute_percent for s in (*held, *mine))
             if memory > capacity or compute > 100:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} would hold {memory} MiB and "
-                                 f"{compute}% with the {len(held)} claims prepared on it; it has {capacity} MiB, "
-                                 f"100%")
+                plugin = f" and {other_memory} MiB, {-(-other_milli // 10)}% of device-plugin pods" if (
+                    other_memory or other_milli) else ""
+                raise ClaimError(f"claim {allocation.claim}: device {device} would hold {memory} MiB and "
+                                 f"{compute}% with the {len(held)} claims prepared on it{plugin}; it has "
+                                 f"{capacity} MiB, 100%")
 
     def _allocation_of(self, prepared: PreparedClaim) -> ClaimAllocation:
         return ClaimAllocation(prepared.claim, prepared.pod, prepared.pod_uid, prepared.shares)

@@ -135,6 +135,8 @@ def test_an_agent_restart_remembers_prepared_claims() -> None:
     pytest.param([result("mig-1")], "uid-x", "is not one of gpupool's", id="foreign-device"),
     pytest.param([result(memory="lots")], "uid-x", "is not a Kubernetes quantity", id="bad-quantity"),
     pytest.param([result(memory="20Gi")], "uid-x", "would hold 20480 MiB", id="more-than-the-card"),
+    pytest.param([result(memory="10Gi"), result(memory="10Gi", request="b")], "uid-x", "would hold 20480 MiB",
+                 id="two-shares-of-one-card-together-too-much"),
     pytest.param([result(compute="150")], "uid-x", "is not 0-100 percent", id="impossible-compute"),
     pytest.param([result()], "uid-other", "the API has UID 'uid-x'", id="recreated-claim"),
 ])
