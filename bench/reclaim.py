@@ -149,7 +149,7 @@ def run(cycles: int, trigger_kind: str = "open", placement: str = "extender") ->
         agent = NodeAgent(kubelet, plane.kubeconfig, one_card(work / "dev"), work / "agent",
                           ("--lending", "--idle-after", "2s", "--checkpoint-dir", str(work / "ckpt"),
                            "--checkpoint-deadline", "3", "--lease-namespace", "",
-                           "--state-dir", str(work / "state")))
+                           "--state-dir", str(work / "state"), "--isolation", "none"))  # fake cards
         agent.start()
         card = f"{work / 'dev'}/nvidia0"
         trigger = work / "trigger"

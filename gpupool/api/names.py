@@ -50,16 +50,14 @@ ALIASES: tuple[str, ...] = (ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_ME
 #: node's allocatable); the extender books them and Allocate for the card count hands the grant.
 CARRIED_BY: dict[str, str] = {name: NVIDIA_GPU for name in HAMI_NAMES if name != NVIDIA_GPU}
 
-#: The family of HAMi's names; the cluster setting ``hami`` (:mod:`gpupool.api.cluster_settings`).
-HAMI_FAMILY = "hami"
 #: Foreign resource families the node agent can serve as kubelet devices (opt-in, per node:
-#: ``gpupool node-agent --serve-aliases gpushare,gpumanager``; ``hami`` by ``--hami``), by the project an admin migrates
+#: ``gpupool node-agent --serve-aliases gpushare,gpumanager,hami``), by the project an admin migrates
 #: from. Each device stands for a unit the extender books (1 GiB, 256 MiB, 1 %, one slice), so
 #: kubelet's count admission never refuses what the extender placed (docs/node-agent.md).
 ALIAS_FAMILIES: dict[str, tuple[str, ...]] = {
     "gpushare": (ALIYUN_GPU_MEM,),
     "gpumanager": (TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY),
-    HAMI_FAMILY: (NVIDIA_GPU,),
+    "hami": (NVIDIA_GPU,),
 }
 
 #: Why a node cannot take a pod: the names below, asked for without ``nvidia.com/gpu`` beside them
@@ -69,7 +67,7 @@ ALIAS_FAMILIES: dict[str, tuple[str, ...]] = {
 UNSERVABLE: dict[str, str] = {
     name: (f"{name} needs {NVIDIA_GPU} beside it in the container: kubelet hands GPUs to a container only "
            f"for {NVIDIA_GPU} (HAMi's admission webhook added {NVIDIA_GPU}: 1; gpupool has none). Add "
-           f"{NVIDIA_GPU}: 1, and run the node agents with --hami")
+           f"{NVIDIA_GPU}: 1, and run the node agent with --serve-aliases hami")
     for name in CARRIED_BY
 }
 
@@ -195,6 +193,12 @@ class ResourceNames:
     def gpu_policy(self) -> str:
         """Pod annotation ``binpack`` or ``spread``: how to choose the card of this pod's slices."""
         return f"{self.domain}/gpu-policy"
+
+    @property
+    def enforcement(self) -> str:
+        """Node annotation: which backend enforces the node's GPU shares and whether it takes shares
+        at all (:mod:`gpupool.api.enforcement`), written by the node side with the inventory."""
+        return f"{self.domain}/enforcement-v1"
 
     @property
     def model_label(self) -> str:

@@ -338,6 +338,12 @@ class PodRequest:
     def wants_gpu(self) -> bool:
         return any(c.gpu is not None for c in (*self.containers, *self.init_containers))
 
+    @property
+    def wants_share(self) -> bool:
+        """Whether some container asks for part of a card (a slice), not whole exclusive cards: a
+        node that cannot enforce shares takes only whole cards."""
+        return any(c.gpu is not None and not c.gpu.exclusive for c in (*self.containers, *self.init_containers))
+
     def gpu_milli_total(self) -> int:
         """Requested compute over all app containers in per-mille of a card (the trace's metric)."""
         return sum((COMPUTE_PER_CARD if c.gpu.exclusive else c.gpu.compute) * c.gpu.count

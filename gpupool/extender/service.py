@@ -36,11 +36,11 @@ from gpupool.extender.node_scores import scale_scores as scale_scores
 from gpupool.extender.one_best import TIED_NOT_FIRST, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
+from gpupool.extender.refusal_texts import alias_problem, with_outside
+from gpupool.extender.tenancy import Admission, Admissions
+from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
-from gpupool.kube.refusal_texts import alias_problem, with_outside
 from gpupool.kube.tenancy import PodTenancy
-from gpupool.kube.tenancy_book import TenancyBook
-from gpupool.kube.tenancy_layers import Admission, Admissions
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
@@ -58,6 +58,8 @@ class Ledger(Protocol):
     state: ClusterState
     scheduler: Scheduler
     node_problems: dict[str, str]
+    share_refusals: dict[str, str]
+    """Per node that takes whole GPUs only, why (no GPU slice is placed there)."""
     served_aliases: dict[str, frozenset[str]]
     """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
     served_aliases_version: int
@@ -68,7 +70,7 @@ class Ledger(Protocol):
     tenancy: TenancyBook
     admissions: Admissions
     """Resource groups and quotas, and the admission of a pod under them (see
-    :mod:`gpupool.kube.tenancy_layers`)."""
+    :mod:`gpupool.extender.tenancy`)."""
     """The placement policy and the workload profile the scheduler was built with (what-if
     questions build their own scheduler the same way)."""
 
@@ -307,7 +309,8 @@ class ExtenderService:
         rows, name_array = self.node_rows.rows(state, names)
         usable = rows >= 0
         failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
-        refused = {**self.cache.claim_problems, **self.cache.node_problems, **self.node_gate(state)}
+        shares_refused = self.cache.share_refusals if request.wants_share else {}
+        refused = {**shares_refused, **self.cache.claim_problems, **self.cache.node_problems, **self.node_gate(state)}
         if refused:
             asked = set(names)
             for name, reason in refused.items():
@@ -432,7 +435,8 @@ class ExtenderService:
         """The last filter's memo when it answers this prioritize exactly (see :class:`_FilterMemo`);
         never while some node is refused for a problem (those are checked afresh on every call)."""
         memo = self._last_filter
-        if (memo is None or self.cache.node_problems or self.cache.claim_problems or self.node_gate(self.cache.state)
+        if (memo is None or self.cache.node_problems or self.cache.claim_problems or self.cache.share_refusals
+                or self.node_gate(self.cache.state)
                 or memo.state is not self.cache.state
                 or memo.versions != self._versions() or memo.aliases != aliases
                 or memo.request != request or memo.passed != names):

@@ -113,7 +113,8 @@ def loosening_signature(cache: ClusterCache, node_gate: NodeGate) -> Hashable:
     return (cache.tenancy.version, unbound, sum(cache.released_bookings.values()),
             int(np.count_nonzero(healthy)), int(state.card_mem_total[:state.size][present].sum()),
             state.lent.totals(),
-            frozenset(cache.node_problems), frozenset(cache.claim_problems), frozenset(node_gate(state)))
+            frozenset(cache.node_problems), frozenset(cache.claim_problems), frozenset(node_gate(state)),
+            frozenset(cache.share_refusals))
 
 
 class PendingWakeUp:

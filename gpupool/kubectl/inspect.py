@@ -73,6 +73,8 @@ class NodeView:
     cards: tuple[CardView, ...]
     problem: str | None
     usage_note: str | None = None
+    enforcement_note: str | None = None
+    """Set where the node does not enforce its GPU shares: what it says (None: enforcing, or no notice)."""
 
 
 def percent(compute: int) -> str:
@@ -99,7 +101,8 @@ def node_views(snapshot: ClusterSnapshot, usage: UsageSource, only: str | None =
         views.append(NodeView(name=spec.name, cpu_booked=spec.cpu_milli - int(state.cpu_free[row]),
                               cpu_total=spec.cpu_milli, memory_booked=spec.memory_mib - int(state.mem_free[row]),
                               memory_total=spec.memory_mib, cards=cards, problem=snapshot.node_problems.get(spec.name),
-                              usage_note=usage.node_note(spec.name) if cards else None))
+                              usage_note=usage.node_note(spec.name) if cards else None,
+                              enforcement_note=snapshot.enforcement.get(spec.name)))
     return sorted(views, key=lambda v: v.name)
 
 
@@ -138,8 +141,13 @@ def inspect_table(views: list[NodeView]) -> str:
             rows.extend([""] * (len(HEADERS) - 1) + [more] for more in holders[1:])
     if not rows:
         return "No nodes found."
-    notes = [f"node {node.name}: {note}" for node in views for note in (node.problem, node.usage_note) if note]
+    notes = [f"node {node.name}: {note}" for node in views
+             for note in (node.problem, _enforcement_line(node), node.usage_note) if note]
     return "\n".join([render_table(HEADERS, rows), *notes])
+
+
+def _enforcement_line(node: NodeView) -> str | None:
+    return f"GPU shares: {node.enforcement_note}" if node.enforcement_note else None
 
 
 def inspect_json(views: list[NodeView], pod_problems: dict[str, str] | None = None) -> dict[str, Any]:
@@ -148,6 +156,7 @@ def inspect_json(views: list[NodeView], pod_problems: dict[str, str] | None = No
     return {
         "nodes": [
             {"name": node.name, "problem": node.problem, "usageNote": node.usage_note,
+             "enforcementNote": node.enforcement_note,
              "cpuMilli": {"booked": node.cpu_booked, "total": node.cpu_total},
              "memoryMiB": {"booked": node.memory_booked, "total": node.memory_total},
              "cards": [_card_json(card) for card in node.cards]}

@@ -8,7 +8,6 @@ are accepted after the sub-command, where kubectl leaves them to a plugin.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -16,20 +15,11 @@ from typing import Any, TypeVar
 
 import click
 
-from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
-from gpupool.api.lending import LendingNames
 from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
-from gpupool.api.tenancy import API_VERSION, TenancyNames
-from gpupool.core.model import PodRequest
-from gpupool.core.policies import DEFAULT_POLICY, POLICIES
-from gpupool.core.state import ClusterState
-from gpupool.kube.tenancy import PodTenancy, pod_tenancy
-from gpupool.kube.tenancy_book import TenancyBook
 from gpupool.kube.translate import TranslationError, foreign_resources, pod_key, pod_request
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.agent_usage import AGENT_TIMEOUT_S, DEFAULT_AGENT_PORT, AgentUsage
 from gpupool.kubectl.inspect import inspect_json, inspect_table, node_views
-from gpupool.kubectl.rules import ClusterRules, lease_refusals, loan_notes, tenancy_book
 from gpupool.kubectl.snapshot import build_snapshot
 from gpupool.kubectl.usage import NoUsage, UsageSource
 from gpupool.kubectl.why import BEST_NODES, explain, why_json, why_text
@@ -106,19 +96,10 @@ def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig:
 @click.option("--examples", default=EXAMPLES_PER_REASON, show_default=True,
               help="Nodes named under each reason (0: all).")
 @click.option("--best", default=BEST_NODES, show_default=True, help="Fitting nodes named, best first.")
-@click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
-              help="The placement policy the extender runs with (its --policy).")
-@click.option("--agent-lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
-              help="Where the node agents renew their Leases (the extender's --agent-lease-namespace).")
-@click.option("--require-agent-lease", is_flag=True,
-              help="The extender refuses nodes without an agent Lease (its --require-agent-lease; the "
-                   "production overlays set it).")
 @connection_options
-def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, agent_lease_namespace: str,
-        require_agent_lease: bool, kubeconfig: str | None, context: str | None, resource_domain: str,
-        output: str) -> None:
-    """Why POD fits on no node by gpupool's booking (or where it fits), with the extender's reasons:
-    cards, CPU and memory, groups, quotas and pools, pinned and avoided GPUs, agent Leases, loans."""
+def why(pod: str, namespace: str | None, examples: int, best: int, kubeconfig: str | None, context: str | None,
+        resource_domain: str, output: str) -> None:
+    """Why POD fits on no node by gpupool's booking (or where it fits), with the extender's reasons."""
     connection = _connect(kubeconfig, context)
     names = ResourceNames(resource_domain)
     try:
@@ -128,7 +109,6 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
         raise click.ClickException(str(exc)) from None
     try:
         request = pod_request(raw, names)
-        tenant = pod_tenancy(raw, TenancyNames(resource_domain))
     except TranslationError as exc:
         raise click.ClickException(f"gpupool cannot read the pod's request: {exc}") from None
     bound = str((raw.get("spec") or {}).get("nodeName") or "")
@@ -136,53 +116,12 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
         click.echo(f"pod {pod_key(raw)} is already bound to node {bound}; see: kubectl gpupool inspect {bound}")
         return
     snapshot = build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key}))
-    rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, resource_domain,
-                       agent_lease_namespace, require=require_agent_lease)
-    answer = explain(snapshot, request, foreign_resources(raw), policy=policy, best=best, rules=rules, tenant=tenant)
+    answer = explain(snapshot, request, foreign_resources(raw), best=best)
     says = scheduler_message(raw)
     if not request.wants_gpu:
         click.echo(f"note: pod {request.key} asks for no gpupool resource; only its CPU and memory are checked",
                    err=True)
     _emit(output, lambda: why_text(answer, examples=examples, scheduler_says=says), lambda: why_json(answer, says))
-
-
-def read_rules(connection: kube.Connection, state: ClusterState, raw: Mapping[str, Any], request: PodRequest,
-               tenant: PodTenancy, nodes: list[dict[str, Any]], domain: str, lease_namespace: str, *,
-               require: bool) -> ClusterRules:
-    """The extender's rules beyond card fit for the pod ``raw`` (:mod:`gpupool.kubectl.rules`): each
-    part read on its own, one that cannot be read a note instead of an error."""
-    notes: list[str] = []
-    tenancy_names = TenancyNames(domain)
-    book: TenancyBook | None = None
-    try:
-        groups = _custom_objects(connection, tenancy_names.api_group, "resourcegroups")
-        quotas = _custom_objects(connection, tenancy_names.api_group, "gpuquotas")
-    except kube.ClusterAccessError as exc:
-        notes.append(f"resource groups, GPU quotas and pools not applied: {exc}")
-    else:
-        namespaces: list[dict[str, Any]] = []
-        try:
-            namespaces.append(kube.read_namespace(connection, tenant.namespace))
-        except kube.ClusterAccessError as exc:
-            notes.append(f"the namespace's default resource groups not applied: {exc}")
-        book = tenancy_book(TenancyBook(tenancy_names), groups, quotas, namespaces)
-    present = [spec.name for row, spec in enumerate(state.specs) if state.present[row] and spec.cards]
-    refusals: dict[str, str] = {}
-    try:
-        leases = kube.list_leases(connection, lease_namespace, label_selector())
-        refusals = lease_refusals(present, leases, lease_namespace, require=require, now=dt.datetime.now(dt.UTC))
-    except kube.ClusterAccessError as exc:
-        notes.append(f"node agent Leases not checked: {exc}")
-    loans = loan_notes(nodes, raw, request.priority, LendingNames(domain))
-    return ClusterRules(book, refusals, loans, tuple(notes))
-
-
-def _custom_objects(connection: kube.Connection, group: str, plural: str) -> list[dict[str, Any]]:
-    """Every object of a gpupool custom resource; none when its CRD is not installed (nothing to apply)."""
-    try:
-        return kube.list_custom(connection, group, API_VERSION, plural)
-    except kube.NotServedError:
-        return []
 
 
 def scheduler_message(pod: Mapping[str, Any]) -> str | None:

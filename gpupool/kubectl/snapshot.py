@@ -14,12 +14,14 @@ extender.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.enforcement import EnforcementNoticeError
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.state import AllocationError, ClusterState
+from gpupool.kube.node_enforcement import node_notice, share_refusal
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
 
@@ -44,6 +46,11 @@ class ClusterSnapshot:
     unbound: frozenset[str]
     listed: Mapping[str, frozenset[str]]
     requests: tuple[PodRequest, ...] = ()
+    enforcement: Mapping[str, str] = field(default_factory=dict)
+    """Per node that does not enforce its GPU shares, what it says (``kubectl gpupool inspect`` shows
+    it): shares unenforced by the admin's choice, or whole cards only because nothing can enforce."""
+    share_refusals: Mapping[str, str] = field(default_factory=dict)
+    """Per node that takes whole GPUs only, the extender's reason for refusing a slice there."""
 
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -56,6 +63,8 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     specs: list[NodeSpec] = []
     node_problems: dict[str, str] = {}
     listed: dict[str, frozenset[str]] = {}
+    enforcement: dict[str, str] = {}
+    share_refusals: dict[str, str] = {}
     for raw in nodes:
         meta = raw.get("metadata") or {}
         name = str(meta.get("name") or "")
@@ -66,6 +75,7 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
         except TranslationError as exc:
             specs.append(NodeSpec(name=name, cpu_milli=0, memory_mib=0))
             node_problems[name] = str(exc)
+        _read_enforcement(raw, name, names, enforcement, share_refusals)
         status = raw.get("status") or {}
         listed[name] = frozenset({**(status.get("capacity") or {}), **(status.get("allocatable") or {})})
     state = ClusterState(specs)
@@ -95,7 +105,22 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     node_problems.pop("", None)
     return ClusterSnapshot(state=state, node_problems=node_problems, pod_problems=pod_problems,
                            unbound=frozenset(unbound), listed=listed,
-                           requests=tuple(requests))
+                           requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals)
+
+
+def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,
+                      enforcement: dict[str, str], share_refusals: dict[str, str]) -> None:
+    """Note what a node that does not enforce its shares says, and whether slices are refused there."""
+    refusal = share_refusal(raw, names)
+    if refusal is not None:
+        share_refusals[name] = refusal
+    try:
+        notice = node_notice(raw, names)
+    except EnforcementNoticeError as exc:
+        enforcement[name] = f"unreadable {names.enforcement} annotation ({exc})"
+        return
+    if notice is not None and not notice.enforcing:
+        enforcement[name] = notice.shown()
 
 
 def _refusal(key: str, problem: str) -> str:

@@ -28,7 +28,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment
+from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment, refuse_slices
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -75,11 +75,16 @@ class NodeAgent:
     def __init__(self, node: str, names: ResourceNames, backend: GpuBackend, pods: PodSource,
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
                  poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None,
-                 enforcement: Enforcement | None = None, report_refusal: RefusalReporter | None = None) -> None:
+                 enforcement: Enforcement | None = None, report_refusal: RefusalReporter | None = None,
+                 shares: bool = True) -> None:
         self.node = node
         self.names = names
         self.resources: tuple[str, ...] = (*names.all(), *aliases)
         """What this agent serves: gpupool's resources, then the opt-in foreign aliases."""
+        self.shares = shares
+        """Whether this node grants slices (parts of a card); false where nothing on the node could
+        enforce a share (:mod:`gpupool.api.enforcement`): the extender places no slice here, and a
+        stale one's is refused before Allocate (whole cards, by any resource name, still go)."""
         self.backend = backend
         self.pods = pods
         self.podresources = podresources
@@ -235,6 +240,8 @@ class NodeAgent:
         snapshot, views = await self._refresh()
         try:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
+            if not self.shares:
+                refuse_slices(res.assignment)
             if self.vouch is None or not self.vouch(res.pod, res.assignment):
                 granted = self._granted(views, snapshot)
                 if self.on_loan is not None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from gpupool.api.annotations import Inventory, encode_inventory
+from gpupool.api.enforcement import EnforcementNotice, encode_notice
 from gpupool.api.names import ResourceNames
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.podapi import pod_event
@@ -77,17 +78,21 @@ class KubePodSource:
         body["source"] = {"component": USER_AGENT, "host": self.cache.node}
         await asyncio.to_thread(self._api.create_namespaced_event, namespace, body)
 
-    async def publish_node(self, node: str, inventory: GpuInventory) -> None:
-        """Write the inventory annotation and the GPU model label on the node."""
-        await asyncio.to_thread(self._api.patch_node, node, node_patch(self.names, inventory))
+    async def publish_node(self, node: str, inventory: GpuInventory, notice: EnforcementNotice | None = None) -> None:
+        """Write the inventory and enforcement annotations and the GPU model label on the node."""
+        await asyncio.to_thread(self._api.patch_node, node, node_patch(self.names, inventory, notice))
 
 
-def node_patch(names: ResourceNames, inventory: GpuInventory) -> dict[str, Any]:
+def node_patch(names: ResourceNames, inventory: GpuInventory,
+               notice: EnforcementNotice | None = None) -> dict[str, Any]:
     """The merge patch that publishes a node's cards: ``inventory-v1`` (the extender's own schema,
-    so its reader accepts what the node writes) and the GPU model label."""
-    return {"metadata": {
-        "annotations": {names.inventory: encode_inventory(Inventory(inventory.cards, inventory.topology))},
-        "labels": {names.model_label: _label_value(inventory.model)}}}
+    so its reader accepts what the node writes), ``enforcement-v1`` (whether it takes shares and who
+    enforces them) and the GPU model label."""
+    annotations = {names.inventory: encode_inventory(Inventory(inventory.cards, inventory.topology))}
+    if notice is not None:
+        annotations[names.enforcement] = encode_notice(notice)
+    return {"metadata": {"annotations": annotations,
+                         "labels": {names.model_label: _label_value(inventory.model)}}}
 
 
 def _label_value(text: str) -> str:

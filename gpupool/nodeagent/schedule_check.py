@@ -54,6 +54,18 @@ def holders(pods: Iterable[PodView], node: str) -> dict[int, list[Holder]]:
     return held
 
 
+WHOLE_CARDS_ONLY = ("this node takes whole GPUs only: nothing on it can enforce a share (its agent has no "
+                    "isolation backend; docs/isolation-backends.md)")
+
+
+def refuse_slices(container: ContainerAssignment) -> None:
+    """Raise :class:`AssignmentRefused` when ``container`` holds part of a card: on a node that
+    cannot enforce shares, only whole cards are granted (an extender that read the node's notice
+    places none; this catches one that did not)."""
+    if any(not piece.exclusive for piece in container.slices):
+        raise AssignmentRefused(f"container {container.container}: {WHOLE_CARDS_ONLY}")
+
+
 def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
                      granted: Iterable[PodView]) -> None:
     """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.

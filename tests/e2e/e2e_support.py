@@ -188,6 +188,13 @@ class ExtenderProcess:
         return passed
 
 
+def isolation_default(args: tuple[str, ...]) -> tuple[str, ...]:
+    """``--isolation none`` unless the test chose a backend or a library: fake cards have nothing to
+    enforce on, and an agent with ``auto`` and no interception library takes whole cards only."""
+    chosen = any(a.split("=")[0] in ("--isolation", "--shim-library") for a in args)
+    return () if chosen else ("--isolation", "none")
+
+
 class NodeAgentProcess:
     """``gpupool node-agent --fake-gpus`` for one test-environment kubelet.
 
@@ -213,7 +220,8 @@ class NodeAgentProcess:
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
                "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port),
-               "--usage-state-file", str(self.usage_state), *self.extra_args]
+               "--usage-state-file", str(self.usage_state), *self.extra_args,
+               *isolation_default(self.extra_args)]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_cli_env())
 

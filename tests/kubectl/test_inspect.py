@@ -101,3 +101,19 @@ def test_over_committed_cards_say_so() -> None:
 
 def test_no_nodes() -> None:
     assert inspect_table([]) == "No nodes found."
+
+
+def test_a_node_that_does_not_enforce_its_shares_says_so() -> None:
+    from gpupool.api.enforcement import EnforcementNotice, encode_notice
+    whole_only = gpu_node("a", [16384])
+    whole_only["metadata"]["annotations"][NAMES.enforcement] = encode_notice(
+        EnforcementNotice("none", False, False, "auto: no interception library"))
+    enforcing = gpu_node("b", [16384])
+    enforcing["metadata"]["annotations"][NAMES.enforcement] = encode_notice(EnforcementNotice("shim", True, True))
+    snapshot = build_snapshot([whole_only, enforcing], [], NAMES, now=NOW.timestamp())
+    shown = node_views(snapshot, NoUsage())
+    table = inspect_table(shown)
+    assert "node a: GPU shares: none: cannot enforce shares, whole cards only (auto: no interception library)" in table
+    assert "node b:" not in table
+    assert [n["enforcementNote"] for n in inspect_json(shown)["nodes"]][1] is None
+    assert "whole GPUs only" in snapshot.share_refusals["a"] and "b" not in snapshot.share_refusals

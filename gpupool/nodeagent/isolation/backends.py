@@ -7,9 +7,14 @@ One backend per node (``gpupool node-agent --isolation``):
 * ``mps``: NVIDIA's MPS control daemon, run by the agent; the CUDA driver in each client applies
   the pinned-memory and active-thread limits the environment contract already carries;
 * ``none``: the limits are only written into the environment; nothing holds a container to them;
-* ``auto`` (the default) is a request, not a backend: ``shim`` when a library is configured,
-  otherwise ``none`` with a warning. MPS is never chosen implicitly: it changes how every CUDA
-  process on the node reaches its cards, which an admin should decide.
+* ``auto`` (the default) is a request, not a backend: ``shim`` with ``--shim-library`` when given,
+  else with the library packaged with gpupool (the image ships it, so enforcement is on by
+  default); with neither, the node cannot enforce and takes **no shares** (whole cards only) and
+  says so on the Node (:mod:`gpupool.api.enforcement`). MPS is never chosen implicitly: it changes
+  how every CUDA process on the node reaches its cards, which an admin should decide.
+
+Only an explicit ``--isolation none`` advertises shares that nothing enforces: the admin's choice,
+shown as such in ``kubectl gpupool inspect``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from gpupool.api.enforcement import EnforcementNotice
 from gpupool.nodeagent.isolation.dmem_limits import DmemReport
 from gpupool.nodeagent.types import GrantExtras, PodView
+from gpupool.shim.build import PACKAGED_LIBRARY
 
 PodKey = tuple[str, str]
 
@@ -43,27 +50,52 @@ class IsolationConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend chosen and why (logged at start)."""
+    """The backend chosen and why (logged at start, published on the Node).
+
+    ``library``: the interception library the shim backend mounts (None for the others).
+    ``shares``: whether the node advertises GPU shares at all; false only where ``auto`` found
+    nothing to enforce them with.
+    """
 
     backend: IsolationBackend
     reason: str
+    library: str | None = None
+    shares: bool = True
 
 
-def choose_backend(requested: str, shim_library: str | None) -> BackendChoice:
-    """The backend for ``--isolation requested``; an impossible request is an error, not a fallback."""
+def choose_backend(requested: str, shim_library: str | None, packaged: str | None = None) -> BackendChoice:
+    """The backend for ``--isolation requested``; an impossible request is an error, not a fallback.
+
+    ``packaged``: the interception library installed with gpupool, when there is one (``auto``
+    uses it when no ``--shim-library`` is given; :func:`packaged_library` finds it).
+    """
     if requested not in CHOICES:
         raise IsolationConfigError(f"--isolation {requested!r}: expected one of {', '.join(CHOICES)}")
-    if requested == IsolationBackend.SHIM and not shim_library:
+    library = shim_library or packaged
+    if requested == IsolationBackend.SHIM and not library:
         raise IsolationConfigError("--isolation shim needs --shim-library PATH (`gpupool shim path` prints it)")
     if requested == AUTO:
         if shim_library:
-            return BackendChoice(IsolationBackend.SHIM, f"auto: the interception library {shim_library}")
-        return BackendChoice(IsolationBackend.NONE, "auto: no --shim-library given; shares are NOT enforced, "
-                                                    "containers can use whole cards")
+            return BackendChoice(IsolationBackend.SHIM, f"auto: the interception library {shim_library}", shim_library)
+        if packaged:
+            return BackendChoice(IsolationBackend.SHIM, f"auto: the packaged interception library {packaged}", packaged)
+        return BackendChoice(IsolationBackend.NONE, "auto: no interception library (no --shim-library, none "
+                                                    "packaged); whole cards only: start the agent with "
+                                                    "--shim-library, --isolation mps, or --isolation none to "
+                                                    "share cards unenforced", shares=False)
     backend = IsolationBackend(requested)
     if backend is IsolationBackend.NONE:
-        return BackendChoice(backend, "--isolation none: shares are NOT enforced")
+        return BackendChoice(backend, "--isolation none: the admin's choice, shares are NOT enforced")
+    if backend is IsolationBackend.SHIM:
+        return BackendChoice(backend, f"--isolation shim: the interception library {library}", library)
     return BackendChoice(backend, f"--isolation {backend}")
+
+
+def packaged_library() -> str | None:
+    """The interception library installed with gpupool (the image's), or None where there is none.
+
+    Never builds one: an agent must not start a compiler on a node."""
+    return str(PACKAGED_LIBRARY) if PACKAGED_LIBRARY.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -100,13 +132,25 @@ class Enforcement(Protocol):
 
 
 class NoEnforcement:
-    """``--isolation none``: the grant is the environment contract alone."""
+    """``--isolation none`` (or ``auto`` with nothing to enforce with): the grant is the environment
+    contract alone. ``detail``: why, as the backend choice said it."""
+
+    def __init__(self, detail: str = "no enforcement backend on this node") -> None:
+        self.detail = detail
 
     def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
         return GrantExtras()
 
     def state(self) -> EnforcementState:
-        return EnforcementState(IsolationBackend.NONE, False, "no enforcement backend on this node")
+        return EnforcementState(IsolationBackend.NONE, False, self.detail)
 
     async def run(self, live_pods: LivePods) -> None:
         return None
+
+
+def enforcement_notice(choice: BackendChoice, enforcement: Enforcement) -> EnforcementNotice:
+    """What the node publishes about its shares (:mod:`gpupool.api.enforcement`): the backend as it
+    is now, and whether the node takes shares at all."""
+    state = enforcement.state()
+    return EnforcementNotice(state.backend.value, state.enforcing, choice.shares,
+                             choice.reason if state.enforcing else (state.detail or choice.reason))

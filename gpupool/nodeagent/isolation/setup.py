@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from gpupool.api.environment import COMPUTE_MODE_HARD
 from gpupool.nodeagent.isolation.backends import (
     AUTO,
+    BackendChoice,
     Enforcement,
     IsolationBackend,
     NoEnforcement,
@@ -42,6 +43,14 @@ class IsolationConfig:
     cgroup_root: str = CGROUP_ROOT
     proc: str = PROC
     registration: RegistrationLimits = field(default_factory=RegistrationLimits)
+    packaged: str | None = None
+    """The interception library installed with gpupool (:func:`~gpupool.nodeagent.isolation.backends.packaged_library`):
+    what ``auto`` enforces with when no ``shim_library`` is given."""
+
+    def choice(self) -> BackendChoice:
+        """The backend these options choose (an impossible request raises
+        :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError`)."""
+        return choose_backend(self.requested, self.shim_library, self.packaged)
 
 
 def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
@@ -50,20 +59,23 @@ def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
     :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError` or ``OSError``), with
     ``dmem`` limits beside it where the kernel offers the controller (``pci_bus_ids``: card index →
     NVML's PCI bus id, which names each card's region)."""
-    choice = choose_backend(config.requested, config.shim_library)
+    choice = config.choice()
     dmem = detect_dmem(config.cgroup_root)
     log.info("isolation backend: %s (%s); dmem: %s", choice.backend, choice.reason,
              "usable" if dmem.usable else dmem.reason)
     if choice.backend is IsolationBackend.NONE:
-        log.warning("shares are NOT enforced on this node: a container granted part of a card can use all "
-                    "of it (start the agent with --shim-library or --isolation mps)")
-        return NoEnforcement()
+        if choice.shares:
+            log.warning("shares are NOT enforced on this node (--isolation none): a container granted part of "
+                        "a card can use all of it")
+        else:
+            log.warning("no GPU shares on this node, whole cards only: %s", choice.reason)
+        return NoEnforcement(choice.reason)
     inner: Enforcement
     if choice.backend is IsolationBackend.MPS:
         inner = MpsEnforcement(MpsLayout(config.state_dir), config.mps_control, dmem)
     else:
         registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
-        inner = ShimEnforcement(config.shim_library or "", ShimLayout(config.state_dir), registry,
+        inner = ShimEnforcement(choice.library or "", ShimLayout(config.state_dir), registry,
                                 config.compute_mode, registration=config.registration)
     return with_dmem(inner, dmem, pci_bus_ids or {}, directory, config.cgroup_root)
 

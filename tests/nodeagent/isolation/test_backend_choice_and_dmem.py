@@ -13,6 +13,7 @@ from gpupool.nodeagent.isolation.backends import (
     IsolationConfigError,
     NoEnforcement,
     choose_backend,
+    enforcement_notice,
 )
 from gpupool.nodeagent.isolation.dmem import detect_dmem, parse_capacity
 from gpupool.nodeagent.isolation.dmem_backend import DmemEnforcement
@@ -33,6 +34,33 @@ from tests.nodeagent.isolation.dmem_tree import cgroup_root as dmem_root
 ])
 def test_choice(requested: str, library: str | None, backend: IsolationBackend) -> None:
     assert choose_backend(requested, library).backend is backend
+
+
+def test_auto_enforces_with_the_packaged_library_when_none_is_given() -> None:
+    """The image ships the library where ``packaged_library`` finds it: enforcement on by default."""
+    choice = choose_backend("auto", None, "/pkg/libgpupool-shim.so")
+    assert (choice.backend, choice.library, choice.shares) == (IsolationBackend.SHIM, "/pkg/libgpupool-shim.so", True)
+    given = choose_backend("auto", "/lib/shim.so", "/pkg/libgpupool-shim.so")
+    assert given.library == "/lib/shim.so"  # --shim-library wins over the packaged one
+    assert choose_backend("shim", None, "/pkg/libgpupool-shim.so").library == "/pkg/libgpupool-shim.so"
+
+
+def test_shares_are_advertised_unenforced_only_by_the_admins_explicit_choice() -> None:
+    nothing = choose_backend("auto", None, None)
+    assert nothing.backend is IsolationBackend.NONE and not nothing.shares
+    assert "whole cards only" in nothing.reason and "--isolation none" in nothing.reason
+    explicit = choose_backend("none", None, "/pkg/libgpupool-shim.so")
+    assert explicit.backend is IsolationBackend.NONE and explicit.shares
+    assert all(choose_backend(r, "/lib/shim.so").shares for r in ("auto", "shim", "mps"))
+
+
+def test_the_notice_says_what_the_node_publishes() -> None:
+    nothing = choose_backend("auto", None, None)
+    notice = enforcement_notice(nothing, NoEnforcement(nothing.reason))
+    assert (notice.backend, notice.enforcing, notice.shares) == ("none", False, False)
+    assert "whole cards only" in notice.shown()
+    explicit = choose_backend("none", None, None)
+    assert "NOT enforced" in enforcement_notice(explicit, NoEnforcement(explicit.reason)).shown()
 
 
 @pytest.mark.parametrize(("requested", "library", "message"), [
@@ -68,7 +96,12 @@ def test_build_enforcement(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level("WARNING"):
         none = build_enforcement(IsolationConfig("auto", None, str(tmp_path / "n"), cgroup_root=root), directory)
     assert not none.state().enforcing
-    assert "shares are NOT enforced" in caplog.text
+    assert "no GPU shares on this node, whole cards only" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        chosen = build_enforcement(IsolationConfig("none", None, str(tmp_path / "n"), cgroup_root=root), directory)
+    assert "shares are NOT enforced on this node (--isolation none)" in caplog.text
+    assert "admin's choice" in chosen.state().detail
     assert not (tmp_path / "n").exists()  # nothing is written for a node without enforcement
 
 
