@@ -14,6 +14,7 @@ show it.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from typing import Any
 
@@ -53,3 +54,28 @@ def lease_node(lease: dict[str, Any]) -> str:
 def label_selector() -> str:
     """What the extender's list+watch selects."""
     return f"{LEASE_LABEL}={LEASE_COMPONENT}"
+
+
+def renewed_ago(renew_time: str, now: dt.datetime) -> float:
+    """How long before ``now`` a Lease's ``renewTime`` text says it was renewed, in seconds; 0 when
+    it lies in the future or cannot be read (a reader may only make a Lease older, never younger)."""
+    try:
+        stamp = dt.datetime.fromisoformat(renew_time.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return max(0.0, (now - stamp).total_seconds())
+
+
+def lapsed_reason(node: str, ago_s: float, duration_s: float) -> str:
+    """Why GPU pods do not go to ``node`` whose agent last renewed its Lease ``ago_s`` seconds ago,
+    past its ``duration_s``: the extender's filter reason, and ``kubectl gpupool why``'s."""
+    return (f"node agent on {node} last renewed {ago_s:.0f} s ago (lease {duration_s:g} s): its gpupool "
+            "node agent is not running, so no GPU can be granted there")
+
+
+def missing_reason(node: str, namespace: str) -> str:
+    """Why GPU pods do not go to ``node``, which has no agent Lease at all (where one is required)."""
+    return (f"node {node} has no gpupool node agent lease ({namespace}/{lease_name(node)}): its agent "
+            "has not started, or renews in another namespace than --agent-lease-namespace")

@@ -207,3 +207,31 @@ def lend_device_id(device_id: str) -> str:
 def lent_device_card_id(device_id: str) -> str | None:
     """The card's own device ID behind a lent one, ``None`` for any other ID."""
     return device_id[len(LEND_DEVICE_PREFIX):] if device_id.startswith(LEND_DEVICE_PREFIX) else None
+
+
+BORROW_TRUE = "true"
+
+
+def borrow_refusal(meta: Mapping[str, Any], priority: int | None, *,
+                   threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
+                   names: LendingNames = LendingNames()) -> str | None:
+    """Why a pod (its ``metadata`` and ``spec.priority``) may not be placed on lent capacity, or None
+    when it may: it must not opt out (``<domain>/borrow`` other than ``"true"``), must read low
+    priority (:func:`pod_priority`; a borrower is reclaimed when the owner returns), and without
+    the annotation a controller must own it (a bare pod evicted by a reclaim would be lost). The
+    extender's rule (:mod:`gpupool.extender.borrowing`) and ``kubectl gpupool why``'s."""
+    annotations = meta.get("annotations") or {}
+    said = str(annotations.get(names.borrow, "")).strip().lower()
+    if said and said != BORROW_TRUE:
+        return f"{names.borrow}: {said!r} (only \"true\" lets a pod borrow)"
+    if pod_priority(priority, annotations, threshold=threshold, names=names) is Priority.HIGH:
+        return "a high-priority pod does not borrow (a borrower is reclaimed when the owner returns)"
+    if not said and not controlled(meta):
+        return f"a pod without a controller borrows only with {names.borrow}: \"true\""
+    return None
+
+
+def controlled(meta: Mapping[str, object]) -> bool:
+    """Whether a controller (ReplicaSet, Job, StatefulSet, ...) owns the pod."""
+    owners = meta.get("ownerReferences") or []
+    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)

@@ -50,14 +50,16 @@ ALIASES: tuple[str, ...] = (ALIYUN_GPU_MEM, TENCENT_VCUDA_CORE, TENCENT_VCUDA_ME
 #: node's allocatable); the extender books them and Allocate for the card count hands the grant.
 CARRIED_BY: dict[str, str] = {name: NVIDIA_GPU for name in HAMI_NAMES if name != NVIDIA_GPU}
 
+#: The family of HAMi's names; the cluster setting ``hami`` (:mod:`gpupool.api.cluster_settings`).
+HAMI_FAMILY = "hami"
 #: Foreign resource families the node agent can serve as kubelet devices (opt-in, per node:
-#: ``gpupool node-agent --serve-aliases gpushare,gpumanager,hami``), by the project an admin migrates
+#: ``gpupool node-agent --serve-aliases gpushare,gpumanager``; ``hami`` by ``--hami``), by the project an admin migrates
 #: from. Each device stands for a unit the extender books (1 GiB, 256 MiB, 1 %, one slice), so
 #: kubelet's count admission never refuses what the extender placed (docs/node-agent.md).
 ALIAS_FAMILIES: dict[str, tuple[str, ...]] = {
     "gpushare": (ALIYUN_GPU_MEM,),
     "gpumanager": (TENCENT_VCUDA_CORE, TENCENT_VCUDA_MEMORY),
-    "hami": (NVIDIA_GPU,),
+    HAMI_FAMILY: (NVIDIA_GPU,),
 }
 
 #: Why a node cannot take a pod: the names below, asked for without ``nvidia.com/gpu`` beside them
@@ -67,7 +69,7 @@ ALIAS_FAMILIES: dict[str, tuple[str, ...]] = {
 UNSERVABLE: dict[str, str] = {
     name: (f"{name} needs {NVIDIA_GPU} beside it in the container: kubelet hands GPUs to a container only "
            f"for {NVIDIA_GPU} (HAMi's admission webhook added {NVIDIA_GPU}: 1; gpupool has none). Add "
-           f"{NVIDIA_GPU}: 1, and run the node agent with --serve-aliases hami")
+           f"{NVIDIA_GPU}: 1, and run the node agents with --hami")
     for name in CARRIED_BY
 }
 

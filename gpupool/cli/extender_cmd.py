@@ -17,9 +17,12 @@ from typing import Any
 
 import click
 
-from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
-from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
-from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
+from gpupool.api.agent_lease import label_selector
+from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
+from gpupool.api.names import ResourceNames
+from gpupool.cli import cluster_options
+from gpupool.cli.cluster_options import ClusterFlags, cluster_setting_options, describe
+from gpupool.cli.old_flags import old_spelling
 from gpupool.cli.server_options import server_limit_options
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.extender.admission import QuotaAdmission
@@ -61,7 +64,12 @@ class ExtenderOptions:
     port: int = 8888
     url_prefix: str = ""
     kubeconfig: str | None = None
-    domain: str = DEFAULT_DOMAIN
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    """The settings shared with the node agents and the kubectl plugin (docs/cluster-config.md): the
+    resource domain, gpushare's unit, HAMi's names, the high-priority threshold, the agents' Lease
+    namespace. Nodes whose agents publish other values get no GPU pods."""
+    cluster_config: str = CONFIG_MAP
+    """The ConfigMap (``namespace/name``) they were read from, named in the refusals' advice."""
     policy: str = DEFAULT_POLICY
     unconfirmed_timeout_s: float = 300.0
     leader_elect: bool = True
@@ -87,25 +95,27 @@ class ExtenderOptions:
     """Plain-HTTP port for probes and metrics; None: :data:`DEFAULT_HEALTH_PORT` with TLS, none without."""
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     """Connection cap and handshake/header/idle timeouts of every port (docs/security.md, Bounded servers)."""
-    agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
-    """Where node agents renew their Leases (docs/security.md, Liveness); "" watches none."""
     require_agent_lease: bool = False
-    hami: bool = False
-    gpushare_memory_unit: str = "GiB"
     tenancy: bool = True
     admission_port: int | None = None
     """The admission webhooks' TLS port (docs/tenancy.md); None: not served."""
     creator_subjects_webhook: bool = False
     """The pod-group webhook checks who creates or labels pods naming a group, so the filter trusts the
     label of a group with User or Group subjects (docs/tenancy.md, "Admission webhooks")."""
-    borrow: BorrowSettings = field(default_factory=BorrowSettings)
-    """Placing low-priority pods on lent capacity (docs/lending.md, "In the extender")."""
+    lending: bool = True
+    """Place low-priority pods on lent capacity (docs/lending.md, "In the extender"); who is low
+    priority is :attr:`cluster`'s threshold."""
     scheduler_name: str = GPUPOOL_SCHEDULER
     """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
-        return ResourceNames(self.domain, hami=self.hami, gpushare_unit_mib=GPUSHARE_UNITS[self.gpushare_memory_unit])
+        return self.cluster.resource_names()
+
+    @property
+    def borrow(self) -> BorrowSettings:
+        """The lending switch with the cluster's one high-priority threshold."""
+        return BorrowSettings(self.lending, self.cluster.high_priority_threshold)
 
 
 def _clients(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -154,7 +164,8 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     """
     names = options.resource_names()
     cache = ClusterCache(names, policy=options.policy, unconfirmed_timeout_s=options.unconfirmed_timeout_s,
-                         tenancy_required=options.tenancy, borrow=options.borrow)
+                         tenancy_required=options.tenancy, borrow=options.borrow, settings=options.cluster,
+                         settings_source=options.cluster_config or CONFIG_MAP)
     stop = threading.Event()
     _, pod_watch = start_watches(cache, core_v1, stop)
     if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
@@ -199,11 +210,11 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
 def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
                         stop: threading.Event) -> AgentLiveness | None:
     """The node agents' Leases, watched (gpupool/extender/liveness.py); None when turned off."""
-    if not options.agent_lease_namespace:
+    namespace = options.cluster.agent_lease_namespace
+    if not namespace:
         return None
-    liveness = AgentLiveness(options.agent_lease_namespace, require=options.require_agent_lease,
-                             ledger_lock=cache.lock)
-    leases = functools.partial(coordination_v1.list_namespaced_lease, options.agent_lease_namespace,
+    liveness = AgentLiveness(namespace, require=options.require_agent_lease, ledger_lock=cache.lock)
+    leases = functools.partial(coordination_v1.list_namespaced_lease, namespace,
                                label_selector=label_selector())
     ListWatch("agent-leases", leases, liveness.replace, liveness.apply, stop=stop).start()
     return liveness
@@ -230,7 +241,7 @@ def run_extender(options: ExtenderOptions) -> None:
         admission = _admission_app(service, api, core_v1, options.scheduler_name)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
-             options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.domain,
+             options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.cluster.resource_domain,
              f", health on :{listeners.health_port}" if listeners.health_port else "")
     try:
         run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners, admission)
@@ -288,24 +299,24 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--url-prefix", default="", help="Path prefix of the verbs (the path part of urlPrefix).")
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: in-cluster config, else ~/.kube/config.")
-@click.option("--domain", default=DEFAULT_DOMAIN, show_default=True,
-              help="Domain of resource and annotation names.")
 @click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
               help="Placement policy for prioritize and for choosing cards.")
 @click.option("--unconfirmed-timeout", default=300.0, show_default=True, type=float,
               help="Seconds after which an assignment whose pod was never bound is dropped.")
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
               help="Bind only while holding the Lease (run several replicas for HA).")
-@click.option("--lease-namespace", default="kube-system", show_default=True)
-@click.option("--lease-name", default="gpupool-extender", show_default=True)
+@click.option("--leader-elect-resource-namespace", "lease_namespace", default="kube-system", show_default=True,
+              help="Namespace of the leader-election Lease (kube-scheduler's flag names).")
+@click.option("--leader-elect-resource-name", "lease_name", default="gpupool-extender", show_default=True,
+              help="Name of the leader-election Lease.")
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
-@click.option("--lease-duration", default=LeaseSettings.lease_duration, show_default=True,
-              type=click.FloatRange(min=1),
+@click.option("--leader-elect-lease-duration", "lease_duration", default=LeaseSettings.lease_duration,
+              show_default=True, type=click.FloatRange(min=1),
               help="Seconds a candidate waits after it last saw the Lease change before taking it over.")
-@click.option("--renew-deadline", default=LeaseSettings.renew_deadline, show_default=True,
-              type=click.FloatRange(min=0, min_open=True),
-              help="Seconds after its last renewal began that a leader stops binding (below --lease-duration).")
-@click.option("--retry-period", default=LeaseSettings.retry_period, show_default=True,
+@click.option("--leader-elect-renew-deadline", "renew_deadline", default=LeaseSettings.renew_deadline,
+              show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds after its last renewal began that a leader stops binding (below the lease duration).")
+@click.option("--leader-elect-retry-period", "retry_period", default=LeaseSettings.retry_period, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds between attempts to acquire or renew the Lease (docs/extender.md, High availability).")
 @click.option("--explain-limit", default=ExtenderSettings.explain_limit, show_default=True, type=int,
@@ -339,16 +350,8 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "with TLS, none without; 0: none].")
 @click.option("--tls-reload-interval", default=DEFAULT_RELOAD_INTERVAL_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True), help="Seconds between checks of the TLS files.")
-@click.option("--agent-lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
-              help="Watch the node agents' Leases here; a node whose Lease lapsed gets no GPU pods "
-                   "(\"\": do not watch).")
 @click.option("--require-agent-lease/--no-require-agent-lease", default=False, show_default=True,
               help="Also refuse nodes that never had a node agent Lease (docs/security.md, Liveness).")
-@click.option("--hami/--no-hami", default=False, show_default=True,
-              help="nvidia.com/gpu alone is HAMi's card count (whole cards gpupool schedules); only where no "
-                   "node runs NVIDIA's own device plugin (docs/hami.md).")
-@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(list(GPUSHARE_UNITS)),
-              help="What one aliyun.com/gpu-mem is (gpushare clusters that ran --memory-unit=MiB).")
 @click.option("--tenancy/--no-tenancy", default=True, show_default=True,
               help="Watch ResourceGroups, GpuQuotas and Namespaces and apply them (docs/tenancy.md).")
 @click.option("--admission-port", type=click.IntRange(1, 65535), default=None,
@@ -364,21 +367,27 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "kube-scheduler (docs/extender.md, \"Own scheduler\").")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
-@click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
-              help="spec.priority from which a pod is high priority and never borrows (the node agents' value).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
-def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, domain: str, policy: str,
+@cluster_setting_options(old_lease_namespace=False)
+@old_spelling("--lease-namespace", "--leader-elect-resource-namespace", "lease_namespace")
+@old_spelling("--lease-name", "--leader-elect-resource-name", "lease_name")
+@old_spelling("--lease-duration", "--leader-elect-lease-duration", "lease_duration", type=click.FloatRange(min=1))
+@old_spelling("--renew-deadline", "--leader-elect-renew-deadline", "renew_deadline",
+              type=click.FloatRange(min=0, min_open=True))
+@old_spelling("--retry-period", "--leader-elect-retry-period", "retry_period",
+              type=click.FloatRange(min=0, min_open=True))
+def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, lease_duration: float, renew_deadline: float, retry_period: float,
              explain_limit: int, filter_best_only: bool, filter_one_best: bool, assume_deadline: float,
              bind_deadline: float,
              max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
-             health_port: int | None, tls_reload_interval: float, agent_lease_namespace: str,
-             require_agent_lease: bool, hami: bool, gpushare_memory_unit: str, tenancy: bool,
+             health_port: int | None, tls_reload_interval: float,
+             require_agent_lease: bool, tenancy: bool,
              admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str, lending: bool,
-             high_priority_threshold: int, verbose: bool, server_limits: ServerLimits) -> None:
+             verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -394,18 +403,19 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, doma
         raise click.UsageError("--creator-subjects-webhook needs --admission-port (the extender serves that webhook)")
     if scheduler_name in ("", DEFAULT_SCHEDULER):
         raise click.UsageError(f"--scheduler-name must name gpupool's own scheduler, not {scheduler_name!r}")
+    cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
+    log.info("cluster settings: %s", describe(cluster, cluster_flags))
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
-                                 domain=domain, policy=policy, unconfirmed_timeout_s=unconfirmed_timeout,
+                                 cluster=cluster, cluster_config=cluster_flags.config_map, policy=policy,
+                                 unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, lease=lease, identity=identity, explain_limit=explain_limit,
                                  filter_best_only=filter_best_only, filter_one_best=filter_one_best,
                                  assume_s=assume_deadline, bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
-                                 agent_lease_namespace=agent_lease_namespace,
-                                 require_agent_lease=require_agent_lease, hami=hami,
-                                 gpushare_memory_unit=gpushare_memory_unit, tenancy=tenancy,
+                                 require_agent_lease=require_agent_lease, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
-                                 borrow=BorrowSettings(lending, high_priority_threshold),
+                                 lending=lending,
                                  scheduler_name=scheduler_name,
                                  server_limits=server_limits))

@@ -10,10 +10,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAMESPACE, DEFAULT_RENEW_INTERVAL_S
+from gpupool.api.agent_lease import DEFAULT_LEASE_DURATION_S, DEFAULT_RENEW_INTERVAL_S
+from gpupool.api.cluster_settings import ClusterSettings, Setting
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
-from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
+from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S
 from gpupool.api.names import ResourceNames
+from gpupool.cli import cluster_options
+from gpupool.cli.cluster_options import ClusterFlags, cluster_setting_options, describe
+from gpupool.cli.old_flags import old_spelling
 from gpupool.cli.server_options import server_limit_options
 from gpupool.netguard.limits import ServerLimits
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
@@ -75,14 +79,11 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 @click.option("--plugin-dir", default=DEVICE_PLUGIN_DIR, show_default=True)
 @click.option("--pod-resources-socket", default=POD_RESOURCES_SOCKET, show_default=True)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube.")
-@click.option("--domain", default="gpupool.io", show_default=True, help="Resource and annotation domain.")
 @click.option("--serve-aliases", default="", metavar="FAMILIES",
               help="Also serve these foreign resource families, comma-separated: gpushare "
-                   "(aliyun.com/gpu-mem), gpumanager (tencent.com/vcuda-core, vcuda-memory), hami "
-                   "(nvidia.com/gpu, carrying nvidia.com/gpumem, gpumem-percentage, gpucores). For nodes "
-                   "that take over from those device plugins (docs/node-agent.md, docs/hami.md).")
-@click.option("--gpushare-memory-unit", default="GiB", show_default=True, type=click.Choice(["GiB", "MiB"]),
-              help="What one aliyun.com/gpu-mem device is; the extender must read the same unit.")
+                   "(aliyun.com/gpu-mem), gpumanager (tencent.com/vcuda-core, vcuda-memory). For nodes "
+                   "that take over from those device plugins (docs/node-agent.md). HAMi's names: --hami "
+                   "(\"hami\" here still works, deprecated).")
 @click.option("--metrics-port", default=DEFAULT_METRICS_PORT, show_default=True,
               type=click.IntRange(0, 65535),
               help="Serve this node's per-card metrics on this port (GET /metrics); 0: none.")
@@ -106,12 +107,12 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 @click.option("--cgroup-root", default=CGROUP_ROOT, show_default=True, type=click.Path(file_okay=False),
               help="The host's cgroup v2 root, where dmem.max limits are written when the kernel has the dmem "
                    "controller (docs/isolation-backends.md).")
-@click.option("--lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
-              help="Renew this node's heartbeat Lease gpupool-agent-<node> here (\"\": none; docs/security.md).")
-@click.option("--lease-duration", default=DEFAULT_LEASE_DURATION_S, show_default=True, type=click.IntRange(min=1),
+@click.option("--agent-lease-duration", "lease_duration", default=DEFAULT_LEASE_DURATION_S, show_default=True,
+              type=click.IntRange(min=1),
               help="Seconds the extender waits after the last renewal before it stops placing GPU pods here.")
-@click.option("--lease-renew-interval", default=DEFAULT_RENEW_INTERVAL_S, show_default=True,
-              type=click.FloatRange(min=0, min_open=True), help="Seconds between renewals of the Lease.")
+@click.option("--agent-lease-renew-interval", "lease_renew_interval", default=DEFAULT_RENEW_INTERVAL_S,
+              show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between renewals of the heartbeat Lease.")
 @click.option("--risk-action", type=click.Choice(ACTIONS), default=RiskAction.REPORT.value, show_default=True,
               help="What to do about a process on a card outside its grant (docs/security.md, \"Risk detection\"): "
                    "report (event and metric), refuse-opens, evict (the pod), cordon-card. Needs the usage monitor.")
@@ -122,8 +123,6 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                                   "grant before the over-grant backstop reports it (docs/security.md).")
 @click.option("--lending/--no-lending", default=False, show_default=True,
               help="Lend idle cards to waiting pods and apply the priority rules at every open (docs/lending.md).")
-@click.option("--high-priority-threshold", default=DEFAULT_HIGH_PRIORITY_THRESHOLD, show_default=True, type=int,
-              help="A pod whose spec.priority is at least this is high priority (--lending).")
 @click.option("--checkpoint-dir", default=DEFAULT_CHECKPOINT_ROOT, show_default=True,
               type=click.Path(file_okay=False), help="Per-task checkpoint directories (--lending; a hostPath).")
 @click.option("--checkpoint-deadline", default=DEFAULT_CHECKPOINT_DEADLINE_S, show_default=True,
@@ -157,30 +156,43 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                    "prepared-claims.json.")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
+@cluster_setting_options(old_lease_namespace=True)
+@old_spelling("--lease-duration", "--agent-lease-duration", "lease_duration", type=click.IntRange(min=1))
+@old_spelling("--lease-renew-interval", "--agent-lease-renew-interval", "lease_renew_interval",
+              type=click.FloatRange(min=0, min_open=True))
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
-               kubeconfig: str | None, domain: str, serve_aliases: str, gpushare_memory_unit: str,
+               kubeconfig: str | None, serve_aliases: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
                shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str, cgroup_root: str,
-               lease_namespace: str, lease_duration: int, lease_renew_interval: float, risk_action: str,
-               risk_grace: str, risk_memory_tolerance: int, lending: bool, high_priority_threshold: int,
+               lease_duration: int, lease_renew_interval: float, risk_action: str,
+               risk_grace: str, risk_memory_tolerance: int, lending: bool,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
                registration_max_connections: int, dra: bool, dra_kubelet_dir: str, cdi_dir: str,
-               dra_checkpoint: str | None, verbose: bool, server_limits: ServerLimits) -> None:
+               dra_checkpoint: str | None, verbose: bool, server_limits: ServerLimits,
+               cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
-    from gpupool.api.names import GPUSHARE_UNITS, NVIDIA_GPU, ResourceNames, alias_family_resources
+    from gpupool.api.names import alias_family_resources
 
+    families = [f.strip() for f in serve_aliases.split(",") if f.strip()]
+    cluster_flags = _hami_from_aliases(cluster_flags, families)
     try:
-        aliases = alias_family_resources([f.strip() for f in serve_aliases.split(",") if f.strip()])
+        aliases = alias_family_resources([f for f in families if f != HAMI_FAMILY])
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
     monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
     try:
-        beat = HeartbeatSettings(lease_namespace, lease_duration, lease_renew_interval) if lease_namespace else None
+        HeartbeatSettings(duration_s=lease_duration, renew_interval_s=lease_renew_interval)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--lease-renew-interval") from None
+        raise click.BadParameter(str(exc), param_hint="--agent-lease-renew-interval") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
+    logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
+    if cluster.hami:
+        aliases = (*aliases, *(a for a in alias_family_resources([HAMI_FAMILY]) if a not in aliases))
+    lease_namespace = cluster.agent_lease_namespace
+    beat = HeartbeatSettings(lease_namespace, lease_duration, lease_renew_interval) if lease_namespace else None
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root,
                                        registration=RegistrationLimits(registration_timeout,
                                                                        registration_max_connections),
@@ -189,16 +201,22 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         isolation_config.choice()  # refuse an impossible choice before anything starts
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
-    names = ResourceNames(domain, hami=NVIDIA_GPU in aliases, gpushare_unit_mib=GPUSHARE_UNITS[gpushare_memory_unit])
+    names = cluster.resource_names()
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"), risk_memory_tolerance)
+    if dra and risk[0] is not RiskAction.REPORT:
+        raise click.BadParameter(f"{risk_action} cannot be combined with --dra yet: the risk checks know only the "
+                                 "device plugin's grants, so a DRA container using its own card would be judged "
+                                 "a process without a share (docs/dra.md); use --risk-action=report",
+                                 param_hint="--risk-action")
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
-    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, high_priority_threshold, activity,
+    lend = LendingOptions(checkpoint_dir, checkpoint_deadline, cluster.high_priority_threshold, activity,
                           cuda_checkpoint_timeout, state_dir) if lending else None
     dra_options = DraOptions(dra_kubelet_dir, cdi_dir, dra_checkpoint) if dra else None
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
-                     metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options))
+                     metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options,
+                     cluster=cluster))
 
 
 def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
@@ -207,14 +225,29 @@ def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
     agent with the file named and what to do (docs/dra.md)."""
     from gpupool.nodeagent.dra.checkpoint import CheckpointError
     from gpupool.nodeagent.dra.kube_client import KubeDraClient
+    from gpupool.nodeagent.dra.plugin_holdings import held_by_plugin_pods
     from gpupool.nodeagent.dra.setup import DraDriver
 
     client = KubeDraClient(node, kubeconfig)
     try:
         return DraDriver(node, domain, options, lambda: agent.inventory, client.read_claim, client,
-                         agent.enforcement)
+                         agent.enforcement, held_elsewhere=lambda: held_by_plugin_pods(node, agent.listed_pods()))
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+HAMI_FAMILY = "hami"
+
+
+def _hami_from_aliases(flags: ClusterFlags, families: list[str]) -> ClusterFlags:
+    """``--serve-aliases hami``, the old way to say ``--hami``: taken as ``--hami`` with a warning; with
+    ``--no-hami`` a usage error."""
+    if HAMI_FAMILY not in families:
+        return flags
+    click.echo("warning: --serve-aliases hami is deprecated and will be removed; use --hami", err=True)
+    if flags.overrides.get(Setting.HAMI) is False:
+        raise click.UsageError("--serve-aliases hami and --no-hami disagree; give only --hami")
+    return ClusterFlags(flags.config_map, {**flags.overrides, Setting.HAMI: True})
 
 
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
@@ -223,7 +256,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                heartbeat: HeartbeatSettings | None = None,
                risk: tuple[RiskAction, float, int] = (RiskAction.REPORT, DEFAULT_GRACE_S, DEFAULT_OVERHEAD_MIB),
                lend: LendingOptions | None = None, server_limits: ServerLimits | None = None,
-               dra: DraOptions | None = None) -> None:
+               dra: DraOptions | None = None,
+               cluster: ClusterSettings | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -324,6 +358,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_once_served())
+            if cluster is not None:  # what the extender checks this node's agent against (docs/cluster-config.md)
+                from gpupool.nodeagent.settings_publisher import kube_core_v1, publish_settings
+                group.create_task(publish_settings(kube_core_v1(node, kubeconfig), node, cluster))
             if dra_driver is not None:
                 group.create_task(dra_driver.run(agent.wait_devices_changed, agent.devices_version))
             if checks is not None:

@@ -14,7 +14,8 @@ from zero when a pod waits for it), so "no node of the pool exists now" is not "
 Reads only the extender's caches (the quotas its watch keeps, the ledger's GPU models), under the
 cache's lock, so no request costs an API call. Everything that cannot be judged (the cache has not
 listed yet, a pod the extender cannot read) is admitted: the filter still decides, and the answer
-carries a warning saying why it was not checked.
+carries a warning saying why it was not checked. On the webhook's path a GPU pod whose request
+cannot be read never gets here: :mod:`gpupool.extender.request_admission` refuses it first.
 """
 
 from __future__ import annotations

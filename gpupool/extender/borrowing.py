@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD, LendingNames, Priority, pod_priority
+from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD, LendingNames, borrow_refusal
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.lent_view import PolicyFactory, lent_assign, lent_fit, lent_view
 from gpupool.core.model import Placement, PodRequest
@@ -45,7 +45,6 @@ WAIT_MEMORY_S = 300.0
 retries an unschedulable pod at least every 60 s, so a pod still waiting is seen again well within
 this; one that stopped being retried (deleted, scheduled elsewhere) is forgotten."""
 
-BORROW_TRUE = "true"
 NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 OLDER_CHECKED = 64
 """Older waiting pods a loan is checked against, oldest first: bounds a filter's cost when many
@@ -127,17 +126,8 @@ class Lending:
             raw, priority = pod, asked.priority
         else:
             return "the extender has not seen the pod yet (it may borrow on a later try)"
-        meta = raw.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        said = str(annotations.get(self.names.borrow, "")).strip().lower()
-        if said and said != BORROW_TRUE:
-            return f"{self.names.borrow}: {said!r} (only \"true\" lets a pod borrow)"
-        if pod_priority(priority, annotations, threshold=self.settings.threshold,
-                        names=self.names) is Priority.HIGH:
-            return "a high-priority pod does not borrow (a borrower is reclaimed when the owner returns)"
-        if not said and not _controlled(meta):
-            return f"a pod without a controller borrows only with {self.names.borrow}: \"true\""
-        return None
+        return borrow_refusal(raw.get("metadata") or {}, priority, threshold=self.settings.threshold,
+                              names=self.names)
 
     def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
               profile: WorkloadProfile | None, explain_limit: int,
@@ -242,8 +232,3 @@ class Lending:
         except ValueError:
             return math.inf
 
-
-def _controlled(meta: Mapping[str, object]) -> bool:
-    """Whether a controller (ReplicaSet, Job, StatefulSet, ...) owns the pod."""
-    owners = meta.get("ownerReferences") or []
-    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)

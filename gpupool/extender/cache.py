@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpupool.api.annotations import Assignment
+from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
 from gpupool.api.names import ResourceNames
+from gpupool.api.settings_check import settings_problem
 from gpupool.api.tenancy import TenancyNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import NodeSpec, Placement, PodRequest
@@ -41,12 +43,12 @@ from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.request_memo import RequestMemo
-from gpupool.extender.tenancy import Admission, Admissions
-from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
 from gpupool.kube.node_enforcement import share_refusal
 from gpupool.kube.pod_holding import PodRecord
 from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_book import TenancyBook
+from gpupool.kube.tenancy_layers import Admission, Admissions
 from gpupool.kube.translate import TranslationError, as_dict, pod_key
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,14 @@ class ClusterCache:
 
     def __init__(self, names: ResourceNames | None = None, *, policy: str = DEFAULT_POLICY,
                  unconfirmed_timeout_s: float = 300.0, clock: Callable[[], float] = time.time,
-                 tenancy_required: bool = False, borrow: BorrowSettings | None = None) -> None:
+                 tenancy_required: bool = False, borrow: BorrowSettings | None = None,
+                 settings: ClusterSettings | None = None, settings_source: str = CONFIG_MAP) -> None:
         self.names = names or ResourceNames()
+        self.settings = settings or ClusterSettings.reading(self.names, (borrow or BorrowSettings()).threshold)
+        """What every node's agent must run with; a node whose agent published other values gets no
+        GPU pod, with the reason in :attr:`node_problems` (docs/cluster-config.md)."""
+        self.settings_source = settings_source
+        """The ConfigMap (``namespace/name``) the reasons tell the admin to set the values in."""
         self.policy_name = policy
         self.unconfirmed_timeout_s = unconfirmed_timeout_s
         self.clock = clock
@@ -122,7 +130,7 @@ class ClusterCache:
         with self.lock:
             try:
                 spec = self._specs.spec_for(raw)
-                self.node_problems.pop(spec.name, None)
+                self._check_settings(spec.name, raw)
             except TranslationError as exc:
                 name = node_name(raw)
                 if not name:
@@ -146,6 +154,17 @@ class ClusterCache:
                 self.state.upsert_node(spec)  # heartbeats change status fields we do not read
                 self.keeper.sync_node(spec.name)
             self.loans.apply(self.state, raw, spec)
+
+    def _check_settings(self, name: str, raw: Mapping[str, Any]) -> None:
+        """Record (and log once) why the node's agent runs with other settings, or clear it."""
+        annotations = (raw.get("metadata") or {}).get("annotations") or {}
+        problem = (settings_problem(name, annotations, self.settings, config_map=self.settings_source)
+                   if isinstance(annotations, Mapping) else None)
+        if problem is None:
+            self.node_problems.pop(name, None)
+        elif self.node_problems.get(name) != problem:
+            self.node_problems[name] = problem
+            log.warning("no GPU pods on node %s: %s", name, problem)
 
     def _add_new_nodes(self, raws: list[dict[str, Any]]) -> None:
         """Add the nodes of a list that the ledger does not know yet, with one allocation.
@@ -315,7 +334,7 @@ class ClusterCache:
         request become the reservation when they still pass the checks. A node with a claim whose
         assignment cannot be read takes no GPU pod (its free cards are not known). ``tenant``: the
         pod's tenancy: its group and pools must hold the node, and its quotas are checked against
-        the exact placement in the same step as it is booked (:mod:`gpupool.extender.tenancy`).
+        the exact placement in the same step as it is booked (:mod:`gpupool.kube.tenancy_layers`).
         """
         with self.lock:
             admission = self.admissions.admit(self.state, request, tenant, node=node)

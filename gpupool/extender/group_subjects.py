@@ -11,7 +11,7 @@ keeps the label is not judged again.
 
 Why every pod naming a group is refused here when its subjects do not admit it, not only pods of
 groups with User or Group subjects: the filter trusts a labelled pod of a group with User or Group
-subjects (:attr:`gpupool.extender.tenancy.Admissions.creators_checked`). If a pod left Pending under
+subjects (:attr:`gpupool.kube.tenancy_layers.Admissions.creators_checked`). If a pod left Pending under
 a group without them were allowed here, adding a User subject later would let it in unchecked. For
 the same reason a group that does not exist or cannot be read refuses the pod (create the group
 first), and so does a cache that has not listed the groups yet (the client retries).

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.agent_lease import lease_name, lease_node
+from gpupool.api.agent_lease import lapsed_reason, lease_node, missing_reason, renewed_ago
 from gpupool.core.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -122,15 +122,8 @@ class AgentLiveness:
         return node
 
     def _age(self, renew: str) -> float:
-        """How long ago the Lease says it was renewed, by our wall clock; 0 when in the future or
-        unreadable (a first sighting may only make a Lease older, never younger)."""
-        try:
-            stamp = dt.datetime.fromisoformat(renew.replace("Z", "+00:00"))
-        except ValueError:
-            return 0.0
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=dt.UTC)
-        return max(0.0, (self.wall() - stamp).total_seconds())
+        """How long ago the Lease says it was renewed, by our wall clock (see :func:`renewed_ago`)."""
+        return renewed_ago(renew, self.wall())
 
     # ------------------------------------------------------------------------------ reading
     def refusals(self, state: ClusterState) -> Mapping[str, str]:
@@ -153,12 +146,10 @@ class AgentLiveness:
 
     def _lapse_reason(self, node: str, now: float) -> str:
         beat = self._beats[node]
-        return (f"node agent on {node} last renewed {now - beat.observed_at:.0f} s ago (lease "
-                f"{beat.duration_s:g} s): its gpupool node agent is not running, so no GPU can be granted there")
+        return lapsed_reason(node, now - beat.observed_at, beat.duration_s)
 
     def _missing_reason(self, node: str) -> str:
-        return (f"node {node} has no gpupool node agent lease ({self.namespace}/{lease_name(node)}): its agent "
-                f"has not started, or renews in another namespace than --agent-lease-namespace")
+        return missing_reason(node, self.namespace)
 
     def _nodes_without_lease(self, state: ClusterState) -> frozenset[str]:
         """Ledger nodes with no agent Lease, recomputed only when the ledger's nodes or the set of

@@ -19,9 +19,9 @@ from gpupool.core.model import PodRequest
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
-from gpupool.extender.tenancy import Admissions
 from gpupool.extender.victims import Holder, choose_victims, fits_on
 from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_layers import Admissions
 
 NodeGate = Callable[[ClusterState], Mapping[str, str]]
 """Per node, why it takes no pod, from outside the ledger (:mod:`gpupool.extender.liveness`)."""

@@ -19,7 +19,8 @@ for the same reason. Pods that ask for none of gpupool's resources are never jud
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from gpupool.api.names import ResourceNames
@@ -31,6 +32,9 @@ from gpupool.kube.memory_quantity import size_rewrites, with_counts
 from gpupool.kube.translate import TranslationError, pod_request, pod_wants_gpu
 
 TRUE = "true"
+MEMO_SIZE = 256
+"""Verdicts of the cluster check kept per node layout: the pods of one Deployment or Job ask the
+same, and the check walks every card of the cluster (about 2.5 ms at 5,000 nodes of 8 cards)."""
 
 
 class RequestAdmission:
@@ -39,6 +43,7 @@ class RequestAdmission:
     def __init__(self, ledger: Ledger | None, names: ResourceNames) -> None:
         self.ledger = ledger
         self.names = names
+        self._memo: OrderedDict[Hashable, str | None] = OrderedDict()
 
     def review(self, pod: Mapping[str, Any], *, rewrite: bool = True) -> Verdict:
         """The verdict on creating ``pod``: refused with the reason, or allowed with the patch that
@@ -64,9 +69,19 @@ class RequestAdmission:
             return None
         ledger = self.ledger
         with ledger.lock:
-            if not ledger.synced or not ledger.state.capacity().has_cards:
+            state = ledger.state
+            if not ledger.synced or not state.capacity().has_cards:
                 return None
-            problem = shape_problem(ledger.state, request)
+            # the answer depends on the nodes' cards and the containers' requests only
+            key = (id(state), state.layout_version,
+                   tuple((c.name, c.gpu) for c in (*request.containers, *request.init_containers)))
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                problem = self._memo[key]
+            else:
+                problem = self._memo[key] = shape_problem(state, request)
+                if len(self._memo) > MEMO_SIZE:
+                    self._memo.popitem(last=False)
         if problem is None:
             return None
         return (f"pod {request.key} can never be placed on the nodes of this cluster: {problem}; if nodes with "

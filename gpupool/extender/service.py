@@ -36,11 +36,11 @@ from gpupool.extender.node_scores import scale_scores as scale_scores
 from gpupool.extender.one_best import TIED_NOT_FIRST, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
-from gpupool.extender.refusal_texts import alias_problem, with_outside
-from gpupool.extender.tenancy import Admission, Admissions
-from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.victims import Holder
+from gpupool.kube.refusal_texts import alias_problem, with_outside
 from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_book import TenancyBook
+from gpupool.kube.tenancy_layers import Admission, Admissions
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
@@ -70,7 +70,7 @@ class Ledger(Protocol):
     tenancy: TenancyBook
     admissions: Admissions
     """Resource groups and quotas, and the admission of a pod under them (see
-    :mod:`gpupool.extender.tenancy`)."""
+    :mod:`gpupool.kube.tenancy_layers`)."""
     """The placement policy and the workload profile the scheduler was built with (what-if
     questions build their own scheduler the same way)."""
 

@@ -1,5 +1,5 @@
 """List+watch of the tenancy objects (ResourceGroups, GpuQuotas, Namespaces) into the cache's
-:class:`~gpupool.extender.tenancy_book.TenancyBook`, so a change reaches the next filter and bind
+:class:`~gpupool.kube.tenancy_book.TenancyBook`, so a change reaches the next filter and bind
 without a restart. The loop (resume from the last resourceVersion, re-list on 410 Gone, back-off) is
 :mod:`gpupool.kube.listwatch`'s, shared with the node and pod watches.
 

@@ -50,7 +50,7 @@ def fits_on(state: ClusterState, node: str, request: PodRequest,
     """A :data:`Fits` asking a what-if copy of ``node`` (the shared ledger is only read; keys
     booked on other nodes change nothing here). ``scheduler``: builds the scheduler for a copy
     (the ledger's policy and workload profile); ``refusal``: the bind's quota check of the placement
-    found (:meth:`gpupool.extender.tenancy.Admission.quota_check`), so that no pod is evicted for a
+    found (:meth:`gpupool.kube.tenancy_layers.Admission.quota_check`), so that no pod is evicted for a
     placement the preemptor's bind would refuse."""
     def fits(without: frozenset[str]) -> bool:
         copy = what_if_copy(state, [node], without=without)

@@ -29,6 +29,10 @@ class ClusterAccessError(RuntimeError):
     """The kubeconfig cannot be loaded or the API refused a read; the message says which and why."""
 
 
+class NotServedError(ClusterAccessError):
+    """The API has no such resource (404): a CRD that is not installed."""
+
+
 @dataclass(frozen=True)
 class Connection:
     """A configured API client and the namespace the kubeconfig's context names."""
@@ -57,14 +61,15 @@ def connect(kubeconfig: str | None, context: str | None) -> Connection:
     return Connection(api=client.CoreV1Api(client.ApiClient(configuration)), namespace=namespace)
 
 
-def _read(call: Any, what: str, *args: Any) -> Any:
+def _read(call: Any, what: str, *args: Any, **kwargs: Any) -> Any:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     try:
-        response = call(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+        response = call(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
     except ApiException as exc:
-        raise ClusterAccessError(f"cannot read {what}: {exc.status} {exc.reason}") from None
+        error = NotServedError if exc.status == 404 else ClusterAccessError
+        raise error(f"cannot read {what}: {exc.status} {exc.reason}") from None
     except HTTPError as exc:
         raise ClusterAccessError(f"cannot reach the API server to read {what}: {exc}") from None
     return json.loads(response.data)
@@ -114,3 +119,30 @@ def read_pod(connection: Connection, namespace: str, name: str) -> dict[str, Any
     """One pod, as the API's JSON."""
     pod: dict[str, Any] = _read(connection.api.read_namespaced_pod, f"pod {namespace}/{name}", name, namespace)
     return pod
+
+
+def list_custom(connection: Connection, group: str, version: str, plural: str) -> list[dict[str, Any]]:
+    """Every object of a custom resource, in every namespace; :class:`NotServedError` when its CRD is
+    not installed."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(connection.api.api_client)
+    items: list[dict[str, Any]] = _read(api.list_cluster_custom_object, f"{plural}.{group}", group, version,
+                                        plural).get("items") or []
+    return items
+
+
+def list_leases(connection: Connection, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """The Leases of ``namespace`` that ``label_selector`` selects."""
+    from kubernetes import client
+
+    api = client.CoordinationV1Api(connection.api.api_client)
+    items: list[dict[str, Any]] = _read(api.list_namespaced_lease, f"leases in {namespace}", namespace,
+                                        label_selector=label_selector).get("items") or []
+    return items
+
+
+def read_namespace(connection: Connection, name: str) -> dict[str, Any]:
+    """One namespace, as the API's JSON."""
+    namespace: dict[str, Any] = _read(connection.api.read_namespace, f"namespace {name}", name)
+    return namespace

@@ -1,11 +1,17 @@
 """``kubectl gpupool why POD``: why a pod fits on no node, in the sentences the extender's filter gives.
 
-The reasons come from the core (:func:`gpupool.core.feasibility.request_problem` for a pod no node
-could ever hold, :meth:`gpupool.core.scheduler.Scheduler.explain` per node otherwise), asked in the
-order the extender's filter asks them: nodes gpupool refuses (an unreadable inventory or claim),
-nodes that do not serve a foreign alias the pod uses, then CPU, memory and cards. Nodes are grouped
-by the head of their sentence (up to its first ``:`` or ``;``): "no single card has 8192 MiB free"
-is one group whatever each node's largest free slice is; the full sentence is kept per node.
+The filter's rules are applied by the code the extender runs, in the order its filter applies them
+(``gpupool.extender.service``): the pod's admission under its group, quotas and card controls
+(:class:`gpupool.kube.tenancy_layers.Admissions`: a refusal everywhere, or the layers that leave
+nodes without a card: outside the group, outside a quota's pools, no GPU its annotations allow,
+no room left in a quota on the node's GPU model), the request no node could ever hold
+(:func:`gpupool.core.feasibility.request_problem`), nodes gpupool refuses (an unreadable inventory
+or claim, a lapsed agent Lease: :mod:`gpupool.kubectl.rules`), nodes that do not serve a foreign
+alias the pod uses (:func:`gpupool.kube.refusal_texts.alias_problem`), then CPU, memory and cards
+under the placement policy (:meth:`gpupool.core.scheduler.Scheduler.explain`), with a note on the
+cards lent there. Nodes are grouped by the head of their sentence (up to its first ``:`` or ``;``):
+"no single card has 8192 MiB free" is one group whatever each node's largest free slice is; the
+full sentence is kept per node.
 
 gpupool's view only: node selectors, taints and affinity are kube-scheduler's (the pod's
 ``PodScheduled`` condition, shown beside, carries its last word).
@@ -25,6 +31,10 @@ from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, make_policy
 from gpupool.core.scheduler import Scheduler
+from gpupool.kube.refusal_texts import alias_problem
+from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_layers import Admission, Admissions
+from gpupool.kubectl.rules import ClusterRules
 from gpupool.kubectl.snapshot import ClusterSnapshot
 
 BEST_NODES = 3
@@ -55,6 +65,11 @@ class Explanation:
     fits: tuple[tuple[str, float], ...]
     groups: tuple[ReasonGroup, ...]
     everywhere: str | None = None
+    policy: str = DEFAULT_POLICY
+    """The placement policy the fits were scored by (the pod's own choice of binpack or spread
+    applies within it, as in the extender)."""
+    notes: tuple[str, ...] = ()
+    """What could not be read or judged (:class:`ClusterRules`)."""
 
 
 def head(reason: str) -> str:
@@ -71,48 +86,57 @@ def group_reasons(reasons: Mapping[str, str]) -> tuple[ReasonGroup, ...]:
     return tuple(ReasonGroup(h, tuple(sorted(members))) for h, members in ordered)
 
 
-def alias_problem(wanted: frozenset[str], listed: frozenset[str]) -> str | None:
-    """Why a node cannot take the foreign aliases a pod uses (kubelet would start the pod without
-    the grant of a resource its node does not list), or None."""
-    missing = sorted(wanted - listed)
-    if not missing:
-        return None
-    return f"node does not serve {', '.join(missing)} (its gpupool node agent does not advertise it)"
-
-
 def explain(snapshot: ClusterSnapshot, request: PodRequest, aliases: frozenset[str] = frozenset(), *,
-            policy: str = DEFAULT_POLICY, best: int = BEST_NODES) -> Explanation:
-    """Where ``request`` fits in ``snapshot`` now, and why not everywhere else.
+            policy: str = DEFAULT_POLICY, best: int = BEST_NODES, rules: ClusterRules | None = None,
+            tenant: PodTenancy | None = None) -> Explanation:
+    """Where ``request`` fits in ``snapshot`` now, and why not everywhere else, by the filter's rules
+    (``rules``: tenancy, agent Leases, loans; ``tenant``: the pod's namespace, group and card
+    controls, read with the same names as ``rules.book``).
 
     The scheduler's filter is exact (the vectorised masks for one GPU container, the card choice
     itself for several), so every node it passes can take the pod."""
+    rules = rules or ClusterRules()
     state = snapshot.state
     present = [row for row in range(state.size) if state.present[row]]
     names = [state.specs[row].name for row in present]
-    everywhere = request_problem(state, request)
+
+    def answer(fits: tuple[tuple[str, float], ...], failed: dict[str, str], everywhere: str | None) -> Explanation:
+        return Explanation(request.key, len(names), fits, group_reasons(failed), everywhere, policy, rules.notes)
+
+    admission = (Admissions(rules.book).admit(state, request, tenant) if rules.book is not None
+                 else Admission(request))
+    everywhere = admission.error or request_problem(state, admission.request)
     if everywhere is not None:
-        return Explanation(request.key, len(names), (), group_reasons(dict.fromkeys(names, everywhere)), everywhere)
+        return answer((), dict.fromkeys(names, everywhere), everywhere)
+    rows = np.array(present, dtype=np.int64)
+    name_array = np.array(names, dtype=object)
+    usable = np.ones(len(rows), dtype=bool)
     failed: dict[str, str] = {}
-    candidates: list[int] = []
-    for row, name in zip(present, names, strict=True):
-        refused = snapshot.node_problems.get(name) if request.wants_gpu else None
-        refused = refused or alias_problem(aliases, snapshot.listed.get(name, frozenset()))
-        if refused is not None:
-            failed[name] = refused
-        else:
-            candidates.append(row)
+    refused = {**snapshot.node_problems, **rules.node_refusals} if request.wants_gpu else {}
+    for i, name in enumerate(names):
+        problem = refused.get(name)
+        if problem is not None:
+            usable[i] = False
+            failed[name] = problem
+    for outside in admission.refuse_nodes(state, rows, usable, name_array):  # group, pools, pins, quota models
+        failed.update(outside)
+    for i in np.flatnonzero(usable).tolist():
+        problem = alias_problem(aliases, snapshot.listed.get(names[i], frozenset()))
+        if problem is not None:
+            usable[i] = False
+            failed[names[i]] = problem
     profile = WorkloadProfile.from_pods(snapshot.requests) if snapshot.requests else None
     scheduler = Scheduler(state, make_policy(policy), profile=profile)
-    rows = np.array(candidates, dtype=np.int64)
-    ok, scores = scheduler.filter_and_score(request, rows)
-    rejected = np.setdiff1d(rows, ok)
-    explained = scheduler.explain(request, rejected)
+    candidates = rows[usable]
+    ok, scores = scheduler.filter_and_score(admission.request, candidates)
+    rejected = np.setdiff1d(candidates, ok)
+    explained = scheduler.explain(admission.request, rejected)
     for row in rejected.tolist():
         name = state.specs[row].name
-        failed[name] = explained.get(name, DOES_NOT_FIT)
+        failed[name] = explained.get(name, DOES_NOT_FIT) + rules.loans.get(name, "")
     score_of = dict(zip(ok.tolist(), scores.tolist(), strict=True))
     fits = tuple((state.specs[row].name, float(score_of[row])) for row in scheduler.pick(ok, scores)[:best].tolist())
-    return Explanation(request.key, len(names), fits, group_reasons(failed))
+    return answer(fits, failed, None)
 
 
 # ------------------------------------------------------------------------------------- rendering
@@ -121,7 +145,7 @@ def why_text(answer: Explanation, *, examples: int, scheduler_says: str | None =
     lines: list[str] = []
     if answer.fits:
         lines.append(f"pod {answer.pod} fits on {_count(answer.nodes_checked - _refused(answer), 'node')} "
-                     f"of {answer.nodes_checked} by gpupool's booking; best by the default policy:")
+                     f"of {answer.nodes_checked} by gpupool's booking; best by policy {answer.policy}:")
         lines.extend(f"  {name}  (score {score:.3g})" for name, score in answer.fits)
     elif answer.everywhere is not None:
         lines.append(f"pod {answer.pod} fits on no node: {answer.everywhere}")
@@ -136,6 +160,7 @@ def why_text(answer: Explanation, *, examples: int, scheduler_says: str | None =
             lines.extend(f"      {node}: {reason}" for node, reason in shown)
             if len(shown) < len(group.nodes):
                 lines.append(f"      ... and {len(group.nodes) - len(shown)} more")
+    lines.extend(f"note: {note}" for note in answer.notes)
     if scheduler_says:
         lines.append(f"kube-scheduler says: {scheduler_says}")
     return "\n".join(lines)
@@ -151,6 +176,8 @@ def why_json(answer: Explanation, scheduler_says: str | None = None) -> dict[str
         "groups": [{"reason": g.head, "count": len(g.nodes),
                     "nodes": [{"node": node, "reason": reason} for node, reason in g.nodes]}
                    for g in answer.groups],
+        "policy": answer.policy,
+        "notes": list(answer.notes),
         "schedulerSays": scheduler_says,
     }
 

@@ -60,8 +60,7 @@ CNI_PLUGINS = "v1.10.0"
 KWOK = "v0.8.0"
 #: Helm (``helm.sh/helm/v4``), which lints, renders and installs ``charts/gpupool`` in the tests.
 #: Helm 4 rather than 3: Helm 3 receives only security fixes until its end of life (November 2026),
-#: and 4.3.1 is built against client-go v0.37, the newest release above; the chart (apiVersion v2)
-#: uses nothing Helm 3 lacks.
+#: and 4.3.1 is built against client-go v0.37, the newest release above (docs/helm.md).
 HELM = "v4.3.1"
 
 #: Environment variable that selects a release for a whole test session (``v1.35.4`` or ``1.35``).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from gpupool.api.cluster_settings import ClusterSettings
 from gpupool.api.names import ResourceNames
 from gpupool.cli.extender_cmd import ExtenderOptions
 from gpupool.cli.main import cli
@@ -12,8 +13,9 @@ from gpupool.cli.main import cli
 
 @pytest.mark.parametrize(("options", "names"), [
     pytest.param(ExtenderOptions(), ResourceNames(), id="defaults"),
-    pytest.param(ExtenderOptions(hami=True), ResourceNames(hami=True), id="hami"),
-    pytest.param(ExtenderOptions(gpushare_memory_unit="MiB"), ResourceNames(gpushare_unit_mib=1), id="gpushare-mib"),
+    pytest.param(ExtenderOptions(cluster=ClusterSettings(hami=True)), ResourceNames(hami=True), id="hami"),
+    pytest.param(ExtenderOptions(cluster=ClusterSettings(gpushare_memory_unit="MiB")),
+                 ResourceNames(gpushare_unit_mib=1), id="gpushare-mib"),
 ])
 def test_extender_options_give_the_names_it_reads_pods_with(options: ExtenderOptions, names: ResourceNames) -> None:
     assert options.resource_names() == names

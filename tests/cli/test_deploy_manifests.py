@@ -26,10 +26,18 @@ import click
 import pytest
 import yaml
 
+from gpupool.api.cluster_settings import (
+    CONFIG_MAP_NAME,
+    CONFIG_MAP_NAMESPACE,
+    ClusterSettings,
+    Setting,
+    from_config_data,
+)
 from gpupool.api.names import ResourceNames
 from gpupool.cli.main import SUBCOMMANDS, cli
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.deadlines import deadline_problems, go_duration_s
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
@@ -145,6 +153,19 @@ def parse(container: Container) -> tuple[click.Command, dict[str, Any]]:
             assert option in declared, f"{container.where}: {option} is not an option of gpupool {args[0]}"
     ctx = command.make_context(args[0], rest, resilient_parsing=False)
     return command, dict(ctx.params)
+
+
+def shipped_settings() -> ClusterSettings:
+    """What the shipped ConfigMap gpupool-cluster says."""
+    (config_map,) = (d for d in by_kind("ConfigMap") if d["metadata"]["name"] == CONFIG_MAP_NAME)
+    assert config_map["metadata"]["namespace"] == CONFIG_MAP_NAMESPACE
+    return from_config_data(config_map["data"])
+
+
+def settings_run_with(params: dict[str, Any]) -> ClusterSettings:
+    """The shared settings a container runs with: the shipped ConfigMap, its flags on top."""
+    assert params["cluster_config"] == f"{CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}"
+    return shipped_settings().overridden({s: params[s.attribute] for s in Setting})
 
 
 def containers_running(subcommand: str) -> list[Container]:
@@ -342,7 +363,7 @@ def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
             if verb in entry:
                 assert ("POST", f"{url.path.rstrip('/')}/{entry[verb]}") in routes
         managed = [m["name"] for m in entry["managedResources"]]
-        assert sorted(managed) == sorted(ResourceNames(params["domain"]).managed())
+        assert sorted(managed) == sorted(ResourceNames(settings_run_with(params).resource_domain).managed())
         assert all(m["ignoredByScheduler"] for m in entry["managedResources"])
 
 
@@ -380,8 +401,8 @@ def test_agent_and_extender_agree_on_the_lease_namespace_and_its_roles() -> None
     (agent,) = containers_running("node-agent")
     _, extender_params = parse(extender)
     _, agent_params = parse(agent)
-    namespace = agent_params["lease_namespace"]
-    assert extender_params["agent_lease_namespace"] == namespace != "kube-system"
+    namespace = settings_run_with(agent_params).agent_lease_namespace
+    assert settings_run_with(extender_params).agent_lease_namespace == namespace != "kube-system"
     assert extender_params["require_agent_lease"]
     assert agent_params["lease_renew_interval"] < agent_params["lease_duration"]
     assert any(doc["metadata"]["name"] == namespace for doc in by_kind("Namespace"))
@@ -432,3 +453,36 @@ def test_every_rbac_file_lists_its_permissions_in_a_header() -> None:
             for rule in (doc or {}).get("rules", []):
                 for resource in rule["resources"]:
                     assert resource in header, f"{path.name}: {resource} not explained in the header"
+
+
+def test_the_shipped_cluster_config_is_the_built_in_defaults_and_no_flag_overrides_it() -> None:
+    """The ConfigMap names every setting with the value a component without it runs with, and no
+    shipped container overrides one (an override would silently beat an admin's edit of the
+    ConfigMap) or uses a deprecated spelling."""
+    (config_map,) = (d for d in by_kind("ConfigMap") if d["metadata"]["name"] == CONFIG_MAP_NAME)
+    assert set(config_map["data"]) == {s.value for s in Setting}
+    assert shipped_settings() == ClusterSettings()
+    for container in [*containers_running("extender"), *containers_running("node-agent")]:
+        _, params = parse(container)
+        assert {s: params[s.attribute] for s in Setting} == dict.fromkeys(Setting), container.where
+        assert not [k for k, v in params.items() if k.startswith("old_") and v is not None], container.where
+
+
+def test_both_components_may_read_the_cluster_config_and_nothing_else_by_it() -> None:
+    """One Role grants get on exactly the ConfigMap gpupool-cluster, bound to both ServiceAccounts."""
+    (role,) = (r for r in by_kind("Role") if any("configmaps" in rule["resources"] for rule in r["rules"]))
+    assert role["metadata"]["namespace"] == CONFIG_MAP_NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP_NAME],
+                              "verbs": ["get"]}]
+    (binding,) = (b for b in by_kind("RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"])
+    assert {s["name"] for s in binding["subjects"]} == {"gpupool-extender", "gpupool-node-agent"}
+
+
+def test_every_scheduler_config_gives_the_extender_time_for_its_binds_and_assumptions() -> None:
+    """httpTimeout is above the shipped extender's --bind-deadline and at most its --assume-deadline."""
+    (container,) = containers_running("extender")
+    _, params = parse(container)
+    for config in by_kind("KubeSchedulerConfiguration"):
+        (entry,) = config["extenders"]
+        timeout = go_duration_s(entry["httpTimeout"])
+        assert deadline_problems(timeout, params["bind_deadline"], params["assume_deadline"]) == []

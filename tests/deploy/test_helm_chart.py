@@ -154,7 +154,8 @@ def test_with_the_bootstrap_job_and_no_ca_yet_the_webhooks_wait_for_an_upgrade()
     """A webhook without its caBundle would refuse every GPU pod (failurePolicy Fail)."""
     docs = render({"webhooks.quota.enabled": True})
     assert webhooks(docs) == []
-    assert find(docs, "Job", next(d["metadata"]["name"] for d in docs if d["kind"] == "Job"))
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert job["metadata"]["name"].startswith("gpupool-certs-bootstrap-")  # the Job whose CA they wait for
     result = helm("install", "gpupool", str(CHART), "--dry-run=client", "--namespace", "gpupool-system")
     assert result.returncode == 0, result.stderr
     assert "helm upgrade gpupool" in result.stdout and "--reuse-values" in result.stdout  # NOTES say what to do
@@ -276,16 +277,48 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    pytest.param({"nodeAgent.isolation": "off"}, "nodeAgent.isolation \"off\": expected auto, shim, mps or none",
-                 id="isolation"),
-    pytest.param({"certificates.source": "vault"}, "certificates.source \"vault\"", id="certificates"),
-    pytest.param({"nodeAgent.riskAction": "kill"}, "nodeAgent.riskAction \"kill\"", id="risk-action"),
-    pytest.param({"nodeAgent.serveAliases": ["nvidia"]}, "\"nvidia\" is not one of gpushare, gpumanager, hami",
+    pytest.param({"nodeAgent.isolation": "off"}, "'/nodeAgent/isolation': value must be one of 'auto', 'shim', 'mps', "
+                 "'none'", id="isolation"),
+    pytest.param({"certificates.source": "vault"}, "'/certificates/source': value must be one of", id="certificates"),
+    pytest.param({"nodeAgent.riskAction": "kill"}, "'/nodeAgent/riskAction': value must be one of", id="risk-action"),
+    pytest.param({"nodeAgent.serveAliases": ["nvidia"]}, "'/nodeAgent/serveAliases/0': value must be one of",
                  id="aliases"),
-    pytest.param({"webhooks.scheduler.failurePolicy": "fail"}, "expected Fail or Ignore", id="failure-policy"),
-    pytest.param({"aliases.gpushareMemoryUnit": "GB"}, "expected GiB or MiB", id="gpushare-unit"),
-    pytest.param({"cluster.highPriorityThreshold": "high"}, "cluster.highPriorityThreshold high: expected a whole",
-                 id="priority-threshold"),
+    pytest.param({"webhooks.scheduler.failurePolicy": "fail"}, "value must be one of 'Fail', 'Ignore'",
+                 id="failure-policy"),
+    pytest.param({"aliases.gpushareMemoryUnit": "GB"}, "value must be one of 'GiB', 'MiB'", id="gpushare-unit"),
+    pytest.param({"cluster.highPriorityThreshold": "high"},
+                 "'/cluster/highPriorityThreshold': got string, want integer", id="priority-threshold"),
+    pytest.param({"extender.replicas": "two"}, "'/extender/replicas': got string, want integer", id="replicas"),
+    pytest.param({"nodeagent": {"isolation": "none"}}, "additional properties 'nodeagent' not allowed",
+                 id="misspelt-value-name"),
+    pytest.param({"nodeAgent.isolaton": "none"}, "additional properties 'isolaton' not allowed", id="misspelt-key"),
+    pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
+                 "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], message: str) -> None:
+    """values.schema.json: a wrong type, an unknown choice or a misspelt name (which Helm would
+    otherwise ignore silently) stops install, upgrade and template with the value's path."""
     assert message in template_error(values)
+
+
+def test_the_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
+    """crds/ and the dashboard are links into deploy/ (one copy); `helm package` must put their
+    contents into the archive users install from, so it renders as the directory does."""
+    result = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (archive,) = tmp_path.glob("gpupool-*.tgz")
+    values = ["--set-json", "monitoring.kubePrometheus.enabled=true"]
+    packaged = helm("template", "gpupool", str(archive), "--include-crds", *values)
+    directory = helm("template", "gpupool", str(CHART), "--include-crds", *values)
+    assert packaged.returncode == 0, packaged.stderr
+    assert packaged.stdout == directory.stdout
+    assert "CustomResourceDefinition" in packaged.stdout and "gpupool-dashboard.json" in packaged.stdout
+
+
+def test_pull_secrets_and_policy_reach_every_pod() -> None:
+    docs = render({**OPTIONAL_PARTS["pull-secrets"], "nodeAgent.fakeGpus": "cards: []\n"})
+    pods = [(d["metadata"]["name"], spec) for d in docs if (spec := pod_spec(d)) is not None]
+    assert len(pods) == 5  # extender, scheduler, agent, certificate Job and CronJob
+    for name, spec in pods:
+        assert spec["imagePullSecrets"] == [{"name": "registry"}], name
+        assert all(c["imagePullPolicy"] == "Always" for c in spec["containers"] if "gpupool" in c["image"]), name

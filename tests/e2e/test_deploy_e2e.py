@@ -38,10 +38,12 @@ from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 
 from gpupool.api.annotations import decode_allocated, decode_assignment, decode_inventory
+from gpupool.api.cluster_settings import CONFIG_MAP_NAME, ClusterSettings
 from gpupool.api.names import ResourceNames
 from gpupool.cli.extender_cmd import ExtenderOptions, _clients, start_replica
 from gpupool.extender.lease import LeaseSettings
 from gpupool.kube.client_config import api_configuration
+from gpupool.kube.cluster_config import read_cluster_settings
 from gpupool.nodeagent.allocated_codec import encode_served
 from gpupool.nodeagent.heartbeat import HeartbeatSettings, kube_heartbeat
 from gpupool.nodeagent.kube_pod_source import KubePodSource
@@ -158,6 +160,8 @@ def matrix(namespace: str) -> list[dict[str, str]]:
                       (lease_namespace(namespace), AGENT_LEASE), (lease_namespace(namespace), "")]
         elif resource == "pods" and sub:
             places = [("default", "p")]
+        elif resource == "configmaps":
+            places = [(namespace, CONFIG_MAP_NAME), (namespace, "someone-else"), (namespace, ""), ("default", "")]
         elif resource == "secrets":
             places = [(namespace, CERT_SECRETS[0]), (namespace, CERT_SECRETS[2]), (namespace, "someone-else"),
                       (namespace, ""), ("default", CERT_SECRETS[0]), ("default", "")]
@@ -190,7 +194,8 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("list", "gpupool.io", "resourcegroups", "", "", ""), ("watch", "gpupool.io", "resourcegroups", "", "", ""),
             ("list", "gpupool.io", "gpuquotas", "", "default", ""),
             ("watch", "gpupool.io", "gpuquotas", "", "default", ""),
-            ("patch", "gpupool.io", "gpuquotas", "status", "default", "")}
+            ("patch", "gpupool.io", "gpuquotas", "status", "default", ""),
+            ("get", "", "configmaps", "", namespace, CONFIG_MAP_NAME)}
 
 
 def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
@@ -200,6 +205,7 @@ def expected_node_agent(namespace: str) -> set[tuple[str, ...]]:
     return {("list", "", "pods", "", "default", ""), ("watch", "", "pods", "", "default", ""),
             ("get", "", "pods", "", "default", ""), ("patch", "", "pods", "", "default", ""),
             ("patch", "", "nodes", "", "", ""), ("create", "", "events", "", "default", ""),
+            ("get", "", "configmaps", "", namespace, CONFIG_MAP_NAME),
             ("create", "coordination.k8s.io", "leases", "", leases, ""),
             *(("get", "coordination.k8s.io", "leases", "", leases, name) for name in (AGENT_LEASE, "")),
             *(("update", "coordination.k8s.io", "leases", "", leases, name) for name in (AGENT_LEASE, ""))}
@@ -308,12 +314,16 @@ def test_the_real_clients_work_as_their_service_accounts(
     published = core_v1.read_node(node).metadata
     assert len(decode_inventory(published.annotations[NAMES.inventory]).cards) == 2
     assert published.labels[NAMES.model_label] == "Tesla-T4"
+    # the shared settings: the agent may read the cluster's ConfigMap by its name (none is deployed
+    # here: 404, the defaults; without the Role the answer would be 403, "not allowed")
+    agent_core = client.CoreV1Api(client.ApiClient(api_configuration(str(agent_config))))
+    assert read_cluster_settings(agent_core, f"{namespace}/{CONFIG_MAP_NAME}").note.startswith("no ConfigMap")
 
     # The extender: its own wiring (_clients, start_replica) on a kubeconfig with its token.
     extender_core, coordination = _clients(str(service_account_kubeconfig(
         control_plane, core_v1, namespace, EXTENDER_SA, tmp_path / "extender")))
     replica = start_replica(ExtenderOptions(policy="binpack", lease_namespace=namespace, identity="deploy-e2e",
-                                            agent_lease_namespace=lease_namespace(namespace)),
+                                            cluster=ClusterSettings(agent_lease_namespace=lease_namespace(namespace))),
                             extender_core, coordination,
                             LeaseSettings(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5))
     try:
@@ -417,8 +427,9 @@ def test_workloads_pass_server_side_validation_without_losing_fields(
     control_plane: ControlPlane, kube_api_client: client.ApiClient, namespace: str
 ) -> None:
     docs = [d for d in deploy_documents(namespace) if d["kind"] in COLLECTIONS]
-    # the extender and gpupool's own scheduler (with its configuration), the node agent
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "Deployment", "Deployment", "Service"]
+    # the extender and gpupool's own scheduler (with its configuration), the node agent, the shared settings
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "ConfigMap", "DaemonSet", "Deployment", "Deployment",
+                                               "Service"]
     for doc in docs:
         answer = dry_run_create(control_plane, doc)
         assert answer["kind"] == doc["kind"] and answer["metadata"]["namespace"] == namespace

@@ -17,83 +17,46 @@ not in its environment (docs/dra.md says what is proven and what is not).
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpupool.api.environment import ContainerEnvironment
+from tests.e2e.dra_support import (
+    DRIVER,
+    cdi_env,
+    checkpoint_uids,
+    claim_manifest,
+    claim_pod,
+    dra_installed,
+    node_slice,
+)
 from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, condition, wait_for
 
 pytestmark = pytest.mark.e2e
 
-DRIVER = "gpu.gpupool.io"
 CARD_UUID = "GPU-dra-e2e-0000"
 GPUS = f"""\
 model: Tesla-T4
 cards:
   - {{uuid: {CARD_UUID}, memoryMiB: 8192}}
 """
-DEVICE_CLASSES = Path(__file__).parents[2] / "deploy/kustomize/components/dra/device-classes.yaml"
-
-
-def claim_manifest(name: str, memory: str) -> dict[str, Any]:
-    """A ResourceClaim for ``memory`` of one gpupool card."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}]}}}
-
-
-def claim_pod(name: str, claim: str, node: str) -> dict[str, Any]:
-    """A pod on ``node`` whose one container uses ``claim``."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                     "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3600"],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
-
-
-def cdi_env(cdi_dir: Path, uid: str) -> dict[str, str] | None:
-    """The env of a claim's CDI device, or ``None`` while its spec file is missing."""
-    path = cdi_dir / f"gpupool.io-claim_{uid}.json"
-    if not path.is_file():
-        return None
-    (device,) = json.loads(path.read_text())["devices"]
-    return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
-
-
-def checkpoint_uids(path: Path) -> set[str]:
-    return {c["claim"]["uid"] for c in json.loads(path.read_text())["claims"]} if path.is_file() else set()
 
 
 def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
         kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str,
         start_kubelet: StartKubelet, start_node_agent: Any, tmp_path: Path) -> None:
-    resource = client.ResourceV1Api(kube_api_client)
     node = f"dra-{uuid.uuid4().hex[:6]}"
     kubelet = start_kubelet(node)
     cdi_dir = tmp_path / "cdi"
     args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir))
     agent: NodeAgentProcess = start_node_agent(kubelet, GPUS, extra_args=args)
     checkpoint = kubelet.root_dir / "plugins" / DRIVER / "prepared-claims.json"
-    device_class = yaml.safe_load(DEVICE_CLASSES.read_text())
-    try:
-        resource.create_device_class(device_class)
-    except ApiException as exc:
-        if exc.status != 409:  # an earlier run's, identical
-            raise
-    try:
-        def node_slice() -> dict[str, Any] | None:
-            for item in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
-                return kube_api_client.sanitize_for_serialization(item)  # type: ignore[no-any-return]
-            return None
-
-        published = wait_for(node_slice, timeout=60, what="the agent's ResourceSlice")
+    with dra_installed(kube_api_client, node) as resource:
+        published = wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
         (device,) = published["spec"]["devices"]
         assert (published["spec"]["driver"], device["name"], device["allowMultipleAllocations"]) == (
             DRIVER, "gpu-0", True)
@@ -150,8 +113,3 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
                  what=f"claim-b's CDI spec removed after a kubelet restart ({agent.log_path})")
         assert checkpoint_uids(checkpoint) == set()
         assert agent.running()
-    finally:
-        agent.stop()
-        resource.delete_device_class(DRIVER)
-        for item in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
-            resource.delete_resource_slice(item.metadata.name)

@@ -115,6 +115,8 @@ def release(control_plane: ControlPlane, kube_api_client: client.ApiClient,
     core_v1 = client.CoreV1Api(kube_api_client)
     present = {n.metadata.name for n in core_v1.list_namespace().items} & set(NAMESPACES)
     assert not present, f"gpupool's namespaces exist before the chart is installed: {sorted(present)}"
+    extensions = client.ApiextensionsV1Api(kube_api_client)
+    crds_before = {c.metadata.name for c in extensions.list_custom_resource_definition().items} & set(CRDS)
     state = Release(binary, control_plane, tmp_path_factory.mktemp("helm"))
     try:
         yield state
@@ -129,6 +131,20 @@ def release(control_plane: ControlPlane, kube_api_client: client.ApiClient,
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        # the CRDs Helm installed and never deletes: later modules install them themselves
+        created = set(CRDS) - crds_before
+        for name in created:
+            try:
+                extensions.delete_custom_resource_definition(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        def crds_gone() -> bool | None:
+            return True if not created & {c.metadata.name for c in extensions.list_custom_resource_definition().items} \
+                else None
+
+        wait_for(crds_gone, timeout=60, what=f"the CRDs {sorted(created)} deleted")
 
 
 def test_install_creates_every_object_and_the_crds_but_no_webhook_before_the_ca(

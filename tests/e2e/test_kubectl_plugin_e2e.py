@@ -10,6 +10,7 @@ point) with this checkout on ``PYTHONPATH``. Nodes are kubelet-less API objects 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -22,21 +23,27 @@ import pytest
 from aiohttp import web
 from kubernetes import client
 
+from gpupool.api.agent_lease import LEASE_COMPONENT, LEASE_LABEL, lease_name
 from gpupool.api.annotations import Inventory, encode_inventory
 from gpupool.api.names import ResourceNames
+from gpupool.api.tenancy import TenancyNames
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.metrics import metrics_app
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.nodeip import find_node_ip
 from tests.e2e.e2e_support import MakeNode, free_port
+from tests.e2e.test_tenancy_e2e import crds
 from tests.kubectl.objects import assignment
 from tests.nodeagent.usage_world import agent_with_monitor
 
 # Also in the compatibility set run on the oldest supported Kubernetes minor (scripts/test-all).
 pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
+__all__ = ["crds"]  # deploy/crds/ installed, as a fixture of this module too
+
 NAMES = ResourceNames()
+NAMES_TENANCY = TenancyNames()
 ROOT = Path(__file__).resolve().parents[2]
 CARD_MIB = 16384
 KUBECTL_TIMEOUT_S = 60
@@ -63,11 +70,12 @@ def run_kubectl(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def gpu_node(make_node: MakeNode, cards: int, model: str = "Tesla-T4", uuids: tuple[str, ...] = ()) -> str:
+def gpu_node(make_node: MakeNode, cards: int, model: str = "Tesla-T4", uuids: tuple[str, ...] = (),
+             labels: dict[str, str] | None = None) -> str:
     name = f"kp-{uuid.uuid4().hex[:6]}"
     inventory = Inventory(tuple(GpuCard(i, uuids[i] if uuids else f"GPU-{name}-{i}", model, CARD_MIB)
                                 for i in range(cards)))
-    return make_node(name, annotations={NAMES.inventory: encode_inventory(inventory)})
+    return make_node(name, annotations={NAMES.inventory: encode_inventory(inventory)}, labels=labels)
 
 
 def set_internal_ip(core_v1: client.CoreV1Api, node: str, address: str) -> None:
@@ -147,6 +155,44 @@ def test_why_explains_a_pending_pod_that_fits_nowhere(
     assert f"pod {namespace}/waiting fits on none of" in out
     assert "  1 node: no single card has 8192 MiB free" in out.splitlines()[1:]
     assert f"      {node}: no single card has 8192 MiB free; largest free 4096 MiB" in out.splitlines()
+
+
+def agent_lease(node: str, renewed: dt.datetime) -> dict[str, object]:
+    """The node agent's heartbeat Lease for ``node``, last renewed at ``renewed``."""
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": lease_name(node), "labels": {LEASE_LABEL: LEASE_COMPONENT}},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                     "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+
+
+@pytest.mark.usefixtures("crds")
+def test_why_applies_the_quotas_pools_and_the_agents_leases(
+        kubectl: dict[str, str], core_v1: client.CoreV1Api, kube_api_client: client.ApiClient, namespace: str,
+        make_node: MakeNode) -> None:
+    """The extender's rules beyond card fit, read from the real API: a GpuQuota allowing pool a only,
+    and a node of that pool whose agent stopped renewing its Lease."""
+    model = f"T4-{uuid.uuid4().hex[:6]}"
+    pool = NAMES_TENANCY.pool_label
+    fitting = gpu_node(make_node, 1, model, labels={pool: "a"})
+    outside = gpu_node(make_node, 1, model, labels={pool: "b"})
+    silent = gpu_node(make_node, 1, model, labels={pool: "a"})
+    client.CustomObjectsApi(kube_api_client).create_namespaced_custom_object(
+        "gpupool.io", "v1alpha1", namespace, "gpuquotas",
+        {"apiVersion": "gpupool.io/v1alpha1", "kind": "GpuQuota", "metadata": {"name": "gpus"},
+         "spec": {"hard": {"gpuMemory": "64Gi"}, "pools": ["a"]}})
+    leases = client.CoordinationV1Api(kube_api_client)
+    now = dt.datetime.now(dt.UTC)
+    leases.create_namespaced_lease(namespace, agent_lease(fitting, now))
+    leases.create_namespaced_lease(namespace, agent_lease(silent, now - dt.timedelta(minutes=10)))
+    core_v1.create_namespaced_pod(namespace, pod("waiting", 4, model=model))
+    out = run_kubectl(kubectl, "gpupool", "why", "waiting", "-n", namespace, "--examples", "0",
+                      "--agent-lease-namespace", namespace, "--best", "1")
+    lines = out.splitlines()
+    assert lines[1].split() == [fitting, "(score", lines[1].split()[-1]], out
+    assert (f"      {outside}: node is not in a pool GpuQuota {namespace}/gpus allows (a; node label {pool})"
+            in lines), out
+    assert any(line.startswith(f"      {silent}: node agent on {silent} last renewed 6") for line in lines), out
+    assert "note:" not in out
 
 
 UNREACHABLE_IP = "198.51.100.7"

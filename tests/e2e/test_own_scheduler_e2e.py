@@ -26,6 +26,8 @@ and CPU pods are created as ever.
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -323,3 +325,47 @@ def test_while_no_extender_answers_gpu_pods_are_refused_and_cpu_pods_created(
         assert scheduler_of(create(core_v1, namespace, other)) == "someone-else"  # not asked either
     finally:
         admission.delete_mutating_webhook_configuration(name)
+
+
+def server_dry_run(plane: ControlPlane, namespace: str, body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``kubectl create --dry-run=server`` of ``body``: the apiserver runs the webhooks and answers
+    the pod as it would store it (stdout, JSON) and the webhooks' warnings (stderr), as users see them."""
+    return subprocess.run([str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig), "-n", namespace,
+                           "create", "--dry-run=server", "-o", "json", "-f", "-"],
+                          input=json.dumps(body), capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_memory_sizes_become_counts_and_pods_no_card_holds_are_refused(
+        control_plane: ControlPlane, registered: str, core_v1: client.CoreV1Api, namespace: str,
+        make_node: MakeNode) -> None:
+    """What the apiserver hands the webhook is what the rewrite assumes: a size keeps its binary
+    suffix (``4096Mi`` arrives as ``4Gi``), the count comes back in limits and requests with the
+    warning kubectl prints; a count in the wrong unit and a card no node has are refused with the
+    reason in kubectl's error."""
+    gpu_node(make_node)  # 16 GiB cards: the extender's cache then has cards to judge against
+
+    def refusal(limits: dict[str, str]) -> str:
+        done = server_dry_run(control_plane, namespace, gpu_pod_manifest("p", [("main", limits)]))
+        assert done.returncode != 0, done.stdout
+        return done.stderr
+
+    huge = wait_for(lambda: (lambda text: text if "can never be placed" in text else None)(
+        refusal({NAMES.gpu_mem: "512Gi"})), timeout=30, what="the extender's cache to know a GPU node")
+    assert 'admission webhook "pods.scheduler.gpupool.io" denied the request' in huge
+    assert "container main asks for 524288 MiB on one card; the largest card has" in huge
+    assert "gpupool.io/gpu-mem counts 256 MiB units: 4096 is 1 TiB; for 4 GiB write 16" in refusal(
+        {NAMES.gpu_mem: "4096"})
+    assert "GPU compute is a percentage of one card (1..100), got 150" in refusal({NAMES.gpu_core: "150"})
+    # the apiserver hands a count of 1000 over as "1k": still the count, never 1000 bytes rounded up to 1
+    assert "container main asks for 256000 MiB on one card" in refusal({NAMES.gpu_mem: "1000"})
+
+    for written, count in (("4Gi", "16"), ("4096Mi", "16"), ("1000Mi", "4")):
+        body = gpu_pod_manifest("sized", [("main", {NAMES.gpu_mem: written, NAMES.gpu_core: "30"})])
+        done = server_dry_run(control_plane, namespace, body)
+        assert done.returncode == 0, done.stderr
+        stored = json.loads(done.stdout)
+        resources = stored["spec"]["containers"][0]["resources"]
+        assert resources["limits"][NAMES.gpu_mem] == resources["requests"][NAMES.gpu_mem] == count, written
+        assert stored["spec"]["schedulerName"] == GPUPOOL_SCHEDULER
+        assert "Warning: gpupool: container main: gpupool.io/gpu-mem counts 256 MiB units: " in done.stderr
+        assert f" rewritten as {count} " in done.stderr, done.stderr

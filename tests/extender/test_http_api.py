@@ -438,7 +438,7 @@ def test_foreign_aliases_go_only_to_nodes_that_serve_them() -> None:
         status, body = await post(client, "/filter", args(pod("r2", hami), names))
         assert body["NodeNames"] == ["serves"]
         assert body["FailedNodes"] == {"plain": "node does not serve nvidia.com/gpu: start its gpupool "
-                                                "node agent with --serve-aliases hami"}
+                                                "node agent with --hami"}
         status, body = await post(client, "/prioritize", args(pod("s", container(**{"aliyun.com/gpu-mem": 4})),
                                                                names))
         assert {h["Host"]: h["Score"] for h in body} == {"serves": 10, "plain": 0}

@@ -26,7 +26,7 @@ from gpupool.core.state import ClusterState
 from gpupool.core.usage import Amounts
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.wire import SAFE_PERCENT, FilterResult, binding_result, format_safe, format_safe_reasons
-from gpupool.extender.refusal_texts import alias_problem
+from gpupool.kube.refusal_texts import alias_problem
 from gpupool.testing.fake_api import FakePodApi
 from tests.core.builders import book_slice, make_node, pod_with
 from tests.extender.http_world import ALIBABA_NODES, args, post, run

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.api.names import ResourceNames
 from gpupool.extender.admission import QuotaAdmission
@@ -179,3 +181,21 @@ def test_the_mutating_webhook_refuses_what_can_never_be_placed() -> None:
     assert response["allowed"] is False and "patch" not in response
     assert response["status"]["message"].endswith("gpupool.io/gpu-mem counts 256 MiB units: 4096 is 1 TiB; "
                                                   "for 4 GiB write 16")
+
+
+CONTAINER_KEYS = ["name", "resources", "limits", "requests", "gpupool.io/gpu-mem", "gpupool.io/gpu-core",
+                  "gpupool.io/gpu", "containers", "initContainers", "annotations", "x"]
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 10**6) | st.sampled_from(["4Gi", "16", "c", "150", ""]),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(CONTAINER_KEYS),
+                                                                                inner, max_size=4),
+                    max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(containers=JSON, annotations=JSON)
+def test_any_pod_gets_a_verdict_never_an_exception(containers: Any, annotations: Any) -> None:
+    """The webhook's answer for whatever the apiserver hands over before validating it (the review
+    always names the pod): a crash would be a 500, and the pod-scheduler webhook fails closed."""
+    raw = {"metadata": {"name": "p", "namespace": "ml", "annotations": annotations}, "spec": {"containers": containers}}
+    verdict = admission().review(raw)
+    assert verdict.allowed or verdict.reason

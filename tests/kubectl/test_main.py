@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -11,10 +13,14 @@ from click.testing import CliRunner
 from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_usage_report
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
+from tests.extender.tenancy_world import quota
 from tests.kubectl.objects import gpu_node, gpu_pod, placed
 
 NODES = [gpu_node("a", [16384])]
 PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a", 0, 1, container="c")]
+GROUPS: list[dict[str, Any]] = []
+QUOTAS: list[dict[str, Any]] = []
+LEASES: list[dict[str, Any]] = []
 
 
 @pytest.fixture
@@ -34,6 +40,10 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(kube, "list_pods", lambda _: PODS)
     monkeypatch.setattr(kube, "read_pod", read_pod)
     monkeypatch.setattr(kube, "read_node_proxy", read_node_proxy)
+    monkeypatch.setattr(kube, "list_custom", lambda _, group, version, plural: {
+        "resourcegroups": GROUPS, "gpuquotas": QUOTAS}[plural])
+    monkeypatch.setattr(kube, "read_namespace", lambda _, name: {"metadata": {"name": name}})
+    monkeypatch.setattr(kube, "list_leases", lambda _, namespace, selector: LEASES)
     return asked
 
 
@@ -113,3 +123,47 @@ def test_kube_schedulers_word_is_its_pod_scheduled_condition() -> None:
                                      {"type": "PodScheduled", "status": "False", "message": "0/3 nodes"}]}}
     assert scheduler_message(pod) == "0/3 nodes"
     assert scheduler_message({}) is None
+
+
+def test_why_applies_the_namespaces_quota(cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "QUOTAS", [quota("team", hard={"gpuMemory": "1Gi"})])
+    result = run("why", "waiting")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].startswith("pod team/waiting fits on no node: GpuQuota team/gpus")
+
+
+def test_why_refuses_a_node_whose_agent_lease_lapsed(cluster: list[tuple[str, str]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    old = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    monkeypatch.setattr(sys.modules[__name__], "LEASES", [{"metadata": {"name": "gpupool-agent-a"}, "spec": {
+        "holderIdentity": "a", "leaseDurationSeconds": 40, "renewTime": old}}])
+    result = run("why", "waiting")
+    assert result.output.splitlines()[1] == "  1 node: node agent on a last renewed 600 s ago (lease 40 s)"
+
+
+def test_why_without_lease_is_refused_only_when_the_extender_requires_one(cluster: list[tuple[str, str]]) -> None:
+    assert "no gpupool node agent lease" not in run("why", "waiting").output
+    assert "1 node: node a has no gpupool node agent lease" in run("why", "waiting", "--require-agent-lease").output
+
+
+def test_what_cannot_be_read_is_a_note_not_an_error(cluster: list[tuple[str, str]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*_: Any) -> Any:
+        raise kube.ClusterAccessError("cannot read gpuquotas.gpupool.io: 403 Forbidden")
+
+    monkeypatch.setattr(kube, "list_custom", forbidden)
+    result = run("why", "waiting", "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["notes"] == ["resource groups, GPU quotas and pools not applied: cannot read gpuquotas.gpupool.io: "
+                            "403 Forbidden"]
+    assert doc["groups"][0]["reason"] == "no single card has 8192 MiB free"
+
+
+def test_a_missing_crd_means_no_such_objects(cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_served(*_: Any) -> Any:
+        raise kube.NotServedError("cannot read resourcegroups.gpupool.io: 404 Not Found")
+
+    monkeypatch.setattr(kube, "list_custom", not_served)
+    doc = json.loads(run("why", "waiting", "-o", "json").output)
+    assert doc["notes"] == [] and doc["policy"] == "gpupool"

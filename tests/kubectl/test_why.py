@@ -8,6 +8,7 @@ import pytest
 
 from gpupool.api.names import NVIDIA_GPUMEM
 from gpupool.core.model import PodRequest
+from gpupool.kube.refusal_texts import alias_problem
 from gpupool.kube.translate import foreign_resources, pod_request
 from gpupool.kubectl.snapshot import build_snapshot
 from gpupool.kubectl.why import Explanation, explain, group_reasons, head, why_json, why_text
@@ -86,7 +87,7 @@ def test_refused_nodes_and_unserved_aliases_get_the_extenders_reasons() -> None:
     wanted = gpu_pod("alias", None, limits={NVIDIA_GPUMEM: "1000"})
     result = answer(nodes, [], wanted)
     reasons = {node: reason for g in result.groups for node, reason in g.nodes}
-    assert reasons["plain"].startswith(f"node does not serve {NVIDIA_GPUMEM}")
+    assert reasons["plain"] == alias_problem(frozenset({NVIDIA_GPUMEM}), frozenset())  # the extender's sentence
     assert "inventory-v1" in reasons["broken"]
     assert [name for name, _ in result.fits] == ["serves"]
 

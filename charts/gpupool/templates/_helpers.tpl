@@ -14,14 +14,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* imagePullSecrets of a pod spec, if any. */}}
-{{- define "gpupool.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-{{ toYaml . }}
-{{- end }}
-{{- end }}
-
 {{/*
 The webhooks' caBundle: the value, else (certificates from the bootstrap Job) ca.crt of the Secret
 the Job wrote, read at install or upgrade; "" when neither is known.
@@ -73,32 +65,6 @@ caBundle: {{ . }}
 {{ toJson $names }}
 {{- end }}
 
-{{/* Checks of values that would otherwise render something broken, each failing with its reason. */}}
-{{- define "gpupool.validate" -}}
-{{- if not (has .Values.certificates.source (list "bootstrap" "cert-manager" "none")) -}}
-{{- fail (printf "certificates.source %q: expected bootstrap, cert-manager or none" .Values.certificates.source) -}}
-{{- end -}}
-{{- if not (has .Values.nodeAgent.isolation (list "auto" "shim" "mps" "none")) -}}
-{{- fail (printf "nodeAgent.isolation %q: expected auto, shim, mps or none (none: the explicit opt-out, nothing enforced)" .Values.nodeAgent.isolation) -}}
-{{- end -}}
-{{- if not (has .Values.nodeAgent.riskAction (list "report" "refuse-opens" "evict" "cordon-card")) -}}
-{{- fail (printf "nodeAgent.riskAction %q: expected report, refuse-opens, evict or cordon-card" .Values.nodeAgent.riskAction) -}}
-{{- end -}}
-{{- if not (has .Values.webhooks.scheduler.failurePolicy (list "Fail" "Ignore")) -}}
-{{- fail (printf "webhooks.scheduler.failurePolicy %q: expected Fail or Ignore" .Values.webhooks.scheduler.failurePolicy) -}}
-{{- end -}}
-{{- if not (has .Values.aliases.gpushareMemoryUnit (list "GiB" "MiB")) -}}
-{{- fail (printf "aliases.gpushareMemoryUnit %q: expected GiB or MiB" .Values.aliases.gpushareMemoryUnit) -}}
-{{- end -}}
-{{- if not (regexMatch "^-?[0-9]+$" (toString .Values.cluster.highPriorityThreshold)) -}}
-{{- fail (printf "cluster.highPriorityThreshold %v: expected a whole number (a pod priority)" .Values.cluster.highPriorityThreshold) -}}
-{{- end -}}
-{{- range .Values.nodeAgent.serveAliases -}}
-{{- if not (has . (list "gpushare" "gpumanager" "hami")) -}}
-{{- fail (printf "nodeAgent.serveAliases: %q is not one of gpushare, gpumanager, hami" .) -}}
-{{- end -}}
-{{- end -}}
-{{- end }}
 
 {{/* The data of the ConfigMap gpupool-cluster (its checksum restarts the extender and the agents). */}}
 {{- define "gpupool.clusterSettings" -}}

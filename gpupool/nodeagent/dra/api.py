@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpupool.api.dra import driver_name
 from gpupool.nodeagent.dra.generated import gpupool_dra_v1_pb2 as dra_pb
 from gpupool.nodeagent.dra.generated import gpupool_dra_v1_pb2_grpc as dra_grpc
 from gpupool.nodeagent.dra.generated import gpupool_pluginregistration_v1_pb2 as reg_pb
@@ -18,9 +19,3 @@ DRA_SERVICE = "v1.DRAPlugin"
 #: kubelet's root directory; its plugin watcher scans ``<root>/plugins_registry``.
 KUBELET_DIR = "/var/lib/kubelet"
 REGISTRY_SUBDIR = "plugins_registry"
-
-
-def driver_name(domain: str) -> str:
-    """The DRA driver name of gpupool's GPUs under ``domain``: ``gpu.gpupool.io`` by default (a
-    DNS subdomain, as ResourceSlices and DeviceClass selectors need)."""
-    return f"gpu.{domain}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,16 @@ class CdiSpecs:
         """Write the claim's spec (replacing an older one); the CDI device ID."""
         os.makedirs(self.directory, exist_ok=True)
         path = self.path(claim_uid)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(spec(self.kind, claim_uid, grant), out, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        # a temporary name of its own: two writes of one claim may run at once (in threads)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":")))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         return self.device_id(claim_uid)
 
     def exists(self, claim_uid: str) -> bool:

@@ -7,13 +7,16 @@ hold on them, builds the container grant with the same code an Allocate uses
 writes the claim's CDI spec, then remembers the claim in the checkpoint. A repeated prepare of a
 remembered claim answers the same devices without reading anything (kubelet retries; the agent
 may have restarted). Unprepare removes the spec and forgets the claim; an unknown claim is already
-unprepared. Calls are serialised by one lock: a claim is checked against a settled view of the
-cards, and the checkpoint is written once per kubelet call, not once per claim.
+unprepared. Bookkeeping is serialised by one lock, so a claim is checked against a settled view of
+the cards; reading claims and writing files happen outside it. A call answers only once the
+checkpoint holds its change; the file is written in a thread by one writer at a time, so the calls
+that arrive meanwhile share the next write (100 claims at once cost a few writes, not 100).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -36,6 +39,9 @@ log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 """(namespace, name) → the ResourceClaim as JSON, ``None`` when it does not exist."""
+HeldElsewhere = Callable[[], Mapping[int, tuple[int, int, bool]]]
+"""Card (NVML index) → memory MiB, compute per mille and whether whole, held by the device
+plugin's pods now (:func:`gpupool.nodeagent.dra.plugin_holdings.held_by_plugin_pods`)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,8 @@ class ClaimState:
     """Prepared claims of one node: prepare, unprepare, remembered in ``checkpoint_path``."""
 
     def __init__(self, node: str, driver: str, inventory: Callable[[], GpuInventory], read_claim: ClaimReader,
-                 cdi: CdiSpecs, checkpoint_path: str, enforcement: Enforcement | None = None) -> None:
+                 cdi: CdiSpecs, checkpoint_path: str, enforcement: Enforcement | None = None,
+                 held_elsewhere: HeldElsewhere | None = None) -> None:
         self.node = node
         self.driver = driver
         self.pool = node
@@ -74,8 +81,13 @@ class ClaimState:
         self.cdi = cdi
         self.checkpoint_path = checkpoint_path
         self.enforcement: Enforcement = enforcement or NoEnforcement()
+        self._held_elsewhere = held_elsewhere
         self._claims: dict[str, PreparedClaim] = checkpoint.load(checkpoint_path)
         self._lock = asyncio.Lock()
+        self._save_lock = asyncio.Lock()
+        self._version = 0
+        """Bumped on every change of ``_claims``; ``_saved`` is the version the file holds."""
+        self._saved = 0
         self.stats = ClaimStats()
 
     @property
@@ -85,36 +97,92 @@ class ClaimState:
 
     # ------------------------------------------------------------------ kubelet's calls
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
-        """Prepare each claim; UID → its devices, or the reason it was refused (kubelet shows it)."""
+        """Prepare each claim; UID → its devices, or the reason it was refused (kubelet shows it).
+
+        Three steps, so that only bookkeeping waits for the lock: the claims not known yet are read
+        from the API concurrently; under the lock each is checked and booked; then their CDI specs
+        are written in threads, concurrently, and the checkpoint once for all."""
         out: dict[str, list[PreparedDevice] | str] = {}
+        fresh = [ref for ref in refs if ref.uid not in self._claims]
+        read = await asyncio.gather(*(self._read(ref) for ref in fresh), return_exceptions=True)
+        objects = {ref.uid: obj for ref, obj in zip(fresh, read, strict=True)}
+        specs: list[tuple[PreparedClaim, ContainerGrant]] = []
         async with self._lock:
-            changed = False
             for ref in refs:
                 started = time.perf_counter()
                 try:
-                    prepared, new = await self._prepare_one(ref)
+                    prepared, grant = self._book(ref, objects.get(ref.uid))
                 except (ClaimError, GrantError) as exc:
-                    self.stats.refused += 1
-                    log.error("refusing to prepare claim %s: %s", ref, exc)
-                    out[ref.uid] = str(exc)
+                    out[ref.uid] = self._refuse(ref, str(exc))
                     continue
-                except Exception as exc:  # the API or the disk: kubelet retries the call
-                    self.stats.refused += 1
+                except Exception as exc:  # the API or the enforcement backend: kubelet retries the call
                     log.exception("preparing claim %s failed", ref)
-                    out[ref.uid] = f"preparing claim {ref} failed: {exc}"
+                    out[ref.uid] = self._refuse(ref, f"preparing claim {ref} failed: {exc}")
                     continue
-                changed |= new
+                if grant is not None:
+                    specs.append((prepared, grant))
                 out[ref.uid] = devices_of(prepared)
                 self.stats.prepare_ms.append((time.perf_counter() - started) * 1000.0)
-            if changed:
-                self._save()
+        written = await asyncio.gather(*(asyncio.to_thread(self.cdi.write, p.claim.uid, g) for p, g in specs),
+                                       return_exceptions=True)
+        for (prepared, _), result in zip(specs, written, strict=True):
+            if isinstance(result, BaseException):
+                out[prepared.claim.uid] = await self._unbook(prepared, result)
+            elif prepared.claim.uid not in self._claims:  # unprepared while its spec was written
+                with contextlib.suppress(OSError):
+                    self.cdi.remove(prepared.claim.uid)
+        await self._persist()
         return out
+
+    async def _read(self, ref: ClaimRef) -> Mapping[str, Any]:
+        obj = await self._read_claim(ref.namespace, ref.name)
+        if obj is None:
+            raise ClaimError(f"claim {ref} does not exist")
+        return obj
+
+    def _refuse(self, ref: ClaimRef, reason: str) -> str:
+        self.stats.refused += 1
+        log.error("refusing to prepare claim %s: %s", ref, reason)
+        return reason
+
+    def _book(self, ref: ClaimRef, obj: Mapping[str, Any] | BaseException | None
+              ) -> tuple[PreparedClaim, ContainerGrant | None]:
+        """Under the lock: the claim as prepared, and the grant whose CDI spec must be written
+        (``None`` when the spec is on disk already)."""
+        known = self._claims.get(ref.uid)
+        if known is not None:  # prepared before (or by a call that read it meanwhile)
+            self.stats.repeated += 1
+            if self.cdi.exists(ref.uid):
+                return known, None
+            return known, self._grant(self._allocation_of(known))  # removed behind our back
+        if isinstance(obj, BaseException):
+            raise obj
+        if obj is None:
+            raise ClaimError(f"claim {ref} was not read")
+        allocation = read_allocation(ref, obj, self.driver, self.pool)
+        self._check_fits(allocation)
+        grant = self._grant(allocation)
+        prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares,
+                                 self.cdi.device_id(ref.uid))
+        self._claims[ref.uid] = prepared
+        self._version += 1
+        self.stats.prepared += 1
+        log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
+                 ", ".join(f"{s.device} {_amount(s.memory_mib)} {s.compute_percent}%" for s in allocation.shares))
+        return prepared, grant
+
+    async def _unbook(self, prepared: PreparedClaim, error: BaseException) -> str:
+        """Its CDI spec could not be written: forget the claim (kubelet calls again)."""
+        async with self._lock:
+            if self._claims.get(prepared.claim.uid) is prepared:
+                del self._claims[prepared.claim.uid]
+                self._version += 1
+        return self._refuse(prepared.claim, f"writing the CDI spec of claim {prepared.claim}: {error}")
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim; UID → "" or the reason it failed."""
         out: dict[str, str] = {}
         async with self._lock:
-            changed = False
             for ref in refs:
                 started = time.perf_counter()
                 try:
@@ -123,56 +191,44 @@ class ClaimState:
                     out[ref.uid] = f"removing the CDI spec of claim {ref}: {exc}"
                     continue
                 if self._claims.pop(ref.uid, None) is not None:
-                    changed = True
+                    self._version += 1
                     self.stats.unprepared += 1
                     log.info("unprepared claim %s", ref)
                 out[ref.uid] = ""
                 self.stats.unprepare_ms.append((time.perf_counter() - started) * 1000.0)
-            if changed:
-                self._save()
+        await self._persist()
         return out
 
     # ------------------------------------------------------------------ one claim
-    async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedClaim, bool]:
-        known = self._claims.get(ref.uid)
-        if known is not None:
-            self.stats.repeated += 1
-            if not self.cdi.exists(ref.uid):  # removed behind our back: write it again
-                self.cdi.write(ref.uid, self._grant(self._allocation_of(known)))
-            return known, False
-        obj = await self._read_claim(ref.namespace, ref.name)
-        if obj is None:
-            raise ClaimError(f"claim {ref} does not exist")
-        allocation = read_allocation(ref, obj, self.driver, self.pool)
-        self._check_fits(allocation)
-        cdi_id = self.cdi.write(ref.uid, self._grant(allocation))
-        prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares, cdi_id)
-        self._claims[ref.uid] = prepared
-        self.stats.prepared += 1
-        log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
-                 ", ".join(f"{s.device} {_amount(s.memory_mib)} {s.compute_percent}%" for s in allocation.shares))
-        return prepared, True
-
     def _check_fits(self, allocation: ClaimAllocation) -> None:
         """Refuse a claim whose card is gone, or that would put more memory or compute on a card
-        than it has next to the claims prepared already (a stale slice, a second allocator)."""
+        than it has next to the claims prepared already and what the device plugin's pods hold
+        there (a stale slice, a second allocator, a node that takes both kinds of pods)."""
         inventory = self._inventory()
-        for share in allocation.shares:
+        elsewhere = self._held_elsewhere() if self._held_elsewhere is not None else {}
+        for index in sorted({s.card for s in allocation.shares}):
+            mine = [s for s in allocation.shares if s.card == index]
+            device = mine[0].device
             try:
-                card = inventory.card(share.card)
+                card = inventory.card(index)
             except KeyError:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} is not on node {self.node} "
+                raise ClaimError(f"claim {allocation.claim}: device {device} is not on node {self.node} "
                                  f"(the card vanished since the slice was published?)") from None
             if not card.healthy:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} is unhealthy")
+                raise ClaimError(f"claim {allocation.claim}: device {device} is unhealthy")
             capacity = memory_capacity_mib(card.memory_mib)
-            held = [s for c in self._claims.values() for s in c.shares if s.card == share.card]
-            memory = sum(capacity if s.memory_mib is None else s.memory_mib for s in (*held, share))
-            compute = sum(s.compute_percent for s in (*held, share))
+            other_memory, other_milli, other_whole = elsewhere.get(index, (0, 0, False))
+            if other_whole:
+                raise ClaimError(f"claim {allocation.claim}: device {device} is held whole by a device-plugin pod")
+            held = [s for c in self._claims.values() for s in c.shares if s.card == index]
+            memory = other_memory + sum(capacity if s.memory_mib is None else s.memory_mib for s in (*held, *mine))
+            compute = -(-other_milli // 10) + sum(s.compute_percent for s in (*held, *mine))
             if memory > capacity or compute > 100:
-                raise ClaimError(f"claim {allocation.claim}: device {share.device} would hold {memory} MiB and "
-                                 f"{compute}% with the {len(held)} claims prepared on it; it has {capacity} MiB, "
-                                 f"100%")
+                plugin = f" and {other_memory} MiB, {-(-other_milli // 10)}% of device-plugin pods" if (
+                    other_memory or other_milli) else ""
+                raise ClaimError(f"claim {allocation.claim}: device {device} would hold {memory} MiB and "
+                                 f"{compute}% with the {len(held)} claims prepared on it{plugin}; it has "
+                                 f"{capacity} MiB, 100%")
 
     def _allocation_of(self, prepared: PreparedClaim) -> ClaimAllocation:
         return ClaimAllocation(prepared.claim, prepared.pod, prepared.pod_uid, prepared.shares)
@@ -191,8 +247,16 @@ class ClaimState:
         return build_grant(f"{pod_ns}/{pod_name}", assignment, None, inventory,
                            self.enforcement.grant_extras(view, container))
 
-    def _save(self) -> None:
-        checkpoint.save(self.checkpoint_path, self._claims)
+    async def _persist(self) -> None:
+        """Return once the checkpoint holds every change made so far (a failed write raises: kubelet
+        sees the call fail and calls again, and the retry writes)."""
+        wanted = self._version
+        async with self._save_lock:
+            if self._saved >= wanted:
+                return
+            version, snapshot = self._version, dict(self._claims)
+            await asyncio.to_thread(checkpoint.save, self.checkpoint_path, snapshot)
+            self._saved = version
 
 
 def devices_of(prepared: PreparedClaim) -> list[PreparedDevice]:

@@ -17,33 +17,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpupool.api.dra import (
+    ATTR_INDEX,
+    ATTR_MODEL,
+    ATTR_PCI_BUS_ID,
+    ATTR_UUID,
+    COMPUTE,
+    COMPUTE_PERCENT,
+    MEMORY,
+    device_name,
+)
 from gpupool.core.units import MEMORY_UNIT_MIB
 from gpupool.nodeagent.gpu_inventory import GpuInventory
-
-MIB = 1 << 20
-#: Capacity and attribute names (the driver's own domain is implied, as the API allows).
-MEMORY = "memory"
-COMPUTE = "compute"
-ATTR_MODEL = "model"
-ATTR_UUID = "uuid"
-ATTR_INDEX = "index"
-#: The attribute Kubernetes standardises for a device's PCI address.
-ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-DEVICE_PREFIX = "gpu-"
-COMPUTE_PERCENT = 100
-
-
-def device_name(index: int) -> str:
-    """A card's device name in the slice: ``gpu-<NVML index>``."""
-    return f"{DEVICE_PREFIX}{index}"
-
-
-def card_of(device: str) -> int:
-    """The NVML index a device name stands for; ``ValueError`` for a name gpupool never publishes."""
-    digits = device.removeprefix(DEVICE_PREFIX)
-    if not device.startswith(DEVICE_PREFIX) or not digits.isdigit() or len(digits) > 6:
-        raise ValueError(f"device {device!r} is not one of gpupool's (expected {DEVICE_PREFIX}<index>)")
-    return int(digits)
 
 
 def slice_name(node: str, driver: str) -> str:

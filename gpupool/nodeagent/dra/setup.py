@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gpupool.nodeagent.dra.api import KUBELET_DIR, REGISTRY_SUBDIR, driver_name
 from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR, CdiSpecs
-from gpupool.nodeagent.dra.claim_state import ClaimReader, ClaimState
+from gpupool.nodeagent.dra.claim_state import ClaimReader, ClaimState, HeldElsewhere
 from gpupool.nodeagent.dra.server import DraPluginServer
 from gpupool.nodeagent.dra.slice_publisher import SlicePublisher, SliceStore
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -40,10 +40,11 @@ class DraDriver:
     """The DRA driver of one node; :meth:`run` serves kubelet and keeps the slice until cancelled."""
 
     def __init__(self, node: str, domain: str, options: DraOptions, inventory: Callable[[], GpuInventory],
-                 read_claim: ClaimReader, slices: SliceStore, enforcement: Enforcement | None = None) -> None:
+                 read_claim: ClaimReader, slices: SliceStore, enforcement: Enforcement | None = None,
+                 held_elsewhere: HeldElsewhere | None = None) -> None:
         self.driver = driver_name(domain)
         self.state = ClaimState(node, self.driver, inventory, read_claim, CdiSpecs(options.cdi_dir, domain),
-                                options.checkpoint_path(self.driver), enforcement)
+                                options.checkpoint_path(self.driver), enforcement, held_elsewhere)
         self.server = DraPluginServer(self.driver, options.socket_path(self.driver), self.state)
         self.publisher = SlicePublisher(node, self.driver, slices, inventory)
 

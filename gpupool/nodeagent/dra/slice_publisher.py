@@ -1,5 +1,7 @@
 """Keeps this node's ResourceSlice equal to its cards: written at start and after every change of
-the inventory (health, cordon), never rewritten when nothing changed.
+the inventory (health, cordon), never rewritten when nothing changed, and read back every
+:data:`RESYNC_S` seconds (kubelet deletes a driver's slices some time after its plugin went away,
+and someone may edit or delete the slice: what is missing or different is written again).
 
 The pool's generation goes up with every rewrite: the allocator uses only the slices of a pool's
 newest generation, so it never mixes an old view of the cards with a new one.
@@ -8,6 +10,7 @@ newest generation, so it never mixes an old view of the cards with a new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -18,6 +21,7 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+RESYNC_S = 60.0
 
 
 class SliceStore(Protocol):
@@ -59,8 +63,8 @@ class SlicePublisher:
         return True
 
     async def run(self, changed: Callable[[int], Awaitable[int]], version: int) -> None:
-        """Publish now and after every inventory change (``changed(seen)`` returns the next
-        version), retrying failed writes, until cancelled."""
+        """Publish now, after every inventory change (``changed(seen)`` returns the next version)
+        and every :data:`RESYNC_S` seconds, retrying failed writes, until cancelled."""
         while True:
             try:
                 await self.publish()
@@ -70,7 +74,8 @@ class SlicePublisher:
                 log.error("publishing the ResourceSlice failed: %s; retrying in %g s", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
                 continue
-            version = await changed(version)
+            with contextlib.suppress(TimeoutError):  # nothing changed here: check the API still has it
+                version = await asyncio.wait_for(changed(version), RESYNC_S)
 
 
 def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.dra.claim_state import HeldElsewhere
 from gpupool.nodeagent.dra.setup import DraDriver, DraOptions
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.testing.fake_dra_kubelet import ClaimName, FakeDraKubelet
@@ -109,16 +110,18 @@ class DraNode:
                                 pci_bus_ids=tuple(inv.pci_bus_ids[i] for i in keep))
 
 
-def make_driver(directory: str, claims: ClaimStore, cards: list[GpuInventory]) -> DraDriver:
+def make_driver(directory: str, claims: ClaimStore, cards: list[GpuInventory],
+                held_elsewhere: HeldElsewhere | None = None) -> DraDriver:
     """A driver on ``directory`` (kubelet dir, CDI dir, checkpoint), reading ``claims``."""
     return DraDriver(NODE, "gpupool.io", DraOptions(f"{directory}/kubelet", f"{directory}/cdi"),
-                     lambda: cards[0], claims.read, SliceDict())
+                     lambda: cards[0], claims.read, SliceDict(), held_elsewhere=held_elsewhere)
 
 
 @contextlib.asynccontextmanager
-async def serving(directory: str, claims: ClaimStore, cards: list[GpuInventory]) -> AsyncIterator[DraNode]:
+async def serving(directory: str, claims: ClaimStore, cards: list[GpuInventory],
+                  held_elsewhere: HeldElsewhere | None = None) -> AsyncIterator[DraNode]:
     """The plugin served and registered; stopped afterwards (its files stay in ``directory``)."""
-    driver = make_driver(directory, claims, cards)
+    driver = make_driver(directory, claims, cards, held_elsewhere)
     await driver.server.start()
     try:
         kubelet = FakeDraKubelet()

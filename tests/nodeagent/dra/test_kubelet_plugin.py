@@ -7,10 +7,14 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
+import grpc
 import pytest
 
 from gpupool.api.environment import ContainerEnvironment
+from gpupool.nodeagent.dra import checkpoint
 from gpupool.nodeagent.dra.checkpoint import CheckpointError
 from gpupool.nodeagent.dra.server import DraPluginServer
 from gpupool.testing.fake_dra_kubelet import ClaimName, FakeDraKubelet
@@ -131,6 +135,8 @@ def test_an_agent_restart_remembers_prepared_claims() -> None:
     pytest.param([result("mig-1")], "uid-x", "is not one of gpupool's", id="foreign-device"),
     pytest.param([result(memory="lots")], "uid-x", "is not a Kubernetes quantity", id="bad-quantity"),
     pytest.param([result(memory="20Gi")], "uid-x", "would hold 20480 MiB", id="more-than-the-card"),
+    pytest.param([result(memory="10Gi"), result(memory="10Gi", request="b")], "uid-x", "would hold 20480 MiB",
+                 id="two-shares-of-one-card-together-too-much"),
     pytest.param([result(compute="150")], "uid-x", "is not 0-100 percent", id="impossible-compute"),
     pytest.param([result()], "uid-other", "the API has UID 'uid-x'", id="recreated-claim"),
 ])
@@ -229,4 +235,96 @@ def test_the_server_serves_again_when_its_socket_is_removed() -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             assert not os.path.exists(server.socket_path)
+    asyncio.run(main())
+
+
+def test_concurrent_calls_share_checkpoint_writes_and_answer_only_once_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[int] = []
+    real_save = checkpoint.save
+
+    def counting_save(path: str, claims: Mapping[str, Any]) -> None:
+        real_save(path, claims)  # type: ignore[arg-type]
+        writes.append(len(claims))
+
+    monkeypatch.setattr(checkpoint, "save", counting_save)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            refs = [claims.add(claim_object(f"c{i}", f"uid-{i}", [result(f"gpu-{i % 2}", "256Mi")]))
+                    for i in range(40)]
+            async with serving(d, claims, [inventory()]) as node:
+                async def one(ref: ClaimName) -> None:
+                    answer = (await node.kubelet.prepare(DRIVER, [ref]))[ref.uid]
+                    assert answer.error == ""
+                    on_disk = checkpoint.load(node.driver.state.checkpoint_path)
+                    assert ref.uid in on_disk  # answered only once the file holds it
+
+                await asyncio.gather(*(one(r) for r in refs))
+                assert writes[-1] == 40 and len(writes) < 40
+    asyncio.run(main())
+
+
+def test_a_failed_checkpoint_write_fails_the_call_and_the_retry_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_save = checkpoint.save
+    failures = [OSError("No space left on device")]
+
+    def flaky_save(path: str, claims: Mapping[str, Any]) -> None:
+        if failures:
+            raise failures.pop()
+        real_save(path, claims)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint, "save", flaky_save)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            a = claims.add(claim_object("a", "uid-a", [result()]))
+            async with serving(d, claims, [inventory()]) as node:
+                with pytest.raises(grpc.aio.AioRpcError, match="No space left on device"):
+                    await node.kubelet.prepare(DRIVER, [a])
+                assert (await node.kubelet.prepare(DRIVER, [a]))["uid-a"].error == ""
+                assert set(checkpoint.load(node.driver.state.checkpoint_path)) == {"uid-a"}
+    asyncio.run(main())
+
+
+def test_the_same_claim_prepared_twice_at_once_is_prepared_once() -> None:
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            a = claims.add(claim_object("a", "uid-a", [result()]))
+            async with serving(d, claims, [inventory()]) as node:
+                first, second = await asyncio.gather(node.kubelet.prepare(DRIVER, [a]),
+                                                     node.kubelet.prepare(DRIVER, [a]))
+                assert first == second and first["uid-a"].error == ""
+                assert node.driver.state.stats.prepared == 1
+                assert os.listdir(f"{d}/cdi") == ["gpupool.io-claim_uid-a.json"]
+    asyncio.run(main())
+
+
+def test_a_cdi_spec_that_cannot_be_written_refuses_the_claim_and_forgets_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.nodeagent.dra.cdi import CdiSpecs
+
+    real_write = CdiSpecs.write
+    failures = [OSError("Read-only file system")]
+
+    def flaky_write(self: CdiSpecs, uid: str, grant: Any) -> str:
+        if failures:
+            raise failures.pop()
+        return real_write(self, uid, grant)
+
+    monkeypatch.setattr(CdiSpecs, "write", flaky_write)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            a = claims.add(claim_object("a", "uid-a", [result()]))
+            async with serving(d, claims, [inventory()]) as node:
+                answer = (await node.kubelet.prepare(DRIVER, [a]))["uid-a"]
+                assert "writing the CDI spec of claim" in answer.error and "Read-only file system" in answer.error
+                assert node.driver.state.claims == {}
+                assert (await node.kubelet.prepare(DRIVER, [a]))["uid-a"].error == ""
+                assert cdi_env(d, "uid-a")
     asyncio.run(main())

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpupool.nodeagent.dra.resource_slice import card_of, device_name, pci_bus_id, resource_slice, slice_name
+from gpupool.api.dra import card_of, device_name
+from gpupool.nodeagent.dra.resource_slice import pci_bus_id, resource_slice, slice_name
 from gpupool.nodeagent.dra.slice_publisher import SlicePublisher
 from tests.nodeagent.dra.dra_world import DRIVER, NODE, SliceDict, inventory
 
@@ -108,4 +109,31 @@ def test_the_publisher_loop_republishes_after_each_change_and_retries_failures(
             await asyncio.sleep(0.01)
         task.cancel()
         assert store.slices[slice_name(NODE, DRIVER)]["spec"]["pool"]["generation"] == 2
+    asyncio.run(main())
+
+
+def test_the_publisher_writes_a_deleted_slice_again_at_its_resync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpupool.nodeagent.dra.slice_publisher.RESYNC_S", 0.02)
+
+    async def main() -> None:
+        store = SliceDict()
+
+        async def never(seen: int) -> int:
+            await asyncio.Event().wait()
+            return seen
+
+        task = asyncio.create_task(SlicePublisher(NODE, DRIVER, store, lambda: inventory(2)).run(never, 0))
+        for _ in range(200):
+            if store.writes == 1:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert store.writes == 1  # unchanged: read back, never rewritten
+        store.slices.clear()  # kubelet wiped the driver's slices
+        for _ in range(200):
+            if store.slices:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        assert store.slices[slice_name(NODE, DRIVER)]["spec"]["pool"]["generation"] == 1
     asyncio.run(main())

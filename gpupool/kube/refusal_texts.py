@@ -3,7 +3,7 @@ the pod's group or pools, and nodes that do not serve the foreign resource names
 
 from __future__ import annotations
 
-from gpupool.api.names import ALIAS_FAMILIES, UNSERVABLE
+from gpupool.api.names import ALIAS_FAMILIES, HAMI_FAMILY, UNSERVABLE
 
 
 def with_outside(failed: dict[str, str], outside: list[dict[str, str]], passed: list[str]) -> dict[str, str]:
@@ -30,5 +30,8 @@ def alias_problem(wanted: frozenset[str], served: frozenset[str]) -> str | None:
     if hints:
         return "; ".join(hints)
     families = sorted({f for f, members in ALIAS_FAMILIES.items() for m in missing if m in members})
-    return (f"node does not serve {', '.join(missing)}: start its gpupool node agent with "
-            f"--serve-aliases {','.join(families)}")
+    others = [f for f in families if f != HAMI_FAMILY]
+    flags = [f"--serve-aliases {','.join(others)}"] if others else []
+    if HAMI_FAMILY in families:  # HAMi's names are the cluster's setting, not a node's (docs/cluster-config.md)
+        flags.append("--hami")
+    return f"node does not serve {', '.join(missing)}: start its gpupool node agent with {' and '.join(flags)}"

@@ -18,6 +18,9 @@ refused node by the first layer that leaves it nothing. Layers, in order:
 
 Groups are compiled against the ledger (a listed GPU must be on its node; one that is not is left
 out of the group and reported) and kept until the tenancy objects or the node layout change.
+
+Why in ``kube`` and not in the extender: ``kubectl gpupool why`` admits the pod it explains with
+this same code over its own one-time read of the cluster, so its sentences are the filter's.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from gpupool.core.model import Placement, PodRequest
 from gpupool.core.quota import ModelSizes, Quota, quota_verdict, refused_everywhere, refused_models, refused_text
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.usage import placement_use
-from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy_book import TenancyBook
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.tenancy_book import TenancyBook
 from gpupool.extender.tenancy_watch import EMPTY_LIST, absent_is_empty
+from gpupool.kube.tenancy_book import TenancyBook
 from tests.extender.tenancy_world import group, namespace, quota
 
 

@@ -1,0 +1,152 @@
+"""DRA prepare/unprepare latency with N claims at once on one node (real gRPC, fake kubelet side).
+
+    python3 bench/dra_prepare.py --claims 100 --json
+
+The node agent's DRA plugin serves on a temporary socket, in a process of its own as beside a
+real kubelet, with an in-memory claim store (``--api-ms``: each read waits that long, an API
+round trip), and writes real CDI specs and its
+checkpoint to a temporary directory. Like kubelet, the caller keeps one connection and sends one
+NodePrepareResources per pod (one claim each), all at once, then one NodeUnprepareResources per
+claim, all at once, after a warm-up round of 10 other claims (a plugin that has served before:
+no first-call imports or thread start-up in the figures). The latency is measured around
+each RPC (what kubelet waits for, queueing behind the plugin's lock included). Prints a table and,
+with ``--json``, one line ``{"prepare_p99_ms": ..., "unprepare_p99_ms": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.dra.api import dra_grpc, dra_pb
+from gpupool.nodeagent.dra.setup import DraDriver, DraOptions
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+
+NODE = "bench-node"
+WARMUP = 10
+DRIVER = "gpu.gpupool.io"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def claim(i: int, cards: int) -> dict[str, Any]:
+    """Claim ``i``: 512 MiB and 1 % of card ``i mod cards`` (100 claims fit on 8 x 80 GB cards)."""
+    return {"metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"uid-{i}"},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i % cards}",
+                "consumedCapacity": {"memory": "512Mi", "compute": "1"}, "shareID": f"s{i}"}]}},
+                "reservedFor": [{"resource": "pods", "name": f"p{i}", "uid": f"pod-{i}"}]}}
+
+
+async def timed(call: Any, request: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    reply = await call(request, timeout=30)
+    return (time.perf_counter() - start) * 1000.0, reply
+
+
+def serve(directory: str, claims: int, cards: int, api_ms: float) -> None:
+    """The plugin's process: serve until terminated."""
+    asyncio.run(_serve(directory, claims, cards, api_ms))
+
+
+async def _serve(directory: str, claims: int, cards: int, api_ms: float) -> None:
+    objects = {("bench", f"c{i}"): claim(i, cards) for i in range(claims + WARMUP)}
+
+    async def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        if api_ms:
+            await asyncio.sleep(api_ms / 1000.0)
+        return objects.get((namespace, name))
+
+    inventory = GpuInventory(tuple(GpuCard(i, f"GPU-{i}", "NVIDIA-H100", 81920) for i in range(cards)), Topology(),
+                             tuple(f"/dev/nvidia{i}" for i in range(cards)))
+
+    class NoSlices:
+        async def read_slice(self, name: str) -> None:
+            return None
+
+        async def write_slice(self, body: Mapping[str, Any], version: str | None) -> None:
+            return None
+
+    driver = DraDriver(NODE, "gpupool.io", DraOptions(f"{directory}/kubelet", f"{directory}/cdi"),
+                       lambda: inventory, read, NoSlices())
+    await driver.server.start()
+    await asyncio.Event().wait()
+
+
+async def run(claims: int, cards: int, api_ms: float = 0.0) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/tmp") as d:
+        socket = DraOptions(f"{d}/kubelet").socket_path(DRIVER)
+        server = multiprocessing.get_context("spawn").Process(target=serve, args=(d, claims, cards, api_ms),
+                                                              daemon=True)
+        server.start()
+        try:
+            while not os.path.exists(socket):
+                await asyncio.sleep(0.05)
+            async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+                stub = dra_grpc.DRAPluginStub(channel)
+                await channel.channel_ready()
+                warm = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}")
+                        for i in range(claims, claims + WARMUP)]
+                await asyncio.gather(*(stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[r]))
+                                       for r in warm))
+                await asyncio.gather(*(stub.NodeUnprepareResources(dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
+                                       for r in warm))
+                refs = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}") for i in range(claims)]
+                start = time.perf_counter()
+                prepared = await asyncio.gather(*(timed(stub.NodePrepareResources,
+                                                        dra_pb.NodePrepareResourcesRequest(claims=[r])) for r in refs))
+                prepare_wall = time.perf_counter() - start
+                errors = [e for _, reply in prepared for a in reply.claims.values() if (e := a.error)]
+                if errors:
+                    raise SystemExit(f"prepare failed: {errors[0]}")
+                start = time.perf_counter()
+                unprepared = await asyncio.gather(*(timed(stub.NodeUnprepareResources,
+                                                          dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
+                                                    for r in refs))
+                unprepare_wall = time.perf_counter() - start
+        finally:
+            server.terminate()
+            server.join()
+    prep = [ms for ms, _ in prepared]
+    unprep = [ms for ms, _ in unprepared]
+    return {"claims": claims, "api_ms": api_ms, "prepare_p50_ms": statistics.median(prep),
+            "prepare_p99_ms": percentile(prep, 0.99),
+            "prepare_wall_s": prepare_wall, "unprepare_p50_ms": statistics.median(unprep),
+            "unprepare_p99_ms": percentile(unprep, 0.99), "unprepare_wall_s": unprepare_wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--claims", type=int, default=100)
+    parser.add_argument("--cards", type=int, default=8)
+    parser.add_argument("--api-ms", type=float, default=0.0, help="latency of each claim read")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.claims, args.cards, args.api_ms))
+    print(f"{'metric':<24} {'value':>10}")
+    for key, value in result.items():
+        print(f"{key:<24} {value:>10.2f}")
+    if args.json:
+        print(json.dumps({k: round(v, 3) for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The settings the extender, every node agent and the kubectl plugin must share, defined once.
+
+Five values decide how a pod object is read and where a node's agent can be seen; when two
+components read them differently, pods are booked wrong (a gpushare unit off by 1024), refused for
+no visible reason, or borrowed by a pod the node calls high priority. They live in one place, the
+ConfigMap ``gpupool-system/gpupool-cluster`` (:data:`CONFIG_MAP`), read by all three at start; each
+component's flag of the same name overrides it (docs/cluster-config.md).
+
+Why a ConfigMap rather than a custom resource: it needs no CRD installed before the components can
+start, a chart or kustomize overlay sets it with a literal, ``kubectl edit`` changes it, and RBAC can
+grant ``get`` on exactly this one object by name. A cluster-scoped CR would add a CRD and a
+ClusterRole for five strings.
+
+Every node agent publishes the values it runs with on its Node (:data:`AGENT_SETTINGS_ANNOTATION`,
+read by :mod:`gpupool.api.settings_check`), so a component started with other values, by an
+override or before the ConfigMap changed, is caught rather than trusted.
+
+The defaults here are the shipped command-line defaults: a library user and a test get what a
+cluster without the ConfigMap runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
+from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
+from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
+
+CONFIG_MAP_NAMESPACE = "gpupool-system"
+CONFIG_MAP_NAME = "gpupool-cluster"
+CONFIG_MAP = f"{CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}"
+"""Where the components look unless ``--cluster-config`` says otherwise."""
+
+AGENT_SETTINGS_ANNOTATION = "gpupool.io/agent-settings-v1"
+"""Node annotation: the settings the node's agent runs with (JSON). Its key never follows the
+resource domain, since a domain that differs is one of the things it must reveal."""
+
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_BOOLEANS = {"true": True, "false": False}
+
+
+class ClusterSettingsError(ValueError):
+    """A setting that cannot be read; the message names the key, the value and where it came from."""
+
+
+class Setting(StrEnum):
+    """The shared settings, by their key in the ConfigMap and in the node annotation."""
+
+    RESOURCE_DOMAIN = "resourceDomain"
+    GPUSHARE_MEMORY_UNIT = "gpushareMemoryUnit"
+    HIGH_PRIORITY_THRESHOLD = "highPriorityThreshold"
+    HAMI = "hami"
+    AGENT_LEASE_NAMESPACE = "agentLeaseNamespace"
+
+    @property
+    def flag(self) -> str:
+        """The command-line override, spelt the same on the extender, the node agent and (for the
+        resource domain) the kubectl plugin."""
+        return {Setting.HAMI: "--hami/--no-hami"}.get(self, "--" + re.sub(r"([A-Z])", r"-\1", self.value).lower())
+
+    @property
+    def attribute(self) -> str:
+        """The :class:`ClusterSettings` field that holds it."""
+        return re.sub(r"([A-Z])", r"_\1", self.value).lower()
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """One value of every shared setting (validated on construction)."""
+
+    resource_domain: str = DEFAULT_DOMAIN
+    """Domain of gpupool's resource, annotation and label names."""
+    gpushare_memory_unit: str = "GiB"
+    """What one ``aliyun.com/gpu-mem`` is: ``GiB`` (gpushare's default) or ``MiB``."""
+    high_priority_threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD
+    """``spec.priority`` from which a pod is high priority: never a borrower, and a lent card's
+    owner comes back for it (:func:`gpupool.api.lending.pod_priority` applies it on both sides)."""
+    hami: bool = False
+    """``nvidia.com/gpu`` is HAMi's card count, scheduled by gpupool and served by its node agents."""
+    agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
+    """Where node agents renew their heartbeat Leases and the extender watches them ("": none)."""
+
+    def __post_init__(self) -> None:
+        try:
+            self.resource_names()
+        except ValueError as exc:
+            raise ClusterSettingsError(str(exc)) from None
+        if not isinstance(self.high_priority_threshold, int) or isinstance(self.high_priority_threshold, bool):
+            raise ClusterSettingsError(f"{Setting.HIGH_PRIORITY_THRESHOLD}: expected an integer, "
+                                       f"got {self.high_priority_threshold!r}")
+        if self.agent_lease_namespace and not _NAMESPACE.match(self.agent_lease_namespace):
+            raise ClusterSettingsError(f"{Setting.AGENT_LEASE_NAMESPACE}: {self.agent_lease_namespace!r} is not a "
+                                       "namespace name (lower-case letters, digits and '-', at most 63)")
+
+    @classmethod
+    def reading(cls, names: ResourceNames, high_priority_threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
+                agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE) -> ClusterSettings:
+        """The settings a component that reads pods with ``names`` runs with (for a caller that was
+        given names rather than settings)."""
+        unit = next(k for k, v in GPUSHARE_UNITS.items() if v == names.gpushare_unit_mib)
+        return cls(names.domain, unit, high_priority_threshold, names.hami, agent_lease_namespace)
+
+    def resource_names(self) -> ResourceNames:
+        """The names and units pods and nodes are read with."""
+        if self.gpushare_memory_unit not in GPUSHARE_UNITS:
+            raise ValueError(f"{Setting.GPUSHARE_MEMORY_UNIT}: expected one of {', '.join(GPUSHARE_UNITS)}, "
+                             f"got {self.gpushare_memory_unit!r}")
+        return ResourceNames(self.resource_domain, hami=self.hami,
+                             gpushare_unit_mib=GPUSHARE_UNITS[self.gpushare_memory_unit])
+
+    def value(self, setting: Setting) -> str | int | bool:
+        """The value of one setting."""
+        value: str | int | bool = getattr(self, setting.attribute)
+        return value
+
+    def overridden(self, overrides: Mapping[Setting, str | int | bool | None]) -> ClusterSettings:
+        """These settings with the given ones replaced (``None``: not given, keep this value)."""
+        changes: dict[str, Any] = {s.attribute: v for s, v in overrides.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def published(self) -> str:
+        """The node annotation's value: every setting, as JSON (keys sorted, so that an unchanged
+        agent writes the same text and its patch changes nothing)."""
+        return json.dumps({"v": 1, **{s.value: self.value(s) for s in Setting}}, sort_keys=True,
+                          separators=(",", ":"))
+
+
+def from_config_data(data: Mapping[str, Any] | None, where: str = CONFIG_MAP) -> ClusterSettings:
+    """The settings a ConfigMap's ``data`` holds; a key it leaves out keeps its default.
+
+    An unknown key is refused (a misspelt key would otherwise leave its setting at the default
+    without a word); so is a value of the wrong kind, with the key and ``where`` named.
+    """
+    data = data or {}
+    unknown = sorted(set(data) - {s.value for s in Setting})
+    if unknown:
+        raise ClusterSettingsError(f"{where}: unknown key {unknown[0]!r}; the keys are "
+                                   f"{', '.join(s.value for s in Setting)}")
+    values: dict[Setting, str | int | bool | None] = {}
+    for setting in Setting:
+        if setting.value in data:
+            values[setting] = _parse(setting, str(data[setting.value]).strip(), where)
+    try:
+        return ClusterSettings().overridden(values)
+    except ClusterSettingsError as exc:
+        raise ClusterSettingsError(f"{where}: {exc}") from None
+
+
+def _parse(setting: Setting, text: str, where: str) -> str | int | bool:
+    if setting is Setting.HAMI:
+        if text.lower() not in _BOOLEANS:
+            raise ClusterSettingsError(f"{where}: {setting}: expected true or false, got {text!r}")
+        return _BOOLEANS[text.lower()]
+    if setting is Setting.HIGH_PRIORITY_THRESHOLD:
+        try:
+            return int(text)
+        except ValueError:
+            raise ClusterSettingsError(f"{where}: {setting}: expected an integer, got {text!r}") from None
+    return text
+
+
+def read_published(text: str, where: str) -> dict[Setting, str | int | bool]:
+    """The settings a node's agent published (:meth:`ClusterSettings.published`).
+
+    Only the keys this build knows are returned, and only those present: an agent of another
+    version is compared on what both know. A value of the wrong type is refused.
+    """
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION} is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION} is not a JSON object")
+    out: dict[Setting, str | int | bool] = {}
+    for setting in Setting:
+        if setting.value not in doc:
+            continue
+        value = doc[setting.value]
+        kind = type(ClusterSettings().value(setting))
+        if type(value) is not kind:  # exact: a boolean is no threshold, a number no domain
+            raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION}.{setting}: expected "
+                                       f"{kind.__name__}, got {value!r}"[:300])
+        out[setting] = value
+    return out

@@ -1,0 +1,142 @@
+"""The shared settings on the command line: the ConfigMap's values, flags over them, the old
+spellings (hidden, warning, still working), on ``gpupool extender`` and ``gpupool node-agent`` alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gpupool.api.cluster_settings import ClusterSettings
+from gpupool.api.names import NVIDIA_GPU
+from gpupool.cli import cluster_options, node_agent_cmd
+from gpupool.cli.main import cli
+from tests.cli.extender_start import started_with
+
+MIB_CLUSTER = ClusterSettings(gpushare_memory_unit="MiB", high_priority_threshold=200, hami=True,
+                              agent_lease_namespace="agents")
+
+
+def test_the_extender_runs_with_the_config_maps_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch, config_map=MIB_CLUSTER)
+    assert options.cluster == MIB_CLUSTER
+    assert options.resource_names().gpushare_unit_mib == 1 and options.borrow.threshold == 200
+
+
+def test_a_flag_overrides_the_config_map_for_its_setting_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch, "--gpushare-memory-unit", "GiB", "--no-hami", config_map=MIB_CLUSTER)
+    assert options.cluster == ClusterSettings(high_priority_threshold=200, agent_lease_namespace="agents")
+
+
+@pytest.mark.parametrize(("flags", "field", "value", "warning"), [
+    pytest.param(["--domain", "x.io"], "resource_domain", "x.io", "--domain is deprecated", id="domain"),
+    pytest.param(["--lease-namespace", "le"], "lease_namespace", "le", "use --leader-elect-resource-namespace",
+                 id="leader-election-namespace"),
+    pytest.param(["--lease-duration", "30"], "lease_duration", 30.0, "use --leader-elect-lease-duration",
+                 id="leader-election-duration"),
+])
+def test_the_extenders_old_spellings_still_work_and_warn(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                         field: str, value: Any, warning: str) -> None:
+    started: list[Any] = []
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", started.append)
+    result = CliRunner().invoke(cli, ["extender", *flags])
+    assert result.exit_code == 0, result.output
+    assert warning in result.output
+    (options,) = started
+    found = {"resource_domain": options.cluster.resource_domain, "lease_namespace": options.lease_namespace,
+             "lease_duration": options.lease.lease_duration}
+    assert found[field] == value
+
+
+def test_new_and_old_spelling_that_disagree_are_refused() -> None:
+    result = CliRunner().invoke(cli, ["extender", "--domain", "a.io", "--resource-domain", "b.io"])
+    assert result.exit_code == 2 and "disagree" in result.output and "--resource-domain" in result.output
+
+
+def test_old_spellings_are_hidden_from_help() -> None:
+    for command in ("extender", "node-agent"):
+        text = CliRunner().invoke(cli, [command, "--help"]).output
+        assert "--resource-domain" in text and "--agent-lease-namespace" in text and "--cluster-config" in text
+        assert "--domain " not in text and "--lease-namespace" not in text
+
+
+def test_a_config_map_that_cannot_be_read_stops_the_extender_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(_where: str) -> ClusterSettings:
+        raise click.ClickException("ConfigMap gpupool-system/gpupool-cluster: hami: expected true or false, got 'x'")
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: unreadable)
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", lambda _options: None)
+    result = CliRunner().invoke(cli, ["extender"])
+    assert result.exit_code == 1 and "hami: expected true or false" in result.output
+
+
+def test_no_config_map_is_read_when_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(_where: str) -> ClusterSettings:
+        raise AssertionError("read")
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: never)
+    started: list[Any] = []
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", started.append)
+    result = CliRunner().invoke(cli, ["extender", "--cluster-config", ""])
+    assert result.exit_code == 0, result.output
+    assert started[0].cluster == ClusterSettings()
+
+
+def agent_run(monkeypatch: pytest.MonkeyPatch, *flags: str,
+              config_map: ClusterSettings | None = None) -> tuple[dict[str, Any], str]:
+    """What ``gpupool node-agent FLAGS`` would run its loop with: aliases, heartbeat, names, cluster."""
+    seen: dict[str, Any] = {}
+
+    async def fake_run(*args: Any, **kwargs: Any) -> None:
+        seen.update(names=args[5], aliases=args[6], heartbeat=args[10], cluster=kwargs["cluster"])
+
+    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(cluster_options, "read_with_client",
+                        lambda _kubeconfig: lambda _where: config_map or ClusterSettings())
+    result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", *flags])
+    assert result.exit_code == 0, result.output
+    return seen, result.output
+
+
+def test_the_node_agent_runs_with_the_config_maps_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, _ = agent_run(monkeypatch, config_map=MIB_CLUSTER)
+    assert seen["cluster"] == MIB_CLUSTER and seen["names"] == MIB_CLUSTER.resource_names()
+    assert NVIDIA_GPU in seen["aliases"]  # hami: the agent serves HAMi's names
+    assert seen["heartbeat"].namespace == "agents"
+
+
+def _lease_namespace(seen: dict[str, Any]) -> bool:
+    return bool(seen["heartbeat"].namespace == "old-ns" == seen["cluster"].agent_lease_namespace)
+
+
+def _domain(seen: dict[str, Any]) -> bool:
+    return bool(seen["cluster"].resource_domain == "x.io" == seen["names"].domain)
+
+
+def _hami(seen: dict[str, Any]) -> bool:
+    return bool(seen["cluster"].hami and NVIDIA_GPU in seen["aliases"])
+
+
+def _renew_interval(seen: dict[str, Any]) -> bool:
+    return bool(seen["heartbeat"].renew_interval_s == 5)
+
+
+@pytest.mark.parametrize(("flags", "warning", "took"), [
+    pytest.param(["--lease-namespace", "old-ns"], "use --agent-lease-namespace", _lease_namespace,
+                 id="lease-namespace"),
+    pytest.param(["--domain", "x.io"], "use --resource-domain", _domain, id="domain"),
+    pytest.param(["--serve-aliases", "hami"], "use --hami", _hami, id="serve-aliases-hami"),
+    pytest.param(["--lease-renew-interval", "5"], "use --agent-lease-renew-interval", _renew_interval,
+                 id="renew-interval"),
+])
+def test_the_node_agents_old_spellings_still_work_and_warn(
+        monkeypatch: pytest.MonkeyPatch, flags: list[str], warning: str,
+        took: Callable[[dict[str, Any]], bool]) -> None:
+    seen, output = agent_run(monkeypatch, *flags)
+    assert warning in output and took(seen)
+
+
+def test_serve_aliases_hami_with_no_hami_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--serve-aliases", "hami", "--no-hami"])
+    assert result.exit_code == 2 and "disagree" in result.output
