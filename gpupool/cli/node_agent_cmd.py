@@ -230,10 +230,12 @@ def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
 
     client = KubeDraClient(node, kubeconfig)
     try:
-        return DraDriver(node, domain, options, lambda: agent.inventory, client.read_claim, client,
-                         agent.enforcement, held_elsewhere=lambda: held_by_plugin_pods(node, agent.listed_pods()))
+        driver = DraDriver(node, domain, options, lambda: agent.inventory, client.read_claim, client,
+                           agent.enforcement, held_elsewhere=lambda: held_by_plugin_pods(node, agent.listed_pods()))
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
+    agent.claims_granted = driver.state.as_pods  # the device plugin's Allocate counts prepared claims
+    return driver
 
 
 HAMI_FAMILY = "hami"

@@ -115,6 +115,10 @@ class NodeAgent:
         self.vouch: Callable[[PodView, ContainerAssignment], bool] | None = None
         """Whether another check vouches for a container's cards instead of :func:`check_assignment`
         (a borrower fits its loan, not the bookings of its card)."""
+        self.claims_granted: Callable[[], list[PodView]] | None = None
+        """Grants made beside the device plugin on the same cards, as pods (the DRA driver's prepared
+        claims, :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods`): an Allocate is
+        checked against them too, so the two paths never over-commit a card on this node."""
         self.on_loan: Callable[[PodView], bool] | None = None
         """Whether a granted pod holds lent capacity: it counts against its loan, not against what
         owners are booked on its cards, so it never refuses an owner's grant."""
@@ -246,6 +250,8 @@ class NodeAgent:
                 granted = self._granted(views, snapshot)
                 if self.on_loan is not None:
                     granted = [p for p in granted if not self.on_loan(p)]
+                if self.claims_granted is not None:
+                    granted = [*granted, *self.claims_granted()]
                 check_assignment(self.node, self._inventory, res.pod, res.assignment, granted)
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}

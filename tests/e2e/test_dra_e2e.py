@@ -17,6 +17,7 @@ not in its environment (docs/dra.md says what is proven and what is not).
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,13 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
     agent: NodeAgentProcess = start_node_agent(kubelet, GPUS, extra_args=args)
     checkpoint = kubelet.root_dir / "plugins" / DRIVER / "prepared-claims.json"
     with dra_installed(kube_api_client, node) as resource:
+        began = time.monotonic()
+
+        def took(what: str) -> None:
+            print(f"\n  {what}: {time.monotonic() - began:.1f} s after the agent started", flush=True)
+
         published = wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
+        took("slice published")
         (device,) = published["spec"]["devices"]
         assert (published["spec"]["driver"], device["name"], device["allowMultipleAllocations"]) == (
             DRIVER, "gpu-0", True)
@@ -72,6 +79,7 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
 
         for pod in ("pod-a", "pod-b"):
             wait_for(lambda pod=pod: running(pod), timeout=90, what=f"{pod} Running ({agent.log_path})")
+        took("both claim pods Running")
         uids = {}
         for name in ("a", "b"):
             claim = kube_api_client.sanitize_for_serialization(
@@ -95,6 +103,7 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
             return cond if cond is not None and cond.status == "False" else None
 
         cond = wait_for(unschedulable, timeout=60, what="pod-c unschedulable")
+        took("third pod Unschedulable")
         assert cond.reason == "Unschedulable" and "cannot allocate all claims" in cond.message, cond.message
 
         # an agent restart keeps the prepared claims: the new agent unprepares what the old one prepared
@@ -103,6 +112,7 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
         core_v1.delete_namespaced_pod("pod-a", namespace, grace_period_seconds=0)
         wait_for(lambda: cdi_env(cdi_dir, uids["a"]) is None, timeout=60,
                  what=f"claim-a's CDI spec removed by kubelet's unprepare ({agent.log_path})")
+        took("claim-a unprepared by the restarted agent")
         assert checkpoint_uids(checkpoint) == {uids["b"]}
         assert cdi_env(cdi_dir, uids["b"]) is not None
 
@@ -111,5 +121,6 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
         core_v1.delete_namespaced_pod("pod-b", namespace, grace_period_seconds=0)
         wait_for(lambda: cdi_env(cdi_dir, uids["b"]) is None, timeout=60,
                  what=f"claim-b's CDI spec removed after a kubelet restart ({agent.log_path})")
+        took("claim-b unprepared after the kubelet restart")
         assert checkpoint_uids(checkpoint) == set()
         assert agent.running()

@@ -95,6 +95,23 @@ class ClaimState:
         """UID → prepared claim, now."""
         return dict(self._claims)
 
+    def as_pods(self) -> list[PodView]:
+        """The prepared claims as the device plugin's check reads grants: one pod-like view per
+        claim (named ``claim <name>``, its UID the claim's), holding its shares on this node; a
+        share with no consumed memory holds the whole card."""
+        inventory = self._inventory()
+        views = []
+        for prepared in self._claims.values():
+            slices = tuple(CardSlice(s.card, _memory(inventory, s.card, s.memory_mib),
+                                     s.compute_percent * (COMPUTE_PER_CARD // 100), exclusive=s.memory_mib is None)
+                           for s in prepared.shares)
+            name = f"claim {prepared.claim.name}"
+            placement = Placement(f"{prepared.claim.namespace}/{name}", self.node, 0, 0,
+                                  (ContainerAssignment(prepared.claim.name, slices),))
+            views.append(PodView(prepared.claim.namespace, name, prepared.claim.uid, self.node, 0.0, False, (),
+                                 NodeAssignment(placement, {})))
+        return views
+
     # ------------------------------------------------------------------ kubelet's calls
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
         """Prepare each claim; UID → its devices, or the reason it was refused (kubelet shows it).
@@ -267,7 +284,11 @@ def devices_of(prepared: PreparedClaim) -> list[PreparedDevice]:
 
 
 def _memory(inventory: GpuInventory, card: int, memory_mib: int | None) -> int:
-    return memory_capacity_mib(inventory.card(card).memory_mib) if memory_mib is None else memory_mib
+    """A share's memory: what it consumed, or the whole card's (0 for a card no longer present)."""
+    if memory_mib is not None:
+        return memory_mib
+    present = [c for c in inventory.cards if c.index == card]
+    return memory_capacity_mib(present[0].memory_mib) if present else 0
 
 
 def _amount(memory_mib: int | None) -> str:

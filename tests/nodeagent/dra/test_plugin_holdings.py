@@ -60,3 +60,42 @@ def test_a_card_a_device_plugin_pod_holds_whole_takes_no_claim() -> None:
                 answer = (await node.kubelet.prepare(DRIVER, [ref]))["uid-x"]
                 assert "device gpu-1 is held whole by a device-plugin pod" in answer.error
     asyncio.run(main())
+
+
+def test_an_allocate_is_checked_against_the_prepared_claims_on_its_card() -> None:
+    """The other direction: the device plugin refuses a pod whose card the prepared claims fill."""
+    from gpupool.nodeagent.agent import NodeAgent
+    from gpupool.nodeagent.allocated_codec import encode_served
+    from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
+    from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+    from gpupool.testing.fake_node import agent_on_fake_kubelet
+    from gpupool.testing.memory_pod_source import InMemoryPodSource
+    from tests.nodeagent.harness import NAMES, fake_pod
+    from tests.nodeagent.test_schedule_check import mib, pod_json
+
+    source = InMemoryPodSource(NAMES)
+    backend = FakeGpuBackend.from_dict({"model": "T4", "cards": [{"uuid": "GPU-0", "memoryMiB": 16384},
+                                                                 {"uuid": "GPU-1", "memoryMiB": 16384}]})
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            ref = claims.add(claim_object("x", "uid-x", [result("gpu-0", "12Gi", pool="node-a")]))
+            async with serving(d, claims, [backend.inventory()]) as dra:
+                assert (await dra.kubelet.prepare(DRIVER, [ref]))["uid-x"].error == ""
+
+                def make_agent(reader: PodResourcesClient) -> NodeAgent:
+                    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.05)
+                    agent.claims_granted = dra.driver.state.as_pods
+                    return agent
+
+                async with agent_on_fake_kubelet(make_agent) as node:
+                    for name, memory, phase in (("fits", 4096, "Running"), ("over", 8192, "Failed")):
+                        doc = pod_json(name, {"main": mib(memory)})
+                        source.put(doc)
+                        await node.kubelet.handle_pod_additions([fake_pod(doc)])
+                        await node.kubelet.wait_idle(30)
+                        pod = node.kubelet.pod_manager[doc["metadata"]["uid"]]
+                        assert pod.phase == phase, (name, pod.phase)
+                    assert node.agent.stats.refused >= 1
+    asyncio.run(main())
