@@ -30,7 +30,7 @@ from typing import Any
 
 from gpupool.api.fields import shown
 from gpupool.api.limits import text_problem
-from gpupool.api.names import ResourceNames
+from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.kube.memory_units import BYTES_PER_MIB, memory_units, size_text, unit_text
 from gpupool.kube.quantity import QuantityError, parse_quantity
 
@@ -73,6 +73,12 @@ class SizeRewrite:
                 f"{self.written} rewritten as {self.count} ({size_text(self.count * self.unit_mib)}){rounded}")
 
 
+def rewritten_units(names: ResourceNames) -> dict[str, int]:
+    """The resources whose sizes are rewritten, with the MiB one unit is: those the extender reads
+    in units (:func:`gpupool.kube.memory_units.memory_units`) and HAMi's ``nvidia.com/gpumem`` (MiB)."""
+    return {**memory_units(names), NVIDIA_GPUMEM: 1}
+
+
 def is_size(value: Any) -> bool:
     """Whether a resource value is written as a memory size (a binary suffix), see the module doc."""
     return isinstance(value, str) and _SIZE.fullmatch(value.strip()) is not None
@@ -108,7 +114,7 @@ def _entries(pod: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, An
 def size_rewrites(pod: Mapping[str, Any], names: ResourceNames) -> tuple[SizeRewrite, ...]:
     """Every memory value of ``pod`` (a Pod as JSON) written as a size, with its count; values that
     are not quantities are left for the apiserver's validation to refuse."""
-    units = memory_units(names)
+    units = rewritten_units(names)
     found: list[SizeRewrite] = []
     for field, i, container in _entries(pod):
         resources = _mapping(container.get("resources"))

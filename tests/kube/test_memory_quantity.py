@@ -65,3 +65,11 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
 def test_a_malformed_pod_never_crashes_the_reading(pod: dict[str, Any]) -> None:
     for rewrite in size_rewrites(pod, NAMES):
         assert rewrite.count >= 0 and rewrite.warning()
+
+
+def test_hamis_mib_memory_is_rewritten_too() -> None:
+    pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1",
+                                                                         "nvidia.com/gpumem": "3Gi"}}}]}}
+    (found,) = size_rewrites(pod, NAMES)
+    assert (found.resource, found.count, found.rounded) == ("nvidia.com/gpumem", 3072, False)
+    assert "nvidia.com/gpumem counts MiB: 3Gi rewritten as 3072 (3 GiB)" in found.warning()
