@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.cluster_settings import ClusterSettings, Setting
+from gpupool.api.cluster_settings import ClusterSettings, ClusterSettingsError, Setting, from_config_data
 from gpupool.api.settings_check import settings_problem
-from gpupool.kube.cluster_config import ClusterConfigError, read_cluster_settings
-from gpupool.kubectl.connection import Connection
+from gpupool.kube.cluster_config import parse_location
+from gpupool.kubectl import connection as kube
 from gpupool.kubectl.snapshot import ClusterSnapshot
 
 WE = "the cluster configuration"
@@ -34,16 +34,18 @@ class PluginSettings:
     note: str | None = None
 
 
-def read_settings(connection: Connection, location: str, resource_domain: str | None) -> PluginSettings:
+def read_settings(connection: kube.Connection, location: str, resource_domain: str | None) -> PluginSettings:
     """The ConfigMap's settings at ``location`` ("" reads none), ``resource_domain`` on top."""
-    note = None
-    try:
-        source = read_cluster_settings(connection.api, location)
-        settings = source.settings
-        if location and not source.found:
-            note = f"{source.note} (docs/cluster-config.md)"
-    except (ClusterConfigError, ValueError) as exc:
-        settings, note = ClusterSettings(), f"{exc}; reading pods with the built-in defaults"
+    settings, note = ClusterSettings(), None
+    if location:
+        try:
+            namespace, name = parse_location(location)
+            data = kube.read_config_map(connection, namespace, name).get("data")
+            settings = from_config_data(data, f"ConfigMap {location}")
+        except kube.NotServedError:
+            note = f"no ConfigMap {location}: the built-in defaults (docs/cluster-config.md)"
+        except (kube.ClusterAccessError, ClusterSettingsError, ValueError) as exc:
+            note = f"{exc}; reading pods with the built-in defaults (docs/cluster-config.md)"
     return PluginSettings(settings.overridden({Setting.RESOURCE_DOMAIN: resource_domain}), location, note)
 
 

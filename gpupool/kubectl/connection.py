@@ -142,6 +142,13 @@ def list_leases(connection: Connection, namespace: str, label_selector: str) -> 
     return items
 
 
+def read_config_map(connection: Connection, namespace: str, name: str) -> dict[str, Any]:
+    """One ConfigMap, as the API's JSON; :class:`NotServedError` when there is none."""
+    config_map: dict[str, Any] = _read(connection.api.read_namespaced_config_map, f"ConfigMap {namespace}/{name}",
+                                       name, namespace)
+    return config_map
+
+
 def read_namespace(connection: Connection, name: str) -> dict[str, Any]:
     """One namespace, as the API's JSON."""
     namespace: dict[str, Any] = _read(connection.api.read_namespace, f"namespace {name}", name)

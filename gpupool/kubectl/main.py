@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import click
 
-from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE, label_selector
+from gpupool.api.agent_lease import label_selector
+from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
 from gpupool.api.lending import LendingNames
-from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
 from gpupool.api.tenancy import API_VERSION, TenancyNames
 from gpupool.core.model import PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
@@ -28,6 +28,7 @@ from gpupool.kube.tenancy_book import TenancyBook
 from gpupool.kube.translate import TranslationError, foreign_resources, pod_key, pod_request
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.agent_usage import AGENT_TIMEOUT_S, DEFAULT_AGENT_PORT, AgentUsage
+from gpupool.kubectl.cluster_settings import PluginSettings, read_settings, with_settings_problems
 from gpupool.kubectl.inspect import inspect_json, inspect_table, node_views
 from gpupool.kubectl.rules import ClusterRules, lease_refusals, loan_notes, tenancy_book
 from gpupool.kubectl.snapshot import build_snapshot
@@ -41,13 +42,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def connection_options(command: F) -> F:
-    """kubectl's connection flags and gpupool's resource domain, on every sub-command."""
+    """kubectl's connection flags and where gpupool's shared settings are, on every sub-command."""
     for option in reversed((
         click.option("--kubeconfig", default=None, help="Path of the kubeconfig (default: "
                      "KUBECONFIG, else ~/.kube/config)."),
         click.option("--context", default=None, help="The kubeconfig context to use (default: its current one)."),
-        click.option("--resource-domain", default=DEFAULT_DOMAIN, show_default=True,
-                     help="gpupool's resource and annotation domain, as the extender was started with."),
+        click.option("--cluster-config", default=CONFIG_MAP, show_default=True, metavar="NAMESPACE/NAME",
+                     help="The ConfigMap of the settings gpupool's components share (resource domain, gpushare "
+                          "unit, HAMi, priority threshold, the agents' Lease namespace; docs/cluster-config.md); "
+                          "\"\": none, the built-in defaults."),
+        click.option("--resource-domain", default=None,
+                     help="gpupool's resource and annotation domain [default: the ConfigMap's, else "
+                          f"{ClusterSettings().resource_domain}]."),
         click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True),
     )):
         command = option(command)
@@ -59,6 +65,14 @@ def _connect(kubeconfig: str | None, context: str | None) -> kube.Connection:
         return kube.connect(kubeconfig, context)
     except kube.ClusterAccessError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _settings(connection: kube.Connection, cluster_config: str, resource_domain: str | None) -> PluginSettings:
+    """The shared settings pods are read with; why the defaults, on stderr, when they are."""
+    read = read_settings(connection, cluster_config, resource_domain)
+    if read.note:
+        click.echo(f"note: {read.note}", err=True)
+    return read
 
 
 def _emit(output: str, text: Callable[[], str], doc: Callable[[], Mapping[str, Any]]) -> None:
@@ -79,14 +93,16 @@ def cli() -> None:
               help="Seconds to wait for each node's agent.")
 @connection_options
 def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig: str | None, context: str | None,
-            resource_domain: str, output: str) -> None:
+            cluster_config: str, resource_domain: str | None, output: str) -> None:
     """Per node and card: model, memory and compute booked/total, health, usage, and the pods holding slices."""
     connection = _connect(kubeconfig, context)
+    read = _settings(connection, cluster_config, resource_domain)
     try:
         nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
     except kube.ClusterAccessError as exc:
         raise click.ClickException(str(exc)) from None
-    snapshot = build_snapshot(nodes, pods, ResourceNames(resource_domain), now=time.time())
+    snapshot = with_settings_problems(build_snapshot(nodes, pods, read.settings.resource_names(), now=time.time()),
+                                      nodes, read)
     usage: UsageSource = NoUsage()
     if agent_port:
         agents = AgentUsage(lambda *ask: kube.read_node_proxy(connection, *ask), agent_port, agent_timeout)
@@ -108,19 +124,21 @@ def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig:
 @click.option("--best", default=BEST_NODES, show_default=True, help="Fitting nodes named, best first.")
 @click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
               help="The placement policy the extender runs with (its --policy).")
-@click.option("--agent-lease-namespace", default=DEFAULT_LEASE_NAMESPACE, show_default=True,
-              help="Where the node agents renew their Leases (the extender's --agent-lease-namespace).")
+@click.option("--agent-lease-namespace", default=None,
+              help="Where the node agents renew their Leases [default: the ConfigMap's agentLeaseNamespace, else "
+                   f"{ClusterSettings().agent_lease_namespace}].")
 @click.option("--require-agent-lease", is_flag=True,
               help="The extender refuses nodes without an agent Lease (its --require-agent-lease; the "
                    "production overlays set it).")
 @connection_options
-def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, agent_lease_namespace: str,
-        require_agent_lease: bool, kubeconfig: str | None, context: str | None, resource_domain: str,
-        output: str) -> None:
+def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, agent_lease_namespace: str | None,
+        require_agent_lease: bool, kubeconfig: str | None, context: str | None, cluster_config: str,
+        resource_domain: str | None, output: str) -> None:
     """Why POD fits on no node by gpupool's booking (or where it fits), with the extender's reasons:
     cards, CPU and memory, groups, quotas and pools, pinned and avoided GPUs, agent Leases, loans."""
     connection = _connect(kubeconfig, context)
-    names = ResourceNames(resource_domain)
+    read = _settings(connection, cluster_config, resource_domain)
+    settings, names = read.settings, read.settings.resource_names()
     try:
         raw = kube.read_pod(connection, namespace or connection.namespace, pod)
         nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
@@ -128,16 +146,18 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
         raise click.ClickException(str(exc)) from None
     try:
         request = pod_request(raw, names)
-        tenant = pod_tenancy(raw, TenancyNames(resource_domain))
+        tenant = pod_tenancy(raw, TenancyNames(names.domain))
     except TranslationError as exc:
         raise click.ClickException(f"gpupool cannot read the pod's request: {exc}") from None
     bound = str((raw.get("spec") or {}).get("nodeName") or "")
     if bound:
         click.echo(f"pod {pod_key(raw)} is already bound to node {bound}; see: kubectl gpupool inspect {bound}")
         return
-    snapshot = build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key}))
-    rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, resource_domain,
-                       agent_lease_namespace, require=require_agent_lease)
+    snapshot = with_settings_problems(
+        build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key})), nodes, read)
+    lease_namespace = settings.agent_lease_namespace if agent_lease_namespace is None else agent_lease_namespace
+    rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, settings, lease_namespace,
+                       require=require_agent_lease)
     answer = explain(snapshot, request, foreign_resources(raw), policy=policy, best=best, rules=rules, tenant=tenant)
     says = scheduler_message(raw)
     if not request.wants_gpu:
@@ -147,11 +167,12 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
 
 
 def read_rules(connection: kube.Connection, state: ClusterState, raw: Mapping[str, Any], request: PodRequest,
-               tenant: PodTenancy, nodes: list[dict[str, Any]], domain: str, lease_namespace: str, *,
+               tenant: PodTenancy, nodes: list[dict[str, Any]], settings: ClusterSettings, lease_namespace: str, *,
                require: bool) -> ClusterRules:
     """The extender's rules beyond card fit for the pod ``raw`` (:mod:`gpupool.kubectl.rules`): each
     part read on its own, one that cannot be read a note instead of an error."""
     notes: list[str] = []
+    domain = settings.resource_domain
     tenancy_names = TenancyNames(domain)
     book: TenancyBook | None = None
     try:
@@ -169,11 +190,13 @@ def read_rules(connection: kube.Connection, state: ClusterState, raw: Mapping[st
     present = [spec.name for row, spec in enumerate(state.specs) if state.present[row]]
     refusals: dict[str, str] = {}
     try:
+        if not lease_namespace:
+            raise kube.ClusterAccessError("the agents renew no Lease (agentLeaseNamespace is empty)")
         leases = kube.list_leases(connection, lease_namespace, label_selector())
         refusals = lease_refusals(present, leases, lease_namespace, require=require, now=dt.datetime.now(dt.UTC))
     except kube.ClusterAccessError as exc:
         notes.append(f"node agent Leases not checked: {exc}")
-    loans = loan_notes(nodes, raw, request.priority, LendingNames(domain))
+    loans = loan_notes(nodes, raw, request.priority, LendingNames(domain), threshold=settings.high_priority_threshold)
     return ClusterRules(book, refusals, loans, tuple(notes))
 
 

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.agent_lease import lapsed_reason, lease_node, missing_reason, renewed_ago
-from gpupool.api.lending import LendingFormatError, LendingNames, borrow_refusal, decode_lendable
+from gpupool.api.lending import (
+    DEFAULT_HIGH_PRIORITY_THRESHOLD,
+    LendingFormatError,
+    LendingNames,
+    borrow_refusal,
+    decode_lendable,
+)
 from gpupool.kube.tenancy_book import TenancyBook
 
 
@@ -79,10 +85,11 @@ def lease_refusals(nodes: Iterable[str], leases: Iterable[Mapping[str, Any]], na
 
 
 def loan_notes(nodes: Iterable[Mapping[str, Any]], pod: Mapping[str, Any], priority: int | None,
-               names: LendingNames) -> dict[str, str]:
+               names: LendingNames, *, threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD) -> dict[str, str]:
     """Per node that publishes lent cards, what they mean for ``pod`` (whose ``spec.priority`` is
-    ``priority``): the filter tries them only for a pod that fits no owned capacity and may borrow."""
-    refusal = borrow_refusal(pod.get("metadata") or {}, priority, names=names)
+    ``priority``; high from the cluster's ``threshold``): the filter tries them only for a pod that fits
+    no owned capacity and may borrow."""
+    refusal = borrow_refusal(pod.get("metadata") or {}, priority, threshold=threshold, names=names)
     notes: dict[str, str] = {}
     for node in nodes:
         meta = node.get("metadata") or {}

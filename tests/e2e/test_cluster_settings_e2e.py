@@ -5,11 +5,14 @@ Everything real (the test environment's current Kubernetes): the ConfigMap of sh
 the test namespace (``--cluster-config``), a ``gpupool extender`` process reading it, kube-scheduler
 calling the extender, two kubelets, each served by ``gpupool node-agent --fake-gpus`` reading the
 same ConfigMap; one agent overrides ``--gpushare-memory-unit`` (what an admin's leftover flag does).
+``kubectl gpupool why`` then names that node with the same words.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +36,8 @@ from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, gpu_pod_manife
 from tests.e2e.trust_support import FlaggedExtender
 
 pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NAMES = ResourceNames()
 GPUS = """\
@@ -85,7 +90,7 @@ def unschedulable_message(core_v1: client.CoreV1Api, namespace: str, name: str) 
 
 
 def test_a_node_whose_agent_counts_gpushare_memory_otherwise_is_refused_and_a_matching_one_is_used(
-        configured_extender: FlaggedExtender, core_v1: client.CoreV1Api, namespace: str,
+        configured_extender: FlaggedExtender, control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str,
         start_kubelet: StartKubelet, start_node_agent: Callable[..., NodeAgentProcess]) -> None:
     extender = configured_extender
     suffix = uuid.uuid4().hex[:6]
@@ -127,3 +132,12 @@ def test_a_node_whose_agent_counts_gpushare_memory_otherwise_is_refused_and_a_ma
 
     wait_for(lambda: placed("pinned-same") == (same, "Running"), timeout=60, what="'pinned-same' Running")
     assert placed("pinned-other")[0] is None
+
+    # kubectl gpupool why says the same, comparing the node with the ConfigMap's values
+    done = subprocess.run([sys.executable, "-m", "gpupool.kubectl", "why", "pinned-other", "-n", namespace,
+                           "--kubeconfig", str(control_plane.kubeconfig), "--cluster-config",
+                           f"{namespace}/{CONFIG_MAP_NAME}", "--agent-lease-namespace", namespace, "--examples", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"node {other} counts gpushare memory (aliyun.com/gpu-mem) in MiB, the cluster configuration in GiB" \
+        in done.stdout, done.stdout

@@ -4,9 +4,10 @@ extender's reason (gpupool/kubectl/cluster_settings.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from types import SimpleNamespace
 from typing import Any
 
-from kubernetes.client import V1ConfigMap
 from kubernetes.client.exceptions import ApiException
 
 from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION, ClusterSettings
@@ -19,13 +20,16 @@ from tests.kubectl.objects import NAMES, gpu_node, gpu_pod
 
 
 class ConfigMapApi:
+    """``read_namespaced_config_map`` as the official client answers with ``_preload_content=False``."""
+
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
     def read_namespaced_config_map(self, name: str, namespace: str, **_: Any) -> Any:
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer
+        return SimpleNamespace(data=json.dumps({"metadata": {"name": name, "namespace": namespace},
+                                                "data": self.answer}).encode())
 
 
 def connection(answer: Any) -> Connection:
@@ -39,16 +43,23 @@ def agent_node(name: str, settings: ClusterSettings) -> dict[str, Any]:
 
 
 def test_the_plugin_reads_the_config_map_and_the_domain_flag_overrides_it() -> None:
-    read = read_settings(connection(V1ConfigMap(data={"gpushareMemoryUnit": "MiB", "resourceDomain": "a.io"})),
+    read = read_settings(connection({"gpushareMemoryUnit": "MiB", "resourceDomain": "a.io"}),
                          "gpupool-system/gpupool-cluster", "b.io")
     assert read.settings == ClusterSettings(resource_domain="b.io", gpushare_memory_unit="MiB") and read.note is None
+
+
+def test_no_config_map_leaves_the_defaults_with_a_note() -> None:
+    read = read_settings(connection(ApiException(status=404, reason="Not Found")), "ns/cm", None)
+    assert read.settings == ClusterSettings() and read.note is not None and read.note.startswith("no ConfigMap ns/cm")
+    assert read_settings(connection(ApiException(status=500, reason="x")), "", "b.io") == PluginSettings(
+        ClusterSettings(resource_domain="b.io"), "")
 
 
 def test_a_config_map_it_may_not_read_leaves_the_defaults_with_a_note() -> None:
     read = read_settings(connection(ApiException(status=403, reason="Forbidden")), "gpupool-system/gpupool-cluster",
                          None)
-    assert read.settings == ClusterSettings() and read.note is not None and "not allowed" in read.note
-    bad = read_settings(connection(V1ConfigMap(data={"hami": "maybe"})), "gpupool-system/gpupool-cluster", None)
+    assert read.settings == ClusterSettings() and read.note is not None and "403 Forbidden" in read.note
+    bad = read_settings(connection({"hami": "maybe"}), "gpupool-system/gpupool-cluster", None)
     assert bad.settings == ClusterSettings() and bad.note is not None and "hami" in bad.note
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION, ClusterSettings
 from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_usage_report
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
@@ -21,6 +22,8 @@ PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a
 GROUPS: list[dict[str, Any]] = []
 QUOTAS: list[dict[str, Any]] = []
 LEASES: list[dict[str, Any]] = []
+CLUSTER_CONFIG = {"resourceDomain": "gpupool.io", "gpushareMemoryUnit": "GiB"}
+"""What the cluster's ConfigMap gpupool-system/gpupool-cluster holds (docs/cluster-config.md)."""
 
 
 @pytest.fixture
@@ -44,6 +47,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         "resourcegroups": GROUPS, "gpuquotas": QUOTAS}[plural])
     monkeypatch.setattr(kube, "read_namespace", lambda _, name: {"metadata": {"name": name}})
     monkeypatch.setattr(kube, "list_leases", lambda _, namespace, selector: LEASES)
+    monkeypatch.setattr(kube, "read_config_map", lambda _, namespace, name: {"data": dict(CLUSTER_CONFIG)})
     return asked
 
 
@@ -167,3 +171,33 @@ def test_a_missing_crd_means_no_such_objects(cluster: list[tuple[str, str]], mon
     monkeypatch.setattr(kube, "list_custom", not_served)
     doc = json.loads(run("why", "waiting", "-o", "json").output)
     assert doc["notes"] == [] and doc["policy"] == "gpupool"
+
+
+def test_a_node_whose_agent_counts_gpushare_memory_otherwise_is_shown_refused(
+        cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """inspect and why show the extender's reason for a node whose agent published other settings,
+    compared with the ConfigMap's values (docs/cluster-config.md)."""
+    differing = gpu_node("b", [16384])
+    differing["metadata"]["annotations"][AGENT_SETTINGS_ANNOTATION] = ClusterSettings(
+        gpushare_memory_unit="MiB").published()
+    monkeypatch.setattr(kube, "list_nodes", lambda _: [*NODES, differing])
+    words = "node b counts gpushare memory (aliyun.com/gpu-mem) in MiB, the cluster configuration in GiB"
+    doc = json.loads(run("why", "waiting", "-o", "json").output)
+    assert any(words in n["reason"] for group in doc["groups"] for n in group["nodes"]), doc
+    inspected = run("inspect", "b", "--agent-port", "0")
+    assert inspected.exit_code == 0 and "counts gpushare memory" in inspected.output
+
+
+def test_the_config_maps_domain_reads_the_pods_and_a_missing_config_map_is_a_note(
+        cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(CLUSTER_CONFIG, "resourceDomain", "other.io")
+    result = run("why", "waiting")
+    assert result.exit_code == 0 and "asks for no gpupool resource" in result.output  # gpupool.io/gpu-mem: not ours
+
+    def none(*_: Any) -> Any:
+        raise kube.NotServedError("cannot read ConfigMap gpupool-system/gpupool-cluster: 404 Not Found")
+
+    monkeypatch.setattr(kube, "read_config_map", none)
+    result = run("why", "waiting")
+    assert result.exit_code == 0 and "note: no ConfigMap gpupool-system/gpupool-cluster" in result.output
+    assert "asks for no gpupool resource" not in result.output
