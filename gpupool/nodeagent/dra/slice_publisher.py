@@ -21,6 +21,8 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+#: What an apiserver drops when ``DRAConsumableCapacity`` is off.
+SHARING_FIELDS = ("allowMultipleAllocations", "requestPolicy")
 RESYNC_S = 60.0
 
 
@@ -41,6 +43,9 @@ class SlicePublisher:
         self.store = store
         self.inventory = inventory
         self.writes = 0
+        self.consumable_capacity: bool | None = None
+        """Whether the API kept the fields that let claims share a card (``None`` until read back):
+        an apiserver without ``DRAConsumableCapacity`` (off before 1.36) drops them silently."""
 
     async def publish(self) -> bool:
         """Write the slice if it differs from what the API has; whether it wrote."""
@@ -54,6 +59,10 @@ class SlicePublisher:
             version = str((current.get("metadata") or {}).get("resourceVersion", ""))
             wanted = resource_slice(self.node, self.driver, self.inventory(), generation - 1)["spec"]
             if _same(spec, wanted):
+                self._kept(True)
+                return False
+            if _same(spec, _without_sharing(wanted)):
+                self._kept(False)
                 return False
         body = resource_slice(self.node, self.driver, self.inventory(), generation)
         await self.store.write_slice(body, version)
@@ -61,6 +70,13 @@ class SlicePublisher:
         log.info("published ResourceSlice %s (generation %d, %d devices)", name, generation,
                  len(body["spec"]["devices"]))
         return True
+
+    def _kept(self, consumable: bool) -> None:
+        if consumable != self.consumable_capacity and not consumable:
+            log.warning("the apiserver dropped allowMultipleAllocations and requestPolicy from the ResourceSlice: "
+                        "DRAConsumableCapacity is off (Kubernetes before 1.36 by default), so each claim gets a "
+                        "whole card and no two claims share one (docs/dra.md)")
+        self.consumable_capacity = consumable
 
     async def run(self, changed: Callable[[int], Awaitable[int]], version: int) -> None:
         """Publish now, after every inventory change (``changed(seen)`` returns the next version)
@@ -76,6 +92,14 @@ class SlicePublisher:
                 continue
             with contextlib.suppress(TimeoutError):  # nothing changed here: check the API still has it
                 version = await asyncio.wait_for(changed(version), RESYNC_S)
+
+
+def _without_sharing(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` as an apiserver without ``DRAConsumableCapacity`` stores it."""
+    devices = [{**{k: v for k, v in d.items() if k not in SHARING_FIELDS},
+                "capacity": {n: {k: v for k, v in c.items() if k not in SHARING_FIELDS}
+                             for n, c in d.get("capacity", {}).items()}} for d in spec.get("devices", [])]
+    return {**spec, "devices": devices}
 
 
 def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -136,4 +137,28 @@ def test_the_publisher_writes_a_deleted_slice_again_at_its_resync(monkeypatch: p
             await asyncio.sleep(0.01)
         task.cancel()
         assert store.slices[slice_name(NODE, DRIVER)]["spec"]["pool"]["generation"] == 1
+    asyncio.run(main())
+
+
+def test_an_apiserver_without_consumable_capacity_is_noticed_not_fought(caplog: pytest.LogCaptureFixture) -> None:
+    """Kubernetes 1.35 drops allowMultipleAllocations and requestPolicy (DRAConsumableCapacity off):
+    the publisher must not rewrite the slice at every resync, and says once what it means."""
+    from gpupool.nodeagent.dra.slice_publisher import SHARING_FIELDS
+
+    class DroppingStore(SliceDict):
+        async def write_slice(self, body: Any, resource_version: str | None) -> None:
+            devices = [{**{k: v for k, v in d.items() if k not in SHARING_FIELDS},
+                        "capacity": {n: {"value": c["value"]} for n, c in d["capacity"].items()}}
+                       for d in body["spec"]["devices"]]
+            await super().write_slice({**body, "spec": {**body["spec"], "devices": devices}}, resource_version)
+
+    async def main() -> None:
+        store = DroppingStore()
+        publisher = SlicePublisher(NODE, DRIVER, store, lambda: inventory(2))
+        assert await publisher.publish() is True
+        with caplog.at_level("WARNING"):
+            assert await publisher.publish() is False
+            assert await publisher.publish() is False
+        assert store.writes == 1 and publisher.consumable_capacity is False
+        assert sum("DRAConsumableCapacity is off" in r.message for r in caplog.records) == 1
     asyncio.run(main())
