@@ -45,9 +45,15 @@ class ClusterFlags:
         try:
             everything = len(self.given()) == len(Setting)
             base = _DEFAULTS if everything or not self.config_map else read(self.config_map)
-            return base.overridden(self.overrides)
+            settings = base.overridden(self.overrides)
         except ClusterSettingsError as exc:
             raise click.UsageError(str(exc)) from None
+        for setting, value in self.given().items():
+            if self.config_map and not everything and value != base.value(setting):
+                log.warning("%s %s overrides the cluster's %s %s (ConfigMap %s): a node agent and an extender that "
+                            "differ share no GPU pods (docs/cluster-config.md)", setting.flag, value,
+                            setting.value, base.value(setting), self.config_map)
+        return settings
 
 
 def cluster_setting_options(*, old_lease_namespace: bool) -> Callable[[F], F]:

@@ -140,3 +140,13 @@ def test_the_node_agents_old_spellings_still_work_and_warn(
 def test_serve_aliases_hami_with_no_hami_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--serve-aliases", "hami", "--no-hami"])
     assert result.exit_code == 2 and "disagree" in result.output
+
+
+def test_an_override_that_differs_from_the_config_map_is_logged(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="gpupool.cli.cluster_options"):
+        started_with(monkeypatch, "--gpushare-memory-unit", "GiB", "--high-priority-threshold", "200",
+                     config_map=MIB_CLUSTER)
+    (record,) = caplog.records  # the threshold agrees with the ConfigMap: not a word about it
+    assert record.getMessage().startswith("--gpushare-memory-unit GiB overrides the cluster's gpushareMemoryUnit MiB "
+                                          "(ConfigMap gpupool-system/gpupool-cluster)")
