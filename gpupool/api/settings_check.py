@@ -53,9 +53,16 @@ class Difference:
 
 
 def differences(published: Mapping[Setting, str | int | bool], ours: ClusterSettings) -> tuple[Difference, ...]:
-    """The settings whose published value differs from ours, in :class:`Setting` order."""
+    """The settings whose published value differs from ours, in :class:`Setting` order.
+
+    An agent that renews no heartbeat Lease, or an extender that watches none (an empty Lease
+    namespace), is not a Lease-namespace mismatch: that node simply has no heartbeat, which the
+    liveness check judges (``--require-agent-lease``). Two different namespaces are: the extender
+    would never see the agent's Lease.
+    """
     return tuple(Difference(s, published[s], ours.value(s)) for s in Setting
-                 if s in published and published[s] != ours.value(s))
+                 if s in published and published[s] != ours.value(s)
+                 and not (s is Setting.AGENT_LEASE_NAMESPACE and "" in (published[s], ours.value(s))))
 
 
 def mismatch_reason(node: str, found: tuple[Difference, ...], *, we: str = EXTENDER,

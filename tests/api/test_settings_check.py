@@ -64,3 +64,11 @@ def test_the_speaker_and_the_config_map_are_named_as_given() -> None:
 def test_an_unreadable_annotation_is_a_problem_naming_it() -> None:
     reason = settings_problem("n1", {AGENT_SETTINGS_ANNOTATION: "{oops"}, OURS)
     assert reason is not None and AGENT_SETTINGS_ANNOTATION in reason and "unknown" in reason
+
+
+def test_no_heartbeat_on_either_side_is_not_a_lease_namespace_mismatch() -> None:
+    """An agent started without a heartbeat, or an extender that watches none, is left to the
+    liveness check; only two different namespaces are refused."""
+    assert settings_problem("n1", published(agent_lease_namespace=""), OURS) is None
+    assert settings_problem("n1", published(), dataclasses.replace(OURS, agent_lease_namespace="")) is None
+    assert settings_problem("n1", published(agent_lease_namespace="a"), OURS) is not None
