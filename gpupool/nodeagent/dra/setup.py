@@ -49,7 +49,14 @@ class DraDriver:
         self.publisher = SlicePublisher(node, self.driver, slices, inventory)
 
     async def run(self, devices_changed: Callable[[int], Awaitable[int]], version: int) -> None:
-        """Serve kubelet and publish the slice (again after every change of the cards)."""
+        """Serve kubelet; once kubelet has registered the driver, publish the slice (again after
+        every change of the cards). Why wait: kube-scheduler places claims as soon as the slice is
+        there, and kubelet fails the prepare of a driver it has not registered yet, then retries
+        after a back-off that grows (a pod waited over a minute in the end-to-end test)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self.server.run())
-            group.create_task(self.publisher.run(devices_changed, version))
+            group.create_task(self._publish_once_registered(devices_changed, version))
+
+    async def _publish_once_registered(self, devices_changed: Callable[[int], Awaitable[int]], version: int) -> None:
+        await self.server.registered.wait()
+        await self.publisher.run(devices_changed, version)

@@ -328,3 +328,34 @@ def test_a_cdi_spec_that_cannot_be_written_refuses_the_claim_and_forgets_it(
                 assert (await node.kubelet.prepare(DRIVER, [a]))["uid-a"].error == ""
                 assert cdi_env(d, "uid-a")
     asyncio.run(main())
+
+
+def test_the_slice_is_published_only_once_kubelet_registered_the_driver() -> None:
+    async def main() -> None:
+        with temp_dir() as d:
+            driver = make_driver(d, ClaimStore(), [inventory()])
+            never_changes = asyncio.Event()
+
+            async def changed(seen: int) -> int:
+                await never_changes.wait()
+                return seen
+
+            task = asyncio.create_task(driver.run(changed, 0))
+            try:
+                for _ in range(100):
+                    if os.path.exists(driver.server.socket_path):
+                        break
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.2)
+                assert driver.publisher.writes == 0  # serving, not registered: no slice yet
+                await FakeDraKubelet().register(driver.server.socket_path)
+                for _ in range(100):
+                    if driver.publisher.writes:
+                        break
+                    await asyncio.sleep(0.02)
+                assert driver.publisher.writes == 1
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    asyncio.run(main())
