@@ -98,13 +98,26 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
         # the card is full: a third 4 GiB claim waits, with kube-scheduler's reason
         core_v1.create_namespaced_pod(namespace, claim_pod("pod-c", "claim-c", node))
 
-        def unschedulable() -> Any:
-            cond = condition(core_v1.read_namespaced_pod("pod-c", namespace), "PodScheduled")
+        def unschedulable(pod: str) -> Any:
+            cond = condition(core_v1.read_namespaced_pod(pod, namespace), "PodScheduled")
             return cond if cond is not None and cond.status == "False" else None
 
-        cond = wait_for(unschedulable, timeout=60, what="pod-c unschedulable")
+        cond = wait_for(lambda: unschedulable("pod-c"), timeout=60, what="pod-c unschedulable")
         took("third pod Unschedulable")
         assert cond.reason == "Unschedulable" and "cannot allocate all claims" in cond.message, cond.message
+
+        # bad claims wait with the scheduler's reason: more than any card has, an unknown class
+        resource.create_namespaced_resource_claim(namespace, claim_manifest("claim-huge", "100Gi"))
+        unknown = claim_manifest("claim-unknown", "1Gi")
+        unknown["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nope.gpupool.io"
+        resource.create_namespaced_resource_claim(namespace, unknown)
+        for pod, claim in (("pod-huge", "claim-huge"), ("pod-unknown", "claim-unknown")):
+            core_v1.create_namespaced_pod(namespace, claim_pod(pod, claim, node))
+        cond = wait_for(lambda: unschedulable("pod-huge"), timeout=60, what="pod-huge unschedulable")
+        assert "cannot allocate all claims" in cond.message, cond.message
+        cond = wait_for(lambda: unschedulable("pod-unknown"), timeout=60, what="pod-unknown unschedulable")
+        assert "device class nope.gpupool.io does not exist" in cond.message, cond.message
+        assert checkpoint_uids(checkpoint) == set(uids.values())  # nothing of theirs reached the node
 
         # an agent restart keeps the prepared claims: the new agent unprepares what the old one prepared
         agent.stop()
