@@ -126,6 +126,13 @@ def test_a_node_whose_agent_counts_gpushare_memory_otherwise_is_refused_and_a_ma
                        what="'pinned-other' unschedulable with the extender's reason")
     assert f"node {other}" in message
 
+    def scheduling_event() -> str | None:  # kube-scheduler's Event on the pod carries the extender's reason
+        events = core_v1.list_namespaced_event(namespace, field_selector="involvedObject.name=pinned-other").items
+        found = [str(e.message) for e in events if e.reason == "FailedScheduling" and MISMATCH in (e.message or "")]
+        return found[0] if found else None
+
+    wait_for(scheduling_event, timeout=30, what="a FailedScheduling Event with the extender's reason")
+
     def placed(name: str) -> tuple[str | None, str]:
         pod = core_v1.read_namespaced_pod(name, namespace)
         return pod.spec.node_name, str(pod.status.phase)
