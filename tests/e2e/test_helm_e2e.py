@@ -29,6 +29,7 @@ import base64
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -276,17 +277,21 @@ def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_char
             return pod.spec.scheduler_name if pod.spec.scheduler_name == GPUPOOL_SCHEDULER else None
 
         wait_for(steered, timeout=30, what="the chart's webhook to steer a dry-run GPU pod")
+        started = time.monotonic()
         assert core_v1.create_namespaced_pod(namespace, body).spec.scheduler_name == GPUPOOL_SCHEDULER
         try:
             where = wait_for(lambda: core_v1.read_namespaced_pod("gpu", namespace).spec.node_name, timeout=60,
                              what="the GPU pod bound")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{log_tail(log)}\n{log_tail(extender.log_path)}") from None
+        took = time.monotonic() - started
         assert where == node
         pod = core_v1.read_namespaced_pod("gpu", namespace)
         assert decode_assignment(pod.metadata.annotations[NAMES.assignment]).node == node  # the extender's bind
         lease = client.CoordinationV1Api(kube_api_client).read_namespaced_lease("gpupool-scheduler", SYSTEM)
         assert lease.spec.holder_identity  # leader-elected on the chart's Lease, as the chart's account
+        print(f"\nGPU pod created without schedulerName, steered by the chart's webhook and bound by its "
+              f"scheduler in {took:.1f} s")
     finally:
         if scheduler is not None:
             scheduler.stop()
