@@ -131,9 +131,11 @@ def test_the_webhook_asks_about_new_pods_only_as_the_extender_decides() -> None:
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "gpupool-system"]} \
         in hook["namespaceSelector"]["matchExpressions"]
     conditions = {c["name"]: c["expression"] for c in hook["matchConditions"]}
-    assert set(conditions) == {"not-opted-out", "on-the-default-scheduler", "asks-for-gpupool-resources"}
+    assert set(conditions) == {"not-opted-out", "on-the-default-or-gpupool-scheduler", "asks-for-gpupool-resources"}
     assert f"annotations['{key}'] == '{OPT_OUT_VALUE}'" in conditions["not-opted-out"]
-    assert f"'{DEFAULT_SCHEDULER}'" in conditions["on-the-default-scheduler"]
+    # pods already naming gpupool's scheduler are asked too: their sizes are rewritten, impossible ones refused
+    on_ours = conditions["on-the-default-or-gpupool-scheduler"]
+    assert f"'{DEFAULT_SCHEDULER}'" in on_ours and "'gpupool-scheduler'" in on_ours
     asked = conditions["asks-for-gpupool-resources"]
     names = re.findall(r"'([a-z0-9.]+/[a-z0-9-]+)'", asked)
     assert sorted(names) == sorted(ResourceNames().managed())  # nvidia.com/gpu only with --hami
