@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = sorted((ROOT / "bench").glob("*.py"))
 
@@ -41,6 +43,7 @@ def test_the_scan_sees_nested_imports(tmp_path: Path) -> None:
     assert imported_modules(script) == {"tests.e2e.e2e_support", "tests.kube"}
 
 
+@pytest.mark.slow  # one interpreter per benchmark (scripts/test-all runs it)
 def test_every_benchmark_answers_help_from_the_repository_root() -> None:
     """``python3 bench/<name>.py --help`` with no ``PYTHONPATH``, all at once (each imports numpy and
     friends; ~1 s apiece)."""

@@ -90,6 +90,7 @@ def test_timeline_mode_json(small_cluster: tuple[Path, Path]) -> None:
     assert result["peak_allocated_gpu_pct"] == pytest.approx(100.0)
 
 
+@pytest.mark.slow  # a timeline replay with and without lending (scripts/test-all runs it)
 def test_lending_replay_json(small_cluster: tuple[Path, Path]) -> None:
     nodes, pods = small_cluster
     code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",
@@ -103,6 +104,7 @@ def test_lending_replay_json(small_cluster: tuple[Path, Path]) -> None:
     assert [row["idle_share"] for row in report["by_idle_share"]] == [0.1, 0.2, 0.3, 0.4, 0.5]
 
 
+@pytest.mark.slow  # a timeline replay with and without lending (scripts/test-all runs it)
 def test_lending_replay_table(small_cluster: tuple[Path, Path]) -> None:
     nodes, pods = small_cluster
     code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -193,6 +194,7 @@ def check_ledger_agrees_card_by_card(state: ClusterState, row: int, pod: PodRequ
         assert (verdict is None) == (room and bool(mask[card])), (card, verdict)
 
 
+@pytest.mark.slow  # 200 random clusters through four implementations (scripts/test-all runs it)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), st.lists(pods("p"), min_size=1, max_size=4))
 def test_mask_explanation_chooser_and_ledger_agree(state: ClusterState, requests: list[PodRequest]) -> None:

@@ -24,6 +24,9 @@ from gpupool.cli.main import cli
 from tests.deploy.helm_render import CHART, find, helm, render, require_helm, template_error
 from tests.deploy.kustomize_render import pod_spec
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: each case runs helm (lint, template) as a process.
+pytestmark = pytest.mark.slow
+
 #: One value per optional part, each on: lint and render must pass with every one of them.
 OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
     "cert-manager": {"certificates.source": "cert-manager"},

@@ -32,6 +32,10 @@ from tests.deploy import helm_render
 from tests.deploy.helm_render import require_helm
 from tests.deploy.kustomize_render import KUSTOMIZE, OVERLAYS, pod_spec, render, require_kubectl
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: each case renders the chart with helm and an overlay
+# with kubectl kustomize.
+pytestmark = pytest.mark.slow
+
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                "helm.sh/chart")
 JOB_SUFFIX = re.compile(r"^(gpupool-certs-bootstrap)-[0-9a-f]{8}$")

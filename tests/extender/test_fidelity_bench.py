@@ -14,6 +14,10 @@ from bench.fidelity import build_scenario, compare, pod_object, replay_extender,
 from gpupool.api.names import ResourceNames
 from gpupool.kube.translate import pod_request
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: each case replays a trace through the extender and
+# the simulator.
+pytestmark = pytest.mark.slow
+
 
 def _measure(policy: str, nodes: int = 40, seed: int = 42, upto: int = 90, *, best_only: bool = False,
              extender_weight: int | None = None, one_best: bool = False) -> dict[str, Any]:

@@ -146,6 +146,7 @@ def server() -> Iterator[Server]:
     running.close()
 
 
+@pytest.mark.slow  # 250 hostile bodies through a running server (scripts/test-all runs it)
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())

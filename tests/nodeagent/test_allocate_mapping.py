@@ -26,6 +26,10 @@ from gpupool.testing.node_workload import WorkloadPod, generate
 from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import NAMES, fake_pod, running_node
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: 200 pods per seed on the fake kubelet, restarts and
+# resizes: the suite's heaviest unit module.
+pytestmark = pytest.mark.slow
+
 
 def batches(items: list[WorkloadPod], rng: random.Random) -> list[list[WorkloadPod]]:
     items = list(items)

@@ -28,6 +28,10 @@ from gpupool.testing.node_workload import ASSIGNED_AT, WorkloadPod, fake_gpu_fil
 from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import admit_all_running, running_node
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: every HAMi slice the core places, admitted through a
+# running node per case.
+pytestmark = pytest.mark.slow
+
 HAMI = ResourceNames(hami=True)
 GPU, MEM, PCT, CORES = n.NVIDIA_GPU, n.NVIDIA_GPUMEM, n.NVIDIA_GPUMEM_PERCENTAGE, n.NVIDIA_GPUCORES
 

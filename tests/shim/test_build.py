@@ -12,6 +12,9 @@ from gpupool.shim import build
 from gpupool.shim.build import ShimBuildError, build_library, library_path
 from gpupool.shim.region import RegionFormatError, parse_region
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: compiles the interception library several times.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture()
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -10,6 +10,10 @@ import pytest
 
 from tests.shim.toolchain import RUN_TIMEOUT_S, Toolchain, assert_clean
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: compute shares measured over seconds of kernel
+# launches, sanitizer builds included.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 10.0  # percentage points around the share
 SATURATED = 80.0  # a launcher alone and unthrottled keeps the card at least this busy (loaded machine)
 #: Kernels of 4 ms and a 20 ms launch queue: a launcher starved of CPU for a while on a loaded

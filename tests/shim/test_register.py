@@ -12,6 +12,10 @@ import pytest
 from tests.shim.fake_agent import FakeAgent, replying
 from tests.shim.toolchain import Toolchain, codes, run_probe
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: each case waits out the library's registration
+# retries, plain and under ASan.
+pytestmark = pytest.mark.slow
+
 OK, OUT_OF_MEMORY = 0, 2
 TOKEN = "ab" * 32
 WAIT_FOR_REGISTRATION = "sleep:500"  # registration runs on a thread of its own

@@ -26,6 +26,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
     return build_toolchain(RELEASE, tmp_path_factory.mktemp("shim"))
 
 
+@pytest.mark.slow  # builds the interception library and runs it (scripts/test-all runs it)
 def test_memory_and_compute_of_a_container_as_the_owner_watch_reads_them(library: Toolchain, tmp_path: Path) -> None:
     env = library.env(tmp_path, GPUPOOL_MEMORY_LIMIT_MIB="4096", GPUPOOL_COMPUTE_PERCENT=str(SHARE))
     region = tmp_path / "ctr" / "memory.region"

@@ -28,6 +28,10 @@ from tests.nodeagent.lending.restart_driver import DONE, PidProcesses, alive
 from tests.nodeagent.lending.support import NAMES, holder
 from tests.nodeagent.lending.world import CARD0, PODS, World, run, settle
 
+# Slow, so scripts/test-all runs it and a plain pytest does not: each case kills and restarts an agent mid-reclaim
+# with real processes.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = str(ROOT / "examples" / "checkpoint_worker.sh")
 
