@@ -158,7 +158,8 @@ def list_all(list_fn: Callable[..., Any]) -> list[dict[str, Any]]:
               help="Where the pod list goes (simulate --trace).")
 @click.option("-n", "--namespace", default=None, help="Only this namespace's pods (default: every namespace).")
 @click.option("--include-finished", is_flag=True, help="Also pods that Succeeded or Failed.")
-@click.option("--domain", default="gpupool.io", show_default=True, help="gpupool's resource and annotation domain.")
+@click.option("--resource-domain", "domain", default="gpupool.io", show_default=True,
+              help="gpupool's resource and annotation domain (the cluster's resourceDomain).")
 @click.option("--hami", is_flag=True, help="Read nvidia.com/gpu as HAMi's (as the extender's --hami does).")
 @click.option("--force", is_flag=True, help="Overwrite the output files if they exist.")
 def export(kubeconfig: str | None, nodes_out: Path, pods_out: Path, namespace: str | None, include_finished: bool,
