@@ -13,6 +13,7 @@ shares = st.builds(CardShare, index=st.integers(0, 15), uuid=st.from_regex(r"GPU
                    memory_mib=st.integers(0, 1 << 20), compute_percent=st.integers(0, 100))
 
 
+@pytest.mark.slow
 @given(cards=st.lists(shares, max_size=8), pod=st.from_regex(r"[a-z]{1,8}/[a-z]{1,8}", fullmatch=True),
        container=st.from_regex(r"[a-z]{1,8}", fullmatch=True))
 def test_written_environment_reads_back(cards: list[CardShare], pod: str, container: str) -> None:

@@ -53,6 +53,7 @@ def test_nodes_carry_inventory_resources_and_ready() -> None:
     assert (spec.cpu_milli, spec.memory_mib, len(spec.cards)) == (shape.cpu_milli, shape.memory_mib, 8)
 
 
+@pytest.mark.slow
 def test_pods_are_the_traces_and_at_most_half_a_node() -> None:
     shape = common_shape()
     gpu = gpu_pods(300, shape, nodes=20, seed=42)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpupool.cli.main import cli
@@ -35,6 +36,7 @@ def test_dra_refuses_a_risk_action_that_would_act_on_its_own_containers(tmp_path
     assert "evict cannot be combined with --dra yet" in result.output and "--risk-action=report" in result.output
 
 
+@pytest.mark.slow
 def test_an_unreadable_checkpoint_stops_the_agent_with_the_file_named(tmp_path: Path) -> None:
     checkpoint = tmp_path / "prepared.json"
     checkpoint.write_text("{half a file")

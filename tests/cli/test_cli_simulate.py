@@ -67,6 +67,7 @@ def test_several_policies_are_reported_side_by_side(small_cluster: tuple[Path, P
     assert [r["policy"] for r in json.loads(out)["policies"]] == ["fgd", "gpupool"]
 
 
+@pytest.mark.slow
 def test_table_and_plot(small_cluster: tuple[Path, Path], tmp_path: Path) -> None:
     nodes, pods = small_cluster
     png = tmp_path / "curves.png"
@@ -113,6 +114,7 @@ def test_lending_replay_table(small_cluster: tuple[Path, Path]) -> None:
     assert "gpu_hours_recovered_pct:" in out and "idle share" in out and "lends / reclaims" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     pytest.param(["--lending"], "--lending replays arrivals in time: add --mode timeline", id="lending-packing"),
     pytest.param(["--mode", "timeline", "--lending", "--idle-share", "1"], "Invalid value for '--idle-share'",
@@ -135,6 +137,7 @@ def test_every_subcommand_is_listed_and_loads() -> None:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0
 
 
+@pytest.mark.slow
 def test_simulate_does_not_import_the_kubernetes_client_or_grpc() -> None:
     """The simulator is the first thing a user runs; the cluster adapters' imports cost it ~1.3 s."""
     probe = ("import sys\nfrom click.testing import CliRunner\nfrom gpupool.cli.main import cli\n"
@@ -150,6 +153,7 @@ def _modules_after(code: str, names: tuple[str, ...]) -> list[str]:
     return list(ast.literal_eval(out.strip()))
 
 
+@pytest.mark.slow
 def test_simulate_imports_what_only_some_modes_need_when_they_run() -> None:
     """Tenants (YAML, the API's codecs), the timeline and worker processes are not loaded for a
     packing replay, and a single run shows no progress bar (nor imports tqdm): a one-seed replay

@@ -343,6 +343,7 @@ def test_extender_ports_probes_and_service_agree() -> None:
         assert int(notes["prometheus.io/port"]) == params["health_port"] and ("GET", "/metrics") in _probe_routes()
 
 
+@pytest.mark.slow
 def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
     """urlPrefix host/port is the Service, its path + verb is a route, managedResources is exactly
     what the extender manages."""
@@ -378,6 +379,7 @@ def test_extender_lease_flags_match_its_role() -> None:
     assert named and all(r["resourceNames"] == [params["lease_name"]] for r in named)
 
 
+@pytest.mark.slow
 def test_extender_tls_files_come_from_the_mounted_secret() -> None:
     """--tls-cert-file, --tls-private-key-file and --client-ca-file are the keys of one mounted Secret
     in cert-manager's layout (tls.crt, tls.key, ca.crt); the scheduler configs present a client
@@ -394,6 +396,7 @@ def test_extender_tls_files_come_from_the_mounted_secret() -> None:
         assert entry["enableHTTPS"] is True and set(entry["tlsConfig"]) == {"certFile", "keyFile", "caFile"}
 
 
+@pytest.mark.slow
 def test_agent_and_extender_agree_on_the_lease_namespace_and_its_roles() -> None:
     """The agents renew where the extender watches; each has exactly its Lease verbs there, and
     the namespace is the agents' own (no control-plane Lease within their reach)."""
@@ -429,6 +432,7 @@ def test_extender_is_read_only_and_non_root() -> None:
 # ------------------------------------------------------------------------------------- RBAC
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("container", gpupool_containers(), ids=lambda c: c.where)
 def test_every_workloads_service_account_exists_and_is_bound(container: Container) -> None:
     namespace = container.workload["metadata"]["namespace"]
@@ -455,6 +459,7 @@ def test_every_rbac_file_lists_its_permissions_in_a_header() -> None:
                     assert resource in header, f"{path.name}: {resource} not explained in the header"
 
 
+@pytest.mark.slow
 def test_the_shipped_cluster_config_is_the_built_in_defaults_and_no_flag_overrides_it() -> None:
     """The ConfigMap names every setting with the value a component without it runs with, and no
     shipped container overrides one (an override would silently beat an admin's edit of the

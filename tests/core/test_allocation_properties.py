@@ -10,6 +10,7 @@ initial state exactly.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -180,6 +181,7 @@ def check_ledger(state: ClusterState) -> None:
 # ------------------------------------------------------------------------------------ properties
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.integers(0, 2**16))
 def test_random_workloads_keep_the_ledger_sound(scenario: tuple[list[NodeSpec], list], seed: int) -> None:
@@ -219,6 +221,7 @@ def test_random_workloads_keep_the_ledger_sound(scenario: tuple[list[NodeSpec], 
         np.testing.assert_array_equal(final[name], array, err_msg=name)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(POLICY_NAMES), st.integers(0, 2**16))
 def test_score_cache_never_changes_a_decision(scenario: tuple[list[NodeSpec], list], policy_name: str,

@@ -271,6 +271,7 @@ def gpu_left(state: ClusterState, row: int) -> list[int]:
     return [int(v) for v in np.where(usable, state.card_compute_free[row], 0)[: int(state.card_count[row])]]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(fragment_case())
 def test_node_fragment_matches_the_spec_formula(case: tuple[ClusterState, WorkloadProfile, list[str]]) -> None:
@@ -282,6 +283,7 @@ def test_node_fragment_matches_the_spec_formula(case: tuple[ClusterState, Worklo
         assert got[row] == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(fragment_case(), st.sampled_from([50, 100, 300, 500, 1000]), st.sampled_from([0, 100, 1_000]))
 def test_after_slice_matches_fragment_recomputed_from_scratch(
@@ -306,6 +308,7 @@ def test_after_slice_matches_fragment_recomputed_from_scratch(
                                        np.delete(measure.node_fragment(all_rows), row))
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(fragment_case(), st.integers(1, 3), st.sampled_from([0, 100, 1_000]))
 def test_after_whole_matches_fragment_recomputed_from_scratch(
@@ -327,6 +330,7 @@ def test_after_whole_matches_fragment_recomputed_from_scratch(
         assert predicted[row] == pytest.approx(actual[row], abs=1e-6)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(fragment_case(), st.sampled_from([0, 100, 1_000, 4_000]))
 def test_cpu_only_after_matches_fragment_recomputed_from_scratch(

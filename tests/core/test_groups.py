@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,6 +84,7 @@ def groups(draw: st.DrawFn) -> list[Group]:
     return found
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(groups(), st.lists(st.tuples(st.integers(-1, 2), st.sampled_from([100, 300, 600, 1_000]),
                                     st.integers(1, 2)), max_size=25))

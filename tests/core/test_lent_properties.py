@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ steps = st.lists(st.one_of(
 ), max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps)
 @example([("loan", 0, 1, 1), ("borrow", 1, 1), ("loan", 0, 2, 0), ("by-hand", 0, 1)])  # shrunk in compute only

@@ -96,6 +96,7 @@ def recount(state: ClusterState, tenant: str) -> dict[str, Amounts]:
 TENANTS = ("t1", "t2", "t3")
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["pod", "pod", "pod", "release", "node"]), st.sampled_from(TENANTS),
                           st.sampled_from([100, 300, 500, 1_000]), st.integers(0, 3)), max_size=40),

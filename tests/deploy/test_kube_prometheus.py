@@ -75,6 +75,7 @@ def check_monitor_shape(doc: dict[str, Any]) -> dict[str, Any]:
     return dict(endpoint)
 
 
+@pytest.mark.slow
 def test_podmonitor_scrapes_every_agent_pod_on_its_metrics_port_keeping_workload_labels(tmp_path: Path) -> None:
     docs = with_kube_prometheus(tmp_path)
     monitor = one(docs, "PodMonitor", "gpupool-node-agent")
@@ -90,6 +91,7 @@ def test_podmonitor_scrapes_every_agent_pod_on_its_metrics_port_keeping_workload
     assert endpoint["honorLabels"] is True
 
 
+@pytest.mark.slow
 def test_servicemonitor_scrapes_the_extenders_health_port_through_its_metrics_service(tmp_path: Path) -> None:
     docs = with_kube_prometheus(tmp_path)
     monitor = one(docs, "ServiceMonitor", "gpupool-extender")
@@ -117,6 +119,7 @@ def test_dashboard_configmap_is_the_one_dashboard_file_labelled_for_grafanas_sid
     assert DASHBOARD_LINK.resolve() == DASHBOARD.resolve()  # deploy/grafana's copy is a link, not a copy
 
 
+@pytest.mark.slow
 def test_the_component_only_adds_objects(tmp_path: Path) -> None:
     """Everything the base renders comes out unchanged; the component brings only its own objects."""
     def key(d: dict[str, Any]) -> tuple[str, str, str]:

@@ -54,6 +54,7 @@ def with_components(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
     return render(str(tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_lives_in_gpupools_namespaces(overlay: str) -> None:
     """Nothing lands in kube-system or default: the namespaces carry the Pod Security labels."""
@@ -122,6 +123,7 @@ def test_network_policy_lets_only_the_schedulers_reach_the_verbs_and_anyone_the_
     assert gpupool_scheduler == {"podSelector": {"matchLabels": own["spec"]["template"]["metadata"]["labels"]}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", ["production", "production-cert-manager"])
 def test_production_overlays_require_agent_leases_and_a_certificate_source(overlay: str) -> None:
     docs = render(f"overlays/{overlay}")
@@ -184,6 +186,7 @@ def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> No
     assert library[len(site):] == PACKAGED_LIBRARY.relative_to(PACKAGED_LIBRARY.parents[3]).as_posix()
 
 
+@pytest.mark.slow
 def test_dmem_component_mounts_the_host_cgroup_root_where_the_agent_looks(tmp_path: Path) -> None:
     """The host's cgroup v2 root read-write at the path --cgroup-root names, and the command accepts it."""
     from gpupool.cli.node_agent_cmd import node_agent
@@ -198,6 +201,7 @@ def test_dmem_component_mounts_the_host_cgroup_root_where_the_agent_looks(tmp_pa
     assert volume["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
 
 
+@pytest.mark.slow
 def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_path: Path) -> None:
     """The base only reports; the component's --risk-action comes last (click keeps the last), and
     its ClusterRole adds create on pods/eviction for the agent's ServiceAccount, nothing else."""

@@ -47,6 +47,7 @@ def extender_params(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(extender.make_context("extender", args[1:]).params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", ["production", "production-cert-manager", "dev"])
 def test_every_overlay_runs_the_upstream_scheduler_with_one_profile_calling_the_extender(overlay: str) -> None:
     docs = render(f"overlays/{overlay}")

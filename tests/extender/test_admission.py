@@ -86,6 +86,7 @@ def test_pods_without_gpus_and_unreadable_pods_are_admitted() -> None:
     assert found.allowed and found.warnings and "the scheduler will refuse the pod" in found.warnings[0]
 
 
+@pytest.mark.slow
 def test_gpu_mem_in_the_wrong_unit_is_admitted_with_the_unit_and_what_to_write() -> None:
     """The client sees at creation why the scheduler will refuse the pod (kubectl prints warnings)."""
     cache = world(TWO_MODELS, quotas=[quota("team-a", hard={"wholeGpus": 4})])

@@ -134,6 +134,7 @@ def test_a_bind_resent_after_the_first_finished_books_nothing_twice(race_world: 
     assert_one_pod_on_the_card(world)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("one_write", WRITES)
 def test_a_resent_bind_to_another_node_waits_and_is_refused(race_world: WorldFactory, one_write: bool) -> None:
     world = race_world(WATCH_BEHIND_S, one_write=one_write)
@@ -218,6 +219,7 @@ def race_round(make: WorldFactory, lag_s: float, one_write: bool = True) -> Roun
                         over_committed=any(v > CARD_MIB for v in used.values()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lag_s", [pytest.param(0.05, id="watch-50ms-behind"),
                                    pytest.param(0.2, id="watch-200ms-behind")])
 @pytest.mark.parametrize("one_write", WRITES)

@@ -103,6 +103,7 @@ def test_real_without_a_buildable_apiserver_stops_with_the_reason(
         _bench().binds(40, 4, 8, "real", random.Random(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writes", [pytest.param("1", id="assignment-in-binding"),
                                     pytest.param("2", id="patch-then-binding")])
 def test_the_bench_prints_the_api_it_used_in_the_table_and_the_json(writes: str) -> None:

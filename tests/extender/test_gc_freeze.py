@@ -22,6 +22,7 @@ def unfreeze() -> Iterator[None]:
     gc.unfreeze()
 
 
+@pytest.mark.slow
 def test_survivors_are_frozen_and_garbage_cycles_are_not() -> None:
     kept = [Node() for _ in range(100)]
     a, b = Node(), Node()

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from tests.extender.modes import EVERY_FIT
 from tests.kube.builders import container, node, placed_pod, pod
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(max_size=10), min_size=1, max_size=25, unique=True), st.data())
 def test_records_decode_to_the_plain_lists(names: list[str], data: st.DataObject) -> None:

@@ -161,6 +161,7 @@ def test_host_priority_encoder_writes_the_same_json_as_the_plain_list() -> None:
     assert encoder.encode({}) == b"[]"
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.text(max_size=12), st.integers(-3, 13)), max_size=30),
        st.integers(1, 40))
@@ -206,6 +207,7 @@ def test_bind_lands_on_n3_gpu0_and_records_it() -> None:
     run(scenario)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("ask", "taken"),
     [({"mib": 8138}, {"mib": 8138}), ({"gpu_core": 50}, {"gpu_core": 50}), ({"gpu": 1}, None)],

@@ -154,6 +154,7 @@ def test_series_do_not_grow_with_the_cluster() -> None:
     assert not any(dict(labels).keys() & {"node", "card", "uuid"} for _, labels in found[0])
 
 
+@pytest.mark.slow
 def test_binds_in_flight_are_counted_while_the_api_answers() -> None:
     async def scenario(client: TestClient, cache: ClusterCache, metrics: ExtenderMetrics) -> None:
         bind = asyncio.create_task(client.post("/bind", json={

@@ -94,6 +94,7 @@ def _skipped_constants(tree: ast.AST) -> set[int]:
     return skipped
 
 
+@pytest.mark.slow
 def test_no_text_of_the_reason_sources_has_a_percent_sign() -> None:
     """Every string literal (f-string parts too) of the packages that word reasons: a ``%`` is a
     log line's or a time's format, never a text (write "percent")."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def reasons(state: ClusterState, request: PodRequest) -> Iterator[str]:
     yield from scheduler.explain(request, rows).values()
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=st.integers(1, 3).flatmap(lambda n: st.tuples(*(node_specs(f"n{i}") for i in range(n)))),
        booked=st.lists(pods("booked"), max_size=4), asked=pods("asked"))

@@ -191,6 +191,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 10**6) | st.samp
                     max_leaves=25)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(containers=JSON, annotations=JSON)
 def test_any_pod_gets_a_verdict_never_an_exception(containers: Any, annotations: Any) -> None:

@@ -54,6 +54,7 @@ def test_a_silent_connection_to_the_tls_port_is_closed_after_the_handshake_timeo
         assert 0.2 < took < 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("port", ["tls", "health"])
 def test_a_slow_header_is_closed_after_the_header_timeout(pki: Pki, tmp_path: Path, port: str) -> None:
     with serving(server_files(pki, tmp_path / "srv"), QUICK) as served:
@@ -86,6 +87,7 @@ def test_a_port_holds_at_most_its_cap_and_refuses_past_it_while_all_are_active(
         assert get_plain(served.health_port, "/healthz") == 200  # a freed place is taken again
 
 
+@pytest.mark.slow
 def test_a_real_client_gets_through_a_port_crowded_by_silent_connections(pki: Pki, tmp_path: Path) -> None:
     limits = ServerLimits(max_connections=16, handshake_timeout_s=30, header_timeout_s=30)
     with serving(server_files(pki, tmp_path / "srv"), limits) as served, silent(served.port, 200) as crowd:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ CARD = 16_384
 TENANTS = ("a", "b")
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(TENANTS), st.sampled_from([10, 30, 50, 100]), st.integers(0, 3)),
                 min_size=2, max_size=24),

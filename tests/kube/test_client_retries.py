@@ -62,6 +62,7 @@ current-context: x
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_read_that_times_out_is_sent_once(tmp_path: Path,
                                             stalling_server: tuple[str, type[_StallingApiserver]]) -> None:
     url, handler = stalling_server
@@ -72,6 +73,7 @@ def test_a_read_that_times_out_is_sent_once(tmp_path: Path,
     assert handler.hits == 1
 
 
+@pytest.mark.slow
 def test_a_read_given_less_time_than_the_client_timeout_gives_up_then(
         tmp_path: Path, stalling_server: tuple[str, type[_StallingApiserver]]) -> None:
     """The binder passes what is left of its deadline: the read must not wait the client's whole

@@ -61,6 +61,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
                     max_leaves=20)
 
 
+@pytest.mark.slow
 @given(pod=st.dictionaries(st.sampled_from(["spec", "metadata"]), JSON, max_size=2))
 def test_a_malformed_pod_never_crashes_the_reading(pod: dict[str, Any]) -> None:
     for rewrite in size_rewrites(pod, NAMES):

@@ -56,6 +56,7 @@ def kube_api(server: _Apiserver) -> KubePodApi:
     return KubePodApi(client.CoreV1Api(client.ApiClient(configuration)))
 
 
+@pytest.mark.slow
 def test_an_event_names_the_pod_and_its_uid(apiserver: _Apiserver) -> None:
     kube_api(apiserver).create_pod_event("team-a", "train-0", "uid-1", "GpupoolCardOverCommitted", "card 0 ...")
     [(path, body)] = apiserver.posted
@@ -67,6 +68,7 @@ def test_an_event_names_the_pod_and_its_uid(apiserver: _Apiserver) -> None:
     assert body["firstTimestamp"] == body["lastTimestamp"] and body["count"] == 1
 
 
+@pytest.mark.slow
 def test_a_refused_event_is_an_api_error(apiserver: _Apiserver) -> None:
     apiserver.status = 403
     with pytest.raises(ApiError, match="HTTP 403 events are forbidden"):

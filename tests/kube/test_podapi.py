@@ -85,6 +85,7 @@ def kube_api(server: _Apiserver, patch_timeout_s: float | None = None) -> KubePo
     return KubePodApi(client.CoreV1Api(client.ApiClient(configuration)), patch_timeout_s=patch_timeout_s)
 
 
+@pytest.mark.slow
 def test_binds_and_patches_reuse_one_connection(apiserver: _Apiserver) -> None:
     """An unread Binding answer kept its connection out of the pool: every bind paid a new TCP (and,
     against a real apiserver, TLS) handshake, which capped binds/s. One sequential client, one
@@ -96,6 +97,7 @@ def test_binds_and_patches_reuse_one_connection(apiserver: _Apiserver) -> None:
     assert apiserver.connections == 1
 
 
+@pytest.mark.slow
 def test_a_conflicting_bind_is_a_conflict_error_and_keeps_the_connection(apiserver: _Apiserver) -> None:
     api = kube_api(apiserver)
     api.bind_pod("default", "p", "", "n1")
@@ -105,6 +107,7 @@ def test_a_conflicting_bind_is_a_conflict_error_and_keeps_the_connection(apiserv
     assert apiserver.connections == 1
 
 
+@pytest.mark.slow
 def test_the_assignment_write_gives_up_after_its_own_timeout(apiserver: _Apiserver) -> None:
     """A leader's write must be over before another replica may acquire the Lease: the PATCH is
     bounded by the commit timeout, and no answer is a typed error (not a raw urllib3 exception that
@@ -119,6 +122,7 @@ def test_the_assignment_write_gives_up_after_its_own_timeout(apiserver: _Apiserv
     api.bind_pod("default", "p", "", "n1")  # the other calls keep their longer timeout
 
 
+@pytest.mark.slow
 def test_a_binding_carries_the_assignment_and_the_preconditions(apiserver: _Apiserver) -> None:
     """The apiserver merges a Binding's annotations into the pod as it binds it; uid and
     resourceVersion are the preconditions apiservers from v1.23 check."""
@@ -136,6 +140,7 @@ def test_a_binding_carries_the_assignment_and_the_preconditions(apiserver: _Apis
     ]
 
 
+@pytest.mark.slow
 def test_a_binding_that_carries_the_assignment_gives_up_after_the_commit_timeout(apiserver: _Apiserver) -> None:
     """That Binding is the assignment write: like the PATCH, it must be over before another replica
     may take the Lease. A Binding without annotations keeps the longer timeout."""
@@ -148,6 +153,7 @@ def test_a_binding_that_carries_the_assignment_gives_up_after_the_commit_timeout
     api.bind_pod("default", "q", "uid-q", "n1")  # answered after 0.6 s: within the longer timeout
 
 
+@pytest.mark.slow
 def test_a_binding_carries_the_current_token(apiserver: _Apiserver) -> None:
     """The Binding skips the generated client method, not its credentials: the token goes with each
     POST, and the client's refresh hook (exec plugins, rotated service-account tokens) runs first."""
@@ -166,6 +172,7 @@ def test_a_binding_carries_the_current_token(apiserver: _Apiserver) -> None:
     assert apiserver.authorizations == ["Bearer second", "Bearer third"]
 
 
+@pytest.mark.slow
 def test_a_refused_binding_is_an_api_error_with_the_apiservers_message(apiserver: _Apiserver) -> None:
     api = kube_api(apiserver)
     api.bind_pod("default", "p", "", "n1")

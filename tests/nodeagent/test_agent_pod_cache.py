@@ -8,6 +8,8 @@ import contextlib
 import copy
 from collections.abc import Mapping
 
+import pytest
+
 from gpupool.kube.listwatch import Backoff
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.allocated_codec import encode_served
@@ -48,6 +50,7 @@ async def never_read(namespace: str, name: str) -> PodView | None:
     raise AssertionError(f"the agent read {namespace}/{name} from the API")
 
 
+@pytest.mark.slow
 def test_pods_admitted_as_they_are_bound_are_allocated_from_the_watch_without_reads() -> None:
     gpu_file, workload = generate(30, cards=8, seed=5, node=NODE)
 

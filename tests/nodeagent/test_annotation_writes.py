@@ -7,6 +7,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from gpupool.api.annotations import Assignment, encode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
 from gpupool.nodeagent.allocated_codec import served_resources
@@ -30,6 +32,7 @@ def pod_with_init_and_app() -> dict[str, Any]:
             "status": {"phase": "Pending"}}
 
 
+@pytest.mark.slow
 def test_a_slow_older_write_does_not_land_after_a_newer_one() -> None:
     pod = pod_with_init_and_app()
 

@@ -51,6 +51,7 @@ async def admit(node: FakeNode, source: InMemoryPodSource, doc: dict[str, Any]) 
     return node.kubelet.pod_manager[doc["metadata"]["uid"]].phase
 
 
+@pytest.mark.slow
 def test_a_pod_whose_containers_kubelet_ended_does_not_refuse_the_next_one() -> None:
     """kubelet knows first that a pod finished (it frees its devices); the pod watch learns the phase
     later. The next pod on the card must be granted meanwhile."""
@@ -64,6 +65,7 @@ def test_a_pod_whose_containers_kubelet_ended_does_not_refuse_the_next_one() -> 
     assert agent.stats.refused == 0
 
 
+@pytest.mark.slow
 def test_a_running_pod_still_refuses_an_over_commitment() -> None:
     """The release is for dead grants only: a live one still counts."""
     async def scenario(node: FakeNode, source: InMemoryPodSource) -> None:
@@ -73,6 +75,7 @@ def test_a_running_pod_still_refuses_an_over_commitment() -> None:
     assert run(scenario).stats.refused == 1
 
 
+@pytest.mark.slow
 def test_a_pod_kubelet_no_longer_lists_is_released_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario(node: FakeNode, source: InMemoryPodSource) -> None:
         first = pod_json("first", {"main": mib(12288)}, phase="Running")
@@ -90,6 +93,7 @@ def test_a_pod_kubelet_no_longer_lists_is_released_counted_and_logged(caplog: py
     assert "released the grants of pod default/first (main): kubelet no longer lists it" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_same_named_successor_does_not_inherit_the_dead_pods_containers() -> None:
     """A pod replaced under the same name (StatefulSet) within the mapper's grace: the successor's
     ``allocated-v1`` lists its own containers only."""

@@ -60,6 +60,7 @@ def test_an_assignment_for_another_pod_is_refused_naming_both_uids() -> None:
         check(pod_json("p", "uid-old"))
 
 
+@pytest.mark.slow
 def test_kubelet_fails_the_replacement_at_admission_and_the_pod_is_told_why() -> None:
     own = pod_json("own", "uid-own")
     replaced = pod_json("replaced", "uid-of-its-predecessor")

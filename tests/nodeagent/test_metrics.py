@@ -81,6 +81,7 @@ def unlabelled(text: str) -> dict[str, float]:
             if not s.labels}
 
 
+@pytest.mark.slow
 def test_a_scrape_shows_what_the_ledger_would_book_on_each_card() -> None:
     """Forty generated pods (slices, whole cards, GPU init containers, sidecars) admitted by the fake
     kubelet: per card, the agent's series equal the core ledger's booking of the same placements."""
@@ -128,6 +129,7 @@ async def scrape(agent: NodeAgent) -> str:
         return await response.text()
 
 
+@pytest.mark.slow
 def test_labels_name_the_node_and_each_card() -> None:
     gpu_file: dict[str, Any] = {"model": "Tesla-T4", "cards": [{"uuid": "GPU-x0", "memoryMiB": 15360}]}
 
@@ -142,6 +144,7 @@ def test_labels_name_the_node_and_each_card() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_logged_not_raised_and_a_free_one_serves(caplog: pytest.LogCaptureFixture) -> None:
     gpu_file: dict[str, Any] = {"model": "Tesla-T4", "cards": [{"uuid": "GPU-x0", "memoryMiB": 15360}]}
 

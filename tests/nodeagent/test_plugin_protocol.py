@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from gpupool.nodeagent.deviceplugin.api import pb
 from gpupool.nodeagent.gpu_inventory import HealthEvent
 from gpupool.testing.node_workload import fake_gpu_file, generate
 from tests.nodeagent.harness import NAMES, fake_pod, running_node
 
 
+@pytest.mark.slow
 def test_registers_all_resources_with_unit_counts() -> None:
     async def main() -> None:
         async with running_node(fake_gpu_file(4, memory_mib=81920)) as node:
@@ -26,6 +29,7 @@ def test_registers_all_resources_with_unit_counts() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_list_and_watch_for_eight_141gb_cards_is_under_1mb() -> None:
     async def main() -> None:
         async with running_node(fake_gpu_file(8, memory_mib=144384, model="NVIDIA-H200")) as node:
@@ -42,6 +46,7 @@ def test_list_and_watch_for_eight_141gb_cards_is_under_1mb() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_health_change_and_recovery_reach_kubelet() -> None:
     async def main() -> None:
         async with running_node(fake_gpu_file(4)) as node:
@@ -63,6 +68,7 @@ def test_health_change_and_recovery_reach_kubelet() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_scripted_xid_from_fake_file() -> None:
     gpu_file = fake_gpu_file(2)
     gpu_file["events"] = [{"at": 0.1, "card": 1, "xid": 13}, {"at": 0.2, "card": 1, "xid": 79},
@@ -82,6 +88,7 @@ def test_scripted_xid_from_fake_file() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_kubelet_restart_reregisters_within_seconds() -> None:
     _, pods = generate(10, cards=4, seed=3)
 

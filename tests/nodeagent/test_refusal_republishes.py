@@ -23,6 +23,7 @@ def backend(second_healthy: bool) -> FakeGpuBackend:
         {"uuid": "GPU-0", "memoryMiB": CARD}, {"uuid": "GPU-1", "memoryMiB": CARD, "healthy": second_healthy}]})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second_healthy, pods, announced", [
     pytest.param(False, [{"main": mib(4096, card=1)}], 1, id="unhealthy-card-announced-again"),
     # both cards healthy: kubelet's device counts admit 2 x 12 GiB, only the agent sees card 0 is full

@@ -86,6 +86,7 @@ def fill(gpu_file: dict[str, Any], shapes: list[dict[str, int]], rng: random.Ran
     return spec, placed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_kubelet_device_counts_cover_every_booking(seed: int) -> None:
     """Per resource, the devices the node advertises are at least the sum of the limits of every
@@ -107,6 +108,7 @@ def test_kubelet_device_counts_cover_every_booking(seed: int) -> None:
         assert total <= advertised, f"{resource}: pods need {total} devices, the node has {advertised}"
 
 
+@pytest.mark.slow
 def test_two_shared_multi_card_pods_and_aliases_are_admitted_with_their_cards() -> None:
     """A whole card, two slices that each span the other two cards, and the foreign aliases: the
     fake kubelet (kubelet 1.20's device manager) admits them all and each container's env is its

@@ -105,6 +105,7 @@ def test_assignments_that_fit_are_granted(pod: dict[str, Any], granted: list[dic
     check(pod, "main", *granted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_borrows", [pytest.param(False, id="two-owners-over-commit"),
                                            pytest.param(True, id="a-borrower-leaves-the-owners-room")])
 def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_pod(first_borrows: bool) -> None:

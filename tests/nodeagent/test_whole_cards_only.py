@@ -37,6 +37,7 @@ def pod_json(name: str, limits: dict[str, str], ref: CardRef) -> dict[str, Any]:
             "status": {"phase": "Pending"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shares", [pytest.param(False, id="whole-cards-only"), pytest.param(True, id="shares")])
 def test_slices_are_refused_and_whole_cards_granted_where_shares_are_off(shares: bool) -> None:
     pods = {"slice": pod_json("slice", {NAMES.gpu_mem: "16"}, CardRef(0, "GPU-0", 4096, 0)),

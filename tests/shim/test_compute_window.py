@@ -23,6 +23,7 @@ def recorded_events(tc: Toolchain, env: dict[str, str], *steps: str) -> tuple[in
     return int(recorded), int(in_capture)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("toolchain", ["plain", "sanitized"])
 def test_a_limited_card_gets_marks_behind_its_launches(request: pytest.FixtureRequest, work: Path,
                                                        toolchain: str) -> None:
@@ -51,6 +52,7 @@ def launcher_events(tc: Toolchain, env: dict[str, str], seconds: float) -> int:
     return events
 
 
+@pytest.mark.slow
 def test_soft_mode_on_an_idle_card_holds_nothing_back(plain: Toolchain, work: Path) -> None:
     """Once the controller finds the card otherwise idle (target 100 %) a soft share records no
     marks; a hard share of the same size keeps recording them."""

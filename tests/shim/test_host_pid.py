@@ -63,6 +63,7 @@ def behind_pid_namespace(tc: Toolchain, work: Path, answer: PidAnswer) -> tuple[
     return busy, read_region(work / "ctr" / "memory.region").devices[0]
 
 
+@pytest.mark.slow
 def test_the_host_pid_from_the_reply_goes_into_the_process_slot(plain: Toolchain, work: Path) -> None:
     agent = pid_agent(work / "agent.sock", with_host_pid)
     holder = Holder(plain, namespaced_env(plain, work, GPUPOOL_MEMORY_LIMIT_MIB="1024"), "alloc:1m",
@@ -76,6 +77,7 @@ def test_the_host_pid_from_the_reply_goes_into_the_process_slot(plain: Toolchain
     assert (slot.pid, slot.host_pid) == (holder.process.pid, holder.process.pid + PID_OFFSET)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("toolchain", ["plain", "sanitized"])
 def test_the_host_pid_from_the_reply_lets_the_controller_hold_the_share(
         request: pytest.FixtureRequest, work: Path, toolchain: str) -> None:
@@ -84,6 +86,7 @@ def test_the_host_pid_from_the_reply_lets_the_controller_hold_the_share(
     assert measured.util_container_percent > 0, measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", [
     pytest.param(without_host_pid, id="older-agent"),
     pytest.param(malformed_host_pid, id="malformed-host-pid"),

@@ -56,6 +56,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["symbol", "dlsym", "procaddress"])
 @pytest.mark.parametrize(("allocate", "release"), KINDS)
 def test_every_allocation_kind_is_counted_and_given_back(tc: Toolchain, work: Path, allocate: str,

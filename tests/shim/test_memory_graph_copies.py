@@ -17,6 +17,7 @@ MIB, GIB = 1 << 20, 1 << 30
 MODES = ["symbol", "dlsym", "procaddress"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("instantiate", ["inst", "instp", "instl"],
                          ids=["cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphInstantiate_v2"])

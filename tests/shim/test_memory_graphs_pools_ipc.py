@@ -16,6 +16,7 @@ MODES = ["symbol", "dlsym", "procaddress"]
 FIRST = 0  # the probe numbers what it keeps (allocations, pools, graphs, nodes) from 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("node", ["gmem", "gnode"], ids=["cuGraphAddMemAllocNode", "cuGraphAddNode"])
 def test_graph_memory_nodes_count_from_creation_to_destruction(tc: Toolchain, work: Path, mode: str,
@@ -46,6 +47,7 @@ def test_a_graph_node_the_driver_refuses_costs_nothing(tc: Toolchain, work: Path
     assert steps[2].values[0] == str(512 * MIB)  # cuMemGetInfo: the smaller of limit and card, all free
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("pool", ["defpool", "mkpool"], ids=["default-pool", "created-pool"])
 def test_a_pool_cannot_be_told_to_keep_freed_memory_under_a_limit(tc: Toolchain, work: Path, mode: str,
@@ -97,6 +99,7 @@ def test_stream_ordered_memory_of_a_captured_stream_counts_until_its_graph_is_de
     assert steps[11].values[0] == str(GIB)  # outside a capture a free gives back at once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("prefix", ["p", "t"], ids=["ptsz-entry-points-on-NULL", "CU_STREAM_PER_THREAD"])
 def test_capture_on_the_per_thread_default_stream_is_seen(tc: Toolchain, work: Path, mode: str,

@@ -99,6 +99,7 @@ def test_without_a_limit_vmm_calls_pass_through(tc: Toolchain, work: Path) -> No
     assert steps[9].values == (str(MIB),)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_another_containers_export_is_charged_once_to_the_importer_as_it_maps(tc: Toolchain, work: Path,
                                                                               mode: str) -> None:
@@ -129,6 +130,7 @@ def test_another_containers_export_is_charged_once_to_the_importer_as_it_maps(tc
         holder.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_many_mapped_allocations_are_counted_and_given_back(tc: Toolchain, work: Path, mode: str) -> None:
     """A framework maps thousands of small VMM pages (the library's tables grow meanwhile)."""

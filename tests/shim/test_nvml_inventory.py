@@ -23,6 +23,7 @@ print(json.dumps({"uuids": [c.uuid for c in inventory.cards], "paths": list(inve
 """
 
 
+@pytest.mark.slow
 def test_the_inventory_carries_each_cards_pci_bus_id(plain: Toolchain) -> None:
     pytest.importorskip("pynvml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED_PREFIXES)}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gpupool.shim.build import RELEASE, SANITIZED, build_library
 from gpupool.shim.region import SLOT, SLOTS, SLOTS_OFFSET, read_region
 from tests.shim.toolchain import Holder, Toolchain, codes, run_probe
@@ -47,6 +49,7 @@ def start(tc: Toolchain, env: dict[str, str], count: int, *steps: str) -> list[H
     return holders
 
 
+@pytest.mark.slow
 def test_processes_without_a_slot_are_accounted_and_given_back(tc: Toolchain, work: Path) -> None:
     env = small_table_env(tc, work, GPUPOOL_MEMORY_LIMIT_MIB="4096")
     holders = start(tc, env, SMALL_TABLE + 4, "alloc:256m")
@@ -64,6 +67,7 @@ def test_processes_without_a_slot_are_accounted_and_given_back(tc: Toolchain, wo
     assert held(work) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_the_dead_are_reclaimed_and_the_living_keep_their_charge(tc: Toolchain, work: Path) -> None:
     env = small_table_env(tc, work, GPUPOOL_MEMORY_LIMIT_MIB="4096")
     go = work / "go"
@@ -116,6 +120,7 @@ def test_a_live_process_is_not_reclaimed_when_its_pid_means_nothing_here(tc: Too
     assert free_and_total(tc, env) == (str(4 * GIB), str(4 * GIB))
 
 
+@pytest.mark.slow
 def test_three_hundred_processes_come_and_go(plain: Toolchain, work: Path) -> None:
     """The probe's finding: past the format's 256 slots, memory stayed charged with nothing alive."""
     env = plain.env(work, GPUPOOL_MEMORY_LIMIT_MIB="4096")

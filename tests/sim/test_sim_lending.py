@@ -118,6 +118,7 @@ def test_a_lent_window_open_at_the_horizon_or_at_the_owners_end_is_counted_up_to
     assert outcome.lent_gpu_hours == pytest.approx(1.0 + 7.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(st.lists(st.tuples(st.floats(0, 10), st.floats(0.1, 6), st.sampled_from([250, 500, 1000]),
                           st.floats(0, 5), st.floats(0.1, 3)), min_size=1, max_size=14))

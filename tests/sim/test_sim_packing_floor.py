@@ -21,6 +21,7 @@ def _bench() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("counts", "cards"), [
     ({500: 4}, 2.0),                      # two halves per card
     ({600: 2, 400: 2}, 2.0),              # complements pair up

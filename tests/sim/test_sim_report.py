@@ -52,6 +52,7 @@ def test_median_curve_keeps_points_every_seed_reached() -> None:
     assert max(median_curve(report("p", curve(90, 4.0), short))) == 100
 
 
+@pytest.mark.slow
 def test_the_plot_is_drawn_in_the_window(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "curves.png"

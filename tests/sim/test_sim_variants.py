@@ -89,6 +89,7 @@ def test_bases_without_the_needed_pods_are_refused() -> None:
         cpu_share_variant(BASE[:6], 0.5, 0)
 
 
+@pytest.mark.slow
 def test_load_trace_builds_variants_from_the_default_trace() -> None:
     default = load_pods(resolve_trace("default"))
     gpu_pods = [p for p in default if not is_cpu_only(p.request)]

@@ -104,6 +104,7 @@ def test_managed_process_stop_and_record_round_trip(tmp_path: Path) -> None:
     assert not adopted.alive()
 
 
+@pytest.mark.slow
 def test_managed_process_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print('x', flush=True); time.sleep(60)")
@@ -163,6 +164,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_a_machine_without_addresses_gets_a_usable_node_ip() -> None:
     """In a fresh network namespace (only loopback) find_node_ip creates an address that works."""
     probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False)

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpupool.api.annotations import Assignment, encode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
 from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
@@ -56,6 +58,7 @@ async def listed(node: Node) -> PodResourcesSnapshot:
         await client.close()
 
 
+@pytest.mark.slow
 def test_podresources_lists_active_pods_with_their_native_sidecars_and_app_containers() -> None:
     """A regular init container's devices go to the next container of its pod (here the sidecar);
     the sidecar keeps them, so the app container gets others. Init containers are not listed, nor
@@ -81,6 +84,7 @@ def test_podresources_lists_active_pods_with_their_native_sidecars_and_app_conta
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_get_preferred_allocation_is_called_without_the_device_manager_lock() -> None:
     docs = [pod_doc(f"p{i}", i, app={"main": 4}) for i in range(4)]
 

@@ -62,6 +62,7 @@ def test_a_card_a_device_plugin_pod_holds_whole_takes_no_claim() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_an_allocate_is_checked_against_the_prepared_claims_on_its_card() -> None:
     """The other direction: the device plugin refuses a pod whose card the prepared claims fill."""
     from gpupool.nodeagent.agent import NodeAgent

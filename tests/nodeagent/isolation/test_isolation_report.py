@@ -42,6 +42,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lending", [pytest.param(False, id="shim"),
                                      pytest.param(True, id="shim-wrapped-by-lending-checkpoints")])
 def test_metrics_and_usage_show_the_backend_and_registered_processes(lending: bool) -> None:
@@ -92,6 +93,7 @@ def test_metrics_and_usage_show_the_backend_and_registered_processes(lending: bo
         shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_node_without_enforcement_says_so_per_card() -> None:
     gpu_file, _ = generate(1, cards=2, seed=2)
 

@@ -8,6 +8,8 @@ import asyncio
 import random
 from pathlib import Path
 
+import pytest
+
 from gpupool.api import environment as env
 from gpupool.api.shim_contract import (
     CONTAINER_GRANT_DIR,
@@ -27,6 +29,7 @@ CONTAINER_PATHS = {"/usr/local/gpupool/lib/libgpupool-shim.so", "/etc/ld.so.prel
                    "/var/run/gpupool/memory.region", "/var/run/gpupool-agent"}
 
 
+@pytest.mark.slow
 def test_concurrent_admission_gives_each_container_its_own_exact_mounts(tmp_path: Path) -> None:
     gpu_file, pods = generate(60, cards=4, seed=5)
     uuids = {i: c["uuid"] for i, c in enumerate(gpu_file["cards"])}
@@ -74,6 +77,7 @@ def test_concurrent_admission_gives_each_container_its_own_exact_mounts(tmp_path
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_without_a_backend_the_grant_has_no_mounts_and_no_new_variables() -> None:
     gpu_file, pods = generate(5, cards=2, seed=1)
 

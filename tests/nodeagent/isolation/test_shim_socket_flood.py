@@ -43,6 +43,7 @@ def idle_connections(path: str, n: int) -> Iterator[list[socket.socket]]:
         yield socks
 
 
+@pytest.mark.slow
 def test_a_valid_registration_completes_while_1000_idle_connections_are_held() -> None:
     async def main() -> tuple[float, bool, int]:
         async with serving() as server:
@@ -63,6 +64,7 @@ def test_a_valid_registration_completes_while_1000_idle_connections_are_held() -
     assert still_open <= MAX_CONNECTIONS, "the server held more idle connections than its cap"
 
 
+@pytest.mark.slow
 def test_a_registration_gets_through_idle_connections_that_keep_coming_back() -> None:
     """An attacker who reconnects each dropped connection at once still cannot starve a client."""
     async def main() -> list[float]:

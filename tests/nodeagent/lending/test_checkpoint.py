@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupool.api import lending as contract
 from gpupool.nodeagent.isolation.backends import NoEnforcement
 from gpupool.nodeagent.lending.checkpoint import (
@@ -59,6 +61,7 @@ def test_the_grant_gets_the_protocol_and_resumes_from_the_newest_checkpoint(tmp_
     assert wrapped.grant_extras(view("w"), "c").envs[contract.RESUME_FROM_ENV] == f"{contract.CHECKPOINT_MOUNT}/ckpt-9"
 
 
+@pytest.mark.slow
 def test_a_reclaimed_worker_resumes_from_its_checkpoint_when_restarted(tmp_path: Path) -> None:
     """Real processes (no container): the example worker runs, is reclaimed (signal), writes its
     checkpoint, and its restart with the env the grant would give resumes from that step."""

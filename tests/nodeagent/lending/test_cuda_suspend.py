@@ -65,6 +65,7 @@ def test_the_state_is_read_before_a_toggle(tmp_path: Path, mode: str, outcome: S
     assert calls(log) == expected_calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [pytest.param("hangs", id="get-state-hangs"),
                                   pytest.param("toggle-hangs", id="toggle-hangs")])
 def test_a_hanging_tool_is_killed_at_the_bound(tmp_path: Path, mode: str) -> None:
@@ -106,6 +107,7 @@ def test_a_process_past_the_deadline_is_suspended_then_killed(tmp_path: Path) ->
     assert [sig for _, sig in children.sent] == [signal.SIGUSR1, signal.SIGKILL]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [pytest.param("hangs", id="get-state-hangs"),
                                   pytest.param("toggle-hangs", id="toggle-hangs"),
                                   pytest.param("toggle-fails", id="toggle-fails")])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gpupool.api.lending import LendableCard, decode_lendable
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 
@@ -40,6 +42,7 @@ def test_additions_wait_for_the_interval_and_withdrawals_do_not() -> None:
     assert writes[0] is None and [c.index for c in decode_lendable(writes[-1] or "").cards] == [1]
 
 
+@pytest.mark.slow
 def test_the_loop_retries_a_failed_write() -> None:
     calls: list[str | None] = []
 

@@ -88,6 +88,7 @@ def test_a_worker_that_follows_the_protocol_checkpoints_and_exits_before_the_dea
     assert api.calls[1] == ("evict", "ns", "b")
 
 
+@pytest.mark.slow
 def test_a_worker_ignoring_the_signal_is_killed_at_the_deadline(tmp_path: Path) -> None:
     children, api = Children(), Api()
     proc = children.start(tmp_path, IGNORE_CHECKPOINT="1")

@@ -109,6 +109,7 @@ def _allowed_together(a: Occupant, b: Occupant, dormant: frozenset[ContainerKey]
     return effective(a, b) is effective(b, a)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(STEP, max_size=40))
 def test_no_card_is_held_by_two_containers_the_ledger_does_not_allow(steps: list[tuple[str, int]]) -> None:

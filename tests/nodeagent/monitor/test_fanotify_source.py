@@ -47,6 +47,7 @@ def source(devices: list[str], sink: CollectingSink) -> Iterator[FanotifySource]
     src.stop()
 
 
+@pytest.mark.slow
 def test_a_childs_open_and_close_are_reported_with_its_pid(source: FanotifySource, devices: list[str],
                                                           sink: CollectingSink) -> None:
     with HoldingChild(devices[1]) as child:
@@ -57,6 +58,7 @@ def test_a_childs_open_and_close_are_reported_with_its_pid(source: FanotifySourc
     assert all(e.path == devices[1] for e in sink.drain())
 
 
+@pytest.mark.slow
 def test_a_denied_open_fails_with_eperm_and_is_not_recorded(devices: list[str], sink: CollectingSink) -> None:
     asked: list[DeviceEvent] = []
 
@@ -90,6 +92,7 @@ def test_a_failing_decider_lets_the_open_through(devices: list[str], sink: Colle
         src.stop()
 
 
+@pytest.mark.slow
 def test_the_switch_turns_reporting_off_and_on(source: FanotifySource, devices: list[str],
                                               sink: CollectingSink) -> None:
     source.set_watching(False)

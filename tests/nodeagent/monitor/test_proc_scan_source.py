@@ -68,6 +68,7 @@ def test_a_character_device_is_matched_by_its_device_number(tmp_path: os.PathLik
     assert [(e.kind, e.path) for e in sink.drain(0) if e.pid == child.pid] == [(EventKind.OPEN, "/dev/null")]
 
 
+@pytest.mark.slow
 def test_the_switch_off_pauses_reporting(devices: list[str]) -> None:
     sink = CollectingSink()
     source = _source(devices, sink)

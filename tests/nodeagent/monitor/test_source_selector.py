@@ -44,6 +44,7 @@ def test_on_a_regular_file_the_real_probe_picks_fanotify_when_root(tmp_path: os.
     assert choose_source([path]).source.name == "fanotify"
 
 
+@pytest.mark.slow
 def test_the_source_chosen_for_a_character_device_reports_a_childs_open() -> None:
     """Whatever this kernel does for character devices, the selector's choice must see the open
     (kernel 6.18 reports nothing through fanotify, so there it is the scan)."""

@@ -39,11 +39,13 @@ def _states(draw: st.DrawFn) -> UsageState:
     return UsageState(draw(_text), draw(_times), devices)
 
 
+@pytest.mark.slow
 @given(_states())
 def test_every_state_reads_back_as_written(state: UsageState) -> None:
     assert decode_state(encode_state(state)) == state
 
 
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(_states(), st.data())
 def test_a_torn_write_is_refused_never_misread(state: UsageState, data: st.DataObject) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.core.model import CardSlice
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
@@ -74,6 +76,7 @@ def monitor_of(tmp_path: Path, backend: FakeGpuBackend, containers: Containers) 
     return monitor, devices
 
 
+@pytest.mark.slow
 def test_a_container_past_its_grant_under_an_enforcing_backend_is_evicted_within_the_check_interval(
         tmp_path: Path) -> None:
     containers, events = Containers(), Events()

@@ -236,6 +236,7 @@ def test_over_memory_without_enforcement_is_reported_with_the_proc_scan(tmp_path
     assert [sorted(c) for c in agent.cordons] == [[1], []]  # cordoned, then offered again once it exited
 
 
+@pytest.mark.slow
 def test_a_cordoned_card_is_unhealthy_to_kubelet_until_released_whatever_its_health() -> None:
     async def main() -> None:
         async with running_node(fake_gpu_file(4)) as node:
@@ -263,6 +264,7 @@ def test_a_cordoned_card_is_unhealthy_to_kubelet_until_released_whatever_its_hea
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_restarted_agent_judges_no_restored_holder_before_it_has_listed_its_pods(tmp_path: Path) -> None:
     """Issue 28: the restored holders are past the grace period at once; before the agent's first pod
     list their grants were unknown and the owner's own process was reported as ``ungranted-card``."""
