@@ -1,5 +1,4 @@
-"""Verifying a schedule on the node before granting it: the cards exist, are healthy, and this node's
-own grants leave room for it.
+"""Verifying a schedule on the node before granting it, by the core's own card rule.
 
 The extender decided from its ledger; the node knows better what it has *now*. A card can have
 failed (an XID) or vanished since the pod was bound, and an extender with a stale or partitioned view
@@ -7,19 +6,39 @@ failed (an XID) or vanished since the pod was bound, and an extender with a stal
 catch the latter: they are per resource, not per card. So before Allocate hands a container its
 cards, the agent checks the container's assignment against its inventory and against the pods it has
 already granted on this node (served by this agent, or recorded in their ``allocated-v1`` after a
-restart), by the extender's own rule (:meth:`gpupool.core.model.Placement.held_per_card`: app
-containers add up, an init container holds its cards alone). A refusal fails Allocate: kubelet
-fails the pod with ``UnexpectedAdmissionError`` and its controller creates a new one, which the
-extender places afresh.
+restart). A refusal fails Allocate: kubelet fails the pod with ``UnexpectedAdmissionError`` and its
+controller creates a new one, which the extender places afresh.
+
+One rule, not two: the node builds the core's ledger for itself (:class:`NodeLedger`, a
+:class:`~gpupool.core.state.ClusterState` of one node), claims what the granted pods hold there as the
+extender books it (:meth:`ClusterState.claim` of :meth:`Placement.held_per_card`: app containers add
+up, an init container holds its cards alone; borrowers on their loans, :mod:`gpupool.core.lent`), and
+asks the core's card rule (:meth:`ClusterState.card_verdict`) or lent rule (:meth:`LentBook.verdict`)
+whether the new pod's share of each card fits. Only the sentences are the node's own: they name the
+card by its NVML index and uuid, the amounts, and the pods that hold it.
+
+Card identity. An ``assignment-v1`` card (``CardRef``) is named by ``index``, the card's NVML index
+on the node, and its uuid. The extender decides on *ledger positions*: the position of a card in its
+node's inventory sorted by index (:func:`gpupool.api.annotations.decode_inventory`), translated to
+``index`` by :meth:`Assignment.from_placement` and back by :meth:`Assignment.to_placement`. The node
+agent's :class:`~gpupool.nodeagent.types.NodeAssignment` keeps the NVML index in ``CardSlice.card``.
+:class:`NodeLedger` builds its one row the extender's way (the inventory's cards sorted by index, so
+a position here is the extender's position for the same inventory) and converts at its edge
+(:meth:`NodeLedger.position`); loans (``lendable``'s :class:`~gpupool.api.lending.LendableCard`) are
+named by index and uuid too and are converted as the extender's ``card_loans`` converts them.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from gpupool.api.annotations import foreign_assignment
-from gpupool.core.model import ContainerAssignment
+from gpupool.api.lending import LendableCard
+from gpupool.core.card_rule import CardSlots, CardVerdict, Demand
+from gpupool.core.lent import LentVerdict, Loan, card_refusal
+from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
+from gpupool.core.state import ClusterState
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.nodeagent.container_grant import GrantError
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -27,6 +46,12 @@ from gpupool.nodeagent.types import PodView
 
 #: The reason of the Warning event a refused pod gets.
 REFUSED_REASON = "GpuAssignmentRefused"
+
+PER_MILLE_PER_PERCENT = COMPUTE_PER_CARD // 100
+"""``lendable`` speaks percent of a card, the core per-mille."""
+
+LENT_OWNER_UNKNOWN = "(lent)"
+"""``borrowed_from`` of a granted borrower the node books on a card it does not lend now."""
 
 
 class AssignmentRefused(GrantError):
@@ -39,19 +64,161 @@ class CardStateRefused(AssignmentRefused):
     placement, e.g. of the replacement pod, then avoids the card)."""
 
 
-Holder = tuple[str, int, int, bool]
-"""A granted pod on a card: ``namespace/name``, memory MiB, compute per-mille, exclusive."""
+@dataclass
+class NodeLedger:
+    """The core's ledger for this one node: the inventory as its only row, the granted pods claimed.
 
+    ``cards``: the inventory's cards by ledger position (sorted by NVML index, as the extender
+    reads the node's inventory annotation). ``holders`` / ``borrowers``: per position, the pods
+    (``namespace/name``) an owner's or a borrower's grant holds there, for the refusal's sentence.
+    """
 
-def holders(pods: Iterable[PodView], node: str) -> dict[int, list[Holder]]:
-    """Per card, the pods holding part of it by their assignments (finished pods hold nothing)."""
-    held: defaultdict[int, list[Holder]] = defaultdict(list)
-    for pod in pods:
-        if pod.terminated or pod.assignment is None or pod.assignment.placement.node not in ("", node):
-            continue
-        for card, (mib, permille, exclusive) in pod.assignment.placement.held_per_card().items():
-            held[card].append((f"{pod.namespace}/{pod.name}", mib, permille, exclusive))
-    return held
+    node: str
+    state: ClusterState
+    cards: tuple[GpuCard, ...]
+    holders: dict[int, list[str]] = field(default_factory=dict)
+    borrowers: dict[int, list[str]] = field(default_factory=dict)
+
+    ROW = 0
+
+    @staticmethod
+    def of(node: str, inventory: GpuInventory) -> NodeLedger:
+        cards = tuple(sorted(inventory.cards, key=lambda c: c.index))
+        state = ClusterState([NodeSpec(node, cpu_milli=0, memory_mib=0, cards=cards)], max_cards=max(1, len(cards)))
+        return NodeLedger(node, state, cards)
+
+    def position(self, index: int) -> int | None:
+        """The ledger position of the card with NVML index ``index`` (None: not on this node)."""
+        for pos, card in enumerate(self.cards):
+            if card.index == index:
+                return pos
+        return None
+
+    def placement(self, pod: PodView, borrowed_from: str | None = None) -> Placement | None:
+        """``pod``'s assignment in ledger positions (None: it holds nothing here); slices on cards
+        the node no longer has are left out (they hold nothing on this node's cards)."""
+        if pod.terminated or pod.assignment is None or pod.assignment.placement.node not in ("", self.node):
+            return None
+        containers = []
+        for c in pod.assignment.placement.containers:
+            slices = []
+            for s in c.slices:
+                pos = self.position(s.card)
+                if pos is not None:
+                    slices.append(CardSlice(pos, s.memory_mib, s.compute, s.exclusive))
+            containers.append(ContainerAssignment(c.container, tuple(slices), init=c.init))
+        key = f"{pod.namespace}/{pod.name}"
+        if key in self.state.placements:  # two views of one name (a replaced pod): both hold
+            key = f"{key}@{pod.uid}"
+        return Placement(key, self.node, 0, 0, tuple(containers), borrowed_from=borrowed_from)
+
+    def claim(self, pod: PodView) -> None:
+        """Book what an owner's grant holds, even beyond a card's capacity (the core's claim)."""
+        placement = self.placement(pod)
+        if placement is None:
+            return
+        self.state.claim(placement)
+        for pos in placement.held_per_card():
+            self.holders.setdefault(pos, []).append(f"{pod.namespace}/{pod.name}")
+
+    def lend(self, loans: Iterable[LendableCard]) -> None:
+        """Book this node's loans, named by NVML index and uuid; converted as the extender converts
+        them (a card not in the inventory under that index and uuid lends nothing; the loan is at
+        most the card)."""
+        found: list[Loan] = []
+        for lent in loans:
+            pos = self.position(lent.index)
+            if pos is None or self.cards[pos].uuid != lent.uuid:
+                continue
+            card = self.cards[pos]
+            found.append(Loan(pos, lent.owner, min(lent.memory_mib, card.memory_mib),
+                              min(lent.compute_percent * PER_MILLE_PER_PERCENT, card.compute)))
+        self.state.set_loans(self.node, found)
+
+    def claim_borrower(self, pod: PodView) -> None:
+        """Book what a borrower's grant holds, against the loans of its cards."""
+        first = self.placement(pod)
+        if first is None:
+            return
+        loans = self.state.lent.loans(self.ROW)
+        owner = next((loans[p].owner for p in sorted(first.held_per_card()) if p in loans), LENT_OWNER_UNKNOWN)
+        placement = self.placement(pod, borrowed_from=owner)
+        assert placement is not None
+        self.state.claim(placement)
+        for pos in placement.held_per_card():
+            self.borrowers.setdefault(pos, []).append(f"{pod.namespace}/{pod.name}")
+
+    def _names(self, held: dict[int, list[str]], pos: int) -> str:
+        return ", ".join(held.get(pos, [])) or "no other pod"
+
+    def _shares(self, pod: PodView, container: ContainerAssignment) -> list[tuple[int, int, Demand]]:
+        """Per card of ``container`` (NVML index order): index, position, what the whole pod holds
+        there (its own init and app containers by the core's rule)."""
+        assert pod.assignment is not None
+        own = pod.assignment.placement.held_per_card()
+        found = []
+        for index in sorted({s.card for s in container.slices}):
+            pos = self.position(index)
+            assert pos is not None  # checked by refuse_card_states
+            mib, permille, exclusive = own.get(index, (0, 0, False))
+            found.append((index, pos, Demand(mib, permille, exclusive)))
+        return found
+
+    def refuse_owner(self, pod: PodView, container: ContainerAssignment) -> None:
+        """Raise :class:`AssignmentRefused` unless the core's card rule lets ``pod`` hold its share
+        of each of ``container``'s cards beside what is claimed here."""
+        for index, pos, demand in self._shares(pod, container):
+            verdict = self.state.card_verdict(self.ROW, pos, demand)
+            if verdict != CardVerdict.FITS:
+                raise AssignmentRefused(self._owner_refusal(index, pos, verdict, demand))
+
+    def _owner_refusal(self, index: int, pos: int, verdict: CardVerdict, demand: Demand) -> str:
+        card, names = self.cards[pos], self._names(self.holders, pos)
+        at = (self.ROW, pos)
+        if verdict in (CardVerdict.NOT_IDLE, CardVerdict.EXCLUSIVE_HELD):
+            return (f"card {index} ({card.uuid}) is exclusive to one pod but already granted "
+                    f"to {names} on node {self.node}")
+        if verdict == CardVerdict.NO_MEMORY:
+            total = int(self.state.card_mem_total[at])
+            used = total - int(self.state.card_mem_free[at])
+            return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.memory)} MiB asked, "
+                    f"{used} MiB of {total} MiB already granted to {names}")
+        if verdict == CardVerdict.NO_COMPUTE:
+            used = int(self.state.card_compute_total[at]) - int(self.state.card_compute_free[at])
+            return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.compute) / 10:g} % "
+                    f"compute asked, {used / 10:g} % already granted to {names}")
+        return f"card {index} ({card.uuid}) on node {self.node}: {verdict.name.lower().replace('_', ' ')}"
+
+    def refuse_borrower(self, pod: PodView, container: ContainerAssignment) -> None:
+        """Raise :class:`AssignmentRefused` unless the core's lent rule lets borrower ``pod`` hold its
+        share of each of ``container``'s cards: slices only, on a card lent now, within the loan's
+        memory and compute less what the borrowers claimed here hold."""
+        for index, pos, demand in self._shares(pod, container):
+            at = (self.ROW, pos)
+            slots = CardSlots(self.state.card_exists[at], self.state.card_healthy[at])
+            verdict = self.state.lent.verdict(self.ROW, pos, slots, demand)
+            if verdict != LentVerdict.FITS:
+                raise AssignmentRefused(self._borrower_refusal(index, pos, verdict, slots, demand))
+
+    def _borrower_refusal(self, index: int, pos: int, verdict: LentVerdict, slots: CardSlots,
+                          demand: Demand) -> str:
+        card, names = self.cards[pos], self._names(self.borrowers, pos)
+        loan = self.state.lent.loan(self.ROW, pos)
+        held_mib, held_milli = self.state.lent.borrowed(self.ROW, pos)
+        if verdict == LentVerdict.CARD:
+            return f"card {index} ({card.uuid}) on node {self.node}: {card_refusal(slots).name.lower()}"
+        if verdict == LentVerdict.WHOLE_CARD:
+            return (f"card {index} ({card.uuid}) is lent: a borrower takes slices of it, never the whole "
+                    f"card (node {self.node})")
+        if verdict == LentVerdict.NOT_LENT or loan is None:
+            still = f"; its borrowers {names} stay until reclaimed" if self.borrowers.get(pos) else ""
+            return f"card {index} ({card.uuid}) on node {self.node} is not lent now{still}"
+        if verdict == LentVerdict.NO_LENT_MEMORY:
+            return (f"card {index} ({card.uuid}) lent by {loan.owner} would be over-lent: {int(demand.memory)} MiB "
+                    f"asked, {held_mib} MiB of the loan's {loan.memory_mib} MiB already granted to {names}")
+        return (f"card {index} ({card.uuid}) lent by {loan.owner} would be over-lent: "
+                f"{int(demand.compute) / 10:g} % compute asked, {held_milli / 10:g} % of the loan's "
+                f"{loan.compute / 10:g} % already granted to {names}")
 
 
 WHOLE_CARDS_ONLY = ("this node takes whole GPUs only: nothing on it can enforce a share (its agent has no "
@@ -66,42 +233,77 @@ def refuse_slices(container: ContainerAssignment) -> None:
         raise AssignmentRefused(f"container {container.container}: {WHOLE_CARDS_ONLY}")
 
 
-def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
-                     granted: Iterable[PodView]) -> None:
-    """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.
-
-    ``granted``: the other pods of this node that hold grants (the pod itself is skipped). An
-    assignment decided for another pod (its ``podUID``; a pod replaced under the same name before
-    the extender's Binding, which v1.20-v1.22 address by name only) is refused first.
-    """
+def refuse_foreign(pod: PodView) -> None:
+    """Raise :class:`AssignmentRefused` for an assignment decided for another pod (its ``podUID``; a
+    pod replaced under the same name before the extender's Binding, which v1.20-v1.22 address by
+    name only)."""
     if pod.assignment is not None:
         foreign = foreign_assignment(pod.assignment.pod_uid, pod.uid)
         if foreign is not None:
             raise AssignmentRefused(foreign)
-    cards = {c.index: c for c in inventory.cards}
+
+
+def refuse_card_states(node: str, ledger: NodeLedger, container: ContainerAssignment) -> None:
+    """Raise :class:`CardStateRefused` when a card of ``container`` is not on the node or is
+    unhealthy (the card rule's first checks, before any booking is looked at)."""
     for s in container.slices:
-        card = cards.get(s.card)
-        if card is None:
-            raise CardStateRefused(f"card {s.card} is not on node {node} (it has {sorted(cards)})")
-        if not card.healthy:
-            raise CardStateRefused(f"card {s.card} ({card.uuid}) on node {node} is unhealthy")
+        pos = ledger.position(s.card)
+        if pos is None:
+            raise CardStateRefused(f"card {s.card} is not on node {node} "
+                                   f"(it has {sorted(c.index for c in ledger.cards)})")
+        at = (NodeLedger.ROW, pos)
+        verdict = card_refusal(CardSlots(ledger.state.card_exists[at], ledger.state.card_healthy[at]))
+        if verdict != CardVerdict.FITS:
+            raise CardStateRefused(f"card {s.card} ({ledger.cards[pos].uuid}) on node {node} is unhealthy")
+
+
+def node_ledger(node: str, inventory: GpuInventory, granted: Iterable[PodView] = (),
+                loans: Iterable[LendableCard] = (), borrowers: Iterable[PodView] = ()) -> NodeLedger:
+    """The node's ledger: ``inventory``'s cards, ``granted`` owners' grants and ``borrowers``'
+    grants claimed as the extender books them, ``loans`` (by NVML index) booked as it books them."""
+    ledger = NodeLedger.of(node, inventory)
+    for pod in granted:
+        ledger.claim(pod)
+    ledger.lend(loans)
+    for pod in borrowers:
+        ledger.claim_borrower(pod)
+    return ledger
+
+
+def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
+                     granted: Iterable[PodView]) -> None:
+    """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.
+
+    ``granted``: the other pods of this node that hold grants on their owners' capacity (the pod
+    itself is skipped; borrowers are left out by the caller: they count against their loans, see
+    :func:`check_borrower`). An assignment decided for another pod is refused first, then a card
+    that is missing or unhealthy (:class:`CardStateRefused`), then a share the core's card rule
+    refuses beside what ``granted`` hold.
+    """
+    refuse_foreign(pod)
+    ledger = NodeLedger.of(node, inventory)
+    refuse_card_states(node, ledger, container)
     if pod.assignment is None:
         return
-    own = pod.assignment.placement.held_per_card()
-    others = holders((p for p in granted if p.uid != pod.uid), node)
-    for index in sorted({s.card for s in container.slices}):
-        card = cards[index]
-        mib, permille, exclusive = own.get(index, (0, 0, False))
-        held = others.get(index, [])
-        names = ", ".join(h[0] for h in held)
-        if held and (exclusive or any(h[3] for h in held)):
-            raise AssignmentRefused(f"card {index} ({card.uuid}) is exclusive to one pod but already granted "
-                                    f"to {names} on node {node}")
-        used_mib = sum(h[1] for h in held)
-        if used_mib + mib > card.memory_mib:
-            raise AssignmentRefused(f"card {index} ({card.uuid}) would be over-committed: {mib} MiB asked, "
-                                    f"{used_mib} MiB of {card.memory_mib} MiB already granted to {names}")
-        used_compute = sum(h[2] for h in held)
-        if used_compute + permille > min(card.compute, COMPUTE_PER_CARD):
-            raise AssignmentRefused(f"card {index} ({card.uuid}) would be over-committed: {permille / 10:g} % "
-                                    f"compute asked, {used_compute / 10:g} % already granted to {names}")
+    for other in granted:
+        if other.uid != pod.uid:
+            ledger.claim(other)
+    ledger.refuse_owner(pod, container)
+
+
+def check_borrower(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
+                   loans: Iterable[LendableCard], borrowers: Iterable[PodView]) -> None:
+    """Raise :class:`AssignmentRefused` unless borrower ``pod`` may be granted ``container``'s cards
+    by the core's lent rule (:func:`gpupool.core.lent.lent_verdict`, the extender's check of a
+    placement with ``borrowed_from``): ``loans``, this node's loans now (as its ``lendable``
+    annotation lists them); ``borrowers``, the borrowers granted on this node (the pod itself is
+    skipped)."""
+    refuse_foreign(pod)
+    ledger = node_ledger(node, inventory, loans=loans)
+    refuse_card_states(node, ledger, container)
+    if pod.assignment is None:
+        raise AssignmentRefused(f"borrower {pod.namespace}/{pod.name} has no assignment-v1")
+    for other in borrowers:
+        if other.uid != pod.uid:
+            ledger.claim_borrower(other)
+    ledger.refuse_borrower(pod, container)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable, Iterable
 
-from gpupool.api.lending import LendingNames
+from gpupool.api.lending import LendableCard, LendingNames
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
 from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
@@ -26,11 +28,34 @@ from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.service import UsageMonitor
+from gpupool.nodeagent.schedule_check import check_borrower
 from gpupool.nodeagent.types import PodView
 
 log = logging.getLogger(__name__)
 
 LOANS_FILE = "lending.json"
+
+
+Vouch = Callable[[PodView, ContainerAssignment], bool]
+
+
+def borrower_check(node: str, inventory: Callable[[], GpuInventory], listed: Callable[[], list[PodView]],
+                   on_loan: Callable[[PodView], bool], loans: Callable[[], Iterable[LendableCard]]) -> Vouch:
+    """The agent's Allocate check of a borrower (:attr:`NodeAgent.vouch`): the core's lent rule, as the
+    extender books a placement with ``borrowed_from`` (:func:`check_borrower`), against the loans now
+    (``loans``: as the ``lendable`` annotation lists them, by NVML index) and the other borrowers
+    kubelet lists (``listed``: its last PodResources read; a borrower being admitted beside this
+    one counts too, so the node errs on the side of refusing). A borrower that does not fit is
+    refused with the reason (:class:`AssignmentRefused`), never checked against its owners' room
+    instead; True tells the agent the owners' check is not asked; False (not a borrower): it is."""
+    def vouch(pod: PodView, container: ContainerAssignment) -> bool:
+        if not on_loan(pod):
+            return False
+        borrowers = [p for p in listed() if on_loan(p)]
+        check_borrower(node, inventory(), pod, container, loans(), borrowers)
+        return True
+
+    return vouch
 
 
 class LendingSetup:
@@ -70,18 +95,12 @@ class LendingSetup:
                                  ContainerResolver(monitor.directory))
         agent.extra_devices = service.device_list
 
-        def vouch(pod: PodView, container: ContainerAssignment) -> bool:
-            known = self.pods.get(pod.key)
-            loans_now = service.loans
-            return (known is not None and known.borrowed
-                    and all(s.card in loans_now and s.memory_mib <= loans_now[s.card].memory_mib
-                            for s in container.slices))
-
         def on_loan(pod: PodView) -> bool:
             known = self.pods.get(pod.key)
             return known is not None and known.borrowed
 
-        agent.vouch = vouch
+        agent.vouch = borrower_check(agent.node, lambda: agent.inventory, agent.listed_pods, on_loan,
+                                     lambda: [loan.offer() for loan in service.loans.values()])
         agent.on_loan = on_loan
         service.start(asyncio.get_running_loop())
         return service
