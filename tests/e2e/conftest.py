@@ -1,4 +1,5 @@
-"""Fixtures for end-to-end tests against a real kube-apiserver/scheduler/kubelet (v1.20.2).
+"""Fixtures for end-to-end tests against a real kube-apiserver/scheduler/kubelet (the pinned release
+that ``$GPUPOOL_TESTENV_K8S_VERSION`` names, the newest by default; ``gpupool/testenv/versions.py``).
 
 Public fixtures (use them from any test under tests/e2e):
 
@@ -19,6 +20,16 @@ Public fixtures (use them from any test under tests/e2e):
 
 The environment is skipped (with the reason in the test report) only when it cannot be built on
 this machine at all: not root, no apt, or no route to Debian's registry.
+
+How scripts/test-all runs these tests (write new ones to fit): one pytest session for ``-m e2e`` on
+the newest release, then one for ``-m "e2e and compat"`` on the oldest, while the unit tests run
+in another process beside them on the same two cores. So the session-scoped control plane is
+shared by every test: leave it as you found it (the fixtures above undo what they start; a test
+that changes the scheduler or the apiserver puts them back). Wait for a state with ``wait_for``
+and a generous deadline rather than a ``sleep`` sized for a quiet machine, and give everything on
+the host a name of its own (``uuid`` suffixes, the control plane's state directory) so that two
+sessions on one machine never meet. A test that needs a fresh cluster starts its own with
+``start_control_plane`` instead of restarting the shared one.
 """
 
 from __future__ import annotations
