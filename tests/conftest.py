@@ -17,6 +17,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from gpupool.api.cluster_settings import ClusterSettings
+from gpupool.cli import cluster_options
+
 settings.register_profile("gpupool", deadline=None)
 settings.load_profile("gpupool")
 
@@ -30,3 +33,11 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
         yield
     finally:
         sys.dont_write_bytecode = saved
+
+
+@pytest.fixture(autouse=True)
+def no_cluster_config_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands run in-process (click's runner) resolve the shared settings as with no ConfigMap in
+    the cluster: its defaults, flags on top. A test that wants a ConfigMap's values patches
+    :func:`cluster_options.read_with_client` itself; commands run as processes (e2e) read the real one."""
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: lambda _where: ClusterSettings())

@@ -187,20 +187,20 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         raise click.BadParameter(str(exc), param_hint="--agent-lease-renew-interval") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root,
+                                       registration=RegistrationLimits(registration_timeout,
+                                                                       registration_max_connections),
+                                       packaged=packaged_library())
+    try:
+        isolation_config.choice()  # refuse an impossible choice before anything starts or is read
+    except IsolationConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--isolation") from None
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     if cluster.hami:
         aliases = (*aliases, *(a for a in alias_family_resources([HAMI_FAMILY]) if a not in aliases))
     lease_namespace = cluster.agent_lease_namespace
     beat = HeartbeatSettings(lease_namespace, lease_duration, lease_renew_interval) if lease_namespace else None
-    isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root,
-                                       registration=RegistrationLimits(registration_timeout,
-                                                                       registration_max_connections),
-                                       packaged=packaged_library())
-    try:
-        isolation_config.choice()  # refuse an impossible choice before anything starts
-    except IsolationConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--isolation") from None
     names = cluster.resource_names()
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"), risk_memory_tolerance)
     if dra and risk[0] is not RiskAction.REPORT:

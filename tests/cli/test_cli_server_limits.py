@@ -42,7 +42,7 @@ def test_the_node_agent_limit_flags_reach_its_metrics_port_and_registration_sock
     seen: dict[str, Any] = {}
 
     async def fake_run(*args: Any, **kwargs: Any) -> None:
-        seen["isolation"], seen["limits"] = args[9], args[-1]
+        seen["isolation"], seen["limits"] = args[9], args[13]
 
     monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--max-connections", "32",

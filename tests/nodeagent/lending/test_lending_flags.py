@@ -15,8 +15,8 @@ from gpupool.nodeagent.lending.options import ActivityThresholds, LendingOptions
 def test_the_flags_reach_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
 
-    async def run(*args: Any) -> None:
-        seen.extend(a for a in args if isinstance(a, LendingOptions))  # wherever _run takes it
+    async def run(*args: Any, **kwargs: Any) -> None:
+        seen.extend(a for a in (*args, *kwargs.values()) if isinstance(a, LendingOptions))  # wherever _run takes it
 
     monkeypatch.setattr(node_agent_cmd, "_run", run)
     result = CliRunner().invoke(cli, ["node-agent", "--lending", "--state-dir", "/s", "--owner-active-percent", "25",
