@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
+from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
 from gpupool.api.annotations import decode_allocated
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.kube_pod_source import USER_AGENT
@@ -98,14 +99,27 @@ def allocated_to_all(core_v1: client.CoreV1Api, namespace: str, name: str, conta
     return pod.status.phase == "Running" and served == {c for c, limits in containers if limits}
 
 
+def ensure_namespace(core_v1: client.CoreV1Api, name: str) -> bool:
+    """Create namespace ``name`` unless it exists; whether this call created it."""
+    try:
+        core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
+
+
 def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
     control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
     gpupool_extender: ExtenderProcess, tmp_path: Path,
 ) -> None:
     node = f"e2e-count-{uuid.uuid4().hex[:6]}"
     kubelet = start_kubelet(node)
-    agent = NodeAgentProcess(kubelet, control_plane.audited_kubeconfig, GPUS, tmp_path,
-                             extra_args=("--lease-namespace", namespace))
+    # The heartbeat in the namespace the extender watches (the cluster's agentLeaseNamespace): an agent
+    # beating elsewhere runs with other cluster settings, and the extender places no pod on its node.
+    created_lease_namespace = ensure_namespace(core_v1, DEFAULT_LEASE_NAMESPACE)
+    agent = NodeAgentProcess(kubelet, control_plane.audited_kubeconfig, GPUS, tmp_path)
 
     def admit(pods: dict[str, list[ContainerLimits]]) -> None:
         for name, containers in pods.items():
@@ -153,6 +167,8 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
         ended = time.time() + 1
     finally:
         agent.stop()
+        if created_lease_namespace:
+            core_v1.delete_namespace(DEFAULT_LEASE_NAMESPACE)
 
     phases = {"startup": (began, admitting), "admitting": (admitting, idle_from), "idle": (idle_from, idle_to),
               "restarts": (restarted, ended)}
@@ -163,7 +179,9 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
     print(f"\nnode agent requests (idle {IDLE_S:.0f} s; restarts: agent, then apiserver, then one pod): "
           + json.dumps(measured) + "; heartbeat: " + json.dumps({p: counts(r) for p, r in beats.items()}))
 
-    assert measured["startup"] == {"list pods": 1, "patch nodes": 1, "watch pods": 1}, got["startup"]
+    # two node patches: the settings the agent runs with (agent-settings-v1, at start) and the
+    # inventory with its enforcement notice (once kubelet accepted the device plugins)
+    assert measured["startup"] == {"list pods": 1, "patch nodes": 2, "watch pods": 1}, got["startup"]
     query = {r.verb: parse_qs(urlsplit(r.uri).query) for r in got["startup"] if r.resource == "pods"}
     assert all(q["fieldSelector"] == [f"spec.nodeName={node}"] for q in query.values()), query
     assert query["list"]["resourceVersion"] == ["0"], query  # from the watch cache, not etcd
