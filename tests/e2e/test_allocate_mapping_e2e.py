@@ -463,7 +463,9 @@ def pod_cgroups() -> Iterator[Callable[[str], dict[str, Any]]]:
     1.35-1.37 then crash actuating an in-place resize (``doPodResizeAction`` dereferences the nil
     cgroup config of the no-op pod container manager). With pod cgroups kubelet writes the resized
     values into ``<root>/kubepods/...`` (the fake runtime runs no process in them); each root is
-    removed, bottom-up, after the test.
+    removed, bottom-up, after the test. The test asks for this fixture before ``start_kubelet``, so
+    it is torn down after the kubelet stopped: a running kubelet keeps its pod cgroups (they were
+    left behind on the machine when the roots went first).
     """
     roots: list[str] = []
 
@@ -490,8 +492,8 @@ def pod_cgroups() -> Iterator[Callable[[str], dict[str, Any]]]:
 
 @pytest.mark.compat
 def test_in_place_resize_of_a_running_gpu_pod_calls_no_allocate(
-    core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
-    start_node_agent: Callable[..., NodeAgentProcess], pod_cgroups: Callable[[str], dict[str, Any]],
+    pod_cgroups: Callable[[str], dict[str, Any]], core_v1: client.CoreV1Api, namespace: str,
+    start_kubelet: StartKubelet, start_node_agent: Callable[..., NodeAgentProcess],
 ) -> None:
     """G6: a CPU resize through the ``resize`` subresource; kubelet admits it (1.37: the device
     manager returns at once for a resize; 1.35: it finds every device recorded) and actuates it
