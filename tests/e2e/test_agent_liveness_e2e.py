@@ -8,13 +8,10 @@ serves its device plugins and renews ``gpupool-agent-<node>`` every 0.5 s with a
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -22,10 +19,9 @@ from kubernetes import client
 from gpupool.api.agent_lease import lease_name
 from gpupool.api.annotations import decode_inventory
 from gpupool.api.names import ResourceNames
-from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, gpu_pod_manifest, wait_for
-from tests.e2e.trust_support import FlaggedExtender
+from tests.e2e.trust_support import FlaggedExtender, filter_reason, scheduled_through
 
 pytestmark = pytest.mark.e2e
 
@@ -44,29 +40,13 @@ SLICE = [("main", {NAMES.gpu_mem: "8", NAMES.gpu_core: "10"})]
 @pytest.fixture
 def live_extender(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[FlaggedExtender]:
     """An extender watching the agent Leases of the test namespace, and the scheduler calling it."""
-    extender = FlaggedExtender(control_plane.kubeconfig, tmp_path / "extender.log",
-                               extra_args=("--agent-lease-namespace", namespace))
-    extender.start()
-    control_plane.restart_scheduler([
-        ExtenderConfig(url_prefix=extender.url, filter_verb="filter", prioritize_verb="prioritize",
-                       bind_verb="bind", weight=5, node_cache_capable=True, managed_resources=NAMES.managed(),
-                       http_timeout_s=10.0)])
-    try:
-        yield extender
-    finally:
-        extender.kill()
-        control_plane.restart_scheduler([])
+    yield from scheduled_through(control_plane, FlaggedExtender(
+        control_plane.kubeconfig, tmp_path / "extender.log", extra_args=("--agent-lease-namespace", namespace)))
 
 
 def failed_reason(extender: FlaggedExtender, node: str) -> str | None:
     """The extender's filter reason for ``node`` about a GPU pod (None: it passes)."""
-    body = json.dumps({"Pod": gpu_pod_manifest("probe", SLICE) | {
-        "metadata": {"name": "probe", "namespace": "default", "uid": "probe"}}, "NodeNames": [node]}).encode()
-    request = urllib.request.Request(f"{extender.url}/filter", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-    failed = answer.get("FailedNodes") or {}
-    return failed.get(node)
+    return filter_reason(extender, SLICE, node)
 
 
 def phase(core_v1: client.CoreV1Api, namespace: str, name: str) -> tuple[str | None, str]:

@@ -10,10 +10,8 @@ same ConfigMap; one agent overrides ``--gpushare-memory-unit`` (what an admin's 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,10 +28,9 @@ from gpupool.api.cluster_settings import (
     read_published,
 )
 from gpupool.api.names import ResourceNames
-from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, gpu_pod_manifest, wait_for
-from tests.e2e.trust_support import FlaggedExtender
+from tests.e2e.trust_support import FlaggedExtender, filter_reason, scheduled_through
 
 pytestmark = pytest.mark.e2e
 
@@ -57,28 +54,14 @@ def configured_extender(control_plane: ControlPlane, core_v1: client.CoreV1Api, 
     core_v1.create_namespaced_config_map(namespace, client.V1ConfigMap(
         metadata=client.V1ObjectMeta(name=CONFIG_MAP_NAME),
         data={"gpushareMemoryUnit": "GiB", "agentLeaseNamespace": namespace}))
-    extender = FlaggedExtender(control_plane.kubeconfig, tmp_path / "extender.log",
-                               extra_args=("--cluster-config", f"{namespace}/{CONFIG_MAP_NAME}"))
-    extender.start()
-    control_plane.restart_scheduler([
-        ExtenderConfig(url_prefix=extender.url, filter_verb="filter", prioritize_verb="prioritize",
-                       bind_verb="bind", weight=5, node_cache_capable=True, managed_resources=NAMES.managed(),
-                       http_timeout_s=10.0)])
-    try:
-        yield extender
-    finally:
-        extender.kill()
-        control_plane.restart_scheduler([])
+    yield from scheduled_through(control_plane, FlaggedExtender(
+        control_plane.kubeconfig, tmp_path / "extender.log",
+        extra_args=("--cluster-config", f"{namespace}/{CONFIG_MAP_NAME}")))
 
 
 def failed_reason(extender: FlaggedExtender, node: str) -> str | None:
     """The extender's filter reason for ``node`` about a GPU pod (None: it passes)."""
-    body = json.dumps({"Pod": gpu_pod_manifest("probe", SLICE) | {
-        "metadata": {"name": "probe", "namespace": "default", "uid": "probe"}}, "NodeNames": [node]}).encode()
-    request = urllib.request.Request(f"{extender.url}/filter", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-    return (answer.get("FailedNodes") or {}).get(node)
+    return filter_reason(extender, SLICE, node)
 
 
 def unschedulable_message(core_v1: client.CoreV1Api, namespace: str, name: str) -> str | None:
