@@ -34,8 +34,18 @@ def share_refusal(node: Mapping[str, Any], names: ResourceNames) -> str | None:
     try:
         notice = node_notice(node, names)
     except EnforcementNoticeError as exc:
-        return f"the node's {names.enforcement} annotation is unreadable ({exc}); GPU shares are not placed there"
+        return unreadable_refusal(names, exc)
+    return refusal_of(notice)
+
+
+def refusal_of(notice: EnforcementNotice | None) -> str | None:
+    """Why a node with ``notice`` takes no slice; ``None`` when it takes them."""
     if notice is None or notice.shares:
         return None
     return (f"node takes whole GPUs only: its agent cannot enforce GPU shares ({notice.reason or notice.backend}); "
             "request whole cards, or give the agent an isolation backend")
+
+
+def unreadable_refusal(names: ResourceNames, error: EnforcementNoticeError) -> str:
+    """Why no slice goes to a node whose notice cannot be read."""
+    return f"the node's {names.enforcement} annotation is unreadable ({error}); GPU shares are not placed there"

@@ -21,7 +21,7 @@ from gpupool.api.enforcement import EnforcementNoticeError
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.state import AllocationError, ClusterState
-from gpupool.kube.node_enforcement import node_notice, share_refusal
+from gpupool.kube.node_enforcement import node_notice, refusal_of, unreadable_refusal
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
 
@@ -110,15 +110,17 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
 
 def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,
                       enforcement: dict[str, str], share_refusals: dict[str, str]) -> None:
-    """Note what a node that does not enforce its shares says, and whether slices are refused there."""
-    refusal = share_refusal(raw, names)
-    if refusal is not None:
-        share_refusals[name] = refusal
+    """Note what a node that does not enforce its shares says, and whether slices are refused there
+    (the annotation decoded once for both)."""
     try:
         notice = node_notice(raw, names)
     except EnforcementNoticeError as exc:
         enforcement[name] = f"unreadable {names.enforcement} annotation ({exc})"
+        share_refusals[name] = unreadable_refusal(names, exc)
         return
+    refusal = refusal_of(notice)
+    if refusal is not None:
+        share_refusals[name] = refusal
     if notice is not None and not notice.enforcing:
         enforcement[name] = notice.shown()
 
