@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpupool.testenv.errors import BuildImpossibleError, StartupError
+from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.paths import cache_dir
+from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
 from gpupool.testenv.steps import Log, apt_install, exclusive_lock, quiet, run_step
 
 PACKAGE = "prometheus"
@@ -90,7 +89,7 @@ class PrometheusProcess:
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(json.dumps(config))  # JSON is YAML
         self.log_path = workdir / "prometheus.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -101,29 +100,16 @@ class PrometheusProcess:
         cmd = [str(self.binary), f"--config.file={self.config_path}",
                f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
                "--storage.tsdb.retention.time=1h", "--log.level=warn"]
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StartupError(f"prometheus exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise StartupError(f"prometheus not ready after {READY_TIMEOUT_S:.0f} s: {self.log_tail()}")
+        self.proc = spawn("prometheus", cmd, self.log_path, cwd=self.workdir)
+        wait_until(self._ready, what="prometheus /-/ready", timeout=READY_TIMEOUT_S, watch=[self.proc])
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
+            return bool(resp.status == 200)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            self.proc.stop(timeout=10.0)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else "(no log)"
