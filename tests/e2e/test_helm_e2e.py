@@ -46,15 +46,14 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER
-from gpupool.testenv.controlplane import ControlPlane, scheduler_args
+from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.helm import ensure_helm
-from gpupool.testenv.ports import free_ports
-from gpupool.testenv.probe import is_ok
-from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from gpupool.testenv.procs import ManagedProcess
 from tests.deploy.helm_render import CHART
 from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import MakeNode, free_port, gpu_pod_manifest, log_tail, wait_for
+from tests.e2e.shipped_scheduler import start_shipped_scheduler, write_files
 from tests.e2e.test_deploy_e2e import service_account_kubeconfig
 from tests.e2e.trust_support import FlaggedExtender
 
@@ -199,33 +198,6 @@ def test_upgrade_with_a_changed_value_takes_effect(release: Release, kube_api_cl
     assert [h["revision"] for h in history] == [1, 2]
 
 
-def write(directory: Path, files: dict[str, bytes]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (directory / name).write_bytes(data)
-    return directory
-
-
-def start_scheduler(release: Release, config: dict[str, Any], kubeconfig: Path, workdir: Path,
-                    extender_url: str, client_dir: Path) -> tuple[ManagedProcess, Path]:
-    """The testenv's kube-scheduler with the configuration the chart installed; only the extender's
-    URL, the client certificate files and the API connection replaced."""
-    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-    (entry,) = config["extenders"]
-    entry["urlPrefix"] = extender_url
-    entry["tlsConfig"] = {key: str(client_dir / Path(path).name) for key, path in entry["tlsConfig"].items()}
-    path = workdir / "gpupool-scheduler.yaml"
-    path.write_text(yaml.safe_dump(config))
-    (port,) = free_ports(1)
-    log = workdir / "gpupool-scheduler.log"
-    process = spawn("kube-scheduler", [release.plane.binaries.kube_scheduler,
-                                       *scheduler_args(config=path, kubeconfig=kubeconfig, port=port),
-                                       "--authentication-skip-lookup=true"], log)
-    wait_until(lambda: is_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
-               what="the chart's kube-scheduler", timeout=60, watch=[process])
-    return process, log
-
-
 def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_charts_scheduler(
         release: Release, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str,
         make_node: MakeNode, tmp_path: Path) -> None:
@@ -244,10 +216,10 @@ def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_char
     (hook,) = webhook.webhooks
     assert base64.b64decode(hook.client_config.ca_bundle) == ca.cert_pem
 
-    serving_dir = write(tmp_path / "serving", {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
-                                               "ca.crt": ca.cert_pem})
-    client_dir = write(tmp_path / "client", {"client.crt": scheduler_client.cert_pem,
-                                             "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
+    serving_dir = write_files(tmp_path / "serving", {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
+                                                     "ca.crt": ca.cert_pem})
+    client_dir = write_files(tmp_path / "client", {"client.crt": scheduler_client.cert_pem,
+                                                   "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
     admission_port = free_port()
     extender = FlaggedExtender(release.plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
         "--tls-cert-file", str(serving_dir / "tls.crt"), "--tls-private-key-file", str(serving_dir / "tls.key"),
@@ -258,8 +230,9 @@ def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_char
         installed = core_v1.read_namespaced_config_map("gpupool-scheduler-config", SYSTEM)
         kubeconfig = service_account_kubeconfig(release.plane, core_v1, SYSTEM, "gpupool-scheduler",
                                                 tmp_path / "scheduler-kubeconfig")
-        scheduler, log = start_scheduler(release, yaml.safe_load(installed.data["config.yaml"]), kubeconfig,
-                                         tmp_path, extender.url, client_dir)
+        scheduler, log = start_shipped_scheduler(
+            release.plane.binaries.kube_scheduler, yaml.safe_load(installed.data["config.yaml"]), kubeconfig=kubeconfig,
+            workdir=tmp_path, extender_url=extender.url, client_dir=client_dir, what="the chart's kube-scheduler")
         # the one change to the installed webhook: the extender's address instead of its Service
         admission.patch_mutating_webhook_configuration("gpupool-scheduler", [
             {"op": "replace", "path": "/webhooks/0/clientConfig",

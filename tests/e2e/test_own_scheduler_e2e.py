@@ -45,14 +45,13 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER
-from gpupool.testenv.controlplane import ControlPlane, scheduler_args
-from gpupool.testenv.ports import free_ports
-from gpupool.testenv.probe import is_ok
-from gpupool.testenv.procs import ManagedProcess, spawn, wait_until
+from gpupool.testenv.controlplane import ControlPlane
+from gpupool.testenv.procs import ManagedProcess
 from tests.deploy.kustomize_render import KUSTOMIZE, render, require_kubectl
 from tests.deploy.test_own_scheduler_deploy import scheduler_config
 from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import MakeNode, free_port, gpu_pod_manifest, log_tail, pod_manifest, wait_for
+from tests.e2e.shipped_scheduler import start_shipped_scheduler, write_files
 from tests.e2e.test_deploy_e2e import service_account_kubeconfig
 from tests.e2e.trust_support import FlaggedExtender
 
@@ -75,13 +74,6 @@ class OwnScheduler:
     lease_namespace: str
     ca_pem: bytes
     run_id: str
-
-
-def write(directory: Path, files: dict[str, bytes]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (directory / name).write_bytes(data)
-    return directory
 
 
 def scheduler_rbac(namespace: str, run_id: str) -> list[dict[str, Any]]:
@@ -114,27 +106,6 @@ def delete_rbac(api_client: client.ApiClient, docs: list[dict[str, Any]]) -> Non
                     raise
 
 
-def start_scheduler(plane: ControlPlane, kubeconfig: Path, workdir: Path, extender_url: str, client_dir: Path,
-                    lease_namespace: str) -> tuple[ManagedProcess, Path]:
-    """The testenv's kube-scheduler with the shipped configuration, connection details replaced."""
-    config = scheduler_config(render("base"))
-    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-    config["leaderElection"]["resourceNamespace"] = lease_namespace
-    (entry,) = config["extenders"]
-    entry["urlPrefix"] = extender_url
-    entry["tlsConfig"] = {key: str(client_dir / Path(path).name) for key, path in entry["tlsConfig"].items()}
-    path = workdir / "gpupool-scheduler.yaml"
-    path.write_text(yaml.safe_dump(config))
-    (port,) = free_ports(1)
-    log = workdir / "gpupool-scheduler.log"
-    process = spawn("kube-scheduler", [plane.binaries.kube_scheduler,
-                                       *scheduler_args(config=path, kubeconfig=kubeconfig, port=port),
-                                       "--authentication-skip-lookup=true"], log)
-    wait_until(lambda: is_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
-               what="gpupool's kube-scheduler", timeout=60, watch=[process])
-    return process, log
-
-
 @pytest.fixture(scope="module")
 def own_scheduler(control_plane: ControlPlane, kube_api_client: client.ApiClient,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnScheduler]:
@@ -148,9 +119,10 @@ def own_scheduler(control_plane: ControlPlane, kube_api_client: client.ApiClient
     ca = issue_ca("e2e-own-scheduler-ca")
     server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
     scheduler_client = issue_leaf(ca, "kube-scheduler", server=False)
-    serving = write(base / "serving", {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem})
-    client_dir = write(base / "client", {"client.crt": scheduler_client.cert_pem,
-                                         "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
+    serving = write_files(base / "serving",
+                          {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem})
+    client_dir = write_files(base / "client", {"client.crt": scheduler_client.cert_pem,
+                                               "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
     admission_port = free_port()
     extender = FlaggedExtender(control_plane.kubeconfig, base / "extender.log", tls=True, extra_args=(
         "--tls-cert-file", str(serving / "tls.crt"), "--tls-private-key-file", str(serving / "tls.key"),
@@ -163,7 +135,10 @@ def own_scheduler(control_plane: ControlPlane, kube_api_client: client.ApiClient
         extender.start()
         kubeconfig = service_account_kubeconfig(control_plane, core_v1, lease_namespace, "gpupool-scheduler",
                                                 base / "scheduler-kubeconfig")
-        process, log = start_scheduler(control_plane, kubeconfig, base, extender.url, client_dir, lease_namespace)
+        process, log = start_shipped_scheduler(control_plane.binaries.kube_scheduler, scheduler_config(render("base")),
+                                               kubeconfig=kubeconfig, workdir=base, extender_url=extender.url,
+                                               client_dir=client_dir, what="gpupool's kube-scheduler",
+                                               lease_namespace=lease_namespace)
         leases = client.CoordinationV1Api(kube_api_client)
 
         def holder() -> str | None:
