@@ -46,11 +46,12 @@ from gpupool.extender.requeue import PreemptRequeue, cache_pending
 from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER, SchedulerSteering
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
-from gpupool.extender.wakeup import PendingWakeUp
+from gpupool.extender.wakeup import PendingWakeUp, filter_arguments
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.listwatch import ListWatch
 from gpupool.kube.podapi import KubePodApi
+from gpupool.kube.waiting_pods import list_waiting_pods
 from gpupool.netguard.limits import ServerLimits
 
 log = logging.getLogger("gpupool.extender")
@@ -174,6 +175,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     lease = dataclasses.replace(lease or options.lease, namespace=options.lease_namespace,
                                 name=options.lease_name)
     elector = None
+    handover: Handover | None = None
     fence: BindFence = Unfenced()
     if options.leader_elect:
         elector = LeaderElector(coordination_v1, identity, lease)
@@ -203,6 +205,8 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     wakeup = PendingWakeUp(pod_api, cache, service.fits_somewhere, pending=cache_pending(cache),
                            node_gate=service.node_gate, domain=names.domain)
     service.refused = wakeup
+    if handover is not None:  # a new leader adopts the pods its predecessor may have refused
+        handover.caught_up_listeners.append(lambda: wakeup.adopt(list_waiting_pods(core_v1), filter_arguments(cache)))
     return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue,
                    quota_status=quota_status, wakeup=wakeup)
 

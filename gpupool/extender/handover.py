@@ -82,6 +82,9 @@ class Handover:
         self.retry_s = retry_s
         self.spawn = spawn
         self._caught_up: int | None = None  # the term whose ledger caught up
+        self.caught_up_listeners: list[Callable[[], object]] = []
+        """Called on the catch-up thread once a term's ledger caught up (the wake-up adopts the
+        pods still waiting); a failing listener is logged and does not close the term."""
 
     def started_leading(self) -> None:
         """Hook for the elector: a new term began; catch up on a thread of its own.
@@ -106,6 +109,11 @@ class Handover:
             if self.leadership.leading_term() == term:
                 self._caught_up = term
                 log.info("ledger caught up for leadership term %d: binding", term)
+                for listener in self.caught_up_listeners:
+                    try:
+                        listener()
+                    except Exception:  # the term is open; a listener's failure must not undo that
+                        log.exception("after catching up (term %d)", term)
             return
 
     def admit(self) -> int | None:

@@ -23,10 +23,15 @@ How, and its bounds:
   a round; those that would pass somewhere are nudged, at most :attr:`WakeSettings.rate_per_s`, and
   forgotten (a pod refused again is filed again). Pods still refused wait for the next change.
 
-Only pods the extender itself refused are ever nudged, and only when its own check says they would
-now pass some node: a quota raised in one namespace wakes that namespace's pods, not every pending
-pod. A nudge decides nothing (the retried filter and the bind do), so a wrong guess costs one
-scheduling cycle.
+A replica that becomes leader has filed nothing: the refusals were its predecessor's. Once its
+ledger caught up (:class:`gpupool.extender.handover.Handover`), it adopts every GPU pod still
+waiting (:meth:`PendingWakeUp.adopt`); those are checked in the next round rather than at the next
+change, since the old leader may have died between a change and its nudge.
+
+Only pods the extender itself refused (or, after a fail-over, its predecessor may have refused)
+are ever nudged, and only when its own check says they would now pass some node: a quota raised in
+one namespace wakes that namespace's pods, not every pending pod. A nudge decides nothing (the
+retried filter and the bind do), so a wrong guess costs one scheduling cycle.
 """
 
 from __future__ import annotations
@@ -36,25 +41,48 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from gpupool.api.names import DEFAULT_DOMAIN
+from gpupool.api.tenancy import TenancyNames
 from gpupool.core.model import PodRequest
 from gpupool.extender.booking_keeper import ASSUMED_RESERVED, ASSUMED_SEEN
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.nudge import NUDGED, Pending, TokenBucket, nudge_pod, stamp
 from gpupool.extender.preemption import NodeGate
 from gpupool.kube.podapi import PodApi
-from gpupool.kube.tenancy import PodTenancy
+from gpupool.kube.tenancy import PodTenancy, pod_tenancy
+from gpupool.kube.translate import foreign_resources
 
 log = logging.getLogger(__name__)
 
+UNCHECKED = "unchecked"
+"""The signature an adopted pod was "checked" at: equal to no real one, so the next round checks it."""
+
 BOUND_ENDS = frozenset({ASSUMED_RESERVED, ASSUMED_SEEN})
 """Ends of an assumption that hand its space to its own pod's bind: nothing was freed."""
+
+
+class Describe(Protocol):
+    """What the filter would be given for a pod object: its request, foreign aliases and tenancy;
+    raises ``ValueError`` (``TranslationError``) for a pod gpupool refuses."""
+
+    def __call__(self, pod: Mapping[str, Any]) -> tuple[PodRequest, frozenset[str], PodTenancy | None]:
+        """The filter's arguments for ``pod``."""
+
+
+def filter_arguments(cache: ClusterCache) -> Describe:
+    """A :class:`Describe` translating as the filter's HTTP handler does (the watch's request memo,
+    the pod's tenancy, its foreign aliases)."""
+    tenancy_names = TenancyNames(cache.names.domain)
+
+    def describe(pod: Mapping[str, Any]) -> tuple[PodRequest, frozenset[str], PodTenancy | None]:
+        return cache.requests.request(pod), foreign_resources(pod), pod_tenancy(pod, tenancy_names)
+    return describe
 
 
 class Fits(Protocol):
@@ -158,6 +186,36 @@ class PendingWakeUp:
             while len(self._refused) > self.settings.max_tracked:
                 self._refused.popitem(last=False)
                 self.stats["dropped"] += 1
+
+    def adopt(self, pods: Iterable[Mapping[str, Any]], describe: Describe) -> int:
+        """File the waiting GPU pods among ``pods`` (a new leader's list), to be checked in the next
+        round; returns how many. Pods already filed, not waiting in the ledger's view (bound,
+        booked, unknown to the watch) or refused by gpupool's translation are skipped."""
+        adopted = 0
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            uid = str(meta.get("uid") or "")
+            if self.pending(key) != uid or not uid:
+                continue
+            try:
+                request, aliases, tenant = describe(pod)
+            except ValueError as exc:
+                log.debug("not adopting pod %s for wake-up: %s", key, exc)
+                continue
+            with self._lock:
+                if key in self._refused:
+                    continue
+                self._refused[key] = _Refused(request, aliases, tenant, pod, uid, self.clock(), UNCHECKED)
+                adopted += 1
+                while len(self._refused) > self.settings.max_tracked:
+                    self._refused.popitem(last=False)
+                    self.stats["dropped"] += 1
+        self.stats["adopted"] += adopted
+        if adopted:
+            log.info("took over %d waiting GPU pods from the previous leader: each is checked and nudged if it "
+                     "fits now", adopted)
+        return adopted
 
     def tracked(self) -> int:
         with self._lock:

@@ -1,4 +1,4 @@
-"""Two extender replicas in process against the real kube-apiserver v1.20.2, sharing one Lease.
+"""Two extender replicas in process against the real kube-apiserver, sharing one Lease.
 
 The leader binds, then stops (no more renewals, as a crashed replica); the second replica, whose pod
 watch lags so that its ledger lacks the first one's last booking, takes the Lease over, catches up
@@ -86,6 +86,7 @@ def test_the_second_replica_takes_over_and_does_not_double_book(
               annotations={NAMES.inventory: encode_inventory(Inventory(cards))})
     for name in ("p1", "p2"):
         core_v1.create_namespaced_pod(namespace, gpu_pod(name, 10000))
+    core_v1.create_namespaced_pod(namespace, gpu_pod("waits", 16000))  # no card has room once p1 is bound
     coordination = client.CoordinationV1Api(kube_api_client)
 
     def options(identity: str) -> ExtenderOptions:
@@ -117,6 +118,8 @@ def test_the_second_replica_takes_over_and_does_not_double_book(
         assert set(errors) <= {e for e in errors if "not the leader" in e} | {CATCHING_UP}
         placed = {}
         for p in core_v1.list_namespaced_pod(namespace).items:
+            if p.metadata.name == "waits":
+                continue
             assert p.spec.node_name == node
             placed[p.metadata.name] = decode_assignment(p.metadata.annotations[NAMES.assignment])
         card_of = {name: a.containers[0].cards[0].index for name, a in placed.items()}
@@ -124,6 +127,13 @@ def test_the_second_replica_takes_over_and_does_not_double_book(
         assert b.pod_watch.catch_ups == 1  # the quorum list brought a's booking, not the watch
         lease = coordination.read_namespaced_lease("gpupool-extender", namespace)
         assert lease.spec.holder_identity == "b" and lease.spec.lease_transitions == 1
+        # b adopted the pod still waiting, whose refusal (if any) died with a: a change wakes it
+        assert b.wakeup is not None
+        deadline = time.monotonic() + 10
+        while b.wakeup.stats["adopted"] < 1:
+            assert time.monotonic() < deadline, "the new leader adopted no waiting pod"
+            time.sleep(0.05)
+        assert b.wakeup.tracked() >= 1
     finally:
         lagging.released.set()
         a.shutdown()

@@ -219,3 +219,23 @@ def test_a_failing_catch_up_keeps_refusing_and_gives_up_when_the_term_ends() -> 
     pending.pop()()
     assert len(calls) == 3  # retried while leading, stopped once the term was over
     assert handover.admit() is None and handover.refusal() == NOT_LEADING
+
+
+def test_listeners_hear_a_term_caught_up_and_one_failing_does_not_close_it() -> None:
+    clock, leases = FakeClock(), FakeCoordination()
+    elector = LeaderElector(leases, "a", SETTINGS, monotonic=clock.monotonic, wall=clock.wall)
+    pending: list[Callable[[], None]] = []
+    handover = Handover(elector, lambda: None, spawn=pending.append)
+    heard: list[str] = []
+
+    def failing() -> None:
+        heard.append("failing")
+        raise RuntimeError("listing the waiting pods failed")
+
+    handover.caught_up_listeners += [failing, lambda: heard.append("wake-up")]
+    elector.on_started_leading = handover.started_leading
+    assert elector.try_acquire_or_renew()
+    assert heard == []  # not before the ledger caught up
+    pending.pop()()
+    assert heard == ["failing", "wake-up"]
+    assert handover.admit() is not None and handover.refusal() == ""

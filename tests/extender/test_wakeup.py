@@ -9,8 +9,9 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.requeue import cache_pending
 from gpupool.extender.service import ExtenderService
-from gpupool.extender.wakeup import PendingWakeUp, WakeSettings
+from gpupool.extender.wakeup import PendingWakeUp, WakeSettings, filter_arguments
 from gpupool.extender.watch import apply_pod_event
+from gpupool.kube.translate import TranslationError
 from gpupool.testing.fake_api import FakePodApi
 from tests.extender.tenancy_world import CARD, gpu_pod, quota, read, world
 from tests.kube.builders import node
@@ -122,3 +123,36 @@ def test_remembered_pods_are_bounded_and_expire() -> None:
     w.clock += 61
     w.wakeup.run_once()
     assert w.wakeup.tracked() == 0
+
+
+def test_a_new_leader_adopts_the_waiting_pods_and_nudges_those_a_change_it_never_saw_lets_fit() -> None:
+    w = World([quota("team-a", hard={"wholeGpus": 0}), quota("team-b", hard={"wholeGpus": 0})])
+    assert not w.waiting("a1") and not w.waiting("b1", "team-b")
+    w.quota("team-a", 1)  # the old leader dies before its next round: a1 is never nudged by it
+    successor = PendingWakeUp(w.api, w.cache, w.service.fits_somewhere, pending=cache_pending(w.cache),
+                              clock=lambda: w.clock)
+    assert successor.run_once() == 0 and successor.tracked() == 0  # it filed nothing itself
+    assert successor.adopt(w.api.list_pods(), filter_arguments(w.cache)) == 2
+    assert successor.run_once() == 1 and w.nudged() == ["team-a/a1"]  # checked at once, not at a change
+    assert successor.tracked() == 1  # b1 still refused: waits for a change
+    w.quota("team-b", 1)
+    assert successor.run_once() == 1 and w.nudged() == ["team-a/a1", "team-b/b1"]
+
+
+def test_adoption_skips_bound_unknown_filed_and_untranslatable_pods() -> None:
+    w = World([quota("team-a", hard={"wholeGpus": 0})])
+    assert not w.waiting("a1") and not w.waiting("a2")
+    w.api.bind_pod("team-a", "a2", w.api.get_pod("team-a", "a2")["metadata"]["uid"], "N1")
+    stranger = gpu_pod("unknown", "team-a", whole=1)  # never seen by the watch
+    stranger["metadata"]["uid"] = "uid-unknown"
+    broken = w.api.create_pod(gpu_pod("broken", "team-a", whole=1))
+
+    def describe(pod: Any) -> Any:
+        if pod["metadata"]["name"] == "broken":
+            raise TranslationError("gpupool.io/gpu-mem: not a number")
+        return filter_arguments(w.cache)(pod)
+
+    pods = [*w.api.list_pods(), stranger]
+    assert broken in pods and w.wakeup.tracked() == 2  # a1 and a2, filed by the filter
+    assert w.wakeup.adopt(pods, describe) == 0  # a1 filed already, a2 bound, stranger unknown, broken refused
+    assert w.wakeup.tracked() == 2 and w.wakeup.stats["adopted"] == 0
