@@ -22,13 +22,16 @@ static int limited_device(void) {
     return shim_memory_limited(dev) ? dev : -1;
 }
 
-/* Charge, allocate, track: the common shape of pointer allocations. */
+/* Charge, allocate, track: the common shape of pointer allocations. An allocation within the limit
+ * that the driver refuses for want of room is tried again while the card drains (shim_wait_for_room). */
 #define GUARDED_ALLOC(dev, bytes, kind, key_expr, call)                                                  \
     do {                                                                                                \
         if ((dev) < 0) return (call);                                                                   \
         CUresult status_ = charge((dev), (bytes));                                                      \
         if (status_ != CUDA_SUCCESS) return status_;                                                    \
         status_ = (call);                                                                               \
+        for (uint64_t until_ = 0; status_ == CUDA_ERROR_OUT_OF_MEMORY && shim_wait_for_room((dev), &until_);) \
+            status_ = (call);                                                                           \
         if (status_ != CUDA_SUCCESS) shim_region_release((dev), (bytes));                               \
         else shim_track((kind), (uint64_t)(key_expr), (dev), (bytes));                                  \
         return status_;                                                                                 \

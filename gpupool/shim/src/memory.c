@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shim.h"
 
@@ -119,6 +120,32 @@ CUresult shim_charge(int dev, uint64_t bytes, const char *what) {
     shim_log(SHIM_LOG_INFO, "refusing %s of %llu bytes on card %d: the container's limit is %llu bytes", what,
              (unsigned long long)bytes, dev, (unsigned long long)shim_memory_limit(dev));
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+#define ROOM_POLL_NS 5000000ull /* how often a refused allocation is tried again while the card drains */
+
+/* The driver refused an allocation that fits the container's limit for want of room on the card. While
+ * the node agent says the card is lent (its wait bound in the region), the room is a borrower's, which
+ * the agent reclaims: wait a little and let the caller try again, up to the bound (counted from the
+ * first refusal, *until_ns 0 before it). An owner returning to its lent card then waits for its
+ * borrowers to drain instead of running out of memory. */
+int shim_wait_for_room(int dev, uint64_t *until_ns) {
+    uint64_t now = shim_now_ns();
+    if (*until_ns == 0) {
+        uint64_t bound = shim_region_wait_ns(dev);
+        if (bound == 0) return 0;
+        *until_ns = now + bound;
+        shim_log(SHIM_LOG_INFO, "card %d is full and lent: waiting up to %llu ms for its borrowers to give memory back",
+                 dev, (unsigned long long)(bound / 1000000ull));
+    }
+    if (now >= *until_ns) {
+        shim_log(SHIM_LOG_WARN, "card %d: still no room after waiting for its borrowers; the allocation fails", dev);
+        return 0;
+    }
+    uint64_t pause_ns = *until_ns - now < ROOM_POLL_NS ? *until_ns - now : ROOM_POLL_NS;
+    struct timespec pause = {0, (long)pause_ns};
+    nanosleep(&pause, NULL);
+    return 1;
 }
 
 int shim_current_device(void) {

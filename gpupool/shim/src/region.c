@@ -425,6 +425,11 @@ void shim_region_set_host_pid(int pid) {
     pthread_mutex_unlock(&r->lock);
 }
 
+uint64_t shim_region_wait_ns(int dev) {
+    struct shim_region *r = get_region();
+    return r == NULL ? 0 : __atomic_load_n(&r->dev[dev].wait_ns, __ATOMIC_RELAXED);
+}
+
 struct shim_bucket *shim_region_bucket(int dev) {
     struct shim_region *r = get_region();
     return r == NULL ? NULL : &r->dev[dev].bucket;

@@ -45,7 +45,10 @@ struct shim_region_device {
     uint32_t compute_percent;     /* smallest share a live process declared; 0: none */
     uint32_t compute_mode;        /* SHIM_MODE_HARD when any live process declared hard */
     uint64_t overflow;            /* part of used charged by processes without a slot */
-    uint64_t reserved[4];
+    uint64_t wait_ns;             /* written by the node agent while the card is lent: how long an allocation
+                                     within the limit that the driver refuses for want of room is retried
+                                     (the borrowers are reclaimed and give it back); 0: never retried */
+    uint64_t reserved[3];
     struct shim_bucket bucket;
 };
 

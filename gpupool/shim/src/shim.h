@@ -87,6 +87,8 @@ SHIM_HIDDEN const char *shim_grant_path(void);
 SHIM_HIDDEN int shim_region_charge(int dev, uint64_t bytes);   /* 0 or -1 (over the limit) */
 SHIM_HIDDEN void shim_region_release(int dev, uint64_t bytes);
 SHIM_HIDDEN uint64_t shim_region_used(int dev);
+SHIM_HIDDEN uint64_t shim_region_wait_ns(int dev);             /* the agent's bound on waiting for room; 0: none */
+SHIM_HIDDEN int shim_wait_for_room(int dev, uint64_t *until_ns); /* 1: retry the refused allocation now */
 SHIM_HIDDEN uint64_t shim_memory_limit(int dev);               /* effective, 0: none */
 SHIM_HIDDEN int shim_compute_limit(int dev, int *mode);        /* effective percent, 0: none */
 SHIM_HIDDEN int shim_region_pids(int *pids, int max);          /* live processes, as NVML names them */

@@ -84,6 +84,12 @@ static CUresult checked_device(CUdevice dev) {
     return dev >= 0 && dev < standin_settings()->devices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* Memory leaves the card: this process's count, and the machine's where cards are shared. */
+static void give_back(int dev, uint64_t bytes) {
+    used[dev] -= bytes;
+    standin_card_give(dev, bytes);
+}
+
 #define TOMBSTONE 1ull /* keys are multiples of ALIGNMENT, so 1 is never one */
 
 static uint32_t home_of(uint64_t key) { return (uint32_t)((key / ALIGNMENT) * 2654435761u) % MAX_ALLOCATIONS; }
@@ -97,7 +103,7 @@ static CUresult allocate_in(uint64_t *cursor, int dev, uint64_t bytes, int pool,
     CUresult status = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     uint64_t reused = pool == NO_POOL ? 0 : pools[pool].retained < bytes ? pools[pool].retained : bytes;
-    if (bytes - reused <= standin_settings()->memory_bytes - used[dev]) {
+    if (bytes - reused <= standin_settings()->memory_bytes - used[dev] && standin_card_take(dev, bytes - reused)) {
         uint64_t address = *cursor;
         uint32_t i = home_of(address);
         for (uint32_t probe = 0; probe < MAX_ALLOCATIONS; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
@@ -131,7 +137,7 @@ static CUresult release(uint64_t key) {
     uint32_t i = home_of(key);
     for (uint32_t probe = 0; probe < MAX_ALLOCATIONS && allocations[i].key != 0; probe++, i = (i + 1) % MAX_ALLOCATIONS) {
         if (allocations[i].key != key) continue;
-        if (allocations[i].pool == NO_POOL) used[allocations[i].dev] -= allocations[i].bytes;
+        if (allocations[i].pool == NO_POOL) give_back(allocations[i].dev, allocations[i].bytes);
         else pools[allocations[i].pool].retained += allocations[i].bytes; /* kept until a synchronisation */
         allocations[i].key = TOMBSTONE;
         status = CUDA_SUCCESS;
@@ -156,7 +162,7 @@ void standin_hand_over(uint64_t owner, uint64_t to, uint64_t bytes[STANDIN_MAX_D
             allocations[i].graph = to;
             continue;
         }
-        used[allocations[i].dev] -= allocations[i].bytes;
+        give_back(allocations[i].dev, allocations[i].bytes);
         allocations[i].key = TOMBSTONE;
     }
     pthread_mutex_unlock(&lock);
@@ -243,7 +249,7 @@ static void trim_pools(void) {
     pthread_mutex_lock(&lock);
     for (int p = 0; p < MAX_POOLS; p++) {
         if (!pools[p].live || pools[p].retained <= pools[p].threshold) continue;
-        used[pools[p].dev] -= pools[p].retained - pools[p].threshold;
+        give_back(pools[p].dev, pools[p].retained - pools[p].threshold);
         pools[p].retained = pools[p].threshold;
     }
     pthread_mutex_unlock(&lock);
@@ -335,7 +341,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     int p = pool == NULL ? NO_POOL : pool_index(pool);
     if (p < STANDIN_MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE; /* unknown, or a default pool */
     pthread_mutex_lock(&lock);
-    used[pools[p].dev] -= pools[p].retained;
+    give_back(pools[p].dev, pools[p].retained);
     pools[p].live = 0;
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,12 @@ struct device_timeline {
     struct interval ring[STANDIN_RING];
 };
 
+struct card_holder {
+    int32_t pid; /* 0: free */
+    uint32_t reserved;
+    uint64_t bytes[STANDIN_MAX_DEVICES];
+};
+
 struct shared_state {
     uint32_t magic, size;
     union {
@@ -34,6 +41,7 @@ struct shared_state {
         char lock_space[64];
     };
     struct device_timeline dev[STANDIN_MAX_DEVICES];
+    struct card_holder holders[STANDIN_MAX_HOLDERS];
 };
 
 static struct standin_settings settings;
@@ -55,6 +63,7 @@ static void read_settings(void) {
     settings.queue_ns = env_number("GPUPOOL_STANDIN_QUEUE_US", 2000) * 1000;
     settings.window_ns = env_number("GPUPOOL_STANDIN_SAMPLE_MS", 100) * 1000000;
     settings.pid_offset = (int)env_number("GPUPOOL_STANDIN_PID_OFFSET", 0);
+    settings.shared_memory = env_number("GPUPOOL_STANDIN_SHARED_MEMORY", 0) != 0;
 }
 
 const struct standin_settings *standin_settings(void) {
@@ -166,4 +175,43 @@ int standin_pids(int dev, uint64_t from_ns, uint64_t to_ns, int *pids, int max) 
     })
     pthread_mutex_unlock(&s->lock);
     return count;
+}
+
+/* Under the state's lock: this process's record (taking a free one, or a dead process's, first), or
+ * NULL when all are live; the bytes of dead processes go back to their cards on the way. */
+static struct card_holder *own_holder(struct shared_state *s, uint64_t on_card[STANDIN_MAX_DEVICES]) {
+    int pid = getpid();
+    struct card_holder *mine = NULL, *free_one = NULL;
+    for (int i = 0; i < STANDIN_MAX_HOLDERS; i++) {
+        struct card_holder *h = &s->holders[i];
+        if (h->pid != 0 && h->pid != pid && kill(h->pid, 0) != 0 && errno == ESRCH) memset(h, 0, sizeof *h);
+        if (h->pid == pid) mine = h;
+        else if (h->pid == 0 && free_one == NULL) free_one = h;
+        for (int d = 0; d < STANDIN_MAX_DEVICES; d++) on_card[d] += h->bytes[d];
+    }
+    if (mine == NULL && free_one != NULL) {
+        free_one->pid = pid;
+        mine = free_one;
+    }
+    return mine;
+}
+
+int standin_card_take(int dev, uint64_t bytes) {
+    if (!standin_settings()->shared_memory) return 1;
+    struct shared_state *s = locked();
+    uint64_t on_card[STANDIN_MAX_DEVICES] = {0};
+    struct card_holder *mine = own_holder(s, on_card);
+    int fits = mine != NULL && on_card[dev] <= settings.memory_bytes && bytes <= settings.memory_bytes - on_card[dev];
+    if (fits) mine->bytes[dev] += bytes;
+    pthread_mutex_unlock(&s->lock);
+    return fits;
+}
+
+void standin_card_give(int dev, uint64_t bytes) {
+    if (!standin_settings()->shared_memory) return;
+    struct shared_state *s = locked();
+    uint64_t on_card[STANDIN_MAX_DEVICES] = {0};
+    struct card_holder *mine = own_holder(s, on_card);
+    if (mine != NULL) mine->bytes[dev] -= bytes < mine->bytes[dev] ? bytes : mine->bytes[dev];
+    pthread_mutex_unlock(&s->lock);
 }

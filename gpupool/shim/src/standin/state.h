@@ -18,6 +18,7 @@ struct standin_settings {
     uint64_t queue_ns;   /* a launch blocks while the card has more than this much queued work */
     uint64_t window_ns;  /* NVML's sample period when a caller gives no timestamp */
     int pid_offset;      /* added to a process's own pid: the pid a driver outside its pid namespace sees */
+    int shared_memory;   /* GPUPOOL_STANDIN_SHARED_MEMORY=1: the cards' memory is the machine's, not each process's */
 };
 
 const struct standin_settings *standin_settings(void);
@@ -28,6 +29,13 @@ int standin_driver_pid(int own_pid);
 uint64_t standin_enqueue(int dev, uint64_t duration_ns, int pid);
 /* Busy nanoseconds of a card within [from, to), for one pid or (pid 0) for all. */
 uint64_t standin_busy(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
+/* With shared memory (GPUPOOL_STANDIN_SHARED_MEMORY=1) a card holds what every live process allocated on it,
+ * as a real card does, and a process's part is given back when it exits however it ends (the driver
+ * frees a dead process's memory); otherwise each process has the whole card. take: 1 when the bytes
+ * fit beside the others' (always without sharing), 0 when the card is full. */
+#define STANDIN_MAX_HOLDERS 64
+int standin_card_take(int dev, uint64_t bytes);
+void standin_card_give(int dev, uint64_t bytes);
 /* The distinct pids that had work on a card within [from, to). */
 int standin_pids(int dev, uint64_t from_ns, uint64_t to_ns, int *pids, int max);
 
