@@ -59,6 +59,9 @@ from gpupool.nodeagent.risk.setup import ACTIONS
 if TYPE_CHECKING:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.dra.setup import DraDriver
+    from gpupool.nodeagent.monitor.container_gate import ContainerGate
+    from gpupool.nodeagent.monitor.service import UsageMonitor
+    from gpupool.nodeagent.risk.decider import RiskOpenDecider
 
 
 def _duration(value: str, option: str = "--idle-after") -> float:
@@ -252,6 +255,22 @@ def _hami_from_aliases(flags: ClusterFlags, families: list[str]) -> ClusterFlags
     return ClusterFlags(flags.config_map, {**flags.overrides, Setting.HAMI: True})
 
 
+def _device_gate(monitor: UsageMonitor | None, decider: RiskOpenDecider | None) -> ContainerGate | None:
+    """The kernel's refusal at open (cgroup-device programs) where the monitor's probe found it usable:
+    the lending rules and ``refuse-opens`` precompute their refusals into it."""
+    if monitor is None or not monitor.gate_available:
+        return None
+    from gpupool.nodeagent.monitor.container_gate import open_container_gate
+    from gpupool.nodeagent.risk.setup import gate_blocked
+    gate, why = open_container_gate()
+    if gate is None:
+        logging.getLogger(__name__).warning("device gate not started (%s): refusals only by reclaim", why)
+        return None
+    if decider is not None:
+        gate_blocked(decider, gate, monitor.cards)
+    return gate
+
+
 async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, kubeconfig: str | None,
                names: ResourceNames, aliases: tuple[str, ...], metrics_port: int,
                monitor_config: MonitorConfig | None, isolation: IsolationConfig,
@@ -330,7 +349,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         problem = list_and_watch_problem(agent.layout, resource, agent.inventory)
         if problem is not None:
             raise click.ClickException(problem)
-    service = lending.attach(agent, monitor) if lending is not None and monitor is not None else None
+    gate = _device_gate(monitor, decider)
+    service = lending.attach(agent, monitor, gate) if lending is not None and monitor is not None else None
     manager = DevicePluginManager(plugin_dir, agent.resources, agent, own_domain=names.domain)
     dra_driver = _dra_driver(node, names.domain, dra, agent, kubeconfig) if dra is not None else None
 
@@ -377,4 +397,6 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             await metrics.cleanup()
         if monitor is not None:
             monitor.stop()
+        if gate is not None:
+            gate.close()
         backend.close()

@@ -124,6 +124,11 @@ class LendingPods:
         with self._lock:
             return self._pods.get(key)
 
+    def all(self) -> list[LendingPod]:
+        """Every pod the watch has now."""
+        with self._lock:
+            return list(self._pods.values())
+
     def borrowers_of(self, owner: str) -> list[LendingPod]:
         """Pods marked as borrowing from ``owner`` (``namespace/name``)."""
         with self._lock:

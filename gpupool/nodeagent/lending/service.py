@@ -7,10 +7,15 @@ guarded by one lock; reclaims are handed to the loop with ``call_soon_threadsafe
 reads the owners of every loan (:mod:`~gpupool.nodeagent.lending.owner_activity`, files in a worker
 thread): an owner that computes again without opening the card is handled as if it had opened it.
 
-Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``; where it
-cannot (the /proc scan, and every character device on kernels that report no fanotify events for
-them) the same decision is applied to the recorded open: a refused asker's pod is reclaimed (its
-processes stopped), so the refusal is enforced by stopping processes, within one scan interval.
+Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``. Where the
+kernel's cgroup-device gate runs (:class:`~gpupool.nodeagent.monitor.container_gate.ContainerGate`:
+every kernel with cgroup2 and root, 6.18 included, where fanotify is blind to devices) the
+refusals are precomputed: after every recorded open and every step, each container whose open of a
+card the rules would refuse now (rule 3: a borrower beside a high holder; any card of a pod being
+reclaimed) is denied that card in the kernel, so its ``open()`` fails with ``EPERM``; an owner is
+never in that set (facing its borrowers it is rule 1). Where neither runs (the /proc scan alone),
+and for an open that came before the gate was updated, the same decision is applied to the
+recorded open: a refused asker's pod is reclaimed (its processes stopped), within one scan interval.
 
 Every reclaim is written to the reclaim journal (:mod:`~gpupool.nodeagent.lending.reclaim_journal`)
 before anything is signalled, on the thread that decided it, and before the loan it ends is removed
@@ -43,7 +48,9 @@ from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimResult
 from gpupool.nodeagent.lending.reclaim_journal import JOURNAL_FILE, ReclaimJournal, ReclaimRecord
+from gpupool.nodeagent.lending.region_control import OWNER_WAIT_MARGIN_S, RegionControl
 from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, decide_open
+from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity
@@ -52,6 +59,9 @@ log = logging.getLogger(__name__)
 
 PRIORITY_RECORDED = {Priority.HIGH: 1, Priority.LOW: 0}
 """What the monitor's state file records as a holder's ``priority`` (rules 2 and 4)."""
+
+GATE_DECIDER = "lending"
+"""The lending rules' name among the device gate's deciders."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,11 @@ class LendingService:
     def __init__(self, monitor: UsageMonitor, inventory: Callable[[], GpuInventory], layout: DeviceLayout,
                  pods: LendingPods, reclaimer_factory: Callable[[Callable[[PodKey], Awaitable[None]]], Reclaimer],
                  publisher: LendablePublisher, devices_changed: Callable[[], Awaitable[None]],
-                 config: LendingConfig, identify: Callable[[int], ProcessIdentity]) -> None:
+                 config: LendingConfig, identify: Callable[[int], ProcessIdentity],
+                 gate: ContainerGate | None = None) -> None:
         self.monitor = monitor
+        self.gate = gate
+        """The kernel's refusal at open, where it runs (``None``: refusals by reclaim only)."""
         self.pods = pods
         self.publisher = publisher
         self.config = config
@@ -93,6 +106,10 @@ class LendingService:
         self._returned: set[int] = set()
         """Cards whose owner came back by activity while the monitor still calls them idle (memory only):
         not lent again until the monitor has seen them busy (loop thread only)."""
+        self.regions = RegionControl(config.shim_state_dir, pods.get) if config.shim_state_dir else None
+        """Owners' wait bounds and borrowers' freezes in the library's regions (``None``: no library)."""
+        self._waiting: dict[int, frozenset[ContainerKey]] = {}
+        """Card → the owners whose allocations on it wait for room now (loop thread only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.decisions: list[tuple[str, OpenDecision]] = []
         """The last decisions that did anything (for logs, /usage and tests), newest last."""
@@ -159,6 +176,41 @@ class LendingService:
         """A recorded open (every source): the rules again, enforced by reclaiming where needed."""
         who = ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace)
         self._apply(path, who, "recorded open")
+        self.refuse_now()
+
+    def refusals(self) -> dict[str, set[str]]:
+        """Container ID → the card files the rules would refuse it now, had it asked: what the kernel's
+        gate is told to refuse before the open. Only containers whose assignment (own or borrowed)
+        names the card are judged (others cannot open it through the runtime's device rules);
+        an owner never is refused: facing its borrowers it is rule 1."""
+        state, pods = self.monitor.state, self.pods.all()
+        with self._lock:
+            loans, reclaiming = dict(self._loans), frozenset(self._reclaiming)
+        out: dict[str, set[str]] = {}
+        for path, card in self.monitor.cards.items():
+            device = state.device(path)
+            holders = [o for o in (self._occupant(self._identity(h), path) for h in (device.holders if device else ()))
+                       if o is not None]
+            loan = loans.get(card)
+            dormant = loan.owners if loan is not None else frozenset()
+            for pod in pods:
+                for container, cid in pod.container_ids.items():
+                    if not cid or card not in pod.cards.get(container, ()):
+                        continue
+                    asker = self._occupant(ProcessIdentity(cid, container, pod.name, pod.namespace), path)
+                    if asker is not None and decide_open(asker, holders, dormant=dormant,
+                                                         reclaiming=reclaiming).verdict is Verdict.DENY:
+                        out.setdefault(cid, set()).add(path)
+        return out
+
+    def refuse_now(self) -> None:
+        """Bring the kernel's gate to :meth:`refusals` (no-op without a gate; never raises)."""
+        if self.gate is None:
+            return
+        try:
+            self.gate.set(GATE_DECIDER, self.refusals())
+        except Exception:
+            log.exception("lending: cannot update the device gate; refusals fall back to reclaims")
 
     def priority_of(self, who: ProcessIdentity, path: str) -> int | None:
         """The priority recorded for a new holder (``None``: not in a known pod)."""
@@ -184,6 +236,9 @@ class LendingService:
                 ended = self._loans.pop(card)  # the owner is back: the card returns to it
             new = [p for p in decision.reclaim if p not in self._reclaiming]
             self._reclaiming.update(new)
+        if self.regions is not None:  # at once: a borrower being reclaimed allocates nothing more
+            for pod in new:
+                self.regions.freeze(pod, card)
         records = [self._record(pod, card, decision.reason or f"card {card} is needed",
                                 returned=decision.verdict is Verdict.ALLOW) for pod in new]
         if records:  # durable before the loan leaves lending.json and before anything is signalled
@@ -308,6 +363,24 @@ class LendingService:
                 self._loans[loan.card] = loan
         if gone or fresh:
             await self._changed()
+        await asyncio.to_thread(self._owner_waits)
+        await asyncio.to_thread(self.refuse_now)
+
+    def _owner_waits(self) -> None:
+        """Owners of a lent card, or of one whose borrowers are still being reclaimed, wait for room on
+        it; the others do not (a full card fails at once again)."""
+        if self.regions is None:
+            return
+        loans, draining = self.loans, self.journal.cards()
+        wanted = {card: loan.owners for card, loan in loans.items()}
+        wanted.update({card: owners for card, owners in self._waiting.items() if card in draining})
+        for card, owners in self._waiting.items():
+            if wanted.get(card) != owners:
+                self.regions.set_owner_wait(owners, card, 0)
+        for card, owners in wanted.items():
+            if self._waiting.get(card) != owners:
+                self.regions.set_owner_wait(owners, card, self.config.deadline_s + OWNER_WAIT_MARGIN_S)
+        self._waiting = wanted
 
     def _judge_borrowers(self) -> None:
         """Once after a start, with the pods known: every borrower holding a card faces the rules as if it

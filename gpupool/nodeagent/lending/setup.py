@@ -26,6 +26,7 @@ from gpupool.nodeagent.lending.processes import ProcfsProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
+from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.schedule_check import check_borrower
@@ -82,8 +83,9 @@ class LendingSetup:
         """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
         return CheckpointEnforcement(enforcement, self.store, self.pods.get)
 
-    def attach(self, agent: NodeAgent, monitor: UsageMonitor) -> LendingService:
-        """Step 2: the service, plugged into the agent's device list and Allocate check."""
+    def attach(self, agent: NodeAgent, monitor: UsageMonitor, gate: ContainerGate | None = None) -> LendingService:
+        """Step 2: the service, plugged into the agent's device list and Allocate check; ``gate``: the
+        kernel's refusal at open where it runs (the rules' refusals are precomputed into it)."""
         def reclaimer(on_stopped: StoppedHook) -> Reclaimer:
             return Reclaimer(ProcfsProcesses(), self.kube, on_stopped=on_stopped, suspender=self.cuda)
 
@@ -92,7 +94,7 @@ class LendingSetup:
                                  LendablePublisher(self.kube.write_lendable), agent.devices_changed,
                                  LendingConfig(loans, self.options.deadline_s, self.options.activity,
                                                self.options.shim_state_dir),
-                                 ContainerResolver(monitor.directory))
+                                 ContainerResolver(monitor.directory), gate)
         agent.extra_devices = service.device_list
 
         def on_loan(pod: PodView) -> bool:

@@ -97,6 +97,9 @@ class UsageMonitor:
         self.detector = IdleDetector(self.cards, idle_after=config.idle_after)
         self.source: EventSource | None = None
         self.source_reason = ""
+        self.gate_available = False
+        """Whether the start-up probe found the cgroup-device gate usable (refusal at open per container)."""
+        self.gate_reason = "not probed"
         self._listeners: set[asyncio.Task[None]] = set()
 
     @property
@@ -110,6 +113,7 @@ class UsageMonitor:
         self.recorder.restore()
         choice = self._choose(self.paths)
         self.source, self.source_reason = choice.source, choice.reason
+        self.gate_available, self.gate_reason = choice.gate_available, choice.gate_reason
         self.source.register(self.recorder.registration())  # claim 3: before events flow
         try:
             self.source.start()

@@ -2,9 +2,12 @@
 
 A separate decider the agent chains with the others (the lending rules' own): the first that
 denies wins, and one that fails allows (a bug must not lock a GPU away from everyone). The fast
-path, no container blocked, reads nothing; otherwise the opener's cgroup names its container. Only
-an event source that holds opens for a verdict (fanotify) can enforce this; the /proc scan only
-observes, which :class:`~gpupool.nodeagent.risk.responder.RiskResponder` says in the pod's event.
+path, no container blocked, reads nothing; otherwise the opener's cgroup names its container. It is
+enforced by an event source that holds opens for a verdict (fanotify) and, where the kernel's
+cgroup-device gate runs (:meth:`RiskOpenDecider.use_gate`), by the kernel itself: every change of
+the blocked set is handed to the gate, which refuses the blocked containers' opens of the cards.
+With neither (the /proc scan alone) nothing is refused, which
+:class:`~gpupool.nodeagent.risk.responder.RiskResponder` says in the pod's event.
 
 The blocked set is replaced, never mutated, so the source's thread reads it without a lock.
 """
@@ -29,7 +32,26 @@ class RiskOpenDecider:
         self._cgroup_of = cgroup_of
         self._blocked: Mapping[str, str] = {}
         self._pods: dict[str, tuple[str, str]] = {}
+        self._gate: Callable[[Mapping[str, str]], None] | None = None
         self.denied = 0
+
+    def use_gate(self, apply: Callable[[Mapping[str, str]], None]) -> None:
+        """Hand every new blocked set (container ID → why) to ``apply`` (the kernel's gate)."""
+        self._gate = apply
+        self._changed()
+
+    @property
+    def gated(self) -> bool:
+        """Whether the kernel's gate enforces the blocked set."""
+        return self._gate is not None
+
+    def _changed(self) -> None:
+        if self._gate is None:
+            return
+        try:
+            self._gate(self._blocked)
+        except Exception:
+            log.exception("risk: cannot update the device gate")
 
     @property
     def blocked(self) -> Mapping[str, str]:
@@ -41,6 +63,7 @@ class RiskOpenDecider:
         if container_id and container_id not in self._blocked:
             self._pods[container_id] = pod
             self._blocked = {**self._blocked, container_id: reason}
+            self._changed()
 
     def keep_only(self, container_ids: Iterable[str]) -> None:
         """Forget blocked containers not among ``container_ids`` (those that are gone)."""
@@ -48,6 +71,7 @@ class RiskOpenDecider:
         if not set(self._blocked) <= alive:
             self._blocked = {cid: why for cid, why in self._blocked.items() if cid in alive}
             self._pods = {cid: pod for cid, pod in self._pods.items() if cid in alive}
+            self._changed()
 
     def keep_pods(self, pods: Iterable[tuple[str, str]]) -> None:
         """Forget blocked containers whose pod is not among ``pods`` (deleted: a recreated pod of the

@@ -78,8 +78,8 @@ class RiskResponder:
     async def _act(self, risk: Risk) -> tuple[RiskAction, str]:
         if self.action is RiskAction.REFUSE_OPENS:
             if self._decider is None or not self._can_refuse() or not risk.container_id:
-                return RiskAction.REPORT, ("action: report only (refuse-opens needs an event source that holds "
-                                           "opens, fanotify, and the container's ID)")
+                return RiskAction.REPORT, ("action: report only (refuse-opens needs the kernel's device gate or an "
+                                           "event source that holds opens, fanotify, and the container's ID)")
             self._decider.block(risk.container_id, f"{risk.kind} on GPU {risk.card}", (risk.namespace, risk.pod))
             return RiskAction.REFUSE_OPENS, "action: the container's further opens of GPU devices are refused"
         if self.action is RiskAction.EVICT and self._evict is not None:

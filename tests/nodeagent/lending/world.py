@@ -14,6 +14,7 @@ from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
+from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind
 from gpupool.nodeagent.monitor.usage_sampling import CardUsage, ProcessUsage, UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
@@ -63,7 +64,8 @@ class World:
         self.device_bumps = 0
         self.tmp = tmp
 
-    def service(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None) -> LendingService:
+    def service(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None,
+                gate: ContainerGate | None = None) -> LendingService:
         async def bump() -> None:
             self.device_bumps += 1
 
@@ -80,11 +82,12 @@ class World:
                               LendablePublisher(self.api.write, min_interval_s=0), bump,
                               LendingConfig(str(self.tmp / "lending.json"), deadline_s=1,
                                             activity=activity or ActivityThresholds(),
-                                            shim_state_dir=shim_state_dir), identify)
+                                            shim_state_dir=shim_state_dir), identify, gate)
 
-    def started(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None) -> LendingService:
+    def started(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None,
+                gate: ContainerGate | None = None) -> LendingService:
         """:meth:`service`, started on the running event loop (call it inside the test's body)."""
-        service = self.service(activity, shim_state_dir)
+        service = self.service(activity, shim_state_dir, gate)
         service.start(asyncio.get_running_loop())
         return service
 
