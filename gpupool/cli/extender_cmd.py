@@ -29,6 +29,7 @@ from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.dra_watch import start_claim_watch
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission, sar_permissions
 from gpupool.extender.handover import BindFence, Handover, Unfenced
@@ -107,6 +108,9 @@ class ExtenderOptions:
     """Place low-priority pods on lent capacity (docs/lending.md, "In the extender"); who is low
     priority is :attr:`cluster`'s threshold."""
     scheduler_name: str = GPUPOOL_SCHEDULER
+    dra_claims: bool = False
+    """Watch ResourceClaims of gpupool's DRA driver and book them in the ledger (docs/dra.md, "One
+    ledger"); readiness then waits for their first list."""
     """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
 
     def resource_names(self) -> ResourceNames:
@@ -171,6 +175,8 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     _, pod_watch = start_watches(cache, core_v1, stop)
     if options.tenancy:  # resource groups, GPU quotas, namespaces' default groups (docs/tenancy.md)
         start_tenancy_watches(cache, core_v1.api_client, stop)
+    if options.dra_claims:  # DRA claims on the same ledger (docs/dra.md, "One ledger")
+        start_claim_watch(cache, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or options.lease, namespace=options.lease_namespace,
                                 name=options.lease_name)
@@ -371,6 +377,9 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "kube-scheduler (docs/extender.md, \"Own scheduler\").")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
+@click.option("--dra-claims/--no-dra-claims", default=False, show_default=True,
+              help="Book ResourceClaims allocated from gpupool's DRA driver in the ledger, beside the "
+                   "extended-resource pods (docs/dra.md, \"One ledger\"; Kubernetes 1.34+).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
 @cluster_setting_options(old_lease_namespace=False)
@@ -391,7 +400,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
              health_port: int | None, tls_reload_interval: float,
              require_agent_lease: bool, tenancy: bool,
              admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str, lending: bool,
-             verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
+             dra_claims: bool, verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -420,6 +429,6 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  require_agent_lease=require_agent_lease, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
-                                 lending=lending,
+                                 lending=lending, dra_claims=dra_claims,
                                  scheduler_name=scheduler_name,
                                  server_limits=server_limits))

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpupool.api.annotations import Assignment
 from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
+from gpupool.api.dra import driver_name
 from gpupool.api.names import ResourceNames
 from gpupool.api.settings_check import settings_problem
 from gpupool.api.tenancy import TenancyNames
@@ -39,6 +40,7 @@ from gpupool.extender.booking_keeper import BookingKeeper
 from gpupool.extender.booking_problems import BookingProblems
 from gpupool.extender.bookings import Booking, Notice
 from gpupool.extender.borrowing import BorrowSettings, Lending
+from gpupool.extender.dra_bookings import ClaimBookings
 from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
@@ -81,6 +83,9 @@ class ClusterCache:
         :attr:`lock`; they must not block (:mod:`gpupool.extender.requeue`)."""
         self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s,
                                     on_release=self._announce_release)
+        self.claims = ClaimBookings(self.state, self.keeper.problems, driver_name(self.names.domain),
+                                    self.keeper.spec_of, self.keeper.uid_of)
+        """DRA claims of gpupool's driver, booked in the same ledger (:mod:`gpupool.extender.dra_bookings`)."""
         self.node_problems: dict[str, str] = {}
         self.share_refusals: dict[str, str] = {}
         """Per node that takes whole GPUs only, why (its agent cannot enforce shares:
@@ -109,8 +114,9 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         """True once one full list of nodes and of pods (and, when required, of the tenancy
-        objects) has been applied."""
-        return self.nodes_synced and self.pods_synced and (not self.tenancy_required or self.tenancy.all_synced)
+        objects, and of DRA claims when watched) has been applied."""
+        return (self.nodes_synced and self.pods_synced and (not self.tenancy_required or self.tenancy.all_synced)
+                and (not self.claims.required or self.claims.synced))
 
     def refresh_profile(self) -> None:
         """Rebuild the scheduler with the workload profile of the pods known now.
@@ -153,6 +159,7 @@ class ClusterCache:
             if old is None or not self.state.present[old] or self.state.specs[old] != spec:
                 self.state.upsert_node(spec)  # heartbeats change status fields we do not read
                 self.keeper.sync_node(spec.name)
+                self.claims.sync_node(spec.name)
             self.loans.apply(self.state, raw, spec)
 
     def _check_settings(self, name: str, raw: Mapping[str, Any]) -> None:
@@ -188,6 +195,7 @@ class ClusterCache:
         for spec in specs:  # pods that name a node that was not there yet
             self.node_problems.pop(spec.name, None)
             self.keeper.sync_node(spec.name)
+            self.claims.sync_node(spec.name)
 
     def remove_node(self, name: str) -> None:
         """Apply a DELETED node; its bookings go with it and come back if the node does."""
@@ -201,6 +209,7 @@ class ClusterCache:
             self._specs.forget(name)
             self.loans.forget(name)
             self.keeper.sync_node(name)
+            self.claims.sync_node(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any] | Any]) -> None:
         """Apply a full list (start, or re-list after 410 Gone): upsert all, remove the rest."""

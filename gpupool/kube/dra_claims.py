@@ -1,9 +1,10 @@
 """What a ResourceClaim allocated from gpupool's DRA driver holds: which cards, how much of each.
 
-One reading for every component: the node agent prepares a claim from it, the extender will book
-the same shares in its ledger (issue 24). The allocator's decision is in ``status.allocation``: each
-result names request, driver, pool (gpupool's pools are node names), device and, with consumable
-capacity, ``consumedCapacity`` and a ``shareID``; only the results of gpupool's driver count.
+One reading for every component: the node agent prepares a claim from it, the extender books
+the same shares in its ledger (:mod:`gpupool.extender.dra_bookings`). The allocator's decision is
+in ``status.allocation``: each result names request, driver, pool (gpupool's pools are node
+names), device and, with consumable capacity, ``consumedCapacity`` and a ``shareID``; only the
+results of gpupool's driver count.
 Everything is checked here, once, with a reason a person can act on.
 """
 
@@ -52,20 +53,30 @@ class ClaimShares:
 def claim_shares(obj: Mapping[str, Any], driver: str, *, where: str = "") -> ClaimShares:
     """The shares ``obj`` (a ResourceClaim as the API serves it) holds of ``driver``'s devices.
     ``where`` names the claim in messages (default: namespace/name)."""
-    meta = obj.get("metadata") or {}
+    meta = _map(obj.get("metadata"))
     where = where or f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
-    status = obj.get("status") or {}
+    status = _map(obj.get("status"))
     allocation = status.get("allocation")
     if not isinstance(allocation, Mapping):
         raise ClaimError(f"{where} is not allocated")
-    results = (allocation.get("devices") or {}).get("results") or []
+    devices = allocation.get("devices") or {}
+    if not isinstance(devices, Mapping):
+        raise ClaimError(f"{where}: status.allocation.devices is not a map")
+    results = devices.get("results") or []
     if not isinstance(results, list):
         raise ClaimError(f"{where}: status.allocation.devices.results is not a list")
     shares = tuple(_share(where, r) for r in results if isinstance(r, Mapping) and r.get("driver") == driver)
-    pods = [r for r in status.get("reservedFor") or [] if isinstance(r, Mapping) and r.get("resource") == "pods"]
+    reserved = status.get("reservedFor") or []
+    pods = [r for r in reserved if isinstance(r, Mapping) and r.get("resource") == "pods"] if isinstance(
+        reserved, list) else []
     pod = str(pods[0].get("name", "")) if pods else ""
     pod_uid = str(pods[0].get("uid", "")) if pods else ""
     return ClaimShares(str(meta.get("uid", "")), pod, pod_uid, shares)
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    """``value`` when it is a map, else an empty one (the API's shapes are checked where read)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _share(claim: str, result: Mapping[str, Any]) -> AllocatedShare:

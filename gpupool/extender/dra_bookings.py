@@ -1,0 +1,257 @@
+"""DRA claims in the extender's ledger: one ledger for claims and extended-resource pods (issue 24).
+
+kube-scheduler's DRA allocator chooses cards for ResourceClaims of gpupool's driver without asking
+the extender; the extender chooses cards for extended-resource pods without the allocator seeing
+them. So that a cluster mixing both never books a card twice on the extender's side, every claim
+allocated from gpupool's driver is booked here, in the same :class:`ClusterState` as the pods: its
+shares (:func:`gpupool.kube.dra_claims.claim_shares`, the reading the node agent prepares from) on
+the card of the node its pool names, the card found by its NVML index among the node's published
+cards. The filter then sees what the claims hold as used, and quotas (per namespace, from the
+ledger's usage tally) and the ledger's ``/metrics`` totals count it.
+
+Why claims are booked with :meth:`ClusterState.claim` (not ``apply``): the allocator has decided and
+the node prepares it; a claim that does not fit the ledger (an extended-resource pod got there
+first) is the cluster's state, so it is booked beyond the card's capacity and reported as an
+over-committed card (the node agent refuses to prepare it, see docs/dra.md, "One ledger"), never
+hidden. A claim whose allocation cannot be read (or names a card its node does not publish) holds
+something nobody knows: like a pod with an unreadable assignment it stops GPU placements on that
+node, with the reason, until it is fixed or deleted.
+
+Keys: ``<namespace>/claim:<name>``. A pod's name cannot contain ``:``, so a claim never shares a
+key with a pod, and the namespace before the ``/`` makes it count for that namespace's quota.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.core.model import CardSlice, ContainerAssignment, NodeSpec, Placement
+from gpupool.core.state import AllocationError, ClusterState
+from gpupool.core.units import COMPUTE_PER_CARD
+from gpupool.extender.booking_problems import BookingProblems
+from gpupool.kube.dra_claims import AllocatedShare, ClaimError, claim_shares
+
+log = logging.getLogger(__name__)
+
+CLAIM_MARK = "claim:"
+PER_MILLE_PER_PERCENT = COMPUTE_PER_CARD // 100
+"""Claims consume compute in percent of a card; the ledger books per mille."""
+
+
+def claim_key(namespace: str, name: str) -> str:
+    """The ledger key of claim ``namespace/name`` (never a pod's: pod names have no ``:``)."""
+    return f"{namespace}/{CLAIM_MARK}{name}"
+
+
+def is_claim_key(key: str) -> bool:
+    """Whether a ledger key is a claim's."""
+    return f"/{CLAIM_MARK}" in key
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What one claim holds of gpupool's cards, as read from the API.
+
+    ``node``: the node its shares are on (their pool), ``""`` when it cannot be told. ``problem``:
+    why the allocation cannot be booked (``None`` when it can)."""
+
+    key: str
+    uid: str
+    node: str
+    shares: tuple[AllocatedShare, ...] = ()
+    problem: str | None = None
+
+
+def read_claim(obj: Mapping[str, Any], driver: str) -> ClaimRecord | None:
+    """The record of ``obj`` (a ResourceClaim as the API serves it), or ``None`` when it holds none
+    of ``driver``'s devices (not allocated, or allocated from other drivers only). Never raises for
+    a claim with a name: what cannot be read becomes the record's ``problem``."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    if not name:
+        return None
+    key, uid = claim_key(namespace, name), str(meta.get("uid") or "")
+    status = obj.get("status")
+    if not isinstance(status, Mapping) or status.get("allocation") is None:
+        return None  # not allocated: holds nothing
+    results = _results_of(status)
+    ours = [r for r in results or [] if isinstance(r, Mapping) and r.get("driver") == driver]
+    if results is not None and not ours:
+        return None  # allocated from other drivers only
+    try:
+        read = claim_shares(obj, driver, where=f"claim {namespace}/{name}")
+    except ClaimError as exc:  # the node is still told where it can be (its placements then stop)
+        pools = sorted({str(r.get("pool") or "") for r in ours} - {""})
+        return ClaimRecord(key, uid, pools[0] if len(pools) == 1 else "", problem=str(exc))
+    if not read.shares:
+        return None
+    nodes = sorted({s.pool for s in read.shares})
+    if len(nodes) != 1 or not nodes[0]:
+        return ClaimRecord(key, uid, nodes[0] if len(nodes) == 1 else "", read.shares,
+                           f"claim {namespace}/{name}: its devices of {driver} come from pools {nodes}; "
+                           "gpupool's pools are node names, one node per claim")
+    return ClaimRecord(key, uid, nodes[0], read.shares)
+
+
+def _results_of(status: Mapping[str, Any]) -> list[Any] | None:
+    allocation = status.get("allocation")
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    return results if isinstance(results, list) else None
+
+
+def claim_placement(record: ClaimRecord, spec: NodeSpec) -> Placement:
+    """The claim's shares as a placement on ``spec``'s ledger positions (one container named after
+    the claim); :class:`ClaimError` for a share of a card the node does not publish. A share that
+    consumed no memory holds its card whole (allocated without consumable capacity)."""
+    positions = {card.index: pos for pos, card in enumerate(spec.cards)}
+    slices = []
+    for share in record.shares:
+        pos = positions.get(share.card)
+        if pos is None:
+            raise ClaimError(f"claim {record.key.replace(CLAIM_MARK, '')}: device {share.device} is not among "
+                             f"node {spec.name}'s cards (it publishes {sorted(positions)})")
+        card = spec.cards[pos]
+        if share.memory_mib is None:
+            slices.append(CardSlice(pos, card.memory_mib, card.compute, exclusive=True))
+        else:
+            slices.append(CardSlice(pos, share.memory_mib, share.compute_percent * PER_MILLE_PER_PERCENT))
+    return Placement(record.key, spec.name, 0, 0, (ContainerAssignment(record.key, tuple(slices)),))
+
+
+class ClaimBookings:
+    """Every allocated claim of gpupool's driver, booked in the extender's ledger.
+
+    Called under the cache's lock (:class:`gpupool.extender.cache.ClusterCache` owns one and feeds
+    it from the claims' list+watch, :mod:`gpupool.extender.dra_watch`, and from node changes)."""
+
+    def __init__(self, state: ClusterState, problems: BookingProblems, driver: str,
+                 spec_of: Callable[[str], NodeSpec | None], uid_of: Callable[[str], str]) -> None:
+        self.state = state
+        self.problems = problems
+        self.driver = driver
+        self.spec_of = spec_of
+        self.pod_uid_of = uid_of
+        self.records: dict[str, ClaimRecord] = {}
+        self.required = False
+        """Whether readiness waits for a first list of claims (the extender watches them)."""
+        self.synced = False
+        self._on_node: dict[str, set[str]] = {}
+
+    # ------------------------------------------------------------------------------- watch side
+    def upsert(self, obj: Mapping[str, Any]) -> None:
+        """An ADDED/MODIFIED claim: book what it holds now (nothing when it is not allocated)."""
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        try:
+            record = read_claim(obj, self.driver)
+        except Exception as exc:  # a reading bug must not stop the watch or drop what the claim held
+            log.exception("claim %s cannot be read", key)
+            known = self.records.get(key)
+            record = ClaimRecord(key, str(meta.get("uid") or ""), known.node if known else "",
+                                 problem=f"claim {key.replace(CLAIM_MARK, '')} cannot be read: {exc}")
+        self._set(key, record)
+
+    def remove(self, obj: Mapping[str, Any]) -> None:
+        """A DELETED claim: its shares are free again (a delete of an older claim of that name is
+        ignored)."""
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        known = self.records.get(key)
+        uid = str(meta.get("uid") or "")
+        if known is not None and uid and known.uid and known.uid != uid:
+            return
+        self._set(key, None)
+
+    def replace(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: book every claim in it, release the rest."""
+        seen: set[str] = set()
+        for obj in objs:
+            meta = obj.get("metadata")
+            if isinstance(meta, Mapping):
+                seen.add(claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+            self.upsert(obj)
+        for key in [k for k in self.records if k not in seen]:
+            self._set(key, None)
+        self.synced = True
+
+    def sync_node(self, node: str) -> None:
+        """Node ``node`` arrived, changed or left: book its claims again (card positions may move)."""
+        for key in sorted(self._on_node.get(node, ())):
+            self._book(key)
+
+    # ---------------------------------------------------------------------------------- reads
+    def uid_of(self, key: str) -> str:
+        """The claim's UID for a claim key, the pod's for a pod key."""
+        record = self.records.get(key)
+        return record.uid if record is not None else self.pod_uid_of(key)
+
+    def booked(self) -> int:
+        """Claims holding cards in the ledger now."""
+        return sum(1 for key in self.records if key in self.state.placements)
+
+    # -------------------------------------------------------------------------------- booking
+    def _set(self, key: str, record: ClaimRecord | None) -> None:
+        old = self.records.get(key)
+        if old == record:
+            return
+        if old is not None and old.node:
+            self._on_node.get(old.node, set()).discard(key)
+        if record is None:
+            self.records.pop(key, None)
+        else:
+            self.records[key] = record
+            if record.node:
+                self._on_node.setdefault(record.node, set()).add(key)
+        self._book(key)
+
+    def _book(self, key: str) -> None:
+        """Make the ledger hold what the claim's record says (nothing while its node is absent)."""
+        record = self.records.get(key)
+        desired: Placement | None = None
+        problem = record.problem if record is not None else None
+        spec = self.spec_of(record.node) if record is not None and record.node else None
+        if record is not None and problem is None and spec is not None:
+            try:
+                desired = claim_placement(record, spec)
+            except ClaimError as exc:
+                problem = str(exc)
+        if problem is not None and record is not None:
+            self.problems.set_unreadable(key, record.uid, record.node or "(unknown node)", problem)
+        else:
+            self.problems.clear_unreadable(key)
+        if self.state.placements.get(key) == desired:
+            return
+        self._release(key)
+        if desired is None:
+            return
+        try:
+            over = self.state.claim(desired)
+        except AllocationError as exc:  # a card the node has no more: booked when it publishes it again
+            log.error("claim %s: cannot book %s: %s", key, desired, exc)
+            return
+        log.info("claim %s: booked on node %s, %s", key, desired.node, _shown(desired))
+        if over or desired.node in self.problems.overcommitted:
+            self.problems.cards_over(self.state, desired.node, over, self.uid_of)
+
+    def _release(self, key: str) -> None:
+        placement = self.state.release(key)
+        if placement is None:
+            return
+        log.info("claim %s: released on node %s", key, placement.node)
+        node = placement.node
+        if node in self.problems.overcommitted and node in self.state.index:
+            # a release from an over-committed card does not restore its mode: derive the node again
+            self.state.upsert_node(self.state.specs[self.state.index[node]])
+            self.problems.cards_over(self.state, node, self.state.over_capacity(node), self.uid_of)
+
+
+def _shown(placement: Placement) -> str:
+    return ", ".join(f"card position {card}: {memory} MiB, {compute / 10:g}%" + (" (whole)" if whole else "")
+                     for card, (memory, compute, whole) in sorted(placement.held_per_card().items()))
