@@ -12,6 +12,12 @@ from pathlib import Path
 import click
 
 from gpupool.extender.http.cert_secrets import CLIENT_SUFFIX, Bundle
+from gpupool.extender.http.webhook_ca import (
+    WebhookConfigurations,
+    WebhookTarget,
+    WebhookTargetError,
+    inject_ca,
+)
 
 #: Files ``--client-dir`` writes, as the scheduler's extender ``tlsConfig`` names them.
 CLIENT_FILES = ("client.crt", "client.key", "ca.crt")
@@ -46,9 +52,14 @@ def certs() -> None:
               help="Issue new serving and client certificates from the existing CA (the CA is kept).")
 @click.option("--client-dir", type=click.Path(file_okay=False, path_type=Path),
               help=f"Also write the client's {', '.join(CLIENT_FILES)} here (for kube-scheduler's tlsConfig).")
+@click.option("--webhook", "webhooks", multiple=True, metavar="KIND/NAME",
+              help="Also write the CA into the caBundle of this webhook configuration (mutating/NAME or "
+                   "validating/NAME; repeatable): what cert-manager's CA injector does where there is none.")
+@click.option("--webhook-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds to wait for a --webhook configuration that does not exist yet before reporting it missing.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube/config.")
 def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...], rotate: bool,
-              client_dir: Path | None, kubeconfig: str | None) -> None:
+              client_dir: Path | None, webhooks: tuple[str, ...], webhook_wait: float, kubeconfig: str | None) -> None:
     """Create the extender's CA and certificates into Secrets, unless they exist (idempotent)."""
     from kubernetes import client
 
@@ -56,7 +67,12 @@ def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...],
     from gpupool.extender.http.certificates import service_hosts
     from gpupool.kube.client_config import api_configuration
 
-    core_v1 = client.CoreV1Api(client.ApiClient(api_configuration(kubeconfig)))
+    try:
+        targets = [WebhookTarget.parse(w) for w in webhooks]
+    except WebhookTargetError as exc:
+        raise click.BadParameter(str(exc), param_hint="--webhook") from None
+    api_client = client.ApiClient(api_configuration(kubeconfig))
+    core_v1 = client.CoreV1Api(api_client)
     try:
         result = run_bootstrap(core_v1, namespace, secret, service_hosts(service, namespace, hosts), rotate=rotate)
     except ValueError as exc:
@@ -68,3 +84,11 @@ def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...],
     if client_dir is not None:
         for path in write_client_files(result.bundle, client_dir):
             click.echo(f"wrote {path}")
+    if targets:
+        injected = inject_ca(WebhookConfigurations(client.AdmissionregistrationV1Api(api_client)),
+                             result.bundle.ca.cert_pem, targets, wait_s=webhook_wait)
+        for verb, done in (("wrote the CA into", injected.written), ("the CA was already in", injected.current)):
+            if done:
+                click.echo(f"{verb} {', '.join(map(str, done))}")
+        if injected.missing:
+            click.echo(f"not found after {webhook_wait:g} s, left alone: {', '.join(map(str, injected.missing))}")

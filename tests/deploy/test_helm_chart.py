@@ -153,15 +153,28 @@ def test_the_scheduler_configuration_calls_the_extenders_service() -> None:
 # ------------------------------------------------------------------------------------- webhooks
 
 
-def test_with_the_bootstrap_job_and_no_ca_yet_the_webhooks_wait_for_an_upgrade() -> None:
-    """A webhook without its caBundle would refuse every GPU pod (failurePolicy Fail)."""
+def test_with_the_bootstrap_job_the_webhooks_are_installed_at_once_and_the_job_writes_their_ca() -> None:
+    """No second `helm upgrade`: the Job puts the CA into both configurations by name, and may do
+    nothing else to admission configurations."""
     docs = render({"webhooks.quota.enabled": True})
-    assert webhooks(docs) == []
+    assert {d["metadata"]["name"] for d in webhooks(docs)} == {"gpupool-scheduler", "gpupool-quota"}
+    assert all("caBundle" not in hook["clientConfig"] for d in webhooks(docs) for hook in d["webhooks"])
     (job,) = [d for d in docs if d["kind"] == "Job"]
-    assert job["metadata"]["name"].startswith("gpupool-certs-bootstrap-")  # the Job whose CA they wait for
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    for args in (job["spec"]["template"]["spec"]["containers"][0]["args"],
+                 cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]):
+        assert {"--webhook=mutating/gpupool-scheduler", "--webhook=validating/gpupool-quota"} <= set(args)
+    role = find(docs, "ClusterRole", "gpupool-certs-webhooks")
+    assert role["rules"] == [
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+         "resourceNames": ["gpupool-scheduler"], "verbs": ["get", "update"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+         "resourceNames": ["gpupool-quota"], "verbs": ["get", "update"]}]
+    binding = find(docs, "ClusterRoleBinding", "gpupool-certs-webhooks")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpupool-certs", "namespace": "gpupool-system"}]
     result = helm("install", "gpupool", str(CHART), "--dry-run=client", "--namespace", "gpupool-system")
     assert result.returncode == 0, result.stderr
-    assert "helm upgrade gpupool" in result.stdout and "--reuse-values" in result.stdout  # NOTES say what to do
+    assert "helm upgrade" not in result.stdout and "certificate Job" in result.stdout  # NOTES say what to expect
 
 
 def test_a_given_ca_bundle_is_set_on_every_webhook() -> None:

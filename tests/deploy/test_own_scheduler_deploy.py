@@ -145,6 +145,11 @@ def test_the_webhook_asks_about_new_pods_only_as_the_extender_decides() -> None:
 
 
 @pytest.mark.parametrize("overlay", ["production", "dev"])
-def test_overlays_without_a_ca_source_for_webhooks_ship_no_webhook(overlay: str) -> None:
-    """The bootstrap's CA is not known when the overlay is applied (docs/deploy.md says how to add it)."""
-    assert not [d for d in render(f"overlays/{overlay}") if d["kind"] == "MutatingWebhookConfiguration"]
+def test_overlays_with_the_bootstrap_job_ship_the_webhook_and_the_job_writes_its_ca(overlay: str) -> None:
+    docs = render(f"overlays/{overlay}")
+    (webhook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert webhook["metadata"]["name"] == "gpupool-scheduler"
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert "--webhook=mutating/gpupool-scheduler" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpupool-certs-webhooks"]
+    assert {name for rule in role["rules"] for name in rule["resourceNames"]} == {"gpupool-scheduler", "gpupool-quota"}

@@ -29,6 +29,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,7 +45,6 @@ from kubernetes.client.rest import ApiException
 from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
-from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.errors import BuildImpossibleError
@@ -147,7 +147,7 @@ def release(control_plane: ControlPlane, kube_api_client: client.ApiClient,
         wait_for(crds_gone, timeout=60, what=f"the CRDs {sorted(created)} deleted")
 
 
-def test_install_creates_every_object_and_the_crds_but_no_webhook_before_the_ca(
+def test_install_creates_every_object_and_the_crds_and_the_webhook_awaiting_its_ca(
         release: Release, kube_api_client: client.ApiClient) -> None:
     release.ok("install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "--take-ownership",
                "--set", "image.tag=e2e-1", "--set", f"scheduler.image.tag={release.plane.binaries.version}")
@@ -162,7 +162,10 @@ def test_install_creates_every_object_and_the_crds_but_no_webhook_before_the_ca(
         assert item["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", item["metadata"]["name"]
     kinds = {kind for kind, _, _ in wanted}
     assert {"Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "NetworkPolicy", "Job", "CronJob"} <= kinds
-    assert "MutatingWebhookConfiguration" not in kinds  # its CA comes from the Job, later
+    assert "MutatingWebhookConfiguration" in kinds  # installed at once; its CA comes from the Job
+    (hook,) = client.AdmissionregistrationV1Api(kube_api_client).read_mutating_webhook_configuration(
+        "gpupool-scheduler").webhooks
+    assert not hook.client_config.ca_bundle
     core_v1 = client.CoreV1Api(kube_api_client)
     system = core_v1.read_namespace(SYSTEM)
     assert system.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"  # the chart's, taken over
@@ -198,28 +201,33 @@ def test_upgrade_with_a_changed_value_takes_effect(release: Release, kube_api_cl
     assert [h["revision"] for h in history] == [1, 2]
 
 
-def test_the_ca_upgrade_installs_the_webhook_and_a_gpu_pod_goes_through_the_charts_scheduler(
+def test_the_certificate_job_writes_the_webhooks_ca_and_a_gpu_pod_goes_through_the_charts_scheduler(
         release: Release, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str,
         make_node: MakeNode, tmp_path: Path) -> None:
-    ca = issue_ca("e2e-helm-ca")
-    serving = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
-    scheduler_client = issue_leaf(ca, "kube-scheduler", server=False)
-    # what `gpupool certs bootstrap` leaves: the serving Secret, whose ca.crt the chart looks up
-    core_v1.create_namespaced_secret(SYSTEM, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="gpupool-extender-tls"), type="kubernetes.io/tls",
-        data={k: base64.b64encode(v).decode() for k, v in
-              {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem, "ca.crt": ca.cert_pem}.items()}))
-    release.ok("upgrade", RELEASE, str(CHART), "--namespace", SYSTEM, "--reuse-values")
-    release.manifests.append(release.manifest())
+    # the Job's command, as the Job's ServiceAccount (the chart's RBAC must be enough); the serving
+    # certificate also names 127.0.0.1, where this test's extender listens
+    (job,) = client.BatchV1Api(kube_api_client).list_namespaced_job(SYSTEM).items
+    args = list(job.spec.template.spec.containers[0].args)
+    certs_kubeconfig = service_account_kubeconfig(release.plane, core_v1, SYSTEM, "gpupool-certs",
+                                                  tmp_path / "certs-kubeconfig")
+    done = subprocess.run([sys.executable, "-c", "from gpupool.cli.main import main; main()", *args,
+                           "--host=127.0.0.1", f"--kubeconfig={certs_kubeconfig}",
+                           f"--client-dir={tmp_path / 'client'}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "wrote the CA into mutating/gpupool-scheduler" in done.stdout, done.stdout
+    assert "left alone: validating/gpupool-quota" in done.stdout  # the quota webhook is off by default
+    tls = core_v1.read_namespaced_secret("gpupool-extender-tls", SYSTEM).data
+    files = {k: base64.b64decode(v) for k, v in tls.items()}
     admission = client.AdmissionregistrationV1Api(kube_api_client)
-    webhook = admission.read_mutating_webhook_configuration("gpupool-scheduler")
-    (hook,) = webhook.webhooks
-    assert base64.b64decode(hook.client_config.ca_bundle) == ca.cert_pem
+    (hook,) = admission.read_mutating_webhook_configuration("gpupool-scheduler").webhooks
+    assert base64.b64decode(hook.client_config.ca_bundle) == files["ca.crt"]
+    release.ok("upgrade", RELEASE, str(CHART), "--namespace", SYSTEM, "--reuse-values")  # keeps the CA (lookup)
+    release.manifests.append(release.manifest())
+    (hook,) = admission.read_mutating_webhook_configuration("gpupool-scheduler").webhooks
+    assert base64.b64decode(hook.client_config.ca_bundle) == files["ca.crt"]
 
-    serving_dir = write_files(tmp_path / "serving", {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
-                                                     "ca.crt": ca.cert_pem})
-    client_dir = write_files(tmp_path / "client", {"client.crt": scheduler_client.cert_pem,
-                                                   "client.key": scheduler_client.key_pem, "ca.crt": ca.cert_pem})
+    serving_dir = write_files(tmp_path / "serving", files)
+    client_dir = tmp_path / "client"
     admission_port = free_port()
     extender = FlaggedExtender(release.plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
         "--tls-cert-file", str(serving_dir / "tls.crt"), "--tls-private-key-file", str(serving_dir / "tls.key"),

@@ -155,3 +155,32 @@ def test_the_command_writes_the_schedulers_files(tmp_path: Path, monkeypatch: py
     assert (tmp_path / "sched" / "ca.crt").read_bytes() == base64.b64decode(api.items["tls"]["data"]["ca.crt"])
     again = CliRunner().invoke(certs_cmd.certs, args)
     assert again.exit_code == 0 and "already exist; nothing changed" in again.output
+
+
+def test_the_command_writes_the_ca_into_the_named_webhooks_and_reports_an_absent_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.extender.test_webhook_ca import FakeAdmission, configuration
+
+    secrets, admission = FakeSecrets(), FakeAdmission()
+    admission.stored[("mutating", "gpupool-scheduler")] = configuration("mutating", "gpupool-scheduler")
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda *_: secrets)
+    monkeypatch.setattr("kubernetes.client.AdmissionregistrationV1Api", lambda *_: admission)
+    monkeypatch.setattr("gpupool.kube.client_config.api_configuration", lambda *_: None)
+    monkeypatch.setattr("kubernetes.client.ApiClient", lambda *_: None)
+    args = ["bootstrap", "--secret", "tls", "--webhook", "mutating/gpupool-scheduler",
+            "--webhook", "validating/gpupool-quota", "--webhook-wait", "0"]
+    result = CliRunner().invoke(certs_cmd.certs, args)
+    assert result.exit_code == 0, result.output
+    assert "wrote the CA into mutating/gpupool-scheduler" in result.output
+    assert "not found after 0 s, left alone: validating/gpupool-quota" in result.output
+    assert admission.bundles("mutating", "gpupool-scheduler") == [secrets.items["tls"]["data"]["ca.crt"]]
+
+
+def test_a_malformed_webhook_flag_is_refused_before_anything_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = FakeSecrets()
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda *_: secrets)
+    monkeypatch.setattr("gpupool.kube.client_config.api_configuration", lambda *_: None)
+    monkeypatch.setattr("kubernetes.client.ApiClient", lambda *_: None)
+    result = CliRunner().invoke(certs_cmd.certs, ["bootstrap", "--webhook", "gpupool-scheduler"])
+    assert result.exit_code == 2 and "mutating/NAME or validating/NAME" in result.output
+    assert secrets.writes == 0

@@ -30,16 +30,11 @@ the Job wrote, read at install or upgrade; "" when neither is known.
 {{- end }}
 
 {{/*
-Whether the webhooks can be installed: cert-manager injects their CA, a known CA is set, or the
-admin manages the certificates (source none: the caBundle value is theirs to give). With the
-bootstrap Job and no CA yet, a webhook would refuse the pods it covers (failurePolicy Fail):
-it waits for the next `helm upgrade`.
+The webhooks' caBundle comes from cert-manager's injector, the value, the admin (source none), or
+the certificate Job, which writes its CA into both configurations right after making it
+(`gpupool certs bootstrap --webhook`); until that Job has run (seconds after the first install) a
+webhook refuses what it covers (failurePolicy Fail). Upgrades render the CA the Job left (lookup).
 */}}
-{{- define "gpupool.webhooksReady" -}}
-{{- if or (eq .Values.certificates.source "cert-manager") (eq .Values.certificates.source "none") (include "gpupool.caBundle" .) -}}
-true
-{{- end -}}
-{{- end }}
 
 {{/* The webhooks' cert-manager annotation. */}}
 {{- define "gpupool.webhookAnnotations" -}}
