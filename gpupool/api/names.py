@@ -208,6 +208,18 @@ class ResourceNames:
         return f"{self.domain}/gpu-model"
 
     @property
+    def remote_gpu(self) -> str:
+        """Pod annotation ``"true"``: the pod's one GPU slice may be booked on a card of another node
+        and reached over the network (docs/remote-gpu.md, "Scheduling a remote share")."""
+        return f"{self.domain}/remote-gpu"
+
+    @property
+    def remote_share(self) -> str:
+        """Pod annotation written at bind: the node and card a remote share is booked on
+        (:mod:`gpupool.api.remote_share`, JSON, versioned)."""
+        return f"{self.domain}/remote-share-v1"
+
+    @property
     def wait_for_nodes(self) -> str:
         """Pod annotation ``"true"``: admission does not refuse the pod for asking more than every
         card of the cluster holds now (it waits for nodes still to come, e.g. from an autoscaler)."""

@@ -315,6 +315,8 @@ class PodRequest:
     priority: int = 0
     policy: PolicyChoice | None = None
     """The pod's own node/card policy (None: the scheduler's)."""
+    remote: bool = False
+    """Its one GPU slice may be booked on another node's card (:mod:`gpupool.core.remote_share`)."""
 
     # The derived totals below are cached: the scheduler reads them several times per decision, and
     # the request is immutable (cached values live outside the fields, so equality and hashing are

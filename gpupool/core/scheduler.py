@@ -24,6 +24,7 @@ from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.policies import PerPodPolicy, PlacementPolicy, PodShape
+from gpupool.core.remote_share import RemoteChoice, client_problem, client_scores, place_share
 from gpupool.core.shape_cache import RowCaches
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -138,6 +139,8 @@ class Scheduler:
         """Feasible rows among ``rows`` (default: all) and their final scores (higher is better)."""
         state = self.state
         all_rows = self._all_rows()
+        if pod.remote:  # the tier of the share decides, not the placement policy
+            return client_scores(state, pod, all_rows if rows is None else np.asarray(rows, dtype=np.int64))
         shape = PodShape.of(pod)
         policy = self.policy_for(pod)
         if _is_simple(pod):
@@ -222,6 +225,12 @@ class Scheduler:
         rows, scores = self.filter_and_score(pod)
         if not len(rows):
             return Unschedulable(pod.key, "no node can hold the pod")
+        if pod.remote:
+            for row in self.pick(rows, scores)[:PICK_TRIES]:
+                remote = self._remote(pod, int(row))
+                if isinstance(remote, Placement):
+                    return remote
+            return Unschedulable(pod.key, "no node can hold the pod")
         chooser = self.policy_for(pod).shared_chooser()
         secondary = self._secondary(rows)
         first = self._first(rows, scores, secondary)
@@ -253,10 +262,19 @@ class Scheduler:
         problem = request_problem(self.state, pod)
         if problem is not None:
             return Unschedulable(pod.key, problem)
+        if pod.remote:
+            remote = self._remote(pod, row)
+            return remote if isinstance(remote, Placement) else Unschedulable(pod.key, remote)
         result = assign_on_node(self.state, row, pod, self.policy_for(pod).shared_chooser())
         if isinstance(result, Placement):
             return result
         return Unschedulable(pod.key, result)
+
+    def _remote(self, pod: PodRequest, row: int) -> Placement | str:
+        """A remote-share pod run on node ``row``: its share's placement (on ``row`` itself, or on
+        the server node chosen by :func:`gpupool.core.remote_share.place_share`), or why not."""
+        choice = place_share(self.state, pod, row, self.policy_for(pod).shared_chooser())
+        return choice.placement if isinstance(choice, RemoteChoice) else choice
 
     def explain(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
         """Reasons, per node name, why the pod does not fit on each of ``rows``.
@@ -285,6 +303,12 @@ class Scheduler:
         return reasons
 
     def _explain_row(self, pod: PodRequest, row: int) -> str | None:
+        if pod.remote:
+            reason = client_problem(self.state, pod, row)
+            if reason is None:
+                remote = self._remote(pod, row)
+                reason = None if isinstance(remote, Placement) else remote
+            return reason
         reason = explain_node(self.state, row, pod)
         if reason is None:
             result = assign_on_node(self.state, row, pod, self.policy_for(pod).shared_chooser())

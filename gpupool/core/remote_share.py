@@ -1,0 +1,183 @@
+"""Where a remote share goes: the pod's own node, else a GPU node behind its switch, else any.
+
+A pod that asks for a remote share (``PodRequest.remote``) may run on a node without GPUs; its one
+GPU slice is booked on a card of a GPU node and reached over the network. The order follows the
+Chengyun patent's matching rules (seed 003, rules 61-68): a worker's own GPUs first (no network at
+all), then GPU nodes that reach it without crossing a switch, then the rest. Within a tier the node
+whose best fitting card is the tightest wins (best fit, then the node name, so the choice is
+repeatable); on that node the cards are chosen by the core's card choice
+(:func:`gpupool.core.cards.assign_on_node`), so the one card rule decides which card may take the
+slice and the ledger books it as any other placement.
+
+What the pod holds in the ledger: a local share is an ordinary placement on its node (CPU, memory
+and the slice). A remote share is a placement on the *server* node with the slice only (no CPU or
+memory: the pod runs elsewhere); the pod's CPU and memory on its own node are left to
+kube-scheduler's own checks. Releasing the pod (deleted, finished) releases the slice; removing the
+server node from the ledger drops the booking with it (:meth:`ClusterState.remove_node`).
+
+Which nodes may run the pod: a node with room for its CPU and memory that either has a card for
+the slice itself, or has no GPU at all while some GPU node has one. A GPU node whose cards cannot
+take the slice is refused: its kubelet would hand the pod's gpupool resources to the node's device
+plugin, which has no local card to grant.
+
+Pure: reads the ledger, books nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from gpupool.core.cards import SharedCardChooser, assign_on_node
+from gpupool.core.feasibility import card_fit_mask, explain_cards, node_resources_problem, node_room_mask
+from gpupool.core.fragmentation import FloatArray
+from gpupool.core.model import ContainerRequest, GpuRequest, NodeSpec, Placement, PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+SWITCH_LABEL = "gpupool.io/switch"
+"""Node label naming the network switch (or any network domain) a node sits behind."""
+ZONE_LABEL = "topology.kubernetes.io/zone"
+"""The fallback when a node has no :data:`SWITCH_LABEL`: nodes of one zone count as one switch."""
+
+SERVER_TRIES = 8
+"""Server nodes (best first) on which the card choice is tried before the share is refused."""
+
+NO_SERVER = "no GPU node of the cluster has a card that can hold the remote share now"
+
+
+class Tier(IntEnum):
+    """How far the share is from the pod, best first."""
+
+    LOCAL = 0
+    """A card of the pod's own node: a plain local share."""
+    SAME_SWITCH = 1
+    """A GPU node with the same switch label (or zone) as the pod's node."""
+    OTHER = 2
+    """Any other GPU node."""
+
+
+TIER_SCORES = {Tier.LOCAL: 2.0, Tier.SAME_SWITCH: 1.0, Tier.OTHER: 0.0}
+"""The filter's raw score of a node by the best tier its pod could get (higher is better)."""
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """The decision: the placement (on the pod's node for ``LOCAL``, else on the server) and its tier."""
+
+    placement: Placement
+    tier: Tier
+
+
+def switch_of(spec: NodeSpec) -> str | None:
+    """The node's switch: its :data:`SWITCH_LABEL`, else its :data:`ZONE_LABEL`, else None
+    (a node without either shares a switch with no other)."""
+    return spec.labels.get(SWITCH_LABEL) or spec.labels.get(ZONE_LABEL) or None
+
+
+def remote_shape_problem(pod: PodRequest) -> str | None:
+    """Why ``pod`` cannot take a remote share (None when it can): exactly one app container asks for
+    GPUs, for one card (a slice or one whole card), and no init container does."""
+    if any(c.gpu is not None for c in pod.init_containers):
+        return "a remote share is for app containers only; an init container asks for GPUs"
+    gpu = pod.gpu_containers
+    if len(gpu) != 1:
+        return f"a remote share is one container's; {len(gpu)} containers ask for GPUs"
+    request = gpu[0].gpu
+    if request is not None and request.count != 1:
+        return f"a remote share is one card; container {gpu[0].name} asks for {request.count}"
+    return None
+
+
+def _share_request(pod: PodRequest) -> tuple[ContainerRequest, GpuRequest]:
+    container = pod.gpu_containers[0]
+    assert container.gpu is not None  # gpu_containers holds only containers with a request
+    return container, container.gpu
+
+
+def _fitting_rows(state: ClusterState, request: GpuRequest) -> tuple[IntArray, BoolArray]:
+    """Present rows with a card that takes the slice now, and their card masks."""
+    rows = np.flatnonzero(state.present[:state.size]).astype(np.int64)
+    fits = card_fit_mask(state, request, rows)
+    has = fits.any(axis=1)
+    return rows[has], fits[has]
+
+
+def client_scores(state: ClusterState, pod: PodRequest, rows: IntArray) -> tuple[IntArray, FloatArray]:
+    """The rows of ``rows`` that may run ``pod`` (see the module docstring) and their raw scores:
+    :data:`TIER_SCORES` of the best tier the share would get from there."""
+    if remote_shape_problem(pod) is not None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    _, request = _share_request(pod)
+    servers, _ = _fitting_rows(state, request)
+    if not len(servers):
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    rows = np.asarray(rows, dtype=np.int64)
+    room = node_room_mask(state, pod, rows)
+    own = np.isin(rows, servers)
+    cardless = state.card_count.take(rows) == 0
+    ok = room & (own | cardless)
+    switches = {switch_of(state.specs[int(r)]) for r in servers} - {None}
+    scores = np.array([TIER_SCORES[Tier.LOCAL] if own[i] else
+                       TIER_SCORES[Tier.SAME_SWITCH] if switch_of(state.specs[int(r)]) in switches else
+                       TIER_SCORES[Tier.OTHER] for i, r in enumerate(rows.tolist())], dtype=np.float64)
+    return rows[ok], scores[ok]
+
+
+def client_problem(state: ClusterState, pod: PodRequest, row: int) -> str | None:
+    """Why node ``row`` may not run ``pod`` with a remote share, in words; None when it may."""
+    problem = remote_shape_problem(pod) or node_resources_problem(state, row, pod)
+    if problem is not None:
+        return problem
+    _, request = _share_request(pod)
+    servers, _ = _fitting_rows(state, request)
+    if row in servers.tolist():
+        return None
+    if int(state.card_count[row]) > 0:
+        local = explain_cards(state, row, request) or "its cards cannot hold the share"
+        return (f"{local}; a node with GPUs runs a remote-share pod only on its own cards (its device "
+                "plugin would be asked for them)")
+    return None if len(servers) else NO_SERVER
+
+
+def server_order(state: ClusterState, pod: PodRequest, client_row: int) -> list[tuple[int, Tier]]:
+    """GPU nodes other than ``client_row`` with a card for the share, best first: by tier, then the
+    tightest fitting card (least free memory), then the node name."""
+    _, request = _share_request(pod)
+    servers, fits = _fitting_rows(state, request)
+    home = switch_of(state.specs[client_row])
+    free = np.where(fits, state.card_mem_free.take(servers, 0), np.iinfo(np.int64).max).min(axis=1)
+    ranked: list[tuple[int, int, str, int]] = []
+    for i, row in enumerate(servers.tolist()):
+        if row == client_row:
+            continue
+        spec = state.specs[row]
+        tier = Tier.SAME_SWITCH if home is not None and switch_of(spec) == home else Tier.OTHER
+        ranked.append((int(tier), int(free[i]), spec.name, row))
+    ranked.sort()
+    return [(row, Tier(tier)) for tier, _, _, row in ranked]
+
+
+def place_share(state: ClusterState, pod: PodRequest, client_row: int,
+                chooser: SharedCardChooser | None = None) -> RemoteChoice | str:
+    """Where the share of ``pod``, run on node ``client_row``, is booked, or why nowhere: the own
+    node's cards first, then :func:`server_order`; nothing is booked."""
+    problem = client_problem(state, pod, client_row)
+    if problem is not None:
+        return problem
+    container, _ = _share_request(pod)
+    local = assign_on_node(state, client_row, pod, chooser) if int(state.card_count[client_row]) else None
+    if isinstance(local, Placement):
+        return RemoteChoice(local, Tier.LOCAL)
+    # the slice alone: the pod's CPU and memory stay on its own node
+    alone = PodRequest(key=pod.key, containers=(dataclasses.replace(container, cpu_milli=0, memory_mib=0),),
+                       priority=pod.priority, policy=pod.policy)
+    last = NO_SERVER
+    for row, tier in server_order(state, pod, client_row)[:SERVER_TRIES]:
+        result = assign_on_node(state, row, alone, chooser)
+        if isinstance(result, Placement):
+            return RemoteChoice(result, tier)
+        last = result
+    return last
