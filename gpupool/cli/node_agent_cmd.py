@@ -228,13 +228,13 @@ def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
     agent with the file named and what to do (docs/dra.md)."""
     from gpupool.nodeagent.dra.checkpoint import CheckpointError
     from gpupool.nodeagent.dra.kube_client import KubeDraClient
-    from gpupool.nodeagent.dra.plugin_holdings import held_by_plugin_pods
+    from gpupool.nodeagent.dra.plugin_holdings import plugin_pods
     from gpupool.nodeagent.dra.setup import DraDriver
 
     client = KubeDraClient(node, kubeconfig)
     try:
         driver = DraDriver(node, domain, options, lambda: agent.inventory, client.read_claim, client,
-                           agent.enforcement, held_elsewhere=lambda: held_by_plugin_pods(node, agent.listed_pods()))
+                           agent.enforcement, held_elsewhere=lambda: plugin_pods(node, agent.listed_pods()))
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
     agent.claims_granted = driver.state.as_pods  # the device plugin's Allocate counts prepared claims

@@ -19,10 +19,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.core.card_rule import CardVerdict, Demand
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.nodeagent.container_grant import GrantError, build_grant
@@ -33,15 +34,16 @@ from gpupool.nodeagent.dra.claim_allocation import ClaimAllocation, ClaimError, 
 from gpupool.nodeagent.dra.resource_slice import memory_capacity_mib
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
+from gpupool.nodeagent.schedule_check import NodeLedger, node_ledger
 from gpupool.nodeagent.types import ContainerGrant, NodeAssignment, PodView
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 """(namespace, name) → the ResourceClaim as JSON, ``None`` when it does not exist."""
-HeldElsewhere = Callable[[], Mapping[int, tuple[int, int, bool]]]
-"""Card (NVML index) → memory MiB, compute per mille and whether whole, held by the device
-plugin's pods now (:func:`gpupool.nodeagent.dra.plugin_holdings.held_by_plugin_pods`)."""
+HeldElsewhere = Callable[[], Iterable[PodView]]
+"""The device plugin's pods holding grants on this node now
+(:func:`gpupool.nodeagent.dra.plugin_holdings.plugin_pods`)."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ class ClaimState:
         if obj is None:
             raise ClaimError(f"claim {ref} was not read")
         allocation = read_allocation(ref, obj, self.driver, self.pool)
-        self._check_fits(allocation)
+        self.check_fits(allocation)
         grant = self._grant(allocation)
         prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares,
                                  self.cdi.device_id(ref.uid))
@@ -217,35 +219,34 @@ class ClaimState:
         return out
 
     # ------------------------------------------------------------------ one claim
-    def _check_fits(self, allocation: ClaimAllocation) -> None:
-        """Refuse a claim whose card is gone, or that would put more memory or compute on a card
-        than it has next to the claims prepared already and what the device plugin's pods hold
-        there (a stale slice, a second allocator, a node that takes both kinds of pods)."""
+    def check_fits(self, allocation: ClaimAllocation) -> None:
+        """Refuse a claim whose card is gone or unhealthy, or that the core's card rule (the
+        extender's, :mod:`gpupool.core.card_rule`) refuses beside what is held on this node: the
+        claims prepared already and the device plugin's pods, claimed on a one-node ledger as the
+        extender books them (:func:`gpupool.nodeagent.schedule_check.node_ledger`). Catches what a
+        stale slice, a second allocator or an extended-resource pod the DRA allocator did not see
+        would over-commit (docs/dra.md, "One ledger")."""
         inventory = self._inventory()
-        elsewhere = self._held_elsewhere() if self._held_elsewhere is not None else {}
+        plugin = list(self._held_elsewhere()) if self._held_elsewhere is not None else []
+        ledger = node_ledger(self.node, inventory, granted=[*plugin, *self.as_pods()])
         for index in sorted({s.card for s in allocation.shares}):
             mine = [s for s in allocation.shares if s.card == index]
             device = mine[0].device
-            try:
-                card = inventory.card(index)
-            except KeyError:
+            pos = ledger.position(index)
+            if pos is None:
                 raise ClaimError(f"claim {allocation.claim}: device {device} is not on node {self.node} "
-                                 f"(the card vanished since the slice was published?)") from None
+                                 f"(the card vanished since the slice was published?)")
+            card = ledger.cards[pos]
             if not card.healthy:
                 raise ClaimError(f"claim {allocation.claim}: device {device} is unhealthy")
-            capacity = memory_capacity_mib(card.memory_mib)
-            other_memory, other_milli, other_whole = elsewhere.get(index, (0, 0, False))
-            if other_whole:
-                raise ClaimError(f"claim {allocation.claim}: device {device} is held whole by a device-plugin pod")
-            held = [s for c in self._claims.values() for s in c.shares if s.card == index]
-            memory = other_memory + sum(capacity if s.memory_mib is None else s.memory_mib for s in (*held, *mine))
-            compute = -(-other_milli // 10) + sum(s.compute_percent for s in (*held, *mine))
-            if memory > capacity or compute > 100:
-                plugin = f" and {other_memory} MiB, {-(-other_milli // 10)}% of device-plugin pods" if (
-                    other_memory or other_milli) else ""
-                raise ClaimError(f"claim {allocation.claim}: device {device} would hold {memory} MiB and "
-                                 f"{compute}% with the {len(held)} claims prepared on it{plugin}; it has "
-                                 f"{capacity} MiB, 100%")
+            whole = any(s.memory_mib is None for s in mine)
+            memory = sum(memory_capacity_mib(card.memory_mib) if s.memory_mib is None else s.memory_mib
+                         for s in mine)
+            compute = card.compute if whole else sum(s.compute_percent * (COMPUTE_PER_CARD // 100) for s in mine)
+            demand = Demand(memory, compute, whole)
+            verdict = ledger.state.card_verdict(NodeLedger.ROW, pos, demand)
+            if verdict != CardVerdict.FITS:
+                raise ClaimError(f"claim {allocation.claim}: {_refusal(ledger, pos, device, verdict, demand)}")
 
     def _allocation_of(self, prepared: PreparedClaim) -> ClaimAllocation:
         return ClaimAllocation(prepared.claim, prepared.pod, prepared.pod_uid, prepared.shares)
@@ -293,3 +294,23 @@ def _memory(inventory: GpuInventory, card: int, memory_mib: int | None) -> int:
 
 def _amount(memory_mib: int | None) -> str:
     return "whole card" if memory_mib is None else f"{memory_mib} MiB"
+
+
+def _refusal(ledger: NodeLedger, pos: int, device: str, verdict: CardVerdict, demand: Demand) -> str:
+    """The card rule's refusal of ``demand`` on ``device`` (ledger position ``pos``), with what is
+    held there and by whom."""
+    card = ledger.cards[pos]
+    at = (NodeLedger.ROW, pos)
+    names = ", ".join(ledger.holders.get(pos, [])) or "nothing else"
+    if verdict == CardVerdict.NOT_IDLE:
+        return f"device {device} ({card.uuid}) is in use by {names}; a claim of the whole card needs it idle"
+    if verdict == CardVerdict.EXCLUSIVE_HELD:
+        return f"device {device} ({card.uuid}) is held whole by {names}"
+    if verdict in (CardVerdict.NO_MEMORY, CardVerdict.NO_COMPUTE):
+        total = int(ledger.state.card_mem_total[at])
+        used = total - int(ledger.state.card_mem_free[at])
+        used_milli = int(ledger.state.card_compute_total[at]) - int(ledger.state.card_compute_free[at])
+        return (f"device {device} ({card.uuid}) would be over-committed: {int(demand.memory)} MiB and "
+                f"{int(demand.compute) / 10:g}% asked, {used} MiB and {used_milli / 10:g}% of its {total} MiB, "
+                f"100% held by {names}")
+    return f"device {device} ({card.uuid}): {verdict.name.lower().replace('_', ' ')}"

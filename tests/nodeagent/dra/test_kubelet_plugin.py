@@ -98,7 +98,7 @@ def test_unprepare_removes_the_spec_and_frees_the_share_and_is_idempotent() -> N
             async with serving(d, claims, [inventory()]) as node:
                 assert (await node.kubelet.prepare(DRIVER, [big]))["uid-big"].error == ""
                 refused = (await node.kubelet.prepare(DRIVER, [more]))["uid-more"].error
-                assert "would hold 20480 MiB" in refused and "16384 MiB" in refused
+                assert "8192 MiB and 0% asked, 12288 MiB and 0% of its 16384 MiB, 100% held by ns/claim big" in refused
                 assert await node.kubelet.unprepare(DRIVER, [big]) == {"uid-big": ""}
                 assert not os.path.exists(f"{d}/cdi/gpupool.io-claim_uid-big.json")
                 assert await node.kubelet.unprepare(DRIVER, [big]) == {"uid-big": ""}
@@ -134,8 +134,9 @@ def test_an_agent_restart_remembers_prepared_claims() -> None:
     pytest.param([result("gpu-7")], "uid-x", "device gpu-7 is not on node node-a", id="vanished-card"),
     pytest.param([result("mig-1")], "uid-x", "is not one of gpupool's", id="foreign-device"),
     pytest.param([result(memory="lots")], "uid-x", "is not a Kubernetes quantity", id="bad-quantity"),
-    pytest.param([result(memory="20Gi")], "uid-x", "would hold 20480 MiB", id="more-than-the-card"),
-    pytest.param([result(memory="10Gi"), result(memory="10Gi", request="b")], "uid-x", "would hold 20480 MiB",
+    pytest.param([result(memory="20Gi")], "uid-x", "would be over-committed: 20480 MiB", id="more-than-the-card"),
+    pytest.param([result(memory="10Gi"), result(memory="10Gi", request="b")], "uid-x",
+                 "would be over-committed: 20480 MiB",
                  id="two-shares-of-one-card-together-too-much"),
     pytest.param([result(compute="150")], "uid-x", "is not 0-100 percent", id="impossible-compute"),
     pytest.param([result()], "uid-other", "the API has UID 'uid-x'", id="recreated-claim"),

@@ -1,5 +1,5 @@
 """A node that takes device-plugin pods and DRA claims: the driver refuses a claim on a card the
-device plugin's pods fill, by the core's reading of what a pod holds."""
+device plugin's pods fill, by the core's card rule on what they hold (the extender's rule)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
-from gpupool.nodeagent.dra.plugin_holdings import held_by_plugin_pods
+from gpupool.nodeagent.dra.plugin_holdings import plugin_pods
 from gpupool.nodeagent.types import NodeAssignment, PodView
 from tests.nodeagent.dra.dra_world import DRIVER, NODE, ClaimStore, claim_object, inventory, result, serving, temp_dir
 
@@ -22,19 +22,37 @@ def app(card: int, memory: int, compute: int = 0, exclusive: bool = False, init:
     return ContainerAssignment("c", (CardSlice(card, memory, compute, exclusive),), init=init)
 
 
-def test_held_is_the_cores_reading_summed_over_the_nodes_live_pods() -> None:
-    pods = [plugin_pod("a", app(0, 4096, 300), app(0, 2048, 100)),
-            plugin_pod("b", app(0, 1024), app(0, 8192, 500, init=True)),  # init: the larger of the two
-            plugin_pod("c", app(1, 16384, 1000, exclusive=True)),
+def test_the_plugin_pods_are_the_nodes_live_pods_with_an_assignment_here() -> None:
+    pods = [plugin_pod("a", app(0, 4096, 300)),
             plugin_pod("gone", app(0, 9999), terminated=True),
             plugin_pod("elsewhere", app(0, 9999), node="node-b")]
-    assert held_by_plugin_pods(NODE, pods) == {0: (6144 + 8192, 400 + 500, False), 1: (16384, 1000, True)}
+    assert [p.name for p in plugin_pods(NODE, pods)] == ["a"]
+
+
+@pytest.mark.parametrize(("claim_memory", "refusal"), [
+    pytest.param("1Gi", "", id="fits-beside-app-and-init"),
+    pytest.param("2Gi", "2048 MiB and 0% asked, 15360 MiB and 90% of its 16384 MiB, 100% held by ns/p",
+                 id="init-counts-as-the-larger"),
+])
+def test_a_pods_init_and_app_containers_count_by_the_cores_rule(claim_memory: str, refusal: str) -> None:
+    """App containers add up (4 + 3 GiB), an init container holds its card alone (8 GiB, the
+    larger): 15 GiB of 16 are held, as the extender books the same pod."""
+    pods = [plugin_pod("p", app(0, 4096, 300), app(0, 3072, 100), app(0, 15360, 900, init=True))]
+
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            ref = claims.add(claim_object("x", "uid-x", [result("gpu-0", claim_memory)]))
+            async with serving(d, claims, [inventory()], lambda: plugin_pods(NODE, pods)) as node:
+                answer = (await node.kubelet.prepare(DRIVER, [ref]))["uid-x"]
+                assert (refusal in answer.error) if refusal else answer.error == "", answer.error
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize(("claim_memory", "refusal"), [
     pytest.param("4Gi", "", id="fits-beside-the-plugin-pod"),
-    pytest.param("8Gi", "would hold 20480 MiB and 30% with the 0 claims prepared on it and 12288 MiB, 30% of "
-                        "device-plugin pods", id="over-with-the-plugin-pod"),
+    pytest.param("8Gi", "8192 MiB and 0% asked, 12288 MiB and 30% of its 16384 MiB, 100% held by ns/p",
+                 id="over-with-the-plugin-pod"),
 ])
 def test_a_claim_counts_what_device_plugin_pods_hold(claim_memory: str, refusal: str) -> None:
     pods = [plugin_pod("p", app(0, 12288, 300))]
@@ -43,7 +61,7 @@ def test_a_claim_counts_what_device_plugin_pods_hold(claim_memory: str, refusal:
         with temp_dir() as d:
             claims = ClaimStore()
             ref = claims.add(claim_object("x", "uid-x", [result("gpu-0", claim_memory)]))
-            async with serving(d, claims, [inventory()], lambda: held_by_plugin_pods(NODE, pods)) as node:
+            async with serving(d, claims, [inventory()], lambda: plugin_pods(NODE, pods)) as node:
                 answer = (await node.kubelet.prepare(DRIVER, [ref]))["uid-x"]
                 assert (refusal in answer.error) if refusal else answer.error == ""
     asyncio.run(main())
@@ -56,9 +74,9 @@ def test_a_card_a_device_plugin_pod_holds_whole_takes_no_claim() -> None:
         with temp_dir() as d:
             claims = ClaimStore()
             ref = claims.add(claim_object("x", "uid-x", [result("gpu-1", "256Mi")]))
-            async with serving(d, claims, [inventory()], lambda: held_by_plugin_pods(NODE, pods)) as node:
+            async with serving(d, claims, [inventory()], lambda: plugin_pods(NODE, pods)) as node:
                 answer = (await node.kubelet.prepare(DRIVER, [ref]))["uid-x"]
-                assert "device gpu-1 is held whole by a device-plugin pod" in answer.error
+                assert "device gpu-1 (GPU-0001) is held whole by ns/p" in answer.error, answer.error
     asyncio.run(main())
 
 
