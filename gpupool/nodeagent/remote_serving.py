@@ -1,0 +1,95 @@
+"""Running the GPU server on a GPU node and handing each remote client its token.
+
+:class:`ServerProcess` keeps ``gpupool remote-gpu serve --listen HOST:PORT --clients FILE`` (the
+data plane's server) running: started once, started again a little after it exits, terminated when
+the agent stops. :class:`TokenSecrets` writes the Secret of every pod newly served
+(:func:`gpupool.nodeagent.remote_server.token_secret`) and again when its token changed; a write
+that fails is tried again at the next :meth:`TokenSecrets.publish` (each change of the clients,
+and every ``retry_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpupool.nodeagent.remote_server import RemoteClients, token_secret
+
+log = logging.getLogger(__name__)
+
+RESTART_S = 2.0
+"""Pause before a server that exited is started again (a crash loop costs one start per pause)."""
+STOP_GRACE_S = 5.0
+"""How long a terminated server gets to close its clients before it is killed."""
+
+
+def server_command(listen: str, clients: Path, program: Sequence[str] = ("gpupool",)) -> list[str]:
+    """The data plane's server command line for ``listen`` (``HOST:PORT``) and the clients file."""
+    return [*program, "remote-gpu", "serve", "--listen", listen, "--clients", str(clients)]
+
+
+class ServerProcess:
+    """Keeps one server process running until :meth:`run` is cancelled."""
+
+    def __init__(self, argv: Sequence[str], *, restart_s: float = RESTART_S) -> None:
+        self.argv = list(argv)
+        self.restart_s = restart_s
+        self.starts = 0
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                self.process = await asyncio.create_subprocess_exec(*self.argv)
+                self.starts += 1
+                code = await self.process.wait()
+                log.warning("remote GPU server exited with %s; starting it again in %g s", code, self.restart_s)
+                await asyncio.sleep(self.restart_s)
+        finally:
+            await self._stop()
+
+    async def _stop(self) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
+class TokenSecrets:
+    """Writes each served pod's Secret (endpoint and token) once per token."""
+
+    def __init__(self, clients: RemoteClients, write: Callable[[dict[str, Any]], None], endpoint: str) -> None:
+        self.clients = clients
+        self.write = write
+        self.endpoint = endpoint
+        self._written: dict[str, str] = {}
+        """Token per pod uid whose Secret is written."""
+
+    def publish(self) -> int:
+        """Write the Secrets still missing; returns how many failed (tried again next time)."""
+        failed = 0
+        served = {share.pod_uid: share for share in self.clients.served}
+        self._written = {uid: token for uid, token in self._written.items() if uid in served}
+        for uid, share in served.items():
+            token = self.clients.issued[uid]
+            if self._written.get(uid) == token:
+                continue
+            try:
+                self.write(token_secret(share, token, self.endpoint))
+            except Exception as exc:  # an API error must not stop the agent; retried next time
+                failed += 1
+                log.warning("remote GPU: cannot write the token Secret of pod %s: %s", share.pod, exc)
+            else:
+                self._written[uid] = token
+        return failed

@@ -1,0 +1,138 @@
+"""The GPU node's side of remote shares: the clients file of its GPU server, one token per pod, the
+Secret that hands the token over, and the server process kept running
+(gpupool/nodeagent/remote_server.py, remote_serving.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupool.api.annotations import CardRef
+from gpupool.api.names import ResourceNames
+from gpupool.api.remote_share import RemoteShare, encode_remote_share
+from gpupool.nodeagent.remote_server import RemoteClients, ServedShare, served_shares, token_secret
+from gpupool.nodeagent.remote_serving import ServerProcess, TokenSecrets, server_command
+
+NAMES = ResourceNames()
+WHEN = dt.datetime(2026, 11, 28, 17, 0, tzinfo=dt.UTC)
+
+
+def remote_pod(name: str, *, server: str = "gpu", node: str = "cpu", uid: str | None = None,
+               decided_for: str | None = None, phase: str = "Running", compute: int = 305) -> dict[str, Any]:
+    uid = uid or f"uid-{name}"
+    share = RemoteShare(server=server, time=WHEN, container="main", pod_uid=decided_for or uid,
+                        card=CardRef(0, f"GPU-{server}-0", 4000, compute))
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid,
+                         "annotations": {NAMES.remote_share: encode_remote_share(share)}},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def test_only_live_bound_pods_whose_share_names_this_node_are_served() -> None:
+    pods = [remote_pod("a"), remote_pod("elsewhere", server="other"), remote_pod("done", phase="Succeeded"),
+            remote_pod("unbound", node=""), remote_pod("replaced", decided_for="uid-of-predecessor"),
+            {"metadata": {"name": "plain", "namespace": "ns", "uid": "u"}, "spec": {"nodeName": "gpu"}}]
+    assert served_shares(pods, "gpu", NAMES) == [
+        ServedShare(pod="ns/a", pod_uid="uid-a", card_uuid="GPU-gpu-0", memory_mib=4000, compute_percent=30)]
+
+
+def test_the_clients_file_lists_each_pod_with_its_own_token_and_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "clients.json"
+    clients = RemoteClients("gpu", NAMES, path)
+    assert clients.replace([remote_pod("a"), remote_pod("b")])
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1
+    assert [(c["pod"], c["card_uuid"], c["memory_mib"], c["compute_percent"]) for c in doc["clients"]] == [
+        ("ns/a", "GPU-gpu-0", 4000, 30), ("ns/b", "GPU-gpu-0", 4000, 30)]
+    tokens = [c["token"] for c in doc["clients"]]
+    assert len(set(tokens)) == 2 and all(len(t) >= 32 for t in tokens)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not clients.event("MODIFIED", remote_pod("a"))  # same contents: not rewritten
+
+
+def test_a_pod_that_ends_leaves_the_file_and_its_successor_gets_a_new_token(tmp_path: Path) -> None:
+    path = tmp_path / "clients.json"
+    clients = RemoteClients("gpu", NAMES, path)
+    clients.replace([remote_pod("a")])
+    first = json.loads(path.read_text())["clients"][0]["token"]
+    assert clients.event("DELETED", remote_pod("a"))
+    assert json.loads(path.read_text())["clients"] == []
+    clients.event("ADDED", remote_pod("a", uid="uid-a-again"))
+    assert json.loads(path.read_text())["clients"][0]["token"] != first
+
+
+def test_a_restarted_agent_keeps_the_tokens_of_the_file_it_finds(tmp_path: Path) -> None:
+    path = tmp_path / "clients.json"
+    RemoteClients("gpu", NAMES, path).replace([remote_pod("a")])
+    before = path.read_text()
+    again = RemoteClients("gpu", NAMES, path)
+    assert not again.replace([remote_pod("a")])
+    assert path.read_text() == before
+
+
+def test_the_token_secret_is_owned_by_the_pod() -> None:
+    share = ServedShare(pod="ns/a", pod_uid="uid-a", card_uuid="GPU-0", memory_mib=1, compute_percent=0)
+    secret = token_secret(share, "t" * 43, "10.0.0.7:9420")
+    assert secret["metadata"]["name"] == "a-gpupool-remote" and secret["metadata"]["namespace"] == "ns"
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "a", "uid": "uid-a"}]
+    assert secret["stringData"] == {"remote_endpoint": "10.0.0.7:9420", "remote_token": "t" * 43}
+
+
+def test_secrets_are_written_once_per_token_and_retried_after_a_failure(tmp_path: Path) -> None:
+    clients = RemoteClients("gpu", NAMES, tmp_path / "clients.json")
+    clients.replace([remote_pod("a"), remote_pod("b")])
+    written: list[str] = []
+    refuse = {"b-gpupool-remote"}
+
+    def write(manifest: dict[str, Any]) -> None:
+        name = manifest["metadata"]["name"]
+        if name in refuse:
+            raise RuntimeError("apiserver said no")
+        written.append(name)
+
+    secrets = TokenSecrets(clients, write, "10.0.0.7:9420")
+    assert secrets.publish() == 1 and written == ["a-gpupool-remote"]
+    refuse.clear()
+    assert secrets.publish() == 0 and written == ["a-gpupool-remote", "b-gpupool-remote"]
+    assert secrets.publish() == 0 and len(written) == 2
+
+
+def test_the_server_is_started_with_the_data_planes_command_and_again_after_it_exits(tmp_path: Path) -> None:
+    assert server_command("0.0.0.0:9420", Path("/run/gpupool/clients.json")) == [
+        "gpupool", "remote-gpu", "serve", "--listen", "0.0.0.0:9420", "--clients", "/run/gpupool/clients.json"]
+    marks = tmp_path / "starts"
+    fake = [sys.executable, "-c", f"open({str(marks)!r}, 'a').write('x')"]  # a server that exits at once
+
+    async def scenario() -> int:
+        server = ServerProcess(fake, restart_s=0.01)
+        task = asyncio.create_task(server.run())
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if marks.exists() and len(marks.read_text()) >= 2:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return server.starts
+
+    assert asyncio.run(scenario()) >= 2
+
+
+def test_a_running_server_is_terminated_when_the_agent_stops(tmp_path: Path) -> None:
+    async def scenario() -> int | None:
+        server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"])
+        task = asyncio.create_task(server.run())
+        while server.process is None:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return server.process.returncode
+
+    assert asyncio.run(scenario()) is not None
