@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from gpupool.nodeagent.dra.setup import DraDriver
     from gpupool.nodeagent.monitor.container_gate import ContainerGate
     from gpupool.nodeagent.monitor.service import UsageMonitor
+    from gpupool.nodeagent.remote_setup import RemoteGpuOptions
     from gpupool.nodeagent.risk.decider import RiskOpenDecider
 
 
@@ -157,6 +158,12 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 @click.option("--dra-checkpoint", default=None, type=click.Path(dir_okay=False),
               help="The prepared-claims file of --dra. Default: <dra-kubelet-dir>/plugins/gpu.<domain>/"
                    "prepared-claims.json.")
+@click.option("--remote-gpu-server", "remote_listen", default=None, metavar="HOST:PORT",
+              help="Serve remote GPU shares booked on this node's cards: run `gpupool remote-gpu serve` listening "
+                   "here, keep its clients file and hand each client pod its token in a Secret "
+                   "(docs/remote-gpu.md). Off by default.")
+@click.option("--remote-gpu-endpoint", default=None, metavar="HOST:PORT",
+              help="The address client pods dial for --remote-gpu-server (default: the listen address).")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
 @cluster_setting_options(old_lease_namespace=True)
@@ -172,8 +179,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
                registration_max_connections: int, dra: bool, dra_kubelet_dir: str, cdi_dir: str,
-               dra_checkpoint: str | None, verbose: bool, server_limits: ServerLimits,
-               cluster_flags: ClusterFlags) -> None:
+               dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
+               verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -217,9 +224,28 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, cluster.high_priority_threshold, activity,
                           cuda_checkpoint_timeout, state_dir) if lending else None
     dra_options = DraOptions(dra_kubelet_dir, cdi_dir, dra_checkpoint) if dra else None
+    remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir)
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options,
-                     cluster=cluster))
+                     cluster=cluster, remote=remote))
+
+
+def _remote_options(listen: str | None, endpoint: str | None, state_dir: str) -> RemoteGpuOptions | None:
+    """``--remote-gpu-server`` and ``--remote-gpu-endpoint`` checked (None when the server is off)."""
+    from pathlib import Path
+
+    from gpupool.nodeagent.remote_setup import CLIENTS_FILE, RemoteGpuOptions, host_port
+
+    if listen is None:
+        if endpoint is not None:
+            raise click.BadParameter("needs --remote-gpu-server", param_hint="--remote-gpu-endpoint")
+        return None
+    try:
+        return RemoteGpuOptions(host_port(listen, "--remote-gpu-server"),
+                                host_port(endpoint or listen, "--remote-gpu-endpoint"),
+                                Path(state_dir) / CLIENTS_FILE)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,
@@ -278,7 +304,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                risk: tuple[RiskAction, float, int] = (RiskAction.REPORT, DEFAULT_GRACE_S, DEFAULT_OVERHEAD_MIB),
                lend: LendingOptions | None = None, server_limits: ServerLimits | None = None,
                dra: DraOptions | None = None,
-               cluster: ClusterSettings | None = None) -> None:
+               cluster: ClusterSettings | None = None, remote: RemoteGpuOptions | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -389,6 +415,10 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                 group.create_task(checks.run())
             if service is not None:
                 group.create_task(service.run())
+            if remote is not None:  # remote shares booked on this node's cards (docs/remote-gpu.md)
+                from gpupool.nodeagent.remote_setup import run_remote_gpu
+                from gpupool.nodeagent.settings_publisher import kube_core_v1 as core_v1_of
+                group.create_task(run_remote_gpu(node, names, remote, core_v1_of(node, kubeconfig)))
             if heartbeat is not None:  # only while registered: a live Lease means a served node
                 from gpupool.nodeagent.heartbeat import kube_heartbeat
                 group.create_task(kube_heartbeat(node, kubeconfig, heartbeat).run(served=manager.registered))

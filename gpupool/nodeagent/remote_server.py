@@ -30,6 +30,7 @@ import json
 import os
 import secrets
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,8 @@ def token_secret(share: ServedShare, token: str, endpoint: str) -> dict[str, Any
 
 class RemoteClients:
     """The pods a GPU node serves remotely, kept from a list+watch of pods, and the clients file
-    rewritten on every change that alters it (:meth:`apply` returns whether it did)."""
+    rewritten on every change that alters it (:meth:`apply` returns whether it did). The watch's
+    thread changes it, the agent's loop reads :meth:`snapshot`: a lock keeps the two consistent."""
 
     def __init__(self, node: str, names: ResourceNames, path: Path) -> None:
         self.node = node
@@ -167,25 +169,42 @@ class RemoteClients:
         self.served: list[ServedShare] = []
         self.issued: dict[str, str] = {}
         """Token per served pod uid, as written in the file."""
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> tuple[list[ServedShare], dict[str, str]]:
+        """The pods served and their tokens, as last written."""
+        with self._lock:
+            return list(self.served), dict(self.issued)
 
     def replace(self, pods: Iterable[Mapping[str, Any]]) -> bool:
         """A full list of pods (the watch's list)."""
-        self._pods = {self._key(p): p for p in pods}
-        return self.apply()
+        with self._lock:
+            self._pods = {self._key(p): p for p in pods if self._mine(p)}
+            return self._apply()
 
     def event(self, kind: str, pod: Mapping[str, Any]) -> bool:
         """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``)."""
-        if kind == "DELETED":
-            self._pods.pop(self._key(pod), None)
-        else:
-            self._pods[self._key(pod)] = pod
-        return self.apply()
+        with self._lock:
+            if kind == "DELETED" or not self._mine(pod):
+                self._pods.pop(self._key(pod), None)
+            else:
+                self._pods[self._key(pod)] = pod
+            return self._apply()
 
     def apply(self) -> bool:
         """Write the clients file for the pods known now; True when its contents changed."""
+        with self._lock:
+            return self._apply()
+
+    def _apply(self) -> bool:
         self.served = served_shares(self._pods.values(), self.node, self.names)
         self.issued = self.tokens.tokens(self.served)
         return write_clients_file(self.path, clients_text(self.served, self.issued))
+
+    def _mine(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod carries a remote share at all (only those are kept: the watch sees every
+        pod of the cluster)."""
+        return self.names.remote_share in ((pod.get("metadata") or {}).get("annotations") or {})
 
     @staticmethod
     def _key(pod: Mapping[str, Any]) -> str:

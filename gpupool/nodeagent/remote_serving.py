@@ -79,10 +79,11 @@ class TokenSecrets:
     def publish(self) -> int:
         """Write the Secrets still missing; returns how many failed (tried again next time)."""
         failed = 0
-        served = {share.pod_uid: share for share in self.clients.served}
+        shares, issued = self.clients.snapshot()
+        served = {share.pod_uid: share for share in shares}
         self._written = {uid: token for uid, token in self._written.items() if uid in served}
         for uid, share in served.items():
-            token = self.clients.issued[uid]
+            token = issued[uid]
             if self._written.get(uid) == token:
                 continue
             try:

@@ -103,6 +103,7 @@ def test_secrets_are_written_once_per_token_and_retried_after_a_failure(tmp_path
     assert secrets.publish() == 0 and len(written) == 2
 
 
+@pytest.mark.slow  # imports the CLI / the kubernetes client, or waits for restarts
 def test_the_server_is_started_with_the_data_planes_command_and_again_after_it_exits(tmp_path: Path) -> None:
     assert server_command("0.0.0.0:9420", Path("/run/gpupool/clients.json")) == [
         "gpupool", "remote-gpu", "serve", "--listen", "0.0.0.0:9420", "--clients", "/run/gpupool/clients.json"]
@@ -136,3 +137,57 @@ def test_a_running_server_is_terminated_when_the_agent_stops(tmp_path: Path) -> 
         return server.process.returncode
 
     assert asyncio.run(scenario()) is not None
+
+
+def agent_remote(monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[int, str, Any]:
+    """The exit code, output and ``remote`` options ``gpupool node-agent FLAGS`` would run with."""
+    from click.testing import CliRunner
+
+    from gpupool.api.cluster_settings import ClusterSettings
+    from gpupool.cli import cluster_options, node_agent_cmd
+    from gpupool.cli.main import cli
+
+    seen: dict[str, Any] = {}
+
+    async def fake_run(*_args: Any, **kwargs: Any) -> None:
+        seen["remote"] = kwargs["remote"]
+
+    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _k: lambda _w: ClusterSettings())
+    result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--state-dir", "/run/gp", *flags])
+    return result.exit_code, result.output, seen.get("remote")
+
+
+@pytest.mark.slow  # imports the CLI / the kubernetes client, or waits for restarts
+def test_the_server_is_off_unless_asked_and_its_flags_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.nodeagent.remote_setup import RemoteGpuOptions
+
+    assert agent_remote(monkeypatch)[::2] == (0, None)
+    code, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420",
+                                   "--remote-gpu-endpoint", "10.0.0.7:9420")
+    assert (code, remote) == (0, RemoteGpuOptions("0.0.0.0:9420", "10.0.0.7:9420",
+                                                  Path("/run/gp/remote-gpu-clients.json")))
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "9420")
+    assert code == 2 and "--remote-gpu-server: expected HOST:PORT" in output
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-endpoint", "10.0.0.7:9420")
+    assert code == 2 and "needs --remote-gpu-server" in output
+
+
+@pytest.mark.slow  # imports the CLI / the kubernetes client, or waits for restarts
+def test_an_existing_secret_is_patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.client import exceptions
+
+    from gpupool.nodeagent.remote_setup import write_secret
+
+    calls: list[str] = []
+
+    class CoreV1:
+        def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
+            calls.append(f"create {namespace}")
+            raise exceptions.ApiException(status=409)
+
+        def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+            calls.append(f"patch {namespace}/{name}")
+
+    write_secret(CoreV1(), {"metadata": {"name": "a-gpupool-remote", "namespace": "ns"}})
+    assert calls == ["create ns", "patch ns/a-gpupool-remote"]

@@ -1,0 +1,101 @@
+"""``gpupool node-agent --remote-gpu-server HOST:PORT``: a GPU node serving remote shares.
+
+Wires :mod:`gpupool.nodeagent.remote_server` and :mod:`gpupool.nodeagent.remote_serving` to the
+API: a list+watch of every pod (remote clients are bound to other nodes, so the agent's watch of its
+own node's pods does not see them; only pods carrying a ``remote-share-v1`` are kept), the clients
+file rewritten on each change, the server process, and the token Secrets written from the agent's
+loop (at each change and every ``PUBLISH_EVERY_S``, which retries failed writes).
+
+The agent then needs, beyond its usual permissions: ``list``/``watch`` of pods in every namespace
+(without its field selector) and ``create``/``patch`` of Secrets (docs/remote-gpu.md lists the
+RBAC and the admission policy that confines it to ``*-gpupool-remote`` Secrets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupool.api.names import ResourceNames
+from gpupool.kube.listwatch import ListWatch
+from gpupool.nodeagent.remote_server import RemoteClients
+from gpupool.nodeagent.remote_serving import ServerProcess, TokenSecrets, server_command
+
+log = logging.getLogger(__name__)
+
+PUBLISH_EVERY_S = 10.0
+"""Seconds between passes that write the Secrets still missing (failed writes are retried)."""
+CLIENTS_FILE = "remote-gpu-clients.json"
+"""The clients file's name in the agent's state directory."""
+
+
+def host_port(value: str, what: str) -> str:
+    """``value`` when it is ``HOST:PORT`` with a port 1..65535; ``ValueError`` naming ``what``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: expected HOST:PORT with a port 1..65535, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RemoteGpuOptions:
+    """Where the server listens, what clients dial, where its clients file lives, how it is started."""
+
+    listen: str
+    endpoint: str
+    clients_file: Path
+    program: tuple[str, ...] = ("gpupool",)
+
+
+def write_secret(core_v1: Any, manifest: dict[str, Any]) -> None:
+    """Create the Secret, or patch it when it exists (409)."""
+    from kubernetes.client.exceptions import ApiException
+
+    meta = manifest["metadata"]
+    try:
+        core_v1.create_namespaced_secret(meta["namespace"], manifest)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core_v1.patch_namespaced_secret(meta["name"], meta["namespace"], manifest)
+
+
+async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOptions, core_v1: Any,
+                         *, publish_every_s: float = PUBLISH_EVERY_S) -> None:
+    """Serve remote shares until cancelled (see the module docstring)."""
+    clients = RemoteClients(node, names, options.clients_file)
+    clients.apply()  # the server starts with the file (the tokens of a file found kept)
+    secrets = TokenSecrets(clients, functools.partial(write_secret, core_v1), options.endpoint)
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Event()
+
+    def tell(was_changed: bool) -> None:
+        if was_changed:
+            loop.call_soon_threadsafe(changed.set)
+
+    stop = threading.Event()
+    watch = ListWatch(f"pods served remotely by {node}", core_v1.list_pod_for_all_namespaces,
+                      lambda items: tell(clients.replace(items)),
+                      lambda kind, pod: tell(clients.event(kind, pod)), stop=stop, list_resource_version="0")
+    watch.start()
+    server = ServerProcess(server_command(options.listen, options.clients_file, options.program))
+
+    async def publish() -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), publish_every_s)
+            changed.clear()
+            await asyncio.to_thread(secrets.publish)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(server.run())
+            group.create_task(publish())
+    finally:
+        stop.set()
