@@ -49,7 +49,7 @@ from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimResult
 from gpupool.nodeagent.lending.reclaim_journal import JOURNAL_FILE, ReclaimJournal, ReclaimRecord
 from gpupool.nodeagent.lending.region_control import OWNER_WAIT_MARGIN_S, RegionControl
-from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, decide_open
+from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, Rule, decide_open
 from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
@@ -183,10 +183,16 @@ class LendingService:
         gate is told to refuse before the open. Only containers whose assignment (own or borrowed)
         names the card are judged (others cannot open it through the runtime's device rules);
         an owner never is refused: facing its borrowers it is rule 1."""
+        return self._judge_askers()[0]
+
+    def _judge_askers(self) -> tuple[dict[str, set[str]], dict[PodKey, tuple[int, str]]]:
+        """:meth:`refusals`, and the pods refused by rule 3 (with a card and why): the rules reclaim a
+        refused asker, and behind the gate its open never reaches the monitor."""
         state, pods = self.monitor.state, self.pods.all()
         with self._lock:
             loans, reclaiming = dict(self._loans), frozenset(self._reclaiming)
         out: dict[str, set[str]] = {}
+        doomed: dict[PodKey, tuple[int, str]] = {}
         for path, card in self.monitor.cards.items():
             device = state.device(path)
             holders = [o for o in (self._occupant(self._identity(h), path) for h in (device.holders if device else ()))
@@ -198,19 +204,43 @@ class LendingService:
                     if not cid or card not in pod.cards.get(container, ()):
                         continue
                     asker = self._occupant(ProcessIdentity(cid, container, pod.name, pod.namespace), path)
-                    if asker is not None and decide_open(asker, holders, dormant=dormant,
-                                                         reclaiming=reclaiming).verdict is Verdict.DENY:
+                    if asker is None:
+                        continue
+                    decision = decide_open(asker, holders, dormant=dormant, reclaiming=reclaiming)
+                    if decision.verdict is Verdict.DENY:
                         out.setdefault(cid, set()).add(path)
-        return out
+                    if decision.rule is Rule.REFUSE_LOW_ASKER:
+                        doomed.setdefault(pod.key, (card, decision.reason))
+        return out, doomed
 
     def refuse_now(self) -> None:
         """Bring the kernel's gate to :meth:`refusals` (no-op without a gate; never raises)."""
         if self.gate is None:
             return
         try:
-            self.gate.set(GATE_DECIDER, self.refusals())
+            refusals, doomed = self._judge_askers()
+            self.gate.set(GATE_DECIDER, refusals)
+            self._reclaim_refused(doomed)
         except Exception:
             log.exception("lending: cannot update the device gate; refusals fall back to reclaims")
+
+    def _reclaim_refused(self, doomed: dict[PodKey, tuple[int, str]]) -> None:
+        """Reclaim the askers the gate refuses by rule 3 (the rules reclaim a refused asker; its open
+        never succeeds, so the monitor would never record it): a borrower whose loan ended goes."""
+        with self._lock:
+            new = [(pod, card, why) for pod, (card, why) in doomed.items() if pod not in self._reclaiming]
+            self._reclaiming.update(pod for pod, _, _ in new)
+        if not new:
+            return
+        records = [self._record(pod, card, f"refused at open: {why}", returned=False) for pod, card, why in new]
+        self.journal.begin(records)
+        for pod, card, why in new:
+            if self.regions is not None:
+                self.regions.freeze(pod, card)
+            log.warning("card %d: %s/%s is refused at open by the kernel (rule 3: %s); it is reclaimed", card, *pod,
+                        why)
+        for record in records:
+            self._call(self._start_reclaim, record)
 
     def priority_of(self, who: ProcessIdentity, path: str) -> int | None:
         """The priority recorded for a new holder (``None``: not in a known pod)."""

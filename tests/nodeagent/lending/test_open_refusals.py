@@ -30,7 +30,9 @@ def test_case_c_a_borrower_beside_a_busy_owner_is_refused_the_card_before_it_ask
         assert service.refusals() == {"id-borrower": {CARD0}}
         service.refuse_now()
         assert kernel.denied == {("/k8s.io/borrower", CARD0)}
-        assert world.api.evicted == [], "a refusal before the open reclaims nobody"
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")], "the refused asker is reclaimed, as rule 3 says"
+        world.pods.on_event("DELETED", PODS[1])
         world.monitor.hold(CARD0)  # the owner closed the card
         await service.step()
         assert kernel.denied == set(), "nobody holds it: nothing is refused"
@@ -55,9 +57,13 @@ def test_case_a_an_owner_is_never_refused_and_its_borrower_is_once_it_returns(tm
         assert kernel.denied == {("/k8s.io/borrower", CARD0)}, "a pod being reclaimed opens nothing more"
         assert all(cgroup != "/k8s.io/owner" for _, cgroup, _ in kernel.calls)
         await settle(service)
+        assert world.api.evicted == [("ns", "borrower")]
         world.monitor.hold(CARD0, holder("owner", 100))
         await service.step()
         assert kernel.denied == {("/k8s.io/borrower", CARD0)}, "still beside its busy owner: rule 3"
+        world.pods.on_event("DELETED", PODS[1])  # evicted: gone from the watch
+        await service.step()
+        assert kernel.denied == set()
 
     run(body)
 

@@ -2,9 +2,10 @@
 processes in real cgroup2 directories (one per container) open a stand-in card (``mknod`` of 1:5,
 /dev/zero's number); the lending service decides, the cgroup-device gate refuses.
 
-Case C: the owner holds its card (not lent), its borrower's open fails with ``EPERM`` and the owner
-keeps running and opening. Case A: an owner returning to its lent card is never refused; its
-borrower is, from then on. Skipped, with the probe's reason, where device programs cannot load.
+Case C: the owner holds its card (not lent), its borrower's open fails with ``EPERM`` (and it is
+reclaimed, as rule 3 says) and the owner keeps running and opening. Case A: an owner returning to
+its lent card is never refused; its borrower is, from then on. Skipped, with the probe's reason,
+where device programs cannot load.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def test_case_c_the_borrowers_open_fails_with_eperm_and_the_owner_keeps_running(
         service.on_open(card, holder("owner", owner.process.pid))  # the monitor records the owner's open
         assert asker.open(card) == errno.EPERM
         assert owner.running() and owner_again.open(card) == 0
-        assert world.api.evicted == [], "refused at open: nothing to reclaim"
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")], "the refused asker is reclaimed (rule 3)"
+        world.pods.on_event("DELETED", PODS[1])
         world.monitor.hold(card)  # the owner let go of the card
         await service.step()
         assert asker.open(card) == 0
