@@ -35,7 +35,7 @@ class RequestMemo:
     def __init__(self, names: ResourceNames, capacity: int = PODS_REMEMBERED) -> None:
         self.names = names
         self.capacity = capacity
-        self._written = frozenset({names.assignment, names.allocated})
+        self._written = frozenset({names.assignment, names.allocated, names.remote_share})
         """Annotations gpupool writes on a pod after its creation; the translation reads none."""
         self._entries: dict[str, tuple[Fingerprint, PodRequest]] = {}
         self._lock = threading.Lock()  # the watch thread and the event loop share it

@@ -48,7 +48,9 @@ from gpupool.api.limits import (
     text_problem,
 )
 from gpupool.api.names import ResourceNames
+from gpupool.api.remote_share import wants_remote
 from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
+from gpupool.core.remote_share import remote_shape_problem
 from gpupool.core.units import MEMORY_UNIT_MIB, percent_to_compute
 from gpupool.kube.foreign import ForeignRequestError, gpushare_per_card, hami_request, is_hami
 from gpupool.kube.memory_units import memory_units, unit_problem
@@ -307,7 +309,8 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
     spec = _map(pod, "spec", where)
     try:
         options = pod_options(meta, names)
-    except PodOptionError as exc:
+        remote = wants_remote(meta.get("annotations") or {}, names)
+    except (PodOptionError, AnnotationError) as exc:
         raise TranslationError(f"{where}: {exc}") from None
     readable = names.readable()
 
@@ -347,8 +350,12 @@ def pod_request(pod: Mapping[str, Any] | Any, names: ResourceNames) -> PodReques
     priority = spec.get("priority") or 0
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
         raise InvalidObjectError(f"{where}: spec.priority must be a 32-bit integer, got {shown(priority)}")
-    return PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority,
-                      policy=options.policy)
+    request = PodRequest(key=key, containers=tuple(apps), init_containers=tuple(inits), priority=priority,
+                         policy=options.policy, remote=remote and any(c.gpu for c in (*apps, *inits)))
+    problem = remote_shape_problem(request) if request.remote else None
+    if problem is not None:
+        raise TranslationError(f"{where}: annotation {names.remote_gpu}: {problem}")
+    return request
 
 
 # ------------------------------------------------------------------------------------------ nodes
