@@ -184,18 +184,47 @@ def is_borrowed(annotations: Mapping[str, str], names: LendingNames = LendingNam
     return annotations.get(names.borrowed, "").strip().lower() == BORROWED_TRUE
 
 
+HAMI_TASK_PRIORITY = "nvidia.com/priority"
+"""HAMi's per-container resource: the task's priority inside a time-shared card, 0 high, 1 low."""
+HAMI_PRIORITIES = {0: Priority.HIGH, 1: Priority.LOW}
+
+
+def hami_task_priority(spec: Any) -> Priority | None:
+    """The priority a pod's containers ask with HAMi's ``nvidia.com/priority`` (limits, else
+    requests): high when one of them says 0, low when they say only 1; None when none says 0 or 1
+    (the extender refuses other values before the pod runs, :mod:`gpupool.kube.foreign`)."""
+    said: set[Priority] = set()
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    for container in containers if isinstance(containers, list) else ():
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        for part in ("limits", "requests"):
+            values = resources.get(part) if isinstance(resources, Mapping) else None
+            value = values.get(HAMI_TASK_PRIORITY) if isinstance(values, Mapping) else None
+            if value is not None:
+                text = str(value).strip()
+                if text.isdigit() and int(text) in HAMI_PRIORITIES:
+                    said.add(HAMI_PRIORITIES[int(text)])
+                break
+    if not said:
+        return None
+    return Priority.HIGH if Priority.HIGH in said else Priority.LOW
+
+
 def pod_priority(spec_priority: int | None, annotations: Mapping[str, str], *,
                  threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
-                 names: LendingNames = LendingNames()) -> Priority:
+                 names: LendingNames = LendingNames(), task_priority: Priority | None = None) -> Priority:
     """A pod's priority at open time: a borrower is low; else the annotation when it is ``high`` or
-    ``low``; else ``spec.priority`` (from its PriorityClass) against ``threshold``. An annotation
-    with another value is ignored (the PriorityClass decides), never an error: a typo must not
-    crash the agent's decider."""
+    ``low``; else ``task_priority`` (HAMi's ``nvidia.com/priority``, :func:`hami_task_priority`);
+    else ``spec.priority`` (from its PriorityClass) against ``threshold``. An annotation with
+    another value is ignored (the PriorityClass decides), never an error: a typo must not crash the
+    agent's decider."""
     if is_borrowed(annotations, names):
         return Priority.LOW
     said = annotations.get(names.priority, "").strip().lower()
     if said in (Priority.HIGH, Priority.LOW):
         return Priority(said)
+    if task_priority is not None:
+        return task_priority
     return Priority.HIGH if spec_priority is not None and spec_priority >= threshold else Priority.LOW
 
 
@@ -214,17 +243,19 @@ BORROW_TRUE = "true"
 
 def borrow_refusal(meta: Mapping[str, Any], priority: int | None, *,
                    threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
-                   names: LendingNames = LendingNames()) -> str | None:
+                   names: LendingNames = LendingNames(), spec: Any = None) -> str | None:
     """Why a pod (its ``metadata`` and ``spec.priority``) may not be placed on lent capacity, or None
     when it may: it must not opt out (``<domain>/borrow`` other than ``"true"``), must read low
-    priority (:func:`pod_priority`; a borrower is reclaimed when the owner returns), and without
-    the annotation a controller must own it (a bare pod evicted by a reclaim would be lost). The
+    priority (:func:`pod_priority`, HAMi's priority read from ``spec``; a borrower is reclaimed when
+    the owner returns), and without the annotation a controller must own it (a bare pod evicted by a
+    reclaim would be lost). The
     extender's rule (:mod:`gpupool.extender.borrowing`) and ``kubectl gpupool why``'s."""
     annotations = meta.get("annotations") or {}
     said = str(annotations.get(names.borrow, "")).strip().lower()
     if said and said != BORROW_TRUE:
         return f"{names.borrow}: {said!r} (only \"true\" lets a pod borrow)"
-    if pod_priority(priority, annotations, threshold=threshold, names=names) is Priority.HIGH:
+    if pod_priority(priority, annotations, threshold=threshold, names=names,
+                    task_priority=hami_task_priority(spec)) is Priority.HIGH:
         return "a high-priority pod does not borrow (a borrower is reclaimed when the owner returns)"
     if not said and not controlled(meta):
         return f"a pod without a controller borrows only with {names.borrow}: \"true\""

@@ -103,7 +103,11 @@ class TenancyNames:
 HAMI_PIN_UUIDS = "nvidia.com/use-gpuuuid"
 HAMI_AVOID_UUIDS = "nvidia.com/nouse-gpuuuid"
 HAMI_AVOID_MODELS = "nvidia.com/nouse-gputype"
-"""HAMi's spellings of the same pod controls, read as aliases so its manifests run unchanged."""
+"""HAMi's spellings of the same pod controls, read as aliases. Its two model annotations match as
+HAMi matches them: any case, a word contained in the card's model (``A100`` names
+``NVIDIA-A100-SXM4-80GB``), where gpupool's ``avoid-gpu-models`` names models exactly."""
+HAMI_USE_MODELS = "nvidia.com/use-gputype"
+"""HAMi: only cards whose model contains one of these words (comma list)."""
 
 
 @dataclass(frozen=True)

@@ -47,21 +47,37 @@ class CardSet:
         return not self.nodes and not self.uuids
 
 
+def names_any(model: str, words: frozenset[str]) -> bool:
+    """Whether ``model`` contains one of ``words``, ignoring case (HAMi's ``use-gputype`` and
+    ``nouse-gputype``: ``A100`` names ``NVIDIA-A100-SXM4-80GB``)."""
+    upper = model.upper()
+    return any(word.upper() in upper for word in words)
+
+
 @dataclass(frozen=True)
 class CardScope:
-    """The cards a request may use: in every set of ``within``, in none of ``avoid``, and of no
-    model in ``avoid_models``. ``label`` names the scope in reasons ("resource group team-a")."""
+    """The cards a request may use: in every set of ``within``, in none of ``avoid``, of no model in
+    ``avoid_models`` (exact names), of a model containing a word of every set of ``model_words``
+    and none of ``avoid_model_words`` (substrings, any case: :func:`names_any`). ``label`` names the
+    scope in reasons ("resource group team-a")."""
 
     label: str
     within: tuple[CardSet, ...] = ()
     avoid: CardSet = field(default_factory=CardSet)
     avoid_models: frozenset[str] = frozenset()
+    model_words: tuple[frozenset[str], ...] = ()
+    avoid_model_words: frozenset[str] = frozenset()
 
     def admits(self, node: str, uuid: str, model: str) -> bool:
         """The rule for one card, in plain Python (the masks compute the same for all cards)."""
         if any(not cards.holds(node, uuid) for cards in self.within):
             return False
-        return not self.avoid.holds(node, uuid) and model not in self.avoid_models
+        return not self.avoid.holds(node, uuid) and self.model_admitted(model)
+
+    def model_admitted(self, model: str) -> bool:
+        """Whether the scope's model rules (exact and by word) let a card of ``model`` in."""
+        return model not in self.avoid_models and all(names_any(model, w) for w in self.model_words) and \
+            not names_any(model, self.avoid_model_words)
 
     def narrowed(self, other: CardScope | None) -> CardScope:
         """Cards both scopes admit (labels joined with "and")."""
@@ -71,7 +87,8 @@ class CardScope:
                                                      f"{self.label} and {other.label}")
         return CardScope(label, (*self.within, *other.within),
                          CardSet(self.avoid.nodes | other.avoid.nodes, self.avoid.uuids | other.avoid.uuids),
-                         self.avoid_models | other.avoid_models)
+                         self.avoid_models | other.avoid_models, (*self.model_words, *other.model_words),
+                         self.avoid_model_words | other.avoid_model_words)
 
 
 def narrow(scope: CardScope | None, other: CardScope | None) -> CardScope | None:
@@ -143,6 +160,8 @@ class ScopeMasks:
         if not scope.avoid.empty:
             admitted &= ~self._members(state, scope.avoid)
         avoided = state.model_ids(scope.avoid_models)
+        if scope.model_words or scope.avoid_model_words:
+            avoided = [i for i, model in enumerate(state.models) if not scope.model_admitted(model)]
         if avoided:
             admitted &= ~np.isin(state.card_model[:state.size], avoided)
         admitted.flags.writeable = False

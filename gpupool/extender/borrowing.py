@@ -127,7 +127,7 @@ class Lending:
         else:
             return "the extender has not seen the pod yet (it may borrow on a later try)"
         return borrow_refusal(raw.get("metadata") or {}, priority, threshold=self.settings.threshold,
-                              names=self.names)
+                              names=self.names, spec=raw.get("spec"))
 
     def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
               profile: WorkloadProfile | None, explain_limit: int,

@@ -10,7 +10,8 @@ HAMi (per container; limits, else requests):
 * ``nvidia.com/gpucores: c``: c % of each card's compute (HAMi's ``defaultCores: 0``: none);
   ``100`` is the whole card, exclusive.
 * ``nvidia.com/priority``: 0 or 1, HAMi's time-slicing priority inside the card (not the pod's
-  scheduling priority, which stays ``spec.priority``). Checked, not acted on yet.
+  scheduling priority, which stays ``spec.priority``). Checked here; it books nothing, and becomes
+  the pod's priority at open time and for borrowing (:func:`gpupool.api.lending.hami_task_priority`).
 * Without ``nvidia.com/gpu``: one card, which is what HAMi's admission webhook writes
   (``defaultGPUNum: 1``). gpupool has no mutating webhook, and kubelet calls the device plugin only
   for the card count (the other names are never kubelet devices), so such a container would start

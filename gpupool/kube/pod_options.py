@@ -12,10 +12,9 @@ from HAMi or Alibaba's cGPU mean one thing and disagree loudly:
   ``topology-aware`` card policy is what gpupool does for multi-card pods anyway); the two
   spellings given with different values is an error;
 * the label ``aliyun.com/gpu-count``: cGPU's card count for a pod's ``aliyun.com/gpu-mem`` total;
-* HAMi's card restrictions: ``nouse-gputype``, ``use-gpuuuid`` and ``nouse-gpuuuid`` are applied by
-  the pod's card scope (:mod:`gpupool.kube.tenancy`, exact model names); ``use-gputype`` (HAMi
-  matches it as a substring of the model) is not, so a pod that uses it is refused with the reason
-  rather than placed on a card it excludes.
+* HAMi's card restrictions: ``use-gputype``, ``nouse-gputype`` (words matched in the card's model,
+  any case, as HAMi matches them), ``use-gpuuuid`` and ``nouse-gpuuuid`` are applied by the pod's
+  card scope (:mod:`gpupool.kube.tenancy`); :class:`CardRestrictions` states HAMi's rule.
 """
 
 from __future__ import annotations
@@ -157,10 +156,6 @@ def pod_options(meta: Mapping[str, Any], names: ResourceNames) -> PodOptions:
     if exclusive not in ("true", "false"):
         raise PodOptionError(f"annotation {names.exclusive} must be \"true\" or \"false\", got {exclusive!r}")
     restrictions = hami_card_restrictions(annotations)
-    if restrictions.use_types:
-        raise PodOptionError(
-            f"annotation {n.HAMI_USE_GPUTYPE} is not applied by this gpupool yet; name the allowed models "
-            f"exactly in {names.gpu_models} instead")
     return PodOptions(exclusive=exclusive == "true",
                       models=_items(_text(annotations, names.gpu_models, "annotation")),
                       kind=_kind(annotations, names), policy=_policy(annotations, names),

@@ -1,5 +1,5 @@
 """A pod's tenancy, as its object states it: namespace, ServiceAccount, the group it names and its
-per-pod card controls (pinned GPUs, avoided GPUs and models).
+per-pod card controls (pinned GPUs, avoided GPUs and models, HAMi's model words).
 
 The controls become a :class:`CardScope` here, so that the extender narrows the pod's request with
 them exactly as it narrows it with a group or a quota (one mechanism, see
@@ -16,6 +16,7 @@ from gpupool.api.tenancy import (
     HAMI_AVOID_MODELS,
     HAMI_AVOID_UUIDS,
     HAMI_PIN_UUIDS,
+    HAMI_USE_MODELS,
     TenancyError,
     TenancyNames,
     name_list,
@@ -35,7 +36,7 @@ class PodTenancy:
     controls: CardScope | None = None
 
 
-def _annotation(annotations: Mapping[str, Any], names: tuple[str, str], where: str) -> frozenset[str]:
+def _annotation(annotations: Mapping[str, Any], names: tuple[str, ...], where: str) -> frozenset[str]:
     """The union of an annotation and its HAMi alias, as names."""
     found: frozenset[str] = frozenset()
     for name in names:
@@ -58,13 +59,15 @@ def pod_tenancy(pod: Mapping[str, Any] | Any, names: TenancyNames) -> PodTenancy
             raise TenancyError(f"{where}: label {names.group_label} must be a string")
         pins = _annotation(annotations, (names.gpu_uuids, HAMI_PIN_UUIDS), where)
         avoid = _annotation(annotations, (names.avoid_gpu_uuids, HAMI_AVOID_UUIDS), where)
-        models = _annotation(annotations, (names.avoid_gpu_models, HAMI_AVOID_MODELS), where)
+        models = _annotation(annotations, (names.avoid_gpu_models,), where)
+        use_words = _annotation(annotations, (HAMI_USE_MODELS,), where)
+        avoid_words = _annotation(annotations, (HAMI_AVOID_MODELS,), where)
     except TenancyError as exc:
         raise TranslationError(str(exc)) from None
     controls = None
-    if pins or avoid or models:
+    if pins or avoid or models or use_words or avoid_words:
         controls = CardScope("the GPUs the pod's annotations allow", (CardSet(uuids=pins),) if pins else (),
-                             CardSet(uuids=avoid), models)
+                             CardSet(uuids=avoid), models, (use_words,) if use_words else (), avoid_words)
     account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
     return PodTenancy(namespace=str(meta.get("namespace") or "default"), service_account=str(account),
                       group=group.strip(), controls=controls)

@@ -188,7 +188,7 @@ class Admissions:
                                     f"({', '.join(sorted(quota.pools))}; node label {self.book.names.pool_label})"))
         if tenant.controls is not None:
             layers.append(Layer(tenant.controls, "no GPU of this node is allowed by the pod's annotations "
-                                                 "(pinned or avoided GPUs, avoided GPU models)"))
+                                                 "(pinned or avoided GPUs, wanted or avoided GPU models)"))
         if quotas and node is None:
             sizes = self.sizes.of(state)
             refused = refused_models(quotas, state.usage.of(tenant.namespace), request, sizes)

@@ -89,7 +89,8 @@ def loan_notes(nodes: Iterable[Mapping[str, Any]], pod: Mapping[str, Any], prior
     """Per node that publishes lent cards, what they mean for ``pod`` (whose ``spec.priority`` is
     ``priority``; high from the cluster's ``threshold``): the filter tries them only for a pod that fits
     no owned capacity and may borrow."""
-    refusal = borrow_refusal(pod.get("metadata") or {}, priority, threshold=threshold, names=names)
+    refusal = borrow_refusal(pod.get("metadata") or {}, priority, threshold=threshold, names=names,
+                             spec=pod.get("spec"))
     notes: dict[str, str] = {}
     for node in nodes:
         meta = node.get("metadata") or {}

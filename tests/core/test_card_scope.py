@@ -29,6 +29,12 @@ def cluster() -> ClusterState:
     pytest.param(GROUP.narrowed(CardScope("no B", avoid_models=frozenset({"B"}))), {("a", 0), ("a", 1)},
                  id="group-narrowed-by-model"),
     pytest.param(CardScope("unknown", (CardSet(uuids=frozenset({"GPU-zz"})),)), set(), id="unknown-uuid"),
+    pytest.param(CardScope("words", model_words=(frozenset({"b"}),)), {("b", 0), ("b", 1)},
+                 id="model-word-any-case"),
+    pytest.param(CardScope("no word", avoid_model_words=frozenset({"a"})), {("b", 0), ("b", 1)},
+                 id="avoided-model-word"),
+    pytest.param(CardScope("w1", model_words=(frozenset({"A", "B"}),)).narrowed(
+        CardScope("w2", model_words=(frozenset({"B"}),))), {("b", 0), ("b", 1)}, id="every-set-of-words-must-match"),
 ])
 def test_mask_admits_exactly_what_the_plain_rule_admits(scope: CardScope, admitted: set[tuple[str, int]]) -> None:
     state = cluster()

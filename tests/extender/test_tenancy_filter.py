@@ -124,13 +124,32 @@ def test_pools_keep_a_namespace_on_its_nodes() -> None:
     pytest.param({"gpupool.io/avoid-gpu-uuids": "GPU-n1-0,GPU-n1-1"}, ["n2", "n3"], id="avoid-uuids"),
     pytest.param({"gpupool.io/avoid-gpu-models": "Tesla-V100"}, [], id="avoid-model"),
     pytest.param({"gpupool.io/gpu-uuids": "GPU-elsewhere"}, [], id="pin-to-no-card-here"),
+    pytest.param({"nvidia.com/use-gputype": "v100"}, NODES, id="hami-use-type-is-a-word-of-the-model-any-case"),
+    pytest.param({"nvidia.com/use-gputype": "A100,T4"}, [], id="hami-use-type-of-no-model-here"),
+    pytest.param({"nvidia.com/nouse-gputype": "V100"}, [], id="hami-avoid-type-is-a-word-of-the-model"),
+    pytest.param({"gpupool.io/avoid-gpu-models": "V100"}, NODES, id="gpupool-avoid-model-is-exact"),
 ])
 def test_pod_card_controls(annotations: dict[str, str], passed: list[str]) -> None:
     outcome = run_filter(cluster(), gpu_pod("p", "x", gpu_core=10, annotations=annotations))
     assert outcome.passed == passed
     expected = {} if passed else dict.fromkeys(NODES, "no GPU of this node is allowed by the pod's annotations "
-                                                      "(pinned or avoided GPUs, avoided GPU models)")
+                                                      "(pinned or avoided GPUs, wanted or avoided GPU models)")
     assert outcome.failed == expected
+
+
+@pytest.mark.parametrize(("annotations", "passed"), [
+    pytest.param({"nvidia.com/use-gputype": "a100"}, ["a"], id="use"),
+    pytest.param({"nvidia.com/use-gputype": "A100,T4"}, ["a", "t"], id="use-either"),
+    pytest.param({"nvidia.com/nouse-gputype": "t4"}, ["a", "h"], id="avoid"),
+    pytest.param({"nvidia.com/use-gputype": "NVIDIA", "nvidia.com/nouse-gputype": "H100"}, ["a"], id="both"),
+])
+def test_hami_model_words_match_as_hami_matches_them(annotations: dict[str, str], passed: list[str]) -> None:
+    """HAMi matches a type as a word of the card's model, any case: ``A100`` names the
+    ``NVIDIA-A100-SXM4-80GB``; gpupool's own ``avoid-gpu-models`` keeps naming models exactly."""
+    cache = world([node("a", [CARD], model="NVIDIA-A100-SXM4-80GB"), node("t", [CARD], model="Tesla-T4"),
+                   node("h", [CARD], model="NVIDIA-H100-80GB-HBM3")])
+    outcome = run_filter(cache, gpu_pod("p", "x", gpu_core=10, annotations=annotations), ["a", "t", "h"])
+    assert outcome.passed == passed
 
 
 def test_broken_objects_are_reported_and_treated_conservatively() -> None:

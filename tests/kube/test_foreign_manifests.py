@@ -149,7 +149,6 @@ def test_physical_or_virtual_cards(annotations: dict[str, str], expected: GpuKin
     pytest.param({"gpupool.io/gpu-kind": "virtual", "nvidia.com/vgpu-mode": "hami-core"}, "disagree",
                  id="kinds-disagree"),
     pytest.param({"nvidia.com/vgpu-mode": "vgpu"}, "unknown mode vgpu", id="unknown-vgpu-mode"),
-    pytest.param({"nvidia.com/use-gputype": "A100"}, "not applied by this gpupool yet", id="type-use-not-applied"),
 ])
 def test_per_pod_annotations_gpupool_cannot_read_say_why(annotations: dict[str, str], message: str) -> None:
     with pytest.raises(TranslationError, match=message):

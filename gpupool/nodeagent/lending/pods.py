@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.api.annotations import AnnotationError
-from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD, LendingNames, Priority, is_borrowed, pod_priority
+from gpupool.api.lending import (
+    DEFAULT_HIGH_PRIORITY_THRESHOLD,
+    LendingNames,
+    Priority,
+    hami_task_priority,
+    is_borrowed,
+    pod_priority,
+)
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.assignment_codec import node_assignment
 from gpupool.nodeagent.monitor.pod_containers import pod_containers
@@ -80,7 +87,8 @@ def lending_pod(obj: Mapping[str, Any], resources: ResourceNames, names: Lending
         except AnnotationError as exc:
             log.debug("lending: %s", exc)
     return LendingPod(namespace=ids.namespace, name=ids.name, uid=ids.uid,
-                      priority=pod_priority(spec_priority, annotations, threshold=threshold, names=names),
+                      priority=pod_priority(spec_priority, annotations, threshold=threshold, names=names,
+                                            task_priority=hami_task_priority(obj.get("spec"))),
                       borrowed=is_borrowed(annotations, names),
                       borrowed_from=annotations.get(names.borrowed_from, ""),
                       booked={k: frozenset(v) for k, v in cards.items()}, cards=cards,
