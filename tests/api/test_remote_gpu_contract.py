@@ -1,0 +1,79 @@
+"""The clients file contract between the node agent and the GPU server (gpupool.api.remote_gpu)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, encode_clients, parse_endpoint
+from gpupool.nodeagent.remote_server import ServedShare, clients_text
+
+TOKEN = "A" * 43
+
+
+def client(token: str = TOKEN, **changes: object) -> RemoteClient:
+    values: dict[str, object] = {"token": token, "pod": "ns/pod-1", "card_uuid": "GPU-1234", "memory_mib": 4096,
+                                 "compute_percent": 30}
+    values.update(changes)
+    return RemoteClient(**values)  # type: ignore[arg-type]
+
+
+def test_round_trip() -> None:
+    clients = [client(), client("b" * 40, pod="ns/pod-2", compute_percent=0)]
+    assert decode_clients(encode_clients(clients)) == clients
+
+
+def test_the_node_agents_file_reads() -> None:
+    """The control plane writes the file with its own encoder: this reader takes it."""
+    share = ServedShare(pod="ns/p", pod_uid="u1", card_uuid="GPU-9", memory_mib=8192, compute_percent=30)
+    assert decode_clients(clients_text([share], {"u1": TOKEN})) == [
+        RemoteClient(TOKEN, "ns/p", "GPU-9", 8192, 30)]
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("nope", "not JSON"),
+    ("[]", "JSON object"),
+    ('{"version": 2, "clients": []}', "version 2"),
+    ('{"version": 1, "clients": {}}', "must be a list"),
+    ('{"version": 1, "clients": [1]}', "must be an object"),
+    ('{"version": 1, "clients": [{"token": "x"}]}', "missing pod"),
+])
+def test_bad_files_say_why(text: str, reason: str) -> None:
+    with pytest.raises(ClientsFileError, match=reason):
+        decode_clients(text)
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"token": "short"}, "token must be"),
+    ({"token": "x" * 40 + "!"}, "token must be"),
+    ({"pod": "nopod"}, "namespace/name"),
+    ({"card_uuid": ""}, "card UUID"),
+    ({"memory_mib": 0}, "at least 1"),
+    ({"memory_mib": True}, "memory_mib"),
+    ({"compute_percent": 101}, "compute_percent"),
+])
+def test_bad_clients_refused(changes: dict[str, object], reason: str) -> None:
+    entry = {"token": TOKEN, "pod": "ns/p", "card_uuid": "GPU-1", "memory_mib": 1, "compute_percent": 0, **changes}
+    with pytest.raises(ClientsFileError, match=reason):
+        decode_clients(json.dumps({"version": 1, "clients": [entry]}))
+
+
+def test_token_never_in_the_message() -> None:
+    secret = "s" * 31
+    with pytest.raises(ClientsFileError) as caught:
+        client(secret)
+    assert secret not in str(caught.value)
+
+
+def test_duplicate_tokens_refused() -> None:
+    with pytest.raises(ClientsFileError, match="also another"):
+        encode_clients([client(), client(pod="ns/other")])
+
+
+def test_endpoint() -> None:
+    assert parse_endpoint("10.0.0.1:7000") == ("10.0.0.1", 7000)
+    assert parse_endpoint("[::1]:7000") == ("::1", 7000)
+    for bad in ("host", "host:0", ":80", "h:x"):
+        with pytest.raises(ValueError, match="host:port"):
+            parse_endpoint(bad)
