@@ -44,8 +44,9 @@ def certs() -> None:
 @click.option("--namespace", default="kube-system", show_default=True, help="Namespace of the Secrets.")
 @click.option("--secret", default="gpupool-extender-tls", show_default=True,
               help=f"The serving Secret's name; the client's is <secret>{CLIENT_SUFFIX}, the CA's <secret>-ca.")
-@click.option("--service", default="gpupool-extender", show_default=True,
-              help="The extender's Service: the serving certificate names <service>.<namespace>.svc etc.")
+@click.option("--service", "services", multiple=True, default=("gpupool-extender",), show_default=True,
+              help="The extender's Service: the serving certificate names <service>.<namespace>.svc etc. "
+                   "(repeatable: the webhooks' Service gpupool-extender-admission too).")
 @click.option("--host", "hosts", multiple=True, metavar="NAME_OR_IP",
               help="Another name or address the serving certificate is valid for (repeatable).")
 @click.option("--rotate", is_flag=True,
@@ -58,7 +59,7 @@ def certs() -> None:
 @click.option("--webhook-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to wait for a --webhook configuration that does not exist yet before reporting it missing.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube/config.")
-def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...], rotate: bool,
+def bootstrap(namespace: str, secret: str, services: tuple[str, ...], hosts: tuple[str, ...], rotate: bool,
               client_dir: Path | None, webhooks: tuple[str, ...], webhook_wait: float, kubeconfig: str | None) -> None:
     """Create the extender's CA and certificates into Secrets, unless they exist (idempotent)."""
     from kubernetes import client
@@ -74,7 +75,8 @@ def bootstrap(namespace: str, secret: str, service: str, hosts: tuple[str, ...],
     api_client = client.ApiClient(api_configuration(kubeconfig))
     core_v1 = client.CoreV1Api(api_client)
     try:
-        result = run_bootstrap(core_v1, namespace, secret, service_hosts(service, namespace, hosts), rotate=rotate)
+        names = [name for service in services for name in service_hosts(service, namespace)]
+        result = run_bootstrap(core_v1, namespace, secret, list(dict.fromkeys([*names, *hosts])), rotate=rotate)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if result.written:

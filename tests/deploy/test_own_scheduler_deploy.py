@@ -153,3 +153,25 @@ def test_overlays_with_the_bootstrap_job_ship_the_webhook_and_the_job_writes_its
     assert "--webhook=mutating/gpupool-scheduler" in job["spec"]["template"]["spec"]["containers"][0]["args"]
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpupool-certs-webhooks"]
     assert {name for rule in role["rules"] for name in rule["resourceNames"]} == {"gpupool-scheduler", "gpupool-quota"}
+
+
+@pytest.mark.parametrize("overlay", ["production", "production-cert-manager", "dev"])
+def test_webhooks_reach_every_replica_not_only_the_leader_and_its_certificate_names_that_service(overlay: str) -> None:
+    """Admission needs no leadership; through the leader-only Service a Fail webhook would refuse every
+    GPU pod for the ~12 s of a fail-over."""
+    docs = render(f"overlays/{overlay}")
+    hooks = [h for d in docs if d["kind"].endswith("WebhookConfiguration") for h in d["webhooks"]]
+    assert hooks and {h["clientConfig"]["service"]["name"] for h in hooks} == {"gpupool-extender-admission"}
+    admission = one(docs, "Service", "gpupool-extender-admission")
+    assert admission["spec"]["publishNotReadyAddresses"] is True
+    extender = one(docs, "Deployment", "gpupool-extender")
+    assert admission["spec"]["selector"] == extender["spec"]["selector"]["matchLabels"]
+    leader_only = one(docs, "Service", "gpupool-extender")
+    assert not leader_only["spec"].get("publishNotReadyAddresses")
+    assert [p["name"] for p in leader_only["spec"]["ports"]] == ["https"]  # the scheduler's verbs: the leader's
+    if overlay == "production-cert-manager":
+        names = one(docs, "Certificate", "gpupool-extender")["spec"]["dnsNames"]
+        assert "gpupool-extender-admission.gpupool-system.svc" in names
+    else:
+        args = container(one(docs, "Job", "gpupool-certs-bootstrap"))["args"]
+        assert {"--service=gpupool-extender", "--service=gpupool-extender-admission"} <= set(args)

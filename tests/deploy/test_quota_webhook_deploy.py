@@ -22,7 +22,7 @@ def test_the_webhook_calls_the_port_and_path_the_extender_serves() -> None:
     docs = render("overlays/production-cert-manager")
     hook, _, _ = one(docs, "ValidatingWebhookConfiguration", "gpupool-quota")["webhooks"]
     extender = one(docs, "Deployment", "gpupool-extender")
-    service = one(docs, "Service", "gpupool-extender")
+    service = one(docs, "Service", "gpupool-extender-admission")
     target = hook["clientConfig"]["service"]
     assert (target["name"], target["namespace"], target["path"]) == (
         service["metadata"]["name"], service["metadata"]["namespace"], ADMISSION_PATH)
@@ -43,7 +43,7 @@ def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
     serving = one(docs, "Certificate", "gpupool-extender")
     assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
         f"{serving['metadata']['namespace']}/{serving['metadata']['name']}"
-    assert "gpupool-extender.gpupool-system.svc" in serving["spec"]["dnsNames"]  # the name the apiserver dials
+    assert "gpupool-extender-admission.gpupool-system.svc" in serving["spec"]["dnsNames"]  # what the apiserver dials
 
 
 def test_the_plain_production_overlay_has_no_webhook_without_a_ca_bundle() -> None:

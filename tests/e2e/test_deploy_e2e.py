@@ -427,9 +427,10 @@ def test_workloads_pass_server_side_validation_without_losing_fields(
     control_plane: ControlPlane, kube_api_client: client.ApiClient, namespace: str
 ) -> None:
     docs = [d for d in deploy_documents(namespace) if d["kind"] in COLLECTIONS]
-    # the extender and gpupool's own scheduler (with its configuration), the node agent, the shared settings
+    # the extender (its Services: the leader's verbs, every replica's webhooks) and gpupool's own
+    # scheduler (with its configuration), the node agent, the shared settings
     assert sorted(d["kind"] for d in docs) == ["ConfigMap", "ConfigMap", "DaemonSet", "Deployment", "Deployment",
-                                               "Service"]
+                                               "Service", "Service"]
     for doc in docs:
         answer = dry_run_create(control_plane, doc)
         assert answer["kind"] == doc["kind"] and answer["metadata"]["namespace"] == namespace

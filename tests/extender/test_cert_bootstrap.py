@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupool.cli import certs_cmd
 from gpupool.extender.http.cert_secrets import bootstrap, pair_of
-from gpupool.extender.http.certificates import issue_ca, issue_leaf, service_hosts
+from gpupool.extender.http.certificates import hosts_missing, issue_ca, issue_leaf, service_hosts
 from tests.extender.tls_world import client_context, post_filter, server_files, serving
 
 HOSTS = service_hosts("gpupool-extender", "kube-system", ("127.0.0.1",))
@@ -112,6 +112,20 @@ def test_leaves_close_to_expiry_are_renewed_on_the_next_run() -> None:
     assert bootstrap(api, "kube-system", "tls", HOSTS, now=later).written == ["tls", "tls-client"]
 
 
+def test_a_serving_certificate_lacking_a_name_asked_for_is_issued_again_from_the_same_ca() -> None:
+    """An upgrade that adds the webhooks' Service needs its names in the serving certificate."""
+    api = FakeSecrets()
+    first = bootstrap(api, "kube-system", "tls", HOSTS).bundle
+    wider = (*HOSTS, *service_hosts("gpupool-extender-admission", "kube-system"), "10.0.0.9")
+    assert hosts_missing(first.server, wider) == [*service_hosts("gpupool-extender-admission", "kube-system"),
+                                                  "10.0.0.9"]
+    second = bootstrap(api, "kube-system", "tls", wider)
+    assert second.written == ["tls"]  # the serving leaf only: the client's names are not hosts
+    assert second.bundle.ca == first.ca and hosts_missing(second.bundle.server, wider) == []
+    assert bootstrap(api, "kube-system", "tls", wider).written == []  # then stable
+    assert bootstrap(api, "kube-system", "tls", HOSTS).written == []  # a subset asked later: kept
+
+
 def test_a_run_that_loses_the_race_for_the_ca_uses_the_winners() -> None:
     api = FakeSecrets()
     winner = issue_ca("winner")
@@ -146,7 +160,8 @@ def test_the_command_writes_the_schedulers_files(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda *_: api)
     monkeypatch.setattr("gpupool.kube.client_config.api_configuration", lambda *_: None)
     monkeypatch.setattr("kubernetes.client.ApiClient", lambda *_: None)
-    args = ["bootstrap", "--secret", "tls", "--host", "10.0.0.7", "--client-dir", str(tmp_path / "sched")]
+    args = ["bootstrap", "--secret", "tls", "--host", "10.0.0.7", "--client-dir", str(tmp_path / "sched"),
+            "--service", "gpupool-extender", "--service", "gpupool-extender-admission"]
     result = CliRunner().invoke(certs_cmd.certs, args)
     assert result.exit_code == 0, result.output
     assert "wrote Secrets kube-system/tls-ca, kube-system/tls, kube-system/tls-client" in result.output
@@ -155,6 +170,9 @@ def test_the_command_writes_the_schedulers_files(tmp_path: Path, monkeypatch: py
     assert (tmp_path / "sched" / "ca.crt").read_bytes() == base64.b64decode(api.items["tls"]["data"]["ca.crt"])
     again = CliRunner().invoke(certs_cmd.certs, args)
     assert again.exit_code == 0 and "already exist; nothing changed" in again.output
+    served = pair_of(SimpleNamespace(metadata=SimpleNamespace(name="tls"), data=api.items["tls"]["data"]))
+    assert hosts_missing(served, ["gpupool-extender.kube-system.svc", "gpupool-extender-admission.kube-system.svc",
+                                  "10.0.0.7"]) == []
 
 
 def test_the_command_writes_the_ca_into_the_named_webhooks_and_reports_an_absent_one(

@@ -9,7 +9,8 @@ For clusters without cert-manager (with it, see docs/security.md). The layout is
   extender (copied to the scheduler's host, or mounted where the scheduler runs as a pod);
 * ``<name>-ca``: the CA's certificate and key, read only by this command (to issue and rotate).
 
-Idempotent: a Secret that exists is kept (unless ``rotate`` or it is about to expire), so running
+Idempotent: a Secret that exists is kept (unless ``rotate``, it is about to expire, or the serving
+certificate lacks one of the names asked for: a Service added by an upgrade), so running
 the command from every replica, a Job, or twice by hand converges on one CA. Two runs racing to
 create the CA: the second one's create gets 409 and it reads the winner's CA.
 """
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.extender.http.certificates import KeyPair, expires_within, issue_ca, issue_leaf
+from gpupool.extender.http.certificates import KeyPair, expires_within, hosts_missing, issue_ca, issue_leaf
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,11 @@ def _leaf(store: SecretStore, name: str, ca: KeyPair, written: list[str], rotate
     existing = store.read(name)
     if existing is not None:
         pair = pair_of(existing)
-        if not rotate and not expires_within(pair, RENEW_WITHIN_DAYS, now):
+        missing = hosts_missing(pair, hosts) if server else []
+        if not rotate and not missing and not expires_within(pair, RENEW_WITHIN_DAYS, now):
             return pair
+        if missing:  # e.g. a Service added by an upgrade (gpupool-extender-admission)
+            log.info("Secret %s/%s is not valid for %s: issuing it again", store.namespace, name, ", ".join(missing))
     pair = issue_leaf(ca, SERVER_COMMON_NAME if server else CLIENT_COMMON_NAME, server=server, hosts=hosts, now=now)
     if existing is not None:
         store.replace(existing, pair, ca.cert_pem)

@@ -118,6 +118,16 @@ def service_hosts(service: str, namespace: str, extra: Sequence[str] = ()) -> tu
     return tuple(dict.fromkeys((*base, *extra)))
 
 
+def hosts_missing(pair: KeyPair, hosts: Sequence[str]) -> list[str]:
+    """Those of ``hosts`` that ``pair``'s certificate is not valid for (matched by kind, as Go does)."""
+    try:
+        present = pair.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return list(hosts)
+    have = set(present)
+    return [host for name, host in zip(subject_alt_names(hosts), hosts, strict=True) if name not in have]
+
+
 def expires_within(pair: KeyPair, days: float, now: dt.datetime | None = None) -> bool:
     """Whether ``pair``'s certificate ends within ``days`` (or already has)."""
     return pair.certificate.not_valid_after_utc - (now or _now()) < dt.timedelta(days=days)
