@@ -140,6 +140,9 @@ class ClaimBookings:
         self.required = False
         """Whether readiness waits for a first list of claims (the extender watches them)."""
         self.synced = False
+        self.released = 0
+        """Claims whose booking was given back (deallocated or deleted); the wake-up of refused
+        pods watches it (:func:`gpupool.extender.wakeup.loosening_signature`)."""
         self._on_node: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------------------- watch side
@@ -245,6 +248,7 @@ class ClaimBookings:
         if placement is None:
             return
         log.info("claim %s: released on node %s", key, placement.node)
+        self.released += 1
         node = placement.node
         if node in self.problems.overcommitted and node in self.state.index:
             # a release from an over-committed card does not restore its mode: derive the node again

@@ -130,15 +130,16 @@ def loosening_signature(cache: ClusterCache, node_gate: NodeGate) -> Hashable:
     (kube-scheduler sees Node updates), but the count of pods that ended: kube-scheduler retries a
     refused pod on the deletion event, often before this extender's watch has given the cards and
     the quota back, and then parks it again on a stale refusal (an e2e run waited past 90 s for a
-    pod a deleted one had held back by its quota). The filter's assumptions are the extender's own bookings, so those
-    that ended without their pod's bind (expired, refused, replaced...) count: kube-scheduler never
-    saw the space they held being taken."""
+    pod a deleted one had held back by its quota). The filter's assumptions are the extender's own
+    bookings, so those that ended without their pod's bind (expired, refused, replaced...) count:
+    kube-scheduler never saw the space they held being taken. DRA claims released count too (a
+    claim's end is no event kube-scheduler retries an extender's refusal on)."""
     state = cache.state
     present = state.present[:state.size]
     healthy = state.card_healthy[:state.size][present]
     ends = cache.assumption_ends
     unbound = sum(count for how, count in ends.items() if how not in BOUND_ENDS)
-    return (cache.tenancy.version, unbound, sum(cache.released_bookings.values()),
+    return (cache.tenancy.version, unbound, sum(cache.released_bookings.values()), cache.claims.released,
             int(np.count_nonzero(healthy)), int(state.card_mem_total[:state.size][present].sum()),
             state.lent.totals(),
             frozenset(cache.node_problems), frozenset(cache.claim_problems), frozenset(node_gate(state)),

@@ -2,12 +2,13 @@
 card) and extended-resource pods (bound here with the ``assignment-v1`` the extender would write),
 on one 8 GiB card, with a real kubelet (fake runtime) and ``gpupool node-agent --dra``.
 
-Until the extender books claims (docs/dra.md, "One ledger"), neither scheduler sees the other's
-bookings; the node agent refuses what would over-commit the card, both ways: with a 6 GiB claim
+Without the extender (these pods are bound by hand, and the DRA allocator never sees extended-resource
+pods), the node agent refuses what would over-commit the card, both ways, by the core's card rule
+(docs/dra.md, "One ledger"): with a 6 GiB claim
 prepared, a 4 GiB extended-resource pod is refused at Allocate (kubelet fails its admission with
 the agent's reason, the claim named) while a 2 GiB one runs; then a 2 GiB claim, which the DRA
 allocator still places on the card, is refused at prepare (kubelet's FailedPrepareDynamicResources
-event carries the agent's reason, the device-plugin pod's memory counted).
+event carries the agent's reason, the device-plugin pod named).
 """
 
 from __future__ import annotations
@@ -87,5 +88,5 @@ def test_the_agent_never_over_commits_a_card_shared_by_both_paths(
             return messages[0] if messages else None
 
         message = wait_for(refused, timeout=90, what=f"dra-late's prepare refused ({agent.log_path})")
-        assert "of device-plugin pods" in message and "2048 MiB" in message, message
+        assert "would be over-committed: 2048 MiB" in message and f"{namespace}/plugin-2g" in message, message
         assert phase("dra-late") == "Pending"

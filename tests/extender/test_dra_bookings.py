@@ -20,6 +20,7 @@ from gpupool.extender.dra_bookings import ClaimRecord, claim_key, claim_placemen
 from gpupool.extender.dra_watch import apply_claim_event, replace_claims
 from gpupool.extender.metrics import LedgerTotals
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.wakeup import loosening_signature
 from gpupool.kube.dra_claims import AllocatedShare, ClaimError
 from gpupool.kube.translate import pod_request
 from tests.kube.builders import container, node, placed_pod, pod
@@ -226,3 +227,15 @@ def test_readiness_waits_for_the_claims_when_they_are_watched() -> None:
     assert not cache.synced
     replace_claims(cache, [])
     assert cache.synced
+
+
+def test_a_claim_released_wakes_the_pods_the_extender_refused() -> None:
+    """kube-scheduler retries an extender's refusal on no event of a claim: the wake-up must see it."""
+    cache = ledger()
+    replace_claims(cache, [claim(memory="12Gi")])
+    before = loosening_signature(cache, lambda _: {})
+    apply_claim_event(cache, "MODIFIED", claim(memory="12Gi", compute="5"))  # a change that frees nothing
+    assert loosening_signature(cache, lambda _: {}) != before  # re-booked: released once, booked again
+    moved = loosening_signature(cache, lambda _: {})
+    apply_claim_event(cache, "DELETED", claim())
+    assert loosening_signature(cache, lambda _: {}) != moved
