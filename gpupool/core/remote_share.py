@@ -79,7 +79,7 @@ def switch_of(spec: NodeSpec) -> str | None:
 
 def remote_shape_problem(pod: PodRequest) -> str | None:
     """Why ``pod`` cannot take a remote share (None when it can): exactly one app container asks for
-    GPUs, for one card (a slice or one whole card), and no init container does."""
+    GPUs, for one card (a slice with memory, or one whole card), and no init container does."""
     if any(c.gpu is not None for c in pod.init_containers):
         return "a remote share is for app containers only; an init container asks for GPUs"
     gpu = pod.gpu_containers
@@ -88,6 +88,9 @@ def remote_shape_problem(pod: PodRequest) -> str | None:
     request = gpu[0].gpu
     if request is not None and request.count != 1:
         return f"a remote share is one card; container {gpu[0].name} asks for {request.count}"
+    if request is not None and request.memory_mib == 0 and request.memory_share is None and not request.exclusive:
+        return (f"a remote share needs GPU memory (the server books memory per client); container {gpu[0].name} "
+                "asks for compute only")
     return None
 
 

@@ -26,7 +26,6 @@ docs/remote-gpu.md, "Scheduling a remote share".
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import tempfile
@@ -38,9 +37,9 @@ from typing import Any
 
 from gpupool.api.annotations import AnnotationError
 from gpupool.api.names import ResourceNames
+from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, encode_clients
 from gpupool.api.remote_share import decode_remote_share
 
-CLIENTS_FILE_VERSION = 1
 TOKEN_BYTES = 32
 """Random bytes per token; URL-safe base64 makes 43 characters of them."""
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -77,8 +76,8 @@ def served_shares(pods: Iterable[Mapping[str, Any]], node: str, names: ResourceN
         except AnnotationError:
             continue
         uid = str(meta.get("uid") or "")
-        if share.server != node or not uid or (share.pod_uid and share.pod_uid != uid):
-            continue
+        if share.server != node or not uid or (share.pod_uid and share.pod_uid != uid) or not share.card.memory_mib:
+            continue  # another node's, another pod's, or no memory (refused at the request: never written)
         found.append(ServedShare(pod=f"{meta.get('namespace')}/{meta.get('name')}", pod_uid=uid,
                                  card_uuid=share.card.uuid, memory_mib=share.card.memory_mib,
                                  compute_percent=share.card.compute // 10))
@@ -107,17 +106,17 @@ class TokenBook:
         """Take the tokens of a clients file written before a restart, so the clients already
         connected keep theirs (matched by pod and card; ignored when the file does not read)."""
         try:
-            clients = json.loads(text).get("clients") or []
-            self._earlier = {(str(c["pod"]), str(c["card_uuid"])): str(c["token"]) for c in clients}
-        except (ValueError, AttributeError, KeyError, TypeError):
+            self._earlier = {(c.pod, c.card_uuid): c.token for c in decode_clients(text)}
+        except ClientsFileError:
             self._earlier = {}
 
 
 def clients_text(shares: Iterable[ServedShare], tokens: Mapping[str, str]) -> str:
-    """The clients file of the GPU server (the data plane's format), one entry per share."""
-    clients = [{"token": tokens[s.pod_uid], "pod": s.pod, "card_uuid": s.card_uuid, "memory_mib": s.memory_mib,
-                "compute_percent": s.compute_percent} for s in shares]
-    return json.dumps({"version": CLIENTS_FILE_VERSION, "clients": clients}, indent=1, sort_keys=True) + "\n"
+    """The clients file of the GPU server (:func:`gpupool.api.remote_gpu.encode_clients`), one
+    entry per share."""
+    return encode_clients(RemoteClient(token=tokens[s.pod_uid], pod=s.pod, card_uuid=s.card_uuid,
+                                       memory_mib=s.memory_mib, compute_percent=s.compute_percent)
+                          for s in shares)
 
 
 def write_clients_file(path: Path, text: str) -> bool:

@@ -177,3 +177,13 @@ def test_the_scheduler_decides_and_assigns_remote_shares() -> None:
     explained = scheduler.explain(remote_pod("ns/second", mib=6_000), np.arange(state.size))
     assert explained["cpu"] == NO_SERVER
     assert "runs a remote-share pod only on its own cards" in explained["g"]
+
+
+def test_a_compute_only_share_cannot_be_remote() -> None:
+    """The server books memory per client (the clients file's memory_mib is at least 1)."""
+    pod = PodRequest(key="ns/p", remote=True, containers=(ContainerRequest("a", gpu=GpuRequest(compute=300)),))
+    problem = remote_shape_problem(pod)
+    assert problem is not None and "needs GPU memory" in problem
+    proportional = PodRequest(key="ns/p", remote=True,
+                              containers=(ContainerRequest("a", gpu=GpuRequest.fraction(300)),))
+    assert remote_shape_problem(proportional) is None
