@@ -24,6 +24,7 @@ from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_
 from gpupool.nodeagent.dra.api import KUBELET_DIR
 from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR
 from gpupool.nodeagent.dra.setup import DraOptions
+from gpupool.nodeagent.foreign_capacity import foreign_capacity
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import (
     AUTO,
@@ -395,10 +396,12 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
         extender places pods by it; kubelet must be able to grant them), then on every change."""
         await manager.registered.wait()
         version = agent.devices_version
-        await pods.publish_node(node, agent.inventory, enforcement_notice(choice, agent.enforcement))
+        await pods.publish_node(node, agent.inventory, enforcement_notice(choice, agent.enforcement),
+                                foreign_capacity(agent.resources, len(agent.inventory.cards)))
         while True:
             version = await agent.wait_devices_changed(version)
-            await pods.publish_node(node, agent.inventory, enforcement_notice(choice, agent.enforcement))
+            await pods.publish_node(node, agent.inventory, enforcement_notice(choice, agent.enforcement),
+                                    foreign_capacity(agent.resources, len(agent.inventory.cards)))
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -3,7 +3,8 @@
 Pods are read from a watch of this node's pods (:class:`gpupool.nodeagent.pod_cache.NodePodCache`),
 not one GET per pod on every Allocate and every PodResources poll; :meth:`KubePodSource.run` must be
 running for it to fill. A GET by name remains only as the cache's last resort. Writes are merge
-patches: ``allocated-v1`` on pods, the inventory and model label on the node; the usage monitor's
+patches: ``allocated-v1`` on pods, the inventory and model label on the node (and gpushare's card
+count in its status where gpushare's names are served); the usage monitor's
 busy/idle changes are created as events on the pods holding the card.
 """
 
@@ -18,6 +19,7 @@ from gpupool.api.enforcement import EnforcementNotice, encode_notice
 from gpupool.api.names import ResourceNames
 from gpupool.kube.client_config import api_configuration
 from gpupool.kube.podapi import pod_event
+from gpupool.nodeagent.foreign_capacity import capacity_patch
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
@@ -78,9 +80,13 @@ class KubePodSource:
         body["source"] = {"component": USER_AGENT, "host": self.cache.node}
         await asyncio.to_thread(self._api.create_namespaced_event, namespace, body)
 
-    async def publish_node(self, node: str, inventory: GpuInventory, notice: EnforcementNotice | None = None) -> None:
-        """Write the inventory and enforcement annotations and the GPU model label on the node."""
+    async def publish_node(self, node: str, inventory: GpuInventory, notice: EnforcementNotice | None = None,
+                           capacity: Mapping[str, str] | None = None) -> None:
+        """Write the inventory and enforcement annotations and the GPU model label on the node, and
+        ``capacity`` into its status (:mod:`gpupool.nodeagent.foreign_capacity`)."""
         await asyncio.to_thread(self._api.patch_node, node, node_patch(self.names, inventory, notice))
+        if capacity:
+            await asyncio.to_thread(self._api.patch_node_status, node, capacity_patch(dict(capacity)))
 
 
 def node_patch(names: ResourceNames, inventory: GpuInventory,

@@ -88,6 +88,7 @@ def test_hami_and_gpushare_manifests_run_with_their_cards(
         text = (got.metadata.annotations or {}).get(HAMI.inventory)
         return (allocatable.get(n.NVIDIA_GPU) == str(CARDS * HAMI_DEVICES_PER_CARD)
                 and allocatable.get(n.ALIYUN_GPU_MEM) == str(CARDS * CARD_MIB // 1024)
+                and allocatable.get(n.ALIYUN_GPU_COUNT) == str(CARDS)  # gpushare's card count
                 and n.NVIDIA_GPUMEM not in allocatable
                 and text is not None and len(decode_inventory(text).cards) == CARDS)
 
@@ -135,3 +136,7 @@ def test_hami_and_gpushare_manifests_run_with_their_cards(
     message = wait_for(lambda: unschedulable(core_v1, namespace, "hami-no-count"), timeout=60,
                        what="hami-no-count marked unschedulable")
     assert "needs nvidia.com/gpu beside it" in message, message
+    # kubelet's status updates since the start kept gpushare's card count (no device plugin owns it)
+    status = core_v1.read_node(node).status
+    assert (status.capacity or {}).get(n.ALIYUN_GPU_COUNT) == str(CARDS)
+    assert (status.allocatable or {}).get(n.ALIYUN_GPU_COUNT) == str(CARDS)
