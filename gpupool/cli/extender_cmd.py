@@ -108,10 +108,10 @@ class ExtenderOptions:
     """Place low-priority pods on lent capacity (docs/lending.md, "In the extender"); who is low
     priority is :attr:`cluster`'s threshold."""
     scheduler_name: str = GPUPOOL_SCHEDULER
+    """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
     dra_claims: bool = False
     """Watch ResourceClaims of gpupool's DRA driver and book them in the ledger (docs/dra.md, "One
     ledger"); readiness then waits for their first list."""
-    """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
