@@ -26,6 +26,7 @@ Pure: reads the ledger, books nothing.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -77,6 +78,33 @@ def switch_of(spec: NodeSpec) -> str | None:
     return spec.labels.get(SWITCH_LABEL) or spec.labels.get(ZONE_LABEL) or None
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Per node row, for one node layout of the ledger: its switch as a small id (-1: none) and its
+    rank in node-name order (the tie-break). Worked out once per layout, not on every decision."""
+
+    version: int
+    switch: IntArray
+    name_rank: IntArray
+
+
+_layouts: weakref.WeakKeyDictionary[ClusterState, _Layout] = weakref.WeakKeyDictionary()
+
+
+def _layout(state: ClusterState) -> _Layout:
+    known = _layouts.get(state)
+    if known is not None and known.version == state.layout_version:
+        return known
+    ids: dict[str, int] = {}
+    switch = np.array([-1 if (name := switch_of(spec)) is None else ids.setdefault(name, len(ids))
+                       for spec in state.specs], dtype=np.int64)
+    name_rank = np.empty(state.size, dtype=np.int64)
+    name_rank[np.argsort(np.array([spec.name for spec in state.specs], dtype=object), kind="stable")] = (
+        np.arange(state.size))
+    known = _layouts[state] = _Layout(state.layout_version, switch, name_rank)
+    return known
+
+
 def remote_shape_problem(pod: PodRequest) -> str | None:
     """Why ``pod`` cannot take a remote share (None when it can): exactly one app container asks for
     GPUs, for one card (a slice with memory, or one whole card), and no init container does."""
@@ -100,43 +128,61 @@ def _share_request(pod: PodRequest) -> tuple[ContainerRequest, GpuRequest]:
     return container, container.gpu
 
 
-def _fitting_rows(state: ClusterState, request: GpuRequest) -> tuple[IntArray, BoolArray]:
-    """Present rows with a card that takes the slice now, and their card masks."""
-    rows = np.flatnonzero(state.present[:state.size]).astype(np.int64)
+def share_alone(pod: PodRequest) -> PodRequest:
+    """The pod's GPU container alone, without CPU or memory: what a server node holds of it (and the
+    request whose feasible nodes are the servers; the scheduler keeps those per shape)."""
+    container, _ = _share_request(pod)
+    return PodRequest(key=pod.key, containers=(dataclasses.replace(container, cpu_milli=0, memory_mib=0),),
+                      priority=pod.priority, policy=pod.policy)
+
+
+def _fitting_rows(state: ClusterState, request: GpuRequest,
+                  servers: IntArray | None = None) -> tuple[IntArray, BoolArray]:
+    """Present rows (of ``servers`` when given: rows known to fit, e.g. from the scheduler's shape
+    cache) with a card that takes the slice now, and their card masks."""
+    rows = np.flatnonzero(state.present[:state.size]).astype(np.int64) if servers is None else servers
     fits = card_fit_mask(state, request, rows)
     has = fits.any(axis=1)
     return rows[has], fits[has]
 
 
-def client_scores(state: ClusterState, pod: PodRequest, rows: IntArray) -> tuple[IntArray, FloatArray]:
+def client_scores(state: ClusterState, pod: PodRequest, rows: IntArray,
+                  servers: IntArray | None = None) -> tuple[IntArray, FloatArray]:
     """The rows of ``rows`` that may run ``pod`` (see the module docstring) and their raw scores:
-    :data:`TIER_SCORES` of the best tier the share would get from there."""
+    :data:`TIER_SCORES` of the best tier the share would get from there. ``servers``: the rows
+    that can hold :func:`share_alone` of the pod, when the caller knows them."""
     if remote_shape_problem(pod) is not None:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
-    _, request = _share_request(pod)
-    servers, _ = _fitting_rows(state, request)
+    if servers is None:
+        _, request = _share_request(pod)
+        servers, _ = _fitting_rows(state, request)
     if not len(servers):
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     rows = np.asarray(rows, dtype=np.int64)
     room = node_room_mask(state, pod, rows)
-    own = np.isin(rows, servers)
+    is_server = np.zeros(state.size, dtype=bool)
+    is_server[servers] = True
+    own = is_server.take(rows)
     cardless = state.card_count.take(rows) == 0
     ok = room & (own | cardless)
-    switches = {switch_of(state.specs[int(r)]) for r in servers} - {None}
-    scores = np.array([TIER_SCORES[Tier.LOCAL] if own[i] else
-                       TIER_SCORES[Tier.SAME_SWITCH] if switch_of(state.specs[int(r)]) in switches else
-                       TIER_SCORES[Tier.OTHER] for i, r in enumerate(rows.tolist())], dtype=np.float64)
+    switch = _layout(state).switch
+    served = np.unique(switch.take(servers))
+    near = np.isin(switch.take(rows), served[served >= 0])
+    scores = np.where(own, TIER_SCORES[Tier.LOCAL],
+                      np.where(near, TIER_SCORES[Tier.SAME_SWITCH], TIER_SCORES[Tier.OTHER]))
     return rows[ok], scores[ok]
 
 
-def client_problem(state: ClusterState, pod: PodRequest, row: int) -> str | None:
-    """Why node ``row`` may not run ``pod`` with a remote share, in words; None when it may."""
+def client_problem(state: ClusterState, pod: PodRequest, row: int,
+                   fitting: tuple[IntArray, BoolArray] | None = None) -> str | None:
+    """Why node ``row`` may not run ``pod`` with a remote share, in words; None when it may.
+    ``fitting``: :func:`_fitting_rows` of the pod's request when the caller has it."""
     problem = remote_shape_problem(pod) or node_resources_problem(state, row, pod)
     if problem is not None:
         return problem
     _, request = _share_request(pod)
-    servers, _ = _fitting_rows(state, request)
-    if row in servers.tolist():
+    servers, _ = fitting or _fitting_rows(state, request)
+    if (servers == row).any():
         return None
     if int(state.card_count[row]) > 0:
         local = explain_cards(state, row, request) or "its cards cannot hold the share"
@@ -145,40 +191,41 @@ def client_problem(state: ClusterState, pod: PodRequest, row: int) -> str | None
     return None if len(servers) else NO_SERVER
 
 
-def server_order(state: ClusterState, pod: PodRequest, client_row: int) -> list[tuple[int, Tier]]:
-    """GPU nodes other than ``client_row`` with a card for the share, best first: by tier, then the
-    tightest fitting card (least free memory), then the node name."""
+def server_order(state: ClusterState, pod: PodRequest, client_row: int, most: int | None = None,
+                 fitting: tuple[IntArray, BoolArray] | None = None) -> list[tuple[int, Tier]]:
+    """GPU nodes other than ``client_row`` with a card for the share, best first (at most ``most``):
+    by tier, then the tightest fitting card (least free memory), then the node name."""
     _, request = _share_request(pod)
-    servers, fits = _fitting_rows(state, request)
-    home = switch_of(state.specs[client_row])
+    servers, fits = fitting or _fitting_rows(state, request)
+    others = servers != client_row
+    servers, fits = servers[others], fits[others]
+    layout = _layout(state)
+    home = int(layout.switch[client_row])
+    tiers = np.where((layout.switch.take(servers) == home) & (home >= 0), int(Tier.SAME_SWITCH), int(Tier.OTHER))
     free = np.where(fits, state.card_mem_free.take(servers, 0), np.iinfo(np.int64).max).min(axis=1)
-    ranked: list[tuple[int, int, str, int]] = []
-    for i, row in enumerate(servers.tolist()):
-        if row == client_row:
-            continue
-        spec = state.specs[row]
-        tier = Tier.SAME_SWITCH if home is not None and switch_of(spec) == home else Tier.OTHER
-        ranked.append((int(tier), int(free[i]), spec.name, row))
-    ranked.sort()
-    return [(row, Tier(tier)) for tier, _, _, row in ranked]
+    order = np.lexsort((layout.name_rank.take(servers), free, tiers))[:most]
+    return [(int(servers[i]), Tier(int(tiers[i]))) for i in order]
 
 
 def place_share(state: ClusterState, pod: PodRequest, client_row: int,
-                chooser: SharedCardChooser | None = None) -> RemoteChoice | str:
+                chooser: SharedCardChooser | None = None, servers: IntArray | None = None) -> RemoteChoice | str:
     """Where the share of ``pod``, run on node ``client_row``, is booked, or why nowhere: the own
-    node's cards first, then :func:`server_order`; nothing is booked."""
-    problem = client_problem(state, pod, client_row)
+    node's cards first, then :func:`server_order`; nothing is booked. ``servers`` as for
+    :func:`client_scores`."""
+    shape = remote_shape_problem(pod)
+    if shape is not None:
+        return shape
+    _, request = _share_request(pod)
+    fitting = _fitting_rows(state, request, servers)
+    problem = client_problem(state, pod, client_row, fitting)
     if problem is not None:
         return problem
-    container, _ = _share_request(pod)
     local = assign_on_node(state, client_row, pod, chooser) if int(state.card_count[client_row]) else None
     if isinstance(local, Placement):
         return RemoteChoice(local, Tier.LOCAL)
-    # the slice alone: the pod's CPU and memory stay on its own node
-    alone = PodRequest(key=pod.key, containers=(dataclasses.replace(container, cpu_milli=0, memory_mib=0),),
-                       priority=pod.priority, policy=pod.policy)
+    alone = share_alone(pod)  # the pod's CPU and memory stay on its own node
     last = NO_SERVER
-    for row, tier in server_order(state, pod, client_row)[:SERVER_TRIES]:
+    for row, tier in server_order(state, pod, client_row, SERVER_TRIES, fitting):
         result = assign_on_node(state, row, alone, chooser)
         if isinstance(result, Placement):
             return RemoteChoice(result, tier)

@@ -24,7 +24,13 @@ from gpupool.core.fragmentation import FloatArray, WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.policies import PerPodPolicy, PlacementPolicy, PodShape
-from gpupool.core.remote_share import RemoteChoice, client_problem, client_scores, place_share
+from gpupool.core.remote_share import (
+    RemoteChoice,
+    client_scores,
+    place_share,
+    remote_shape_problem,
+    share_alone,
+)
 from gpupool.core.shape_cache import RowCaches
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -140,7 +146,8 @@ class Scheduler:
         state = self.state
         all_rows = self._all_rows()
         if pod.remote:  # the tier of the share decides, not the placement policy
-            return client_scores(state, pod, all_rows if rows is None else np.asarray(rows, dtype=np.int64))
+            return client_scores(state, pod, all_rows if rows is None else np.asarray(rows, dtype=np.int64),
+                                 self._servers(pod))
         shape = PodShape.of(pod)
         policy = self.policy_for(pod)
         if _is_simple(pod):
@@ -273,8 +280,15 @@ class Scheduler:
     def _remote(self, pod: PodRequest, row: int) -> Placement | str:
         """A remote-share pod run on node ``row``: its share's placement (on ``row`` itself, or on
         the server node chosen by :func:`gpupool.core.remote_share.place_share`), or why not."""
-        choice = place_share(self.state, pod, row, self.policy_for(pod).shared_chooser())
+        choice = place_share(self.state, pod, row, self.policy_for(pod).shared_chooser(), self._servers(pod))
         return choice.placement if isinstance(choice, RemoteChoice) else choice
+
+    def _servers(self, pod: PodRequest) -> IntArray | None:
+        """The nodes that could hold the share of a remote-share pod (its slice alone), from the
+        shape caches like any pod's feasible nodes; None for a pod that cannot be remote."""
+        if remote_shape_problem(pod) is not None:
+            return None
+        return self.filter_and_score(share_alone(pod))[0]
 
     def explain(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
         """Reasons, per node name, why the pod does not fit on each of ``rows``.
@@ -284,6 +298,8 @@ class Scheduler:
         :attr:`ClusterState.node_version` is unchanged: kube-scheduler asks about the same failing
         nodes for every pod of a kind, and explaining one walks its cards in Python.
         """
+        if pod.remote:  # a node's reason depends on every GPU node's cards: not kept per node version
+            return self._explain_remote(pod, rows)
         request = dataclasses.replace(pod, key="")
         memo = self._explained.pop(request, {})
         self._explained[request] = memo  # most recently used last
@@ -302,13 +318,18 @@ class Scheduler:
                 reasons[self.state.specs[row].name] = reason
         return reasons
 
+    def _explain_remote(self, pod: PodRequest, rows: IntArray) -> dict[str, str]:
+        """:meth:`explain` of a remote-share pod: the servers are worked out once for all ``rows``."""
+        servers = self._servers(pod)
+        chooser = self.policy_for(pod).shared_chooser()
+        reasons: dict[str, str] = {}
+        for row in rows.tolist():
+            choice = place_share(self.state, pod, row, chooser, servers)
+            if not isinstance(choice, RemoteChoice):
+                reasons[self.state.specs[row].name] = choice
+        return reasons
+
     def _explain_row(self, pod: PodRequest, row: int) -> str | None:
-        if pod.remote:
-            reason = client_problem(self.state, pod, row)
-            if reason is None:
-                remote = self._remote(pod, row)
-                reason = None if isinstance(remote, Placement) else remote
-            return reason
         reason = explain_node(self.state, row, pod)
         if reason is None:
             result = assign_on_node(self.state, row, pod, self.policy_for(pod).shared_chooser())
