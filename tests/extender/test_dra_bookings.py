@@ -22,7 +22,9 @@ from gpupool.extender.metrics import LedgerTotals
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.wakeup import loosening_signature
 from gpupool.kube.dra_claims import AllocatedShare, ClaimError
+from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import pod_request
+from tests.extender.tenancy_world import gpu_pod, quota, world
 from tests.kube.builders import container, node, placed_pod, pod
 
 DRIVER = "gpu.gpupool.io"
@@ -239,3 +241,24 @@ def test_a_claim_released_wakes_the_pods_the_extender_refused() -> None:
     moved = loosening_signature(cache, lambda _: {})
     apply_claim_event(cache, "DELETED", claim())
     assert loosening_signature(cache, lambda _: {}) != moved
+
+
+def test_a_namespaces_gpu_quota_counts_its_claims() -> None:
+    """A GpuQuota of 16 GiB in team-a: a 12 GiB claim there leaves 4 GiB for its pods, whatever
+    the cards have free; another namespace is not charged."""
+    cache = world([node("n1", [CARD]), node("n2", [CARD])], quotas=[quota("team-a", hard={"memoryMiB": 16 * GIB})])
+    replace_claims(cache, [claim(memory="12Gi", namespace="team-a")])
+    refused = quota_filter(cache, gpu_pod("p", "team-a", gpu_mem=32))  # 8 GiB
+    assert refused.passed == []
+    assert set(refused.failed.values()) == {"GpuQuota team-a/gpus: GPU memory limit 16384 MiB, used 12288 MiB, "
+                                            "asked 8192 MiB"}
+    assert quota_filter(cache, gpu_pod("p", "team-a", gpu_mem=16)).passed == ["n1", "n2"]  # 4 GiB
+    assert quota_filter(cache, gpu_pod("p", "team-b", gpu_mem=32)).passed == ["n2"]
+
+
+def quota_filter(cache: ClusterCache, raw: dict[str, Any]) -> Any:
+    request = pod_request(raw, ResourceNames())
+    service = ExtenderService(cache, None, settings=ExtenderSettings(filter_best_only=False))
+    outcome = service.filter(request, ["n1", "n2"], frozenset(), pod_tenancy(raw, cache.tenancy.names))
+    cache.unassume(request.key, ASSUMED_REFUSED)
+    return outcome
