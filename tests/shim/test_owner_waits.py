@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupool.shim.region import freeze_memory, read_region, set_wait
 from tests.shim.toolchain import RUN_TIMEOUT_S, Holder, Toolchain, codes, parse_steps
 
@@ -35,8 +37,9 @@ def owner_allocates(tc: Toolchain, env: dict[str, str], size: str) -> tuple[int,
     return step.code, time.monotonic() - began
 
 
+@pytest.mark.parametrize("allocation", ["alloc:10g", "pitch:65536x163840", "async:10g"])
 def test_an_owner_allocating_its_full_share_during_a_reclaim_never_runs_out_of_memory(
-        plain: Toolchain, work: Path) -> None:
+        plain: Toolchain, work: Path, allocation: str) -> None:
     owner_env = container(plain, work, "owner", 12288)  # its share: 12 GiB of the 16 GiB card
     borrower_env = container(plain, work, "borrower", 14336)  # the loan: all but the 2 GiB the owner holds
     idle_owner = Holder(plain, owner_env, "alloc:2g")
@@ -52,11 +55,11 @@ def test_an_owner_allocating_its_full_share_during_a_reclaim_never_runs_out_of_m
         assert [borrower.read_step().code for _ in range(2)] == [OK, OUT_OF_MEMORY], "frozen: nothing more"
         drained = threading.Timer(0.5, borrower.kill)  # its checkpoint deadline ends: stopped, memory freed
         drained.start()
-        code, seconds = owner_allocates(plain, owner_env, "alloc:10g")
+        code, seconds = owner_allocates(plain, owner_env, allocation)
         drained.join()
         assert code == OK, "the owner's whole share fits the card once its borrower drained"
         assert 0.4 < seconds < 5, seconds
-        print(f"\n  owner's first allocation (10 GiB) during the reclaim: {seconds * 1000:.0f} ms "
+        print(f"\n  owner's first allocation ({allocation}) during the reclaim: {seconds * 1000:.0f} ms "
               "(the borrower drained after 500 ms)")
     finally:
         idle_owner.kill()

@@ -22,16 +22,20 @@ static int limited_device(void) {
     return shim_memory_limited(dev) ? dev : -1;
 }
 
-/* Charge, allocate, track: the common shape of pointer allocations. An allocation within the limit
- * that the driver refuses for want of room is tried again while the card drains (shim_wait_for_room). */
+/* An allocation within the limit that the driver refused for want of room is tried again while the
+ * card drains (shim_wait_for_room: only while the agent says the card is lent). */
+#define RETRY_WHILE_FULL(dev, status, call)                                                             \
+    for (uint64_t until_ = 0; (status) == CUDA_ERROR_OUT_OF_MEMORY && shim_wait_for_room((dev), &until_);) \
+    (status) = (call)
+
+/* Charge, allocate, track: the common shape of pointer allocations. */
 #define GUARDED_ALLOC(dev, bytes, kind, key_expr, call)                                                  \
     do {                                                                                                \
         if ((dev) < 0) return (call);                                                                   \
         CUresult status_ = charge((dev), (bytes));                                                      \
         if (status_ != CUDA_SUCCESS) return status_;                                                    \
         status_ = (call);                                                                               \
-        for (uint64_t until_ = 0; status_ == CUDA_ERROR_OUT_OF_MEMORY && shim_wait_for_room((dev), &until_);) \
-            status_ = (call);                                                                           \
+        RETRY_WHILE_FULL((dev), status_, (call));                                                       \
         if (status_ != CUDA_SUCCESS) shim_region_release((dev), (bytes));                               \
         else shim_track((kind), (uint64_t)(key_expr), (dev), (bytes));                                  \
         return status_;                                                                                 \
@@ -97,6 +101,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
     CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
     if (status != CUDA_SUCCESS) return status;
     status = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    RETRY_WHILE_FULL(dev, status, REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
                         status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 0);
 }
@@ -117,6 +122,7 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
     CUresult status = charge_pitch(dev, WidthInBytes, Height, &estimate);
     if (status != CUDA_SUCCESS) return status;
     status = REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    RETRY_WHILE_FULL(dev, status, REAL(cuMemAllocPitch)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     return settle_pitch(dev, estimate, status, status == CUDA_SUCCESS ? *dptr : 0,
                         status == CUDA_SUCCESS ? (uint64_t)*pPitch * Height : 0, 1);
 }
