@@ -14,7 +14,10 @@ Three documents:
                 "healthy": true}, ...],
      "links": [[0, 2], [2, 0]]}
 
-  ``cards[].kind`` ("physical" | "virtual") is optional. ``links`` is optional: a square, symmetric
+  ``cards[].kind`` ("physical" | "virtual") is optional. A virtual card (a MIG instance) may add
+  ``computeMilli`` (its compute in per-mille of a whole card, 1000 when absent), ``profile``
+  (``"3g.40gb"``) and ``parent`` (its physical card's UUID); a physical card carries neither of the
+  last two. ``links`` is optional: a square, symmetric
   matrix of link levels in card order (0 self, 1 NVLink, 2 one PCIe switch, 3 several switches,
   4 host bridge, 5 NUMA node, 6 across sockets; :class:`gpupool.core.model.LinkLevel`).
 
@@ -157,13 +160,32 @@ def _inventory_doc(inventory: Inventory) -> dict[str, Any]:
         "v": SCHEMA_VERSION,
         "cards": [
             {"index": c.index, "uuid": c.uuid, "model": c.model, "memoryMiB": c.memory_mib,
-             "healthy": c.healthy, **({"kind": c.kind.value} if c.kind != GpuKind.PHYSICAL else {})}
+             "healthy": c.healthy, **_virtual_fields(c)}
             for c in inventory.cards
         ],
     }
     if inventory.topology is not None:
         doc["links"] = [[int(level) for level in row] for row in inventory.topology.levels]
     return doc
+
+
+def _virtual_fields(card: GpuCard) -> dict[str, Any]:
+    """The optional fields of a card entry, written only when they differ from a physical card's."""
+    found: dict[str, Any] = {}
+    if card.kind != GpuKind.PHYSICAL:
+        found["kind"] = card.kind.value
+    if card.compute != MAX_COMPUTE_PER_CARD:
+        found["computeMilli"] = card.compute
+    if card.profile:
+        found["profile"] = card.profile
+    if card.parent:
+        found["parent"] = card.parent
+    return found
+
+
+def _optional_text(raw: Mapping[str, Any], key: str, where: str) -> str:
+    """An optional name field: absent is ``""``, present must be a usable name."""
+    return text(raw, key, where) if key in raw else ""
 
 
 def _read_inventory(doc: Mapping[str, Any], what: str) -> Inventory:
@@ -182,14 +204,19 @@ def _read_inventory(doc: Mapping[str, Any], what: str) -> Inventory:
         kind_text = raw.get("kind", GpuKind.PHYSICAL.value)
         if kind_text not in {k.value for k in GpuKind}:
             raise AnnotationError(f"{where}.kind: expected physical or virtual, got {str(kind_text)[:64]!r}")
+        compute = bounded(raw, "computeMilli", where, MAX_COMPUTE_PER_CARD) if "computeMilli" in raw \
+            else MAX_COMPUTE_PER_CARD
+        profile, parent = _optional_text(raw, "profile", where), _optional_text(raw, "parent", where)
+        if (profile or parent) and kind_text != GpuKind.VIRTUAL:
+            raise AnnotationError(f"{where}: profile and parent belong to a virtual card only")
         if index in seen_index:
             raise AnnotationError(f"{where}.index: card index {index} appears twice")
         if uuid in seen_uuid:
             raise AnnotationError(f"{where}.uuid: {uuid} appears twice")
         seen_index.add(index)
         seen_uuid.add(uuid)
-        cards.append(GpuCard(index=index, uuid=uuid, model=model, memory_mib=memory,
-                             kind=GpuKind(kind_text), healthy=healthy))
+        cards.append(GpuCard(index=index, uuid=uuid, model=model, memory_mib=memory, compute=compute,
+                             kind=GpuKind(kind_text), healthy=healthy, profile=profile, parent=parent))
     cards.sort(key=lambda c: c.index)
     topology = None
     if "links" in doc:

@@ -97,7 +97,12 @@ class LinkLevel(IntEnum):
 
 @dataclass(frozen=True)
 class GpuCard:
-    """One card of a node, as the node side discovers it."""
+    """One card of a node, as the node side discovers it.
+
+    A virtual card (a MIG instance) has its own memory, a ``compute`` of less than a whole card
+    (per-mille of its parent, in proportion to its compute slices), the name of its ``profile``
+    (``3g.40gb``) and its ``parent`` card's UUID; both texts are empty for a physical card.
+    """
 
     index: int
     uuid: str
@@ -106,6 +111,8 @@ class GpuCard:
     compute: int = COMPUTE_PER_CARD
     kind: GpuKind = GpuKind.PHYSICAL
     healthy: bool = True
+    profile: str = ""
+    parent: str = ""
 
     def __post_init__(self) -> None:
         check_bounds("card", "index", self.index, MAX_CARDS_PER_NODE - 1)
