@@ -47,7 +47,6 @@ from gpupool.api.fields import (
 from gpupool.api.fields import field as read_field
 from gpupool.api.limits import MAX_CARD_INDEX, MAX_CARD_MEMORY_MIB, MAX_COMPUTE_PER_CARD
 from gpupool.api.names import ResourceNames
-from gpupool.core.model import NodeSpec, Placement
 
 WHAT = "remote-share-v1"
 
@@ -72,12 +71,6 @@ class RemoteShare:
     container: str
     card: CardRef
     pod_uid: str = ""
-
-    @staticmethod
-    def from_placement(placement: Placement, spec: NodeSpec, when: dt.datetime, pod_uid: str = "") -> RemoteShare:
-        """Name the core's remote placement (one container, one slice, on ``spec``'s node) by the
-        card's index and uuid; ``ValueError`` for any other shape (the core never decides one)."""
-        return RemoteShare.from_assignment(Assignment.from_placement(placement, spec, when, pod_uid))
 
     @staticmethod
     def from_assignment(assignment: Assignment) -> RemoteShare:
