@@ -144,7 +144,20 @@ static CUresult release(uint64_t key) {
         break;
     }
     pthread_mutex_unlock(&lock);
+    if (status == CUDA_SUCCESS) standin_backing_drop(key);
     return status;
+}
+
+int standin_allocation_at(uint64_t address, uint64_t *base, uint64_t *bytes) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (uint32_t i = 0; i < MAX_ALLOCATIONS && !found; i++) {
+        if (allocations[i].key == 0 || allocations[i].key == TOMBSTONE) continue;
+        if (address < allocations[i].key || address >= allocations[i].key + allocations[i].bytes) continue;
+        *base = allocations[i].key, *bytes = allocations[i].bytes, found = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
 }
 
 CUresult standin_release(uint64_t key) { return release(key); }
@@ -502,7 +515,10 @@ static CUresult run_kernel(void) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchKernel(LAUNCH_PARAMS, void **kernelParams, void **extra) { return run_kernel(); }
+CUresult cuLaunchKernel(LAUNCH_PARAMS, void **kernelParams, void **extra) {
+    CUresult status = current < 0 ? CUDA_ERROR_INVALID_CONTEXT : standin_run_builtin(f, kernelParams, extra);
+    return status != CUDA_SUCCESS ? status : run_kernel();
+}
 CUresult cuLaunchCooperativeKernel(LAUNCH_PARAMS, void **kernelParams) { return run_kernel(); }
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
     return config == NULL ? CUDA_ERROR_INVALID_VALUE : run_kernel();

@@ -30,6 +30,12 @@ API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus
                                             CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                             size_t *numDependencies_out);
 
+/* The allocation holding address (its base and size): 1, or 0 when none does (cuda.c). */
+int standin_allocation_at(uint64_t address, uint64_t *base, uint64_t *bytes);
+/* kernels.c: the host memory behind an allocation given back, and a launch of a built-in kernel run. */
+void standin_backing_drop(uint64_t base);
+CUresult standin_run_builtin(CUfunction function, void **params, void **extra);
+
 /* Let VMM allocations go that only an exported file kept, once that file is closed. */
 void standin_vmm_settle(void);
 /* At cuInit: the control descriptor, an open of the file every export opens (vmm.c). */

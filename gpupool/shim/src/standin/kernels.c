@@ -1,0 +1,311 @@
+/*
+ * The stand-in driver's computing part, so that a program's results can be checked (the remote GPU
+ * tests read back what a kernel wrote): device memory an allocation names is backed by host memory
+ * the first time a copy, a memset or a kernel touches it (zeroed, given back with the allocation),
+ * and a module image the stand-in recognises names built-in kernels that compute on it.
+ *
+ * Module image: NUL-terminated text whose first line is STANDIN_MODULE_MAGIC, then one kernel name
+ * per line out of the built-ins below. Any other image is CUDA_ERROR_INVALID_IMAGE. A function
+ * handle of another kind (the interception library's tests launch made-up ones) computes nothing.
+ * Built-ins (grid and block are ignored: one launch covers n elements):
+ *   vector_add(const float *a, const float *b, float *c, unsigned n)   c[i] = a[i] + b[i]
+ *   scale(float *x, float factor, unsigned n)                         x[i] *= factor
+ * Their parameter layout is answered by cuFuncGetParamInfo, as the real driver (12.4+) does.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver.h"
+
+#define STANDIN_MODULE_MAGIC "gpupool-standin-module"
+#define MAX_BACKINGS 4096
+#define MAX_PARAMS 4
+#define CUDA_ERROR_INVALID_IMAGE 200
+
+typedef struct CUmod_st *CUmodule;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);
+API CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t count);
+API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream);
+API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream);
+API CUresult cuModuleLoadData(CUmodule *module, const void *image);
+API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, void *options, void **values);
+API CUresult cuModuleUnload(CUmodule module);
+API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
+API CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size);
+API CUresult cuStreamCreate(CUstream *stream, unsigned int flags);
+API CUresult cuStreamDestroy_v2(CUstream stream);
+API CUresult cuStreamQuery(CUstream stream);
+API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
+API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev);
+API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+
+struct builtin {
+    const char *name;
+    int params;
+    size_t offset[MAX_PARAMS], size[MAX_PARAMS];
+};
+
+static const struct builtin builtins[] = {
+    {"vector_add", 4, {0, 8, 16, 24}, {8, 8, 8, 4}},
+    {"scale", 3, {0, 8, 12}, {8, 4, 4}},
+};
+#define BUILTINS (sizeof builtins / sizeof *builtins)
+
+struct module {
+    int has[BUILTINS];
+};
+
+struct backing {
+    uint64_t base, bytes;
+    unsigned char *host;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct backing backings[MAX_BACKINGS];
+
+/* Host memory behind [address, address + bytes) of one allocation, or NULL. */
+static unsigned char *host_of(uint64_t address, uint64_t bytes) {
+    uint64_t base, size;
+    if (!standin_allocation_at(address, &base, &size) || address + bytes > base + size || address + bytes < address)
+        return NULL;
+    unsigned char *found = NULL;
+    pthread_mutex_lock(&lock);
+    int free_slot = -1;
+    for (int i = 0; i < MAX_BACKINGS && found == NULL; i++) {
+        if (backings[i].base == base) found = backings[i].host;
+        else if (backings[i].base == 0 && free_slot < 0) free_slot = i;
+    }
+    if (found == NULL && free_slot >= 0 && (found = calloc(1, size)) != NULL)
+        backings[free_slot] = (struct backing){base, size, found};
+    pthread_mutex_unlock(&lock);
+    return found == NULL ? NULL : found + (address - base);
+}
+
+void standin_backing_drop(uint64_t base) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_BACKINGS; i++) {
+        if (backings[i].base != base) continue;
+        free(backings[i].host);
+        backings[i] = (struct backing){0};
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
+    if (bytes == 0) return CUDA_SUCCESS;
+    unsigned char *to = host_of(dst, bytes);
+    if (to == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(to, src, bytes);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
+    if (bytes == 0) return CUDA_SUCCESS;
+    const unsigned char *from = host_of(src, bytes);
+    if (from == NULL || dst == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, from, bytes);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+    if (bytes == 0) return CUDA_SUCCESS;
+    unsigned char *to = host_of(dst, bytes), *from = host_of(src, bytes);
+    if (to == NULL || from == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memmove(to, from, bytes);
+    return CUDA_SUCCESS;
+}
+
+/* The stand-in runs everything at once: the stream-ordered variants are the same copies. */
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+    return (void)stream, cuMemcpyHtoD_v2(dst, src, bytes);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+    return (void)stream, cuMemcpyDtoH_v2(dst, src, bytes);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+    return (void)stream, cuMemcpyDtoD_v2(dst, src, bytes);
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
+    if (count == 0) return CUDA_SUCCESS;
+    unsigned char *to = host_of(dst, count);
+    if (to == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memset(to, value, count);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t count) {
+    if (count == 0) return CUDA_SUCCESS;
+    if (count > SIZE_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *to = host_of(dst, count * 4);
+    if (to == NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) memcpy(to + 4 * i, &value, 4);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+    return (void)stream, cuMemsetD8_v2(dst, value, count);
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+    return (void)stream, cuMemsetD32_v2(dst, value, count);
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const char *text = image;
+    size_t magic = strlen(STANDIN_MODULE_MAGIC);
+    if (strncmp(text, STANDIN_MODULE_MAGIC, magic) != 0 || (text[magic] != '\n' && text[magic] != '\0'))
+        return CUDA_ERROR_INVALID_IMAGE;
+    struct module *loaded = calloc(1, sizeof *loaded);
+    if (loaded == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (const char *line = text + magic; *line != '\0';) {
+        line += *line == '\n';
+        size_t length = strcspn(line, "\n");
+        size_t i = 0;
+        while (i < BUILTINS && (strlen(builtins[i].name) != length || strncmp(builtins[i].name, line, length) != 0)) i++;
+        if (length > 0 && i == BUILTINS) {
+            free(loaded);
+            return CUDA_ERROR_INVALID_IMAGE; /* names a kernel the stand-in cannot run */
+        }
+        if (length > 0) loaded->has[i] = 1;
+        line += length;
+    }
+    *module = (CUmodule)loaded;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, void *options, void **values) {
+    return (void)n, (void)options, (void)values, cuModuleLoadData(module, image);
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+    if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    free(module);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (function == NULL || module == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < BUILTINS; i++) {
+        if (!((struct module *)module)->has[i] || strcmp(builtins[i].name, name) != 0) continue;
+        *function = (CUfunction)(uintptr_t)&builtins[i];
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+static const struct builtin *builtin_of(CUfunction function) {
+    for (size_t i = 0; i < BUILTINS; i++)
+        if ((const void *)function == (const void *)&builtins[i]) return &builtins[i];
+    return NULL;
+}
+
+CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size) {
+    const struct builtin *kernel = builtin_of(function);
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (index >= (size_t)kernel->params) return CUDA_ERROR_INVALID_VALUE;
+    if (offset != NULL) *offset = kernel->offset[index];
+    if (size != NULL) *size = kernel->size[index];
+    return CUDA_SUCCESS;
+}
+
+#define LAUNCH_PARAM_END ((void *)0)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+/* Parameter i of a launch, from kernelParams or the extra buffer; NULL when missing. */
+static const void *param(const struct builtin *kernel, int i, void **params, void **extra) {
+    if (params != NULL) return params[i];
+    const unsigned char *buffer = NULL;
+    size_t size = 0;
+    for (int k = 0; extra != NULL && extra[k] != LAUNCH_PARAM_END; k += 2) {
+        if (extra[k] == LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[k + 1];
+        if (extra[k] == LAUNCH_PARAM_BUFFER_SIZE) size = *(const size_t *)extra[k + 1];
+    }
+    if (buffer == NULL || kernel->offset[i] + kernel->size[i] > size) return NULL;
+    return buffer + kernel->offset[i];
+}
+
+CUresult standin_run_builtin(CUfunction function, void **params, void **extra) {
+    const struct builtin *kernel = builtin_of(function);
+    if (kernel == NULL) return CUDA_SUCCESS; /* a made-up handle of the interception library's tests */
+    const void *values[MAX_PARAMS];
+    for (int i = 0; i < kernel->params; i++)
+        if ((values[i] = param(kernel, i, params, extra)) == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (kernel == &builtins[0]) {
+        CUdeviceptr a, b, c;
+        unsigned n;
+        memcpy(&a, values[0], 8), memcpy(&b, values[1], 8), memcpy(&c, values[2], 8), memcpy(&n, values[3], 4);
+        float *x = (float *)host_of(a, 4ull * n), *y = (float *)host_of(b, 4ull * n), *z = (float *)host_of(c, 4ull * n);
+        if (n > 0 && (x == NULL || y == NULL || z == NULL)) return CUDA_ERROR_INVALID_VALUE;
+        for (unsigned i = 0; i < n; i++) z[i] = x[i] + y[i];
+    } else {
+        CUdeviceptr a;
+        float factor;
+        unsigned n;
+        memcpy(&a, values[0], 8), memcpy(&factor, values[1], 4), memcpy(&n, values[2], 4);
+        float *x = (float *)host_of(a, 4ull * n);
+        if (n > 0 && x == NULL) return CUDA_ERROR_INVALID_VALUE;
+        for (unsigned i = 0; i < n; i++) x[i] *= factor;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Streams: everything runs in order at once, so a stream is only a handle. */
+CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
+    (void)flags;
+    if (stream == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *stream = calloc(1, 64);
+    return *stream == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(CUstream stream) {
+    if (stream == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    free(stream);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream stream) { return (void)stream, CUDA_SUCCESS; }
+
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+    return (void)stream, (void)flags, event == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+    CUresult status = standin_checked_device(dev);
+    if (status != CUDA_SUCCESS || value == NULL) return status != CUDA_SUCCESS ? status : CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case 1: *value = 1024; break;  /* max threads per block */
+    case 16: *value = 8; break;    /* multiprocessors */
+    case 75: *value = 8; break;    /* compute capability major */
+    case 76: *value = 0; break;    /* minor */
+    default: *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The 16 bytes "standin-card-" and the ordinal; NVML's stand-in calls the card GPU-standin-<ordinal>. */
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    CUresult status = standin_checked_device(dev);
+    if (status != CUDA_SUCCESS || uuid == NULL) return status != CUDA_SUCCESS ? status : CUDA_ERROR_INVALID_VALUE;
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    memcpy(uuid->bytes, "standin-card-", 13);
+    uuid->bytes[13] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
