@@ -127,10 +127,11 @@ GRANT_REMOTE_TOKEN = "remote_token"
 """Grant-file key: the client's token, as in the server's clients file."""
 
 
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """``host:port`` (or ``[v6]:port``) split; :class:`ValueError` saying why otherwise."""
+def parse_endpoint(value: str, *, any_port: bool = False) -> tuple[str, int]:
+    """``host:port`` (or ``[v6]:port``) split; :class:`ValueError` saying why otherwise.
+    ``any_port``: port 0 is allowed (a listen address: any free port)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise ValueError(f"endpoint {value!r}: expected host:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

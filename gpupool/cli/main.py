@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "testenv": "gpupool.cli.testenv_cmd:testenv",
     "certs": "gpupool.cli.certs_cmd:certs",
     "groups": "gpupool.cli.groups_cmd:groups_cli",
+    "remote-gpu": "gpupool.cli.remote_gpu_cmd:remote_gpu",
 }
 
 

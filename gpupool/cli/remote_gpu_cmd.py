@@ -1,0 +1,37 @@
+"""``gpupool remote-gpu serve``: the GPU server of remote shares (docs/remote-gpu.md)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from gpupool.shim.build import ShimBuildError
+
+
+@click.group("remote-gpu")
+def remote_gpu() -> None:
+    """GPUs used over the network by pods on other nodes."""
+
+
+@remote_gpu.command("serve")
+@click.option("--listen", required=True, metavar="HOST:PORT", help="Address to listen on (port 0: any free one).")
+@click.option("--clients", "clients_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The node agent's clients file (JSON); re-read when it changes.")
+@click.option("--driver", default="libcuda.so.1", show_default=True, metavar="PATH",
+              help="The CUDA driver library the server runs calls on.")
+@click.option("--allow-plain", is_flag=True,
+              help="Serve plain TCP on a non-loopback address (there is no TLS yet: tokens cross the network "
+                   "in the clear).")
+def serve_cmd(listen: str, clients_file: Path, driver: str, allow_plain: bool) -> None:
+    """Serve the CUDA driver of this node to the remote clients the clients file names."""
+    from gpupool.remotegpu.serve import RemoteServeError, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain)
+    except (RemoteServeError, ShimBuildError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)

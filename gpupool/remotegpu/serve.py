@@ -1,0 +1,144 @@
+"""``gpupool remote-gpu serve``: the GPU server of remote shares, kept fed with its clients.
+
+The node agent writes the JSON clients file (:mod:`gpupool.api.remote_gpu`). This supervisor
+validates it with the contract's codec and mirrors it, whenever it changes, into the one-line-per-
+client file the C server reads (``token TAB pod TAB card TAB memory-MiB TAB compute-percent``), in
+a private directory (mode 0700: the tokens are secrets). A file that does not follow the contract
+is reported and the last good one kept, so a half-written or broken file never disconnects
+everyone. The C server (``gpupool-remote-server``, :mod:`gpupool.shim.remote_build`) forks a
+process per client that leaves within about 100 ms once its token is gone from the mirror.
+
+Plain TCP only for now: a listen address that is not loopback is refused unless ``allow_plain``
+(docs/remote-gpu.md, "Trust").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
+from gpupool.shim.remote_build import build_server
+
+log = logging.getLogger(__name__)
+POLL_S = 0.1
+MIRROR_NAME = "clients.tab"
+
+
+class RemoteServeError(RuntimeError):
+    """The server cannot start as asked; the message says why."""
+
+
+def mirror_text(clients: Sequence[RemoteClient]) -> str:
+    """The C server's clients file (the codec already refused tabs and line breaks in the fields)."""
+    return "".join(f"{c.token}\t{c.pod}\t{c.card_uuid}\t{c.memory_mib}\t{c.compute_percent}\n" for c in clients)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise RemoteServeError(f"--listen host {host!r}: {exc}") from None
+    addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+    return bool(addresses) and all(a.is_loopback or (a.version == 6 and a.ipv4_mapped is not None
+                                                     and a.ipv4_mapped.is_loopback) for a in addresses)
+
+
+def check_listen(listen: str, allow_plain: bool) -> None:
+    """Refuse a listen address the server must not use (bad syntax, or plain TCP off loopback)."""
+    try:
+        host, _ = parse_endpoint(listen, any_port=True)
+    except ValueError as exc:
+        raise RemoteServeError(f"--listen: {exc}") from None
+    if not allow_plain and not is_loopback(host):
+        raise RemoteServeError(f"--listen {listen}: not a loopback address, and the server speaks plain TCP "
+                               "(no TLS yet); pass --allow-plain to serve it on this network anyway")
+
+
+@dataclass
+class ClientsMirror:
+    """Keeps ``mirror`` equal to the last readable version of ``source``."""
+
+    source: Path
+    mirror: Path
+    _seen: tuple[int, int, int] | None = None
+    clients: int = 0
+
+    def refresh(self) -> bool:
+        """Re-read ``source`` when it changed; True when the mirror was rewritten."""
+        try:
+            info = self.source.stat()
+            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            seen = (0, 0, 0)
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        if seen == (0, 0, 0):
+            log.warning("remote GPU: clients file %s is absent: serving no client", self.source)
+            return self._write([])
+        try:
+            clients = decode_clients(self.source.read_text())
+        except (ClientsFileError, OSError, UnicodeDecodeError) as exc:
+            log.error("remote GPU: clients file %s not read, keeping the last one: %s", self.source, exc)
+            if not self.mirror.exists():
+                self._write([])
+            return False
+        return self._write(clients)
+
+    def _write(self, clients: Sequence[RemoteClient]) -> bool:
+        fd, staged = tempfile.mkstemp(prefix=".clients.", dir=self.mirror.parent)
+        with os.fdopen(fd, "w") as out:
+            out.write(mirror_text(clients))
+        os.replace(staged, self.mirror)
+        self.clients = len(clients)
+        log.info("remote GPU: serving %d client(s)", len(clients))
+        return True
+
+
+def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False) -> int:
+    """Run the GPU server until it exits or this process is told to stop; returns its exit code."""
+    check_listen(listen, allow_plain)
+    program = build_server()
+    private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        mirror = ClientsMirror(clients_file, private / MIRROR_NAME)
+        mirror.refresh()
+        command = [str(program), "--listen", listen, "--clients", str(mirror.mirror), "--driver", driver,
+                   *(["--allow-plain"] if allow_plain else [])]
+        with subprocess.Popen(command) as server:
+            while server.poll() is None and not stopping:
+                mirror.refresh()
+                time.sleep(POLL_S)
+            if server.poll() is None:
+                server.terminate()
+                try:
+                    server.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+            code = server.wait()
+        return 0 if stopping else code
+    finally:
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+        shutil.rmtree(private, ignore_errors=True)

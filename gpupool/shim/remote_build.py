@@ -1,0 +1,57 @@
+"""Build the remote GPU's two programs from the shipped C sources (docs/remote-gpu.md).
+
+* the GPU server, ``gpupool-remote-server``: an executable that dlopens the node's driver;
+* the GPU client, a ``libcuda.so.1`` that forwards the driver API to a server, for containers on
+  nodes without GPUs.
+
+Cached by digest like the interception library (:mod:`gpupool.shim.build`): a changed source or
+compiler never reuses a stale build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpupool.shim.build import RELEASE, Flavour, _compile, _digest, cache_dir, find_compiler
+from gpupool.shim.build import SOURCE_DIR as SHIM_SOURCE_DIR
+
+REMOTE_DIR = SHIM_SOURCE_DIR / "remote"
+SERVER_SOURCES = ("server.c",)
+CLIENT_SOURCES = ("client.c",)
+HEADERS = ("protocol.h",)
+WARNINGS = ("-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
+CLIENT_SONAME = "libcuda.so.1"
+
+
+def _files(names: tuple[str, ...]) -> list[Path]:
+    return [REMOTE_DIR / name for name in names]
+
+
+def build_server(*, flavour: Flavour = RELEASE, werror: bool = False) -> Path:
+    """The GPU server executable (built once per digest)."""
+    compiler = find_compiler()
+    flags = (*WARNINGS, *flavour.flags, *(("-Werror",) if werror else ()))
+    sources = _files(SERVER_SOURCES)
+    output = cache_dir() / f"gpupool-remote-server-{flavour.name}-{_digest(compiler, flags, sources + _files(HEADERS))}"
+    if not output.is_file():
+        _compile(compiler, list(flags), sources, output)
+    return output
+
+
+def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path: str | None = None) -> Path:
+    """The directory holding the GPU client as ``libcuda.so.1`` (put it on ``LD_LIBRARY_PATH`` or
+    mount it over the container's libcuda.so.1). ``grant_path`` compiles in another grant file
+    than /etc/gpupool/grant (tests)."""
+    compiler = find_compiler()
+    defines = (f'-DSHIM_GRANT_PATH="{grant_path}"',) if grant_path is not None else ()
+    flags = (*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags, *defines,
+             f"-Wl,-soname,{CLIENT_SONAME}", *(("-Werror",) if werror else ()))
+    sources = _files(CLIENT_SOURCES)
+    directory = cache_dir() / f"remote-client-{flavour.name}-{_digest(compiler, flags, sources + _files(HEADERS))}"
+    target = directory / CLIENT_SONAME
+    if not target.is_file():
+        _compile(compiler, list(flags), sources, target)
+    link = directory / "libcuda.so"
+    if not link.exists():
+        link.symlink_to(CLIENT_SONAME)
+    return directory

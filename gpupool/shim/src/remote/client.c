@@ -1,0 +1,862 @@
+/*
+ * gpupool's GPU client (docs/remote-gpu.md): a libcuda.so.1 that forwards the CUDA driver API to a
+ * GPU server over the network, for a container on a node without GPUs. Mount it as libcuda.so.1.
+ *
+ * Where the server is: GPUPOOL_REMOTE_ENDPOINT and GPUPOOL_REMOTE_TOKEN, else the keys
+ * remote_endpoint and remote_token of the node's grant file (/etc/gpupool/grant). Every call has
+ * a deadline (GPUPOOL_REMOTE_DEADLINE_MS, default 60000): a server that is gone or silent gives
+ * the program a CUDA error code, never a hang. Calls whose result the program does not wait for
+ * (launches, copies to the device, memsets, event records) are gathered and sent together; their
+ * errors come back with the next call that waits for an answer. Calls this library does not
+ * forward return CUDA_ERROR_NOT_SUPPORTED.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cuda_types.h"
+#include "protocol.h"
+
+#define API __attribute__((visibility("default")))
+#ifndef SHIM_GRANT_PATH
+#define SHIM_GRANT_PATH "/etc/gpupool/grant"
+#endif
+#define SEND_BUFFER (256u << 10)
+#define DIRECT_BYTES (64u << 10) /* larger payloads go from the caller's memory, not through the buffer */
+#define MAX_FUNCTIONS 4096
+#define CUDA_ERROR_INVALID_IMAGE_ 200
+#define CUDA_ERROR_NO_DEVICE_ 100
+#define CUDA_ERROR_FILE_NOT_FOUND_ 301
+
+typedef struct CUmod_st *CUmodule;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+/* ------------------------------------------------------------------------------------ connection */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int sock = -1;
+static CUresult broken; /* why the connection is gone (0 while it works) */
+static int connected_once;
+static uint32_t next_call = 1;
+static uint64_t deadline_ms = 60000;
+static unsigned char send_buffer[SEND_BUFFER];
+static size_t send_used;
+static uint64_t booked_bytes;
+
+static uint64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+static CUresult hang_up(CUresult why) {
+    if (sock >= 0) close(sock);
+    sock = -1;
+    if (broken == 0) broken = why;
+    return why;
+}
+
+/* Wait until the socket is ready for events; 0, or the error the call returns. */
+static CUresult wait_ready(short events, uint64_t deadline) {
+    for (;;) {
+        uint64_t now = now_ms();
+        if (now >= deadline) return hang_up(REMOTE_ERROR_TIMEOUT);
+        struct pollfd waiting = {.fd = sock, .events = events};
+        int n = poll(&waiting, 1, (int)(deadline - now));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+        if (n > 0) return 0;
+    }
+}
+
+static CUresult send_bytes(const void *data, size_t bytes, uint64_t deadline) {
+    for (size_t done = 0; done < bytes;) {
+        ssize_t n = send(sock, (const char *)data + done, bytes - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            CUresult status = wait_ready(POLLOUT, deadline);
+            if (status != 0) return status;
+            continue;
+        }
+        return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    }
+    return 0;
+}
+
+static CUresult receive_bytes(void *data, size_t bytes, uint64_t deadline) {
+    for (size_t done = 0; done < bytes;) {
+        ssize_t n = recv(sock, (char *)data + done, bytes - done, MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            CUresult status = wait_ready(POLLIN, deadline);
+            if (status != 0) return status;
+            continue;
+        }
+        return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE); /* closed (0) or reset */
+    }
+    return 0;
+}
+
+static CUresult flush(uint64_t deadline) {
+    CUresult status = send_used > 0 ? send_bytes(send_buffer, send_used, deadline) : 0;
+    send_used = 0;
+    return status;
+}
+
+/*
+ * One call: the request (payload, then data from the caller's memory), and unless it wants no
+ * reply, the reply's payload into answer (at most capacity bytes; *got says how many came).
+ */
+static CUresult call(uint16_t op, uint16_t flags, const void *payload, size_t length, const void *data,
+                     size_t data_length, void *answer, size_t capacity, size_t *got) {
+    if (sock < 0) return broken ? REMOTE_ERROR_DEVICE_UNAVAILABLE : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t deadline = now_ms() + deadline_ms;
+    struct remote_header h = {.length = (uint32_t)(length + data_length), .op = op, .flags = flags,
+                              .call = next_call++};
+    size_t whole = sizeof h + length + data_length;
+    CUresult status;
+    if ((flags & REMOTE_FLAG_NO_REPLY) && whole <= DIRECT_BYTES) {
+        if (send_used + whole > sizeof send_buffer && (status = flush(deadline)) != 0) return status;
+        memcpy(send_buffer + send_used, &h, sizeof h);
+        memcpy(send_buffer + send_used + sizeof h, payload, length);
+        if (data_length > 0) memcpy(send_buffer + send_used + sizeof h + length, data, data_length);
+        send_used += whole;
+        return 0;
+    }
+    if (send_used + sizeof h + length <= sizeof send_buffer) { /* the header goes with what is gathered */
+        memcpy(send_buffer + send_used, &h, sizeof h);
+        memcpy(send_buffer + send_used + sizeof h, payload, length);
+        send_used += sizeof h + length;
+        if ((status = flush(deadline)) != 0) return status;
+    } else if ((status = flush(deadline)) != 0 || (status = send_bytes(&h, sizeof h, deadline)) != 0 ||
+               (status = send_bytes(payload, length, deadline)) != 0) {
+        return status;
+    }
+    if (data_length > 0 && (status = send_bytes(data, data_length, deadline)) != 0) return status;
+    if (flags & REMOTE_FLAG_NO_REPLY) return 0;
+    struct remote_header r;
+    if ((status = receive_bytes(&r, sizeof r, deadline)) != 0) return status;
+    if (r.call != h.call || r.op != h.op) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE); /* out of step */
+    size_t keep = r.length < capacity ? r.length : capacity;
+    if ((status = receive_bytes(answer, keep, deadline)) != 0) return status;
+    for (size_t left = r.length - keep; left > 0;) { /* more than asked for: read past it */
+        unsigned char sink[4096];
+        size_t n = left < sizeof sink ? left : sizeof sink;
+        if ((status = receive_bytes(sink, n, deadline)) != 0) return status;
+        left -= n;
+    }
+    if (got != NULL) *got = keep;
+    return r.status;
+}
+
+static CUresult simple(uint16_t op, const void *payload, size_t length, void *answer, size_t capacity) {
+    pthread_mutex_lock(&lock);
+    CUresult status = call(op, 0, payload, length, NULL, 0, answer, capacity, NULL);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static CUresult later(uint16_t op, const void *payload, size_t length) {
+    pthread_mutex_lock(&lock);
+    CUresult status = call(op, REMOTE_FLAG_NO_REPLY, payload, length, NULL, 0, NULL, 0, NULL);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+/* The grant file's value of key, or "" (the environment's variable wins). */
+static void setting(const char *variable, const char *key, char *out, size_t size) {
+    const char *value = getenv(variable);
+    out[0] = '\0';
+    if (value != NULL && value[0] != '\0') {
+        snprintf(out, size, "%s", value);
+        return;
+    }
+    FILE *grant = fopen(SHIM_GRANT_PATH, "re");
+    if (grant == NULL) return;
+    char line[1024];
+    size_t key_length = strlen(key);
+    while (fgets(line, sizeof line, grant) != NULL)
+        if (strncmp(line, key, key_length) == 0 && line[key_length] == '=')
+            snprintf(out, size, "%.*s", (int)strcspn(line + key_length + 1, "\r\n"), line + key_length + 1);
+    fclose(grant);
+}
+
+static CUresult open_connection(void) {
+    char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32];
+    setting("GPUPOOL_REMOTE_ENDPOINT", "remote_endpoint", endpoint, sizeof endpoint);
+    setting("GPUPOOL_REMOTE_TOKEN", "remote_token", token, sizeof token);
+    setting("GPUPOOL_REMOTE_DEADLINE_MS", "remote_deadline_ms", deadline, sizeof deadline);
+    if (deadline[0] != '\0' && strtoull(deadline, NULL, 10) > 0) deadline_ms = strtoull(deadline, NULL, 10);
+    const char *colon = strrchr(endpoint, ':');
+    if (endpoint[0] == '\0' || token[0] == '\0' || colon == NULL || (size_t)(colon - endpoint) >= sizeof host) {
+        fprintf(stderr, "gpupool remote GPU: no server configured (remote_endpoint, remote_token)\n");
+        return CUDA_ERROR_NO_DEVICE_;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)(colon - endpoint), endpoint);
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') memmove(host, host + 1, strlen(host)), host[strlen(host) - 1] = 0;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *found = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &found) != 0) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    uint64_t deadline_at = now_ms() + deadline_ms;
+    sock = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    CUresult status = sock < 0 ? REMOTE_ERROR_DEVICE_UNAVAILABLE : 0;
+    if (status == 0 && connect(sock, found->ai_addr, found->ai_addrlen) != 0 && errno != EINPROGRESS) status = 46;
+    freeaddrinfo(found);
+    if (status != 0) return hang_up(status);
+    if ((status = wait_ready(POLLOUT, deadline_at)) != 0) return status;
+    int error = 0, one = 1, idle = 10, interval = 5, count = 3;
+    socklen_t size = sizeof error;
+    getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &size);
+    if (error != 0) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    unsigned char hello[4 + REMOTE_MAX_TOKEN];
+    uint32_t version = REMOTE_PROTOCOL_VERSION;
+    memcpy(hello, &version, 4);
+    memcpy(hello + 4, token, strlen(token));
+    uint64_t answer[2] = {0, 0};
+    status = call(OP_HELLO, 0, hello, 4 + strlen(token), NULL, 0, answer, sizeof answer, NULL);
+    if (status != 0) {
+        fprintf(stderr, "gpupool remote GPU: the server at %s refused this client: CUDA error %d\n", endpoint, status);
+        return hang_up(status);
+    }
+    booked_bytes = answer[1];
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------- init and devices */
+static CUresult init_status = -1;
+
+API CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    if (!connected_once) connected_once = 1, init_status = open_connection();
+    CUresult status = init_status != 0 ? init_status : broken ? REMOTE_ERROR_DEVICE_UNAVAILABLE : 0;
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static CUresult ready(void) {
+    if (init_status == -1) return CUDA_ERROR_NOT_INITIALIZED;
+    return init_status != 0 ? init_status : broken ? REMOTE_ERROR_DEVICE_UNAVAILABLE : 0;
+}
+
+#define READY()                                                                                          \
+    do {                                                                                                 \
+        CUresult ready_status = ready();                                                                 \
+        if (ready_status != 0) return ready_status;                                                      \
+    } while (0)
+
+API CUresult cuDriverGetVersion(int *version) {
+    if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    return simple(OP_DRIVER_VERSION, NULL, 0, version, sizeof *version);
+}
+
+/* The client sees one device, ordinal 0: its share of the server's card. */
+API CUresult cuDeviceGetCount(int *count) {
+    if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+    if (name == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    char got[256];
+    size_t n = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = call(OP_DEVICE_NAME, 0, NULL, 0, NULL, 0, got, sizeof got - 1, &n);
+    pthread_mutex_unlock(&lock);
+    if (status == 0) got[n] = '\0', snprintf(name, (size_t)length, "%s", got);
+    return status;
+}
+
+API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    uint32_t which = (uint32_t)attribute;
+    return simple(OP_DEVICE_ATTRIBUTE, &which, 4, value, sizeof *value);
+}
+
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
+    if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    *bytes = booked_bytes; /* the share, not the card */
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) {
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    return simple(OP_DEVICE_UUID, NULL, 0, uuid->bytes, sizeof uuid->bytes);
+}
+API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) { return cuDeviceGetUuid(uuid, device); }
+
+/* ------------------------------------------------------------------------------------- contexts */
+/* The server holds one context per client; the contexts a program makes here are names for it. */
+#define PRIMARY ((CUcontext)(uintptr_t)0x6770000)
+static __thread CUcontext current;
+static __thread CUcontext stack[16];
+static __thread int depth;
+static uintptr_t next_context = 0x6770001;
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    *context = PRIMARY;
+    return CUDA_SUCCESS;
+}
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) { return device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready(); }
+API CUresult cuDevicePrimaryCtxRelease(CUdevice device) { return cuDevicePrimaryCtxRelease_v2(device); }
+API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
+    return (void)flags, device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready();
+}
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) { return device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready(); }
+API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *active) {
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (flags != NULL) *flags = 0;
+    if (active != NULL) *active = 1;
+    return ready();
+}
+
+API CUresult cuCtxCreate_v2(CUcontext *context, unsigned int flags, CUdevice device) {
+    (void)flags;
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    READY();
+    pthread_mutex_lock(&lock);
+    *context = (CUcontext)next_context++;
+    pthread_mutex_unlock(&lock);
+    current = *context;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxDestroy_v2(CUcontext context) {
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (current == context) current = NULL;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSetCurrent(CUcontext context) {
+    current = context;
+    return ready();
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *context) {
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *context = current;
+    return ready();
+}
+
+API CUresult cuCtxPushCurrent_v2(CUcontext context) {
+    if (depth == (int)(sizeof stack / sizeof *stack)) return CUDA_ERROR_INVALID_VALUE;
+    stack[depth++] = current;
+    current = context;
+    return ready();
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *context) {
+    if (depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (context != NULL) *context = current;
+    current = stack[--depth];
+    return ready();
+}
+
+API CUresult cuCtxGetDevice(CUdevice *device) {
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = 0;
+    return ready();
+}
+
+API CUresult cuCtxSynchronize(void) {
+    READY();
+    return simple(OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0);
+}
+
+/* --------------------------------------------------------------------------------------- memory */
+API CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes) {
+    if (pointer == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t size = bytes, got = 0;
+    CUresult status = simple(OP_MEM_ALLOC, &size, 8, &got, sizeof got);
+    if (status == 0) *pointer = got;
+    return status;
+}
+
+API CUresult cuMemFree_v2(CUdeviceptr pointer) {
+    READY();
+    uint64_t which = pointer;
+    return simple(OP_MEM_FREE, &which, 8, NULL, 0);
+}
+
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t got[2] = {0, 0};
+    CUresult status = simple(OP_MEM_INFO, NULL, 0, got, sizeof got);
+    if (status == 0) *free_bytes = got[0], *total = got[1];
+    return status;
+}
+
+/* The bytes are on their way when this returns (the caller may reuse its buffer); the copy's own
+ * error, if any, comes back with the next call that waits for an answer. */
+static CUresult copy_to_device(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+    if (src == NULL && bytes > 0) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    CUresult status = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t done = 0; status == 0 && (done < bytes || bytes == 0);) {
+        size_t n = bytes - done < REMOTE_MAX_COPY ? bytes - done : REMOTE_MAX_COPY;
+        uint64_t args[2] = {dst + done, (uintptr_t)stream};
+        status = call(OP_COPY_TO_DEVICE, REMOTE_FLAG_NO_REPLY, args, sizeof args, (const char *)src + done, n, NULL, 0,
+                      NULL);
+        done += n;
+        if (bytes == 0) break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static CUresult copy_to_host(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+    if (dst == NULL && bytes > 0) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    CUresult status = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t done = 0; status == 0 && (done < bytes || bytes == 0);) {
+        size_t n = bytes - done < REMOTE_MAX_COPY ? bytes - done : REMOTE_MAX_COPY, got = 0;
+        uint64_t args[3] = {src + done, n, (uintptr_t)stream};
+        status = call(OP_COPY_TO_HOST, 0, args, sizeof args, NULL, 0, (char *)dst + done, n, &got);
+        if (status == 0 && got != n) status = hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+        done += n;
+        if (bytes == 0) break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static CUresult copy_on_device(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+    READY();
+    uint64_t args[4] = {dst, src, bytes, (uintptr_t)stream};
+    return later(OP_COPY_ON_DEVICE, args, sizeof args);
+}
+
+static CUresult memset_n(CUdeviceptr dst, uint32_t value, uint32_t element, size_t count, CUstream stream) {
+    READY();
+    struct {
+        uint64_t dst;
+        uint32_t value, element;
+        uint64_t count, stream;
+    } args = {dst, value, element, count, (uintptr_t)stream};
+    _Static_assert(sizeof args == 32, "memset arguments are 32 bytes");
+    return later(OP_MEMSET, &args, sizeof args);
+}
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { return copy_to_device(dst, src, n, NULL); }
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { return copy_to_host(dst, src, n, NULL); }
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy_on_device(dst, src, n, NULL); }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return copy_to_device(dst, src, n, s);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) { return copy_to_host(dst, src, n, s); }
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return copy_on_device(dst, src, n, s);
+}
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) { return memset_n(dst, value, 1, n, NULL); }
+API CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n) { return memset_n(dst, value, 4, n, NULL); }
+API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+    return memset_n(dst, value, 1, n, s);
+}
+API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream s) {
+    return memset_n(dst, value, 4, n, s);
+}
+
+/* -------------------------------------------------------------------------------------- modules */
+/* How many bytes an image the driver would take holds: a fatbin's header says, an ELF cubin's
+ * sections do, PTX and the stand-in's images are NUL-terminated text. */
+static size_t image_bytes(const unsigned char *image) {
+    uint32_t magic;
+    if (image == NULL) return 0;
+    memcpy(&magic, image, 4);
+    if (magic == 0xBA55ED50u) {
+        uint16_t header;
+        uint64_t body;
+        memcpy(&header, image + 6, 2), memcpy(&body, image + 8, 8);
+        return header + body;
+    }
+    if (memcmp(image, "\177ELF", 4) == 0 && image[4] == 2) {
+        uint64_t sections, end = 0;
+        uint16_t entry, count;
+        memcpy(&sections, image + 0x28, 8), memcpy(&entry, image + 0x3a, 2), memcpy(&count, image + 0x3c, 2);
+        end = sections + (uint64_t)entry * count;
+        for (uint16_t i = 0; i < count; i++) {
+            const unsigned char *section = image + sections + (uint64_t)i * entry;
+            uint32_t type;
+            uint64_t offset, size;
+            memcpy(&type, section + 4, 4), memcpy(&offset, section + 0x18, 8), memcpy(&size, section + 0x20, 8);
+            if (type != 8 /* SHT_NOBITS */ && offset + size > end) end = offset + size;
+        }
+        return (size_t)end;
+    }
+    return strlen((const char *)image) + 1;
+}
+
+static CUresult load_image(CUmodule *module, const void *image, size_t bytes) {
+    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    if (bytes == 0 || bytes > REMOTE_MAX_MODULE) return CUDA_ERROR_INVALID_IMAGE_;
+    uint64_t got = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = call(OP_MODULE_LOAD, 0, NULL, 0, image, bytes, &got, sizeof got, NULL);
+    pthread_mutex_unlock(&lock);
+    if (status == 0) *module = (CUmodule)(uintptr_t)got;
+    return status;
+}
+
+API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint32_t magic;
+    memcpy(&magic, image, 4);
+    if (magic == 0x466243b1u) /* the wrapper nvcc emits: its data field points to the fatbin */
+        memcpy(&image, (const unsigned char *)image + 8, sizeof image);
+    return load_image(module, image, image_bytes(image));
+}
+API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, void *options, void **values) {
+    return (void)n, (void)options, (void)values, cuModuleLoadData(module, image);
+}
+API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *image) { return cuModuleLoadData(module, image); }
+
+API CUresult cuModuleLoad(CUmodule *module, const char *path) {
+    if (path == NULL) return CUDA_ERROR_INVALID_VALUE;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat info;
+    if (fd < 0 || fstat(fd, &info) != 0 || info.st_size <= 0 || (uint64_t)info.st_size > REMOTE_MAX_MODULE) {
+        if (fd >= 0) close(fd);
+        return CUDA_ERROR_FILE_NOT_FOUND_;
+    }
+    unsigned char *image = calloc(1, (size_t)info.st_size + 1);
+    size_t got = 0;
+    for (ssize_t n; image != NULL && got < (size_t)info.st_size && (n = read(fd, image + got, (size_t)info.st_size - got)) > 0;)
+        got += (size_t)n;
+    close(fd);
+    CUresult status = image == NULL ? CUDA_ERROR_OUT_OF_MEMORY : load_image(module, image, got);
+    free(image);
+    return status;
+}
+
+API CUresult cuModuleUnload(CUmodule module) {
+    READY();
+    uint64_t which = (uintptr_t)module;
+    return simple(OP_MODULE_UNLOAD, &which, 8, NULL, 0);
+}
+
+/* What the client knows of each function: its parameters' offsets and sizes in the buffer. */
+struct function {
+    uint64_t handle;
+    uint32_t params; /* REMOTE_PARAMS_UNKNOWN: neither the driver nor GPUPOOL_REMOTE_KERNEL_PARAMS said */
+    uint32_t *layout; /* offset, size per parameter */
+};
+static struct function functions[MAX_FUNCTIONS];
+static size_t function_count;
+
+/* GPUPOOL_REMOTE_KERNEL_PARAMS="name:8,8,8,4;other:8,4": sizes in order, each at its natural alignment. */
+static uint32_t explicit_layout(const char *name, uint32_t *layout) {
+    const char *spec = getenv("GPUPOOL_REMOTE_KERNEL_PARAMS");
+    size_t length = strlen(name);
+    for (const char *entry = spec; entry != NULL && *entry != '\0'; entry = strchr(entry, ';') ? strchr(entry, ';') + 1 : NULL) {
+        if (strncmp(entry, name, length) != 0 || entry[length] != ':') continue;
+        uint32_t count = 0, offset = 0;
+        for (const char *p = entry + length + 1; *p != '\0' && *p != ';' && count < REMOTE_MAX_PARAMS;) {
+            char *end;
+            unsigned long size = strtoul(p, &end, 10);
+            if (end == p || size == 0 || size > REMOTE_MAX_PARAM_BYTES) return REMOTE_PARAMS_UNKNOWN;
+            uint32_t align = size >= 8 ? 8 : size >= 4 ? 4 : size >= 2 ? 2 : 1;
+            offset = (offset + align - 1) / align * align;
+            layout[2 * count] = offset, layout[2 * count + 1] = (uint32_t)size;
+            offset += (uint32_t)size, count++;
+            p = *end == ',' ? end + 1 : end;
+        }
+        return count;
+    }
+    return REMOTE_PARAMS_UNKNOWN;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (function == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    size_t name_length = strnlen(name, 4096);
+    unsigned char *request = malloc(8 + name_length), *answer = malloc(12 + 8u * REMOTE_MAX_PARAMS);
+    if (request == NULL || answer == NULL) return free(request), free(answer), CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t which = (uintptr_t)module;
+    memcpy(request, &which, 8), memcpy(request + 8, name, name_length);
+    size_t got = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = call(OP_MODULE_FUNCTION, 0, request, 8 + name_length, NULL, 0, answer,
+                           12 + 8u * REMOTE_MAX_PARAMS, &got);
+    if (status == 0 && got >= 12) {
+        uint64_t handle;
+        uint32_t params;
+        memcpy(&handle, answer, 8), memcpy(&params, answer + 8, 4);
+        struct function *slot = NULL;
+        for (size_t i = 0; i < function_count && slot == NULL; i++)
+            if (functions[i].handle == handle) slot = &functions[i];
+        if (slot == NULL && function_count < MAX_FUNCTIONS) slot = &functions[function_count++];
+        if (slot == NULL) status = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            free(slot->layout);
+            slot->handle = handle;
+            slot->layout = calloc(2 * REMOTE_MAX_PARAMS, sizeof *slot->layout);
+            if (params != REMOTE_PARAMS_UNKNOWN && got >= 12 + 8ull * params && slot->layout != NULL)
+                memcpy(slot->layout, answer + 12, 8ull * params);
+            else params = slot->layout == NULL ? REMOTE_PARAMS_UNKNOWN : explicit_layout(name, slot->layout);
+            slot->params = params;
+            *function = (CUfunction)(uintptr_t)handle;
+        }
+    } else if (status == 0) {
+        status = hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    }
+    pthread_mutex_unlock(&lock);
+    free(request), free(answer);
+    return status;
+}
+
+API CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size) {
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < function_count; i++) {
+        if (functions[i].handle != (uintptr_t)function) continue;
+        status = functions[i].params == REMOTE_PARAMS_UNKNOWN ? CUDA_ERROR_NOT_SUPPORTED
+                 : index >= functions[i].params              ? CUDA_ERROR_INVALID_VALUE
+                                                             : CUDA_SUCCESS;
+        if (status == 0 && offset != NULL) *offset = functions[i].layout[2 * index];
+        if (status == 0 && size != NULL) *size = functions[i].layout[2 * index + 1];
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+/* ------------------------------------------------------------------------------------- launches */
+#define LAUNCH_PARAM_END ((void *)0)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                            unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
+                            void **extra) {
+    READY();
+    unsigned char request[44 + REMOTE_MAX_PARAM_BYTES];
+    uint64_t handle = (uintptr_t)f, stream_handle = (uintptr_t)stream;
+    uint32_t dims[7] = {gx, gy, gz, bx, by, bz, shared};
+    memcpy(request, &handle, 8), memcpy(request + 8, dims, sizeof dims), memcpy(request + 36, &stream_handle, 8);
+    size_t size = 0;
+    CUresult status = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (params == NULL) { /* the caller packed the buffer itself */
+        const void *buffer = NULL;
+        for (int k = 0; extra != NULL && extra[k] != LAUNCH_PARAM_END; k += 2) {
+            if (extra[k] == LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[k + 1];
+            if (extra[k] == LAUNCH_PARAM_BUFFER_SIZE) size = *(const size_t *)extra[k + 1];
+        }
+        if (size > REMOTE_MAX_PARAM_BYTES || (size > 0 && buffer == NULL)) status = CUDA_ERROR_INVALID_VALUE;
+        else if (size > 0) memcpy(request + 44, buffer, size);
+    } else {
+        struct function *known = NULL;
+        for (size_t i = 0; i < function_count && known == NULL; i++)
+            if (functions[i].handle == handle) known = &functions[i];
+        if (known == NULL) status = CUDA_ERROR_INVALID_HANDLE;
+        else if (known->params == REMOTE_PARAMS_UNKNOWN) status = CUDA_ERROR_NOT_SUPPORTED;
+        for (uint32_t i = 0; status == 0 && i < known->params; i++) {
+            uint32_t offset = known->layout[2 * i], bytes = known->layout[2 * i + 1];
+            if (offset + bytes > REMOTE_MAX_PARAM_BYTES) status = CUDA_ERROR_INVALID_VALUE;
+            else memcpy(request + 44 + offset, params[i], bytes), size = offset + bytes > size ? offset + bytes : size;
+        }
+    }
+    if (status == 0) status = call(OP_LAUNCH, REMOTE_FLAG_NO_REPLY, request, 44 + size, NULL, 0, NULL, 0, NULL);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                 unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,
+                                 void **params, void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+/* ------------------------------------------------------------------------------ streams, events */
+static CUresult make(uint16_t op, void **out, unsigned int flags) {
+    if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint32_t which = flags;
+    uint64_t got = 0;
+    CUresult status = simple(op, &which, 4, &got, sizeof got);
+    if (status == 0) *out = (void *)(uintptr_t)got;
+    return status;
+}
+
+static CUresult on(uint16_t op, const void *a, const void *b, int wait) {
+    READY();
+    uint64_t args[2] = {(uintptr_t)a, (uintptr_t)b};
+    return wait ? simple(op, args, b == (void *)-1 ? 8 : sizeof args, NULL, 0) : later(op, args, sizeof args);
+}
+
+API CUresult cuStreamCreate(CUstream *stream, unsigned int flags) { return make(OP_STREAM_CREATE, (void **)stream, flags); }
+API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority) {
+    return (void)priority, cuStreamCreate(stream, flags);
+}
+API CUresult cuStreamDestroy_v2(CUstream stream) { return on(OP_STREAM_DESTROY, stream, (void *)-1, 1); }
+API CUresult cuStreamSynchronize(CUstream stream) { return on(OP_STREAM_SYNCHRONIZE, stream, (void *)-1, 1); }
+API CUresult cuStreamQuery(CUstream stream) { return on(OP_STREAM_QUERY, stream, (void *)-1, 1); }
+API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+    READY();
+    struct {
+        uint64_t stream, event;
+        uint32_t flags;
+    } __attribute__((packed)) args = {(uintptr_t)stream, (uintptr_t)event, flags};
+    return later(OP_STREAM_WAIT_EVENT, &args, sizeof args);
+}
+API CUresult cuEventCreate(CUevent *event, unsigned int flags) { return make(OP_EVENT_CREATE, (void **)event, flags); }
+API CUresult cuEventRecord(CUevent event, CUstream stream) { return on(OP_EVENT_RECORD, event, stream, 0); }
+API CUresult cuEventSynchronize(CUevent event) { return on(OP_EVENT_SYNCHRONIZE, event, (void *)-1, 1); }
+API CUresult cuEventQuery(CUevent event) { return on(OP_EVENT_QUERY, event, (void *)-1, 1); }
+API CUresult cuEventDestroy_v2(CUevent event) { return on(OP_EVENT_DESTROY, event, (void *)-1, 1); }
+API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (ms == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t args[2] = {(uintptr_t)start, (uintptr_t)end};
+    return simple(OP_EVENT_ELAPSED, args, sizeof args, ms, sizeof *ms);
+}
+
+/* ------------------------------------------------------------------------------ errors, lookups */
+API CUresult cuGetErrorName(CUresult error, const char **text) {
+    if (text == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case 0: *text = "CUDA_SUCCESS"; break;
+    case REMOTE_ERROR_DEVICE_UNAVAILABLE: *text = "CUDA_ERROR_DEVICE_UNAVAILABLE"; break;
+    case REMOTE_ERROR_TIMEOUT: *text = "CUDA_ERROR_TIMEOUT"; break;
+    case REMOTE_ERROR_NOT_PERMITTED: *text = "CUDA_ERROR_NOT_PERMITTED"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *text = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *text = "CUDA_ERROR (see the CUDA driver API's CUresult)";
+    }
+    return CUDA_SUCCESS;
+}
+API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetErrorName(error, text); }
+
+/* Everything else a CUDA program may call: refused, so it fails with an error it can report. */
+static CUresult unsupported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+#define UNSUPPORTED(name) \
+    API CUresult name(void) { return unsupported(); }
+UNSUPPORTED(cuMemAllocManaged) UNSUPPORTED(cuMemAllocHost_v2) UNSUPPORTED(cuMemHostAlloc) UNSUPPORTED(cuMemFreeHost)
+UNSUPPORTED(cuMemHostRegister_v2) UNSUPPORTED(cuMemHostUnregister) UNSUPPORTED(cuMemAllocPitch_v2)
+UNSUPPORTED(cuMemAllocAsync) UNSUPPORTED(cuMemFreeAsync) UNSUPPORTED(cuMemAllocFromPoolAsync)
+UNSUPPORTED(cuMemCreate) UNSUPPORTED(cuMemMap) UNSUPPORTED(cuMemAddressReserve) UNSUPPORTED(cuMemRelease)
+UNSUPPORTED(cuMemcpy) UNSUPPORTED(cuMemcpyAsync) UNSUPPORTED(cuMemcpy2D_v2) UNSUPPORTED(cuMemcpy3D_v2)
+UNSUPPORTED(cuMemcpyPeer) UNSUPPORTED(cuMemsetD16_v2) UNSUPPORTED(cuMemPrefetchAsync)
+UNSUPPORTED(cuPointerGetAttribute) UNSUPPORTED(cuPointerGetAttributes) UNSUPPORTED(cuMemGetAddressRange_v2)
+UNSUPPORTED(cuArrayCreate_v2) UNSUPPORTED(cuArray3DCreate_v2) UNSUPPORTED(cuArrayDestroy)
+UNSUPPORTED(cuGraphCreate) UNSUPPORTED(cuGraphLaunch) UNSUPPORTED(cuGraphInstantiateWithFlags)
+UNSUPPORTED(cuStreamBeginCapture_v2) UNSUPPORTED(cuStreamEndCapture) UNSUPPORTED(cuLaunchHostFunc)
+UNSUPPORTED(cuIpcGetMemHandle) UNSUPPORTED(cuIpcOpenMemHandle_v2) UNSUPPORTED(cuLaunchCooperativeKernel)
+UNSUPPORTED(cuLaunchKernelEx) UNSUPPORTED(cuModuleGetGlobal_v2) UNSUPPORTED(cuLinkCreate_v2)
+UNSUPPORTED(cuLibraryLoadData) UNSUPPORTED(cuLibraryGetKernel) UNSUPPORTED(cuKernelGetFunction)
+UNSUPPORTED(cuCtxEnablePeerAccess) UNSUPPORTED(cuDeviceCanAccessPeer) UNSUPPORTED(cuFuncGetAttribute)
+UNSUPPORTED(cuFuncSetAttribute) UNSUPPORTED(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+UNSUPPORTED(cuTexObjectCreate) UNSUPPORTED(cuSurfObjectCreate) UNSUPPORTED(cuImportExternalMemory)
+
+#define ENTRY(name) {#name, (void *)&name},
+static const struct {
+    const char *name;
+    void *function;
+} entry_points[] = {
+    ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuDeviceGetCount) ENTRY(cuDeviceGet) ENTRY(cuDeviceGetName)
+    ENTRY(cuDeviceGetAttribute) ENTRY(cuDeviceTotalMem_v2) ENTRY(cuDeviceGetUuid) ENTRY(cuDeviceGetUuid_v2)
+    ENTRY(cuDevicePrimaryCtxRetain) ENTRY(cuDevicePrimaryCtxRelease_v2) ENTRY(cuDevicePrimaryCtxRelease)
+    ENTRY(cuDevicePrimaryCtxSetFlags_v2) ENTRY(cuDevicePrimaryCtxReset_v2) ENTRY(cuDevicePrimaryCtxGetState)
+    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent)
+    ENTRY(cuCtxPushCurrent_v2) ENTRY(cuCtxPopCurrent_v2) ENTRY(cuCtxGetDevice) ENTRY(cuCtxSynchronize)
+    ENTRY(cuMemAlloc_v2) ENTRY(cuMemFree_v2) ENTRY(cuMemGetInfo_v2) ENTRY(cuMemcpyHtoD_v2) ENTRY(cuMemcpyDtoH_v2)
+    ENTRY(cuMemcpyDtoD_v2) ENTRY(cuMemcpyHtoDAsync_v2) ENTRY(cuMemcpyDtoHAsync_v2) ENTRY(cuMemcpyDtoDAsync_v2)
+    ENTRY(cuMemsetD8_v2) ENTRY(cuMemsetD32_v2) ENTRY(cuMemsetD8Async) ENTRY(cuMemsetD32Async)
+    ENTRY(cuModuleLoadData) ENTRY(cuModuleLoadDataEx) ENTRY(cuModuleLoadFatBinary) ENTRY(cuModuleLoad)
+    ENTRY(cuModuleUnload) ENTRY(cuModuleGetFunction) ENTRY(cuFuncGetParamInfo) ENTRY(cuLaunchKernel)
+    ENTRY(cuLaunchKernel_ptsz) ENTRY(cuStreamCreate) ENTRY(cuStreamCreateWithPriority) ENTRY(cuStreamDestroy_v2)
+    ENTRY(cuStreamSynchronize) ENTRY(cuStreamQuery) ENTRY(cuStreamWaitEvent) ENTRY(cuEventCreate)
+    ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuEventQuery) ENTRY(cuEventDestroy_v2)
+    ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString)
+};
+
+static void *entry_named(const char *name) {
+    for (size_t i = 0; i < sizeof entry_points / sizeof *entry_points; i++)
+        if (strcmp(entry_points[i].name, name) == 0) return entry_points[i].function;
+    return NULL;
+}
+
+/* A base name means its newest variant (_v2), its _ptsz variant where asked and there is one; a
+ * name this library does not forward gets an entry point that returns CUDA_ERROR_NOT_SUPPORTED,
+ * so a runtime that looks up every entry at start still starts. */
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *symbol_status);
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbol_status) {
+    (void)version;
+    if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(symbol, "cuGetProcAddress") == 0) {
+        *pfn = (void *)&cuGetProcAddress_v2;
+        if (symbol_status != NULL) *symbol_status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    char name[160];
+    void *found = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(name, sizeof name, "%s_ptsz", symbol);
+        found = entry_named(name);
+    }
+    snprintf(name, sizeof name, "%s_v2", symbol);
+    if (found == NULL) found = entry_named(name);
+    if (found == NULL) found = entry_named(symbol);
+    if (found == NULL) found = (void *)&unsupported;
+    *pfn = found;
+    if (symbol_status != NULL) *symbol_status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}

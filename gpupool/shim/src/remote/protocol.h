@@ -1,0 +1,80 @@
+/*
+ * The remote GPU wire protocol (docs/remote-gpu.md, "Protocol"): framed messages over one TCP
+ * connection per client process. Every frame starts with this 16-byte header, little-endian (the
+ * byte order of every platform gpupool builds for; checked at compile time), then `length` bytes
+ * of payload whose layout the operation defines. A request carries a call id the reply repeats; a
+ * request with FLAG_NO_REPLY gets none (asynchronous calls: launches, copies to the device, memsets,
+ * event records) and its error, if any, is returned by the next call that is answered. Replies
+ * carry the CUDA error code in `status`.
+ */
+#ifndef GPUPOOL_REMOTE_PROTOCOL_H
+#define GPUPOOL_REMOTE_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the remote GPU protocol is little-endian; this platform is not"
+#endif
+
+#define REMOTE_PROTOCOL_VERSION 1u
+#define REMOTE_FLAG_NO_REPLY 1u
+#define REMOTE_MAX_SMALL_PAYLOAD (16u << 20) /* any payload but a copy's data and a module image */
+#define REMOTE_MAX_MODULE (256u << 20)
+#define REMOTE_MAX_COPY (1u << 30)         /* a larger copy is sent as several */
+#define REMOTE_MAX_TOKEN 256
+#define REMOTE_MAX_PARAM_BYTES 32764u    /* CUDA's limit on a kernel's parameters (12.1+) */
+
+struct remote_header {
+    uint32_t length; /* payload bytes after the header */
+    uint16_t op;
+    uint16_t flags;
+    uint32_t call;
+    int32_t status; /* replies: the CUresult; requests: 0 */
+};
+_Static_assert(sizeof(struct remote_header) == 16, "the header is 16 bytes on the wire");
+
+enum remote_op {
+    OP_HELLO = 1,           /* u32 version, token bytes -> u32 version, u64 booked bytes */
+    OP_PING = 2,            /* -> nothing: a round trip */
+    OP_DRIVER_VERSION = 3,  /* -> i32 */
+    OP_DEVICE_NAME = 4,     /* -> name bytes */
+    OP_DEVICE_ATTRIBUTE = 5, /* i32 attribute -> i32 */
+    OP_DEVICE_UUID = 6,     /* -> 16 bytes */
+    OP_CTX_SYNCHRONIZE = 7,
+    OP_MEM_ALLOC = 8,       /* u64 bytes -> u64 pointer */
+    OP_MEM_FREE = 9,        /* u64 pointer */
+    OP_MEM_INFO = 10,       /* -> u64 free, u64 total (of the booked share) */
+    OP_COPY_TO_DEVICE = 11, /* u64 dst, u64 stream, data */
+    OP_COPY_TO_HOST = 12,   /* u64 src, u64 bytes, u64 stream -> data */
+    OP_COPY_ON_DEVICE = 13, /* u64 dst, u64 src, u64 bytes, u64 stream */
+    OP_MEMSET = 14,         /* u64 dst, u32 value, u32 element bytes (1, 4), u64 count, u64 stream */
+    OP_MODULE_LOAD = 15,    /* image bytes -> u64 module */
+    OP_MODULE_UNLOAD = 16,  /* u64 module */
+    OP_MODULE_FUNCTION = 17, /* u64 module, name -> u64 function, u32 params (REMOTE_PARAMS_UNKNOWN), u32 offset+size each */
+    OP_LAUNCH = 18,         /* u64 function, u32 grid[3], u32 block[3], u32 shared, u64 stream, parameter buffer */
+    OP_STREAM_CREATE = 19,  /* u32 flags -> u64 stream */
+    OP_STREAM_DESTROY = 20, /* u64 stream */
+    OP_STREAM_SYNCHRONIZE = 21, /* u64 stream */
+    OP_STREAM_QUERY = 22,   /* u64 stream */
+    OP_STREAM_WAIT_EVENT = 23, /* u64 stream, u64 event, u32 flags */
+    OP_EVENT_CREATE = 24,   /* u32 flags -> u64 event */
+    OP_EVENT_RECORD = 25,   /* u64 event, u64 stream */
+    OP_EVENT_SYNCHRONIZE = 26, /* u64 event */
+    OP_EVENT_QUERY = 27,    /* u64 event */
+    OP_EVENT_ELAPSED = 28,  /* u64 start, u64 end -> f32 milliseconds */
+    OP_EVENT_DESTROY = 29,  /* u64 event */
+    OP_LAST = 29,
+};
+
+#define REMOTE_PARAMS_UNKNOWN 0xffffffffu /* the driver cannot say (no cuFuncGetParamInfo) */
+#define REMOTE_MAX_PARAMS 1024u
+
+/* CUDA error codes the protocol itself returns (values of the driver API). */
+#define REMOTE_ERROR_INVALID_IMAGE 200
+#define REMOTE_ERROR_NO_DEVICE 100
+#define REMOTE_ERROR_DEVICE_UNAVAILABLE 46 /* connection lost or refused: the server is gone */
+#define REMOTE_ERROR_NOT_PERMITTED 800    /* token refused */
+#define REMOTE_ERROR_TIMEOUT 909          /* a call passed its deadline; the connection is closed */
+
+#endif

@@ -1,0 +1,618 @@
+/*
+ * gpupool's GPU server (docs/remote-gpu.md): serves remote clients the CUDA driver of this node.
+ *
+ *   gpupool-remote-server --listen HOST:PORT --clients TABFILE [--driver PATH] [--allow-plain]
+ *
+ * The supervisor (`gpupool remote-gpu serve`) reads the node agent's JSON clients file and writes
+ * TABFILE, one client a line: token TAB pod TAB card-uuid TAB memory-MiB TAB compute-percent.
+ * Every accepted connection is served by its own forked process: its allocations, modules and
+ * streams live in that process's context, so a client that disconnects or dies, or whose entry
+ * leaves the file, is released by the process's exit, and one client can neither see nor corrupt
+ * another's state. The process checks the file at most every CHECK_MS and leaves when its token
+ * is no longer there. A client's live allocations never exceed its booked memory.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protocol.h"
+
+#define CHECK_MS 100
+#define HELLO_TIMEOUT_MS 5000
+#define CHUNK (8u << 20)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *handle;
+
+/* The driver's entry points the server calls, resolved by name from the dlopened driver. */
+static struct {
+    CUresult (*init)(unsigned);
+    CUresult (*driver_version)(int *);
+    CUresult (*device_count)(int *);
+    CUresult (*device_get)(int *, int);
+    CUresult (*device_name)(char *, int, int);
+    CUresult (*device_attribute)(int *, int, int);
+    CUresult (*device_uuid)(unsigned char *, int);
+    CUresult (*primary_retain)(handle *, int);
+    CUresult (*ctx_set_current)(handle);
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*htod)(CUdeviceptr, const void *, size_t, handle);
+    CUresult (*dtoh)(void *, CUdeviceptr, size_t, handle);
+    CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t, handle);
+    CUresult (*memset8)(CUdeviceptr, unsigned char, size_t, handle);
+    CUresult (*memset32)(CUdeviceptr, unsigned, size_t, handle);
+    CUresult (*stream_synchronize)(handle);
+    CUresult (*module_load)(handle *, const void *);
+    CUresult (*module_unload)(handle);
+    CUresult (*module_function)(handle *, handle, const char *);
+    CUresult (*param_info)(handle, size_t, size_t *, size_t *);
+    CUresult (*launch)(handle, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, handle, void **,
+                       void **);
+    CUresult (*stream_create)(handle *, unsigned);
+    CUresult (*stream_destroy)(handle);
+    CUresult (*stream_query)(handle);
+    CUresult (*stream_wait_event)(handle, handle, unsigned);
+    CUresult (*event_create)(handle *, unsigned);
+    CUresult (*event_record)(handle, handle);
+    CUresult (*event_synchronize)(handle);
+    CUresult (*event_query)(handle);
+    CUresult (*event_elapsed)(float *, handle, handle);
+    CUresult (*event_destroy)(handle);
+} cu;
+
+static void *driver;
+static int standin; /* the stand-in driver names its cards GPU-standin-<ordinal> */
+
+static void resolve(void **slot, const char *name) { *slot = dlsym(driver, name); }
+#define RESOLVE(field, name) resolve((void **)&cu.field, name)
+
+static int load_driver(const char *path) {
+    driver = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (driver == NULL) {
+        fprintf(stderr, "gpupool-remote-server: cannot load the driver %s: %s\n", path, dlerror());
+        return -1;
+    }
+    RESOLVE(init, "cuInit"), RESOLVE(driver_version, "cuDriverGetVersion"), RESOLVE(device_count, "cuDeviceGetCount");
+    RESOLVE(device_get, "cuDeviceGet"), RESOLVE(device_name, "cuDeviceGetName");
+    RESOLVE(device_attribute, "cuDeviceGetAttribute"), RESOLVE(device_uuid, "cuDeviceGetUuid");
+    RESOLVE(primary_retain, "cuDevicePrimaryCtxRetain"), RESOLVE(ctx_set_current, "cuCtxSetCurrent");
+    RESOLVE(ctx_synchronize, "cuCtxSynchronize"), RESOLVE(mem_alloc, "cuMemAlloc_v2"), RESOLVE(mem_free, "cuMemFree_v2");
+    RESOLVE(htod, "cuMemcpyHtoDAsync_v2"), RESOLVE(dtoh, "cuMemcpyDtoHAsync_v2"), RESOLVE(dtod, "cuMemcpyDtoDAsync_v2");
+    RESOLVE(memset8, "cuMemsetD8Async"), RESOLVE(memset32, "cuMemsetD32Async");
+    RESOLVE(stream_synchronize, "cuStreamSynchronize"), RESOLVE(module_load, "cuModuleLoadData");
+    RESOLVE(module_unload, "cuModuleUnload"), RESOLVE(module_function, "cuModuleGetFunction");
+    RESOLVE(param_info, "cuFuncGetParamInfo"), RESOLVE(launch, "cuLaunchKernel");
+    RESOLVE(stream_create, "cuStreamCreate"), RESOLVE(stream_destroy, "cuStreamDestroy_v2");
+    RESOLVE(stream_query, "cuStreamQuery"), RESOLVE(stream_wait_event, "cuStreamWaitEvent");
+    RESOLVE(event_create, "cuEventCreate"), RESOLVE(event_record, "cuEventRecord");
+    RESOLVE(event_synchronize, "cuEventSynchronize"), RESOLVE(event_query, "cuEventQuery");
+    RESOLVE(event_elapsed, "cuEventElapsedTime"), RESOLVE(event_destroy, "cuEventDestroy_v2");
+    standin = dlsym(driver, "gpupoolStandinUsedBytes") != NULL;
+    if (cu.init == NULL || cu.device_get == NULL || cu.primary_retain == NULL || cu.ctx_set_current == NULL) {
+        fprintf(stderr, "gpupool-remote-server: %s is not a CUDA driver (no cuInit/cuDeviceGet/...)\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------- the clients file */
+struct client_entry {
+    char token[REMOTE_MAX_TOKEN + 1];
+    char pod[512];
+    char card[128];
+    unsigned long long memory_mib;
+    int compute_percent;
+};
+
+static const char *clients_path;
+
+/* Constant time in the token's length: a wrong guess learns nothing from the time it took. */
+static int same_token(const char *a, size_t a_length, const char *b) {
+    size_t b_length = strlen(b);
+    unsigned char diff = (unsigned char)(a_length != b_length);
+    for (size_t i = 0; i < REMOTE_MAX_TOKEN; i++) {
+        unsigned char x = i < a_length ? (unsigned char)a[i] : 0, y = i < b_length ? (unsigned char)b[i] : 0;
+        diff |= x ^ y;
+    }
+    return diff == 0;
+}
+
+/* Find the token's entry in the clients file: 1 found, 0 not there, -1 the file is unreadable. */
+static int find_client(const char *token, size_t length, struct client_entry *out) {
+    FILE *file = fopen(clients_path, "re");
+    if (file == NULL) return -1;
+    char line[2048];
+    int found = 0;
+    while (fgets(line, sizeof line, file) != NULL) {
+        struct client_entry entry = {0};
+        char *fields[5], *cursor = line;
+        int n = 0;
+        for (; n < 5 && cursor != NULL; n++) fields[n] = strsep(&cursor, "\t\n");
+        if (n < 5 || strlen(fields[0]) > REMOTE_MAX_TOKEN) continue;
+        snprintf(entry.token, sizeof entry.token, "%s", fields[0]);
+        snprintf(entry.pod, sizeof entry.pod, "%s", fields[1]);
+        snprintf(entry.card, sizeof entry.card, "%s", fields[2]);
+        entry.memory_mib = strtoull(fields[3], NULL, 10);
+        entry.compute_percent = atoi(fields[4]);
+        if (same_token(token, length, entry.token) && !found) *out = entry, found = 1;
+    }
+    fclose(file);
+    return found;
+}
+
+/* ------------------------------------------------------------------------------------ socket I/O */
+static int sock = -1;
+
+static int read_all(void *buffer, size_t bytes) {
+    for (size_t done = 0; done < bytes;) {
+        ssize_t n = recv(sock, (char *)buffer + done, bytes - done, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static int write_all(const void *buffer, size_t bytes) {
+    for (size_t done = 0; done < bytes;) {
+        ssize_t n = send(sock, (const char *)buffer + done, bytes - done, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+/* Replies are gathered in one buffer and sent when the next request would block (or it fills). */
+static unsigned char *out_buffer;
+static size_t out_used, out_size = 1u << 16;
+
+static int flush_out(void) {
+    int status = write_all(out_buffer, out_used);
+    out_used = 0;
+    return status;
+}
+
+static int reply(const struct remote_header *request, CUresult status, const void *payload, size_t bytes) {
+    struct remote_header header = {.length = (uint32_t)bytes, .op = request->op, .call = request->call, .status = status};
+    if (out_used + sizeof header + bytes > out_size && flush_out() != 0) return -1;
+    if (sizeof header + bytes > out_size) return write_all(&header, sizeof header) || write_all(payload, bytes);
+    memcpy(out_buffer + out_used, &header, sizeof header);
+    memcpy(out_buffer + out_used + sizeof header, payload, bytes);
+    out_used += sizeof header + bytes;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------- serving a client */
+struct allocation {
+    CUdeviceptr pointer;
+    unsigned long long bytes;
+};
+
+static struct client_entry me;
+static int device;
+static unsigned long long booked, held;
+static struct allocation *allocations;
+static size_t allocation_count, allocation_capacity;
+static CUresult pending; /* the first error of a call nobody waited for */
+
+static void format_uuid(const unsigned char u[16], char *out, size_t size) {
+    snprintf(out, size, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* The ordinal of the card the client's share is booked on, -1 when this node has none such. */
+static int card_ordinal(const char *uuid) {
+    int count = 0;
+    if (cu.device_count == NULL || cu.device_count(&count) != 0) return -1;
+    for (int i = 0; i < count; i++) {
+        char name[64];
+        unsigned char bytes[16];
+        if (standin) snprintf(name, sizeof name, "GPU-standin-%d", i);
+        else if (cu.device_uuid == NULL || cu.device_uuid(bytes, i) != 0) continue;
+        else format_uuid(bytes, name, sizeof name);
+        if (strcmp(name, uuid) == 0) return i;
+    }
+    return -1;
+}
+
+static uint64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+/* Leave when the client's entry left the clients file (a file that cannot be read changes nothing). */
+static void check_entry(void) {
+    static struct timespec seen;
+    static uint64_t last_ms;
+    uint64_t now = now_ms();
+    if (now - last_ms < CHECK_MS) return;
+    last_ms = now;
+    struct stat info;
+    if (stat(clients_path, &info) != 0) return;
+    if (info.st_mtim.tv_sec == seen.tv_sec && info.st_mtim.tv_nsec == seen.tv_nsec) return;
+    seen = info.st_mtim;
+    struct client_entry entry;
+    int found = find_client(me.token, strlen(me.token), &entry);
+    if (found == 0) {
+        fprintf(stderr, "gpupool-remote-server: client %s is no longer in the clients file: disconnected\n", me.pod);
+        _exit(0);
+    }
+    if (found == 1) booked = entry.memory_mib << 20;
+}
+
+#define NEED(bytes)                                                                                     \
+    do {                                                                                                \
+        if (length < (bytes)) return reply(h, 1 /* CUDA_ERROR_INVALID_VALUE */, NULL, 0);               \
+    } while (0)
+#define U64(offset) (*(const uint64_t *)(const void *)(payload + (offset)))
+#define U32(offset) (*(const uint32_t *)(const void *)(payload + (offset)))
+#define H(offset) ((handle)(uintptr_t)U64(offset))
+#define CALL(fn, ...) ((fn) == NULL ? 801 /* CUDA_ERROR_NOT_SUPPORTED */ : (fn)(__VA_ARGS__))
+
+/* Answer a request; an error of one that wants no reply is kept for the next answered call. */
+static int answer(const struct remote_header *h, CUresult status, const void *payload, size_t bytes) {
+    if (h->flags & REMOTE_FLAG_NO_REPLY) {
+        if (status != 0 && pending == 0) pending = status;
+        return 0;
+    }
+    if (status == 0 && pending != 0) status = pending, bytes = 0;
+    pending = 0;
+    return reply(h, status, payload, bytes);
+}
+
+static int copy_to_device(const struct remote_header *h, unsigned char *chunk) {
+    uint64_t args[2];
+    if (h->length < sizeof args || read_all(args, sizeof args) != 0) return -1;
+    CUresult status = 0;
+    for (uint64_t done = 0, total = h->length - sizeof args; done < total;) {
+        size_t n = total - done < CHUNK ? (size_t)(total - done) : CHUNK;
+        if (read_all(chunk, n) != 0) return -1;
+        if (status == 0) status = CALL(cu.htod, args[0] + done, chunk, n, (handle)(uintptr_t)args[1]);
+        if (status == 0 && cu.stream_synchronize != NULL) status = cu.stream_synchronize((handle)(uintptr_t)args[1]);
+        done += n;
+    }
+    return answer(h, status, NULL, 0);
+}
+
+static int copy_to_host(const struct remote_header *h, const unsigned char *payload, size_t length,
+                        unsigned char *chunk) {
+    NEED(24);
+    uint64_t source = U64(0), bytes = U64(8);
+    handle stream = H(16);
+    if (bytes > REMOTE_MAX_COPY) return answer(h, 1, NULL, 0);
+    CUresult status = pending;
+    if (status == 0) status = CALL(cu.dtoh, chunk, source, bytes < CHUNK ? (size_t)bytes : CHUNK, stream);
+    if (status == 0 && cu.stream_synchronize != NULL) status = cu.stream_synchronize(stream);
+    pending = 0;
+    if (status != 0) return reply(h, status, NULL, 0);
+    struct remote_header header = {.length = (uint32_t)bytes, .op = h->op, .call = h->call};
+    if (flush_out() != 0 || write_all(&header, sizeof header) != 0) return -1;
+    for (uint64_t done = 0; done < bytes;) {
+        size_t n = bytes - done < CHUNK ? (size_t)(bytes - done) : CHUNK;
+        /* A later chunk's error cannot change the header sent: the client gets zeros and the
+         * error at its next call. */
+        if (done > 0) {
+            CUresult later = CALL(cu.dtoh, chunk, source + done, n, stream);
+            if (later == 0 && cu.stream_synchronize != NULL) later = cu.stream_synchronize(stream);
+            if (later != 0) memset(chunk, 0, n), pending = pending ? pending : later;
+        }
+        if (write_all(chunk, n) != 0) return -1;
+        done += n;
+    }
+    return 0;
+}
+
+static int mem_alloc(const struct remote_header *h, uint64_t bytes) {
+    if (bytes == 0 || bytes > booked || held > booked - bytes) return answer(h, 2 /* OUT_OF_MEMORY */, NULL, 0);
+    CUdeviceptr pointer = 0;
+    CUresult status = CALL(cu.mem_alloc, &pointer, (size_t)bytes);
+    if (status == 0 && allocation_count == allocation_capacity) {
+        size_t capacity = allocation_capacity ? 2 * allocation_capacity : 64;
+        struct allocation *grown = realloc(allocations, capacity * sizeof *grown);
+        if (grown == NULL) cu.mem_free(pointer), status = 2;
+        else allocations = grown, allocation_capacity = capacity;
+    }
+    if (status == 0) allocations[allocation_count++] = (struct allocation){pointer, bytes}, held += bytes;
+    uint64_t out = pointer;
+    return answer(h, status, &out, status == 0 ? sizeof out : 0);
+}
+
+static int mem_free(const struct remote_header *h, uint64_t pointer) {
+    for (size_t i = 0; i < allocation_count; i++) {
+        if (allocations[i].pointer != pointer) continue;
+        CUresult status = CALL(cu.mem_free, pointer);
+        if (status == 0) held -= allocations[i].bytes, allocations[i] = allocations[--allocation_count];
+        return answer(h, status, NULL, 0);
+    }
+    return answer(h, 1 /* not one of this client's allocations */, NULL, 0);
+}
+
+static int module_function(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(9);
+    char name[4096];
+    size_t name_length = length - 8 < sizeof name - 1 ? length - 8 : sizeof name - 1;
+    memcpy(name, payload + 8, name_length);
+    name[name_length] = '\0';
+    handle function = NULL;
+    CUresult status = CALL(cu.module_function, &function, H(0), name);
+    if (status != 0) return answer(h, status, NULL, 0);
+    static uint32_t out[2 + 2 + 2 * REMOTE_MAX_PARAMS];
+    uint64_t value = (uintptr_t)function;
+    memcpy(out, &value, 8);
+    uint32_t count = 0;
+    if (cu.param_info == NULL) count = REMOTE_PARAMS_UNKNOWN;
+    for (size_t offset, size; count != REMOTE_PARAMS_UNKNOWN && count < REMOTE_MAX_PARAMS &&
+                              cu.param_info(function, count, &offset, &size) == 0;
+         count++)
+        out[3 + 2 * count] = (uint32_t)offset, out[4 + 2 * count] = (uint32_t)size;
+    out[2] = count;
+    return answer(h, 0, out, 12 + (count == REMOTE_PARAMS_UNKNOWN ? 0 : 8u * count));
+}
+
+static int launch(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(44);
+    size_t size = length - 44;
+    void *buffer = (void *)(payload + 44);
+    void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, buffer, LAUNCH_PARAM_BUFFER_SIZE, &size, NULL};
+    CUresult status = CALL(cu.launch, H(0), U32(8), U32(12), U32(16), U32(20), U32(24), U32(28), U32(32), H(36),
+                           NULL, extra);
+    return answer(h, status, NULL, 0);
+}
+
+static int serve_request(const struct remote_header *h, const unsigned char *payload, size_t length,
+                         unsigned char *chunk) {
+    int value = 0;
+    handle made = NULL;
+    uint64_t wide[2];
+    CUresult status;
+    switch (h->op) {
+    case OP_PING: return answer(h, 0, NULL, 0);
+    case OP_DRIVER_VERSION: status = CALL(cu.driver_version, &value); return answer(h, status, &value, 4);
+    case OP_DEVICE_NAME: {
+        char name[256] = "";
+        status = CALL(cu.device_name, name, (int)sizeof name, device);
+        return answer(h, status, name, strnlen(name, sizeof name));
+    }
+    case OP_DEVICE_ATTRIBUTE:
+        NEED(4);
+        status = CALL(cu.device_attribute, &value, (int)U32(0), device);
+        return answer(h, status, &value, 4);
+    case OP_DEVICE_UUID: {
+        unsigned char uuid[16] = {0};
+        status = CALL(cu.device_uuid, uuid, device);
+        return answer(h, status, uuid, sizeof uuid);
+    }
+    case OP_CTX_SYNCHRONIZE: return answer(h, CALL(cu.ctx_synchronize), NULL, 0);
+    case OP_MEM_ALLOC: NEED(8); return mem_alloc(h, U64(0));
+    case OP_MEM_FREE: NEED(8); return mem_free(h, U64(0));
+    case OP_MEM_INFO: wide[0] = booked - held, wide[1] = booked; return answer(h, 0, wide, sizeof wide);
+    case OP_COPY_TO_HOST: return copy_to_host(h, payload, length, chunk);
+    case OP_COPY_ON_DEVICE: NEED(32); return answer(h, CALL(cu.dtod, U64(0), U64(8), (size_t)U64(16), H(24)), NULL, 0);
+    case OP_MEMSET:
+        NEED(32);
+        if (U32(12) == 1) status = CALL(cu.memset8, U64(0), (unsigned char)U32(8), (size_t)U64(16), H(24));
+        else if (U32(12) == 4) status = CALL(cu.memset32, U64(0), U32(8), (size_t)U64(16), H(24));
+        else status = 1;
+        return answer(h, status, NULL, 0);
+    case OP_MODULE_LOAD: {
+        /* The driver reads the image up to its own end: a NUL after the bytes received keeps a
+         * truncated text image (PTX, the stand-in's) from running past them. */
+        unsigned char *image = malloc(length + 1);
+        if (image == NULL) return answer(h, 2, NULL, 0);
+        memcpy(image, payload, length);
+        image[length] = 0;
+        status = CALL(cu.module_load, &made, image);
+        free(image);
+        wide[0] = (uintptr_t)made;
+        return answer(h, status, wide, status == 0 ? 8 : 0);
+    }
+    case OP_MODULE_UNLOAD: NEED(8); return answer(h, CALL(cu.module_unload, H(0)), NULL, 0);
+    case OP_MODULE_FUNCTION: return module_function(h, payload, length);
+    case OP_LAUNCH: return launch(h, payload, length);
+    case OP_STREAM_CREATE:
+    case OP_EVENT_CREATE:
+        NEED(4);
+        status = h->op == OP_STREAM_CREATE ? CALL(cu.stream_create, &made, U32(0)) : CALL(cu.event_create, &made, U32(0));
+        wide[0] = (uintptr_t)made;
+        return answer(h, status, wide, status == 0 ? 8 : 0);
+    case OP_STREAM_DESTROY: NEED(8); return answer(h, CALL(cu.stream_destroy, H(0)), NULL, 0);
+    case OP_STREAM_SYNCHRONIZE: NEED(8); return answer(h, CALL(cu.stream_synchronize, H(0)), NULL, 0);
+    case OP_STREAM_QUERY: NEED(8); return answer(h, CALL(cu.stream_query, H(0)), NULL, 0);
+    case OP_STREAM_WAIT_EVENT: NEED(20); return answer(h, CALL(cu.stream_wait_event, H(0), H(8), U32(16)), NULL, 0);
+    case OP_EVENT_RECORD: NEED(16); return answer(h, CALL(cu.event_record, H(0), H(8)), NULL, 0);
+    case OP_EVENT_SYNCHRONIZE: NEED(8); return answer(h, CALL(cu.event_synchronize, H(0)), NULL, 0);
+    case OP_EVENT_QUERY: NEED(8); return answer(h, CALL(cu.event_query, H(0)), NULL, 0);
+    case OP_EVENT_ELAPSED: {
+        NEED(16);
+        float ms = 0;
+        status = CALL(cu.event_elapsed, &ms, H(0), H(8));
+        return answer(h, status, &ms, 4);
+    }
+    case OP_EVENT_DESTROY: NEED(8); return answer(h, CALL(cu.event_destroy, H(0)), NULL, 0);
+    default: return answer(h, 801 /* CUDA_ERROR_NOT_SUPPORTED */, NULL, 0);
+    }
+}
+
+/* The first frame: the client's token, checked against the clients file. */
+static int hello(void) {
+    struct pollfd waiting = {.fd = sock, .events = POLLIN};
+    struct remote_header h;
+    char token[REMOTE_MAX_TOKEN];
+    uint32_t version;
+    if (poll(&waiting, 1, HELLO_TIMEOUT_MS) != 1 || read_all(&h, sizeof h) != 0 || h.op != OP_HELLO ||
+        h.length < 4 || h.length > 4 + REMOTE_MAX_TOKEN || read_all(&version, 4) != 0 ||
+        read_all(token, h.length - 4) != 0)
+        return -1;
+    size_t length = h.length - 4;
+    CUresult status = 0;
+    int found = find_client(token, length, &me);
+    if (version != REMOTE_PROTOCOL_VERSION) status = 801;
+    else if (found != 1) status = REMOTE_ERROR_NOT_PERMITTED;
+    else if ((status = cu.init(0)) == 0 && (device = card_ordinal(me.card)) < 0) status = REMOTE_ERROR_NO_DEVICE;
+    handle context = NULL;
+    if (status == 0) status = cu.primary_retain(&context, device);
+    if (status == 0) status = cu.ctx_set_current(context);
+    booked = me.memory_mib << 20;
+    uint64_t out[2] = {REMOTE_PROTOCOL_VERSION, booked};
+    if (status != 0)
+        fprintf(stderr, "gpupool-remote-server: client refused (%s): CUDA error %d\n",
+                found == 1 ? me.pod : "unknown token", status);
+    h.flags = 0;
+    if (reply(&h, status, out, sizeof out) != 0 || flush_out() != 0) return -1;
+    return status == 0 ? 0 : -1;
+}
+
+static void serve_client(void) {
+    out_buffer = malloc(out_size);
+    unsigned char *chunk = malloc(CHUNK);
+    unsigned char *payload = NULL;
+    size_t payload_capacity = 0;
+    if (out_buffer == NULL || chunk == NULL || hello() != 0) return;
+    fprintf(stderr, "gpupool-remote-server: serving %s on card %s (%llu MiB)\n", me.pod, me.card, me.memory_mib);
+    for (;;) {
+        struct pollfd waiting = {.fd = sock, .events = POLLIN};
+        int ready = poll(&waiting, 1, 0);
+        if (ready == 0) { /* nothing more queued: send what is gathered, then wait */
+            if (out_used > 0 && flush_out() != 0) return;
+            while ((ready = poll(&waiting, 1, CHECK_MS)) == 0) check_entry();
+        }
+        if (ready < 0 && errno != EINTR) return;
+        check_entry();
+        struct remote_header h;
+        if (read_all(&h, sizeof h) != 0) return;
+        if (h.op == OP_COPY_TO_DEVICE) {
+            if (copy_to_device(&h, chunk) != 0) return;
+            continue;
+        }
+        size_t limit = h.op == OP_MODULE_LOAD ? REMOTE_MAX_MODULE : REMOTE_MAX_SMALL_PAYLOAD;
+        if (h.length > limit) return; /* not a client of this protocol: hang up */
+        if (h.length > payload_capacity) {
+            free(payload);
+            payload_capacity = h.length < 65536 ? 65536 : h.length;
+            if ((payload = malloc(payload_capacity)) == NULL) return;
+        }
+        if (read_all(payload, h.length) != 0) return;
+        if (serve_request(&h, payload, h.length, chunk) != 0) return;
+    }
+}
+
+/* ----------------------------------------------------------------------------------- listening */
+static int is_loopback(const struct sockaddr *address) {
+    if (address->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)address)->sin_addr.s_addr) >> 24) == 127;
+    if (address->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)address)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) ||
+               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+static int listen_on(const char *endpoint, int allow_plain) {
+    char host[256];
+    const char *colon = strrchr(endpoint, ':');
+    if (colon == NULL || colon == endpoint || (size_t)(colon - endpoint) >= sizeof host) {
+        fprintf(stderr, "gpupool-remote-server: --listen %s: expected HOST:PORT\n", endpoint);
+        return -1;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)(colon - endpoint), endpoint);
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') memmove(host, host + 1, strlen(host)), host[strlen(host) - 1] = 0;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *found;
+    int error = getaddrinfo(host, colon + 1, &hints, &found);
+    if (error != 0) {
+        fprintf(stderr, "gpupool-remote-server: --listen %s: %s\n", endpoint, gai_strerror(error));
+        return -1;
+    }
+    if (!allow_plain && !is_loopback(found->ai_addr)) {
+        fprintf(stderr, "gpupool-remote-server: --listen %s is not a loopback address and this server speaks plain "
+                        "TCP (no TLS yet): refused without --allow-plain\n", endpoint);
+        freeaddrinfo(found);
+        return -1;
+    }
+    int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+        fprintf(stderr, "gpupool-remote-server: --listen %s: %s\n", endpoint, strerror(errno));
+        freeaddrinfo(found);
+        return -1;
+    }
+    freeaddrinfo(found);
+    struct sockaddr_storage bound;
+    socklen_t size = sizeof bound;
+    getsockname(fd, (struct sockaddr *)&bound, &size);
+    int port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                                : ((struct sockaddr_in6 *)&bound)->sin6_port);
+    printf("listening on port %d\n", port);
+    fflush(stdout);
+    return fd;
+}
+
+int main(int argc, char **argv) {
+    const char *listen_address = NULL, *driver_path = "libcuda.so.1";
+    int allow_plain = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) listen_address = argv[++i];
+        else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) clients_path = argv[++i];
+        else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) driver_path = argv[++i];
+        else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
+        else {
+            fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
+                            "[--allow-plain]\n");
+            return 2;
+        }
+    }
+    if (listen_address == NULL || clients_path == NULL) {
+        fprintf(stderr, "gpupool-remote-server: --listen and --clients are required\n");
+        return 2;
+    }
+    if (load_driver(driver_path) != 0) return 1;
+    int listener = listen_on(listen_address, allow_plain);
+    if (listener < 0) return 1;
+    struct sigaction reap = {.sa_handler = SIG_IGN, .sa_flags = SA_NOCLDWAIT};
+    sigaction(SIGCHLD, &reap, NULL);
+    for (;;) {
+        int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
+            perror("gpupool-remote-server: accept");
+            return 1;
+        }
+        pid_t child = fork();
+        if (child == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* the server going means its clients go */
+            close(listener);
+            sock = client;
+            int one = 1, idle = 10, interval = 5, count = 3;
+            setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+            setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+            setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+            setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+            serve_client();
+            _exit(0);
+        }
+        if (child < 0) perror("gpupool-remote-server: fork");
+        close(client);
+    }
+}
