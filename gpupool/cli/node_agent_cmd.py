@@ -24,6 +24,12 @@ from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_
 from gpupool.nodeagent.dra.api import KUBELET_DIR
 from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR
 from gpupool.nodeagent.dra.setup import DraOptions
+from gpupool.nodeagent.driver_libraries import (
+    DriverLibraries,
+    DriverLibrariesEnforcement,
+    DriverLibraryError,
+)
+from gpupool.nodeagent.driver_libraries import driver_libraries as find_driver_libraries
 from gpupool.nodeagent.foreign_capacity import foreign_capacity
 from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import (
@@ -103,6 +109,10 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                    "control daemon), none; auto: shim with --shim-library, else none (docs/isolation-backends.md).")
 @click.option("--shim-library", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The interception library to mount into containers (`gpupool shim path` prints it).")
+@click.option("--driver-libraries", default="none", show_default=True, metavar="none|host|DIR",
+              help="Mount the NVIDIA driver's user-space libraries into GPU containers and set LD_LIBRARY_PATH, "
+                   "so GPU pods run under plain runc: host (found as the NVIDIA container toolkit finds them, "
+                   "ldconfig -p) or a directory holding them (docs/node-agent.md).")
 @click.option("--compute-mode", type=click.Choice(COMPUTE_MODES), default=COMPUTE_MODE_HARD, show_default=True,
               help="hard: never above the compute share; soft: above it while the card is otherwise idle.")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False),
@@ -174,7 +184,8 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, serve_aliases: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
-               shim_library: str | None, compute_mode: str, state_dir: str, mps_control: str, cgroup_root: str,
+               shim_library: str | None, driver_libraries: str, compute_mode: str, state_dir: str, mps_control: str,
+               cgroup_root: str,
                lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, risk_memory_tolerance: int, lending: bool,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
@@ -206,6 +217,10 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         isolation_config.choice()  # refuse an impossible choice before anything starts or is read
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
+    try:
+        libraries = find_driver_libraries(driver_libraries)
+    except DriverLibraryError as exc:
+        raise click.BadParameter(str(exc), param_hint="--driver-libraries") from None
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     if cluster.hami:
@@ -228,7 +243,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir)
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options,
-                     cluster=cluster, remote=remote))
+                     cluster=cluster, remote=remote, libraries=libraries))
 
 
 def _remote_options(listen: str | None, endpoint: str | None, state_dir: str) -> RemoteGpuOptions | None:
@@ -305,7 +320,8 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                risk: tuple[RiskAction, float, int] = (RiskAction.REPORT, DEFAULT_GRACE_S, DEFAULT_OVERHEAD_MIB),
                lend: LendingOptions | None = None, server_limits: ServerLimits | None = None,
                dra: DraOptions | None = None,
-               cluster: ClusterSettings | None = None, remote: RemoteGpuOptions | None = None) -> None:
+               cluster: ClusterSettings | None = None, remote: RemoteGpuOptions | None = None,
+               libraries: DriverLibraries | None = None) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -362,6 +378,10 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             monitor.stop()
         backend.close()
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
+    if libraries is not None:  # plain runc: the grant carries the driver (docs/node-agent.md)
+        logging.getLogger(__name__).info("driver libraries for every grant from %s: %s", libraries.source,
+                                         ", ".join(sorted(libraries.files)))
+        enforcement = DriverLibrariesEnforcement(enforcement, libraries)
     lending = None
     if lend is not None and monitor is not None:
         from gpupool.nodeagent.lending.setup import LendingSetup
