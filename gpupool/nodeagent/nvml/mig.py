@@ -10,8 +10,9 @@ read-only: ``nvmlDeviceGetMigMode`` (current mode first), ``nvmlDeviceGetMaxMigD
 
 The compute rule: a MIG device gets ``compute slices * 1000 // the parent's slices`` per-mille of a
 card (3/7 of an A100, H100 or H200 for ``3g.40gb``: 428), its memory is its own. Errors: a card that
-does not support MIG (``NOT_SUPPORTED``) is simply not in MIG mode; any other failing query makes
-the card a physical card again with a warning, so one odd driver answer never stops the agent.
+does not support MIG (``NOT_SUPPORTED``, or a driver without the call) is simply not in MIG mode;
+any other failing query makes the card a physical card again with a warning, so one odd driver
+answer never stops the agent.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def read_mig(nvml: Any, parent: Any) -> MigState:
     try:
         current = nvml.nvmlDeviceGetMigMode(parent)[0]
     except Exception as exc:
-        if _error_code(exc) == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3):
-            return MigState(enabled=False)
+        if _error_code(exc) in (getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+                                getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)):
+            return MigState(enabled=False)  # a card, or a driver, from before MIG
         return MigState(enabled=False, warning=f"MIG mode could not be read ({exc}); published as a physical card")
     if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
         return MigState(enabled=False)

@@ -1,8 +1,10 @@
 /*
  * A stand-in libnvidia-ml.so.1: the stand-in driver's cards, their memory size, and utilisation
- * read from the shared card timeline (state.c), per card and per process, the way NVML samples it.
+ * read from the shared card timeline (state.c), per card and per process, the way NVML samples it;
+ * cards in MIG mode with MIG devices when GPUPOOL_STANDIN_MIG says so (at the end of this file).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -25,8 +27,9 @@ API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_
 
 struct nvmlDevice_st {
     int index;
+    int mig; /* 0: the card itself; n: its MIG device in slot n - 1 */
 };
-static struct nvmlDevice_st devices[STANDIN_MAX_DEVICES] = {{0}, {1}, {2}, {3}};
+static struct nvmlDevice_st devices[STANDIN_MAX_DEVICES] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
 
 static int index_of(nvmlDevice_t device) {
     for (int i = 0; i < standin_settings()->devices; i++)
@@ -58,8 +61,12 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
+static int mig_uuid(nvmlDevice_t device, char *uuid, unsigned int length);
+static int mig_name(nvmlDevice_t device, char *name, unsigned int length);
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     int i = index_of(device);
+    if (i < 0 && mig_uuid(device, uuid, length)) return NVML_SUCCESS;
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     snprintf(uuid, length, "GPU-standin-%d", i);
     return NVML_SUCCESS;
@@ -86,6 +93,7 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     int i = index_of(device);
+    if (i < 0 && mig_name(device, name, length)) return NVML_SUCCESS;
     if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
     snprintf(name, length, "gpupool stand-in device %d", i);
     return NVML_SUCCESS;
@@ -174,4 +182,167 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     }
     *processSamplesCount = (unsigned)count;
     return NVML_SUCCESS;
+}
+
+/*
+ * MIG, read-only as gpupool uses it. GPUPOOL_STANDIN_MIG puts cards in MIG mode with MIG devices:
+ * "<card>=<device>,<device>;<card>=error", a device being "<g>g.<MiB>" (a GPU instance of g slices
+ * with a compute instance as large) or "<c>c.<g>g.<MiB>"; "error" makes the card's MIG query fail.
+ * Cards not named are not in MIG mode. Each card has 7 slices, as an A100/H100/H200.
+ */
+#define STANDIN_MIG_SLOTS 7
+#define STANDIN_MIG_ERROR (-1)
+
+/* NVML's nvmlDeviceAttributes_t (nvml.h, since R450), the fields gpupool reads. */
+typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+struct standin_mig {
+    unsigned gpu_slices, compute_slices;
+    unsigned long long memory_mib;
+};
+
+static struct standin_mig mig_specs[STANDIN_MAX_DEVICES][STANDIN_MIG_SLOTS];
+static int mig_counts[STANDIN_MAX_DEVICES]; /* devices per card; STANDIN_MIG_ERROR: the query fails */
+static int mig_mode[STANDIN_MAX_DEVICES];
+static struct nvmlDevice_st mig_handles[STANDIN_MAX_DEVICES][STANDIN_MIG_SLOTS];
+static int mig_parsed;
+
+static void parse_mig_device(int card, const char *text) {
+    unsigned first = 0, second = 0;
+    unsigned long long mib = 0;
+    struct standin_mig *spec = &mig_specs[card][mig_counts[card]];
+    if (sscanf(text, "%uc.%ug.%llu", &first, &second, &mib) == 3) {
+        *spec = (struct standin_mig){second, first, mib};
+    } else if (sscanf(text, "%ug.%llu", &first, &mib) == 2) {
+        *spec = (struct standin_mig){first, first, mib};
+    } else {
+        return;
+    }
+    mig_counts[card]++;
+}
+
+static void parse_mig(void) {
+    if (mig_parsed) return;
+    mig_parsed = 1;
+    const char *text = getenv("GPUPOOL_STANDIN_MIG");
+    char copy[1024];
+    if (text == NULL || strlen(text) >= sizeof copy) return;
+    strcpy(copy, text);
+    char *card_save = NULL;
+    for (char *entry = strtok_r(copy, ";", &card_save); entry; entry = strtok_r(NULL, ";", &card_save)) {
+        char *equals = strchr(entry, '=');
+        int card = atoi(entry);
+        if (equals == NULL || card < 0 || card >= STANDIN_MAX_DEVICES) continue;
+        mig_mode[card] = 1;
+        if (strcmp(equals + 1, "error") == 0) {
+            mig_counts[card] = STANDIN_MIG_ERROR;
+            continue;
+        }
+        char *device_save = NULL;
+        for (char *device = strtok_r(equals + 1, ",", &device_save); device && mig_counts[card] < STANDIN_MIG_SLOTS;
+             device = strtok_r(NULL, ",", &device_save))
+            parse_mig_device(card, device);
+    }
+}
+
+/* The MIG device a handle names: its card and slot, or -1 for anything else. */
+static int mig_of(nvmlDevice_t device, int *slot) {
+    for (int card = 0; card < standin_settings()->devices && card < STANDIN_MAX_DEVICES; card++)
+        for (int k = 0; k < STANDIN_MIG_SLOTS; k++)
+            if (device == &mig_handles[card][k] && k < mig_counts[card]) {
+                *slot = k;
+                return card;
+            }
+    return -1;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending);
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count);
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig);
+API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes);
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id);
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id);
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    int i = index_of(device);
+    if (i < 0 || current == NULL || pending == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    parse_mig();
+    if (mig_counts[i] == STANDIN_MIG_ERROR) return NVML_ERROR_UNKNOWN;
+    *current = *pending = (unsigned)mig_mode[i];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    int i = index_of(device);
+    if (i < 0 || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    parse_mig();
+    *count = mig_mode[i] ? STANDIN_MIG_SLOTS : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig) {
+    int i = index_of(device);
+    if (i < 0 || mig == NULL || index >= STANDIN_MIG_SLOTS) return NVML_ERROR_INVALID_ARGUMENT;
+    parse_mig();
+    if (mig_counts[i] == STANDIN_MIG_ERROR) return NVML_ERROR_UNKNOWN;
+    if ((int)index >= mig_counts[i]) return NVML_ERROR_NOT_FOUND;
+    mig_handles[i][index] = (struct nvmlDevice_st){i, (int)index + 1};
+    *mig = &mig_handles[i][index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    int slot = 0, card = mig_of(device, &slot);
+    if (card < 0 || attributes == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct standin_mig *spec = &mig_specs[card][slot];
+    memset(attributes, 0, sizeof *attributes);
+    attributes->gpuInstanceSliceCount = spec->gpu_slices;
+    attributes->computeInstanceSliceCount = spec->compute_slices;
+    attributes->memorySizeMB = spec->memory_mib;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    int slot = 0, card = mig_of(device, &slot);
+    if (card < 0 || id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned)slot + 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    int slot = 0;
+    if (mig_of(device, &slot) < 0 || id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = 0;
+    return NVML_SUCCESS;
+}
+
+/* A MIG device's name, as the driver writes it: the card's, " MIG ", the profile. */
+static int mig_name(nvmlDevice_t device, char *name, unsigned int length) {
+    int slot = 0, card = mig_of(device, &slot);
+    if (card < 0) return 0;
+    const struct standin_mig *spec = &mig_specs[card][slot];
+    unsigned long long gigabytes = (spec->memory_mib + 512) / 1024;
+    if (spec->compute_slices != spec->gpu_slices)
+        snprintf(name, length, "gpupool stand-in device %d MIG %uc.%ug.%llugb", card, spec->compute_slices,
+                 spec->gpu_slices, gigabytes);
+    else
+        snprintf(name, length, "gpupool stand-in device %d MIG %ug.%llugb", card, spec->gpu_slices, gigabytes);
+    return 1;
+}
+
+static int mig_uuid(nvmlDevice_t device, char *uuid, unsigned int length) {
+    int slot = 0, card = mig_of(device, &slot);
+    if (card < 0) return 0;
+    snprintf(uuid, length, "MIG-standin-%d-%d", card, slot);
+    return 1;
 }
