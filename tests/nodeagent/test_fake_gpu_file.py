@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gpupool.api.annotations import Inventory, decode_inventory, encode_inventory
 from gpupool.cli.main import cli
-from gpupool.core.model import LinkLevel
+from gpupool.core.model import GpuKind, LinkLevel
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend, FakeGpuFileError
 
 GOOD = """\
@@ -73,6 +73,12 @@ def two_cards(first: str, second: str = "{uuid: GPU-b, memoryMiB: 16384}", extra
                      "cards[0].pciBusId: '3B:00.0' is not a PCI address", id="pci-bus-id-without-domain"),
         pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1, pciBusId: 3}"),
                      "cards[0].pciBusId: expected a string", id="pci-bus-id-not-text"),
+        pytest.param(two_cards("{uuid: MIG-a, memoryMiB: 1, kind: mig}"),
+                     "cards[0].kind: expected physical or virtual, got 'mig'", id="unknown-kind"),
+        pytest.param(two_cards("{uuid: MIG-a, memoryMiB: 1, kind: virtual, computeMilli: 1200}"),
+                     "cards[0].computeMilli: at most 1000", id="compute-past-a-card"),
+        pytest.param(two_cards("{uuid: GPU-a, memoryMiB: 1, profile: 3g.40gb}"),
+                     "cards[0]: profile and parent belong to a virtual card only", id="profile-on-a-physical-card"),
         pytest.param("cards: {uuid: GPU-a}\n", "cards: expected a list of cards", id="cards-not-a-list"),
         pytest.param("cards: [{memoryMiB: " + "9" * 5000 + "}]\n", "not a YAML document", id="5000-digits"),
     ],
@@ -133,3 +139,15 @@ def test_without_a_usage_script_every_card_is_unused() -> None:
 def test_a_bad_usage_script_stops_the_load_with_the_entry_named() -> None:
     with pytest.raises(FakeGpuFileError, match=r"<dict>: usage\[0\]: 120 is not a percentage"):
         FakeGpuBackend.from_dict({"cards": [{"memoryMiB": 1000}], "usage": [{"at": 0, "card": 0, "utilization": 120}]})
+
+
+def test_a_file_may_describe_mig_instances_as_virtual_cards() -> None:
+    """What the NVML backend publishes for a card in MIG mode, written by hand for a node without one."""
+    backend = FakeGpuBackend.from_dict({"model": "NVIDIA-A100", "cards": [
+        {"uuid": "MIG-a", "memoryMiB": 19968, "kind": "virtual", "computeMilli": 428, "profile": "3g.20gb",
+         "parent": "GPU-p"},
+        {"uuid": "GPU-q", "memoryMiB": 40960}]})
+    virtual, physical = backend.inventory().cards
+    assert (virtual.kind, virtual.compute, virtual.profile, virtual.parent) == \
+        (GpuKind.VIRTUAL, 428, "3g.20gb", "GPU-p")
+    assert (physical.kind, physical.compute, physical.profile, physical.parent) == (GpuKind.PHYSICAL, 1000, "", "")

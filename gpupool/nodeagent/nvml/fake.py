@@ -7,6 +7,8 @@ Format (all keys but ``cards`` and each card's ``memoryMiB`` optional)::
       - {uuid: GPU-aaaa, memoryMiB: 143771}
       - {index: 1, uuid: GPU-bbbb, model: NVIDIA-H200, memoryMiB: 143771, healthy: false,
          pciBusId: "00000000:3B:00.0"}  # NVML's PCI address (names the card's dmem region)
+      - {uuid: MIG-cccc, memoryMiB: 71424, kind: virtual, computeMilli: 428,   # a MIG instance, as the
+         profile: 3g.71gb, parent: GPU-aaaa}                                 # NVML backend publishes it
     topology: [[0, 1], [2, 3]]      # nested groups of card positions (Topology.from_tree) or
     links: [[0, 1], [1, 0]]         # a full matrix of LinkLevel numbers
     devicePathPrefix: /dev/nvidia   # device nodes are <prefix><index>

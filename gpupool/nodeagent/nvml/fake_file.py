@@ -21,11 +21,18 @@ from typing import Any
 
 from gpupool.api.annotations import AnnotationError, Inventory, check_inventory
 from gpupool.api.fields import check_bounded, shown
-from gpupool.api.limits import MAX_CARD_INDEX, MAX_CARD_MEMORY_MIB, MAX_CARDS_PER_NODE, text_problem
-from gpupool.core.model import GpuCard, LinkLevel, Topology
+from gpupool.api.limits import (
+    MAX_CARD_INDEX,
+    MAX_CARD_MEMORY_MIB,
+    MAX_CARDS_PER_NODE,
+    MAX_COMPUTE_PER_CARD,
+    text_problem,
+)
+from gpupool.core.model import GpuCard, GpuKind, LinkLevel, Topology
 
 TOP_KEYS = frozenset({"model", "cards", "topology", "links", "devicePathPrefix", "events", "usage"})
-CARD_KEYS = frozenset({"index", "uuid", "model", "memoryMiB", "healthy", "pciBusId"})
+CARD_KEYS = frozenset({"index", "uuid", "model", "memoryMiB", "healthy", "pciBusId", "kind", "computeMilli",
+                       "profile", "parent"})
 PCI_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 """NVML's form (``00000000:3B:00.0``) or the kernel's (``0000:3b:00.0``)."""
 EVENT_KEYS = frozenset({"at", "card", "xid", "recover", "lost"})
@@ -108,9 +115,20 @@ def _card(raw: Any, pos: int, model: str) -> GpuCard:
     # file's field in its message.
     check_bounded(index, f"{where}.index", MAX_CARD_INDEX)
     check_bounded(memory, f"{where}.memoryMiB", MAX_CARD_MEMORY_MIB, "MiB")
+    kind = _text(entry, "kind", where, GpuKind.PHYSICAL.value)
+    if kind not in {k.value for k in GpuKind}:
+        raise _FieldError(f"{where}.kind: expected physical or virtual, got {shown(kind)}")
+    compute = _integer(entry, "computeMilli", where, MAX_COMPUTE_PER_CARD)
+    check_bounded(compute, f"{where}.computeMilli", MAX_COMPUTE_PER_CARD)
     return GpuCard(index=index, uuid=_text(entry, "uuid", where, f"GPU-fake-{pos:04d}"),
-                   model=_text(entry, "model", where, model), memory_mib=memory,
-                   healthy=_flag(entry, "healthy", where, True))
+                   model=_text(entry, "model", where, model), memory_mib=memory, compute=compute,
+                   kind=GpuKind(kind), healthy=_flag(entry, "healthy", where, True),
+                   profile=_optional_text(entry, "profile", where), parent=_optional_text(entry, "parent", where))
+
+
+def _optional_text(entry: Mapping[str, Any], key: str, where: str) -> str:
+    """A name that may be left out (``""`` then); present, it must be a usable name."""
+    return _text(entry, key, where, "") if key in entry else ""
 
 
 def _pci_bus_id(raw: Any, pos: int) -> str:
