@@ -29,12 +29,13 @@ expired version forever and never listed again.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from gpupool.kube.json_decode import loads
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ListWatch:
                 kwargs["resource_version"] = self.list_resource_version
             if token:
                 kwargs["_continue"] = token
-            page = json.loads(self.list_fn(**kwargs).data)
+            page = loads(self.list_fn(**kwargs).data)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             token = meta.get("continue")
@@ -190,7 +191,7 @@ class ListWatch:
                             _preload_content=False)
         try:
             for line in _lines(resp):
-                event = json.loads(line)
+                event = loads(line)
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
