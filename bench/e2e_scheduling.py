@@ -2,7 +2,9 @@
 without the extender, on nodes simulated by KWOK.
 
 One cluster from ``gpupool testenv`` (etcd, kube-apiserver, kube-scheduler of the pinned release,
-built on this machine) and KWOK (``gpupool.testenv.kwok``):
+built on this machine) and KWOK (``gpupool.testenv.kwok``), with gpupool's CRDs installed from
+``deploy/crds`` as every install does (``crds``; without them the extender's GpuQuota and
+ResourceGroup watches are answered 404 and retried every second for the whole run):
 
 1. ``--nodes`` nodes of 8 cards each (bench/e2e_objects.py: the bundled cluster's most common
    8-card machine, its inventory annotation and extended resources), created by
@@ -59,10 +61,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e_extender import LEASE_PATH, BenchExtender, cycle_breakdown, handler_split, thread_cpu_s
-from bench.e2e_kube import Api, ApiError, BoundWatch, card_overcommits, forced_watch_closes
+from bench.e2e_kube import Api, ApiError, BoundWatch, card_overcommits, forced_watch_closes, install_crds
 from bench.e2e_nodes import Nodes, create_nodes, wait_running
 from bench.e2e_objects import NodeShape, common_shape, cpu_pods, demand, gpu_pods, pod_manifest
 from bench.e2e_scheduler import (
@@ -77,6 +81,9 @@ from bench.extender import cpu_times, steal_share
 from bench.extender_binds import process_cpu_s
 
 NAMESPACE = "bench"
+CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "crds"
+"""gpupool's CustomResourceDefinitions (GpuQuota, ResourceGroup; its kustomization lists them),
+installed as every install does."""
 TRACE = "default"
 """The bundled trace the pods are drawn from, and whose workload profile the extender scores against."""
 DEFAULT_QPS = 1000.0
@@ -109,6 +116,7 @@ class Components:
     nodes: Nodes
     extender: BenchExtender
     scheduler: Any
+    crds: tuple[str, ...] = ()
 
     def cpu_s(self) -> dict[str, float]:
         times = os.times()
@@ -207,6 +215,8 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
     try:
         api = Api(plane.server, plane.token, plane.ca_cert, connections=max(32, opts.create_threads))
         api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        crds = install_crds(api, [CRD_DIR / name for name in yaml.safe_load((CRD_DIR / "kustomization.yaml")
+                                                                           .read_text())["resources"]])
         nodes = create_nodes(api, plane, shape, opts.nodes, kwok=opts.kwok, threads=opts.create_threads,
                              lease_duration_s=opts.lease_duration_s, timeout=opts.timeout, log=log)
         extender_port, scheduler_port = free_ports(2)
@@ -225,7 +235,7 @@ def start(opts: argparse.Namespace, shape: NodeShape) -> tuple[Components, Api]:
             extender.stop()
             raise
         log(f"extender leading, kube-scheduler up (logs in {plane.state_dir / 'logs'})")
-        return Components(plane, nodes, extender, scheduler), api
+        return Components(plane, nodes, extender, scheduler, tuple(crds)), api
     except BaseException:
         if nodes is not None:
             nodes.stop()
@@ -287,7 +297,7 @@ def measure(opts: argparse.Namespace) -> dict[str, Any]:
         "nodes": opts.nodes, "cards_per_node": 8, "gpu_pods": opts.gpu_pods, "cpu_pods": opts.cpu_pods,
         "gpu_bound": gpu_bound, "cpu_bound": phases["cpu"]["bound"], "running": running,
         "all_running_after_s": None if all_running_s is None else round(all_running_s, 2),
-        "kwok": opts.kwok, "lease_duration_s": opts.lease_duration_s if opts.kwok else None,
+        "crds": list(parts.crds), "kwok": opts.kwok, "lease_duration_s": opts.lease_duration_s if opts.kwok else None,
         "node_timings_s": parts.nodes.timings,
         "scheduler_qps": opts.scheduler_qps, "scheduler_burst": opts.scheduler_burst,
         "policy": opts.policy, "seed": opts.seed, "mode": opts.mode,

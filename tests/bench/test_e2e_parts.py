@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bench.e2e_extender import cycle_breakdown, handler_split
-from bench.e2e_kube import BoundWatch, card_overcommits, forced_watch_closes
+from bench.e2e_kube import CRD_PATH, BoundWatch, card_overcommits, forced_watch_closes, install_crds
 from bench.e2e_nodes import ready_count
 from bench.e2e_objects import (
     LARGEST_SHARE,
@@ -30,7 +30,7 @@ from bench.e2e_scheduler import (
     quantile,
     scheduler_config,
 )
-from bench.e2e_scheduling import parser
+from bench.e2e_scheduling import CRD_DIR, parser
 from gpupool.api.annotations import decode_inventory
 from gpupool.api.names import ResourceNames
 from gpupool.kube.translate import node_spec as node_spec_from_json
@@ -210,6 +210,35 @@ def test_ready_nodes_are_counted_from_the_table_form_without_the_objects() -> No
     assert ready_count(api) == (2, 4)  # type: ignore[arg-type]
     ((path, accept),) = api.asked
     assert "includeObject=None" in path and accept is not None and "as=Table" in accept
+
+
+class _CrdApi:
+    """Records what is POSTed; a CRD reads Established from its second GET on."""
+
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+        self.gets: dict[str, int] = {}
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        if method == "POST":
+            assert path == CRD_PATH
+            self.posted.append(body)
+            return body
+        name = path.rsplit("/", 1)[-1]
+        self.gets[name] = self.gets.get(name, 0) + 1
+        status = "True" if self.gets[name] > 1 else "False"
+        return {"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
+                                          {"type": "Established", "status": status}]}}
+
+
+def test_gpupools_crds_are_installed_from_deploy_and_waited_for_until_served() -> None:
+    # without them the extender's GpuQuota and ResourceGroup watches get 404 and retry every second
+    api = _CrdApi()
+    files = [CRD_DIR / name for name in yaml.safe_load((CRD_DIR / "kustomization.yaml").read_text())["resources"]]
+    names = install_crds(api, files)  # type: ignore[arg-type]
+    assert sorted(names) == ["gpuquotas.gpupool.io", "resourcegroups.gpupool.io"]
+    assert [doc["kind"] for doc in api.posted] == ["CustomResourceDefinition"] * 2
+    assert api.gets == dict.fromkeys(names, 2)  # polled until Established
 
 
 def test_watches_the_apiserver_cut_are_counted_by_resource_and_selector(tmp_path: Any) -> None:

@@ -46,6 +46,7 @@ def test_every_pod_is_bound_runs_and_no_card_is_booked_twice(result: dict[str, o
     assert result["double_booked_cards"] == 0 and result["wrong_assignments"] == 0
     assert result["failed_binds"] == 0 and result["extender_bind_errors"] == 0
     assert result["kwok"] is True and result["running"] == 80  # KWOK's nodes: every bound pod Running
+    assert set(result["crds"]) == {"gpuquotas.gpupool.io", "resourcegroups.gpupool.io"}  # installed as deploy/ does
 
 
 def test_the_json_carries_what_the_docs_quote(result: dict[str, object]) -> None:
