@@ -257,5 +257,5 @@ class ClaimBookings:
 
 
 def _shown(placement: Placement) -> str:
-    return ", ".join(f"card position {card}: {memory} MiB, {compute / 10:g}%" + (" (whole)" if whole else "")
+    return ", ".join(f"card position {card}: {memory} MiB, {compute / 10:g} percent" + (" (whole)" if whole else "")
                      for card, (memory, compute, whole) in sorted(placement.held_per_card().items()))
