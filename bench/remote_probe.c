@@ -10,6 +10,7 @@
  *   remote_probe copy_loop MIB   copy MIB MiB to the device and back until a call fails:
  *                                "error <CUresult> after <ms> ms" (time since the failing call began)
  *   remote_probe wait_loop       synchronise every 10 ms until a call fails: "error <CUresult>"
+ *   remote_probe lookup          entry points through cuGetProcAddress_v2: "lookup <alloc status> <unknown status>"
  *   remote_probe bench CALLS MIB LAUNCHES   one JSON line of figures
  */
 #include <stdint.h>
@@ -39,6 +40,7 @@ CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                         void **, void **);
 CUresult cuDriverGetVersion(int *);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
 static const char image[] = "gpupool-standin-module\nvector_add\nscale\n";
 
@@ -197,6 +199,16 @@ int main(int argc, char **argv) {
             }
             usleep(10000);
         }
+    }
+    if (strcmp(mode, "lookup") == 0) {
+        CUresult (*alloc)(CUdeviceptr *, size_t) = NULL;
+        CUresult (*unknown)(void) = NULL;
+        int found = -1;
+        CHECK(cuGetProcAddress_v2("cuMemAlloc", (void **)&alloc, 12000, 0, &found));
+        CHECK(cuGetProcAddress_v2("cuGraphAddKernelNode", (void **)&unknown, 12000, 0, &found));
+        CUdeviceptr pointer;
+        printf("lookup %d %d\n", alloc(&pointer, 4096), unknown());
+        return 0;
     }
     if (strcmp(mode, "bench") == 0) return bench((int)value, argc > 3 ? (size_t)atol(argv[3]) : 64,
                                                  argc > 4 ? atoi(argv[4]) : 10000);

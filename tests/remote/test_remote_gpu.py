@@ -56,6 +56,14 @@ def test_the_same_program_computes_the_same_on_the_driver_itself(programs: Progr
     assert run_probe(programs, env, "vector_add", "100000") == "ok vector_add 100000 c[99999]=149998"
 
 
+def test_entry_points_from_cuGetProcAddress(programs: Programs, tmp_path: Path) -> None:
+    """A runtime finds the forwarding entry points by name; one this library does not forward
+    answers CUDA_ERROR_NOT_SUPPORTED instead of being missing."""
+    with running_server(programs, tmp_path, [client("a")]) as server:
+        out = run_probe(programs, probe_env(programs, endpoint(server.port), token("a")), "lookup")
+    assert out == "lookup 0 801"
+
+
 def test_forged_token_refused(programs: Programs, tmp_path: Path) -> None:
     with running_server(programs, tmp_path, [client("a")]) as server:
         out = run_probe(programs, probe_env(programs, endpoint(server.port), token("b")), "vector_add", "10")

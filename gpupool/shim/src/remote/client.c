@@ -839,10 +839,9 @@ API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuin
 }
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbol_status) {
-    (void)version;
     if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (strcmp(symbol, "cuGetProcAddress") == 0) {
-        *pfn = (void *)&cuGetProcAddress_v2;
+    if (strcmp(symbol, "cuGetProcAddress") == 0) { /* _v2 (a fifth argument) from CUDA 12.0 */
+        *pfn = version >= 12000 ? (void *)&cuGetProcAddress_v2 : (void *)&cuGetProcAddress;
         if (symbol_status != NULL) *symbol_status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
     }
