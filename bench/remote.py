@@ -1,0 +1,98 @@
+"""Remote GPU data plane on loopback: what a CUDA program pays for its GPU being across the network.
+
+    python3 bench/remote.py --json [--calls 20000] [--mib 64] [--launches 20000]
+
+A CUDA driver API program (bench/remote_probe.c) is linked against the GPU client and talks to
+``gpupool remote-gpu serve`` on 127.0.0.1 running the stand-in driver (kernels of 1 us), then the
+same program runs on the stand-in directly (``local``) for reference:
+
+- ``rtt_p50_us`` / ``rtt_p99_us``: one synchronous call (cuDriverGetVersion, answered by the
+  server) over ``--calls``;
+- ``h2d_gbit_s`` / ``d2h_gbit_s``: 5 copies of ``--mib`` MiB to the device (then one
+  synchronisation) and back, in Gb/s;
+- ``launches_per_s``: ``--launches`` kernel launches then one synchronisation (launches are sent
+  in batches without a reply each).
+
+Targets (issue 25): rtt p50 <= 60 us, copies >= 10 Gb/s for 64 MiB. Figures depend on the
+machine's load: run it on a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpupool.api.remote_gpu import RemoteClient, encode_clients
+from gpupool.shim.build import build_standin, find_compiler
+from gpupool.shim.remote_build import build_client
+
+PROBE = Path(__file__).resolve().parent / "remote_probe.c"
+TOKEN = "b" * 43
+
+
+def _probe(env: dict[str, str], probe: Path, args: list[str]) -> dict[str, float]:
+    done = subprocess.run([str(probe), "bench", *args], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    try:
+        figures: dict[str, float] = json.loads(line)
+    except ValueError:
+        raise SystemExit(f"the probe failed: {line}") from None
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--launches", type=int, default=20000)
+    options = parser.parse_args()
+    standin, client = build_standin(), build_client()
+    with tempfile.TemporaryDirectory(prefix="gpupool-remote-bench-") as work:
+        probe = Path(work) / "remote_probe"
+        subprocess.run([*find_compiler(), "-O2", "-o", str(probe), str(PROBE), f"-L{client}", "-lcuda"], check=True)
+        clients = Path(work) / "clients.json"
+        clients.write_text(encode_clients([RemoteClient(TOKEN, "bench/probe", "GPU-standin-0", 4 * options.mib, 0)]))
+        standin_env = {**os.environ, "GPUPOOL_STANDIN_STATE": str(Path(work) / "standin.state"),
+                       "GPUPOOL_STANDIN_KERNEL_US": "1", "GPUPOOL_STANDIN_QUEUE_US": "1000000"}
+        server = subprocess.Popen(
+            [sys.executable, "-c", "from gpupool.cli.main import main; main()", "remote-gpu", "serve", "--listen",
+             "127.0.0.1:0", "--clients", str(clients), "--driver", str(standin / "libcuda.so.1")],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=standin_env, start_new_session=True)
+        try:
+            assert server.stdout is not None
+            port = 0
+            for line in server.stdout:
+                if line.startswith("listening on port "):
+                    port = int(line.split()[-1])
+                    break
+            if port == 0:
+                raise SystemExit("the GPU server did not start")
+            args = [str(options.calls), str(options.mib), str(options.launches)]
+            remote = _probe({**os.environ, "LD_LIBRARY_PATH": str(client), "GPUPOOL_REMOTE_TOKEN": TOKEN,
+                             "GPUPOOL_REMOTE_ENDPOINT": f"127.0.0.1:{port}"}, probe, args)
+            local = _probe({**standin_env, "LD_LIBRARY_PATH": str(standin)}, probe, args)
+        finally:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    result = {"remote": remote, "local": local, "calls": options.calls, "copy_mib": options.mib,
+              "launches": options.launches, "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2)}
+    if options.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
