@@ -64,6 +64,9 @@ OP_REGISTER = "register"
 MAX_LINE_BYTES = 4096
 HOST_PID_KEY = "hostPid"
 """The reply's optional field: the registering process's pid in the agent's pid namespace."""
+RENEW_KEY = "renewS"
+"""The reply's optional field: seconds until the library sends its line again (the heartbeat)."""
+MAX_RENEW_S = 3600
 """A request or reply line longer than this (newline included) is refused unread."""
 
 TOKEN_BYTES = 32
@@ -80,6 +83,7 @@ class ShimProtocolError(ValueError):
 GRANT_VERSION = "1"
 _GRANT_KEYS = ("version", "memory_mib", "compute_percent", "compute_mode", "card_uuids", "region", "socket",
                "token", "pod", "container")
+_REMOTE_KEYS = ("remote_endpoint", "remote_token")
 _GRANT_VALUE = re.compile(r"^[^\n\r\x00]*$")
 
 
@@ -103,6 +107,11 @@ class NodeGrant:
     token: str
     pod: str
     container: str
+    remote_endpoint: str = ""
+    """``host:port`` of the GPU server a remote share is used through (docs/remote-gpu.md); empty
+    for a local share. Read by the GPU client library, which replaces libcuda.so.1 there."""
+    remote_token: str = ""
+    """The remote client's token, as in the GPU server's clients file (:mod:`gpupool.api.remote_gpu`)."""
 
 
 def encode_grant(grant: NodeGrant) -> str:
@@ -111,10 +120,13 @@ def encode_grant(grant: NodeGrant) -> str:
               "compute_percent": ",".join(map(str, grant.compute_percent)), "compute_mode": grant.compute_mode,
               "card_uuids": ",".join(grant.card_uuids), "region": grant.region, "socket": grant.socket,
               "token": grant.token, "pod": grant.pod, "container": grant.container}
+    for key, value in (("remote_endpoint", grant.remote_endpoint), ("remote_token", grant.remote_token)):
+        if value:  # written only for a remote share, so a local grant's text is unchanged
+            values[key] = value
     for key, value in values.items():
         if not _GRANT_VALUE.match(value):
             raise ShimProtocolError(f"grant {key}: a line break or NUL in {value!r}")
-    lines = [f"{key}={values[key]}" for key in _GRANT_KEYS]
+    lines = [f"{key}={values[key]}" for key in (*_GRANT_KEYS, *_REMOTE_KEYS) if key in values]
     return "# written by the gpupool node agent; mounted read-only into the container\n" + "\n".join(lines) + "\n"
 
 
@@ -138,7 +150,7 @@ def decode_grant(text: str) -> NodeGrant:
     uuids = tuple(values["card_uuids"].split(",")) if values.get("card_uuids") else ()
     return NodeGrant(memory, compute, values.get("compute_mode", "hard"), uuids, values.get("region", ""),
                      values.get("socket", ""), values.get("token", ""), values.get("pod", ""),
-                     values.get("container", ""))
+                     values.get("container", ""), values.get("remote_endpoint", ""), values.get("remote_token", ""))
 
 
 @dataclass(frozen=True)
@@ -160,11 +172,16 @@ class RegisterReply:
     it. NVML reports that pid, not the one the process knows itself by inside its container, so
     the library needs it to find its own utilisation. A reply without it is still valid (an older
     agent); the library then matches by its own pid, which is right only outside a pid namespace.
+
+    ``renew_s`` (``"renewS"``, optional, only with ``ok``): the library sends the same request again
+    every that many seconds, for as long as the process lives, and the agent records each as the
+    container's heartbeat (docs/isolation.md, "Heartbeat"). Without it the library registers once.
     """
 
     ok: bool
     reason: str = ""
     host_pid: int | None = None
+    renew_s: int | None = None
 
 
 def is_token(text: str) -> bool:
@@ -200,8 +217,11 @@ def encode_reply(reply: RegisterReply) -> bytes:
     doc: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": reply.ok}
     if not reply.ok:
         doc["reason"] = reply.reason[: MAX_LINE_BYTES // 2]
-    elif reply.host_pid is not None:
-        doc[HOST_PID_KEY] = reply.host_pid
+    else:
+        if reply.host_pid is not None:
+            doc[HOST_PID_KEY] = reply.host_pid
+        if reply.renew_s is not None:
+            doc[RENEW_KEY] = reply.renew_s
     return _line(doc)
 
 
@@ -213,7 +233,10 @@ def decode_reply(line: bytes) -> RegisterReply:
         raise ShimProtocolError("reply: expected a boolean ok and a string reason")
     if host_pid is not None and not _positive_int(host_pid):
         raise ShimProtocolError(f"{HOST_PID_KEY}: expected a positive integer, got {host_pid!r}")
-    return RegisterReply(ok, reason, host_pid)
+    renew_s = doc.get(RENEW_KEY)
+    if renew_s is not None and not (_positive_int(renew_s) and renew_s <= MAX_RENEW_S):
+        raise ShimProtocolError(f"{RENEW_KEY}: expected an integer from 1 to {MAX_RENEW_S}, got {renew_s!r}")
+    return RegisterReply(ok, reason, host_pid, renew_s)
 
 
 def _positive_int(value: object) -> TypeGuard[int]:

@@ -77,3 +77,15 @@ def test_endpoint() -> None:
     for bad in ("host", "host:0", ":80", "h:x"):
         with pytest.raises(ValueError, match="host:port"):
             parse_endpoint(bad)
+
+
+def test_grant_carries_the_remote_endpoint_and_token() -> None:
+    from gpupool.api.shim_contract import NodeGrant, decode_grant, encode_grant
+
+    local = NodeGrant((4096,), (30,), "hard", ("GPU-1",), "/r", "/s", "t", "ns/p", "main")
+    assert "remote_" not in encode_grant(local)
+    remote = NodeGrant((4096,), (30,), "hard", ("GPU-1",), "/r", "/s", "t", "ns/p", "main",
+                       remote_endpoint="10.0.0.7:7000", remote_token=TOKEN)
+    text = encode_grant(remote)
+    assert f"remote_endpoint=10.0.0.7:7000\nremote_token={TOKEN}\n" in text
+    assert decode_grant(text) == remote

@@ -41,6 +41,8 @@ static int store(struct shim_grant *g, const char *key, size_t key_length, const
         {"pod", g->pod, sizeof g->pod},
         {"container", g->container, sizeof g->container},
         {"version", g->version, sizeof g->version},
+        {"remote_endpoint", g->remote_endpoint, sizeof g->remote_endpoint},
+        {"remote_token", g->remote_token, sizeof g->remote_token},
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         if (strlen(fields[i].name) != key_length || strncmp(fields[i].name, key, key_length) != 0) continue;

@@ -79,6 +79,8 @@ struct shim_grant {
     char token[160];
     char pod[256];
     char container[256];
+    char remote_endpoint[300]; /* host:port of the GPU server of a remote share (docs/remote-gpu.md) */
+    char remote_token[260];    /* its token; the GPU client library (src/remote/client.c) uses both */
 };
 SHIM_HIDDEN int shim_read_grant(struct shim_grant *grant);
 SHIM_HIDDEN const char *shim_grant_path(void);
