@@ -4,9 +4,13 @@ Every container with a gpupool share gets ``GPUPOOL_CHECKPOINT_DIR`` (a host dir
 mounted read-write at :data:`~gpupool.api.lending.CHECKPOINT_MOUNT`), the signal and the deadline
 it has to write a checkpoint before it is ended. The task is the pod's ``checkpoint-key``
 annotation, else its controller's UID, else ``namespace/name``: a Job's or ReplicaSet's next pod
-finds the checkpoints of the one that was reclaimed. When the directory holds a checkpoint, the
-newest (by modification time; names starting with a dot are work in progress) is named in
-``GPUPOOL_RESUME_FROM``.
+finds the checkpoints of the one that was reclaimed. Nothing in a task's path names the node, so
+where ``--checkpoint-dir`` is a mount every node shares (NFS, CephFS) the next pod finds them on
+any node. The path is ``<root>/<namespace>/<task>``: a key is only ever looked up within the pod's
+own namespace, so no annotation can name another tenant's task, and the root and namespace
+directories are the agent's alone (mode 0700; the container sees only its task's directory). When
+the directory holds a checkpoint that passes the checks of
+:mod:`~gpupool.nodeagent.lending.checkpoint_files`, the newest is named in ``GPUPOOL_RESUME_FROM``.
 
 NVIDIA's ``cuda-checkpoint`` (driver 550+) suspends a process's CUDA state into host memory; where
 the binary is found, a reclaim runs it on the processes that outlive the deadline before they are
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from gpupool.api import lending as contract
 from gpupool.nodeagent.isolation.backends import Enforcement as EnforcementPort
 from gpupool.nodeagent.isolation.backends import EnforcementState, LivePods
+from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
 from gpupool.nodeagent.lending.pods import LendingPod
 from gpupool.nodeagent.types import GrantExtras, Mount, PodView
 
@@ -34,6 +39,12 @@ log = logging.getLogger(__name__)
 CUDA_CHECKPOINT = "cuda-checkpoint"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _NAME_LIMIT = 60
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+PRIVATE_MODE = 0o700
+"""The root and the namespace directories: only the agent (root) lists or enters them."""
+TASK_MODE = 0o777
+"""A task's directory: whatever user the task's containers run as may write its checkpoints (only
+that task's containers have it mounted; its parent keeps everyone else out)."""
 
 
 def find_cuda_checkpoint(which: Callable[[str], str | None] = shutil.which) -> str | None:
@@ -47,33 +58,48 @@ def task_dir_name(key: str) -> str:
     return f"{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def namespace_dir_name(namespace: str) -> str:
+    """A namespace's directory: its name (a DNS label); anything else is hashed, never shared."""
+    return namespace if _NAMESPACE.match(namespace) else f"_{task_dir_name(namespace)}"
+
+
+def _own_dir(path: str, mode: int) -> None:
+    """Create ``path`` with ``mode`` (exact, whatever the umask), or narrow an existing one to it."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        if os.path.islink(path) or not os.path.isdir(path):
+            raise NotADirectoryError(f"{path} is not a directory") from None
+        if os.stat(path).st_mode & 0o7777 == mode:
+            return
+    os.chmod(path, mode)
+
+
 class CheckpointStore:
-    """The per-task directories under ``root`` (a hostPath, e.g. ``/var/lib/gpupool/checkpoint``)."""
+    """The per-task directories under ``root`` (a hostPath, e.g. ``/var/lib/gpupool/checkpoint``;
+    a mount every node shares for checkpoints that move with their task)."""
 
     def __init__(self, root: str, deadline_s: float = contract.DEFAULT_CHECKPOINT_DEADLINE_S) -> None:
         self.root = root
         self.deadline_s = deadline_s
 
-    def directory(self, key: str) -> str:
-        """The host directory of a task (created)."""
-        path = os.path.join(self.root, task_dir_name(key))
-        os.makedirs(path, exist_ok=True)
+    def directory(self, namespace: str, key: str) -> str:
+        """The host directory of task ``key`` of ``namespace`` (created, with its parents' modes)."""
+        os.makedirs(self.root, mode=PRIVATE_MODE, exist_ok=True)
+        parent = os.path.join(self.root, namespace_dir_name(namespace))
+        _own_dir(parent, PRIVATE_MODE)
+        path = os.path.join(parent, task_dir_name(key))
+        _own_dir(path, TASK_MODE)
         return path
 
     @staticmethod
     def newest(directory: str) -> str | None:
-        """The name of the newest finished checkpoint in ``directory``, if any."""
-        try:
-            entries = [e for e in os.scandir(directory) if not e.name.startswith(".") and e.is_file()]
-        except OSError:
-            return None
-        if not entries:
-            return None
-        return max(entries, key=lambda e: (e.stat().st_mtime_ns, e.name)).name
+        """The name of the newest checkpoint in ``directory`` fit to resume from, if any."""
+        return newest_checkpoint(directory)
 
-    def extras(self, key: str) -> GrantExtras:
-        """The protocol's environment and mount for a container of task ``key``."""
-        host = self.directory(key)
+    def extras(self, namespace: str, key: str) -> GrantExtras:
+        """The protocol's environment and mount for a container of task ``key`` in ``namespace``."""
+        host = self.directory(namespace, key)
         env = {contract.CHECKPOINT_DIR_ENV: contract.CHECKPOINT_MOUNT,
                contract.CHECKPOINT_SIGNAL_ENV: contract.CHECKPOINT_SIGNAL,
                contract.CHECKPOINT_DEADLINE_ENV: f"{self.deadline_s:g}"}
@@ -99,7 +125,7 @@ class CheckpointEnforcement:
         known = self._pod_of(pod.key)
         key = known.checkpoint_key if known is not None else f"{pod.namespace}/{pod.name}"
         try:
-            ours = self._store.extras(key)
+            ours = self._store.extras(pod.namespace, key)
         except OSError as exc:  # no checkpoint directory: the grant goes on without the protocol
             log.error("no checkpoint directory for %s/%s: %s", pod.namespace, pod.name, exc)
             return base

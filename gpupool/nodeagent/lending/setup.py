@@ -18,6 +18,7 @@ from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
+from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoint_location
 from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
 from gpupool.nodeagent.lending.kube_io import KubeLending
 from gpupool.nodeagent.lending.options import LendingOptions
@@ -75,6 +76,8 @@ class LendingSetup:
                  options.checkpoint_root, options.deadline_s,
                  f"at {tool}: suspends what outlives the deadline (up to {bound:g} s)" if self.cuda
                  else f"at {tool}, not run (--cuda-checkpoint-timeout 0)" if tool else "not found")
+        shared, where = describe_checkpoint_location(options.checkpoint_root)
+        (log.info if shared else log.warning)("%s", where)
         a = options.activity
         log.info("owner activity ends a loan: %d %% SM or +%d MiB for %d samples in a row (regions under %s)",
                  a.percent, a.memory_mib, a.samples, options.shim_state_dir or "none")

@@ -1,13 +1,20 @@
-"""The checkpoint protocol: per-task directories, the grant's env and mount, and a real resume."""
+"""The checkpoint protocol: per-task directories, the grant's env and mount, and a real resume.
+
+Also checkpoints that move (issue 26): two agents over one shared root, a replacement on the other
+node resuming; tenants kept apart by namespace; partial and corrupt checkpoints passed over."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +24,7 @@ from gpupool.nodeagent.lending.checkpoint import (
     CheckpointEnforcement,
     CheckpointStore,
     find_cuda_checkpoint,
+    namespace_dir_name,
     task_dir_name,
 )
 from gpupool.nodeagent.lending.pods import LendingPods
@@ -26,8 +34,8 @@ from tests.nodeagent.lending.support import LEND, NAMES, pod_json
 from tests.nodeagent.lending.test_reclaim import TARGET, WORKER, Api, Children, wait_started
 
 
-def view(name: str) -> PodView:
-    return PodView("ns", name, f"uid-{name}", "n1", 0.0, False, ())
+def view(name: str, namespace: str = "ns", node: str = "n1") -> PodView:
+    return PodView(namespace, name, f"uid-{name}", node, 0.0, False, ())
 
 
 def test_the_task_key_is_the_annotation_then_the_controller_then_the_pod(tmp_path: Path) -> None:
@@ -49,7 +57,7 @@ def test_the_grant_gets_the_protocol_and_resumes_from_the_newest_checkpoint(tmp_
     pods.on_list([pod_json("w", owner_uid="job-1")])
     wrapped = CheckpointEnforcement(NoEnforcement(), store, pods.get)
     first = wrapped.grant_extras(view("w"), "c")
-    host = store.directory("job-1")
+    host = store.directory("ns", "job-1")
     assert first == GrantExtras(envs={contract.CHECKPOINT_DIR_ENV: contract.CHECKPOINT_MOUNT,
                                       contract.CHECKPOINT_SIGNAL_ENV: "SIGUSR1",
                                       contract.CHECKPOINT_DEADLINE_ENV: "7"},
@@ -66,7 +74,7 @@ def test_a_reclaimed_worker_resumes_from_its_checkpoint_when_restarted(tmp_path:
     """Real processes (no container): the example worker runs, is reclaimed (signal), writes its
     checkpoint, and its restart with the env the grant would give resumes from that step."""
     store = CheckpointStore(str(tmp_path))
-    host = store.directory("job-1")
+    host = store.directory("ns", "job-1")
     children = Children()
     proc = children.start(Path(host))
     wait_started(proc)
@@ -99,3 +107,111 @@ def _run_briefly(host: str, newest: str) -> str:
 def test_cuda_checkpoint_is_detected_on_the_path() -> None:
     assert find_cuda_checkpoint(lambda name: f"/usr/bin/{name}") == "/usr/bin/cuda-checkpoint"
     assert find_cuda_checkpoint(lambda name: None) is None
+
+
+def agent_on(node: str, root: Path, *pods: dict[str, Any]) -> CheckpointEnforcement:
+    """One node agent's checkpoint side: its own pod feed, the shared ``root``."""
+    feed = LendingPods(NAMES, LEND)
+    feed.on_list(list(pods))
+    return CheckpointEnforcement(NoEnforcement(), CheckpointStore(str(root)), feed.get)
+
+
+def host_dir(extras: GrantExtras) -> Path:
+    [mount] = extras.mounts
+    return Path(mount.host_path)
+
+
+@pytest.mark.slow
+def test_a_borrower_reclaimed_on_node_a_resumes_on_node_b_from_the_shared_root(tmp_path: Path) -> None:
+    """Two agents over one root (the shared mount): the ReplicaSet's pod is reclaimed on n1 with real
+    processes; its replacement, granted by n2's agent, is told to resume and does."""
+    shared = tmp_path / "nfs"
+    node_a = agent_on("n1", shared, pod_json("w-1", owner_uid="rs-1"))
+    node_b = agent_on("n2", shared, pod_json("w-2", owner_uid="rs-1"))
+    first = node_a.grant_extras(view("w-1"), "c")
+    assert contract.RESUME_FROM_ENV not in first.envs
+    children = Children()
+    proc = children.start(host_dir(first))
+    wait_started(proc)
+    time.sleep(0.4)
+
+    async def reclaim() -> ReclaimResult:
+        return await Reclaimer(children, Api(), poll_s=0.02).reclaim(ReclaimOrder(("ns", "w-1"), TARGET, "t", 5))
+
+    assert asyncio.run(reclaim()).killed == 0 and proc.wait(1) == 0
+    second = node_b.grant_extras(view("w-2", node="n2"), "c")
+    assert host_dir(second) == host_dir(first)
+    resume = second.envs[contract.RESUME_FROM_ENV]
+    step = int((host_dir(second) / Path(resume).name).read_text())
+    out = _run_briefly(str(host_dir(second)), Path(resume).name)
+    assert out.splitlines()[0] == f"resumed from {host_dir(second)}/{Path(resume).name} at step {step}"
+
+
+def test_a_key_is_looked_up_only_in_the_pods_own_namespace(tmp_path: Path) -> None:
+    """Tenant b names tenant a's key and a's controller UID: it gets a directory of its own, empty."""
+    root = tmp_path / "ckpt"
+    agent = agent_on("n1", root, pod_json("a", namespace="team-a", annotations={LEND.checkpoint_key: "train"}),
+                     pod_json("a2", namespace="team-a", owner_uid="rs-a"),
+                     pod_json("b", namespace="team-b", annotations={LEND.checkpoint_key: "train"}),
+                     pod_json("b2", namespace="team-b", annotations={LEND.checkpoint_key: "rs-a"}))
+    a = host_dir(agent.grant_extras(view("a", "team-a"), "c"))
+    a2 = host_dir(agent.grant_extras(view("a2", "team-a"), "c"))
+    (a / "ckpt-5").write_text("5\n")
+    (a2 / "ckpt-6").write_text("6\n")
+    for name in ("b", "b2"):
+        theirs = agent.grant_extras(view(name, "team-b"), "c")
+        assert contract.RESUME_FROM_ENV not in theirs.envs
+        assert host_dir(theirs).parent == root / "team-b" and host_dir(theirs) not in (a, a2)
+    assert host_dir(agent.grant_extras(view("a", "team-a"), "c")) == a  # the tenant's own key still finds its own
+    assert {p.name for p in root.iterdir()} == {"team-a", "team-b"}
+    assert stat.S_IMODE((root / "team-a").stat().st_mode) == 0o700 and stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(a.stat().st_mode) == 0o777  # any user the task's containers run as writes there
+    assert namespace_dir_name("../x") != "../x" and "/" not in namespace_dir_name("../x")
+
+
+def test_an_existing_wider_namespace_directory_is_narrowed(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    (tmp_path / "ns").mkdir(mode=0o755)
+    store.directory("ns", "k")
+    assert stat.S_IMODE((tmp_path / "ns").stat().st_mode) == 0o700
+
+
+def test_partial_corrupt_and_linked_checkpoints_are_passed_over_with_a_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    host = Path(store.directory("ns", "job-1"))
+
+    def put(name: str, text: str, when: int, digest: str | None = None) -> None:
+        (host / name).write_text(text)
+        os.utime(host / name, (when, when))
+        if digest is not None:
+            (host / f"{name}.sha256").write_text(f"{digest}  {name}\n")
+
+    good = hashlib.sha256(b"3\n").hexdigest()
+    put("ckpt-3", "3\n", 100, good)                             # sealed and whole: the one to resume from
+    put("ckpt-4", "4\n", 200)                                   # no digest: taken on its word ...
+    assert store.newest(str(host)) == "ckpt-4"
+    put("ckpt-5", "5", 300, hashlib.sha256(b"5\n").hexdigest())  # cut short after its digest
+    put("ckpt-6", "", 400)                                      # empty
+    put("ckpt-7", "7\n", 500, "not a digest")                   # a digest file without a digest
+    (host / "ckpt-8").symlink_to("/etc/hostname")               # a tenant's link out of its directory
+    os.utime(host / "ckpt-8", (600, 600), follow_symlinks=False)
+    (host / "ckpt-9").mkdir()
+    caplog.set_level(logging.WARNING)
+    assert store.newest(str(host)) == "ckpt-4"
+    said = {r.getMessage().split(" ignored: ")[0].rsplit("/", 1)[1]: r.getMessage() for r in caplog.records
+            if " ignored: " in r.getMessage()}
+    assert set(said) == {"ckpt-5", "ckpt-6", "ckpt-7", "ckpt-8", "ckpt-9"}, caplog.text
+    assert "partial or corrupt" in said["ckpt-5"] and "empty" in said["ckpt-6"] and "no SHA-256" in said["ckpt-7"]
+    assert "not a regular file" in said["ckpt-8"]
+    (host / "ckpt-4").unlink()
+    assert store.newest(str(host)) == "ckpt-3"
+    wrapped = CheckpointEnforcement(NoEnforcement(), store, LendingPods(NAMES, LEND).get)
+    for junk in ("ckpt-3", "ckpt-3.sha256"):
+        (host / junk).unlink()
+    extras = wrapped.grant_extras(PodView("ns", "job-1", "u", "n1", 0.0, False, ()), "c")  # key ns/job-1: other dir
+    assert contract.RESUME_FROM_ENV not in extras.envs
+
+
+def test_an_unreadable_directory_resumes_from_nothing_and_never_raises(tmp_path: Path) -> None:
+    assert CheckpointStore.newest(str(tmp_path / "missing")) is None
