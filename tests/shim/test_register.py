@@ -105,3 +105,34 @@ def test_a_refusal_is_not_asked_again(tc: Toolchain, work: Path) -> None:
     finally:
         refusing.close()
     assert len(refusing.requests) == 1
+
+
+def test_a_registered_process_renews_at_the_interval_the_agent_asks(tc: Toolchain, work: Path) -> None:
+    """The heartbeat: with ``renewS`` in the reply the same line comes again every that many seconds,
+    logged once (renewals are quiet)."""
+    agent = FakeAgent(work / "agent.sock", replying(b'{"v":1,"ok":true,"renewS":1}\n'))
+    try:
+        steps, stderr = run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g",
+                                  "sleep:3500")
+    finally:
+        agent.close()
+    assert codes(steps) == [OK, OK]
+    assert 3 <= len(agent.requests) <= 5, agent.requests  # the first, then about one a second
+    assert all(r == agent.requests[0] for r in agent.requests)
+    assert stderr.count("registered with the node agent") == 1
+    assert "renewing every 1 s" in stderr
+
+
+def test_a_refused_renewal_ends_the_renewals(tc: Toolchain, work: Path) -> None:
+    answers = iter([b'{"v":1,"ok":true,"renewS":1}\n'])
+    agent = FakeAgent(work / "agent.sock", lambda _r: next(answers, b'{"v":1,"ok":false,"reason":"unknown token"}\n'))
+    try:
+        run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g", "sleep:3500")
+    finally:
+        agent.close()
+    assert len(agent.requests) == 2  # the registration, one renewal refused, then nothing
+
+
+def test_without_renew_s_a_process_registers_once(tc: Toolchain, work: Path, agent: FakeAgent) -> None:
+    run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g", "sleep:2500")
+    assert len(agent.requests) == 1

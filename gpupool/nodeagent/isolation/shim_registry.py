@@ -7,6 +7,16 @@ too. A process whose cgroup names nothing known (a runtime naming the agent cann
 outside any container) is accepted on its token alone; the reply says nothing different, the log
 does. Processes are kept as (pid, start time): a pid reused by another process is not mistaken
 for the registered one, and dead ones are pruned whenever the table is read.
+
+Registration is also the container's heartbeat (docs/isolation.md, "Heartbeat"): the reply tells
+the library to send the same line again every :attr:`ShimRegistry.heartbeat_s`, and a registered
+process's line again is a renewal: its ``renewed_at`` moves on. A renewal sooner than half the
+interval after the last one is answered yes but not recorded (nor its /proc and cgroup read), so a
+process cannot make the agent work harder by renewing in a loop. A process whose last renewal is
+older than :attr:`ShimRegistry.stale_after_s` while it holds a card is what the risk checks call a
+``stale-heartbeat``: stopped, frozen, or registered by something other than the library. A process
+that exits is pruned and a container that ends is forgotten (:meth:`ShimRegistry.forget`), so the
+table holds only the living.
 """
 
 from __future__ import annotations
@@ -14,14 +24,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gpupool.api.shim_contract import RegisterReply, RegisterRequest
+from gpupool.api.shim_contract import MAX_RENEW_S, RegisterReply, RegisterRequest
 from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity
 from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
 from gpupool.nodeagent.monitor.procfs import PROC, process_start_time
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 10
+"""How often the library renews its registration (the reply's ``renewS``)."""
+STALE_AFTER_RENEWALS = 3
+"""A process is stale after this many intervals without a renewal (one lost renewal is not enough)."""
 
 ContainerKey = tuple[str, str]
 """(pod UID, container name)."""
@@ -40,12 +55,29 @@ class TokenOwner:
 
 @dataclass(frozen=True)
 class RegisteredProcess:
-    """One registered process: host pid, the pid it reported (its own namespace's), start time."""
+    """One registered process: host pid, the pid it reported (its own namespace's), start time, and
+    when it registered and last renewed (the agent's clock)."""
 
     pid: int
     reported_pid: int
     start_time: int
     registered_at: float
+    renewed_at: float = 0.0
+
+    @property
+    def last_seen(self) -> float:
+        """Its registration or its last renewal, whichever is later."""
+        return max(self.registered_at, self.renewed_at)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """One container's heartbeat: its live registered processes and how long ago the one renewed
+    least recently did (``age_s``, 0 without processes), and whether that is past the stale age."""
+
+    processes: int
+    age_s: float
+    stale: bool
 
 
 @dataclass
@@ -53,6 +85,9 @@ class RegistryStats:
     """Counters for metrics: accepted registrations and refusals by reason class."""
 
     accepted: int = 0
+    renewed: int = 0
+    throttled: int = 0
+    """Renewals answered but not recorded: sooner than half the interval after the last one."""
     refused: dict[str, int] = field(default_factory=dict)
 
     def refuse(self, kind: str) -> None:
@@ -66,7 +101,13 @@ class ShimRegistry:
     """Tokens handed out and the processes that registered with them."""
 
     def __init__(self, cgroup_of: CgroupReader, directory: ContainerDirectory | None = None,
-                 proc: str = PROC, clock: Callable[[], float] = time.time) -> None:
+                 proc: str = PROC, clock: Callable[[], float] = time.time, heartbeat_s: int = HEARTBEAT_S) -> None:
+        if not 1 <= heartbeat_s <= MAX_RENEW_S:
+            raise ValueError(f"the heartbeat interval must be 1 to {MAX_RENEW_S} s, got {heartbeat_s}")
+        self.heartbeat_s = heartbeat_s
+        """Seconds between a library's renewals (sent in every accepted reply)."""
+        self.stale_after_s = float(STALE_AFTER_RENEWALS * heartbeat_s)
+        """A process not renewed for this long is stale."""
         self._cgroup_of = cgroup_of
         self._directory = directory
         self._proc = proc
@@ -121,19 +162,29 @@ class ShimRegistry:
             return self._refuse("names", f"the token is for pod {claimed}, not {request.pod}")
         if peer_pid is None or peer_pid <= 0:
             return self._refuse("peer", "the connecting process could not be identified (no SO_PEERCRED)")
+        key = (owner.pod_uid, owner.container)
+        known = self._processes.get(key, {}).get(peer_pid)
+        now = self._clock()
+        if known is not None and now - known.last_seen < self.heartbeat_s / 2:
+            self.stats.throttled += 1  # the pid cannot be another's: it is alive and connected now
+            return RegisterReply(True, renew_s=self.heartbeat_s)
         start = process_start_time(peer_pid, self._proc)
         if start is None:
             return self._refuse("peer", f"process {peer_pid} is gone")
         mismatch = self._cgroup_mismatch(owner, peer_pid)
         if mismatch:
             return self._refuse("cgroup", mismatch)
-        key = (owner.pod_uid, owner.container)
         table = self._processes.setdefault(key, {})
-        table[peer_pid] = RegisteredProcess(peer_pid, request.pid, start, self._clock())
+        if known is not None and known.start_time == start:
+            table[peer_pid] = replace(known, renewed_at=now)
+            self.stats.renewed += 1
+            log.debug("renewed pid %d of %s/%s", peer_pid, claimed or owner.pod_uid, owner.container)
+            return RegisterReply(True, renew_s=self.heartbeat_s)
+        table[peer_pid] = RegisteredProcess(peer_pid, request.pid, start, now)
         self.stats.accepted += 1
         log.info("registered pid %d (pid %d in its container) of %s/%s", peer_pid, request.pid,
                  claimed or owner.pod_uid, owner.container)
-        return RegisterReply(True)
+        return RegisterReply(True, renew_s=self.heartbeat_s)
 
     def _cgroup_mismatch(self, owner: TokenOwner, pid: int) -> str:
         identity = self._cgroup_of(pid)
@@ -180,4 +231,19 @@ class ShimRegistry:
             owner = self._owners[token]
             key = (owner.namespace, owner.pod or uid, container)
             out[key] = len(self._processes.get((uid, container), {}))
+        return out
+
+    def heartbeats(self) -> dict[tuple[str, str, str], Heartbeat]:
+        """(namespace, pod, container) → its heartbeat, for every container with a token (named as in
+        :meth:`counts`). The age is the stalest live process's: one frozen process of a container
+        whose other processes renew is still reported."""
+        self.prune()
+        now = self._clock()
+        out: dict[tuple[str, str, str], Heartbeat] = {}
+        for (uid, container), token in self._tokens.items():
+            owner = self._owners[token]
+            table = self._processes.get((uid, container), {})
+            age = max((now - p.last_seen for p in table.values()), default=0.0)
+            out[(owner.namespace, owner.pod or uid, container)] = Heartbeat(
+                len(table), max(age, 0.0), age > self.stale_after_s)
         return out

@@ -7,6 +7,14 @@
  * compute share the agent cannot attribute; an agent that answers "no" is not asked again. The
  * reply may carry the pid the agent saw (hostPid), which the compute controller matches NVML's
  * samples by.
+ *
+ * The heartbeat: a reply that carries "renewS" asks the same thread to send the same line again
+ * every that many seconds for as long as the process lives (the agent records each renewal as the
+ * container's heartbeat; a process that stops renewing while it holds a card is reported). Renewals
+ * are quiet: a renewal the agent does not answer (restarting) is just tried at the next interval;
+ * one it refuses (it forgot the token: the container is being removed) ends the renewals. A stopped
+ * or frozen process renews nothing, which is the point; a process whose other threads hang still
+ * renews (the heartbeat says the process runs with the library in it, not that it makes progress).
  */
 #include <errno.h>
 #include <limits.h>
@@ -30,8 +38,13 @@
 #define START_BUDGET_MS 30000  /* no try starts after this long */
 #define MAX_LINE 4096
 #define HOST_PID_KEY "\"hostPid\":"
+#define RENEW_KEY "\"renewS\":"
+#define MAX_RENEW_S 3600
+#define RENEW_TIMEOUT_MS 1000  /* one renewal's connect, send and reply */
 
 static pthread_once_t register_once = PTHREAD_ONCE_INIT;
+static int renew_every_s;  /* the last accepted reply's renewS; 0: no renewals */
+static int registered;     /* logged once; renewals are quiet */
 
 /* Appends text as a JSON string body (quotes, backslashes and control characters escaped). */
 static size_t json_string(char *out, size_t at, size_t size, const char *text) {
@@ -64,20 +77,24 @@ static int request_line(char *line, size_t size) {
     return at < size ? (int)at : -1;
 }
 
-/* The reply's optional "hostPid": this process's pid as the agent sees it (SO_PEERCRED), which is
- * how NVML names it when the container has its own pid namespace. 0 when absent or malformed. */
-static int reply_host_pid(const char *reply) {
-    const char *at = strstr(reply, HOST_PID_KEY);
+/* A reply's optional positive integer field named by key (with its quotes and colon), at most
+ * max; 0 when absent or malformed. */
+static int reply_number(const char *reply, const char *key, long max) {
+    const char *at = strstr(reply, key);
     if (at == NULL) return 0;
-    at += strlen(HOST_PID_KEY);
+    at += strlen(key);
     while (*at == ' ') at++;
     if (*at < '1' || *at > '9') return 0;
     char *end;
     errno = 0;
     long pid = strtol(at, &end, 10);
-    if (errno != 0 || pid > INT_MAX || (*end != ',' && *end != '}' && *end != ' ')) return 0;
+    if (errno != 0 || pid > max || (*end != ',' && *end != '}' && *end != ' ')) return 0;
     return (int)pid;
 }
+
+/* The reply's optional "hostPid": this process's pid as the agent sees it (SO_PEERCRED), which is
+ * how NVML names it when the container has its own pid namespace. 0 when absent or malformed. */
+static int reply_host_pid(const char *reply) { return reply_number(reply, HOST_PID_KEY, INT_MAX); }
 
 enum { TRY_REGISTERED, TRY_REFUSED, TRY_FAILED };
 
@@ -100,7 +117,11 @@ static int exchange(int fd, int timeout_ms, int quiet) {
     if (strstr(reply, "\"ok\":true") != NULL) {
         int host_pid = reply_host_pid(reply);
         if (host_pid > 0) shim_region_set_host_pid(host_pid);
-        shim_log(SHIM_LOG_INFO, "registered with the node agent (host pid %d)", host_pid > 0 ? host_pid : (int)getpid());
+        renew_every_s = reply_number(reply, RENEW_KEY, MAX_RENEW_S);
+        if (!registered)
+            shim_log(SHIM_LOG_INFO, "registered with the node agent (host pid %d, renewing every %d s)",
+                     host_pid > 0 ? host_pid : (int)getpid(), renew_every_s);
+        registered = 1;
         return TRY_REGISTERED;
     }
     if (memchr(reply, '\n', got) != NULL) { /* a whole answer that is not a yes: asking again changes nothing */
@@ -133,6 +154,18 @@ static void pause_ms(int ms) {
     while (nanosleep(&pause, &pause) != 0 && errno == EINTR) continue;
 }
 
+/* The heartbeat: the same line every renew_every_s (which each accepted reply may change) until
+ * the agent refuses it or asks for no more. */
+static void renew(const char *socket_path) {
+    while (renew_every_s > 0) {
+        pause_ms(renew_every_s * 1000);
+        if (try_once(socket_path, RENEW_TIMEOUT_MS, 1) == TRY_REFUSED) {
+            shim_log(SHIM_LOG_INFO, "the node agent refused a renewal: no more renewals");
+            return;
+        }
+    }
+}
+
 static void *register_now(void *unused) {
     (void)unused;
     const struct shim_config *c = shim_config();
@@ -141,6 +174,7 @@ static void *register_now(void *unused) {
     for (;;) {
         int outcome = try_once(c->socket_path, timeout_ms, tries > 0); /* the first failure is logged */
         tries++;
+        if (outcome == TRY_REGISTERED) renew(c->socket_path);
         if (outcome != TRY_FAILED) return NULL;
         if (tries == 1) shim_log(SHIM_LOG_INFO, "trying to register again for up to %d s", START_BUDGET_MS / 1000);
         if (shim_now_ns() - started + (uint64_t)wait_ms * 1000000ull >= budget) break;

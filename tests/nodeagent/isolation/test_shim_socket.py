@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from gpupool.api.shim_contract import RegisterRequest, decode_reply, encode_request
+from gpupool.api.shim_contract import RegisterReply, RegisterRequest, decode_reply, encode_request
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.isolation.shim_socket import RegistrationServer
 from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
@@ -182,6 +182,18 @@ def test_many_clients_at_once() -> None:
         replies = await asyncio.gather(*(asyncio.to_thread(exchange, server.path, encode_request(GOOD))
                                          for _ in range(100)))
         assert all(decode_reply(r).ok for r in replies)
-        assert server.registry.stats.accepted == 100
+        stats = server.registry.stats  # one process (this one): registered once, the rest renewals too soon
+        assert (stats.accepted, stats.throttled) == (1, 99)
+
+    run(test)
+
+
+def test_an_accepted_reply_asks_for_renewals_at_the_registry_interval() -> None:
+    async def test(server: RegistrationServer) -> None:
+        def register() -> RegisterReply:
+            with registered_child(server.path, GOOD) as (_child, reply):
+                return reply
+        reply = await asyncio.to_thread(register)
+        assert reply.ok and reply.renew_s == server.registry.heartbeat_s == 10
 
     run(test)
