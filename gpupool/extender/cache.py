@@ -83,8 +83,7 @@ class ClusterCache:
         :attr:`lock`; they must not block (:mod:`gpupool.extender.requeue`)."""
         self.keeper = BookingKeeper(self.state, self.pods, clock=clock, unconfirmed_timeout_s=unconfirmed_timeout_s,
                                     on_release=self._announce_release)
-        self.claims = ClaimBookings(self.state, self.keeper.problems, driver_name(self.names.domain),
-                                    self.keeper.spec_of, self.keeper.uid_of)
+        self.claims = ClaimBookings(self.state, self.keeper, driver_name(self.names.domain))
         """DRA claims of gpupool's driver, booked in the same ledger (:mod:`gpupool.extender.dra_bookings`)."""
         self.node_problems: dict[str, str] = {}
         self.share_refusals: dict[str, str] = {}

@@ -31,7 +31,7 @@ from typing import Any
 from gpupool.core.model import CardSlice, ContainerAssignment, NodeSpec, Placement
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.core.units import COMPUTE_PER_CARD
-from gpupool.extender.booking_problems import BookingProblems
+from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
 from gpupool.kube.dra_claims import AllocatedShare, ClaimError, claim_shares
 
 log = logging.getLogger(__name__)
@@ -129,13 +129,15 @@ class ClaimBookings:
     Called under the cache's lock (:class:`gpupool.extender.cache.ClusterCache` owns one and feeds
     it from the claims' list+watch, :mod:`gpupool.extender.dra_watch`, and from node changes)."""
 
-    def __init__(self, state: ClusterState, problems: BookingProblems, driver: str,
-                 spec_of: Callable[[str], NodeSpec | None], uid_of: Callable[[str], str]) -> None:
+    def __init__(self, state: ClusterState, keeper: BookingKeeper, driver: str) -> None:
         self.state = state
-        self.problems = problems
+        self.keeper = keeper
+        """The pods' bookings: their problems (over-committed cards, unreadable claims) are the
+        claims' too, and a claim ends the filter's assumptions it collides with."""
+        self.problems = keeper.problems
         self.driver = driver
-        self.spec_of = spec_of
-        self.pod_uid_of = uid_of
+        self.spec_of: Callable[[str], NodeSpec | None] = keeper.spec_of
+        self.pod_uid_of: Callable[[str], str] = keeper.uid_of
         self.records: dict[str, ClaimRecord] = {}
         self.required = False
         """Whether readiness waits for a first list of claims (the extender watches them)."""
@@ -240,8 +242,25 @@ class ClaimBookings:
             log.error("claim %s: cannot book %s: %s", key, desired, exc)
             return
         log.info("claim %s: booked on node %s, %s", key, desired.node, _shown(desired))
+        if over:
+            over = self._yield_assumptions(desired.node, over)
         if over or desired.node in self.problems.overcommitted:
             self.problems.cards_over(self.state, desired.node, over, self.uid_of)
+
+    def _yield_assumptions(self, node: str, over: tuple[int, ...]) -> tuple[int, ...]:
+        """End the filter's assumptions holding a card of ``node`` the claim took beyond its
+        capacity (an assumption is the filter's guess, the claim the cluster's: the assumed pod's
+        bind then decides again); the cards still over capacity afterwards."""
+        row = self.state.index[node]
+        cards = set(over)
+        yielding = sorted(k for k in self.state.pods_on.get(row, ()) if k in self.keeper.assumptions
+                          and cards.intersection(self.state.placements[k].held_per_card()))
+        if not yielding:
+            return over
+        for key in yielding:
+            self.keeper.unassume(key, ASSUMED_CONFLICT)
+        self.state.upsert_node(self.state.specs[row])  # a release from a card over capacity: derive it again
+        return self.state.over_capacity(node)
 
     def _release(self, key: str) -> None:
         placement = self.state.release(key)

@@ -262,3 +262,16 @@ def quota_filter(cache: ClusterCache, raw: dict[str, Any]) -> Any:
     outcome = service.filter(request, ["n1", "n2"], frozenset(), pod_tenancy(raw, cache.tenancy.names))
     cache.unassume(request.key, ASSUMED_REFUSED)
     return outcome
+
+
+def test_a_claim_ends_the_filters_assumption_on_the_card_it_takes() -> None:
+    """The filter passed one node and assumed the pod's 8 GiB there; the allocator then put a
+    12 GiB claim on that card. The claim is the cluster's, the assumption only the filter's guess:
+    it ends (the pod's bind decides again) and the card is not reported over-committed."""
+    cache = ledger(node("n1", [CARD]))
+    service = ExtenderService(cache, None, settings=ExtenderSettings())
+    request = pod_request(pod("next", container(mib=8 * GIB)), ResourceNames())
+    assert service.filter(request, ["n1"]).passed == ["n1"] and cache.assumed_pods == 1
+    apply_claim_event(cache, "ADDED", claim(memory="12Gi"))
+    assert cache.assumed_pods == 0 and cache.assumption_ends["conflict"] == 1
+    assert cache.overcommitted_cards() == 0 and free_mib(cache) == [CARD - 12 * GIB]
