@@ -26,12 +26,14 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "protocol.h"
 
 #define CHECK_MS 100
+#define MAX_CLIENT_PROCESSES 256 /* clients served at once (--max-clients), those still saying hello included */
 #define HELLO_TIMEOUT_MS 5000
 #define CHUNK (8u << 20)
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
@@ -568,17 +570,28 @@ static int listen_on(const char *endpoint, int allow_plain) {
     return fd;
 }
 
+static volatile sig_atomic_t live; /* client processes running */
+
+/* Reaped at once: a client process's end is its release, and a zombie would still count. */
+static void reap_clients(int signal_number) {
+    (void)signal_number;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0) live--;
+    errno = saved;
+}
+
 int main(int argc, char **argv) {
     const char *listen_address = NULL, *driver_path = "libcuda.so.1";
-    int allow_plain = 0;
+    int allow_plain = 0, max_clients = MAX_CLIENT_PROCESSES;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) listen_address = argv[++i];
         else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) clients_path = argv[++i];
         else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) driver_path = argv[++i];
         else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
+        else if (strcmp(argv[i], "--max-clients") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) max_clients = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
-                            "[--allow-plain]\n");
+                            "[--allow-plain] [--max-clients N]\n");
             return 2;
         }
     }
@@ -589,7 +602,7 @@ int main(int argc, char **argv) {
     if (load_driver(driver_path) != 0) return 1;
     int listener = listen_on(listen_address, allow_plain);
     if (listener < 0) return 1;
-    struct sigaction reap = {.sa_handler = SIG_IGN, .sa_flags = SA_NOCLDWAIT};
+    struct sigaction reap = {.sa_handler = reap_clients, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
     sigaction(SIGCHLD, &reap, NULL);
     for (;;) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
@@ -598,7 +611,13 @@ int main(int argc, char **argv) {
             perror("gpupool-remote-server: accept");
             return 1;
         }
+        if (live >= max_clients) { /* a flood of connections must not fork without end */
+            fprintf(stderr, "gpupool-remote-server: %d client processes already: connection refused\n", live);
+            close(client);
+            continue;
+        }
         pid_t child = fork();
+        if (child > 0) live++;
         if (child == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* the server going means its clients go */
             close(listener);
