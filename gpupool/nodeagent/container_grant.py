@@ -43,10 +43,12 @@ def build_grant(pod_key: str, assignment: ContainerAssignment, uuids: dict[int, 
                              f" the scheduler assigned {expected}")
         cards.append(card)
         paths.append(inventory.device_path(s.card))
+        paths.extend(inventory.access_devices(s.card))
     shares = tuple(CardShare(s.card, c.uuid, s.memory_mib, compute_percent(s.compute))
                    for s, c in zip(assignment.slices, cards, strict=True))
     envs = ContainerEnvironment(pod=pod_key, container=assignment.container, cards=shares).to_env()
-    devices = [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in paths]
+    # two MIG devices of one card share its device node: each node is listed once
+    devices = [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in dict.fromkeys(paths)]
     devices += [DeviceSpec(host_path=p, container_path=p, permissions="rw") for p in CONTROL_DEVICES]
     if extras is None:
         return ContainerGrant(envs=envs, devices=tuple(devices))

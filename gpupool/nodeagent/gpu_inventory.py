@@ -16,13 +16,23 @@ from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 
 @dataclass(frozen=True)
 class GpuInventory:
-    """The cards of this machine, their link levels, their device nodes (``/dev/nvidiaN``) and
-    their PCI addresses as NVML writes them (``00000000:3B:00.0``; empty when not known)."""
+    """The cards of this machine, their link levels, their device nodes (``/dev/nvidiaN``), their
+    PCI addresses as NVML writes them (``00000000:3B:00.0``; empty when not known) and, per card,
+    the further device nodes a container of it needs (a MIG device's access capabilities,
+    ``/dev/nvidia-caps/nvidia-capN``; empty for a physical card or when not known)."""
 
     cards: tuple[GpuCard, ...]
     topology: Topology
     device_paths: tuple[str, ...]
     pci_bus_ids: tuple[str, ...] = ()
+    access_paths: tuple[tuple[str, ...], ...] = ()
+
+    def access_devices(self, index: int) -> tuple[str, ...]:
+        """The further device nodes of the card with index ``index`` (none when not known)."""
+        for card, paths in zip(self.cards, self.access_paths, strict=False):
+            if card.index == index:
+                return paths
+        return ()
 
     def pci_bus_id(self, index: int) -> str:
         """NVML's PCI bus id of the card with index ``index``; ``""`` when not known."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -129,9 +130,22 @@ def h200_mig(uuid: str, gi: int, slices: int, memory: int, profile: str, ci_slic
     return Mig(uuid, gi, 0, slices, ci_slices or slices, memory, f"NVIDIA H200 MIG {profile}")
 
 
-def backend_over(stub: StubNvml, monkeypatch: pytest.MonkeyPatch) -> real.NvmlBackend:
+def backend_over(stub: StubNvml, monkeypatch: pytest.MonkeyPatch, proc_root: Path | None = None,
+                 devices: frozenset[str] | None = None) -> real.NvmlBackend:
+    """The NVML backend over ``stub``; the driver's capability files under ``proc_root`` (none by
+    default) and the host's device nodes ``devices`` (by default every one asked about exists)."""
     monkeypatch.setattr(real, "_load", lambda: stub)
-    return real.NvmlBackend()
+    return real.NvmlBackend(proc_root=str(proc_root or "/nonexistent-proc"),
+                            device_exists=lambda path: devices is None or path in devices)
+
+
+def write_access(proc_root: Path, card_minor: int, gpu_instance: int, compute_instance: int | None, minor: int) -> None:
+    """A capability file as the driver writes it: ``.../gpu<m>/mig/gi<g>[/ci<c>]/access``."""
+    where = proc_root / "driver/nvidia/capabilities" / f"gpu{card_minor}" / "mig" / f"gi{gpu_instance}"
+    if compute_instance is not None:
+        where = where / f"ci{compute_instance}"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "access").write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 444\nDeviceFileModify: 1\n")
 
 
 def mixed_node() -> StubNvml:
@@ -220,3 +234,22 @@ def test_the_inventory_annotation_carries_kind_compute_profile_and_parent(monkey
 ])
 def test_profile_names(name: str, gi: int, ci: int, memory: int, parent: int, expected: str) -> None:
     assert profile_name(name, gi, ci, memory, parent) == expected
+
+
+def test_mig_devices_carry_their_capability_device_nodes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """MIG-a (GPU instance 2, compute instance 0) has both capability files; MIG-b's compute
+    instance file is missing, so it gets none (the runtime adds them) rather than half of them."""
+    write_access(tmp_path, 0, 2, None, 21)
+    write_access(tmp_path, 0, 2, 0, 22)
+    write_access(tmp_path, 0, 3, None, 30)
+    inventory = backend_over(mixed_node(), monkeypatch, tmp_path).inventory()
+    assert inventory.access_paths == (("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"), (), (), ())
+    assert inventory.access_devices(0) == ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+
+
+def test_capability_nodes_missing_on_the_host_are_not_granted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A device spec naming a node the host lacks would stop the container from starting."""
+    write_access(tmp_path, 0, 2, None, 21)
+    write_access(tmp_path, 0, 2, 0, 22)
+    only_one = frozenset({"/dev/nvidia-caps/nvidia-cap21"})
+    assert backend_over(mixed_node(), monkeypatch, tmp_path, only_one).inventory().access_devices(0) == ()

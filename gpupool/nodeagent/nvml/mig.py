@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 COMPUTE_PER_CARD = 1000
@@ -37,6 +38,11 @@ _PROFILE_IN_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
 """The driver names a MIG device ``<parent name> MIG <profile>`` (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``)."""
 
 MIB = 1024 * 1024
+
+CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+"""Where the driver's capability device nodes live (``nvidia-cap<minor>``)."""
+
+_DEVICE_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -150,3 +156,22 @@ def profile_name(device_name: str, gpu_slices: int, compute_slices: int, memory_
         gigabytes = math.ceil(memory_mib / 1024)
     prefix = f"{compute_slices}c." if compute_slices != gpu_slices else ""
     return f"{prefix}{gpu_slices}g.{gigabytes}gb"
+
+
+def access_devices(proc_root: str, card_minor: int, device: MigDevice) -> tuple[str, ...]:
+    """The capability device nodes a process needs to use ``device`` (its GPU instance's and its
+    compute instance's), read from the driver's ``capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access``
+    files under ``proc_root`` (``/proc``). Empty when the driver has none (capabilities kept in
+    ``/proc`` rather than as device files) or a file cannot be read: the container runtime then
+    adds what it needs, and no wrong node is ever granted."""
+    base = Path(proc_root, "driver/nvidia/capabilities", f"gpu{card_minor}", "mig", f"gi{device.gpu_instance}")
+    found = []
+    for access in (base / "access", base / f"ci{device.compute_instance}" / "access"):
+        try:
+            minor = _DEVICE_MINOR.search(access.read_text(encoding="ascii", errors="replace"))
+        except OSError:
+            return ()
+        if minor is None:
+            return ()
+        found.append(f"{CAPS_DEVICE_DIR}/nvidia-cap{int(minor.group(1))}")
+    return tuple(found)

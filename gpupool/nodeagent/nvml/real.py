@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
@@ -20,7 +21,7 @@ from typing import Any, cast
 from gpupool.core.model import GpuCard, GpuKind, LinkLevel, Topology
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.nvml.backend import GpuInventory, HealthEvent, xid_is_critical
-from gpupool.nodeagent.nvml.mig import read_mig
+from gpupool.nodeagent.nvml.mig import MigDevice, access_devices, read_mig
 from gpupool.nodeagent.nvml.usage import NvmlUsageSampler
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,11 @@ class NvmlBackend:
     indices are positions in the published list, physical cards and MIG devices in NVML order.
     """
 
-    def __init__(self, poll_interval_s: float = 5.0) -> None:
+    def __init__(self, poll_interval_s: float = 5.0, proc_root: str = "/proc",
+                 device_exists: Callable[[str], bool] = os.path.exists) -> None:
         self._nvml = _load()
+        self._proc_root = proc_root
+        self._device_exists = device_exists
         self._poll = poll_interval_s
         self._unhealthy: dict[int, str] = {}
         self._published: list[_Published] | None = None
@@ -86,18 +90,21 @@ class NvmlBackend:
 
     def inventory(self) -> GpuInventory:
         """Cards with UUID, model, memory, minor number, pairwise link level and health; a card in
-        MIG mode as its MIG devices (virtual cards, on the parent's device node and PCI address)."""
+        MIG mode as its MIG devices (virtual cards, on the parent's device node and PCI address,
+        with their capability device nodes where the driver has them)."""
         n = self._nvml
         handles = self._handles()
         cards: list[GpuCard] = []
         paths: list[str] = []
         buses: list[str] = []
+        access: list[tuple[str, ...]] = []
         published: list[_Published] = []
         for i, h in enumerate(handles):
             memory = n.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
             uuid = _text(n.nvmlDeviceGetUUID(h))
             model = _text(n.nvmlDeviceGetName(h)).replace(" ", "-")
-            path, bus = f"/dev/nvidia{n.nvmlDeviceGetMinorNumber(h)}", self._pci_bus_id(h)
+            minor = int(n.nvmlDeviceGetMinorNumber(h))
+            path, bus = f"/dev/nvidia{minor}", self._pci_bus_id(h)
             mig = read_mig(n, h)
             self._warn(uuid, mig.warning)
             if not mig.enabled:
@@ -105,6 +112,7 @@ class NvmlBackend:
                                      healthy=len(cards) not in self._unhealthy))
                 paths.append(path)
                 buses.append(bus)
+                access.append(())
                 published.append(_Published(h, i))
                 continue
             for device in mig.devices:
@@ -114,11 +122,12 @@ class NvmlBackend:
                                      profile=device.profile, parent=uuid))
                 paths.append(path)
                 buses.append(bus)
+                access.append(self._access(minor, device))
                 published.append(_Published(device.handle, i))
         self._published = published
         topology = Topology(tuple(tuple(row) for row in self._levels(handles, published)))
         return GpuInventory(cards=tuple(cards), topology=topology, device_paths=tuple(paths),
-                            pci_bus_ids=tuple(buses))
+                            pci_bus_ids=tuple(buses), access_paths=tuple(access))
 
     def _levels(self, handles: list[Any], published: list[_Published]) -> list[list[LinkLevel]]:
         """Link levels between published cards: those of their physical cards; two MIG devices of
@@ -138,6 +147,12 @@ class NvmlBackend:
         except Exception:  # older drivers lack the call; PCIe levels stand
             pass
         return level
+
+    def _access(self, minor: int, device: MigDevice) -> tuple[str, ...]:
+        """The MIG device's capability nodes when all exist on the host (a grant naming a missing
+        node would stop the container from starting; the runtime then adds them itself)."""
+        paths = access_devices(self._proc_root, minor, device)
+        return paths if all(self._device_exists(p) for p in paths) else ()
 
     def _warn(self, uuid: str, warning: str) -> None:
         """Log a card's MIG warning once (the inventory is read again at every publication)."""
