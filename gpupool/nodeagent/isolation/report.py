@@ -1,6 +1,7 @@
 """What the node says about enforcement: per card which backend holds its shares (and whether the
 kernel's ``dmem`` controller caps its memory too), per container how many processes registered with
-the agent and its ``dmem`` limits; for ``/metrics`` and a section of ``/usage``.
+the agent, its heartbeat (how long ago its least recently renewed process renewed, and whether
+that is stale) and its ``dmem`` limits; for ``/metrics`` and a section of ``/usage``.
 
 One backend serves the whole node, so every card reports the same one; the series is per card all
 the same, so a dashboard joins it with the per-card usage series, and a node whose cards differ
@@ -61,11 +62,28 @@ class IsolationCollector(Collector):
         processes = GaugeMetricFamily("gpupool_container_registered_processes",
                                       "Live processes of a container registered with the node agent",
                                       labels=("node", "namespace", "pod", "container"))
-        for (namespace, pod, container), count in sorted(registry.counts().items()):
-            processes.add_metric([node, namespace, pod, container], count)
+        age = GaugeMetricFamily("gpupool_container_heartbeat_age_seconds",
+                                "Seconds since the container's least recently renewed registered process renewed "
+                                "its registration (0 without registered processes)",
+                                labels=("node", "namespace", "pod", "container"))
+        stale = GaugeMetricFamily("gpupool_container_heartbeat_stale",
+                                  "1 while a registered process of the container has not renewed for longer than "
+                                  "the stale age", labels=("node", "namespace", "pod", "container"))
+        for (namespace, pod, container), beat in sorted(registry.heartbeats().items()):
+            labels = [node, namespace, pod, container]
+            processes.add_metric(labels, beat.processes)
+            age.add_metric(labels, round(beat.age_s, 3))
+            stale.add_metric(labels, float(beat.stale))
         yield processes
+        yield age
+        yield stale
         yield CounterMetricFamily("gpupool_shim_registrations_accepted", "Registrations accepted",
                                   value=registry.stats.accepted)
+        yield CounterMetricFamily("gpupool_shim_registrations_renewed", "Registrations renewed (the heartbeat)",
+                                  value=registry.stats.renewed)
+        yield CounterMetricFamily("gpupool_shim_renewals_throttled",
+                                  "Renewals answered but not recorded: sooner than half the interval",
+                                  value=registry.stats.throttled)
         refused = CounterMetricFamily("gpupool_shim_registrations_refused", "Registrations refused, by reason",
                                       labels=("reason",))
         for reason, count in sorted(registry.stats.refused.items()):
@@ -113,10 +131,12 @@ def isolation_table(agent: NodeAgent) -> str:
         lines.append(f"{card.index:<5}{state.backend.value:<11}{'yes' if state.enforcing else 'no':<10}{detail}")
     registry = _registry(enforcement)
     if registry is not None:
-        lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'REGISTERED PROCS':>17}"]
-        for (namespace, pod, container), count in sorted(registry.counts().items()):
+        lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'REGISTERED PROCS':>17}{'HEARTBEAT AGE s':>17}  "
+                      f"(stale after {registry.stale_after_s:g} s)"]
+        for (namespace, pod, container), beat in sorted(registry.heartbeats().items()):
             name = f"{namespace}/{pod}/{container}" if namespace else f"{pod}/{container}"
-            lines.append(f"{name[:47]:<48}{count:>17}")
+            age = f"{beat.age_s:.0f}{' STALE' if beat.stale else ''}" if beat.processes else "-"
+            lines.append(f"{name[:47]:<48}{beat.processes:>17}{age:>17}")
     if state.dmem is not None and state.dmem.limits:
         lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':<6}{'DMEM.MAX':>14}  STATE"]
         for limit in state.dmem.limits:

@@ -39,6 +39,9 @@ ContainerName = tuple[str, str, str]
 Registered = Callable[[str, str, str], frozenset[int]]
 """(namespace, pod, container) → host pids registered with the interception library."""
 
+Renewed = Callable[[str, str, str], Mapping[int, float]]
+"""(namespace, pod, container) → host pid → when it last registered or renewed (the heartbeat)."""
+
 RegionUse = Callable[[ContainerName], Mapping[int, int] | None]
 """(namespace, pod, container) → card → MiB its accounting region shows; ``None`` when unreadable."""
 
@@ -61,6 +64,10 @@ class NodeView:
     """Driver memory allowed per process on top of the grant (``--risk-memory-tolerance``)."""
     region: RegionUse | None = None
     """The containers' accounting regions where the interception library runs; ``None`` elsewhere."""
+    renewed: Renewed | None = None
+    """The registered processes' heartbeats where the interception library runs; ``None`` elsewhere."""
+    stale_after_s: float = 30.0
+    """A registered process not renewed for longer than this while it holds a card is stale."""
 
 
 def grants_of(node: str, pods: Iterable[PodView]) -> dict[ContainerName, dict[int, CardSlice]]:
@@ -101,7 +108,20 @@ def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:
                 risks += [_risk(RiskKind.UNREGISTERED_PROCESS, card, h, "holds a shared card without having "
                                 "registered with the agent (the interception library did not run in it)")
                           for h in holders if h.pid not in known]
+            risks += _stale_heartbeats(view, name, card, holders)
     return risks
+
+
+def _stale_heartbeats(view: NodeView, name: ContainerName, card: int, holders: list[Holder]) -> list[Risk]:
+    """Registered holders whose last renewal is older than the stale age (unregistered ones are the
+    ``unregistered-process`` check's)."""
+    if view.renewed is None:
+        return []
+    seen = view.renewed(*name)
+    return [_risk(RiskKind.STALE_HEARTBEAT, card, h, f"registered but has not renewed for "
+                  f"{view.now - seen[h.pid]:.0f} s (stale after {view.stale_after_s:g} s): the process is "
+                  "stopped or frozen, or it registered without the interception library")
+            for h in holders if h.pid in seen and view.now - seen[h.pid] > view.stale_after_s]
 
 
 def _memory_risks(view: NodeView, name: ContainerName, card: int, grant: CardSlice, holders: list[Holder],

@@ -16,7 +16,11 @@ A risk is a process using a card outside what gpupool granted its container (the
   says, so the container could allocate past its grant);
 * ``unregistered-process``: on a card the container shares with others, a process of the container
   holds the card without having registered with the agent, where the interception library runs: it
-  bypassed the library (a static binary, a cleared ``LD_PRELOAD``) and so its limits.
+  bypassed the library (a static binary, a cleared ``LD_PRELOAD``) and so its limits;
+* ``stale-heartbeat``: where the interception library runs, a process of the container holds a card
+  and registered, but has not renewed its registration (the library's heartbeat) for longer than the
+  stale age (three renewal intervals, 30 s by default): it is stopped or frozen, or what registered
+  was not the library.
 
 The cluster's policy (``--risk-action``) chooses the action; every risk is also an event on the pod
 and a metric, whatever the action.
@@ -35,6 +39,7 @@ class RiskKind(StrEnum):
     OVER_MEMORY = "over-memory"
     UNREGISTERED_PROCESS = "unregistered-process"
     REGION_TAMPERED = "region-tampered"
+    STALE_HEARTBEAT = "stale-heartbeat"
 
 
 class RiskAction(StrEnum):
@@ -56,7 +61,7 @@ class RiskAction(StrEnum):
 #: The Warning event's reason on the pod, per kind.
 EVENT_REASONS = {RiskKind.UNGRANTED_CARD: "GpuRiskUngrantedCard", RiskKind.OVER_MEMORY: "GpuRiskOverMemory",
                  RiskKind.UNREGISTERED_PROCESS: "GpuRiskUnregisteredProcess",
-                 RiskKind.REGION_TAMPERED: "GpuRiskRegionTampered"}
+                 RiskKind.REGION_TAMPERED: "GpuRiskRegionTampered", RiskKind.STALE_HEARTBEAT: "GpuRiskStaleHeartbeat"}
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from gpupool.nodeagent.risk.detector import (
     NodeView,
     RegionUse,
     Registered,
+    Renewed,
     detect,
     grants_of,
 )
@@ -82,6 +83,25 @@ def shim_registered(agent: NodeAgent, pods: list[PodView], state: EnforcementSta
     return registered
 
 
+def shim_renewed(agent: NodeAgent, pods: list[PodView], state: EnforcementState) -> tuple[Renewed, float] | None:
+    """Each registered process's last renewal per container, and the stale age, where the interception
+    library enforces; ``None`` elsewhere. Read once per container per view."""
+    registry = getattr(agent.enforcement, "registry", None)
+    if not isinstance(registry, ShimRegistry) or not shim_enforcing(state):
+        return None
+    uids = {(pod.namespace, pod.name): pod.uid for pod in pods}
+    read: dict[ContainerName, dict[int, float]] = {}
+
+    def renewed(namespace: str, pod: str, container: str) -> dict[int, float]:
+        name = (namespace, pod, container)
+        if name not in read:
+            uid = uids.get((namespace, pod))
+            read[name] = {p.pid: p.last_seen for p in registry.processes(uid, container)} if uid else {}
+        return read[name]
+
+    return renewed, registry.stale_after_s
+
+
 class RiskMonitor:
     """Runs the detector on the agent's view and hands the result to the responder."""
 
@@ -113,10 +133,13 @@ class RiskMonitor:
         region: RegionUse | None = None
         if self.regions is not None and shim_enforcing(enforcement):
             region = self.regions.for_pods(pods)
+        heartbeats = shim_renewed(self.agent, pods, enforcement)
+        renewed, stale_after_s = heartbeats if heartbeats is not None else (None, 30.0)
         return NodeView(cards=self.monitor.cards, state=self.monitor.state, sample=self.monitor.last_sample,
                         grants=grants_of(self.agent.node, pods), enforcing=enforcement.enforcing,
                         registered=shim_registered(self.agent, pods, enforcement), now=self._clock(),
-                        overhead_mib=self.overhead_mib, region=region)
+                        overhead_mib=self.overhead_mib, region=region, renewed=renewed,
+                        stale_after_s=stale_after_s)
 
     async def step(self) -> list[Risk]:
         """One round; the risks that are new in it."""

@@ -85,7 +85,9 @@ def test_metrics_and_usage_show_the_backend_and_registered_processes(lending: bo
             assert samples(text, "gpupool_shim_registrations_accepted_total") == [({}, 1.0)]
             assert f"{fake.namespace}/{fake.name}/{cname}" in table and "shim" in table
             row = next(line for line in table.splitlines() if f"{fake.name}/{cname}" in line)
-            assert row.split()[-1] == "1"
+            assert row.split()[1:] == ["1", "0"]  # registered processes, heartbeat age (just registered)
+            ages = {labels["pod"]: value for labels, value in samples(text, "gpupool_container_heartbeat_age_seconds")}
+            assert ages[fake.name] < 5
 
     try:
         asyncio.run(main())

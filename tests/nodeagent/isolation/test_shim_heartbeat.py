@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.shim_contract import (
     RegisterReply,
@@ -13,6 +16,8 @@ from gpupool.api.shim_contract import (
     decode_reply,
     encode_reply,
 )
+from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
+from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
 from gpupool.nodeagent.isolation.shim_registry import Heartbeat, ShimRegistry
 from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from tests.nodeagent.isolation.test_shim_registry import TOKEN, UID, FakeProc
@@ -137,3 +142,28 @@ def test_renew_s_on_the_wire() -> None:
                 b'{"v":1,"ok":true,"renewS":9999}'):
         with pytest.raises(ShimProtocolError):
             decode_reply(bad)
+
+
+def test_metrics_and_the_usage_section_show_each_containers_heartbeat(proc: FakeProc) -> None:
+    clock = Clock()
+    proc.start(40, 1)
+    reg = registry(proc, clock)
+    reg.issue(OTHER_TOKEN, "uid-idle", "side", "ns", "idle")
+    reg.register(request(), 40)
+    clock.now += 31
+    agent = SimpleNamespace(node="n1", inventory=SimpleNamespace(cards=[]),
+                            enforcement=SimpleNamespace(registry=reg, state=lambda: EnforcementState(
+                                IsolationBackend.SHIM, True)))
+    metrics = CollectorRegistry()
+    metrics.register(IsolationCollector(agent))  # type: ignore[arg-type]
+    text = generate_latest(metrics).decode()
+    values = {(s.name, s.labels.get("pod", "")): s.value for f in text_string_to_metric_families(text)
+              for s in f.samples}
+    assert values[("gpupool_container_heartbeat_age_seconds", "p")] == 31.0
+    assert values[("gpupool_container_heartbeat_stale", "p")] == 1.0
+    assert values[("gpupool_container_heartbeat_age_seconds", "idle")] == 0.0  # nothing registered: nothing stale
+    assert values[("gpupool_container_heartbeat_stale", "idle")] == 0.0
+    table = isolation_table(agent)  # type: ignore[arg-type]
+    row = next(line for line in table.splitlines() if "ns/p/main" in line)
+    assert row.split()[1:] == ["1", "31", "STALE"]
+    assert "stale after 30 s" in table
