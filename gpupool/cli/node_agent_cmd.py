@@ -15,6 +15,7 @@ from gpupool.api.cluster_settings import ClusterSettings, Setting
 from gpupool.api.environment import COMPUTE_MODE_HARD, COMPUTE_MODES
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S
 from gpupool.api.names import ResourceNames
+from gpupool.api.shim_contract import MAX_RENEW_S
 from gpupool.cli import cluster_options
 from gpupool.cli.cluster_options import ClusterFlags, cluster_setting_options, describe
 from gpupool.cli.old_flags import old_spelling
@@ -43,6 +44,7 @@ from gpupool.nodeagent.isolation.dmem import CGROUP_ROOT
 from gpupool.nodeagent.isolation.mps_daemon import DEFAULT_MPS_CONTROL
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR
+from gpupool.nodeagent.isolation.shim_registry import HEARTBEAT_S
 from gpupool.nodeagent.isolation.shim_socket import MAX_CONNECTIONS, READ_TIMEOUT_S, RegistrationLimits
 from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
 from gpupool.nodeagent.lending.options import (
@@ -159,6 +161,11 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.IntRange(min=1),
               help="Connections the registration socket holds at once; past it a new one replaces the oldest "
                    "silent one.")
+@click.option("--registration-heartbeat", default=HEARTBEAT_S, show_default=True,
+              type=click.IntRange(1, MAX_RENEW_S),
+              help="Seconds between the interception library's renewals of its registration (the container's "
+                   "heartbeat); a process holding a card that has not renewed for 3 of them is a stale-heartbeat "
+                   "risk (docs/isolation.md, Heartbeat).")
 @click.option("--dra/--no-dra", default=False, show_default=True,
               help="Also be a DRA driver (gpu.<domain>): publish this node's ResourceSlice and prepare "
                    "ResourceClaims through kubelet's DRA plugin API (docs/dra.md).")
@@ -190,7 +197,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                risk_grace: str, risk_memory_tolerance: int, lending: bool,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
-               registration_max_connections: int, dra: bool, dra_kubelet_dir: str, cdi_dir: str,
+               registration_max_connections: int, registration_heartbeat: int, dra: bool, dra_kubelet_dir: str,
+               cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
                verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
@@ -211,7 +219,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     isolation_config = IsolationConfig(isolation, shim_library, state_dir, compute_mode, mps_control, cgroup_root,
                                        registration=RegistrationLimits(registration_timeout,
-                                                                       registration_max_connections),
+                                                                       registration_max_connections,
+                                                                       registration_heartbeat),
                                        packaged=packaged_library())
     try:
         isolation_config.choice()  # refuse an impossible choice before anything starts or is read

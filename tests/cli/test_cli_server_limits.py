@@ -47,17 +47,19 @@ def test_the_node_agent_limit_flags_reach_its_metrics_port_and_registration_sock
     monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--max-connections", "32",
                                       "--header-timeout", "4", "--idle-timeout", "95",
-                                      "--registration-timeout", "0.25", "--registration-max-connections", "40"])
+                                      "--registration-timeout", "0.25", "--registration-max-connections", "40",
+                                      "--registration-heartbeat", "7"])
     assert result.exit_code == 0, result.output
     assert seen["limits"] == ServerLimits(32, header_timeout_s=4.0, idle_timeout_s=95.0)
-    assert seen["isolation"].registration == RegistrationLimits(0.25, 40)
+    assert seen["isolation"].registration == RegistrationLimits(0.25, 40, 7)
 
 
 def test_the_registration_limits_reach_the_socket(tmp_path: Path) -> None:
     library = tmp_path / "lib.so"
     library.write_bytes(b"\x7fELF")
     config = IsolationConfig("shim", str(library), str(tmp_path / "s"), cgroup_root=str(tmp_path / "none"),
-                             registration=RegistrationLimits(0.25, 40))
+                             registration=RegistrationLimits(0.25, 40, 7))
     shim = build_enforcement(config, InMemoryContainerDirectory())
     assert isinstance(shim, ShimEnforcement)
     assert shim.server.read_timeout_s == 0.25 and shim.server.gate.max_connections == 40
+    assert shim.registry.heartbeat_s == 7 and shim.registry.stale_after_s == 21.0

@@ -74,7 +74,8 @@ def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,
     if choice.backend is IsolationBackend.MPS:
         inner = MpsEnforcement(MpsLayout(config.state_dir), config.mps_control, dmem)
     else:
-        registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc)
+        registry = ShimRegistry(ContainerResolver(directory, config.proc).cgroup_identity, directory, config.proc,
+                                heartbeat_s=config.registration.heartbeat_s)
         inner = ShimEnforcement(choice.library or "", ShimLayout(config.state_dir), registry,
                                 config.compute_mode, registration=config.registration)
     return with_dmem(inner, dmem, pci_bus_ids or {}, directory, config.cgroup_root)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.api.shim_contract import (
     MAX_LINE_BYTES,
+    MAX_RENEW_S,
     RegisterReply,
     ShimProtocolError,
     decode_request,
@@ -34,7 +35,7 @@ from gpupool.api.shim_contract import (
 )
 from gpupool.netguard.gate import Admitted, ConnectionGate
 from gpupool.netguard.summary_log import SummaryLog
-from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.isolation.shim_registry import HEARTBEAT_S, ShimRegistry
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,18 @@ BACKLOG = 1024
 @dataclass(frozen=True)
 class RegistrationLimits:
     """The socket's line deadline and connection cap (``--registration-timeout``,
-    ``--registration-max-connections``)."""
+    ``--registration-max-connections``), and the libraries' renewal interval, the heartbeat
+    (``--registration-heartbeat``, :class:`~gpupool.nodeagent.isolation.shim_registry.ShimRegistry`)."""
 
     read_timeout_s: float = READ_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
+    heartbeat_s: int = HEARTBEAT_S
 
     def __post_init__(self) -> None:
         if self.read_timeout_s <= 0 or self.max_connections < 1:
             raise ValueError("the registration timeout must be above 0 s and the cap at least 1")
+        if not 1 <= self.heartbeat_s <= MAX_RENEW_S:
+            raise ValueError(f"the registration heartbeat must be 1 to {MAX_RENEW_S} s")
 
 
 _SOCKET_MODE = 0o666  # processes in containers run as any user
