@@ -22,16 +22,24 @@ def remote_gpu() -> None:
               help="The node agent's clients file (JSON); re-read when it changes.")
 @click.option("--driver", default="libcuda.so.1", show_default=True, metavar="PATH",
               help="The CUDA driver library the server runs calls on.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Speak TLS with this certificate chain (PEM); clients check it against their remote_tls_ca.")
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The private key (PEM) of --tls-cert.")
 @click.option("--allow-plain", is_flag=True,
-              help="Serve plain TCP on a non-loopback address (there is no TLS yet: tokens cross the network "
+              help="Serve plain TCP on a non-loopback address without TLS (tokens and data cross the network "
                    "in the clear).")
-def serve_cmd(listen: str, clients_file: Path, driver: str, allow_plain: bool) -> None:
+def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | None, tls_key: Path | None,
+              allow_plain: bool) -> None:
     """Serve the CUDA driver of this node to the remote clients the clients file names."""
-    from gpupool.remotegpu.serve import RemoteServeError, serve
+    from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     try:
-        code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain)
+        code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain, tls=tls)
     except (RemoteServeError, ShimBuildError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)

@@ -8,8 +8,8 @@ is reported and the last good one kept, so a half-written or broken file never d
 everyone. The C server (``gpupool-remote-server``, :mod:`gpupool.shim.remote_build`) forks a
 process per client that leaves within about 100 ms once its token is gone from the mirror.
 
-Plain TCP only for now: a listen address that is not loopback is refused unless ``allow_plain``
-(docs/remote-gpu.md, "Trust").
+With a certificate and key the server speaks TLS; without, a listen address that is not loopback is
+refused unless ``allow_plain`` (docs/remote-gpu.md, "Trust").
 """
 
 from __future__ import annotations
@@ -57,15 +57,26 @@ def is_loopback(host: str) -> bool:
                                                      and a.ipv4_mapped.is_loopback) for a in addresses)
 
 
-def check_listen(listen: str, allow_plain: bool) -> None:
+@dataclass(frozen=True)
+class TlsFiles:
+    """The server's certificate chain and private key (PEM); clients check it against their CA."""
+
+    certificate: Path
+    key: Path
+
+
+def check_listen(listen: str, allow_plain: bool, tls: TlsFiles | None = None) -> None:
     """Refuse a listen address the server must not use (bad syntax, or plain TCP off loopback)."""
     try:
         host, _ = parse_endpoint(listen, any_port=True)
     except ValueError as exc:
         raise RemoteServeError(f"--listen: {exc}") from None
-    if not allow_plain and not is_loopback(host):
-        raise RemoteServeError(f"--listen {listen}: not a loopback address, and the server speaks plain TCP "
-                               "(no TLS yet); pass --allow-plain to serve it on this network anyway")
+    if tls is None and not allow_plain and not is_loopback(host):
+        raise RemoteServeError(f"--listen {listen}: not a loopback address; give --tls-cert and --tls-key, or "
+                               "--allow-plain to serve plain TCP on this network anyway (tokens in the clear)")
+    for path in (tls.certificate, tls.key) if tls is not None else ():
+        if not path.is_file():
+            raise RemoteServeError(f"TLS file {path}: not found")
 
 
 @dataclass
@@ -109,9 +120,10 @@ class ClientsMirror:
         return True
 
 
-def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False) -> int:
+def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False,
+          tls: TlsFiles | None = None) -> int:
     """Run the GPU server until it exits or this process is told to stop; returns its exit code."""
-    check_listen(listen, allow_plain)
+    check_listen(listen, allow_plain, tls)
     program = build_server()
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []
@@ -124,7 +136,8 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
         mirror = ClientsMirror(clients_file, private / MIRROR_NAME)
         mirror.refresh()
         command = [str(program), "--listen", listen, "--clients", str(mirror.mirror), "--driver", driver,
-                   *(["--allow-plain"] if allow_plain else [])]
+                   *(["--allow-plain"] if allow_plain else []),
+                   *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
         with subprocess.Popen(command) as server:
             while server.poll() is None and not stopping:
                 mirror.refresh()

@@ -1,6 +1,7 @@
 """Build the remote GPU's two programs from the shipped C sources (docs/remote-gpu.md).
 
-* the GPU server, ``gpupool-remote-server``: an executable that dlopens the node's driver;
+* the GPU server, ``gpupool-remote-server``: an executable that dlopens the node's driver (needs
+  OpenSSL 3's headers and libraries to build: ``libssl-dev``);
 * the GPU client, a ``libcuda.so.1`` that forwards the driver API to a server, for containers on
   nodes without GPUs.
 
@@ -21,6 +22,9 @@ CLIENT_SOURCES = ("client.c",)
 HEADERS = ("protocol.h",)
 WARNINGS = ("-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
 CLIENT_SONAME = "libcuda.so.1"
+SERVER_LIBRARIES = ("-Wl,--no-as-needed", "-lssl", "-lcrypto")
+"""TLS (OpenSSL 3). Named before the sources, hence --no-as-needed. The client loads libssl.so.3
+only when it is given a CA, so it links against nothing but libc."""
 
 
 def _files(names: tuple[str, ...]) -> list[Path]:
@@ -30,7 +34,7 @@ def _files(names: tuple[str, ...]) -> list[Path]:
 def build_server(*, flavour: Flavour = RELEASE, werror: bool = False) -> Path:
     """The GPU server executable (built once per digest)."""
     compiler = find_compiler()
-    flags = (*WARNINGS, *flavour.flags, *(("-Werror",) if werror else ()))
+    flags = (*WARNINGS, *flavour.flags, *(("-Werror",) if werror else ()), *SERVER_LIBRARIES)
     sources = _files(SERVER_SOURCES)
     output = cache_dir() / f"gpupool-remote-server-{flavour.name}-{_digest(compiler, flags, sources + _files(HEADERS))}"
     if not output.is_file():

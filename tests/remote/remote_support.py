@@ -150,3 +150,25 @@ def wait_line(process: subprocess.Popen[str], timeout: float) -> str:
 def clients_json(clients: Sequence[RemoteClient]) -> dict[str, object]:
     loaded: dict[str, object] = json.loads(encode_clients(clients))
     return loaded
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: Path
+    certificate: Path
+    key: Path
+
+
+def make_certificates(out: Path, addresses: Sequence[str] = ("127.0.0.1",), name: str = "ca") -> Certificates:
+    """A CA and a server certificate for ``addresses`` (IP subject alternative names), by openssl."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=out)
+
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *curve, "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "1",
+            "-subj", f"/CN=gpupool test {name}")
+    openssl("req", *curve, "-keyout", f"{name}-server.key", "-out", f"{name}-server.csr", "-subj", "/CN=gpu-server")
+    (out / f"{name}.ext").write_text("subjectAltName=" + ",".join(f"IP:{a}" for a in addresses) + "\n")
+    openssl("x509", "-req", "-in", f"{name}-server.csr", "-CA", f"{name}.pem", "-CAkey", f"{name}.key",
+            "-CAcreateserial", "-out", f"{name}-server.pem", "-days", "1", "-extfile", f"{name}.ext")
+    return Certificates(out / f"{name}.pem", out / f"{name}-server.pem", out / f"{name}-server.key")

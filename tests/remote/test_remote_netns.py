@@ -16,6 +16,7 @@ from tests.remote.remote_support import (
     Programs,
     build_programs,
     client,
+    make_certificates,
     probe_env,
     run_probe,
     running_server,
@@ -78,3 +79,15 @@ def test_plain_tcp_off_loopback_refused_without_allow_plain(programs: Programs, 
                            str(tmp_path / "clients.json")], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0
     assert "--allow-plain" in done.stderr
+
+
+def test_tls_across_a_veth_pair_needs_no_allow_plain(programs: Programs, tmp_path: Path,
+                                                     namespaces: tuple[str, str, str]) -> None:
+    server_ns, client_ns, address = namespaces
+    certs = make_certificates(tmp_path, addresses=(address,))
+    with running_server(programs, tmp_path, [client("a")], listen=f"{address}:0",
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)],
+                        prefix=["ip", "netns", "exec", server_ns]) as server:
+        env = {**probe_env(programs, f"{address}:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(certs.ca)}
+        out = run_probe(programs, env, "vector_add", "100000", prefix=["ip", "netns", "exec", client_ns])
+    assert out == "ok vector_add 100000 c[99999]=149998"

@@ -43,3 +43,14 @@ def test_plain_tcp_off_loopback_needs_allow_plain() -> None:
 def test_bad_listen_address() -> None:
     with pytest.raises(RemoteServeError, match="host:port"):
         check_listen("nowhere", allow_plain=True)
+
+
+def test_tls_serves_off_loopback_without_allow_plain(tmp_path: Path) -> None:
+    from gpupool.remotegpu.serve import TlsFiles
+
+    files = TlsFiles(tmp_path / "server.pem", tmp_path / "server.key")
+    with pytest.raises(RemoteServeError, match="not found"):
+        check_listen("0.0.0.0:7000", allow_plain=False, tls=files)
+    files.certificate.write_text("x")
+    files.key.write_text("x")
+    check_listen("0.0.0.0:7000", allow_plain=False, tls=files)

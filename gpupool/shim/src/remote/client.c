@@ -11,8 +11,11 @@
  * forward return CUDA_ERROR_NOT_SUPPORTED.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -45,6 +48,50 @@ typedef struct {
     char bytes[16];
 } CUuuid;
 
+/* ------------------------------------------------------------------------------------------ TLS */
+/* OpenSSL is loaded only when the client is given a CA (remote_tls_ca): a container without it can
+ * still use a plain server, and this library needs no OpenSSL at link time. */
+typedef struct ssl_st SSL;
+typedef struct ssl_ctx_st SSL_CTX;
+static struct {
+    void *(*client_method)(void);
+    SSL_CTX *(*ctx_new)(void *);
+    int (*load_verify)(SSL_CTX *, const char *, const char *);
+    void (*set_verify)(SSL_CTX *, int, void *);
+    SSL *(*new_session)(SSL_CTX *);
+    int (*set_fd)(SSL *, int);
+    int (*set1_host)(SSL *, const char *);
+    long (*ctrl)(SSL *, int, long, void *);
+    void *(*get0_param)(SSL *);
+    int (*set1_ip_asc)(void *, const char *);
+    int (*connect)(SSL *);
+    int (*read)(SSL *, void *, int);
+    int (*write)(SSL *, const void *, int);
+    int (*get_error)(const SSL *, int);
+} ossl;
+static SSL *tls;
+#define SSL_VERIFY_PEER_ 1
+#define SSL_ERROR_WANT_READ_ 2
+#define SSL_ERROR_WANT_WRITE_ 3
+#define SSL_CTRL_SET_TLSEXT_HOSTNAME_ 55
+
+static int load_openssl(void) {
+    void *ssl = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (ssl == NULL) ssl = dlopen("libssl.so", RTLD_NOW | RTLD_LOCAL);
+    if (ssl == NULL) return -1;
+    void **slots[] = {(void **)&ossl.client_method, (void **)&ossl.ctx_new, (void **)&ossl.load_verify,
+                      (void **)&ossl.set_verify, (void **)&ossl.new_session, (void **)&ossl.set_fd,
+                      (void **)&ossl.set1_host, (void **)&ossl.ctrl, (void **)&ossl.get0_param,
+                      (void **)&ossl.set1_ip_asc, (void **)&ossl.connect, (void **)&ossl.read, (void **)&ossl.write,
+                      (void **)&ossl.get_error};
+    const char *names[] = {"TLS_client_method", "SSL_CTX_new", "SSL_CTX_load_verify_locations", "SSL_CTX_set_verify",
+                           "SSL_new", "SSL_set_fd", "SSL_set1_host", "SSL_ctrl", "SSL_get0_param",
+                           "X509_VERIFY_PARAM_set1_ip_asc", "SSL_connect", "SSL_read", "SSL_write", "SSL_get_error"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if ((*slots[i] = dlsym(ssl, names[i])) == NULL) return -1;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------ connection */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int sock = -1;
@@ -63,6 +110,7 @@ static uint64_t now_ms(void) {
 }
 
 static CUresult hang_up(CUresult why) {
+    tls = NULL; /* the session is dropped with the connection (its memory is not worth the risk of a free here) */
     if (sock >= 0) close(sock);
     sock = -1;
     if (broken == 0) broken = why;
@@ -82,16 +130,44 @@ static CUresult wait_ready(short events, uint64_t deadline) {
     }
 }
 
+/* One TLS read or write (write: 1), errno-style: > 0 bytes, -1 with errno EAGAIN to wait for
+ * events, else the connection is gone. SIGPIPE of a write to a closed socket (OpenSSL writes with
+ * write(2)) is blocked and consumed, never delivered to the program. */
+static ssize_t tls_io(int write, void *data, size_t bytes, short *events) {
+    int n, error;
+    sigset_t pipe_only, old;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    n = write ? ossl.write(tls, data, (int)(bytes < (1u << 30) ? bytes : (1u << 30)))
+              : ossl.read(tls, data, (int)(bytes < (1u << 30) ? bytes : (1u << 30)));
+    error = n > 0 ? 0 : ossl.get_error(tls, n);
+    struct timespec none = {0, 0};
+    while (sigtimedwait(&pipe_only, NULL, &none) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (n > 0) return n;
+    if (error == SSL_ERROR_WANT_READ_ || error == SSL_ERROR_WANT_WRITE_) {
+        *events = error == SSL_ERROR_WANT_READ_ ? POLLIN : POLLOUT;
+        errno = EAGAIN;
+        return -1;
+    }
+    errno = EPIPE;
+    return 0;
+}
+
 static CUresult send_bytes(const void *data, size_t bytes, uint64_t deadline) {
     for (size_t done = 0; done < bytes;) {
-        ssize_t n = send(sock, (const char *)data + done, bytes - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        short events = POLLOUT;
+        ssize_t n = tls != NULL ? tls_io(1, (char *)(uintptr_t)data + done, bytes - done, &events)
+                                : send(sock, (const char *)data + done, bytes - done, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             done += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            CUresult status = wait_ready(POLLOUT, deadline);
+            CUresult status = wait_ready(events, deadline);
             if (status != 0) return status;
             continue;
         }
@@ -102,14 +178,16 @@ static CUresult send_bytes(const void *data, size_t bytes, uint64_t deadline) {
 
 static CUresult receive_bytes(void *data, size_t bytes, uint64_t deadline) {
     for (size_t done = 0; done < bytes;) {
-        ssize_t n = recv(sock, (char *)data + done, bytes - done, MSG_DONTWAIT);
+        short events = POLLIN;
+        ssize_t n = tls != NULL ? tls_io(0, (char *)data + done, bytes - done, &events)
+                                : recv(sock, (char *)data + done, bytes - done, MSG_DONTWAIT);
         if (n > 0) {
             done += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            CUresult status = wait_ready(POLLIN, deadline);
+            CUresult status = wait_ready(events, deadline);
             if (status != 0) return status;
             continue;
         }
@@ -202,8 +280,37 @@ static void setting(const char *variable, const char *key, char *out, size_t siz
     fclose(grant);
 }
 
+/* TLS over the connected socket: the server's certificate must chain to the CA file and name the
+ * host dialled (its IP address, or DNS name). */
+static CUresult start_tls(const char *ca, const char *host, uint64_t deadline) {
+    if (load_openssl() != 0) {
+        fprintf(stderr, "gpupool remote GPU: remote_tls_ca is set but libssl.so.3 cannot be loaded\n");
+        return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    }
+    SSL_CTX *context = ossl.ctx_new(ossl.client_method());
+    if (context == NULL || ossl.load_verify(context, ca, NULL) != 1) return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    ossl.set_verify(context, SSL_VERIFY_PEER_, NULL);
+    SSL *session = ossl.new_session(context);
+    if (session == NULL || ossl.set_fd(session, sock) != 1) return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    unsigned char address[16];
+    int numeric = inet_pton(AF_INET, host, address) == 1 || inet_pton(AF_INET6, host, address) == 1;
+    if (numeric ? ossl.set1_ip_asc(ossl.get0_param(session), host) != 1 : ossl.set1_host(session, host) != 1)
+        return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    if (!numeric) ossl.ctrl(session, SSL_CTRL_SET_TLSEXT_HOSTNAME_, 0 /* host_name */, (void *)host);
+    for (;;) {
+        int n = ossl.connect(session), error = n == 1 ? 0 : ossl.get_error(session, n);
+        if (n == 1) break;
+        if (error != SSL_ERROR_WANT_READ_ && error != SSL_ERROR_WANT_WRITE_) return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+        CUresult status = wait_ready(error == SSL_ERROR_WANT_READ_ ? POLLIN : POLLOUT, deadline);
+        if (status != 0) return status;
+    }
+    tls = session;
+    return 0;
+}
+
 static CUresult open_connection(void) {
-    char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32];
+    char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32], ca[1024];
+    setting("GPUPOOL_REMOTE_TLS_CA", "remote_tls_ca", ca, sizeof ca);
     setting("GPUPOOL_REMOTE_ENDPOINT", "remote_endpoint", endpoint, sizeof endpoint);
     setting("GPUPOOL_REMOTE_TOKEN", "remote_token", token, sizeof token);
     setting("GPUPOOL_REMOTE_DEADLINE_MS", "remote_deadline_ms", deadline, sizeof deadline);
@@ -233,6 +340,10 @@ static CUresult open_connection(void) {
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    if (ca[0] != '\0' && (status = start_tls(ca, host, deadline_at)) != 0) {
+        fprintf(stderr, "gpupool remote GPU: TLS with %s failed (CA %s)\n", endpoint, ca);
+        return hang_up(status);
+    }
     unsigned char hello[4 + REMOTE_MAX_TOKEN];
     uint32_t version = REMOTE_PROTOCOL_VERSION;
     memcpy(hello, &version, 4);

@@ -30,6 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include "protocol.h"
 
 #define CHECK_MS 100
@@ -163,11 +166,14 @@ static int find_client(const char *token, size_t length, struct client_entry *ou
 
 /* ------------------------------------------------------------------------------------ socket I/O */
 static int sock = -1;
+static SSL *tls; /* the connection's TLS session; NULL: plain TCP (loopback, or --allow-plain) */
 
 static int read_all(void *buffer, size_t bytes) {
     for (size_t done = 0; done < bytes;) {
-        ssize_t n = recv(sock, (char *)buffer + done, bytes - done, 0);
-        if (n < 0 && errno == EINTR) continue;
+        size_t want = bytes - done < (1u << 30) ? bytes - done : (1u << 30);
+        ssize_t n = tls != NULL ? SSL_read(tls, (char *)buffer + done, (int)want)
+                                : recv(sock, (char *)buffer + done, want, 0);
+        if (n < 0 && errno == EINTR && tls == NULL) continue;
         if (n <= 0) return -1;
         done += (size_t)n;
     }
@@ -176,10 +182,35 @@ static int read_all(void *buffer, size_t bytes) {
 
 static int write_all(const void *buffer, size_t bytes) {
     for (size_t done = 0; done < bytes;) {
-        ssize_t n = send(sock, (const char *)buffer + done, bytes - done, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
+        size_t want = bytes - done < (1u << 30) ? bytes - done : (1u << 30);
+        ssize_t n = tls != NULL ? SSL_write(tls, (const char *)buffer + done, (int)want)
+                                : send(sock, (const char *)buffer + done, want, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR && tls == NULL) continue;
         if (n <= 0) return -1;
         done += (size_t)n;
+    }
+    return 0;
+}
+
+/* Whether a request is waiting: bytes TLS has decrypted already count, the socket may be empty. */
+static int waiting_request(int timeout_ms) {
+    if (tls != NULL && SSL_pending(tls) > 0) return 1;
+    struct pollfd waiting = {.fd = sock, .events = POLLIN};
+    return poll(&waiting, 1, timeout_ms);
+}
+
+static SSL_CTX *tls_context;
+
+/* Server-side TLS from a certificate chain and key (PEM); the client checks it against its CA. */
+static int load_tls(const char *certificate, const char *key) {
+    tls_context = SSL_CTX_new(TLS_server_method());
+    if (tls_context == NULL || SSL_CTX_set_min_proto_version(tls_context, TLS1_2_VERSION) != 1 ||
+        SSL_CTX_use_certificate_chain_file(tls_context, certificate) != 1 ||
+        SSL_CTX_use_PrivateKey_file(tls_context, key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(tls_context) != 1) {
+        fprintf(stderr, "gpupool-remote-server: TLS certificate %s / key %s: ", certificate, key);
+        ERR_print_errors_fp(stderr);
+        return -1;
     }
     return 0;
 }
@@ -458,11 +489,10 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
 
 /* The first frame: the client's token, checked against the clients file. */
 static int hello(void) {
-    struct pollfd waiting = {.fd = sock, .events = POLLIN};
     struct remote_header h;
     char token[REMOTE_MAX_TOKEN];
     uint32_t version;
-    if (poll(&waiting, 1, HELLO_TIMEOUT_MS) != 1 || read_all(&h, sizeof h) != 0 || h.op != OP_HELLO ||
+    if (waiting_request(HELLO_TIMEOUT_MS) != 1 || read_all(&h, sizeof h) != 0 || h.op != OP_HELLO ||
         h.length < 4 || h.length > 4 + REMOTE_MAX_TOKEN || read_all(&version, 4) != 0 ||
         read_all(token, h.length - 4) != 0)
         return -1;
@@ -490,14 +520,22 @@ static void serve_client(void) {
     unsigned char *chunk = malloc(CHUNK);
     unsigned char *payload = NULL;
     size_t payload_capacity = 0;
-    if (out_buffer == NULL || chunk == NULL || hello() != 0) return;
+    if (out_buffer == NULL || chunk == NULL) return;
+    if (tls_context != NULL) { /* the handshake within the hello's deadline */
+        struct timeval limit = {.tv_sec = HELLO_TIMEOUT_MS / 1000};
+        setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        tls = SSL_new(tls_context);
+        if (tls == NULL || SSL_set_fd(tls, sock) != 1 || SSL_accept(tls) != 1) return;
+        limit.tv_sec = 0;
+        setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    }
+    if (hello() != 0) return;
     fprintf(stderr, "gpupool-remote-server: serving %s on card %s (%llu MiB)\n", me.pod, me.card, me.memory_mib);
     for (;;) {
-        struct pollfd waiting = {.fd = sock, .events = POLLIN};
-        int ready = poll(&waiting, 1, 0);
+        int ready = waiting_request(0);
         if (ready == 0) { /* nothing more queued: send what is gathered, then wait */
             if (out_used > 0 && flush_out() != 0) return;
-            while ((ready = poll(&waiting, 1, CHECK_MS)) == 0) check_entry();
+            while ((ready = waiting_request(CHECK_MS)) == 0) check_entry();
         }
         if (ready < 0 && errno != EINTR) return;
         check_entry();
@@ -546,9 +584,9 @@ static int listen_on(const char *endpoint, int allow_plain) {
         fprintf(stderr, "gpupool-remote-server: --listen %s: %s\n", endpoint, gai_strerror(error));
         return -1;
     }
-    if (!allow_plain && !is_loopback(found->ai_addr)) {
-        fprintf(stderr, "gpupool-remote-server: --listen %s is not a loopback address and this server speaks plain "
-                        "TCP (no TLS yet): refused without --allow-plain\n", endpoint);
+    if (!allow_plain && tls_context == NULL && !is_loopback(found->ai_addr)) {
+        fprintf(stderr, "gpupool-remote-server: --listen %s is not a loopback address: plain TCP there is refused "
+                        "without --allow-plain (give --tls-cert and --tls-key)\n", endpoint);
         freeaddrinfo(found);
         return -1;
     }
@@ -583,15 +621,18 @@ static void reap_clients(int signal_number) {
 int main(int argc, char **argv) {
     const char *listen_address = NULL, *driver_path = "libcuda.so.1";
     int allow_plain = 0, max_clients = MAX_CLIENT_PROCESSES;
+    const char *tls_certificate = NULL, *tls_key = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) listen_address = argv[++i];
         else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) clients_path = argv[++i];
         else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) driver_path = argv[++i];
         else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
+        else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) tls_certificate = argv[++i];
+        else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) tls_key = argv[++i];
         else if (strcmp(argv[i], "--max-clients") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) max_clients = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
-                            "[--allow-plain] [--max-clients N]\n");
+                            "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM]\n");
             return 2;
         }
     }
@@ -599,7 +640,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpupool-remote-server: --listen and --clients are required\n");
         return 2;
     }
+    if ((tls_certificate == NULL) != (tls_key == NULL)) {
+        fprintf(stderr, "gpupool-remote-server: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    if (tls_certificate != NULL && load_tls(tls_certificate, tls_key) != 0) return 1;
     if (load_driver(driver_path) != 0) return 1;
+    signal(SIGPIPE, SIG_IGN); /* a client gone while TLS writes to it: an error, not the end of the server */
     int listener = listen_on(listen_address, allow_plain);
     if (listener < 0) return 1;
     struct sigaction reap = {.sa_handler = reap_clients, .sa_flags = SA_RESTART | SA_NOCLDSTOP};

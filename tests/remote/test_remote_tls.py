@@ -1,0 +1,64 @@
+"""TLS between the GPU client and server: the client checks the server's certificate against its
+CA and the address it dialled; the token then goes inside the encrypted connection."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.remote.remote_support import (
+    Programs,
+    build_programs,
+    client,
+    make_certificates,
+    probe_env,
+    run_probe,
+    running_server,
+    token,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    return build_programs(tmp_path_factory.mktemp("remote-programs"))
+
+
+def test_vector_add_over_tls(programs: Programs, tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path)
+    with running_server(programs, tmp_path, [client("a")],
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
+        env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(certs.ca)}
+        out = run_probe(programs, env, "vector_add", "100000")
+        forged = run_probe(programs, {**env, "GPUPOOL_REMOTE_TOKEN": token("z")}, "vector_add", "1")
+        assert server.process.poll() is None
+    assert out == "ok vector_add 100000 c[99999]=149998"
+    assert forged == "error 800 at cuInit(0)"
+
+
+def test_a_server_the_ca_did_not_sign_is_refused(programs: Programs, tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path)
+    other = make_certificates(tmp_path, name="other")
+    with running_server(programs, tmp_path, [client("a")],
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
+        env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(other.ca)}
+        assert run_probe(programs, env, "vector_add", "1") == "error 46 at cuInit(0)"
+
+
+def test_a_certificate_for_another_address_is_refused(programs: Programs, tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path, addresses=("10.9.9.9",))
+    with running_server(programs, tmp_path, [client("a")],
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
+        env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(certs.ca)}
+        assert run_probe(programs, env, "vector_add", "1") == "error 46 at cuInit(0)"
+
+
+def test_a_plain_client_gets_no_service_from_a_tls_server(programs: Programs, tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path)
+    with running_server(programs, tmp_path, [client("a")],
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
+        env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"), deadline_ms=8000)
+        assert run_probe(programs, env, "vector_add", "1") == "error 46 at cuInit(0)"
