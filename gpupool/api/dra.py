@@ -20,6 +20,12 @@ COMPUTE_PERCENT = 100
 ATTR_MODEL = "model"
 ATTR_UUID = "uuid"
 ATTR_INDEX = "index"
+ATTR_KIND = "kind"
+"""``physical`` or ``virtual`` (a MIG device), on every device so that a selector may always read it."""
+ATTR_PROFILE = "profile"
+"""A MIG device's profile (``3g.40gb``); virtual devices only."""
+ATTR_PARENT = "parent"
+"""A MIG device's card's UUID; virtual devices only."""
 #: The attribute Kubernetes standardises for a device's PCI address.
 ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 

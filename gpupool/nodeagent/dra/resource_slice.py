@@ -10,7 +10,8 @@ Why these shapes:
   capacity rounded down to that step; a claim naming no memory takes the whole card's memory, so a
   plain "one GPU" claim gets a whole card;
 * compute in percent of the card in steps of 1; a claim naming none consumes 0 and runs without a
-  compute limit, gpupool's meaning of a memory-only share (docs/dra.md).
+  compute limit, gpupool's meaning of a memory-only share (docs/dra.md); a MIG device offers its
+  share of its card (its compute slices), and says it is ``virtual`` with its profile and parent.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ from typing import Any
 
 from gpupool.api.dra import (
     ATTR_INDEX,
+    ATTR_KIND,
     ATTR_MODEL,
+    ATTR_PARENT,
     ATTR_PCI_BUS_ID,
+    ATTR_PROFILE,
     ATTR_UUID,
     COMPUTE,
     COMPUTE_PERCENT,
     MEMORY,
     device_name,
 )
-from gpupool.core.units import MEMORY_UNIT_MIB
+from gpupool.core.units import COMPUTE_PER_CARD, MEMORY_UNIT_MIB
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 
 
@@ -50,15 +54,26 @@ def memory_capacity_mib(card_memory_mib: int) -> int:
     return card_memory_mib // MEMORY_UNIT_MIB * MEMORY_UNIT_MIB
 
 
+def compute_capacity(card_compute_milli: int) -> int:
+    """What a card offers in percent of a whole card: 100, or a MIG device's share rounded down
+    (42 for a 3g device of 7 slices), so the allocator never grants more than the node books."""
+    return card_compute_milli * COMPUTE_PERCENT // COMPUTE_PER_CARD
+
+
 def device_entry(inventory: GpuInventory, index: int) -> dict[str, Any]:
     """One card as a ResourceSlice device."""
     card = inventory.card(index)
     memory = memory_capacity_mib(card.memory_mib)
     attributes: dict[str, Any] = {ATTR_MODEL: {"string": card.model}, ATTR_UUID: {"string": card.uuid},
-                                  ATTR_INDEX: {"int": card.index}}
+                                  ATTR_INDEX: {"int": card.index}, ATTR_KIND: {"string": card.kind.value}}
+    if card.profile:
+        attributes[ATTR_PROFILE] = {"string": card.profile}
+    if card.parent:
+        attributes[ATTR_PARENT] = {"string": card.parent}
     bus = pci_bus_id(inventory.pci_bus_id(index))
     if bus:
         attributes[ATTR_PCI_BUS_ID] = {"string": bus}
+    compute = compute_capacity(card.compute)
     return {
         "name": device_name(index),
         "allowMultipleAllocations": True,
@@ -67,8 +82,8 @@ def device_entry(inventory: GpuInventory, index: int) -> dict[str, Any]:
             MEMORY: {"value": f"{memory}Mi", "requestPolicy": {
                 "default": f"{memory}Mi",
                 "validRange": {"min": f"{MEMORY_UNIT_MIB}Mi", "step": f"{MEMORY_UNIT_MIB}Mi"}}},
-            COMPUTE: {"value": str(COMPUTE_PERCENT), "requestPolicy": {
-                "default": "0", "validRange": {"min": "0", "max": str(COMPUTE_PERCENT), "step": "1"}}},
+            COMPUTE: {"value": str(compute), "requestPolicy": {
+                "default": "0", "validRange": {"min": "0", "max": str(compute), "step": "1"}}},
         },
     }
 

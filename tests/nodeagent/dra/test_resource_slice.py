@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpupool.api.dra import card_of, device_name
+from gpupool.core.model import GpuKind
 from gpupool.nodeagent.dra.resource_slice import pci_bus_id, resource_slice, slice_name
 from gpupool.nodeagent.dra.slice_publisher import SlicePublisher
 from tests.nodeagent.dra.dra_world import DRIVER, NODE, SliceDict, inventory
@@ -25,11 +26,23 @@ def test_each_card_is_a_shareable_device_with_memory_and_compute_steps() -> None
     gpu1 = spec["devices"][1]
     assert gpu1["name"] == "gpu-1" and gpu1["allowMultipleAllocations"] is True
     assert gpu1["attributes"] == {"model": {"string": "NVIDIA-A100"}, "uuid": {"string": "GPU-0001"},
-                                  "index": {"int": 1}, "resource.kubernetes.io/pciBusID": {"string": "0000:3c:00.0"}}
+                                  "index": {"int": 1}, "kind": {"string": "physical"},
+                                  "resource.kubernetes.io/pciBusID": {"string": "0000:3c:00.0"}}
     assert gpu1["capacity"]["memory"] == {"value": "81408Mi", "requestPolicy": {
         "default": "81408Mi", "validRange": {"min": "256Mi", "step": "256Mi"}}}
     assert gpu1["capacity"]["compute"] == {"value": "100", "requestPolicy": {
         "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+
+
+def test_a_mig_device_says_so_and_offers_its_share_of_the_card() -> None:
+    inv = inventory(1)
+    mig = replace(inv.cards[0], uuid="MIG-a", compute=428, kind=GpuKind.VIRTUAL, profile="3g.40gb", parent="GPU-p")
+    device = resource_slice(NODE, DRIVER, replace(inv, cards=(mig,)), 1)["spec"]["devices"][0]
+    assert {k: device["attributes"][k] for k in ("uuid", "kind", "profile", "parent")} == {
+        "uuid": {"string": "MIG-a"}, "kind": {"string": "virtual"}, "profile": {"string": "3g.40gb"},
+        "parent": {"string": "GPU-p"}}
+    assert device["capacity"]["compute"] == {"value": "42", "requestPolicy": {
+        "default": "0", "validRange": {"min": "0", "max": "42", "step": "1"}}}
 
 
 def test_unhealthy_and_too_small_cards_are_left_out() -> None:
