@@ -5,6 +5,7 @@ mode, or whose MIG query fails, stays one physical card (with a warning for the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,3 +254,26 @@ def test_capability_nodes_missing_on_the_host_are_not_granted(monkeypatch: pytes
     write_access(tmp_path, 0, 2, 0, 22)
     only_one = frozenset({"/dev/nvidia-caps/nvidia-cap21"})
     assert backend_over(mixed_node(), monkeypatch, tmp_path, only_one).inventory().access_devices(0) == ()
+
+
+def test_an_xid_on_a_card_in_mig_mode_marks_each_of_its_mig_devices_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    stub = mixed_node()
+    events = [SimpleNamespace(device=stub.cards[0], eventData=79)]
+    stub_calls: dict[str, Any] = {
+        "nvmlEventSetCreate": lambda: "set", "nvmlDeviceRegisterEvents": lambda h, kinds, s: None,
+        "nvmlEventTypeXidCriticalError": 8,
+        "nvmlEventSetWait": lambda s, ms: events.pop() if events else None}
+    for name, value in stub_calls.items():
+        setattr(stub, name, value)
+    backend = backend_over(stub, monkeypatch)
+
+    async def first(n: int) -> list[tuple[int, bool, str]]:
+        found: list[tuple[int, bool, str]] = []
+        async for event in backend.health_events():
+            found.append((event.card, event.healthy, event.reason))
+            if len(found) == n:
+                return found
+        return found
+
+    assert asyncio.run(asyncio.wait_for(first(3), 5)) == [(i, False, "XID 79") for i in range(3)]
+    assert [c.healthy for c in backend.inventory().cards] == [False, False, False, True]
