@@ -1,10 +1,11 @@
 """Remote GPU data plane on loopback: what a CUDA program pays for its GPU being across the network.
 
-    python3 bench/remote.py --json [--calls 20000] [--mib 64] [--launches 20000]
+    python3 bench/remote.py --json [--calls 20000] [--mib 64] [--launches 20000] [--tls]
 
 A CUDA driver API program (bench/remote_probe.c) is linked against the GPU client and talks to
 ``gpupool remote-gpu serve`` on 127.0.0.1 running the stand-in driver (kernels of 1 us), then the
-same program runs on the stand-in directly (``local``) for reference:
+same program runs on the stand-in directly (``local``) for reference. ``--tls``: the server speaks
+TLS with a certificate made for the run (the openssl command) and the client checks it:
 
 - ``rtt_p50_us`` / ``rtt_p99_us``: one synchronous call (cuDriverGetVersion, answered by the
   server) over ``--calls``;
@@ -49,12 +50,28 @@ def _probe(env: dict[str, str], probe: Path, args: list[str]) -> dict[str, float
     return figures
 
 
+def _certificates(work: Path) -> tuple[list[str], dict[str, str]]:
+    """A CA and a certificate for 127.0.0.1: the server's arguments and the client's environment."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=work)
+
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=bench ca")
+    openssl("req", *curve, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=bench")
+    (work / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+            "server.pem", "-days", "1", "-extfile", "ext")
+    return (["--tls-cert", str(work / "server.pem"), "--tls-key", str(work / "server.key")],
+            {"GPUPOOL_REMOTE_TLS_CA": str(work / "ca.pem")})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--launches", type=int, default=20000)
+    parser.add_argument("--tls", action="store_true", help="TLS between client and server")
     options = parser.parse_args()
     standin, client = build_standin(), build_client()
     with tempfile.TemporaryDirectory(prefix="gpupool-remote-bench-") as work:
@@ -64,9 +81,10 @@ def main() -> int:
         clients.write_text(encode_clients([RemoteClient(TOKEN, "bench/probe", "GPU-standin-0", 4 * options.mib, 0)]))
         standin_env = {**os.environ, "GPUPOOL_STANDIN_STATE": str(Path(work) / "standin.state"),
                        "GPUPOOL_STANDIN_KERNEL_US": "1", "GPUPOOL_STANDIN_QUEUE_US": "1000000"}
+        tls_args, client_env = (_certificates(Path(work)) if options.tls else ([], {}))
         server = subprocess.Popen(
             [sys.executable, "-c", "from gpupool.cli.main import main; main()", "remote-gpu", "serve", "--listen",
-             "127.0.0.1:0", "--clients", str(clients), "--driver", str(standin / "libcuda.so.1")],
+             "127.0.0.1:0", "--clients", str(clients), "--driver", str(standin / "libcuda.so.1"), *tls_args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=standin_env, start_new_session=True)
         try:
             assert server.stdout is not None
@@ -78,13 +96,13 @@ def main() -> int:
             if port == 0:
                 raise SystemExit("the GPU server did not start")
             args = [str(options.calls), str(options.mib), str(options.launches)]
-            remote = _probe({**os.environ, "LD_LIBRARY_PATH": str(client), "GPUPOOL_REMOTE_TOKEN": TOKEN,
+            remote = _probe({**os.environ, **client_env, "LD_LIBRARY_PATH": str(client), "GPUPOOL_REMOTE_TOKEN": TOKEN,
                              "GPUPOOL_REMOTE_ENDPOINT": f"127.0.0.1:{port}"}, probe, args)
             local = _probe({**standin_env, "LD_LIBRARY_PATH": str(standin)}, probe, args)
         finally:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    result = {"remote": remote, "local": local, "calls": options.calls, "copy_mib": options.mib,
+    result = {"remote": remote, "local": local, "tls": options.tls, "calls": options.calls, "copy_mib": options.mib,
               "launches": options.launches, "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2)}
     if options.json:
         print(json.dumps(result))
