@@ -19,6 +19,7 @@ from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.isolation.backends import Enforcement, EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.dmem_limits import DmemReport
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.public_text import public
 
 _CARD_LABELS = ("node", "card", "uuid", "model")  # the labels of every per-card series of the agent
 
@@ -127,7 +128,7 @@ def isolation_table(agent: NodeAgent) -> str:
     state = enforcement.state()
     lines = ["", f"{'CARD':<5}{'ISOLATION':<11}{'ENFORCED':<10}DETAIL"]
     for card in agent.inventory.cards:
-        detail = "; ".join(d for d in (state.detail, _memory_detail(state, card.index)) if d)
+        detail = public("; ".join(d for d in (state.detail, _memory_detail(state, card.index)) if d))
         lines.append(f"{card.index:<5}{state.backend.value:<11}{'yes' if state.enforcing else 'no':<10}{detail}")
     registry = _registry(enforcement)
     if registry is not None:
@@ -141,6 +142,6 @@ def isolation_table(agent: NodeAgent) -> str:
         lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':<6}{'DMEM.MAX':>14}  STATE"]
         for limit in state.dmem.limits:
             name = f"{limit.namespace}/{limit.pod}/{limit.container}"
-            why = f" ({limit.detail})" if limit.detail else ""
+            why = f" ({public(limit.detail)})" if limit.detail else ""
             lines.append(f"{name[:47]:<48}{limit.card:<6}{limit.limit_bytes:>14}  {limit.state.value}{why}")
     return "\n".join(lines) + "\n"
