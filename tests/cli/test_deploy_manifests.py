@@ -333,12 +333,16 @@ def test_extender_ports_probes_and_service_agree() -> None:
             assert ports[get["port"]] == params["health_port"] != params["port"]
             assert get.get("scheme", "HTTP") == "HTTP" and ("GET", get["path"]) in _probe_routes()
         labels = container.workload["spec"]["template"]["metadata"]["labels"]
-        (service,) = (s for s in by_kind("Service")
-                      if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
-                      and s["spec"]["selector"].items() <= labels.items())
-        served = {ports[p["targetPort"]]: p for p in service["spec"]["ports"]}
-        assert set(served) == {params["port"], params["admission_port"]}  # the verbs and the webhooks
-        assert service["spec"]["ports"][0] == served[params["port"]]  # first: the scheduler configs' urlPrefix port
+        services = {s["metadata"]["name"]: s for s in by_kind("Service")
+                    if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
+                    and s["spec"]["selector"].items() <= labels.items()}
+        assert set(services) == {"gpupool-extender", "gpupool-extender-admission"}
+        leader, every_replica = services["gpupool-extender"], services["gpupool-extender-admission"]
+        # the verbs go to the leader (the only Ready replica), the webhooks to every replica
+        assert [ports[p["targetPort"]] for p in leader["spec"]["ports"]] == [params["port"]]
+        assert [ports[p["targetPort"]] for p in every_replica["spec"]["ports"]] == [params["admission_port"]]
+        assert every_replica["spec"]["publishNotReadyAddresses"] is True and \
+            not leader["spec"].get("publishNotReadyAddresses")
         notes = container.workload["spec"]["template"]["metadata"]["annotations"]
         assert int(notes["prometheus.io/port"]) == params["health_port"] and ("GET", "/metrics") in _probe_routes()
 
@@ -350,7 +354,7 @@ def test_scheduler_configs_reach_the_extender_service_and_its_verbs() -> None:
     (container,) = containers_running("extender")
     _, params = parse(container)
     routes = _extender_routes(params["url_prefix"])
-    (service,) = by_kind("Service")
+    service = one("Service", "gpupool-extender")  # the leader's: the webhooks' Service lists every replica
     configs = list(by_kind("KubeSchedulerConfiguration"))
     assert {c["apiVersion"].split("/")[1] for c in configs} == {"v1"}
     for config in configs:
