@@ -1,7 +1,7 @@
 """Node agent liveness end to end: kill the agent, the extender stops placing GPU pods on its node once
 its Lease lapses; start it again, pods go there again.
 
-Everything real (v1.20.2 from the test environment): kube-scheduler calls a ``gpupool extender``
+Everything real (the test environment's Kubernetes, v1.37.2): kube-scheduler calls a ``gpupool extender``
 process watching the agent Leases, a kubelet runs the node, ``gpupool node-agent --fake-gpus``
 serves its device plugins and renews ``gpupool-agent-<node>`` every 0.5 s with a 3 s duration.
 """

@@ -1,4 +1,4 @@
-"""The Kubernetes API behaviour gpupool relies on, checked against a real v1.20.2 apiserver.
+"""The Kubernetes API behaviour gpupool relies on, checked against a real apiserver (v1.37.2).
 
 The extender binds pods and writes assignment annotations with optimistic concurrency, and the
 node agent rebuilds its view from list + watch. Each test pins down one contract those designs

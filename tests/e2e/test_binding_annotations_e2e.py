@@ -1,10 +1,11 @@
-"""The one-write bind against a real v1.20.2 apiserver: what a Binding does to the pod it binds.
+"""The one-write bind against a real apiserver (v1.37.2): what a Binding does to the pod it binds.
 
 The extender's bind posts one Binding that carries the assignment annotation. It relies on the
 apiserver merging the Binding's annotations into the pod in the same write that sets its node,
-and on a second Binding of a bound pod being refused (409) without touching the pod. v1.20.2
-ignores the Binding's uid and resourceVersion (checked from v1.23): pinned here, so an upgrade of
-the test environment shows the change (docs/extender.md, "Bind").
+and on a second Binding of a bound pod being refused (409) without touching the pod, and (since
+v1.23) on the Binding's uid and resourceVersion being preconditions: a Binding decided for a pod
+replaced under its name is refused (docs/extender.md, "Bind"); that case is in the compatibility
+set, so it also runs on the oldest pinned release.
 """
 
 from __future__ import annotations

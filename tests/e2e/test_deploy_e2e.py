@@ -1,4 +1,4 @@
-"""deploy/ against the real kube-apiserver v1.20.2 (RBAC authorizer on).
+"""deploy/ against the real kube-apiserver (v1.37.2, RBAC authorizer on).
 
 What is deployed is the production overlay as ``kubectl kustomize`` renders it
 (deploy/kustomize/overlays/production; tests/e2e/test_kustomize_e2e.py sends every overlay through
@@ -14,8 +14,8 @@ What is deployed is the production overlay as ``kubectl kustomize`` renders it
   that pod. A permission the code needs but the Role lacks fails here, not in production.
 * The Deployments (extender, gpupool's own scheduler), the scheduler's ConfigMap, the DaemonSet and
   the Service are created with server-side dry run, so the apiserver
-  validates them, and every field the manifests set must come back: v1.20 silently drops unknown
-  fields, so a misspelt key would otherwise pass validation and be lost.
+  validates them, and every field the manifests set must come back: the apiserver drops unknown
+  fields (with at most a warning), so a misspelt key would otherwise pass validation and be lost.
 """
 
 from __future__ import annotations
@@ -439,7 +439,7 @@ def test_workloads_pass_server_side_validation_without_losing_fields(
     assert apps.list_namespaced_deployment(namespace).items == []  # dry run: nothing was stored
     assert apps.list_namespaced_daemon_set(namespace).items == []
 
-    # The check itself: a misspelt field is dropped by v1.20 without an error, and reported here.
+    # The check itself: a misspelt field is dropped by the apiserver without an error, and reported here.
     broken = copy.deepcopy(next(d for d in docs if d["kind"] == "DaemonSet"))
     broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = [{"name": "tmp", "mountPath": "/x"}]
     answer = dry_run_create(control_plane, broken)

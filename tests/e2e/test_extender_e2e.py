@@ -1,4 +1,4 @@
-"""gpupool's extender behind the real kube-scheduler and kube-apiserver (v1.20.2, from the testenv).
+"""gpupool's extender behind the real kube-scheduler and kube-apiserver (v1.37.2, from the testenv).
 
 The extender runs as its own process (``gpupool extender``), exactly as deployed, so that one test
 can kill it in the middle of 200 bindings and start it again. Nodes are API objects without a

@@ -1,4 +1,4 @@
-"""The real kube-scheduler (v1.20.2) talks to the extender over mutual TLS; other clients are refused.
+"""The real kube-scheduler (v1.37.2) talks to the extender over mutual TLS; other clients are refused.
 
 Certificates come from ``gpupool certs bootstrap``'s issuer (a CA, a serving certificate for
 127.0.0.1, a client certificate); the scheduler's extender entry has ``enableHTTPS: true`` and a

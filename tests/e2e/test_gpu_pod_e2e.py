@@ -1,6 +1,6 @@
 """GPU pods end to end: kube-scheduler + gpupool extender + a real kubelet + ``gpupool node-agent``.
 
-Every piece runs as in a cluster (v1.20.2 from the test environment): kube-scheduler calls the
+Every piece runs as in a cluster (the test environment's Kubernetes, v1.37.2): kube-scheduler calls the
 extender (a ``gpupool extender`` process) for gpupool's resources, the extender writes
 ``assignment-v1`` and binds, kubelet admits the pod and calls the node agent's device plugins
 (``gpupool node-agent --fake-gpus``, registered through the kubelet's host paths), the agent maps

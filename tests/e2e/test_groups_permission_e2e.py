@@ -1,4 +1,4 @@
-"""Who may group what, decided by the real kube-apiserver v1.20.2's RBAC (seed 002's permission
+"""Who may group what, decided by the real kube-apiserver's RBAC (v1.37.2) (seed 002's permission
 filtering): a user whose ClusterRole allows ``update`` on node n1 only may group n1, not n2.
 
 The CLI runs with the admin's kubeconfig and asks SubjectAccessReviews about the user, as a

@@ -1,6 +1,6 @@
 """Lending's whole loop on real parts: no placement, annotation or device written by hand.
 
-The real kube-scheduler v1.20.2 with the shipped configuration (only connection details changed,
+The real kube-scheduler (v1.37.2) with the shipped configuration (only connection details changed,
 see test_scheduler_config_e2e.py) calls the real ``gpupool extender`` (lending on, its default); a
 real kubelet with containerd runs the pods; ``gpupool node-agent --lending`` serves one stand-in
 card (a character device the host and the containers open alike) and runs the usage monitor;

@@ -1,10 +1,10 @@
 """What the node agent asks the apiserver, counted by the apiserver itself.
 
-``gpupool node-agent`` runs against a real kubelet (v1.20.2) with the control plane's *audited*
+``gpupool node-agent`` runs against a real kubelet (v1.37.2) with the control plane's *audited*
 kubeconfig, so every request it makes lands in the apiserver's audit log
 (:mod:`gpupool.testenv.audit`); kube-scheduler and the ``gpupool extender`` place GPU pods on its
 node. Requests are attributed to the phase in which the server received them and counted once the
-agent has stopped (v1.20 logs a watch only when it ends):
+agent has stopped (the audit log records a watch only when it ends):
 
 * start-up: the inventory patch, one list and one watch of the node's pods;
 * pods admitted after the cache synced: no read of any pod (no get, list or watch), only the

@@ -1,4 +1,4 @@
-"""The GPU quota admission webhook called by the real kube-apiserver (v1.20.2) over TLS.
+"""The GPU quota admission webhook called by the real kube-apiserver (v1.37.2) over TLS.
 
 The extender serves ``/admission/pods`` on ``--admission-port`` with a serving certificate for
 127.0.0.1 from a CA of the test; a ValidatingWebhookConfiguration (the shipped one's rules and

@@ -1,6 +1,6 @@
 """A pod whose grant the node refuses is replaced by its controller and runs on a card that works.
 
-Everything real (v1.20.2 from the test environment): kube-scheduler calls a ``gpupool extender``
+Everything real (the test environment's Kubernetes, v1.37.2): kube-scheduler calls a ``gpupool extender``
 process, kube-controller-manager runs the Deployment and ReplicaSet controllers, a kubelet runs the
 node with the fake runtime, and ``gpupool node-agent --fake-gpus`` serves its device plugins.
 

@@ -1,4 +1,4 @@
-"""Resource groups, GPU quotas and pools through the real kube-scheduler and kube-apiserver (v1.20.2).
+"""Resource groups, GPU quotas and pools through the real kube-scheduler and kube-apiserver (v1.37.2).
 
 The CRDs of deploy/crds/ are installed in the test control plane, the extender runs as deployed
 (``gpupool extender``, watching the custom resources), and two tenants' pods are scheduled by the
@@ -105,7 +105,8 @@ def resource_group(api: client.CustomObjectsApi, name: str, nodes: dict[str, lis
 
 def extender_sees_groups(extender: ExtenderProcess, node: str, namespace: str, *groups: str) -> None:
     """Until the extender's watch has the groups: kube-scheduler retries a pod refused for an unknown
-    group only after up to a minute (v1.20 does not watch these CRs), so pods are created after."""
+    group only on its own timers or the extender's wake-up (kube-scheduler does not watch these CRs),
+    so pods are created after."""
     def known(group: str) -> bool:
         probe = pod("probe", core=10, group=group)
         probe["metadata"]["namespace"] = namespace

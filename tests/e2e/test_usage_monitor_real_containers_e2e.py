@@ -1,6 +1,6 @@
 """The usage monitor sees real processes in real containers open their granted GPU device.
 
-Everything runs for real: kube-scheduler calls ``gpupool extender``, a real kubelet (v1.20.2) runs
+Everything runs for real: kube-scheduler calls ``gpupool extender``, a real kubelet (v1.37.2) runs
 the pod through containerd and runc (``start_kubelet(..., runtime="containerd")``), the pod's image
 is the test environment's locally built busybox, and ``gpupool node-agent --fake-gpus`` serves the
 device plugins and runs its usage monitor. Only the GPUs are stand-ins: each card's device file
