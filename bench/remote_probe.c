@@ -10,6 +10,8 @@
  *   remote_probe copy_loop MIB   copy MIB MiB to the device and back until a call fails:
  *                                "error <CUresult> after <ms> ms" (time since the failing call began)
  *   remote_probe wait_loop       synchronise every 10 ms until a call fails: "error <CUresult>"
+ *   remote_probe launch_for MS   launch the scale kernel for MS milliseconds (a synchronisation every
+ *                                20 launches): "launched <count>"
  *   remote_probe lookup          entry points through cuGetProcAddress_v2: "lookup <alloc status> <unknown status>"
  *   remote_probe bench CALLS MIB LAUNCHES   one JSON line of figures
  */
@@ -199,6 +201,21 @@ int main(int argc, char **argv) {
             }
             usleep(10000);
         }
+    }
+    if (strcmp(mode, "launch_for") == 0) {
+        CUdeviceptr device;
+        CHECK(cuMemAlloc_v2(&device, 4096));
+        unsigned n = 1;
+        float factor = 1.0f;
+        void *params[] = {&device, &factor, &n};
+        long count = 0;
+        for (double end = now_us() + value * 1e3; now_us() < end; count++) {
+            CHECK(cuLaunchKernel(scale, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+            if (count % 20 == 19) CHECK(cuCtxSynchronize());
+        }
+        CHECK(cuCtxSynchronize());
+        printf("launched %ld\n", count);
+        return 0;
     }
     if (strcmp(mode, "lookup") == 0) {
         CUresult (*alloc)(CUdeviceptr *, size_t) = NULL;

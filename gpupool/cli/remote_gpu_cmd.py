@@ -26,11 +26,14 @@ def remote_gpu() -> None:
               help="Speak TLS with this certificate chain (PEM); clients check it against their remote_tls_ca.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The private key (PEM) of --tls-cert.")
+@click.option("--enforce-compute", is_flag=True,
+              help="Hold each client to its compute_percent: its calls run in a process under gpupool's "
+                   "interception library with the client's share as its limits.")
 @click.option("--allow-plain", is_flag=True,
               help="Serve plain TCP on a non-loopback address without TLS (tokens and data cross the network "
                    "in the clear).")
 def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | None, tls_key: Path | None,
-              allow_plain: bool) -> None:
+              enforce_compute: bool, allow_plain: bool) -> None:
     """Serve the CUDA driver of this node to the remote clients the clients file names."""
     from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, serve
 
@@ -39,7 +42,8 @@ def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | Non
         raise click.UsageError("--tls-cert and --tls-key go together")
     tls = TlsFiles(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     try:
-        code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain, tls=tls)
+        code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain, tls=tls,
+                     enforce_compute=enforce_compute)
     except (RemoteServeError, ShimBuildError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)

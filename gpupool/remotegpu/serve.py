@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
+from gpupool.shim.build import library_path
 from gpupool.shim.remote_build import build_server
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,14 @@ class ClientsMirror:
 
 
 def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False,
-          tls: TlsFiles | None = None) -> int:
-    """Run the GPU server until it exits or this process is told to stop; returns its exit code."""
+          tls: TlsFiles | None = None, enforce_compute: bool = False) -> int:
+    """Run the GPU server until it exits or this process is told to stop; returns its exit code.
+
+    ``enforce_compute``: each client's calls run in a process under the interception library with
+    the client's memory and compute share (``compute_percent``) as its limits."""
     check_listen(listen, allow_plain, tls)
     program = build_server()
+    shim = [] if not enforce_compute else ["--shim", str(library_path())]
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []
 
@@ -136,7 +141,7 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
         mirror = ClientsMirror(clients_file, private / MIRROR_NAME)
         mirror.refresh()
         command = [str(program), "--listen", listen, "--clients", str(mirror.mirror), "--driver", driver,
-                   *(["--allow-plain"] if allow_plain else []),
+                   *(["--allow-plain"] if allow_plain else []), *shim,
                    *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
         with subprocess.Popen(command) as server:
             while server.poll() is None and not stopping:

@@ -91,13 +91,14 @@ class Server:
 @contextmanager
 def running_server(programs: Programs, workdir: Path, clients: Sequence[RemoteClient], *,
                    listen: str = "127.0.0.1:0", prefix: Sequence[str] = (), extra: Sequence[str] = (),
-                   card_mib: int = 16384) -> Iterator[Server]:
+                   card_mib: int = 16384, card: dict[str, str] | None = None) -> Iterator[Server]:
     """``gpupool remote-gpu serve`` on the stand-in driver (its cards shared by the server's client
     processes, as a real card is), stopped at the end."""
     clients_file = workdir / "clients.json"
     write_clients(clients_file, clients)
     env = {**os.environ, "GPUPOOL_STANDIN_STATE": str(workdir / "standin.state"), "GPUPOOL_STANDIN_SHARED_MEMORY": "1",
-           "GPUPOOL_STANDIN_MEMORY_MIB": str(card_mib), "GPUPOOL_STANDIN_KERNEL_US": "1", "PYTHONPATH": str(REPO)}
+           "GPUPOOL_STANDIN_MEMORY_MIB": str(card_mib), "GPUPOOL_STANDIN_KERNEL_US": "1", "PYTHONPATH": str(REPO),
+           "LD_LIBRARY_PATH": str(programs.standin), **(card or {})}
     command = [*prefix, *SERVE, "--listen", listen, "--clients", str(clients_file),
                "--driver", str(programs.standin / "libcuda.so.1"), *extra]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -172,3 +173,15 @@ def make_certificates(out: Path, addresses: Sequence[str] = ("127.0.0.1",), name
     openssl("x509", "-req", "-in", f"{name}-server.csr", "-CA", f"{name}.pem", "-CAkey", f"{name}.key",
             "-CAcreateserial", "-out", f"{name}-server.pem", "-days", "1", "-extfile", f"{name}.ext")
     return Certificates(out / f"{name}.pem", out / f"{name}-server.pem", out / f"{name}-server.key")
+
+
+def busy_percent(programs: Programs, state: Path, start_ns: int, end_ns: int) -> float:
+    """How busy the stand-in's card 0 was in [start, end) (CLOCK_MONOTONIC), per cent, as NVML
+    would report it: read from the stand-in's shared timeline."""
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); f = lib.gpupoolStandinBusyNs; "
+            "f.restype = ctypes.c_uint64; f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]; "
+            "print(f(0, 0, int(sys.argv[2]), int(sys.argv[3])))")
+    done = subprocess.run([sys.executable, "-c", code, str(programs.standin / "libcuda.so.1"), str(start_ns),
+                           str(end_ns)], env={**os.environ, "GPUPOOL_STANDIN_STATE": str(state)},
+                          capture_output=True, text=True, check=True, timeout=60)
+    return 100.0 * int(done.stdout) / (end_ns - start_ns)

@@ -33,6 +33,9 @@ CUDA_ERROR_DEVICE_UNAVAILABLE = 46
 CUDA_ERROR_NOT_PERMITTED = 800
 CUDA_ERROR_TIMEOUT = 909
 
+# Servers and programs started per case (seconds each): scripts/test-all runs them, plain pytest does not.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:

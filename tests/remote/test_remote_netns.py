@@ -23,8 +23,9 @@ from tests.remote.remote_support import (
     token,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="network namespaces need root and iproute2")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                 reason="network namespaces need root and iproute2")]
 
 
 @pytest.fixture(scope="module")

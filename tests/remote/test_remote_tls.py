@@ -19,7 +19,8 @@ from tests.remote.remote_support import (
     token,
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,15 @@ def test_a_plain_client_gets_no_service_from_a_tls_server(programs: Programs, tm
                         extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
         env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"), deadline_ms=8000)
         assert run_probe(programs, env, "vector_add", "1") == "error 46 at cuInit(0)"
+
+
+def test_tls_with_the_client_under_the_interception_library(programs: Programs, tmp_path: Path) -> None:
+    """--enforce-compute: the connection's process keeps TLS and relays to the client's executor."""
+    certs = make_certificates(tmp_path)
+    tls = ["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]
+    with running_server(programs, tmp_path, [client("a")], extra=["--enforce-compute", *tls]) as server:
+        env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(certs.ca)}
+        out = run_probe(programs, env, "vector_add", "100000")
+        forged = run_probe(programs, {**env, "GPUPOOL_REMOTE_TOKEN": token("z")}, "vector_add", "1")
+    assert out == "ok vector_add 100000 c[99999]=149998"
+    assert forged == "error 800 at cuInit(0)"

@@ -8,8 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupool.shim.build import build_standin
 from gpupool.shim.remote_build import build_server
+
+# Servers and programs started per case (seconds each): scripts/test-all runs them, plain pytest does not.
+pytestmark = pytest.mark.slow
 
 
 def test_connections_past_the_cap_are_closed_and_silent_ones_end(tmp_path: Path) -> None:

@@ -487,16 +487,23 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
     }
 }
 
+/* The first frame, within its deadline: the protocol version and the client's token. */
+static int read_hello(struct remote_header *h, uint32_t *version, char *token, size_t *length) {
+    if (waiting_request(HELLO_TIMEOUT_MS) != 1 || read_all(h, sizeof *h) != 0 || h->op != OP_HELLO ||
+        h->length < 4 || h->length > 4 + REMOTE_MAX_TOKEN || read_all(version, 4) != 0 ||
+        read_all(token, h->length - 4) != 0)
+        return -1;
+    *length = h->length - 4;
+    return 0;
+}
+
 /* The first frame: the client's token, checked against the clients file. */
 static int hello(void) {
     struct remote_header h;
     char token[REMOTE_MAX_TOKEN];
     uint32_t version;
-    if (waiting_request(HELLO_TIMEOUT_MS) != 1 || read_all(&h, sizeof h) != 0 || h.op != OP_HELLO ||
-        h.length < 4 || h.length > 4 + REMOTE_MAX_TOKEN || read_all(&version, 4) != 0 ||
-        read_all(token, h.length - 4) != 0)
-        return -1;
-    size_t length = h.length - 4;
+    size_t length;
+    if (read_hello(&h, &version, token, &length) != 0) return -1;
     CUresult status = 0;
     int found = find_client(token, length, &me);
     if (version != REMOTE_PROTOCOL_VERSION) status = 801;
@@ -515,6 +522,93 @@ static int hello(void) {
     return status == 0 ? 0 : -1;
 }
 
+/* ------------------------------------------------------------- clients under the interception library */
+/* With --shim, a client's driver calls run in an executor: this program again, started with the
+ * interception library preloaded and the client's limits in its environment (memory and compute,
+ * as in a container), so the library's compute share holds the client to its compute_percent. The
+ * connection's process keeps the connection (and its TLS) and relays bytes both ways. */
+static const char *shim_path, *driver_path_used, *self_path;
+
+static int relay(int pair) {
+    unsigned char *buffer = malloc(1u << 18);
+    if (buffer == NULL) return -1;
+    for (;;) {
+        if (out_used > 0 && flush_out() != 0) break;
+        struct pollfd fds[2] = {{.fd = sock, .events = POLLIN}, {.fd = pair, .events = POLLIN}};
+        int pending = tls != NULL && SSL_pending(tls) > 0;
+        if (!pending && poll(fds, 2, CHECK_MS) < 0 && errno != EINTR) break;
+        if (pending || (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            ssize_t n = tls != NULL ? SSL_read(tls, buffer, 1 << 18) : recv(sock, buffer, 1u << 18, 0);
+            if (n <= 0) break;
+            for (ssize_t done = 0, k; done < n; done += k)
+                if ((k = send(pair, buffer + done, (size_t)(n - done), MSG_NOSIGNAL)) <= 0) goto out;
+        }
+        if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t n = recv(pair, buffer, 1u << 18, 0);
+            if (n <= 0 || write_all(buffer, (size_t)n) != 0) break;
+        }
+    }
+out:
+    free(buffer);
+    return 0;
+}
+
+/* Start the executor for an authenticated client and hand it the hello; returns its socket. */
+static int start_executor(const struct remote_header *h, uint32_t version, const char *token, size_t length,
+                          char *shim_dir) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0 || mkdtemp(shim_dir) == NULL) return -1;
+    pid_t child = fork();
+    if (child == 0) {
+        close(pair[0]);
+        char fd[16], memory[32], compute[16], entry[REMOTE_MAX_TOKEN + 1];
+        snprintf(fd, sizeof fd, "%d", pair[1]);
+        snprintf(memory, sizeof memory, "%llu", me.memory_mib);
+        snprintf(compute, sizeof compute, "%d", me.compute_percent);
+        snprintf(entry, sizeof entry, "%.*s", (int)length, token);
+        setenv("LD_PRELOAD", shim_path, 1);
+        setenv("GPUPOOL_MEMORY_LIMIT_MIB", memory, 1);
+        setenv("GPUPOOL_COMPUTE_PERCENT", compute, 1);
+        setenv("GPUPOOL_COMPUTE_MODE", "hard", 1);
+        setenv("GPUPOOL_SHIM_DIR", shim_dir, 1);
+        setenv("GPUPOOL_POD", me.pod, 1);
+        char *args[] = {(char *)self_path, "--executor", fd, "--clients", (char *)clients_path, "--driver",
+                        (char *)driver_path_used, NULL};
+        execv(self_path, args);
+        _exit(127);
+    }
+    close(pair[1]);
+    if (child < 0) return close(pair[0]), -1;
+    if (send(pair[0], h, sizeof *h, MSG_NOSIGNAL) != (ssize_t)sizeof *h ||
+        send(pair[0], &version, 4, MSG_NOSIGNAL) != 4 || send(pair[0], token, length, MSG_NOSIGNAL) != (ssize_t)length)
+        return close(pair[0]), -1;
+    return pair[0];
+}
+
+static void serve_through_executor(void) {
+    struct remote_header h;
+    char token[REMOTE_MAX_TOKEN];
+    uint32_t version;
+    size_t length;
+    if (read_hello(&h, &version, token, &length) != 0) return;
+    if (find_client(token, length, &me) != 1) {
+        fprintf(stderr, "gpupool-remote-server: client refused (unknown token): CUDA error %d\n",
+                REMOTE_ERROR_NOT_PERMITTED);
+        h.flags = 0;
+        if (reply(&h, REMOTE_ERROR_NOT_PERMITTED, NULL, 0) == 0) flush_out();
+        return;
+    }
+    char shim_dir[] = "/tmp/gpupool-remote-client-XXXXXX";
+    int pair = start_executor(&h, version, token, length, shim_dir);
+    if (pair >= 0) relay(pair), close(pair);
+    char region[sizeof shim_dir + 32];
+    snprintf(region, sizeof region, "%s/memory.region", shim_dir);
+    while (wait(NULL) > 0) {
+    }
+    unlink(region);
+    rmdir(shim_dir);
+}
+
 static void serve_client(void) {
     out_buffer = malloc(out_size);
     unsigned char *chunk = malloc(CHUNK);
@@ -528,6 +622,10 @@ static void serve_client(void) {
         if (tls == NULL || SSL_set_fd(tls, sock) != 1 || SSL_accept(tls) != 1) return;
         limit.tv_sec = 0;
         setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    }
+    if (shim_path != NULL) {
+        serve_through_executor();
+        return;
     }
     if (hello() != 0) return;
     fprintf(stderr, "gpupool-remote-server: serving %s on card %s (%llu MiB)\n", me.pod, me.card, me.memory_mib);
@@ -622,19 +720,31 @@ int main(int argc, char **argv) {
     const char *listen_address = NULL, *driver_path = "libcuda.so.1";
     int allow_plain = 0, max_clients = MAX_CLIENT_PROCESSES;
     const char *tls_certificate = NULL, *tls_key = NULL;
+    int executor_fd = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) listen_address = argv[++i];
         else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) clients_path = argv[++i];
         else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) driver_path = argv[++i];
         else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
+        else if (strcmp(argv[i], "--shim") == 0 && i + 1 < argc) shim_path = argv[++i];
+        else if (strcmp(argv[i], "--executor") == 0 && i + 1 < argc) executor_fd = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) tls_certificate = argv[++i];
         else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) tls_key = argv[++i];
         else if (strcmp(argv[i], "--max-clients") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) max_clients = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
-                            "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM]\n");
+                            "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM] [--shim LIBRARY]\n");
             return 2;
         }
+    }
+    driver_path_used = driver_path;
+    self_path = "/proc/self/exe";
+    if (executor_fd >= 0 && clients_path != NULL) { /* one client's calls, handed over by its connection */
+        if (load_driver(driver_path) != 0) return 1;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        sock = executor_fd;
+        serve_client();
+        return 0;
     }
     if (listen_address == NULL || clients_path == NULL) {
         fprintf(stderr, "gpupool-remote-server: --listen and --clients are required\n");
