@@ -1,11 +1,13 @@
 """Remote GPU data plane on loopback: what a CUDA program pays for its GPU being across the network.
 
-    python3 bench/remote.py --json [--calls 20000] [--mib 64] [--launches 20000] [--tls]
+    python3 bench/remote.py --json [--calls 20000] [--mib 64] [--launches 20000] [--tls] [--enforce-compute]
 
 A CUDA driver API program (bench/remote_probe.c) is linked against the GPU client and talks to
 ``gpupool remote-gpu serve`` on 127.0.0.1 running the stand-in driver (kernels of 1 us), then the
 same program runs on the stand-in directly (``local``) for reference. ``--tls``: the server speaks
-TLS with a certificate made for the run (the openssl command) and the client checks it:
+TLS with a certificate made for the run (the openssl command) and the client checks it;
+``--enforce-compute``: the client's calls run in an executor under the interception library (no
+compute limit set, so what is measured is the relay's cost):
 
 - ``rtt_p50_us`` / ``rtt_p99_us``: one synchronous call (cuDriverGetVersion, answered by the
   server) over ``--calls``;
@@ -72,6 +74,7 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--launches", type=int, default=20000)
     parser.add_argument("--tls", action="store_true", help="TLS between client and server")
+    parser.add_argument("--enforce-compute", action="store_true", help="serve through the executor")
     options = parser.parse_args()
     standin, client = build_standin(), build_client()
     with tempfile.TemporaryDirectory(prefix="gpupool-remote-bench-") as work:
@@ -79,12 +82,14 @@ def main() -> int:
         subprocess.run([*find_compiler(), "-O2", "-o", str(probe), str(PROBE), f"-L{client}", "-lcuda"], check=True)
         clients = Path(work) / "clients.json"
         clients.write_text(encode_clients([RemoteClient(TOKEN, "bench/probe", "GPU-standin-0", 4 * options.mib, 0)]))
-        standin_env = {**os.environ, "GPUPOOL_STANDIN_STATE": str(Path(work) / "standin.state"),
+        standin_env = {**os.environ, "LD_LIBRARY_PATH": str(standin),
+                       "GPUPOOL_STANDIN_STATE": str(Path(work) / "standin.state"),
                        "GPUPOOL_STANDIN_KERNEL_US": "1", "GPUPOOL_STANDIN_QUEUE_US": "1000000"}
         tls_args, client_env = (_certificates(Path(work)) if options.tls else ([], {}))
         server = subprocess.Popen(
             [sys.executable, "-c", "from gpupool.cli.main import main; main()", "remote-gpu", "serve", "--listen",
-             "127.0.0.1:0", "--clients", str(clients), "--driver", str(standin / "libcuda.so.1"), *tls_args],
+             "127.0.0.1:0", "--clients", str(clients), "--driver", str(standin / "libcuda.so.1"), *tls_args,
+             *(["--enforce-compute"] if options.enforce_compute else [])],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=standin_env, start_new_session=True)
         try:
             assert server.stdout is not None
@@ -102,7 +107,8 @@ def main() -> int:
         finally:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    result = {"remote": remote, "local": local, "tls": options.tls, "calls": options.calls, "copy_mib": options.mib,
+    result = {"remote": remote, "local": local, "tls": options.tls, "enforce_compute": options.enforce_compute,
+              "calls": options.calls, "copy_mib": options.mib,
               "launches": options.launches, "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2)}
     if options.json:
         print(json.dumps(result))
