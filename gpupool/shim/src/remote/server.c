@@ -168,8 +168,27 @@ static int find_client(const char *token, size_t length, struct client_entry *ou
 static int sock = -1;
 static SSL *tls; /* the connection's TLS session; NULL: plain TCP (loopback, or --allow-plain) */
 
+/* Received bytes not yet read: small frames (launches, memsets) come many to one recv. */
+static unsigned char in_buffer[1u << 16];
+static size_t in_start, in_end;
+
 static int read_all(void *buffer, size_t bytes) {
-    for (size_t done = 0; done < bytes;) {
+    size_t done = in_end - in_start < bytes ? in_end - in_start : bytes;
+    memcpy(buffer, in_buffer + in_start, done);
+    in_start += done;
+    if (done < bytes && bytes - done < sizeof in_buffer && tls == NULL) { /* refill, then take the rest */
+        in_start = in_end = 0;
+        while (in_end < bytes - done) {
+            ssize_t n = recv(sock, in_buffer + in_end, sizeof in_buffer - in_end, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return -1;
+            in_end += (size_t)n;
+        }
+        memcpy((char *)buffer + done, in_buffer, bytes - done);
+        in_start = bytes - done;
+        return 0;
+    }
+    for (; done < bytes;) {
         size_t want = bytes - done < (1u << 30) ? bytes - done : (1u << 30);
         ssize_t n = tls != NULL ? SSL_read(tls, (char *)buffer + done, (int)want)
                                 : recv(sock, (char *)buffer + done, want, 0);
@@ -194,7 +213,7 @@ static int write_all(const void *buffer, size_t bytes) {
 
 /* Whether a request is waiting: bytes TLS has decrypted already count, the socket may be empty. */
 static int waiting_request(int timeout_ms) {
-    if (tls != NULL && SSL_pending(tls) > 0) return 1;
+    if (in_end > in_start || (tls != NULL && SSL_pending(tls) > 0)) return 1;
     struct pollfd waiting = {.fd = sock, .events = POLLIN};
     return poll(&waiting, 1, timeout_ms);
 }
@@ -532,6 +551,8 @@ static const char *shim_path, *driver_path_used, *self_path;
 static int relay(int pair) {
     unsigned char *buffer = malloc(1u << 18);
     if (buffer == NULL) return -1;
+    if (in_end > in_start && send(pair, in_buffer + in_start, in_end - in_start, MSG_NOSIGNAL) < 0) goto out;
+    in_start = in_end = 0;
     for (;;) {
         if (out_used > 0 && flush_out() != 0) break;
         struct pollfd fds[2] = {{.fd = sock, .events = POLLIN}, {.fd = pair, .events = POLLIN}};
