@@ -16,6 +16,18 @@ def remote_gpu() -> None:
     """GPUs used over the network by pods on other nodes."""
 
 
+@remote_gpu.command("client-path")
+def client_path_cmd() -> None:
+    """Print the directory holding the GPU client built as libcuda.so.1 (what a container on a node
+    without GPUs mounts in place of the driver), building it first if needed."""
+    from gpupool.shim.remote_build import build_client
+
+    try:
+        click.echo(build_client().resolve())
+    except ShimBuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @remote_gpu.command("serve")
 @click.option("--listen", required=True, metavar="HOST:PORT", help="Address to listen on (port 0: any free one).")
 @click.option("--clients", "clients_file", required=True, type=click.Path(dir_okay=False, path_type=Path),

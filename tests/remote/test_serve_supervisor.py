@@ -54,3 +54,13 @@ def test_tls_serves_off_loopback_without_allow_plain(tmp_path: Path) -> None:
     files.certificate.write_text("x")
     files.key.write_text("x")
     check_listen("0.0.0.0:7000", allow_plain=False, tls=files)
+
+
+def test_client_path_prints_the_directory_of_the_client_library() -> None:
+    from click.testing import CliRunner
+
+    from gpupool.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["remote-gpu", "client-path"])
+    assert result.exit_code == 0, result.output
+    assert (Path(result.output.strip()) / "libcuda.so.1").is_file()
