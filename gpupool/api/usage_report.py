@@ -17,6 +17,16 @@ Version 1::
 
 ``utilizationPercent`` and ``memoryUsedMiB`` are null when the last sample lacked the card (an NVML
 error); a reader shows them as unknown, never as 0.
+
+Where the interception library runs, a container row also carries its heartbeat (docs/isolation.md,
+"Heartbeat: renewals"): ``"heartbeatAgeSeconds"``, how long ago its least recently renewed
+registered process renewed, and ``"heartbeatStale"``, whether that is past the stale age. Both are
+optional (absent on nodes without the library, and from older agents); a reader that does not know
+them skips them.
+
+The report is de-sensitised (docs/monitor.md, "What the control center sees"): names of pods and
+containers, figures and counts, never a process's name, command line, environment, a host path or
+a pid.
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ class ContainerUsageReport:
     sm_percent: int
     compute_share_percent: int
     processes: int
+    heartbeat_age_seconds: float | None = None
+    heartbeat_stale: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,9 @@ _CONTAINER_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("con
                      ("card", "card", int), ("memory_used_mib", "memoryUsedMiB", int),
                      ("memory_limit_mib", "memoryLimitMiB", int), ("sm_percent", "smPercent", int),
                      ("compute_share_percent", "computeSharePercent", int), ("processes", "processes", int))
+_HEARTBEAT_FIELDS = (("heartbeat_age_seconds", "heartbeatAgeSeconds", (int, float)),
+                     ("heartbeat_stale", "heartbeatStale", bool))
+"""Optional container fields: read when present."""
 
 
 def encode_usage_report(report: NodeUsageReport) -> str:
@@ -92,8 +107,16 @@ def encode_usage_report(report: NodeUsageReport) -> str:
         "v": SCHEMA_VERSION, "node": report.node, "source": report.source,
         "idleAfterSeconds": report.idle_after_seconds,
         "cards": [{key: getattr(card, attr) for attr, key, _ in _CARD_FIELDS} for card in report.cards],
-        "containers": [{key: getattr(c, attr) for attr, key, _ in _CONTAINER_FIELDS} for c in report.containers],
+        "containers": [_container_doc(c) for c in report.containers],
     })
+
+
+def _container_doc(row: ContainerUsageReport) -> dict[str, Any]:
+    doc = {key: getattr(row, attr) for attr, key, _ in _CONTAINER_FIELDS}
+    for attr, key, _ in _HEARTBEAT_FIELDS:
+        if getattr(row, attr) is not None:
+            doc[key] = getattr(row, attr)
+    return doc
 
 
 def decode_usage_report(text: str) -> NodeUsageReport:
@@ -104,7 +127,8 @@ def decode_usage_report(text: str) -> NodeUsageReport:
     for i, card in enumerate(cards):
         if card.state not in CARD_STATES:
             raise AnnotationError(f"{_WHAT}.cards[{i}].state: one of {', '.join(CARD_STATES)}, got {card.state!r}")
-    containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"))
+    containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"),
+                                            **_optional(item, _HEARTBEAT_FIELDS, f"{_WHAT}.containers[{i}]"))
                        for i, item in enumerate(_items(doc, "containers")))
     return NodeUsageReport(node=field(doc, "node", str, _WHAT), source=field(doc, "source", str, _WHAT),
                            idle_after_seconds=float(field(doc, "idleAfterSeconds", (int, float), _WHAT)),
@@ -120,3 +144,10 @@ def _read(item: Any, fields: tuple[tuple[str, str, Any], ...], where: str) -> di
     if not isinstance(item, dict):
         raise AnnotationError(f"{where}: expected a JSON object, got {type(item).__name__}")
     return {attr: field(item, key, kind, where) for attr, key, kind in fields}
+
+
+def _optional(item: Mapping[str, Any], fields: tuple[tuple[str, str, Any], ...], where: str) -> dict[str, Any]:
+    out = {attr: field(item, key, kind, where) for attr, key, kind in fields if key in item}
+    if isinstance(out.get("heartbeat_age_seconds"), int):
+        out["heartbeat_age_seconds"] = float(out["heartbeat_age_seconds"])
+    return out

@@ -30,7 +30,7 @@ from gpupool.netguard.limits import ServerLimits
 from gpupool.netguard.site import BoundedSite, bounded_runner
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
-from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
+from gpupool.nodeagent.isolation.report import IsolationCollector, container_heartbeats, isolation_table
 from gpupool.nodeagent.types import PodView
 from gpupool.nodeagent.usage_metrics import UsageCollector
 from gpupool.nodeagent.usage_report import usage_report, usage_table
@@ -161,7 +161,8 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Applic
     async def usage_json(_request: web.Request) -> web.Response:
         if agent.monitor is None:
             return web.json_response({"error": "the usage monitor is off (--no-usage-monitor)"}, status=404)
-        report = usage_report(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
+        report = usage_report(agent.node, agent.monitor, agent.inventory, agent.listed_pods(),
+                              container_heartbeats(agent.enforcement))
         return web.Response(text=encode_usage_report(report), content_type="application/json")
 
     app = web.Application()

@@ -11,13 +11,14 @@ assignment (a GPU taken outside gpupool) is shown with zero limits, so it stands
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from gpupool.api.usage_report import CardUsageReport, ContainerUsageReport, NodeUsageReport
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.container_grant import compute_percent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.isolation.shim_registry import Heartbeat
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from gpupool.nodeagent.types import PodView
@@ -96,16 +97,28 @@ def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
     return tuple(rows)
 
 
-def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> NodeUsageReport:
-    """The same as :func:`usage_table`, as the contract's document (``/usage.json``)."""
+def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView],
+                 heartbeats: Mapping[tuple[str, str, str], Heartbeat] | None = None) -> NodeUsageReport:
+    """The same as :func:`usage_table`, as the contract's document (``/usage.json``); with
+    ``heartbeats`` (where the interception library runs) each row of a container with registered
+    processes carries its heartbeat age and stale flag."""
     cards = tuple(CardUsageReport(index=r.card.index, uuid=r.card.uuid, model=r.card.model, state=r.state.value,
                                   utilization_percent=r.utilization_percent, memory_used_mib=r.memory_used_mib,
                                   memory_total_mib=r.memory_total_mib, holders=r.holders,
                                   idle_seconds=float(r.idle_seconds))
                   for r in card_rows(monitor, inventory))
     containers = container_rows(node, monitor, inventory, pods)
+    if heartbeats:
+        containers = tuple(_with_heartbeat(row, heartbeats.get((row.namespace, row.pod, row.container)))
+                           for row in containers)
     source = monitor.source.name if monitor.source is not None else "none"
     return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers)
+
+
+def _with_heartbeat(row: ContainerUsageRow, beat: Heartbeat | None) -> ContainerUsageRow:
+    if beat is None or not beat.processes:
+        return row
+    return replace(row, heartbeat_age_seconds=round(beat.age_s, 3), heartbeat_stale=beat.stale)
 
 
 def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> str:

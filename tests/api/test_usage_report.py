@@ -51,3 +51,18 @@ def test_a_bad_report_names_the_field(text: str, message: str) -> None:
     with pytest.raises(AnnotationError) as caught:
         decode_usage_report(text)
     assert message in str(caught.value)
+
+
+def test_a_containers_heartbeat_is_optional_both_ways() -> None:
+    beating = NodeUsageReport("n1", "proc-scan", 600.0, (), (
+        ContainerUsageReport("ml", "job-0", "train", 0, 3000, 4096, 40, 30, 1, 12.5, False),
+        ContainerUsageReport("ml", "job-1", "train", 0, 3000, 4096, 40, 30, 1)))
+    doc = json.loads(encode_usage_report(beating))
+    assert doc["containers"][0]["heartbeatAgeSeconds"] == 12.5 and doc["containers"][0]["heartbeatStale"] is False
+    assert "heartbeatAgeSeconds" not in doc["containers"][1]  # no library there: absent, not 0
+    assert decode_usage_report(encode_usage_report(beating)) == beating
+    doc["containers"][0]["heartbeatAgeSeconds"] = 31
+    assert decode_usage_report(json.dumps(doc)).containers[0].heartbeat_age_seconds == 31.0
+    doc["containers"][0]["heartbeatStale"] = "yes"
+    with pytest.raises(AnnotationError, match="heartbeatStale: expected bool"):
+        decode_usage_report(json.dumps(doc))

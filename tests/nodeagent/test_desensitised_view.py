@@ -154,4 +154,7 @@ def test_no_process_name_argv_environment_host_path_or_pid_reaches_usage_or_metr
             assert not re.search(rf"(?<![\d.]){pid}(?![\d.])", text), f"{page} shows pid {pid}"
     assert not pids & {value for value in label_values(served["/metrics"])}
     assert not pids & set(json_values(json.loads(served["/usage.json"])))
+    rows = {row["pod"]: row for row in json.loads(served["/usage.json"])["containers"]}
+    assert rows["job-0"]["heartbeatStale"] is False and "heartbeatAgeSeconds" in rows["job-0"]  # registered
+    assert "heartbeatAgeSeconds" not in rows["rogue"]  # never registered: no heartbeat to show
     assert "<path>" in served["/usage"] and "pid ?" in served["/usage"]  # the backend's detail, de-sensitised

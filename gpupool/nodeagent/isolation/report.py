@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.isolation.backends import Enforcement, EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.dmem_limits import DmemReport
-from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
+from gpupool.nodeagent.isolation.shim_registry import Heartbeat, ShimRegistry
 from gpupool.nodeagent.public_text import public
 
 _CARD_LABELS = ("node", "card", "uuid", "model")  # the labels of every per-card series of the agent
@@ -27,6 +27,12 @@ _CARD_LABELS = ("node", "card", "uuid", "model")  # the labels of every per-card
 def _registry(enforcement: Enforcement) -> ShimRegistry | None:
     registry = getattr(enforcement, "registry", None)
     return registry if isinstance(registry, ShimRegistry) else None
+
+
+def container_heartbeats(enforcement: Enforcement) -> dict[tuple[str, str, str], Heartbeat] | None:
+    """(namespace, pod, container) → heartbeat where the interception library runs; ``None`` elsewhere."""
+    registry = _registry(enforcement)
+    return registry.heartbeats() if registry is not None else None
 
 
 class IsolationCollector(Collector):
