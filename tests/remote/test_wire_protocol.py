@@ -20,6 +20,8 @@ from tests.remote.remote_support import client, token
 
 HEADER = struct.Struct("<IHHIi")
 OP_HELLO, OP_PING, OP_MEM_ALLOC, OP_MEM_FREE, OP_MEM_INFO, OP_MODULE_FUNCTION = 1, 2, 8, 9, 10, 17
+OP_LAUNCH, OP_STREAM_SYNCHRONIZE, OP_EVENT_CREATE, OP_EVENT_RECORD, OP_EVENT_DESTROY = 18, 21, 24, 25, 29
+INVALID_HANDLE = 400
 NO_REPLY = 1
 
 
@@ -96,7 +98,31 @@ def test_calls_and_errors_as_bytes(port: int) -> None:
     assert receive(connection)[1:3] == (14, 801)  # unknown operation: CUDA_ERROR_NOT_SUPPORTED
     assert receive(connection)[1:3] == (15, 1)  # payload too short: CUDA_ERROR_INVALID_VALUE
     connection.sendall(frame(OP_MODULE_FUNCTION, 16, struct.pack("<Q", 0) + b"nothing"))
-    assert receive(connection)[1:3] == (16, 1)
+    assert receive(connection)[1:3] == (16, INVALID_HANDLE)  # not a module of this client's
+    connection.close()
+
+
+def test_handles_the_driver_did_not_give_this_client_are_refused(port: int) -> None:
+    """A made-up or another client's handle never reaches the driver: CUDA_ERROR_INVALID_HANDLE."""
+    connection, status = hello(port, token("a"))
+    assert status == 0
+    launch = struct.pack("<Q7IQ", 0x7F00DEAD0000, 1, 1, 1, 1, 1, 1, 0, 0) + bytes(8)
+    connection.sendall(frame(OP_LAUNCH, 2, launch, flags=NO_REPLY) + frame(OP_PING, 3))
+    assert receive(connection)[1:3] == (3, INVALID_HANDLE)
+    connection.sendall(frame(OP_STREAM_SYNCHRONIZE, 4, struct.pack("<Q", 0xBAD0)))
+    assert receive(connection)[1:3] == (4, INVALID_HANDLE)
+    connection.sendall(frame(OP_STREAM_SYNCHRONIZE, 5, struct.pack("<Q", 0)))  # the default stream
+    assert receive(connection)[1:3] == (5, 0)
+    connection.sendall(frame(OP_EVENT_CREATE, 6, struct.pack("<I", 0)))
+    _, _, status, payload = receive(connection)
+    assert status == 0
+    event = struct.unpack("<Q", payload)[0]
+    connection.sendall(frame(OP_EVENT_RECORD, 7, struct.pack("<QQ", event, 0)))
+    assert receive(connection)[1:3] == (7, 0)
+    connection.sendall(frame(OP_EVENT_DESTROY, 8, struct.pack("<Q", event)))
+    assert receive(connection)[1:3] == (8, 0)
+    connection.sendall(frame(OP_EVENT_RECORD, 9, struct.pack("<QQ", event, 0)))  # destroyed: gone
+    assert receive(connection)[1:3] == (9, INVALID_HANDLE)
     connection.close()
 
 

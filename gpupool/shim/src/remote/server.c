@@ -173,6 +173,7 @@ static unsigned char in_buffer[1u << 16];
 static size_t in_start, in_end;
 
 static int read_all(void *buffer, size_t bytes) {
+    if (bytes == 0) return 0;
     size_t done = in_end - in_start < bytes ? in_end - in_start : bytes;
     memcpy(buffer, in_buffer + in_start, done);
     in_start += done;
@@ -249,7 +250,7 @@ static int reply(const struct remote_header *request, CUresult status, const voi
     if (out_used + sizeof header + bytes > out_size && flush_out() != 0) return -1;
     if (sizeof header + bytes > out_size) return write_all(&header, sizeof header) || write_all(payload, bytes);
     memcpy(out_buffer + out_used, &header, sizeof header);
-    memcpy(out_buffer + out_used + sizeof header, payload, bytes);
+    if (bytes > 0) memcpy(out_buffer + out_used + sizeof header, payload, bytes);
     out_used += sizeof header + bytes;
     return 0;
 }
@@ -317,9 +318,62 @@ static void check_entry(void) {
     do {                                                                                                \
         if (length < (bytes)) return reply(h, 1 /* CUDA_ERROR_INVALID_VALUE */, NULL, 0);               \
     } while (0)
-#define U64(offset) (*(const uint64_t *)(const void *)(payload + (offset)))
-#define U32(offset) (*(const uint32_t *)(const void *)(payload + (offset)))
+#define U64(offset) load64(payload + (offset))
+#define U32(offset) load32(payload + (offset))
 #define H(offset) ((handle)(uintptr_t)U64(offset))
+#define INVALID_HANDLE 400
+
+/* Payload fields sit at any offset: read through memcpy, never through a misaligned pointer. */
+static uint64_t load64(const unsigned char *at) {
+    uint64_t value;
+    memcpy(&value, at, sizeof value);
+    return value;
+}
+static uint32_t load32(const unsigned char *at) {
+    uint32_t value;
+    memcpy(&value, at, sizeof value);
+    return value;
+}
+
+/* The handles the driver gave this client: a handle the client names that is not one of them
+ * (a stray or forged number) is refused with CUDA_ERROR_INVALID_HANDLE before the driver sees it.
+ * Stream 0, the default stream, is always valid. */
+enum kind { KIND_STREAM = 1, KIND_EVENT, KIND_MODULE, KIND_FUNCTION };
+struct known_handle {
+    uint64_t value, owner; /* owner: a function's module */
+    int kind;
+};
+static struct known_handle *handles;
+static size_t handle_count, handle_capacity;
+
+static int known(uint64_t value, int kind) {
+    if (value == 0) return kind == KIND_STREAM;
+    for (size_t i = 0; i < handle_count; i++)
+        if (handles[i].value == value && handles[i].kind == kind) return 1;
+    return 0;
+}
+
+static int remember(uint64_t value, int kind, uint64_t owner) {
+    if (known(value, kind)) return 0;
+    if (handle_count == handle_capacity) {
+        size_t capacity = handle_capacity ? 2 * handle_capacity : 64;
+        struct known_handle *grown = realloc(handles, capacity * sizeof *grown);
+        if (grown == NULL) return -1;
+        handles = grown, handle_capacity = capacity;
+    }
+    handles[handle_count++] = (struct known_handle){value, owner, kind};
+    return 0;
+}
+
+/* Forget a handle, and a module's functions with it. */
+static void forget(uint64_t value, int kind) {
+    for (size_t i = 0; i < handle_count;) {
+        int gone = (handles[i].value == value && handles[i].kind == kind) ||
+                   (kind == KIND_MODULE && handles[i].kind == KIND_FUNCTION && handles[i].owner == value);
+        if (gone) handles[i] = handles[--handle_count];
+        else i++;
+    }
+}
 #define CALL(fn, ...) ((fn) == NULL ? 801 /* CUDA_ERROR_NOT_SUPPORTED */ : (fn)(__VA_ARGS__))
 
 /* Answer a request; an error of one that wants no reply is kept for the next answered call. */
@@ -336,7 +390,7 @@ static int answer(const struct remote_header *h, CUresult status, const void *pa
 static int copy_to_device(const struct remote_header *h, unsigned char *chunk) {
     uint64_t args[2];
     if (h->length < sizeof args || read_all(args, sizeof args) != 0) return -1;
-    CUresult status = 0;
+    CUresult status = known(args[1], KIND_STREAM) ? 0 : INVALID_HANDLE; /* the bytes are read either way */
     for (uint64_t done = 0, total = h->length - sizeof args; done < total;) {
         size_t n = total - done < CHUNK ? (size_t)(total - done) : CHUNK;
         if (read_all(chunk, n) != 0) return -1;
@@ -353,6 +407,7 @@ static int copy_to_host(const struct remote_header *h, const unsigned char *payl
     uint64_t source = U64(0), bytes = U64(8);
     handle stream = H(16);
     if (bytes > REMOTE_MAX_COPY) return answer(h, 1, NULL, 0);
+    if (!known(U64(16), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
     CUresult status = pending;
     if (status == 0) status = CALL(cu.dtoh, chunk, source, bytes < CHUNK ? (size_t)bytes : CHUNK, stream);
     if (status == 0 && cu.stream_synchronize != NULL) status = cu.stream_synchronize(stream);
@@ -407,7 +462,9 @@ static int module_function(const struct remote_header *h, const unsigned char *p
     memcpy(name, payload + 8, name_length);
     name[name_length] = '\0';
     handle function = NULL;
+    if (!known(U64(0), KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
     CUresult status = CALL(cu.module_function, &function, H(0), name);
+    if (status == 0 && remember((uintptr_t)function, KIND_FUNCTION, U64(0)) != 0) status = 2;
     if (status != 0) return answer(h, status, NULL, 0);
     static uint32_t out[2 + 2 + 2 * REMOTE_MAX_PARAMS];
     uint64_t value = (uintptr_t)function;
@@ -427,6 +484,7 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
     size_t size = length - 44;
     void *buffer = (void *)(payload + 44);
     void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, buffer, LAUNCH_PARAM_BUFFER_SIZE, &size, NULL};
+    if (!known(U64(0), KIND_FUNCTION) || !known(U64(36), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
     CUresult status = CALL(cu.launch, H(0), U32(8), U32(12), U32(16), U32(20), U32(24), U32(28), U32(32), H(36),
                            NULL, extra);
     return answer(h, status, NULL, 0);
@@ -460,10 +518,14 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
     case OP_MEM_FREE: NEED(8); return mem_free(h, U64(0));
     case OP_MEM_INFO: wide[0] = booked - held, wide[1] = booked; return answer(h, 0, wide, sizeof wide);
     case OP_COPY_TO_HOST: return copy_to_host(h, payload, length, chunk);
-    case OP_COPY_ON_DEVICE: NEED(32); return answer(h, CALL(cu.dtod, U64(0), U64(8), (size_t)U64(16), H(24)), NULL, 0);
+    case OP_COPY_ON_DEVICE:
+        NEED(32);
+        if (!known(U64(24), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
+        return answer(h, CALL(cu.dtod, U64(0), U64(8), (size_t)U64(16), H(24)), NULL, 0);
     case OP_MEMSET:
         NEED(32);
-        if (U32(12) == 1) status = CALL(cu.memset8, U64(0), (unsigned char)U32(8), (size_t)U64(16), H(24));
+        if (!known(U64(24), KIND_STREAM)) status = INVALID_HANDLE;
+        else if (U32(12) == 1) status = CALL(cu.memset8, U64(0), (unsigned char)U32(8), (size_t)U64(16), H(24));
         else if (U32(12) == 4) status = CALL(cu.memset32, U64(0), U32(8), (size_t)U64(16), H(24));
         else status = 1;
         return answer(h, status, NULL, 0);
@@ -476,32 +538,65 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
         image[length] = 0;
         status = CALL(cu.module_load, &made, image);
         free(image);
+        if (status == 0 && remember((uintptr_t)made, KIND_MODULE, 0) != 0) status = 2;
         wide[0] = (uintptr_t)made;
         return answer(h, status, wide, status == 0 ? 8 : 0);
     }
-    case OP_MODULE_UNLOAD: NEED(8); return answer(h, CALL(cu.module_unload, H(0)), NULL, 0);
+    case OP_MODULE_UNLOAD:
+        NEED(8);
+        if (!known(U64(0), KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
+        status = CALL(cu.module_unload, H(0));
+        if (status == 0) forget(U64(0), KIND_MODULE);
+        return answer(h, status, NULL, 0);
     case OP_MODULE_FUNCTION: return module_function(h, payload, length);
     case OP_LAUNCH: return launch(h, payload, length);
     case OP_STREAM_CREATE:
     case OP_EVENT_CREATE:
         NEED(4);
         status = h->op == OP_STREAM_CREATE ? CALL(cu.stream_create, &made, U32(0)) : CALL(cu.event_create, &made, U32(0));
+        if (status == 0 && remember((uintptr_t)made, h->op == OP_STREAM_CREATE ? KIND_STREAM : KIND_EVENT, 0) != 0)
+            status = 2;
         wide[0] = (uintptr_t)made;
         return answer(h, status, wide, status == 0 ? 8 : 0);
-    case OP_STREAM_DESTROY: NEED(8); return answer(h, CALL(cu.stream_destroy, H(0)), NULL, 0);
-    case OP_STREAM_SYNCHRONIZE: NEED(8); return answer(h, CALL(cu.stream_synchronize, H(0)), NULL, 0);
-    case OP_STREAM_QUERY: NEED(8); return answer(h, CALL(cu.stream_query, H(0)), NULL, 0);
-    case OP_STREAM_WAIT_EVENT: NEED(20); return answer(h, CALL(cu.stream_wait_event, H(0), H(8), U32(16)), NULL, 0);
-    case OP_EVENT_RECORD: NEED(16); return answer(h, CALL(cu.event_record, H(0), H(8)), NULL, 0);
-    case OP_EVENT_SYNCHRONIZE: NEED(8); return answer(h, CALL(cu.event_synchronize, H(0)), NULL, 0);
-    case OP_EVENT_QUERY: NEED(8); return answer(h, CALL(cu.event_query, H(0)), NULL, 0);
+    case OP_STREAM_DESTROY:
+        NEED(8);
+        if (U64(0) == 0 || !known(U64(0), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
+        status = CALL(cu.stream_destroy, H(0));
+        if (status == 0) forget(U64(0), KIND_STREAM);
+        return answer(h, status, NULL, 0);
+    case OP_STREAM_SYNCHRONIZE:
+        NEED(8);
+        return answer(h, known(U64(0), KIND_STREAM) ? CALL(cu.stream_synchronize, H(0)) : INVALID_HANDLE, NULL, 0);
+    case OP_STREAM_QUERY:
+        NEED(8);
+        return answer(h, known(U64(0), KIND_STREAM) ? CALL(cu.stream_query, H(0)) : INVALID_HANDLE, NULL, 0);
+    case OP_STREAM_WAIT_EVENT:
+        NEED(20);
+        if (!known(U64(0), KIND_STREAM) || !known(U64(8), KIND_EVENT)) return answer(h, INVALID_HANDLE, NULL, 0);
+        return answer(h, CALL(cu.stream_wait_event, H(0), H(8), U32(16)), NULL, 0);
+    case OP_EVENT_RECORD:
+        NEED(16);
+        if (!known(U64(0), KIND_EVENT) || !known(U64(8), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
+        return answer(h, CALL(cu.event_record, H(0), H(8)), NULL, 0);
+    case OP_EVENT_SYNCHRONIZE:
+        NEED(8);
+        return answer(h, known(U64(0), KIND_EVENT) ? CALL(cu.event_synchronize, H(0)) : INVALID_HANDLE, NULL, 0);
+    case OP_EVENT_QUERY:
+        NEED(8);
+        return answer(h, known(U64(0), KIND_EVENT) ? CALL(cu.event_query, H(0)) : INVALID_HANDLE, NULL, 0);
     case OP_EVENT_ELAPSED: {
         NEED(16);
         float ms = 0;
+        if (!known(U64(0), KIND_EVENT) || !known(U64(8), KIND_EVENT)) return answer(h, INVALID_HANDLE, NULL, 0);
         status = CALL(cu.event_elapsed, &ms, H(0), H(8));
         return answer(h, status, &ms, 4);
     }
-    case OP_EVENT_DESTROY: NEED(8); return answer(h, CALL(cu.event_destroy, H(0)), NULL, 0);
+    case OP_EVENT_DESTROY:
+        NEED(8);
+        if (!known(U64(0), KIND_EVENT)) return answer(h, INVALID_HANDLE, NULL, 0);
+        status = CALL(cu.event_destroy, H(0));
+        if (status == 0) forget(U64(0), KIND_EVENT);
+        return answer(h, status, NULL, 0);
     default: return answer(h, 801 /* CUDA_ERROR_NOT_SUPPORTED */, NULL, 0);
     }
 }
