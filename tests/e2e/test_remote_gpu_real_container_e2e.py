@@ -63,8 +63,9 @@ def test_a_pod_without_a_driver_computes_on_a_remote_card(core_v1: client.CoreV1
                                                               f"127.0.0.1:{server.port}"))
 
         def finished() -> str | None:
-            pod = core_v1.read_namespaced_pod("remote-gpu", namespace)
-            return pod.status.phase if pod.status.phase in ("Succeeded", "Failed") else None
+            status = core_v1.read_namespaced_pod("remote-gpu", namespace).status
+            phase = str(status.phase) if status is not None else ""
+            return phase if phase in ("Succeeded", "Failed") else None
 
         phase = wait_for(finished, timeout=120, what="the remote GPU pod to finish")
         log = str(core_v1.read_namespaced_pod_log("remote-gpu", namespace, container="main"))
