@@ -2,9 +2,11 @@
  * A CUDA driver API program for the remote GPU's tests and benchmark (tests/remote, bench/remote.py):
  * linked against whichever libcuda.so.1 is on LD_LIBRARY_PATH (the GPU client, or the stand-in
  * driver directly). Its kernels are the stand-in driver's built-ins, loaded from the stand-in's
- * module image. Every mode prints one line saying what happened.
+ * module image, or, with REMOTE_PROBE_PTX naming bench/remote_probe_kernels.ptx, the same kernels as
+ * PTX for a real GPU (tests/gpu). Every mode prints one line saying what happened.
  *
  *   remote_probe vector_add N    a vector add and a scale whose results are read back and checked
+ *                                (PROBE_PINNED=1: its host buffers from cuMemAllocHost)
  *   remote_probe hold MIB        allocate MIB MiB, say "held", sleep until killed
  *   remote_probe alloc MIB       try to allocate MIB MiB: "alloc <CUresult> free <bytes> total <bytes>"
  *   remote_probe copy_loop MIB   copy MIB MiB to the device and back until a call fails:
@@ -42,6 +44,8 @@ CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                         void **, void **);
 CUresult cuDriverGetVersion(int *);
+CUresult cuMemAllocHost_v2(void **, size_t);
+CUresult cuMemFreeHost(void *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
 static const char image[] = "gpupool-standin-module\nvector_add\nscale\n";
@@ -75,14 +79,34 @@ static int setup(void) {
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&device, 0));
     CHECK(cuCtxCreate_v2(&context, 0, device));
-    CHECK(cuModuleLoadData(&module, image));
+    const char *ptx_path = getenv("REMOTE_PROBE_PTX");
+    if (ptx_path != NULL && *ptx_path != '\0') { /* a real GPU: the kernels as PTX text */
+        FILE *file = fopen(ptx_path, "rb");
+        if (file == NULL) {
+            printf("error cannot open %s\n", ptx_path);
+            return 1;
+        }
+        static char ptx[1 << 16];
+        size_t length = fread(ptx, 1, sizeof ptx - 1, file);
+        fclose(file);
+        ptx[length] = '\0';
+        CHECK(cuModuleLoadData(&module, ptx));
+    } else {
+        CHECK(cuModuleLoadData(&module, image));
+    }
     CHECK(cuModuleGetFunction(&add, module, "vector_add"));
     CHECK(cuModuleGetFunction(&scale, module, "scale"));
     return 0;
 }
 
+static float *host_buffer(size_t bytes) {
+    void *pointer = NULL;
+    if (getenv("PROBE_PINNED") == NULL) return malloc(bytes);
+    return cuMemAllocHost_v2(&pointer, bytes) == 0 ? pointer : NULL;
+}
+
 static int vector_add(unsigned n) {
-    float *a = malloc(4ull * n), *b = malloc(4ull * n), *c = malloc(4ull * n);
+    float *a = host_buffer(4ull * n), *b = host_buffer(4ull * n), *c = host_buffer(4ull * n);
     for (unsigned i = 0; i < n; i++) a[i] = (float)i, b[i] = 2.0f * (float)i, c[i] = -1;
     CUdeviceptr da, db, dc;
     CHECK(cuMemAlloc_v2(&da, 4ull * n));
@@ -113,6 +137,11 @@ static int vector_add(unsigned n) {
     CHECK(cuMemFree_v2(db));
     CHECK(cuMemFree_v2(dc));
     printf("ok vector_add %u c[%u]=%g\n", n, n - 1, c[n - 1]);
+    if (getenv("PROBE_PINNED") != NULL) {
+        CHECK(cuMemFreeHost(a));
+        CHECK(cuMemFreeHost(b));
+        CHECK(cuMemFreeHost(c));
+    }
     return 0;
 }
 

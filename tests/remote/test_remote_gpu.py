@@ -52,6 +52,13 @@ def test_vector_add_over_loopback(programs: Programs, tmp_path: Path) -> None:
     assert out == "ok vector_add 100000 c[99999]=149998"
 
 
+def test_page_locked_host_memory_is_plain_memory_here(programs: Programs, tmp_path: Path) -> None:
+    with running_server(programs, tmp_path, [client("a")]) as server:
+        env = {**probe_env(programs, endpoint(server.port), token("a")), "PROBE_PINNED": "1"}
+        out = run_probe(programs, env, "vector_add", "1000")
+    assert out == "ok vector_add 1000 c[999]=1498.5"
+
+
 def test_the_same_program_computes_the_same_on_the_driver_itself(programs: Programs, tmp_path: Path) -> None:
     """The reference: the probe run directly on the stand-in gives the same line."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(programs.standin), "GPUPOOL_STANDIN_STATE": str(tmp_path / "s"),

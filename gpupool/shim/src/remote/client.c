@@ -620,6 +620,31 @@ API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUs
     return memset_n(dst, value, 4, n, s);
 }
 
+/* ------------------------------------------------------------------------------ page-locked host memory */
+/* Page-locked memory makes local DMA fast; here every copy crosses the network from ordinary memory
+ * anyway, so "pinned" memory is plain memory and registering memory changes nothing. Mapping host
+ * memory into the device's address space (DEVICEMAP) cannot be done over the network: refused. */
+#define MEMHOSTALLOC_DEVICEMAP 0x02
+#define MEMHOSTREGISTER_DEVICEMAP 0x02
+
+API CUresult cuMemHostAlloc(void **pointer, size_t bytes, unsigned int flags) {
+    if (pointer == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & MEMHOSTALLOC_DEVICEMAP) return CUDA_ERROR_NOT_SUPPORTED;
+    READY();
+    *pointer = malloc(bytes > 0 ? bytes : 1);
+    return *pointer == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+API CUresult cuMemAllocHost_v2(void **pointer, size_t bytes) { return cuMemHostAlloc(pointer, bytes, 0); }
+API CUresult cuMemFreeHost(void *pointer) {
+    free(pointer);
+    return ready();
+}
+API CUresult cuMemHostRegister_v2(void *pointer, size_t bytes, unsigned int flags) {
+    if (pointer == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    return flags & MEMHOSTREGISTER_DEVICEMAP ? CUDA_ERROR_NOT_SUPPORTED : ready();
+}
+API CUresult cuMemHostUnregister(void *pointer) { return pointer == NULL ? CUDA_ERROR_INVALID_VALUE : ready(); }
+
 /* -------------------------------------------------------------------------------------- modules */
 /* How many bytes an image the driver would take holds: a fatbin's header says, an ELF cubin's
  * sections do, PTX and the stand-in's images are NUL-terminated text. */
@@ -895,8 +920,7 @@ API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetE
 static CUresult unsupported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
 #define UNSUPPORTED(name) \
     API CUresult name(void) { return unsupported(); }
-UNSUPPORTED(cuMemAllocManaged) UNSUPPORTED(cuMemAllocHost_v2) UNSUPPORTED(cuMemHostAlloc) UNSUPPORTED(cuMemFreeHost)
-UNSUPPORTED(cuMemHostRegister_v2) UNSUPPORTED(cuMemHostUnregister) UNSUPPORTED(cuMemAllocPitch_v2)
+UNSUPPORTED(cuMemAllocManaged) UNSUPPORTED(cuMemAllocPitch_v2)
 UNSUPPORTED(cuMemAllocAsync) UNSUPPORTED(cuMemFreeAsync) UNSUPPORTED(cuMemAllocFromPoolAsync)
 UNSUPPORTED(cuMemCreate) UNSUPPORTED(cuMemMap) UNSUPPORTED(cuMemAddressReserve) UNSUPPORTED(cuMemRelease)
 UNSUPPORTED(cuMemcpy) UNSUPPORTED(cuMemcpyAsync) UNSUPPORTED(cuMemcpy2D_v2) UNSUPPORTED(cuMemcpy3D_v2)
@@ -931,7 +955,8 @@ static const struct {
     ENTRY(cuLaunchKernel_ptsz) ENTRY(cuStreamCreate) ENTRY(cuStreamCreateWithPriority) ENTRY(cuStreamDestroy_v2)
     ENTRY(cuStreamSynchronize) ENTRY(cuStreamQuery) ENTRY(cuStreamWaitEvent) ENTRY(cuEventCreate)
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuEventQuery) ENTRY(cuEventDestroy_v2)
-    ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString)
+    ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString) ENTRY(cuMemHostAlloc)
+    ENTRY(cuMemAllocHost_v2) ENTRY(cuMemFreeHost) ENTRY(cuMemHostRegister_v2) ENTRY(cuMemHostUnregister)
 };
 
 static void *entry_named(const char *name) {
