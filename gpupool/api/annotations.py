@@ -28,7 +28,10 @@ Three documents:
                      "cards": [{"index": 0, "uuid": "GPU-...", "memoryMiB": 8138,
                                 "computeMilli": 0, "exclusive": false}]}]}
 
-  Compute is per-mille of one card (the core's unit, exact for trace requests). ``podUID``
+  Compute is per-mille of one card (the core's unit, exact for trace requests). A card entry may add
+  ``"devices": n`` (2..16; v1.2, written only above 1): the container sees that card as n devices
+  (a virtual card, :mod:`gpupool.core.virtual_cards`), ``memoryMiB`` and ``computeMilli`` being the
+  total the n devices split evenly. ``podUID``
   (optional; v1.1, older writers omit it, older readers ignore it) is the uid of the pod the cards
   were decided for: a Binding is addressed by name only, so a pod replaced under that name may
   receive it, and the readers then refuse the assignment (:func:`foreign_assignment`).
@@ -79,6 +82,7 @@ from gpupool.api.limits import (
     MAX_DEVICES_PER_RESOURCE,
 )
 from gpupool.core.model import (
+    MAX_VIRTUAL_DEVICES,
     CardSlice,
     ContainerAssignment,
     GpuCard,
@@ -257,6 +261,8 @@ class CardRef:
     memory_mib: int
     compute: int
     exclusive: bool = False
+    devices: int = 1
+    """How many devices the container sees this card as (more than 1: a virtual card)."""
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,8 @@ class Assignment:
             ContainerCards(
                 name=a.container, init=a.init,
                 cards=tuple(CardRef(index=spec.cards[s.card].index, uuid=spec.cards[s.card].uuid,
-                                    memory_mib=s.memory_mib, compute=s.compute, exclusive=s.exclusive)
+                                    memory_mib=s.memory_mib, compute=s.compute, exclusive=s.exclusive,
+                                    devices=s.devices)
                             for s in a.slices),
             )
             for a in placement.containers
@@ -308,7 +315,7 @@ class Assignment:
                     raise AnnotationError(
                         f"assignment-v1: node {spec.name} has no card {ref.index} with uuid {ref.uuid}")
                 slices.append(CardSlice(card=pos, memory_mib=ref.memory_mib, compute=ref.compute,
-                                        exclusive=ref.exclusive))
+                                        exclusive=ref.exclusive, devices=ref.devices))
             containers.append(ContainerAssignment(container=c.name, slices=tuple(slices), init=c.init))
         return Placement(pod_key=pod_key, node=spec.name, cpu_milli=cpu_milli, memory_mib=memory_mib,
                          containers=tuple(containers))
@@ -332,11 +339,27 @@ def encode_assignment(assignment: Assignment) -> str:
         **({"podUID": assignment.pod_uid} if assignment.pod_uid else {}),
         "containers": [
             {"name": c.name, "init": c.init,
-             "cards": [{**_card_doc(r), "exclusive": r.exclusive} for r in c.cards]}
+             "cards": [{**_card_doc(r), "exclusive": r.exclusive, **_devices_doc(r)} for r in c.cards]}
             for c in assignment.containers
         ],
     }
     return json.dumps(doc, separators=(",", ":"))
+
+
+def _devices_doc(ref: CardRef) -> dict[str, Any]:
+    """The optional ``devices`` of an assignment's card entry: written only for a virtual card, so a
+    plain assignment stays byte for byte what v1.1 writers wrote."""
+    return {"devices": ref.devices} if ref.devices != 1 else {}
+
+
+def _devices(card: Mapping[str, Any], where: str) -> int:
+    """An assignment card entry's ``devices`` (1 when absent), 1..:data:`MAX_VIRTUAL_DEVICES`."""
+    if "devices" not in card:
+        return 1
+    count = bounded(card, "devices", where, MAX_VIRTUAL_DEVICES)
+    if count < 1:
+        raise AnnotationError(f"{where}.devices: a card is at least 1 device, got {count}")
+    return count
 
 
 def decode_assignment(value: str) -> Assignment:
@@ -360,7 +383,8 @@ def decode_assignment(value: str) -> Assignment:
         refs: list[CardRef] = []
         for j, card in enumerate(_card_list(raw, where)):
             cw = f"{where}.cards[{j}]"
-            refs.append(replace(_card_ref(card, cw), exclusive=read_field(card, "exclusive", bool, cw)))
+            refs.append(replace(_card_ref(card, cw), exclusive=read_field(card, "exclusive", bool, cw),
+                                devices=_devices(card, cw)))
         if not refs:
             raise AnnotationError(f"{where}.cards: a container entry needs at least one card")
         if len({r.index for r in refs}) != len(refs):

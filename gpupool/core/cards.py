@@ -32,6 +32,7 @@ from gpupool.core.model import (
     PodRequest,
 )
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.virtual_cards import held_on_one_card, one_card_mask, wants_one_card
 
 MAX_COMBINATIONS = 4096
 """Above this many candidate card sets the multi-card choice turns greedy (nodes of 16+ cards)."""
@@ -93,6 +94,19 @@ class NodeScratch:
             compute = request.compute
         self.book.book(card, memory, compute, request.exclusive)
         return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=request.exclusive)
+
+    def one_card_fits(self, state: ClusterState, request: GpuRequest) -> BoolArray:
+        """Cards of this copy that can hold every slice of a virtual-card request at once."""
+        use = CardUse(self.book.mode, self.book.mem_free, self.book.compute_free)
+        return one_card_mask(card_slots(state, request, self.row), use, request, self.book.mem_total)
+
+    def take_virtual(self, card: int, request: GpuRequest) -> CardSlice:
+        """Book all ``request.count`` slices on ``card`` as one holder: one slice of ``count`` devices."""
+        memory, compute, exclusive = held_on_one_card(request, int(self.book.mem_total[card]),
+                                                      int(self.book.compute_total[card]))
+        self.book.book(card, memory, compute, exclusive)
+        return CardSlice(card=card, memory_mib=memory, compute=compute, exclusive=exclusive,
+                         devices=request.count)
 
 
 SharedCardChooser = Callable[[ClusterState, NodeScratch, GpuRequest, BoolArray, int], int]
@@ -206,11 +220,9 @@ def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
     chosen: dict[str, ContainerAssignment] = {}
     for container in sorted(pod.gpu_containers, key=_size_key, reverse=True):
         assert container.gpu is not None
-        mask = scratch.fits(state, container.gpu)
-        if int(mask.sum()) < container.gpu.count:
+        slices = _slices(state, scratch, container.gpu, shared_chooser, frozenset(), pod.cpu_milli)
+        if slices is None:
             return _explain(state, row, container)
-        cards = choose_cards(state, scratch, container.gpu, mask, shared_chooser, cpu_milli=pod.cpu_milli)
-        slices = tuple(scratch.take(card, container.gpu) for card in cards)
         chosen[container.name] = ContainerAssignment(container=container.name, slices=slices)
     app_cards = frozenset(s.card for a in chosen.values() for s in a.slices)
     assignments = [chosen[c.name] for c in pod.containers if c.name in chosen]
@@ -218,17 +230,37 @@ def assign_on_node(state: ClusterState, row: int, pod: PodRequest,
         if container.gpu is None:
             continue
         before = NodeScratch.of(state, row)
-        mask = before.fits(state, container.gpu)
-        if int(mask.sum()) < container.gpu.count:
+        slices = _slices(state, before, container.gpu, shared_chooser, app_cards, pod.cpu_milli)
+        if slices is None:
             return _explain(state, row, container)
-        cards = choose_cards(state, before, container.gpu, mask, shared_chooser, prefer=app_cards,
-                             cpu_milli=pod.cpu_milli)
-        slices = tuple(before.take(card, container.gpu) for card in cards)
         assignments.append(ContainerAssignment(container=container.name, slices=slices, init=True))
     placement = Placement(pod_key=pod.key, node=spec.name, cpu_milli=pod.cpu_milli,
                           memory_mib=pod.memory_mib, containers=tuple(assignments))
     problem = state.check(placement)
     return placement if problem is None else problem
+
+
+def _slices(state: ClusterState, scratch: NodeScratch, request: GpuRequest,
+            shared_chooser: SharedCardChooser | None, prefer: frozenset[int],
+            cpu_milli: int) -> tuple[CardSlice, ...] | None:
+    """Book one container's slices on ``scratch``; None when the node's cards cannot hold them.
+
+    A virtual-card request goes on ONE card first when one can hold it all (seed 003: the smallest
+    card that fits, as best fit picks it; a card the app containers hold is preferred for an init
+    container), and on ``count`` physical cards otherwise (:mod:`gpupool.core.virtual_cards`).
+    """
+    if wants_one_card(request):
+        one = scratch.one_card_fits(state, request)
+        if one.any():
+            preferred = one.copy()
+            preferred[[c for c in range(len(one)) if c not in prefer]] = False
+            card = best_fit_card(state, scratch, request, preferred if preferred.any() else one, cpu_milli)
+            return (scratch.take_virtual(card, request),)
+    mask = scratch.fits(state, request)
+    if int(mask.sum()) < request.count:
+        return None
+    cards = choose_cards(state, scratch, request, mask, shared_chooser, prefer=prefer, cpu_milli=cpu_milli)
+    return tuple(scratch.take(card, request) for card in cards)
 
 
 def _explain(state: ClusterState, row: int, container: ContainerRequest) -> str:

@@ -15,6 +15,7 @@ from gpupool.core import card_rule
 from gpupool.core.card_rule import FIRST_BOOKING_VERDICT, CardSlots, CardUse, CardVerdict
 from gpupool.core.model import CardMode, GpuKind, GpuRequest, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.virtual_cards import enough_cards, one_card_mask, wants_one_card
 
 
 def memory_need(state: ClusterState, request: GpuRequest, rows: IntArray) -> IntArray:
@@ -55,6 +56,25 @@ def card_verdicts(state: ClusterState, request: GpuRequest, rows: IntArray) -> I
                               card_rule.demand_of(request, state.card_mem_total[rows]))
 
 
+def one_card_fit_mask(state: ClusterState, request: GpuRequest, rows: IntArray) -> BoolArray:
+    """``[rows, cards]``: which cards can hold every slice of a virtual-card request at once (all
+    False for any other request; :mod:`gpupool.core.virtual_cards`)."""
+    mem_total = state.card_mem_total.take(rows, 0)
+    if not wants_one_card(request):
+        return np.zeros(np.shape(mem_total), dtype=bool)
+    return one_card_mask(card_slots(state, request, rows), card_use(state, rows), request, mem_total)
+
+
+def request_fit(state: ClusterState, request: GpuRequest, rows: IntArray) -> tuple[BoolArray, BoolArray]:
+    """Rows with cards enough for ``request`` (``count`` cards, or one card for a virtual-card
+    request), and the ``[rows, cards]`` mask of the cards that could serve it."""
+    fits = card_fit_mask(state, request, rows)
+    if not wants_one_card(request):
+        return fits.sum(axis=1) >= request.count, fits
+    one = one_card_fit_mask(state, request, rows)
+    return enough_cards(fits, one, request), fits | one
+
+
 def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = None) -> BoolArray:
     """Nodes (of ``rows``, default all) that pass CPU, memory and per-container card counts.
 
@@ -67,8 +87,7 @@ def node_fit_mask(state: ClusterState, pod: PodRequest, rows: IntArray | None = 
     for container in (*pod.containers, *pod.init_containers):
         if container.gpu is None:
             continue
-        fits = card_fit_mask(state, container.gpu, rows)
-        ok &= fits.sum(axis=1) >= container.gpu.count
+        ok &= request_fit(state, container.gpu, rows)[0]
     return ok
 
 
@@ -95,7 +114,7 @@ def request_problem(state: ClusterState, pod: PodRequest) -> str | None:
         request = container.gpu
         if request is None:
             continue
-        if request.count > most_cards:
+        if request.count > most_cards and not wants_one_card(request):
             return (f"container {container.name} asks for {request.count} cards; the largest node "
                     f"has {most_cards}")
         if request.memory_mib is not None and request.memory_mib > largest_mem:
@@ -133,7 +152,7 @@ def shape_problem(state: ClusterState, pod: PodRequest) -> str | None:
         slots = slots._replace(healthy=slots.exists, in_scope=None)
         fits = card_rule.fit_mask(slots, idle, card_rule.demand_of(request, totals))
         most = int(fits.sum(axis=1).max())
-        if most < request.count:
+        if most < request.count and not one_card_mask(slots, idle, request, totals).any():
             return (f"container {container.name} asks for {request.count} cards of {_card_words(request)}; "
                     f"no node has that many such cards (at most {most})")
     return None
@@ -184,7 +203,7 @@ def explain_cards(state: ClusterState, row: int, request: GpuRequest) -> str | N
     """
     rows = np.array([row], dtype=np.int64)
     codes = card_verdicts(state, request, rows)[0]
-    if int((codes == CardVerdict.FITS).sum()) >= request.count:
+    if int((codes == CardVerdict.FITS).sum()) >= request.count or one_card_fit_mask(state, request, rows).any():
         return None
     eligible = codes >= FIRST_BOOKING_VERDICT
     eligible |= codes == CardVerdict.FITS

@@ -65,6 +65,19 @@ class GpuKind(StrEnum):
     VIRTUAL = "virtual"
 
 
+class VirtualCards(StrEnum):
+    """How a multi-card slice request may be served by one card presented as n devices (seed 003,
+    rules 61-68): ``shared`` leaves the card's rest to other slices, ``exclusive`` closes the card
+    (the container holds all of it, split into n devices)."""
+
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+
+
+MAX_VIRTUAL_DEVICES = 16
+"""Most devices one card is presented as to one container (a virtual-card request's ``count``)."""
+
+
 class CardMode(IntEnum):
     """How a card is currently used; the exclusive/shared rules of the Chengyun patent.
 
@@ -231,6 +244,8 @@ class GpuRequest:
     * ``models``: allowed GPU models (empty = any); ``kind``: physical or virtual only (None = any);
       ``scope``: the cards it may use at all (group, pins, avoided cards/models; None = any).
     * ``memory_share``: per-mille of the chosen card's memory whatever the compute (HAMi's percentage).
+    * ``virtual``: a slice of ``count`` >= 2 cards that may instead be served by ONE card holding all
+      ``count`` slices, presented to the container as ``count`` devices (:mod:`gpupool.core.virtual_cards`).
     """
 
     count: int = 1
@@ -241,10 +256,14 @@ class GpuRequest:
     kind: GpuKind | None = None
     memory_share: int | None = None
     scope: CardScope | None = None
+    virtual: VirtualCards | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError("a GPU request needs at least one card")
+        if self.virtual is not None and (self.exclusive or not 2 <= self.count <= MAX_VIRTUAL_DEVICES):
+            raise ValueError("virtual cards serve a slice of 2.."
+                             f"{MAX_VIRTUAL_DEVICES} cards (not whole cards) from one card")
         if not 0 <= self.compute <= COMPUTE_PER_CARD:
             raise ValueError(f"compute per card must be within 0..{COMPUTE_PER_CARD} per-mille")
         if self.memory_mib is not None and not 0 <= self.memory_mib <= MAX_CARD_MEMORY_MIB:
@@ -367,6 +386,9 @@ class CardSlice:
     memory_mib: int
     compute: int
     exclusive: bool = False
+    devices: int = 1
+    """How many devices the card is presented as to the container (a virtual card, more than 1: the
+    memory and compute above are the total, split evenly between the devices)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from gpupool.core.feasibility import (
     explain_node,
     node_fit_mask,
     node_room_mask,
+    request_fit,
     request_problem,
 )
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
@@ -128,11 +129,15 @@ class Scheduler:
             return feasible, np.zeros((int(feasible.sum()), self.state.max_cards), dtype=bool)
         if _one_gpu_request(pod):
             # the card mask node_fit_mask would compute for the pod's one request: computed once here
+            if gpu.virtual is not None:  # count cards, or one card holding them all
+                enough, cards = request_fit(self.state, gpu, rows)
+                feasible = node_room_mask(self.state, pod, rows) & enough
+                return feasible, cards[feasible]
             cards = card_fit_mask(self.state, gpu, rows)
             feasible = node_room_mask(self.state, pod, rows) & (np.add.reduce(cards, axis=1) >= gpu.count)
             return feasible, cards[feasible]
         feasible = node_fit_mask(self.state, pod, rows)
-        return feasible, card_fit_mask(self.state, gpu, rows[feasible])
+        return feasible, request_fit(self.state, gpu, rows[feasible])[1]
 
     def _all_rows(self) -> IntArray:
         """``arange(size)``, kept while the cluster keeps its size (read-only)."""

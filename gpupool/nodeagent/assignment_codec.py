@@ -31,7 +31,7 @@ def node_assignment(text: str, pod_key: str) -> NodeAssignment:
         slices = []
         for ref in c.cards:
             slices.append(CardSlice(card=ref.index, memory_mib=ref.memory_mib, compute=ref.compute,
-                                    exclusive=ref.exclusive))
+                                    exclusive=ref.exclusive, devices=ref.devices))
             uuids[ref.index] = ref.uuid
         containers.append(ContainerAssignment(container=c.name, slices=tuple(slices), init=c.init))
     placement = Placement(pod_key=pod_key, node=doc.node, cpu_milli=0, memory_mib=0,
