@@ -182,6 +182,12 @@ class ResourceNames:
         return f"{self.domain}/exclusive"
 
     @property
+    def virtual_cards(self) -> str:
+        """Pod annotation ``shared`` or ``exclusive``: a slice of n cards (``gpu-shared: n``) may be
+        served by one card presented as n devices (seed 003's virtual cards, in that mode)."""
+        return f"{self.domain}/virtual-cards"
+
+    @property
     def gpu_kind(self) -> str:
         """Pod annotation ``physical`` or ``virtual``: only cards of that kind (vGPU/MIG are virtual)."""
         return f"{self.domain}/gpu-kind"

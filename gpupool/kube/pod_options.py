@@ -5,6 +5,8 @@ from HAMi or Alibaba's cGPU mean one thing and disagree loudly:
 
 * ``<domain>/exclusive: "true"``: whole cards for every GPU container;
 * ``<domain>/gpu-models``: allowed models, exact names, comma-separated;
+* ``<domain>/virtual-cards`` ``shared|exclusive``: a slice of n cards may be served by one card
+  presented as n devices (:mod:`gpupool.core.virtual_cards`);
 * ``<domain>/gpu-kind`` ``physical|virtual``, or HAMi's ``nvidia.com/vgpu-mode`` (``mig`` is a
   virtual card, ``hami-core`` and ``mps`` share a physical one; several modes: either kind);
 * ``<domain>/node-policy`` / ``<domain>/gpu-policy`` and HAMi's ``hami.io/node-scheduler-policy`` /
@@ -26,7 +28,7 @@ from typing import Any
 from gpupool.api import names as n
 from gpupool.api.limits import MAX_CARDS_PER_NODE
 from gpupool.api.names import ResourceNames
-from gpupool.core.model import GpuKind
+from gpupool.core.model import GpuKind, VirtualCards
 from gpupool.core.pod_policy import CARD_CHOICES, NODE_CHOICES, PolicyChoice
 
 
@@ -78,6 +80,7 @@ class PodOptions:
     policy: PolicyChoice | None = None
     gpushare_cards: int | None = None
     restrictions: CardRestrictions = CardRestrictions()
+    virtual_cards: VirtualCards | None = None
 
 
 def _text(values: Mapping[str, Any], key: str, what: str) -> str | None:
@@ -146,6 +149,16 @@ def _gpushare_cards(labels: Mapping[str, Any]) -> int | None:
     return int(raw)
 
 
+def _virtual_cards(annotations: Mapping[str, Any], names: ResourceNames) -> VirtualCards | None:
+    raw = _text(annotations, names.virtual_cards, "annotation")
+    if raw is None:
+        return None
+    modes = [m.value for m in VirtualCards]
+    if raw not in modes:
+        raise PodOptionError(f"annotation {names.virtual_cards} must be one of {', '.join(modes)}, got {raw!r}")
+    return VirtualCards(raw)
+
+
 def pod_options(meta: Mapping[str, Any], names: ResourceNames) -> PodOptions:
     """Read a pod's ``metadata``; :class:`PodOptionError` names the annotation or label at fault."""
     annotations = meta.get("annotations") or {}
@@ -159,4 +172,5 @@ def pod_options(meta: Mapping[str, Any], names: ResourceNames) -> PodOptions:
     return PodOptions(exclusive=exclusive == "true",
                       models=_items(_text(annotations, names.gpu_models, "annotation")),
                       kind=_kind(annotations, names), policy=_policy(annotations, names),
-                      gpushare_cards=_gpushare_cards(labels), restrictions=restrictions)
+                      gpushare_cards=_gpushare_cards(labels), restrictions=restrictions,
+                      virtual_cards=_virtual_cards(annotations, names))

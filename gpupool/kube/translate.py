@@ -194,7 +194,23 @@ def gpu_request(found: Mapping[str, int], names: ResourceNames, where: str,
     except ForeignRequestError as exc:
         raise TranslationError(str(exc)) from None
     request = _native_request(found, names, where, exclusive=options.exclusive, models=options.models)
+    request = _virtual(request, names, where, options)
     return request if options.kind is None else replace(request, kind=options.kind)
+
+
+def _virtual(request: GpuRequest, names: ResourceNames, where: str, options: PodOptions) -> GpuRequest:
+    """``request`` with the pod's virtual-card mode: it applies to a slice of several cards; a
+    one-card slice is left as it is, whole cards are refused (one card cannot be n whole cards)."""
+    if options.virtual_cards is None or request.count == 1:
+        return request
+    if request.exclusive:
+        raise TranslationError(f"{where}: annotation {names.virtual_cards} serves a slice of several cards from "
+                               f"one card, not {request.count} whole cards; ask {names.gpu_shared}: "
+                               f"{request.count} with {names.gpu_mem} and/or {names.gpu_core}")
+    try:
+        return replace(request, virtual=options.virtual_cards)
+    except ValueError as exc:
+        raise TranslationError(f"{where}: annotation {names.virtual_cards}: {exc}") from None
 
 
 def _native_request(found: Mapping[str, int], names: ResourceNames, where: str, *,
