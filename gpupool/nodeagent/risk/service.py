@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from gpupool.core.model import CardSlice
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
@@ -55,6 +56,13 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
 LIST_WAIT_S = 60.0
 """The longest the checks wait for the agent's first complete list of its pods."""
+GRANT_MEMORY_S = 10.0
+"""A container's grant still counts this long after the last PodResources list that showed it. A pod
+being deleted (evicted, or deleted by its user) leaves kubelet's List at once while its processes
+can hold the card until the runtime has killed them; judged on that list, an owner's own processes
+were reported ``ungranted-card`` (seen in tests/e2e/test_reclaim_agent_killed_e2e.py when the owner
+pod was deleted). A container never granted the card is never
+remembered, so a real ungranted holder is still found at once."""
 
 
 def shim_enforcing(state: EnforcementState) -> bool:
@@ -125,6 +133,7 @@ class RiskMonitor:
         """Whether the agent has listed its pods once in full (no round judges anything before)."""
         self._clock = clock
         self._waiting_since: float | None = None
+        self._grants_seen: dict[ContainerName, tuple[float, dict[int, CardSlice]]] = {}
 
     def view(self) -> NodeView:
         """The node as the detector sees it now."""
@@ -135,11 +144,21 @@ class RiskMonitor:
             region = self.regions.for_pods(pods)
         heartbeats = shim_renewed(self.agent, pods, enforcement)
         renewed, stale_after_s = heartbeats if heartbeats is not None else (None, 30.0)
+        now = self._clock()
         return NodeView(cards=self.monitor.cards, state=self.monitor.state, sample=self.monitor.last_sample,
-                        grants=grants_of(self.agent.node, pods), enforcing=enforcement.enforcing,
-                        registered=shim_registered(self.agent, pods, enforcement), now=self._clock(),
+                        grants=self._remembered(grants_of(self.agent.node, pods), now),
+                        enforcing=enforcement.enforcing,
+                        registered=shim_registered(self.agent, pods, enforcement), now=now,
                         overhead_mib=self.overhead_mib, region=region, renewed=renewed,
                         stale_after_s=stale_after_s)
+
+    def _remembered(self, grants: dict[ContainerName, dict[int, CardSlice]],
+                    now: float) -> dict[ContainerName, dict[int, CardSlice]]:
+        """``grants`` plus those a list showed within :data:`GRANT_MEMORY_S` (see there)."""
+        for name, slices in grants.items():
+            self._grants_seen[name] = (now, slices)
+        self._grants_seen = {n: seen for n, seen in self._grants_seen.items() if now - seen[0] <= GRANT_MEMORY_S}
+        return {**{n: slices for n, (_, slices) in self._grants_seen.items()}, **grants}
 
     async def step(self) -> list[Risk]:
         """One round; the risks that are new in it."""

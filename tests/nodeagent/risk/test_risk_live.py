@@ -36,7 +36,7 @@ from gpupool.nodeagent.risk.decider import RiskOpenDecider, chain_deciders
 from gpupool.nodeagent.risk.findings import RiskAction, RiskKind
 from gpupool.nodeagent.risk.metrics import RiskCollector
 from gpupool.nodeagent.risk.responder import RiskResponder
-from gpupool.nodeagent.risk.service import LIST_WAIT_S, RiskMonitor
+from gpupool.nodeagent.risk.service import GRANT_MEMORY_S, LIST_WAIT_S, RiskMonitor
 from gpupool.nodeagent.types import PodView
 from tests.nodeagent.harness import NAMES, running_node
 from tests.nodeagent.monitor.children import WAIT_SECONDS, HoldingChild, stand_in
@@ -322,5 +322,40 @@ def test_a_list_that_never_completes_holds_the_risk_checks_for_a_bounded_time(tm
             assert asyncio.run(checks.step()) == []
             now[0] += LIST_WAIT_S
             assert [(r.kind, r.pod) for r in asyncio.run(checks.step())] == [(RiskKind.UNGRANTED_CARD, "web")]
+    finally:
+        monitor.stop()
+
+
+@pytest.mark.slow
+def test_a_pod_missing_from_one_list_keeps_its_grant_for_a_while(tmp_path: Path) -> None:
+    """Issue 28: a pod being deleted leaves kubelet's PodResources List at once while its processes
+    still hold the card for a moment; the owner's were reported ``ungranted-card`` then (seen in
+    tests/e2e/test_reclaim_agent_killed_e2e.py). A grant seen in a list counts GRANT_MEMORY_S longer;
+    a container never granted the card is reported at once, as before."""
+    containers, sampler = Containers(), Sampler()
+    monitor, devices = start_monitor(tmp_path, containers, sampler, scan)
+    owner_pod, rogue_pod = pod("train", {"main": (CardSlice(0, 4096, 300),)}), pod("web", None)
+    agent = StandInAgent([owner_pod, rogue_pod], FakeGpuBackend.from_dict(fake_gpu_file(2)).inventory())
+
+    async def post(namespace: str, pod_name: str, reason: str, message: str) -> None:
+        return None
+
+    now = [0.0]
+    checks = RiskMonitor(agent, monitor, RiskResponder(RiskAction.REPORT, post),  # type: ignore[arg-type]
+                         grace_s=0.0, clock=lambda: now[0])
+    try:
+        with HoldingChild(devices[0]) as owner, HoldingChild(devices[1]) as rogue:
+            containers.put(owner.pid, "train", "main")
+            containers.put(rogue.pid, "web", "app")
+            wait_for_holder(monitor, devices[0], owner.pid)
+            wait_for_holder(monitor, devices[1], rogue.pid)
+            now[0] = time.time() + 1
+            assert [(r.kind, r.pod) for r in asyncio.run(checks.step())] == [(RiskKind.UNGRANTED_CARD, "web")]
+            agent.pods = []  # both pods deleted: gone from kubelet's list, their processes not yet
+            now[0] += GRANT_MEMORY_S - 1
+            assert all(r.pod != "train" for r in asyncio.run(checks.step()))
+            assert "train" not in {r.pod for r in checks.responder.active.values()}
+            now[0] += 2  # still missing past the memory: judged on what is listed
+            assert [(r.kind, r.pod) for r in asyncio.run(checks.step())] == [(RiskKind.UNGRANTED_CARD, "train")]
     finally:
         monitor.stop()
