@@ -214,9 +214,11 @@ class NodeAgentProcess:
         self.metrics_port = free_port()  # not the default: several agents share the loopback here
         self.usage_state = workdir / "usage-state.json"  # not the node's real /var/lib/gpupool
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cli = list(GPUPOOL_CLI)
+        """The command before ``node-agent`` (a test may start one life under a wrapper)."""
 
     def start(self) -> None:
-        cmd = [*GPUPOOL_CLI, "node-agent", "--node-name", self.kubelet.node_name,
+        cmd = [*self.cli, "node-agent", "--node-name", self.kubelet.node_name,
                "--fake-gpus", str(self.gpus), "--plugin-dir", str(self.kubelet.device_plugin_dir),
                "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
                "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port),
