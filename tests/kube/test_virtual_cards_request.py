@@ -49,3 +49,10 @@ def test_what_cannot_be_served_is_refused_by_name(limits: dict[str, str | int], 
     with pytest.raises(TranslationError, match=words) as caught:
         gpu_of(limits, mode)
     assert ANNOTATION in str(caught.value)
+
+
+def test_gpushare_cards_spread_by_the_count_label_can_be_virtual() -> None:
+    raw = pod("p", container("main", **{"aliyun.com/gpu-mem": 8}), annotations={ANNOTATION: "shared"})
+    raw["metadata"]["labels"] = {"aliyun.com/gpu-count": "2"}
+    found = pod_request(raw, NAMES).containers[0].gpu
+    assert found is not None and (found.count, found.memory_mib, found.virtual) == (2, 4_096, VirtualCards.SHARED)
