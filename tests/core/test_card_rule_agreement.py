@@ -2,9 +2,9 @@
 
 Random nodes (card sizes, models, kinds, health) receive random bookings through the ledger (pods
 placed by the card chooser, raw slices and whole cards, health changes, releases). Then, for random
-requests (whole cards, several cards, shared slices, memory-only and compute-only slices, GPU models,
-card kinds, card scopes: group cards by node or UUID, pinned and avoided UUIDs, avoided models) on
-every node:
+requests (whole cards, several cards, several cards allowed on one virtualised card, shared slices,
+memory-only and compute-only slices, GPU models, card kinds, card scopes: group cards by node or
+UUID, pinned and avoided UUIDs, avoided models) on every node:
 
 * the node mask (:func:`node_fit_mask`) says the node fits,
 * the explanation (:func:`explain_node`) says nothing,
@@ -38,6 +38,7 @@ from gpupool.core.model import (
     NodeSpec,
     Placement,
     PodRequest,
+    VirtualCards,
 )
 from gpupool.core.state import ClusterState
 from tests.core.builders import raw_placement
@@ -95,14 +96,16 @@ def gpu_requests(draw: st.DrawFn) -> GpuRequest:
     form = draw(st.sampled_from(["fraction", "whole", "several", "memory", "compute", "both"]))
     if form == "whole":
         return dataclasses.replace(GpuRequest.whole(draw(st.integers(1, 3)), models), kind=kind, scope=scope)
-    count = draw(st.integers(2, 3)) if form == "several" else 1
+    count = draw(st.integers(2, 3)) if form == "several" or (form == "both" and draw(st.booleans())) else 1
     compute = draw(COMPUTES) if form in ("fraction", "several", "compute", "both") else 0
     memory: int | None = None
     if form in ("memory", "both"):
         memory = draw(MEMORIES)
     elif form == "compute":
         memory = 0
-    return GpuRequest(count=count, compute=compute, memory_mib=memory, models=models, kind=kind, scope=scope)
+    virtual = draw(st.sampled_from([None, VirtualCards.SHARED, VirtualCards.EXCLUSIVE])) if count > 1 else None
+    return GpuRequest(count=count, compute=compute, memory_mib=memory, models=models, kind=kind, scope=scope,
+                      virtual=virtual)
 
 
 @st.composite
