@@ -57,6 +57,7 @@ from gpupool.api.annotations import (
     encode_assignment,
     foreign_assignment,
 )
+from gpupool.api.remote_share import RemoteShare, encode_remote_share
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
 from gpupool.extender.bind_flights import PodFlights
@@ -202,7 +203,7 @@ class Binder:
             if isinstance(decision, Unschedulable):
                 return BindResult(f"pod {key} does not fit on node {ask.node}: {decision.reason}",
                                   attempts=attempt)
-            spec = self.cache.node_spec_of(ask.node)
+            spec = self.cache.node_spec_of(decision.node)  # a remote share's server node, else ask.node
             if spec is None:  # the node vanished between the decision and now
                 self.cache.rollback(key)
                 return BindResult(f"node {ask.node} is gone", attempts=attempt)
@@ -223,7 +224,7 @@ class Binder:
             try:
                 patched = self.api.patch_pod_annotations(
                     ask.namespace, ask.name, str(meta.get("resourceVersion") or ""),
-                    dict[str, str | None](self._annotations(decision, assignment, meta)))
+                    dict[str, str | None](self._annotations(ask, decision, assignment, meta)))
             except ConflictError as exc:
                 self.cache.rollback(key)
                 last_conflict = str(exc)
@@ -254,7 +255,7 @@ class Binder:
         """POST the Binding that carries the assignment; a 409 is rolled back and raised again."""
         try:
             self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node,
-                              annotations=self._annotations(placement, assignment, meta),
+                              annotations=self._annotations(ask, placement, assignment, meta),
                               resource_version=str(meta.get("resourceVersion") or ""))
         except ConflictError:
             self.cache.rollback(ask.key)
@@ -274,10 +275,15 @@ class Binder:
         self.cache.commit(ask.key, assignment)  # bound: a success even past the deadline
         return BindResult(placement=placement, attempts=attempt)
 
-    def _annotations(self, placement: Placement, assignment: Assignment, meta: dict[str, Any]) -> dict[str, str]:
-        """What the bind writes on the pod: the assignment, and a borrower's marks
+    def _annotations(self, ask: _Ask, placement: Placement, assignment: Assignment,
+                     meta: dict[str, Any]) -> dict[str, str]:
+        """What the bind writes on the pod: the assignment (``remote-share-v1`` for a share booked on
+        another node than ``ask.node``, :mod:`gpupool.api.remote_share`), and a borrower's marks
         (:func:`gpupool.extender.lendable.binding_marks`)."""
-        return {self.cache.names.assignment: encode_assignment(assignment),
+        names = self.cache.names
+        written = ({names.remote_share: encode_remote_share(RemoteShare.from_assignment(assignment))}
+                   if assignment.node != ask.node else {names.assignment: encode_assignment(assignment)})
+        return {**written,
                 **binding_marks(placement, meta.get("annotations") or {}, LendingNames(self.cache.names.domain))}
 
     def _post_binding(self, ask: _Ask, placement: Placement, assignment: Assignment,
@@ -332,6 +338,7 @@ class Binder:
         try:
             lending = LendingNames(self.cache.names.domain)
             self.api.patch_pod_annotations(namespace, name, rv, {self.cache.names.assignment: None,
+                                                                 self.cache.names.remote_share: None,
                                                                  lending.borrowed: None, lending.borrowed_from: None})
         except ApiError as exc:
             log.info("could not clear the assignment of %s/%s: %s", namespace, name, exc)

@@ -310,6 +310,9 @@ class ExtenderService:
         usable = rows >= 0
         failed: dict[str, str] = dict.fromkeys(name_array[~usable].tolist(), UNKNOWN_NODE)
         shares_refused = self.cache.share_refusals if request.wants_share else {}
+        if request.remote and shares_refused:  # a node without cards runs a remote share's client only
+            shares_refused = {name: why for name, why in shares_refused.items()
+                              if name in state.index and state.card_count[state.index[name]] > 0}
         refused = {**shares_refused, **self.cache.claim_problems, **self.cache.node_problems, **self.node_gate(state)}
         if refused:
             asked = set(names)
@@ -495,4 +498,6 @@ class ExtenderService:
             return dict(victims), ""
         if not self.cache.synced:
             return {}, NOT_SYNCED
+        if request.remote:  # evictions on the pod's node free no server card: a remote share preempts nobody
+            return {}, ""
         return answer_preemption(self.cache, request, victims, tenant, self.node_gate, self.preempt_answers), ""
