@@ -176,12 +176,17 @@ class RegisterReply:
     ``renew_s`` (``"renewS"``, optional, only with ``ok``): the library sends the same request again
     every that many seconds, for as long as the process lives, and the agent records each as the
     container's heartbeat (docs/isolation.md, "Heartbeat"). Without it the library registers once.
+
+    ``retry`` (``"retry": true``, optional, only without ``ok``): the refusal is the agent's state,
+    not the request's (its socket busy with silent connections), so the library asks again within
+    its start-up budget; any other refusal is final (asking again changes nothing).
     """
 
     ok: bool
     reason: str = ""
     host_pid: int | None = None
     renew_s: int | None = None
+    retry: bool = False
 
 
 def is_token(text: str) -> bool:
@@ -217,6 +222,8 @@ def encode_reply(reply: RegisterReply) -> bytes:
     doc: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": reply.ok}
     if not reply.ok:
         doc["reason"] = reply.reason[: MAX_LINE_BYTES // 2]
+        if reply.retry:
+            doc["retry"] = True
     else:
         if reply.host_pid is not None:
             doc[HOST_PID_KEY] = reply.host_pid
@@ -236,7 +243,10 @@ def decode_reply(line: bytes) -> RegisterReply:
     renew_s = doc.get(RENEW_KEY)
     if renew_s is not None and not (_positive_int(renew_s) and renew_s <= MAX_RENEW_S):
         raise ShimProtocolError(f"{RENEW_KEY}: expected an integer from 1 to {MAX_RENEW_S}, got {renew_s!r}")
-    return RegisterReply(ok, reason, host_pid, renew_s)
+    retry = doc.get("retry", False)
+    if not isinstance(retry, bool):
+        raise ShimProtocolError(f"retry: expected a boolean, got {retry!r}")
+    return RegisterReply(ok, reason, host_pid, renew_s, retry=retry and not ok)
 
 
 def _positive_int(value: object) -> TypeGuard[int]:

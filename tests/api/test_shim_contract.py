@@ -120,3 +120,13 @@ def test_a_malformed_host_pid_says_why(value: object) -> None:
     line = json.dumps({"v": 1, "ok": True, "hostPid": value}).encode()
     with pytest.raises(sc.ShimProtocolError, match="hostPid: expected a positive integer"):
         sc.decode_reply(line)
+
+
+def test_a_busy_refusal_says_retry_and_other_refusals_do_not() -> None:
+    busy = sc.encode_reply(sc.RegisterReply(False, "busy", retry=True))
+    assert b'"retry":true' in busy and sc.decode_reply(busy).retry
+    final = sc.encode_reply(sc.RegisterReply(False, "unknown token"))
+    assert b"retry" not in final and not sc.decode_reply(final).retry
+    assert not sc.decode_reply(b'{"v":1,"ok":true,"retry":true}\n').retry  # only a refusal is retried
+    with pytest.raises(sc.ShimProtocolError, match="retry"):
+        sc.decode_reply(b'{"v":1,"ok":false,"reason":"x","retry":"yes"}\n')

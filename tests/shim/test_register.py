@@ -107,6 +107,21 @@ def test_a_refusal_is_not_asked_again(tc: Toolchain, work: Path) -> None:
     assert len(refusing.requests) == 1
 
 
+def test_a_busy_socket_is_asked_again_until_the_agent_registers(tc: Toolchain, work: Path) -> None:
+    """The agent's "busy with silent connections" refusal carries retry: the library asks again (it
+    gave up at the first one, so a flood of idle connections kept containers unregistered)."""
+    answers = iter([b'{"v":1,"ok":false,"reason":"busy; connect again","retry":true}\n'] * 2)
+    busy_then_ok = FakeAgent(work / "agent.sock", lambda _r: next(answers, b'{"v":1,"ok":true}\n'))
+    try:
+        steps, stderr = run_probe(tc, registering_env(tc, work, work / "agent.sock"), "symbol", "alloc:1g",
+                                  "sleep:3000")
+    finally:
+        busy_then_ok.close()
+    assert codes(steps) == [OK, OK]
+    assert len(busy_then_ok.requests) == 3
+    assert "registered with the node agent" in stderr
+
+
 def test_a_registered_process_renews_at_the_interval_the_agent_asks(tc: Toolchain, work: Path) -> None:
     """The heartbeat: with ``renewS`` in the reply the same line comes again every that many seconds,
     logged once (renewals are quiet)."""

@@ -194,4 +194,4 @@ class RegistrationServer:
         return RegisterReply(False, reason), "malformed"
 
 
-_BUSY = RegisterReply(False, "the registration socket is busy with silent connections; connect again")
+_BUSY = RegisterReply(False, "the registration socket is busy with silent connections; connect again", retry=True)

@@ -124,6 +124,11 @@ static int exchange(int fd, int timeout_ms, int quiet) {
         registered = 1;
         return TRY_REGISTERED;
     }
+    if (memchr(reply, '\n', got) != NULL && strstr(reply, "\"retry\":true") != NULL) {
+        /* the agent's socket is busy (silent connections): its state, not ours; ask again */
+        if (!quiet) shim_log(SHIM_LOG_INFO, "the node agent's registration socket is busy; trying again");
+        return TRY_FAILED;
+    }
     if (memchr(reply, '\n', got) != NULL) { /* a whole answer that is not a yes: asking again changes nothing */
         shim_log(SHIM_LOG_WARN, "the node agent did not register this process (limits still hold): %.200s", reply);
         return TRY_REFUSED;

@@ -89,8 +89,12 @@ def test_a_registration_gets_through_idle_connections_that_keep_coming_back() ->
             took = []
             for _ in range(5):
                 started = time.monotonic()
-                line = await asyncio.to_thread(exchange, server.path, encode_request(GOOD), 10.0)
-                assert decode_reply(line).ok
+                while True:  # as the library does: a busy socket (retry) is asked again, anything else is final
+                    reply = decode_reply(await asyncio.to_thread(exchange, server.path, encode_request(GOOD), 10.0))
+                    if reply.ok or not reply.retry:
+                        break
+                    await asyncio.sleep(0.05)
+                assert reply.ok, reply
                 took.append(time.monotonic() - started)
             stop.set()
             await flood
