@@ -26,7 +26,6 @@ in the environment (no node grant on this machine); ``GPUPOOL_SHIM_DIR`` is a fr
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpupool.testing.gpu_presence import why_no_torch_gpu
 
 JOB = Path(__file__).resolve().parent / "shim_gpu_job.py"
 MEMORY_LIMIT_MIB = 16_384
@@ -116,15 +117,7 @@ def alone_seconds(ends_s: Sequence[float]) -> float:
 # ------------------------------------------------------------------------------------ the runs
 def why_not() -> str | None:
     """Why this machine cannot run the benchmark, or None."""
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        return "no NVIDIA GPU on this machine (/dev/nvidia0 missing)"
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "PyTorch has no CUDA device"
-    return None
+    return why_no_torch_gpu()
 
 
 def run_job(args: Sequence[str], variables: Mapping[str, str] | None, timeout: float = 900.0) -> dict[str, Any]:

@@ -7,7 +7,6 @@ Needs a GPU and PyTorch built with CUDA; everywhere else it skips and says why.
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.shim.build import build_library
+from gpupool.testing.gpu_presence import why_no_torch_gpu
 from tests.shim.fake_agent import FakeAgent, replying
 
 TOKEN = "ab" * 32
@@ -29,19 +29,7 @@ CHILD = (
 )
 
 
-def _why_not() -> str | None:
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        return "no NVIDIA GPU on this machine (/dev/nvidia0 missing)"
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "PyTorch sees no CUDA device"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+pytestmark = pytest.mark.skipif(why_no_torch_gpu() is not None, reason=why_no_torch_gpu() or "")
 
 
 def test_a_cuda_process_renews_its_registration_until_stopped(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ Needs a GPU and PyTorch built with CUDA; everywhere else every test skips and sa
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.shim.build import build_library
+from gpupool.testing.gpu_presence import why_no_torch_gpu
 
 LIMIT_MIB = 4096
 BLOCK = 512 << 20
@@ -26,19 +26,7 @@ MATMULS = 1500
 PROGRAM = Path(__file__).resolve().parent / "programs" / "torch_check.py"
 
 
-def _why_not() -> str | None:
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        return "no NVIDIA GPU on this machine (/dev/nvidia0 missing)"
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "PyTorch has no CUDA device"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+pytestmark = pytest.mark.skipif(why_no_torch_gpu() is not None, reason=why_no_torch_gpu() or "")
 
 
 def run(tmp_path: Path, *args: str, **variables: str) -> dict[str, object]:
