@@ -124,6 +124,10 @@ class BookingKeeper:
             del self.pins[key]  # shown by the watch, ended with the pod, or out of time
         held = self.state.placements.get(key)
         self._fire(key, seen.event, seen.placement, seen.problem)
+        adopted = record.adopted.on(record.node_name) if record is not None and record.adopted and \
+            record.node_name and record.assignment is None else None
+        if record is not None and adopted is not None and adopted.problem and key in self.state.placements:
+            self.problems.adopted_whole(key, record.uid, f"pod {key}: {adopted.problem}")
         if held is not None and key not in self.state.placements and seen.event is Event.SEEN_NOTHING:
             self._count_release(key, held, record)
         if pin is not None and seen.event is Event.TIMED_OUT:
@@ -154,6 +158,7 @@ class BookingKeeper:
         """The pod object the watch knew is gone (deleted, or replaced under its name): a filter's
         assumption for it ends (a bind in flight keeps its reservation)."""
         self.unassume(key, ASSUMED_POD_ENDED)
+        self.problems.forget_pod(key)
 
     def expire(self) -> list[str]:
         """Re-evaluate unbound assignments and pins against the clock, and end assumptions past

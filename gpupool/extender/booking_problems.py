@@ -20,6 +20,8 @@ from gpupool.extender.bookings import OVERCOMMITTED, UNREADABLE, Notice
 
 log = logging.getLogger(__name__)
 
+ADOPTED_WHOLE = "GpupoolForeignShareUnread"
+"""Event reason on a pod another system placed whose share is booked as whole cards."""
 MAX_NOTICES = 1000
 """Notices kept for the reporter; older ones are dropped first (each is also logged)."""
 
@@ -36,6 +38,8 @@ class BookingProblems:
         """Per node with an unreadable claim, why GPU placements there are refused."""
         self._reported: set[tuple[str, str, int]] = set()
         self._notices: deque[Notice] = deque(maxlen=MAX_NOTICES)
+        self._adopted_whole: dict[str, str] = {}
+        """Per pod reported by :meth:`adopted_whole`, the reason it was reported for."""
 
     # -------------------------------------------------------------------------- over-commitment
     def cards_over(self, state: ClusterState, node: str, over: tuple[int, ...],
@@ -107,6 +111,20 @@ class BookingProblems:
                                             "no GPU pod is placed here until it is fixed or the pod ends")
             else:
                 self.refused_nodes.pop(node, None)
+
+    # ------------------------------------------------------------------------ adopted, guessed
+    def adopted_whole(self, key: str, uid: str, problem: str) -> None:
+        """``key``, placed by another system, is booked on whole cards because its annotations do
+        not say its share (:mod:`gpupool.kube.adoption`); reported once per pod and reason."""
+        if self._adopted_whole.get(key) == problem:
+            return
+        self._adopted_whole[key] = problem
+        log.warning("pod %s: %s", key, problem)
+        self._notices.append(Notice(key, uid, ADOPTED_WHOLE, problem))
+
+    def forget_pod(self, key: str) -> None:
+        """``key`` is gone: a pod of that name later is reported anew."""
+        self._adopted_whole.pop(key, None)
 
     # --------------------------------------------------------------------------------- notices
     def take_notices(self) -> list[Notice]:

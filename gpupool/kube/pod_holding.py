@@ -23,6 +23,14 @@ never logs: the extender logs what it keeps, the plugin reports problems in its 
 * an assignment naming cards its node does not have: ``UNREADABLE`` when bound, nothing before;
 * else the placement it names, annotated, bound, or confirmed by the node agent; a borrower's
   (``gpupool.io/borrowed``) counts against the loans of its cards, not against their owners'.
+
+A remote share (``remote-share-v1``, read when the pod has no ``assignment-v1``) is read as an
+assignment of its server node holding the slice only: not stale for naming another node than the
+one the pod is bound to; a server node the ledger does not have (gone) holds nothing.
+
+A bound pod without an ``assignment-v1`` that HAMi, gpushare or GPUManager placed holds the cards
+their annotations name (:mod:`gpupool.kube.adoption`): booked as bound, so a node is migrated
+without draining; annotations that name no card on its node make it ``UNREADABLE``.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ from gpupool.api.annotations import (
 )
 from gpupool.api.lending import LendingNames, is_borrowed
 from gpupool.api.names import ResourceNames
+from gpupool.api.remote_share import decode_remote_share
 from gpupool.core.model import NodeSpec, Placement, PodRequest
+from gpupool.kube.adoption import Adoption, AdoptionError, adoption
 from gpupool.kube.translate import TranslationError, pod_key, pod_request, pod_wants_gpu
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -77,6 +87,15 @@ class PodRecord:
     borrowed_from: str | None = None
     """The owner whose lent cards the pod borrows (``gpupool.io/borrowed``: its cards count against
     their loans, :mod:`gpupool.core.lent`); None for a pod that does not borrow."""
+    remote: bool = False
+    """``assignment`` was read from ``remote-share-v1`` (:mod:`gpupool.api.remote_share`): it names
+    the server node, not the node the pod runs on, and holds the slice alone (no CPU or memory)."""
+    adopted: Adoption | None = None
+    """The cards another system (HAMi, gpushare, GPUManager) placed the pod on, from its annotations;
+    read only for pods without an ``assignment-v1``."""
+    adoption_problem: str | None = None
+    """Why those annotations name no card (the pod's node then takes no GPU pod), or why some card is
+    booked whole (:attr:`Adoption.problem`)."""
 
     @property
     def problem(self) -> str | None:
@@ -132,11 +151,13 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
     except TranslationError as exc:
         request_problem = str(exc)
     assignment_text = annotations.get(names.assignment)
+    remote_text = annotations.get(names.remote_share) if assignment_text is None else None
     assignment: Assignment | None = None
     assignment_problem: str | None = None
-    if assignment_text is not None:
+    if assignment_text is not None or remote_text is not None:
         try:
-            assignment = decode_assignment(assignment_text)
+            assignment = (decode_assignment(assignment_text) if assignment_text is not None
+                          else decode_remote_share(str(remote_text)).as_assignment())
         except AnnotationError as exc:
             assignment_problem = str(exc)
         else:
@@ -152,6 +173,15 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
             allocated_problem = str(exc)
     if wants_gpu is None:
         wants_gpu = pod_wants_gpu(raw, names)
+    adopted: Adoption | None = None
+    adoption_problem: str | None = None
+    if assignment_text is None:
+        try:
+            adopted = adoption(raw, names)
+        except AdoptionError as exc:
+            adoption_problem = str(exc)
+        else:
+            adoption_problem = adopted.problem if adopted is not None else None
     lending = LendingNames(names.domain)
     borrowed_from = str(annotations.get(lending.borrowed_from) or "") if is_borrowed(annotations, lending) else None
     return PodRecord(key=key, uid=str(meta.get("uid") or ""), version=str(meta.get("resourceVersion") or ""),
@@ -159,7 +189,9 @@ def pod_record(raw: Mapping[str, Any], names: ResourceNames, *, wants_gpu: bool 
                      finished=status.get("phase") in FINISHED_PHASES, wants_gpu=wants_gpu, request=request,
                      assignment=assignment, allocated=allocated, request_problem=request_problem,
                      assignment_problem=assignment_problem, allocated_problem=allocated_problem,
-                     raw=raw if wants_gpu or assignment_text is not None else None, borrowed_from=borrowed_from)
+                     raw=raw if wants_gpu or assignment_text is not None or remote_text is not None else None,
+                     borrowed_from=borrowed_from, remote=remote_text is not None,
+                     adopted=adopted, adoption_problem=adoption_problem)
 
 
 class HoldingKind(StrEnum):
@@ -203,6 +235,21 @@ def host_only(record: PodRecord, node: str) -> Placement:
     return Placement(pod_key=record.key, node=node, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
 
 
+def _adopted(record: PodRecord, bound: str, spec_of: Callable[[str], NodeSpec | None]) -> Holding:
+    """What a pod another system placed on ``bound`` holds there (see the module docstring)."""
+    spec = spec_of(bound)
+    if spec is None:
+        return Holding(HoldingKind.UNKNOWN_NODE, bound=True)
+    try:
+        if record.adopted is None:
+            raise AdoptionError(record.adoption_problem or "unreadable")
+        adopted = record.adopted.on(bound)
+        placement = adopted.placement(record.key, spec, record.cpu_milli, record.memory_mib)
+    except AdoptionError as exc:
+        return Holding(HoldingKind.UNREADABLE, host_only(record, bound), bound=True, problem=str(exc))
+    return Holding(HoldingKind.PLACEMENT, placement, bound=True, problem=adopted.problem)
+
+
 def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now: float,
             unconfirmed_timeout_s: float) -> Holding:
     """What ``record`` holds at ``now`` (epoch seconds); see the module docstring.
@@ -214,8 +261,10 @@ def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now
     problem = record.assignment_problem
     if record.finished:
         return Holding(HoldingKind.NOTHING, problem=problem)
+    if assignment is None and bound and (record.adopted is not None or record.adoption_problem is not None):
+        return _adopted(record, bound, spec_of)
     foreign = assignment is not None and problem is not None  # decided for a pod this one replaced
-    if assignment is None or foreign or (bound and bound != assignment.node):
+    if assignment is None or foreign or (bound and bound != assignment.node and not record.remote):
         if not bound:
             return Holding(HoldingKind.NOTHING, problem=problem)
         if spec_of(bound) is None:
@@ -230,7 +279,8 @@ def holding(record: PodRecord, spec_of: Callable[[str], NodeSpec | None], *, now
     if spec is None:
         return Holding(HoldingKind.UNKNOWN_NODE, bound=bool(bound))
     try:
-        placement = assignment.to_placement(record.key, spec, record.cpu_milli, record.memory_mib)
+        held_cpu, held_memory = (0, 0) if record.remote else (record.cpu_milli, record.memory_mib)
+        placement = assignment.to_placement(record.key, spec, held_cpu, held_memory)
     except AnnotationError as exc:
         if bound:
             return Holding(HoldingKind.UNREADABLE, host_only(record, bound), bound=True, problem=str(exc))
