@@ -16,6 +16,15 @@ rule, both placed into by the core's :class:`~gpupool.core.scheduler.Scheduler`:
   borrowers. Borrowers are decided here. A regular pod's booking (or an owner's return) that does
   not fit reclaims borrowers on that node until it does; since ``lent`` minus its borrowers is never
   more than ``owned``, that always ends.
+
+With ``remote_borrow`` (remote GPUs, docs/remote-gpu.md) a waiting pod that finds no room on free
+capacity nor on lent GPUs of one node may run on a node B with room for its CPU and memory while its
+one GPU slice is booked on another node's card (lent or free) and reached over the network. Both the
+node B and the card are the cluster's choice: the core's :mod:`gpupool.core.remote_share` (which
+nodes may run such a pod, then the pod's own cards, the same switch, any other). The borrower holds
+two parts in ``lent`` (its CPU and memory on B, its slice on the server), is listed as a borrower on
+both nodes (a regular pod or a returning owner on either reclaims it, releasing both parts), and its
+work advances at :data:`REMOTE_RATE` of the local rate.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ from enum import IntEnum
 import numpy as np
 
 from gpupool.core.fragmentation import WorkloadProfile
-from gpupool.core.model import NodeSpec, Placement
+from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.policies import make_policy
+from gpupool.core.remote_share import RemoteChoice, Tier, client_scores, place_share, remote_shape_problem
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
 from gpupool.sim.arrivals import ArrivingPod
@@ -42,6 +52,15 @@ cluster (later pods get the next event)."""
 
 FEW_NODES = 4
 """Nodes that gained room up to which a shape that fit nowhere is tried on them alone."""
+
+REMOTE_SLOWDOWN = 0.08
+"""How much slower a compute-bound job runs on a GPU reached over the network: issue 25's anchor
+(LUPINE, the successor of SCUDA, publishes compute-bound work about 8 % slower over GPU-over-IP).
+Sync-heavy programs fare far worse (3-17x until calls are batched); the replay models the
+compute-bound case only."""
+
+REMOTE_RATE = 1.0 - REMOTE_SLOWDOWN
+"""Seconds of a pod's work done per second it runs as a remote borrower."""
 
 _HOUR = 3600.0
 
@@ -78,6 +97,12 @@ class ReplayOutcome:
     reclaims: int  # borrowers stopped because their owner (or a regular pod) needed the GPUs
     lent_gpu_hours: float = 0.0  # GPUs x time owners lent (their idle windows past the monitor's threshold)
     resume_wait_hours: float = 0.0  # reclaimed borrowers' time back in the queue before running again
+    remote_borrow: bool = False
+    remote_starts: int = 0  # borrower starts with the slice on another node's card than the pod's
+    remote_borrowers: int = 0  # pods that ran remotely at least once
+    remote_gpu_hours: float = 0.0  # GPU-hours the remote borrowers' slices were held (wall time)
+    """``borrowed_gpu_hours`` counts a remote borrower's GPU-hours as the work done
+    (:data:`REMOTE_RATE` of the time held): what the cluster gained, after the network's cost."""
 
 
 class _NoRoom:
@@ -115,9 +140,14 @@ class _Replay:
     """One run over a fixed workload; see the module docstring for the two ledgers."""
 
     def __init__(self, nodes: Sequence[NodeSpec], pods: Sequence[ArrivingPod], policy: str, *,
-                 lending: bool, hours: float, seed: int) -> None:
+                 lending: bool, hours: float, seed: int, remote_borrow: bool = False) -> None:
+        if remote_borrow and not lending:
+            raise ValueError("remote borrowing borrows: it needs lending")
         self.pods = pods
         self.lending = lending
+        # the core runs a remote share's pod on a GPU node only with its own cards: without a node
+        # lacking GPUs there is no remote placement to look for
+        self.remote_borrow = remote_borrow and any(not n.cards for n in nodes)
         self.horizon = hours * _HOUR
         profile = WorkloadProfile.from_pods([p.request for p in pods])
         self.owned = ClusterState(nodes)
@@ -151,6 +181,13 @@ class _Replay:
         self.lent_gpu_hours = 0.0
         self.reclaimed_at: dict[int, float] = {}  # borrower -> when it was reclaimed (until it runs again)
         self.resume_wait_hours = 0.0
+        self.asked_remote = remote_borrow
+        self.remote_host: dict[int, Placement] = {}  # remote borrower -> its CPU and memory on its node
+        self.remote_no_room = _NoRoom()  # shapes no remote placement was found for (any node counts)
+        self.remote_shapes_ok: dict[int, bool] = {}  # shape -> whether a remote share can carry it
+        self.remote_starts = 0
+        self.remote_ran: set[int] = set()
+        self.remote_gpu_hours = 0.0
 
     # ------------------------------------------------------------------------------------ the loop
     def run(self) -> ReplayOutcome:
@@ -213,7 +250,51 @@ class _Replay:
             line.pop(0)
             (self._start_borrower if lent else self._start_regular)(position, decision, now)
             return True
+        if self.remote_borrow and tries[True] < QUEUE_TRIES and pod.gpus <= self.free_gpus[True]:
+            return self._start_remote(line, shape, tries, now)
         return False
+
+    def _start_remote(self, line: list[tuple[float, int]], shape: int, tries: dict[bool, int], now: float) -> bool:
+        """Start the earliest waiting pod of a shape as a remote borrower if the core finds it a place."""
+        position = line[0][1]
+        if not self._remote_shape(shape, position) or self.remote_no_room.nodes_to_try(shape) == ():
+            return False
+        tries[True] += 1
+        placed = self._place_remote(self.pods[position].request)
+        if placed is None:
+            self.remote_no_room.found_none(shape)
+            return False
+        line.pop(0)
+        host, share = placed
+        self.lent.apply(host)
+        self.lent.apply(share)
+        self.remote_host[position] = host
+        self._start_borrower(position, share, now)
+        self.borrowers_on.setdefault(host.node, []).append(position)
+        self.remote_starts += 1
+        self.remote_ran.add(position)
+        return True
+
+    def _remote_shape(self, shape: int, position: int) -> bool:
+        known = self.remote_shapes_ok.get(shape)
+        if known is None:
+            known = self.remote_shapes_ok[shape] = remote_shape_problem(self.pods[position].request) is None
+        return known
+
+    def _place_remote(self, request: PodRequest) -> tuple[Placement, Placement] | None:
+        """The cluster's choice for a remote share in the lent ledger: the node that runs the pod (the
+        best tier :func:`~gpupool.core.remote_share.client_scores` gives, then the node name) and the
+        card of its slice (:func:`~gpupool.core.remote_share.place_share`); None when there is none.
+        A choice on the pod's own cards is a local share, which the lent scheduler already tried."""
+        state = self.lent
+        rows, scores = client_scores(state, request, np.flatnonzero(state.present[:state.size]))
+        for index in np.lexsort((np.array([state.specs[r].name for r in rows], dtype=object), -scores)):
+            choice = place_share(state, request, int(rows[index]))
+            if isinstance(choice, RemoteChoice) and choice.tier != Tier.LOCAL:
+                host = Placement(pod_key=f"{request.key}#host", node=state.specs[int(rows[index])].name,
+                                 cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
+                return host, choice.placement
+        return None
 
     def _place(self, lent: bool, pod: ArrivingPod, nodes: tuple[str, ...] | None) -> Placement | None:
         """Book ``pod`` where the policy puts it; on ``nodes`` only when all others are known full."""
@@ -241,6 +322,8 @@ class _Replay:
         placement = (self.lent if lent else self.owned).release(key)
         if placement is not None:
             self.no_room[lent].gained_room(placement.node)
+            if lent:
+                self.remote_no_room.gained_room(placement.node)
         return placement
 
     def _start_regular(self, position: int, placement: Placement, now: float) -> None:
@@ -271,7 +354,7 @@ class _Replay:
         self.run_start[position] = now
         if self.first_start[position] is None:
             self.first_start[position] = now
-        self._plan(now + self.remaining[position], _Event.FINISH, position)
+        self._plan(now + self.remaining[position] / self._rate(position), _Event.FINISH, position)
 
     def _finish(self, position: int, now: float) -> None:
         self._account(position, now)
@@ -322,9 +405,13 @@ class _Replay:
             self._reclaim(in_way[-1], now)
         self.lent.apply(part)
 
+    def _rate(self, position: int) -> float:
+        """Seconds of work per second of running: :data:`REMOTE_RATE` for a remote borrower, else 1."""
+        return REMOTE_RATE if position in self.remote_host else 1.0
+
     def _reclaim(self, position: int, now: float) -> None:
         self._account(position, now)
-        self.remaining[position] -= now - self.run_start[position]
+        self.remaining[position] -= (now - self.run_start[position]) * self._rate(position)
         self._unbook_borrower(position)
         self.status[position] = _Status.WAITING
         self.epoch[position] += 1
@@ -333,9 +420,14 @@ class _Replay:
         self._wait(position)
 
     def _unbook_borrower(self, position: int) -> None:
+        """Release everything a borrower holds: its booking, and a remote borrower's CPU and memory."""
         placement = self.placements.pop(position)
         self._release(True, placement.pod_key)
         self.borrowers_on[placement.node].remove(position)
+        host = self.remote_host.pop(position, None)
+        if host is not None:
+            self._release(True, host.pod_key)
+            self.borrowers_on[host.node].remove(position)
         self.free_gpus[True] += self.pods[position].gpus
 
     # ------------------------------------------------------------------------------------ accounting
@@ -343,8 +435,10 @@ class _Replay:
         heapq.heappush(self.events, (time, kind, position, self.epoch[position]))
 
     def _account(self, position: int, until: float) -> None:
-        held = min(until, self.horizon) - self.run_start[position]
-        self.gpu_hours[_Status(self.status[position])] += self.pods[position].gpus * held / _HOUR
+        held = self.pods[position].gpus * (min(until, self.horizon) - self.run_start[position]) / _HOUR
+        if position in self.remote_host:
+            self.remote_gpu_hours += held
+        self.gpu_hours[_Status(self.status[position])] += held * self._rate(position)
 
     def _outcome(self) -> ReplayOutcome:
         arrived = [i for i, p in enumerate(self.pods) if p.arrival_s <= self.horizon]
@@ -358,7 +452,9 @@ class _Replay:
             mean_wait_hours=round(float(waits.mean()), 4), p95_wait_hours=round(float(np.percentile(waits, 95)), 4),
             lends=self.lends, reclaims=self.reclaims, lent_gpu_hours=round(self.lent_gpu_hours, 3),
             resume_wait_hours=round(self.resume_wait_hours + sum(
-                self.horizon - at for at in self.reclaimed_at.values()) / _HOUR, 3))
+                self.horizon - at for at in self.reclaimed_at.values()) / _HOUR, 3),
+            remote_borrow=self.asked_remote, remote_starts=self.remote_starts,
+            remote_borrowers=len(self.remote_ran), remote_gpu_hours=round(self.remote_gpu_hours, 3))
 
 
 def _or(value: float | None, default: float) -> float:
@@ -373,6 +469,8 @@ def _split(placement: Placement) -> tuple[Placement, Placement]:
 
 
 def replay(nodes: Sequence[NodeSpec], pods: Sequence[ArrivingPod], policy: str, *, lending: bool,
-           hours: float, seed: int = 42) -> ReplayOutcome:
-    """Replay ``pods`` on ``nodes`` for ``hours`` with one placement policy, lending or not."""
-    return _Replay(nodes, pods, policy, lending=lending, hours=hours, seed=seed).run()
+           hours: float, seed: int = 42, remote_borrow: bool = False) -> ReplayOutcome:
+    """Replay ``pods`` on ``nodes`` for ``hours`` with one placement policy, lending or not; with
+    ``remote_borrow`` (lending only) borrowers may also use a remote share (see the module docstring)."""
+    return _Replay(nodes, pods, policy, lending=lending, hours=hours, seed=seed,
+                   remote_borrow=remote_borrow).run()

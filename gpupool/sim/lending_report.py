@@ -7,6 +7,12 @@ GPU-hours allocated in the run without lending: how much more GPU work the same 
 The gain depends most on how idle the owners are, so the experiment repeats the lending run for a
 range of idle shares (the table under the report); the workload's arrivals and shapes stay the same,
 only the owners' idle windows change.
+
+With ``remote_borrow`` the lending runs let borrowers use remote shares (docs/remote-gpu.md; see
+:mod:`gpupool.sim.lending`) and one more run, lending without them, is the comparison. A remote
+share's pod runs on a node without GPUs (the cluster's rule: a GPU node runs such a pod only on its
+own cards), so ``cpu_nodes`` adds CPU-only nodes to the cluster replayed (the bundled node list has
+GPU nodes only).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 from gpupool.core.model import NodeSpec
 from gpupool.sim.arrivals import ArrivingPod, loaded_workload, sample_nodes
 from gpupool.sim.idle_model import IdleModel
-from gpupool.sim.lending import ReplayOutcome, replay
+from gpupool.sim.lending import REMOTE_SLOWDOWN, ReplayOutcome, replay
 from gpupool.sim.trace import TracePod
 
 DEFAULT_LOAD = 2.0
@@ -45,6 +51,9 @@ class LendingSetup:
     nodes: int = DEFAULT_NODES
     idle: IdleModel = field(default_factory=IdleModel)
     seed: int = 42
+    remote_borrow: bool = False
+    cpu_nodes: int = 0
+    """CPU-only nodes added to the drawn GPU nodes, each with their median CPU and memory."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class LendingReport:
     without: ReplayOutcome
     with_lending: ReplayOutcome
     by_idle_share: tuple[GainRow, ...]
+    local_only: ReplayOutcome | None = None  # with remote_borrow: lending without remote shares
 
     @property
     def gpu_hours_recovered_pct(self) -> float:
@@ -87,6 +97,12 @@ class LendingReport:
             "without_lending": asdict(self.without),
             "with_lending": asdict(self.with_lending),
             "by_idle_share": [asdict(row) for row in self.by_idle_share],
+            **({} if self.local_only is None else {
+                "remote_borrow": True, "cpu_nodes": self.setup.cpu_nodes,
+                "remote_slowdown": REMOTE_SLOWDOWN,
+                "with_lending_local_only": asdict(self.local_only),
+                "local_only_gpu_hours_recovered_pct": recovered_pct(self.without, self.local_only),
+                "local_only_idle_harvested_pct": harvested_pct(self.local_only)}),
         }
 
 
@@ -118,8 +134,11 @@ def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup:
     The replays are independent; ``jobs`` > 1 runs them in that many processes.
     """
     nodes = sample_nodes(all_nodes, setup.nodes, np.random.default_rng(setup.seed))
+    nodes += cpu_only_nodes(nodes, setup.cpu_nodes)
     shares = [setup.idle.idle_share, *(s for s in idle_shares if s != setup.idle.idle_share)]
     runs = [(nodes, trace, setup, None)] + [(nodes, trace, setup, share) for share in shares]
+    if setup.remote_borrow:
+        runs.append((nodes, trace, replace(setup, remote_borrow=False), setup.idle.idle_share))
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor  # only here: gpupool simulate starts faster
 
@@ -128,10 +147,21 @@ def run_lending(all_nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup:
     else:
         outcomes = [_run(run) for run in runs]
     without, with_lending = outcomes[0], outcomes[1]
-    by_share = dict(zip(shares, outcomes[1:], strict=True))
+    by_share = dict(zip(shares, outcomes[1:len(shares) + 1], strict=True))
     rows = tuple(GainRow(share, recovered_pct(without, by_share[share]), by_share[share].reclaims,
                          by_share[share].mean_wait_hours, harvested_pct(by_share[share])) for share in idle_shares)
-    return LendingReport(setup, sum(len(n.cards) for n in nodes), without, with_lending, rows)
+    local_only = outcomes[-1] if setup.remote_borrow else None
+    return LendingReport(setup, sum(len(n.cards) for n in nodes), without, with_lending, rows, local_only)
+
+
+def cpu_only_nodes(gpu_nodes: Sequence[NodeSpec], count: int) -> list[NodeSpec]:
+    """``count`` nodes without GPUs, each with the median CPU and memory of ``gpu_nodes``: where a
+    remote share's pod may run (the bundled trace's node list holds GPU nodes only)."""
+    if count <= 0 or not gpu_nodes:
+        return []
+    cpu = int(np.median([n.cpu_milli for n in gpu_nodes]))
+    memory = int(np.median([n.memory_mib for n in gpu_nodes]))
+    return [NodeSpec(name=f"cpu-only-{i:03d}", cpu_milli=cpu, memory_mib=memory) for i in range(count)]
 
 
 def _run(run: tuple[Sequence[NodeSpec], Sequence[TracePod], LendingSetup, float | None]) -> ReplayOutcome:
@@ -139,7 +169,9 @@ def _run(run: tuple[Sequence[NodeSpec], Sequence[TracePod], LendingSetup, float 
     nodes, trace, setup, share = run
     idle = setup.idle if share is None else replace(setup.idle, idle_share=share)
     pods = _workload(nodes, trace, setup, idle)
-    return replay(nodes, pods, setup.policy, lending=share is not None, hours=setup.hours, seed=setup.seed)
+    lending = share is not None
+    return replay(nodes, pods, setup.policy, lending=lending, hours=setup.hours, seed=setup.seed,
+                  remote_borrow=lending and setup.remote_borrow)
 
 
 def _workload(nodes: Sequence[NodeSpec], trace: Sequence[TracePod], setup: LendingSetup,
