@@ -21,6 +21,7 @@ from gpupool.core.model import NodeSpec, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 from gpupool.sim.idle_model import DEFAULT_IDLE_SHARE, IdleModel
 from gpupool.sim.lending_report import (
+    DEFAULT_CPU_NODES,
     DEFAULT_HOURS,
     DEFAULT_LOAD,
     DEFAULT_NODES,
@@ -85,6 +86,12 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
               help="--lending: GPU nodes drawn from the cluster.")
 @click.option("--idle-share", type=click.FloatRange(min=0, max=1, max_open=True), default=DEFAULT_IDLE_SHARE,
               show_default=True, help="--lending: share of a GPU pod's running time spent idle.")
+@click.option("--remote-borrow", is_flag=True,
+              help="--lending: borrowers may also run on a node without GPUs with their slice on a lent card of "
+                   "another node (remote GPUs); compared with lending without them (docs/lending.md).")
+@click.option("--cpu-nodes", type=click.IntRange(min=0), default=None,
+              help=f"--remote-borrow: nodes without GPUs added to the cluster, each with the GPU nodes' median CPU "
+                   f"and memory [default: {DEFAULT_CPU_NODES}].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG of the curves where the policies differ (needs matplotlib).")
@@ -95,7 +102,8 @@ def _job(args: tuple[list[NodeSpec], list[PodRequest], str, int, WorkloadProfile
               help="YAML: tenant -> GpuQuota spec (with --tenants qos; docs/tenancy.md).")
 @click.pass_context
 def simulate(ctx: click.Context, trace: str, nodes_name: str, policies: tuple[str, ...], seeds: str, mode: str,
-             lending: bool, load: float, hours: float, lending_nodes: int, idle_share: float, as_json: bool,
+             lending: bool, load: float, hours: float, lending_nodes: int, idle_share: float, remote_borrow: bool,
+             cpu_nodes: int | None, as_json: bool,
              plot_path: str | None, jobs: int, tenants: str, quotas_path: str | None) -> None:
     """Replay a trace on a cluster and report how well the policy packs GPUs.
 
@@ -130,11 +138,17 @@ def simulate(ctx: click.Context, trace: str, nodes_name: str, policies: tuple[st
         return
     if quotas_path:
         raise click.BadParameter("--quotas needs --tenants qos")
+    if (remote_borrow or cpu_nodes is not None) and not lending:
+        raise click.UsageError("--remote-borrow and --cpu-nodes belong to the lending replay: "
+                               "add --mode timeline --lending")
+    if cpu_nodes is not None and not remote_borrow:
+        raise click.UsageError("--cpu-nodes adds nodes for remote borrowers: add --remote-borrow")
     if lending:
         if mode != "timeline":
             raise click.UsageError("--lending replays arrivals in time: add --mode timeline")
         setup = LendingSetup(chosen[0], load, hours, lending_nodes, IdleModel(idle_share=idle_share),
-                             parse_seeds(seeds)[0])
+                             parse_seeds(seeds)[0], remote_borrow=remote_borrow,
+                             cpu_nodes=(DEFAULT_CPU_NODES if cpu_nodes is None else cpu_nodes) if remote_borrow else 0)
         report = run_lending(nodes, trace_pods, setup, jobs=jobs or (os.cpu_count() or 1))
         click.echo(json.dumps(report.to_json()) if as_json else "\n".join(text_report(report)))
         return

@@ -36,6 +36,10 @@ DEFAULT_HOURS = 168.0
 DEFAULT_NODES = 30
 """GPU nodes drawn from the trace's cluster: enough for every card shape, small enough to replay
 three days of arrivals in seconds."""
+DEFAULT_CPU_NODES = 16
+"""Nodes without GPUs added for remote borrowers when none are given: about one for two GPU nodes;
+more add nothing at the defaults (docs/lending.md: the harvest is 45.7 % with 4, 52.2 % with 16,
+51.2-51.9 % with 30 or 64)."""
 
 IDLE_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5)
 """Idle shares of the gain table."""
@@ -215,4 +219,16 @@ def text_report(report: LendingReport) -> list[str]:
     for row in report.by_idle_share:
         lines.append(f"{row.idle_share:>10.0%}{row.gpu_hours_recovered_pct:>13.2f}{row.idle_harvested_pct:>13.2f}"
                      f"{row.reclaims:>10}{row.mean_wait_hours:>15.2f}")
+    if report.local_only is not None:
+        remote, local = report.with_lending, report.local_only
+        lines += ["", f"remote borrowing ({s.cpu_nodes} nodes without GPUs added; a remote borrower's work runs "
+                      f"{REMOTE_SLOWDOWN:.0%} slower):",
+                  f"{'':<26}{'local only':>12}{'with remote':>14}",
+                  f"{'idle_harvested_pct':<26}{harvested_pct(local):>12.2f}{harvested_pct(remote):>14.2f}",
+                  f"{'gpu_hours_recovered_pct':<26}{recovered_pct(report.without, local):>12.2f}"
+                  f"{recovered_pct(report.without, remote):>14.2f}",
+                  f"{'GPU-hours borrowed':<26}{local.borrowed_gpu_hours:>12.0f}{remote.borrowed_gpu_hours:>14.0f}",
+                  f"{'mean wait (h)':<26}{local.mean_wait_hours:>12.2f}{remote.mean_wait_hours:>14.2f}",
+                  f"{'remote starts / pods':<26}{'-':>12}{f'{remote.remote_starts} / {remote.remote_borrowers}':>14}",
+                  f"{'GPU-hours held remotely':<26}{'-':>12}{remote.remote_gpu_hours:>14.0f}"]
     return lines

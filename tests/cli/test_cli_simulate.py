@@ -114,11 +114,32 @@ def test_lending_replay_table(small_cluster: tuple[Path, Path]) -> None:
     assert "gpu_hours_recovered_pct:" in out and "idle share" in out and "lends / reclaims" in out
 
 
+@pytest.mark.slow  # three timeline replays: without lending, lending, lending with remote borrowers
+def test_lending_replay_with_remote_borrowers(small_cluster: tuple[Path, Path]) -> None:
+    nodes, pods = small_cluster
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",
+                          "--hours", "12", "--lending-nodes", "2", "--remote-borrow", "--cpu-nodes", "3", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["remote_borrow"] is True and report["cpu_nodes"] == 3
+    assert report["with_lending"]["remote_borrow"] is True
+    assert report["with_lending_local_only"]["remote_borrow"] is False
+    assert report["with_lending_local_only"]["remote_starts"] == 0
+    code, out = _simulate("--nodes", str(nodes), "--trace", str(pods), "--mode", "timeline", "--lending",
+                          "--hours", "6", "--lending-nodes", "2", "--remote-borrow")
+    assert code == 0, out
+    assert "remote borrowing (16 nodes without GPUs added" in out and "remote starts / pods" in out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     pytest.param(["--lending"], "--lending replays arrivals in time: add --mode timeline", id="lending-packing"),
     pytest.param(["--mode", "timeline", "--lending", "--idle-share", "1"], "Invalid value for '--idle-share'",
                  id="always-idle"),
+    pytest.param(["--remote-borrow"], "--remote-borrow and --cpu-nodes belong to the lending replay",
+                 id="remote-alone"),
+    pytest.param(["--mode", "timeline", "--lending", "--cpu-nodes", "4"], "--cpu-nodes adds nodes for remote borrowers",
+                 id="cpu-nodes-without-remote"),
     pytest.param(["--trace", "no-such-trace"], "no bundled trace or file named 'no-such-trace'", id="unknown-trace"),
     pytest.param(["--seeds", "9-3"], "use a seed, a list (42,43) or a range (42-51)", id="reversed-seed-range"),
     pytest.param(["--policy", "nope"], "Invalid value for '--policy'", id="unknown-policy"),
