@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
@@ -182,6 +183,17 @@ def _duration(value: str, option: str = "--idle-after") -> float:
                    "(docs/remote-gpu.md). Off by default.")
 @click.option("--remote-gpu-endpoint", default=None, metavar="HOST:PORT",
               help="The address client pods dial for --remote-gpu-server (default: the listen address).")
+@click.option("--remote-gpu-tls-cert", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="--remote-gpu-server speaks TLS with this certificate chain (PEM); needed off loopback.")
+@click.option("--remote-gpu-tls-key", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="The private key (PEM) of --remote-gpu-tls-cert.")
+@click.option("--remote-gpu-tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="The CA (PEM) clients check the server's certificate with: handed to each client pod in its "
+                   "Secret (key remote_tls_ca.pem).")
+@click.option("--remote-gpu-enforce-compute", is_flag=True,
+              help="Hold each remote client to its compute share (its calls run under the interception library).")
+@click.option("--remote-gpu-allow-plain", is_flag=True,
+              help="Serve remote clients plain TCP off loopback (tokens and data cross the network in the clear).")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
 @cluster_setting_options(old_lease_namespace=True)
@@ -200,6 +212,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                registration_max_connections: int, registration_heartbeat: int, dra: bool, dra_kubelet_dir: str,
                cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
+               remote_gpu_tls_cert: str | None, remote_gpu_tls_key: str | None, remote_gpu_tls_ca: str | None,
+               remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool,
                verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
@@ -249,28 +263,78 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, cluster.high_priority_threshold, activity,
                           cuda_checkpoint_timeout, state_dir) if lending else None
     dra_options = DraOptions(dra_kubelet_dir, cdi_dir, dra_checkpoint) if dra else None
-    remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir)
+    remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir,
+                             RemoteServerFlags(remote_gpu_tls_cert, remote_gpu_tls_key, remote_gpu_tls_ca,
+                                               remote_gpu_enforce_compute, remote_gpu_allow_plain))
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options,
                      cluster=cluster, remote=remote, libraries=libraries))
 
 
-def _remote_options(listen: str | None, endpoint: str | None, state_dir: str) -> RemoteGpuOptions | None:
-    """``--remote-gpu-server`` and ``--remote-gpu-endpoint`` checked (None when the server is off)."""
+@dataclass(frozen=True)
+class RemoteServerFlags:
+    """The ``--remote-gpu-*`` flags that shape the server the agent runs."""
+
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    enforce_compute: bool = False
+    allow_plain: bool = False
+
+    def given(self) -> list[str]:
+        """The flags set, spelled as on the command line."""
+        return [flag for flag, value in (("--remote-gpu-tls-cert", self.tls_cert),
+                                         ("--remote-gpu-tls-key", self.tls_key), ("--remote-gpu-tls-ca", self.tls_ca),
+                                         ("--remote-gpu-enforce-compute", self.enforce_compute),
+                                         ("--remote-gpu-allow-plain", self.allow_plain)) if value]
+
+
+def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
+                    flags: RemoteServerFlags | None = None) -> RemoteGpuOptions | None:
+    """The ``--remote-gpu-*`` flags checked (None when the server is off). A server that would refuse
+    to start (plain TCP off loopback) is refused here, at the agent's start, not restarted forever."""
     from pathlib import Path
 
     from gpupool.nodeagent.remote_setup import CLIENTS_FILE, RemoteGpuOptions, host_port
+    from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, check_listen
 
+    flags = flags or RemoteServerFlags()
     if listen is None:
-        if endpoint is not None:
-            raise click.BadParameter("needs --remote-gpu-server", param_hint="--remote-gpu-endpoint")
+        for flag in ([*(["--remote-gpu-endpoint"] if endpoint is not None else []), *flags.given()])[:1]:
+            raise click.BadParameter("needs --remote-gpu-server", param_hint=flag)
         return None
+    if (flags.tls_cert is None) != (flags.tls_key is None):
+        raise click.UsageError("--remote-gpu-tls-cert and --remote-gpu-tls-key go together")
+    if flags.tls_ca is not None and flags.tls_cert is None:
+        raise click.UsageError("--remote-gpu-tls-ca is the CA of the server's TLS certificate: "
+                               "give --remote-gpu-tls-cert and --remote-gpu-tls-key too")
+    tls = (Path(flags.tls_cert), Path(flags.tls_key)) if flags.tls_cert and flags.tls_key else None
+    client_ca = _read_ca(flags.tls_ca) if flags.tls_ca is not None else None
     try:
-        return RemoteGpuOptions(host_port(listen, "--remote-gpu-server"),
-                                host_port(endpoint or listen, "--remote-gpu-endpoint"),
-                                Path(state_dir) / CLIENTS_FILE)
+        listen = host_port(listen, "--remote-gpu-server")
+        check_listen(listen, flags.allow_plain, TlsFiles(*tls) if tls is not None else None)
+        return RemoteGpuOptions(listen, host_port(endpoint or listen, "--remote-gpu-endpoint"),
+                                Path(state_dir) / CLIENTS_FILE, tls=tls, client_ca=client_ca,
+                                enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain)
+    except RemoteServeError as exc:
+        raise click.BadParameter(str(exc).replace("--listen", "--remote-gpu-server").replace(
+            "--tls-cert and --tls-key", "--remote-gpu-tls-cert and --remote-gpu-tls-key").replace(
+            "--allow-plain", "--remote-gpu-allow-plain"), param_hint="--remote-gpu-server") from None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _read_ca(path: str) -> str:
+    """The CA file's PEM text; a file holding no certificate is refused (clients could not use it)."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path}: cannot read it as PEM ({exc})", param_hint="--remote-gpu-tls-ca") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise click.BadParameter(f"{path}: holds no PEM certificate", param_hint="--remote-gpu-tls-ca")
+    return text
 
 
 def _dra_driver(node: str, domain: str, options: DraOptions, agent: NodeAgent,

@@ -139,16 +139,24 @@ def write_clients_file(path: Path, text: str) -> bool:
     return True
 
 
-def token_secret(share: ServedShare, token: str, endpoint: str) -> dict[str, Any]:
-    """The Secret that hands ``share``'s pod its endpoint and token, owned by the pod (garbage
-    collected with it)."""
+CA_KEY = "remote_tls_ca.pem"
+"""The Secret's key holding the CA a client checks the server against (a file once the Secret is
+mounted: the client library's ``GPUPOOL_REMOTE_TLS_CA`` names it)."""
+
+
+def token_secret(share: ServedShare, token: str, endpoint: str, client_ca: str | None = None) -> dict[str, Any]:
+    """The Secret that hands ``share``'s pod its endpoint and token (and, when the server speaks TLS,
+    the CA to check it with), owned by the pod (garbage collected with it)."""
     namespace, name = share.pod.split("/", 1)
+    data = {"remote_endpoint": endpoint, "remote_token": token}
+    if client_ca is not None:
+        data[CA_KEY] = client_ca
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": f"{name}{SECRET_SUFFIX}", "namespace": namespace,
                      "labels": {"app.kubernetes.io/managed-by": "gpupool-node-agent"},
                      "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": share.pod_uid}]},
-        "stringData": {"remote_endpoint": endpoint, "remote_token": token},
+        "stringData": data,
     }
 
 

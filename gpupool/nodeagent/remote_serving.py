@@ -27,9 +27,20 @@ STOP_GRACE_S = 5.0
 """How long a terminated server gets to close its clients before it is killed."""
 
 
-def server_command(listen: str, clients: Path, program: Sequence[str] = ("gpupool",)) -> list[str]:
-    """The data plane's server command line for ``listen`` (``HOST:PORT``) and the clients file."""
-    return [*program, "remote-gpu", "serve", "--listen", listen, "--clients", str(clients)]
+def server_command(listen: str, clients: Path, program: Sequence[str] = ("gpupool",), *,
+                   tls: tuple[Path, Path] | None = None, enforce_compute: bool = False,
+                   allow_plain: bool = False) -> list[str]:
+    """The data plane's server command line for ``listen`` (``HOST:PORT``) and the clients file;
+    ``tls`` is the certificate chain and key it speaks TLS with, ``enforce_compute`` holds each
+    client to its compute share, ``allow_plain`` lets it serve plain TCP off loopback."""
+    argv = [*program, "remote-gpu", "serve", "--listen", listen, "--clients", str(clients)]
+    if tls is not None:
+        argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    if enforce_compute:
+        argv.append("--enforce-compute")
+    if allow_plain:
+        argv.append("--allow-plain")
+    return argv
 
 
 class ServerProcess:
@@ -69,10 +80,13 @@ class ServerProcess:
 class TokenSecrets:
     """Writes each served pod's Secret (endpoint and token) once per token."""
 
-    def __init__(self, clients: RemoteClients, write: Callable[[dict[str, Any]], None], endpoint: str) -> None:
+    def __init__(self, clients: RemoteClients, write: Callable[[dict[str, Any]], None], endpoint: str,
+                 client_ca: str | None = None) -> None:
         self.clients = clients
         self.write = write
         self.endpoint = endpoint
+        self.client_ca = client_ca
+        """The PEM clients check the server's certificate against, handed in each Secret (TLS only)."""
         self._written: dict[str, str] = {}
         """Token per pod uid whose Secret is written."""
 
@@ -87,7 +101,7 @@ class TokenSecrets:
             if self._written.get(uid) == token:
                 continue
             try:
-                self.write(token_secret(share, token, self.endpoint))
+                self.write(token_secret(share, token, self.endpoint, self.client_ca))
             except Exception as exc:  # an API error must not stop the agent; retried next time
                 failed += 1
                 log.warning("remote GPU: cannot write the token Secret of pod %s: %s", share.pod, exc)

@@ -51,6 +51,17 @@ class RemoteGpuOptions:
     endpoint: str
     clients_file: Path
     program: tuple[str, ...] = ("gpupool",)
+    tls: tuple[Path, Path] | None = None
+    """The server's certificate chain and key (PEM): it speaks TLS."""
+    client_ca: str | None = None
+    """The CA (PEM text) handed to clients in their Secret to check the server's certificate with."""
+    enforce_compute: bool = False
+    allow_plain: bool = False
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return server_command(self.listen, self.clients_file, self.program, tls=self.tls,
+                              enforce_compute=self.enforce_compute, allow_plain=self.allow_plain)
 
 
 def write_secret(core_v1: Any, manifest: dict[str, Any]) -> None:
@@ -71,7 +82,7 @@ async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOpti
     """Serve remote shares until cancelled (see the module docstring)."""
     clients = RemoteClients(node, names, options.clients_file)
     clients.apply()  # the server starts with the file (the tokens of a file found kept)
-    secrets = TokenSecrets(clients, functools.partial(write_secret, core_v1), options.endpoint)
+    secrets = TokenSecrets(clients, functools.partial(write_secret, core_v1), options.endpoint, options.client_ca)
     loop = asyncio.get_running_loop()
     changed = asyncio.Event()
 
@@ -84,7 +95,7 @@ async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOpti
                       lambda items: tell(clients.replace(items)),
                       lambda kind, pod: tell(clients.event(kind, pod)), stop=stop, list_resource_version="0")
     watch.start()
-    server = ServerProcess(server_command(options.listen, options.clients_file, options.program))
+    server = ServerProcess(options.command())
 
     async def publish() -> None:
         while True:

@@ -17,7 +17,7 @@ import pytest
 from gpupool.api.annotations import CardRef
 from gpupool.api.names import ResourceNames
 from gpupool.api.remote_share import RemoteShare, encode_remote_share
-from gpupool.nodeagent.remote_server import RemoteClients, ServedShare, served_shares, token_secret
+from gpupool.nodeagent.remote_server import CA_KEY, RemoteClients, ServedShare, served_shares, token_secret
 from gpupool.nodeagent.remote_serving import ServerProcess, TokenSecrets, server_command
 
 NAMES = ResourceNames()
@@ -163,10 +163,14 @@ def test_the_server_is_off_unless_asked_and_its_flags_are_checked(monkeypatch: p
     from gpupool.nodeagent.remote_setup import RemoteGpuOptions
 
     assert agent_remote(monkeypatch)[::2] == (0, None)
-    code, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420",
+    code, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "127.0.0.1:9420",
                                    "--remote-gpu-endpoint", "10.0.0.7:9420")
-    assert (code, remote) == (0, RemoteGpuOptions("0.0.0.0:9420", "10.0.0.7:9420",
+    assert (code, remote) == (0, RemoteGpuOptions("127.0.0.1:9420", "10.0.0.7:9420",
                                                   Path("/run/gp/remote-gpu-clients.json")))
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420")
+    assert code == 2 and "not a loopback address; give --remote-gpu-tls-cert and --remote-gpu-tls-key" in output
+    code, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420", "--remote-gpu-allow-plain")
+    assert code == 0 and remote.allow_plain and remote.command()[-1] == "--allow-plain"
     code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "9420")
     assert code == 2 and "--remote-gpu-server: expected HOST:PORT" in output
     code, output, _ = agent_remote(monkeypatch, "--remote-gpu-endpoint", "10.0.0.7:9420")
@@ -191,3 +195,47 @@ def test_an_existing_secret_is_patched(monkeypatch: pytest.MonkeyPatch) -> None:
 
     write_secret(CoreV1(), {"metadata": {"name": "a-gpupool-remote", "namespace": "ns"}})
     assert calls == ["create ns", "patch ns/a-gpupool-remote"]
+
+
+@pytest.mark.slow  # imports the CLI / the kubernetes client
+def test_the_agent_passes_tls_and_compute_enforcement_to_its_server(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """Off loopback the server refuses plain TCP: the agent must hand it its certificate, and clients
+    the CA to check it with (in their Secret), or it could serve no remote client there."""
+    cert, key, ca = (tmp_path / name for name in ("server.crt", "server.key", "ca.crt"))
+    cert.write_text("chain"), key.write_text("key")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    code, output, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420", "--remote-gpu-tls-cert",
+                                        str(cert), "--remote-gpu-tls-key", str(key), "--remote-gpu-tls-ca", str(ca),
+                                        "--remote-gpu-enforce-compute")
+    assert code == 0, output
+    assert remote.command() == ["gpupool", "remote-gpu", "serve", "--listen", "0.0.0.0:9420", "--clients",
+                                "/run/gp/remote-gpu-clients.json", "--tls-cert", str(cert), "--tls-key", str(key),
+                                "--enforce-compute"]
+    assert remote.client_ca == ca.read_text()
+    share = ServedShare("team-a/train-0", "uid-1", "GPU-0", 4096, 50)
+    assert token_secret(share, "t", "10.0.0.7:9420", remote.client_ca)["stringData"] == {
+        "remote_endpoint": "10.0.0.7:9420", "remote_token": "t", CA_KEY: ca.read_text()}
+    assert CA_KEY not in token_secret(share, "t", "10.0.0.7:9420")["stringData"]
+
+
+@pytest.mark.slow  # imports the CLI / the kubernetes client
+@pytest.mark.parametrize(("flags", "message"), [
+    pytest.param(["--remote-gpu-tls-cert", "{cert}"], "--remote-gpu-tls-cert and --remote-gpu-tls-key go together",
+                 id="cert-alone"),
+    pytest.param(["--remote-gpu-tls-ca", "{ca}"], "give --remote-gpu-tls-cert and --remote-gpu-tls-key too",
+                 id="ca-without-tls"),
+    pytest.param(["--remote-gpu-tls-cert", "{cert}", "--remote-gpu-tls-key", "{cert}", "--remote-gpu-tls-ca", "{cert}"],
+                 "holds no PEM certificate", id="ca-not-pem"),
+    pytest.param(["--remote-gpu-tls-cert", "{tmp}/missing"], "does not exist", id="missing-file"),
+])
+def test_bad_server_flags_stop_the_agent_with_the_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         flags: list[str], message: str) -> None:
+    cert, ca = tmp_path / "server.crt", tmp_path / "ca.crt"
+    cert.write_text("chain")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    given = [flag.format(cert=cert, ca=ca, tmp=tmp_path) for flag in flags]
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420", *given)
+    assert code == 2 and message in output
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-enforce-compute")
+    assert code == 2 and "needs --remote-gpu-server" in output and "--remote-gpu-enforce-compute" in output
