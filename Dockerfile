@@ -6,13 +6,15 @@
 # Two stages: the build stage runs `pip install .` (setuptools, wheel caches, the build's own
 # temporary files) and the runtime stage copies only the installed packages, so the image carries
 # no pip cache, no build tools and no source checkout. Every dependency ships manylinux wheels for
-# amd64 and arm64 (numpy, grpcio, orjson, aiohttp); the only compiled part is gpupool's own C
-# interception library, built in the build stage (gcc) and shipped prebuilt in the package, where
-# `gpupool shim path` finds it, so the runtime stage needs no compiler either.
+# amd64 and arm64 (numpy, grpcio, orjson, aiohttp); the only compiled parts are gpupool's own C
+# interception library and the remote GPU's server and client (docs/remote-gpu.md), built in the
+# build stage (gcc, OpenSSL's headers) and shipped prebuilt in the package, where `gpupool shim path`
+# and `gpupool remote-gpu serve|client-path` find them, so the runtime stage needs no compiler
+# either (the server links libssl.so.3, which the Python base image carries).
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what `pip install .` reads: the project file, the readme it names, the package.
@@ -23,7 +25,9 @@ COPY gpupool ./gpupool
 RUN pip install --prefix=/install . \
  && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool --version \
  && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool shim build \
-      --output /install/lib/python3.11/site-packages/gpupool/shim/lib/libgpupool-shim.so
+      --output /install/lib/python3.11/site-packages/gpupool/shim/lib/libgpupool-shim.so \
+ && PYTHONPATH=/install/lib/python3.11/site-packages /install/bin/gpupool remote-gpu build \
+      --into /install/lib/python3.11/site-packages/gpupool/shim/lib
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="gpupool" \

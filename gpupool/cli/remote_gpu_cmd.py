@@ -20,12 +20,27 @@ def remote_gpu() -> None:
 def client_path_cmd() -> None:
     """Print the directory holding the GPU client built as libcuda.so.1 (what a container on a node
     without GPUs mounts in place of the driver), building it first if needed."""
-    from gpupool.shim.remote_build import build_client
+    from gpupool.shim.remote_build import client_directory
 
     try:
-        click.echo(build_client().resolve())
+        click.echo(client_directory().resolve())
     except ShimBuildError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@remote_gpu.command("build")
+@click.option("--into", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write gpupool-remote-server and remote-client/libcuda.so.1 to; the package's "
+                   "gpupool/shim/lib makes them the installation's (what the image does).")
+def build_cmd(directory: Path) -> None:
+    """Build the GPU server and client (needs a C compiler and OpenSSL 3's headers) into a directory."""
+    from gpupool.shim.remote_build import build_into
+
+    try:
+        server, client = build_into(directory)
+    except ShimBuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{server}\n{client}")
 
 
 @remote_gpu.command("serve")

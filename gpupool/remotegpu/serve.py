@@ -31,7 +31,7 @@ from types import FrameType
 
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
 from gpupool.shim.build import library_path
-from gpupool.shim.remote_build import build_server
+from gpupool.shim.remote_build import server_program
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1
@@ -128,7 +128,7 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
     ``enforce_compute``: each client's calls run in a process under the interception library with
     the client's memory and compute share (``compute_percent``) as its limits."""
     check_listen(listen, allow_plain, tls)
-    program = build_server()
+    program = server_program()
     shim = [] if not enforce_compute else ["--shim", str(library_path())]
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []

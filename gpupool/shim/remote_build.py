@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.shim.build import RELEASE, Flavour, _compile, _digest, cache_dir, find_compiler
+from gpupool.shim.build import PACKAGED_LIBRARY, RELEASE, Flavour, _compile, _digest, cache_dir, find_compiler
 from gpupool.shim.build import SOURCE_DIR as SHIM_SOURCE_DIR
+
+PACKAGED_DIR = PACKAGED_LIBRARY.parent
+"""Where an installation keeps the prebuilt programs (the image writes them there, beside the
+interception library): a node agent's image has no compiler."""
+SERVER_NAME = "gpupool-remote-server"
+CLIENT_DIR_NAME = "remote-client"
 
 REMOTE_DIR = SHIM_SOURCE_DIR / "remote"
 SERVER_SOURCES = ("server.c",)
@@ -59,3 +65,33 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     if not link.exists():
         link.symlink_to(CLIENT_SONAME)
     return directory
+
+
+def server_program() -> Path:
+    """The GPU server the node runs: the packaged one, else a cached build."""
+    packaged = PACKAGED_DIR / SERVER_NAME
+    return packaged if packaged.is_file() else build_server()
+
+
+def client_directory() -> Path:
+    """The GPU client's directory: the packaged one, else a cached build."""
+    packaged = PACKAGED_DIR / CLIENT_DIR_NAME
+    return packaged if (packaged / CLIENT_SONAME).is_file() else build_client()
+
+
+def build_into(directory: Path) -> tuple[Path, Path]:
+    """Build both programs and copy them into ``directory`` as an installation keeps them
+    (``gpupool-remote-server`` and ``remote-client/libcuda.so.1``); returns the two paths."""
+    import shutil
+
+    server, client = build_server(), build_client()
+    directory.mkdir(parents=True, exist_ok=True)
+    server_target = directory / SERVER_NAME
+    shutil.copy2(server, server_target)
+    client_target = directory / CLIENT_DIR_NAME
+    client_target.mkdir(exist_ok=True)
+    shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
+    link = client_target / "libcuda.so"
+    if not link.is_symlink():
+        link.symlink_to(CLIENT_SONAME)
+    return server_target, client_target

@@ -1,0 +1,64 @@
+"""The remote GPU's programs as an installation ships them: built once into the package (what the
+image does, since a node agent's image has no compiler), then found there before any cached build."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.cli.main import cli
+from gpupool.shim import remote_build
+from gpupool.shim.remote_build import CLIENT_SONAME, build_into, client_directory, server_program
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_packaged_programs_win_over_a_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path)
+
+    def no_build(**_kwargs: object) -> Path:
+        raise AssertionError("built although the installation carries the program")
+
+    (tmp_path / "gpupool-remote-server").write_text("#!/bin/sh\n")
+    (tmp_path / "remote-client").mkdir()
+    (tmp_path / "remote-client" / CLIENT_SONAME).write_text("elf")
+    monkeypatch.setattr(remote_build, "build_server", no_build)
+    monkeypatch.setattr(remote_build, "build_client", no_build)
+    assert server_program() == tmp_path / "gpupool-remote-server"
+    assert client_directory() == tmp_path / "remote-client"
+
+
+def test_without_packaged_programs_they_are_built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "empty")
+    monkeypatch.setattr(remote_build, "build_server", lambda **_kw: tmp_path / "built-server")
+    monkeypatch.setattr(remote_build, "build_client", lambda **_kw: tmp_path / "built-client")
+    assert server_program() == tmp_path / "built-server"
+    assert client_directory() == tmp_path / "built-client"
+
+
+@pytest.mark.slow  # compiles the server and the client (cached by digest)
+def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["remote-gpu", "build", "--into", str(tmp_path / "lib")])
+    assert result.exit_code == 0, result.output
+    server, client = tmp_path / "lib" / "gpupool-remote-server", tmp_path / "lib" / "remote-client"
+    assert result.output.split() == [str(server), str(client)]
+    assert os.access(server, os.X_OK)
+    assert (client / "libcuda.so").resolve() == (client / CLIENT_SONAME).resolve()
+    soname = subprocess.run(["readelf", "-d", str(client / CLIENT_SONAME)], capture_output=True, text=True)
+    assert soname.returncode != 0 or f"[{CLIENT_SONAME}]" in soname.stdout
+    monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
+    assert server_program() == server and client_directory() == client
+    again = build_into(tmp_path / "lib")  # a second build over an installed one replaces it in place
+    assert again == (server, client)
+
+
+def test_the_image_ships_the_remote_programs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "libssl-dev" in dockerfile
+    assert "gpupool remote-gpu build" in dockerfile
+    assert "--into /install/lib/python3.11/site-packages/gpupool/shim/lib" in dockerfile
