@@ -44,6 +44,9 @@ OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
     "gpushare-mib": {"aliases.gpushareMemoryUnit": "MiB", "nodeAgent.serveAliases": ["gpushare"]},
     "lending": {"nodeAgent.lending": True},
     "dra": {"nodeAgent.dra": True},
+    "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
+    "remote-gpu-plain": {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": "",
+                         "nodeAgent.remoteGpu.allowPlain": True, "nodeAgent.remoteGpu.enforceCompute": False},
     "no-lending": {"extender.lending": False},
     "isolation-shim": {"nodeAgent.isolation": "shim"},
     "isolation-mps": {"nodeAgent.isolation": "mps"},
@@ -240,6 +243,30 @@ def test_agent_values_become_its_flags() -> None:
     assert not [d for d in docs if d["metadata"]["name"] == "gpupool-node-agent-evict"]  # only evict needs it
 
 
+def test_remote_gpu_serving_passes_tls_to_the_server_and_grants_only_token_secrets() -> None:
+    docs = render({"nodeAgent.remoteGpu.enabled": True})
+    args = agent_args({"nodeAgent.remoteGpu.enabled": True})
+    assert {"--remote-gpu-server=0.0.0.0:9420", "--remote-gpu-endpoint=$(HOST_IP):9420",
+            "--remote-gpu-tls-cert=/etc/gpupool/remote-gpu-tls/tls.crt",
+            "--remote-gpu-tls-key=/etc/gpupool/remote-gpu-tls/tls.key",
+            "--remote-gpu-tls-ca=/etc/gpupool/remote-gpu-tls/ca.crt", "--remote-gpu-enforce-compute"} <= set(args)
+    agent = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = agent["spec"]["template"]["spec"]
+    assert {"name": "remote-gpu-tls", "secret": {"secretName": "gpupool-remote-gpu-tls"}} in spec["volumes"]
+    assert {"name": "remote-gpu", "containerPort": 9420, "hostPort": 9420} in spec["containers"][0]["ports"]
+    role = next(d for d in docs
+                if d["metadata"]["name"] == "gpupool-node-agent-remote-gpu" and d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]}]
+    assert any(d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpupool-agent-remote-gpu-secrets"
+               for d in docs)
+    off = render()
+    assert not [d for d in off if "remote-gpu" in d["metadata"]["name"]]
+    assert not [a for a in agent_args() if a.startswith("--remote-gpu")]
+    plain = agent_args({"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": "",
+                        "nodeAgent.remoteGpu.allowPlain": True})
+    assert "--remote-gpu-allow-plain" in plain and not [a for a in plain if a.startswith("--remote-gpu-tls")]
+
+
 def test_extender_values_become_its_flags() -> None:
     args = extender_args({"extender.lending": False, "extender.policy": "binpack"})
     assert "--no-lending" in args and "--policy=binpack" in args
@@ -308,6 +335,10 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
     pytest.param({"nodeagent": {"isolation": "none"}}, "additional properties 'nodeagent' not allowed",
                  id="misspelt-value-name"),
     pytest.param({"nodeAgent.isolaton": "none"}, "additional properties 'isolaton' not allowed", id="misspelt-key"),
+    pytest.param({"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": ""},
+                 "nodeAgent.remoteGpu needs tlsSecret (the server refuses plain TCP off loopback) or allowPlain: true",
+                 id="remote-gpu-without-tls"),
+    pytest.param({"nodeAgent.remoteGpu.port": 0}, "'/nodeAgent/remoteGpu/port'", id="remote-gpu-port"),
     pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
                  "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
 ])

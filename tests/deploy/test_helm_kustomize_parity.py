@@ -58,6 +58,7 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "network-policy": {"networkPolicy.enabled": True},
     "quota-webhook": {"webhooks.quota.enabled": True},
     "require-agent-lease": {"extender.requireAgentLease": True},
+    "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
     "risk-evict": {"nodeAgent.riskAction": "evict"},
     "scheduler-webhook": {"webhooks.scheduler.enabled": True},
     "shim-isolation": {"nodeAgent.isolation": "shim"},
