@@ -46,22 +46,27 @@ CARD_LABELS = ("node", "card", "uuid", "model")
 
 @dataclass(frozen=True)
 class CardReport:
-    """One card and what the assignments of the pods on this node book on it."""
+    """One card and what the assignments of the pods on this node, and its prepared DRA claims,
+    book on it."""
 
     card: GpuCard
     memory_booked_mib: int
     compute_booked_permille: int
     containers: int
+    claims: int = 0
 
 
-def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView]) -> tuple[CardReport, ...]:
-    """Per card of ``inventory``: memory and compute booked by the assignments of ``pods``, and how
-    many app containers hold a slice of it. Finished pods and assignments for another node count
+def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView],
+                 claims: Iterable[PodView] = ()) -> tuple[CardReport, ...]:
+    """Per card of ``inventory``: memory and compute booked by the assignments of ``pods`` and by the
+    prepared DRA ``claims`` (as :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods` views
+    them: the extender books both in one ledger, so the node reports both), how many app containers
+    hold a slice of it and how many claims. Finished pods and assignments for another node count
     nothing; a card the node does not have is not reported (its assignment is refused at Allocate)."""
     memory: defaultdict[int, int] = defaultdict(int)
     compute: defaultdict[int, int] = defaultdict(int)
-    containers: defaultdict[int, int] = defaultdict(int)
-    for pod in pods:
+    holders: dict[bool, defaultdict[int, int]] = {False: defaultdict(int), True: defaultdict(int)}
+    for is_claim, pod in [*((False, p) for p in pods), *((True, c) for c in claims)]:
         if pod.terminated or pod.assignment is None:
             continue
         placement = pod.assignment.placement
@@ -73,8 +78,8 @@ def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView]) ->
         for assignment in placement.containers:
             if not assignment.init:
                 for card in {s.card for s in assignment.slices}:
-                    containers[card] += 1
-    return tuple(CardReport(c, memory[c.index], compute[c.index], containers[c.index])
+                    holders[is_claim][card] += 1
+    return tuple(CardReport(c, memory[c.index], compute[c.index], holders[False][c.index], holders[True][c.index])
                  for c in inventory.cards)
 
 
@@ -89,6 +94,7 @@ CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
      lambda r: r.compute_booked_permille / COMPUTE_PER_CARD),
     ("gpupool_card_healthy", "1 while the card is healthy", lambda r: float(r.card.healthy)),
     ("gpupool_card_containers", "App containers holding a slice of the card", lambda r: r.containers),
+    ("gpupool_card_dra_claims", "Prepared DRA ResourceClaims holding a share of the card", lambda r: r.claims),
 )
 """Name, help and value of each per-card gauge (labels: :data:`CARD_LABELS`)."""
 
@@ -104,7 +110,8 @@ class NodeAgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
-        reports = card_reports(agent.node, agent.inventory, agent.listed_pods())
+        claims = agent.claims_granted() if agent.claims_granted is not None else []
+        reports = card_reports(agent.node, agent.inventory, agent.listed_pods(), claims)
         for name, documentation, value in CARD_GAUGES:
             family = GaugeMetricFamily(name, documentation, labels=CARD_LABELS)
             for report in reports:

@@ -63,6 +63,32 @@ def test_card_reports(pods: list[PodView], expected: list[tuple[int, int, int]])
     assert [(r.memory_booked_mib, r.compute_booked_permille, r.containers) for r in reports] == expected
 
 
+def test_prepared_dra_claims_are_booked_beside_the_pods() -> None:
+    """The extender books DRA claims and device-plugin pods in one ledger; the node's per-card series
+    must show both, or a card full of claims would look empty to an admin."""
+    pods = [view("a", app("m", CardSlice(0, 4096, 300)))]
+    claims = [view("claim c1", app("c1", CardSlice(0, 6144, 0))),
+              view("claim c2", app("c2", CardSlice(1, 16384, 1000, exclusive=True)))]
+    reports = card_reports(NODE, INVENTORY, pods, claims)
+    assert [(r.memory_booked_mib, r.compute_booked_permille, r.containers, r.claims) for r in reports] == [
+        (10240, 300, 1, 1), (16384, 1000, 0, 1)]
+
+
+@pytest.mark.slow
+def test_a_scrape_counts_the_dra_drivers_claims() -> None:
+    gpu_file: dict[str, Any] = {"model": "Tesla-T4", "cards": [{"uuid": "GPU-x0", "memoryMiB": 15360},
+                                                              {"uuid": "GPU-x1", "memoryMiB": 15360}]}
+
+    async def main() -> str:
+        async with running_node(gpu_file) as node:
+            node.agent.claims_granted = lambda: [view("claim c1", app("c1", CardSlice(1, 2048, 100)))]
+            return await scrape(node.agent)
+
+    got = by_card(asyncio.run(main()))
+    assert got["gpupool_card_dra_claims"] == {"0": 0, "1": 1}
+    assert got["gpupool_card_memory_allocated_bytes"] == {"0": 0, "1": 2048 * MIB}
+
+
 def by_card(text: str) -> dict[str, dict[str, float]]:
     """Per-card samples of an exposition text: metric name → card index → value; checks the labels."""
     out: dict[str, dict[str, float]] = {}
