@@ -43,6 +43,7 @@ OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
     "hami": {"aliases.hamiWholeCards": True, "nodeAgent.serveAliases": ["hami", "gpushare"]},
     "gpushare-mib": {"aliases.gpushareMemoryUnit": "MiB", "nodeAgent.serveAliases": ["gpushare"]},
     "lending": {"nodeAgent.lending": True},
+    "shared-checkpoints": {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"},
     "dra": {"nodeAgent.dra": True},
     "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
     "remote-gpu-plain": {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": "",
@@ -267,6 +268,18 @@ def test_remote_gpu_serving_passes_tls_to_the_server_and_grants_only_token_secre
     assert "--remote-gpu-allow-plain" in plain and not [a for a in plain if a.startswith("--remote-gpu-tls")]
 
 
+def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_later_mounts() -> None:
+    values = {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"}
+    assert "--checkpoint-dir=/mnt/gpupool-checkpoints" in agent_args(values)
+    agent = next(d for d in render(values) if d["kind"] == "DaemonSet")
+    spec = agent["spec"]["template"]["spec"]
+    assert {"name": "checkpoints", "hostPath": {"path": "/mnt/gpupool-checkpoints", "type": "DirectoryOrCreate"}} \
+        in spec["volumes"]
+    assert {"name": "checkpoints", "mountPath": "/mnt/gpupool-checkpoints", "mountPropagation": "HostToContainer"} \
+        in spec["containers"][0]["volumeMounts"]
+    assert not [a for a in agent_args({"nodeAgent.lending": True}) if a.startswith("--checkpoint-dir")]
+
+
 def test_extender_values_become_its_flags() -> None:
     args = extender_args({"extender.lending": False, "extender.policy": "binpack"})
     assert "--no-lending" in args and "--policy=binpack" in args
@@ -339,6 +352,8 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
                  "nodeAgent.remoteGpu needs tlsSecret (the server refuses plain TCP off loopback) or allowPlain: true",
                  id="remote-gpu-without-tls"),
     pytest.param({"nodeAgent.remoteGpu.port": 0}, "'/nodeAgent/remoteGpu/port'", id="remote-gpu-port"),
+    pytest.param({"nodeAgent.checkpointDir": "checkpoints"}, "'/nodeAgent/checkpointDir'",
+                 id="relative-checkpoint-dir"),
     pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
                  "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
 ])
