@@ -45,6 +45,23 @@ def _created(meta: Mapping[str, Any]) -> float:
     return 0.0
 
 
+def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:
+    """The pod's claim entries (``spec.resourceClaims[].name``) → the ResourceClaim each names: its
+    ``resourceClaimName``, or for a template the claim kubelet's pod status records
+    (``status.resourceClaimStatuses``; absent until the claim exists). Malformed entries are skipped:
+    their containers then hold no claim, as for a pod the agent cannot read."""
+    generated = {str(s["name"]): str(s["resourceClaimName"]) for s in status.get("resourceClaimStatuses") or []
+                 if isinstance(s, Mapping) and s.get("name") and s.get("resourceClaimName")}
+    found = {}
+    for entry in spec.get("resourceClaims") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            continue
+        name = entry.get("resourceClaimName") or generated.get(str(entry["name"]))
+        if name:
+            found[str(entry["name"])] = str(name)
+    return found
+
+
 def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     """Reduce a pod to its identity, containers' GPU limits (gpupool's resources and the foreign
     aliases, any of which kubelet may allocate), phase and decoded assignment."""
@@ -52,13 +69,18 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     served = frozenset(names.managed())
+    claim_names = _claim_names(spec, status)
     containers = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
-            limits = (c.get("resources") or {}).get("limits") or {}
+            resources = c.get("resources") or {}
+            limits = resources.get("limits") or {}
             ours = {k: _quantity(v) for k, v in limits.items() if k in served}
             restartable = init and c.get("restartPolicy") == "Always"  # a native sidecar
-            containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours, restartable=restartable))
+            claims = tuple(dict.fromkeys(claim_names[ref["name"]] for ref in resources.get("claims") or []
+                                         if isinstance(ref, Mapping) and ref.get("name") in claim_names))
+            containers.append(ContainerView(name=str(c["name"]), init=init, limits=ours, restartable=restartable,
+                                            claims=claims))
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     annotations = meta.get("annotations") or {}
     raw = annotations.get(names.assignment)

@@ -58,6 +58,10 @@ class ContainerView:
     """An init container with ``restartPolicy: Always`` (a native sidecar): kubelet allocates it in
     init-container order, keeps its devices for the pod's life (never reused by later containers)
     and PodResources lists it with them."""
+    claims: tuple[str, ...] = ()
+    """Names of the ResourceClaims (in the pod's namespace) the container uses: DRA grants it the
+    claims' devices (``resources.claims`` resolved through the pod's ``resourceClaims`` and, for a
+    claim made from a template, its ``status.resourceClaimStatuses``)."""
 
     @property
     def listed(self) -> bool:

@@ -70,17 +70,36 @@ class NodeView:
     """A registered process not renewed for longer than this while it holds a card is stale."""
 
 
-def grants_of(node: str, pods: Iterable[PodView]) -> dict[ContainerName, dict[int, CardSlice]]:
-    """What each container of the running pods placed on this node holds, per card."""
+def grants_of(node: str, pods: Iterable[PodView], claims: Iterable[PodView] = ()) -> dict[ContainerName,
+                                                                                       dict[int, CardSlice]]:
+    """What each container of the running pods placed on this node holds, per card: its
+    assignment's slices, and the shares of the prepared DRA ``claims`` it uses (as
+    :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods` views them, one container named
+    after the claim). A container using two claims on one card holds their sum there."""
+    by_claim: dict[tuple[str, str], tuple[CardSlice, ...]] = {}
+    for claim in claims:
+        if claim.assignment is not None:
+            for assignment in claim.assignment.placement.containers:
+                by_claim[(claim.namespace, assignment.container)] = assignment.slices
     grants: dict[ContainerName, dict[int, CardSlice]] = {}
     for pod in pods:
-        if pod.terminated or pod.assignment is None or pod.assignment.placement.node not in ("", node):
+        if pod.terminated:
             continue
-        for assignment in pod.assignment.placement.containers:
-            slices = grants.setdefault((pod.namespace, pod.name, assignment.container), {})
-            for piece in assignment.slices:
-                slices[piece.card] = piece
+        if pod.assignment is not None and pod.assignment.placement.node in ("", node):
+            for assignment in pod.assignment.placement.containers:
+                slices = grants.setdefault((pod.namespace, pod.name, assignment.container), {})
+                for piece in assignment.slices:
+                    slices[piece.card] = piece
+        for container in pod.containers:
+            for claim_name in container.claims:
+                held = grants.setdefault((pod.namespace, pod.name, container.name), {})
+                for piece in by_claim.get((pod.namespace, claim_name), ()):
+                    held[piece.card] = _sum(held[piece.card], piece) if piece.card in held else piece
     return grants
+
+
+def _sum(a: CardSlice, b: CardSlice) -> CardSlice:
+    return CardSlice(a.card, a.memory_mib + b.memory_mib, a.compute + b.compute, exclusive=a.exclusive or b.exclusive)
 
 
 def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:

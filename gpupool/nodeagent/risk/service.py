@@ -146,11 +146,15 @@ class RiskMonitor:
         renewed, stale_after_s = heartbeats if heartbeats is not None else (None, 30.0)
         now = self._clock()
         return NodeView(cards=self.monitor.cards, state=self.monitor.state, sample=self.monitor.last_sample,
-                        grants=self._remembered(grants_of(self.agent.node, pods), now),
+                        grants=self._remembered(grants_of(self.agent.node, pods, self._claims()), now),
                         enforcing=enforcement.enforcing,
                         registered=shim_registered(self.agent, pods, enforcement), now=now,
                         overhead_mib=self.overhead_mib, region=region, renewed=renewed,
                         stale_after_s=stale_after_s)
+
+    def _claims(self) -> list[PodView]:
+        """The DRA claims the agent prepared (none without ``--dra``)."""
+        return self.agent.claims_granted() if self.agent.claims_granted is not None else []
 
     def _remembered(self, grants: dict[ContainerName, dict[int, CardSlice]],
                     now: float) -> dict[ContainerName, dict[int, CardSlice]]:

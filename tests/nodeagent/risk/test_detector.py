@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.model import CardSlice
-from gpupool.nodeagent.risk.detector import NodeView, detect
-from tests.nodeagent.risk.world import NOW, holder, pod, view
+from gpupool.core.model import CardSlice, ContainerAssignment, Placement
+from gpupool.nodeagent.risk.detector import NodeView, detect, grants_of
+from gpupool.nodeagent.types import ContainerView, NodeAssignment, PodView
+from tests.nodeagent.risk.world import CARDS, NODE, NOW, holder, pod, sample, state, view
 
 SHARED = CardSlice(0, 4096, 300)
 EXCLUSIVE = CardSlice(1, 15360, 1000, exclusive=True)
@@ -70,3 +71,38 @@ def test_a_risk_keeps_its_identity_across_rounds_and_a_reused_pid_is_another() -
     reused = holder(21, "web", "app")
     reused = type(reused)(**{**reused.__dict__, "start_time": 999})
     assert detect(view([WEB], {0: (reused,)}))[0].key != first[0].key
+
+
+def claim_view(claim: str, *slices: CardSlice, namespace: str = "team") -> PodView:
+    """A prepared claim as the DRA driver hands it to the agent (ClaimState.as_pods)."""
+    placement = Placement(f"{namespace}/claim {claim}", NODE, 0, 0, (ContainerAssignment(claim, slices),))
+    return PodView(namespace, f"claim {claim}", f"uid-{claim}", NODE, 0.0, False, (), NodeAssignment(placement, {}))
+
+
+def dra_pod(name: str, claims: dict[str, tuple[str, ...]], namespace: str = "team") -> PodView:
+    """A running pod whose containers use DRA claims (no assignment-v1: the device plugin granted nothing)."""
+    return PodView(namespace, name, f"uid-{name}", NODE, 0.0, False,
+                   tuple(ContainerView(c, False, {}, claims=used) for c, used in claims.items()))
+
+
+def test_a_container_using_a_prepared_claim_holds_its_share() -> None:
+    """A DRA container's process on its claim's card is granted; the same process on another card,
+    or a container of the pod that does not use the claim, is not (the claims were invisible to the
+    risk checks: every DRA process looked ungranted)."""
+    pods = [dra_pod("infer", {"main": ("infer-gpu",), "sidecar": ()})]
+    claims = [claim_view("infer-gpu", CardSlice(0, 4096, 300)), claim_view("other", CardSlice(1, 2048, 0))]
+    grants = grants_of(NODE, pods, claims)
+    assert grants == {("team", "infer", "main"): {0: CardSlice(0, 4096, 300)}}
+    holders = {0: (holder(11, "infer", "main"), holder(12, "infer", "sidecar")), 1: (holder(13, "infer", "main"),)}
+    node = NodeView(CARDS, state(holders), sample({}), grants, True, None, NOW)
+    assert kinds(node) == [("ungranted-card", 0, "infer/sidecar", 12), ("ungranted-card", 1, "infer/main", 13)]
+    # a claim of the same name in another namespace is not this pod's
+    assert grants_of(NODE, pods, [claim_view("infer-gpu", CardSlice(0, 4096, 300), namespace="else")]) == {
+        ("team", "infer", "main"): {}}
+
+
+def test_two_claims_on_one_card_add_up_and_an_assignment_still_counts() -> None:
+    both = dra_pod("both", {"main": ("a", "b")})
+    claims = [claim_view("a", CardSlice(0, 4096, 300)), claim_view("b", CardSlice(0, 2048, 200))]
+    assert grants_of(NODE, [both], claims)[("team", "both", "main")] == {0: CardSlice(0, 6144, 500)}
+    assert grants_of(NODE, [TRAIN], claims) == grants_of(NODE, [TRAIN])

@@ -33,6 +33,7 @@ from gpupool.nodeagent.monitor.usage_sampling import CardUsage, ProcessUsage, Us
 from gpupool.nodeagent.monitor.usage_state import ProcessIdentity
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.nodeagent.risk.decider import RiskOpenDecider, chain_deciders
+from gpupool.nodeagent.risk.detector import detect
 from gpupool.nodeagent.risk.findings import RiskAction, RiskKind
 from gpupool.nodeagent.risk.metrics import RiskCollector
 from gpupool.nodeagent.risk.responder import RiskResponder
@@ -82,6 +83,8 @@ class StandInAgent:
 
     listed: bool = True
     """Whether the agent's first complete list of its pods is done (``live_pods`` is ``None`` before)."""
+    claims_granted: Callable[[], list[PodView]] | None = None
+    """The DRA driver's prepared claims, as the agent hands them on (None: no ``--dra``)."""
 
     def listed_pods(self) -> list[PodView]:
         return self.pods if self.listed else []
@@ -357,5 +360,33 @@ def test_a_pod_missing_from_one_list_keeps_its_grant_for_a_while(tmp_path: Path)
             assert "train" not in {r.pod for r in checks.responder.active.values()}
             now[0] += 2  # still missing past the memory: judged on what is listed
             assert [(r.kind, r.pod) for r in asyncio.run(checks.step())] == [(RiskKind.UNGRANTED_CARD, "train")]
+    finally:
+        monitor.stop()
+
+
+def test_the_risk_checks_read_the_dra_drivers_claims(tmp_path: Path) -> None:
+    """The agent hands the DRA driver's prepared claims on (``claims_granted``); the checks grant them
+    to the containers that use them, so a DRA pod's process on its claim's card is no risk."""
+    from tests.nodeagent.risk.test_detector import claim_view, dra_pod
+
+    containers, sampler = Containers(), Sampler()
+    monitor, devices = start_monitor(tmp_path, containers, sampler, scan)
+    backend = FakeGpuBackend.from_dict(fake_gpu_file(2))
+    agent = StandInAgent([dra_pod("infer", {"main": ("infer-gpu",)})], backend.inventory())
+
+    async def post(namespace: str, pod_name: str, reason: str, message: str) -> None:
+        raise AssertionError(f"no risk expected: {reason} {message}")
+
+    checks = RiskMonitor(agent, monitor, RiskResponder(RiskAction.REPORT, post), grace_s=0.0)  # type: ignore[arg-type]
+    try:
+        with HoldingChild(devices[0]) as process:
+            containers.put(process.pid, "infer", "main")
+            wait_for_holder(monitor, devices[0], process.pid)
+            agent.claims_granted = None  # without the driver's claims the same process is a risk
+            assert [(r.kind, r.pod) for r in detect(checks.view(), grace_s=0.0)] == [
+                (RiskKind.UNGRANTED_CARD, "infer")]
+            agent.claims_granted = lambda: [claim_view("infer-gpu", CardSlice(0, 4096, 300))]
+            assert checks.view().grants[("team", "infer", "main")] == {0: CardSlice(0, 4096, 300)}
+            assert detect(checks.view(), grace_s=0.0) == []
     finally:
         monitor.stop()
