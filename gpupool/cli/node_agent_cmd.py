@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from gpupool.nodeagent.monitor.service import UsageMonitor
     from gpupool.nodeagent.remote_setup import RemoteGpuOptions
     from gpupool.nodeagent.risk.decider import RiskOpenDecider
+    from gpupool.nodeagent.selfcheck_probe import ProbeOptions
 
 
 def _duration(value: str, option: str = "--idle-after") -> float:
@@ -194,6 +196,9 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Hold each remote client to its compute share (its calls run under the interception library).")
 @click.option("--remote-gpu-allow-plain", is_flag=True,
               help="Serve remote clients plain TCP off loopback (tokens and data cross the network in the clear).")
+@click.option("--check", "check_only", is_flag=True,
+              help="Check this node with these options (GPUs, kubelet's directories, enforcement, usage monitor, "
+                   "checkpoints, DRA, remote GPUs), print one line per check and exit: 1 if one failed.")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
 @cluster_setting_options(old_lease_namespace=True)
@@ -213,7 +218,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
                remote_gpu_tls_cert: str | None, remote_gpu_tls_key: str | None, remote_gpu_tls_ca: str | None,
-               remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool,
+               remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool, check_only: bool,
                verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
@@ -244,6 +249,13 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         libraries = find_driver_libraries(driver_libraries)
     except DriverLibraryError as exc:
         raise click.BadParameter(str(exc), param_hint="--driver-libraries") from None
+    if check_only:
+        from gpupool.nodeagent.selfcheck_probe import ProbeOptions
+
+        sys.exit(_check_node(fake_gpus, ProbeOptions(
+            plugin_dir, pod_resources_socket, isolation_config, checkpoint_dir if lending else None,
+            (os.path.join(dra_kubelet_dir, "plugins_registry"), os.path.join(dra_kubelet_dir, "plugins"), cdi_dir)
+            if dra else (), remote_listen is not None)))
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     if cluster.hami:
@@ -253,9 +265,9 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     names = cluster.resource_names()
     risk = (RiskAction(risk_action), _duration(risk_grace, "--risk-grace"), risk_memory_tolerance)
     if dra and risk[0] is not RiskAction.REPORT:
-        raise click.BadParameter(f"{risk_action} cannot be combined with --dra yet: the risk checks know only the "
-                                 "device plugin's grants, so a DRA container using its own card would be judged "
-                                 "a process without a share (docs/dra.md); use --risk-action=report",
+        raise click.BadParameter(f"{risk_action} cannot be combined with --dra yet: the risk checks grant a DRA "
+                                 "container its claims' shares, but acting on their findings is not exercised with "
+                                 "claims end to end (docs/dra.md); use --risk-action=report",
                                  param_hint="--risk-action")
     if lending and monitor is None:
         raise click.BadParameter("lending needs the usage monitor (drop --no-usage-monitor)", param_hint="--lending")
@@ -287,6 +299,31 @@ class RemoteServerFlags:
                                          ("--remote-gpu-tls-key", self.tls_key), ("--remote-gpu-tls-ca", self.tls_ca),
                                          ("--remote-gpu-enforce-compute", self.enforce_compute),
                                          ("--remote-gpu-allow-plain", self.allow_plain)) if value]
+
+
+def _check_node(fake_gpus: str | None, options: ProbeOptions) -> int:
+    """``--check``: probe, print the verdicts, return the exit code (docs/node-agent.md)."""
+    from gpupool.nodeagent.gpu_inventory import GpuInventory
+    from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoints
+    from gpupool.nodeagent.monitor.source_selector import probe_fanotify
+    from gpupool.nodeagent.selfcheck import exit_code, judge, render
+    from gpupool.nodeagent.selfcheck_probe import probe, remote_server_problem
+
+    def inventory() -> GpuInventory:
+        if fake_gpus:
+            from gpupool.nodeagent.nvml.fake import FakeGpuBackend
+            return FakeGpuBackend.from_file(fake_gpus).inventory()
+        from gpupool.nodeagent.nvml.real import NvmlBackend
+        backend = NvmlBackend()
+        try:
+            return backend.inventory()
+        finally:
+            backend.close()
+
+    checks = judge(probe(options, inventory, probe_fanotify, describe_checkpoints, remote_server_problem))
+    for line in render(checks):
+        click.echo(line)
+    return exit_code(checks)
 
 
 def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
