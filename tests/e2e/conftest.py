@@ -22,8 +22,9 @@ The environment is skipped (with the reason in the test report) only when it can
 this machine at all: not root, no apt, or no route to Debian's registry.
 
 How scripts/test-all runs these tests (write new ones to fit): one pytest session for ``-m e2e`` on
-the newest release, then one for ``-m "e2e and compat"`` on the oldest, while the unit tests run
-in another process beside them on the same two cores. So the session-scoped control plane is
+the newest release, while the unit tests, then one session for ``-m "e2e and compat"`` on the
+oldest, run in another process beside it on the same two cores (real kubelets take turns:
+``tests/e2e/real_containers.py``). So the session-scoped control plane is
 shared by every test: leave it as you found it (the fixtures above undo what they start; a test
 that changes the scheduler or the apiserver puts them back). Wait for a state with ``wait_for``
 and a generous deadline rather than a ``sleep`` sized for a quiet machine, and give everything on

@@ -13,14 +13,22 @@ module's names)::
 
 The node has the NVIDIA control devices as stand-ins (:data:`CONTROL_NODES`), so a device plugin's
 grant that lists them can start; :func:`stand_in_cards` makes card devices the host sees too.
+
+Two real kubelets on one machine collide (both use ``/var/lib/kubelet/pods-api``). Where two pytest
+runs may overlap (``scripts/test-all`` runs the compatibility set beside the end-to-end suite), name a
+lock file in ``$GPUPOOL_REAL_KUBELET_LOCK``: the fixture holds an exclusive lock on it from before
+its kubelet starts until after it stops. Never name a file an outer ``flock`` already holds (the
+fixture would wait on its own parent).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,6 +43,9 @@ from gpupool.testenv.runtime_tools import ensure_runtime_tools, runtime_impossib
 #: The control devices every gpupool grant lists (``/dev/null``'s numbers): they need only exist
 #: for the runtime to create them in the container.
 CONTROL_NODES = tuple(DeviceNode(p, 1, 3) for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
+
+#: Environment variable naming the lock file real kubelets of overlapping pytest runs share.
+REAL_KUBELET_LOCK_ENV = "GPUPOOL_REAL_KUBELET_LOCK"
 
 #: Stand-in card devices: ``(major, minor)`` of /dev/random and /dev/urandom, distinct and openable.
 CARD_DEVICES = ((1, 8), (1, 9))
@@ -51,14 +62,32 @@ def containerd_kubelet(control_plane: ControlPlane, kube_api_client: client.ApiC
         ensure_runtime_tools(log=lambda m: print(f"[gpupool testenv] {m}", flush=True))
     except BuildImpossibleError as exc:
         pytest.skip(f"real containers cannot run on this machine: {exc}")
-    began = time.monotonic()
-    kubelet = start_kubelet(control_plane, f"e2e-real-{uuid.uuid4().hex[:6]}", runtime="containerd",
-                            device_nodes=CONTROL_NODES)
-    print(f"\n  containerd kubelet start to node Ready: {time.monotonic() - began:.1f} s")
-    try:
-        yield kubelet
-    finally:
-        kubelet.stop(delete_node=True)
+    with one_real_kubelet_at_a_time():
+        began = time.monotonic()
+        kubelet = start_kubelet(control_plane, f"e2e-real-{uuid.uuid4().hex[:6]}", runtime="containerd",
+                                device_nodes=CONTROL_NODES)
+        print(f"\n  containerd kubelet start to node Ready: {time.monotonic() - began:.1f} s")
+        try:
+            yield kubelet
+        finally:
+            kubelet.stop(delete_node=True)
+
+
+@contextmanager
+def one_real_kubelet_at_a_time() -> Iterator[None]:
+    """Hold the lock named by ``$GPUPOOL_REAL_KUBELET_LOCK`` (nothing when unset): a real kubelet of
+    another pytest run waits for this one to stop instead of colliding with it."""
+    path = os.environ.get(REAL_KUBELET_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        began = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        waited = time.monotonic() - began
+        if waited >= 1:
+            print(f"\n  waited {waited:.0f} s for the other run's real kubelet ({path})")
+        yield
 
 
 def stand_in_cards(directory: Path, model: str = "Tesla-T4", memory_mib: int = 16384) -> str:
