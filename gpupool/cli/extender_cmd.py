@@ -39,6 +39,7 @@ from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.http.serving import DEFAULT_HEALTH_PORT, Listeners, run_until_signalled, warn_if_open
 from gpupool.extender.http.tls import DEFAULT_RELOAD_INTERVAL_S, ReloadingTls, TlsConfigError, TlsFiles
+from gpupool.extender.leader_label import LeaderLabel, pod_ref
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
@@ -80,6 +81,9 @@ class ExtenderOptions:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     """Leader-election timings (namespace and name come from the two fields above)."""
     identity: str = ""
+    leader_pod: tuple[str, str] | None = None
+    """This replica's own pod (namespace, name): labelled while it takes kube-scheduler's calls
+    (gpupool/extender/leader_label.py); None leaves routing to readiness alone."""
     explain_limit: int = ExtenderSettings.explain_limit
     filter_best_only: bool = ExtenderSettings.filter_best_only
     """Filter passes only the policy's best nodes (what the shipped scheduler configurations, which have
@@ -253,12 +257,31 @@ def run_extender(options: ExtenderOptions) -> None:
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.cluster.resource_domain,
              f", health on :{listeners.health_port}" if listeners.health_port else "")
+    label = _leader_label(options, core_v1, service, replica.stop)
     try:
         run_until_signalled(api.app(options.url_prefix), api.probe_app(), listeners, admission)
     finally:
+        if label is not None:  # kube-scheduler's Service stops routing here before the Lease moves on
+            label.clear()
         if replica.elector is not None:  # a clean stop hands the Lease over at once (not on SIGKILL)
             replica.elector.release()
         replica.shutdown()
+
+
+def _leader_label(options: ExtenderOptions, core_v1: Any, service: ExtenderService,
+                  stop: threading.Event) -> LeaderLabel | None:
+    """``--leader-pod``: the label on this replica's pod kept in step with ``service.unready()``."""
+    if options.leader_pod is None:
+        return None
+    namespace, name = options.leader_pod
+    timeout = options.lease.commit_timeout_s
+
+    def patch(body: dict[str, Any]) -> object:
+        return core_v1.patch_namespaced_pod(name, namespace, body, _request_timeout=timeout)
+
+    label = LeaderLabel(patch, lambda: not service.unready())
+    label.start(stop)
+    return label
 
 
 def _admission_app(service: ExtenderService, api: ExtenderApi, core_v1: Any, scheduler_name: str) -> Any:
@@ -320,6 +343,10 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--leader-elect-resource-name", "lease_name", default="gpupool-extender", show_default=True,
               help="Name of the leader-election Lease.")
 @click.option("--identity", default="", help="Leader-election identity (default: hostname_pid).")
+@click.option("--leader-pod", default="", metavar="NAMESPACE/NAME",
+              help="This replica's pod: keep the label gpupool.io/extender-leader=true on it while it takes "
+                   "kube-scheduler's calls, for a Service that selects the leader while every synced replica is "
+                   "Ready (/syncz) and the Deployment can roll (docs/extender.md, High availability).")
 @click.option("--leader-elect-lease-duration", "lease_duration", default=LeaseSettings.lease_duration,
               show_default=True, type=click.FloatRange(min=1),
               help="Seconds a candidate waits after it last saw the Lease change before taking it over.")
@@ -392,7 +419,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               type=click.FloatRange(min=0, min_open=True))
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, policy: str,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
-             identity: str, lease_duration: float, renew_deadline: float, retry_period: float,
+             identity: str, leader_pod: str, lease_duration: float, renew_deadline: float, retry_period: float,
              explain_limit: int, filter_best_only: bool, filter_one_best: bool, assume_deadline: float,
              bind_deadline: float,
              max_body_bytes: int,
@@ -416,13 +443,18 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
         raise click.UsageError("--creator-subjects-webhook needs --admission-port (the extender serves that webhook)")
     if scheduler_name in ("", DEFAULT_SCHEDULER):
         raise click.UsageError(f"--scheduler-name must name gpupool's own scheduler, not {scheduler_name!r}")
+    try:
+        own_pod = pod_ref(leader_pod) if leader_pod else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--leader-pod") from None
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     log.info("cluster settings: %s", describe(cluster, cluster_flags))
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  cluster=cluster, cluster_config=cluster_flags.config_map, policy=policy,
                                  unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
-                                 lease_name=lease_name, lease=lease, identity=identity, explain_limit=explain_limit,
+                                 lease_name=lease_name, lease=lease, identity=identity, leader_pod=own_pod,
+                                 explain_limit=explain_limit,
                                  filter_best_only=filter_best_only, filter_one_best=filter_one_best,
                                  assume_s=assume_deadline, bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,

@@ -39,6 +39,7 @@ from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.deadlines import deadline_problems, go_duration_s
 from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.leader_label import LEADER_LABEL
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.nodeagent.deviceplugin.api import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
@@ -332,13 +333,22 @@ def test_extender_ports_probes_and_service_agree() -> None:
             get = container.spec[probe]["httpGet"]
             assert ports[get["port"]] == params["health_port"] != params["port"]
             assert get.get("scheme", "HTTP") == "HTTP" and ("GET", get["path"]) in _probe_routes()
-        labels = container.workload["spec"]["template"]["metadata"]["labels"]
+        # the leader's pod carries the label its replica keeps while it takes binds (--leader-pod)
+        assert params["leader_pod"] == "<POD_NAMESPACE>/<POD_NAME>"  # env expanded as kubelet would
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container.spec["env"]}
+        assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+        assert container.spec["readinessProbe"]["httpGet"]["path"] == "/syncz"
+        assert container.workload["spec"]["strategy"] == {
+            "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        labels = {**container.workload["spec"]["template"]["metadata"]["labels"], LEADER_LABEL: "true"}
         services = {s["metadata"]["name"]: s for s in by_kind("Service")
                     if s["metadata"]["namespace"] == container.workload["metadata"]["namespace"]
                     and s["spec"]["selector"].items() <= labels.items()}
         assert set(services) == {"gpupool-extender", "gpupool-extender-admission"}
         leader, every_replica = services["gpupool-extender"], services["gpupool-extender-admission"]
-        # the verbs go to the leader (the only Ready replica), the webhooks to every replica
+        assert leader["spec"]["selector"][LEADER_LABEL] == "true"
+        assert LEADER_LABEL not in every_replica["spec"]["selector"]
+        # the verbs go to the leader (the labelled replica), the webhooks to every replica
         assert [ports[p["targetPort"]] for p in leader["spec"]["ports"]] == [params["port"]]
         assert [ports[p["targetPort"]] for p in every_replica["spec"]["ports"]] == [params["admission_port"]]
         assert every_replica["spec"]["publishNotReadyAddresses"] is True and \

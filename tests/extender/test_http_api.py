@@ -290,6 +290,21 @@ def test_only_the_leader_is_ready() -> None:
     run(leading)
 
 
+def test_every_synced_replica_is_ready_by_syncz() -> None:
+    """The Deployment's readiness: a follower whose cache synced is Ready (so a rolling update can
+    bring it up while the old leader leads); kube-scheduler's Service picks the leader by its label."""
+    async def follower(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        resp = await client.get("/syncz")
+        assert resp.status == 200 and (await client.get("/readyz")).status == 503
+
+    async def unsynced(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
+        resp = await client.get("/syncz")
+        assert resp.status == 503 and await resp.text() == "cache not synced"
+
+    run(follower, leader=False)
+    run(unsynced, synced=False)
+
+
 def test_not_synced_answers_an_error_instead_of_guessing() -> None:
     async def scenario(client: TestClient, api: FakePodApi, cache: ClusterCache) -> None:
         status, body = await post(client, "/filter", args(pod("p", container(mib=1))))

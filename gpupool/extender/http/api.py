@@ -1,6 +1,7 @@
 """The extender's HTTP endpoints (aiohttp): ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``.
 
-Also ``GET /healthz`` (the process answers), ``/readyz`` (the cache has synced) and ``/metrics``.
+Also ``GET /healthz`` (the process answers), ``/readyz`` (kube-scheduler's calls belong here: synced
+and, under leader election, leading), ``/syncz`` (the cache has synced) and ``/metrics``.
 
 Why these status codes: kube-scheduler discards the body of a non-200 answer, so every answer about
 a *pod* (it does not fit, its annotation is broken, the cache is not ready, this replica is not the
@@ -240,6 +241,14 @@ class ExtenderApi:
             return web.Response(text="ok")
         return web.Response(status=503, text=reason)
 
+    async def _syncz(self, request: web.Request) -> web.Response:
+        """200 once this replica's cache has synced, leader or not: the Deployment's readiness, so a
+        rolling update can bring synced followers up (kube-scheduler's Service selects the leader by
+        its label, :mod:`gpupool.extender.leader_label`); 503 before."""
+        if self.service.cache.synced:
+            return web.Response(text="ok")
+        return web.Response(status=503, text="cache not synced")
+
     async def _metrics(self, request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
         body = await loop.run_in_executor(self.scrapes, generate_latest, self.metrics.registry)
@@ -270,6 +279,7 @@ class ExtenderApi:
     def _add_probes(self, application: web.Application) -> None:
         application.router.add_get("/healthz", self._healthz)
         application.router.add_get("/readyz", self._readyz)
+        application.router.add_get("/syncz", self._syncz)
         application.router.add_get("/metrics", self._metrics)
 
     async def _shutdown(self, _: web.Application) -> None:
