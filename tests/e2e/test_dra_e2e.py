@@ -133,7 +133,7 @@ def test_two_4gib_claims_share_one_card_prepared_by_the_agent(
         kubelet.restart()
         core_v1.delete_namespaced_pod("pod-b", namespace, grace_period_seconds=0)
         # kubelet v1.37 unprepares this one from its DRA manager's reconcile loop, which runs every
-        # 60 s (measured: 59.9 s after the deletion, every run), not from the pod's termination
+        # 60 s (measured once: 59.9 s after the deletion), not from the pod's termination
         wait_for(lambda: cdi_env(cdi_dir, uids["b"]) is None, timeout=120,
                  what=f"claim-b's CDI spec removed after a kubelet restart ({agent.log_path})")
         took("claim-b unprepared after the kubelet restart")
