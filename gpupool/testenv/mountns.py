@@ -7,43 +7,74 @@ the machine's own directories are never written, several nodes run side by side,
 made inside dies with the namespace.
 
 A bind mount needs an existing target: paths missing on the host are created here and removed
-(``rmdir``, so only while empty) when the last node that needed them stops.
+(``rmdir``, so only while empty) when the last node that needed them stops, in any process: an
+``rmdir`` of a directory that is a mount point in another mount namespace detaches that mount there,
+so a process whose last node stopped must not remove a mount point a node of another process (a
+second pytest run beside this one) still stands on. Every process with a node holds a shared
+``flock`` on :data:`MACHINE_LOCK`; the one that can turn it exclusive when its last node stops is
+the last user on the machine and removes what any of them created (listed in the lock file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+MACHINE_LOCK = Path(tempfile.gettempdir()) / "gpupool-testenv-mount-points"
+"""Shared by every process of the machine: flocked while a process has nodes; lists the host paths
+created for them (one per line) until the last user removes them."""
+
 _lock = threading.Lock()
 _created: set[Path] = set()
 _owners: set[str] = set()
+_machine: int | None = None
+"""This process's descriptor of :data:`MACHINE_LOCK` while it has owners (holding a shared lock)."""
 
 
 def claim_mount_points(owner: str, paths: Sequence[Path]) -> None:
     """Make sure ``paths`` exist on the host (remembering the ones created) for ``owner``."""
+    global _machine
     with _lock:
+        if _machine is None:
+            _machine = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fcntl.flock(_machine, fcntl.LOCK_SH)  # waits while a last user removes the paths
         for path in paths:
             if not path.exists():
-                path.mkdir(parents=True)
+                path.mkdir(parents=True, exist_ok=True)
                 _created.add(path)
+                os.write(_machine, f"{path}\n".encode())
         _owners.add(owner)
 
 
 def release_mount_points(owner: str) -> None:
-    """Remove the mount points we created once no owner needs them any more."""
+    """Remove the mount points created for nodes once no node of any process needs them."""
+    global _machine
     with _lock:
         _owners.discard(owner)
-        if _owners:
+        if _owners or _machine is None:
             return
-        for path in sorted(_created, reverse=True):
-            # rmdir only succeeds on an empty directory: never delete what someone else put there.
-            with contextlib.suppress(OSError):
-                path.rmdir()
-        _created.clear()
+        machine, _machine = _machine, None
+        try:
+            try:
+                fcntl.flock(machine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another process still has nodes: the last one removes them
+                _created.clear()
+                return
+            listed = {Path(line) for line in Path(MACHINE_LOCK).read_text().splitlines() if line.startswith("/")}
+            for path in sorted(listed | _created, reverse=True):
+                # rmdir only succeeds on an empty directory: never delete what someone else put there.
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            os.ftruncate(machine, 0)
+            _created.clear()
+        finally:
+            os.close(machine)  # drops the lock
 
 
 def created_mount_points() -> list[Path]:
