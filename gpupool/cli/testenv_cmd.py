@@ -16,7 +16,7 @@ from gpupool.testenv.build import ensure_binaries
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import start_control_plane
 from gpupool.testenv.errors import TestenvError
-from gpupool.testenv.helm import ensure_helm
+from gpupool.testenv.helm import HELM_3, ensure_helm
 from gpupool.testenv.kubelet import created_mount_points, start_kubelet
 from gpupool.testenv.node_runtime import RuntimeKind
 from gpupool.testenv.procs import ManagedProcess
@@ -55,17 +55,19 @@ _version_option = click.option(
 @testenv.command("build")
 @_version_option
 def build_cmd(version: str | None) -> None:
-    """Build (or find in the cache) the binaries, and helm for the chart's tests; a cache hit returns
-    at once."""
+    """Build (or find in the cache) the binaries, and helm (4 and 3) for the chart's tests; a cache hit
+    returns at once."""
     started = time.monotonic()
     try:
         binaries = ensure_binaries(log=_progress, version=version)
         helm = ensure_helm(log=_progress)
+        helm3 = ensure_helm(log=_progress, release=HELM_3)
     except (TestenvError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     for name, path in vars(binaries).items():
         click.echo(f"{name}: {path}")
     click.echo(f"helm: {helm}")
+    click.echo(f"helm3: {helm3}")
     _progress(f"done in {time.monotonic() - started:.1f}s")
 
 

@@ -62,6 +62,9 @@ KWOK = "v0.8.0"
 #: Helm 4 rather than 3: Helm 3 receives only security fixes until its end of life (November 2026),
 #: and 4.3.1 is built against client-go v0.37, the newest release above (docs/helm.md).
 HELM = "v4.3.1"
+#: Helm 3 (``helm.sh/helm/v3``), the newest 3.x the module proxy serves: many clusters are still
+#: managed with Helm 3, so the chart is linted and rendered with both (docs/helm.md).
+HELM3 = "v3.22.0"
 
 #: Environment variable that selects a release for a whole test session (``v1.35.4`` or ``1.35``).
 VERSION_ENV = "GPUPOOL_TESTENV_K8S_VERSION"

@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.testenv import gobuild, helm
 from gpupool.testenv.paths import CACHE_ENV, cache_dir
-from gpupool.testenv.versions import HELM
+from gpupool.testenv.versions import HELM, HELM3
 
 #: The shape of Helm's own go.mod (no replace lines).
 HELM_MOD = """module helm.sh/helm/v4
@@ -35,6 +35,35 @@ def test_the_build_stamps_the_pinned_version_into_helms_command() -> None:
     assert [(p.name, p.package) for p in spec.programs] == [("helm", "helm.sh/helm/v4/cmd/helm")]
     assert f"-X helm.sh/helm/v4/internal/version.version={HELM}" in spec.ldflags
     assert not spec.cgo
+
+
+HELM3_MOD = """module helm.sh/helm/v3
+
+go 1.26.0
+
+require (
+\tk8s.io/api v0.37.0
+\tk8s.io/client-go v0.37.0
+)
+"""
+
+
+def test_helm_3_is_its_own_module_and_cache_entry_with_the_pinned_3x_release() -> None:
+    spec = helm.helm_build(HELM3_MOD, helm.HELM_3)
+    assert HELM3.startswith("v3.") and spec.key == f"helm-{HELM3}" != f"helm-{HELM}"
+    assert [(p.name, p.package) for p in spec.programs] == [("helm", "helm.sh/helm/v3/cmd/helm")]
+    assert f"\thelm.sh/helm/v3 {HELM3}\n" in spec.go_mod and "helm.sh/helm/v4" not in spec.go_mod
+    assert f"-X helm.sh/helm/v3/internal/version.version={HELM3}" in spec.ldflags
+
+
+def test_helm_3_renders_for_the_kubernetes_of_its_client_go_not_1_20() -> None:
+    """Helm 3's Makefile stamps the client-go minor in; without it ``helm template`` assumes
+    Kubernetes 1.20 and refuses the chart (``kubeVersion: >=1.30``)."""
+    flags = helm.helm_build(HELM3_MOD, helm.HELM_3).ldflags
+    for package in ("lint/rules", "chartutil"):
+        assert f"-X helm.sh/helm/v3/pkg/{package}.k8sVersionMajor=1 " in flags
+        assert f"-X helm.sh/helm/v3/pkg/{package}.k8sVersionMinor=37" in flags
+    assert "k8sVersion" not in helm.helm_build(HELM_MOD).ldflags  # Helm 4 reads it from the build
 
 
 @pytest.fixture
