@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from gpupool.nodeagent.monitor.service import UsageMonitor
     from gpupool.nodeagent.remote_setup import RemoteGpuOptions
     from gpupool.nodeagent.risk.decider import RiskOpenDecider
+    from gpupool.nodeagent.selfcheck import Check
     from gpupool.nodeagent.selfcheck_probe import ProbeOptions
 
 
@@ -198,7 +200,11 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Serve remote clients plain TCP off loopback (tokens and data cross the network in the clear).")
 @click.option("--check", "check_only", is_flag=True,
               help="Check this node with these options (GPUs, kubelet's directories, enforcement, usage monitor, "
-                   "checkpoints, DRA, remote GPUs), print one line per check and exit: 1 if one failed.")
+                   "refusal at open, checkpoints, DRA, remote GPUs), print one line per check and exit: 1 if one "
+                   "failed. The agent runs the same checks at every start and logs them.")
+@click.option("--exit-on-failed-check", is_flag=True,
+              help="Stop at start (exit 1) when a start-up check fails, instead of running with the failure "
+                   "logged; the chart and the kustomize package set it (docs/node-agent.md).")
 @click.option("-v", "--verbose", is_flag=True)
 @server_limit_options(tls=False)
 @cluster_setting_options(old_lease_namespace=True)
@@ -219,7 +225,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
                remote_gpu_tls_cert: str | None, remote_gpu_tls_key: str | None, remote_gpu_tls_ca: str | None,
                remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool, check_only: bool,
-               verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
+               exit_on_failed_check: bool, verbose: bool, server_limits: ServerLimits,
+               cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
     from gpupool.api.names import alias_family_resources
 
@@ -249,13 +256,15 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         libraries = find_driver_libraries(driver_libraries)
     except DriverLibraryError as exc:
         raise click.BadParameter(str(exc), param_hint="--driver-libraries") from None
-    if check_only:
-        from gpupool.nodeagent.selfcheck_probe import ProbeOptions
+    from gpupool.nodeagent.selfcheck_probe import ProbeOptions
 
-        sys.exit(_check_node(fake_gpus, ProbeOptions(
-            plugin_dir, pod_resources_socket, isolation_config, checkpoint_dir if lending else None,
-            (os.path.join(dra_kubelet_dir, "plugins_registry"), os.path.join(dra_kubelet_dir, "plugins"), cdi_dir)
-            if dra else (), remote_listen is not None)))
+    probe_options = ProbeOptions(
+        plugin_dir, pod_resources_socket, isolation_config, checkpoint_dir if lending else None,
+        (os.path.join(dra_kubelet_dir, "plugins_registry"), os.path.join(dra_kubelet_dir, "plugins"), cdi_dir)
+        if dra else (), remote_listen is not None, usage_monitor=usage_monitor)
+    if check_only:
+        sys.exit(_check_node(fake_gpus, probe_options))
+    start_checks = _start_checks(fake_gpus, probe_options, exit_on_failed_check)
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     if cluster.hami:
@@ -280,7 +289,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                                                remote_gpu_enforce_compute, remote_gpu_allow_plain))
     asyncio.run(_run(node_name, fake_gpus, plugin_dir, pod_resources_socket, kubeconfig, names, aliases,
                      metrics_port, monitor, isolation_config, beat, risk, lend, server_limits, dra_options,
-                     cluster=cluster, remote=remote, libraries=libraries))
+                     cluster=cluster, remote=remote, libraries=libraries, start_checks=start_checks))
 
 
 @dataclass(frozen=True)
@@ -303,11 +312,39 @@ class RemoteServerFlags:
 
 def _check_node(fake_gpus: str | None, options: ProbeOptions) -> int:
     """``--check``: probe, print the verdicts, return the exit code (docs/node-agent.md)."""
+    from gpupool.nodeagent.selfcheck import exit_code, render
+
+    checks = _probe_and_judge(fake_gpus, options)
+    for line in render(checks):
+        click.echo(line)
+    return exit_code(checks)
+
+
+def _start_checks(fake_gpus: str | None, options: ProbeOptions, exit_on_fail: bool) -> list[Check]:
+    """The checks of ``--check``, run at every start: each logged (warn and fail as warnings and
+    errors, with what to do); with ``exit_on_fail`` a failed one stops the agent here."""
+    from gpupool.nodeagent.selfcheck import Status, exit_code
+
+    log = logging.getLogger("gpupool.nodeagent.selfcheck")
+    levels = {Status.OK: logging.INFO, Status.WARN: logging.WARNING, Status.FAIL: logging.ERROR}
+    checks = _probe_and_judge(fake_gpus, options)
+    for check in checks:
+        log.log(levels[check.status], "start-up check %s %s: %s%s", check.status.value, check.name, check.detail,
+                f" -> {check.hint}" if check.hint else "")
+    if exit_on_fail and exit_code(checks):
+        failed = ", ".join(c.name for c in checks if c.status is Status.FAIL)
+        raise click.ClickException(f"start-up check failed ({failed}); the lines above say what to do "
+                                   "(--exit-on-failed-check)")
+    return checks
+
+
+def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check]:
     from gpupool.nodeagent.gpu_inventory import GpuInventory
     from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoints
+    from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available
     from gpupool.nodeagent.monitor.source_selector import probe_fanotify
-    from gpupool.nodeagent.selfcheck import exit_code, judge, render
-    from gpupool.nodeagent.selfcheck_probe import probe, remote_server_problem
+    from gpupool.nodeagent.selfcheck import judge
+    from gpupool.nodeagent.selfcheck_probe import library_problem, probe, remote_server_problem
 
     def inventory() -> GpuInventory:
         if fake_gpus:
@@ -320,10 +357,8 @@ def _check_node(fake_gpus: str | None, options: ProbeOptions) -> int:
         finally:
             backend.close()
 
-    checks = judge(probe(options, inventory, probe_fanotify, describe_checkpoints, remote_server_problem))
-    for line in render(checks):
-        click.echo(line)
-    return exit_code(checks)
+    return judge(probe(options, inventory, probe_fanotify, describe_checkpoints, remote_server_problem,
+                       gate=cgroup_device_gate_available, library=library_problem))
 
 
 def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
@@ -431,7 +466,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                lend: LendingOptions | None = None, server_limits: ServerLimits | None = None,
                dra: DraOptions | None = None,
                cluster: ClusterSettings | None = None, remote: RemoteGpuOptions | None = None,
-               libraries: DriverLibraries | None = None) -> None:
+               libraries: DriverLibraries | None = None, start_checks: Sequence[Check] = ()) -> None:
     from gpupool.nodeagent.agent import NodeAgent
     from gpupool.nodeagent.allocated_codec import encode_served
     from gpupool.nodeagent.device_layout import list_and_watch_problem
@@ -539,6 +574,10 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_once_served())
+            if start_checks:  # what the start-up checks found, on the Node for `kubectl describe node`
+                from gpupool.nodeagent.selfcheck_publish import publish_checks
+                from gpupool.nodeagent.settings_publisher import kube_core_v1 as checks_core_v1
+                group.create_task(publish_checks(checks_core_v1(node, kubeconfig), node, start_checks))
             if cluster is not None:  # what the extender checks this node's agent against (docs/cluster-config.md)
                 from gpupool.nodeagent.settings_publisher import kube_core_v1, publish_settings
                 group.create_task(publish_settings(kube_core_v1(node, kubeconfig), node, cluster))

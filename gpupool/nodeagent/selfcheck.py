@@ -3,6 +3,9 @@
 ``gpupool node-agent --check`` (docs/node-agent.md, "Checking a node") probes the node with the
 agent's own options and prints one line per check: ``ok``, ``warn`` (the agent runs, with less than
 it could) or ``fail`` (the agent would not start, or would serve nothing), each with what to do.
+The agent runs the same checks at every start: it logs them, writes their summary on its Node
+(:data:`CHECKS_ANNOTATION`) and, with ``--exit-on-failed-check`` (the chart's and the kustomize
+package's choice), stops at once on a failure instead of running half-served.
 The judgement here is pure, over facts a probe gathered (:mod:`gpupool.nodeagent.selfcheck_probe`),
 so every verdict is tested without a GPU, kubelet or root.
 """
@@ -11,7 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Any
+
+#: The Node annotation where the agent leaves the summary of its start-up checks (fixed, not under
+#: the resource domain: it is read by people, ``kubectl describe node``).
+CHECKS_ANNOTATION = "gpupool.io/agent-checks"
 
 
 class Status(StrEnum):
@@ -67,6 +76,12 @@ class NodeFacts:
     """kubelet's plugin registry and plugins directories, and the CDI directory, with ``--dra``."""
     remote_server: str | None = None
     """With ``--remote-gpu-server``: "" when the GPU server can run, else why not."""
+    device_gate: tuple[bool, str] | None = None
+    """With the usage monitor: whether the kernel's cgroup-device programs can refuse a container's
+    open of a card (cgroup v2 and BPF), and why or why not."""
+    library_problem: str = ""
+    """Why the interception library the agent would mount into containers cannot be loaded ("" when
+    it can, or when none is used)."""
 
 
 def judge(facts: NodeFacts) -> list[Check]:
@@ -76,6 +91,8 @@ def judge(facts: NodeFacts) -> list[Check]:
               _socket("kubelet", facts.kubelet_socket, WARN_KUBELET_SOCKET),
               _socket("pod resources", facts.pod_resources, FAIL_POD_RESOURCES, fail=True),
               _isolation(facts), _monitor(facts)]
+    if facts.device_gate is not None:
+        checks.append(_device_gate(*facts.device_gate))
     if facts.checkpoint is not None:
         checks.append(_checkpoint(facts.checkpoint, facts.checkpoint_shared))
     checks += [_directory("dra", d, "a directory --dra writes") for d in facts.dra_dirs]
@@ -124,6 +141,10 @@ def _socket(name: str, path: PathFacts, hint: str, fail: bool = False) -> Check:
 def _isolation(facts: NodeFacts) -> Check:
     if facts.isolation_error:
         return Check("enforcement", Status.FAIL, facts.isolation_error, "fix --isolation / --shim-library")
+    if facts.library_problem:
+        return Check("enforcement", Status.FAIL, f"{facts.isolation}, which cannot be loaded: {facts.library_problem}",
+                     "give --shim-library a library built for this node (`gpupool shim build`; the image ships "
+                     "one): the dynamic loader skips a preload it cannot load, so its shares would NOT be enforced")
     if not facts.shares:
         return Check("enforcement", Status.WARN, facts.isolation, "whole cards only: give the interception library "
                      "(`gpupool shim build`, --shim-library) or choose --isolation mps")
@@ -138,6 +159,15 @@ def _monitor(facts: NodeFacts) -> Check:
     return Check("usage monitor", Status.WARN, f"{facts.monitor_source}; the /proc scan runs instead (an open is "
                  "seen within its interval, not at once)", "give the agent CAP_SYS_ADMIN on a kernel with "
                  "CONFIG_FANOTIFY_ACCESS_PERMISSIONS for opens seen at once (docs/monitor.md)")
+
+
+def _device_gate(available: bool, reason: str) -> Check:
+    if available:
+        return Check("refusal at open", Status.OK, reason)
+    return Check("refusal at open", Status.WARN, f"{reason}: a container's open of a card it may not use is not "
+                 "refused by the kernel (lending and --risk-action refuse-opens reclaim or report instead)",
+                 "run the node on cgroup v2 (cgroup v1 has no device programs gpupool can attach) and give the "
+                 "agent CAP_SYS_ADMIN (CAP_BPF) (docs/monitor.md)")
 
 
 def _checkpoint(path: PathFacts, shared: tuple[bool, str] | None) -> Check:
@@ -167,3 +197,18 @@ def render(checks: Sequence[Check]) -> list[str]:
         if check.hint:
             lines.append(f"{'':<{width + 7}}-> {check.hint}")
     return lines
+
+
+def summary(checks: Sequence[Check]) -> str:
+    """One line for people: the counts, then each check that is not ok with what was found."""
+    counts = {status: sum(c.status is status for c in checks) for status in Status}
+    head = ", ".join(f"{counts[status]} {status.value}" for status in Status if counts[status])
+    problems = [f"{c.status.value} {c.name}: {c.detail}" for c in checks if c.status is not Status.OK]
+    return "; ".join([head or "no checks", *problems])
+
+
+def annotation_patch(checks: Sequence[Check], at: datetime) -> dict[str, Any]:
+    """The merge patch that leaves the start-up checks' :func:`summary` on the Node, stamped with
+    when they ran (they are not re-run: a warning fixed since shows until the next start)."""
+    text = f"{at.strftime('%Y-%m-%dT%H:%M:%SZ')} at start: {summary(checks)}"
+    return {"metadata": {"annotations": {CHECKS_ANNOTATION: text}}}

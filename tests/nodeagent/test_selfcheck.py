@@ -3,10 +3,16 @@ the command's exit code."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import shutil
 import socket
+import subprocess
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +20,19 @@ from click.testing import CliRunner
 from gpupool.core.model import GpuCard, Topology
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.setup import IsolationConfig
-from gpupool.nodeagent.selfcheck import Check, NodeFacts, PathFacts, Status, exit_code, judge, render
-from gpupool.nodeagent.selfcheck_probe import ProbeOptions, path_facts, probe
+from gpupool.nodeagent.selfcheck import (
+    CHECKS_ANNOTATION,
+    Check,
+    NodeFacts,
+    PathFacts,
+    Status,
+    annotation_patch,
+    exit_code,
+    judge,
+    render,
+    summary,
+)
+from gpupool.nodeagent.selfcheck_probe import ProbeOptions, library_problem, path_facts, probe
 
 DIR = PathFacts("/var/lib/kubelet/device-plugins", True, is_dir=True, writable=True)
 SOCKET = PathFacts("/var/lib/kubelet/device-plugins/kubelet.sock", True, is_socket=True)
@@ -69,6 +86,12 @@ def test_a_healthy_node_passes_every_check() -> None:
                  id="dra-dir-missing"),
     pytest.param({"remote_server": "no prebuilt GPU server"}, "remote gpu server", Status.FAIL,
                  "no prebuilt GPU server", id="no-remote-server"),
+    pytest.param({"library_problem": "libgpupool.so: wrong ELF class: ELFCLASS32"}, "enforcement", Status.FAIL,
+                 "cannot be loaded: libgpupool.so: wrong ELF class", id="library-not-loadable"),
+    pytest.param({"device_gate": (False, "no cgroup2 mount (cgroup v1?)")}, "refusal at open", Status.WARN,
+                 "not refused by the kernel", id="no-cgroup-device-programs"),
+    pytest.param({"device_gate": (True, "cgroup-device BPF program on cgroup2 at /sys/fs/cgroup")}, "refusal at open",
+                 Status.OK, "cgroup2", id="cgroup-device-programs"),
 ])
 def test_each_problem_gets_its_verdict_and_a_hint(change: dict[str, object], name: str, status: Status,
                                                   words: str) -> None:
@@ -76,6 +99,16 @@ def test_each_problem_gets_its_verdict_and_a_hint(change: dict[str, object], nam
     assert checks[name].status is status and words in checks[name].detail
     assert bool(checks[name].hint) == (status is not Status.OK)
     assert all(c.status is Status.OK for n, c in checks.items() if n != name)
+
+
+def test_the_summary_counts_and_names_what_is_not_ok() -> None:
+    checks = judge(replace(HEALTHY, pod_resources=PathFacts(PODRES.path, False), device_gate=(False, "no cgroup2")))
+    text = summary(checks)
+    assert text.startswith("5 ok, 1 warn, 1 fail; ")
+    assert f"fail pod resources: {PODRES.path}: missing" in text and "warn refusal at open: no cgroup2" in text
+    assert summary(judge(HEALTHY)) == "6 ok"
+    patch = annotation_patch(checks, datetime(2026, 11, 28, 23, 40, tzinfo=UTC))
+    assert patch == {"metadata": {"annotations": {CHECKS_ANNOTATION: f"2026-11-28T23:40:00Z at start: {text}"}}}
 
 
 def test_render_puts_the_hint_under_its_check() -> None:
@@ -109,10 +142,11 @@ def test_the_probe_reads_real_paths_and_never_raises(tmp_path: Path) -> None:
         assert facts.plugin_dir.writable and not facts.enforced and facts.checkpoint_shared is not None
         assert verdicts(facts)["enforcement"] is Status.WARN and facts.remote_server == ""
         failed = probe(replace(options, isolation=IsolationConfig("shim")), broken, lambda p: None,
-                       lambda root: (True, ""), lambda: "")
+                       lambda root: (True, ""), lambda: "", gate=lambda: (True, "cgroup2"), library=lambda p: "x")
         assert failed.cards is None and "DRIVER_NOT_LOADED" in failed.cards_error
         assert "needs --shim-library" in failed.isolation_error
         assert failed.monitor_source == "no card device to watch"
+        assert failed.device_gate == (True, "cgroup2") and failed.library_problem == ""  # no library chosen
     assert path_facts(str(tmp_path / "gone")) == PathFacts(str(tmp_path / "gone"), exists=False)
 
 
@@ -132,4 +166,96 @@ def test_the_command_exits_1_on_a_failed_check_and_0_otherwise(tmp_path: Path) -
         podres.bind(str(tmp_path / "podres.sock"))
         result = CliRunner().invoke(cli, [*args, "--pod-resources-socket", str(tmp_path / "podres.sock")])
     assert result.exit_code == 0, result.output
-    assert "warn enforcement" in result.output and "fail" not in result.output
+    assert "warn enforcement" in result.output
+    assert not any(line.startswith("fail") for line in result.output.splitlines()), result.output
+
+
+def test_the_probe_loads_the_chosen_library_and_probes_refusal_only_with_the_monitor(tmp_path: Path) -> None:
+    library = tmp_path / "libgpupool.so"
+    library.write_bytes(b"\x7fELF")
+    loaded: list[str] = []
+
+    def load(path: str) -> str:
+        loaded.append(path)
+        return "undefined symbol: cuInit"
+
+    def gate() -> tuple[bool, str]:
+        raise PermissionError("bpf(BPF_PROG_LOAD): Operation not permitted")
+
+    options = ProbeOptions(str(tmp_path), str(tmp_path / "podres.sock"), IsolationConfig("shim", str(library)))
+    facts = probe(options, lambda: GpuInventory((), Topology.flat(0), ()), lambda p: None, lambda r: (True, ""),
+                  lambda: "", gate=gate, library=load)
+    assert loaded == [str(library)] and facts.library_problem == "undefined symbol: cuInit"
+    assert facts.device_gate is not None and not facts.device_gate[0]
+    assert "Operation not permitted" in facts.device_gate[1]
+    assert verdicts(facts)["enforcement"] is Status.FAIL
+    quiet = probe(replace(options, usage_monitor=False), lambda: GpuInventory((), Topology.flat(0), ()),
+                  lambda p: None, lambda r: (True, ""), lambda: "", gate=gate, library=lambda p: "")
+    assert quiet.device_gate is None and "refusal at open" not in verdicts(quiet)
+
+
+def test_a_library_the_loader_cannot_load_is_named_with_the_loaders_reason(tmp_path: Path) -> None:
+    text = tmp_path / "not-elf.so"
+    text.write_text("not a library")
+    assert library_problem(str(text)) == "not a 64-bit little-endian ELF shared object"
+    assert library_problem(str(tmp_path / "gone.so")).startswith("cannot read it")
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
+    assert library_problem(str(truncated))  # the loader's own words, whatever they are
+    libc = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6",
+                             "/usr/lib64/libc.so.6") if Path(p).is_file()), None)
+    if libc is not None:
+        assert library_problem(libc) == ""
+
+
+def test_a_library_with_a_missing_dependency_is_refused_with_its_name(tmp_path: Path) -> None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the test libraries")
+    dependency = tmp_path / "libgpupool_gone.so"
+    (tmp_path / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (tmp_path / "lib.c").write_text("int dep(void);\nint f(void) { return dep(); }\n")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(dependency), str(tmp_path / "dep.c")], check=True)
+    library = tmp_path / "libshim.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(tmp_path / "lib.c"), f"-L{tmp_path}",
+                    "-lgpupool_gone"], check=True)
+    dependency.unlink()
+    assert "libgpupool_gone.so" in library_problem(str(library))
+
+
+@pytest.mark.slow  # imports the node agent's command
+def test_the_agent_logs_its_checks_at_start_and_stops_on_a_failure_when_told(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import click
+
+    from gpupool.cli.node_agent_cmd import _start_checks
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("model: Fake-T4\ncards:\n  - {memoryMiB: 15360}\n")
+    options = ProbeOptions(str(tmp_path / "not-the-plugin-dir"), str(tmp_path / "missing.sock"),
+                           IsolationConfig("none"), usage_monitor=False)
+    with caplog.at_level(logging.INFO, logger="gpupool.nodeagent.selfcheck"):
+        checks = _start_checks(str(gpus), options, exit_on_fail=False)
+    assert exit_code(checks) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(m.startswith("start-up check fail device plugins: ") and "-> mount" in m for m in errors), errors
+    assert any(r.getMessage().startswith("start-up check ok gpus: 1 card(s): Fake-T4") for r in caplog.records)
+    with pytest.raises(click.ClickException, match=r"start-up check failed \(device plugins, pod resources\)"):
+        _start_checks(str(gpus), options, exit_on_fail=True)
+
+
+def test_the_checks_are_written_on_the_node_once_retrying_while_the_api_refuses() -> None:
+    from gpupool.nodeagent.selfcheck_publish import publish_checks
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class Api:
+        def patch_node(self, name: str, body: dict[str, Any]) -> None:
+            calls.append((name, body))
+            if len(calls) == 1:
+                raise ConnectionError("apiserver away")
+
+    checks = [Check("gpus", Status.OK, "1 card(s): T4"), Check("kubelet", Status.WARN, "missing", "start it")]
+    at = datetime(2026, 11, 28, 23, 40, tzinfo=UTC)
+    asyncio.run(publish_checks(Api(), "gpu-1", checks, first_retry_s=0.01, now=lambda: at))
+    assert calls == [("gpu-1", annotation_patch(checks, at))] * 2
