@@ -202,7 +202,7 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Check this node with these options (GPUs, kubelet's directories, enforcement, usage monitor, "
                    "refusal at open, checkpoints, DRA, remote GPUs), print one line per check and exit: 1 if one "
                    "failed. The agent runs the same checks at every start and logs them.")
-@click.option("--exit-on-failed-check", is_flag=True,
+@click.option("--exit-on-failed-check/--no-exit-on-failed-check", default=False, show_default=True,
               help="Stop at start (exit 1) when a start-up check fails, instead of running with the failure "
                    "logged; the chart and the kustomize package set it (docs/node-agent.md).")
 @click.option("-v", "--verbose", is_flag=True)
