@@ -68,7 +68,8 @@ class NodeFacts:
     enforced: bool
     """Whether the chosen enforcement holds shares (false for ``--isolation none``)."""
     monitor_source: str | None
-    """None when fanotify reports every open of the cards, else why not (the /proc scan then runs)."""
+    """None when fanotify reports every open of the cards, else why not (the /proc scan then runs);
+    :data:`MONITOR_OFF` with ``--no-usage-monitor``."""
     checkpoint: PathFacts | None = None
     """The checkpoint root with ``--lending`` (None without)."""
     checkpoint_shared: tuple[bool, str] | None = None
@@ -153,7 +154,13 @@ def _isolation(facts: NodeFacts) -> Check:
     return Check("enforcement", Status.OK, facts.isolation)
 
 
+MONITOR_OFF = "off (--no-usage-monitor)"
+
+
 def _monitor(facts: NodeFacts) -> Check:
+    if facts.monitor_source == MONITOR_OFF:
+        return Check("usage monitor", Status.WARN, f"{MONITOR_OFF}: no idle cards marked, no risk checks, no lending",
+                     "drop --no-usage-monitor (docs/monitor.md)")
     if facts.monitor_source is None:
         return Check("usage monitor", Status.OK, "fanotify reports every open of the cards")
     return Check("usage monitor", Status.WARN, f"{facts.monitor_source}; the /proc scan runs instead (an open is "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import IsolationBackend, IsolationConfigError
 from gpupool.nodeagent.isolation.setup import IsolationConfig
-from gpupool.nodeagent.selfcheck import NodeFacts, PathFacts
+from gpupool.nodeagent.selfcheck import MONITOR_OFF, NodeFacts, PathFacts
 
 
 def path_facts(path: str) -> PathFacts:
@@ -70,7 +70,8 @@ def probe(options: ProbeOptions, inventory: Callable[[], GpuInventory],
         kubelet_socket=path_facts(os.path.join(options.plugin_dir, "kubelet.sock")),
         pod_resources=path_facts(options.pod_resources_socket), isolation=isolation,
         isolation_error=isolation_error, shares=shares, enforced=enforced,
-        monitor_source=fanotify(list(paths)) if paths else "no card device to watch",
+        monitor_source=(MONITOR_OFF if not options.usage_monitor else
+                        fanotify(list(paths)) if paths else "no card device to watch"),
         checkpoint=checkpoint,
         checkpoint_shared=shared(checkpoint.path) if checkpoint is not None and checkpoint.exists else None,
         dra_dirs=tuple(path_facts(d) for d in options.dra_dirs),

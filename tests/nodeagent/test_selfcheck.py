@@ -192,6 +192,8 @@ def test_the_probe_loads_the_chosen_library_and_probes_refusal_only_with_the_mon
     quiet = probe(replace(options, usage_monitor=False), lambda: GpuInventory((), Topology.flat(0), ()),
                   lambda p: None, lambda r: (True, ""), lambda: "", gate=gate, library=lambda p: "")
     assert quiet.device_gate is None and "refusal at open" not in verdicts(quiet)
+    monitor = {c.name: c for c in judge(quiet)}["usage monitor"]
+    assert monitor.status is Status.WARN and monitor.detail.startswith("off (--no-usage-monitor)")
 
 
 def test_a_library_the_loader_cannot_load_is_named_with_the_loaders_reason(tmp_path: Path) -> None:
