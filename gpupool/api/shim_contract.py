@@ -84,6 +84,9 @@ GRANT_VERSION = "1"
 _GRANT_KEYS = ("version", "memory_mib", "compute_percent", "compute_mode", "card_uuids", "region", "socket",
                "token", "pod", "container")
 _REMOTE_KEYS = ("remote_endpoint", "remote_token")
+_VIRTUAL_KEY = "virtual_devices"
+MAX_GRANT_VIRTUAL_DEVICES = 16
+"""Most ordinals the library presents one card as (its SHIM_MAX_DEVICES)."""
 _GRANT_VALUE = re.compile(r"^[^\n\r\x00]*$")
 
 
@@ -112,6 +115,19 @@ class NodeGrant:
     for a local share. Read by the GPU client library, which replaces libcuda.so.1 there."""
     remote_token: str = ""
     """The remote client's token, as in the GPU server's clients file (:mod:`gpupool.api.remote_gpu`)."""
+    virtual_devices: int = 1
+    """How many CUDA ordinals the library presents the grant's one card as (a virtual-card slice of
+    assignment-v1's ``devices``; docs/virtual-cards.md): the card's memory is split evenly between
+    them. Written as ``virtual_devices=n`` only above 1, so other grants' text is unchanged and an
+    older library (which skips the key) presents one device with the total."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.virtual_devices <= MAX_GRANT_VIRTUAL_DEVICES:
+            raise ShimProtocolError(f"grant virtual_devices {self.virtual_devices}: "
+                                    f"1 to {MAX_GRANT_VIRTUAL_DEVICES}")
+        if self.virtual_devices > 1 and len(self.memory_mib) != 1:
+            raise ShimProtocolError(f"grant virtual_devices {self.virtual_devices}: only one card can be presented as "
+                                    f"several devices, the grant lists {len(self.memory_mib)}")
 
 
 def encode_grant(grant: NodeGrant) -> str:
@@ -123,10 +139,12 @@ def encode_grant(grant: NodeGrant) -> str:
     for key, value in (("remote_endpoint", grant.remote_endpoint), ("remote_token", grant.remote_token)):
         if value:  # written only for a remote share, so a local grant's text is unchanged
             values[key] = value
+    if grant.virtual_devices > 1:
+        values[_VIRTUAL_KEY] = str(grant.virtual_devices)
     for key, value in values.items():
         if not _GRANT_VALUE.match(value):
             raise ShimProtocolError(f"grant {key}: a line break or NUL in {value!r}")
-    lines = [f"{key}={values[key]}" for key in (*_GRANT_KEYS, *_REMOTE_KEYS) if key in values]
+    lines = [f"{key}={values[key]}" for key in (*_GRANT_KEYS, *_REMOTE_KEYS, _VIRTUAL_KEY) if key in values]
     return "# written by the gpupool node agent; mounted read-only into the container\n" + "\n".join(lines) + "\n"
 
 
@@ -145,12 +163,14 @@ def decode_grant(text: str) -> NodeGrant:
     try:
         memory = tuple(int(v) for v in values["memory_mib"].split(","))
         compute = tuple(int(v) for v in values["compute_percent"].split(",")) if values.get("compute_percent") else ()
+        virtual = int(values.get(_VIRTUAL_KEY, "1"))
     except (KeyError, ValueError) as exc:
         raise ShimProtocolError(f"grant limits: {exc}") from None
     uuids = tuple(values["card_uuids"].split(",")) if values.get("card_uuids") else ()
     return NodeGrant(memory, compute, values.get("compute_mode", "hard"), uuids, values.get("region", ""),
                      values.get("socket", ""), values.get("token", ""), values.get("pod", ""),
-                     values.get("container", ""), values.get("remote_endpoint", ""), values.get("remote_token", ""))
+                     values.get("container", ""), values.get("remote_endpoint", ""), values.get("remote_token", ""),
+                     virtual)
 
 
 @dataclass(frozen=True)
