@@ -159,3 +159,23 @@ def test_the_demo_pod_asks_gpupools_scheduler_for_a_slice() -> None:
     (extender,) = config["extenders"]
     assert (extender["filterVerb"], extender["bindVerb"], extender["preemptVerb"]) == ("filter", "bind", "preempt")
     assert "prioritizeVerb" not in extender  # the extender filters best-only by default, as deployed
+
+
+def test_build_also_builds_helm_3_for_the_charts_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpupool testenv build`` (what the CI's first phase runs) leaves both Helms in the cache, so
+    the chart's Helm 3 tests run instead of being skipped."""
+    from gpupool.cli import testenv_cmd
+    from gpupool.testenv.helm import HELM_3, HELM_4, HelmRelease
+
+    built: list[HelmRelease] = []
+
+    def ensure_helm(log: object, release: HelmRelease = HELM_4) -> Path:
+        built.append(release)
+        return Path(f"/cache/helm-{release.version}/bin/helm")
+
+    monkeypatch.setattr(testenv_cmd, "ensure_binaries", lambda log, version: SimpleNamespace(kubectl="/k"))
+    monkeypatch.setattr(testenv_cmd, "ensure_helm", ensure_helm)
+    result = CliRunner().invoke(cli, ["testenv", "build"])
+    assert result.exit_code == 0, result.output
+    assert built == [HELM_4, HELM_3]
+    assert f"helm3: /cache/helm-{HELM_3.version}/bin/helm" in result.output
