@@ -281,6 +281,34 @@ static void env_only(void) {
     }
 }
 
+/* A virtual-card grant: card 0 (its limits already lowered by the environment, whose lists name
+ * cards) presented as n ordinals, each with an even part of its memory and all of them sharing its
+ * compute. A count that is not 1..SHIM_MAX_DEVICES, or a grant of more than one card, is the agent's
+ * mistake: logged, and the card stays one device with its total, never more than was granted. */
+static void split_card(const struct shim_grant *grant, int cards) {
+    const char *text = grant->virtual_devices;
+    if (text[0] == '\0') return;
+    uint64_t n;
+    if (parse_uint(text, strlen(text), &n) != 0 || n < 1 || n > SHIM_MAX_DEVICES) {
+        shim_log(SHIM_LOG_ERROR, "the grant's virtual_devices=%s is not a device count (1 to %d); the card is one device",
+                 text, SHIM_MAX_DEVICES);
+        return;
+    }
+    if (n == 1) return;
+    if (cards != 1) {
+        shim_log(SHIM_LOG_ERROR, "the grant's virtual_devices=%s names one card, the grant has %d; each card is one device",
+                 text, cards);
+        return;
+    }
+    uint64_t total = config.memory_limit[0];
+    config.virtual_devices = (int)n;
+    config.virtual_share = total == 0 ? 0 : total / n != 0 ? total / n : REFUSE_ALL_BYTES;
+    /* memory_limit[1..n-1] stay as for any card not granted (refusing): the region maps the
+     * ordinals to card 0's records, and a path that did not would be refused, not unlimited */
+    shim_log(SHIM_LOG_INFO, "card 0 is presented as %d devices of %llu bytes each", config.virtual_devices,
+             (unsigned long long)config.virtual_share);
+}
+
 /* The grant's limits, each lowered by the environment's where that asks for less. A grant that
  * cannot be read refuses every allocation: it exists, so this is a gpupool container. */
 static void apply_grant(const struct shim_grant *grant, int readable) {
@@ -308,6 +336,11 @@ static void apply_grant(const struct shim_grant *grant, int readable) {
                      "the grant holds", d);
         config.memory_limit[d] = memory;
         config.compute_percent[d] = percent;
+    }
+    if (readable) {
+        int cards = 1;
+        for (const char *c = grant->memory_mib; *c != '\0'; c++) cards += *c == ',';
+        split_card(grant, cards);
     }
     if (readable && strcmp(grant->compute_mode, "soft") != 0) config.mode = SHIM_MODE_HARD; /* env: soft only if granted */
     if (granted.uuid_count > 0) {

@@ -12,6 +12,23 @@
 
 API CUresult cuInit(unsigned int flags);
 API CUresult cuCtxGetDevice(CUdevice *device);
+API CUresult cuDeviceGetCount(int *count);
+API CUresult cuDeviceGet(CUdevice *device, int ordinal);
+API CUresult cuDeviceGetName(char *name, int length, CUdevice dev);
+API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev);
+API CUresult cuDeviceGetPCIBusId(char *bus, int length, CUdevice dev);
+API CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev);
+API CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev);
+API CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer);
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
+API CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxDestroy_v2(CUcontext ctx);
+API CUresult cuCtxSetCurrent(CUcontext ctx);
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx);
 API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *symbolStatus);

@@ -43,6 +43,7 @@ static int store(struct shim_grant *g, const char *key, size_t key_length, const
         {"version", g->version, sizeof g->version},
         {"remote_endpoint", g->remote_endpoint, sizeof g->remote_endpoint},
         {"remote_token", g->remote_token, sizeof g->remote_token},
+        {"virtual_devices", g->virtual_devices, sizeof g->virtual_devices},
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         if (strlen(fields[i].name) != key_length || strncmp(fields[i].name, key, key_length) != 0) continue;

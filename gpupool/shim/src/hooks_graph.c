@@ -146,7 +146,14 @@ int shim_pool_device(CUmemoryPool pool, int fallback) {
 
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
     REQUIRE(cuMemPoolCreate);
-    CUresult status = REAL(cuMemPoolCreate)(pool, poolProps);
+    CUmemPoolProps on_card;
+    const CUmemPoolProps *asked = poolProps;
+    if (poolProps != NULL && poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE) { /* a virtual ordinal's card */
+        on_card = *poolProps;
+        on_card.location.id = shim_card_of(poolProps->location.id);
+        asked = &on_card;
+    }
+    CUresult status = REAL(cuMemPoolCreate)(pool, asked);
     note_pool(status, pool != NULL ? *pool : NULL, poolProps != NULL ? &poolProps->location : NULL);
     return status;
 }
@@ -162,7 +169,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
     REQUIRE(cuDeviceGetDefaultMemPool);
-    CUresult status = REAL(cuDeviceGetDefaultMemPool)(pool_out, dev);
+    CUresult status = REAL(cuDeviceGetDefaultMemPool)(pool_out, shim_card_of(dev));
     CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
     note_pool(status, pool_out != NULL ? *pool_out : NULL, &where);
     return status;
@@ -170,7 +177,7 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
 
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     REQUIRE(cuDeviceGetMemPool);
-    CUresult status = REAL(cuDeviceGetMemPool)(pool, dev);
+    CUresult status = REAL(cuDeviceGetMemPool)(pool, shim_card_of(dev));
     CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
     note_pool(status, pool != NULL ? *pool : NULL, &where);
     return status;

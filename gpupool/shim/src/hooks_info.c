@@ -1,16 +1,16 @@
 /*
  * What a process is told about memory: the container's limit as the total, and what the
  * container has left as free, so frameworks that size their caches from these numbers (PyTorch,
- * TensorFlow, JAX) stay inside the share instead of running into refusals.
+ * TensorFlow, JAX) stay inside the share instead of running into refusals. A virtual ordinal
+ * (virtual.c) reports its share as its total; NVML, which names the card, reports the card's.
  */
 #include <string.h>
 
 #include "shim.h"
 
-/* The free memory of a limited card: what is left of the limit, never more than the card has. */
+/* The free memory of a limited ordinal: what is left of its limits, never more than the card has. */
 static uint64_t left_of(int dev, uint64_t card_free) {
-    uint64_t limit = shim_memory_limit(dev), used = shim_region_used(dev);
-    uint64_t left = used < limit ? limit - used : 0;
+    uint64_t left = shim_memory_left(dev);
     return left < card_free ? left : card_free;
 }
 
@@ -31,7 +31,7 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (REAL(cuDeviceTotalMem_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult status = REAL(cuDeviceTotalMem_v2)(bytes, dev);
+    CUresult status = REAL(cuDeviceTotalMem_v2)(bytes, shim_card_of(dev));
     if (status == CUDA_SUCCESS && bytes != NULL && shim_memory_limited(dev) && *bytes > shim_memory_limit(dev))
         *bytes = shim_memory_limit(dev);
     return status;
@@ -55,12 +55,14 @@ static int ordinal_of(nvmlDevice_t device) {
 static void limit_report(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
                          unsigned long long *used) {
     if (!shim_config()->enabled) return;
-    int dev = ordinal_of(device);
-    if (!shim_memory_limited(dev)) return;
-    uint64_t limit = shim_memory_limit(dev);
+    int dev = ordinal_of(device); /* a card: with a virtual grant, card 0 and all of its ordinals */
+    uint64_t limit = dev >= 0 && dev < SHIM_MAX_DEVICES ? shim_card_memory_limit(dev) : 0;
+    if (limit == 0) return;
+    uint64_t held = shim_region_used(dev);
+    uint64_t left = held < limit ? limit - held : 0;
     *total = limit < *total ? limit : *total;
-    *free = left_of(dev, *free);
-    *used = shim_region_used(dev);
+    *free = left < *free ? left : *free;
+    *used = held;
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {

@@ -12,7 +12,7 @@ static uint64_t thread_count(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 /* The launch's card when its compute is limited (after the bucket let it pass), else -1. */
 static int throttle(uint64_t cost, int graph) {
     if (!shim_config()->enabled) return -1;
-    int dev = shim_current_device();
+    int dev = shim_card_of(shim_current_device()); /* a card's ordinals share its compute share */
     if (dev < 0) return -1;
     return shim_compute_launch(dev, graph ? shim_graph_cost(dev) : cost) ? dev : -1;
 }

@@ -148,12 +148,6 @@ int shim_wait_for_room(int dev, uint64_t *until_ns) {
     return 1;
 }
 
-int shim_current_device(void) {
-    CUdevice dev;
-    if (REAL(cuCtxGetDevice) == NULL || REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS) return -1;
-    return dev >= 0 && dev < SHIM_MAX_DEVICES ? dev : -1;
-}
-
 int shim_memory_limited(int dev) {
     return dev >= 0 && dev < SHIM_MAX_DEVICES && shim_config()->enabled && shim_memory_limit(dev) != 0;
 }

@@ -28,6 +28,31 @@ static int overflowed;
 static int overflow_unlocked; /* ... without the lock: counted in the region's overflow_unlocked */
 static uint64_t overflow_mine[SHIM_MAX_DEVICES];
 static int region_ready; /* open_region has run: the registration thread may use the region */
+/* A virtual-card grant (virtual.c): what this process holds on each of the card's ordinals, against
+ * each ordinal's share. The card's record in the region holds the container's total. */
+static uint64_t ordinal_used[SHIM_MAX_DEVICES];
+
+/* The region's record a program's ordinal is charged to, -1 for none. */
+static int card_of(int dev) {
+    int card = shim_card_of(dev);
+    return card >= 0 && card < SHIM_MAX_DEVICES ? card : -1;
+}
+
+/* Whether bytes more on a virtual ordinal stay within its share (this process's own account). */
+static int within_share(int dev, uint64_t bytes) {
+    if (dev < 0 || dev >= shim_virtual_count()) return 1;
+    uint64_t share = shim_config()->virtual_share, held = __atomic_load_n(&ordinal_used[dev], __ATOMIC_RELAXED);
+    return share == 0 || (held <= share && bytes <= share - held);
+}
+
+static void count_on_ordinal(int dev, uint64_t bytes, int add) {
+    if (dev < 0 || dev >= shim_virtual_count()) return;
+    if (add) __atomic_add_fetch(&ordinal_used[dev], bytes, __ATOMIC_RELAXED);
+    else {
+        uint64_t held = __atomic_load_n(&ordinal_used[dev], __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&ordinal_used[dev], bytes < held ? bytes : held, __ATOMIC_RELAXED);
+    }
+}
 
 /* The byte of the file whose lock a slot's process holds: the slot's first. */
 static off_t slot_lock(int i) {
@@ -283,6 +308,7 @@ static void after_fork_child(void) {
     overflowed = 0; /* what the parent charged stays the parent's */
     overflow_unlocked = 0;
     memset(overflow_mine, 0, sizeof overflow_mine);
+    memset(ordinal_used, 0, sizeof ordinal_used);
     shim_live_after_fork();
     host_pid = 0; /* the parent's; the child is another process */
     shim_forget_all();
@@ -326,9 +352,10 @@ static uint64_t effective_limit(const struct shim_region_device *d, int dev) {
     return lower(__atomic_load_n(&d->memory_limit, __ATOMIC_RELAXED), shim_config()->memory_limit[dev]);
 }
 
-int shim_region_charge(int dev, uint64_t bytes) {
+int shim_region_charge(int ordinal, uint64_t bytes) {
+    int dev = card_of(ordinal);
     struct shim_region *r = get_region();
-    if (r == NULL || lock_region(r) != 0) return -1;
+    if (dev < 0 || r == NULL || lock_region(r) != 0) return -1;
     hold_again(r);
     if (overflowed) { /* rare (more live processes than slots): a scan per charge is affordable */
         reclaim_dead(r);
@@ -338,6 +365,7 @@ int shim_region_charge(int dev, uint64_t bytes) {
     uint64_t limit = effective_limit(d, dev);
     int fits = limit == 0 || (d->used <= limit && bytes <= limit - d->used);
     if (!fits && reclaim_dead(r) > 0) fits = d->used <= limit && bytes <= limit - d->used;
+    fits = fits && within_share(ordinal, bytes); /* under the lock: this process's threads charge in turn */
     if (fits) {
         d->used += bytes;
         if (my_slot >= 0) {
@@ -346,13 +374,17 @@ int shim_region_charge(int dev, uint64_t bytes) {
             d->overflow += bytes;
             overflow_mine[dev] += bytes;
         }
+        count_on_ordinal(ordinal, bytes, 1);
     }
     pthread_mutex_unlock(&r->lock);
     return fits ? 0 : -1;
 }
 
-void shim_region_release(int dev, uint64_t bytes) {
+void shim_region_release(int ordinal, uint64_t bytes) {
+    int dev = card_of(ordinal);
     struct shim_region *r = get_region();
+    if (dev < 0) return;
+    count_on_ordinal(ordinal, bytes, 0);
     if (r == NULL || lock_region(r) != 0) return;
     struct shim_region_device *d = &r->dev[dev];
     d->used -= bytes < d->used ? bytes : d->used;
@@ -367,10 +399,11 @@ void shim_region_release(int dev, uint64_t bytes) {
     pthread_mutex_unlock(&r->lock);
 }
 
-uint64_t shim_region_used(int dev) {
+uint64_t shim_region_used(int ordinal) {
     static uint64_t last_reclaim_ns;
+    int dev = card_of(ordinal);
     struct shim_region *r = get_region();
-    if (r == NULL || lock_region(r) != 0) return 0;
+    if (dev < 0 || r == NULL || lock_region(r) != 0) return 0;
     uint64_t now = shim_now_ns();
     if (now - __atomic_load_n(&last_reclaim_ns, __ATOMIC_RELAXED) > 1000000000ull) { /* reports stay fresh */
         __atomic_store_n(&last_reclaim_ns, now, __ATOMIC_RELAXED);
@@ -381,13 +414,36 @@ uint64_t shim_region_used(int dev) {
     return used;
 }
 
-uint64_t shim_memory_limit(int dev) {
+uint64_t shim_card_memory_limit(int card) {
+    if (card < 0 || card >= SHIM_MAX_DEVICES) return 0;
     struct shim_region *r = get_region();
-    if (r == NULL) return shim_config()->memory_limit[dev];
-    return effective_limit(&r->dev[dev], dev);
+    if (r == NULL) return shim_config()->memory_limit[card];
+    return effective_limit(&r->dev[card], card);
 }
 
-int shim_compute_limit(int dev, int *mode) {
+uint64_t shim_memory_limit(int ordinal) {
+    uint64_t card = shim_card_memory_limit(card_of(ordinal));
+    if (ordinal < 0 || ordinal >= shim_virtual_count()) return card;
+    return lower(card, shim_config()->virtual_share);
+}
+
+uint64_t shim_memory_left(int ordinal) {
+    uint64_t limit = shim_card_memory_limit(card_of(ordinal)), used = shim_region_used(ordinal);
+    uint64_t left = limit == 0 ? UINT64_MAX : used < limit ? limit - used : 0;
+    if (ordinal >= 0 && ordinal < shim_virtual_count() && shim_config()->virtual_share != 0) {
+        uint64_t share = shim_config()->virtual_share, held = __atomic_load_n(&ordinal_used[ordinal], __ATOMIC_RELAXED);
+        uint64_t own = held < share ? share - held : 0;
+        left = own < left ? own : left;
+    }
+    return left;
+}
+
+int shim_compute_limit(int ordinal, int *mode) {
+    int dev = card_of(ordinal);
+    if (dev < 0) {
+        *mode = shim_config()->mode;
+        return 0;
+    }
     struct shim_region *r = get_region();
     if (r == NULL) {
         *mode = shim_config()->mode;
@@ -425,14 +481,16 @@ void shim_region_set_host_pid(int pid) {
     pthread_mutex_unlock(&r->lock);
 }
 
-uint64_t shim_region_wait_ns(int dev) {
+uint64_t shim_region_wait_ns(int ordinal) {
+    int dev = card_of(ordinal);
     struct shim_region *r = get_region();
-    return r == NULL ? 0 : __atomic_load_n(&r->dev[dev].wait_ns, __ATOMIC_RELAXED);
+    return r == NULL || dev < 0 ? 0 : __atomic_load_n(&r->dev[dev].wait_ns, __ATOMIC_RELAXED);
 }
 
-struct shim_bucket *shim_region_bucket(int dev) {
+struct shim_bucket *shim_region_bucket(int ordinal) {
+    int dev = card_of(ordinal);
     struct shim_region *r = get_region();
-    return r == NULL ? NULL : &r->dev[dev].bucket;
+    return r == NULL || dev < 0 ? NULL : &r->dev[dev].bucket;
 }
 
 /* A process that exits normally gives its slot, or its part of the overflow account, back at

@@ -12,6 +12,7 @@
  *   symbols.c   the hook table, the real driver entry points, dlsym and cuGetProcAddress
  *   hooks_*.c   the wrapped driver and NVML entry points
  *   register.c  registration with the node agent
+ *   virtual.c   one granted card presented as n CUDA ordinals (a virtual-card grant)
  */
 #ifndef GPUPOOL_SHIM_H
 #define GPUPOOL_SHIM_H
@@ -42,6 +43,8 @@ struct shim_config {
     int uuid_count;
     char uuids[SHIM_MAX_DEVICES][SHIM_UUID_LEN];  /* GPUPOOL_CARD_UUIDS, by CUDA ordinal */
     int granted;                                  /* the node's grant was found: the env can only lower */
+    int virtual_devices;                          /* >1: card 0 presented as this many ordinals (virtual.c) */
+    uint64_t virtual_share;                       /* bytes each of those ordinals may hold; 0: no limit */
     char dir[PATH_MAX];                           /* where memory.region lives (without a grant) */
     char region_path[PATH_MAX];                   /* the region file itself */
     char socket_path[108];                        /* sun_path size */
@@ -81,17 +84,20 @@ struct shim_grant {
     char container[256];
     char remote_endpoint[300]; /* host:port of the GPU server of a remote share (docs/remote-gpu.md) */
     char remote_token[260];    /* its token; the GPU client library (src/remote/client.c) uses both */
+    char virtual_devices[24];  /* the one card as this many CUDA ordinals; absent: one */
 };
 SHIM_HIDDEN int shim_read_grant(struct shim_grant *grant);
 SHIM_HIDDEN const char *shim_grant_path(void);
 
-/* region.c */
+/* region.c: dev is the program's CUDA ordinal; the region's records are per card (shim_card_of) */
 SHIM_HIDDEN int shim_region_charge(int dev, uint64_t bytes);   /* 0 or -1 (over the limit) */
 SHIM_HIDDEN void shim_region_release(int dev, uint64_t bytes);
 SHIM_HIDDEN uint64_t shim_region_used(int dev);
 SHIM_HIDDEN uint64_t shim_region_wait_ns(int dev);             /* the agent's bound on waiting for room; 0: none */
 SHIM_HIDDEN int shim_wait_for_room(int dev, uint64_t *until_ns); /* 1: retry the refused allocation now */
-SHIM_HIDDEN uint64_t shim_memory_limit(int dev);               /* effective, 0: none */
+SHIM_HIDDEN uint64_t shim_memory_limit(int dev);               /* effective, 0: none (a virtual ordinal: its share) */
+SHIM_HIDDEN uint64_t shim_card_memory_limit(int card);         /* the card's, for the whole container */
+SHIM_HIDDEN uint64_t shim_memory_left(int dev);                /* what dev may still take, by both limits */
 SHIM_HIDDEN int shim_compute_limit(int dev, int *mode);        /* effective percent, 0: none */
 SHIM_HIDDEN int shim_region_pids(int *pids, int max);          /* live processes, as NVML names them */
 SHIM_HIDDEN void shim_region_set_host_pid(int pid);             /* this process's pid outside its pid namespace */
@@ -235,12 +241,31 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1)                                \
     X(cuGraphLaunch, "cuGraphLaunch", 0, 0)                                                             \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1)                                                        \
+    X(cuCtxGetDevice, "cuCtxGetDevice", 0, 0)                                                           \
+    X(cuDeviceGetCount, "cuDeviceGetCount", 0, 0)                                                       \
+    X(cuDeviceGet, "cuDeviceGet", 0, 0)                                                                 \
+    X(cuDeviceGetName, "cuDeviceGetName", 0, 0)                                                         \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", 0, 0)                                               \
+    X(cuDeviceGetUuid, "cuDeviceGetUuid", 0, 0)                                                         \
+    X(cuDeviceGetUuid_v2, "cuDeviceGetUuid", 11040, 0)                                                  \
+    X(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", 0, 0)                                                 \
+    X(cuDeviceComputeCapability, "cuDeviceComputeCapability", 0, 0)                                     \
+    X(cuDeviceGetLuid, "cuDeviceGetLuid", 0, 0)                                                         \
+    X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 0, 0)                                             \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 0)                                       \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0)                              \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)                                  \
+    X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 0, 0)                                   \
+    X(cuDevicePrimaryCtxSetFlags_v2, "cuDevicePrimaryCtxSetFlags", 11000, 0)                            \
+    X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                           \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                         \
     X(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0)                                         \
     X(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0)
 
 /* Entry points the library calls but does not wrap. */
 #define SHIM_HELPERS(X)                                                                                 \
-    X(cuCtxGetDevice)                                                                                   \
+    X(cuCtxSetCurrent)                                                                                  \
+    X(cuCtxPopCurrent_v2)                                                                               \
     X(cuStreamGetCaptureInfo_v2)                                                                        \
     X(cuMemGetAllocationPropertiesFromHandle)                                                           \
     X(nvmlInit_v2)                                                                                      \
@@ -267,6 +292,15 @@ SHIM_HIDDEN void *shim_real(enum shim_symbol_id id);
 
 /* register.c */
 SHIM_HIDDEN void shim_register_once(void);
+
+/* virtual.c: the card behind a program's ordinal (0 for every virtual ordinal, else the ordinal
+ * itself) and the number of virtual ordinals (0 without a virtual grant) */
+SHIM_HIDDEN int shim_card_of(int dev);
+SHIM_HIDDEN int shim_virtual_count(void);
+/* Declared here, not in cuda_api.h: the stand-in and the remote client spell CUuuid their own way. */
+struct shim_uuid;
+CUresult cuDeviceGetUuid(struct shim_uuid *uuid, CUdevice dev) __attribute__((visibility("default")));
+CUresult cuDeviceGetUuid_v2(struct shim_uuid *uuid, CUdevice dev) __attribute__((visibility("default")));
 
 static inline uint64_t shim_now_ns(void) {
     struct timespec ts;

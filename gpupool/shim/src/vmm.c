@@ -146,6 +146,12 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
                      unsigned long long flags) {
     REQUIRE(cuMemCreate);
     int dev = limited_location(prop);
+    CUmemAllocationProp on_card;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) { /* a virtual ordinal's card */
+        on_card = *prop;
+        on_card.location.id = shim_card_of(prop->location.id);
+        prop = &on_card;
+    }
     if (dev < 0) return REAL(cuMemCreate)(handle, size, prop, flags);
     pthread_mutex_lock(&vmm_lock);
     recheck_files();

@@ -23,6 +23,9 @@
  *        gmove:P:C   (graph C moved into graph P as a child graph node)
  *        alloc1:SIZE  pitch1:WxH  free1:I  array1:WxH  array3d1:WxHxD   (the v1 entry points, CUDA < 3.2)
  *        extimport:SIZE  extdel:I  instl:I   (external memory; CUDA 11's 5-argument instantiation)
+ *        count  use:D  ctxdev  totalof:D  name:D  newctx:D  ctxdel  unuse:D   (devices and contexts:
+ *        use retains device D's primary context and makes it current, unuse releases it, newctx
+ *        creates a context on D (current), ctxdel destroys the last one; totalof: cuDeviceTotalMem)
  *        child:STEP+STEP...   (runs this program's symbol mode with those steps as a child whose
  *        environment is cleared of the container's settings; prints its exit status, then its lines)
  *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
@@ -125,6 +128,13 @@ static struct {
     __typeof__(&cuImportExternalMemory) ext_import;
     __typeof__(&cuDestroyExternalMemory) ext_destroy;
     __typeof__(&cuGraphInstantiate_v2) instantiate_legacy;
+    __typeof__(&cuDeviceGetCount) count;
+    __typeof__(&cuDeviceGet) get;
+    __typeof__(&cuDeviceGetName) name;
+    __typeof__(&cuCtxGetDevice) ctx_device;
+    __typeof__(&cuCtxCreate_v2) ctx_create;
+    __typeof__(&cuCtxDestroy_v2) ctx_destroy;
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) primary_release;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -248,6 +258,53 @@ static void fill(char mode) {
     FILL(ext_import, cuImportExternalMemory, "cuImportExternalMemory");
     FILL(ext_destroy, cuDestroyExternalMemory, "cuDestroyExternalMemory");
     FILL(instantiate_legacy, cuGraphInstantiate_v2, "cuGraphInstantiate_v2");
+    FILL(count, cuDeviceGetCount, "cuDeviceGetCount");
+    FILL(get, cuDeviceGet, "cuDeviceGet");
+    FILL(name, cuDeviceGetName, "cuDeviceGetName");
+    FILL(ctx_device, cuCtxGetDevice, "cuCtxGetDevice");
+    FILL(ctx_create, cuCtxCreate_v2, "cuCtxCreate");
+    FILL(ctx_destroy, cuCtxDestroy_v2, "cuCtxDestroy");
+    FILL(primary_release, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease");
+}
+
+/* Devices and contexts as a program for several GPUs sees them. */
+static int step_devices(const char *verb, const char *argument) {
+    static CUcontext last_created;
+    CUdevice dev = -1;
+    CUcontext ctx = NULL;
+    CUresult rc;
+    if (strcmp(verb, "count") == 0) {
+        int count = 0;
+        rc = api.count(&count);
+        printf(" %d %d", rc, count);
+    } else if (strcmp(verb, "use") == 0) {
+        rc = api.get(&dev, atoi(argument));
+        if (rc == CUDA_SUCCESS) rc = api.retain(&ctx, dev);
+        if (rc == CUDA_SUCCESS) rc = api.set_current(ctx);
+        printf(" %d %d %#lx", rc, (int)dev, (unsigned long)(uintptr_t)ctx);
+    } else if (strcmp(verb, "unuse") == 0) {
+        printf(" %d", api.primary_release(atoi(argument)));
+    } else if (strcmp(verb, "ctxdev") == 0) {
+        rc = api.ctx_device(&dev);
+        printf(" %d %d", rc, (int)dev);
+    } else if (strcmp(verb, "totalof") == 0) {
+        size_t total = 0;
+        rc = api.total(&total, atoi(argument));
+        printf(" %d %zu", rc, total);
+    } else if (strcmp(verb, "name") == 0) {
+        char name[128] = "";
+        rc = api.name(name, sizeof name, atoi(argument));
+        for (char *c = name; *c != '\0'; c++) *c = *c == ' ' ? '_' : *c;
+        printf(" %d %s", rc, name);
+    } else if (strcmp(verb, "newctx") == 0) {
+        rc = api.ctx_create(&last_created, 0, atoi(argument));
+        printf(" %d %#lx", rc, (unsigned long)(uintptr_t)last_created);
+    } else if (strcmp(verb, "ctxdel") == 0) {
+        printf(" %d", api.ctx_destroy(last_created));
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 static unsigned long long size_of(const char *text) {
@@ -649,7 +706,7 @@ static void step(const char *text) {
         fflush(stdout);
         for (;;) pause();
     } else if (!step_more(verb, argument) && !step_vmm(verb, argument) && !step_graph(verb, argument) &&
-               !step_per_thread(verb, argument) && !step_legacy(verb, argument)) {
+               !step_per_thread(verb, argument) && !step_legacy(verb, argument) && !step_devices(verb, argument)) {
         printf(" unknown-step\n");
         exit(2);
     }

@@ -40,6 +40,7 @@ API CUresult cuCtxDestroy_v2(CUcontext ctx);
 API CUresult cuCtxSetCurrent(CUcontext ctx);
 API CUresult cuCtxGetCurrent(CUcontext *ctx);
 API CUresult cuCtxSynchronize(void);
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx);
 API CUresult cuStreamSynchronize(CUstream stream);
 API uint64_t gpupoolStandinBusyNs(int dev, int pid, uint64_t from_ns, uint64_t to_ns);
 API uint64_t gpupoolStandinUsedBytes(int dev);
@@ -78,6 +79,8 @@ static uint64_t next_low_address = LEGACY_POINTER_BASE; /* for the 32-bit pointe
 static uint64_t last_end_ns;
 static int initialised;
 static __thread int current = -1; /* device of the calling thread's context, -1: none */
+static __thread uintptr_t current_context; /* that context, 0: none */
+static uintptr_t next_context = 1;          /* serials of created contexts; a primary one's is 0 */
 
 static CUresult checked_device(CUdevice dev) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
@@ -217,7 +220,11 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return status;
 }
 
-/* A context is its device's ordinal plus one. */
+/* A context is a serial (0 for a device's primary context) and its device's ordinal plus one:
+ * (serial << 4) | (ordinal + 1), so several contexts on one device are told apart as the real
+ * driver's are. There is no context stack: a created context is the thread's current one. */
+#define CONTEXT_DEVICE(ctx) ((int)((uintptr_t)(ctx) & 0xfu) - 1)
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     CUresult status = checked_device(dev);
     if (status == CUDA_SUCCESS) *ctx = (CUcontext)(uintptr_t)(dev + 1);
@@ -228,26 +235,39 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return checked_device(dev)
 
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    CUresult status = cuDevicePrimaryCtxRetain(ctx, dev);
-    if (status == CUDA_SUCCESS) current = dev;
+    CUresult status = checked_device(dev);
+    if (status != CUDA_SUCCESS) return status;
+    uintptr_t serial = __atomic_fetch_add(&next_context, 1, __ATOMIC_RELAXED);
+    *ctx = (CUcontext)((serial << 4) | (uintptr_t)(dev + 1));
+    current = dev;
+    current_context = (uintptr_t)*ctx;
     return status;
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    if ((intptr_t)ctx - 1 == current) current = -1;
+    if ((uintptr_t)ctx == current_context) current = -1, current_context = 0;
     return CUDA_SUCCESS;
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = (int)(intptr_t)ctx - 1;
+    int dev = CONTEXT_DEVICE(ctx);
     if (ctx != NULL && checked_device(dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
     current = ctx == NULL ? -1 : dev;
+    current_context = (uintptr_t)ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
+    if (current_context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != NULL) *ctx = (CUcontext)current_context;
+    current = -1;
+    current_context = 0;
     return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetCurrent(CUcontext *ctx) {
-    *ctx = current < 0 ? NULL : (CUcontext)(uintptr_t)(current + 1);
+    *ctx = current < 0 ? NULL : (CUcontext)current_context;
     return CUDA_SUCCESS;
 }
 
@@ -549,6 +569,7 @@ static const struct {
     ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuDeviceGet) ENTRY(cuDeviceGetCount) ENTRY(cuDeviceGetName)
     ENTRY(cuDeviceTotalMem_v2) ENTRY(cuDevicePrimaryCtxRetain) ENTRY(cuDevicePrimaryCtxRelease_v2)
     ENTRY(cuCtxCreate_v2) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice)
+    ENTRY(cuCtxPopCurrent_v2)
     ENTRY(cuCtxSynchronize) ENTRY(cuStreamSynchronize) ENTRY(cuMemGetInfo_v2) ENTRY(cuMemAlloc_v2)
     ENTRY(cuMemAllocManaged) ENTRY(cuMemAllocPitch_v2) ENTRY(cuMemFree_v2) ENTRY(cuMemCreate) ENTRY(cuMemRelease)
     ENTRY(cuMemAllocAsync) ENTRY(cuMemAllocFromPoolAsync) ENTRY(cuMemFreeAsync) ENTRY(cuArrayCreate_v2)
