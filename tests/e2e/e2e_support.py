@@ -315,3 +315,23 @@ def env_from_log(log: str) -> dict[str, str]:
         if sep and key and " " not in key:
             env[key] = value
     return env
+
+
+def ignore_404(call: Callable[[], object]) -> None:
+    """Run ``call``; an object already gone (404) is not an error (clean-ups)."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def forbidden_message(call: Callable[[], object]) -> str:
+    """The apiserver's message when ``call`` is refused with 403 (an admission policy); "" when it
+    succeeded. Any other failure fails the test."""
+    try:
+        call()
+    except ApiException as exc:
+        assert exc.status == 403, exc
+        return str(json.loads(exc.body)["message"])
+    return ""

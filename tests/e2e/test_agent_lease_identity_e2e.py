@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, config, utils
-from kubernetes.client.rest import ApiException
 
 from gpupool.api.agent_lease import lease_name
 from gpupool.nodeagent.heartbeat import AgentHeartbeat, HeartbeatSettings
@@ -27,6 +26,7 @@ from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.deploy.kustomize_render import render, require_kubectl
 from tests.e2e.conftest import delete_namespace
+from tests.e2e.e2e_support import forbidden_message, ignore_404
 
 pytestmark = [pytest.mark.e2e, pytest.mark.compat]
 
@@ -71,18 +71,11 @@ def agent_world(control_plane: ControlPlane, kube_api_client: client.ApiClient, 
         yield lease_namespace, node, neighbour
     finally:
         for name in (node, neighbour):
-            _ignore_404(lambda n=name: core_v1.delete_node(n))
-        _ignore_404(lambda: admission.delete_validating_admission_policy_binding(f"{POLICY}-{suffix}"))
-        _ignore_404(lambda: admission.delete_validating_admission_policy(f"{POLICY}-{suffix}"))
+            ignore_404(lambda n=name: core_v1.delete_node(n))
+        ignore_404(lambda: admission.delete_validating_admission_policy_binding(f"{POLICY}-{suffix}"))
+        ignore_404(lambda: admission.delete_validating_admission_policy(f"{POLICY}-{suffix}"))
         delete_namespace(core_v1, lease_namespace)
 
-
-def _ignore_404(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
 
 
 def _coordination_as(control_plane: ControlPlane, token: str, path: Path) -> client.CoordinationV1Api:
@@ -105,15 +98,6 @@ def _lease(name: str, namespace: str, holder: str) -> client.V1Lease:
                           spec=client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=40))
 
 
-def _refusal(call: Callable[[], object]) -> str:
-    """The apiserver's message when ``call`` is refused with 403; "" when it succeeded."""
-    try:
-        call()
-    except ApiException as exc:
-        assert exc.status == 403, exc
-        return str(json.loads(exc.body)["message"])
-    return ""
-
 
 def test_an_agent_writes_only_its_own_nodes_lease(control_plane: ControlPlane, kube_api_client: client.ApiClient,
                                                   core_v1: client.CoreV1Api, namespace: str,
@@ -130,7 +114,7 @@ def test_an_agent_writes_only_its_own_nodes_lease(control_plane: ControlPlane, k
     # The policy is enforced once the apiserver's informer has it; until then a forged write
     # lands, and is removed again by the admin.
     deadline = time.monotonic() + POLICY_ACTIVE_WITHIN_S
-    while not (refused := _refusal(lambda: agent.create_namespaced_lease(lease_namespace, forged))):
+    while not (refused := forbidden_message(lambda: agent.create_namespaced_lease(lease_namespace, forged))):
         admin.delete_namespaced_lease(lease_name(neighbour), lease_namespace)
         assert time.monotonic() < deadline, "the Lease policy was never enforced"
         time.sleep(0.5)
@@ -145,14 +129,14 @@ def test_an_agent_writes_only_its_own_nodes_lease(control_plane: ControlPlane, k
     # A neighbour's existing Lease cannot be renewed by this agent; the admin still can.
     admin.create_namespaced_lease(lease_namespace, forged)
     stale = agent.read_namespaced_lease(lease_name(neighbour), lease_namespace)
-    assert "only its own node's heartbeat Lease" in _refusal(
+    assert "only its own node's heartbeat Lease" in forbidden_message(
         lambda: agent.replace_namespaced_lease(lease_name(neighbour), lease_namespace, stale))
     # Its own Lease's name with the neighbour as holder does not pass either.
     own = admin.read_namespaced_lease(lease_name(node), lease_namespace)
     own.spec.holder_identity = neighbour
-    assert _refusal(lambda: agent.replace_namespaced_lease(lease_name(node), lease_namespace, own))
+    assert forbidden_message(lambda: agent.replace_namespaced_lease(lease_name(node), lease_namespace, own))
 
     # A token of the same ServiceAccount bound to no pod names no node: refused for every Lease.
     unbound = _coordination_as(control_plane, _token(core_v1, namespace, None), tmp_path / "unbound")
-    assert "names no node" in _refusal(lambda: unbound.replace_namespaced_lease(
+    assert "names no node" in forbidden_message(lambda: unbound.replace_namespaced_lease(
         lease_name(node), lease_namespace, admin.read_namespaced_lease(lease_name(node), lease_namespace)))

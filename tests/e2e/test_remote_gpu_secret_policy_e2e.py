@@ -10,19 +10,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client, config, utils
-from kubernetes.client.rest import ApiException
 
 from gpupool.nodeagent.remote_server import ServedShare, token_secret
 from gpupool.nodeagent.remote_setup import write_secret
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
+from tests.e2e.e2e_support import forbidden_message, ignore_404
 
 pytestmark = pytest.mark.e2e
 
@@ -70,25 +70,9 @@ def agent_core_v1(control_plane: ControlPlane, kube_api_client: client.ApiClient
                      lambda: admission.delete_validating_admission_policy(f"{POLICY}-{suffix}"),
                      lambda: rbac.delete_cluster_role_binding(f"gpupool-node-agent-remote-gpu-{suffix}"),
                      lambda: rbac.delete_cluster_role(f"gpupool-node-agent-remote-gpu-{suffix}")):
-            _ignore_404(call)
+            ignore_404(call)
 
 
-def _ignore_404(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
-def _refusal(call: Callable[[], object]) -> str:
-    """The apiserver's message when ``call`` is refused with 403; "" when it succeeded."""
-    try:
-        call()
-    except ApiException as exc:
-        assert exc.status == 403, exc
-        return str(json.loads(exc.body)["message"])
-    return ""
 
 
 def _secret(name: str, namespace: str, owner: client.V1Pod | None, data: dict[str, str]) -> dict[str, Any]:
@@ -109,7 +93,7 @@ def test_the_agent_writes_its_clients_token_secrets_and_nothing_else(
     # Until the apiserver's informer has the policy a forged write lands (the RBAC allows it); the
     # admin removes it and the test tries again.
     deadline = time.monotonic() + POLICY_ACTIVE_WITHIN_S
-    while not (refused := _refusal(lambda: agent_core_v1.create_namespaced_secret(namespace, stolen))):
+    while not (refused := forbidden_message(lambda: agent_core_v1.create_namespaced_secret(namespace, stolen))):
         core_v1.delete_namespaced_secret("db-password", namespace)
         assert time.monotonic() < deadline, "the Secret policy was never enforced"
         time.sleep(0.5)
@@ -131,9 +115,9 @@ def test_the_agent_writes_its_clients_token_secrets_and_nothing_else(
                               ("other-gpupool-remote", None, {"remote_token": "t"}),      # owned by nobody
                               ("other-gpupool-remote", pod, {"remote_token": "t"}),       # owned by another pod
                               ("other-gpupool-remote", other, {"ssh-privatekey": "k"})):  # keys it never writes
-        assert _refusal(lambda n=name, o=owner, d=data: agent_core_v1.create_namespaced_secret(
+        assert forbidden_message(lambda n=name, o=owner, d=data: agent_core_v1.create_namespaced_secret(
             namespace, _secret(n, namespace, o, d))), name
     # Nor can it rewrite its client's Secret into something else.
-    assert "holds only remote_endpoint, remote_token and remote_tls_ca.pem" in _refusal(
+    assert "holds only remote_endpoint, remote_token and remote_tls_ca.pem" in forbidden_message(
         lambda: agent_core_v1.patch_namespaced_secret("train-0-gpupool-remote", namespace,
                                                       {"stringData": {"extra": "x"}}))
