@@ -372,8 +372,9 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
 
     flags = flags or RemoteServerFlags()
     if listen is None:
-        for flag in ([*(["--remote-gpu-endpoint"] if endpoint is not None else []), *flags.given()])[:1]:
-            raise click.BadParameter("needs --remote-gpu-server", param_hint=flag)
+        given = (["--remote-gpu-endpoint"] if endpoint is not None else []) + flags.given()
+        if given:
+            raise click.BadParameter("needs --remote-gpu-server", param_hint=given[0])
         return None
     if (flags.tls_cert is None) != (flags.tls_key is None):
         raise click.UsageError("--remote-gpu-tls-cert and --remote-gpu-tls-key go together")
