@@ -338,6 +338,22 @@ def _start_checks(fake_gpus: str | None, options: ProbeOptions, exit_on_fail: bo
     return checks
 
 
+def _start_annotations(cluster: ClusterSettings | None, checks: Sequence[Check]) -> dict[str, str]:
+    """What the agent leaves on its Node at start, written in one patch: the cluster settings the
+    extender checks it against (docs/cluster-config.md) and the start-up checks' summary."""
+    from datetime import UTC, datetime
+
+    from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION
+    from gpupool.nodeagent.selfcheck import CHECKS_ANNOTATION, checks_annotation
+
+    annotations = {}
+    if cluster is not None:
+        annotations[AGENT_SETTINGS_ANNOTATION] = cluster.published()
+    if checks:
+        annotations[CHECKS_ANNOTATION] = checks_annotation(checks, datetime.now(UTC))
+    return annotations
+
+
 def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check]:
     from gpupool.nodeagent.gpu_inventory import GpuInventory
     from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoints
@@ -575,13 +591,10 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
             group.create_task(manager.run())
             group.create_task(agent.run())
             group.create_task(publish_once_served())
-            if start_checks:  # what the start-up checks found, on the Node for `kubectl describe node`
-                from gpupool.nodeagent.selfcheck_publish import publish_checks
-                from gpupool.nodeagent.settings_publisher import kube_core_v1 as checks_core_v1
-                group.create_task(publish_checks(checks_core_v1(node, kubeconfig), node, start_checks))
-            if cluster is not None:  # what the extender checks this node's agent against (docs/cluster-config.md)
-                from gpupool.nodeagent.settings_publisher import kube_core_v1, publish_settings
-                group.create_task(publish_settings(kube_core_v1(node, kubeconfig), node, cluster))
+            started_with = _start_annotations(cluster, start_checks)
+            if started_with:  # on the Node for the extender (settings) and `kubectl describe node` (checks)
+                from gpupool.nodeagent.start_annotations import kube_core_v1, publish_annotations
+                group.create_task(publish_annotations(kube_core_v1(node, kubeconfig), node, started_with))
             if dra_driver is not None:
                 group.create_task(dra_driver.run(agent.wait_devices_changed, agent.devices_version))
             if checks is not None:
@@ -590,7 +603,7 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
                 group.create_task(service.run())
             if remote is not None:  # remote shares booked on this node's cards (docs/remote-gpu.md)
                 from gpupool.nodeagent.remote_setup import run_remote_gpu
-                from gpupool.nodeagent.settings_publisher import kube_core_v1 as core_v1_of
+                from gpupool.nodeagent.start_annotations import kube_core_v1 as core_v1_of
                 group.create_task(run_remote_gpu(node, names, remote, core_v1_of(node, kubeconfig)))
             if heartbeat is not None:  # only while registered: a live Lease means a served node
                 from gpupool.nodeagent.heartbeat import kube_heartbeat

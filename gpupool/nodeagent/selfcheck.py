@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 #: The Node annotation where the agent leaves the summary of its start-up checks (fixed, not under
 #: the resource domain: it is read by people, ``kubectl describe node``).
@@ -214,8 +213,7 @@ def summary(checks: Sequence[Check]) -> str:
     return "; ".join([head or "no checks", *problems])
 
 
-def annotation_patch(checks: Sequence[Check], at: datetime) -> dict[str, Any]:
-    """The merge patch that leaves the start-up checks' :func:`summary` on the Node, stamped with
-    when they ran (they are not re-run: a warning fixed since shows until the next start)."""
-    text = f"{at.strftime('%Y-%m-%dT%H:%M:%SZ')} at start: {summary(checks)}"
-    return {"metadata": {"annotations": {CHECKS_ANNOTATION: text}}}
+def checks_annotation(checks: Sequence[Check], at: datetime) -> str:
+    """The value of :data:`CHECKS_ANNOTATION`: the start-up checks' :func:`summary`, stamped with when
+    they ran (they are not re-run: a warning fixed since shows until the next start)."""
+    return f"{at.strftime('%Y-%m-%dT%H:%M:%SZ')} at start: {summary(checks)}"

@@ -179,8 +179,8 @@ def test_node_agent_reads_no_pod_per_allocate_and_nothing_while_idle(
     print(f"\nnode agent requests (idle {IDLE_S:.0f} s; restarts: agent, then apiserver, then one pod): "
           + json.dumps(measured) + "; heartbeat: " + json.dumps({p: counts(r) for p, r in beats.items()}))
 
-    # two node patches: the settings the agent runs with (agent-settings-v1, at start) and the
-    # inventory with its enforcement notice (once kubelet accepted the device plugins)
+    # two node patches: at start, the settings the agent runs with (agent-settings-v1) and its start-up
+    # checks in one; the inventory with its enforcement notice (once kubelet accepted the device plugins)
     assert measured["startup"] == {"list pods": 1, "patch nodes": 2, "watch pods": 1}, got["startup"]
     query = {r.verb: parse_qs(urlsplit(r.uri).query) for r in got["startup"] if r.resource == "pods"}
     assert all(q["fieldSelector"] == [f"spec.nodeName={node}"] for q in query.values()), query

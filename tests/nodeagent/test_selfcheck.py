@@ -26,7 +26,7 @@ from gpupool.nodeagent.selfcheck import (
     NodeFacts,
     PathFacts,
     Status,
-    annotation_patch,
+    checks_annotation,
     exit_code,
     judge,
     render,
@@ -107,8 +107,8 @@ def test_the_summary_counts_and_names_what_is_not_ok() -> None:
     assert text.startswith("5 ok, 1 warn, 1 fail; ")
     assert f"fail pod resources: {PODRES.path}: missing" in text and "warn refusal at open: no cgroup2" in text
     assert summary(judge(HEALTHY)) == "6 ok"
-    patch = annotation_patch(checks, datetime(2026, 11, 28, 23, 40, tzinfo=UTC))
-    assert patch == {"metadata": {"annotations": {CHECKS_ANNOTATION: f"2026-11-28T23:40:00Z at start: {text}"}}}
+    value = checks_annotation(checks, datetime(2026, 11, 28, 23, 40, tzinfo=UTC))
+    assert value == f"2026-11-28T23:40:00Z at start: {text}"
 
 
 def test_render_puts_the_hint_under_its_check() -> None:
@@ -246,8 +246,10 @@ def test_the_agent_logs_its_checks_at_start_and_stops_on_a_failure_when_told(
         _start_checks(str(gpus), options, exit_on_fail=True)
 
 
-def test_the_checks_are_written_on_the_node_once_retrying_while_the_api_refuses() -> None:
-    from gpupool.nodeagent.selfcheck_publish import publish_checks
+def test_the_settings_and_the_checks_are_written_on_the_node_in_one_patch_retried_while_the_api_refuses() -> None:
+    from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION, ClusterSettings
+    from gpupool.cli.node_agent_cmd import _start_annotations
+    from gpupool.nodeagent.start_annotations import publish_annotations
 
     calls: list[tuple[str, dict[str, Any]]] = []
 
@@ -258,6 +260,9 @@ def test_the_checks_are_written_on_the_node_once_retrying_while_the_api_refuses(
                 raise ConnectionError("apiserver away")
 
     checks = [Check("gpus", Status.OK, "1 card(s): T4"), Check("kubelet", Status.WARN, "missing", "start it")]
-    at = datetime(2026, 11, 28, 23, 40, tzinfo=UTC)
-    asyncio.run(publish_checks(Api(), "gpu-1", checks, first_retry_s=0.01, now=lambda: at))
-    assert calls == [("gpu-1", annotation_patch(checks, at))] * 2
+    started_with = _start_annotations(ClusterSettings(), checks)
+    assert set(started_with) == {AGENT_SETTINGS_ANNOTATION, CHECKS_ANNOTATION}
+    assert started_with[CHECKS_ANNOTATION].endswith("at start: 1 ok, 1 warn; warn kubelet: missing")
+    assert _start_annotations(None, ()) == {}
+    asyncio.run(publish_annotations(Api(), "gpu-1", started_with, first_retry_s=0.01))
+    assert calls == [("gpu-1", {"metadata": {"annotations": started_with}})] * 2
