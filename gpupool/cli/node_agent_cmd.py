@@ -384,7 +384,7 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
     from pathlib import Path
 
     from gpupool.nodeagent.remote_setup import CLIENTS_FILE, RemoteGpuOptions, host_port
-    from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, check_listen
+    from gpupool.remotegpu.serve import ListenFlags, RemoteServeError, TlsFiles, check_listen
 
     flags = flags or RemoteServerFlags()
     if listen is None:
@@ -401,14 +401,14 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
     client_ca = _read_ca(flags.tls_ca) if flags.tls_ca is not None else None
     try:
         listen = host_port(listen, "--remote-gpu-server")
-        check_listen(listen, flags.allow_plain, TlsFiles(*tls) if tls is not None else None)
+        check_listen(listen, flags.allow_plain, TlsFiles(*tls) if tls is not None else None,
+                     ListenFlags("--remote-gpu-server", "--remote-gpu-tls-cert", "--remote-gpu-tls-key",
+                                 "--remote-gpu-allow-plain"))
         return RemoteGpuOptions(listen, host_port(endpoint or listen, "--remote-gpu-endpoint"),
                                 Path(state_dir) / CLIENTS_FILE, tls=tls, client_ca=client_ca,
                                 enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain)
     except RemoteServeError as exc:
-        raise click.BadParameter(str(exc).replace("--listen", "--remote-gpu-server").replace(
-            "--tls-cert and --tls-key", "--remote-gpu-tls-cert and --remote-gpu-tls-key").replace(
-            "--allow-plain", "--remote-gpu-allow-plain"), param_hint="--remote-gpu-server") from None
+        raise click.BadParameter(str(exc), param_hint="--remote-gpu-server") from None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 

@@ -47,12 +47,26 @@ def mirror_text(clients: Sequence[RemoteClient]) -> str:
     return "".join(f"{c.token}\t{c.pod}\t{c.card_uuid}\t{c.memory_mib}\t{c.compute_percent}\n" for c in clients)
 
 
-def is_loopback(host: str) -> bool:
+@dataclass(frozen=True)
+class ListenFlags:
+    """How the caller spells the listen options in its messages: ``gpupool remote-gpu serve``'s own
+    flags by default, the node agent's ``--remote-gpu-*`` ones when it starts the server."""
+
+    listen: str = "--listen"
+    tls_cert: str = "--tls-cert"
+    tls_key: str = "--tls-key"
+    allow_plain: str = "--allow-plain"
+
+
+SERVE_FLAGS = ListenFlags()
+
+
+def is_loopback(host: str, flags: ListenFlags = SERVE_FLAGS) -> bool:
     """Whether every address ``host`` names is a loopback address."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
-        raise RemoteServeError(f"--listen host {host!r}: {exc}") from None
+        raise RemoteServeError(f"{flags.listen} host {host!r}: {exc}") from None
     addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
     return bool(addresses) and all(a.is_loopback or (a.version == 6 and a.ipv4_mapped is not None
                                                      and a.ipv4_mapped.is_loopback) for a in addresses)
@@ -66,15 +80,18 @@ class TlsFiles:
     key: Path
 
 
-def check_listen(listen: str, allow_plain: bool, tls: TlsFiles | None = None) -> None:
-    """Refuse a listen address the server must not use (bad syntax, or plain TCP off loopback)."""
+def check_listen(listen: str, allow_plain: bool, tls: TlsFiles | None = None,
+                 flags: ListenFlags = SERVE_FLAGS) -> None:
+    """Refuse a listen address the server must not use (bad syntax, or plain TCP off loopback); the
+    message names the options as ``flags`` spells them."""
     try:
         host, _ = parse_endpoint(listen, any_port=True)
     except ValueError as exc:
-        raise RemoteServeError(f"--listen: {exc}") from None
-    if tls is None and not allow_plain and not is_loopback(host):
-        raise RemoteServeError(f"--listen {listen}: not a loopback address; give --tls-cert and --tls-key, or "
-                               "--allow-plain to serve plain TCP on this network anyway (tokens in the clear)")
+        raise RemoteServeError(f"{flags.listen}: {exc}") from None
+    if tls is None and not allow_plain and not is_loopback(host, flags):
+        raise RemoteServeError(f"{flags.listen} {listen}: not a loopback address; give {flags.tls_cert} and "
+                               f"{flags.tls_key}, or {flags.allow_plain} to serve plain TCP on this network "
+                               "anyway (tokens in the clear)")
     for path in (tls.certificate, tls.key) if tls is not None else ():
         if not path.is_file():
             raise RemoteServeError(f"TLS file {path}: not found")

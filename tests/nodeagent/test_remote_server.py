@@ -169,6 +169,8 @@ def test_the_server_is_off_unless_asked_and_its_flags_are_checked(monkeypatch: p
                                                   Path("/run/gp/remote-gpu-clients.json")))
     code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420")
     assert code == 2 and "not a loopback address; give --remote-gpu-tls-cert and --remote-gpu-tls-key" in output
+    assert "or --remote-gpu-allow-plain to serve plain TCP" in " ".join(output.split()), output
+    assert "--listen" not in output  # the agent's flag names, not those of `gpupool remote-gpu serve`
     code, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420", "--remote-gpu-allow-plain")
     assert code == 0 and remote.allow_plain and remote.command()[-1] == "--allow-plain"
     code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "9420")
