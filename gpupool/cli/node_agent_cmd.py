@@ -360,7 +360,8 @@ def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check
     from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available
     from gpupool.nodeagent.monitor.source_selector import probe_fanotify
     from gpupool.nodeagent.selfcheck import judge
-    from gpupool.nodeagent.selfcheck_probe import library_problem, probe, remote_server_problem
+    from gpupool.nodeagent.selfcheck_probe import library_problem, probe
+    from gpupool.shim.remote_build import server_problem
 
     def inventory() -> GpuInventory:
         if fake_gpus:
@@ -373,7 +374,7 @@ def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check
         finally:
             backend.close()
 
-    return judge(probe(options, inventory, probe_fanotify, describe_checkpoints, remote_server_problem,
+    return judge(probe(options, inventory, probe_fanotify, describe_checkpoints, server_problem,
                        gate=cgroup_device_gate_available, library=library_problem))
 
 

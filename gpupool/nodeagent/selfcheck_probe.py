@@ -112,18 +112,3 @@ def library_problem(path: str) -> str:
         return ""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     return lines[-1].removeprefix("OSError: ") if lines else f"dlopen failed (exit {result.returncode})"
-
-
-def remote_server_problem() -> str:
-    """Why this installation cannot run the GPU server ("" when it can): it needs the prebuilt
-    program, or a C compiler to build it at the server's first start."""
-    from gpupool.shim.build import ShimBuildError, find_compiler
-    from gpupool.shim.remote_build import PACKAGED_DIR, SERVER_NAME
-
-    if (PACKAGED_DIR / SERVER_NAME).is_file():
-        return ""
-    try:
-        find_compiler()
-    except ShimBuildError:
-        return f"no prebuilt GPU server at {PACKAGED_DIR / SERVER_NAME} and no C compiler to build one"
-    return ""

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.shim.build import PACKAGED_LIBRARY, RELEASE, Flavour, _compile, _digest, cache_dir, find_compiler
+from gpupool.shim.build import (
+    PACKAGED_LIBRARY,
+    RELEASE,
+    Flavour,
+    ShimBuildError,
+    _compile,
+    _digest,
+    cache_dir,
+    find_compiler,
+)
 from gpupool.shim.build import SOURCE_DIR as SHIM_SOURCE_DIR
 
 PACKAGED_DIR = PACKAGED_LIBRARY.parent
@@ -71,6 +80,19 @@ def server_program() -> Path:
     """The GPU server the node runs: the packaged one, else a cached build."""
     packaged = PACKAGED_DIR / SERVER_NAME
     return packaged if packaged.is_file() else build_server()
+
+
+def server_problem() -> str:
+    """Why :func:`server_program` would fail here ("" when it would not): no packaged server and no
+    C compiler to build one at the server's first start. Asked by the agent's start-up checks."""
+    packaged = PACKAGED_DIR / SERVER_NAME
+    if packaged.is_file():
+        return ""
+    try:
+        find_compiler()
+    except ShimBuildError:
+        return f"no prebuilt GPU server at {packaged} and no C compiler to build one"
+    return ""
 
 
 def client_directory() -> Path:

@@ -62,3 +62,22 @@ def test_the_image_ships_the_remote_programs() -> None:
     assert "libssl-dev" in dockerfile
     assert "gpupool remote-gpu build" in dockerfile
     assert "--into /install/lib/python3.11/site-packages/gpupool/shim/lib" in dockerfile
+
+
+def test_the_server_problem_is_what_server_program_would_meet(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    from gpupool.shim.build import ShimBuildError
+
+    monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path)
+
+    def no_compiler() -> str:
+        raise ShimBuildError("no cc")
+
+    monkeypatch.setattr(remote_build, "find_compiler", no_compiler)
+    assert remote_build.server_problem() == f"no prebuilt GPU server at {tmp_path / 'gpupool-remote-server'} " \
+                                           "and no C compiler to build one"
+    (tmp_path / "gpupool-remote-server").write_text("#!/bin/sh\n")
+    assert remote_build.server_problem() == ""  # packaged: no compiler needed
+    (tmp_path / "gpupool-remote-server").unlink()
+    monkeypatch.setattr(remote_build, "find_compiler", lambda: "cc")
+    assert remote_build.server_problem() == ""  # built at the server's first start
