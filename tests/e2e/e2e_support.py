@@ -63,15 +63,25 @@ def pod_manifest(
             "metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
-    """Poll ``probe`` until it returns something other than ``None``/``False``; return that."""
+def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2,
+             explain: Callable[[], str] | None = None) -> T:
+    """Poll ``probe`` until it returns something other than ``None``/``False``; return that.
+
+    ``explain`` is asked, only on a time-out, for the state that says why (a wait that fails once in
+    a loaded CI run cannot be rerun with more logging)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value is not None and value is not False:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            why = ""
+            if explain is not None:
+                try:
+                    why = "\n" + explain()
+                except Exception as exc:  # the explanation must not hide the time-out
+                    why = f"\n(explaining failed: {exc!r})"
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{why}")
         time.sleep(interval)
 
 

@@ -114,13 +114,28 @@ def test_a_claim_and_an_extended_resource_pod_never_over_commit_one_card(
         assert phase("dra-late") == "Pending" and phase("er-2g") == "Running" and phase("dra-big") == "Running"
 
         # the claims go (their pods deleted, the controller deallocates them): the extender gives
-        # their memory back, and er-4g, which it refused, is placed without a cluster event of its own
+        # their memory back, and er-4g, which it refused, is placed without a cluster event of its own.
+        # A graceful deletion, as a cluster's controllers delete: kubelet unprepares a pod's claims
+        # before it lets the API remove the pod (kubelet.go, SyncTerminatedPod), so the controller
+        # deallocates them only once the node gave them back. A forced one (grace 0) removes the pod
+        # at once: the claim is deallocated while the node still holds it, and an Allocate for er-4g
+        # that came first would be refused by the node agent (its card still full) and fail the pod.
         for pod in ("dra-late", "dra-big"):
-            core_v1.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+            core_v1.delete_namespaced_pod(pod, namespace, grace_period_seconds=1)
         for claim in ("claim-late", "claim-big"):
             resource.delete_namespaced_resource_claim(claim, namespace)
         wait_for(lambda: not resource.list_namespaced_resource_claim(namespace).items, timeout=60,
                  what="the claims deallocated and deleted")
+
+        def why_not_placed() -> str:
+            pod = core_v1.read_namespaced_pod("er-4g", namespace)
+            conditions = [(c.type, c.status, c.reason, c.message) for c in pod.status.conditions or []]
+            lines = [line for line in extender.log_path.read_text(errors="replace").splitlines()
+                     if "er-4g" in line or "dra_bookings" in line or "wakeup" in line or "booking_problems" in line]
+            return (f"er-4g on {pod.spec.node_name!r}, annotations {pod.metadata.annotations}, conditions "
+                    f"{conditions}; extender alive: {extender.proc is not None and extender.proc.poll() is None}; "
+                    f"filter now: {filter_reason(extender, gib_of_a_card(4), node)!r}\n" + "\n".join(lines[-40:]))
+
         wait_for(lambda: phase("er-4g") == "Running", timeout=90,
-                 what=f"er-4g placed once the claims are gone ({extender.log_path})")
+                 what=f"er-4g placed once the claims are gone ({extender.log_path})", explain=why_not_placed)
         assert extender.metric("gpupool_cluster_gpu_memory_allocated_bytes") == 6 * GIB  # er-2g and er-4g
