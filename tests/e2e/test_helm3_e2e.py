@@ -16,16 +16,14 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.helm import HELM_3, ensure_helm
 from gpupool.testenv.versions import HELM3
 from tests.deploy.helm_render import CHART
-from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import wait_for
-from tests.e2e.test_helm_e2e import CRDS, NAMESPACES, RELEASE, SYSTEM, Release, identities
+from tests.e2e.helm_support import CRDS, NAMESPACES, RELEASE, SYSTEM, Release, identities, released
 
 pytestmark = pytest.mark.e2e
 
@@ -39,38 +37,7 @@ def release3(control_plane: ControlPlane, kube_api_client: client.ApiClient,
         binary = ensure_helm(log=lambda m: print(f"[helm 3] {m}", flush=True), release=HELM_3)
     except BuildImpossibleError as exc:
         pytest.skip(f"Helm 3 cannot be built here: {exc}")
-    core_v1 = client.CoreV1Api(kube_api_client)
-    present = {n.metadata.name for n in core_v1.list_namespace().items} & set(NAMESPACES)
-    assert not present, f"gpupool's namespaces exist before the chart is installed: {sorted(present)}"
-    extensions = client.ApiextensionsV1Api(kube_api_client)
-    crds_before = {c.metadata.name for c in extensions.list_custom_resource_definition().items} & set(CRDS)
-    state = Release(binary, control_plane, tmp_path_factory.mktemp("helm3"))
-    try:
-        yield state
-    finally:
-        if RELEASE in state.helm("list", "--all-namespaces", "--short").stdout.split():
-            state.helm("uninstall", RELEASE, "--namespace", SYSTEM)
-        for manifest in state.manifests:
-            state.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
-        for name in NAMESPACES:
-            try:
-                delete_namespace(core_v1, name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        created = set(CRDS) - crds_before
-        for name in created:
-            try:
-                extensions.delete_custom_resource_definition(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-        def crds_gone() -> bool | None:  # the next module's helm install must find none terminating
-            names = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
-            return True if not created & names else None
-
-        wait_for(crds_gone, timeout=60, what=f"the CRDs {sorted(created)} deleted")
+    yield from released(binary, control_plane, kube_api_client, tmp_path_factory.mktemp("helm3"))
 
 
 def test_helm_3_installs_upgrades_and_uninstalls_the_chart(release3: Release, kube_api_client: client.ApiClient,

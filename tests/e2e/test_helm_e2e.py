@@ -27,20 +27,17 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
 from gpupool.api.names import ResourceNames
@@ -51,56 +48,15 @@ from gpupool.testenv.errors import BuildImpossibleError
 from gpupool.testenv.helm import ensure_helm
 from gpupool.testenv.procs import ManagedProcess
 from tests.deploy.helm_render import CHART
-from tests.e2e.conftest import delete_namespace
 from tests.e2e.e2e_support import MakeNode, free_port, gpu_pod_manifest, log_tail, wait_for
+from tests.e2e.helm_support import CRDS, NAMESPACES, RELEASE, SYSTEM, Release, identities, released
 from tests.e2e.shipped_scheduler import start_shipped_scheduler, write_files
 from tests.e2e.test_deploy_e2e import service_account_kubeconfig
 from tests.e2e.trust_support import FlaggedExtender
 
 pytestmark = pytest.mark.e2e
 
-RELEASE = "gpupool"
-SYSTEM = "gpupool-system"
-NAMESPACES = ("gpupool-system", "gpupool-node", "gpupool-node-lease")
-CRDS = ("gpuquotas.gpupool.io", "resourcegroups.gpupool.io")
 NAMES = ResourceNames()
-COMMAND_TIMEOUT_S = 180
-
-
-@dataclass
-class Release:
-    """The helm binary and cluster of this module, and what the tests learnt on the way."""
-
-    binary: Path
-    plane: ControlPlane
-    home: Path
-    manifests: list[str] = field(default_factory=list)
-
-    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """helm with the control plane's kubeconfig and its own cache/config/data directories."""
-        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig),
-               "HELM_CACHE_HOME": str(self.home / "cache"), "HELM_CONFIG_HOME": str(self.home / "config"),
-               "HELM_DATA_HOME": str(self.home / "data")}
-        return subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=env,
-                              timeout=COMMAND_TIMEOUT_S, check=False)
-
-    def ok(self, *args: str) -> str:
-        result = self.helm(*args)
-        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
-
-    def manifest(self) -> str:
-        """What the release installed, as ``helm get manifest`` lists it (the templates, no CRDs)."""
-        return self.ok("get", "manifest", RELEASE, "--namespace", SYSTEM)
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.plane.binaries.kubectl), "--kubeconfig", str(self.plane.kubeconfig), *args],
-                              input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
-
-
-def identities(manifest: str) -> set[tuple[str, str, str]]:
-    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
-            for d in yaml.safe_load_all(manifest) if d}
 
 
 @pytest.fixture(scope="module")
@@ -112,39 +68,7 @@ def release(control_plane: ControlPlane, kube_api_client: client.ApiClient,
         binary = ensure_helm(log=lambda m: print(f"[helm] {m}", flush=True))
     except BuildImpossibleError as exc:
         pytest.skip(f"helm cannot be built here: {exc}")
-    core_v1 = client.CoreV1Api(kube_api_client)
-    present = {n.metadata.name for n in core_v1.list_namespace().items} & set(NAMESPACES)
-    assert not present, f"gpupool's namespaces exist before the chart is installed: {sorted(present)}"
-    extensions = client.ApiextensionsV1Api(kube_api_client)
-    crds_before = {c.metadata.name for c in extensions.list_custom_resource_definition().items} & set(CRDS)
-    state = Release(binary, control_plane, tmp_path_factory.mktemp("helm"))
-    try:
-        yield state
-    finally:
-        if RELEASE in state.helm("list", "--all-namespaces", "--short").stdout.split():
-            state.helm("uninstall", RELEASE, "--namespace", SYSTEM)
-        for manifest in state.manifests:  # cluster-scoped objects would outlive the namespaces
-            state.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
-        for name in NAMESPACES:
-            try:
-                delete_namespace(core_v1, name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        # the CRDs Helm installed and never deletes: later modules install them themselves
-        created = set(CRDS) - crds_before
-        for name in created:
-            try:
-                extensions.delete_custom_resource_definition(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-        def crds_gone() -> bool | None:
-            return True if not created & {c.metadata.name for c in extensions.list_custom_resource_definition().items} \
-                else None
-
-        wait_for(crds_gone, timeout=60, what=f"the CRDs {sorted(created)} deleted")
+    yield from released(binary, control_plane, kube_api_client, tmp_path_factory.mktemp("helm"))
 
 
 def test_install_creates_every_object_and_the_crds_and_the_webhook_awaiting_its_ca(
