@@ -50,7 +50,9 @@ HeldElsewhere = Callable[[], Iterable[PodView]]
 class PreparedDevice:
     """One device of a prepare answer (the DRA service's ``Device``)."""
 
-    request: str
+    requests: tuple[str, ...]
+    """The requests of the claim whose containers get this device's CDI ids (kubelet hands a
+    container the CDI ids of the devices naming a request it references, or of all for the claim)."""
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
@@ -278,9 +280,15 @@ class ClaimState:
 
 
 def devices_of(prepared: PreparedClaim) -> list[PreparedDevice]:
-    """The prepare answer of a claim: every share, the claim's CDI device on the first one only (a
-    container using the claim gets its grant once)."""
-    return [PreparedDevice(s.request, s.pool, s.device, (prepared.cdi_id,) if i == 0 else (), s.share_id)
+    """The prepare answer of a claim: every share, the claim's one CDI device (its grant) on the
+    first only, so that a container using the claim gets it once. That first device names every
+    request of the claim: a container that references a later request of a claim with several
+    (``resources.claims[].request``) gets the grant too, where naming only the first share's
+    request left it none. The grant is the whole claim's (its cards and shares, as for a container
+    that references the claim itself)."""
+    requests = tuple(dict.fromkeys(s.request for s in prepared.shares))
+    return [PreparedDevice(requests if i == 0 else (s.request,), s.pool, s.device,
+                           (prepared.cdi_id,) if i == 0 else (), s.share_id)
             for i, s in enumerate(prepared.shares)]
 
 

@@ -56,7 +56,7 @@ class _DraPlugin(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
             if isinstance(answer, str):
                 claims[uid] = dra_pb.NodePrepareResourceResponse(error=answer)
                 continue
-            devices = [dra_pb.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
+            devices = [dra_pb.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
                                      cdi_device_ids=list(d.cdi_ids),
                                      **({"share_id": d.share_id} if d.share_id else {})) for d in answer]
             claims[uid] = dra_pb.NodePrepareResourceResponse(devices=devices)

@@ -360,3 +360,22 @@ def test_the_slice_is_published_only_once_kubelet_registered_the_driver() -> Non
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
     asyncio.run(main())
+
+
+def test_a_claim_of_two_requests_hands_its_grant_to_a_container_of_either_request() -> None:
+    """kubelet gives a container that references ``request: b`` only the CDI ids of devices naming
+    ``b``: the device with the claim's grant names both requests, the other device none of it."""
+    async def main() -> None:
+        with temp_dir() as d:
+            claims = ClaimStore()
+            two = claims.add(claim_object("two", "uid-2", [result("gpu-0", "4Gi", request="a", share_id="sa"),
+                                                           result("gpu-1", "2Gi", request="b", share_id="sb")]))
+            async with serving(d, claims, [inventory()]) as node:
+                answers = await node.kubelet.prepare(DRIVER, [two])
+                assert answers["uid-2"].error == ""
+                assert answers["uid-2"].devices == (
+                    (("a", "b"), "node-a", "gpu-0", ("gpupool.io/claim=uid-2",), "sa"),
+                    (("b",), "node-a", "gpu-1", (), "sb"))
+                grant = ContainerEnvironment.from_env(cdi_env(d, "uid-2"))
+                assert [(c.index, c.memory_mib) for c in grant.cards] == [(0, 4096), (1, 2048)]
+    asyncio.run(main())
