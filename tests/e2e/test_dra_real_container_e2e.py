@@ -8,6 +8,7 @@ and the card's device node. This is what the fake runtime of test_dra_e2e.py can
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,55 @@ def test_a_claims_grant_reaches_the_container_through_cdi(
         assert [(c.index, c.uuid, c.memory_mib) for c in grant.cards] == [(card, f"GPU-real-{card:04d}", 4096)]
         assert (grant.pod, grant.container) == (f"{namespace}/pod", "claim")
         assert f"DEVICES nvidia{card} CTL yes" in log, log
+
+
+def test_each_container_of_a_two_request_claim_gets_the_claims_grant(
+        containerd_kubelet: Kubelet, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
+        namespace: str, start_node_agent: Any, tmp_path: Path) -> None:
+    """A claim of two requests (4 GiB as ``a``, 2 GiB as ``b``) and three containers: one references
+    ``a``, one ``b``, one both. Each gets the claim's one grant (both shares); the third gets its CDI
+    device once per request from kubelet, and the runtime starts it."""
+    kubelet = containerd_kubelet
+    node = kubelet.node_name
+    assert kubelet.runtime.containerd is not None
+    cdi_dir = kubelet.runtime.containerd.layout.cdi_spec_dir
+    gpus = stand_in_cards(tmp_path / "dev", memory_mib=16384)
+    args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir))
+    agent = start_node_agent(kubelet, gpus, extra_args=args)
+    claim = claim_manifest("two", "4Gi")
+    (first,) = claim["spec"]["devices"]["requests"]
+    second = json.loads(json.dumps(first))
+    first["name"], second["name"] = "a", "b"
+    second["exactly"]["capacity"]["requests"]["memory"] = "2Gi"
+    claim["spec"]["devices"]["requests"] = [first, second]
+    manifest = claim_pod("pod", "two", node, kubelet.images.busybox.ref, command(tmp_path / "dev"))
+    (template,) = manifest["spec"]["containers"]
+    containers = {"main": [{"name": "gpu", "request": "a"}], "only-b": [{"name": "gpu", "request": "b"}],
+                  "both": [{"name": "gpu", "request": "a"}, {"name": "gpu", "request": "b"}]}
+    manifest["spec"]["containers"] = [template | {"name": name, "resources": {"claims": refs}}
+                                      for name, refs in containers.items()]
+    with dra_installed(kube_api_client, node) as resource:
+        wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
+        resource.create_namespaced_resource_claim(namespace, claim)
+        core_v1.create_namespaced_pod(namespace, manifest)
+
+        def logs() -> dict[str, str] | None:
+            pod = core_v1.read_namespaced_pod("pod", namespace)
+            assert pod.status.phase not in ("Failed", "Succeeded"), pod.status.container_statuses
+            if pod.status.phase != "Running":
+                return None
+            out = {name: str(core_v1.read_namespaced_pod_log("pod", namespace, container=name)) for name in containers}
+            return out if all("DEVICES" in log for log in out.values()) else None
+
+        got = wait_for(logs, timeout=120, what=f"each container's env in its log ({agent.log_path})")
+        read = resource.read_namespaced_resource_claim("two", namespace)
+        allocated = kube_api_client.sanitize_for_serialization(read)
+        results = allocated["status"]["allocation"]["devices"]["results"]
+    shares = sorted((r["request"], int(r["device"].removeprefix("gpu-"))) for r in results)
+    assert [request for request, _ in shares] == ["a", "b"]
+    wanted = sorted({card for _, card in shares})
+    for name, log in got.items():
+        grant = ContainerEnvironment.from_env(env_from_log(log))
+        assert grant.container == "two", (name, log)
+        assert sorted({c.index for c in grant.cards}) == wanted, (name, log)
+        assert sum(c.memory_mib for c in grant.cards) == 6144, (name, log)
