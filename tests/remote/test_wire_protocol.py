@@ -19,8 +19,11 @@ from gpupool.shim.remote_build import build_server
 from tests.remote.remote_support import client, token
 
 HEADER = struct.Struct("<IHHIi")
-OP_HELLO, OP_PING, OP_MEM_ALLOC, OP_MEM_FREE, OP_MEM_INFO, OP_MODULE_FUNCTION = 1, 2, 8, 9, 10, 17
+OP_HELLO, OP_PING, OP_MEM_ALLOC, OP_MEM_FREE, OP_MEM_INFO, OP_MODULE_LOAD, OP_MODULE_FUNCTION = 1, 2, 8, 9, 10, 15, 17
 OP_LAUNCH, OP_STREAM_SYNCHRONIZE, OP_EVENT_CREATE, OP_EVENT_RECORD, OP_EVENT_DESTROY = 18, 21, 24, 25, 29
+OP_MODULE_UNLOAD, OP_CTX_SYNCHRONIZE, OP_COPY_TO_DEVICE, OP_COPY_TO_HOST = 16, 7, 11, 12
+OP_LIBRARY_LOAD, OP_LIBRARY_UNLOAD, OP_LIBRARY_KERNEL, OP_LIBRARY_MODULE = 30, 31, 32, 33
+OP_KERNEL_FUNCTION, OP_LIBRARY_GLOBAL = 34, 35
 INVALID_HANDLE = 400
 NO_REPLY = 1
 
@@ -144,3 +147,93 @@ def test_nonsense_costs_only_its_own_connection(port: int) -> None:
     assert status == 0
     survivor.sendall(frame(OP_PING, 2))
     assert receive(survivor)[1:3] == (2, 0)
+
+
+def call(connection: socket.socket, op: int, number: int, payload: bytes = b"") -> tuple[int, bytes]:
+    """(status, payload) of one answered request."""
+    connection.sendall(frame(op, number, payload))
+    _, got, status, answer = receive(connection)
+    assert got == number
+    return status, answer
+
+
+def test_a_library_as_bytes(port: int) -> None:
+    """CUDA 12's library API: a library's kernel carries its parameter layout, launches as a
+    function, its module and global are answered, and everything from it goes with cuLibraryUnload."""
+    connection, status = hello(port, token("a"))
+    assert status == 0
+    assert call(connection, OP_LIBRARY_LOAD, 2, b"not an image")[0] == 200  # the driver's INVALID_IMAGE
+    status, payload = call(connection, OP_LIBRARY_LOAD, 3, b"gpupool-standin-module\nscale\nglobal table 64\n")
+    assert status == 0
+    library = struct.unpack("<Q", payload)[0]
+    status, payload = call(connection, OP_LIBRARY_KERNEL, 4, struct.pack("<Q", library) + b"scale")
+    assert status == 0
+    kernel, params = struct.unpack_from("<QI", payload)
+    assert (params, struct.unpack_from("<6I", payload, 12)) == (3, (0, 8, 8, 4, 12, 4))  # scale's offsets, sizes
+    assert call(connection, OP_LIBRARY_KERNEL, 5, struct.pack("<Q", library) + b"matmul")[0] == 500  # NOT_FOUND
+    status, payload = call(connection, OP_KERNEL_FUNCTION, 6, struct.pack("<Q", kernel))
+    assert status == 0 and struct.unpack_from("<I", payload, 8)[0] == 3
+    function = struct.unpack_from("<Q", payload)[0]
+    status, payload = call(connection, OP_LIBRARY_GLOBAL, 7, struct.pack("<Q", library) + b"table")
+    assert status == 0
+    table, size = struct.unpack("<QQ", payload)
+    assert size == 64
+    status, payload = call(connection, OP_LIBRARY_MODULE, 8, struct.pack("<Q", library))
+    assert status == 0
+    module = struct.unpack("<Q", payload)[0]
+    status, payload = call(connection, OP_MODULE_FUNCTION, 9, struct.pack("<Q", module) + b"scale")
+    assert status == 0
+    # a library's module goes with its library, never alone
+    assert call(connection, OP_MODULE_UNLOAD, 10, struct.pack("<Q", module))[0] == INVALID_HANDLE
+    # the global scaled by 3 through the kernel itself (CUDA 12 runtimes cast a CUkernel to CUfunction)
+    values = struct.pack("<4f", 1, 2, 3, 4)
+    connection.sendall(frame(OP_COPY_TO_DEVICE, 11, struct.pack("<QQ", table, 0) + values, flags=NO_REPLY))
+    launch = struct.pack("<Q7IQ", kernel, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", table, 3.0, 4)
+    connection.sendall(frame(OP_LAUNCH, 12, launch, flags=NO_REPLY))
+    assert call(connection, OP_CTX_SYNCHRONIZE, 13)[0] == 0
+    status, payload = call(connection, OP_COPY_TO_HOST, 14, struct.pack("<QQQ", table, 16, 0))
+    assert (status, struct.unpack("<4f", payload)) == (0, (3, 6, 9, 12))
+    assert call(connection, OP_LIBRARY_UNLOAD, 15, struct.pack("<Q", library))[0] == 0
+    # gone with it: the library, its kernel, the kernel's function, its module
+    launch = struct.pack("<Q7IQ", kernel, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", 0, 1.0, 0)
+    connection.sendall(frame(OP_LAUNCH, 16, launch, flags=NO_REPLY) + frame(OP_PING, 17))
+    assert receive(connection)[1:3] == (17, INVALID_HANDLE)
+    assert call(connection, OP_KERNEL_FUNCTION, 18, struct.pack("<Q", kernel))[0] == INVALID_HANDLE
+    launch = struct.pack("<Q7IQ", function, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", 0, 1.0, 0)
+    connection.sendall(frame(OP_LAUNCH, 19, launch, flags=NO_REPLY) + frame(OP_PING, 20))
+    assert receive(connection)[1:3] == (20, INVALID_HANDLE)
+    assert call(connection, OP_MODULE_FUNCTION, 21, struct.pack("<Q", module) + b"scale")[0] == INVALID_HANDLE
+    assert call(connection, OP_LIBRARY_GLOBAL, 22, struct.pack("<Q", library) + b"table")[0] == INVALID_HANDLE
+    assert call(connection, OP_LIBRARY_UNLOAD, 23, struct.pack("<Q", library))[0] == INVALID_HANDLE
+    assert call(connection, OP_LIBRARY_KERNEL, 24, struct.pack("<Q", 0xBAD0) + b"scale")[0] == INVALID_HANDLE
+    assert call(connection, OP_LIBRARY_KERNEL, 25, struct.pack("<Q", library))[0] == 1  # short: INVALID_VALUE
+    connection.close()
+
+
+def handle(answer: tuple[int, bytes]) -> int:
+    """The handle an answered request returned (its first 8 bytes)."""
+    assert answer[0] == 0
+    value: int = struct.unpack_from("<Q", answer[1])[0]
+    return value
+
+
+def test_a_function_got_through_two_owners_outlives_one(port: int) -> None:
+    """The stand-in gives a module's function and a library kernel's function the same handle:
+    unloading the module leaves the library's way to it valid."""
+    connection, status = hello(port, token("a"))
+    assert status == 0
+    image = b"gpupool-standin-module\nscale\n"
+    module = struct.unpack("<Q", call(connection, OP_MODULE_LOAD, 2, image)[1])[0]
+    library = struct.unpack("<Q", call(connection, OP_LIBRARY_LOAD, 3, image)[1])[0]
+    from_module = handle(call(connection, OP_MODULE_FUNCTION, 4, struct.pack("<Q", module) + b"scale"))
+    kernel = handle(call(connection, OP_LIBRARY_KERNEL, 5, struct.pack("<Q", library) + b"scale"))
+    from_kernel = handle(call(connection, OP_KERNEL_FUNCTION, 6, struct.pack("<Q", kernel)))
+    assert from_module == from_kernel
+    assert call(connection, OP_MODULE_UNLOAD, 7, struct.pack("<Q", module))[0] == 0
+    launch = struct.pack("<Q7IQ", from_kernel, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", 0, 1.0, 0)
+    connection.sendall(frame(OP_LAUNCH, 8, launch, flags=NO_REPLY) + frame(OP_PING, 9))
+    assert receive(connection)[1:3] == (9, 0)
+    assert call(connection, OP_LIBRARY_UNLOAD, 10, struct.pack("<Q", library))[0] == 0
+    connection.sendall(frame(OP_LAUNCH, 11, launch, flags=NO_REPLY) + frame(OP_PING, 12))
+    assert receive(connection)[1:3] == (12, INVALID_HANDLE)
+    connection.close()

@@ -44,6 +44,8 @@
 #define CUDA_ERROR_FILE_NOT_FOUND_ 301
 
 typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
 typedef struct {
     char bytes[16];
 } CUuuid;
@@ -675,32 +677,30 @@ static size_t image_bytes(const unsigned char *image) {
     return strlen((const char *)image) + 1;
 }
 
-static CUresult load_image(CUmodule *module, const void *image, size_t bytes) {
-    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+/* Ship an image's bytes (op: OP_MODULE_LOAD, OP_LIBRARY_LOAD); *loaded gets the server's handle. */
+static CUresult load_image(uint16_t op, void **loaded, const void *image, size_t bytes) {
+    if (loaded == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     READY();
     if (bytes == 0 || bytes > REMOTE_MAX_MODULE) return CUDA_ERROR_INVALID_IMAGE_;
     uint64_t got = 0;
     pthread_mutex_lock(&lock);
-    CUresult status = call(OP_MODULE_LOAD, 0, NULL, 0, image, bytes, &got, sizeof got, NULL);
+    CUresult status = call(op, 0, NULL, 0, image, bytes, &got, sizeof got, NULL);
     pthread_mutex_unlock(&lock);
-    if (status == 0) *module = (CUmodule)(uintptr_t)got;
+    if (status == 0) *loaded = (void *)(uintptr_t)got;
     return status;
 }
 
-API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+/* An image in memory: the wrapper nvcc emits is followed to the fatbin its data field points to. */
+static CUresult load_data(uint16_t op, void **loaded, const void *image) {
     if (image == NULL) return CUDA_ERROR_INVALID_VALUE;
     uint32_t magic;
     memcpy(&magic, image, 4);
-    if (magic == 0x466243b1u) /* the wrapper nvcc emits: its data field points to the fatbin */
-        memcpy(&image, (const unsigned char *)image + 8, sizeof image);
-    return load_image(module, image, image_bytes(image));
+    if (magic == 0x466243b1u) memcpy(&image, (const unsigned char *)image + 8, sizeof image);
+    return load_image(op, loaded, image, image_bytes(image));
 }
-API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, void *options, void **values) {
-    return (void)n, (void)options, (void)values, cuModuleLoadData(module, image);
-}
-API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *image) { return cuModuleLoadData(module, image); }
 
-API CUresult cuModuleLoad(CUmodule *module, const char *path) {
+/* An image in a file: its bytes, whatever they hold (the server's driver judges them). */
+static CUresult load_file(uint16_t op, void **loaded, const char *path) {
     if (path == NULL) return CUDA_ERROR_INVALID_VALUE;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat info;
@@ -713,10 +713,19 @@ API CUresult cuModuleLoad(CUmodule *module, const char *path) {
     for (ssize_t n; image != NULL && got < (size_t)info.st_size && (n = read(fd, image + got, (size_t)info.st_size - got)) > 0;)
         got += (size_t)n;
     close(fd);
-    CUresult status = image == NULL ? CUDA_ERROR_OUT_OF_MEMORY : load_image(module, image, got);
+    CUresult status = image == NULL ? CUDA_ERROR_OUT_OF_MEMORY : load_image(op, loaded, image, got);
     free(image);
     return status;
 }
+
+API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    return load_data(OP_MODULE_LOAD, (void **)module, image);
+}
+API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, void *options, void **values) {
+    return (void)n, (void)options, (void)values, cuModuleLoadData(module, image);
+}
+API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *image) { return cuModuleLoadData(module, image); }
+API CUresult cuModuleLoad(CUmodule *module, const char *path) { return load_file(OP_MODULE_LOAD, (void **)module, path); }
 
 API CUresult cuModuleUnload(CUmodule module) {
     READY();
@@ -755,42 +764,59 @@ static uint32_t explicit_layout(const char *name, uint32_t *layout) {
     return REMOTE_PARAMS_UNKNOWN;
 }
 
-API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
-    if (function == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
-    READY();
-    size_t name_length = strnlen(name, 4096);
+static struct function *function_of(uint64_t handle) {
+    for (size_t i = 0; i < function_count; i++)
+        if (functions[i].handle == handle) return &functions[i];
+    return NULL;
+}
+
+/*
+ * Ask the server for a function or a kernel (op: OP_MODULE_FUNCTION, OP_LIBRARY_KERNEL,
+ * OP_KERNEL_FUNCTION; request: the owner's handle, then the name if any) and keep its parameter
+ * layout for launches. When the server's driver cannot say, the layout is the one of from (a
+ * kernel's, for its function), else GPUPOOL_REMOTE_KERNEL_PARAMS's for name. Called with lock held.
+ */
+static CUresult learn(uint16_t op, uint64_t owner, const char *name, uint64_t from, uint64_t *out) {
+    size_t name_length = name == NULL ? 0 : strnlen(name, 4096);
     unsigned char *request = malloc(8 + name_length), *answer = malloc(12 + 8u * REMOTE_MAX_PARAMS);
     if (request == NULL || answer == NULL) return free(request), free(answer), CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t which = (uintptr_t)module;
-    memcpy(request, &which, 8), memcpy(request + 8, name, name_length);
+    memcpy(request, &owner, 8);
+    if (name_length > 0) memcpy(request + 8, name, name_length);
     size_t got = 0;
-    pthread_mutex_lock(&lock);
-    CUresult status = call(OP_MODULE_FUNCTION, 0, request, 8 + name_length, NULL, 0, answer,
-                           12 + 8u * REMOTE_MAX_PARAMS, &got);
+    CUresult status = call(op, 0, request, 8 + name_length, NULL, 0, answer, 12 + 8u * REMOTE_MAX_PARAMS, &got);
     if (status == 0 && got >= 12) {
         uint64_t handle;
         uint32_t params;
         memcpy(&handle, answer, 8), memcpy(&params, answer + 8, 4);
-        struct function *slot = NULL;
-        for (size_t i = 0; i < function_count && slot == NULL; i++)
-            if (functions[i].handle == handle) slot = &functions[i];
+        struct function *slot = function_of(handle), *source = from != 0 ? function_of(from) : NULL;
         if (slot == NULL && function_count < MAX_FUNCTIONS) slot = &functions[function_count++];
         if (slot == NULL) status = CUDA_ERROR_OUT_OF_MEMORY;
         else {
+            uint32_t *layout = calloc(2 * REMOTE_MAX_PARAMS, sizeof *layout);
+            if (layout == NULL) params = REMOTE_PARAMS_UNKNOWN;
+            else if (params != REMOTE_PARAMS_UNKNOWN && got >= 12 + 8ull * params) memcpy(layout, answer + 12, 8ull * params);
+            else if (source != NULL && source->params != REMOTE_PARAMS_UNKNOWN && source->layout != NULL)
+                params = source->params, memcpy(layout, source->layout, 8ull * params);
+            else params = name == NULL ? REMOTE_PARAMS_UNKNOWN : explicit_layout(name, layout);
             free(slot->layout);
-            slot->handle = handle;
-            slot->layout = calloc(2 * REMOTE_MAX_PARAMS, sizeof *slot->layout);
-            if (params != REMOTE_PARAMS_UNKNOWN && got >= 12 + 8ull * params && slot->layout != NULL)
-                memcpy(slot->layout, answer + 12, 8ull * params);
-            else params = slot->layout == NULL ? REMOTE_PARAMS_UNKNOWN : explicit_layout(name, slot->layout);
-            slot->params = params;
-            *function = (CUfunction)(uintptr_t)handle;
+            slot->handle = handle, slot->layout = layout, slot->params = params;
+            *out = handle;
         }
     } else if (status == 0) {
         status = hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
     }
-    pthread_mutex_unlock(&lock);
     free(request), free(answer);
+    return status;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (function == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t handle = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = learn(OP_MODULE_FUNCTION, (uintptr_t)module, name, 0, &handle);
+    pthread_mutex_unlock(&lock);
+    if (status == 0) *function = (CUfunction)(uintptr_t)handle;
     return status;
 }
 
@@ -806,6 +832,78 @@ API CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offse
         if (status == 0 && size != NULL) *size = functions[i].layout[2 * index + 1];
     }
     pthread_mutex_unlock(&lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------------- libraries (CUDA 12) */
+/* A library is loaded as a module is (its image shipped; JIT and library options ignored, as
+ * cuModuleLoadDataEx's are); its kernels are kept as functions are, so that cuLaunchKernel takes a
+ * CUkernel cast to CUfunction, as CUDA 12 runtimes pass them. */
+API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options, void **jit_values,
+                               unsigned int jit_count, void *library_options, void **library_values,
+                               unsigned int library_count) {
+    (void)jit_options, (void)jit_values, (void)jit_count, (void)library_options, (void)library_values, (void)library_count;
+    return load_data(OP_LIBRARY_LOAD, (void **)library, code);
+}
+
+API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, void *jit_options, void **jit_values,
+                                   unsigned int jit_count, void *library_options, void **library_values,
+                                   unsigned int library_count) {
+    (void)jit_options, (void)jit_values, (void)jit_count, (void)library_options, (void)library_values, (void)library_count;
+    return load_file(OP_LIBRARY_LOAD, (void **)library, path);
+}
+
+API CUresult cuLibraryUnload(CUlibrary library) {
+    READY();
+    uint64_t which = (uintptr_t)library;
+    return simple(OP_LIBRARY_UNLOAD, &which, 8, NULL, 0);
+}
+
+API CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
+    if (kernel == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t handle = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = learn(OP_LIBRARY_KERNEL, (uintptr_t)library, name, 0, &handle);
+    pthread_mutex_unlock(&lock);
+    if (status == 0) *kernel = (CUkernel)(uintptr_t)handle;
+    return status;
+}
+
+API CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel) {
+    if (function == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t handle = 0;
+    pthread_mutex_lock(&lock);
+    CUresult status = learn(OP_KERNEL_FUNCTION, (uintptr_t)kernel, NULL, (uintptr_t)kernel, &handle);
+    pthread_mutex_unlock(&lock);
+    if (status == 0) *function = (CUfunction)(uintptr_t)handle;
+    return status;
+}
+
+API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size) {
+    return cuFuncGetParamInfo((CUfunction)kernel, index, offset, size);
+}
+
+API CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library) {
+    if (module == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    uint64_t which = (uintptr_t)library, got = 0;
+    CUresult status = simple(OP_LIBRARY_MODULE, &which, 8, &got, sizeof got);
+    if (status == 0) *module = (CUmodule)(uintptr_t)got;
+    return status;
+}
+
+API CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name) {
+    if (name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    size_t name_length = strnlen(name, 4096);
+    unsigned char request[8 + 4096];
+    uint64_t which = (uintptr_t)library, got[2] = {0, 0};
+    memcpy(request, &which, 8), memcpy(request + 8, name, name_length);
+    CUresult status = simple(OP_LIBRARY_GLOBAL, request, 8 + name_length, got, sizeof got);
+    if (status == 0 && pointer != NULL) *pointer = got[0];
+    if (status == 0 && bytes != NULL) *bytes = (size_t)got[1];
     return status;
 }
 
@@ -931,7 +1029,6 @@ UNSUPPORTED(cuGraphCreate) UNSUPPORTED(cuGraphLaunch) UNSUPPORTED(cuGraphInstant
 UNSUPPORTED(cuStreamBeginCapture_v2) UNSUPPORTED(cuStreamEndCapture) UNSUPPORTED(cuLaunchHostFunc)
 UNSUPPORTED(cuIpcGetMemHandle) UNSUPPORTED(cuIpcOpenMemHandle_v2) UNSUPPORTED(cuLaunchCooperativeKernel)
 UNSUPPORTED(cuLaunchKernelEx) UNSUPPORTED(cuModuleGetGlobal_v2) UNSUPPORTED(cuLinkCreate_v2)
-UNSUPPORTED(cuLibraryLoadData) UNSUPPORTED(cuLibraryGetKernel) UNSUPPORTED(cuKernelGetFunction)
 UNSUPPORTED(cuCtxEnablePeerAccess) UNSUPPORTED(cuDeviceCanAccessPeer) UNSUPPORTED(cuFuncGetAttribute)
 UNSUPPORTED(cuFuncSetAttribute) UNSUPPORTED(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 UNSUPPORTED(cuTexObjectCreate) UNSUPPORTED(cuSurfObjectCreate) UNSUPPORTED(cuImportExternalMemory)
@@ -957,6 +1054,8 @@ static const struct {
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuEventQuery) ENTRY(cuEventDestroy_v2)
     ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString) ENTRY(cuMemHostAlloc)
     ENTRY(cuMemAllocHost_v2) ENTRY(cuMemFreeHost) ENTRY(cuMemHostRegister_v2) ENTRY(cuMemHostUnregister)
+    ENTRY(cuLibraryLoadData) ENTRY(cuLibraryLoadFromFile) ENTRY(cuLibraryUnload) ENTRY(cuLibraryGetKernel)
+    ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
 };
 
 static void *entry_named(const char *name) {

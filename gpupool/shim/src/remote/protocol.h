@@ -19,8 +19,8 @@
 
 #define REMOTE_PROTOCOL_VERSION 1u
 #define REMOTE_FLAG_NO_REPLY 1u
-#define REMOTE_MAX_SMALL_PAYLOAD (16u << 20) /* any payload but a copy's data and a module image */
-#define REMOTE_MAX_MODULE (256u << 20)
+#define REMOTE_MAX_SMALL_PAYLOAD (16u << 20) /* any payload but a copy's data and a module's or library's image */
+#define REMOTE_MAX_MODULE (256u << 20) /* a module's or a library's image */
 #define REMOTE_MAX_COPY (1u << 30)         /* a larger copy is sent as several */
 #define REMOTE_MAX_TOKEN 256
 #define REMOTE_MAX_PARAM_BYTES 32764u    /* CUDA's limit on a kernel's parameters (12.1+) */
@@ -64,7 +64,14 @@ enum remote_op {
     OP_EVENT_QUERY = 27,    /* u64 event */
     OP_EVENT_ELAPSED = 28,  /* u64 start, u64 end -> f32 milliseconds */
     OP_EVENT_DESTROY = 29,  /* u64 event */
-    OP_LAST = 29,
+    /* The CUDA 12 library API: a library is loaded as a module is; its kernels answer as functions do. */
+    OP_LIBRARY_LOAD = 30,   /* image bytes -> u64 library */
+    OP_LIBRARY_UNLOAD = 31, /* u64 library */
+    OP_LIBRARY_KERNEL = 32, /* u64 library, name -> u64 kernel, u32 params (REMOTE_PARAMS_UNKNOWN), u32 offset+size each */
+    OP_LIBRARY_MODULE = 33, /* u64 library -> u64 module */
+    OP_KERNEL_FUNCTION = 34, /* u64 kernel -> u64 function, u32 params (REMOTE_PARAMS_UNKNOWN), u32 offset+size each */
+    OP_LIBRARY_GLOBAL = 35, /* u64 library, name -> u64 pointer, u64 bytes */
+    OP_LAST = 35,
 };
 
 #define REMOTE_PARAMS_UNKNOWN 0xffffffffu /* the driver cannot say (no cuFuncGetParamInfo) */

@@ -82,6 +82,13 @@ static struct {
     CUresult (*event_query)(handle);
     CUresult (*event_elapsed)(float *, handle, handle);
     CUresult (*event_destroy)(handle);
+    CUresult (*library_load)(handle *, const void *, void *, void **, unsigned, void *, void **, unsigned);
+    CUresult (*library_unload)(handle);
+    CUresult (*library_kernel)(handle *, handle, const char *);
+    CUresult (*library_module)(handle *, handle);
+    CUresult (*library_global)(CUdeviceptr *, size_t *, handle, const char *);
+    CUresult (*kernel_function)(handle *, handle);
+    CUresult (*kernel_param_info)(handle, size_t, size_t *, size_t *);
 } cu;
 
 static void *driver;
@@ -111,6 +118,10 @@ static int load_driver(const char *path) {
     RESOLVE(event_create, "cuEventCreate"), RESOLVE(event_record, "cuEventRecord");
     RESOLVE(event_synchronize, "cuEventSynchronize"), RESOLVE(event_query, "cuEventQuery");
     RESOLVE(event_elapsed, "cuEventElapsedTime"), RESOLVE(event_destroy, "cuEventDestroy_v2");
+    RESOLVE(library_load, "cuLibraryLoadData"), RESOLVE(library_unload, "cuLibraryUnload");
+    RESOLVE(library_kernel, "cuLibraryGetKernel"), RESOLVE(library_module, "cuLibraryGetModule");
+    RESOLVE(library_global, "cuLibraryGetGlobal"), RESOLVE(kernel_function, "cuKernelGetFunction");
+    RESOLVE(kernel_param_info, "cuKernelGetParamInfo");
     standin = dlsym(driver, "gpupoolStandinUsedBytes") != NULL;
     if (cu.init == NULL || cu.device_get == NULL || cu.primary_retain == NULL || cu.ctx_set_current == NULL) {
         fprintf(stderr, "gpupool-remote-server: %s is not a CUDA driver (no cuInit/cuDeviceGet/...)\n", path);
@@ -337,11 +348,13 @@ static uint32_t load32(const unsigned char *at) {
 
 /* The handles the driver gave this client: a handle the client names that is not one of them
  * (a stray or forged number) is refused with CUDA_ERROR_INVALID_HANDLE before the driver sees it.
- * Stream 0, the default stream, is always valid. */
-enum kind { KIND_STREAM = 1, KIND_EVENT, KIND_MODULE, KIND_FUNCTION };
+ * Stream 0, the default stream, is always valid. A handle that came from another (a function from
+ * its module or kernel, a kernel or module from its library) names its owner, and goes with it; the
+ * same function got through two owners is known once per owner. */
+enum kind { KIND_STREAM = 1, KIND_EVENT, KIND_MODULE, KIND_FUNCTION, KIND_LIBRARY, KIND_KERNEL };
 struct known_handle {
-    uint64_t value, owner; /* owner: a function's module */
-    int kind;
+    uint64_t value, owner; /* owner: 0, or the handle this one came from */
+    int kind, owner_kind;
 };
 static struct known_handle *handles;
 static size_t handle_count, handle_capacity;
@@ -353,26 +366,49 @@ static int known(uint64_t value, int kind) {
     return 0;
 }
 
-static int remember(uint64_t value, int kind, uint64_t owner) {
-    if (known(value, kind)) return 0;
+static int remember(uint64_t value, int kind, uint64_t owner, int owner_kind) {
+    for (size_t i = 0; i < handle_count; i++)
+        if (handles[i].value == value && handles[i].kind == kind && handles[i].owner == owner &&
+            handles[i].owner_kind == owner_kind)
+            return 0;
     if (handle_count == handle_capacity) {
         size_t capacity = handle_capacity ? 2 * handle_capacity : 64;
         struct known_handle *grown = realloc(handles, capacity * sizeof *grown);
         if (grown == NULL) return -1;
         handles = grown, handle_capacity = capacity;
     }
-    handles[handle_count++] = (struct known_handle){value, owner, kind};
+    handles[handle_count++] = (struct known_handle){value, owner, kind, owner_kind};
     return 0;
 }
 
-/* Forget a handle, and a module's functions with it. */
+/* Whether the client got this handle from an owner of that kind (a library's module). */
+static int owned_by(uint64_t value, int kind, int owner_kind) {
+    for (size_t i = 0; i < handle_count; i++)
+        if (handles[i].value == value && handles[i].kind == kind && handles[i].owner_kind == owner_kind) return 1;
+    return 0;
+}
+
+/* Forget what came from an owner (a module's functions; a library's kernels and module, and theirs). */
+static void forget_owned(uint64_t owner, int owner_kind) {
+    for (size_t i = 0; i < handle_count;) {
+        if (handles[i].owner != owner || handles[i].owner_kind != owner_kind) {
+            i++;
+            continue;
+        }
+        struct known_handle gone = handles[i];
+        handles[i] = handles[--handle_count];
+        if (!known(gone.value, gone.kind)) forget_owned(gone.value, gone.kind);
+        i = 0; /* the table changed under the loop */
+    }
+}
+
+/* Forget a handle, and everything that came from it. */
 static void forget(uint64_t value, int kind) {
     for (size_t i = 0; i < handle_count;) {
-        int gone = (handles[i].value == value && handles[i].kind == kind) ||
-                   (kind == KIND_MODULE && handles[i].kind == KIND_FUNCTION && handles[i].owner == value);
-        if (gone) handles[i] = handles[--handle_count];
+        if (handles[i].value == value && handles[i].kind == kind) handles[i] = handles[--handle_count];
         else i++;
     }
+    forget_owned(value, kind);
 }
 #define CALL(fn, ...) ((fn) == NULL ? 801 /* CUDA_ERROR_NOT_SUPPORTED */ : (fn)(__VA_ARGS__))
 
@@ -455,28 +491,85 @@ static int mem_free(const struct remote_header *h, uint64_t pointer) {
     return answer(h, 1 /* not one of this client's allocations */, NULL, 0);
 }
 
-static int module_function(const struct remote_header *h, const unsigned char *payload, size_t length) {
-    NEED(9);
-    char name[4096];
-    size_t name_length = length - 8 < sizeof name - 1 ? length - 8 : sizeof name - 1;
+/* The NUL-terminated name after a request's 8-byte handle (a longer one is cut at 4095 bytes). */
+static void name_after_handle(const unsigned char *payload, size_t length, char name[4096]) {
+    size_t name_length = length - 8 < 4095 ? length - 8 : 4095;
     memcpy(name, payload + 8, name_length);
     name[name_length] = '\0';
-    handle function = NULL;
-    if (!known(U64(0), KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
-    CUresult status = CALL(cu.module_function, &function, H(0), name);
-    if (status == 0 && remember((uintptr_t)function, KIND_FUNCTION, U64(0)) != 0) status = 2;
-    if (status != 0) return answer(h, status, NULL, 0);
+}
+
+/* The answer to a function or kernel the client got: its handle, and its parameters' offsets and
+ * sizes as the driver tells them (info: cuFuncGetParamInfo, cuKernelGetParamInfo). */
+static int describe(const struct remote_header *h, handle function,
+                    CUresult (*info)(handle, size_t, size_t *, size_t *)) {
     static uint32_t out[2 + 2 + 2 * REMOTE_MAX_PARAMS];
     uint64_t value = (uintptr_t)function;
     memcpy(out, &value, 8);
     uint32_t count = 0;
-    if (cu.param_info == NULL) count = REMOTE_PARAMS_UNKNOWN;
-    for (size_t offset, size; count != REMOTE_PARAMS_UNKNOWN && count < REMOTE_MAX_PARAMS &&
-                              cu.param_info(function, count, &offset, &size) == 0;
+    if (info == NULL) count = REMOTE_PARAMS_UNKNOWN;
+    for (size_t offset, size;
+         count != REMOTE_PARAMS_UNKNOWN && count < REMOTE_MAX_PARAMS && info(function, count, &offset, &size) == 0;
          count++)
         out[3 + 2 * count] = (uint32_t)offset, out[4 + 2 * count] = (uint32_t)size;
     out[2] = count;
     return answer(h, 0, out, 12 + (count == REMOTE_PARAMS_UNKNOWN ? 0 : 8u * count));
+}
+
+static int module_function(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(9);
+    char name[4096];
+    name_after_handle(payload, length, name);
+    handle function = NULL;
+    if (!known(U64(0), KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = CALL(cu.module_function, &function, H(0), name);
+    if (status == 0 && remember((uintptr_t)function, KIND_FUNCTION, U64(0), KIND_MODULE) != 0) status = 2;
+    if (status != 0) return answer(h, status, NULL, 0);
+    return describe(h, function, cu.param_info);
+}
+
+/* A library's kernel: a function of no context yet (CUDA 12), launched as one by cuLaunchKernel. */
+static int library_kernel(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(9);
+    char name[4096];
+    name_after_handle(payload, length, name);
+    handle kernel = NULL;
+    if (!known(U64(0), KIND_LIBRARY)) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = CALL(cu.library_kernel, &kernel, H(0), name);
+    if (status == 0 && remember((uintptr_t)kernel, KIND_KERNEL, U64(0), KIND_LIBRARY) != 0) status = 2;
+    if (status != 0) return answer(h, status, NULL, 0);
+    return describe(h, kernel, cu.kernel_param_info);
+}
+
+static int kernel_function(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(8);
+    handle function = NULL;
+    if (!known(U64(0), KIND_KERNEL)) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = CALL(cu.kernel_function, &function, H(0));
+    if (status == 0 && remember((uintptr_t)function, KIND_FUNCTION, U64(0), KIND_KERNEL) != 0) status = 2;
+    if (status != 0) return answer(h, status, NULL, 0);
+    return describe(h, function, cu.param_info);
+}
+
+static int library_global(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(9);
+    char name[4096];
+    name_after_handle(payload, length, name);
+    CUdeviceptr pointer = 0;
+    size_t bytes = 0;
+    if (!known(U64(0), KIND_LIBRARY)) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = CALL(cu.library_global, &pointer, &bytes, H(0), name);
+    uint64_t out[2] = {pointer, bytes};
+    return answer(h, status, out, status == 0 ? sizeof out : 0);
+}
+
+/* An image, NUL-terminated after the bytes received: the driver reads it up to its own end, and a
+ * truncated text image (PTX, the stand-in's) must not run past them. NULL: no memory. */
+static unsigned char *terminated(const unsigned char *payload, size_t length) {
+    unsigned char *image = malloc(length + 1);
+    if (image == NULL) return NULL;
+    if (length > 0) memcpy(image, payload, length);
+    image[length] = 0;
+    return image;
 }
 
 static int launch(const struct remote_header *h, const unsigned char *payload, size_t length) {
@@ -484,7 +577,9 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
     size_t size = length - 44;
     void *buffer = (void *)(payload + 44);
     void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, buffer, LAUNCH_PARAM_BUFFER_SIZE, &size, NULL};
-    if (!known(U64(0), KIND_FUNCTION) || !known(U64(36), KIND_STREAM)) return answer(h, INVALID_HANDLE, NULL, 0);
+    /* A library's kernel is launched as a function (CUDA 12 runtimes cast the CUkernel). */
+    if ((!known(U64(0), KIND_FUNCTION) && !known(U64(0), KIND_KERNEL)) || !known(U64(36), KIND_STREAM))
+        return answer(h, INVALID_HANDLE, NULL, 0);
     CUresult status = CALL(cu.launch, H(0), U32(8), U32(12), U32(16), U32(20), U32(24), U32(28), U32(32), H(36),
                            NULL, extra);
     return answer(h, status, NULL, 0);
@@ -529,32 +624,49 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
         else if (U32(12) == 4) status = CALL(cu.memset32, U64(0), U32(8), (size_t)U64(16), H(24));
         else status = 1;
         return answer(h, status, NULL, 0);
-    case OP_MODULE_LOAD: {
-        /* The driver reads the image up to its own end: a NUL after the bytes received keeps a
-         * truncated text image (PTX, the stand-in's) from running past them. */
-        unsigned char *image = malloc(length + 1);
+    case OP_MODULE_LOAD:
+    case OP_LIBRARY_LOAD: {
+        unsigned char *image = terminated(payload, length);
         if (image == NULL) return answer(h, 2, NULL, 0);
-        memcpy(image, payload, length);
-        image[length] = 0;
-        status = CALL(cu.module_load, &made, image);
+        int kind = h->op == OP_MODULE_LOAD ? KIND_MODULE : KIND_LIBRARY;
+        status = kind == KIND_MODULE ? CALL(cu.module_load, &made, image)
+                                     : CALL(cu.library_load, &made, image, NULL, NULL, 0, NULL, NULL, 0);
         free(image);
-        if (status == 0 && remember((uintptr_t)made, KIND_MODULE, 0) != 0) status = 2;
+        if (status == 0 && remember((uintptr_t)made, kind, 0, 0) != 0) status = 2;
         wide[0] = (uintptr_t)made;
         return answer(h, status, wide, status == 0 ? 8 : 0);
     }
     case OP_MODULE_UNLOAD:
         NEED(8);
-        if (!known(U64(0), KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
+        /* A library's module goes with its library (cuLibraryUnload), never on its own. */
+        if (!known(U64(0), KIND_MODULE) || owned_by(U64(0), KIND_MODULE, KIND_LIBRARY))
+            return answer(h, INVALID_HANDLE, NULL, 0);
         status = CALL(cu.module_unload, H(0));
         if (status == 0) forget(U64(0), KIND_MODULE);
         return answer(h, status, NULL, 0);
     case OP_MODULE_FUNCTION: return module_function(h, payload, length);
+    case OP_LIBRARY_UNLOAD:
+        NEED(8);
+        if (!known(U64(0), KIND_LIBRARY)) return answer(h, INVALID_HANDLE, NULL, 0);
+        status = CALL(cu.library_unload, H(0));
+        if (status == 0) forget(U64(0), KIND_LIBRARY);
+        return answer(h, status, NULL, 0);
+    case OP_LIBRARY_KERNEL: return library_kernel(h, payload, length);
+    case OP_LIBRARY_MODULE:
+        NEED(8);
+        if (!known(U64(0), KIND_LIBRARY)) return answer(h, INVALID_HANDLE, NULL, 0);
+        status = CALL(cu.library_module, &made, H(0));
+        if (status == 0 && remember((uintptr_t)made, KIND_MODULE, U64(0), KIND_LIBRARY) != 0) status = 2;
+        wide[0] = (uintptr_t)made;
+        return answer(h, status, wide, status == 0 ? 8 : 0);
+    case OP_KERNEL_FUNCTION: return kernel_function(h, payload, length);
+    case OP_LIBRARY_GLOBAL: return library_global(h, payload, length);
     case OP_LAUNCH: return launch(h, payload, length);
     case OP_STREAM_CREATE:
     case OP_EVENT_CREATE:
         NEED(4);
         status = h->op == OP_STREAM_CREATE ? CALL(cu.stream_create, &made, U32(0)) : CALL(cu.event_create, &made, U32(0));
-        if (status == 0 && remember((uintptr_t)made, h->op == OP_STREAM_CREATE ? KIND_STREAM : KIND_EVENT, 0) != 0)
+        if (status == 0 && remember((uintptr_t)made, h->op == OP_STREAM_CREATE ? KIND_STREAM : KIND_EVENT, 0, 0) != 0)
             status = 2;
         wide[0] = (uintptr_t)made;
         return answer(h, status, wide, status == 0 ? 8 : 0);
@@ -759,7 +871,7 @@ static void serve_client(void) {
             if (copy_to_device(&h, chunk) != 0) return;
             continue;
         }
-        size_t limit = h.op == OP_MODULE_LOAD ? REMOTE_MAX_MODULE : REMOTE_MAX_SMALL_PAYLOAD;
+        size_t limit = h.op == OP_MODULE_LOAD || h.op == OP_LIBRARY_LOAD ? REMOTE_MAX_MODULE : REMOTE_MAX_SMALL_PAYLOAD;
         if (h.length > limit) return; /* not a client of this protocol: hang up */
         if (h.length > payload_capacity) {
             free(payload);

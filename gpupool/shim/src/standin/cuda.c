@@ -588,6 +588,8 @@ static const struct {
     ENTRY(cuMemAllocAsync_ptsz) ENTRY(cuMemAllocFromPoolAsync_ptsz) ENTRY(cuMemFreeAsync_ptsz)
     ENTRY(cuMemAlloc) ENTRY(cuMemAllocPitch) ENTRY(cuMemFree) ENTRY(cuArrayCreate) ENTRY(cuArray3DCreate)
     ENTRY(cuImportExternalMemory) ENTRY(cuDestroyExternalMemory) ENTRY(cuGraphInstantiate) ENTRY(cuGraphInstantiate_v2)
+    ENTRY(cuLibraryLoadData) ENTRY(cuLibraryLoadFromFile) ENTRY(cuLibraryUnload) ENTRY(cuLibraryGetKernel)
+    ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
 };
 
 static void *entry_named(const char *name) {

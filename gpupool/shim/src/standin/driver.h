@@ -30,6 +30,23 @@ API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus
                                             CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                             size_t *numDependencies_out);
 
+/* The CUDA 12 library API (kernels.c), for cuda.c's lookup table. */
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUmod_st *CUmodule;
+API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options, void **jit_values,
+                               unsigned int jit_count, void *library_options, void **library_values,
+                               unsigned int library_count);
+API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, void *jit_options, void **jit_values,
+                                   unsigned int jit_count, void *library_options, void **library_values,
+                                   unsigned int library_count);
+API CUresult cuLibraryUnload(CUlibrary library);
+API CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name);
+API CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library);
+API CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name);
+API CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel);
+API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size);
+
 /* The allocation holding address (its base and size): 1, or 0 when none does (cuda.c). */
 int standin_allocation_at(uint64_t address, uint64_t *base, uint64_t *bytes);
 /* kernels.c: the host memory behind an allocation given back, and a launch of a built-in kernel run. */

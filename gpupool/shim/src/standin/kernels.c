@@ -11,8 +11,15 @@
  *   vector_add(const float *a, const float *b, float *c, unsigned n)   c[i] = a[i] + b[i]
  *   scale(float *x, float factor, unsigned n)                         x[i] *= factor
  * Their parameter layout is answered by cuFuncGetParamInfo, as the real driver (12.4+) does.
+ *
+ * Libraries (CUDA 12's cuLibrary*): the same image, whose lines may also be "global NAME BYTES": a
+ * global of that many bytes (zeroed, at most MAX_GLOBALS), taken from the current card's memory
+ * when the library loads and given back when it unloads, so a library left loaded is seen in the
+ * card's used memory. A library's kernel (cuLibraryGetKernel) is a handle of its own that
+ * cuLaunchKernel runs as the built-in's function; cuKernelGetFunction gives the built-in's function.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,8 +29,10 @@
 #define MAX_BACKINGS 4096
 #define MAX_PARAMS 4
 #define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_FILE_NOT_FOUND 301
+#define MAX_GLOBALS 4
+#define MAX_GLOBAL_NAME 64
 
-typedef struct CUmod_st *CUmodule;
 typedef struct {
     char bytes[16];
 } CUuuid;
@@ -65,7 +74,29 @@ static const struct builtin builtins[] = {
 
 struct module {
     int has[BUILTINS];
+    int of_library; /* a library's module: unloaded with it, never by cuModuleUnload */
 };
+
+struct global {
+    char name[MAX_GLOBAL_NAME];
+    CUdeviceptr pointer;
+    uint64_t bytes;
+};
+
+struct kernel {
+    const struct builtin *builtin; /* NULL: the library has no such kernel */
+};
+
+struct library {
+    struct module *module;
+    struct kernel kernels[BUILTINS];
+    struct global globals[MAX_GLOBALS];
+    int global_count;
+    struct library *next;
+};
+
+static pthread_mutex_t libraries_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct library *libraries; /* loaded, so that a stale or made-up handle is refused */
 
 struct backing {
     uint64_t base, bytes;
@@ -162,26 +193,44 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
     return (void)stream, cuMemsetD32_v2(dst, value, count);
 }
 
-CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    const char *text = image;
+/* Read an image's lines into module (and, for a library, its globals' names and sizes); 0, or
+ * CUDA_ERROR_INVALID_IMAGE for anything the stand-in cannot run. */
+static CUresult parse_image(const char *text, struct module *module, struct library *library) {
     size_t magic = strlen(STANDIN_MODULE_MAGIC);
     if (strncmp(text, STANDIN_MODULE_MAGIC, magic) != 0 || (text[magic] != '\n' && text[magic] != '\0'))
         return CUDA_ERROR_INVALID_IMAGE;
-    struct module *loaded = calloc(1, sizeof *loaded);
-    if (loaded == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     for (const char *line = text + magic; *line != '\0';) {
         line += *line == '\n';
         size_t length = strcspn(line, "\n");
         size_t i = 0;
         while (i < BUILTINS && (strlen(builtins[i].name) != length || strncmp(builtins[i].name, line, length) != 0)) i++;
         if (length > 0 && i == BUILTINS) {
-            free(loaded);
-            return CUDA_ERROR_INVALID_IMAGE; /* names a kernel the stand-in cannot run */
+            char name[MAX_GLOBAL_NAME];
+            unsigned long long bytes = 0;
+            int used = 0;
+            if (library == NULL || library->global_count == MAX_GLOBALS ||
+                sscanf(line, "global %63s %llu%n", name, &bytes, &used) != 2 || (size_t)used != length || bytes == 0)
+                return CUDA_ERROR_INVALID_IMAGE; /* names a kernel the stand-in cannot run */
+            struct global *global = &library->globals[library->global_count++];
+            snprintf(global->name, sizeof global->name, "%s", name);
+            global->bytes = bytes;
+        } else if (length > 0) {
+            module->has[i] = 1;
         }
-        if (length > 0) loaded->has[i] = 1;
         line += length;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct module *loaded = calloc(1, sizeof *loaded);
+    if (loaded == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult status = parse_image(image, loaded, NULL);
+    if (status != CUDA_SUCCESS) {
+        free(loaded);
+        return status;
     }
     *module = (CUmodule)loaded;
     return CUDA_SUCCESS;
@@ -192,7 +241,7 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
 }
 
 CUresult cuModuleUnload(CUmodule module) {
-    if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (module == NULL || ((struct module *)module)->of_library) return CUDA_ERROR_INVALID_HANDLE;
     free(module);
     return CUDA_SUCCESS;
 }
@@ -207,10 +256,29 @@ CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *
     return CUDA_ERROR_NOT_FOUND;
 }
 
+/* The loaded library of a handle, NULL for a stale or made-up one; with libraries_lock held. */
+static struct library *loaded_library(const void *handle) {
+    for (struct library *library = libraries; library != NULL; library = library->next)
+        if ((const void *)library == handle) return library;
+    return NULL;
+}
+
+/* The built-in a loaded library's kernel runs, NULL when the handle is none such. */
+static const struct builtin *kernel_builtin(const void *handle) {
+    const struct builtin *found = NULL;
+    pthread_mutex_lock(&libraries_lock);
+    for (struct library *library = libraries; library != NULL && found == NULL; library = library->next)
+        for (size_t i = 0; i < BUILTINS; i++)
+            if (handle == (const void *)&library->kernels[i]) found = library->kernels[i].builtin;
+    pthread_mutex_unlock(&libraries_lock);
+    return found;
+}
+
+/* A built-in's function, or a library's kernel launched as one (CUDA 12 runtimes cast it). */
 static const struct builtin *builtin_of(CUfunction function) {
     for (size_t i = 0; i < BUILTINS; i++)
         if ((const void *)function == (const void *)&builtins[i]) return &builtins[i];
-    return NULL;
+    return kernel_builtin(function);
 }
 
 CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size) {
@@ -220,6 +288,129 @@ CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, s
     if (offset != NULL) *offset = kernel->offset[index];
     if (size != NULL) *size = kernel->size[index];
     return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------- libraries (CUDA 12) */
+static void release_globals(struct library *library) {
+    for (int i = 0; i < library->global_count; i++)
+        if (library->globals[i].pointer != 0) standin_release(library->globals[i].pointer);
+}
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options, void **jit_values,
+                           unsigned int jit_count, void *library_options, void **library_values,
+                           unsigned int library_count) {
+    (void)jit_options, (void)jit_values, (void)jit_count, (void)library_options, (void)library_values, (void)library_count;
+    if (library == NULL || code == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct library *loaded = calloc(1, sizeof *loaded);
+    if (loaded == NULL || (loaded->module = calloc(1, sizeof *loaded->module)) == NULL) {
+        free(loaded);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    loaded->module->of_library = 1;
+    CUresult status = parse_image(code, loaded->module, loaded);
+    int dev = standin_current_device() < 0 ? 0 : standin_current_device();
+    for (int i = 0; status == CUDA_SUCCESS && i < loaded->global_count; i++) {
+        unsigned long long pointer = 0;
+        status = standin_allocate(dev, loaded->globals[i].bytes, &pointer);
+        loaded->globals[i].pointer = status == CUDA_SUCCESS ? pointer : 0;
+    }
+    if (status != CUDA_SUCCESS) {
+        release_globals(loaded);
+        free(loaded->module);
+        free(loaded);
+        return status;
+    }
+    for (size_t i = 0; i < BUILTINS; i++) loaded->kernels[i].builtin = loaded->module->has[i] ? &builtins[i] : NULL;
+    pthread_mutex_lock(&libraries_lock);
+    loaded->next = libraries, libraries = loaded;
+    pthread_mutex_unlock(&libraries_lock);
+    *library = (CUlibrary)loaded;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, void *jit_options, void **jit_values,
+                               unsigned int jit_count, void *library_options, void **library_values,
+                               unsigned int library_count) {
+    if (library == NULL || path == NULL) return CUDA_ERROR_INVALID_VALUE;
+    FILE *file = fopen(path, "re");
+    if (file == NULL) return CUDA_ERROR_FILE_NOT_FOUND;
+    static char image[1 << 16];
+    size_t length = fread(image, 1, sizeof image - 1, file);
+    fclose(file);
+    image[length] = '\0';
+    return cuLibraryLoadData(library, image, jit_options, jit_values, jit_count, library_options, library_values,
+                             library_count);
+}
+
+CUresult cuLibraryUnload(CUlibrary library) {
+    pthread_mutex_lock(&libraries_lock);
+    struct library **link = &libraries;
+    while (*link != NULL && (void *)*link != (void *)library) link = &(*link)->next;
+    struct library *gone = *link;
+    if (gone != NULL) *link = gone->next;
+    pthread_mutex_unlock(&libraries_lock);
+    if (gone == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    release_globals(gone);
+    free(gone->module);
+    free(gone);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
+    if (kernel == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&libraries_lock);
+    struct library *loaded = loaded_library(library);
+    for (size_t i = 0; loaded != NULL && i < BUILTINS; i++) {
+        status = CUDA_ERROR_NOT_FOUND;
+        if (loaded->kernels[i].builtin == NULL || strcmp(builtins[i].name, name) != 0) continue;
+        *kernel = (CUkernel)&loaded->kernels[i];
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&libraries_lock);
+    return status;
+}
+
+CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library) {
+    if (module == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&libraries_lock);
+    struct library *loaded = loaded_library(library);
+    if (loaded != NULL) *module = (CUmodule)loaded->module;
+    pthread_mutex_unlock(&libraries_lock);
+    return loaded != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name) {
+    if (name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&libraries_lock);
+    struct library *loaded = loaded_library(library);
+    for (int i = 0; loaded != NULL && i < loaded->global_count + 1; i++) {
+        status = CUDA_ERROR_NOT_FOUND;
+        if (i == loaded->global_count || strcmp(loaded->globals[i].name, name) != 0) continue;
+        if (pointer != NULL) *pointer = loaded->globals[i].pointer;
+        if (bytes != NULL) *bytes = (size_t)loaded->globals[i].bytes;
+        status = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&libraries_lock);
+    return status;
+}
+
+CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel) {
+    if (function == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const struct builtin *builtin = kernel_builtin(kernel);
+    if (builtin == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    *function = (CUfunction)(uintptr_t)builtin;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size) {
+    return kernel_builtin(kernel) == NULL ? CUDA_ERROR_INVALID_HANDLE
+                                          : cuFuncGetParamInfo((CUfunction)kernel, index, offset, size);
 }
 
 #define LAUNCH_PARAM_END ((void *)0)
