@@ -12,9 +12,10 @@ from gpupool.core.model import Placement, PodRequest
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, PlacementPolicy, make_policy
 from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import ClusterState
-from tests.core.builders import book_slice, book_whole, cpu_pod, make_node, slice_pod
+from tests.core.builders import book_slice, book_whole, cpu_pod, make_node, raw_placement, slice_pod
 
-ALL_NAMES = ("random", "binpack", "spread", "bestfit", "dotprod", "packing", "clustering", "fgd", "gpupool")
+ALL_NAMES = ("random", "binpack", "spread", "bestfit", "dotprod", "packing", "clustering", "fgd", "gpupool",
+             "dra-allocator")
 
 
 def cluster(*used: list[int], cards: int = 2, cpu: int = 64_000) -> ClusterState:
@@ -70,7 +71,7 @@ def test_make_policy_rejects_unknown_names(name: str) -> None:
     with pytest.raises(ValueError) as info:
         make_policy(name)
     assert str(info.value) == (f"unknown policy {name!r}; choose one of bestfit, binpack, clustering, "
-                               "dotprod, fgd, gpupool, packing, random, spread")
+                               "dotprod, dra-allocator, fgd, gpupool, packing, random, spread")
 
 
 # ------------------------------------------------------------------------------------- random
@@ -333,3 +334,30 @@ def test_every_policy_reports_a_pod_that_fits_nowhere(name: str) -> None:
     assert decision == Unschedulable("p", "no node can hold the pod")
     assert scheduler.explain(slice_pod("p", 1000, count=2), np.arange(2)) == {
         "n0": "needs 2 idle whole card(s); 1 idle", "n1": "needs 2 idle whole card(s); 1 idle"}
+
+
+# ------------------------------------------------------------------------- dra-allocator
+
+
+def test_dra_allocator_takes_the_first_card_that_fits_where_gpupool_takes_the_tightest() -> None:
+    state = cluster([0, 600], cards=2)  # card 0 empty, card 1 with 400 left
+    assert decide("dra-allocator", cluster([0, 600], cards=2), slice_pod("p", 300))[1] == (0,)
+    assert decide("gpupool", state, slice_pod("p", 300))[1] == (1,)
+    assert decide("dra-allocator", cluster([800, 0, 600], cards=3), slice_pod("p", 300))[1] == (1,)
+
+
+def test_dra_allocator_scores_nodes_as_kube_schedulers_default_plugins() -> None:
+    """n0 holds 32 of 64 cores and 64 of 256 GiB; n1 nothing. A pod of 8 cores and 32 GiB:
+    LeastAllocated n0 (24/64*100=37, 160/256*100=62) -> 49, n1 (87, 87) -> 87; BalancedAllocation
+    n0 with the pod (1-|0.625-0.375|/2)*100=87, without (1-|0.5-0.25|/2)*100=87 -> 50+(50+0)/2=75,
+    n1 with 100, without 100 -> 75."""
+    from gpupool.core.policies.base import PodShape
+    from gpupool.core.policies.dra_allocator import DraAllocatorPolicy
+
+    state = ClusterState([make_node("n0", memory=262_144), make_node("n1", memory=262_144)])
+    state.apply(raw_placement("busy", "n0", [], cpu=32_000, memory=65_536))
+    shape = PodShape(cpu_milli=8_000, memory_mib=32_768, gpu=None)
+    rows = np.arange(2, dtype=np.int64)
+    scores = DraAllocatorPolicy().node_score(state, shape, rows, np.zeros((2, 2), dtype=bool))
+    assert scores.tolist() == [49 + 75, 87 + 75]
+    assert decide("dra-allocator", state, slice_pod("p", 300, cpu=8_000, memory=32_768))[0] == "n1"
