@@ -161,21 +161,33 @@ def test_the_demo_pod_asks_gpupools_scheduler_for_a_slice() -> None:
     assert "prioritizeVerb" not in extender  # the extender filters best-only by default, as deployed
 
 
-def test_build_also_builds_helm_3_for_the_charts_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``gpupool testenv build`` (what the CI's first phase runs) leaves both Helms in the cache, so
-    the chart's Helm 3 tests run instead of being skipped."""
+def test_build_builds_both_helms_before_kubernetes_and_helm_3_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpupool testenv build`` leaves both Helms in the cache, so the chart's Helm 3 tests run
+    instead of being skipped; the test command's first phase passes ``--no-helm3`` and its checks
+    lane (``--version oldest``) builds Helm 3 first, before the unit tests that need it, beside the
+    end-to-end suite rather than before both lanes."""
     from gpupool.cli import testenv_cmd
     from gpupool.testenv.helm import HELM_3, HELM_4, HelmRelease
 
-    built: list[HelmRelease] = []
+    built: list[object] = []
 
     def ensure_helm(log: object, release: HelmRelease = HELM_4) -> Path:
         built.append(release)
         return Path(f"/cache/helm-{release.version}/bin/helm")
 
-    monkeypatch.setattr(testenv_cmd, "ensure_binaries", lambda log, version: SimpleNamespace(kubectl="/k"))
+    def ensure_binaries(log: object, version: str | None) -> SimpleNamespace:
+        built.append(f"kubernetes {version}")
+        return SimpleNamespace(kubectl="/k")
+
+    monkeypatch.setattr(testenv_cmd, "ensure_binaries", ensure_binaries)
     monkeypatch.setattr(testenv_cmd, "ensure_helm", ensure_helm)
-    result = CliRunner().invoke(cli, ["testenv", "build"])
+    result = CliRunner().invoke(cli, ["testenv", "build", "--version", "oldest"])
     assert result.exit_code == 0, result.output
-    assert built == [HELM_4, HELM_3]
+    assert built == [HELM_4, HELM_3, "kubernetes oldest"]
     assert f"helm3: /cache/helm-{HELM_3.version}/bin/helm" in result.output
+    built.clear()
+    result = CliRunner().invoke(cli, ["testenv", "build", "--no-helm3"])
+    assert result.exit_code == 0, result.output
+    assert built == [HELM_4, "kubernetes None"] and "helm3:" not in result.output
+    script = (Path(__file__).parents[2] / "scripts" / "test-all").read_text()
+    assert 'gpupool testenv build --no-helm3\n' in script and "gpupool testenv build --version oldest &&" in script
