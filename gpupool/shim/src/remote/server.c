@@ -5,8 +5,8 @@
  *
  * The supervisor (`gpupool remote-gpu serve`) reads the node agent's JSON clients file and writes
  * TABFILE, one client a line: token TAB pod TAB card-uuid TAB memory-MiB TAB compute-percent.
- * Every accepted connection is served by its own forked process: its allocations, modules and
- * streams live in that process's context, so a client that disconnects or dies, or whose entry
+ * Every accepted connection is served by its own forked process: its allocations, modules,
+ * libraries and streams live in that process's context, so a client that disconnects or dies, or whose entry
  * leaves the file, is released by the process's exit, and one client can neither see nor corrupt
  * another's state. The process checks the file at most every CHECK_MS and leaves when its token
  * is no longer there. A client's live allocations never exceed its booked memory.
