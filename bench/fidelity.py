@@ -7,13 +7,14 @@ the sample's GPU capacity) is replayed twice:
 * **simulator**: :class:`gpupool.core.scheduler.Scheduler` books each pod, as ``gpupool simulate``
   does (node order for equal scores: the seed's permutation, :func:`gpupool.sim.packing.tie_order`);
 * **extender**: every trace pod becomes a Kubernetes pod in the in-process :class:`FakePodApi`, and
-  a stand-in for kube-scheduler v1.20 with only the extender scoring schedules it: its
+  a stand-in for kube-scheduler v1.37 with only the extender scoring schedules it: its
   NodeResourcesFit filter (CPU and memory requested by the pods bound on each node), then the
   extender's HTTP ``/filter``, ``/prioritize`` and ``/bind`` (aiohttp app of
   :class:`gpupool.extender.http.api.ExtenderApi`, binder writing to the fake API, the API's pod
   events fed to the extender's cache). The node is the best-scored one; kube-scheduler breaks
-  ties uniformly at random (``selectHost``'s reservoir sampling), and this stand-in takes the first
-  tied node in the simulator's tie order: one particular random draw, the one the simulator made.
+  ties uniformly at random (a random key per node, ``framework.NewSortedScoredNodes``), and this
+  stand-in takes the first tied node in the simulator's tie order: one particular random draw, the
+  one the simulator made.
 
 Pods without GPUs never reach the extender in a cluster (``managedResources``: kube-scheduler asks
 it only about pods that request a gpupool resource); kube-scheduler's own plugins place them. This
@@ -21,13 +22,14 @@ bench binds them itself, through the fake API, on the node the simulator's polic
 pods actually bound (the "bound" ledger below), so both replays place them by the same rule and a
 difference in them can only come from an earlier GPU pod's difference.
 
-With ``--extender-weight W`` the stand-in also runs the two score plugins of kube-scheduler v1.20's
-default profile that tell this bench's nodes apart, NodeResourcesLeastAllocated and
-NodeResourcesBalancedAllocation (weight 1 each, 0..100, over the non-zero CPU and memory requests
-of the bound pods), and adds ``W x 10 x`` the extender's 0..10 score, as kube-scheduler does. The
-other default plugins (ImageLocality, InterPodAffinity, NodeAffinity, TaintToleration,
-PodTopologySpread, NodePreferAvoidPods) give every node here the same score: the trace pods have no
-images, affinities, tolerations or owners, and the nodes no taints.
+With ``--extender-weight W`` the stand-in also runs the two score plugins of kube-scheduler v1.37's
+default profile that tell this bench's nodes apart, NodeResourcesFit (strategy LeastAllocated, over
+the non-zero CPU and memory requests) and NodeResourcesBalancedAllocation (the balance of CPU and
+memory with the pod against without it, over the actual requests), weight 1 each, 0..100 (formulas
+in :mod:`bench.fidelity_kube`), and adds ``W x 10 x`` the extender's 0..10 score, as kube-scheduler
+does. The other default score plugins (TaintToleration, NodeAffinity, PodTopologySpread,
+InterPodAffinity, ImageLocality, DynamicResources) give every node here the same score: the trace
+pods have no images, affinities, tolerations, owners or resource claims, and the nodes no taints.
 
 With ``--filter-best-only`` the extender runs so and the stand-in has no ``prioritizeVerb``
 (the shipped ``deploy/scheduler-config-*.yaml``): it chooses among the nodes filter passed, by the

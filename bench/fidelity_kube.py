@@ -1,16 +1,41 @@
-"""kube-scheduler v1.20 around the extender, in process, for bench/fidelity.py (see its doc).
+"""kube-scheduler v1.37 around the extender, in process, for bench/fidelity.py (see its doc).
 
 The stand-in filters CPU and memory as NodeResourcesFit does, asks the extender's HTTP verbs
 (filter and prioritize, or filter alone with ``--filter-best-only``), optionally adds the default
 profile's resource score plugins, takes the best node (ties: the first in the simulator's tie order)
 and binds through the extender; pods without GPUs it binds itself. With ``--filter-one-best`` the
 extender itself passes one best node, the first in the same tie order.
+
+The resource score plugins are those of kube-scheduler v1.37's default profile, read from its source
+(pkg/scheduler/apis/config/v1/default_plugins.go and defaults.go, and
+pkg/scheduler/framework/plugins/noderesources/ fit.go, least_allocated.go, balanced_allocation.go,
+resource_allocation.go), both weight 1:
+
+* ``NodeResourcesFit``, strategy ``LeastAllocated`` on CPU and memory (weight 1 each): per resource
+  ``(allocatable - requested) * 100 // allocatable`` (0 past the capacity), averaged with integer
+  division; requested is the node's plus the pod's, each container that asks for no CPU or memory
+  counted as 100m and 200 MiB.
+* ``NodeResourcesBalancedAllocation`` on CPU and memory: the node's balance with the pod against
+  without it, ``50 + (50 + with - without) / 2`` (integer division), each side
+  ``int((1 - |f_cpu - f_mem| / 2) * 100)`` with each fraction requested / allocatable capped at 1.
+  It counts the actual requests (no defaults) and skips a pod that requests neither (score 0).
+
+Not modelled, because they give every node of the bench's cluster the same score, so they do not
+change the choice: ``TaintToleration`` (weight 3; no taints), ``NodeAffinity`` (2; no preferred
+affinity), ``PodTopologySpread`` (2; no constraints, and the default ones need a Service or
+controller selecting the pod), ``InterPodAffinity`` (2; none), ``ImageLocality`` (1; nodes report
+no images) and ``DynamicResources`` (2 where the DynamicResourceAllocation gate is on; no claims).
+Also not modelled: kube-scheduler breaks ties at random (here the simulator's tie order) and scores
+only a sample of the feasible nodes on clusters of 100 nodes or more (``percentageOfNodesToScore``;
+the bench's clusters are smaller or configure 100 %); filtering other than CPU and memory
+(ports, volumes, taints) has nothing to refuse here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -49,7 +74,7 @@ DEFAULT_MEMORY_REQUEST_MIB = 200
 
 
 class KubeSchedulerStandIn:
-    """kube-scheduler v1.20 around the extender, for one replay (see the module doc)."""
+    """kube-scheduler v1.37 around the extender, for one replay (see the module doc)."""
 
     def __init__(self, scenario: Scenario, client: TestClient[Any, Any], api: FakePodApi,
                  extender_weight: int | None = None, best_only: bool = False) -> None:
@@ -57,6 +82,7 @@ class KubeSchedulerStandIn:
         self.extender_weight = extender_weight
         self.best_only = best_only
         self.nonzero_requested = {spec.name: (0, 0) for spec in scenario.nodes}
+        self.requested = {spec.name: (0, 0) for spec in scenario.nodes}
         self.client = client
         self.api = api
         self.bound = ClusterState(scenario.nodes)
@@ -117,21 +143,13 @@ class KubeSchedulerStandIn:
         return min(tied, key=self.rank.__getitem__)
 
     def resource_scores(self, pod: PodRequest, name: str) -> int:
-        """NodeResourcesLeastAllocated + NodeResourcesBalancedAllocation of v1.20 (integer maths as in Go)."""
+        """NodeResourcesFit (LeastAllocated) + NodeResourcesBalancedAllocation of v1.37, weight 1 each."""
         spec = self.bound.specs[self.bound.index[name]]
+        capacity = (spec.cpu_milli, spec.memory_mib)
         cpu, memory = self.nonzero_requested[name]
         pod_cpu, pod_memory = nonzero_request(pod)
-        cpu, memory = cpu + pod_cpu, memory + pod_memory
-        least = 0
-        for requested, capacity in ((cpu, spec.cpu_milli), (memory, spec.memory_mib)):
-            if capacity > 0 and requested <= capacity:
-                least += (capacity - requested) * MAX_NODE_SCORE // capacity
-        least //= 2
-        cpu_fraction = cpu / spec.cpu_milli if spec.cpu_milli else 1.0
-        memory_fraction = memory / spec.memory_mib if spec.memory_mib else 1.0
-        balanced = 0
-        if cpu_fraction < 1 and memory_fraction < 1:
-            balanced = int((1 - abs(cpu_fraction - memory_fraction)) * MAX_NODE_SCORE)
+        least = least_allocated_score((cpu + pod_cpu, memory + pod_memory), capacity)
+        balanced = balanced_allocation_score(self.requested[name], (pod.cpu_milli, pod.memory_mib), capacity)
         return least + balanced
 
     async def own_node(self, pod: PodRequest) -> str | None:
@@ -151,6 +169,8 @@ class KubeSchedulerStandIn:
         cpu, memory = self.nonzero_requested[node]
         pod_cpu, pod_memory = nonzero_request(pod)
         self.nonzero_requested[node] = (cpu + pod_cpu, memory + pod_memory)
+        cpu, memory = self.requested[node]
+        self.requested[node] = (cpu + pod.cpu_milli, memory + pod.memory_mib)
         return Outcome.of(placement)
 
 
@@ -165,6 +185,45 @@ def nonzero_request(pod: PodRequest) -> tuple[int, int]:
     cpu = sum(c.cpu_milli or DEFAULT_CPU_REQUEST_MILLI for c in pod.containers)
     memory = sum(c.memory_mib or DEFAULT_MEMORY_REQUEST_MIB for c in pod.containers)
     return cpu, memory
+
+
+def least_allocated_score(requested: tuple[int, ...], allocatable: tuple[int, ...]) -> int:
+    """NodeResourcesFit's LeastAllocated score: the mean, weight 1 each, of
+    ``(allocatable - requested) * 100 // allocatable`` over the resources the node has (0 for one
+    requested past its capacity); ``requested`` already holds the pod."""
+    total = counted = 0
+    for used, capacity in zip(requested, allocatable, strict=True):
+        if capacity == 0:
+            continue
+        total += (capacity - used) * MAX_NODE_SCORE // capacity if used <= capacity else 0
+        counted += 1
+    return total // counted if counted else 0
+
+
+def balance_score(requested: tuple[int, ...], allocatable: tuple[int, ...]) -> int:
+    """``balancedResourceScore``: ``int((1 - std) * 100)`` of the fractions requested/allocatable
+    (each capped at 1, resources the node lacks left out); for two the std is ``|f1 - f2| / 2``."""
+    fractions = [min(used / capacity, 1.0) for used, capacity in zip(requested, allocatable, strict=True)
+                 if capacity != 0]
+    std = 0.0
+    if len(fractions) == 2:
+        std = abs((fractions[0] - fractions[1]) / 2)
+    elif len(fractions) > 2:
+        mean = sum(fractions) / len(fractions)
+        std = math.sqrt(sum((f - mean) * (f - mean) for f in fractions) / len(fractions))
+    return int((1 - std) * MAX_NODE_SCORE)
+
+
+def balanced_allocation_score(allocated: tuple[int, ...], pod: tuple[int, ...], allocatable: tuple[int, ...]) -> int:
+    """NodeResourcesBalancedAllocation of v1.37: how much the pod improves the node's balance,
+    ``50 + (50 + with - without) / 2`` in integers. ``allocated`` and
+    ``pod`` are actual requests (no defaults); a pod that requests nothing is skipped (0)."""
+    if not any(pod):
+        return 0
+    with_pod = balance_score(tuple(a + p for a, p in zip(allocated, pod, strict=True)), allocatable)
+    without_pod = balance_score(allocated, allocatable)
+    half = MAX_NODE_SCORE // 2
+    return half + (half + with_pod - without_pod) // 2  # never negative (each side is 50..100): Go's / too
 
 
 def ledger_mismatches(bound: ClusterState, ledger: ClusterState) -> list[str]:
