@@ -166,12 +166,17 @@ class KubeSchedulerStandIn:
         else:
             placement = decode_assignment(text).to_placement(pod.key, spec, pod.cpu_milli, pod.memory_mib)
         self.bound.apply(placement)
+        self.record_bound_requests(pod, node)
+        return Outcome.of(placement)
+
+    def record_bound_requests(self, pod: PodRequest, node: str) -> None:
+        """Add the pod's CPU and memory to the node's sums the score plugins read: non-zero requests
+        (NodeResourcesFit) and actual ones (NodeResourcesBalancedAllocation)."""
         cpu, memory = self.nonzero_requested[node]
         pod_cpu, pod_memory = nonzero_request(pod)
         self.nonzero_requested[node] = (cpu + pod_cpu, memory + pod_memory)
         cpu, memory = self.requested[node]
         self.requested[node] = (cpu + pod.cpu_milli, memory + pod.memory_mib)
-        return Outcome.of(placement)
 
 
 def tie_ranks(scenario: Scenario) -> dict[str, int]:

@@ -8,15 +8,21 @@ with the pod alone (case one would have been 100 there).
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from bench.fidelity_kube import (
+    KubeSchedulerStandIn,
     balance_score,
     balanced_allocation_score,
     least_allocated_score,
     nonzero_request,
 )
-from gpupool.core.model import ContainerRequest, PodRequest
+from bench.fidelity_scenario import Scenario
+from gpupool.core.fragmentation import WorkloadProfile
+from gpupool.core.model import ContainerRequest, NodeSpec, PodRequest
+from gpupool.testing.fake_api import FakePodApi
 
 
 @pytest.mark.parametrize(("requested", "allocatable", "expected"), [
@@ -62,3 +68,16 @@ def test_score_plugins_count_a_missing_request_as_100m_and_200mib() -> None:
     pod = PodRequest("p", (ContainerRequest("a", cpu_milli=500), ContainerRequest("b", memory_mib=1024)))
     assert nonzero_request(pod) == (600, 1224)
     assert (pod.cpu_milli, pod.memory_mib) == (500, 1024)
+
+
+def test_stand_in_adds_fit_on_non_zero_requests_to_balance_on_actual_ones() -> None:
+    """One node of 4000m and 8000 MiB holding a pod of 1000m and 4000 MiB; the new pod asks 1000m
+    and no memory. Fit counts it as 1000m + 200 MiB: (2000 * 100 // 4000 + 3800 * 100 // 8000) // 2
+    = (50 + 47) // 2 = 48. BalancedAllocation counts 1000m alone: 81 (the case above). 48 + 81."""
+    scenario = Scenario(nodes=(NodeSpec("n1", 4000, 8000),), arrivals=(), profile=WorkloadProfile(()),
+                        policy="binpack", seed=0)
+    kube = KubeSchedulerStandIn(scenario, cast(Any, None), FakePodApi())
+    bound = PodRequest("bound", (ContainerRequest("a", cpu_milli=1000, memory_mib=4000),))
+    kube.record_bound_requests(bound, "n1")
+    pod = PodRequest("new", (ContainerRequest("a", cpu_milli=1000),))
+    assert kube.resource_scores(pod, "n1") == 48 + 81
