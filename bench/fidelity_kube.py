@@ -14,7 +14,8 @@ resource_allocation.go), both weight 1:
 * ``NodeResourcesFit``, strategy ``LeastAllocated`` on CPU and memory (weight 1 each): per resource
   ``(allocatable - requested) * 100 // allocatable`` (0 past the capacity), averaged with integer
   division; requested is the node's plus the pod's, each container that asks for no CPU or memory
-  counted as 100m and 200 MiB.
+  counted as 100m and 200 MiB (app containers only: kube-scheduler also counts an init container
+  larger than their sum; the trace's pods have none).
 * ``NodeResourcesBalancedAllocation`` on CPU and memory: the node's balance with the pod against
   without it, ``50 + (50 + with - without) / 2`` (integer division), each side
   ``int((1 - |f_cpu - f_mem| / 2) * 100)`` with each fraction requested / allocatable capped at 1.
