@@ -31,10 +31,11 @@ from gpupool.nodeagent.dra import checkpoint
 from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim
 from gpupool.nodeagent.dra.claim_allocation import ClaimAllocation, ClaimError, ClaimRef, read_allocation
+from gpupool.nodeagent.dra.held_ledger import HeldLedger
 from gpupool.nodeagent.dra.resource_slice import memory_capacity_mib
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
-from gpupool.nodeagent.schedule_check import NodeLedger, node_ledger
+from gpupool.nodeagent.schedule_check import NodeLedger
 from gpupool.nodeagent.types import ContainerGrant, NodeAssignment, PodView
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ class ClaimState:
         self._version = 0
         """Bumped on every change of ``_claims``; ``_saved`` is the version the file holds."""
         self._saved = 0
+        self.held = HeldLedger(node)
+        """What check_fits asks, kept between prepares (rebuilt after an unprepare or a change)."""
         self.stats = ClaimStats()
 
     @property
@@ -104,17 +107,18 @@ class ClaimState:
         claim (named ``claim <name>``, its UID the claim's), holding its shares on this node; a
         share with no consumed memory holds the whole card."""
         inventory = self._inventory()
-        views = []
-        for prepared in self._claims.values():
-            slices = tuple(CardSlice(s.card, _memory(inventory, s.card, s.memory_mib),
-                                     s.compute_percent * (COMPUTE_PER_CARD // 100), exclusive=s.memory_mib is None)
-                           for s in prepared.shares)
-            name = f"claim {prepared.claim.name}"
-            placement = Placement(f"{prepared.claim.namespace}/{name}", self.node, 0, 0,
-                                  (ContainerAssignment(prepared.claim.name, slices),))
-            views.append(PodView(prepared.claim.namespace, name, prepared.claim.uid, self.node, 0.0, False, (),
-                                 NodeAssignment(placement, {})))
-        return views
+        return [self._view(prepared, inventory) for prepared in self._claims.values()]
+
+    def _view(self, prepared: PreparedClaim, inventory: GpuInventory) -> PodView:
+        """One prepared claim as a pod-like view (:meth:`as_pods`)."""
+        slices = tuple(CardSlice(s.card, _memory(inventory, s.card, s.memory_mib),
+                                 s.compute_percent * (COMPUTE_PER_CARD // 100), exclusive=s.memory_mib is None)
+                       for s in prepared.shares)
+        name = f"claim {prepared.claim.name}"
+        placement = Placement(f"{prepared.claim.namespace}/{name}", self.node, 0, 0,
+                              (ContainerAssignment(prepared.claim.name, slices),))
+        return PodView(prepared.claim.namespace, name, prepared.claim.uid, self.node, 0.0, False, (),
+                       NodeAssignment(placement, {}))
 
     # ------------------------------------------------------------------ kubelet's calls
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
@@ -186,6 +190,7 @@ class ClaimState:
         prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares,
                                  self.cdi.device_id(ref.uid))
         self._claims[ref.uid] = prepared
+        self.held.add(lambda inventory: self._view(prepared, inventory))
         self._version += 1
         self.stats.prepared += 1
         log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
@@ -197,6 +202,7 @@ class ClaimState:
         async with self._lock:
             if self._claims.get(prepared.claim.uid) is prepared:
                 del self._claims[prepared.claim.uid]
+                self.held.forget()
                 self._version += 1
         return self._refuse(prepared.claim, f"writing the CDI spec of claim {prepared.claim}: {error}")
 
@@ -212,6 +218,7 @@ class ClaimState:
                     out[ref.uid] = f"removing the CDI spec of claim {ref}: {exc}"
                     continue
                 if self._claims.pop(ref.uid, None) is not None:
+                    self.held.forget()
                     self._version += 1
                     self.stats.unprepared += 1
                     log.info("unprepared claim %s", ref)
@@ -227,10 +234,12 @@ class ClaimState:
         claims prepared already and the device plugin's pods, claimed on a one-node ledger as the
         extender books them (:func:`gpupool.nodeagent.schedule_check.node_ledger`). Catches what a
         stale slice, a second allocator or an extended-resource pod the DRA allocator did not see
-        would over-commit (docs/dra.md, "One ledger")."""
+        would over-commit (docs/dra.md, "One ledger"). The ledger is kept between calls and
+        rebuilt only when what it holds changed otherwise than by a prepare
+        (:class:`~gpupool.nodeagent.dra.held_ledger.HeldLedger`)."""
         inventory = self._inventory()
         plugin = list(self._held_elsewhere()) if self._held_elsewhere is not None else []
-        ledger = node_ledger(self.node, inventory, granted=[*plugin, *self.as_pods()])
+        ledger = self.held.ledger(inventory, plugin, self.as_pods)
         for index in sorted({s.card for s in allocation.shares}):
             mine = [s for s in allocation.shares if s.card == index]
             device = mine[0].device
