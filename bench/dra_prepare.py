@@ -11,6 +11,10 @@ claim, all at once, after a warm-up round of 10 other claims (a plugin that has 
 no first-call imports or thread start-up in the figures). The latency is measured around
 each RPC (what kubelet waits for, queueing behind the plugin's lock included). Prints a table and,
 with ``--json``, one line ``{"prepare_p99_ms": ..., "unprepare_p99_ms": ...}``.
+
+``--floor``: the plugin answers every call at once, preparing nothing (its claim state's prepare
+and unprepare replaced in its process): what the gRPC calls and the two processes alone cost on
+this machine, the least the figures above can be.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool.core.model import GpuCard, Topology
 from gpupool.nodeagent.dra.api import dra_grpc, dra_pb
+from gpupool.nodeagent.dra.claim_allocation import ClaimRef
+from gpupool.nodeagent.dra.claim_state import PreparedDevice
 from gpupool.nodeagent.dra.setup import DraDriver, DraOptions
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 
@@ -62,12 +68,12 @@ async def timed(call: Any, request: Any) -> tuple[float, Any]:
     return (time.perf_counter() - start) * 1000.0, reply
 
 
-def serve(directory: str, claims: int, cards: int, api_ms: float) -> None:
+def serve(directory: str, claims: int, cards: int, api_ms: float, floor: bool = False) -> None:
     """The plugin's process: serve until terminated."""
-    asyncio.run(_serve(directory, claims, cards, api_ms))
+    asyncio.run(_serve(directory, claims, cards, api_ms, floor))
 
 
-async def _serve(directory: str, claims: int, cards: int, api_ms: float) -> None:
+async def _serve(directory: str, claims: int, cards: int, api_ms: float, floor: bool) -> None:
     objects = {("bench", f"c{i}"): claim(i, cards) for i in range(claims + WARMUP)}
 
     async def read(namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -87,14 +93,23 @@ async def _serve(directory: str, claims: int, cards: int, api_ms: float) -> None
 
     driver = DraDriver(NODE, "gpupool.io", DraOptions(f"{directory}/kubelet", f"{directory}/cdi"),
                        lambda: inventory, read, NoSlices())
+    if floor:
+        async def prepared(refs: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
+            return {ref.uid: [] for ref in refs}
+
+        async def unprepared(refs: Sequence[ClaimRef]) -> dict[str, str]:
+            return {ref.uid: "" for ref in refs}
+
+        driver.state.prepare = prepared  # type: ignore[method-assign]
+        driver.state.unprepare = unprepared  # type: ignore[method-assign]
     await driver.server.start()
     await asyncio.Event().wait()
 
 
-async def run(claims: int, cards: int, api_ms: float = 0.0) -> dict[str, float]:
+async def run(claims: int, cards: int, api_ms: float = 0.0, floor: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/tmp") as d:
         socket = DraOptions(f"{d}/kubelet").socket_path(DRIVER)
-        server = multiprocessing.get_context("spawn").Process(target=serve, args=(d, claims, cards, api_ms),
+        server = multiprocessing.get_context("spawn").Process(target=serve, args=(d, claims, cards, api_ms, floor),
                                                               daemon=True)
         server.start()
         try:
@@ -138,9 +153,10 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--api-ms", type=float, default=0.0, help="latency of each claim read")
+    parser.add_argument("--floor", action="store_true", help="the plugin answers at once, preparing nothing")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = asyncio.run(run(args.claims, args.cards, args.api_ms))
+    result = asyncio.run(run(args.claims, args.cards, args.api_ms, args.floor))
     print(f"{'metric':<24} {'value':>10}")
     for key, value in result.items():
         print(f"{key:<24} {value:>10.2f}")
