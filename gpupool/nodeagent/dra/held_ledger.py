@@ -49,7 +49,10 @@ class HeldLedger:
         """A claim was prepared after all those held: claim it on the kept ledger (if any), its
         view made (``claim``) from the inventory the ledger was built from, as a rebuild would."""
         if self._ledger is not None and self._inventory is not None:
-            self._ledger.claim(claim(self._inventory))
+            try:
+                self._ledger.claim(claim(self._inventory))
+            except Exception:  # the claim is prepared whatever the ledger says: the next check rebuilds
+                self._ledger = None
 
     def forget(self) -> None:
         """A claim was unprepared: the next check rebuilds."""

@@ -151,3 +151,16 @@ def test_prepares_in_a_row_build_the_ledger_once(tmp_path: Any) -> None:
     node.unprepare("c0")
     assert node.prepare(claim("c10", [(4, 512, 1)])) is None
     assert node.state.held.rebuilds == 2
+
+
+def test_a_claim_the_kept_ledger_cannot_book_drops_it_instead_of_failing_the_prepare() -> None:
+    held = HeldLedger(NODE)
+    inventory = inventory_of(CARDS)
+    held.ledger(inventory, [], list)
+
+    def broken(_: GpuInventory) -> PodView:
+        raise ValueError("no view")
+
+    held.add(broken)
+    held.ledger(inventory, [], list)
+    assert held.rebuilds == 2
