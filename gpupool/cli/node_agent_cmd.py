@@ -572,7 +572,9 @@ async def _run(node: str, fake_gpus: str | None, plugin_dir: str, podres: str, k
     if checks is None:
         logging.getLogger(__name__).warning("risk checks off: they need the usage monitor's holders")
     extra = [RiskCollector(checks)] if checks is not None else []
-    metrics = await serve_metrics(agent, metrics_port, extra=extra, limits=server_limits) if metrics_port else None
+    metrics = (await serve_metrics(agent, metrics_port, extra=extra, limits=server_limits,
+                                   remote_clients=remote.clients_file if remote is not None else None)
+               if metrics_port else None)
 
     async def publish_once_served() -> None:
         """The inventory goes on the Node only once kubelet accepted the device plugins (the

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -31,6 +32,13 @@ from gpupool.netguard.site import BoundedSite, bounded_runner
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.report import IsolationCollector, container_heartbeats, isolation_table
+from gpupool.nodeagent.remote_usage import (
+    RemoteBooked,
+    RemoteClientRow,
+    remote_booked,
+    remote_client_rows,
+    remote_table,
+)
 from gpupool.nodeagent.types import PodView
 from gpupool.nodeagent.usage_metrics import UsageCollector
 from gpupool.nodeagent.usage_report import usage_report, usage_table
@@ -42,6 +50,9 @@ DEFAULT_METRICS_PORT = 9410
 that is the NVIDIA DCGM exporter's, which often runs on the same GPU nodes."""
 
 CARD_LABELS = ("node", "card", "uuid", "model")
+REMOTE_CLIENT_LABELS = ("node", "namespace", "pod", "card", "uuid")
+"""Labels of the per-remote-client series: the client pod's namespace and name (it runs on another
+node), and the card of this node its share is booked on."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +65,21 @@ class CardReport:
     compute_booked_permille: int
     containers: int
     claims: int = 0
+    remote_clients: int = 0
+    """Remote clients (pods of other nodes) the node's GPU server serves on the card; their shares
+    are in the booked memory and compute."""
+    remote_memory_mib: int = 0
 
 
 def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView],
-                 claims: Iterable[PodView] = ()) -> tuple[CardReport, ...]:
+                 claims: Iterable[PodView] = (), remote: Mapping[int, RemoteBooked] | None = None,
+                 ) -> tuple[CardReport, ...]:
     """Per card of ``inventory``: memory and compute booked by the assignments of ``pods`` and by the
     prepared DRA ``claims`` (as :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods` views
-    them: the extender books both in one ledger, so the node reports both), how many app containers
-    hold a slice of it and how many claims. Finished pods and assignments for another node count
+    them: the extender books both in one ledger, so the node reports both) and by the ``remote``
+    clients the node's GPU server serves on it (:func:`gpupool.nodeagent.remote_usage.remote_booked`:
+    the extender books a remote share on the serving node's card), how many app containers hold a
+    slice of it and how many claims. Finished pods and assignments for another node count
     nothing; a card the node does not have is not reported (its assignment is refused at Allocate)."""
     memory: defaultdict[int, int] = defaultdict(int)
     compute: defaultdict[int, int] = defaultdict(int)
@@ -79,8 +97,14 @@ def card_reports(node: str, inventory: GpuInventory, pods: Iterable[PodView],
             if not assignment.init:
                 for card in {s.card for s in assignment.slices}:
                     holders[is_claim][card] += 1
-    return tuple(CardReport(c, memory[c.index], compute[c.index], holders[False][c.index], holders[True][c.index])
-                 for c in inventory.cards)
+    remote = remote or {}
+    reports = []
+    for c in inventory.cards:
+        served = remote.get(c.index, RemoteBooked())
+        reports.append(CardReport(c, memory[c.index] + served.memory_mib, compute[c.index] + served.compute_permille,
+                                  holders[False][c.index], holders[True][c.index], served.clients,
+                                  served.memory_mib))
+    return tuple(reports)
 
 
 CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
@@ -95,6 +119,11 @@ CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
     ("gpupool_card_healthy", "1 while the card is healthy", lambda r: float(r.card.healthy)),
     ("gpupool_card_containers", "App containers holding a slice of the card", lambda r: r.containers),
     ("gpupool_card_dra_claims", "Prepared DRA ResourceClaims holding a share of the card", lambda r: r.claims),
+    ("gpupool_card_remote_clients", "Remote clients (pods of other nodes) this node's GPU server serves on the card",
+     lambda r: r.remote_clients),
+    ("gpupool_card_remote_memory_allocated_bytes",
+     "Memory remote shares book on the card (bytes; part of gpupool_card_memory_allocated_bytes)",
+     lambda r: r.remote_memory_mib * BYTES_PER_MIB),
 )
 """Name, help and value of each per-card gauge (labels: :data:`CARD_LABELS`)."""
 
@@ -102,8 +131,10 @@ CARD_GAUGES: tuple[tuple[str, str, Callable[[CardReport], float]], ...] = (
 class NodeAgentCollector(Collector):
     """The agent's cards and counters, computed at scrape time from its current state."""
 
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: NodeAgent, remote_clients: Path | None = None) -> None:
         self.agent = agent
+        self.remote_clients = remote_clients
+        """The GPU server's clients file when the agent serves remote shares."""
 
     def describe(self) -> list[Metric]:
         return []  # collected lazily; nothing to declare up front
@@ -111,13 +142,15 @@ class NodeAgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
         claims = agent.claims_granted() if agent.claims_granted is not None else []
-        reports = card_reports(agent.node, agent.inventory, agent.listed_pods(), claims)
+        remote = remote_client_rows(self.remote_clients, agent.inventory)
+        reports = card_reports(agent.node, agent.inventory, agent.listed_pods(), claims, remote_booked(remote))
         for name, documentation, value in CARD_GAUGES:
             family = GaugeMetricFamily(name, documentation, labels=CARD_LABELS)
             for report in reports:
                 card = report.card
                 family.add_metric([agent.node, str(card.index), card.uuid, card.model], value(report))
             yield family
+        yield from remote_client_families(agent.node, remote)
         yield GaugeMetricFamily("gpupool_node_containers_served",
                                 "Containers of listed pods whose Allocate this agent answered",
                                 value=agent.served_containers())
@@ -137,24 +170,44 @@ class NodeAgentCollector(Collector):
                                   value=agent.stats.released_pods)
 
 
-def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = ()) -> CollectorRegistry:
+def remote_client_families(node: str, rows: Iterable[RemoteClientRow]) -> Iterator[Metric]:
+    """Per remote client: the memory and compute share booked for it on this node's card (labels
+    :data:`REMOTE_CLIENT_LABELS`; the card ``-1`` when its uuid is not one of this node's)."""
+    memory = GaugeMetricFamily("gpupool_remote_client_memory_limit_bytes",
+                               "Memory booked for a remote client on the card (bytes)", labels=REMOTE_CLIENT_LABELS)
+    share = GaugeMetricFamily("gpupool_remote_client_compute_share_ratio",
+                              "Compute share booked for a remote client on the card (0 to 1; 0: no limit)",
+                              labels=REMOTE_CLIENT_LABELS)
+    for row in rows:
+        labels = [node, row.namespace, row.pod, str(row.card), row.uuid]
+        memory.add_metric(labels, float(row.memory_mib * BYTES_PER_MIB))
+        share.add_metric(labels, row.compute_percent / 100)
+    yield memory
+    yield share
+
+
+def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = (),
+                   remote_clients: Path | None = None) -> CollectorRegistry:
     """Every series the agent exports: its cards and counters, the usage monitor's when it runs, and
-    ``extra`` (the risk checks')."""
+    ``extra`` (the risk checks'); ``remote_clients`` is the GPU server's clients file when the agent
+    serves remote shares."""
     registry = CollectorRegistry()
     for collector in extra:
         registry.register(collector)
-    registry.register(NodeAgentCollector(agent))
+    registry.register(NodeAgentCollector(agent, remote_clients))
     registry.register(IsolationCollector(agent))
     if agent.monitor is not None:
         registry.register(UsageCollector(agent, agent.monitor))
     return registry
 
 
-def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Application:
+def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = (),
+                remote_clients: Path | None = None) -> web.Application:
     """An aiohttp application serving ``GET /metrics`` and, with the usage monitor, ``GET /usage``
     (a plain-text table per card and per container) and ``GET /usage.json`` (the same for programs,
-    :mod:`gpupool.api.usage_report`; the kubectl plugin reads it through the API server's node proxy)."""
-    registry = agent_registry(agent, extra)
+    :mod:`gpupool.api.usage_report`; the kubectl plugin reads it through the API server's node proxy).
+    With ``remote_clients`` (the GPU server's clients file) ``/usage`` ends with the remote clients."""
+    registry = agent_registry(agent, extra, remote_clients)
 
     async def scrape(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -163,7 +216,8 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Applic
         if agent.monitor is None:
             return web.Response(status=404, text="the usage monitor is off (--no-usage-monitor)\n")
         return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
-                            + isolation_table(agent))
+                            + isolation_table(agent)
+                            + remote_table(remote_client_rows(remote_clients, agent.inventory)))
 
     async def usage_json(_request: web.Request) -> web.Response:
         if agent.monitor is None:
@@ -180,7 +234,8 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = ()) -> web.Applic
 
 
 async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0",
-                        extra: Iterable[Collector] = (), limits: ServerLimits | None = None) -> web.AppRunner | None:
+                        extra: Iterable[Collector] = (), limits: ServerLimits | None = None,
+                        remote_clients: Path | None = None) -> web.AppRunner | None:
     """Serve ``/metrics`` on ``host:port`` from the running loop; the runner to clean up, or None.
 
     A port that cannot be bound is logged and the agent goes on without metrics: the device plugin
@@ -188,7 +243,7 @@ async def serve_metrics(agent: NodeAgent, port: int, host: str = "0.0.0.0",
     cap and timeouts (docs/security.md, "Bounded servers").
     """
     limits = limits or ServerLimits()
-    runner = bounded_runner(metrics_app(agent, extra), limits, access_log=None)
+    runner = bounded_runner(metrics_app(agent, extra, remote_clients), limits, access_log=None)
     await runner.setup()
     try:
         await BoundedSite(runner, host, port, limits, name="the metrics port").start()

@@ -1,0 +1,89 @@
+"""What a GPU node serves remotely, for its ``/usage`` page and ``/metrics``.
+
+The node agent with ``--remote-gpu-server`` writes the GPU server's clients file
+(:mod:`gpupool.nodeagent.remote_server`): one entry per pod of another node whose remote share the
+extender booked on a card of this node. The extender counts those shares in its ledger on this
+node's card, so the agent reports them too: a row per remote client (its pod, card and booked
+share) and their sums per card. The tokens in the file are secrets and never leave this module.
+
+Read from the file rather than from the agent's memory so that what is reported is exactly what
+the server serves (the file is rewritten on every change); an absent or unreadable file reports no
+client (the server serves none either). Whether a client is connected is not known here: the
+server does not report its connections yet (docs/remote-gpu.md, "Left").
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.api.remote_gpu import ClientsFileError, decode_clients
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+
+UNKNOWN_CARD = -1
+"""The card index of a client whose card uuid this node's inventory does not have."""
+
+
+@dataclass(frozen=True)
+class RemoteClientRow:
+    """One remote client: the pod (on another node) and the share booked for it on this node's card."""
+
+    namespace: str
+    pod: str
+    card: int
+    """Index in this node's inventory (:data:`UNKNOWN_CARD` when the uuid is not one of its cards)."""
+    uuid: str
+    memory_mib: int
+    compute_percent: int
+    """0 to 100, rounded down from the booked per mille; 0 is no compute limit."""
+
+
+def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tuple[RemoteClientRow, ...]:
+    """The clients of ``clients_file`` (None: the node serves no remote share), ordered by pod and card."""
+    if clients_file is None:
+        return ()
+    try:
+        clients = decode_clients(clients_file.read_text())
+    except (OSError, UnicodeDecodeError, ClientsFileError):
+        return ()
+    index = {card.uuid: card.index for card in inventory.cards}
+    rows = []
+    for client in clients:
+        namespace, _, name = client.pod.partition("/")
+        rows.append(RemoteClientRow(namespace, name, index.get(client.card_uuid, UNKNOWN_CARD), client.card_uuid,
+                                    client.memory_mib, client.compute_percent))
+    return tuple(sorted(rows, key=lambda r: (r.namespace, r.pod, r.card)))
+
+
+@dataclass(frozen=True)
+class RemoteBooked:
+    """What remote clients book on one card: how many, memory and compute (per mille of the card)."""
+
+    clients: int = 0
+    memory_mib: int = 0
+    compute_permille: int = 0
+
+
+def remote_booked(rows: tuple[RemoteClientRow, ...]) -> dict[int, RemoteBooked]:
+    """Per card index of this node, the sums of ``rows`` (clients of unknown cards are left out)."""
+    sums: defaultdict[int, RemoteBooked] = defaultdict(RemoteBooked)
+    for row in rows:
+        if row.card == UNKNOWN_CARD:
+            continue
+        now = sums[row.card]
+        sums[row.card] = RemoteBooked(now.clients + 1, now.memory_mib + row.memory_mib,
+                                      now.compute_permille + row.compute_percent * 10)
+    return dict(sums)
+
+
+def remote_table(rows: tuple[RemoteClientRow, ...]) -> str:
+    """The ``/usage`` page's section of remote clients (empty when there is none)."""
+    if not rows:
+        return ""
+    lines = ["", f"{'REMOTE CLIENT NAMESPACE/POD':<48}{'CARD':>5}{'MEM BOOKED MiB':>16}{'SHARE%':>8}"]
+    for r in rows:
+        card = "?" if r.card == UNKNOWN_CARD else str(r.card)
+        share = str(r.compute_percent) if r.compute_percent else "-"
+        lines.append(f"{f'{r.namespace}/{r.pod}'[:47]:<48}{card:>5}{r.memory_mib:>16}{share:>8}")
+    return "\n".join(lines) + "\n"
