@@ -59,8 +59,11 @@ def build_cmd(directory: Path) -> None:
 @click.option("--allow-plain", is_flag=True,
               help="Serve plain TCP on a non-loopback address without TLS (tokens and data cross the network "
                    "in the clear).")
+@click.option("--status", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Keep this file (JSON, no tokens) listing the clients connected now, per pod and card "
+                   "[default: remote-gpu-connections.json beside --clients].")
 def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | None, tls_key: Path | None,
-              enforce_compute: bool, allow_plain: bool) -> None:
+              enforce_compute: bool, allow_plain: bool, status: Path | None) -> None:
     """Serve the CUDA driver of this node to the remote clients the clients file names."""
     from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, serve
 
@@ -70,7 +73,7 @@ def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | Non
     tls = TlsFiles(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     try:
         code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain, tls=tls,
-                     enforce_compute=enforce_compute)
+                     enforce_compute=enforce_compute, status=status)
     except (RemoteServeError, ShimBuildError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,9 +170,10 @@ class NodeAgentCollector(Collector):
                                   value=agent.stats.released_pods)
 
 
-def remote_client_families(node: str, rows: Iterable[RemoteClientRow]) -> Iterator[Metric]:
-    """Per remote client: the memory and compute share booked for it on this node's card (labels
-    :data:`REMOTE_CLIENT_LABELS`; the card ``-1`` when its uuid is not one of this node's)."""
+def remote_client_families(node: str, rows: Sequence[RemoteClientRow]) -> Iterator[Metric]:
+    """Per remote client: the memory and compute share booked for it on this node's card and its
+    live connections (labels :data:`REMOTE_CLIENT_LABELS`; the card ``-1`` when its uuid is not one
+    of this node's)."""
     memory = GaugeMetricFamily("gpupool_remote_client_memory_limit_bytes",
                                "Memory booked for a remote client on the card (bytes)", labels=REMOTE_CLIENT_LABELS)
     share = GaugeMetricFamily("gpupool_remote_client_compute_share_ratio",
@@ -182,8 +183,15 @@ def remote_client_families(node: str, rows: Iterable[RemoteClientRow]) -> Iterat
         labels = [node, row.namespace, row.pod, str(row.card), row.uuid]
         memory.add_metric(labels, float(row.memory_mib * BYTES_PER_MIB))
         share.add_metric(labels, row.compute_percent / 100)
+    live = GaugeMetricFamily("gpupool_remote_client_connections",
+                             "Live connections of a remote client to this node's GPU server for the card "
+                             "(absent while the server has not reported them)", labels=REMOTE_CLIENT_LABELS)
+    for row in rows:
+        if row.connections is not None:
+            live.add_metric([node, row.namespace, row.pod, str(row.card), row.uuid], float(row.connections))
     yield memory
     yield share
+    yield live
 
 
 def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = (),

@@ -8,8 +8,10 @@ share) and their sums per card. The tokens in the file are secrets and never lea
 
 Read from the file rather than from the agent's memory so that what is reported is exactly what
 the server serves (the file is rewritten on every change); an absent or unreadable file reports no
-client (the server serves none either). Whether a client is connected is not known here: the
-server does not report its connections yet (docs/remote-gpu.md, "Left").
+client (the server serves none either). Whether a client is connected comes from the server's
+connections file beside it (:mod:`gpupool.api.remote_connections`): how many live connections
+each pod has to its card, unknown (None) while that file is absent or unreadable (a server that
+has not started yet, or one older than this report).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.api.remote_connections import CONNECTIONS_FILE, ConnectionsFileError, decode_connections
 from gpupool.api.remote_gpu import ClientsFileError, decode_clients
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 
@@ -37,6 +40,8 @@ class RemoteClientRow:
     memory_mib: int
     compute_percent: int
     """0 to 100, rounded down from the booked per mille; 0 is no compute limit."""
+    connections: int | None = None
+    """The pod's live connections to the server for this card (None: the server did not say)."""
 
 
 def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tuple[RemoteClientRow, ...]:
@@ -48,12 +53,22 @@ def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tu
     except (OSError, UnicodeDecodeError, ClientsFileError):
         return ()
     index = {card.uuid: card.index for card in inventory.cards}
+    live = connected(clients_file.with_name(CONNECTIONS_FILE))
     rows = []
     for client in clients:
         namespace, _, name = client.pod.partition("/")
+        count = None if live is None else live.get((client.pod, client.card_uuid), 0)
         rows.append(RemoteClientRow(namespace, name, index.get(client.card_uuid, UNKNOWN_CARD), client.card_uuid,
-                                    client.memory_mib, client.compute_percent))
+                                    client.memory_mib, client.compute_percent, count))
     return tuple(sorted(rows, key=lambda r: (r.namespace, r.pod, r.card)))
+
+
+def connected(path: Path) -> dict[tuple[str, str], int] | None:
+    """Live connections per (pod, card uuid) as the server last wrote them; None when unknown."""
+    try:
+        return {(e.pod, e.card_uuid): e.connections for e in decode_connections(path.read_text())}
+    except (OSError, UnicodeDecodeError, ConnectionsFileError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -81,9 +96,11 @@ def remote_table(rows: tuple[RemoteClientRow, ...]) -> str:
     """The ``/usage`` page's section of remote clients (empty when there is none)."""
     if not rows:
         return ""
-    lines = ["", f"{'REMOTE CLIENT NAMESPACE/POD':<48}{'CARD':>5}{'MEM BOOKED MiB':>16}{'SHARE%':>8}"]
+    lines = ["", f"{'REMOTE CLIENT NAMESPACE/POD':<48}{'CARD':>5}{'MEM BOOKED MiB':>16}{'SHARE%':>8}"
+                 f"{'CONNECTIONS':>13}"]
     for r in rows:
         card = "?" if r.card == UNKNOWN_CARD else str(r.card)
         share = str(r.compute_percent) if r.compute_percent else "-"
-        lines.append(f"{f'{r.namespace}/{r.pod}'[:47]:<48}{card:>5}{r.memory_mib:>16}{share:>8}")
+        live = "?" if r.connections is None else str(r.connections)
+        lines.append(f"{f'{r.namespace}/{r.pod}'[:47]:<48}{card:>5}{r.memory_mib:>16}{share:>8}{live:>13}")
     return "\n".join(lines) + "\n"

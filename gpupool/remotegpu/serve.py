@@ -8,6 +8,13 @@ is reported and the last good one kept, so a half-written or broken file never d
 everyone. The C server (``gpupool-remote-server``, :mod:`gpupool.shim.remote_build`) forks a
 process per client that leaves within about 100 ms once its token is gone from the mirror.
 
+The supervisor also reports which clients are connected now in the connections file
+(:mod:`gpupool.api.remote_connections`; by default beside the clients file, where the node agent
+reads it): each authenticated connection's process names its pod and
+card (never the token) in a file of a second private directory, removed when it ends; the
+supervisor counts those of live processes of the C server, drops the files of processes that died
+without removing theirs, and rewrites ``status`` when the count changes (empty when it stops).
+
 With a certificate and key the server speaks TLS; without, a listen address that is not loopback is
 refused unless ``allow_plain`` (docs/remote-gpu.md, "Trust").
 """
@@ -24,11 +31,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, encode_connections
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
 from gpupool.shim.build import library_path
 from gpupool.shim.remote_build import server_program
@@ -36,6 +45,7 @@ from gpupool.shim.remote_build import server_program
 log = logging.getLogger(__name__)
 POLL_S = 0.1
 MIRROR_NAME = "clients.tab"
+CONNECTIONS_DIR = "connections"
 
 
 class RemoteServeError(RuntimeError):
@@ -138,17 +148,83 @@ class ClientsMirror:
         return True
 
 
+def _child_of(pid: int, parent: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process whose parent is ``parent``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()  # after "pid (command)": state, parent, ...
+    return len(fields) > 1 and fields[0] != "Z" and fields[1] == str(parent)
+
+
+def live_connections(directory: Path, server_pid: int) -> Counter[tuple[str, str]]:
+    """Connections per (pod, card uuid) the C server's client processes announced in ``directory``;
+    the file of a process that is gone (or not the server's child: its pid reused) is removed."""
+    found: Counter[tuple[str, str]] = Counter()
+    for entry in directory.iterdir():
+        if not entry.name.isdigit():
+            continue  # a file being written (".<pid>")
+        if not _child_of(int(entry.name), server_pid):
+            entry.unlink(missing_ok=True)
+            continue
+        with contextlib.suppress(OSError):
+            pod, _, card = entry.read_text().rstrip("\n").partition("\t")
+            if pod and card:
+                found[(pod, card)] += 1
+    return found
+
+
+@dataclass
+class ConnectionsReport:
+    """Keeps ``status`` equal to the server's live connections (rewritten only on a change)."""
+
+    directory: Path
+    status: Path
+    _last: str | None = None
+    _failed: bool = False
+
+    def refresh(self, server_pid: int | None) -> bool:
+        """Count again (``server_pid`` None: the server is gone, nothing is connected); True when
+        ``status`` was rewritten. A status that cannot be written is logged once and tried again at
+        the next change: reporting must never stop the server."""
+        counts = live_connections(self.directory, server_pid) if server_pid is not None else Counter()
+        text = encode_connections(ClientConnections(pod, card, n) for (pod, card), n in counts.items())
+        if text == self._last:
+            return False
+        try:
+            fd, staged = tempfile.mkstemp(prefix=f".{self.status.name}.", dir=self.status.parent)
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(text)
+                os.chmod(staged, 0o644)
+                os.replace(staged, self.status)
+            except BaseException:
+                Path(staged).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            if not self._failed:
+                log.warning("remote GPU: connections file %s not written: %s", self.status, exc)
+            self._failed = True
+            return False
+        self._last, self._failed = text, False
+        return True
+
+
 def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False,
-          tls: TlsFiles | None = None, enforce_compute: bool = False) -> int:
+          tls: TlsFiles | None = None, enforce_compute: bool = False, status: Path | None = None) -> int:
     """Run the GPU server until it exits or this process is told to stop; returns its exit code.
 
     ``enforce_compute``: each client's calls run in a process under the interception library with
-    the client's memory and compute share (``compute_percent``) as its limits."""
+    the client's memory and compute share (``compute_percent``) as its limits. ``status``: the
+    connections file kept up to date (see the module docstring; None: :data:`CONNECTIONS_FILE`
+    beside ``clients_file``)."""
     check_listen(listen, allow_plain, tls)
     program = server_program()
     shim = [] if not enforce_compute else ["--shim", str(library_path())]
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []
+    report: ConnectionsReport | None = None
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
@@ -157,12 +233,16 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
     try:
         mirror = ClientsMirror(clients_file, private / MIRROR_NAME)
         mirror.refresh()
+        (private / CONNECTIONS_DIR).mkdir(mode=0o700)
+        report = ConnectionsReport(private / CONNECTIONS_DIR, status or clients_file.with_name(CONNECTIONS_FILE))
+        report.refresh(None)
         command = [str(program), "--listen", listen, "--clients", str(mirror.mirror), "--driver", driver,
-                   *(["--allow-plain"] if allow_plain else []), *shim,
+                   *(["--allow-plain"] if allow_plain else []), *shim, "--status-dir", str(report.directory),
                    *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
         with subprocess.Popen(command) as server:
             while server.poll() is None and not stopping:
                 mirror.refresh()
+                report.refresh(server.pid)
                 time.sleep(POLL_S)
             if server.poll() is None:
                 server.terminate()
@@ -173,6 +253,8 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
             code = server.wait()
         return 0 if stopping else code
     finally:
+        if report is not None:
+            report.refresh(None)
         for signum, handler in previous.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler)

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, encode_connections
 from gpupool.api.remote_gpu import RemoteClient, encode_clients
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, Placement, Topology
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -40,13 +41,23 @@ def clients_file(tmp_path: Path) -> Path:
     return path
 
 
+def connected(tmp_path: Path) -> None:
+    """The server's report: ml/train-0 has two connections (two processes), nobody else any."""
+    (tmp_path / CONNECTIONS_FILE).write_text(encode_connections([ClientConnections("ml/train-0", "GPU-1", 2)]))
+
+
 def test_rows_name_pod_card_and_share_ordered_and_without_tokens(tmp_path: Path) -> None:
     rows = remote_client_rows(clients_file(tmp_path), INVENTORY)
     assert rows == (RemoteClientRow("ml", "infer-0", 1, "GPU-1", 1024, 0),
                     RemoteClientRow("ml", "train-0", 1, "GPU-1", 4096, 25),
                     RemoteClientRow("web", "gone", UNKNOWN_CARD, "GPU-other", 512, 10))
+    assert {r.connections for r in rows} == {None}  # the server said nothing yet
     assert not any(token in repr(rows) for token in TOKENS)
     assert remote_booked(rows) == {1: RemoteBooked(clients=2, memory_mib=5120, compute_permille=250)}
+    connected(tmp_path)
+    assert [r.connections for r in remote_client_rows(clients_file(tmp_path), INVENTORY)] == [0, 2, 0]
+    (tmp_path / CONNECTIONS_FILE).write_text("{")
+    assert [r.connections for r in remote_client_rows(clients_file(tmp_path), INVENTORY)] == [None] * 3
 
 
 def test_an_absent_unset_or_broken_file_reports_no_client(tmp_path: Path) -> None:
@@ -67,12 +78,14 @@ def test_card_reports_add_remote_shares_to_the_booked_totals() -> None:
 
 
 def test_the_table_lists_each_client_and_is_empty_without_any(tmp_path: Path) -> None:
-    table = remote_table(remote_client_rows(clients_file(tmp_path), INVENTORY))
-    lines = table.splitlines()
-    assert lines[1].startswith("REMOTE CLIENT NAMESPACE/POD")
-    assert lines[2].split() == ["ml/infer-0", "1", "1024", "-"]
-    assert lines[3].split() == ["ml/train-0", "1", "4096", "25"]
-    assert lines[4].split() == ["web/gone", "?", "512", "10"]
+    path = clients_file(tmp_path)
+    assert remote_table(remote_client_rows(path, INVENTORY)).splitlines()[2].split()[-1] == "?"
+    connected(tmp_path)
+    lines = remote_table(remote_client_rows(path, INVENTORY)).splitlines()
+    assert lines[1].startswith("REMOTE CLIENT NAMESPACE/POD") and lines[1].endswith("CONNECTIONS")
+    assert lines[2].split() == ["ml/infer-0", "1", "1024", "-", "0"]
+    assert lines[3].split() == ["ml/train-0", "1", "4096", "25", "2"]
+    assert lines[4].split() == ["web/gone", "?", "512", "10", "0"]
     assert remote_table(()) == ""
 
 
@@ -86,6 +99,7 @@ def series(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
     path = clients_file(tmp_path)
+    connected(tmp_path)
 
     async def main() -> tuple[str, str, str]:
         agent, monitor, _ = agent_with_monitor(tmp_path)
@@ -120,6 +134,9 @@ def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
         client("ml", "infer-0", 1, "GPU-1"): 1024 * MIB, client("ml", "train-0", 1, "GPU-1"): 4096 * MIB,
         client("web", "gone", -1, "GPU-other"): 512 * MIB}
     assert got["gpupool_remote_client_compute_share_ratio"][client("ml", "train-0", 1, "GPU-1")] == 0.25
+    assert got["gpupool_remote_client_connections"] == {
+        client("ml", "infer-0", 1, "GPU-1"): 0, client("ml", "train-0", 1, "GPU-1"): 2,
+        client("web", "gone", -1, "GPU-other"): 0}
     assert before["gpupool_card_remote_clients"] == {card(0): 0, card(1): 0}
     assert "gpupool_remote_client_memory_limit_bytes" not in before
     assert "ml/train-0" in page and "REMOTE CLIENT" in page

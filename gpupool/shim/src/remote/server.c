@@ -2,6 +2,7 @@
  * gpupool's GPU server (docs/remote-gpu.md): serves remote clients the CUDA driver of this node.
  *
  *   gpupool-remote-server --listen HOST:PORT --clients TABFILE [--driver PATH] [--allow-plain]
+ *                         [--status-dir DIR]
  *
  * The supervisor (`gpupool remote-gpu serve`) reads the node agent's JSON clients file and writes
  * TABFILE, one client a line: token TAB pod TAB card-uuid TAB memory-MiB TAB compute-percent.
@@ -305,6 +306,30 @@ static uint64_t now_ms(void) {
     return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
 }
 
+/* With --status-dir, an authenticated connection's process names its client (pod and card, never
+ * the token) in <status-dir>/<pid> and removes it when it ends; the supervisor drops the file of a
+ * process that died without removing it (killed), so it reports what is connected now. */
+static const char *status_dir;
+static char status_file[4096];
+
+static void mark_connected(void) {
+    if (status_dir == NULL) return;
+    char staged[sizeof status_file];
+    snprintf(status_file, sizeof status_file, "%s/%d", status_dir, (int)getpid());
+    snprintf(staged, sizeof staged, "%s/.%d", status_dir, (int)getpid());
+    FILE *file = fopen(staged, "we");
+    int written = file != NULL && fprintf(file, "%s\t%s\n", me.pod, me.card) > 0;
+    if (file == NULL || fclose(file) != 0 || !written || rename(staged, status_file) != 0) {
+        unlink(staged);
+        status_file[0] = 0;
+    }
+}
+
+static void mark_gone(void) {
+    if (status_file[0] != 0) unlink(status_file);
+    status_file[0] = 0;
+}
+
 /* Leave when the client's entry left the clients file (a file that cannot be read changes nothing). */
 static void check_entry(void) {
     static struct timespec seen;
@@ -320,6 +345,7 @@ static void check_entry(void) {
     int found = find_client(me.token, strlen(me.token), &entry);
     if (found == 0) {
         fprintf(stderr, "gpupool-remote-server: client %s is no longer in the clients file: disconnected\n", me.pod);
+        mark_gone();
         _exit(0);
     }
     if (found == 1) booked = entry.memory_mib << 20;
@@ -828,6 +854,7 @@ static void serve_through_executor(void) {
     }
     char shim_dir[] = "/tmp/gpupool-remote-client-XXXXXX";
     int pair = start_executor(&h, version, token, length, shim_dir);
+    if (pair >= 0) mark_connected();
     if (pair >= 0) relay(pair), close(pair);
     char region[sizeof shim_dir + 32];
     snprintf(region, sizeof region, "%s/memory.region", shim_dir);
@@ -856,6 +883,7 @@ static void serve_client(void) {
         return;
     }
     if (hello() != 0) return;
+    mark_connected();
     fprintf(stderr, "gpupool-remote-server: serving %s on card %s (%llu MiB)\n", me.pod, me.card, me.memory_mib);
     for (;;) {
         int ready = waiting_request(0);
@@ -956,12 +984,14 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
         else if (strcmp(argv[i], "--shim") == 0 && i + 1 < argc) shim_path = argv[++i];
         else if (strcmp(argv[i], "--executor") == 0 && i + 1 < argc) executor_fd = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--status-dir") == 0 && i + 1 < argc) status_dir = argv[++i];
         else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) tls_certificate = argv[++i];
         else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) tls_key = argv[++i];
         else if (strcmp(argv[i], "--max-clients") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) max_clients = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
-                            "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM] [--shim LIBRARY]\n");
+                            "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM] [--shim LIBRARY] "
+                            "[--status-dir DIR]\n");
             return 2;
         }
     }
@@ -1014,6 +1044,7 @@ int main(int argc, char **argv) {
             setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
             setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
             serve_client();
+            mark_gone();
             _exit(0);
         }
         if (child < 0) perror("gpupool-remote-server: fork");
