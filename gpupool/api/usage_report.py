@@ -24,6 +24,16 @@ registered process renewed, and ``"heartbeatStale"``, whether that is past the s
 optional (absent on nodes without the library, and from older agents); a reader that does not know
 them skips them.
 
+A node whose GPU server serves remote shares (docs/remote-gpu.md) also lists its remote clients,
+pods of other nodes with a share booked on one of its cards (optional: absent when there is none,
+and from older agents)::
+
+     "remoteClients": [{"namespace": "ml", "pod": "train-0", "card": 1, "uuid": "GPU-...",
+                        "memoryLimitMiB": 4096, "computeSharePercent": 25, "connections": 2}]
+
+``card`` is -1 for a uuid the node does not have; ``connections`` (live connections to the
+server) is null while the server has not reported them.
+
 The report is de-sensitised (docs/monitor.md, "What the control center sees"): names of pods and
 containers, figures and counts, never a process's name, command line, environment, a host path or
 a pid.
@@ -78,6 +88,19 @@ class ContainerUsageReport:
 
 
 @dataclass(frozen=True)
+class RemoteClientUsageReport:
+    """One remote client: a pod of another node and the share booked for it on this node's card."""
+
+    namespace: str
+    pod: str
+    card: int
+    uuid: str
+    memory_limit_mib: int
+    compute_share_percent: int
+    connections: int | None
+
+
+@dataclass(frozen=True)
 class NodeUsageReport:
     """Everything one agent's usage monitor reports."""
 
@@ -86,6 +109,7 @@ class NodeUsageReport:
     idle_after_seconds: float
     cards: tuple[CardUsageReport, ...]
     containers: tuple[ContainerUsageReport, ...]
+    remote_clients: tuple[RemoteClientUsageReport, ...] = ()
 
 
 _CARD_FIELDS = (("index", "index", int), ("uuid", "uuid", str), ("model", "model", str), ("state", "state", str),
@@ -99,16 +123,23 @@ _CONTAINER_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("con
 _HEARTBEAT_FIELDS = (("heartbeat_age_seconds", "heartbeatAgeSeconds", (int, float)),
                      ("heartbeat_stale", "heartbeatStale", bool))
 """Optional container fields: read when present."""
+_REMOTE_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("card", "card", int), ("uuid", "uuid", str),
+                  ("memory_limit_mib", "memoryLimitMiB", int), ("compute_share_percent", "computeSharePercent", int),
+                  ("connections", "connections", (int, type(None))))
 
 
 def encode_usage_report(report: NodeUsageReport) -> str:
     """The report as JSON text."""
-    return json.dumps({
+    doc: dict[str, Any] = {
         "v": SCHEMA_VERSION, "node": report.node, "source": report.source,
         "idleAfterSeconds": report.idle_after_seconds,
         "cards": [{key: getattr(card, attr) for attr, key, _ in _CARD_FIELDS} for card in report.cards],
         "containers": [_container_doc(c) for c in report.containers],
-    })
+    }
+    if report.remote_clients:
+        doc["remoteClients"] = [{key: getattr(r, attr) for attr, key, _ in _REMOTE_FIELDS}
+                                for r in report.remote_clients]
+    return json.dumps(doc)
 
 
 def _container_doc(row: ContainerUsageReport) -> dict[str, Any]:
@@ -130,9 +161,11 @@ def decode_usage_report(text: str) -> NodeUsageReport:
     containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"),
                                             **_optional(item, _HEARTBEAT_FIELDS, f"{_WHAT}.containers[{i}]"))
                        for i, item in enumerate(_items(doc, "containers")))
+    remote = tuple(RemoteClientUsageReport(**_read(item, _REMOTE_FIELDS, f"{_WHAT}.remoteClients[{i}]"))
+                   for i, item in enumerate(_items(doc, "remoteClients") if "remoteClients" in doc else []))
     return NodeUsageReport(node=field(doc, "node", str, _WHAT), source=field(doc, "source", str, _WHAT),
                            idle_after_seconds=float(field(doc, "idleAfterSeconds", (int, float), _WHAT)),
-                           cards=cards, containers=containers)
+                           cards=cards, containers=containers, remote_clients=remote)
 
 
 def _items(doc: Mapping[str, Any], key: str) -> list[Any]:

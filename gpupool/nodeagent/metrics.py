@@ -231,7 +231,8 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = (),
         if agent.monitor is None:
             return web.json_response({"error": "the usage monitor is off (--no-usage-monitor)"}, status=404)
         report = usage_report(agent.node, agent.monitor, agent.inventory, agent.listed_pods(),
-                              container_heartbeats(agent.enforcement))
+                              container_heartbeats(agent.enforcement),
+                              remote_client_rows(remote_clients, agent.inventory))
         return web.Response(text=encode_usage_report(report), content_type="application/json")
 
     app = web.Application()

@@ -14,13 +14,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpupool.api.usage_report import CardUsageReport, ContainerUsageReport, NodeUsageReport
+from gpupool.api.usage_report import (
+    CardUsageReport,
+    ContainerUsageReport,
+    NodeUsageReport,
+    RemoteClientUsageReport,
+)
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.container_grant import compute_percent
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.shim_registry import Heartbeat
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.monitor.usage_state import DeviceState
+from gpupool.nodeagent.remote_usage import RemoteClientRow
 from gpupool.nodeagent.types import PodView
 
 
@@ -98,10 +104,12 @@ def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
 
 
 def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView],
-                 heartbeats: Mapping[tuple[str, str, str], Heartbeat] | None = None) -> NodeUsageReport:
+                 heartbeats: Mapping[tuple[str, str, str], Heartbeat] | None = None,
+                 remote: Iterable[RemoteClientRow] = ()) -> NodeUsageReport:
     """The same as :func:`usage_table`, as the contract's document (``/usage.json``); with
     ``heartbeats`` (where the interception library runs) each row of a container with registered
-    processes carries its heartbeat age and stale flag."""
+    processes carries its heartbeat age and stale flag; ``remote`` are the clients the node's GPU
+    server serves (:func:`gpupool.nodeagent.remote_usage.remote_client_rows`)."""
     cards = tuple(CardUsageReport(index=r.card.index, uuid=r.card.uuid, model=r.card.model, state=r.state.value,
                                   utilization_percent=r.utilization_percent, memory_used_mib=r.memory_used_mib,
                                   memory_total_mib=r.memory_total_mib, holders=r.holders,
@@ -112,7 +120,9 @@ def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods
         containers = tuple(_with_heartbeat(row, heartbeats.get((row.namespace, row.pod, row.container)))
                            for row in containers)
     source = monitor.source.name if monitor.source is not None else "none"
-    return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers)
+    remote_clients = tuple(RemoteClientUsageReport(r.namespace, r.pod, r.card, r.uuid, r.memory_mib,
+                                                   r.compute_percent, r.connections) for r in remote)
+    return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers, remote_clients)
 
 
 def _with_heartbeat(row: ContainerUsageRow, beat: Heartbeat | None) -> ContainerUsageRow:

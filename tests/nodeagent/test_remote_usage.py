@@ -5,13 +5,22 @@ extender books them on this node's card). Tokens never appear."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.api.fields import AnnotationError
 from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, encode_connections
 from gpupool.api.remote_gpu import RemoteClient, encode_clients
+from gpupool.api.usage_report import (
+    NodeUsageReport,
+    RemoteClientUsageReport,
+    decode_usage_report,
+    encode_usage_report,
+)
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, Placement, Topology
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.metrics import card_reports, metrics_app
@@ -101,7 +110,7 @@ def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
     path = clients_file(tmp_path)
     connected(tmp_path)
 
-    async def main() -> tuple[str, str, str]:
+    async def main() -> tuple[str, str, str, str]:
         agent, monitor, _ = agent_with_monitor(tmp_path)
         try:
             await agent.pre_start("", [])
@@ -110,11 +119,11 @@ def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
                 before = await (await client.get("/metrics")).text()
             async with TestClient(TestServer(metrics_app(agent, remote_clients=path))) as client:
                 return (before, await (await client.get("/metrics")).text(),
-                        await (await client.get("/usage")).text())
+                        await (await client.get("/usage")).text(), await (await client.get("/usage.json")).text())
         finally:
             monitor.stop()
 
-    before_text, text, page = asyncio.run(main())
+    before_text, text, page, document = asyncio.run(main())
     before, got = series(before_text), series(text)
 
     def card(index: int) -> tuple[tuple[str, str], ...]:
@@ -140,4 +149,19 @@ def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
     assert before["gpupool_card_remote_clients"] == {card(0): 0, card(1): 0}
     assert "gpupool_remote_client_memory_limit_bytes" not in before
     assert "ml/train-0" in page and "REMOTE CLIENT" in page
-    assert not any(token in text or token in page for token in TOKENS)
+    assert decode_usage_report(document).remote_clients == (
+        RemoteClientUsageReport("ml", "infer-0", 1, "GPU-1", 1024, 0, 0),
+        RemoteClientUsageReport("ml", "train-0", 1, "GPU-1", 4096, 25, 2),
+        RemoteClientUsageReport("web", "gone", -1, "GPU-other", 512, 10, 0))
+    assert not any(token in text or token in page or token in document for token in TOKENS)
+
+
+def test_the_usage_document_carries_remote_clients_only_when_there_are_some() -> None:
+    report = NodeUsageReport("n1", "none", 600.0, (), ())
+    assert "remoteClients" not in encode_usage_report(report)
+    assert decode_usage_report(encode_usage_report(report)) == report
+    served = replace(report, remote_clients=(RemoteClientUsageReport("ml", "a", 0, "GPU-0", 512, 0, None),))
+    assert decode_usage_report(encode_usage_report(served)) == served
+    broken = encode_usage_report(served).replace('"memoryLimitMiB": 512', '"memoryLimitMiB": "512"')
+    with pytest.raises(AnnotationError, match=r"remoteClients\[0\]"):
+        decode_usage_report(broken)
