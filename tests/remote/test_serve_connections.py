@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, decode_connections
+from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.remote_usage import remote_client_rows
 from gpupool.remotegpu.serve import ConnectionsReport, live_connections
 from tests.remote.remote_support import (
     Programs,
@@ -24,6 +27,8 @@ from tests.remote.remote_support import (
     token,
     wait_line,
 )
+
+INVENTORY = GpuInventory((GpuCard(0, "GPU-standin-0", "standin", 16384),), Topology.flat(1), ("/dev/nvidia0",))
 
 
 def connections(path: Path) -> tuple[ClientConnections, ...]:
@@ -82,6 +87,9 @@ def test_connected_clients_are_reported_while_connected(programs: Programs, tmp_
             refused = run_probe(programs, probe_env(programs, endpoint, "x" * 43), "vector_add", "10")
             assert refused.startswith("error")
             assert connections(status) == expected
+            # the node agent's reader finds the server's report beside the clients file it wrote
+            rows = remote_client_rows(server.clients_file, INVENTORY)
+            assert [(r.pod, r.card, r.connections) for r in rows] == [("pod-a", 0, 2), ("pod-b", 0, 0)]
             text = status.read_text()
             assert token("a") not in text and token("b") not in text
             waiters[0].kill()  # killed: its server process ends with the connection
