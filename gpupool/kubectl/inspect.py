@@ -75,6 +75,9 @@ class NodeView:
     usage_note: str | None = None
     enforcement_note: str | None = None
     """Set where the node does not enforce its GPU shares: what it says (None: enforcing, or no notice)."""
+    checks_note: str | None = None
+    """The agent's start-up checks' summary where any was not ok (None: all ok, or none written):
+    shown only then, like the other notes, so a healthy node adds no line."""
 
 
 def percent(compute: int) -> str:
@@ -102,7 +105,8 @@ def node_views(snapshot: ClusterSnapshot, usage: UsageSource, only: str | None =
                               cpu_total=spec.cpu_milli, memory_booked=spec.memory_mib - int(state.mem_free[row]),
                               memory_total=spec.memory_mib, cards=cards, problem=snapshot.node_problems.get(spec.name),
                               usage_note=usage.node_note(spec.name) if cards else None,
-                              enforcement_note=snapshot.enforcement.get(spec.name)))
+                              enforcement_note=snapshot.enforcement.get(spec.name),
+                              checks_note=snapshot.agent_checks.get(spec.name)))
     return sorted(views, key=lambda v: v.name)
 
 
@@ -142,7 +146,7 @@ def inspect_table(views: list[NodeView]) -> str:
     if not rows:
         return "No nodes found."
     notes = [f"node {node.name}: {note}" for node in views
-             for note in (node.problem, _enforcement_line(node), node.usage_note) if note]
+             for note in (node.problem, _enforcement_line(node), _checks_line(node), node.usage_note) if note]
     return "\n".join([render_table(HEADERS, rows), *notes])
 
 
@@ -150,13 +154,18 @@ def _enforcement_line(node: NodeView) -> str | None:
     return f"GPU shares: {node.enforcement_note}" if node.enforcement_note else None
 
 
+def _checks_line(node: NodeView) -> str | None:
+    return f"agent start-up checks: {node.checks_note}" if node.checks_note else None
+
+
 def inspect_json(views: list[NodeView], pod_problems: dict[str, str] | None = None) -> dict[str, Any]:
     """The same views for scripts (``-o json``); ``usage`` is null where nothing publishes it, and the
-    node's ``usageNote`` says why."""
+    node's ``usageNote`` says why; ``agentChecks`` is the agent's start-up checks' summary where
+    any was not ok, else null."""
     return {
         "nodes": [
             {"name": node.name, "problem": node.problem, "usageNote": node.usage_note,
-             "enforcementNote": node.enforcement_note,
+             "enforcementNote": node.enforcement_note, "agentChecks": node.checks_note,
              "cpuMilli": {"booked": node.cpu_booked, "total": node.cpu_total},
              "memoryMiB": {"booked": node.memory_booked, "total": node.memory_total},
              "cards": [_card_json(card) for card in node.cards]}

@@ -24,6 +24,7 @@ from gpupool.core.state import AllocationError, ClusterState
 from gpupool.kube.node_enforcement import node_notice, refusal_of, unreadable_refusal
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
+from gpupool.kubectl.agent_checks import checks_trouble
 
 UNCONFIRMED_TIMEOUT_S = 300.0
 """The extender's default ``--unconfirmed-timeout``: how long an assignment without a binding holds its cards."""
@@ -51,6 +52,8 @@ class ClusterSnapshot:
     it): shares unenforced by the admin's choice, or whole cards only because nothing can enforce."""
     share_refusals: Mapping[str, str] = field(default_factory=dict)
     """Per node that takes whole GPUs only, the extender's reason for refusing a slice there."""
+    agent_checks: Mapping[str, str] = field(default_factory=dict)
+    """Per node whose agent's start-up checks were not all ok, their summary as the agent left it."""
 
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -65,6 +68,7 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     listed: dict[str, frozenset[str]] = {}
     enforcement: dict[str, str] = {}
     share_refusals: dict[str, str] = {}
+    agent_checks: dict[str, str] = {}
     for raw in nodes:
         meta = raw.get("metadata") or {}
         name = str(meta.get("name") or "")
@@ -76,6 +80,9 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
             specs.append(NodeSpec(name=name, cpu_milli=0, memory_mib=0))
             node_problems[name] = str(exc)
         _read_enforcement(raw, name, names, enforcement, share_refusals)
+        trouble = checks_trouble(raw)
+        if trouble is not None:
+            agent_checks[name] = trouble
         status = raw.get("status") or {}
         listed[name] = frozenset({**(status.get("capacity") or {}), **(status.get("allocatable") or {})})
     state = ClusterState(specs)
@@ -105,7 +112,8 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     node_problems.pop("", None)
     return ClusterSnapshot(state=state, node_problems=node_problems, pod_problems=pod_problems,
                            unbound=frozenset(unbound), listed=listed,
-                           requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals)
+                           requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals,
+                           agent_checks=agent_checks)
 
 
 def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,

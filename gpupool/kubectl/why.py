@@ -69,7 +69,8 @@ class Explanation:
     """The placement policy the fits were scored by (the pod's own choice of binpack or spread
     applies within it, as in the extender)."""
     notes: tuple[str, ...] = ()
-    """What could not be read or judged (:class:`ClusterRules`)."""
+    """What could not be read or judged (:class:`ClusterRules`), then each node whose agent's start-up
+    checks were not all ok (``gpupool.io/agent-checks``), a probable cause whether it was refused or not."""
 
 
 def head(reason: str) -> str:
@@ -100,8 +101,12 @@ def explain(snapshot: ClusterSnapshot, request: PodRequest, aliases: frozenset[s
     present = [row for row in range(state.size) if state.present[row]]
     names = [state.specs[row].name for row in present]
 
+    checks = tuple(f"node {name}: its agent's start-up checks were not all ok, a probable cause of trouble "
+                   f"there: {snapshot.agent_checks[name]}" for name in sorted(names) if name in snapshot.agent_checks)
+
     def answer(fits: tuple[tuple[str, float], ...], failed: dict[str, str], everywhere: str | None) -> Explanation:
-        return Explanation(request.key, len(names), fits, group_reasons(failed), everywhere, policy, rules.notes)
+        return Explanation(request.key, len(names), fits, group_reasons(failed), everywhere, policy,
+                           rules.notes + checks)
 
     admission = (Admissions(rules.book).admit(state, request, tenant) if rules.book is not None
                  else Admission(request))
