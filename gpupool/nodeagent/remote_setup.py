@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,21 @@ def write_secret(core_v1: Any, manifest: dict[str, Any]) -> None:
         core_v1.patch_namespaced_secret(meta["name"], meta["namespace"], manifest)
 
 
+async def publish_on_change(changed: asyncio.Event, every_s: float, publish: Callable[[], object]) -> None:
+    """Run ``publish`` (in a thread) after each change of ``changed`` and every ``every_s`` anyway,
+    until cancelled.
+
+    The wait is ``asyncio.timeout``, not ``asyncio.wait_for``: Python 3.11's ``wait_for`` returns the
+    event's result, dropping a cancellation that arrives in the same turn of the loop as the event
+    is set, and this loop then never ended (the agent's stop hung; seen in an e2e run)."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every_s):
+                await changed.wait()
+        changed.clear()
+        await asyncio.to_thread(publish)
+
+
 async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOptions, core_v1: Any,
                          *, publish_every_s: float = PUBLISH_EVERY_S) -> None:
     """Serve remote shares until cancelled (see the module docstring)."""
@@ -97,16 +113,9 @@ async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOpti
     watch.start()
     server = ServerProcess(options.command())
 
-    async def publish() -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), publish_every_s)
-            changed.clear()
-            await asyncio.to_thread(secrets.publish)
-
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(server.run())
-            group.create_task(publish())
+            group.create_task(publish_on_change(changed, publish_every_s, secrets.publish))
     finally:
         stop.set()

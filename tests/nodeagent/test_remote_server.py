@@ -241,3 +241,21 @@ def test_bad_server_flags_stop_the_agent_with_the_reason(monkeypatch: pytest.Mon
     assert code == 2 and message in output
     code, output, _ = agent_remote(monkeypatch, "--remote-gpu-enforce-compute")
     assert code == 2 and "needs --remote-gpu-server" in output and "--remote-gpu-enforce-compute" in output
+
+
+def test_the_publish_loop_stops_when_cancelled_as_a_change_arrives() -> None:
+    """Cancelled in the same turn of the event loop as a change is signalled, the loop must end:
+    with ``asyncio.wait_for`` (Python 3.11) the cancellation was dropped and the agent's stop hung."""
+    from gpupool.nodeagent.remote_setup import publish_on_change
+
+    async def main() -> tuple[bool, int]:
+        changed = asyncio.Event()
+        published: list[int] = []
+        task = asyncio.create_task(publish_on_change(changed, 60.0, lambda: published.append(1)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(lambda: (changed.set(), task.cancel()))
+        await asyncio.wait({task}, timeout=2)
+        return task.cancelled(), len(published)
+
+    assert asyncio.run(main()) == (True, 0)

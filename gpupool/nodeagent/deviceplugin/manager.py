@@ -51,7 +51,8 @@ class DevicePluginManager:
         warn_after = FIRST_MISSING_WARNING_S
         while True:
             try:
-                await asyncio.wait_for(wait_for_socket(self.kubelet_socket, self.poll_s), warn_after)
+                async with asyncio.timeout(warn_after):  # not wait_for: it can swallow a cancellation (3.11)
+                    await wait_for_socket(self.kubelet_socket, self.poll_s)
                 return
             except TimeoutError:
                 log.warning("no kubelet registration socket at %s after %g s: nothing is advertised to "

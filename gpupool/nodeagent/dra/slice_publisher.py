@@ -91,7 +91,8 @@ class SlicePublisher:
                 await asyncio.sleep(RETRY_S)
                 continue
             with contextlib.suppress(TimeoutError):  # nothing changed here: check the API still has it
-                version = await asyncio.wait_for(changed(version), RESYNC_S)
+                async with asyncio.timeout(RESYNC_S):  # not wait_for: it can swallow a cancellation (3.11)
+                    version = await changed(version)
 
 
 def _without_sharing(spec: Mapping[str, Any]) -> dict[str, Any]:

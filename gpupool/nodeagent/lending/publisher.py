@@ -67,8 +67,9 @@ class LendablePublisher:
             wait = self.due_in()
             if wait > 0:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), None if wait == float("inf") else wait)
+                with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancellation (3.11)
+                    async with asyncio.timeout(None if wait == float("inf") else wait):
+                        await self._wake.wait()
                 continue
             try:
                 await self.publish_now()

@@ -64,3 +64,27 @@ def test_the_loop_retries_a_failed_write() -> None:
 
     asyncio.run(body())
     assert len(calls) == 2
+
+
+def test_a_cancel_that_arrives_as_the_publisher_is_woken_stops_it() -> None:
+    """The agent stops its loops by cancelling them. Python 3.11's ``asyncio.wait_for`` returned the
+    woken event's result instead of raising a cancellation that arrived in the same turn of the
+    loop, so a loop waiting that way ran on and the agent's stop hung (seen in the remote-GPU
+    agent's e2e test). The publisher's wait must give the cancellation up."""
+    async def main() -> bool:
+        async def write(value: str | None) -> None:
+            return None
+
+        publisher = LendablePublisher(write, min_interval_s=60)
+        task = asyncio.create_task(publisher.run())
+        for _ in range(5):  # the first (empty) publication
+            await asyncio.sleep(0)
+        publisher.offer([A])  # an addition: it waits for the interval
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert publisher.writes == 1 and 0 < publisher.due_in() < float("inf")
+        asyncio.get_running_loop().call_soon(lambda: (publisher._wake.set(), task.cancel()))
+        await asyncio.wait({task}, timeout=2)
+        return task.cancelled()
+
+    assert asyncio.run(main())
