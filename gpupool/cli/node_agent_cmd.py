@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import click
@@ -39,6 +39,8 @@ from gpupool.nodeagent.heartbeat import HeartbeatSettings
 from gpupool.nodeagent.isolation.backends import (
     AUTO,
     CHOICES,
+    BackendChoice,
+    IsolationBackend,
     IsolationConfigError,
     enforcement_notice,
     packaged_library,
@@ -249,9 +251,10 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                                                                        registration_heartbeat),
                                        packaged=packaged_library())
     try:
-        isolation_config.choice()  # refuse an impossible choice before anything starts or is read
+        chosen = isolation_config.choice()  # refuse an impossible choice before anything starts or is read
     except IsolationConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--isolation") from None
+    unloadable = _library_verdict(chosen)
     try:
         libraries = find_driver_libraries(driver_libraries)
     except DriverLibraryError as exc:
@@ -263,8 +266,11 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         (os.path.join(dra_kubelet_dir, "plugins_registry"), os.path.join(dra_kubelet_dir, "plugins"), cdi_dir)
         if dra else (), remote_listen is not None, usage_monitor=usage_monitor)
     if check_only:
-        sys.exit(_check_node(fake_gpus, probe_options))
-    start_checks = _start_checks(fake_gpus, probe_options, exit_on_failed_check)
+        sys.exit(_check_node(fake_gpus, probe_options, unloadable))
+    start_checks = _start_checks(fake_gpus, probe_options, exit_on_failed_check, unloadable)
+    # The checks judge the library as asked for (a failed "enforcement" naming it); the agent runs with
+    # the verdict: a library that cannot be loaded enforces nothing, so the node takes whole cards only.
+    isolation_config = replace(isolation_config, library_problem=unloadable)
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     if cluster.hami:
@@ -310,24 +316,33 @@ class RemoteServerFlags:
                                          ("--remote-gpu-allow-plain", self.allow_plain)) if value]
 
 
-def _check_node(fake_gpus: str | None, options: ProbeOptions) -> int:
+def _library_verdict(choice: BackendChoice) -> str:
+    """Why the interception library ``choice`` would mount cannot be loaded here ("" when it can, or
+    when the backend mounts none): probed once, for the start-up checks and the backend alike."""
+    from gpupool.nodeagent.selfcheck_probe import library_problem
+
+    return library_problem(choice.library) if choice.backend is IsolationBackend.SHIM and choice.library else ""
+
+
+def _check_node(fake_gpus: str | None, options: ProbeOptions, unloadable: str) -> int:
     """``--check``: probe, print the verdicts, return the exit code (docs/node-agent.md)."""
     from gpupool.nodeagent.selfcheck import exit_code, render
 
-    checks = _probe_and_judge(fake_gpus, options)
+    checks = _probe_and_judge(fake_gpus, options, unloadable)
     for line in render(checks):
         click.echo(line)
     return exit_code(checks)
 
 
-def _start_checks(fake_gpus: str | None, options: ProbeOptions, exit_on_fail: bool) -> list[Check]:
+def _start_checks(fake_gpus: str | None, options: ProbeOptions, exit_on_fail: bool,
+                  unloadable: str = "") -> list[Check]:
     """The checks of ``--check``, run at every start: each logged (warn and fail as warnings and
     errors, with what to do); with ``exit_on_fail`` a failed one stops the agent here."""
     from gpupool.nodeagent.selfcheck import Status, exit_code
 
     log = logging.getLogger("gpupool.nodeagent.selfcheck")
     levels = {Status.OK: logging.INFO, Status.WARN: logging.WARNING, Status.FAIL: logging.ERROR}
-    checks = _probe_and_judge(fake_gpus, options)
+    checks = _probe_and_judge(fake_gpus, options, unloadable)
     for check in checks:
         log.log(levels[check.status], "start-up check %s %s: %s%s", check.status.value, check.name, check.detail,
                 f" -> {check.hint}" if check.hint else "")
@@ -354,13 +369,14 @@ def _start_annotations(cluster: ClusterSettings | None, checks: Sequence[Check])
     return annotations
 
 
-def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check]:
+def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions, unloadable: str) -> list[Check]:
+    """The checks, with the interception library's load verdict ``unloadable`` (:func:`_library_verdict`)."""
     from gpupool.nodeagent.gpu_inventory import GpuInventory
     from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoints
     from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available
     from gpupool.nodeagent.monitor.source_selector import probe_fanotify
     from gpupool.nodeagent.selfcheck import judge
-    from gpupool.nodeagent.selfcheck_probe import library_problem, probe
+    from gpupool.nodeagent.selfcheck_probe import probe
     from gpupool.shim.remote_build import server_problem
 
     def inventory() -> GpuInventory:
@@ -375,7 +391,7 @@ def _probe_and_judge(fake_gpus: str | None, options: ProbeOptions) -> list[Check
             backend.close()
 
     return judge(probe(options, inventory, probe_fanotify, describe_checkpoints, server_problem,
-                       gate=cgroup_device_gate_available, library=library_problem))
+                       gate=cgroup_device_gate_available, library=lambda _path: unloadable))
 
 
 def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,

@@ -63,17 +63,27 @@ class BackendChoice:
     shares: bool = True
 
 
-def choose_backend(requested: str, shim_library: str | None, packaged: str | None = None) -> BackendChoice:
+def choose_backend(requested: str, shim_library: str | None, packaged: str | None = None,
+                   unloadable: str = "") -> BackendChoice:
     """The backend for ``--isolation requested``; an impossible request is an error, not a fallback.
 
     ``packaged``: the interception library installed with gpupool, when there is one (``auto``
     uses it when no ``--shim-library`` is given; :func:`packaged_library` finds it).
+    ``unloadable``: why the dynamic loader cannot load that library on this node ("" when it can,
+    or when not probed; the start-up check "enforcement" finds it). Such a library enforces nothing
+    (the loader skips a preload it cannot load), so the node is one without enforcement: whole
+    cards only, as ``auto`` without a library. Only ``--isolation none`` shares cards unenforced.
     """
     if requested not in CHOICES:
         raise IsolationConfigError(f"--isolation {requested!r}: expected one of {', '.join(CHOICES)}")
     library = shim_library or packaged
     if requested == IsolationBackend.SHIM and not library:
         raise IsolationConfigError("--isolation shim needs --shim-library PATH (`gpupool shim path` prints it)")
+    if unloadable and library and requested in (AUTO, IsolationBackend.SHIM):
+        return BackendChoice(IsolationBackend.NONE, f"{requested}: the interception library {library} cannot be "
+                                                    f"loaded ({unloadable}); whole cards only: give --shim-library "
+                                                    "a library built for this node, --isolation mps, or "
+                                                    "--isolation none to share cards unenforced", shares=False)
     if requested == AUTO:
         if shim_library:
             return BackendChoice(IsolationBackend.SHIM, f"auto: the interception library {shim_library}", shim_library)

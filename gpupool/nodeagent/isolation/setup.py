@@ -46,11 +46,14 @@ class IsolationConfig:
     packaged: str | None = None
     """The interception library installed with gpupool (:func:`~gpupool.nodeagent.isolation.backends.packaged_library`):
     what ``auto`` enforces with when no ``shim_library`` is given."""
+    library_problem: str = ""
+    """Why the chosen interception library cannot be loaded on this node ("" when it can or was not
+    probed): such a node is one without enforcement (:func:`~gpupool.nodeagent.isolation.backends.choose_backend`)."""
 
     def choice(self) -> BackendChoice:
         """The backend these options choose (an impossible request raises
         :class:`~gpupool.nodeagent.isolation.backends.IsolationConfigError`)."""
-        return choose_backend(self.requested, self.shim_library, self.packaged)
+        return choose_backend(self.requested, self.shim_library, self.packaged, self.library_problem)
 
 
 def build_enforcement(config: IsolationConfig, directory: ContainerDirectory,

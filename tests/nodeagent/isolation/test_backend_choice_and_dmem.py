@@ -54,6 +54,25 @@ def test_shares_are_advertised_unenforced_only_by_the_admins_explicit_choice() -
     assert all(choose_backend(r, "/lib/shim.so").shares for r in ("auto", "shim", "mps"))
 
 
+@pytest.mark.parametrize("requested", ["auto", "shim"])
+def test_a_library_the_loader_cannot_load_leaves_whole_cards_only(requested: str) -> None:
+    """It enforces nothing (the loader skips it), so the node is one without enforcement."""
+    choice = choose_backend(requested, "/lib/shim.so", None, unloadable="wrong ELF class: ELFCLASS32")
+    assert (choice.backend, choice.shares) == (IsolationBackend.NONE, False)
+    assert "/lib/shim.so cannot be loaded (wrong ELF class: ELFCLASS32)" in choice.reason
+    assert "whole cards only" in choice.reason
+    notice = enforcement_notice(choice, NoEnforcement(choice.reason))
+    assert (notice.enforcing, notice.shares) == (False, False)
+    packaged = IsolationConfig("auto", packaged="/pkg/libgpupool-shim.so", library_problem="undefined symbol").choice()
+    assert (packaged.backend, packaged.shares) == (IsolationBackend.NONE, False)
+
+
+def test_the_load_verdict_changes_nothing_the_admin_chose_without_the_library() -> None:
+    explicit = choose_backend("none", "/lib/shim.so", None, unloadable="wrong ELF class")
+    assert (explicit.backend, explicit.shares) == (IsolationBackend.NONE, True)
+    assert choose_backend("mps", "/lib/shim.so", None, unloadable="wrong ELF class").backend is IsolationBackend.MPS
+
+
 def test_the_notice_says_what_the_node_publishes() -> None:
     nothing = choose_backend("auto", None, None)
     notice = enforcement_notice(nothing, NoEnforcement(nothing.reason))
