@@ -39,7 +39,7 @@ from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES
 from gpupool.extender.http.serving import DEFAULT_HEALTH_PORT, Listeners, run_until_signalled, warn_if_open
 from gpupool.extender.http.tls import DEFAULT_RELOAD_INTERVAL_S, ReloadingTls, TlsConfigError, TlsFiles
-from gpupool.extender.leader_label import LeaderLabel, pod_ref
+from gpupool.extender.leader_label import LEADER_LABEL, LeaderLabel, pod_ref
 from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
@@ -279,7 +279,16 @@ def _leader_label(options: ExtenderOptions, core_v1: Any, service: ExtenderServi
     def patch(body: dict[str, Any]) -> object:
         return core_v1.patch_namespaced_pod(name, namespace, body, _request_timeout=timeout)
 
-    label = LeaderLabel(patch, lambda: not service.unready())
+    def unlabel_others() -> list[str]:
+        pods = core_v1.list_namespaced_pod(namespace, label_selector=f"{LEADER_LABEL}=true",
+                                           _request_timeout=timeout)
+        others = [pod.metadata.name for pod in pods.items if pod.metadata.name != name]
+        for other in others:
+            core_v1.patch_namespaced_pod(other, namespace, {"metadata": {"labels": {LEADER_LABEL: None}}},
+                                         _request_timeout=timeout)
+        return others
+
+    label = LeaderLabel(patch, lambda: not service.unready(), unlabel_others=unlabel_others)
     label.start(stop)
     return label
 

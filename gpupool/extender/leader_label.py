@@ -13,7 +13,13 @@ retry period and labels itself (docs/extender.md, "High availability").
 
 A label left on a replica that no longer leads (a partition, a failed patch) costs what a
 follower's direct answer costs: ``not the leader``, and kube-scheduler tries again. The label is
-re-asserted every interval, so a patch that failed is retried.
+re-asserted every interval, so a patch that failed is retried. A leader that died without a clean
+stop (SIGKILL, OOM, node loss) cannot take its own label off; while its pod still counts as Ready
+(a lost node's pod does until the node controller marks the node, after its monitor grace
+period), the Service would send part of kube-scheduler's calls to a dead address. So a replica
+that labels itself also takes the label off every other pod that carries it (``unlabel_others``):
+it holds the Lease and its term caught up, so no other replica can take a bind, and removing
+their label only stops calls that would fail.
 """
 
 from __future__ import annotations
@@ -42,9 +48,14 @@ class LeaderLabel:
     """Keeps :data:`LEADER_LABEL` on this replica's pod while ``serving()``, off otherwise."""
 
     def __init__(self, patch: Callable[[dict[str, Any]], object], serving: Callable[[], bool],
-                 *, interval_s: float = SYNC_EVERY_S) -> None:
+                 *, interval_s: float = SYNC_EVERY_S,
+                 unlabel_others: Callable[[], list[str]] | None = None) -> None:
         self.patch = patch
         self.serving = serving
+        self.unlabel_others = unlabel_others
+        """Takes the label off every other pod carrying it; returns their names (module docstring)."""
+        self.others_cleared = False
+        """Whether, since this replica last labelled itself, the others' labels were taken off."""
         self.interval_s = interval_s
         self.labelled: bool | None = None
         """What the pod carries as far as we know (None: unknown, so the next sync writes it)."""
@@ -55,7 +66,22 @@ class LeaderLabel:
         wanted = self.serving()
         if wanted != self.labelled:
             self._write(wanted)
+        if self.labelled is not True:
+            self.others_cleared = False
+        elif not self.others_cleared and self.unlabel_others is not None:
+            self._clear_others()
         return self.labelled
+
+    def _clear_others(self) -> None:
+        try:
+            cleared = self.unlabel_others() if self.unlabel_others is not None else []
+        except Exception as exc:  # tried again at the next sync
+            log.warning("cannot take the extender-leader label off the previous leader's pod: %s", exc)
+            return
+        for name in cleared:
+            log.info("took the label %s off pod %s (a previous leader that did not stop cleanly)",
+                     LEADER_LABEL, name)
+        self.others_cleared = True
 
     def clear(self) -> None:
         """Take the label off (a clean stop, before the Lease is released)."""

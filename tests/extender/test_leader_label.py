@@ -78,3 +78,78 @@ def test_a_pod_reference_must_be_namespace_slash_name(value: str) -> None:
     with pytest.raises(ValueError, match="expected NAMESPACE/NAME"):
         pod_ref(value)
     assert pod_ref("gpupool-system/gpupool-extender-7d9f") == ("gpupool-system", "gpupool-extender-7d9f")
+
+
+class Others:
+    """Other replicas' pods still labelled (a leader SIGKILLed keeps its label), or a refusing API."""
+
+    def __init__(self, labelled: list[str]) -> None:
+        self.labelled = list(labelled)
+        self.calls = 0
+        self.refuse = False
+
+    def clear(self) -> list[str]:
+        self.calls += 1
+        if self.refuse:
+            raise RuntimeError("apiserver unavailable")
+        cleared, self.labelled = self.labelled, []
+        return cleared
+
+
+def test_a_new_leader_takes_the_label_off_a_dead_leaders_pod() -> None:
+    pod, serving, others = Pod(), [False], Others(["extender-a"])
+    label = LeaderLabel(pod.patch, lambda: serving[0], unlabel_others=others.clear)
+    label.sync()
+    assert others.calls == 0 and others.labelled == ["extender-a"]  # a follower leaves others alone
+    serving[0] = True
+    assert label.sync() is True
+    assert others.labelled == [] and others.calls == 1
+    label.sync()
+    assert others.calls == 1  # once per term of labelling, not every interval
+
+
+def test_clearing_others_that_fails_is_retried_and_repeated_after_a_new_term() -> None:
+    pod, serving, others = Pod(), [True], Others(["extender-a"])
+    others.refuse = True
+    label = LeaderLabel(pod.patch, lambda: serving[0], unlabel_others=others.clear)
+    assert label.sync() is True and others.labelled == ["extender-a"]  # the failure does not stop the label
+    others.refuse = False
+    label.sync()
+    assert others.labelled == [] and others.calls == 2
+    serving[0] = False
+    label.sync()
+    others.labelled = ["extender-b"]  # led meanwhile and was killed
+    serving[0] = True
+    label.sync()
+    assert others.labelled == [] and others.calls == 3
+
+
+def test_the_command_clears_the_label_on_the_other_labelled_pods_of_its_namespace() -> None:
+    from types import SimpleNamespace
+
+    from gpupool.cli.extender_cmd import _leader_label
+
+    class CoreV1:
+        def __init__(self) -> None:
+            self.selectors: list[str] = []
+            self.patched: list[tuple[str, str, dict[str, Any]]] = []
+
+        def list_namespaced_pod(self, namespace: str, *, label_selector: str, _request_timeout: float) -> Any:
+            self.selectors.append(label_selector)
+            names = ["extender-a", "extender-b"]  # b is this replica
+            return SimpleNamespace(items=[SimpleNamespace(metadata=SimpleNamespace(name=n)) for n in names])
+
+        def patch_namespaced_pod(self, name: str, namespace: str, body: dict[str, Any],
+                                 _request_timeout: float) -> object:
+            self.patched.append((namespace, name, body))
+            return body
+
+    core_v1, stop = CoreV1(), threading.Event()
+    stop.set()  # no sync thread: the callable is exercised directly
+    options = SimpleNamespace(leader_pod=("gpupool-system", "extender-b"),
+                              lease=SimpleNamespace(commit_timeout_s=2.0))
+    label = _leader_label(options, core_v1, SimpleNamespace(unready=lambda: None), stop)  # type: ignore[arg-type]
+    assert label is not None and label.unlabel_others is not None
+    assert label.unlabel_others() == ["extender-a"]
+    assert core_v1.selectors == [f"{LEADER_LABEL}=true"]
+    assert core_v1.patched == [("gpupool-system", "extender-a", {"metadata": {"labels": {LEADER_LABEL: None}}})]
