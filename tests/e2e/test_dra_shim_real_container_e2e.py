@@ -20,24 +20,19 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupool.shim.build import RELEASE, ShimBuildError, find_compiler
-from gpupool.testenv.images import LIB_DIR, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
 from tests.e2e.dra_support import claim_manifest, claim_pod, dra_installed, node_slice
 from tests.e2e.e2e_support import wait_for
+from tests.e2e.probe_image import PROBE, STANDIN_STATE, probe_image
 from tests.e2e.real_containers import stand_in_cards
-from tests.shim.toolchain import build_toolchain, parse_steps
+from tests.shim.toolchain import parse_steps
 
 pytestmark = pytest.mark.e2e
 
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
 
-PROBE = "/usr/local/bin/probe"
 OK, OUT_OF_MEMORY = 0, 2  # CUresult
-#: The stand-in driver keeps its card timeline in a file; the per-container directory is the one
-#: place the container surely may write.
-STANDIN_STATE = "/var/run/gpupool/standin.state"
 COMMAND = f"{PROBE} procaddress alloc:4g alloc:1m; {PROBE} symbol total; echo DONE; sleep 3600"
 
 
@@ -51,16 +46,8 @@ def state_dir() -> Iterator[Path]:
 def test_a_claims_share_is_enforced_by_the_interception_library_in_a_real_container(
         containerd_kubelet: Kubelet, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
         namespace: str, start_node_agent: Any, tmp_path: Path, state_dir: Path) -> None:
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
-    tc = build_toolchain(RELEASE, tmp_path)
-    image = build_image("dra-shim-e2e", {f"{LIB_DIR}/libcuda.so.1": tc.standin / "libcuda.so.1",
-                                         f"{LIB_DIR}/libnvidia-ml.so.1": tc.standin / "libnvidia-ml.so.1",
-                                         PROBE: tc.probe})
     kubelet = containerd_kubelet
-    kubelet.import_image(image)
+    tc, image_ref = probe_image("dra-shim-e2e", kubelet, tmp_path)
     node = kubelet.node_name
     assert kubelet.runtime.containerd is not None
     cdi_dir = kubelet.runtime.containerd.layout.cdi_spec_dir
@@ -70,7 +57,7 @@ def test_a_claims_share_is_enforced_by_the_interception_library_in_a_real_contai
     with dra_installed(kube_api_client, node) as resource:
         wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
         resource.create_namespaced_resource_claim(namespace, claim_manifest("claim", "4Gi"))
-        manifest: dict[str, Any] = claim_pod("pod", "claim", node, image.ref, ("sh", "-c", COMMAND))
+        manifest: dict[str, Any] = claim_pod("pod", "claim", node, image_ref, ("sh", "-c", COMMAND))
         manifest["spec"]["containers"][0]["env"] = [{"name": "GPUPOOL_STANDIN_STATE", "value": STANDIN_STATE}]
         assert "LD_PRELOAD" not in str(manifest)
         core_v1.create_namespaced_pod(namespace, manifest)

@@ -38,14 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.names import ResourceNames
 from gpupool.api.shim_contract import decode_grant
-from gpupool.shim.build import RELEASE, ShimBuildError, find_compiler
-from gpupool.testenv.images import LIB_DIR, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
 from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, wait_for
-from tests.e2e.real_containers import stand_in_cards
+from tests.e2e.probe_image import PROBE, STANDIN_STATE, probe_image, shim_agent
 from tests.e2e.test_shim_real_container_e2e import runs
-from tests.shim.toolchain import build_toolchain
 
 pytestmark = pytest.mark.e2e
 
@@ -57,8 +54,6 @@ CARD_MIB = 16384
 SHARE_UNITS = "16"  # gpu-mem units of 256 MiB: 4 GiB
 SHARE_BYTES = 4 * GIB
 OK, OUT_OF_MEMORY = 0, 2  # CUresult
-PROBE = "/usr/local/bin/probe"
-STANDIN_STATE = "/var/run/gpupool/standin.state"
 ERR = "/var/run/gpupool/err"
 
 #: name → shell command; each must fail.
@@ -115,24 +110,13 @@ def test_a_container_cannot_write_remove_or_replace_its_grant_nor_lift_its_limit
     core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path, state_dir: Path,
     start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
 ) -> None:
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
-    tc = build_toolchain(RELEASE, tmp_path)
-    image = build_image("shim-grant-e2e", {f"{LIB_DIR}/libcuda.so.1": tc.standin / "libcuda.so.1",
-                                           f"{LIB_DIR}/libnvidia-ml.so.1": tc.standin / "libnvidia-ml.so.1",
-                                           PROBE: tc.probe})
     kubelet = containerd_kubelet
-    kubelet.import_image(image)
+    tc, image_ref = probe_image("shim-grant-e2e", kubelet, tmp_path)
     node = kubelet.node_name
-    agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev", memory_mib=CARD_MIB),
-                             ("--isolation", "shim", "--shim-library", tc.preload, "--state-dir", str(state_dir),
-                              "--registration-heartbeat", "1"))
-    wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256),
-             timeout=60, what=f"gpupool devices on {node}\n{agent.log()}")
+    agent = shim_agent(start_node_agent, kubelet, core_v1, tc, tmp_path / "dev", state_dir,
+                       "--registration-heartbeat", "1", card_mib=CARD_MIB)
     created = time.monotonic()
-    core_v1.create_namespaced_pod(namespace, pod_manifest(node, image.ref))
+    core_v1.create_namespaced_pod(namespace, pod_manifest(node, image_ref))
 
     def finished_log() -> str | None:
         pod = core_v1.read_namespaced_pod("grant", namespace)

@@ -32,13 +32,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.names import ResourceNames
 from gpupool.api.shim_contract import CONTAINER_LIBRARY_PATH
-from gpupool.shim.build import RELEASE, ShimBuildError, find_compiler
-from gpupool.testenv.images import LIB_DIR, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
 from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, wait_for
-from tests.e2e.real_containers import stand_in_cards
-from tests.shim.toolchain import Step, build_toolchain, parse_steps
+from tests.e2e.probe_image import PROBE, STANDIN_STATE, probe_image, shim_agent
+from tests.shim.toolchain import Step, parse_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -50,10 +48,6 @@ CARD_MIB = 16384
 SHARE_UNITS = "16"  # gpu-mem units of 256 MiB: 4 GiB
 SHARE_BYTES = 4 * GIB
 OK, OUT_OF_MEMORY = 0, 2  # CUresult
-PROBE = "/usr/local/bin/probe"
-#: The stand-in driver keeps its card timeline in a file; the per-container directory is the one
-#: place the container surely may write.
-STANDIN_STATE = "/var/run/gpupool/standin.state"
 #: First through cuGetProcAddress_v2 (the CUDA runtime's path), one process that exits; then by
 #: symbol, a process that stays (``hold``) so that its registration can be read on the agent.
 COMMAND = (f"echo run procaddress; {PROBE} procaddress alloc:4g alloc:1m; "
@@ -99,26 +93,14 @@ def test_a_pod_granted_4_gib_is_refused_its_fifth_gib_inside_a_real_container(
     core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path, state_dir: Path,
     start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
 ) -> None:
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
     began = time.monotonic()
-    tc = build_toolchain(RELEASE, tmp_path)
-    image = build_image("shim-e2e", {f"{LIB_DIR}/libcuda.so.1": tc.standin / "libcuda.so.1",
-                                     f"{LIB_DIR}/libnvidia-ml.so.1": tc.standin / "libnvidia-ml.so.1",
-                                     PROBE: tc.probe})
-    containerd_kubelet.import_image(image)
-    print(f"\n  library, stand-in driver, probe and image: {time.monotonic() - began:.1f} s")
-
     kubelet = containerd_kubelet
+    tc, image_ref = probe_image("shim-e2e", kubelet, tmp_path)
+    print(f"\n  library, stand-in driver, probe and image: {time.monotonic() - began:.1f} s")
     node = kubelet.node_name
-    agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev", memory_mib=CARD_MIB),
-                             ("--isolation", "shim", "--shim-library", tc.preload, "--state-dir", str(state_dir)))
-    wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256),
-             timeout=60, what=f"gpupool devices on {node}\n{agent.log()}")
+    agent = shim_agent(start_node_agent, kubelet, core_v1, tc, tmp_path / "dev", state_dir, card_mib=CARD_MIB)
     created = time.monotonic()
-    manifest = pod_manifest(node, image.ref)
+    manifest = pod_manifest(node, image_ref)
     assert "LD_PRELOAD" not in str(manifest)
     core_v1.create_namespaced_pod(namespace, manifest)
 

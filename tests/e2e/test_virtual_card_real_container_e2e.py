@@ -22,12 +22,10 @@ from kubernetes import client
 
 from gpupool.api.annotations import decode_assignment
 from gpupool.api.names import ResourceNames
-from gpupool.shim.build import RELEASE, ShimBuildError, find_compiler
-from gpupool.testenv.images import LIB_DIR, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
 from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, wait_for
-from tests.e2e.real_containers import stand_in_cards
+from tests.e2e.probe_image import PROBE, STANDIN_STATE, probe_image, shim_agent
 from tests.shim.toolchain import parse_steps
 
 pytestmark = pytest.mark.e2e
@@ -37,9 +35,7 @@ containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a 
 NAMES = ResourceNames()
 GIB = 1 << 30
 CARD_MIB = 16384
-PROBE = "/usr/local/bin/probe"
 OK, OUT_OF_MEMORY = 0, 2  # CUresult
-STANDIN_STATE = "/var/run/gpupool/standin.state"
 COMMAND = (f"{PROBE} symbol count totalof:0 totalof:1 use:1 alloc:4g alloc:1 use:0 alloc:4g alloc:1; "
            "echo DONE; sleep 3600")
 
@@ -65,24 +61,11 @@ def test_a_two_card_slice_on_one_card_is_two_devices_in_the_container(
     core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path, state_dir: Path,
     start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
 ) -> None:
-    from tests.shim.toolchain import build_toolchain
-
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
-    tc = build_toolchain(RELEASE, tmp_path)
-    image = build_image("virtual-card-e2e", {f"{LIB_DIR}/libcuda.so.1": tc.standin / "libcuda.so.1",
-                                             f"{LIB_DIR}/libnvidia-ml.so.1": tc.standin / "libnvidia-ml.so.1",
-                                             PROBE: tc.probe})
     kubelet = containerd_kubelet
-    kubelet.import_image(image)
+    tc, image = probe_image("virtual-card-e2e", kubelet, tmp_path)
     node = kubelet.node_name
-    agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev", memory_mib=CARD_MIB),
-                             ("--isolation", "shim", "--shim-library", tc.preload, "--state-dir", str(state_dir)))
-    wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256),
-             timeout=60, what=f"gpupool devices on {node}\n{agent.log()}")
-    core_v1.create_namespaced_pod(namespace, pod_manifest(node, image.ref))
+    agent = shim_agent(start_node_agent, kubelet, core_v1, tc, tmp_path / "dev", state_dir, card_mib=CARD_MIB)
+    core_v1.create_namespaced_pod(namespace, pod_manifest(node, image))
 
     def finished_log() -> str | None:
         pod = core_v1.read_namespaced_pod("virtual", namespace)
