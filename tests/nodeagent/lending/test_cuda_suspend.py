@@ -16,6 +16,10 @@ from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint, Suspension
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder
 from tests.nodeagent.lending.test_reclaim import TARGET, Api, Children, wait_started
 
+#: A pid no process can have (above the kernel's pid_max): the stand-in's "alive" probe must never
+#: find it, as it did once for a fixed 4242 that a process of the loaded machine happened to hold.
+NO_SUCH_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+GET_STATE, TOGGLE = f"--get-state --pid {NO_SUCH_PID}", f"--toggle --pid {NO_SUCH_PID}"
 STATES = ("running", "checkpointed", "not-cuda", "toggle-fails", "hangs", "toggle-hangs")
 TOOL = """#!/bin/sh
 echo "$*" >> {log}
@@ -52,16 +56,15 @@ def calls(log: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("mode", "outcome", "expected_calls"), [
-    pytest.param("running", Suspension.SUSPENDED, ["--get-state --pid 4242", "--toggle --pid 4242"], id="running"),
-    pytest.param("checkpointed", Suspension.ALREADY, ["--get-state --pid 4242"], id="already-checkpointed"),
-    pytest.param("not-cuda", Suspension.SKIPPED, ["--get-state --pid 4242"], id="not-a-cuda-process"),
-    pytest.param("toggle-fails", Suspension.FAILED, ["--get-state --pid 4242", "--toggle --pid 4242"],
-                 id="toggle-fails"),
+    pytest.param("running", Suspension.SUSPENDED, [GET_STATE, TOGGLE], id="running"),
+    pytest.param("checkpointed", Suspension.ALREADY, [GET_STATE], id="already-checkpointed"),
+    pytest.param("not-cuda", Suspension.SKIPPED, [GET_STATE], id="not-a-cuda-process"),
+    pytest.param("toggle-fails", Suspension.FAILED, [GET_STATE, TOGGLE], id="toggle-fails"),
 ])
 def test_the_state_is_read_before_a_toggle(tmp_path: Path, mode: str, outcome: Suspension,
                                            expected_calls: list[str]) -> None:
     tool, log = stand_in(tmp_path, mode)
-    assert asyncio.run(CudaCheckpoint(tool, 5.0).suspend([4242])) == {4242: outcome}
+    assert asyncio.run(CudaCheckpoint(tool, 5.0).suspend([NO_SUCH_PID])) == {NO_SUCH_PID: outcome}
     assert calls(log) == expected_calls
 
 
