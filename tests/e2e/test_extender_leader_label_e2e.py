@@ -72,3 +72,48 @@ def test_the_label_moves_to_the_follower_when_the_leader_stops_cleanly(
     finally:
         a.kill()
         b.kill()
+
+
+CRASH_GAP_S = 20.0
+"""The follower is labelled this soon after the leader is SIGKILLed: the Lease expires (lease
+duration 10 s after the last renewal), the election's retry (1 s), the quorum list, one label sync;
+generous for a loaded machine."""
+
+
+def test_after_a_sigkill_the_new_leader_labels_itself_and_unlabels_the_dead_one(
+        control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path) -> None:
+    lease = f"lk-{uuid.uuid4().hex[:6]}"
+    for who in ("a", "b"):
+        core_v1.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"replica-{who}"),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="extender", image="gpupool:test")])))
+    a, b = (ExtenderProcess(control_plane.kubeconfig, tmp_path / f"extender-{who}.log",
+                            extra_args=("--identity", f"lk-{who}", "--lease-name", lease,
+                                        "--leader-pod", f"{namespace}/replica-{who}"))
+            for who in ("a", "b"))
+    try:
+        a.start()
+        b.start(follower=True)
+        deadline = time.monotonic() + 10
+        while not labelled(core_v1, namespace, "replica-a"):
+            assert time.monotonic() < deadline, f"the leader never labelled itself:\n{log_tail(a.log_path)}"
+            time.sleep(0.1)
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGKILL)  # a crash, an OOM kill: no label removal, no Lease release
+        killed_at = time.monotonic()
+        a.proc.wait(5)
+        assert labelled(core_v1, namespace, "replica-a")  # the dead leader could not take it off
+        while not labelled(core_v1, namespace, "replica-b"):
+            assert time.monotonic() - killed_at < CRASH_GAP_S, \
+                f"the follower was not labelled {CRASH_GAP_S} s after the kill:\n{log_tail(b.log_path)}"
+            time.sleep(0.05)
+        gap = time.monotonic() - killed_at
+        deadline = time.monotonic() + 5
+        while labelled(core_v1, namespace, "replica-a"):  # the new leader takes the dead one's label off
+            assert time.monotonic() < deadline, f"the dead leader kept its label:\n{log_tail(b.log_path)}"
+            time.sleep(0.05)
+        print(f"\nleader SIGKILLed -> replica-b labelled in {gap:.2f} s; replica-a unlabelled "
+              f"{time.monotonic() - killed_at:.2f} s after the kill")
+    finally:
+        a.kill()
+        b.kill()
