@@ -120,3 +120,33 @@ def test_several_cards_are_never_split(tc: Toolchain, work: Path, region: Path) 
     steps, stderr = run_probe(tc, env, "symbol", "count", "totalof:0", "totalof:1")
     assert [s.values for s in steps] == [("2",), (str(4 * GIB),), (str(2 * GIB),)]
     assert "names one card, the grant has 2" in stderr
+
+
+DEVICE_NAMING_STEPS = ("setaccess", "granularity", "advise2")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_entry_points_naming_an_ordinal_reach_the_card(tc: Toolchain, work: Path, region: Path, mode: str) -> None:
+    """Without the translation the stand-in (one card) refuses ordinal 1: each call here would fail."""
+    tc.grant_file.write_text(grant_text(region))
+    steps, _ = run_probe(tc, tc.granted_env(work), mode,
+                         *(s for verb in DEVICE_NAMING_STEPS for s in (f"{verb}:1", "seen", f"{verb}:2")),
+                         "p2p:0x1", "p2p:1x1", "p2p:0x2")
+    for i in range(len(DEVICE_NAMING_STEPS)):
+        ok, seen, beyond = steps[3 * i:3 * i + 3]
+        assert ok.code == OK and seen.values == ("0",) and beyond.code == INVALID_DEVICE
+    assert steps[3].values == (str(2 << 20),)  # the card's granularity
+    assert steps[-3].code == OK and steps[-3].values == ("0",)  # two ordinals are not peers
+    assert steps[-2].code == INVALID_DEVICE  # one ordinal with itself: the card with itself, as the driver says
+    assert steps[-1].code == INVALID_DEVICE
+
+
+def test_without_a_virtual_grant_the_device_passes_through(tc: Toolchain, work: Path, region: Path) -> None:
+    tc.grant_file.write_text(grant_text(region, memory_mib=(4096, 2048), devices=1))
+    env = tc.granted_env(work, GPUPOOL_STANDIN_DEVICES="2")
+    steps, _ = run_probe(tc, env, "symbol",
+                         *(s for verb in DEVICE_NAMING_STEPS for s in (f"{verb}:1", "seen", f"{verb}:2")), "p2p:0x1")
+    for i in range(len(DEVICE_NAMING_STEPS)):
+        ok, seen, beyond = steps[3 * i:3 * i + 3]
+        assert ok.code == OK and seen.values == ("1",) and beyond.code == INVALID_DEVICE
+    assert steps[-1].code == OK and steps[-1].values == ("0",)

@@ -165,6 +165,14 @@ typedef struct {
     CUmemLocation location;
     int flags;
 } CUmemAccessDesc;
+/* Who may reach memory (cuMemSetAccess, cuMemPoolSetAccess) and the hints and queries that name a
+ * device: their enums are plain ints here (only the device they name matters to the library). */
+typedef int CUmemAccess_flags;
+enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
+typedef int CUmemAllocationGranularity_flags;
+typedef int CUmem_advise;
+typedef int CUdevice_P2PAttribute;
+enum { CU_DEVICE_CPU = -1 };
 typedef struct {
     CUmemPoolProps poolProps;
     const CUmemAccessDesc *accessDescs;

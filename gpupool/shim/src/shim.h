@@ -259,6 +259,16 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuDevicePrimaryCtxSetFlags_v2, "cuDevicePrimaryCtxSetFlags", 11000, 0)                            \
     X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                           \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                         \
+    X(cuMemSetAccess, "cuMemSetAccess", 0, 0)                                                           \
+    X(cuMemGetAccess, "cuMemGetAccess", 0, 0)                                                           \
+    X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 0, 0)                             \
+    X(cuMemPoolSetAccess, "cuMemPoolSetAccess", 0, 0)                                                   \
+    X(cuMemPoolGetAccess, "cuMemPoolGetAccess", 0, 0)                                                   \
+    X(cuMemAdvise, "cuMemAdvise", 0, 0)                                                                 \
+    X(cuMemAdvise_v2, "cuMemAdvise", 12020, 0)                                                          \
+    X(cuMemPrefetchAsync, "cuMemPrefetchAsync", 0, 0)                                                   \
+    X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)                                            \
+    X(cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute", 0, 0)                                         \
     X(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0)                                         \
     X(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0)
 

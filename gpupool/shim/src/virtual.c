@@ -15,6 +15,7 @@
  * Without a virtual grant every wrapper passes straight through.
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
@@ -249,4 +250,103 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
     __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&lock);
     return status;
+}
+
+/* A location on the card behind the ordinal it names (a device location; any other kind as it is). */
+static CUmemLocation location_on_card(CUmemLocation location) {
+    if (location.type == CU_MEM_LOCATION_TYPE_DEVICE) location.id = shim_card_of(location.id);
+    return location;
+}
+
+#define MAX_ACCESS_DESCS 64 /* more at once than any program names devices; beyond it, copied on the heap */
+
+/* Access descriptors naming the cards behind their ordinals: descs itself without a virtual grant,
+ * else a copy (in room, or on the heap: *heap, for the caller to free), NULL when out of memory. */
+static const CUmemAccessDesc *access_on_card(const CUmemAccessDesc *descs, size_t count, CUmemAccessDesc *room,
+                                            CUmemAccessDesc **heap) {
+    *heap = NULL;
+    if (descs == NULL || count == 0 || shim_virtual_count() == 0) return descs;
+    CUmemAccessDesc *copy = room;
+    if (count > MAX_ACCESS_DESCS && (copy = *heap = malloc(count * sizeof *copy)) == NULL) return NULL;
+    for (size_t i = 0; i < count; i++) {
+        copy[i] = descs[i];
+        copy[i].location = location_on_card(descs[i].location);
+    }
+    return copy;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (REAL(cuMemSetAccess) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    CUmemAccessDesc room[MAX_ACCESS_DESCS], *heap;
+    const CUmemAccessDesc *on_card = access_on_card(desc, count, room, &heap);
+    if (on_card == NULL && desc != NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult status = REAL(cuMemSetAccess)(ptr, size, on_card, count);
+    free(heap);
+    return status;
+}
+
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+    if (REAL(cuMemPoolSetAccess) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    CUmemAccessDesc room[MAX_ACCESS_DESCS], *heap;
+    const CUmemAccessDesc *on_card = access_on_card(map, count, room, &heap);
+    if (on_card == NULL && map != NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult status = REAL(cuMemPoolSetAccess)(pool, on_card, count);
+    free(heap);
+    return status;
+}
+
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+    if (REAL(cuMemGetAccess) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (location == NULL || shim_virtual_count() == 0) return REAL(cuMemGetAccess)(flags, location, ptr);
+    CUmemLocation on_card = location_on_card(*location);
+    return REAL(cuMemGetAccess)(flags, &on_card, ptr);
+}
+
+CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location) {
+    if (REAL(cuMemPoolGetAccess) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (location == NULL || shim_virtual_count() == 0) return REAL(cuMemPoolGetAccess)(flags, memPool, location);
+    CUmemLocation on_card = location_on_card(*location);
+    return REAL(cuMemPoolGetAccess)(flags, memPool, &on_card);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option) {
+    if (REAL(cuMemGetAllocationGranularity) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (prop == NULL || shim_virtual_count() == 0) return REAL(cuMemGetAllocationGranularity)(granularity, prop, option);
+    CUmemAllocationProp on_card = *prop;
+    on_card.location = location_on_card(prop->location);
+    return REAL(cuMemGetAllocationGranularity)(granularity, &on_card, option);
+}
+
+/* The hints name a device (CU_DEVICE_CPU, -1, stays as it is) or a location. */
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device) {
+    if (REAL(cuMemAdvise) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemAdvise)(devPtr, count, advice, shim_card_of(device));
+}
+
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
+    if (REAL(cuMemAdvise_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemAdvise_v2)(devPtr, count, advice, location_on_card(location));
+}
+
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    if (REAL(cuMemPrefetchAsync) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemPrefetchAsync)(devPtr, count, shim_card_of(dstDevice), hStream);
+}
+
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream) {
+    if (REAL(cuMemPrefetchAsync_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemPrefetchAsync_v2)(devPtr, count, location_on_card(location), flags, hStream);
+}
+
+/* Two ordinals of one card are not peers (as cuDeviceCanAccessPeer): every peer attribute is 0. One
+ * ordinal with itself is the card with itself, which the driver answers. */
+CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice) {
+    if (REAL(cuDeviceGetP2PAttribute) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (is_virtual(srcDevice) && is_virtual(dstDevice) && srcDevice != dstDevice && value != NULL) {
+        *value = 0;
+        return CUDA_SUCCESS;
+    }
+    return REAL(cuDeviceGetP2PAttribute)(value, attrib, shim_card_of(srcDevice), shim_card_of(dstDevice));
 }

@@ -59,6 +59,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 uint64_t gpupoolStandinUsedBytes(int dev);
+int gpupoolStandinLastDevice(void);
 void gpupoolStandinEventCounts(unsigned long long *recorded, unsigned long long *recorded_in_capture);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
@@ -135,6 +136,10 @@ static struct {
     __typeof__(&cuCtxCreate_v2) ctx_create;
     __typeof__(&cuCtxDestroy_v2) ctx_destroy;
     __typeof__(&cuDevicePrimaryCtxRelease_v2) primary_release;
+    __typeof__(&cuMemSetAccess) set_access;
+    __typeof__(&cuMemGetAllocationGranularity) granularity;
+    __typeof__(&cuMemAdvise_v2) advise2;
+    __typeof__(&cuDeviceGetP2PAttribute) p2p;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -265,6 +270,10 @@ static void fill(char mode) {
     FILL(ctx_create, cuCtxCreate_v2, "cuCtxCreate");
     FILL(ctx_destroy, cuCtxDestroy_v2, "cuCtxDestroy");
     FILL(primary_release, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease");
+    FILL(set_access, cuMemSetAccess, "cuMemSetAccess");
+    FILL(granularity, cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    FILL(advise2, cuMemAdvise_v2, "cuMemAdvise");
+    FILL(p2p, cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute");
 }
 
 /* Devices and contexts as a program for several GPUs sees them. */
@@ -301,6 +310,23 @@ static int step_devices(const char *verb, const char *argument) {
         printf(" %d %#lx", rc, (unsigned long)(uintptr_t)last_created);
     } else if (strcmp(verb, "ctxdel") == 0) {
         printf(" %d", api.ctx_destroy(last_created));
+    } else if (strcmp(verb, "setaccess") == 0) { /* then "seen": the device the driver got */
+        CUmemAccessDesc desc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)}, .flags = 3};
+        printf(" %d", api.set_access(0x7e0000000000ull, 2u << 20, &desc, 1));
+    } else if (strcmp(verb, "granularity") == 0) {
+        CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)}};
+        size_t granularity = 0;
+        rc = api.granularity(&granularity, &prop, 0);
+        printf(" %d %zu", rc, granularity);
+    } else if (strcmp(verb, "advise2") == 0) {
+        CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)};
+        printf(" %d", api.advise2(0x7e0000000000ull, 2u << 20, 1, location));
+    } else if (strcmp(verb, "p2p") == 0) { /* p2p:SxD */
+        int value = -1;
+        rc = api.p2p(&value, 2, atoi(argument), atoi(strchr(argument, 'x') ? strchr(argument, 'x') + 1 : "0"));
+        printf(" %d %d", rc, value);
+    } else if (strcmp(verb, "seen") == 0) {
+        printf(" 0 %d", gpupoolStandinLastDevice());
     } else {
         return 0;
     }

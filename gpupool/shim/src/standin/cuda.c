@@ -590,6 +590,9 @@ static const struct {
     ENTRY(cuImportExternalMemory) ENTRY(cuDestroyExternalMemory) ENTRY(cuGraphInstantiate) ENTRY(cuGraphInstantiate_v2)
     ENTRY(cuLibraryLoadData) ENTRY(cuLibraryLoadFromFile) ENTRY(cuLibraryUnload) ENTRY(cuLibraryGetKernel)
     ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
+    ENTRY(cuMemSetAccess) ENTRY(cuMemGetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemPoolSetAccess)
+    ENTRY(cuMemPoolGetAccess) ENTRY(cuMemAdvise) ENTRY(cuMemAdvise_v2) ENTRY(cuMemPrefetchAsync)
+    ENTRY(cuMemPrefetchAsync_v2) ENTRY(cuDeviceGetP2PAttribute)
 };
 
 static void *entry_named(const char *name) {
@@ -605,6 +608,9 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     char name[128];
     void *found = NULL;
     int versioned = cudaVersion >= 3020 && (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000);
+    /* the location-taking hints of CUDA 12.2: an older program's base name is the device-taking one */
+    if ((strcmp(symbol, "cuMemAdvise") == 0 || strcmp(symbol, "cuMemPrefetchAsync") == 0) && cudaVersion < 12020)
+        versioned = 0;
     for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
          per_thread--) {
         const char *suffix = per_thread ? "_ptsz" : "";

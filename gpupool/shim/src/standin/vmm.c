@@ -315,3 +315,94 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmem
     pthread_mutex_unlock(&lock);
     return h < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
+
+/* Entry points that name a device without allocating: each refuses a device this driver does not
+ * have, as the real one does, and records the last device it was given (gpupoolStandinLastDevice),
+ * so a test sees which device reached the driver. CU_DEVICE_CPU is a place for the hints. */
+API int gpupoolStandinLastDevice(void);
+static int last_device = -2; /* -2: none yet */
+
+int gpupoolStandinLastDevice(void) { return __atomic_load_n(&last_device, __ATOMIC_RELAXED); }
+
+static CUresult named_device(int dev, int cpu_allowed) {
+    CUresult status = cpu_allowed && dev == CU_DEVICE_CPU ? CUDA_SUCCESS : standin_checked_device(dev);
+    if (status == CUDA_SUCCESS) __atomic_store_n(&last_device, dev, __ATOMIC_RELAXED);
+    return status;
+}
+
+static CUresult named_location(const CUmemLocation *location, int cpu_allowed) {
+    if (location == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return location->type == CU_MEM_LOCATION_TYPE_DEVICE ? named_device(location->id, cpu_allowed) : CUDA_SUCCESS;
+}
+
+static CUresult named_access(const CUmemAccessDesc *descs, size_t count) {
+    if (descs == NULL || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        CUresult status = named_location(&descs[i].location, 0);
+        if (status != CUDA_SUCCESS) return status;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    return ptr == 0 || size == 0 ? CUDA_ERROR_INVALID_VALUE : named_access(desc, count);
+}
+
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+    if (flags == NULL || ptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = named_location(location, 0);
+    if (status == CUDA_SUCCESS) *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return status;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option) {
+    (void)option;
+    if (granularity == NULL || prop == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = named_location(&prop->location, 0);
+    if (status == CUDA_SUCCESS) *granularity = GRANULE;
+    return status;
+}
+
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+    return pool == NULL ? CUDA_ERROR_INVALID_VALUE : named_access(map, count);
+}
+
+CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location) {
+    if (flags == NULL || memPool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = named_location(location, 0);
+    if (status == CUDA_SUCCESS) *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return status;
+}
+
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device) {
+    (void)advice;
+    return devPtr == 0 || count == 0 ? CUDA_ERROR_INVALID_VALUE : named_device(device, 1);
+}
+
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
+    (void)advice;
+    return devPtr == 0 || count == 0 ? CUDA_ERROR_INVALID_VALUE : named_location(&location, 1);
+}
+
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    (void)hStream;
+    return devPtr == 0 || count == 0 ? CUDA_ERROR_INVALID_VALUE : named_device(dstDevice, 1);
+}
+
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream) {
+    (void)hStream;
+    return devPtr == 0 || count == 0 || flags != 0 ? CUDA_ERROR_INVALID_VALUE : named_location(&location, 1);
+}
+
+/* The stand-in's cards are never peers; one card with itself is not a peer question (as the driver). */
+CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice) {
+    (void)attrib;
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = named_device(srcDevice, 0);
+    if (status == CUDA_SUCCESS) status = named_device(dstDevice, 0);
+    if (status == CUDA_SUCCESS && srcDevice == dstDevice) status = CUDA_ERROR_INVALID_DEVICE;
+    if (status == CUDA_SUCCESS) *value = 0;
+    return status;
+}
