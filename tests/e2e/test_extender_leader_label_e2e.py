@@ -35,17 +35,27 @@ def labelled(core_v1: client.CoreV1Api, namespace: str, name: str) -> bool:
     return labels.get(LEADER_LABEL) == "true"
 
 
+def replicas(control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path, lease: str,
+             identity: str, stale_label: str | None = None) -> tuple[ExtenderProcess, ExtenderProcess]:
+    """Two extender replicas ``a`` and ``b`` (not started) on one Lease, each with its own pod
+    ``replica-a``/``replica-b`` as the Deployment's would be; ``stale_label`` names the one whose pod
+    already carries the leader label (left from before)."""
+    for who in ("a", "b"):
+        core_v1.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"replica-{who}",
+                                         labels={LEADER_LABEL: "true"} if who == stale_label else {}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="extender", image="gpupool:test")])))
+    a, b = (ExtenderProcess(control_plane.kubeconfig, tmp_path / f"extender-{who}.log",
+                            extra_args=("--identity", f"{identity}-{who}", "--lease-name", lease,
+                                        "--leader-pod", f"{namespace}/replica-{who}"))
+            for who in ("a", "b"))
+    return a, b
+
+
 def test_the_label_moves_to_the_follower_when_the_leader_stops_cleanly(
         control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path) -> None:
     lease = f"ll-{uuid.uuid4().hex[:6]}"
-    for who in ("a", "b"):  # the replicas' own pods, as the Deployment's would be
-        core_v1.create_namespaced_pod(namespace, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=f"replica-{who}", labels={LEADER_LABEL: "true"} if who == "b" else {}),
-            spec=client.V1PodSpec(containers=[client.V1Container(name="extender", image="gpupool:test")])))
-    a, b = (ExtenderProcess(control_plane.kubeconfig, tmp_path / f"extender-{who}.log",
-                            extra_args=("--identity", f"ll-{who}", "--lease-name", lease,
-                                        "--leader-pod", f"{namespace}/replica-{who}"))
-            for who in ("a", "b"))
+    a, b = replicas(control_plane, core_v1, namespace, tmp_path, lease, "ll", stale_label="b")
     try:
         a.start()
         b.start(follower=True)
@@ -83,14 +93,7 @@ generous for a loaded machine."""
 def test_after_a_sigkill_the_new_leader_labels_itself_and_unlabels_the_dead_one(
         control_plane: ControlPlane, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path) -> None:
     lease = f"lk-{uuid.uuid4().hex[:6]}"
-    for who in ("a", "b"):
-        core_v1.create_namespaced_pod(namespace, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=f"replica-{who}"),
-            spec=client.V1PodSpec(containers=[client.V1Container(name="extender", image="gpupool:test")])))
-    a, b = (ExtenderProcess(control_plane.kubeconfig, tmp_path / f"extender-{who}.log",
-                            extra_args=("--identity", f"lk-{who}", "--lease-name", lease,
-                                        "--leader-pod", f"{namespace}/replica-{who}"))
-            for who in ("a", "b"))
+    a, b = replicas(control_plane, core_v1, namespace, tmp_path, lease, "lk")
     try:
         a.start()
         b.start(follower=True)
