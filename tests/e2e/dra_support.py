@@ -13,8 +13,18 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpupool.testenv.kubelet import Kubelet
+
 DRIVER = "gpu.gpupool.io"
 DEVICE_CLASSES = Path(__file__).parents[2] / "deploy/kustomize/components/dra/device-classes.yaml"
+
+
+def containerd_dra_args(kubelet: Kubelet) -> tuple[str, ...]:
+    """The node agent's DRA flags on a containerd kubelet: kubelet's directory, and CDI specs where
+    containerd reads them."""
+    assert kubelet.runtime.containerd is not None, "a kubelet with containerd"
+    return ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir),
+            "--cdi-dir", str(kubelet.runtime.containerd.layout.cdi_spec_dir))
 
 
 def claim_manifest(name: str, memory: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from kubernetes import client
 from gpupool.api.environment import ContainerEnvironment
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
-from tests.e2e.dra_support import DRIVER, claim_manifest, claim_pod, dra_installed, node_slice
+from tests.e2e.dra_support import DRIVER, claim_manifest, claim_pod, containerd_dra_args, dra_installed, node_slice
 from tests.e2e.e2e_support import env_from_log, wait_for
 from tests.e2e.real_containers import stand_in_cards
 
@@ -40,11 +40,8 @@ def test_a_claims_grant_reaches_the_container_through_cdi(
         namespace: str, start_node_agent: Any, tmp_path: Path) -> None:
     kubelet = containerd_kubelet
     node = kubelet.node_name
-    assert kubelet.runtime.containerd is not None
-    cdi_dir = kubelet.runtime.containerd.layout.cdi_spec_dir
     gpus = stand_in_cards(tmp_path / "dev", memory_mib=16384)
-    args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir))
-    agent = start_node_agent(kubelet, gpus, extra_args=args)
+    agent = start_node_agent(kubelet, gpus, extra_args=containerd_dra_args(kubelet))
     with dra_installed(kube_api_client, node) as resource:
         wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
         resource.create_namespaced_resource_claim(namespace, claim_manifest("claim", "4Gi"))
@@ -77,11 +74,8 @@ def test_each_container_of_a_two_request_claim_gets_the_claims_grant(
     device once per request from kubelet, and the runtime starts it."""
     kubelet = containerd_kubelet
     node = kubelet.node_name
-    assert kubelet.runtime.containerd is not None
-    cdi_dir = kubelet.runtime.containerd.layout.cdi_spec_dir
     gpus = stand_in_cards(tmp_path / "dev", memory_mib=16384)
-    args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir))
-    agent = start_node_agent(kubelet, gpus, extra_args=args)
+    agent = start_node_agent(kubelet, gpus, extra_args=containerd_dra_args(kubelet))
     claim = claim_manifest("two", "4Gi")
     (first,) = claim["spec"]["devices"]["requests"]
     second = json.loads(json.dumps(first))

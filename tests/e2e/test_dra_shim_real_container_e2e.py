@@ -22,7 +22,7 @@ from kubernetes import client
 
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
-from tests.e2e.dra_support import claim_manifest, claim_pod, dra_installed, node_slice
+from tests.e2e.dra_support import claim_manifest, claim_pod, containerd_dra_args, dra_installed, node_slice
 from tests.e2e.e2e_support import wait_for
 from tests.e2e.probe_image import PROBE, STANDIN_STATE, probe_image
 from tests.e2e.real_containers import stand_in_cards
@@ -49,10 +49,8 @@ def test_a_claims_share_is_enforced_by_the_interception_library_in_a_real_contai
     kubelet = containerd_kubelet
     tc, image_ref = probe_image("dra-shim-e2e", kubelet, tmp_path)
     node = kubelet.node_name
-    assert kubelet.runtime.containerd is not None
-    cdi_dir = kubelet.runtime.containerd.layout.cdi_spec_dir
-    args = ("--dra", "--dra-kubelet-dir", str(kubelet.root_dir), "--cdi-dir", str(cdi_dir),
-            "--isolation", "shim", "--shim-library", str(tc.preload), "--state-dir", str(state_dir))
+    args = (*containerd_dra_args(kubelet), "--isolation", "shim", "--shim-library", str(tc.preload),
+            "--state-dir", str(state_dir))
     agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev", memory_mib=16384), extra_args=args)
     with dra_installed(kube_api_client, node) as resource:
         wait_for(lambda: node_slice(kube_api_client, node), timeout=60, what="the agent's ResourceSlice")
