@@ -42,6 +42,10 @@ AGENT_SETTINGS_ANNOTATION = "gpupool.io/agent-settings-v1"
 """Node annotation: the settings the node's agent runs with (JSON). Its key never follows the
 resource domain, since a domain that differs is one of the things it must reveal."""
 
+AGENT_CHECKS_ANNOTATION = "gpupool.io/agent-checks"
+"""Node annotation: the summary of the agent's start-up checks (``gpupool.nodeagent.selfcheck``),
+written beside its settings and read by ``kubectl gpupool``; fixed, as the settings' key is."""
+
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BOOLEANS = {"true": True, "false": False}
 

@@ -358,14 +358,14 @@ def _start_annotations(cluster: ClusterSettings | None, checks: Sequence[Check])
     extender checks it against (docs/cluster-config.md) and the start-up checks' summary."""
     from datetime import UTC, datetime
 
-    from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION
-    from gpupool.nodeagent.selfcheck import CHECKS_ANNOTATION, checks_annotation
+    from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION, AGENT_SETTINGS_ANNOTATION
+    from gpupool.nodeagent.selfcheck import checks_annotation
 
     annotations = {}
     if cluster is not None:
         annotations[AGENT_SETTINGS_ANNOTATION] = cluster.published()
     if checks:
-        annotations[CHECKS_ANNOTATION] = checks_annotation(checks, datetime.now(UTC))
+        annotations[AGENT_CHECKS_ANNOTATION] = checks_annotation(checks, datetime.now(UTC))
     return annotations
 
 

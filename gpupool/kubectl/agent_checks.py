@@ -1,9 +1,10 @@
 """The node agent's start-up checks as its Node carries them, read for ``inspect`` and ``why``.
 
 The agent writes one line per start (``gpupool.nodeagent.selfcheck.checks_annotation``:
-``<time> at start: 5 ok, 1 warn; warn refusal at open: ...``). The plugin may not import the node
-agent (``.importlinter``: products share only the contract), so the name and the one rule it needs
-(is any check not ok?) live here; a test holds them to the agent's writer.
+``<time> at start: 5 ok, 1 warn; warn refusal at open: ...``) under the contract's
+:data:`~gpupool.api.cluster_settings.AGENT_CHECKS_ANNOTATION`. The plugin may not import the node
+agent (``.importlinter``: products share only the contract), so the one rule it needs (is any check
+not ok?) lives here; a test holds it to the agent's writer.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-AGENT_CHECKS_ANNOTATION = "gpupool.io/agent-checks"
-"""Where the node agent leaves its start-up checks' summary on its Node."""
+from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION
 
 _NOT_OK = (" warn", " fail")
 """Count words of the summary's head that mean a check was not ok (``1 warn``, ``2 fail``)."""

@@ -4,8 +4,9 @@
 agent's own options and prints one line per check: ``ok``, ``warn`` (the agent runs, with less than
 it could) or ``fail`` (the agent would not start, or would serve nothing), each with what to do.
 The agent runs the same checks at every start: it logs them, writes their summary on its Node
-(:data:`CHECKS_ANNOTATION`) and, with ``--exit-on-failed-check`` (the chart's and the kustomize
-package's choice), stops at once on a failure instead of running half-served.
+(:data:`~gpupool.api.cluster_settings.AGENT_CHECKS_ANNOTATION`) and, with
+``--exit-on-failed-check`` (the chart's and the kustomize package's choice), stops at once on a
+failure instead of running half-served.
 The judgement here is pure, over facts a probe gathered (:mod:`gpupool.nodeagent.selfcheck_probe`),
 so every verdict is tested without a GPU, kubelet or root.
 """
@@ -16,10 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-
-#: The Node annotation where the agent leaves the summary of its start-up checks (fixed, not under
-#: the resource domain: it is read by people, ``kubectl describe node``).
-CHECKS_ANNOTATION = "gpupool.io/agent-checks"
 
 
 class Status(StrEnum):
@@ -214,6 +211,7 @@ def summary(checks: Sequence[Check]) -> str:
 
 
 def checks_annotation(checks: Sequence[Check], at: datetime) -> str:
-    """The value of :data:`CHECKS_ANNOTATION`: the start-up checks' :func:`summary`, stamped with when
-    they ran (they are not re-run: a warning fixed since shows until the next start)."""
+    """The value of :data:`~gpupool.api.cluster_settings.AGENT_CHECKS_ANNOTATION`: the start-up
+    checks' :func:`summary`, stamped with when they ran (they are not re-run: a warning fixed since
+    shows until the next start)."""
     return f"{at.strftime('%Y-%m-%dT%H:%M:%SZ')} at start: {summary(checks)}"

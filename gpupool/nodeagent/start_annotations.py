@@ -4,7 +4,7 @@
   compares them with its own and places no GPU pod on a node whose agent reads pods differently
   (:mod:`gpupool.api.settings_check`); ``kubectl gpupool`` shows the same comparison. The key is
   fixed, not under the resource domain, so that a domain that differs is seen rather than hidden.
-- The start-up checks' summary (:data:`~gpupool.nodeagent.selfcheck.CHECKS_ANNOTATION`): the log says
+- The start-up checks' summary (:data:`~gpupool.api.cluster_settings.AGENT_CHECKS_ANNOTATION`): the log says
   it first, but an admin running ``kubectl describe node`` should not have to find the agent's pod to
   learn that it runs with, say, whole cards only or no refusal at open.
 

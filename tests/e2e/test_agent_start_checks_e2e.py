@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gpupool.nodeagent.selfcheck import CHECKS_ANNOTATION
+from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION as CHECKS_ANNOTATION
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import MakeNode, NodeAgentProcess, wait_for
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION as CHECKS_ANNOTATION
 from gpupool.core.model import GpuCard, Topology
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.selfcheck import (
-    CHECKS_ANNOTATION,
     Check,
     NodeFacts,
     PathFacts,
