@@ -107,6 +107,21 @@ def check_listen(listen: str, allow_plain: bool, tls: TlsFiles | None = None,
             raise RemoteServeError(f"TLS file {path}: not found")
 
 
+def replace_file(path: Path, text: str, *, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` at once for its readers (a file beside it, then renamed over it);
+    the file keeps ``mkstemp``'s mode 0600 unless ``mode`` says otherwise."""
+    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        if mode is not None:
+            os.chmod(staged, mode)
+        os.replace(staged, path)
+    except BaseException:
+        Path(staged).unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class ClientsMirror:
     """Keeps ``mirror`` equal to the last readable version of ``source``."""
@@ -139,10 +154,7 @@ class ClientsMirror:
         return self._write(clients)
 
     def _write(self, clients: Sequence[RemoteClient]) -> bool:
-        fd, staged = tempfile.mkstemp(prefix=".clients.", dir=self.mirror.parent)
-        with os.fdopen(fd, "w") as out:
-            out.write(mirror_text(clients))
-        os.replace(staged, self.mirror)
+        replace_file(self.mirror, mirror_text(clients))  # mode 0600: the tokens are secrets
         self.clients = len(clients)
         log.info("remote GPU: serving %d client(s)", len(clients))
         return True
@@ -193,15 +205,7 @@ class ConnectionsReport:
         if text == self._last:
             return False
         try:
-            fd, staged = tempfile.mkstemp(prefix=f".{self.status.name}.", dir=self.status.parent)
-            try:
-                with os.fdopen(fd, "w") as out:
-                    out.write(text)
-                os.chmod(staged, 0o644)
-                os.replace(staged, self.status)
-            except BaseException:
-                Path(staged).unlink(missing_ok=True)
-                raise
+            replace_file(self.status, text, mode=0o644)
         except OSError as exc:
             if not self._failed:
                 log.warning("remote GPU: connections file %s not written: %s", self.status, exc)
