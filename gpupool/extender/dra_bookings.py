@@ -32,6 +32,7 @@ from gpupool.core.model import CardSlice, ContainerAssignment, NodeSpec, Placeme
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
+from gpupool.kube.claim_asks import ClaimAsk, claim_ask
 from gpupool.kube.dra_claims import AllocatedShare, ClaimError, claim_shares
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,11 @@ class ClaimBookings:
         """Claims whose booking was given back (deallocated or deleted); the wake-up of refused
         pods watches it (:func:`gpupool.extender.wakeup.loosening_signature`)."""
         self._on_node: dict[str, set[str]] = {}
+        self.classes = frozenset({driver})
+        """gpupool's DeviceClasses: the one the chart and kustomize install is named after the driver."""
+        self.asks: dict[str, ClaimAsk] = {}
+        """What each claim watched asks of gpupool's cards, for the node choice of its pod before it
+        is allocated (:mod:`gpupool.extender.claim_pods`)."""
 
     # ------------------------------------------------------------------------------- watch side
     def upsert(self, obj: Mapping[str, Any]) -> None:
@@ -153,6 +159,7 @@ class ClaimBookings:
         meta = obj.get("metadata")
         meta = meta if isinstance(meta, Mapping) else {}
         key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        self.asks[key] = claim_ask(obj, self.classes)
         try:
             record = read_claim(obj, self.driver)
         except Exception as exc:  # a reading bug must not stop the watch or drop what the claim held
@@ -172,6 +179,7 @@ class ClaimBookings:
         uid = str(meta.get("uid") or "")
         if known is not None and uid and known.uid and known.uid != uid:
             return
+        self.asks.pop(key, None)
         self._set(key, None)
 
     def replace(self, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -184,6 +192,8 @@ class ClaimBookings:
             self.upsert(obj)
         for key in [k for k in self.records if k not in seen]:
             self._set(key, None)
+        for key in [k for k in self.asks if k not in seen]:
+            del self.asks[key]
         self.synced = True
 
     def sync_node(self, node: str) -> None:

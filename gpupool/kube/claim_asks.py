@@ -1,0 +1,147 @@
+"""What a pending ResourceClaim asks of gpupool's cards, read from its spec: the extender's node
+choice for a claim's pod (issue 24, docs/dra.md "Choosing between the extender path and the DRA
+path") places these asks as the core places an extended-resource pod's GPU containers.
+
+Read from ``spec.devices.requests``: each request of gpupool's device class (``exactly``) with
+``allocationMode: ExactCount`` (the default) becomes one :class:`GpuRequest` of ``count`` cards
+(the capacity applies to each device, as the allocator reads it): memory rounded up to the request
+policy's 256 MiB step, compute in percent (booked per mille). A request that names no memory gets
+the request policy's default, all of a card's memory: a whole card.
+
+What cannot be modelled (``allocationMode: All``, ``firstAvailable`` alternatives, a malformed
+quantity) makes the ask's ``problem``: the pod then gets no node choice from gpupool (the DRA
+allocator still decides, kube-scheduler's scores choose the node), never a wrong one. Selectors
+(CEL) are not read: kube-scheduler's DRA filter, which runs before the extender, has already kept
+only nodes where some card matches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.api.dra import COMPUTE, COMPUTE_PERCENT, MEMORY, MIB
+from gpupool.core.model import GpuRequest
+from gpupool.core.units import COMPUTE_PER_CARD
+from gpupool.kube.quantity import QuantityError, parse_quantity
+
+MEMORY_STEP_MIB = 256
+"""The request policy's memory step (docs/dra.md, "What the agent publishes"): the allocator
+rounds a request up to it, so the ask does too."""
+MAX_COUNT = 64
+"""More cards than any node has: refused as a problem rather than modelled."""
+
+
+@dataclass(frozen=True)
+class ClaimAsk:
+    """One claim's asks of gpupool's cards: ``(request name, GpuRequest)`` pairs, whether it is
+    allocated already (then it asks nothing more: its allocation is booked), and ``problem`` when
+    some request of gpupool's class cannot be modelled."""
+
+    asks: tuple[tuple[str, GpuRequest], ...] = ()
+    allocated: bool = False
+    problem: str | None = None
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _requests(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    requests = _map(spec.get("devices")).get("requests")
+    if isinstance(requests, list):
+        for request in requests:
+            yield _map(request)
+
+
+def _memory_mib(value: object, where: str) -> int:
+    try:
+        mib = math.ceil(parse_quantity(value) / MIB)
+    except QuantityError as exc:
+        raise ValueError(f"{where}: memory: {exc}") from None
+    if mib <= 0:
+        raise ValueError(f"{where}: memory {value!r} is not positive")
+    return math.ceil(mib / MEMORY_STEP_MIB) * MEMORY_STEP_MIB
+
+
+def _compute_per_mille(value: object, where: str) -> int:
+    try:
+        percent = math.ceil(parse_quantity(value))
+    except QuantityError as exc:
+        raise ValueError(f"{where}: compute: {exc}") from None
+    if not 0 <= percent <= COMPUTE_PERCENT:
+        raise ValueError(f"{where}: compute {value!r} is not 0-{COMPUTE_PERCENT} percent")
+    return percent * (COMPUTE_PER_CARD // COMPUTE_PERCENT)
+
+
+def gpu_request(exactly: Mapping[str, Any], where: str) -> GpuRequest:
+    """The :class:`GpuRequest` of one ``exactly`` request of gpupool's class; ``ValueError`` with
+    the reason for one that cannot be modelled."""
+    mode = exactly.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise ValueError(f"{where}: allocationMode {str(mode)[:32]!r} (only ExactCount is modelled)")
+    count = exactly.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"{where}: count {str(count)[:32]!r} is not 1-{MAX_COUNT}")
+    capacity = _map(_map(exactly.get("capacity")).get("requests"))
+    compute = _compute_per_mille(capacity[COMPUTE], where) if COMPUTE in capacity else 0
+    if MEMORY not in capacity:  # the policy's default: all of the card's memory
+        return GpuRequest.whole(count)
+    memory = _memory_mib(capacity[MEMORY], where)
+    try:
+        return GpuRequest(count=count, compute=compute, memory_mib=memory)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def claim_ask(obj: Mapping[str, Any], classes: frozenset[str]) -> ClaimAsk:
+    """What claim ``obj`` (a ResourceClaim as the API serves it) asks of the device classes in
+    ``classes`` (gpupool's). Never raises: what cannot be read is the ask's ``problem``."""
+    meta = _map(obj.get("metadata"))
+    where = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    allocated = _map(obj.get("status")).get("allocation") is not None
+    asks: list[tuple[str, GpuRequest]] = []
+    for request in _requests(_map(obj.get("spec"))):
+        name = str(request.get("name") or "")
+        here = f"{where}, request {name[:64]!r}"
+        alternatives = request.get("firstAvailable")
+        if isinstance(alternatives, list) and any(_map(a).get("deviceClassName") in classes for a in alternatives):
+            return ClaimAsk(allocated=allocated, problem=f"{here}: firstAvailable alternatives are not modelled")
+        exactly = _map(request.get("exactly"))
+        if exactly.get("deviceClassName") not in classes:
+            continue
+        try:
+            asks.append((name, gpu_request(exactly, here)))
+        except ValueError as exc:
+            return ClaimAsk(allocated=allocated, problem=str(exc))
+    return ClaimAsk(tuple(asks), allocated)
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """``(claim name in the pod, ResourceClaim name)`` for each of the pod's ``resourceClaims``; the
+    second is ``""`` for a claim from a template whose claim the controller has not made yet (its
+    name is in ``status.resourceClaimStatuses`` once made)."""
+    made = {}
+    statuses = _map(pod.get("status")).get("resourceClaimStatuses")
+    for entry in statuses if isinstance(statuses, list) else ():
+        entry = _map(entry)
+        if entry.get("name"):
+            made[str(entry["name"])] = str(entry.get("resourceClaimName") or "")
+    found = []
+    claims = _map(pod.get("spec")).get("resourceClaims")
+    for entry in claims if isinstance(claims, list) else ():
+        entry = _map(entry)
+        name = str(entry.get("name") or "")
+        if not name:
+            continue
+        direct = entry.get("resourceClaimName")
+        found.append((name, str(direct) if direct else made.get(name, "")))
+    return tuple(found)
+
+
+def has_claims(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod names any ResourceClaim (of any driver)."""
+    claims = _map(pod.get("spec")).get("resourceClaims")
+    return isinstance(claims, list) and bool(claims)
