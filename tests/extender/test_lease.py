@@ -193,3 +193,70 @@ def test_release_hands_the_lease_to_the_next_look_of_a_candidate() -> None:
     assert b.try_acquire_or_renew()  # no lease duration to wait
     assert not a.release(settle=settled.append)  # not leading: nothing to give up
     assert api.leases["gpupool-extender"].spec.holder_identity == "b"
+
+
+class SlowCoordination(FakeCoordination):
+    """Every Lease call takes ``latency_s`` on the shared fake clock before it reaches the store."""
+
+    def __init__(self, clock: FakeClock, latency_s: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.latency_s = latency_s
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kwargs: object) -> V1Lease:
+        self.clock.advance(self.latency_s)
+        return super().read_namespaced_lease(name, namespace, **kwargs)
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: V1Lease, **kwargs: object) -> V1Lease:
+        self.clock.advance(self.latency_s)
+        return super().replace_namespaced_lease(name, namespace, body, **kwargs)
+
+
+def takeover(death_phase: float, candidate_phase: float, latency_s: float) -> tuple[float, float]:
+    """Replica ``a`` leads with the default timings, renewing every retry period from t = 0, and dies
+    ``death_phase`` retry periods after its fifth renewal began; ``b`` looks every retry period,
+    ``candidate_phase`` of a period after ``a``. Returns the seconds from ``a``'s death to ``b``'s
+    acquisition and from the start of ``a``'s last successful renewal to it."""
+    settings = LeaseSettings(namespace="default")
+    clock = FakeClock()
+    api = SlowCoordination(clock, latency_s)
+    a, b = elector(api, clock, "a", settings=settings), elector(api, clock, "b", settings=settings)
+    start, retry = clock.now, settings.retry_period
+    death = start + (4 + death_phase) * retry
+    a_last = b_next = a_next = 0.0
+    while True:
+        a_at, b_at = start + a_next * retry, start + (b_next + candidate_phase) * retry
+        if a_at < death and a_at <= b_at:
+            clock.now = max(clock.now, a_at)
+            began = clock.now
+            if a.try_acquire_or_renew():
+                a_last = began
+            a_next += 1
+            continue
+        clock.now = max(clock.now, b_at)
+        if b.try_acquire_or_renew():
+            return clock.now - death, clock.now - a_last
+        b_next += 1
+        assert clock.now < death + 60, "b never took over"
+
+
+@pytest.mark.parametrize("latency_s", [0.0, 0.2])
+def test_a_dead_leaders_lease_is_taken_within_15_s_and_never_before_its_writes_end(latency_s: float) -> None:
+    """The deadline arithmetic of the default timings (10 s / 6 s / 1 s), stepped on a fake clock for
+    every phase of the leader's death and of the candidate's looks: the candidate holds the Lease at
+    most ``takeover_bound_s`` (12 s) plus four API calls after the death, within the 15 s issue 28
+    asks; and never before the dead leader's renew deadline plus its commit timeout (9.2 s after its
+    last renewal began), so every assignment write of its term has ended first."""
+    settings = LeaseSettings()
+    assert settings.takeover_bound_s == 12.0
+    phases = [0.0, 0.01, 0.25, 0.5, 0.75, 0.99]
+    worst = 0.0
+    for death_phase in phases:
+        for candidate_phase in phases[1:]:
+            after_death, after_renewal = takeover(death_phase, candidate_phase, latency_s)
+            assert after_death <= settings.takeover_bound_s + 4 * latency_s, (death_phase, candidate_phase)
+            assert after_renewal >= settings.renew_deadline + settings.commit_timeout_s, (death_phase,
+                                                                                          candidate_phase)
+            worst = max(worst, after_death)
+    assert worst <= 15.0
+    assert worst > settings.lease_duration - settings.retry_period  # the bound is not loose by a lease
