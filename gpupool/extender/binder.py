@@ -4,7 +4,9 @@ Why this order and these guards (two binds racing for the last space on a card m
 succeed):
 
 1. The request is checked before anything else: it must name the pod's UID and a node in the
-   ledger, and the pod must ask for a resource gpupool manages. Otherwise nothing is written.
+   ledger, and the pod must ask for a resource gpupool manages. Otherwise nothing is written,
+   except for a pod whose GPUs come from DRA ResourceClaims only (gpupool's scheduler asks the
+   extender about those too, docs/dra.md): it gets a plain Binding, its claims book its cards.
 2. Binds of one pod run one at a time (:class:`~gpupool.extender.bind_flights.PodFlights`):
    kube-scheduler sends a bind again once the first passed its timeout, and two binds of one pod
    interleaved would each lift the other's reservation. A repeat of the running bind (same UID,
@@ -65,6 +67,7 @@ from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
 from gpupool.extender.lendable import LendingNames, binding_marks
 from gpupool.extender.service import BindResult
+from gpupool.kube.claim_asks import has_claims
 from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
 from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import TranslationError
@@ -193,9 +196,15 @@ class Binder:
                 tenant = pod_tenancy(pod, self.cache.tenancy.names)
             except TranslationError as exc:
                 return BindResult(str(exc), attempts=attempt)
+            if not request.wants_gpu and has_claims(pod):
+                try:
+                    return self._bind_claim_pod(ask, pod, ticket, attempt)
+                except ConflictError as exc:
+                    last_conflict = str(exc)
+                    continue
             if not request.wants_gpu:
                 return BindResult(f"pod {key} asks for no resource gpupool manages; gpupool binds only "
-                                  "pods that ask for GPU resources", attempts=attempt)
+                                  "pods that ask for GPU resources or name ResourceClaims", attempts=attempt)
             bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
             if bound_to:
                 return self._already_bound(pod, key, bound_to, ask.node, attempt)
@@ -249,6 +258,28 @@ class Binder:
                 last_conflict = str(exc)
         return BindResult(f"pod {key}: gave up after {self.max_attempts} conflicting updates "
                           f"({last_conflict})", attempts=self.max_attempts)
+
+    def _bind_claim_pod(self, ask: _Ask, pod: dict[str, Any], ticket: int, attempt: int) -> BindResult:
+        """Bind a pod whose GPUs come from ResourceClaims only: a plain Binding, no assignment. Its
+        claims' allocation (written by kube-scheduler's DRA PreBind, before this bind) is what books
+        the cards, in the ledger from the claim watch (:mod:`gpupool.extender.dra_bookings`) and on
+        the node at prepare. A 409 is raised again for the caller to read the pod anew."""
+        bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
+        if bound_to:
+            error = "" if bound_to == ask.node else f"pod {ask.key} is already bound to node {bound_to}"
+            return BindResult(error, attempts=attempt)
+        if not self.fence.holds(ticket):
+            return BindResult(LOST_DURING_BIND, attempts=attempt)
+        try:
+            self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node,
+                              resource_version=str((pod.get("metadata") or {}).get("resourceVersion") or ""))
+        except NotFoundError:
+            return BindResult(f"pod {ask.key} no longer exists", attempts=attempt)
+        except ConflictError:
+            raise
+        except ApiError as exc:  # a timeout included: nothing of gpupool's is booked either way
+            return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
+        return BindResult(attempts=attempt)
 
     def _bind_with_assignment(self, ask: _Ask, placement: Placement, assignment: Assignment,
                               meta: dict[str, Any], attempt: int) -> BindResult:

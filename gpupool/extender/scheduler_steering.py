@@ -12,15 +12,24 @@ The rule, in order (the first that applies decides):
 2. the pod names a scheduler other than the default one: left alone (whoever wrote it meant it);
 3. it already names gpupool's scheduler: nothing to do;
 4. no container (init, sidecar, app, ephemeral) asks for a resource the extender manages, in its
-   requests or its limits: left alone;
+   requests or its limits, and (with ``steer_claims``) the pod names no ResourceClaim: left alone;
 5. otherwise ``spec.schedulerName`` is set to gpupool's scheduler.
+
+Claim pods (``steer_claims``, docs/dra.md "Choosing between the extender path and the DRA path"):
+gpupool's scheduler asks the extender about every pod it schedules, and the extender chooses the
+node of a pod whose claims ask for gpupool's cards. Which DeviceClass a claim asks for is in the
+claim (or its template), not in the pod, and this decision reads the pod alone; so every pod that
+names a ResourceClaim is steered. One whose claims ask nothing of gpupool gets no opinion from
+the extender (every node kube-scheduler passed stays) and a plain Binding: gpupool's scheduler is a
+kube-scheduler with the default plugins, DRA's included.
 
 A namespace opts out by the same key as a label: the webhook's ``namespaceSelector`` keeps the
 apiserver from asking about its pods at all (deploy/kustomize/components/scheduler-webhook).
 
 "Asks for" means the name appears, whatever the quantity: kube-scheduler sends a pod to an
 extender by the same test (``managedResources``), so a pod this rule leaves to the default
-scheduler never needs the extender, and one it steers is one the extender expects.
+scheduler never needs the extender, and one it steers is one the extender expects (with
+``steer_claims`` gpupool's scheduler lists no ``managedResources`` and so asks about every pod).
 
 Pure: a function of the pod alone (no cache, no API call), so any live extender replica answers
 at once, the leader or not, synced or not.
@@ -34,6 +43,7 @@ from typing import Any
 
 from gpupool.api.names import ResourceNames
 from gpupool.extender.admission import Verdict
+from gpupool.kube.claim_asks import has_claims
 
 DEFAULT_SCHEDULER = "default-scheduler"
 """What the apiserver writes into a pod created without ``schedulerName``."""
@@ -76,10 +86,13 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 class SchedulerSteering:
     """Decides, for a pod being created, whether gpupool's scheduler should place it."""
 
-    def __init__(self, names: ResourceNames, scheduler_name: str = GPUPOOL_SCHEDULER) -> None:
+    def __init__(self, names: ResourceNames, scheduler_name: str = GPUPOOL_SCHEDULER, *,
+                 steer_claims: bool = False) -> None:
         if not scheduler_name or scheduler_name == DEFAULT_SCHEDULER:
             raise ValueError(f"the scheduler to steer GPU pods to must be gpupool's own, got {scheduler_name!r}")
         self.scheduler_name = scheduler_name
+        self.steer_claims = steer_claims
+        """Steer pods that name ResourceClaims too (the module docstring's "Claim pods")."""
         self.managed = frozenset(names.managed())
         self.opt_out = opt_out_key(names.domain)
 
@@ -105,9 +118,11 @@ class SchedulerSteering:
         if current not in ("", DEFAULT_SCHEDULER):
             return Steering(None, f"names scheduler {str(current)[:64]!r}")
         resource = self.wanted(spec)
-        if resource is None:
-            return Steering(None, "asks for no resource gpupool manages")
-        return Steering(self.scheduler_name, f"asks for {resource}")
+        if resource is not None:
+            return Steering(self.scheduler_name, f"asks for {resource}")
+        if self.steer_claims and has_claims(pod):
+            return Steering(self.scheduler_name, "names ResourceClaims")
+        return Steering(None, "asks for no resource gpupool manages")
 
     def verdict(self, pod: Mapping[str, Any]) -> Verdict:
         """Allowed, with the JSON patch that sets ``spec.schedulerName`` when the pod is steered."""

@@ -138,3 +138,34 @@ def test_a_malformed_pod_gets_a_decision_never_an_exception(malformed: dict[str,
     nothing, what is readable is judged."""
     verdict = STEER.verdict(malformed)
     assert verdict.allowed and verdict.patch == (PATCH if steered else ())
+
+
+def claiming(claims: Any, **kw: Any) -> dict[str, Any]:
+    obj = pod(containers=[{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}], **kw)
+    obj["spec"]["resourceClaims"] = claims
+    return obj
+
+
+CLAIMS = [{"name": "gpu", "resourceClaimTemplateName": "gpu-4gi"}]
+
+
+def test_a_claim_pod_is_steered_only_when_claim_steering_is_on() -> None:
+    """docs/dra.md, "Choosing between the extender path and the DRA path": gpupool chooses the node
+    of claim pods only on its own scheduler, so the webhook sends them there when asked to."""
+    steer = SchedulerSteering(NAMES, steer_claims=True)
+    decision = steer.decide(claiming(CLAIMS))
+    assert decision.scheduler == GPUPOOL_SCHEDULER and decision.why == "names ResourceClaims"
+    assert steer.verdict(claiming(CLAIMS)).patch == PATCH
+    assert STEER.decide(claiming(CLAIMS)).scheduler is None  # off by default: the DRA path as it was
+
+
+@pytest.mark.parametrize("claims", [[], None, "x", {"name": "gpu"}])
+def test_no_claims_or_a_malformed_list_is_not_a_claim_pod(claims: Any) -> None:
+    assert SchedulerSteering(NAMES, steer_claims=True).decide(claiming(claims)).scheduler is None
+
+
+def test_a_claim_pod_keeps_the_opt_out_and_another_scheduler() -> None:
+    steer = SchedulerSteering(NAMES, steer_claims=True)
+    key = opt_out_key(NAMES.domain)
+    assert steer.decide(claiming(CLAIMS, annotations={key: "default"})).scheduler is None
+    assert steer.decide(claiming(CLAIMS, scheduler="their-scheduler")).scheduler is None
