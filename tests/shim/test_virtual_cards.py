@@ -75,10 +75,15 @@ def test_the_container_never_holds_more_than_the_card_total(tc: Toolchain, work:
         holder.kill()
 
 
-def test_a_context_created_on_a_device_counts_there(tc: Toolchain, work: Path, region: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("create", ["newctx", "newctx3", "newctx4"])
+def test_a_context_created_on_a_device_counts_there(tc: Toolchain, work: Path, region: Path, create: str,
+                                                    mode: str) -> None:
+    """cuCtxCreate_v2, _v3 (CUDA 11.4) and _v4 (12.5, what cuGetProcAddress hands a CUDA 12.5+ program
+    for "cuCtxCreate"): each context lands on the card and counts as the ordinal it was made for."""
     tc.grant_file.write_text(grant_text(region))
-    steps, _ = run_probe(tc, tc.granted_env(work), "symbol", "newctx:1", "ctxdev", "alloc:4g", "alloc:1", "ctxdel",
-                         "use:0", "alloc:4g", "newctx:2")
+    steps, _ = run_probe(tc, tc.granted_env(work), mode, f"{create}:1", "ctxdev", "alloc:4g", "alloc:1", "ctxdel",
+                         "use:0", "alloc:4g", f"{create}:2")
     assert codes(steps) == [OK, OK, OK, OUT_OF_MEMORY, OK, OK, OK, INVALID_DEVICE]
     assert steps[1].values == ("1",)
 
@@ -122,7 +127,8 @@ def test_several_cards_are_never_split(tc: Toolchain, work: Path, region: Path) 
     assert "names one card, the grant has 2" in stderr
 
 
-DEVICE_NAMING_STEPS = ("setaccess", "granularity", "advise2")
+DEVICE_NAMING_STEPS = ("setaccess", "getaccess", "poolsetaccess", "poolgetaccess", "granularity", "advise",
+                       "advise2", "prefetch", "prefetch2", "prefetchptsz", "prefetch2ptsz")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -135,7 +141,7 @@ def test_entry_points_naming_an_ordinal_reach_the_card(tc: Toolchain, work: Path
     for i in range(len(DEVICE_NAMING_STEPS)):
         ok, seen, beyond = steps[3 * i:3 * i + 3]
         assert ok.code == OK and seen.values == ("0",) and beyond.code == INVALID_DEVICE
-    assert steps[3].values == (str(2 << 20),)  # the card's granularity
+    assert steps[3 * DEVICE_NAMING_STEPS.index("granularity")].values == (str(2 << 20),)  # the card's
     assert steps[-3].code == OK and steps[-3].values == ("0",)  # two ordinals are not peers
     assert steps[-2].code == INVALID_DEVICE  # one ordinal with itself: the card with itself, as the driver says
     assert steps[-1].code == INVALID_DEVICE

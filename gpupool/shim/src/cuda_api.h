@@ -26,6 +26,9 @@ API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
 API CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                            CUdevice dev);
+API CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev);
 API CUresult cuCtxDestroy_v2(CUcontext ctx);
 API CUresult cuCtxSetCurrent(CUcontext ctx);
 API CUresult cuCtxPopCurrent_v2(CUcontext *ctx);
@@ -91,6 +94,9 @@ API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advic
 API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
 API CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
                                    CUstream hStream);
+API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                        CUstream hStream);
 API CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
                                      CUdevice dstDevice);
 API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,

@@ -31,6 +31,10 @@ typedef uint64_t cuuint64_t;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
+/* cuCtxCreate_v3's execution-affinity array (CUDA 11.4) and cuCtxCreate_v4's creation parameters
+ * (CUDA 12.5): handed to the driver as they are, never read by the library. */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;

@@ -258,6 +258,8 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 0, 0)                                   \
     X(cuDevicePrimaryCtxSetFlags_v2, "cuDevicePrimaryCtxSetFlags", 11000, 0)                            \
     X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                           \
+    X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0)                                                          \
+    X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                                          \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                         \
     X(cuMemSetAccess, "cuMemSetAccess", 0, 0)                                                           \
     X(cuMemGetAccess, "cuMemGetAccess", 0, 0)                                                           \
@@ -268,6 +270,8 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuMemAdvise_v2, "cuMemAdvise", 12020, 0)                                                          \
     X(cuMemPrefetchAsync, "cuMemPrefetchAsync", 0, 0)                                                   \
     X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)                                            \
+    X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 0, 1)                                              \
+    X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 1)                                       \
     X(cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute", 0, 0)                                         \
     X(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0)                                         \
     X(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0)

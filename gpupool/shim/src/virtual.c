@@ -220,9 +220,8 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
-    if (REAL(cuCtxCreate_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult status = REAL(cuCtxCreate_v2)(ctx, flags, shim_card_of(dev));
+/* A context the driver made on the card for a virtual ordinal above 0, remembered as that ordinal's. */
+static CUresult kept_for_ordinal(CUresult status, const CUcontext *ctx, CUdevice dev) {
     if (status != CUDA_SUCCESS || !is_virtual(dev) || dev == 0) return status;
     int kept = 0;
     pthread_mutex_lock(&lock);
@@ -238,6 +237,24 @@ CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
         shim_log(SHIM_LOG_WARN, "more than %d contexts on virtual ordinals: a new one on ordinal %d counts as ordinal 0",
                  MAX_CONTEXTS, dev);
     return status;
+}
+
+/* The three ways to make a context (CUDA 3.2, 11.4 with execution affinity, 12.5 with creation
+ * parameters): cuGetProcAddress hands a CUDA 12.5+ program the last for "cuCtxCreate". */
+CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
+    if (REAL(cuCtxCreate_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return kept_for_ordinal(REAL(cuCtxCreate_v2)(ctx, flags, shim_card_of(dev)), ctx, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                        CUdevice dev) {
+    if (REAL(cuCtxCreate_v3) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return kept_for_ordinal(REAL(cuCtxCreate_v3)(ctx, paramsArray, numParams, flags, shim_card_of(dev)), ctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev) {
+    if (REAL(cuCtxCreate_v4) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return kept_for_ordinal(REAL(cuCtxCreate_v4)(ctx, ctxCreateParams, flags, shim_card_of(dev)), ctx, dev);
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx) {
@@ -338,6 +355,18 @@ CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation l
                                CUstream hStream) {
     if (REAL(cuMemPrefetchAsync_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     return REAL(cuMemPrefetchAsync_v2)(devPtr, count, location_on_card(location), flags, hStream);
+}
+
+/* The per-thread default stream forms (nvcc --default-stream per-thread, or asked for by flag). */
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    if (REAL(cuMemPrefetchAsync_ptsz) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemPrefetchAsync_ptsz)(devPtr, count, shim_card_of(dstDevice), hStream);
+}
+
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream) {
+    if (REAL(cuMemPrefetchAsync_v2_ptsz) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    return REAL(cuMemPrefetchAsync_v2_ptsz)(devPtr, count, location_on_card(location), flags, hStream);
 }
 
 /* Two ordinals of one card are not peers (as cuDeviceCanAccessPeer): every peer attribute is 0. One

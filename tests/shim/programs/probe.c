@@ -26,6 +26,10 @@
  *        count  use:D  ctxdev  totalof:D  name:D  newctx:D  ctxdel  unuse:D   (devices and contexts:
  *        use retains device D's primary context and makes it current, unuse releases it, newctx
  *        creates a context on D (current), ctxdel destroys the last one; totalof: cuDeviceTotalMem)
+ *        newctx3:D  newctx4:D   (the same through cuCtxCreate_v3 (CUDA 11.4) and _v4 (12.5))
+ *        setaccess:D  getaccess:D  poolsetaccess:D  poolgetaccess:D  granularity:D  advise:D  advise2:D
+ *        prefetch:D  prefetch2:D  prefetchptsz:D  prefetch2ptsz:D  p2p:SxD  seen   (entry points that
+ *        name device D; seen: the device the stand-in driver was last handed)
  *        child:STEP+STEP...   (runs this program's symbol mode with those steps as a child whose
  *        environment is cleared of the container's settings; prints its exit status, then its lines)
  *        the capture steps prefixed p (pcapture, pcasync:SIZE, pcfree:I, pendcapture) use the _ptsz
@@ -140,6 +144,16 @@ static struct {
     __typeof__(&cuMemGetAllocationGranularity) granularity;
     __typeof__(&cuMemAdvise_v2) advise2;
     __typeof__(&cuDeviceGetP2PAttribute) p2p;
+    __typeof__(&cuCtxCreate_v3) ctx_create3;
+    __typeof__(&cuCtxCreate_v4) ctx_create4;
+    __typeof__(&cuMemGetAccess) get_access;
+    __typeof__(&cuMemPoolSetAccess) pool_set_access;
+    __typeof__(&cuMemPoolGetAccess) pool_get_access;
+    __typeof__(&cuMemAdvise) advise1;
+    __typeof__(&cuMemPrefetchAsync) prefetch1;
+    __typeof__(&cuMemPrefetchAsync_v2) prefetch2;
+    __typeof__(&cuMemPrefetchAsync_ptsz) prefetch1_ptsz;
+    __typeof__(&cuMemPrefetchAsync_v2_ptsz) prefetch2_ptsz;
 } api;
 
 static unsigned long long handles[MAX_HANDLES];
@@ -181,6 +195,12 @@ static void *resolve_proc(void *getter, const char *name, cuuint64_t flags, int 
                               : (__typeof__(&symbol))resolve_proc(getter, base,                         \
                                                                   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, \
                                                                   CUDA_VERSION_ASKED)
+
+/* Through cuGetProcAddress, the base name asked for by a program of a given CUDA version, with flags. */
+#define FILL_AT(field, symbol, base, flags, version)                                                   \
+    api.field = mode == 's' ? &symbol                                                                   \
+                : mode != 'p' ? (__typeof__(&symbol))resolve_dlsym(library, #symbol)                    \
+                              : (__typeof__(&symbol))resolve_proc(getter, base, flags, version)
 
 static void fill(char mode) {
     void *library = NULL, *getter = NULL;
@@ -267,18 +287,33 @@ static void fill(char mode) {
     FILL(get, cuDeviceGet, "cuDeviceGet");
     FILL(name, cuDeviceGetName, "cuDeviceGetName");
     FILL(ctx_device, cuCtxGetDevice, "cuCtxGetDevice");
-    FILL(ctx_create, cuCtxCreate_v2, "cuCtxCreate");
+    FILL_AT(ctx_create, cuCtxCreate_v2, "cuCtxCreate", 0, 11000); /* before _v3 took the name */
     FILL(ctx_destroy, cuCtxDestroy_v2, "cuCtxDestroy");
     FILL(primary_release, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease");
     FILL(set_access, cuMemSetAccess, "cuMemSetAccess");
     FILL(granularity, cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     FILL(advise2, cuMemAdvise_v2, "cuMemAdvise");
     FILL(p2p, cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute");
+    FILL_AT(ctx_create3, cuCtxCreate_v3, "cuCtxCreate", 0, 12000);
+    FILL(ctx_create4, cuCtxCreate_v4, "cuCtxCreate");
+    FILL(get_access, cuMemGetAccess, "cuMemGetAccess");
+    FILL(pool_set_access, cuMemPoolSetAccess, "cuMemPoolSetAccess");
+    FILL(pool_get_access, cuMemPoolGetAccess, "cuMemPoolGetAccess");
+    FILL_AT(advise1, cuMemAdvise, "cuMemAdvise", 0, 12000); /* before the location-taking form */
+    FILL_AT(prefetch1, cuMemPrefetchAsync, "cuMemPrefetchAsync", 0, 12000);
+    FILL(prefetch2, cuMemPrefetchAsync_v2, "cuMemPrefetchAsync");
+    FILL_AT(prefetch1_ptsz, cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+            12000);
+    FILL_PTSZ(prefetch2_ptsz, cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync");
 }
 
 /* Devices and contexts as a program for several GPUs sees them. */
+#define MANAGED_RANGE 0x7e0000000000ull           /* an address range the stand-in takes as managed memory */
+#define SOME_POOL ((CUmemoryPool)(uintptr_t)0x10) /* a pool handle the stand-in takes as it is */
+
 static int step_devices(const char *verb, const char *argument) {
     static CUcontext last_created;
+    const CUmemLocation device = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)};
     CUdevice dev = -1;
     CUcontext ctx = NULL;
     CUresult rc;
@@ -321,6 +356,32 @@ static int step_devices(const char *verb, const char *argument) {
     } else if (strcmp(verb, "advise2") == 0) {
         CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)};
         printf(" %d", api.advise2(0x7e0000000000ull, 2u << 20, 1, location));
+    } else if (strcmp(verb, "newctx3") == 0) {
+        rc = api.ctx_create3(&last_created, NULL, 0, 0, atoi(argument));
+        printf(" %d %#lx", rc, (unsigned long)(uintptr_t)last_created);
+    } else if (strcmp(verb, "newctx4") == 0) {
+        rc = api.ctx_create4(&last_created, NULL, 0, atoi(argument));
+        printf(" %d %#lx", rc, (unsigned long)(uintptr_t)last_created);
+    } else if (strcmp(verb, "getaccess") == 0) {
+        unsigned long long flags = 0;
+        printf(" %d", api.get_access(&flags, &device, MANAGED_RANGE));
+    } else if (strcmp(verb, "poolsetaccess") == 0) {
+        CUmemAccessDesc desc = {.location = device, .flags = 3};
+        printf(" %d", api.pool_set_access(SOME_POOL, &desc, 1));
+    } else if (strcmp(verb, "poolgetaccess") == 0) {
+        CUmemAccess_flags flags = 0;
+        CUmemLocation asked = device; /* the driver's prototype takes it non-const */
+        printf(" %d", api.pool_get_access(&flags, SOME_POOL, &asked));
+    } else if (strcmp(verb, "advise") == 0) {
+        printf(" %d", api.advise1(MANAGED_RANGE, 2u << 20, 1, atoi(argument)));
+    } else if (strcmp(verb, "prefetch") == 0) {
+        printf(" %d", api.prefetch1(MANAGED_RANGE, 2u << 20, atoi(argument), NULL));
+    } else if (strcmp(verb, "prefetch2") == 0) {
+        printf(" %d", api.prefetch2(MANAGED_RANGE, 2u << 20, device, 0, NULL));
+    } else if (strcmp(verb, "prefetchptsz") == 0) {
+        printf(" %d", api.prefetch1_ptsz(MANAGED_RANGE, 2u << 20, atoi(argument), NULL));
+    } else if (strcmp(verb, "prefetch2ptsz") == 0) {
+        printf(" %d", api.prefetch2_ptsz(MANAGED_RANGE, 2u << 20, device, 0, NULL));
     } else if (strcmp(verb, "p2p") == 0) { /* p2p:SxD */
         int value = -1;
         rc = api.p2p(&value, 2, atoi(argument), atoi(strchr(argument, 'x') ? strchr(argument, 'x') + 1 : "0"));

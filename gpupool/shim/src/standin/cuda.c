@@ -244,6 +244,19 @@ CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     return status;
 }
 
+/* The later forms make the same context; their parameters (execution affinity, creation parameters)
+ * are accepted and not modelled. */
+CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                        CUdevice dev) {
+    if (numParams < 0 || (numParams > 0 && paramsArray == NULL)) return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(ctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev) {
+    (void)ctxCreateParams;
+    return cuCtxCreate_v2(ctx, flags, dev);
+}
+
 CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if ((uintptr_t)ctx == current_context) current = -1, current_context = 0;
     return CUDA_SUCCESS;
@@ -568,7 +581,7 @@ static const struct {
 } entry_points[] = {
     ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuDeviceGet) ENTRY(cuDeviceGetCount) ENTRY(cuDeviceGetName)
     ENTRY(cuDeviceTotalMem_v2) ENTRY(cuDevicePrimaryCtxRetain) ENTRY(cuDevicePrimaryCtxRelease_v2)
-    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice)
+    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxCreate_v3) ENTRY(cuCtxCreate_v4) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice)
     ENTRY(cuCtxPopCurrent_v2)
     ENTRY(cuCtxSynchronize) ENTRY(cuStreamSynchronize) ENTRY(cuMemGetInfo_v2) ENTRY(cuMemAlloc_v2)
     ENTRY(cuMemAllocManaged) ENTRY(cuMemAllocPitch_v2) ENTRY(cuMemFree_v2) ENTRY(cuMemCreate) ENTRY(cuMemRelease)
@@ -592,7 +605,8 @@ static const struct {
     ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
     ENTRY(cuMemSetAccess) ENTRY(cuMemGetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemPoolSetAccess)
     ENTRY(cuMemPoolGetAccess) ENTRY(cuMemAdvise) ENTRY(cuMemAdvise_v2) ENTRY(cuMemPrefetchAsync)
-    ENTRY(cuMemPrefetchAsync_v2) ENTRY(cuDeviceGetP2PAttribute)
+    ENTRY(cuMemPrefetchAsync_v2) ENTRY(cuMemPrefetchAsync_ptsz) ENTRY(cuMemPrefetchAsync_v2_ptsz)
+    ENTRY(cuDeviceGetP2PAttribute)
 };
 
 static void *entry_named(const char *name) {
@@ -611,6 +625,9 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     /* the location-taking hints of CUDA 12.2: an older program's base name is the device-taking one */
     if ((strcmp(symbol, "cuMemAdvise") == 0 || strcmp(symbol, "cuMemPrefetchAsync") == 0) && cudaVersion < 12020)
         versioned = 0;
+    /* contexts: _v3 (execution affinity) from CUDA 11.4, _v4 (creation parameters) from 12.5 */
+    if (strcmp(symbol, "cuCtxCreate") == 0 && cudaVersion >= 11040)
+        found = entry_named(cudaVersion >= 12050 ? "cuCtxCreate_v4" : "cuCtxCreate_v3");
     for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
          per_thread--) {
         const char *suffix = per_thread ? "_ptsz" : "";

@@ -396,6 +396,15 @@ CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation l
     return devPtr == 0 || count == 0 || flags != 0 ? CUDA_ERROR_INVALID_VALUE : named_location(&location, 1);
 }
 
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
+    return cuMemPrefetchAsync(devPtr, count, dstDevice, hStream);
+}
+
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream) {
+    return cuMemPrefetchAsync_v2(devPtr, count, location, flags, hStream);
+}
+
 /* The stand-in's cards are never peers; one card with itself is not a peer question (as the driver). */
 CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice) {
     (void)attrib;
