@@ -14,7 +14,8 @@
   the memory sizes it wrote where a resource counts units rewritten to counts, is refused when
   gpupool can never place it (:class:`gpupool.extender.request_admission.RequestAdmission`), and
   gets ``spec.schedulerName`` of gpupool's own scheduler
-  (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`), as one JSON patch.
+  (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`) and, for a remote share, the GPU
+  client and its grant (:class:`gpupool.extender.remote_injection.RemoteInjection`), as one JSON patch.
 
 Why a port of its own (``--admission-port``), served by the extender process rather than a separate
 command: the verdict needs the extender's caches (quotas, the ledger's GPU models), which a second
@@ -48,6 +49,7 @@ from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.remote_injection import RemoteInjection
 from gpupool.extender.request_admission import RequestAdmission
 from gpupool.extender.scheduler_steering import SchedulerSteering
 
@@ -98,6 +100,19 @@ def _field(obj: Mapping[str, Any], key: str, kind: type, where: str, required: b
     return value
 
 
+GENERATED = "(generated)"
+"""The name :func:`parse_review` gives a pod the apiserver names after admission (``generateName``);
+never a valid name."""
+
+
+def unnamed(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``pod`` without the name :func:`parse_review` made up for it, as the apiserver sent it."""
+    meta = pod.get("metadata") or {}
+    if meta.get("name") != GENERATED:
+        return pod
+    return {**pod, "metadata": {k: v for k, v in meta.items() if k != "name"}}
+
+
 def parse_review(doc: Any) -> Review:
     """The request of an AdmissionReview document; :class:`ReviewError` names what is wrong."""
     if not isinstance(doc, dict):
@@ -116,7 +131,7 @@ def parse_review(doc: Any) -> Review:
     if pod is not None:
         metadata = _field(pod, "metadata", dict, "request.object", required=False) or {}
         # the body of a pod created without these carries none; the request's are the truth
-        pod = {**pod, "metadata": {**metadata, "name": metadata.get("name") or request.get("name") or "(generated)",
+        pod = {**pod, "metadata": {**metadata, "name": metadata.get("name") or request.get("name") or GENERATED,
                                    "namespace": request.get("namespace") or metadata.get("namespace")}}
     old = _field(request, "oldObject", dict, "request", required=False)
     user_info = _field(request, "userInfo", dict, "request", required=False) or {}
@@ -153,7 +168,8 @@ class AdmissionApi:
                  pod_groups: GroupSubjectAdmission | None = None,
                  group_writes: GroupWriteAdmission | None = None,
                  steering: SchedulerSteering | None = None,
-                 requests: RequestAdmission | None = None) -> None:
+                 requests: RequestAdmission | None = None,
+                 remote_injection: RemoteInjection | None = None) -> None:
         self.admission = admission
         self.requests = requests or RequestAdmission(admission.ledger, admission.names)
         self.metrics = metrics
@@ -161,6 +177,8 @@ class AdmissionApi:
         self.pod_groups = pod_groups
         self.group_writes = group_writes
         self.steering = steering
+        self.remote_injection = remote_injection
+        """With the steering: the GPU client and its grant added to a remote-share pod."""
 
     def verdict(self, review: Review) -> Verdict:
         """The verdict on a pod's creation: its request as it will be stored, then its quotas."""
@@ -192,6 +210,12 @@ class AdmissionApi:
         if not checked.allowed:
             return checked
         verdict = self.steering.verdict(review.pod)
+        if self.remote_injection is not None:
+            injected = self.remote_injection.verdict(unnamed(review.pod))
+            if not injected.allowed:
+                return injected
+            verdict = Verdict(True, warnings=verdict.warnings + injected.warnings,
+                              patch=verdict.patch + injected.patch)
         if verdict.patch:
             log.debug("%s: pod %s/%s goes to %s", POD_SCHEDULER_VERB, review.namespace,
                       review.pod["metadata"]["name"], self.steering.scheduler_name)
