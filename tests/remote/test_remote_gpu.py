@@ -183,6 +183,27 @@ def test_the_client_reads_the_grant_file(programs: Programs, tmp_path: Path) -> 
     assert out.startswith("ok vector_add 10")
 
 
+def test_the_client_reads_the_grant_directory_before_the_grant_file(programs: Programs, tmp_path: Path) -> None:
+    """GPUPOOL_REMOTE_DIR names the pod's mounted grant Secret (a file per key, as kubelet writes a
+    Secret volume): its endpoint and token are used, the node's grant file is not read; with no
+    remote_tls_ca.pem there the connection is plain."""
+    grant, secret = programs.probe.parent / "grant", tmp_path / "secret"
+    secret.mkdir()
+    with running_server(programs, tmp_path, [client("a")]) as server:
+        (secret / "remote_endpoint").write_text(endpoint(server.port))  # no newline, as a Secret's key
+        (secret / "remote_token").write_text(f"{token('a')}\n")
+        grant.write_text(f"remote_endpoint={endpoint(server.port)}\nremote_token={token('b')}\n")  # not served
+        env = {k: v for k, v in probe_env(programs, "", "").items() if not k.startswith("GPUPOOL_REMOTE_")}
+        try:
+            out = run_probe(programs, {**env, "GPUPOOL_REMOTE_DIR": str(secret)}, "vector_add", "10")
+            (secret / "remote_token").unlink()
+            missing = run_probe(programs, {**env, "GPUPOOL_REMOTE_DIR": str(secret)}, "vector_add", "10")
+        finally:
+            grant.unlink()
+    assert out.startswith("ok vector_add 10")
+    assert missing == "error 100 at cuInit(0)"  # no token in the directory: not the grant file's
+
+
 def test_no_server_configured(programs: Programs) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_REMOTE_")}
     env["LD_LIBRARY_PATH"] = str(programs.client)

@@ -57,6 +57,25 @@ def test_a_certificate_for_another_address_is_refused(programs: Programs, tmp_pa
         assert run_probe(programs, env, "vector_add", "1") == "error 46 at cuInit(0)"
 
 
+def test_the_grant_directorys_ca_turns_tls_on(programs: Programs, tmp_path: Path) -> None:
+    """A pod's grant Secret holding remote_tls_ca.pem (the agent's --remote-gpu-tls-ca), mounted
+    where GPUPOOL_REMOTE_DIR names: the client speaks TLS and checks the server against it."""
+    certs = make_certificates(tmp_path)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    with running_server(programs, tmp_path, [client("a")],
+                        extra=["--tls-cert", str(certs.certificate), "--tls-key", str(certs.key)]) as server:
+        (secret / "remote_endpoint").write_text(f"127.0.0.1:{server.port}")
+        (secret / "remote_token").write_text(token("a"))
+        env = {k: v for k, v in probe_env(programs, "", "").items() if not k.startswith("GPUPOOL_REMOTE_")}
+        env["GPUPOOL_REMOTE_DIR"] = str(secret)
+        plain = run_probe(programs, env, "vector_add", "10")
+        shutil.copy(certs.ca, secret / "remote_tls_ca.pem")
+        out = run_probe(programs, env, "vector_add", "10")
+    assert plain.startswith("error ")  # without the CA the client speaks plain TCP: the TLS server refuses it
+    assert out.startswith("ok vector_add 10")
+
+
 def test_a_plain_client_gets_no_service_from_a_tls_server(programs: Programs, tmp_path: Path) -> None:
     certs = make_certificates(tmp_path)
     with running_server(programs, tmp_path, [client("a")],

@@ -2,8 +2,10 @@
  * gpupool's GPU client (docs/remote-gpu.md): a libcuda.so.1 that forwards the CUDA driver API to a
  * GPU server over the network, for a container on a node without GPUs. Mount it as libcuda.so.1.
  *
- * Where the server is: GPUPOOL_REMOTE_ENDPOINT and GPUPOOL_REMOTE_TOKEN, else the keys
- * remote_endpoint and remote_token of the node's grant file (/etc/gpupool/grant). Every call has
+ * Where the server is: GPUPOOL_REMOTE_ENDPOINT and GPUPOOL_REMOTE_TOKEN, else the files
+ * remote_endpoint and remote_token of the directory GPUPOOL_REMOTE_DIR (the pod's grant Secret, as
+ * the webhook mounts it), else the keys remote_endpoint and remote_token of the node's grant file
+ * (/etc/gpupool/grant). Every call has
  * a deadline (GPUPOOL_REMOTE_DEADLINE_MS, default 60000): a server that is gone or silent gives
  * the program a CUDA error code, never a hang. Calls whose result the program does not wait for
  * (launches, copies to the device, memsets, event records) are gathered and sent together; their
@@ -264,12 +266,29 @@ static CUresult later(uint16_t op, const void *payload, size_t length) {
     return status;
 }
 
-/* The grant file's value of key, or "" (the environment's variable wins). */
+/* The value of key from, in order: the environment's variable; the directory GPUPOOL_REMOTE_DIR
+ * names (the pod's mounted grant Secret: a file per key, its first line; remote_tls_ca is the path of
+ * remote_tls_ca.pem there, when it exists); the grant file; else "". */
 static void setting(const char *variable, const char *key, char *out, size_t size) {
-    const char *value = getenv(variable);
+    const char *value = getenv(variable), *directory = getenv("GPUPOOL_REMOTE_DIR");
     out[0] = '\0';
     if (value != NULL && value[0] != '\0') {
         snprintf(out, size, "%s", value);
+        return;
+    }
+    if (directory != NULL && directory[0] != '\0') {
+        char path[1024];
+        int ca = strcmp(key, "remote_tls_ca") == 0;
+        snprintf(path, sizeof path, "%s/%s%s", directory, key, ca ? ".pem" : "");
+        if (ca) {
+            if (access(path, R_OK) == 0) snprintf(out, size, "%s", path);
+            return;
+        }
+        FILE *file = fopen(path, "re");
+        if (file == NULL) return;
+        if (fgets(out, (int)size, file) == NULL) out[0] = '\0';
+        out[strcspn(out, "\r\n")] = '\0';
+        fclose(file);
         return;
     }
     FILE *grant = fopen(SHIM_GRANT_PATH, "re");
