@@ -28,6 +28,29 @@ def client_path_cmd() -> None:
         raise click.ClickException(str(exc)) from exc
 
 
+@remote_gpu.command("install-client")
+@click.option("--into", "into", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to copy the GPU client to as libcuda.so.1 (the pod's volume its GPU container preloads).")
+@click.option("--grant", "grant", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the pod's grant Secret is mounted: waited for until it holds remote_endpoint and "
+                   "remote_token.")
+@click.option("--share", default="", envvar="GPUPOOL_REMOTE_SHARE", show_envvar=True,
+              help="The pod's remote-share-v1 annotation (the downward API's); empty: a local share, nothing done.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait for the grant before failing.")
+def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float) -> None:
+    """Install the GPU client in a pod with a remote share (the init container the pod-scheduler
+    webhook adds; docs/remote-gpu.md, "What the webhook injects")."""
+    from gpupool.remotegpu.install_client import CLIENT_NAME, InstallError, install_client
+    from gpupool.shim.remote_build import client_directory
+
+    try:
+        source = client_directory() / CLIENT_NAME if share.strip() else Path()
+        click.echo(install_client(share, source, into, grant, wait_s=wait_s))
+    except (ShimBuildError, InstallError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @remote_gpu.command("build")
 @click.option("--into", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write gpupool-remote-server and remote-client/libcuda.so.1 to; the package's "

@@ -1,0 +1,77 @@
+"""``gpupool remote-gpu install-client``, the init container of a pod with a remote share
+(gpupool/remotegpu/install_client.py): a local share installs nothing, a remote one copies the
+client and waits for the grant Secret's endpoint and token."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.cli.remote_gpu_cmd import remote_gpu
+from gpupool.remotegpu.install_client import InstallError, install_client
+
+SHARE = '{"v": 1, "server": "gpu-7"}'
+
+
+def client_file(tmp_path: Path) -> Path:
+    source = tmp_path / "built" / "libcuda.so.1"
+    source.parent.mkdir()
+    source.write_bytes(b"\x7fELF the client")
+    return source
+
+
+def test_a_local_share_installs_nothing_and_waits_for_nothing(tmp_path: Path) -> None:
+    said = install_client("", tmp_path / "missing", tmp_path / "lib", tmp_path / "grant", wait_s=0)
+    assert "nothing installed" in said
+    assert not (tmp_path / "lib").exists()
+
+
+def test_a_remote_share_gets_the_client_once_the_grant_is_mounted(tmp_path: Path) -> None:
+    grant = tmp_path / "grant"
+    grant.mkdir()
+    (grant / "remote_endpoint").write_text("10.0.0.7:9420")
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # kubelet fills the Secret volume in while the container waits
+        waits.append(seconds)
+        (grant / "remote_token").write_text("t" * 43)
+
+    said = install_client(SHARE, client_file(tmp_path), tmp_path / "lib", grant, wait_s=60, sleep=sleep)
+    installed = tmp_path / "lib" / "libcuda.so.1"
+    assert installed.read_bytes() == b"\x7fELF the client" and installed.stat().st_mode & 0o777 == 0o755
+    assert waits == [0.5] and str(installed) in said
+    assert [p.name for p in (tmp_path / "lib").iterdir()] == ["libcuda.so.1"]  # no staging file left
+
+
+def test_a_grant_that_never_comes_fails_with_the_reason(tmp_path: Path) -> None:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    (tmp_path / "grant").mkdir()
+    (tmp_path / "grant" / "remote_token").write_text("   \n")  # blank counts as missing
+    with pytest.raises(InstallError, match=r"gpupool-remote.*--remote-gpu-server"):
+        install_client(SHARE, client_file(tmp_path), tmp_path / "lib", tmp_path / "grant", wait_s=5,
+                       clock=lambda: now[0], sleep=sleep)
+    assert now[0] == 5.0
+
+
+def test_the_command_reads_the_share_from_the_downward_apis_variable(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    source = client_file(tmp_path)
+    monkeypatch.setattr("gpupool.shim.remote_build.client_directory", lambda: source.parent)
+    grant = tmp_path / "grant"
+    grant.mkdir()
+    args = ["install-client", "--into", str(tmp_path / "lib"), "--grant", str(grant), "--wait", "0"]
+    local = CliRunner().invoke(remote_gpu, args, env={"GPUPOOL_REMOTE_SHARE": ""})
+    assert local.exit_code == 0 and "nothing installed" in local.output
+    missing = CliRunner().invoke(remote_gpu, args, env={"GPUPOOL_REMOTE_SHARE": SHARE})
+    assert missing.exit_code == 1 and "no remote_endpoint and remote_token" in missing.output
+    threading.Timer(0.2, lambda: [(grant / k).write_text("x") for k in ("remote_endpoint", "remote_token")]).start()
+    done = CliRunner().invoke(remote_gpu, [*args[:-1], "10"], env={"GPUPOOL_REMOTE_SHARE": SHARE})
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "lib" / "libcuda.so.1").read_bytes() == source.read_bytes()
