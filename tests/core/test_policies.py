@@ -15,7 +15,7 @@ from gpupool.core.state import ClusterState
 from tests.core.builders import book_slice, book_whole, cpu_pod, make_node, raw_placement, slice_pod
 
 ALL_NAMES = ("random", "binpack", "spread", "bestfit", "dotprod", "packing", "clustering", "fgd", "gpupool",
-             "dra-allocator")
+             "dra-allocator", "dra-steered")
 
 
 def cluster(*used: list[int], cards: int = 2, cpu: int = 64_000) -> ClusterState:
@@ -71,7 +71,7 @@ def test_make_policy_rejects_unknown_names(name: str) -> None:
     with pytest.raises(ValueError) as info:
         make_policy(name)
     assert str(info.value) == (f"unknown policy {name!r}; choose one of bestfit, binpack, clustering, "
-                               "dotprod, dra-allocator, fgd, gpupool, packing, random, spread")
+                               "dotprod, dra-allocator, dra-steered, fgd, gpupool, packing, random, spread")
 
 
 # ------------------------------------------------------------------------------------- random
@@ -361,3 +361,15 @@ def test_dra_allocator_scores_nodes_as_kube_schedulers_default_plugins() -> None
     scores = DraAllocatorPolicy().node_score(state, shape, rows, np.zeros((2, 2), dtype=bool))
     assert scores.tolist() == [49 + 75, 87 + 75]
     assert decide("dra-allocator", state, slice_pod("p", 300, cpu=8_000, memory=32_768))[0] == "n1"
+
+
+def test_dra_steered_takes_gpupools_node_and_the_allocators_first_fit_card() -> None:
+    """The DRA path with gpupool's scheduler choosing the node (docs/dra.md): node as ``gpupool``
+    chooses it, card as the allocator does."""
+    state = cluster([0, 600], cards=2)
+    assert decide("dra-steered", state, slice_pod("p", 300))[1] == (0,)
+    assert decide("gpupool", state, slice_pod("p", 300))[1] == (1,)
+    busy = ClusterState([make_node("n0", memory=262_144), make_node("n1", memory=262_144)])
+    busy.apply(raw_placement("busy", "n0", [], cpu=32_000, memory=65_536))
+    pod = slice_pod("p", 300, cpu=8_000, memory=32_768)
+    assert decide("dra-steered", busy, pod)[0] == decide("gpupool", busy, pod)[0]

@@ -14,7 +14,7 @@ from gpupool.core.policies.baseline import (
     RandomPolicy,
     SpreadPolicy,
 )
-from gpupool.core.policies.dra_allocator import DraAllocatorPolicy
+from gpupool.core.policies.dra_allocator import DraAllocatorPolicy, DraSteeredPolicy
 from gpupool.core.policies.fgd import FgdPolicy
 from gpupool.core.policies.gpupool_policy import GpupoolPolicy
 from gpupool.core.policies.per_pod import PerPodPolicy
@@ -22,7 +22,7 @@ from gpupool.core.policies.per_pod import PerPodPolicy
 POLICIES: dict[str, type[PlacementPolicy]] = {
     cls.name: cls
     for cls in (RandomPolicy, BinpackPolicy, SpreadPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy,
-                ClusteringPolicy, FgdPolicy, GpupoolPolicy, DraAllocatorPolicy)
+                ClusteringPolicy, FgdPolicy, GpupoolPolicy, DraAllocatorPolicy, DraSteeredPolicy)
 }
 DEFAULT_POLICY = GpupoolPolicy.name
 

@@ -32,6 +32,7 @@ from gpupool.core.cards import NodeScratch, SharedCardChooser
 from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import GpuRequest
 from gpupool.core.policies.base import PlacementPolicy, PodShape
+from gpupool.core.policies.gpupool_policy import GpupoolPolicy
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 MAX_NODE_SCORE = 100
@@ -70,8 +71,22 @@ class DraAllocatorPolicy(PlacementPolicy):
         return np.asarray(fit + balanced, dtype=np.float64)
 
     def shared_chooser(self) -> SharedCardChooser:
-        def first_fit(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,
-                      cpu_milli: int) -> int:
-            return int(np.flatnonzero(mask)[0])
+        return first_fit
 
+
+def first_fit(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray, cpu_milli: int) -> int:
+    """The DRA allocator's card: the first (by index) whose remaining capacity fits."""
+    return int(np.flatnonzero(mask)[0])
+
+
+class DraSteeredPolicy(GpupoolPolicy):
+    """The DRA path with gpupool choosing the node (``scheduler.claimPods``, docs/dra.md): gpupool's
+    node scores, which the extender passes as the one best node, and the allocator's first-fit card
+    on it. Only the shared card differs from ``gpupool``; whole cards are chosen alike (see above).
+    The extender scores the node with gpupool's own card choice in mind; the allocator may then take
+    another card there, which this replay follows from then on."""
+
+    name = "dra-steered"
+
+    def shared_chooser(self) -> SharedCardChooser:
         return first_fit
