@@ -156,3 +156,16 @@ def test_without_a_virtual_grant_the_device_passes_through(tc: Toolchain, work: 
         ok, seen, beyond = steps[3 * i:3 * i + 3]
         assert ok.code == OK and seen.values == ("1",) and beyond.code == INVALID_DEVICE
     assert steps[-1].code == OK and steps[-1].values == ("0",)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_context_creation_form_keeps_its_own_arguments_without_a_virtual_grant(
+        tc: Toolchain, work: Path, region: Path, mode: str) -> None:
+    """A CUDA 12.5+ program asking cuGetProcAddress for "cuCtxCreate" gets _v4 (4 arguments); the library
+    once answered with its _v2 wrapper (3 arguments), so the context landed on the device its flags
+    named. Each form here makes its context on device 1 of two."""
+    tc.grant_file.write_text(grant_text(region, memory_mib=(4096, 2048), devices=1))
+    env = tc.granted_env(work, GPUPOOL_STANDIN_DEVICES="2")
+    steps, _ = run_probe(tc, env, mode, "newctx:1", "ctxdev", "newctx3:1", "ctxdev", "newctx4:1", "ctxdev")
+    assert codes(steps) == [OK] * 6
+    assert [s.values for s in steps[1::2]] == [("1",)] * 3
