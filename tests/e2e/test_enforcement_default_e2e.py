@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.isolation.backends import packaged_library
 from tests.e2e.e2e_support import (
@@ -34,13 +36,29 @@ NAMES = ResourceNames()
 GPUS = "model: Tesla-T4\ncards:\n  - {uuid: GPU-enf-0, memoryMiB: 16384}\n  - {uuid: GPU-enf-1, memoryMiB: 16384}\n"
 
 
-@pytest.mark.skipif(packaged_library() is not None, reason="an interception library is packaged here: auto enforces")
+NO_LIBRARY = "auto, no library"
+UNLOADABLE = "shim, a library that cannot be loaded"
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(NO_LIBRARY, marks=pytest.mark.skipif(
+        packaged_library() is not None, reason="an interception library is packaged here: auto enforces")),
+    UNLOADABLE])
 def test_a_node_that_cannot_enforce_takes_whole_cards_only(
         core_v1: client.CoreV1Api, namespace: str, start_kubelet: StartKubelet,
-        start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess) -> None:
+        start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess, tmp_path: Path,
+        case: str) -> None:
+    """The unloadable case: ``--isolation shim`` naming a file the dynamic loader refuses (the start-up
+    probe loads it in a child process) publishes no shares, says why on the Node and fails the
+    ``enforcement`` check in ``gpupool.io/agent-checks``; the whole card is proved by the first case."""
     node = f"e2e-enf-{uuid.uuid4().hex[:6]}"
     kubelet = start_kubelet(node)
-    agent = start_node_agent(kubelet, GPUS, ("--isolation", "auto"))
+    if case == NO_LIBRARY:
+        agent = start_node_agent(kubelet, GPUS, ("--isolation", "auto"))
+    else:
+        broken = tmp_path / "libgpupool-shim.so"
+        broken.write_bytes(b"\x7fELF but not a shared object the loader can map")
+        agent = start_node_agent(kubelet, GPUS, ("--isolation", "shim", "--shim-library", str(broken)))
 
     def notice() -> dict[str, object] | None:
         assert agent.running(), agent.log()
@@ -50,12 +68,19 @@ def test_a_node_that_cannot_enforce_takes_whole_cards_only(
     published = wait_for(notice, timeout=60, what=f"{node}'s enforcement-v1 annotation\n{agent.log()}")
     assert published["backend"] == "none" and published["shares"] is False and published["enforcing"] is False
     assert "no GPU shares on this node, whole cards only" in agent.log()
+    why = "no interception library" if case == NO_LIBRARY else "cannot be loaded"
+    assert why in str(published["reason"]), published
 
     slice_pod: list[ContainerLimits] = [("main", {NAMES.gpu_mem: "16", NAMES.gpu_core: "30"})]
     core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("slice", slice_pod, node=node))
     message = wait_for(lambda: unschedulable(core_v1, namespace, "slice"), timeout=60,
                        what="the slice marked unschedulable")
-    assert "whole GPUs only" in message and "no interception library" in message, message
+    assert "whole GPUs only" in message and why in message, message
+    if case == UNLOADABLE:
+        checks = wait_for(lambda: (core_v1.read_node(node).metadata.annotations or {}).get(AGENT_CHECKS_ANNOTATION),
+                          timeout=30, what=f"{AGENT_CHECKS_ANNOTATION} on {node}")
+        assert "fail enforcement: " in checks, checks
+        return  # the whole card goes as in the first case: the same path once the node has no shares
 
     whole: list[ContainerLimits] = [("main", {NAMES.gpu: "1"})]
     core_v1.create_namespaced_pod(namespace, gpu_pod_manifest("whole", whole, node=node))
