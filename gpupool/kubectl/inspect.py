@@ -34,11 +34,16 @@ class HolderView:
     exclusive: bool
     init: bool = False
     unbound: bool = False
+    remote_from: str | None = None
+    """A remote share (docs/remote-gpu.md): the node the pod runs on and reaches this card from over
+    the network ("" before its bind); None for a pod on this card's own node."""
 
     def shown(self) -> str:
-        """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder."""
+        """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder;
+        ``remote from NODE`` for a pod using the card over the network from another node."""
         share = "whole card" if self.exclusive else f"{self.memory_mib}MiB, {percent(self.compute)}"
-        marks = "".join((" init" if self.init else "", " binding" if self.unbound else ""))
+        remote = None if self.remote_from is None else f" remote from {self.remote_from or '(not bound yet)'}"
+        marks = "".join((" init" if self.init else "", " binding" if self.unbound else "", remote or ""))
         return f"{self.pod}/{self.container} ({share}){marks}"
 
 
@@ -119,7 +124,8 @@ def _holders(snapshot: ClusterSnapshot, row: int) -> dict[int, list[HolderView]]
             for piece in assigned.slices:
                 found.setdefault(piece.card, []).append(HolderView(
                     pod=key, container=assigned.container, memory_mib=piece.memory_mib, compute=piece.compute,
-                    exclusive=piece.exclusive, init=assigned.init, unbound=key in snapshot.unbound))
+                    exclusive=piece.exclusive, init=assigned.init, unbound=key in snapshot.unbound,
+                    remote_from=snapshot.remote.get(key)))
     return found
 
 
@@ -185,6 +191,7 @@ def _card_json(card: CardView) -> dict[str, Any]:
         "usage": None if card.usage is None else {"utilisationPercent": card.usage.utilisation_pct,
                                                    "memoryUsedMiB": card.usage.memory_used_mib},
         "holders": [{"pod": h.pod, "container": h.container, "init": h.init, "memoryMiB": h.memory_mib,
-                     "computeMilli": h.compute, "exclusive": h.exclusive, "binding": h.unbound}
+                     "computeMilli": h.compute, "exclusive": h.exclusive, "binding": h.unbound,
+                     "remoteFrom": h.remote_from}
                     for h in card.holders],
     }

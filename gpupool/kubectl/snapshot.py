@@ -54,6 +54,9 @@ class ClusterSnapshot:
     """Per node that takes whole GPUs only, the extender's reason for refusing a slice there."""
     agent_checks: Mapping[str, str] = field(default_factory=dict)
     """Per node whose agent's start-up checks were not all ok, their summary as the agent left it."""
+    remote: Mapping[str, str] = field(default_factory=dict)
+    """Pods (``namespace/name``) holding a remote share: the slice is booked on a card of the GPU
+    server's node, the pod runs on the node given here ("" while it is not bound yet)."""
 
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -88,6 +91,7 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     state = ClusterState(specs)
     pod_problems: dict[str, str] = {}
     unbound: set[str] = set()
+    remote: dict[str, str] = {}
     requests: list[PodRequest] = []
     for raw in pods:
         booking = _booking(raw, names, state, now)
@@ -109,11 +113,13 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
             continue
         if not booking.bound:
             unbound.add(booking.key)
+        if booking.runs_on is not None:
+            remote[booking.key] = booking.runs_on
     node_problems.pop("", None)
     return ClusterSnapshot(state=state, node_problems=node_problems, pod_problems=pod_problems,
                            unbound=frozenset(unbound), listed=listed,
                            requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals,
-                           agent_checks=agent_checks)
+                           agent_checks=agent_checks, remote=remote)
 
 
 def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,
@@ -147,6 +153,8 @@ class _Booking:
     request: PodRequest | None
     problem: str | None = None
     refuses_node: bool = False
+    runs_on: str | None = None
+    """For a remote share, the node the pod runs on ("" before its bind); None for any other pod."""
 
 
 def _spec_of(state: ClusterState, name: str) -> NodeSpec | None:
@@ -165,4 +173,5 @@ def _booking(raw: Mapping[str, Any], names: ResourceNames, state: ClusterState, 
         return None
     problem = held.problem if held.problem is not None else record.request_problem
     return _Booking(record.key, held.placement, held.bound, record.request, problem,
-                    refuses_node=held.kind is HoldingKind.UNREADABLE)
+                    refuses_node=held.kind is HoldingKind.UNREADABLE,
+                    runs_on=record.node_name if record.remote else None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.api.annotations import CardRef
+from gpupool.api.remote_share import RemoteShare, encode_remote_share
 from gpupool.kubectl.inspect import HEADERS, inspect_json, inspect_table, node_views
 from gpupool.kubectl.snapshot import build_snapshot
 from gpupool.kubectl.usage import CardUsageSample, NoUsage
@@ -117,3 +119,27 @@ def test_a_node_that_does_not_enforce_its_shares_says_so() -> None:
     assert "node b:" not in table
     assert [n["enforcementNote"] for n in inspect_json(shown)["nodes"]][1] is None
     assert "whole GPUs only" in snapshot.share_refusals["a"] and "b" not in snapshot.share_refusals
+
+
+def remote_pod(name: str, runs_on: str, server: str) -> dict[str, object]:
+    """A pod running on ``runs_on`` that uses 4000 MiB of ``server``'s card 0 over the network
+    (``remote-share-v1``, written by the extender's bind)."""
+    share = encode_remote_share(RemoteShare(server=server, time=NOW, container="main", pod_uid=f"uid-{name}",
+                                            card=CardRef(0, f"GPU-{server}-0", 4000, 250)))
+    return gpu_pod(name, 16, node=runs_on, phase="Running",
+                   annotations={NAMES.remote_gpu: "true", NAMES.remote_share: share})
+
+
+def test_a_remote_share_shows_on_the_servers_card_with_the_node_it_runs_on() -> None:
+    nodes = [gpu_node("gpu", [16384]), gpu_node("cpu", [])]
+    snapshot = build_snapshot(nodes, [remote_pod("r", "cpu", "gpu"), remote_pod("q", "", "gpu")], NAMES,
+                              now=NOW.timestamp())
+    server = node_views(snapshot, NoUsage(), only="gpu")[0]
+    assert [h.shown() for h in server.cards[0].holders] == [
+        "team/q/main (4000MiB, 25%) binding remote from (not bound yet)",
+        "team/r/main (4000MiB, 25%) remote from cpu"]
+    assert server.cards[0].memory_booked == 8000
+    holders = inspect_json([server])["nodes"][0]["cards"][0]["holders"]
+    assert [h["remoteFrom"] for h in holders] == ["", "cpu"]
+    local = inspect_json(views())["nodes"][0]["cards"][0]["holders"]
+    assert {h["remoteFrom"] for h in local} == {None}
