@@ -26,8 +26,9 @@ from dataclasses import replace
 from typing import Any
 
 from gpupool.core.model import ContainerRequest, PodRequest
-from gpupool.extender.dra_bookings import ClaimBookings, claim_key
+from gpupool.extender.dra_bookings import ClaimBookings
 from gpupool.kube.claim_asks import pod_claim_names
+from gpupool.kube.claim_holding import claim_key
 from gpupool.kube.translate import TranslationError
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from gpupool.core.model import GpuCard, NodeSpec
 from gpupool.core.usage import total
 from gpupool.extender.booking_keeper import ASSUMED_REFUSED
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.dra_bookings import ClaimRecord, claim_key, claim_placement, is_claim_key, read_claim
 from gpupool.extender.dra_watch import apply_claim_event, replace_claims
 from gpupool.extender.metrics import LedgerTotals
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.wakeup import loosening_signature
+from gpupool.kube.claim_holding import ClaimRecord, claim_key, claim_placement, is_claim_key, read_claim
 from gpupool.kube.dra_claims import AllocatedShare, ClaimError
 from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import pod_request

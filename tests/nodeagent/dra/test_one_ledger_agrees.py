@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from gpupool.api.annotations import Assignment, encode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement, Topology
 from gpupool.core.state import ClusterState
-from gpupool.extender.dra_bookings import claim_placement, read_claim
+from gpupool.kube.claim_holding import claim_placement, read_claim
 from gpupool.kube.dra_claims import ClaimError
 from gpupool.nodeagent.assignment_codec import node_assignment
 from gpupool.nodeagent.dra.cdi import CdiSpecs
