@@ -87,6 +87,15 @@ def list_pods(connection: Connection) -> list[dict[str, Any]]:
     return items
 
 
+def list_claims(connection: Connection) -> list[dict[str, Any]]:
+    """Every ResourceClaim (``resource.k8s.io/v1``) of every namespace; none where the API server
+    does not serve that version (DRA off, a Kubernetes before 1.34)."""
+    try:
+        return list_custom(connection, "resource.k8s.io", "v1", "resourceclaims")
+    except NotServedError:
+        return []
+
+
 def read_node_proxy(connection: Connection, node: str, port: int, path: str, timeout_s: float) -> str:
     """``GET /api/v1/nodes/<node>:<port>/proxy/<path>``: the API server forwards it to the node's address
     (RBAC: ``get`` on ``nodes/proxy``). The body, or :class:`ClusterAccessError` saying why not."""

@@ -39,12 +39,14 @@ class HolderView:
     the network ("" before its bind); None for a pod on this card's own node."""
 
     def shown(self) -> str:
-        """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder;
+        """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder,
+        ``namespace/claim:name (...)`` for a DRA claim (booked as one container named after it);
         ``remote from NODE`` for a pod using the card over the network from another node."""
         share = "whole card" if self.exclusive else f"{self.memory_mib}MiB, {percent(self.compute)}"
         remote = None if self.remote_from is None else f" remote from {self.remote_from or '(not bound yet)'}"
         marks = "".join((" init" if self.init else "", " binding" if self.unbound else "", remote or ""))
-        return f"{self.pod}/{self.container} ({share}){marks}"
+        holder = self.pod if self.container == self.pod else f"{self.pod}/{self.container}"  # a DRA claim
+        return f"{holder} ({share}){marks}"
 
 
 @dataclass(frozen=True)

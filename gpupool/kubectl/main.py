@@ -60,6 +60,16 @@ def connection_options(command: F) -> F:
     return command
 
 
+def _claims(connection: kube.Connection) -> list[dict[str, Any]]:
+    """The cluster's ResourceClaims, booked beside the pods (DRA claims of gpupool's driver hold
+    cards too); a user who may not list them is told, and the answer leaves them out."""
+    try:
+        return kube.list_claims(connection)
+    except kube.ClusterAccessError as exc:
+        click.echo(f"note: DRA claims not read ({exc}); cards they hold show as free", err=True)
+        return []
+
+
 def _connect(kubeconfig: str | None, context: str | None) -> kube.Connection:
     try:
         return kube.connect(kubeconfig, context)
@@ -101,8 +111,8 @@ def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig:
         nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
     except kube.ClusterAccessError as exc:
         raise click.ClickException(str(exc)) from None
-    snapshot = with_settings_problems(build_snapshot(nodes, pods, read.settings.resource_names(), now=time.time()),
-                                      nodes, read)
+    snapshot = with_settings_problems(build_snapshot(nodes, pods, read.settings.resource_names(), now=time.time(),
+                                                     claims=_claims(connection)), nodes, read)
     usage: UsageSource = NoUsage()
     if agent_port:
         agents = AgentUsage(lambda *ask: kube.read_node_proxy(connection, *ask), agent_port, agent_timeout)
@@ -154,7 +164,8 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
         click.echo(f"pod {pod_key(raw)} is already bound to node {bound}; see: kubectl gpupool inspect {bound}")
         return
     snapshot = with_settings_problems(
-        build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key})), nodes, read)
+        build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key}),
+                       claims=_claims(connection)), nodes, read)
     lease_namespace = settings.agent_lease_namespace if agent_lease_namespace is None else agent_lease_namespace
     rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, settings, lease_namespace,
                        require=require_agent_lease)

@@ -17,10 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.dra import driver_name
 from gpupool.api.enforcement import EnforcementNoticeError
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.state import AllocationError, ClusterState
+from gpupool.kube.claim_holding import claim_placement, read_claim
+from gpupool.kube.dra_claims import ClaimError
 from gpupool.kube.node_enforcement import node_notice, refusal_of, unreadable_refusal
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
@@ -60,8 +63,11 @@ class ClusterSnapshot:
 
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-                   names: ResourceNames, *, now: float, leave_out: frozenset[str] = frozenset()) -> ClusterSnapshot:
-    """Book ``pods`` on ``nodes`` (API JSON dicts) at time ``now`` (epoch seconds).
+                   names: ResourceNames, *, now: float, leave_out: frozenset[str] = frozenset(),
+                   claims: Iterable[Mapping[str, Any]] = ()) -> ClusterSnapshot:
+    """Book ``pods`` on ``nodes`` (API JSON dicts) at time ``now`` (epoch seconds), and beside them
+    the ResourceClaims allocated from gpupool's DRA driver (``claims``, as the extender books them:
+    :mod:`gpupool.kube.claim_holding`), so a card a claim holds is never shown free.
 
     ``leave_out``: pods (``namespace/name``) not booked, e.g. the pod being explained, whose own
     earlier assignment must not stand in its way (the extender lifts it too before deciding again).
@@ -115,11 +121,41 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
             unbound.add(booking.key)
         if booking.runs_on is not None:
             remote[booking.key] = booking.runs_on
+    _book_claims(claims, driver_name(names.domain), state, node_problems, pod_problems)
     node_problems.pop("", None)
     return ClusterSnapshot(state=state, node_problems=node_problems, pod_problems=pod_problems,
                            unbound=frozenset(unbound), listed=listed,
                            requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals,
                            agent_checks=agent_checks, remote=remote)
+
+
+def _book_claims(claims: Iterable[Mapping[str, Any]], driver: str, state: ClusterState,
+                 node_problems: dict[str, str], pod_problems: dict[str, str]) -> None:
+    """Book each claim allocated from ``driver`` on the node its pool names (a claim whose node is
+    not in the ledger holds nothing here, as in the extender). One whose allocation cannot be read
+    refuses its node, with the extender's sentence; its key (``namespace/claim:name``) is listed
+    among the pod problems."""
+    for obj in claims:
+        record = read_claim(obj, driver)
+        if record is None:
+            continue
+        problem = record.problem
+        spec = _spec_of(state, record.node) if record.node else None
+        placement = None
+        if problem is None and spec is not None:
+            try:
+                placement = claim_placement(record, spec)
+            except ClaimError as exc:
+                problem = str(exc)
+        if problem is not None:
+            pod_problems[record.key] = problem
+            node_problems.setdefault(record.node, _refusal(record.key, problem))
+            continue
+        if placement is not None:
+            try:
+                state.claim(placement)
+            except AllocationError as exc:
+                pod_problems[record.key] = f"cannot book its allocation: {exc}"
 
 
 def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,

@@ -65,3 +65,15 @@ def placed(name: str, node: str, card: int, units: int, *, container: str = "mai
     """A running pod bound to ``node`` whose ``container`` holds ``units`` × 256 MiB of card ``card``."""
     return gpu_pod(name, units, node=node, phase="Running", container=container,
                    annotations=assignment(node, card, units * 256, container=container), **kwargs)
+
+
+def dra_claim(name: str, node: str, *, card: int = 0, memory: str | None = None, compute: str | None = None,
+              namespace: str = "team", driver: str = "gpu.gpupool.io") -> dict[str, Any]:
+    """A ResourceClaim allocated on ``node``'s card ``card`` (its pool is the node), consuming
+    ``memory`` and ``compute`` (none: the whole card)."""
+    consumed = {k: v for k, v in (("memory", memory), ("compute", compute)) if v is not None}
+    result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": node, "device": f"gpu-{card}",
+                              **({"consumedCapacity": consumed} if consumed else {})}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
+            "status": {"allocation": {"devices": {"results": [result]}}}}

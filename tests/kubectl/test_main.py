@@ -15,13 +15,14 @@ from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_us
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
 from tests.extender.tenancy_world import quota
-from tests.kubectl.objects import gpu_node, gpu_pod, placed
+from tests.kubectl.objects import dra_claim, gpu_node, gpu_pod, placed
 
 NODES = [gpu_node("a", [16384])]
 PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a", 0, 1, container="c")]
 GROUPS: list[dict[str, Any]] = []
 QUOTAS: list[dict[str, Any]] = []
 LEASES: list[dict[str, Any]] = []
+CLAIMS: list[dict[str, Any]] = []
 CLUSTER_CONFIG = {"resourceDomain": "gpupool.io", "gpushareMemoryUnit": "GiB"}
 """What the cluster's ConfigMap gpupool-system/gpupool-cluster holds (docs/cluster-config.md)."""
 
@@ -41,6 +42,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(kube, "connect", lambda kubeconfig, context: kube.Connection(api=None, namespace="team"))
     monkeypatch.setattr(kube, "list_nodes", lambda _: NODES)
     monkeypatch.setattr(kube, "list_pods", lambda _: PODS)
+    monkeypatch.setattr(kube, "list_claims", lambda _: CLAIMS)
     monkeypatch.setattr(kube, "read_pod", read_pod)
     monkeypatch.setattr(kube, "read_node_proxy", read_node_proxy)
     monkeypatch.setattr(kube, "list_custom", lambda _, group, version, plural: {
@@ -201,3 +203,37 @@ def test_the_config_maps_domain_reads_the_pods_and_a_missing_config_map_is_a_not
     result = run("why", "waiting")
     assert result.exit_code == 0 and "note: no ConfigMap gpupool-system/gpupool-cluster" in result.output
     assert "asks for no gpupool resource" not in result.output
+
+
+def test_a_dra_claim_holds_its_card_in_inspect_and_why(cluster: list[tuple[str, str]],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim allocated from gpupool's driver (4 GiB of node a's card) is booked as the extender
+    books it: inspect shows it, and why counts it (the 8 GiB pod no longer fits beside it)."""
+    monkeypatch.setattr(sys.modules[__name__], "PODS", [gpu_pod("waiting", 32), placed("small", "a", 0, 1)])
+    monkeypatch.setattr(sys.modules[__name__], "CLAIMS", [dra_claim("c", "a", memory="8Gi", compute="30")])
+    doc = json.loads(run("inspect", "a", "-o", "json").output)
+    card = doc["nodes"][0]["cards"][0]
+    assert card["memoryMiB"]["booked"] == 8192 + 256
+    assert [h["pod"] for h in card["holders"]] == ["team/claim:c", "team/small"]
+    assert run("inspect").output.splitlines()[1].endswith("  team/claim:c (8192MiB, 30%)")
+    assert json.loads(run("why", "waiting", "-o", "json").output)["groups"][0]["reason"] == \
+        "no single card has 8192 MiB free"
+
+
+def test_claims_that_cannot_be_listed_are_a_note(cluster: list[tuple[str, str]],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(_: kube.Connection) -> list[dict[str, Any]]:
+        raise kube.ClusterAccessError("cannot read resourceclaims.resource.k8s.io: 403 Forbidden")
+
+    monkeypatch.setattr(kube, "list_claims", forbidden)
+    result = CliRunner().invoke(cli, ["inspect"])
+    assert result.exit_code == 0, result.output
+    assert "note: DRA claims not read (cannot read resourceclaims.resource.k8s.io: 403 Forbidden)" in result.output
+
+
+def test_claims_are_none_where_the_api_is_not_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_served(*_: Any) -> Any:
+        raise kube.NotServedError("cannot read resourceclaims.resource.k8s.io: 404 Not Found")
+
+    monkeypatch.setattr(kube, "list_custom", not_served)
+    assert kube.list_claims(kube.Connection(api=None, namespace="team")) == []

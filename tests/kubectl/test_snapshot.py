@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpupool.kubectl.snapshot import UNCONFIRMED_TIMEOUT_S, build_snapshot
-from tests.kubectl.objects import NAMES, NOW, allocated, assignment, gpu_node, gpu_pod, placed
+from tests.kubectl.objects import NAMES, NOW, allocated, assignment, dra_claim, gpu_node, gpu_pod, placed
 
 NODE = "gpu-a"
 
@@ -76,3 +76,23 @@ def test_over_committed_claims_are_booked_not_dropped() -> None:
     pods = [placed("a", NODE, 0, 40), placed("b", NODE, 0, 40)]
     snapshot = build_snapshot([gpu_node(NODE, [16384])], pods, NAMES, now=NOW.timestamp())
     assert snapshot.state.over_capacity(NODE) == (0,)
+
+
+def test_dra_claims_of_gpupools_driver_hold_their_cards_beside_the_pods() -> None:
+    """As the extender books them (gpupool.kube.claim_holding): a claim's shares on the node its
+    pool names, a whole card for a claim that consumed no capacity, other drivers' claims nothing."""
+    claims = [dra_claim("c", "a", memory="4Gi", compute="30"), dra_claim("w", "a", card=1),
+              dra_claim("nic", "a", memory="4Gi", driver="nic.example.com")]
+    snapshot = build_snapshot([gpu_node("a", [16384, 16384])], [placed("p", "a", 0, 8)], NAMES,
+                              now=NOW.timestamp(), claims=claims)
+    assert [int(f) for f in snapshot.state.card_mem_free[0][:2]] == [16384 - 2048 - 4096, 0]
+    assert set(snapshot.state.placements) == {"team/p", "team/claim:c", "team/claim:w"}
+    assert not snapshot.node_problems and not snapshot.pod_problems
+
+
+def test_a_claim_that_cannot_be_booked_refuses_its_node_with_the_extenders_reason() -> None:
+    snapshot = build_snapshot([gpu_node("a", [16384])], [], NAMES, now=NOW.timestamp(),
+                              claims=[dra_claim("c", "a", card=3, memory="4Gi")])
+    assert "device gpu-3 is not among node a's cards" in snapshot.pod_problems["team/claim:c"]
+    assert snapshot.node_problems["a"].startswith("pod team/claim:c is bound to this node with an assignment "
+                                                  "gpupool cannot read (claim team/c: device gpu-3")
