@@ -21,16 +21,17 @@ Public fixtures (use them from any test under tests/e2e):
 The environment is skipped (with the reason in the test report) only when it cannot be built on
 this machine at all: not root, no apt, or no route to Debian's registry.
 
-How scripts/test-all runs these tests (write new ones to fit): one pytest session for ``-m e2e`` on
-the newest release, while the unit tests, then one session for ``-m "e2e and compat"`` on the
-oldest, run in another process beside it on the same two cores (real kubelets take turns:
-``tests/e2e/real_containers.py``). So the session-scoped control plane is
-shared by every test: leave it as you found it (the fixtures above undo what they start; a test
-that changes the scheduler or the apiserver puts them back). Wait for a state with ``wait_for``
-and a generous deadline rather than a ``sleep`` sized for a quiet machine, and give everything on
-the host a name of its own (``uuid`` suffixes, the control plane's state directory) so that two
-sessions on one machine never meet. A test that needs a fresh cluster starts its own with
-``start_control_plane`` instead of restarting the shared one.
+How scripts/test-all runs these tests (write new ones to fit): two pytest sessions for ``-m e2e`` on
+the newest release share the suite one module at a time (``tests/module_queue.py``: each module runs
+whole in one of them, in collection order, but a module cannot count on another having run before it
+in its session), beside one session for ``-m "e2e and compat"`` on the oldest and the unit tests, all
+on the same two cores (real kubelets take turns: ``tests/e2e/real_containers.py``). Each session has
+its own control plane, shared by every test of that session: leave it as you found it (the fixtures
+above undo what they start; a test that changes the scheduler or the apiserver puts them back).
+Wait for a state with ``wait_for`` and a generous deadline rather than a ``sleep`` sized for a quiet
+machine, and give everything on the host a name of its own (``uuid`` suffixes, the control plane's
+state directory) so that two sessions on one machine never meet. A test that needs a fresh cluster
+starts its own with ``start_control_plane`` instead of restarting the shared one.
 """
 
 from __future__ import annotations
