@@ -33,9 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpupool.nodeagent.linux.fs_kind import in_memory
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, EventSource, Registration
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
-from gpupool.nodeagent.monitor.fs_kind import in_memory
 from gpupool.nodeagent.monitor.idle import IdleDetector
 from gpupool.nodeagent.monitor.proc_scan_source import YOUNG_SCANS, ProcScanSource
 from gpupool.nodeagent.monitor.process_table import ProcfsTable
@@ -45,7 +46,6 @@ from gpupool.nodeagent.monitor.source_selector import probe_fanotify
 from gpupool.nodeagent.monitor.state_file import StateFile
 from gpupool.nodeagent.monitor.state_writer import BackgroundStateWriter
 from gpupool.nodeagent.monitor.usage_state import DeviceUsage, UsageState
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
 
 CARDS = 8
 OPENER = """

@@ -35,12 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpupool.nodeagent.monitor.cgroup2 import cgroup2_mount, cgroup2_path_of_pid
-from gpupool.nodeagent.monitor.cgroup_device_gate import (
+from gpupool.nodeagent.containers.container_gate import ContainerGate
+from gpupool.nodeagent.linux.cgroup2 import cgroup2_mount, cgroup2_path_of_pid
+from gpupool.nodeagent.linux.cgroup_device_gate import (
     CgroupDeviceGate,
     cgroup_device_gate_available,
 )
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
 
 
 def _open_us(path: str, count: int) -> float:

@@ -41,9 +41,9 @@ from gpupool.api.shim_contract import RegisterRequest, decode_reply, encode_requ
 from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.netguard.limits import ServerLimits
 from gpupool.netguard.site import BoundedSite, bounded_runner
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.isolation.shim_socket import RegistrationServer
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 
 LOOPBACK = "127.0.0.1"

@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.metrics import metrics_app
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource
 from gpupool.nodeagent.monitor.service import MonitorConfig, UsageMonitor
 from gpupool.nodeagent.monitor.source_selector import SourceChoice

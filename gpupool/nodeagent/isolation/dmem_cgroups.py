@@ -2,7 +2,7 @@
 
 A container's cgroup is found by walking the cgroup v2 tree once per pass and reading each
 directory's name the way the usage monitor reads ``/proc/<pid>/cgroup``
-(:func:`~gpupool.nodeagent.monitor.cgroup_identity.identity_from_path`): the runtime's container id,
+(:func:`~gpupool.nodeagent.containers.cgroup_identity.identity_from_path`): the runtime's container id,
 and the pod UID when kubelet's hierarchy names it. The container directory (fed from the pods'
 statuses) turns the id into the container's name. No process of the container has to be running
 or registered, so the limit is in place before its first CUDA call when the pass comes first.
@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpupool.nodeagent.monitor.cgroup_identity import identity_from_path
+from gpupool.nodeagent.containers.cgroup_identity import identity_from_path
 
 DMEM_MAX = "dmem.max"
 SUBTREE_CONTROL = "cgroup.subtree_control"

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gpupool.nodeagent.containers.container_directory import ContainerDirectory
 from gpupool.nodeagent.isolation.dmem import DmemStatus, PciAddressError
 from gpupool.nodeagent.isolation.dmem_cgroups import DmemWriteError, container_cgroups, write_limit
-from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
 from gpupool.nodeagent.types import PodView
 
 log = logging.getLogger(__name__)

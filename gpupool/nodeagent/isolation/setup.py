@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpupool.api.environment import COMPUTE_MODE_HARD
+from gpupool.nodeagent.containers.container_directory import ContainerDirectory
 from gpupool.nodeagent.isolation.backends import (
     AUTO,
     BackendChoice,
@@ -24,9 +25,8 @@ from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import DEFAULT_STATE_DIR, ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits
-from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
+from gpupool.nodeagent.linux.procfs import PROC
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
-from gpupool.nodeagent.monitor.procfs import PROC
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpupool.api.shim_contract import MAX_RENEW_S, RegisterReply, RegisterRequest
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity
-from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
-from gpupool.nodeagent.monitor.procfs import PROC, process_start_time
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity
+from gpupool.nodeagent.containers.container_directory import ContainerDirectory
+from gpupool.nodeagent.linux.procfs import PROC, process_start_time
 
 log = logging.getLogger(__name__)
 

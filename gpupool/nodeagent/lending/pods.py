@@ -25,7 +25,7 @@ from gpupool.api.lending import (
 )
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.assignment_codec import node_assignment
-from gpupool.nodeagent.monitor.pod_containers import pod_containers
+from gpupool.nodeagent.containers.pod_containers import pod_containers
 
 log = logging.getLogger(__name__)
 

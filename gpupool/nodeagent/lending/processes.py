@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpupool.nodeagent.monitor.cgroup_identity import identity_from_cgroup_file
-from gpupool.nodeagent.monitor.procfs import PROC, all_pids
+from gpupool.nodeagent.containers.cgroup_identity import identity_from_cgroup_file
+from gpupool.nodeagent.linux.procfs import PROC, all_pids
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ reads the owners of every loan (:mod:`~gpupool.nodeagent.lending.owner_activity`
 thread): an owner that computes again without opening the card is handled as if it had opened it.
 
 Where the source can answer opens (fanotify) a refusal fails the opener's ``open()``. Where the
-kernel's cgroup-device gate runs (:class:`~gpupool.nodeagent.monitor.container_gate.ContainerGate`:
+kernel's cgroup-device gate runs (:class:`~gpupool.nodeagent.containers.container_gate.ContainerGate`:
 every kernel with cgroup2 and root, 6.18 included, where fanotify is blind to devices) the
 refusals are precomputed: after every recorded open and every step, each container whose open of a
 card the rules would refuse now (rule 3: a borrower beside a high holder; any card of a pod being
@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.lending.devices import lent_devices
@@ -50,7 +51,6 @@ from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimRe
 from gpupool.nodeagent.lending.reclaim_journal import JOURNAL_FILE, ReclaimJournal, ReclaimRecord
 from gpupool.nodeagent.lending.region_control import OWNER_WAIT_MARGIN_S, RegionControl
 from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, Rule, decide_open
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity

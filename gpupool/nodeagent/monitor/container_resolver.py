@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime, identity_from_cgroup_file
-from gpupool.nodeagent.monitor.container_directory import ContainerDirectory
-from gpupool.nodeagent.monitor.procfs import PROC
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime, identity_from_cgroup_file
+from gpupool.nodeagent.containers.container_directory import ContainerDirectory
+from gpupool.nodeagent.linux.procfs import PROC
 from gpupool.nodeagent.monitor.usage_state import ProcessIdentity
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpupool.nodeagent.monitor import fanotify_abi as abi
+from gpupool.nodeagent.linux import fanotify_abi as abi
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, SourceBase, Verdict
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
 
 log = logging.getLogger(__name__)
 

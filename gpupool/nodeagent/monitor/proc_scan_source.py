@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, SourceBase
-from gpupool.nodeagent.monitor.procfs import (
+from gpupool.nodeagent.linux.procfs import (
     PROC,
     HeldDescriptor,
     all_pids,
@@ -38,7 +37,8 @@ from gpupool.nodeagent.monitor.procfs import (
     process_start_time,
     still_held,
 )
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
+from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, SourceBase
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpupool.nodeagent.monitor.procfs import PROC, all_pids, held_files, process_start_time
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
+from gpupool.nodeagent.linux.procfs import PROC, all_pids, held_files, process_start_time
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
 
 
 class ProcessTable(Protocol):

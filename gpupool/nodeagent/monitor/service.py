@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.events import EventSource, OpenDecider, allow_every_open
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS, IdleDetector
@@ -32,7 +33,6 @@ from gpupool.nodeagent.monitor.state_file import DEFAULT_STATE_PATH, StateFile
 from gpupool.nodeagent.monitor.state_writer import BackgroundStateWriter
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample, UsageSampler
 from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, UsageState
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpupool.nodeagent.monitor import fanotify_abi as abi
-from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available
+from gpupool.nodeagent.linux import fanotify_abi as abi
+from gpupool.nodeagent.linux.cgroup_device_gate import cgroup_device_gate_available
+from gpupool.nodeagent.linux.watched_files import FileKey
 from gpupool.nodeagent.monitor.events import EventSource
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
 from gpupool.nodeagent.monitor.proc_scan_source import DEFAULT_INTERVAL_SECONDS, ProcScanSource
-from gpupool.nodeagent.monitor.watched_files import FileKey
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from gpupool.nodeagent.monitor.fs_kind import in_memory
+from gpupool.nodeagent.linux.fs_kind import in_memory
 from gpupool.nodeagent.monitor.state_codec import StateFileError, decode_state, encode_state
 from gpupool.nodeagent.monitor.usage_state import UsageState
 

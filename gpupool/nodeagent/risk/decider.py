@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, OpenDecider, Verdict
 
 log = logging.getLogger(__name__)

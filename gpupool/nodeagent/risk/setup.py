@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpupool.nodeagent.agent import NodeAgent
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.risk.backstop import DEFAULT_OVERHEAD_MIB

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpupool.cli.main import cli
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.isolation.backends import (
     IsolationBackend,
     IsolationConfigError,
@@ -20,7 +21,6 @@ from gpupool.nodeagent.isolation.dmem_backend import DmemEnforcement
 from gpupool.nodeagent.isolation.mps_backend import MpsEnforcement
 from gpupool.nodeagent.isolation.setup import IsolationConfig, build_enforcement
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 from tests.nodeagent.isolation.dmem_tree import NVIDIA_BUS_ID, NVIDIA_REGION
 from tests.nodeagent.isolation.dmem_tree import cgroup_root as dmem_root
 

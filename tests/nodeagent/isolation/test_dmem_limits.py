@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.model import GpuCard, Topology
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import NoEnforcement
 from gpupool.nodeagent.isolation.dmem import PciAddressError, detect_dmem, kernel_pci_address
@@ -19,7 +20,6 @@ from gpupool.nodeagent.isolation.dmem_cgroups import DmemWriteError, write_limit
 from gpupool.nodeagent.isolation.dmem_limits import DmemLimiter, LimitState
 from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
 from gpupool.nodeagent.isolation.setup import with_dmem
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 from tests.nodeagent.isolation.dmem_tree import (
     CONTAINER_ID,
     DRM_BUS_ID,

@@ -17,6 +17,7 @@ from gpupool.api.lending import LendingNames
 from gpupool.api.names import ResourceNames
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.isolation.report import isolation_table
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
@@ -25,7 +26,6 @@ from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore
 from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.metrics import metrics_app
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.testing.node_workload import generate
 from tests.nodeagent.harness import fake_pod, running_node
 from tests.nodeagent.isolation.shim_client import registered_child

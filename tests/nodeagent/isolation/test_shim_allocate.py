@@ -17,10 +17,10 @@ from gpupool.api.shim_contract import (
     TOKEN_FILE,
     decode_grant,
 )
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.testing.node_workload import generate
 from tests.nodeagent.container_env import check_container_env
 from tests.nodeagent.harness import fake_pod, running_node

@@ -14,10 +14,10 @@ from gpupool.api import environment as env
 from gpupool.api.shim_contract import NodeGrant, RegisterRequest, decode_grant, decode_reply, encode_request
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.nodeagent.container_grant import GrantError
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_files import ShimLayout
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.types import Mount, NodeAssignment, PodView
 from tests.nodeagent.isolation.shim_client import exchange
 

@@ -16,10 +16,10 @@ from gpupool.api.shim_contract import (
     decode_reply,
     encode_reply,
 )
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.report import IsolationCollector, isolation_table
 from gpupool.nodeagent.isolation.shim_registry import Heartbeat, ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from tests.nodeagent.isolation.test_shim_registry import TOKEN, UID, FakeProc
 
 OTHER_TOKEN = "cd" * 32

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpupool.api.shim_contract import RegisterRequest
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 
 UID = "0f3c9a2e-1b7d-4c1e-9a55-3f2b8c7d6e10"
 OTHER_UID = "9f3c9a2e-1b7d-4c1e-9a55-3f2b8c7d6e10"

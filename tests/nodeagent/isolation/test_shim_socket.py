@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from gpupool.api.shim_contract import RegisterReply, RegisterRequest, decode_reply, encode_request
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
 from gpupool.nodeagent.isolation.shim_socket import RegistrationServer
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from tests.nodeagent.isolation.shim_client import connection_of_dead_process, exchange, registered_child
 

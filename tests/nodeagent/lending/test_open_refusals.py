@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.usage_state import DeviceState
+from tests.nodeagent.containers.test_container_gate import RecordingGate
 from tests.nodeagent.lending.support import holder
 from tests.nodeagent.lending.world import CARD0, PODS, World, idle_owner, open_, run, settle
-from tests.nodeagent.monitor.test_container_gate import RecordingGate
 
 CGROUPS = {f"id-{name}": f"/k8s.io/{name}" for name in ("owner", "borrower", "owner1", "borrower1", "other")}
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.nodeagent.monitor.cgroup2 import cgroup2_mount
-from gpupool.nodeagent.monitor.cgroup_device_gate import CgroupDeviceGate, cgroup_device_gate_available
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
+from gpupool.nodeagent.containers.container_gate import ContainerGate
+from gpupool.nodeagent.linux.cgroup2 import cgroup2_mount
+from gpupool.nodeagent.linux.cgroup_device_gate import CgroupDeviceGate, cgroup_device_gate_available
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from tests.nodeagent.lending.support import holder
 from tests.nodeagent.lending.world import PODS, World, run, settle
-from tests.nodeagent.monitor.test_cgroup_device_gate import Opener
+from tests.nodeagent.linux.test_cgroup_device_gate import Opener
 
 AVAILABLE, WHY = cgroup_device_gate_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"cgroup-device gate unavailable: {WHY}")

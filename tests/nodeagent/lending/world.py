@@ -7,6 +7,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.lending.options import ActivityThresholds
 from gpupool.nodeagent.lending.pods import LendingPods
@@ -14,7 +15,6 @@ from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind
 from gpupool.nodeagent.monitor.usage_sampling import CardUsage, ProcessUsage, UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity

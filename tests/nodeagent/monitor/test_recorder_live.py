@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.nodeagent.linux.watched_files import WatchedFiles
 from gpupool.nodeagent.monitor.events import EventSource
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
 from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource
@@ -19,7 +20,6 @@ from gpupool.nodeagent.monitor.state_codec import decode_state
 from gpupool.nodeagent.monitor.state_file import StateFile
 from gpupool.nodeagent.monitor.state_writer import BackgroundStateWriter
 from gpupool.nodeagent.monitor.usage_state import DeviceState
-from gpupool.nodeagent.monitor.watched_files import WatchedFiles
 from tests.nodeagent.monitor.children import WAIT_SECONDS, HoldingChild, stand_in
 
 

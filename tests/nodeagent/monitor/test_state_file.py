@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.nodeagent.monitor.fs_kind import filesystem_magic, in_memory
+from gpupool.nodeagent.linux.fs_kind import filesystem_magic, in_memory
 from gpupool.nodeagent.monitor.state_codec import StateFileError, decode_state, encode_state
 from gpupool.nodeagent.monitor.state_file import StateFile
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState

@@ -17,9 +17,9 @@ import pytest
 
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.core.model import CardSlice
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.backends import EnforcementState, IsolationBackend
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.monitor.service import SAMPLE_EVERY_SECONDS, MonitorConfig, UsageMonitor
 from gpupool.nodeagent.monitor.source_selector import SourceChoice
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend

@@ -7,13 +7,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.risk.decider import RiskOpenDecider
 from gpupool.nodeagent.risk.findings import RiskAction
 from gpupool.nodeagent.risk.setup import can_refuse_opens, gate_blocked
-from tests.nodeagent.monitor.test_container_gate import RecordingGate
+from tests.nodeagent.containers.test_container_gate import RecordingGate
 from tests.nodeagent.risk.test_responder import WEB, Calls, responder, rounds
 
 CARDS = ("/dev/nvidia0", "/dev/nvidia1")

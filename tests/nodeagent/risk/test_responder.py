@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind, Verdict
 from gpupool.nodeagent.risk.decider import RiskOpenDecider, chain_deciders
 from gpupool.nodeagent.risk.findings import Risk, RiskAction, RiskKind

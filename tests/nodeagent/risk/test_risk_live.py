@@ -21,9 +21,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupool.core.model import CardSlice
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.gpu_inventory import GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import NoEnforcement
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.monitor.events import EventSource
 from gpupool.nodeagent.monitor.fanotify_source import FanotifySource
 from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.core.model import CardSlice
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.isolation.backends import IsolationBackend
 from gpupool.nodeagent.isolation.shim_registry import ShimRegistry
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime
 from gpupool.nodeagent.risk.findings import RiskAction, RiskKind
 from gpupool.nodeagent.risk.responder import RiskResponder
 from gpupool.nodeagent.risk.service import RiskMonitor

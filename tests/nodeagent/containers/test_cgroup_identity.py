@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.nodeagent.monitor.cgroup_identity import CgroupIdentity, Runtime, identity_from_cgroup_file
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime, identity_from_cgroup_file
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.usage_state import ProcessIdentity
 

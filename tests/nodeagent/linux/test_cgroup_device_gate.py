@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpupool.nodeagent.monitor import bpf_devices_program as program
-from gpupool.nodeagent.monitor import bpf_syscall as sys_bpf
-from gpupool.nodeagent.monitor.cgroup2 import cgroup2_mount
-from gpupool.nodeagent.monitor.cgroup_device_gate import (
+from gpupool.nodeagent.linux import bpf_devices_program as program
+from gpupool.nodeagent.linux import bpf_syscall as sys_bpf
+from gpupool.nodeagent.linux.cgroup2 import cgroup2_mount
+from gpupool.nodeagent.linux.cgroup_device_gate import (
     CgroupDeviceGate,
     DeviceNumber,
     GateError,
@@ -243,7 +243,7 @@ def test_with_the_v1_devices_controller_both_rule_sets_apply(
 
 _DYING_AGENT = (
     "import sys\n"
-    "from gpupool.nodeagent.monitor.cgroup_device_gate import CgroupDeviceGate, DeviceNumber\n"
+    "from gpupool.nodeagent.linux.cgroup_device_gate import CgroupDeviceGate, DeviceNumber\n"
     "gate = CgroupDeviceGate()\n"
     "gate.deny(sys.argv[1], DeviceNumber(1, 3))\n"
     "print('denied', flush=True)\n"
@@ -291,7 +291,7 @@ def test_a_refused_program_reports_the_verifier_log(tmp_path: os.PathLike[str]) 
 
 _UNPRIVILEGED_PROBE = (
     "import os\n"
-    "from gpupool.nodeagent.monitor.cgroup_device_gate import cgroup_device_gate_available\n"
+    "from gpupool.nodeagent.linux.cgroup_device_gate import cgroup_device_gate_available\n"
     "os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: nobody cannot read them\n"
     "print(cgroup_device_gate_available())\n"
 )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.nodeagent.monitor.cgroup_device_gate import GateError
-from gpupool.nodeagent.monitor.container_gate import ContainerGate, find_container_cgroup
+from gpupool.nodeagent.containers.container_gate import ContainerGate, find_container_cgroup
+from gpupool.nodeagent.linux.cgroup_device_gate import GateError
 
 CID_A, CID_B = "a" * 64, "b" * 64
 

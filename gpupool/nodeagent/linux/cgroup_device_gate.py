@@ -34,9 +34,9 @@ import stat
 import threading
 from dataclasses import dataclass, field
 
-from gpupool.nodeagent.monitor import bpf_devices_program as program
-from gpupool.nodeagent.monitor import bpf_syscall as sys_bpf
-from gpupool.nodeagent.monitor.cgroup2 import (
+from gpupool.nodeagent.linux import bpf_devices_program as program
+from gpupool.nodeagent.linux import bpf_syscall as sys_bpf
+from gpupool.nodeagent.linux.cgroup2 import (
     Cgroup2Error,
     cgroup2_directory,
     cgroup2_join,

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpupool.nodeagent.monitor.watched_files import FileKey, WatchedFiles
+from gpupool.nodeagent.linux.watched_files import FileKey, WatchedFiles
 
 PROC = "/proc"
 _STARTTIME_FIELD_AFTER_COMM = 19  # field 22 overall; fields after ")" start at field 3

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 
-from gpupool.nodeagent.monitor.bpf_asm import R0, R1, R2, R6, R10, SIZE_W, Program
+from gpupool.nodeagent.linux.bpf_asm import R0, R1, R2, R6, R10, SIZE_W, Program
 
 DEV_TYPE_BLOCK = 1  # BPF_DEVCG_DEV_BLOCK
 DEV_TYPE_CHAR = 2  # BPF_DEVCG_DEV_CHAR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.nodeagent.monitor import fanotify_abi as abi
+from gpupool.nodeagent.linux import fanotify_abi as abi
 
 
 def test_several_records_in_one_buffer_are_split() -> None:

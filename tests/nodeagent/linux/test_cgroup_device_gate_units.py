@@ -9,16 +9,16 @@ from collections.abc import Callable
 
 import pytest
 
-from gpupool.nodeagent.monitor import bpf_devices_program as program
-from gpupool.nodeagent.monitor.bpf_asm import R0, R1, R2, R10, SIZE_DW, SIZE_W, Program
-from gpupool.nodeagent.monitor.cgroup2 import (
+from gpupool.nodeagent.linux import bpf_devices_program as program
+from gpupool.nodeagent.linux.bpf_asm import R0, R1, R2, R10, SIZE_DW, SIZE_W, Program
+from gpupool.nodeagent.linux.cgroup2 import (
     Cgroup2Error,
     cgroup2_directory,
     cgroup2_join,
     cgroup2_mount,
     cgroup2_path_of_pid,
 )
-from gpupool.nodeagent.monitor.cgroup_device_gate import DeviceNumber, GateError
+from gpupool.nodeagent.linux.cgroup_device_gate import DeviceNumber, GateError
 from gpupool.nodeagent.monitor.source_selector import choose_source
 from tests.nodeagent.monitor.children import stand_in
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.nodeagent.monitor.container_directory import ContainerRef, InMemoryContainerDirectory
-from gpupool.nodeagent.monitor.pod_containers import DirectoryFeed, PodContainers, pod_containers
+from gpupool.nodeagent.containers.container_directory import ContainerRef, InMemoryContainerDirectory
+from gpupool.nodeagent.containers.pod_containers import DirectoryFeed, PodContainers, pod_containers
 
 
 def pod(name: str, uid: str, **containers: str) -> dict[str, Any]:

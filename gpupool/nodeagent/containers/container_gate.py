@@ -3,7 +3,7 @@ the risk checks), through the cgroup-device gate.
 
 The kernel's answer at open has to be in place before the open (a cgroup-device program cannot ask
 user space), so each decider states *which containers may not open which device files now*; this
-class keeps the union of those statements in :class:`~.cgroup_device_gate.CgroupDeviceGate`: a
+class keeps the union of those statements in :class:`~gpupool.nodeagent.linux.cgroup_device_gate.CgroupDeviceGate`: a
 (container, file) pair enters the kernel's deny map when the first decider wants it and leaves it
 when the last one stops wanting it. Containers are named by runtime ID (what the pods' statuses and
 the monitor's holders carry); a container's cgroup2 directory is found once, from any of its
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpupool.nodeagent.monitor.cgroup2 import Cgroup2Error, cgroup2_path_of_pid
-from gpupool.nodeagent.monitor.cgroup_device_gate import GateError
-from gpupool.nodeagent.monitor.cgroup_identity import identity_from_cgroup_file
-from gpupool.nodeagent.monitor.procfs import PROC, all_pids
+from gpupool.nodeagent.containers.cgroup_identity import identity_from_cgroup_file
+from gpupool.nodeagent.linux.cgroup2 import Cgroup2Error, cgroup2_path_of_pid
+from gpupool.nodeagent.linux.cgroup_device_gate import GateError
+from gpupool.nodeagent.linux.procfs import PROC, all_pids
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ Refusals = Mapping[str, Iterable[str]]
 
 
 class DeviceGate(Protocol):
-    """What this class needs of :class:`~.cgroup_device_gate.CgroupDeviceGate`."""
+    """What this class needs of :class:`~gpupool.nodeagent.linux.cgroup_device_gate.CgroupDeviceGate`."""
 
     def deny(self, cgroup: str, device: str) -> None: ...
 
@@ -145,7 +145,7 @@ class ContainerGate:
 
 def open_container_gate() -> tuple[ContainerGate | None, str]:
     """The gate over the kernel's cgroup-device programs, or ``None`` and why not."""
-    from gpupool.nodeagent.monitor.cgroup_device_gate import CgroupDeviceGate
+    from gpupool.nodeagent.linux.cgroup_device_gate import CgroupDeviceGate
     try:
         return ContainerGate(CgroupDeviceGate()), "cgroup-device BPF"
     except GateError as exc:
