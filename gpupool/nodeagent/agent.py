@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerAssignment
@@ -45,6 +46,27 @@ PREFERRED_READ_S = 1.0
 AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
 RefusalReporter = Callable[[PodKey, str], Coroutine[None, None, None]]
 """Tells a pod why its grant was refused (a Warning event; see :mod:`.schedule_check`)."""
+ClaimsGranted = Callable[[], list[PodView]]
+"""Grants made beside the device plugin on the same cards, as pods (the DRA driver's prepared claims)."""
+
+
+class LentCapacity(Protocol):
+    """Idle capacity this node lends to borrowers, as the agent consults it (the lending part,
+    :class:`gpupool.nodeagent.lending.setup.LoanedCapacity`): handed to the agent when it is built."""
+
+    def extra_devices(self, resource: str) -> list[tuple[str, bool]]:
+        """The lent devices of ``resource`` served beside the cards' own: (ID, healthy)."""
+        ...
+
+    def vouch(self, pod: PodView, container: ContainerAssignment) -> bool:
+        """True when ``pod`` is a borrower and ``container`` fits its loan (one that does not is refused
+        with the reason); False: not a borrower, the owners' check (:func:`check_assignment`) decides."""
+        ...
+
+    def on_loan(self, pod: PodView) -> bool:
+        """Whether a granted pod holds lent capacity: it counts against its loan, not against what
+        owners are booked on its cards, so it never refuses an owner's grant."""
+        ...
 
 
 @dataclass
@@ -76,7 +98,8 @@ class NodeAgent:
                  podresources: PodResourcesReader, encode_allocated: AllocatedEncoder,
                  poll_s: float = 0.5, aliases: tuple[str, ...] = (), monitor: UsageMonitor | None = None,
                  enforcement: Enforcement | None = None, report_refusal: RefusalReporter | None = None,
-                 shares: bool = True) -> None:
+                 shares: bool = True, lent: LentCapacity | None = None,
+                 claims_granted: ClaimsGranted | None = None) -> None:
         self.node = node
         self.names = names
         self.resources: tuple[str, ...] = (*names.all(), *aliases)
@@ -110,18 +133,14 @@ class NodeAgent:
         self._listed = False
         self._cordoned: dict[int, str] = {}
         self._report_refusal = report_refusal
-        self.extra_devices: Callable[[str], list[tuple[str, bool]]] | None = None
-        """More devices per resource (lent capacity, :mod:`gpupool.nodeagent.lending`)."""
-        self.vouch: Callable[[PodView, ContainerAssignment], bool] | None = None
-        """Whether another check vouches for a container's cards instead of :func:`check_assignment`
-        (a borrower fits its loan, not the bookings of its card)."""
-        self.claims_granted: Callable[[], list[PodView]] | None = None
+        self.lent = lent
+        """The lending part (``--lending``): lent devices in the device list, borrowers checked
+        against their loans; ``None`` when this node lends nothing."""
+        self.claims_granted = claims_granted
         """Grants made beside the device plugin on the same cards, as pods (the DRA driver's prepared
         claims, :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods`): an Allocate is
-        checked against them too, so the two paths never over-commit a card on this node."""
-        self.on_loan: Callable[[PodView], bool] | None = None
-        """Whether a granted pod holds lent capacity: it counts against its loan, not against what
-        owners are booked on its cards, so it never refuses an owner's grant."""
+        checked against them too, so the two paths never over-commit a card on this node. The
+        metrics and the risk checks read it as well."""
         self._reports: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ devices and health
@@ -136,8 +155,8 @@ class NodeAgent:
     def device_list(self, resource: str) -> list[tuple[str, bool]]:
         """(ID, healthy) for ListAndWatch."""
         devices = self.layout.devices(resource, self._inventory)
-        if self.extra_devices is not None:
-            devices += self.extra_devices(resource)
+        if self.lent is not None:
+            devices += self.lent.extra_devices(resource)
         return devices
 
     async def devices_changed(self) -> None:
@@ -246,10 +265,10 @@ class NodeAgent:
             res = self.mapper.resolve(resource, len(ids), snapshot, views, ids, self.layout.card_of)
             if not self.shares:
                 refuse_slices(res.assignment)
-            if self.vouch is None or not self.vouch(res.pod, res.assignment):
+            if self.lent is None or not self.lent.vouch(res.pod, res.assignment):
                 granted = self._granted(views, snapshot)
-                if self.on_loan is not None:
-                    granted = [p for p in granted if not self.on_loan(p)]
+                if self.lent is not None:
+                    granted = [p for p in granted if not self.lent.on_loan(p)]
                 if self.claims_granted is not None:
                     granted = [*granted, *self.claims_granted()]
                 check_assignment(self.node, self._inventory, res.pod, res.assignment, granted)

@@ -14,6 +14,7 @@ from gpupool.api.cluster_settings import ClusterSettings
 from gpupool.api.names import NVIDIA_GPU
 from gpupool.cli import cluster_options, node_agent_cmd
 from gpupool.cli.main import cli
+from gpupool.nodeagent.options import AgentOptions
 from tests.cli.extender_start import started_with
 
 MIB_CLUSTER = ClusterSettings(gpushare_memory_unit="MiB", high_priority_threshold=200, hami=True,
@@ -88,10 +89,11 @@ def agent_run(monkeypatch: pytest.MonkeyPatch, *flags: str,
     """What ``gpupool node-agent FLAGS`` would run its loop with: aliases, heartbeat, names, cluster."""
     seen: dict[str, Any] = {}
 
-    async def fake_run(*args: Any, **kwargs: Any) -> None:
-        seen.update(names=args[5], aliases=args[6], heartbeat=args[10], cluster=kwargs["cluster"])
+    async def fake_run(options: AgentOptions) -> None:
+        seen.update(names=options.names, aliases=options.aliases, heartbeat=options.heartbeat,
+                    cluster=options.cluster)
 
-    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(node_agent_cmd, "run_agent", fake_run)
     monkeypatch.setattr(cluster_options, "read_with_client",
                         lambda _kubeconfig: lambda _where: config_map or ClusterSettings())
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", *flags])

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from gpupool.cli import extender_cmd, node_agent_cmd
 from gpupool.cli.main import cli
 from gpupool.netguard.limits import ServerLimits
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.isolation.setup import IsolationConfig, build_enforcement
 from gpupool.nodeagent.isolation.shim_backend import ShimEnforcement
 from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits
-from gpupool.nodeagent.monitor.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.options import AgentOptions
 from tests.cli.extender_start import started_with
 
 
@@ -41,10 +42,10 @@ def test_the_node_agent_limit_flags_reach_its_metrics_port_and_registration_sock
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 
-    async def fake_run(*args: Any, **kwargs: Any) -> None:
-        seen["isolation"], seen["limits"] = args[9], args[13]
+    async def fake_run(options: AgentOptions) -> None:
+        seen["isolation"], seen["limits"] = options.isolation, options.server_limits
 
-    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(node_agent_cmd, "run_agent", fake_run)
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--max-connections", "32",
                                       "--header-timeout", "4", "--idle-timeout", "95",
                                       "--registration-timeout", "0.25", "--registration-max-connections", "40",

@@ -13,15 +13,16 @@ from gpupool.cli import node_agent_cmd
 from gpupool.cli.main import cli
 from gpupool.nodeagent.isolation.backends import IsolationBackend
 from gpupool.nodeagent.isolation.setup import IsolationConfig
+from gpupool.nodeagent.options import AgentOptions
 
 
 def started_isolation(monkeypatch: pytest.MonkeyPatch, *flags: str) -> IsolationConfig:
     seen: dict[str, Any] = {}
 
-    async def fake_run(*args: Any, **kwargs: Any) -> None:
-        seen["isolation"] = args[9]
+    async def fake_run(options: AgentOptions) -> None:
+        seen["isolation"] = options.isolation
 
-    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(node_agent_cmd, "run_agent", fake_run)
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--no-exit-on-failed-check", *flags])
     assert result.exit_code == 0, result.output
     config = seen["isolation"]

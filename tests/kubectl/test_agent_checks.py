@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from gpupool.api.cluster_settings import AGENT_CHECKS_ANNOTATION
-from gpupool.cli.node_agent_cmd import _start_annotations
 from gpupool.kube.translate import foreign_resources, pod_request
 from gpupool.kubectl.agent_checks import checks_trouble
 from gpupool.kubectl.inspect import inspect_json, inspect_table, node_views
 from gpupool.kubectl.snapshot import build_snapshot
 from gpupool.kubectl.usage import NoUsage
 from gpupool.kubectl.why import explain, why_json, why_text
+from gpupool.nodeagent.assembly import start_annotations
+from gpupool.nodeagent.options import AgentOptions
 from gpupool.nodeagent.selfcheck import Check, Status, checks_annotation
 from tests.kubectl.objects import NAMES, NOW, gpu_node, gpu_pod
 
@@ -31,7 +32,8 @@ def with_checks(node: dict[str, Any], value: str) -> dict[str, Any]:
 
 
 def test_the_plugin_reads_the_annotation_the_agent_writes() -> None:
-    written = _start_annotations(None, [Check("refusal at open", Status.WARN, "cgroup v1")])
+    checks = [Check("refusal at open", Status.WARN, "cgroup v1")]
+    written = start_annotations(AgentOptions("gpu-1", start_checks=checks))
     assert checks_trouble({"metadata": {"annotations": written}}) == written[AGENT_CHECKS_ANNOTATION]
 
 

@@ -146,13 +146,14 @@ def agent_remote(monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[int, str
     from gpupool.api.cluster_settings import ClusterSettings
     from gpupool.cli import cluster_options, node_agent_cmd
     from gpupool.cli.main import cli
+    from gpupool.nodeagent.options import AgentOptions
 
     seen: dict[str, Any] = {}
 
-    async def fake_run(*_args: Any, **kwargs: Any) -> None:
-        seen["remote"] = kwargs["remote"]
+    async def fake_run(options: AgentOptions) -> None:
+        seen["remote"] = options.remote
 
-    monkeypatch.setattr(node_agent_cmd, "_run", fake_run)
+    monkeypatch.setattr(node_agent_cmd, "run_agent", fake_run)
     monkeypatch.setattr(cluster_options, "read_with_client", lambda _k: lambda _w: ClusterSettings())
     result = CliRunner().invoke(cli, ["node-agent", "--no-usage-monitor", "--state-dir", "/run/gp", *flags])
     return result.exit_code, result.output, seen.get("remote")

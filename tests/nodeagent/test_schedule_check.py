@@ -105,6 +105,19 @@ def test_assignments_that_fit_are_granted(pod: dict[str, Any], granted: list[dic
     check(pod, "main", *granted)
 
 
+class FirstBorrows:
+    """Lent capacity where the pod "first" borrows (it vouches for no one: the owners' check runs)."""
+
+    def extra_devices(self, resource: str) -> list[tuple[str, bool]]:
+        return []
+
+    def vouch(self, pod: PodView, container: ContainerAssignment) -> bool:
+        return False
+
+    def on_loan(self, pod: PodView) -> bool:
+        return pod.name == "first"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("first_borrows", [pytest.param(False, id="two-owners-over-commit"),
                                            pytest.param(True, id="a-borrower-leaves-the-owners-room")])
@@ -127,10 +140,8 @@ def test_an_extender_over_commitment_is_refused_at_allocate_and_reported_on_the_
         reports.append((pod, reason))
 
     def make_agent(reader: PodResourcesClient) -> NodeAgent:
-        agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, report_refusal=report)
-        if first_borrows:
-            agent.on_loan = lambda pod: pod.name == "first"
-        return agent
+        return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.2, report_refusal=report,
+                         lent=FirstBorrows() if first_borrows else None)
 
     async def main() -> None:
         async with agent_on_fake_kubelet(make_agent) as node:

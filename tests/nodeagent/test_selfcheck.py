@@ -248,7 +248,8 @@ def test_the_agent_logs_its_checks_at_start_and_stops_on_a_failure_when_told(
 
 def test_the_settings_and_the_checks_are_written_on_the_node_in_one_patch_retried_while_the_api_refuses() -> None:
     from gpupool.api.cluster_settings import AGENT_SETTINGS_ANNOTATION, ClusterSettings
-    from gpupool.cli.node_agent_cmd import _start_annotations
+    from gpupool.nodeagent.assembly import start_annotations
+    from gpupool.nodeagent.options import AgentOptions
     from gpupool.nodeagent.start_annotations import publish_annotations
 
     calls: list[tuple[str, dict[str, Any]]] = []
@@ -260,9 +261,9 @@ def test_the_settings_and_the_checks_are_written_on_the_node_in_one_patch_retrie
                 raise ConnectionError("apiserver away")
 
     checks = [Check("gpus", Status.OK, "1 card(s): T4"), Check("kubelet", Status.WARN, "missing", "start it")]
-    started_with = _start_annotations(ClusterSettings(), checks)
+    started_with = start_annotations(AgentOptions("gpu-1", cluster=ClusterSettings(), start_checks=checks))
     assert set(started_with) == {AGENT_SETTINGS_ANNOTATION, CHECKS_ANNOTATION}
     assert started_with[CHECKS_ANNOTATION].endswith("at start: 1 ok, 1 warn; warn kubelet: missing")
-    assert _start_annotations(None, ()) == {}
+    assert set(start_annotations(AgentOptions("gpu-1"))) == {AGENT_SETTINGS_ANNOTATION}  # no checks: settings only
     asyncio.run(publish_annotations(Api(), "gpu-1", started_with, first_retry_s=0.01))
     assert calls == [("gpu-1", {"metadata": {"annotations": started_with}})] * 2

@@ -1,7 +1,10 @@
 """Assembling the lending side for ``gpupool node-agent --lending``.
 
-Two steps, because the grant's checkpoint extras must wrap the enforcement backend before the node
-agent exists, and the service needs the agent's device list and monitor afterwards.
+Built before the node agent, which is handed the result (:class:`LoanedCapacity`, the agent's
+:class:`~gpupool.nodeagent.agent.LentCapacity`) in its constructor: the grant's checkpoint extras wrap
+the enforcement backend (:meth:`LendingSetup.wrap`), then :meth:`LendingSetup.build` makes the
+service and its capacity. The service reads the agent's cards, listed pods and device-list wake-up
+through callables (:class:`gpupool.nodeagent.agent_link.AgentLink`), answered once the agent exists.
 """
 
 from __future__ import annotations
@@ -9,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from gpupool.api.lending import LendableCard, LendingNames
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import ContainerAssignment
-from gpupool.nodeagent.agent import NodeAgent
+from gpupool.nodeagent.containers.container_gate import ContainerGate
+from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
@@ -27,7 +31,6 @@ from gpupool.nodeagent.lending.processes import ProcfsProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
-from gpupool.nodeagent.monitor.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.schedule_check import check_borrower
@@ -43,7 +46,7 @@ Vouch = Callable[[PodView, ContainerAssignment], bool]
 
 def borrower_check(node: str, inventory: Callable[[], GpuInventory], listed: Callable[[], list[PodView]],
                    on_loan: Callable[[PodView], bool], loans: Callable[[], Iterable[LendableCard]]) -> Vouch:
-    """The agent's Allocate check of a borrower (:attr:`NodeAgent.vouch`): the core's lent rule, as the
+    """The agent's Allocate check of a borrower (:meth:`LoanedCapacity.vouch`): the core's lent rule, as the
     extender books a placement with ``borrowed_from`` (:func:`check_borrower`), against the loans now
     (``loans``: as the ``lendable`` annotation lists them, by NVML index) and the other borrowers
     kubelet lists (``listed``: its last PodResources read; a borrower being admitted beside this
@@ -60,11 +63,39 @@ def borrower_check(node: str, inventory: Callable[[], GpuInventory], listed: Cal
     return vouch
 
 
+class LoanedCapacity:
+    """The lending part as the node agent consults it (:class:`~gpupool.nodeagent.agent.LentCapacity`):
+    the service's lent devices, which pods borrow, and the borrower check. Also what the agent runs
+    (:meth:`run`) and starts (:meth:`start`) of lending."""
+
+    def __init__(self, node: str, service: LendingService, pods: LendingPods, inventory: Callable[[], GpuInventory],
+                 listed: Callable[[], list[PodView]]) -> None:
+        self.service = service
+        self._pods = pods
+        self._vouch = borrower_check(node, inventory, listed, self.on_loan,
+                                     lambda: [loan.offer() for loan in service.loans.values()])
+
+    def extra_devices(self, resource: str) -> list[tuple[str, bool]]:
+        return self.service.device_list(resource)
+
+    def vouch(self, pod: PodView, container: ContainerAssignment) -> bool:
+        return self._vouch(pod, container)
+
+    def on_loan(self, pod: PodView) -> bool:
+        known = self._pods.get(pod.key)
+        return known is not None and known.borrowed
+
+    def start(self) -> None:
+        """Resume the previous agent's loans and hook the rules into the monitor (on the running loop)."""
+        self.service.start(asyncio.get_running_loop())
+
+
 class LendingSetup:
-    """Holds the parts between the two steps."""
+    """Holds the lending parts while the agent is assembled."""
 
     def __init__(self, node: str, resources: ResourceNames, options: LendingOptions,
                  kubeconfig: str | None = None) -> None:
+        self.resources = resources
         self.names = LendingNames(resources.domain)
         self.options = options
         self.pods = LendingPods(resources, self.names, options.threshold)
@@ -86,26 +117,20 @@ class LendingSetup:
         """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
         return CheckpointEnforcement(enforcement, self.store, self.pods.get)
 
-    def attach(self, agent: NodeAgent, monitor: UsageMonitor, gate: ContainerGate | None = None) -> LendingService:
-        """Step 2: the service, plugged into the agent's device list and Allocate check; ``gate``: the
-        kernel's refusal at open where it runs (the rules' refusals are precomputed into it)."""
+    def build(self, node: str, monitor: UsageMonitor, inventory: Callable[[], GpuInventory],
+              listed: Callable[[], list[PodView]], devices_changed: Callable[[], Awaitable[None]],
+              gate: ContainerGate | None = None) -> LoanedCapacity:
+        """Step 2: the service and the capacity the agent is built with. ``inventory``, ``listed`` and
+        ``devices_changed``: the agent's cards, the pods kubelet lists and its device-list wake-up
+        (read only once it runs); ``gate``: the kernel's refusal at open where it runs (the rules'
+        refusals are precomputed into it)."""
         def reclaimer(on_stopped: StoppedHook) -> Reclaimer:
             return Reclaimer(ProcfsProcesses(), self.kube, on_stopped=on_stopped, suspender=self.cuda)
 
         loans = os.path.join(os.path.dirname(monitor.config.state_path) or ".", LOANS_FILE)
-        service = LendingService(monitor, lambda: agent.inventory, agent.layout, self.pods, reclaimer,
-                                 LendablePublisher(self.kube.write_lendable), agent.devices_changed,
+        service = LendingService(monitor, inventory, DeviceLayout(self.resources), self.pods, reclaimer,
+                                 LendablePublisher(self.kube.write_lendable), devices_changed,
                                  LendingConfig(loans, self.options.deadline_s, self.options.activity,
                                                self.options.shim_state_dir),
                                  ContainerResolver(monitor.directory), gate)
-        agent.extra_devices = service.device_list
-
-        def on_loan(pod: PodView) -> bool:
-            known = self.pods.get(pod.key)
-            return known is not None and known.borrowed
-
-        agent.vouch = borrower_check(agent.node, lambda: agent.inventory, agent.listed_pods, on_loan,
-                                     lambda: [loan.offer() for loan in service.loans.values()])
-        agent.on_loan = on_loan
-        service.start(asyncio.get_running_loop())
-        return service
+        return LoanedCapacity(node, service, self.pods, inventory, listed)

@@ -104,9 +104,8 @@ def test_an_allocate_is_checked_against_the_prepared_claims_on_its_card() -> Non
                 assert (await dra.kubelet.prepare(DRIVER, [ref]))["uid-x"].error == ""
 
                 def make_agent(reader: PodResourcesClient) -> NodeAgent:
-                    agent = NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.05)
-                    agent.claims_granted = dra.driver.state.as_pods
-                    return agent
+                    return NodeAgent("node-a", NAMES, backend, source, reader, encode_served, poll_s=0.05,
+                                     claims_granted=dra.driver.state.as_pods)
 
                 async with agent_on_fake_kubelet(make_agent) as node:
                     for name, memory, phase in (("fits", 4096, "Running"), ("over", 8192, "Failed")):

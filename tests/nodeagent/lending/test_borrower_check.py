@@ -1,4 +1,4 @@
-"""The agent's Allocate check of a borrower (``LendingSetup.attach`` wires it as ``agent.vouch``):
+"""The agent's Allocate check of a borrower (``LoanedCapacity.vouch``, the lending part the agent is built with):
 the core's lent rule against the loans now and the borrowers kubelet lists, by NVML index.
 
 Before issue 22 the node checked each slice's memory against the loan's alone and, when that

@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from click.testing import CliRunner
 
 from gpupool.cli import node_agent_cmd
 from gpupool.cli.main import cli
 from gpupool.nodeagent.lending.options import ActivityThresholds, LendingOptions
+from gpupool.nodeagent.options import AgentOptions
 
 
 def test_the_flags_reach_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[Any] = []
+    seen: list[LendingOptions | None] = []
 
-    async def run(*args: Any, **kwargs: Any) -> None:
-        seen.extend(a for a in (*args, *kwargs.values()) if isinstance(a, LendingOptions))  # wherever _run takes it
+    async def run(options: AgentOptions) -> None:
+        seen.append(options.lending)
 
-    monkeypatch.setattr(node_agent_cmd, "_run", run)
+    monkeypatch.setattr(node_agent_cmd, "run_agent", run)
     result = CliRunner().invoke(cli, ["node-agent", "--lending", "--state-dir", "/s", "--owner-active-percent", "25",
                                       "--owner-active-memory", "512", "--owner-active-samples", "4",
                                       "--cuda-checkpoint-timeout", "0"])
     assert result.exit_code == 0, result.output
     [options] = seen
+    assert options is not None
     assert options.activity == ActivityThresholds(25, 512, 4)
     assert (options.cuda_checkpoint_timeout_s, options.shim_state_dir) == (0.0, "/s")
 

@@ -1,0 +1,47 @@
+"""``gpupool node-agent`` runs the library's default agent: its flags' defaults are read from
+``AgentOptions`` (issue 22), so ``AgentOptions(node)`` in tests and benchmarks is what users run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from gpupool.api.cluster_settings import ClusterSettings
+from gpupool.cli import cluster_options, node_agent_cmd
+from gpupool.cli.main import cli
+from gpupool.nodeagent.dra.setup import DraOptions
+from gpupool.nodeagent.lending.options import LendingOptions
+from gpupool.nodeagent.options import AgentOptions
+
+
+def started_with(monkeypatch: pytest.MonkeyPatch, *flags: str) -> AgentOptions:
+    """The options ``gpupool node-agent --node-name n1 FLAGS`` would run with (no ConfigMap, no
+    interception library installed)."""
+    started: list[AgentOptions] = []
+
+    async def run(options: AgentOptions) -> None:
+        started.append(options)
+
+    monkeypatch.setattr(node_agent_cmd, "run_agent", run)
+    monkeypatch.setattr(node_agent_cmd, "packaged_library", lambda: None)
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: lambda _where: ClusterSettings())
+    result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", *flags])
+    assert result.exit_code == 0, result.output
+    (options,) = started
+    return options
+
+
+@pytest.mark.slow  # imports the CLI and probes the node
+def test_the_cli_without_flags_runs_the_librarys_default_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch)
+    assert options.start_checks  # the probes' verdicts, whatever this machine has
+    assert replace(options, start_checks=()) == AgentOptions("n1")
+
+
+@pytest.mark.slow
+def test_lending_and_dra_on_take_their_options_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch, "--lending", "--dra")
+    assert options.lending == replace(LendingOptions(), shim_state_dir=options.isolation.state_dir)
+    assert options.dra == DraOptions()
