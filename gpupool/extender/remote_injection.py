@@ -50,6 +50,13 @@ LIBRARY_DIR = "/var/run/gpupool-remote/lib"
 CLIENT_LIBRARY = f"{LIBRARY_DIR}/libcuda.so.1"
 SHARE_ENV = "GPUPOOL_REMOTE_SHARE"
 """The init container's copy of the pod's ``remote-share-v1`` (empty for a local share)."""
+INIT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                     "limits": {"cpu": "500m", "memory": "128Mi"}}
+"""A copy and a wait: small, and with limits so a namespace whose quota asks for them admits the pod."""
+INIT_SECURITY: Mapping[str, Any] = {
+    "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534, "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+"""Pod Security's "restricted" profile (the image's own user, nobody): it writes only the emptyDir."""
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 """The apiserver's alphabet for generated names (no vowels, no look-alikes)."""
 NAME_RANDOM = 5
@@ -148,6 +155,8 @@ class RemoteInjection:
             "env": [{"name": SHARE_ENV, "valueFrom": {"fieldRef": {"fieldPath": annotation}}}],
             "volumeMounts": [{"name": LIBRARY_VOLUME, "mountPath": LIBRARY_DIR},
                              {"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True}],
+            "resources": INIT_RESOURCES,
+            "securityContext": INIT_SECURITY,
         }
         if isinstance(spec.get("initContainers"), list) and spec["initContainers"]:
             return [{"op": "add", "path": "/spec/initContainers/0", "value": init}]

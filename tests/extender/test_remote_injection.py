@@ -18,6 +18,8 @@ from gpupool.extender.remote_injection import (
     GRANT_DIR,
     GRANT_VOLUME,
     INIT_CONTAINER,
+    INIT_RESOURCES,
+    INIT_SECURITY,
     LIBRARY_DIR,
     LIBRARY_VOLUME,
     SHARE_ENV,
@@ -78,7 +80,8 @@ def test_a_generate_name_pod_gets_a_name_the_client_library_and_its_grant_by_tha
         "env": [{"name": SHARE_ENV, "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['gpupool.io/remote-share-v1']"}}}],
         "volumeMounts": [{"name": LIBRARY_VOLUME, "mountPath": LIBRARY_DIR},
-                         {"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True}]}
+                         {"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True}],
+        "resources": INIT_RESOURCES, "securityContext": INIT_SECURITY}
     log, main = out["spec"]["containers"]
     assert log == {"name": "log", "image": "busybox"}  # only the GPU container gets the client
     assert main["env"] == [{"name": "GPUPOOL_REMOTE_DIR", "value": GRANT_DIR},
@@ -116,6 +119,15 @@ def test_a_preload_from_elsewhere_is_left_with_a_warning() -> None:
     assert out["spec"]["containers"][1]["env"][0]["valueFrom"]
     assert [e["name"] for e in out["spec"]["containers"][1]["env"]] == ["LD_PRELOAD", "GPUPOOL_REMOTE_DIR"]
     assert len(verdict.warnings) == 1 and CLIENT_LIBRARY in verdict.warnings[0]
+
+
+def test_the_init_container_passes_pod_securitys_restricted_profile() -> None:
+    from tests.deploy.pod_security import restricted_violations
+
+    pod = remote_pod()
+    out = apply(pod, injection().verdict(pod).patch)
+    out["spec"]["containers"] = []  # the user's containers are theirs to make restricted
+    assert restricted_violations(out["spec"]) == []
 
 
 def test_a_long_generate_name_is_cut_as_the_apiserver_cuts_it() -> None:
