@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -39,6 +38,7 @@ from types import FrameType
 
 from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, encode_connections
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
+from gpupool.files.replace import replace_file
 from gpupool.shim.build import library_path
 from gpupool.shim.remote_build import server_program
 
@@ -105,21 +105,6 @@ def check_listen(listen: str, allow_plain: bool, tls: TlsFiles | None = None,
     for path in (tls.certificate, tls.key) if tls is not None else ():
         if not path.is_file():
             raise RemoteServeError(f"TLS file {path}: not found")
-
-
-def replace_file(path: Path, text: str, *, mode: int | None = None) -> None:
-    """Write ``text`` to ``path`` at once for its readers (a file beside it, then renamed over it);
-    the file keeps ``mkstemp``'s mode 0600 unless ``mode`` says otherwise."""
-    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        if mode is not None:
-            os.chmod(staged, mode)
-        os.replace(staged, path)
-    except BaseException:
-        Path(staged).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
