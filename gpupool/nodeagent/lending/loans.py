@@ -122,4 +122,4 @@ class LoanFile:
             {"card": x.card, "uuid": x.uuid, "path": x.path, "owners": sorted(x.owners), "memoryMiB": x.memory_mib,
              "computePercent": x.compute_percent, "idleSince": x.idle_since}
             for x in sorted(loans, key=lambda x: x.card)]}
-        write_json_atomically(self.path, doc, ".lending.")
+        write_json_atomically(self.path, doc)

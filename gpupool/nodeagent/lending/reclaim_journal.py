@@ -158,7 +158,7 @@ class ReclaimJournal:
         doc = {"version": JOURNAL_VERSION,
                "reclaims": [r.to_json() for r in sorted(self._records.values(), key=lambda r: r.pod)]}
         try:
-            write_json_atomically(self.path, doc, ".reclaims.")
+            write_json_atomically(self.path, doc)
         except OSError as exc:  # the reclaim goes on; only a restart in this state loses it
             log.error("cannot write the reclaim journal %s: %s", self.path, exc)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.api.lending import decode_lendable
+from gpupool.files.replace import TEMP_SUFFIX
 from gpupool.nodeagent.lending.reclaim_journal import JOURNAL_FILE, ReclaimStep
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from gpupool.nodeagent.pod_view import pod_view_from_json
@@ -179,4 +180,4 @@ def test_the_journal_is_written_before_the_borrower_is_signalled_and_emptied_whe
     run(body)
     assert seen == [["recorded"]]
     assert json.loads((tmp_path / JOURNAL_FILE).read_text()) == {"version": 1, "reclaims": []}
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".reclaims.")]  # no temporary file left
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(TEMP_SUFFIX)]  # no temporary file left
