@@ -6,9 +6,10 @@ only; after a reboot none of them is alive, so a file that survived it would hol
 What must hold is that a reader and a restarted agent never see a mix of two states, and the rename
 gives that on any filesystem.
 
-A write goes to a temporary file in the same directory and is renamed over the old file. On a disk
-the temporary file is fsync'ed before the rename and the directory after it, so that a power loss
-leaves the old state or the new one (the issue's "write, fsync, rename"); on tmpfs or ramfs there is
+A write goes to a temporary file in the same directory and is renamed over the old file (a failed
+write removes the temporary and leaves the old file). On a disk the temporary file is fsync'ed
+before the rename and the directory after it, so that a power loss leaves the old state or the new
+one (the issue's "write, fsync, rename"); on tmpfs or ramfs there is
 nothing to sync to and a power loss empties the directory anyway, so both fsyncs are skipped (this
 is what keeps an open's record within milliseconds; docs/monitor.md, "Measurements"). A file that is
 nevertheless torn or corrupt (a disk error, a hand edit) is moved aside as ``<name>.corrupt`` with a
@@ -21,6 +22,7 @@ import logging
 import os
 from pathlib import Path
 
+from gpupool.files.replace import replace_file
 from gpupool.nodeagent.linux.fs_kind import in_memory
 from gpupool.nodeagent.monitor.state_codec import StateFileError, decode_state, encode_state
 from gpupool.nodeagent.monitor.usage_state import UsageState
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_PATH = "/run/gpupool/monitor/state.json"
 CORRUPT_SUFFIX = ".corrupt"
-_TEMP_SUFFIX = ".tmp"
+_MODE = 0o644  # what open() gave it under the usual umask before the shared writer
 
 
 class StateFile:
@@ -56,22 +58,10 @@ class StateFile:
         return self._sync
 
     def write(self, state: UsageState) -> None:
-        """Replace the file with ``state`` (temp file, [fsync,] rename[, fsync of the directory])."""
+        """Replace the file with ``state`` (:func:`~gpupool.files.replace.replace_file`: temp file,
+        [fsync,] rename[, fsync of the directory]); mode 0644, readable by node tools."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.path.with_name(self.path.name + _TEMP_SUFFIX)
-        with open(temp, "wb") as fh:
-            fh.write(encode_state(state))
-            fh.flush()
-            if self.sync:
-                os.fsync(fh.fileno())
-        os.replace(temp, self.path)
-        if not self.sync:
-            return
-        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_file(self.path, encode_state(state), mode=_MODE, durable=self.sync)
 
     def load(self) -> UsageState | None:
         """The stored state; ``None`` when there is none or it cannot be read (reason logged)."""
