@@ -149,7 +149,8 @@ def serve(kubeconfig: str, port: int, identity: str, policy: str, profile: str |
     replica = start_replica(options, client.CoreV1Api(api_client), client.CoordinationV1Api(api_client))
     replica.housekeeping.start(replica.stop)
     metrics = TimedMetrics()
-    app = ExtenderApi(replica.service, ResourceNames(), metrics).app()
+    metrics.watch_ledger(replica.cache)
+    app = ExtenderApi(replica.service, ResourceNames(), metrics, requests=replica.cache.requests).app()
 
     spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
 

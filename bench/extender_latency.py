@@ -47,7 +47,8 @@ def _serve_forked(cache: ClusterCache, port: int, ready: Any, best_only: bool = 
     # not the shipped one best node (bench/e2e_scheduling.py measures that, through kube-scheduler)
     service = ExtenderService(cache, None, settings=ExtenderSettings(filter_best_only=best_only, filter_one_best=False))
     metrics = RecordingMetrics()
-    app = ExtenderApi(service, ResourceNames(), metrics).app()
+    metrics.watch_ledger(cache)
+    app = ExtenderApi(service, ResourceNames(), metrics, requests=cache.requests).app()
 
     async def book(request: web.Request) -> web.Response:
         doc = await request.json()

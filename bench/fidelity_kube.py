@@ -278,7 +278,7 @@ async def _replay_extender(scenario: Scenario, extender_weight: int | None, best
     settings = ExtenderSettings(filter_best_only=best_only, filter_one_best=one_best,
                                 tie_rank=tie_ranks(scenario).__getitem__)
     service = ExtenderService(cache, Binder(cache, api), settings=settings)
-    app = ExtenderApi(service, NAMES, ExtenderMetrics()).app()
+    app = ExtenderApi(service, NAMES, ExtenderMetrics(ledger=cache), requests=cache.requests).app()
     async with TestClient(TestServer(app)) as client:
         kube = KubeSchedulerStandIn(scenario, client, api, extender_weight, best_only)
         outcomes = {pod.key: await kube.schedule(pod) for pod in scenario.arrivals}

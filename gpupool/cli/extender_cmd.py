@@ -29,6 +29,8 @@ from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.claim_pods import ClaimPodRequests
+from gpupool.extender.client_image import client_image
 from gpupool.extender.dra_watch import start_claim_watch
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission, sar_permissions
@@ -44,6 +46,7 @@ from gpupool.extender.lease import LeaderElector, LeaseSettings
 from gpupool.extender.liveness import AgentLiveness
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.quota_status import QuotaStatusWriter
+from gpupool.extender.remote_injection import RemoteInjection
 from gpupool.extender.requeue import PreemptRequeue, cache_pending
 from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER, SchedulerSteering
 from gpupool.extender.service import ExtenderService, ExtenderSettings
@@ -113,9 +116,16 @@ class ExtenderOptions:
     priority is :attr:`cluster`'s threshold."""
     scheduler_name: str = GPUPOOL_SCHEDULER
     """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
+    remote_client_image: str | None = None
+    """gpupool's image: the pod-scheduler webhook gives remote-share pods an init container of it that
+    installs the GPU client, and mounts their grant (docs/remote-gpu.md); None: the extender's own
+    image, read from its pod (``leader_pod``); ``"none"``: nothing injected."""
     dra_claims: bool = False
     """Watch ResourceClaims of gpupool's DRA driver and book them in the ledger (docs/dra.md, "One
     ledger"); readiness then waits for their first list."""
+    steer_claim_pods: bool = False
+    """The pod-scheduler webhook also gives pods naming ResourceClaims gpupool's scheduler, whose
+    extender chooses their node (docs/dra.md, "Choosing between the extender path and the DRA path")."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -248,11 +258,16 @@ def run_extender(options: ExtenderOptions) -> None:
         replica.requeue.start(replica.stop)  # nudges preemptors whose victims are gone (gpupool/extender/requeue.py)
     if replica.wakeup is not None:
         replica.wakeup.start(replica.stop)  # nudges refused pods a change lets fit (gpupool/extender/wakeup.py)
-    api = ExtenderApi(service, names, ExtenderMetrics(), max_body_bytes=options.max_body_bytes)
+    cache = replica.cache
+    api = ExtenderApi(service, names, ExtenderMetrics(ledger=cache), max_body_bytes=options.max_body_bytes,
+                      requests=cache.requests,
+                      claim_pods=ClaimPodRequests(cache.claims, cache.lock) if options.dra_claims else None)
     listeners = _listeners(options)
     admission = None
     if listeners.admission_port is not None:
-        admission = _admission_app(service, api, core_v1, options.scheduler_name)
+        remote_image = client_image(options.remote_client_image, options.leader_pod, core_v1.read_namespaced_pod)
+        admission = _admission_app(cache, api, core_v1, options.scheduler_name, remote_image,
+                                   steer_claims=options.steer_claim_pods)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.cluster.resource_domain,
@@ -293,18 +308,21 @@ def _leader_label(options: ExtenderOptions, core_v1: Any, service: ExtenderServi
     return label
 
 
-def _admission_app(service: ExtenderService, api: ExtenderApi, core_v1: Any, scheduler_name: str) -> Any:
+def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, scheduler_name: str,
+                   remote_client_image: str | None = None, *, steer_claims: bool = False) -> Any:
     """The webhooks' application: quotas at pod creation, groups' subjects on pods naming a group,
     the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender), and
-    the scheduler of new GPU pods (``scheduler_name``, gpupool's own)."""
+    the scheduler of new GPU pods (``scheduler_name``, gpupool's own), with the GPU client and its
+    grant for remote shares when ``remote_client_image`` is given."""
     from kubernetes import client
 
-    cache = service.cache
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
                         pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names),
                         group_writes=GroupWriteAdmission(sar_permissions(
                             client.AuthorizationV1Api(core_v1.api_client))),
-                        steering=SchedulerSteering(api.names, scheduler_name)).app()
+                        steering=SchedulerSteering(api.names, scheduler_name, steer_claims=steer_claims),
+                        remote_injection=RemoteInjection(api.names, remote_client_image)
+                        if remote_client_image else None).app()
 
 
 def _listeners(options: ExtenderOptions) -> Listeners:
@@ -411,11 +429,21 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               help="With --admission-port: the pod-scheduler webhook (POST /admission/pod-scheduler) sets this "
                    "spec.schedulerName on new pods that ask for gpupool's resources: the profile of gpupool's own "
                    "kube-scheduler (docs/extender.md, \"Own scheduler\").")
+@click.option("--remote-client-image", default=None,
+              help="With --admission-port: gpupool's image; the pod-scheduler webhook gives each pod asking for a "
+                   "remote share an init container of it installing the GPU client, LD_PRELOAD and its grant "
+                   "Secret's volume (docs/remote-gpu.md, \"What the webhook injects\"); 'none': nothing injected "
+                   "[default: the extender's own image, read from --leader-pod; without it nothing injected].")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
 @click.option("--dra-claims/--no-dra-claims", default=False, show_default=True,
               help="Book ResourceClaims allocated from gpupool's DRA driver in the ledger, beside the "
                    "extended-resource pods (docs/dra.md, \"One ledger\"; Kubernetes 1.34+).")
+@click.option("--steer-claim-pods/--no-steer-claim-pods", default=False, show_default=True,
+              help="With --dra-claims and --admission-port: the pod-scheduler webhook also sets gpupool's scheduler "
+                   "on pods naming ResourceClaims, and the extender chooses their node (gpupool's scheduler must "
+                   "list no managedResources; docs/dra.md, \"Choosing between the extender path and the DRA "
+                   "path\").")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
 @cluster_setting_options(old_lease_namespace=False)
@@ -435,8 +463,10 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float,
              require_agent_lease: bool, tenancy: bool,
-             admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str, lending: bool,
-             dra_claims: bool, verbose: bool, server_limits: ServerLimits, cluster_flags: ClusterFlags) -> None:
+             admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str,
+             remote_client_image: str | None, lending: bool,
+             dra_claims: bool, steer_claim_pods: bool, verbose: bool, server_limits: ServerLimits,
+             cluster_flags: ClusterFlags) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -450,6 +480,9 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
                                "calls webhooks over HTTPS only) and the tenancy watches (no --no-tenancy)")
     if creator_subjects_webhook and admission_port is None:
         raise click.UsageError("--creator-subjects-webhook needs --admission-port (the extender serves that webhook)")
+    if steer_claim_pods and (not dra_claims or admission_port is None):
+        raise click.UsageError("--steer-claim-pods needs --dra-claims (the extender reads claims from its claim "
+                               "watch) and --admission-port (the webhook steers the pods)")
     if scheduler_name in ("", DEFAULT_SCHEDULER):
         raise click.UsageError(f"--scheduler-name must name gpupool's own scheduler, not {scheduler_name!r}")
     try:
@@ -470,6 +503,6 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
                                  require_agent_lease=require_agent_lease, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
-                                 lending=lending, dra_claims=dra_claims,
-                                 scheduler_name=scheduler_name,
+                                 lending=lending, dra_claims=dra_claims, steer_claim_pods=steer_claim_pods,
+                                 scheduler_name=scheduler_name, remote_client_image=remote_client_image,
                                  server_limits=server_limits))

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.quota import refused_everywhere, refused_models
 from gpupool.core.usage import ModelUse
-from gpupool.extender.service import Ledger
+from gpupool.extender.ledger_reads import TenancyLedger
+from gpupool.kube.tenancy_layers import Admissions
 from gpupool.kube.translate import TranslationError, pod_request
 
 NOTHING_USED: ModelUse = {}
@@ -50,10 +51,16 @@ class Verdict:
 ALLOWED = Verdict(True)
 
 
-class QuotaAdmission:
-    """Judges new pods against the quotas and GPU models of a :class:`Ledger` (the extender's cache)."""
+class QuotaLedger(TenancyLedger, Protocol):
+    """What the quota webhook reads: the quotas, and the GPU models' sizes the admissions keep."""
 
-    def __init__(self, ledger: Ledger, names: ResourceNames) -> None:
+    admissions: Admissions
+
+
+class QuotaAdmission:
+    """Judges new pods against the quotas and GPU models of a :class:`QuotaLedger` (the extender's cache)."""
+
+    def __init__(self, ledger: QuotaLedger, names: ResourceNames) -> None:
         self.ledger = ledger
         self.names = names
 

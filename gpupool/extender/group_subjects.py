@@ -30,7 +30,7 @@ from typing import Any
 
 from gpupool.api.tenancy import ResourceGroup, TenancyNames
 from gpupool.extender.admission import ALLOWED, Verdict
-from gpupool.extender.service import Ledger
+from gpupool.extender.ledger_reads import TenancyLedger
 
 MAX_SHOWN = 10
 """Subjects named in a refusal; more are counted."""
@@ -58,7 +58,7 @@ def _service_account(pod: Mapping[str, Any]) -> str:
 class GroupSubjectAdmission:
     """Judges pods naming a resource group against its subjects and the requester."""
 
-    def __init__(self, ledger: Ledger, names: TenancyNames) -> None:
+    def __init__(self, ledger: TenancyLedger, names: TenancyNames) -> None:
         self.ledger = ledger
         self.names = names
 

@@ -13,8 +13,10 @@ own cards (:mod:`gpupool.nodeagent.metrics`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -23,11 +25,11 @@ from prometheus_client.registry import Collector
 
 from gpupool.core.lent import LentTotals
 from gpupool.core.model import CardMode
-from gpupool.core.state import BoolArray, IntArray
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.units import BYTES_PER_MIB, COMPUTE_PER_CARD
 from gpupool.extender.booking_keeper import ASSUMPTION_ENDS, RELEASE_REASONS
-from gpupool.extender.borrowing import FilterOutcome
-from gpupool.extender.service import Ledger
+from gpupool.extender.booking_problems import BookingProblems
+from gpupool.extender.borrowing import FilterOutcome, Lending
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -39,10 +41,50 @@ CARD_STATES: tuple[tuple[str, CardMode], ...] = (
 """The ``state`` label of a healthy card by its booking mode."""
 
 
-class ExtenderMetrics:
-    """The extender's metrics in their own registry (served on ``/metrics``)."""
+class LedgerFigures(Protocol):
+    """What a scrape reads of the ledger (:class:`gpupool.extender.cache.ClusterCache`): its state
+    and readiness, and the counts of its bookings, problems, loans and assumptions.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    Why its own protocol: these are the ledger's figures for ``/metrics``, not what the service
+    decides with (:class:`gpupool.extender.service.Ledger`); the wiring code hands the concrete
+    cache to both.
+    """
+
+    lock: threading.RLock
+    state: ClusterState
+    node_problems: dict[str, str]
+
+    @property
+    def synced(self) -> bool:
+        """True once the ledger reflects a full list of nodes and pods."""
+
+    @property
+    def problems(self) -> BookingProblems:
+        """Over-committed cards and unreadable claims; read under ``lock``."""
+
+    @property
+    def released_bookings(self) -> Mapping[str, int]:
+        """Bookings given back because their pod ended, by how; read under ``lock``."""
+
+    @property
+    def lending(self) -> Lending:
+        """The borrower rules, with their filter outcomes and placements counted."""
+
+    @property
+    def assumed_pods(self) -> int:
+        """Pods the filter's assumptions hold now; read under ``lock``."""
+
+    @property
+    def assumption_ends(self) -> Mapping[str, int]:
+        """Assumptions ended, by how; read under ``lock``."""
+
+
+class ExtenderMetrics:
+    """The extender's metrics in their own registry (served on ``/metrics``): the HTTP layer's
+    request counts and latencies, and, given a ``ledger``, its cluster-wide totals read at scrape
+    time (the wiring code passes the cache; the HTTP layer never reaches into it)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, ledger: LedgerFigures | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter("gpupool_extender_requests", "Extender requests by verb and outcome",
                                 ["verb", "outcome"], registry=self.registry)
@@ -54,13 +96,15 @@ class ExtenderMetrics:
         self.binds_in_flight = Gauge("gpupool_extender_binds_in_flight",
                                      "Binds started and not yet answered (each holds a booking)",
                                      registry=self.registry)
+        if ledger is not None:
+            self.watch_ledger(ledger)
 
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         """Count one request and its latency."""
         self.requests.labels(verb, outcome).inc()
         self.latency.labels(verb).observe(seconds)
 
-    def watch_ledger(self, ledger: Ledger) -> None:
+    def watch_ledger(self, ledger: LedgerFigures) -> None:
         """Export the ledger's cluster-wide totals and its booking conflicts, read at scrape time."""
         self.registry.register(LedgerCollector(ledger))
 
@@ -110,7 +154,7 @@ class LedgerTotals:
     """Assumptions ended, by how (:data:`ASSUMPTION_ENDS` order)."""
 
     @classmethod
-    def read(cls, ledger: Ledger) -> LedgerTotals:
+    def read(cls, ledger: LedgerFigures) -> LedgerTotals:
         """Copy what the totals need under the ledger's lock, then sum outside it."""
         with ledger.lock:
             state = ledger.state
@@ -195,7 +239,7 @@ TOTAL_GAUGES: tuple[tuple[str, str, Callable[[LedgerTotals], float]], ...] = (
 class LedgerCollector(Collector):
     """The ledger's totals as gauges; one short lock hold per scrape."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerFigures) -> None:
         self.ledger = ledger
 
     def describe(self) -> list[Metric]:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import PodRequest
-from gpupool.core.policies import make_policy
+from gpupool.core.policies import PlacementPolicy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
 from gpupool.extender.victims import Holder, choose_victims, fits_on
@@ -33,8 +33,11 @@ class PreemptLedger(Protocol):
     lock: threading.RLock
     state: ClusterState
     admissions: Admissions
-    policy_name: str
     profile: WorkloadProfile | None
+    """The workload profile the ledger's scheduler was built with (what-if schedulers use it too)."""
+
+    def new_policy(self) -> PlacementPolicy:
+        """A fresh instance of the ledger's placement policy."""
 
     def key_for_uid(self, uid: str) -> str | None:
         """``namespace/name`` of a known pod by uid."""
@@ -72,7 +75,7 @@ class NoFollowUp:
 def what_if_scheduler(ledger: PreemptLedger) -> Callable[[ClusterState], Scheduler]:
     """Builds the scheduler over a what-if copy as the ledger's own is built (policy, workload profile)."""
     def build(state: ClusterState) -> Scheduler:
-        return Scheduler(state, make_policy(ledger.policy_name), profile=ledger.profile)
+        return Scheduler(state, ledger.new_policy(), profile=ledger.profile)
     return build
 
 

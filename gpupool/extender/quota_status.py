@@ -28,7 +28,7 @@ from typing import Any
 
 from gpupool.api.quota_status import quota_status
 from gpupool.api.tenancy import API_VERSION
-from gpupool.extender.service import Ledger
+from gpupool.extender.ledger_reads import TenancyLedger
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class StatusWrite:
 class QuotaStatusWriter:
     """The leader's periodic writer of GpuQuota statuses."""
 
-    def __init__(self, ledger: Ledger, custom_api: Any, is_leader: Callable[[], bool], *,
+    def __init__(self, ledger: TenancyLedger, custom_api: Any, is_leader: Callable[[], bool], *,
                  interval_s: float = DEFAULT_INTERVAL_S, max_writes: int = DEFAULT_MAX_WRITES,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger

@@ -27,7 +27,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.feasibility import shape_problem
 from gpupool.core.model import PodRequest
 from gpupool.extender.admission import ALLOWED, Verdict
-from gpupool.extender.service import Ledger
+from gpupool.extender.ledger_reads import ReadyLedger
 from gpupool.kube.memory_quantity import size_rewrites, with_counts
 from gpupool.kube.translate import TranslationError, pod_request, pod_wants_gpu
 
@@ -40,7 +40,7 @@ same, and the check walks every card of the cluster (about 2.5 ms at 5,000 nodes
 class RequestAdmission:
     """Judges what new pods ask for against the extender's ledger (its nodes' cards)."""
 
-    def __init__(self, ledger: Ledger | None, names: ResourceNames) -> None:
+    def __init__(self, ledger: ReadyLedger | None, names: ResourceNames) -> None:
         self.ledger = ledger
         self.names = names
         self._memo: OrderedDict[Hashable, str | None] = OrderedDict()

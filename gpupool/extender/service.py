@@ -12,7 +12,6 @@ data itself, keyed by the number (:meth:`ExtenderService.row_names`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -21,26 +20,22 @@ import numpy as np
 
 from gpupool.core.feasibility import request_problem
 from gpupool.core.fragmentation import FloatArray, WorkloadProfile
+from gpupool.core.lent_view import PolicyFactory
 from gpupool.core.model import Placement, PodRequest
-from gpupool.core.policies import PlacementPolicy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.booking_keeper import ASSUMED_REFUSED, ASSUMED_REPLACED
-from gpupool.extender.booking_problems import BookingProblems
-from gpupool.extender.borrowing import Lending
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
 from gpupool.extender.node_scores import scale_scores as scale_scores
 from gpupool.extender.one_best import TIED_NOT_FIRST, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
-from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, answer_preemption
-from gpupool.extender.victims import Holder
+from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, PreemptLedger, answer_preemption
 from gpupool.kube.refusal_texts import alias_problem, with_outside
 from gpupool.kube.tenancy import PodTenancy
-from gpupool.kube.tenancy_book import TenancyBook
-from gpupool.kube.tenancy_layers import Admission, Admissions
+from gpupool.kube.tenancy_layers import Admission
 
 NOT_SYNCED = "gpupool extender: the cluster cache has not synced yet; retry shortly"
 UNKNOWN_NODE = "node is not in the gpupool extender's cache"
@@ -48,16 +43,28 @@ NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 NO_ROWS.flags.writeable = False
 
 
-class Ledger(Protocol):
-    """What the service reads: the booked cluster state, its scheduler, and readiness.
+class BorrowerPlacement(Protocol):
+    """Places a pod on lent capacity when no owned capacity holds it (:class:`gpupool.extender.borrowing.Lending`)."""
 
-    :class:`gpupool.extender.cache.ClusterCache` is the implementation fed by the API.
+    def place(self, state: ClusterState, request: PodRequest, rows: IntArray, policy: PolicyFactory,
+              profile: WorkloadProfile | None, explain_limit: int,
+              pod: Mapping[str, Any] | None = None) -> tuple[IntArray, FloatArray, dict[int, str]]:
+        """The rows among ``rows`` whose loans can hold the pod, their scores, and per row a note."""
+
+
+class Ledger(PreemptLedger, Protocol):
+    """What the four verbs read and book: the booked cluster state and its scheduler, why nodes are
+    refused, the filter's assumptions, and readiness (with :class:`PreemptLedger`'s reads for preempt).
+
+    Only what the service calls: the ledger's figures for ``/metrics``
+    (:class:`gpupool.extender.metrics.LedgerFigures`), the webhooks' and the quota status's reads
+    (each declares its own) and the housekeeping's are no part of it; wiring code hands those
+    consumers the concrete :class:`gpupool.extender.cache.ClusterCache`, which implements them all.
     """
 
-    lock: threading.RLock
-    state: ClusterState
     scheduler: Scheduler
     node_problems: dict[str, str]
+    """Per node whose object the ledger cannot read, why no GPU pod is placed there."""
     share_refusals: dict[str, str]
     """Per node that takes whole GPUs only, why (no GPU slice is placed there)."""
     served_aliases: dict[str, frozenset[str]]
@@ -65,47 +72,18 @@ class Ledger(Protocol):
     served_aliases_version: int
     """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
     soft_tainted: set[str]  # nodes with a PreferNoSchedule taint (gpupool/extender/one_best.py)
-    policy_name: str
-    profile: WorkloadProfile | None
-    tenancy: TenancyBook
-    admissions: Admissions
-    """Resource groups and quotas, and the admission of a pod under them (see
-    :mod:`gpupool.kube.tenancy_layers`)."""
-    """The placement policy and the workload profile the scheduler was built with (what-if
-    questions build their own scheduler the same way)."""
 
     @property
     def synced(self) -> bool:
         """True once the ledger reflects a full list of nodes and pods."""
 
     @property
-    def released_bookings(self) -> Mapping[str, int]:
-        """Bookings given back because their pod ended, by how (deleted, finished, cleared); read
-        under ``lock``."""
-
-    @property
-    def problems(self) -> BookingProblems:
-        """Claims the ledger cannot square (over-committed cards, unreadable assignments); read
-        under ``lock``."""
-
-    @property
     def claim_problems(self) -> dict[str, str]:
         """Per node holding a pod whose assignment cannot be read, why GPU pods are refused there."""
 
-    def unreadable_on(self, node: str) -> frozenset[str]:
-        """Pods bound to ``node`` whose assignment cannot be read."""
-
-    def key_for_uid(self, uid: str) -> str | None:
-        """``namespace/name`` of a known pod by uid."""
-
-    def holders_on(self, node: str) -> list[Holder]:
-        """The pods booked on ``node``, with their priority and whether they borrow lent capacity."""
-
-    lending: Lending
-    """Who may borrow lent capacity and which waiting pod first (:mod:`gpupool.extender.borrowing`)."""
-
-    def new_policy(self) -> PlacementPolicy:
-        """A fresh instance of the placement policy."""
+    @property
+    def lending(self) -> BorrowerPlacement:
+        """Who may borrow lent capacity and which waiting pod first (:mod:`gpupool.extender.borrowing`)."""
 
     def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
         """Book the filter's choice on the one node it passes until the pod's bind (``ASSUMED``)."""
@@ -115,14 +93,6 @@ class Ledger(Protocol):
 
     def drop_lapsed(self) -> list[str]:
         """End the assumptions past their deadline."""
-
-    @property
-    def assumed_pods(self) -> int:
-        """Pods the filter's assumptions hold now; read under ``lock``."""
-
-    @property
-    def assumption_ends(self) -> Mapping[str, int]:
-        """Assumptions ended, by how; read under ``lock``."""
 
 
 class RefusedPods(Protocol):
@@ -431,7 +401,8 @@ class ExtenderService:
 
     def _versions(self) -> tuple[int, int, int, int]:
         state = self.cache.state
-        return state.version, state.layout_version, self.cache.served_aliases_version, self.cache.tenancy.version
+        return (state.version, state.layout_version, self.cache.served_aliases_version,
+                self.cache.admissions.book.version)
 
     def _reusable_filter(self, request: PodRequest, names: list[str],
                          aliases: frozenset[str]) -> _FilterMemo | None:

@@ -312,13 +312,13 @@ def _extender_routes(url_prefix: str) -> set[tuple[str, str]]:
     cache = ClusterCache()
     service = ExtenderService(cache, Binder(cache, FakePodApi()), is_leader=lambda: True,
                               leader_name=lambda: "x")
-    app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app(url_prefix)
+    app = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache)).app(url_prefix)
     return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
 
 
 def _probe_routes() -> set[tuple[str, str]]:
     cache = ClusterCache()
-    app = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics()).probe_app()
+    app = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics(ledger=cache)).probe_app()
     return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
 
 

@@ -60,7 +60,7 @@ def run(
         service = ExtenderService(
             cache, Binder(cache, api), is_leader=lambda: leader, leader_name=lambda: "replica-0", settings=settings
         )
-        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache), requests=cache.requests).app()
         async with TestClient(TestServer(app)) as client:
             await scenario(client, api, cache)
 

@@ -69,7 +69,7 @@ def run(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
         cache.replace_pods(api.list_pods())
         api.listeners.append(lambda kind, p: cache.remove_pod(p) if kind == "DELETED" else cache.upsert_pod(p))
         service = ExtenderService(cache, Binder(cache, api), settings=settings)
-        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache)).app()
         async with TestClient(TestServer(app)) as client:
             await scenario(World(client, api, cache))
 

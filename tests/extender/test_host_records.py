@@ -123,7 +123,7 @@ def test_http_answers_from_records_are_the_compact_documents() -> None:
 
     async def main() -> None:
         cache, service = _service(names)
-        api = ExtenderApi(service, ResourceNames(), ExtenderMetrics())
+        api = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache), requests=cache.requests)
         async with TestClient(TestServer(api.app())) as client:
             for i in range(6):
                 p = pod(f"p{i}", container(mib=4069 * (1 + i % 4)))

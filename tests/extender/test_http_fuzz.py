@@ -114,7 +114,7 @@ class Server:
             self.api.create_pod(p)
         service = ExtenderService(cache, Binder(cache, self.api), is_leader=lambda: True,
                                   leader_name=lambda: "replica-0")
-        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics()).app()
+        app = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache)).app()
 
         async def start() -> TestClient:
             client = TestClient(TestServer(app))

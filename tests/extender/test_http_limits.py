@@ -41,7 +41,7 @@ def serve(scenario: Scenario, *, nodes: list[dict[str, Any]] | None = None, cap:
         cache.replace_pods(ALIBABA_PODS)
         service = ExtenderService(cache, Binder(cache, api), is_leader=lambda: True, leader_name=lambda: "r0",
                                   settings=settings)
-        extender = ExtenderApi(service, ResourceNames(), ExtenderMetrics(), max_body_bytes=cap)
+        extender = ExtenderApi(service, ResourceNames(), ExtenderMetrics(ledger=cache), max_body_bytes=cap)
         async with TestClient(TestServer(extender.app())) as client:
             await scenario(client, extender)
 

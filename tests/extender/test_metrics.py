@@ -89,7 +89,7 @@ def serve(scenario: Scenario, cache: ClusterCache) -> None:
             if p.raw is not None:
                 api.create_pod(dict(p.raw))
         service = ExtenderService(cache, Binder(cache, api), is_leader=lambda: True, leader_name=lambda: "r")
-        metrics = ExtenderMetrics()
+        metrics = ExtenderMetrics(ledger=cache)
         app = ExtenderApi(service, ResourceNames(), metrics).app()
         async with TestClient(TestServer(app)) as client:
             await scenario(client, cache, metrics)

@@ -119,7 +119,7 @@ def test_the_watch_and_the_filter_share_the_caches_memo() -> None:
     cache.replace_pods([])
     added = pod("p", container(gpu_mem=4))
     cache.upsert_pod(copy.deepcopy(added))
-    api = ExtenderApi(ExtenderService(cache, None), NAMES, ExtenderMetrics())
+    api = ExtenderApi(ExtenderService(cache, None), NAMES, ExtenderMetrics(), requests=cache.requests)
     assert api._pod_request(copy.deepcopy(added)) == pod_request(added, NAMES)
     bound = copy.deepcopy(added)
     _bound(bound)

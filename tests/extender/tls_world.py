@@ -112,7 +112,7 @@ def serving(files: TlsFiles, limits: ServerLimits | None = None) -> Iterator[Ser
     cache = ClusterCache(policy="binpack")
     cache.replace_nodes([node("N1", [16276])])
     cache.replace_pods([])
-    api = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics())
+    api = ExtenderApi(ExtenderService(cache, None), ResourceNames(), ExtenderMetrics(ledger=cache))
     tls = ReloadingTls(files, interval_s=3600)
     listeners = Listeners(LOOPBACK, free_port(), tls, free_port(), limits=limits or ServerLimits())
     loop = asyncio.new_event_loop()

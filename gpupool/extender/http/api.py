@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpupool.api.names import ResourceNames
 from gpupool.api.tenancy import TenancyNames
 from gpupool.core.model import PodRequest
+from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.http.host_records import RecordsForLayout
 from gpupool.extender.http.wire import (
@@ -65,6 +66,18 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[tuple[Any, str]]]
 
+NOT_LEADER = "not_leader"
+"""The outcome (metrics label) of a verb answered by a replica that would not bind now: a follower,
+or a new leader still catching up. Filter answers :func:`not_binding_error`, prioritize its scores
+(kube-scheduler ignores a prioritize error anyway), bind the service's refusal; each closes the
+connection (docs/extender.md, "High availability")."""
+
+
+def not_binding_error(reason: str) -> str:
+    """The filter ``Error`` of a replica that would refuse the pod's bind: kube-scheduler puts the pod
+    in its backoff queue (1 s, doubling to 10 s) and its next try connects through the Service."""
+    return f"this gpupool extender replica does not bind now ({reason}); retry shortly"
+
 class RawJson:
     """A response body that is already encoded JSON (built faster than a generic encoder would)."""
 
@@ -87,21 +100,29 @@ class ExtenderApi:
     """Binds an :class:`ExtenderService` to HTTP routes."""
 
     def __init__(self, service: ExtenderService, names: ResourceNames, metrics: ExtenderMetrics,
-                 bind_workers: int = BIND_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 bind_workers: int = BIND_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, *,
+                 requests: RequestMemo | None = None, claim_pods: ClaimPodRequests | None = None) -> None:
+        """``metrics``: served on ``/metrics`` as built (the ledger's totals are there when its
+        builder gave it the ledger, :class:`ExtenderMetrics`). ``requests``: the watch's memo of
+        translated pods (``ClusterCache.requests``), so a pod's filter reuses what its watch event
+        translated; None keeps a memo of the API's own. ``claim_pods``: with the claim watch, a
+        pod's pending DRA claims join its request in filter and prioritize, so gpupool chooses the
+        node of claim pods too (docs/dra.md, "Choosing between the extender path and the DRA path")."""
+        if requests is not None and requests.names != names:
+            raise ValueError("the request memo translates with other resource names than the API's")
         self.service = service
         self.bodies = BodyReader(max_body_bytes)
         self.names = names
         self.tenancy_names = TenancyNames(names.domain)
         self.metrics = metrics
-        metrics.watch_ledger(service.cache)
         self.pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="gpupool-bind")
         # one thread: concurrent scrapes queue instead of rendering side by side
         self.scrapes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-metrics")
         self.priorities = HostPriorityEncoder()
         self.records = RecordsForLayout(service.row_names)
-        shared = getattr(service.cache, "requests", None)  # the watch's (ClusterCache), when it translates alike
-        self.requests = shared if isinstance(shared, RequestMemo) and shared.names == names else RequestMemo(names)
+        self.requests = requests if requests is not None else RequestMemo(names)
         """Translated requests: the pod's filter call reuses what its watch event translated."""
+        self.claim_pods = claim_pods
 
     # ----------------------------------------------------------------------------------- verbs
     def _pod_request(self, pod: dict[str, Any]) -> PodRequest:
@@ -112,14 +133,35 @@ class ExtenderApi:
         except InvalidObjectError as exc:
             raise WireError(str(exc)) from None
 
+    def _placed_request(self, pod: dict[str, Any]) -> PodRequest:
+        """What filter and prioritize place: the pod's request and its pending claims' asks of
+        gpupool's cards (not preempt's: the extender never preempts for a claim)."""
+        request = self._pod_request(pod)
+        return request if self.claim_pods is None else self.claim_pods.request(pod, request)
+
     def _tenant(self, pod: dict[str, Any]) -> PodTenancy:
         """The pod's group, namespace and card controls; :class:`TranslationError` for a broken one."""
         return pod_tenancy(pod, self.tenancy_names)
 
+    def _not_binding_here(self) -> str:
+        """Why a pod scheduled through this replica would have its bind refused ("" when it would not).
+
+        Under leader election only the leader, once its term caught up, binds; the Service routes
+        kube-scheduler to it by its label, so a follower is called only through a stale route (a
+        label the previous leader could not take off, a kept-alive connection from when it led).
+        A cache that has not synced is left to the verbs' own answer (``NOT_SYNCED``).
+        """
+        if self.service.binder is None or not self.service.cache.synced:
+            return ""
+        return self.service.unready()
+
     async def _filter(self, doc: Any) -> tuple[Any, str]:
         args = parse_extender_args(doc)
+        refusal = self._not_binding_here()
+        if refusal:  # the pod would pass here and have its bind refused: say so now, retryably
+            return FilterResult(error=not_binding_error(refusal)).to_json(args), NOT_LEADER
         try:
-            request = self._pod_request(args.pod)
+            request = self._placed_request(args.pod)
             tenant = self._tenant(args.pod)
         except TranslationError as exc:
             return FilterResult(error=str(exc)).to_json(args), "invalid_pod"
@@ -153,7 +195,7 @@ class ExtenderApi:
     async def _prioritize(self, doc: Any) -> tuple[Any, str]:
         args: ExtenderArgs = parse_extender_args(doc)
         try:
-            request = self._pod_request(args.pod)
+            request = self._placed_request(args.pod)
             tenant = self._tenant(args.pod)
         except TranslationError as exc:
             # HostPriorityList has no Error field: score every node 0 and log the reason.
@@ -166,6 +208,8 @@ class ExtenderApi:
         body = self.records.priority_list(scores)
         if body is None:
             body = self.priorities.encode_lists(scores.hosts, scores.scores)
+        if self._not_binding_here():  # scores are harmless; the connection is closed (_endpoint)
+            return RawJson(body), NOT_LEADER
         return RawJson(body), "error" if error else "ok"
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
@@ -179,6 +223,8 @@ class ExtenderApi:
         if result.error:
             log.info("bind %s/%s → %s refused: %s", args.pod_namespace, args.pod_name, args.node,
                      result.error)
+            if self._not_binding_here():
+                return binding_result(result.error), NOT_LEADER
         return binding_result(result.error), "error" if result.error else "ok"
 
     async def _preempt(self, doc: Any) -> tuple[Any, str]:
@@ -226,6 +272,10 @@ class ExtenderApi:
                                     headers=headers)
             if status in (413, 503):
                 response.force_close()  # do not read (or linger over) the rest of a refused body
+            elif outcome == NOT_LEADER:
+                # kube-scheduler keeps its connections open, and kube-proxy routes a connection,
+                # not a request: closed, the next call connects through the Service to the leader
+                response.force_close()
             return response
 
         return endpoint
