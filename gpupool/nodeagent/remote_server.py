@@ -26,9 +26,7 @@ docs/remote-gpu.md, "Scheduling a remote share".
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from gpupool.api.annotations import AnnotationError
 from gpupool.api.names import ResourceNames
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, encode_clients
 from gpupool.api.remote_share import decode_remote_share
+from gpupool.files.replace import replace_file
 
 TOKEN_BYTES = 32
 """Random bytes per token; URL-safe base64 makes 43 characters of them."""
@@ -127,15 +126,7 @@ def write_clients_file(path: Path, text: str) -> bool:
             return False
     except FileNotFoundError:
         pass
-    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(staged, 0o600)
-        os.replace(staged, path)
-    except BaseException:
-        Path(staged).unlink(missing_ok=True)
-        raise
+    replace_file(path, text, mode=0o600)  # the tokens are secrets
     return True
 
 
