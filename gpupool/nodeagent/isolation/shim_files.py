@@ -32,11 +32,11 @@ import contextlib
 import logging
 import os
 import re
-import secrets
 import shutil
 from dataclasses import dataclass
 
 from gpupool.api.shim_contract import AGENT_SOCKET_NAME, GRANT_FILE, PRELOAD_LINE, REGION_FILE, TOKEN_FILE
+from gpupool.files.replace import replace_file
 from gpupool.shim.region import SIZE as REGION_BYTES
 
 log = logging.getLogger(__name__)
@@ -114,11 +114,7 @@ def install_library(layout: ShimLayout, source: str) -> str:
     with contextlib.suppress(OSError), open(target, "rb") as fh:
         if fh.read() == data:
             return target
-    tmp = f"{target}.{secrets.token_hex(8)}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, target)
+    replace_file(target, data, mode=0o755)
     return target
 
 
@@ -127,11 +123,7 @@ def write_if_changed(path: str, text: str, mode: int) -> None:
     with contextlib.suppress(OSError), open(path, encoding="utf-8") as fh:
         if fh.read() == text:
             return
-    tmp = f"{path}.{secrets.token_hex(8)}.tmp"  # unique per writer, thread or process
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    replace_file(path, text, mode=mode)
 
 
 def prepare_container(layout: ShimLayout, pod_uid: str, container: str, token: str, grant: str) -> str:
