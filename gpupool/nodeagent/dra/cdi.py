@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.files.replace import replace_file
 from gpupool.nodeagent.types import ContainerGrant
 
 #: The directory containerd and CRI-O read CDI specs from by default (the dynamic one).
@@ -47,16 +47,8 @@ class CdiSpecs:
         """Write the claim's spec (replacing an older one); the CDI device ID."""
         os.makedirs(self.directory, exist_ok=True)
         path = self.path(claim_uid)
-        # a temporary name of its own: two writes of one claim may run at once (in threads)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":")))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        # replace_file's temporary has a name of its own: two writes of one claim may run at once (threads)
+        replace_file(path, json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":")), mode=0o644)
         return self.device_id(claim_uid)
 
     def exists(self, claim_uid: str) -> bool:

@@ -9,13 +9,13 @@ says what to do; the agent does not guess.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.files.replace import replace_file
 from gpupool.nodeagent.dra.claim_allocation import AllocatedShare, ClaimRef
 
 FORMAT_VERSION = 1
@@ -92,13 +92,7 @@ def load(path: str) -> dict[str, PreparedClaim]:
 
 
 def save(path: str, claims: Mapping[str, PreparedClaim]) -> None:
-    """Write ``claims`` to ``path`` atomically."""
+    """Write ``claims`` to ``path`` atomically: a reader sees the old claims or the new (mode 0644;
+    renamed, not fsync'ed)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(encode(claims))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    replace_file(path, encode(claims), mode=0o644)
