@@ -12,12 +12,11 @@ fills it in when the GPU node's agent has written it).
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from gpupool.files.replace import replace_file
 
 CLIENT_NAME = "libcuda.so.1"
 GRANT_KEYS = ("remote_endpoint", "remote_token")
@@ -33,15 +32,7 @@ def copy_client(source: Path, into: Path) -> Path:
     """Copy the GPU client into ``into`` as ``libcuda.so.1`` (written beside, then renamed: a
     program never loads half a library), mode 0755."""
     into.mkdir(parents=True, exist_ok=True)
-    fd, staged = tempfile.mkstemp(prefix=f".{CLIENT_NAME}.", dir=into)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, staged)
-        os.chmod(staged, 0o755)
-        os.replace(staged, into / CLIENT_NAME)
-    except BaseException:
-        Path(staged).unlink(missing_ok=True)
-        raise
+    replace_file(into / CLIENT_NAME, source.read_bytes(), mode=0o755)
     return into / CLIENT_NAME
 
 
