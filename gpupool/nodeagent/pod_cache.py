@@ -11,6 +11,11 @@ selector), watches on from the list's version, re-lists after ``410 Gone`` and b
 capped, jittered) on errors. Each pod is decoded on that thread and handed to the event loop in
 order (``call_soon_threadsafe``); the store is read and written only on the loop.
 
+One decode per event: each pod is read once, on the watch thread, into a
+:class:`~gpupool.nodeagent.node_pod.NodePod` (:func:`~gpupool.nodeagent.node_pod.decode_node_pod`).
+The store keeps its view; the feeds (:attr:`NodePodCache.feeds`: the lending side's pods, the
+container directory) receive that same record, never the raw object, so none decodes it again.
+
 How :meth:`NodePodCache.get` answers (the :class:`PodSource` contract):
 
 * from the store at once when the watch has delivered the pod (the normal case);
@@ -33,18 +38,17 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import Backoff, ListFn, ListWatch
-from gpupool.nodeagent.pod_view import pod_view_from_json
+from gpupool.nodeagent.node_pod import NodePod, PodEntry, PodKey, UnreadablePod, decode_node_pod
 from gpupool.nodeagent.types import PodView
 
 log = logging.getLogger(__name__)
 
-PodKey = tuple[str, str]
 ReadPod = Callable[[str, str], Awaitable[PodView | None]]
 """The last-resort read of one pod by name (an API GET); ``None`` when it does not exist."""
 
@@ -61,27 +65,22 @@ BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_JITTER = 0.5, 30.0, 0.5
 WATCH_TIMEOUT_RANGE_S = (300, 600)
 
 
-class PodFeed(Protocol):
-    """Also receives the raw pods the watch delivers, on the watch's thread (the usage monitor's
-    container directory: it needs ``status.containerStatuses``, which the pod view drops)."""
+DecodePod = Callable[[Mapping[str, Any], ResourceNames], NodePod | None]
+"""Reads one pod object into its record (:func:`decode_node_pod`; a test may count the calls)."""
 
-    def on_list(self, items: Iterable[dict[str, Any]]) -> None:
+
+class PodFeed(Protocol):
+    """Also receives the pods the watch delivers, decoded, on the watch's thread (the lending side's
+    pods; the usage monitor's container directory, which needs the runtime container IDs the pod
+    view drops)."""
+
+    def on_list(self, pods: Iterable[NodePod]) -> None:
         """A full list of this node's pods."""
         ...
 
-    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+    def on_event(self, kind: str, pod: NodePod) -> None:
         """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``)."""
         ...
-
-
-@dataclass(frozen=True)
-class UnreadablePod:
-    """A pod of this node whose spec or annotations cannot be decoded; ``get`` raises with this."""
-
-    error: str
-
-
-PodEntry = PodView | UnreadablePod
 
 
 @dataclass
@@ -100,25 +99,13 @@ class PodCacheStats:
     """API GETs: the pod had not arrived within :data:`ARRIVAL_WAIT_S` (the last resort)."""
 
 
-def decode_pod(obj: dict[str, Any], names: ResourceNames) -> tuple[PodKey, PodEntry] | None:
-    """A watched pod as a store entry; ``None`` when it has no name to key it by."""
-    meta = obj.get("metadata") or {}
-    if not meta.get("name"):
-        return None
-    key = (str(meta.get("namespace", "default")), str(meta["name"]))
-    try:
-        return key, pod_view_from_json(obj, names)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return key, UnreadablePod(f"pod {key[0]}/{key[1]} cannot be read: {type(exc).__name__}: {exc}")
-
-
 class NodePodCache:
     """:meth:`PodSource.get` over a watch of one node's pods; :meth:`run` keeps it current."""
 
     def __init__(self, node: str, names: ResourceNames, list_pods: ListFn, read: ReadPod, *,
                  arrival_wait_s: float = ARRIVAL_WAIT_S, absent_ttl_s: float = ABSENT_TTL_S,
                  backoff: Backoff | None = None, watch_timeout_s: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, decode: DecodePod = decode_node_pod) -> None:
         self.node = node
         self.names = names
         self.stats = PodCacheStats()
@@ -129,14 +116,15 @@ class NodePodCache:
         self._backoff = backoff or Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_JITTER)
         self._watch_timeout_s = watch_timeout_s or random.randrange(*WATCH_TIMEOUT_RANGE_S)
         self._clock = clock
+        self._decode = decode
         self._entries: dict[PodKey, PodEntry] = {}
         self._absent_since: dict[PodKey, float] = {}
         self._arrivals: dict[PodKey, list[asyncio.Future[None]]] = {}
         self._synced = asyncio.Event()
         self.watch: ListWatch | None = None
         self.feeds: list[PodFeed] = []
-        """Told of every list and event as it arrives (on the watch thread); a failing feed is
-        logged and never stops the watch."""
+        """Told of every list and event as it arrives (on the watch thread), with the record the
+        cache decoded; a failing feed is logged and never stops the watch."""
 
     # ------------------------------------------------------------------ reading (PodSource)
     @property
@@ -250,21 +238,21 @@ class NodePodCache:
                     stop.set()
 
         def on_list(items: Iterable[dict[str, Any]]) -> None:
-            ours = [obj for obj in items if self._ours(obj)]
-            self._feed("list", lambda feed: feed.on_list(ours))
-            decoded = (decode_pod(obj, self.names) for obj in ours)
-            post(self.replace, dict(d for d in decoded if d is not None))
+            decoded = [self._decode(obj, self.names) for obj in items if self._ours(obj)]
+            pods = [pod for pod in decoded if pod is not None]
+            self._feed("list", lambda feed: feed.on_list(pods))
+            post(self.replace, {pod.key: pod.view for pod in pods})
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
-            self._feed(kind, lambda feed: feed.on_event(
-                kind if self._ours(obj) or kind == "DELETED" else "DELETED", obj))
-            decoded = decode_pod(obj, self.names)
-            if decoded is None:
+            pod = self._decode(obj, self.names)
+            if pod is None:
                 return
-            if kind == "DELETED" or not self._ours(obj):
-                post(self.remove, decoded[0])
+            gone = kind == "DELETED" or not self._ours(obj)
+            self._feed(kind, lambda feed: feed.on_event("DELETED" if gone else kind, pod))
+            if gone:
+                post(self.remove, pod.key)
             else:
-                post(self.upsert, *decoded)
+                post(self.upsert, pod.key, pod.view)
 
         self.watch = ListWatch(f"pods on {self.node}", self._list_pods, on_list, on_event, stop=stop,
                                watch_timeout_s=self._watch_timeout_s, backoff=self._backoff,

@@ -2,6 +2,8 @@
 
 One converter for every source: the kubernetes client's objects are turned into plain JSON with
 ``ApiClient().sanitize_for_serialization`` first, and the in-memory test API stores JSON already.
+The watch's events are read by :func:`gpupool.nodeagent.node_pod.decode_node_pod`, which builds the
+view with :func:`pod_view_from_parts` from the assignment it decoded once for every reader.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gpupool.nodeagent.allocated_codec import served_resources
 from gpupool.nodeagent.assignment_codec import node_assignment
 from gpupool.nodeagent.types import (
     ContainerView,
+    NodeAssignment,
     PodView,
 )
 
@@ -62,9 +65,32 @@ def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str
     return found
 
 
+def pod_assignment(annotations: Mapping[str, Any], names: ResourceNames,
+                   pod_key: str) -> tuple[NodeAssignment | None, str]:
+    """The pod's ``assignment-v1`` decoded; ``(None, why)`` when it does not decode, ``(None, "")``
+    when the pod has none."""
+    raw = annotations.get(names.assignment)
+    if raw is None:
+        return None, ""
+    try:
+        return node_assignment(raw, pod_key), ""
+    except AnnotationError as exc:
+        return None, str(exc)
+
+
 def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     """Reduce a pod to its identity, containers' GPU limits (gpupool's resources and the foreign
-    aliases, any of which kubelet may allocate), phase and decoded assignment."""
+    aliases, any of which kubelet may allocate), phase and decoded assignment (a single GET; the
+    watch decodes its events with :func:`gpupool.nodeagent.node_pod.decode_node_pod`)."""
+    meta = pod.get("metadata") or {}
+    pod_key = f"{meta.get('namespace', 'default')}/{meta['name']}"
+    return pod_view_from_parts(pod, names, *pod_assignment(meta.get("annotations") or {}, names, pod_key))
+
+
+def pod_view_from_parts(pod: Mapping[str, Any], names: ResourceNames, assignment: NodeAssignment | None,
+                        assignment_error: str) -> PodView:
+    """:func:`pod_view_from_json` with the assignment already decoded (:func:`pod_assignment`), so a
+    reader that needs it too decodes it once."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -83,13 +109,6 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
                                             claims=claims))
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     annotations = meta.get("annotations") or {}
-    raw = annotations.get(names.assignment)
-    assignment, error = None, ""
-    if raw is not None:
-        try:
-            assignment = node_assignment(raw, f"{namespace}/{name}")
-        except AnnotationError as exc:
-            error = str(exc)
     allocated: dict[str, frozenset[str]] = {}
     raw_allocated = annotations.get(names.allocated)
     if raw_allocated:
@@ -100,5 +119,5 @@ def pod_view_from_json(pod: Mapping[str, Any], names: ResourceNames) -> PodView:
     terminated = status.get("phase") in _TERMINAL_PHASES or meta.get("deletionTimestamp") is not None
     return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
                    node=str(spec.get("nodeName", "")), created=_created(meta), terminated=terminated,
-                   containers=tuple(containers), assignment=assignment, assignment_error=error,
+                   containers=tuple(containers), assignment=assignment, assignment_error=assignment_error,
                    allocated=allocated)

@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from gpupool.api.annotations import Assignment, CardRef, ContainerCards, decode_assignment, encode_assignment
+from gpupool.api.lending import LendingNames
+from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import Backoff
 from gpupool.kube.podapi import NotFoundError
+from gpupool.nodeagent import assignment_codec
+from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
+from gpupool.nodeagent.containers.pod_containers import DirectoryFeed
+from gpupool.nodeagent.lending.pods import LendingPods
+from gpupool.nodeagent.node_pod import NodePod, decode_node_pod
 from gpupool.nodeagent.pod_cache import NodePodCache
 from gpupool.nodeagent.pod_view import pod_view_from_json
 from gpupool.nodeagent.types import PodView
@@ -24,6 +33,9 @@ from tests.nodeagent.harness import NAMES
 NODE = "node-a"
 #: Long enough that a test finding a pod by waiting proves the wait ended on the pod's event.
 SLOW_ARRIVAL_S = 5.0
+
+
+WHEN = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def pod(name: str, node: str | None = NODE, mem: str = "4") -> dict[str, Any]:
@@ -265,21 +277,25 @@ class RecordingFeed:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.seen: list[tuple[str, tuple[str, ...]]] = []
+        self.records: list[NodePod] = []
 
-    def on_list(self, items: Any) -> None:
+    def on_list(self, pods: Iterable[NodePod]) -> None:
         if self.fail:
             raise RuntimeError("feed bug")
-        self.seen.append(("LIST", tuple(sorted(o["metadata"]["name"] for o in items))))
+        listed = list(pods)
+        self.records.extend(listed)
+        self.seen.append(("LIST", tuple(sorted(p.name for p in listed))))
 
-    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+    def on_event(self, kind: str, pod: NodePod) -> None:
         if self.fail:
             raise RuntimeError("feed bug")
-        self.seen.append((kind, (obj["metadata"]["name"],)))
+        self.records.append(pod)
+        self.seen.append((kind, (pod.name,)))
 
 
-def test_feeds_see_this_nodes_raw_pods_and_a_failing_feed_stops_nothing() -> None:
-    """The usage monitor's container directory is fed from the same watch (it needs the pods'
-    containerStatuses); a pod moving to another node reaches the feed as deleted."""
+def test_feeds_see_this_nodes_decoded_pods_and_a_failing_feed_stops_nothing() -> None:
+    """The lending side and the usage monitor's container directory are fed from the same watch,
+    with the record the cache decoded; a pod moving to another node reaches the feed as deleted."""
     async def main() -> None:
         feed, broken = RecordingFeed(), RecordingFeed(fail=True)
         async with watched(pod("p1"), pod("p2", node="node-b"), arrival_wait_s=0.1) as world:
@@ -289,5 +305,74 @@ def test_feeds_see_this_nodes_raw_pods_and_a_failing_feed_stops_nothing() -> Non
             world.api.delete_pod("default", "p3")
             await eventually(lambda: ("DELETED", ("p3",)) in feed.seen)
             assert cached(world) == {"p1"}
+            assert all(isinstance(r, NodePod) for r in feed.records)
+
+    asyncio.run(main())
+
+
+def gpu_pod(name: str, card: int) -> dict[str, Any]:
+    """A pod of this node with an ``assignment-v1`` on ``card``, a UID and a created container."""
+    obj = pod(name)
+    obj["metadata"]["uid"] = f"uid-{name}"
+    obj["metadata"]["annotations"] = {NAMES.assignment: encode_assignment(Assignment(NODE, WHEN, (ContainerCards(
+        "main", (CardRef(card, f"GPU-{card}", 4096, 300),)),)))}
+    obj["status"] = {"containerStatuses": [{"name": "main", "containerID": f"containerd://id-{name}"}]}
+    return obj
+
+
+def test_each_pod_event_is_decoded_once_for_the_store_and_every_feed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store, the lending side's pods and the container directory all read one decode of each
+    list entry and event: the decoder runs once per pod per list or event, and ``assignment-v1`` is
+    decoded once (the feeds used to read the raw pod again, the lending side decoding the
+    assignment a second time)."""
+    decodes: list[str] = []
+    assignment_decodes: list[str] = []
+
+    def counting_decode_assignment(text: str) -> Any:
+        assignment_decodes.append(text)
+        return decode_assignment(text)
+
+    # every node-side decode of assignment-v1 goes through assignment_codec.node_assignment
+    monkeypatch.setattr(assignment_codec, "decode_assignment", counting_decode_assignment)
+
+    def counting_decode(obj: Mapping[str, Any], names: ResourceNames) -> NodePod | None:
+        decodes.append(obj["metadata"]["name"])
+        return decode_node_pod(obj, names)
+
+    async def main() -> None:
+        api = FakePodApi()
+        api.create_pod(gpu_pod("p1", 0))
+        server = FakeListWatch(api, poll_s=0.01)
+
+        async def read(namespace: str, name: str) -> PodView | None:
+            raise AssertionError("no API read expected")
+
+        cache = NodePodCache(NODE, NAMES, server.list_pod_for_all_namespaces, read, backoff=Backoff(0.01, 0.05),
+                             watch_timeout_s=1, decode=counting_decode)
+        lending, directory = LendingPods(LendingNames(NAMES.domain)), InMemoryContainerDirectory()
+        cache.feeds[:] = [lending, DirectoryFeed(directory)]
+        task = asyncio.create_task(cache.run())
+        try:
+            assert await cache.wait_synced(10)
+            await eventually(lambda: lending.get(("default", "p1")) is not None)
+            assert decodes == ["p1"] and len(assignment_decodes) == 1
+            api.create_pod(gpu_pod("p2", 1))
+            await eventually(lambda: cache.cached("default", "p2") is not None)
+            await eventually(lambda: lending.get(("default", "p2")) is not None)
+            assert decodes == ["p1", "p2"] and len(assignment_decodes) == 2
+            found = lending.get(("default", "p2"))
+            assert found is not None and found.cards == {"main": (1,)} and found.container_ids == {"main": "id-p2"}
+            assert directory.pod("uid-p2") == ("default", "p2") and directory.container("id-p2") is not None
+            view = cache.cached("default", "p2")
+            assert view is not None and view.assignment is not None
+            assert [s.card for c in view.assignment.placement.containers for s in c.slices] == [1]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(server.hold_watches)
+            server.release_watches()
+            assert cache.watch is not None
+            await asyncio.to_thread(cache.watch.thread.join, 10)
 
     asyncio.run(main())

@@ -2,8 +2,12 @@
 
 A process's cgroup names its runtime container ID; the pod's ``status.containerStatuses[]`` (and
 ``initContainerStatuses[]``) name the same ID as ``<runtime>://<id>`` next to the container's name,
-and ``metadata.uid`` matches the pod UID in the cgroup path. The feed is called on the pod watch's
-own thread (the directory locks), with the raw pod JSON, so it needs nothing the pod view drops.
+and ``metadata.uid`` matches the pod UID in the cgroup path. :func:`pod_containers` reads them; the
+agent's pod cache calls it once per pod event, into the record it hands every feed
+(:class:`gpupool.nodeagent.node_pod.NodePod`). :class:`DirectoryFeed` is one of those feeds: called on
+the pod watch's own thread (the directory locks), it takes the IDs from the record and reads no raw
+pod itself. It asks of the record only its ``containers`` (:class:`DecodedPod`), so this package
+knows nothing of the agent's pod view.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 
@@ -46,6 +50,15 @@ def pod_containers(obj: Mapping[str, Any]) -> PodContainers | None:
     return PodContainers(uid, str(meta.get("namespace", "default")), name, containers)
 
 
+class DecodedPod(Protocol):
+    """A pod as the pod cache decoded it: this feed reads only its containers."""
+
+    @property
+    def containers(self) -> PodContainers | None:
+        """The runtime IDs (:func:`pod_containers`); None for an object without a UID or name."""
+        ...
+
+
 class DirectoryFeed:
     """Keeps an :class:`InMemoryContainerDirectory` equal to the watched pods' containers."""
 
@@ -53,18 +66,18 @@ class DirectoryFeed:
         self.directory = directory
         self._uids: set[str] = set()
 
-    def on_list(self, items: Iterable[Mapping[str, Any]]) -> None:
+    def on_list(self, pods: Iterable[DecodedPod]) -> None:
         """A full list: the directory becomes exactly these pods."""
-        listed = [p for p in (pod_containers(obj) for obj in items) if p is not None]
+        listed = [p.containers for p in pods if p.containers is not None]
         for uid in self._uids - {p.uid for p in listed}:
             self.directory.remove_pod(uid)
         self._uids = set()
         for pod in listed:
             self._add(pod)
 
-    def on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def on_event(self, kind: str, obj: DecodedPod) -> None:
         """A watch event: ``ADDED``/``MODIFIED`` records the pod, ``DELETED`` forgets it."""
-        pod = pod_containers(obj)
+        pod = obj.containers
         if pod is None:
             return
         if kind == "DELETED":

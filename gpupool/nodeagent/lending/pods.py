@@ -4,32 +4,26 @@ The rules run on the event source's thread while an opener may be waiting, so th
 API: this feed (one more :class:`~gpupool.nodeagent.pod_cache.PodFeed` of the agent's watch) keeps,
 per pod, its priority reading, whether it is a borrower and of whom, which cards its own
 assignment books per container, its checkpoint key and its containers' runtime IDs.
+
+It reads them from the record the pod cache decoded once (:class:`~gpupool.nodeagent.node_pod.NodePod`),
+never from the raw pod: what is left here is the lending rules' own reading of those values (the
+priority against the threshold, the borrower mark and checkpoint key under the lending names).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from gpupool.api.annotations import AnnotationError
 from gpupool.api.lending import (
     DEFAULT_HIGH_PRIORITY_THRESHOLD,
     LendingNames,
     Priority,
-    hami_task_priority,
     is_borrowed,
     pod_priority,
 )
-from gpupool.api.names import ResourceNames
-from gpupool.nodeagent.assignment_codec import node_assignment
-from gpupool.nodeagent.containers.pod_containers import pod_containers
-
-log = logging.getLogger(__name__)
-
-PodKey = tuple[str, str]
+from gpupool.nodeagent.node_pod import NodePod, PodKey
 
 
 @dataclass(frozen=True)
@@ -55,53 +49,36 @@ class LendingPod:
         return (self.namespace, self.name)
 
 
-def checkpoint_key(meta: Mapping[str, Any], names: LendingNames) -> str:
+def checkpoint_key(pod: NodePod, names: LendingNames) -> str:
     """The task a pod belongs to: its annotation, else its controller's UID, else namespace/name."""
-    annotations = meta.get("annotations") or {}
-    said = annotations.get(names.checkpoint_key)
-    if isinstance(said, str) and said.strip():
-        return said.strip()
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") and isinstance(ref.get("uid"), str) and ref["uid"]:
-            return str(ref["uid"])
-    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    said = pod.annotations.get(names.checkpoint_key, "").strip()
+    return said or pod.controller_uid or f"{pod.namespace}/{pod.name}"
 
 
-def lending_pod(obj: Mapping[str, Any], resources: ResourceNames, names: LendingNames,
+def lending_pod(pod: NodePod, names: LendingNames,
                 threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD) -> LendingPod | None:
-    """Read one pod (JSON); ``None`` when it has no name or UID."""
-    ids = pod_containers(obj)
+    """One pod as the lending side sees it; ``None`` when it has no UID."""
+    ids = pod.containers
     if ids is None:
         return None
-    meta = obj.get("metadata") or {}
-    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
-    spec_priority = (obj.get("spec") or {}).get("priority")
-    if not isinstance(spec_priority, int) or isinstance(spec_priority, bool):
-        spec_priority = None
     cards: dict[str, tuple[int, ...]] = {}
-    raw = annotations.get(resources.assignment)
-    if raw:
-        try:
-            assignment = node_assignment(raw, f"{ids.namespace}/{ids.name}")
-            cards = {c.container: tuple(s.card for s in c.slices) for c in assignment.placement.containers}
-        except AnnotationError as exc:
-            log.debug("lending: %s", exc)
+    if pod.assignment is not None:
+        cards = {c.container: tuple(s.card for s in c.slices) for c in pod.assignment.placement.containers}
+    annotations = pod.annotations
     return LendingPod(namespace=ids.namespace, name=ids.name, uid=ids.uid,
-                      priority=pod_priority(spec_priority, annotations, threshold=threshold, names=names,
-                                            task_priority=hami_task_priority(obj.get("spec"))),
+                      priority=pod_priority(pod.spec_priority, annotations, threshold=threshold, names=names,
+                                            task_priority=pod.task_priority),
                       borrowed=is_borrowed(annotations, names),
                       borrowed_from=annotations.get(names.borrowed_from, ""),
                       booked={k: frozenset(v) for k, v in cards.items()}, cards=cards,
-                      checkpoint_key=checkpoint_key(meta, names),
+                      checkpoint_key=checkpoint_key(pod, names),
                       container_ids={k: v.partition("://")[2] or v for k, v in ids.containers.items()})
 
 
 class LendingPods:
     """The feed and its thread-safe lookups."""
 
-    def __init__(self, resources: ResourceNames, names: LendingNames,
-                 threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD) -> None:
-        self._resources = resources
+    def __init__(self, names: LendingNames, threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD) -> None:
         self._names = names
         self._threshold = threshold
         self._lock = threading.Lock()
@@ -109,16 +86,16 @@ class LendingPods:
         self.synced = False
         """Whether a full list arrived (before it, a missing pod may merely be unknown yet)."""
 
-    def on_list(self, items: Iterable[Mapping[str, Any]]) -> None:
+    def on_list(self, items: Iterable[NodePod]) -> None:
         """A full list: exactly these pods."""
-        pods = [p for p in (lending_pod(o, self._resources, self._names, self._threshold) for o in items) if p]
+        pods = [p for p in (lending_pod(o, self._names, self._threshold) for o in items) if p]
         with self._lock:
             self._pods = {p.key: p for p in pods}
             self.synced = True
 
-    def on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def on_event(self, kind: str, obj: NodePod) -> None:
         """A watch event."""
-        pod = lending_pod(obj, self._resources, self._names, self._threshold)
+        pod = lending_pod(obj, self._names, self._threshold)
         if pod is None:
             return
         with self._lock:

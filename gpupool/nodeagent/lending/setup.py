@@ -98,7 +98,7 @@ class LendingSetup:
         self.resources = resources
         self.names = LendingNames(resources.domain)
         self.options = options
-        self.pods = LendingPods(resources, self.names, options.threshold)
+        self.pods = LendingPods(self.names, options.threshold)
         self.kube = KubeLending(node, self.names, kubeconfig)
         self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
         tool, bound = find_cuda_checkpoint(), options.cuda_checkpoint_timeout_s

@@ -7,18 +7,27 @@ from typing import Any
 
 import pytest
 
+from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.containers.container_directory import ContainerRef, InMemoryContainerDirectory
 from gpupool.nodeagent.containers.pod_containers import DirectoryFeed, PodContainers, pod_containers
+from gpupool.nodeagent.node_pod import NodePod, decode_node_pod
 
 
-def pod(name: str, uid: str, **containers: str) -> dict[str, Any]:
+def raw_pod(name: str, uid: str, **containers: str) -> dict[str, Any]:
     statuses = [{"name": c, "containerID": cid} for c, cid in containers.items()]
     return {"metadata": {"name": name, "namespace": "ml", "uid": uid},
             "status": {"initContainerStatuses": statuses[:1], "containerStatuses": statuses[1:]}}
 
 
+def pod(name: str, uid: str, **containers: str) -> NodePod:
+    """A pod as the agent's pod cache hands it to its feeds (decoded once)."""
+    record = decode_node_pod(raw_pod(name, uid, **containers), ResourceNames())
+    assert record is not None
+    return record
+
+
 @pytest.mark.parametrize(("obj", "expected"), [
-    pytest.param(pod("p", "u1", init="containerd://aa", main="cri-o://bb"),
+    pytest.param(raw_pod("p", "u1", init="containerd://aa", main="cri-o://bb"),
                  PodContainers("u1", "ml", "p", {"init": "containerd://aa", "main": "cri-o://bb"}),
                  id="init-and-app-containers"),
     pytest.param({"metadata": {"name": "p", "uid": "u1"}, "status": {"containerStatuses": [{"name": "m"}]}},

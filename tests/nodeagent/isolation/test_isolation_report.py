@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api import environment as env
 from gpupool.api.lending import LendingNames
-from gpupool.api.names import ResourceNames
 from gpupool.api.shim_contract import RegisterRequest
 from gpupool.nodeagent.agent import NodeAgent
 from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime
@@ -55,7 +54,7 @@ def test_metrics_and_usage_show_the_backend_and_registered_processes(lending: bo
     enforcement: Enforcement = shim
     if lending:  # --lending wraps the backend; the report must still see the registrations
         enforcement = CheckpointEnforcement(shim, CheckpointStore(str(state / "ckpt")),
-                                            LendingPods(ResourceNames(), LendingNames()).get)
+                                            LendingPods(LendingNames()).get)
 
     async def main() -> None:
         async with running_node(gpu_file, [p.json for p in pods], seed=2, enforcement=enforcement) as node:

@@ -14,6 +14,7 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.monitor.usage_sampling import CardUsage, UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState
+from gpupool.nodeagent.node_pod import NodePod, decode_node_pod
 
 NAMES = ResourceNames()
 LEND = LendingNames()
@@ -40,6 +41,13 @@ def pod_json(name: str, *, cards: tuple[int, ...] = (), borrowed_from: str = "",
         spec["priority"] = priority
     return {"metadata": meta, "spec": spec,
             "status": {"containerStatuses": [{"name": container, "containerID": f"containerd://id-{name}"}]}}
+
+
+def decoded(*objs: dict[str, Any]) -> list[NodePod]:
+    """Pods as the agent's pod cache hands them to its feeds (one decode each)."""
+    found = [decode_node_pod(obj, NAMES) for obj in objs]
+    assert all(pod is not None for pod in found)
+    return [pod for pod in found if pod is not None]
 
 
 def inventory(cards: int = 2) -> GpuInventory:

@@ -30,7 +30,7 @@ from gpupool.nodeagent.lending.checkpoint import (
 from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimResult
 from gpupool.nodeagent.types import GrantExtras, Mount, PodView
-from tests.nodeagent.lending.support import LEND, NAMES, pod_json
+from tests.nodeagent.lending.support import LEND, decoded, pod_json
 from tests.nodeagent.lending.test_reclaim import TARGET, WORKER, Api, Children, wait_started
 
 
@@ -39,9 +39,9 @@ def view(name: str, namespace: str = "ns", node: str = "n1") -> PodView:
 
 
 def test_the_task_key_is_the_annotation_then_the_controller_then_the_pod(tmp_path: Path) -> None:
-    pods = LendingPods(NAMES, LEND)
-    pods.on_list([pod_json("a", annotations={LEND.checkpoint_key: "train-7"}), pod_json("b", owner_uid="job-uid"),
-                  pod_json("c")])
+    pods = LendingPods(LEND)
+    pods.on_list(decoded(pod_json("a", annotations={LEND.checkpoint_key: "train-7"}),
+                         pod_json("b", owner_uid="job-uid"), pod_json("c")))
     assert [pods.get(("ns", n)).checkpoint_key for n in "abc"] == ["train-7", "job-uid", "ns/c"]  # type: ignore[union-attr]
 
 
@@ -53,8 +53,8 @@ def test_directory_names_are_safe_and_distinct() -> None:
 
 def test_the_grant_gets_the_protocol_and_resumes_from_the_newest_checkpoint(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path), deadline_s=7)
-    pods = LendingPods(NAMES, LEND)
-    pods.on_list([pod_json("w", owner_uid="job-1")])
+    pods = LendingPods(LEND)
+    pods.on_list(decoded(pod_json("w", owner_uid="job-1")))
     wrapped = CheckpointEnforcement(NoEnforcement(), store, pods.get)
     first = wrapped.grant_extras(view("w"), "c")
     host = store.directory("ns", "job-1")
@@ -111,8 +111,8 @@ def test_cuda_checkpoint_is_detected_on_the_path() -> None:
 
 def agent_on(node: str, root: Path, *pods: dict[str, Any]) -> CheckpointEnforcement:
     """One node agent's checkpoint side: its own pod feed, the shared ``root``."""
-    feed = LendingPods(NAMES, LEND)
-    feed.on_list(list(pods))
+    feed = LendingPods(LEND)
+    feed.on_list(decoded(*pods))
     return CheckpointEnforcement(NoEnforcement(), CheckpointStore(str(root)), feed.get)
 
 
@@ -206,7 +206,7 @@ def test_partial_corrupt_and_linked_checkpoints_are_passed_over_with_a_log(
     assert "not a regular file" in said["ckpt-8"]
     (host / "ckpt-4").unlink()
     assert store.newest(str(host)) == "ckpt-3"
-    wrapped = CheckpointEnforcement(NoEnforcement(), store, LendingPods(NAMES, LEND).get)
+    wrapped = CheckpointEnforcement(NoEnforcement(), store, LendingPods(LEND).get)
     for junk in ("ckpt-3", "ckpt-3.sha256"):
         (host / junk).unlink()
     extras = wrapped.grant_extras(PodView("ns", "job-1", "u", "n1", 0.0, False, ()), "c")  # key ns/job-1: other dir

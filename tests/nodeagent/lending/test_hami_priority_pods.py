@@ -8,6 +8,7 @@ import pytest
 from gpupool.api.lending import LendingNames, Priority
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.lending.pods import lending_pod
+from gpupool.nodeagent.node_pod import decode_node_pod
 
 
 @pytest.mark.parametrize(("said", "spec_priority", "expected"), [
@@ -19,5 +20,7 @@ def test_the_feed_reads_hamis_priority(said: str, spec_priority: int, expected: 
            "spec": {"priority": spec_priority, "containers": [
                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": said}}}]},
            "status": {"containerStatuses": []}}
-    found = lending_pod(pod, ResourceNames(), LendingNames())
+    record = decode_node_pod(pod, ResourceNames())
+    assert record is not None
+    found = lending_pod(record, LendingNames())
     assert found is not None and found.priority is expected

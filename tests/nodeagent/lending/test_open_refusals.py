@@ -8,7 +8,7 @@ from pathlib import Path
 from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.monitor.usage_state import DeviceState
 from tests.nodeagent.containers.test_container_gate import RecordingGate
-from tests.nodeagent.lending.support import holder
+from tests.nodeagent.lending.support import decoded, holder
 from tests.nodeagent.lending.world import CARD0, PODS, World, idle_owner, open_, run, settle
 
 CGROUPS = {f"id-{name}": f"/k8s.io/{name}" for name in ("owner", "borrower", "owner1", "borrower1", "other")}
@@ -32,7 +32,7 @@ def test_case_c_a_borrower_beside_a_busy_owner_is_refused_the_card_before_it_ask
         assert kernel.denied == {("/k8s.io/borrower", CARD0)}
         await settle(service)
         assert world.api.evicted == [("ns", "borrower")], "the refused asker is reclaimed, as rule 3 says"
-        world.pods.on_event("DELETED", PODS[1])
+        world.pods.on_event("DELETED", *decoded(PODS[1]))
         world.monitor.hold(CARD0)  # the owner closed the card
         await service.step()
         assert kernel.denied == set(), "nobody holds it: nothing is refused"
@@ -61,7 +61,7 @@ def test_case_a_an_owner_is_never_refused_and_its_borrower_is_once_it_returns(tm
         world.monitor.hold(CARD0, holder("owner", 100))
         await service.step()
         assert kernel.denied == {("/k8s.io/borrower", CARD0)}, "still beside its busy owner: rule 3"
-        world.pods.on_event("DELETED", PODS[1])  # evicted: gone from the watch
+        world.pods.on_event("DELETED", *decoded(PODS[1]))  # evicted: gone from the watch
         await service.step()
         assert kernel.denied == set()
 

@@ -24,7 +24,7 @@ from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.linux.cgroup2 import cgroup2_mount
 from gpupool.nodeagent.linux.cgroup_device_gate import CgroupDeviceGate, cgroup_device_gate_available
 from gpupool.nodeagent.monitor.usage_state import DeviceState
-from tests.nodeagent.lending.support import holder
+from tests.nodeagent.lending.support import decoded, holder
 from tests.nodeagent.lending.world import PODS, World, run, settle
 from tests.nodeagent.linux.test_cgroup_device_gate import Opener
 
@@ -98,7 +98,7 @@ def test_case_c_the_borrowers_open_fails_with_eperm_and_the_owner_keeps_running(
         assert owner.running() and owner_again.open(card) == 0
         await settle(service)
         assert world.api.evicted == [("ns", "borrower")], "the refused asker is reclaimed (rule 3)"
-        world.pods.on_event("DELETED", PODS[1])
+        world.pods.on_event("DELETED", *decoded(PODS[1]))
         world.monitor.hold(card)  # the owner let go of the card
         await service.step()
         assert asker.open(card) == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 from gpupool.api.lending import decode_lendable
 from gpupool.nodeagent.monitor.events import Verdict
 from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
-from tests.nodeagent.lending.support import NAMES, holder
+from tests.nodeagent.lending.support import NAMES, decoded, holder
 from tests.nodeagent.lending.world import CARD0, CARD1, PODS, World, idle_owner, open_, run, settle
 
 
@@ -145,7 +145,7 @@ def test_a_loan_ends_when_its_owner_leaves_the_node(tmp_path: Path) -> None:
         service = world.started()
         idle_owner(world)
         await service.step()
-        world.pods.on_event("DELETED", PODS[0])
+        world.pods.on_event("DELETED", *decoded(PODS[0]))
         await service.step()
         assert service.loans == {}
 

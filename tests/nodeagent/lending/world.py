@@ -18,7 +18,7 @@ from gpupool.nodeagent.lending.service import LendingConfig, LendingService
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind
 from gpupool.nodeagent.monitor.usage_sampling import CardUsage, ProcessUsage, UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
-from tests.nodeagent.lending.support import CARD_MIB, LEND, NAMES, FakeMonitor, holder, inventory, pod_json
+from tests.nodeagent.lending.support import CARD_MIB, LEND, NAMES, FakeMonitor, decoded, holder, inventory, pod_json
 
 CARD0, CARD1 = "/dev/nvidia0", "/dev/nvidia1"
 
@@ -57,8 +57,8 @@ class Api:
 class World:
     def __init__(self, tmp: Path, pods: list[dict[str, Any]]) -> None:
         self.monitor = FakeMonitor(str(tmp / "state.json"))
-        self.pods = LendingPods(NAMES, LEND)
-        self.pods.on_list(pods)
+        self.pods = LendingPods(LEND)
+        self.pods.on_list(decoded(*pods))
         self.processes = Processes()
         self.api = Api()
         self.device_bumps = 0
