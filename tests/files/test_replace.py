@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -50,7 +51,7 @@ def test_the_mode_defaults_to_owner_only_and_is_what_is_asked_whatever_the_umask
     assert _mode(public) == 0o755
 
 
-@pytest.mark.parametrize("failing", ["fchmod", "fsync", "replace"])
+@pytest.mark.parametrize("failing", ["write", "fchmod", "fsync", "replace"])
 def test_a_failure_before_the_rename_leaves_the_old_file_and_no_temporary(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
     target = tmp_path / "state.json"
@@ -141,3 +142,14 @@ def test_readers_see_one_whole_version_while_writers_race(tmp_path: Path) -> Non
     assert seen <= set(versions)
     assert target.read_bytes() in versions[1:]
     assert _only(tmp_path) == ["clients.json"]
+
+
+def test_a_temporary_name_taken_by_a_crashed_writer_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    leftover = tmp_path / ".f.aaaa.tmp"
+    leftover.write_text("left by a crash")
+    names = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr(secrets, "token_hex", lambda _: next(names))
+    replace_file(tmp_path / "f", "new")
+    assert (tmp_path / "f").read_text() == "new"
+    assert leftover.read_text() == "left by a crash"  # another writer's file is never opened
+    assert _only(tmp_path) == [".f.aaaa.tmp", "f"]
