@@ -5,9 +5,12 @@ on (one best, as for extended-resource pods), not the one CPU/memory spreading p
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuRequest
@@ -16,6 +19,8 @@ from gpupool.extender.booking_keeper import ASSUMED_REFUSED
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.dra_watch import apply_claim_event, replace_claims
+from gpupool.extender.http.api import ExtenderApi
+from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.kube.claim_asks import ClaimAsk, claim_ask, pod_claim_names
 from gpupool.kube.translate import TranslationError, pod_request
@@ -183,3 +188,29 @@ def test_a_claim_not_seen_yet_is_an_error_to_retry_not_a_guess() -> None:
     apply_claim_event(cache, "DELETED", claim("unseen"))
     with pytest.raises(TranslationError):
         claims.request(obj, pod_request(obj, ResourceNames()))
+
+
+# ------------------------------------------------------------------------------- over HTTP
+def post(api: ExtenderApi, verb: str, body: dict[str, Any]) -> Any:
+    async def main() -> Any:
+        async with TestClient(TestServer(api.app())) as client:
+            answer = await client.post(f"/{verb}", data=json.dumps(body))
+            assert answer.status == 200
+            return await answer.json()
+
+    return asyncio.run(main())
+
+
+def test_filter_and_prioritize_read_the_claims_when_the_api_is_given_them() -> None:
+    cache, service, claims = world(claim("held", allocated_on=("n1", "gpu-0", "8Gi")), claim("new"))
+    body = {"Pod": claim_pod("p", "new"), "NodeNames": ["n2", "n1"]}
+    with_claims = ExtenderApi(service, ResourceNames(), ExtenderMetrics(), claim_pods=claims)
+    assert post(with_claims, "filter", body)["NodeNames"] == ["n1"]
+    cache.unassume("team/p", ASSUMED_REFUSED)
+    apply_claim_event(cache, "ADDED", claim("big", request(memory="12Gi")))  # n1 has 8 GiB free
+    big = {"Pod": claim_pod("b", "big"), "NodeNames": ["n2", "n1"]}
+    assert {h["Host"]: h["Score"] for h in post(with_claims, "prioritize", big)} == {"n1": 0, "n2": 10}
+    without = ExtenderApi(service, ResourceNames(), ExtenderMetrics())
+    assert post(without, "filter", body)["NodeNames"] == ["n2", "n1"]  # the claim is not read: no opinion
+    unseen = {"Pod": claim_pod("q", "unseen"), "NodeNames": ["n2", "n1"]}
+    assert "not in the extender's cache yet" in post(with_claims, "filter", unseen)["Error"]
