@@ -45,6 +45,7 @@ OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
     "lending": {"nodeAgent.lending": True},
     "shared-checkpoints": {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"},
     "dra": {"nodeAgent.dra": True},
+    "dra-claim-pods": {"nodeAgent.dra": True, "scheduler.claimPods": True},
     "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
     "remote-gpu-plain": {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": "",
                          "nodeAgent.remoteGpu.allowPlain": True, "nodeAgent.remoteGpu.enforceCompute": False},
@@ -218,6 +219,29 @@ def test_the_scheduler_webhook_steers_the_extenders_resources_and_its_failure_po
     assert hami["failurePolicy"] == "Ignore"
 
 
+def test_claim_pods_go_to_gpupools_scheduler_which_asks_the_extender_about_every_pod() -> None:
+    """docs/dra.md, "Choosing between the extender path and the DRA path": the webhook steers pods
+    naming ResourceClaims, the scheduler lists no managedResources (kube-scheduler then asks the
+    extender about every pod) and ignores gpupool's resources in NodeResourcesFit instead."""
+    values = {"nodeAgent.dra": True, "scheduler.claimPods": True, "certificates.source": "cert-manager"}
+    docs = render(values)
+    config = yaml.safe_load(find(docs, "ConfigMap", "gpupool-scheduler-config")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    assert extender["managedResources"] == []
+    (profile,) = config["profiles"]
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert sorted(fit["args"]["ignoredResources"]) == sorted(ResourceNames().managed())
+    (hook,) = find(docs, "MutatingWebhookConfiguration", "gpupool-scheduler")["webhooks"]
+    asked = next(c["expression"] for c in hook["matchConditions"] if c["name"] == "asks-for-gpupool-resources")
+    assert "object.spec.resourceClaims" in asked
+    assert "--steer-claim-pods" in extender_args(values) and "--dra-claims" in extender_args(values)
+    default = yaml.safe_load(find(render({"nodeAgent.dra": True}), "ConfigMap",
+                                  "gpupool-scheduler-config")["data"]["config.yaml"])
+    assert "pluginConfig" not in default["profiles"][0] and default["extenders"][0]["managedResources"]
+    assert "--steer-claim-pods" not in extender_args({"nodeAgent.dra": True})
+
+
 # ---------------------------------------------------------------------------------- node agent
 
 
@@ -356,6 +380,7 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
                  id="relative-checkpoint-dir"),
     pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
                  "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
+    pytest.param({"scheduler.claimPods": True}, "scheduler.claimPods needs nodeAgent.dra", id="claim-pods-without-dra"),
 ])
 def test_bad_values_are_refused_with_the_reason(values: dict[str, Any], message: str) -> None:
     """values.schema.json: a wrong type, an unknown choice or a misspelt name (which Helm would
