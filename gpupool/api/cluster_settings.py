@@ -2,17 +2,20 @@
 
 Five values decide how a pod object is read and where a node's agent can be seen; when two
 components read them differently, pods are booked wrong (a gpushare unit off by 1024), refused for
-no visible reason, or borrowed by a pod the node calls high priority. They live in one place, the
-ConfigMap ``gpupool-system/gpupool-cluster`` (:data:`CONFIG_MAP`), read by all three at start; each
-component's flag of the same name overrides it (docs/cluster-config.md).
+no visible reason, or borrowed by a pod the node calls high priority. Two more are the extender's
+placement rules, which ``kubectl gpupool why`` must apply to explain the decision the extender
+makes (the placement policy, and whether a node without an agent Lease is refused). They live in
+one place, the ConfigMap ``gpupool-system/gpupool-cluster`` (:data:`CONFIG_MAP`), read by all three
+at start; each component's flag of the same name overrides it (docs/cluster-config.md).
 
 Why a ConfigMap rather than a custom resource: it needs no CRD installed before the components can
 start, a chart or kustomize overlay sets it with a literal, ``kubectl edit`` changes it, and RBAC can
 grant ``get`` on exactly this one object by name. A cluster-scoped CR would add a CRD and a
 ClusterRole for five strings.
 
-Every node agent publishes the values it runs with on its Node (:data:`AGENT_SETTINGS_ANNOTATION`,
-read by :mod:`gpupool.api.settings_check`), so a component started with other values, by an
+Every node agent publishes the values it reads pods with on its Node (:data:`AGENT_SETTINGS_ANNOTATION`,
+read by :mod:`gpupool.api.settings_check`; the placement rules are not among them: no agent applies
+them, so an agent cannot differ on them), so a component started with other values, by an
 override or before the ConfigMap changed, is caught rather than trusted.
 
 The defaults here are the shipped command-line defaults: a library user and a test get what a
@@ -32,6 +35,7 @@ from typing import Any
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
 from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import DEFAULT_DOMAIN, GPUSHARE_UNITS, ResourceNames
+from gpupool.core.policies import DEFAULT_POLICY, POLICIES
 
 CONFIG_MAP_NAMESPACE = "gpupool-system"
 CONFIG_MAP_NAME = "gpupool-cluster"
@@ -62,12 +66,22 @@ class Setting(StrEnum):
     HIGH_PRIORITY_THRESHOLD = "highPriorityThreshold"
     HAMI = "hami"
     AGENT_LEASE_NAMESPACE = "agentLeaseNamespace"
+    POLICY = "policy"
+    REQUIRE_AGENT_LEASE = "requireAgentLease"
 
     @property
     def flag(self) -> str:
         """The command-line override, spelt the same on the extender, the node agent and (for the
-        resource domain) the kubectl plugin."""
-        return {Setting.HAMI: "--hami/--no-hami"}.get(self, "--" + re.sub(r"([A-Z])", r"-\1", self.value).lower())
+        resource domain and the placement rules) the kubectl plugin."""
+        switches = {Setting.HAMI: "--hami/--no-hami",
+                    Setting.REQUIRE_AGENT_LEASE: "--require-agent-lease/--no-require-agent-lease"}
+        return switches.get(self, "--" + re.sub(r"([A-Z])", r"-\1", self.value).lower())
+
+    @property
+    def agents_read(self) -> bool:
+        """Whether node agents read it, publish it and are refused when they differ. The placement
+        rules are the extender's alone (and ``why``'s, which mirrors it): an agent never places a pod."""
+        return self not in (Setting.POLICY, Setting.REQUIRE_AGENT_LEASE)
 
     @property
     def attribute(self) -> str:
@@ -90,6 +104,10 @@ class ClusterSettings:
     """``nvidia.com/gpu`` is HAMi's card count, scheduled by gpupool and served by its node agents."""
     agent_lease_namespace: str = DEFAULT_LEASE_NAMESPACE
     """Where node agents renew their heartbeat Leases and the extender watches them ("": none)."""
+    policy: str = DEFAULT_POLICY
+    """The extender's placement policy (:data:`gpupool.core.policies.POLICIES`), which ``why`` applies too."""
+    require_agent_lease: bool = False
+    """The extender places no GPU pod on a node without a live agent Lease (``why`` says so per node)."""
 
     def __post_init__(self) -> None:
         try:
@@ -102,6 +120,12 @@ class ClusterSettings:
         if self.agent_lease_namespace and not _NAMESPACE.match(self.agent_lease_namespace):
             raise ClusterSettingsError(f"{Setting.AGENT_LEASE_NAMESPACE}: {self.agent_lease_namespace!r} is not a "
                                        "namespace name (lower-case letters, digits and '-', at most 63)")
+        if self.policy not in POLICIES:
+            raise ClusterSettingsError(f"{Setting.POLICY}: unknown policy {self.policy!r}; the policies are "
+                                       f"{', '.join(sorted(POLICIES))}")
+        if not isinstance(self.require_agent_lease, bool):
+            raise ClusterSettingsError(f"{Setting.REQUIRE_AGENT_LEASE}: expected true or false, "
+                                       f"got {self.require_agent_lease!r}")
 
     @classmethod
     def reading(cls, names: ResourceNames, high_priority_threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
@@ -130,10 +154,14 @@ class ClusterSettings:
         return dataclasses.replace(self, **changes) if changes else self
 
     def published(self) -> str:
-        """The node annotation's value: every setting, as JSON (keys sorted, so that an unchanged
-        agent writes the same text and its patch changes nothing)."""
-        return json.dumps({"v": 1, **{s.value: self.value(s) for s in Setting}}, sort_keys=True,
+        """The node annotation's value: every setting agents read (:data:`AGENT_SETTINGS`), as JSON
+        (keys sorted, so that an unchanged agent writes the same text and its patch changes nothing)."""
+        return json.dumps({"v": 1, **{s.value: self.value(s) for s in AGENT_SETTINGS}}, sort_keys=True,
                           separators=(",", ":"))
+
+
+AGENT_SETTINGS = tuple(s for s in Setting if s.agents_read)
+"""The settings a node agent reads, publishes and is compared on."""
 
 
 def from_config_data(data: Mapping[str, Any] | None, where: str = CONFIG_MAP) -> ClusterSettings:
@@ -158,7 +186,7 @@ def from_config_data(data: Mapping[str, Any] | None, where: str = CONFIG_MAP) ->
 
 
 def _parse(setting: Setting, text: str, where: str) -> str | int | bool:
-    if setting is Setting.HAMI:
+    if setting in (Setting.HAMI, Setting.REQUIRE_AGENT_LEASE):
         if text.lower() not in _BOOLEANS:
             raise ClusterSettingsError(f"{where}: {setting}: expected true or false, got {text!r}")
         return _BOOLEANS[text.lower()]
@@ -173,8 +201,9 @@ def _parse(setting: Setting, text: str, where: str) -> str | int | bool:
 def read_published(text: str, where: str) -> dict[Setting, str | int | bool]:
     """The settings a node's agent published (:meth:`ClusterSettings.published`).
 
-    Only the keys this build knows are returned, and only those present: an agent of another
-    version is compared on what both know. A value of the wrong type is refused.
+    Only the agents' keys this build knows are returned (:data:`AGENT_SETTINGS`), and only those
+    present: an agent of another version is compared on what both know. A value of the wrong type
+    is refused.
     """
     try:
         doc = json.loads(text)
@@ -183,7 +212,7 @@ def read_published(text: str, where: str) -> dict[Setting, str | int | bool]:
     if not isinstance(doc, dict):
         raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION} is not a JSON object")
     out: dict[Setting, str | int | bool] = {}
-    for setting in Setting:
+    for setting in AGENT_SETTINGS:
         if setting.value not in doc:
             continue
         value = doc[setting.value]

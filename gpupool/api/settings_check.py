@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpupool.api.cluster_settings import (
+    AGENT_SETTINGS,
     AGENT_SETTINGS_ANNOTATION,
     CONFIG_MAP,
     ClusterSettings,
@@ -50,6 +51,8 @@ class Difference:
             case Setting.AGENT_LEASE_NAMESPACE:
                 return (f"node {node}'s agent renews its heartbeat Lease in namespace {theirs or '(none)'}, "
                         f"{we} watches {mine or '(none)'}")
+            case _:  # the placement rules: agents neither publish nor are compared on them
+                return f"node {node}'s agent runs with {self.setting} {theirs}, {we} with {mine}"
 
 
 def differences(published: Mapping[Setting, str | int | bool], ours: ClusterSettings) -> tuple[Difference, ...]:
@@ -60,7 +63,7 @@ def differences(published: Mapping[Setting, str | int | bool], ours: ClusterSett
     liveness check judges (``--require-agent-lease``). Two different namespaces are: the extender
     would never see the agent's Lease.
     """
-    return tuple(Difference(s, published[s], ours.value(s)) for s in Setting
+    return tuple(Difference(s, published[s], ours.value(s)) for s in AGENT_SETTINGS
                  if s in published and published[s] != ours.value(s)
                  and not (s is Setting.AGENT_LEASE_NAMESPACE and "" in (published[s], ours.value(s))))
 

@@ -1,5 +1,9 @@
 """The shared settings' flags on ``gpupool extender`` and ``gpupool node-agent``, spelt and resolved alike.
 
+The node agent has a flag for each setting it reads (:data:`AGENT_SETTINGS`); the extender also for
+its placement rules (``--policy``, ``--require-agent-lease``), which live in the same ConfigMap so
+that ``kubectl gpupool why`` applies the rules the extender runs with.
+
 Each flag overrides the cluster's ConfigMap (docs/cluster-config.md); unset, the ConfigMap's value
 is used, and without the ConfigMap the built-in default, which is the value the flag's help shows.
 Old spellings (``--domain``; the node agent's ``--lease-namespace``) still work, hidden, with a
@@ -16,9 +20,10 @@ from typing import Any, TypeVar
 
 import click
 
-from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings, ClusterSettingsError, Setting
+from gpupool.api.cluster_settings import AGENT_SETTINGS, CONFIG_MAP, ClusterSettings, ClusterSettingsError, Setting
 from gpupool.api.names import GPUSHARE_UNITS
 from gpupool.cli.old_flags import old_spelling
+from gpupool.core.policies import POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,11 @@ class ClusterFlags:
 
     config_map: str = CONFIG_MAP
     overrides: dict[Setting, Value] = field(default_factory=dict)
+    """One entry per setting the component has a flag for (the settings it reads)."""
+
+    def reads(self) -> tuple[Setting, ...]:
+        """The settings the component reads: those it has flags for, else every one."""
+        return tuple(s for s in Setting if s in self.overrides) or tuple(Setting)
 
     def given(self) -> dict[Setting, str | int | bool]:
         """The overrides actually given."""
@@ -43,24 +53,27 @@ class ClusterFlags:
         """The settings to run with: the ConfigMap's (``read``; skipped when every setting is given
         or no ConfigMap is named), each given flag on top. A bad value is a usage error."""
         try:
-            everything = len(self.given()) == len(Setting)
+            everything = set(self.reads()) <= set(self.given())
             base = _DEFAULTS if everything or not self.config_map else read(self.config_map)
             settings = base.overridden(self.overrides)
         except ClusterSettingsError as exc:
             raise click.UsageError(str(exc)) from None
         for setting, value in self.given().items():
             if self.config_map and not everything and value != base.value(setting):
-                log.warning("%s %s overrides the cluster's %s %s (ConfigMap %s): a node agent and an extender that "
-                            "differ share no GPU pods (docs/cluster-config.md)", setting.flag, value,
-                            setting.value, base.value(setting), self.config_map)
+                harm = ("a node agent and an extender that differ share no GPU pods" if setting.agents_read
+                        else "kubectl gpupool why explains with the ConfigMap's value")
+                log.warning("%s %s overrides the cluster's %s %s (ConfigMap %s): %s (docs/cluster-config.md)",
+                            setting.flag, value, setting.value, base.value(setting),
+                            self.config_map, harm)
         return settings
 
 
-def cluster_setting_options(*, old_lease_namespace: bool) -> Callable[[F], F]:
+def cluster_setting_options(*, old_lease_namespace: bool, placement: bool = False) -> Callable[[F], F]:
     """Add ``--cluster-config`` and one flag per shared setting; the command receives them as one
     ``cluster_flags`` argument (:class:`ClusterFlags`). The old ``--domain`` is accepted for
     ``--resource-domain``; with ``old_lease_namespace`` the node agent's former ``--lease-namespace``
-    for ``--agent-lease-namespace`` too."""
+    for ``--agent-lease-namespace`` too. With ``placement`` (the extender) the placement rules'
+    flags ``--policy`` and ``--require-agent-lease`` as well."""
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def with_settings(*args: Any, cluster_config: str, resource_domain: str | None,
@@ -73,6 +86,10 @@ def cluster_setting_options(*, old_lease_namespace: bool) -> Callable[[F], F]:
                 Setting.HAMI: hami,
                 Setting.AGENT_LEASE_NAMESPACE: agent_lease_namespace,
             }
+            assert tuple(overrides) == AGENT_SETTINGS
+            if placement:
+                overrides[Setting.POLICY] = kwargs.pop("policy")
+                overrides[Setting.REQUIRE_AGENT_LEASE] = kwargs.pop("require_agent_lease")
             return command(*args, cluster_flags=ClusterFlags(cluster_config, overrides), **kwargs)
 
         unset = "[default: the ConfigMap's, else {}]"
@@ -97,6 +114,15 @@ def cluster_setting_options(*, old_lease_namespace: bool) -> Callable[[F], F]:
                               "watches them (\"\": none; docs/security.md) "
                               + unset.format(_DEFAULTS.agent_lease_namespace)),
         ]
+        if placement:
+            options += [
+                click.option("--policy", default=None, type=click.Choice(sorted(POLICIES)),
+                             help="Placement policy for prioritize and for choosing cards "
+                                  + unset.format(_DEFAULTS.policy)),
+                click.option("--require-agent-lease/--no-require-agent-lease", default=None,
+                             help="No GPU pods on a node without a live agent heartbeat Lease (docs/security.md) "
+                                  + unset.format("--no-require-agent-lease")),
+            ]
         decorated: Any = with_settings
         for option in reversed(options):
             decorated = option(decorated)
@@ -134,4 +160,4 @@ def read_with_client(kubeconfig: str | None) -> Callable[[str], ClusterSettings]
 def describe(settings: ClusterSettings, flags: ClusterFlags) -> str:
     """One log line: the values run with, and which came from flags."""
     given = flags.given()
-    return ", ".join(f"{s.value}={settings.value(s)}{' (flag)' if s in given else ''}" for s in Setting)
+    return ", ".join(f"{s.value}={settings.value(s)}{' (flag)' if s in given else ''}" for s in flags.reads())

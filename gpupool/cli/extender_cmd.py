@@ -24,7 +24,7 @@ from gpupool.cli import cluster_options
 from gpupool.cli.cluster_options import ClusterFlags, cluster_setting_options, describe
 from gpupool.cli.old_flags import old_spelling
 from gpupool.cli.server_options import server_limit_options
-from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
@@ -359,8 +359,6 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--url-prefix", default="", help="Path prefix of the verbs (the path part of urlPrefix).")
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: in-cluster config, else ~/.kube/config.")
-@click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
-              help="Placement policy for prioritize and for choosing cards.")
 @click.option("--unconfirmed-timeout", default=300.0, show_default=True, type=float,
               help="Seconds after which an assignment whose pod was never bound is dropped.")
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
@@ -414,8 +412,6 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "with TLS, none without; 0: none].")
 @click.option("--tls-reload-interval", default=DEFAULT_RELOAD_INTERVAL_S, show_default=True,
               type=click.FloatRange(min=0, min_open=True), help="Seconds between checks of the TLS files.")
-@click.option("--require-agent-lease/--no-require-agent-lease", default=False, show_default=True,
-              help="Also refuse nodes that never had a node agent Lease (docs/security.md, Liveness).")
 @click.option("--tenancy/--no-tenancy", default=True, show_default=True,
               help="Watch ResourceGroups, GpuQuotas and Namespaces and apply them (docs/tenancy.md).")
 @click.option("--admission-port", type=click.IntRange(1, 65535), default=None,
@@ -446,7 +442,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "path\").")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
-@cluster_setting_options(old_lease_namespace=False)
+@cluster_setting_options(old_lease_namespace=False, placement=True)
 @old_spelling("--lease-namespace", "--leader-elect-resource-namespace", "lease_namespace")
 @old_spelling("--lease-name", "--leader-elect-resource-name", "lease_name")
 @old_spelling("--lease-duration", "--leader-elect-lease-duration", "lease_duration", type=click.FloatRange(min=1))
@@ -454,7 +450,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               type=click.FloatRange(min=0, min_open=True))
 @old_spelling("--retry-period", "--leader-elect-retry-period", "retry_period",
               type=click.FloatRange(min=0, min_open=True))
-def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, policy: str,
+def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
              unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, leader_pod: str, lease_duration: float, renew_deadline: float, retry_period: float,
              explain_limit: int, filter_best_only: bool, filter_one_best: bool, assume_deadline: float,
@@ -462,7 +458,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
              max_body_bytes: int,
              tls_cert_file: str | None, tls_private_key_file: str | None, client_ca_file: str | None,
              health_port: int | None, tls_reload_interval: float,
-             require_agent_lease: bool, tenancy: bool,
+             tenancy: bool,
              admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str,
              remote_client_image: str | None, lending: bool,
              dra_claims: bool, steer_claim_pods: bool, verbose: bool, server_limits: ServerLimits,
@@ -492,7 +488,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     log.info("cluster settings: %s", describe(cluster, cluster_flags))
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
-                                 cluster=cluster, cluster_config=cluster_flags.config_map, policy=policy,
+                                 cluster=cluster, cluster_config=cluster_flags.config_map, policy=cluster.policy,
                                  unconfirmed_timeout_s=unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, lease=lease, identity=identity, leader_pod=own_pod,
@@ -501,7 +497,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None, poli
                                  assume_s=assume_deadline, bind_deadline_s=bind_deadline,
                                  max_body_bytes=max_body_bytes, tls=tls,
                                  tls_reload_s=tls_reload_interval, health_port=health_port,
-                                 require_agent_lease=require_agent_lease, tenancy=tenancy,
+                                 require_agent_lease=cluster.require_agent_lease, tenancy=tenancy,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
                                  lending=lending, dra_claims=dra_claims, steer_claim_pods=steer_claim_pods,
                                  scheduler_name=scheduler_name, remote_client_image=remote_client_image,

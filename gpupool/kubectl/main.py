@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 import click
 
 from gpupool.api.agent_lease import label_selector
-from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
+from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings, Setting
 from gpupool.api.lending import LendingNames
 from gpupool.api.tenancy import API_VERSION, TenancyNames
 from gpupool.core.model import PodRequest
-from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.core.policies import POLICIES
 from gpupool.core.state import ClusterState
 from gpupool.kube.tenancy import PodTenancy, pod_tenancy
 from gpupool.kube.tenancy_book import TenancyBook
@@ -49,8 +49,8 @@ def connection_options(command: F) -> F:
         click.option("--context", default=None, help="The kubeconfig context to use (default: its current one)."),
         click.option("--cluster-config", default=CONFIG_MAP, show_default=True, metavar="NAMESPACE/NAME",
                      help="The ConfigMap of the settings gpupool's components share (resource domain, gpushare "
-                          "unit, HAMi, priority threshold, the agents' Lease namespace; docs/cluster-config.md); "
-                          "\"\": none, the built-in defaults."),
+                          "unit, HAMi, priority threshold, the agents' Lease namespace, the extender's policy and "
+                          "requireAgentLease; docs/cluster-config.md); \"\": none, the built-in defaults."),
         click.option("--resource-domain", default=None,
                      help="gpupool's resource and annotation domain [default: the ConfigMap's, else "
                           f"{ClusterSettings().resource_domain}]."),
@@ -132,23 +132,26 @@ def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig:
 @click.option("--examples", default=EXAMPLES_PER_REASON, show_default=True,
               help="Nodes named under each reason (0: all).")
 @click.option("--best", default=BEST_NODES, show_default=True, help="Fitting nodes named, best first.")
-@click.option("--policy", default=DEFAULT_POLICY, show_default=True, type=click.Choice(sorted(POLICIES)),
-              help="The placement policy the extender runs with (its --policy).")
+@click.option("--policy", default=None, type=click.Choice(sorted(POLICIES)),
+              help="The placement policy to explain with [default: the ConfigMap's policy, which the extender "
+                   f"runs with unless its --policy overrides it, else {ClusterSettings().policy}].")
 @click.option("--agent-lease-namespace", default=None,
               help="Where the node agents renew their Leases [default: the ConfigMap's agentLeaseNamespace, else "
                    f"{ClusterSettings().agent_lease_namespace}].")
-@click.option("--require-agent-lease", is_flag=True,
-              help="The extender refuses nodes without an agent Lease (its --require-agent-lease; the "
-                   "production overlays set it).")
+@click.option("--require-agent-lease/--no-require-agent-lease", default=None,
+              help="Whether the extender refuses nodes without an agent Lease [default: the ConfigMap's "
+                   "requireAgentLease (the production overlays and the chart set it), else no].")
 @connection_options
-def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, agent_lease_namespace: str | None,
-        require_agent_lease: bool, kubeconfig: str | None, context: str | None, cluster_config: str,
+def why(pod: str, namespace: str | None, examples: int, best: int, policy: str | None,
+        agent_lease_namespace: str | None, require_agent_lease: bool | None, kubeconfig: str | None,
+        context: str | None, cluster_config: str,
         resource_domain: str | None, output: str) -> None:
     """Why POD fits on no node by gpupool's booking (or where it fits), with the extender's reasons:
     cards, CPU and memory, groups, quotas and pools, pinned and avoided GPUs, agent Leases, loans."""
     connection = _connect(kubeconfig, context)
     read = _settings(connection, cluster_config, resource_domain)
-    settings, names = read.settings, read.settings.resource_names()
+    names = read.settings.resource_names()
+    settings = read.settings.overridden({Setting.POLICY: policy, Setting.REQUIRE_AGENT_LEASE: require_agent_lease})
     try:
         raw = kube.read_pod(connection, namespace or connection.namespace, pod)
         nodes, pods = kube.list_nodes(connection), kube.list_pods(connection)
@@ -168,8 +171,9 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str, 
                        claims=_claims(connection)), nodes, read)
     lease_namespace = settings.agent_lease_namespace if agent_lease_namespace is None else agent_lease_namespace
     rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, settings, lease_namespace,
-                       require=require_agent_lease)
-    answer = explain(snapshot, request, foreign_resources(raw), policy=policy, best=best, rules=rules, tenant=tenant)
+                       require=settings.require_agent_lease)
+    answer = explain(snapshot, request, foreign_resources(raw), policy=settings.policy, best=best, rules=rules,
+                     tenant=tenant)
     says = scheduler_message(raw)
     if not request.wants_gpu:
         click.echo(f"note: pod {request.key} asks for no gpupool resource; only its CPU and memory are checked",

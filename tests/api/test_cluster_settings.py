@@ -9,6 +9,7 @@ import pytest
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
 from gpupool.api.cluster_settings import (
+    AGENT_SETTINGS,
     ClusterSettings,
     ClusterSettingsError,
     Setting,
@@ -17,6 +18,7 @@ from gpupool.api.cluster_settings import (
 )
 from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.api.names import DEFAULT_DOMAIN, ResourceNames
+from gpupool.core.policies import DEFAULT_POLICY
 
 
 def test_the_defaults_are_the_shipped_command_line_defaults() -> None:
@@ -24,6 +26,7 @@ def test_the_defaults_are_the_shipped_command_line_defaults() -> None:
     assert (settings.resource_domain, settings.gpushare_memory_unit, settings.high_priority_threshold,
             settings.hami, settings.agent_lease_namespace) == (
         DEFAULT_DOMAIN, "GiB", DEFAULT_HIGH_PRIORITY_THRESHOLD, False, DEFAULT_LEASE_NAMESPACE)
+    assert (settings.policy, settings.require_agent_lease) == (DEFAULT_POLICY, False)
     assert settings.resource_names() == ResourceNames()
 
 
@@ -33,6 +36,8 @@ def test_the_defaults_are_the_shipped_command_line_defaults() -> None:
     pytest.param(Setting.HIGH_PRIORITY_THRESHOLD, "--high-priority-threshold", id="threshold"),
     pytest.param(Setting.HAMI, "--hami/--no-hami", id="hami"),
     pytest.param(Setting.AGENT_LEASE_NAMESPACE, "--agent-lease-namespace", id="lease-namespace"),
+    pytest.param(Setting.POLICY, "--policy", id="policy"),
+    pytest.param(Setting.REQUIRE_AGENT_LEASE, "--require-agent-lease/--no-require-agent-lease", id="require-lease"),
 ])
 def test_each_setting_has_one_flag_name(setting: Setting, flag: str) -> None:
     assert setting.flag == flag
@@ -44,6 +49,12 @@ def test_a_config_map_sets_each_value_from_text() -> None:
                                  "highPriorityThreshold": " 500 ", "hami": "True", "agentLeaseNamespace": ""})
     assert settings == ClusterSettings("gpu.example.com", "MiB", 500, True, "")
     assert settings.resource_names() == ResourceNames("gpu.example.com", hami=True, gpushare_unit_mib=1)
+
+
+def test_a_config_map_sets_the_extenders_placement_rules() -> None:
+    settings = from_config_data({"policy": " binpack ", "requireAgentLease": "TRUE"})
+    assert (settings.policy, settings.require_agent_lease) == ("binpack", True)
+    assert settings == ClusterSettings(policy="binpack", require_agent_lease=True)
 
 
 def test_keys_left_out_keep_their_defaults() -> None:
@@ -58,6 +69,9 @@ def test_keys_left_out_keep_their_defaults() -> None:
     pytest.param({"hami": "yes"}, "hami: expected true or false", id="hami"),
     pytest.param({"resourceDomain": "gpupool.io/x"}, "resource domain must be a DNS name", id="domain"),
     pytest.param({"agentLeaseNamespace": "Not_A_Namespace"}, "agentLeaseNamespace", id="namespace"),
+    pytest.param({"policy": "tightest"}, "policy: unknown policy 'tightest'; the policies are ", id="policy"),
+    pytest.param({"requireAgentLease": "on"}, "requireAgentLease: expected true or false, got 'on'",
+                 id="require-lease"),
 ])
 def test_a_bad_config_map_value_is_refused_naming_the_key_and_the_map(data: dict[str, str], words: str) -> None:
     with pytest.raises(ClusterSettingsError, match="ConfigMap gpupool-system/gpupool-cluster") as caught:
@@ -72,12 +86,21 @@ def test_overrides_replace_only_what_was_given() -> None:
     assert base.overridden({}) is base
 
 
-def test_the_published_annotation_reads_back_every_setting() -> None:
-    settings = ClusterSettings("x.io", "MiB", 7, True, "leases")
+def test_the_published_annotation_reads_back_every_setting_agents_read() -> None:
+    settings = ClusterSettings("x.io", "MiB", 7, True, "leases", policy="spread", require_agent_lease=True)
     text = settings.published()
     assert json.loads(text)["v"] == 1
-    assert read_published(text, "node n1") == {s: settings.value(s) for s in Setting}
+    assert read_published(text, "node n1") == {s: settings.value(s) for s in AGENT_SETTINGS}
+    assert settings.published() == ClusterSettings("x.io", "MiB", 7, True, "leases").published()
     assert text == ClusterSettings("x.io", "MiB", 7, True, "leases").published()  # stable: no needless patch
+
+
+def test_the_placement_rules_are_not_the_agents() -> None:
+    """No agent places a pod: they neither publish the extender's rules nor are compared on them."""
+    assert {s for s in Setting if not s.agents_read} == {Setting.POLICY, Setting.REQUIRE_AGENT_LEASE}
+    text = ClusterSettings(policy="binpack").published()
+    assert "policy" not in json.loads(text) and "requireAgentLease" not in json.loads(text)
+    assert read_published('{"v": 1, "policy": "binpack", "requireAgentLease": true}', "node n1") == {}
 
 
 def test_an_agent_of_another_version_is_read_on_the_keys_both_know() -> None:

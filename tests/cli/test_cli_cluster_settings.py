@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpupool.api.cluster_settings import ClusterSettings
+from gpupool.api.cluster_settings import AGENT_SETTINGS, ClusterSettings
 from gpupool.api.names import NVIDIA_GPU
 from gpupool.cli import cluster_options, node_agent_cmd
 from gpupool.cli.main import cli
@@ -152,3 +152,52 @@ def test_an_override_that_differs_from_the_config_map_is_logged(monkeypatch: pyt
     (record,) = caplog.records  # the threshold agrees with the ConfigMap: not a word about it
     assert record.getMessage().startswith("--gpushare-memory-unit GiB overrides the cluster's gpushareMemoryUnit MiB "
                                           "(ConfigMap gpupool-system/gpupool-cluster)")
+
+
+BINPACK_STRICT = ClusterSettings(policy="binpack", require_agent_lease=True)
+
+
+def test_the_extender_takes_its_placement_rules_from_the_config_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch, config_map=BINPACK_STRICT)
+    assert (options.policy, options.require_agent_lease) == ("binpack", True)
+
+
+def test_the_extenders_placement_flags_override_the_config_map(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO"):
+        options = started_with(monkeypatch, "--policy", "spread", "--no-require-agent-lease",
+                               config_map=BINPACK_STRICT)
+    assert (options.policy, options.require_agent_lease) == ("spread", False)
+    assert options.cluster == ClusterSettings(policy="spread")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("--policy spread overrides the cluster's policy binpack (ConfigMap "
+                            "gpupool-system/gpupool-cluster): kubectl gpupool why explains with the ConfigMap's")
+               for w in warnings), warnings
+    assert any(w.startswith("--require-agent-lease/--no-require-agent-lease False overrides the cluster's "
+                            "requireAgentLease True") for w in warnings), warnings
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cluster settings: ")]
+    assert "policy=spread (flag)" in line and "requireAgentLease=False (flag)" in line
+
+
+def test_a_bad_placement_rule_in_the_config_map_stops_the_extender(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's own words (from_config_data through read_cluster_settings) reach the user."""
+    from gpupool.api.cluster_settings import ClusterSettingsError, from_config_data
+
+    def bad(where: str) -> ClusterSettings:
+        try:
+            return from_config_data({"policy": "tightest"}, f"ConfigMap {where}")
+        except ClusterSettingsError as exc:
+            raise click.ClickException(str(exc)) from None
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: bad)
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", lambda _options: None)
+    result = CliRunner().invoke(cli, ["extender"])
+    assert result.exit_code == 1
+    assert "ConfigMap gpupool-system/gpupool-cluster: policy: unknown policy 'tightest'" in result.output
+
+
+def test_the_node_agent_has_no_placement_flags_and_does_not_log_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = CliRunner().invoke(cli, ["node-agent", "--help"])
+    assert "--policy" not in result.output and "--require-agent-lease" not in result.output
+    flags = cluster_options.ClusterFlags(overrides={s: None for s in AGENT_SETTINGS})
+    line = cluster_options.describe(BINPACK_STRICT, flags)
+    assert "policy" not in line and "requireAgentLease" not in line and "hami=False" in line

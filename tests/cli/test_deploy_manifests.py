@@ -166,7 +166,7 @@ def shipped_settings() -> ClusterSettings:
 def settings_run_with(params: dict[str, Any]) -> ClusterSettings:
     """The shared settings a container runs with: the shipped ConfigMap, its flags on top."""
     assert params["cluster_config"] == f"{CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}"
-    return shipped_settings().overridden({s: params[s.attribute] for s in Setting})
+    return shipped_settings().overridden({s: params.get(s.attribute) for s in Setting})
 
 
 def containers_running(subcommand: str) -> list[Container]:
@@ -420,7 +420,7 @@ def test_agent_and_extender_agree_on_the_lease_namespace_and_its_roles() -> None
     _, agent_params = parse(agent)
     namespace = settings_run_with(agent_params).agent_lease_namespace
     assert settings_run_with(extender_params).agent_lease_namespace == namespace != "kube-system"
-    assert extender_params["require_agent_lease"]
+    assert settings_run_with(extender_params).require_agent_lease  # the ConfigMap says so (production)
     assert agent_params["lease_renew_interval"] < agent_params["lease_duration"]
     assert any(doc["metadata"]["name"] == namespace for doc in by_kind("Namespace"))
     verbs = {}
@@ -478,12 +478,15 @@ def test_the_shipped_cluster_config_is_the_built_in_defaults_and_no_flag_overrid
     """The ConfigMap names every setting with the value a component without it runs with, and no
     shipped container overrides one (an override would silently beat an admin's edit of the
     ConfigMap) or uses a deprecated spelling."""
-    (config_map,) = (d for d in by_kind("ConfigMap") if d["metadata"]["name"] == CONFIG_MAP_NAME)
-    assert set(config_map["data"]) == {s.value for s in Setting}
-    assert shipped_settings() == ClusterSettings()
+    base = yaml.safe_load_all((KUSTOMIZE / "base" / "cluster-config.yaml").read_text())
+    (base_map,) = (d for d in base if d["kind"] == "ConfigMap" and d["metadata"]["name"] == CONFIG_MAP_NAME)
+    assert set(base_map["data"]) == {s.value for s in Setting}
+    assert from_config_data(base_map["data"]) == ClusterSettings()
+    # the production overlay turns on one rule, in the ConfigMap (components/require-agent-lease)
+    assert shipped_settings() == ClusterSettings(require_agent_lease=True)
     for container in [*containers_running("extender"), *containers_running("node-agent")]:
         _, params = parse(container)
-        assert {s: params[s.attribute] for s in Setting} == dict.fromkeys(Setting), container.where
+        assert {s: params.get(s.attribute) for s in Setting} == dict.fromkeys(Setting), container.where
         assert not [k for k, v in params.items() if k.startswith("old_") and v is not None], container.where
 
 

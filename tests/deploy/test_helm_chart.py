@@ -305,10 +305,26 @@ def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_la
 
 
 def test_extender_values_become_its_flags() -> None:
-    args = extender_args({"extender.lending": False, "extender.policy": "binpack"})
-    assert "--no-lending" in args and "--policy=binpack" in args
-    defaults = extender_args()
-    assert "--require-agent-lease" in defaults and "--no-lending" not in defaults
+    args = extender_args({"extender.lending": False})
+    assert "--no-lending" in args
+    assert "--no-lending" not in extender_args()
+
+
+def test_the_extenders_placement_rules_go_into_the_cluster_configmap_not_flags() -> None:
+    """policy and requireAgentLease are read from gpupool-cluster by the extender and by kubectl
+    gpupool why alike (docs/cluster-config.md); a flag would make why explain with another rule."""
+    values = {"extender.policy": "binpack", "extender.requireAgentLease": False}
+    data = find(render(values), "ConfigMap", "gpupool-cluster")["data"]
+    assert (data["policy"], data["requireAgentLease"]) == ("binpack", "false")
+    for args in (extender_args(values), extender_args()):
+        assert not [a for a in args if a.startswith(("--policy", "--require-agent-lease", "--no-require-agent-lease"))]
+
+    def checksums(docs: list[dict[str, Any]]) -> tuple[str, str]:
+        return tuple(find(docs, kind, name)["spec"]["template"]["metadata"]["annotations"]["checksum/cluster-config"]
+                     for kind, name in (("Deployment", "gpupool-extender"), ("DaemonSet", "gpupool-node-agent")))
+    extender, agent = checksums(render())
+    changed_extender, changed_agent = checksums(render(values))
+    assert changed_extender != extender and changed_agent == agent  # a new policy restarts no node agent
 
 
 def test_shared_settings_are_the_cluster_configmap() -> None:
@@ -316,7 +332,8 @@ def test_shared_settings_are_the_cluster_configmap() -> None:
     one ConfigMap (docs/cluster-config.md), not flags that could differ between them."""
     default = find(render(), "ConfigMap", "gpupool-cluster")["data"]
     assert default == {"resourceDomain": "gpupool.io", "gpushareMemoryUnit": "GiB", "highPriorityThreshold": "1000",
-                       "hami": "false", "agentLeaseNamespace": "gpupool-node-lease"}
+                       "hami": "false", "agentLeaseNamespace": "gpupool-node-lease", "policy": "gpupool",
+                       "requireAgentLease": "true"}
     changed = find(render({"aliases.hamiWholeCards": True, "aliases.gpushareMemoryUnit": "MiB",
                            "cluster.highPriorityThreshold": 500}), "ConfigMap", "gpupool-cluster")["data"]
     assert (changed["hami"], changed["gpushareMemoryUnit"], changed["highPriorityThreshold"]) == ("true", "MiB", "500")

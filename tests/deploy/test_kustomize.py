@@ -128,7 +128,9 @@ def test_network_policy_lets_only_the_schedulers_reach_the_verbs_and_anyone_the_
 def test_production_overlays_require_agent_leases_and_a_certificate_source(overlay: str) -> None:
     docs = render(f"overlays/{overlay}")
     args = container(one(docs, "Deployment", "gpupool-extender"))["args"]
-    assert "--require-agent-lease" in args
+    # in the cluster's ConfigMap, so that kubectl gpupool why applies it too (docs/cluster-config.md)
+    assert one(docs, "ConfigMap", "gpupool-cluster")["data"]["requireAgentLease"] == "true"
+    assert not [a for a in args if "require-agent-lease" in a]
     secret = next(v["secret"]["secretName"] for v in pod_spec(one(docs, "Deployment", "gpupool-extender"))["volumes"]
                   if "secret" in v)
     issued = [d for d in docs if d["kind"] == "Certificate" and d["spec"]["secretName"] == secret]
@@ -163,6 +165,7 @@ def test_dev_overlay_runs_on_fake_gpus_without_the_nvidia_runtime() -> None:
     assert one(docs, "Deployment", "gpupool-extender")["spec"]["replicas"] == 1
     assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert "--require-agent-lease" not in container(one(docs, "Deployment", "gpupool-extender"))["args"]
+    assert one(docs, "ConfigMap", "gpupool-cluster")["data"]["requireAgentLease"] == "false"
 
 
 def test_shim_component_names_the_library_the_image_builds(tmp_path: Path) -> None:

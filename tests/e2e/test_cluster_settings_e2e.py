@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from gpupool.api.cluster_settings import (
+    AGENT_SETTINGS,
     AGENT_SETTINGS_ANNOTATION,
     CONFIG_MAP_NAME,
     ClusterSettings,
@@ -92,7 +93,7 @@ def test_a_node_whose_agent_counts_gpushare_memory_otherwise_is_refused_and_a_ma
     for node in agents:
         wait_for(lambda n=node: published(n), timeout=90, what=f"{node}'s devices and settings:\n{agents[node].log()}")
     as_run = ClusterSettings(agent_lease_namespace=namespace)
-    expected = {s: as_run.value(s) for s in Setting}
+    expected = {s: as_run.value(s) for s in AGENT_SETTINGS}
     assert published(same) == expected
     assert published(other) == expected | {Setting.GPUSHARE_MEMORY_UNIT: "MiB"}
 

@@ -237,3 +237,36 @@ def test_claims_are_none_where_the_api_is_not_served(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(kube, "list_custom", not_served)
     assert kube.list_claims(kube.Connection(api=None, namespace="team")) == []
+
+
+def test_why_applies_the_config_maps_policy_and_lease_rule(cluster: list[tuple[str, str]],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """why explains with the rules the extender reads from the same ConfigMap (docs/cluster-config.md)."""
+    monkeypatch.setitem(CLUSTER_CONFIG, "policy", "binpack")
+    monkeypatch.setitem(CLUSTER_CONFIG, "requireAgentLease", "true")
+    doc = json.loads(run("why", "waiting", "-o", "json").output)
+    assert doc["policy"] == "binpack"
+    assert "1 node: node a has no gpupool node agent lease" in run("why", "waiting").output
+
+
+def test_why_flags_override_the_config_maps_placement_rules(cluster: list[tuple[str, str]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(CLUSTER_CONFIG, "policy", "binpack")
+    monkeypatch.setitem(CLUSTER_CONFIG, "requireAgentLease", "true")
+    doc = json.loads(run("why", "waiting", "-o", "json", "--policy", "spread").output)
+    assert doc["policy"] == "spread"
+    assert "no gpupool node agent lease" not in run("why", "waiting", "--no-require-agent-lease").output
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    pytest.param("policy", "tightest", "policy: unknown policy 'tightest'", id="policy"),
+    pytest.param("requireAgentLease", "on", "requireAgentLease: expected true or false, got 'on'", id="boolean"),
+])
+def test_why_names_a_bad_placement_rule_in_the_config_map(cluster: list[tuple[str, str]],
+                                                           monkeypatch: pytest.MonkeyPatch, key: str, value: str,
+                                                           words: str) -> None:
+    monkeypatch.setitem(CLUSTER_CONFIG, key, value)
+    result = run("why", "waiting")
+    assert result.exit_code == 0, result.output
+    assert f"note: ConfigMap gpupool-system/gpupool-cluster: {words}" in result.output
+    assert "reading pods with the built-in defaults" in result.output

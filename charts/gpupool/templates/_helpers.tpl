@@ -61,11 +61,19 @@ caBundle: {{ . }}
 {{- end }}
 
 
-{{/* The data of the ConfigMap gpupool-cluster (its checksum restarts the extender and the agents). */}}
-{{- define "gpupool.clusterSettings" -}}
+{{/* The settings of ConfigMap gpupool-cluster the node agents read (their checksum restarts the agents). */}}
+{{- define "gpupool.agentClusterSettings" -}}
 resourceDomain: gpupool.io
 gpushareMemoryUnit: {{ .Values.aliases.gpushareMemoryUnit }}
 highPriorityThreshold: {{ .Values.cluster.highPriorityThreshold | quote }}
 hami: {{ .Values.aliases.hamiWholeCards | toString | quote }}
 agentLeaseNamespace: gpupool-node-lease
+{{- end }}
+
+{{/* The data of the ConfigMap gpupool-cluster: the agents' settings and the extender's placement rules,
+which kubectl gpupool why reads too (its checksum restarts the extender; a new policy rolls no agent). */}}
+{{- define "gpupool.clusterSettings" -}}
+{{ include "gpupool.agentClusterSettings" . }}
+policy: {{ .Values.extender.policy | quote }}
+requireAgentLease: {{ .Values.extender.requireAgentLease | toString | quote }}
 {{- end }}
