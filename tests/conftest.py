@@ -6,7 +6,7 @@ example fails a property that holds. Speed lives in the benchmarks, so the deadl
 Collection caches the compiled test modules even where ``PYTHONDONTWRITEBYTECODE`` is set (as on
 our machines): without the cache pytest rewrites the asserts of every test module again in each
 run, which was two thirds of collecting the suite (24 s of CPU against 9 s with the cache; the fast
-loop and each of scripts/test-all's three pytest processes collect everything). The cache is the
+loop and each of scripts/test-all's four pytest processes collect everything). The cache is the
 usual ``__pycache__`` (ignored by git), keyed by each source's mtime and size, so an edited module is
 always compiled again; the interpreter's setting is restored once collection ends.
 """
