@@ -598,7 +598,9 @@ def test_200_pods_created_concurrently_on_one_kubelet_each_get_their_own_grant(
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create_batch, batches))
     created = time.monotonic()
-    wait_running(core_v1, namespace, node.pods, node, timeout=120)
+    # Generous: the whole test took 82-120 s in CI runs, and the wait timed out at 120 s twice with the
+    # machine loaded; what it proves is the grants, not how soon 200 pods run (it prints how long).
+    wait_running(core_v1, namespace, node.pods, node, timeout=300)
     running = time.monotonic()
 
     checked = check_grants(core_v1, namespace, node.pods)  # env and allocated-v1 == assignment
