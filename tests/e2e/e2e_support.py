@@ -188,14 +188,24 @@ class ExtenderProcess:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
-    def passes(self, pod: Mapping[str, Any], nodes: list[str]) -> list[str]:
-        """The nodes the extender's ``/filter`` passes for ``pod``, from its ledger as it is now."""
+    def passes(self, pod: Mapping[str, Any], nodes: list[str], ready_timeout: float = 30.0) -> list[str]:
+        """The nodes the extender's ``/filter`` passes for ``pod``, from its ledger as it is now.
+
+        A replica that would not bind yet (a follower, or a leader whose ledger is still catching
+        up) answers every filter with a retryable ``Error`` and no node; that is no answer about the
+        pod, so it is asked again until it answers (``ready_timeout``), never read as "no node fits"
+        (a wait for a refusal would otherwise end before the ledger holds what the test booked)."""
         body = json.dumps({"Pod": pod, "NodeNames": nodes}).encode()
-        request = urllib.request.Request(f"{self.url}/filter", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            passed: list[str] = json.loads(resp.read())["NodeNames"] or []
-        return passed
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            request = urllib.request.Request(f"{self.url}/filter", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                answer = json.loads(resp.read())
+            if not answer.get("Error") or time.monotonic() > deadline:
+                passed: list[str] = answer.get("NodeNames") or []
+                return passed
+            time.sleep(0.1)
 
 
 def isolation_default(args: tuple[str, ...]) -> tuple[str, ...]:
