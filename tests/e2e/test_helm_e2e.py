@@ -153,9 +153,12 @@ def test_the_certificate_job_writes_the_webhooks_ca_and_a_gpu_pod_goes_through_t
     serving_dir = write_files(tmp_path / "serving", files)
     client_dir = tmp_path / "client"
     admission_port = free_port()
+    # The chart's ConfigMap requires agent Leases (extender.requireAgentLease); this node has no agent,
+    # so the extender here overrides that one setting (as a flag does, with its warning).
     extender = FlaggedExtender(release.plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
         "--tls-cert-file", str(serving_dir / "tls.crt"), "--tls-private-key-file", str(serving_dir / "tls.key"),
-        "--client-ca-file", str(serving_dir / "ca.crt"), "--admission-port", str(admission_port)))
+        "--client-ca-file", str(serving_dir / "ca.crt"), "--admission-port", str(admission_port),
+        "--no-require-agent-lease"))
     scheduler: ManagedProcess | None = None
     try:
         extender.start()
