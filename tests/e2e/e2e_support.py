@@ -355,3 +355,27 @@ def forbidden_message(call: Callable[[], object]) -> str:
         assert exc.status == 403, exc
         return str(json.loads(exc.body)["message"])
     return ""
+
+
+CRD_DELETION_S = 180.0
+"""How long a deleted CRD may take to go: the apiserver first deletes every instance of it, which a
+busy control plane (two e2e sessions and the unit tests on two cores) has been seen to take past a
+minute."""
+
+
+def wait_crds_gone(extensions: client.ApiextensionsV1Api, names: set[str], timeout: float = CRD_DELETION_S) -> None:
+    """Return once none of the CRDs ``names`` exists (a deleted one lingers, "being deleted", until the
+    apiserver has removed its instances); a time-out says what each still reports."""
+    def left() -> dict[str, Any]:
+        return {c.metadata.name: c for c in extensions.list_custom_resource_definition().items
+                if c.metadata.name in names}
+
+    def explain() -> str:
+        return "\n".join(f"{name}: deletionTimestamp {crd.metadata.deletion_timestamp}, conditions "
+                         + "; ".join(f"{c.type}={c.status} {c.reason}: {c.message}"
+                                     for c in (crd.status.conditions or []))
+                         for name, crd in sorted(left().items()))
+
+    wait_for(lambda: True if not left() else None, timeout=timeout, what=f"the CRDs {sorted(names)} deleted",
+             explain=explain)
+

@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.conftest import delete_namespace
-from tests.e2e.e2e_support import wait_for
+from tests.e2e.e2e_support import wait_crds_gone
 
 RELEASE = "gpupool"
 SYSTEM = "gpupool-system"
@@ -93,8 +93,4 @@ def released(binary: Path, control_plane: ControlPlane, kube_api_client: client.
                 if exc.status != 404:
                     raise
 
-        def crds_gone() -> bool | None:  # the next module's helm install must find none terminating
-            names = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
-            return True if not created & names else None
-
-        wait_for(crds_gone, timeout=60, what=f"the CRDs {sorted(created)} deleted")
+        wait_crds_gone(extensions, created)  # the next module's install must find none terminating

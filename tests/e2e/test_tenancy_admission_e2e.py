@@ -32,7 +32,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.testenv.controlplane import ControlPlane
-from tests.e2e.e2e_support import MakeNode, free_port, wait_for
+from tests.e2e.e2e_support import MakeNode, free_port, wait_crds_gone, wait_for
 from tests.e2e.trust_support import FlaggedExtender
 
 pytestmark = pytest.mark.e2e
@@ -75,6 +75,10 @@ def documented_crds(control_plane: ControlPlane, kube_api_client: client.ApiClie
                     ) -> Iterator[subprocess.CompletedProcess[str]]:
     """The CRDs installed by the documented command; removed (and waited for) after the module."""
     extensions = client.ApiextensionsV1Api(kube_api_client)
+    terminating = {c.metadata.name for c in extensions.list_custom_resource_definition().items
+                   if c.metadata.name in CRD_NAMES and c.metadata.deletion_timestamp is not None}
+    if terminating:  # a module before this one may still be deleting them
+        wait_crds_gone(extensions, terminating)
     done = kubectl(control_plane, documented_install_command())
     if done.returncode == 0:
         for name in CRD_NAMES:
@@ -87,8 +91,7 @@ def documented_crds(control_plane: ControlPlane, kube_api_client: client.ApiClie
         for name in CRD_NAMES:
             if _crd_exists(extensions, name):
                 extensions.delete_custom_resource_definition(name)
-        for name in CRD_NAMES:
-            wait_for(lambda n=name: not _crd_exists(extensions, n) or None, timeout=60, what=f"CRD {name} deleted")
+        wait_crds_gone(extensions, set(CRD_NAMES))
 
 
 def test_the_documented_crd_install_command_works_as_written(

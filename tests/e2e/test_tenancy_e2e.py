@@ -26,7 +26,7 @@ from gpupool.api.annotations import Inventory, decode_assignment, encode_invento
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard
 from tests.e2e.conftest import delete_namespace
-from tests.e2e.e2e_support import ExtenderProcess, MakeNode, wait_for
+from tests.e2e.e2e_support import ExtenderProcess, MakeNode, wait_crds_gone, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,12 +40,15 @@ CARD_MIB = 16_384
 def crds(kube_api_client: client.ApiClient) -> Iterator[None]:
     """deploy/crds/ installed (and Established) for this module; removed after it."""
     extensions = client.ApiextensionsV1Api(kube_api_client)
-    names = []
-    for path in sorted(CRDS.glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text())
-        if doc.get("kind") != "CustomResourceDefinition":
-            continue  # the directory's kustomization.yaml
-        names.append(doc["metadata"]["name"])
+    docs = [doc for doc in (yaml.safe_load(path.read_text()) for path in sorted(CRDS.glob("*.yaml")))
+            if doc.get("kind") == "CustomResourceDefinition"]  # not the directory's kustomization.yaml
+    names = [doc["metadata"]["name"] for doc in docs]
+    # a module before this one (a chart's uninstall) may still be deleting them: 409 "being deleted"
+    terminating = {c.metadata.name for c in extensions.list_custom_resource_definition().items
+                   if c.metadata.name in names and c.metadata.deletion_timestamp is not None}
+    if terminating:
+        wait_crds_gone(extensions, terminating)
+    for doc in docs:
         utils.create_from_dict(kube_api_client, doc)
     for name in names:
         wait_for(lambda n=name: any(c.type == "Established" and c.status == "True" for c in
@@ -56,18 +59,7 @@ def crds(kube_api_client: client.ApiClient) -> Iterator[None]:
         extensions.delete_custom_resource_definition(name)
     # Deletion ends when the apiserver has removed every instance; the next module installing the
     # same CRDs (the quota webhook's tests reuse this fixture) would otherwise get 409 "being deleted".
-    for name in names:
-        wait_for(lambda n=name: not _crd_exists(extensions, n), timeout=60, what=f"CRD {name} deleted")
-
-
-def _crd_exists(extensions: client.ApiextensionsV1Api, name: str) -> bool:
-    try:
-        extensions.read_custom_resource_definition(name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    wait_crds_gone(extensions, set(names))
 
 
 @pytest.fixture
