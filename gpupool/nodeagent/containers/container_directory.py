@@ -45,22 +45,28 @@ class InMemoryContainerDirectory:
         self._lock = threading.Lock()
         self._containers: dict[str, ContainerRef] = {}
         self._pods: dict[str, tuple[str, str]] = {}
+        self._ids_of: dict[str, set[str]] = {}
+        """Per pod UID, the container IDs recorded for it: a pod is forgotten by its own IDs, so
+        forgetting costs its containers, not the node's, and a pod replaced under the same name
+        (a StatefulSet's) keeps its containers when the old pod's delete arrives after it."""
 
     def add(self, pod_uid: str, namespace: str, pod: str, containers: dict[str, str]) -> None:
         """Record a pod and its containers (name → status container ID, any form)."""
         with self._lock:
             self._pods[pod_uid] = (namespace, pod)
+            ids = self._ids_of.setdefault(pod_uid, set())
             for name, status_id in containers.items():
                 if status_id:
-                    self._containers[bare_container_id(status_id)] = ContainerRef(namespace, pod, name)
+                    container_id = bare_container_id(status_id)
+                    self._containers[container_id] = ContainerRef(namespace, pod, name)
+                    ids.add(container_id)
 
     def remove_pod(self, pod_uid: str) -> None:
         """Forget a pod and its containers."""
         with self._lock:
-            names = self._pods.pop(pod_uid, None)
-            if names is not None:
-                self._containers = {cid: ref for cid, ref in self._containers.items()
-                                    if (ref.namespace, ref.pod) != names}
+            self._pods.pop(pod_uid, None)
+            for container_id in self._ids_of.pop(pod_uid, ()):
+                self._containers.pop(container_id, None)
 
     def container(self, container_id: str) -> ContainerRef | None:
         """The container with this runtime ID."""
