@@ -169,3 +169,16 @@ def test_every_context_creation_form_keeps_its_own_arguments_without_a_virtual_g
     steps, _ = run_probe(tc, env, mode, "newctx:1", "ctxdev", "newctx3:1", "ctxdev", "newctx4:1", "ctxdev")
     assert codes(steps) == [OK] * 6
     assert [s.values for s in steps[1::2]] == [("1",)] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_13s_context_device_query_answers_the_ordinal_of_the_context_it_names(
+        tc: Toolchain, work: Path, region: Path, mode: str) -> None:
+    """cuCtxGetDevice_v2 (CUDA 13, what cuGetProcAddress hands a CUDA 13 program for "cuCtxGetDevice")
+    names its context: a context made on ordinal 1 answers 1 while ordinal 0's is current, and the
+    current context (NULL) answers the current ordinal."""
+    tc.grant_file.write_text(grant_text(region))
+    steps, _ = run_probe(tc, tc.granted_env(work), mode, "newctx:1", "ctxdev2", "use:0", "ctxdev2", "ctxdev2:last",
+                         "ctxdev")
+    assert codes(steps) == [OK] * 6
+    assert [steps[i].values[-1] for i in (1, 3, 4, 5)] == ["1", "0", "1", "0"]

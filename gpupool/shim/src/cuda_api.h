@@ -12,6 +12,7 @@
 
 API CUresult cuInit(unsigned int flags);
 API CUresult cuCtxGetDevice(CUdevice *device);
+API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 API CUresult cuDeviceGetCount(int *count);
 API CUresult cuDeviceGet(CUdevice *device, int ordinal);
 API CUresult cuDeviceGetName(char *name, int length, CUdevice dev);

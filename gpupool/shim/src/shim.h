@@ -242,6 +242,7 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuGraphLaunch, "cuGraphLaunch", 0, 0)                                                             \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1)                                                        \
     X(cuCtxGetDevice, "cuCtxGetDevice", 0, 0)                                                           \
+    X(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000, 0)                                                    \
     X(cuDeviceGetCount, "cuDeviceGetCount", 0, 0)                                                       \
     X(cuDeviceGet, "cuDeviceGet", 0, 0)                                                                 \
     X(cuDeviceGetName, "cuDeviceGetName", 0, 0)                                                         \

@@ -93,6 +93,22 @@ CUresult cuCtxGetDevice(CUdevice *device) {
     return status;
 }
 
+/* CUDA 13's form names the context (NULL: the calling thread's): the ordinal that context stands for.
+ * cuGetProcAddress hands a CUDA 13 program this one for "cuCtxGetDevice". */
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    if (REAL(cuCtxGetDevice_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult status = REAL(cuCtxGetDevice_v2)(device, ctx);
+    if (status != CUDA_SUCCESS || device == NULL || shim_virtual_count() == 0) return status;
+    if (ctx == NULL) {
+        int ordinal = shim_current_device();
+        if (ordinal >= 0) *device = ordinal;
+        return status;
+    }
+    int ordinal = ordinal_of_context(ctx);
+    if (ordinal >= 0) *device = ordinal;
+    return status;
+}
+
 CUresult cuDeviceGetCount(int *count) {
     if (REAL(cuDeviceGetCount) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult status = REAL(cuDeviceGetCount)(count);

@@ -27,6 +27,7 @@
  *        use retains device D's primary context and makes it current, unuse releases it, newctx
  *        creates a context on D (current), ctxdel destroys the last one; totalof: cuDeviceTotalMem)
  *        newctx3:D  newctx4:D   (the same through cuCtxCreate_v3 (CUDA 11.4) and _v4 (12.5))
+ *        ctxdev2  ctxdev2:last   (CUDA 13's cuCtxGetDevice_v2 of the current, or the last created, context)
  *        setaccess:D  getaccess:D  poolsetaccess:D  poolgetaccess:D  granularity:D  advise:D  advise2:D
  *        prefetch:D  prefetch2:D  prefetchptsz:D  prefetch2ptsz:D  p2p:SxD  seen   (entry points that
  *        name device D; seen: the device the stand-in driver was last handed)
@@ -145,6 +146,7 @@ static struct {
     __typeof__(&cuMemAdvise_v2) advise2;
     __typeof__(&cuDeviceGetP2PAttribute) p2p;
     __typeof__(&cuCtxCreate_v3) ctx_create3;
+    __typeof__(&cuCtxGetDevice_v2) ctx_device2;
     __typeof__(&cuCtxCreate_v4) ctx_create4;
     __typeof__(&cuMemGetAccess) get_access;
     __typeof__(&cuMemPoolSetAccess) pool_set_access;
@@ -295,6 +297,7 @@ static void fill(char mode) {
     FILL(advise2, cuMemAdvise_v2, "cuMemAdvise");
     FILL(p2p, cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute");
     FILL_AT(ctx_create3, cuCtxCreate_v3, "cuCtxCreate", 0, 12000);
+    FILL_AT(ctx_device2, cuCtxGetDevice_v2, "cuCtxGetDevice", 0, 13000);
     FILL(ctx_create4, cuCtxCreate_v4, "cuCtxCreate");
     FILL(get_access, cuMemGetAccess, "cuMemGetAccess");
     FILL(pool_set_access, cuMemPoolSetAccess, "cuMemPoolSetAccess");
@@ -356,6 +359,9 @@ static int step_devices(const char *verb, const char *argument) {
     } else if (strcmp(verb, "advise2") == 0) {
         CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = atoi(argument)};
         printf(" %d", api.advise2(0x7e0000000000ull, 2u << 20, 1, location));
+    } else if (strcmp(verb, "ctxdev2") == 0) { /* CUDA 13's form: ctxdev2 (the current context), ctxdev2:last */
+        rc = api.ctx_device2(&dev, strcmp(argument, "last") == 0 ? last_created : NULL);
+        printf(" %d %d", rc, (int)dev);
     } else if (strcmp(verb, "newctx3") == 0) {
         rc = api.ctx_create3(&last_created, NULL, 0, 0, atoi(argument));
         printf(" %d %#lx", rc, (unsigned long)(uintptr_t)last_created);

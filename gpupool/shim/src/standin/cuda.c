@@ -290,6 +290,15 @@ CUresult cuCtxGetDevice(CUdevice *device) {
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13: the device of a named context (the device is in its handle), NULL: the current one. */
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    if (ctx == NULL) return cuCtxGetDevice(device);
+    int dev = CONTEXT_DEVICE(ctx);
+    if (checked_device(dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = dev;
+    return CUDA_SUCCESS;
+}
+
 /* What every pool keeps above its release threshold goes back to the card. */
 static void trim_pools(void) {
     pthread_mutex_lock(&lock);
@@ -581,7 +590,7 @@ static const struct {
 } entry_points[] = {
     ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuDeviceGet) ENTRY(cuDeviceGetCount) ENTRY(cuDeviceGetName)
     ENTRY(cuDeviceTotalMem_v2) ENTRY(cuDevicePrimaryCtxRetain) ENTRY(cuDevicePrimaryCtxRelease_v2)
-    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxCreate_v3) ENTRY(cuCtxCreate_v4) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice)
+    ENTRY(cuCtxCreate_v2) ENTRY(cuCtxCreate_v3) ENTRY(cuCtxCreate_v4) ENTRY(cuCtxDestroy_v2) ENTRY(cuCtxSetCurrent) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxGetDevice) ENTRY(cuCtxGetDevice_v2)
     ENTRY(cuCtxPopCurrent_v2)
     ENTRY(cuCtxSynchronize) ENTRY(cuStreamSynchronize) ENTRY(cuMemGetInfo_v2) ENTRY(cuMemAlloc_v2)
     ENTRY(cuMemAllocManaged) ENTRY(cuMemAllocPitch_v2) ENTRY(cuMemFree_v2) ENTRY(cuMemCreate) ENTRY(cuMemRelease)
@@ -624,6 +633,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     int versioned = cudaVersion >= 3020 && (strcmp(symbol, "cuGetProcAddress") != 0 || cudaVersion >= 12000);
     /* the location-taking hints of CUDA 12.2: an older program's base name is the device-taking one */
     if ((strcmp(symbol, "cuMemAdvise") == 0 || strcmp(symbol, "cuMemPrefetchAsync") == 0) && cudaVersion < 12020)
+        versioned = 0;
+    if (strcmp(symbol, "cuCtxGetDevice") == 0 && cudaVersion < 13000) /* the context-taking form of CUDA 13 */
         versioned = 0;
     /* contexts: _v3 (execution affinity) from CUDA 11.4, _v4 (creation parameters) from 12.5 */
     if (strcmp(symbol, "cuCtxCreate") == 0 && cudaVersion >= 11040)
