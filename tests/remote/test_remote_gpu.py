@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -210,6 +211,25 @@ def test_no_server_configured(programs: Programs) -> None:
     assert run_probe(programs, env, "vector_add", "10") == "error 100 at cuInit(0)"
 
 
-def test_nothing_listening(programs: Programs) -> None:
-    out = run_probe(programs, probe_env(programs, "127.0.0.1:1", token("a")), "vector_add", "10")
+def test_nothing_listening_is_tried_again_until_the_deadline(programs: Programs) -> None:
+    started = time.monotonic()
+    out = run_probe(programs, probe_env(programs, "127.0.0.1:1", token("a"), deadline_ms=1500), "vector_add", "10")
     assert out == f"error {CUDA_ERROR_DEVICE_UNAVAILABLE} at cuInit(0)"
+    assert 0.5 <= time.monotonic() - started < 5  # tried again within the 1.5 s deadline, not the 10 s window
+
+
+def test_a_server_that_starts_after_the_client_is_reached(programs: Programs, tmp_path: Path) -> None:
+    """The GPU node's agent may start its server after the pod's program has started: a refused
+    connection is tried again (up to 10 s), so the program computes instead of failing at cuInit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    early = subprocess.Popen([str(programs.probe), "vector_add", "1000"],
+                             env=probe_env(programs, endpoint(port), token("a")), stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        with running_server(programs, tmp_path, [client("a")], listen=f"127.0.0.1:{port}"):
+            out, _ = early.communicate(timeout=60)
+    finally:
+        early.kill()
+    assert out.strip() == "ok vector_add 1000 c[999]=1498.5"

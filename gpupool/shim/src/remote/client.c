@@ -329,6 +329,28 @@ static CUresult start_tls(const char *ca, const char *host, uint64_t deadline) {
     return 0;
 }
 
+#define CONNECT_RETRY_MS 10000u /* how long a refused connection is tried again */
+
+/* One connection attempt to ``found`` (``sock`` is its socket, open whatever the outcome); 0 when
+ * connected, else the CUDA error, with ``*refused`` set when nobody listened there (worth another
+ * try). The wait for the connection is bounded by the call's deadline. */
+static CUresult dial(const struct addrinfo *found, uint64_t deadline_at, int *refused) {
+    *refused = 0;
+    sock = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (sock < 0) return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    if (connect(sock, found->ai_addr, found->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        *refused = errno == ECONNREFUSED;
+        return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    }
+    CUresult status = wait_ready(POLLOUT, deadline_at);
+    if (status != 0) return status;
+    int error = 0;
+    socklen_t size = sizeof error;
+    getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &size);
+    *refused = error == ECONNREFUSED;
+    return error != 0 ? REMOTE_ERROR_DEVICE_UNAVAILABLE : 0;
+}
+
 static CUresult open_connection(void) {
     char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32], ca[1024];
     setting("GPUPOOL_REMOTE_TLS_CA", "remote_tls_ca", ca, sizeof ca);
@@ -346,16 +368,22 @@ static CUresult open_connection(void) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *found = NULL;
     if (getaddrinfo(host, colon + 1, &hints, &found) != 0) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
     uint64_t deadline_at = now_ms() + deadline_ms;
-    sock = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    CUresult status = sock < 0 ? REMOTE_ERROR_DEVICE_UNAVAILABLE : 0;
-    if (status == 0 && connect(sock, found->ai_addr, found->ai_addrlen) != 0 && errno != EINPROGRESS) status = 46;
+    /* Nobody listening yet (the GPU node's agent starting its server beside the pod): try again,
+     * every 100 ms to 1 s, for CONNECT_RETRY_MS or the deadline, whichever is shorter. */
+    uint64_t retry_until = now_ms() + (deadline_ms < CONNECT_RETRY_MS ? deadline_ms : CONNECT_RETRY_MS);
+    unsigned pause_ms = 100;
+    CUresult status;
+    int refused;
+    while ((status = dial(found, deadline_at, &refused)) != 0 && refused && now_ms() + pause_ms < retry_until) {
+        close(sock);
+        sock = -1;
+        struct timespec pause = {.tv_sec = pause_ms / 1000, .tv_nsec = (long)(pause_ms % 1000) * 1000000L};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR) continue;
+        pause_ms = pause_ms * 2 > 1000 ? 1000 : pause_ms * 2;
+    }
     freeaddrinfo(found);
     if (status != 0) return hang_up(status);
-    if ((status = wait_ready(POLLOUT, deadline_at)) != 0) return status;
-    int error = 0, one = 1, idle = 10, interval = 5, count = 3;
-    socklen_t size = sizeof error;
-    getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &size);
-    if (error != 0) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    int one = 1, idle = 10, interval = 5, count = 3;
     setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
