@@ -31,8 +31,7 @@ from gpupool.core.model import NodeSpec, Placement
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
 from gpupool.kube.claim_asks import ClaimAsk, claim_ask
-from gpupool.kube.claim_holding import CLAIM_MARK, ClaimRecord, claim_key, claim_placement, read_claim
-from gpupool.kube.dra_claims import ClaimError
+from gpupool.kube.claim_holding import CLAIM_MARK, ClaimRecord, claim_booking, claim_key, read_claim
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +141,9 @@ class ClaimBookings:
         """Make the ledger hold what the claim's record says (nothing while its node is absent)."""
         record = self.records.get(key)
         desired: Placement | None = None
-        problem = record.problem if record is not None else None
-        spec = self.spec_of(record.node) if record is not None and record.node else None
-        if record is not None and problem is None and spec is not None:
-            try:
-                desired = claim_placement(record, spec)
-            except ClaimError as exc:
-                problem = str(exc)
+        problem: str | None = None
+        if record is not None:
+            desired, problem = claim_booking(record, self.spec_of(record.node) if record.node else None)
         if problem is not None and record is not None:
             self.problems.set_unreadable(key, record.uid, record.node or "(unknown node)", problem)
         else:

@@ -106,3 +106,19 @@ def claim_placement(record: ClaimRecord, spec: NodeSpec) -> Placement:
         else:
             slices.append(CardSlice(pos, share.memory_mib, share.compute_percent * PER_MILLE_PER_PERCENT))
     return Placement(record.key, spec.name, 0, 0, (ContainerAssignment(record.key, tuple(slices)),))
+
+
+def claim_booking(record: ClaimRecord, spec: NodeSpec | None) -> tuple[Placement | None, str | None]:
+    """What a ledger books for ``record`` on its node's ``spec`` (None: the node is not in the
+    ledger): its placement, or why it cannot be booked (the record's own problem, or a share of a
+    card the node does not publish). Neither, for a claim whose node is absent: it holds nothing
+    there until the node is back."""
+    if record.problem is not None:
+        return None, record.problem
+    if spec is None:
+        return None, None
+    try:
+        return claim_placement(record, spec), None
+    except ClaimError as exc:
+        return None, str(exc)
+

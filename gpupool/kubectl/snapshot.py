@@ -22,8 +22,7 @@ from gpupool.api.enforcement import EnforcementNoticeError
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import NodeSpec, Placement, PodRequest
 from gpupool.core.state import AllocationError, ClusterState
-from gpupool.kube.claim_holding import claim_placement, read_claim
-from gpupool.kube.dra_claims import ClaimError
+from gpupool.kube.claim_holding import claim_booking, read_claim
 from gpupool.kube.node_enforcement import node_notice, refusal_of, unreadable_refusal
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
@@ -139,14 +138,7 @@ def _book_claims(claims: Iterable[Mapping[str, Any]], driver: str, state: Cluste
         record = read_claim(obj, driver)
         if record is None:
             continue
-        problem = record.problem
-        spec = _spec_of(state, record.node) if record.node else None
-        placement = None
-        if problem is None and spec is not None:
-            try:
-                placement = claim_placement(record, spec)
-            except ClaimError as exc:
-                problem = str(exc)
+        placement, problem = claim_booking(record, _spec_of(state, record.node) if record.node else None)
         if problem is not None:
             pod_problems[record.key] = problem
             node_problems.setdefault(record.node, _refusal(record.key, problem))
