@@ -91,14 +91,19 @@ async def watched(*pods: dict[str, Any], arrival_wait_s: float = SLOW_ARRIVAL_S,
         assert await cache.wait_synced(10), "the cache never synced"
         yield World(api, server, cache, now, reads)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await asyncio.to_thread(server.hold_watches)  # end the open stream now, not at its timeout
-        server.release_watches()
-        assert cache.watch is not None
-        await asyncio.to_thread(cache.watch.thread.join, 10)
-        assert not cache.watch.thread.is_alive()
+        await stop(task, cache, server)
+
+
+async def stop(task: asyncio.Task[None], cache: NodePodCache, server: FakeListWatch) -> None:
+    """Cancel the cache's run and end its watch thread (the open stream ended now, not at its timeout)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(server.hold_watches)
+    server.release_watches()
+    assert cache.watch is not None
+    await asyncio.to_thread(cache.watch.thread.join, 10)
+    assert not cache.watch.thread.is_alive()
 
 
 def cached(world: World) -> set[str]:
@@ -367,12 +372,6 @@ def test_each_pod_event_is_decoded_once_for_the_store_and_every_feed(monkeypatch
             assert view is not None and view.assignment is not None
             assert [s.card for c in view.assignment.placement.containers for s in c.slices] == [1]
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await asyncio.to_thread(server.hold_watches)
-            server.release_watches()
-            assert cache.watch is not None
-            await asyncio.to_thread(cache.watch.thread.join, 10)
+            await stop(task, cache, server)
 
     asyncio.run(main())
