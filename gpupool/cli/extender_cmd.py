@@ -29,9 +29,10 @@ from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.claim_classes import TemplateClasses, WatchedClaimClasses
 from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.client_image import client_image
-from gpupool.extender.dra_watch import start_claim_watch
+from gpupool.extender.dra_watch import api_get, start_claim_watch, start_template_watch
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission, sar_permissions
 from gpupool.extender.handover import BindFence, Handover, Unfenced
@@ -48,7 +49,12 @@ from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.quota_status import QuotaStatusWriter
 from gpupool.extender.remote_injection import RemoteInjection
 from gpupool.extender.requeue import PreemptRequeue, cache_pending
-from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER, SchedulerSteering
+from gpupool.extender.scheduler_steering import (
+    DEFAULT_SCHEDULER,
+    GPUPOOL_SCHEDULER,
+    ClaimSource,
+    SchedulerSteering,
+)
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.wakeup import PendingWakeUp, filter_arguments
@@ -124,8 +130,9 @@ class ExtenderOptions:
     """Watch ResourceClaims of gpupool's DRA driver and book them in the ledger (docs/dra.md, "One
     ledger"); readiness then waits for their first list."""
     steer_claim_pods: bool = False
-    """The pod-scheduler webhook also gives pods naming ResourceClaims gpupool's scheduler, whose
-    extender chooses their node (docs/dra.md, "Choosing between the extender path and the DRA path")."""
+    """The pod-scheduler webhook also gives gpupool's scheduler to pods whose ResourceClaims ask for
+    gpupool's device class, whose extender chooses their node (docs/dra.md, "Steering claim pods");
+    ResourceClaimTemplates are watched for it."""
 
     def resource_names(self) -> ResourceNames:
         """The names and units the extender reads pods with (one place for both replicas' paths)."""
@@ -161,6 +168,8 @@ class Replica:
     requeue: PreemptRequeue | None = None
     wakeup: PendingWakeUp | None = None
     quota_status: QuotaStatusWriter | None = None
+    templates: TemplateClasses | None = None
+    """ResourceClaimTemplates' classes, watched with ``steer_claim_pods`` (the pod-scheduler webhook's)."""
 
     def shutdown(self) -> None:
         """Stop renewing the Lease and watching (a replica that has died, as far as others see)."""
@@ -191,6 +200,10 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
         start_tenancy_watches(cache, core_v1.api_client, stop)
     if options.dra_claims:  # DRA claims on the same ledger (docs/dra.md, "One ledger")
         start_claim_watch(cache, core_v1.api_client, stop)
+    templates = None
+    if options.steer_claim_pods:  # which class a pod's claim templates ask for (docs/dra.md, "Steering claim pods")
+        templates = TemplateClasses(cache.claims.classes)
+        start_template_watch(templates, core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or options.lease, namespace=options.lease_namespace,
                                 name=options.lease_name)
@@ -228,7 +241,7 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     if handover is not None:  # a new leader adopts the pods its predecessor may have refused
         handover.caught_up_listeners.append(lambda: wakeup.adopt(list_waiting_pods(core_v1), filter_arguments(cache)))
     return Replica(cache, service, pod_watch, elector, stop, identity, housekeeping, liveness, requeue,
-                   quota_status=quota_status, wakeup=wakeup)
+                   quota_status=quota_status, wakeup=wakeup, templates=templates)
 
 
 def _watch_agent_leases(options: ExtenderOptions, cache: ClusterCache, coordination_v1: Any,
@@ -266,8 +279,10 @@ def run_extender(options: ExtenderOptions) -> None:
     admission = None
     if listeners.admission_port is not None:
         remote_image = client_image(options.remote_client_image, options.leader_pod, core_v1.read_namespaced_pod)
-        admission = _admission_app(cache, api, core_v1, options.scheduler_name, remote_image,
-                                   steer_claims=options.steer_claim_pods)
+        claims = None
+        if replica.templates is not None:
+            claims = WatchedClaimClasses(cache.claims, cache.lock, replica.templates, api_get(core_v1.api_client))
+        admission = _admission_app(cache, api, core_v1, options.scheduler_name, remote_image, claims=claims)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.cluster.resource_domain,
@@ -309,18 +324,19 @@ def _leader_label(options: ExtenderOptions, core_v1: Any, service: ExtenderServi
 
 
 def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, scheduler_name: str,
-                   remote_client_image: str | None = None, *, steer_claims: bool = False) -> Any:
+                   remote_client_image: str | None = None, *, claims: ClaimSource | None = None) -> Any:
     """The webhooks' application: quotas at pod creation, groups' subjects on pods naming a group,
     the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender), and
     the scheduler of new GPU pods (``scheduler_name``, gpupool's own), with the GPU client and its
-    grant for remote shares when ``remote_client_image`` is given."""
+    grant for remote shares when ``remote_client_image`` is given; with ``claims``, pods whose
+    claims ask for gpupool's device class are steered too."""
     from kubernetes import client
 
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
                         pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names),
                         group_writes=GroupWriteAdmission(sar_permissions(
                             client.AuthorizationV1Api(core_v1.api_client))),
-                        steering=SchedulerSteering(api.names, scheduler_name, steer_claims=steer_claims),
+                        steering=SchedulerSteering(api.names, scheduler_name, claims=claims),
                         remote_injection=RemoteInjection(api.names, remote_client_image)
                         if remote_client_image else None).app()
 
@@ -437,9 +453,9 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "extended-resource pods (docs/dra.md, \"One ledger\"; Kubernetes 1.34+).")
 @click.option("--steer-claim-pods/--no-steer-claim-pods", default=False, show_default=True,
               help="With --dra-claims and --admission-port: the pod-scheduler webhook also sets gpupool's scheduler "
-                   "on pods naming ResourceClaims, and the extender chooses their node (gpupool's scheduler must "
-                   "list no managedResources; docs/dra.md, \"Choosing between the extender path and the DRA "
-                   "path\").")
+                   "on pods whose ResourceClaims (or their templates, watched) ask for gpupool's device class, "
+                   "and the extender chooses their node (gpupool's scheduler must list no managedResources; "
+                   "docs/dra.md, \"Steering claim pods\").")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
 @cluster_setting_options(old_lease_namespace=False, placement=True)

@@ -11,15 +11,20 @@ so an upgraded control plane is picked up without a restart.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.claim_classes import Get, TemplateClasses
+from gpupool.extender.scheduler_steering import CLAIM, TEMPLATE
 from gpupool.extender.tenancy_watch import absent_is_empty
 from gpupool.kube.listwatch import ListWatch
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"
 PLURAL = "resourceclaims"
+TEMPLATES = "resourceclaimtemplates"
+PLURALS = {CLAIM: PLURAL, TEMPLATE: TEMPLATES}
 
 
 def apply_claim_event(cache: ClusterCache, kind: str, obj: dict[str, Any]) -> None:
@@ -43,3 +48,34 @@ def start_claim_watch(cache: ClusterCache, api_client: Any, stop: Any) -> ListWa
     list_fn = absent_is_empty(PLURAL, functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL))
     return ListWatch(PLURAL, list_fn, functools.partial(replace_claims, cache),
                      functools.partial(apply_claim_event, cache), stop=stop).start()
+
+
+def start_template_watch(templates: TemplateClasses, api_client: Any, stop: Any) -> ListWatch:
+    """Start the ResourceClaimTemplates' list+watch feeding ``templates`` (``--steer-claim-pods``:
+    the pod-scheduler webhook reads which class a template's claims will ask for)."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    list_fn = absent_is_empty(TEMPLATES, functools.partial(custom.list_cluster_custom_object, GROUP, VERSION,
+                                                           TEMPLATES))
+    return ListWatch(TEMPLATES, list_fn, templates.replace, templates.apply, stop=stop).start()
+
+
+def api_get(api_client: Any) -> Get:
+    """A bounded read of one claim or template, None when the API has none (the webhook's miss path)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom = client.CustomObjectsApi(api_client)
+
+    def get(kind: str, namespace: str, name: str, timeout_s: float) -> Mapping[str, Any] | None:
+        try:
+            obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
+                                                      _request_timeout=timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj if isinstance(obj, Mapping) else None
+
+    return get

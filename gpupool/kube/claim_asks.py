@@ -43,6 +43,9 @@ class ClaimAsk:
     asks: tuple[tuple[str, GpuRequest], ...] = ()
     allocated: bool = False
     problem: str | None = None
+    named: str | None = None
+    """The first request naming one of gpupool's classes (:func:`class_request`), None when none
+    does: whether the claim's pod is one for gpupool's scheduler (the pod-scheduler webhook)."""
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -76,6 +79,19 @@ def _compute_per_mille(value: object, where: str) -> int:
     return percent * (COMPUTE_PER_CARD // COMPUTE_PERCENT)
 
 
+def class_request(spec: object, classes: frozenset[str]) -> str | None:
+    """The name of the first request of ``spec`` (a ResourceClaim's spec, or a ResourceClaimTemplate's
+    ``spec.spec``) that asks for one of ``classes``, exactly or among its ``firstAvailable``
+    alternatives; None when none does (a malformed spec asks for nothing). Never raises."""
+    for request in _requests(_map(spec)):
+        alternatives = request.get("firstAvailable")
+        among = alternatives if isinstance(alternatives, list) else ()
+        if _map(request.get("exactly")).get("deviceClassName") in classes or any(
+                _map(a).get("deviceClassName") in classes for a in among):
+            return str(request.get("name") or "")[:64]
+    return None
+
+
 def gpu_request(exactly: Mapping[str, Any], where: str) -> GpuRequest:
     """The :class:`GpuRequest` of one ``exactly`` request of gpupool's class; ``ValueError`` with
     the reason for one that cannot be modelled."""
@@ -102,21 +118,23 @@ def claim_ask(obj: Mapping[str, Any], classes: frozenset[str]) -> ClaimAsk:
     meta = _map(obj.get("metadata"))
     where = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
     allocated = _map(obj.get("status")).get("allocation") is not None
+    named = class_request(obj.get("spec"), classes)
     asks: list[tuple[str, GpuRequest]] = []
     for request in _requests(_map(obj.get("spec"))):
         name = str(request.get("name") or "")
         here = f"{where}, request {name[:64]!r}"
         alternatives = request.get("firstAvailable")
         if isinstance(alternatives, list) and any(_map(a).get("deviceClassName") in classes for a in alternatives):
-            return ClaimAsk(allocated=allocated, problem=f"{here}: firstAvailable alternatives are not modelled")
+            return ClaimAsk(allocated=allocated, problem=f"{here}: firstAvailable alternatives are not modelled",
+                            named=named)
         exactly = _map(request.get("exactly"))
         if exactly.get("deviceClassName") not in classes:
             continue
         try:
             asks.append((name, gpu_request(exactly, here)))
         except ValueError as exc:
-            return ClaimAsk(allocated=allocated, problem=str(exc))
-    return ClaimAsk(tuple(asks), allocated)
+            return ClaimAsk(allocated=allocated, problem=str(exc), named=named)
+    return ClaimAsk(tuple(asks), allocated, named=named)
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

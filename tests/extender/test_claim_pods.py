@@ -91,7 +91,7 @@ def chosen(cache: ClusterCache, service: ExtenderService, claims: ClaimPodReques
 # ------------------------------------------------------------------------------- reading claims
 def test_a_request_reads_as_memory_rounded_up_to_the_policy_step_and_compute_per_mille() -> None:
     ask = claim_ask(claim("c", request(memory="1000Mi", compute="30")), CLASSES)
-    assert ask == ClaimAsk((("gpu", GpuRequest(compute=300, memory_mib=1024)),))
+    assert ask == ClaimAsk((("gpu", GpuRequest(compute=300, memory_mib=1024)),), named="gpu")
 
 
 def test_two_requests_read_as_two_asks_and_count_applies_to_each_card() -> None:

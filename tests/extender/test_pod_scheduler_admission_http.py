@@ -17,16 +17,16 @@ from gpupool.extender.admission import QuotaAdmission
 from gpupool.extender.http.admission_review import POD_SCHEDULER_PATH, AdmissionApi
 from gpupool.extender.http.body import BodyReader
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER, SchedulerSteering
+from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER, ClaimReading, ClaimSource, SchedulerSteering
 from tests.extender.tenancy_world import gpu_pod, world
 from tests.extender.test_admission_http import review
 from tests.kube.builders import node
 
 
-def post(*bodies: bytes, steering: bool = True) -> list[tuple[int, dict[str, Any]]]:
+def post(*bodies: bytes, steering: bool = True, claims: ClaimSource | None = None) -> list[tuple[int, dict[str, Any]]]:
     cache = world([node("n1", [16_384] * 4)])
     api = AdmissionApi(QuotaAdmission(cache, cache.names), ExtenderMetrics(), BodyReader(),
-                       steering=SchedulerSteering(cache.names) if steering else None)
+                       steering=SchedulerSteering(cache.names, claims=claims) if steering else None)
 
     async def main() -> list[tuple[int, dict[str, Any]]]:
         async with TestClient(TestServer(api.app())) as client:
@@ -62,6 +62,32 @@ def test_a_gpu_pod_gets_the_patch_in_the_requests_version(version: str) -> None:
 def test_a_cpu_pod_is_allowed_without_a_patch() -> None:
     assert one(review(cpu_pod())) == (200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                             "response": {"uid": "u-1", "allowed": True}})
+
+
+class TeamAClaims:
+    """team-a's claim "gpu" asks for gpupool's class; team-a's claim "nic" and every other claim do not."""
+
+    def cached(self, namespace: str, kind: str, name: str) -> ClaimReading:
+        return ClaimReading("gpu" if (namespace, name) == ("team-a", "gpu") else None)
+
+    def fetch(self, namespace: str, kind: str, name: str, timeout_s: float) -> ClaimReading:
+        raise AssertionError("every claim is cached here")
+
+
+def test_a_claim_pod_is_read_in_the_requests_namespace_and_steered_only_for_gpupools_class() -> None:
+    """docs/dra.md "Steering claim pods": the pod in the review may carry no namespace yet."""
+    def claim_pod(claim: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p"}, "spec": {"resourceClaims": [{"name": "c", "resourceClaimName": claim}],
+                                                    "containers": [{"name": "c", "image": "busybox"}]}}
+
+    (gpu, nic, elsewhere) = post(json.dumps(review(claim_pod("gpu"))).encode(),
+                                 json.dumps(review(claim_pod("nic"))).encode(),
+                                 json.dumps(review(claim_pod("gpu"), namespace="team-b")).encode(),
+                                 claims=TeamAClaims())
+    assert gpu[0] == 200 and json.loads(base64.b64decode(gpu[1]["response"]["patch"])) == [
+        {"op": "add", "path": "/spec/schedulerName", "value": GPUPOOL_SCHEDULER}]
+    assert nic == elsewhere == (200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                      "response": {"uid": "u-1", "allowed": True}})
 
 
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])

@@ -13,6 +13,7 @@ from gpupool.api.names import ALIASES, NVIDIA_GPU, ResourceNames
 from gpupool.extender.scheduler_steering import (
     DEFAULT_SCHEDULER,
     GPUPOOL_SCHEDULER,
+    ClaimReading,
     SchedulerSteering,
     opt_out_key,
 )
@@ -149,23 +150,35 @@ def claiming(claims: Any, **kw: Any) -> dict[str, Any]:
 CLAIMS = [{"name": "gpu", "resourceClaimTemplateName": "gpu-4gi"}]
 
 
+class EveryClaimAsksForGpupool:
+    """A claim source for which every claim and template asks for gpupool's class (what each one
+    asks is tests/extender/test_claim_steering.py's subject)."""
+
+    def cached(self, namespace: str, kind: str, name: str) -> ClaimReading:
+        return ClaimReading("gpu")
+
+    def fetch(self, namespace: str, kind: str, name: str, timeout_s: float) -> ClaimReading:
+        raise AssertionError("a cached claim is not read again")
+
+
 def test_a_claim_pod_is_steered_only_when_claim_steering_is_on() -> None:
-    """docs/dra.md, "Choosing between the extender path and the DRA path": gpupool chooses the node
-    of claim pods only on its own scheduler, so the webhook sends them there when asked to."""
-    steer = SchedulerSteering(NAMES, steer_claims=True)
+    """docs/dra.md, "Steering claim pods": gpupool chooses the node of claim pods only on its own
+    scheduler, so the webhook sends them there when asked to."""
+    steer = SchedulerSteering(NAMES, claims=EveryClaimAsksForGpupool())
     decision = steer.decide(claiming(CLAIMS))
-    assert decision.scheduler == GPUPOOL_SCHEDULER and decision.why == "names ResourceClaims"
+    assert decision.scheduler == GPUPOOL_SCHEDULER
+    assert decision.why == "claim 'gpu' (ResourceClaimTemplate gpu-4gi) asks for gpupool's device class (request 'gpu')"
     assert steer.verdict(claiming(CLAIMS)).patch == PATCH
     assert STEER.decide(claiming(CLAIMS)).scheduler is None  # off by default: the DRA path as it was
 
 
 @pytest.mark.parametrize("claims", [[], None, "x", {"name": "gpu"}])
 def test_no_claims_or_a_malformed_list_is_not_a_claim_pod(claims: Any) -> None:
-    assert SchedulerSteering(NAMES, steer_claims=True).decide(claiming(claims)).scheduler is None
+    assert SchedulerSteering(NAMES, claims=EveryClaimAsksForGpupool()).decide(claiming(claims)).scheduler is None
 
 
 def test_a_claim_pod_keeps_the_opt_out_and_another_scheduler() -> None:
-    steer = SchedulerSteering(NAMES, steer_claims=True)
+    steer = SchedulerSteering(NAMES, claims=EveryClaimAsksForGpupool())
     key = opt_out_key(NAMES.domain)
     assert steer.decide(claiming(CLAIMS, annotations={key: "default"})).scheduler is None
     assert steer.decide(claiming(CLAIMS, scheduler="their-scheduler")).scheduler is None

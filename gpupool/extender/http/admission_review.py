@@ -209,7 +209,7 @@ class AdmissionApi:
         checked = self.requests.review(review.pod)
         if not checked.allowed:
             return checked
-        verdict = self.steering.verdict(review.pod)
+        verdict = self.steering.verdict(review.pod, review.namespace or None)
         if self.remote_injection is not None:
             injected = self.remote_injection.verdict(unnamed(review.pod))
             if not injected.allowed:
@@ -272,6 +272,7 @@ class AdmissionApi:
             application.router.add_post(GROUP_WRITES_PATH,
                                         self.handler(GROUP_WRITES_VERB, self.group_write_verdict, blocking=True))
         if self.steering is not None:
-            application.router.add_post(POD_SCHEDULER_PATH, self.handler(POD_SCHEDULER_VERB,
-                                                                         self.pod_scheduler_verdict))
+            # claim steering may read a claim from the API (bounded): off the event loop then
+            application.router.add_post(POD_SCHEDULER_PATH, self.handler(
+                POD_SCHEDULER_VERB, self.pod_scheduler_verdict, blocking=self.steering.claims is not None))
         return application
