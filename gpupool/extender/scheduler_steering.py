@@ -48,6 +48,7 @@ extender replica answers at once, the leader or not, synced or not; claim pods r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ from typing import Any, Protocol
 from gpupool.api.names import ResourceNames
 from gpupool.extender.admission import Verdict
 from gpupool.kube.claim_asks import has_claims
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULER = "default-scheduler"
 """What the apiserver writes into a pod created without ``schedulerName``."""
@@ -238,6 +241,12 @@ class SchedulerSteering:
     def verdict(self, pod: Mapping[str, Any], namespace: str | None = None) -> Verdict:
         """Allowed, with the JSON patch that sets ``spec.schedulerName`` when the pod is steered."""
         steering = self.decide(pod, namespace)
+        if log.isEnabledFor(logging.DEBUG):
+            metadata = _mapping(pod.get("metadata"))
+            where = namespace if namespace is not None else metadata.get("namespace") or ""
+            name = metadata.get("name") or "(unnamed)"
+            log.debug("pod-scheduler: pod %s/%s: %s (%s)", str(where)[:NAME_LIMIT], str(name)[:NAME_LIMIT],
+                      steering.scheduler or "left alone", steering.why)
         if steering.scheduler is None:
             return Verdict(True)
         # "add" replaces the member when it exists (RFC 6902), so one operation covers both cases

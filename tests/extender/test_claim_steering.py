@@ -6,6 +6,7 @@ malformed claims and pods give a reason, never an exception."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -179,6 +180,14 @@ def test_a_claim_the_api_has_not_either_steers_with_the_reason() -> None:
     decision = steer.decide(claim_pod(by_claim("nic", "a"), by_claim("missing", "b")))
     assert decision.scheduler == GPUPOOL_SCHEDULER
     assert decision.why.startswith("claim 'b' (ResourceClaim missing) is not known (not found): steered")
+
+
+def test_the_reason_is_in_the_debug_log(caplog: pytest.LogCaptureFixture) -> None:
+    steer, _ = steering([], [])
+    with caplog.at_level(logging.DEBUG, logger="gpupool.extender.scheduler_steering"):
+        steer.verdict(claim_pod(by_template("missing")))
+    assert "pod-scheduler: pod team/p: gpupool-scheduler (claim 'c' (ResourceClaimTemplate missing) is not known " \
+           "(not found)" in caplog.text
 
 
 def test_an_api_failure_steers_with_the_reason_and_no_exception() -> None:
