@@ -109,6 +109,8 @@ class WatchedClaimClasses:
         except Exception as exc:  # a timeout, a refusal, a broken connection: the reason, never a crash
             log.info("pod-scheduler: %s %s/%s cannot be read: %s", kind, namespace, name, exc)
             return ClaimReading(unknown=f"cannot be read: {type(exc).__name__}")
+        log.debug("pod-scheduler: %s %s/%s read from the API (%s)", kind, namespace, name,
+                  "absent" if obj is None else "found")
         if obj is None:
             return ClaimReading(unknown=NOT_FOUND)
         if kind == CLAIM:

@@ -11,6 +11,14 @@ Then kube-scheduler is configured as gpupool's own (an extender with no ``manage
 is asked about every pod; binder), the extender watching claims (``--dra-claims``): the next 4 GiB
 claim's pod joins A's partly used card (8 GiB free there, against 12 on B), where gpupool's binpack
 packs it, bound by the extender without an assignment. No card is ever allocated beyond its 16 GiB.
+
+The webhook side (``--steer-claim-pods``, docs/dra.md "Steering claim pods"): the extender serves the
+pod-scheduler webhook over TLS, registered as components/scheduler-webhook ships it with the claim
+condition the chart adds for ``scheduler.claimPods``. Pods created without ``schedulerName`` whose
+claim or claim template asks for gpupool's DeviceClass (exactly, or among ``firstAvailable``
+alternatives) get ``gpupool-scheduler``; pods whose claim or template asks only for another driver's
+DeviceClass keep ``default-scheduler``; a pod naming a claim that does not exist is steered (the
+documented choice for an unknown claim).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from kubernetes import client
 from gpupool.api.dra import MIB
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import GpuCard, Topology
+from gpupool.extender.http.certificates import issue_ca, issue_leaf
+from gpupool.extender.scheduler_steering import DEFAULT_SCHEDULER, GPUPOOL_SCHEDULER
 from gpupool.kube.quantity import parse_quantity
 from gpupool.nodeagent.dra.resource_slice import resource_slice
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -34,12 +44,18 @@ from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testing.kube_objects import node as gpu_node
 from tests.e2e.dra_support import DRIVER, claim_manifest, dra_installed
-from tests.e2e.e2e_support import MakeNode, wait_for
+from tests.e2e.e2e_support import MakeNode, free_port, wait_for
+from tests.e2e.shipped_scheduler import write_files
+from tests.e2e.test_own_scheduler_e2e import SELECTOR_KEY, webhook_configuration
 from tests.e2e.trust_support import FlaggedExtender, filter_reason
 
 pytestmark = pytest.mark.e2e
 
 CARD_MIB = 16 * 1024
+OTHER_CLASS = "nic.e2e.example.com"
+"""Another DRA driver's DeviceClass (no driver publishes devices for it: no pod here is scheduled)."""
+CLAIM_CONDITION = " || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
+"""What the chart's scheduler.claimPods adds to the webhook's asks-for-gpupool-resources condition."""
 
 
 def inventory(node: str) -> GpuInventory:
@@ -128,3 +144,99 @@ def test_a_small_claim_joins_the_partly_used_card_instead_of_the_node_default_sc
     finally:
         extender.kill()
         control_plane.restart_scheduler([])
+
+
+# ------------------------------------------------------------------------------- which pods are steered
+def claim_spec(device_class: str, alternatives: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A claim's spec: one device of ``device_class``, or the first available of ``alternatives``."""
+    if alternatives:
+        request: dict[str, Any] = {"name": "dev", "firstAvailable": [
+            {"name": f"alt{i}", "deviceClassName": c} for i, c in enumerate(alternatives)]}
+    else:
+        request = {"name": "dev", "exactly": {"deviceClassName": device_class}}
+    return {"devices": {"requests": [request]}}
+
+
+def using(name: str, entry: dict[str, str]) -> dict[str, Any]:
+    """A pod without schedulerName using one claim (``entry``: resourceClaimName or resourceClaimTemplateName)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"terminationGracePeriodSeconds": 0, "resourceClaims": [{"name": "dev", **entry}],
+                     "containers": [{"name": "main", "image": "busybox",
+                                     "resources": {"claims": [{"name": "dev"}]}}]}}
+
+
+@pytest.fixture
+def steering_webhook(control_plane: ControlPlane, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
+                     namespace: str, tmp_path: Path) -> Iterator[FlaggedExtender]:
+    """The extender with --dra-claims --steer-claim-pods serving the pod-scheduler webhook over TLS,
+    registered for ``namespace`` only; gpupool's DeviceClass and another driver's installed."""
+    ca = issue_ca("e2e-dra-steer-ca")
+    server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
+    serving = write_files(tmp_path / "serving", {"tls.crt": server.cert_pem, "tls.key": server.key_pem,
+                                                 "ca.crt": ca.cert_pem})
+    port = free_port()
+    extender = FlaggedExtender(control_plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
+        "--tls-cert-file", str(serving / "tls.crt"), "--tls-private-key-file", str(serving / "tls.key"),
+        "--client-ca-file", str(serving / "ca.crt"), "--admission-port", str(port),
+        "--dra-claims", "--steer-claim-pods", "-v"))
+    resource = client.ResourceV1Api(kube_api_client)
+    admission = client.AdmissionregistrationV1Api(kube_api_client)
+    value = uuid.uuid4().hex[:8]
+    name = f"gpupool-dra-steer-{value}"
+    hook_config = webhook_configuration(name, f"https://127.0.0.1:{port}/admission/pod-scheduler", ca.cert_pem,
+                                        value)
+    (hook,) = hook_config["webhooks"]
+    (asks,) = [c for c in hook["matchConditions"] if c["name"] == "asks-for-gpupool-resources"]
+    asks["expression"] = f"({asks['expression']}){CLAIM_CONDITION}"
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": {SELECTOR_KEY: value}}})
+    selector = {"cel": {"expression": f'device.driver == "{OTHER_CLASS}"'}}
+    resource.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                  "metadata": {"name": OTHER_CLASS}, "spec": {"selectors": [selector]}})
+    try:
+        with dra_installed(kube_api_client, f"no-node-{value}"):
+            extender.start()
+            admission.create_mutating_webhook_configuration(hook_config)
+            try:
+                # the apiserver's webhook informer takes a moment: dry-run a pod of a missing claim
+                # (steered, the documented choice) until it is
+                wait_for(lambda: core_v1.create_namespaced_pod(namespace, using("probe", {
+                    "resourceClaimName": "probe-missing"}), dry_run="All").spec.scheduler_name == GPUPOOL_SCHEDULER,
+                         timeout=30, what=f"the webhook to steer a dry-run claim pod ({extender.log_path})")
+                yield extender
+            finally:
+                admission.delete_mutating_webhook_configuration(name)
+    finally:
+        extender.kill()
+        resource.delete_device_class(OTHER_CLASS)
+
+
+def test_only_pods_whose_claims_ask_for_gpupools_class_go_to_gpupools_scheduler(
+        steering_webhook: FlaggedExtender, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
+        namespace: str) -> None:
+    resource = client.ResourceV1Api(kube_api_client)
+    for claim, spec in (("gpu-claim", claim_spec(DRIVER)), ("nic-claim", claim_spec(OTHER_CLASS)),
+                        ("any-claim", claim_spec("", (OTHER_CLASS, DRIVER))),
+                        ("nic-or-fpga", claim_spec("", (OTHER_CLASS, f"fpga-{OTHER_CLASS}")))):
+        resource.create_namespaced_resource_claim(namespace, {"metadata": {"name": claim}, "spec": spec})
+
+    def scheduler_of(pod: str, entry: dict[str, str]) -> str:
+        return str(core_v1.create_namespaced_pod(namespace, using(pod, entry)).spec.scheduler_name)
+
+    def template_then_pod(template: str, spec: dict[str, Any]) -> str:
+        """The template and at once its pod, as one `kubectl apply` creates them: the webhook may run
+        before the extender's template watch has it (then it reads the template from the API)."""
+        resource.create_namespaced_resource_claim_template(namespace, {"metadata": {"name": template},
+                                                                       "spec": {"spec": spec}})
+        return scheduler_of(f"{template}-pod", {"resourceClaimTemplateName": template})
+
+    log = steering_webhook.log_path
+    assert scheduler_of("gpu", {"resourceClaimName": "gpu-claim"}) == GPUPOOL_SCHEDULER, log
+    assert scheduler_of("nic", {"resourceClaimName": "nic-claim"}) == DEFAULT_SCHEDULER, log
+    assert scheduler_of("any", {"resourceClaimName": "any-claim"}) == GPUPOOL_SCHEDULER, log
+    assert scheduler_of("nic-or-fpga", {"resourceClaimName": "nic-or-fpga"}) == DEFAULT_SCHEDULER, log
+    assert template_then_pod("gpu-template", claim_spec(DRIVER)) == GPUPOOL_SCHEDULER, log
+    assert template_then_pod("nic-template", claim_spec(OTHER_CLASS)) == DEFAULT_SCHEDULER, log
+    assert scheduler_of("missing", {"resourceClaimName": "not-created"}) == GPUPOOL_SCHEDULER, log
+    # more pods of the same templates, later: the same answers
+    assert scheduler_of("gpu-again", {"resourceClaimTemplateName": "gpu-template"}) == GPUPOOL_SCHEDULER, log
+    assert scheduler_of("nic-again", {"resourceClaimTemplateName": "nic-template"}) == DEFAULT_SCHEDULER, log
