@@ -13,7 +13,7 @@ The rule, in order (the first that applies decides):
 3. it already names gpupool's scheduler: nothing to do;
 4. no container (init, sidecar, app, ephemeral) asks for a resource the extender manages, in its
    requests or its limits, and (with claim steering) no ResourceClaim of the pod asks for
-   gpupool's device class: left alone;
+   gpupool's device class or stays unknown: left alone;
 5. otherwise ``spec.schedulerName`` is set to gpupool's scheduler.
 
 Claim pods (a :class:`ClaimSource` given, the extender's ``--steer-claim-pods``; docs/dra.md
