@@ -30,7 +30,7 @@ pod, a broken quota refuses every GPU pod of its namespace).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.fields import shown
@@ -58,46 +58,36 @@ class TenancyError(ValueError):
 
 @dataclass(frozen=True)
 class TenancyNames:
-    """The names of the tenancy contract under the resource domain (default ``gpupool.io``)."""
+    """The names of the tenancy contract under the resource domain (default ``gpupool.io``).
+
+    The names are plain attributes, written once from ``domain``: every filter and bind reads the
+    pod's label and annotations by them, and formatting them per read was work no answer needed."""
 
     domain: str = "gpupool.io"
+    api_group: str = field(init=False, repr=False, compare=False)
+    """The custom resources' API group."""
+    group_label: str = field(init=False, repr=False, compare=False)
+    """Pod label: the resource group the pod asks for (seed 002: the key names the requester's
+    choice, the value the group)."""
+    default_groups: str = field(init=False, repr=False, compare=False)
+    """Namespace annotation (or label): the group(s) of the namespace's pods that name none;
+    several, comma-separated, let the extender choose the best-fitting one."""
+    pool_label: str = field(init=False, repr=False, compare=False)
+    """Node label: the pool a node belongs to (a ``GpuQuota``'s ``pools`` lists its values)."""
+    gpu_uuids: str = field(init=False, repr=False, compare=False)
+    """Pod annotation: comma-separated GPU UUIDs the pod may use (pin)."""
+    avoid_gpu_uuids: str = field(init=False, repr=False, compare=False)
+    """Pod annotation: comma-separated GPU UUIDs the pod must not use."""
+    avoid_gpu_models: str = field(init=False, repr=False, compare=False)
+    """Pod annotation: comma-separated GPU models the pod must not use."""
 
-    @property
-    def api_group(self) -> str:
-        """The custom resources' API group."""
-        return self.domain
-
-    @property
-    def group_label(self) -> str:
-        """Pod label: the resource group the pod asks for (seed 002: the key names the requester's
-        choice, the value the group)."""
-        return f"{self.domain}/group"
-
-    @property
-    def default_groups(self) -> str:
-        """Namespace annotation (or label): the group(s) of the namespace's pods that name none;
-        several, comma-separated, let the extender choose the best-fitting one."""
-        return f"{self.domain}/default-groups"
-
-    @property
-    def pool_label(self) -> str:
-        """Node label: the pool a node belongs to (a ``GpuQuota``'s ``pools`` lists its values)."""
-        return f"{self.domain}/pool"
-
-    @property
-    def gpu_uuids(self) -> str:
-        """Pod annotation: comma-separated GPU UUIDs the pod may use (pin)."""
-        return f"{self.domain}/gpu-uuids"
-
-    @property
-    def avoid_gpu_uuids(self) -> str:
-        """Pod annotation: comma-separated GPU UUIDs the pod must not use."""
-        return f"{self.domain}/avoid-gpu-uuids"
-
-    @property
-    def avoid_gpu_models(self) -> str:
-        """Pod annotation: comma-separated GPU models the pod must not use."""
-        return f"{self.domain}/avoid-gpu-models"
+    def __post_init__(self) -> None:
+        domain = self.domain
+        for name, value in (("api_group", domain), ("group_label", f"{domain}/group"),
+                            ("default_groups", f"{domain}/default-groups"), ("pool_label", f"{domain}/pool"),
+                            ("gpu_uuids", f"{domain}/gpu-uuids"), ("avoid_gpu_uuids", f"{domain}/avoid-gpu-uuids"),
+                            ("avoid_gpu_models", f"{domain}/avoid-gpu-models")):
+            object.__setattr__(self, name, value)
 
 
 HAMI_PIN_UUIDS = "nvidia.com/use-gpuuuid"

@@ -294,6 +294,16 @@ class ClusterCache:
             except Exception:  # a listener's bug must not stop the watch from keeping the ledger
                 log.exception("release listener failed for pod %s", key)
 
+    # ------------------------------------------------------------------------------- admission
+    def admit(self, request: PodRequest, tenant: PodTenancy | None, node: str | None = None) -> Admission:
+        """The pod under its group, quotas and card controls (:meth:`Admissions.admit`; call under
+        the lock; ``node``: a bind's). A pod the tenancy book leaves alone
+        (:meth:`TenancyBook.leaves_alone`: no group, no card controls, nothing in its namespace) is
+        admitted as asked without walking the layers, the answer they would give."""
+        if tenant is not None and request.wants_gpu and self.tenancy.leaves_alone(tenant):
+            return Admission(request, tenant=tenant.namespace)
+        return self.admissions.admit(self.state, request, tenant, node=node)
+
     # ------------------------------------------------------------------------ filter assumptions
     def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
         """Book the filter's choice for the pod on ``node``, the one node its answer passes, as
@@ -301,8 +311,9 @@ class ClusterCache:
         pods see it before the bind comes. ``asked``: the pod's request as translated,
         ``admission``: it under the pod's tenancy (the filter's). None when nothing was booked."""
         with self.lock:
+            check = admission.quota_check(self.state) if admission.quotas else None  # no quota: no check
             return self.keeper.assume(asked, admission.request, node, self.scheduler, hold_s=hold_s,
-                                      check=admission.quota_check(self.state), borrow=self._borrow)
+                                      check=check, borrow=self._borrow)
 
     def unassume(self, key: str, why: str) -> None:
         """End the filter's assumption for pod ``key``, if it has one (why: see
@@ -345,16 +356,16 @@ class ClusterCache:
         the exact placement in the same step as it is booked (:mod:`gpupool.kube.tenancy_layers`).
         """
         with self.lock:
-            admission = self.admissions.admit(self.state, request, tenant, node=node)
+            admission = self.admit(request, tenant, node)
             if admission.error is not None:
                 return Unschedulable(request.key, admission.error)
             row = self.state.index.get(node)
-            refusal = admission.node_refusal(self.state, row) if row is not None else None
+            refusal = admission.node_refusal(self.state, row) if row is not None and admission.layers else None
             if refusal is not None:
                 return Unschedulable(request.key, refusal)
-            decision = self.keeper.reserve(admission.request, node, self.scheduler,
-                                           check=admission.quota_check(self.state), borrow=self._borrow,
-                                           asked=request)
+            check = admission.quota_check(self.state) if admission.quotas else None  # no quota: no check
+            decision = self.keeper.reserve(admission.request, node, self.scheduler, check=check,
+                                           borrow=self._borrow, asked=request)
             if isinstance(decision, Placement) and decision.borrowed_from is not None:
                 self.lending.placed += 1
             return decision

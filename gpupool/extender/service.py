@@ -85,6 +85,9 @@ class Ledger(PreemptLedger, Protocol):
     def lending(self) -> BorrowerPlacement:
         """Who may borrow lent capacity and which waiting pod first (:mod:`gpupool.extender.borrowing`)."""
 
+    def admit(self, request: PodRequest, tenant: PodTenancy | None, node: str | None = None) -> Admission:
+        """The pod under its group, quotas and card controls (call with the lock held)."""
+
     def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
         """Book the filter's choice on the one node it passes until the pod's bind (``ASSUMED``)."""
 
@@ -259,7 +262,7 @@ class ExtenderService:
 
     def _admit(self, request: PodRequest, tenant: PodTenancy | None) -> Admission:
         """The pod under its group, quotas and card controls (call with the cache lock held)."""
-        return self.cache.admissions.admit(self.cache.state, request, tenant)
+        return self.cache.admit(request, tenant)
 
     def _feasible(self, admission: Admission, names: list[str], aliases: frozenset[str] = frozenset(),
                   explain: bool = True, explain_if_passed: bool = True,
@@ -291,7 +294,8 @@ class ExtenderService:
                 if row is not None and name in asked:
                     usable &= rows != row
                     failed[name] = reason
-        outside = admission.refuse_nodes(state, rows, usable, name_array)  # group, pools, pins, quota models
+        # group, pools, pins, quota models (a pod no tenancy object reaches has no layer to refuse by)
+        outside = admission.refuse_nodes(state, rows, usable, name_array) if admission.layers else []
         if aliases:
             known = np.flatnonzero(usable)  # rows >= 0 there, so they index the mask
             serving = self.node_rows.serving(state, aliases, self.cache.served_aliases,

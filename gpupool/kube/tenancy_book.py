@@ -25,7 +25,7 @@ from typing import Any
 from gpupool.api.quota import decode_quota, refusing_quota
 from gpupool.api.tenancy import ResourceGroup, TenancyError, TenancyNames, decode_group, object_name
 from gpupool.core.quota import Quota
-from gpupool.kube.tenancy import namespace_defaults
+from gpupool.kube.tenancy import PodTenancy, namespace_defaults
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ class TenancyBook:
     compares with it; a status change alone is no tenancy change, so it bumps no version)."""
     defaults: dict[str, tuple[str, ...]] = field(default_factory=dict)
     broken_defaults: dict[str, str] = field(default_factory=dict)
+    reserving: set[str] = field(default_factory=set)
+    """The readable groups that are not ``shared``: those reserve their cards from pods without a
+    group (kept with ``groups``, so :meth:`leaves_alone` need not look at every group)."""
     version: int = 0
     synced: set[str] = field(default_factory=set)
     """Which of "groups", "quotas", "namespaces" have had a full list applied."""
@@ -58,6 +61,7 @@ class TenancyBook:
                 log.warning("ignoring a ResourceGroup without a readable name: %s", exc)
                 return
             self.groups.pop(name, None)
+            self.reserving.discard(name)
             self.broken_groups[name] = str(exc)
             log.warning("%s; pods naming group %s are refused until it is fixed", exc, name)
         else:
@@ -65,16 +69,22 @@ class TenancyBook:
             if self.groups.get(group.name) == group:
                 return
             self.groups[group.name] = group
+            if group.shared:
+                self.reserving.discard(group.name)
+            else:
+                self.reserving.add(group.name)
         self.version += 1
 
     def remove_group(self, obj: Mapping[str, Any]) -> None:
         name = _name_or_empty(obj)
+        self.reserving.discard(name)
         if self.groups.pop(name, None) is not None or self.broken_groups.pop(name, None) is not None:
             self.version += 1
 
     def replace_groups(self, objs: Iterable[Mapping[str, Any]]) -> None:
         self.groups.clear()
         self.broken_groups.clear()
+        self.reserving.clear()
         for obj in objs:
             self.upsert_group(obj)
         self.synced.add("groups")
@@ -157,6 +167,17 @@ class TenancyBook:
         self.version += 1
 
     # ------------------------------------------------------------------------------- views
+    def leaves_alone(self, tenant: PodTenancy) -> bool:
+        """True when no tenancy object can narrow or refuse ``tenant``'s pod: it names no group and
+        has no card controls, its namespace has no quota, default group or unreadable default,
+        and no group reserves cards from pods without one. The admission of such a pod is its
+        request as asked (:meth:`Admissions.admit <gpupool.kube.tenancy_layers.Admissions.admit>`
+        adds no layer), so the extender asks this one cheap question first and skips the layers."""
+        namespace = tenant.namespace
+        return (not tenant.group and tenant.controls is None and not self.reserving
+                and not self.quotas.get(namespace) and namespace not in self.defaults
+                and namespace not in self.broken_defaults)
+
     @property
     def all_synced(self) -> bool:
         return self.synced >= {"groups", "quotas", "namespaces"}

@@ -31,6 +31,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import LedgerFigures
 from gpupool.extender.service import BindResult, ExtenderService, Ledger
 from gpupool.extender.victims import Holder
+from gpupool.kube.tenancy import PodTenancy
 from gpupool.kube.tenancy_book import TenancyBook
 from gpupool.kube.tenancy_layers import Admission, Admissions
 from tests.core.builders import make_node, mem_pod
@@ -38,10 +39,11 @@ from tests.core.builders import make_node, mem_pod
 PORT_MEMBERS = {
     "lock", "state", "admissions", "profile", "new_policy", "key_for_uid", "holders_on", "unreadable_on",
     "scheduler", "node_problems", "share_refusals", "served_aliases", "served_aliases_version",
-    "soft_tainted", "synced", "claim_problems", "lending", "assume", "unassume", "drop_lapsed",
+    "soft_tainted", "synced", "claim_problems", "lending", "admit", "assume", "unassume", "drop_lapsed",
 }
-"""The port's members (preempt's reads, then the filter's): 20, where it had grown to 25 with the
-metrics' counts and the tenancy book."""
+"""The port's members (preempt's reads, then the filter's): 21, where it had grown to 25 with the
+metrics' counts and the tenancy book (``admit``: the filter's admission, which skips the tenancy
+layers for a pod no tenancy object reaches)."""
 
 METRICS_ONLY = {"problems", "released_bookings", "assumed_pods", "assumption_ends", "tenancy"}
 
@@ -94,6 +96,9 @@ class PortOnlyLedger:
 
     def unreadable_on(self, node: str) -> frozenset[str]:
         return frozenset()
+
+    def admit(self, request: PodRequest, tenant: PodTenancy | None, node: str | None = None) -> Admission:
+        return self.admissions.admit(self.state, request, tenant, node=node)
 
     def assume(self, asked: PodRequest, admission: Admission, node: str, hold_s: float) -> Placement | None:
         placed = self.scheduler.assign(admission.request, node)
