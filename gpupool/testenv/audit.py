@@ -56,7 +56,8 @@ def audit_args(policy_file: Path, log_file: Path) -> list[str]:
 @dataclass(frozen=True)
 class AuditedRequest:
     """One request of :data:`AUDITED_USER`; ``received`` is the server's clock (Unix seconds);
-    ``complete`` is false when only its start was logged."""
+    ``complete`` is false when only its start was logged; ``code`` is the answer's HTTP status (0
+    when the entry has none)."""
 
     audit_id: str
     received: float
@@ -67,6 +68,7 @@ class AuditedRequest:
     uri: str
     user_agent: str
     complete: bool
+    code: int = 0
 
     @property
     def what(self) -> str:
@@ -76,7 +78,7 @@ class AuditedRequest:
 
 def read_audit_log(path: Path) -> list[AuditedRequest]:
     """Every audited request in the log, once each, in the order they started."""
-    stages: dict[str, tuple[dict[str, Any], bool]] = {}
+    stages: dict[str, tuple[dict[str, Any], bool, int]] = {}
     if not path.exists():
         return []
     for line in path.read_text().splitlines():
@@ -87,11 +89,12 @@ def read_audit_log(path: Path) -> list[AuditedRequest]:
             continue
         seen = stages.get(event["auditID"])
         complete = event["stage"] == "ResponseComplete" or (seen is not None and seen[1])
-        stages[event["auditID"]] = (seen[0] if seen else event, complete)
-    return [_request(event, complete) for event, complete in stages.values()]
+        code = int((event.get("responseStatus") or {}).get("code") or 0) or (seen[2] if seen else 0)
+        stages[event["auditID"]] = (seen[0] if seen else event, complete, code)
+    return [_request(event, complete, code) for event, complete, code in stages.values()]
 
 
-def _request(event: dict[str, Any], complete: bool) -> AuditedRequest:
+def _request(event: dict[str, Any], complete: bool, code: int = 0) -> AuditedRequest:
     ref = event.get("objectRef") or {}
     resource = str(ref.get("resource", ""))
     if ref.get("subresource"):
@@ -101,4 +104,4 @@ def _request(event: dict[str, Any], complete: bool) -> AuditedRequest:
                           verb=str(event.get("verb", "")), resource=resource,
                           namespace=str(ref.get("namespace", "")), name=str(ref.get("name", "")),
                           uri=str(event.get("requestURI", "")), user_agent=str(event.get("userAgent", "")),
-                          complete=complete)
+                          complete=complete, code=code)

@@ -62,3 +62,17 @@ def test_each_request_is_read_once_and_an_open_watch_is_not_complete(tmp_path: P
 
 def test_no_log_yet_reads_as_no_requests(tmp_path: Path) -> None:
     assert read_audit_log(tmp_path / "absent.log") == []
+
+
+def test_the_answers_status_code_is_read_from_the_completed_stage(tmp_path: Path) -> None:
+    """A late write's outcome (the partition e2e counts binds answered 201 and refused 409)."""
+    log = tmp_path / "audit.log"
+    lines = [
+        event("1", "ResponseStarted", "watch"),
+        {**event("2", "ResponseComplete", "create", namespace="ns", name="p1", subresource="binding"),
+         "responseStatus": {"metadata": {}, "code": 201}},
+        {**event("3", "ResponseComplete", "create", namespace="ns", name="p2", subresource="binding"),
+         "responseStatus": {"metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409}},
+    ]
+    log.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert [(r.audit_id, r.code) for r in read_audit_log(log)] == [("1", 0), ("2", 201), ("3", 409)]
