@@ -31,7 +31,7 @@ CACHE_ENV = "GPUPOOL_SHIM_CACHE"
 DIGEST_LENGTH = 16
 COMPILE_TIMEOUT_S = 300
 #: The stand-in driver's files, by the sonames programs look for.
-STANDIN_LIBRARIES = {"libcuda.so.1": ("cuda.c", "vmm.c", "graph.c", "events.c", "kernels.c"),
+STANDIN_LIBRARIES = {"libcuda.so.1": ("cuda.c", "vmm.c", "graph.c", "events.c", "kernels.c", "teardown.c"),
                      "libnvidia-ml.so.1": ("nvml.c",)}
 
 NO_COMPILER = (

@@ -112,9 +112,8 @@ static void control_step(int dev, int percent, int mode, uint64_t now) {
     unsigned mine, others;
     if (last == 0 || measure(dev, now - last, &mine, &others) != 0) return;
     unsigned target = mode == SHIM_MODE_SOFT && others < SOFT_IDLE_PERCENT ? 100u : (unsigned)percent;
-    __atomic_store_n(&b->util_container, mine, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->util_others, others, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->target_percent, target, __ATOMIC_RELAXED);
+    /* Dropped once the process has left the region at exit (the thread runs on until it is gone). */
+    if (!shim_region_report_utilisation(dev, mine, others, target)) return;
     if (consumed == before || mine == 0) return; /* nothing ran: nothing to learn */
     double observed = (double)(consumed - before) / (double)(now - last);
     double next = observed * target / mine * (target >= 100 ? HEADROOM : 1.0);

@@ -28,6 +28,7 @@ static int overflowed;
 static int overflow_unlocked; /* ... without the lock: counted in the region's overflow_unlocked */
 static uint64_t overflow_mine[SHIM_MAX_DEVICES];
 static int region_ready; /* open_region has run: the registration thread may use the region */
+static int left_region;  /* leave_region ran (under the lock): this process's pids are no longer listed */
 /* A virtual-card grant (virtual.c): what this process holds on each of the card's ordinals, against
  * each ordinal's share. The card's record in the region holds the container's total. */
 static uint64_t ordinal_used[SHIM_MAX_DEVICES];
@@ -310,6 +311,7 @@ static void after_fork_child(void) {
     memset(overflow_mine, 0, sizeof overflow_mine);
     memset(ordinal_used, 0, sizeof ordinal_used);
     shim_live_after_fork();
+    left_region = 0;
     host_pid = 0; /* the parent's; the child is another process */
     shim_forget_all();
     shim_compute_after_fork();
@@ -487,6 +489,24 @@ uint64_t shim_region_wait_ns(int ordinal) {
     return r == NULL || dev < 0 ? 0 : __atomic_load_n(&r->dev[dev].wait_ns, __ATOMIC_RELAXED);
 }
 
+/* Under the region's lock, which leave_region takes too: a measurement whose pids were read before
+ * this process left could otherwise be stored after it left, and one read after it finds none of
+ * its pids and counts the container's own work as a neighbour's. Either way it is dropped. */
+int shim_region_report_utilisation(int ordinal, unsigned container, unsigned others, unsigned target) {
+    int dev = card_of(ordinal);
+    struct shim_region *r = get_region();
+    if (r == NULL || dev < 0 || lock_region(r) != 0) return 0;
+    int stored = !left_region;
+    if (stored) {
+        struct shim_bucket *b = &r->dev[dev].bucket;
+        __atomic_store_n(&b->util_container, container, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->util_others, others, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->target_percent, target, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return stored;
+}
+
 struct shim_bucket *shim_region_bucket(int ordinal) {
     int dev = card_of(ordinal);
     struct shim_region *r = get_region();
@@ -498,6 +518,7 @@ struct shim_bucket *shim_region_bucket(int ordinal) {
 __attribute__((destructor)) static void leave_region(void) {
     if (region == NULL || need_claim || (my_slot < 0 && !overflowed)) return;
     if (lock_region(region) != 0) return;
+    left_region = 1;
     if (my_slot >= 0 && region->slot[my_slot].pid == getpid()) {
         empty_slot(region, &region->slot[my_slot]);
         shim_live_drop(slot_lock(my_slot)); /* the slot is free for the next process at once */

@@ -165,6 +165,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
                                              unsigned long long lastSeenTimeStamp) {
     int i = index_of(device);
     if (i < 0 || processSamplesCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    standin_count_utilisation_query();
     uint64_t now = standin_now_ns(), wall_us = realtime_us(), window = standin_settings()->window_ns;
     if (lastSeenTimeStamp != 0 && lastSeenTimeStamp < wall_us) window = (wall_us - lastSeenTimeStamp) * 1000ull;
     if (window == 0 || window > now) window = standin_settings()->window_ns;

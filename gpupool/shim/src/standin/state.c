@@ -42,6 +42,7 @@ struct shared_state {
     };
     struct device_timeline dev[STANDIN_MAX_DEVICES];
     struct card_holder holders[STANDIN_MAX_HOLDERS];
+    uint64_t utilisation_queries; /* NVML per-process utilisation queries ever answered on this machine */
 };
 
 static struct standin_settings settings;
@@ -163,6 +164,19 @@ uint64_t standin_busy(int dev, int pid, uint64_t from_ns, uint64_t to_ns) {
     })
     pthread_mutex_unlock(&s->lock);
     return busy;
+}
+
+void standin_count_utilisation_query(void) {
+    struct shared_state *s = locked();
+    s->utilisation_queries++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t standin_utilisation_queries(void) {
+    struct shared_state *s = locked();
+    uint64_t queries = s->utilisation_queries;
+    pthread_mutex_unlock(&s->lock);
+    return queries;
 }
 
 int standin_pids(int dev, uint64_t from_ns, uint64_t to_ns, int *pids, int max) {

@@ -38,5 +38,9 @@ int standin_card_take(int dev, uint64_t bytes);
 void standin_card_give(int dev, uint64_t bytes);
 /* The distinct pids that had work on a card within [from, to). */
 int standin_pids(int dev, uint64_t from_ns, uint64_t to_ns, int *pids, int max);
+/* NVML's per-process utilisation queries answered on this machine (by any process), counted so that
+ * the stand-in's teardown at exit can wait for some (teardown.c). */
+void standin_count_utilisation_query(void);
+uint64_t standin_utilisation_queries(void);
 
 #endif
