@@ -29,6 +29,7 @@ class Toolchain:
     standin: Path
     probe: Path
     launcher: Path
+    lookup: Path  # looks entry points up and says what it was handed (programs/lookup.c)
     interposer: Path  # a library that wraps getppid through dlsym(RTLD_NEXT)
     granted_preload: str  # LD_PRELOAD of the library built to read the node's grant from grant_file
     grant_file: Path  # this flavour's stand-in for /etc/gpupool/grant; absent unless a test writes it
@@ -64,7 +65,7 @@ def build_toolchain(flavour: Flavour, out: Path) -> Toolchain:
     standin = build_standin(flavour=flavour, werror=True)
     compiler = find_compiler()
     programs = {}
-    for name in ("probe", "launcher"):
+    for name in ("probe", "launcher", "lookup"):
         target = out / name
         flags = [f for f in (*COMMON_FLAGS, *flavour.flags) if f not in ("-shared", "-fPIC", "-fvisibility=hidden")]
         subprocess.run([*compiler, *flags, "-Werror", f"-I{SOURCE_DIR}", "-o", str(target), str(PROGRAMS / f"{name}.c"),
@@ -79,8 +80,8 @@ def build_toolchain(flavour: Flavour, out: Path) -> Toolchain:
         runtime = subprocess.run([*compiler, "-print-file-name=libasan.so"], capture_output=True, text=True,
                                  check=True).stdout.strip()
         preload, granted_preload = f"{runtime} {library}", f"{runtime} {granted}"
-    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"], interposer,
-                     granted_preload, grant_file)
+    return Toolchain(flavour.name, preload, standin, programs["probe"], programs["launcher"], programs["lookup"],
+                     interposer, granted_preload, grant_file)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
  *   compute.c   token bucket and the controller that sets its rate from measured utilisation
  *   window.c    how far a compute-limited process may launch ahead of its card
  *   symbols.c   the hook table, the real driver entry points, dlsym and cuGetProcAddress
+ *   variants.c  lookups of driver entry-point variants newer than any the library wraps: refused
  *   hooks_*.c   the wrapped driver and NVML entry points
  *   register.c  registration with the node agent
  *   virtual.c   one granted card presented as n CUDA ordinals (a virtual-card grant)
@@ -302,6 +303,26 @@ enum shim_symbol_id { SHIM_HOOKS(SHIM_HOOK_ID) SHIM_HELPERS(SHIM_HELPER_ID) SHIM
 #undef SHIM_HELPER_ID
 
 SHIM_HIDDEN void *shim_real(enum shim_symbol_id id);
+SHIM_HIDDEN const char *shim_symbol_name(enum shim_symbol_id id);
+/* The variant number of the newest wrapped driver entry point whose name has this base (cuMemAlloc:
+ * 2, for cuMemAlloc_v2), that entry point in *newest; 0 when the library wraps none of that base. */
+SHIM_HIDDEN int shim_newest_wrapped(const char *base, size_t length, enum shim_symbol_id *newest);
+/* What the driver (libcuda) exports under name, NULL when nothing. */
+SHIM_HIDDEN void *shim_driver_symbol(const char *name);
+
+/* variants.c. The newest CUDA version whose entry-point variants the hook table was checked
+ * against: a driver answer at a newer version is compared with its answer at this one. */
+#define SHIM_CUDA_CHECKED_VERSION 13000
+typedef CUresult (*shim_proc_lookup_fn)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+/* The variant number a name spells (cuMemAlloc 1, cuMemAlloc_v3_ptsz 3) and its base's length. */
+SHIM_HIDDEN int shim_variant_of(const char *name, size_t *base_length);
+/* 1: dlsym of name is refused (a variant newer than the library wraps; logged once). */
+SHIM_HIDDEN int shim_refuse_newer_named(const char *name);
+/* 1: the driver's answer pfn to cuGetProcAddress(symbol, version, flags), which matched no resolved
+ * entry point and by name would get picked's wrapper, is a newer variant: refused (logged once).
+ * ask: the real lookup, to compare with the driver's answer at SHIM_CUDA_CHECKED_VERSION. */
+SHIM_HIDDEN int shim_refuse_newer_returned(enum shim_symbol_id picked, const char *symbol, void *pfn, int version,
+                                           cuuint64_t flags, shim_proc_lookup_fn ask);
 /* The real entry point, typed like the wrapper of the same name. */
 #define REAL(name) ((__typeof__(&name))shim_real(SHIM_ID_##name))
 

@@ -5,6 +5,7 @@
  * hands out the wrapper in place of the driver's function while limits are in force, and a lookup
  * of the lookups themselves (dlsym, dlvsym, dlmopen, through any handle: libc's own, RTLD_NEXT,
  * another namespace's libc) hands out this library's, so a program cannot fetch an unwrapped one.
+ * A variant of a wrapped entry point newer than any the library wraps is refused (variants.c).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -36,6 +37,7 @@ static struct hook hooks[SHIM_SYMBOL_COUNT] = {SHIM_HOOKS(HOOK_ENTRY) SHIM_HELPE
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlsym_fn real_dlsym;
+static void *cuda_handle; /* the driver's, once resolved */
 static dlvsym_fn real_dlvsym;
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t library_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
@@ -87,6 +89,7 @@ static void resolve(int library) {
     for (int i = 0; i < SHIM_SYMBOL_COUNT; i++)
         if (library_of(&hooks[i]) == library)
             __atomic_store_n(&hooks[i].real, lookup_real(handle, hooks[i].name), __ATOMIC_RELEASE);
+    if (library == LIBRARY_CUDA) __atomic_store_n(&cuda_handle, handle, __ATOMIC_RELEASE);
 }
 static void resolve_cuda(void) { resolve(LIBRARY_CUDA); }
 static void resolve_nvml(void) { resolve(LIBRARY_NVML); }
@@ -95,6 +98,29 @@ void *shim_real(enum shim_symbol_id id) {
     int library = library_of(&hooks[id]);
     pthread_once(&library_once[library], library == LIBRARY_NVML ? resolve_nvml : resolve_cuda);
     return __atomic_load_n(&hooks[id].real, __ATOMIC_ACQUIRE);
+}
+
+void *shim_driver_symbol(const char *name) {
+    pthread_once(&library_once[LIBRARY_CUDA], resolve_cuda);
+    void *handle = __atomic_load_n(&cuda_handle, __ATOMIC_ACQUIRE);
+    return handle == NULL ? NULL : lookup_real(handle, name);
+}
+
+const char *shim_symbol_name(enum shim_symbol_id id) { return hooks[id].name; }
+
+EARLY int shim_newest_wrapped(const char *base, size_t length, enum shim_symbol_id *newest) {
+    int best = 0;
+    for (int i = 0; i < SHIM_SYMBOL_COUNT; i++) {
+        const struct hook *h = &hooks[i];
+        if (h->wrapper == NULL || library_of(h) != LIBRARY_CUDA) continue;
+        size_t hook_length, same = 0;
+        int variant = shim_variant_of(h->name, &hook_length);
+        while (same < length && same < hook_length && h->name[same] == base[same]) same++;
+        if (same != length || hook_length != length || variant <= best) continue;
+        best = variant;
+        *newest = (enum shim_symbol_id)i;
+    }
+    return best;
 }
 
 /* dlsym(RTLD_NEXT) means "after the caller", and glibc finds the caller from the return address:
@@ -137,6 +163,7 @@ EARLY static void *substitute_found(const char *name, void *found) {
     if (found == NULL || name == NULL) return found;
     const struct hook *h = wrapper_named(name);
     if (h != NULL) return shim_config()->enabled ? h->wrapper : found;
+    if (shim_refuse_newer_named(name)) return NULL; /* cuMemAlloc_v3 beside the wrapped cuMemAlloc_v2 */
     /* Whoever asks, the main program or a library preloaded before this one: glibc's own would be
      * a lookup that never sees the wrappers. */
     void *own = own_lookup(name);
@@ -157,12 +184,13 @@ EARLY __attribute__((visibility("default"))) void *dlvsym(void *handle, const ch
     return substitute_found(name, found);
 }
 
-/* The wrapper for what the driver returned: by address first, else by name and version. */
-static void *substitute(const char *symbol, void *pfn, int version, cuuint64_t flags) {
+/* The wrapper for what the driver returned: by address first, else by name and version; NULL with
+ * *refused set when it is a variant newer than the library wraps (variants.c). */
+static void *substitute(const char *symbol, void *pfn, int version, cuuint64_t flags, shim_proc_lookup_fn ask,
+                        int *refused) {
     if (pfn == NULL || symbol == NULL || !shim_config()->enabled) return pfn;
     int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    const struct hook *best = NULL;
-    int best_score = -1;
+    int best = -1, best_score = -1;
     for (int i = 0; i < SHIM_SYMBOL_COUNT; i++) {
         const struct hook *h = &hooks[i];
         if (h->wrapper == NULL || library_of(h) != LIBRARY_CUDA) continue;
@@ -172,16 +200,23 @@ static void *substitute(const char *symbol, void *pfn, int version, cuuint64_t f
         if (h->ptds && !per_thread) continue;
         int score = h->min_version * 2 + (h->ptds == per_thread);
         if (score > best_score) {
-            best = h;
+            best = i;
             best_score = score;
         }
     }
-    return best != NULL ? best->wrapper : pfn;
+    if (best < 0) return pfn;
+    if (shim_refuse_newer_returned((enum shim_symbol_id)best, symbol, pfn, version, flags, ask)) {
+        *refused = 1;
+        return NULL;
+    }
+    return hooks[best].wrapper;
 }
 
 /* At debug level every lookup is logged: which runtime asked for what, and whether it got a wrapper. */
-static void *substitute_logged(const char *symbol, void *pfn, int version, cuuint64_t flags) {
-    void *given = substitute(symbol, pfn, version, flags);
+static void *substitute_logged(const char *symbol, void *pfn, int version, cuuint64_t flags, shim_proc_lookup_fn ask,
+                               int *refused) {
+    void *given = substitute(symbol, pfn, version, flags, ask, refused);
+    if (*refused) return given; /* logged as an error, once */
     if (given != pfn) shim_log(SHIM_LOG_DEBUG, "lookup %s (version %d, flags %llu): wrapped", symbol, version,
                                (unsigned long long)flags);
     else shim_log(SHIM_LOG_DEBUG, "lookup %s (version %d, flags %llu): the driver's", symbol == NULL ? "(null)" : symbol,
@@ -189,17 +224,32 @@ static void *substitute_logged(const char *symbol, void *pfn, int version, cuuin
     return given;
 }
 
+/* The real lookups, for variants.c to ask the driver at another version. */
+static CUresult ask_driver(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    return REAL(cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
+}
+static CUresult ask_driver_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    CUdriverProcAddressQueryResult status;
+    return REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, &status);
+}
+
+/* A refused lookup looks like the driver's answer to a name it does not know. */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     if (REAL(cuGetProcAddress) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = REAL(cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
-    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags);
-    return result;
+    int refused = 0;
+    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags, ask_driver,
+                                                                        &refused);
+    return refused ? CUDA_ERROR_NOT_FOUND : result;
 }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus) {
     if (REAL(cuGetProcAddress_v2) == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags);
-    return result;
+    int refused = 0;
+    if (result == CUDA_SUCCESS && pfn != NULL) *pfn = substitute_logged(symbol, *pfn, cudaVersion, flags,
+                                                                        ask_driver_v2, &refused);
+    if (refused && symbolStatus != NULL) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return refused ? CUDA_ERROR_NOT_FOUND : result;
 }

@@ -336,6 +336,11 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return allocate(current, bytesize, dptr); }
 
+CUresult cuMemAlloc_v3(CUdeviceptr *dptr, size_t bytesize, unsigned long long flags) {
+    (void)flags;
+    return allocate(current, bytesize, dptr);
+}
+
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     (void)flags;
     return allocate(current, bytesize, dptr);
@@ -615,13 +620,28 @@ static const struct {
     ENTRY(cuMemSetAccess) ENTRY(cuMemGetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemPoolSetAccess)
     ENTRY(cuMemPoolGetAccess) ENTRY(cuMemAdvise) ENTRY(cuMemAdvise_v2) ENTRY(cuMemPrefetchAsync)
     ENTRY(cuMemPrefetchAsync_v2) ENTRY(cuMemPrefetchAsync_ptsz) ENTRY(cuMemPrefetchAsync_v2_ptsz)
-    ENTRY(cuDeviceGetP2PAttribute)
+    ENTRY(cuDeviceGetP2PAttribute) ENTRY(cuMemAlloc_v3)
 };
 
 static void *entry_named(const char *name) {
     for (size_t i = 0; i < sizeof entry_points / sizeof *entry_points; i++)
         if (strcmp(entry_points[i].name, name) == 0) return entry_points[i].function;
     return NULL;
+}
+
+/* GPUPOOL_STANDIN_PROC_INTERNAL=1: cuGetProcAddress answers with internal addresses, not the exported
+ * ones, for the cuMemAlloc variants (a real driver may), so the library must recognise them by name. */
+static CUresult internal_mem_alloc_v2(CUdeviceptr *dptr, size_t bytesize) { return cuMemAlloc_v2(dptr, bytesize); }
+static CUresult internal_mem_alloc_v3(CUdeviceptr *dptr, size_t bytesize, unsigned long long flags) {
+    return cuMemAlloc_v3(dptr, bytesize, flags);
+}
+
+static void *internal_address(void *exported) {
+    const char *setting = getenv("GPUPOOL_STANDIN_PROC_INTERNAL");
+    if (setting == NULL || strcmp(setting, "1") != 0) return exported;
+    if (exported == (void *)&cuMemAlloc_v2) return (void *)&internal_mem_alloc_v2;
+    if (exported == (void *)&cuMemAlloc_v3) return (void *)&internal_mem_alloc_v3;
+    return exported;
 }
 
 /* As the real driver: a base name means its newest variant the caller's CUDA version knows, its
@@ -639,6 +659,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     /* contexts: _v3 (execution affinity) from CUDA 11.4, _v4 (creation parameters) from 12.5 */
     if (strcmp(symbol, "cuCtxCreate") == 0 && cudaVersion >= 11040)
         found = entry_named(cudaVersion >= 12050 ? "cuCtxCreate_v4" : "cuCtxCreate_v3");
+    if (strcmp(symbol, "cuMemAlloc") == 0 && cudaVersion >= STANDIN_FUTURE_VERSION) found = entry_named("cuMemAlloc_v3");
     for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
          per_thread--) {
         const char *suffix = per_thread ? "_ptsz" : "";
@@ -649,7 +670,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     }
     if (symbolStatus != NULL)
         *symbolStatus = found ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    *pfn = found;
+    *pfn = internal_address(found);
     return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 

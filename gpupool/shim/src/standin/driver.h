@@ -30,6 +30,11 @@ API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus
                                             CUgraph *graph_out, const CUgraphNode **dependencies_out,
                                             size_t *numDependencies_out);
 
+/* A variant no gpupool release wraps, served by cuGetProcAddress for "cuMemAlloc" from
+ * STANDIN_FUTURE_VERSION on: what a driver newer than the interception library looks like to it. */
+#define STANDIN_FUTURE_VERSION 99000
+API CUresult cuMemAlloc_v3(CUdeviceptr *dptr, size_t bytesize, unsigned long long flags);
+
 /* The CUDA 12 library API (kernels.c), for cuda.c's lookup table. */
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
