@@ -29,7 +29,7 @@ from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment, refuse_slices
+from gpupool.nodeagent.schedule_check import CardStateRefused, GrantedLedger, check_assignment, refuse_slices
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -117,6 +117,8 @@ class NodeAgent:
         self.poll_s = poll_s
         self._encode = encode_allocated
         self._inventory: GpuInventory = backend.inventory()
+        self.granted_ledger = GrantedLedger(node)
+        """The schedule check's ledger of the granted pods, kept between Allocates."""
         self._version = 0
         self._changed = asyncio.Condition()
         self._snapshot: PodResourcesSnapshot = {}
@@ -271,7 +273,7 @@ class NodeAgent:
                     granted = [p for p in granted if not self.lent.on_loan(p)]
                 if self.claims_granted is not None:
                     granted = [*granted, *self.claims_granted()]
-                check_assignment(self.node, self._inventory, res.pod, res.assignment, granted)
+                check_assignment(self.node, self._inventory, res.pod, res.assignment, granted, self.granted_ledger)
             uuids = {s.card: self._inventory.card(s.card).uuid for s in res.assignment.slices
                      if any(c.index == s.card for c in self._inventory.cards)}
             grant = build_grant(f"{res.pod.namespace}/{res.pod.name}", res.assignment,

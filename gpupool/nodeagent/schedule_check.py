@@ -17,6 +17,13 @@ asks the core's card rule (:meth:`ClusterState.card_verdict`) or lent rule (:met
 whether the new pod's share of each card fits. Only the sentences are the node's own: they name the
 card by its NVML index and uuid, the amounts, and the pods that hold it.
 
+Two ways to the same answer, cheaper. Where no other grant holds a slice of the container's cards,
+the ledger would have them idle and whole: the card rule is asked about them as such, without
+building it (:func:`refuse_on_idle_cards`). Else the agent's ledger is kept between Allocates and
+only the pods granted since are claimed on it (:class:`GrantedLedger`; built afresh when anything
+else changed). Property tests compare both with the ledger built per check
+(``tests/nodeagent/test_schedule_check_shortcut.py``).
+
 Card identity. An ``assignment-v1`` card (``CardRef``) is named by ``index``, the card's NVML index
 on the node, and its uuid. The extender decides on *ledger positions*: the position of a card in its
 node's inventory sorted by index (:func:`gpupool.api.annotations.decode_inventory`), translated to
@@ -30,14 +37,15 @@ named by index and uuid too and are converted as the extender's ``card_loans`` c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpupool.api.annotations import foreign_assignment
 from gpupool.api.lending import LendableCard
-from gpupool.core.card_rule import CardSlots, CardVerdict, Demand
+from gpupool.core import card_rule
+from gpupool.core.card_rule import CardSlots, CardUse, CardVerdict, Demand
 from gpupool.core.lent import LentVerdict, Loan, card_refusal
-from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
+from gpupool.core.model import CardMode, CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
 from gpupool.core.state import ClusterState
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.nodeagent.container_grant import GrantError
@@ -83,16 +91,13 @@ class NodeLedger:
 
     @staticmethod
     def of(node: str, inventory: GpuInventory) -> NodeLedger:
-        cards = tuple(sorted(inventory.cards, key=lambda c: c.index))
+        cards = ledger_cards(inventory)
         state = ClusterState([NodeSpec(node, cpu_milli=0, memory_mib=0, cards=cards)], max_cards=max(1, len(cards)))
         return NodeLedger(node, state, cards)
 
     def position(self, index: int) -> int | None:
         """The ledger position of the card with NVML index ``index`` (None: not on this node)."""
-        for pos, card in enumerate(self.cards):
-            if card.index == index:
-                return pos
-        return None
+        return position(self.cards, index)
 
     def placement(self, pod: PodView, borrowed_from: str | None = None) -> Placement | None:
         """``pod``'s assignment in ledger positions (None: it holds nothing here); slices on cards
@@ -152,17 +157,7 @@ class NodeLedger:
         return ", ".join(held.get(pos, [])) or "no other pod"
 
     def _shares(self, pod: PodView, container: ContainerAssignment) -> list[tuple[int, int, Demand]]:
-        """Per card of ``container`` (NVML index order): index, position, what the whole pod holds
-        there (its own init and app containers by the core's rule)."""
-        assert pod.assignment is not None
-        own = pod.assignment.placement.held_per_card()
-        found = []
-        for index in sorted({s.card for s in container.slices}):
-            pos = self.position(index)
-            assert pos is not None  # checked by refuse_card_states
-            mib, permille, exclusive = own.get(index, (0, 0, False))
-            found.append((index, pos, Demand(mib, permille, exclusive)))
-        return found
+        return shares(self.cards, pod, container)
 
     def refuse_owner(self, pod: PodView, container: ContainerAssignment) -> None:
         """Raise :class:`AssignmentRefused` unless the core's card rule lets ``pod`` hold its share
@@ -173,21 +168,11 @@ class NodeLedger:
                 raise AssignmentRefused(self._owner_refusal(index, pos, verdict, demand))
 
     def _owner_refusal(self, index: int, pos: int, verdict: CardVerdict, demand: Demand) -> str:
-        card, names = self.cards[pos], self._names(self.holders, pos)
         at = (self.ROW, pos)
-        if verdict in (CardVerdict.NOT_IDLE, CardVerdict.EXCLUSIVE_HELD):
-            return (f"card {index} ({card.uuid}) is exclusive to one pod but already granted "
-                    f"to {names} on node {self.node}")
-        if verdict == CardVerdict.NO_MEMORY:
-            total = int(self.state.card_mem_total[at])
-            used = total - int(self.state.card_mem_free[at])
-            return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.memory)} MiB asked, "
-                    f"{used} MiB of {total} MiB already granted to {names}")
-        if verdict == CardVerdict.NO_COMPUTE:
-            used = int(self.state.card_compute_total[at]) - int(self.state.card_compute_free[at])
-            return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.compute) / 10:g} % "
-                    f"compute asked, {used / 10:g} % already granted to {names}")
-        return f"card {index} ({card.uuid}) on node {self.node}: {verdict.name.lower().replace('_', ' ')}"
+        return owner_refusal(self.node, index, self.cards[pos], verdict, demand,
+                             CardUse(self.state.card_mode[at], self.state.card_mem_free[at],
+                                     self.state.card_compute_free[at]),
+                             self._names(self.holders, pos))
 
     def refuse_borrower(self, pod: PodView, container: ContainerAssignment) -> None:
         """Raise :class:`AssignmentRefused` unless the core's lent rule lets borrower ``pod`` hold its
@@ -221,6 +206,75 @@ class NodeLedger:
                 f"{loan.compute / 10:g} % already granted to {names}")
 
 
+def ledger_cards(inventory: GpuInventory) -> tuple[GpuCard, ...]:
+    """The inventory's cards by ledger position: sorted by NVML index, as the extender reads them."""
+    return tuple(sorted(inventory.cards, key=lambda c: c.index))
+
+
+def position(cards: tuple[GpuCard, ...], index: int) -> int | None:
+    """The ledger position of the card with NVML index ``index`` among ``cards`` (None: not there)."""
+    for pos, card in enumerate(cards):
+        if card.index == index:
+            return pos
+    return None
+
+
+def shares(cards: tuple[GpuCard, ...], pod: PodView, container: ContainerAssignment) -> list[tuple[int, int, Demand]]:
+    """Per card of ``container`` (NVML index order): index, ledger position, what the whole pod
+    holds there (its own init and app containers by the core's rule)."""
+    assert pod.assignment is not None
+    own = pod.assignment.placement.held_per_card()
+    found = []
+    for index in sorted({s.card for s in container.slices}):
+        pos = position(cards, index)
+        assert pos is not None  # checked by refuse_card_states
+        mib, permille, exclusive = own.get(index, (0, 0, False))
+        found.append((index, pos, Demand(mib, permille, exclusive)))
+    return found
+
+
+def owner_refusal(node: str, index: int, card: GpuCard, verdict: CardVerdict, demand: Demand, use: CardUse,
+                  names: str) -> str:
+    """The sentence of the card rule's refusal of ``demand`` on ``card``, in ``use`` now, whose
+    holders are ``names``."""
+    if verdict in (CardVerdict.NOT_IDLE, CardVerdict.EXCLUSIVE_HELD):
+        return (f"card {index} ({card.uuid}) is exclusive to one pod but already granted "
+                f"to {names} on node {node}")
+    if verdict == CardVerdict.NO_MEMORY:
+        used = card.memory_mib - int(use.mem_free)
+        return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.memory)} MiB asked, "
+                f"{used} MiB of {card.memory_mib} MiB already granted to {names}")
+    if verdict == CardVerdict.NO_COMPUTE:
+        used = card.compute - int(use.compute_free)
+        return (f"card {index} ({card.uuid}) would be over-committed: {int(demand.compute) / 10:g} % "
+                f"compute asked, {used / 10:g} % already granted to {names}")
+    return f"card {index} ({card.uuid}) on node {node}: {verdict.name.lower().replace('_', ' ')}"
+
+
+def held_beside(node: str, others: Iterable[PodView], indexes: set[int]) -> bool:
+    """Whether a grant of ``others`` holds anything on this node's cards of NVML ``indexes`` (a
+    slice of any size counts: even an empty one makes an idle card shared)."""
+    for other in others:
+        if other.terminated or other.assignment is None or other.assignment.placement.node not in ("", node):
+            continue
+        for c in other.assignment.placement.containers:
+            if any(s.card in indexes for s in c.slices):
+                return True
+    return False
+
+
+def refuse_on_idle_cards(node: str, cards: tuple[GpuCard, ...], pod: PodView, container: ContainerAssignment) -> None:
+    """:meth:`NodeLedger.refuse_owner` where no other grant holds ``container``'s cards: the core's
+    card rule for each card as its ledger row would have it, idle and whole (its memory and compute
+    free), without building the ledger."""
+    for index, pos, demand in shares(cards, pod, container):
+        card = cards[pos]
+        use = CardUse(int(CardMode.IDLE), card.memory_mib, card.compute)
+        verdict = card_rule.verdict(CardSlots(True, bool(card.healthy)), use, demand)
+        if verdict != CardVerdict.FITS:
+            raise AssignmentRefused(owner_refusal(node, index, card, verdict, demand, use, "no other pod"))
+
+
 WHOLE_CARDS_ONLY = ("this node takes whole GPUs only: nothing on it can enforce a share (its agent has no "
                     "isolation backend; docs/isolation-backends.md)")
 
@@ -243,18 +297,18 @@ def refuse_foreign(pod: PodView) -> None:
             raise AssignmentRefused(foreign)
 
 
-def refuse_card_states(node: str, ledger: NodeLedger, container: ContainerAssignment) -> None:
+def refuse_card_states(node: str, cards: tuple[GpuCard, ...], container: ContainerAssignment) -> None:
     """Raise :class:`CardStateRefused` when a card of ``container`` is not on the node or is
-    unhealthy (the card rule's first checks, before any booking is looked at)."""
+    unhealthy (the card rule's first checks, before any booking is looked at; ``cards``: the
+    inventory's, :func:`ledger_cards`)."""
     for s in container.slices:
-        pos = ledger.position(s.card)
+        pos = position(cards, s.card)
         if pos is None:
             raise CardStateRefused(f"card {s.card} is not on node {node} "
-                                   f"(it has {sorted(c.index for c in ledger.cards)})")
-        at = (NodeLedger.ROW, pos)
-        verdict = card_refusal(CardSlots(ledger.state.card_exists[at], ledger.state.card_healthy[at]))
+                                   f"(it has {sorted(c.index for c in cards)})")
+        verdict = card_refusal(CardSlots(True, bool(cards[pos].healthy)))  # as the ledger's row has it
         if verdict != CardVerdict.FITS:
-            raise CardStateRefused(f"card {s.card} ({ledger.cards[pos].uuid}) on node {node} is unhealthy")
+            raise CardStateRefused(f"card {s.card} ({cards[pos].uuid}) on node {node} is unhealthy")
 
 
 def node_ledger(node: str, inventory: GpuInventory, granted: Iterable[PodView] = (),
@@ -270,23 +324,79 @@ def node_ledger(node: str, inventory: GpuInventory, granted: Iterable[PodView] =
     return ledger
 
 
+ClaimKey = tuple[str, str, str, bool, Placement | None]
+"""What :meth:`NodeLedger.claim` books of a pod: its names, uid, whether it ended, its placement."""
+
+
+def claim_key(pod: PodView) -> ClaimKey:
+    return (pod.namespace, pod.name, pod.uid, pod.terminated,
+            None if pod.assignment is None else pod.assignment.placement)
+
+
+class GrantedLedger:
+    """This node's ledger of the pods granted on owners' capacity, kept between Allocates.
+
+    Rebuilding it for every Allocate (:meth:`NodeLedger.of` and a claim per granted pod) made N
+    pods admitted at once cost N builds of up to N claims each. This keeps the ledger instead,
+    exactly as a rebuild would make it: a rebuild claims the pods in the order they are given, so
+    when the pods to claim now begin with those claimed before (compared by what a claim books,
+    :func:`claim_key`) only the rest is claimed; any other change (another inventory, a pod gone,
+    finished or given another assignment) builds it afresh. A claim that raises drops it (the
+    next check builds it again and raises as a rebuild would)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._ledger: NodeLedger | None = None
+        self._inventory: GpuInventory | None = None
+        self._claimed: list[ClaimKey] = []
+        self.rebuilds = 0
+        """How many times the ledger was built (the tests read it)."""
+
+    def ledger(self, inventory: GpuInventory, others: Sequence[PodView]) -> NodeLedger:
+        """The ledger of ``inventory``'s cards with ``others`` claimed, in that order."""
+        keys = [claim_key(other) for other in others]
+        kept = len(self._claimed)
+        if self._ledger is None or inventory != self._inventory or keys[:kept] != self._claimed:
+            self._ledger, self._inventory, self._claimed = NodeLedger.of(self.node, inventory), inventory, []
+            self.rebuilds += 1
+            kept = 0
+        ledger = self._ledger
+        try:
+            for other, key in zip(others[kept:], keys[kept:], strict=True):
+                ledger.claim(other)
+                self._claimed.append(key)
+        except Exception:
+            self._ledger = None
+            raise
+        return ledger
+
+
 def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
-                     granted: Iterable[PodView]) -> None:
+                     granted: Iterable[PodView], kept: GrantedLedger | None = None) -> None:
     """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.
 
     ``granted``: the other pods of this node that hold grants on their owners' capacity (the pod
     itself is skipped; borrowers are left out by the caller: they count against their loans, see
     :func:`check_borrower`). An assignment decided for another pod is refused first, then a card
     that is missing or unhealthy (:class:`CardStateRefused`), then a share the core's card rule
-    refuses beside what ``granted`` hold.
+    refuses beside what ``granted`` hold: on idle cards when no other grant holds the container's
+    cards (:func:`refuse_on_idle_cards`, no ledger built), else on the node's ledger (``kept``: the
+    agent's, kept between Allocates; None builds one for this check).
     """
     refuse_foreign(pod)
-    ledger = NodeLedger.of(node, inventory)
-    refuse_card_states(node, ledger, container)
+    cards = ledger_cards(inventory)
+    refuse_card_states(node, cards, container)
     if pod.assignment is None:
         return
-    for other in granted:
-        if other.uid != pod.uid:
+    others = [other for other in granted if other.uid != pod.uid]
+    if not held_beside(node, others, {s.card for s in container.slices}):
+        refuse_on_idle_cards(node, cards, pod, container)  # what the ledger below would say, unbuilt
+        return
+    if kept is not None:
+        ledger = kept.ledger(inventory, others)
+    else:
+        ledger = NodeLedger.of(node, inventory)
+        for other in others:
             ledger.claim(other)
     ledger.refuse_owner(pod, container)
 
@@ -300,7 +410,7 @@ def check_borrower(node: str, inventory: GpuInventory, pod: PodView, container: 
     skipped)."""
     refuse_foreign(pod)
     ledger = node_ledger(node, inventory, loans=loans)
-    refuse_card_states(node, ledger, container)
+    refuse_card_states(node, ledger.cards, container)
     if pod.assignment is None:
         raise AssignmentRefused(f"borrower {pod.namespace}/{pod.name} has no assignment-v1")
     for other in borrowers:
