@@ -89,3 +89,16 @@ def test_without_limits_the_driver_answers(tc: Toolchain, work: Path) -> None:
     assert steps[0].values == ("0", "driver", "cuMemAlloc_v3")
     assert steps[1].values == ("driver", "cuMemAlloc_v3") and steps[2].code == OK
     assert "refused" not in stderr
+
+
+def test_cuda_13_4_s_cuGraphAddNode_v3_has_its_wrapper(tc: Toolchain, work: Path) -> None:
+    """A variant a real driver has (the CUDA 13.4 driver API's cuGraphAddNode_v3, the arguments of
+    _v2): wrapped, so the guard does not refuse it, and its memory nodes are charged."""
+    steps, stderr = run_lookup(tc, limited(tc, work), "proc:cuGraphAddNode:13040", "gnode:5g", "gnode:1g",
+                               "proc:cuGraphAddNode:12080", "dlsym:cuGraphAddNode_v3", "used")
+    assert steps[0].values == ("0", "library", "cuGraphAddNode_v3")
+    assert [steps[1].code, steps[2].code] == [OUT_OF_MEMORY, OK]
+    assert steps[3].values == ("0", "library", "cuGraphAddNode_v2")
+    assert steps[4].values == ("library", "cuGraphAddNode_v3")
+    assert steps[5].values == (str(1 << 30),)
+    assert "refused" not in stderr

@@ -107,6 +107,10 @@ API CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgr
 API CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                const CUgraphEdgeData *dependencyData, size_t numDependencies,
                                CUgraphNodeParams *nodeParams);
+/* The same arguments as _v2 (CUDA 13.x: a kernel node's context and function must match). */
+API CUresult cuGraphAddNode_v3(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                               const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                               CUgraphNodeParams *nodeParams);
 API CUresult cuGraphDestroyNode(CUgraphNode hNode);
 API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
                                        CUgraph *graph_out, const CUgraphNode **dependencies_out,

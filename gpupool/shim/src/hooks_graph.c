@@ -1,7 +1,7 @@
 /*
  * Memory the plain allocation calls do not show: graph memory nodes and what memory pools keep.
  *
- * Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) with a MEM_ALLOC node, and the
+ * Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2, _v3) with a MEM_ALLOC node, and the
  * stream-ordered allocations of a captured stream, hooks_mem.c) are charged when the node is created, against the card the node's pool properties name, and given
  * back when the node or its graph is destroyed. The driver backs a node with physical memory when
  * the graph is launched and keeps it for later launches (until cuDeviceGraphMemTrim and the
@@ -82,17 +82,31 @@ CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphN
                  REAL(cuGraphAddNode)(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
 }
 
+/* _v2 (edge data, CUDA 12.3) and _v3 (the same arguments): real is the driver's variant. */
+static CUresult add_node_with_edges(__typeof__(&cuGraphAddNode_v2) real, CUgraphNode *phGraphNode, CUgraph hGraph,
+                                    const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData,
+                                    size_t numDependencies, CUgraphNodeParams *nodeParams) {
+    if (alloc_params(nodeParams) == NULL)
+        return adopted(real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams), hGraph,
+                       nodeParams);
+    GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
+                 real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams));
+}
+
 CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                            const CUgraphEdgeData *dependencyData, size_t numDependencies,
                            CUgraphNodeParams *nodeParams) {
     REQUIRE(cuGraphAddNode_v2);
-    if (alloc_params(nodeParams) == NULL)
-        return adopted(REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
-                                               nodeParams),
-                       hGraph, nodeParams);
-    GUARDED_NODE(alloc_params(nodeParams), hGraph, phGraphNode,
-                 REAL(cuGraphAddNode_v2)(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
-                                         nodeParams));
+    return add_node_with_edges(REAL(cuGraphAddNode_v2), phGraphNode, hGraph, dependencies, dependencyData,
+                               numDependencies, nodeParams);
+}
+
+CUresult cuGraphAddNode_v3(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams) {
+    REQUIRE(cuGraphAddNode_v3);
+    return add_node_with_edges(REAL(cuGraphAddNode_v3), phGraphNode, hGraph, dependencies, dependencyData,
+                               numDependencies, nodeParams);
 }
 
 CUresult cuGraphDestroyNode(CUgraphNode hNode) {

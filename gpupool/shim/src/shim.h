@@ -222,6 +222,8 @@ SHIM_HIDDEN void shim_window_after_fork(void);
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0)                                           \
     X(cuGraphAddNode, "cuGraphAddNode", 0, 0)                                                           \
     X(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0)                                                    \
+    /* in the CUDA 13.4 driver API; the version it first came with is not known here (by address: any) */ \
+    X(cuGraphAddNode_v3, "cuGraphAddNode", 13040, 0)                                                    \
     X(cuGraphDestroyNode, "cuGraphDestroyNode", 0, 0)                                                   \
     X(cuGraphDestroy, "cuGraphDestroy", 0, 0)                                                           \
     X(cuGraphClone, "cuGraphClone", 0, 0)                                                               \

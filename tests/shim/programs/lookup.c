@@ -7,6 +7,8 @@
  *   dlsym:NAME   the same through the driver's handle: code (0, or 500 for NULL), origin, symbol
  *   alloc:SIZE   calls what the last lookup handed out as a cuMemAlloc_v3 (pointer, size, flags):
  *                its CUresult, or -1 when it handed out nothing
+ *   gnode:SIZE   calls what the last lookup handed out as a cuGraphAddNode_v2/_v3 (edge data): a memory
+ *                node of SIZE on card 0 in a new graph; its CUresult, or -1 when it handed out nothing
  *   used         the stand-in driver's bytes in use on card 0
  * origin: library (the interception library's), driver (the stand-in's), none (NULL), other;
  * symbol: the exported name at that address, "?" for an address inside a function (an internal one).
@@ -21,6 +23,7 @@
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
 uint64_t gpupoolStandinUsedBytes(int dev);
 
 typedef CUresult (*alloc_v3_fn)(CUdeviceptr *dptr, size_t bytesize, unsigned long long flags);
@@ -74,6 +77,15 @@ static void step(char *text) {
     } else if (strcmp(text, "alloc") == 0) {
         CUdeviceptr pointer = 0;
         printf(" %d", handed == NULL ? -1 : ((alloc_v3_fn)handed)(&pointer, size_of(argument), 0));
+    } else if (strcmp(text, "gnode") == 0) {
+        CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC};
+        params.alloc.poolProps = (CUmemPoolProps){.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE}};
+        params.alloc.bytesize = size_of(argument);
+        CUgraph graph = NULL;
+        CUgraphNode node = NULL;
+        CUresult rc = handed == NULL ? (CUresult)-1 : cuGraphCreate(&graph, 0);
+        if (rc == CUDA_SUCCESS) rc = ((__typeof__(&cuGraphAddNode_v3))handed)(&node, graph, NULL, NULL, 0, &params);
+        printf(" %d", (int)rc);
     } else if (strcmp(text, "used") == 0) {
         printf(" 0 %llu", (unsigned long long)gpupoolStandinUsedBytes(0));
     } else {

@@ -604,7 +604,7 @@ static const struct {
     ENTRY(cuLaunchKernel) ENTRY(cuLaunchCooperativeKernel) ENTRY(cuLaunchKernelEx) ENTRY(cuGraphLaunch)
     ENTRY(cuGetProcAddress) ENTRY(cuGetProcAddress_v2) ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuMemPoolCreate)
     ENTRY(cuMemPoolDestroy) ENTRY(cuMemPoolSetAttribute) ENTRY(cuMemPoolGetAttribute) ENTRY(cuGraphCreate)
-    ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphDestroyNode)
+    ENTRY(cuGraphAddMemAllocNode) ENTRY(cuGraphAddNode) ENTRY(cuGraphAddNode_v2) ENTRY(cuGraphAddNode_v3) ENTRY(cuGraphDestroyNode)
     ENTRY(cuGraphDestroy) ENTRY(cuStreamBeginCapture_v2) ENTRY(cuStreamEndCapture) ENTRY(cuStreamGetCaptureInfo_v2)
     ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2) ENTRY(cuIpcCloseMemHandle)
     ENTRY(cuMemAddressReserve) ENTRY(cuMemAddressFree) ENTRY(cuMemMap) ENTRY(cuMemUnmap)
@@ -660,6 +660,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     if (strcmp(symbol, "cuCtxCreate") == 0 && cudaVersion >= 11040)
         found = entry_named(cudaVersion >= 12050 ? "cuCtxCreate_v4" : "cuCtxCreate_v3");
     if (strcmp(symbol, "cuMemAlloc") == 0 && cudaVersion >= STANDIN_FUTURE_VERSION) found = entry_named("cuMemAlloc_v3");
+    if (strcmp(symbol, "cuGraphAddNode") == 0 && cudaVersion >= 13040) found = entry_named("cuGraphAddNode_v3");
     for (int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0; per_thread >= 0 && !found;
          per_thread--) {
         const char *suffix = per_thread ? "_ptsz" : "";

@@ -152,6 +152,12 @@ CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgra
     return cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
 }
 
+CUresult cuGraphAddNode_v3(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams) {
+    return cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+}
+
 CUresult cuGraphDestroyNode(CUgraphNode hNode) {
     uint64_t key = (uintptr_t)hNode;
     if (key & 1) return CUDA_SUCCESS;
