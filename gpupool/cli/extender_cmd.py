@@ -56,6 +56,7 @@ from gpupool.extender.scheduler_steering import (
     SchedulerSteering,
 )
 from gpupool.extender.service import ExtenderService, ExtenderSettings
+from gpupool.extender.takeover_fence import TakeoverFence, wants_gpu
 from gpupool.extender.tenancy_watch import start_tenancy_watches
 from gpupool.extender.wakeup import PendingWakeUp, filter_arguments
 from gpupool.extender.watch import start_watches
@@ -210,14 +211,17 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     elector = None
     handover: Handover | None = None
     fence: BindFence = Unfenced()
+    pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
     if options.leader_elect:
         elector = LeaderElector(coordination_v1, identity, lease)
-        # a new term binds only after a quorum list of pods is in the ledger (docs/extender.md, HA)
-        handover = Handover(elector, pod_watch.catch_up, stop=stop)
+        # a new term binds only after the waiting GPU pods are fenced against the previous leader's
+        # late binds and a quorum list of pods is in the ledger (docs/extender.md, HA)
+        takeover_fence = TakeoverFence(pod_api, lambda: list_waiting_pods(core_v1), wants_gpu(cache.requests),
+                                       identity, names.domain)
+        handover = Handover(elector, pod_watch.catch_up, stop=stop, fence=takeover_fence)
         elector.on_started_leading = handover.started_leading
         fence = handover
         elector.start()
-    pod_api = KubePodApi(core_v1, patch_timeout_s=lease.commit_timeout_s)
     liveness = _watch_agent_leases(options, cache, coordination_v1, stop)
     requeue = PreemptRequeue(pod_api, names.domain, pending=cache_pending(cache))  # retry preemptors promptly
     cache.release_listeners.append(requeue.released)

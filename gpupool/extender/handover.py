@@ -4,11 +4,13 @@ Why: the ledger is fed by the watch, and a watch can lag. A replica that has jus
 may not have seen the bookings the previous leader wrote in its last seconds; binding from that
 ledger could give the same slice to a second pod. So each leadership term starts closed:
 
-1. right after the Lease write that made this replica leader, the pods are listed from etcd (a
+1. right after the Lease write that made this replica leader, the waiting GPU pods are fenced
+   against binds of the previous leader that arrive late (a partition can hold them past its
+   commit timeout; :mod:`gpupool.extender.takeover_fence`), then the pods are listed from etcd (a
    quorum read, :meth:`gpupool.extender.watch.ListWatch.catch_up`) and the ledger made at least
-   that fresh. The previous leader's writes all committed before that acquisition (the lease
-   timings and the commit timeout see to it, docs/extender.md "High availability"), so the list
-   holds them;
+   that fresh. The previous leader's writes committed before that list or are refused (the lease
+   timings and the commit timeout see to the first for a leader that dies, the fence to the second
+   for one cut off, docs/extender.md "High availability"), so the list holds every one that counts;
 2. only then does :meth:`Handover.admit` hand out tickets for this term; until then binds get
    :data:`CATCHING_UP`, a retryable error (kube-scheduler queues the pod again);
 3. a bind holds its ticket and asks :meth:`Handover.holds` right before it writes the assignment;
@@ -75,9 +77,13 @@ class Handover:
 
     def __init__(self, leadership: Leadership, catch_up: Callable[[], object], *,
                  stop: threading.Event | None = None, retry_s: float = 1.0,
-                 spawn: Callable[[Callable[[], None]], None] = _daemon) -> None:
+                 spawn: Callable[[Callable[[], None]], None] = _daemon,
+                 fence: Callable[[int], object] | None = None) -> None:
         self.leadership = leadership
         self.catch_up = catch_up
+        self.fence = fence
+        """Run with the term before each catch-up (:class:`gpupool.extender.takeover_fence.TakeoverFence`);
+        an exception keeps the term closed and is retried like a failed list."""
         self.stop = stop or threading.Event()
         self.retry_s = retry_s
         self.spawn = spawn
@@ -97,9 +103,11 @@ class Handover:
             self.spawn(lambda: self._catch_up(term))
 
     def _catch_up(self, term: int) -> None:
-        """List until it succeeds or the term ends; then open the term."""
+        """Fence and list until both succeed or the term ends; then open the term."""
         while not self.stop.is_set() and self.leadership.leading_term() == term:
             try:
+                if self.fence is not None:
+                    self.fence(term)
                 self.catch_up()
             except Exception as exc:  # the API is down or slow: stay closed and try again
                 log.warning("catching up after becoming leader (term %d): %s: %s; retrying",

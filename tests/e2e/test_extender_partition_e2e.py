@@ -16,7 +16,9 @@ What must hold (docs/extender.md, "High availability"):
 * at no sample do both replicas lead; after the relay heals the old leader stays a follower;
 * every pod is bound, and no card holds more than its memory: requests the black hole held are
   delivered when it heals (as TCP would retransmit them), so a bind the old leader sent before it
-  stepped down reaches the apiserver late, and the assignment check sees any double booking.
+  stepped down reaches the apiserver late, and the assignment check sees any double booking;
+* none of the old leader's binds that reach the apiserver after the takeover binds a pod (the
+  audit log's answers): the new leader fenced the waiting GPU pods before its term bound anything.
 
 The times from the cut to the old leader refusing, to the follower leading and to its first bind
 are printed (run with ``-s``) and quoted in docs/extender.md.
@@ -247,6 +249,11 @@ def test_a_partitioned_leader_steps_down_on_its_own_clock_and_nothing_is_double_
             for ref in assignment.containers[0].cards:
                 used[(assignment.node, ref.index)] += ref.memory_mib
         assert not {k: v for k, v in used.items() if v > CARD_MIB}, "a card is double-booked"
+        # the new leader fenced the waiting GPU pods before binding: a late bind of the old leader
+        # is refused (409) or dropped (504), never applied (gpupool/extender/takeover_fence.py)
+        assert not late[201], late
+        b_log = b.log_path.read_text(errors="replace")
+        assert "fenced" in b_log and "against the previous leader's late binds" in b_log
     finally:
         watch.stop.set()
         service.stop()
