@@ -167,3 +167,13 @@ def test_the_hand_over_opens_no_term_until_the_fence_held() -> None:
     pending.pop()()
     assert order == ["fence 1", "fence 1", "list"]  # retried; the catch-up list comes after the fence
     assert handover.admit() == 1
+
+
+def test_only_pods_gpupool_binds_with_an_assignment_are_fenced() -> None:
+    from gpupool.api.names import ResourceNames
+    from gpupool.extender.request_memo import RequestMemo
+
+    check = wants_gpu(RequestMemo(ResourceNames()))
+    assert check(pod("gpu", container(mib=1000)))
+    assert not check(pod("cpu-only", container(cpu="1")))
+    assert not check(pod("unreadable", container(gpu_mem="lots")))  # no leader binds it with cards
