@@ -83,6 +83,15 @@ def test_dlsym_of_the_new_variant_gives_nothing(tc: Toolchain, work: Path) -> No
     assert stderr.count("dlsym of cuMemAlloc_v3 refused") == 1
 
 
+def test_dlsym_of_suffixed_names_the_library_does_not_wrap_reaches_the_driver(tc: Toolchain, work: Path) -> None:
+    """Only a base name the library wraps is guarded: other _v2 entry points stay the driver's."""
+    steps, stderr = run_lookup(tc, limited(tc, work), "dlsym:cuStreamBeginCapture_v2", "dlsym:cuIpcOpenMemHandle_v2",
+                               "dlsym:cuCtxPopCurrent_v2")
+    assert [s.values for s in steps] == [("driver", "cuStreamBeginCapture_v2"), ("driver", "cuIpcOpenMemHandle_v2"),
+                                         ("driver", "cuCtxPopCurrent_v2")]
+    assert "refused" not in stderr
+
+
 def test_without_limits_the_driver_answers(tc: Toolchain, work: Path) -> None:
     """A pass-through library refuses nothing: the program gets what the driver hands out."""
     steps, stderr = run_lookup(tc, tc.env(work), f"proc:cuMemAlloc:{FUTURE}", "dlsym:cuMemAlloc_v3", "alloc:1m")
