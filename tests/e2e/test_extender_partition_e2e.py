@@ -179,7 +179,10 @@ def test_a_partitioned_leader_steps_down_on_its_own_clock_and_nothing_is_double_
             assert time.monotonic() < deadline, f"only {len(seen)} pods bound before the cut"
             time.sleep(0.1)
         watch.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while not watch.samples:  # a sample is two HTTP calls: slow on a loaded machine
+            assert time.monotonic() < deadline, "no sample of the replicas' leadership"
+            time.sleep(0.05)
         assert watch.first("a", 0.0) is not None, "the leader did not lead before the cut"
         cut = time.monotonic()
         proxy.cut() if mode == CUT else proxy.black_hole()
