@@ -2,6 +2,7 @@
 
     python3 bench/call_walk.py --json          # counts
     python3 bench/call_walk.py --list          # and the files, per walk
+    python3 bench/call_walk.py --time --json   # and times: one /filter, a node's schedule checks
 
 Follows the calls of
 
@@ -29,8 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,12 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.fidelity_scenario import NAMES, node_object, pod_object
-from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest
+from gpupool.core.model import ContainerRequest, GpuCard, GpuRequest, NodeSpec, PodRequest, Topology
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
+from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.pod_view import pod_view_from_json
+from gpupool.nodeagent.schedule_check import GrantedLedger, check_assignment
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.node_harness import fake_pod, running_node
 from gpupool.testing.node_workload import generate
@@ -99,8 +105,8 @@ def gpu_pod(name: str) -> dict[str, Any]:
     return pod_object(request)
 
 
-async def extender_walks(walk: FileWalk) -> tuple[set[str], set[str]]:
-    """The files of one /filter and of one /bind, after a warm-up pod through both."""
+def extender() -> tuple[FakePodApi, ExtenderApi, list[str]]:
+    """The walks' extender: the shipped settings over a fake pod API and four nodes of two cards."""
     api = FakePodApi()
     cache = ClusterCache(NAMES, policy="binpack")
     nodes = [NodeSpec(f"n{i}", cpu_milli=64_000, memory_mib=256_000, cards=tuple(
@@ -110,9 +116,14 @@ async def extender_walks(walk: FileWalk) -> tuple[set[str], set[str]]:
     cache.replace_pods([])
     api.listeners.append(lambda kind, p: cache.remove_pod(p) if kind == "DELETED" else cache.upsert_pod(p))
     service = ExtenderService(cache, Binder(cache, api))
-    extender = ExtenderApi(service, NAMES, ExtenderMetrics(ledger=cache), requests=cache.requests)
-    names = [spec.name for spec in nodes]
-    async with TestClient(TestServer(extender.app())) as client:
+    return api, ExtenderApi(service, NAMES, ExtenderMetrics(ledger=cache), requests=cache.requests), \
+        [spec.name for spec in nodes]
+
+
+async def extender_walks(walk: FileWalk) -> tuple[set[str], set[str]]:
+    """The files of one /filter and of one /bind, after a warm-up pod through both."""
+    api, served, names = extender()
+    async with TestClient(TestServer(served.app())) as client:
         async def filter_and_bind(name: str) -> tuple[set[str], set[str]]:
             created = api.create_pod(gpu_pod(name))
             meta = created["metadata"]
@@ -154,6 +165,49 @@ async def node_walk(walk: FileWalk, rounds: int = NODE_ROUNDS) -> set[str]:
         return every or set()
 
 
+async def filter_times(rounds: int) -> dict[str, float]:
+    """Median microseconds of one /filter of one pod, asked ``rounds`` times (untraced): wall time
+    through the in-process HTTP server, and this thread's CPU time in its handler alone (the verb
+    without the transport; CPU time, so other load on the machine stretches it less). Each answer
+    passes one node and books the pod there, lifting the pod's booking of the call before, so every
+    round decides on the same ledger."""
+    api, served, names = extender()
+    doc = {"Pod": api.create_pod(gpu_pod("timed")), "NodeNames": names}
+    handler = served._filter  # the handler the route calls, without aiohttp around it
+    timed: dict[str, list[float]] = {"filter_http_us": [], "filter_handler_cpu_us": []}
+    async with TestClient(TestServer(served.app())) as client:
+        for _ in range(rounds):
+            started = time.perf_counter()
+            await (await client.post("/filter", json=doc)).read()
+            timed["filter_http_us"].append((time.perf_counter() - started) * 1e6)
+            started = time.thread_time()
+            await handler(doc)
+            timed["filter_handler_cpu_us"].append((time.thread_time() - started) * 1e6)
+    return {name: round(statistics.median(values[rounds // 10:]), 1) for name, values in timed.items()}
+
+
+def schedule_check_times(pods: int = 100, cards: int = 16, repeat: int = 5) -> dict[str, float]:
+    """CPU milliseconds (this thread's, the best of ``repeat``) of the schedule checks of ``pods``
+    pods admitted one after another on one node of ``cards`` cards, each container checked against
+    the pods before it, with the agent's kept ledger (what Allocate runs, without gRPC around it)."""
+    gpu_file, workload = generate(pods, cards=cards, seed=0)
+    inventory = GpuInventory(tuple(GpuCard(i, c["uuid"], gpu_file["model"], c["memoryMiB"])
+                                   for i, c in enumerate(gpu_file["cards"])),
+                             Topology.flat(cards), tuple(f"/dev/nvidia{i}" for i in range(cards)))
+    views = [pod_view_from_json(p.json, NAMES) for p in workload]
+    best = float("inf")
+    for _ in range(repeat):
+        kept = GrantedLedger("node-a")
+        started = time.thread_time()
+        for i, view in enumerate(views):
+            assert view.assignment is not None
+            for container in view.assignment.placement.containers:
+                if container.slices:
+                    check_assignment("node-a", inventory, view, container, views[:i], kept)
+        best = min(best, (time.thread_time() - started) * 1000)
+    return {"schedule_checks_cpu_ms": round(best, 1)}
+
+
 def measure() -> dict[str, list[str]]:
     walk = FileWalk()
     walk.install()
@@ -171,9 +225,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON line of counts")
     parser.add_argument("--list", action="store_true", help="list the files of each walk")
+    parser.add_argument("--time", action="store_true", help="also time one /filter (median of --rounds, untraced)")
+    parser.add_argument("--rounds", type=int, default=3000)
     args = parser.parse_args()
     walks = measure()
-    counts = {f"{name}_files": len(files) for name, files in walks.items()}
+    counts: dict[str, float] = {f"{name}_files": len(files) for name, files in walks.items()}
+    if args.time:
+        counts.update(asyncio.run(filter_times(args.rounds)))
+        counts.update(schedule_check_times())
     if args.list:
         for name, files in walks.items():
             print(f"{name} ({len(files)} files):")
