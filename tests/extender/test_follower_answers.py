@@ -12,6 +12,7 @@ connection so kube-scheduler's next call goes through the Service again, to the 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -161,3 +162,29 @@ def test_an_extender_that_does_not_bind_filters_on_every_replica() -> None:
         assert answer["Error"] == "" and answer["NodeNames"] == ["N3"] and not closed
 
     replica(scenario, leader=False, binds=False)
+
+
+def test_a_followers_bind_refusal_does_not_wait_for_the_bind_threads() -> None:
+    """A leader cut from the apiserver keeps its bind threads waiting on writes it began as leader;
+    once it stepped down its refusals must not queue behind them (the partition e2e saw 8 s)."""
+    async def main() -> None:
+        api = FakePodApi()
+        cache = ClusterCache(policy="binpack")
+        cache.replace_nodes(ALIBABA_NODES)
+        cache.replace_pods(ALIBABA_PODS)
+        leading = [True]
+        service = ExtenderService(cache, Binder(cache, api, fence=Unfenced()), is_leader=lambda: leading[0],
+                                  leader_name=lambda: "replica-1", settings=SHIPPED)
+        extender = ExtenderApi(service, ResourceNames(), ExtenderMetrics(), bind_workers=1)
+        release = threading.Event()
+        extender.pool.submit(release.wait, 30)  # the only bind thread waits on a write
+        try:
+            leading[0] = False  # the deadline passed: a follower now
+            async with TestClient(TestServer(extender.app())) as client:
+                answer, closed = await asyncio.wait_for(call(client, "bind", binding("p", "N3")), 5)
+            assert answer["Error"] == "this gpupool extender replica is not the leader; the leader is replica-1"
+            assert closed
+        finally:
+            release.set()
+
+    asyncio.run(main())

@@ -214,6 +214,10 @@ class ExtenderApi:
 
     async def _bind(self, doc: Any) -> tuple[Any, str]:
         args = parse_binding_args(doc)
+        refused = self.service.refuse_bind(args.pod_namespace, args.pod_name)
+        if refused is not None:  # answered here, not behind binds still waiting on the bind threads
+            log.info("bind %s/%s → %s refused: %s", args.pod_namespace, args.pod_name, args.node, refused.error)
+            return binding_result(refused.error), NOT_LEADER
         loop = asyncio.get_running_loop()
         with self.metrics.binds_in_flight.track_inprogress():
             result = await loop.run_in_executor(self.pool, self.service.bind, args.pod_namespace,
