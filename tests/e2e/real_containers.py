@@ -18,7 +18,11 @@ Two real kubelets on one machine collide (both use ``/var/lib/kubelet/pods-api``
 runs may overlap (``scripts/test-all`` runs the compatibility set beside the end-to-end suite), name a
 lock file in ``$GPUPOOL_REAL_KUBELET_LOCK``: the fixture holds an exclusive lock on it from before
 its kubelet starts until after it stops. Never name a file an outer ``flock`` already holds (the
-fixture would wait on its own parent).
+fixture would wait on its own parent). ``scripts/test-all`` names the machine-wide
+``/tmp/gpupool-real-kubelet.lock``, which a run by hand takes with ``flock``: runs that overlap also
+see each other's cards, since every run's stand-in cards have the same device numbers and the usage
+monitor knows a card by its number (another run's container holding its ``nvidia0`` is a holder of
+this run's card 0).
 """
 
 from __future__ import annotations
