@@ -87,6 +87,11 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.Path(dir_okay=False), help="The usage monitor's state file (on a hostPath).")
 @click.option("--idle-after", default=f"{_MONITOR.idle_after / 60:g}m", show_default=True,
               metavar="DURATION", help="A held card without SM activity this long is idle (e.g. 90s, 10m, 1h).")
+@click.option("--infrastructure-holders", default=",".join(_MONITOR.infrastructure), show_default=True,
+              metavar="NAMES",
+              help="Host daemons (in no pod; matched by the file /proc/<pid>/exe names) whose open device files "
+                   "neither make a card busy nor keep it from being lent, comma-separated; \"\": none "
+                   "(docs/monitor.md, \"Infrastructure holders\").")
 @click.option("--isolation", type=click.Choice(CHOICES), default=_ISOLATION.requested, show_default=True,
               help="What enforces the shares: shim (the interception library), mps (the agent runs the MPS "
                    "control daemon), none; auto: shim with --shim-library, else none (docs/isolation-backends.md).")
@@ -192,7 +197,8 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               type=click.FloatRange(min=0, min_open=True))
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, serve_aliases: str,
-               metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str, isolation: str,
+               metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str,
+               infrastructure_holders: str, isolation: str,
                shim_library: str | None, driver_libraries: str, compute_mode: str, state_dir: str, mps_control: str,
                cgroup_root: str,
                lease_duration: int, lease_renew_interval: float, risk_action: str,
@@ -216,7 +222,11 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
         alias_family_resources(alias_families)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
-    monitor = MonitorConfig(usage_state_file, _duration(idle_after)) if usage_monitor else None
+    try:
+        monitor = MonitorConfig(usage_state_file, _duration(idle_after), infrastructure=tuple(
+            n.strip() for n in infrastructure_holders.split(",") if n.strip())) if usage_monitor else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--infrastructure-holders") from None
     try:
         HeartbeatSettings(duration_s=lease_duration, renew_interval_s=lease_renew_interval)
     except ValueError as exc:

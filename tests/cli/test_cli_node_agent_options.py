@@ -45,3 +45,13 @@ def test_lending_and_dra_on_take_their_options_defaults(monkeypatch: pytest.Monk
     options = started_with(monkeypatch, "--lending", "--dra")
     assert options.lending == replace(LendingOptions(), shim_state_dir=options.isolation.state_dir)
     assert options.dra == DraOptions()
+
+
+@pytest.mark.slow
+def test_infrastructure_holders_are_a_list_of_file_names_and_empty_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch, "--infrastructure-holders", " nvidia-persistenced , my-daemon ")
+    assert options.monitor is not None and options.monitor.infrastructure == ("nvidia-persistenced", "my-daemon")
+    options = started_with(monkeypatch, "--infrastructure-holders", "")
+    assert options.monitor is not None and options.monitor.infrastructure == ()
+    result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", "--infrastructure-holders", "/usr/bin/x"])
+    assert result.exit_code == 2 and "--infrastructure-holders" in result.output and "file name" in result.output

@@ -5,7 +5,10 @@ A card is lent from the moment the usage monitor calls it idle (held, no SM acti
 again or leaves the node. Its lendable memory is what its holders leave free in the last usage
 sample (rounded down to the memory unit); its compute is the whole card (idle: nobody computes).
 A card is not lent while a holder without a gpupool share of it is high priority: a borrower's
-first open would be refused (rule 3).
+first open would be refused (rule 3), nor while a process the node cannot name holds it (it could
+not be given back), except an infrastructure holder: a host daemon the monitor names so
+(``--infrastructure-holders``: nvidia-persistenced, DCGM), which keeps the device open on every GPU
+node and does no work on it.
 
 The loans are written to a small JSON file next to the monitor's state after every change, so an
 agent restarted mid-lend keeps the same owners dormant (their holds do not refuse the borrowers
@@ -68,7 +71,7 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
             continue
         owners: set[ContainerKey] = set()
         refused = False
-        for holder in device.holders:
+        for holder in device.users:  # an infrastructure holder (nvidia-persistenced, DCGM) is neither owner nor bar
             pod = pod_of((holder.namespace, holder.pod)) if holder.pod else None
             if pod is None or not holder.container:
                 refused = True  # a holder the node cannot name: never lend what it cannot give back

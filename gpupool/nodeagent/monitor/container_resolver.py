@@ -3,11 +3,19 @@
 The recorder's identity resolver. It never raises: a process outside any container, of an unknown
 runtime or of a container the directory does not (yet) know is recorded with what is known (maybe
 only the container ID) and the reason is logged once per container ID.
+
+A process in no pod whose executable (the basename of the /proc/<pid>/exe link: set by the kernel at
+exec, unlike /proc/<pid>/comm, which a process may rename) is one of the named infrastructure holders
+is marked as such. Only a process whose cgroup names no container and no pod (nothing under
+``kubepods``) qualifies: a process in a tenant's container cannot claim to be a host daemon by its
+binary's name, and a pod's container whose cgroup naming the agent does not know stays an unnamed
+holder (it blocks lending, as before).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from gpupool.nodeagent.containers.cgroup_identity import CgroupIdentity, Runtime, identity_from_cgroup_file
 from gpupool.nodeagent.containers.container_directory import ContainerDirectory
@@ -22,23 +30,33 @@ _REPORTED_LIMIT = 10_000  # forget what was logged past this many keys (a long-l
 class ContainerResolver:
     """Callable ``pid → ProcessIdentity`` for :class:`~gpupool.nodeagent.monitor.recorder.UsageRecorder`."""
 
-    def __init__(self, directory: ContainerDirectory, proc: str = PROC) -> None:
+    def __init__(self, directory: ContainerDirectory, proc: str = PROC, *,
+                 infrastructure: frozenset[str] = frozenset()) -> None:
         self._directory = directory
         self._proc = proc
+        self._infrastructure = infrastructure
         self._reported: set[str] = set()
 
     def cgroup_identity(self, pid: int) -> CgroupIdentity:
         """What ``/proc/<pid>/cgroup`` says."""
+        return self._cgroup(pid)[0]
+
+    def _cgroup(self, pid: int) -> tuple[CgroupIdentity, str]:
         try:
             with open(f"{self._proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
-                return identity_from_cgroup_file(fh.read())
+                text = fh.read()
         except OSError as exc:
-            return CgroupIdentity(Runtime.UNKNOWN, reason=f"cannot read /proc/{pid}/cgroup: {exc.strerror}")
+            return CgroupIdentity(Runtime.UNKNOWN, reason=f"cannot read /proc/{pid}/cgroup: {exc.strerror}"), ""
+        return identity_from_cgroup_file(text), text
 
     def __call__(self, pid: int) -> ProcessIdentity:
         """The container, pod and namespace of ``pid``, as far as they are known."""
-        found = self.cgroup_identity(pid)
+        found, text = self._cgroup(pid)
         if not found.container_id:
+            if self._infrastructure and text and not found.pod_uid and "kubepods" not in text:
+                name = self.executable(pid)
+                if name in self._infrastructure:
+                    return ProcessIdentity(infrastructure=name)
             self._report_once(found.reason, f"pid {pid}: not in a known container ({found.reason})")
             return ProcessIdentity()
         ref = self._directory.container(found.container_id)
@@ -51,6 +69,14 @@ class ContainerResolver:
         if pod is not None:
             return ProcessIdentity(found.container_id, "", pod[1], pod[0])
         return ProcessIdentity(found.container_id)
+
+    def executable(self, pid: int) -> str:
+        """The basename of the file ``pid`` runs (its /proc/<pid>/exe link); "" when unreadable."""
+        try:
+            target = os.readlink(f"{self._proc}/{pid}/exe")
+        except OSError:
+            return ""
+        return os.path.basename(target.removesuffix(" (deleted)"))  # a binary replaced by an upgrade
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self._reported:

@@ -12,6 +12,8 @@ yes        none for >= the idle time       busy/idle  idle
 yes        none for < the idle time        busy/idle  unchanged
 =========  ==============================  =========  =============================
 
+Held means held by a user: an infrastructure holder (a host daemon such as nvidia-persistenced
+that keeps the device open and does no work, :attr:`DeviceUsage.users`) alone leaves a card free.
 SM activity is the card's utilisation or any process's SM share above the threshold (default 0 %:
 anything at all counts). Control devices (no card index) are not subject to the rule.
 """
@@ -82,7 +84,7 @@ class IdleDetector:
             device = usage.device(path)
             card = sample.card(index)
             previous = self._cards[path]
-            current = step(previous, held=bool(device and device.holders),
+            current = step(previous, held=bool(device and device.users),
                            active=card is None or is_active(card, self._above),
                            last_open=device.last_use if device else None, now=sample.time,
                            idle_after=self._idle_after)

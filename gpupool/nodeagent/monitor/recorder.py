@@ -10,6 +10,10 @@ that opened), fanotify may merge events, and processes opened devices while the 
 So a close removes every holder of that file that no longer holds it, a restart keeps only holders
 whose process (pid and start time) is alive and still holds the file, and a scan adds holders
 nobody saw open. A live holder is never dropped: the record errs towards busy, never towards free.
+
+An infrastructure holder (a host daemon the resolver named so: nvidia-persistenced, DCGM) is recorded
+like any other, but its opens and closes are not use: they leave the device's last use alone, and
+it alone does not make a device held (:attr:`DeviceUsage.users`).
 """
 
 from __future__ import annotations
@@ -112,8 +116,8 @@ class UsageRecorder:
                     for gone in set(device.holders) - set(alive):
                         log.info("pid %d no longer holds %s (exited, reused or closed while the agent "
                                  "was down)", gone.pid, device.path)
-                    self._devices[device.path] = replace(device, holders=alive,
-                                                         state=device.state if alive else DeviceState.FREE)
+                    kept = replace(device, holders=alive)
+                    self._devices[device.path] = replace(kept, state=device.state if kept.users else DeviceState.FREE)
             self._add_unseen_holders()
             self._persist()
 
@@ -127,8 +131,10 @@ class UsageRecorder:
             if event.kind is EventKind.OPEN:
                 new = self._open(device, event)
             else:
+                closer = device.holder(event.pid)
+                last_use = device.last_use if closer is not None and closer.infrastructure else event.time
                 self._devices[event.path] = device.with_holders(
-                    tuple(h for h in device.holders if self._still_holding(h, device.path)), event.time)
+                    tuple(h for h in device.holders if self._still_holding(h, device.path)), last_use)
             self._persist()
         if new is not None:
             self._tell(event.path, new)
@@ -167,7 +173,8 @@ class UsageRecorder:
         named: list[tuple[str, Holder]] = []
         with self._lock:
             for path, device in self._devices.items():
-                holders = tuple(h if h.container else self._named(h, path) for h in device.holders)
+                holders = tuple(h if h.container or h.infrastructure else self._named(h, path)
+                                for h in device.holders)  # a host daemon never joins a container
                 if holders != device.holders:
                     self._devices[path] = replace(device, holders=holders)
                     named += [(path, h) for h in holders if h not in device.holders]
@@ -189,14 +196,16 @@ class UsageRecorder:
         """Record busy or idle from the idle rule; a device nobody holds stays free."""
         with self._lock:
             device = self._devices.get(path)
-            if device is None or not device.holders or state is DeviceState.FREE or device.state is state:
+            if device is None or not device.users or state is DeviceState.FREE or device.state is state:
                 return
             self._devices[path] = replace(device, state=state)
             self._persist()
 
     def _open(self, device: DeviceUsage, event: DeviceEvent) -> Holder | None:
-        if device.holder(event.pid) is not None:
-            self._devices[device.path] = device.with_holders(device.holders, event.time)
+        known = device.holder(event.pid)
+        if known is not None:
+            last_use = device.last_use if known.infrastructure else event.time
+            self._devices[device.path] = device.with_holders(device.holders, last_use)
             return None
         start = self._processes.start_time(event.pid)
         if start is None:
@@ -204,7 +213,8 @@ class UsageRecorder:
             self._devices[device.path] = device.with_holders(device.holders, event.time)
             return None
         holder = self._holder(event.pid, start, event.time, device.path)
-        self._devices[device.path] = device.with_holders((*device.holders, holder), event.time)
+        last_use = device.last_use if holder.infrastructure else event.time
+        self._devices[device.path] = device.with_holders((*device.holders, holder), last_use)
         return holder
 
     def _tell(self, path: str, holder: Holder) -> None:
@@ -229,7 +239,8 @@ class UsageRecorder:
             except Exception:
                 log.exception("could not tell the priority of pid %d", pid)
         return Holder(pid=pid, start_time=start, since=since, container_id=who.container_id,
-                      container=who.container, pod=who.pod, namespace=who.namespace, priority=priority)
+                      container=who.container, pod=who.pod, namespace=who.namespace, priority=priority,
+                      infrastructure=who.infrastructure)
 
     def _still_holding(self, holder: Holder, path: str) -> bool:
         return (self._processes.start_time(holder.pid) == holder.start_time

@@ -40,14 +40,28 @@ SAMPLE_EVERY_SECONDS = 1.0
 PRUNE_EVERY_SECONDS = 30.0
 
 
+DEFAULT_INFRASTRUCTURE_HOLDERS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+"""Host daemons that keep GPU device files open on production nodes without working on the cards:
+NVIDIA's persistence daemon, DCGM's host engine and the DCGM exporter (embedded engine)."""
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
-    """The agent's ``--usage-*`` and ``--idle-after`` options."""
+    """The agent's ``--usage-*``, ``--idle-after`` and ``--infrastructure-holders`` options."""
 
     state_path: str = DEFAULT_STATE_PATH
     idle_after: float = DEFAULT_IDLE_AFTER_SECONDS
     sample_every: float = SAMPLE_EVERY_SECONDS
     prune_every: float = PRUNE_EVERY_SECONDS
+    infrastructure: tuple[str, ...] = DEFAULT_INFRASTRUCTURE_HOLDERS
+    """Executable names of host processes (in no pod) whose holds are infrastructure, not use
+    (docs/monitor.md, "Infrastructure holders"); empty: every holder counts."""
+
+    def __post_init__(self) -> None:
+        for name in self.infrastructure:
+            if not name or "/" in name or name != name.strip():
+                raise ValueError(f"infrastructure holder {name!r}: give an executable's file name, without "
+                                 "a directory or spaces around it")
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,9 @@ class UsageMonitor:
         self._writer = BackgroundStateWriter(StateFile(config.state_path))
         self.recorder = UsageRecorder(node, self.paths, self._writer,
                                       processes or ProcfsTable(WatchedFiles(self.paths)),
-                                      identify=identify or ContainerResolver(self.directory), clock=clock,
+                                      identify=identify or ContainerResolver(
+                                          self.directory, infrastructure=frozenset(config.infrastructure)),
+                                      clock=clock,
                                       decide=decide)
         self.detector = IdleDetector(self.cards, idle_after=config.idle_after)
         self.source: EventSource | None = None

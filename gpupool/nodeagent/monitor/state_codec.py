@@ -6,7 +6,10 @@ Format::
      "devices": [{"path": "/dev/nvidia0", "state": "busy", "lastUse": 1700000000.1,
                   "holders": [{"pid": 4242, "startTime": 981234, "since": 1699999990.0,
                                "containerId": "0f3c...", "container": "train", "pod": "job-0",
-                               "namespace": "ml", "priority": null}]}]}
+                               "namespace": "ml", "priority": null, "infrastructure": ""}]}]}
+
+``infrastructure`` (the executable's name of a host daemon named an infrastructure holder, else
+empty) may be missing: a file written before it existed reads as empty.
 
 The reader refuses anything else with :class:`StateFileError` naming the field, including a newer
 version (an agent rolled back must not misread a file written by its successor).
@@ -41,7 +44,8 @@ def encode_state(state: UsageState) -> bytes:
 def _encode_holder(holder: Holder) -> dict[str, Any]:
     return {"pid": holder.pid, "startTime": holder.start_time, "since": holder.since,
             "containerId": holder.container_id, "container": holder.container, "pod": holder.pod,
-            "namespace": holder.namespace, "priority": holder.priority}
+            "namespace": holder.namespace, "priority": holder.priority,
+            "infrastructure": holder.infrastructure}
 
 
 def decode_state(content: bytes) -> UsageState:
@@ -76,8 +80,9 @@ def _decode_device(raw: object, where: str) -> DeviceUsage:
                     for i, h in enumerate(_list(device.get("holders"), f"{where}.holders")))
     if len({h.pid for h in holders}) != len(holders):
         raise StateFileError(f"{where}.holders: a pid is listed twice")
-    if state is DeviceState.FREE and holders:
-        raise StateFileError(f"{where}: state free with {len(holders)} holder(s)")
+    users = [h for h in holders if not h.infrastructure]
+    if state is DeviceState.FREE and users:
+        raise StateFileError(f"{where}: state free with {len(users)} holder(s)")
     return DeviceUsage(path=_str(device.get("path"), f"{where}.path"), holders=holders,
                        last_use=None if last_use is None else _float(last_use, f"{where}.lastUse"), state=state)
 
@@ -88,13 +93,18 @@ def _decode_holder(raw: object, where: str) -> Holder:
     pid = _int(holder.get("pid"), f"{where}.pid")
     if pid <= 0:
         raise StateFileError(f"{where}.pid: {pid} is not a process id")
+    infrastructure = _str(holder.get("infrastructure", ""), f"{where}.infrastructure")
+    if infrastructure and (holder.get("containerId") or holder.get("pod")):
+        raise StateFileError(f"{where}: infrastructure holder {infrastructure!r} in a container (only host "
+                             "processes are)")
     return Holder(pid=pid, start_time=_int(holder.get("startTime"), f"{where}.startTime"),
                   since=_float(holder.get("since"), f"{where}.since"),
                   container_id=_str(holder.get("containerId"), f"{where}.containerId"),
                   container=_str(holder.get("container"), f"{where}.container"),
                   pod=_str(holder.get("pod"), f"{where}.pod"),
                   namespace=_str(holder.get("namespace"), f"{where}.namespace"),
-                  priority=None if priority is None else _int(priority, f"{where}.priority"))
+                  priority=None if priority is None else _int(priority, f"{where}.priority"),
+                  infrastructure=infrastructure)
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:

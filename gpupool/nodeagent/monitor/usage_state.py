@@ -27,6 +27,9 @@ class ProcessIdentity:
     container: str = ""
     pod: str = ""
     namespace: str = ""
+    infrastructure: str = ""
+    """The executable's name when the process is a host daemon named as an infrastructure holder
+    (``--infrastructure-holders``: in no container, matched by /proc/<pid>/exe); else empty."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,10 @@ class Holder:
 
     ``start_time`` (clock ticks since boot, /proc/<pid>/stat) tells a live holder from a process
     that got its PID reused. Empty ``container``/``pod``/``namespace`` mean not in a known pod.
-    ``priority`` is filled by the lending rules; ``None`` until they exist.
+    ``priority`` is filled by the lending rules; ``None`` until they exist. ``infrastructure``: the
+    executable's name when the holder is a host daemon that keeps the device open without working
+    on it (nvidia-persistenced, DCGM): it is recorded and shown, but it neither makes the card busy
+    nor blocks lending (docs/monitor.md, "Infrastructure holders").
     """
 
     pid: int
@@ -46,6 +52,7 @@ class Holder:
     pod: str = ""
     namespace: str = ""
     priority: int | None = None
+    infrastructure: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class DeviceUsage:
     last_use: float | None = None
     state: DeviceState = DeviceState.FREE
 
+    @property
+    def users(self) -> tuple[Holder, ...]:
+        """The holders that are not infrastructure: the ones that make the card held."""
+        return tuple(h for h in self.holders if not h.infrastructure)
+
     def holder(self, pid: int) -> Holder | None:
         """The holder with this pid, if any."""
         for holder in self.holders:
@@ -65,11 +77,13 @@ class DeviceUsage:
         return None
 
     def with_holders(self, holders: tuple[Holder, ...], last_use: float | None) -> DeviceUsage:
-        """A copy with these holders; a device nobody holds is free, a newly held one busy."""
+        """A copy with these holders; a device no user holds is free (infrastructure holders alone
+        leave it free), a newly used one busy."""
         ordered = tuple(sorted(holders, key=lambda h: h.pid))
-        if not ordered:
+        users = [h for h in ordered if not h.infrastructure]
+        if not users:
             state = DeviceState.FREE
-        elif self.state is DeviceState.FREE or len(ordered) > len(self.holders):
+        elif self.state is DeviceState.FREE or len(users) > len(self.users):
             state = DeviceState.BUSY
         else:
             state = self.state

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
@@ -16,6 +18,8 @@ WHOLE = pod("whole", {"main": (EXCLUSIVE,)})
 WEB = pod("web", None)
 NOBODY_REGISTERED = lambda ns, pod, container: frozenset()  # noqa: E731
 MAIN_REGISTERED = lambda ns, pod, container: frozenset({11, 12})  # noqa: E731
+PERSISTENCED = replace(holder(5), infrastructure="nvidia-persistenced")
+"""A host daemon on every card (issues 26/27): never a finding, and its memory is nobody's."""
 
 
 def kinds(node: NodeView) -> list[tuple[str, int, str, int]]:
@@ -33,6 +37,9 @@ def kinds(node: NodeView) -> list[tuple[str, int, str, int]]:
     pytest.param(view([WEB], {0: (holder(21, "web", "app", since=NOW - 1),)}), [], id="within-the-grace"),
     pytest.param(view([], {0: (holder(5),)}), [], id="host-process"),
     pytest.param(view([], {0: (holder(31, "p", ""),)}), [], id="container-not-named-yet"),
+    pytest.param(view([TRAIN], {0: (holder(11, "train", "main"), PERSISTENCED), 1: (PERSISTENCED,)},
+                      enforcing=False, memory={0: {11: 3000, 5: 9000}, 1: {5: 500}}), [],
+                 id="infrastructure-holders"),
 ])
 def test_ungranted_cards(node: NodeView, expected: list[tuple[str, int, str, int]]) -> None:
     assert kinds(node) == expected
