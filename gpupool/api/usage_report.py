@@ -24,6 +24,11 @@ registered process renewed, and ``"heartbeatStale"``, whether that is past the s
 optional (absent on nodes without the library, and from older agents); a reader that does not know
 them skips them.
 
+A card some infrastructure holder keeps open (a host daemon such as nvidia-persistenced, counted in
+``holders`` but neither making the card busy nor keeping it from being lent: docs/monitor.md,
+"Infrastructure holders") also carries ``"infrastructureHolders"``, how many of its holders are
+such daemons (optional: absent when none, and from older agents).
+
 A node whose GPU server serves remote shares (docs/remote-gpu.md) also lists its remote clients,
 pods of other nodes with a share booked on one of its cards (optional: absent when there is none,
 and from older agents)::
@@ -68,6 +73,8 @@ class CardUsageReport:
     memory_total_mib: int
     holders: int
     idle_seconds: float
+    infrastructure_holders: int = 0
+    """How many of ``holders`` are infrastructure (host daemons that do no work on the card)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ _CARD_FIELDS = (("index", "index", int), ("uuid", "uuid", str), ("model", "model
                 ("utilization_percent", "utilizationPercent", (int, type(None))),
                 ("memory_used_mib", "memoryUsedMiB", (int, type(None))), ("memory_total_mib", "memoryTotalMiB", int),
                 ("holders", "holders", int), ("idle_seconds", "idleSeconds", (int, float)))
+_CARD_OPTIONAL_FIELDS = (("infrastructure_holders", "infrastructureHolders", int),)
+"""Optional card fields: read when present."""
 _CONTAINER_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("container", "container", str),
                      ("card", "card", int), ("memory_used_mib", "memoryUsedMiB", int),
                      ("memory_limit_mib", "memoryLimitMiB", int), ("sm_percent", "smPercent", int),
@@ -133,13 +142,20 @@ def encode_usage_report(report: NodeUsageReport) -> str:
     doc: dict[str, Any] = {
         "v": SCHEMA_VERSION, "node": report.node, "source": report.source,
         "idleAfterSeconds": report.idle_after_seconds,
-        "cards": [{key: getattr(card, attr) for attr, key, _ in _CARD_FIELDS} for card in report.cards],
+        "cards": [_card_doc(card) for card in report.cards],
         "containers": [_container_doc(c) for c in report.containers],
     }
     if report.remote_clients:
         doc["remoteClients"] = [{key: getattr(r, attr) for attr, key, _ in _REMOTE_FIELDS}
                                 for r in report.remote_clients]
     return json.dumps(doc)
+
+
+def _card_doc(card: CardUsageReport) -> dict[str, Any]:
+    doc = {key: getattr(card, attr) for attr, key, _ in _CARD_FIELDS}
+    if card.infrastructure_holders:
+        doc["infrastructureHolders"] = card.infrastructure_holders
+    return doc
 
 
 def _container_doc(row: ContainerUsageReport) -> dict[str, Any]:
@@ -153,7 +169,8 @@ def _container_doc(row: ContainerUsageReport) -> dict[str, Any]:
 def decode_usage_report(text: str) -> NodeUsageReport:
     """Read a report; :class:`AnnotationError` names the first field that breaks the schema."""
     doc = load_document(text, _WHAT)
-    cards = tuple(CardUsageReport(**_read(item, _CARD_FIELDS, f"{_WHAT}.cards[{i}]"))
+    cards = tuple(CardUsageReport(**_read(item, _CARD_FIELDS, f"{_WHAT}.cards[{i}]"),
+                                  **_optional(item, _CARD_OPTIONAL_FIELDS, f"{_WHAT}.cards[{i}]"))
                   for i, item in enumerate(_items(doc, "cards")))
     for i, card in enumerate(cards):
         if card.state not in CARD_STATES:

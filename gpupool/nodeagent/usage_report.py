@@ -42,6 +42,8 @@ class CardUsageRow:
     utilization_percent: int | None
     memory_used_mib: int | None
     memory_total_mib: int
+    infrastructure_holders: int = 0
+    """How many of ``holders`` are infrastructure (nvidia-persistenced, DCGM: docs/monitor.md)."""
 
 
 ContainerUsageRow = ContainerUsageReport
@@ -60,7 +62,8 @@ def card_rows(monitor: UsageMonitor, inventory: GpuInventory) -> tuple[CardUsage
                                  len(device.holders) if device else 0, monitor.idle_seconds(path),
                                  sampled.utilization_percent if sampled else None,
                                  sampled.memory_used_mib if sampled else None,
-                                 sampled.memory_total_mib if sampled else card.memory_mib))
+                                 sampled.memory_total_mib if sampled else card.memory_mib,
+                                 len(device.holders) - len(device.users) if device else 0))
     return tuple(rows)
 
 
@@ -113,7 +116,7 @@ def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods
     cards = tuple(CardUsageReport(index=r.card.index, uuid=r.card.uuid, model=r.card.model, state=r.state.value,
                                   utilization_percent=r.utilization_percent, memory_used_mib=r.memory_used_mib,
                                   memory_total_mib=r.memory_total_mib, holders=r.holders,
-                                  idle_seconds=float(r.idle_seconds))
+                                  idle_seconds=float(r.idle_seconds), infrastructure_holders=r.infrastructure_holders)
                   for r in card_rows(monitor, inventory))
     containers = container_rows(node, monitor, inventory, pods)
     if heartbeats:
@@ -141,7 +144,8 @@ def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods:
         util = "-" if row.utilization_percent is None else str(row.utilization_percent)
         used = "-" if row.memory_used_mib is None else str(row.memory_used_mib)
         lines.append(f"{row.card.index:<5}{row.card.model[:15]:<16}{row.state:<7}{util:>6}"
-                     f"{used + '/' + str(row.memory_total_mib):>22}{row.holders:>9}{row.idle_seconds:>9.0f}")
+                     f"{used + '/' + str(row.memory_total_mib):>22}{_holders_cell(row):>9}"
+                     f"{row.idle_seconds:>9.0f}")
     lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':>5}{'MEM USED/LIMIT MiB':>20}{'SM%/SHARE%':>12}"
                   f"{'PROCS':>7}"]
     for c in container_rows(node, monitor, inventory, pods):
@@ -150,3 +154,8 @@ def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods:
         lines.append(f"{name[:47]:<48}{c.card:>5}{f'{c.memory_used_mib}/{c.memory_limit_mib}':>20}"
                      f"{f'{c.sm_percent}/{share}':>12}{c.processes:>7}")
     return "\n".join(lines) + "\n"
+
+
+def _holders_cell(row: CardUsageRow) -> str:
+    """``3``, or ``3 (1i)`` when one of the three is an infrastructure holder."""
+    return f"{row.holders} ({row.infrastructure_holders}i)" if row.infrastructure_holders else str(row.holders)

@@ -66,3 +66,12 @@ def test_a_containers_heartbeat_is_optional_both_ways() -> None:
     doc["containers"][0]["heartbeatStale"] = "yes"
     with pytest.raises(AnnotationError, match="heartbeatStale: expected bool"):
         decode_usage_report(json.dumps(doc))
+
+
+def test_infrastructure_holders_are_an_optional_card_field() -> None:
+    card = CardUsageReport(0, "GPU-0", "T4", "free", 0, 300, 16384, 1, 0.0, infrastructure_holders=1)
+    report = NodeUsageReport("n1", "proc-scan", 600.0, (card,), ())
+    text = encode_usage_report(report)
+    assert json.loads(text)["cards"][0]["infrastructureHolders"] == 1 and decode_usage_report(text) == report
+    assert "infrastructureHolders" not in encode_usage_report(REPORT)  # absent when none, as from older agents
+    assert decode_usage_report(encode_usage_report(REPORT)).cards[0].infrastructure_holders == 0
