@@ -316,6 +316,13 @@ def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_la
     assert not [a for a in agent_args({"nodeAgent.lending": True}) if a.startswith("--checkpoint-dir")]
 
 
+def test_infrastructure_holders_are_the_agents_flag_only_when_set() -> None:
+    assert not [a for a in agent_args() if a.startswith("--infrastructure-holders")]  # the agent's default
+    assert "--infrastructure-holders=" in agent_args({"nodeAgent.infrastructureHolders": []})  # none
+    assert "--infrastructure-holders=nvidia-persistenced,my-daemon" in agent_args(
+        {"nodeAgent.infrastructureHolders": ["nvidia-persistenced", "my-daemon"]})
+
+
 def test_extender_values_become_its_flags() -> None:
     args = extender_args({"extender.lending": False})
     assert "--no-lending" in args
@@ -407,6 +414,8 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
     pytest.param({"nodeAgent.remoteGpu.port": 0}, "'/nodeAgent/remoteGpu/port'", id="remote-gpu-port"),
     pytest.param({"nodeAgent.checkpointDir": "checkpoints"}, "'/nodeAgent/checkpointDir'",
                  id="relative-checkpoint-dir"),
+    pytest.param({"nodeAgent.infrastructureHolders": ["/usr/bin/nvidia-persistenced"]},
+                 "'/nodeAgent/infrastructureHolders/0'", id="infrastructure-holder-with-a-directory"),
     pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
                  "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
     pytest.param({"scheduler.claimPods": True}, "scheduler.claimPods needs nodeAgent.dra", id="claim-pods-without-dra"),
