@@ -116,8 +116,12 @@ class UsageRecorder:
                     for gone in set(device.holders) - set(alive):
                         log.info("pid %d no longer holds %s (exited, reused or closed while the agent "
                                  "was down)", gone.pid, device.path)
-                    kept = replace(device, holders=alive)
-                    self._devices[device.path] = replace(kept, state=device.state if kept.users else DeviceState.FREE)
+                    kept = replace(device, holders=tuple(self._judged_again(h) for h in alive))
+                    if not kept.users:
+                        state = DeviceState.FREE
+                    else:  # a holder the previous agent called infrastructure may not be one now
+                        state = DeviceState.BUSY if device.state is DeviceState.FREE else device.state
+                    self._devices[device.path] = replace(kept, state=state)
             self._add_unseen_holders()
             self._persist()
 
@@ -226,12 +230,23 @@ class UsageRecorder:
         except Exception:
             log.exception("the open listener failed on %s by pid %d", path, holder.pid)
 
-    def _holder(self, pid: int, start: int, since: float, path: str = "") -> Holder:
+    def _judged_again(self, holder: Holder) -> Holder:
+        """A restored holder in no container, marked infrastructure or not by this agent's setting
+        (the file may be an older agent's, or one started with another ``--infrastructure-holders``)."""
+        if holder.container_id or holder.pod:
+            return holder
+        infrastructure = self._resolve(holder.pid).infrastructure
+        return holder if infrastructure == holder.infrastructure else replace(holder, infrastructure=infrastructure)
+
+    def _resolve(self, pid: int) -> ProcessIdentity:
         try:
-            who = self._identify(pid)
+            return self._identify(pid)
         except Exception:
             log.exception("could not tell which container pid %d runs in", pid)
-            who = ProcessIdentity()
+            return ProcessIdentity()
+
+    def _holder(self, pid: int, start: int, since: float, path: str = "") -> Holder:
+        who = self._resolve(pid)
         priority = None
         if self._prioritize is not None and path:
             try:

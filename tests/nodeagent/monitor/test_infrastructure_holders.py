@@ -153,3 +153,22 @@ def test_the_state_file_round_trips_the_mark_and_reads_files_without_it() -> Non
     tenant = encode_state(state).replace(b'"containerId":""', b'"containerId":"cid"')
     with pytest.raises(StateFileError, match="in a container"):
         decode_state(tenant)
+
+
+def test_a_restart_judges_host_holders_by_the_new_setting(tmp_path: Path) -> None:
+    """An upgraded agent reading its predecessor's file marks the daemon the old agent could not (else
+    lending stayed blocked until the daemon restarted: at the next boot); an agent restarted with
+    ``--infrastructure-holders ""`` unmarks it (the strict rule again, the card busy)."""
+    processes = FakeProcesses()
+    processes.spawn(100, GPU0)
+    file = StateFile(tmp_path / "state.json")
+    unmarked = Holder(pid=100, start_time=1000, since=1.0)
+    file.write(UsageState("n1", 2.0, (DeviceUsage(GPU0, (unmarked,), 1.0, DeviceState.BUSY),)))
+    upgraded = recorder(tmp_path, processes)
+    upgraded.restore()
+    [device] = upgraded.state.devices
+    assert (device.state, device.holders[0].infrastructure) == (DeviceState.FREE, "nvidia-persistenced")
+    strict = UsageRecorder("n1", [GPU0], file, processes, identify=lambda pid: ProcessIdentity(), ignore_pids=())
+    strict.restore()
+    [device] = strict.state.devices
+    assert (device.state, device.holders[0].infrastructure) == (DeviceState.BUSY, "")
