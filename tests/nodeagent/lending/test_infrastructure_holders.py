@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpupool.nodeagent.monitor.events import Verdict
 from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder
 from tests.nodeagent.lending.support import holder
-from tests.nodeagent.lending.world import CARD0, PODS, World, run
+from tests.nodeagent.lending.world import CARD0, PODS, World, open_, run
 
 PERSISTENCED = Holder(pid=50, start_time=50, since=0.0, infrastructure="nvidia-persistenced")
 ADMIN_JOB = Holder(pid=51, start_time=51, since=0.0)
@@ -48,5 +49,23 @@ def test_a_card_held_by_persistenced_alone_is_not_lent(tmp_path: Path) -> None:
         world.monitor.sample({0: 300})
         await service.step()
         assert service.loans == {}  # nobody to give it back to: it is free for booking, not a loan
+
+    run(body)
+
+
+def test_the_daemon_opening_a_lent_card_again_ends_no_loan_and_reclaims_nobody(tmp_path: Path) -> None:
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.started()
+        world.monitor.hold(CARD0, holder("owner", 100), PERSISTENCED, state=DeviceState.IDLE)
+        world.monitor.sample({0: 2048, 1: 2048})
+        await service.step()
+        assert set(service.loans) == {0}
+        world.monitor.hold(CARD0, holder("owner", 100), PERSISTENCED, holder("borrower", 200),
+                           state=DeviceState.IDLE)
+        assert service.decide(open_(PERSISTENCED.pid)) is Verdict.ALLOW
+        service.on_open(CARD0, PERSISTENCED)
+        assert set(service.loans) == {0} and service.reclaiming == frozenset()
 
     run(body)
