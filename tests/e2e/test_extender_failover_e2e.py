@@ -30,7 +30,7 @@ from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
-from tests.e2e.e2e_support import MakeNode, log_tail
+from tests.e2e.e2e_support import ExtenderProcess, MakeNode, log_tail
 from tests.e2e.label_service import LabelService
 from tests.e2e.test_extender_e2e import assignments, gpu_pod
 from tests.e2e.test_extender_leader_label_e2e import labelled, replicas
@@ -63,6 +63,37 @@ def bound_now(core_v1: client.CoreV1Api, namespace: str, seen: dict[str, float])
     return len(seen)
 
 
+def route_scheduler_to_leader(a: ExtenderProcess, b: ExtenderProcess, service: LabelService,
+                              control_plane: ControlPlane) -> None:
+    """Start the pair (``a`` leads and labels its pod, ``b`` follows: synced, Ready by /syncz, not
+    labelled), wait until the Service routes to the leader alone, and point kube-scheduler at it."""
+    a.start()
+    b.start(follower=True)
+    deadline = time.monotonic() + 10
+    while service.refresh() != ("replica-a",):  # only the leader is an endpoint
+        assert time.monotonic() < deadline, f"the Service never routed to the leader: {service.endpoints}"
+        time.sleep(0.1)
+    service.start()
+    control_plane.restart_scheduler([
+        ExtenderConfig(url_prefix=service.url, filter_verb="filter", prioritize_verb="prioritize",
+                       bind_verb="bind", weight=5, node_cache_capable=True,
+                       managed_resources=NAMES.managed(), http_timeout_s=10.0)])
+
+
+def create_pods_on_a_thread(core_v1: client.CoreV1Api, namespace: str, sizes: list[int],
+                            count: int) -> threading.Thread:
+    """Create GPU pods ``p000``... (memory ``sizes[i % len(sizes)]``) from a started thread, four at a
+    time: a fault the test injects falls in the middle of the burst and creations go on through it."""
+    def create_all() -> None:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: core_v1.create_namespaced_pod(
+                namespace, gpu_pod(f"p{i:03d}", sizes[i % len(sizes)])), range(count)))
+
+    creating = threading.Thread(target=create_all, daemon=True)
+    creating.start()
+    return creating
+
+
 def test_sigkill_of_the_leader_mid_burst_keeps_pods_moving(
     control_plane: ControlPlane, core_v1: client.CoreV1Api, kube_api_client: client.ApiClient,
     namespace: str, make_node: MakeNode, tmp_path: Path,
@@ -83,25 +114,8 @@ def test_sigkill_of_the_leader_mid_burst_keeps_pods_moving(
     service = LabelService(core_v1, namespace, {f"replica-{who}": (f"127.0.0.1:{r.port}", f"{r.url}/syncz")
                                                 for who, r in (("a", a), ("b", b))})
     try:
-        a.start()  # leads and labels its pod
-        b.start(follower=True)  # synced (Ready by /syncz), not labelled
-        deadline = time.monotonic() + 10
-        while service.refresh() != ("replica-a",):  # only the leader is an endpoint
-            assert time.monotonic() < deadline, f"the Service never routed to the leader: {service.endpoints}"
-            time.sleep(0.1)
-        service.start()
-        control_plane.restart_scheduler([
-            ExtenderConfig(url_prefix=service.url, filter_verb="filter", prioritize_verb="prioritize",
-                           bind_verb="bind", weight=5, node_cache_capable=True,
-                           managed_resources=NAMES.managed(), http_timeout_s=10.0)])
-        # created on a thread: the kill falls in the middle of the burst, creations go on through the gap
-        def create_all() -> None:
-            with ThreadPoolExecutor(4) as pool:
-                list(pool.map(lambda i: core_v1.create_namespaced_pod(namespace, gpu_pod(f"p{i:03d}", sizes[i % 4])),
-                              range(PODS)))
-
-        creating = threading.Thread(target=create_all, daemon=True)
-        creating.start()
+        route_scheduler_to_leader(a, b, service, control_plane)
+        creating = create_pods_on_a_thread(core_v1, namespace, sizes, PODS)  # the kill falls mid-burst
         burst = time.monotonic()
 
         seen: dict[str, float] = {}

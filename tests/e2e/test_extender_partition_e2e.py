@@ -33,7 +33,6 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,13 +45,13 @@ from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.extender.lease import LeaseSettings
 from gpupool.testenv.audit import read_audit_log
-from gpupool.testenv.config import ExtenderConfig, render_kubeconfig
+from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.e2e_support import ExtenderProcess, MakeNode, log_tail
 from tests.e2e.label_service import LabelService
 from tests.e2e.partition_proxy import BLACK_HOLE, CUT, PartitionProxy
 from tests.e2e.test_extender_e2e import assignments, gpu_pod
-from tests.e2e.test_extender_failover_e2e import bound_now, holder
+from tests.e2e.test_extender_failover_e2e import bound_now, create_pods_on_a_thread, holder, route_scheduler_to_leader
 from tests.e2e.test_extender_leader_label_e2e import replicas
 
 pytestmark = pytest.mark.e2e
@@ -155,25 +154,8 @@ def test_a_partitioned_leader_steps_down_on_its_own_clock_and_nothing_is_double_
     probe["metadata"] = {**probe["metadata"], "namespace": namespace, "uid": str(uuid.uuid4())}
     watch = Watch(a, b, json.dumps({"Pod": probe, "NodeNames": nodes}).encode())
     try:
-        a.start()
-        b.start(follower=True)
-        deadline = time.monotonic() + 10
-        while service.refresh() != ("replica-a",):
-            assert time.monotonic() < deadline, f"the Service never routed to the leader: {service.endpoints}"
-            time.sleep(0.1)
-        service.start()
-        control_plane.restart_scheduler([
-            ExtenderConfig(url_prefix=service.url, filter_verb="filter", prioritize_verb="prioritize",
-                           bind_verb="bind", weight=5, node_cache_capable=True,
-                           managed_resources=NAMES.managed(), http_timeout_s=10.0)])
-
-        def create_all() -> None:
-            with ThreadPoolExecutor(4) as pool:
-                list(pool.map(lambda i: core_v1.create_namespaced_pod(namespace, gpu_pod(f"p{i:03d}", sizes[i % 4])),
-                              range(PODS)))
-
-        creating = threading.Thread(target=create_all, daemon=True)
-        creating.start()
+        route_scheduler_to_leader(a, b, service, control_plane)
+        creating = create_pods_on_a_thread(core_v1, namespace, sizes, PODS)
         seen: dict[str, float] = {}
         deadline = time.monotonic() + 90
         while bound_now(core_v1, namespace, seen) < CUT_AT:
