@@ -203,6 +203,7 @@ class FakeKubelet:
             async for reply in ep.stub.ListAndWatch(pb.Empty()):
                 ep.healthy = {d.ID for d in reply.devices if d.health == HEALTHY}
                 ep.unhealthy = {d.ID for d in reply.devices if d.health != HEALTHY}
+                ep.healthy_counts.append(len(ep.healthy))
                 first.set()
 
     async def wait_registered(self, resources: int, count: int = 1, timeout: float = 10.0) -> None:

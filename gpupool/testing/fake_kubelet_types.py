@@ -21,6 +21,10 @@ class Endpoint:
     stub: Any
     healthy: set[str] = field(default_factory=set)
     unhealthy: set[str] = field(default_factory=set)
+    healthy_counts: list[int] = field(default_factory=list)
+    """The healthy device count of every ListAndWatch reply, in order: a test asks whether a short
+    unhealthy spell reached kubelet at all, which sampling :meth:`FakeKubelet.allocatable` can miss
+    on a loaded machine."""
     watch: asyncio.Task[None] | None = None
 
 

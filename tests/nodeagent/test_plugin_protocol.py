@@ -70,21 +70,22 @@ def test_health_change_and_recovery_reach_kubelet() -> None:
 
 @pytest.mark.slow
 def test_scripted_xid_from_fake_file() -> None:
+    # The card recovers 1.3 s after its XID 79: the plugin sends kubelet the devices' state when it
+    # changed, so a spell shorter than a stall of the agent's loop may never reach kubelet, which is
+    # allowed (kubelet needs the current state); the test reads every reply kubelet got.
     gpu_file = fake_gpu_file(2)
     gpu_file["events"] = [{"at": 0.1, "card": 1, "xid": 13}, {"at": 0.2, "card": 1, "xid": 79},
-                          {"at": 0.5, "card": 1, "recover": True}]
+                          {"at": 1.5, "card": 1, "recover": True}]
 
     async def main() -> None:
         async with running_node(gpu_file) as node:
-            k = node.kubelet
-            seen = set()
-            for _ in range(200):
-                seen.add(k.allocatable(NAMES.gpu))
-                if 1 in seen and k.allocatable(NAMES.gpu) == 2:
+            counts = node.kubelet.endpoints[NAMES.gpu].healthy_counts
+            for _ in range(1000):
+                if 1 in counts and counts[-1] == 2:
                     break
                 await asyncio.sleep(0.01)
-            assert 1 in seen, "XID 79 must mark the card unhealthy (XID 13 is an application error)"
-            assert k.allocatable(NAMES.gpu) == 2
+            assert 1 in counts, f"XID 79 must mark the card unhealthy (XID 13 is an application error): {counts}"
+            assert min(counts) == 1 and counts[-1] == 2, counts
     asyncio.run(main())
 
 
