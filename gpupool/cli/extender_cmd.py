@@ -57,7 +57,7 @@ from gpupool.extender.scheduler_steering import (
 )
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.extender.takeover_fence import TakeoverFence, wants_gpu
-from gpupool.extender.tenancy_watch import start_tenancy_watches
+from gpupool.extender.tenancy_watch import api_read_group, start_tenancy_watches
 from gpupool.extender.wakeup import PendingWakeUp, filter_arguments
 from gpupool.extender.watch import start_watches
 from gpupool.kube.client_config import api_configuration
@@ -337,7 +337,8 @@ def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, schedule
     from kubernetes import client
 
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
-                        pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names),
+                        pod_groups=GroupSubjectAdmission(cache, cache.tenancy.names, api_read_group(
+                            core_v1.api_client, cache.tenancy.names.api_group)),
                         group_writes=GroupWriteAdmission(sar_permissions(
                             client.AuthorizationV1Api(core_v1.api_client))),
                         steering=SchedulerSteering(api.names, scheduler_name, claims=claims),

@@ -14,24 +14,37 @@ groups with User or Group subjects: the filter trusts a labelled pod of a group 
 subjects (:attr:`gpupool.kube.tenancy_layers.Admissions.creators_checked`). If a pod left Pending under
 a group without them were allowed here, adding a User subject later would let it in unchecked. For
 the same reason a group that does not exist or cannot be read refuses the pod (create the group
-first), and so does a cache that has not listed the groups yet (the client retries).
+first), and so does a cache that has not listed the groups yet when the API cannot be read either
+(the client retries).
 
 A pod admitted here keeps its group when the subjects are narrowed later, as a pod keeps running
 when RBAC is narrowed; its Namespace and ServiceAccount are still matched at every filter unless the
 group has User or Group subjects.
 
-Reads only the extender's cache, under its lock: no API call per request.
+Reads the extender's cache, under its lock, and trusts it to admit: no API call for a pod the
+cache admits. A refusal is confirmed by one bounded read of the group from the API first (given a
+reader), because the cache follows a watch that may lag: ``kubectl apply`` of a new group and a pod
+naming it, or a group's subjects widened a moment before, would otherwise refuse a pod the group
+admits. A stale cache can so only delay a refusal, never admit a pod the group refuses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpupool.api.tenancy import ResourceGroup, TenancyNames
+from gpupool.api.tenancy import ResourceGroup, TenancyError, TenancyNames, decode_group
 from gpupool.extender.admission import ALLOWED, Verdict
 from gpupool.extender.ledger_reads import TenancyLedger
 
+log = logging.getLogger(__name__)
+
+ReadGroup = Callable[[str, float], Mapping[str, Any] | None]
+"""One ResourceGroup read from the API by name within a timeout (s): None when it does not exist;
+raises when it cannot be read."""
+READ_TIMEOUT_S = 1.0
+"""The confirming read's bound: the webhook's ``timeoutSeconds`` is 3 s."""
 MAX_SHOWN = 10
 """Subjects named in a refusal; more are counted."""
 NOT_SYNCED = ("gpupool: the extender has not listed the resource groups yet, so it cannot check who may use "
@@ -58,9 +71,16 @@ def _service_account(pod: Mapping[str, Any]) -> str:
 class GroupSubjectAdmission:
     """Judges pods naming a resource group against its subjects and the requester."""
 
-    def __init__(self, ledger: TenancyLedger, names: TenancyNames) -> None:
+    def __init__(self, ledger: TenancyLedger, names: TenancyNames, read_group: ReadGroup | None = None) -> None:
         self.ledger = ledger
         self.names = names
+        self.read_group = read_group
+        """Confirms the cache's refusals; with it :meth:`review` may block (run it off the event loop)."""
+
+    @property
+    def blocking(self) -> bool:
+        """Whether :meth:`review` may wait on the API."""
+        return self.read_group is not None
 
     def review(self, pod: Mapping[str, Any], old: Mapping[str, Any] | None, namespace: str, user: str,
                groups: tuple[str, ...]) -> Verdict:
@@ -69,16 +89,48 @@ class GroupSubjectAdmission:
         if not name or (old is not None and group_label(old, self.names) == name):
             return ALLOWED
         account = _service_account(pod)
+        verdict = self._judge(name, self._cached(name), namespace, account, user, groups)
+        if verdict.allowed or self.read_group is None:
+            return verdict
+        live = self._read(name)
+        return verdict if live is None else self._judge(name, live, namespace, account, user, groups)
+
+    def _cached(self, name: str) -> ResourceGroup | str:
+        """The group as the cache has it, or why it cannot be judged from the cache."""
         book = self.ledger.tenancy
         with self.ledger.lock:
             if "groups" not in book.synced:
-                return Verdict(False, NOT_SYNCED.format(group=name))
+                return NOT_SYNCED.format(group=name)
             if name in book.broken_groups:
-                return Verdict(False, f"ResourceGroup {name} cannot be read: {book.broken_groups[name]}")
+                return f"ResourceGroup {name} cannot be read: {book.broken_groups[name]}"
             group = book.groups.get(name)
-        if group is None:
-            return Verdict(False, f"resource group {name} does not exist (label {self.names.group_label}); "
-                                  "create the group before the pods that name it, whose creators it is checked against")
+        return self._absent(name) if group is None else group
+
+    def _read(self, name: str) -> ResourceGroup | str | None:
+        """The group as the API has it now, or why not; None when the API could not answer (the
+        cache's refusal stands)."""
+        assert self.read_group is not None
+        try:
+            obj = self.read_group(name, READ_TIMEOUT_S)
+        except Exception as exc:  # a timeout, a refusal, a broken connection: keep the cache's verdict
+            log.info("pod-groups: resource group %s cannot be read from the API: %s", name, exc)
+            return None
+        if obj is None:
+            return self._absent(name)
+        try:
+            return decode_group(obj)
+        except TenancyError as exc:
+            return f"ResourceGroup {name} cannot be read: {exc}"
+
+    def _absent(self, name: str) -> str:
+        return (f"resource group {name} does not exist (label {self.names.group_label}); "
+                "create the group before the pods that name it, whose creators it is checked against")
+
+    @staticmethod
+    def _judge(name: str, group: ResourceGroup | str, namespace: str, account: str, user: str,
+               groups: tuple[str, ...]) -> Verdict:
+        if isinstance(group, str):
+            return Verdict(False, group)
         if group.admits(namespace, account) or group.admits_creator(user, groups):
             return ALLOWED
         return Verdict(False, f"resource group {name} admits neither namespace {namespace} (ServiceAccount "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpupool.api.tenancy import API_VERSION
@@ -59,6 +59,27 @@ def _events(cache: ClusterCache, upsert: Callable[[dict[str, Any]], None],
         with cache.lock:
             (remove if kind == "DELETED" else upsert)(obj)
     return on_event
+
+
+def api_read_group(api_client: Any, api_group: str) -> Callable[[str, float], Mapping[str, Any] | None]:
+    """A bounded read of one ResourceGroup, None when the API has none (the pod-group webhook
+    confirms its cache's refusals with it: :mod:`gpupool.extender.group_subjects`)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom = client.CustomObjectsApi(api_client)
+
+    def read(name: str, timeout_s: float) -> Mapping[str, Any] | None:
+        try:
+            obj = custom.get_cluster_custom_object(api_group, API_VERSION, "resourcegroups", name,
+                                                   _request_timeout=timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj if isinstance(obj, Mapping) else None
+
+    return read
 
 
 def start_tenancy_watches(cache: ClusterCache, api_client: Any, stop: Any) -> list[ListWatch]:

@@ -192,6 +192,7 @@ def expected_extender(namespace: str) -> set[tuple[str, ...]]:
             ("watch", "coordination.k8s.io", "leases", "", lease_namespace(namespace), ""),
             ("list", "", "namespaces", "", "", ""), ("watch", "", "namespaces", "", "", ""),
             ("list", "gpupool.io", "resourcegroups", "", "", ""), ("watch", "gpupool.io", "resourcegroups", "", "", ""),
+            ("get", "gpupool.io", "resourcegroups", "", "", ""),
             ("list", "gpupool.io", "gpuquotas", "", "default", ""),
             ("watch", "gpupool.io", "gpuquotas", "", "default", ""),
             ("patch", "gpupool.io", "gpuquotas", "status", "default", ""),

@@ -77,6 +77,64 @@ def test_before_the_groups_are_listed_a_labelled_pod_is_refused_with_a_retry() -
     assert not found.allowed and "retry in a moment" in found.reason
 
 
+class Api:
+    """The API's groups for the confirming read, and the names it was asked for."""
+
+    def __init__(self, *groups: dict[str, Any], fails: bool = False) -> None:
+        self.groups = {g["metadata"]["name"]: g for g in groups}
+        self.fails = fails
+        self.asked: list[tuple[str, float]] = []
+
+    def read(self, name: str, timeout_s: float) -> dict[str, Any] | None:
+        self.asked.append((name, timeout_s))
+        if self.fails:
+            raise TimeoutError("read timed out")
+        return self.groups.get(name)
+
+
+def confirmed(cache: ClusterCache, api: Api, raw: dict[str, Any], user: str) -> Verdict:
+    admission = GroupSubjectAdmission(cache, TenancyNames(), api.read)
+    assert admission.blocking
+    return admission.review(raw, None, raw["metadata"]["namespace"], user, ())
+
+
+NEW = group("new", {"n1": None}, subjects=[{"kind": "User", "name": "alice"}])
+
+
+def test_a_group_the_watch_has_not_delivered_yet_is_read_from_the_api_before_a_refusal() -> None:
+    # kubectl apply of a group and a pod naming it: the cache may not have the group yet
+    api = Api(NEW, PLAIN)
+    raw = gpu_pod("p", "team-b", group_label="new", whole=1)
+    assert not judge(cluster(PLAIN), raw, "alice").allowed  # the cache alone refuses
+    assert confirmed(cluster(PLAIN), api, raw, "alice").allowed
+    assert api.asked == [("new", 1.0)]
+    # the same read before the groups were listed
+    unsynced = cluster(PLAIN)
+    unsynced.tenancy.synced.discard("groups")
+    assert confirmed(unsynced, api, raw, "alice").allowed
+    # a subject added a moment ago counts too; the API's refusal is the one given
+    widened = {**PLAIN, "spec": {**PLAIN["spec"], "subjects": [*PLAIN["spec"]["subjects"],
+                                                                {"kind": "User", "name": "bob"}]}}
+    plain_pod = gpu_pod("q", "team-b", group_label="plain", whole=1)
+    assert confirmed(cluster(PLAIN), Api(widened), plain_pod, "bob").allowed
+    refused = confirmed(cluster(PLAIN), Api(widened), plain_pod, "carol")
+    assert not refused.allowed and "its subjects are Namespace team-a, User bob" in refused.reason
+
+
+def test_a_pod_the_cache_admits_costs_no_read_and_a_failed_read_keeps_the_caches_refusal() -> None:
+    api = Api(NEW, ALICE_OR_ML, PLAIN)
+    assert confirmed(cluster(), api, gpu_pod("p", "team-b", group_label="gpu-a", whole=1), "alice").allowed
+    assert api.asked == []
+    raw = gpu_pod("p", "team-b", group_label="new", whole=1)
+    failing = confirmed(cluster(), Api(NEW, fails=True), raw, "alice")
+    assert not failing.allowed and failing.reason.startswith("resource group new does not exist")
+    absent = confirmed(cluster(), Api(), raw, "alice")
+    assert not absent.allowed and absent.reason.startswith("resource group new does not exist")
+    broken = confirmed(cluster(), Api({**NEW, "spec": {"nodes": "n1"}}), raw, "alice")
+    assert not broken.allowed and broken.reason.startswith("ResourceGroup new cannot be read: ")
+    assert not GroupSubjectAdmission(cluster(), TenancyNames()).blocking
+
+
 def filter_passed(cache: ClusterCache, raw: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     request, tenant = read(cache, raw)
     outcome = ExtenderService(cache, None).filter(request, NODES, frozenset(), tenant)

@@ -267,7 +267,9 @@ class AdmissionApi:
         application = web.Application(client_max_size=self.bodies.max_body_bytes)
         application.router.add_post(ADMISSION_PATH, self.handler(VERB, self.verdict))
         if self.pod_groups is not None:
-            application.router.add_post(POD_GROUPS_PATH, self.handler(POD_GROUPS_VERB, self.pod_group_verdict))
+            # a refusal is confirmed by an API read (bounded): off the event loop then
+            application.router.add_post(POD_GROUPS_PATH, self.handler(
+                POD_GROUPS_VERB, self.pod_group_verdict, blocking=self.pod_groups.blocking))
         if self.group_writes is not None:
             application.router.add_post(GROUP_WRITES_PATH,
                                         self.handler(GROUP_WRITES_VERB, self.group_write_verdict, blocking=True))
