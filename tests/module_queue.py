@@ -9,9 +9,13 @@ session runs each module, whichever is free first, so the sessions end close tog
 modules cost (no hand-kept list of durations to go stale) and a session that starts late (the one
 that runs the compatibility set first) simply takes fewer modules.
 
+The unit tests are shared the same way through a queue of their own: the checks lane's session
+and, once its end-to-end share is done, each e2e lane's (``scripts/test-all`` says why).
+
 Whole modules, not single tests, because module-scoped fixtures (an extender, a kubelet with
 containerd) are set up once per module and a test may rely on what an earlier one in its module
-did. Each session has its own session-scoped control plane, so the tests stay independent.
+did. Each session has its own session-scoped control plane (and its own session fixtures, such as
+the interception library's test programs), so the tests stay independent.
 
 Without ``--module-queue`` the plugin does nothing.
 """
