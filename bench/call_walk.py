@@ -52,8 +52,9 @@ from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.service import ExtenderService
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.kept_ledger import KeptLedger
 from gpupool.nodeagent.pod_view import pod_view_from_json
-from gpupool.nodeagent.schedule_check import GrantedLedger, check_assignment
+from gpupool.nodeagent.schedule_check import check_assignment
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.node_harness import fake_pod, running_node
 from gpupool.testing.node_workload import generate
@@ -197,7 +198,7 @@ def schedule_check_times(pods: int = 100, cards: int = 16, repeat: int = 5) -> d
     views = [pod_view_from_json(p.json, NAMES) for p in workload]
     best = float("inf")
     for _ in range(repeat):
-        kept = GrantedLedger("node-a")
+        kept = KeptLedger("node-a")
         started = time.thread_time()
         for i, view in enumerate(views):
             assert view.assignment is not None

@@ -28,8 +28,9 @@ from gpupool.nodeagent.container_grant import GrantError, build_grant
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory, HealthEvent
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
+from gpupool.nodeagent.kept_ledger import KeptLedger
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.schedule_check import CardStateRefused, GrantedLedger, check_assignment, refuse_slices
+from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment, refuse_slices
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -117,7 +118,7 @@ class NodeAgent:
         self.poll_s = poll_s
         self._encode = encode_allocated
         self._inventory: GpuInventory = backend.inventory()
-        self.granted_ledger = GrantedLedger(node)
+        self.granted_ledger = KeptLedger(node)
         """The schedule check's ledger of the granted pods, kept between Allocates."""
         self._version = 0
         self._changed = asyncio.Condition()

@@ -20,9 +20,9 @@ card by its NVML index and uuid, the amounts, and the pods that hold it.
 Two ways to the same answer, cheaper. Where no other grant holds a slice of the container's cards,
 the ledger would have them idle and whole: the card rule is asked about them as such, without
 building it (:func:`refuse_on_idle_cards`). Else the agent's ledger is kept between Allocates and
-only the pods granted since are claimed on it (:class:`GrantedLedger`; built afresh when anything
-else changed). Property tests compare both with the ledger built per check
-(``tests/nodeagent/test_schedule_check_shortcut.py``).
+only the pods granted since are claimed on it (:class:`~gpupool.nodeagent.kept_ledger.KeptLedger`,
+which the DRA driver's prepare keeps too; built afresh when anything else changed). Property tests
+compare both with the ledger built per check (``tests/nodeagent/test_schedule_check_shortcut.py``).
 
 Card identity. An ``assignment-v1`` card (``CardRef``) is named by ``index``, the card's NVML index
 on the node, and its uuid. The extender decides on *ledger positions*: the position of a card in its
@@ -37,8 +37,9 @@ named by index and uuid too and are converted as the extender's ``card_loans`` c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpupool.api.annotations import foreign_assignment
 from gpupool.api.lending import LendableCard
@@ -51,6 +52,9 @@ from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.nodeagent.container_grant import GrantError
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.types import PodView
+
+if TYPE_CHECKING:  # the kept ledger is built on NodeLedger below
+    from gpupool.nodeagent.kept_ledger import KeptLedger
 
 #: The reason of the Warning event a refused pod gets.
 REFUSED_REASON = "GpuAssignmentRefused"
@@ -324,55 +328,8 @@ def node_ledger(node: str, inventory: GpuInventory, granted: Iterable[PodView] =
     return ledger
 
 
-ClaimKey = tuple[str, str, str, bool, Placement | None]
-"""What :meth:`NodeLedger.claim` books of a pod: its names, uid, whether it ended, its placement."""
-
-
-def claim_key(pod: PodView) -> ClaimKey:
-    return (pod.namespace, pod.name, pod.uid, pod.terminated,
-            None if pod.assignment is None else pod.assignment.placement)
-
-
-class GrantedLedger:
-    """This node's ledger of the pods granted on owners' capacity, kept between Allocates.
-
-    Rebuilding it for every Allocate (:meth:`NodeLedger.of` and a claim per granted pod) made N
-    pods admitted at once cost N builds of up to N claims each. This keeps the ledger instead,
-    exactly as a rebuild would make it: a rebuild claims the pods in the order they are given, so
-    when the pods to claim now begin with those claimed before (compared by what a claim books,
-    :func:`claim_key`) only the rest is claimed; any other change (another inventory, a pod gone,
-    finished or given another assignment) builds it afresh. A claim that raises drops it (the
-    next check builds it again and raises as a rebuild would)."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self._ledger: NodeLedger | None = None
-        self._inventory: GpuInventory | None = None
-        self._claimed: list[ClaimKey] = []
-        self.rebuilds = 0
-        """How many times the ledger was built (the tests read it)."""
-
-    def ledger(self, inventory: GpuInventory, others: Sequence[PodView]) -> NodeLedger:
-        """The ledger of ``inventory``'s cards with ``others`` claimed, in that order."""
-        keys = [claim_key(other) for other in others]
-        kept = len(self._claimed)
-        if self._ledger is None or inventory != self._inventory or keys[:kept] != self._claimed:
-            self._ledger, self._inventory, self._claimed = NodeLedger.of(self.node, inventory), inventory, []
-            self.rebuilds += 1
-            kept = 0
-        ledger = self._ledger
-        try:
-            for other, key in zip(others[kept:], keys[kept:], strict=True):
-                ledger.claim(other)
-                self._claimed.append(key)
-        except Exception:
-            self._ledger = None
-            raise
-        return ledger
-
-
 def check_assignment(node: str, inventory: GpuInventory, pod: PodView, container: ContainerAssignment,
-                     granted: Iterable[PodView], kept: GrantedLedger | None = None) -> None:
+                     granted: Iterable[PodView], kept: KeptLedger | None = None) -> None:
     """Raise :class:`AssignmentRefused` unless ``container``'s cards may be granted to ``pod``.
 
     ``granted``: the other pods of this node that hold grants on their owners' capacity (the pod

@@ -31,10 +31,10 @@ from gpupool.nodeagent.dra import checkpoint
 from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim
 from gpupool.nodeagent.dra.claim_allocation import ClaimAllocation, ClaimError, ClaimRef, read_allocation
-from gpupool.nodeagent.dra.held_ledger import HeldLedger
 from gpupool.nodeagent.dra.resource_slice import memory_capacity_mib
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
+from gpupool.nodeagent.kept_ledger import KeptLedger
 from gpupool.nodeagent.schedule_check import NodeLedger
 from gpupool.nodeagent.types import ContainerGrant, NodeAssignment, PodView
 
@@ -93,7 +93,7 @@ class ClaimState:
         self._version = 0
         """Bumped on every change of ``_claims``; ``_saved`` is the version the file holds."""
         self._saved = 0
-        self.held = HeldLedger(node)
+        self.held = KeptLedger(node)
         """What check_fits asks, kept between prepares (rebuilt after an unprepare or a change)."""
         self.stats = ClaimStats()
 
@@ -190,7 +190,7 @@ class ClaimState:
         prepared = PreparedClaim(ref, allocation.pod, allocation.pod_uid, allocation.shares,
                                  self.cdi.device_id(ref.uid))
         self._claims[ref.uid] = prepared
-        self.held.add(lambda inventory: self._view(prepared, inventory))
+        self.held.append(lambda inventory: self._view(prepared, inventory))
         self._version += 1
         self.stats.prepared += 1
         log.info("prepared claim %s for pod %s/%s: %s", ref, *allocation.pod,
@@ -235,8 +235,9 @@ class ClaimState:
         extender books them (:func:`gpupool.nodeagent.schedule_check.node_ledger`). Catches what a
         stale slice, a second allocator or an extended-resource pod the DRA allocator did not see
         would over-commit (docs/dra.md, "One ledger"). The ledger is kept between calls and
-        rebuilt only when what it holds changed otherwise than by a prepare
-        (:class:`~gpupool.nodeagent.dra.held_ledger.HeldLedger`)."""
+        rebuilt only when what it holds changed otherwise than by a prepare, or by a device plugin
+        pod granted while no claim is prepared (:class:`~gpupool.nodeagent.kept_ledger.KeptLedger`,
+        which the device plugin's Allocate keeps too)."""
         inventory = self._inventory()
         plugin = list(self._held_elsewhere()) if self._held_elsewhere is not None else []
         ledger = self.held.ledger(inventory, plugin, self.as_pods)

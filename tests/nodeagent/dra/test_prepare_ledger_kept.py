@@ -1,7 +1,8 @@
 """The ledger a DRA prepare is checked against is kept between prepares (issue 24, prepare latency):
 every verdict must stay the one a ledger rebuilt on every call gives (the core's card rule beside
 the device plugin's pods and the claims prepared already), through random sequences of prepares,
-unprepares, changes of the device plugin's pods and of a card's health."""
+unprepares, changes of the device plugin's pods and of a card's health. The kept ledger's own rules
+(the one class the device plugin's Allocate keeps too): ``tests/nodeagent/test_kept_ledger.py``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, Placemen
 from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.claim_allocation import ClaimError, ClaimRef, read_allocation
 from gpupool.nodeagent.dra.claim_state import ClaimState
-from gpupool.nodeagent.dra.held_ledger import HeldLedger
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.kept_ledger import KeptLedger
 from gpupool.nodeagent.types import NodeAssignment, PodView
 from tests.nodeagent.dra.test_one_ledger_agrees import DRIVER, NODE, claim
 
@@ -52,7 +53,7 @@ class Node:
 
     def rebuilt_verdict(self, obj: dict[str, Any]) -> str | None:
         """``obj``'s verdict on a ledger built afresh, as check_fits built it on every call before."""
-        kept, self.state.held = self.state.held, HeldLedger(NODE)
+        kept, self.state.held = self.state.held, KeptLedger(NODE)
         try:
             return self.verdict(obj)
         finally:
@@ -153,14 +154,27 @@ def test_prepares_in_a_row_build_the_ledger_once(tmp_path: Any) -> None:
     assert node.state.held.rebuilds == 2
 
 
-def test_a_claim_the_kept_ledger_cannot_book_drops_it_instead_of_failing_the_prepare() -> None:
-    held = HeldLedger(NODE)
-    inventory = inventory_of(CARDS)
-    held.ledger(inventory, [], list)
+def test_device_plugin_pods_granted_before_any_claim_are_claimed_on_the_kept_ledger(tmp_path: Any) -> None:
+    node = Node(str(tmp_path))
+    for i in range(3):  # extended-resource pods admitted one after another, no claim prepared yet
+        node.plugin = [*node.plugin, plugin_pod(f"p{i}", 1, 4096, 0)]
+        assert node.verdict(claim("probe", [(1, 1024, 0)])) is None
+    assert node.state.held.rebuilds == 1
+    assert node.prepare(claim("a", [(1, 4096, 0)])) is None
+    node.plugin = [*node.plugin, plugin_pod("p3", 4, 1024, 0)]  # after a claim: a rebuild orders them so
+    assert node.prepare(claim("b", [(1, 1024, 0)])) == (
+        "claim ns/b (uid-b): device gpu-1 (GPU-1) would be over-committed: 1024 MiB and 0% asked, "
+        "16384 MiB and 0% of its 16384 MiB, 100% held by default/p0, default/p1, default/p2, ns/claim a")
+    assert node.state.held.rebuilds == 2
+
+
+def test_a_claim_the_kept_ledger_cannot_book_does_not_fail_its_prepare(tmp_path: Any) -> None:
+    node = Node(str(tmp_path))
+    assert node.prepare(claim("a", [(1, 1024, 0)])) is None
 
     def broken(_: GpuInventory) -> PodView:
         raise ValueError("no view")
 
-    held.add(broken)
-    held.ledger(inventory, [], list)
-    assert held.rebuilds == 2
+    node.state.held.append(broken)  # as _book appends a claim just prepared
+    assert node.prepare(claim("b", [(1, 1024, 0)])) is None
+    assert node.state.held.rebuilds == 2
