@@ -54,6 +54,7 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "certs-bootstrap": {"certificates.source": "bootstrap"},
     "dmem-limits": {"nodeAgent.dmemLimits": True},
     "dra": {"nodeAgent.dra": True},
+    "dra-claim-pods": {"nodeAgent.dra": True, "webhooks.scheduler.enabled": True, "scheduler.claimPods": True},
     "kube-prometheus": {"monitoring.kubePrometheus.enabled": True},
     "network-policy": {"networkPolicy.enabled": True},
     "quota-webhook": {"webhooks.quota.enabled": True},
@@ -63,6 +64,8 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "scheduler-webhook": {"webhooks.scheduler.enabled": True},
     "shim-isolation": {"nodeAgent.isolation": "shim"},
 }
+#: component → the components it patches, listed before it (as its kustomization.yaml asks).
+NEEDS: dict[str, tuple[str, ...]] = {"dra-claim-pods": ("dra", "scheduler-webhook")}
 #: overlay → the chart values that stand for it, and files given with --set-file.
 OVERLAY_VALUES: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {
     "production": (COMMON, {}),
@@ -182,7 +185,7 @@ def test_the_chart_renders_the_base() -> None:
 @pytest.mark.parametrize("component", sorted(COMPONENTS))
 def test_the_chart_renders_each_component(component: str, tmp_path: Path) -> None:
     chart = helm_render.render({**BASE, **COMPONENTS[component]}, crds=True)
-    assert_same(chart, with_components(tmp_path, component))
+    assert_same(chart, with_components(tmp_path, *NEEDS.get(component, ()), component))
 
 
 def test_every_component_and_overlay_has_its_chart_values() -> None:
