@@ -152,3 +152,32 @@ def test_the_token_bucket_allows_the_burst_then_the_rate() -> None:
     assert [bucket.allow() for _ in range(11)] == [True] * 10 + [False]
     now[0] += 0.01  # one token back
     assert bucket.allow() and not bucket.allow()
+
+
+@pytest.mark.slow
+def test_podresources_answers_an_unchanged_node_with_the_same_message_and_a_changed_one_afresh() -> None:
+    """The fake builds its List answer once per state of the node (the 200-pod mapping tests list
+    thousands of times): the answer is reused while nothing changed, and rebuilt after an
+    allocation, a pod that ended, and a pod that kubelet forgot."""
+    first, second = pod_doc("first", 1, app={"main": 4}), pod_doc("second", 2, app={"main": 4})
+
+    def names(reply: Any) -> list[str]:
+        return [p.name for p in reply.pod_resources]
+
+    async def main() -> None:
+        async with running_node(GPU_FILE, [first, second]) as node:
+            k = node.kubelet
+            await k.handle_pod_additions([fake_pod(first)])
+            await k.wait_idle()
+            before = await k.list_pod_resources()
+            assert await k.list_pod_resources() is before and names(before) == ["first"]
+            await k.handle_pod_additions([fake_pod(second)])  # an allocation
+            await k.wait_idle()
+            both = await k.list_pod_resources()
+            assert names(both) == ["first", "second"]
+            assert [len(c.devices) for p in both.pod_resources for c in p.containers] == [4, 4]
+            k.pod_manager["uid-first"].phase = "Succeeded"  # a pod that ended
+            assert names(await k.list_pod_resources()) == ["second"]
+            del k.pod_manager["uid-second"]  # kubelet forgot it
+            assert names(await k.list_pod_resources()) == []
+    asyncio.run(main())
