@@ -23,9 +23,10 @@ built afresh:
 - a claim that raises drops the ledger: the next check builds it again (and raises as a rebuild
   would).
 
-The property tests compare every verdict with that of a ledger built for the check
-(``tests/nodeagent/test_kept_ledger.py``, ``tests/nodeagent/test_schedule_check_shortcut.py``,
-``tests/nodeagent/dra/test_held_ledger.py``).
+Property tests compare the kept ledger with one built for the check
+(``tests/nodeagent/test_kept_ledger.py``) and each caller's verdicts with those it gives on a
+ledger built for the check (``tests/nodeagent/test_schedule_check_shortcut.py``,
+``tests/nodeagent/dra/test_prepare_ledger_kept.py``).
 """
 
 from __future__ import annotations
