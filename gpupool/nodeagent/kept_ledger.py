@@ -64,7 +64,7 @@ class KeptLedger:
         self._appended = 0
         """How many pods were claimed after them (appended, or ``appended()`` on the rebuild)."""
         self.rebuilds = 0
-        """How many times the ledger was built (the tests and the benchmarks read it)."""
+        """How many times the ledger was built (the tests read it)."""
 
     def ledger(self, inventory: GpuInventory, listed: Sequence[PodView],
                appended: Callable[[], Iterable[PodView]] = nothing_appended) -> NodeLedger:
