@@ -9,6 +9,9 @@ run, which was two thirds of collecting the suite (24 s of CPU against 9 s with 
 loop and each of scripts/test-all's four pytest processes collect everything). The cache is the
 usual ``__pycache__`` (ignored by git), keyed by each source's mtime and size, so an edited module is
 always compiled again; the interpreter's setting is restored once collection ends.
+
+The interception library's builds (:mod:`tests.shim.library_fixtures`) are the whole session's, so
+that every module that runs the library shares one build of each flavour.
 """
 
 import sys
@@ -19,6 +22,9 @@ from hypothesis import settings
 
 from gpupool.api.cluster_settings import ClusterSettings
 from gpupool.cli import cluster_options
+from tests.shim.library_fixtures import plain, sanitized
+
+__all__ = ["plain", "sanitized"]
 
 settings.register_profile("gpupool", deadline=None)
 settings.load_profile("gpupool")

@@ -1,5 +1,5 @@
-"""Session fixtures: the library and its test programs, plain and under AddressSanitizer +
-UndefinedBehaviorSanitizer, built once per session into a temporary directory."""
+"""Fixtures of the library's tests: each runs once plain and once sanitized (the session's builds,
+:mod:`tests.shim.library_fixtures`), on a machine of its own."""
 
 from __future__ import annotations
 
@@ -7,30 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import RELEASE, SANITIZED, Flavour, ShimBuildError, find_compiler
-from tests.shim.toolchain import Toolchain, build_toolchain
+from gpupool.shim.build import RELEASE, SANITIZED
+from tests.shim.toolchain import Toolchain
 
 FLAVOURS = {"plain": RELEASE, "asan": SANITIZED}
-
-
-def _build(factory: pytest.TempPathFactory, flavour: Flavour) -> Toolchain:
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
-    return build_toolchain(flavour, factory.mktemp(f"shim-{flavour.name}"))  # a compile error fails
-
-
-@pytest.fixture(scope="session")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
-    """The library as nodes run it."""
-    return _build(tmp_path_factory, RELEASE)
-
-
-@pytest.fixture(scope="session")
-def sanitized(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
-    """The library, the driver and the programs built with ASan and UBSan."""
-    return _build(tmp_path_factory, SANITIZED)
 
 
 @pytest.fixture(params=sorted(FLAVOURS), ids=lambda name: name)

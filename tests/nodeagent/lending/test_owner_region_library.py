@@ -9,21 +9,17 @@ from pathlib import Path
 import pytest
 
 from gpupool.nodeagent.lending.owner_signals import RegionSignals, Source
-from gpupool.shim.build import RELEASE, ShimBuildError, find_compiler
-from tests.shim.toolchain import RUN_TIMEOUT_S, Holder, Toolchain, build_toolchain
+from tests.shim.toolchain import RUN_TIMEOUT_S, Holder, Toolchain
 
 SHARE = 30
 TOLERANCE = 12
 CARD = {"GPUPOOL_STANDIN_KERNEL_US": "4000", "GPUPOOL_STANDIN_QUEUE_US": "20000"}
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the interception library here: {exc}")
-    return build_toolchain(RELEASE, tmp_path_factory.mktemp("shim"))
+@pytest.fixture()
+def library(plain: Toolchain) -> Toolchain:
+    """The session's plain build (tests/shim/library_fixtures.py): skipped without a compiler."""
+    return plain
 
 
 @pytest.mark.slow  # builds the interception library and runs it (scripts/test-all runs it)
