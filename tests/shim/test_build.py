@@ -18,24 +18,39 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture()
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty library cache of the test's own, and no packaged library."""
     monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(build, "PACKAGED_LIBRARY", tmp_path / "absent" / "libgpupool-shim.so")
     return tmp_path / "cache"
 
 
-def test_a_built_library_is_reused_until_a_source_changes(cache: Path) -> None:
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("module") / "cache"
+
+
+@pytest.fixture()
+def built(module_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A library cache this module's tests share, and no packaged library: the first test to ask
+    builds the library there (~10 s), the others find it (each had built it into a cache of its own)."""
+    monkeypatch.setenv(build.CACHE_ENV, str(module_cache))
+    monkeypatch.setattr(build, "PACKAGED_LIBRARY", tmp_path / "absent" / "libgpupool-shim.so")
+    return module_cache
+
+
+def test_a_built_library_is_reused_until_a_source_changes(built: Path) -> None:
     first = build_library()
     stamp = first.stat().st_mtime_ns
     assert build_library() == first
     assert first.stat().st_mtime_ns == stamp
-    assert first.parent == cache and first.name.startswith("libgpupool-shim-release-")
+    assert first.parent == built and first.name.startswith("libgpupool-shim-release-")
 
 
-def test_shim_path_prints_the_absolute_path_of_the_library(cache: Path) -> None:
+def test_shim_path_prints_the_absolute_path_of_the_library(built: Path) -> None:
     result = CliRunner().invoke(cli, ["shim", "path"])
     assert result.exit_code == 0, result.output
     path = Path(result.output.strip())
-    assert path.is_absolute() and path.is_file() and path.parent == cache
+    assert path.is_absolute() and path.is_file() and path.parent == built
 
 
 def test_a_packaged_library_wins(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
