@@ -24,10 +24,12 @@ registered process renewed, and ``"heartbeatStale"``, whether that is past the s
 optional (absent on nodes without the library, and from older agents); a reader that does not know
 them skips them.
 
-A card some infrastructure holder keeps open (a host daemon such as nvidia-persistenced, counted in
-``holders`` but neither making the card busy nor keeping it from being lent: docs/monitor.md,
-"Infrastructure holders") also carries ``"infrastructureHolders"``, how many of its holders are
-such daemons (optional: absent when none, and from older agents).
+A card some infrastructure holder keeps open (a host daemon such as nvidia-persistenced, or a
+process of a pod that booked no GPU in an infrastructure namespace such as the GPU Operator's DCGM
+exporter; counted in ``holders`` but neither making the card busy nor keeping it from being lent:
+docs/monitor.md, "Infrastructure holders") also carries ``"infrastructureHolders"``, how many of its
+holders are infrastructure (optional: absent when none, and from older agents). An infrastructure
+pod has no container row.
 
 A node whose GPU server serves remote shares (docs/remote-gpu.md) also lists its remote clients,
 pods of other nodes with a share booked on one of its cards (optional: absent when there is none,
@@ -74,7 +76,7 @@ class CardUsageReport:
     holders: int
     idle_seconds: float
     infrastructure_holders: int = 0
-    """How many of ``holders`` are infrastructure (host daemons that do no work on the card)."""
+    """How many of ``holders`` are infrastructure (host daemons, infrastructure pods: no work on the card)."""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ def _duration(value: str, option: str = "--idle-after") -> float:
     return seconds
 
 
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated option's names, blanks around them dropped; "" is none."""
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
 @click.command("node-agent")
 @click.option("--node-name", default=lambda: os.environ.get("NODE_NAME", socket.gethostname()),
               show_default="$NODE_NAME or hostname", help="This node's name in Kubernetes.")
@@ -92,6 +97,12 @@ def _duration(value: str, option: str = "--idle-after") -> float:
               help="Host daemons (in no pod; matched by the file /proc/<pid>/exe names) whose open device files "
                    "neither make a card busy nor keep it from being lent, comma-separated; \"\": none "
                    "(docs/monitor.md, \"Infrastructure holders\").")
+@click.option("--infrastructure-namespaces", default=",".join(_MONITOR.infrastructure_namespaces), show_default=True,
+              metavar="NAMESPACES",
+              help="Namespaces where GPU infrastructure runs as pods (e.g. gpu-operator: the DCGM exporter, the "
+                   "driver container), comma-separated: a process of a pod there that booked no gpupool GPU "
+                   "is an infrastructure holder. Only list namespaces where tenants cannot create pods; \"\": "
+                   "none (docs/monitor.md, \"Infrastructure holders\").")
 @click.option("--isolation", type=click.Choice(CHOICES), default=_ISOLATION.requested, show_default=True,
               help="What enforces the shares: shim (the interception library), mps (the agent runs the MPS "
                    "control daemon), none; auto: shim with --shim-library, else none (docs/isolation-backends.md).")
@@ -198,7 +209,7 @@ def _duration(value: str, option: str = "--idle-after") -> float:
 def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resources_socket: str,
                kubeconfig: str | None, serve_aliases: str,
                metrics_port: int, usage_monitor: bool, usage_state_file: str, idle_after: str,
-               infrastructure_holders: str, isolation: str,
+               infrastructure_holders: str, infrastructure_namespaces: str, isolation: str,
                shim_library: str | None, driver_libraries: str, compute_mode: str, state_dir: str, mps_control: str,
                cgroup_root: str,
                lease_duration: int, lease_renew_interval: float, risk_action: str,
@@ -223,10 +234,12 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve-aliases") from None
     try:
-        monitor = MonitorConfig(usage_state_file, _duration(idle_after), infrastructure=tuple(
-            n.strip() for n in infrastructure_holders.split(",") if n.strip())) if usage_monitor else None
+        monitor = MonitorConfig(usage_state_file, _duration(idle_after), infrastructure=_names(infrastructure_holders),
+                                infrastructure_namespaces=_names(infrastructure_namespaces)) if usage_monitor else None
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--infrastructure-holders") from None
+        hint = ("--infrastructure-namespaces" if str(exc).startswith("infrastructure namespace")
+                else "--infrastructure-holders")
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     try:
         HeartbeatSettings(duration_s=lease_duration, renew_interval_s=lease_renew_interval)
     except ValueError as exc:

@@ -70,6 +70,18 @@ class NodePod:
     def name(self) -> str:
         return self.key[1]
 
+    @property
+    def books_gpus(self) -> bool:
+        """Whether the pod booked a GPU of gpupool's: an assignment (own or borrowed), a container
+        with a limit of a served resource or a ResourceClaim, a served resource recorded. A pod that
+        cannot be read counts as booking (in doubt, its processes stay ordinary holders: only a pod
+        known to book nothing may be infrastructure, docs/monitor.md "Infrastructure holders")."""
+        view = self.view
+        if self.assignment is not None or not isinstance(view, PodView):
+            return True
+        return bool(view.assignment_error or view.allocated
+                    or any(c.limits or c.claims for c in view.containers))
+
 
 def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
     raw = meta.get("annotations") or {}

@@ -3,7 +3,8 @@
 Watched: every card's device node from the inventory plus the control devices every GPU container
 opens (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``). Sampled: the GPU backend (NVML, or the fake
 backend's ``usage`` script). Told: the pods holding a card when it goes busy → idle or idle → busy,
-as a Kubernetes Event on each such pod (``reason`` :data:`IDLE_REASON` / :data:`BUSY_REASON`).
+as a Kubernetes Event on each such pod (``reason`` :data:`IDLE_REASON` / :data:`BUSY_REASON`); an
+infrastructure pod (a DCGM exporter on every card) is not told: the card's state is not its use.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def build_monitor(node: str, backend: GpuBackend, config: MonitorConfig,
 
 def change_message(change: StateChange, idle_after: float) -> str:
     """What the event on a holding pod says."""
-    holders = ", ".join(f"{h.container or '?'} (pid {h.pid})" for h in change.holders if h.pod)
+    holders = ", ".join(f"{h.container or '?'} (pid {h.pid})" for h in change.holders
+                        if h.pod and not h.infrastructure)
     if change.current is DeviceState.IDLE:
         return (f"GPU {change.card} ({change.path}) idle: no SM activity for {idle_after:g} s "
                 f"while held by {holders}")
@@ -65,7 +67,7 @@ def pod_event_listener(post: PostEvent, idle_after: float) -> StateListener:
 
     async def listener(change: StateChange) -> None:
         reason = IDLE_REASON if change.current is DeviceState.IDLE else BUSY_REASON
-        pods = sorted({(h.namespace, h.pod) for h in change.holders if h.pod})
+        pods = sorted({(h.namespace, h.pod) for h in change.holders if h.pod and not h.infrastructure})
         if not pods:
             log.debug("card %d went %s; no holder is in a known pod, no event", change.card, change.current)
         for namespace, pod in pods:

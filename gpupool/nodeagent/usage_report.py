@@ -43,7 +43,7 @@ class CardUsageRow:
     memory_used_mib: int | None
     memory_total_mib: int
     infrastructure_holders: int = 0
-    """How many of ``holders`` are infrastructure (nvidia-persistenced, DCGM: docs/monitor.md)."""
+    """How many of ``holders`` are infrastructure (nvidia-persistenced, DCGM pods: docs/monitor.md)."""
 
 
 ContainerUsageRow = ContainerUsageReport
@@ -87,7 +87,7 @@ def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
         device = state.device(inventory.device_path(card.index))
         sampled = sample.card(card.index) if sample is not None else None
         processes = {p.pid: p for p in sampled.processes} if sampled else {}
-        for holder in device.holders if device else ():
+        for holder in device.users if device else ():  # an infrastructure pod is counted on its card only
             if not holder.pod:
                 continue
             key = (holder.namespace, holder.pod, holder.container, card.index)

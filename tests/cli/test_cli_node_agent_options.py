@@ -55,3 +55,14 @@ def test_infrastructure_holders_are_a_list_of_file_names_and_empty_is_none(monke
     assert options.monitor is not None and options.monitor.infrastructure == ()
     result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", "--infrastructure-holders", "/usr/bin/x"])
     assert result.exit_code == 2 and "--infrastructure-holders" in result.output and "file name" in result.output
+
+
+@pytest.mark.slow
+def test_infrastructure_namespaces_are_none_by_default_and_a_list_of_namespace_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    options = started_with(monkeypatch)
+    assert options.monitor is not None and options.monitor.infrastructure_namespaces == ()
+    options = started_with(monkeypatch, "--infrastructure-namespaces", " gpu-operator , nvidia-dcgm ")
+    assert options.monitor is not None and options.monitor.infrastructure_namespaces == ("gpu-operator", "nvidia-dcgm")
+    result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", "--infrastructure-namespaces", "GPU_Operator"])
+    assert result.exit_code == 2 and "--infrastructure-namespaces" in result.output and "namespace" in result.output

@@ -1,5 +1,7 @@
 """The agent's usage pages show infrastructure holders (issues 26/27): counted among a card's holders
-and marked, so an admin sees that nvidia-persistenced holds the card although it stays free."""
+and marked, so an admin sees that nvidia-persistenced (or the GPU Operator's DCGM exporter pod) holds
+the card although it stays free; an infrastructure pod has no container row (it has no share to
+measure against)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,14 @@ from tests.nodeagent.monitor.fake_processes import FakeProcesses
 from tests.nodeagent.usage_world import agent_with_monitor
 
 
-def test_the_usage_pages_count_and_mark_infrastructure_holders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(usage_world.WHO, 50, ProcessIdentity(infrastructure="nvidia-persistenced"))
+@pytest.mark.parametrize("who", [
+    pytest.param(ProcessIdentity(infrastructure="nvidia-persistenced"), id="host-daemon"),
+    pytest.param(ProcessIdentity("c50", "exporter", "dcgm-exporter", "gpu-operator", "gpu-operator"),
+                 id="infrastructure-pod"),
+])
+def test_the_usage_pages_count_and_mark_infrastructure_holders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               who: ProcessIdentity) -> None:
+    monkeypatch.setitem(usage_world.WHO, 50, who)
 
     async def main() -> tuple[str, NodeUsageReport]:
         agent, monitor, source = agent_with_monitor(tmp_path)
@@ -41,3 +49,4 @@ def test_the_usage_pages_count_and_mark_infrastructure_holders(tmp_path: Path, m
     table, report = asyncio.run(main())
     assert [(c.holders, c.infrastructure_holders) for c in report.cards] == [(2, 1), (2, 1)]
     assert table.count("2 (1i)") == 2
+    assert [(c.pod, c.card) for c in report.containers] == [("job-0", 0), ("rogue", 1)]

@@ -118,7 +118,8 @@ def test_a_state_change_is_an_event_on_each_holding_pod() -> None:
         posted.append(event)  # type: ignore[arg-type]
 
     holders = (Holder(1, 1, 0.0, "c1", "a", "p1", "ml"), Holder(2, 1, 0.0, "c2", "b", "p1", "ml"),
-               Holder(3, 1, 0.0, "c3", "m", "p2", "ml"), Holder(4, 1, 0.0))  # pid 4: no pod, no event
+               Holder(3, 1, 0.0, "c3", "m", "p2", "ml"), Holder(4, 1, 0.0),  # pid 4: no pod, no event
+               Holder(5, 1, 0.0, "c5", "e", "dcgm", "ops", infrastructure="ops"))  # an infrastructure pod: none
     listener = pod_event_listener(post, 600.0)
     asyncio.run(listener(StateChange("/dev/nvidia0", 0, DeviceState.BUSY, DeviceState.IDLE, holders, 1.0)))
     asyncio.run(listener(StateChange("/dev/nvidia0", 0, DeviceState.IDLE, DeviceState.BUSY, holders[2:], 2.0)))

@@ -1,7 +1,9 @@
 """Container ID → (namespace, pod, container): the port the node agent fills from what it knows.
 
 The node agent learns containers from its pod source (``status.containerStatuses[].containerID``,
-``<runtime>://<id>``) and devices per container from kubelet's PodResources; it feeds them here.
+``<runtime>://<id>``) and devices per container from kubelet's PodResources; it feeds them here,
+with whether each pod booked a GPU of gpupool's (a pod that booked none, in an infrastructure
+namespace, is an infrastructure holder: docs/monitor.md, "Infrastructure pods").
 The in-memory directory is both the tests' implementation and the one the agent keeps updated.
 """
 
@@ -32,6 +34,14 @@ class ContainerDirectory(Protocol):
         """(namespace, name) of the pod with this UID."""
         ...
 
+    def books_gpus(self, pod_uid: str) -> bool:
+        """Whether the pod with this UID booked a GPU of gpupool's; ``True`` for a pod not known."""
+        ...
+
+    def pod_uid(self, container_id: str) -> str:
+        """The UID of the pod the container with this runtime ID belongs to; "" when not known."""
+        ...
+
 
 def bare_container_id(status_id: str) -> str:
     """``containerd://abc`` (a pod status's form) → ``abc``; a bare id is returned as is."""
@@ -49,24 +59,38 @@ class InMemoryContainerDirectory:
         """Per pod UID, the container IDs recorded for it: a pod is forgotten by its own IDs, so
         forgetting costs its containers, not the node's, and a pod replaced under the same name
         (a StatefulSet's) keeps its containers when the old pod's delete arrives after it."""
+        self._uid_of: dict[str, str] = {}
+        """Container ID → its pod's UID."""
+        self._unbooked: set[str] = set()
+        """UIDs of the pods known to have booked no GPU of gpupool's (the infrastructure namespaces'
+        candidates: docs/monitor.md, "Infrastructure holders"); a pod not here counts as booking."""
 
-    def add(self, pod_uid: str, namespace: str, pod: str, containers: dict[str, str]) -> None:
-        """Record a pod and its containers (name → status container ID, any form)."""
+    def add(self, pod_uid: str, namespace: str, pod: str, containers: dict[str, str], *,
+            books_gpus: bool = True) -> None:
+        """Record a pod and its containers (name → status container ID, any form), and whether it
+        booked a GPU of gpupool's (when in doubt: it did)."""
         with self._lock:
             self._pods[pod_uid] = (namespace, pod)
+            if books_gpus:
+                self._unbooked.discard(pod_uid)
+            else:
+                self._unbooked.add(pod_uid)
             ids = self._ids_of.setdefault(pod_uid, set())
             for name, status_id in containers.items():
                 if status_id:
                     container_id = bare_container_id(status_id)
                     self._containers[container_id] = ContainerRef(namespace, pod, name)
+                    self._uid_of[container_id] = pod_uid
                     ids.add(container_id)
 
     def remove_pod(self, pod_uid: str) -> None:
         """Forget a pod and its containers."""
         with self._lock:
             self._pods.pop(pod_uid, None)
+            self._unbooked.discard(pod_uid)
             for container_id in self._ids_of.pop(pod_uid, ()):
                 self._containers.pop(container_id, None)
+                self._uid_of.pop(container_id, None)
 
     def container(self, container_id: str) -> ContainerRef | None:
         """The container with this runtime ID."""
@@ -77,3 +101,13 @@ class InMemoryContainerDirectory:
         """(namespace, name) of the pod with this UID."""
         with self._lock:
             return self._pods.get(pod_uid)
+
+    def books_gpus(self, pod_uid: str) -> bool:
+        """Whether the pod with this UID booked a GPU of gpupool's; ``True`` for a pod not known."""
+        with self._lock:
+            return pod_uid not in self._unbooked
+
+    def pod_uid(self, container_id: str) -> str:
+        """The UID of the pod the container with this runtime ID belongs to; "" when not known."""
+        with self._lock:
+            return self._uid_of.get(container_id, "")

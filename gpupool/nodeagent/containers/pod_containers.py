@@ -6,8 +6,8 @@ and ``metadata.uid`` matches the pod UID in the cgroup path. :func:`pod_containe
 agent's pod cache calls it once per pod event, into the record it hands every feed
 (:class:`gpupool.nodeagent.node_pod.NodePod`). :class:`DirectoryFeed` is one of those feeds: called on
 the pod watch's own thread (the directory locks), it takes the IDs from the record and reads no raw
-pod itself. It asks of the record only its ``containers`` (:class:`DecodedPod`), so this package
-knows nothing of the agent's pod view.
+pod itself. It asks of the record only its ``containers`` and whether it books a GPU of gpupool's
+(:class:`DecodedPod`), so this package knows nothing of the agent's pod view.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class DecodedPod(Protocol):
         """The runtime IDs (:func:`pod_containers`); None for an object without a UID or name."""
         ...
 
+    @property
+    def books_gpus(self) -> bool:
+        """Whether the pod booked a GPU of gpupool's (or cannot be read well enough to tell)."""
+        ...
+
 
 class DirectoryFeed:
     """Keeps an :class:`InMemoryContainerDirectory` equal to the watched pods' containers."""
@@ -68,12 +73,12 @@ class DirectoryFeed:
 
     def on_list(self, pods: Iterable[DecodedPod]) -> None:
         """A full list: the directory becomes exactly these pods."""
-        listed = [p.containers for p in pods if p.containers is not None]
-        for uid in self._uids - {p.uid for p in listed}:
+        listed = [(p.containers, p.books_gpus) for p in pods if p.containers is not None]
+        for uid in self._uids - {pod.uid for pod, _ in listed}:
             self.directory.remove_pod(uid)
         self._uids = set()
-        for pod in listed:
-            self._add(pod)
+        for pod, books_gpus in listed:
+            self._add(pod, books_gpus)
 
     def on_event(self, kind: str, obj: DecodedPod) -> None:
         """A watch event: ``ADDED``/``MODIFIED`` records the pod, ``DELETED`` forgets it."""
@@ -84,9 +89,9 @@ class DirectoryFeed:
             self.directory.remove_pod(pod.uid)
             self._uids.discard(pod.uid)
         else:
-            self._add(pod)
+            self._add(pod, obj.books_gpus)
 
-    def _add(self, pod: PodContainers) -> None:
+    def _add(self, pod: PodContainers, books_gpus: bool) -> None:
         self.directory.remove_pod(pod.uid)  # a restarted container has a new ID; drop the old one
-        self.directory.add(pod.uid, pod.namespace, pod.name, dict(pod.containers))
+        self.directory.add(pod.uid, pod.namespace, pod.name, dict(pod.containers), books_gpus=books_gpus)
         self._uids.add(pod.uid)

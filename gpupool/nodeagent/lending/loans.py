@@ -6,9 +6,10 @@ again or leaves the node. Its lendable memory is what its holders leave free in 
 sample (rounded down to the memory unit); its compute is the whole card (idle: nobody computes).
 A card is not lent while a holder without a gpupool share of it is high priority: a borrower's
 first open would be refused (rule 3), nor while a process the node cannot name holds it (it could
-not be given back), except an infrastructure holder: a host daemon the monitor names so
-(``--infrastructure-holders``: nvidia-persistenced, DCGM), which keeps the device open on every GPU
-node and does no work on it.
+not be given back), except an infrastructure holder, which keeps the device open on every GPU
+node and does no work on it: a host daemon the monitor names so (``--infrastructure-holders``:
+nvidia-persistenced, DCGM), or a pod that booked no GPU in an infrastructure namespace
+(``--infrastructure-namespaces``: the GPU Operator's DaemonSets), whatever its priority.
 
 The loans are written to a small JSON file next to the monitor's state after every change, so an
 agent restarted mid-lend keeps the same owners dormant (their holds do not refuse the borrowers
@@ -71,7 +72,7 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
             continue
         owners: set[ContainerKey] = set()
         refused = False
-        for holder in device.users:  # an infrastructure holder (nvidia-persistenced, DCGM) is neither owner nor bar
+        for holder in device.users:  # an infrastructure holder (a host daemon, a DCGM pod) is neither owner nor bar
             pod = pod_of((holder.namespace, holder.pod)) if holder.pod else None
             if pod is None or not holder.container:
                 refused = True  # a holder the node cannot name: never lend what it cannot give back

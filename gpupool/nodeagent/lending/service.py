@@ -16,6 +16,9 @@ reclaimed) is denied that card in the kernel, so its ``open()`` fails with ``EPE
 never in that set (facing its borrowers it is rule 1). Where neither runs (the /proc scan alone),
 and for an open that came before the gate was updated, the same decision is applied to the
 recorded open: a refused asker's pod is reclaimed (its processes stopped), within one scan interval.
+Infrastructure holders (a host daemon, a pod that booked no GPU in an infrastructure namespace:
+docs/monitor.md) are invisible to the rules: their opens are allowed and move nothing, their holds
+bar no one, and they are never owners nor reclaimed.
 
 Every reclaim is written to the reclaim journal (:mod:`~gpupool.nodeagent.lending.reclaim_journal`)
 before anything is signalled, on the thread that decided it, and before the loan it ends is removed
@@ -142,7 +145,7 @@ class LendingService:
             self._returned.update(self.monitor.cards.values())
         for loan in self._file.load():
             device = state.device(loan.path)
-            held = {(h.namespace, h.pod, h.container) for h in device.holders} if device else set()
+            held = {(h.namespace, h.pod, h.container) for h in device.users} if device else set()
             if journal.unreadable:
                 log.warning("not resuming the loan of card %d: the reclaim journal is unreadable", loan.card)
             elif loan.card in ended:
@@ -174,8 +177,7 @@ class LendingService:
 
     def on_open(self, path: str, holder: Holder) -> None:
         """A recorded open (every source): the rules again, enforced by reclaiming where needed."""
-        who = ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace)
-        self._apply(path, who, "recorded open")
+        self._apply(path, self._identity(holder), "recorded open")
         self.refuse_now()
 
     def refusals(self) -> dict[str, set[str]]:
@@ -290,7 +292,9 @@ class LendingService:
         return ReclaimRecord(pod, info.uid if info else "", ids, why, self.config.deadline_s, card, returned)
 
     def _occupant(self, who: ProcessIdentity, path: str) -> Occupant | None:
-        if not who.pod or not who.container:
+        """The rules' view of a process on ``path``; ``None`` for one they ignore: not in a known pod
+        container, or an infrastructure holder (neither a bar nor an owner, never reclaimed)."""
+        if not who.pod or not who.container or who.infrastructure:
             return None
         pod = self.pods.get((who.namespace, who.pod))
         card = self.monitor.cards.get(path)
@@ -306,7 +310,8 @@ class LendingService:
 
     @staticmethod
     def _identity(holder: Holder) -> ProcessIdentity:
-        return ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace)
+        return ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace,
+                               holder.infrastructure)
 
     def _call(self, fn: Callable[..., object], *args: object) -> None:
         if self._loop is None:

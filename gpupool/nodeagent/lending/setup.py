@@ -31,7 +31,6 @@ from gpupool.nodeagent.lending.processes import ProcfsProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
-from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.schedule_check import check_borrower
 from gpupool.nodeagent.types import PodView
@@ -132,5 +131,5 @@ class LendingSetup:
                                  LendablePublisher(self.kube.write_lendable), devices_changed,
                                  LendingConfig(loans, self.options.deadline_s, self.options.activity,
                                                self.options.shim_state_dir),
-                                 ContainerResolver(monitor.directory), gate)
+                                 monitor.resolver(), gate)
         return LoanedCapacity(node, service, self.pods, inventory, listed)

@@ -10,6 +10,13 @@ is marked as such. Only a process whose cgroup names no container and no pod (no
 ``kubepods``) qualifies: a process in a tenant's container cannot claim to be a host daemon by its
 binary's name, and a pod's container whose cgroup naming the agent does not know stays an unnamed
 holder (it blocks lending, as before).
+
+A process of a pod is infrastructure only by its pod: the pod runs in one of the namespaces the admin
+named (``--infrastructure-namespaces``: where GPU infrastructure runs as DaemonSets, e.g. the GPU
+Operator's DCGM exporter and driver container) and booked no GPU of gpupool's. Its mark is the
+namespace. A pod that booked a share stays an ordinary holder (its limits and ownership apply), and
+a pod the container directory does not know yet is not judged (it is asked again once it is). Each
+pod so judged is logged once.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ class ContainerResolver:
     """Callable ``pid → ProcessIdentity`` for :class:`~gpupool.nodeagent.monitor.recorder.UsageRecorder`."""
 
     def __init__(self, directory: ContainerDirectory, proc: str = PROC, *,
-                 infrastructure: frozenset[str] = frozenset()) -> None:
+                 infrastructure: frozenset[str] = frozenset(),
+                 infrastructure_namespaces: frozenset[str] = frozenset()) -> None:
         self._directory = directory
         self._proc = proc
         self._infrastructure = infrastructure
+        self._namespaces = infrastructure_namespaces
         self._reported: set[str] = set()
 
     def cgroup_identity(self, pid: int) -> CgroupIdentity:
@@ -61,14 +70,28 @@ class ContainerResolver:
             return ProcessIdentity()
         ref = self._directory.container(found.container_id)
         if ref is not None:
-            return ProcessIdentity(found.container_id, ref.container, ref.pod, ref.namespace)
+            uid = found.pod_uid or self._directory.pod_uid(found.container_id)
+            return ProcessIdentity(found.container_id, ref.container, ref.pod, ref.namespace,
+                                   self._pod_infrastructure(pid, uid, ref.namespace, ref.pod))
         pod = self._directory.pod(found.pod_uid) if found.pod_uid else None
         self._report_once(found.container_id, f"pid {pid}: container {found.container_id[:12]} "
                           f"({found.runtime}) is not in the container directory"
                           + (f"; pod {pod[0]}/{pod[1]}" if pod else ""))
         if pod is not None:
-            return ProcessIdentity(found.container_id, "", pod[1], pod[0])
+            return ProcessIdentity(found.container_id, "", pod[1], pod[0],
+                                   self._pod_infrastructure(pid, found.pod_uid, *pod))
         return ProcessIdentity(found.container_id)
+
+    def _pod_infrastructure(self, pid: int, pod_uid: str, namespace: str, pod: str) -> str:
+        """The namespace when the pod is infrastructure (listed namespace, no GPU of gpupool's
+        booked), else ""."""
+        if namespace not in self._namespaces or not pod_uid or self._directory.books_gpus(pod_uid):
+            return ""
+        self._report_once(f"infrastructure {pod_uid}",
+                          f"pod {namespace}/{pod} (pid {pid}, {self.executable(pid) or '?'}) booked no GPU and runs "
+                          f"in the infrastructure namespace {namespace}: its open device files are infrastructure, "
+                          "not use (--infrastructure-namespaces)")
+        return namespace
 
     def executable(self, pid: int) -> str:
         """The basename of the file ``pid`` runs (its /proc/<pid>/exe link); "" when unreadable."""

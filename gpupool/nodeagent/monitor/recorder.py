@@ -11,9 +11,14 @@ So a close removes every holder of that file that no longer holds it, a restart 
 whose process (pid and start time) is alive and still holds the file, and a scan adds holders
 nobody saw open. A live holder is never dropped: the record errs towards busy, never towards free.
 
-An infrastructure holder (a host daemon the resolver named so: nvidia-persistenced, DCGM) is recorded
-like any other, but its opens and closes are not use: they leave the device's last use alone, and
-it alone does not make a device held (:attr:`DeviceUsage.users`).
+An infrastructure holder (a host daemon the resolver named so: nvidia-persistenced, DCGM; or a
+process of a pod that booked no GPU in an infrastructure namespace: the GPU Operator's DCGM
+exporter) is recorded like any other, but its opens and closes are not use: they leave the device's
+last use alone, and it alone does not make a device held (:attr:`DeviceUsage.users`). A pod's
+process is judged by its pod, which the pod watch names only after the agent started: a holder
+recorded before (found at the restart's scan, or opening before the watch listed its pod) counts
+as use until :meth:`UsageRecorder.identify_again` names its pod, and a holder of a pod restored
+from the file keeps the previous agent's mark until then.
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ class UsageRecorder:
         self._ignore = frozenset(ignore_pids) if ignore_pids is not None else frozenset({os.getpid()})
         self._lock = threading.Lock()
         self._devices = {path: DeviceUsage(path) for path in dict.fromkeys(paths)}
+        self._unjudged: set[tuple[int, int]] = set()
+        """(pid, start time) of pods' holders restored from the file whose pod the directory did not
+        know at the restore: whether they are infrastructure is decided again once it does."""
         self._updated = clock()
         self.released = 0
         """Holders dropped by :meth:`prune` since start (processes gone; metrics)."""
@@ -159,6 +167,7 @@ class UsageRecorder:
                     self._devices[path] = device.with_holders(alive, device.last_use)
             if dropped:
                 self.released += len(dropped)
+                self._unjudged &= {(h.pid, h.start_time) for d in self._devices.values() for h in d.holders}
                 self._persist()
         for path, holder in dropped:
             who = f"{holder.namespace}/{holder.pod}/{holder.container or '?'}" if holder.pod else "no known pod"
@@ -171,30 +180,41 @@ class UsageRecorder:
         A process in a real container typically opens its device the moment it starts, before
         kubelet reports the container's ID in the pod's status and the agent's pod watch learns it:
         the open is recorded with the cgroup's container ID only. Each call asks again for the
-        holders still without a container name (same process: pid and start time) and writes the
-        file when one is named now.
+        holders still without a container name (same process: pid and start time), and for the
+        restored holders whose pod's infrastructure mark is owed, and writes the file when one
+        changed. A holder named an infrastructure holder now leaves its card's users: a card only
+        it holds is free again.
         """
         named: list[tuple[str, Holder]] = []
         with self._lock:
             for path, device in self._devices.items():
-                holders = tuple(h if h.container or h.infrastructure else self._named(h, path)
-                                for h in device.holders)  # a host daemon never joins a container
+                holders = tuple(self._named(h, path) if self._unnamed(h) else h for h in device.holders)
                 if holders != device.holders:
-                    self._devices[path] = replace(device, holders=holders)
+                    self._devices[path] = device.with_holders(holders, device.last_use)
                     named += [(path, h) for h in holders if h not in device.holders]
             if named:
                 self._persist()
         for path, holder in named:  # the rules could not place them at their open
             self._tell(path, holder)
 
+    def _unnamed(self, holder: Holder) -> bool:
+        """Whether to ask again who a holder is: its container has no name yet (a host daemon never
+        joins one), or it is a restored pod's holder whose infrastructure mark is owed."""
+        if (holder.pid, holder.start_time) in self._unjudged:
+            return True
+        return not holder.container and not (holder.infrastructure and not holder.pod)
+
     def _named(self, holder: Holder, path: str) -> Holder:
         if self._processes.start_time(holder.pid) != holder.start_time:
             return holder
         named = self._holder(holder.pid, holder.start_time, holder.since, path)
-        if not named.container:
-            return holder
+        if not named.pod:
+            return holder  # the pod watch does not know its pod yet: asked again at the next call
+        self._unjudged.discard((holder.pid, holder.start_time))
+        if holder.container:  # a restored holder: only its mark is judged again
+            return replace(holder, infrastructure=named.infrastructure)
         return replace(holder, container_id=named.container_id, container=named.container, pod=named.pod,
-                       namespace=named.namespace, priority=named.priority)
+                       namespace=named.namespace, priority=named.priority, infrastructure=named.infrastructure)
 
     def set_state(self, path: str, state: DeviceState) -> None:
         """Record busy or idle from the idle rule; a device nobody holds stays free."""
@@ -231,11 +251,21 @@ class UsageRecorder:
             log.exception("the open listener failed on %s by pid %d", path, holder.pid)
 
     def _judged_again(self, holder: Holder) -> Holder:
-        """A restored holder in no container, marked infrastructure or not by this agent's setting
-        (the file may be an older agent's, or one started with another ``--infrastructure-holders``)."""
-        if holder.container_id or holder.pod:
+        """A restored holder, marked infrastructure or not by this agent's settings (the file may be an
+        older agent's, or one started with other ``--infrastructure-*`` settings). A host process is
+        judged now; a pod's process when its pod is known (the pod watch starts after the restore:
+        until then it keeps the previous agent's mark, see :meth:`identify_again`); one in a container
+        not named yet is named, and judged, by :meth:`identify_again`."""
+        if holder.container_id and not holder.pod:
             return holder
-        infrastructure = self._resolve(holder.pid).infrastructure
+        who = self._resolve(holder.pid)
+        if holder.pod:
+            if not who.pod:
+                self._unjudged.add((holder.pid, holder.start_time))
+                return holder
+            infrastructure = who.infrastructure
+        else:
+            infrastructure = who.infrastructure if not who.container_id and not who.pod else ""
         return holder if infrastructure == holder.infrastructure else replace(holder, infrastructure=infrastructure)
 
     def _resolve(self, pid: int) -> ProcessIdentity:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +41,9 @@ SAMPLE_EVERY_SECONDS = 1.0
 PRUNE_EVERY_SECONDS = 30.0
 
 
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace's name (an RFC 1123 label, as the API server requires)."""
+
 DEFAULT_INFRASTRUCTURE_HOLDERS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 """Host daemons that keep GPU device files open on production nodes without working on the cards:
 NVIDIA's persistence daemon, DCGM's host engine and the DCGM exporter (embedded engine)."""
@@ -47,7 +51,7 @@ NVIDIA's persistence daemon, DCGM's host engine and the DCGM exporter (embedded 
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    """The agent's ``--usage-*``, ``--idle-after`` and ``--infrastructure-holders`` options."""
+    """The agent's ``--usage-*``, ``--idle-after`` and ``--infrastructure-*`` options."""
 
     state_path: str = DEFAULT_STATE_PATH
     idle_after: float = DEFAULT_IDLE_AFTER_SECONDS
@@ -56,12 +60,20 @@ class MonitorConfig:
     infrastructure: tuple[str, ...] = DEFAULT_INFRASTRUCTURE_HOLDERS
     """Executable names of host processes (in no pod) whose holds are infrastructure, not use
     (docs/monitor.md, "Infrastructure holders"); empty: every holder counts."""
+    infrastructure_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods, when they booked no GPU of gpupool's, are infrastructure holders (the GPU
+    Operator's DaemonSets); empty: none. Only the admin's list counts: tenants must not be able to
+    create pods in these namespaces (docs/monitor.md, "Infrastructure holders")."""
 
     def __post_init__(self) -> None:
         for name in self.infrastructure:
             if not name or "/" in name or name != name.strip():
                 raise ValueError(f"infrastructure holder {name!r}: give an executable's file name, without "
                                  "a directory or spaces around it")
+        for namespace in self.infrastructure_namespaces:
+            if not NAMESPACE_NAME.fullmatch(namespace):
+                raise ValueError(f"infrastructure namespace {namespace!r}: give a namespace's name (lower-case "
+                                 "letters, digits and '-', at most 63 characters)")
 
 
 @dataclass(frozen=True)
@@ -106,8 +118,7 @@ class UsageMonitor:
         self._writer = BackgroundStateWriter(StateFile(config.state_path))
         self.recorder = UsageRecorder(node, self.paths, self._writer,
                                       processes or ProcfsTable(WatchedFiles(self.paths)),
-                                      identify=identify or ContainerResolver(
-                                          self.directory, infrastructure=frozenset(config.infrastructure)),
+                                      identify=identify or self.resolver(),
                                       clock=clock,
                                       decide=decide)
         self.detector = IdleDetector(self.cards, idle_after=config.idle_after)
@@ -122,6 +133,12 @@ class UsageMonitor:
     def state(self) -> UsageState:
         """The recorded state now."""
         return self.recorder.state
+
+    def resolver(self) -> ContainerResolver:
+        """A resolver of pids on this monitor's directory that names infrastructure holders as the
+        monitor's settings say (the recorder's, and the lending rules' for the opens they answer)."""
+        return ContainerResolver(self.directory, infrastructure=frozenset(self.config.infrastructure),
+                                 infrastructure_namespaces=frozenset(self.config.infrastructure_namespaces))
 
     def start(self) -> None:
         """Restore the state file, register the recorder with the chosen source, start it."""

@@ -8,8 +8,9 @@ Format::
                                "containerId": "0f3c...", "container": "train", "pod": "job-0",
                                "namespace": "ml", "priority": null, "infrastructure": ""}]}]}
 
-``infrastructure`` (the executable's name of a host daemon named an infrastructure holder, else
-empty) may be missing: a file written before it existed reads as empty.
+``infrastructure`` (why the holder is infrastructure, else empty: the executable's name of a host
+daemon, in no container; or, for a process of a pod, the pod's namespace, an infrastructure
+namespace) may be missing: a file written before it existed reads as empty.
 
 The reader refuses anything else with :class:`StateFileError` naming the field, including a newer
 version (an agent rolled back must not misread a file written by its successor).
@@ -94,17 +95,19 @@ def _decode_holder(raw: object, where: str) -> Holder:
     if pid <= 0:
         raise StateFileError(f"{where}.pid: {pid} is not a process id")
     infrastructure = _str(holder.get("infrastructure", ""), f"{where}.infrastructure")
-    if infrastructure and (holder.get("containerId") or holder.get("pod")):
-        raise StateFileError(f"{where}: infrastructure holder {infrastructure!r} in a container (only host "
-                             "processes are)")
-    return Holder(pid=pid, start_time=_int(holder.get("startTime"), f"{where}.startTime"),
-                  since=_float(holder.get("since"), f"{where}.since"),
-                  container_id=_str(holder.get("containerId"), f"{where}.containerId"),
-                  container=_str(holder.get("container"), f"{where}.container"),
-                  pod=_str(holder.get("pod"), f"{where}.pod"),
-                  namespace=_str(holder.get("namespace"), f"{where}.namespace"),
-                  priority=None if priority is None else _int(priority, f"{where}.priority"),
-                  infrastructure=infrastructure)
+    decoded = Holder(pid=pid, start_time=_int(holder.get("startTime"), f"{where}.startTime"),
+                     since=_float(holder.get("since"), f"{where}.since"),
+                     container_id=_str(holder.get("containerId"), f"{where}.containerId"),
+                     container=_str(holder.get("container"), f"{where}.container"),
+                     pod=_str(holder.get("pod"), f"{where}.pod"),
+                     namespace=_str(holder.get("namespace"), f"{where}.namespace"),
+                     priority=None if priority is None else _int(priority, f"{where}.priority"),
+                     infrastructure=infrastructure)
+    in_container = bool(decoded.container_id or decoded.pod)
+    if infrastructure and in_container and (not decoded.pod or infrastructure != decoded.namespace):
+        raise StateFileError(f"{where}: infrastructure holder {infrastructure!r} in a container: only a host "
+                             "process, or a pod's process marked with its pod's namespace, is one")
+    return decoded
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:

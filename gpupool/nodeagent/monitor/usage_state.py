@@ -28,8 +28,9 @@ class ProcessIdentity:
     pod: str = ""
     namespace: str = ""
     infrastructure: str = ""
-    """The executable's name when the process is a host daemon named as an infrastructure holder
-    (``--infrastructure-holders``: in no container, matched by /proc/<pid>/exe); else empty."""
+    """Why the process is an infrastructure holder, else empty: the executable's name of a host daemon
+    (``--infrastructure-holders``: in no container, matched by /proc/<pid>/exe), or the namespace of a
+    pod that booked no GPU in an infrastructure namespace (``--infrastructure-namespaces``)."""
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,11 @@ class Holder:
 
     ``start_time`` (clock ticks since boot, /proc/<pid>/stat) tells a live holder from a process
     that got its PID reused. Empty ``container``/``pod``/``namespace`` mean not in a known pod.
-    ``priority`` is filled by the lending rules; ``None`` until they exist. ``infrastructure``: the
-    executable's name when the holder is a host daemon that keeps the device open without working
-    on it (nvidia-persistenced, DCGM): it is recorded and shown, but it neither makes the card busy
-    nor blocks lending (docs/monitor.md, "Infrastructure holders").
+    ``priority`` is filled by the lending rules; ``None`` until they exist. ``infrastructure``: set
+    when the holder keeps the device open without working on it: the executable's name of a host
+    daemon (nvidia-persistenced, DCGM), or the namespace of a GPU-infrastructure pod that booked no
+    GPU (the GPU Operator's DCGM exporter): it is recorded and shown, but it neither makes the card
+    busy nor blocks lending (docs/monitor.md, "Infrastructure holders").
     """
 
     pid: int

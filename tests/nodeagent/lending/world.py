@@ -63,6 +63,8 @@ class World:
         self.api = Api()
         self.device_bumps = 0
         self.tmp = tmp
+        self.identities: dict[int, ProcessIdentity] = {}
+        """Pids the service's resolver names otherwise than by the pid's hundreds (below)."""
 
     def service(self, activity: ActivityThresholds | None = None, shim_state_dir: str | None = None,
                 gate: ContainerGate | None = None) -> LendingService:
@@ -73,6 +75,8 @@ class World:
             return Reclaimer(self.processes, self.api, on_stopped=on_stopped, poll_s=0.01)
 
         def identify(pid: int) -> ProcessIdentity:
+            if pid in self.identities:
+                return self.identities[pid]
             pod = f"p{pid // 100}" if pid // 100 else ""
             names = {1: "owner", 2: "borrower", 3: "owner1", 4: "borrower1", 5: "other"}
             name = names.get(pid // 100, "")

@@ -20,6 +20,8 @@ NOBODY_REGISTERED = lambda ns, pod, container: frozenset()  # noqa: E731
 MAIN_REGISTERED = lambda ns, pod, container: frozenset({11, 12})  # noqa: E731
 PERSISTENCED = replace(holder(5), infrastructure="nvidia-persistenced")
 """A host daemon on every card (issues 26/27): never a finding, and its memory is nobody's."""
+EXPORTER = replace(holder(6, "dcgm-exporter", "exporter", namespace="gpu-operator"), infrastructure="gpu-operator")
+"""The GPU Operator's DCGM exporter, a pod that booked no GPU in an infrastructure namespace (issue 26)."""
 
 
 def kinds(node: NodeView) -> list[tuple[str, int, str, int]]:
@@ -40,6 +42,11 @@ def kinds(node: NodeView) -> list[tuple[str, int, str, int]]:
     pytest.param(view([TRAIN], {0: (holder(11, "train", "main"), PERSISTENCED), 1: (PERSISTENCED,)},
                       enforcing=False, memory={0: {11: 3000, 5: 9000}, 1: {5: 500}}), [],
                  id="infrastructure-holders"),
+    pytest.param(view([TRAIN], {0: (holder(11, "train", "main"), EXPORTER), 1: (EXPORTER,)},
+                      enforcing=False, memory={0: {11: 3000, 6: 9000}, 1: {6: 500}}), [],
+                 id="infrastructure-pod"),
+    pytest.param(view([TRAIN], {1: (replace(EXPORTER, infrastructure=""),)}),
+                 [("ungranted-card", 1, "dcgm-exporter/exporter", 6)], id="the-same-pod-not-named-infrastructure"),
 ])
 def test_ungranted_cards(node: NodeView, expected: list[tuple[str, int, str, int]]) -> None:
     assert kinds(node) == expected
