@@ -321,6 +321,14 @@ def test_infrastructure_holders_are_the_agents_flag_only_when_set() -> None:
     assert "--infrastructure-holders=" in agent_args({"nodeAgent.infrastructureHolders": []})  # none
     assert "--infrastructure-holders=nvidia-persistenced,my-daemon" in agent_args(
         {"nodeAgent.infrastructureHolders": ["nvidia-persistenced", "my-daemon"]})
+    agent = container(find(render({"nodeAgent.infrastructureHolders": []}), "DaemonSet", "gpupool-node-agent"))
+    assert all(isinstance(m, dict) for m in agent["volumeMounts"])  # the flag once sat among the mounts too
+
+
+def test_infrastructure_namespaces_are_the_agents_flag_only_when_listed() -> None:
+    assert not [a for a in agent_args() if a.startswith("--infrastructure-namespaces")]  # none by default
+    assert "--infrastructure-namespaces=gpu-operator,dcgm" in agent_args(
+        {"nodeAgent.infrastructureNamespaces": ["gpu-operator", "dcgm"]})
 
 
 def test_extender_values_become_its_flags() -> None:
@@ -416,6 +424,8 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
                  id="relative-checkpoint-dir"),
     pytest.param({"nodeAgent.infrastructureHolders": ["/usr/bin/nvidia-persistenced"]},
                  "'/nodeAgent/infrastructureHolders/0'", id="infrastructure-holder-with-a-directory"),
+    pytest.param({"nodeAgent.infrastructureNamespaces": ["GPU Operator"]},
+                 "'/nodeAgent/infrastructureNamespaces/0'", id="infrastructure-namespace-not-a-name"),
     pytest.param({"nodeAgent.dra": True, "nodeAgent.riskAction": "evict"},
                  "nodeAgent.dra cannot be combined with nodeAgent.riskAction \"evict\" yet", id="dra-with-evict"),
     pytest.param({"scheduler.claimPods": True}, "scheduler.claimPods needs nodeAgent.dra", id="claim-pods-without-dra"),
