@@ -11,6 +11,13 @@
  * A record is given up only when both say "gone", so a live process is never reclaimed because
  * its pid means something else to the one looking (a nested pid namespace), nor because it
  * closed the library's descriptor (a program closing every descriptor it did not open).
+ *
+ * An OFD lock belongs to the open file description and lasts until its last reference goes, and a
+ * shared mapping of the file is one: the region's mapping (region.c) holds the description the
+ * locks are taken through, so a program that closes the descriptor does not drop them, and the
+ * allocation path need not check the descriptor (an fstat per charge cost ~1 us). A description
+ * opened here again (the program closed ours) is pinned by a page of its own once a lock is taken
+ * through it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,12 +27,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "region.h"
 
 static int lock_fd = -1;
+static int lock_fd_pinned; /* a mapping holds lock_fd's description: its locks outlive the descriptor */
 static dev_t lock_dev;
 static ino_t lock_ino;
 static char lock_path[PATH_MAX];
@@ -80,13 +89,16 @@ void shim_live_init(int fd, const char *path) {
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) return;
     lock_fd = fd;
+    lock_fd_pinned = 1; /* the region is mapped through it */
     lock_dev = st.st_dev;
     lock_ino = st.st_ino;
     snprintf(lock_path, sizeof lock_path, "%s", path);
 }
 
 /* The descriptor, opened again when the program closed ours (its number may now be another
- * file's: never lock through it). Returns 1 when it is a new one: the locks held are gone. */
+ * file's: never lock through it). Only the rare paths that take or ask about a lock come here: a
+ * lock already held needs nothing, the description it lives on stays mapped (the old description
+ * keeps its locks, so taking one of them again through a new one reports it taken). */
 static int ensure(void) {
     if (lock_path[0] == '\0') return -1;
     if (same_file(lock_fd)) return 0;
@@ -97,10 +109,22 @@ static int ensure(void) {
         return -1;
     }
     lock_fd = fd;
+    lock_fd_pinned = 0;
     return 1;
 }
 
-int shim_live_reopened(void) { return ensure() == 1; }
+/* After a lock was taken through a description no mapping holds yet (opened by ensure): a page of
+ * it, never unmapped, so the lock outlives the descriptor as the region's own do. At most once per
+ * description, and a process takes a lock at its start and when it leaves the overflow account. */
+static void pin(void) {
+    if (lock_fd_pinned) return;
+    if (mmap(NULL, 1, PROT_READ, MAP_SHARED, lock_fd, 0) == MAP_FAILED) {
+        shim_log(SHIM_LOG_DEBUG, "mapping %s: %s; its lock lasts only while the descriptor does", lock_path,
+                 strerror(errno));
+        return;
+    }
+    lock_fd_pinned = 1;
+}
 
 static int set_lock(short type, off_t offset) {
     struct flock lock = {.l_type = type, .l_whence = SEEK_SET, .l_start = offset, .l_len = 1, .l_pid = 0};
@@ -109,7 +133,10 @@ static int set_lock(short type, off_t offset) {
 
 int shim_live_hold(off_t offset, int shared) {
     if (ensure() < 0) return SHIM_LIVE_UNUSABLE;
-    if (set_lock(shared ? F_RDLCK : F_WRLCK, offset) == 0) return SHIM_LIVE_HELD;
+    if (set_lock(shared ? F_RDLCK : F_WRLCK, offset) == 0) {
+        pin();
+        return SHIM_LIVE_HELD;
+    }
     if (errno == EAGAIN || errno == EACCES) return SHIM_LIVE_TAKEN;
     shim_log(SHIM_LOG_DEBUG, "locking %s at %lld: %s", lock_path, (long long)offset, strerror(errno));
     return SHIM_LIVE_UNUSABLE;
@@ -127,9 +154,12 @@ int shim_live_held_by_other(off_t offset) {
     return lock.l_type != F_UNLCK;
 }
 
-/* The child shares the parent's open file description, so its locks: keeping it would keep the
- * parent "alive" after the parent died. The child opens its own when it needs one. */
+/* The child shares the parent's open file description, so its locks: a lock the child took through
+ * it would outlive the child while the parent lives. The child opens its own when it needs one. The
+ * mapping the child inherited still holds the parent's description, so a parent killed while a
+ * child forked without exec runs counts as alive by its lock until that child exits or execs. */
 void shim_live_after_fork(void) {
     if (lock_fd >= 0) close(lock_fd);
     lock_fd = -1;
+    lock_fd_pinned = 0;
 }

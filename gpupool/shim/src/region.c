@@ -188,7 +188,7 @@ static struct shim_region *map_file(const char *path, int create) {
     }
 done:
     flock(fd, LOCK_UN);
-    if (r != NULL) shim_live_init(fd, path); /* kept open: the liveness locks live on it */
+    if (r != NULL) shim_live_init(fd, path); /* kept open, and the mapping keeps its locks: liveness.c */
     else close(fd);
     return r;
 }
@@ -277,13 +277,6 @@ static void leave_overflow_for_a_slot(struct shim_region *r) {
     leave_unlocked(r);
 }
 
-/* Under the lock: the locks are the program's descriptor's; one it closed took them along. */
-static void hold_again(struct shim_region *r) {
-    if (!shim_live_reopened()) return;
-    if (my_slot >= 0) shim_live_hold(slot_lock(my_slot), 0);
-    else if (overflowed) shim_live_hold(SHIM_REGION_OVERFLOW_LOCK, 1);
-}
-
 static void join_region(struct shim_region *r) {
     if (lock_region(r) != 0) return;
     if (!__atomic_load_n(&need_claim, __ATOMIC_ACQUIRE)) { /* another thread joined meanwhile */
@@ -358,7 +351,7 @@ int shim_region_charge(int ordinal, uint64_t bytes) {
     int dev = card_of(ordinal);
     struct shim_region *r = get_region();
     if (dev < 0 || r == NULL || lock_region(r) != 0) return -1;
-    hold_again(r);
+    /* No system call here: this process's liveness lock outlives its descriptor (liveness.c). */
     if (overflowed) { /* rare (more live processes than slots): a scan per charge is affordable */
         reclaim_dead(r);
         leave_overflow_for_a_slot(r);

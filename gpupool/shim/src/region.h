@@ -90,7 +90,6 @@ SHIM_HIDDEN void shim_live_init(int fd, const char *path);   /* takes the region
 SHIM_HIDDEN int shim_live_hold(off_t offset, int shared);    /* SHIM_LIVE_* */
 SHIM_HIDDEN void shim_live_drop(off_t offset);
 SHIM_HIDDEN int shim_live_held_by_other(off_t offset);      /* 1, 0, or -1: cannot tell */
-SHIM_HIDDEN int shim_live_reopened(void);                    /* the program closed ours: locks gone */
 SHIM_HIDDEN void shim_live_after_fork(void);
 /* Store the controller's measurement of a card; 0 (nothing stored) once this process has left the
  * region at exit, when its pids are no longer listed and the measurement would be wrong. */

@@ -13,6 +13,10 @@
  * Steps: alloc:SIZE  managed:SIZE  async:SIZE  pool:SIZE  pitch:WxH  create:SIZE  array:WxH
  *        array3d:WxHxD  mipmap:WxHxL  free:I  freeasync:I  release:I  destroy:I  unmip:I
  *        info  total  grab:SIZE:N  wait:PATH  sleep:MS  hold  launch:N  ppid  nsload:PATH
+ *        closefds   (closes every descriptor past stderr, the library's too, as a daemon does, and
+ *        opens /dev/null a few times so that their numbers name another file)
+ *        fork:STEP+STEP...   (a child forked without exec runs those steps, printing its lines, then
+ *        pauses for good; the parent prints its line after them, with the child's pid)
  *        defpool  mkpool[:DEV]  setkeep:I:BYTES  getkeep:I  poolalloc:I:SIZE  sync  used
  *        graph  gmem:I:SIZE  gnode:I:SIZE  gdelnode:I  gdel:I  ipcopen:I  ipcclose:I
  *        capture  casync:SIZE  cfree:I  claunch:N  endcapture   (on a stream of its own, captured into a graph)
@@ -40,8 +44,10 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -707,6 +713,28 @@ static int step_child(const char *argument) {
     return 0;
 }
 
+static void step(const char *text);
+
+/* A child forked without exec runs the steps and stays (the library's state is the parent's copy);
+ * it stops itself when done, so the parent's line comes after the child's. */
+static int step_fork(const char *argument) {
+    char steps[4096];
+    snprintf(steps, sizeof steps, "%s", argument);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        __fpurge(stdout); /* the parent's unfinished line */
+        char *saved = NULL;
+        for (char *part = strtok_r(steps, "+", &saved); part != NULL; part = strtok_r(NULL, "+", &saved)) step(part);
+        raise(SIGSTOP);
+        for (;;) pause();
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WUNTRACED) != pid || !WIFSTOPPED(status)) return -1;
+    kill(pid, SIGCONT);
+    return pid;
+}
+
 static void step(const char *text) {
     char verb[32] = "";
     const char *argument = strchr(text, ':');
@@ -794,6 +822,14 @@ static void step(const char *text) {
     } else if (strcmp(verb, "sleep") == 0) {
         usleep((useconds_t)atoi(argument) * 1000);
         printf(" 0");
+    } else if (strcmp(verb, "fork") == 0) {
+        int pid = step_fork(argument);
+        printf(" %d %d", pid > 0 ? 0 : 1, pid);
+    } else if (strcmp(verb, "closefds") == 0) {
+        for (int fd = 3; fd < 1024; fd++) close(fd);
+        int reused = 0;
+        for (int i = 0; i < 8; i++) reused += open("/dev/null", O_RDONLY) >= 0;
+        printf(" %d", reused == 8 ? 0 : 1);
     } else if (strcmp(verb, "hold") == 0) {
         printf(" 0\n");
         fflush(stdout);
