@@ -5,7 +5,10 @@ stand-in cards, as the real daemon holds every GPU; a pod's container runs a pro
 name (built into the test image) that opens its granted card. The agent's state file marks the host
 process as infrastructure on both cards and leaves the card only it holds free; the container's
 process is its container's holder, unmarked, and its card is busy: a tenant cannot claim to be the
-host's daemon by its binary's name.
+host's daemon by its binary's name, and its pod booked a share, so the agent's listing its namespace
+in ``--infrastructure-namespaces`` (issue 26) does not exempt it either. A second pod there that booked
+no GPU (a DaemonSet's, as the GPU Operator's DCGM exporter: the card reached through a hostPath)
+holds the other card: marked with its namespace, and that card stays free.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def test_a_host_daemon_is_infrastructure_and_a_container_of_the_same_name_is_not
     kubelet.import_image(image)
 
     prefix = f"{tmp_path / 'dev'}/nvidia"
-    agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev"))
+    agent = start_node_agent(kubelet, stand_in_cards(tmp_path / "dev"), ("--infrastructure-namespaces", namespace))
     wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem) == str(2 * CARD_MIB // 256),
              timeout=60, what=f"gpupool devices on {node}\n{agent.log()}")
     cards = [f"{prefix}{i}" for i in range(2)]
@@ -116,4 +119,19 @@ def test_a_host_daemon_is_infrastructure_and_a_container_of_the_same_name_is_not
     assert (found["namespace"], found["pod"], found.get("infrastructure")) == (namespace, "job", "")
     assert state(agent)[mine]["state"] == "busy"
     assert state(agent)[other]["state"] == "free"  # still only the host daemon there
+
+    exporter = pod_manifest("exporter", node, image.ref, {"main": {}}, f'exec nvidia-persistenced "{other}"', {})
+    exporter["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": str(tmp_path / "dev"), "type": "Directory"}}]
+    exporter["spec"]["containers"][0]["volumeMounts"] = [{"name": "dev", "mountPath": str(tmp_path / "dev")}]
+    core_v1.create_namespaced_pod(namespace, exporter)
+    wait_for(lambda: running(core_v1, namespace, "exporter"), timeout=90, what=f"exporter Running\n{agent.log()}")
+
+    def exporter_holder() -> dict[str, Any] | None:
+        named = [h for h in state(agent).get(other, {}).get("holders", []) if h["pod"] == "exporter" and h["container"]]
+        return named[0] if named else None
+
+    marked = wait_for(exporter_holder, timeout=30, what=f"the exporter's open of {other}, named\n{agent.log()}")
+    assert (marked["namespace"], marked.get("infrastructure")) == (namespace, namespace)
+    assert state(agent)[other]["state"] == "free"  # the host daemon and the infrastructure pod: nobody uses it
+    assert f"runs in the infrastructure namespace {namespace}" in agent.log_path.read_text(errors="replace")
     assert agent.running(), agent.log()
