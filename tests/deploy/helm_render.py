@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpupool.testenv.helm import cached_helm
 from tests.deploy.kustomize_render import ROOT
+from tests.deploy.yaml_documents import documents
 
 CHART = ROOT / "charts" / "gpupool"
 RELEASE = "gpupool"
@@ -69,7 +69,7 @@ def render(values: Mapping[str, Any] | None = None, *, files: Mapping[str, Path]
     key = tuple(sorted((k, json.dumps(v)) for k, v in (values or {}).items()))
     file_key = tuple(sorted((k, str(v)) for k, v in (files or {}).items()))
     text = _template(key, file_key, crds)
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    return documents(text)
 
 
 def template_error(values: Mapping[str, Any]) -> str:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpupool.testenv.build import cached_binaries
+from tests.deploy.yaml_documents import documents
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -48,7 +48,7 @@ def render_text(directory: str) -> str:
 
 def render(directory: str) -> list[dict[str, Any]]:
     """The rendered objects (a fresh copy each call: callers may change them)."""
-    return [doc for doc in yaml.safe_load_all(render_text(directory)) if doc is not None]
+    return documents(render_text(directory))
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-import yaml
 
 from gpupool.testenv.helm import HELM_3, cached_helm
 from gpupool.testenv.versions import HELM3
 from tests.deploy.helm_render import CHART, RELEASE, RENDER_TIMEOUT_S, render, set_args
 from tests.deploy.test_helm_chart import OPTIONAL_PARTS
+from tests.deploy.yaml_documents import documents
 
 # Slow, as the chart's other tests: each case runs helm as a process.
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def render3(values: Mapping[str, Any], *, crds: bool = False) -> list[dict[str, 
     result = helm3("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
                    *(["--include-crds"] if crds else []), *set_args(values))
     assert result.returncode == 0, f"Helm 3's template failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    return documents(result.stdout)
 
 
 def by_identity(docs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
