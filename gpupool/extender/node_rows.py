@@ -19,10 +19,15 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.extender.name_table import NameTable
 
 RowsAndNames = tuple[IntArray, npt.NDArray[np.object_]]
 REMEMBERED_LISTS = 8
 """Node lists remembered: filter's and prioritize's lists of a few pod shapes."""
+TABLE_NAMES = 4096
+"""Lists of at least this many names are mapped by the layout's :class:`NameTable`. Shorter ones
+are looked up one name at a time: the table's fixed cost (some fifty numpy calls) made it slower
+at 1,000 names and no faster at 2,000-3,000 (docs/performance.md, "The name mapping")."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,10 @@ class NodeRows:
     def __init__(self) -> None:
         self._lists: list[_RowsEntry] = []
         self._layout: _Layout | None = None
+        self._table: tuple[int, NameTable | None] | None = None
+        """The name table of a layout number (None: it cannot have one), built the second time a
+        long list meets that layout, so a layout that changes on every call never pays for it."""
+        self._table_wanted = 0
         self._serving: dict[tuple[frozenset[str], int, int], BoolArray] = {}
 
     def rows(self, state: ClusterState, names: list[str]) -> RowsAndNames:
@@ -59,19 +68,37 @@ class NodeRows:
         A list is recognised by comparing it with the remembered ones (``==`` stops at the first
         differing name, or at once when the lengths differ), which is cheaper than hashing 5,000
         names as a key. The remembered lists are the request's own (never changed afterwards).
+        Another long list is mapped by the layout's :class:`NameTable` (the same rows, found without
+        a dictionary lookup per name), a short one, or one the table cannot answer, by the ledger's
+        index.
         """
         for position, entry in enumerate(self._lists):
             if entry.state is state and entry.layout_version == state.layout_version and entry.names == names:
                 if position:  # most recently used first: the full node list, asked by every filter, stays
                     self._lists.insert(0, self._lists.pop(position))
                 return entry.found
-        rows = np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        table = self._name_table(state) if len(names) >= TABLE_NAMES else None
+        mapped = table.rows(names) if table is not None else None
+        rows = mapped if mapped is not None else np.fromiter(map(state.index.get, names, repeat(-1)),
+                                                           dtype=np.int64, count=len(names))
         known = rows >= 0
         known[known] = state.present[rows[known]]
         rows[~known] = -1
         found = (rows, np.array(names, dtype=object))
         self.remember(state, names, found)
         return found
+
+    def _name_table(self, state: ClusterState) -> NameTable | None:
+        """The name table of ``state``'s layout: built on the second asking for the same layout."""
+        number = self.layout(state)
+        if self._table is not None and self._table[0] == number:
+            return self._table[1]
+        if self._table_wanted != number:
+            self._table_wanted = number
+            return None
+        names = self.names(number)
+        self._table = (number, NameTable.of(names) if names is not None else None)
+        return self._table[1]
 
     def remember(self, state: ClusterState, names: list[str], found: RowsAndNames) -> None:
         """Keep ``found`` as the rows of ``names`` (filter hands prioritize's list over this way).
