@@ -51,7 +51,10 @@ class RequeueSettings:
     hold_s: float = 30.0
     """How long after an answer the same pod gets no further victims while those named are still
     booked (the extender may not have seen their delete yet; a second answer would evict more pods
-    for one). Past it, a victim kube-scheduler failed to delete no longer blocks the pod."""
+    for one), and how long after the victims on one node are all released: that node has room for
+    the pod now, and kube-scheduler asking again means its own cache or the filter it ran just
+    before had not seen the release yet (the nudge that follows has it retried). Past it, a victim
+    kube-scheduler failed to delete, or room another pod took meanwhile, no longer blocks the pod."""
     ttl_s: float = 300.0
     """How long the victims of one preempt answer are waited for (kube-scheduler deletes them at
     once; a victim terminates within its grace period, 30 s by default)."""
@@ -121,6 +124,8 @@ class PreemptRequeue:
         """Nudges by outcome (:data:`NUDGED`, :data:`GONE`, :data:`FAILED`), and ``dropped``/``expired``."""
         self._lock = threading.Lock()
         self._answers: OrderedDict[str, _Answer] = OrderedDict()
+        self._freed: OrderedDict[str, float] = OrderedDict()
+        """Preemptors whose victims on one node were all released, and when."""
         self._by_victim: dict[str, set[str]] = {}
         self._due: deque[Due] = deque()
         self._bucket = TokenBucket(self.settings.rate_per_s, self.settings.burst, clock)
@@ -137,6 +142,7 @@ class PreemptRequeue:
             return
         with self._lock:
             self._drop(key)
+            self._freed.pop(key, None)
             self._answers[key] = _Answer(uid, self.clock(), waiting)
             for keys in waiting.values():
                 for victim in keys:
@@ -149,10 +155,16 @@ class PreemptRequeue:
 
     def awaiting(self, key: str) -> bool:
         """Whether pod ``key`` was answered less than :attr:`RequeueSettings.hold_s` ago and no node's
-        victims of that answer are all released yet."""
+        victims of that answer are all released yet, or one node's were released less than
+        ``hold_s`` ago (a preempt then, kube-scheduler's retry racing the release, would evict the
+        victims of another node for a pod that fits where the first were: a CI run saw both evicted)."""
         with self._lock:
+            now = self.clock()
             answer = self._answers.get(key)
-            return answer is not None and self.clock() - answer.at < self.settings.hold_s
+            if answer is not None and now - answer.at < self.settings.hold_s:
+                return True
+            freed = self._freed.get(key)
+            return freed is not None and now - freed < self.settings.hold_s
 
     def released(self, key: str) -> None:
         """The booking (or the record) of pod ``key`` is gone: a preemptor whose victims on one node
@@ -167,6 +179,10 @@ class PreemptRequeue:
                     keys.discard(key)
                     if not keys:
                         self._drop(preemptor)
+                        self._freed[preemptor] = self.clock()
+                        self._freed.move_to_end(preemptor)
+                        while len(self._freed) > self.settings.max_tracked:
+                            self._freed.popitem(last=False)
                         self._queue(Due(preemptor, answer.uid, node))
                         woke = True
                         break
@@ -211,6 +227,9 @@ class PreemptRequeue:
         with self._lock:
             for key in gone:
                 self._drop(key)
+            held_since = self.clock() - self.settings.hold_s
+            while self._freed and next(iter(self._freed.values())) <= held_since:
+                self._freed.popitem(last=False)
         self.stats["expired"] += len(gone)
         return len(gone)
 
