@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gpupool.api.fields import AnnotationError
 from gpupool.api.usage_report import USAGE_REPORT_PATH, NodeUsageReport, decode_usage_report
 from gpupool.kubectl.connection import ClusterAccessError
-from gpupool.kubectl.usage import CardUsageSample
+from gpupool.kubectl.usage import CardUsageSample, RemoteClientLive
 
 DEFAULT_AGENT_PORT = 9410
 """The node agent's metrics port (its ``--metrics-port`` default, the DaemonSet's hostPort) unless it
@@ -41,6 +41,7 @@ class AgentUsage:
         self._timeout_s = timeout_s
         self._reports: dict[str, dict[str, CardUsageSample | None]] = {}
         self._notes: dict[str, str] = {}
+        self._remote: dict[str, dict[tuple[str, str], RemoteClientLive]] = {}
 
     def fetch(self, nodes: Iterable[str]) -> None:
         """Ask every node's agent (in parallel); failures become notes, never exceptions."""
@@ -54,6 +55,10 @@ class AgentUsage:
                 else:
                     self._reports[node] = {card.uuid: _sample(card.utilization_percent, card.memory_used_mib)
                                            for card in outcome.cards}
+                    self._remote[node] = {
+                        (f"{r.namespace}/{r.pod}", r.uuid): RemoteClientLive(True, r.connections, r.memory_limit_mib,
+                                                                            r.compute_share_percent)
+                        for r in outcome.remote_clients}
 
     def _ask(self, node: str) -> NodeUsageReport | str:
         where = f"usage not read from the node agent (port {self._port})"
@@ -76,6 +81,14 @@ class AgentUsage:
     def node_note(self, node: str) -> str | None:
         """Why the node's usage is unknown, when it is."""
         return self._notes.get(node)
+
+    def remote_client(self, node: str, pod: str, uuid: str) -> RemoteClientLive | None:
+        """The share as ``node``'s report lists it under ``remoteClients``; unlisted (a report without
+        the field, from an older agent or a node serving nobody, lists nobody) when the report does not
+        name it; None when the report was not read."""
+        if node not in self._reports:
+            return None
+        return self._remote.get(node, {}).get((pod, uuid), RemoteClientLive(listed=False))
 
 
 def _sample(utilization: int | None, memory: int | None) -> CardUsageSample | None:

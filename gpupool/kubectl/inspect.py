@@ -14,7 +14,7 @@ from gpupool.core.model import CardMode
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.kubectl.snapshot import ClusterSnapshot
 from gpupool.kubectl.table import render_table
-from gpupool.kubectl.usage import CardUsageSample, UsageSource, usage_cell
+from gpupool.kubectl.usage import CardUsageSample, RemoteClientLive, UsageSource, usage_cell
 
 PERMILLE_PER_PERCENT = 10
 NO_CARD = "-"
@@ -37,13 +37,19 @@ class HolderView:
     remote_from: str | None = None
     """A remote share (docs/remote-gpu.md): the node the pod runs on and reaches this card from over
     the network ("" before its bind); None for a pod on this card's own node."""
+    remote_live: RemoteClientLive | None = None
+    """For a remote share, its live state as this card's node's GPU server reports it; None when not a
+    remote share or when that node's report was not read."""
 
     def shown(self) -> str:
         """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder,
         ``namespace/claim:name (...)`` for a DRA claim (booked as one container named after it);
-        ``remote from NODE`` for a pod using the card over the network from another node."""
+        ``remote from NODE`` for a pod using the card over the network from another node, followed by
+        its live state where the server's node agent reported (``, connected (2 connections)``)."""
         share = "whole card" if self.exclusive else f"{self.memory_mib}MiB, {percent(self.compute)}"
         remote = None if self.remote_from is None else f" remote from {self.remote_from or '(not bound yet)'}"
+        if remote is not None and self.remote_live is not None:
+            remote += f", {self.remote_live.shown()}"
         marks = "".join((" init" if self.init else "", " binding" if self.unbound else "", remote or ""))
         holder = self.pod if self.container == self.pod else f"{self.pod}/{self.container}"  # a DRA claim
         return f"{holder} ({share}){marks}"
@@ -99,7 +105,7 @@ def node_views(snapshot: ClusterSnapshot, usage: UsageSource, only: str | None =
     for row, spec in enumerate(state.specs):
         if not state.present[row] or (only is not None and spec.name != only):
             continue
-        holders = _holders(snapshot, row)
+        holders = _holders(snapshot, row, usage)
         over = set(state.over_capacity(spec.name))
         cards = tuple(
             CardView(index=card.index, uuid=card.uuid, model=card.model, healthy=use.healthy, mode=use.mode,
@@ -117,17 +123,23 @@ def node_views(snapshot: ClusterSnapshot, usage: UsageSource, only: str | None =
     return sorted(views, key=lambda v: v.name)
 
 
-def _holders(snapshot: ClusterSnapshot, row: int) -> dict[int, list[HolderView]]:
-    """Per card position of node ``row``, the containers holding a slice of it (by pod, then container)."""
+def _holders(snapshot: ClusterSnapshot, row: int, usage: UsageSource) -> dict[int, list[HolderView]]:
+    """Per card position of node ``row``, the containers holding a slice of it (by pod, then container);
+    a remote share carries its live state from this node's report (the GPU server runs here)."""
     state = snapshot.state
+    spec = state.specs[row]
     found: dict[int, list[HolderView]] = {}
     for key in sorted(state.pods_on.get(row, ())):
+        remote_from = snapshot.remote.get(key)
         for assigned in state.placements[key].containers:
             for piece in assigned.slices:
+                live = None
+                if remote_from is not None and 0 <= piece.card < len(spec.cards):
+                    live = usage.remote_client(spec.name, key, spec.cards[piece.card].uuid)
                 found.setdefault(piece.card, []).append(HolderView(
                     pod=key, container=assigned.container, memory_mib=piece.memory_mib, compute=piece.compute,
                     exclusive=piece.exclusive, init=assigned.init, unbound=key in snapshot.unbound,
-                    remote_from=snapshot.remote.get(key)))
+                    remote_from=remote_from, remote_live=live))
     return found
 
 
@@ -194,6 +206,13 @@ def _card_json(card: CardView) -> dict[str, Any]:
                                                    "memoryUsedMiB": card.usage.memory_used_mib},
         "holders": [{"pod": h.pod, "container": h.container, "init": h.init, "memoryMiB": h.memory_mib,
                      "computeMilli": h.compute, "exclusive": h.exclusive, "binding": h.unbound,
-                     "remoteFrom": h.remote_from}
+                     "remoteFrom": h.remote_from, "remoteLive": _remote_json(h.remote_live)}
                     for h in card.holders],
     }
+
+
+def _remote_json(live: RemoteClientLive | None) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    return {"listed": live.listed, "connections": live.connections, "memoryLimitMiB": live.memory_limit_mib,
+            "computeSharePercent": live.compute_share_percent}

@@ -27,6 +27,33 @@ class CardUsageSample:
         return f"{self.utilisation_pct:.0f}% {self.memory_used_mib}MiB"
 
 
+@dataclass(frozen=True)
+class RemoteClientLive:
+    """A remote share as the serving node's GPU server reports it (``remoteClients`` of the agent's
+    report): whether the server knows the client, its live connections, and the limits it holds it to.
+
+    Why not only a count: a booked share the server does not list (its clients file not yet
+    rewritten, or an agent too old to report remote clients) and a listed one with no connection
+    are different problems, and both differ from a node whose report could not be read at all
+    (then the view has no :class:`RemoteClientLive`, and the node's usage note says why)."""
+
+    listed: bool
+    connections: int | None = None
+    """Live authenticated connections; None while the server has not reported them."""
+    memory_limit_mib: int | None = None
+    compute_share_percent: int | None = None
+
+    def shown(self) -> str:
+        """The holder's suffix: ``connected (2 connections)``, ``booked, not connected``, ..."""
+        if not self.listed:
+            return "not in the node agent's report"
+        if self.connections is None:
+            return "connections not reported"
+        if self.connections == 0:
+            return "booked, not connected"
+        return f"connected ({self.connections} connection{'s' if self.connections != 1 else ''})"
+
+
 class UsageSource(Protocol):
     """Answers the measured use of one card of one node, or None when nobody reports it."""
 
@@ -35,6 +62,10 @@ class UsageSource(Protocol):
 
     def node_note(self, node: str) -> str | None:
         """Why ``node``'s usage is unknown (its agent unreachable, its monitor off), or None."""
+
+    def remote_client(self, node: str, pod: str, uuid: str) -> RemoteClientLive | None:
+        """Pod ``namespace/name``'s remote share on card ``uuid`` as ``node``'s GPU server reports it;
+        None when ``node``'s report was not read."""
 
 
 class NoUsage:
@@ -46,6 +77,10 @@ class NoUsage:
 
     def node_note(self, node: str) -> str | None:
         """Always None (not asking is no problem of the node)."""
+        return None
+
+    def remote_client(self, node: str, pod: str, uuid: str) -> RemoteClientLive | None:
+        """Always None (no report read)."""
         return None
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 
-from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_usage_report
+from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, RemoteClientUsageReport, encode_usage_report
 from gpupool.kubectl.agent_usage import AgentUsage
 from gpupool.kubectl.connection import ClusterAccessError
-from gpupool.kubectl.usage import CardUsageSample
+from gpupool.kubectl.usage import CardUsageSample, RemoteClientLive
 
 
 def report(node: str, utilization: int | None = 40) -> str:
@@ -82,3 +83,39 @@ def test_nodes_are_asked_in_parallel() -> None:
     begin = time.monotonic()
     AgentUsage(slow).fetch([f"n{i}" for i in range(8)])
     assert len(started) == 8 and time.monotonic() - begin < 1.5  # one after another: 2.4 s
+
+
+def serving(node: str, *clients: RemoteClientUsageReport) -> str:
+    """A GPU server's report listing ``clients`` under ``remoteClients``."""
+    cards = (CardUsageReport(0, f"GPU-{node}-0", "T4", "busy", 10, 1024, 16384, 1, 0.0),)
+    return encode_usage_report(NodeUsageReport(node, "proc-scan", 600.0, cards, (), clients))
+
+
+def test_remote_clients_come_from_the_serving_nodes_report() -> None:
+    answers = {"gpu": serving("gpu", RemoteClientUsageReport("ml", "r", 0, "GPU-gpu-0", 4000, 25, 2),
+                              RemoteClientUsageReport("ml", "idle", 0, "GPU-gpu-0", 2000, 10, 0),
+                              RemoteClientUsageReport("ml", "new", 0, "GPU-gpu-0", 1000, 5, None)),
+               "down": ClusterAccessError("503 Service Unavailable")}
+
+    def answer(node: str, port: int, path: str, timeout_s: float) -> str:
+        found = answers[node]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    source = AgentUsage(answer)
+    source.fetch(answers)
+    assert source.remote_client("gpu", "ml/r", "GPU-gpu-0") == RemoteClientLive(True, 2, 4000, 25)
+    assert source.remote_client("gpu", "ml/idle", "GPU-gpu-0") == RemoteClientLive(True, 0, 2000, 10)
+    assert source.remote_client("gpu", "ml/new", "GPU-gpu-0") == RemoteClientLive(True, None, 1000, 5)
+    assert source.remote_client("gpu", "ml/r", "GPU-gpu-1") == RemoteClientLive(listed=False)  # another card
+    assert source.remote_client("down", "ml/r", "GPU-down-0") is None  # not read: the node note says why
+
+
+def test_an_older_agents_report_without_remote_clients_lists_nobody() -> None:
+    old = json.loads(report("old"))
+    assert "remoteClients" not in old  # the shape an agent from before remote GPUs sends
+    source = AgentUsage(lambda *ask: json.dumps(old))
+    source.fetch(["old"])
+    assert source.node_note("old") is None and source.card_usage("old", "GPU-old-0") == CardUsageSample(40.0, 2048)
+    assert source.remote_client("old", "ml/r", "GPU-old-0") == RemoteClientLive(listed=False)

@@ -8,7 +8,7 @@ from gpupool.api.annotations import CardRef
 from gpupool.api.remote_share import RemoteShare, encode_remote_share
 from gpupool.kubectl.inspect import HEADERS, inspect_json, inspect_table, node_views
 from gpupool.kubectl.snapshot import build_snapshot
-from gpupool.kubectl.usage import CardUsageSample, NoUsage
+from gpupool.kubectl.usage import CardUsageSample, NoUsage, RemoteClientLive
 from tests.kubectl.objects import NAMES, NOW, assignment, gpu_node, gpu_pod, placed
 
 
@@ -20,6 +20,9 @@ class FixedUsage:
 
     def node_note(self, node: str) -> str | None:
         return "usage not read: 503 Service Unavailable" if node == "b" else None
+
+    def remote_client(self, node: str, pod: str, uuid: str) -> RemoteClientLive | None:
+        return None
 
 
 def views(usage: object = None, only: str | None = None) -> list:  # type: ignore[type-arg]
@@ -143,3 +146,47 @@ def test_a_remote_share_shows_on_the_servers_card_with_the_node_it_runs_on() -> 
     assert [h["remoteFrom"] for h in holders] == ["", "cpu"]
     local = inspect_json(views())["nodes"][0]["cards"][0]["holders"]
     assert {h["remoteFrom"] for h in local} == {None}
+
+
+SERVER_LIVE = {"team/r": RemoteClientLive(True, 2, 4000, 25), "team/q": RemoteClientLive(True, 0, 4000, 25),
+               "team/n": RemoteClientLive(True, None, 4000, 25)}
+
+
+class ServerReport:
+    """A usage source whose node ``gpu`` reports remote clients r (2 connections), q (none) and n
+    (connections not yet reported), lists nobody else, and whose node ``away`` could not be read."""
+
+    def card_usage(self, node: str, uuid: str) -> CardUsageSample | None:
+        return None
+
+    def node_note(self, node: str) -> str | None:
+        return "usage not read: 503 Service Unavailable" if node == "away" else None
+
+    def remote_client(self, node: str, pod: str, uuid: str) -> RemoteClientLive | None:
+        if node == "away":
+            return None
+        return SERVER_LIVE.get(pod, RemoteClientLive(listed=False)) if uuid == f"GPU-{node}-0" else None
+
+
+def test_a_remote_share_shows_its_live_state_from_the_servers_report() -> None:
+    nodes = [gpu_node("gpu", [16384]), gpu_node("away", [16384]), gpu_node("cpu", [])]
+    pods = [remote_pod(name, "cpu", "gpu") for name in ("r", "q", "n", "s")] + [remote_pod("t", "cpu", "away"),
+                                                                                placed("p1", "gpu", 0, 1)]
+    shown = node_views(build_snapshot(nodes, pods, NAMES, now=NOW.timestamp()), ServerReport())
+    away, _, server = shown
+    assert [h.shown() for h in server.cards[0].holders] == [
+        "team/n/main (4000MiB, 25%) remote from cpu, connections not reported",
+        "team/p1/main (256MiB, 0%)",
+        "team/q/main (4000MiB, 25%) remote from cpu, booked, not connected",
+        "team/r/main (4000MiB, 25%) remote from cpu, connected (2 connections)",
+        "team/s/main (4000MiB, 25%) remote from cpu, not in the node agent's report"]
+    assert [h.shown() for h in away.cards[0].holders] == ["team/t/main (4000MiB, 25%) remote from cpu"]
+    table = inspect_table(shown)
+    assert "remote from cpu, connected (2 connections)" in table and "node away: usage not read" in table
+    holders = {h["pod"]: h for h in inspect_json([server])["nodes"][0]["cards"][0]["holders"]}
+    assert holders["team/r"]["remoteLive"] == {"listed": True, "connections": 2, "memoryLimitMiB": 4000,
+                                               "computeSharePercent": 25}
+    assert holders["team/s"]["remoteLive"] == {"listed": False, "connections": None, "memoryLimitMiB": None,
+                                               "computeSharePercent": None}
+    assert holders["team/p1"]["remoteLive"] is None  # a local holder
+    assert inspect_json([away])["nodes"][0]["cards"][0]["holders"][0]["remoteLive"] is None  # not read
