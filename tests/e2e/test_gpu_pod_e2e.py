@@ -48,6 +48,7 @@ from tests.e2e.e2e_support import (
     env_from_log,
     expected_grant,
     gpu_pod_manifest,
+    log_tail,
     wait_for,
 )
 
@@ -101,6 +102,12 @@ def running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Po
     if pod.status.phase == "Failed":
         raise AssertionError(f"{name} failed: {pod.status.reason}: {pod.status.message}")
     return pod if pod.status.phase == "Running" else None
+
+
+def assignments_text(core_v1: client.CoreV1Api, namespace: str) -> str:
+    """Each pod's assignment annotation, one line each (for a failure's message)."""
+    return "\n".join(f"  {p.metadata.name}: {(p.metadata.annotations or {}).get(NAMES.assignment)}"
+                     for p in core_v1.list_namespaced_pod(namespace).items)
 
 
 def unschedulable(core_v1: client.CoreV1Api, namespace: str, name: str) -> str | None:
@@ -229,7 +236,13 @@ def test_gpu_pods_run_with_their_cards_and_survive_a_kubelet_restart(
         core_v1.create_namespaced_pod(namespace, gpu_pod_manifest(
             name, containers, node=node, init=init if name == "with-init" else None))
     for name in pods:
-        wait_for(lambda n=name: running(core_v1, namespace, n), timeout=90, what=f"{name} Running\n{agent.log()}")
+        try:
+            wait_for(lambda n=name: running(core_v1, namespace, n), timeout=90,
+                     what=f"{name} Running\n{agent.log()}")
+        except AssertionError as failed:  # a refused Allocate: what each pod was assigned, and both logs
+            extender_log = log_tail(gpupool_extender.log_path)
+            raise AssertionError(f"{failed}\nassignments:\n{assignments_text(core_v1, namespace)}\n"
+                                 f"node agent:\n{agent.log()}\nextender:\n{extender_log}") from None
     timings["shared, multi-card, alias and init-container pods: create to Running"] = time.monotonic() - created
     # The init container ran ("true" exits 0 in the fake runtime) before the app container started.
     [warmup] = core_v1.read_namespaced_pod("with-init", namespace).status.init_container_statuses
