@@ -93,6 +93,9 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     directory = session.config.getoption(OPTION)
     if directory is None or session.config.option.collectonly:
         return None  # pytest's own loop
+    if not str(directory).strip() or not Path(directory).is_dir():
+        # an unset shell variable gave "": claims would land in the working directory, shared by nobody
+        raise pytest.UsageError(f"{OPTION}={directory!r}: give an existing directory the runs share")
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         return None  # pytest's own loop reports the collection errors
     runs = module_runs(session.items)

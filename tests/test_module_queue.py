@@ -111,3 +111,15 @@ def test_without_the_option_the_plugin_leaves_pytest_alone(tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout
     assert "8 passed" in done.stdout
     assert "module queue" not in done.stdout
+
+
+@pytest.mark.parametrize("value", ["", "no-such-directory"])
+def test_an_empty_or_missing_queue_directory_is_refused(tmp_path: Path, value: str) -> None:
+    """``--module-queue=$DIR`` with DIR unset would claim modules in the working directory."""
+    root = suite(tmp_path / "suite")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.module_queue",
+                           f"--module-queue={value}"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode != 0, done.stdout
+    assert "give an existing directory the runs share" in done.stdout + done.stderr
