@@ -17,7 +17,7 @@ from typing import Any
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.claim_classes import Get, TemplateClasses
 from gpupool.extender.scheduler_steering import CLAIM, TEMPLATE
-from gpupool.extender.tenancy_watch import absent_is_empty
+from gpupool.extender.tenancy_watch import absent_is_empty, absent_is_none
 from gpupool.kube.listwatch import ListWatch
 
 GROUP = "resource.k8s.io"
@@ -64,18 +64,11 @@ def start_template_watch(templates: TemplateClasses, api_client: Any, stop: Any)
 def api_get(api_client: Any) -> Get:
     """A bounded read of one claim or template, None when the API has none (the webhook's miss path)."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     custom = client.CustomObjectsApi(api_client)
 
     def get(kind: str, namespace: str, name: str, timeout_s: float) -> Mapping[str, Any] | None:
-        try:
-            obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
-                                                      _request_timeout=timeout_s)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj if isinstance(obj, Mapping) else None
+        return absent_is_none(functools.partial(custom.get_namespaced_custom_object, GROUP, VERSION, namespace,
+                                                PLURALS[kind], name, _request_timeout=timeout_s))
 
     return get

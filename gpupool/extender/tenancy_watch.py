@@ -61,23 +61,30 @@ def _events(cache: ClusterCache, upsert: Callable[[dict[str, Any]], None],
     return on_event
 
 
+def absent_is_none(read: Callable[[], Any]) -> Mapping[str, Any] | None:
+    """One object read by ``read``: None where the API has none (404) or answers no object; any
+    other failure raises (the webhooks' bounded reads on a cache miss)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        obj = read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj if isinstance(obj, Mapping) else None
+
+
 def api_read_group(api_client: Any, api_group: str) -> Callable[[str, float], Mapping[str, Any] | None]:
     """A bounded read of one ResourceGroup, None when the API has none (the pod-group webhook
     confirms its cache's refusals with it: :mod:`gpupool.extender.group_subjects`)."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     custom = client.CustomObjectsApi(api_client)
 
     def read(name: str, timeout_s: float) -> Mapping[str, Any] | None:
-        try:
-            obj = custom.get_cluster_custom_object(api_group, API_VERSION, "resourcegroups", name,
-                                                   _request_timeout=timeout_s)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj if isinstance(obj, Mapping) else None
+        return absent_is_none(functools.partial(custom.get_cluster_custom_object, api_group, API_VERSION,
+                                                "resourcegroups", name, _request_timeout=timeout_s))
 
     return read
 
