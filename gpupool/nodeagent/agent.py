@@ -31,6 +31,7 @@ from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.kept_ledger import KeptLedger
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.schedule_check import CardStateRefused, check_assignment, refuse_slices
+from gpupool.nodeagent.served_container import ServedContainer
 from gpupool.nodeagent.types import (
     ContainerGrant,
     PodResourcesReader,
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 #: How long GetPreferredAllocation waits for its PodResources read (else: the last snapshot).
 PREFERRED_READ_S = 1.0
 
-AllocatedEncoder = Callable[[str, datetime, list["ServedContainer"]], str]
+AllocatedEncoder = Callable[[str, datetime, list[ServedContainer]], str]
 RefusalReporter = Callable[[PodKey, str], Coroutine[None, None, None]]
 """Tells a pod why its grant was refused (a Warning event; see :mod:`.schedule_check`)."""
 ClaimsGranted = Callable[[], list[PodView]]
@@ -68,16 +69,6 @@ class LentCapacity(Protocol):
         """Whether a granted pod holds lent capacity: it counts against its loan, not against what
         owners are booked on its cards, so it never refuses an owner's grant."""
         ...
-
-
-@dataclass
-class ServedContainer:
-    """What one container was served, accumulated over its resources (for ``allocated-v1``)."""
-
-    name: str
-    init: bool
-    record: ServedRecord
-    resources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from gpupool.api.annotations import (
     decode_allocated,
     encode_allocated,
 )
-from gpupool.nodeagent.agent import ServedContainer
+from gpupool.nodeagent.served_container import ServedContainer
 
 
 def encode_served(node: str, when: dt.datetime, served: list[ServedContainer]) -> str:

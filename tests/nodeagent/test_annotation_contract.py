@@ -24,7 +24,6 @@ from gpupool.core.model import (
     Topology,
 )
 from gpupool.kube.translate import node_spec, pod_request
-from gpupool.nodeagent.agent import ServedContainer
 from gpupool.nodeagent.allocated_codec import encode_served, served_resources
 from gpupool.nodeagent.allocation_mapper import ServedRecord
 from gpupool.nodeagent.device_layout import DeviceLayout
@@ -32,6 +31,7 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.kube_pod_source import node_patch
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.nodeagent.pod_view import pod_view_from_json
+from gpupool.nodeagent.served_container import ServedContainer
 
 NAMES = ResourceNames()
 WHEN = dt.datetime(2024, 5, 1, 10, 0, tzinfo=dt.UTC)
