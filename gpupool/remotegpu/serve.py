@@ -13,7 +13,11 @@ The supervisor also reports which clients are connected now in the connections f
 reads it): each authenticated connection's process names its pod and
 card (never the token) in a file of a second private directory, removed when it ends; the
 supervisor counts those of live processes of the C server, drops the files of processes that died
-without removing theirs, and rewrites ``status`` when the count changes (empty when it stops).
+without removing theirs, and rewrites ``status`` when what it reports changes (empty when it stops).
+A connection's file also says when it was authenticated and the bytes its client's allocations
+hold (rewritten by the C server within about 100 ms of a change); under ``--enforce-compute`` it
+names the interception library's region of the client's executor, where the library's compute
+controller records the client's measured SM use, which the supervisor reads from there.
 
 With a certificate and key the server speaks TLS; without, a listen address that is not loopback is
 refused unless ``allow_plain`` (docs/remote-gpu.md, "Trust").
@@ -30,9 +34,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -40,6 +44,7 @@ from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, 
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
 from gpupool.files.replace import replace_file
 from gpupool.shim.build import library_path
+from gpupool.shim.region import MAX_DEVICES, RegionFormatError, read_region
 from gpupool.shim.remote_build import server_program
 
 log = logging.getLogger(__name__)
@@ -155,10 +160,72 @@ def _child_of(pid: int, parent: int) -> bool:
     return len(fields) > 1 and fields[0] != "Z" and fields[1] == str(parent)
 
 
-def live_connections(directory: Path, server_pid: int) -> Counter[tuple[str, str]]:
-    """Connections per (pod, card uuid) the C server's client processes announced in ``directory``;
-    the file of a process that is gone (or not the server's child: its pid reused) is removed."""
-    found: Counter[tuple[str, str]] = Counter()
+@dataclass(frozen=True)
+class ConnectionLine:
+    """One connection's file: its client, since when (unix seconds), the bytes its allocations hold,
+    and where its SM use is measured (the card's ordinal in the library's region; -1 and no region:
+    not measured). A server older than the figures writes pod and card only (None, None, -1, "")."""
+
+    pod: str
+    card: str
+    since: int | None = None
+    held_bytes: int | None = None
+    ordinal: int = -1
+    region: str = ""
+
+
+def parse_connection_line(text: str) -> ConnectionLine | None:
+    """The file's line (``pod TAB card [TAB since TAB held TAB ordinal TAB region]``); None when it
+    names no client."""
+    fields = text.rstrip("\n").split("\t")
+    if len(fields) < 2 or not fields[0] or not fields[1]:
+        return None
+    if len(fields) < 6 or not all(f.lstrip("-").isdigit() for f in fields[2:5]):
+        return ConnectionLine(fields[0], fields[1])
+    return ConnectionLine(fields[0], fields[1], int(fields[2]), int(fields[3]), int(fields[4]), fields[5])
+
+
+def measured_sm_percent(line: ConnectionLine) -> int | None:
+    """The client's SM use as the interception library's compute controller last measured it in the
+    region the line names; None where nothing measures it (no region, no compute share: the library
+    runs no controller then, or a region that does not read)."""
+    if not line.region or not 0 <= line.ordinal < MAX_DEVICES:
+        return None
+    try:
+        card = read_region(Path(line.region)).devices[line.ordinal]
+    except (OSError, RegionFormatError):
+        return None
+    return card.util_container_percent if card.compute_percent > 0 else None
+
+
+SM_READ_S = 1.0
+"""How often a connection's region is read again: the library measures every 50 ms, but a region is
+about 40 kB and the report is read by people and scrapes, not by the limit."""
+
+
+@dataclass
+class SmReadings:
+    """:func:`measured_sm_percent` per region, each read at most every :data:`SM_READ_S`."""
+
+    _last: dict[tuple[str, int], tuple[float, int | None]] = field(default_factory=dict)
+
+    def __call__(self, line: ConnectionLine) -> int | None:
+        now, key = time.monotonic(), (line.region, line.ordinal)
+        cached = self._last.get(key)
+        if cached is None or now - cached[0] >= SM_READ_S:
+            cached = self._last[key] = (now, measured_sm_percent(line))
+        return cached[1]
+
+    def keep_only(self, lines: Sequence[ConnectionLine]) -> None:
+        """Forget the regions of connections that ended."""
+        live = {(line.region, line.ordinal) for line in lines}
+        self._last = {key: value for key, value in self._last.items() if key in live}
+
+
+def connection_lines(directory: Path, server_pid: int) -> list[ConnectionLine]:
+    """The connections the C server's client processes announced in ``directory``; the file of a
+    process that is gone (or not the server's child: its pid reused) is removed."""
+    found: list[ConnectionLine] = []
     for entry in directory.iterdir():
         if not entry.name.isdigit():
             continue  # a file being written (".<pid>")
@@ -166,9 +233,35 @@ def live_connections(directory: Path, server_pid: int) -> Counter[tuple[str, str
             entry.unlink(missing_ok=True)
             continue
         with contextlib.suppress(OSError):
-            pod, _, card = entry.read_text().rstrip("\n").partition("\t")
-            if pod and card:
-                found[(pod, card)] += 1
+            line = parse_connection_line(entry.read_text())
+            if line is not None:
+                found.append(line)
+    return found
+
+
+def live_connections(directory: Path, server_pid: int,
+                     sm: Callable[[ConnectionLine], int | None] = measured_sm_percent) -> list[ClientConnections]:
+    """What :func:`summed` makes of the connections announced in ``directory`` now."""
+    return summed(connection_lines(directory, server_pid), sm)
+
+
+def summed(lines: Sequence[ConnectionLine],
+           sm: Callable[[ConnectionLine], int | None] = measured_sm_percent) -> list[ClientConnections]:
+    """Per (pod, card): the live connections, the bytes their allocations hold (None when a line
+    does not say), the oldest one's start and the SM use ``sm`` reads (summed over the connections
+    that measure it, at most 100), sorted by pod and card."""
+    grouped: defaultdict[tuple[str, str], list[ConnectionLine]] = defaultdict(list)
+    for line in lines:
+        grouped[(line.pod, line.card)].append(line)
+    found = []
+    for (pod, card), group in sorted(grouped.items()):
+        held = [line.held_bytes for line in group]
+        since = [line.since for line in group if line.since is not None]
+        used = [m for m in map(sm, group) if m is not None]
+        found.append(ClientConnections(pod, card, len(group),
+                                       memory_used_bytes=None if None in held else sum(h or 0 for h in held),
+                                       connected_since=min(since) if since else None,
+                                       sm_percent=min(sum(used), 100) if used else None))
     return found
 
 
@@ -180,13 +273,15 @@ class ConnectionsReport:
     status: Path
     _last: str | None = None
     _failed: bool = False
+    _sm: SmReadings = field(default_factory=SmReadings)
 
     def refresh(self, server_pid: int | None) -> bool:
         """Count again (``server_pid`` None: the server is gone, nothing is connected); True when
         ``status`` was rewritten. A status that cannot be written is logged once and tried again at
         the next change: reporting must never stop the server."""
-        counts = live_connections(self.directory, server_pid) if server_pid is not None else Counter()
-        text = encode_connections(ClientConnections(pod, card, n) for (pod, card), n in counts.items())
+        lines = connection_lines(self.directory, server_pid) if server_pid is not None else []
+        self._sm.keep_only(lines)
+        text = encode_connections(summed(lines, self._sm))
         if text == self._last:
             return False
         try:

@@ -308,21 +308,42 @@ static uint64_t now_ms(void) {
 
 /* With --status-dir, an authenticated connection's process names its client (pod and card, never
  * the token) in <status-dir>/<pid> and removes it when it ends; the supervisor drops the file of a
- * process that died without removing it (killed), so it reports what is connected now. */
+ * process that died without removing it (killed), so it reports what is connected now. The line:
+ *   pod TAB card TAB connected-since (unix seconds) TAB held bytes TAB ordinal TAB region
+ * held: the bytes of the client's live allocations (what its memory limit counts), rewritten at most
+ * every CHECK_MS when it changed. Under --shim the executor rewrites its connection's file
+ * (--status-file) and adds the card's ordinal and the interception library's region, where the
+ * library records the client's measured SM use; otherwise the ordinal is -1 and the region empty. */
 static const char *status_dir;
 static char status_file[4096];
+static long long connected_since;
+static unsigned long long reported_held = ~0ull; /* none reported yet */
+static int executor_mode;
+
+static void write_status(void) {
+    if (status_file[0] == 0) return;
+    char staged[sizeof status_file + 16];
+    const char *slash = strrchr(status_file, '/');
+    int directory = slash == NULL ? 0 : (int)(slash - status_file) + 1;
+    snprintf(staged, sizeof staged, "%.*s.%d", directory, status_file, (int)getpid());
+    const char *shim_dir = executor_mode ? getenv("GPUPOOL_SHIM_DIR") : NULL;
+    FILE *file = fopen(staged, "we");
+    int written = file != NULL && fprintf(file, "%s\t%s\t%lld\t%llu\t%d\t%s%s\n", me.pod, me.card, connected_since,
+                                          held, shim_dir != NULL ? device : -1, shim_dir != NULL ? shim_dir : "",
+                                          shim_dir != NULL ? "/memory.region" : "") > 0;
+    if (file == NULL || fclose(file) != 0 || !written || rename(staged, status_file) != 0) {
+        unlink(staged);
+        return;
+    }
+    reported_held = held;
+}
 
 static void mark_connected(void) {
     if (status_dir == NULL) return;
-    char staged[sizeof status_file];
     snprintf(status_file, sizeof status_file, "%s/%d", status_dir, (int)getpid());
-    snprintf(staged, sizeof staged, "%s/.%d", status_dir, (int)getpid());
-    FILE *file = fopen(staged, "we");
-    int written = file != NULL && fprintf(file, "%s\t%s\n", me.pod, me.card) > 0;
-    if (file == NULL || fclose(file) != 0 || !written || rename(staged, status_file) != 0) {
-        unlink(staged);
-        status_file[0] = 0;
-    }
+    connected_since = (long long)time(NULL);
+    write_status();
+    if (reported_held == ~0ull) status_file[0] = 0; /* not written: nothing to remove or rewrite */
 }
 
 static void mark_gone(void) {
@@ -337,6 +358,7 @@ static void check_entry(void) {
     uint64_t now = now_ms();
     if (now - last_ms < CHECK_MS) return;
     last_ms = now;
+    if (held != reported_held) write_status();
     struct stat info;
     if (stat(clients_path, &info) != 0) return;
     if (info.st_mtim.tv_sec == seen.tv_sec && info.st_mtim.tv_nsec == seen.tv_nsec) return;
@@ -815,8 +837,9 @@ static int start_executor(const struct remote_header *h, uint32_t version, const
     pid_t child = fork();
     if (child == 0) {
         close(pair[0]);
-        char fd[16], memory[32], compute[16], entry[REMOTE_MAX_TOKEN + 1];
+        char fd[16], memory[32], compute[16], entry[REMOTE_MAX_TOKEN + 1], since[24];
         snprintf(fd, sizeof fd, "%d", pair[1]);
+        snprintf(since, sizeof since, "%lld", connected_since);
         snprintf(memory, sizeof memory, "%llu", me.memory_mib);
         snprintf(compute, sizeof compute, "%d", me.compute_percent);
         snprintf(entry, sizeof entry, "%.*s", (int)length, token);
@@ -827,7 +850,8 @@ static int start_executor(const struct remote_header *h, uint32_t version, const
         setenv("GPUPOOL_SHIM_DIR", shim_dir, 1);
         setenv("GPUPOOL_POD", me.pod, 1);
         char *args[] = {(char *)self_path, "--executor", fd, "--clients", (char *)clients_path, "--driver",
-                        (char *)driver_path_used, NULL};
+                        (char *)driver_path_used, "--since", since, "--status-file", status_file, NULL};
+        if (status_file[0] == 0) args[9] = NULL; /* no --status-dir: nothing to report */
         execv(self_path, args);
         _exit(127);
     }
@@ -853,8 +877,8 @@ static void serve_through_executor(void) {
         return;
     }
     char shim_dir[] = "/tmp/gpupool-remote-client-XXXXXX";
+    mark_connected(); /* before the executor starts: it rewrites this file as its client's memory changes */
     int pair = start_executor(&h, version, token, length, shim_dir);
-    if (pair >= 0) mark_connected();
     if (pair >= 0) relay(pair), close(pair);
     char region[sizeof shim_dir + 32];
     snprintf(region, sizeof region, "%s/memory.region", shim_dir);
@@ -985,6 +1009,9 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--shim") == 0 && i + 1 < argc) shim_path = argv[++i];
         else if (strcmp(argv[i], "--executor") == 0 && i + 1 < argc) executor_fd = atoi(argv[++i]);
         else if (strcmp(argv[i], "--status-dir") == 0 && i + 1 < argc) status_dir = argv[++i];
+        else if (strcmp(argv[i], "--status-file") == 0 && i + 1 < argc) /* the executor's */
+            snprintf(status_file, sizeof status_file, "%s", argv[++i]);
+        else if (strcmp(argv[i], "--since") == 0 && i + 1 < argc) connected_since = atoll(argv[++i]);
         else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) tls_certificate = argv[++i];
         else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) tls_key = argv[++i];
         else if (strcmp(argv[i], "--max-clients") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) max_clients = atoi(argv[++i]);
@@ -998,6 +1025,7 @@ int main(int argc, char **argv) {
     driver_path_used = driver_path;
     self_path = "/proc/self/exe";
     if (executor_fd >= 0 && clients_path != NULL) { /* one client's calls, handed over by its connection */
+        executor_mode = 1;
         if (load_driver(driver_path) != 0) return 1;
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         sock = executor_fd;
