@@ -41,6 +41,14 @@ and from older agents)::
 ``card`` is -1 for a uuid the node does not have; ``connections`` (live connections to the
 server) is null while the server has not reported them.
 
+What a connected client uses now, as the GPU server reports it (optional, each absent where the
+server did not say: no live connection, not measured, or an older agent or server):
+``"memoryUsedMiB"``, what its live allocations hold on the card (MiB, rounded up: what its memory
+limit counts, not the context's own overhead); ``"connectedSince"``, when its oldest live
+connection was authenticated (RFC 3339, UTC); ``"smPercent"``, its SM use in per cent of the card,
+only where the server runs it under the interception library with a compute share
+(docs/remote-gpu.md, "What a client uses").
+
 The report is de-sensitised (docs/monitor.md, "What the control center sees"): names of pods and
 containers, figures and counts, never a process's name, command line, environment, a host path or
 a pid.
@@ -48,12 +56,13 @@ a pid.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.fields import SCHEMA_VERSION, AnnotationError, field, load_document
+from gpupool.api.fields import SCHEMA_VERSION, AnnotationError, field, format_time, load_document, parse_time
 
 USAGE_REPORT_PATH = "usage.json"
 """Where the node agent serves the report, on its metrics port (``/usage.json``)."""
@@ -107,6 +116,12 @@ class RemoteClientUsageReport:
     memory_limit_mib: int
     compute_share_percent: int
     connections: int | None
+    memory_used_mib: int | None = None
+    """What its live allocations hold on the card (None: not reported)."""
+    connected_since: dt.datetime | None = None
+    """When its oldest live connection was authenticated (None: not reported)."""
+    sm_percent: int | None = None
+    """Its SM use, where the server measures it (None: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,8 @@ _HEARTBEAT_FIELDS = (("heartbeat_age_seconds", "heartbeatAgeSeconds", (int, floa
 _REMOTE_FIELDS = (("namespace", "namespace", str), ("pod", "pod", str), ("card", "card", int), ("uuid", "uuid", str),
                   ("memory_limit_mib", "memoryLimitMiB", int), ("compute_share_percent", "computeSharePercent", int),
                   ("connections", "connections", (int, type(None))))
+_REMOTE_USE_FIELDS = (("memory_used_mib", "memoryUsedMiB", int), ("sm_percent", "smPercent", int))
+"""Optional remote client fields: read when present (``connectedSince`` too, a time)."""
 
 
 def encode_usage_report(report: NodeUsageReport) -> str:
@@ -148,9 +165,24 @@ def encode_usage_report(report: NodeUsageReport) -> str:
         "containers": [_container_doc(c) for c in report.containers],
     }
     if report.remote_clients:
-        doc["remoteClients"] = [{key: getattr(r, attr) for attr, key, _ in _REMOTE_FIELDS}
-                                for r in report.remote_clients]
+        doc["remoteClients"] = [_remote_doc(r) for r in report.remote_clients]
     return json.dumps(doc)
+
+
+def _remote_doc(row: RemoteClientUsageReport) -> dict[str, Any]:
+    doc = {key: getattr(row, attr) for attr, key, _ in _REMOTE_FIELDS}
+    doc.update({key: getattr(row, attr) for attr, key, _ in _REMOTE_USE_FIELDS if getattr(row, attr) is not None})
+    if row.connected_since is not None:
+        doc["connectedSince"] = format_time(row.connected_since)
+    return doc
+
+
+def _read_remote(item: Any, where: str) -> RemoteClientUsageReport:
+    fields = _read(item, _REMOTE_FIELDS, where)
+    since = item.get("connectedSince")
+    if since is not None:
+        fields["connected_since"] = parse_time(field(item, "connectedSince", str, where), f"{where}.connectedSince")
+    return RemoteClientUsageReport(**fields, **_optional(item, _REMOTE_USE_FIELDS, where))
 
 
 def _card_doc(card: CardUsageReport) -> dict[str, Any]:
@@ -180,7 +212,7 @@ def decode_usage_report(text: str) -> NodeUsageReport:
     containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"),
                                             **_optional(item, _HEARTBEAT_FIELDS, f"{_WHAT}.containers[{i}]"))
                        for i, item in enumerate(_items(doc, "containers")))
-    remote = tuple(RemoteClientUsageReport(**_read(item, _REMOTE_FIELDS, f"{_WHAT}.remoteClients[{i}]"))
+    remote = tuple(_read_remote(item, f"{_WHAT}.remoteClients[{i}]")
                    for i, item in enumerate(_items(doc, "remoteClients") if "remoteClients" in doc else []))
     return NodeUsageReport(node=field(doc, "node", str, _WHAT), source=field(doc, "source", str, _WHAT),
                            idle_after_seconds=float(field(doc, "idleAfterSeconds", (int, float), _WHAT)),

@@ -171,9 +171,9 @@ class NodeAgentCollector(Collector):
 
 
 def remote_client_families(node: str, rows: Sequence[RemoteClientRow]) -> Iterator[Metric]:
-    """Per remote client: the memory and compute share booked for it on this node's card and its
-    live connections (labels :data:`REMOTE_CLIENT_LABELS`; the card ``-1`` when its uuid is not one
-    of this node's)."""
+    """Per remote client: the memory and compute share booked for it on this node's card, its live
+    connections and, while connected, what it uses and since when (labels
+    :data:`REMOTE_CLIENT_LABELS`; the card ``-1`` when its uuid is not one of this node's)."""
     memory = GaugeMetricFamily("gpupool_remote_client_memory_limit_bytes",
                                "Memory booked for a remote client on the card (bytes)", labels=REMOTE_CLIENT_LABELS)
     share = GaugeMetricFamily("gpupool_remote_client_compute_share_ratio",
@@ -186,12 +186,31 @@ def remote_client_families(node: str, rows: Sequence[RemoteClientRow]) -> Iterat
     live = GaugeMetricFamily("gpupool_remote_client_connections",
                              "Live connections of a remote client to this node's GPU server for the card "
                              "(absent while the server has not reported them)", labels=REMOTE_CLIENT_LABELS)
+    used = GaugeMetricFamily("gpupool_remote_client_memory_used_bytes",
+                             "Device memory a remote client's live allocations hold on the card, all its "
+                             "connections together (bytes; absent while not connected)", labels=REMOTE_CLIENT_LABELS)
+    sm = GaugeMetricFamily("gpupool_remote_client_sm_utilization_ratio",
+                           "SM use of a remote client on the card (0 to 1), where the GPU server measures it "
+                           "(--enforce-compute with a compute share; absent otherwise)", labels=REMOTE_CLIENT_LABELS)
+    since = GaugeMetricFamily("gpupool_remote_client_connected_since_timestamp_seconds",
+                              "When the oldest live connection of a remote client was authenticated (unix seconds; "
+                              "absent while not connected)", labels=REMOTE_CLIENT_LABELS)
     for row in rows:
+        labels = [node, row.namespace, row.pod, str(row.card), row.uuid]
         if row.connections is not None:
-            live.add_metric([node, row.namespace, row.pod, str(row.card), row.uuid], float(row.connections))
+            live.add_metric(labels, float(row.connections))
+        if row.memory_used_bytes is not None:
+            used.add_metric(labels, float(row.memory_used_bytes))
+        if row.sm_percent is not None:
+            sm.add_metric(labels, row.sm_percent / 100)
+        if row.connected_since is not None:
+            since.add_metric(labels, float(row.connected_since))
     yield memory
     yield share
     yield live
+    yield used
+    yield sm
+    yield since
 
 
 def agent_registry(agent: NodeAgent, extra: Iterable[Collector] = (),

@@ -11,17 +11,27 @@ the server serves (the file is rewritten on every change); an absent or unreadab
 client (the server serves none either). Whether a client is connected comes from the server's
 connections file beside it (:mod:`gpupool.api.remote_connections`): how many live connections
 each pod has to its card, unknown (None) while that file is absent or unreadable (a server that
-has not started yet, or one older than this report).
+has not started yet, or one older than this report). The same file says what each connected client
+uses now: the bytes its allocations hold on the card, since when it is connected, and its SM use
+where the server measures it (under ``--enforce-compute`` with a compute share); each is None where
+the server did not say (not connected, not measured, or a server older than the figure).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.api.remote_connections import CONNECTIONS_FILE, ConnectionsFileError, decode_connections
+from gpupool.api.remote_connections import (
+    CONNECTIONS_FILE,
+    ClientConnections,
+    ConnectionsFileError,
+    decode_connections,
+)
 from gpupool.api.remote_gpu import ClientsFileError, decode_clients
+from gpupool.core.units import BYTES_PER_MIB
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 
 UNKNOWN_CARD = -1
@@ -42,6 +52,12 @@ class RemoteClientRow:
     """0 to 100, rounded down from the booked per mille; 0 is no compute limit."""
     connections: int | None = None
     """The pod's live connections to the server for this card (None: the server did not say)."""
+    memory_used_bytes: int | None = None
+    """Bytes its live allocations hold on the card, all connections together (None: not said)."""
+    connected_since: int | None = None
+    """Unix seconds: when its oldest live connection was authenticated (None: not said)."""
+    sm_percent: int | None = None
+    """Its SM use in per cent of the card, where the server measures it (None: not measured)."""
 
 
 def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tuple[RemoteClientRow, ...]:
@@ -57,16 +73,21 @@ def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tu
     rows = []
     for client in clients:
         namespace, _, name = client.pod.partition("/")
-        count = None if live is None else live.get((client.pod, client.card_uuid), 0)
+        entry = None if live is None else live.get((client.pod, client.card_uuid))
+        count = None if live is None else entry.connections if entry is not None else 0
         rows.append(RemoteClientRow(namespace, name, index.get(client.card_uuid, UNKNOWN_CARD), client.card_uuid,
-                                    client.memory_mib, client.compute_percent, count))
+                                    client.memory_mib, client.compute_percent, count,
+                                    memory_used_bytes=entry.memory_used_bytes if entry is not None else None,
+                                    connected_since=entry.connected_since if entry is not None else None,
+                                    sm_percent=entry.sm_percent if entry is not None else None))
     return tuple(sorted(rows, key=lambda r: (r.namespace, r.pod, r.card)))
 
 
-def connected(path: Path) -> dict[tuple[str, str], int] | None:
-    """Live connections per (pod, card uuid) as the server last wrote them; None when unknown."""
+def connected(path: Path) -> dict[tuple[str, str], ClientConnections] | None:
+    """The server's entry per (pod, card uuid) of the clients connected, as it last wrote them; None
+    when unknown."""
     try:
-        return {(e.pod, e.card_uuid): e.connections for e in decode_connections(path.read_text())}
+        return {(e.pod, e.card_uuid): e for e in decode_connections(path.read_text())}
     except (OSError, UnicodeDecodeError, ConnectionsFileError):
         return None
 
@@ -97,10 +118,24 @@ def remote_table(rows: tuple[RemoteClientRow, ...]) -> str:
     if not rows:
         return ""
     lines = ["", f"{'REMOTE CLIENT NAMESPACE/POD':<48}{'CARD':>5}{'MEM BOOKED MiB':>16}{'SHARE%':>8}"
-                 f"{'CONNECTIONS':>13}"]
+                 f"{'CONNECTIONS':>13}{'MEM USED MiB':>14}{'SM%':>5}  CONNECTED SINCE"]
     for r in rows:
         card = "?" if r.card == UNKNOWN_CARD else str(r.card)
         share = str(r.compute_percent) if r.compute_percent else "-"
         live = "?" if r.connections is None else str(r.connections)
-        lines.append(f"{f'{r.namespace}/{r.pod}'[:47]:<48}{card:>5}{r.memory_mib:>16}{share:>8}{live:>13}")
+        used = "-" if r.memory_used_bytes is None else str(used_mib(r.memory_used_bytes))
+        sm = "-" if r.sm_percent is None else str(r.sm_percent)
+        since = "-" if r.connected_since is None else f"{since_time(r.connected_since):%Y-%m-%dT%H:%M:%SZ}"
+        lines.append(f"{f'{r.namespace}/{r.pod}'[:47]:<48}{card:>5}{r.memory_mib:>16}{share:>8}{live:>13}"
+                     f"{used:>14}{sm:>5}  {since}")
     return "\n".join(lines) + "\n"
+
+
+def used_mib(used_bytes: int) -> int:
+    """Bytes as whole MiB, rounded up: a client that holds anything never reads as holding nothing."""
+    return -(-used_bytes // BYTES_PER_MIB)
+
+
+def since_time(unix_seconds: int) -> dt.datetime:
+    """The server's unix seconds as an aware UTC time."""
+    return dt.datetime.fromtimestamp(unix_seconds, dt.UTC)

@@ -26,7 +26,7 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.shim_registry import Heartbeat
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.monitor.usage_state import DeviceState
-from gpupool.nodeagent.remote_usage import RemoteClientRow
+from gpupool.nodeagent.remote_usage import RemoteClientRow, since_time, used_mib
 from gpupool.nodeagent.types import PodView
 
 
@@ -63,7 +63,7 @@ def card_rows(monitor: UsageMonitor, inventory: GpuInventory) -> tuple[CardUsage
                                  sampled.utilization_percent if sampled else None,
                                  sampled.memory_used_mib if sampled else None,
                                  sampled.memory_total_mib if sampled else card.memory_mib,
-                                 len(device.holders) - len(device.users) if device else 0))
+                                 sum(1 for h in device.holders if h.infrastructure) if device else 0))
     return tuple(rows)
 
 
@@ -123,8 +123,11 @@ def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods
         containers = tuple(_with_heartbeat(row, heartbeats.get((row.namespace, row.pod, row.container)))
                            for row in containers)
     source = monitor.source.name if monitor.source is not None else "none"
-    remote_clients = tuple(RemoteClientUsageReport(r.namespace, r.pod, r.card, r.uuid, r.memory_mib,
-                                                   r.compute_percent, r.connections) for r in remote)
+    remote_clients = tuple(RemoteClientUsageReport(
+        r.namespace, r.pod, r.card, r.uuid, r.memory_mib, r.compute_percent, r.connections,
+        memory_used_mib=None if r.memory_used_bytes is None else used_mib(r.memory_used_bytes),
+        connected_since=None if r.connected_since is None else since_time(r.connected_since),
+        sm_percent=r.sm_percent) for r in remote)
     return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers, remote_clients)
 
 

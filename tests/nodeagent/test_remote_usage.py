@@ -5,6 +5,7 @@ extender books them on this node's card). Tokens never appear."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,9 +51,15 @@ def clients_file(tmp_path: Path) -> Path:
     return path
 
 
+SINCE = 1_800_000_000
+"""2027-01-15T08:00:00Z, when ml/train-0's oldest connection was authenticated."""
+
+
 def connected(tmp_path: Path) -> None:
-    """The server's report: ml/train-0 has two connections (two processes), nobody else any."""
-    (tmp_path / CONNECTIONS_FILE).write_text(encode_connections([ClientConnections("ml/train-0", "GPU-1", 2)]))
+    """The server's report: ml/train-0 has two connections (two processes) holding 1.5 GiB and a
+    byte, using 40 % of the card's SMs, nobody else any."""
+    (tmp_path / CONNECTIONS_FILE).write_text(encode_connections([
+        ClientConnections("ml/train-0", "GPU-1", 2, 1536 * MIB + 1, SINCE, 40)]))
 
 
 def test_rows_name_pod_card_and_share_ordered_and_without_tokens(tmp_path: Path) -> None:
@@ -64,7 +71,10 @@ def test_rows_name_pod_card_and_share_ordered_and_without_tokens(tmp_path: Path)
     assert not any(token in repr(rows) for token in TOKENS)
     assert remote_booked(rows) == {1: RemoteBooked(clients=2, memory_mib=5120, compute_permille=250)}
     connected(tmp_path)
-    assert [r.connections for r in remote_client_rows(clients_file(tmp_path), INVENTORY)] == [0, 2, 0]
+    rows = remote_client_rows(clients_file(tmp_path), INVENTORY)
+    assert [r.connections for r in rows] == [0, 2, 0]
+    assert [(r.memory_used_bytes, r.connected_since, r.sm_percent) for r in rows] == [
+        (None, None, None), (1536 * MIB + 1, SINCE, 40), (None, None, None)]  # not connected: nothing said
     (tmp_path / CONNECTIONS_FILE).write_text("{")
     assert [r.connections for r in remote_client_rows(clients_file(tmp_path), INVENTORY)] == [None] * 3
 
@@ -88,13 +98,14 @@ def test_card_reports_add_remote_shares_to_the_booked_totals() -> None:
 
 def test_the_table_lists_each_client_and_is_empty_without_any(tmp_path: Path) -> None:
     path = clients_file(tmp_path)
-    assert remote_table(remote_client_rows(path, INVENTORY)).splitlines()[2].split()[-1] == "?"
+    assert remote_table(remote_client_rows(path, INVENTORY)).splitlines()[2].split()[-4:] == ["?", "-", "-", "-"]
     connected(tmp_path)
     lines = remote_table(remote_client_rows(path, INVENTORY)).splitlines()
-    assert lines[1].startswith("REMOTE CLIENT NAMESPACE/POD") and lines[1].endswith("CONNECTIONS")
-    assert lines[2].split() == ["ml/infer-0", "1", "1024", "-", "0"]
-    assert lines[3].split() == ["ml/train-0", "1", "4096", "25", "2"]
-    assert lines[4].split() == ["web/gone", "?", "512", "10", "0"]
+    assert lines[1].startswith("REMOTE CLIENT NAMESPACE/POD") and lines[1].endswith("CONNECTED SINCE")
+    assert lines[1].split()[-7:] == ["CONNECTIONS", "MEM", "USED", "MiB", "SM%", "CONNECTED", "SINCE"]
+    assert lines[2].split() == ["ml/infer-0", "1", "1024", "-", "0", "-", "-", "-"]
+    assert lines[3].split() == ["ml/train-0", "1", "4096", "25", "2", "1537", "40", "2027-01-15T08:00:00Z"]
+    assert lines[4].split() == ["web/gone", "?", "512", "10", "0", "-", "-", "-"]
     assert remote_table(()) == ""
 
 
@@ -146,13 +157,19 @@ def test_metrics_and_usage_page_show_the_remote_clients(tmp_path: Path) -> None:
     assert got["gpupool_remote_client_connections"] == {
         client("ml", "infer-0", 1, "GPU-1"): 0, client("ml", "train-0", 1, "GPU-1"): 2,
         client("web", "gone", -1, "GPU-other"): 0}
+    train = client("ml", "train-0", 1, "GPU-1")
+    assert got["gpupool_remote_client_memory_used_bytes"] == {train: 1536 * MIB + 1}  # only the connected
+    assert got["gpupool_remote_client_sm_utilization_ratio"] == {train: 0.4}
+    assert got["gpupool_remote_client_connected_since_timestamp_seconds"] == {train: SINCE}
     assert before["gpupool_card_remote_clients"] == {card(0): 0, card(1): 0}
     assert "gpupool_remote_client_memory_limit_bytes" not in before
     assert "ml/train-0" in page and "REMOTE CLIENT" in page
     assert decode_usage_report(document).remote_clients == (
         RemoteClientUsageReport("ml", "infer-0", 1, "GPU-1", 1024, 0, 0),
-        RemoteClientUsageReport("ml", "train-0", 1, "GPU-1", 4096, 25, 2),
+        RemoteClientUsageReport("ml", "train-0", 1, "GPU-1", 4096, 25, 2, memory_used_mib=1537,  # rounded up
+                                connected_since=dt.datetime(2027, 1, 15, 8, tzinfo=dt.UTC), sm_percent=40),
         RemoteClientUsageReport("web", "gone", -1, "GPU-other", 512, 10, 0))
+    assert '"connectedSince": "2027-01-15T08:00:00.000000Z"' in document
     assert not any(token in text or token in page or token in document for token in TOKENS)
 
 
@@ -165,3 +182,9 @@ def test_the_usage_document_carries_remote_clients_only_when_there_are_some() ->
     broken = encode_usage_report(served).replace('"memoryLimitMiB": 512', '"memoryLimitMiB": "512"')
     with pytest.raises(AnnotationError, match=r"remoteClients\[0\]"):
         decode_usage_report(broken)
+    assert '"memoryUsedMiB"' not in encode_usage_report(served)  # not reported: absent, not 0
+    using = replace(report, remote_clients=(RemoteClientUsageReport(
+        "ml", "a", 0, "GPU-0", 512, 0, 1, 300, dt.datetime(2027, 1, 15, 8, 0, 1, tzinfo=dt.UTC), 12),))
+    assert decode_usage_report(encode_usage_report(using)) == using
+    with pytest.raises(AnnotationError, match=r"remoteClients\[0\]\.connectedSince"):
+        decode_usage_report(encode_usage_report(using).replace("2027-01-15T08:00:01.000000Z", "soon"))
