@@ -56,8 +56,10 @@ class AgentUsage:
                     self._reports[node] = {card.uuid: _sample(card.utilization_percent, card.memory_used_mib)
                                            for card in outcome.cards}
                     self._remote[node] = {
-                        (f"{r.namespace}/{r.pod}", r.uuid): RemoteClientLive(True, r.connections, r.memory_limit_mib,
-                                                                            r.compute_share_percent)
+                        (f"{r.namespace}/{r.pod}", r.uuid): RemoteClientLive(
+                            True, r.connections, r.memory_limit_mib, r.compute_share_percent,
+                            memory_used_mib=r.memory_used_mib, sm_percent=r.sm_percent,
+                            connected_since=r.connected_since)
                         for r in outcome.remote_clients}
 
     def _ask(self, node: str) -> NodeUsageReport | str:

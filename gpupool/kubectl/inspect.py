@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.api.fields import format_time
 from gpupool.core.model import CardMode
 from gpupool.core.units import COMPUTE_PER_CARD
 from gpupool.kubectl.snapshot import ClusterSnapshot
@@ -215,4 +216,6 @@ def _remote_json(live: RemoteClientLive | None) -> dict[str, Any] | None:
     if live is None:
         return None
     return {"listed": live.listed, "connections": live.connections, "memoryLimitMiB": live.memory_limit_mib,
-            "computeSharePercent": live.compute_share_percent}
+            "computeSharePercent": live.compute_share_percent, "memoryUsedMiB": live.memory_used_mib,
+            "smPercent": live.sm_percent,
+            "connectedSince": None if live.connected_since is None else format_time(live.connected_since)}

@@ -8,6 +8,7 @@ usage is read, switched off (:class:`NoUsage`) or unreachable on some nodes (``-
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,16 +43,31 @@ class RemoteClientLive:
     """Live authenticated connections; None while the server has not reported them."""
     memory_limit_mib: int | None = None
     compute_share_percent: int | None = None
+    memory_used_mib: int | None = None
+    """What the client's allocations hold on the card now; None: not reported (not connected, or an
+    older agent or server)."""
+    sm_percent: int | None = None
+    """Its SM use, where the server measures it (None: not measured)."""
+    connected_since: dt.datetime | None = None
+    """When its oldest live connection was authenticated (None: not reported)."""
 
     def shown(self) -> str:
-        """The holder's suffix: ``connected (2 connections)``, ``booked, not connected``, ..."""
+        """The holder's suffix: ``connected (2 connections) since 2027-01-15T08:00:00Z, 1536MiB used,
+        40% SM``, ``booked, not connected``, ... (a figure the server did not report is left out)."""
         if not self.listed:
             return "not in the node agent's report"
         if self.connections is None:
             return "connections not reported"
         if self.connections == 0:
             return "booked, not connected"
-        return f"connected ({self.connections} connection{'s' if self.connections != 1 else ''})"
+        text = f"connected ({self.connections} connection{'s' if self.connections != 1 else ''})"
+        if self.connected_since is not None:
+            text += f" since {self.connected_since.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+        if self.memory_used_mib is not None:
+            text += f", {self.memory_used_mib}MiB used"
+        if self.sm_percent is not None:
+            text += f", {self.sm_percent}% SM"
+        return text
 
 
 class UsageSource(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -92,7 +93,8 @@ def serving(node: str, *clients: RemoteClientUsageReport) -> str:
 
 
 def test_remote_clients_come_from_the_serving_nodes_report() -> None:
-    answers = {"gpu": serving("gpu", RemoteClientUsageReport("ml", "r", 0, "GPU-gpu-0", 4000, 25, 2),
+    since = dt.datetime(2027, 1, 15, 8, tzinfo=dt.UTC)
+    answers = {"gpu": serving("gpu", RemoteClientUsageReport("ml", "r", 0, "GPU-gpu-0", 4000, 25, 2, 1536, since, 40),
                               RemoteClientUsageReport("ml", "idle", 0, "GPU-gpu-0", 2000, 10, 0),
                               RemoteClientUsageReport("ml", "new", 0, "GPU-gpu-0", 1000, 5, None)),
                "down": ClusterAccessError("503 Service Unavailable")}
@@ -105,7 +107,8 @@ def test_remote_clients_come_from_the_serving_nodes_report() -> None:
 
     source = AgentUsage(answer)
     source.fetch(answers)
-    assert source.remote_client("gpu", "ml/r", "GPU-gpu-0") == RemoteClientLive(True, 2, 4000, 25)
+    assert source.remote_client("gpu", "ml/r", "GPU-gpu-0") == RemoteClientLive(
+        True, 2, 4000, 25, memory_used_mib=1536, sm_percent=40, connected_since=since)
     assert source.remote_client("gpu", "ml/idle", "GPU-gpu-0") == RemoteClientLive(True, 0, 2000, 10)
     assert source.remote_client("gpu", "ml/new", "GPU-gpu-0") == RemoteClientLive(True, None, 1000, 5)
     assert source.remote_client("gpu", "ml/r", "GPU-gpu-1") == RemoteClientLive(listed=False)  # another card
@@ -119,3 +122,15 @@ def test_an_older_agents_report_without_remote_clients_lists_nobody() -> None:
     source.fetch(["old"])
     assert source.node_note("old") is None and source.card_usage("old", "GPU-old-0") == CardUsageSample(40.0, 2048)
     assert source.remote_client("old", "ml/r", "GPU-old-0") == RemoteClientLive(listed=False)
+
+
+def test_an_older_agents_remote_clients_without_use_still_decode() -> None:
+    """An agent from before the per-client use lists connections only: the figures are unknown."""
+    old = json.loads(serving("gpu", RemoteClientUsageReport("ml", "r", 0, "GPU-gpu-0", 4000, 25, 2)))
+    assert set(old["remoteClients"][0]) == {"namespace", "pod", "card", "uuid", "memoryLimitMiB",
+                                            "computeSharePercent", "connections"}  # that agent's shape
+    source = AgentUsage(lambda *ask: json.dumps(old))
+    source.fetch(["gpu"])
+    live = source.remote_client("gpu", "ml/r", "GPU-gpu-0")
+    assert live == RemoteClientLive(True, 2, 4000, 25)
+    assert live is not None and live.shown() == "connected (2 connections)"

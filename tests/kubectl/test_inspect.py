@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from gpupool.api.annotations import CardRef
@@ -148,8 +150,12 @@ def test_a_remote_share_shows_on_the_servers_card_with_the_node_it_runs_on() -> 
     assert {h["remoteFrom"] for h in local} == {None}
 
 
-SERVER_LIVE = {"team/r": RemoteClientLive(True, 2, 4000, 25), "team/q": RemoteClientLive(True, 0, 4000, 25),
-               "team/n": RemoteClientLive(True, None, 4000, 25)}
+SINCE = dt.datetime(2027, 1, 15, 8, tzinfo=dt.UTC)
+SERVER_LIVE = {"team/r": RemoteClientLive(True, 2, 4000, 25, memory_used_mib=1536, sm_percent=40,
+                                          connected_since=SINCE),
+               "team/u": RemoteClientLive(True, 1, 4000, 25, memory_used_mib=0),  # SM use not measured
+               "team/o": RemoteClientLive(True, 1, 4000, 25),  # an older agent or server: no figures
+               "team/q": RemoteClientLive(True, 0, 4000, 25), "team/n": RemoteClientLive(True, None, 4000, 25)}
 
 
 class ServerReport:
@@ -170,23 +176,29 @@ class ServerReport:
 
 def test_a_remote_share_shows_its_live_state_from_the_servers_report() -> None:
     nodes = [gpu_node("gpu", [16384]), gpu_node("away", [16384]), gpu_node("cpu", [])]
-    pods = [remote_pod(name, "cpu", "gpu") for name in ("r", "q", "n", "s")] + [remote_pod("t", "cpu", "away"),
-                                                                                placed("p1", "gpu", 0, 1)]
+    pods = [remote_pod(name, "cpu", "gpu") for name in ("r", "u", "o", "q", "n", "s")] + [
+        remote_pod("t", "cpu", "away"), placed("p1", "gpu", 0, 1)]
     shown = node_views(build_snapshot(nodes, pods, NAMES, now=NOW.timestamp()), ServerReport())
     away, _, server = shown
     assert [h.shown() for h in server.cards[0].holders] == [
         "team/n/main (4000MiB, 25%) remote from cpu, connections not reported",
+        "team/o/main (4000MiB, 25%) remote from cpu, connected (1 connection)",
         "team/p1/main (256MiB, 0%)",
         "team/q/main (4000MiB, 25%) remote from cpu, booked, not connected",
-        "team/r/main (4000MiB, 25%) remote from cpu, connected (2 connections)",
-        "team/s/main (4000MiB, 25%) remote from cpu, not in the node agent's report"]
+        "team/r/main (4000MiB, 25%) remote from cpu, connected (2 connections) since 2027-01-15T08:00:00Z, "
+        "1536MiB used, 40% SM",
+        "team/s/main (4000MiB, 25%) remote from cpu, not in the node agent's report",
+        "team/u/main (4000MiB, 25%) remote from cpu, connected (1 connection), 0MiB used"]
     assert [h.shown() for h in away.cards[0].holders] == ["team/t/main (4000MiB, 25%) remote from cpu"]
     table = inspect_table(shown)
-    assert "remote from cpu, connected (2 connections)" in table and "node away: usage not read" in table
+    assert "remote from cpu, connected (2 connections) since 2027-01-15T08:00:00Z, 1536MiB used, 40% SM" in table
+    assert "node away: usage not read" in table
     holders = {h["pod"]: h for h in inspect_json([server])["nodes"][0]["cards"][0]["holders"]}
     assert holders["team/r"]["remoteLive"] == {"listed": True, "connections": 2, "memoryLimitMiB": 4000,
-                                               "computeSharePercent": 25}
+                                               "computeSharePercent": 25, "memoryUsedMiB": 1536, "smPercent": 40,
+                                               "connectedSince": "2027-01-15T08:00:00.000000Z"}
     assert holders["team/s"]["remoteLive"] == {"listed": False, "connections": None, "memoryLimitMiB": None,
-                                               "computeSharePercent": None}
+                                               "computeSharePercent": None, "memoryUsedMiB": None,
+                                               "smPercent": None, "connectedSince": None}
     assert holders["team/p1"]["remoteLive"] is None  # a local holder
     assert inspect_json([away])["nodes"][0]["cards"][0]["holders"][0]["remoteLive"] is None  # not read
