@@ -2,19 +2,20 @@
 
 Five values decide how a pod object is read and where a node's agent can be seen; when two
 components read them differently, pods are booked wrong (a gpushare unit off by 1024), refused for
-no visible reason, or borrowed by a pod the node calls high priority. Two more are the extender's
-placement rules, which ``kubectl gpupool why`` must apply to explain the decision the extender
-makes (the placement policy, and whether a node without an agent Lease is refused). They live in
+no visible reason, or borrowed by a pod the node calls high priority. Three more are the extender's
+rules, which ``kubectl gpupool`` must apply to explain the decisions the extender makes and show
+what it books: the placement policy, whether a node without an agent Lease is refused, and how long
+an assignment whose pod was never bound holds its cards (the unconfirmed timeout). They live in
 one place, the ConfigMap ``gpupool-system/gpupool-cluster`` (:data:`CONFIG_MAP`), read by all three
 at start; each component's flag of the same name overrides it (docs/cluster-config.md).
 
 Why a ConfigMap rather than a custom resource: it needs no CRD installed before the components can
 start, a chart or kustomize overlay sets it with a literal, ``kubectl edit`` changes it, and RBAC can
 grant ``get`` on exactly this one object by name. A cluster-scoped CR would add a CRD and a
-ClusterRole for five strings.
+ClusterRole for eight strings.
 
 Every node agent publishes the values it reads pods with on its Node (:data:`AGENT_SETTINGS_ANNOTATION`,
-read by :mod:`gpupool.api.settings_check`; the placement rules are not among them: no agent applies
+read by :mod:`gpupool.api.settings_check`; the extender's rules are not among them: no agent applies
 them, so an agent cannot differ on them), so a component started with other values, by an
 override or before the ConfigMap changed, is caught rather than trusted.
 
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeAlias
 
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
 from gpupool.api.lending import DEFAULT_HIGH_PRIORITY_THRESHOLD
@@ -50,6 +52,12 @@ AGENT_CHECKS_ANNOTATION = "gpupool.io/agent-checks"
 """Node annotation: the summary of the agent's start-up checks (``gpupool.nodeagent.selfcheck``),
 written beside its settings and read by ``kubectl gpupool``; fixed, as the settings' key is."""
 
+DEFAULT_UNCONFIRMED_TIMEOUT_S = 300.0
+"""How long an assignment whose pod was never bound holds its cards, by default (seconds)."""
+
+Value: TypeAlias = str | int | float | bool
+"""One setting's value: a name, the threshold (int), the unconfirmed timeout (float), a switch."""
+
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BOOLEANS = {"true": True, "false": False}
 
@@ -68,6 +76,7 @@ class Setting(StrEnum):
     AGENT_LEASE_NAMESPACE = "agentLeaseNamespace"
     POLICY = "policy"
     REQUIRE_AGENT_LEASE = "requireAgentLease"
+    UNCONFIRMED_TIMEOUT = "unconfirmedTimeout"
 
     @property
     def flag(self) -> str:
@@ -79,9 +88,11 @@ class Setting(StrEnum):
 
     @property
     def agents_read(self) -> bool:
-        """Whether node agents read it, publish it and are refused when they differ. The placement
-        rules are the extender's alone (and ``why``'s, which mirrors it): an agent never places a pod."""
-        return self not in (Setting.POLICY, Setting.REQUIRE_AGENT_LEASE)
+        """Whether node agents read it, publish it and are refused when they differ. The extender's
+        rules are its alone (and ``kubectl gpupool``'s, which mirrors them): an agent never places a
+        pod, and sees a pod only once it is bound to its node, when the unconfirmed timeout no longer
+        applies."""
+        return self not in EXTENDER_RULES
 
     @property
     def attribute(self) -> str:
@@ -108,6 +119,11 @@ class ClusterSettings:
     """The extender's placement policy (:data:`gpupool.core.policies.POLICIES`), which ``why`` applies too."""
     require_agent_lease: bool = False
     """The extender places no GPU pod on a node without a live agent Lease (``why`` says so per node)."""
+    unconfirmed_timeout: float = DEFAULT_UNCONFIRMED_TIMEOUT_S
+    """Seconds an assignment whose pod is neither bound nor confirmed by its node agent holds its
+    cards (:func:`gpupool.kube.pod_holding.holding`): the extender books by it, ``kubectl gpupool
+    inspect`` and ``why`` count what the extender counts by it, and every extender replica (a new
+    leader rebuilds its bookings from the pods) must judge such a pod alike."""
 
     def __post_init__(self) -> None:
         try:
@@ -126,6 +142,10 @@ class ClusterSettings:
         if not isinstance(self.require_agent_lease, bool):
             raise ClusterSettingsError(f"{Setting.REQUIRE_AGENT_LEASE}: expected true or false, "
                                        f"got {self.require_agent_lease!r}")
+        timeout = self.unconfirmed_timeout
+        if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ClusterSettingsError(f"{Setting.UNCONFIRMED_TIMEOUT}: expected seconds above 0, got {timeout!r}")
 
     @classmethod
     def reading(cls, names: ResourceNames, high_priority_threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD,
@@ -143,12 +163,12 @@ class ClusterSettings:
         return ResourceNames(self.resource_domain, hami=self.hami,
                              gpushare_unit_mib=GPUSHARE_UNITS[self.gpushare_memory_unit])
 
-    def value(self, setting: Setting) -> str | int | bool:
+    def value(self, setting: Setting) -> Value:
         """The value of one setting."""
-        value: str | int | bool = getattr(self, setting.attribute)
+        value: Value = getattr(self, setting.attribute)
         return value
 
-    def overridden(self, overrides: Mapping[Setting, str | int | bool | None]) -> ClusterSettings:
+    def overridden(self, overrides: Mapping[Setting, Value | None]) -> ClusterSettings:
         """These settings with the given ones replaced (``None``: not given, keep this value)."""
         changes: dict[str, Any] = {s.attribute: v for s, v in overrides.items() if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
@@ -159,6 +179,10 @@ class ClusterSettings:
         return json.dumps({"v": 1, **{s.value: self.value(s) for s in AGENT_SETTINGS}}, sort_keys=True,
                           separators=(",", ":"))
 
+
+EXTENDER_RULES = (Setting.POLICY, Setting.REQUIRE_AGENT_LEASE, Setting.UNCONFIRMED_TIMEOUT)
+"""The extender's rules: read by the extender and by ``kubectl gpupool`` (which mirrors them), not
+by node agents, so neither published by them nor compared."""
 
 AGENT_SETTINGS = tuple(s for s in Setting if s.agents_read)
 """The settings a node agent reads, publishes and is compared on."""
@@ -175,7 +199,7 @@ def from_config_data(data: Mapping[str, Any] | None, where: str = CONFIG_MAP) ->
     if unknown:
         raise ClusterSettingsError(f"{where}: unknown key {unknown[0]!r}; the keys are "
                                    f"{', '.join(s.value for s in Setting)}")
-    values: dict[Setting, str | int | bool | None] = {}
+    values: dict[Setting, Value | None] = {}
     for setting in Setting:
         if setting.value in data:
             values[setting] = _parse(setting, str(data[setting.value]).strip(), where)
@@ -185,7 +209,7 @@ def from_config_data(data: Mapping[str, Any] | None, where: str = CONFIG_MAP) ->
         raise ClusterSettingsError(f"{where}: {exc}") from None
 
 
-def _parse(setting: Setting, text: str, where: str) -> str | int | bool:
+def _parse(setting: Setting, text: str, where: str) -> Value:
     if setting in (Setting.HAMI, Setting.REQUIRE_AGENT_LEASE):
         if text.lower() not in _BOOLEANS:
             raise ClusterSettingsError(f"{where}: {setting}: expected true or false, got {text!r}")
@@ -195,10 +219,16 @@ def _parse(setting: Setting, text: str, where: str) -> str | int | bool:
             return int(text)
         except ValueError:
             raise ClusterSettingsError(f"{where}: {setting}: expected an integer, got {text!r}") from None
+    if setting is Setting.UNCONFIRMED_TIMEOUT:
+        try:
+            return float(text)
+        except ValueError:
+            raise ClusterSettingsError(f"{where}: {setting}: expected seconds (a number such as \"300\"), "
+                                       f"got {text!r}") from None
     return text
 
 
-def read_published(text: str, where: str) -> dict[Setting, str | int | bool]:
+def read_published(text: str, where: str) -> dict[Setting, Value]:
     """The settings a node's agent published (:meth:`ClusterSettings.published`).
 
     Only the agents' keys this build knows are returned (:data:`AGENT_SETTINGS`), and only those
@@ -211,7 +241,7 @@ def read_published(text: str, where: str) -> dict[Setting, str | int | bool]:
         raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION} is not valid JSON") from None
     if not isinstance(doc, dict):
         raise ClusterSettingsError(f"{where}: {AGENT_SETTINGS_ANNOTATION} is not a JSON object")
-    out: dict[Setting, str | int | bool] = {}
+    out: dict[Setting, Value] = {}
     for setting in AGENT_SETTINGS:
         if setting.value not in doc:
             continue

@@ -18,6 +18,7 @@ from gpupool.api.cluster_settings import (
     ClusterSettings,
     ClusterSettingsError,
     Setting,
+    Value,
     read_published,
 )
 from gpupool.api.names import ALIYUN_GPU_MEM, NVIDIA_GPU
@@ -30,8 +31,8 @@ class Difference:
     """One setting the node's agent and this component read differently."""
 
     setting: Setting
-    node_value: str | int | bool
-    our_value: str | int | bool
+    node_value: Value
+    our_value: Value
 
     def says(self, node: str, we: str) -> str:
         """The difference in words, naming both values (``we``: "the extender", ...)."""
@@ -51,11 +52,11 @@ class Difference:
             case Setting.AGENT_LEASE_NAMESPACE:
                 return (f"node {node}'s agent renews its heartbeat Lease in namespace {theirs or '(none)'}, "
                         f"{we} watches {mine or '(none)'}")
-            case _:  # the placement rules: agents neither publish nor are compared on them
+            case _:  # the extender's rules: agents neither publish nor are compared on them
                 return f"node {node}'s agent runs with {self.setting} {theirs}, {we} with {mine}"
 
 
-def differences(published: Mapping[Setting, str | int | bool], ours: ClusterSettings) -> tuple[Difference, ...]:
+def differences(published: Mapping[Setting, Value], ours: ClusterSettings) -> tuple[Difference, ...]:
     """The settings whose published value differs from ours, in :class:`Setting` order.
 
     An agent that renews no heartbeat Lease, or an extender that watches none (an empty Lease

@@ -1,8 +1,8 @@
 """The shared settings' flags on ``gpupool extender`` and ``gpupool node-agent``, spelt and resolved alike.
 
 The node agent has a flag for each setting it reads (:data:`AGENT_SETTINGS`); the extender also for
-its placement rules (``--policy``, ``--require-agent-lease``), which live in the same ConfigMap so
-that ``kubectl gpupool why`` applies the rules the extender runs with.
+its rules (``--policy``, ``--require-agent-lease``, ``--unconfirmed-timeout``), which live in the
+same ConfigMap so that ``kubectl gpupool`` applies the rules the extender runs with.
 
 Each flag overrides the cluster's ConfigMap (docs/cluster-config.md); unset, the ConfigMap's value
 is used, and without the ConfigMap the built-in default, which is the value the flag's help shows.
@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
 
-from gpupool.api.cluster_settings import AGENT_SETTINGS, CONFIG_MAP, ClusterSettings, ClusterSettingsError, Setting
+from gpupool.api.cluster_settings import (
+    AGENT_SETTINGS,
+    CONFIG_MAP,
+    DEFAULT_UNCONFIRMED_TIMEOUT_S,
+    EXTENDER_RULES,
+    ClusterSettings,
+    ClusterSettingsError,
+    Setting,
+)
+from gpupool.api.cluster_settings import Value as SettingValue
 from gpupool.api.names import GPUSHARE_UNITS
 from gpupool.cli.old_flags import old_spelling
 from gpupool.core.policies import POLICIES
@@ -28,8 +38,17 @@ from gpupool.core.policies import POLICIES
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-Value = str | int | bool | None
+Value = SettingValue | None
 _DEFAULTS = ClusterSettings()
+
+_OVERRIDE_HARM = {
+    Setting.POLICY: "kubectl gpupool why explains with the ConfigMap's value",
+    Setting.REQUIRE_AGENT_LEASE: "kubectl gpupool why explains with the ConfigMap's value",
+    Setting.UNCONFIRMED_TIMEOUT: "kubectl gpupool inspect and why count unbound assignments by the ConfigMap's "
+                                 "value, and an extender replica without this flag books them otherwise once it leads",
+}
+"""What a flag that differs from the ConfigMap costs, per extender rule (the agents' settings: the
+extender refuses the nodes whose agents differ)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +64,7 @@ class ClusterFlags:
         """The settings the component reads: those it has flags for, else every one."""
         return tuple(s for s in Setting if s in self.overrides) or tuple(Setting)
 
-    def given(self) -> dict[Setting, str | int | bool]:
+    def given(self) -> dict[Setting, SettingValue]:
         """The overrides actually given."""
         return {s: v for s, v in self.overrides.items() if v is not None}
 
@@ -60,20 +79,19 @@ class ClusterFlags:
             raise click.UsageError(str(exc)) from None
         for setting, value in self.given().items():
             if self.config_map and not everything and value != base.value(setting):
-                harm = ("a node agent and an extender that differ share no GPU pods" if setting.agents_read
-                        else "kubectl gpupool why explains with the ConfigMap's value")
+                harm = _OVERRIDE_HARM.get(setting, "a node agent and an extender that differ share no GPU pods")
                 log.warning("%s %s overrides the cluster's %s %s (ConfigMap %s): %s (docs/cluster-config.md)",
                             setting.flag, value, setting.value, base.value(setting),
                             self.config_map, harm)
         return settings
 
 
-def cluster_setting_options(*, old_lease_namespace: bool, placement: bool = False) -> Callable[[F], F]:
+def cluster_setting_options(*, old_lease_namespace: bool, extender_rules: bool = False) -> Callable[[F], F]:
     """Add ``--cluster-config`` and one flag per shared setting; the command receives them as one
     ``cluster_flags`` argument (:class:`ClusterFlags`). The old ``--domain`` is accepted for
     ``--resource-domain``; with ``old_lease_namespace`` the node agent's former ``--lease-namespace``
-    for ``--agent-lease-namespace`` too. With ``placement`` (the extender) the placement rules'
-    flags ``--policy`` and ``--require-agent-lease`` as well."""
+    for ``--agent-lease-namespace`` too. With ``extender_rules`` (the extender) the flags of its
+    rules, ``--policy``, ``--require-agent-lease`` and ``--unconfirmed-timeout``, as well."""
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def with_settings(*args: Any, cluster_config: str, resource_domain: str | None,
@@ -87,9 +105,9 @@ def cluster_setting_options(*, old_lease_namespace: bool, placement: bool = Fals
                 Setting.AGENT_LEASE_NAMESPACE: agent_lease_namespace,
             }
             assert tuple(overrides) == AGENT_SETTINGS
-            if placement:
-                overrides[Setting.POLICY] = kwargs.pop("policy")
-                overrides[Setting.REQUIRE_AGENT_LEASE] = kwargs.pop("require_agent_lease")
+            if extender_rules:
+                for setting in EXTENDER_RULES:
+                    overrides[setting] = kwargs.pop(setting.attribute)
             return command(*args, cluster_flags=ClusterFlags(cluster_config, overrides), **kwargs)
 
         unset = "[default: the ConfigMap's, else {}]"
@@ -114,7 +132,7 @@ def cluster_setting_options(*, old_lease_namespace: bool, placement: bool = Fals
                               "watches them (\"\": none; docs/security.md) "
                               + unset.format(_DEFAULTS.agent_lease_namespace)),
         ]
-        if placement:
+        if extender_rules:
             options += [
                 click.option("--policy", default=None, type=click.Choice(sorted(POLICIES)),
                              help="Placement policy for prioritize and for choosing cards "
@@ -122,6 +140,10 @@ def cluster_setting_options(*, old_lease_namespace: bool, placement: bool = Fals
                 click.option("--require-agent-lease/--no-require-agent-lease", default=None,
                              help="No GPU pods on a node without a live agent heartbeat Lease (docs/security.md) "
                                   + unset.format("--no-require-agent-lease")),
+                click.option("--unconfirmed-timeout", default=None,
+                             type=click.FloatRange(min=0, min_open=True, max=math.inf, max_open=True),
+                             help="Seconds an assignment whose pod was never bound (nor confirmed by its node agent) "
+                                  "holds its cards " + unset.format(f"{DEFAULT_UNCONFIRMED_TIMEOUT_S:g}")),
             ]
         decorated: Any = with_settings
         for option in reversed(options):

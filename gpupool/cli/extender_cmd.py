@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from gpupool.api.agent_lease import label_selector
-from gpupool.api.cluster_settings import CONFIG_MAP, ClusterSettings
+from gpupool.api.cluster_settings import CONFIG_MAP, DEFAULT_UNCONFIRMED_TIMEOUT_S, ClusterSettings
 from gpupool.api.names import ResourceNames
 from gpupool.cli import cluster_options
 from gpupool.cli.cluster_options import ClusterFlags, cluster_setting_options, describe
@@ -80,11 +80,13 @@ class ExtenderOptions:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     """The settings shared with the node agents and the kubectl plugin (docs/cluster-config.md): the
     resource domain, gpushare's unit, HAMi's names, the high-priority threshold, the agents' Lease
-    namespace. Nodes whose agents publish other values get no GPU pods."""
+    namespace; and the extender's rules the plugin mirrors (policy, requireAgentLease,
+    unconfirmedTimeout). Nodes whose agents publish other values get no GPU pods."""
     cluster_config: str = CONFIG_MAP
     """The ConfigMap (``namespace/name``) they were read from, named in the refusals' advice."""
     policy: str = DEFAULT_POLICY
-    unconfirmed_timeout_s: float = 300.0
+    unconfirmed_timeout_s: float = DEFAULT_UNCONFIRMED_TIMEOUT_S
+    """The cluster's ``unconfirmedTimeout`` (:attr:`cluster`), as :attr:`policy` is its ``policy``."""
     leader_elect: bool = True
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-extender"
@@ -380,8 +382,6 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @click.option("--url-prefix", default="", help="Path prefix of the verbs (the path part of urlPrefix).")
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: in-cluster config, else ~/.kube/config.")
-@click.option("--unconfirmed-timeout", default=300.0, show_default=True, type=float,
-              help="Seconds after which an assignment whose pod was never bound is dropped.")
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
               help="Bind only while holding the Lease (run several replicas for HA).")
 @click.option("--leader-elect-resource-namespace", "lease_namespace", default="kube-system", show_default=True,
@@ -463,7 +463,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "docs/dra.md, \"Steering claim pods\").")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @server_limit_options(tls=True)
-@cluster_setting_options(old_lease_namespace=False, placement=True)
+@cluster_setting_options(old_lease_namespace=False, extender_rules=True)
 @old_spelling("--lease-namespace", "--leader-elect-resource-namespace", "lease_namespace")
 @old_spelling("--lease-name", "--leader-elect-resource-name", "lease_name")
 @old_spelling("--lease-duration", "--leader-elect-lease-duration", "lease_duration", type=click.FloatRange(min=1))
@@ -472,7 +472,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 @old_spelling("--retry-period", "--leader-elect-retry-period", "retry_period",
               type=click.FloatRange(min=0, min_open=True))
 def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
-             unconfirmed_timeout: float, leader_elect: bool, lease_namespace: str, lease_name: str,
+             leader_elect: bool, lease_namespace: str, lease_name: str,
              identity: str, leader_pod: str, lease_duration: float, renew_deadline: float, retry_period: float,
              explain_limit: int, filter_best_only: bool, filter_one_best: bool, assume_deadline: float,
              bind_deadline: float,
@@ -510,7 +510,7 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
     log.info("cluster settings: %s", describe(cluster, cluster_flags))
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
                                  cluster=cluster, cluster_config=cluster_flags.config_map, policy=cluster.policy,
-                                 unconfirmed_timeout_s=unconfirmed_timeout,
+                                 unconfirmed_timeout_s=cluster.unconfirmed_timeout,
                                  leader_elect=leader_elect, lease_namespace=lease_namespace,
                                  lease_name=lease_name, lease=lease, identity=identity, leader_pod=own_pod,
                                  explain_limit=explain_limit,

@@ -49,8 +49,9 @@ def connection_options(command: F) -> F:
         click.option("--context", default=None, help="The kubeconfig context to use (default: its current one)."),
         click.option("--cluster-config", default=CONFIG_MAP, show_default=True, metavar="NAMESPACE/NAME",
                      help="The ConfigMap of the settings gpupool's components share (resource domain, gpushare "
-                          "unit, HAMi, priority threshold, the agents' Lease namespace, the extender's policy and "
-                          "requireAgentLease; docs/cluster-config.md); \"\": none, the built-in defaults."),
+                          "unit, HAMi, priority threshold, the agents' Lease namespace, the extender's policy, "
+                          "requireAgentLease and unconfirmedTimeout; docs/cluster-config.md); \"\": none, the "
+                          "built-in defaults."),
         click.option("--resource-domain", default=None,
                      help="gpupool's resource and annotation domain [default: the ConfigMap's, else "
                           f"{ClusterSettings().resource_domain}]."),
@@ -112,7 +113,9 @@ def inspect(node: str | None, agent_port: int, agent_timeout: float, kubeconfig:
     except kube.ClusterAccessError as exc:
         raise click.ClickException(str(exc)) from None
     snapshot = with_settings_problems(build_snapshot(nodes, pods, read.settings.resource_names(), now=time.time(),
-                                                     claims=_claims(connection)), nodes, read)
+                                                     claims=_claims(connection),
+                                                     unconfirmed_timeout_s=read.settings.unconfirmed_timeout),
+                                      nodes, read)
     usage: UsageSource = NoUsage()
     if agent_port:
         agents = AgentUsage(lambda *ask: kube.read_node_proxy(connection, *ask), agent_port, agent_timeout)
@@ -168,7 +171,7 @@ def why(pod: str, namespace: str | None, examples: int, best: int, policy: str |
         return
     snapshot = with_settings_problems(
         build_snapshot(nodes, pods, names, now=time.time(), leave_out=frozenset({request.key}),
-                       claims=_claims(connection)), nodes, read)
+                       claims=_claims(connection), unconfirmed_timeout_s=settings.unconfirmed_timeout), nodes, read)
     lease_namespace = settings.agent_lease_namespace if agent_lease_namespace is None else agent_lease_namespace
     rules = read_rules(connection, snapshot.state, raw, request, tenant, nodes, settings, lease_namespace,
                        require=settings.require_agent_lease)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.cluster_settings import DEFAULT_UNCONFIRMED_TIMEOUT_S
 from gpupool.api.dra import driver_name
 from gpupool.api.enforcement import EnforcementNoticeError
 from gpupool.api.names import ResourceNames
@@ -28,8 +29,6 @@ from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
 from gpupool.kubectl.agent_checks import checks_trouble
 
-UNCONFIRMED_TIMEOUT_S = 300.0
-"""The extender's default ``--unconfirmed-timeout``: how long an assignment without a binding holds its cards."""
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
@@ -63,13 +62,16 @@ class ClusterSnapshot:
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                    names: ResourceNames, *, now: float, leave_out: frozenset[str] = frozenset(),
-                   claims: Iterable[Mapping[str, Any]] = ()) -> ClusterSnapshot:
+                   claims: Iterable[Mapping[str, Any]] = (),
+                   unconfirmed_timeout_s: float = DEFAULT_UNCONFIRMED_TIMEOUT_S) -> ClusterSnapshot:
     """Book ``pods`` on ``nodes`` (API JSON dicts) at time ``now`` (epoch seconds), and beside them
     the ResourceClaims allocated from gpupool's DRA driver (``claims``, as the extender books them:
     :mod:`gpupool.kube.claim_holding`), so a card a claim holds is never shown free.
 
     ``leave_out``: pods (``namespace/name``) not booked, e.g. the pod being explained, whose own
     earlier assignment must not stand in its way (the extender lifts it too before deciding again).
+    ``unconfirmed_timeout_s``: the cluster's ``unconfirmedTimeout`` (docs/cluster-config.md), how long
+    the extender lets an assignment whose pod was never bound hold its cards.
     """
     specs: list[NodeSpec] = []
     node_problems: dict[str, str] = {}
@@ -99,7 +101,7 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     remote: dict[str, str] = {}
     requests: list[PodRequest] = []
     for raw in pods:
-        booking = _booking(raw, names, state, now)
+        booking = _booking(raw, names, state, now, unconfirmed_timeout_s)
         if booking is None or booking.key in leave_out:
             continue
         if booking.request is not None:
@@ -190,13 +192,14 @@ def _spec_of(state: ClusterState, name: str) -> NodeSpec | None:
     return state.specs[row] if row is not None and state.present[row] else None
 
 
-def _booking(raw: Mapping[str, Any], names: ResourceNames, state: ClusterState, now: float) -> _Booking | None:
+def _booking(raw: Mapping[str, Any], names: ResourceNames, state: ClusterState, now: float,
+             unconfirmed_timeout_s: float) -> _Booking | None:
     """What one pod holds (the shared rule, :func:`gpupool.kube.pod_holding.holding`), or None for a
     pod that finished or whose unconfirmed assignment expired."""
     record = pod_record(raw, names)
     if record is None or record.finished:
         return None
-    held = holding(record, lambda name: _spec_of(state, name), now=now, unconfirmed_timeout_s=UNCONFIRMED_TIMEOUT_S)
+    held = holding(record, lambda name: _spec_of(state, name), now=now, unconfirmed_timeout_s=unconfirmed_timeout_s)
     if held.kind is HoldingKind.EXPIRED:
         return None
     problem = held.problem if held.problem is not None else record.request_problem

@@ -10,6 +10,8 @@ import pytest
 from gpupool.api.agent_lease import DEFAULT_LEASE_NAMESPACE
 from gpupool.api.cluster_settings import (
     AGENT_SETTINGS,
+    DEFAULT_UNCONFIRMED_TIMEOUT_S,
+    EXTENDER_RULES,
     ClusterSettings,
     ClusterSettingsError,
     Setting,
@@ -27,6 +29,7 @@ def test_the_defaults_are_the_shipped_command_line_defaults() -> None:
             settings.hami, settings.agent_lease_namespace) == (
         DEFAULT_DOMAIN, "GiB", DEFAULT_HIGH_PRIORITY_THRESHOLD, False, DEFAULT_LEASE_NAMESPACE)
     assert (settings.policy, settings.require_agent_lease) == (DEFAULT_POLICY, False)
+    assert settings.unconfirmed_timeout == DEFAULT_UNCONFIRMED_TIMEOUT_S == 300.0
     assert settings.resource_names() == ResourceNames()
 
 
@@ -38,6 +41,7 @@ def test_the_defaults_are_the_shipped_command_line_defaults() -> None:
     pytest.param(Setting.AGENT_LEASE_NAMESPACE, "--agent-lease-namespace", id="lease-namespace"),
     pytest.param(Setting.POLICY, "--policy", id="policy"),
     pytest.param(Setting.REQUIRE_AGENT_LEASE, "--require-agent-lease/--no-require-agent-lease", id="require-lease"),
+    pytest.param(Setting.UNCONFIRMED_TIMEOUT, "--unconfirmed-timeout", id="unconfirmed-timeout"),
 ])
 def test_each_setting_has_one_flag_name(setting: Setting, flag: str) -> None:
     assert setting.flag == flag
@@ -57,6 +61,16 @@ def test_a_config_map_sets_the_extenders_placement_rules() -> None:
     assert settings == ClusterSettings(policy="binpack", require_agent_lease=True)
 
 
+@pytest.mark.parametrize(("text", "seconds"), [
+    pytest.param("600", 600.0, id="whole"),
+    pytest.param(" 90.5 ", 90.5, id="fraction"),
+])
+def test_a_config_map_sets_the_unconfirmed_timeout_in_seconds(text: str, seconds: float) -> None:
+    settings = from_config_data({"unconfirmedTimeout": text})
+    assert settings.unconfirmed_timeout == seconds
+    assert settings == ClusterSettings(unconfirmed_timeout=seconds)
+
+
 def test_keys_left_out_keep_their_defaults() -> None:
     assert from_config_data({"hami": "false"}) == ClusterSettings()
     assert from_config_data(None) == ClusterSettings()
@@ -72,6 +86,13 @@ def test_keys_left_out_keep_their_defaults() -> None:
     pytest.param({"policy": "tightest"}, "policy: unknown policy 'tightest'; the policies are ", id="policy"),
     pytest.param({"requireAgentLease": "on"}, "requireAgentLease: expected true or false, got 'on'",
                  id="require-lease"),
+    pytest.param({"unconfirmedTimeout": "5m"}, "unconfirmedTimeout: expected seconds (a number such as \"300\"), "
+                 "got '5m'", id="timeout-with-unit"),
+    pytest.param({"unconfirmedTimeout": "0"}, "unconfirmedTimeout: expected seconds above 0, got 0.0",
+                 id="timeout-zero"),
+    pytest.param({"unconfirmedTimeout": "-30"}, "unconfirmedTimeout: expected seconds above 0", id="timeout-negative"),
+    pytest.param({"unconfirmedTimeout": "inf"}, "unconfirmedTimeout: expected seconds above 0", id="timeout-infinite"),
+    pytest.param({"unconfirmedTimeout": "nan"}, "unconfirmedTimeout: expected seconds above 0", id="timeout-nan"),
 ])
 def test_a_bad_config_map_value_is_refused_naming_the_key_and_the_map(data: dict[str, str], words: str) -> None:
     with pytest.raises(ClusterSettingsError, match="ConfigMap gpupool-system/gpupool-cluster") as caught:
@@ -95,12 +116,15 @@ def test_the_published_annotation_reads_back_every_setting_agents_read() -> None
     assert text == ClusterSettings("x.io", "MiB", 7, True, "leases").published()  # stable: no needless patch
 
 
-def test_the_placement_rules_are_not_the_agents() -> None:
-    """No agent places a pod: they neither publish the extender's rules nor are compared on them."""
-    assert {s for s in Setting if not s.agents_read} == {Setting.POLICY, Setting.REQUIRE_AGENT_LEASE}
-    text = ClusterSettings(policy="binpack").published()
-    assert "policy" not in json.loads(text) and "requireAgentLease" not in json.loads(text)
-    assert read_published('{"v": 1, "policy": "binpack", "requireAgentLease": true}', "node n1") == {}
+def test_the_extenders_rules_are_not_the_agents() -> None:
+    """No agent places a pod, and an agent sees a pod only once it is bound (when the unconfirmed
+    timeout no longer applies): they neither publish the extender's rules nor are compared on them."""
+    assert {s for s in Setting if not s.agents_read} == set(EXTENDER_RULES) == {
+        Setting.POLICY, Setting.REQUIRE_AGENT_LEASE, Setting.UNCONFIRMED_TIMEOUT}
+    text = ClusterSettings(policy="binpack", unconfirmed_timeout=60.0).published()
+    assert text == ClusterSettings().published()
+    assert read_published('{"v": 1, "policy": "binpack", "requireAgentLease": true, "unconfirmedTimeout": 60}',
+                          "node n1") == {}
 
 
 def test_an_agent_of_another_version_is_read_on_the_keys_both_know() -> None:

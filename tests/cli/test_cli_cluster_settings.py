@@ -201,3 +201,60 @@ def test_the_node_agent_has_no_placement_flags_and_does_not_log_them(monkeypatch
     flags = cluster_options.ClusterFlags(overrides={s: None for s in AGENT_SETTINGS})
     line = cluster_options.describe(BINPACK_STRICT, flags)
     assert "policy" not in line and "requireAgentLease" not in line and "hami=False" in line
+
+
+PATIENT = ClusterSettings(unconfirmed_timeout=600.0)
+"""A cluster whose ConfigMap lets an unbound assignment hold its cards for 10 minutes."""
+
+
+def test_the_extender_books_by_the_config_maps_unconfirmed_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeout the extender's cache expires unbound assignments by (start_replica hands the
+    cache ``unconfirmed_timeout_s``) is the ConfigMap's, which kubectl gpupool reads too."""
+    options = started_with(monkeypatch, config_map=PATIENT)
+    assert options.unconfirmed_timeout_s == 600.0 and options.cluster == PATIENT
+    assert started_with(monkeypatch).unconfirmed_timeout_s == 300.0
+
+
+def test_the_unconfirmed_timeout_flag_overrides_the_config_map_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO"):
+        options = started_with(monkeypatch, "--unconfirmed-timeout", "120", config_map=PATIENT)
+    assert options.unconfirmed_timeout_s == 120.0 and options.cluster == ClusterSettings(unconfirmed_timeout=120.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["--unconfirmed-timeout 120.0 overrides the cluster's unconfirmedTimeout 600.0 (ConfigMap "
+                        "gpupool-system/gpupool-cluster): kubectl gpupool inspect and why count unbound assignments "
+                        "by the ConfigMap's value, and an extender replica without this flag books them otherwise "
+                        "once it leads (docs/cluster-config.md)"]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cluster settings: ")]
+    assert line.endswith("unconfirmedTimeout=120.0 (flag)")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "soon"])
+def test_a_bad_unconfirmed_timeout_flag_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", lambda _options: None)
+    result = CliRunner().invoke(cli, ["extender", "--cluster-config", "", "--unconfirmed-timeout", value])
+    assert result.exit_code == 2 and "--unconfirmed-timeout" in result.output
+
+
+def test_a_bad_unconfirmed_timeout_in_the_config_map_stops_the_extender(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.api.cluster_settings import ClusterSettingsError, from_config_data
+
+    def bad(where: str) -> ClusterSettings:
+        try:
+            return from_config_data({"unconfirmedTimeout": "5m"}, f"ConfigMap {where}")
+        except ClusterSettingsError as exc:
+            raise click.ClickException(str(exc)) from None
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: bad)
+    monkeypatch.setattr("gpupool.cli.extender_cmd.run_extender", lambda _options: None)
+    result = CliRunner().invoke(cli, ["extender"])
+    assert result.exit_code == 1
+    assert "ConfigMap gpupool-system/gpupool-cluster: unconfirmedTimeout: expected seconds" in result.output
+
+
+def test_the_node_agent_has_no_unconfirmed_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent sees a pod once it is bound, when the timeout no longer applies: no flag, not logged."""
+    assert "--unconfirmed-timeout" not in CliRunner().invoke(cli, ["node-agent", "--help"]).output
+    flags = cluster_options.ClusterFlags(overrides={s: None for s in AGENT_SETTINGS})
+    assert "unconfirmedTimeout" not in cluster_options.describe(PATIENT, flags)
+    seen, _ = agent_run(monkeypatch, config_map=PATIENT)
+    assert seen["cluster"] == PATIENT

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gpupool import __version__
+from gpupool.api.cluster_settings import from_config_data
 from gpupool.api.names import ResourceNames
 from gpupool.cli.main import cli
 from tests.deploy.helm_render import CHART, find, helm, render, require_helm, template_error
@@ -337,14 +338,17 @@ def test_extender_values_become_its_flags() -> None:
     assert "--no-lending" not in extender_args()
 
 
-def test_the_extenders_placement_rules_go_into_the_cluster_configmap_not_flags() -> None:
-    """policy and requireAgentLease are read from gpupool-cluster by the extender and by kubectl
-    gpupool why alike (docs/cluster-config.md); a flag would make why explain with another rule."""
-    values = {"extender.policy": "binpack", "extender.requireAgentLease": False}
+def test_the_extenders_rules_go_into_the_cluster_configmap_not_flags() -> None:
+    """policy, requireAgentLease and unconfirmedTimeout are read from gpupool-cluster by the extender
+    and by kubectl gpupool alike (docs/cluster-config.md); a flag would make the plugin explain and
+    count with another rule."""
+    values = {"extender.policy": "binpack", "extender.requireAgentLease": False, "extender.unconfirmedTimeout": 90.5}
     data = find(render(values), "ConfigMap", "gpupool-cluster")["data"]
-    assert (data["policy"], data["requireAgentLease"]) == ("binpack", "false")
+    assert (data["policy"], data["requireAgentLease"], data["unconfirmedTimeout"]) == ("binpack", "false", "90.5")
+    assert from_config_data(data).unconfirmed_timeout == 90.5
     for args in (extender_args(values), extender_args()):
-        assert not [a for a in args if a.startswith(("--policy", "--require-agent-lease", "--no-require-agent-lease"))]
+        assert not [a for a in args if a.startswith(("--policy", "--require-agent-lease", "--no-require-agent-lease",
+                                                     "--unconfirmed-timeout"))]
 
     def checksums(docs: list[dict[str, Any]]) -> tuple[str, str]:
         return tuple(find(docs, kind, name)["spec"]["template"]["metadata"]["annotations"]["checksum/cluster-config"]
@@ -360,7 +364,7 @@ def test_shared_settings_are_the_cluster_configmap() -> None:
     default = find(render(), "ConfigMap", "gpupool-cluster")["data"]
     assert default == {"resourceDomain": "gpupool.io", "gpushareMemoryUnit": "GiB", "highPriorityThreshold": "1000",
                        "hami": "false", "agentLeaseNamespace": "gpupool-node-lease", "policy": "gpupool",
-                       "requireAgentLease": "true"}
+                       "requireAgentLease": "true", "unconfirmedTimeout": "300"}
     changed = find(render({"aliases.hamiWholeCards": True, "aliases.gpushareMemoryUnit": "MiB",
                            "cluster.highPriorityThreshold": 500}), "ConfigMap", "gpupool-cluster")["data"]
     assert (changed["hami"], changed["gpushareMemoryUnit"], changed["highPriorityThreshold"]) == ("true", "MiB", "500")

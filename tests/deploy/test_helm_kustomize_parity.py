@@ -202,6 +202,6 @@ def test_the_comparison_sees_a_difference() -> None:
     kustomize = render("overlays/production")
     for doc in docs:
         if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpupool-extender":
-            doc["spec"]["template"]["spec"]["containers"][0]["args"].append("--unconfirmed-timeout=301")
-    with pytest.raises(AssertionError, match=r"flags\.--unconfirmed-timeout: chart '301' != kustomize '300'"):
+            doc["spec"]["template"]["spec"]["containers"][0]["args"].append("--port=8887")
+    with pytest.raises(AssertionError, match=r"flags\.--port: chart '8887' != kustomize '8888'"):
         assert_same(docs, kustomize)

@@ -15,7 +15,7 @@ from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_us
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
 from tests.extender.tenancy_world import quota
-from tests.kubectl.objects import dra_claim, gpu_node, gpu_pod, placed
+from tests.kubectl.objects import assignment, dra_claim, gpu_node, gpu_pod, placed
 
 NODES = [gpu_node("a", [16384])]
 PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a", 0, 1, container="c")]
@@ -270,3 +270,22 @@ def test_why_names_a_bad_placement_rule_in_the_config_map(cluster: list[tuple[st
     assert result.exit_code == 0, result.output
     assert f"note: ConfigMap gpupool-system/gpupool-cluster: {words}" in result.output
     assert "reading pods with the built-in defaults" in result.output
+
+
+def test_inspect_and_why_count_unbound_assignments_by_the_config_maps_timeout(
+        cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An assignment written 400 s ago whose pod was never bound: past the default 300 s it holds
+    nothing; under the cluster's unconfirmedTimeout of 600 s the extender still books the whole
+    card for it, and so do inspect and why."""
+    written = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=400)
+    unbound = gpu_pod("unbound", 64, annotations=assignment("a", 0, 16384, when=written))
+    monkeypatch.setattr(sys.modules[__name__], "PODS", [gpu_pod("waiting", 32), unbound])
+
+    def booked() -> int:
+        return int(json.loads(run("inspect", "a", "-o", "json").output)["nodes"][0]["cards"][0]["memoryMiB"]["booked"])
+    assert booked() == 0
+    assert json.loads(run("why", "waiting", "-o", "json").output)["fits"]
+    monkeypatch.setitem(CLUSTER_CONFIG, "unconfirmedTimeout", "600")
+    assert booked() == 16384
+    assert json.loads(run("why", "waiting", "-o", "json").output)["groups"][0]["reason"] == \
+        "no single card has 8192 MiB free"

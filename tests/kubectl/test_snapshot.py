@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.kubectl.snapshot import UNCONFIRMED_TIMEOUT_S, build_snapshot
+from gpupool.api.cluster_settings import DEFAULT_UNCONFIRMED_TIMEOUT_S
+from gpupool.kubectl.snapshot import build_snapshot
 from tests.kubectl.objects import NAMES, NOW, allocated, assignment, dra_claim, gpu_node, gpu_pod, placed
 
 NODE = "gpu-a"
@@ -22,7 +23,7 @@ def test_a_bound_pod_holds_the_card_its_assignment_names() -> None:
     assert booked_mib([placed("a", NODE, 1, 8)]) == [0, 2048]
 
 
-LATE = UNCONFIRMED_TIMEOUT_S + 1
+LATE = DEFAULT_UNCONFIRMED_TIMEOUT_S + 1
 """Seconds after the assignment's time: past the extender's unconfirmed timeout."""
 
 
@@ -38,6 +39,20 @@ LATE = UNCONFIRMED_TIMEOUT_S + 1
 ])
 def test_what_a_pod_holds(pod: dict[str, Any], after_s: float, expected: list[int]) -> None:
     assert booked_mib([pod], now=NOW.timestamp() + after_s) == expected
+
+
+def test_an_unbound_assignment_holds_for_the_clusters_unconfirmed_timeout() -> None:
+    """The plugin counts an unbound assignment as long as the extender does: the cluster's
+    unconfirmedTimeout (docs/cluster-config.md), not a default of its own."""
+    pod = gpu_pod("late", 8, annotations=assignment(NODE, 0, 2048))
+
+    def booked(timeout_s: float, after_s: float) -> list[int]:
+        snapshot = build_snapshot([gpu_node(NODE, [16384, 16384])], [pod], NAMES, now=NOW.timestamp() + after_s,
+                                  unconfirmed_timeout_s=timeout_s)
+        return [u.memory_total - u.memory_free for u in snapshot.state.card_usage(NODE)]
+    assert booked(600.0, LATE) == [2048, 0]
+    assert booked(600.0, 601) == [0, 0]
+    assert booked(60.0, 61) == [0, 0]
 
 
 def test_an_assignment_not_bound_yet_is_marked_as_a_bind_in_flight() -> None:

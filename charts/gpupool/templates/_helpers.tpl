@@ -70,10 +70,11 @@ hami: {{ .Values.aliases.hamiWholeCards | toString | quote }}
 agentLeaseNamespace: gpupool-node-lease
 {{- end }}
 
-{{/* The data of the ConfigMap gpupool-cluster: the agents' settings and the extender's placement rules,
-which kubectl gpupool why reads too (its checksum restarts the extender; a new policy rolls no agent). */}}
+{{/* The data of the ConfigMap gpupool-cluster: the agents' settings and the extender's rules, which
+kubectl gpupool reads too (its checksum restarts the extender; a new policy rolls no agent). */}}
 {{- define "gpupool.clusterSettings" -}}
 {{ include "gpupool.agentClusterSettings" . }}
 policy: {{ .Values.extender.policy | quote }}
 requireAgentLease: {{ .Values.extender.requireAgentLease | toString | quote }}
+unconfirmedTimeout: {{ .Values.extender.unconfirmedTimeout | toString | quote }}
 {{- end }}
