@@ -14,6 +14,7 @@ import pytest
 
 from gpupool.api.annotations import Assignment, encode_assignment
 from gpupool.core.model import CardSlice, ContainerAssignment, GpuCard, NodeSpec, Placement
+from gpupool.nodeagent.deviceplugin.api import podres_pb
 from gpupool.nodeagent.deviceplugin.podresources import PodResourcesClient
 from gpupool.nodeagent.types import PodResourcesSnapshot
 from gpupool.testing.fake_kubelet import FakeKubelet, FakePod, TokenBucket
@@ -130,15 +131,40 @@ def test_the_batch_after_a_restart_calls_no_plugin_but_a_finished_init_container
 
 def test_kubelets_podresources_rate_limit_is_modelled_and_the_agents_client_waits_it_out(tmp_path: Path) -> None:
     """kubelet refuses PodResources calls past 10 in a burst (100 a second after): the agent lists on
-    every Allocate and GetPreferredAllocation, and a refusal used to fail a pod's admission."""
+    every Allocate and GetPreferredAllocation, and a refusal used to fail a pod's admission. Another
+    client (unpaced: raw calls) empties kubelet's bucket; the agent's client is refused, retries
+    and gets its answer."""
+    async def main() -> None:
+        kubelet = FakeKubelet(str(tmp_path / "plugins"), str(tmp_path / "podres.sock"))
+        await kubelet.start()
+        greedy = PodResourcesClient(str(tmp_path / "podres.sock"))
+        client = PodResourcesClient(str(tmp_path / "podres.sock"))
+        request = podres_pb.ListPodResourcesRequest()
+        try:
+            await asyncio.gather(*(greedy._list_once(request) for _ in range(10)))
+            assert await client.list() == {}
+            assert kubelet.podresources_rejected > 0  # the burst was exceeded ...
+            assert client.rate_limited == kubelet.podresources_rejected  # ... and every refusal retried
+        finally:
+            await client.close()
+            await greedy.close()
+            await kubelet.stop()
+
+    asyncio.run(main())
+
+
+def test_the_agents_client_paces_its_lists_so_kubelet_refuses_none(tmp_path: Path) -> None:
+    """40 Lists one after another, as kubelet's calls come during admission: the client waits for
+    each token kubelet's bucket would have, so every call is answered the first time (before the
+    pacing, 30 of them were refused and retried after 10, 20, 40 ... ms)."""
     async def main() -> None:
         kubelet = FakeKubelet(str(tmp_path / "plugins"), str(tmp_path / "podres.sock"))
         await kubelet.start()
         client = PodResourcesClient(str(tmp_path / "podres.sock"))
         try:
-            await asyncio.gather(*(client.list() for _ in range(40)))
-            assert kubelet.podresources_rejected > 0  # the burst was exceeded ...
-            assert client.rate_limited == kubelet.podresources_rejected  # ... and every refusal retried
+            for _ in range(40):
+                await client.list()
+            assert kubelet.podresources_rejected == 0 and client.rate_limited == 0
         finally:
             await client.close()
             await kubelet.stop()

@@ -10,7 +10,9 @@ kubelet rate-limits the PodResources API (since 1.27: a token bucket of 100 call
 a burst of 10, answered ``RESOURCE_EXHAUSTED``, "rejected by rate limit"). The agent lists on every
 Allocate and GetPreferredAllocation, so a batch of GPU pods (three resources per container, each
 with both calls) empties the burst and kubelet rejected a pod with that error
-(UnexpectedAdmissionError). A rejected call is retried after a short pause, while its time lasts.
+(UnexpectedAdmissionError). Each call now waits for a token of a bucket the client keeps like
+kubelet's (``call_pacing.py``), and a call kubelet still rejects (another client drew its tokens)
+is retried after a short pause, while its time lasts.
 
 Those many Lists each name every device of every pod, one message per device ID: reading them
 cost ~25 ms of Python per List on a node of 200 pods (23,000 entries), three times per container
@@ -26,6 +28,7 @@ import time
 import grpc
 
 from gpupool.nodeagent.deviceplugin.api import POD_RESOURCES_SOCKET, podres_grpc, podres_pb
+from gpupool.nodeagent.deviceplugin.call_pacing import CallPacer
 from gpupool.nodeagent.types import PodResourcesSnapshot
 
 PodContainers = dict[str, dict[str, frozenset[str]]]
@@ -44,14 +47,19 @@ _CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_recon
 class PodResourcesClient:
     """Keeps one channel to ``socket`` and lists pod resources on demand."""
 
-    def __init__(self, socket: str = POD_RESOURCES_SOCKET, timeout_s: float = 2.0) -> None:
+    def __init__(self, socket: str = POD_RESOURCES_SOCKET, timeout_s: float = 2.0,
+                 pacer: CallPacer | None = None) -> None:
         self.socket = socket
         self.timeout_s = timeout_s
+        self.pacer = pacer if pacer is not None else CallPacer()
+        """Spaces the calls at kubelet's rate limit, so they are not sent to be refused."""
         self._channel: grpc.aio.Channel | None = None
         self.rate_limited = 0
         """Lists kubelet refused by its rate limit and this client retried."""
         self._read: dict[bytes, PodContainers] = {}
         """Each pod of the last List by its serialized entry: what it was read as (never mutated)."""
+        self._pending: asyncio.Task[PodResourcesSnapshot] | None = None
+        """The List not sent yet (waiting for its token), which a new caller joins."""
 
     def _stub(self) -> podres_grpc.PodResourcesListerStub:
         if self._channel is None:
@@ -59,16 +67,39 @@ class PodResourcesClient:
         return podres_grpc.PodResourcesListerStub(self._channel)
 
     async def list(self) -> PodResourcesSnapshot:
-        """One List call, as (namespace, name) → container → resource → device IDs."""
+        """kubelet's answer to a List sent after this call began, as (namespace, name) → container →
+        resource → device IDs.
+
+        A List waiting for its token is shared by every caller that asks before it is sent: its
+        answer shows kubelet's state at sending, after each of their calls began, which is all a
+        caller needs (pods starting together, each in PreStartContainer, take one token instead of
+        one each). A caller that gives up (GetPreferredAllocation's deadline) leaves the List to the
+        others."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = asyncio.get_running_loop().create_task(self._list_paced())
+            pending.add_done_callback(self._finished)
+        return await asyncio.shield(pending)
+
+    async def _list_paced(self) -> PodResourcesSnapshot:
         request = podres_pb.ListPodResourcesRequest()
         deadline = time.monotonic() + self.timeout_s
         pause = RATE_LIMITED_FIRST_PAUSE_S
+        this = asyncio.current_task()
         while True:
+            wait = self.pacer.reserve()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._pending is this:
+                self._pending = None  # sent from here on: a later caller needs a later List
             try:
                 reply = await self._list_once(request)
                 break
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() + pause >= deadline:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                self.pacer.refused()
+                if time.monotonic() + pause >= deadline:
                     raise
             self.rate_limited += 1
             await asyncio.sleep(pause)
@@ -86,6 +117,14 @@ class PodResourcesClient:
             out[key] = {**out[key], **containers} if key in out else containers
         self._read = read
         return out
+
+    def _finished(self, task: asyncio.Task[PodResourcesSnapshot]) -> None:
+        """A List that ended before it was sent (failed while waiting) is joined by nobody after; its
+        failure is marked seen, as its callers may all have gone (each got it, or gave up)."""
+        if self._pending is task:
+            self._pending = None
+        if not task.cancelled():
+            task.exception()
 
     async def _list_once(self, request: podres_pb.ListPodResourcesRequest) -> podres_pb.ListPodResourcesResponse:
         reply: podres_pb.ListPodResourcesResponse
