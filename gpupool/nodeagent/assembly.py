@@ -172,6 +172,8 @@ def _compose(options: AgentOptions, backend: GpuBackend, pods: KubePodSource, mo
             enforcement = setup.wrap(enforcement)
             lending = setup.build(node, monitor, link.inventory, link.listed_pods, link.devices_changed, gate)
         dra = _dra_driver(options, enforcement, link) if options.dra is not None else None
+        if lending is not None and dra is not None:  # a claim's containers are booked on its cards
+            lending.use_claims(dra.state.as_pods)
 
         async def report_refusal(pod: tuple[str, str], reason: str) -> None:
             await pods.post_event(*pod, REFUSED_REASON, reason, event_type="Warning")

@@ -91,6 +91,19 @@ def test_the_dra_drivers_claims_are_counted_by_the_agent_from_its_construction(n
         assert parts.agent.claims_granted() == []
 
 
+@pytest.mark.slow  # imports the kubernetes client
+def test_lending_beside_dra_books_the_drivers_prepared_claims(node: AgentOptions, tmp_path: Path) -> None:
+    """With both, the lending side reads the claims the driver prepared (a claim's containers are
+    booked on its cards: docs/lending.md, "DRA claims"); without --dra it reads none."""
+    lending = LendingOptions(str(tmp_path / "checkpoints"))
+    options = replace(node, lending=lending, dra=DraOptions(str(tmp_path / "kubelet"), str(tmp_path / "cdi")))
+    with built(options) as parts:
+        assert parts.lending is not None and parts.dra is not None
+        assert parts.lending.service.pods.prepared == parts.dra.state.as_pods
+    with built(replace(node, lending=lending)) as parts:
+        assert parts.lending is not None and list(parts.lending.service.pods.prepared()) == []
+
+
 def test_dra_with_an_acting_risk_action_is_refused(node: AgentOptions) -> None:
     with pytest.raises(AgentOptionsError, match="cannot be combined with --dra") as caught:
         replace(node, dra=DraOptions(), risk=RiskOptions(RiskAction.EVICT))

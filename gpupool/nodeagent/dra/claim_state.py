@@ -105,9 +105,10 @@ class ClaimState:
     def as_pods(self) -> list[PodView]:
         """The prepared claims as the device plugin's check reads grants: one pod-like view per
         claim (named ``claim <name>``, its UID the claim's), holding its shares on this node; a
-        share with no consumed memory holds the whole card."""
+        share with no consumed memory holds the whole card. Safe from another thread (the lending
+        rules read it on the event source's): it walks a copy of the claims."""
         inventory = self._inventory()
-        return [self._view(prepared, inventory) for prepared in self._claims.values()]
+        return [self._view(prepared, inventory) for prepared in list(self._claims.values())]
 
     def _view(self, prepared: PreparedClaim, inventory: GpuInventory) -> PodView:
         """One prepared claim as a pod-like view (:meth:`as_pods`)."""

@@ -11,6 +11,22 @@ node and does no work on it: a host daemon the monitor names so (``--infrastruct
 nvidia-persistenced, DCGM), or a pod that booked no GPU in an infrastructure namespace
 (``--infrastructure-namespaces``: the GPU Operator's DaemonSets), whatever its priority.
 
+DRA claims. A container that uses a prepared claim is booked on the claim's cards as on an
+assignment's (:mod:`gpupool.nodeagent.lending.pods`), so a claim's pod is an owner like any other:
+holding the card idle, it lends the memory it holds without using (and the card's compute), and
+when it comes back (an open: rule 1, since it is booked; or its activity, read from the claim's
+region and NVML) its borrowers are reclaimed while its allocations wait for room (the wait bound
+is written in the claim's region). What makes returning safe for an owner is that it is one: the
+loan names it, so its activity is watched and its allocations wait from the moment the card is lent.
+A prepared claim that no container holding the card uses is no owner of the loan: nothing would
+watch it, and the first allocation of its container (kubelet prepares the claim before the
+container starts) would find the borrower's memory taken and fail rather than wait. So its share
+is **never lent**: the loan is the card's free memory less the memory such claims hold there, and
+100 % compute less theirs; a whole-card claim not held lends nothing of the card. A claim prepared
+on a card already lent (the driver's prepare checks it against the borrowers' bookings too, so no
+borrower holds its memory) shrinks the loan by its share (:func:`keep_new_claims`), so no later
+borrower is offered it; the loan never grows back.
+
 The loans are written to a small JSON file next to the monitor's state after every change, so an
 agent restarted mid-lend keeps the same owners dormant (their holds do not refuse the borrowers
 already running) and still returns the card when an owner opens it.
@@ -20,11 +36,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from gpupool.api.lending import LendableCard, Priority
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.claims import ClaimKey, ClaimShares, booked_on, unheld_on
 from gpupool.nodeagent.lending.durable import write_json_atomically
 from gpupool.nodeagent.lending.pods import LendingPod
 from gpupool.nodeagent.lending.rules import ContainerKey
@@ -32,10 +49,13 @@ from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.monitor.usage_state import DeviceState, UsageState
 from gpupool.nodeagent.types import MEMORY_UNIT
 
+NO_CLAIMS: ClaimShares = {}
+
 log = logging.getLogger(__name__)
 
 LOANS_VERSION = 1
 FULL_COMPUTE_PERCENT = 100
+PER_MILLE_PER_PERCENT = 10
 
 
 @dataclass(frozen=True)
@@ -49,6 +69,8 @@ class Loan:
     memory_mib: int
     compute_percent: int
     idle_since: float
+    kept: frozenset[ClaimKey] = frozenset()
+    """The prepared DRA claims on the card whose share the loan leaves out (used by no holder or owner)."""
 
     @property
     def first_owner(self) -> ContainerKey:
@@ -62,8 +84,10 @@ class Loan:
 
 
 def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInventory, sample: UsageSample | None,
-              pod_of: Callable[[tuple[str, str]], LendingPod | None], lent: Iterable[int]) -> list[Loan]:
-    """Idle cards not lent yet that may be lent now."""
+              pod_of: Callable[[tuple[str, str]], LendingPod | None], lent: Iterable[int],
+              claims: ClaimShares = NO_CLAIMS) -> list[Loan]:
+    """Idle cards not lent yet that may be lent now (``claims``: the prepared DRA claims, whose share
+    is kept out of the loan while no container holding the card uses them; see the module)."""
     already = set(lent)
     found = []
     for device in state.devices:
@@ -71,12 +95,14 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
         if card is None or card in already or device.state is not DeviceState.IDLE or not device.holders:
             continue
         owners: set[ContainerKey] = set()
+        held: set[ClaimKey] = set()
         refused = False
         for holder in device.users:  # an infrastructure holder (a host daemon, a DCGM pod) is neither owner nor bar
             pod = pod_of((holder.namespace, holder.pod)) if holder.pod else None
             if pod is None or not holder.container:
                 refused = True  # a holder the node cannot name: never lend what it cannot give back
                 break
+            held.update((pod.namespace, claim) for claim in pod.claims.get(holder.container, ()))
             if pod.borrowed:
                 continue
             if card not in pod.booked.get(holder.container, frozenset()) and pod.priority is Priority.HIGH:
@@ -90,12 +116,34 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
             continue
         usage = sample.card(card) if sample is not None else None
         used = usage.memory_used_mib if usage is not None else info.memory_mib
-        free = max(0, info.memory_mib - used) // MEMORY_UNIT * MEMORY_UNIT
-        if free <= 0:
+        kept = unheld_on(card, claims, held)
+        kept_mib, kept_milli, kept_whole = booked_on(card, claims, kept)
+        free = max(0, info.memory_mib - used - kept_mib) // MEMORY_UNIT * MEMORY_UNIT
+        compute = FULL_COMPUTE_PERCENT - _percent(kept_milli)
+        if free <= 0 or compute <= 0 or kept_whole:
             continue
         since = device.last_use if device.last_use is not None else state.updated
-        found.append(Loan(card, info.uuid, device.path, frozenset(owners), free, FULL_COMPUTE_PERCENT, since))
+        found.append(Loan(card, info.uuid, device.path, frozenset(owners), free, compute, since, kept))
     return found
+
+
+def _percent(per_mille: int) -> int:
+    """Per-mille of a card in whole percent, rounded up (what is kept from a loan is never less)."""
+    return -(-per_mille // PER_MILLE_PER_PERCENT)
+
+
+def keep_new_claims(loan: Loan, claims: ClaimShares, used_by: Collection[ClaimKey]) -> Loan:
+    """``loan`` less the share of the claims prepared on its card since it began that ``used_by``
+    (the claims the card's holders and the loan's owners use) does not name; the same loan when
+    there are none. A loan shrunk to nothing stays (its borrowers are not reclaimed for it: the
+    driver prepared the claim beside their bookings) but offers nothing."""
+    new = unheld_on(loan.card, claims, {*used_by, *loan.kept})
+    if not new:
+        return loan
+    mib, milli, whole = booked_on(loan.card, claims, new)
+    memory = 0 if whole else max(0, loan.memory_mib - mib) // MEMORY_UNIT * MEMORY_UNIT
+    compute = 0 if whole else max(0, loan.compute_percent - _percent(milli))
+    return replace(loan, memory_mib=memory, compute_percent=compute, kept=loan.kept | new)
 
 
 class LoanFile:
@@ -113,7 +161,8 @@ class LoanFile:
                 raise ValueError(f"version {doc.get('version')!r}")
             return [Loan(int(x["card"]), str(x["uuid"]), str(x["path"]),
                          frozenset((str(a), str(b), str(c)) for a, b, c in x["owners"]),
-                         int(x["memoryMiB"]), int(x["computePercent"]), float(x["idleSince"]))
+                         int(x["memoryMiB"]), int(x["computePercent"]), float(x["idleSince"]),
+                         frozenset((str(a), str(b)) for a, b in x.get("claimsKept", ())))
                     for x in doc["loans"]]
         except FileNotFoundError:
             return []
@@ -124,6 +173,7 @@ class LoanFile:
     def save(self, loans: Iterable[Loan]) -> None:
         doc = {"version": LOANS_VERSION, "loans": [
             {"card": x.card, "uuid": x.uuid, "path": x.path, "owners": sorted(x.owners), "memoryMiB": x.memory_mib,
-             "computePercent": x.compute_percent, "idleSince": x.idle_since}
+             "computePercent": x.compute_percent, "idleSince": x.idle_since,
+             **({"claimsKept": sorted(x.kept)} if x.kept else {})}
             for x in sorted(loans, key=lambda x: x.card)]}
         write_json_atomically(self.path, doc)

@@ -109,12 +109,13 @@ class OwnerWatch:
     def _region(self, owner: ContainerKey, card: int, usage: CardUsage | None) -> Signal | None:
         namespace, name, container = owner
         pod = self._pod_of((namespace, name))
-        if self._layout is None or pod is None or card not in pod.cards.get(container, ()):
+        region = pod.region(container, card) if pod is not None and self._layout is not None else None
+        if self._layout is None or pod is None or region is None:
             return None  # no library on this node, or the owner has no share of this card to account in
-        try:
-            directory = self._layout.container_dir(pod.uid, container)
+        try:  # a DRA claim's share is accounted in the claim's region, shared by the containers using it
+            directory = self._layout.container_dir(pod.uid, region[0])
         except ShimFileError:
             return None
-        ordinal = pod.cards[container].index(card)
+        ordinal = region[1]
         total = usage.memory_total_mib if usage is not None else None
         return self._regions.signal(Path(os.path.join(directory, REGION_FILE)), ordinal, total)

@@ -72,10 +72,13 @@ class RegionControl:
         return frozen
 
     def _region(self, pod: LendingPod | None, container: str, card: int) -> tuple[Path, int] | None:
-        if pod is None or card not in pod.cards.get(container, ()):
+        """The region file and CUDA ordinal of ``container``'s share of ``card`` (a DRA claim's is the
+        claim's region, shared by the containers that use it)."""
+        region = pod.region(container, card) if pod is not None else None
+        if pod is None or region is None:
             return None
         try:
-            path = Path(os.path.join(self._layout.container_dir(pod.uid, container), REGION_FILE))
+            path = Path(os.path.join(self._layout.container_dir(pod.uid, region[0]), REGION_FILE))
         except ShimFileError:
             return None
-        return (path, pod.cards[container].index(card)) if path.exists() else None
+        return (path, region[1]) if path.exists() else None

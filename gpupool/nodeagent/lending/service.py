@@ -28,6 +28,11 @@ them in use and idle again. Once the pod watch has listed the node's pods it als
 borrower still holding a card as if it had just opened it: a borrower beside an owner whose card is
 no longer lent is stopped, whatever the journal said (the safety net for a journal that could not
 be read).
+
+DRA claims (``--dra``): a container that uses a prepared claim is booked on the claim's cards
+(:mod:`~gpupool.nodeagent.lending.pods`), so the rules, the owners, their activity and their waits
+treat it as an assignment's container; a claim no holder or owner uses is kept out of the loans,
+those that begin and those already running (:mod:`~gpupool.nodeagent.lending.loans` says why).
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
 from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.claims import ClaimShares
 from gpupool.nodeagent.lending.devices import lent_devices
-from gpupool.nodeagent.lending.loans import Loan, LoanFile, new_loans
+from gpupool.nodeagent.lending.loans import Loan, LoanFile, keep_new_claims, new_loans
 from gpupool.nodeagent.lending.options import ActivityThresholds
 from gpupool.nodeagent.lending.owner_activity import OwnerWatch
 from gpupool.nodeagent.lending.pods import LendingPods
@@ -56,7 +62,7 @@ from gpupool.nodeagent.lending.region_control import OWNER_WAIT_MARGIN_S, Region
 from gpupool.nodeagent.lending.rules import Claim, ContainerKey, Occupant, OpenDecision, PodKey, Rule, decide_open
 from gpupool.nodeagent.monitor.events import DeviceEvent, Verdict
 from gpupool.nodeagent.monitor.service import UsageMonitor
-from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity
+from gpupool.nodeagent.monitor.usage_state import DeviceState, Holder, ProcessIdentity, UsageState
 
 log = logging.getLogger(__name__)
 
@@ -390,16 +396,41 @@ class LendingService:
             for card in gone:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
+            claims = self.pods.claim_shares()
+            shrunk = self._keep_new_claims(claims, state)
             fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get,
-                              set(self._loans) | self._returned | self.journal.cards())
+                              set(self._loans) | self._returned | self.journal.cards(), claims)
             for loan in fresh:
                 log.info("card %d is idle: lending %d MiB, %d %% (owners %s)", loan.card, loan.memory_mib,
                          loan.compute_percent, sorted(loan.owners))
                 self._loans[loan.card] = loan
-        if gone or fresh:
+        if gone or fresh or shrunk:
             await self._changed()
         await asyncio.to_thread(self._owner_waits)
         await asyncio.to_thread(self.refuse_now)
+
+    def _keep_new_claims(self, claims: ClaimShares, state: UsageState) -> bool:
+        """Shrink each loan by the DRA claims prepared on its card since it began that no holder of the
+        card and no owner of the loan uses (:func:`keep_new_claims`; with the lock held). True when one
+        shrank."""
+        shrunk = False
+        for card, loan in list(self._loans.items()):
+            device = state.device(loan.path)
+            users = [(h.namespace, h.pod, h.container) for h in (device.users if device else ())]
+            used_by = {(ns, claim) for ns, name, container in (*users, *loan.owners)
+                       for claim in self._claims_of(ns, name, container)}
+            kept = keep_new_claims(loan, claims, used_by)
+            if kept != loan:
+                log.warning("card %d: DRA claim(s) %s prepared on it while lent; the loan now offers %d MiB, %d %%",
+                            card, ", ".join("/".join(k) for k in sorted(kept.kept - loan.kept)), kept.memory_mib,
+                            kept.compute_percent)
+                self._loans[card] = kept
+                shrunk = True
+        return shrunk
+
+    def _claims_of(self, namespace: str, name: str, container: str) -> tuple[str, ...]:
+        pod = self.pods.get((namespace, name)) if name else None
+        return pod.claims.get(container, ()) if pod is not None else ()
 
     def _owner_waits(self) -> None:
         """Owners of a lent card, or of one whose borrowers are still being reclaimed, wait for room on

@@ -23,6 +23,7 @@ from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
 from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoint_location
+from gpupool.nodeagent.lending.claims import PreparedClaims
 from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
 from gpupool.nodeagent.lending.kube_io import KubeLending
 from gpupool.nodeagent.lending.options import LendingOptions
@@ -73,6 +74,11 @@ class LoanedCapacity:
         self._pods = pods
         self._vouch = borrower_check(node, inventory, listed, self.on_loan,
                                      lambda: [loan.offer() for loan in service.loans.values()])
+
+    def use_claims(self, prepared: PreparedClaims) -> None:
+        """Book the DRA driver's prepared claims for the containers that use them (``--dra``):
+        :mod:`gpupool.nodeagent.lending.claims`."""
+        self._pods.use_claims(prepared)
 
     def extra_devices(self, resource: str) -> list[tuple[str, bool]]:
         return self.service.device_list(resource)
