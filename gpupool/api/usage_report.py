@@ -25,7 +25,7 @@ optional (absent on nodes without the library, and from older agents); a reader 
 them skips them.
 
 A card some infrastructure holder keeps open (a host daemon such as nvidia-persistenced, or a
-process of a pod that booked no GPU in an infrastructure namespace such as the GPU Operator's DCGM
+process of a pod that asked for no GPU in an infrastructure namespace such as the GPU Operator's DCGM
 exporter; counted in ``holders`` but neither making the card busy nor keeping it from being lent:
 docs/monitor.md, "Infrastructure holders") also carries ``"infrastructureHolders"``, how many of its
 holders are infrastructure (optional: absent when none, and from older agents). An infrastructure

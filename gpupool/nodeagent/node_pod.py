@@ -23,6 +23,7 @@ from typing import Any
 from gpupool.api.lending import Priority, hami_task_priority
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.containers.pod_containers import PodContainers, pod_containers
+from gpupool.nodeagent.gpu_resources import gpu_resources_asked
 from gpupool.nodeagent.pod_view import pod_assignment, pod_view_from_parts
 from gpupool.nodeagent.types import NodeAssignment, PodView
 
@@ -50,7 +51,9 @@ class NodePod:
     None for an object without a UID. ``annotations``, ``spec_priority``
     (``spec.priority`` when an integer), ``task_priority`` (HAMi's ``nvidia.com/priority``) and
     ``controller_uid`` (the controlling owner's UID, empty when none) are what the lending side reads
-    its rules' inputs from.
+    its rules' inputs from. ``gpu_resources``: the GPU resources its containers ask for, gpupool's
+    and other device plugins' (:func:`~gpupool.nodeagent.gpu_resources.gpu_resources_asked`), which
+    the container directory reads (:attr:`asks_gpus`).
     """
 
     key: PodKey
@@ -61,6 +64,7 @@ class NodePod:
     spec_priority: int | None
     task_priority: Priority | None
     controller_uid: str
+    gpu_resources: frozenset[str] = frozenset()
 
     @property
     def namespace(self) -> str:
@@ -71,13 +75,15 @@ class NodePod:
         return self.key[1]
 
     @property
-    def books_gpus(self) -> bool:
-        """Whether the pod booked a GPU of gpupool's: an assignment (own or borrowed), a container
-        with a limit of a served resource or a ResourceClaim, a served resource recorded. A pod that
-        cannot be read counts as booking (in doubt, its processes stay ordinary holders: only a pod
-        known to book nothing may be infrastructure, docs/monitor.md "Infrastructure holders")."""
+    def asks_gpus(self) -> bool:
+        """Whether the pod booked or asked for a GPU: an assignment (own or borrowed), a
+        ResourceClaim, a served resource recorded, or any GPU resource in a container's limits or
+        requests, gpupool's or another device plugin's (``nvidia.com/gpu`` of NVIDIA's: a pod that
+        asked another plugin for a card is that card's tenant). A pod that cannot be read counts as
+        asking (in doubt, its processes stay ordinary holders: only a pod known to ask for no GPU at
+        all may be infrastructure, docs/monitor.md "Infrastructure pods")."""
         view = self.view
-        if self.assignment is not None or not isinstance(view, PodView):
+        if self.assignment is not None or self.gpu_resources or not isinstance(view, PodView):
             return True
         return bool(view.assignment_error or view.allocated
                     or any(c.limits or c.claims for c in view.containers))
@@ -117,7 +123,8 @@ def decode_node_pod(obj: Mapping[str, Any], names: ResourceNames) -> NodePod | N
     try:
         return NodePod(key=key, view=view, assignment=assignment, containers=pod_containers(obj),
                        annotations=_annotations(meta), spec_priority=_spec_priority(spec),
-                       task_priority=hami_task_priority(spec), controller_uid=_controller_uid(meta))
+                       task_priority=hami_task_priority(spec), controller_uid=_controller_uid(meta),
+                       gpu_resources=gpu_resources_asked(spec, names))
     except (ValueError, KeyError, TypeError, AttributeError):  # the feeds skip a pod they cannot read
         return NodePod(key=key, view=view, assignment=assignment, containers=None, annotations={},
                        spec_priority=None, task_priority=None, controller_uid="")

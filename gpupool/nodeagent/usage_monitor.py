@@ -16,7 +16,7 @@ from gpupool.nodeagent.gpu_inventory import GpuBackend, GpuInventory
 from gpupool.nodeagent.monitor.events import OpenDecider, allow_every_open
 from gpupool.nodeagent.monitor.service import MonitorConfig, StateChange, StateListener, UsageMonitor
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
-from gpupool.nodeagent.monitor.usage_state import DeviceState
+from gpupool.nodeagent.monitor.usage_state import DeviceState, counts_as_use
 from gpupool.nodeagent.nvml.backend import CONTROL_DEVICES
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def build_monitor(node: str, backend: GpuBackend, config: MonitorConfig,
 def change_message(change: StateChange, idle_after: float) -> str:
     """What the event on a holding pod says."""
     holders = ", ".join(f"{h.container or '?'} (pid {h.pid})" for h in change.holders
-                        if h.pod and not h.infrastructure)
+                        if h.pod and counts_as_use(h))
     if change.current is DeviceState.IDLE:
         return (f"GPU {change.card} ({change.path}) idle: no SM activity for {idle_after:g} s "
                 f"while held by {holders}")
@@ -67,7 +67,7 @@ def pod_event_listener(post: PostEvent, idle_after: float) -> StateListener:
 
     async def listener(change: StateChange) -> None:
         reason = IDLE_REASON if change.current is DeviceState.IDLE else BUSY_REASON
-        pods = sorted({(h.namespace, h.pod) for h in change.holders if h.pod and not h.infrastructure})
+        pods = sorted({(h.namespace, h.pod) for h in change.holders if h.pod and counts_as_use(h)})
         if not pods:
             log.debug("card %d went %s; no holder is in a known pod, no event", change.card, change.current)
         for namespace, pod in pods:

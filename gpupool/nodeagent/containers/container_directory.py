@@ -2,8 +2,9 @@
 
 The node agent learns containers from its pod source (``status.containerStatuses[].containerID``,
 ``<runtime>://<id>``) and devices per container from kubelet's PodResources; it feeds them here,
-with whether each pod booked a GPU of gpupool's (a pod that booked none, in an infrastructure
-namespace, is an infrastructure holder: docs/monitor.md, "Infrastructure pods").
+with whether each pod asked for a GPU, gpupool's or another device plugin's (a pod that asked for
+none, in an infrastructure namespace, is an infrastructure holder: docs/monitor.md, "Infrastructure
+pods"), and whether the watch has listed the node's pods once (until then no pod is known).
 The in-memory directory is both the tests' implementation and the one the agent keeps updated.
 """
 
@@ -34,8 +35,9 @@ class ContainerDirectory(Protocol):
         """(namespace, name) of the pod with this UID."""
         ...
 
-    def books_gpus(self, pod_uid: str) -> bool:
-        """Whether the pod with this UID booked a GPU of gpupool's; ``True`` for a pod not known."""
+    def asks_gpus(self, pod_uid: str) -> bool:
+        """Whether the pod with this UID booked or asked for a GPU (gpupool's or another device
+        plugin's); ``True`` for a pod not known."""
         ...
 
     def pod_uid(self, container_id: str) -> str:
@@ -61,20 +63,32 @@ class InMemoryContainerDirectory:
         (a StatefulSet's) keeps its containers when the old pod's delete arrives after it."""
         self._uid_of: dict[str, str] = {}
         """Container ID → its pod's UID."""
-        self._unbooked: set[str] = set()
-        """UIDs of the pods known to have booked no GPU of gpupool's (the infrastructure namespaces'
-        candidates: docs/monitor.md, "Infrastructure holders"); a pod not here counts as booking."""
+        self._gpuless: set[str] = set()
+        """UIDs of the pods known to have asked for no GPU at all (the infrastructure namespaces'
+        candidates: docs/monitor.md, "Infrastructure pods"); a pod not here counts as asking."""
+        self._listed = False
+
+    @property
+    def listed(self) -> bool:
+        """Whether the pod watch has listed the node's pods once (before, no pod is known)."""
+        with self._lock:
+            return self._listed
+
+    def mark_listed(self) -> None:
+        """The pod watch's first full list is in (every pod it named is added)."""
+        with self._lock:
+            self._listed = True
 
     def add(self, pod_uid: str, namespace: str, pod: str, containers: dict[str, str], *,
-            books_gpus: bool = True) -> None:
+            asks_gpus: bool = True) -> None:
         """Record a pod and its containers (name → status container ID, any form), and whether it
-        booked a GPU of gpupool's (when in doubt: it did)."""
+        booked or asked for a GPU, gpupool's or another's (when in doubt: it did)."""
         with self._lock:
             self._pods[pod_uid] = (namespace, pod)
-            if books_gpus:
-                self._unbooked.discard(pod_uid)
+            if asks_gpus:
+                self._gpuless.discard(pod_uid)
             else:
-                self._unbooked.add(pod_uid)
+                self._gpuless.add(pod_uid)
             ids = self._ids_of.setdefault(pod_uid, set())
             for name, status_id in containers.items():
                 if status_id:
@@ -87,7 +101,7 @@ class InMemoryContainerDirectory:
         """Forget a pod and its containers."""
         with self._lock:
             self._pods.pop(pod_uid, None)
-            self._unbooked.discard(pod_uid)
+            self._gpuless.discard(pod_uid)
             for container_id in self._ids_of.pop(pod_uid, ()):
                 self._containers.pop(container_id, None)
                 self._uid_of.pop(container_id, None)
@@ -102,10 +116,10 @@ class InMemoryContainerDirectory:
         with self._lock:
             return self._pods.get(pod_uid)
 
-    def books_gpus(self, pod_uid: str) -> bool:
-        """Whether the pod with this UID booked a GPU of gpupool's; ``True`` for a pod not known."""
+    def asks_gpus(self, pod_uid: str) -> bool:
+        """Whether the pod with this UID booked or asked for a GPU; ``True`` for a pod not known."""
         with self._lock:
-            return pod_uid not in self._unbooked
+            return pod_uid not in self._gpuless
 
     def pod_uid(self, container_id: str) -> str:
         """The UID of the pod the container with this runtime ID belongs to; "" when not known."""

@@ -6,8 +6,10 @@ and ``metadata.uid`` matches the pod UID in the cgroup path. :func:`pod_containe
 agent's pod cache calls it once per pod event, into the record it hands every feed
 (:class:`gpupool.nodeagent.node_pod.NodePod`). :class:`DirectoryFeed` is one of those feeds: called on
 the pod watch's own thread (the directory locks), it takes the IDs from the record and reads no raw
-pod itself. It asks of the record only its ``containers`` and whether it books a GPU of gpupool's
-(:class:`DecodedPod`), so this package knows nothing of the agent's pod view.
+pod itself. It asks of the record only its ``containers`` and whether it asks for a GPU, gpupool's or
+another device plugin's (:class:`DecodedPod`), so this package knows nothing of the agent's pod view.
+The first full list also marks the directory listed (until then no pod is known: docs/monitor.md,
+"Before the pod watch has listed").
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class DecodedPod(Protocol):
         ...
 
     @property
-    def books_gpus(self) -> bool:
-        """Whether the pod booked a GPU of gpupool's (or cannot be read well enough to tell)."""
+    def asks_gpus(self) -> bool:
+        """Whether the pod booked or asked for a GPU, gpupool's or another device plugin's (or cannot be
+        read well enough to tell)."""
         ...
 
 
@@ -72,13 +75,14 @@ class DirectoryFeed:
         self._uids: set[str] = set()
 
     def on_list(self, pods: Iterable[DecodedPod]) -> None:
-        """A full list: the directory becomes exactly these pods."""
-        listed = [(p.containers, p.books_gpus) for p in pods if p.containers is not None]
+        """A full list: the directory becomes exactly these pods, and is listed from now on."""
+        listed = [(p.containers, p.asks_gpus) for p in pods if p.containers is not None]
         for uid in self._uids - {pod.uid for pod, _ in listed}:
             self.directory.remove_pod(uid)
         self._uids = set()
-        for pod, books_gpus in listed:
-            self._add(pod, books_gpus)
+        for pod, asks_gpus in listed:
+            self._add(pod, asks_gpus)
+        self.directory.mark_listed()
 
     def on_event(self, kind: str, obj: DecodedPod) -> None:
         """A watch event: ``ADDED``/``MODIFIED`` records the pod, ``DELETED`` forgets it."""
@@ -89,9 +93,9 @@ class DirectoryFeed:
             self.directory.remove_pod(pod.uid)
             self._uids.discard(pod.uid)
         else:
-            self._add(pod, obj.books_gpus)
+            self._add(pod, obj.asks_gpus)
 
-    def _add(self, pod: PodContainers, books_gpus: bool) -> None:
+    def _add(self, pod: PodContainers, asks_gpus: bool) -> None:
         self.directory.remove_pod(pod.uid)  # a restarted container has a new ID; drop the old one
-        self.directory.add(pod.uid, pod.namespace, pod.name, dict(pod.containers), books_gpus=books_gpus)
+        self.directory.add(pod.uid, pod.namespace, pod.name, dict(pod.containers), asks_gpus=asks_gpus)
         self._uids.add(pod.uid)

@@ -8,8 +8,11 @@ A card is not lent while a holder without a gpupool share of it is high priority
 first open would be refused (rule 3), nor while a process the node cannot name holds it (it could
 not be given back), except an infrastructure holder, which keeps the device open on every GPU
 node and does no work on it: a host daemon the monitor names so (``--infrastructure-holders``:
-nvidia-persistenced, DCGM), or a pod that booked no GPU in an infrastructure namespace
-(``--infrastructure-namespaces``: the GPU Operator's DaemonSets), whatever its priority.
+nvidia-persistenced, DCGM), or a pod that asked for no GPU in an infrastructure namespace
+(``--infrastructure-namespaces``: the GPU Operator's DaemonSets), whatever its priority. Nor is it
+lent while an undecided holder holds it (a pod's process recorded before the pod watch listed, where
+it could be infrastructure: it may be a tenant's, and is judged once the list is in); a loan already
+made, resumed after a restart, stays.
 
 DRA claims. A container that uses a prepared claim is booked on the claim's cards as on an
 assignment's (:mod:`gpupool.nodeagent.lending.pods`), so a claim's pod is an owner like any other:
@@ -94,6 +97,8 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
         card = cards.get(device.path)
         if card is None or card in already or device.state is not DeviceState.IDLE or not device.holders:
             continue
+        if any(h.undecided for h in device.holders):
+            continue  # maybe a tenant's: judged once the pod watch has listed (docs/monitor.md)
         owners: set[ContainerKey] = set()
         held: set[ClaimKey] = set()
         refused = False

@@ -16,9 +16,13 @@ reclaimed) is denied that card in the kernel, so its ``open()`` fails with ``EPE
 never in that set (facing its borrowers it is rule 1). Where neither runs (the /proc scan alone),
 and for an open that came before the gate was updated, the same decision is applied to the
 recorded open: a refused asker's pod is reclaimed (its processes stopped), within one scan interval.
-Infrastructure holders (a host daemon, a pod that booked no GPU in an infrastructure namespace:
+Infrastructure holders (a host daemon, a pod that asked for no GPU in an infrastructure namespace:
 docs/monitor.md) are invisible to the rules: their opens are allowed and move nothing, their holds
-bar no one, and they are never owners nor reclaimed.
+bar no one, and they are never owners nor reclaimed. So are undecided holders (a pod's process
+recorded before the pod watch listed, where it could be infrastructure) until the monitor judges
+them; no new loan is made of a card one of them holds meanwhile
+(:func:`~gpupool.nodeagent.lending.loans.new_loans`), and the restart's check of the borrowers waits
+for the monitor to have judged them all.
 
 Every reclaim is written to the reclaim journal (:mod:`~gpupool.nodeagent.lending.reclaim_journal`)
 before anything is signalled, on the thread that decided it, and before the loan it ends is removed
@@ -151,7 +155,8 @@ class LendingService:
             self._returned.update(self.monitor.cards.values())
         for loan in self._file.load():
             device = state.device(loan.path)
-            held = {(h.namespace, h.pod, h.container) for h in device.users} if device else set()
+            held = ({(h.namespace, h.pod, h.container) for h in device.holders if not h.infrastructure}
+                    if device else set())  # an undecided owner is still an owner
             if journal.unreadable:
                 log.warning("not resuming the loan of card %d: the reclaim journal is unreadable", loan.card)
             elif loan.card in ended:
@@ -299,8 +304,9 @@ class LendingService:
 
     def _occupant(self, who: ProcessIdentity, path: str) -> Occupant | None:
         """The rules' view of a process on ``path``; ``None`` for one they ignore: not in a known pod
-        container, or an infrastructure holder (neither a bar nor an owner, never reclaimed)."""
-        if not who.pod or not who.container or who.infrastructure:
+        container, an infrastructure holder or an undecided one (neither a bar nor an owner, never
+        reclaimed)."""
+        if not who.pod or not who.container or who.infrastructure or who.undecided:
             return None
         pod = self.pods.get((who.namespace, who.pod))
         card = self.monitor.cards.get(path)
@@ -317,7 +323,7 @@ class LendingService:
     @staticmethod
     def _identity(holder: Holder) -> ProcessIdentity:
         return ProcessIdentity(holder.container_id, holder.container, holder.pod, holder.namespace,
-                               holder.infrastructure)
+                               holder.infrastructure, holder.undecided)
 
     def _call(self, fn: Callable[..., object], *args: object) -> None:
         if self._loop is None:
@@ -383,7 +389,8 @@ class LendingService:
         state, sample = self.monitor.state, self.monitor.last_sample
         for record in self.journal.records():  # a reclaim that failed, or a restart's, not running now
             self._start_reclaim(record)
-        if not self._judged_borrowers and self.pods.synced:
+        undecided = any(h.undecided for device in state.devices for h in device.holders)
+        if not self._judged_borrowers and self.pods.synced and not undecided:  # the monitor judges them first
             self._judged_borrowers = True
             self._judge_borrowers()
         for loan, owner in await asyncio.to_thread(self.watch.observe, self.loans, sample, state):
@@ -449,8 +456,9 @@ class LendingService:
         self._waiting = wanted
 
     def _judge_borrowers(self) -> None:
-        """Once after a start, with the pods known: every borrower holding a card faces the rules as if it
-        had just opened it (one left beside an owner whose card is not lent any more is stopped)."""
+        """Once after a start, with the pods known and no holder undecided any more: every borrower
+        holding a card faces the rules as if it had just opened it (one left beside an owner whose card
+        is not lent any more is stopped)."""
         for device in self.monitor.state.devices:
             for holder in device.holders:
                 pod = self.pods.get((holder.namespace, holder.pod)) if holder.pod else None

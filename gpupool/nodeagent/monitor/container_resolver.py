@@ -13,10 +13,13 @@ holder (it blocks lending, as before).
 
 A process of a pod is infrastructure only by its pod: the pod runs in one of the namespaces the admin
 named (``--infrastructure-namespaces``: where GPU infrastructure runs as DaemonSets, e.g. the GPU
-Operator's DCGM exporter and driver container) and booked no GPU of gpupool's. Its mark is the
-namespace. A pod that booked a share stays an ordinary holder (its limits and ownership apply), and
-a pod the container directory does not know yet is not judged (it is asked again once it is). Each
-pod so judged is logged once.
+Operator's DCGM exporter and driver container) and asked for no GPU at all: none of gpupool's and
+none of another device plugin's (``nvidia.com/gpu`` of NVIDIA's plugin, ``amd.com/gpu``:
+:mod:`~gpupool.nodeagent.gpu_resources`). Its mark is the namespace. A pod that booked a share, or
+asked another plugin for a card, stays an ordinary holder (its limits, ownership and the risk checks
+apply), and a pod the container directory does not know yet is not judged (it is asked again once it
+is; before the pod watch's first list the recorder keeps such holders undecided:
+:mod:`~gpupool.nodeagent.monitor.pod_list_wait`). Each pod so judged is logged once.
 """
 
 from __future__ import annotations
@@ -83,14 +86,13 @@ class ContainerResolver:
         return ProcessIdentity(found.container_id)
 
     def _pod_infrastructure(self, pid: int, pod_uid: str, namespace: str, pod: str) -> str:
-        """The namespace when the pod is infrastructure (listed namespace, no GPU of gpupool's
-        booked), else ""."""
-        if namespace not in self._namespaces or not pod_uid or self._directory.books_gpus(pod_uid):
+        """The namespace when the pod is infrastructure (listed namespace, no GPU asked for), else ""."""
+        if namespace not in self._namespaces or not pod_uid or self._directory.asks_gpus(pod_uid):
             return ""
         self._report_once(f"infrastructure {pod_uid}",
-                          f"pod {namespace}/{pod} (pid {pid}, {self.executable(pid) or '?'}) booked no GPU and runs "
-                          f"in the infrastructure namespace {namespace}: its open device files are infrastructure, "
-                          "not use (--infrastructure-namespaces)")
+                          f"pod {namespace}/{pod} (pid {pid}, {self.executable(pid) or '?'}) asked for no GPU and "
+                          f"runs in the infrastructure namespace {namespace}: its open device files are "
+                          "infrastructure, not use (--infrastructure-namespaces)")
         return namespace
 
     def executable(self, pid: int) -> str:

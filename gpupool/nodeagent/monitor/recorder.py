@@ -12,13 +12,18 @@ whose process (pid and start time) is alive and still holds the file, and a scan
 nobody saw open. A live holder is never dropped: the record errs towards busy, never towards free.
 
 An infrastructure holder (a host daemon the resolver named so: nvidia-persistenced, DCGM; or a
-process of a pod that booked no GPU in an infrastructure namespace: the GPU Operator's DCGM
+process of a pod that asked for no GPU in an infrastructure namespace: the GPU Operator's DCGM
 exporter) is recorded like any other, but its opens and closes are not use: they leave the device's
 last use alone, and it alone does not make a device held (:attr:`DeviceUsage.users`). A pod's
-process is judged by its pod, which the pod watch names only after the agent started: a holder
-recorded before (found at the restart's scan, or opening before the watch listed its pod) counts
-as use until :meth:`UsageRecorder.identify_again` names its pod, and a holder of a pod restored
-from the file keeps the previous agent's mark until then.
+process is judged by its pod, which the pod watch names only after the agent started. Until the
+watch's first list is in (bounded: :mod:`~gpupool.nodeagent.monitor.pod_list_wait`, the recorder's
+``undecided``), a pod's holder that could be infrastructure is recorded *undecided*: one whose pod
+is not named yet (found at the restart's scan, or opening before the list), and one restored from
+the file whose namespace is listed. It neither makes its card held nor is judged by anyone; its
+opens count as use all the same (if it is a tenant's, its card's idle time must not have run on).
+:meth:`UsageRecorder.identify_again` judges it once the list is in (or the wait ended). After the
+list, a holder whose container is not named yet (a container that just started) counts as use until
+it is, and a restored holder whose pod is not known keeps the previous agent's mark.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Hold
 log = logging.getLogger(__name__)
 
 IdentityResolver = Callable[[int], ProcessIdentity]
+Undecided = Callable[[str], bool]
+"""Namespace ("" for a pod not named) → whether a pod's holder there is undecided now
+(:class:`~gpupool.nodeagent.monitor.pod_list_wait.PodListWait`)."""
 Prioritizer = Callable[[ProcessIdentity, str], int | None]
 """The priority recorded for a new holder of a path (the lending rules; ``None``: none)."""
 OpenListener = Callable[[str, Holder], None]
@@ -56,16 +64,23 @@ def no_identity(pid: int) -> ProcessIdentity:
     return ProcessIdentity()
 
 
+def never_undecided(namespace: str) -> bool:
+    """Used when no wait is given: every holder is judged at once (no namespace can be infrastructure)."""
+    return False
+
+
 class UsageRecorder:
     """Holds the node's usage state, applies events to it and persists every change."""
 
     def __init__(self, node: str, paths: Iterable[str], state_file: StateStore, processes: ProcessTable, *,
                  identify: IdentityResolver = no_identity, decide: OpenDecider = allow_every_open,
-                 clock: Callable[[], float] = time.time, ignore_pids: Iterable[int] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, ignore_pids: Iterable[int] | None = None,
+                 undecided: Undecided = never_undecided) -> None:
         self._node = node
         self._file = state_file
         self._processes = processes
         self._identify = identify
+        self._undecided = undecided
         self._decide = decide
         self._prioritize: Prioritizer | None = None
         self._on_open: OpenListener | None = None
@@ -180,27 +195,40 @@ class UsageRecorder:
         A process in a real container typically opens its device the moment it starts, before
         kubelet reports the container's ID in the pod's status and the agent's pod watch learns it:
         the open is recorded with the cgroup's container ID only. Each call asks again for the
-        holders still without a container name (same process: pid and start time), and for the
-        restored holders whose pod's infrastructure mark is owed, and writes the file when one
-        changed. A holder named an infrastructure holder now leaves its card's users: a card only
-        it holds is free again.
+        holders still without a container name (same process: pid and start time), for the
+        restored holders whose pod's infrastructure mark is owed and for the undecided ones, and
+        writes the file when one changed. A holder named an infrastructure holder now leaves its
+        card's users: a card only it holds is free again; an undecided one judged a tenant's joins
+        them (its card is held from now on). The open listener hears of each holder that changed
+        in more than being decided (named, or marked otherwise).
         """
         named: list[tuple[str, Holder]] = []
+        decided = 0
         with self._lock:
+            changed = False
             for path, device in self._devices.items():
                 holders = tuple(self._named(h, path) if self._unnamed(h) else h for h in device.holders)
-                if holders != device.holders:
-                    self._devices[path] = device.with_holders(holders, device.last_use)
-                    named += [(path, h) for h in holders if h not in device.holders]
-            if named:
+                if holders == device.holders:
+                    continue
+                changed = True
+                self._devices[path] = device.with_holders(holders, device.last_use)
+                for old, new in zip(device.holders, holders, strict=True):
+                    decided += old.undecided and not new.undecided
+                    if replace(old, undecided=False) != replace(new, undecided=False):
+                        named.append((path, new))
+            if changed:
                 self._persist()
+        if decided:
+            log.info("%d holder(s) of pods recorded before the pod watch listed this node's pods judged now "
+                     "(--infrastructure-namespaces)", decided)
         for path, holder in named:  # the rules could not place them at their open
             self._tell(path, holder)
 
     def _unnamed(self, holder: Holder) -> bool:
         """Whether to ask again who a holder is: its container has no name yet (a host daemon never
-        joins one), or it is a restored pod's holder whose infrastructure mark is owed."""
-        if (holder.pid, holder.start_time) in self._unjudged:
+        joins one), it is a restored pod's holder whose infrastructure mark is owed, or it is
+        undecided."""
+        if holder.undecided or (holder.pid, holder.start_time) in self._unjudged:
             return True
         return not holder.container and not (holder.infrastructure and not holder.pod)
 
@@ -208,13 +236,15 @@ class UsageRecorder:
         if self._processes.start_time(holder.pid) != holder.start_time:
             return holder
         named = self._holder(holder.pid, holder.start_time, holder.since, path)
-        if not named.pod:
-            return holder  # the pod watch does not know its pod yet: asked again at the next call
+        if not named.pod:  # the pod watch does not know its pod yet: asked again at the next call
+            undecided = self._undecided(holder.namespace) if holder.pod else named.undecided
+            return holder if undecided == holder.undecided else replace(holder, undecided=undecided)
         self._unjudged.discard((holder.pid, holder.start_time))
         if holder.container:  # a restored holder: only its mark is judged again
-            return replace(holder, infrastructure=named.infrastructure)
+            return replace(holder, infrastructure=named.infrastructure, undecided=False)
         return replace(holder, container_id=named.container_id, container=named.container, pod=named.pod,
-                       namespace=named.namespace, priority=named.priority, infrastructure=named.infrastructure)
+                       namespace=named.namespace, priority=named.priority, infrastructure=named.infrastructure,
+                       undecided=False)
 
     def set_state(self, path: str, state: DeviceState) -> None:
         """Record busy or idle from the idle rule; a device nobody holds stays free."""
@@ -254,19 +284,23 @@ class UsageRecorder:
         """A restored holder, marked infrastructure or not by this agent's settings (the file may be an
         older agent's, or one started with other ``--infrastructure-*`` settings). A host process is
         judged now; a pod's process when its pod is known (the pod watch starts after the restore:
-        until then it keeps the previous agent's mark, see :meth:`identify_again`); one in a container
-        not named yet is named, and judged, by :meth:`identify_again`."""
+        until then it keeps the previous agent's mark, undecided while the watch has not listed and
+        its namespace is listed, see :meth:`identify_again`); one in a container not named yet is
+        named, and judged, by :meth:`identify_again` (undecided until the list is in)."""
         if holder.container_id and not holder.pod:
-            return holder
+            undecided = self._undecided("")
+            return holder if undecided == holder.undecided else replace(holder, undecided=undecided)
         who = self._resolve(holder.pid)
         if holder.pod:
             if not who.pod:
                 self._unjudged.add((holder.pid, holder.start_time))
-                return holder
+                undecided = self._undecided(holder.namespace)
+                return holder if undecided == holder.undecided else replace(holder, undecided=undecided)
             infrastructure = who.infrastructure
         else:
             infrastructure = who.infrastructure if not who.container_id and not who.pod else ""
-        return holder if infrastructure == holder.infrastructure else replace(holder, infrastructure=infrastructure)
+        judged = replace(holder, infrastructure=infrastructure, undecided=False)
+        return holder if judged == holder else judged
 
     def _resolve(self, pid: int) -> ProcessIdentity:
         try:
@@ -277,6 +311,7 @@ class UsageRecorder:
 
     def _holder(self, pid: int, start: int, since: float, path: str = "") -> Holder:
         who = self._resolve(pid)
+        undecided = bool(who.container_id) and not who.pod and self._undecided("")
         priority = None
         if self._prioritize is not None and path:
             try:
@@ -285,7 +320,7 @@ class UsageRecorder:
                 log.exception("could not tell the priority of pid %d", pid)
         return Holder(pid=pid, start_time=start, since=since, container_id=who.container_id,
                       container=who.container, pod=who.pod, namespace=who.namespace, priority=priority,
-                      infrastructure=who.infrastructure)
+                      infrastructure=who.infrastructure, undecided=undecided)
 
     def _still_holding(self, holder: Holder, path: str) -> bool:
         return (self._processes.start_time(holder.pid) == holder.start_time

@@ -26,6 +26,7 @@ from gpupool.nodeagent.linux.watched_files import WatchedFiles
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.events import EventSource, OpenDecider, allow_every_open
 from gpupool.nodeagent.monitor.idle import DEFAULT_IDLE_AFTER_SECONDS, IdleDetector
+from gpupool.nodeagent.monitor.pod_list_wait import POD_LIST_WAIT_S, PodListWait
 from gpupool.nodeagent.monitor.proc_scan_source import ProcScanSource
 from gpupool.nodeagent.monitor.process_table import ProcessTable, ProcfsTable
 from gpupool.nodeagent.monitor.recorder import IdentityResolver, UsageRecorder
@@ -61,9 +62,13 @@ class MonitorConfig:
     """Executable names of host processes (in no pod) whose holds are infrastructure, not use
     (docs/monitor.md, "Infrastructure holders"); empty: every holder counts."""
     infrastructure_namespaces: tuple[str, ...] = ()
-    """Namespaces whose pods, when they booked no GPU of gpupool's, are infrastructure holders (the GPU
-    Operator's DaemonSets); empty: none. Only the admin's list counts: tenants must not be able to
-    create pods in these namespaces (docs/monitor.md, "Infrastructure holders")."""
+    """Namespaces whose pods, when they asked for no GPU (gpupool's or another device plugin's), are
+    infrastructure holders (the GPU Operator's DaemonSets); empty: none. Only the admin's list counts:
+    tenants must not be able to create pods in these namespaces (docs/monitor.md, "Infrastructure
+    pods")."""
+    pod_list_wait_s: float = POD_LIST_WAIT_S
+    """How long, at most, pods' holders stay undecided while the pod watch has not listed the node's
+    pods (only where ``infrastructure_namespaces`` lists one: :mod:`.pod_list_wait`)."""
 
     def __post_init__(self) -> None:
         for name in self.infrastructure:
@@ -120,7 +125,10 @@ class UsageMonitor:
                                       processes or ProcfsTable(WatchedFiles(self.paths)),
                                       identify=identify or self.resolver(),
                                       clock=clock,
-                                      decide=decide)
+                                      decide=decide,
+                                      undecided=PodListWait(lambda: self.directory.listed,
+                                                            frozenset(config.infrastructure_namespaces),
+                                                            deadline_s=config.pod_list_wait_s, clock=clock))
         self.detector = IdleDetector(self.cards, idle_after=config.idle_after)
         self.source: EventSource | None = None
         self.source_reason = ""

@@ -10,7 +10,10 @@ Format::
 
 ``infrastructure`` (why the holder is infrastructure, else empty: the executable's name of a host
 daemon, in no container; or, for a process of a pod, the pod's namespace, an infrastructure
-namespace) may be missing: a file written before it existed reads as empty.
+namespace) may be missing: a file written before it existed reads as empty. ``undecided`` is written
+only when true (a pod's process recorded before the pod watch listed, where it could be
+infrastructure: :attr:`~gpupool.nodeagent.monitor.usage_state.Holder.undecided`); missing reads as
+false, and an agent that does not know it reads such a holder as an ordinary one.
 
 The reader refuses anything else with :class:`StateFileError` naming the field, including a newer
 version (an agent rolled back must not misread a file written by its successor).
@@ -22,7 +25,7 @@ import json
 import math
 from typing import Any
 
-from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState
+from gpupool.nodeagent.monitor.usage_state import DeviceState, DeviceUsage, Holder, UsageState, counts_as_use
 
 SCHEMA = "gpupool.io/usage-state"
 VERSION = 1
@@ -43,10 +46,13 @@ def encode_state(state: UsageState) -> bytes:
 
 
 def _encode_holder(holder: Holder) -> dict[str, Any]:
-    return {"pid": holder.pid, "startTime": holder.start_time, "since": holder.since,
-            "containerId": holder.container_id, "container": holder.container, "pod": holder.pod,
-            "namespace": holder.namespace, "priority": holder.priority,
-            "infrastructure": holder.infrastructure}
+    encoded = {"pid": holder.pid, "startTime": holder.start_time, "since": holder.since,
+               "containerId": holder.container_id, "container": holder.container, "pod": holder.pod,
+               "namespace": holder.namespace, "priority": holder.priority,
+               "infrastructure": holder.infrastructure}
+    if holder.undecided:
+        encoded["undecided"] = True
+    return encoded
 
 
 def decode_state(content: bytes) -> UsageState:
@@ -81,7 +87,7 @@ def _decode_device(raw: object, where: str) -> DeviceUsage:
                     for i, h in enumerate(_list(device.get("holders"), f"{where}.holders")))
     if len({h.pid for h in holders}) != len(holders):
         raise StateFileError(f"{where}.holders: a pid is listed twice")
-    users = [h for h in holders if not h.infrastructure]
+    users = [h for h in holders if counts_as_use(h)]
     if state is DeviceState.FREE and users:
         raise StateFileError(f"{where}: state free with {len(users)} holder(s)")
     return DeviceUsage(path=_str(device.get("path"), f"{where}.path"), holders=holders,
@@ -95,6 +101,9 @@ def _decode_holder(raw: object, where: str) -> Holder:
     if pid <= 0:
         raise StateFileError(f"{where}.pid: {pid} is not a process id")
     infrastructure = _str(holder.get("infrastructure", ""), f"{where}.infrastructure")
+    undecided = holder.get("undecided", False)
+    if not isinstance(undecided, bool):
+        raise StateFileError(f"{where}.undecided: expected true or false, got {type(undecided).__name__}")
     decoded = Holder(pid=pid, start_time=_int(holder.get("startTime"), f"{where}.startTime"),
                      since=_float(holder.get("since"), f"{where}.since"),
                      container_id=_str(holder.get("containerId"), f"{where}.containerId"),
@@ -102,8 +111,10 @@ def _decode_holder(raw: object, where: str) -> Holder:
                      pod=_str(holder.get("pod"), f"{where}.pod"),
                      namespace=_str(holder.get("namespace"), f"{where}.namespace"),
                      priority=None if priority is None else _int(priority, f"{where}.priority"),
-                     infrastructure=infrastructure)
+                     infrastructure=infrastructure, undecided=undecided)
     in_container = bool(decoded.container_id or decoded.pod)
+    if undecided and not in_container:
+        raise StateFileError(f"{where}: undecided holder in no container: only a pod's process can be one")
     if infrastructure and in_container and (not decoded.pod or infrastructure != decoded.namespace):
         raise StateFileError(f"{where}: infrastructure holder {infrastructure!r} in a container: only a host "
                              "process, or a pod's process marked with its pod's namespace, is one")

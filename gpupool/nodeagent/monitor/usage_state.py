@@ -30,7 +30,10 @@ class ProcessIdentity:
     infrastructure: str = ""
     """Why the process is an infrastructure holder, else empty: the executable's name of a host daemon
     (``--infrastructure-holders``: in no container, matched by /proc/<pid>/exe), or the namespace of a
-    pod that booked no GPU in an infrastructure namespace (``--infrastructure-namespaces``)."""
+    pod that asked for no GPU in an infrastructure namespace (``--infrastructure-namespaces``)."""
+    undecided: bool = False
+    """Set for a holder recorded as undecided (:attr:`Holder.undecided`), so that whoever judges
+    holders by their identity (the lending rules) leaves it alone; the resolver never sets it."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class Holder:
     that got its PID reused. Empty ``container``/``pod``/``namespace`` mean not in a known pod.
     ``priority`` is filled by the lending rules; ``None`` until they exist. ``infrastructure``: set
     when the holder keeps the device open without working on it: the executable's name of a host
-    daemon (nvidia-persistenced, DCGM), or the namespace of a GPU-infrastructure pod that booked no
-    GPU (the GPU Operator's DCGM exporter): it is recorded and shown, but it neither makes the card
+    daemon (nvidia-persistenced, DCGM), or the namespace of a GPU-infrastructure pod that asked for
+    no GPU (the GPU Operator's DCGM exporter): it is recorded and shown, but it neither makes the card
     busy nor blocks lending (docs/monitor.md, "Infrastructure holders").
     """
 
@@ -55,6 +58,18 @@ class Holder:
     namespace: str = ""
     priority: int | None = None
     infrastructure: str = ""
+    undecided: bool = False
+    """A process of a pod recorded while the agent's pod watch had not listed the node's pods yet, on
+    a node where some pods may be infrastructure (``--infrastructure-namespaces``): whether it is
+    infrastructure or a tenant's is not known, so it neither makes the card held nor is judged (no
+    risk finding, no lending owner, bar or reclaim victim), and no new loan is made of a card it
+    holds, until the first list is in or the wait for it ends (docs/monitor.md, "Before the pod watch has
+    listed")."""
+
+
+def counts_as_use(holder: Holder) -> bool:
+    """Whether a holder makes its card held: one that is neither infrastructure nor undecided."""
+    return not holder.infrastructure and not holder.undecided
 
 
 @dataclass(frozen=True)
@@ -68,8 +83,8 @@ class DeviceUsage:
 
     @property
     def users(self) -> tuple[Holder, ...]:
-        """The holders that are not infrastructure: the ones that make the card held."""
-        return tuple(h for h in self.holders if not h.infrastructure)
+        """The holders that make the card held: neither infrastructure nor undecided."""
+        return tuple(h for h in self.holders if counts_as_use(h))
 
     def holder(self, pid: int) -> Holder | None:
         """The holder with this pid, if any."""
@@ -79,10 +94,10 @@ class DeviceUsage:
         return None
 
     def with_holders(self, holders: tuple[Holder, ...], last_use: float | None) -> DeviceUsage:
-        """A copy with these holders; a device no user holds is free (infrastructure holders alone
-        leave it free), a newly used one busy."""
+        """A copy with these holders; a device no user holds is free (infrastructure and undecided
+        holders alone leave it free), a newly used one busy."""
         ordered = tuple(sorted(holders, key=lambda h: h.pid))
-        users = [h for h in ordered if not h.infrastructure]
+        users = [h for h in ordered if counts_as_use(h)]
         if not users:
             state = DeviceState.FREE
         elif self.state is DeviceState.FREE or len(users) > len(self.users):

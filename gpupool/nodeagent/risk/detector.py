@@ -6,9 +6,10 @@ pods kubelet lists on this node (what each container was granted, card by card),
 isolation backend enforces the limits, and, where the interception library runs, which processes
 registered and what each container's accounting region says. Only processes in a known pod
 container are judged: a process in no container is the host's own (nvidia-persistenced, a DCGM
-exporter, an admin's nvidia-smi), one whose container is not named yet is judged once it is, and an
-infrastructure holder (a pod that booked no GPU in an infrastructure namespace: the GPU Operator's
-DCGM exporter) is not judged at all.
+exporter, an admin's nvidia-smi), one whose container is not named yet is judged once it is, an
+infrastructure holder (a pod that asked for no GPU in an infrastructure namespace: the GPU Operator's
+DCGM exporter) is not judged at all, and an undecided one (a pod's process recorded before the pod
+watch listed, where it could be infrastructure) only once the monitor has judged it.
 A holder's card and registration are judged only after it has held the card for ``grace_s`` (a
 library registers, a pod's names arrive through the watch, a fresh grant's annotation reaches the
 cache); its memory (:mod:`~gpupool.nodeagent.risk.backstop`) at once, since a container with a
@@ -113,7 +114,7 @@ def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:
             continue
         memory = memory_by_pid(view.sample, card, view.now)
         by_container: dict[ContainerName, list[Holder]] = {}
-        for holder in device.users:  # an infrastructure holder is nobody's: no finding, its memory uncounted
+        for holder in device.users:  # infrastructure (nobody's) or undecided: no finding, its memory uncounted
             if holder.pod and holder.container:
                 by_container.setdefault((holder.namespace, holder.pod, holder.container), []).append(holder)
         for name, named in sorted(by_container.items()):

@@ -1,7 +1,8 @@
-"""Infrastructure pods (issue 26): a pod that booked no GPU in a namespace the admin listed
+"""Infrastructure pods (issue 26): a pod that asked for no GPU in a namespace the admin listed
 (``--infrastructure-namespaces``: the GPU Operator's DCGM exporter, its driver container) holds the
 cards without making them held, as a host daemon does; the same pod elsewhere, or a pod there that
-booked a share, is an ordinary holder.
+booked a share or asked any device plugin for a GPU (``nvidia.com/gpu`` of NVIDIA's), is an
+ordinary holder.
 
 The pods reach the container directory as the agent's pod cache hands them over (decoded once, fed
 through :class:`DirectoryFeed`); the resolver reads a fake /proc; the recorder runs on a scripted
@@ -20,6 +21,7 @@ import pytest
 from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
 from gpupool.nodeagent.containers.pod_containers import DirectoryFeed
+from gpupool.nodeagent.gpu_resources import gpu_resources_asked, is_gpu_resource
 from gpupool.nodeagent.monitor.container_resolver import ContainerResolver
 from gpupool.nodeagent.monitor.events import DeviceEvent, EventKind
 from gpupool.nodeagent.monitor.idle import IdleDetector
@@ -235,3 +237,52 @@ def test_a_restart_keeps_the_mark_until_the_pod_is_known_then_judges_it_by_the_n
     [device] = rec.state.devices
     assert (device.holders[0], device.state) == (exporter_holder(judged), state)
     assert StateFile(tmp_path / "state.json").load() == rec.state  # written, and readable again
+
+
+HAMI = ResourceNames(hami=True)
+
+
+@pytest.mark.parametrize(("names", "limits", "requests"), [
+    pytest.param(NAMES, {"nvidia.com/gpu": "1"}, None, id="nvidia-device-plugin-gpu"),
+    pytest.param(HAMI, {"nvidia.com/gpu": "1"}, None, id="the-same-name-served-as-hamis"),
+    pytest.param(NAMES, {"nvidia.com/mig-1g.10gb": "1"}, None, id="a-mig-profile"),
+    pytest.param(NAMES, None, {"nvidia.com/gpu.shared": "1"}, id="time-sliced-requests-only"),
+    pytest.param(NAMES, {"amd.com/gpu": "1"}, None, id="another-vendors-gpu"),
+    pytest.param(NAMES, {"gpu.intel.com/i915": "1"}, None, id="intels-gpu"),
+    pytest.param(NAMES, {"aliyun.com/gpu-mem": "4"}, None, id="gpushare-alias"),
+    pytest.param(NAMES, {"tencent.com/vcuda-core": "50"}, None, id="gpumanager-alias"),
+    pytest.param(NAMES, {"nvidia.com/gpu": "0"}, None, id="asked-for-none-of-them-still-asked"),
+])
+def test_a_pod_there_that_asked_any_plugin_for_a_gpu_is_a_tenant_not_infrastructure(
+        tmp_path: Path, names: ResourceNames, limits: dict[str, str] | None,
+        requests: dict[str, str] | None) -> None:
+    """Booking none of gpupool's is not enough: a pod that asked NVIDIA's device plugin (or any
+    other) for a card holds it as its tenant; a name gpupool serves (``--hami``, ``--serve-aliases``)
+    or reads without serving is a GPU too."""
+    pod = pod_json("dcgm-exporter", OPERATOR)
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v is not None}
+    pod["spec"]["initContainers"] = [{"name": "setup", "resources": resources}]  # any container counts
+    record = decode_node_pod(pod, names)
+    assert record is not None and record.asks_gpus
+    directory = InMemoryContainerDirectory()
+    DirectoryFeed(directory).on_list([record])
+    assert resolver(tmp_path, directory)(EXPORTER_PID).infrastructure == ""
+
+
+def test_resources_that_are_no_gpu_leave_a_pod_infrastructure(tmp_path: Path) -> None:
+    limits = {"cpu": "1", "memory": "1Gi", "hugepages-2Mi": "64Mi", "example.com/nic": "1", "ephemeral-storage": "1Gi"}
+    pod = pod_json("dcgm-exporter", OPERATOR, limits=limits)
+    record = decode_node_pod(pod, NAMES)
+    assert record is not None and record.gpu_resources == frozenset() and not record.asks_gpus
+    assert resolver(tmp_path, directory_with(pod))(EXPORTER_PID).infrastructure == OPERATOR
+
+
+def test_gpu_resources_are_told_by_name() -> None:
+    spec = {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 2},
+                                                       "requests": {"amd.com/gpu": 1}}},
+                           {"name": "b", "resources": "garbled"}, "garbled"],
+            "initContainers": [{"name": "c", "resources": {"limits": {f"{NAMES.domain}/gpu-mem": 4}}}]}
+    assert gpu_resources_asked(spec, NAMES) == {"nvidia.com/gpu", "amd.com/gpu", f"{NAMES.domain}/gpu-mem"}
+    assert gpu_resources_asked(None, NAMES) == frozenset()
+    assert is_gpu_resource(ResourceNames(domain="example.org").gpu_core, ResourceNames(domain="example.org"))
+    assert not is_gpu_resource("example.com/fpga", NAMES) and not is_gpu_resource("gpu", NAMES)
