@@ -100,9 +100,10 @@ def _names(value: str) -> tuple[str, ...]:
 @click.option("--infrastructure-namespaces", default=",".join(_MONITOR.infrastructure_namespaces), show_default=True,
               metavar="NAMESPACES",
               help="Namespaces where GPU infrastructure runs as pods (e.g. gpu-operator: the DCGM exporter, the "
-                   "driver container), comma-separated: a process of a pod there that booked no gpupool GPU "
-                   "is an infrastructure holder. Only list namespaces where tenants cannot create pods; \"\": "
-                   "none (docs/monitor.md, \"Infrastructure holders\").")
+                   "driver container), comma-separated: a process of a pod there that asked for no GPU (gpupool's "
+                   "or another device plugin's, such as nvidia.com/gpu) is an infrastructure holder. Only list "
+                   "namespaces where tenants cannot create pods; \"\": none (docs/monitor.md, \"Infrastructure "
+                   "pods\").")
 @click.option("--isolation", type=click.Choice(CHOICES), default=_ISOLATION.requested, show_default=True,
               help="What enforces the shares: shim (the interception library), mps (the agent runs the MPS "
                    "control daemon), none; auto: shim with --shim-library, else none (docs/isolation-backends.md).")
