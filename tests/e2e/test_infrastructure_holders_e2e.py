@@ -8,7 +8,9 @@ process is its container's holder, unmarked, and its card is busy: a tenant cann
 host's daemon by its binary's name, and its pod booked a share, so the agent's listing its namespace
 in ``--infrastructure-namespaces`` (issue 26) does not exempt it either. A second pod there that booked
 no GPU (a DaemonSet's, as the GPU Operator's DCGM exporter: the card reached through a hostPath)
-holds the other card: marked with its namespace, and that card stays free.
+holds the other card: marked with its namespace, and that card stays free. After the agent restarts,
+both pods' holders, restored from its state file, are undecided until its pod watch has listed, then
+judged the same way again (the start-up window of ``--infrastructure-namespaces``).
 """
 
 from __future__ import annotations
@@ -134,4 +136,29 @@ def test_a_host_daemon_is_infrastructure_and_a_container_of_the_same_name_is_not
     assert (marked["namespace"], marked.get("infrastructure")) == (namespace, namespace)
     assert state(agent)[other]["state"] == "free"  # the host daemon and the infrastructure pod: nobody uses it
     assert f"runs in the infrastructure namespace {namespace}" in agent.log_path.read_text(errors="replace")
+    assert agent.running(), agent.log()
+
+    # The agent restarts while both pods hold their cards. Its pod watch starts after the restore, so
+    # the holders restored in the listed namespace are undecided until its first list is in (neither
+    # use nor judged), then judged again: the exporter infrastructure, the job's container a tenant.
+    offset = agent.log_path.stat().st_size
+    agent.stop()
+    agent.start()
+
+    def new_log() -> str:
+        with agent.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    wait_for(lambda: "judged now" in new_log(), timeout=60, what=f"the restored holders judged\n{agent.log()}")
+
+    def judged() -> dict[str, Any] | None:  # the file is written behind the log line
+        after = state(agent)
+        by_pod = {h["pod"]: h for p in cards for h in after[p]["holders"] if h["pod"]}
+        marks = {pod: (h.get("infrastructure"), h.get("undecided", False)) for pod, h in by_pod.items()}
+        return after if marks == {"job": ("", False), "exporter": (namespace, False)} else None
+
+    after = wait_for(judged, timeout=10, what=f"the judged holders in the state file\n{agent.log()}")
+    assert (after[mine]["state"], after[other]["state"]) == ("busy", "free")
+    assert "has not listed this node's pods" not in new_log()  # judged by the list, not by the deadline
     assert agent.running(), agent.log()
