@@ -30,6 +30,7 @@ from typing import Any
 from gpupool.core.model import NodeSpec, Placement
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
+from gpupool.extender.victims import HeldClaim
 from gpupool.kube.claim_asks import ClaimAsk, claim_ask
 from gpupool.kube.claim_holding import CLAIM_MARK, ClaimRecord, claim_booking, claim_key, read_claim
 
@@ -122,6 +123,19 @@ class ClaimBookings:
         """Claims holding cards in the ledger now."""
         return sum(1 for key in self.records if key in self.state.placements)
 
+    def held_on(self, node: str) -> list[HeldClaim]:
+        """The claims on ``node`` (booked, or unreadable there) with the UIDs of the consumers they
+        are reserved for: the preempt choice frees one when all of them are victims
+        (:mod:`gpupool.extender.victims`)."""
+        found: list[HeldClaim] = []
+        for key in sorted(self._on_node.get(node, ())):
+            placement = self.state.placements.get(key)
+            if placement is not None and placement.node != node:
+                continue
+            cards = tuple(sorted(placement.held_per_card())) if placement is not None else ()
+            found.append(HeldClaim(key, self.records[key].users, cards))
+        return found
+
     # -------------------------------------------------------------------------------- booking
     def _set(self, key: str, record: ClaimRecord | None) -> None:
         old = self.records.get(key)
@@ -138,7 +152,15 @@ class ClaimBookings:
         self._book(key)
 
     def _book(self, key: str) -> None:
-        """Make the ledger hold what the claim's record says (nothing while its node is absent)."""
+        """Make the ledger hold what the claim's record says (nothing while its node is absent);
+        a claim that held cards and holds none now is announced as released (the preemptor whose
+        victims freed it is retried once it is: :mod:`gpupool.extender.requeue`)."""
+        held = key in self.state.placements
+        self._place(key)
+        if held and key not in self.state.placements:
+            self.keeper.on_release(key)
+
+    def _place(self, key: str) -> None:
         record = self.records.get(key)
         desired: Placement | None = None
         problem: str | None = None

@@ -19,12 +19,19 @@ from gpupool.core.model import PodRequest
 from gpupool.core.policies import PlacementPolicy
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState
-from gpupool.extender.victims import Holder, choose_victims, fits_on
+from gpupool.extender.victims import HeldClaim, Holder, choose_victims, fits_on, freed_claims
 from gpupool.kube.tenancy import PodTenancy
 from gpupool.kube.tenancy_layers import Admissions
 
 NodeGate = Callable[[ClusterState], Mapping[str, str]]
 """Per node, why it takes no pod, from outside the ledger (:mod:`gpupool.extender.liveness`)."""
+
+
+class ClaimHolders(Protocol):
+    """The DRA claims booked in the ledger (:class:`gpupool.extender.dra_bookings.ClaimBookings`)."""
+
+    def held_on(self, node: str) -> list[HeldClaim]:
+        """The claims booked on ``node`` (or unreadable there), with the pods they are reserved for."""
 
 
 class PreemptLedger(Protocol):
@@ -46,7 +53,11 @@ class PreemptLedger(Protocol):
         """The pods booked on ``node``, with their priority and whether they borrow lent capacity."""
 
     def unreadable_on(self, node: str) -> frozenset[str]:
-        """Pods bound to ``node`` whose assignment cannot be read."""
+        """Pods bound to ``node`` whose assignment cannot be read (and claims whose allocation cannot)."""
+
+    @property
+    def claims(self) -> ClaimHolders:
+        """The DRA claims in the ledger: a claim pod's victims free its claims' shares."""
 
 
 class PreemptAnswers(Protocol):
@@ -54,7 +65,8 @@ class PreemptAnswers(Protocol):
     the pod (:class:`gpupool.extender.requeue.PreemptRequeue` sees that it is retried)."""
 
     def remember(self, key: str, victims: Mapping[str, Collection[str]]) -> None:
-        """The answer for pod ``key``: per node, the keys of its victims (called under the ledger lock)."""
+        """The answer for pod ``key``: per node, the keys of its victims and of the DRA claims they
+        free (called under the ledger lock)."""
 
     def awaiting(self, key: str) -> bool:
         """Whether pod ``key`` has a recent answer whose victims are still booked: kube-scheduler is
@@ -87,10 +99,12 @@ def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mappi
     first victim of every candidate and crashes on an empty list.
 
     kube-scheduler's proposals stay; the extender adds the GPU victims it needs, borrowers first
-    (:mod:`gpupool.extender.victims`). Every question is asked of a what-if copy of the node
-    (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node holding a
-    pod whose assignment cannot be read stays refused unless every such pod is a victim. No node
-    while the victims of the pod's last answer are still being evicted (``answers.awaiting``).
+    (:mod:`gpupool.extender.victims`), claim pods among them: a DRA claim booked on the node is
+    freed when every pod it is reserved for is a victim. Every question is asked of a what-if copy
+    of the node (:func:`gpupool.core.what_if.what_if_copy`); the shared ledger is only read. A node
+    holding a pod whose assignment cannot be read (or a claim whose allocation cannot) stays refused
+    unless every such pod is a victim (every such claim freed). No node while the victims of the
+    pod's last answer, and the claims they free, are still booked (``answers.awaiting``).
     """
     kept: dict[str, list[str]] = {}
     named: dict[str, frozenset[str]] = {}
@@ -109,14 +123,18 @@ def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mappi
                 continue
             proposed = {k for k in map(ledger.key_for_uid, uids) if k is not None}
             holders = ledger.holders_on(node)
+            claims = ledger.claims.held_on(node)
             chosen = choose_victims(request, proposed, holders,
-                                    fits_on(state, node, request, what_if_scheduler(ledger), refusal))
-            if chosen is None or ledger.unreadable_on(node) - chosen:
+                                    fits_on(state, node, request, what_if_scheduler(ledger), refusal), claims)
+            if chosen is None:
+                continue
+            freed = freed_claims(claims, holders, chosen)
+            if ledger.unreadable_on(node) - chosen - freed:
                 continue
             uid_of = {h.key: h.uid for h in holders}
             answer = list(uids) + [uid_of[k] for k in sorted(chosen - proposed) if k in uid_of]
             if answer:
                 kept[node] = answer
-                named[node] = chosen
+                named[node] = chosen | freed  # the pod is retried once the claims are released too
         answers.remember(request.key, named)  # under the lock: no victim is released in between
     return kept

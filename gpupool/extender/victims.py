@@ -14,12 +14,19 @@ one per card of the node (its holders first), and after each greedy pass every a
 is not needed is reprieved, so victims on cards the pod does not need stay. Of the sets found, the
 one with the fewest non-borrowers, then the lowest highest priority, then the fewest pods wins
 (kube-scheduler then ranks the nodes the same way).
+
+DRA claims (issue 24): a pod holding gpupool's cards through ResourceClaims is a victim like any
+other pod of its priority. Its claims are booked in the ledger under their own keys
+(:mod:`gpupool.extender.dra_bookings`), so evicting the pod frees a claim's share only when every
+pod the claim is reserved for is a victim too (the resourceclaim controller deallocates a claim
+once nothing reserves it); the share freed is what the claim's allocation holds. A claim pod's
+holder counts its claims' cards, so the per-card orders find it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler
@@ -43,6 +50,41 @@ class Holder:
     borrowed: bool = False
     cards: tuple[int, ...] = ()
     """The card positions its placement holds (empty for a pod without GPUs)."""
+
+
+@dataclass(frozen=True)
+class HeldClaim:
+    """A DRA claim booked on a node, as the preempt choice sees it."""
+
+    key: str
+    users: tuple[str, ...]
+    """The UIDs of the consumers it is reserved for: its share is freed only when all of them are
+    victims (none: nobody to evict, never freed)."""
+    cards: tuple[int, ...] = ()
+    """The card positions its allocation holds (empty for one whose allocation cannot be read)."""
+
+
+def freed_claims(claims: Sequence[HeldClaim], holders: Sequence[Holder], victims: Collection[str]) -> frozenset[str]:
+    """The keys of the claims whose every user is a holder among ``victims`` (keys)."""
+    key_of = {h.uid: h.key for h in holders if h.uid}
+    return frozenset(c.key for c in claims
+                     if c.users and all(key_of.get(user) in victims for user in c.users))
+
+
+def freeing_claims(fits: Fits, claims: Sequence[HeldClaim], holders: Sequence[Holder]) -> Fits:
+    """``fits`` asked with the claims each set of victims frees taken out too."""
+    def asked(without: frozenset[str]) -> bool:
+        return fits(without | freed_claims(claims, holders, without))
+    return asked
+
+
+def with_claim_cards(holders: Sequence[Holder], claims: Sequence[HeldClaim]) -> list[Holder]:
+    """``holders`` with the cards of the claims reserved for them added to their own."""
+    extra: dict[str, set[int]] = {}
+    for claim in claims:
+        for user in claim.users:
+            extra.setdefault(user, set()).update(claim.cards)
+    return [replace(h, cards=tuple(sorted({*h.cards, *extra[h.uid]}))) if extra.get(h.uid) else h for h in holders]
 
 
 def fits_on(state: ClusterState, node: str, request: PodRequest,
@@ -87,9 +129,13 @@ def _greedy(order: Sequence[Holder], base: frozenset[str], fits: Fits) -> frozen
 
 
 def choose_victims(request: PodRequest, proposed: Collection[str], holders: Sequence[Holder],
-                   fits: Fits) -> frozenset[str] | None:
+                   fits: Fits, claims: Sequence[HeldClaim] = ()) -> frozenset[str] | None:
     """The keys to evict on one node (``proposed`` plus the fewest others), or None when no set of
-    lower-priority pods frees enough there."""
+    lower-priority pods frees enough there. ``claims``: the DRA claims booked on the node; ``fits``
+    is asked with the keys of the claims a set of victims frees added (:func:`freed_claims`)."""
+    if claims:
+        holders = with_claim_cards(holders, claims)
+        fits = freeing_claims(fits, claims, holders)
     base = frozenset(proposed)
     pool = [h for h in holders if h.key not in base and h.priority < request.priority]
     by_key = {h.key: h for h in pool}

@@ -48,6 +48,11 @@ class ClaimRecord:
     node: str
     shares: tuple[AllocatedShare, ...] = ()
     problem: str | None = None
+    users: tuple[str, ...] = ()
+    """The UIDs of the consumers it is reserved for (``status.reservedFor``; ``""`` for an entry
+    without one). Why kept: the claim's share of its cards is freed only when every one of them
+    is gone, so the extender's preemption frees it only when they are all victims
+    (:mod:`gpupool.extender.victims`); a consumer that is not a pod is never one."""
 
 
 def read_claim(obj: Mapping[str, Any], driver: str) -> ClaimRecord | None:
@@ -63,6 +68,7 @@ def read_claim(obj: Mapping[str, Any], driver: str) -> ClaimRecord | None:
     status = obj.get("status")
     if not isinstance(status, Mapping) or status.get("allocation") is None:
         return None  # not allocated: holds nothing
+    users = _users_of(status)
     results = _results_of(status)
     ours = [r for r in results or [] if isinstance(r, Mapping) and r.get("driver") == driver]
     if results is not None and not ours:
@@ -71,15 +77,24 @@ def read_claim(obj: Mapping[str, Any], driver: str) -> ClaimRecord | None:
         read = claim_shares(obj, driver, where=f"claim {namespace}/{name}")
     except ClaimError as exc:  # the node is still told where it can be (its placements then stop)
         pools = sorted({str(r.get("pool") or "") for r in ours} - {""})
-        return ClaimRecord(key, uid, pools[0] if len(pools) == 1 else "", problem=str(exc))
+        return ClaimRecord(key, uid, pools[0] if len(pools) == 1 else "", problem=str(exc), users=users)
     if not read.shares:
         return None
     nodes = sorted({s.pool for s in read.shares})
     if len(nodes) != 1 or not nodes[0]:
         return ClaimRecord(key, uid, nodes[0] if len(nodes) == 1 else "", read.shares,
                            f"claim {namespace}/{name}: its devices of {driver} come from pools {nodes}; "
-                           "gpupool's pools are node names, one node per claim")
-    return ClaimRecord(key, uid, nodes[0], read.shares)
+                           "gpupool's pools are node names, one node per claim", users)
+    return ClaimRecord(key, uid, nodes[0], read.shares, users=users)
+
+
+def _users_of(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """The UIDs ``status.reservedFor`` names, in its order (a malformed entry reads as ``""``, a
+    consumer nobody can evict)."""
+    reserved = status.get("reservedFor")
+    if not isinstance(reserved, list):
+        return ()
+    return tuple(str(r.get("uid") or "") if isinstance(r, Mapping) else "" for r in reserved)
 
 
 def _results_of(status: Mapping[str, Any]) -> list[Any] | None:

@@ -31,7 +31,7 @@ from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import LedgerFigures
 from gpupool.extender.service import BindResult, ExtenderService, Ledger
-from gpupool.extender.victims import Holder
+from gpupool.extender.victims import HeldClaim, Holder
 from gpupool.kube.tenancy import PodTenancy
 from gpupool.kube.tenancy_book import TenancyBook
 from gpupool.kube.tenancy_layers import Admission, Admissions
@@ -39,12 +39,12 @@ from tests.core.builders import make_node, mem_pod
 
 PORT_MEMBERS = {
     "lock", "state", "admissions", "profile", "new_policy", "key_for_uid", "holders_on", "unreadable_on",
-    "scheduler", "node_problems", "share_refusals", "served_aliases", "served_aliases_version",
+    "claims", "scheduler", "node_problems", "share_refusals", "served_aliases", "served_aliases_version",
     "soft_tainted", "synced", "claim_problems", "lending", "admit", "assume", "unassume", "drop_lapsed",
 }
-"""The port's members (preempt's reads, then the filter's): 21, where it had grown to 25 with the
-metrics' counts and the tenancy book (``admit``: the filter's admission, which skips the tenancy
-layers for a pod no tenancy object reaches)."""
+"""The port's members (preempt's reads, then the filter's): 22 (``claims``: a claim pod's victims
+free its DRA claims), where it had grown to 25 with the metrics' counts and the tenancy book
+(``admit``: the filter's admission, which skips the tenancy layers for a pod no tenancy object reaches)."""
 
 METRICS_ONLY = {"problems", "released_bookings", "assumed_pods", "assumption_ends", "tenancy"}
 
@@ -56,6 +56,13 @@ class NoLoans:
               profile: WorkloadProfile | None, explain_limit: int,
               pod: Mapping[str, Any] | None = None) -> tuple[IntArray, FloatArray, dict[int, str]]:
         return np.zeros(0, dtype=np.int64), np.zeros(0), {}
+
+
+class NoClaims:
+    """No DRA claims booked anywhere."""
+
+    def held_on(self, node: str) -> list[HeldClaim]:
+        return []
 
 
 class PortOnlyLedger:
@@ -75,6 +82,7 @@ class PortOnlyLedger:
         self.served_aliases_version = 0
         self.soft_tainted: set[str] = set()
         self.lending = NoLoans()
+        self.claims = NoClaims()
         self.assumed: dict[str, Placement] = {}
         self.ended: list[tuple[str, str]] = []
 
