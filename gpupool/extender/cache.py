@@ -45,6 +45,7 @@ from gpupool.extender.lendable import LendingNames, NodeLoans, is_borrower
 from gpupool.extender.node_specs import NodeSpecs, has_soft_taint, node_name, served_aliases
 from gpupool.extender.pod_records import read_pod
 from gpupool.extender.request_memo import RequestMemo
+from gpupool.extender.status_updates import carried_over, listed_key
 from gpupool.extender.victims import Holder
 from gpupool.kube.node_enforcement import share_refusal
 from gpupool.kube.pod_holding import PodRecord
@@ -226,9 +227,15 @@ class ClusterCache:
 
     # ----------------------------------------------------------------------------------- pods
     def upsert_pod(self, pod: Mapping[str, Any] | Any) -> None:
-        """Apply an ADDED/MODIFIED pod."""
+        """Apply an ADDED/MODIFIED pod. An update of its status alone carries its record over
+        (:mod:`gpupool.extender.status_updates`) instead of reading the pod again."""
         raw = as_dict(pod)
-        record = read_pod(raw, self.names, self.requests)
+        key = listed_key(raw)
+        # The earlier record is read without the lock: whichever thread's record it is, it was read
+        # from the object it keeps, so carrying it over gives what reading ``raw`` would.
+        record = carried_over(self.pods.get(key) if key is not None else None, raw)
+        if record is None:
+            record = read_pod(raw, self.names, self.requests)
         with self.lock:
             if record is None:
                 try:
