@@ -24,6 +24,9 @@ OP_LAUNCH, OP_STREAM_SYNCHRONIZE, OP_EVENT_CREATE, OP_EVENT_RECORD, OP_EVENT_DES
 OP_MODULE_UNLOAD, OP_CTX_SYNCHRONIZE, OP_COPY_TO_DEVICE, OP_COPY_TO_HOST = 16, 7, 11, 12
 OP_LIBRARY_LOAD, OP_LIBRARY_UNLOAD, OP_LIBRARY_KERNEL, OP_LIBRARY_MODULE = 30, 31, 32, 33
 OP_KERNEL_FUNCTION, OP_LIBRARY_GLOBAL = 34, 35
+OP_FUNCTION_ATTRIBUTE, OP_FUNCTION_SET_ATTRIBUTE, OP_FUNCTION_CACHE_CONFIG = 36, 37, 38
+OP_KERNEL_ATTRIBUTE, OP_KERNEL_SET_ATTRIBUTE, OP_KERNEL_CACHE_CONFIG = 39, 40, 41
+OP_OCCUPANCY_BLOCKS, OP_OCCUPANCY_BLOCK_SIZE, OP_MODULE_GLOBAL = 42, 43, 44
 INVALID_HANDLE = 400
 NO_REPLY = 1
 
@@ -236,4 +239,49 @@ def test_a_function_got_through_two_owners_outlives_one(port: int) -> None:
     assert call(connection, OP_LIBRARY_UNLOAD, 10, struct.pack("<Q", library))[0] == 0
     connection.sendall(frame(OP_LAUNCH, 11, launch, flags=NO_REPLY) + frame(OP_PING, 12))
     assert receive(connection)[1:3] == (12, INVALID_HANDLE)
+    connection.close()
+
+
+def test_attributes_occupancy_and_globals_as_bytes(port: int) -> None:
+    """The attribute and occupancy calls take a function of the client's (or a library's kernel
+    cast to one) and the kernel calls a kernel, else 400 before the driver; an occupancy callback
+    table that does not cover the block sizes the driver tries fails with 801, never a guess; a
+    module's global goes with its module."""
+    connection, status = hello(port, token("a"))
+    assert status == 0
+    image = b"gpupool-standin-module\nvector_add\nglobal counter 64\n"
+    module = handle(call(connection, OP_MODULE_LOAD, 2, image))
+    function = handle(call(connection, OP_MODULE_FUNCTION, 3, struct.pack("<Q", module) + b"vector_add"))
+    library = handle(call(connection, OP_LIBRARY_LOAD, 4, image))
+    kernel = handle(call(connection, OP_LIBRARY_KERNEL, 5, struct.pack("<Q", library) + b"vector_add"))
+    made_up = 0x7F00DEAD0000
+    assert call(connection, OP_FUNCTION_ATTRIBUTE, 6, struct.pack("<Qi", function, 4)) == (0, struct.pack("<i", 32))
+    assert call(connection, OP_FUNCTION_ATTRIBUTE, 7, struct.pack("<Qi", kernel, 4)) == (0, struct.pack("<i", 32))
+    assert call(connection, OP_KERNEL_ATTRIBUTE, 8, struct.pack("<Qi", kernel, 4)) == (0, struct.pack("<i", 32))
+    for number, (op, payload) in enumerate([
+        (OP_FUNCTION_ATTRIBUTE, struct.pack("<Qi", made_up, 4)),
+        (OP_FUNCTION_SET_ATTRIBUTE, struct.pack("<Qii", made_up, 8, 1024)),
+        (OP_FUNCTION_CACHE_CONFIG, struct.pack("<QI", made_up, 1)),
+        (OP_KERNEL_ATTRIBUTE, struct.pack("<Qi", function, 4)),  # a function is no kernel
+        (OP_KERNEL_SET_ATTRIBUTE, struct.pack("<Qii", made_up, 8, 1024)),
+        (OP_KERNEL_CACHE_CONFIG, struct.pack("<QI", module, 1)),
+        (OP_OCCUPANCY_BLOCKS, struct.pack("<QiIQ", made_up, 256, 0, 0)),
+        (OP_OCCUPANCY_BLOCK_SIZE, struct.pack("<QQiII", made_up, 0, 0, 0, 0)),
+        (OP_MODULE_GLOBAL, struct.pack("<Q", library) + b"counter"),  # a library is no module
+    ], start=10):
+        assert call(connection, op, number, payload)[0] == INVALID_HANDLE, op
+    assert call(connection, OP_FUNCTION_SET_ATTRIBUTE, 30, struct.pack("<Qi", function, 8))[0] == 1  # short
+    assert call(connection, OP_OCCUPANCY_BLOCKS, 31, struct.pack("<QiIQ", function, 256, 0, 0)) == \
+        (0, struct.pack("<i", 8))
+    # callback answers for block sizes 1..10 only: the driver tries up to 1024
+    short_table = struct.pack("<QQiII", function, 0, 0, 0, 10) + bytes(80)
+    assert call(connection, OP_OCCUPANCY_BLOCK_SIZE, 32, short_table)[0] == 801
+    # ... and a table that claims more entries than it carries is refused
+    assert call(connection, OP_OCCUPANCY_BLOCK_SIZE, 33, struct.pack("<QQiII", function, 0, 0, 0, 10))[0] == 1
+    full_table = struct.pack("<QQiII", function, 0, 0, 0, 1024) + bytes(8 * 1024)
+    assert call(connection, OP_OCCUPANCY_BLOCK_SIZE, 34, full_table) == (0, struct.pack("<ii", 16, 1024))
+    assert call(connection, OP_MODULE_GLOBAL, 35, struct.pack("<Q", module) + b"counter")[0] == 0
+    assert call(connection, OP_MODULE_UNLOAD, 36, struct.pack("<Q", module))[0] == 0
+    assert call(connection, OP_MODULE_GLOBAL, 37, struct.pack("<Q", module) + b"counter")[0] == INVALID_HANDLE
+    assert call(connection, OP_FUNCTION_ATTRIBUTE, 38, struct.pack("<Qi", function, 4))[0] == INVALID_HANDLE
     connection.close()

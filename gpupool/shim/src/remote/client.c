@@ -941,17 +941,114 @@ API CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library) {
     return status;
 }
 
-API CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name) {
+/* A library's or module's global (op: OP_LIBRARY_GLOBAL, OP_MODULE_GLOBAL): a device pointer into
+ * the image's memory on the server, which copies take like any device pointer. */
+static CUresult image_global(uint16_t op, CUdeviceptr *pointer, size_t *bytes, uint64_t owner, const char *name) {
     if (name == NULL) return CUDA_ERROR_INVALID_VALUE;
     READY();
     size_t name_length = strnlen(name, 4096);
     unsigned char request[8 + 4096];
-    uint64_t which = (uintptr_t)library, got[2] = {0, 0};
-    memcpy(request, &which, 8), memcpy(request + 8, name, name_length);
-    CUresult status = simple(OP_LIBRARY_GLOBAL, request, 8 + name_length, got, sizeof got);
+    uint64_t got[2] = {0, 0};
+    memcpy(request, &owner, 8), memcpy(request + 8, name, name_length);
+    CUresult status = simple(op, request, 8 + name_length, got, sizeof got);
     if (status == 0 && pointer != NULL) *pointer = got[0];
     if (status == 0 && bytes != NULL) *bytes = (size_t)got[1];
     return status;
+}
+
+API CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name) {
+    return image_global(OP_LIBRARY_GLOBAL, pointer, bytes, (uintptr_t)library, name);
+}
+
+API CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name) {
+    return image_global(OP_MODULE_GLOBAL, pointer, bytes, (uintptr_t)module, name);
+}
+
+/* ------------------------------------------------------------------ attributes and occupancy */
+/* Answered by the server's driver for the handle (a function, a library's kernel cast to one, or a
+ * kernel on the client's one device), synchronously: a refused value is the caller's error. */
+static CUresult handle_call(uint16_t op, uint64_t handle, uint32_t first, uint32_t second, size_t length, int *value) {
+    READY();
+    unsigned char request[16];
+    memcpy(request, &handle, 8), memcpy(request + 8, &first, 4), memcpy(request + 12, &second, 4);
+    return simple(op, request, length, value, value != NULL ? sizeof *value : 0);
+}
+
+API CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function) {
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return handle_call(OP_FUNCTION_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, 0, 12, value);
+}
+API CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value) {
+    return handle_call(OP_FUNCTION_SET_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, (uint32_t)value, 16, NULL);
+}
+API CUresult cuFuncSetCacheConfig(CUfunction function, int config) {
+    return handle_call(OP_FUNCTION_CACHE_CONFIG, (uintptr_t)function, (uint32_t)config, 0, 12, NULL);
+}
+API CUresult cuKernelGetAttribute(int *value, int attribute, CUkernel kernel, CUdevice device) {
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, 0, 12, value);
+}
+API CUresult cuKernelSetAttribute(int attribute, int value, CUkernel kernel, CUdevice device) {
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_SET_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, (uint32_t)value, 16, NULL);
+}
+API CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice device) {
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_CACHE_CONFIG, (uintptr_t)kernel, (uint32_t)config, 0, 12, NULL);
+}
+
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction function, int block_size,
+                                                                  size_t dynamic_shared, unsigned int flags) {
+    if (blocks == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    unsigned char request[24];
+    uint64_t handle = (uintptr_t)function, shared = dynamic_shared;
+    memcpy(request, &handle, 8), memcpy(request + 8, &block_size, 4), memcpy(request + 12, &flags, 4);
+    memcpy(request + 16, &shared, 8);
+    return simple(OP_OCCUPANCY_BLOCKS, request, sizeof request, blocks, sizeof *blocks);
+}
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction function, int block_size,
+                                                         size_t dynamic_shared) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size, dynamic_shared, 0);
+}
+
+/* The program's callback (dynamic shared memory for a block size) cannot run on the server: it is
+ * asked here for every block size the driver may try, 1 up to the function's maximum (or the
+ * caller's lower limit), and the answers travel with the call. */
+typedef size_t (*CUoccupancyB2DSize)(int block_size);
+API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size, CUfunction function,
+                                                       CUoccupancyB2DSize shared_of, size_t dynamic_shared,
+                                                       int limit, unsigned int flags) {
+    if (min_grid == NULL || block_size == NULL) return CUDA_ERROR_INVALID_VALUE;
+    READY();
+    int top = 0;
+    CUresult status;
+    if (shared_of != NULL) {
+        if ((status = cuFuncGetAttribute(&top, 0 /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */, function)) != 0)
+            return status;
+        if (limit > 0 && limit < top) top = limit;
+        if (top < 0 || (uint32_t)top > REMOTE_MAX_SHARED_TABLE) return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    unsigned char *request = malloc(28 + 8u * (size_t)top);
+    if (request == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t handle = (uintptr_t)function, shared = dynamic_shared;
+    uint32_t count = (uint32_t)top;
+    memcpy(request, &handle, 8), memcpy(request + 8, &shared, 8), memcpy(request + 16, &limit, 4);
+    memcpy(request + 20, &flags, 4), memcpy(request + 24, &count, 4);
+    for (int size = 1; size <= top; size++) {
+        uint64_t bytes = shared_of(size);
+        memcpy(request + 28 + 8u * (size_t)(size - 1), &bytes, 8);
+    }
+    int got[2] = {0, 0};
+    status = simple(OP_OCCUPANCY_BLOCK_SIZE, request, 28 + 8u * (size_t)top, got, sizeof got);
+    free(request);
+    if (status == 0) *min_grid = got[0], *block_size = got[1];
+    return status;
+}
+API CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction function,
+                                              CUoccupancyB2DSize shared_of, size_t dynamic_shared, int limit) {
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, function, shared_of, dynamic_shared, limit, 0);
 }
 
 /* ------------------------------------------------------------------------------------- launches */
@@ -1075,9 +1172,8 @@ UNSUPPORTED(cuArrayCreate_v2) UNSUPPORTED(cuArray3DCreate_v2) UNSUPPORTED(cuArra
 UNSUPPORTED(cuGraphCreate) UNSUPPORTED(cuGraphLaunch) UNSUPPORTED(cuGraphInstantiateWithFlags)
 UNSUPPORTED(cuStreamBeginCapture_v2) UNSUPPORTED(cuStreamEndCapture) UNSUPPORTED(cuLaunchHostFunc)
 UNSUPPORTED(cuIpcGetMemHandle) UNSUPPORTED(cuIpcOpenMemHandle_v2) UNSUPPORTED(cuLaunchCooperativeKernel)
-UNSUPPORTED(cuLaunchKernelEx) UNSUPPORTED(cuModuleGetGlobal_v2) UNSUPPORTED(cuLinkCreate_v2)
-UNSUPPORTED(cuCtxEnablePeerAccess) UNSUPPORTED(cuDeviceCanAccessPeer) UNSUPPORTED(cuFuncGetAttribute)
-UNSUPPORTED(cuFuncSetAttribute) UNSUPPORTED(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+UNSUPPORTED(cuLaunchKernelEx) UNSUPPORTED(cuLinkCreate_v2)
+UNSUPPORTED(cuCtxEnablePeerAccess) UNSUPPORTED(cuDeviceCanAccessPeer) UNSUPPORTED(cuLibraryGetManaged)
 UNSUPPORTED(cuTexObjectCreate) UNSUPPORTED(cuSurfObjectCreate) UNSUPPORTED(cuImportExternalMemory)
 
 #define ENTRY(name) {#name, (void *)&name},
@@ -1103,6 +1199,10 @@ static const struct {
     ENTRY(cuMemAllocHost_v2) ENTRY(cuMemFreeHost) ENTRY(cuMemHostRegister_v2) ENTRY(cuMemHostUnregister)
     ENTRY(cuLibraryLoadData) ENTRY(cuLibraryLoadFromFile) ENTRY(cuLibraryUnload) ENTRY(cuLibraryGetKernel)
     ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
+    ENTRY(cuModuleGetGlobal_v2) ENTRY(cuFuncGetAttribute) ENTRY(cuFuncSetAttribute) ENTRY(cuFuncSetCacheConfig)
+    ENTRY(cuKernelGetAttribute) ENTRY(cuKernelSetAttribute) ENTRY(cuKernelSetCacheConfig)
+    ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor) ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+    ENTRY(cuOccupancyMaxPotentialBlockSize) ENTRY(cuOccupancyMaxPotentialBlockSizeWithFlags)
 };
 
 static void *entry_named(const char *name) {

@@ -71,8 +71,21 @@ enum remote_op {
     OP_LIBRARY_MODULE = 33, /* u64 library -> u64 module */
     OP_KERNEL_FUNCTION = 34, /* u64 kernel -> u64 function, u32 params (REMOTE_PARAMS_UNKNOWN), u32 offset+size each */
     OP_LIBRARY_GLOBAL = 35, /* u64 library, name -> u64 pointer, u64 bytes */
-    OP_LAST = 35,
+    /* Attributes and occupancy of a function (a library's kernel cast to CUfunction too) or a kernel. */
+    OP_FUNCTION_ATTRIBUTE = 36,     /* u64 function, i32 attribute -> i32 */
+    OP_FUNCTION_SET_ATTRIBUTE = 37, /* u64 function, i32 attribute, i32 value */
+    OP_FUNCTION_CACHE_CONFIG = 38,  /* u64 function, u32 config */
+    OP_KERNEL_ATTRIBUTE = 39,       /* u64 kernel, i32 attribute -> i32 (on the client's card) */
+    OP_KERNEL_SET_ATTRIBUTE = 40,   /* u64 kernel, i32 attribute, i32 value */
+    OP_KERNEL_CACHE_CONFIG = 41,    /* u64 kernel, u32 config */
+    OP_OCCUPANCY_BLOCKS = 42,       /* u64 function, i32 block size, u32 flags, u64 dynamic shared -> i32 blocks */
+    OP_OCCUPANCY_BLOCK_SIZE = 43,   /* u64 function, u64 dynamic shared, i32 limit, u32 flags, u32 count,
+                                       u64 shared[count]: the program's callback's answer for block sizes
+                                       1..count (count 0: no callback) -> i32 min grid, i32 block size */
+    OP_MODULE_GLOBAL = 44,          /* u64 module, name -> u64 pointer, u64 bytes */
+    OP_LAST = 44,
 };
+#define REMOTE_MAX_SHARED_TABLE 4096u /* block sizes an occupancy callback is asked for */
 
 #define REMOTE_PARAMS_UNKNOWN 0xffffffffu /* the driver cannot say (no cuFuncGetParamInfo) */
 #define REMOTE_MAX_PARAMS 1024u

@@ -90,6 +90,15 @@ static struct {
     CUresult (*library_global)(CUdeviceptr *, size_t *, handle, const char *);
     CUresult (*kernel_function)(handle *, handle);
     CUresult (*kernel_param_info)(handle, size_t, size_t *, size_t *);
+    CUresult (*module_global)(CUdeviceptr *, size_t *, handle, const char *);
+    CUresult (*function_attribute)(int *, int, handle);
+    CUresult (*function_set_attribute)(handle, int, int);
+    CUresult (*function_cache_config)(handle, int);
+    CUresult (*kernel_attribute)(int *, int, handle, int);
+    CUresult (*kernel_set_attribute)(int, int, handle, int);
+    CUresult (*kernel_cache_config)(handle, int, int);
+    CUresult (*occupancy_blocks)(int *, handle, int, size_t, unsigned);
+    CUresult (*occupancy_block_size)(int *, int *, handle, size_t (*)(int), size_t, int, unsigned);
 } cu;
 
 static void *driver;
@@ -122,7 +131,12 @@ static int load_driver(const char *path) {
     RESOLVE(library_load, "cuLibraryLoadData"), RESOLVE(library_unload, "cuLibraryUnload");
     RESOLVE(library_kernel, "cuLibraryGetKernel"), RESOLVE(library_module, "cuLibraryGetModule");
     RESOLVE(library_global, "cuLibraryGetGlobal"), RESOLVE(kernel_function, "cuKernelGetFunction");
-    RESOLVE(kernel_param_info, "cuKernelGetParamInfo");
+    RESOLVE(kernel_param_info, "cuKernelGetParamInfo"), RESOLVE(module_global, "cuModuleGetGlobal_v2");
+    RESOLVE(function_attribute, "cuFuncGetAttribute"), RESOLVE(function_set_attribute, "cuFuncSetAttribute");
+    RESOLVE(function_cache_config, "cuFuncSetCacheConfig"), RESOLVE(kernel_attribute, "cuKernelGetAttribute");
+    RESOLVE(kernel_set_attribute, "cuKernelSetAttribute"), RESOLVE(kernel_cache_config, "cuKernelSetCacheConfig");
+    RESOLVE(occupancy_blocks, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+    RESOLVE(occupancy_block_size, "cuOccupancyMaxPotentialBlockSizeWithFlags");
     standin = dlsym(driver, "gpupoolStandinUsedBytes") != NULL;
     if (cu.init == NULL || cu.device_get == NULL || cu.primary_retain == NULL || cu.ctx_set_current == NULL) {
         fprintf(stderr, "gpupool-remote-server: %s is not a CUDA driver (no cuInit/cuDeviceGet/...)\n", path);
@@ -598,15 +612,80 @@ static int kernel_function(const struct remote_header *h, const unsigned char *p
     return describe(h, function, cu.param_info);
 }
 
-static int library_global(const struct remote_header *h, const unsigned char *payload, size_t length) {
+/* A library's or a module's global (op: OP_LIBRARY_GLOBAL, OP_MODULE_GLOBAL): memory the driver
+ * took when the image loaded, not an allocation of the client's, so it is not counted in held and
+ * cuMemFree refuses it; it goes with its library or module. */
+static int image_global(const struct remote_header *h, const unsigned char *payload, size_t length) {
     NEED(9);
     char name[4096];
     name_after_handle(payload, length, name);
     CUdeviceptr pointer = 0;
     size_t bytes = 0;
-    if (!known(U64(0), KIND_LIBRARY)) return answer(h, INVALID_HANDLE, NULL, 0);
-    CUresult status = CALL(cu.library_global, &pointer, &bytes, H(0), name);
+    int library = h->op == OP_LIBRARY_GLOBAL;
+    if (!known(U64(0), library ? KIND_LIBRARY : KIND_MODULE)) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = library ? CALL(cu.library_global, &pointer, &bytes, H(0), name)
+                              : CALL(cu.module_global, &pointer, &bytes, H(0), name);
     uint64_t out[2] = {pointer, bytes};
+    return answer(h, status, out, status == 0 ? sizeof out : 0);
+}
+
+/* A handle cuLaunchKernel takes: a function, or a library's kernel cast to one (CUDA 12). */
+static int launchable(uint64_t value) { return known(value, KIND_FUNCTION) || known(value, KIND_KERNEL); }
+
+/* Attributes and cache preference of a function (or a kernel cast to one), or of a kernel on the
+ * client's card: the driver's answers for the handle, once the handle is the client's. */
+static int attribute(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    int kernel = h->op == OP_KERNEL_ATTRIBUTE || h->op == OP_KERNEL_SET_ATTRIBUTE || h->op == OP_KERNEL_CACHE_CONFIG;
+    int value = 0;
+    CUresult status;
+    NEED(h->op == OP_FUNCTION_SET_ATTRIBUTE || h->op == OP_KERNEL_SET_ATTRIBUTE ? 16 : 12);
+    if (kernel ? !known(U64(0), KIND_KERNEL) : !launchable(U64(0))) return answer(h, INVALID_HANDLE, NULL, 0);
+    int which = (int)U32(8);
+    switch (h->op) {
+    case OP_FUNCTION_ATTRIBUTE: status = CALL(cu.function_attribute, &value, which, H(0)); break;
+    case OP_FUNCTION_SET_ATTRIBUTE: status = CALL(cu.function_set_attribute, H(0), which, (int)U32(12)); break;
+    case OP_FUNCTION_CACHE_CONFIG: status = CALL(cu.function_cache_config, H(0), which); break;
+    case OP_KERNEL_ATTRIBUTE: status = CALL(cu.kernel_attribute, &value, which, H(0), device); break;
+    case OP_KERNEL_SET_ATTRIBUTE: status = CALL(cu.kernel_set_attribute, which, (int)U32(12), H(0), device); break;
+    default: status = CALL(cu.kernel_cache_config, H(0), which, device); break;
+    }
+    int answers = h->op == OP_FUNCTION_ATTRIBUTE || h->op == OP_KERNEL_ATTRIBUTE;
+    return answer(h, status, &value, status == 0 && answers ? sizeof value : 0);
+}
+
+static int occupancy_blocks(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(24);
+    int blocks = 0;
+    if (!launchable(U64(0))) return answer(h, INVALID_HANDLE, NULL, 0);
+    CUresult status = CALL(cu.occupancy_blocks, &blocks, H(0), (int)U32(8), (size_t)U64(16), U32(12));
+    return answer(h, status, &blocks, status == 0 ? sizeof blocks : 0);
+}
+
+/* cuOccupancyMaxPotentialBlockSize's callback (dynamic shared memory for a block size) runs in the
+ * program, so the client sends its answers for every block size the driver may try (1 up to the
+ * function's or the caller's limit), and the server's callback looks them up. A block size outside
+ * the table (a driver trying more than the function's limit) fails the call: its answer is unknown. */
+static uint64_t shared_table[REMOTE_MAX_SHARED_TABLE];
+static uint32_t shared_count;
+static int shared_missed;
+
+static size_t shared_for(int block_size) {
+    if (block_size >= 1 && (uint32_t)block_size <= shared_count) return (size_t)shared_table[block_size - 1];
+    shared_missed = 1;
+    return (size_t)1 << 40; /* no block fits: the driver passes over this size */
+}
+
+static int occupancy_block_size(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    NEED(28);
+    uint32_t count = U32(24);
+    if (count > REMOTE_MAX_SHARED_TABLE || length < 28 + 8ull * count) return answer(h, 1, NULL, 0);
+    if (!launchable(U64(0))) return answer(h, INVALID_HANDLE, NULL, 0);
+    memcpy(shared_table, payload + 28, 8ull * count);
+    shared_count = count, shared_missed = 0;
+    int out[2] = {0, 0};
+    CUresult status = CALL(cu.occupancy_block_size, &out[0], &out[1], H(0), count > 0 ? shared_for : NULL,
+                           (size_t)U64(8), (int)U32(16), U32(20));
+    if (status == 0 && shared_missed) status = 801; /* CUDA_ERROR_NOT_SUPPORTED */
     return answer(h, status, out, status == 0 ? sizeof out : 0);
 }
 
@@ -626,7 +705,7 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
     void *buffer = (void *)(payload + 44);
     void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, buffer, LAUNCH_PARAM_BUFFER_SIZE, &size, NULL};
     /* A library's kernel is launched as a function (CUDA 12 runtimes cast the CUkernel). */
-    if ((!known(U64(0), KIND_FUNCTION) && !known(U64(0), KIND_KERNEL)) || !known(U64(36), KIND_STREAM))
+    if (!launchable(U64(0)) || !known(U64(36), KIND_STREAM))
         return answer(h, INVALID_HANDLE, NULL, 0);
     CUresult status = CALL(cu.launch, H(0), U32(8), U32(12), U32(16), U32(20), U32(24), U32(28), U32(32), H(36),
                            NULL, extra);
@@ -708,7 +787,16 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
         wide[0] = (uintptr_t)made;
         return answer(h, status, wide, status == 0 ? 8 : 0);
     case OP_KERNEL_FUNCTION: return kernel_function(h, payload, length);
-    case OP_LIBRARY_GLOBAL: return library_global(h, payload, length);
+    case OP_LIBRARY_GLOBAL:
+    case OP_MODULE_GLOBAL: return image_global(h, payload, length);
+    case OP_FUNCTION_ATTRIBUTE:
+    case OP_FUNCTION_SET_ATTRIBUTE:
+    case OP_FUNCTION_CACHE_CONFIG:
+    case OP_KERNEL_ATTRIBUTE:
+    case OP_KERNEL_SET_ATTRIBUTE:
+    case OP_KERNEL_CACHE_CONFIG: return attribute(h, payload, length);
+    case OP_OCCUPANCY_BLOCKS: return occupancy_blocks(h, payload, length);
+    case OP_OCCUPANCY_BLOCK_SIZE: return occupancy_block_size(h, payload, length);
     case OP_LAUNCH: return launch(h, payload, length);
     case OP_STREAM_CREATE:
     case OP_EVENT_CREATE:

@@ -620,7 +620,11 @@ static const struct {
     ENTRY(cuMemSetAccess) ENTRY(cuMemGetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemPoolSetAccess)
     ENTRY(cuMemPoolGetAccess) ENTRY(cuMemAdvise) ENTRY(cuMemAdvise_v2) ENTRY(cuMemPrefetchAsync)
     ENTRY(cuMemPrefetchAsync_v2) ENTRY(cuMemPrefetchAsync_ptsz) ENTRY(cuMemPrefetchAsync_v2_ptsz)
-    ENTRY(cuDeviceGetP2PAttribute) ENTRY(cuMemAlloc_v3)
+    ENTRY(cuDeviceGetP2PAttribute) ENTRY(cuMemAlloc_v3) ENTRY(cuModuleGetGlobal_v2) ENTRY(cuFuncGetAttribute)
+    ENTRY(cuFuncSetAttribute) ENTRY(cuFuncSetCacheConfig) ENTRY(cuKernelGetAttribute) ENTRY(cuKernelSetAttribute)
+    ENTRY(cuKernelSetCacheConfig) ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) ENTRY(cuOccupancyMaxPotentialBlockSize)
+    ENTRY(cuOccupancyMaxPotentialBlockSizeWithFlags)
 };
 
 static void *entry_named(const char *name) {

@@ -51,6 +51,23 @@ API CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library);
 API CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary library, const char *name);
 API CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel);
 API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size);
+/* Module globals, attributes and occupancy (kernels.c), for the same table. */
+API CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name);
+API CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function);
+API CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value);
+API CUresult cuFuncSetCacheConfig(CUfunction function, int config);
+API CUresult cuKernelGetAttribute(int *value, int attribute, CUkernel kernel, CUdevice dev);
+API CUresult cuKernelSetAttribute(int attribute, int value, CUkernel kernel, CUdevice dev);
+API CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev);
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction function, int block_size,
+                                                         size_t dynamic_shared);
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction function, int block_size,
+                                                                  size_t dynamic_shared, unsigned int flags);
+API CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction function,
+                                              size_t (*shared_of)(int), size_t dynamic_shared, int limit);
+API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size, CUfunction function,
+                                                       size_t (*shared_of)(int), size_t dynamic_shared, int limit,
+                                                       unsigned int flags);
 
 /* The allocation holding address (its base and size): 1, or 0 when none does (cuda.c). */
 int standin_allocation_at(uint64_t address, uint64_t *base, uint64_t *bytes);

@@ -12,11 +12,18 @@
  *   scale(float *x, float factor, unsigned n)                         x[i] *= factor
  * Their parameter layout is answered by cuFuncGetParamInfo, as the real driver (12.4+) does.
  *
- * Libraries (CUDA 12's cuLibrary*): the same image, whose lines may also be "global NAME BYTES": a
- * global of that many bytes (zeroed, at most MAX_GLOBALS), taken from the current card's memory
- * when the library loads and given back when it unloads, so a library left loaded is seen in the
- * card's used memory. A library's kernel (cuLibraryGetKernel) is a handle of its own that
- * cuLaunchKernel runs as the built-in's function; cuKernelGetFunction gives the built-in's function.
+ * Globals: a module's or a library's image may also have lines "global NAME BYTES": a global of
+ * that many bytes (zeroed, at most MAX_GLOBALS), taken from the current card's memory when the
+ * image loads and given back when it unloads, so a module or library left loaded is seen in the
+ * card's used memory (cuModuleGetGlobal_v2, cuLibraryGetGlobal; a library's module has its
+ * library's). A library's kernel (cuLibraryGetKernel) is a handle of its own that cuLaunchKernel
+ * runs as the built-in's function; cuKernelGetFunction gives the built-in's function.
+ *
+ * Attributes and occupancy, so that what a GPU client forwards can be checked: each built-in has a
+ * register count and the attributes below; cuFuncSetAttribute/cuKernelSetAttribute change the
+ * built-in's maximum dynamic shared memory and carveout (for every handle of it: a process's
+ * modules share their built-ins). Occupancy follows a card of STANDIN_SM_* limits per
+ * multiprocessor, 8 multiprocessors (cuDeviceGetAttribute's), warps of 32 threads.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -64,18 +71,14 @@ struct builtin {
     const char *name;
     int params;
     size_t offset[MAX_PARAMS], size[MAX_PARAMS];
+    int registers; /* per thread */
 };
 
 static const struct builtin builtins[] = {
-    {"vector_add", 4, {0, 8, 16, 24}, {8, 8, 8, 4}},
-    {"scale", 3, {0, 8, 12}, {8, 4, 4}},
+    {"vector_add", 4, {0, 8, 16, 24}, {8, 8, 8, 4}, 32},
+    {"scale", 3, {0, 8, 12}, {8, 4, 4}, 64},
 };
 #define BUILTINS (sizeof builtins / sizeof *builtins)
-
-struct module {
-    int has[BUILTINS];
-    int of_library; /* a library's module: unloaded with it, never by cuModuleUnload */
-};
 
 struct global {
     char name[MAX_GLOBAL_NAME];
@@ -83,15 +86,20 @@ struct global {
     uint64_t bytes;
 };
 
+struct module {
+    int has[BUILTINS];
+    int of_library; /* a library's module: unloaded with it, never by cuModuleUnload */
+    struct global globals[MAX_GLOBALS];
+    int global_count;
+};
+
 struct kernel {
     const struct builtin *builtin; /* NULL: the library has no such kernel */
 };
 
 struct library {
-    struct module *module;
+    struct module *module; /* its globals are the library's */
     struct kernel kernels[BUILTINS];
-    struct global globals[MAX_GLOBALS];
-    int global_count;
     struct library *next;
 };
 
@@ -193,9 +201,9 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
     return (void)stream, cuMemsetD32_v2(dst, value, count);
 }
 
-/* Read an image's lines into module (and, for a library, its globals' names and sizes); 0, or
+/* Read an image's lines into module (its kernels, its globals' names and sizes); 0, or
  * CUDA_ERROR_INVALID_IMAGE for anything the stand-in cannot run. */
-static CUresult parse_image(const char *text, struct module *module, struct library *library) {
+static CUresult parse_image(const char *text, struct module *module) {
     size_t magic = strlen(STANDIN_MODULE_MAGIC);
     if (strncmp(text, STANDIN_MODULE_MAGIC, magic) != 0 || (text[magic] != '\n' && text[magic] != '\0'))
         return CUDA_ERROR_INVALID_IMAGE;
@@ -208,10 +216,10 @@ static CUresult parse_image(const char *text, struct module *module, struct libr
             char name[MAX_GLOBAL_NAME];
             unsigned long long bytes = 0;
             int used = 0;
-            if (library == NULL || library->global_count == MAX_GLOBALS ||
+            if (module->global_count == MAX_GLOBALS ||
                 sscanf(line, "global %63s %llu%n", name, &bytes, &used) != 2 || (size_t)used != length || bytes == 0)
                 return CUDA_ERROR_INVALID_IMAGE; /* names a kernel the stand-in cannot run */
-            struct global *global = &library->globals[library->global_count++];
+            struct global *global = &module->globals[module->global_count++];
             snprintf(global->name, sizeof global->name, "%s", name);
             global->bytes = bytes;
         } else if (length > 0) {
@@ -222,12 +230,30 @@ static CUresult parse_image(const char *text, struct module *module, struct libr
     return CUDA_SUCCESS;
 }
 
+static void release_globals(struct module *module) {
+    for (int i = 0; i < module->global_count; i++)
+        if (module->globals[i].pointer != 0) standin_release(module->globals[i].pointer);
+}
+
+/* A module's image read and its globals taken from the current card (else from card 0). */
+static CUresult load_module(struct module *module, const char *image) {
+    CUresult status = parse_image(image, module);
+    int dev = standin_current_device() < 0 ? 0 : standin_current_device();
+    for (int i = 0; status == CUDA_SUCCESS && i < module->global_count; i++) {
+        unsigned long long pointer = 0;
+        status = standin_allocate(dev, module->globals[i].bytes, &pointer);
+        module->globals[i].pointer = status == CUDA_SUCCESS ? pointer : 0;
+    }
+    if (status != CUDA_SUCCESS) release_globals(module);
+    return status;
+}
+
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
     struct module *loaded = calloc(1, sizeof *loaded);
     if (loaded == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult status = parse_image(image, loaded, NULL);
+    CUresult status = load_module(loaded, image);
     if (status != CUDA_SUCCESS) {
         free(loaded);
         return status;
@@ -242,6 +268,7 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
 
 CUresult cuModuleUnload(CUmodule module) {
     if (module == NULL || ((struct module *)module)->of_library) return CUDA_ERROR_INVALID_HANDLE;
+    release_globals((struct module *)module);
     free(module);
     return CUDA_SUCCESS;
 }
@@ -290,11 +317,23 @@ CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, s
     return CUDA_SUCCESS;
 }
 
-/* ---------------------------------------------------------------------- libraries (CUDA 12) */
-static void release_globals(struct library *library) {
-    for (int i = 0; i < library->global_count; i++)
-        if (library->globals[i].pointer != 0) standin_release(library->globals[i].pointer);
+/* A module's global by name (pointer and bytes may be NULL): 0, or CUDA_ERROR_NOT_FOUND. */
+static CUresult module_global(const struct module *module, const char *name, CUdeviceptr *pointer, size_t *bytes) {
+    for (int i = 0; i < module->global_count; i++) {
+        if (strcmp(module->globals[i].name, name) != 0) continue;
+        if (pointer != NULL) *pointer = module->globals[i].pointer;
+        if (bytes != NULL) *bytes = (size_t)module->globals[i].bytes;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_NOT_FOUND;
 }
+
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name) {
+    if (module == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return module_global((const struct module *)module, name, pointer, bytes);
+}
+
+/* ---------------------------------------------------------------------- libraries (CUDA 12) */
 
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options, void **jit_values,
                            unsigned int jit_count, void *library_options, void **library_values,
@@ -307,15 +346,8 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_optio
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     loaded->module->of_library = 1;
-    CUresult status = parse_image(code, loaded->module, loaded);
-    int dev = standin_current_device() < 0 ? 0 : standin_current_device();
-    for (int i = 0; status == CUDA_SUCCESS && i < loaded->global_count; i++) {
-        unsigned long long pointer = 0;
-        status = standin_allocate(dev, loaded->globals[i].bytes, &pointer);
-        loaded->globals[i].pointer = status == CUDA_SUCCESS ? pointer : 0;
-    }
+    CUresult status = load_module(loaded->module, code);
     if (status != CUDA_SUCCESS) {
-        release_globals(loaded);
         free(loaded->module);
         free(loaded);
         return status;
@@ -350,7 +382,7 @@ CUresult cuLibraryUnload(CUlibrary library) {
     if (gone != NULL) *link = gone->next;
     pthread_mutex_unlock(&libraries_lock);
     if (gone == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    release_globals(gone);
+    release_globals(gone->module);
     free(gone->module);
     free(gone);
     return CUDA_SUCCESS;
@@ -387,14 +419,7 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary libra
     CUresult status = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&libraries_lock);
     struct library *loaded = loaded_library(library);
-    for (int i = 0; loaded != NULL && i < loaded->global_count + 1; i++) {
-        status = CUDA_ERROR_NOT_FOUND;
-        if (i == loaded->global_count || strcmp(loaded->globals[i].name, name) != 0) continue;
-        if (pointer != NULL) *pointer = loaded->globals[i].pointer;
-        if (bytes != NULL) *bytes = (size_t)loaded->globals[i].bytes;
-        status = CUDA_SUCCESS;
-        break;
-    }
+    if (loaded != NULL) status = module_global(loaded->module, name, pointer, bytes);
     pthread_mutex_unlock(&libraries_lock);
     return status;
 }
@@ -411,6 +436,152 @@ CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel) {
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size) {
     return kernel_builtin(kernel) == NULL ? CUDA_ERROR_INVALID_HANDLE
                                           : cuFuncGetParamInfo((CUfunction)kernel, index, offset, size);
+}
+
+/* ------------------------------------------------------------------- attributes and occupancy */
+#define STANDIN_SM_THREADS 2048
+#define STANDIN_SM_BLOCKS 32
+#define STANDIN_SM_REGISTERS 65536
+#define STANDIN_SM_SHARED 65536
+#define STANDIN_SMS 8
+#define STANDIN_BLOCK_THREADS 1024
+#define STANDIN_WARP 32
+#define DEFAULT_DYNAMIC_SHARED 49152
+/* CUfunction_attribute values the stand-in answers (CU_FUNC_ATTRIBUTE_*) */
+#define ATTRIBUTE_MAX_THREADS_PER_BLOCK 0
+#define ATTRIBUTE_NUM_REGS 4
+#define ATTRIBUTE_PTX_VERSION 5
+#define ATTRIBUTE_BINARY_VERSION 6
+#define ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT 9
+#define ATTRIBUTE_LAST 16
+#define OCCUPANCY_DISABLE_CACHING_OVERRIDE 1u
+
+/* The settable attributes, per built-in (a process's modules share their built-ins' functions). */
+static int max_dynamic_shared[BUILTINS] = {DEFAULT_DYNAMIC_SHARED, DEFAULT_DYNAMIC_SHARED};
+static int carveout[BUILTINS] = {-1, -1};
+static int cache_config[BUILTINS];
+
+CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function) {
+    const struct builtin *kernel = builtin_of(function);
+    if (value == NULL || attribute < 0 || attribute > ATTRIBUTE_LAST) return CUDA_ERROR_INVALID_VALUE;
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    size_t i = (size_t)(kernel - builtins);
+    pthread_mutex_lock(&lock);
+    switch (attribute) {
+    case ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = STANDIN_BLOCK_THREADS; break;
+    case ATTRIBUTE_NUM_REGS: *value = kernel->registers; break;
+    case ATTRIBUTE_PTX_VERSION:
+    case ATTRIBUTE_BINARY_VERSION: *value = 80; break;
+    case ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = max_dynamic_shared[i]; break;
+    case ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *value = carveout[i]; break;
+    default: *value = 0; /* no static shared, constant or local memory, no clusters */
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value) {
+    const struct builtin *kernel = builtin_of(function);
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    size_t i = (size_t)(kernel - builtins);
+    CUresult status = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (attribute == ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && value >= 0 && value <= STANDIN_SM_SHARED)
+        max_dynamic_shared[i] = value;
+    else if (attribute == ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT && value >= -1 && value <= 100)
+        carveout[i] = value;
+    else
+        status = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+CUresult cuFuncSetCacheConfig(CUfunction function, int config) {
+    const struct builtin *kernel = builtin_of(function);
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE; /* CU_FUNC_CACHE_PREFER_NONE..EQUAL */
+    pthread_mutex_lock(&lock);
+    cache_config[kernel - builtins] = config;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+/* A library's kernel on a card: the same answers as its function's. */
+CUresult cuKernelGetAttribute(int *value, int attribute, CUkernel kernel, CUdevice dev) {
+    CUresult status = standin_checked_device(dev);
+    if (status != CUDA_SUCCESS) return status;
+    return kernel_builtin(kernel) == NULL ? CUDA_ERROR_INVALID_HANDLE
+                                          : cuFuncGetAttribute(value, attribute, (CUfunction)kernel);
+}
+
+CUresult cuKernelSetAttribute(int attribute, int value, CUkernel kernel, CUdevice dev) {
+    CUresult status = standin_checked_device(dev);
+    if (status != CUDA_SUCCESS) return status;
+    return kernel_builtin(kernel) == NULL ? CUDA_ERROR_INVALID_HANDLE
+                                          : cuFuncSetAttribute((CUfunction)kernel, attribute, value);
+}
+
+CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev) {
+    CUresult status = standin_checked_device(dev);
+    if (status != CUDA_SUCCESS) return status;
+    return kernel_builtin(kernel) == NULL ? CUDA_ERROR_INVALID_HANDLE : cuFuncSetCacheConfig((CUfunction)kernel, config);
+}
+
+/* Blocks of block_size threads one multiprocessor holds at once: the least of its thread, block,
+ * register and shared memory limits; 0 past the block or dynamic shared memory limit. */
+static int blocks_per_sm(const struct builtin *kernel, int block_size, size_t dynamic_shared) {
+    pthread_mutex_lock(&lock);
+    size_t shared_limit = (size_t)max_dynamic_shared[kernel - builtins];
+    pthread_mutex_unlock(&lock);
+    if (block_size <= 0 || block_size > STANDIN_BLOCK_THREADS || dynamic_shared > shared_limit) return 0;
+    int blocks = STANDIN_SM_BLOCKS;
+    int by_threads = STANDIN_SM_THREADS / block_size, by_registers = STANDIN_SM_REGISTERS / (kernel->registers * block_size);
+    if (by_threads < blocks) blocks = by_threads;
+    if (by_registers < blocks) blocks = by_registers;
+    if (dynamic_shared > 0 && (int)(STANDIN_SM_SHARED / dynamic_shared) < blocks) blocks = (int)(STANDIN_SM_SHARED / dynamic_shared);
+    return blocks;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction function, int block_size,
+                                                              size_t dynamic_shared, unsigned int flags) {
+    const struct builtin *kernel = builtin_of(function);
+    if (blocks == NULL || block_size <= 0 || flags > OCCUPANCY_DISABLE_CACHING_OVERRIDE) return CUDA_ERROR_INVALID_VALUE;
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    *blocks = blocks_per_sm(kernel, block_size, dynamic_shared);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction function, int block_size,
+                                                     size_t dynamic_shared) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size, dynamic_shared, 0);
+}
+
+/* The block size with the most threads resident per multiprocessor (the largest such), trying
+ * the limit and then every multiple of a warp below it, each with its dynamic shared memory
+ * (shared_of's answer for it, else dynamic_shared); min_grid: enough blocks to fill the card. */
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size, CUfunction function,
+                                                   size_t (*shared_of)(int), size_t dynamic_shared, int limit,
+                                                   unsigned int flags) {
+    const struct builtin *kernel = builtin_of(function);
+    if (min_grid == NULL || block_size == NULL || limit < 0 || flags > OCCUPANCY_DISABLE_CACHING_OVERRIDE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (kernel == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    int top = limit == 0 || limit > STANDIN_BLOCK_THREADS ? STANDIN_BLOCK_THREADS : limit;
+    int best_threads = 0, best_size = 0, best_blocks = 0;
+    for (int size = top; size > 0; size = size == top && size % STANDIN_WARP != 0 ? size / STANDIN_WARP * STANDIN_WARP
+                                                                                 : size - STANDIN_WARP) {
+        int blocks = blocks_per_sm(kernel, size, shared_of != NULL ? shared_of(size) : dynamic_shared);
+        if (blocks * size > best_threads) best_threads = blocks * size, best_size = size, best_blocks = blocks;
+    }
+    *min_grid = best_blocks * STANDIN_SMS;
+    *block_size = best_size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction function,
+                                          size_t (*shared_of)(int), size_t dynamic_shared, int limit) {
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, function, shared_of, dynamic_shared, limit, 0);
 }
 
 #define LAUNCH_PARAM_END ((void *)0)
