@@ -1014,8 +1014,9 @@ API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction
 }
 
 /* The program's callback (dynamic shared memory for a block size) cannot run on the server: it is
- * asked here for every block size the driver may try, 1 up to the function's maximum (or the
- * caller's lower limit), and the answers travel with the call. */
+ * asked here for every block size the driver may try, 1 up to the card's maximum threads per block
+ * (or the caller's lower limit; a function's own maximum, from __launch_bounds__, is never more),
+ * and the answers travel with the call. */
 typedef size_t (*CUoccupancyB2DSize)(int block_size);
 API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size, CUfunction function,
                                                        CUoccupancyB2DSize shared_of, size_t dynamic_shared,
@@ -1025,7 +1026,7 @@ API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block
     int top = 0;
     CUresult status;
     if (shared_of != NULL) {
-        if ((status = cuFuncGetAttribute(&top, 0 /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */, function)) != 0)
+        if ((status = cuDeviceGetAttribute(&top, 1 /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK */, 0)) != 0)
             return status;
         if (limit > 0 && limit < top) top = limit;
         if (top < 0 || (uint32_t)top > REMOTE_MAX_SHARED_TABLE) return CUDA_ERROR_NOT_SUPPORTED;
