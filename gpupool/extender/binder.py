@@ -29,7 +29,10 @@ succeed):
    annotations: the annotation is PATCHed with the resourceVersion as a precondition (409 when the
    pod changed since it was read), and only then is the Binding posted.
 6. Any failure rolls the reservation back; success pins it until the watch has caught up. A write
-   without an answer (timeout) may have been applied, so its cards stay booked instead.
+   without an answer (timeout), or answered with a server error after which it may still have been
+   applied (:func:`~gpupool.kube.podapi.may_have_applied`: 500, 502, 504), keeps its cards booked
+   instead. A later bind of the pod never lifts those cards to decide afresh
+   (:meth:`ClusterCache.reserve`): it takes the same ones, or is refused on another node.
 7. A bind has a deadline across its attempts: the apiserver can stall each call for its whole
    timeout, and a bind that runs on would hold a bind thread and its pod's later binds.
 
@@ -63,12 +66,13 @@ from gpupool.api.remote_share import RemoteShare, encode_remote_share
 from gpupool.core.model import Placement
 from gpupool.core.scheduler import Unschedulable
 from gpupool.extender.bind_flights import PodFlights
+from gpupool.extender.booking_keeper import PinnedElsewhere, SeenBound
 from gpupool.extender.cache import ClusterCache, now_utc
 from gpupool.extender.handover import CATCHING_UP, LOST_DURING_BIND, BindFence, Unfenced
 from gpupool.extender.lendable import LendingNames, binding_marks
 from gpupool.extender.service import BindResult
 from gpupool.kube.claim_asks import has_claims
-from gpupool.kube.podapi import ApiError, ConflictError, NoAnswerError, NotFoundError, PodApi
+from gpupool.kube.podapi import ApiError, ConflictError, NotFoundError, PodApi, may_have_applied
 from gpupool.kube.tenancy import pod_tenancy
 from gpupool.kube.translate import TranslationError
 
@@ -208,7 +212,14 @@ class Binder:
             bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
             if bound_to:
                 return self._already_bound(pod, key, bound_to, ask.node, attempt)
-            decision = self.cache.reserve(request, ask.node, tenant)
+            decision = self.cache.reserve(request, ask.node, tenant, uid=ask.uid)
+            if isinstance(decision, SeenBound | PinnedElsewhere):
+                # The pod is bound, or an earlier bind's write may have bound it: the API says which
+                # (a bound pod is answered as such); a pod it shows unbound waits for that write.
+                if cached is not None:
+                    last_conflict = decision.reason
+                    continue
+                return BindResult(decision.reason, attempts=attempt)
             if isinstance(decision, Unschedulable):
                 return BindResult(f"pod {key} does not fit on node {ask.node}: {decision.reason}",
                                   attempts=attempt)
@@ -239,13 +250,14 @@ class Binder:
                 last_conflict = str(exc)
                 log.info("bind %s: pod changed while binding (attempt %d), re-evaluating", key, attempt)
                 continue
-            except NoAnswerError as exc:
-                # The write may have been applied (timed out after the server took it): keep the
-                # cards booked until the watch shows the annotation or the pin runs out.
-                self.cache.commit(key, assignment)
-                return BindResult(f"cannot record the assignment on pod {key} (its cards stay booked "
-                                  f"until the watch shows whether it was written): {exc}", attempts=attempt)
             except ApiError as exc:
+                if may_have_applied(exc):
+                    # The write may have been applied (no answer, or a server error after the
+                    # server took it): keep the cards booked until the watch shows the annotation
+                    # or the pin runs out.
+                    self.cache.commit(key, assignment)
+                    return BindResult(f"cannot record the assignment on pod {key} (its cards stay booked "
+                                      f"until the watch shows whether it was written): {exc}", attempts=attempt)
                 self.cache.rollback(key)
                 return BindResult(f"cannot record the assignment on pod {key}: {exc}", attempts=attempt)
             if deadline.passed():
@@ -291,16 +303,18 @@ class Binder:
         except ConflictError:
             self.cache.rollback(ask.key)
             raise
-        except NoAnswerError as exc:
-            # The pod may be bound with its assignment now: keep the cards booked until the watch
-            # shows whether it was (or the pin runs out).
-            self.cache.commit(ask.key, assignment)
-            return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
-                              f"watch shows whether it was bound): {exc}", attempts=attempt)
         except NotFoundError:
             self.cache.rollback(ask.key)
             return BindResult(f"pod {ask.key} no longer exists", attempts=attempt)
         except ApiError as exc:
+            if may_have_applied(exc):
+                # The pod may be bound with its assignment now (no answer, or a server error such
+                # as etcd's time-out after the write was proposed): keep the cards booked until the
+                # watch shows whether it was (or the pin runs out). Rolled back, they went to the
+                # next bind while the pod held them (tests/extender/test_bind_interleavings.py).
+                self.cache.commit(ask.key, assignment)
+                return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
+                                  f"watch shows whether it was bound): {exc}", attempts=attempt)
             self.cache.rollback(ask.key)
             return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
         self.cache.commit(ask.key, assignment)  # bound: a success even past the deadline
@@ -322,16 +336,16 @@ class Binder:
         """POST the Binding of a pod whose assignment is written; a 409 is undone and raised again."""
         try:
             self.api.bind_pod(ask.namespace, ask.name, ask.uid, ask.node)
-        except NoAnswerError as exc:
-            # The pod may be bound now: freeing its cards before the watch says would let the
-            # next bind give them away a second time.
-            self.cache.commit(ask.key, assignment)
-            return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
-                              f"watch shows whether it was bound): {exc}", attempts=attempt)
         except ConflictError:
             self._undo(ask, patched)
             raise
         except ApiError as exc:
+            if may_have_applied(exc):
+                # The pod may be bound now: freeing its cards before the watch says would let the
+                # next bind give them away a second time.
+                self.cache.commit(ask.key, assignment)
+                return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
+                                  f"watch shows whether it was bound): {exc}", attempts=attempt)
             self._undo(ask, patched)
             return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
         self.cache.commit(ask.key, assignment)

@@ -72,6 +72,22 @@ ASSUMPTION_ENDS = (ASSUMED_RESERVED, ASSUMED_MOVED, ASSUMED_REPLACED, ASSUMED_RE
 
 
 @dataclass(frozen=True)
+class PinnedElsewhere(Unschedulable):
+    """A bind refused because an earlier bind of the pod wrote (or may have written) its assignment
+    for another node, which the watch has not shown yet: those cards stay booked until it does."""
+
+
+@dataclass(frozen=True)
+class SeenBound(Unschedulable):
+    """A bind refused because the watch shows the pod bound already (its copy of the pod was older):
+    the binder reads the pod from the API and answers as for a bound pod."""
+
+
+WRITTEN_STAGES = frozenset({Stage.BOUND, Stage.CONFIRMED})
+"""Stages of a pod the watch shows bound with its placement: a bind never lifts that booking."""
+
+
+@dataclass(frozen=True)
 class Assumption:
     """What a filter's assumption was decided for, and until when it holds (on the keeper's clock)."""
 
@@ -150,9 +166,14 @@ class BookingKeeper:
                  sorted({s.card for c in held.containers for s in c.slices}))
         self.on_release(key)
 
-    def forget_pin(self, key: str) -> None:
-        """The pod is gone: nothing is left for its pin to hold."""
-        self.pins.pop(key, None)
+    def forget_pin(self, key: str, uid: str = "") -> None:
+        """The pod of ``uid`` is gone: nothing is left for its pin to hold. A pin written for
+        another pod of the name is kept: the watch, behind the API, delivers an earlier pod's
+        deletion after the binder bound its replacement (read from the API), and that replacement's
+        cards must stay booked until the watch shows it."""
+        pin = self.pins.get(key)
+        if pin is not None and (not uid or pin.assignment.pod_uid in ("", uid)):
+            del self.pins[key]
 
     def gone(self, key: str) -> None:
         """The pod object the watch knew is gone (deleted, or replaced under its name): a filter's
@@ -219,7 +240,7 @@ class BookingKeeper:
     def reserve(self, request: PodRequest, node: str, scheduler: Scheduler, *,
                 check: Callable[[Placement], str | None] | None = None,
                 borrow: Callable[[PodRequest, str], Placement | Unschedulable] | None = None,
-                asked: PodRequest | None = None) -> Placement | Unschedulable:
+                asked: PodRequest | None = None, uid: str = "") -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them (see :meth:`ClusterCache.reserve`).
 
         ``check``: a last word on the chosen placement (the pod's quotas), asked after the pod's
@@ -227,15 +248,39 @@ class BookingKeeper:
         the choice on lent capacity when no owned capacity holds the pod (:mod:`gpupool.extender.borrowing`).
         ``asked``: the request as translated from the pod; when the pod's filter assumed the same
         request on this node, those cards become the reservation (if they still pass the checks).
-        An assumption is never restored: a bind that books nothing ends it."""
+        An assumption is never restored: a bind that books nothing ends it. ``uid``: the pod's (""
+        when not known); a pin or a bound record of another pod of the name is not this pod's.
+
+        A placement the API holds, or may hold, is never lifted to decide afresh: a pin (a write of
+        an earlier bind of the pod that the watch has not shown yet: it succeeded, or its answer
+        was lost) is the reservation again on its node, with those very cards, and refuses the
+        bind on another node (:class:`PinnedElsewhere`); a pod the watch shows bound refuses it
+        (:class:`SeenBound`). Why: a bind of the pod sent again (kube-scheduler gave up on the
+        first, or got an error for a write that was applied) decided from the watch's older copy,
+        lifted the written cards and chose others; until its Binding was refused (409, bound
+        already), the ledger showed the written cards free and another pod's bind was given them
+        (tests/extender/test_bind_interleavings.py)."""
         key = request.key
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
             return Unschedulable(key, refused)
+        pin = self.pins.get(key)
+        if pin is not None and uid and pin.assignment.pod_uid not in ("", uid):
+            pin = None  # written for an earlier pod of the name: the uid precondition keeps it off this one
+        booking = self.bookings.get(key, Booking())
+        ours = not uid or self.uid_of(key) in ("", uid)  # the watch's record may be an earlier pod's
+        if pin is None and ours and booking.stage in WRITTEN_STAGES and booking.placement is not None:
+            return SeenBound(key, f"the watch shows pod {key} bound to node {booking.placement.node}")
+        if pin is not None and pin.placement.node != node:
+            return PinnedElsewhere(key, f"an earlier bind of pod {key} wrote its assignment for node "
+                                   f"{pin.placement.node} (or may have: its answer was lost), which the watch "
+                                   "has not shown yet; its cards stay booked there until it does, retry then")
         assumption = self.assumptions.get(key)
         previous = self._release(key)
         decision: Placement | Unschedulable | None = None
-        if (assumption is not None and previous is not None and previous.node == node
+        if pin is not None:
+            decision = pin.placement  # whichever of the two writes lands, the ledger holds what it names
+        elif (assumption is not None and previous is not None and previous.node == node
                 and assumption.asked == asked and self.state.check(previous, scope_of(request)) is None
                 and (check is None or check(previous) is None)):
             decision = previous  # the filter's choice, as kube-scheduler's bind takes its assumed pod
@@ -288,7 +333,9 @@ class BookingKeeper:
             log.error("pod %s: commit of an assignment for node %s, which the ledger does not have",
                       key, assignment.node)
             return
-        self.pins[key] = Pin(placement, assignment, self.clock() + PIN_SECONDS)
+        pinned = self.pins.get(key)
+        earlier = (pinned.assignment, *pinned.earlier) if pinned is not None and pinned.placement == placement else ()
+        self.pins[key] = Pin(placement, assignment, self.clock() + PIN_SECONDS, earlier)
         self._fire(key, Event.COMMIT, placement)
         self.sync(key)
 

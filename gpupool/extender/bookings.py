@@ -199,11 +199,17 @@ class Pin:
     placement: Placement
     assignment: Assignment
     deadline: float
+    earlier: tuple[Assignment, ...] = ()
+    """Assignments of earlier binds of the pod that named the same cards and may have been written
+    too (a bind sent again writes its pin's cards: :meth:`BookingKeeper.reserve`); either one shown
+    shows those cards held."""
 
     def shown_by(self, record: PodRecord | None) -> bool:
-        """Whether the pod object carries this very assignment (same node, same time stamp)."""
+        """Whether the pod object carries this very assignment, or an earlier one of the same cards
+        (same node, same time stamp)."""
         seen = record.assignment if record is not None else None
-        return seen is not None and (seen.node, seen.time) == (self.assignment.node, self.assignment.time)
+        return seen is not None and any((seen.node, seen.time) == (written.node, written.time)
+                                        for written in (self.assignment, *self.earlier))
 
 
 @dataclass(frozen=True)
@@ -227,13 +233,25 @@ _WITH_PROBLEM = frozenset({HoldingKind.NOTHING, HoldingKind.UNREADABLE})
 
 def observe(record: PodRecord | None, pin: Pin | None, *, now: float, unconfirmed_timeout_s: float,
             spec_of: Callable[[str], NodeSpec | None]) -> Observation:
-    """Classify the latest pod object (None: deleted) into the event it means for the booking.
+    """Classify the latest pod object (None: deleted, or not delivered by the watch yet) into the
+    event it means for the booking.
 
     What the object holds is the shared rule (:func:`gpupool.kube.pod_holding.holding`); the
     extender's own part is its pin: a committed bind the watch has not shown yet holds its cards
     until it is shown, the pod ends, or the pin's deadline passes.
     ``spec_of`` gives a present node's spec (None for a node the ledger does not have).
+
+    No object with a pin is a pod the watch has not delivered yet, not a deleted one (the cache
+    forgets a pod's pin before it forgets a deleted pod): its bind read the pod from the API and
+    committed first. Why held: read as deleted, the cards of a pod bound a moment ago were free
+    until the watch delivered the pod, and the next bind was given them (kube-scheduler's informer
+    saw six pods created at once before the extender's watch did:
+    tests/extender/test_bind_interleavings.py).
     """
+    if record is None and pin is not None:
+        if now > pin.deadline:
+            return Observation(Event.TIMED_OUT)
+        return Observation(Event.SEEN_BEHIND, pin.placement)
     if record is None or record.finished:
         return Observation(Event.SEEN_NOTHING)
     if pin is not None and not pin.shown_by(record):

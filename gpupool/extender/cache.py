@@ -264,7 +264,7 @@ class ClusterCache:
             record = self.pods.get(key)
             if record is not None and uid and record.uid != uid:
                 return  # a delete of an older pod of the same name
-            self.keeper.forget_pin(key)
+            self.keeper.forget_pin(key, uid)
             self._forget(key)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any] | Any]) -> None:
@@ -283,7 +283,7 @@ class ClusterCache:
                     continue  # a catch-up or re-list of a current view re-translates nothing
                 self.upsert_pod(raw)
             for key in [k for k in self.pods if k not in seen]:
-                self.keeper.forget_pin(key)
+                self.keeper.forget_pin(key, self.pods[key].uid)
                 self._forget(key)
             self.pods_synced = True
 
@@ -350,7 +350,8 @@ class ClusterCache:
         with self.lock:
             return self.keeper.expire()
 
-    def reserve(self, request: PodRequest, node: str, tenant: PodTenancy | None = None) -> Placement | Unschedulable:
+    def reserve(self, request: PodRequest, node: str, tenant: PodTenancy | None = None,
+                uid: str = "") -> Placement | Unschedulable:
         """Choose the cards for a bind in flight and book them, atomically under the lock.
 
         The pod's previous booking (its filter's assumption, an expired or stale assignment of an
@@ -361,6 +362,10 @@ class ClusterCache:
         assignment cannot be read takes no GPU pod (its free cards are not known). ``tenant``: the
         pod's tenancy: its group and pools must hold the node, and its quotas are checked against
         the exact placement in the same step as it is booked (:mod:`gpupool.kube.tenancy_layers`).
+
+        Cards the API holds or may hold for the pod (``uid``: an earlier bind's write the watch has
+        not shown, or the watch shows the pod bound) are never lifted: the same cards are reserved
+        again, or the bind is refused (:meth:`BookingKeeper.reserve`).
         """
         with self.lock:
             admission = self.admit(request, tenant, node)
@@ -372,7 +377,7 @@ class ClusterCache:
                 return Unschedulable(request.key, refusal)
             check = admission.quota_check(self.state) if admission.quotas else None  # no quota: no check
             decision = self.keeper.reserve(admission.request, node, self.scheduler, check=check,
-                                           borrow=self._borrow, asked=request)
+                                           borrow=self._borrow, asked=request, uid=uid)
             if isinstance(decision, Placement) and decision.borrowed_from is not None:
                 self.lending.placed += 1
             return decision

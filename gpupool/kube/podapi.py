@@ -41,6 +41,23 @@ class NoAnswerError(ApiError):
     """No HTTP answer (timeout, connection reset): a write may or may not have been applied."""
 
 
+MAY_HAVE_APPLIED_STATUSES = frozenset({500, 502, 504})
+"""Server errors after which a write may still have been applied: 500 (etcd's "request timed out"
+or "leader changed" come after the write was proposed, and it may commit), 502 and 504 (a proxy or
+the apiserver's own timeout filter gave up on a request the apiserver may still be processing:
+"may still be processing the request", its 504 says). 4xx answers and 503 (not processed: the
+apiserver unavailable or shutting down) are refusals."""
+
+
+def may_have_applied(exc: ApiError) -> bool:
+    """Whether the write that failed with ``exc`` may still have been applied (no answer at all, or
+    one of :data:`MAY_HAVE_APPLIED_STATUSES`).
+
+    Why it matters: a bind that rolled its reservation back after such a write freed cards that the
+    pod may hold in the API, and the next bind gave them away a second time."""
+    return isinstance(exc, NoAnswerError) or exc.status == 0 or exc.status in MAY_HAVE_APPLIED_STATUSES
+
+
 class PodApi(Protocol):
     """What the binder asks of the API."""
 

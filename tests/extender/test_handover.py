@@ -165,8 +165,8 @@ def test_an_old_leader_whose_deadline_passes_mid_bind_writes_no_assignment(clust
     reserve = a.cache.reserve
 
     def slow_reserve(request: PodRequest, node_name: str,
-                     tenant: PodTenancy | None = None) -> Placement | Unschedulable:
-        decision = reserve(request, node_name, tenant)
+                     tenant: PodTenancy | None = None, uid: str = "") -> Placement | Unschedulable:
+        decision = reserve(request, node_name, tenant, uid)
         cluster.clock.advance(10.5)  # a long pause: the renew deadline passes before the write
         return decision
 
@@ -186,8 +186,8 @@ def test_a_bind_begun_in_an_earlier_term_writes_nothing_even_if_leading_again(cl
     reserve = a.cache.reserve
 
     def lapse_and_return(request: PodRequest, node_name: str,
-                         tenant: PodTenancy | None = None) -> Placement | Unschedulable:
-        decision = reserve(request, node_name, tenant)
+                         tenant: PodTenancy | None = None, uid: str = "") -> Placement | Unschedulable:
+        decision = reserve(request, node_name, tenant, uid)
         cluster.clock.advance(11)
         assert a.elector.try_acquire_or_renew() and a.elector.leading_term() == 2
         return decision
