@@ -255,7 +255,7 @@ class Binder:
                     # The write may have been applied (no answer, or a server error after the
                     # server took it): keep the cards booked until the watch shows the annotation
                     # or the pin runs out.
-                    self.cache.commit(key, assignment)
+                    self.cache.commit(key, assignment, ask.node)
                     return BindResult(f"cannot record the assignment on pod {key} (its cards stay booked "
                                       f"until the watch shows whether it was written): {exc}", attempts=attempt)
                 self.cache.rollback(key)
@@ -312,12 +312,12 @@ class Binder:
                 # as etcd's time-out after the write was proposed): keep the cards booked until the
                 # watch shows whether it was (or the pin runs out). Rolled back, they went to the
                 # next bind while the pod held them (tests/extender/test_bind_interleavings.py).
-                self.cache.commit(ask.key, assignment)
+                self.cache.commit(ask.key, assignment, ask.node)
                 return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
                                   f"watch shows whether it was bound): {exc}", attempts=attempt)
             self.cache.rollback(ask.key)
             return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
-        self.cache.commit(ask.key, assignment)  # bound: a success even past the deadline
+        self.cache.commit(ask.key, assignment, ask.node)  # bound: a success even past the deadline
         return BindResult(placement=placement, attempts=attempt)
 
     def _annotations(self, ask: _Ask, placement: Placement, assignment: Assignment,
@@ -343,12 +343,12 @@ class Binder:
             if may_have_applied(exc):
                 # The pod may be bound now: freeing its cards before the watch says would let the
                 # next bind give them away a second time.
-                self.cache.commit(ask.key, assignment)
+                self.cache.commit(ask.key, assignment, ask.node)
                 return BindResult(f"cannot bind pod {ask.key} to {ask.node} (its cards stay booked until the "
                                   f"watch shows whether it was bound): {exc}", attempts=attempt)
             self._undo(ask, patched)
             return BindResult(f"cannot bind pod {ask.key} to {ask.node}: {exc}", attempts=attempt)
-        self.cache.commit(ask.key, assignment)
+        self.cache.commit(ask.key, assignment, ask.node)
         return BindResult(placement=placement, attempts=attempt)
 
     def _undo(self, ask: _Ask, patched: dict[str, Any]) -> None:

@@ -71,6 +71,12 @@ ASSUMPTION_ENDS = (ASSUMED_RESERVED, ASSUMED_MOVED, ASSUMED_REPLACED, ASSUMED_RE
                    ASSUMED_POD_ENDED, ASSUMED_SEEN, ASSUMED_CONFLICT)
 
 
+def pinned_elsewhere(key: str, node: str) -> str:
+    """Why pod ``key`` is bound nowhere but ``node`` while its pin there is not shown by the watch."""
+    return (f"an earlier bind of pod {key} wrote its assignment for node {node} (or may have: its answer "
+            "was lost), which the watch has not shown yet; its cards stay booked there until it does")
+
+
 @dataclass(frozen=True)
 class PinnedElsewhere(Unschedulable):
     """A bind refused because an earlier bind of the pod wrote (or may have written) its assignment
@@ -165,6 +171,14 @@ class BookingKeeper:
         log.info("pod %s %s: released its booking on node %s (cards %s)", key, reason, held.node,
                  sorted({s.card for c in held.containers for s in c.slices}))
         self.on_release(key)
+
+    def own_pin(self, key: str, uid: str = "") -> Pin | None:
+        """The pin of pod ``key`` if it was written for the pod of ``uid`` ("": any); a pin written
+        for an earlier pod of the name is not its (the Binding's uid precondition keeps it off)."""
+        pin = self.pins.get(key)
+        if pin is not None and uid and pin.assignment.pod_uid not in ("", uid):
+            return None
+        return pin
 
     def forget_pin(self, key: str, uid: str = "") -> None:
         """The pod of ``uid`` is gone: nothing is left for its pin to hold. A pin written for
@@ -264,17 +278,13 @@ class BookingKeeper:
         refused = self.problems.refused_nodes.get(node)
         if refused is not None and request.wants_gpu:
             return Unschedulable(key, refused)
-        pin = self.pins.get(key)
-        if pin is not None and uid and pin.assignment.pod_uid not in ("", uid):
-            pin = None  # written for an earlier pod of the name: the uid precondition keeps it off this one
+        pin = self.own_pin(key, uid)
         booking = self.bookings.get(key, Booking())
         ours = not uid or self.uid_of(key) in ("", uid)  # the watch's record may be an earlier pod's
         if pin is None and ours and booking.stage in WRITTEN_STAGES and booking.placement is not None:
             return SeenBound(key, f"the watch shows pod {key} bound to node {booking.placement.node}")
-        if pin is not None and pin.placement.node != node:
-            return PinnedElsewhere(key, f"an earlier bind of pod {key} wrote its assignment for node "
-                                   f"{pin.placement.node} (or may have: its answer was lost), which the watch "
-                                   "has not shown yet; its cards stay booked there until it does, retry then")
+        if pin is not None and pin.node != node:
+            return PinnedElsewhere(key, pinned_elsewhere(key, pin.node))
         assumption = self.assumptions.get(key)
         previous = self._release(key)
         decision: Placement | Unschedulable | None = None
@@ -317,8 +327,9 @@ class BookingKeeper:
                 decision = Unschedulable(key, reason)
         return decision
 
-    def commit(self, key: str, assignment: Assignment) -> None:
-        """Pin what the bind wrote (see :meth:`ClusterCache.commit`)."""
+    def commit(self, key: str, assignment: Assignment, node: str = "") -> None:
+        """Pin what the bind wrote (see :meth:`ClusterCache.commit`); ``node``: the node its
+        Binding named ("": the assignment's)."""
         booking = self.bookings.get(key, Booking())
         placement = booking.placement if booking.stage is Stage.RESERVED else None
         spec = self.spec_of(assignment.node)
@@ -335,7 +346,7 @@ class BookingKeeper:
             return
         pinned = self.pins.get(key)
         earlier = (pinned.assignment, *pinned.earlier) if pinned is not None and pinned.placement == placement else ()
-        self.pins[key] = Pin(placement, assignment, self.clock() + PIN_SECONDS, earlier)
+        self.pins[key] = Pin(placement, assignment, self.clock() + PIN_SECONDS, earlier, node)
         self._fire(key, Event.COMMIT, placement)
         self.sync(key)
 

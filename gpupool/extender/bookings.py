@@ -203,6 +203,13 @@ class Pin:
     """Assignments of earlier binds of the pod that named the same cards and may have been written
     too (a bind sent again writes its pin's cards: :meth:`BookingKeeper.reserve`); either one shown
     shows those cards held."""
+    bound_to: str = ""
+    """The node the Binding named ("": the placement's; a remote share's placement is its server's)."""
+
+    @property
+    def node(self) -> str:
+        """The node the pod is (or may be) bound to by this write."""
+        return self.bound_to or self.placement.node
 
     def shown_by(self, record: PodRecord | None) -> bool:
         """Whether the pod object carries this very assignment, or an earlier one of the same cards

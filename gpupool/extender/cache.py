@@ -390,14 +390,22 @@ class ClusterCache:
         """A fresh instance of the placement policy (what-if and lent-capacity views prepare theirs)."""
         return make_policy(self.policy_name)
 
-    def commit(self, key: str, assignment: Assignment) -> None:
+    def commit(self, key: str, assignment: Assignment, node: str = "") -> None:
         """The bind wrote ``assignment`` (or may have): hold its cards until the watch shows it.
+        ``node``: the node its Binding named ("": the assignment's; a remote share's is its server).
 
         Without a reservation (a concurrent bind of the same pod ended it) the cards are taken from
         the assignment itself: it is written, so it holds them.
         """
         with self.lock:
-            self.keeper.commit(key, assignment)
+            self.keeper.commit(key, assignment, node)
+
+    def pinned_node(self, key: str, uid: str = "") -> str | None:
+        """The node an earlier bind of pod ``key`` (of ``uid``; "": any) bound it to, or may have,
+        while the watch has not shown that write; None when there is no such write."""
+        with self.lock:
+            pin = self.keeper.own_pin(key, uid)
+            return pin.node if pin is not None else None
 
     def rollback(self, key: str) -> None:
         """The bind failed: give the reservation back and book what the API last said instead."""

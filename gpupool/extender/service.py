@@ -25,7 +25,7 @@ from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.best_nodes import best_nodes
-from gpupool.extender.booking_keeper import ASSUMED_REFUSED, ASSUMED_REPLACED
+from gpupool.extender.booking_keeper import ASSUMED_REFUSED, ASSUMED_REPLACED, pinned_elsewhere
 from gpupool.extender.node_rows import NodeRows
 from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
 from gpupool.extender.node_scores import NodeScores as NodeScores
@@ -96,6 +96,10 @@ class Ledger(PreemptLedger, Protocol):
 
     def drop_lapsed(self) -> list[str]:
         """End the assumptions past their deadline."""
+
+    def pinned_node(self, key: str, uid: str = "") -> str | None:
+        """The node an earlier bind of pod ``key`` (of ``uid``; "": any) bound it to, or may have,
+        while the watch has not shown that write; None when there is no such write."""
 
 
 class RefusedPods(Protocol):
@@ -348,7 +352,8 @@ class ExtenderService:
 
         An answer that passes one node books the pod's cards there (``ASSUMED``) until its bind, so
         the filters of other pods that come before that bind decide on a ledger that holds it; the
-        pod's own earlier assumption is lifted first (this answer replaces it)."""
+        pod's own earlier assumption is lifted first (this answer replaces it). A pod whose earlier
+        bind's write the watch has not shown yet is passed that node alone (:meth:`_pinned`)."""
         if not request.wants_gpu:
             return FilterOutcome(passed=list(names))
         if not self.cache.synced:
@@ -356,6 +361,9 @@ class ExtenderService:
         with self.cache.lock:
             self.cache.drop_lapsed()
             self.cache.unassume(request.key, ASSUMED_REPLACED)
+            pinned = self.cache.pinned_node(request.key, str(((pod or {}).get("metadata") or {}).get("uid") or ""))
+            if pinned is not None:
+                return self._pinned(request, names, aliases, tenant, pod, pinned)
             admission = self._admit(request, tenant)
             found = self._feasible(admission, names, aliases, explain_if_passed=reasons_if_passed, pod=pod)
             if not found.passed and names:
@@ -375,6 +383,22 @@ class ExtenderService:
                                             found.passed, found.passed_rows, found.scores)
             layout = self.node_rows.layout(self.cache.state)
         return FilterOutcome(passed=found.passed, failed=found.failed, rows=found.passed_rows, layout=layout)
+
+    def _pinned(self, request: PodRequest, names: list[str], aliases: frozenset[str], tenant: PodTenancy | None,
+                pod: Mapping[str, Any] | None, pinned: str) -> FilterOutcome:
+        """The answer for a pod that an earlier bind wrote (or may have written) onto node
+        ``pinned``, a write the watch has not shown yet: that node alone, where its bind writes the
+        pinned cards again (:meth:`gpupool.extender.booking_keeper.BookingKeeper.reserve`).
+
+        Why: the ledger counts those cards, so a pod judged afresh competed with its own booking,
+        and after a write that got no answer (or a 500) and was not applied, a node with room for
+        one copy refused it until the pin ran out (120 s), with nothing to wake it then."""
+        reason = pinned_elsewhere(request.key, pinned)
+        passed = [pinned] if pinned in names else []
+        if not passed and names:
+            self.refused.refused(request, aliases, tenant, pod)
+        self._last_filter = None
+        return FilterOutcome(passed=passed, failed={name: reason for name in names if name != pinned})
 
     def fits_somewhere(self, request: PodRequest, aliases: frozenset[str] = frozenset(),
                        tenant: PodTenancy | None = None, pod: Mapping[str, Any] | None = None) -> bool:

@@ -27,8 +27,12 @@ from typing import Any
 
 import pytest
 
+from gpupool.extender.binder import Binder
 from gpupool.extender.bookings import PIN_SECONDS, Stage
+from gpupool.extender.cache import ClusterCache
 from gpupool.extender.service import DEFAULT_ASSUME_S, ExtenderSettings
+from gpupool.kube.translate import pod_request
+from gpupool.testing.fake_api import FakePodApi
 from tests.extender.binder_world import WRITES
 from tests.extender.interleaving_world import (
     APPLIED,
@@ -36,12 +40,14 @@ from tests.extender.interleaving_world import (
     LOST,
     NAMES,
     NODE,
+    ScriptedApi,
     World,
     gpu_pod_e2e_pods,
     refused,
     server_error,
 )
-from tests.kube.builders import container, placed_pod, pod
+from tests.extender.test_remote_share_bind import on_switch
+from tests.kube.builders import container, node, placed_pod, pod
 
 GIB = 1024
 
@@ -171,13 +177,60 @@ def test_a_bind_to_another_node_waits_while_an_earlier_write_may_land() -> None:
     world.api.script("x", DROPPED)
     assert "stay booked" in world.bind("x", "n1").error
     elsewhere = world.bind("x", "n2")
-    assert "wrote its assignment for node n1" in elsewhere.error and "retry" in elsewhere.error
+    assert "wrote its assignment for node n1" in elsewhere.error and "has not shown yet" in elsewhere.error
     assert world.free_mib("n1") == [6 * GIB] and world.free_mib("n2") == [16 * GIB]
     assert "does not fit" in world.bind("y", "n1").error
     clock.now += PIN_SECONDS + 1
     world.cache.expire()
     assert world.bind("x", "n2").ok and world.bind("y", "n1").ok
     assert world.over_committed() == {}
+
+
+def test_a_pod_whose_write_got_no_answer_is_filtered_to_its_pinned_node_and_bound_there_at_once() -> None:
+    """The write was not applied: kube-scheduler retries the pod, whose filter would count its own
+    pinned cards against it (one card, room for one copy); it passes the pinned node instead."""
+    world = World.make(cards=1, nodes=("n1", "n2"))
+    world.create(pod("x", container(mib=10 * GIB)))
+    world.create(placed_pod("owner", "n2", 0, 10 * GIB))  # n2 full: x fits n1 only
+    world.watch.deliver()
+    world.api.script("x", DROPPED)
+    assert "stay booked" in world.bind("x", "n1").error
+    obj = world.fake.get_pod("default", "x")
+    outcome = world.service.filter(pod_request(obj, world.cache.names), ["n1", "n2"], pod=obj)
+    assert outcome.passed == ["n1"] and "has not shown yet" in outcome.failed["n2"]
+    assert world.bind("x", "n1").ok
+    world.watch.deliver()
+    assert stage(world, "x") is Stage.BOUND and world.free_mib("n1") == [6 * GIB]
+
+
+def test_a_replacement_pod_is_not_steered_by_its_predecessors_pin() -> None:
+    world = World.make(cards=1, nodes=("n1", "n2"))
+    world.create(pod("x", container(mib=10 * GIB)))
+    world.api.script("x", DROPPED)
+    assert "stay booked" in world.bind("x", "n1").error
+    replacement = pod("x", container(mib=10 * GIB), uid="uid-replacement")
+    outcome = world.service.filter(pod_request(replacement, world.cache.names), ["n1", "n2"], pod=replacement)
+    assert outcome.passed == ["n2"]  # n1's card is held by the pin; the pin is not the replacement's
+
+
+def test_a_remote_share_sent_again_after_a_lost_answer_keeps_its_server_cards() -> None:
+    """A remote share's placement is on its server node, its Binding names the client node: the
+    resent bind to that client node writes the same server card; another client node waits."""
+    fake = FakePodApi()
+    api = ScriptedApi(fake)
+    cache = ClusterCache(policy="binpack")
+    cache.replace_nodes([on_switch(node("near", [16 * GIB]), "s1"), on_switch(node("cpu"), "s1"),
+                         on_switch(node("cpu2"), "s1")])
+    cache.replace_pods([])
+    binder = Binder(cache, api)
+    fake.create_pod(pod("p", container(mib=10 * GIB, cpu="1"), annotations={"gpupool.io/remote-gpu": "true"}))
+    api.script("p", DROPPED)
+    assert "stay booked" in binder.bind("default", "p", "uid-default-p", "cpu").error
+    assert [u.memory_free for u in cache.state.card_usage("near")] == [6 * GIB]
+    assert "wrote its assignment for node cpu" in binder.bind("default", "p", "uid-default-p", "cpu2").error
+    assert binder.bind("default", "p", "uid-default-p", "cpu").ok
+    assert [u.memory_free for u in cache.state.card_usage("near")] == [6 * GIB]
+    assert fake.get_pod("default", "p")["spec"]["nodeName"] == "cpu"
 
 
 # ------------------------------------------------------------- a server error after the write (fixed)
@@ -240,6 +293,28 @@ def test_an_assumption_that_lapses_before_its_bind_never_shares_a_card() -> None
     assert world.filter("y") == [NODE]  # x's assumption lapsed; y's holds the card now
     assert "does not fit" in world.bind("x").error
     assert world.bind("y").ok
+    assert world.over_committed(bound_only=False) == {}
+
+
+def test_a_reservation_outlives_every_deadline_while_its_write_is_in_flight() -> None:
+    """Housekeeping runs while x's write stalls past the assumption's and the pin's deadlines: the
+    reservation holds, and y's filter and bind meanwhile find the card taken."""
+    clock = Clock()
+    world = World.make(cards=1, clock=clock)
+    for name in ("x", "y"):
+        world.create(pod(name, container(mib=10 * GIB)))
+    world.watch.deliver()
+    assert world.filter("x") == [NODE]
+    seen: list[object] = []
+
+    def stalled() -> None:
+        clock.now += PIN_SECONDS + DEFAULT_ASSUME_S
+        world.cache.expire()
+        seen.extend([stage(world, "x"), world.filter("y"), world.bind("y").ok])
+
+    world.api.script("x", before=stalled)
+    assert world.bind("x").ok
+    assert seen == [Stage.RESERVED, [], False]
     assert world.over_committed(bound_only=False) == {}
 
 

@@ -41,9 +41,11 @@ PORT_MEMBERS = {
     "lock", "state", "admissions", "profile", "new_policy", "key_for_uid", "holders_on", "unreadable_on",
     "claims", "scheduler", "node_problems", "share_refusals", "served_aliases", "served_aliases_version",
     "soft_tainted", "synced", "claim_problems", "lending", "admit", "assume", "unassume", "drop_lapsed",
+    "pinned_node",
 }
-"""The port's members (preempt's reads, then the filter's): 22 (``claims``: a claim pod's victims
-free its DRA claims), where it had grown to 25 with the metrics' counts and the tenancy book
+"""The port's members (preempt's reads, then the filter's): 23 (``claims``: a claim pod's victims
+free its DRA claims; ``pinned_node``: a pod whose earlier bind's write the watch has not shown is
+passed that node alone), where it had grown to 25 with the metrics' counts and the tenancy book
 (``admit``: the filter's admission, which skips the tenancy layers for a pod no tenancy object reaches)."""
 
 METRICS_ONLY = {"problems", "released_bookings", "assumed_pods", "assumption_ends", "tenancy"}
@@ -124,6 +126,9 @@ class PortOnlyLedger:
 
     def drop_lapsed(self) -> list[str]:
         return []
+
+    def pinned_node(self, key: str, uid: str = "") -> str | None:
+        return None
 
 
 class NoBinds:
