@@ -14,6 +14,7 @@ takes the lower of the region's limit and its own, so a write can only narrow it
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import struct
@@ -119,6 +120,10 @@ def _mapped(path: Path) -> tuple[int, mmap.mmap]:
     except (OSError, ValueError):
         os.close(fd)
         raise
+    if (length := len(region)) < HEADER.size:  # a short file: unpacking would raise struct.error
+        region.close()
+        os.close(fd)
+        raise RegionFormatError(f"{path} is not a version-{VERSION} region ({length} bytes)")
     magic, version, size, device_count, slot_count, _ = HEADER.unpack_from(region, 0)
     if magic != MAGIC or version != VERSION or size != len(region) or device_count != MAX_DEVICES or \
             size != SLOTS_OFFSET + slot_count * SLOT.size:
@@ -150,7 +155,25 @@ def freeze_memory(path: Path, ordinal: int) -> int:
 
 def set_wait(path: Path, ordinal: int, wait_ns: int) -> None:
     """Set how long the container's allocations on card ``ordinal`` that the driver refuses for want of
-    room are retried (0: not at all)."""
+    room are retried (0: not at all). Also into a region no process initialised yet (the zero-filled
+    file the agent creates at Allocate): under the file lock the library initialises a region with,
+    which keeps the bound (``map_file`` in ``src/region.c``), so a container's first allocation
+    already waits."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes
+        try:
+            region = mmap.mmap(fd, 0)
+        except ValueError:  # an empty file
+            raise RegionFormatError(f"{path} is empty") from None
+        with region:
+            if len(region) == SIZE and not any(region[:HEADER.size]):  # not initialised yet
+                word = _device_word(region, ordinal, WAIT_OFFSET)
+                word.value = max(0, wait_ns)
+                del word
+                return
+    finally:
+        os.close(fd)
     fd, region = _mapped(path)
     try:
         word = _device_word(region, ordinal, WAIT_OFFSET)

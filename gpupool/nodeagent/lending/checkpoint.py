@@ -118,10 +118,15 @@ class CheckpointEnforcement:
         self._store = store
         self._pod_of = pod_of
         self.registry = getattr(inner, "registry", None)  # the library's registrations, for the report
+        self.granted: Callable[[tuple[str, str], str], None] | None = None
+        """Told of each grant once the backend made it (the container's region exists, it has not
+        started): the lending service's :meth:`~gpupool.nodeagent.lending.service.LendingService.owner_granted`."""
 
     def grant_extras(self, pod: PodView, container: str) -> GrantExtras:
         """The backend's extras plus the protocol's (the backend's variables win a clash)."""
         base = self._inner.grant_extras(pod, container)
+        if self.granted is not None:
+            self.granted(pod.key, container)
         known = self._pod_of(pod.key)
         key = known.checkpoint_key if known is not None else f"{pod.namespace}/{pod.name}"
         try:

@@ -30,6 +30,13 @@ on a card already lent (the driver's prepare checks it against the borrowers' bo
 borrower holds its memory) shrinks the loan by its share (:func:`keep_new_claims`), so no later
 borrower is offered it; the loan never grows back.
 
+Owners booked on the card. The same holds for an extended-resource container booked on the card that
+is not among the loan's owners (not started when the card went idle, or placed there by the
+extender after the loan began: owners' and borrowers' bookings are two budgets): its share is never
+lent (:func:`new_loans` leaves it out) and a loan it arrives on shrinks once (:func:`keep_new_bookings`;
+the service reclaims the borrowers that no longer fit). :mod:`gpupool.nodeagent.lending.bookings`
+says which containers count.
+
 The loans are written to a small JSON file next to the monitor's state after every change, so an
 agent restarted mid-lend keeps the same owners dormant (their holds do not refuse the borrowers
 already running) and still returns the card when an owner opens it.
@@ -44,6 +51,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.api.lending import LendableCard, Priority
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.bookings import BookingKey, owner_bookings, total
 from gpupool.nodeagent.lending.claims import ClaimKey, ClaimShares, booked_on, unheld_on
 from gpupool.nodeagent.lending.durable import write_json_atomically
 from gpupool.nodeagent.lending.pods import LendingPod
@@ -74,6 +82,8 @@ class Loan:
     idle_since: float
     kept: frozenset[ClaimKey] = frozenset()
     """The prepared DRA claims on the card whose share the loan leaves out (used by no holder or owner)."""
+    kept_bookings: frozenset[BookingKey] = frozenset()
+    """The containers booked on the card, not among its owners, whose share the loan leaves out."""
 
     @property
     def first_owner(self) -> ContainerKey:
@@ -88,9 +98,11 @@ class Loan:
 
 def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInventory, sample: UsageSample | None,
               pod_of: Callable[[tuple[str, str]], LendingPod | None], lent: Iterable[int],
-              claims: ClaimShares = NO_CLAIMS) -> list[Loan]:
+              claims: ClaimShares = NO_CLAIMS, pods: Iterable[LendingPod] = ()) -> list[Loan]:
     """Idle cards not lent yet that may be lent now (``claims``: the prepared DRA claims, whose share
-    is kept out of the loan while no container holding the card uses them; see the module)."""
+    is kept out of the loan while no container holding the card uses them; ``pods``: the node's pods,
+    whose containers booked on the card that are not its owners keep their share out; see the module)."""
+    pods = list(pods)
     already = set(lent)
     found = []
     for device in state.devices:
@@ -122,13 +134,15 @@ def new_loans(state: UsageState, cards: Mapping[str, int], inventory: GpuInvento
         usage = sample.card(card) if sample is not None else None
         used = usage.memory_used_mib if usage is not None else info.memory_mib
         kept = unheld_on(card, claims, held)
-        kept_mib, kept_milli, kept_whole = booked_on(card, claims, kept)
+        bookings = owner_bookings(card, pods, owners)
+        kept_mib, kept_milli, kept_whole = total((booked_on(card, claims, kept), *bookings.values()))
         free = max(0, info.memory_mib - used - kept_mib) // MEMORY_UNIT * MEMORY_UNIT
         compute = FULL_COMPUTE_PERCENT - _percent(kept_milli)
         if free <= 0 or compute <= 0 or kept_whole:
             continue
         since = device.last_use if device.last_use is not None else state.updated
-        found.append(Loan(card, info.uuid, device.path, frozenset(owners), free, compute, since, kept))
+        found.append(Loan(card, info.uuid, device.path, frozenset(owners), free, compute, since, kept,
+                          frozenset(bookings)))
     return found
 
 
@@ -151,6 +165,22 @@ def keep_new_claims(loan: Loan, claims: ClaimShares, used_by: Collection[ClaimKe
     return replace(loan, memory_mib=memory, compute_percent=compute, kept=loan.kept | new)
 
 
+def keep_new_bookings(loan: Loan, pods: Iterable[LendingPod]) -> Loan:
+    """``loan`` less the share of the containers booked on its card (of pods that do not borrow) that
+    are neither its owners nor already left out (:attr:`Loan.kept_bookings`): an owner placed on the
+    card since it was lent, or one that was not holding it yet; the same loan when there are none.
+    Each is left out once (its key is kept, and the loan file keeps it across a restart); the loan
+    never grows back. A loan shrunk to nothing stays but offers nothing."""
+    new = {key: share for key, share in owner_bookings(loan.card, pods, loan.owners).items()
+           if key not in loan.kept_bookings}
+    if not new:
+        return loan
+    mib, milli, whole = total(new.values())
+    memory = 0 if whole else max(0, loan.memory_mib - mib) // MEMORY_UNIT * MEMORY_UNIT
+    compute = 0 if whole else max(0, loan.compute_percent - _percent(milli))
+    return replace(loan, memory_mib=memory, compute_percent=compute, kept_bookings=loan.kept_bookings | set(new))
+
+
 class LoanFile:
     """The loans on disk (JSON, written atomically: :mod:`~gpupool.nodeagent.lending.durable`); a missing or
     unreadable file is no loans."""
@@ -167,7 +197,8 @@ class LoanFile:
             return [Loan(int(x["card"]), str(x["uuid"]), str(x["path"]),
                          frozenset((str(a), str(b), str(c)) for a, b, c in x["owners"]),
                          int(x["memoryMiB"]), int(x["computePercent"]), float(x["idleSince"]),
-                         frozenset((str(a), str(b)) for a, b in x.get("claimsKept", ())))
+                         frozenset((str(a), str(b)) for a, b in x.get("claimsKept", ())),
+                         frozenset((str(a), str(b)) for a, b in x.get("bookingsKept", ())))
                     for x in doc["loans"]]
         except FileNotFoundError:
             return []
@@ -179,6 +210,7 @@ class LoanFile:
         doc = {"version": LOANS_VERSION, "loans": [
             {"card": x.card, "uuid": x.uuid, "path": x.path, "owners": sorted(x.owners), "memoryMiB": x.memory_mib,
              "computePercent": x.compute_percent, "idleSince": x.idle_since,
-             **({"claimsKept": sorted(x.kept)} if x.kept else {})}
+             **({"claimsKept": sorted(x.kept)} if x.kept else {}),
+             **({"bookingsKept": sorted(x.kept_bookings)} if x.kept_bookings else {})}
             for x in sorted(loans, key=lambda x: x.card)]}
         write_json_atomically(self.path, doc)

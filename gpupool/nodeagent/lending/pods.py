@@ -28,6 +28,7 @@ from gpupool.api.lending import (
     is_borrowed,
     pod_priority,
 )
+from gpupool.core.model import CardSlice, ContainerAssignment
 from gpupool.nodeagent.lending.claims import ClaimShares, PreparedClaims, claim_cards, claim_shares, no_claims
 from gpupool.nodeagent.node_pod import NodePod, PodKey
 from gpupool.nodeagent.types import PodView
@@ -60,6 +61,11 @@ class LendingPod:
     """Container → the ResourceClaims (in the pod's namespace) it uses, prepared or not."""
     regions: Mapping[str, tuple[Region, ...]] = field(default_factory=dict)
     """Container → the regions its cards are accounted in (its assignment's, then each prepared claim's)."""
+    shares: Mapping[str, tuple[CardSlice, ...]] = field(default_factory=dict)
+    """Container → the slices its assignment books that it may still open: an app container's, an init
+    container's only while no app container was created, none once the pod ended
+    (:func:`live_shares`). What a loan leaves out for an owner not holding the card
+    (:mod:`gpupool.nodeagent.lending.bookings`)."""
 
     @property
     def key(self) -> PodKey:
@@ -102,6 +108,18 @@ def checkpoint_key(pod: NodePod, names: LendingNames) -> str:
     return said or pod.controller_uid or f"{pod.namespace}/{pod.name}"
 
 
+def live_shares(containers: Iterable[ContainerAssignment], ids: Mapping[str, str],
+                terminated: bool) -> dict[str, tuple[CardSlice, ...]]:
+    """Container → its assignment's slices, for the containers that may still open their cards: none
+    once the pod ended (phase Succeeded or Failed, or being deleted); an init container's only until
+    an app container was created (init containers run first, one at a time, and never again)."""
+    if terminated:
+        return {}
+    found = list(containers)
+    apps_created = any(ids.get(c.container) for c in found if not c.init)
+    return {c.container: c.slices for c in found if c.slices and not (c.init and apps_created)}
+
+
 def lending_pod(pod: NodePod, names: LendingNames,
                 threshold: int = DEFAULT_HIGH_PRIORITY_THRESHOLD) -> LendingPod | None:
     """One pod as the lending side sees it; ``None`` when it has no UID."""
@@ -109,8 +127,10 @@ def lending_pod(pod: NodePod, names: LendingNames,
     if ids is None:
         return None
     cards: dict[str, tuple[int, ...]] = {}
-    if pod.assignment is not None:
-        cards = {c.container: tuple(s.card for s in c.slices) for c in pod.assignment.placement.containers}
+    assigned = pod.assignment.placement.containers if pod.assignment is not None else ()
+    cards = {c.container: tuple(s.card for s in c.slices) for c in assigned}
+    container_ids = {k: v.partition("://")[2] or v for k, v in ids.containers.items()}
+    terminated = isinstance(pod.view, PodView) and pod.view.terminated
     claims = ({c.name: c.claims for c in pod.view.containers if c.claims} if isinstance(pod.view, PodView)
               else {})
     annotations = pod.annotations
@@ -121,8 +141,8 @@ def lending_pod(pod: NodePod, names: LendingNames,
                       borrowed_from=annotations.get(names.borrowed_from, ""),
                       booked={k: frozenset(v) for k, v in cards.items()}, cards=cards,
                       checkpoint_key=checkpoint_key(pod, names),
-                      container_ids={k: v.partition("://")[2] or v for k, v in ids.containers.items()},
-                      claims=claims, regions={k: ((k, v),) for k, v in cards.items()})
+                      container_ids=container_ids, claims=claims, regions={k: ((k, v),) for k, v in cards.items()},
+                      shares=live_shares(assigned, container_ids, terminated))
 
 
 class LendingPods:

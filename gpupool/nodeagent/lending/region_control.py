@@ -1,7 +1,9 @@
 """What the lending service writes into the interception library's regions (``--state-dir``) so that an
 owner is never starved by its borrowers (Huanrong CN114675976B, case A).
 
-- While a card is lent, each owner's region carries a wait bound for that card: an allocation within
+- While a card is lent, each owner's region carries a wait bound for that card (the loan's owners and
+  every container booked on the card, started or not: a region Allocate created is written before
+  the library initialised it, and the library keeps the bound): an allocation within
   the owner's limit that the driver refuses for want of room is retried (every 5 ms) for up to the
   bound instead of failing: the room is a borrower's, and the agent reclaims it once it sees the
   owner back (its open within one /proc scan, or its activity). The bound is the checkpoint deadline
@@ -42,18 +44,23 @@ class RegionControl:
         self._layout = ShimLayout(state_dir)
         self._pod_of = pod_of
 
-    def set_owner_wait(self, owners: Iterable[ContainerKey], card: int, seconds: float) -> None:
-        """Let ``owners``' allocations on ``card`` wait up to ``seconds`` for room (0: not at all)."""
+    def set_owner_wait(self, owners: Iterable[ContainerKey], card: int, seconds: float) -> frozenset[ContainerKey]:
+        """Let ``owners``' allocations on ``card`` wait up to ``seconds`` for room (0: not at all). Returns
+        the owners whose region was there: written, or unwritable (logged once, not tried again); an
+        owner without a region yet (Allocate creates it) is not among them, so the caller tries again."""
+        written: set[ContainerKey] = set()
         for namespace, name, container in owners:
             found = self._region(self._pod_of((namespace, name)), container, card)
             if found is None:
                 continue
             path, ordinal = found
+            written.add((namespace, name, container))
             try:
                 set_wait(path, ordinal, int(seconds * 1e9))
             except (OSError, RegionFormatError) as exc:
                 log.warning("lending: cannot set the wait of %s/%s/%s on card %d: %s", namespace, name, container,
                             card, exc)
+        return frozenset(written)
 
     def freeze(self, pod_key: PodKey, card: int) -> dict[str, int]:
         """Freeze every container of the pod on ``card`` (no new allocation); container → its limit now."""

@@ -37,6 +37,12 @@ DRA claims (``--dra``): a container that uses a prepared claim is booked on the 
 (:mod:`~gpupool.nodeagent.lending.pods`), so the rules, the owners, their activity and their waits
 treat it as an assignment's container; a claim no holder or owner uses is kept out of the loans,
 those that begin and those already running (:mod:`~gpupool.nodeagent.lending.loans` says why).
+
+Owners booked on a lent card that are not its loan's owners (:mod:`~gpupool.nodeagent.lending.bookings`)
+are kept out of the loans the same way; a loan shrunk below what its borrowers are booked is kept and
+its borrowers are reclaimed as for a returning owner. Each step does it, and so does the container's
+Allocate (:meth:`LendingService.owner_granted`, told by the checkpoint backend once the container's
+region exists), which also writes the container's wait bound before it can start.
 """
 
 from __future__ import annotations
@@ -45,19 +51,27 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
 from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
+from gpupool.nodeagent.lending.bookings import booked_containers, borrowers_on
 from gpupool.nodeagent.lending.claims import ClaimShares
 from gpupool.nodeagent.lending.devices import lent_devices
-from gpupool.nodeagent.lending.loans import Loan, LoanFile, keep_new_claims, new_loans
+from gpupool.nodeagent.lending.loans import (
+    PER_MILLE_PER_PERCENT,
+    Loan,
+    LoanFile,
+    keep_new_bookings,
+    keep_new_claims,
+    new_loans,
+)
 from gpupool.nodeagent.lending.options import ActivityThresholds
 from gpupool.nodeagent.lending.owner_activity import OwnerWatch
-from gpupool.nodeagent.lending.pods import LendingPods
+from gpupool.nodeagent.lending.pods import LendingPod, LendingPods
 from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder, ReclaimResult
@@ -122,7 +136,9 @@ class LendingService:
         self.regions = RegionControl(config.shim_state_dir, pods.get) if config.shim_state_dir else None
         """Owners' wait bounds and borrowers' freezes in the library's regions (``None``: no library)."""
         self._waiting: dict[int, frozenset[ContainerKey]] = {}
-        """Card → the owners whose allocations on it wait for room now (loop thread only)."""
+        """Card → the owners whose allocations on it wait for room now (their regions say so)."""
+        self._waits_lock = threading.Lock()
+        """Guards :attr:`_waiting`: written by the step (a worker thread) and by Allocate (the loop)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.decisions: list[tuple[str, OpenDecision]] = []
         """The last decisions that did anything (for logs, /usage and tests), newest last."""
@@ -403,18 +419,78 @@ class LendingService:
             for card in gone:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
-            claims = self.pods.claim_shares()
+            claims, pods = self.pods.claim_shares(), self.pods.all()
             shrunk = self._keep_new_claims(claims, state)
+            over = self._keep_new_bookings(pods, list(self._loans))
             fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get,
-                              set(self._loans) | self._returned | self.journal.cards(), claims)
+                              set(self._loans) | self._returned | self.journal.cards(), claims, pods)
             for loan in fresh:
                 log.info("card %d is idle: lending %d MiB, %d %% (owners %s)", loan.card, loan.memory_mib,
                          loan.compute_percent, sorted(loan.owners))
                 self._loans[loan.card] = loan
-        if gone or fresh or shrunk:
+        self._reclaim_over_loan(over)
+        if gone or fresh or shrunk or over:
             await self._changed()
         await asyncio.to_thread(self._owner_waits)
         await asyncio.to_thread(self.refuse_now)
+
+    def _keep_new_bookings(self, pods: list[LendingPod], cards: Collection[int]) -> dict[int, tuple[PodKey, ...]]:
+        """Shrink each loan of ``cards`` by the owners booked on its card since it began (or not holding
+        it when it began) that are not its owners (:func:`keep_new_bookings`; with the lock held).
+        Card → the borrowers booked on it, for each loan that shrank (none where they still fit)."""
+        shrunk: dict[int, tuple[PodKey, ...]] = {}
+        for card in cards:
+            loan = self._loans.get(card)
+            kept = keep_new_bookings(loan, pods) if loan is not None else None
+            if loan is None or kept is None or kept == loan:
+                continue
+            self._loans[card] = kept
+            (memory, compute), borrowers = borrowers_on(card, pods)
+            fits = memory <= kept.memory_mib and compute <= kept.compute_percent * PER_MILLE_PER_PERCENT
+            log.warning("card %d: owner(s) %s booked on it while lent; the loan now offers %d MiB, %d %%%s", card,
+                        ", ".join("/".join(k) for k in sorted(kept.kept_bookings - loan.kept_bookings)),
+                        kept.memory_mib, kept.compute_percent,
+                        "" if fits else f"; its borrowers hold {memory} MiB, {compute} per mille: reclaimed")
+            shrunk[card] = () if fits else borrowers
+        return shrunk
+
+    def _reclaim_over_loan(self, over: Mapping[int, tuple[PodKey, ...]]) -> None:
+        """Reclaim the borrowers of each card whose loan shrank below their bookings, as for a returning
+        owner (rule 1): frozen in their regions at once, journalled, then stopped and evicted."""
+        with self._lock:
+            new = [(pod, card) for card, pods in over.items() for pod in pods if pod not in self._reclaiming]
+            self._reclaiming.update(pod for pod, _ in new)
+        if not new:
+            return
+        records = [self._record(pod, card, f"card {card}'s loan shrank for an owner booked on it", returned=False)
+                   for pod, card in new]
+        for pod, card in new:
+            if self.regions is not None:
+                self.regions.freeze(pod, card)
+        self.journal.begin(records)
+        for record in records:
+            self._call(self._start_reclaim, record)
+
+    def owner_granted(self, pod_key: PodKey, container: str) -> None:
+        """Allocate granted ``container`` its share, its region just created (before the container
+        starts): on a card lent or draining now the loan leaves its share out at once and its wait
+        bound is written now, not at the next step, so its first allocation never finds a borrower's
+        memory in the way without waiting. On the agent's loop; never raises."""
+        try:
+            pod = self.pods.get(pod_key)
+            if pod is None or pod.borrowed:
+                return
+            mine = pod.booked.get(container, frozenset())
+            with self._lock:
+                over = self._keep_new_bookings(self.pods.all(), mine & set(self._loans))
+            self._reclaim_over_loan(over)
+            if over:
+                assert self._loop is not None
+                self._loop.create_task(self._changed())
+                self._loop.create_task(self.publisher.publish_now())
+            self._owner_waits()
+        except Exception:
+            log.exception("lending: after granting %s/%s/%s", *pod_key, container)
 
     def _keep_new_claims(self, claims: ClaimShares, state: UsageState) -> bool:
         """Shrink each loan by the DRA claims prepared on its card since it began that no holder of the
@@ -440,20 +516,33 @@ class LendingService:
         return pod.claims.get(container, ()) if pod is not None else ()
 
     def _owner_waits(self) -> None:
-        """Owners of a lent card, or of one whose borrowers are still being reclaimed, wait for room on
-        it; the others do not (a full card fails at once again)."""
+        """Owners of a lent card (its loan's, and every container booked on it that does not borrow,
+        started or not: :func:`booked_containers`), or of one whose borrowers are still being
+        reclaimed, wait for room on it; the others do not (a full card fails at once again). A
+        container whose region does not exist yet is tried again at the next call."""
         if self.regions is None:
             return
-        loans, draining = self.loans, self.journal.cards()
-        wanted = {card: loan.owners for card, loan in loans.items()}
-        wanted.update({card: owners for card, owners in self._waiting.items() if card in draining})
+        with self._waits_lock:
+            self._write_waits(self.regions)
+
+    def _write_waits(self, regions: RegionControl) -> None:
+        """:meth:`_owner_waits` with its lock held: write what changed since the last call."""
+        loans, draining, pods = self.loans, self.journal.cards(), self.pods.all()
+        wanted = {card: loan.owners | booked_containers(card, pods) for card, loan in loans.items()}
+        for card in draining:
+            wanted[card] = wanted.get(card, frozenset()) | self._waiting.get(card, frozenset()) | booked_containers(
+                card, pods)
+        bound = self.config.deadline_s + OWNER_WAIT_MARGIN_S
+        waiting: dict[int, frozenset[ContainerKey]] = {}
         for card, owners in self._waiting.items():
-            if wanted.get(card) != owners:
-                self.regions.set_owner_wait(owners, card, 0)
+            if gone := owners - wanted.get(card, frozenset()):
+                regions.set_owner_wait(gone, card, 0)
         for card, owners in wanted.items():
-            if self._waiting.get(card) != owners:
-                self.regions.set_owner_wait(owners, card, self.config.deadline_s + OWNER_WAIT_MARGIN_S)
-        self._waiting = wanted
+            have = self._waiting.get(card, frozenset()) & owners
+            written = have | regions.set_owner_wait(owners - have, card, bound)
+            if written:
+                waiting[card] = written
+        self._waiting = waiting
 
     def _judge_borrowers(self) -> None:
         """Once after a start, with the pods known and no holder undecided any more: every borrower

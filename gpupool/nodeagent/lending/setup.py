@@ -108,6 +108,8 @@ class LendingSetup:
         self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
         tool, bound = find_cuda_checkpoint(), options.cuda_checkpoint_timeout_s
         self.cuda = CudaCheckpoint(tool, bound) if tool and bound > 0 else None
+        self.enforcement: CheckpointEnforcement | None = None
+        """The wrapped backend (:meth:`wrap`), told of each grant once the service exists (:meth:`build`)."""
         log.info("checkpoint protocol: directories under %s, deadline %g s; cuda-checkpoint %s",
                  options.checkpoint_root, options.deadline_s,
                  f"at {tool}: suspends what outlives the deadline (up to {bound:g} s)" if self.cuda
@@ -120,7 +122,8 @@ class LendingSetup:
 
     def wrap(self, enforcement: Enforcement) -> CheckpointEnforcement:
         """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
-        return CheckpointEnforcement(enforcement, self.store, self.pods.get)
+        self.enforcement = CheckpointEnforcement(enforcement, self.store, self.pods.get)
+        return self.enforcement
 
     def build(self, node: str, monitor: UsageMonitor, inventory: Callable[[], GpuInventory],
               listed: Callable[[], list[PodView]], devices_changed: Callable[[], Awaitable[None]],
@@ -138,4 +141,6 @@ class LendingSetup:
                                  LendingConfig(loans, self.options.deadline_s, self.options.activity,
                                                self.options.shim_state_dir),
                                  monitor.resolver(), gate)
+        if self.enforcement is not None:  # an owner granted a share of a lent card: its loan shrinks, it waits
+            self.enforcement.granted = service.owner_granted
         return LoanedCapacity(node, service, self.pods, inventory, listed)

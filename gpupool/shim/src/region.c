@@ -179,7 +179,17 @@ static struct shim_region *map_file(const char *path, int create) {
     void *map = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) goto done;
     r = map;
-    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != SHIM_REGION_MAGIC) init_region(r);
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != SHIM_REGION_MAGIC) {
+        /* The node agent may have written an owner's wait bound into the zero-filled file it created,
+         * before any process of the container started (Allocate on a lent card: docs/lending.md); it
+         * writes it under this file lock, so the bound is either here now or written to the region
+         * after. Kept from a file whose header is still all zero only (not from a half-written one). */
+        int fresh = r->magic == 0 && r->version == 0 && r->size == 0 && r->device_count == 0 && r->slot_count == 0;
+        uint64_t wait[SHIM_MAX_DEVICES];
+        for (int d = 0; d < SHIM_MAX_DEVICES; d++) wait[d] = fresh ? r->dev[d].wait_ns : 0;
+        init_region(r);
+        for (int d = 0; d < SHIM_MAX_DEVICES; d++) __atomic_store_n(&r->dev[d].wait_ns, wait[d], __ATOMIC_RELAXED);
+    }
     if (r->version != SHIM_REGION_VERSION || r->size != sizeof *r) {
         shim_log(SHIM_LOG_ERROR, "%s is region version %u, this library writes %u", path, r->version,
                  SHIM_REGION_VERSION);
