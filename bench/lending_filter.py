@@ -15,7 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool.extender.service import ExtenderSettings
 from gpupool.kube.translate import pod_request

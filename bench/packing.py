@@ -15,6 +15,9 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool.cli.simulate_cmd import parse_seeds
 from gpupool.core.fragmentation import WorkloadProfile

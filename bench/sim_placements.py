@@ -21,6 +21,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Unschedulable
