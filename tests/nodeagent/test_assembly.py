@@ -16,6 +16,7 @@ from gpupool.core.model import ContainerAssignment
 from gpupool.nodeagent.assembly import AgentParts, build_agent
 from gpupool.nodeagent.dra.setup import DraOptions
 from gpupool.nodeagent.isolation.setup import IsolationConfig
+from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement
 from gpupool.nodeagent.lending.options import LendingOptions
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.options import AgentOptions, AgentOptionsError, RiskOptions
@@ -73,6 +74,9 @@ def test_lending_is_a_part_the_agent_is_built_with(node: AgentOptions, tmp_path:
             assert parts.lending.extra_devices(resource) == []
             assert parts.agent.device_list(resource) == parts.agent.layout.devices(resource, parts.agent.inventory)
         assert parts.lending.service.loans == {}
+        # each grant is told to the lending service (an owner booked on a lent card: docs/lending.md)
+        assert isinstance(parts.agent.enforcement, CheckpointEnforcement)
+        assert parts.agent.enforcement.granted == parts.lending.service.owner_granted
 
 
 def test_lending_without_the_monitor_is_refused_naming_the_flag(node: AgentOptions, tmp_path: Path) -> None:
