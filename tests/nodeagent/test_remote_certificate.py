@@ -1,0 +1,118 @@
+"""The node agent's own remote GPU serving certificate: key made on the node, asked of the signer, renewed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from gpupool.extender.http.certificates import issue_ca
+from gpupool.extender.remote_gpu_signer import LIFETIME, RequestSigner
+from gpupool.nodeagent.remote_certificate import (
+    CertificateRefused,
+    ServerCertificate,
+    load_or_make_key,
+)
+from tests.extender.csr_fakes import FakeCsrApi, node_json
+
+NODES = {"node-a": node_json("node-a", "10.0.0.1", "192.168.1.7")}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = dt.datetime.now(dt.UTC)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def ca() -> Any:
+    return issue_ca("gpupool-remote-gpu-ca")
+
+
+def signing_api(ca: Any, node: str = "node-a") -> FakeCsrApi:
+    """The stand-in apiserver with the extender's signer answering each request as it is created."""
+    api = FakeCsrApi(node=node)
+    signer = RequestSigner(api, ca, NODES.get)
+    api.on_create = lambda request: signer.answer(request)
+    return api
+
+
+def public(key: Any) -> bytes:
+    return bytes(key.public_key().public_bytes(serialization.Encoding.DER,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def test_the_key_is_made_on_the_node_once_and_kept_private(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "remote-gpu-tls.key"
+    first = load_or_make_key(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert public(load_or_make_key(path)) == public(first)  # an agent restart keeps it
+
+
+def test_the_certificate_is_issued_for_the_nodes_key_and_written_beside_it(ca: Any, tmp_path: Path) -> None:
+    api = signing_api(ca)
+    keeper = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path)
+    assert keeper.due() == "no certificate yet"
+    cert = keeper.obtain(wait_s=1, poll_s=0)
+    cert.verify_directly_issued_by(ca.certificate)
+    assert public(cert) == public(load_or_make_key(keeper.key_path))
+    assert keeper.current() == cert
+    assert keeper.due() == ""
+    # what the request carried: the public key and names, never the private key
+    sent = next(iter(api.items.values()))["spec"]["request"]
+    assert b"PRIVATE" not in sent.encode() and keeper.key_path.read_bytes() not in sent.encode()
+
+
+def test_it_is_due_again_after_two_thirds_of_its_life(ca: Any, tmp_path: Path) -> None:
+    clock = Clock()
+    keeper = ServerCertificate(signing_api(ca), "node-a", ["10.0.0.1"], tmp_path, now=clock)
+    keeper.obtain(wait_s=1, poll_s=0)
+    clock.now += LIFETIME * 0.6
+    assert keeper.due() == ""
+    clock.now += LIFETIME * 0.1
+    assert keeper.due().startswith("two thirds of its life are gone")
+    renew_at = keeper.renew_at()
+    assert renew_at is not None and clock.now > renew_at
+    old = keeper.current()
+    renewed = keeper.obtain(wait_s=1, poll_s=0)  # a new request (a new name), not the first one's answer
+    assert old is not None and renewed.serial_number != old.serial_number
+    assert len(keeper.api.items) == 2
+
+
+def test_new_addresses_or_a_new_key_make_it_due(ca: Any, tmp_path: Path) -> None:
+    api = signing_api(ca)
+    ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path).obtain(wait_s=1, poll_s=0)
+    moved = ServerCertificate(api, "node-a", ["10.0.0.1", "192.168.1.7"], tmp_path)
+    assert moved.due().startswith("it names ['10.0.0.1']")
+    moved.obtain(wait_s=1, poll_s=0)
+    assert moved.due() == ""
+    moved.key_path.unlink()  # a lost key: a new one is made, the old certificate no longer fits
+    assert moved.due() == "it is not for this node's key"
+
+
+def test_a_denied_request_raises_with_the_signers_reason(ca: Any, tmp_path: Path) -> None:
+    keeper = ServerCertificate(signing_api(ca), "node-a", ["10.9.9.9"], tmp_path)
+    with pytest.raises(CertificateRefused, match=r"Denied: 10\.9\.9\.9 is not among node node-a's addresses"):
+        keeper.obtain(wait_s=1, poll_s=0)
+    assert keeper.current() is None
+
+
+def test_no_answer_in_time_raises_and_the_same_request_is_waited_for_again(ca: Any, tmp_path: Path) -> None:
+    api = FakeCsrApi()  # no signer running
+    sleeps: list[float] = []
+    keeper = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path, sleep=sleeps.append)
+    with pytest.raises(CertificateRefused, match="no answer from the signer"):
+        keeper.obtain(wait_s=0, poll_s=0.5)
+    signer = RequestSigner(api, ca, NODES.get)
+    api.on_create = lambda request: signer.answer(request)  # not called: the request exists (409)
+    (pending,) = api.items.values()
+    signer.answer(dict(pending))
+    keeper.obtain(wait_s=1, poll_s=0)
+    assert api.calls.count("create") == 2 and len(api.items) == 1
+    assert keeper.due() == ""
