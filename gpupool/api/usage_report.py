@@ -24,6 +24,11 @@ registered process renewed, and ``"heartbeatStale"``, whether that is past the s
 optional (absent on nodes without the library, and from older agents); a reader that does not know
 them skips them.
 
+A container whose share came from DRA claims the node's driver prepared (docs/dra.md) carries
+``"claims"``, the names of those ResourceClaims in the pod's namespace (optional: absent for a
+grant by the pod's assignment, and from older agents); its limits are the claims' shares on the
+card, summed when it uses several there.
+
 A card some infrastructure holder keeps open (a host daemon such as nvidia-persistenced, or a
 process of a pod that asked for no GPU in an infrastructure namespace such as the GPU Operator's DCGM
 exporter; counted in ``holders`` but neither making the card busy nor keeping it from being lent:
@@ -59,7 +64,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.api.fields import SCHEMA_VERSION, AnnotationError, field, format_time, load_document, parse_time
@@ -103,6 +108,9 @@ class ContainerUsageReport:
     processes: int
     heartbeat_age_seconds: float | None = None
     heartbeat_stale: bool | None = None
+    claims: tuple[str, ...] = ()
+    """The prepared DRA ResourceClaims (in the pod's namespace) its grant on the card came from;
+    empty for a grant by the pod's assignment (the device plugin's)."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +205,19 @@ def _container_doc(row: ContainerUsageReport) -> dict[str, Any]:
     for attr, key, _ in _HEARTBEAT_FIELDS:
         if getattr(row, attr) is not None:
             doc[key] = getattr(row, attr)
+    if row.claims:
+        doc["claims"] = list(row.claims)
     return doc
+
+
+def _read_container(item: Any, where: str) -> ContainerUsageReport:
+    row = ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, where), **_optional(item, _HEARTBEAT_FIELDS, where))
+    if "claims" not in item:
+        return row
+    claims: list[Any] = field(item, "claims", list, where)
+    if not all(isinstance(name, str) and name for name in claims):
+        raise AnnotationError(f"{where}.claims: expected a list of claim names, got {claims!r}")
+    return replace(row, claims=tuple(claims))
 
 
 def decode_usage_report(text: str) -> NodeUsageReport:
@@ -209,8 +229,7 @@ def decode_usage_report(text: str) -> NodeUsageReport:
     for i, card in enumerate(cards):
         if card.state not in CARD_STATES:
             raise AnnotationError(f"{_WHAT}.cards[{i}].state: one of {', '.join(CARD_STATES)}, got {card.state!r}")
-    containers = tuple(ContainerUsageReport(**_read(item, _CONTAINER_FIELDS, f"{_WHAT}.containers[{i}]"),
-                                            **_optional(item, _HEARTBEAT_FIELDS, f"{_WHAT}.containers[{i}]"))
+    containers = tuple(_read_container(item, f"{_WHAT}.containers[{i}]")
                        for i, item in enumerate(_items(doc, "containers")))
     remote = tuple(_read_remote(item, f"{_WHAT}.remoteClients[{i}]")
                    for i, item in enumerate(_items(doc, "remoteClients") if "remoteClients" in doc else []))

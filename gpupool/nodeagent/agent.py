@@ -195,6 +195,11 @@ class NodeAgent:
         """The pods kubelet listed at the last PodResources read, as the pod source described them."""
         return list(self._views.values())
 
+    def prepared_claims(self) -> list[PodView]:
+        """The DRA claims prepared on this node as pod-like views (:attr:`claims_granted`); none
+        without the driver."""
+        return self.claims_granted() if self.claims_granted is not None else []
+
     def live_pods(self) -> dict[str, PodKey] | None:
         """Pod UID → (namespace, name) of every pod kubelet listed at the last PodResources read;
         ``None`` before the first read or while a listed pod could not be read (its UID unknown)."""

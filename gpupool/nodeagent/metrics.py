@@ -141,7 +141,7 @@ class NodeAgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
-        claims = agent.claims_granted() if agent.claims_granted is not None else []
+        claims = agent.prepared_claims()
         remote = remote_client_rows(self.remote_clients, agent.inventory)
         reports = card_reports(agent.node, agent.inventory, agent.listed_pods(), claims, remote_booked(remote))
         for name, documentation, value in CARD_GAUGES:
@@ -242,7 +242,8 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = (),
     async def usage(_request: web.Request) -> web.Response:
         if agent.monitor is None:
             return web.Response(status=404, text="the usage monitor is off (--no-usage-monitor)\n")
-        return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods())
+        return web.Response(text=usage_table(agent.node, agent.monitor, agent.inventory, agent.listed_pods(),
+                                             agent.prepared_claims())
                             + isolation_table(agent)
                             + remote_table(remote_client_rows(remote_clients, agent.inventory)))
 
@@ -251,7 +252,7 @@ def metrics_app(agent: NodeAgent, extra: Iterable[Collector] = (),
             return web.json_response({"error": "the usage monitor is off (--no-usage-monitor)"}, status=404)
         report = usage_report(agent.node, agent.monitor, agent.inventory, agent.listed_pods(),
                               container_heartbeats(agent.enforcement),
-                              remote_client_rows(remote_clients, agent.inventory))
+                              remote_client_rows(remote_clients, agent.inventory), agent.prepared_claims())
         return web.Response(text=encode_usage_report(report), content_type="application/json")
 
     app = web.Application()

@@ -89,7 +89,7 @@ class UsageCollector(Collector):
                                        monitor.transitions.get((row.card.index, new), 0))
         yield transitions
         containers = {name: GaugeMetricFamily(name, doc, labels=CONTAINER_LABELS) for name, doc in CONTAINER_GAUGES}
-        for c in container_rows(agent.node, monitor, inventory, agent.listed_pods()):
+        for c in container_rows(agent.node, monitor, inventory, agent.listed_pods(), agent.prepared_claims()):
             labels = [agent.node, c.namespace, c.pod, c.container, str(c.card)]
             amounts = (c.memory_used_mib * BYTES_PER_MIB, c.memory_limit_mib * BYTES_PER_MIB, c.sm_percent / 100,
                        c.compute_share_percent / 100)

@@ -22,6 +22,7 @@ from gpupool.api.usage_report import (
 )
 from gpupool.core.model import GpuCard
 from gpupool.nodeagent.container_grant import compute_percent
+from gpupool.nodeagent.container_shares import claims_on_cards, grants_of
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.shim_registry import Heartbeat
 from gpupool.nodeagent.monitor.service import UsageMonitor
@@ -70,17 +71,18 @@ def card_rows(monitor: UsageMonitor, inventory: GpuInventory) -> tuple[CardUsage
 _Key = tuple[str, str, str, int]  # namespace, pod, container, card
 
 
-def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
-                   pods: Iterable[PodView]) -> tuple[ContainerUsageRow, ...]:
-    """Containers with a grant on this node's cards or holding one, ordered by name and card."""
+def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView],
+                   claims: Iterable[PodView] = ()) -> tuple[ContainerUsageRow, ...]:
+    """Containers with a grant on this node's cards or holding one, ordered by name and card. A
+    grant is the pod's assignment's or, for a container using DRA claims the node prepared
+    (``claims``, :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods`), the claims' shares
+    (:func:`~gpupool.nodeagent.container_shares.grants_of`, the risk checks' reading)."""
+    pods, claims = list(pods), list(claims)
     limits: dict[_Key, tuple[int, int]] = {}
-    for pod in pods:
-        if pod.terminated or pod.assignment is None or pod.assignment.placement.node not in ("", node):
-            continue
-        for assignment in pod.assignment.placement.containers:
-            for s in assignment.slices:
-                limits[(pod.namespace, pod.name, assignment.container, s.card)] = (
-                    s.memory_mib, compute_percent(s.compute))
+    for (namespace, pod_name, container), held in grants_of(node, pods, claims).items():
+        for s in held.values():
+            limits[(namespace, pod_name, container, s.card)] = (s.memory_mib, compute_percent(s.compute))
+    from_claims = claims_on_cards(pods, claims)
     used: dict[_Key, tuple[int, int, int]] = {}
     state, sample = monitor.state, monitor.last_sample
     for card in inventory.cards:
@@ -102,26 +104,27 @@ def container_rows(node: str, monitor: UsageMonitor, inventory: GpuInventory,
         memory_limit, share = limits.get(key, (0, 0))
         memory, sm, count = used.get(key, (0, 0, 0))
         rows.append(ContainerUsageRow(*key, memory_used_mib=memory, memory_limit_mib=memory_limit,
-                                      sm_percent=min(sm, 100), compute_share_percent=share, processes=count))
+                                      sm_percent=min(sm, 100), compute_share_percent=share, processes=count,
+                                      claims=from_claims.get(key, ())))
     return tuple(rows)
 
 
 def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView],
                  heartbeats: Mapping[tuple[str, str, str], Heartbeat] | None = None,
-                 remote: Iterable[RemoteClientRow] = ()) -> NodeUsageReport:
+                 remote: Iterable[RemoteClientRow] = (), claims: Iterable[PodView] = ()) -> NodeUsageReport:
     """The same as :func:`usage_table`, as the contract's document (``/usage.json``); with
     ``heartbeats`` (where the interception library runs) each row of a container with registered
     processes carries its heartbeat age and stale flag; ``remote`` are the clients the node's GPU
-    server serves (:func:`gpupool.nodeagent.remote_usage.remote_client_rows`)."""
+    server serves (:func:`gpupool.nodeagent.remote_usage.remote_client_rows`); ``claims`` the DRA
+    claims the node prepared (:func:`container_rows`)."""
     cards = tuple(CardUsageReport(index=r.card.index, uuid=r.card.uuid, model=r.card.model, state=r.state.value,
                                   utilization_percent=r.utilization_percent, memory_used_mib=r.memory_used_mib,
                                   memory_total_mib=r.memory_total_mib, holders=r.holders,
                                   idle_seconds=float(r.idle_seconds), infrastructure_holders=r.infrastructure_holders)
                   for r in card_rows(monitor, inventory))
-    containers = container_rows(node, monitor, inventory, pods)
+    containers = container_rows(node, monitor, inventory, pods, claims)
     if heartbeats:
-        containers = tuple(_with_heartbeat(row, heartbeats.get((row.namespace, row.pod, row.container)))
-                           for row in containers)
+        containers = tuple(_with_heartbeat(row, _heartbeat_of(row, heartbeats)) for row in containers)
     source = monitor.source.name if monitor.source is not None else "none"
     remote_clients = tuple(RemoteClientUsageReport(
         r.namespace, r.pod, r.card, r.uuid, r.memory_mib, r.compute_percent, r.connections,
@@ -131,14 +134,28 @@ def usage_report(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods
     return NodeUsageReport(node, source, float(monitor.config.idle_after), cards, containers, remote_clients)
 
 
+def _heartbeat_of(row: ContainerUsageRow, heartbeats: Mapping[tuple[str, str, str], Heartbeat]) -> Heartbeat | None:
+    """The row's container's heartbeat: its own registration's or, for a container whose grant came
+    from DRA claims, the stalest of its claims' (the library registers a claim's processes under the
+    claim's name, ``GPUPOOL_CONTAINER``, shared by every container using the claim)."""
+    own = heartbeats.get((row.namespace, row.pod, row.container))
+    if own is not None and own.processes:
+        return own
+    beats = [b for b in (heartbeats.get((row.namespace, row.pod, claim)) for claim in row.claims)
+             if b is not None and b.processes]
+    return max(beats, key=lambda b: b.age_s, default=own)
+
+
 def _with_heartbeat(row: ContainerUsageRow, beat: Heartbeat | None) -> ContainerUsageRow:
     if beat is None or not beat.processes:
         return row
     return replace(row, heartbeat_age_seconds=round(beat.age_s, 3), heartbeat_stale=beat.stale)
 
 
-def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView]) -> str:
-    """The ``/usage`` page: a per-card table, then a per-container table (plain text)."""
+def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods: Iterable[PodView],
+                claims: Iterable[PodView] = ()) -> str:
+    """The ``/usage`` page: a per-card table, then a per-container table (plain text; ``CLAIMS``
+    names the DRA claims a container's grant on the card came from, ``-`` for an assignment's)."""
     source = monitor.source.name if monitor.source is not None else "none"
     lines = [f"node {node}  event source: {source}  idle after: {monitor.config.idle_after:g} s", "",
              f"{'CARD':<5}{'MODEL':<16}{'STATE':<7}{'UTIL%':>6}{'MEM USED/TOTAL MiB':>22}{'HOLDERS':>9}"
@@ -150,12 +167,12 @@ def usage_table(node: str, monitor: UsageMonitor, inventory: GpuInventory, pods:
                      f"{used + '/' + str(row.memory_total_mib):>22}{_holders_cell(row):>9}"
                      f"{row.idle_seconds:>9.0f}")
     lines += ["", f"{'NAMESPACE/POD/CONTAINER':<48}{'CARD':>5}{'MEM USED/LIMIT MiB':>20}{'SM%/SHARE%':>12}"
-                  f"{'PROCS':>7}"]
-    for c in container_rows(node, monitor, inventory, pods):
+                  f"{'PROCS':>7}  CLAIMS"]
+    for c in container_rows(node, monitor, inventory, pods, claims):
         name = f"{c.namespace}/{c.pod}/{c.container or '?'}"
         share = str(c.compute_share_percent) if c.compute_share_percent else "-"
         lines.append(f"{name[:47]:<48}{c.card:>5}{f'{c.memory_used_mib}/{c.memory_limit_mib}':>20}"
-                     f"{f'{c.sm_percent}/{share}':>12}{c.processes:>7}")
+                     f"{f'{c.sm_percent}/{share}':>12}{c.processes:>7}  {','.join(c.claims) or '-'}")
     return "\n".join(lines) + "\n"
 
 

@@ -75,3 +75,17 @@ def test_infrastructure_holders_are_an_optional_card_field() -> None:
     assert json.loads(text)["cards"][0]["infrastructureHolders"] == 1 and decode_usage_report(text) == report
     assert "infrastructureHolders" not in encode_usage_report(REPORT)  # absent when none, as from older agents
     assert decode_usage_report(encode_usage_report(REPORT)).cards[0].infrastructure_holders == 0
+
+
+def test_a_containers_claims_are_optional_both_ways() -> None:
+    """A DRA container's row names the claims its grant came from (issue 24); an assignment's has none,
+    and an older agent's report, without the field, reads as none."""
+    dra = ContainerUsageReport("ml", "infer", "main", 1, 2000, 4096, 25, 30, 1, claims=("infer-gpu", "extra"))
+    report = NodeUsageReport("n1", "proc-scan", 600.0, (), (dra, *REPORT.containers))
+    doc = json.loads(encode_usage_report(report))
+    assert doc["containers"][0]["claims"] == ["infer-gpu", "extra"] and "claims" not in doc["containers"][1]
+    assert decode_usage_report(encode_usage_report(report)) == report
+    for bad in ("infer-gpu", [""], [3]):
+        doc["containers"][0]["claims"] = bad
+        with pytest.raises(AnnotationError, match=r"containers\[0\]\.claims"):
+            decode_usage_report(json.dumps(doc))

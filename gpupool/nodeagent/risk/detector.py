@@ -18,10 +18,12 @@ grant on the card has nothing to wait for and the driver's figures are facts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpupool.core.model import CardSlice
+from gpupool.nodeagent.container_shares import ContainerName as ContainerName
+from gpupool.nodeagent.container_shares import grants_of as grants_of
 from gpupool.nodeagent.monitor.usage_sampling import UsageSample
 from gpupool.nodeagent.monitor.usage_state import Holder, UsageState
 from gpupool.nodeagent.risk.backstop import (
@@ -32,12 +34,8 @@ from gpupool.nodeagent.risk.backstop import (
     region_tampered,
 )
 from gpupool.nodeagent.risk.findings import Risk, RiskKind
-from gpupool.nodeagent.types import PodView
 
 DEFAULT_GRACE_S = 10.0
-
-ContainerName = tuple[str, str, str]
-"""(namespace, pod, container)."""
 
 Registered = Callable[[str, str, str], frozenset[int]]
 """(namespace, pod, container) → host pids registered with the interception library."""
@@ -71,38 +69,6 @@ class NodeView:
     """The registered processes' heartbeats where the interception library runs; ``None`` elsewhere."""
     stale_after_s: float = 30.0
     """A registered process not renewed for longer than this while it holds a card is stale."""
-
-
-def grants_of(node: str, pods: Iterable[PodView], claims: Iterable[PodView] = ()) -> dict[ContainerName,
-                                                                                       dict[int, CardSlice]]:
-    """What each container of the running pods placed on this node holds, per card: its
-    assignment's slices, and the shares of the prepared DRA ``claims`` it uses (as
-    :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods` views them, one container named
-    after the claim). A container using two claims on one card holds their sum there."""
-    by_claim: dict[tuple[str, str], tuple[CardSlice, ...]] = {}
-    for claim in claims:
-        if claim.assignment is not None:
-            for assignment in claim.assignment.placement.containers:
-                by_claim[(claim.namespace, assignment.container)] = assignment.slices
-    grants: dict[ContainerName, dict[int, CardSlice]] = {}
-    for pod in pods:
-        if pod.terminated:
-            continue
-        if pod.assignment is not None and pod.assignment.placement.node in ("", node):
-            for assignment in pod.assignment.placement.containers:
-                slices = grants.setdefault((pod.namespace, pod.name, assignment.container), {})
-                for piece in assignment.slices:
-                    slices[piece.card] = piece
-        for container in pod.containers:
-            for claim_name in container.claims:
-                held = grants.setdefault((pod.namespace, pod.name, container.name), {})
-                for piece in by_claim.get((pod.namespace, claim_name), ()):
-                    held[piece.card] = _sum(held[piece.card], piece) if piece.card in held else piece
-    return grants
-
-
-def _sum(a: CardSlice, b: CardSlice) -> CardSlice:
-    return CardSlice(a.card, a.memory_mib + b.memory_mib, a.compute + b.compute, exclusive=a.exclusive or b.exclusive)
 
 
 def detect(view: NodeView, grace_s: float = DEFAULT_GRACE_S) -> list[Risk]:
