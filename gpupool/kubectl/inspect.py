@@ -41,17 +41,22 @@ class HolderView:
     remote_live: RemoteClientLive | None = None
     """For a remote share, its live state as this card's node's GPU server reports it; None when not a
     remote share or when that node's report was not read."""
+    used_by: tuple[str, ...] = ()
+    """For a DRA claim, the containers that got their share through it (``namespace/pod/container``,
+    or ``namespace/pod`` for a reserved pod none of whose containers names it)."""
 
     def shown(self) -> str:
         """``namespace/pod/container (2048MiB, 30%)``, ``(whole card)`` for an exclusive holder,
-        ``namespace/claim:name (...)`` for a DRA claim (booked as one container named after it);
+        ``namespace/claim:name (...) used by namespace/pod/container`` for a DRA claim (booked as one
+        container named after it; ``used by`` once a pod it is reserved for is read);
         ``remote from NODE`` for a pod using the card over the network from another node, followed by
         its live state where the server's node agent reported (``, connected (2 connections)``)."""
         share = "whole card" if self.exclusive else f"{self.memory_mib}MiB, {percent(self.compute)}"
         remote = None if self.remote_from is None else f" remote from {self.remote_from or '(not bound yet)'}"
         if remote is not None and self.remote_live is not None:
             remote += f", {self.remote_live.shown()}"
-        marks = "".join((" init" if self.init else "", " binding" if self.unbound else "", remote or ""))
+        users = f" used by {', '.join(self.used_by)}" if self.used_by else ""
+        marks = "".join((" init" if self.init else "", " binding" if self.unbound else "", remote or "", users))
         holder = self.pod if self.container == self.pod else f"{self.pod}/{self.container}"  # a DRA claim
         return f"{holder} ({share}){marks}"
 
@@ -140,7 +145,7 @@ def _holders(snapshot: ClusterSnapshot, row: int, usage: UsageSource) -> dict[in
                 found.setdefault(piece.card, []).append(HolderView(
                     pod=key, container=assigned.container, memory_mib=piece.memory_mib, compute=piece.compute,
                     exclusive=piece.exclusive, init=assigned.init, unbound=key in snapshot.unbound,
-                    remote_from=remote_from, remote_live=live))
+                    remote_from=remote_from, remote_live=live, used_by=snapshot.claim_users.get(key, ())))
     return found
 
 
@@ -207,7 +212,8 @@ def _card_json(card: CardView) -> dict[str, Any]:
                                                    "memoryUsedMiB": card.usage.memory_used_mib},
         "holders": [{"pod": h.pod, "container": h.container, "init": h.init, "memoryMiB": h.memory_mib,
                      "computeMilli": h.compute, "exclusive": h.exclusive, "binding": h.unbound,
-                     "remoteFrom": h.remote_from, "remoteLive": _remote_json(h.remote_live)}
+                     "remoteFrom": h.remote_from, "remoteLive": _remote_json(h.remote_live),
+                     "usedBy": list(h.used_by)}
                     for h in card.holders],
     }
 

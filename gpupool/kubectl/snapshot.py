@@ -28,6 +28,7 @@ from gpupool.kube.node_enforcement import node_notice, refusal_of, unreadable_re
 from gpupool.kube.pod_holding import HoldingKind, holding, pod_record
 from gpupool.kube.translate import TranslationError, node_spec
 from gpupool.kubectl.agent_checks import checks_trouble
+from gpupool.kubectl.claim_users import ClaimUsers
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class ClusterSnapshot:
     remote: Mapping[str, str] = field(default_factory=dict)
     """Pods (``namespace/name``) holding a remote share: the slice is booked on a card of the GPU
     server's node, the pod runs on the node given here ("" while it is not bound yet)."""
+    claim_users: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per booked DRA claim (``namespace/claim:name``), the containers that got their share through
+    it (``namespace/pod/container``; :mod:`gpupool.kubectl.claim_users`); absent when none is known."""
 
 
 def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -100,6 +104,7 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
     unbound: set[str] = set()
     remote: dict[str, str] = {}
     requests: list[PodRequest] = []
+    pods = list(pods)
     for raw in pods:
         booking = _booking(raw, names, state, now, unconfirmed_timeout_s)
         if booking is None or booking.key in leave_out:
@@ -122,20 +127,23 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[st
             unbound.add(booking.key)
         if booking.runs_on is not None:
             remote[booking.key] = booking.runs_on
-    _book_claims(claims, driver_name(names.domain), state, node_problems, pod_problems)
+    claim_users = _book_claims(claims, driver_name(names.domain), state, node_problems, pod_problems,
+                               ClaimUsers(pods))
     node_problems.pop("", None)
     return ClusterSnapshot(state=state, node_problems=node_problems, pod_problems=pod_problems,
                            unbound=frozenset(unbound), listed=listed,
                            requests=tuple(requests), enforcement=enforcement, share_refusals=share_refusals,
-                           agent_checks=agent_checks, remote=remote)
+                           agent_checks=agent_checks, remote=remote, claim_users=claim_users)
 
 
 def _book_claims(claims: Iterable[Mapping[str, Any]], driver: str, state: ClusterState,
-                 node_problems: dict[str, str], pod_problems: dict[str, str]) -> None:
+                 node_problems: dict[str, str], pod_problems: dict[str, str],
+                 users: ClaimUsers) -> dict[str, tuple[str, ...]]:
     """Book each claim allocated from ``driver`` on the node its pool names (a claim whose node is
     not in the ledger holds nothing here, as in the extender). One whose allocation cannot be read
     refuses its node, with the extender's sentence; its key (``namespace/claim:name``) is listed
-    among the pod problems."""
+    among the pod problems. Returns the containers using each booked claim (where any is known)."""
+    used_by: dict[str, tuple[str, ...]] = {}
     for obj in claims:
         record = read_claim(obj, driver)
         if record is None:
@@ -150,6 +158,11 @@ def _book_claims(claims: Iterable[Mapping[str, Any]], driver: str, state: Cluste
                 state.claim(placement)
             except AllocationError as exc:
                 pod_problems[record.key] = f"cannot book its allocation: {exc}"
+                continue
+            found = users.of(record.key, record.users)
+            if found:
+                used_by[record.key] = found
+    return used_by
 
 
 def _read_enforcement(raw: Mapping[str, Any], name: str, names: ResourceNames,

@@ -68,12 +68,30 @@ def placed(name: str, node: str, card: int, units: int, *, container: str = "mai
 
 
 def dra_claim(name: str, node: str, *, card: int = 0, memory: str | None = None, compute: str | None = None,
-              namespace: str = "team", driver: str = "gpu.gpupool.io") -> dict[str, Any]:
+              namespace: str = "team", driver: str = "gpu.gpupool.io",
+              reserved_for: tuple[str, ...] = ()) -> dict[str, Any]:
     """A ResourceClaim allocated on ``node``'s card ``card`` (its pool is the node), consuming
-    ``memory`` and ``compute`` (none: the whole card)."""
+    ``memory`` and ``compute`` (none: the whole card), reserved for the pods named (``uid-<name>``)."""
     consumed = {k: v for k, v in (("memory", memory), ("compute", compute)) if v is not None}
     result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": node, "device": f"gpu-{card}",
                               **({"consumedCapacity": consumed} if consumed else {})}
+    status: dict[str, Any] = {"allocation": {"devices": {"results": [result]}}}
+    if reserved_for:
+        status["reservedFor"] = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"} for pod in reserved_for]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
-            "status": {"allocation": {"devices": {"results": [result]}}}}
+            "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"}, "status": status}
+
+
+def claim_pod(name: str, node: str, uses: dict[str, list[str]], *, claim: str = "", template: str = "",
+              namespace: str = "team") -> dict[str, Any]:
+    """A running pod on ``node`` with one ``resourceClaims`` entry ``gpu``: the ResourceClaim ``claim``,
+    or one made from a template and named ``template`` in its status; ``uses``: each container's
+    ``resources.claims`` entries."""
+    entry = {"name": "gpu", "resourceClaimName": claim} if claim else {"name": "gpu",
+                                                                       "resourceClaimTemplateName": "gpu-template"}
+    containers = [{"name": c, "resources": {"claims": [{"name": e} for e in used]}} for c, used in uses.items()]
+    status: dict[str, Any] = {"phase": "Running"}
+    if template:
+        status["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": template}]
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": {}},
+            "spec": {"nodeName": node, "resourceClaims": [entry], "containers": containers}, "status": status}

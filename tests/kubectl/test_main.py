@@ -15,7 +15,7 @@ from gpupool.api.usage_report import CardUsageReport, NodeUsageReport, encode_us
 from gpupool.kubectl import connection as kube
 from gpupool.kubectl.main import cli, scheduler_message
 from tests.extender.tenancy_world import quota
-from tests.kubectl.objects import assignment, dra_claim, gpu_node, gpu_pod, placed
+from tests.kubectl.objects import assignment, claim_pod, dra_claim, gpu_node, gpu_pod, placed
 
 NODES = [gpu_node("a", [16384])]
 PODS = [placed("holder", "a", 0, 60), gpu_pod("waiting", 32), placed("small", "a", 0, 1, container="c")]
@@ -218,6 +218,32 @@ def test_a_dra_claim_holds_its_card_in_inspect_and_why(cluster: list[tuple[str, 
     assert run("inspect").output.splitlines()[1].endswith("  team/claim:c (8192MiB, 30%)")
     assert json.loads(run("why", "waiting", "-o", "json").output)["groups"][0]["reason"] == \
         "no single card has 8192 MiB free"
+
+
+def test_inspect_names_the_containers_that_got_their_share_through_a_claim(
+        cluster: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: a claim's holder line names the containers using it, through the pod's
+    resourceClaims (a template's claim through resourceClaimStatuses), among the pods it is reserved
+    for; a container of the pod that does not use it is not named, and a reserved pod none of whose
+    containers names it is named by itself."""
+    monkeypatch.setattr(sys.modules[__name__], "NODES", [gpu_node("a", [16384, 16384])])
+    monkeypatch.setattr(sys.modules[__name__], "PODS", [
+        claim_pod("infer", "a", {"main": ["gpu"], "side": []}, claim="c"),
+        claim_pod("tpl", "a", {"app": ["gpu"]}, template="tpl-x7k2p"),
+        claim_pod("lonely", "a", {"app": []}, claim="c"),
+        claim_pod("pending", "a", {"app": ["gpu"]}, claim="c")])  # names it, not reserved: not a user yet
+    monkeypatch.setattr(sys.modules[__name__], "CLAIMS", [
+        dra_claim("c", "a", memory="4Gi", compute="30", reserved_for=("infer", "lonely")),
+        dra_claim("tpl-x7k2p", "a", card=1, reserved_for=("tpl",)),
+        dra_claim("unused", "a", card=0, memory="1Gi", compute="10")])
+    doc = json.loads(run("inspect", "a", "-o", "json").output)
+    holders = [[(h["pod"], h["usedBy"]) for h in card["holders"]] for card in doc["nodes"][0]["cards"]]
+    assert holders == [[("team/claim:c", ["team/infer/main", "team/lonely"]), ("team/claim:unused", [])],
+                       [("team/claim:tpl-x7k2p", ["team/tpl/app"])]]
+    lines = run("inspect").output.splitlines()
+    assert lines[1].endswith("  team/claim:c (4096MiB, 30%) used by team/infer/main, team/lonely")
+    assert lines[2].endswith("  team/claim:unused (1024MiB, 10%)")
+    assert lines[3].endswith("  team/claim:tpl-x7k2p (whole card) used by team/tpl/app")
 
 
 def test_claims_that_cannot_be_listed_are_a_note(cluster: list[tuple[str, str]],
