@@ -1,4 +1,5 @@
-"""``gpupool certs bootstrap``: the extender's CA, serving and client certificates, once, into Secrets.
+"""``gpupool certs bootstrap``: the extender's CA, serving and client certificates, once, into Secrets;
+``gpupool certs remote-gpu-ca``: the CA that signs GPU nodes' remote GPU serving certificates.
 
 The work is in :mod:`gpupool.extender.http.cert_secrets`; this module parses flags, writes the
 client's files where kube-scheduler reads them, and says what it did.
@@ -94,3 +95,22 @@ def bootstrap(namespace: str, secret: str, services: tuple[str, ...], hosts: tup
                 click.echo(f"{verb} {', '.join(map(str, done))}")
         if injected.missing:
             click.echo(f"not found after {webhook_wait:g} s, left alone: {', '.join(map(str, injected.missing))}")
+
+
+@certs.command("remote-gpu-ca")
+@click.option("--namespace", default="kube-system", show_default=True, help="Namespace of the Secret.")
+@click.option("--secret", default="gpupool-remote-gpu-ca", show_default=True,
+              help="The Secret (tls.crt, tls.key) the extender's --remote-gpu-signer names.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: in-cluster, then ~/.kube/config.")
+def remote_gpu_ca(namespace: str, secret: str, kubeconfig: str | None) -> None:
+    """Create the CA of GPU nodes' remote GPU serving certificates into a Secret, unless it exists
+    (idempotent; docs/remote-gpu.md, "Trust")."""
+    from kubernetes import client
+
+    from gpupool.extender.http.cert_secrets import ensure_ca
+    from gpupool.kube.client_config import api_configuration
+
+    core_v1 = client.CoreV1Api(client.ApiClient(api_configuration(kubeconfig)))
+    _, made = ensure_ca(core_v1, namespace, secret, "gpupool-remote-gpu-ca")
+    click.echo(f"wrote Secret {namespace}/{secret}" if made else f"Secret {namespace}/{secret} already exists; "
+               "nothing changed")

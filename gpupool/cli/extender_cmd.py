@@ -125,6 +125,9 @@ class ExtenderOptions:
     priority is :attr:`cluster`'s threshold."""
     scheduler_name: str = GPUPOOL_SCHEDULER
     """The scheduler the pod-scheduler webhook (on the admission port) gives GPU pods (docs/extender.md)."""
+    remote_gpu_signer: tuple[str, str] | None = None
+    """The CA Secret (namespace, name) the leader signs GPU nodes' serving certificates with
+    (gpupool/extender/remote_gpu_signer.py); None: no signing."""
     remote_client_image: str | None = None
     """gpupool's image: the pod-scheduler webhook gives remote-share pods an init container of it that
     installs the GPU client, and mounts their grant (docs/remote-gpu.md); None: the extender's own
@@ -277,6 +280,13 @@ def run_extender(options: ExtenderOptions) -> None:
         replica.requeue.start(replica.stop)  # nudges preemptors whose victims are gone (gpupool/extender/requeue.py)
     if replica.wakeup is not None:
         replica.wakeup.start(replica.stop)  # nudges refused pods a change lets fit (gpupool/extender/wakeup.py)
+    if options.remote_gpu_signer is not None:  # GPU nodes' own serving certificates (docs/remote-gpu.md, "Trust")
+        from kubernetes import client
+
+        from gpupool.extender.remote_gpu_signer import CaSecret, start_signer
+
+        start_signer(client.CertificatesV1Api(core_v1.api_client), core_v1,
+                     CaSecret(core_v1, *options.remote_gpu_signer), replica.stop, service.is_leader)
     cache = replica.cache
     api = ExtenderApi(service, names, ExtenderMetrics(ledger=cache), max_body_bytes=options.max_body_bytes,
                       requests=cache.requests,
@@ -451,6 +461,11 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
                    "remote share an init container of it installing the GPU client, LD_PRELOAD and its grant "
                    "Secret's volume (docs/remote-gpu.md, \"What the webhook injects\"); 'none': nothing injected "
                    "[default: the extender's own image, read from --leader-pod; without it nothing injected].")
+@click.option("--remote-gpu-signer", default=None, metavar="NAMESPACE/SECRET",
+              help="Sign GPU nodes' own remote GPU serving certificates (CertificateSigningRequests of signer "
+                   "gpupool.io/remote-gpu-server from the node agents, each checked against the requester's node; "
+                   "docs/remote-gpu.md, \"Trust\") with the CA in this kubernetes.io/tls Secret (gpupool certs "
+                   "bootstrap --remote-gpu-ca) [default: not signed].")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
 @click.option("--dra-claims/--no-dra-claims", default=False, show_default=True,
@@ -481,10 +496,12 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
              health_port: int | None, tls_reload_interval: float,
              tenancy: bool,
              admission_port: int | None, creator_subjects_webhook: bool, scheduler_name: str,
-             remote_client_image: str | None, lending: bool,
+             remote_client_image: str | None, remote_gpu_signer: str | None, lending: bool,
              dra_claims: bool, steer_claim_pods: bool, verbose: bool, server_limits: ServerLimits,
              cluster_flags: ClusterFlags) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
+    from gpupool.extender.remote_gpu_signer import secret_ref
+
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = tls_files(tls_cert_file, tls_private_key_file, client_ca_file)
@@ -506,6 +523,10 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
         own_pod = pod_ref(leader_pod) if leader_pod else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--leader-pod") from None
+    try:
+        signer_ca = secret_ref(remote_gpu_signer) if remote_gpu_signer else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--remote-gpu-signer") from None
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     log.info("cluster settings: %s", describe(cluster, cluster_flags))
     run_extender(ExtenderOptions(host=host, port=port, url_prefix=url_prefix, kubeconfig=kubeconfig,
@@ -522,4 +543,4 @@ def extender(host: str, port: int, url_prefix: str, kubeconfig: str | None,
                                  admission_port=admission_port, creator_subjects_webhook=creator_subjects_webhook,
                                  lending=lending, dra_claims=dra_claims, steer_claim_pods=steer_claim_pods,
                                  scheduler_name=scheduler_name, remote_client_image=remote_client_image,
-                                 server_limits=server_limits))
+                                 remote_gpu_signer=signer_ca, server_limits=server_limits))

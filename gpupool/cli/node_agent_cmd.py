@@ -190,6 +190,11 @@ def _names(value: str) -> tuple[str, ...]:
 @click.option("--remote-gpu-tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
               help="The CA (PEM) clients check the server's certificate with: handed to each client pod in its "
                    "Secret (key remote_tls_ca.pem).")
+@click.option("--remote-gpu-tls-from-cluster", is_flag=True,
+              help="Serve TLS with this node's own certificate, asked of the cluster's signer "
+                   "(gpupool.io/remote-gpu-server, the extender's --remote-gpu-signer) for the node's name and "
+                   "the --remote-gpu-endpoint IP; the key is made on the node and never leaves it; renewed "
+                   "after two thirds of its life. Instead of --remote-gpu-tls-cert/-key.")
 @click.option("--remote-gpu-enforce-compute", is_flag=True,
               help="Hold each remote client to its compute share (its calls run under the interception library).")
 @click.option("--remote-gpu-allow-plain", is_flag=True,
@@ -221,7 +226,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
                remote_gpu_tls_cert: str | None, remote_gpu_tls_key: str | None, remote_gpu_tls_ca: str | None,
-               remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool, check_only: bool,
+               remote_gpu_tls_from_cluster: bool, remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool,
+               check_only: bool,
                exit_on_failed_check: bool, verbose: bool, server_limits: ServerLimits,
                cluster_flags: ClusterFlags) -> None:
     """Serve gpupool's kubelet device plugins and keep this node's GPU annotations current."""
@@ -280,7 +286,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                           cuda_checkpoint_timeout, state_dir) if lending else None
     remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir,
                              RemoteServerFlags(remote_gpu_tls_cert, remote_gpu_tls_key, remote_gpu_tls_ca,
-                                               remote_gpu_enforce_compute, remote_gpu_allow_plain))
+                                               remote_gpu_enforce_compute, remote_gpu_allow_plain,
+                                               remote_gpu_tls_from_cluster))
     try:
         options = AgentOptions(
             node_name, fake_gpus=fake_gpus, plugin_dir=plugin_dir, pod_resources_socket=pod_resources_socket,
@@ -309,11 +316,13 @@ class RemoteServerFlags:
     tls_ca: str | None = None
     enforce_compute: bool = False
     allow_plain: bool = False
+    tls_from_cluster: bool = False
 
     def given(self) -> list[str]:
         """The flags set, spelled as on the command line."""
         return [flag for flag, value in (("--remote-gpu-tls-cert", self.tls_cert),
                                          ("--remote-gpu-tls-key", self.tls_key), ("--remote-gpu-tls-ca", self.tls_ca),
+                                         ("--remote-gpu-tls-from-cluster", self.tls_from_cluster),
                                          ("--remote-gpu-enforce-compute", self.enforce_compute),
                                          ("--remote-gpu-allow-plain", self.allow_plain)) if value]
 
@@ -397,6 +406,8 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
         return None
     if (flags.tls_cert is None) != (flags.tls_key is None):
         raise click.UsageError("--remote-gpu-tls-cert and --remote-gpu-tls-key go together")
+    if flags.tls_from_cluster:
+        return _own_certificate_options(listen, endpoint, state_dir, flags)
     if flags.tls_ca is not None and flags.tls_cert is None:
         raise click.UsageError("--remote-gpu-tls-ca is the CA of the server's TLS certificate: "
                                "give --remote-gpu-tls-cert and --remote-gpu-tls-key too")
@@ -414,6 +425,35 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
         raise click.BadParameter(str(exc), param_hint="--remote-gpu-server") from None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _own_certificate_options(listen: str, endpoint: str | None, state_dir: str,
+                             flags: RemoteServerFlags) -> RemoteGpuOptions:
+    """``--remote-gpu-tls-from-cluster``: TLS with the node's own certificate for the endpoint's IP."""
+    import ipaddress
+    from pathlib import Path
+
+    from gpupool.nodeagent.remote_setup import CLIENTS_FILE, RemoteGpuOptions, host_port
+
+    if flags.tls_cert is not None:
+        raise click.UsageError("--remote-gpu-tls-from-cluster asks for the node's certificate: "
+                               "give it or --remote-gpu-tls-cert/--remote-gpu-tls-key, not both")
+    try:
+        listen = host_port(listen, "--remote-gpu-server")
+        dialled = host_port(endpoint or listen, "--remote-gpu-endpoint")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    host = dialled.rpartition(":")[0].strip("[]")
+    try:
+        address = str(ipaddress.ip_address(host))
+    except ValueError:
+        raise click.BadParameter(f"{dialled}: the node's certificate names the IP clients dial; give "
+                                 "--remote-gpu-endpoint IP:PORT (the chart and kustomize give $(HOST_IP))",
+                                 param_hint="--remote-gpu-endpoint") from None
+    return RemoteGpuOptions(listen, dialled, Path(state_dir) / CLIENTS_FILE,
+                            client_ca=_read_ca(flags.tls_ca) if flags.tls_ca is not None else None,
+                            enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain,
+                            own_certificate=(address,))
 
 
 def _read_ca(path: str) -> str:

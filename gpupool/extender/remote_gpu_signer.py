@@ -16,7 +16,8 @@ requester, never from what the requester says of itself:
 other than the names checked are ignored), valid :data:`LIFETIME` or the request's
 ``expirationSeconds`` when shorter (at least :data:`MIN_LIFETIME`). :class:`RequestSigner` applies
 both to a request read from the API: approve and sign, or deny with the reason (the agent reads the
-reason from the request's conditions and logs it).
+reason from the request's conditions and logs it). :func:`start_signer` runs it in the extender
+(``--remote-gpu-signer NAMESPACE/SECRET``, the CA's Secret), on the leader, every few seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import base64
 import datetime as dt
 import ipaddress
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -155,7 +157,8 @@ def lifetime(request: Mapping[str, Any]) -> dt.timedelta:
 
 
 def sign(ca: KeyPair, request: Mapping[str, Any], now: dt.datetime | None = None) -> bytes:
-    """The PEM certificate for a request :func:`judge` approved: its node, its names, ``serverAuth``."""
+    """The PEM chain for a request :func:`judge` approved: the certificate (its node, its names,
+    ``serverAuth``) then the CA's, which the agent hands to its clients to check the server with."""
     csr = x509.load_pem_x509_csr(base64.b64decode(request["spec"]["request"]))
     ca_cert, ca_key = ca.certificate, ca.private_key()
     start = (now or dt.datetime.now(dt.UTC)) - BACKDATE
@@ -171,7 +174,7 @@ def sign(ca: KeyPair, request: Mapping[str, Any], now: dt.datetime | None = None
             .add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    return cert.public_bytes(serialization.Encoding.PEM)
+    return cert.public_bytes(serialization.Encoding.PEM) + ca.cert_pem
 
 
 def _resource_version(answer: Any) -> str:
@@ -233,3 +236,92 @@ class RequestSigner:
             if verdict is not None:
                 verdicts.append(verdict)
         return verdicts
+
+
+SIGN_EVERY_S = 5.0
+"""Seconds between looks for pending requests (a node agent polls its request every second)."""
+
+
+def secret_ref(value: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` split; ``ValueError`` naming the expected form."""
+    namespace, sep, name = value.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"expected NAMESPACE/SECRET, got {value!r}")
+    return namespace, name
+
+
+class CaSecret:
+    """The signer's CA from a ``kubernetes.io/tls`` Secret (``tls.crt``, ``tls.key``), read when first
+    needed and kept; a Secret not there yet (``gpupool certs bootstrap --remote-gpu-ca`` not run) is
+    looked for again at the next pass."""
+
+    def __init__(self, core_v1: Any, namespace: str, name: str) -> None:
+        self.core_v1 = core_v1
+        self.namespace = namespace
+        self.name = name
+        self._pair: KeyPair | None = None
+
+    def get(self) -> KeyPair | None:
+        if self._pair is None:
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                secret = self.core_v1.read_namespaced_secret(self.name, self.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                log.error("remote GPU signer: Secret %s/%s (the CA) not found; node agents get no certificate "
+                          "until it exists (gpupool certs bootstrap --remote-gpu-ca)", self.namespace, self.name)
+                return None
+            data = secret.data or {}
+            self._pair = KeyPair(base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]))
+        return self._pair
+
+
+def kube_requests(certificates_v1: Any) -> list[dict[str, Any]]:
+    """The requests of this signer, as JSON."""
+    import json
+
+    answer = certificates_v1.list_certificate_signing_request(field_selector=f"spec.signerName={SIGNER_NAME}",
+                                                              _preload_content=False)
+    return list(json.loads(answer.data).get("items") or [])
+
+
+def kube_node(core_v1: Any, name: str) -> dict[str, Any] | None:
+    """The Node as JSON; None when there is none."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return dict(json.loads(core_v1.read_node(name, _preload_content=False).data))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def run_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading.Event,
+               is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S) -> None:
+    """Answer this signer's pending requests every ``every_s`` (the leader only: two replicas answering
+    the same request would conflict) until ``stop`` is set."""
+    while True:
+        if is_leader():
+            try:
+                pair = ca.get()
+                if pair is not None:
+                    signer = RequestSigner(certificates_v1, pair, lambda name: kube_node(core_v1, name))
+                    signer.answer_all(request for request in kube_requests(certificates_v1) if is_pending(request))
+            except Exception as exc:  # the API down: look again at the next pass
+                log.warning("remote GPU signer: %s", exc)
+        if stop.wait(every_s):
+            return
+
+
+def start_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading.Event,
+                 is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S) -> threading.Thread:
+    """:func:`run_signer` in a daemon thread."""
+    thread = threading.Thread(target=run_signer, args=(certificates_v1, core_v1, ca, stop, is_leader, every_s),
+                              name="remote-gpu-signer", daemon=True)
+    thread.start()
+    return thread

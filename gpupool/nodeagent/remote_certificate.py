@@ -110,6 +110,14 @@ class ServerCertificate:
         except (FileNotFoundError, ValueError):
             return None
 
+    def ca_pem(self) -> str | None:
+        """The CA the signer put after the certificate (the chain's last), PEM; None without one."""
+        try:
+            chain = x509.load_pem_x509_certificates(self.cert_path.read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        return chain[-1].public_bytes(serialization.Encoding.PEM).decode("ascii") if len(chain) > 1 else None
+
     def due(self) -> str:
         """Why the certificate must be asked for now ("" when the one on disk is good)."""
         cert = self.current()
@@ -164,7 +172,7 @@ class ServerCertificate:
                 return cert
             if time.monotonic() >= deadline:
                 raise CertificateRefused(f"{name}: no answer from the signer {SIGNER_NAME} in {wait_s:g} s "
-                                         "(is the extender running with --remote-gpu-signer-ca?)")
+                                         "(is the extender running with --remote-gpu-signer?)")
             self.sleep(poll_s)
 
 

@@ -51,6 +51,7 @@ class ServerProcess:
         self.restart_s = restart_s
         self.starts = 0
         self.process: asyncio.subprocess.Process | None = None
+        self._restarting = False
 
     async def run(self) -> None:
         try:
@@ -58,10 +59,21 @@ class ServerProcess:
                 self.process = await asyncio.create_subprocess_exec(*self.argv)
                 self.starts += 1
                 code = await self.process.wait()
+                if self._restarting:
+                    self._restarting = False
+                    continue
                 log.warning("remote GPU server exited with %s; starting it again in %g s", code, self.restart_s)
                 await asyncio.sleep(self.restart_s)
         finally:
             await self._stop()
+
+    async def restart(self) -> None:
+        """Stop the running server and start it again at once (it reads its certificate at start:
+        a renewed one takes effect so; its clients' connections are closed and their calls fail)."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        self._restarting = True
+        await self._stop()
 
     async def _stop(self) -> None:
         process = self.process

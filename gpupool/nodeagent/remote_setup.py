@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import ListWatch
+from gpupool.nodeagent.remote_certificate import CERT_FILE, KEY_FILE, CertificateRefused, ServerCertificate
 from gpupool.nodeagent.remote_server import RemoteClients
 from gpupool.nodeagent.remote_serving import ServerProcess, TokenSecrets, server_command
 
@@ -34,6 +36,8 @@ PUBLISH_EVERY_S = 10.0
 """Seconds between passes that write the Secrets still missing (failed writes are retried)."""
 CLIENTS_FILE = "remote-gpu-clients.json"
 """The clients file's name in the agent's state directory."""
+CERTIFICATE_RETRY_S = 30.0
+"""Seconds between asks for the node's certificate while the signer refuses or does not answer."""
 
 
 def host_port(value: str, what: str) -> str:
@@ -58,10 +62,21 @@ class RemoteGpuOptions:
     """The CA (PEM text) handed to clients in their Secret to check the server's certificate with."""
     enforce_compute: bool = False
     allow_plain: bool = False
+    own_certificate: tuple[str, ...] = ()
+    """This node's IP addresses: the agent asks the cluster's signer for the node's own certificate
+    naming them (:mod:`gpupool.nodeagent.remote_certificate`, key and certificate in the clients
+    file's directory) and serves TLS with it instead of ``tls``."""
+
+    @property
+    def certificate_dir(self) -> Path:
+        return self.clients_file.parent
 
     def command(self) -> list[str]:
         """The server's command line."""
-        return server_command(self.listen, self.clients_file, self.program, tls=self.tls,
+        tls = self.tls
+        if self.own_certificate:
+            tls = (self.certificate_dir / CERT_FILE, self.certificate_dir / KEY_FILE)
+        return server_command(self.listen, self.clients_file, self.program, tls=tls,
                               enforce_compute=self.enforce_compute, allow_plain=self.allow_plain)
 
 
@@ -93,12 +108,58 @@ async def publish_on_change(changed: asyncio.Event, every_s: float, publish: Cal
         await asyncio.to_thread(publish)
 
 
+async def obtain_certificate(keeper: ServerCertificate, retry_s: float = CERTIFICATE_RETRY_S) -> None:
+    """Ask for the node's certificate until it is issued (each failure logged, asked again after
+    ``retry_s``)."""
+    while True:
+        try:
+            await asyncio.to_thread(keeper.obtain)
+            return
+        except CertificateRefused as exc:
+            log.error("remote GPU: no serving certificate for this node: %s; asking again in %g s", exc, retry_s)
+        except Exception as exc:  # an API error: the same
+            log.error("remote GPU: cannot ask for this node's serving certificate: %s; asking again in %g s",
+                      exc, retry_s)
+        await asyncio.sleep(retry_s)
+
+
+async def keep_certificate(keeper: ServerCertificate, server: ServerProcess, *, retry_s: float = CERTIFICATE_RETRY_S,
+                           now: Callable[[], float] = time.time) -> None:
+    """Renew the node's certificate when :meth:`ServerCertificate.due` says so (two thirds of its life)
+    and restart the server with it, until cancelled."""
+    while True:
+        renew_at = keeper.renew_at()
+        if renew_at is not None:
+            await asyncio.sleep(max(0.0, renew_at.timestamp() - now()))
+        reason = await asyncio.to_thread(keeper.due)
+        if not reason:
+            await asyncio.sleep(retry_s)  # woken early (a clock step): look again
+            continue
+        log.info("remote GPU: renewing this node's serving certificate: %s", reason)
+        await obtain_certificate(keeper, retry_s)
+        await server.restart()
+
+
 async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOptions, core_v1: Any,
-                         *, publish_every_s: float = PUBLISH_EVERY_S) -> None:
-    """Serve remote shares until cancelled (see the module docstring)."""
+                         *, publish_every_s: float = PUBLISH_EVERY_S, certificates_v1: Any = None) -> None:
+    """Serve remote shares until cancelled (see the module docstring). With ``own_certificate`` the
+    node's certificate is obtained first (the server starts only with it) and renewed while serving;
+    its CA goes to the clients unless ``client_ca`` names one."""
+    keeper = None
+    client_ca = options.client_ca
+    if options.own_certificate:
+        if certificates_v1 is None:
+            from kubernetes import client
+            certificates_v1 = client.CertificatesV1Api(core_v1.api_client)
+        keeper = ServerCertificate(certificates_v1, node, options.own_certificate, options.certificate_dir)
+        reason = await asyncio.to_thread(keeper.due)
+        if reason:
+            log.info("remote GPU: asking for this node's serving certificate (%s)", reason)
+            await obtain_certificate(keeper)
+        client_ca = client_ca or keeper.ca_pem()
     clients = RemoteClients(node, names, options.clients_file)
     clients.apply()  # the server starts with the file (the tokens of a file found kept)
-    secrets = TokenSecrets(clients, functools.partial(write_secret, core_v1), options.endpoint, options.client_ca)
+    secrets = TokenSecrets(clients, functools.partial(write_secret, core_v1), options.endpoint, client_ca)
     loop = asyncio.get_running_loop()
     changed = asyncio.Event()
 
@@ -117,5 +178,7 @@ async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOpti
         async with asyncio.TaskGroup() as group:
             group.create_task(server.run())
             group.create_task(publish_on_change(changed, publish_every_s, secrets.publish))
+            if keeper is not None:
+                group.create_task(keep_certificate(keeper, server))
     finally:
         stop.set()

@@ -7,7 +7,9 @@ requester's token; the requester cannot set them. Writes check ``resourceVersion
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -47,6 +49,13 @@ class FakeCsrApi:
             self.on_create(copy.deepcopy(created))
         return created
 
+    def list_certificate_signing_request(self, field_selector: str = "", _preload_content: bool = True) -> Any:
+        """The list as the raw answer (``_preload_content=False``): ``.data`` is its JSON."""
+        self.calls.append(f"list {field_selector}")
+        signer = field_selector.removeprefix("spec.signerName=")
+        items = [copy.deepcopy(d) for d in self.items.values() if not signer or d["spec"]["signerName"] == signer]
+        return SimpleNamespace(data=json.dumps({"items": items}).encode())
+
     def read_certificate_signing_request(self, name: str) -> dict[str, Any]:
         if name not in self.items:
             raise ApiException(status=404, reason="NotFound")
@@ -77,3 +86,15 @@ def node_json(name: str, *addresses: str, hostname: bool = True) -> dict[str, An
     if hostname:
         entries.append({"type": "Hostname", "address": name})
     return {"metadata": {"name": name}, "status": {"addresses": entries}}
+
+
+class FakeNodes:
+    """``CoreV1Api.read_node`` answering raw JSON (``_preload_content=False``), 404 for no Node."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]) -> None:
+        self.nodes = nodes
+
+    def read_node(self, name: str, _preload_content: bool = True) -> Any:
+        if name not in self.nodes:
+            raise ApiException(status=404, reason="NotFound")
+        return SimpleNamespace(data=json.dumps(self.nodes[name]).encode())

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,19 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpupool.api.remote_gpu_certs import SIGNER_NAME, node_request_pem
+from gpupool.extender.http.cert_secrets import ensure_ca, pair_of
 from gpupool.extender.http.certificates import issue_ca
-from gpupool.extender.remote_gpu_signer import LIFETIME, MIN_LIFETIME, RequestSigner, is_pending
+from gpupool.extender.remote_gpu_signer import (
+    LIFETIME,
+    MIN_LIFETIME,
+    CaSecret,
+    RequestSigner,
+    is_pending,
+    start_signer,
+)
 from gpupool.nodeagent.remote_certificate import request_manifest
-from tests.extender.csr_fakes import FakeCsrApi, node_json
+from tests.extender.csr_fakes import FakeCsrApi, FakeNodes, node_json
+from tests.extender.test_cert_bootstrap import FakeSecrets
 
 NODES = {"node-a": node_json("node-a", "127.0.0.1", "10.0.0.1"), "node-b": node_json("node-b", "127.0.0.2")}
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
@@ -241,3 +251,70 @@ def test_one_nodes_certificate_does_not_pass_for_another_nodes_address(ca: Any, 
     assert _handshake(cert_pem, key, ca.cert_pem, "127.0.0.1", tmp_path) == ""
     # node-a's key and certificate serving on node-b's address (127.0.0.2): the client refuses it
     assert "IP address mismatch" in _handshake(cert_pem, key, ca.cert_pem, "127.0.0.2", tmp_path)
+
+
+def test_the_extenders_loop_answers_pending_requests_on_the_leader_only(ca: Any) -> None:
+    api = FakeCsrApi()
+    created = ask(api, node_request_pem(p256(), "node-a", ["127.0.0.1"]))
+    secrets = FakeSecrets()
+    leading = threading.Event()
+    stop = threading.Event()
+    thread = start_signer(api, FakeNodes(NODES), CaSecret(secrets, "kube-system", "gpupool-remote-gpu-ca"),
+                          stop, leading.is_set, every_s=0.01)
+    try:
+        for _ in range(20):  # a follower only waits
+            time.sleep(0.01)
+        assert is_pending(api.items[created["metadata"]["name"]])
+        leading.set()  # the leader, but no CA Secret yet: nothing signed, looked for again
+        for _ in range(20):
+            time.sleep(0.01)
+        assert is_pending(api.items[created["metadata"]["name"]])
+        ensure_ca(secrets, "kube-system", "gpupool-remote-gpu-ca", "gpupool-remote-gpu-ca")
+        for _ in range(500):
+            if not is_pending(api.items[created["metadata"]["name"]]):
+                break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(5)
+    signed_by = pair_of(secrets.read_namespaced_secret("gpupool-remote-gpu-ca", "kube-system"))
+    issued(api, created["metadata"]["name"]).verify_directly_issued_by(signed_by.certificate)
+    assert f"list spec.signerName={SIGNER_NAME}" in api.calls
+
+
+def test_certs_remote_gpu_ca_makes_the_signers_ca_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from gpupool.cli import certs_cmd
+
+    secrets = FakeSecrets()
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda *_: secrets)
+    monkeypatch.setattr("gpupool.kube.client_config.api_configuration", lambda *_: None)
+    monkeypatch.setattr("kubernetes.client.ApiClient", lambda *_: None)
+    first = CliRunner().invoke(certs_cmd.certs, ["remote-gpu-ca"])
+    assert first.exit_code == 0 and "wrote Secret kube-system/gpupool-remote-gpu-ca" in first.output
+    made = secrets.items["gpupool-remote-gpu-ca"]
+    again = CliRunner().invoke(certs_cmd.certs, ["remote-gpu-ca"])
+    assert again.exit_code == 0 and "already exists" in again.output
+    assert secrets.items["gpupool-remote-gpu-ca"] == made and set(made["data"]) == {"tls.crt", "tls.key"}
+    pair = CaSecret(secrets, "kube-system", "gpupool-remote-gpu-ca").get()
+    assert pair is not None and pair.certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_the_extenders_flag_names_the_ca_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from gpupool.api.cluster_settings import ClusterSettings
+    from gpupool.cli import cluster_options, extender_cmd
+    from gpupool.cli.main import cli
+
+    seen: list[Any] = []
+    monkeypatch.setattr(extender_cmd, "run_extender", seen.append)
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _k: lambda _w: ClusterSettings())
+    bad = CliRunner().invoke(cli, ["extender", "--remote-gpu-signer", "gpupool-remote-gpu-ca"])
+    assert bad.exit_code == 2 and "expected NAMESPACE/SECRET" in bad.output
+    good = CliRunner().invoke(cli, ["extender", "--remote-gpu-signer", "kube-system/gpupool-remote-gpu-ca"])
+    assert good.exit_code == 0, good.output
+    assert seen[0].remote_gpu_signer == ("kube-system", "gpupool-remote-gpu-ca")
+    CliRunner().invoke(cli, ["extender"])
+    assert seen[1].remote_gpu_signer is None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +118,94 @@ def test_no_answer_in_time_raises_and_the_same_request_is_waited_for_again(ca: A
     keeper.obtain(wait_s=1, poll_s=0)
     assert api.calls.count("create") == 2 and len(api.items) == 1
     assert keeper.due() == ""
+
+
+def test_the_agent_asks_again_until_the_certificate_is_issued(ca: Any, tmp_path: Path) -> None:
+    from gpupool.nodeagent.remote_setup import obtain_certificate
+
+    api = signing_api(ca)
+    failures = [RuntimeError("apiserver unreachable")]
+    create = api.create_certificate_signing_request
+
+    def flaky(body: dict[str, Any]) -> Any:
+        if failures:
+            raise failures.pop()
+        return create(body)
+
+    api.create_certificate_signing_request = flaky  # type: ignore[method-assign]
+    keeper = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path)
+    asyncio.run(obtain_certificate(keeper, retry_s=0))
+    assert keeper.due() == "" and not failures
+
+
+def test_a_renewed_certificate_restarts_the_server(ca: Any, tmp_path: Path) -> None:
+    from gpupool.nodeagent.remote_setup import keep_certificate
+
+    clock = Clock()
+    keeper = ServerCertificate(signing_api(ca), "node-a", ["10.0.0.1"], tmp_path, now=clock)
+    first = keeper.obtain(wait_s=1, poll_s=0)
+    clock.now += LIFETIME * 0.7  # two thirds gone: due at once
+
+    class Server:
+        restarts = 0
+
+        async def restart(self) -> None:
+            Server.restarts += 1
+            clock.now = dt.datetime.now(dt.UTC)  # the renewed one is fresh: the loop then sleeps
+
+    async def scenario() -> None:
+        task = asyncio.create_task(keep_certificate(keeper, Server(), retry_s=0,  # type: ignore[arg-type]
+                                                    now=lambda: clock.now.timestamp()))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if Server.restarts:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert Server.restarts == 1
+    renewed = keeper.current()
+    assert renewed is not None and renewed.serial_number != first.serial_number
+
+
+def test_restart_starts_the_server_again_at_once(tmp_path: Path) -> None:
+    from gpupool.nodeagent.remote_serving import ServerProcess
+
+    async def scenario() -> int:
+        server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], restart_s=30)
+        task = asyncio.create_task(server.run())
+        while server.process is None:
+            await asyncio.sleep(0.01)
+        first = server.process
+        await server.restart()
+        for _ in range(300):  # well under restart_s: a restart does not wait out the crash pause
+            if server.process is not first:
+                break
+            await asyncio.sleep(0.01)
+        starts = server.starts
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return starts
+
+    assert asyncio.run(scenario()) == 2
+
+
+@pytest.mark.slow  # imports the CLI
+def test_the_agents_flag_asks_for_the_certificate_of_the_endpoints_ip(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.nodeagent.test_remote_server import agent_remote
+
+    code, output, remote = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420",
+                                        "--remote-gpu-endpoint", "10.0.0.7:9420", "--remote-gpu-tls-from-cluster")
+    assert code == 0, output
+    assert remote.own_certificate == ("10.0.0.7",) and remote.client_ca is None
+    command = remote.command()
+    assert command[command.index("--tls-cert") + 1] == "/run/gp/remote-gpu-tls.crt"
+    assert command[command.index("--tls-key") + 1] == "/run/gp/remote-gpu-tls.key"
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-server", "0.0.0.0:9420",
+                                   "--remote-gpu-endpoint", "gpu-1.example:9420", "--remote-gpu-tls-from-cluster")
+    assert code == 2 and "names the IP clients dial" in output
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-tls-from-cluster")
+    assert code == 2 and "needs --remote-gpu-server" in output

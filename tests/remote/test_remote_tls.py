@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.extender.http.certificates import KeyPair, issue_ca
+from gpupool.extender.remote_gpu_signer import RequestSigner
+from gpupool.nodeagent.remote_certificate import ServerCertificate
+from tests.extender.csr_fakes import FakeCsrApi, node_json
 from tests.remote.remote_support import (
     Programs,
     build_programs,
@@ -94,3 +98,32 @@ def test_tls_with_the_client_under_the_interception_library(programs: Programs, 
         forged = run_probe(programs, {**env, "GPUPOOL_REMOTE_TOKEN": token("z")}, "vector_add", "1")
     assert out == "ok vector_add 100000 c[99999]=149998"
     assert forged == "error 800 at cuInit(0)"
+
+
+def _node_certificate(tmp_path: Path, node: str, addresses: tuple[str, ...], signer_ca: KeyPair) -> ServerCertificate:
+    """The node agent's own certificate as the cluster's signer issues it (key made in ``tmp_path``)."""
+    api = FakeCsrApi(node=node)
+    nodes = {"node-a": node_json("node-a", "127.0.0.1"), "node-b": node_json("node-b", "127.0.0.2")}
+    signer = RequestSigner(api, signer_ca, nodes.get)
+    api.on_create = lambda request: signer.answer(request)
+    keeper = ServerCertificate(api, node, addresses, tmp_path / node)
+    keeper.obtain(wait_s=1, poll_s=0)
+    return keeper
+
+
+def test_a_nodes_own_certificate_from_the_signer_serves_its_address_only(programs: Programs, tmp_path: Path) -> None:
+    """The node agent's --remote-gpu-tls-from-cluster files: the chain (certificate then CA) and the key
+    made on the node; the client checks them with the CA the agent hands out (the chain's last).
+    node-b's certificate (its address 127.0.0.2) on the address a client dialled for node-a is refused."""
+    ca = issue_ca("gpupool-remote-gpu-ca")
+    own = _node_certificate(tmp_path, "node-a", ("127.0.0.1",), ca)
+    other = _node_certificate(tmp_path, "node-b", ("127.0.0.2",), ca)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_text(own.ca_pem() or "")
+    answers = []
+    for keeper in (own, other):
+        files = ["--tls-cert", str(keeper.cert_path), "--tls-key", str(keeper.key_path)]
+        with running_server(programs, tmp_path, [client("a")], extra=files) as server:
+            env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(ca_file)}
+            answers.append(run_probe(programs, env, "vector_add", "1000"))
+    assert answers == ["ok vector_add 1000 c[999]=1498.5", "error 46 at cuInit(0)"]

@@ -154,3 +154,16 @@ def _leaf(store: SecretStore, name: str, ca: KeyPair, written: list[str], rotate
     else:
         return pair_of(store.read(name))  # created meanwhile by another run, with the same CA
     return pair
+
+
+def ensure_ca(core_v1: Any, namespace: str, name: str, common_name: str) -> tuple[KeyPair, bool]:
+    """The CA in Secret ``namespace/name``, made when absent; and whether this call made it. Two
+    runs racing: the second one's create gets 409 and it reads the winner's CA."""
+    store = SecretStore(core_v1, namespace)
+    found = store.read(name)
+    if found is not None:
+        return pair_of(found), False
+    ca = issue_ca(common_name)
+    if store.create(name, ca, None):
+        return ca, True
+    return pair_of(store.read(name)), False
