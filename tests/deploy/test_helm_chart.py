@@ -305,6 +305,30 @@ def test_remote_gpu_serving_passes_tls_to_the_server_and_grants_only_token_secre
     assert "--remote-gpu-allow-plain" in plain and not [a for a in plain if a.startswith("--remote-gpu-tls")]
 
 
+
+def test_remote_gpu_node_certificates_replace_the_shared_secret_and_grant_the_signer() -> None:
+    values = {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.nodeCertificates": True}
+    docs = render(values)
+    args = agent_args(values)
+    assert "--remote-gpu-tls-from-cluster" in args and not [a for a in args if a.startswith("--remote-gpu-tls-")
+                                                             and a != "--remote-gpu-tls-from-cluster"]
+    agent = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "gpupool-node-agent")
+    assert "remote-gpu-tls" not in [v["name"] for v in agent["spec"]["template"]["spec"]["volumes"]]
+    extender = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpupool-extender")
+    assert "--remote-gpu-signer=gpupool-system/gpupool-remote-gpu-ca" in \
+        extender["spec"]["template"]["spec"]["containers"][0]["args"]
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    assert roles["gpupool-node-agent-remote-gpu-certificates"] == [
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get"]}]
+    signer = roles["gpupool-extender-remote-gpu-signer"]
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
+            "resourceNames": ["gpupool.io/remote-gpu-server"], "verbs": ["approve", "sign"]} in signer
+    assert roles["gpupool-extender-remote-gpu-ca"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpupool-remote-gpu-ca"], "verbs": ["get"]}]
+    shared = render({"nodeAgent.remoteGpu.enabled": True})  # off by default: the one Secret, no signer
+    assert not [d for d in shared if d["metadata"]["name"].endswith(("-remote-gpu-signer", "-remote-gpu-certificates"))]
+
+
 def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_later_mounts() -> None:
     values = {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"}
     assert "--checkpoint-dir=/mnt/gpupool-checkpoints" in agent_args(values)
@@ -421,7 +445,8 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
                  id="misspelt-value-name"),
     pytest.param({"nodeAgent.isolaton": "none"}, "additional properties 'isolaton' not allowed", id="misspelt-key"),
     pytest.param({"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": ""},
-                 "nodeAgent.remoteGpu needs tlsSecret (the server refuses plain TCP off loopback) or allowPlain: true",
+                 "nodeAgent.remoteGpu needs tlsSecret or nodeCertificates (the server refuses plain TCP off loopback) "
+                 "or allowPlain: true",
                  id="remote-gpu-without-tls"),
     pytest.param({"nodeAgent.remoteGpu.port": 0}, "'/nodeAgent/remoteGpu/port'", id="remote-gpu-port"),
     pytest.param({"nodeAgent.checkpointDir": "checkpoints"}, "'/nodeAgent/checkpointDir'",

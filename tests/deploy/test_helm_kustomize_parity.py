@@ -60,12 +60,14 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "quota-webhook": {"webhooks.quota.enabled": True},
     "require-agent-lease": {"extender.requireAgentLease": True},
     "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
+    "remote-gpu-node-certificates": {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.nodeCertificates": True},
     "risk-evict": {"nodeAgent.riskAction": "evict"},
     "scheduler-webhook": {"webhooks.scheduler.enabled": True},
     "shim-isolation": {"nodeAgent.isolation": "shim"},
 }
 #: component → the components it patches, listed before it (as its kustomization.yaml asks).
-NEEDS: dict[str, tuple[str, ...]] = {"dra-claim-pods": ("dra", "scheduler-webhook")}
+NEEDS: dict[str, tuple[str, ...]] = {"dra-claim-pods": ("dra", "scheduler-webhook"),
+                                     "remote-gpu-node-certificates": ("remote-gpu",)}
 #: overlay → the chart values that stand for it, and files given with --set-file.
 OVERLAY_VALUES: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {
     "production": (COMMON, {}),
