@@ -298,7 +298,8 @@ def run_extender(options: ExtenderOptions) -> None:
         claims = None
         if replica.templates is not None:
             claims = WatchedClaimClasses(cache.claims, cache.lock, replica.templates, api_get(core_v1.api_client))
-        admission = _admission_app(cache, api, core_v1, options.scheduler_name, remote_image, claims=claims)
+        admission = _admission_app(cache, api, core_v1, options.scheduler_name, remote_image, claims=claims,
+                                   check_server_name=options.remote_gpu_signer is not None)
     warn_if_open(listeners)
     log.info("gpupool extender %s listening on %s:%d (%s; policy %s, domain %s)%s", identity, options.host,
              options.port, "HTTPS" if listeners.tls else "HTTP", options.policy, options.cluster.resource_domain,
@@ -340,12 +341,14 @@ def _leader_label(options: ExtenderOptions, core_v1: Any, service: ExtenderServi
 
 
 def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, scheduler_name: str,
-                   remote_client_image: str | None = None, *, claims: ClaimSource | None = None) -> Any:
+                   remote_client_image: str | None = None, *, claims: ClaimSource | None = None,
+                   check_server_name: bool = False) -> Any:
     """The webhooks' application: quotas at pod creation, groups' subjects on pods naming a group,
     the requester's permission on ResourceGroup writes (SubjectAccessReviews as the extender), and
     the scheduler of new GPU pods (``scheduler_name``, gpupool's own), with the GPU client and its
     grant for remote shares when ``remote_client_image`` is given; with ``claims``, pods whose
-    claims ask for gpupool's device class are steered too."""
+    claims ask for gpupool's device class are steered too; with ``check_server_name`` (GPU nodes'
+    own certificates are signed) the client checks its server node's name in the certificate."""
     from kubernetes import client
 
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
@@ -354,7 +357,8 @@ def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, schedule
                         group_writes=GroupWriteAdmission(sar_permissions(
                             client.AuthorizationV1Api(core_v1.api_client))),
                         steering=SchedulerSteering(api.names, scheduler_name, claims=claims),
-                        remote_injection=RemoteInjection(api.names, remote_client_image)
+                        remote_injection=RemoteInjection(api.names, remote_client_image,
+                                                         check_server_name=check_server_name)
                         if remote_client_image else None).app()
 
 

@@ -38,7 +38,11 @@ def client_path_cmd() -> None:
               help="The pod's remote-share-v1 annotation (the downward API's); empty: a local share, nothing done.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for the grant before failing.")
-def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float) -> None:
+@click.option("--check-server-name", is_flag=True,
+              help="Also write the share's server node beside the client (remote_server_name): the client then "
+                   "requires the server's certificate to name that node (GPU nodes' own certificates, the "
+                   "extender's --remote-gpu-signer).")
+def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float, check_server_name: bool) -> None:
     """Install the GPU client in a pod with a remote share (the init container the pod-scheduler
     webhook adds; docs/remote-gpu.md, "What the webhook injects")."""
     from gpupool.remotegpu.install_client import CLIENT_NAME, InstallError, install_client
@@ -46,7 +50,7 @@ def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float) -> No
 
     try:
         source = client_directory() / CLIENT_NAME if share.strip() else Path()
-        click.echo(install_client(share, source, into, grant, wait_s=wait_s))
+        click.echo(install_client(share, source, into, grant, wait_s=wait_s, check_server_name=check_server_name))
     except (ShimBuildError, InstallError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -92,6 +92,9 @@ class RemoteInjection:
     image: str
     program: tuple[str, ...] = ("gpupool",)
     suffix: Callable[[], str] = random_suffix
+    check_server_name: bool = False
+    """The init container writes the share's server node for the client to check in the server's
+    certificate (``--check-server-name``): on when the extender signs GPU nodes' own certificates."""
 
     def verdict(self, pod: Mapping[str, Any]) -> Verdict:
         """Allowed, with the patch when the pod gets the client and its grant; refused only for an
@@ -151,7 +154,8 @@ class RemoteInjection:
         annotation = f"metadata.annotations['{self.names.remote_share}']"
         init = {
             "name": INIT_CONTAINER, "image": self.image,
-            "command": [*self.program, "remote-gpu", "install-client", "--into", LIBRARY_DIR, "--grant", GRANT_DIR],
+            "command": [*self.program, "remote-gpu", "install-client", "--into", LIBRARY_DIR, "--grant", GRANT_DIR,
+                        *(["--check-server-name"] if self.check_server_name else [])],
             "env": [{"name": SHARE_ENV, "valueFrom": {"fieldRef": {"fieldPath": annotation}}}],
             "volumeMounts": [{"name": LIBRARY_VOLUME, "mountPath": LIBRARY_DIR},
                              {"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True}],

@@ -8,6 +8,12 @@ For a remote share it copies the GPU client (``libcuda.so.1``) into the pod's vo
 container preloads, then waits until the grant Secret's endpoint and token are in the mounted
 directory, so the GPU container never starts without them (the Secret volume is optional, kubelet
 fills it in when the GPU node's agent has written it).
+
+With ``check_server_name`` (the extender signs GPU nodes' own certificates) it also writes the
+share's server node beside the client (``remote_server_name``): the client then requires the
+server's certificate to name that node, so a certificate of another node, or a grant Secret pointing
+at another node, is refused. The name comes from the pod's own annotation, which the extender
+wrote, never from the grant Secret, which the serving node's agent writes.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpupool.api.remote_share import decode_remote_share
 from gpupool.files.replace import replace_file
 
 CLIENT_NAME = "libcuda.so.1"
+SERVER_NAME_FILE = "remote_server_name"
+"""Beside the client: the GPU node its certificate must name (read by the client library)."""
 GRANT_KEYS = ("remote_endpoint", "remote_token")
 DEFAULT_WAIT_S = 600.0
 POLL_S = 0.5
@@ -46,13 +55,20 @@ def grant_ready(grant: Path) -> bool:
 
 def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s: float = DEFAULT_WAIT_S,
                    poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> str:
+                   sleep: Callable[[float], None] = time.sleep, check_server_name: bool = False) -> str:
     """Do the module docstring's work; returns what was done in words, raises :class:`InstallError`
     when the grant is still missing after ``wait_s``."""
     if not share.strip():
         return ("the share is on this node's own card (no remote-share-v1): nothing installed, "
                 "the node's driver serves it")
     installed = copy_client(source, into)
+    if check_server_name:
+        try:
+            server = decode_remote_share(share).server
+        except ValueError as exc:
+            raise InstallError(f"the pod's remote-share-v1 cannot be read ({exc}): its server's name is "
+                               "unknown") from None
+        replace_file(into / SERVER_NAME_FILE, f"{server}\n".encode(), mode=0o644)
     deadline = clock() + wait_s
     while not grant_ready(grant):
         if clock() >= deadline:

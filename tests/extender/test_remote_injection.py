@@ -202,3 +202,12 @@ def test_the_pod_scheduler_webhook_answers_with_the_steering_and_the_injection_i
     assert out["spec"]["schedulerName"] == "gpupool-scheduler"
     assert out["metadata"]["name"] == "train-6d4f9-x7k2q"
     assert out["spec"]["initContainers"][0]["name"] == INIT_CONTAINER
+
+
+def test_with_node_certificates_the_init_container_writes_the_server_name_for_the_client() -> None:
+    """The extender signing GPU nodes' own certificates (--remote-gpu-signer) injects
+    install-client --check-server-name, so the client checks its server node in the certificate."""
+    checked = RemoteInjection(NAMES, IMAGE, suffix=lambda: "x7k2q", check_server_name=True)
+    [init] = apply(remote_pod(), checked.verdict(remote_pod()).patch)["spec"]["initContainers"]
+    assert init["command"] == ["gpupool", "remote-gpu", "install-client", "--into", LIBRARY_DIR, "--grant", GRANT_DIR,
+                               "--check-server-name"]

@@ -75,3 +75,27 @@ def test_the_command_reads_the_share_from_the_downward_apis_variable(tmp_path: P
     done = CliRunner().invoke(remote_gpu, [*args[:-1], "10"], env={"GPUPOOL_REMOTE_SHARE": SHARE})
     assert done.exit_code == 0, done.output
     assert (tmp_path / "lib" / "libcuda.so.1").read_bytes() == source.read_bytes()
+
+
+def test_check_server_name_writes_the_scheduled_node_beside_the_client(tmp_path: Path) -> None:
+    """The name comes from the pod's remote-share-v1 (the extender's), never from the grant Secret
+    (the serving node's agent's): the client then requires the server's certificate to name it."""
+    import datetime as dt
+
+    from gpupool.api.annotations import CardRef
+    from gpupool.api.remote_share import RemoteShare, encode_remote_share
+    from gpupool.remotegpu.install_client import SERVER_NAME_FILE
+
+    share = encode_remote_share(RemoteShare(server="gpu-7", time=dt.datetime(2026, 11, 29, tzinfo=dt.UTC),
+                                            container="main", pod_uid="u", card=CardRef(0, "GPU-7-0", 4000, 300)))
+    grant = tmp_path / "grant"
+    grant.mkdir()
+    for key in ("remote_endpoint", "remote_token"):
+        (grant / key).write_text("x")
+    source = client_file(tmp_path)
+    install_client(share, source, tmp_path / "lib", grant, wait_s=0)
+    assert not (tmp_path / "lib" / SERVER_NAME_FILE).exists()  # off unless asked
+    install_client(share, source, tmp_path / "lib", grant, wait_s=0, check_server_name=True)
+    assert (tmp_path / "lib" / SERVER_NAME_FILE).read_text() == "gpu-7\n"
+    with pytest.raises(InstallError, match="its server's name is unknown"):
+        install_client(SHARE, source, tmp_path / "lib", grant, wait_s=0, check_server_name=True)

@@ -127,3 +127,28 @@ def test_a_nodes_own_certificate_from_the_signer_serves_its_address_only(program
             env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(ca_file)}
             answers.append(run_probe(programs, env, "vector_add", "1000"))
     assert answers == ["ok vector_add 1000 c[999]=1498.5", "error 46 at cuInit(0)"]
+
+
+def test_the_client_checks_the_certificate_names_the_node_it_was_scheduled_to(programs: Programs,
+                                                                                tmp_path: Path) -> None:
+    """A node's own certificate names its node too; a client told its server node (remote_server_name
+    beside the library, as install-client --check-server-name writes it, or GPUPOOL_REMOTE_SERVER_NAME)
+    refuses a certificate for another node even at the address it dialled."""
+    ca = issue_ca("gpupool-remote-gpu-ca")
+    keeper = _node_certificate(tmp_path, "node-a", ("127.0.0.1",), ca)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_text(keeper.ca_pem() or "")
+    lib = tmp_path / "lib"  # the pod's emptyDir: the client and the node it was scheduled to
+    lib.mkdir()
+    shutil.copy(programs.client / "libcuda.so.1", lib / "libcuda.so.1")
+    answers = {}
+    files = ["--tls-cert", str(keeper.cert_path), "--tls-key", str(keeper.key_path)]
+    with running_server(programs, tmp_path, [client("a")], extra=files) as server:
+        env = {**probe_env(programs, f"127.0.0.1:{server.port}", token("a")), "GPUPOOL_REMOTE_TLS_CA": str(ca_file)}
+        for scheduled in ("node-a", "node-b"):
+            answers[f"env {scheduled}"] = run_probe(programs, {**env, "GPUPOOL_REMOTE_SERVER_NAME": scheduled},
+                                                    "vector_add", "10")
+            (lib / "remote_server_name").write_text(f"{scheduled}\n")
+            answers[f"file {scheduled}"] = run_probe(programs, {**env, "LD_LIBRARY_PATH": str(lib)}, "vector_add", "10")
+    assert answers == {"env node-a": "ok vector_add 10 c[9]=13.5", "file node-a": "ok vector_add 10 c[9]=13.5",
+                       "env node-b": "error 46 at cuInit(0)", "file node-b": "error 46 at cuInit(0)"}

@@ -301,9 +301,33 @@ static void setting(const char *variable, const char *key, char *out, size_t siz
     fclose(grant);
 }
 
+/* The GPU node the pod was scheduled to, when the certificate must name it too: GPUPOOL_REMOTE_SERVER_NAME,
+ * else the first line of remote_server_name beside this library (what `gpupool remote-gpu
+ * install-client --check-server-name` writes from the pod's remote-share-v1, never from the grant
+ * Secret, which the serving node's agent writes); else "" (no name checked). */
+static void server_name(char *out, size_t size) {
+    const char *value = getenv("GPUPOOL_REMOTE_SERVER_NAME");
+    out[0] = '\0';
+    if (value != NULL && value[0] != '\0') {
+        snprintf(out, size, "%s", value);
+        return;
+    }
+    Dl_info self;
+    if (dladdr((void *)server_name, &self) == 0 || self.dli_fname == NULL) return;
+    const char *slash = strrchr(self.dli_fname, '/');
+    if (slash == NULL) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%.*s/remote_server_name", (int)(slash - self.dli_fname), self.dli_fname);
+    FILE *file = fopen(path, "re");
+    if (file == NULL) return;
+    if (fgets(out, (int)size, file) == NULL) out[0] = '\0';
+    out[strcspn(out, "\r\n")] = '\0';
+    fclose(file);
+}
+
 /* TLS over the connected socket: the server's certificate must chain to the CA file and name the
- * host dialled (its IP address, or DNS name). */
-static CUresult start_tls(const char *ca, const char *host, uint64_t deadline) {
+ * host dialled (its IP address, or DNS name), and also ``name`` (a DNS name) when it is not "". */
+static CUresult start_tls(const char *ca, const char *host, const char *name, uint64_t deadline) {
     if (load_openssl() != 0) {
         fprintf(stderr, "gpupool remote GPU: remote_tls_ca is set but libssl.so.3 cannot be loaded\n");
         return REMOTE_ERROR_DEVICE_UNAVAILABLE;
@@ -317,6 +341,8 @@ static CUresult start_tls(const char *ca, const char *host, uint64_t deadline) {
     int numeric = inet_pton(AF_INET, host, address) == 1 || inet_pton(AF_INET6, host, address) == 1;
     if (numeric ? ossl.set1_ip_asc(ossl.get0_param(session), host) != 1 : ossl.set1_host(session, host) != 1)
         return REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    /* OpenSSL checks every identity set: the dialled IP and this name (a DNS endpoint: the name only) */
+    if (name[0] != '\0' && ossl.set1_host(session, name) != 1) return REMOTE_ERROR_DEVICE_UNAVAILABLE;
     if (!numeric) ossl.ctrl(session, SSL_CTRL_SET_TLSEXT_HOSTNAME_, 0 /* host_name */, (void *)host);
     for (;;) {
         int n = ossl.connect(session), error = n == 1 ? 0 : ossl.get_error(session, n);
@@ -352,8 +378,9 @@ static CUresult dial(const struct addrinfo *found, uint64_t deadline_at, int *re
 }
 
 static CUresult open_connection(void) {
-    char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32], ca[1024];
+    char endpoint[300], token[REMOTE_MAX_TOKEN + 1], host[256], deadline[32], ca[1024], name[256];
     setting("GPUPOOL_REMOTE_TLS_CA", "remote_tls_ca", ca, sizeof ca);
+    server_name(name, sizeof name);
     setting("GPUPOOL_REMOTE_ENDPOINT", "remote_endpoint", endpoint, sizeof endpoint);
     setting("GPUPOOL_REMOTE_TOKEN", "remote_token", token, sizeof token);
     setting("GPUPOOL_REMOTE_DEADLINE_MS", "remote_deadline_ms", deadline, sizeof deadline);
@@ -389,8 +416,9 @@ static CUresult open_connection(void) {
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
     setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
-    if (ca[0] != '\0' && (status = start_tls(ca, host, deadline_at)) != 0) {
-        fprintf(stderr, "gpupool remote GPU: TLS with %s failed (CA %s)\n", endpoint, ca);
+    if (ca[0] != '\0' && (status = start_tls(ca, host, name, deadline_at)) != 0) {
+        fprintf(stderr, "gpupool remote GPU: TLS with %s failed (CA %s%s%s)\n", endpoint, ca,
+                name[0] != '\0' ? ", node " : "", name);
         return hang_up(status);
     }
     unsigned char hello[4 + REMOTE_MAX_TOKEN];
