@@ -85,6 +85,8 @@ class FakeKubelet:
         self.resizes = 0
         self.podresources_rejected = 0
         """PodResources calls refused by the rate limit."""
+        self.podresources_limit = TokenBucket(PODRESOURCES_QPS, PODRESOURCES_BURST)
+        """kubelet's PodResources rate limit (a test may slow it, as other clients drawing on it would)."""
         self.registered_resources: set[str] = set()
         """Resources whose plugin ever registered (the device manager's checkpoint keeps them)."""
         self.sources_ready = True
@@ -444,10 +446,9 @@ class TokenBucket:
 class _PodResources(podres_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
-        self.limit = TokenBucket(PODRESOURCES_QPS, PODRESOURCES_BURST)
 
     async def List(self, request: Any, context: Any) -> Any:
-        if not self.limit.allow():
+        if not self.kubelet.podresources_limit.allow():
             self.kubelet.podresources_rejected += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
         return await self.kubelet.list_pod_resources()

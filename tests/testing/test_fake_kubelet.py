@@ -141,6 +141,7 @@ def test_kubelets_podresources_rate_limit_is_modelled_and_the_agents_client_wait
         client = PodResourcesClient(str(tmp_path / "podres.sock"))
         request = podres_pb.ListPodResourcesRequest()
         try:
+            kubelet.podresources_limit.rate = 5.0  # others draw on it: a token back every 200 ms
             await asyncio.gather(*(greedy._list_once(request) for _ in range(10)))
             assert await client.list() == {}
             assert kubelet.podresources_rejected > 0  # the burst was exceeded ...

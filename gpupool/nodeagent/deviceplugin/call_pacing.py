@@ -15,6 +15,12 @@ may go below zero, each caller sleeping until its own token comes, so concurrent
 in the order they asked. The mirror is only an estimate, as other clients (a monitoring agent
 reading PodResources) draw from kubelet's bucket too: a refused call still backs off
 (:meth:`CallPacer.refused` empties the mirror, so the calls after it wait for fresh tokens).
+
+The mirror holds one token fewer than kubelet's bucket (:data:`PACED_BURST`). kubelet counts a
+call when it arrives, the mirror when it is sent: a call that took longer to arrive than the next
+one (a stalled event loop, a busy core) made the two arrive closer than a token apart, and kubelet
+refused the second (one of 40 paced Lists under load). With a token to spare, kubelet has one for
+such a call whenever the mirror had one.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ from collections.abc import Callable
 KUBELET_PODRESOURCES_QPS = 100.0
 KUBELET_PODRESOURCES_BURST = 10
 
+#: The mirror's burst: kubelet's, less the token kept for calls that arrive late (above).
+PACED_BURST = KUBELET_PODRESOURCES_BURST - 1
+
 
 class CallPacer:
     """A token bucket of ``rate`` calls a second holding at most ``burst``, served by reservation."""
 
-    def __init__(self, rate: float = KUBELET_PODRESOURCES_QPS, burst: int = KUBELET_PODRESOURCES_BURST,
+    def __init__(self, rate: float = KUBELET_PODRESOURCES_QPS, burst: int = PACED_BURST,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if rate <= 0 or burst < 1:
             raise ValueError(f"a pacer needs a positive rate and a burst of at least 1 (got {rate}, {burst})")
