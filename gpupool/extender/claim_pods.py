@@ -15,6 +15,10 @@ claim adds nothing (its allocation is booked in the ledger, and the DRA filter h
 that node). A claim the extender cannot model leaves the pod without gpupool's choice (its request
 unchanged, the reason logged); a claim not seen yet is a :class:`TranslationError`, answered as the
 filter's error so kube-scheduler retries the pod shortly.
+
+Preempt reads a claim pod the same way (:meth:`ClaimPodRequests.read`): its pending claims' asks
+are placed as GPU containers, exactly as filter places them, and its allocated claims are named so
+that the victims free the cards their allocations hold (:mod:`gpupool.extender.preemption`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.core.model import ContainerRequest, PodRequest
@@ -38,6 +42,15 @@ CLAIM_CONTAINER = "claim:"
 container's name, which cannot hold ``:``."""
 
 
+@dataclass(frozen=True)
+class ClaimPodReading:
+    """A pod's request as gpupool places it, and the keys of its claims that are allocated already
+    (booked in the ledger under those keys): what a preempt for the pod must make room for."""
+
+    request: PodRequest
+    allocated: tuple[str, ...] = ()
+
+
 class ClaimPodRequests:
     """Adds a pod's pending claims' asks to its request, from the claim watch's store."""
 
@@ -48,27 +61,35 @@ class ClaimPodRequests:
     def request(self, pod: Mapping[str, Any], base: PodRequest) -> PodRequest:
         """``base`` (the pod's translated request) with one GPU container per gpupool request of
         each pending claim of the pod; ``base`` itself when it has none or one cannot be modelled."""
+        return self.read(pod, base).request
+
+    def read(self, pod: Mapping[str, Any], base: PodRequest) -> ClaimPodReading:
+        """:meth:`request`, and the keys of the pod's allocated claims (none when a claim cannot be
+        modelled: then the pod gets neither gpupool's node choice nor its GPU victims)."""
         named = pod_claim_names(pod)
         if not named:
-            return base
+            return ClaimPodReading(base)
         meta = pod.get("metadata")
         namespace = str(meta.get("namespace") or "") if isinstance(meta, Mapping) else ""
         added: list[ContainerRequest] = []
+        allocated: list[str] = []
         with self.lock:
             if not self.claims.synced:
                 raise TranslationError(f"pod {base.key}: the extender has not listed ResourceClaims yet; retry")
             for in_pod, claim in named:
-                ask = self.claims.asks.get(claim_key(namespace, claim)) if claim else None
+                key = claim_key(namespace, claim) if claim else ""
+                ask = self.claims.asks.get(key) if claim else None
                 if ask is None:
                     raise TranslationError(f"pod {base.key}: its claim {in_pod!r} "
                                            f"({claim or 'not made from its template yet'}) is not in the "
                                            "extender's cache yet; retry")
                 if ask.allocated:
+                    if key in self.claims.records:  # it holds gpupool's cards (not only other drivers')
+                        allocated.append(key)
                     continue
                 if ask.problem is not None:
                     log.info("pod %s: no node choice by gpupool: %s", base.key, ask.problem)
-                    return base
+                    return ClaimPodReading(base)
                 added.extend(ContainerRequest(f"{CLAIM_CONTAINER}{claim}/{name}", gpu=gpu) for name, gpu in ask.asks)
-        if not added:
-            return base
-        return replace(base, containers=(*base.containers, *added))
+        request = replace(base, containers=(*base.containers, *added)) if added else base
+        return ClaimPodReading(request, tuple(allocated))

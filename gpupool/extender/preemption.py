@@ -92,7 +92,8 @@ def what_if_scheduler(ledger: PreemptLedger) -> Callable[[ClusterState], Schedul
 
 
 def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mapping[str, list[str]],
-                      tenant: PodTenancy | None, gate: NodeGate, answers: PreemptAnswers) -> dict[str, list[str]]:
+                      tenant: PodTenancy | None, gate: NodeGate, answers: PreemptAnswers,
+                      own_claims: Collection[str] = ()) -> dict[str, list[str]]:
     """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs; nodes
     where no set of lower-priority pods frees enough (within the pod's quotas) are left out, and
     so are nodes left with no victim at all: kube-scheduler before kubernetes#101560 indexes the
@@ -105,6 +106,12 @@ def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mappi
     holding a pod whose assignment cannot be read (or a claim whose allocation cannot) stays refused
     unless every such pod is a victim (every such claim freed). No node while the victims of the
     pod's last answer, and the claims they free, are still booked (``answers.awaiting``).
+
+    A claim pod preempts too (:meth:`gpupool.extender.claim_pods.ClaimPodRequests.read`): its
+    pending claims' asks are in ``request``; ``own_claims``, the keys of its claims allocated
+    already, must fit again where the allocator booked them (:func:`fits_on`'s ``kept``), so only
+    their node is answered, and no node when one of them is not booked (its allocation unreadable,
+    its node unknown) or they lie on several nodes. They are never counted as freed: the pod keeps them.
     """
     kept: dict[str, list[str]] = {}
     named: dict[str, frozenset[str]] = {}
@@ -116,16 +123,20 @@ def answer_preemption(ledger: PreemptLedger, request: PodRequest, victims: Mappi
         if answers.awaiting(request.key):  # its victims are being evicted: no more
             return {}
         state = ledger.state
+        own = [state.placements[key] for key in own_claims if key in state.placements]
+        own_nodes = {p.node for p in own}
+        if len(own) < len(own_claims) or len(own_nodes) > 1:  # unknown to make room for, or no one node
+            return {}
         gated = gate(state)
         refusal = admission.quota_check(state)  # the bind's check: evict nobody for a refused bind
         for node, uids in victims.items():
-            if node in gated or node not in state.index:
+            if node in gated or node not in state.index or (own_nodes and node not in own_nodes):
                 continue
             proposed = {k for k in map(ledger.key_for_uid, uids) if k is not None}
             holders = ledger.holders_on(node)
-            claims = ledger.claims.held_on(node)
-            chosen = choose_victims(request, proposed, holders,
-                                    fits_on(state, node, request, what_if_scheduler(ledger), refusal), claims)
+            claims = [c for c in ledger.claims.held_on(node) if c.key not in own_claims]
+            fits = fits_on(state, node, request, what_if_scheduler(ledger), refusal, own)
+            chosen = choose_victims(request, proposed, holders, fits, claims)
             if chosen is None:
                 continue
             freed = freed_claims(claims, holders, chosen)

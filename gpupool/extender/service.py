@@ -12,7 +12,7 @@ data itself, keyed by the number (:meth:`ExtenderService.row_names`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -512,13 +512,15 @@ class ExtenderService:
         return BindResult(gated) if gated else self.binder.bind(namespace, name, uid, node)
 
     def preempt(self, request: PodRequest, victims: Mapping[str, list[str]],
-                tenant: PodTenancy | None = None) -> tuple[dict[str, list[str]], str]:
+                tenant: PodTenancy | None = None, own_claims: Collection[str] = ()) -> tuple[dict[str, list[str]], str]:
         """Per proposed node, the victims (uids) whose eviction frees the cards the pod needs
-        (:func:`gpupool.extender.preemption.answer_preemption`)."""
-        if not request.wants_gpu:
+        (:func:`gpupool.extender.preemption.answer_preemption`); ``own_claims``: the keys of the
+        pod's allocated DRA claims, whose cards the victims must free too."""
+        if not request.wants_gpu and not own_claims:
             return dict(victims), ""
         if not self.cache.synced:
             return {}, NOT_SYNCED
         if request.remote:  # evictions on the pod's node free no server card: a remote share preempts nobody
             return {}, ""
-        return answer_preemption(self.cache, request, victims, tenant, self.node_gate, self.preempt_answers), ""
+        return answer_preemption(self.cache, request, victims, tenant, self.node_gate, self.preempt_answers,
+                                 own_claims), ""

@@ -21,6 +21,11 @@ other pod of its priority. Its claims are booked in the ledger under their own k
 pod the claim is reserved for is a victim too (the resourceclaim controller deallocates a claim
 once nothing reserves it); the share freed is what the claim's allocation holds. A claim pod's
 holder counts its claims' cards, so the per-card orders find it.
+
+A claim pod as the preemptor (issue 24): its pending claims' asks are GPU containers of its request
+(:mod:`gpupool.extender.claim_pods`, the reading filter uses), chosen for like an extended-resource
+pod's; its allocated claims are ``kept`` bookings that must fit again on the cards the allocator
+chose (:func:`fits_on`), so the victims free those cards.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler
-from gpupool.core.state import ClusterState
+from gpupool.core.state import AllocationError, ClusterState
 from gpupool.core.what_if import what_if_copy
 
 Fits = Callable[[frozenset[str]], bool]
@@ -88,14 +93,29 @@ def with_claim_cards(holders: Sequence[Holder], claims: Sequence[HeldClaim]) -> 
 
 
 def fits_on(state: ClusterState, node: str, request: PodRequest,
-            scheduler: Callable[[ClusterState], Scheduler], refusal: Refusal | None = None) -> Fits:
+            scheduler: Callable[[ClusterState], Scheduler], refusal: Refusal | None = None,
+            kept: Sequence[Placement] = ()) -> Fits:
     """A :data:`Fits` asking a what-if copy of ``node`` (the shared ledger is only read; keys
     booked on other nodes change nothing here). ``scheduler``: builds the scheduler for a copy
     (the ledger's policy and workload profile); ``refusal``: the bind's quota check of the placement
     found (:meth:`gpupool.kube.tenancy_layers.Admission.quota_check`), so that no pod is evicted for a
-    placement the preemptor's bind would refuse."""
+    placement the preemptor's bind would refuse.
+
+    ``kept``: the bookings of the preemptor's own allocated DRA claims. The allocator chose their
+    cards, so they must fit exactly there: each is lifted from the copy and booked again by the
+    card rule (a claim booked over capacity does not fit until victims free its card), before the
+    rest of the request (its pending claims' asks, its extended resources), if any, is placed."""
+    own = frozenset(p.pod_key for p in kept)
+
     def fits(without: frozenset[str]) -> bool:
-        copy = what_if_copy(state, [node], without=without)
+        copy = what_if_copy(state, [node], without=without | own)
+        try:
+            for booking in kept:
+                copy.apply(booking)
+        except AllocationError:
+            return False
+        if not request.wants_gpu:
+            return True
         placement = scheduler(copy).assign(request, node)
         return isinstance(placement, Placement) and (refusal is None or refusal(placement) is None)
     return fits

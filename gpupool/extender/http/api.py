@@ -135,9 +135,18 @@ class ExtenderApi:
 
     def _placed_request(self, pod: dict[str, Any]) -> PodRequest:
         """What filter and prioritize place: the pod's request and its pending claims' asks of
-        gpupool's cards (not preempt's: the extender never preempts for a claim)."""
+        gpupool's cards (preempt reads the same, :meth:`_preempted_request`)."""
         request = self._pod_request(pod)
         return request if self.claim_pods is None else self.claim_pods.request(pod, request)
+
+    def _preempted_request(self, pod: dict[str, Any]) -> tuple[PodRequest, tuple[str, ...]]:
+        """What preempt makes room for: :meth:`_placed_request`, and the keys of the pod's claims
+        allocated already (the victims free the cards their allocations hold)."""
+        request = self._pod_request(pod)
+        if self.claim_pods is None:
+            return request, ()
+        reading = self.claim_pods.read(pod, request)
+        return reading.request, reading.allocated
 
     def _tenant(self, pod: dict[str, Any]) -> PodTenancy:
         """The pod's group, namespace and card controls; :class:`TranslationError` for a broken one."""
@@ -234,12 +243,12 @@ class ExtenderApi:
     async def _preempt(self, doc: Any) -> tuple[Any, str]:
         args = parse_preemption_args(doc)
         try:
-            request = self._pod_request(args.pod)
+            request, own_claims = self._preempted_request(args.pod)
             tenant = self._tenant(args.pod)
         except TranslationError as exc:
             log.warning("preempt: %s", exc)
             return preemption_result({}, {}), "invalid_pod"
-        kept, error = self.service.preempt(request, args.victims, tenant)
+        kept, error = self.service.preempt(request, args.victims, tenant, own_claims)
         if error:
             log.warning("preempt: %s", error)
         return preemption_result(kept, args.pdb_violations), "error" if error else "ok"
