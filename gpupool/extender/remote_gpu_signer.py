@@ -302,7 +302,8 @@ def kube_node(core_v1: Any, name: str) -> dict[str, Any] | None:
 
 
 def run_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading.Event,
-               is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S) -> None:
+               is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S,
+               agent_username: str = AGENT_USERNAME) -> None:
     """Answer this signer's pending requests every ``every_s`` (the leader only: two replicas answering
     the same request would conflict) until ``stop`` is set."""
     while True:
@@ -310,7 +311,8 @@ def run_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading
             try:
                 pair = ca.get()
                 if pair is not None:
-                    signer = RequestSigner(certificates_v1, pair, lambda name: kube_node(core_v1, name))
+                    signer = RequestSigner(certificates_v1, pair, lambda name: kube_node(core_v1, name),
+                                           agent_username)
                     signer.answer_all(request for request in kube_requests(certificates_v1) if is_pending(request))
             except Exception as exc:  # the API down: look again at the next pass
                 log.warning("remote GPU signer: %s", exc)
@@ -319,9 +321,11 @@ def run_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading
 
 
 def start_signer(certificates_v1: Any, core_v1: Any, ca: CaSecret, stop: threading.Event,
-                 is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S) -> threading.Thread:
+                 is_leader: Callable[[], bool], every_s: float = SIGN_EVERY_S,
+                 agent_username: str = AGENT_USERNAME) -> threading.Thread:
     """:func:`run_signer` in a daemon thread."""
-    thread = threading.Thread(target=run_signer, args=(certificates_v1, core_v1, ca, stop, is_leader, every_s),
+    thread = threading.Thread(target=run_signer,
+                              args=(certificates_v1, core_v1, ca, stop, is_leader, every_s, agent_username),
                               name="remote-gpu-signer", daemon=True)
     thread.start()
     return thread

@@ -121,3 +121,96 @@ def test_the_agent_writes_its_clients_token_secrets_and_nothing_else(
     assert "holds only remote_endpoint, remote_token and remote_tls_ca.pem" in forbidden_message(
         lambda: agent_core_v1.patch_namespaced_secret("train-0-gpupool-remote", namespace,
                                                       {"stringData": {"extra": "x"}}))
+
+
+NODE_CERTIFICATES = COMPONENT.parent / "remote-gpu-node-certificates" / "remote-gpu-node-certificates-rbac.yaml"
+
+
+def _token(core_v1: client.CoreV1Api, account: str, namespace: str, pod: client.V1Pod | None = None) -> str:
+    """A ServiceAccount token; bound to ``pod`` (which then names the pod's node) when given."""
+    bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod.metadata.name,
+                                          uid=pod.metadata.uid) if pod is not None else None
+    answer = core_v1.create_namespaced_service_account_token(account, namespace, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600, bound_object_ref=bound)))
+    return str(answer.status.token)
+
+
+def _api_client(control_plane: ControlPlane, token: str, path: Path) -> client.ApiClient:
+    path.write_text(render_kubeconfig(control_plane.server, token, control_plane.ca_cert.read_bytes()))
+    return config.new_client_from_config(config_file=str(path))
+
+
+def test_a_gpu_node_gets_a_certificate_for_itself_only(control_plane: ControlPlane, kube_api_client: client.ApiClient,
+                                                       core_v1: client.CoreV1Api, namespace: str,
+                                                       tmp_path: Path) -> None:
+    """components/remote-gpu-node-certificates on the real apiserver: the agent's CertificateSigningRequest
+    sent with its pod-bound token, approved and signed by the extender's signer running as the extender's
+    ServiceAccount with the component's RBAC; a request for another node's name or without a pod-bound
+    token is denied with the reason."""
+    import threading
+
+    from cryptography import x509
+
+    from gpupool.extender.http.cert_secrets import ensure_ca
+    from gpupool.extender.remote_gpu_signer import CaSecret, start_signer
+    from gpupool.nodeagent.remote_certificate import CertificateRefused, ServerCertificate
+
+    suffix = uuid.uuid4().hex[:6]
+    docs = [d for d in yaml.safe_load_all(NODE_CERTIFICATES.read_text()) if d]
+    names = [d["metadata"]["name"] for d in docs if d["kind"].startswith("Cluster")]
+    text = json.dumps(docs).replace('"gpupool-node"', json.dumps(namespace)).replace(
+        '"gpupool-system"', json.dumps(namespace))
+    for name in names:
+        text = text.replace(json.dumps(name), json.dumps(f"{name}-{suffix}"))
+    for account in ("gpupool-node-agent", "gpupool-extender"):
+        core_v1.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name=account)))
+    for doc in json.loads(text):
+        utils.create_from_dict(kube_api_client, doc)
+    nodes = {f"e2e-gpu-{suffix}": "10.99.0.7", f"e2e-gpu-other-{suffix}": "10.99.0.8"}
+    pods = {}
+    for node, address in nodes.items():
+        core_v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+                             "status": {"addresses": [{"type": "InternalIP", "address": address}]}})
+        pods[node] = core_v1.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"agent-{node}"),
+            spec=client.V1PodSpec(node_name=node, service_account_name="gpupool-node-agent",
+                                  containers=[client.V1Container(name="a", image="gpupool:test")])))
+    node, other = list(nodes)
+    certificates = client.CertificatesV1Api(kube_api_client)
+    stop = threading.Event()
+    try:
+        ensure_ca(core_v1, namespace, "gpupool-remote-gpu-ca", "gpupool-remote-gpu-ca")
+        extender = _api_client(control_plane, _token(core_v1, "gpupool-extender", namespace), tmp_path / "extender")
+        start_signer(client.CertificatesV1Api(extender), client.CoreV1Api(extender),
+                     CaSecret(client.CoreV1Api(extender), namespace, "gpupool-remote-gpu-ca"), stop, lambda: True,
+                     every_s=0.2, agent_username=f"system:serviceaccount:{namespace}:gpupool-node-agent")
+
+        def agent(pod_node: str | None) -> client.CertificatesV1Api:
+            token = _token(core_v1, "gpupool-node-agent", namespace, pods[pod_node] if pod_node else None)
+            return client.CertificatesV1Api(_api_client(control_plane, token, tmp_path / f"agent-{pod_node}"))
+
+        keeper = ServerCertificate(agent(node), node, [nodes[node]], tmp_path / "node")
+        cert = keeper.obtain(wait_s=30, poll_s=0.2)
+        ca = x509.load_pem_x509_certificate((keeper.ca_pem() or "").encode())
+        cert.verify_directly_issued_by(ca)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert sans.get_values_for_type(x509.DNSName) == [node]
+        assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [nodes[node]]
+
+        # the other node's agent asking for this node's name and address; an agent token bound to no pod
+        with pytest.raises(CertificateRefused, match=f"the common name '{other}' alone"):
+            ServerCertificate(agent(other), node, [nodes[node]], tmp_path / "forged").obtain(wait_s=30, poll_s=0.2)
+        with pytest.raises(CertificateRefused, match="names no node"):
+            ServerCertificate(agent(None), node, [nodes[node]], tmp_path / "unbound").obtain(wait_s=30, poll_s=0.2)
+    finally:
+        stop.set()
+        rbac = client.RbacAuthorizationV1Api(kube_api_client)
+        for request in certificates.list_certificate_signing_request().items:
+            if node in request.metadata.name:
+                ignore_404(lambda n=request.metadata.name: certificates.delete_certificate_signing_request(n))
+        for name in names:
+            ignore_404(lambda n=name: rbac.delete_cluster_role_binding(f"{n}-{suffix}"))
+            ignore_404(lambda n=name: rbac.delete_cluster_role(f"{n}-{suffix}"))
+        for name in nodes:
+            ignore_404(lambda n=name: core_v1.delete_node(n))
