@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -35,7 +36,8 @@ def client_path_cmd() -> None:
               help="Where the pod's grant Secret is mounted: waited for until it holds remote_endpoint and "
                    "remote_token.")
 @click.option("--share", default="", envvar="GPUPOOL_REMOTE_SHARE", show_envvar=True,
-              help="The pod's remote-share-v1 annotation (the downward API's); empty: a local share, nothing done.")
+              help="The pod's remote-share-v1 annotation (the downward API's); empty: a local share, the "
+                   "local-share placeholder (loads nothing) is put where the client would be.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for the grant before failing.")
 @click.option("--check-server-name", is_flag=True,
@@ -46,18 +48,31 @@ def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float, check
     """Install the GPU client in a pod with a remote share (the init container the pod-scheduler
     webhook adds; docs/remote-gpu.md, "What the webhook injects")."""
     from gpupool.remotegpu.install_client import CLIENT_NAME, InstallError, install_client
-    from gpupool.shim.remote_build import client_directory
+    from gpupool.shim.remote_build import client_directory, placeholder_library
 
     try:
-        source = client_directory() / CLIENT_NAME if share.strip() else Path()
-        click.echo(install_client(share, source, into, grant, wait_s=wait_s, check_server_name=check_server_name))
+        remote = bool(share.strip())
+        source = client_directory() / CLIENT_NAME if remote else Path()
+        placeholder = None if remote else _placeholder(placeholder_library)
+        click.echo(install_client(share, source, into, grant, wait_s=wait_s, check_server_name=check_server_name,
+                                  placeholder=placeholder))
     except (ShimBuildError, InstallError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
+def _placeholder(find: Callable[[], Path]) -> Path | None:
+    """The local-share placeholder, or None where the image has none and nothing can build it (a
+    local share then still starts, with the loader's line)."""
+    try:
+        return find()
+    except ShimBuildError:
+        return None
+
+
 @remote_gpu.command("build")
 @click.option("--into", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to write gpupool-remote-server and remote-client/libcuda.so.1 to; the package's "
+              help="Directory to write gpupool-remote-server, remote-client/libcuda.so.1 and the local-share "
+                   "placeholder beside it to; the package's "
                    "gpupool/shim/lib makes them the installation's (what the image does).")
 def build_cmd(directory: Path) -> None:
     """Build the GPU server and client (needs a C compiler and OpenSSL 3's headers) into a directory."""

@@ -9,7 +9,9 @@ agent (docs/remote-gpu.md, "What the webhook injects"):
   image (``gpupool remote-gpu install-client``) copies it into an ``emptyDir`` and the GPU
   container preloads it (``LD_PRELOAD``). The init container reads the pod's ``remote-share-v1``
   (downward API, resolved when it starts, after the bind): for a share booked on the pod's own
-  node (a local share, the bind's first tier) it copies nothing, so the node's driver is used;
+  node (a local share, the bind's first tier) it copies an empty placeholder library there instead,
+  so the node's driver is used and the loader finds the preloaded file. ``LD_PRELOAD`` is set
+  whatever the share turns out to be: the webhook runs before the bind chooses the tier;
 * **the grant** (endpoint, token, the server's CA): the GPU node's agent writes it in the Secret
   ``<pod>-gpupool-remote``, owned by the pod. The webhook mounts that Secret by name, which it can
   only know when the pod has one: for a pod with ``generateName`` and no name it picks the name

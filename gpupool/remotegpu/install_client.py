@@ -3,9 +3,14 @@ asking for a remote share (:mod:`gpupool.extender.remote_injection`).
 
 It runs on the pod's node after the bind, so it knows what the webhook could not: whether the share
 was booked on another node's card (the pod's ``remote-share-v1``, handed in by the downward API) or
-on the pod's own node (none: a local share, the node's driver serves it, nothing is installed).
-For a remote share it copies the GPU client (``libcuda.so.1``) into the pod's volume that the GPU
-container preloads, then waits until the grant Secret's endpoint and token are in the mounted
+on the pod's own node (none: a local share, the node's driver serves it).
+For a local share it puts the local-share placeholder, an empty shared object, where the client
+would be: the webhook's ``LD_PRELOAD`` names that path whatever the share turns out to be, and a
+path naming no file makes the dynamic loader print "cannot be preloaded" at every program start.
+The placeholder defines nothing, so the program's ``libcuda.so.1`` is still the node's driver (or
+the interception library the node's ``/etc/ld.so.preload`` loads in front of it). For a remote
+share it copies the GPU client (``libcuda.so.1``) into the pod's volume that the GPU container
+preloads, then waits until the grant Secret's endpoint and token are in the mounted
 directory, so the GPU container never starts without them (the Secret volume is optional, kubelet
 fills it in when the GPU node's agent has written it).
 
@@ -53,14 +58,29 @@ def grant_ready(grant: Path) -> bool:
         return False
 
 
+def install_placeholder(placeholder: Path | None, into: Path) -> str:
+    """The local share's work: the placeholder at the client's path. Never fails the pod (the share
+    works without it, only the loader's line comes back): a missing placeholder or a failed copy
+    is said in words."""
+    local = "the share is on this node's own card (no remote-share-v1), the node's driver serves it"
+    if placeholder is None:
+        return f"{local}; no local-share placeholder in this image, nothing installed"
+    try:
+        installed = copy_client(placeholder, into)
+    except OSError as exc:
+        return f"{local}; the local-share placeholder could not be installed ({exc})"
+    return f"{local}; installed the local-share placeholder (loads nothing) as {installed}"
+
+
 def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s: float = DEFAULT_WAIT_S,
                    poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep, check_server_name: bool = False) -> str:
+                   sleep: Callable[[float], None] = time.sleep, check_server_name: bool = False,
+                   placeholder: Path | None = None) -> str:
     """Do the module docstring's work; returns what was done in words, raises :class:`InstallError`
-    when the grant is still missing after ``wait_s``."""
+    when the grant is still missing after ``wait_s``. ``placeholder`` is the local-share
+    placeholder (None: none to install)."""
     if not share.strip():
-        return ("the share is on this node's own card (no remote-share-v1): nothing installed, "
-                "the node's driver serves it")
+        return install_placeholder(placeholder, into)
     installed = copy_client(source, into)
     if check_server_name:
         try:

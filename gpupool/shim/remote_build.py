@@ -3,7 +3,11 @@
 * the GPU server, ``gpupool-remote-server``: an executable that dlopens the node's driver (needs
   OpenSSL 3's headers and libraries to build: ``libssl-dev``);
 * the GPU client, a ``libcuda.so.1`` that forwards the driver API to a server, for containers on
-  nodes without GPUs.
+  nodes without GPUs;
+* the local-share placeholder, an empty shared object the GPU client's init container installs in
+  the client's place when the pod's share is on its own node (the webhook's ``LD_PRELOAD`` names
+  the client's path before the bind decides; a missing file there makes the loader complain at
+  every program start).
 
 Cached by digest like the interception library (:mod:`gpupool.shim.build`): a changed source or
 compiler never reuses a stale build.
@@ -34,6 +38,10 @@ CLIENT_DIR_NAME = "remote-client"
 REMOTE_DIR = SHIM_SOURCE_DIR / "remote"
 SERVER_SOURCES = ("server.c",)
 CLIENT_SOURCES = ("client.c",)
+PLACEHOLDER_SOURCES = ("local_share.c",)
+PLACEHOLDER_NAME = "libgpupool-local-share.so"
+"""The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
+answers a program's ``libcuda.so.1`` with it (it is installed under that name in the pod)."""
 HEADERS = ("protocol.h",)
 WARNINGS = ("-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
 CLIENT_SONAME = "libcuda.so.1"
@@ -76,6 +84,18 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     return directory
 
 
+def build_placeholder(*, flavour: Flavour = RELEASE, werror: bool = False) -> Path:
+    """The local-share placeholder (built once per digest): defines no symbol, has no constructor."""
+    compiler = find_compiler()
+    flags = (*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags,
+             f"-Wl,-soname,{PLACEHOLDER_NAME}", *(("-Werror",) if werror else ()))
+    sources = _files(PLACEHOLDER_SOURCES)
+    output = cache_dir() / f"local-share-{flavour.name}-{_digest(compiler, flags, sources)}" / PLACEHOLDER_NAME
+    if not output.is_file():
+        _compile(compiler, list(flags), sources, output)
+    return output
+
+
 def server_program() -> Path:
     """The GPU server the node runs: the packaged one, else a cached build."""
     packaged = PACKAGED_DIR / SERVER_NAME
@@ -101,18 +121,26 @@ def client_directory() -> Path:
     return packaged if (packaged / CLIENT_SONAME).is_file() else build_client()
 
 
+def placeholder_library() -> Path:
+    """The local-share placeholder: the packaged one (beside the client), else a cached build."""
+    packaged = PACKAGED_DIR / CLIENT_DIR_NAME / PLACEHOLDER_NAME
+    return packaged if packaged.is_file() else build_placeholder()
+
+
 def build_into(directory: Path) -> tuple[Path, Path]:
-    """Build both programs and copy them into ``directory`` as an installation keeps them
-    (``gpupool-remote-server`` and ``remote-client/libcuda.so.1``); returns the two paths."""
+    """Build the programs and copy them into ``directory`` as an installation keeps them
+    (``gpupool-remote-server``, ``remote-client/libcuda.so.1`` and the local-share placeholder
+    beside the client); returns the server's path and the client's directory."""
     import shutil
 
-    server, client = build_server(), build_client()
+    server, client, placeholder = build_server(), build_client(), build_placeholder()
     directory.mkdir(parents=True, exist_ok=True)
     server_target = directory / SERVER_NAME
     shutil.copy2(server, server_target)
     client_target = directory / CLIENT_DIR_NAME
     client_target.mkdir(exist_ok=True)
     shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
+    shutil.copy2(placeholder, client_target / PLACEHOLDER_NAME)
     link = client_target / "libcuda.so"
     if not link.is_symlink():
         link.symlink_to(CLIENT_SONAME)

@@ -1,6 +1,6 @@
 """``gpupool remote-gpu install-client``, the init container of a pod with a remote share
-(gpupool/remotegpu/install_client.py): a local share installs nothing, a remote one copies the
-client and waits for the grant Secret's endpoint and token."""
+(gpupool/remotegpu/install_client.py): a local share gets the local-share placeholder at the
+client's path, a remote one copies the client and waits for the grant Secret's endpoint and token."""
 
 from __future__ import annotations
 
@@ -23,10 +23,30 @@ def client_file(tmp_path: Path) -> Path:
     return source
 
 
-def test_a_local_share_installs_nothing_and_waits_for_nothing(tmp_path: Path) -> None:
+def test_a_local_share_gets_the_placeholder_at_the_clients_path_and_waits_for_nothing(tmp_path: Path) -> None:
+    """The webhook's LD_PRELOAD names lib/libcuda.so.1 whatever the share turns out to be: a local
+    share finds the placeholder there (tests/remote/test_local_share_placeholder.py runs programs
+    with it), not the client, and no grant is waited for."""
+    placeholder = tmp_path / "built" / "libgpupool-local-share.so"
+    placeholder.parent.mkdir()
+    placeholder.write_bytes(b"\x7fELF the placeholder")
+    said = install_client("", tmp_path / "missing", tmp_path / "lib", tmp_path / "grant", wait_s=0,
+                          placeholder=placeholder)
+    installed = tmp_path / "lib" / "libcuda.so.1"
+    assert installed.read_bytes() == b"\x7fELF the placeholder" and installed.stat().st_mode & 0o777 == 0o755
+    assert "local-share placeholder" in said and str(installed) in said
+    assert [p.name for p in (tmp_path / "lib").iterdir()] == ["libcuda.so.1"]
+
+
+def test_a_local_share_still_starts_without_a_placeholder(tmp_path: Path) -> None:
+    """An image without one (or an emptyDir that refuses the copy) must not fail the pod: the share
+    works, only the loader's line comes back."""
     said = install_client("", tmp_path / "missing", tmp_path / "lib", tmp_path / "grant", wait_s=0)
-    assert "nothing installed" in said
-    assert not (tmp_path / "lib").exists()
+    assert "no local-share placeholder" in said and not (tmp_path / "lib").exists()
+    (tmp_path / "file").write_text("not a directory")
+    said = install_client("", tmp_path / "missing", tmp_path / "file" / "lib", tmp_path / "grant", wait_s=0,
+                          placeholder=tmp_path / "file")
+    assert "could not be installed" in said
 
 
 def test_a_remote_share_gets_the_client_once_the_grant_is_mounted(tmp_path: Path) -> None:
@@ -67,8 +87,12 @@ def test_the_command_reads_the_share_from_the_downward_apis_variable(tmp_path: P
     grant = tmp_path / "grant"
     grant.mkdir()
     args = ["install-client", "--into", str(tmp_path / "lib"), "--grant", str(grant), "--wait", "0"]
+    placeholder = tmp_path / "built" / "libgpupool-local-share.so"
+    placeholder.write_bytes(b"\x7fELF the placeholder")
+    monkeypatch.setattr("gpupool.shim.remote_build.placeholder_library", lambda: placeholder)
     local = CliRunner().invoke(remote_gpu, args, env={"GPUPOOL_REMOTE_SHARE": ""})
-    assert local.exit_code == 0 and "nothing installed" in local.output
+    assert local.exit_code == 0 and "local-share placeholder" in local.output
+    assert (tmp_path / "lib" / "libcuda.so.1").read_bytes() == placeholder.read_bytes()
     missing = CliRunner().invoke(remote_gpu, args, env={"GPUPOOL_REMOTE_SHARE": SHARE})
     assert missing.exit_code == 1 and "no remote_endpoint and remote_token" in missing.output
     threading.Timer(0.2, lambda: [(grant / k).write_text("x") for k in ("remote_endpoint", "remote_token")]).start()
@@ -99,3 +123,16 @@ def test_check_server_name_writes_the_scheduled_node_beside_the_client(tmp_path:
     assert (tmp_path / "lib" / SERVER_NAME_FILE).read_text() == "gpu-7\n"
     with pytest.raises(InstallError, match="its server's name is unknown"):
         install_client(SHARE, source, tmp_path / "lib", grant, wait_s=0, check_server_name=True)
+
+
+def test_the_command_starts_a_local_share_where_no_placeholder_can_be_had(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.shim.build import ShimBuildError
+
+    def no_placeholder() -> Path:
+        raise ShimBuildError("no prebuilt placeholder and no C compiler")
+
+    monkeypatch.setattr("gpupool.shim.remote_build.placeholder_library", no_placeholder)
+    args = ["install-client", "--into", str(tmp_path / "lib"), "--grant", str(tmp_path / "grant"), "--wait", "0"]
+    local = CliRunner().invoke(remote_gpu, args, env={"GPUPOOL_REMOTE_SHARE": ""})
+    assert local.exit_code == 0 and "no local-share placeholder" in local.output

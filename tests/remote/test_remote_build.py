@@ -12,7 +12,14 @@ from click.testing import CliRunner
 
 from gpupool.cli.main import cli
 from gpupool.shim import remote_build
-from gpupool.shim.remote_build import CLIENT_SONAME, build_into, client_directory, server_program
+from gpupool.shim.remote_build import (
+    CLIENT_SONAME,
+    PLACEHOLDER_NAME,
+    build_into,
+    client_directory,
+    placeholder_library,
+    server_program,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,18 +33,23 @@ def test_packaged_programs_win_over_a_build(monkeypatch: pytest.MonkeyPatch, tmp
     (tmp_path / "gpupool-remote-server").write_text("#!/bin/sh\n")
     (tmp_path / "remote-client").mkdir()
     (tmp_path / "remote-client" / CLIENT_SONAME).write_text("elf")
+    (tmp_path / "remote-client" / PLACEHOLDER_NAME).write_text("elf")
     monkeypatch.setattr(remote_build, "build_server", no_build)
     monkeypatch.setattr(remote_build, "build_client", no_build)
+    monkeypatch.setattr(remote_build, "build_placeholder", no_build)
     assert server_program() == tmp_path / "gpupool-remote-server"
     assert client_directory() == tmp_path / "remote-client"
+    assert placeholder_library() == tmp_path / "remote-client" / PLACEHOLDER_NAME
 
 
 def test_without_packaged_programs_they_are_built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "empty")
     monkeypatch.setattr(remote_build, "build_server", lambda **_kw: tmp_path / "built-server")
     monkeypatch.setattr(remote_build, "build_client", lambda **_kw: tmp_path / "built-client")
+    monkeypatch.setattr(remote_build, "build_placeholder", lambda **_kw: tmp_path / "built-placeholder")
     assert server_program() == tmp_path / "built-server"
     assert client_directory() == tmp_path / "built-client"
+    assert placeholder_library() == tmp_path / "built-placeholder"
 
 
 @pytest.mark.slow  # compiles the server and the client (cached by digest)
@@ -53,6 +65,7 @@ def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pyte
     assert soname.returncode != 0 or f"[{CLIENT_SONAME}]" in soname.stdout
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
     assert server_program() == server and client_directory() == client
+    assert placeholder_library() == client / PLACEHOLDER_NAME  # what a local share's init container copies
     again = build_into(tmp_path / "lib")  # a second build over an installed one replaces it in place
     assert again == (server, client)
 
@@ -62,6 +75,18 @@ def test_the_image_ships_the_remote_programs() -> None:
     assert "libssl-dev" in dockerfile
     assert "gpupool remote-gpu build" in dockerfile
     assert "--into /install/lib/python3.11/site-packages/gpupool/shim/lib" in dockerfile
+
+
+def test_the_installed_package_carries_the_remote_sources() -> None:
+    """The image builds the remote programs from the installed package (``pip install .``, then
+    ``gpupool remote-gpu build``): every source of shim/src/remote must be package data."""
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gpupool"]
+    packaged = {path for pattern in patterns for path in (ROOT / "gpupool").glob(pattern)}  # "*" stays in its folder
+    sources = {p for p in remote_build.REMOTE_DIR.iterdir() if p.suffix in (".c", ".h")}
+    assert remote_build.REMOTE_DIR / "local_share.c" in sources
+    assert sorted(p.name for p in sources - packaged) == []
 
 
 def test_the_server_problem_is_what_server_program_would_meet(monkeypatch: pytest.MonkeyPatch,
