@@ -7,6 +7,8 @@
  *
  *   remote_probe vector_add N    a vector add and a scale whose results are read back and checked
  *                                (PROBE_PINNED=1: its host buffers from cuMemAllocHost)
+ *   remote_probe vector_add_per_line N   say "connected", then the vector add on its one connection
+ *                                for each line read from stdin, until stdin ends
  *   remote_probe hold MIB        allocate MIB MiB, say "held", sleep until killed
  *   remote_probe alloc MIB       try to allocate MIB MiB: "alloc <CUresult> free <bytes> total <bytes>"
  *   remote_probe copy_loop MIB   copy MIB MiB to the device and back until a call fails:
@@ -190,6 +192,13 @@ int main(int argc, char **argv) {
     long value = argc > 2 ? atol(argv[2]) : 0;
     if (setup() != 0) return 1;
     if (strcmp(mode, "vector_add") == 0) return vector_add((unsigned)value);
+    if (strcmp(mode, "vector_add_per_line") == 0) { /* one connection, a vector add per line read */
+        char line[64];
+        printf("connected\n");
+        while (fgets(line, sizeof line, stdin) != NULL)
+            if (vector_add((unsigned)value) != 0) return 1;
+        return 0;
+    }
     if (strcmp(mode, "hold") == 0) {
         CUdeviceptr pointer;
         CHECK(cuMemAlloc_v2(&pointer, (size_t)value << 20));

@@ -2,7 +2,8 @@
 
 :class:`ServerProcess` keeps ``gpupool remote-gpu serve --listen HOST:PORT --clients FILE`` (the
 data plane's server) running: started once, started again a little after it exits, terminated when
-the agent stops. :class:`TokenSecrets` writes the Secret of every pod newly served
+the agent stops, and told to load its TLS files again after a renewal (:meth:`ServerProcess.reload`).
+:class:`TokenSecrets` writes the Secret of every pod newly served
 (:func:`gpupool.nodeagent.remote_server.token_secret`) and again when its token changed; a write
 that fails is tried again at the next :meth:`TokenSecrets.publish` (each change of the clients,
 and every ``retry_s``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,6 @@ class ServerProcess:
         self.restart_s = restart_s
         self.starts = 0
         self.process: asyncio.subprocess.Process | None = None
-        self._restarting = False
 
     async def run(self) -> None:
         try:
@@ -59,21 +60,23 @@ class ServerProcess:
                 self.process = await asyncio.create_subprocess_exec(*self.argv)
                 self.starts += 1
                 code = await self.process.wait()
-                if self._restarting:
-                    self._restarting = False
-                    continue
                 log.warning("remote GPU server exited with %s; starting it again in %g s", code, self.restart_s)
                 await asyncio.sleep(self.restart_s)
         finally:
             await self._stop()
 
-    async def restart(self) -> None:
-        """Stop the running server and start it again at once (it reads its certificate at start:
-        a renewed one takes effect so; its clients' connections are closed and their calls fail)."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        self._restarting = True
-        await self._stop()
+    def reload(self) -> bool:
+        """Tell the running server to load its certificate and key again (SIGHUP): new connections get
+        the renewed certificate, open ones keep their TLS sessions and their calls go on. False when
+        no server runs (the next one starts with the files as they are)."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return False
+        try:
+            process.send_signal(signal.SIGHUP)
+        except ProcessLookupError:
+            return False
+        return True
 
     async def _stop(self) -> None:
         process = self.process

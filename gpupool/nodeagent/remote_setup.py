@@ -126,7 +126,8 @@ async def obtain_certificate(keeper: ServerCertificate, retry_s: float = CERTIFI
 async def keep_certificate(keeper: ServerCertificate, server: ServerProcess, *, retry_s: float = CERTIFICATE_RETRY_S,
                            now: Callable[[], float] = time.time) -> None:
     """Renew the node's certificate when :meth:`ServerCertificate.due` says so (two thirds of its life)
-    and restart the server with it, until cancelled."""
+    and tell the server to serve it to new connections (its clients connected already keep theirs),
+    until cancelled."""
     while True:
         renew_at = keeper.renew_at()
         if renew_at is not None:
@@ -137,7 +138,8 @@ async def keep_certificate(keeper: ServerCertificate, server: ServerProcess, *, 
             continue
         log.info("remote GPU: renewing this node's serving certificate: %s", reason)
         await obtain_certificate(keeper, retry_s)
-        await server.restart()
+        if server.reload():
+            log.info("remote GPU: told the server to serve the renewed certificate to new connections")
 
 
 async def run_remote_gpu(node: str, names: ResourceNames, options: RemoteGpuOptions, core_v1: Any,

@@ -20,7 +20,9 @@ names the interception library's region of the client's executor, where the libr
 controller records the client's measured SM use, which the supervisor reads from there.
 
 With a certificate and key the server speaks TLS; without, a listen address that is not loopback is
-refused unless ``allow_plain`` (docs/remote-gpu.md, "Trust").
+refused unless ``allow_plain`` (docs/remote-gpu.md, "Trust"). The C server loads the certificate
+and key again for new connections when they change on disk or when it gets SIGHUP, which this
+supervisor passes on (the node agent sends it after a renewal); connections open then keep theirs.
 """
 
 from __future__ import annotations
@@ -308,12 +310,17 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
     shim = [] if not enforce_compute else ["--shim", str(library_path())]
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []
+    reloads: list[int] = []
     report: ConnectionsReport | None = None
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
 
+    def reload(signum: int, _frame: FrameType | None) -> None:
+        reloads.append(signum)
+
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
     try:
         mirror = ClientsMirror(clients_file, private / MIRROR_NAME)
         mirror.refresh()
@@ -325,6 +332,9 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
                    *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
         with subprocess.Popen(command) as server:
             while server.poll() is None and not stopping:
+                if reloads:  # the C server reloads its TLS files for new connections
+                    reloads.clear()
+                    server.send_signal(signal.SIGHUP)
                 mirror.refresh()
                 report.refresh(server.pid)
                 time.sleep(POLL_S)

@@ -138,7 +138,7 @@ def test_the_agent_asks_again_until_the_certificate_is_issued(ca: Any, tmp_path:
     assert keeper.due() == "" and not failures
 
 
-def test_a_renewed_certificate_restarts_the_server(ca: Any, tmp_path: Path) -> None:
+def test_a_renewed_certificate_is_reloaded_by_the_server_not_restarted(ca: Any, tmp_path: Path) -> None:
     from gpupool.nodeagent.remote_setup import keep_certificate
 
     clock = Clock()
@@ -147,50 +147,60 @@ def test_a_renewed_certificate_restarts_the_server(ca: Any, tmp_path: Path) -> N
     clock.now += LIFETIME * 0.7  # two thirds gone: due at once
 
     class Server:
-        restarts = 0
+        reloads = 0
 
-        async def restart(self) -> None:
-            Server.restarts += 1
+        def reload(self) -> bool:
+            Server.reloads += 1
             clock.now = dt.datetime.now(dt.UTC)  # the renewed one is fresh: the loop then sleeps
+            return True
 
     async def scenario() -> None:
         task = asyncio.create_task(keep_certificate(keeper, Server(), retry_s=0,  # type: ignore[arg-type]
                                                     now=lambda: clock.now.timestamp()))
         for _ in range(200):
             await asyncio.sleep(0.01)
-            if Server.restarts:
+            if Server.reloads:
                 break
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(scenario())
-    assert Server.restarts == 1
+    assert Server.reloads == 1
     renewed = keeper.current()
     assert renewed is not None and renewed.serial_number != first.serial_number
 
 
-def test_restart_starts_the_server_again_at_once(tmp_path: Path) -> None:
+def test_reload_signals_the_running_server_which_keeps_running(tmp_path: Path) -> None:
+    """SIGHUP, not a restart: the same process goes on (a restart would close its clients)."""
     from gpupool.nodeagent.remote_serving import ServerProcess
 
-    async def scenario() -> int:
-        server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], restart_s=30)
+    marker = tmp_path / "hup"
+    program = ("import pathlib, signal, sys, time; "
+               "signal.signal(signal.SIGHUP, lambda *_: pathlib.Path(sys.argv[1]).write_text('hup')); "
+               "pathlib.Path(sys.argv[1] + '.ready').touch(); time.sleep(60)")
+
+    async def scenario() -> tuple[bool, bool, int]:
+        server = ServerProcess([sys.executable, "-c", program, str(marker)], restart_s=30)
+        idle = server.reload()  # nothing runs yet
         task = asyncio.create_task(server.run())
-        while server.process is None:
+        while not marker.with_suffix(".ready").exists():
             await asyncio.sleep(0.01)
         first = server.process
-        await server.restart()
-        for _ in range(300):  # well under restart_s: a restart does not wait out the crash pause
-            if server.process is not first:
+        told = server.reload()
+        for _ in range(300):
+            if marker.exists():
                 break
             await asyncio.sleep(0.01)
+        same = server.process is first and first is not None and first.returncode is None
         starts = server.starts
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return starts
+        return idle, told and same, starts
 
-    assert asyncio.run(scenario()) == 2
+    assert asyncio.run(scenario()) == (False, True, 1)
+    assert marker.read_text() == "hup"
 
 
 @pytest.mark.slow  # imports the CLI

@@ -11,6 +11,7 @@
  * leaves the file, is released by the process's exit, and one client can neither see nor corrupt
  * another's state. The process checks the file at most every CHECK_MS and leaves when its token
  * is no longer there. A client's live allocations never exceed its booked memory.
+ * With --tls-cert/--tls-key, SIGHUP (or the files changing) loads them again for new connections.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -31,8 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "protocol.h"
 
@@ -247,18 +250,105 @@ static int waiting_request(int timeout_ms) {
 
 static SSL_CTX *tls_context;
 
-/* Server-side TLS from a certificate chain and key (PEM); the client checks it against its CA. */
-static int load_tls(const char *certificate, const char *key) {
-    tls_context = SSL_CTX_new(TLS_server_method());
-    if (tls_context == NULL || SSL_CTX_set_min_proto_version(tls_context, TLS1_2_VERSION) != 1 ||
-        SSL_CTX_use_certificate_chain_file(tls_context, certificate) != 1 ||
-        SSL_CTX_use_PrivateKey_file(tls_context, key, SSL_FILETYPE_PEM) != 1 ||
-        SSL_CTX_check_private_key(tls_context) != 1) {
+/* Server-side TLS from a certificate chain and key (PEM); the client checks it against its CA.
+ * NULL (with OpenSSL's reasons on stderr) when the files do not load or do not match. */
+static SSL_CTX *tls_context_from(const char *certificate, const char *key) {
+    SSL_CTX *context = SSL_CTX_new(TLS_server_method());
+    if (context == NULL || SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION) != 1 ||
+        SSL_CTX_use_certificate_chain_file(context, certificate) != 1 ||
+        SSL_CTX_use_PrivateKey_file(context, key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(context) != 1) {
         fprintf(stderr, "gpupool-remote-server: TLS certificate %s / key %s: ", certificate, key);
         ERR_print_errors_fp(stderr);
-        return -1;
+        SSL_CTX_free(context);
+        return NULL;
     }
+    return context;
+}
+
+/* Renewal (docs/remote-gpu.md, "Certificates per GPU node"): the files are loaded again, for new
+ * connections only, when SIGHUP asks or when accept finds them changed (a mounted Secret rotated by
+ * kubelet says nothing). A connection's process forked earlier keeps its own copy of the context and
+ * its TLS session, so its client never notices. Files that do not load keep the context in use. */
+static const char *tls_certificate_path, *tls_key_path;
+static volatile sig_atomic_t tls_reload_asked;
+static struct tls_files_seen {
+    dev_t device[2];
+    ino_t inode[2];
+    off_t size[2];
+    struct timespec modified[2];
+} tls_seen;
+
+static struct tls_files_seen tls_files_now(void) {
+    struct tls_files_seen now;
+    memset(&now, 0, sizeof now);
+    const char *paths[2] = {tls_certificate_path, tls_key_path};
+    for (int i = 0; i < 2; i++) {
+        struct stat info;
+        if (stat(paths[i], &info) != 0) continue; /* gone for a moment: all zero, looked at again later */
+        now.device[i] = info.st_dev, now.inode[i] = info.st_ino, now.size[i] = info.st_size;
+        now.modified[i] = info.st_mtim;
+    }
+    return now;
+}
+
+static int same_tls_files(const struct tls_files_seen *a, const struct tls_files_seen *b) {
+    for (int i = 0; i < 2; i++)
+        if (a->device[i] != b->device[i] || a->inode[i] != b->inode[i] || a->size[i] != b->size[i] ||
+            a->modified[i].tv_sec != b->modified[i].tv_sec || a->modified[i].tv_nsec != b->modified[i].tv_nsec)
+            return 0;
+    return 1;
+}
+
+static void ask_tls_reload(int signal_number) {
+    (void)signal_number;
+    tls_reload_asked = 1;
+}
+
+static void log_served_certificate(const char *what) {
+    X509 *leaf = SSL_CTX_get0_certificate(tls_context);
+    BIO *err = BIO_new_fp(stderr, BIO_NOCLOSE);
+    if (leaf == NULL || err == NULL) {
+        BIO_free(err);
+        return;
+    }
+    BIGNUM *serial = ASN1_INTEGER_to_BN(X509_get0_serialNumber(leaf), NULL);
+    char *hex = serial != NULL ? BN_bn2hex(serial) : NULL;
+    BIO_printf(err, "gpupool-remote-server: %s TLS certificate %s (serial %s, not after ", what, tls_certificate_path,
+               hex != NULL ? hex : "?");
+    ASN1_TIME_print(err, X509_get0_notAfter(leaf));
+    BIO_printf(err, ") for new connections\n");
+    OPENSSL_free(hex);
+    BN_free(serial);
+    BIO_free(err);
+}
+
+static int load_tls(const char *certificate, const char *key) {
+    tls_certificate_path = certificate, tls_key_path = key;
+    tls_seen = tls_files_now();
+    tls_context = tls_context_from(certificate, key);
+    if (tls_context == NULL) return -1;
+    log_served_certificate("serving");
     return 0;
+}
+
+/* Load the files again when asked or changed since last looked at; each change is tried once (a
+ * half-written pair is tried again when the rest of it lands, a broken one is logged once). */
+static void refresh_tls(void) {
+    if (tls_context == NULL) return;
+    struct tls_files_seen now = tls_files_now();
+    int asked = tls_reload_asked;
+    tls_reload_asked = 0;
+    if (!asked && same_tls_files(&now, &tls_seen)) return;
+    tls_seen = now;
+    SSL_CTX *renewed = tls_context_from(tls_certificate_path, tls_key_path);
+    if (renewed == NULL) {
+        fprintf(stderr, "gpupool-remote-server: keeping the TLS certificate in use\n");
+        return;
+    }
+    SSL_CTX_free(tls_context);
+    tls_context = renewed;
+    log_served_certificate("reloaded");
 }
 
 /* Replies are gathered in one buffer and sent when the next request would block (or it fills). */
@@ -1128,6 +1218,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpupool-remote-server: --tls-cert and --tls-key go together\n");
         return 2;
     }
+    struct sigaction reload = {.sa_handler = ask_tls_reload}; /* no SA_RESTART: accept returns, the reload is now */
+    sigaction(SIGHUP, &reload, NULL);
     if (tls_certificate != NULL && load_tls(tls_certificate, tls_key) != 0) return 1;
     if (load_driver(driver_path) != 0) return 1;
     signal(SIGPIPE, SIG_IGN); /* a client gone while TLS writes to it: an error, not the end of the server */
@@ -1136,6 +1228,7 @@ int main(int argc, char **argv) {
     struct sigaction reap = {.sa_handler = reap_clients, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
     sigaction(SIGCHLD, &reap, NULL);
     for (;;) {
+        if (tls_reload_asked) refresh_tls();
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
         if (client < 0) {
             if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
@@ -1147,10 +1240,12 @@ int main(int argc, char **argv) {
             close(client);
             continue;
         }
+        refresh_tls(); /* the connection gets the certificate the files hold now */
         pid_t child = fork();
         if (child > 0) live++;
         if (child == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* the server going means its clients go */
+            signal(SIGHUP, SIG_IGN); /* a reload is the server's: the connection's reads go on */
             close(listener);
             sock = client;
             int one = 1, idle = 10, interval = 5, count = 3;
