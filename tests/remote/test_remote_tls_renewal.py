@@ -162,16 +162,22 @@ def test_a_renewal_signalled_by_sighup_serves_new_connections_and_keeps_open_one
 
 def test_a_rotated_secret_is_served_to_the_next_connection_without_a_signal(programs: Programs,
                                                                             tmp_path: Path) -> None:
-    """The shared Secret's mode: kubelet swaps the mounted files (a new inode each) and tells nobody;
-    the server notices at the next accept."""
+    """The shared Secret's mode: kubelet swaps the mounted files (``tls.crt`` -> ``..data/tls.crt``,
+    ``..data`` pointed at a new directory) and tells nobody; the server notices at the next accept."""
     keeper = node_a_certificate(tmp_path / "node-a")
     mounted = tmp_path / "secret"
     mounted.mkdir()
 
-    def project() -> None:  # as kubelet does: the new files appear at once
-        for source, name in ((keeper.cert_path, "tls.crt"), (keeper.key_path, "tls.key")):
-            shutil.copy(source, mounted / f".{name}")
-            os.replace(mounted / f".{name}", mounted / name)
+    def project() -> None:  # as kubelet's atomic writer does: a new directory, ..data swapped to it
+        version = mounted / f"..{time.monotonic_ns()}"
+        version.mkdir()
+        shutil.copy(keeper.cert_path, version / "tls.crt")
+        shutil.copy(keeper.key_path, version / "tls.key")
+        (mounted / "..data_tmp").symlink_to(version.name)
+        os.replace(mounted / "..data_tmp", mounted / "..data")
+        for name in ("tls.crt", "tls.key"):
+            if not (mounted / name).is_symlink():
+                (mounted / name).symlink_to(f"..data/{name}")
 
     project()
     files = ["--tls-cert", str(mounted / "tls.crt"), "--tls-key", str(mounted / "tls.key")]
