@@ -13,8 +13,13 @@ What is added: every claim of the pod that the claim watch has seen and that is 
 yet, for each request of gpupool's class (:func:`gpupool.kube.claim_asks.claim_ask`). An allocated
 claim adds nothing (its allocation is booked in the ledger, and the DRA filter holds its pod to
 that node). A claim the extender cannot model leaves the pod without gpupool's choice (its request
-unchanged, the reason logged); a claim not seen yet is a :class:`TranslationError`, answered as the
-filter's error so kube-scheduler retries the pod shortly.
+unchanged, the reason logged once per claim); a claim not seen yet is a :class:`TranslationError`,
+answered as the filter's error so kube-scheduler retries the pod shortly.
+
+A request with CEL selectors the extender reads (:mod:`gpupool.kube.device_selector`) places its
+GPU container only on the cards they allow (:mod:`gpupool.extender.claim_selectors`): the node's
+best card by gpupool is then one the allocator may choose. Selectors it cannot evaluate on the
+ledger's cards leave the pod as a claim that cannot be modelled.
 
 Preempt reads a claim pod the same way (:meth:`ClaimPodRequests.read`): its pending claims' asks
 are placed as GPU containers, exactly as filter places them, and its allocated claims are named so
@@ -29,7 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpupool.core.model import ContainerRequest, PodRequest
+from gpupool.core.card_scope import CardScope, narrow
+from gpupool.core.model import ContainerRequest, GpuRequest, PodRequest
+from gpupool.extender.claim_selectors import SelectedCards
 from gpupool.extender.dra_bookings import ClaimBookings
 from gpupool.kube.claim_asks import pod_claim_names
 from gpupool.kube.claim_holding import claim_key
@@ -37,6 +44,8 @@ from gpupool.kube.translate import TranslationError
 
 log = logging.getLogger(__name__)
 
+TOLD_KEPT = 4096
+"""Reasons already logged (claim and reason), forgotten all at once past this many."""
 CLAIM_CONTAINER = "claim:"
 """Prefix of the containers a claim's requests become (``claim:<claim>/<request>``): never a
 container's name, which cannot hold ``:``."""
@@ -57,6 +66,18 @@ class ClaimPodRequests:
     def __init__(self, claims: ClaimBookings, lock: threading.RLock) -> None:
         self.claims = claims
         self.lock = lock
+        self.selected = SelectedCards(claims.state, claims.driver)
+        self._told: set[str] = set()
+
+    def _unmodelled(self, base: PodRequest, key: str, why: str) -> ClaimPodReading:
+        """``base`` unchanged: the pod gets no node choice by gpupool; ``why`` logged once per claim."""
+        told = f"{key}\0{why}"
+        if told not in self._told:
+            if len(self._told) >= TOLD_KEPT:
+                self._told.clear()
+            self._told.add(told)
+            log.info("pod %s: no node choice by gpupool: %s", base.key, why)
+        return ClaimPodReading(base)
 
     def request(self, pod: Mapping[str, Any], base: PodRequest) -> PodRequest:
         """``base`` (the pod's translated request) with one GPU container per gpupool request of
@@ -88,8 +109,18 @@ class ClaimPodRequests:
                         allocated.append(key)
                     continue
                 if ask.problem is not None:
-                    log.info("pod %s: no node choice by gpupool: %s", base.key, ask.problem)
-                    return ClaimPodReading(base)
-                added.extend(ContainerRequest(f"{CLAIM_CONTAINER}{claim}/{name}", gpu=gpu) for name, gpu in ask.asks)
+                    return self._unmodelled(base, key, ask.problem)
+                selections = dict(ask.selections)
+                for name, gpu in ask.asks:
+                    if name in selections:
+                        scope = self.selected.scope(selections[name])
+                        if isinstance(scope, str):
+                            return self._unmodelled(base, key, f"claim {claim}, request {name[:64]!r}: {scope}")
+                        gpu = _scoped(gpu, scope)
+                    added.append(ContainerRequest(f"{CLAIM_CONTAINER}{claim}/{name}", gpu=gpu))
         request = replace(base, containers=(*base.containers, *added)) if added else base
         return ClaimPodReading(request, tuple(allocated))
+
+
+def _scoped(gpu: GpuRequest, scope: CardScope) -> GpuRequest:
+    return replace(gpu, scope=narrow(gpu.scope, scope))

@@ -33,6 +33,7 @@ from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
 from gpupool.extender.victims import HeldClaim
 from gpupool.kube.claim_asks import ClaimAsk, claim_ask
 from gpupool.kube.claim_holding import CLAIM_MARK, ClaimRecord, claim_booking, claim_key, read_claim
+from gpupool.kube.device_selector import device_schema
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class ClaimBookings:
         self._on_node: dict[str, set[str]] = {}
         self.classes = frozenset({driver})
         """gpupool's DeviceClasses: the one the chart and kustomize install is named after the driver."""
+        self.schema = device_schema(driver)
+        """What the claims' selectors may read of gpupool's devices (:mod:`gpupool.kube.device_selector`)."""
         self.asks: dict[str, ClaimAsk] = {}
         """What each claim watched asks of gpupool's cards, for the node choice of its pod before it
         is allocated (:mod:`gpupool.extender.claim_pods`)."""
@@ -71,7 +74,7 @@ class ClaimBookings:
         meta = obj.get("metadata")
         meta = meta if isinstance(meta, Mapping) else {}
         key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        self.asks[key] = claim_ask(obj, self.classes)
+        self.asks[key] = claim_ask(obj, self.classes, self.schema)
         try:
             record = read_claim(obj, self.driver)
         except Exception as exc:  # a reading bug must not stop the watch or drop what the claim held
@@ -176,11 +179,12 @@ class ClaimBookings:
         if desired is None:
             return
         try:
-            over = self.state.claim(desired)
+            self.state.claim(desired)
         except AllocationError as exc:  # a card the node has no more: booked when it publishes it again
             log.error("claim %s: cannot book %s: %s", key, desired, exc)
             return
         log.info("claim %s: booked on node %s, %s", key, desired.node, _shown(desired))
+        over = self.state.over_capacity(desired.node)
         if over:
             over = self._yield_assumptions(desired.node, over)
         if over or desired.node in self.problems.overcommitted:

@@ -10,9 +10,13 @@ the request policy's default, all of a card's memory: a whole card.
 
 What cannot be modelled (``allocationMode: All``, ``firstAvailable`` alternatives, a malformed
 quantity) makes the ask's ``problem``: the pod then gets no node choice from gpupool (the DRA
-allocator still decides, kube-scheduler's scores choose the node), never a wrong one. Selectors
-(CEL) are not read: kube-scheduler's DRA filter, which runs before the extender, has already kept
-only nodes where some card matches.
+allocator still decides, kube-scheduler's scores choose the node), never a wrong one.
+
+A request's CEL selectors are read when a device schema is given (the extender's claim watch gives
+gpupool's, :func:`gpupool.kube.device_selector.device_schema`): a selection within the subset
+:mod:`gpupool.kube.device_selector` reads is kept per request (the extender then chooses among the
+cards it allows); one outside it is the ask's ``problem``, as above. The DeviceClass's own
+selectors are not read: the class gpupool installs selects its driver only.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from gpupool.api.dra import COMPUTE, COMPUTE_PERCENT, MEMORY, MIB
 from gpupool.core.model import GpuRequest
 from gpupool.core.units import COMPUTE_PER_CARD
+from gpupool.kube.device_selector import DeviceSchema, Selection, Unsupported, selection
 from gpupool.kube.quantity import QuantityError, parse_quantity
 
 MEMORY_STEP_MIB = 256
@@ -46,6 +51,9 @@ class ClaimAsk:
     named: str | None = None
     """The first request naming one of gpupool's classes (:func:`class_request`), None when none
     does: whether the claim's pod is one for gpupool's scheduler (the pod-scheduler webhook)."""
+    selections: tuple[tuple[str, Selection], ...] = ()
+    """``(request name, its selectors)`` for the asks whose request has selectors (read only with
+    a device schema)."""
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -112,14 +120,16 @@ def gpu_request(exactly: Mapping[str, Any], where: str) -> GpuRequest:
         raise ValueError(f"{where}: {exc}") from None
 
 
-def claim_ask(obj: Mapping[str, Any], classes: frozenset[str]) -> ClaimAsk:
+def claim_ask(obj: Mapping[str, Any], classes: frozenset[str], schema: DeviceSchema | None = None) -> ClaimAsk:
     """What claim ``obj`` (a ResourceClaim as the API serves it) asks of the device classes in
-    ``classes`` (gpupool's). Never raises: what cannot be read is the ask's ``problem``."""
+    ``classes`` (gpupool's), with its requests' selectors read against ``schema`` (None: not read).
+    Never raises: what cannot be read is the ask's ``problem``."""
     meta = _map(obj.get("metadata"))
     where = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
     allocated = _map(obj.get("status")).get("allocation") is not None
     named = class_request(obj.get("spec"), classes)
     asks: list[tuple[str, GpuRequest]] = []
+    selections: list[tuple[str, Selection]] = []
     for request in _requests(_map(obj.get("spec"))):
         name = str(request.get("name") or "")
         here = f"{where}, request {name[:64]!r}"
@@ -132,9 +142,14 @@ def claim_ask(obj: Mapping[str, Any], classes: frozenset[str]) -> ClaimAsk:
             continue
         try:
             asks.append((name, gpu_request(exactly, here)))
+            chosen = selection(exactly.get("selectors"), schema) if schema is not None else None
+        except Unsupported as exc:
+            return ClaimAsk(allocated=allocated, problem=f"{here}: selector not read: {exc}", named=named)
         except ValueError as exc:
             return ClaimAsk(allocated=allocated, problem=str(exc), named=named)
-    return ClaimAsk(tuple(asks), allocated, named=named)
+        if chosen is not None:
+            selections.append((name, chosen))
+    return ClaimAsk(tuple(asks), allocated, named=named, selections=tuple(selections))
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

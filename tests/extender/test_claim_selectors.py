@@ -1,0 +1,114 @@
+"""A claim's CEL selectors narrow the extender's card choice for its pod (issue 24, docs/dra.md
+"Selectors the extender reads"): a node whose only card with room is one the selectors exclude is
+not preferred, and selectors the extender cannot read or evaluate leave the pod to kube-scheduler's
+own choice, as before, with the reason logged once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from gpupool.api.annotations import Inventory, encode_inventory
+from gpupool.api.names import ResourceNames
+from gpupool.core.model import GpuCard
+from gpupool.extender.booking_keeper import ASSUMED_REFUSED
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.claim_pods import ClaimPodRequests
+from gpupool.extender.dra_watch import apply_claim_event, replace_claims
+from gpupool.extender.service import ExtenderService
+from gpupool.kube.translate import pod_request
+from tests.extender.test_claim_pods import CARD, claim, claim_pod, request
+from tests.kube.builders import node
+
+A = 'device.attributes["gpu.gpupool.io"]'
+A100 = "NVIDIA-A100-SXM4-16GB"
+V100 = "Tesla-V100-SXM2-16GB"
+WANTS_A100 = [{"cel": {"expression": f'{A}.model.startsWith("NVIDIA-A100")'}}]
+
+
+def mixed_node(name: str, *models: str) -> dict[str, Any]:
+    obj = node(name, [CARD])
+    cards = tuple(GpuCard(index=i, uuid=f"GPU-{name}-{i}", model=m, memory_mib=CARD) for i, m in enumerate(models))
+    obj["metadata"]["annotations"]["gpupool.io/inventory-v1"] = encode_inventory(Inventory(cards, None))
+    return obj
+
+
+def world(*claims: dict[str, Any]) -> tuple[ClusterCache, ExtenderService, ClaimPodRequests]:
+    """n1: an A100 with 2 GiB free and a V100 with 8 GiB free; n2: an empty A100."""
+    cache = ClusterCache()
+    cache.replace_nodes([mixed_node("n1", A100, V100), mixed_node("n2", A100)])
+    cache.replace_pods([])
+    replace_claims(cache, [claim("held-a", allocated_on=("n1", "gpu-0", "14Gi")),
+                           claim("held-v", allocated_on=("n1", "gpu-1", "8Gi")), *claims])
+    return cache, ExtenderService(cache, None), ClaimPodRequests(cache.claims, cache.lock)
+
+
+def passed(cache: ClusterCache, service: ExtenderService, claims: ClaimPodRequests, name: str) -> list[str]:
+    obj = claim_pod("p", name)
+    asked = claims.request(obj, pod_request(obj, ResourceNames()))
+    out = service.filter(asked, ["n2", "n1"], pod=obj)
+    assert not out.error
+    cache.unassume(asked.key, ASSUMED_REFUSED)
+    return out.passed
+
+
+def test_a_node_whose_only_card_with_room_is_excluded_is_not_preferred() -> None:
+    cache, service, claims = world(claim("any", request()), claim("a100", request(selectors=WANTS_A100)))
+    assert passed(cache, service, claims, "any") == ["n1"]  # the half-used V100 packs best
+    assert passed(cache, service, claims, "a100") == ["n2"]  # n1's A100 has 2 GiB: only n2 holds it
+
+
+def test_a_claim_that_fits_an_allowed_card_still_packs() -> None:
+    small = request(memory="1Gi", selectors=WANTS_A100)
+    cache, service, claims = world(claim("small", small))
+    assert passed(cache, service, claims, "small") == ["n1"]  # n1's A100 has room for 1 GiB
+
+
+def test_the_request_carries_the_allowed_cards_as_its_scope() -> None:
+    _cache, _service, claims = world(claim("a100", request(selectors=WANTS_A100)))
+    obj = claim_pod("p", "a100")
+    gpu = claims.request(obj, pod_request(obj, ResourceNames())).gpu_containers[0].gpu
+    assert gpu is not None and gpu.scope is not None
+    assert gpu.scope.within[0].uuids == {"GPU-n1-0", "GPU-n2-0"}
+
+
+@pytest.mark.parametrize(("expression", "allowed"), [
+    (f"{A}.index == 0", {"GPU-n1-0", "GPU-n2-0"}),
+    (f'{A}.uuid != "GPU-n1-0" && {A}.model.startsWith("NVIDIA")', {"GPU-n2-0"}),
+    (f'{A}.model == "{V100}"', {"GPU-n1-1"}),
+])
+def test_cards_alike_but_for_their_identity_are_told_apart_when_the_selector_reads_it(
+        expression: str, allowed: set[str]) -> None:
+    _cache, _service, claims = world(claim("c", request(selectors=[{"cel": {"expression": expression}}])))
+    obj = claim_pod("p", "c")
+    gpu = claims.request(obj, pod_request(obj, ResourceNames())).gpu_containers[0].gpu
+    assert gpu is not None and gpu.scope is not None and gpu.scope.within[0].uuids == allowed
+
+
+def test_a_node_added_later_is_evaluated_too() -> None:
+    cache, service, claims = world(claim("a100", request(selectors=WANTS_A100)))
+    assert passed(cache, service, claims, "a100") == ["n2"]
+    apply_claim_event(cache, "ADDED", claim("fill", allocated_on=("n2", "gpu-0", "14Gi")))
+    cache.replace_nodes([mixed_node("n1", A100, V100), mixed_node("n2", A100), mixed_node("n3", V100, A100)])
+    obj = claim_pod("p", "a100")
+    asked = claims.request(obj, pod_request(obj, ResourceNames()))
+    assert service.filter(asked, ["n1", "n2", "n3"], pod=obj).passed == ["n3"]
+
+
+@pytest.mark.parametrize("selectors", [
+    pytest.param([{"cel": {"expression": f'{A}.model.matches("A100")'}}], id="outside-the-subset"),
+    pytest.param([{"cel": {"expression": f'{A}.profile == "1g.10gb"'}}], id="fails-on-a-card"),
+    pytest.param([{"cel": {"expression": f'{A}.model == "NVIDIA-H100"'}}], id="allows-no-known-card"),
+])
+def test_selectors_not_understood_leave_the_pod_as_before_logged_once(
+        selectors: list[dict[str, Any]], caplog: pytest.LogCaptureFixture) -> None:
+    _cache, _service, claims = world(claim("odd", request(selectors=selectors)))
+    obj = claim_pod("p", "odd")
+    base = pod_request(obj, ResourceNames())
+    with caplog.at_level(logging.INFO, logger="gpupool.extender.claim_pods"):
+        assert claims.request(obj, base) is base
+        assert claims.request(obj, base) is base
+    told = [r.getMessage() for r in caplog.records if "no node choice by gpupool" in r.getMessage()]
+    assert len(told) == 1 and "selector" in told[0]
