@@ -1,8 +1,9 @@
 """Which cards of a node hold more than they have: the check behind claims the ledger books anyway.
 
-Apart from :mod:`gpupool.core.state` because it walks a node's placements in Python (it runs after
-a claim or a release on an over-committed card, never on the booking path) and counts owners only:
-borrowers (:mod:`gpupool.core.lent`) count against the card's loan, not against the card.
+Apart from :mod:`gpupool.core.state` because it walks a node's placements in Python (the extender
+asks it after a claim, and after a release from an over-committed card; never on the booking path,
+nor on the node agent's, whose claims of its grants do not ask) and counts owners only: borrowers
+(:mod:`gpupool.core.lent`) count against the card's loan, not against the card.
 """
 
 from __future__ import annotations

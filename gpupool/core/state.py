@@ -357,9 +357,11 @@ class ClusterState(LedgerArrays):
         return [self.specs[int(r)].name for r in rows]
 
     # ------------------------------------------------------------------------------------ claims
-    def claim(self, placement: Placement) -> tuple[int, ...]:
-        """Book what the cluster already holds, even beyond a card's capacity; returns the card
-        positions of the placement's node that are over capacity afterwards.
+    def claim(self, placement: Placement) -> None:
+        """Book what the cluster already holds, even beyond a card's capacity. A caller that acts on
+        cards over capacity asks :meth:`over_capacity` afterwards: the check walks every placement
+        of the node in Python, and most claims have no use for it (the node agent claims each pod it
+        granted and judges new slices by the cards' free space alone).
 
         Why apart from :meth:`apply`: a bound pod holds the cards its assignment names whatever the
         ledger thinks, and an older version or a hand edit can leave two pods claiming more than a
@@ -380,7 +382,6 @@ class ClusterState(LedgerArrays):
             if card < 0 or card >= self.max_cards or not self.card_exists[row, card]:
                 raise AllocationError(f"node {placement.node} has no card {card}")
         self._hold(row, placement)
-        return self.over_capacity(placement.node)
 
     def over_capacity(self, node: str) -> tuple[int, ...]:
         """Card positions of ``node`` whose bookings add up to more than the card has: memory or

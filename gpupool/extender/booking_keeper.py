@@ -410,10 +410,11 @@ class BookingKeeper:
         self._release(key)
         if desired is not None:
             try:
-                over = self.state.claim(desired)
+                self.state.claim(desired)
             except AllocationError as exc:
                 log.error("pod %s: cannot book %s: %s", key, desired, exc)
                 return
+            over = self.state.over_capacity(desired.node)
             if over:
                 over = self._yield_assumptions(desired.node, over)
             if over or desired.node in self.problems.overcommitted:

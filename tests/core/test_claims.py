@@ -20,8 +20,9 @@ def twelve_gib(card: int = 0) -> CardSlice:
 
 def test_two_claims_beyond_a_card_are_both_booked_and_reported() -> None:
     state = ClusterState([make_node("n1", 2)])
-    assert state.claim(raw_placement("a", "n1", [twelve_gib()], cpu=2_000)) == ()
-    assert state.claim(raw_placement("b", "n1", [twelve_gib()], cpu=3_000)) == (0,)
+    state.claim(raw_placement("a", "n1", [twelve_gib()], cpu=2_000))
+    assert state.over_capacity("n1") == ()
+    state.claim(raw_placement("b", "n1", [twelve_gib()], cpu=3_000))
     usage = state.card_usage("n1")[0]
     assert usage.memory_free == CARD_MIB - 24 * GIB  # below zero: every claim counts
     assert int(state.cpu_free[0]) == 64_000 - 5_000
@@ -55,7 +56,8 @@ def test_releasing_one_claimant_leaves_the_other_booked() -> None:
 def test_a_whole_card_shared_with_a_slice_is_over_capacity() -> None:
     state = ClusterState([make_node("n1", 1)])
     state.claim(raw_placement("whole", "n1", [CardSlice(0, CARD_MIB, 1000, exclusive=True)]))
-    assert state.claim(raw_placement("slice", "n1", [CardSlice(0, 1 * GIB, 0)])) == (0,)
+    state.claim(raw_placement("slice", "n1", [CardSlice(0, 1 * GIB, 0)]))
+    assert state.over_capacity("n1") == (0,)
     state.release("slice")
     state.upsert_node(state.specs[0])  # what the extender does after a release from such a card
     assert state.card_usage("n1")[0].mode == CardMode.EXCLUSIVE

@@ -160,3 +160,24 @@ def test_pods_granted_one_after_another_extend_the_kept_ledger() -> None:
     finished = [*pods[:4], view("p4", [(False, [CardSlice(0, 3072, 200, False)])], terminated=True)]
     check_assignment(NODE, inventory, last, last.assignment.placement.containers[0], finished, kept)
     assert kept.rebuilds == 2  # a pod that ended releases its cards: built afresh
+
+
+def test_the_node_claims_its_grants_without_looking_for_cards_over_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent claims every pod it granted and judges a new slice by the cards' free space: the
+    core's over-capacity walk over the node's placements (the extender's concern) is not run on
+    Allocate's path, nor on a rebuild that claims every granted pod."""
+    def walked(*_args: Any) -> tuple[int, ...]:
+        raise AssertionError("the node's claim walked its placements for cards over capacity")
+
+    monkeypatch.setattr("gpupool.core.state.cards_over_capacity", walked)
+    inventory = GpuInventory((GpuCard(0, "GPU-0", "T4", 16384),), Topology.flat(1), ("/dev/nvidia0",))
+    pods = [view(f"p{i}", [(False, [CardSlice(0, 3072, 200, False)])]) for i in range(6)]
+    kept = KeptLedger(NODE)
+    for i, pod in enumerate(pods[1:5], start=1):
+        assert pod.assignment is not None
+        check_assignment(NODE, inventory, pod, pod.assignment.placement.containers[0], pods[:i], kept)
+    last = pods[5]
+    assert last.assignment is not None
+    with pytest.raises(AssignmentRefused, match="already granted"):
+        check_assignment(NODE, inventory, last, last.assignment.placement.containers[0], pods[:5], kept)
+    assert kept.rebuilds == 1
