@@ -7,11 +7,13 @@ is the one with room. With the allowed cards as the request's
 :class:`~gpupool.core.card_scope.CardScope`, the filter, the scores and the card choice consider
 only them (the card rule's ``OUT_OF_SCOPE``), as for a pod pinned to cards by annotation.
 
-The ledger's cards are evaluated once per selection and node layout (a node added, replaced or
-removed changes the answer; bookings do not), and cards that differ only in what the selectors do
-not read (their UUID, their index) once together. A filter call of a pod whose claim was seen
-before costs a dictionary lookup; a new selection or layout costs 20-45 ms on 5,000 nodes of 8
-cards, 250-400 ms for a selector reading UUIDs (medians of 5, three runs at load 3.4-4.0).
+The allowed cards are worked out once per selection and node layout (a node added, replaced or
+removed changes the answer; bookings do not). A card's verdict depends on its attributes alone, so
+cards that differ only in what the selectors do not read (their UUID, their index) are evaluated
+once together, and verdicts are kept across layouts: a new layout evaluates only cards not seen
+before, which matters for a selector reading UUIDs (every card its own evaluation: 250-400 ms on
+5,000 nodes of 8 cards the first time, and before this at every node added or removed, inside a
+filter call). A filter call of a pod whose claim was seen before costs a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from gpupool.kube.card_device import card_device
 from gpupool.kube.device_selector import EvalError, Selection
 
 KEPT = 128
-"""Selections remembered per node layout (least recently used first out)."""
+"""Selections remembered (least recently used first out), their scopes per layout and their verdicts."""
+
+Alike = tuple[str, int, int, str, str, str, str, int]
+"""What a selection can read of a card: its attributes and capacities (identity only if read)."""
 
 
 class SelectedCards:
@@ -38,6 +43,8 @@ class SelectedCards:
         self.driver = driver
         self._layout = -1
         self._found: OrderedDict[Selection, CardScope | str] = OrderedDict()
+        self._verdicts: OrderedDict[Selection, dict[Alike, bool | str]] = OrderedDict()
+        """Each selection's verdict on each kind of card (a failure's reason as str), kept across layouts."""
 
     def scope(self, selection: Selection) -> CardScope | str:
         """The scope admitting exactly the cards ``selection`` allows; a reason (str) when it cannot
@@ -60,7 +67,7 @@ class SelectedCards:
         allowed: set[str] = set()
         names = selection.attribute_names()
         by_uuid, by_index = ATTR_UUID in names, ATTR_INDEX in names
-        seen: dict[object, bool] = {}
+        seen = self._verdicts_of(selection)
         for row, spec in enumerate(self.state.specs):
             if not self.state.present[row]:
                 continue
@@ -74,9 +81,24 @@ class SelectedCards:
                     try:
                         found = seen[alike] = selection.matches(card_device(card, self.driver))
                     except EvalError as exc:
-                        return f"selector {selection} fails on card {card.uuid[:64]} of node {spec.name[:64]}: {exc}"
+                        found = seen[alike] = str(exc)
+                if isinstance(found, str):
+                    return f"selector {selection} fails on card {card.uuid[:64]} of node {spec.name[:64]}: {found}"
                 if found:
                     allowed.add(card.uuid)
         if not allowed:
             return f"selector {selection} allows none of the cards the extender knows"
         return CardScope("the claim's selectors", within=(CardSet(uuids=frozenset(allowed)),))
+
+    def _verdicts_of(self, selection: Selection) -> dict[Alike, bool | str]:
+        """The selection's kept verdicts; emptied once they outgrow twice the cards there are (cards of
+        nodes long gone would otherwise stay for a selector reading UUIDs)."""
+        seen = self._verdicts.get(selection)
+        cards = sum(len(spec.cards) for spec in self.state.specs)
+        if seen is None or len(seen) > 2 * cards + 64:
+            seen = self._verdicts[selection] = {}
+            while len(self._verdicts) > KEPT:
+                self._verdicts.popitem(last=False)
+        else:
+            self._verdicts.move_to_end(selection)
+        return seen
