@@ -6,8 +6,9 @@ began (owners' bookings and borrowers' are two budgets: :mod:`gpupool.core.lent`
 without being one of the loan's owners. Nothing watches such a container and its allocations have no
 wait bound, so the lending service never lends its share (:func:`gpupool.nodeagent.lending.loans.new_loans`
 and :func:`~gpupool.nodeagent.lending.loans.keep_new_bookings`), gives it the owners' wait bound
-while the card is lent or draining, and reclaims the borrowers whose bookings no longer fit a loan that
-shrank for it. These are the helpers that read the pods for it.
+while the card is lent or draining, and reclaims just enough of the borrowers of a loan that shrank
+for it to bring the others within it (:mod:`gpupool.nodeagent.lending.over_loan`); the others and
+such an owner do not conflict at open (:func:`left_out`). These are the helpers that read the pods for it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from gpupool.nodeagent.lending.pods import LendingPod
-from gpupool.nodeagent.lending.rules import ContainerKey, PodKey
+from gpupool.nodeagent.lending.rules import ContainerKey
 
 BookingKey = tuple[str, str]
 """(pod UID, container): one container's booking. By UID, not name: a pod recreated under the same
@@ -56,16 +57,10 @@ def booked_containers(card: int, pods: Iterable[LendingPod]) -> frozenset[Contai
                      for container, cards in pod.booked.items() if card in cards)
 
 
-def borrowers_on(card: int, pods: Iterable[LendingPod]) -> tuple[tuple[int, int], tuple[PodKey, ...]]:
-    """What the borrowers booked on ``card`` hold together (memory MiB, compute per-mille) and who they are."""
-    memory = compute = 0
-    who: list[PodKey] = []
-    for pod in pods:
-        if not pod.borrowed:
-            continue
-        mine = [piece for slices in pod.shares.values() for piece in slices if piece.card == card]
-        if mine:
-            memory += sum(p.memory_mib for p in mine)
-            compute += sum(p.compute for p in mine)
-            who.append(pod.key)
-    return (memory, compute), tuple(sorted(who))
+def left_out(kept: Collection[BookingKey], pods: Iterable[LendingPod]) -> frozenset[ContainerKey]:
+    """The containers of ``pods`` whose booking ``kept`` names (a loan's
+    :attr:`~gpupool.nodeagent.lending.loans.Loan.kept_bookings`: their share is not lent)."""
+    if not kept:
+        return frozenset()
+    return frozenset((pod.namespace, pod.name, container) for pod in pods
+                     for container in {*pod.booked, *pod.shares} if (pod.uid, container) in kept)

@@ -34,7 +34,7 @@ Owners booked on the card. The same holds for an extended-resource container boo
 is not among the loan's owners (not started when the card went idle, or placed there by the
 extender after the loan began: owners' and borrowers' bookings are two budgets): its share is never
 lent (:func:`new_loans` leaves it out) and a loan it arrives on shrinks once (:func:`keep_new_bookings`;
-the service reclaims the borrowers that no longer fit). :mod:`gpupool.nodeagent.lending.bookings`
+the service reclaims just enough borrowers to fit it again). :mod:`gpupool.nodeagent.lending.bookings`
 says which containers count.
 
 The loans are written to a small JSON file next to the monitor's state after every change, so an

@@ -66,6 +66,9 @@ class LendingPod:
     container's only while no app container was created, none once the pod ended
     (:func:`live_shares`). What a loan leaves out for an owner not holding the card
     (:mod:`gpupool.nodeagent.lending.bookings`)."""
+    spec_priority: int = 0
+    """The pod's ``spec.priority`` (0 when none). Every borrower is low at open (:attr:`priority`);
+    this orders borrowers among themselves when some must go (:mod:`gpupool.nodeagent.lending.over_loan`)."""
 
     @property
     def key(self) -> PodKey:
@@ -142,7 +145,8 @@ def lending_pod(pod: NodePod, names: LendingNames,
                       booked={k: frozenset(v) for k, v in cards.items()}, cards=cards,
                       checkpoint_key=checkpoint_key(pod, names),
                       container_ids=container_ids, claims=claims, regions={k: ((k, v),) for k, v in cards.items()},
-                      shares=live_shares(assigned, container_ids, terminated))
+                      shares=live_shares(assigned, container_ids, terminated),
+                      spec_priority=pod.spec_priority or 0)
 
 
 class LendingPods:

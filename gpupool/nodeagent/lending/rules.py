@@ -16,8 +16,12 @@ definition; a booked container facing a borrower is high (the booking outranks t
 returning to its lent card is rule 1). Containers without a gpupool share of the card (a pod that
 got the device another way) are compared by their pod priority. The owners of a lent card hold it
 "dormant" while their borrowers open it: they lent it, so their hold does not refuse a borrower;
-their own next open ends the loan. A container whose pod is being reclaimed is refused every open
-and is never reclaimed a second time.
+their own next open ends the loan. An owner booked on a lent card whose share the loan leaves out
+(:mod:`~gpupool.nodeagent.lending.bookings`: it was placed there, or had not started, when the loan
+began or grew smaller for it) never conflicts with that loan's borrowers either way: the loan it
+shrank is what they hold, and those past it are reclaimed by the loan's size, not at this open
+(:mod:`~gpupool.nodeagent.lending.over_loan`). A container whose pod is being reclaimed is refused
+every open and is never reclaimed a second time.
 """
 
 from __future__ import annotations
@@ -104,11 +108,15 @@ class OpenDecision:
     reason: str = ""
 
 
-def conflicts(asker: Occupant, holder: Occupant, dormant: frozenset[ContainerKey]) -> bool:
+def conflicts(asker: Occupant, holder: Occupant, dormant: frozenset[ContainerKey],
+              left_out: frozenset[ContainerKey] = frozenset()) -> bool:
     """Whether the rules compare these two at all (the ledger vouches for the other pairs)."""
     if asker.container == holder.container:
         return False
     if asker.claim is holder.claim and asker.claim in (Claim.BOOKED, Claim.BORROWED):
+        return False
+    borrower, other = (asker, holder) if asker.claim is Claim.BORROWED else (holder, asker)
+    if borrower.claim is Claim.BORROWED and other.container in left_out:
         return False
     return not (asker.claim is Claim.BORROWED and holder.container in dormant)
 
@@ -123,10 +131,13 @@ def effective(occupant: Occupant, other: Occupant) -> Priority:
 
 
 def decide_open(asker: Occupant, holders: Iterable[Occupant], *, dormant: frozenset[ContainerKey] = frozenset(),
-                reclaiming: frozenset[PodKey] = frozenset()) -> OpenDecision:
+                reclaiming: frozenset[PodKey] = frozenset(),
+                left_out: frozenset[ContainerKey] = frozenset()) -> OpenDecision:
     """Apply the rules between ``asker`` and every conflicting holder of the card.
 
     ``dormant``: the owners of the card's loan that have not opened it since it was lent;
+    ``left_out``: the containers booked on the card whose share the loan leaves out (neither they nor
+    the loan's borrowers are judged against the other);
     ``reclaiming``: pods whose reclaim is in flight (refused, never reclaimed twice, and their
     holds no longer count). Any refusal wins (the asker is reclaimed, nobody else is); otherwise
     the open is allowed and every low holder a high asker met is reclaimed.
@@ -140,7 +151,7 @@ def decide_open(asker: Occupant, holders: Iterable[Occupant], *, dormant: frozen
     reasons: list[str] = []
     refusals: list[str] = []
     for holder in holders:
-        if holder.pod in reclaiming or not conflicts(asker, holder, dormant):
+        if holder.pod in reclaiming or not conflicts(asker, holder, dormant, left_out):
             continue
         held, asked = effective(holder, asker), effective(asker, holder)
         outcome = RULES[(held, asked)]

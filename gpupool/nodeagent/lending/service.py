@@ -40,7 +40,10 @@ those that begin and those already running (:mod:`~gpupool.nodeagent.lending.loa
 
 Owners booked on a lent card that are not its loan's owners (:mod:`~gpupool.nodeagent.lending.bookings`)
 are kept out of the loans the same way; a loan shrunk below what its borrowers are booked is kept and
-its borrowers are reclaimed as for a returning owner. Each step does it, and so does the container's
+just enough of its borrowers are reclaimed as for a returning owner to bring the others within it
+(:mod:`~gpupool.nodeagent.lending.over_loan` says which go first). Such an owner and the loan's
+borrowers are not judged against each other at open (rules' ``left_out``): the owner's share is
+not lent, so its first open reclaims none of them. Each step does it, and so does the container's
 Allocate (:meth:`LendingService.owner_granted`, told by the checkpoint backend once the container's
 region exists), which also writes the container's wait bound before it can start.
 """
@@ -51,14 +54,14 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
 from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
-from gpupool.nodeagent.lending.bookings import booked_containers, borrowers_on
+from gpupool.nodeagent.lending.bookings import booked_containers, left_out
 from gpupool.nodeagent.lending.claims import ClaimShares
 from gpupool.nodeagent.lending.devices import lent_devices
 from gpupool.nodeagent.lending.loans import (
@@ -70,6 +73,7 @@ from gpupool.nodeagent.lending.loans import (
     new_loans,
 )
 from gpupool.nodeagent.lending.options import ActivityThresholds
+from gpupool.nodeagent.lending.over_loan import borrowers_booked, reclaim_to_fit
 from gpupool.nodeagent.lending.owner_activity import OwnerWatch
 from gpupool.nodeagent.lending.pods import LendingPod, LendingPods
 from gpupool.nodeagent.lending.processes import PodProcesses
@@ -135,6 +139,9 @@ class LendingService:
         not lent again until the monitor has seen them busy (loop thread only)."""
         self.regions = RegionControl(config.shim_state_dir, pods.get) if config.shim_state_dir else None
         """Owners' wait bounds and borrowers' freezes in the library's regions (``None``: no library)."""
+        self._reclaimed: set[str] = set()
+        """UIDs of pods whose reclaim finished while the watch may still list them (an evicted pod stays
+        until it is deleted): not counted among a loan's borrowers again (memory only; pruned each step)."""
         self._waiting: dict[int, frozenset[ContainerKey]] = {}
         """Card → the owners whose allocations on it wait for room now (their regions say so)."""
         self._waits_lock = threading.Lock()
@@ -228,6 +235,7 @@ class LendingService:
                        if o is not None]
             loan = loans.get(card)
             dormant = loan.owners if loan is not None else frozenset()
+            spared = left_out(loan.kept_bookings, pods) if loan is not None else frozenset()
             for pod in pods:
                 for container, cid in pod.container_ids.items():
                     if not cid or card not in pod.cards.get(container, ()):
@@ -235,7 +243,8 @@ class LendingService:
                     asker = self._occupant(ProcessIdentity(cid, container, pod.name, pod.namespace), path)
                     if asker is None:
                         continue
-                    decision = decide_open(asker, holders, dormant=dormant, reclaiming=reclaiming)
+                    decision = decide_open(asker, holders, dormant=dormant, reclaiming=reclaiming,
+                                           left_out=spared)
                     if decision.verdict is Verdict.DENY:
                         out.setdefault(cid, set()).add(path)
                     if decision.rule is Rule.REFUSE_LOW_ASKER:
@@ -289,7 +298,9 @@ class LendingService:
         with self._lock:
             loan = self._loans.get(card)
             dormant = loan.owners if loan is not None else frozenset()
-            decision = decide_open(asker, holders, dormant=dormant, reclaiming=frozenset(self._reclaiming))
+            spared = self._left_out(loan, (asker, *holders))
+            decision = decide_open(asker, holders, dormant=dormant, reclaiming=frozenset(self._reclaiming),
+                                   left_out=spared)
             ended = None
             if decision.verdict is Verdict.ALLOW and asker.container in dormant:
                 ended = self._loans.pop(card)  # the owner is back: the card returns to it
@@ -312,6 +323,15 @@ class LendingService:
         for record in records:
             self._call(self._start_reclaim, record)
         return decision.verdict
+
+    def _left_out(self, loan: Loan | None, occupants: Iterable[Occupant]) -> frozenset[ContainerKey]:
+        """Those of ``occupants`` booked on ``loan``'s card whose share it leaves out (:func:`left_out`):
+        they and its borrowers are not judged against each other; the borrowers past the loan are
+        reclaimed by its size (:meth:`_over_loans`)."""
+        if loan is None or not loan.kept_bookings:
+            return frozenset()
+        pods = [p for p in (self.pods.get(o.pod) for o in occupants) if p is not None]
+        return left_out(loan.kept_bookings, pods)
 
     def _record(self, pod: PodKey, card: int, why: str, returned: bool) -> ReclaimRecord:
         info = self.pods.get(pod)
@@ -369,6 +389,8 @@ class LendingService:
         record = self.journal.finish(pod)
         with self._lock:
             self._reclaiming.discard(pod)
+            if record is not None and record.uid:
+                self._reclaimed.add(record.uid)
         if record is not None and record.returned and record.card is not None:
             self._returned.add(record.card)  # lent again only once its owner was seen using it and idle
 
@@ -420,8 +442,10 @@ class LendingService:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
             claims, pods = self.pods.claim_shares(), self.pods.all()
+            self._reclaimed &= {p.uid for p in pods}
             shrunk = self._keep_new_claims(claims, state)
-            over = self._keep_new_bookings(pods, list(self._loans))
+            booked = self._keep_new_bookings(pods, list(self._loans))
+            over = self._over_loans(pods, state, list(self._loans))
             fresh = new_loans(state, self.monitor.cards, self._inventory(), sample, self.pods.get,
                               set(self._loans) | self._returned | self.journal.cards(), claims, pods)
             for loan in fresh:
@@ -429,42 +453,65 @@ class LendingService:
                          loan.compute_percent, sorted(loan.owners))
                 self._loans[loan.card] = loan
         self._reclaim_over_loan(over)
-        if gone or fresh or shrunk or over:
+        if gone or fresh or shrunk or booked:
             await self._changed()
         await asyncio.to_thread(self._owner_waits)
         await asyncio.to_thread(self.refuse_now)
 
-    def _keep_new_bookings(self, pods: list[LendingPod], cards: Collection[int]) -> dict[int, tuple[PodKey, ...]]:
+    def _keep_new_bookings(self, pods: list[LendingPod], cards: Collection[int]) -> list[int]:
         """Shrink each loan of ``cards`` by the owners booked on its card since it began (or not holding
         it when it began) that are not its owners (:func:`keep_new_bookings`; with the lock held).
-        Card → the borrowers booked on it, for each loan that shrank (none where they still fit)."""
-        shrunk: dict[int, tuple[PodKey, ...]] = {}
+        The cards whose loan shrank."""
+        shrunk = []
         for card in cards:
             loan = self._loans.get(card)
             kept = keep_new_bookings(loan, pods) if loan is not None else None
             if loan is None or kept is None or kept == loan:
                 continue
             self._loans[card] = kept
-            (memory, compute), borrowers = borrowers_on(card, pods)
-            fits = memory <= kept.memory_mib and compute <= kept.compute_percent * PER_MILLE_PER_PERCENT
-            log.warning("card %d: owner(s) %s booked on it while lent; the loan now offers %d MiB, %d %%%s", card,
+            log.warning("card %d: owner(s) %s booked on it while lent; the loan now offers %d MiB, %d %%", card,
                         ", ".join("/".join(k) for k in sorted(kept.kept_bookings - loan.kept_bookings)),
-                        kept.memory_mib, kept.compute_percent,
-                        "" if fits else f"; its borrowers hold {memory} MiB, {compute} per mille: reclaimed")
-            shrunk[card] = () if fits else borrowers
+                        kept.memory_mib, kept.compute_percent)
+            shrunk.append(card)
         return shrunk
 
-    def _reclaim_over_loan(self, over: Mapping[int, tuple[PodKey, ...]]) -> None:
-        """Reclaim the borrowers of each card whose loan shrank below their bookings, as for a returning
-        owner (rule 1): frozen in their regions at once, journalled, then stopped and evicted."""
-        with self._lock:
-            new = [(pod, card) for card, pods in over.items() for pod in pods if pod not in self._reclaiming]
-            self._reclaiming.update(pod for pod, _ in new)
-        if not new:
+    def _over_loans(self, pods: list[LendingPod], state: UsageState,
+                    cards: Collection[int]) -> list[tuple[PodKey, int]]:
+        """The borrowers to reclaim so that those of each loan of ``cards`` that left an owner's share
+        out fit it again (:func:`reclaim_to_fit`: only as many as it takes, in its order), marked as
+        being reclaimed (with the lock held, so an open decided meanwhile counts them gone). Checked at
+        every step, not only when a loan shrinks: a borrower placed against the larger offer just
+        before it shrank may arrive later, and such an owner's open no longer reclaims it. A loan that
+        never left a booking out is not checked: only then can borrowers placed against it exceed it.
+        Pods being reclaimed, or reclaimed and not deleted yet, are not counted. (Borrower, card) for
+        each, none where they fit."""
+        victims: list[tuple[PodKey, int]] = []
+        for card in cards:
+            loan = self._loans.get(card)
+            if loan is None or not loan.kept_bookings:
+                continue
+            device = state.device(loan.path)
+            leaving = self._reclaiming | {p.key for p in pods if p.uid in self._reclaimed}
+            borrowers = borrowers_booked(card, pods, device.holders if device else (), leaving)
+            chosen = reclaim_to_fit(borrowers, loan.memory_mib, loan.compute_percent * PER_MILLE_PER_PERCENT)
+            if not chosen:
+                continue
+            log.warning("card %d: its borrowers hold more than the %d MiB, %d %% its loan offers now; reclaiming %s "
+                        "(lowest priority, least work lost, largest first), keeping %s", card, loan.memory_mib,
+                        loan.compute_percent, ", ".join("/".join(k) for k in chosen),
+                        ", ".join("/".join(b.pod) for b in borrowers if b.pod not in chosen) or "none")
+            self._reclaiming.update(chosen)
+            victims.extend((pod, card) for pod in chosen)
+        return victims
+
+    def _reclaim_over_loan(self, victims: Collection[tuple[PodKey, int]]) -> None:
+        """Reclaim the borrowers :meth:`_over_loans` chose, as for a returning owner (rule 1): frozen
+        in their regions at once, journalled, then stopped and evicted."""
+        if not victims:
             return
         records = [self._record(pod, card, f"card {card}'s loan shrank for an owner booked on it", returned=False)
-                   for pod, card in new]
-        for pod, card in new:
+                   for pod, card in victims]
+        for pod, card in victims:
             if self.regions is not None:
                 self.regions.freeze(pod, card)
         self.journal.begin(records)
@@ -480,11 +527,12 @@ class LendingService:
             pod = self.pods.get(pod_key)
             if pod is None or pod.borrowed:
                 return
-            mine = pod.booked.get(container, frozenset())
+            mine, pods = pod.booked.get(container, frozenset()), self.pods.all()
             with self._lock:
-                over = self._keep_new_bookings(self.pods.all(), mine & set(self._loans))
+                shrunk = self._keep_new_bookings(pods, mine & set(self._loans))
+                over = self._over_loans(pods, self.monitor.state, shrunk)
             self._reclaim_over_loan(over)
-            if over:
+            if shrunk:
                 assert self._loop is not None
                 self._loop.create_task(self._changed())
                 self._loop.create_task(self.publisher.publish_now())

@@ -15,14 +15,17 @@ from typing import Any
 
 from gpupool.api.annotations import Assignment, CardRef, ContainerCards, encode_assignment
 from gpupool.api.lending import decode_lendable
+from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.isolation.shim_files import create_region
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore
+from gpupool.nodeagent.lending.over_loan import BorrowerOnCard, reclaim_to_fit
 from gpupool.nodeagent.lending.pods import lending_pod
 from gpupool.nodeagent.lending.region_control import OWNER_WAIT_MARGIN_S
 from gpupool.nodeagent.monitor.events import Verdict
-from gpupool.nodeagent.monitor.usage_state import DeviceState
+from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
 from gpupool.nodeagent.types import GrantExtras, PodView
 from gpupool.shim.region import DEVICE, DEVICES_OFFSET, WAIT, WAIT_OFFSET, read_region
+from tests.nodeagent.containers.test_container_gate import RecordingGate
 from tests.nodeagent.lending.regions import MIB, region_path, write_region
 from tests.nodeagent.lending.support import CARD_MIB, LEND, NAMES, WHEN, decoded, holder, pod_json
 from tests.nodeagent.lending.world import CARD0, PODS, World, idle_owner, open_, run, settle
@@ -207,5 +210,152 @@ def test_a_booked_owner_waits_for_room_while_the_card_is_lent_and_from_its_grant
         await service.step()
         assert read_region(early).devices[0].wait_ns == 0
         assert wait_of(region_path(state, "uid-late", "c")) == 0
+
+    run(body)
+
+
+def lent_to(name: str, memory_mib: int, compute: int, *, priority: int | None = None) -> dict[str, Any]:
+    """A borrower of card 0's loan booked ``memory_mib`` and ``compute`` per mille there."""
+    obj = booked(name, memory_mib, compute)
+    obj["metadata"]["annotations"].update({LEND.borrowed: "true", LEND.borrowed_from: "ns/owner"})
+    if priority is not None:
+        obj["spec"]["priority"] = priority
+    return obj
+
+
+def borrower_of(name: str, memory_mib: int, compute: int = 100, since: float | None = None) -> BorrowerOnCard:
+    return BorrowerOnCard(("ns", name), 0, memory_mib, compute, since)
+
+
+def test_the_victims_are_the_lowest_priority_then_the_least_work_lost_then_the_largest() -> None:
+    """Priority first, then a borrower not holding the card, then the youngest holder, then the largest;
+    a victim whose booking fits back once later victims are taken is spared."""
+    young, old = borrower_of("young", 4096, since=500.0), borrower_of("old", 4096, since=100.0)
+    vip = BorrowerOnCard(("ns", "vip"), 500, 1024, 100, None)
+    assert reclaim_to_fit([old, young, vip], 12288, 1000) == ()
+    assert reclaim_to_fit([old, young, vip], 8192, 1000) == (("ns", "young"),)
+    assert reclaim_to_fit([old, young, vip], 4096, 1000) == (("ns", "young"), ("ns", "old"))
+    assert reclaim_to_fit([old, young, vip], 8192, 150) == (("ns", "young"), ("ns", "old")), "compute counts too"
+    small, large = borrower_of("small", 1024), borrower_of("large", 6144)
+    assert reclaim_to_fit([small, large], 6144, 1000) == (("ns", "large"),), "the largest first among equals"
+    waiting = borrower_of("waiting", 1024)
+    assert reclaim_to_fit([waiting, old], 1024, 1000) == (("ns", "old"),), \
+        "taken first (it loses nothing), the waiting one is spared: the old one alone frees enough"
+    assert reclaim_to_fit([old, young], 0, 0) == (("ns", "young"), ("ns", "old")), "a whole-card owner: all"
+
+
+def test_a_loan_shrunk_below_its_borrowers_reclaims_only_enough_of_them_in_the_documented_order(
+        tmp_path: Path) -> None:
+    """The 14 GiB loan holds four borrowers, 14 GiB together; an owner booked 6 GiB arrives (the loan
+    shrinks to 8 GiB). 'waiting' (not holding the card: nothing lost) and 'young' (the youngest holder)
+    go; 'old' and 'vip' (higher spec.priority, though younger still) keep running. Before: all four went."""
+    borrowers = [lent_to("old", 4096, 200), lent_to("young", 4096, 200), lent_to("waiting", 2048, 100),
+                 lent_to("vip", 4096, 200, priority=500)]
+    world = World(tmp_path, [*PODS[:1], *borrowers])
+    for pid, name in ((600, "old"), (700, "young"), (800, "vip")):
+        world.identities[pid] = ProcessIdentity(f"id-{name}", "c", name, "ns")
+        world.processes.alive[pid] = f"id-{name}"
+
+    async def body() -> None:
+        service = world.started()
+        idle_owner(world)
+        await service.step()
+        assert service.loans[0].memory_mib == 4 * 4096 - 2048 == CARD_MIB - 2048
+        world.monitor.hold(CARD0, holder("owner", 100), holder("old", 600, since=100.0),
+                           holder("young", 700, since=500.0), holder("vip", 800, since=600.0),
+                           state=DeviceState.IDLE)
+        arrive(world, booked("newcomer", 6144, 250))
+        await service.step()
+        assert (service.loans[0].memory_mib, service.loans[0].compute_percent) == (8192, 75)
+        await settle(service)
+        assert sorted(world.api.evicted) == [("ns", "waiting"), ("ns", "young")]
+        assert [pid for pid, _ in world.processes.sent] == [700]
+        await service.step()
+        await settle(service)
+        assert sorted(world.api.evicted) == [("ns", "waiting"), ("ns", "young")], "the rest fit: they stay"
+
+    run(body)
+
+
+def test_an_owner_whose_share_the_loan_left_out_opens_the_card_without_reclaiming_borrowers_that_fit(
+        tmp_path: Path) -> None:
+    """The newcomer's 4 GiB were left out of the loan when it arrived; the borrower's 4 GiB fit what is
+    left. Its first open (and the borrower's next one, behind the kernel's gate) reclaims no one.
+    Before: the open was rule 1 against the borrower, reclaimed though it fit."""
+    world = World(tmp_path, PODS)
+    world.identities[900] = ProcessIdentity("id-newcomer", "c", "newcomer", "ns")
+    kernel = RecordingGate()
+    gate = ContainerGate(kernel, {f"id-{n}": f"/k8s.io/{n}" for n in ("owner", "borrower", "newcomer")}.get)
+
+    async def body() -> None:
+        service = world.started(gate=gate)
+        idle_owner(world)
+        await service.step()
+        world.processes.alive = {200: "id-borrower", 900: "id-newcomer"}
+        assert service.decide(open_(200)) is Verdict.ALLOW
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.IDLE)
+        arrive(world, booked("newcomer", 4096, 250))
+        await service.step()
+        assert service.loans[0].kept_bookings == frozenset({("uid-newcomer", "c")})
+        assert service.decide(open_(900)) is Verdict.ALLOW
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), holder("newcomer", 900),
+                           state=DeviceState.IDLE)
+        service.on_open(CARD0, holder("newcomer", 900))
+        assert "id-borrower" not in service.refusals(), "the borrower may open the card beside it"
+        assert kernel.denied == set()
+        assert service.decide(open_(201)) is Verdict.ALLOW
+        await service.step()
+        await settle(service)
+        assert world.api.evicted == [] and world.processes.sent == []
+        assert service.reclaiming == frozenset() and 0 in service.loans
+
+    run(body)
+
+
+def test_a_returning_owner_whose_share_was_lent_still_reclaims_every_borrower_rule_1(tmp_path: Path) -> None:
+    """Beside an owner whose share was left out (its open spared the borrower), the loan's own owner
+    opens the card: its share was lent, so rule 1 as before: the borrower goes and the loan ends."""
+    world = World(tmp_path, PODS)
+    world.identities[900] = ProcessIdentity("id-newcomer", "c", "newcomer", "ns")
+
+    async def body() -> None:
+        service = world.started()
+        idle_owner(world)
+        await service.step()
+        world.processes.alive = {200: "id-borrower", 900: "id-newcomer"}
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), state=DeviceState.IDLE)
+        arrive(world, booked("newcomer", 4096, 250))
+        await service.step()
+        assert service.decide(open_(900)) is Verdict.ALLOW
+        await settle(service)
+        assert world.api.evicted == []
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 200), holder("newcomer", 900),
+                           state=DeviceState.IDLE)
+        assert service.decide(open_(101)) is Verdict.ALLOW
+        await settle(service)
+        assert world.api.evicted == [("ns", "borrower")]
+        assert service.loans == {}
+
+    run(body)
+
+
+def test_a_borrower_placed_against_the_larger_offer_that_arrives_after_the_shrink_is_reclaimed(
+        tmp_path: Path) -> None:
+    """The loan shrank to 10 GiB for the newcomer; the borrower's 4 GiB fit. 'late' (8 GiB), placed
+    against the 14 GiB offered before, arrives now: the next step reclaims it alone (the newcomer's
+    open would not: it does not judge the loan's borrowers)."""
+    world = World(tmp_path, PODS)
+
+    async def body() -> None:
+        service = world.started()
+        idle_owner(world)
+        await service.step()
+        arrive(world, booked("newcomer", 4096, 250))
+        await service.step()
+        assert service.loans[0].memory_mib == CARD_MIB - 2048 - 4096
+        arrive(world, lent_to("late", 8192, 200))
+        await service.step()
+        await settle(service)
+        assert world.api.evicted == [("ns", "late")]
 
     run(body)
