@@ -32,7 +32,8 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.claim_classes import TemplateClasses, WatchedClaimClasses
 from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.client_image import client_image
-from gpupool.extender.dra_watch import api_get, start_claim_watch, start_template_watch
+from gpupool.extender.dra_watch import api_get, start_claim_watch, start_class_watch, start_template_watch
+from gpupool.extender.gpupool_classes import GpupoolClasses
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission, sar_permissions
 from gpupool.extender.handover import BindFence, Handover, Unfenced
@@ -210,6 +211,8 @@ def start_replica(options: ExtenderOptions, core_v1: Any, coordination_v1: Any,
     if options.steer_claim_pods:  # which class a pod's claim templates ask for (docs/dra.md, "Steering claim pods")
         templates = TemplateClasses(cache.claims.classes)
         start_template_watch(templates, core_v1.api_client, stop)
+        # admins' DeviceClasses of gpupool's driver and their selectors (docs/dra.md, "Selectors the extender reads")
+        start_class_watch(GpupoolClasses(cache.claims, cache.lock, templates), core_v1.api_client, stop)
     identity = options.identity or f"{socket.gethostname()}_{os.getpid()}"
     lease = dataclasses.replace(lease or options.lease, namespace=options.lease_namespace,
                                 name=options.lease_name)

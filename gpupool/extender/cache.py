@@ -114,9 +114,9 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         """True once one full list of nodes and of pods (and, when required, of the tenancy
-        objects, and of DRA claims when watched) has been applied."""
+        objects, of DRA claims and of DeviceClasses when watched) has been applied."""
         return (self.nodes_synced and self.pods_synced and (not self.tenancy_required or self.tenancy.all_synced)
-                and (not self.claims.required or self.claims.synced))
+                and (not self.claims.required or self.claims.synced) and self.claims.classes_synced)
 
     def refresh_profile(self) -> None:
         """Rebuild the scheduler with the workload profile of the pods known now.

@@ -4,8 +4,10 @@
 Claims come from the extender's claim watch (``--dra-claims``, :mod:`gpupool.extender.dra_watch`),
 whose store already reads each claim's requests (:attr:`gpupool.kube.claim_asks.ClaimAsk.named`).
 Templates come from their own watch (:func:`gpupool.extender.dra_watch.start_template_watch`,
-started with ``--steer-claim-pods`` only), kept here as the one thing the decision needs: the name of
-the first request naming gpupool's class, per template. On a miss (a watch not listed yet, an object
+started with ``--steer-claim-pods`` only), kept here as each template's claim spec, read against
+gpupool's classes of the moment (the DeviceClass watch, :mod:`gpupool.extender.gpupool_classes`,
+adds admins' classes of gpupool's driver; until it has listed, a claim or template naming no class
+known to be gpupool's is unknown, so its pod is steered). On a miss (a watch not listed yet, an object
 created a moment before the pod) the webhook reads the object itself with ``get``, bounded in time.
 """
 
@@ -50,15 +52,17 @@ class TemplateClasses:
 
     def __init__(self, classes: frozenset[str]) -> None:
         self.classes = classes
+        """gpupool's classes now (the DeviceClass watch replaces it, :mod:`gpupool.extender.gpupool_classes`)."""
         self.lock = threading.Lock()
-        self.named: dict[str, str | None] = {}
+        self.specs: dict[str, object] = {}
+        """Each template's claim spec (``spec.spec``): read against the classes of the moment."""
         self.synced = False
 
     def replace(self, objs: Iterable[Mapping[str, Any]]) -> None:
         """A full list of templates."""
-        named = {_key(obj): template_request(obj, self.classes) for obj in objs if isinstance(obj, Mapping)}
+        specs = {_key(obj): _map(obj.get("spec")).get("spec") for obj in objs if isinstance(obj, Mapping)}
         with self.lock:
-            self.named = named
+            self.specs = specs
             self.synced = True
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -68,17 +72,18 @@ class TemplateClasses:
         key = _key(obj)
         with self.lock:
             if kind == "DELETED":
-                self.named.pop(key, None)
+                self.specs.pop(key, None)
             else:
-                self.named[key] = template_request(obj, self.classes)
+                self.specs[key] = _map(obj.get("spec")).get("spec")
 
     def cached(self, namespace: str, name: str) -> ClaimReading:
         with self.lock:
             if not self.synced:
                 return ClaimReading(unknown="templates not listed yet")
-            if f"{namespace}/{name}" not in self.named:
+            if f"{namespace}/{name}" not in self.specs:
                 return ClaimReading(unknown="not in the template watch")
-            return ClaimReading(self.named[f"{namespace}/{name}"])
+            spec = self.specs[f"{namespace}/{name}"]
+        return ClaimReading(class_request(spec, self.classes))
 
 
 class WatchedClaimClasses:
@@ -94,10 +99,14 @@ class WatchedClaimClasses:
 
     def cached(self, namespace: str, kind: str, name: str) -> ClaimReading:
         if kind == TEMPLATE:
+            if not self.claims.classes_synced:
+                return ClaimReading(unknown="device classes not listed yet")
             return self.templates.cached(namespace, name)
         with self.ledger_lock:
             if not self.claims.synced:
                 return ClaimReading(unknown="claims not listed yet")
+            if not self.claims.classes_synced:
+                return ClaimReading(unknown="device classes not listed yet")
             ask = self.claims.asks.get(claim_key(namespace, name))
         if ask is None:
             return ClaimReading(unknown="not in the claim watch")
@@ -114,5 +123,9 @@ class WatchedClaimClasses:
         if obj is None:
             return ClaimReading(unknown=NOT_FOUND)
         if kind == CLAIM:
-            return ClaimReading(class_request(_map(obj).get("spec"), self.claims.classes))
-        return ClaimReading(template_request(_map(obj), self.templates.classes))
+            found = class_request(_map(obj).get("spec"), self.claims.classes)
+        else:
+            found = template_request(_map(obj), self.templates.classes)
+        if found is None and not self.claims.classes_synced:  # an admin's class of gpupool's driver, maybe
+            return ClaimReading(unknown="device classes not listed yet")
+        return ClaimReading(found)

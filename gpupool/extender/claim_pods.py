@@ -19,7 +19,8 @@ answered as the filter's error so kube-scheduler retries the pod shortly.
 A request with CEL selectors the extender reads (:mod:`gpupool.kube.device_selector`) places its
 GPU container only on the cards they allow (:mod:`gpupool.extender.claim_selectors`): the node's
 best card by gpupool is then one the allocator may choose. Selectors it cannot evaluate on the
-ledger's cards leave the pod as a claim that cannot be modelled.
+ledger's cards leave the pod as a claim that cannot be modelled. A request's selection includes
+its DeviceClass's own selectors (:mod:`gpupool.kube.device_classes`).
 
 Preempt reads a claim pod the same way (:meth:`ClaimPodRequests.read`): its pending claims' asks
 are placed as GPU containers, exactly as filter places them, and its allocated claims are named so
@@ -97,6 +98,8 @@ class ClaimPodRequests:
         with self.lock:
             if not self.claims.synced:
                 raise TranslationError(f"pod {base.key}: the extender has not listed ResourceClaims yet; retry")
+            if not self.claims.classes_synced:
+                raise TranslationError(f"pod {base.key}: the extender has not listed DeviceClasses yet; retry")
             for in_pod, claim in named:
                 key = claim_key(namespace, claim) if claim else ""
                 ask = self.claims.asks.get(key) if claim else None

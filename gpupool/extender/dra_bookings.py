@@ -31,7 +31,7 @@ from gpupool.core.model import NodeSpec, Placement
 from gpupool.core.state import AllocationError, ClusterState
 from gpupool.extender.booking_keeper import ASSUMED_CONFLICT, BookingKeeper
 from gpupool.extender.victims import HeldClaim
-from gpupool.kube.claim_asks import ClaimAsk, claim_ask
+from gpupool.kube.claim_asks import ClaimAsk, ClassSelection, claim_ask, class_names
 from gpupool.kube.claim_holding import CLAIM_MARK, ClaimRecord, claim_booking, claim_key, read_claim
 from gpupool.kube.device_selector import device_schema
 
@@ -61,7 +61,16 @@ class ClaimBookings:
         pods watches it (:func:`gpupool.extender.wakeup.loosening_signature`)."""
         self._on_node: dict[str, set[str]] = {}
         self.classes = frozenset({driver})
-        """gpupool's DeviceClasses: the one the chart and kustomize install is named after the driver."""
+        """gpupool's DeviceClasses: the one the chart and kustomize install is named after the driver,
+        and with the DeviceClass watch (``--steer-claim-pods``) every class requiring the driver
+        (:meth:`set_classes`)."""
+        self.class_selections: dict[str, ClassSelection] = {}
+        """What each of gpupool's classes' own selectors add to its requests' selection."""
+        self.classes_synced = True
+        """False while the DeviceClass watch has not listed yet (without it, only the driver's class)."""
+        self._specs: dict[str, Mapping[str, Any]] = {}
+        """Each claim as its ask reads it (metadata's name, spec, whether allocated): a class that
+        changes is read again into the asks of the claims naming it."""
         self.schema = device_schema(driver)
         """What the claims' selectors may read of gpupool's devices (:mod:`gpupool.kube.device_selector`)."""
         self.asks: dict[str, ClaimAsk] = {}
@@ -74,7 +83,11 @@ class ClaimBookings:
         meta = obj.get("metadata")
         meta = meta if isinstance(meta, Mapping) else {}
         key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        self.asks[key] = claim_ask(obj, self.classes, self.schema)
+        status = obj.get("status")
+        allocated = isinstance(status, Mapping) and status.get("allocation") is not None
+        slim = self._specs[key] = {"metadata": {"namespace": meta.get("namespace"), "name": meta.get("name")},
+                                   "spec": obj.get("spec"), "status": {"allocation": {}} if allocated else {}}
+        self.asks[key] = claim_ask(slim, self.classes, self.schema, self.class_selections)
         try:
             record = read_claim(obj, self.driver)
         except Exception as exc:  # a reading bug must not stop the watch or drop what the claim held
@@ -95,6 +108,7 @@ class ClaimBookings:
         if known is not None and uid and known.uid and known.uid != uid:
             return
         self.asks.pop(key, None)
+        self._specs.pop(key, None)
         self._set(key, None)
 
     def replace(self, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -109,7 +123,23 @@ class ClaimBookings:
             self._set(key, None)
         for key in [k for k in self.asks if k not in seen]:
             del self.asks[key]
+            self._specs.pop(key, None)
         self.synced = True
+
+    def set_classes(self, selections: Mapping[str, ClassSelection | None]) -> None:
+        """gpupool's DeviceClasses now (each with what its selectors add, None: nothing): the asks
+        of the claims naming a class that was added, removed or changed are read again, so nothing
+        worked out for a class's old selectors is used after it changed."""
+        classes = frozenset(selections)
+        kept = {name: found for name, found in selections.items() if found is not None}
+        changed = {name for name in classes ^ self.classes} | {
+            name for name in classes | self.classes if kept.get(name) != self.class_selections.get(name)}
+        self.classes, self.class_selections = classes, kept
+        if not changed:
+            return
+        for key, slim in self._specs.items():
+            if class_names(slim.get("spec")) & changed:
+                self.asks[key] = claim_ask(slim, self.classes, self.schema, self.class_selections)
 
     def sync_node(self, node: str) -> None:
         """Node ``node`` arrived, changed or left: book its claims again (card positions may move)."""

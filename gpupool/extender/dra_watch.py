@@ -16,6 +16,7 @@ from typing import Any
 
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.claim_classes import Get, TemplateClasses
+from gpupool.extender.gpupool_classes import GpupoolClasses
 from gpupool.extender.scheduler_steering import CLAIM, TEMPLATE
 from gpupool.extender.tenancy_watch import absent_is_empty, absent_is_none
 from gpupool.kube.listwatch import ListWatch
@@ -24,6 +25,7 @@ GROUP = "resource.k8s.io"
 VERSION = "v1"
 PLURAL = "resourceclaims"
 TEMPLATES = "resourceclaimtemplates"
+CLASSES = "deviceclasses"
 PLURALS = {CLAIM: PLURAL, TEMPLATE: TEMPLATES}
 
 
@@ -59,6 +61,18 @@ def start_template_watch(templates: TemplateClasses, api_client: Any, stop: Any)
     list_fn = absent_is_empty(TEMPLATES, functools.partial(custom.list_cluster_custom_object, GROUP, VERSION,
                                                            TEMPLATES))
     return ListWatch(TEMPLATES, list_fn, templates.replace, templates.apply, stop=stop).start()
+
+
+def start_class_watch(classes: GpupoolClasses, api_client: Any, stop: Any) -> ListWatch:
+    """Start the DeviceClasses' list+watch feeding ``classes`` (``--steer-claim-pods``: admins' classes
+    of gpupool's driver and their selectors); a claim pod's filter waits for its first list."""
+    from kubernetes import client
+
+    classes.claims.classes_synced = False
+    custom = client.CustomObjectsApi(api_client)
+    list_fn = absent_is_empty(CLASSES, functools.partial(custom.list_cluster_custom_object, GROUP, VERSION,
+                                                         CLASSES))
+    return ListWatch(CLASSES, list_fn, classes.replace, classes.apply, stop=stop).start()
 
 
 def api_get(api_client: Any) -> Get:

@@ -15,8 +15,10 @@ allocator still decides, kube-scheduler's scores choose the node), never a wrong
 A request's CEL selectors are read when a device schema is given (the extender's claim watch gives
 gpupool's, :func:`gpupool.kube.device_selector.device_schema`): a selection within the subset
 :mod:`gpupool.kube.device_selector` reads is kept per request (the extender then chooses among the
-cards it allows); one outside it is the ask's ``problem``, as above. The DeviceClass's own
-selectors are not read: the class gpupool installs selects its driver only.
+cards it allows); one outside it is the ask's ``problem``, as above. The request's DeviceClass adds
+its own selectors (``class_selections``, read by :mod:`gpupool.kube.device_classes`): a request's
+selection is its class's selectors AND its own, as the allocator applies them; a class whose
+selectors cannot be read makes the ask's ``problem`` too.
 """
 
 from __future__ import annotations
@@ -100,6 +102,18 @@ def class_request(spec: object, classes: frozenset[str]) -> str | None:
     return None
 
 
+def class_names(spec: object) -> frozenset[str]:
+    """Every DeviceClass the requests of ``spec`` name (``exactly`` and ``firstAvailable``)."""
+    names: set[str] = set()
+    for request in _requests(_map(spec)):
+        alternatives = request.get("firstAvailable")
+        for entry in (request.get("exactly"), *(alternatives if isinstance(alternatives, list) else ())):
+            name = _map(entry).get("deviceClassName")
+            if isinstance(name, str):
+                names.add(name)
+    return frozenset(names)
+
+
 def gpu_request(exactly: Mapping[str, Any], where: str) -> GpuRequest:
     """The :class:`GpuRequest` of one ``exactly`` request of gpupool's class; ``ValueError`` with
     the reason for one that cannot be modelled."""
@@ -120,9 +134,21 @@ def gpu_request(exactly: Mapping[str, Any], where: str) -> GpuRequest:
         raise ValueError(f"{where}: {exc}") from None
 
 
-def claim_ask(obj: Mapping[str, Any], classes: frozenset[str], schema: DeviceSchema | None = None) -> ClaimAsk:
+ClassSelection = Selection | str
+"""What a DeviceClass's own selectors add to its requests' selection, or why they cannot be read."""
+
+
+def _and(first: Selection | None, then: Selection | None) -> Selection | None:
+    if first is None or then is None:
+        return first or then
+    return Selection(first.texts + then.texts, first.trees + then.trees)
+
+
+def claim_ask(obj: Mapping[str, Any], classes: frozenset[str], schema: DeviceSchema | None = None,
+              class_selections: Mapping[str, ClassSelection] | None = None) -> ClaimAsk:
     """What claim ``obj`` (a ResourceClaim as the API serves it) asks of the device classes in
-    ``classes`` (gpupool's), with its requests' selectors read against ``schema`` (None: not read).
+    ``classes`` (gpupool's), with its requests' selectors read against ``schema`` (None: not read)
+    and ANDed with their class's in ``class_selections`` (a class absent there adds none).
     Never raises: what cannot be read is the ask's ``problem``."""
     meta = _map(obj.get("metadata"))
     where = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -138,11 +164,16 @@ def claim_ask(obj: Mapping[str, Any], classes: frozenset[str], schema: DeviceSch
             return ClaimAsk(allocated=allocated, problem=f"{here}: firstAvailable alternatives are not modelled",
                             named=named)
         exactly = _map(request.get("exactly"))
-        if exactly.get("deviceClassName") not in classes:
+        device_class = exactly.get("deviceClassName")
+        if device_class not in classes:
             continue
+        by_class = (class_selections or {}).get(str(device_class))
+        if isinstance(by_class, str):
+            return ClaimAsk(allocated=allocated, named=named,
+                            problem=f"{here}: DeviceClass {str(device_class)[:64]!r}: {by_class}")
         try:
             asks.append((name, gpu_request(exactly, here)))
-            chosen = selection(exactly.get("selectors"), schema) if schema is not None else None
+            chosen = _and(by_class, selection(exactly.get("selectors"), schema) if schema is not None else None)
         except Unsupported as exc:
             return ClaimAsk(allocated=allocated, problem=f"{here}: selector not read: {exc}", named=named)
         except ValueError as exc:

@@ -245,13 +245,15 @@ def test_claim_pods_go_to_gpupools_scheduler_which_asks_the_extender_about_every
 
 def test_claim_pods_let_the_extender_read_claims_and_templates_and_only_then() -> None:
     """docs/dra.md, "Steering claim pods": the webhook reads which DeviceClass a pod's claims ask
-    for from a templates' list+watch and gets a claim or template not watched yet."""
+    for from a templates' list+watch and gets a claim or template not watched yet; a DeviceClasses'
+    list+watch tells admins' classes of gpupool's driver ("Selectors the extender reads")."""
     def grants(values: dict[str, Any]) -> dict[str, set[str]]:
         rules = find(render(values), "ClusterRole", "gpupool-extender-dra")["rules"]
         return {resource: set(rule["verbs"]) for rule in rules for resource in rule["resources"]}
 
     assert grants({"nodeAgent.dra": True, "scheduler.claimPods": True}) == {
-        "resourceclaims": {"get", "list", "watch"}, "resourceclaimtemplates": {"get", "list", "watch"}}
+        "resourceclaims": {"get", "list", "watch"}, "resourceclaimtemplates": {"get", "list", "watch"},
+        "deviceclasses": {"list", "watch"}}
     assert grants({"nodeAgent.dra": True}) == {"resourceclaims": {"list", "watch"}}
 
 

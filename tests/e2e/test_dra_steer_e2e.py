@@ -18,7 +18,9 @@ condition the chart adds for ``scheduler.claimPods``. Pods created without ``sch
 claim or claim template asks for gpupool's DeviceClass (exactly, or among ``firstAvailable``
 alternatives) get ``gpupool-scheduler``; pods whose claim or template asks only for another driver's
 DeviceClass keep ``default-scheduler``; a pod naming a claim that does not exist is steered (the
-documented choice for an unknown claim).
+documented choice for an unknown claim). A claim of an admin's DeviceClass for gpupool's driver
+(its selectors require the driver and an A100) steers too: the extender's DeviceClass watch
+(gpupool/extender/gpupool_classes.py) read it from the real apiserver.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ pytestmark = pytest.mark.e2e
 CARD_MIB = 16 * 1024
 OTHER_CLASS = "nic.e2e.example.com"
 """Another DRA driver's DeviceClass (no driver publishes devices for it: no pod here is scheduled)."""
+ADMIN_CLASS = "a100-share.e2e.example.com"
+"""An admin's DeviceClass for gpupool's driver (A100 cards only): the extender's DeviceClass watch
+counts it as gpupool's."""
 CLAIM_CONDITION = " || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
 """What the chart's scheduler.claimPods adds to the webhook's asks-for-gpupool-resources condition."""
 
@@ -192,6 +197,11 @@ def steering_webhook(control_plane: ControlPlane, kube_api_client: client.ApiCli
     selector = {"cel": {"expression": f'device.driver == "{OTHER_CLASS}"'}}
     resource.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                                   "metadata": {"name": OTHER_CLASS}, "spec": {"selectors": [selector]}})
+    resource.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                  "metadata": {"name": ADMIN_CLASS}, "spec": {"selectors": [
+                                      {"cel": {"expression": f'device.driver == "{DRIVER}"'}},
+                                      {"cel": {"expression": f'device.attributes["{DRIVER}"].model'
+                                                             '.startsWith("NVIDIA-A100")'}}]}})
     try:
         with dra_installed(kube_api_client, f"no-node-{value}"):
             extender.start()
@@ -208,6 +218,7 @@ def steering_webhook(control_plane: ControlPlane, kube_api_client: client.ApiCli
     finally:
         extender.kill()
         resource.delete_device_class(OTHER_CLASS)
+        resource.delete_device_class(ADMIN_CLASS)
 
 
 def test_only_pods_whose_claims_ask_for_gpupools_class_go_to_gpupools_scheduler(
@@ -216,7 +227,8 @@ def test_only_pods_whose_claims_ask_for_gpupools_class_go_to_gpupools_scheduler(
     resource = client.ResourceV1Api(kube_api_client)
     for claim, spec in (("gpu-claim", claim_spec(DRIVER)), ("nic-claim", claim_spec(OTHER_CLASS)),
                         ("any-claim", claim_spec("", (OTHER_CLASS, DRIVER))),
-                        ("nic-or-fpga", claim_spec("", (OTHER_CLASS, f"fpga-{OTHER_CLASS}")))):
+                        ("nic-or-fpga", claim_spec("", (OTHER_CLASS, f"fpga-{OTHER_CLASS}"))),
+                        ("a100-claim", claim_spec(ADMIN_CLASS))):
         resource.create_namespaced_resource_claim(namespace, {"metadata": {"name": claim}, "spec": spec})
 
     def scheduler_of(pod: str, entry: dict[str, str]) -> str:
@@ -234,6 +246,7 @@ def test_only_pods_whose_claims_ask_for_gpupools_class_go_to_gpupools_scheduler(
     assert scheduler_of("nic", {"resourceClaimName": "nic-claim"}) == DEFAULT_SCHEDULER, log
     assert scheduler_of("any", {"resourceClaimName": "any-claim"}) == GPUPOOL_SCHEDULER, log
     assert scheduler_of("nic-or-fpga", {"resourceClaimName": "nic-or-fpga"}) == DEFAULT_SCHEDULER, log
+    assert scheduler_of("a100", {"resourceClaimName": "a100-claim"}) == GPUPOOL_SCHEDULER, log  # an admin's class
     assert template_then_pod("gpu-template", claim_spec(DRIVER)) == GPUPOOL_SCHEDULER, log
     assert template_then_pod("nic-template", claim_spec(OTHER_CLASS)) == DEFAULT_SCHEDULER, log
     assert scheduler_of("missing", {"resourceClaimName": "not-created"}) == GPUPOOL_SCHEDULER, log

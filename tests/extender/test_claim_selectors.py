@@ -150,3 +150,104 @@ def test_a_uuid_selectors_verdicts_are_kept_when_the_node_layout_changes() -> No
     fresh = SelectedCards(state, driver).scope(chosen)
     assert again == fresh and not isinstance(again, str)
     assert "GPU-n1-2" not in again.within[0].uuids and "GPU-n5-0" in again.within[0].uuids
+
+
+# ------------------------------------------------------------------ the DeviceClass's own selectors
+def device_class(name: str, *expressions: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
+
+
+PINS = 'device.driver == "gpu.gpupool.io"'
+A100_SHARE = device_class("a100-share", PINS, f'{A}.model.startsWith("NVIDIA-A100")')
+
+
+def classes_world(*classes: dict[str, Any]) -> tuple[ClusterCache, ExtenderService, ClaimPodRequests, Any]:
+    from gpupool.extender.gpupool_classes import GpupoolClasses
+
+    cache, service, claims = world(claim("any", request()), claim("a100", request(selectors=WANTS_A100)),
+                                   claim("by-class", request(device_class="a100-share")))
+    watched = GpupoolClasses(cache.claims, cache.lock)
+    watched.replace([device_class("gpu.gpupool.io", PINS), *classes])
+    return cache, service, claims, watched
+
+
+def test_a_class_selecting_a100_steers_its_claims_pod_like_a_claim_selecting_a100() -> None:
+    cache, service, claims, _ = classes_world(A100_SHARE)
+    assert passed(cache, service, claims, "a100") == ["n2"]
+    assert passed(cache, service, claims, "by-class") == ["n2"]  # n1's A100 has 2 GiB, its V100 is excluded
+    assert passed(cache, service, claims, "any") == ["n1"]
+
+
+def test_a_class_and_its_requests_selectors_both_apply() -> None:
+    from gpupool.extender.gpupool_classes import GpupoolClasses
+
+    cache, _service, claims = world(claim("both", request(device_class="a100-share",
+                                                          selectors=[{"cel": {"expression": f"{A}.index == 0"}}])))
+    GpupoolClasses(cache.claims, cache.lock).replace([A100_SHARE])
+    obj = claim_pod("p", "both")
+    gpu = claims.request(obj, pod_request(obj, ResourceNames())).gpu_containers[0].gpu
+    assert gpu is not None and gpu.scope is not None and gpu.scope.within[0].uuids == {"GPU-n1-0", "GPU-n2-0"}
+    GpupoolClasses(cache.claims, cache.lock).replace([device_class("a100-share", PINS, f'{A}.model == "{V100}"')])
+    base = pod_request(obj, ResourceNames())
+    assert claims.request(obj, base) is base  # a V100 of index 0: no card of the ledger, left as before
+
+
+def test_a_class_that_changes_is_read_again_and_a_deleted_one_is_not_gpupools() -> None:
+    cache, service, claims, watched = classes_world(A100_SHARE)
+    assert passed(cache, service, claims, "by-class") == ["n2"]
+    watched.apply("MODIFIED", device_class("a100-share", PINS, f'{A}.model == "{V100}"'))
+    assert passed(cache, service, claims, "by-class") == ["n1"]  # n1's V100, the only one
+    watched.apply("DELETED", A100_SHARE)
+    obj = claim_pod("p", "by-class")
+    base = pod_request(obj, ResourceNames())
+    assert claims.request(obj, base) is base  # no class of gpupool's: nothing asked of its cards
+
+
+def test_without_the_class_watch_an_admins_class_is_not_gpupools() -> None:
+    _cache, _service, claims = world(claim("by-class", request(device_class="a100-share")))
+    obj = claim_pod("p", "by-class")
+    base = pod_request(obj, ResourceNames())
+    assert claims.request(obj, base) is base
+
+
+@pytest.mark.parametrize("expression", [
+    f'{A}.model.matches("A100")',
+    'device.attributes["resource.kubernetes.io"].pciBusID.startsWith("0000:3")',
+])
+def test_a_class_selector_outside_the_subset_leaves_its_claims_to_kube_scheduler_logged_once_per_class(
+        expression: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="gpupool.extender.gpupool_classes"):
+        _cache, _service, claims, watched = classes_world(device_class("a100-share", PINS, expression))
+        watched.apply("MODIFIED", device_class("a100-share", PINS, expression))  # a resync: told already
+        watched.replace([device_class("a100-share", PINS, expression)])  # a relist: told already
+    obj = claim_pod("p", "by-class")
+    base = pod_request(obj, ResourceNames())
+    assert claims.request(obj, base) is base
+    told = [r.getMessage() for r in caplog.records if "a100-share" in r.getMessage()]
+    assert len(told) == 1 and "selector not read" in told[0]
+
+
+def test_a_claim_pod_waits_for_the_first_list_of_device_classes() -> None:
+    from gpupool.extender.gpupool_classes import GpupoolClasses
+    from gpupool.kube.translate import TranslationError
+
+    cache, _service, claims = world(claim("by-class", request(device_class="a100-share")))
+    cache.claims.classes_synced = False  # as start_class_watch leaves it until the list
+    obj = claim_pod("p", "by-class")
+    with pytest.raises(TranslationError, match="DeviceClasses"):
+        claims.request(obj, pod_request(obj, ResourceNames()))
+    GpupoolClasses(cache.claims, cache.lock).replace([A100_SHARE])
+    gpu = claims.request(obj, pod_request(obj, ResourceNames())).gpu_containers[0].gpu
+    assert gpu is not None and gpu.scope is not None and gpu.scope.within[0].uuids == {"GPU-n1-0", "GPU-n2-0"}
+
+
+def test_readiness_waits_for_the_first_list_of_device_classes_when_watched() -> None:
+    from gpupool.extender.gpupool_classes import GpupoolClasses
+
+    cache, _service, _claims = world()
+    assert cache.synced
+    cache.claims.classes_synced = False  # start_class_watch
+    assert not cache.synced
+    GpupoolClasses(cache.claims, cache.lock).replace([])
+    assert cache.synced and cache.claims.classes == {"gpu.gpupool.io"}

@@ -265,3 +265,56 @@ def test_malformed_watch_events_are_ignored_or_read_as_asking_nothing() -> None:
     templates.replace([template("t", request("gpu")), "x", {"metadata": "x"}])  # type: ignore[list-item]
     templates.apply("ADDED", "x")  # type: ignore[arg-type]
     assert templates.cached("team", "t").request == "gpu"
+
+
+# ------------------------------------------------------------------ admins' DeviceClasses of gpupool's driver
+def classes_steering(classes: list[dict[str, Any]] | None, claims: list[dict[str, Any]],
+                     templates: list[dict[str, Any]], api: Api | None = None) -> tuple[SchedulerSteering, Any]:
+    """:func:`steering` with the DeviceClass watch (None: it has not listed yet)."""
+    from gpupool.extender.gpupool_classes import GpupoolClasses
+
+    cache = ClusterCache()
+    replace_claims(cache, claims)
+    watched = TemplateClasses(cache.claims.classes)
+    watched.replace(templates)
+    classes_watch = GpupoolClasses(cache.claims, cache.lock, watched)
+    cache.claims.classes_synced = False
+    if classes is not None:
+        classes_watch.replace(classes)
+    source = WatchedClaimClasses(cache.claims, cache.lock, watched, (api or Api()).get)
+    return SchedulerSteering(ResourceNames(), claims=source), classes_watch
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+A100_SHARE = device_class("a100-share", f'device.driver == "{DRIVER}" && '
+                                        f'device.attributes["{DRIVER}"].model.startsWith("NVIDIA-A100")')
+
+
+def test_a_claim_or_template_of_an_admins_class_for_gpupools_driver_steers() -> None:
+    steer, watch = classes_steering([A100_SHARE, device_class(NIC, f'device.driver == "{NIC}"')],
+                                    [claim("mine", request("gpu", device_class="a100-share")),
+                                     claim("nic", request("n", device_class=NIC))],
+                                    [template("t", request("gpu", device_class="a100-share"))])
+    assert steer.decide(claim_pod(by_claim("mine"))).scheduler == GPUPOOL_SCHEDULER
+    assert steer.decide(claim_pod(by_template("t"))).scheduler == GPUPOOL_SCHEDULER
+    assert steer.decide(claim_pod(by_claim("nic"))).scheduler is None
+    watch.apply("DELETED", A100_SHARE)  # no longer gpupool's: the claim and the template are read again
+    assert steer.decide(claim_pod(by_claim("mine"))).scheduler is None
+    assert steer.decide(claim_pod(by_template("t"))).scheduler is None
+
+
+def test_before_device_classes_are_listed_a_claim_of_an_unknown_class_steers() -> None:
+    """The claim may be of an admin's class for gpupool's driver: steering another driver's pod costs
+    only the scheduler's name, leaving a gpupool claim pod to the default scheduler loses the node choice."""
+    mine = claim("mine", request("gpu", device_class="a100-share"))
+    steer, _ = classes_steering(None, [mine], [], Api(mine))  # the watch holds it, the API is asked again
+    decision = steer.decide(claim_pod(by_claim("mine")))
+    assert decision.scheduler == GPUPOOL_SCHEDULER and "device classes not listed yet" in decision.why
+    api = Api(mine)
+    steer, _ = classes_steering([A100_SHARE], [mine], [], api)
+    assert "asks for gpupool's device class" in steer.decide(claim_pod(by_claim("mine"))).why
+    assert api.reads == []  # listed: the watch answers
