@@ -8,9 +8,11 @@ writes the claim's CDI spec, then remembers the claim in the checkpoint. A repea
 remembered claim answers the same devices without reading anything (kubelet retries; the agent
 may have restarted). Unprepare removes the spec and forgets the claim; an unknown claim is already
 unprepared. Bookkeeping is serialised by one lock, so a claim is checked against a settled view of
-the cards; reading claims and writing files happen outside it. A call answers only once the
-checkpoint holds its change; the file is written in a thread by one writer at a time, so the calls
-that arrive meanwhile share the next write (100 claims at once cost a few writes, not 100).
+the cards; reading claims and writing files happen outside it. A call answers only once its
+claims' CDI specs are written and the checkpoint holds its change; one writer
+(:class:`~gpupool.nodeagent.dra.spec_batch.ClaimWriter`) writes both in a worker thread for all the
+calls waiting, so the calls that arrive meanwhile share the next thread call (100 claims at once
+cost a few thread hand-offs and checkpoint writes, not 100).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim
 from gpupool.nodeagent.dra.claim_allocation import ClaimAllocation, ClaimError, ClaimRef, read_allocation
 from gpupool.nodeagent.dra.resource_slice import memory_capacity_mib
+from gpupool.nodeagent.dra.spec_batch import CheckpointNotWritten, ClaimWriter
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement
 from gpupool.nodeagent.kept_ledger import KeptLedger
@@ -89,10 +92,10 @@ class ClaimState:
         self._held_elsewhere = held_elsewhere
         self._claims: dict[str, PreparedClaim] = checkpoint.load(checkpoint_path)
         self._lock = asyncio.Lock()
-        self._save_lock = asyncio.Lock()
         self._version = 0
-        """Bumped on every change of ``_claims``; ``_saved`` is the version the file holds."""
-        self._saved = 0
+        """Bumped on every change of ``_claims``; the writer knows which version the file holds."""
+        self._writer = ClaimWriter(lambda: self.cdi, checkpoint_path, lambda: (self._version, self._claims))
+        """Writes the CDI specs and the checkpoint of concurrent calls together, in one thread call."""
         self.held = KeptLedger(node)
         """What check_fits asks, kept between prepares (rebuilt after an unprepare or a change)."""
         self.stats = ClaimStats()
@@ -127,7 +130,9 @@ class ClaimState:
 
         Three steps, so that only bookkeeping waits for the lock: the claims not known yet are read
         from the API concurrently; under the lock each is checked and booked; then their CDI specs
-        are written in threads, concurrently, and the checkpoint once for all."""
+        and the checkpoint are written by the one writer, with those of the other calls waiting.
+        A claim whose spec could not be written is forgotten (its answer says why); one unprepared
+        meanwhile has its spec removed again."""
         out: dict[str, list[PreparedDevice] | str] = {}
         fresh = [ref for ref in refs if ref.uid not in self._claims]
         read = await asyncio.gather(*(self._read(ref) for ref in fresh), return_exceptions=True)
@@ -149,15 +154,19 @@ class ClaimState:
                     specs.append((prepared, grant))
                 out[ref.uid] = devices_of(prepared)
                 self.stats.prepare_ms.append((time.perf_counter() - started) * 1000.0)
-        written = await asyncio.gather(*(asyncio.to_thread(self.cdi.write, p.claim.uid, g) for p, g in specs),
-                                       return_exceptions=True)
-        for (prepared, _), result in zip(specs, written, strict=True):
-            if isinstance(result, BaseException):
-                out[prepared.claim.uid] = await self._unbook(prepared, result)
+        not_saved: CheckpointNotWritten | None = None
+        try:
+            written = await self._writer.write([(p.claim.uid, g) for p, g in specs], self._version)
+        except CheckpointNotWritten as exc:  # the claims whose spec failed are still forgotten
+            not_saved, written = exc, exc.outcomes
+        for (prepared, _), error in zip(specs, written, strict=True):
+            if error is not None:
+                out[prepared.claim.uid] = await self._unbook(prepared, error)
             elif prepared.claim.uid not in self._claims:  # unprepared while its spec was written
                 with contextlib.suppress(OSError):
                     self.cdi.remove(prepared.claim.uid)
-        await self._persist()
+        if not_saved is not None:  # kubelet sees the call fail and calls again; the retry writes
+            raise not_saved.error
         return out
 
     async def _read(self, ref: ClaimRef) -> Mapping[str, Any]:
@@ -225,7 +234,10 @@ class ClaimState:
                     log.info("unprepared claim %s", ref)
                 out[ref.uid] = ""
                 self.stats.unprepare_ms.append((time.perf_counter() - started) * 1000.0)
-        await self._persist()
+        try:
+            await self._writer.write((), self._version)
+        except CheckpointNotWritten as exc:
+            raise exc.error from None
         return out
 
     # ------------------------------------------------------------------ one claim
@@ -277,17 +289,6 @@ class ClaimState:
                        NodeAssignment(Placement(f"{pod_ns}/{pod_name}", self.node, 0, 0, (assignment,)), {}))
         return build_grant(f"{pod_ns}/{pod_name}", assignment, None, inventory,
                            self.enforcement.grant_extras(view, container))
-
-    async def _persist(self) -> None:
-        """Return once the checkpoint holds every change made so far (a failed write raises: kubelet
-        sees the call fail and calls again, and the retry writes)."""
-        wanted = self._version
-        async with self._save_lock:
-            if self._saved >= wanted:
-                return
-            version, snapshot = self._version, dict(self._claims)
-            await asyncio.to_thread(checkpoint.save, self.checkpoint_path, snapshot)
-            self._saved = version
 
 
 def devices_of(prepared: PreparedClaim) -> list[PreparedDevice]:

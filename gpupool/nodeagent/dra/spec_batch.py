@@ -1,0 +1,126 @@
+"""What concurrent prepares and unprepares write to disk, written together in one worker-thread call.
+
+kubelet sends one NodePrepareResources per pod, so 100 pods starting at once are 100 calls, each
+with one CDI spec to write and a checkpoint to wait for. Handing each spec to a thread of its own
+(``asyncio.to_thread``), then the checkpoint to another, cost over 100 thread hand-offs whose
+wake-ups and GIL switches the event loop shared while it still had calls to receive and book. Here
+a call adds its specs to the pending batch and waits; one writer takes the whole batch to a thread,
+writes every spec, then the checkpoint (once for all: the claims as they are when the batch starts,
+less those whose spec failed), and wakes each call with its own outcome. What arrives while a batch
+is written makes up the next, so 100 concurrent calls cost a few thread hand-offs, not 200. A spec
+that cannot be written fails only its own claim; a checkpoint that cannot be written fails every
+call that waited for it (kubelet calls again, and the retry writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpupool.nodeagent.dra import checkpoint
+from gpupool.nodeagent.dra.cdi import CdiSpecs
+from gpupool.nodeagent.dra.checkpoint import PreparedClaim
+from gpupool.nodeagent.types import ContainerGrant
+
+Snapshot = Callable[[], tuple[int, Mapping[str, PreparedClaim]]]
+"""(version, UID → prepared claim) now: what the checkpoint must hold, and the change count it is at."""
+
+
+class CheckpointNotWritten(Exception):
+    """The checkpoint a call waited for could not be written; ``outcomes`` are its specs' (each
+    error or ``None``), so that the caller still forgets the claims whose spec failed."""
+
+    def __init__(self, error: Exception, outcomes: list[Exception | None]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.outcomes = outcomes
+
+
+@dataclass
+class _Waiter:
+    specs: Sequence[tuple[str, ContainerGrant]]
+    version: int
+    """The checkpoint must be at this version or later before the call answers."""
+    done: asyncio.Future[list[Exception | None]]
+
+
+class ClaimWriter:
+    """Writes CDI specs with ``cdi()`` and the checkpoint at ``path`` of :meth:`write`'s callers."""
+
+    def __init__(self, cdi: Callable[[], CdiSpecs], path: str, snapshot: Snapshot) -> None:
+        self._cdi = cdi
+        """The specs to write with, read at each batch (a test may replace the state's ``cdi``)."""
+        self._path = path
+        self._snapshot = snapshot
+        self._saved = 0
+        """The version the checkpoint file holds (0: as loaded at start)."""
+        self._pending: list[_Waiter] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.batches = 0
+        """Thread calls made so far (the tests count them)."""
+
+    async def write(self, specs: Sequence[tuple[str, ContainerGrant]], version: int) -> list[Exception | None]:
+        """Write ``specs`` (claim UID, grant) with the others waiting, and the checkpoint at
+        ``version`` or later; each spec's error or ``None``, once the checkpoint holds every claim
+        whose spec was written. Raises :class:`CheckpointNotWritten` when the checkpoint could not
+        be written."""
+        if not specs and self._saved >= version:
+            return []
+        done: asyncio.Future[list[Exception | None]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Waiter(specs, version, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        return await done
+
+    async def _drain(self) -> None:
+        """Write batches until none is pending (what arrives meanwhile forms the next one)."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            self.batches += 1
+            version, claims = self._snapshot()
+            specs = [spec for waiter in batch for spec in waiter.specs]
+            try:
+                outcomes, saved = await asyncio.to_thread(_write_all, self._cdi(), specs, self._path, dict(claims),
+                                                          self._saved < version)
+            except asyncio.CancelledError:  # the loop is shutting down: so are the callers
+                for waiter in batch + self._pending:
+                    waiter.done.cancel()
+                raise
+            except Exception as exc:  # the hand-off itself failed: every caller learns why
+                outcomes, saved = [exc] * len(specs), exc
+            if saved is None:
+                self._saved = max(self._saved, version)
+            at = 0
+            for waiter in batch:
+                mine, at = outcomes[at:at + len(waiter.specs)], at + len(waiter.specs)
+                if waiter.done.done():  # its caller was cancelled
+                    continue
+                if saved is not None and waiter.version > self._saved:
+                    waiter.done.set_exception(CheckpointNotWritten(saved, mine))
+                else:
+                    waiter.done.set_result(mine)
+
+
+def _write_all(cdi: CdiSpecs, specs: list[tuple[str, ContainerGrant]], path: str,
+               claims: dict[str, PreparedClaim], save: bool) -> tuple[list[Exception | None], Exception | None]:
+    """In a worker thread: write each spec in order, then (when ``save``, or when a claim it holds
+    failed its spec) the checkpoint of ``claims`` less the claims whose spec failed; each spec's
+    error or ``None``, and the checkpoint's."""
+    outcomes: list[Exception | None] = []
+    kept = len(claims)
+    for claim_uid, grant in specs:
+        try:
+            cdi.write(claim_uid, grant)
+        except Exception as exc:  # one claim's spec: its call fails, the others go on
+            outcomes.append(exc)
+            claims.pop(claim_uid, None)
+        else:
+            outcomes.append(None)
+    if not save and len(claims) == kept:  # a failed spec of a claim held before: the file must drop it
+        return outcomes, None
+    try:
+        checkpoint.save(path, claims)
+    except Exception as exc:  # the callers waiting for it fail; kubelet calls again
+        return outcomes, exc
+    return outcomes, None
