@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -32,11 +33,15 @@ from gpupool.core.remote_share import (
     remote_shape_problem,
     share_alone,
 )
-from gpupool.core.shape_cache import RowCaches
+from gpupool.core.row_groups import GROUP_FROM_ROWS, RowGroups
+from gpupool.core.shape_cache import RowCache, RowCaches
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 EXPLAIN_MEMO_REQUESTS = 64
 """Requests (pod shapes) whose failure reasons are remembered; the least recently used goes first."""
+
+GroupRows = Literal["auto", "always", "never"]
+"""When the scheduler evaluates nodes in identical states once (see :class:`Scheduler`)."""
 
 PICK_TRIES = 8
 """Best-scored nodes on which the card choice is tried before a pod is declared unschedulable."""
@@ -66,12 +71,16 @@ class Scheduler:
     ``tie_rank`` orders nodes for equal scores (lower wins); without it ties are broken at random.
     Feasibility and the scores of node-local policies are cached per request shape
     (:mod:`gpupool.core.shape_cache`) and recomputed only for nodes that changed since, which is
-    what makes replaying a 1,000-node trace take seconds.
+    what makes replaying a 1,000-node trace take seconds. When many rows are recomputed at once (a
+    shape not seen before) and the policy scores from ledger rows alone, nodes in identical states
+    are evaluated once per state (:mod:`gpupool.core.row_groups`): ``group_rows`` "auto" does it where
+    the policy's scores are also dear (:meth:`PlacementPolicy.scores_cost_dearly`), "always" wherever
+    it is exact (the tests), "never" not at all.
     """
 
     def __init__(self, state: ClusterState, policy: PlacementPolicy, *, profile: WorkloadProfile | None = None,
                  tie_rank: IntArray | None = None, rng: np.random.Generator | None = None,
-                 cache: bool = True) -> None:
+                 cache: bool = True, group_rows: GroupRows = "auto") -> None:
         self.state = state
         self.policy = policy
         self.tie_rank = tie_rank
@@ -85,6 +94,8 @@ class Scheduler:
         self._profile = profile
         self._per_pod: dict[PolicyChoice, PlacementPolicy] = {}
         self._rows_memo: IntArray = np.zeros(0, dtype=np.int64)
+        self._groups = RowGroups(state) if group_rows != "never" else None
+        self._group_always = group_rows == "always"
         policy.prepare(state, profile)
 
     def policy_for(self, pod: PodRequest) -> PlacementPolicy:
@@ -188,7 +199,9 @@ class Scheduler:
             feasibility.version[:] = -1
             feasibility.bound = scores.generation
         stale = feasibility.stale(versions)
-        if len(stale):
+        if len(stale) >= GROUP_FROM_ROWS and self._grouped(self.policy_for(pod)):
+            self._refresh_grouped(shape, pod, stale, feasibility, scores)
+        elif len(stale):
             feasible, fits = self._feasible_in_reach(shape, pod, stale)
             feasibility.values[stale] = feasible
             feasibility.version[stale] = versions.take(stale)
@@ -201,6 +214,42 @@ class Scheduler:
                     scores.values[rows] = self.policy_for(pod).score(self.state, shape, rows, fits)
                     scores.version[rows] = versions.take(rows)
         return feasibility.values, scores.values
+
+    def _grouped(self, policy: PlacementPolicy) -> bool:
+        """Whether rows are evaluated once per state for ``policy`` (see the class doc)."""
+        if self._groups is None or not policy.scores_read_ledger_rows():
+            return False
+        return self._group_always or policy.scores_cost_dearly()
+
+    def _refresh_grouped(self, shape: PodShape, pod: PodRequest, stale: IntArray, feasibility: RowCache[np.bool_],
+                         scores: RowCache[np.float64]) -> None:
+        """:meth:`_cached`'s recomputation of ``stale``, with one node evaluated per group of nodes in
+        identical states (their feasibility, card masks and scores are equal) and its answers copied."""
+        assert self._groups is not None
+        state = self.state
+        versions = state.node_version[:state.size]
+        scope = shape.gpu.scope if shape.gpu is not None else None
+        first, member_of = self._groups.group(stale, state.scope_mask(scope) if scope is not None else None)
+        heads = stale.take(first)
+        head_feasible, head_fits = self._feasible_in_reach(shape, pod, heads)
+        feasible = head_feasible.take(member_of)
+        feasibility.values[stale] = feasible
+        feasibility.version[stale] = versions.take(stale)
+        rows = stale[feasible]
+        if not len(rows):
+            return
+        unscored = scores.version.take(rows) != versions.take(rows)
+        rows = rows[unscored]
+        if not len(rows):
+            return
+        needed, back = np.unique(member_of[feasible][unscored], return_inverse=True)
+        back = back.reshape(-1)
+        fits_at = np.cumsum(head_feasible) - 1  # a feasible head's row in head_fits
+        policy = self.policy_for(pod)
+        scored = heads.take(needed)
+        scores.values[rows] = policy.score(state, shape, scored, head_fits.take(fits_at.take(needed), 0)).take(back)
+        scores.version[rows] = versions.take(rows)
+        policy.share_scores(state, shape, scored.take(back), rows)
 
     # ----------------------------------------------------------------------------------- decide
     def pick(self, rows: IntArray, scores: FloatArray) -> IntArray:

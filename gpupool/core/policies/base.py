@@ -56,6 +56,14 @@ class PlacementPolicy(ABC):
 
     name: ClassVar[str]
     node_local: ClassVar[bool] = True
+    scores_from_ledger_rows: ClassVar[bool] = False
+    """Whether a node's score is a function of its ledger row alone (:mod:`gpupool.core.row_groups`
+    lists what that is): then nodes with equal rows are scored once for all. Set only where the
+    policy's code was checked to read nothing else of a node (not its placements, names or labels)."""
+    scores_dearly: ClassVar[bool] = False
+    """Whether scoring a node costs more than numbering its state for the grouping (the fragmentation
+    policies: every card against every workload class). Binpack-like scores cost less than that, and
+    grouping their nodes measured no faster (docs/performance.md)."""
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
         self.rng = rng or np.random.default_rng(0)
@@ -88,6 +96,19 @@ class PlacementPolicy(ABC):
     def scores_are_node_local(self) -> bool:
         """Whether :meth:`score` of a node depends on that node alone (the scheduler may cache it)."""
         return self.node_local
+
+    def scores_read_ledger_rows(self) -> bool:
+        """:attr:`scores_from_ledger_rows` of the policy that scores (a per-pod policy's node policy)."""
+        return self.scores_from_ledger_rows
+
+    def scores_cost_dearly(self) -> bool:
+        """:attr:`scores_dearly` of the policy that scores (a per-pod policy's node policy)."""
+        return self.scores_dearly
+
+    def share_scores(self, state: ClusterState, shape: PodShape, source: IntArray, target: IntArray) -> None:
+        """Rows ``target`` have the ledger rows of ``source`` (pairwise) and ``source`` was just scored
+        for ``shape``: give ``target`` whatever the policy kept of that scoring (default: nothing)."""
+        return None
 
     def normalize(self, scores: FloatArray) -> FloatArray:
         """Turn raw scores of the feasible nodes into final ones (identity unless overridden)."""

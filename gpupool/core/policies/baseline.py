@@ -48,6 +48,7 @@ class BinpackPolicy(PlacementPolicy):
     """
 
     name = "binpack"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.gpu is None:
@@ -71,6 +72,7 @@ class SpreadPolicy(PlacementPolicy):
     """Alibaba gpushare's spread: the node with the most free GPU, and its emptiest card."""
 
     name = "spread"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         return np.asarray(gpu_free(state, rows).sum(axis=1) + state.cpu_free[rows] / 1e9, dtype=np.float64)
@@ -88,6 +90,7 @@ class BestFitPolicy(PlacementPolicy):
     """The paper's BestFit: least leftover of CPU and GPU (each normalised), min-max scaled."""
 
     name = "bestfit"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         left_cpu = state.cpu_free[rows] - shape.cpu_milli
@@ -112,6 +115,7 @@ class DotProductPolicy(PlacementPolicy):
     """The paper's DotProd: the smallest dot product of free (CPU, GPU) and the request."""
 
     name = "dotprod"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         node_cpu = state.cpu_free[rows] / MAX_SPEC_CPU
@@ -124,6 +128,7 @@ class PackingPolicy(PlacementPolicy):
     """The paper's Packing: prefer partly used cards, then partly used nodes, then idle nodes."""
 
     name = "packing"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         if shape.milli <= 0:

@@ -57,6 +57,16 @@ class CardScoreMemo:
         entry.scores[rows] = np.where(fits, scores, -np.inf)
         entry.version[rows] = state.node_version[rows]
 
+    def copy_rows(self, state: ClusterState, key: MemoKey, source: IntArray, target: IntArray) -> None:
+        """Remember for ``target`` what is remembered for ``source`` (pairwise; nodes in the same state,
+        :mod:`gpupool.core.row_groups`), stamped with the targets' current versions."""
+        entry = self._entries.get(key) if state is self._state else None
+        if entry is None or entry.scores.shape != (state.size, state.max_cards):
+            return
+        entry.scores[target] = entry.scores[source]
+        entry.version[target] = np.where(entry.version[source] == state.node_version[source],
+                                         state.node_version[target], -1)
+
     def lookup(self, state: ClusterState, key: MemoKey, row: int, mask: BoolArray) -> FloatArray | None:
         """The remembered scores of node ``row``'s cards, or None when they are not current or some
         card of ``mask`` was not scored (it did not fit the request then)."""

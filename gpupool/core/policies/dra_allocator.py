@@ -59,6 +59,7 @@ class DraAllocatorPolicy(PlacementPolicy):
     """kube-scheduler's default node scores and the DRA allocator's first-fit card (module doc)."""
 
     name = "dra-allocator"
+    scores_from_ledger_rows = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         cpu_total, mem_total = state.cpu_total[rows], state.mem_total[rows]

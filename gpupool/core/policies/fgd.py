@@ -22,6 +22,9 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 class FragmentationPolicy(PlacementPolicy):
     """Shared machinery: per-card fragmentation deltas for a pod over candidate nodes."""
 
+    scores_from_ledger_rows = True
+    scores_dearly = True
+
     def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
         super().prepare(state, profile)
         self.measure = FragmentationMeasure(state, profile or WorkloadProfile(()))
@@ -77,6 +80,11 @@ class FragmentationPolicy(PlacementPolicy):
             return scores[:, 0] if scores.shape[1] else self.card_scores(np.zeros(len(rows)))
         result: FloatArray = np.maximum.reduce(np.where(fits, scores, -1.0), axis=1)
         return result
+
+    def share_scores(self, state: ClusterState, shape: PodShape, source: IntArray, target: IntArray) -> None:
+        if shape.shares_one_card:  # the per-card scores the chooser reads (see node_score)
+            assert shape.gpu is not None
+            self.card_memo.copy_rows(state, (shape.cpu_milli, shape.gpu), source, target)
 
     def shared_chooser(self) -> SharedCardChooser:
         def choose(state: ClusterState, scratch: NodeScratch, request: GpuRequest, mask: BoolArray,

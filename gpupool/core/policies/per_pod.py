@@ -73,6 +73,15 @@ class PerPodPolicy(PlacementPolicy):
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         return self.node_policy.node_score(state, shape, rows, fits)
 
+    def scores_read_ledger_rows(self) -> bool:
+        return self.node_policy.scores_read_ledger_rows()
+
+    def scores_cost_dearly(self) -> bool:
+        return self.node_policy.scores_cost_dearly()
+
+    def share_scores(self, state: ClusterState, shape: PodShape, source: IntArray, target: IntArray) -> None:
+        self.node_policy.share_scores(state, shape, source, target)
+
     def normalize(self, scores: FloatArray) -> FloatArray:
         return self.node_policy.normalize(scores)
 
