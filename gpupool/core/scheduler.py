@@ -190,10 +190,12 @@ class Scheduler:
     def _cached(self, shape: PodShape, pod: PodRequest) -> tuple[BoolArray, FloatArray]:
         """Every row's feasibility and raw score (current for the feasible rows), from the shape
         caches: only rows whose node changed since are recomputed, and only those whose score no
-        pod of the same CPU and GPU request has computed at the node's version are scored."""
+        pod of the same CPU and GPU request (and memory, for a policy whose scores read it) has
+        computed at the node's version are scored."""
         size = self.state.size
         versions = self.state.node_version[:size]
-        scores = self._scores.entry((shape.cpu_milli, shape.gpu, pod.policy), size)
+        memory = shape.memory_mib if self.policy_for(pod).scores_read_pod_memory() else 0
+        scores = self._scores.entry((shape.cpu_milli, memory, shape.gpu, pod.policy), size)
         feasibility = self._feasibility.entry((pod.cpu_milli, pod.memory_mib, shape.gpu, pod.policy), size)
         if feasibility.bound != scores.generation:  # its feasible rows' scores are not in this entry
             feasibility.version[:] = -1

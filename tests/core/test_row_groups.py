@@ -221,3 +221,19 @@ def test_nodes_alike_but_for_their_topology_are_scored_apart(policy: str) -> Non
     np.testing.assert_array_equal(expected[0], got[0])
     np.testing.assert_array_equal(expected[1], got[1])
     assert len(set(got[1].tolist())) == 2  # the linked nodes score above the flat ones
+
+
+def test_a_policy_scoring_the_pods_memory_scores_pods_of_other_memory_apart() -> None:
+    """``dra-allocator`` replays kube-scheduler's LeastAllocated, which reads the pod's memory: the
+    scores kept per CPU and GPU request were handed to a pod that differed in memory alone. Here a
+    1 GiB pod prefers n0 (more CPU free) and a 14 GB pod n1 (n0 has 16 GB of memory)."""
+    state = ClusterState([make_node("n0", 2, cpu=64_000, memory=16_000), make_node("n1", 2, cpu=32_000)])
+    scheduler = Scheduler(state, make_policy("dra-allocator"))
+    small = slice_pod("small", 200, cpu=8_000, memory=1_024)
+    large = slice_pod("large", 200, cpu=8_000, memory=14_000)
+    rows, scores = scheduler.filter_and_score(small)
+    assert state.node_names([rows[int(np.argmax(scores))]]) == ["n0"]
+    rows, scores = scheduler.filter_and_score(large)
+    assert state.node_names([rows[int(np.argmax(scores))]]) == ["n1"]
+    fresh_rows, fresh_scores = Scheduler(state, make_policy("dra-allocator")).filter_and_score(large)
+    assert list(rows) == list(fresh_rows) and np.allclose(scores, fresh_scores)

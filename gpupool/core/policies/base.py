@@ -64,6 +64,11 @@ class PlacementPolicy(ABC):
     """Whether scoring a node costs more than numbering its state for the grouping (the fragmentation
     policies: every card against every workload class). Binpack-like scores cost less than that, and
     grouping their nodes measured no faster (docs/performance.md)."""
+    scores_pod_memory: ClassVar[bool] = False
+    """Whether a node's score reads the pod's memory request (:attr:`PodShape.memory_mib`): the
+    scheduler keeps scores per CPU and GPU request, and adds the memory to that key only for such a
+    policy (kube-scheduler's LeastAllocated, replayed by ``dra-allocator``), which otherwise scored a
+    pod with the scores of another that differed in memory alone."""
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
         self.rng = rng or np.random.default_rng(0)
@@ -104,6 +109,10 @@ class PlacementPolicy(ABC):
     def scores_cost_dearly(self) -> bool:
         """:attr:`scores_dearly` of the policy that scores (a per-pod policy's node policy)."""
         return self.scores_dearly
+
+    def scores_read_pod_memory(self) -> bool:
+        """:attr:`scores_pod_memory` of the policy that scores (a per-pod policy's node policy)."""
+        return self.scores_pod_memory
 
     def share_scores(self, state: ClusterState, shape: PodShape, source: IntArray, target: IntArray) -> None:
         """Rows ``target`` have the ledger rows of ``source`` (pairwise) and ``source`` was just scored

@@ -60,6 +60,7 @@ class DraAllocatorPolicy(PlacementPolicy):
 
     name = "dra-allocator"
     scores_from_ledger_rows = True
+    scores_pod_memory = True
 
     def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> FloatArray:
         cpu_total, mem_total = state.cpu_total[rows], state.mem_total[rows]

@@ -79,6 +79,9 @@ class PerPodPolicy(PlacementPolicy):
     def scores_cost_dearly(self) -> bool:
         return self.node_policy.scores_cost_dearly()
 
+    def scores_read_pod_memory(self) -> bool:
+        return self.node_policy.scores_read_pod_memory()
+
     def share_scores(self, state: ClusterState, shape: PodShape, source: IntArray, target: IntArray) -> None:
         self.node_policy.share_scores(state, shape, source, target)
 
