@@ -18,6 +18,22 @@ from gpupool.nodeagent.types import PodView
 ContainerName = tuple[str, str, str]
 """(namespace, pod, container)."""
 
+ClaimKey = tuple[str, str]
+"""(namespace, claim name)."""
+
+
+def claim_shares(claims: Iterable[PodView]) -> dict[ClaimKey, tuple[CardSlice, ...]]:
+    """(namespace, claim) → its slices on this node's cards, in the order its grant lists them, from
+    the prepared claims' views (:meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods`: one
+    container named after the claim). The one reading of those views: the grants here and the
+    lending side's bookings (:mod:`gpupool.nodeagent.lending.claims`) both start from it."""
+    shares: dict[ClaimKey, tuple[CardSlice, ...]] = {}
+    for claim in claims:
+        if claim.assignment is not None:
+            for assignment in claim.assignment.placement.containers:
+                shares[(claim.namespace, assignment.container)] = assignment.slices
+    return shares
+
 
 def grants_of(node: str, pods: Iterable[PodView], claims: Iterable[PodView] = ()) -> dict[ContainerName,
                                                                                        dict[int, CardSlice]]:
@@ -25,11 +41,7 @@ def grants_of(node: str, pods: Iterable[PodView], claims: Iterable[PodView] = ()
     assignment's slices, and the shares of the prepared DRA ``claims`` it uses (as
     :meth:`gpupool.nodeagent.dra.claim_state.ClaimState.as_pods` views them, one container named
     after the claim). A container using two claims on one card holds their sum there."""
-    by_claim: dict[tuple[str, str], tuple[CardSlice, ...]] = {}
-    for claim in claims:
-        if claim.assignment is not None:
-            for assignment in claim.assignment.placement.containers:
-                by_claim[(claim.namespace, assignment.container)] = assignment.slices
+    by_claim = claim_shares(claims)
     grants: dict[ContainerName, dict[int, CardSlice]] = {}
     for pod in pods:
         if pod.terminated:
@@ -52,18 +64,14 @@ def claims_on_cards(pods: Iterable[PodView], claims: Iterable[PodView]) -> dict[
     """(namespace, pod, container, card) → the prepared claims (names, in the pod's namespace) whose
     shares the container holds on that card, for the running ``pods``' containers using any: where
     a row of :func:`grants_of` came from."""
-    cards_of: dict[tuple[str, str], list[int]] = {}
-    for claim in claims:
-        if claim.assignment is not None:
-            for assignment in claim.assignment.placement.containers:
-                cards_of[(claim.namespace, assignment.container)] = [s.card for s in assignment.slices]
+    by_claim = claim_shares(claims)
     used: dict[tuple[str, str, str, int], tuple[str, ...]] = {}
     for pod in pods:
         if pod.terminated:
             continue
         for container in pod.containers:
             for claim_name in container.claims:
-                for card in dict.fromkeys(cards_of.get((pod.namespace, claim_name), ())):
+                for card in dict.fromkeys(s.card for s in by_claim.get((pod.namespace, claim_name), ())):
                     key = (pod.namespace, pod.name, container.name, card)
                     used[key] = (*used.get(key, ()), claim_name)
     return used

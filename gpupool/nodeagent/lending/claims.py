@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from gpupool.core.model import CardSlice
+from gpupool.nodeagent.container_shares import ClaimKey
 from gpupool.nodeagent.types import PodView
-
-ClaimKey = tuple[str, str]
-"""(namespace, claim name)."""
 
 ClaimShares = Mapping[ClaimKey, tuple[CardSlice, ...]]
 """Each prepared claim's slices on this node's cards (NVML index), in the order its grant lists them
@@ -32,16 +30,6 @@ PreparedClaims = Callable[[], Iterable[PodView]]
 def no_claims() -> tuple[PodView, ...]:
     """The source of a node agent without ``--dra``."""
     return ()
-
-
-def claim_shares(views: Iterable[PodView]) -> dict[ClaimKey, tuple[CardSlice, ...]]:
-    """(namespace, claim) → its slices, from the prepared claims' views."""
-    shares: dict[ClaimKey, tuple[CardSlice, ...]] = {}
-    for view in views:
-        if view.assignment is not None:
-            for assignment in view.assignment.placement.containers:
-                shares[(view.namespace, assignment.container)] = assignment.slices
-    return shares
 
 
 def claim_cards(slices: Iterable[CardSlice]) -> tuple[int, ...]:

@@ -50,9 +50,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpupool.api.lending import LendableCard, Priority
+from gpupool.nodeagent.container_shares import ClaimKey
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.lending.bookings import BookingKey, owner_bookings, total
-from gpupool.nodeagent.lending.claims import ClaimKey, ClaimShares, booked_on, unheld_on
+from gpupool.nodeagent.lending.claims import ClaimShares, booked_on, unheld_on
 from gpupool.nodeagent.lending.durable import write_json_atomically
 from gpupool.nodeagent.lending.pods import LendingPod
 from gpupool.nodeagent.lending.rules import ContainerKey

@@ -29,7 +29,8 @@ from gpupool.api.lending import (
     pod_priority,
 )
 from gpupool.core.model import CardSlice, ContainerAssignment
-from gpupool.nodeagent.lending.claims import ClaimShares, PreparedClaims, claim_cards, claim_shares, no_claims
+from gpupool.nodeagent.container_shares import claim_shares
+from gpupool.nodeagent.lending.claims import ClaimShares, PreparedClaims, claim_cards, no_claims
 from gpupool.nodeagent.node_pod import NodePod, PodKey
 from gpupool.nodeagent.types import PodView
 
