@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from gpupool.api.lending import LendableCard, Priority
 from gpupool.nodeagent.container_shares import ClaimKey
 from gpupool.nodeagent.gpu_inventory import GpuInventory
-from gpupool.nodeagent.lending.bookings import BookingKey, owner_bookings, total
+from gpupool.nodeagent.lending.bookings import BookingKey, Share, owner_bookings, total
 from gpupool.nodeagent.lending.claims import ClaimShares, booked_on, unheld_on
 from gpupool.nodeagent.lending.durable import write_json_atomically
 from gpupool.nodeagent.lending.pods import LendingPod
@@ -152,6 +152,16 @@ def _percent(per_mille: int) -> int:
     return -(-per_mille // PER_MILLE_PER_PERCENT)
 
 
+def _less(loan: Loan, kept: Share) -> tuple[int, int]:
+    """The loan's memory (MiB, whole units) and compute (percent) once ``kept`` is left out of it;
+    nothing when ``kept`` is the whole card."""
+    mib, milli, whole = kept
+    if whole:
+        return 0, 0
+    return (max(0, loan.memory_mib - mib) // MEMORY_UNIT * MEMORY_UNIT,
+            max(0, loan.compute_percent - _percent(milli)))
+
+
 def keep_new_claims(loan: Loan, claims: ClaimShares, used_by: Collection[ClaimKey]) -> Loan:
     """``loan`` less the share of the claims prepared on its card since it began that ``used_by``
     (the claims the card's holders and the loan's owners use) does not name; the same loan when
@@ -160,9 +170,7 @@ def keep_new_claims(loan: Loan, claims: ClaimShares, used_by: Collection[ClaimKe
     new = unheld_on(loan.card, claims, {*used_by, *loan.kept})
     if not new:
         return loan
-    mib, milli, whole = booked_on(loan.card, claims, new)
-    memory = 0 if whole else max(0, loan.memory_mib - mib) // MEMORY_UNIT * MEMORY_UNIT
-    compute = 0 if whole else max(0, loan.compute_percent - _percent(milli))
+    memory, compute = _less(loan, booked_on(loan.card, claims, new))
     return replace(loan, memory_mib=memory, compute_percent=compute, kept=loan.kept | new)
 
 
@@ -176,9 +184,7 @@ def keep_new_bookings(loan: Loan, pods: Iterable[LendingPod]) -> Loan:
            if key not in loan.kept_bookings}
     if not new:
         return loan
-    mib, milli, whole = total(new.values())
-    memory = 0 if whole else max(0, loan.memory_mib - mib) // MEMORY_UNIT * MEMORY_UNIT
-    compute = 0 if whole else max(0, loan.compute_percent - _percent(milli))
+    memory, compute = _less(loan, total(new.values()))
     return replace(loan, memory_mib=memory, compute_percent=compute, kept_bookings=loan.kept_bookings | set(new))
 
 
