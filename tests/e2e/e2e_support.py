@@ -16,7 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -379,3 +381,25 @@ def wait_crds_gone(extensions: client.ApiextensionsV1Api, names: set[str], timeo
     wait_for(lambda: True if not left() else None, timeout=timeout, what=f"the CRDs {sorted(names)} deleted",
              explain=explain)
 
+
+
+@contextmanager
+def make_priority_classes(kube_api_client: client.ApiClient, prefix: str, low: int,
+                          high: int) -> Iterator[tuple[str, str]]:
+    """Two PriorityClasses ``<prefix>-low-<tag>`` and ``<prefix>-high-<tag>`` of values ``low`` and
+    ``high`` for a preemption test, deleted after it (one already gone is fine)."""
+    api = client.SchedulingV1Api(kube_api_client)
+    tag = uuid.uuid4().hex[:6]
+    names = (f"{prefix}-low-{tag}", f"{prefix}-high-{tag}")
+    for name, value in zip(names, (low, high), strict=True):
+        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                   "metadata": {"name": name}, "value": value})
+    try:
+        yield names
+    finally:
+        for name in names:
+            try:
+                api.delete_priority_class(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise

@@ -32,14 +32,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpupool.api.names import ResourceNames
 from gpupool.kube.quantity import parse_quantity
 from gpupool.testenv.config import ExtenderConfig
 from gpupool.testenv.controlplane import ControlPlane
 from tests.e2e.dra_support import claim_manifest, claim_pod, dra_installed, node_slice
-from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, gpu_pod_manifest, wait_for
+from tests.e2e.e2e_support import NodeAgentProcess, StartKubelet, gpu_pod_manifest, make_priority_classes, wait_for
 from tests.e2e.trust_support import FlaggedExtender, filter_reason
 
 pytestmark = pytest.mark.e2e
@@ -80,21 +79,8 @@ def preempting_extender(control_plane: ControlPlane, tmp_path: Path) -> Iterator
 
 @pytest.fixture
 def priority_classes(kube_api_client: client.ApiClient) -> Iterator[tuple[str, str]]:
-    api = client.SchedulingV1Api(kube_api_client)
-    tag = uuid.uuid4().hex[:6]
-    names = (f"dra-low-{tag}", f"dra-high-{tag}")
-    for name, value in zip(names, (LOW, HIGH), strict=True):
-        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                   "metadata": {"name": name}, "value": value})
-    try:
+    with make_priority_classes(kube_api_client, "dra", LOW, HIGH) as names:
         yield names
-    finally:
-        for name in names:
-            try:
-                api.delete_priority_class(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
 
 
 @contextmanager

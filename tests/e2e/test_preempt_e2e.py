@@ -39,14 +39,13 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpupool.api.annotations import Inventory, decode_assignment, encode_inventory
 from gpupool.api.names import NVIDIA_GPUMEM, ResourceNames
 from gpupool.core.model import GpuCard
 from gpupool.testenv.controlplane import ControlPlane
 from gpupool.testenv.paths import Binaries
-from tests.e2e.e2e_support import ExtenderProcess, MakeNode, wait_for
+from tests.e2e.e2e_support import ExtenderProcess, MakeNode, make_priority_classes, wait_for
 from tests.e2e.lagging_proxy import LaggingProxy
 from tests.e2e.test_extender_e2e import placed_pod
 from tests.e2e.test_scheduler_config_e2e import run_scheduler
@@ -67,21 +66,8 @@ LAG_S = 1.0
 
 @pytest.fixture
 def priority_classes(kube_api_client: client.ApiClient) -> Iterator[tuple[str, str]]:
-    api = client.SchedulingV1Api(kube_api_client)
-    tag = uuid.uuid4().hex[:6]
-    names = (f"gpupool-low-{tag}", f"gpupool-high-{tag}")
-    for name, value in zip(names, (LOW, HIGH), strict=True):
-        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                   "metadata": {"name": name}, "value": value})
-    try:
+    with make_priority_classes(kube_api_client, "gpupool", LOW, HIGH) as names:
         yield names
-    finally:
-        for name in names:
-            try:
-                api.delete_priority_class(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
 
 
 @pytest.fixture
