@@ -60,6 +60,14 @@ def build_programs(out: Path) -> Programs:
     return Programs(standin, client_dir, probe)
 
 
+def build_client_program(source: Path, out: Path, programs: Programs) -> Path:
+    """A probe program ``source`` compiled strictly into ``out`` and linked against the GPU client's
+    ``libcuda.so`` (run it with the client's or the stand-in driver's directory first)."""
+    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out),
+                    str(source), f"-L{programs.client}", "-lcuda"], check=True, timeout=120)
+    return out
+
+
 @dataclass
 class Server:
     process: subprocess.Popen[str]

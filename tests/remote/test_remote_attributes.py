@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import find_compiler
-from tests.remote.remote_support import Programs, build_programs, client, probe_env, running_server, token
+from tests.remote.remote_support import (
+    Programs,
+    build_client_program,
+    build_programs,
+    client,
+    probe_env,
+    running_server,
+    token,
+)
 
 ATTRIBUTES_PROBE = Path(__file__).with_name("attributes_probe.c")
 CUDA_ERROR_INVALID_VALUE = 1
@@ -34,9 +41,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
 @pytest.fixture(scope="module")
 def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = tmp_path_factory.mktemp("attributes-probe") / "attributes_probe"
-    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(built),
-                    str(ATTRIBUTES_PROBE), f"-L{programs.client}", "-lcuda"], check=True, timeout=120)
-    return built
+    return build_client_program(ATTRIBUTES_PROBE, built, programs)
 
 
 def run(probe: Path, env: dict[str, str], mode: str) -> str:

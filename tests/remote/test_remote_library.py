@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import find_compiler
 from tests.remote.remote_support import (
     Programs,
+    build_client_program,
     build_programs,
     client,
     probe_env,
@@ -41,10 +41,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
 @pytest.fixture(scope="module")
 def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/remote/library_probe.c linked against libcuda.so (run with either directory first)."""
-    built = tmp_path_factory.mktemp("library-probe") / "library_probe"
-    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(built),
-                    str(LIBRARY_PROBE), f"-L{programs.client}", "-lcuda"], check=True, timeout=120)
-    return built
+    return build_client_program(LIBRARY_PROBE, tmp_path_factory.mktemp("library-probe") / "library_probe", programs)
 
 
 def run(probe: Path, env: dict[str, str], *args: str) -> str:
