@@ -28,12 +28,12 @@ from typing import Any
 from gpupool.core.card_rule import CardVerdict, Demand
 from gpupool.core.model import CardSlice, ContainerAssignment, Placement
 from gpupool.core.units import COMPUTE_PER_CARD
+from gpupool.kube.card_device import memory_capacity_mib
 from gpupool.nodeagent.container_grant import GrantError, build_grant
 from gpupool.nodeagent.dra import checkpoint
 from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim
 from gpupool.nodeagent.dra.claim_allocation import ClaimAllocation, ClaimError, ClaimRef, read_allocation
-from gpupool.nodeagent.dra.resource_slice import memory_capacity_mib
 from gpupool.nodeagent.dra.spec_batch import CheckpointNotWritten, ClaimWriter
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement, NoEnforcement

@@ -27,11 +27,11 @@ from gpupool.api.dra import (
     ATTR_PROFILE,
     ATTR_UUID,
     COMPUTE,
-    COMPUTE_PERCENT,
     MEMORY,
     device_name,
 )
-from gpupool.core.units import COMPUTE_PER_CARD, MEMORY_UNIT_MIB
+from gpupool.core.units import MEMORY_UNIT_MIB
+from gpupool.kube.card_device import compute_capacity, memory_capacity_mib
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 
 
@@ -47,17 +47,6 @@ def pci_bus_id(nvml: str) -> str:
     if len(parts) != 3 or not parts[0]:
         return ""
     return f"{parts[0][-4:]:0>4}:{parts[1]}:{parts[2]}"
-
-
-def memory_capacity_mib(card_memory_mib: int) -> int:
-    """What a card offers to claims: its memory rounded down to gpupool's memory unit."""
-    return card_memory_mib // MEMORY_UNIT_MIB * MEMORY_UNIT_MIB
-
-
-def compute_capacity(card_compute_milli: int) -> int:
-    """What a card offers in percent of a whole card: 100, or a MIG device's share rounded down
-    (42 for a 3g device of 7 slices), so the allocator never grants more than the node books."""
-    return card_compute_milli * COMPUTE_PERCENT // COMPUTE_PER_CARD
 
 
 def device_entry(inventory: GpuInventory, index: int) -> dict[str, Any]:
