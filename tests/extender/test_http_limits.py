@@ -166,8 +166,10 @@ def test_healthz_answers_while_eight_huge_bodies_arrive() -> None:
         stop.set()
         statuses = [(await task).status for task in uploads]
         assert set(statuses) <= {413, 503}, statuses
-        assert slowest_cpu < 1.0, f"/healthz waited for {slowest_cpu:.2f} s of the loop's CPU ({slowest_wall:.2f} s wall)"
-        assert sent[0] < 8 * (CAP + 8 * MIB), f"{sent[0] / MIB:.0f} MiB of the uploads went out before they were refused"
+        assert slowest_cpu < 1.0, \
+            f"/healthz waited for {slowest_cpu:.2f} s of the loop's CPU ({slowest_wall:.2f} s wall)"
+        assert sent[0] < 8 * (CAP + 8 * MIB), \
+            f"{sent[0] / MIB:.0f} MiB of the uploads went out before they were refused"
 
     serve(scenario)
 
