@@ -54,13 +54,13 @@ from gpupool.api.names import ResourceNames
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.policies import make_policy
 from gpupool.core.scheduler import Scheduler
-from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gc_freeze import freeze_long_lived
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.http.wire import parse_extender_args
 from gpupool.extender.metrics import ExtenderMetrics
+from gpupool.extender.node_ranking import best_nodes
 from gpupool.extender.service import ExtenderService
 from gpupool.sim.trace import load_pods, resolve_trace
 from gpupool.testing.fake_api import FakePodApi

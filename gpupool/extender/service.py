@@ -24,13 +24,18 @@ from gpupool.core.lent_view import PolicyFactory
 from gpupool.core.model import Placement, PodRequest
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.state import ClusterState, IntArray
-from gpupool.extender.best_nodes import best_nodes
 from gpupool.extender.booking_keeper import ASSUMED_REFUSED, ASSUMED_REPLACED, pinned_elsewhere
+from gpupool.extender.node_ranking import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
+from gpupool.extender.node_ranking import (
+    TIED_NOT_FIRST,
+    TieRanks,
+    best_nodes,
+    has_soft_preferences,
+    stable_rank,
+)
+from gpupool.extender.node_ranking import NodeScores as NodeScores
+from gpupool.extender.node_ranking import scale_scores as scale_scores
 from gpupool.extender.node_rows import NodeRows
-from gpupool.extender.node_scores import MAX_EXTENDER_PRIORITY as MAX_EXTENDER_PRIORITY  # re-exported
-from gpupool.extender.node_scores import NodeScores as NodeScores
-from gpupool.extender.node_scores import scale_scores as scale_scores
-from gpupool.extender.one_best import TIED_NOT_FIRST, TieRanks, has_soft_preferences, stable_rank
 from gpupool.extender.preemption import NodeGate as NodeGate  # re-exported
 from gpupool.extender.preemption import NoFollowUp, PreemptAnswers, PreemptLedger, answer_preemption
 from gpupool.kube.refusal_texts import alias_problem, with_outside
@@ -71,7 +76,7 @@ class Ledger(PreemptLedger, Protocol):
     """Per node, the foreign resource aliases its kubelet advertises (see :func:`alias_problem`)."""
     served_aliases_version: int
     """Moves whenever ``served_aliases`` changes, so per-alias node masks can be cached."""
-    soft_tainted: set[str]  # nodes with a PreferNoSchedule taint (gpupool/extender/one_best.py)
+    soft_tainted: set[str]  # nodes with a PreferNoSchedule taint (gpupool/extender/node_ranking.py)
 
     @property
     def synced(self) -> bool:
@@ -201,12 +206,12 @@ class ExtenderSettings:
     """Failed nodes explained one by one; the rest share a summary (explaining a node is a scalar
     walk of its cards, too slow to do for thousands of nodes per call)."""
     filter_best_only: bool = True
-    """Pass only the nodes the policy scores best (gpupool/extender/best_nodes.py), for a
+    """Pass only the nodes the policy scores best (gpupool/extender/node_ranking.py), for a
     kube-scheduler configured without ``prioritizeVerb`` (the shipped configurations); False passes
     every node that fits, for the ``-prioritize.yaml`` variants."""
     filter_one_best: bool = True
     """With ``filter_best_only``: pass one of the best nodes, the first in a fixed node order, unless
-    the pod has soft preferences or a best node a ``PreferNoSchedule`` taint (gpupool/extender/one_best.py)."""
+    the pod has soft preferences or a best node a ``PreferNoSchedule`` taint (gpupool/extender/node_ranking.py)."""
     assume_s: float = DEFAULT_ASSUME_S
     """How long the filter's choice for a pod it passes one node stays booked (``ASSUMED``) when no
     bind of the pod comes (docs/extender.md, "Assumed bookings")."""
@@ -237,7 +242,7 @@ class ExtenderService:
         self.leader_name = leader_name
         self.node_rows = NodeRows()
         self.tie_ranks = TieRanks(self.settings.tie_rank)
-        """The fixed node order the one best node is taken in (gpupool/extender/one_best.py)."""
+        """The fixed node order the one best node is taken in (gpupool/extender/node_ranking.py)."""
         self._last_filter: _FilterMemo | None = None
 
     def unready(self) -> str:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.extender.best_nodes import NOT_BEST, best_nodes
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.node_ranking import NOT_BEST, best_nodes
 from gpupool.extender.service import MAX_EXTENDER_PRIORITY, ExtenderService, ExtenderSettings, scale_scores
 from gpupool.kube.translate import pod_request
 from tests.extender.http_world import ALIBABA_NODES, ALIBABA_PODS, post_filter

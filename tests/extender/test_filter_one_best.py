@@ -20,12 +20,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpupool.api.names import ResourceNames
 from gpupool.core.model import PodRequest
-from gpupool.extender.best_nodes import NOT_BEST
 from gpupool.extender.bookings import Stage
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.http.api import ExtenderApi
 from gpupool.extender.metrics import ExtenderMetrics
-from gpupool.extender.one_best import PREFERRED, TIED_NOT_FIRST
+from gpupool.extender.node_ranking import NOT_BEST, PREFERRED, TIED_NOT_FIRST
 from gpupool.extender.service import ExtenderService, ExtenderSettings
 from gpupool.kube.translate import pod_request
 from tests.extender.binder_world import world

@@ -1,4 +1,4 @@
-"""``gpupool/extender/one_best.py``: the fixed node order the filter's one best node is taken in,
+"""``gpupool/extender/node_ranking.py``: the fixed node order the filter's one best node is taken in,
 and which pods keep every best node (soft preferences).
 
 The order must be the same on every call and every replica (a hash of the name, cached per ledger
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gpupool.core.state import ClusterState
-from gpupool.extender.one_best import PREFERRED, TieRanks, has_soft_preferences, stable_rank
+from gpupool.extender.node_ranking import PREFERRED, TieRanks, has_soft_preferences, stable_rank
 from tests.core.builders import make_node
 
 NAMES = ("node-a", "node-b", "node-c", "node-d")
