@@ -249,7 +249,8 @@ def _slices(state: ClusterState, scratch: NodeScratch, request: GpuRequest,
     card that fits, as best fit picks it; a card the app containers hold is preferred for an init
     container), and on ``count`` physical cards otherwise (:mod:`gpupool.core.virtual_cards`).
     """
-    if wants_one_card(request):
+    # ``virtual`` first: a request that did not opt in (nearly all) costs one attribute test here
+    if request.virtual is not None and wants_one_card(request):
         one = scratch.one_card_fits(state, request)
         if one.any():
             preferred = one.copy()

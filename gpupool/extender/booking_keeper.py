@@ -377,7 +377,7 @@ class BookingKeeper:
             self.bookings[key] = new
         if new.stage is Stage.UNREADABLE and new.placement is not None:
             self.problems.set_unreadable(key, self.uid_of(key), new.placement.node, new.problem or "")
-        else:
+        elif key in self.problems.unreadable:  # nearly always not: no call into the problems then
             self.problems.clear_unreadable(key)
         self._index(key)
         self._book(key, new.placement)

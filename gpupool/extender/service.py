@@ -316,7 +316,7 @@ class ExtenderService:
                 failed[name] = alias_problem(aliases, self.cache.served_aliases.get(name, frozenset())) or ""
         candidates = rows[usable]
         if not len(candidates):
-            return _Feasible([], NO_ROWS, np.zeros(0), with_outside(failed, outside, []), rows)
+            return _Feasible([], NO_ROWS, np.zeros(0), with_outside(failed, outside, []) if outside else failed, rows)
         ok_rows, scores = self.cache.scheduler.filter_and_score(request, candidates)
         lent: dict[int, str] = {}  # free capacity first; lent capacity only where none is free
         if not len(ok_rows) and state.lent.lending_rows():
@@ -342,7 +342,9 @@ class ExtenderService:
             # kube-scheduler's prioritize then asks about exactly the nodes that passed: their rows
             # are known here, so that call skips mapping thousands of names to rows again
             self.node_rows.remember(state, passed, (passed_rows, candidate_names[fits]))
-        return _Feasible(passed, passed_rows, candidate_scores[fits], with_outside(failed, outside, passed), rows)
+        if outside:  # nodes outside the pod's group, pools or card controls (none without tenancy objects)
+            failed = with_outside(failed, outside, passed)
+        return _Feasible(passed, passed_rows, candidate_scores[fits], failed, rows)
 
     # -------------------------------------------------------------------------------- verbs
     def filter(self, request: PodRequest, names: list[str], aliases: frozenset[str] = frozenset(),
