@@ -10,7 +10,8 @@
  * the program a CUDA error code, never a hang. Calls whose result the program does not wait for
  * (launches, copies to the device, memsets, event records) are gathered and sent together; their
  * errors come back with the next call that waits for an answer. Calls this library does not
- * forward return CUDA_ERROR_NOT_SUPPORTED.
+ * forward return CUDA_ERROR_NOT_SUPPORTED (GPUPOOL_REMOTE_TRACE=1 names them on stderr). NVIDIA's
+ * CUDA runtime cannot start on this library: see cuGetExportTable.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,6 +36,7 @@
 #include "protocol.h"
 
 #define API __attribute__((visibility("default")))
+static int trace_on(void); /* GPUPOOL_REMOTE_TRACE is set (cuGetProcAddress_v2's section) */
 #ifndef SHIM_GRANT_PATH
 #define SHIM_GRANT_PATH "/etc/gpupool/grant"
 #endif
@@ -458,8 +460,11 @@ static CUresult ready(void) {
         if (ready_status != 0) return ready_status;                                                      \
     } while (0)
 
+/* The server's driver's version. A driver answers it before cuInit (the CUDA runtime asks first,
+ * to see whether the driver is new enough): here that connects, as cuInit would. */
 API CUresult cuDriverGetVersion(int *version) {
     if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (init_status == -1) cuInit(0);
     READY();
     return simple(OP_DRIVER_VERSION, NULL, 0, version, sizeof *version);
 }
@@ -1187,6 +1192,41 @@ API CUresult cuGetErrorName(CUresult error, const char **text) {
 }
 API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetErrorName(error, text); }
 
+/* When a runtime should load its modules: answered by the client, LAZY (the driver's default since
+ * CUDA 12.2). Either way the client ships an image when the program loads it. */
+#define MODULE_LAZY_LOADING 2
+API CUresult cuModuleGetLoadingMode(int *mode) {
+    if (mode == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *mode = MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
+}
+
+/* The driver's private tables, each named by a UUID (cuGetExportTable is not in CUDA's headers).
+ * NVIDIA's CUDA runtime (12.9) asks for seven at its start and stops at the first of five of them
+ * that is refused: they are undocumented tables of functions over the program's own memory, and one
+ * is a check that the driver is NVIDIA's (answered by anything else, the runtime fails with
+ * cudaErrorSoftwareValidityNotEstablished). None can be forwarded to a server: refused, and the
+ * first refusal says so on stderr, since the runtime then reports only "operation not supported"
+ * for every call (docs/remote-gpu.md, "NVIDIA's CUDA runtime (libcudart)"). */
+API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    static int told;
+    if (table == NULL || id == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *table = NULL;
+    const unsigned char *b = (const unsigned char *)id->bytes;
+    char uuid[40];
+    snprintf(uuid, sizeof uuid, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        fprintf(stderr,
+                "gpupool remote GPU: cuGetExportTable(%s) refused: the driver's private tables cannot be forwarded "
+                "to a GPU server, and NVIDIA's CUDA runtime (libcudart) cannot start without them; its calls fail "
+                "with cudaErrorNotSupported. Programs using the GPU client must call the CUDA driver API.\n",
+                uuid);
+    else if (trace_on())
+        fprintf(stderr, "gpupool remote GPU: cuGetExportTable(%s) refused\n", uuid);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 /* Everything else a CUDA program may call: refused, so it fails with an error it can report. */
 static CUresult unsupported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
 #define UNSUPPORTED(name) \
@@ -1204,6 +1244,69 @@ UNSUPPORTED(cuIpcGetMemHandle) UNSUPPORTED(cuIpcOpenMemHandle_v2) UNSUPPORTED(cu
 UNSUPPORTED(cuLaunchKernelEx) UNSUPPORTED(cuLinkCreate_v2)
 UNSUPPORTED(cuCtxEnablePeerAccess) UNSUPPORTED(cuDeviceCanAccessPeer) UNSUPPORTED(cuLibraryGetManaged)
 UNSUPPORTED(cuTexObjectCreate) UNSUPPORTED(cuSurfObjectCreate) UNSUPPORTED(cuImportExternalMemory)
+
+/* A name looked up through cuGetProcAddress that is not forwarded gets one of these stubs, each
+ * knowing the name it was handed out for, so that GPUPOOL_REMOTE_TRACE=1 can say which refused
+ * call a program made (a runtime looks up hundreds of names at start and calls few of them). Past
+ * REFUSED_SLOTS names the plain unsupported() is handed out. GPUPOOL_REMOTE_TRACE=1 also prints
+ * every lookup, forwarded or not. */
+#define REFUSED_SLOTS 512 /* CUDA 12.9's runtime looks up 333 names, 260 of them not forwarded */
+static pthread_mutex_t lookups_lock = PTHREAD_MUTEX_INITIALIZER;
+static char refused_names[REFUSED_SLOTS][96];
+static size_t refused_count;
+static int tracing = -1;
+
+static int trace_on(void) {
+    if (tracing < 0) {
+        const char *value = getenv("GPUPOOL_REMOTE_TRACE");
+        tracing = value != NULL && value[0] != '\0' && strcmp(value, "0") != 0;
+    }
+    return tracing;
+}
+
+/* The stubs read the first four integer arguments whatever the call had (harmless on x86-64 and
+ * aarch64: registers), so that the trace shows them. */
+typedef uintptr_t word;
+static CUresult refuse(size_t slot, word a, word b, word c, word d) {
+    if (trace_on())
+        fprintf(stderr,
+                "gpupool remote GPU: called %s(%#lx, %#lx, %#lx, %#lx ...), not forwarded: CUDA_ERROR_NOT_SUPPORTED\n",
+                refused_names[slot], (unsigned long)a, (unsigned long)b, (unsigned long)c, (unsigned long)d);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+#define REFUSED(x) \
+    static CUresult refused_##x(word a, word b, word c, word d) { return refuse(0x##x, a, b, c, d); }
+#define REFUSED16(h)                                                                                               \
+    REFUSED(h##0) REFUSED(h##1) REFUSED(h##2) REFUSED(h##3) REFUSED(h##4) REFUSED(h##5) REFUSED(h##6) REFUSED(h##7) \
+    REFUSED(h##8) REFUSED(h##9) REFUSED(h##a) REFUSED(h##b) REFUSED(h##c) REFUSED(h##d) REFUSED(h##e) REFUSED(h##f)
+#define REFUSED256(h)                                                                                           \
+    REFUSED16(h##0) REFUSED16(h##1) REFUSED16(h##2) REFUSED16(h##3) REFUSED16(h##4) REFUSED16(h##5) REFUSED16(h##6) \
+    REFUSED16(h##7) REFUSED16(h##8) REFUSED16(h##9) REFUSED16(h##a) REFUSED16(h##b) REFUSED16(h##c) REFUSED16(h##d) \
+    REFUSED16(h##e) REFUSED16(h##f)
+REFUSED256(0) REFUSED256(1)
+#define STUB(x) refused_##x,
+#define STUB16(h)                                                                                          \
+    STUB(h##0) STUB(h##1) STUB(h##2) STUB(h##3) STUB(h##4) STUB(h##5) STUB(h##6) STUB(h##7) STUB(h##8) \
+    STUB(h##9) STUB(h##a) STUB(h##b) STUB(h##c) STUB(h##d) STUB(h##e) STUB(h##f)
+static CUresult (*const refused_stubs[REFUSED_SLOTS])(word, word, word, word) = {
+#define STUB256(h)                                                                                              \
+    STUB16(h##0) STUB16(h##1) STUB16(h##2) STUB16(h##3) STUB16(h##4) STUB16(h##5) STUB16(h##6) STUB16(h##7)       \
+    STUB16(h##8) STUB16(h##9) STUB16(h##a) STUB16(h##b) STUB16(h##c) STUB16(h##d) STUB16(h##e) STUB16(h##f)
+    STUB256(0) STUB256(1)
+};
+
+/* The stub that refuses ``name`` (the same one for every lookup of it). */
+static void *refused_entry(const char *name) {
+    void *stub = (void *)&unsupported;
+    pthread_mutex_lock(&lookups_lock);
+    size_t slot = 0;
+    while (slot < refused_count && strcmp(refused_names[slot], name) != 0) slot++;
+    if (slot == refused_count && refused_count < REFUSED_SLOTS)
+        snprintf(refused_names[refused_count++], sizeof refused_names[0], "%s", name);
+    if (slot < refused_count) stub = (void *)refused_stubs[slot];
+    pthread_mutex_unlock(&lookups_lock);
+    return stub;
+}
 
 #define ENTRY(name) {#name, (void *)&name},
 static const struct {
@@ -1224,7 +1327,8 @@ static const struct {
     ENTRY(cuLaunchKernel_ptsz) ENTRY(cuStreamCreate) ENTRY(cuStreamCreateWithPriority) ENTRY(cuStreamDestroy_v2)
     ENTRY(cuStreamSynchronize) ENTRY(cuStreamQuery) ENTRY(cuStreamWaitEvent) ENTRY(cuEventCreate)
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuEventQuery) ENTRY(cuEventDestroy_v2)
-    ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString) ENTRY(cuMemHostAlloc)
+    ENTRY(cuEventElapsedTime) ENTRY(cuGetErrorName) ENTRY(cuGetErrorString) ENTRY(cuGetExportTable)
+    ENTRY(cuModuleGetLoadingMode) ENTRY(cuMemHostAlloc)
     ENTRY(cuMemAllocHost_v2) ENTRY(cuMemFreeHost) ENTRY(cuMemHostRegister_v2) ENTRY(cuMemHostUnregister)
     ENTRY(cuLibraryLoadData) ENTRY(cuLibraryLoadFromFile) ENTRY(cuLibraryUnload) ENTRY(cuLibraryGetKernel)
     ENTRY(cuLibraryGetModule) ENTRY(cuLibraryGetGlobal) ENTRY(cuKernelGetFunction) ENTRY(cuKernelGetParamInfo)
@@ -1265,7 +1369,11 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
     snprintf(name, sizeof name, "%s_v2", symbol);
     if (found == NULL) found = entry_named(name);
     if (found == NULL) found = entry_named(symbol);
-    if (found == NULL) found = (void *)&unsupported;
+    if (trace_on()) /* "forwarded": the rows of docs/remote-gpu.md's "What is forwarded" */
+        fprintf(stderr, "gpupool remote GPU: looked up %s (version %d, flags %llu): %s\n", symbol, version,
+                (unsigned long long)flags,
+                found != NULL && found != (void *)&cuGetExportTable ? "forwarded" : "not forwarded");
+    if (found == NULL) found = refused_entry(symbol);
     *pfn = found;
     if (symbol_status != NULL) *symbol_status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
