@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,15 +132,18 @@ def test_the_trace_shows_the_runtimes_lookups_and_tables(programs: Programs, pro
 CLIENT_CALLS = """
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
-def entry(name, *types):
+def lookup(name):
     found = ctypes.c_void_p()
     assert lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(found), 12090, 0, None) == 0
-    return ctypes.CFUNCTYPE(ctypes.c_int, *types)(found.value)
+    return found.value
+def entry(name, *types):
+    return ctypes.CFUNCTYPE(ctypes.c_int, *types)(lookup(name))
 mode = ctypes.c_int(-1)
 print("mode", entry("cuModuleGetLoadingMode", ctypes.c_void_p)(ctypes.byref(mode)), mode.value)
 managed = entry("cuMemAllocManaged", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
 print("managed", managed(None, 0x100, 1), managed(None, 0x200, 1))
 print("made-up", entry("cuMadeUpForTheTest", ctypes.c_void_p)(None))
+print("stubs", lookup("cuMemAllocManaged") == lookup("cuMemAllocManaged") != lookup("cuMadeUpForTheTest"))
 print("table", lib.cuGetExportTable(ctypes.byref(ctypes.c_void_p()), bytes(range(16))))
 """
 
@@ -150,11 +154,12 @@ def test_refused_calls_are_named_in_the_trace() -> None:
     its first arguments when called (the same stub for every lookup of a name)."""
     library = build_client(werror=True) / "libcuda.so.1"  # never connects: no grant read
     done = subprocess.run([sys.executable, "-c", CLIENT_CALLS, str(library)], capture_output=True, text=True,
-                          timeout=60, check=True, env={"GPUPOOL_REMOTE_TRACE": "1", "PATH": "/usr/bin:/bin"})
+                          timeout=60, check=True, env={**os.environ, "GPUPOOL_REMOTE_TRACE": "1"})
     assert done.stdout.splitlines() == [
         f"mode {CUDA_SUCCESS} {CUDA_MODULE_LAZY_LOADING}",
         f"managed {CUDA_ERROR_NOT_SUPPORTED} {CUDA_ERROR_NOT_SUPPORTED}",
         f"made-up {CUDA_ERROR_NOT_SUPPORTED}",
+        "stubs True",
         f"table {CUDA_ERROR_NOT_SUPPORTED}",
     ]
     called = [line for line in done.stderr.splitlines() if " called " in line]
