@@ -22,7 +22,6 @@ from gpupool.kube.podapi import pod_event
 from gpupool.nodeagent.foreign_capacity import capacity_patch
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.pod_cache import NodePodCache
-from gpupool.nodeagent.pod_view import pod_view_from_json
 from gpupool.nodeagent.types import PodView
 
 #: The agent's requests say who made them (apiserver logs, audit, API priority and fairness).
@@ -52,8 +51,9 @@ class KubePodSource:
         """The pod from the watch cache (see :meth:`NodePodCache.get`); ``None`` when it does not exist."""
         return await self.cache.get(namespace, name)
 
-    async def read(self, namespace: str, name: str) -> PodView | None:
-        """GET the pod; ``None`` on 404 (the cache's last resort)."""
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """GET the pod, as JSON; ``None`` on 404 (the cache's last resort: the cache decodes it as it
+        decodes a watch event, and hands it to the same readers)."""
         import kubernetes
 
         api_exception = cast(Any, kubernetes).client.exceptions.ApiException
@@ -64,7 +64,7 @@ class KubePodSource:
                 return None
             raise
         raw: dict[str, Any] = self._sanitize(pod)
-        return pod_view_from_json(raw, self.names)
+        return raw
 
     async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch the pod's annotations."""

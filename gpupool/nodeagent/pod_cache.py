@@ -22,7 +22,13 @@ How :meth:`NodePodCache.get` answers (the :class:`PodSource` contract):
 * a pod the store lacks is usually one kubelet learnt of a few milliseconds before this watch did
   (both watch the same binding). The call waits for it, woken by the event that brings it, at most
   :data:`ARRIVAL_WAIT_S`; then, as the last resort (the watch is broken or far behind), one GET,
-  counted in :attr:`PodCacheStats.fallback_reads` and logged;
+  counted in :attr:`PodCacheStats.fallback_reads` and logged. The pod it returns is decoded into the
+  same :class:`~gpupool.nodeagent.node_pod.NodePod` an event would be and handed to the store and
+  the feeds as an ``ADDED`` event, unless the watch holds the pod or spoke of it while the read was
+  in flight (:mod:`gpupool.nodeagent.pod_read_gate`: the watch stays authoritative, so a late read
+  never brings back a pod it deleted nor replaces a newer version). Without that hand-off the
+  lending side would grant from a pod it never saw (the checkpoint directory keyed by
+  ``namespace/name`` instead of the controller, a borrower taken for an owner);
 * a pod the watch saw deleted, or that such a GET found missing, in the last
   :data:`ABSENT_TTL_S` is answered ``None`` after the wait, without a GET: kubelet lists a deleted
   pod for a moment after the API removed it, and the poller would otherwise read it every 0.5 s.
@@ -45,12 +51,14 @@ from typing import Any, Protocol
 from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import Backoff, ListFn, ListWatch
 from gpupool.nodeagent.node_pod import NodePod, PodEntry, PodKey, UnreadablePod, decode_node_pod
+from gpupool.nodeagent.pod_read_gate import PodReadGate
 from gpupool.nodeagent.types import PodView
 
 log = logging.getLogger(__name__)
 
-ReadPod = Callable[[str, str], Awaitable[PodView | None]]
-"""The last-resort read of one pod by name (an API GET); ``None`` when it does not exist."""
+ReadPod = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+"""The last-resort read of one pod by name (an API GET): the pod object as JSON, decoded by the cache
+as a watch event is; ``None`` when it does not exist."""
 
 #: How long :meth:`NodePodCache.get` waits for the watch to bring a pod kubelet already lists
 #: before reading it from the API. The watch trails kubelet's own by milliseconds.
@@ -97,6 +105,8 @@ class PodCacheStats:
     """Answered ``None`` from a recent delete or 404, without an API read."""
     fallback_reads: int = 0
     """API GETs: the pod had not arrived within :data:`ARRIVAL_WAIT_S` (the last resort)."""
+    reads_handed_on: int = 0
+    """Of those, the pods handed to the store and the feeds (the watch had said nothing of them)."""
 
 
 class NodePodCache:
@@ -121,6 +131,7 @@ class NodePodCache:
         self._absent_since: dict[PodKey, float] = {}
         self._arrivals: dict[PodKey, list[asyncio.Future[None]]] = {}
         self._synced = asyncio.Event()
+        self._gate = PodReadGate()
         self.watch: ListWatch | None = None
         self.feeds: list[PodFeed] = []
         """Told of every list and event as it arrives (on the watch thread), with the record the
@@ -182,13 +193,38 @@ class NodePodCache:
         return self._entries.get(key)
 
     async def _read_through(self, key: PodKey) -> PodView | None:
+        """One GET; what it finds goes to the store and the feeds as a watch event would, unless the
+        watch had its own word on the pod (:mod:`gpupool.nodeagent.pod_read_gate`)."""
         self.stats.fallback_reads += 1
         log.info("pod %s/%s not in the watch cache after %.1f s (watch synced: %s); reading it from "
                  "the API", key[0], key[1], self._arrival_wait_s, self.synced)
-        view = await self._read(*key)
-        if view is None:
+        with self._gate.lock:
+            ticket = self._gate.begin(key)
+        try:
+            obj = await self._read(*key)
+            pod = self._decode(obj, self.names) if obj is not None else None
+        except BaseException:
+            with self._gate.lock:
+                self._gate.end(ticket)
+            raise
+        with self._gate.lock:  # checked and handed on in one step: a watch event comes before or after
+            may_hand_on = self._gate.end(ticket)
+            if may_hand_on and obj is not None and pod is not None and pod.key == key and self._ours(obj):
+                self._hand_on(pod)
+        if pod is None or pod.key != key:
             self._absent_since[key] = self._clock()
-        return view
+            return None
+        if isinstance(pod.view, UnreadablePod):
+            raise ValueError(pod.view.error)
+        return pod.view
+
+    def _hand_on(self, pod: NodePod) -> None:
+        """The read's pod to the feeds and the store, as an ``ADDED`` event (with the gate's lock held)."""
+        self._gate.handed_on(pod.key)
+        self._feed("read", lambda feed: feed.on_event("ADDED", pod))
+        self._put(pod.key, pod.view)
+        self.stats.reads_handed_on += 1
+        log.info("pod %s/%s, read from the API, handed to the store and the pod feeds", *pod.key)
 
     def _known_absent(self, key: PodKey) -> bool:
         since = self._absent_since.get(key)
@@ -207,6 +243,9 @@ class NodePodCache:
 
     def upsert(self, key: PodKey, entry: PodEntry) -> None:
         self.stats.events += 1
+        self._put(key, entry)
+
+    def _put(self, key: PodKey, entry: PodEntry) -> None:
         self._entries[key] = entry
         self._arrived(key)
 
@@ -240,19 +279,23 @@ class NodePodCache:
         def on_list(items: Iterable[dict[str, Any]]) -> None:
             decoded = [self._decode(obj, self.names) for obj in items if self._ours(obj)]
             pods = [pod for pod in decoded if pod is not None]
-            self._feed("list", lambda feed: feed.on_list(pods))
-            post(self.replace, {pod.key: pod.view for pod in pods})
+            with self._gate.lock:  # recorded, fed and posted as one step beside a read's hand-off
+                self._gate.listed(pod.key for pod in pods)
+                self._feed("list", lambda feed: feed.on_list(pods))
+                post(self.replace, {pod.key: pod.view for pod in pods})
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
             pod = self._decode(obj, self.names)
             if pod is None:
                 return
             gone = kind == "DELETED" or not self._ours(obj)
-            self._feed(kind, lambda feed: feed.on_event("DELETED" if gone else kind, pod))
-            if gone:
-                post(self.remove, pod.key)
-            else:
-                post(self.upsert, pod.key, pod.view)
+            with self._gate.lock:
+                self._gate.said(pod.key, gone)
+                self._feed(kind, lambda feed: feed.on_event("DELETED" if gone else kind, pod))
+                if gone:
+                    post(self.remove, pod.key)
+                else:
+                    post(self.upsert, pod.key, pod.view)
 
         self.watch = ListWatch(f"pods on {self.node}", self._list_pods, on_list, on_event, stop=stop,
                                watch_timeout_s=self._watch_timeout_s, backoff=self._backoff,
@@ -270,6 +313,6 @@ class NodePodCache:
             except Exception:
                 log.exception("pod feed %s failed on a %s", type(feed).__name__, what)
 
-    def _ours(self, obj: dict[str, Any]) -> bool:
+    def _ours(self, obj: Mapping[str, Any]) -> bool:
         """The selector already says so; checked again so a pod of another node can never be used."""
         return bool((obj.get("spec") or {}).get("nodeName") == self.node)

@@ -47,6 +47,7 @@ from gpupool.kube.cluster_config import read_cluster_settings
 from gpupool.nodeagent.allocated_codec import encode_served
 from gpupool.nodeagent.heartbeat import HeartbeatSettings, kube_heartbeat
 from gpupool.nodeagent.kube_pod_source import KubePodSource
+from gpupool.nodeagent.node_pod import decode_node_pod
 from gpupool.nodeagent.nvml.fake import FakeGpuBackend
 from gpupool.testenv.config import render_kubeconfig
 from gpupool.testenv.controlplane import ControlPlane
@@ -372,7 +373,9 @@ def test_the_real_clients_work_as_their_service_accounts(
             view = await source.get(namespace, "p1")
             assert view is not None and view.node == node and view.assignment is not None
             assert source.cache.stats.hits == 1 and source.cache.stats.fallback_reads == 0
-            assert await source.read(namespace, "p1") == view
+            raw = await source.read(namespace, "p1")  # the last-resort GET: the pod's JSON, as the watch has it
+            decoded = decode_node_pod(raw, NAMES) if raw is not None else None
+            assert decoded is not None and decoded.view == view
             await source.annotate(namespace, "p1", {NAMES.allocated: encode_served(node, datetime.now(UTC), [])})
         finally:
             watching.cancel()

@@ -24,8 +24,6 @@ from gpupool.nodeagent.containers.pod_containers import DirectoryFeed
 from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.node_pod import NodePod, decode_node_pod
 from gpupool.nodeagent.pod_cache import NodePodCache
-from gpupool.nodeagent.pod_view import pod_view_from_json
-from gpupool.nodeagent.types import PodView
 from gpupool.testing.fake_api import FakePodApi
 from gpupool.testing.fake_watch import FakeListWatch
 from tests.nodeagent.harness import NAMES
@@ -52,6 +50,9 @@ class World:
     cache: NodePodCache
     now: list[float]
     reads: list[tuple[str, str]] = field(default_factory=list)
+    read_fetched: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a read has its answer from the API (held back while :attr:`answer_reads` is clear)."""
+    answer_reads: asyncio.Event = field(default_factory=asyncio.Event)
 
     def gets(self) -> list[str]:
         """The API GETs the cache made (the fake records every call)."""
@@ -67,21 +68,29 @@ async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> No
 
 @contextlib.asynccontextmanager
 async def watched(*pods: dict[str, Any], arrival_wait_s: float = SLOW_ARRIVAL_S,
-                  list_pods: Callable[[FakeListWatch], Any] | None = None) -> AsyncIterator[World]:
-    """The cache running over a fake API holding ``pods``; synced before the test body runs."""
+                  list_pods: Callable[[FakeListWatch], Any] | None = None,
+                  late_reads: bool = False) -> AsyncIterator[World]:
+    """The cache running over a fake API holding ``pods``; synced before the test body runs.
+    ``late_reads``: each API read's answer reaches the cache only once ``answer_reads`` is set."""
     api = FakePodApi()
     for p in pods:
         api.create_pod(p)
     server = FakeListWatch(api, poll_s=0.01)
     now = [1000.0]
     reads: list[tuple[str, str]] = []
+    fetched, answer = asyncio.Event(), asyncio.Event()
+    if not late_reads:
+        answer.set()
 
-    async def read(namespace: str, name: str) -> PodView | None:
+    async def read(namespace: str, name: str) -> dict[str, Any] | None:
         reads.append((namespace, name))
         try:
-            return pod_view_from_json(await asyncio.to_thread(api.get_pod, namespace, name), NAMES)
+            found: dict[str, Any] | None = await asyncio.to_thread(api.get_pod, namespace, name)
         except NotFoundError:
-            return None
+            found = None
+        fetched.set()
+        await answer.wait()
+        return found
 
     lister = list_pods(server) if list_pods else server.list_pod_for_all_namespaces
     cache = NodePodCache(NODE, NAMES, lister, read, arrival_wait_s=arrival_wait_s,
@@ -89,7 +98,7 @@ async def watched(*pods: dict[str, Any], arrival_wait_s: float = SLOW_ARRIVAL_S,
     task = asyncio.create_task(cache.run())
     try:
         assert await cache.wait_synced(10), "the cache never synced"
-        yield World(api, server, cache, now, reads)
+        yield World(api, server, cache, now, reads, fetched, answer)
     finally:
         await stop(task, cache, server)
 
@@ -349,7 +358,7 @@ def test_each_pod_event_is_decoded_once_for_the_store_and_every_feed(monkeypatch
         api.create_pod(gpu_pod("p1", 0))
         server = FakeListWatch(api, poll_s=0.01)
 
-        async def read(namespace: str, name: str) -> PodView | None:
+        async def read(namespace: str, name: str) -> dict[str, Any] | None:
             raise AssertionError("no API read expected")
 
         cache = NodePodCache(NODE, NAMES, server.list_pod_for_all_namespaces, read, backoff=Backoff(0.01, 0.05),
@@ -373,5 +382,123 @@ def test_each_pod_event_is_decoded_once_for_the_store_and_every_feed(monkeypatch
             assert [s.card for c in view.assignment.placement.containers for s in c.slices] == [1]
         finally:
             await stop(task, cache, server)
+
+    asyncio.run(main())
+
+
+LEND = LendingNames(NAMES.domain)
+
+
+def replacement(name: str, controller_uid: str = "rs-uid", **annotations: str) -> dict[str, Any]:
+    """A ReplicaSet's pod of this node (its controller named in ``ownerReferences``)."""
+    obj = pod(name)
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train",
+                                           "uid": controller_uid, "controller": True}]
+    obj["metadata"]["annotations"] = dict(annotations)
+    return obj
+
+
+def test_a_pod_only_the_api_read_found_reaches_the_feeds_as_a_watch_event_would() -> None:
+    """The watch never brings the pod; the last-resort read does, and the lending side (checkpoint
+    key, borrower mark), the other feeds and the store get that pod decoded as the watch would have
+    decoded it (issue 26: the lending side used to never see it, and keyed its checkpoint directory
+    by namespace/name)."""
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.1) as world:
+            lending, feed = LendingPods(LEND), RecordingFeed()
+            world.cache.feeds[:] = [lending, feed]
+            await asyncio.to_thread(world.server.hold_watches)  # the watch is stuck
+            world.api.create_pod(replacement("p9", **{LEND.borrowed: "true", LEND.borrowed_from: "default/owner"}))
+            view = await world.cache.get("default", "p9")
+            assert view is not None and view.name == "p9"
+            known = lending.get(("default", "p9"))
+            assert known is not None and known.checkpoint_key == "rs-uid" and known.borrowed
+            assert feed.seen == [("ADDED", ("p9",))] and feed.records[0].view == view
+            assert world.cache.cached("default", "p9") == view
+            assert await world.cache.get("default", "p9") == view  # from the store now: no second read
+            assert world.reads == [("default", "p9")]
+            stats = world.cache.stats
+            assert (stats.fallback_reads, stats.reads_handed_on, stats.hits) == (1, 1, 1)
+            world.server.release_watches()  # the watch catches up: its event replaces the read's
+            await eventually(lambda: ("ADDED", ("p9",)) in feed.seen[1:])
+            assert lending.get(("default", "p9")) is not None and world.cache.cached("default", "p9") is not None
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("watch_says", ["deleted", "modified"])
+def test_a_late_read_never_overrides_what_the_watch_said_meanwhile(watch_says: str) -> None:
+    """The read has its answer, the watch then delivers the pod and its deletion (or a newer version)
+    before that answer arrives: the read's pod is not handed on, so a deleted pod is not brought
+    back and a newer version is not replaced by an older one."""
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.1, late_reads=True) as world:
+            lending, feed = LendingPods(LEND), RecordingFeed()
+            world.cache.feeds[:] = [lending, feed]
+            await asyncio.to_thread(world.server.hold_watches)
+            world.api.create_pod(replacement("p9", **{LEND.checkpoint_key: "old"}))
+            allocate = asyncio.create_task(world.cache.get("default", "p9"))
+            await world.read_fetched.wait()  # the API answered with the pod; the answer is on its way
+            if watch_says == "deleted":
+                world.api.delete_pod("default", "p9")
+            else:
+                rv = world.api.get_pod("default", "p9")["metadata"]["resourceVersion"]
+                world.api.patch_pod_annotations("default", "p9", rv, {LEND.checkpoint_key: "new"})
+            world.server.release_watches()
+            last = ("DELETED", ("p9",)) if watch_says == "deleted" else ("MODIFIED", ("p9",))
+            await eventually(lambda: last in feed.seen)
+            await eventually(lambda: world.cache.stats.events >= 2)  # both events applied to the store
+            world.answer_reads.set()
+            assert await allocate is not None  # the caller still gets what the API said
+            known, stored = lending.get(("default", "p9")), world.cache.cached("default", "p9")
+            if watch_says == "deleted":
+                assert known is None and stored is None
+                assert await world.cache.get("default", "p9") is None  # gone, without another read
+            else:
+                assert known is not None and known.checkpoint_key == "new"
+                assert stored is not None
+            assert feed.seen == [("ADDED", ("p9",)), last]  # only the watch's word
+            assert world.cache.stats.reads_handed_on == 0 and world.reads == [("default", "p9")]
+
+    asyncio.run(main())
+
+
+def test_a_read_spoken_over_by_a_relist_is_not_handed_on() -> None:
+    """A list while the read is in flight cannot say whether the pod was deleted after the read:
+    the read is dropped and the list stands."""
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.1, late_reads=True) as world:
+            feed = RecordingFeed()
+            world.cache.feeds[:] = [feed]
+            await asyncio.to_thread(world.server.hold_watches)
+            world.api.create_pod(pod("p9"))
+            allocate = asyncio.create_task(world.cache.get("default", "p9"))
+            await world.read_fetched.wait()
+            world.api.delete_pod("default", "p9")
+            world.api.compact()  # the watch must list again, and the new list lacks p9
+            world.server.release_watches()
+            await eventually(lambda: ("LIST", ("p1",)) in feed.seen)
+            world.answer_reads.set()
+            assert await allocate is not None
+            assert world.cache.cached("default", "p9") is None and [kind for kind, _ in feed.seen] == ["LIST"]
+            assert world.cache.stats.reads_handed_on == 0
+
+    asyncio.run(main())
+
+
+def test_an_unreadable_pod_read_from_the_api_fails_as_from_the_watch_and_is_kept() -> None:
+    """The read is decoded as an event is: a pod whose limits cannot be read fails this read and the
+    next (from the store, without a second GET), and still reaches the feeds with its identity."""
+    async def main() -> None:
+        async with watched(pod("p1"), arrival_wait_s=0.1) as world:
+            feed = RecordingFeed()
+            world.cache.feeds[:] = [feed]
+            await asyncio.to_thread(world.server.hold_watches)
+            world.api.create_pod(pod("p9", mem="1.5"))
+            for _ in range(2):
+                with pytest.raises(ValueError, match=r"default/p9 cannot be read.*whole number"):
+                    await world.cache.get("default", "p9")
+            assert world.reads == [("default", "p9")] and feed.seen == [("ADDED", ("p9",))]
+            world.server.release_watches()
 
     asyncio.run(main())

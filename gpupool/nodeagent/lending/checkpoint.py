@@ -128,6 +128,9 @@ class CheckpointEnforcement:
         if self.granted is not None:
             self.granted(pod.key, container)
         known = self._pod_of(pod.key)
+        if known is None:  # the pod cache hands every pod it grants from to the lending side first
+            log.warning("pod %s/%s is unknown to the lending side: its checkpoint directory is keyed by "
+                        "namespace/name, not by its checkpoint-key or controller", pod.namespace, pod.name)
         key = known.checkpoint_key if known is not None else f"{pod.namespace}/{pod.name}"
         try:
             ours = self._store.extras(pod.namespace, key)

@@ -215,3 +215,12 @@ def test_partial_corrupt_and_linked_checkpoints_are_passed_over_with_a_log(
 
 def test_an_unreadable_directory_resumes_from_nothing_and_never_raises(tmp_path: Path) -> None:
     assert CheckpointStore.newest(str(tmp_path / "missing")) is None
+
+
+def test_a_pod_the_lending_side_never_saw_gets_a_directory_of_its_own_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The fallback to namespace/name loses the task's checkpoints (issue 26), so it is never silent."""
+    wrapped = CheckpointEnforcement(NoEnforcement(), CheckpointStore(str(tmp_path)), LendingPods(LEND).get)
+    caplog.set_level(logging.WARNING)
+    assert host_dir(wrapped.grant_extras(view("w"), "c")).name.startswith("ns_w-")
+    assert "pod ns/w is unknown to the lending side" in caplog.text
