@@ -3,7 +3,8 @@
 * the GPU server, ``gpupool-remote-server``: an executable that dlopens the node's driver (needs
   OpenSSL 3's headers and libraries to build: ``libssl-dev``);
 * the GPU client, a ``libcuda.so.1`` that forwards the driver API to a server, for containers on
-  nodes without GPUs;
+  nodes without GPUs, and beside it gpupool's CUDA runtime, a ``libcudart.so.12`` that implements
+  part of the CUDA runtime API on the driver API (NVIDIA's runtime cannot start on the client);
 * the local-share placeholder, an empty shared object the GPU client's init container installs in
   the client's place when the pod's share is on its own node (the webhook's ``LD_PRELOAD`` names
   the client's path before the bind decides; a missing file there makes the loader complain at
@@ -38,6 +39,10 @@ CLIENT_DIR_NAME = "remote-client"
 REMOTE_DIR = SHIM_SOURCE_DIR / "remote"
 SERVER_SOURCES = ("server.c",)
 CLIENT_SOURCES = ("client.c",)
+RUNTIME_SOURCES = ("cudart.c",)
+RUNTIME_FILES = ("cudart_refused.h", "cudart.map")
+"""Included by cudart.c (the functions it refuses) and its version script (NVIDIA's symbol version)."""
+RUNTIME_SONAME = "libcudart.so.12"
 PLACEHOLDER_SOURCES = ("local_share.c",)
 PLACEHOLDER_NAME = "libgpupool-local-share.so"
 """The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
@@ -74,14 +79,27 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     flags = (*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags, *defines,
              f"-Wl,-soname,{CLIENT_SONAME}", *(("-Werror",) if werror else ()))
     sources = _files(CLIENT_SOURCES)
-    directory = cache_dir() / f"remote-client-{flavour.name}-{_digest(compiler, flags, sources + _files(HEADERS))}"
+    runtime_sources = _files(RUNTIME_SOURCES)
+    built_from = sources + runtime_sources + _files(HEADERS) + _files(RUNTIME_FILES)
+    directory = cache_dir() / f"remote-client-{flavour.name}-{_digest(compiler, flags, built_from)}"
     target = directory / CLIENT_SONAME
     if not target.is_file():
         _compile(compiler, list(flags), sources, target)
     link = directory / "libcuda.so"
     if not link.exists():
         link.symlink_to(CLIENT_SONAME)
+    runtime = directory / RUNTIME_SONAME
+    if not runtime.is_file():
+        _compile(compiler, [*_runtime_flags(flavour, werror), f"-L{directory}"], runtime_sources, runtime)
     return directory
+
+
+def _runtime_flags(flavour: Flavour, werror: bool) -> list[str]:
+    """gpupool's libcudart.so.12: NVIDIA's soname and symbol version, linked to the driver
+    (``libcuda.so.1``, looked for beside it first: the client's directory)."""
+    return [*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags, f"-Wl,-soname,{RUNTIME_SONAME}",
+            f"-Wl,--version-script={REMOTE_DIR / 'cudart.map'}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed",
+            "-lcuda", *(("-Werror",) if werror else ())]
 
 
 def build_placeholder(*, flavour: Flavour = RELEASE, werror: bool = False) -> Path:
@@ -129,8 +147,9 @@ def placeholder_library() -> Path:
 
 def build_into(directory: Path) -> tuple[Path, Path]:
     """Build the programs and copy them into ``directory`` as an installation keeps them
-    (``gpupool-remote-server``, ``remote-client/libcuda.so.1`` and the local-share placeholder
-    beside the client); returns the server's path and the client's directory."""
+    (``gpupool-remote-server``, ``remote-client/libcuda.so.1``, gpupool's ``libcudart.so.12`` and
+    the local-share placeholder beside the client); returns the server's path and the client's
+    directory."""
     import shutil
 
     server, client, placeholder = build_server(), build_client(), build_placeholder()
@@ -140,6 +159,7 @@ def build_into(directory: Path) -> tuple[Path, Path]:
     client_target = directory / CLIENT_DIR_NAME
     client_target.mkdir(exist_ok=True)
     shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
+    shutil.copy2(client / RUNTIME_SONAME, client_target / RUNTIME_SONAME)
     shutil.copy2(placeholder, client_target / PLACEHOLDER_NAME)
     link = client_target / "libcuda.so"
     if not link.is_symlink():

@@ -15,6 +15,7 @@ from gpupool.shim import remote_build
 from gpupool.shim.remote_build import (
     CLIENT_SONAME,
     PLACEHOLDER_NAME,
+    RUNTIME_SONAME,
     build_into,
     client_directory,
     placeholder_library,
@@ -63,6 +64,9 @@ def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pyte
     assert (client / "libcuda.so").resolve() == (client / CLIENT_SONAME).resolve()
     soname = subprocess.run(["readelf", "-d", str(client / CLIENT_SONAME)], capture_output=True, text=True)
     assert soname.returncode != 0 or f"[{CLIENT_SONAME}]" in soname.stdout
+    runtime = subprocess.run(["readelf", "-d", str(client / RUNTIME_SONAME)], capture_output=True, text=True)
+    assert runtime.returncode != 0 or f"[{RUNTIME_SONAME}]" in runtime.stdout  # gpupool's CUDA runtime beside it
+    assert (client / RUNTIME_SONAME).is_file()
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
     assert server_program() == server and client_directory() == client
     assert placeholder_library() == client / PLACEHOLDER_NAME  # what a local share's init container copies
@@ -84,8 +88,9 @@ def test_the_installed_package_carries_the_remote_sources() -> None:
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gpupool"]
     packaged = {path for pattern in patterns for path in (ROOT / "gpupool").glob(pattern)}  # "*" stays in its folder
-    sources = {p for p in remote_build.REMOTE_DIR.iterdir() if p.suffix in (".c", ".h")}
+    sources = {p for p in remote_build.REMOTE_DIR.iterdir() if p.suffix in (".c", ".h", ".map")}
     assert remote_build.REMOTE_DIR / "local_share.c" in sources
+    assert {remote_build.REMOTE_DIR / name for name in remote_build.RUNTIME_FILES} <= sources
     assert sorted(p.name for p in sources - packaged) == []
 
 

@@ -12,13 +12,15 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gpupool.shim.build import find_compiler
 from gpupool.shim.remote_build import build_client
-from tests.remote.remote_support import Programs, build_programs, client, probe_env, running_server, token
+from tests.remote.remote_support import Programs, build_programs, client, running_server, token
+from tests.remote.remote_support import probe_env as client_env
 
 CUDART_PACKAGE = "nvidia-cuda-runtime-cu12"
 CUDART_VERSION = "12.9.79"
@@ -56,6 +58,23 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
     return build_programs(tmp_path_factory.mktemp("remote-programs"))
 
 
+@pytest.fixture(scope="module")
+def driver_only(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding only the GPU client as libcuda.so.1: the client's own directory also holds
+    gpupool's libcudart.so.12, which LD_LIBRARY_PATH would put before the wheel's (the probe's
+    -rpath is a RUNPATH, searched after it); these tests are of NVIDIA's runtime."""
+    directory = tmp_path_factory.mktemp("driver-only")
+    (directory / "libcuda.so.1").symlink_to(programs.client / "libcuda.so.1")
+    return directory
+
+
+@pytest.fixture()
+def probe_env(programs: Programs, driver_only: Path) -> Callable[..., dict[str, str]]:
+    def env(_: Programs, endpoint: str, secret: str) -> dict[str, str]:
+        return {**client_env(programs, endpoint, secret), "LD_LIBRARY_PATH": str(driver_only)}
+    return env
+
+
 def build_probe(out: Path, *, static: bool) -> Path:
     """cudart_probe.c compiled against the wheel's headers and linked to its libcudart.so.12, or with
     ``static`` to its libcudart_static.a (what nvcc links by default)."""
@@ -85,7 +104,8 @@ def run(probe: Path, env: dict[str, str], command: str) -> subprocess.CompletedP
 
 
 @pytest.mark.slow
-def test_the_runtime_reads_the_servers_driver_version(programs: Programs, probe: Path, tmp_path: Path) -> None:
+def test_the_runtime_reads_the_servers_driver_version(programs: Programs, probe: Path, tmp_path: Path,
+                                                      probe_env: Callable[..., dict[str, str]]) -> None:
     """cudaDriverGetVersion is answered by the server's driver: the runtime asks the driver's version
     before cuInit, which the client now answers by connecting (before, the runtime read version 0
     and every call failed with cudaErrorInsufficientDriver, 35)."""
@@ -95,7 +115,8 @@ def test_the_runtime_reads_the_servers_driver_version(programs: Programs, probe:
 
 
 @pytest.mark.slow
-def test_the_runtime_cannot_start_through_the_client(programs: Programs, any_probe: Path, tmp_path: Path) -> None:
+def test_the_runtime_cannot_start_through_the_client(programs: Programs, any_probe: Path, tmp_path: Path,
+                                                     probe_env: Callable[..., dict[str, str]]) -> None:
     """Every call a program makes first fails with cudaErrorNotSupported (801), on the shared and
     the static runtime; the program ends normally, and the client's one line on stderr names the
     refused table and says why."""
@@ -114,7 +135,8 @@ def test_the_runtime_cannot_start_through_the_client(programs: Programs, any_pro
 
 
 @pytest.mark.slow
-def test_the_trace_shows_the_runtimes_lookups_and_tables(programs: Programs, probe: Path, tmp_path: Path) -> None:
+def test_the_trace_shows_the_runtimes_lookups_and_tables(programs: Programs, probe: Path, tmp_path: Path,
+                                                        probe_env: Callable[..., dict[str, str]]) -> None:
     """With GPUPOOL_REMOTE_TRACE=1: every name the runtime looked up, forwarded or not, and each
     export table refused, in the order asked."""
     with running_server(programs, tmp_path, [client("a")]) as server:

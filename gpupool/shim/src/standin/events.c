@@ -11,6 +11,7 @@
 
 API CUresult cuEventSynchronize(CUevent hEvent);
 API CUresult cuEventDestroy_v2(CUevent hEvent);
+API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 API void gpupoolStandinEventCounts(unsigned long long *recorded, unsigned long long *recorded_in_capture);
 
 struct standin_event {
@@ -50,6 +51,15 @@ CUresult cuEventSynchronize(CUevent hEvent) {
         struct timespec pause = {(time_t)((done - now) / 1000000000ull), (long)((done - now) % 1000000000ull)};
         nanosleep(&pause, NULL);
     }
+    return CUDA_SUCCESS;
+}
+
+/* The time between two recorded events: when the work queued before each ended on the timeline. */
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (ms == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (start == NULL || end == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t from = ((struct standin_event *)start)->done_ns, to = ((struct standin_event *)end)->done_ns;
+    *ms = (float)((double)(int64_t)(to - from) / 1e6);
     return CUDA_SUCCESS;
 }
 

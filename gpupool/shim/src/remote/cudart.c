@@ -1,0 +1,706 @@
+/*
+ * gpupool's CUDA runtime (docs/remote-gpu.md, "NVIDIA's CUDA runtime (libcudart)"): a
+ * libcudart.so.12 that implements a subset of the CUDA runtime API on the CUDA driver API, so that
+ * a program on the runtime can use a remote GPU through the GPU client (client.c, the
+ * libcuda.so.1 it loads). NVIDIA's own libcudart cannot start on the client: it needs the driver's
+ * private export tables, which cannot be forwarded. This one calls only the driver's public API
+ * (never cuGetExportTable), which the client carries to the server.
+ *
+ * Carried: devices (one context per device, the device's primary context, made current in each
+ * thread at its first call), properties (the fields a driver attribute answers; others zero),
+ * versions, device memory, host memory, copies of every kind (cudaMemcpyDefault decided by this
+ * library's own record of cudaMalloc's allocations), memsets, memory info, streams, events,
+ * synchronisation, errors, and the registration ABI nvcc's host code calls (a fatbin is loaded with
+ * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
+ * its parameter layout is the driver client's, which the server's driver answers). Every other
+ * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
+ * cudaErrorNotSupported, saying so once per function on stderr.
+ *
+ * Error codes: the runtime's cudaError_t values of every driver code this library passes on are the
+ * driver's numbers (CUDA 12 gives both the same values for them), so a driver code is returned as is.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define API __attribute__((visibility("default")))
+#define RUNTIME_VERSION 12090 /* the runtime API (cuda_runtime_api.h 12.9) this library's ABI follows */
+#define MAX_DEVICES 16
+#define MAX_CONFIGURATIONS 16 /* nested <<<...>>> configurations pushed and not yet popped, per thread */
+
+/* ---------------------------------------------------------------------- the driver API it calls */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetName(char *name, int length, CUdevice device);
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device);
+CUresult cuCtxSetCurrent(CUcontext context);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes);
+CUresult cuMemFree_v2(CUdeviceptr pointer);
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total);
+CUresult cuMemAllocHost_v2(void **pointer, size_t bytes);
+CUresult cuMemHostAlloc(void **pointer, size_t bytes, unsigned int flags);
+CUresult cuMemFreeHost(void *pointer);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream);
+CUresult cuStreamCreate(CUstream *stream, unsigned int flags);
+CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority);
+CUresult cuStreamDestroy_v2(CUstream stream);
+CUresult cuStreamSynchronize(CUstream stream);
+CUresult cuStreamQuery(CUstream stream);
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
+CUresult cuEventCreate(CUevent *event, unsigned int flags);
+CUresult cuEventRecord(CUevent event, CUstream stream);
+CUresult cuEventSynchronize(CUevent event);
+CUresult cuEventQuery(CUevent event);
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
+CUresult cuEventDestroy_v2(CUevent event);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleUnload(CUmodule module);
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
+                        void **extra);
+
+/* ------------------------------------------------------------------------ the runtime's types */
+typedef int cudaError_t;
+typedef CUstream cudaStream_t;
+typedef CUevent cudaEvent_t;
+typedef struct {
+    unsigned int x, y, z;
+} dim3;
+
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorMissingConfiguration = 52,
+    cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotSupported = 801,
+};
+
+enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+#define STREAM_LEGACY ((cudaStream_t)0x1)
+#define STREAM_PER_THREAD ((cudaStream_t)0x2)
+
+/* struct cudaDeviceProp of CUDA 12 (cudaGetDeviceProperties_v2): the layout of driver_types.h. */
+struct cudaDeviceProp {
+    char name[256];
+    CUuuid uuid;
+    char luid[8];
+    unsigned int luidDeviceNodeMask;
+    size_t totalGlobalMem, sharedMemPerBlock;
+    int regsPerBlock, warpSize;
+    size_t memPitch;
+    int maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3], clockRate;
+    size_t totalConstMem;
+    int major, minor;
+    size_t textureAlignment, texturePitchAlignment;
+    int deviceOverlap, multiProcessorCount, kernelExecTimeoutEnabled, integrated, canMapHostMemory, computeMode;
+    int maxTexture1D, maxTexture1DMipmap, maxTexture1DLinear, maxTexture2D[2], maxTexture2DMipmap[2];
+    int maxTexture2DLinear[3], maxTexture2DGather[2], maxTexture3D[3], maxTexture3DAlt[3], maxTextureCubemap;
+    int maxTexture1DLayered[2], maxTexture2DLayered[3], maxTextureCubemapLayered[2], maxSurface1D, maxSurface2D[2];
+    int maxSurface3D[3], maxSurface1DLayered[2], maxSurface2DLayered[3], maxSurfaceCubemap;
+    int maxSurfaceCubemapLayered[2];
+    size_t surfaceAlignment;
+    int concurrentKernels, ECCEnabled, pciBusID, pciDeviceID, pciDomainID, tccDriver, asyncEngineCount;
+    int unifiedAddressing, memoryClockRate, memoryBusWidth, l2CacheSize, persistingL2CacheMaxSize;
+    int maxThreadsPerMultiProcessor, streamPrioritiesSupported, globalL1CacheSupported, localL1CacheSupported;
+    size_t sharedMemPerMultiprocessor;
+    int regsPerMultiprocessor, managedMemory, isMultiGpuBoard, multiGpuBoardGroupID, hostNativeAtomicSupported;
+    int singleToDoublePrecisionPerfRatio, pageableMemoryAccess, concurrentManagedAccess, computePreemptionSupported;
+    int canUseHostPointerForRegisteredMem, cooperativeLaunch, cooperativeMultiDeviceLaunch;
+    size_t sharedMemPerBlockOptin;
+    int pageableMemoryAccessUsesHostPageTables, directManagedMemAccessFromHost, maxBlocksPerMultiProcessor;
+    int accessPolicyMaxWindowSize;
+    size_t reservedSharedMemPerBlock;
+    int hostRegisterSupported, sparseCudaArraySupported, hostRegisterReadOnlySupported;
+    int timelineSemaphoreInteropSupported, memoryPoolsSupported, gpuDirectRDMASupported;
+    unsigned int gpuDirectRDMAFlushWritesOptions;
+    int gpuDirectRDMAWritesOrdering;
+    unsigned int memoryPoolSupportedHandleTypes;
+    int deferredMappingCudaArraySupported, ipcEventSupported, clusterLaunch, unifiedFunctionPointers;
+    int reserved[63];
+};
+_Static_assert(sizeof(struct cudaDeviceProp) == 1032, "struct cudaDeviceProp of CUDA 12 is 1032 bytes");
+
+/* ------------------------------------------------------------------------------ errors */
+static __thread cudaError_t last_error;
+
+/* Every entry point returns through here: a failure is kept for cudaGetLastError. */
+static cudaError_t done(cudaError_t status) {
+    if (status != cudaSuccess) last_error = status;
+    return status;
+}
+
+API cudaError_t cudaGetLastError(void) {
+    cudaError_t status = last_error;
+    last_error = cudaSuccess;
+    return status;
+}
+API cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+static const struct {
+    int code;
+    const char *name, *text;
+} errors[] = {
+    {0, "cudaSuccess", "no error"},
+    {1, "cudaErrorInvalidValue", "invalid argument"},
+    {2, "cudaErrorMemoryAllocation", "out of memory"},
+    {3, "cudaErrorInitializationError", "initialization error"},
+    {4, "cudaErrorCudartUnloading", "driver shutting down"},
+    {21, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {46, "cudaErrorDevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable"},
+    {52, "cudaErrorMissingConfiguration", "__global__ function call is not configured"},
+    {98, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {100, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {101, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {200, "cudaErrorInvalidKernelImage", "device kernel image is invalid"},
+    {201, "cudaErrorDeviceUninitialized", "invalid device context"},
+    {209, "cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device"},
+    {218, "cudaErrorInvalidPtx", "a PTX JIT compilation failed"},
+    {301, "cudaErrorFileNotFound", "file not found"},
+    {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {500, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {600, "cudaErrorNotReady", "device not ready"},
+    {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {701, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {719, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {800, "cudaErrorNotPermitted", "operation not permitted"},
+    {801, "cudaErrorNotSupported", "operation not supported"},
+    {909, "cudaErrorTimeout", "timeout expired"},
+    {999, "cudaErrorUnknown", "unknown error"},
+};
+
+API const char *cudaGetErrorName(cudaError_t error) {
+    for (size_t i = 0; i < sizeof errors / sizeof *errors; i++)
+        if (errors[i].code == error) return errors[i].name;
+    return "cudaErrorUnknown";
+}
+API const char *cudaGetErrorString(cudaError_t error) {
+    for (size_t i = 0; i < sizeof errors / sizeof *errors; i++)
+        if (errors[i].code == error) return errors[i].text;
+    return "unrecognized error code";
+}
+
+/* ------------------------------------------------------------------------- devices, contexts */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t started = PTHREAD_ONCE_INIT;
+static CUresult start_status;
+static int device_count;
+static CUcontext primary[MAX_DEVICES]; /* retained at a device's first use */
+static __thread int chosen;            /* cudaSetDevice's, per thread as the runtime's */
+static __thread CUcontext bound;       /* the context made current in this thread */
+
+static void start(void) {
+    start_status = cuInit(0);
+    if (start_status == 0) start_status = cuDeviceGetCount(&device_count);
+    if (device_count > MAX_DEVICES) device_count = MAX_DEVICES;
+}
+
+/* cuInit once: 0 or why the driver cannot be used. */
+static CUresult driver(void) {
+    pthread_once(&started, start);
+    return start_status;
+}
+
+/* The chosen device's primary context, current in this thread (what a call on a device needs). */
+static CUresult ready(void) {
+    CUresult status = driver();
+    if (status != 0) return status;
+    if (chosen >= device_count) return cudaErrorInvalidDevice;
+    pthread_mutex_lock(&lock);
+    if (primary[chosen] == NULL) {
+        CUdevice device;
+        if ((status = cuDeviceGet(&device, chosen)) == 0) status = cuDevicePrimaryCtxRetain(&primary[chosen], device);
+    }
+    CUcontext context = primary[chosen];
+    pthread_mutex_unlock(&lock);
+    if (status == 0 && bound != context && (status = cuCtxSetCurrent(context)) == 0) bound = context;
+    return status;
+}
+
+#define READY()                                         \
+    do {                                                \
+        CUresult ready_status = ready();                \
+        if (ready_status != 0) return done(ready_status); \
+    } while (0)
+
+API cudaError_t cudaGetDeviceCount(int *count) {
+    if (count == NULL) return done(cudaErrorInvalidValue);
+    CUresult status = driver();
+    *count = status == 0 ? device_count : 0;
+    return done(status != 0 ? status : device_count == 0 ? cudaErrorNoDevice : cudaSuccess);
+}
+
+API cudaError_t cudaSetDevice(int device) {
+    CUresult status = driver();
+    if (status != 0) return done(status);
+    if (device < 0 || device >= device_count) return done(cudaErrorInvalidDevice);
+    chosen = device;
+    return done(ready());
+}
+
+API cudaError_t cudaGetDevice(int *device) {
+    if (device == NULL) return done(cudaErrorInvalidValue);
+    *device = chosen;
+    return cudaSuccess;
+}
+
+API cudaError_t cudaDriverGetVersion(int *version) {
+    if (version == NULL) return done(cudaErrorInvalidValue);
+    CUresult status = cuDriverGetVersion(version);
+    if (status != 0) *version = 0;
+    return done(status);
+}
+
+API cudaError_t cudaRuntimeGetVersion(int *version) {
+    if (version == NULL) return done(cudaErrorInvalidValue);
+    *version = RUNTIME_VERSION;
+    return cudaSuccess;
+}
+
+API cudaError_t cudaDeviceSynchronize(void) {
+    READY();
+    return done(cuCtxSynchronize());
+}
+API cudaError_t cudaThreadSynchronize(void) { return cudaDeviceSynchronize(); }
+
+API cudaError_t cudaDeviceGetAttribute(int *value, int attribute, int device) {
+    if (value == NULL) return done(cudaErrorInvalidValue);
+    CUresult status = driver();
+    if (status != 0) return done(status);
+    if (device < 0 || device >= device_count) return done(cudaErrorInvalidDevice);
+    return done(cuDeviceGetAttribute(value, attribute, device)); /* cudaDeviceAttr numbers are the driver's */
+}
+
+/* Which driver attribute answers which int field of struct cudaDeviceProp (size: 4 or 8 bytes). */
+#define FIELD(member, attribute) {offsetof(struct cudaDeviceProp, member), sizeof(((struct cudaDeviceProp *)0)->member), attribute}
+static const struct {
+    size_t offset, size;
+    int attribute;
+} property_attributes[] = {
+    FIELD(sharedMemPerBlock, 8), FIELD(regsPerBlock, 12), FIELD(warpSize, 10), FIELD(memPitch, 11),
+    FIELD(maxThreadsPerBlock, 1), FIELD(maxThreadsDim[0], 2), FIELD(maxThreadsDim[1], 3), FIELD(maxThreadsDim[2], 4),
+    FIELD(maxGridSize[0], 5), FIELD(maxGridSize[1], 6), FIELD(maxGridSize[2], 7), FIELD(clockRate, 13),
+    FIELD(totalConstMem, 9), FIELD(major, 75), FIELD(minor, 76), FIELD(textureAlignment, 14),
+    FIELD(texturePitchAlignment, 51), FIELD(deviceOverlap, 15), FIELD(multiProcessorCount, 16),
+    FIELD(kernelExecTimeoutEnabled, 17), FIELD(integrated, 18), FIELD(canMapHostMemory, 19), FIELD(computeMode, 20),
+    FIELD(maxTexture1D, 21), FIELD(maxTexture2D[0], 22), FIELD(maxTexture2D[1], 23), FIELD(maxTexture3D[0], 24),
+    FIELD(maxTexture3D[1], 25), FIELD(maxTexture3D[2], 26), FIELD(surfaceAlignment, 30),
+    FIELD(concurrentKernels, 31), FIELD(ECCEnabled, 32), FIELD(pciBusID, 33), FIELD(pciDeviceID, 34),
+    FIELD(pciDomainID, 50), FIELD(tccDriver, 35), FIELD(asyncEngineCount, 40), FIELD(unifiedAddressing, 41),
+    FIELD(memoryClockRate, 36), FIELD(memoryBusWidth, 37), FIELD(l2CacheSize, 38),
+    FIELD(persistingL2CacheMaxSize, 108), FIELD(maxThreadsPerMultiProcessor, 39),
+    FIELD(streamPrioritiesSupported, 78), FIELD(globalL1CacheSupported, 79), FIELD(localL1CacheSupported, 80),
+    FIELD(sharedMemPerMultiprocessor, 81), FIELD(regsPerMultiprocessor, 82), FIELD(managedMemory, 83),
+    FIELD(isMultiGpuBoard, 84), FIELD(multiGpuBoardGroupID, 85), FIELD(hostNativeAtomicSupported, 86),
+    FIELD(singleToDoublePrecisionPerfRatio, 87), FIELD(pageableMemoryAccess, 88),
+    FIELD(concurrentManagedAccess, 89), FIELD(computePreemptionSupported, 90),
+    FIELD(canUseHostPointerForRegisteredMem, 91), FIELD(cooperativeLaunch, 95),
+    FIELD(cooperativeMultiDeviceLaunch, 96), FIELD(sharedMemPerBlockOptin, 97),
+    FIELD(pageableMemoryAccessUsesHostPageTables, 100), FIELD(directManagedMemAccessFromHost, 101),
+    FIELD(maxBlocksPerMultiProcessor, 106), FIELD(accessPolicyMaxWindowSize, 109),
+    FIELD(reservedSharedMemPerBlock, 111), FIELD(hostRegisterSupported, 99), FIELD(sparseCudaArraySupported, 112),
+    FIELD(hostRegisterReadOnlySupported, 113), FIELD(timelineSemaphoreInteropSupported, 114),
+    FIELD(memoryPoolsSupported, 115), FIELD(gpuDirectRDMASupported, 116),
+    FIELD(gpuDirectRDMAFlushWritesOptions, 117), FIELD(gpuDirectRDMAWritesOrdering, 118),
+    FIELD(memoryPoolSupportedHandleTypes, 119), FIELD(deferredMappingCudaArraySupported, 121),
+    FIELD(ipcEventSupported, 125), FIELD(clusterLaunch, 120), FIELD(unifiedFunctionPointers, 129),
+};
+
+/* The properties are asked of the driver once per device (an attribute each: a round trip to the
+ * server through the client), then copied from what was kept. */
+static struct cudaDeviceProp *properties_of[MAX_DEVICES];
+
+static CUresult read_properties(struct cudaDeviceProp *out, int device) {
+    memset(out, 0, sizeof *out);
+    CUresult status = cuDeviceGetName(out->name, sizeof out->name, device);
+    if (status == 0) status = cuDeviceGetUuid(&out->uuid, device);
+    if (status == 0) status = cuDeviceTotalMem_v2(&out->totalGlobalMem, device);
+    for (size_t i = 0; status == 0 && i < sizeof property_attributes / sizeof *property_attributes; i++) {
+        int value = 0;
+        status = cuDeviceGetAttribute(&value, property_attributes[i].attribute, device);
+        if (status == 801 /* the driver does not know it: left zero */) status = 0, value = 0;
+        char *field = (char *)out + property_attributes[i].offset;
+        if (property_attributes[i].size == 8) {
+            size_t wide = (size_t)(unsigned)value;
+            memcpy(field, &wide, 8);
+        } else {
+            memcpy(field, &value, 4);
+        }
+    }
+    return status;
+}
+
+API cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *properties, int device) {
+    if (properties == NULL) return done(cudaErrorInvalidValue);
+    CUresult status = driver();
+    if (status != 0) return done(status);
+    if (device < 0 || device >= device_count) return done(cudaErrorInvalidDevice);
+    pthread_mutex_lock(&lock);
+    struct cudaDeviceProp *kept = properties_of[device];
+    pthread_mutex_unlock(&lock);
+    if (kept == NULL) {
+        if ((kept = malloc(sizeof *kept)) == NULL) return done(cudaErrorMemoryAllocation);
+        if ((status = read_properties(kept, device)) != 0) return free(kept), done(status);
+        pthread_mutex_lock(&lock);
+        if (properties_of[device] == NULL) properties_of[device] = kept;
+        else free(kept), kept = properties_of[device];
+        pthread_mutex_unlock(&lock);
+    }
+    memcpy(properties, kept, sizeof *properties);
+    return cudaSuccess;
+}
+API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *properties, int device) {
+    return cudaGetDeviceProperties_v2(properties, device);
+}
+
+/* ------------------------------------------------------------------------------------ memory */
+/* cudaMalloc's allocations, so that cudaMemcpyDefault can tell a device pointer from a host one
+ * (over the network no driver can: the pointers are the server's). */
+struct allocation {
+    CUdeviceptr base;
+    size_t bytes;
+};
+static struct allocation *allocations;
+static size_t allocation_count, allocation_room;
+
+static int on_device(const void *pointer) {
+    CUdeviceptr address = (CUdeviceptr)(uintptr_t)pointer;
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < allocation_count && !found; i++)
+        found = address >= allocations[i].base && address - allocations[i].base < allocations[i].bytes;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+/* Keep an allocation in the record (with lock held); 0, or -1 when no memory was left for it. */
+static int remember(CUdeviceptr base, size_t bytes) {
+    if (allocation_count == allocation_room) {
+        size_t room = allocation_room ? 2 * allocation_room : 64;
+        struct allocation *grown = realloc(allocations, room * sizeof *grown);
+        if (grown == NULL) return -1;
+        allocations = grown, allocation_room = room;
+    }
+    allocations[allocation_count++] = (struct allocation){base, bytes};
+    return 0;
+}
+
+API cudaError_t cudaMalloc(void **pointer, size_t bytes) {
+    if (pointer == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    *pointer = NULL;
+    if (bytes == 0) return cudaSuccess;
+    CUdeviceptr got = 0;
+    CUresult status = cuMemAlloc_v2(&got, bytes);
+    if (status != 0) return done(status);
+    pthread_mutex_lock(&lock);
+    int kept = remember(got, bytes);
+    pthread_mutex_unlock(&lock);
+    if (kept != 0) return cuMemFree_v2(got), done(cudaErrorMemoryAllocation);
+    *pointer = (void *)(uintptr_t)got;
+    return cudaSuccess;
+}
+
+/* cudaFree(0) only makes the device's context (what programs call it for). */
+API cudaError_t cudaFree(void *pointer) {
+    READY();
+    if (pointer == NULL) return cudaSuccess;
+    CUdeviceptr address = (CUdeviceptr)(uintptr_t)pointer;
+    CUresult status = cuMemFree_v2(address);
+    if (status != 0) return done(status);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < allocation_count; i++)
+        if (allocations[i].base == address) {
+            allocations[i] = allocations[--allocation_count];
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return cudaSuccess;
+}
+
+API cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
+    if (pointer == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuMemAllocHost_v2(pointer, bytes));
+}
+API cudaError_t cudaHostAlloc(void **pointer, size_t bytes, unsigned int flags) {
+    if (pointer == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuMemHostAlloc(pointer, bytes, flags)); /* cudaHostAlloc* flags are the driver's */
+}
+API cudaError_t cudaFreeHost(void *pointer) {
+    READY();
+    return done(cuMemFreeHost(pointer));
+}
+
+API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    if (free_bytes == NULL || total == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuMemGetInfo_v2(free_bytes, total));
+}
+
+/* The runtime's default streams (legacy, per-thread) are the driver's NULL stream here. */
+static CUstream native(cudaStream_t stream) {
+    return stream == STREAM_LEGACY || stream == STREAM_PER_THREAD ? NULL : stream;
+}
+
+static cudaError_t copy(void *dst, const void *src, size_t bytes, int kind, cudaStream_t stream, int async) {
+    if (bytes == 0) return cudaSuccess;
+    if (dst == NULL || src == NULL) return done(cudaErrorInvalidValue);
+    if (kind == cudaMemcpyDefault)
+        kind = on_device(src) ? (on_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                              : (on_device(dst) ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    CUdeviceptr to = (CUdeviceptr)(uintptr_t)dst, from = (CUdeviceptr)(uintptr_t)src;
+    CUstream s = native(stream);
+    switch (kind) {
+    case cudaMemcpyHostToHost: memmove(dst, src, bytes); return cudaSuccess;
+    case cudaMemcpyHostToDevice: READY(); return done(async ? cuMemcpyHtoDAsync_v2(to, src, bytes, s) : cuMemcpyHtoD_v2(to, src, bytes));
+    case cudaMemcpyDeviceToHost: READY(); return done(async ? cuMemcpyDtoHAsync_v2(dst, from, bytes, s) : cuMemcpyDtoH_v2(dst, from, bytes));
+    case cudaMemcpyDeviceToDevice: READY(); return done(async ? cuMemcpyDtoDAsync_v2(to, from, bytes, s) : cuMemcpyDtoD_v2(to, from, bytes));
+    default: return done(cudaErrorInvalidMemcpyDirection);
+    }
+}
+
+API cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, int kind) {
+    return copy(dst, src, bytes, kind, NULL, 0);
+}
+API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, cudaStream_t stream) {
+    return copy(dst, src, bytes, kind, stream, 1);
+}
+
+API cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
+    READY();
+    return done(cuMemsetD8_v2((CUdeviceptr)(uintptr_t)pointer, (unsigned char)value, bytes));
+}
+API cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes, cudaStream_t stream) {
+    READY();
+    return done(cuMemsetD8Async((CUdeviceptr)(uintptr_t)pointer, (unsigned char)value, bytes, native(stream)));
+}
+
+/* --------------------------------------------------------------------------- streams, events */
+/* cudaStream* and cudaEvent* flags have the driver's values. */
+API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+    if (stream == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuStreamCreate(stream, flags));
+}
+API cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
+API cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority) {
+    if (stream == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuStreamCreateWithPriority(stream, flags, priority));
+}
+API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    READY();
+    return done(cuStreamDestroy_v2(stream));
+}
+API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    READY();
+    return done(cuStreamSynchronize(native(stream)));
+}
+API cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    READY();
+    return done(cuStreamQuery(native(stream)));
+}
+API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    READY();
+    return done(cuStreamWaitEvent(native(stream), event, flags));
+}
+
+API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    if (event == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuEventCreate(event, flags));
+}
+API cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    READY();
+    return done(cuEventRecord(event, native(stream)));
+}
+API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    READY();
+    return done(cuEventSynchronize(event));
+}
+API cudaError_t cudaEventQuery(cudaEvent_t event) {
+    READY();
+    return done(cuEventQuery(event));
+}
+API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start_event, cudaEvent_t end_event) {
+    if (ms == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    return done(cuEventElapsedTime(ms, start_event, end_event));
+}
+API cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    READY();
+    return done(cuEventDestroy_v2(event));
+}
+
+/* ------------------------------------------------------------------ nvcc's registration ABI */
+#define FATBIN_WRAPPER_MAGIC 0x466243b1u
+struct fatbin_wrapper { /* what nvcc's host code hands __cudaRegisterFatBinary */
+    uint32_t magic, version;
+    const void *data;
+    const void *unused;
+};
+
+/* A registered fatbin: its image, loaded on the current device at its first launch. */
+struct image {
+    const void *data;
+    CUmodule module;
+    CUresult load_status; /* -1: not tried */
+};
+
+/* A registered kernel: the host function nvcc's stub passes to cudaLaunchKernel, its device name. */
+struct kernel {
+    const void *host;
+    struct image *image;
+    char *name;
+    CUfunction function;
+    struct kernel *next;
+};
+static struct kernel *kernels;
+
+API void **__cudaRegisterFatBinary(void *wrapper) {
+    struct image *image = calloc(1, sizeof *image);
+    if (image == NULL) return NULL;
+    const struct fatbin_wrapper *w = wrapper;
+    image->data = w != NULL && w->magic == FATBIN_WRAPPER_MAGIC ? w->data : wrapper;
+    image->load_status = -1;
+    return (void **)image;
+}
+
+API void __cudaRegisterFatBinaryEnd(void **handle) { (void)handle; }
+
+API void __cudaUnregisterFatBinary(void **handle) {
+    struct image *image = (struct image *)handle;
+    if (image == NULL) return;
+    pthread_mutex_lock(&lock);
+    for (struct kernel **k = &kernels; *k != NULL;) {
+        if ((*k)->image != image) {
+            k = &(*k)->next;
+            continue;
+        }
+        struct kernel *gone = *k;
+        *k = gone->next;
+        free(gone->name), free(gone);
+    }
+    CUmodule module = image->load_status == 0 ? image->module : NULL;
+    pthread_mutex_unlock(&lock);
+    if (module != NULL) cuModuleUnload(module); /* the server also drops it when the program's connection ends */
+    free(image);
+}
+
+API void __cudaRegisterFunction(void **handle, const char *host, char *device_function, const char *device_name,
+                                int thread_limit, void *thread_id, void *block_id, void *block_dim, void *grid_dim,
+                                int *warp_size) {
+    (void)device_function, (void)thread_limit, (void)thread_id, (void)block_id, (void)block_dim, (void)grid_dim;
+    (void)warp_size;
+    struct kernel *kernel = calloc(1, sizeof *kernel);
+    if (handle == NULL || host == NULL || device_name == NULL || kernel == NULL) return free(kernel);
+    if ((kernel->name = strdup(device_name)) == NULL) return free(kernel);
+    kernel->host = host, kernel->image = (struct image *)handle;
+    pthread_mutex_lock(&lock);
+    kernel->next = kernels, kernels = kernel;
+    pthread_mutex_unlock(&lock);
+}
+
+/* <<<grid, block, shared, stream>>>: nvcc's code pushes the configuration, its stub pops it. */
+struct configuration {
+    dim3 grid, block;
+    size_t shared;
+    cudaStream_t stream;
+};
+static __thread struct configuration configurations[MAX_CONFIGURATIONS];
+static __thread int configured;
+
+API unsigned int __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, cudaStream_t stream) {
+    if (configured == MAX_CONFIGURATIONS) return 1;
+    configurations[configured++] = (struct configuration){grid, block, shared, stream};
+    return 0;
+}
+
+API cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, void *stream) {
+    if (configured == 0) return done(cudaErrorMissingConfiguration);
+    struct configuration *c = &configurations[--configured];
+    if (grid != NULL) *grid = c->grid;
+    if (block != NULL) *block = c->block;
+    if (shared != NULL) *shared = c->shared;
+    if (stream != NULL) *(cudaStream_t *)stream = c->stream;
+    return cudaSuccess;
+}
+
+/* The driver's function of a registered kernel: its fatbin loaded at the first launch of any of its
+ * kernels (the load's error is kept, and every launch of them returns it). Called with lock held. */
+static CUresult function_of(const void *host, CUfunction *function) {
+    struct kernel *kernel = kernels;
+    while (kernel != NULL && kernel->host != host) kernel = kernel->next;
+    if (kernel == NULL) return cudaErrorInvalidDeviceFunction;
+    if (kernel->function != NULL) return *function = kernel->function, 0;
+    struct image *image = kernel->image;
+    if (image->load_status == -1) image->load_status = cuModuleLoadData(&image->module, image->data);
+    if (image->load_status != 0) return image->load_status;
+    CUresult status = cuModuleGetFunction(&kernel->function, image->module, kernel->name);
+    if (status == 0) *function = kernel->function;
+    return status;
+}
+
+API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void **args, size_t shared,
+                                 cudaStream_t stream) {
+    READY();
+    CUfunction function = NULL;
+    pthread_mutex_lock(&lock);
+    CUresult status = function_of(host, &function);
+    pthread_mutex_unlock(&lock);
+    if (status != 0) return done(status);
+    return done(cuLaunchKernel(function, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned int)shared,
+                               native(stream), args, NULL));
+}
+
+/* ------------------------------------------------------------------------------ the rest */
+/* Every other function of NVIDIA's libcudart.so.12: cudaErrorNotSupported, named once on stderr so
+ * that a program that stops on it says why. */
+static cudaError_t refuse(const char *name, int *told) {
+    if (!__atomic_exchange_n(told, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "gpupool CUDA runtime: %s is not carried to the GPU: cudaErrorNotSupported\n", name);
+    return done(cudaErrorNotSupported);
+}
+#define REFUSED(name)                    \
+    API cudaError_t name(void) {         \
+        static int told;                 \
+        return refuse(#name, &told);     \
+    }
+#include "cudart_refused.h"

@@ -1,0 +1,178 @@
+/*
+ * A program on the CUDA runtime API for tests/remote/test_remote_runtime_client.py: compiled by gcc
+ * against the nvidia-cuda-runtime-cu12 wheel's cuda_runtime_api.h (NVIDIA's ABI) and linked to
+ * gpupool's libcudart.so.12, run with the GPU client and a server on the stand-in driver. Each mode
+ * prints one line.
+ *
+ *   runtime_probe properties  "properties <count> <device> <totalGlobalMem> <major>.<minor>
+ *                             <multiProcessorCount> <maxThreadsPerBlock> <name>"
+ *   runtime_probe copies      copies of every kind (and cudaMemcpyDefault), async ones on a stream,
+ *                             memsets, each checked: "copies <what>=<ok: 1/0> ..."
+ *   runtime_probe kernel N    vector_add and scale launched through nvcc's registration ABI (a
+ *                             fatbin wrapper whose data is the stand-in's module image), the second
+ *                             as nvcc's <<<>>> stub does (push, pop, cudaLaunchKernel):
+ *                             "kernel <status> c[N-1]=<value> ok=<1/0>"
+ *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
+ *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
+ *                             "refused <status> <status> <last> <name>"
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+/* nvcc's host code calls these (crt/host_runtime.h, not in the runtime's wheel). */
+extern void **__cudaRegisterFatBinary(void *wrapper);
+extern void __cudaRegisterFatBinaryEnd(void **handle);
+extern void __cudaUnregisterFatBinary(void **handle);
+extern void __cudaRegisterFunction(void **handle, const char *host, char *device_function, const char *device_name,
+                                   int thread_limit, uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp);
+extern unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, cudaStream_t stream);
+extern cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, void *stream);
+
+static int properties(void) {
+    int count = -1, device = -1;
+    struct cudaDeviceProp p;
+    memset(&p, 0x5a, sizeof p);
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status == cudaSuccess) status = cudaSetDevice(0);
+    if (status == cudaSuccess) status = cudaGetDevice(&device);
+    if (status == cudaSuccess) status = cudaGetDeviceProperties(&p, 0);
+    if (status != cudaSuccess) return printf("properties error %d\n", (int)status), 1;
+    printf("properties %d %d %zu %d.%d %d %d %s\n", count, device, p.totalGlobalMem, p.major, p.minor,
+           p.multiProcessorCount, p.maxThreadsPerBlock, p.name);
+    return 0;
+}
+
+#define N 4096
+static int copies(void) {
+    static unsigned char host[N], back[N], pinned_check[N];
+    unsigned char *a = NULL, *b = NULL, *pinned = NULL;
+    cudaStream_t stream = NULL;
+    for (int i = 0; i < N; i++) host[i] = (unsigned char)(i * 7 + 1);
+    cudaError_t s = cudaMalloc((void **)&a, N);
+    if (s == cudaSuccess) s = cudaMalloc((void **)&b, N);
+    if (s == cudaSuccess) s = cudaMallocHost((void **)&pinned, N);
+    if (s == cudaSuccess) s = cudaStreamCreate(&stream);
+    if (s != cudaSuccess) return printf("copies error %d\n", (int)s), 1;
+    printf("copies");
+    /* host to device and back */
+    memset(back, 0, N);
+    int ok = cudaMemcpy(a, host, N, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaMemcpy(back, a, N, cudaMemcpyDeviceToHost) == cudaSuccess && memcmp(host, back, N) == 0;
+    printf(" htod_dtoh=%d", ok);
+    /* device to device */
+    memset(back, 0, N);
+    ok = cudaMemcpy(b, a, N, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+         cudaMemcpy(back, b, N, cudaMemcpyDeviceToHost) == cudaSuccess && memcmp(host, back, N) == 0;
+    printf(" dtod=%d", ok);
+    /* host to host */
+    memset(back, 0, N);
+    ok = cudaMemcpy(back, host, N, cudaMemcpyHostToHost) == cudaSuccess && memcmp(host, back, N) == 0;
+    printf(" htoh=%d", ok);
+    /* cudaMemcpyDefault: the direction from the pointers (an offset into an allocation too) */
+    memset(back, 0, N);
+    ok = cudaMemset(b, 0, N) == cudaSuccess && cudaMemcpy(b + 16, host + 16, N - 16, cudaMemcpyDefault) == cudaSuccess &&
+         cudaMemcpy(a, b, N, cudaMemcpyDefault) == cudaSuccess && cudaMemcpy(back, a, N, cudaMemcpyDefault) == cudaSuccess &&
+         memcmp(host + 16, back + 16, N - 16) == 0 && back[0] == 0 && back[15] == 0;
+    printf(" default=%d", ok);
+    /* async on a stream, through page-locked memory */
+    memcpy(pinned, host, N);
+    memset(pinned_check, 0, N);
+    ok = cudaMemsetAsync(a, 0, N, stream) == cudaSuccess &&
+         cudaMemcpyAsync(a, pinned, N, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+         cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
+         cudaMemcpyAsync(pinned_check, b, N, cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+         cudaStreamSynchronize(stream) == cudaSuccess && memcmp(host, pinned_check, N) == 0;
+    printf(" async=%d", ok);
+    /* memset, all of it and a part */
+    ok = cudaMemset(a, 0xab, N) == cudaSuccess && cudaMemset(a + 100, 0x01, 10) == cudaSuccess &&
+         cudaMemcpy(back, a, N, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (int i = 0; ok && i < N; i++) ok = back[i] == (i >= 100 && i < 110 ? 0x01 : 0xab);
+    printf(" memset=%d", ok);
+    /* a bad direction */
+    printf(" direction=%d", (int)cudaMemcpy(back, a, N, (enum cudaMemcpyKind)7));
+    printf(" last=%d", (int)cudaGetLastError());
+    printf(" cleared=%d", (int)cudaGetLastError());
+    ok = cudaStreamDestroy(stream) == cudaSuccess && cudaFreeHost(pinned) == cudaSuccess && cudaFree(a) == cudaSuccess &&
+         cudaFree(b) == cudaSuccess;
+    printf(" freed=%d\n", ok);
+    return 0;
+}
+
+/* The stand-in driver's module image (gpupool/shim/src/standin/kernels.c): its built-in kernels. */
+static const char standin_image[] = "gpupool-standin-module\nvector_add\nscale\n";
+static struct {
+    unsigned magic, version;
+    const void *data, *unused;
+} wrapper = {0x466243b1u, 1, standin_image, NULL};
+
+/* What nvcc's host stubs are: functions whose addresses name the kernels. */
+static void vector_add_stub(void) {}
+static void scale_stub(void) {}
+
+static int kernel(unsigned n) {
+    void **handle = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(handle, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    __cudaRegisterFunction(handle, (const char *)scale_stub, (char *)"scale", "scale", -1, NULL, NULL, NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(handle);
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *c = malloc(n * sizeof *c);
+    float *da = NULL, *db = NULL, *dc = NULL;
+    for (unsigned i = 0; i < n; i++) a[i] = (float)i, b[i] = 2.0f * (float)i, c[i] = -1.0f;
+    cudaError_t s = cudaMalloc((void **)&da, n * sizeof *a);
+    if (s == cudaSuccess) s = cudaMalloc((void **)&db, n * sizeof *b);
+    if (s == cudaSuccess) s = cudaMalloc((void **)&dc, n * sizeof *c);
+    if (s == cudaSuccess) s = cudaMemcpy(da, a, n * sizeof *a, cudaMemcpyHostToDevice);
+    if (s == cudaSuccess) s = cudaMemcpy(db, b, n * sizeof *b, cudaMemcpyHostToDevice);
+    dim3 grid = {(n + 255) / 256, 1, 1}, block = {256, 1, 1};
+    void *add_args[] = {&da, &db, &dc, &n};
+    if (s == cudaSuccess) s = cudaLaunchKernel((const void *)vector_add_stub, grid, block, add_args, 0, NULL);
+    /* scale(c, 0.5, n) as nvcc's <<<1, 1>>> and its stub: push the configuration, pop it, launch */
+    float factor = 0.5f;
+    void *scale_args[] = {&dc, &factor, &n};
+    dim3 one = {1, 1, 1}, g, bl;
+    size_t shared = 0;
+    cudaStream_t stream = NULL;
+    if (s == cudaSuccess && __cudaPushCallConfiguration(one, one, 0, NULL) != 0) s = cudaErrorMissingConfiguration;
+    if (s == cudaSuccess) s = __cudaPopCallConfiguration(&g, &bl, &shared, &stream);
+    if (s == cudaSuccess) s = cudaLaunchKernel((const void *)scale_stub, g, bl, scale_args, shared, stream);
+    if (s == cudaSuccess) s = cudaDeviceSynchronize();
+    if (s == cudaSuccess) s = cudaMemcpy(c, dc, n * sizeof *c, cudaMemcpyDeviceToHost);
+    int ok = s == cudaSuccess;
+    for (unsigned i = 0; ok && i < n; i++) ok = c[i] == 1.5f * (float)i;
+    printf("kernel %d c[%u]=%g ok=%d\n", (int)s, n - 1, (double)c[n - 1], ok);
+    cudaFree(da), cudaFree(db), cudaFree(dc);
+    __cudaUnregisterFatBinary(handle);
+    free(a), free(b), free(c);
+    return 0;
+}
+
+static void never_registered(void) {}
+
+static int unknown(void) {
+    dim3 one = {1, 1, 1};
+    cudaError_t s = cudaLaunchKernel((const void *)never_registered, one, one, NULL, 0, NULL);
+    printf("unknown %d %s\n", (int)s, cudaGetErrorName(s));
+    return 0;
+}
+
+static int refused(void) {
+    void *managed = NULL;
+    cudaError_t first = cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal);
+    cudaError_t second = cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal);
+    cudaError_t last = cudaGetLastError();
+    printf("refused %d %d %d %s\n", (int)first, (int)second, (int)last, cudaGetErrorName(first));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "properties") == 0) return properties();
+    if (argc == 2 && strcmp(argv[1], "copies") == 0) return copies();
+    if (argc == 3 && strcmp(argv[1], "kernel") == 0) return kernel((unsigned)strtoul(argv[2], NULL, 10));
+    if (argc == 2 && strcmp(argv[1], "unknown") == 0) return unknown();
+    if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | unknown | refused\n");
+    return 2;
+}
