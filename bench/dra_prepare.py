@@ -41,6 +41,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import dra_prepare_go
 from gpupool.core.model import GpuCard, Topology
 from gpupool.nodeagent.dra.api import dra_grpc, dra_pb
 from gpupool.nodeagent.dra.claim_allocation import ClaimRef
@@ -113,7 +114,8 @@ async def _serve(directory: str, claims: int, cards: int, api_ms: float, floor: 
 
 
 async def run(claims: int, cards: int, api_ms: float = 0.0, floor: bool = False,
-              cdi_tmpfs: bool = False) -> dict[str, float]:
+              cdi_tmpfs: bool = False, client: str = "python") -> dict[str, float]:
+    """Serve the plugin in a process of its own and drive it with ``client`` ("go" or "python")."""
     with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/tmp") as d, \
             tempfile.TemporaryDirectory(prefix="dra-bench-cdi-", dir="/dev/shm" if cdi_tmpfs else d) as cdi:
         socket = DraOptions(f"{d}/kubelet").socket_path(DRIVER)
@@ -124,37 +126,59 @@ async def run(claims: int, cards: int, api_ms: float = 0.0, floor: bool = False,
         try:
             while not os.path.exists(socket):
                 await asyncio.sleep(0.05)
-            async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-                stub = dra_grpc.DRAPluginStub(channel)
-                await channel.channel_ready()
-                warm = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}")
-                        for i in range(claims, claims + WARMUP)]
-                await asyncio.gather(*(stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[r]))
-                                       for r in warm))
-                await asyncio.gather(*(stub.NodeUnprepareResources(dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
-                                       for r in warm))
-                refs = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}") for i in range(claims)]
-                start = time.perf_counter()
-                prepared = await asyncio.gather(*(timed(stub.NodePrepareResources,
-                                                        dra_pb.NodePrepareResourcesRequest(claims=[r])) for r in refs))
-                prepare_wall = time.perf_counter() - start
-                errors = [e for _, reply in prepared for a in reply.claims.values() if (e := a.error)]
-                if errors:
-                    raise SystemExit(f"prepare failed: {errors[0]}")
-                start = time.perf_counter()
-                unprepared = await asyncio.gather(*(timed(stub.NodeUnprepareResources,
-                                                          dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
-                                                    for r in refs))
-                unprepare_wall = time.perf_counter() - start
+            if client == "go":
+                rounds = await asyncio.to_thread(dra_prepare_go.run_client, socket, claims, WARMUP)
+            else:
+                rounds = await python_client(socket, claims)
         finally:
             server.terminate()
             server.join()
-    prep = [ms for ms, _ in prepared]
-    unprep = [ms for ms, _ in unprepared]
+    prep, unprep = rounds.prepare_ms, rounds.unprepare_ms
     return {"claims": claims, "api_ms": api_ms, "prepare_p50_ms": statistics.median(prep),
             "prepare_p99_ms": percentile(prep, 0.99),
-            "prepare_wall_s": prepare_wall, "unprepare_p50_ms": statistics.median(unprep),
-            "unprepare_p99_ms": percentile(unprep, 0.99), "unprepare_wall_s": unprepare_wall}
+            "prepare_wall_s": rounds.prepare_wall_s, "unprepare_p50_ms": statistics.median(unprep),
+            "unprepare_p99_ms": percentile(unprep, 0.99), "unprepare_wall_s": rounds.unprepare_wall_s}
+
+
+async def python_client(socket: str, claims: int) -> dra_prepare_go.GoRounds:
+    """The rounds the Go client makes, made by a ``grpc.aio`` client in this process."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub = dra_grpc.DRAPluginStub(channel)
+        await channel.channel_ready()
+        warm = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}")
+                for i in range(claims, claims + WARMUP)]
+        await asyncio.gather(*(stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[r]))
+                               for r in warm))
+        await asyncio.gather(*(stub.NodeUnprepareResources(dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
+                               for r in warm))
+        refs = [dra_pb.Claim(namespace="bench", name=f"c{i}", uid=f"uid-{i}") for i in range(claims)]
+        start = time.perf_counter()
+        prepared = await asyncio.gather(*(timed(stub.NodePrepareResources,
+                                                dra_pb.NodePrepareResourcesRequest(claims=[r])) for r in refs))
+        prepare_wall = time.perf_counter() - start
+        errors = [e for _, reply in prepared for a in reply.claims.values() if (e := a.error)]
+        if errors:
+            raise SystemExit(f"prepare failed: {errors[0]}")
+        start = time.perf_counter()
+        unprepared = await asyncio.gather(*(timed(stub.NodeUnprepareResources,
+                                                  dra_pb.NodeUnprepareResourcesRequest(claims=[r]))
+                                            for r in refs))
+        unprepare_wall = time.perf_counter() - start
+    return dra_prepare_go.GoRounds([ms for ms, _ in prepared], [ms for ms, _ in unprepared],
+                                   prepare_wall, unprepare_wall)
+
+
+def chosen_client(asked: str) -> str:
+    """The client to run: ``asked``, or for "auto" the Go one where it can be built, else Python
+    (saying why on stderr)."""
+    if asked != "auto":
+        return asked
+    reason = dra_prepare_go.unavailable()
+    if reason is None:
+        return "go"
+    print(f"dra_prepare: the Go client cannot be used ({reason}); measuring with the Python client, "
+          f"whose own CPU the figures then include", file=sys.stderr)
+    return "python"
 
 
 def main() -> None:
@@ -164,14 +188,17 @@ def main() -> None:
     parser.add_argument("--api-ms", type=float, default=0.0, help="latency of each claim read")
     parser.add_argument("--floor", action="store_true", help="the plugin answers at once, preparing nothing")
     parser.add_argument("--cdi-tmpfs", action="store_true", help="write the CDI specs to /dev/shm, as on a node")
+    parser.add_argument("--client", choices=("auto", "go", "python"), default="auto",
+                        help="kubelet's side: the Go client (auto: when Go can build it) or a Python grpc.aio one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = asyncio.run(run(args.claims, args.cards, args.api_ms, args.floor, args.cdi_tmpfs))
-    print(f"{'metric':<24} {'value':>10}")
+    client = chosen_client(args.client)
+    result = asyncio.run(run(args.claims, args.cards, args.api_ms, args.floor, args.cdi_tmpfs, client))
+    print(f"{'client':<24} {client:>10}")
     for key, value in result.items():
         print(f"{key:<24} {value:>10.2f}")
     if args.json:
-        print(json.dumps({k: round(v, 3) for k, v in result.items()}))
+        print(json.dumps({"client": client, **{k: round(v, 3) for k, v in result.items()}}))
 
 
 if __name__ == "__main__":
