@@ -44,11 +44,16 @@ class CdiSpecs:
         return os.path.join(self.directory, f"{self.vendor}-{CDI_CLASS}_{claim_uid}.json")
 
     def write(self, claim_uid: str, grant: ContainerGrant) -> str:
-        """Write the claim's spec (replacing an older one); the CDI device ID."""
-        os.makedirs(self.directory, exist_ok=True)
+        """Write the claim's spec (replacing an older one); the CDI device ID. The directory is
+        made when the write finds it missing (not checked before each of 100 writes at once)."""
         path = self.path(claim_uid)
+        text = json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":"))
         # replace_file's temporary has a name of its own: two writes of one claim may run at once (threads)
-        replace_file(path, json.dumps(spec(self.kind, claim_uid, grant), separators=(",", ":")), mode=0o644)
+        try:
+            replace_file(path, text, mode=0o644)
+        except FileNotFoundError:  # the directory is gone (first write, or removed by hand)
+            os.makedirs(self.directory, exist_ok=True)
+            replace_file(path, text, mode=0o644)
         return self.device_id(claim_uid)
 
     def exists(self, claim_uid: str) -> bool:

@@ -135,8 +135,7 @@ class ClaimState:
         meanwhile has its spec removed again."""
         out: dict[str, list[PreparedDevice] | str] = {}
         fresh = [ref for ref in refs if ref.uid not in self._claims]
-        read = await asyncio.gather(*(self._read(ref) for ref in fresh), return_exceptions=True)
-        objects = {ref.uid: obj for ref, obj in zip(fresh, read, strict=True)}
+        objects = {ref.uid: obj for ref, obj in zip(fresh, await self._read_each(fresh), strict=True)}
         specs: list[tuple[PreparedClaim, ContainerGrant]] = []
         async with self._lock:
             for ref in refs:
@@ -168,6 +167,17 @@ class ClaimState:
         if not_saved is not None:  # kubelet sees the call fail and calls again; the retry writes
             raise not_saved.error
         return out
+
+    async def _read_each(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | BaseException]:
+        """Each claim read concurrently, or the exception its read raised. One claim (kubelet's
+        usual call: one pod with one claim) is read in the calling task: ``gather`` would wrap it in
+        a task of its own, which 100 concurrent calls pay 100 times on the loop receiving them."""
+        if len(refs) == 1:
+            try:
+                return [await self._read(refs[0])]
+            except Exception as exc:  # as gather(return_exceptions=True) would hand it back
+                return [exc]
+        return await asyncio.gather(*(self._read(ref) for ref in refs), return_exceptions=True)
 
     async def _read(self, ref: ClaimRef) -> Mapping[str, Any]:
         obj = await self._read_claim(ref.namespace, ref.name)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpupool.nodeagent.dra import checkpoint
+from gpupool.nodeagent.dra import checkpoint, spec_batch
 from gpupool.nodeagent.dra.cdi import CdiSpecs
 from gpupool.nodeagent.dra.claim_allocation import ClaimRef
 from gpupool.nodeagent.dra.claim_state import ClaimState
@@ -104,7 +104,7 @@ def test_a_failed_checkpoint_fails_the_batch_and_still_forgets_a_claim_whose_spe
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CdiSpecs, "write", lambda self, uid, grant: (_ for _ in ()).throw(OSError("spec")))
 
-    def no_space(path: str, claims: Mapping[str, Any]) -> None:
+    def no_space(path: str, claims: Mapping[str, Any], *kept: Any) -> None:
         raise OSError("No space left on device")
 
     monkeypatch.setattr(checkpoint, "save", no_space)
@@ -147,4 +147,90 @@ def test_an_unprepare_while_the_spec_is_written_leaves_no_spec_and_waits_for_the
             assert at_answer == [(False, set())]  # answered with the spec gone and the checkpoint without it
             assert checkpoint.load(state.checkpoint_path) == {}
             assert not state.cdi.exists(names[0].uid) and state.claims == {}
+    asyncio.run(main())
+
+
+def test_calls_arriving_one_after_another_share_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubelet's calls reach the plugin spread out (100 took 30-60 ms on the loaded test machine):
+    the writer waits while they still arrive, so they share one thread call and checkpoint write
+    instead of making a batch each of the few that came while the one before was written."""
+    monkeypatch.setattr(spec_batch, "SETTLE_PAUSE_S", 0.005)
+    monkeypatch.setattr(spec_batch, "SETTLE_MOST_S", 1.0)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            state, names = node_with(d, 10)
+            handed = count_hand_offs(monkeypatch)
+            calls = []
+            for n in names:
+                calls.append(asyncio.create_task(state.prepare([ref(n)])))
+                await asyncio.sleep(0.001)
+            answers = await asyncio.gather(*calls)
+            assert all(not isinstance(a[n.uid], str) for a, n in zip(answers, names, strict=True))
+            assert len(handed) <= 2
+            assert set(checkpoint.load(state.checkpoint_path)) == {n.uid for n in names}
+    asyncio.run(main())
+
+
+def test_calls_that_never_stop_arriving_are_still_written_within_the_settle_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spec_batch, "SETTLE_PAUSE_S", 0.02)
+    monkeypatch.setattr(spec_batch, "SETTLE_MOST_S", 0.05)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            state, names = node_with(d, 40)
+            first = asyncio.create_task(state.prepare([ref(names[0])]))
+            others = []
+            for n in names[1:]:  # one call every 10 ms, for 0.4 s: never a pause of 20 ms
+                await asyncio.sleep(0.01)
+                others.append(asyncio.create_task(state.prepare([ref(n)])))
+                if first.done():
+                    break
+            assert first.done() and not isinstance(first.result()[names[0].uid], str)
+            assert len(others) < len(names) - 1  # answered before the stream ended
+            await asyncio.gather(*others)
+    asyncio.run(main())
+
+
+def test_a_one_claim_prepare_reads_its_claim_without_a_task_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubelet's usual call names one claim; 100 at once paid 100 gather tasks on the loop."""
+    gathered: list[int] = []
+    real = asyncio.gather
+
+    def counting(*aws: Any, **kwargs: Any) -> Any:
+        gathered.append(len(aws))
+        return real(*aws, **kwargs)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            state, names = node_with(d, 3)
+
+            async def broken(namespace: str, name: str) -> Mapping[str, Any] | None:
+                raise ConnectionError("apiserver unreachable")
+
+            monkeypatch.setattr(asyncio, "gather", counting)
+            assert not isinstance((await state.prepare([ref(names[0])]))[names[0].uid], str)
+            assert gathered == []
+            monkeypatch.setattr(state, "_read_claim", broken)  # a failed read still refuses only its claim
+            answer = (await state.prepare([ref(names[1])]))[names[1].uid]
+            assert isinstance(answer, str) and "apiserver unreachable" in answer
+            assert set(state.claims) == {names[0].uid}
+            assert gathered == []
+    asyncio.run(main())
+
+
+def test_a_writer_cancelled_while_callers_arrive_cancels_them_rather_than_leave_them_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spec_batch, "SETTLE_PAUSE_S", 0.5)
+
+    async def main() -> None:
+        with temp_dir() as d:
+            state, names = node_with(d, 1)
+            call = asyncio.create_task(state.prepare([ref(names[0])]))
+            while state._writer._writer is None:  # the writer starts waiting for more callers
+                await asyncio.sleep(0.001)
+            state._writer._writer.cancel()  # as at the loop's shutdown
+            done, _ = await asyncio.wait([call], timeout=5)
+            assert call in done and call.cancelled()
     asyncio.run(main())

@@ -141,7 +141,7 @@ def test_an_agent_restart_remembers_prepared_claims() -> None:
     pytest.param([result(compute="150")], "uid-x", "is not 0-100 percent", id="impossible-compute"),
     pytest.param([result()], "uid-other", "the API has UID 'uid-x'", id="recreated-claim"),
 ])
-def test_bad_claims_are_refused_with_a_reason_and_leave_nothing(results: list | None, uid: str,
+def test_bad_claims_are_refused_with_a_reason_and_leave_nothing(results: list[dict[str, Any]] | None, uid: str,
                                                                 reason: str) -> None:
     async def main() -> None:
         with temp_dir() as d:
@@ -244,8 +244,8 @@ def test_concurrent_calls_share_checkpoint_writes_and_answer_only_once_written(
     writes: list[int] = []
     real_save = checkpoint.save
 
-    def counting_save(path: str, claims: Mapping[str, Any]) -> None:
-        real_save(path, claims)  # type: ignore[arg-type]
+    def counting_save(path: str, claims: Mapping[str, Any], *kept: Any) -> None:
+        real_save(path, claims, *kept)
         writes.append(len(claims))
 
     monkeypatch.setattr(checkpoint, "save", counting_save)
@@ -271,10 +271,10 @@ def test_a_failed_checkpoint_write_fails_the_call_and_the_retry_writes(monkeypat
     real_save = checkpoint.save
     failures = [OSError("No space left on device")]
 
-    def flaky_save(path: str, claims: Mapping[str, Any]) -> None:
+    def flaky_save(path: str, claims: Mapping[str, Any], *kept: Any) -> None:
         if failures:
             raise failures.pop()
-        real_save(path, claims)  # type: ignore[arg-type]
+        real_save(path, claims, *kept)
 
     monkeypatch.setattr(checkpoint, "save", flaky_save)
 
