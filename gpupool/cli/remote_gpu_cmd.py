@@ -31,13 +31,14 @@ def client_path_cmd() -> None:
 
 @remote_gpu.command("install-client")
 @click.option("--into", "into", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to copy the GPU client to as libcuda.so.1 (the pod's volume its GPU container preloads).")
+              help="Directory to copy the GPU client to as libcuda.so.1 and gpupool's CUDA runtime as "
+                   "libcudart.so.12 (the pod's volume its GPU container preloads both from).")
 @click.option("--grant", "grant", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the pod's grant Secret is mounted: waited for until it holds remote_endpoint and "
                    "remote_token.")
 @click.option("--share", default="", envvar="GPUPOOL_REMOTE_SHARE", show_envvar=True,
               help="The pod's remote-share-v1 annotation (the downward API's); empty: a local share, the "
-                   "local-share placeholder (loads nothing) is put where the client would be.")
+                   "local-share placeholder (loads nothing) is put where the client and runtime would be.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for the grant before failing.")
 @click.option("--check-server-name", is_flag=True,
@@ -53,7 +54,7 @@ def install_client_cmd(into: Path, grant: Path, share: str, wait_s: float, check
     try:
         remote = bool(share.strip())
         source = client_directory() / CLIENT_NAME if remote else Path()
-        placeholder = None if remote else _placeholder(placeholder_library)
+        placeholder = _placeholder(placeholder_library)
         click.echo(install_client(share, source, into, grant, wait_s=wait_s, check_server_name=check_server_name,
                                   placeholder=placeholder))
     except (ShimBuildError, InstallError, OSError) as exc:

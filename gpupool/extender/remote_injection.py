@@ -5,13 +5,14 @@ nothing remote-specific in its spec but the request.
 The two things the pod needs on its node, which may be a node without GPUs and without gpupool's
 agent (docs/remote-gpu.md, "What the webhook injects"):
 
-* **the GPU client library** (``libcuda.so.1`` of the GPU client): an init container of gpupool's
-  image (``gpupool remote-gpu install-client``) copies it into an ``emptyDir`` and the GPU
-  container preloads it (``LD_PRELOAD``). The init container reads the pod's ``remote-share-v1``
+* **the GPU client library** (``libcuda.so.1`` of the GPU client) and gpupool's CUDA runtime
+  (``libcudart.so.12``, for programs on the CUDA runtime): an init container of gpupool's image
+  (``gpupool remote-gpu install-client``) copies them into an ``emptyDir`` and the GPU container
+  preloads both (``LD_PRELOAD``). The init container reads the pod's ``remote-share-v1``
   (downward API, resolved when it starts, after the bind): for a share booked on the pod's own
-  node (a local share, the bind's first tier) it copies an empty placeholder library there instead,
-  so the node's driver is used and the loader finds the preloaded file. ``LD_PRELOAD`` is set
-  whatever the share turns out to be: the webhook runs before the bind chooses the tier;
+  node (a local share, the bind's first tier) it copies an empty placeholder library to both paths
+  instead, so the node's driver is used and the loader finds the preloaded files. ``LD_PRELOAD`` is
+  set whatever the share turns out to be: the webhook runs before the bind chooses the tier;
 * **the grant** (endpoint, token, the server's CA): the GPU node's agent writes it in the Secret
   ``<pod>-gpupool-remote``, owned by the pod. The webhook mounts that Secret by name, which it can
   only know when the pod has one: for a pod with ``generateName`` and no name it picks the name
@@ -50,6 +51,9 @@ GRANT_DIR = "/var/run/gpupool-remote/grant"
 """Where the Secret is mounted: the client library's ``GPUPOOL_REMOTE_DIR``."""
 LIBRARY_DIR = "/var/run/gpupool-remote/lib"
 CLIENT_LIBRARY = f"{LIBRARY_DIR}/libcuda.so.1"
+RUNTIME_LIBRARY = f"{LIBRARY_DIR}/libcudart.so.12"
+PRELOAD = f"{CLIENT_LIBRARY}:{RUNTIME_LIBRARY}"
+"""The client first: the runtime's ``libcuda.so.1`` is then the client, whatever else is on the path."""
 SHARE_ENV = "GPUPOOL_REMOTE_SHARE"
 """The init container's copy of the pod's ``remote-share-v1`` (empty for a local share)."""
 INIT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "10m", "memory": "32Mi"},
@@ -178,13 +182,13 @@ class RemoteInjection:
         warnings: tuple[str, ...] = ()
         preload = next(((i, _mapping(e)) for i, e in enumerate(env) if _mapping(e).get("name") == "LD_PRELOAD"), None)
         if preload is None:
-            added.append({"name": "LD_PRELOAD", "value": CLIENT_LIBRARY})
+            added.append({"name": "LD_PRELOAD", "value": PRELOAD})
         elif isinstance(preload[1].get("value"), str) and "valueFrom" not in preload[1]:
             value = preload[1]["value"]
             patch.append({"op": "replace", "path": f"{where}/env/{preload[0]}/value",
-                          "value": f"{CLIENT_LIBRARY}:{value}" if value else CLIENT_LIBRARY})
+                          "value": f"{PRELOAD}:{value}" if value else PRELOAD})
         else:
-            warnings = (f"gpupool: the container sets LD_PRELOAD from elsewhere; add {CLIENT_LIBRARY} to it "
+            warnings = (f"gpupool: the container sets LD_PRELOAD from elsewhere; add {PRELOAD} to it "
                         "for the remote GPU client",)
         return self._appended(f"{where}/env", container.get("env"), added) + patch, warnings
 

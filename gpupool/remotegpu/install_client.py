@@ -5,14 +5,17 @@ It runs on the pod's node after the bind, so it knows what the webhook could not
 was booked on another node's card (the pod's ``remote-share-v1``, handed in by the downward API) or
 on the pod's own node (none: a local share, the node's driver serves it).
 For a local share it puts the local-share placeholder, an empty shared object, where the client
-would be: the webhook's ``LD_PRELOAD`` names that path whatever the share turns out to be, and a
-path naming no file makes the dynamic loader print "cannot be preloaded" at every program start.
-The placeholder defines nothing, so the program's ``libcuda.so.1`` is still the node's driver (or
-the interception library the node's ``/etc/ld.so.preload`` loads in front of it). For a remote
-share it copies the GPU client (``libcuda.so.1``) into the pod's volume that the GPU container
-preloads, then waits until the grant Secret's endpoint and token are in the mounted
-directory, so the GPU container never starts without them (the Secret volume is optional, kubelet
-fills it in when the GPU node's agent has written it).
+and gpupool's CUDA runtime would be: the webhook's ``LD_PRELOAD`` names both paths whatever the
+share turns out to be, and a path naming no file makes the dynamic loader print "cannot be
+preloaded" at every program start. The placeholder defines nothing, so the program's
+``libcuda.so.1`` is still the node's driver (or the interception library the node's
+``/etc/ld.so.preload`` loads in front of it) and its ``libcudart.so.12`` NVIDIA's. For a remote
+share it copies the GPU client (``libcuda.so.1``) and gpupool's CUDA runtime (``libcudart.so.12``,
+which a program on the CUDA runtime needs: NVIDIA's cannot start on the client) into the pod's
+volume that the GPU container preloads, then waits until the grant Secret's endpoint and token are
+in the mounted directory, so the GPU container never starts without them (the Secret volume is
+optional, kubelet fills it in when the GPU node's agent has written it). Preloaded, gpupool's
+runtime answers a program's ``libcudart.so.12`` whatever copy the program's RPATH or RUNPATH names.
 
 With ``check_server_name`` (the extender signs GPU nodes' own certificates) it also writes the
 share's server node beside the client (``remote_server_name``): the client then requires the
@@ -31,6 +34,8 @@ from gpupool.api.remote_share import decode_remote_share
 from gpupool.files.replace import replace_file
 
 CLIENT_NAME = "libcuda.so.1"
+RUNTIME_NAME = "libcudart.so.12"
+"""gpupool's CUDA runtime, beside the client in the client's directory and in the pod's."""
 SERVER_NAME_FILE = "remote_server_name"
 """Beside the client: the GPU node its certificate must name (read by the client library)."""
 GRANT_KEYS = ("remote_endpoint", "remote_token")
@@ -42,12 +47,12 @@ class InstallError(RuntimeError):
     """The grant did not come in time (the init container fails with the reason)."""
 
 
-def copy_client(source: Path, into: Path) -> Path:
-    """Copy the GPU client into ``into`` as ``libcuda.so.1`` (written beside, then renamed: a
-    program never loads half a library), mode 0755."""
+def copy_client(source: Path, into: Path, name: str = CLIENT_NAME) -> Path:
+    """Copy a library into ``into`` as ``name`` (written beside, then renamed: a program never
+    loads half a library), mode 0755."""
     into.mkdir(parents=True, exist_ok=True)
-    replace_file(into / CLIENT_NAME, source.read_bytes(), mode=0o755)
-    return into / CLIENT_NAME
+    replace_file(into / name, source.read_bytes(), mode=0o755)
+    return into / name
 
 
 def grant_ready(grant: Path) -> bool:
@@ -66,10 +71,21 @@ def install_placeholder(placeholder: Path | None, into: Path) -> str:
     if placeholder is None:
         return f"{local}; no local-share placeholder in this image, nothing installed"
     try:
-        installed = copy_client(placeholder, into)
+        installed = [copy_client(placeholder, into, name) for name in (CLIENT_NAME, RUNTIME_NAME)]
     except OSError as exc:
         return f"{local}; the local-share placeholder could not be installed ({exc})"
-    return f"{local}; installed the local-share placeholder (loads nothing) as {installed}"
+    return f"{local}; installed the local-share placeholder (loads nothing) as {' and '.join(map(str, installed))}"
+
+
+def install_runtime(source: Path, into: Path, placeholder: Path | None) -> str:
+    """gpupool's CUDA runtime from beside the client ``source``; an image built before it had one
+    gets the placeholder there (the program then keeps NVIDIA's runtime, as before)."""
+    runtime = source.parent / RUNTIME_NAME
+    if runtime.is_file():
+        return f"gpupool's CUDA runtime as {copy_client(runtime, into, RUNTIME_NAME)}"
+    if placeholder is not None:
+        return f"no CUDA runtime beside the client, the placeholder as {copy_client(placeholder, into, RUNTIME_NAME)}"
+    return f"no CUDA runtime beside the client at {runtime}"
 
 
 def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s: float = DEFAULT_WAIT_S,
@@ -82,6 +98,7 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
     if not share.strip():
         return install_placeholder(placeholder, into)
     installed = copy_client(source, into)
+    runtime = install_runtime(source, into, placeholder)
     if check_server_name:
         try:
             server = decode_remote_share(share).server
@@ -96,4 +113,4 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
                                "agent writes them in the Secret <pod>-gpupool-remote (is it running with "
                                "--remote-gpu-server?)")
         sleep(poll_s)
-    return f"installed the GPU client as {installed}; the grant is in {grant}"
+    return f"installed the GPU client as {installed} and {runtime}; the grant is in {grant}"

@@ -14,15 +14,16 @@ What runs:
   file, the token Secret ``<pod>-gpupool-remote``, and ``gpupool remote-gpu serve`` on the
   stand-in driver (card ``GPU-standin-0``) on loopback.
 
-The pod's image holds the driver API program (bench/remote_probe.c) and no ``libcuda.so.1`` at
-all: the program starts only because the injected ``LD_PRELOAD`` names the client the init container
-copied. The pod uses the host's network to reach the server on loopback (``hostNetwork``: test
-plumbing, the server's address is 127.0.0.1). The bind is the extender's binder called by the test
-(the webhook sends the pod to gpupool's scheduler, which this test does not run:
+The pod's image holds the driver API program (bench/remote_probe.c) and no ``libcuda.so.1`` at all:
+the program starts only because the injected ``LD_PRELOAD`` names the client the init container
+copied (and gpupool's CUDA runtime beside it, which this driver API program loads but never calls).
+The pod uses the host's network to reach the server on loopback (``hostNetwork``: test plumbing, the
+server's address is 127.0.0.1). The bind is the extender's binder called by the test (the webhook
+sends the pod to gpupool's scheduler, which this test does not run:
 tests/e2e/test_remote_share_e2e.py covers the scheduler's path). The init container's image holds,
 instead of gpupool and Python, a shell stand-in for ``gpupool remote-gpu install-client`` (copy the
-client when ``GPUPOOL_REMOTE_SHARE`` is set, wait for the token), which tests/remote/test_install_client.py
-tests as shipped.
+client and the runtime when ``GPUPOOL_REMOTE_SHARE`` is set, wait for the token), which
+tests/remote/test_install_client.py tests as shipped.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ INSTALLER = """#!/bin/sh
 [ "$1 $2 $3 $5" = "remote-gpu install-client --into --grant" ] || { echo "unexpected: $*"; exit 2; }
 if [ -z "$GPUPOOL_REMOTE_SHARE" ]; then echo "local share: nothing installed"; exit 0; fi
 cp /opt/gpupool/libcuda.so.1 "$4/libcuda.so.1" || exit 1
+cp /opt/gpupool/libcudart.so.12 "$4/libcudart.so.12" || exit 1
 i=0
 until [ -s "$6/remote_token" ] && [ -s "$6/remote_endpoint" ]; do
   i=$((i + 1)); [ "$i" -gt 300 ] && { echo "no grant in $6"; exit 1; }; sleep 1
@@ -144,7 +146,8 @@ def webhook_extender(control_plane: ControlPlane, kube_api_client: client.ApiCli
     except ShimBuildError as exc:
         pytest.skip(f"cannot build the GPU client here: {exc}")
     init_image = build_image("remote-inject-gpupool", {"/usr/local/bin/gpupool": write_installer(tmp_path),
-                                                       "/opt/gpupool/libcuda.so.1": client_dir / "libcuda.so.1"})
+                                                       "/opt/gpupool/libcuda.so.1": client_dir / "libcuda.so.1",
+                                                       "/opt/gpupool/libcudart.so.12": client_dir / "libcudart.so.12"})
     containerd_kubelet.import_image(init_image)
     ca = issue_ca("e2e-remote-inject-ca")
     server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))

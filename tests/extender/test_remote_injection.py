@@ -22,6 +22,8 @@ from gpupool.extender.remote_injection import (
     INIT_SECURITY,
     LIBRARY_DIR,
     LIBRARY_VOLUME,
+    PRELOAD,
+    RUNTIME_LIBRARY,
     SHARE_ENV,
     RemoteInjection,
 )
@@ -85,7 +87,10 @@ def test_a_generate_name_pod_gets_a_name_the_client_library_and_its_grant_by_tha
     log, main = out["spec"]["containers"]
     assert log == {"name": "log", "image": "busybox"}  # only the GPU container gets the client
     assert main["env"] == [{"name": "GPUPOOL_REMOTE_DIR", "value": GRANT_DIR},
-                           {"name": "LD_PRELOAD", "value": CLIENT_LIBRARY}]
+                           {"name": "LD_PRELOAD", "value": PRELOAD}]
+    # the client, then gpupool's CUDA runtime (whose libcuda.so.1 is then the client)
+    assert PRELOAD.split(":") == [CLIENT_LIBRARY, RUNTIME_LIBRARY] == [f"{LIBRARY_DIR}/libcuda.so.1",
+                                                                      f"{LIBRARY_DIR}/libcudart.so.12"]
     assert main["volumeMounts"] == [{"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True},
                                     {"name": LIBRARY_VOLUME, "mountPath": LIBRARY_DIR, "readOnly": True}]
     assert injection().verdict(out) == Verdict(True)  # called again (reinvocation): nothing more
@@ -105,7 +110,7 @@ def test_a_named_pod_keeps_its_name_and_its_lists_are_appended_to() -> None:
     assert out["spec"]["volumes"][1]["secret"]["secretName"] == "train-0-gpupool-remote"
     assert [c["name"] for c in out["spec"]["initContainers"]] == [INIT_CONTAINER, "fetch"]  # first
     env = out["spec"]["containers"][1]["env"]
-    assert env == [{"name": "A", "value": "1"}, {"name": "LD_PRELOAD", "value": f"{CLIENT_LIBRARY}:/opt/mine.so"},
+    assert env == [{"name": "A", "value": "1"}, {"name": "LD_PRELOAD", "value": f"{PRELOAD}:/opt/mine.so"},
                    {"name": "GPUPOOL_REMOTE_DIR", "value": GRANT_DIR}]
     assert [m["name"] for m in out["spec"]["containers"][1]["volumeMounts"]] == ["data", GRANT_VOLUME, LIBRARY_VOLUME]
 
@@ -118,7 +123,7 @@ def test_a_preload_from_elsewhere_is_left_with_a_warning() -> None:
     out = apply(pod, verdict.patch)
     assert out["spec"]["containers"][1]["env"][0]["valueFrom"]
     assert [e["name"] for e in out["spec"]["containers"][1]["env"]] == ["LD_PRELOAD", "GPUPOOL_REMOTE_DIR"]
-    assert len(verdict.warnings) == 1 and CLIENT_LIBRARY in verdict.warnings[0]
+    assert len(verdict.warnings) == 1 and PRELOAD in verdict.warnings[0]
 
 
 def test_the_init_container_passes_pod_securitys_restricted_profile() -> None:

@@ -160,3 +160,35 @@ def test_every_function_of_nvidias_runtime_is_exported_at_its_version(programs: 
     ours = exported_functions(programs.client / RUNTIME_SONAME)
     assert set(ours) == set(nvidias)
     assert set(ours.values()) == {RUNTIME_SONAME}
+
+
+@pytest.mark.slow
+def test_the_pods_preload_wins_over_a_copy_the_program_names(programs: Programs, tmp_path: Path) -> None:
+    """A program linked to NVIDIA's libcudart.so.12 with an RPATH to it (as a wheel's library is:
+    searched before LD_LIBRARY_PATH) gets NVIDIA's runtime with the client directory on
+    LD_LIBRARY_PATH, and every call fails; with the webhook's LD_PRELOAD of what install-client put
+    in the pod's directory (the client, then gpupool's runtime) it gets gpupool's, and every call
+    succeeds."""
+    from gpupool.extender.remote_injection import PRELOAD
+    from gpupool.remotegpu.install_client import install_client
+
+    runtime = cudart_dir() / "lib"
+    probe = tmp_path / "cudart_probe_rpath"
+    subprocess.run([*find_compiler(), "-std=gnu11", "-O1", "-o", str(probe), str(CUDART_PROBE), f"-I{HEADER_SHIM}",
+                    f"-I{runtime.parent / 'include'}", str(runtime / RUNTIME_SONAME), "-Wl,--disable-new-dtags",
+                    f"-Wl,-rpath,{runtime}"], check=True, timeout=120)
+    pod, grant = tmp_path / "pod-lib", tmp_path / "grant"
+    grant.mkdir()
+    for key in ("remote_endpoint", "remote_token"):
+        (grant / key).write_text("set by the test's environment")
+    install_client('{"v": 1}', programs.client / "libcuda.so.1", pod, grant, wait_s=0)
+    preload = PRELOAD.replace("/var/run/gpupool-remote/lib", str(pod))
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"))
+        by_path = subprocess.run([str(probe), "calls"], env=env, capture_output=True, text=True, timeout=60)
+        preloaded = subprocess.run([str(probe), "calls"], env={**env, "LD_PRELOAD": preload}, capture_output=True,
+                                   text=True, timeout=60)
+    assert by_path.stdout.split()[1] == f"getDeviceCount={NOT_SUPPORTED}"  # NVIDIA's, by the RPATH
+    assert preloaded.stdout.splitlines() == [
+        "calls " + " ".join(f"{name}={CUDA_SUCCESS}" for name in RUNTIME_CALLS), "values 1 1"], preloaded.stderr
+    assert preloaded.stderr == ""
