@@ -4,18 +4,23 @@
 
 The node agent's DRA plugin serves on a temporary socket, in a process of its own as beside a
 real kubelet, with an in-memory claim store (``--api-ms``: each read waits that long, an API
-round trip), and writes real CDI specs and its
-checkpoint to a temporary directory. Like kubelet, the caller keeps one connection and sends one
-NodePrepareResources per pod (one claim each), all at once, then one NodeUnprepareResources per
-claim, all at once, after a warm-up round of 10 other claims (a plugin that has served before:
-no first-call imports or thread start-up in the figures). The latency is measured around
-each RPC (what kubelet waits for, queueing behind the plugin's lock included). Prints a table and,
-with ``--json``, one line ``{"prepare_p99_ms": ..., "unprepare_p99_ms": ...}``.
+round trip), and writes real CDI specs and its checkpoint to temporary directories. Like kubelet,
+the caller keeps one connection and sends one NodePrepareResources per pod (one claim each), all
+at once, then one NodeUnprepareResources per claim, all at once, after a warm-up round of 10 other
+claims (a plugin that has served before: no first-call imports or thread start-up in the figures).
+The latency is measured around each RPC (what kubelet waits for, queueing behind the plugin's lock
+included). Prints a table and, with ``--json``, one line ``{"client": ..., "prepare_p99_ms": ...,
+"unprepare_p99_ms": ...}``.
 
-``--cdi-tmpfs``: the CDI specs go to a directory in ``/dev/shm`` instead, as on a node, whose
-``/var/run/cdi`` is on tmpfs (``/run``); the temporary directory is on this machine's disk, where
-one spec's write-and-rename costs about half a millisecond of kernel time. The checkpoint stays on
-disk in both (kubelet's directory is).
+The caller is a Go gRPC client by default, as kubelet is (``bench/dra_prepare_client``, built once
+and cached: :mod:`bench.dra_prepare_go`); a Python ``grpc.aio`` client on the same small machine
+spends CPU the plugin then waits for. ``--client python`` takes that one; where Go cannot build the
+client, ``auto`` (the default) takes it too and says why on stderr.
+
+The CDI specs go to a directory in ``/dev/shm``, as on a node, whose ``/var/run/cdi`` is on tmpfs
+(``/run``); ``--cdi-on-disk`` puts them in the temporary directory on this machine's disk instead,
+where one spec's write-and-rename costs about half a millisecond of kernel time. The checkpoint is
+on disk in both (kubelet's directory is).
 
 ``--floor``: the plugin answers every call at once, preparing nothing (its claim state's prepare
 and unprepare replaced in its process): what the gRPC calls and the two processes alone cost on
@@ -187,13 +192,15 @@ def main() -> None:
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--api-ms", type=float, default=0.0, help="latency of each claim read")
     parser.add_argument("--floor", action="store_true", help="the plugin answers at once, preparing nothing")
-    parser.add_argument("--cdi-tmpfs", action="store_true", help="write the CDI specs to /dev/shm, as on a node")
+    parser.add_argument("--cdi-on-disk", action="store_true",
+                        help="write the CDI specs to this machine's disk, not to /dev/shm (tmpfs, as on a node)")
+    parser.add_argument("--cdi-tmpfs", action="store_true", help="the default (kept for older commands)")
     parser.add_argument("--client", choices=("auto", "go", "python"), default="auto",
                         help="kubelet's side: the Go client (auto: when Go can build it) or a Python grpc.aio one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     client = chosen_client(args.client)
-    result = asyncio.run(run(args.claims, args.cards, args.api_ms, args.floor, args.cdi_tmpfs, client))
+    result = asyncio.run(run(args.claims, args.cards, args.api_ms, args.floor, not args.cdi_on_disk, client))
     print(f"{'client':<24} {client:>10}")
     for key, value in result.items():
         print(f"{key:<24} {value:>10.2f}")
