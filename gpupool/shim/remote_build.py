@@ -43,6 +43,8 @@ RUNTIME_SOURCES = ("cudart.c",)
 RUNTIME_FILES = ("cudart_refused.h", "cudart.map")
 """Included by cudart.c (the functions it refuses) and its version script (NVIDIA's symbol version)."""
 RUNTIME_SONAME = "libcudart.so.12"
+RUNTIME_LINK = "libcudart.so"
+"""What ``-lcudart`` finds, for programs linked against gpupool's runtime."""
 PLACEHOLDER_SOURCES = ("local_share.c",)
 PLACEHOLDER_NAME = "libgpupool-local-share.so"
 """The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
@@ -91,6 +93,9 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     runtime = directory / RUNTIME_SONAME
     if not runtime.is_file():
         _compile(compiler, [*_runtime_flags(flavour, werror), f"-L{directory}"], runtime_sources, runtime)
+    runtime_link = directory / RUNTIME_LINK
+    if not runtime_link.exists():
+        runtime_link.symlink_to(RUNTIME_SONAME)
     return directory
 
 
@@ -161,7 +166,8 @@ def build_into(directory: Path) -> tuple[Path, Path]:
     shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
     shutil.copy2(client / RUNTIME_SONAME, client_target / RUNTIME_SONAME)
     shutil.copy2(placeholder, client_target / PLACEHOLDER_NAME)
-    link = client_target / "libcuda.so"
-    if not link.is_symlink():
-        link.symlink_to(CLIENT_SONAME)
+    for link_name, target in (("libcuda.so", CLIENT_SONAME), (RUNTIME_LINK, RUNTIME_SONAME)):
+        link = client_target / link_name
+        if not link.is_symlink():
+            link.symlink_to(target)
     return server_target, client_target

@@ -66,7 +66,7 @@ def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pyte
     assert soname.returncode != 0 or f"[{CLIENT_SONAME}]" in soname.stdout
     runtime = subprocess.run(["readelf", "-d", str(client / RUNTIME_SONAME)], capture_output=True, text=True)
     assert runtime.returncode != 0 or f"[{RUNTIME_SONAME}]" in runtime.stdout  # gpupool's CUDA runtime beside it
-    assert (client / RUNTIME_SONAME).is_file()
+    assert (client / "libcudart.so").resolve() == (client / RUNTIME_SONAME).resolve()  # what -lcudart finds
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
     assert server_program() == server and client_directory() == client
     assert placeholder_library() == client / PLACEHOLDER_NAME  # what a local share's init container copies

@@ -34,14 +34,14 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
 
 
 def link_to_gpupools_runtime(source: Path, out: Path, programs: Programs) -> Path:
-    """``source`` compiled against the wheel's headers and linked to gpupool's libcudart.so.12 (the
-    GPU client's directory, which also holds the client as libcuda.so.1)."""
+    """``source`` compiled against the wheel's headers and linked to gpupool's libcudart.so.12 by
+    ``-lcudart`` (the GPU client's directory, which also holds the client as libcuda.so.1)."""
     include = cudart_dir() / "include"
     runtime = programs.client / RUNTIME_SONAME
     assert runtime.is_file(), f"gpupool's runtime was not built beside the client: {runtime}"
     subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out), str(source),
-                    f"-I{HEADER_SHIM}", f"-I{include}", str(runtime), f"-Wl,-rpath-link,{programs.client}",
-                    f"-Wl,-rpath,{programs.client}"], check=True, timeout=120)
+                    f"-I{HEADER_SHIM}", f"-I{include}", f"-L{programs.client}", "-lcudart",
+                    f"-Wl,-rpath-link,{programs.client}", f"-Wl,-rpath,{programs.client}"], check=True, timeout=120)
     return out
 
 
