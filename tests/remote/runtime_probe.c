@@ -12,6 +12,10 @@
  *                             fatbin wrapper whose data is the stand-in's module image), the second
  *                             as nvcc's <<<>>> stub does (push, pop, cudaLaunchKernel):
  *                             "kernel <status> c[N-1]=<value> ok=<1/0>"
+ *   runtime_probe handle N    vector_add as newer nvcc host code launches it: its handle from
+ *                             __cudaGetKernel, the pushed and popped configuration, __cudaLaunchKernel:
+ *                             "handle <status> c[N-1]=<value> ok=<1/0> unknown=<__cudaGetKernel of an
+ *                             unregistered function>"
  *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
@@ -30,6 +34,10 @@ extern void __cudaRegisterFunction(void **handle, const char *host, char *device
                                    int thread_limit, uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp);
 extern unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, cudaStream_t stream);
 extern cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, void *stream);
+/* ... and, from newer nvcc, a kernel's handle asked once and launches by it. */
+extern cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *host);
+extern cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shared,
+                                      cudaStream_t stream);
 
 static int properties(void) {
     int count = -1, device = -1;
@@ -151,6 +159,37 @@ static int kernel(unsigned n) {
 
 static void never_registered(void) {}
 
+static int handle(unsigned n) {
+    void **fatbin = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(fatbin, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    float *a = malloc(n * sizeof *a), *c = malloc(n * sizeof *c);
+    float *da = NULL, *dc = NULL;
+    for (unsigned i = 0; i < n; i++) a[i] = (float)i, c[i] = -1.0f;
+    cudaKernel_t kernel = NULL, none = NULL;
+    cudaError_t s = __cudaGetKernel(&kernel, (const void *)vector_add_stub);
+    cudaError_t unknown = __cudaGetKernel(&none, (const void *)never_registered);
+    if (s == cudaSuccess) s = cudaMalloc((void **)&da, n * sizeof *a);
+    if (s == cudaSuccess) s = cudaMalloc((void **)&dc, n * sizeof *c);
+    if (s == cudaSuccess) s = cudaMemcpy(da, a, n * sizeof *a, cudaMemcpyHostToDevice);
+    dim3 grid = {(n + 255) / 256, 1, 1}, block = {256, 1, 1}, g, bl;
+    size_t shared = 0;
+    cudaStream_t stream = NULL;
+    void *args[] = {&da, &da, &dc, &n}; /* c = a + a */
+    if (s == cudaSuccess && __cudaPushCallConfiguration(grid, block, 0, NULL) != 0) s = cudaErrorMissingConfiguration;
+    if (s == cudaSuccess) s = __cudaPopCallConfiguration(&g, &bl, &shared, &stream);
+    if (s == cudaSuccess) s = __cudaLaunchKernel(kernel, g, bl, args, shared, stream);
+    if (s == cudaSuccess) s = cudaMemcpy(c, dc, n * sizeof *c, cudaMemcpyDeviceToHost);
+    int ok = s == cudaSuccess;
+    for (unsigned i = 0; ok && i < n; i++) ok = c[i] == 2.0f * (float)i;
+    printf("handle %d c[%u]=%g ok=%d unknown=%d\n", (int)s, n - 1, (double)c[n - 1], ok, (int)unknown);
+    cudaFree(da), cudaFree(dc);
+    __cudaUnregisterFatBinary(fatbin);
+    free(a), free(c);
+    return 0;
+}
+
 static int unknown(void) {
     dim3 one = {1, 1, 1};
     cudaError_t s = cudaLaunchKernel((const void *)never_registered, one, one, NULL, 0, NULL);
@@ -171,8 +210,9 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "properties") == 0) return properties();
     if (argc == 2 && strcmp(argv[1], "copies") == 0) return copies();
     if (argc == 3 && strcmp(argv[1], "kernel") == 0) return kernel((unsigned)strtoul(argv[2], NULL, 10));
+    if (argc == 3 && strcmp(argv[1], "handle") == 0) return handle((unsigned)strtoul(argv[2], NULL, 10));
     if (argc == 2 && strcmp(argv[1], "unknown") == 0) return unknown();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | unknown | refused\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | unknown | refused\n");
     return 2;
 }

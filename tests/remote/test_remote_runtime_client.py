@@ -122,6 +122,20 @@ def test_kernels_registered_as_nvcc_registers_them_run(programs: Programs, runti
 
 
 @pytest.mark.slow
+def test_a_kernel_launched_by_its_handle_as_newer_nvcc_code_does_runs(programs: Programs, runtime_probe: Path,
+                                                                      tmp_path: Path) -> None:
+    """Newer nvcc host code asks a kernel's handle once (__cudaGetKernel) and launches by it
+    (__cudaLaunchKernel) after popping the configuration: c = a + a read back. An unregistered host
+    function has no handle (98)."""
+    n = 5000
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "handle", str(n))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"handle {CUDA_SUCCESS} c[{n - 1}]={2.0 * (n - 1):g} ok=1 "
+                                   f"unknown={INVALID_DEVICE_FUNCTION}")
+
+
+@pytest.mark.slow
 def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(programs: Programs, runtime_probe: Path,
                                                                           tmp_path: Path) -> None:
     """A launch of a host function never registered is cudaErrorInvalidDeviceFunction; a function of

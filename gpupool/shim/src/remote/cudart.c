@@ -690,6 +690,25 @@ API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void *
                                native(stream), args, NULL));
 }
 
+/* A kernel's handle (cudaKernel_t) is its host stub's address here: nvcc's newer host code asks
+ * for it once per kernel (__cudaGetKernel) and launches with it (__cudaLaunchKernel), which is
+ * cudaLaunchKernel's launch. */
+API cudaError_t cudaGetKernel(void **kernel, const void *host) {
+    if (kernel == NULL) return done(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct kernel *k = kernels;
+    while (k != NULL && k->host != host) k = k->next;
+    pthread_mutex_unlock(&lock);
+    if (k == NULL) return done(cudaErrorInvalidDeviceFunction);
+    *kernel = (void *)(uintptr_t)host;
+    return cudaSuccess;
+}
+API cudaError_t __cudaGetKernel(void **kernel, const void *host) { return cudaGetKernel(kernel, host); }
+API cudaError_t __cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void **args, size_t shared,
+                                   cudaStream_t stream) {
+    return cudaLaunchKernel(kernel, grid, block, args, shared, stream);
+}
+
 /* ------------------------------------------------------------------------------ the rest */
 /* Every other function of NVIDIA's libcudart.so.12: cudaErrorNotSupported, named once on stderr so
  * that a program that stops on it says why. */

@@ -2,9 +2,7 @@
  * carry: each exported, returning cudaErrorNotSupported (REFUSED, cudart.c). One name a line,
  * sorted; tests/remote/test_remote_runtime_client.py checks that the list and cudart.c together
  * cover every function NVIDIA's library exports. */
-REFUSED(__cudaGetKernel)
 REFUSED(__cudaInitModule)
-REFUSED(__cudaLaunchKernel)
 REFUSED(__cudaLaunchKernel_ptsz)
 REFUSED(__cudaRegisterHostVar)
 REFUSED(__cudaRegisterManagedVar)
@@ -91,7 +89,6 @@ REFUSED(cudaGetDriverEntryPointByVersion_ptsz)
 REFUSED(cudaGetDriverEntryPoint_ptsz)
 REFUSED(cudaGetExportTable)
 REFUSED(cudaGetFuncBySymbol)
-REFUSED(cudaGetKernel)
 REFUSED(cudaGetMipmappedArrayLevel)
 REFUSED(cudaGetSurfaceObjectResourceDesc)
 REFUSED(cudaGetSymbolAddress)
