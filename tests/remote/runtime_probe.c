@@ -16,6 +16,11 @@
  *                             __cudaGetKernel, the pushed and popped configuration, __cudaLaunchKernel:
  *                             "handle <status> c[N-1]=<value> ok=<1/0> unknown=<__cudaGetKernel of an
  *                             unregistered function>"
+ *   runtime_probe symbols     device variables registered as nvcc registers them (the stand-in's
+ *                             image names a global "table" of 64 bytes), copied to and from by
+ *                             their host shadows: "symbols size=<n> to=<status> from=<1/0>
+ *                             address=<1/0> dtod=<1/0> bounds=<status> unknown=<status>
+ *                             missing=<status>"
  *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
@@ -32,6 +37,8 @@ extern void __cudaRegisterFatBinaryEnd(void **handle);
 extern void __cudaUnregisterFatBinary(void **handle);
 extern void __cudaRegisterFunction(void **handle, const char *host, char *device_function, const char *device_name,
                                    int thread_limit, uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp);
+extern void __cudaRegisterVar(void **handle, char *host, char *device_address, const char *device_name, int external,
+                              size_t size, int constant, int global);
 extern unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, cudaStream_t stream);
 extern cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, void *stream);
 /* ... and, from newer nvcc, a kernel's handle asked once and launches by it. */
@@ -159,6 +166,51 @@ static int kernel(unsigned n) {
 
 static void never_registered(void) {}
 
+static const char image_with_globals[] = "gpupool-standin-module\nvector_add\nglobal table 64\n";
+static struct {
+    unsigned magic, version;
+    const void *data, *unused;
+} globals_wrapper = {0x466243b1u, 1, image_with_globals, NULL};
+static char table_shadow[64], missing_shadow[8], unregistered_shadow[8]; /* what nvcc's host code keeps */
+
+static int symbols(void) {
+    void **fatbin = __cudaRegisterFatBinary(&globals_wrapper);
+    __cudaRegisterVar(fatbin, table_shadow, table_shadow, "table", 0, sizeof table_shadow, 0, 0);
+    __cudaRegisterVar(fatbin, missing_shadow, missing_shadow, "missing", 0, sizeof missing_shadow, 1, 0);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    unsigned char src[64], back[64];
+    for (int i = 0; i < 64; i++) src[i] = (unsigned char)(3 * i + 1);
+    size_t size = 0;
+    cudaError_t s = cudaGetSymbolSize(&size, table_shadow);
+    printf("symbols size=%zu", s == cudaSuccess ? size : 0);
+    cudaError_t to = cudaMemcpyToSymbol(table_shadow, src, 64, 0, cudaMemcpyHostToDevice);
+    printf(" to=%d", (int)to);
+    memset(back, 0, sizeof back);
+    int ok = cudaMemcpyFromSymbol(back, table_shadow, 32, 16, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             memcmp(back, src + 16, 32) == 0;
+    printf(" from=%d", ok);
+    void *address = NULL;
+    memset(back, 0, sizeof back);
+    ok = cudaGetSymbolAddress(&address, table_shadow) == cudaSuccess &&
+         cudaMemcpy(back, address, 64, cudaMemcpyDefault) == cudaSuccess && memcmp(back, src, 64) == 0;
+    printf(" address=%d", ok);
+    unsigned char *device = NULL;
+    cudaStream_t stream = NULL;
+    ok = cudaMalloc((void **)&device, 64) == cudaSuccess && cudaMemset(device, 7, 64) == cudaSuccess &&
+         cudaStreamCreate(&stream) == cudaSuccess &&
+         cudaMemcpyToSymbolAsync(table_shadow, device, 64, 0, cudaMemcpyDefault, stream) == cudaSuccess &&
+         cudaStreamSynchronize(stream) == cudaSuccess &&
+         cudaMemcpyFromSymbol(back, table_shadow, 64, 0, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (int i = 0; ok && i < 64; i++) ok = back[i] == 7;
+    printf(" dtod=%d", ok);
+    printf(" bounds=%d", (int)cudaMemcpyToSymbol(table_shadow, src, 64, 8, cudaMemcpyHostToDevice));
+    printf(" unknown=%d", (int)cudaMemcpyToSymbol(unregistered_shadow, src, 4, 0, cudaMemcpyHostToDevice));
+    printf(" missing=%d\n", (int)cudaGetSymbolSize(&size, missing_shadow));
+    cudaStreamDestroy(stream), cudaFree(device);
+    __cudaUnregisterFatBinary(fatbin);
+    return 0;
+}
+
 static int handle(unsigned n) {
     void **fatbin = __cudaRegisterFatBinary(&wrapper);
     __cudaRegisterFunction(fatbin, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
@@ -212,7 +264,8 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "kernel") == 0) return kernel((unsigned)strtoul(argv[2], NULL, 10));
     if (argc == 3 && strcmp(argv[1], "handle") == 0) return handle((unsigned)strtoul(argv[2], NULL, 10));
     if (argc == 2 && strcmp(argv[1], "unknown") == 0) return unknown();
+    if (argc == 2 && strcmp(argv[1], "symbols") == 0) return symbols();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | unknown | refused\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | unknown | refused\n");
     return 2;
 }

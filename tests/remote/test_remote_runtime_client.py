@@ -136,6 +136,22 @@ def test_a_kernel_launched_by_its_handle_as_newer_nvcc_code_does_runs(programs: 
 
 
 @pytest.mark.slow
+def test_device_variables_are_copied_to_and_from_by_their_host_shadows(programs: Programs, runtime_probe: Path,
+                                                                       tmp_path: Path) -> None:
+    """__cudaRegisterVar (no refusal line any more), then the symbol calls on the module's global:
+    its size, host to device and back at an offset, its address copied from with cudaMemcpyDefault
+    (a device pointer), a device-to-device async copy into it; past its end is
+    cudaErrorInvalidValue, an unregistered shadow and a variable the image lacks
+    cudaErrorInvalidSymbol (13)."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "symbols")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["symbols", "size=64", "to=0", "from=1", "address=1", "dtod=1", "bounds=1",
+                                   "unknown=13", "missing=13"]
+    assert done.stderr == ""
+
+
+@pytest.mark.slow
 def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(programs: Programs, runtime_probe: Path,
                                                                           tmp_path: Path) -> None:
     """A launch of a host function never registered is cudaErrorInvalidDeviceFunction; a function of

@@ -12,7 +12,8 @@
  * library's own record of cudaMalloc's allocations), memsets, memory info, streams, events,
  * synchronisation, errors, and the registration ABI nvcc's host code calls (a fatbin is loaded with
  * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
- * its parameter layout is the driver client's, which the server's driver answers). Every other
+ * its parameter layout is the driver client's, which the server's driver answers) and of device
+ * variables (the symbol calls copy to and from the module's global). Every other
  * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
  * cudaErrorNotSupported, saying so once per function on stderr.
  *
@@ -85,6 +86,7 @@ CUresult cuEventDestroy_v2(CUevent event);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleUnload(CUmodule module);
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
                         void **extra);
@@ -102,6 +104,7 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
+    cudaErrorInvalidSymbol = 13,
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorMissingConfiguration = 52,
     cudaErrorInvalidDeviceFunction = 98,
@@ -180,6 +183,7 @@ static const struct {
     {2, "cudaErrorMemoryAllocation", "out of memory"},
     {3, "cudaErrorInitializationError", "initialization error"},
     {4, "cudaErrorCudartUnloading", "driver shutting down"},
+    {13, "cudaErrorInvalidSymbol", "invalid device symbol"},
     {21, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
     {46, "cudaErrorDevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable"},
     {52, "cudaErrorMissingConfiguration", "__global__ function call is not configured"},
@@ -419,6 +423,15 @@ static int remember(CUdeviceptr base, size_t bytes) {
     return 0;
 }
 
+/* Drop the allocation at base from the record (with lock held). */
+static void forget(CUdeviceptr base) {
+    for (size_t i = 0; base != 0 && i < allocation_count; i++)
+        if (allocations[i].base == base) {
+            allocations[i] = allocations[--allocation_count];
+            return;
+        }
+}
+
 API cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     if (pointer == NULL) return done(cudaErrorInvalidValue);
     READY();
@@ -443,11 +456,7 @@ API cudaError_t cudaFree(void *pointer) {
     CUresult status = cuMemFree_v2(address);
     if (status != 0) return done(status);
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < allocation_count; i++)
-        if (allocations[i].base == address) {
-            allocations[i] = allocations[--allocation_count];
-            break;
-        }
+    forget(address);
     pthread_mutex_unlock(&lock);
     return cudaSuccess;
 }
@@ -594,6 +603,18 @@ struct kernel {
 };
 static struct kernel *kernels;
 
+/* A registered device variable (__device__, __constant__): its host shadow's address, which the
+ * symbol calls take, and its device name; its device address is the loaded module's global. */
+struct variable {
+    const void *host;
+    struct image *image;
+    char *name;
+    size_t bytes;
+    CUdeviceptr address; /* 0: not asked yet */
+    struct variable *next;
+};
+static struct variable *variables;
+
 API void **__cudaRegisterFatBinary(void *wrapper) {
     struct image *image = calloc(1, sizeof *image);
     if (image == NULL) return NULL;
@@ -618,6 +639,16 @@ API void __cudaUnregisterFatBinary(void **handle) {
         *k = gone->next;
         free(gone->name), free(gone);
     }
+    for (struct variable **v = &variables; *v != NULL;) {
+        if ((*v)->image != image) {
+            v = &(*v)->next;
+            continue;
+        }
+        struct variable *gone = *v;
+        *v = gone->next;
+        forget(gone->address);
+        free(gone->name), free(gone);
+    }
     CUmodule module = image->load_status == 0 ? image->module : NULL;
     pthread_mutex_unlock(&lock);
     if (module != NULL) cuModuleUnload(module); /* the server also drops it when the program's connection ends */
@@ -635,6 +666,18 @@ API void __cudaRegisterFunction(void **handle, const char *host, char *device_fu
     kernel->host = host, kernel->image = (struct image *)handle;
     pthread_mutex_lock(&lock);
     kernel->next = kernels, kernels = kernel;
+    pthread_mutex_unlock(&lock);
+}
+
+API void __cudaRegisterVar(void **handle, char *host, char *device_address, const char *device_name, int external,
+                           size_t bytes, int constant, int global) {
+    (void)device_address, (void)external, (void)constant, (void)global;
+    struct variable *variable = calloc(1, sizeof *variable);
+    if (handle == NULL || host == NULL || device_name == NULL || variable == NULL) return free(variable);
+    if ((variable->name = strdup(device_name)) == NULL) return free(variable);
+    variable->host = host, variable->image = (struct image *)handle, variable->bytes = bytes;
+    pthread_mutex_lock(&lock);
+    variable->next = variables, variables = variable;
     pthread_mutex_unlock(&lock);
 }
 
@@ -665,15 +708,19 @@ API cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shar
 
 /* The driver's function of a registered kernel: its fatbin loaded at the first launch of any of its
  * kernels (the load's error is kept, and every launch of them returns it). Called with lock held. */
+static CUresult loaded(struct image *image) {
+    if (image->load_status == -1) image->load_status = cuModuleLoadData(&image->module, image->data);
+    return image->load_status;
+}
+
 static CUresult function_of(const void *host, CUfunction *function) {
     struct kernel *kernel = kernels;
     while (kernel != NULL && kernel->host != host) kernel = kernel->next;
     if (kernel == NULL) return cudaErrorInvalidDeviceFunction;
     if (kernel->function != NULL) return *function = kernel->function, 0;
-    struct image *image = kernel->image;
-    if (image->load_status == -1) image->load_status = cuModuleLoadData(&image->module, image->data);
-    if (image->load_status != 0) return image->load_status;
-    CUresult status = cuModuleGetFunction(&kernel->function, image->module, kernel->name);
+    CUresult status = loaded(kernel->image);
+    if (status != 0) return status;
+    status = cuModuleGetFunction(&kernel->function, kernel->image->module, kernel->name);
     if (status == 0) *function = kernel->function;
     return status;
 }
@@ -688,6 +735,75 @@ API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void *
     if (status != 0) return done(status);
     return done(cuLaunchKernel(function, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned int)shared,
                                native(stream), args, NULL));
+}
+
+/* The device address and size of a registered variable, named by its host shadow's address: its
+ * fatbin loaded, the module's global asked once, and kept in the record of allocations so that
+ * cudaMemcpyDefault knows it for the device's. */
+static CUresult symbol_of(const void *host, CUdeviceptr *address, size_t *bytes) {
+    CUresult status = ready();
+    if (status != 0) return status;
+    pthread_mutex_lock(&lock);
+    struct variable *variable = variables;
+    while (variable != NULL && variable->host != host) variable = variable->next;
+    if (variable == NULL) status = cudaErrorInvalidSymbol;
+    else if (variable->address == 0 && (status = loaded(variable->image)) == 0) {
+        size_t size = 0;
+        status = cuModuleGetGlobal_v2(&variable->address, &size, variable->image->module, variable->name);
+        if (status == 0 && size > 0) variable->bytes = size;
+        if (status == 0 && remember(variable->address, variable->bytes) != 0) status = cudaErrorMemoryAllocation;
+        if (status != 0) variable->address = 0;
+    }
+    if (status == 0) *address = variable->address, *bytes = variable->bytes;
+    pthread_mutex_unlock(&lock);
+    return status == 500 /* CUDA_ERROR_NOT_FOUND: the image has no such global */ ? cudaErrorInvalidSymbol : status;
+}
+
+API cudaError_t cudaGetSymbolAddress(void **pointer, const void *symbol) {
+    if (pointer == NULL) return done(cudaErrorInvalidValue);
+    CUdeviceptr address = 0;
+    size_t bytes = 0;
+    CUresult status = symbol_of(symbol, &address, &bytes);
+    if (status == 0) *pointer = (void *)(uintptr_t)address;
+    return done(status);
+}
+
+API cudaError_t cudaGetSymbolSize(size_t *size, const void *symbol) {
+    if (size == NULL) return done(cudaErrorInvalidValue);
+    CUdeviceptr address = 0;
+    return done(symbol_of(symbol, &address, size));
+}
+
+/* A copy to or from a variable: host to device or device to device (kind), within the variable. */
+static cudaError_t symbol_copy(const void *symbol, void *memory, size_t count, size_t offset, int kind, int to_symbol,
+                               cudaStream_t stream, int async) {
+    CUdeviceptr address = 0;
+    size_t bytes = 0;
+    CUresult status = symbol_of(symbol, &address, &bytes);
+    if (status != 0) return done(status);
+    if (offset > bytes || count > bytes - offset) return done(cudaErrorInvalidValue);
+    void *device = (void *)(uintptr_t)(address + offset);
+    if (kind == cudaMemcpyDefault) kind = on_device(memory) ? cudaMemcpyDeviceToDevice : -1;
+    if (kind == -1) kind = to_symbol ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    int from_host = kind == cudaMemcpyHostToDevice, to_host = kind == cudaMemcpyDeviceToHost;
+    if (!(kind == cudaMemcpyDeviceToDevice || (to_symbol ? from_host : to_host)))
+        return done(cudaErrorInvalidMemcpyDirection);
+    return to_symbol ? copy(device, memory, count, kind, stream, async) : copy(memory, device, count, kind, stream, async);
+}
+
+API cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset, int kind) {
+    return symbol_copy(symbol, (void *)(uintptr_t)src, count, offset, kind, 1, NULL, 0);
+}
+API cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, size_t offset, int kind) {
+    return symbol_copy(symbol, dst, count, offset, kind, 0, NULL, 0);
+}
+API cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void *src, size_t count, size_t offset, int kind,
+                                        cudaStream_t stream) {
+    return symbol_copy(symbol, (void *)(uintptr_t)src, count, offset, kind, 1, stream, 1);
+}
+API cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count, size_t offset, int kind,
+                                          cudaStream_t stream) {
+    return symbol_copy(symbol, dst, count, offset, kind, 0, stream, 1);
 }
 
 /* A kernel's handle (cudaKernel_t) is its host stub's address here: nvcc's newer host code asks
