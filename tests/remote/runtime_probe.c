@@ -21,6 +21,11 @@
  *                             their host shadows: "symbols size=<n> to=<status> from=<1/0>
  *                             address=<1/0> dtod=<1/0> bounds=<status> unknown=<status>
  *                             missing=<status>"
+ *   runtime_probe functions   cudaFuncGetAttributes of vector_add and scale, the dynamic shared
+ *                             memory limit set and read back, a cache preference, and blocks per
+ *                             multiprocessor at 256 threads: "functions add=<threads>,<regs>,<ptx>,
+ *                             <binary> scale=<regs> shared=<status>,<bytes> cache=<status>
+ *                             occupancy=<add>,<scale> unknown=<status>"
  *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
@@ -242,6 +247,34 @@ static int handle(unsigned n) {
     return 0;
 }
 
+static int functions(void) {
+    void **fatbin = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(fatbin, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    __cudaRegisterFunction(fatbin, (const char *)scale_stub, (char *)"scale", "scale", -1, NULL, NULL, NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    struct cudaFuncAttributes add, scale;
+    memset(&add, 0x5a, sizeof add), memset(&scale, 0x5a, sizeof scale);
+    cudaError_t s = cudaFuncGetAttributes(&add, (const void *)vector_add_stub);
+    if (s == cudaSuccess) s = cudaFuncGetAttributes(&scale, (const void *)scale_stub);
+    if (s != cudaSuccess) return printf("functions error %d\n", (int)s), 1;
+    printf("functions add=%d,%d,%d,%d scale=%d", add.maxThreadsPerBlock, add.numRegs, add.ptxVersion, add.binaryVersion,
+           scale.numRegs);
+    s = cudaFuncSetAttribute((const void *)vector_add_stub, cudaFuncAttributeMaxDynamicSharedMemorySize, 40000);
+    struct cudaFuncAttributes again;
+    if (s == cudaSuccess) s = cudaFuncGetAttributes(&again, (const void *)vector_add_stub);
+    printf(" shared=%d,%d", (int)s, again.maxDynamicSharedSizeBytes);
+    printf(" cache=%d", (int)cudaFuncSetCacheConfig((const void *)scale_stub, cudaFuncCachePreferL1));
+    int add_blocks = -1, scale_blocks = -1;
+    s = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&add_blocks, (const void *)vector_add_stub, 256, 0);
+    if (s == cudaSuccess) s = cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&scale_blocks, (const void *)scale_stub,
+                                                                                    256, 0, cudaOccupancyDefault);
+    printf(" occupancy=%d,%d", s == cudaSuccess ? add_blocks : -(int)s, scale_blocks);
+    printf(" unknown=%d\n", (int)cudaFuncGetAttributes(&again, (const void *)never_registered));
+    __cudaUnregisterFatBinary(fatbin);
+    return 0;
+}
+
 static int unknown(void) {
     dim3 one = {1, 1, 1};
     cudaError_t s = cudaLaunchKernel((const void *)never_registered, one, one, NULL, 0, NULL);
@@ -265,7 +298,8 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "handle") == 0) return handle((unsigned)strtoul(argv[2], NULL, 10));
     if (argc == 2 && strcmp(argv[1], "unknown") == 0) return unknown();
     if (argc == 2 && strcmp(argv[1], "symbols") == 0) return symbols();
+    if (argc == 2 && strcmp(argv[1], "functions") == 0) return functions();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | unknown | refused\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | unknown | refused\n");
     return 2;
 }

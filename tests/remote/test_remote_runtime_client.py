@@ -152,6 +152,21 @@ def test_device_variables_are_copied_to_and_from_by_their_host_shadows(programs:
 
 
 @pytest.mark.slow
+def test_function_attributes_and_occupancy_are_the_servers_drivers(programs: Programs, runtime_probe: Path,
+                                                                   tmp_path: Path) -> None:
+    """What CUB and Thrust ask of their kernels: cudaFuncGetAttributes in NVIDIA's struct layout (the
+    stand-in's 1024 threads per block, 32 and 64 registers, PTX and binary version 80), a dynamic
+    shared memory limit set and read back, a cache preference, blocks per multiprocessor at 256
+    threads (the stand-in's card: 8 by its threads and vector_add's registers, 4 by scale's); an
+    unregistered function is 98."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "functions")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["functions", "add=1024,32,80,80", "scale=64", "shared=0,40000", "cache=0",
+                                   "occupancy=8,4", f"unknown={INVALID_DEVICE_FUNCTION}"]
+
+
+@pytest.mark.slow
 def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(programs: Programs, runtime_probe: Path,
                                                                           tmp_path: Path) -> None:
     """A launch of a host function never registered is cudaErrorInvalidDeviceFunction; a function of

@@ -13,7 +13,8 @@
  * synchronisation, errors, and the registration ABI nvcc's host code calls (a fatbin is loaded with
  * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
  * its parameter layout is the driver client's, which the server's driver answers) and of device
- * variables (the symbol calls copy to and from the module's global). Every other
+ * variables (the symbol calls copy to and from the module's global), kernels' attributes and
+ * occupancy (the client forwards the driver's). Every other
  * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
  * cudaErrorNotSupported, saying so once per function on stderr.
  *
@@ -87,6 +88,11 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleUnload(CUmodule module);
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name);
+CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function);
+CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value);
+CUresult cuFuncSetCacheConfig(CUfunction function, int config);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction function, int block_size,
+                                                              size_t dynamic_shared, unsigned int flags);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
                         void **extra);
@@ -725,13 +731,20 @@ static CUresult function_of(const void *host, CUfunction *function) {
     return status;
 }
 
+/* The driver's function of a registered kernel, its module loaded (cudaFuncGetAttributes & co.). */
+static CUresult function_for(const void *host, CUfunction *function) {
+    CUresult status = ready();
+    if (status != 0) return status;
+    pthread_mutex_lock(&lock);
+    status = function_of(host, function);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
 API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void **args, size_t shared,
                                  cudaStream_t stream) {
-    READY();
     CUfunction function = NULL;
-    pthread_mutex_lock(&lock);
-    CUresult status = function_of(host, &function);
-    pthread_mutex_unlock(&lock);
+    CUresult status = function_for(host, &function);
     if (status != 0) return done(status);
     return done(cuLaunchKernel(function, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned int)shared,
                                native(stream), args, NULL));
@@ -804,6 +817,79 @@ API cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void *src, siz
 API cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count, size_t offset, int kind,
                                           cudaStream_t stream) {
     return symbol_copy(symbol, dst, count, offset, kind, 0, stream, 1);
+}
+
+/* struct cudaFuncAttributes of CUDA 12 (driver_types.h's layout). */
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
+    int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion, cacheModeCA, maxDynamicSharedSizeBytes;
+    int preferredShmemCarveout, clusterDimMustBeSet, requiredClusterWidth, requiredClusterHeight;
+    int requiredClusterDepth, clusterSchedulingPolicyPreference, nonPortableClusterSizeAllowed;
+    int reserved[16];
+};
+_Static_assert(sizeof(struct cudaFuncAttributes) == 144, "struct cudaFuncAttributes of CUDA 12 is 144 bytes");
+
+#define FUNCTION_FIELD(member, attribute) \
+    {offsetof(struct cudaFuncAttributes, member), sizeof(((struct cudaFuncAttributes *)0)->member), attribute}
+static const struct {
+    size_t offset, size;
+    int attribute; /* CUfunction_attribute: the runtime's cudaFuncAttribute numbers are the same */
+} function_attributes[] = {
+    FUNCTION_FIELD(maxThreadsPerBlock, 0), FUNCTION_FIELD(sharedSizeBytes, 1), FUNCTION_FIELD(constSizeBytes, 2),
+    FUNCTION_FIELD(localSizeBytes, 3), FUNCTION_FIELD(numRegs, 4), FUNCTION_FIELD(ptxVersion, 5),
+    FUNCTION_FIELD(binaryVersion, 6), FUNCTION_FIELD(cacheModeCA, 7), FUNCTION_FIELD(maxDynamicSharedSizeBytes, 8),
+    FUNCTION_FIELD(preferredShmemCarveout, 9), FUNCTION_FIELD(clusterDimMustBeSet, 10),
+    FUNCTION_FIELD(requiredClusterWidth, 11), FUNCTION_FIELD(requiredClusterHeight, 12),
+    FUNCTION_FIELD(requiredClusterDepth, 13), FUNCTION_FIELD(nonPortableClusterSizeAllowed, 14),
+    FUNCTION_FIELD(clusterSchedulingPolicyPreference, 15),
+};
+#define FIRST_CLUSTER_ATTRIBUTE 10 /* CUDA 11.8's: an older driver refuses them, left zero */
+
+API cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attributes, const void *host) {
+    if (attributes == NULL) return done(cudaErrorInvalidValue);
+    CUfunction function = NULL;
+    CUresult status = function_for(host, &function);
+    if (status != 0) return done(status);
+    memset(attributes, 0, sizeof *attributes);
+    for (size_t i = 0; status == 0 && i < sizeof function_attributes / sizeof *function_attributes; i++) {
+        int value = 0;
+        status = cuFuncGetAttribute(&value, function_attributes[i].attribute, function);
+        if (status != 0 && function_attributes[i].attribute >= FIRST_CLUSTER_ATTRIBUTE) status = 0, value = 0;
+        char *field = (char *)attributes + function_attributes[i].offset;
+        if (function_attributes[i].size == 8) {
+            size_t wide = (size_t)(unsigned)value;
+            memcpy(field, &wide, 8);
+        } else {
+            memcpy(field, &value, 4);
+        }
+    }
+    return done(status);
+}
+
+API cudaError_t cudaFuncSetAttribute(const void *host, int attribute, int value) {
+    CUfunction function = NULL;
+    CUresult status = function_for(host, &function);
+    return done(status != 0 ? status : cuFuncSetAttribute(function, attribute, value));
+}
+
+API cudaError_t cudaFuncSetCacheConfig(const void *host, int config) { /* cudaFuncCache values are the driver's */
+    CUfunction function = NULL;
+    CUresult status = function_for(host, &function);
+    return done(status != 0 ? status : cuFuncSetCacheConfig(function, config));
+}
+
+API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, const void *host, int block_size,
+                                                                      size_t dynamic_shared, unsigned int flags) {
+    if (blocks == NULL) return done(cudaErrorInvalidValue);
+    CUfunction function = NULL;
+    CUresult status = function_for(host, &function);
+    if (status == 0) status = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size,
+                                                                                 dynamic_shared, flags);
+    return done(status);
+}
+API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *host, int block_size,
+                                                              size_t dynamic_shared) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, host, block_size, dynamic_shared, 0);
 }
 
 /* A kernel's handle (cudaKernel_t) is its host stub's address here: nvcc's newer host code asks
