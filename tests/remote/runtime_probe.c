@@ -26,6 +26,9 @@
  *                             multiprocessor at 256 threads: "functions add=<threads>,<regs>,<ptx>,
  *                             <binary> scale=<regs> shared=<status>,<bytes> cache=<status>
  *                             occupancy=<add>,<scale> unknown=<status>"
+ *   runtime_probe reset       a launch, cudaDeviceReset, then the share's free memory and a launch
+ *                             again (the module loaded anew): "reset <status> freed=<1/0>
+ *                             again=<1/0> priorities=<status>,<least>,<greatest>"
  *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
@@ -275,6 +278,40 @@ static int functions(void) {
     return 0;
 }
 
+/* c = a + b on the stand-in (n elements), read back and checked: 1, or 0 on any failure. */
+static int add_once(unsigned n) {
+    float *a = malloc(n * sizeof *a), *c = malloc(n * sizeof *c), *da = NULL, *dc = NULL;
+    for (unsigned i = 0; i < n; i++) a[i] = (float)i, c[i] = -1.0f;
+    dim3 grid = {1, 1, 1}, block = {256, 1, 1};
+    void *args[] = {&da, &da, &dc, &n};
+    int ok = cudaMalloc((void **)&da, n * sizeof *a) == cudaSuccess && cudaMalloc((void **)&dc, n * sizeof *c) == cudaSuccess &&
+             cudaMemcpy(da, a, n * sizeof *a, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaLaunchKernel((const void *)vector_add_stub, grid, block, args, 0, NULL) == cudaSuccess &&
+             cudaMemcpy(c, dc, n * sizeof *c, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (unsigned i = 0; ok && i < n; i++) ok = c[i] == 2.0f * (float)i;
+    free(a), free(c);
+    return ok;
+}
+
+static int reset(void) {
+    void **fatbin = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(fatbin, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    size_t free_before = 0, free_after = 0, total = 0;
+    void *left = NULL;
+    int ok = cudaMemGetInfo(&free_before, &total) == cudaSuccess && cudaMalloc(&left, 1 << 20) == cudaSuccess &&
+             add_once(1000);
+    cudaError_t s = cudaDeviceReset();
+    ok = ok && cudaMemGetInfo(&free_after, &total) == cudaSuccess && free_after == free_before;
+    int again = add_once(1000);
+    int least = -1, greatest = -1;
+    cudaError_t p = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    printf("reset %d freed=%d again=%d priorities=%d,%d,%d\n", (int)s, ok, again, (int)p, least, greatest);
+    __cudaUnregisterFatBinary(fatbin);
+    return 0;
+}
+
 static int unknown(void) {
     dim3 one = {1, 1, 1};
     cudaError_t s = cudaLaunchKernel((const void *)never_registered, one, one, NULL, 0, NULL);
@@ -299,7 +336,8 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "unknown") == 0) return unknown();
     if (argc == 2 && strcmp(argv[1], "symbols") == 0) return symbols();
     if (argc == 2 && strcmp(argv[1], "functions") == 0) return functions();
+    if (argc == 2 && strcmp(argv[1], "reset") == 0) return reset();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | unknown | refused\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused\n");
     return 2;
 }

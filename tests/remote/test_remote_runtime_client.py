@@ -167,6 +167,18 @@ def test_function_attributes_and_occupancy_are_the_servers_drivers(programs: Pro
 
 
 @pytest.mark.slow
+def test_a_device_reset_frees_the_memory_and_reloads_modules(programs: Programs, runtime_probe: Path,
+                                                             tmp_path: Path) -> None:
+    """cudaDeviceReset (what sample programs end with): the share's free memory is back to what it
+    was before the program's cudaMalloc, and a launch after it loads its module again and computes.
+    Stream priorities are not carried: the range is [0, 0]."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "reset")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"reset {CUDA_SUCCESS} freed=1 again=1 priorities={CUDA_SUCCESS},0,0"
+
+
+@pytest.mark.slow
 def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(programs: Programs, runtime_probe: Path,
                                                                           tmp_path: Path) -> None:
     """A launch of a host function never registered is cudaErrorInvalidDeviceFunction; a function of

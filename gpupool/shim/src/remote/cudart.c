@@ -14,7 +14,7 @@
  * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
  * its parameter layout is the driver client's, which the server's driver answers) and of device
  * variables (the symbol calls copy to and from the module's global), kernels' attributes and
- * occupancy (the client forwards the driver's). Every other
+ * occupancy (the client forwards the driver's), and a device reset of what it made. Every other
  * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
  * cudaErrorNotSupported, saying so once per function on stderr.
  *
@@ -403,6 +403,7 @@ API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *properties, int d
 struct allocation {
     CUdeviceptr base;
     size_t bytes;
+    int of_module; /* a module's global (a device variable's), not cudaMalloc's */
 };
 static struct allocation *allocations;
 static size_t allocation_count, allocation_room;
@@ -418,14 +419,14 @@ static int on_device(const void *pointer) {
 }
 
 /* Keep an allocation in the record (with lock held); 0, or -1 when no memory was left for it. */
-static int remember(CUdeviceptr base, size_t bytes) {
+static int remember(CUdeviceptr base, size_t bytes, int of_module) {
     if (allocation_count == allocation_room) {
         size_t room = allocation_room ? 2 * allocation_room : 64;
         struct allocation *grown = realloc(allocations, room * sizeof *grown);
         if (grown == NULL) return -1;
         allocations = grown, allocation_room = room;
     }
-    allocations[allocation_count++] = (struct allocation){base, bytes};
+    allocations[allocation_count++] = (struct allocation){base, bytes, of_module};
     return 0;
 }
 
@@ -447,7 +448,7 @@ API cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     CUresult status = cuMemAlloc_v2(&got, bytes);
     if (status != 0) return done(status);
     pthread_mutex_lock(&lock);
-    int kept = remember(got, bytes);
+    int kept = remember(got, bytes, 0);
     pthread_mutex_unlock(&lock);
     if (kept != 0) return cuMemFree_v2(got), done(cudaErrorMemoryAllocation);
     *pointer = (void *)(uintptr_t)got;
@@ -764,7 +765,7 @@ static CUresult symbol_of(const void *host, CUdeviceptr *address, size_t *bytes)
         size_t size = 0;
         status = cuModuleGetGlobal_v2(&variable->address, &size, variable->image->module, variable->name);
         if (status == 0 && size > 0) variable->bytes = size;
-        if (status == 0 && remember(variable->address, variable->bytes) != 0) status = cudaErrorMemoryAllocation;
+        if (status == 0 && remember(variable->address, variable->bytes, 1) != 0) status = cudaErrorMemoryAllocation;
         if (status != 0) variable->address = 0;
     }
     if (status == 0) *address = variable->address, *bytes = variable->bytes;
@@ -890,6 +891,50 @@ API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *bloc
 API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *host, int block_size,
                                                               size_t dynamic_shared) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, host, block_size, dynamic_shared, 0);
+}
+
+/* Unload a registered fatbin's module, if loaded; the next launch loads it again (lock held). */
+static CUresult unload(struct image *image) {
+    CUresult status = image->load_status == 0 ? cuModuleUnload(image->module) : 0;
+    image->load_status = -1, image->module = NULL;
+    return status;
+}
+
+/* What this runtime made on the device, undone: cudaMalloc's memory freed, the modules of registered
+ * fatbins unloaded (loaded again at their next use). Streams and events made before are not
+ * tracked: they stay until the program's connection ends. */
+API cudaError_t cudaDeviceReset(void) {
+    READY();
+    CUresult status = cuCtxSynchronize(), step;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < allocation_count;) {
+        if (allocations[i].of_module) {
+            i++;
+            continue;
+        }
+        if ((step = cuMemFree_v2(allocations[i].base)) != 0 && status == 0) status = step;
+        allocations[i] = allocations[--allocation_count];
+    }
+    for (struct variable *v = variables; v != NULL; v = v->next) {
+        forget(v->address);
+        v->address = 0;
+        if ((step = unload(v->image)) != 0 && status == 0) status = step;
+    }
+    for (struct kernel *k = kernels; k != NULL; k = k->next) {
+        k->function = NULL;
+        if ((step = unload(k->image)) != 0 && status == 0) status = step;
+    }
+    pthread_mutex_unlock(&lock);
+    return done(status);
+}
+
+/* Stream priorities are not carried (the client creates every stream at the default priority):
+ * the range is [0, 0], what a device without priorities answers. */
+API cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+    READY();
+    if (least != NULL) *least = 0;
+    if (greatest != NULL) *greatest = 0;
+    return cudaSuccess;
 }
 
 /* A kernel's handle (cudaKernel_t) is its host stub's address here: nvcc's newer host code asks
