@@ -5,7 +5,8 @@
  * prints one line.
  *
  *   runtime_probe properties  "properties <count> <device> <totalGlobalMem> <major>.<minor>
- *                             <multiProcessorCount> <maxThreadsPerBlock> <name>"
+ *                             <multiProcessorCount> <maxThreadsPerBlock> refused=<status>,
+ *                             <canMapHostMemory>,<managedMemory>,<the two by attribute> <name>"
  *   runtime_probe copies      copies of every kind (and cudaMemcpyDefault), async ones on a stream,
  *                             memsets, each checked: "copies <what>=<ok: 1/0> ..."
  *   runtime_probe kernel N    vector_add and scale launched through nvcc's registration ABI (a
@@ -63,8 +64,12 @@ static int properties(void) {
     if (status == cudaSuccess) status = cudaGetDevice(&device);
     if (status == cudaSuccess) status = cudaGetDeviceProperties(&p, 0);
     if (status != cudaSuccess) return printf("properties error %d\n", (int)status), 1;
-    printf("properties %d %d %zu %d.%d %d %d %s\n", count, device, p.totalGlobalMem, p.major, p.minor,
-           p.multiProcessorCount, p.maxThreadsPerBlock, p.name);
+    int mapped = -1, managed = -1;
+    status = cudaDeviceGetAttribute(&mapped, cudaDevAttrCanMapHostMemory, 0);
+    if (status == cudaSuccess) status = cudaDeviceGetAttribute(&managed, cudaDevAttrManagedMemory, 0);
+    printf("properties %d %d %zu %d.%d %d %d refused=%d,%d,%d,%d,%d %s\n", count, device, p.totalGlobalMem, p.major,
+           p.minor, p.multiProcessorCount, p.maxThreadsPerBlock, (int)status, p.canMapHostMemory, p.managedMemory,
+           mapped, managed, p.name);
     return 0;
 }
 

@@ -83,12 +83,14 @@ def test_the_programs_first_calls_all_succeed(programs: Programs, cudart_probe: 
 def test_properties_come_from_the_servers_driver(programs: Programs, runtime_probe: Path, tmp_path: Path) -> None:
     """cudaGetDeviceProperties in NVIDIA's struct layout: the card's name, the booked share as
     totalGlobalMem, and the attributes the stand-in answers (compute capability 8.0, 8
-    multiprocessors, 1024 threads per block)."""
+    multiprocessors, 1024 threads per block); mapped host memory and managed memory, which the card
+    has (the stand-in says 1) and this runtime refuses, are 0 in the properties and by attribute."""
     with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
         done = run(programs, runtime_probe, server.port, "properties")
     assert done.returncode == 0, done.stderr
-    count, device, total, capability, processors, threads, name = done.stdout.strip().split(maxsplit=7)[1:]
+    count, device, total, capability, processors, threads, refused, name = done.stdout.strip().split(maxsplit=8)[1:]
     assert (count, device, capability, processors, threads) == ("1", "0", "8.0", "8", "1024")
+    assert refused == "refused=0,0,0,0,0"
     assert int(total) == SHARE_MIB << 20 and name == "gpupool stand-in device 0"
 
 

@@ -32,6 +32,7 @@
 #define API __attribute__((visibility("default")))
 #define RUNTIME_VERSION 12090 /* the runtime API (cuda_runtime_api.h 12.9) this library's ABI follows */
 #define MAX_DEVICES 16
+#define CUDA_SUCCESS_ 0
 #define MAX_CONFIGURATIONS 16 /* nested <<<...>>> configurations pushed and not yet popped, per thread */
 
 /* ---------------------------------------------------------------------- the driver API it calls */
@@ -307,12 +308,23 @@ API cudaError_t cudaDeviceSynchronize(void) {
 }
 API cudaError_t cudaThreadSynchronize(void) { return cudaDeviceSynchronize(); }
 
+/* Attributes of features this runtime refuses (mapped and registered host memory, managed memory,
+ * memory pools, IPC, cooperative and cluster launches): 0 whatever the card can, so that a program
+ * that asks before it uses one takes its other path. */
+static const int refused_features[] = {19, 83, 88, 89, 91, 95, 96, 99, 100, 101, 113, 115, 120, 125};
+
+static CUresult attribute_of(int *value, int attribute, int device) {
+    for (size_t i = 0; i < sizeof refused_features / sizeof *refused_features; i++)
+        if (refused_features[i] == attribute) return *value = 0, CUDA_SUCCESS_;
+    return cuDeviceGetAttribute(value, attribute, device);
+}
+
 API cudaError_t cudaDeviceGetAttribute(int *value, int attribute, int device) {
     if (value == NULL) return done(cudaErrorInvalidValue);
     CUresult status = driver();
     if (status != 0) return done(status);
     if (device < 0 || device >= device_count) return done(cudaErrorInvalidDevice);
-    return done(cuDeviceGetAttribute(value, attribute, device)); /* cudaDeviceAttr numbers are the driver's */
+    return done(attribute_of(value, attribute, device)); /* cudaDeviceAttr numbers are the driver's */
 }
 
 /* Which driver attribute answers which int field of struct cudaDeviceProp (size: 4 or 8 bytes). */
@@ -361,7 +373,7 @@ static CUresult read_properties(struct cudaDeviceProp *out, int device) {
     if (status == 0) status = cuDeviceTotalMem_v2(&out->totalGlobalMem, device);
     for (size_t i = 0; status == 0 && i < sizeof property_attributes / sizeof *property_attributes; i++) {
         int value = 0;
-        status = cuDeviceGetAttribute(&value, property_attributes[i].attribute, device);
+        status = attribute_of(&value, property_attributes[i].attribute, device);
         if (status == 801 /* the driver does not know it: left zero */) status = 0, value = 0;
         char *field = (char *)out + property_attributes[i].offset;
         if (property_attributes[i].size == 8) {

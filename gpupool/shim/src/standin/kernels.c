@@ -655,6 +655,8 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
     case 16: *value = 8; break;    /* multiprocessors */
     case 75: *value = 8; break;    /* compute capability major */
     case 76: *value = 0; break;    /* minor */
+    case 19: *value = 1; break;    /* can map host memory, as a real card */
+    case 83: *value = 1; break;    /* managed memory, as a real card */
     default: *value = 0;
     }
     return CUDA_SUCCESS;
