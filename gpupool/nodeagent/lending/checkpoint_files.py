@@ -12,7 +12,13 @@ written by the tenant's own containers. So a file is a checkpoint only when
   the file's SHA-256 equals it. The digest is written (under a dot name, renamed) *before* the
   checkpoint is renamed into place, so a checkpoint cut short after its digest fails the check.
 
-The newest file that passes (by modification time, then name) is resumed from; each one skipped is
+A directory is a checkpoint only when it is a process dump of ``criu-run`` (the wrapper that dumps a
+workload with CRIU, docs/lending.md): its name starts with :data:`CRIU_PREFIX` (the wrapper dumps
+under ``.criu-<n>`` and renames), it is a directory and not a link, and it holds CRIU's
+:data:`CRIU_INVENTORY` as a non-empty regular file (CRIU writes it last of the images it needs).
+Any other directory is passed over, as before.
+
+The newest entry that passes (by modification time, then name) is resumed from; each one skipped is
 logged with the reason. Nothing here raises: an unreadable directory resumes from nothing.
 """
 
@@ -27,6 +33,10 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 DIGEST_SUFFIX = ".sha256"
+CRIU_PREFIX = "criu-"
+"""The name of a process dump by ``criu-run``: ``criu-<n>``."""
+CRIU_INVENTORY = "inventory.img"
+"""The file every CRIU image directory holds; a restore starts by reading it."""
 _CHUNK = 1 << 20
 
 
@@ -37,6 +47,9 @@ class Candidate:
     name: str
     mtime_ns: int
     size: int
+    """The file's size; -1 for anything but a regular file."""
+    directory: bool = False
+    """A real directory (not a link to one)."""
 
 
 def newest_checkpoint(directory: str) -> str | None:
@@ -54,7 +67,8 @@ def newest_checkpoint(directory: str) -> str | None:
             info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        candidates.append(Candidate(entry.name, info.st_mtime_ns, info.st_size if stat.S_ISREG(info.st_mode) else -1))
+        candidates.append(Candidate(entry.name, info.st_mtime_ns, info.st_size if stat.S_ISREG(info.st_mode) else -1,
+                                    directory=stat.S_ISDIR(info.st_mode)))
     for candidate in sorted(candidates, key=lambda c: (c.mtime_ns, c.name), reverse=True):
         problem = checkpoint_problem(directory, candidate)
         if problem is None:
@@ -65,6 +79,8 @@ def newest_checkpoint(directory: str) -> str | None:
 
 def checkpoint_problem(directory: str, candidate: Candidate) -> str | None:
     """Why ``candidate`` is not a checkpoint to resume from, or ``None`` when it is one."""
+    if candidate.directory:
+        return criu_dump_problem(os.path.join(directory, candidate.name))
     if candidate.size < 0:
         return "not a regular file (a link or a directory)"
     if candidate.size == 0:
@@ -80,6 +96,19 @@ def checkpoint_problem(directory: str, candidate: Candidate) -> str | None:
     if actual != expected:
         return (f"SHA-256 {actual[:12]}... differs from its {DIGEST_SUFFIX} file's {expected[:12]}... "
                 "(partial or corrupt)")
+    return None
+
+
+def criu_dump_problem(path: str) -> str | None:
+    """Why the directory ``path`` is not a finished ``criu-run`` dump, or ``None`` when it is one."""
+    if not os.path.basename(path).startswith(CRIU_PREFIX):
+        return f"a directory, and not a process dump (those are named {CRIU_PREFIX}<n>)"
+    try:
+        info = os.lstat(os.path.join(path, CRIU_INVENTORY))
+    except OSError:
+        return f"a process dump without CRIU's {CRIU_INVENTORY} (cut short)"
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+        return f"its {CRIU_INVENTORY} is not a non-empty regular file"
     return None
 
 

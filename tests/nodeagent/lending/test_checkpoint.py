@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -211,6 +212,41 @@ def test_partial_corrupt_and_linked_checkpoints_are_passed_over_with_a_log(
         (host / junk).unlink()
     extras = wrapped.grant_extras(PodView("ns", "job-1", "u", "n1", 0.0, False, ()), "c")  # key ns/job-1: other dir
     assert contract.RESUME_FROM_ENV not in extras.envs
+
+
+def test_a_finished_criu_dump_directory_is_resumed_from_and_unfinished_ones_are_passed_over(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """criu-run's process dumps are directories (docs/lending.md): one counts only when it is named
+    criu-<n>, is no link, and holds CRIU's non-empty inventory.img."""
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    host = Path(store.directory("ns", "job-1"))
+
+    def dump(name: str, when: int, inventory: bytes | None = b"\x01") -> None:
+        (host / name).mkdir()
+        if inventory is not None:
+            (host / name / "inventory.img").write_bytes(inventory)
+        os.utime(host / name, (when, when))
+
+    (host / "ckpt-3").write_text("3\n")
+    os.utime(host / "ckpt-3", (100, 100))
+    dump("criu-1", 200)                        # finished: newer than the application's checkpoint
+    dump(".criu-2", 300)                       # being written (dot name)
+    dump("criu-3", 400, inventory=None)        # cut short: no inventory
+    dump("criu-4", 500, inventory=b"")         # an empty inventory
+    dump("dumps", 600)                         # some other directory
+    (host / "criu-5").symlink_to(host / "criu-1")  # a link to a dump is not one
+    os.utime(host / "criu-5", (700, 700), follow_symlinks=False)
+    caplog.set_level(logging.WARNING)
+    assert store.newest(str(host)) == "criu-1"
+    said = {r.getMessage().split(" ignored: ")[0].rsplit("/", 1)[1]: r.getMessage() for r in caplog.records
+            if " ignored: " in r.getMessage()}
+    assert set(said) == {"criu-3", "criu-4", "dumps", "criu-5"}, caplog.text
+    assert "without CRIU's inventory.img" in said["criu-3"] and "not a non-empty regular file" in said["criu-4"]
+    assert "not a process dump" in said["dumps"] and "not a regular file" in said["criu-5"]
+    extras = store.extras("ns", "job-1")
+    assert extras.envs[contract.RESUME_FROM_ENV] == f"{contract.CHECKPOINT_MOUNT}/criu-1"
+    shutil.rmtree(host / "criu-1")
+    assert store.newest(str(host)) == "ckpt-3"
 
 
 def test_an_unreadable_directory_resumes_from_nothing_and_never_raises(tmp_path: Path) -> None:
