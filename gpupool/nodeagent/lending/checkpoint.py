@@ -14,8 +14,9 @@ the directory holds a checkpoint that passes the checks of
 
 NVIDIA's ``cuda-checkpoint`` (driver 550+) suspends a process's CUDA state into host memory; where
 the binary is found, a reclaim runs it on the processes that outlive the deadline before they are
-killed (:mod:`gpupool.nodeagent.lending.cuda_suspend`). Dumping the suspended process with CRIU so
-that it could resume is not done (docs/lending.md).
+killed (:mod:`gpupool.nodeagent.lending.cuda_suspend`). The agent dumps no process itself: a workload
+under ``criu-run`` (``gpupool/shim/src/criu_run``) dumps its own processes with CRIU into
+``criu-<n>`` of its directory, which :func:`newest_checkpoint` accepts (docs/lending.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,426 @@
+/* criu-run: a workload's entrypoint that turns gpupool's checkpoint signal into a CRIU dump of the
+ * workload's processes, and a later start from such a dump into a CRIU restore (docs/lending.md,
+ * "Process checkpoints with CRIU").
+ *
+ *   criu-run [--criu PATH] -- CMD [ARG...]
+ *
+ * Started without a dump to resume from, it runs CMD as its child and waits for it, passing on
+ * SIGTERM, SIGINT, SIGHUP and SIGQUIT. On $GPUPOOL_CHECKPOINT_SIGNAL (SIGUSR1 when unset) it dumps
+ * CMD's process tree with `criu dump` into $GPUPOOL_CHECKPOINT_DIR/.criu-<n> (CRIU ends the tree),
+ * renames the directory to criu-<n> (the protocol's write-then-rename: a dump cut short keeps its dot
+ * name and is never resumed from) and exits 0. Where the dump fails, the tree is still running
+ * (CRIU resumes it) and the signal is passed on to CMD, which may write its own checkpoint.
+ *
+ * Started with $GPUPOOL_RESUME_FROM naming a criu-<n> directory, it runs `criu restore` instead of
+ * CMD: the restored tree becomes its child (--restore-sibling) with the process ids it had, and is
+ * waited for as CMD would have been. Those ids must be free, so criu itself is started with an id
+ * above every id of the dumped namespace (clone3's set_tid; the dump records the highest in
+ * `pids-max`). The container's standard streams are pipes of its runtime: the dump records which
+ * pipe each of fds 0-2 was (`descriptors`) and the restore hands the new container's pipes in their
+ * place (--inherit-fd), so the restored process writes to the new container's log.
+ *
+ * The exit status is CMD's (128 + the signal when a signal ended it). Where it is not the
+ * namespace's init it makes itself a child subreaper, so orphans of the tree are still reaped.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_CRIU "/var/run/gpupool/criu/criu"
+#define PREFIX "criu-"
+#define MAX_ARGS 32
+#define KERNDAT_CACHE "criu.kdat"
+
+static const char *criu_path = DEFAULT_CRIU;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("criu-run: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/* A signal by name (SIGUSR1 or USR1) or number; 0 when unknown. */
+static int signal_named(const char *name)
+{
+	static const struct { const char *name; int sig; } known[] = {
+		{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"INT", SIGINT},
+		{"HUP", SIGHUP}, {"QUIT", SIGQUIT}, {"PWR", SIGPWR},
+	};
+	char *end;
+	long number;
+	if (name == NULL || *name == '\0')
+		return SIGUSR1;
+	number = strtol(name, &end, 10);
+	if (*end == '\0')
+		return number > 0 && number < NSIG ? (int)number : 0;
+	if (strncmp(name, "SIG", 3) == 0)
+		name += 3;
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strcmp(name, known[i].name) == 0)
+			return known[i].sig;
+	return 0;
+}
+
+/* Point CRIU (in --unprivileged mode) at the kernel-feature cache the node wrote beside it.
+ *
+ * CRIU probes the kernel at start, and one probe mounts a tmpfs: without CAP_SYS_ADMIN it fails and
+ * CRIU stops. With the cache (`criu check --unprivileged` run on the host, XDG_RUNTIME_DIR naming a
+ * tmpfs directory: the file is gone at the next boot) it probes nothing, so the container needs only
+ * CAP_CHECKPOINT_RESTORE and CAP_SYS_PTRACE. */
+static void use_kerndat_cache(void)
+{
+	char dir[PATH_MAX], cache[PATH_MAX + 16];
+	char *slash;
+	snprintf(dir, sizeof(dir), "%s", criu_path);
+	slash = strrchr(dir, '/');
+	if (slash == NULL)
+		return;
+	*slash = '\0';
+	snprintf(cache, sizeof(cache), "%s/" KERNDAT_CACHE, dir);
+	if (access(cache, R_OK) == 0)
+		setenv("XDG_RUNTIME_DIR", dir, 1);
+}
+
+/* Run argv (criu) as a child, optionally with process id `pid` (0: any), and wait for it. */
+static int run_criu(char *const argv[], pid_t pid)
+{
+	pid_t child = -1;
+	int status;
+	if (pid > 0) {
+		struct clone_args args;
+		pid_t want = pid;
+		memset(&args, 0, sizeof(args));
+		args.exit_signal = SIGCHLD;
+		args.set_tid = (uint64_t)(uintptr_t)&want;
+		args.set_tid_size = 1;
+		child = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
+		if (child < 0)
+			say("cannot start criu as process %d (%s); starting it with any id", (int)pid, strerror(errno));
+	}
+	if (child < 0)
+		child = fork();
+	if (child < 0) {
+		say("fork: %s", strerror(errno));
+		return -1;
+	}
+	if (child == 0) {
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		use_kerndat_cache();
+		execv(argv[0], argv);
+		say("cannot run %s: %s", argv[0], strerror(errno));
+		_exit(127);
+	}
+	while (waitpid(child, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The next dump's number: one above every criu-<n> and .criu-<n> in dir. */
+static unsigned long next_number(const char *dir)
+{
+	unsigned long highest = 0;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	if (d == NULL)
+		return 1;
+	while ((e = readdir(d)) != NULL) {
+		const char *name = e->d_name[0] == '.' ? e->d_name + 1 : e->d_name;
+		char *end;
+		unsigned long n;
+		if (strncmp(name, PREFIX, strlen(PREFIX)) != 0)
+			continue;
+		n = strtoul(name + strlen(PREFIX), &end, 10);
+		if (*end == '\0' && n > highest)
+			highest = n;
+	}
+	closedir(d);
+	return highest + 1;
+}
+
+/* The highest process id in this pid namespace now (the tree to dump is all there is, with us). */
+static long highest_pid(void)
+{
+	long highest = 0;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	if (d == NULL)
+		return 0;
+	while ((e = readdir(d)) != NULL) {
+		char *end;
+		long n = strtol(e->d_name, &end, 10);
+		if (*end == '\0' && n > highest)
+			highest = n;
+	}
+	closedir(d);
+	return highest;
+}
+
+static int write_text(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	size_t left = strlen(text);
+	if (fd < 0)
+		return -1;
+	while (left > 0) {
+		ssize_t n = write(fd, text, left);
+		if (n < 0) {
+			close(fd);
+			return -1;
+		}
+		text += n;
+		left -= (size_t)n;
+	}
+	fsync(fd);
+	return close(fd);
+}
+
+static void fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+}
+
+/* Dump the tree rooted at `child` into dir/criu-<n>; 0 when it is there (the tree is gone). */
+static int dump(pid_t child, const char *dir)
+{
+	char work[PATH_MAX], done[PATH_MAX], file[PATH_MAX + 32], pidarg[32];
+	char text[3 * (PATH_MAX + 8)] = "";
+	unsigned long n = next_number(dir);
+	long highest = highest_pid();
+	int rc;
+	snprintf(work, sizeof(work), "%s/." PREFIX "%lu", dir, n);
+	snprintf(done, sizeof(done), "%s/" PREFIX "%lu", dir, n);
+	if (mkdir(work, 0755) < 0) {
+		say("cannot create %s: %s", work, strerror(errno));
+		return -1;
+	}
+	for (int fd = 0; fd <= 2; fd++) {
+		char link[64], target[PATH_MAX];
+		ssize_t len;
+		snprintf(link, sizeof(link), "/proc/%d/fd/%d", (int)child, fd);
+		len = readlink(link, target, sizeof(target) - 1);
+		if (len <= 0)
+			continue;
+		target[len] = '\0';
+		snprintf(text + strlen(text), sizeof(text) - strlen(text), "%d %s\n", fd, target);
+	}
+	snprintf(file, sizeof(file), "%s/descriptors", work);
+	if (write_text(file, text) < 0)
+		say("cannot write %s: %s", file, strerror(errno));
+	snprintf(text, sizeof(text), "%ld\n", highest);
+	snprintf(file, sizeof(file), "%s/pids-max", work);
+	if (write_text(file, text) < 0)
+		say("cannot write %s: %s", file, strerror(errno));
+	snprintf(pidarg, sizeof(pidarg), "%d", (int)child);
+	{
+		char *argv[] = {(char *)criu_path, "dump", "-t", pidarg, "-D", work, "-o", "dump.log",
+				"--manage-cgroups=ignore", "--unprivileged", NULL};
+		rc = run_criu(argv, 0);
+	}
+	if (rc != 0) {
+		say("criu dump of process %d failed (exit %d; %s/dump.log)", (int)child, rc, work);
+		return -1;
+	}
+	if (rename(work, done) < 0) {
+		say("cannot rename %s to %s: %s", work, done, strerror(errno));
+		return -1;
+	}
+	fsync_dir(dir);
+	say("dumped process %d and its children into %s", (int)child, done);
+	return 0;
+}
+
+/* Whether `path` names a finished dump of ours: a criu-<n> directory with CRIU's inventory. */
+static int is_dump(const char *path)
+{
+	const char *base = strrchr(path, '/');
+	char inventory[PATH_MAX];
+	struct stat st;
+	base = base != NULL ? base + 1 : path;
+	if (strncmp(base, PREFIX, strlen(PREFIX)) != 0)
+		return 0;
+	snprintf(inventory, sizeof(inventory), "%s/inventory.img", path);
+	return stat(inventory, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static long read_long(const char *path)
+{
+	char buf[32] = "";
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	return strtol(buf, NULL, 10);
+}
+
+/* Restore the dump at `path`; the restored tree's root (our child), or -1. */
+static pid_t restore(const char *path, const char *dir)
+{
+	char file[PATH_MAX + 32], workdir[PATH_MAX], pidfile[PATH_MAX + 16], inherit[3][PATH_MAX + 16];
+	char *argv[MAX_ARGS];
+	int argc = 0, rc;
+	long highest, max_pid;
+	FILE *descriptors;
+	snprintf(workdir, sizeof(workdir), "%s/.criu-restore-%d", dir, (int)time(NULL));
+	if (mkdir(workdir, 0755) < 0 && errno != EEXIST) {
+		say("cannot create %s: %s", workdir, strerror(errno));
+		return -1;
+	}
+	snprintf(pidfile, sizeof(pidfile), "%s/root.pid", workdir);
+	argv[argc++] = (char *)criu_path;
+	argv[argc++] = "restore";
+	argv[argc++] = "-D";
+	argv[argc++] = (char *)path;
+	argv[argc++] = "-W";
+	argv[argc++] = workdir;
+	argv[argc++] = "-o";
+	argv[argc++] = "restore.log";
+	argv[argc++] = "--restore-detached";
+	argv[argc++] = "--restore-sibling";
+	argv[argc++] = "--manage-cgroups=ignore";
+	argv[argc++] = "--unprivileged";
+	argv[argc++] = "--pidfile";
+	argv[argc++] = pidfile;
+	snprintf(file, sizeof(file), "%s/descriptors", path);
+	descriptors = fopen(file, "re");
+	if (descriptors != NULL) {
+		int fd;
+		char target[PATH_MAX];
+		while (argc < MAX_ARGS - 3 && fscanf(descriptors, "%d %4095s", &fd, target) == 2) {
+			if (fd < 0 || fd > 2 || strncmp(target, "pipe:", 5) != 0)
+				continue;
+			snprintf(inherit[fd], sizeof(inherit[fd]), "fd[%d]:%s", fd, target);
+			argv[argc++] = "--inherit-fd";
+			argv[argc++] = inherit[fd];
+		}
+		fclose(descriptors);
+	}
+	argv[argc] = NULL;
+	snprintf(file, sizeof(file), "%s/pids-max", path);
+	highest = read_long(file);
+	max_pid = read_long("/proc/sys/kernel/pid_max");
+	rc = run_criu(argv, highest > 0 && (max_pid == 0 || highest + 1 < max_pid) ? (pid_t)(highest + 1) : 0);
+	if (rc != 0) {
+		say("criu restore from %s failed (exit %d; %s/restore.log)", path, rc, workdir);
+		return -1;
+	}
+	return (pid_t)read_long(pidfile);
+}
+
+static pid_t start(char *const cmd[])
+{
+	pid_t child = fork();
+	if (child == 0) {
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		setsid(); /* a session of its own: CRIU dumps a tree whose session leader is in it */
+		execvp(cmd[0], cmd);
+		say("cannot run %s: %s", cmd[0], strerror(errno));
+		_exit(127);
+	}
+	if (child < 0)
+		say("fork: %s", strerror(errno));
+	return child;
+}
+
+int main(int argc, char *argv[])
+{
+	const char *dir = getenv("GPUPOOL_CHECKPOINT_DIR");
+	const char *resume = getenv("GPUPOOL_RESUME_FROM");
+	int checkpoint = signal_named(getenv("GPUPOOL_CHECKPOINT_SIGNAL"));
+	int i = 1, status = 0;
+	pid_t child;
+	sigset_t set;
+
+	if (getenv("GPUPOOL_CRIU") != NULL && *getenv("GPUPOOL_CRIU") != '\0')
+		criu_path = getenv("GPUPOOL_CRIU");
+	if (i + 1 < argc && strcmp(argv[i], "--criu") == 0) {
+		criu_path = argv[i + 1];
+		i += 2;
+	}
+	if (i < argc && strcmp(argv[i], "--") == 0)
+		i++;
+	if (i >= argc) {
+		say("usage: criu-run [--criu PATH] -- CMD [ARG...]");
+		return 2;
+	}
+	if (checkpoint == 0) {
+		say("GPUPOOL_CHECKPOINT_SIGNAL=%s is not a signal", getenv("GPUPOOL_CHECKPOINT_SIGNAL"));
+		return 2;
+	}
+	if (getpid() != 1)
+		prctl(PR_SET_CHILD_SUBREAPER, 1);
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGQUIT);
+	sigaddset(&set, checkpoint);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+
+	child = -1;
+	if (resume != NULL && *resume != '\0' && is_dump(resume)) {
+		child = restore(resume, dir != NULL && *dir != '\0' ? dir : "/tmp");
+		if (child > 0)
+			say("restored process %d from %s", (int)child, resume);
+		else
+			say("starting %s afresh", argv[i]);
+	}
+	if (child <= 0)
+		child = start(&argv[i]);
+	if (child < 0)
+		return 127;
+
+	for (;;) {
+		siginfo_t info;
+		int sig = sigwaitinfo(&set, &info);
+		if (sig < 0)
+			continue;
+		if (sig == SIGCHLD) {
+			pid_t done;
+			while ((done = waitpid(-1, &status, WNOHANG)) > 0)
+				if (done == child)
+					return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+			continue;
+		}
+		if (sig == checkpoint) {
+			if (dir != NULL && *dir != '\0' && dump(child, dir) == 0)
+				return 0;
+			say("passing the signal on to process %d", (int)child);
+		}
+		kill(child, sig);
+	}
+}

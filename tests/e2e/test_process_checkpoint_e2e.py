@@ -1,0 +1,194 @@
+"""Process checkpoints with CRIU inside the container, end to end in real containers (kubelet,
+containerd 2.4, runc).
+
+The pinned containerd cannot restore a container (its CRI restore is gone), so gpupool's wrapper
+``criu-run`` runs CRIU inside the workload's container (docs/lending.md, "Process checkpoints with
+CRIU"). Here a busybox image (no C library: the wrapper and CRIU 4.1.1 are static) gets the two
+programs from a host directory mounted where a grant would mount them, and the checkpoint
+protocol's environment and directory as the node agent hands them out:
+
+1. Pod one runs ``criu-run -- sh -c <counter>``; the counter prints ``count <n>`` twice a second and
+   keeps its count only in its shell's memory (no file, no application checkpoint).
+2. The checkpoint signal (SIGUSR1, sent to the wrapper as the container's process 1) makes the
+   wrapper dump the counter's processes into ``criu-1`` of the checkpoint directory; the pod ends
+   with 0. The agent's choice of what to resume from takes that directory.
+3. Pod two, started with ``GPUPOOL_RESUME_FROM`` naming it, restores the counter instead of starting
+   it: the first count in its log is the one after the last count pod one printed (not 1), printed
+   by the restored shell into the new container's log.
+
+Capabilities: the containers add exactly ``CHECKPOINT_RESTORE`` and ``SYS_PTRACE``
+(:data:`CAPABILITIES`) to the runtime's default set; no privileged container, no ``SYS_ADMIN``: CRIU
+runs with ``--unprivileged`` and reads its kernel-feature cache (``criu.kdat``, written on the host
+by ``criu check``) beside it instead of probing the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupool.api.lending import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_MOUNT,
+    CHECKPOINT_SIGNAL,
+    CHECKPOINT_SIGNAL_ENV,
+    RESUME_FROM_ENV,
+)
+from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
+from gpupool.shim.build import ShimBuildError
+from gpupool.shim.criu_run_build import build_criu_run
+from gpupool.testenv.criu import criu_impossible_reason, criu_version, ensure_criu
+from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
+from gpupool.testenv.images import Base, build_image
+from gpupool.testenv.kubelet import Kubelet
+from tests.e2e import real_containers
+from tests.e2e.e2e_support import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
+
+TOOLS_MOUNT = "/var/run/gpupool/criu"
+CAPABILITIES = ["CHECKPOINT_RESTORE"]
+COUNT = re.compile(r"^count (\d+)$", re.MULTILINE)
+
+
+def counter(marker: str) -> str:
+    """A shell counting in its own memory; ``marker`` makes its wrapper's command line unique."""
+    return f': {marker}; i=0; while :; do i=$((i+1)); echo "count $i"; sleep 0.5; done'
+
+
+def pod_manifest(name: str, node: str, marker: str, tools: Path, checkpoints: Path,
+                 resume_from: str | None = None) -> dict[str, Any]:
+    env = [{"name": CHECKPOINT_DIR_ENV, "value": CHECKPOINT_MOUNT},
+           {"name": CHECKPOINT_SIGNAL_ENV, "value": CHECKPOINT_SIGNAL},
+           {"name": "GPUPOOL_CRIU", "value": f"{TOOLS_MOUNT}/criu"}]
+    if resume_from is not None:
+        env.append({"name": RESUME_FROM_ENV, "value": resume_from})
+    container = {"name": "main", "image": "", "imagePullPolicy": "Never",
+                 "command": [f"{TOOLS_MOUNT}/criu-run", "--", "sh", "-c", counter(marker)], "env": env,
+                 "securityContext": {"capabilities": {"add": CAPABILITIES}},
+                 "volumeMounts": [{"name": "tools", "mountPath": TOOLS_MOUNT, "readOnly": True},
+                                  {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                     "volumes": [{"name": "tools", "hostPath": {"path": str(tools), "type": "Directory"}},
+                                 {"name": "checkpoints", "hostPath": {"path": str(checkpoints), "type": "Directory"}}],
+                     "nodeSelector": {"kubernetes.io/hostname": node}}}
+
+
+def write_kerndat_cache(criu: Path, tools: Path) -> None:
+    """CRIU's kernel-feature cache beside it, as the node writes it: ``criu check --unprivileged`` on
+    the host, on a tmpfs (CRIU keeps its cache only there). Without it CRIU's probes in the container
+    need CAP_SYS_ADMIN (one mounts a tmpfs)."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as runtime:
+        done = subprocess.run([str(criu), "check", "--unprivileged"], env={**os.environ, "XDG_RUNTIME_DIR": runtime},
+                              capture_output=True, text=True, timeout=60, check=False)
+        cache = Path(runtime) / "criu.kdat"
+        assert done.returncode == 0 and cache.is_file(), (done.returncode, done.stdout, done.stderr)
+        (tools / "criu.kdat").write_bytes(cache.read_bytes())
+
+
+def wrapper_pid(marker: str) -> int | None:
+    """The host pid of the container's process 1 whose command line carries ``marker``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        ours = marker.encode() in cmdline and cmdline.startswith(f"{TOOLS_MOUNT}/criu-run".encode())
+        if ours and nspid[-1:] == ["1"]:
+            return int(entry)
+    return None
+
+
+def counts(log: str) -> list[int]:
+    return [int(n) for n in COUNT.findall(log)]
+
+
+def pod_log(core_v1: client.CoreV1Api, namespace: str, name: str) -> str:
+    try:
+        return str(core_v1.read_namespaced_pod_log(name, namespace, container="main"))
+    except client.ApiException:
+        return ""
+
+
+def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_next_pod(
+    core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path,
+) -> None:
+    reason = criu_impossible_reason()
+    if reason is not None:
+        pytest.skip(f"CRIU cannot be built here: {reason}")
+    try:
+        began = time.monotonic()
+        criu = ensure_criu(log=lambda m: print(f"[gpupool testenv] {m}", flush=True))
+        print(f"\n  CRIU ({criu_version(criu)}) ready in {time.monotonic() - began:.1f} s")
+        wrapper = build_criu_run(werror=True)
+    except (BuildImpossibleError, ShimBuildError) as exc:
+        pytest.skip(f"CRIU or criu-run cannot be built here: {exc}")
+    except BuildFailedError as exc:
+        pytest.fail(str(exc))
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for program, source in (("criu", criu), ("criu-run", wrapper)):
+        (tools / program).write_bytes(source.read_bytes())
+        (tools / program).chmod(0o755)
+    write_kerndat_cache(criu, tools)
+    checkpoints = tmp_path / "checkpoint"
+    checkpoints.mkdir(mode=0o777)
+    image = build_image("criu-counter", base=Base.BUSYBOX)  # busybox only: no C library in the image
+    containerd_kubelet.import_image(image)
+    node = containerd_kubelet.node_name
+    marker = f"criu-e2e-{uuid.uuid4().hex[:8]}"
+
+    def create(name: str, resume_from: str | None = None) -> None:
+        manifest = pod_manifest(name, node, marker, tools, checkpoints, resume_from)
+        manifest["spec"]["containers"][0]["image"] = image.ref
+        core_v1.create_namespaced_pod(namespace, manifest)
+
+    create("first")
+    wait_for(lambda: len(counts(pod_log(core_v1, namespace, "first"))) >= 4, timeout=90,
+             what="the first pod's counter to count")
+    pid = wait_for(lambda: wrapper_pid(marker), timeout=10, what="the wrapper as the container's process 1")
+    os.kill(pid, signal.SIGUSR1)
+    signalled = time.monotonic()
+    def ended() -> str | None:
+        phase = core_v1.read_namespaced_pod("first", namespace).status.phase
+        return str(phase) if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(ended, timeout=30, what="the first pod to end after the checkpoint signal")
+    first_log = pod_log(core_v1, namespace, "first")
+    print(f"  signal to the first pod's end: {time.monotonic() - signalled:.1f} s")
+    assert phase == "Succeeded", first_log
+    assert "criu-run: dumped process" in first_log, first_log
+    last = counts(first_log)[-1]
+    dump = checkpoints / "criu-1"
+    assert (dump / "inventory.img").is_file(), sorted(p.name for p in checkpoints.iterdir())
+    assert newest_checkpoint(str(checkpoints)) == "criu-1"  # what the agent would name in GPUPOOL_RESUME_FROM
+    print(f"  dump: {sum(f.stat().st_size for f in dump.iterdir()) / 1024:.0f} KiB, last count {last}")
+
+    create("second", resume_from=f"{CHECKPOINT_MOUNT}/criu-1")
+    def restored_log() -> str | None:
+        log = pod_log(core_v1, namespace, "second")
+        return log if len(counts(log)) >= 3 else None
+
+    second_log = wait_for(restored_log, timeout=90, what="the second pod's restored counter to count",
+                          explain=lambda: pod_log(core_v1, namespace, "second"))
+    assert "criu-run: restored process" in second_log, second_log
+    resumed = counts(second_log)
+    assert resumed[0] == last + 1 and resumed == list(range(last + 1, last + 1 + len(resumed))), (first_log, second_log)
+    assert core_v1.read_namespaced_pod("second", namespace).status.phase == "Running"

@@ -1,0 +1,163 @@
+"""criu-run, the entrypoint wrapper that dumps a workload with CRIU on the checkpoint signal
+(gpupool/shim/src/criu_run/criu_run.c), against a stand-in ``criu``: a shell script that records
+how it was called and does what the real one's exit says (a dump writes ``inventory.img`` and ends
+the tree, as CRIU does). The real CRIU in real containers: tests/e2e/test_process_checkpoint_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
+from gpupool.shim.build import ShimBuildError
+from gpupool.shim.criu_run_build import build_criu_run
+
+FAKE_CRIU = r"""#!/bin/sh
+echo "$XDG_RUNTIME_DIR|$*" >> "$CALLS"
+[ -n "$CRIU_FAILS" ] && exit 1
+if [ "$1" = dump ]; then
+  while [ $# -gt 0 ]; do
+    case "$1" in -t) pid=$2; shift;; -D) dir=$2; shift;; esac; shift
+  done
+  printf 'inv' > "$dir/inventory.img"
+  kill -9 "$pid"
+fi
+exit 0
+"""
+
+
+@pytest.fixture(scope="module")
+def wrapper() -> Path:
+    try:
+        return build_criu_run(werror=True)
+    except ShimBuildError as exc:
+        pytest.skip(f"criu-run cannot be built here: {exc}")
+
+
+@pytest.fixture
+def fake_criu(tmp_path: Path) -> Path:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    criu = tools / "criu"
+    criu.write_text(FAKE_CRIU)
+    criu.chmod(0o755)
+    return criu
+
+
+def start(wrapper: Path, criu: Path, tmp_path: Path, command: str, **env: str) -> subprocess.Popen[str]:
+    checkpoints = tmp_path / "checkpoint"
+    checkpoints.mkdir(exist_ok=True)
+    environment = {"PATH": os.environ.get("PATH", os.defpath), "CALLS": str(tmp_path / "calls"),
+                   "GPUPOOL_CHECKPOINT_DIR": str(checkpoints), "GPUPOOL_CRIU": str(criu), **env}
+    return subprocess.Popen([str(wrapper), "--", "sh", "-c", command], env=environment, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def started(process: subprocess.Popen[str], tmp_path: Path) -> None:
+    """Wait until the command wrote its ``ready`` file (its traps are set)."""
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "ready").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.02)
+
+
+def calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+LOOP = 'touch "$R"; while :; do sleep 0.05; done'
+
+
+def test_the_command_runs_as_a_child_and_its_exit_status_is_the_wrappers(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    process = start(wrapper, fake_criu, tmp_path, "echo hi; exit 3")
+    out, _ = process.communicate(timeout=10)
+    assert (process.returncode, out) == (3, "hi\n") and calls(tmp_path) == []
+
+
+def test_sigterm_is_passed_on_to_the_command(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    process = start(wrapper, fake_criu, tmp_path, f"trap 'exit 7' TERM; {LOOP}", R=str(tmp_path / "ready"))
+    started(process, tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 7 and calls(tmp_path) == []
+
+
+def test_the_checkpoint_signal_dumps_the_command_under_a_dot_name_then_renames_and_exits_0(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "criu-4").mkdir()  # an older dump: the next one is criu-5
+    (fake_criu.parent / "criu.kdat").write_bytes(b"kdat")  # the node's kernel-feature cache beside criu
+    process = start(wrapper, fake_criu, tmp_path, LOOP, R=str(tmp_path / "ready"))
+    started(process, tmp_path)
+    process.send_signal(signal.SIGUSR1)
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0, out
+    dump = tmp_path / "checkpoint" / "criu-5"
+    assert sorted(p.name for p in dump.iterdir()) == ["descriptors", "inventory.img", "pids-max"]
+    assert not (tmp_path / "checkpoint" / ".criu-5").exists()
+    descriptors = dict(line.split(" ", 1) for line in (dump / "descriptors").read_text().splitlines())
+    assert descriptors["0"] == "/dev/null" and descriptors["1"].startswith("pipe:[")
+    assert int((dump / "pids-max").read_text()) > 0
+    [call] = calls(tmp_path)
+    runtime, args = call.split("|")
+    assert runtime == str(fake_criu.parent)  # CRIU reads criu.kdat from $XDG_RUNTIME_DIR in --unprivileged mode
+    assert args.startswith("dump -t ") and f"-D {tmp_path}/checkpoint/.criu-5" in args
+    assert "--unprivileged" in args and "--manage-cgroups=ignore" in args
+    assert f"dumped process {args.split()[2]} and its children into {dump}" in out
+    assert newest_checkpoint(str(tmp_path / "checkpoint")) == "criu-5"
+
+
+def test_a_failed_dump_keeps_its_dot_name_and_passes_the_signal_on_to_the_command(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    """The command's own checkpoint (the protocol without CRIU) is then what resumes."""
+    own = f'trap \'echo 9 > "$GPUPOOL_CHECKPOINT_DIR/ckpt-9"; exit 0\' USR1; {LOOP}'
+    process = start(wrapper, fake_criu, tmp_path, own, R=str(tmp_path / "ready"), CRIU_FAILS="1")
+    started(process, tmp_path)
+    process.send_signal(signal.SIGUSR1)
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0 and "criu dump of process" in out and "passing the signal on" in out, out
+    assert (tmp_path / "checkpoint" / ".criu-1").is_dir() and (tmp_path / "checkpoint" / "ckpt-9").is_file()
+    assert newest_checkpoint(str(tmp_path / "checkpoint")) == "ckpt-9"
+    assert calls(tmp_path)[0].split("|")[0] == ""  # no criu.kdat beside criu: no XDG_RUNTIME_DIR set for it
+
+
+def test_a_resume_from_an_application_checkpoint_starts_the_command_without_criu(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "ckpt-3").write_text("3\n")
+    process = start(wrapper, fake_criu, tmp_path, 'echo "from $GPUPOOL_RESUME_FROM"',
+                    GPUPOOL_RESUME_FROM=str(tmp_path / "checkpoint" / "ckpt-3"))
+    out, _ = process.communicate(timeout=10)
+    assert (process.returncode, out) == (0, f"from {tmp_path}/checkpoint/ckpt-3\n") and calls(tmp_path) == []
+
+
+def test_a_failed_restore_starts_the_command_afresh(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    dump = tmp_path / "checkpoint" / "criu-2"
+    dump.mkdir(parents=True)
+    (dump / "inventory.img").write_bytes(b"inv")
+    (dump / "descriptors").write_text("0 /dev/null\n1 pipe:[123]\n2 pipe:[124]\n")
+    (dump / "pids-max").write_text("40\n")
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump), CRIU_FAILS="1")
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0 and out.endswith("starting sh afresh\nafresh\n"), out
+    [call] = calls(tmp_path)
+    args = call.split("|")[1].split()
+    assert args[:3] == ["restore", "-D", str(dump)] and "--restore-sibling" in args and "--unprivileged" in args
+    # the new container's pipes stand in for the dumped ones; /dev/null is reopened by path
+    assert args[args.index("fd[1]:pipe:[123]") - 1:][:2] == ["--inherit-fd", "fd[1]:pipe:[123]"]
+    assert "fd[2]:pipe:[124]" in args and not any(a.startswith("fd[0]") for a in args)
+
+
+def test_usage_and_an_unknown_signal_are_refused(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    alone = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=10, check=False)
+    assert alone.returncode == 2 and "usage: criu-run" in alone.stderr
+    process = start(wrapper, fake_criu, tmp_path, "true", GPUPOOL_CHECKPOINT_SIGNAL="SIGNOPE")
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 2 and "is not a signal" in out
