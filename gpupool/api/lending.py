@@ -39,6 +39,8 @@ CHECKPOINT_MOUNT = "/var/run/gpupool/checkpoint"
 """Where the per-task checkpoint directory appears inside the container."""
 CHECKPOINT_SIGNAL = "SIGUSR1"
 DEFAULT_CHECKPOINT_DEADLINE_S = 10
+PROCESS_CHECKPOINT = "process"
+"""The value of :attr:`LendingNames.checkpoint` that routes the checkpoint signal to ``criu-run``."""
 
 RECLAIMED_REASON = "GpuReclaimed"
 """Reason of the Warning event on a pod whose GPU was taken back (borrower or low priority)."""
@@ -86,6 +88,13 @@ class LendingNames:
     def checkpoint_key(self) -> str:
         """Pod annotation: the task whose checkpoints the pod shares (its restarts find them)."""
         return f"{self.domain}/checkpoint-key"
+
+    @property
+    def checkpoint(self) -> str:
+        """Pod annotation :data:`PROCESS_CHECKPOINT`: the pod's containers run under ``criu-run``, which
+        dumps their processes itself, so a reclaim's checkpoint signal goes to each container's
+        process 1 (the wrapper) only (docs/lending.md, "Process checkpoints with CRIU")."""
+        return f"{self.domain}/checkpoint"
 
     @property
     def priority(self) -> str:

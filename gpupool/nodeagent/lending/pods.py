@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from gpupool.api.lending import (
     DEFAULT_HIGH_PRIORITY_THRESHOLD,
+    PROCESS_CHECKPOINT,
     LendingNames,
     Priority,
     is_borrowed,
@@ -70,6 +71,9 @@ class LendingPod:
     spec_priority: int = 0
     """The pod's ``spec.priority`` (0 when none). Every borrower is low at open (:attr:`priority`);
     this orders borrowers among themselves when some must go (:mod:`gpupool.nodeagent.lending.over_loan`)."""
+    process_checkpoint: bool = False
+    """The pod says ``checkpoint: process`` (:attr:`~gpupool.api.lending.LendingNames.checkpoint`): its
+    containers run under ``criu-run``, so a reclaim signals each container's process 1 only."""
 
     @property
     def key(self) -> PodKey:
@@ -147,7 +151,8 @@ def lending_pod(pod: NodePod, names: LendingNames,
                       checkpoint_key=checkpoint_key(pod, names),
                       container_ids=container_ids, claims=claims, regions={k: ((k, v),) for k, v in cards.items()},
                       shares=live_shares(assigned, container_ids, terminated),
-                      spec_priority=pod.spec_priority or 0)
+                      spec_priority=pod.spec_priority or 0,
+                      process_checkpoint=annotations.get(names.checkpoint, "").strip() == PROCESS_CHECKPOINT)
 
 
 class LendingPods:

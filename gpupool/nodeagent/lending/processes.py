@@ -26,6 +26,10 @@ class PodProcesses:
 
     uid: str
     container_ids: frozenset[str]
+    inits_only: bool = False
+    """The checkpoint signal goes to each container's process 1 only (a pod whose containers run under
+    ``criu-run``, which dumps the rest with CRIU): signalled too, the workload's own processes would
+    end, or write their own checkpoint, before the dump. The deadline and the kill cover them all."""
 
 
 class ProcessControl(Protocol):
@@ -37,6 +41,10 @@ class ProcessControl(Protocol):
 
     def send(self, pid: int, sig: signal.Signals) -> None:
         """Signal one process; a process that is already gone is not an error."""
+        ...
+
+    def inits(self, pids: set[int]) -> set[int]:
+        """Those of ``pids`` that are process 1 of their pid namespace (a container's first process)."""
         ...
 
 
@@ -65,6 +73,22 @@ class ProcfsProcesses:
     def send(self, pid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+    def inits(self, pids: set[int]) -> set[int]:
+        return {pid for pid in pids if namespace_pid(self._proc, pid) == 1}
+
+
+def namespace_pid(proc: str, pid: int) -> int | None:
+    """``pid``'s id in its own (innermost) pid namespace: the last ``NSpid`` field of its status."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    fields = line.split()
+                    return int(fields[-1]) if len(fields) > 1 else None
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _zombie(proc: str, pid: int) -> bool:

@@ -184,6 +184,17 @@ class Reclaimer:
         except Exception:  # the reclaim itself goes on
             log.exception("recording step %s of the reclaim of %s/%s failed", step.label, *pod)
 
+    def _checkpoint_targets(self, order: ReclaimOrder, pids: set[int]) -> set[int]:
+        """Who gets the checkpoint signal: every process, or each container's process 1 where the pod
+        runs under ``criu-run`` (all of them when none is found: the pod then gets the plain protocol)."""
+        if not order.processes.inits_only:
+            return pids
+        inits = self._processes.inits(pids)
+        if not inits:
+            log.warning("%s/%s asks for process checkpoints but no process 1 of its containers was found: "
+                        "every process gets the checkpoint signal", *order.pod)
+        return inits or pids
+
     async def stop(self, order: ReclaimOrder) -> tuple[int, int, float, int]:
         """Signal, wait up to the deadline, suspend the CUDA state of what is left, kill it;
         (signalled, killed, seconds, suspended). A resumed order skips what a previous agent did: the
@@ -193,9 +204,9 @@ class Reclaimer:
         wait_s = order.deadline_s
         signalled: set[int] = set()
         if order.resume is ReclaimStep.RECORDED:
-            for pid in pids:
+            signalled = self._checkpoint_targets(order, pids)
+            for pid in signalled:
                 self._processes.send(pid, CHECKPOINT_SIGNAL)
-            signalled = pids
             self._step(order.pod, ReclaimStep.SIGNALLED, self._wall())
         elif order.resume is ReclaimStep.SIGNALLED and order.signalled_at is not None:
             wait_s = min(order.deadline_s, max(0.0, order.signalled_at + order.deadline_s - self._wall()))

@@ -375,7 +375,8 @@ class LendingService:
         latest = self.journal.get(pod) or record
         info = self.pods.get(pod)  # a container restarted since the record has a new ID
         ids = latest.container_ids | frozenset(i for i in (info.container_ids.values() if info else ()) if i)
-        order = ReclaimOrder(pod, PodProcesses(latest.uid or (info.uid if info else ""), ids), latest.why,
+        inits_only = info.process_checkpoint if info is not None else False
+        order = ReclaimOrder(pod, PodProcesses(latest.uid or (info.uid if info else ""), ids, inits_only), latest.why,
                              latest.deadline_s, latest.step, latest.signalled_at)
         task = self.reclaimer.reclaim(order)
         task.add_done_callback(lambda done: self._reclaim_done(pod, done))

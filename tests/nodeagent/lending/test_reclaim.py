@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 from gpupool.api.lending import RECLAIMED_REASON
 from gpupool.nodeagent.lending.processes import PodProcesses
 from gpupool.nodeagent.lending.reclaim import Reclaimer, ReclaimOrder
+from gpupool.shim.build import ShimBuildError
+from gpupool.shim.criu_run_build import build_criu_run
 
 WORKER = str(Path(__file__).resolve().parents[3] / "examples" / "checkpoint_worker.sh")
 TARGET = PodProcesses("uid-b", frozenset({"id-b"}))
@@ -121,3 +124,65 @@ def test_an_api_failure_still_ends_the_reclaim(tmp_path: Path, status: str) -> N
         assert result.api.startswith(status) and result.signalled == 0
 
     asyncio.run(go())
+
+
+FAKE_CRIU = """#!/bin/sh
+[ "$1" = dump ] || exit 1
+while [ $# -gt 0 ]; do case "$1" in -t) pid=$2; shift;; -D) dir=$2; shift;; esac; shift; done
+printf inv > "$dir/inventory.img"; kill -9 "$pid"
+"""
+
+
+class WrapperTree:
+    """:class:`ProcessControl` over one ``criu-run`` and its descendants (a stand-in container whose
+    process 1 is the wrapper)."""
+
+    def __init__(self, wrapper: subprocess.Popen[bytes]) -> None:
+        self.wrapper = wrapper
+        self.sent: list[tuple[int, signal.Signals]] = []
+
+    def pids(self, target: PodProcesses) -> set[int]:
+        found, todo = set(), [self.wrapper.pid] if self.wrapper.poll() is None else []
+        while todo:
+            pid = todo.pop()
+            found.add(pid)
+            with contextlib.suppress(OSError):  # gone meanwhile
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return found
+
+    def send(self, pid: int, sig: signal.Signals) -> None:
+        self.sent.append((pid, sig))
+        os.kill(pid, sig)
+
+    def inits(self, pids: set[int]) -> set[int]:
+        return pids & {self.wrapper.pid}
+
+
+def test_a_pod_under_criu_run_is_dumped_by_its_wrapper_and_its_workload_is_not_signalled(tmp_path: Path) -> None:
+    """The workload has no handler for the signal: signalled itself it would end before the dump."""
+    try:
+        wrapper = build_criu_run(werror=True)
+    except ShimBuildError as exc:
+        pytest.skip(f"criu-run cannot be built here: {exc}")
+    criu = tmp_path / "criu"
+    criu.write_text(FAKE_CRIU)
+    criu.chmod(0o755)
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([str(wrapper), "--criu", str(criu), "--", "sh", "-c",
+                             f"touch {ready}; while :; do sleep 0.05; done"],
+                            env={**os.environ, "GPUPOOL_CHECKPOINT_DIR": str(tmp_path)}, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    tree, api = WrapperTree(proc), Api()
+    assert len(tree.pids(TARGET)) >= 2
+
+    async def go() -> None:
+        order = ReclaimOrder(("ns", "b"), PodProcesses("uid-b", frozenset({"id-b"}), inits_only=True), "owner", 5.0)
+        result = await Reclaimer(tree, api, poll_s=0.02).reclaim(order)
+        assert (result.signalled, result.killed, result.api) == (1, 0, "evicted")
+
+    asyncio.run(go())
+    assert tree.sent == [(proc.pid, signal.SIGUSR1)]
+    assert proc.wait(timeout=5) == 0 and (tmp_path / "criu-1" / "inventory.img").is_file()

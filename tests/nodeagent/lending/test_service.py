@@ -8,7 +8,7 @@ from pathlib import Path
 from gpupool.api.lending import decode_lendable
 from gpupool.nodeagent.monitor.events import Verdict
 from gpupool.nodeagent.monitor.usage_state import DeviceState, ProcessIdentity
-from tests.nodeagent.lending.support import NAMES, decoded, holder
+from tests.nodeagent.lending.support import LEND, NAMES, decoded, holder, pod_json
 from tests.nodeagent.lending.world import CARD0, CARD1, PODS, World, idle_owner, open_, run, settle
 
 
@@ -52,6 +52,30 @@ def test_the_owner_returning_reclaims_the_borrower_once_and_withdraws_the_device
         assert sorted(world.processes.sent) == [(200, "SIGUSR1"), (201, "SIGUSR1")]
         assert service.device_list(NAMES.gpu_mem) == [] and world.api.annotations[-1] is None
         assert service.reclaiming == frozenset()
+
+    run(body)
+
+
+def test_a_borrower_under_criu_run_gets_the_checkpoint_signal_at_its_containers_process_1_only(
+        tmp_path: Path) -> None:
+    """``gpupool.io/checkpoint: process``: criu-run (the container's process 1) dumps the workload; the
+    workload's own processes are not signalled (they would end before the dump); the dump ends them."""
+    pods = [pod_json("owner", cards=(0,)),
+            pod_json("borrower", borrowed_from="ns/owner", cards=(0,), annotations={LEND.checkpoint: "process"})]
+    world = World(tmp_path, pods)
+
+    async def body() -> None:
+        service = world.started()
+        idle_owner(world)
+        await service.step()
+        assert service.decide(open_(201)) is Verdict.ALLOW
+        world.processes.alive = {200: "id-borrower", 201: "id-borrower"}
+        world.processes.container_inits = {200}
+        world.monitor.hold(CARD0, holder("owner", 100), holder("borrower", 201), state=DeviceState.IDLE)
+        assert service.decide(open_(101)) is Verdict.ALLOW
+        await settle(service)
+        assert world.processes.sent == [(200, "SIGUSR1")]  # not 201, the workload holding the card
+        assert world.api.evicted == [("ns", "borrower")]
 
     run(body)
 

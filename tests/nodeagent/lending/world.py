@@ -29,13 +29,20 @@ class Processes:
     def __init__(self) -> None:
         self.alive: dict[int, str] = {}
         self.sent: list[tuple[int, str]] = []
+        self.container_inits: set[int] = set()
+        """Processes that are process 1 of their container's pid namespace."""
 
     def pids(self, target: PodProcesses) -> set[int]:
         return {p for p, c in self.alive.items() if c in target.container_ids}
 
     def send(self, pid: int, sig: Any) -> None:
         self.sent.append((pid, sig.name))
-        self.alive.pop(pid, None)
+        container = self.alive.pop(pid, None)
+        if pid in self.container_inits:  # criu-run as process 1 dumps, and so ends, its whole container
+            self.alive = {p: c for p, c in self.alive.items() if c != container}
+
+    def inits(self, pids: set[int]) -> set[int]:
+        return pids & self.container_inits
 
 
 class Api:
