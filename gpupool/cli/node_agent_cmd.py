@@ -154,6 +154,12 @@ def _names(value: str) -> tuple[str, ...]:
 @click.option("--cuda-checkpoint-timeout", default=_LENDING.cuda_checkpoint_timeout_s, show_default=True,
               type=click.FloatRange(min=0), help="Seconds cuda-checkpoint may take to suspend what outlives the "
               "checkpoint deadline before it is killed (--lending; 0: never run it).")
+@click.option("--criu", default=None, type=click.Path(dir_okay=False, exists=True), metavar="PATH",
+              help="A statically linked CRIU 4: pods annotated gpupool.io/checkpoint: process get it and criu-run "
+                   "mounted at /var/run/gpupool/criu (--lending; docs/lending.md, Process checkpoints with CRIU).")
+@click.option("--criu-dir", default=_LENDING.criu_tools_dir, show_default=True, type=click.Path(file_okay=False),
+              help="Host directory the agent fills with CRIU, criu-run and CRIU's kernel cache for those pods (--criu; "
+                   "a tmpfs keeps the cache, with which they need only the CHECKPOINT_RESTORE capability).")
 @click.option("--registration-timeout", default=_ISOLATION.registration.read_timeout_s, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a connection to the registration socket has to send its request line "
@@ -221,7 +227,8 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                lease_duration: int, lease_renew_interval: float, risk_action: str,
                risk_grace: str, risk_memory_tolerance: int, lending: bool,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
-               owner_active_samples: int, cuda_checkpoint_timeout: float, registration_timeout: float,
+               owner_active_samples: int, cuda_checkpoint_timeout: float, criu: str | None, criu_dir: str,
+               registration_timeout: float,
                registration_max_connections: int, registration_heartbeat: int, dra: bool, dra_kubelet_dir: str,
                cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
@@ -283,7 +290,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, cluster.high_priority_threshold, activity,
-                          cuda_checkpoint_timeout, state_dir) if lending else None
+                          cuda_checkpoint_timeout, state_dir, criu=criu, criu_tools_dir=criu_dir) if lending else None
     remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir,
                              RemoteServerFlags(remote_gpu_tls_cert, remote_gpu_tls_key, remote_gpu_tls_ca,
                                                remote_gpu_enforce_compute, remote_gpu_allow_plain,

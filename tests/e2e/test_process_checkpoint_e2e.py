@@ -16,6 +16,12 @@ protocol's environment and directory as the node agent hands them out:
    it: the first count in its log is the one after the last count pod one printed (not 1), printed
    by the restored shell into the new container's log.
 
+The second case runs the same through ``gpupool node-agent --lending --criu --criu-dir <tmpfs>``:
+the agent writes CRIU, criu-run and CRIU's kernel cache into the directory, the grant of a gpupool
+pod annotated ``gpupool.io/checkpoint: process`` mounts it (and the task's checkpoint directory;
+the pod has no volume or env of its own), and the task's next pod is told by the agent to resume
+from ``criu-1``. The signal is still sent by the test, not by a reclaim.
+
 Capabilities: the containers add exactly ``CHECKPOINT_RESTORE`` and ``SYS_PTRACE``
 (:data:`CAPABILITIES`) to the runtime's default set; no privileged container, no ``SYS_ADMIN``: CRIU
 runs with ``--unprivileged`` and reads its kernel-feature cache (``criu.kdat``, written on the host
@@ -31,6 +37,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +49,13 @@ from gpupool.api.lending import (
     CHECKPOINT_MOUNT,
     CHECKPOINT_SIGNAL,
     CHECKPOINT_SIGNAL_ENV,
+    PROCESS_CHECKPOINT,
     RESUME_FROM_ENV,
+    LendingNames,
 )
+from gpupool.api.names import ResourceNames
 from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
+from gpupool.nodeagent.lending.criu_tools import CRIU_MOUNT
 from gpupool.shim.build import ShimBuildError
 from gpupool.shim.criu_run_build import build_criu_run
 from gpupool.testenv.criu import criu_impossible_reason, criu_version, ensure_criu
@@ -52,13 +63,16 @@ from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
 from gpupool.testenv.images import Base, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
-from tests.e2e.e2e_support import wait_for
+from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, wait_for
+from tests.e2e.real_containers import stand_in_cards
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
 
-TOOLS_MOUNT = "/var/run/gpupool/criu"
+TOOLS_MOUNT = CRIU_MOUNT
+NAMES = ResourceNames()
+LEND = LendingNames()
 CAPABILITIES = ["CHECKPOINT_RESTORE"]
 COUNT = re.compile(r"^count (\d+)$", re.MULTILINE)
 
@@ -127,9 +141,8 @@ def pod_log(core_v1: client.CoreV1Api, namespace: str, name: str) -> str:
         return ""
 
 
-def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_next_pod(
-    core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path,
-) -> None:
+def built_criu() -> tuple[Path, Path]:
+    """CRIU (built into the test environment's cache on first use) and criu-run; skips where neither can be."""
     reason = criu_impossible_reason()
     if reason is not None:
         pytest.skip(f"CRIU cannot be built here: {reason}")
@@ -137,11 +150,17 @@ def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_ne
         began = time.monotonic()
         criu = ensure_criu(log=lambda m: print(f"[gpupool testenv] {m}", flush=True))
         print(f"\n  CRIU ({criu_version(criu)}) ready in {time.monotonic() - began:.1f} s")
-        wrapper = build_criu_run(werror=True)
+        return criu, build_criu_run(werror=True)
     except (BuildImpossibleError, ShimBuildError) as exc:
         pytest.skip(f"CRIU or criu-run cannot be built here: {exc}")
     except BuildFailedError as exc:
         pytest.fail(str(exc))
+
+
+def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_next_pod(
+    core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path,
+) -> None:
+    criu, wrapper = built_criu()
     tools = tmp_path / "tools"
     tools.mkdir()
     for program, source in (("criu", criu), ("criu-run", wrapper)):
@@ -192,3 +211,69 @@ def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_ne
     resumed = counts(second_log)
     assert resumed[0] == last + 1 and resumed == list(range(last + 1, last + 1 + len(resumed))), (first_log, second_log)
     assert core_v1.read_namespaced_pod("second", namespace).status.phase == "Running"
+
+
+def agent_pod(name: str, node: str, image: str, marker: str) -> dict[str, Any]:
+    """A gpupool pod of task ``counter`` asking for process checkpoints: no volume, no env of its own;
+    the agent's grant mounts the checkpoint directory and the tools and names what to resume from."""
+    container = {"name": "main", "image": image, "imagePullPolicy": "Never",
+                 "command": [f"{TOOLS_MOUNT}/criu-run", "--", "sh", "-c", counter(marker)],
+                 "securityContext": {"capabilities": {"add": CAPABILITIES}},
+                 "resources": {"limits": {NAMES.gpu_mem: "16"}}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {LEND.checkpoint: PROCESS_CHECKPOINT,
+                                                       LEND.checkpoint_key: "counter"}},
+            "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                     "nodeSelector": {"kubernetes.io/hostname": node}}}
+
+
+def test_the_agent_mounts_criu_run_and_names_the_dump_to_resume_from(
+    core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path,
+    start_node_agent: Callable[..., NodeAgentProcess], gpupool_extender: ExtenderProcess,
+) -> None:
+    """``node-agent --lending --criu``: the grant of a pod annotated ``gpupool.io/checkpoint: process``
+    mounts CRIU, criu-run and the kernel cache (written by the agent on a tmpfs); the dump goes to the
+    task's directory, and the task's next pod gets ``GPUPOOL_RESUME_FROM`` naming it from the agent."""
+    criu, _ = built_criu()
+    image = build_image("criu-counter", base=Base.BUSYBOX)
+    containerd_kubelet.import_image(image)
+    node = containerd_kubelet.node_name
+    cards = stand_in_cards(tmp_path / "dev")
+    root = tmp_path / "checkpoints"
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tools:
+        agent = start_node_agent(containerd_kubelet, cards,
+                                 ("--lending", "--checkpoint-dir", str(root), "--lease-namespace", "",
+                                  "--criu", str(criu), "--criu-dir", tools))
+        wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem), timeout=60,
+                 what=f"gpupool devices on {node}\n{agent.log()}")
+        assert sorted(os.listdir(tools)) == ["criu", "criu-run", "criu.kdat"], agent.log()
+        marker = f"criu-agent-{uuid.uuid4().hex[:8]}"
+        core_v1.create_namespaced_pod(namespace, agent_pod("first", node, image.ref, marker))
+        wait_for(lambda: len(counts(pod_log(core_v1, namespace, "first"))) >= 4, timeout=90,
+                 what=f"the first pod's counter to count\n{agent.log()}",
+                 explain=lambda: str(core_v1.read_namespaced_pod("first", namespace).status))
+        os.kill(wait_for(lambda: wrapper_pid(marker), timeout=10, what="criu-run as process 1"), signal.SIGUSR1)
+
+        def ended() -> str | None:
+            phase = core_v1.read_namespaced_pod("first", namespace).status.phase
+            return str(phase) if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(ended, timeout=30, what="the first pod's end")
+        first_log = pod_log(core_v1, namespace, "first")
+        assert phase == "Succeeded", first_log
+        last = counts(first_log)[-1]
+        [task] = [d for ns in root.iterdir() for d in ns.iterdir()]
+        assert (task / "criu-1" / "inventory.img").is_file(), first_log
+
+        core_v1.create_namespaced_pod(namespace, agent_pod("second", node, image.ref, marker))
+
+        def restored_log() -> str | None:
+            log = pod_log(core_v1, namespace, "second")
+            return log if len(counts(log)) >= 3 else None
+
+        second_log = wait_for(restored_log, timeout=90, what=f"the restored counter\n{agent.log()}",
+                              explain=lambda: pod_log(core_v1, namespace, "second"))
+        assert "restored process" in second_log and f"{CHECKPOINT_MOUNT}/criu-1" in second_log, second_log
+        resumed = counts(second_log)
+        assert resumed == list(range(last + 1, last + 1 + len(resumed))), (first_log, second_log)
+        core_v1.delete_namespaced_pod("second", namespace, grace_period_seconds=0)

@@ -16,7 +16,8 @@ NVIDIA's ``cuda-checkpoint`` (driver 550+) suspends a process's CUDA state into 
 the binary is found, a reclaim runs it on the processes that outlive the deadline before they are
 killed (:mod:`gpupool.nodeagent.lending.cuda_suspend`). The agent dumps no process itself: a workload
 under ``criu-run`` (``gpupool/shim/src/criu_run``) dumps its own processes with CRIU into
-``criu-<n>`` of its directory, which :func:`newest_checkpoint` accepts (docs/lending.md).
+``criu-<n>`` of its directory, which :func:`newest_checkpoint` accepts; with ``--criu`` the grant of a
+pod annotated ``checkpoint: process`` mounts CRIU and the wrapper (docs/lending.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gpupool.api import lending as contract
 from gpupool.nodeagent.isolation.backends import Enforcement as EnforcementPort
 from gpupool.nodeagent.isolation.backends import EnforcementState, LivePods
 from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
+from gpupool.nodeagent.lending.criu_tools import CRIU_ENV, CRIU_MOUNT
 from gpupool.nodeagent.lending.pods import LendingPod
 from gpupool.nodeagent.types import GrantExtras, Mount, PodView
 
@@ -114,10 +116,13 @@ class CheckpointEnforcement:
     """The node's enforcement backend with the checkpoint protocol added to every grant."""
 
     def __init__(self, inner: EnforcementPort, store: CheckpointStore,
-                 pod_of: Callable[[tuple[str, str]], LendingPod | None]) -> None:
+                 pod_of: Callable[[tuple[str, str]], LendingPod | None], criu_tools: str | None = None) -> None:
         self._inner = inner
         self._store = store
         self._pod_of = pod_of
+        self._criu_tools = criu_tools
+        """The host directory with CRIU and ``criu-run`` (:mod:`~gpupool.nodeagent.lending.criu_tools`);
+        mounted for pods annotated ``checkpoint: process``. ``None``: the agent was given no ``--criu``."""
         self.registry = getattr(inner, "registry", None)  # the library's registrations, for the report
         self.granted: Callable[[tuple[str, str], str], None] | None = None
         """Told of each grant once the backend made it (the container's region exists, it has not
@@ -138,6 +143,13 @@ class CheckpointEnforcement:
         except OSError as exc:  # no checkpoint directory: the grant goes on without the protocol
             log.error("no checkpoint directory for %s/%s: %s", pod.namespace, pod.name, exc)
             return base
+        if known is not None and known.process_checkpoint:
+            if self._criu_tools is None:
+                log.warning("pod %s/%s asks for process checkpoints but the agent has no --criu: nothing is "
+                            "mounted at %s", pod.namespace, pod.name, CRIU_MOUNT)
+            else:
+                ours = GrantExtras(envs={**ours.envs, CRIU_ENV: f"{CRIU_MOUNT}/criu"},
+                                   mounts=(*ours.mounts, Mount(self._criu_tools, CRIU_MOUNT, read_only=True)))
         return GrantExtras(envs={**ours.envs, **base.envs}, mounts=(*base.mounts, *ours.mounts))
 
     def state(self) -> EnforcementState:

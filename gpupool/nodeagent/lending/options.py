@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, DEFAULT_HIGH_PRIORITY_THRESHOLD
 from gpupool.nodeagent.lending.cuda_suspend import DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
 
+DEFAULT_CRIU_TOOLS_DIR = "/run/gpupool/criu"
+
 DEFAULT_CHECKPOINT_ROOT = "/var/lib/gpupool/checkpoint"
 DEFAULT_ACTIVE_PERCENT = 10
 DEFAULT_ACTIVE_MEMORY_MIB = 256
@@ -32,8 +34,8 @@ class ActivityThresholds:
 @dataclass(frozen=True)
 class LendingOptions:
     """``--checkpoint-dir``, ``--checkpoint-deadline``, ``--high-priority-threshold``, the owner-activity
-    thresholds, ``--cuda-checkpoint-timeout`` (0: never run the tool) and where the interception
-    library's regions are (``--state-dir``; ``None``: not read)."""
+    thresholds, ``--cuda-checkpoint-timeout`` (0: never run the tool), where the interception
+    library's regions are (``--state-dir``; ``None``: not read) and ``--criu``."""
 
     checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT
     deadline_s: float = DEFAULT_CHECKPOINT_DEADLINE_S
@@ -41,3 +43,7 @@ class LendingOptions:
     activity: ActivityThresholds = field(default_factory=ActivityThresholds)
     cuda_checkpoint_timeout_s: float = DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S
     shim_state_dir: str | None = None
+    criu: str | None = None
+    """``--criu``: a static CRIU for pods annotated ``checkpoint: process`` (``None``: no process checkpoints)."""
+    criu_tools_dir: str = DEFAULT_CRIU_TOOLS_DIR
+    """The host directory (a tmpfs, for CRIU's kernel cache) those pods get CRIU and ``criu-run`` from."""

@@ -24,6 +24,7 @@ from gpupool.nodeagent.isolation.backends import Enforcement
 from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
 from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoint_location
 from gpupool.nodeagent.lending.claims import PreparedClaims
+from gpupool.nodeagent.lending.criu_tools import prepare_criu_tools
 from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
 from gpupool.nodeagent.lending.kube_io import KubeLending
 from gpupool.nodeagent.lending.options import LendingOptions
@@ -108,6 +109,7 @@ class LendingSetup:
         self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
         tool, bound = find_cuda_checkpoint(), options.cuda_checkpoint_timeout_s
         self.cuda = CudaCheckpoint(tool, bound) if tool and bound > 0 else None
+        self.criu_tools = prepare_criu_tools(options.criu, options.criu_tools_dir) if options.criu else None
         self.enforcement: CheckpointEnforcement | None = None
         """The wrapped backend (:meth:`wrap`), told of each grant once the service exists (:meth:`build`)."""
         log.info("checkpoint protocol: directories under %s, deadline %g s; cuda-checkpoint %s",
@@ -122,7 +124,7 @@ class LendingSetup:
 
     def wrap(self, enforcement: Enforcement) -> CheckpointEnforcement:
         """Step 1: the enforcement backend with the checkpoint protocol in every grant."""
-        self.enforcement = CheckpointEnforcement(enforcement, self.store, self.pods.get)
+        self.enforcement = CheckpointEnforcement(enforcement, self.store, self.pods.get, self.criu_tools)
         return self.enforcement
 
     def build(self, node: str, monitor: UsageMonitor, inventory: Callable[[], GpuInventory],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -26,6 +28,22 @@ def test_the_flags_reach_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
     assert options is not None
     assert options.activity == ActivityThresholds(25, 512, 4)
     assert (options.cuda_checkpoint_timeout_s, options.shim_state_dir) == (0.0, "/s")
+
+
+def test_criu_reaches_the_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[LendingOptions | None] = []
+
+    async def run(options: AgentOptions) -> None:
+        seen.append(options.lending)
+
+    monkeypatch.setattr(node_agent_cmd, "run_agent", run)
+    (tmp_path / "criu").write_text("")
+    result = CliRunner().invoke(cli, ["node-agent", "--lending", "--criu", str(tmp_path / "criu"),
+                                      "--criu-dir", "/dev/shm/t"])
+    assert result.exit_code == 0, result.output
+    assert [(o.criu, o.criu_tools_dir) if o else None for o in seen] == [(str(tmp_path / "criu"), "/dev/shm/t")]
+    missing = CliRunner().invoke(cli, ["node-agent", "--lending", "--criu", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "--criu" in missing.output
 
 
 @pytest.mark.parametrize("flag", [pytest.param(["--owner-active-percent", "0"], id="percent-0"),
