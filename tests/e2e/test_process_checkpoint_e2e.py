@@ -20,7 +20,8 @@ The second case runs the same through ``gpupool node-agent --lending --criu --cr
 the agent writes CRIU, criu-run and CRIU's kernel cache into the directory, the grant of a gpupool
 pod annotated ``gpupool.io/checkpoint: process`` mounts it (and the task's checkpoint directory;
 the pod has no volume or env of its own), and the task's next pod is told by the agent to resume
-from ``criu-1``. The signal is still sent by the test, not by a reclaim.
+from ``criu-1``. The signal is sent by the test there; in the third case by the agent's reclaim
+(an owner opening its lent card), which signals ``criu-run`` alone.
 
 Capabilities: the containers add exactly ``CHECKPOINT_RESTORE`` and ``SYS_PTRACE``
 (:data:`CAPABILITIES`) to the runtime's default set; no privileged container, no ``SYS_ADMIN``: CRIU
@@ -44,6 +45,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from bench import reclaim as reclaim_bench
+from bench.reclaim import BORROWER_MIB, CARD_MIB, OWNER, OWNER_MIB, assignment, lent_cards, one_card
 from gpupool.api.lending import (
     CHECKPOINT_DIR_ENV,
     CHECKPOINT_MOUNT,
@@ -63,7 +66,7 @@ from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
 from gpupool.testenv.images import Base, build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
-from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, wait_for
+from tests.e2e.e2e_support import ExtenderProcess, NodeAgentProcess, pod_gone, wait_for
 from tests.e2e.real_containers import stand_in_cards
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -134,9 +137,9 @@ def counts(log: str) -> list[int]:
     return [int(n) for n in COUNT.findall(log)]
 
 
-def pod_log(core_v1: client.CoreV1Api, namespace: str, name: str) -> str:
+def pod_log(core_v1: client.CoreV1Api, namespace: str, name: str, container: str = "main") -> str:
     try:
-        return str(core_v1.read_namespaced_pod_log(name, namespace, container="main"))
+        return str(core_v1.read_namespaced_pod_log(name, namespace, container=container))
     except client.ApiException:
         return ""
 
@@ -244,8 +247,10 @@ def test_the_agent_mounts_criu_run_and_names_the_dump_to_resume_from(
         agent = start_node_agent(containerd_kubelet, cards,
                                  ("--lending", "--checkpoint-dir", str(root), "--lease-namespace", "",
                                   "--criu", str(criu), "--criu-dir", tools))
+        wait_for(lambda: "registered" in agent.log_path.read_text(errors="replace"), timeout=60,
+                 what=f"the agent's devices on {node}", explain=agent.log)
         wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem), timeout=60,
-                 what=f"gpupool devices on {node}\n{agent.log()}")
+                 what=f"gpupool devices on {node}", explain=agent.log)
         assert sorted(os.listdir(tools)) == ["criu", "criu-run", "criu.kdat"], agent.log()
         marker = f"criu-agent-{uuid.uuid4().hex[:8]}"
         core_v1.create_namespaced_pod(namespace, agent_pod("first", node, image.ref, marker))
@@ -277,3 +282,81 @@ def test_the_agent_mounts_criu_run_and_names_the_dump_to_resume_from(
         resumed = counts(second_log)
         assert resumed == list(range(last + 1, last + 1 + len(resumed))), (first_log, second_log)
         core_v1.delete_namespaced_pod("second", namespace, grace_period_seconds=0)
+
+
+def test_a_borrower_under_criu_run_reclaimed_by_its_owner_continues_its_count_on_the_next_loan(
+    core_v1: client.CoreV1Api, namespace: str, containerd_kubelet: Kubelet, tmp_path: Path,
+    start_node_agent: Callable[..., NodeAgentProcess],
+) -> None:
+    """The reclaim drives it: ``node-agent --lending --criu`` lends an idle owner's card (pods bound by
+    hand, as ``bench/reclaim.py --placement hand`` does); a borrower annotated ``checkpoint: process``
+    counts under ``criu-run`` holding the card; the owner opens its card again and the agent's reclaim
+    signals ``criu-run`` alone, which dumps the counter (nothing killed), and the borrower is evicted.
+    Once the card is lent again, the task's next borrower restores the counter and counts on."""
+    criu, _ = built_criu()
+    image = containerd_kubelet.images.busybox.ref
+    node = containerd_kubelet.node_name
+    root, trigger = tmp_path / "checkpoints", tmp_path / "trigger"
+    trigger.mkdir()
+    card = f"{tmp_path / 'dev'}/nvidia0"
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tools:
+        agent = start_node_agent(containerd_kubelet, one_card(tmp_path / "dev"),
+                                 ("--lending", "--idle-after", "2s", "--checkpoint-dir", str(root),
+                                  "--checkpoint-deadline", "5", "--lease-namespace", "", "--isolation", "none",
+                                  "--state-dir", str(tmp_path / "state"), "--criu", str(criu), "--criu-dir", tools))
+        # registered with kubelet: the node may still show the devices of the module's previous agent
+        wait_for(lambda: "registered" in agent.log_path.read_text(errors="replace"), timeout=60,
+                 what=f"the agent's devices on {node}", explain=agent.log)
+        wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem) == str(CARD_MIB // 256),
+                 timeout=60, what=f"this agent's one card on {node}", explain=agent.log)
+        core_v1.create_namespaced_pod(namespace, reclaim_bench.pod(
+            "owner", node, image, OWNER, {NAMES.assignment: assignment(node, OWNER_MIB)}, card, OWNER_MIB, None,
+            str(trigger)))
+        marker = f"criu-loan-{uuid.uuid4().hex[:8]}"
+        notes = {NAMES.assignment: assignment(node, BORROWER_MIB), LEND.borrowed: "true",
+                 LEND.borrowed_from: f"{namespace}/owner", LEND.checkpoint: PROCESS_CHECKPOINT,
+                 LEND.checkpoint_key: "loan-counter"}
+
+        def borrower(name: str) -> dict[str, Any]:
+            manifest = reclaim_bench.pod(name, node, image, "", notes, card, BORROWER_MIB, None)
+            [container] = manifest["spec"]["containers"]
+            container["command"] = [f"{TOOLS_MOUNT}/criu-run", "--", "sh", "-c", f'exec 3<"$CARD"; {counter(marker)}']
+            container["securityContext"] = {"capabilities": {"add": CAPABILITIES}}
+            return manifest
+
+        wait_for(lambda: 0 in lent_cards(core_v1, node), timeout=60, what="card 0 lent", explain=agent.log)
+        core_v1.create_namespaced_pod(namespace, borrower("borrower-1"))
+        seen = [""]
+
+        def counting(name: str, at_least: int) -> str | None:
+            log = pod_log(core_v1, namespace, name, container="c")  # bench.reclaim's pods: container c
+            seen[0] = log or seen[0]
+            return log if len(counts(log)) >= at_least else None
+
+        wait_for(lambda: counting("borrower-1", 4), timeout=90, what=f"borrower-1 counting\n{agent.log()}",
+                 explain=lambda: str(core_v1.read_namespaced_pod("borrower-1", namespace).status))
+        assert 0 in lent_cards(core_v1, node), f"the borrower's open ended the loan\n{agent.log()}"
+        (trigger / "go-1").touch()  # the owner opens its card again
+        opened = time.monotonic()
+        dump = wait_for(lambda: next(root.rglob("criu-1/inventory.img"), None), timeout=30,
+                        what=f"the reclaim's dump\n{agent.log()}",
+                        explain=lambda: f"{seen[0]}\n{counting('borrower-1', 0) or ''}")
+        print(f"  owner's open to the dump renamed into place: {time.monotonic() - opened:.1f} s")
+        wait_for(lambda: pod_gone(core_v1, namespace, "borrower-1") or None, timeout=60,
+                 what="borrower-1 evicted", explain=agent.log)
+        reclaimed = wait_for(lambda: next((line for line in agent.log_path.read_text(errors="replace").splitlines()
+                                          if f"reclaimed {namespace}/borrower-1:" in line), None),
+                             timeout=30, what="the agent's reclaim line", explain=agent.log)
+        assert "1 signalled, 0 killed" in reclaimed, reclaimed  # criu-run alone; the dump ended the rest
+        print(f"  {reclaimed.split(' WARNING ')[-1]}")
+        last = counts(seen[0])[-1]
+
+        wait_for(lambda: 0 in lent_cards(core_v1, node), timeout=90, what="card 0 lent again", explain=agent.log)
+        core_v1.create_namespaced_pod(namespace, borrower("borrower-2"))
+        second_log = wait_for(lambda: counting("borrower-2", 3), timeout=90, what="borrower-2 counting",
+                              explain=agent.log)
+        assert "restored process" in second_log and f"{CHECKPOINT_MOUNT}/{dump.parent.name}" in second_log, second_log
+        resumed = counts(second_log)
+        assert resumed[0] > last and resumed == list(range(resumed[0], resumed[0] + len(resumed))), (seen, second_log)
+        core_v1.delete_namespaced_pod("borrower-2", namespace, grace_period_seconds=0)
+        core_v1.delete_namespaced_pod("owner", namespace, grace_period_seconds=0)
