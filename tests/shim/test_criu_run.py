@@ -161,3 +161,165 @@ def test_usage_and_an_unknown_signal_are_refused(wrapper: Path, fake_criu: Path,
     process = start(wrapper, fake_criu, tmp_path, "true", GPUPOOL_CHECKPOINT_SIGNAL="SIGNOPE")
     out, _ = process.communicate(timeout=10)
     assert process.returncode == 2 and "is not a signal" in out
+
+
+#: A stand-in cuda-checkpoint: a process is a CUDA process when $CUDA_STATES/<pid> holds its state
+#: (running, checkpointed, locked); --toggle flips running and checkpointed, unless TOGGLE_FAILS.
+FAKE_CUDA_CHECKPOINT = r"""#!/bin/sh
+echo "cuda-checkpoint|$*" >> "$CALLS"
+state="$CUDA_STATES/$3"
+[ -f "$state" ] || { echo "cuda-checkpoint: process $3 is not a CUDA process" >&2; exit 1; }
+case "$1" in
+--get-state) cat "$state" ;;
+--toggle)
+  [ -n "$TOGGLE_FAILS" ] && { echo "cuda-checkpoint: OS call failed" >&2; exit 3; }
+  case "$(cat "$state")" in
+  running) echo checkpointed > "$state" ;;
+  checkpointed) echo running > "$state" ;;
+  *) exit 2 ;;
+  esac ;;
+esac
+"""
+
+#: The command marks itself a running CUDA process and starts one non-CUDA child (the sleeps).
+CUDA_LOOP = f'echo running > "$CUDA_STATES/$$"; {LOOP}'
+
+
+@pytest.fixture
+def cuda_states(fake_criu: Path, tmp_path: Path) -> Path:
+    """The stand-in tool beside CRIU (where the agent's mount puts it) and its state directory."""
+    tool = fake_criu.parent / "cuda-checkpoint"
+    tool.write_text(FAKE_CUDA_CHECKPOINT)
+    tool.chmod(0o755)
+    states = tmp_path / "cuda"
+    states.mkdir()
+    return states
+
+
+def checkpointed(wrapper: Path, criu: Path, tmp_path: Path, states: Path, command: str,
+                 **env: str) -> tuple[int, str]:
+    process = start(wrapper, criu, tmp_path, command, R=str(tmp_path / "ready"), CUDA_STATES=str(states), **env)
+    started(process, tmp_path)
+    process.send_signal(signal.SIGUSR1)
+    out, _ = process.communicate(timeout=20)
+    return process.returncode, out
+
+
+def cuda_calls(tmp_path: Path) -> list[str]:
+    return [c.split("|")[1] if c.startswith("cuda-checkpoint|") else "criu " + c.split("|")[1].split()[0]
+            for c in calls(tmp_path)]
+
+
+def test_running_cuda_processes_are_toggled_before_the_dump_and_listed_in_it(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path) -> None:
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, cuda_states, CUDA_LOOP)
+    assert rc == 0, out
+    [cuda_pid] = [int(p.name) for p in cuda_states.iterdir()]
+    done = cuda_calls(tmp_path)
+    # the state of each process of the tree (the command first, then its sleep), a toggle for the
+    # CUDA one alone, then the dump; the non-CUDA sleep is never toggled
+    assert done[:2] == [f"--get-state --pid {cuda_pid}", f"--toggle --pid {cuda_pid}"] and done[-1] == "criu dump"
+    assert len([c for c in done[2:-1] if c.startswith("--get-state --pid ")]) >= 1, done
+    assert [c for c in done if c.startswith("--toggle")] == [f"--toggle --pid {cuda_pid}"]
+    dump = tmp_path / "checkpoint" / "criu-1"
+    assert (dump / "cuda-pids").read_text() == f"{cuda_pid}\n"  # written before the rename
+    assert (cuda_states / str(cuda_pid)).read_text().strip() == "checkpointed"
+    assert "suspended 1 CUDA process(es)" in out
+
+
+def test_a_locked_process_aborts_the_dump_and_what_was_toggled_is_toggled_back(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path) -> None:
+    """The command (toggled first: the lower pid) runs on; the signal is passed on as after a failed dump."""
+    locked = f'trap "exit 0" USR1; echo running > "$CUDA_STATES/$$"; sh -c \'echo locked > "$CUDA_STATES/$$"; ' \
+             f'exec sleep 5 >/dev/null 2>&1\' & {LOOP}'
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, cuda_states, locked)
+    assert rc == 0 and "cannot be suspended (locked or failed): no dump" in out and "passing the signal on" in out, out
+    states = {int(p.name): p.read_text().strip() for p in cuda_states.iterdir()}
+    first = min(states)
+    assert states == {first: "running", max(states): "locked"}
+    done = cuda_calls(tmp_path)
+    assert not any(c.startswith("criu") for c in done)  # never dumped
+    assert [c for c in done if c.startswith("--toggle")] == [f"--toggle --pid {first}"] * 2
+    assert not (tmp_path / "checkpoint" / "criu-1").exists()
+
+
+def test_a_failed_dump_toggles_the_cuda_processes_back(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path) -> None:
+    own = f'trap "exit 0" USR1; {CUDA_LOOP}'
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, cuda_states, own, CRIU_FAILS="1")
+    assert rc == 0 and "criu dump of process" in out and "1 CUDA process(es) back on the GPU" in out, out
+    [cuda_pid] = [int(p.name) for p in cuda_states.iterdir()]
+    assert (cuda_states / str(cuda_pid)).read_text().strip() == "running"
+    assert cuda_calls(tmp_path)[-3:] == ["criu dump", f"--get-state --pid {cuda_pid}", f"--toggle --pid {cuda_pid}"]
+
+
+def test_without_the_tool_nothing_is_toggled(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    states = tmp_path / "cuda"
+    states.mkdir()
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, states, CUDA_LOOP)
+    assert rc == 0 and cuda_calls(tmp_path) == ["criu dump"], out
+    assert not (tmp_path / "checkpoint" / "criu-1" / "cuda-pids").exists()
+
+
+def fake_dump(tmp_path: Path, pids: list[int]) -> Path:
+    dump = tmp_path / "checkpoint" / "criu-2"
+    dump.mkdir(parents=True)
+    (dump / "inventory.img").write_bytes(b"inv")
+    (dump / "cuda-pids").write_text("".join(f"{p}\n" for p in pids))
+    return dump
+
+
+#: A stand-in CRIU whose restore "restores" a process: a detached sleep whose pid it writes into
+#: --pidfile (an orphan, it becomes criu-run's child as --restore-sibling's tree would).
+RESTORING_CRIU = r"""#!/bin/sh
+echo "$XDG_RUNTIME_DIR|$*" >> "$CALLS"
+while [ $# -gt 0 ]; do case "$1" in --pidfile) pidfile=$2; shift;; esac; shift; done
+setsid sleep "${RESTORED_RUNS:-0.3}" </dev/null >/dev/null 2>&1 &
+echo $! > "$pidfile"
+"""
+
+
+@pytest.mark.parametrize("toggle_fails", [False, True], ids=["toggled-back", "toggle-back-fails"])
+def test_after_a_restore_the_dumped_cuda_processes_are_toggled_back(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path, toggle_fails: bool) -> None:
+    """A process that cannot be put back on the GPU cannot go on: the restored tree ends and the
+    command starts afresh, as after a failed restore."""
+    fake_criu.write_text(RESTORING_CRIU)
+    pids = [NO_PID_A, NO_PID_B]
+    for pid in pids:
+        (cuda_states / str(pid)).write_text("checkpointed\n")
+    dump = fake_dump(tmp_path, pids)
+    env = {"TOGGLE_FAILS": "1"} if toggle_fails else {}
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump),
+                    CUDA_STATES=str(cuda_states), **env)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0, out
+    done = cuda_calls(tmp_path)
+    assert done[0] == "criu restore"
+    assert done[1:] == [f"--get-state --pid {NO_PID_B}", f"--toggle --pid {NO_PID_B}",
+                        f"--get-state --pid {NO_PID_A}", f"--toggle --pid {NO_PID_A}"]
+    if toggle_fails:
+        assert "cannot use the GPU: ending them" in out and out.endswith("starting sh afresh\nafresh\n"), out
+    else:
+        assert "put 2 CUDA process(es) back on the GPU" in out and "afresh" not in out, out
+        assert {p.read_text().strip() for p in cuda_states.iterdir()} == {"running"}
+
+
+#: pids no process has (above pid_max): the stand-in tool answers for them from its state files
+NO_PID_A = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+NO_PID_B = NO_PID_A + 1
+
+
+def test_a_tool_named_by_the_environment_that_hangs_is_killed_at_its_bound_and_nothing_is_dumped(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    tool = tmp_path / "elsewhere" / "cuda-checkpoint"
+    tool.parent.mkdir()
+    tool.write_text('#!/bin/sh\necho "cuda-checkpoint|$*" >> "$CALLS"\nexec sleep 30 >/dev/null\n')
+    tool.chmod(0o755)
+    own = f'trap "exit 0" USR1; {LOOP}'
+    began = time.monotonic()
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, tmp_path, own, GPUPOOL_CUDA_CHECKPOINT=str(tool),
+                           GPUPOOL_CUDA_CHECKPOINT_TIMEOUT="0.3")
+    assert rc == 0 and "no answer within 300 ms; killed" in out and "passing the signal on" in out, out
+    assert time.monotonic() - began < 5
+    assert [c for c in cuda_calls(tmp_path) if not c.startswith("--get-state")] == []  # no toggle, no dump

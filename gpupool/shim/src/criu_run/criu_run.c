@@ -19,6 +19,18 @@
  * pipe each of fds 0-2 was (`descriptors`) and the restore hands the new container's pipes in their
  * place (--inherit-fd), so the restored process writes to the new container's log.
  *
+ * CUDA processes (NVIDIA's cuda-checkpoint, where it is found: $GPUPOOL_CUDA_CHECKPOINT, else a
+ * `cuda-checkpoint` beside CRIU). CRIU cannot dump a process that maps the GPU, so before the dump
+ * each process of CMD's tree is asked `--get-state`: one that fails it is no CUDA process and left
+ * alone, `running` is toggled (`--toggle`: its device memory is copied into its host memory and the
+ * GPU released), `checkpointed` is left as it is, `locked` or `failed` abort the dump. The pids
+ * toggled are written into the dump (`cuda-pids`) before the rename; after a restore each of them is
+ * toggled back (the restore keeps pids). An aborted or failed dump toggles back what it toggled, so
+ * the workload goes on on the GPU and gets the signal as above. A process that cannot be toggled
+ * back after a restore cannot go on (its CUDA calls fail or block): the restored tree is killed and
+ * CMD started afresh, as after a failed restore. Each call of the tool is bounded
+ * ($GPUPOOL_CUDA_CHECKPOINT_TIMEOUT seconds, 30 by default; a tool past it is killed).
+ *
  * The exit status is CMD's (128 + the signal when a signal ended it). Where it is not the
  * namespace's init it makes itself a child subreaper, so orphans of the tree are still reaped.
  */
@@ -28,6 +40,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/sched.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -45,8 +58,14 @@
 #define PREFIX "criu-"
 #define MAX_ARGS 32
 #define KERNDAT_CACHE "criu.kdat"
+#define CUDA_TOOL "cuda-checkpoint"
+#define CUDA_PIDS "cuda-pids"
+#define CUDA_TIMEOUT_S 30
+#define MAX_CUDA 256
 
 static const char *criu_path = DEFAULT_CRIU;
+static char cuda_tool[PATH_MAX]; /* empty: no cuda-checkpoint, nothing toggled */
+static int cuda_timeout_ms = CUDA_TIMEOUT_S * 1000;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
@@ -206,6 +225,220 @@ static void fsync_dir(const char *dir)
 	}
 }
 
+/* Where cuda-checkpoint is: $GPUPOOL_CUDA_CHECKPOINT, else beside CRIU; none leaves CUDA alone. */
+static void find_cuda_tool(void)
+{
+	const char *named = getenv("GPUPOOL_CUDA_CHECKPOINT");
+	const char *timeout = getenv("GPUPOOL_CUDA_CHECKPOINT_TIMEOUT");
+	char *slash;
+	if (timeout != NULL && atof(timeout) > 0)
+		cuda_timeout_ms = (int)(atof(timeout) * 1000);
+	if (named != NULL && *named != '\0') {
+		if (access(named, X_OK) == 0)
+			snprintf(cuda_tool, sizeof(cuda_tool), "%s", named);
+		else
+			say("GPUPOOL_CUDA_CHECKPOINT=%s cannot be run (%s): CUDA processes are not suspended", named,
+			    strerror(errno));
+		return;
+	}
+	snprintf(cuda_tool, sizeof(cuda_tool), "%s", criu_path);
+	slash = strrchr(cuda_tool, '/');
+	if (slash == NULL || (size_t)(slash + 1 - cuda_tool) + sizeof(CUDA_TOOL) > sizeof(cuda_tool)) {
+		cuda_tool[0] = '\0';
+		return;
+	}
+	strcpy(slash + 1, CUDA_TOOL);
+	if (access(cuda_tool, X_OK) != 0)
+		cuda_tool[0] = '\0';
+}
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Run `cuda-checkpoint <action> --pid <pid>` within cuda_timeout_ms; its exit status (-1: killed at
+ * the bound or not started; 127: it could not be run), with what it printed in out. */
+static int cuda_call(const char *action, pid_t pid, char *out, size_t size)
+{
+	char pidarg[32];
+	int pipefd[2], status = 0;
+	size_t used = 0;
+	long long deadline = now_ms() + cuda_timeout_ms;
+	pid_t tool;
+	out[0] = '\0';
+	snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
+	if (pipe2(pipefd, O_CLOEXEC) < 0)
+		return -1;
+	tool = fork();
+	if (tool < 0) {
+		close(pipefd[0]);
+		close(pipefd[1]);
+		return -1;
+	}
+	if (tool == 0) {
+		sigset_t none;
+		int null = open("/dev/null", O_RDONLY);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		if (null >= 0)
+			dup2(null, 0);
+		dup2(pipefd[1], 1);
+		dup2(pipefd[1], 2);
+		execl(cuda_tool, cuda_tool, action, "--pid", pidarg, (char *)NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	for (;;) {
+		struct pollfd p = {.fd = pipefd[0], .events = POLLIN};
+		long long left = deadline - now_ms();
+		ssize_t n;
+		if (left <= 0)
+			break;
+		if (poll(&p, 1, (int)left) <= 0)
+			continue;
+		n = read(pipefd[0], out + used, size - 1 - used);
+		if (n <= 0 || used + (size_t)n >= size - 1) {
+			if (n > 0)
+				used += (size_t)n;
+			break;
+		}
+		used += (size_t)n;
+	}
+	out[used] = '\0';
+	close(pipefd[0]);
+	for (;;) {
+		pid_t done = waitpid(tool, &status, WNOHANG);
+		if (done == tool)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		if (done < 0 && errno != EINTR)
+			return -1;
+		if (now_ms() >= deadline) {
+			kill(tool, SIGKILL);
+			waitpid(tool, &status, 0);
+			say("%s %s --pid %d: no answer within %d ms; killed", cuda_tool, action, (int)pid, cuda_timeout_ms);
+			return -1;
+		}
+		usleep(5000);
+	}
+}
+
+enum cuda_state { NOT_CUDA, RUNNING, CHECKPOINTED, STUCK, UNKNOWN };
+
+static enum cuda_state cuda_state(pid_t pid)
+{
+	char out[256];
+	int rc = cuda_call("--get-state", pid, out, sizeof(out));
+	if (rc == -1)
+		return UNKNOWN;
+	if (rc != 0)
+		return NOT_CUDA;
+	if (strstr(out, "checkpointed") != NULL)
+		return CHECKPOINTED;
+	if (strstr(out, "running") != NULL)
+		return RUNNING;
+	if (strstr(out, "locked") != NULL || strstr(out, "failed") != NULL)
+		return STUCK;
+	return UNKNOWN;
+}
+
+static int cuda_toggle(pid_t pid)
+{
+	char out[256];
+	int rc = cuda_call("--toggle", pid, out, sizeof(out));
+	if (rc != 0)
+		say("%s --toggle --pid %d failed (%d): %.200s", cuda_tool, (int)pid, rc, out);
+	return rc == 0 ? 0 : -1;
+}
+
+/* The processes of the tree rooted at `root` (itself first, then by pid), at most `max`. */
+static int tree_pids(pid_t root, pid_t *out, int max)
+{
+	static pid_t pid[4096], parent[4096];
+	int all = 0, n = 0;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	if (d == NULL)
+		return 0;
+	while ((e = readdir(d)) != NULL && all < 4096) {
+		char path[64], buf[512], *close_paren;
+		int fd;
+		ssize_t len;
+		long p = strtol(e->d_name, &close_paren, 10);
+		if (*close_paren != '\0' || p <= 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", p);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		len = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (len <= 0)
+			continue;
+		buf[len] = '\0';
+		close_paren = strrchr(buf, ')');
+		if (close_paren == NULL)
+			continue;
+		pid[all] = (pid_t)p;
+		parent[all] = (pid_t)strtol(close_paren + 4, NULL, 10); /* ") S <ppid>" */
+		all++;
+	}
+	closedir(d);
+	out[n++] = root;
+	for (int i = 0; i < n; i++) /* breadth first: children of out[i] */
+		for (int j = 0; j < all && n < max; j++)
+			if (parent[j] == out[i])
+				out[n++] = pid[j];
+	return n;
+}
+
+/* Toggle back each of `pids` that is checkpointed now; how many could not be. */
+static int cuda_resume(const pid_t *pids, int n)
+{
+	int failed = 0;
+	for (int i = n - 1; i >= 0; i--) {
+		enum cuda_state state = cuda_state(pids[i]);
+		if (state == CHECKPOINTED && cuda_toggle(pids[i]) == 0)
+			continue;
+		if (state != RUNNING) {
+			say("process %d could not be put back on the GPU (state %d)", (int)pids[i], (int)state);
+			failed++;
+		}
+	}
+	return failed;
+}
+
+/* Before a dump: toggle every running CUDA process of the tree to checkpointed; 0 and the pids
+ * toggled, or -1 (what was toggled is toggled back) when a process is locked, failed or would not. */
+static int cuda_suspend(pid_t root, pid_t *toggled, int *count)
+{
+	pid_t tree[MAX_CUDA];
+	int n = tree_pids(root, tree, MAX_CUDA);
+	long long began = now_ms();
+	*count = 0;
+	for (int i = 0; i < n; i++) {
+		enum cuda_state state = cuda_state(tree[i]);
+		if (state == NOT_CUDA || state == CHECKPOINTED)
+			continue;
+		if (state == RUNNING) {
+			toggled[(*count)++] = tree[i];
+			if (cuda_toggle(tree[i]) == 0)
+				continue;
+		}
+		say("process %d cannot be suspended (%s): no dump", (int)tree[i],
+		    state == STUCK ? "locked or failed" : state == RUNNING ? "toggle failed" : "no answer");
+		if (cuda_resume(toggled, *count) > 0)
+			say("some CUDA processes stay checkpointed");
+		*count = 0;
+		return -1;
+	}
+	if (*count > 0)
+		say("suspended %d CUDA process(es) with %s in %lld ms", *count, cuda_tool, now_ms() - began);
+	return 0;
+}
+
 /* Dump the tree rooted at `child` into dir/criu-<n>; 0 when it is there (the tree is gone). */
 static int dump(pid_t child, const char *dir)
 {
@@ -213,7 +446,8 @@ static int dump(pid_t child, const char *dir)
 	char text[3 * (PATH_MAX + 8)] = "";
 	unsigned long n = next_number(dir);
 	long highest = highest_pid();
-	int rc;
+	pid_t toggled[MAX_CUDA];
+	int rc, cuda = 0;
 	snprintf(work, sizeof(work), "%s/." PREFIX "%lu", dir, n);
 	snprintf(done, sizeof(done), "%s/" PREFIX "%lu", dir, n);
 	if (mkdir(work, 0755) < 0) {
@@ -237,6 +471,19 @@ static int dump(pid_t child, const char *dir)
 	snprintf(file, sizeof(file), "%s/pids-max", work);
 	if (write_text(file, text) < 0)
 		say("cannot write %s: %s", file, strerror(errno));
+	if (cuda_tool[0] != '\0') {
+		if (cuda_suspend(child, toggled, &cuda) < 0)
+			return -1;
+		text[0] = '\0';
+		for (int i = 0; i < cuda; i++)
+			snprintf(text + strlen(text), sizeof(text) - strlen(text), "%d\n", (int)toggled[i]);
+		snprintf(file, sizeof(file), "%s/" CUDA_PIDS, work);
+		if (write_text(file, text) < 0) { /* a restore would leave them checkpointed: no dump */
+			say("cannot write %s: %s", file, strerror(errno));
+			cuda_resume(toggled, cuda);
+			return -1;
+		}
+	}
 	snprintf(pidarg, sizeof(pidarg), "%d", (int)child);
 	{
 		char *argv[] = {(char *)criu_path, "dump", "-t", pidarg, "-D", work, "-o", "dump.log",
@@ -245,6 +492,8 @@ static int dump(pid_t child, const char *dir)
 	}
 	if (rc != 0) {
 		say("criu dump of process %d failed (exit %d; %s/dump.log)", (int)child, rc, work);
+		if (cuda > 0 && cuda_resume(toggled, cuda) == 0)
+			say("%d CUDA process(es) back on the GPU", cuda);
 		return -1;
 	}
 	if (rename(work, done) < 0) {
@@ -338,6 +587,46 @@ static pid_t restore(const char *path, const char *dir)
 	return (pid_t)read_long(pidfile);
 }
 
+/* After a restore from `path`: toggle back each process its dump checkpointed (cuda-pids; the
+ * restore kept their pids). 0 when every one runs on the GPU again (or there was none). */
+static int resume_cuda(const char *path)
+{
+	char file[PATH_MAX + 16];
+	pid_t pids[MAX_CUDA];
+	int n = 0, pid, failed;
+	long long began = now_ms();
+	FILE *f;
+	snprintf(file, sizeof(file), "%s/" CUDA_PIDS, path);
+	f = fopen(file, "re");
+	if (f == NULL)
+		return 0;
+	while (n < MAX_CUDA && fscanf(f, "%d", &pid) == 1)
+		if (pid > 0)
+			pids[n++] = (pid_t)pid;
+	fclose(f);
+	if (n == 0)
+		return 0;
+	if (cuda_tool[0] == '\0') {
+		say("%s lists %d checkpointed CUDA process(es) but there is no %s here", file, n, CUDA_TOOL);
+		return -1;
+	}
+	failed = cuda_resume(pids, n);
+	if (failed == 0)
+		say("put %d CUDA process(es) back on the GPU in %lld ms", n, now_ms() - began);
+	return failed;
+}
+
+/* SIGKILL the tree rooted at `root` and wait for `root` (its orphans are reaped by the main loop). */
+static void end_tree(pid_t root)
+{
+	pid_t tree[MAX_CUDA];
+	int n = tree_pids(root, tree, MAX_CUDA), status;
+	for (int i = 0; i < n; i++)
+		kill(tree[i], SIGKILL);
+	while (waitpid(root, &status, 0) < 0 && errno == EINTR)
+		;
+}
+
 static pid_t start(char *const cmd[])
 {
 	pid_t child = fork();
@@ -380,6 +669,7 @@ int main(int argc, char *argv[])
 		say("GPUPOOL_CHECKPOINT_SIGNAL=%s is not a signal", getenv("GPUPOOL_CHECKPOINT_SIGNAL"));
 		return 2;
 	}
+	find_cuda_tool();
 	if (getpid() != 1)
 		prctl(PR_SET_CHILD_SUBREAPER, 1);
 	sigemptyset(&set);
@@ -394,9 +684,15 @@ int main(int argc, char *argv[])
 	child = -1;
 	if (resume != NULL && *resume != '\0' && is_dump(resume)) {
 		child = restore(resume, dir != NULL && *dir != '\0' ? dir : "/tmp");
-		if (child > 0)
+		if (child > 0) {
 			say("restored process %d from %s", (int)child, resume);
-		else
+			if (resume_cuda(resume) != 0) {
+				say("the restored processes cannot use the GPU: ending them");
+				end_tree(child);
+				child = -1;
+			}
+		}
+		if (child <= 0)
 			say("starting %s afresh", argv[i]);
 	}
 	if (child <= 0)
