@@ -16,6 +16,13 @@ that is not a CUDA process (a shell, a data loader) fails ``--get-state`` and is
 Every call is bounded: the whole stage for one reclaim gets ``timeout_s``; a tool still running then
 is killed (``cuda-checkpoint`` waits for submitted work and can hang on a locked peer, NVIDIA's
 issue 30), and the reclaim goes on to ``SIGKILL`` whatever happened. Nothing here raises.
+
+A pod under ``criu-run`` suspends its CUDA processes itself, around its CRIU dump (docs/lending.md,
+"GPU state under criu-run"). While that is under way one of the pod's processes is criu-run's
+``cuda-checkpoint`` or ``criu``: the stage then leaves the whole pod alone, so no process is toggled
+by both (a second toggle of a checkpointed process would put it back on the card, and a process
+CRIU holds stopped cannot answer). A criu-run whose dump failed has toggled its processes back and
+runs no such helper: the stage treats it as any other pod.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -35,6 +42,17 @@ KILL_WAIT_S = 0.5
 """How long a killed tool may take to exit before it is left to the event loop's child watcher."""
 RUNNING = "running"
 CHECKPOINTED = "checkpointed"
+CHECKPOINT_HELPERS = frozenset({"criu", "cuda-checkpoint"})
+"""Process names (``/proc/<pid>/comm``) that mean a checkpoint of the pod's own is under way."""
+
+
+def command_name(pid: int) -> str:
+    """The process's name (its ``comm``), or ``""`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
 
 
 class Suspension(StrEnum):
@@ -63,13 +81,21 @@ class ToolRun:
 class CudaCheckpoint:
     """Runs ``cuda-checkpoint`` at ``path`` for the processes a reclaim is about to kill."""
 
-    def __init__(self, path: str, timeout_s: float = DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S) -> None:
+    def __init__(self, path: str, timeout_s: float = DEFAULT_CUDA_CHECKPOINT_TIMEOUT_S,
+                 name_of: Callable[[int], str] = command_name) -> None:
         self.path = path
         self.timeout_s = timeout_s
+        self._name_of = name_of
 
     async def suspend(self, pids: Iterable[int]) -> dict[int, Suspension]:
-        """Suspend every process in ``pids`` that runs CUDA, all at once, within ``timeout_s`` in all."""
+        """Suspend every process in ``pids`` that runs CUDA, all at once, within ``timeout_s`` in all;
+        none where one of them is a checkpoint helper (the pod's ``criu-run`` is suspending them)."""
         ordered = sorted(set(pids))
+        helpers = sorted(pid for pid in ordered if self._name_of(pid) in CHECKPOINT_HELPERS)
+        if helpers:
+            log.warning("cuda-checkpoint before the kill: not run, the pod's own checkpoint is under way "
+                        "(processes %s are criu or cuda-checkpoint)", helpers)
+            return dict.fromkeys(ordered, Suspension.SKIPPED)
         deadline = time.monotonic() + self.timeout_s
         outcomes = await asyncio.gather(*(self._one(pid, deadline) for pid in ordered))
         result = dict(zip(ordered, outcomes, strict=True))

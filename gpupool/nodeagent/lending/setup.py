@@ -109,7 +109,7 @@ class LendingSetup:
         self.store = CheckpointStore(options.checkpoint_root, options.deadline_s)
         tool, bound = find_cuda_checkpoint(), options.cuda_checkpoint_timeout_s
         self.cuda = CudaCheckpoint(tool, bound) if tool and bound > 0 else None
-        self.criu_tools = prepare_criu_tools(options.criu, options.criu_tools_dir) if options.criu else None
+        self.criu_tools = prepare_criu_tools(options.criu, options.criu_tools_dir, tool) if options.criu else None
         self.enforcement: CheckpointEnforcement | None = None
         """The wrapped backend (:meth:`wrap`), told of each grant once the service exists (:meth:`build`)."""
         log.info("checkpoint protocol: directories under %s, deadline %g s; cuda-checkpoint %s",
