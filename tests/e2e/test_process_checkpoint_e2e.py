@@ -16,6 +16,12 @@ protocol's environment and directory as the node agent hands them out:
    it: the first count in its log is the one after the last count pod one printed (not 1), printed
    by the restored shell into the new container's log.
 
+A stand-in ``cuda-checkpoint`` lies beside CRIU there (a shell script: the counter's shell is a
+``running`` CUDA process to it, every other process is none), so the case also shows criu-run's
+toggles around a real dump and restore: the counter's shell toggled before the dump and listed in
+its ``cuda-pids``, toggled back after the restore. No GPU: what the real tool does to device
+memory is not shown.
+
 The second case runs the same through ``gpupool node-agent --lending --criu --criu-dir <tmpfs>``:
 the agent writes CRIU, criu-run and CRIU's kernel cache into the directory, the grant of a gpupool
 pod annotated ``gpupool.io/checkpoint: process`` mounts it (and the task's checkpoint directory;
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -102,6 +109,21 @@ def pod_manifest(name: str, node: str, marker: str, tools: Path, checkpoints: Pa
                      "volumes": [{"name": "tools", "hostPath": {"path": str(tools), "type": "Directory"}},
                                  {"name": "checkpoints", "hostPath": {"path": str(checkpoints), "type": "Directory"}}],
                      "nodeSelector": {"kubernetes.io/hostname": node}}}
+
+
+#: A stand-in cuda-checkpoint run inside the container (busybox sh): a process whose command line
+#: carries MARKER is a CUDA process, its state kept in the checkpoint directory (it outlives the pod),
+#: every call logged there.
+STAND_IN_CUDA_CHECKPOINT = """#!/bin/sh
+echo "$*" >> "$GPUPOOL_CHECKPOINT_DIR/.cuda-calls"
+grep -q MARKER "/proc/$3/cmdline" 2>/dev/null || { echo "not a CUDA process" >&2; exit 1; }
+state="$GPUPOOL_CHECKPOINT_DIR/.cuda-state"
+now=$(cat "$state" 2>/dev/null || echo running)
+case "$1" in
+--get-state) echo "$now" ;;
+--toggle) if [ "$now" = running ]; then echo checkpointed > "$state"; else echo running > "$state"; fi ;;
+esac
+"""
 
 
 def write_kerndat_cache(criu: Path, tools: Path) -> None:
@@ -176,6 +198,8 @@ def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_ne
     containerd_kubelet.import_image(image)
     node = containerd_kubelet.node_name
     marker = f"criu-e2e-{uuid.uuid4().hex[:8]}"
+    (tools / "cuda-checkpoint").write_text(STAND_IN_CUDA_CHECKPOINT.replace("MARKER", marker))
+    (tools / "cuda-checkpoint").chmod(0o755)
 
     def create(name: str, resume_from: str | None = None) -> None:
         manifest = pod_manifest(name, node, marker, tools, checkpoints, resume_from)
@@ -202,6 +226,12 @@ def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_ne
     assert (dump / "inventory.img").is_file(), sorted(p.name for p in checkpoints.iterdir())
     assert newest_checkpoint(str(checkpoints)) == "criu-1"  # what the agent would name in GPUPOOL_RESUME_FROM
     print(f"  dump: {sum(f.stat().st_size for f in dump.iterdir()) / 1024:.0f} KiB, last count {last}")
+    # the counter's shell (the wrapper's child) was toggled before CRIU dumped it, and is listed in the dump
+    shell = int((dump / "cuda-pids").read_text())
+    dumped_calls = (checkpoints / ".cuda-calls").read_text().splitlines()
+    assert dumped_calls[:2] == [f"--get-state --pid {shell}", f"--toggle --pid {shell}"], dumped_calls
+    assert [c for c in dumped_calls if c.startswith("--toggle")] == [f"--toggle --pid {shell}"]
+    assert "suspended 1 CUDA process(es)" in first_log and (checkpoints / ".cuda-state").read_text() == "checkpointed\n"
 
     create("second", resume_from=f"{CHECKPOINT_MOUNT}/criu-1")
     def restored_log() -> str | None:
@@ -211,6 +241,11 @@ def test_a_counter_dumped_by_criu_in_its_container_continues_its_count_in_the_ne
     second_log = wait_for(restored_log, timeout=90, what="the second pod's restored counter to count",
                           explain=lambda: pod_log(core_v1, namespace, "second"))
     assert "criu-run: restored process" in second_log, second_log
+    # the restored shell kept its pid and was toggled back before it went on counting
+    assert (checkpoints / ".cuda-calls").read_text().splitlines()[len(dumped_calls):] == [
+        f"--get-state --pid {shell}", f"--toggle --pid {shell}"]
+    assert "put 1 CUDA process(es) back on the GPU" in second_log
+    assert (checkpoints / ".cuda-state").read_text() == "running\n"
     resumed = counts(second_log)
     assert resumed[0] == last + 1 and resumed == list(range(last + 1, last + 1 + len(resumed))), (first_log, second_log)
     assert core_v1.read_namespaced_pod("second", namespace).status.phase == "Running"
@@ -251,7 +286,9 @@ def test_the_agent_mounts_criu_run_and_names_the_dump_to_resume_from(
                  what=f"the agent's devices on {node}", explain=agent.log)
         wait_for(lambda: (core_v1.read_node(node).status.allocatable or {}).get(NAMES.gpu_mem), timeout=60,
                  what=f"gpupool devices on {node}", explain=agent.log)
-        assert sorted(os.listdir(tools)) == ["criu", "criu-run", "criu.kdat"], agent.log()
+        # and a copy of cuda-checkpoint where the agent finds one on its PATH (a GPU node's driver 550+)
+        written = ["criu", "criu-run", "criu.kdat", *(["cuda-checkpoint"] if shutil.which("cuda-checkpoint") else [])]
+        assert sorted(os.listdir(tools)) == written, agent.log()
         marker = f"criu-agent-{uuid.uuid4().hex[:8]}"
         core_v1.create_namespaced_pod(namespace, agent_pod("first", node, image.ref, marker))
         wait_for(lambda: len(counts(pod_log(core_v1, namespace, "first"))) >= 4, timeout=90,
