@@ -30,6 +30,7 @@ from gpupool.extender.binder import DEFAULT_DEADLINE_S, Binder
 from gpupool.extender.borrowing import BorrowSettings
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.claim_classes import TemplateClasses, WatchedClaimClasses
+from gpupool.extender.claim_group_admission import ClaimGroupAdmission
 from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.client_image import client_image
 from gpupool.extender.dra_watch import api_get, start_claim_watch, start_class_watch, start_template_watch
@@ -351,7 +352,8 @@ def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, schedule
     the scheduler of new GPU pods (``scheduler_name``, gpupool's own), with the GPU client and its
     grant for remote shares when ``remote_client_image`` is given; with ``claims``, pods whose
     claims ask for gpupool's device class are steered too; with ``check_server_name`` (GPU nodes'
-    own certificates are signed) the client checks its server node's name in the certificate."""
+    own certificates are signed) the client checks its server node's name in the certificate; new
+    ResourceClaims get the selectors that keep them on their resource groups' cards."""
     from kubernetes import client
 
     return AdmissionApi(QuotaAdmission(cache, api.names), api.metrics, api.bodies,
@@ -362,7 +364,8 @@ def _admission_app(cache: ClusterCache, api: ExtenderApi, core_v1: Any, schedule
                         steering=SchedulerSteering(api.names, scheduler_name, claims=claims),
                         remote_injection=RemoteInjection(api.names, remote_client_image,
                                                          check_server_name=check_server_name)
-                        if remote_client_image else None).app()
+                        if remote_client_image else None,
+                        claim_groups=ClaimGroupAdmission(cache, cache.claims)).app()
 
 
 def _listeners(options: ExtenderOptions) -> Listeners:

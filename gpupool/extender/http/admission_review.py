@@ -15,7 +15,10 @@
   gpupool can never place it (:class:`gpupool.extender.request_admission.RequestAdmission`), and
   gets ``spec.schedulerName`` of gpupool's own scheduler
   (:class:`gpupool.extender.scheduler_steering.SchedulerSteering`) and, for a remote share, the GPU
-  client and its grant (:class:`gpupool.extender.remote_injection.RemoteInjection`), as one JSON patch.
+  client and its grant (:class:`gpupool.extender.remote_injection.RemoteInjection`), as one JSON patch;
+* ``POST /admission/claim-groups`` (mutating): a new ResourceClaim gets the CEL selectors that keep
+  its requests of gpupool's classes on the cards its resource groups allow, or is refused
+  (:class:`gpupool.extender.claim_group_admission.ClaimGroupAdmission`).
 
 Why a port of its own (``--admission-port``), served by the extender process rather than a separate
 command: the verdict needs the extender's caches (quotas, the ledger's GPU models), which a second
@@ -45,6 +48,7 @@ import orjson
 from aiohttp import web
 
 from gpupool.extender.admission import ALLOWED, QuotaAdmission, Verdict
+from gpupool.extender.claim_group_admission import ClaimGroupAdmission
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
@@ -59,6 +63,7 @@ ADMISSION_PATH = "/admission/pods"
 POD_GROUPS_PATH = "/admission/pod-groups"
 GROUP_WRITES_PATH = "/admission/resourcegroups"
 POD_SCHEDULER_PATH = "/admission/pod-scheduler"
+CLAIM_GROUPS_PATH = "/admission/claim-groups"
 REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 DENIED_CODE = 403
 """What the apiserver returns for a denied request: Forbidden, as for a ResourceQuota exceeded."""
@@ -66,6 +71,7 @@ VERB = "admission"
 POD_GROUPS_VERB = "admission_pod_groups"
 GROUP_WRITES_VERB = "admission_resourcegroups"
 POD_SCHEDULER_VERB = "admission_pod_scheduler"
+CLAIM_GROUPS_VERB = "admission_claim_groups"
 
 
 class ReviewError(ValueError):
@@ -169,7 +175,8 @@ class AdmissionApi:
                  group_writes: GroupWriteAdmission | None = None,
                  steering: SchedulerSteering | None = None,
                  requests: RequestAdmission | None = None,
-                 remote_injection: RemoteInjection | None = None) -> None:
+                 remote_injection: RemoteInjection | None = None,
+                 claim_groups: ClaimGroupAdmission | None = None) -> None:
         self.admission = admission
         self.requests = requests or RequestAdmission(admission.ledger, admission.names)
         self.metrics = metrics
@@ -179,6 +186,8 @@ class AdmissionApi:
         self.steering = steering
         self.remote_injection = remote_injection
         """With the steering: the GPU client and its grant added to a remote-share pod."""
+        self.claim_groups = claim_groups
+        """New ResourceClaims kept to their resource groups' cards."""
 
     def verdict(self, review: Review) -> Verdict:
         """The verdict on a pod's creation: its request as it will be stored, then its quotas."""
@@ -222,6 +231,13 @@ class AdmissionApi:
         if not checked.patch and not checked.warnings:
             return verdict
         return Verdict(True, warnings=checked.warnings + verdict.warnings, patch=checked.patch + verdict.patch)
+
+    def claim_group_verdict(self, review: Review) -> Verdict:
+        """The selectors that keep a new claim on its resource groups' cards (or its refusal)."""
+        if self.claim_groups is None or review.operation != "CREATE" or review.kind != "ResourceClaim" \
+                or review.pod is None:
+            return ALLOWED
+        return self.claim_groups.review(review.pod, review.namespace)
 
     def handler(self, verb: str, judge: Judge, blocking: bool = False) -> Callable[[web.Request], Any]:
         """The request handler of one path: parse, judge (in a thread when ``blocking``), answer."""
@@ -277,4 +293,6 @@ class AdmissionApi:
             # claim steering may read a claim from the API (bounded): off the event loop then
             application.router.add_post(POD_SCHEDULER_PATH, self.handler(
                 POD_SCHEDULER_VERB, self.pod_scheduler_verdict, blocking=self.steering.claims is not None))
+        if self.claim_groups is not None:
+            application.router.add_post(CLAIM_GROUPS_PATH, self.handler(CLAIM_GROUPS_VERB, self.claim_group_verdict))
         return application
