@@ -54,6 +54,7 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "certs-bootstrap": {"certificates.source": "bootstrap"},
     "dmem-limits": {"nodeAgent.dmemLimits": True},
     "dra": {"nodeAgent.dra": True},
+    "dra-claim-groups": {"webhooks.claimGroups.enabled": True},
     "dra-claim-pods": {"nodeAgent.dra": True, "webhooks.scheduler.enabled": True, "scheduler.claimPods": True},
     "kube-prometheus": {"monitoring.kubePrometheus.enabled": True},
     "network-policy": {"networkPolicy.enabled": True},
