@@ -17,6 +17,8 @@ Only a subset of CEL is read, the one gpupool's documented selectors and the com
 * ``.startsWith`` ``.endsWith`` ``.contains`` on strings; ``.compareTo`` ``.isGreaterThan``
   ``.isLessThan`` between quantities;
 * ``"<name>" in device.attributes["<domain>"]`` (and in ``device.capacity[...]``);
+* ``<string or int> in [<literals of its type>]`` (the resource groups' selector on claims,
+  :mod:`gpupool.kube.claim_groups`, lists card UUIDs so);
 * ``&&`` ``||`` (with CEL's error absorption: ``false && error`` is false), ``!``, parentheses.
 
 Everything else (``.matches``, whose regular expressions could take exponential time here,
@@ -54,7 +56,9 @@ MAX_EXPRESSION_CHARS = 10 * 1024
 """Kubernetes' own limit on one CEL selector expression."""
 MAX_TOKENS = 256
 """About 25 comparisons, more than any selector of the subset needs; a longer one is refused before
-parsing (it also bounds a chain of ``&&``, whose tree evaluation recurses along)."""
+parsing (it also bounds a chain of ``&&``, whose tree evaluation recurses along). String and int
+literals and commas are not counted: they nest nothing, and a list of literals (``in [...]``) may
+hold a few hundred within :data:`MAX_EXPRESSION_CHARS`."""
 MAX_DEPTH = 24
 """Nesting (parentheses, ``!``, operators) the parser follows; deeper is refused, not recursed."""
 MAX_STRING_CHARS = 1024
@@ -149,6 +153,12 @@ class Has:
 
 
 @dataclass(frozen=True)
+class InList:
+    item: Node
+    values: frozenset[str | int]
+
+
+@dataclass(frozen=True)
 class Not:
     operand: Node
 
@@ -174,7 +184,7 @@ class Method:
     arg: Node
 
 
-Node: TypeAlias = Lit | DriverRef | AttrRef | CapRef | MapRef | Has | Not | Logic | Compare | Method
+Node: TypeAlias = Lit | DriverRef | AttrRef | CapRef | MapRef | Has | InList | Not | Logic | Compare | Method
 
 STRING_METHODS = frozenset({"startsWith", "endsWith", "contains"})
 QUANTITY_METHODS = {"compareTo": Kind.INT, "isGreaterThan": Kind.BOOL, "isLessThan": Kind.BOOL}
@@ -227,14 +237,16 @@ def tokenize(text: str) -> list[Token]:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise Unsupported(f"the expression is {len(text)} characters long (at most {MAX_EXPRESSION_CHARS})")
     tokens: list[Token] = []
+    counted = 0
     i = 0
     while i < len(text):
         char = text[i]
         if char in " \t\r\n":
             i += 1
             continue
-        if len(tokens) >= MAX_TOKENS:
+        if counted >= MAX_TOKENS:
             raise Unsupported(f"the expression has more than {MAX_TOKENS} tokens")
+        counted += char not in "\"'," and not (char.isascii() and char.isdigit())
         if char in "\"'":
             value, end = _string(text, i)
             tokens.append(Token("str", text[i:end], value))
@@ -350,6 +362,8 @@ class _Parser:
         left = self.unary()
         if self.peek().kind == "ident" and self.peek().text == "in":
             self.take()
+            if self.is_op("["):
+                return self.in_list(left)
             right = self.unary()
             if not isinstance(left, Lit) or left.kind is not Kind.STRING or not isinstance(right, MapRef):
                 raise Unsupported("'in' is read only as \"<name>\" in device.attributes[...] or device.capacity[...]")
@@ -365,6 +379,30 @@ class _Parser:
             raise Unsupported(f"{op} between {kinds[0].value} and {kinds[1].value} is not read "
                               "(quantities compare with .compareTo)")
         return Compare(op, left, right)
+
+    def in_list(self, item: Node) -> Node:
+        """``item in [literal, ...]``: literals of ``item``'s type, string or int."""
+        kind = self.kind(item)
+        if kind not in (Kind.STRING, Kind.INT):
+            raise Unsupported(f"'in' a list is read only for a string or int, not {kind.value}")
+        self.expect("[")
+        values: set[str | int] = set()
+        first = True
+        while not self.is_op("]"):
+            if not first:
+                self.expect(",")
+                if self.is_op("]"):  # CEL allows a trailing comma
+                    break
+            first = False
+            negative = self.is_op("-")
+            if negative:
+                self.take()
+            token = self.take()
+            if token.kind != ("str" if kind is Kind.STRING else "int") or (negative and token.kind != "int"):
+                raise Unsupported(f"a list for {kind.value} 'in' holds only {kind.value} literals")
+            values.add(-token.value if negative and isinstance(token.value, int) else token.value)
+        self.expect("]")
+        return InList(item, frozenset(values))
 
     def unary(self) -> Node:
         if self.is_op("!"):
@@ -506,6 +544,8 @@ class Selection:
                 names.add(node.name)
             elif isinstance(node, Not):
                 stack.append(node.operand)
+            elif isinstance(node, InList):
+                stack.append(node.item)
             elif isinstance(node, (Logic, Compare)):
                 stack.extend((node.left, node.right))
             elif isinstance(node, Method):
@@ -595,6 +635,8 @@ def evaluate(node: Node, device: Device) -> Value:
     if isinstance(node, Has):
         held = device.attributes if node.map.kind is Kind.ATTRIBUTES else device.capacity
         return node.name in held.get(node.map.domain, {})
+    if isinstance(node, InList):
+        return evaluate(node.item, device) in node.values
     if isinstance(node, Not):
         return not evaluate(node.operand, device)
     if isinstance(node, Logic):

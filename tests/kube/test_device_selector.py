@@ -172,3 +172,43 @@ def test_a_requests_selectors_read_as_one_selection_all_of_which_must_match() ->
 
 def test_literals_of_different_types_are_different_trees() -> None:
     assert parse("1 == 1", SCHEMA) != parse("true == true", SCHEMA)
+
+
+# ----------------------------------------------------------------------------- 'in' a list (issue 24)
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (f'{A}.uuid in ["GPU-x", "GPU-a"]', True),
+    (f'{A}.uuid in ["GPU-x"]', False),
+    (f"{A}.uuid in []", False),
+    (f'!({A}.uuid in ["GPU-a"])', False),
+    (f"{A}.index in [3, -1, 0]", True),
+    (f'{A}.model.startsWith("NVIDIA") && {A}.uuid in ["GPU-a",]', True),
+])
+def test_in_a_list_of_literals(text: str, expected: bool) -> None:
+    assert check(text) is expected
+
+
+@pytest.mark.parametrize("text", [
+    f'{A}.uuid in [1]',
+    f'{A}.index in ["0"]',
+    f'{A}.uuid in [{A}.model]',
+    f'{C}.memory in [1]',
+    f'{A}.uuid in ["a" "b"]',
+])
+def test_in_a_list_of_another_type_or_not_literals_is_refused(text: str) -> None:
+    with pytest.raises(Unsupported):
+        parse(text, SCHEMA)
+
+
+def test_the_resource_groups_selectors_on_claims_are_read_and_select_their_cards() -> None:
+    """What the claim-groups webhook writes stays readable by the extender's card choice for claim
+    pods, up to the largest list one expression holds."""
+    from gpupool.kube.claim_groups import ClaimCards, selector_expressions
+
+    many = frozenset(f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}" for i in range(220))
+    for cards, a100 in ((ClaimCards(many | {"GPU-a"}, frozenset(), "g"), True),
+                        (ClaimCards(None, many | {"GPU-a"}, "g"), False),
+                        (ClaimCards(frozenset({"GPU-z"}), frozenset(), "g"), False)):
+        found = selection([{"cel": {"expression": e}} for e in selector_expressions(cards, DRIVER)], SCHEMA)
+        assert found is not None and found.matches(A100) is a100
+        assert found.attribute_names() == {"uuid"}
