@@ -1,7 +1,8 @@
 """Tenancy's admin side against the real kube-apiserver: the CRDs installed with the command
 docs/tenancy.md gives (run as written, with the testenv's kubectl), ResourceGroup writes judged by
 the requester's RBAC through the extender's webhook (SubjectAccessReviews), User subjects of a group
-enforced on pod creation, and each GpuQuota's status written by the extender.
+enforced on pod creation, each GpuQuota's status written by the extender, and new DRA claims given
+their resource groups' cards as a selector (components/dra-claim-groups).
 
 Requesters are impersonated by the admin's client (``Impersonate-User``), so the apiserver authorizes
 them with their own RBAC and sends the webhook their ``userInfo``; the extender asks its
@@ -300,3 +301,67 @@ def test_the_extender_writes_each_quotas_used_and_hard_amounts_to_its_status(
     custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "gpuquotas", "gpus",
                                           {"spec": {"hard": {"wholeGpus": 3}}})
     wait_for(lambda: status(3), timeout=30, what="the changed limit in the status")
+
+
+CLAIM_GROUPS = ROOT / "deploy" / "kustomize" / "components" / "dra-claim-groups" / "webhook.yaml"
+
+
+def test_new_claims_get_their_groups_cards_as_a_selector_the_apiserver_accepts(
+        kube_api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode,
+        webhook_extender: tuple[FlaggedExtender, str]) -> None:
+    """The shipped claim-groups webhook (docs/dra.md, "Resource groups and claims"): the selector is
+    stored with the claim, so the apiserver compiled its CEL; a group that does not exist refuses the
+    claim; without a group the reserved cards are kept out; another driver's claim is left alone."""
+    _, label = webhook_extender
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": {"gpupool-e2e-groups": label}}})
+    node = gpu_node(make_node)
+    name = f"claims-{uuid.uuid4().hex[:6]}"
+    cards = [f"GPU-{node}-0", f"GPU-{node}-1"]
+    shipped = yaml.safe_load(CLAIM_GROUPS.read_text())
+    (hook,) = shipped["webhooks"]
+    admission = client.AdmissionregistrationV1Api(kube_api_client)
+    served = admission.read_validating_webhook_configuration(f"gpupool-tenancy-{label}").webhooks[0].client_config
+    base = served.url[:served.url.index("/admission/")]  # the fixture's extender, with the test's CA
+    hook["clientConfig"] = {"url": base + hook["clientConfig"]["service"]["path"], "caBundle": served.ca_bundle}
+    hook["namespaceSelector"] = {"matchLabels": {"gpupool-e2e-groups": label}}
+    admission.create_mutating_webhook_configuration({**shipped, "metadata": {"name": f"gpupool-claims-{label}"}})
+    admin = client.CustomObjectsApi(kube_api_client)
+    admin.create_cluster_custom_object(GROUP, VERSION, "resourcegroups", group_body(name, [node]))
+
+    def claim(cls: str = "gpu.gpupool.io") -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"generateName": "c-"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}}
+
+    def create(body: dict[str, Any], dry_run: str | None = "All") -> dict[str, Any]:
+        made: dict[str, Any] = admin.create_namespaced_custom_object("resource.k8s.io", "v1", namespace,
+                                                                      "resourceclaims", body, dry_run=dry_run)
+        return made
+
+    def selectors(made: dict[str, Any]) -> list[str]:
+        return [s["cel"]["expression"] for s in made["spec"]["devices"]["requests"][0]["exactly"].get("selectors", [])]
+
+    allow = f'device.attributes["gpu.gpupool.io"].uuid in ["{cards[0]}", "{cards[1]}"]'
+    try:
+        core_v1.patch_namespace(namespace, {"metadata": {"annotations": {"gpupool.io/default-groups": name}}})
+        stored = wait_for(lambda: (lambda m: m if selectors(m) == [allow] else None)(create(claim(), None)),
+                          timeout=30, what="a claim stored with its group's selector", interval=0.3)
+        assert selectors(stored) == [allow]
+        assert selectors(create(claim("nic.example.com"))) == []
+        core_v1.patch_namespace(namespace, {"metadata": {"annotations": {"gpupool.io/default-groups": "gone"}}})
+        refused = until_refused(lambda: create(claim()), "a claim of a missing group refused")
+        assert refused.startswith("403 ") and "gpupool: resource group gone does not exist" in refused, refused
+        core_v1.patch_namespace(namespace, {"metadata": {"annotations": {"gpupool.io/default-groups": None}}})
+        avoided = wait_for(lambda: (lambda s: s if s and s[0].startswith("!(") else None)(selectors(create(claim()))),
+                           timeout=30, what="a claim without a group kept off reserved cards", interval=0.3)
+        assert all(f'"{card}"' in " ".join(avoided) for card in cards)
+        # the longest list one expression holds (231 UUIDs of NVML's length): the apiserver's CEL cost limit passes it
+        listed = cards + [f"GPU-{uuid.UUID(int=i)}" for i in range(229)]
+        admin.patch_cluster_custom_object(GROUP, VERSION, "resourcegroups", name,
+                                          {"spec": {"nodes": [{"name": node, "gpus": listed}]}})
+        core_v1.patch_namespace(namespace, {"metadata": {"annotations": {"gpupool.io/default-groups": name}}})
+        longest = wait_for(lambda: (lambda s: s if s and len(s[0]) > 10_000 else None)(
+            selectors(create(claim(), None))), timeout=30, what="a claim stored with a 231-card selector", interval=0.3)
+        assert longest[0].count('"GPU-') == 231
+    finally:
+        admin.delete_cluster_custom_object(GROUP, VERSION, "resourcegroups", name)
+        admission.delete_mutating_webhook_configuration(f"gpupool-claims-{label}")
