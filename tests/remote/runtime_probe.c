@@ -31,6 +31,11 @@
  *                             again (the module loaded anew): "reset <status> freed=<1/0>
  *                             again=<1/0> priorities=<status>,<least>,<greatest>"
  *   runtime_probe unknown     a launch of a host function never registered: "unknown <status>"
+ *   runtime_probe hostile     what a broken or hostile program hands in: a launch with more dynamic
+ *                             shared memory than the driver's 32-bit parameter holds, a fatbin
+ *                             wrapper whose data is NULL (registered, launched, unregistered), a
+ *                             pop with nothing pushed: "hostile shared=<status> nulldata=<status>
+ *                             pop=<status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
  */
@@ -324,6 +329,37 @@ static int unknown(void) {
     return 0;
 }
 
+static int hostile(void) {
+    void **fatbin = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(fatbin, (const char *)vector_add_stub, (char *)"vector_add", "vector_add", -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    unsigned n = 1;
+    float *da = NULL;
+    void *args[] = {&da, &da, &da, &n};
+    dim3 one = {1, 1, 1};
+    cudaError_t s = cudaMalloc((void **)&da, sizeof(float));
+    /* 4 GiB of dynamic shared memory: cut to 32 bits it would be 0, and the launch would go ahead */
+    if (s == cudaSuccess) s = cudaLaunchKernel((const void *)vector_add_stub, one, one, args, (size_t)1 << 32, NULL);
+    printf("hostile shared=%d", (int)s);
+    cudaFree(da);
+    __cudaUnregisterFatBinary(fatbin);
+    static struct {
+        unsigned magic, version;
+        const void *data, *unused;
+    } empty = {0x466243b1u, 1, NULL, NULL};
+    fatbin = __cudaRegisterFatBinary(&empty);
+    __cudaRegisterFunction(fatbin, (const char *)scale_stub, (char *)"scale", "scale", -1, NULL, NULL, NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    printf(" nulldata=%d", (int)cudaLaunchKernel((const void *)scale_stub, one, one, args, 0, NULL));
+    __cudaUnregisterFatBinary(fatbin);
+    dim3 g, b;
+    size_t shared = 0;
+    cudaStream_t stream = NULL;
+    printf(" pop=%d\n", (int)__cudaPopCallConfiguration(&g, &b, &shared, &stream));
+    return 0;
+}
+
 static int refused(void) {
     void *managed = NULL;
     cudaError_t first = cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal);
@@ -343,6 +379,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "functions") == 0) return functions();
     if (argc == 2 && strcmp(argv[1], "reset") == 0) return reset();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused\n");
+    if (argc == 2 && strcmp(argv[1], "hostile") == 0) return hostile();
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused | hostile\n");
     return 2;
 }

@@ -23,6 +23,8 @@ CUDA_SUCCESS = 0
 NOT_SUPPORTED = 801
 INVALID_MEMCPY_DIRECTION = 21
 INVALID_DEVICE_FUNCTION = 98
+INVALID_VALUE = 1
+MISSING_CONFIGURATION = 52
 STANDIN_DRIVER_VERSION = 12080
 RUNTIME_VERSION = 12090
 SHARE_MIB = 256
@@ -194,6 +196,18 @@ def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(progr
     assert refused.stdout.strip() == f"refused {NOT_SUPPORTED} {NOT_SUPPORTED} {NOT_SUPPORTED} cudaErrorNotSupported"
     assert refused.stderr.splitlines() == [
         "gpupool CUDA runtime: cudaMallocManaged is not carried to the GPU: cudaErrorNotSupported"]
+
+
+def test_hostile_sizes_and_a_wrapper_without_data_are_refused(programs: Programs, runtime_probe: Path,
+                                                              tmp_path: Path) -> None:
+    """A launch asking more dynamic shared memory than the driver's 32-bit parameter holds is
+    cudaErrorInvalidValue (cut to 32 bits, 4 GiB was 0 and the launch went ahead); a fatbin wrapper
+    whose data is NULL registers, its launch fails with cudaErrorInvalidValue and it unregisters
+    without a crash; a pop with nothing pushed is cudaErrorMissingConfiguration."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "hostile")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"hostile shared={INVALID_VALUE} nulldata={INVALID_VALUE} pop={MISSING_CONFIGURATION}"
 
 
 def test_no_server_is_no_device(programs: Programs, runtime_probe: Path) -> None:

@@ -223,14 +223,14 @@ static CUresult call(uint16_t op, uint16_t flags, const void *payload, size_t le
     if ((flags & REMOTE_FLAG_NO_REPLY) && whole <= DIRECT_BYTES) {
         if (send_used + whole > sizeof send_buffer && (status = flush(deadline)) != 0) return status;
         memcpy(send_buffer + send_used, &h, sizeof h);
-        memcpy(send_buffer + send_used + sizeof h, payload, length);
+        if (length > 0) memcpy(send_buffer + send_used + sizeof h, payload, length); /* payload may be NULL */
         if (data_length > 0) memcpy(send_buffer + send_used + sizeof h + length, data, data_length);
         send_used += whole;
         return 0;
     }
     if (send_used + sizeof h + length <= sizeof send_buffer) { /* the header goes with what is gathered */
         memcpy(send_buffer + send_used, &h, sizeof h);
-        memcpy(send_buffer + send_used + sizeof h, payload, length);
+        if (length > 0) memcpy(send_buffer + send_used + sizeof h, payload, length);
         send_used += sizeof h + length;
         if ((status = flush(deadline)) != 0) return status;
     } else if ((status = flush(deadline)) != 0 || (status = send_bytes(&h, sizeof h, deadline)) != 0 ||

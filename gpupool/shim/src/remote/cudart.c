@@ -22,6 +22,7 @@
  * driver's numbers (CUDA 12 gives both the same values for them), so a driver code is returned as is.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -756,6 +757,7 @@ static CUresult function_for(const void *host, CUfunction *function) {
 
 API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void **args, size_t shared,
                                  cudaStream_t stream) {
+    if (shared > UINT_MAX) return done(cudaErrorInvalidValue); /* the driver's parameter is 32 bits */
     CUfunction function = NULL;
     CUresult status = function_for(host, &function);
     if (status != 0) return done(status);
