@@ -2,6 +2,11 @@
 (gpupool/shim/src/criu_run/criu_run.c), against a stand-in ``criu``: a shell script that records
 how it was called and does what the real one's exit says (a dump writes ``inventory.img`` and ends
 the tree, as CRIU does). The real CRIU in real containers: tests/e2e/test_process_checkpoint_e2e.py.
+
+Every test runs twice: against the shipped static build and against a dynamic build with
+AddressSanitizer and UndefinedBehaviorSanitizer that stops at the first report (a static binary
+cannot carry ASan), so hostile input (a damaged dump, a huge bound) that reaches undefined
+behaviour fails the test even where the static build happens to survive it.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.nodeagent.lending.checkpoint_files import newest_checkpoint
-from gpupool.shim.build import ShimBuildError
-from gpupool.shim.criu_run_build import build_criu_run
+from gpupool.shim.build import ShimBuildError, find_compiler
+from gpupool.shim.criu_run_build import SOURCE, build_criu_run
 
 FAKE_CRIU = r"""#!/bin/sh
 echo "$XDG_RUNTIME_DIR|$*" >> "$CALLS"
@@ -32,12 +37,22 @@ exit 0
 """
 
 
-@pytest.fixture(scope="module")
-def wrapper() -> Path:
-    try:
-        return build_criu_run(werror=True)
-    except ShimBuildError as exc:
-        pytest.skip(f"criu-run cannot be built here: {exc}")
+SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1")
+
+
+@pytest.fixture(scope="module", params=["static", "sanitized"])
+def wrapper(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "static":
+        try:
+            return build_criu_run(werror=True)
+        except ShimBuildError as exc:
+            pytest.skip(f"criu-run cannot be built here: {exc}")
+    built = tmp_path_factory.mktemp("sanitized") / "criu-run"
+    done = subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", *SANITIZE, "-o", str(built),
+                           str(SOURCE)], capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"no sanitizer build here: {done.stderr[-400:]}")
+    return built
 
 
 @pytest.fixture
@@ -323,3 +338,121 @@ def test_a_tool_named_by_the_environment_that_hangs_is_killed_at_its_bound_and_n
     assert rc == 0 and "no answer within 300 ms; killed" in out and "passing the signal on" in out, out
     assert time.monotonic() - began < 5
     assert [c for c in cuda_calls(tmp_path) if not c.startswith("--get-state")] == []  # no toggle, no dump
+
+
+def pid_namespaces() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rpf", "--mount-proc", "true"], capture_output=True,
+                              timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def process_states(listing: str) -> dict[int, tuple[str, str]]:
+    """pid: (command name, state) of each ``/proc/<pid>/stat`` line."""
+    states = {}
+    for line in listing.splitlines():
+        head, _, tail = line.rpartition(")")
+        pid, _, name = head.partition(" (")
+        states[int(pid)] = (name, tail.split()[0])
+    return states
+
+
+#: Two orphans (their subshells exit at once) end while the command runs; it then lists the
+#: processes it can see and traps the signal the test sends.
+ORPHANS_THEN_LIST = ('(sleep 0.1 &); (sleep 0.2 &); sleep 0.6; for f in /proc/[0-9]*/stat; do read -r l < "$f"; '
+                     'echo "$l"; done > "$L"; trap "exit 7" TERM INT; ' + LOOP)
+
+
+@pytest.mark.skipif(not pid_namespaces(), reason="no unprivileged pid namespaces here (unshare -rpf)")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_as_pid_1_it_reaps_orphans_and_passes_the_stop_signal_on(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    """As a container's init (its own pid namespace, /proc of it), what `kubectl delete` needs: the
+    runtime's SIGTERM, sent from outside the namespace to pid 1, reaches the command, which ends at
+    once (not at the grace period's SIGKILL); orphans reparented to pid 1 leave no zombies."""
+    listing = tmp_path / "listing"
+    environment = {"PATH": os.environ.get("PATH", os.defpath), "CALLS": str(tmp_path / "calls"),
+                   "GPUPOOL_CRIU": str(fake_criu), "R": str(tmp_path / "ready"), "L": str(listing)}
+    process = subprocess.Popen(["unshare", "-rpf", "--mount-proc", str(wrapper), "--", "sh", "-c", ORPHANS_THEN_LIST],
+                               env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    started(process, tmp_path)
+    states = process_states(listing.read_text())
+    assert states[1][0] == "criu-run" and states[2][0] == "sh", states
+    assert not [pid for pid, (_, state) in states.items() if state == "Z"], states  # both sleeps reaped
+    [init] = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()  # pid 1, seen from here
+    began = time.monotonic()
+    os.kill(int(init), sig)
+    assert process.wait(timeout=10) == 7, process.communicate()[0]
+    assert time.monotonic() - began < 2
+
+
+def test_orphans_of_the_tree_are_reaped_when_it_is_not_pid_1(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    """A child subreaper: the orphans come to it, not to the node's init, and it reaps them."""
+    process = start(wrapper, fake_criu, tmp_path, "(sleep 0.1 &); (sleep 0.2 &); sleep 0.6; " + LOOP,
+                    R=str(tmp_path / "ready"))
+    started(process, tmp_path)
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    states = {c: Path(f"/proc/{c}/stat").read_text().rpartition(")")[2].split()[0] for c in children}
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=10)
+    assert len(children) == 1 and "Z" not in states.values(), states
+
+
+def test_a_resume_path_with_a_trailing_slash_names_the_dump(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    dump = tmp_path / "checkpoint" / "criu-2"
+    dump.mkdir(parents=True)
+    (dump / "inventory.img").write_bytes(b"inv")
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=f"{dump}//", CRIU_FAILS="1")
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0 and "afresh" in out, out
+    [call] = calls(tmp_path)
+    assert call.split("|")[1].split()[:3] == ["restore", "-D", str(dump)]
+
+
+def test_a_criu_dump_cut_short_is_said_and_the_command_starts(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    dump = tmp_path / "checkpoint" / "criu-2"
+    dump.mkdir(parents=True)  # no inventory.img
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump))
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0 and calls(tmp_path) == [], out
+    assert out == f"criu-run: GPUPOOL_RESUME_FROM={dump} is not a finished CRIU dump (no inventory.img)\nafresh\n"
+
+
+@pytest.mark.parametrize("pids_max", ["9223372036854775807", "-5", "junk"])
+def test_a_damaged_pids_max_starts_criu_with_any_id(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, pids_max: str) -> None:
+    """No id above it is asked for (LONG_MAX + 1 was signed overflow: the sanitized build stops)."""
+    dump = tmp_path / "checkpoint" / "criu-2"
+    dump.mkdir(parents=True)
+    (dump / "inventory.img").write_bytes(b"inv")
+    (dump / "pids-max").write_text(pids_max + "\n")
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump), CRIU_FAILS="1")
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0 and "cannot start criu as process" not in out and out.endswith("afresh\n"), out
+    assert len(calls(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("listed", ["12abc\n", "99999999999\n", "-3\n", "1\n" * 300])
+def test_a_damaged_cuda_pids_list_ends_the_restored_tree_and_starts_afresh(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path, listed: str) -> None:
+    """Which processes stay checkpointed is not known, and one left checkpointed cannot go on (the
+    list was read up to its first bad word, and a first bad word meant "no CUDA processes")."""
+    fake_criu.write_text(RESTORING_CRIU)
+    dump = fake_dump(tmp_path, [])
+    (dump / "cuda-pids").write_text(listed)
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump),
+                    CUDA_STATES=str(cuda_states), RESTORED_RUNS="30")
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0 and "cuda-pids is damaged" in out, out
+    assert out.endswith("starting sh afresh\nafresh\n"), out
+    assert [c for c in cuda_calls(tmp_path) if c.startswith("--")] == []  # no pid of it asked about
+
+
+def test_a_bound_past_int_max_milliseconds_is_no_bound_of_zero(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path) -> None:
+    """3e6 s is 3e9 ms, past INT_MAX: cast to int it was INT_MIN, and every call timed out at once."""
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, cuda_states, CUDA_LOOP,
+                           GPUPOOL_CUDA_CHECKPOINT_TIMEOUT="3000000")
+    assert rc == 0 and "suspended 1 CUDA process(es)" in out and "no answer" not in out, out

@@ -33,6 +33,8 @@
  *
  * The exit status is CMD's (128 + the signal when a signal ended it). Where it is not the
  * namespace's init it makes itself a child subreaper, so orphans of the tree are still reaped.
+ * Signals are taken synchronously (blocked, then sigwaitinfo; no handlers run): a namespace's init
+ * ignores a signal it has no handler for, even the runtime's SIGTERM, but a blocked one is queued.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -231,8 +233,9 @@ static void find_cuda_tool(void)
 	const char *named = getenv("GPUPOOL_CUDA_CHECKPOINT");
 	const char *timeout = getenv("GPUPOOL_CUDA_CHECKPOINT_TIMEOUT");
 	char *slash;
-	if (timeout != NULL && atof(timeout) > 0)
-		cuda_timeout_ms = (int)(atof(timeout) * 1000);
+	double seconds = timeout != NULL ? atof(timeout) : 0;
+	if (seconds > 0) /* past INT_MAX ms the cast is undefined (x86: INT_MIN, every call "timed out") */
+		cuda_timeout_ms = seconds < INT_MAX / 1000.0 ? (int)(seconds * 1000) : INT_MAX;
 	if (named != NULL && *named != '\0') {
 		if (access(named, X_OK) == 0)
 			snprintf(cuda_tool, sizeof(cuda_tool), "%s", named);
@@ -505,7 +508,10 @@ static int dump(pid_t child, const char *dir)
 	return 0;
 }
 
-/* Whether `path` names a finished dump of ours: a criu-<n> directory with CRIU's inventory. */
+/* Whether `path` names a finished dump of ours: a criu-<n> directory with CRIU's inventory. A
+ * criu-<n> without it (a dump cut short, a path too long) is said on stderr: the command then
+ * starts afresh, which the workload's owner should know; another name (the workload's own
+ * checkpoint) is the command's to resume from, silently. */
 static int is_dump(const char *path)
 {
 	const char *base = strrchr(path, '/');
@@ -514,8 +520,11 @@ static int is_dump(const char *path)
 	base = base != NULL ? base + 1 : path;
 	if (strncmp(base, PREFIX, strlen(PREFIX)) != 0)
 		return 0;
-	snprintf(inventory, sizeof(inventory), "%s/inventory.img", path);
-	return stat(inventory, &st) == 0 && S_ISREG(st.st_mode);
+	if ((size_t)snprintf(inventory, sizeof(inventory), "%s/inventory.img", path) < sizeof(inventory) &&
+	    stat(inventory, &st) == 0 && S_ISREG(st.st_mode))
+		return 1;
+	say("GPUPOOL_RESUME_FROM=%s is not a finished CRIU dump (no inventory.img)", path);
+	return 0;
 }
 
 static long read_long(const char *path)
@@ -579,7 +588,9 @@ static pid_t restore(const char *path, const char *dir)
 	snprintf(file, sizeof(file), "%s/pids-max", path);
 	highest = read_long(file);
 	max_pid = read_long("/proc/sys/kernel/pid_max");
-	rc = run_criu(argv, highest > 0 && (max_pid == 0 || highest + 1 < max_pid) ? (pid_t)(highest + 1) : 0);
+	/* a damaged pids-max (LONG_MAX, a negative number) is no id: criu then starts with any */
+	rc = run_criu(argv, highest > 0 && highest < INT_MAX && (max_pid <= 0 || highest + 1 < max_pid)
+				    ? (pid_t)(highest + 1) : 0);
 	if (rc != 0) {
 		say("criu restore from %s failed (exit %d; %s/restore.log)", path, rc, workdir);
 		return -1;
@@ -588,22 +599,34 @@ static pid_t restore(const char *path, const char *dir)
 }
 
 /* After a restore from `path`: toggle back each process its dump checkpointed (cuda-pids; the
- * restore kept their pids). 0 when every one runs on the GPU again (or there was none). */
+ * restore kept their pids). 0 when every one runs on the GPU again (or there was none). A damaged
+ * list (a word that is no pid, more pids than a dump writes) is a failure: which processes stay
+ * checkpointed is not known, and a checkpointed process cannot go on. */
 static int resume_cuda(const char *path)
 {
-	char file[PATH_MAX + 16];
+	char file[PATH_MAX + 16], word[32];
 	pid_t pids[MAX_CUDA];
-	int n = 0, pid, failed;
+	int n = 0, failed, damaged = 0;
 	long long began = now_ms();
 	FILE *f;
 	snprintf(file, sizeof(file), "%s/" CUDA_PIDS, path);
 	f = fopen(file, "re");
 	if (f == NULL)
 		return 0;
-	while (n < MAX_CUDA && fscanf(f, "%d", &pid) == 1)
-		if (pid > 0)
+	while (!damaged && fscanf(f, "%31s", word) == 1) {
+		char *end;
+		long pid;
+		errno = 0;
+		pid = strtol(word, &end, 10);
+		damaged = *end != '\0' || errno != 0 || pid <= 0 || pid > INT_MAX || n == MAX_CUDA;
+		if (!damaged)
 			pids[n++] = (pid_t)pid;
+	}
 	fclose(f);
+	if (damaged) {
+		say("%s is damaged (\"%.31s\" is no process id, or more than %d of them)", file, word, MAX_CUDA);
+		return -1;
+	}
 	if (n == 0)
 		return 0;
 	if (cuda_tool[0] == '\0') {
@@ -648,6 +671,7 @@ int main(int argc, char *argv[])
 {
 	const char *dir = getenv("GPUPOOL_CHECKPOINT_DIR");
 	const char *resume = getenv("GPUPOOL_RESUME_FROM");
+	char resume_path[PATH_MAX];
 	int checkpoint = signal_named(getenv("GPUPOOL_CHECKPOINT_SIGNAL"));
 	int i = 1, status = 0;
 	pid_t child;
@@ -682,6 +706,16 @@ int main(int argc, char *argv[])
 	sigprocmask(SIG_BLOCK, &set, NULL);
 
 	child = -1;
+	if (resume != NULL && *resume != '\0') { /* "criu-3/" names criu-3 as well */
+		size_t len = strlen(resume);
+		while (len > 1 && resume[len - 1] == '/')
+			len--;
+		if (len < sizeof(resume_path)) {
+			memcpy(resume_path, resume, len);
+			resume_path[len] = '\0';
+			resume = resume_path;
+		}
+	}
 	if (resume != NULL && *resume != '\0' && is_dump(resume)) {
 		child = restore(resume, dir != NULL && *dir != '\0' ? dir : "/tmp");
 		if (child > 0) {
