@@ -377,15 +377,20 @@ def test_as_pid_1_it_reaps_orphans_and_passes_the_stop_signal_on(
     process = subprocess.Popen(["unshare", "-rpf", "--mount-proc", str(wrapper), "--", "sh", "-c", ORPHANS_THEN_LIST],
                                env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    started(process, tmp_path)
-    states = process_states(listing.read_text())
-    assert states[1][0] == "criu-run" and states[2][0] == "sh", states
-    assert not [pid for pid, (_, state) in states.items() if state == "Z"], states  # both sleeps reaped
-    [init] = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()  # pid 1, seen from here
-    began = time.monotonic()
-    os.kill(int(init), sig)
-    assert process.wait(timeout=10) == 7, process.communicate()[0]
-    assert time.monotonic() - began < 2
+    init = 0
+    try:
+        started(process, tmp_path)
+        init = int(Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text())  # pid 1, seen from here
+        states = process_states(listing.read_text())
+        assert states[1][0] == "criu-run" and states[2][0] == "sh", states
+        assert not [pid for pid, (_, state) in states.items() if state == "Z"], states  # both sleeps reaped
+        began = time.monotonic()
+        os.kill(init, sig)
+        assert process.wait(timeout=10) == 7, process.communicate()[0]
+        assert time.monotonic() - began < 2
+    finally:
+        if process.poll() is None and init:
+            os.kill(init, signal.SIGKILL)  # the namespace's init: every process of it goes
 
 
 def test_orphans_of_the_tree_are_reaped_when_it_is_not_pid_1(wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
@@ -456,3 +461,37 @@ def test_a_bound_past_int_max_milliseconds_is_no_bound_of_zero(
     rc, out = checkpointed(wrapper, fake_criu, tmp_path, cuda_states, CUDA_LOOP,
                            GPUPOOL_CUDA_CHECKPOINT_TIMEOUT="3000000")
     assert rc == 0 and "suspended 1 CUDA process(es)" in out and "no answer" not in out, out
+
+
+#: A restore whose tree has 300 processes (a shell and its sleeps): more than the 256 of a CUDA dump.
+BIG_RESTORING_CRIU = r"""#!/bin/sh
+echo "$XDG_RUNTIME_DIR|$*" >> "$CALLS"
+while [ $# -gt 0 ]; do case "$1" in --pidfile) pidfile=$2; shift;; esac; shift; done
+setsid sh -c 'i=0; while [ $i -lt 300 ]; do sleep "$NAP" & i=$((i + 1)); done; touch "$R"; wait' \
+  </dev/null >/dev/null 2>&1 &
+echo $! > "$pidfile"
+while [ ! -e "$R" ]; do sleep 0.05; done
+"""
+
+
+def test_a_restored_tree_that_cannot_go_on_is_ended_whole_however_large(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, cuda_states: Path) -> None:
+    """Every process of it is killed before CMD starts afresh, not the first 256: survivors would
+    run beside the fresh CMD."""
+    fake_criu.write_text(BIG_RESTORING_CRIU)
+    dump = fake_dump(tmp_path, [])
+    (dump / "cuda-pids").write_text("damaged\n")
+    nap = f"{os.getpid() % 1000 + 40}.{time.monotonic_ns() % 997}"  # a duration no other process sleeps
+    process = start(wrapper, fake_criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(dump),
+                    CUDA_STATES=str(cuda_states), R=str(tmp_path / "ready"), NAP=nap)
+    survivors: list[str] = []
+    try:
+        out, _ = process.communicate(timeout=60)
+        assert process.returncode == 0 and out.endswith("starting sh afresh\nafresh\n"), out
+        time.sleep(0.2)
+        survivors = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True,
+                                   check=False).stdout.split()
+        assert survivors == []
+    finally:
+        for pid in survivors:  # this test's own sleeps (their duration is this test's)
+            os.kill(int(pid), signal.SIGKILL)

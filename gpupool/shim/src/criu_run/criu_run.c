@@ -64,6 +64,7 @@
 #define CUDA_PIDS "cuda-pids"
 #define CUDA_TIMEOUT_S 30
 #define MAX_CUDA 256
+#define MAX_PROCESSES 4096 /* of the namespace, read from /proc for a tree */
 
 static const char *criu_path = DEFAULT_CRIU;
 static char cuda_tool[PATH_MAX]; /* empty: no cuda-checkpoint, nothing toggled */
@@ -359,13 +360,13 @@ static int cuda_toggle(pid_t pid)
 /* The processes of the tree rooted at `root` (itself first, then by pid), at most `max`. */
 static int tree_pids(pid_t root, pid_t *out, int max)
 {
-	static pid_t pid[4096], parent[4096];
+	static pid_t pid[MAX_PROCESSES], parent[MAX_PROCESSES];
 	int all = 0, n = 0;
 	DIR *d = opendir("/proc");
 	struct dirent *e;
 	if (d == NULL)
 		return 0;
-	while ((e = readdir(d)) != NULL && all < 4096) {
+	while ((e = readdir(d)) != NULL && all < MAX_PROCESSES) {
 		char path[64], buf[512], *close_paren;
 		int fd;
 		ssize_t len;
@@ -639,11 +640,13 @@ static int resume_cuda(const char *path)
 	return failed;
 }
 
-/* SIGKILL the tree rooted at `root` and wait for `root` (its orphans are reaped by the main loop). */
+/* SIGKILL the tree rooted at `root` and wait for `root` (its orphans are reaped by the main loop):
+ * all of it, up to the processes tree_pids reads, not MAX_CUDA (a survivor would run beside the
+ * command started afresh). */
 static void end_tree(pid_t root)
 {
-	pid_t tree[MAX_CUDA];
-	int n = tree_pids(root, tree, MAX_CUDA), status;
+	static pid_t tree[MAX_PROCESSES];
+	int n = tree_pids(root, tree, MAX_PROCESSES), status;
 	for (int i = 0; i < n; i++)
 		kill(tree[i], SIGKILL);
 	while (waitpid(root, &status, 0) < 0 && errno == EINTR)
