@@ -495,3 +495,16 @@ def test_a_restored_tree_that_cannot_go_on_is_ended_whole_however_large(
     finally:
         for pid in survivors:  # this test's own sleeps (their duration is this test's)
             os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_tool_that_cannot_run_is_said_once_and_the_dump_goes_on(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    """An image without glibc cannot run NVIDIA's tool: every process is taken for no CUDA process
+    (a workload without CUDA must still be dumped), and stderr says why nothing was suspended."""
+    tool = fake_criu.parent / "cuda-checkpoint"
+    tool.write_text("#!/nonexistent/ld-linux-x86-64.so.2\n")
+    tool.chmod(0o755)
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, tmp_path, LOOP)
+    assert rc == 0 and (tmp_path / "checkpoint" / "criu-1").is_dir(), out
+    told = [line for line in out.splitlines() if "cannot run" in line]
+    assert told == [f"criu-run: cannot run {tool} (No such file or directory): CUDA processes are not suspended"]

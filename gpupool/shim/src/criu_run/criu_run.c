@@ -64,6 +64,7 @@
 #define CUDA_PIDS "cuda-pids"
 #define CUDA_TIMEOUT_S 30
 #define MAX_CUDA 256
+#define CANNOT_RUN "criu-run: cannot run cuda-checkpoint: " /* what its child says when exec fails */
 #define MAX_PROCESSES 4096 /* of the namespace, read from /proc for a tree */
 
 static const char *criu_path = DEFAULT_CRIU;
@@ -292,6 +293,7 @@ static int cuda_call(const char *action, pid_t pid, char *out, size_t size)
 		dup2(pipefd[1], 1);
 		dup2(pipefd[1], 2);
 		execl(cuda_tool, cuda_tool, action, "--pid", pidarg, (char *)NULL);
+		dprintf(1, CANNOT_RUN "%s\n", strerror(errno));
 		_exit(127);
 	}
 	close(pipefd[1]);
@@ -333,10 +335,19 @@ enum cuda_state { NOT_CUDA, RUNNING, CHECKPOINTED, STUCK, UNKNOWN };
 
 static enum cuda_state cuda_state(pid_t pid)
 {
+	static int told;
 	char out[256];
 	int rc = cuda_call("--get-state", pid, out, sizeof(out));
 	if (rc == -1)
 		return UNKNOWN;
+	/* A tool that cannot run (an image without glibc) answers nothing: every process is taken for
+	 * no CUDA process, as before, since a dump of a workload without CUDA must still go on; a CUDA
+	 * process then fails CRIU's dump, whose log alone would not say why. */
+	if (rc == 127 && strncmp(out, CANNOT_RUN, strlen(CANNOT_RUN)) == 0 && !told) {
+		told = 1;
+		say("cannot run %s (%.*s): CUDA processes are not suspended", cuda_tool,
+		    (int)strcspn(out + strlen(CANNOT_RUN), "\n"), out + strlen(CANNOT_RUN));
+	}
 	if (rc != 0)
 		return NOT_CUDA;
 	if (strstr(out, "checkpointed") != NULL)
