@@ -39,6 +39,7 @@ HOSTILE_QUANTITIES = ("inf", "-inf", "+Inf", "Infinity", "NaN", "nan", "sNaN", "
                       "-1e999999999", "1e-999999999", "9e18", "8Ei", "1_000", " 1", "１", "0x10", "1.5", "-1",
                       "", "1e", "e9", "1ki", "10000", "101", "4097")
 VALID = {"Pod": pod("ok", container(mib=8138)), "NodeNames": ["N1", "N2", "N3"]}
+FUZZ_THREAD_STACK = 64 * 1024 * 1024
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
                       st.text(max_size=20))
@@ -104,8 +105,17 @@ class Server:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-server", daemon=True)
-        self.thread.start()
+        # The server's thread gets a stack of its own size: three fresh-clone CI runs on 2026-11-29 died
+        # here with SIGSEGV and no faulthandler traceback, the mark of a C stack overflow in a thread
+        # other than the main one (faulthandler's alternate stack is the main thread's); this example
+        # set reproduces it only with thread stacks of 192 KiB or less, not with the default 8 MiB, and
+        # not outside the full CI. The extender itself serves from the main thread.
+        previous = threading.stack_size(FUZZ_THREAD_STACK)
+        try:
+            self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-server", daemon=True)
+            self.thread.start()
+        finally:
+            threading.stack_size(previous)
         self.api = FakePodApi()
         cache = ClusterCache()
         cache.replace_nodes(ALIBABA_NODES)
