@@ -99,12 +99,14 @@ def _digest(compiler: list[str], flags: tuple[str, ...], files: list[Path]) -> s
     return digest.hexdigest()[:DIGEST_LENGTH]
 
 
-def _compile(compiler: list[str], flags: list[str], sources: list[Path], output: Path) -> None:
-    """Compile into a temporary file next to ``output`` and rename it: readers never see half a file."""
+def _compile(compiler: list[str], flags: list[str], sources: list[Path], output: Path, *,
+             link_flags: tuple[str, ...] = LINK_FLAGS, hint: str = "") -> None:
+    """Compile into a temporary file next to ``output`` and rename it: readers never see half a file.
+    ``hint`` is added to the failure's first line (what a failed build of this kind usually lacks)."""
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     os.close(fd)
-    command = [*compiler, *flags, "-o", temporary, *map(str, sources), *LINK_FLAGS]
+    command = [*compiler, *flags, "-o", temporary, *map(str, sources), *link_flags]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -112,7 +114,7 @@ def _compile(compiler: list[str], flags: list[str], sources: list[Path], output:
         raise ShimBuildError(f"running {compiler[0]} failed: {exc}") from exc
     if done.returncode != 0:
         Path(temporary).unlink(missing_ok=True)
-        raise ShimBuildError(f"{shlex.join(command)} failed:\n{done.stderr[-4000:]}")
+        raise ShimBuildError(f"{shlex.join(command)} failed{f' ({hint})' if hint else ''}:\n{done.stderr[-4000:]}")
     os.chmod(temporary, 0o755)
     os.replace(temporary, output)
 
