@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import (
     CardSlice,
     ContainerAssignment,
@@ -18,7 +19,8 @@ from gpupool.core.model import (
     PodRequest,
     Topology,
 )
-from gpupool.core.state import ClusterState
+from gpupool.core.policies.base import PlacementPolicy, PodShape
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 CARD_MIB = 16_384
 
@@ -95,3 +97,22 @@ def ledger_snapshot(state: ClusterState) -> dict[str, np.ndarray]:
     """Copies of every array the ledger books into (to compare states exactly)."""
     names = ("cpu_free", "mem_free", "card_mem_free", "card_compute_free", "card_mode", "card_holders")
     return {n: getattr(state, n).copy() for n in names}
+
+
+class CountingPolicy(PlacementPolicy):
+    """Another policy's scores, counting the rows it is asked to score."""
+
+    name = "counting"
+
+    def __init__(self, inner: PlacementPolicy) -> None:
+        super().__init__()
+        self.inner = inner
+        self.rows_scored = 0
+
+    def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
+        super().prepare(state, profile)
+        self.inner.prepare(state, profile)
+
+    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> np.ndarray:
+        self.rows_scored += len(rows)
+        return self.inner.node_score(state, shape, rows, fits)

@@ -17,11 +17,10 @@ from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import GpuKind, GpuRequest, PodRequest, Topology
 from gpupool.core.pod_policy import PolicyChoice
 from gpupool.core.policies import make_policy
-from gpupool.core.policies.base import PlacementPolicy, PodShape
 from gpupool.core.row_groups import RowGroups
 from gpupool.core.scheduler import GroupRows, Scheduler, Unschedulable
-from gpupool.core.state import BoolArray, ClusterState, IntArray
-from tests.core.builders import cpu_pod, make_node, mem_pod, pod_with, slice_pod
+from gpupool.core.state import ClusterState, IntArray
+from tests.core.builders import CountingPolicy, cpu_pod, make_node, mem_pod, pod_with, slice_pod
 
 POLICIES = ("gpupool", "binpack", "fgd", "spread", "bestfit", "dotprod", "packing", "dra-allocator", "dra-steered")
 
@@ -124,30 +123,20 @@ def test_grouped_evaluation_decides_as_every_node(data: st.DataObject, policy: s
                     state.set_card_health(node, 0, healthy)
 
 
-class CountingPolicy(PlacementPolicy):
-    """gpupool's scores, counting the rows scored."""
+class GroupedCountingPolicy(CountingPolicy):
+    """gpupool's scores, counting the rows scored, declared groupable (scores read the ledger row
+    only, and cost more than numbering states)."""
 
-    name = "counting"
     scores_from_ledger_rows = True
     scores_dearly = True
 
     def __init__(self) -> None:
-        super().__init__()
-        self.inner = make_policy("gpupool")
-        self.rows_scored = 0
-
-    def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
-        super().prepare(state, profile)
-        self.inner.prepare(state, profile)
-
-    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> np.ndarray:
-        self.rows_scored += len(rows)
-        return self.inner.node_score(state, shape, rows, fits)
+        super().__init__(make_policy("gpupool"))
 
 
 def test_a_fresh_cluster_is_scored_once_per_state() -> None:
     state = ClusterState([make_node(f"n{i}", 4) for i in range(40)])
-    policy = CountingPolicy()
+    policy = GroupedCountingPolicy()
     sched = Scheduler(state, policy, profile=WorkloadProfile.from_pods([slice_pod("t", 500)]))
     first = slice_pod("a", 500)
     placement = sched.schedule(first)

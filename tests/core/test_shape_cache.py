@@ -8,11 +8,10 @@ import pytest
 from gpupool.core.fragmentation import WorkloadProfile
 from gpupool.core.model import PodRequest
 from gpupool.core.policies import make_policy
-from gpupool.core.policies.base import PlacementPolicy, PodShape
 from gpupool.core.scheduler import Scheduler
 from gpupool.core.shape_cache import RowCaches
-from gpupool.core.state import BoolArray, ClusterState, IntArray
-from tests.core.builders import cpu_pod, make_node, slice_pod
+from gpupool.core.state import ClusterState
+from tests.core.builders import CountingPolicy, cpu_pod, make_node, slice_pod
 
 
 def cluster() -> ClusterState:
@@ -43,25 +42,6 @@ def test_cached_decisions_are_the_uncached_ones() -> None:
     slow = scheduler(uncached, cache=False, pods=pods)
     for pod in pods:
         assert fast.schedule(pod) == slow.schedule(pod)
-
-
-class CountingPolicy(PlacementPolicy):
-    """Another policy's scores, counting the rows it is asked to score."""
-
-    name = "counting"
-
-    def __init__(self, inner: PlacementPolicy) -> None:
-        super().__init__()
-        self.inner = inner
-        self.rows_scored = 0
-
-    def prepare(self, state: ClusterState, profile: WorkloadProfile | None) -> None:
-        super().prepare(state, profile)
-        self.inner.prepare(state, profile)
-
-    def node_score(self, state: ClusterState, shape: PodShape, rows: IntArray, fits: BoolArray) -> np.ndarray:
-        self.rows_scored += len(rows)
-        return self.inner.node_score(state, shape, rows, fits)
 
 
 def test_pods_differing_only_in_memory_share_the_scores() -> None:
