@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from gpupool.testenv.errors import BuildFailedError, BuildImpossibleError
+from gpupool.testenv.gobuild import ensure_built
 from gpupool.testenv.paths import cache_dir
 from gpupool.testenv.runtime_tools import STATIC_LIBC, is_static_elf
 from gpupool.testenv.steps import Log, exclusive_lock, quiet, run_step
@@ -90,21 +91,8 @@ def ensure_criu(log: Log = quiet) -> Path:
     included). Raises :class:`BuildImpossibleError` when it cannot be built here (no apt-get, no
     compiler, no route to Debian) and :class:`BuildFailedError` when the build fails; both name the
     step and its log."""
-    found = find_criu()
-    if found is not None:
-        return found
-    reason = criu_impossible_reason()
-    if reason is not None:
-        raise BuildImpossibleError(reason)
-    with exclusive_lock(cache_dir() / ".criu-build.lock", log):
-        found = find_criu()
-        if found is not None:
-            return found
-        _build(log)
-    found = find_criu()
-    if found is None:
-        raise BuildFailedError(f"CRIU {VERSION} was built but {criu_binary()} is not there")
-    return found
+    return ensure_built(find_criu, lambda logs: _build(log), what=f"CRIU {VERSION}", lock_name=".criu-build.lock",
+                        problem=criu_impossible_reason, lock=exclusive_lock, log=log)
 
 
 def _build(log: Log) -> None:
