@@ -58,14 +58,19 @@ def node_request_pem(key: ec.EllipticCurvePrivateKey, node: str, addresses: Sequ
     return request.public_bytes(serialization.Encoding.PEM)
 
 
-def request_name(node: str, request_pem: bytes, replaces: bytes = b"") -> str:
+def request_name(node: str, request_pem: bytes, replaces: bytes = b"", attempt: int = 0) -> str:
     """The CertificateSigningRequest's name: the node and a digest of what the request asks for (its
-    key and names, not its signature, which ECDSA makes anew each time) and of ``replaces``, the
-    certificate being renewed (DER; empty for the first). An agent that restarts while it waits asks
-    under the same name (409) and waits for its first request; a renewal, or a new key or new
-    addresses, gets a new name."""
+    key and names, not its signature, which ECDSA makes anew each time), of ``replaces``, the
+    certificate being renewed (DER; empty for the first), and of ``attempt``, how many requests for
+    the same thing were refused before (0: none; the digest is then the one without an attempt). An
+    agent that restarts while it waits asks under the same name (409) and waits for its first
+    request; a renewal, a new key or new addresses get a new name, and so does asking again after a
+    denial, which a signer fixed since can then answer (a refused request keeps its answer)."""
+    if attempt < 0:
+        raise ValueError(f"attempt {attempt} < 0")
     asked = x509.load_pem_x509_csr(request_pem).tbs_certrequest_bytes
-    digest = hashlib.sha256(asked + b"\0" + replaces).hexdigest()[:10]
+    suffix = b"\0attempt %d" % attempt if attempt else b""
+    digest = hashlib.sha256(asked + b"\0" + replaces + suffix).hexdigest()[:10]
     return f"{NAME_PREFIX}{node[:253 - len(NAME_PREFIX) - 11]}-{digest}"
 
 

@@ -9,6 +9,20 @@ IP addresses, sent with the agent's pod-bound ServiceAccount token, which the si
 :meth:`ServerCertificate.due` says when to ask: no certificate yet, one for other addresses (the
 node's changed), one not signed for this key, or two thirds of its life gone (so a signer down for a
 while still leaves a third of the life to retry in).
+
+A refused request (its ``Denied`` or ``Failed`` condition) keeps its answer: asked again under the
+same name, the apiserver answers 409 and the agent would read the same denial until
+kube-controller-manager removes the request an hour later, whatever was fixed meanwhile. So each
+request's name carries an attempt count (:func:`gpupool.api.remote_gpu_certs.request_name`): after
+a refusal the next request is a new object, which the signer answers afresh. An agent that restarts
+starts counting at 0 and steps past the refused requests it finds under its names (each a 409 and a
+read). The alternative, deleting the refused request before asking again, would need ``delete`` of
+``certificatesigningrequests``, which RBAC cannot narrow to the agent's own requests (their names
+are not known in advance and the resource is cluster-wide): every node's agent could then delete
+every request in the cluster, other nodes' and kubelets' included. A new name needs no verb beyond
+the ``create`` and ``get`` the agent has. What it costs, one object per refusal until
+kube-controller-manager removes it after an hour, is bounded by the agent's widening pause between
+refusals (:func:`gpupool.nodeagent.remote_setup.retry_after`).
 """
 
 from __future__ import annotations
@@ -43,6 +57,10 @@ class CertificateRefused(RuntimeError):
     """The signer denied the request (the message is its reason) or gave no answer in time."""
 
 
+class CertificateDenied(CertificateRefused):
+    """The request carries a ``Denied`` or ``Failed`` condition: the next one is a new request."""
+
+
 def _write_atomically(path: Path, data: bytes, mode: int) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -70,12 +88,14 @@ def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def request_manifest(node: str, request_pem: bytes, replaces: x509.Certificate | None = None) -> dict[str, Any]:
+def request_manifest(node: str, request_pem: bytes, replaces: x509.Certificate | None = None,
+                     attempt: int = 0) -> dict[str, Any]:
     """The CertificateSigningRequest asking for ``request_pem`` (:func:`node_request_pem`), renewing
-    ``replaces`` when given (its name then differs from the first request's)."""
+    ``replaces`` when given, after ``attempt`` refused requests for the same (each of these makes its
+    name differ from the first request's)."""
     previous = replaces.public_bytes(serialization.Encoding.DER) if replaces is not None else b""
     return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-            "metadata": {"name": request_name(node, request_pem, previous),
+            "metadata": {"name": request_name(node, request_pem, previous, attempt),
                          "labels": {"app.kubernetes.io/managed-by": "gpupool-node-agent"}},
             "spec": {"signerName": SIGNER_NAME, "usages": list(USAGES),
                      "request": base64.b64encode(request_pem).decode("ascii")}}
@@ -102,6 +122,9 @@ class ServerCertificate:
         self.cert_path = directory / CERT_FILE
         self.now = now
         self.sleep = sleep
+        self.attempt = 0
+        """Requests refused so far (in this process, or found refused under the names before): the
+        next request's name carries it."""
 
     def current(self) -> x509.Certificate | None:
         """The certificate on disk, or None."""
@@ -144,24 +167,19 @@ class ServerCertificate:
         return start + (end - start) * RENEW_AFTER
 
     def obtain(self, wait_s: float = WAIT_S, poll_s: float = POLL_S) -> x509.Certificate:
-        """Ask for the certificate and write it beside the key; :class:`CertificateRefused` when the
-        signer denies it (with its reason) or does not answer within ``wait_s``."""
-        from kubernetes.client.exceptions import ApiException
-
+        """Ask for the certificate and write it beside the key; :class:`CertificateDenied` when the
+        signer denies it (with its reason; the next call asks under a new name),
+        :class:`CertificateRefused` when it does not answer within ``wait_s`` (the next call waits
+        for the same request)."""
         key = load_or_make_key(self.key_path)
-        manifest = request_manifest(self.node, node_request_pem(key, self.node, self.addresses), self.current())
-        name = manifest["metadata"]["name"]
-        try:
-            self.api.create_certificate_signing_request(manifest)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: the same request (key and names) was sent before; wait for it
-                raise
+        name = self._ask(node_request_pem(key, self.node, self.addresses), self.current())
         deadline = time.monotonic() + wait_s
         while True:
             status = _field(self.api.read_certificate_signing_request(name), "status") or {}
-            for condition in _field(status, "conditions") or ():
-                if _field(condition, "type") in ("Denied", "Failed") and _field(condition, "status") != "False":
-                    raise CertificateRefused(f"{name}: {_field(condition, 'type')}: {_field(condition, 'message')}")
+            refusal = _refusal(status)
+            if refusal:
+                self.attempt += 1
+                raise CertificateDenied(f"{name}: {refusal}")
             issued = _field(status, "certificate")
             if issued:
                 pem = base64.b64decode(issued) if isinstance(issued, str) else bytes(issued)
@@ -174,6 +192,35 @@ class ServerCertificate:
                 raise CertificateRefused(f"{name}: no answer from the signer {SIGNER_NAME} in {wait_s:g} s "
                                          "(is the extender running with --remote-gpu-signer?)")
             self.sleep(poll_s)
+
+    def _ask(self, request_pem: bytes, replaces: x509.Certificate | None) -> str:
+        """Create the request and return its name. A request of the same name that exists already
+        (409: this agent asked before it restarted) is waited for, unless it was refused: then the
+        next attempt's name is tried (module docstring)."""
+        from kubernetes.client.exceptions import ApiException
+
+        while True:
+            manifest = request_manifest(self.node, request_pem, replaces, self.attempt)
+            name: str = manifest["metadata"]["name"]
+            try:
+                self.api.create_certificate_signing_request(manifest)
+                return name
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            refusal = _refusal(_field(self.api.read_certificate_signing_request(name), "status") or {})
+            if not refusal:
+                return name  # asked before and not answered yet, or answered with the certificate
+            log.info("remote GPU: %s was refused before (%s); asking under a new name", name, refusal)
+            self.attempt += 1
+
+
+def _refusal(status: Any) -> str:
+    """``"Denied: <reason>"`` or ``"Failed: <reason>"`` from a request's conditions; "" when neither."""
+    for condition in _field(status, "conditions") or ():
+        if _field(condition, "type") in ("Denied", "Failed") and _field(condition, "status") != "False":
+            return f"{_field(condition, 'type')}: {_field(condition, 'message')}"
+    return ""
 
 
 def _field(value: Any, name: str) -> Any:

@@ -26,7 +26,13 @@ from typing import Any
 
 from gpupool.api.names import ResourceNames
 from gpupool.kube.listwatch import ListWatch
-from gpupool.nodeagent.remote_certificate import CERT_FILE, KEY_FILE, CertificateRefused, ServerCertificate
+from gpupool.nodeagent.remote_certificate import (
+    CERT_FILE,
+    KEY_FILE,
+    CertificateDenied,
+    CertificateRefused,
+    ServerCertificate,
+)
 from gpupool.nodeagent.remote_server import RemoteClients
 from gpupool.nodeagent.remote_serving import ServerProcess, TokenSecrets, server_command
 
@@ -37,7 +43,21 @@ PUBLISH_EVERY_S = 10.0
 CLIENTS_FILE = "remote-gpu-clients.json"
 """The clients file's name in the agent's state directory."""
 CERTIFICATE_RETRY_S = 30.0
-"""Seconds between asks for the node's certificate while the signer refuses or does not answer."""
+"""Seconds between asks for the node's certificate while the signer does not answer (or the API
+fails), and before the first ask after a denial."""
+CERTIFICATE_RETRY_MAX_S = 300.0
+"""The longest pause between asks while the signer keeps denying."""
+
+
+def retry_after(denials: int, retry_s: float = CERTIFICATE_RETRY_S, most_s: float = CERTIFICATE_RETRY_MAX_S) -> float:
+    """The pause before asking again after ``denials`` denials in a row: ``retry_s``, doubled after
+    each further denial up to ``most_s``. Each ask after a denial makes a new request object
+    (:mod:`gpupool.nodeagent.remote_certificate`), which kube-controller-manager removes an hour
+    later; with the defaults a node denied for an hour leaves about 15 of them, where a steady
+    30 s pause would leave over 100."""
+    if denials <= 1:
+        return retry_s
+    return min(most_s, retry_s * 2.0 ** min(denials - 1, 32))
 
 
 def host_port(value: str, what: str) -> str:
@@ -108,19 +128,29 @@ async def publish_on_change(changed: asyncio.Event, every_s: float, publish: Cal
         await asyncio.to_thread(publish)
 
 
-async def obtain_certificate(keeper: ServerCertificate, retry_s: float = CERTIFICATE_RETRY_S) -> None:
-    """Ask for the node's certificate until it is issued (each failure logged, asked again after
-    ``retry_s``)."""
+async def obtain_certificate(keeper: ServerCertificate, retry_s: float = CERTIFICATE_RETRY_S,
+                             most_s: float = CERTIFICATE_RETRY_MAX_S) -> None:
+    """Ask for the node's certificate until it is issued, each failure logged: asked again after
+    ``retry_s``, or after a denial as a new request after :func:`retry_after` (``retry_s`` doubling
+    up to ``most_s`` while the denials go on)."""
+    denials = 0
     while True:
         try:
             await asyncio.to_thread(keeper.obtain)
             return
+        except CertificateDenied as exc:
+            denials += 1
+            pause = retry_after(denials, retry_s, most_s)
+            log.error("remote GPU: no serving certificate for this node: %s; asking again with a new request "
+                      "in %g s", exc, pause)
         except CertificateRefused as exc:
-            log.error("remote GPU: no serving certificate for this node: %s; asking again in %g s", exc, retry_s)
+            pause = retry_s
+            log.error("remote GPU: no serving certificate for this node: %s; asking again in %g s", exc, pause)
         except Exception as exc:  # an API error: the same
+            pause = retry_s
             log.error("remote GPU: cannot ask for this node's serving certificate: %s; asking again in %g s",
-                      exc, retry_s)
-        await asyncio.sleep(retry_s)
+                      exc, pause)
+        await asyncio.sleep(pause)
 
 
 async def keep_certificate(keeper: ServerCertificate, server: ServerProcess, *, retry_s: float = CERTIFICATE_RETRY_S,

@@ -15,9 +15,11 @@ from cryptography.hazmat.primitives import serialization
 from gpupool.extender.http.certificates import issue_ca
 from gpupool.extender.remote_gpu_signer import LIFETIME, RequestSigner
 from gpupool.nodeagent.remote_certificate import (
+    CertificateDenied,
     CertificateRefused,
     ServerCertificate,
     load_or_make_key,
+    request_manifest,
 )
 from tests.extender.csr_fakes import FakeCsrApi, node_json
 
@@ -100,9 +102,91 @@ def test_new_addresses_or_a_new_key_make_it_due(ca: Any, tmp_path: Path) -> None
 
 def test_a_denied_request_raises_with_the_signers_reason(ca: Any, tmp_path: Path) -> None:
     keeper = ServerCertificate(signing_api(ca), "node-a", ["10.9.9.9"], tmp_path)
-    with pytest.raises(CertificateRefused, match=r"Denied: 10\.9\.9\.9 is not among node node-a's addresses"):
+    with pytest.raises(CertificateDenied, match=r"Denied: 10\.9\.9\.9 is not among node node-a's addresses"):
         keeper.obtain(wait_s=1, poll_s=0)
     assert keeper.current() is None
+
+
+def fixable_signer(ca: Any) -> tuple[FakeCsrApi, dict[str, dict[str, Any]]]:
+    """The stand-in apiserver and signer, whose Node node-a lacks 10.0.0.1 (so the agent's request
+    for it is denied) until the test puts it in the returned nodes (the cause fixed)."""
+    nodes = {"node-a": node_json("node-a", "192.168.1.7")}
+    api = FakeCsrApi()
+    signer = RequestSigner(api, ca, nodes.get)
+
+    def answer(request: dict[str, Any]) -> None:
+        signer.answer(request)
+
+    api.on_create = answer
+    return api, nodes
+
+
+def conditions(api: FakeCsrApi) -> list[str]:
+    """Each request's answer, in the order they were made."""
+    return [next((c["type"] for c in (d.get("status") or {}).get("conditions", ())), "pending")
+            for d in api.items.values()]
+
+
+def test_after_a_denial_the_agent_asks_with_a_new_request_that_the_fixed_signer_approves(
+        ca: Any, tmp_path: Path) -> None:
+    """A denied request keeps its answer: asked again under its name, the agent would read the same
+    denial for an hour (until kube-controller-manager removes it), whatever was fixed meanwhile."""
+    from gpupool.nodeagent.remote_setup import obtain_certificate
+
+    api, nodes = fixable_signer(ca)
+    answer = api.on_create
+    assert answer is not None
+
+    def then_fix(request: dict[str, Any]) -> None:
+        answer(request)
+        nodes["node-a"] = NODES["node-a"]  # the Node's address is fixed after the first denial
+
+    api.on_create = then_fix
+    keeper = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path)
+
+    async def scenario() -> None:
+        async with asyncio.timeout(10):
+            await obtain_certificate(keeper, retry_s=0)
+
+    asyncio.run(scenario())
+    assert keeper.due() == ""
+    assert conditions(api) == ["Denied", "Approved"]  # two requests: the second a new one
+    assert api.calls.count("create") == 2
+
+
+def test_a_restarted_agent_steps_past_its_refused_requests_and_makes_one_new_request_per_ask(
+        ca: Any, tmp_path: Path) -> None:
+    api, nodes = fixable_signer(ca)
+    keeper = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path)
+    for _ in range(2):
+        with pytest.raises(CertificateDenied):
+            keeper.obtain(wait_s=1, poll_s=0)
+    assert conditions(api) == ["Denied", "Denied"] and keeper.attempt == 2
+    nodes["node-a"] = NODES["node-a"]
+    restarted = ServerCertificate(api, "node-a", ["10.0.0.1"], tmp_path)  # counts from 0 again
+    restarted.obtain(wait_s=1, poll_s=0)
+    assert conditions(api) == ["Denied", "Denied", "Approved"] and restarted.attempt == 2
+    assert restarted.due() == ""
+    assert api.calls.count("create") == 2 + 3  # the restarted agent: two 409s, then its new request
+
+
+def test_only_a_refusal_changes_the_requests_name(tmp_path: Path) -> None:
+    from gpupool.api.remote_gpu_certs import node_request_pem
+
+    key = load_or_make_key(tmp_path / "k")
+    first, again = (node_request_pem(key, "node-a", ["10.0.0.1"]) for _ in range(2))
+    assert first != again  # ECDSA signs anew: the name must not depend on the signature
+    names = [request_manifest("node-a", pem, attempt=n)["metadata"]["name"] for pem, n in
+             ((first, 0), (again, 0), (first, 1), (first, 2))]
+    assert names[0] == names[1] and len(set(names)) == 3
+    assert all(n.startswith("gpupool-remote-gpu-node-a-") for n in names)
+
+
+def test_the_pause_after_denials_widens_to_five_minutes() -> None:
+    from gpupool.nodeagent.remote_setup import retry_after
+
+    assert [retry_after(n) for n in range(1, 8)] == [30, 60, 120, 240, 300, 300, 300]
+    assert retry_after(10_000) == 300 and retry_after(3, retry_s=0) == 0
 
 
 def test_no_answer_in_time_raises_and_the_same_request_is_waited_for_again(ca: Any, tmp_path: Path) -> None:
