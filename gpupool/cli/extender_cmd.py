@@ -475,7 +475,7 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
               help="Sign GPU nodes' own remote GPU serving certificates (CertificateSigningRequests of signer "
                    "gpupool.io/remote-gpu-server from the node agents, each checked against the requester's node; "
                    "docs/remote-gpu.md, \"Trust\") with the CA in this kubernetes.io/tls Secret (gpupool certs "
-                   "bootstrap --remote-gpu-ca) [default: not signed].")
+                   "remote-gpu-ca makes it) [default: not signed].")
 @click.option("--lending/--no-lending", default=True, show_default=True,
               help="Place low-priority pods that fit no free capacity on cards nodes lend (docs/lending.md).")
 @click.option("--dra-claims/--no-dra-claims", default=False, show_default=True,

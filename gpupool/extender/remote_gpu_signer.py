@@ -252,8 +252,9 @@ def secret_ref(value: str) -> tuple[str, str]:
 
 class CaSecret:
     """The signer's CA from a ``kubernetes.io/tls`` Secret (``tls.crt``, ``tls.key``), read when first
-    needed and kept; a Secret not there yet (``gpupool certs bootstrap --remote-gpu-ca`` not run) is
-    looked for again at the next pass."""
+    needed and kept; a Secret not there yet (``gpupool certs remote-gpu-ca`` not run: the chart's and
+    kustomize's certificate Job runs it with per-node certificates on) is looked for again at the
+    next pass, and each miss logs the command that makes it."""
 
     def __init__(self, core_v1: Any, namespace: str, name: str) -> None:
         self.core_v1 = core_v1
@@ -271,7 +272,8 @@ class CaSecret:
                 if exc.status != 404:
                     raise
                 log.error("remote GPU signer: Secret %s/%s (the CA) not found; node agents get no certificate "
-                          "until it exists (gpupool certs bootstrap --remote-gpu-ca)", self.namespace, self.name)
+                          "until it exists: gpupool certs remote-gpu-ca --namespace %s --secret %s", self.namespace,
+                          self.name, self.namespace, self.name)
                 return None
             data = secret.data or {}
             self._pair = KeyPair(base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]))

@@ -331,6 +331,35 @@ def test_remote_gpu_node_certificates_replace_the_shared_secret_and_grant_the_si
     assert not [d for d in shared if d["metadata"]["name"].endswith(("-remote-gpu-signer", "-remote-gpu-certificates"))]
 
 
+def test_with_node_certificates_the_certificate_job_makes_the_signers_ca() -> None:
+    """No manual step: the bootstrap Job's second container runs `gpupool certs remote-gpu-ca` for the
+    Secret the extender's --remote-gpu-signer names; its Role may read back that Secret only. The Job's
+    name changes with it (a Job's pod template cannot change on upgrade); the CronJob is left alone."""
+    values = {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.nodeCertificates": True}
+    docs = render(values)
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    containers = job["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["bootstrap", "remote-gpu-ca"]
+    assert containers[1]["args"] == ["certs", "remote-gpu-ca", "--namespace=gpupool-system",
+                                     "--secret=gpupool-remote-gpu-ca"]
+    assert containers[1]["image"] == containers[0]["image"]
+    extender = find(docs, "Deployment", "gpupool-extender")
+    assert "--remote-gpu-signer=gpupool-system/gpupool-remote-gpu-ca" in \
+        extender["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert find(docs, "Role", "gpupool-certs")["rules"][-1] == {
+        "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpupool-remote-gpu-ca"], "verbs": ["get"]}
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    assert len(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]) == 1
+    for off in ({}, {"nodeAgent.remoteGpu.enabled": True}):  # the shared Secret: no CA, nor its read
+        plain = render(off)
+        (plain_job,) = [d for d in plain if d["kind"] == "Job"]
+        assert len(plain_job["spec"]["template"]["spec"]["containers"]) == 1
+        assert plain_job["metadata"]["name"] != job["metadata"]["name"]
+        assert "gpupool-remote-gpu-ca" not in str(find(plain, "Role", "gpupool-certs")["rules"])
+    no_job = render({**values, "certificates.source": "cert-manager"})  # cert-manager: make the CA by hand
+    assert not [d for d in no_job if d["kind"] in ("Job", "CronJob") or d["metadata"]["name"] == "gpupool-certs"]
+
+
 def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_later_mounts() -> None:
     values = {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"}
     assert "--checkpoint-dir=/mnt/gpupool-checkpoints" in agent_args(values)

@@ -69,6 +69,8 @@ COMPONENTS: dict[str, dict[str, Any]] = {
 #: component → the components it patches, listed before it (as its kustomization.yaml asks).
 NEEDS: dict[str, tuple[str, ...]] = {"dra-claim-pods": ("dra", "scheduler-webhook"),
                                      "remote-gpu-node-certificates": ("remote-gpu",)}
+#: Components that patch another's objects when both are there, rendered together (in this order).
+TOGETHER: tuple[tuple[str, ...], ...] = (("certs-bootstrap", "remote-gpu", "remote-gpu-node-certificates"),)
 #: overlay → the chart values that stand for it, and files given with --set-file.
 OVERLAY_VALUES: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {
     "production": (COMMON, {}),
@@ -189,6 +191,14 @@ def test_the_chart_renders_the_base() -> None:
 def test_the_chart_renders_each_component(component: str, tmp_path: Path) -> None:
     chart = helm_render.render({**BASE, **COMPONENTS[component]}, crds=True)
     assert_same(chart, with_components(tmp_path, *NEEDS.get(component, ()), component))
+
+
+@pytest.mark.parametrize("components", TOGETHER, ids="+".join)
+def test_the_chart_renders_components_that_patch_each_other(components: tuple[str, ...], tmp_path: Path) -> None:
+    """remote-gpu-node-certificates patches certs-bootstrap's Job and Role (the remote GPU CA made by
+    the Job): alone, each case above shows nothing of that."""
+    values = {k: v for c in components for k, v in COMPONENTS[c].items()}
+    assert_same(helm_render.render({**BASE, **values}, crds=True), with_components(tmp_path, *components))
 
 
 def test_every_component_and_overlay_has_its_chart_values() -> None:

@@ -221,3 +221,37 @@ def test_risk_evict_component_switches_the_action_and_grants_only_eviction(tmp_p
     binding = one(docs, "ClusterRoleBinding", "gpupool-node-agent-evict")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(agent)["serviceAccountName"],
                                     "namespace": agent["metadata"]["namespace"]}]
+
+
+@pytest.mark.slow
+def test_node_certificates_with_the_certificate_job_make_the_signers_ca(tmp_path: Path) -> None:
+    """With components/certs-bootstrap the certificate Job also makes the CA the extender's
+    --remote-gpu-signer names (a second container, restricted like the first), and its Role may read
+    back that one Secret, nothing more; without certs-bootstrap (cert-manager) there is nothing to
+    patch and the rest renders as before."""
+    from gpupool.cli.certs_cmd import certs
+
+    remote = ("components/remote-gpu", "components/remote-gpu-node-certificates")
+    (tmp_path / "with").mkdir()
+    docs = with_components(tmp_path / "with", "components/certs-bootstrap", *remote)
+    job = pod_spec(one(docs, "Job", "gpupool-certs-bootstrap"))
+    assert job is not None and [c["name"] for c in job["containers"]] == ["bootstrap", "remote-gpu-ca"]
+    args = job["containers"][1]["args"]
+    assert args[:2] == ["certs", "remote-gpu-ca"]
+    params = certs.commands["remote-gpu-ca"].make_context("remote-gpu-ca", args[2:]).params
+    (signer,) = [a.split("=", 1)[1] for a in container(one(docs, "Deployment", "gpupool-extender"))["args"]
+                 if a.startswith("--remote-gpu-signer=")]
+    assert f"{params['namespace']}/{params['secret']}" == signer == "gpupool-system/gpupool-remote-gpu-ca"
+    assert not restricted_violations(job)
+    assert job["containers"][1]["securityContext"] == job["containers"][0]["securityContext"]
+    cron = pod_spec(one(docs, "CronJob", "gpupool-certs-renew"))
+    assert cron is not None and [c["name"] for c in cron["containers"]] == ["bootstrap"]  # a CA is made once
+    role = one(docs, "Role", "gpupool-certs")
+    plain = one(with_components(tmp_path, "components/certs-bootstrap"), "Role", "gpupool-certs")
+    assert role["rules"] == [*plain["rules"], {"apiGroups": [""], "resources": ["secrets"],
+                                               "resourceNames": ["gpupool-remote-gpu-ca"], "verbs": ["get"]}]
+    (tmp_path / "alone").mkdir()
+    alone = with_components(tmp_path / "alone", *remote)
+    others = [d for d in docs if not d["metadata"]["name"].startswith("gpupool-certs")]
+    assert not [d for d in alone if d["metadata"]["name"].startswith("gpupool-certs")]
+    assert [(d["kind"], d["metadata"]["name"]) for d in alone] == [(d["kind"], d["metadata"]["name"]) for d in others]

@@ -8,6 +8,7 @@ ServiceAccount, and the Secrets a stolen token would try to write instead.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -140,20 +141,54 @@ def _api_client(control_plane: ControlPlane, token: str, path: Path) -> client.A
     return config.new_client_from_config(config_file=str(path))
 
 
+def _make_ca_as_the_certificate_job(control_plane: ControlPlane, kube_api_client: client.ApiClient,
+                                    core_v1: client.CoreV1Api, namespace: str, tmp_path: Path) -> None:
+    """The CA Secret made as kustomize's certificate Job makes it with components/certs-bootstrap and
+    remote-gpu-node-certificates: its second container's command, run twice (the second finds it),
+    as the Job's ServiceAccount with the rendered Role (the Secret it may read back by name)."""
+    from click.testing import CliRunner
+
+    from gpupool.cli.main import cli
+    from tests.deploy.kustomize_render import KUSTOMIZE, render
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(KUSTOMIZE / "base", overlay)],
+        "components": [os.path.relpath(KUSTOMIZE / "components" / c, overlay)
+                       for c in ("certs-bootstrap", "remote-gpu", "remote-gpu-node-certificates")]}))
+    docs = render(str(overlay))
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    (args,) = [c["args"] for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "remote-gpu-ca"]
+    certs = [d for d in docs if d["metadata"]["name"] == "gpupool-certs" and d["kind"] in
+             ("ServiceAccount", "Role", "RoleBinding")]
+    assert len(certs) == 3
+    for doc in json.loads(json.dumps(certs).replace('"gpupool-system"', json.dumps(namespace))):
+        utils.create_from_dict(kube_api_client, doc)
+    kubeconfig = tmp_path / "certs-kubeconfig"
+    kubeconfig.write_text(render_kubeconfig(control_plane.server, _token(core_v1, "gpupool-certs", namespace),
+                                            control_plane.ca_cert.read_bytes()))
+    args = [a.replace("=gpupool-system", f"={namespace}") for a in args]
+    for said in ("wrote Secret", "already exists"):
+        done = CliRunner().invoke(cli, [*args, f"--kubeconfig={kubeconfig}"])
+        assert done.exit_code == 0 and said in done.output, done.output
+
+
 def test_a_gpu_node_gets_a_certificate_for_itself_only(control_plane: ControlPlane, kube_api_client: client.ApiClient,
                                                        core_v1: client.CoreV1Api, namespace: str,
                                                        tmp_path: Path) -> None:
-    """components/remote-gpu-node-certificates on the real apiserver: the agent's CertificateSigningRequest
-    sent with its pod-bound token, approved and signed by the extender's signer running as the extender's
-    ServiceAccount with the component's RBAC; a request for another node's name or without a pod-bound
-    token is denied with the reason."""
+    """components/remote-gpu-node-certificates on the real apiserver: the CA made by the certificate Job's
+    command with the Job's RBAC; the agent's CertificateSigningRequest sent with its pod-bound token,
+    denied while the Node lacks the address, then asked again as a new request and approved and signed by
+    the extender's signer running as the extender's ServiceAccount with the component's RBAC; a request
+    for another node's name or without a pod-bound token is denied with the reason."""
     import threading
 
     from cryptography import x509
 
-    from gpupool.extender.http.cert_secrets import ensure_ca
     from gpupool.extender.remote_gpu_signer import CaSecret, start_signer
-    from gpupool.nodeagent.remote_certificate import CertificateRefused, ServerCertificate
+    from gpupool.nodeagent.remote_certificate import CertificateDenied, CertificateRefused, ServerCertificate
 
     suffix = uuid.uuid4().hex[:6]
     docs = [d for d in yaml.safe_load_all(NODE_CERTIFICATES.read_text()) if d]
@@ -170,6 +205,7 @@ def test_a_gpu_node_gets_a_certificate_for_itself_only(control_plane: ControlPla
     nodes = {f"e2e-gpu-{suffix}": "10.99.0.7", f"e2e-gpu-other-{suffix}": "10.99.0.8"}
     pods = {}
     for node, address in nodes.items():
+        address = "10.99.0.6" if node == f"e2e-gpu-{suffix}" else address  # until the test fixes the Node
         core_v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
                              "status": {"addresses": [{"type": "InternalIP", "address": address}]}})
         pods[node] = core_v1.create_namespaced_pod(namespace, client.V1Pod(
@@ -180,7 +216,7 @@ def test_a_gpu_node_gets_a_certificate_for_itself_only(control_plane: ControlPla
     certificates = client.CertificatesV1Api(kube_api_client)
     stop = threading.Event()
     try:
-        ensure_ca(core_v1, namespace, "gpupool-remote-gpu-ca", "gpupool-remote-gpu-ca")
+        _make_ca_as_the_certificate_job(control_plane, kube_api_client, core_v1, namespace, tmp_path)
         extender = _api_client(control_plane, _token(core_v1, "gpupool-extender", namespace), tmp_path / "extender")
         start_signer(client.CertificatesV1Api(extender), client.CoreV1Api(extender),
                      CaSecret(client.CoreV1Api(extender), namespace, "gpupool-remote-gpu-ca"), stop, lambda: True,
@@ -191,7 +227,13 @@ def test_a_gpu_node_gets_a_certificate_for_itself_only(control_plane: ControlPla
             return client.CertificatesV1Api(_api_client(control_plane, token, tmp_path / f"agent-{pod_node}"))
 
         keeper = ServerCertificate(agent(node), node, [nodes[node]], tmp_path / "node")
-        cert = keeper.obtain(wait_s=30, poll_s=0.2)
+        with pytest.raises(CertificateDenied, match=r"10\.99\.0\.7 is not among node"):
+            keeper.obtain(wait_s=30, poll_s=0.2)
+        core_v1.patch_node_status(node, {"status": {"addresses": [{"type": "InternalIP", "address": nodes[node]}]}})
+        cert = keeper.obtain(wait_s=30, poll_s=0.2)  # a new request: the denied one keeps its answer
+        asked = {r.metadata.name: [c.type for c in r.status.conditions or ()]
+                 for r in certificates.list_certificate_signing_request().items if node in r.metadata.name}
+        assert sorted(asked.values()) == [["Approved"], ["Denied"]]
         ca = x509.load_pem_x509_certificate((keeper.ca_pem() or "").encode())
         cert.verify_directly_issued_by(ca)
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+import logging
 import socket
 import ssl
 import threading
@@ -299,6 +300,14 @@ def test_certs_remote_gpu_ca_makes_the_signers_ca_once(monkeypatch: pytest.Monke
     assert secrets.items["gpupool-remote-gpu-ca"] == made and set(made["data"]) == {"tls.crt", "tls.key"}
     pair = CaSecret(secrets, "kube-system", "gpupool-remote-gpu-ca").get()
     assert pair is not None and pair.certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_a_missing_ca_is_logged_with_the_command_that_makes_it(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="gpupool.extender.remote_gpu_signer"):
+        assert CaSecret(FakeSecrets(), "gpupool-system", "gpupool-remote-gpu-ca").get() is None
+    (record,) = caplog.records
+    assert record.getMessage().endswith(
+        "until it exists: gpupool certs remote-gpu-ca --namespace gpupool-system --secret gpupool-remote-gpu-ca")
 
 
 def test_the_extenders_flag_names_the_ca_secret(monkeypatch: pytest.MonkeyPatch) -> None:
