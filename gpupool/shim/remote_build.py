@@ -4,7 +4,9 @@
   OpenSSL 3's headers and libraries to build: ``libssl-dev``);
 * the GPU client, a ``libcuda.so.1`` that forwards the driver API to a server, for containers on
   nodes without GPUs, and beside it gpupool's CUDA runtime, a ``libcudart.so.12`` that implements
-  part of the CUDA runtime API on the driver API (NVIDIA's runtime cannot start on the client);
+  part of the CUDA runtime API on the driver API (NVIDIA's runtime cannot start on the client), and
+  gpupool's ``libcublas.so.12``, which forwards cuBLAS calls to the server's own cuBLAS (NVIDIA's
+  cannot run on the client either);
 * the local-share placeholder, an empty shared object the GPU client's init container installs in
   the client's place when the pod's share is on its own node (the webhook's ``LD_PRELOAD`` names
   the client's path before the bind decides; a missing file there makes the loader complain at
@@ -45,6 +47,12 @@ RUNTIME_FILES = ("cudart_refused.h", "cudart.map")
 RUNTIME_SONAME = "libcudart.so.12"
 RUNTIME_LINK = "libcudart.so"
 """What ``-lcudart`` finds, for programs linked against gpupool's runtime."""
+BLAS_SOURCES = ("cublas.c",)
+BLAS_FILES = ("cublas_refused.h", "cublas.map")
+"""Included by cublas.c (the functions it refuses) and its version script."""
+BLAS_SONAME = "libcublas.so.12"
+BLAS_LINK = "libcublas.so"
+"""What ``-lcublas`` finds, for programs linked against gpupool's cuBLAS."""
 PLACEHOLDER_SOURCES = ("local_share.c",)
 PLACEHOLDER_NAME = "libgpupool-local-share.so"
 """The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
@@ -82,7 +90,8 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
              f"-Wl,-soname,{CLIENT_SONAME}", *(("-Werror",) if werror else ()))
     sources = _files(CLIENT_SOURCES)
     runtime_sources = _files(RUNTIME_SOURCES)
-    built_from = sources + runtime_sources + _files(HEADERS) + _files(RUNTIME_FILES)
+    blas_sources = _files(BLAS_SOURCES)
+    built_from = sources + runtime_sources + blas_sources + _files(HEADERS) + _files(RUNTIME_FILES) + _files(BLAS_FILES)
     directory = cache_dir() / f"remote-client-{flavour.name}-{_digest(compiler, flags, built_from)}"
     target = directory / CLIENT_SONAME
     if not target.is_file():
@@ -96,14 +105,28 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     runtime_link = directory / RUNTIME_LINK
     if not runtime_link.exists():
         runtime_link.symlink_to(RUNTIME_SONAME)
+    blas = directory / BLAS_SONAME
+    if not blas.is_file():
+        _compile(compiler, [*_library_flags(flavour, werror, BLAS_SONAME, "cublas.map"), f"-L{directory}"],
+                 blas_sources, blas)
+    blas_link = directory / BLAS_LINK
+    if not blas_link.exists():
+        blas_link.symlink_to(BLAS_SONAME)
     return directory
 
 
 def _runtime_flags(flavour: Flavour, werror: bool) -> list[str]:
     """gpupool's libcudart.so.12: NVIDIA's soname and symbol version, linked to the driver
     (``libcuda.so.1``, looked for beside it first: the client's directory)."""
-    return [*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags, f"-Wl,-soname,{RUNTIME_SONAME}",
-            f"-Wl,--version-script={REMOTE_DIR / 'cudart.map'}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed",
+    return _library_flags(flavour, werror, RUNTIME_SONAME, "cudart.map")
+
+
+def _library_flags(flavour: Flavour, werror: bool, soname: str, version_script: str) -> list[str]:
+    """A library of gpupool's beside the client (its runtime, its cuBLAS): NVIDIA's soname, the
+    version script's symbol version, linked to the driver (``libcuda.so.1``, looked for beside it
+    first: the client's directory)."""
+    return [*WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", *flavour.flags, f"-Wl,-soname,{soname}",
+            f"-Wl,--version-script={REMOTE_DIR / version_script}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed",
             "-lcuda", *(("-Werror",) if werror else ())]
 
 
@@ -153,7 +176,7 @@ def placeholder_library() -> Path:
 def build_into(directory: Path) -> tuple[Path, Path]:
     """Build the programs and copy them into ``directory`` as an installation keeps them
     (``gpupool-remote-server``, ``remote-client/libcuda.so.1``, gpupool's ``libcudart.so.12`` and
-    the local-share placeholder beside the client); returns the server's path and the client's
+    ``libcublas.so.12`` and the local-share placeholder beside the client); returns the server's path and the client's
     directory."""
     import shutil
 
@@ -165,8 +188,9 @@ def build_into(directory: Path) -> tuple[Path, Path]:
     client_target.mkdir(exist_ok=True)
     shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
     shutil.copy2(client / RUNTIME_SONAME, client_target / RUNTIME_SONAME)
+    shutil.copy2(client / BLAS_SONAME, client_target / BLAS_SONAME)
     shutil.copy2(placeholder, client_target / PLACEHOLDER_NAME)
-    for link_name, target in (("libcuda.so", CLIENT_SONAME), (RUNTIME_LINK, RUNTIME_SONAME)):
+    for link_name, target in (("libcuda.so", CLIENT_SONAME), (RUNTIME_LINK, RUNTIME_SONAME), (BLAS_LINK, BLAS_SONAME)):
         link = client_target / link_name
         if not link.is_symlink():
             link.symlink_to(target)

@@ -208,6 +208,8 @@ static CUresult flush(uint64_t deadline) {
     return status;
 }
 
+static int answered; /* the last call's reply came (its status is the server's, not the connection's) */
+
 /*
  * One call: the request (payload, then data from the caller's memory), and unless it wants no
  * reply, the reply's payload into answer (at most capacity bytes; *got says how many came).
@@ -251,6 +253,7 @@ static CUresult call(uint16_t op, uint16_t flags, const void *payload, size_t le
         left -= n;
     }
     if (got != NULL) *got = keep;
+    answered = 1;
     return r.status;
 }
 
@@ -259,6 +262,24 @@ static CUresult simple(uint16_t op, const void *payload, size_t length, void *an
     CUresult status = call(op, 0, payload, length, NULL, 0, answer, capacity, NULL);
     pthread_mutex_unlock(&lock);
     return status;
+}
+
+/* For gpupool's other libraries beside the client (cublas.c): one answered call of op through this
+ * process's connection, whose reply status is not a CUresult (cuBLAS's). Returns 0 when the server
+ * answered (*status: the reply's status, *got: the answer's bytes), else the CUresult why it could
+ * not (not initialised, the connection lost, the deadline passed). Not part of the driver API. */
+API CUresult gpupoolRemoteCall(uint16_t op, const void *payload, size_t length, void *answer, size_t capacity,
+                               size_t *got, int32_t *status) {
+    if (status == NULL || got == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    answered = 0;
+    *got = 0;
+    CUresult result = call(op, 0, payload, length, NULL, 0, answer, capacity, got);
+    int came = answered;
+    pthread_mutex_unlock(&lock);
+    if (!came) return result != 0 ? result : REMOTE_ERROR_DEVICE_UNAVAILABLE;
+    *status = result;
+    return 0;
 }
 
 static CUresult later(uint16_t op, const void *payload, size_t length) {

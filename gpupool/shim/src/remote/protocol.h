@@ -83,8 +83,46 @@ enum remote_op {
                                        u64 shared[count]: the program's callback's answer for block sizes
                                        1..count (count 0: no callback) -> i32 min grid, i32 block size */
     OP_MODULE_GLOBAL = 44,          /* u64 module, name -> u64 pointer, u64 bytes */
-    OP_LAST = 44,
+    /* cuBLAS, run by the server's libcublas (docs/remote-gpu.md, "cuBLAS"): every reply's status is a
+     * cublasStatus_t, never a CUDA error, and each call is answered (none is gathered). */
+    OP_CUBLAS_CREATE = 45,          /* -> u64 handle; refused for want of a library: status 1, u32 1 */
+    OP_CUBLAS_DESTROY = 46,         /* u64 handle */
+    OP_CUBLAS_SET_STREAM = 47,      /* u64 handle, u64 stream */
+    OP_CUBLAS_SET_MODE = 48,        /* u64 handle, u32 REMOTE_BLAS_POINTER_MODE or _MATH_MODE, i32 value */
+    OP_CUBLAS_SET_WORKSPACE = 49,   /* u64 handle, u64 pointer, u64 bytes */
+    OP_CUBLAS_PROPERTY = 50,        /* i32 property (0 major, 1 minor, 2 patch) -> i32 */
+    OP_CUBLAS_GEMM = 51,            /* struct remote_gemm */
+    OP_CUBLAS_VECTOR = 52,          /* struct remote_vector -> a host result: f64 (dot) */
+    OP_LAST = 52,
 };
+#define REMOTE_BLAS_POINTER_MODE 0u
+#define REMOTE_BLAS_MATH_MODE 1u
+#define REMOTE_BLAS_NO_LIBRARY 1u /* OP_CUBLAS_CREATE's reason: the server cannot load cuBLAS */
+
+/* One GEMM call of any of cuBLAS's forms (kind). Scalars: in host pointer mode their bytes (by the
+ * compute type: 2 to 16), in device pointer mode the device pointers. */
+enum remote_gemm_kind {
+    GEMM_S = 0, GEMM_D, GEMM_EX, GEMM_S_STRIDED, GEMM_D_STRIDED, GEMM_EX_STRIDED, GEMM_KINDS
+};
+struct remote_gemm {
+    uint64_t handle;
+    int32_t kind, transa, transb, m, n, k, a_type, b_type, c_type, compute_type, algo, lda, ldb, ldc, batch, unused;
+    int64_t stride_a, stride_b, stride_c;
+    uint64_t a, b, c, alpha_pointer, beta_pointer;
+    unsigned char alpha[16], beta[16];
+};
+_Static_assert(sizeof(struct remote_gemm) == 168, "a GEMM request is 168 bytes on the wire");
+
+/* The level 1 and 2 calls carried: y = alpha op(A) x + beta y (gemv), y = alpha x + y (axpy),
+ * x = alpha x (scal), x . y (dot: into result, a device pointer in device pointer mode). */
+enum remote_vector_kind { VECTOR_SGEMV = 0, VECTOR_DGEMV, VECTOR_SAXPY, VECTOR_SSCAL, VECTOR_SDOT, VECTOR_KINDS };
+struct remote_vector {
+    uint64_t handle;
+    int32_t kind, trans, m, n, lda, incx, incy, unused;
+    uint64_t a, x, y, result, alpha_pointer, beta_pointer;
+    unsigned char alpha[16], beta[16];
+};
+_Static_assert(sizeof(struct remote_vector) == 120, "a vector request is 120 bytes on the wire");
 #define REMOTE_MAX_SHARED_TABLE 4096u /* block sizes an occupancy callback is asked for */
 
 #define REMOTE_PARAMS_UNKNOWN 0xffffffffu /* the driver cannot say (no cuFuncGetParamInfo) */

@@ -2,7 +2,7 @@
  * gpupool's GPU server (docs/remote-gpu.md): serves remote clients the CUDA driver of this node.
  *
  *   gpupool-remote-server --listen HOST:PORT --clients TABFILE [--driver PATH] [--allow-plain]
- *                         [--status-dir DIR]
+ *                         [--status-dir DIR] [--cublas PATH]
  *
  * The supervisor (`gpupool remote-gpu serve`) reads the node agent's JSON clients file and writes
  * TABFILE, one client a line: token TAB pod TAB card-uuid TAB memory-MiB TAB compute-percent.
@@ -802,6 +802,335 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
     return answer(h, status, NULL, 0);
 }
 
+/* ------------------------------------------------------------------------------------------ cuBLAS */
+/* The client's cuBLAS calls (docs/remote-gpu.md, "cuBLAS"), run by the real libcublas, loaded at
+ * the first one (GPUPOOL_REMOTE_CUBLAS, else --cublas, else the soname). Replies carry a
+ * cublasStatus_t. Every device pointer a call names must lie, with all it reaches, inside one of the
+ * client's allocations, every stream be the client's and every handle one made for this client:
+ * anything else is refused before cuBLAS sees it. cuBLAS's own workspace (the default one, which
+ * it allocates at a handle's first calls) is outside the client's share; one the client gives with
+ * cublasSetWorkspace_v2 is its own memory, counted. A handle's pointer mode is kept here: it decides
+ * whether the scalars come by value or as device pointers. */
+#define BLAS_NOT_INITIALIZED 1
+#define BLAS_ALLOC_FAILED 3
+#define BLAS_INVALID_VALUE 7
+#define BLAS_NOT_SUPPORTED 15
+#define MAX_BLAS_HANDLES 1024
+typedef int blas_status;
+static struct {
+    blas_status (*create)(handle *);
+    blas_status (*destroy)(handle);
+    blas_status (*set_stream)(handle, handle);
+    blas_status (*set_pointer_mode)(handle, int);
+    blas_status (*set_math_mode)(handle, int);
+    blas_status (*set_workspace)(handle, void *, size_t);
+    blas_status (*get_property)(int, int *);
+    blas_status (*sgemm)(handle, int, int, int, int, int, const void *, const void *, int, const void *, int,
+                         const void *, void *, int);
+    blas_status (*dgemm)(handle, int, int, int, int, int, const void *, const void *, int, const void *, int,
+                         const void *, void *, int);
+    blas_status (*gemm_ex)(handle, int, int, int, int, int, const void *, const void *, int, int, const void *, int,
+                           int, const void *, void *, int, int, int, int);
+    blas_status (*sgemm_strided)(handle, int, int, int, int, int, const void *, const void *, int, long long,
+                                 const void *, int, long long, const void *, void *, int, long long, int);
+    blas_status (*dgemm_strided)(handle, int, int, int, int, int, const void *, const void *, int, long long,
+                                 const void *, int, long long, const void *, void *, int, long long, int);
+    blas_status (*gemm_strided_ex)(handle, int, int, int, int, int, const void *, const void *, int, int, long long,
+                                   const void *, int, int, long long, const void *, void *, int, int, long long, int,
+                                   int, int);
+    blas_status (*sgemv)(handle, int, int, int, const void *, const void *, int, const void *, int, const void *,
+                         void *, int);
+    blas_status (*dgemv)(handle, int, int, int, const void *, const void *, int, const void *, int, const void *,
+                         void *, int);
+    blas_status (*saxpy)(handle, int, const void *, const void *, int, void *, int);
+    blas_status (*sscal)(handle, int, const void *, void *, int);
+    blas_status (*sdot)(handle, int, const void *, int, const void *, int, void *);
+} blas;
+static void *blas_library;
+static int blas_tried;
+static const char *blas_path = "libcublas.so.12";
+static struct blas_handle {
+    uint64_t value;
+    int device_scalars; /* CUBLAS_POINTER_MODE_DEVICE */
+} blas_handles[MAX_BLAS_HANDLES];
+static size_t blas_handle_count;
+
+/* 0 when cuBLAS is loaded (now or before); said once on stderr when it cannot be. */
+static int load_blas(void) {
+    if (blas_library != NULL) return 0;
+    if (blas_tried) return -1;
+    blas_tried = 1;
+    const char *named = getenv("GPUPOOL_REMOTE_CUBLAS");
+    if (named != NULL && named[0] != '\0') blas_path = named;
+    void *library = dlopen(blas_path, RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+        fprintf(stderr, "gpupool-remote-server: cannot load cuBLAS %s (%s): the client's cuBLAS calls get "
+                        "CUBLAS_STATUS_NOT_INITIALIZED\n", blas_path, dlerror());
+        return -1;
+    }
+    void **slots[] = {(void **)&blas.create, (void **)&blas.destroy, (void **)&blas.set_stream,
+                      (void **)&blas.set_pointer_mode, (void **)&blas.set_math_mode, (void **)&blas.set_workspace,
+                      (void **)&blas.get_property, (void **)&blas.sgemm, (void **)&blas.dgemm, (void **)&blas.gemm_ex,
+                      (void **)&blas.sgemm_strided, (void **)&blas.dgemm_strided, (void **)&blas.gemm_strided_ex,
+                      (void **)&blas.sgemv, (void **)&blas.dgemv, (void **)&blas.saxpy, (void **)&blas.sscal,
+                      (void **)&blas.sdot};
+    const char *names[] = {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetPointerMode_v2",
+                           "cublasSetMathMode", "cublasSetWorkspace_v2", "cublasGetProperty", "cublasSgemm_v2",
+                           "cublasDgemm_v2", "cublasGemmEx", "cublasSgemmStridedBatched",
+                           "cublasDgemmStridedBatched", "cublasGemmStridedBatchedEx", "cublasSgemv_v2",
+                           "cublasDgemv_v2", "cublasSaxpy_v2", "cublasSscal_v2", "cublasSdot_v2"};
+    _Static_assert(sizeof slots / sizeof *slots == sizeof names / sizeof *names, "one name per entry point");
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) *slots[i] = dlsym(library, names[i]);
+    if (blas.create == NULL || blas.destroy == NULL) {
+        fprintf(stderr, "gpupool-remote-server: %s is not cuBLAS (no cublasCreate_v2): the client's cuBLAS calls "
+                        "get CUBLAS_STATUS_NOT_INITIALIZED\n", blas_path);
+        dlclose(library);
+        return -1;
+    }
+    blas_library = library;
+    return 0;
+}
+#define BLAS_CALL(fn, ...) ((fn) == NULL ? BLAS_NOT_SUPPORTED : (fn)(__VA_ARGS__))
+
+static struct blas_handle *blas_handle_of(uint64_t value) {
+    for (size_t i = 0; i < blas_handle_count; i++)
+        if (value != 0 && blas_handles[i].value == value) return &blas_handles[i];
+    return NULL;
+}
+
+/* Whether [pointer, pointer + bytes) lies inside one of the client's allocations (nothing to
+ * reach, bytes 0, is always inside: cuBLAS reads nothing there). */
+static int inside_allocation(uint64_t pointer, uint64_t bytes) {
+    if (bytes == 0) return 1;
+    for (size_t i = 0; i < allocation_count; i++) {
+        uint64_t base = allocations[i].pointer, size = allocations[i].bytes;
+        if (pointer >= base && bytes <= size && pointer - base <= size - bytes) return 1;
+    }
+    return 0;
+}
+
+/* The bytes a column-major rows x cols matrix of leading dimension ld reaches, over batch matrices
+ * stride elements apart; -1 when the shape is invalid or would overflow. */
+static long long matrix_bytes(long long rows, long long cols, long long ld, long long stride, long long batch,
+                              long long element) {
+    long long reach, extent;
+    if (rows < 0 || cols < 0 || batch < 0 || stride < 0 || ld < (rows > 1 ? rows : 1)) return -1;
+    if (rows == 0 || cols == 0 || batch == 0) return 0;
+    if (__builtin_mul_overflow(cols - 1, ld, &reach) || __builtin_add_overflow(reach, rows, &reach) ||
+        __builtin_mul_overflow(batch - 1, stride, &extent) || __builtin_add_overflow(extent, reach, &extent) ||
+        __builtin_mul_overflow(extent, element, &extent))
+        return -1;
+    return extent;
+}
+
+/* A vector of n elements inc apart (a negative inc walks the same memory backwards). */
+static long long vector_bytes(long long n, long long inc, long long element) {
+    return n <= 0 ? 0 : matrix_bytes(1, n, inc < 0 ? -inc : (inc == 0 ? 1 : inc), 0, 1, element);
+}
+
+static int device_range(uint64_t pointer, long long bytes) { return bytes >= 0 && inside_allocation(pointer, (uint64_t)bytes); }
+
+/* Bytes per element of a cudaDataType; 0 for one not known here. */
+static long long type_bytes(int type) {
+    switch (type) {
+    case 2: case 14: case 7: case 9: return 2; /* R_16F, R_16BF, C_8I, C_8U */
+    case 3: case 8: case 28: case 29: return 1; /* R_8I, R_8U, R_8F_E4M3, R_8F_E5M2 */
+    case 0: case 10: case 6: case 15: return 4; /* R_32F, R_32I, C_16F, C_16BF */
+    case 1: case 4: case 11: return 8;         /* R_64F, C_32F, C_32I */
+    case 5: return 16;                         /* C_64F */
+    default: return 0;
+    }
+}
+
+/* The bytes of a scalar of a compute type, complex when the output type is (cublas.c's rule). */
+static long long blas_scalar_bytes(int compute, int c_type) {
+    long long real = compute == 64 || compute == 65 ? 2
+                     : compute == 70 || compute == 71 ? 8
+                     : (compute >= 68 && compute <= 77 && compute != 70 && compute != 71 && compute != 76) ? 4
+                                                                                                           : 0;
+    int complex = c_type == 4 || c_type == 5 || c_type == 6 || c_type == 7 || c_type == 9 || c_type == 11 ||
+                  c_type == 15;
+    return complex ? 2 * real : real;
+}
+
+/* The scalars a call uses: the request's bytes (host pointer mode, copied to aligned memory) or its
+ * device pointers, each inside the client's memory (device pointer mode). */
+static int blas_scalars(const struct blas_handle *owner, const unsigned char alpha_bytes[16],
+                        const unsigned char beta_bytes[16], uint64_t alpha_pointer, uint64_t beta_pointer,
+                        long long bytes, int uses_beta, void *alpha_value, void *beta_value, const void **alpha,
+                        const void **beta) {
+    if (bytes <= 0 || bytes > 16) return -1;
+    if (owner->device_scalars) {
+        if (!device_range(alpha_pointer, bytes) || (uses_beta && !device_range(beta_pointer, bytes))) return -1;
+        *alpha = (const void *)(uintptr_t)alpha_pointer, *beta = (const void *)(uintptr_t)beta_pointer;
+        return 0;
+    }
+    memcpy(alpha_value, alpha_bytes, 16), memcpy(beta_value, beta_bytes, 16);
+    *alpha = alpha_value, *beta = beta_value;
+    return 0;
+}
+
+static int blas_gemm(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    struct remote_gemm g;
+    if (length < sizeof g) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    memcpy(&g, payload, sizeof g);
+    struct blas_handle *owner = blas_handle_of(g.handle);
+    if (owner == NULL) return reply(h, BLAS_NOT_INITIALIZED, NULL, 0);
+    int strided = g.kind == GEMM_S_STRIDED || g.kind == GEMM_D_STRIDED || g.kind == GEMM_EX_STRIDED;
+    long long batch = strided ? g.batch : 1;
+    if (g.kind < 0 || g.kind >= GEMM_KINDS || g.transa < 0 || g.transa > 2 || g.transb < 0 || g.transb > 2 ||
+        g.m < 0 || g.n < 0 || g.k < 0 || batch < 0)
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    long long a_rows = g.transa == 0 ? g.m : g.k, a_cols = g.transa == 0 ? g.k : g.m;
+    long long b_rows = g.transb == 0 ? g.k : g.n, b_cols = g.transb == 0 ? g.n : g.k;
+    long long a_size = type_bytes(g.a_type), b_size = type_bytes(g.b_type), c_size = type_bytes(g.c_type);
+    long long inner = g.k == 0 ? 0 : 1; /* with k 0, A and B are not read */
+    long long a_bytes = matrix_bytes(a_rows * inner, a_cols * inner, g.lda, strided ? g.stride_a : 0, batch, a_size);
+    long long b_bytes = matrix_bytes(b_rows * inner, b_cols * inner, g.ldb, strided ? g.stride_b : 0, batch, b_size);
+    long long c_bytes = matrix_bytes(g.m, g.n, g.ldc, strided ? g.stride_c : 0, batch, c_size);
+    if (a_size == 0 || b_size == 0 || c_size == 0 || g.lda < (a_rows > 1 ? a_rows : 1) ||
+        g.ldb < (b_rows > 1 ? b_rows : 1) || a_bytes < 0 || b_bytes < 0 || c_bytes < 0)
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    if (!device_range(g.a, a_bytes) || !device_range(g.b, b_bytes) || !device_range(g.c, c_bytes))
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    long double alpha_value, beta_value; /* 16 aligned bytes each */
+    const void *alpha, *beta;
+    if (blas_scalars(owner, g.alpha, g.beta, g.alpha_pointer, g.beta_pointer, blas_scalar_bytes(g.compute_type, g.c_type),
+                     1, &alpha_value, &beta_value, &alpha, &beta) != 0)
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    handle on = (handle)(uintptr_t)g.handle;
+    const void *a = (const void *)(uintptr_t)g.a, *b = (const void *)(uintptr_t)g.b;
+    void *c = (void *)(uintptr_t)g.c;
+    blas_status status;
+    switch (g.kind) {
+    case GEMM_S: status = BLAS_CALL(blas.sgemm, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.lda, b, g.ldb, beta, c, g.ldc); break;
+    case GEMM_D: status = BLAS_CALL(blas.dgemm, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.lda, b, g.ldb, beta, c, g.ldc); break;
+    case GEMM_EX:
+        status = BLAS_CALL(blas.gemm_ex, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.a_type, g.lda, b, g.b_type,
+                           g.ldb, beta, c, g.c_type, g.ldc, g.compute_type, g.algo);
+        break;
+    case GEMM_S_STRIDED:
+        status = BLAS_CALL(blas.sgemm_strided, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.lda, g.stride_a, b,
+                           g.ldb, g.stride_b, beta, c, g.ldc, g.stride_c, g.batch);
+        break;
+    case GEMM_D_STRIDED:
+        status = BLAS_CALL(blas.dgemm_strided, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.lda, g.stride_a, b,
+                           g.ldb, g.stride_b, beta, c, g.ldc, g.stride_c, g.batch);
+        break;
+    default:
+        status = BLAS_CALL(blas.gemm_strided_ex, on, g.transa, g.transb, g.m, g.n, g.k, alpha, a, g.a_type, g.lda,
+                           g.stride_a, b, g.b_type, g.ldb, g.stride_b, beta, c, g.c_type, g.ldc, g.stride_c, g.batch,
+                           g.compute_type, g.algo);
+    }
+    return reply(h, status, NULL, 0);
+}
+
+static int blas_vector(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    struct remote_vector v;
+    if (length < sizeof v) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    memcpy(&v, payload, sizeof v);
+    struct blas_handle *owner = blas_handle_of(v.handle);
+    if (owner == NULL) return reply(h, BLAS_NOT_INITIALIZED, NULL, 0);
+    if (v.kind < 0 || v.kind >= VECTOR_KINDS || v.n < 0 || v.m < 0) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    long long element = v.kind == VECTOR_DGEMV ? 8 : 4, x_length = v.n, y_length = v.n;
+    int gemv = v.kind == VECTOR_SGEMV || v.kind == VECTOR_DGEMV;
+    if (gemv) {
+        if (v.trans < 0 || v.trans > 2 || v.incx == 0 || v.incy == 0 || v.lda < (v.m > 1 ? v.m : 1))
+            return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        x_length = v.trans == 0 ? v.n : v.m, y_length = v.trans == 0 ? v.m : v.n;
+        if (!device_range(v.a, matrix_bytes(v.m, v.n, v.lda, 0, 1, element)))
+            return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    }
+    if (!device_range(v.x, vector_bytes(x_length, v.incx, element)) ||
+        (v.kind != VECTOR_SSCAL && !device_range(v.y, vector_bytes(y_length, v.incy, element))))
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    long double alpha_value, beta_value;
+    const void *alpha = NULL, *beta = NULL;
+    if (v.kind != VECTOR_SDOT && blas_scalars(owner, v.alpha, v.beta, v.alpha_pointer, v.beta_pointer, element, gemv,
+                                              &alpha_value, &beta_value, &alpha, &beta) != 0)
+        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    handle on = (handle)(uintptr_t)v.handle;
+    const void *a = (const void *)(uintptr_t)v.a, *x = (const void *)(uintptr_t)v.x;
+    void *y = (void *)(uintptr_t)v.y;
+    float dot = 0;
+    blas_status status;
+    switch (v.kind) {
+    case VECTOR_SGEMV: status = BLAS_CALL(blas.sgemv, on, v.trans, v.m, v.n, alpha, a, v.lda, x, v.incx, beta, y, v.incy); break;
+    case VECTOR_DGEMV: status = BLAS_CALL(blas.dgemv, on, v.trans, v.m, v.n, alpha, a, v.lda, x, v.incx, beta, y, v.incy); break;
+    case VECTOR_SAXPY: status = BLAS_CALL(blas.saxpy, on, v.n, alpha, x, v.incx, y, v.incy); break;
+    case VECTOR_SSCAL: status = BLAS_CALL(blas.sscal, on, v.n, alpha, (void *)(uintptr_t)v.x, v.incx); break;
+    default:
+        if (owner->device_scalars && !device_range(v.result, 4)) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        status = BLAS_CALL(blas.sdot, on, v.n, x, v.incx, y, v.incy,
+                           owner->device_scalars ? (void *)(uintptr_t)v.result : (void *)&dot);
+    }
+    double value = dot;
+    int host_result = v.kind == VECTOR_SDOT && !owner->device_scalars && status == 0;
+    return reply(h, status, &value, host_result ? sizeof value : 0);
+}
+
+static int serve_blas(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    if (load_blas() != 0) {
+        uint32_t why = REMOTE_BLAS_NO_LIBRARY;
+        return reply(h, BLAS_NOT_INITIALIZED, &why, h->op == OP_CUBLAS_CREATE ? sizeof why : 0);
+    }
+    struct blas_handle *owner = NULL;
+    blas_status status;
+    if (h->op != OP_CUBLAS_CREATE && h->op != OP_CUBLAS_PROPERTY && h->op != OP_CUBLAS_GEMM &&
+        h->op != OP_CUBLAS_VECTOR) {
+        if (length < 8) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        if ((owner = blas_handle_of(U64(0))) == NULL) return reply(h, BLAS_NOT_INITIALIZED, NULL, 0);
+    }
+    switch (h->op) {
+    case OP_CUBLAS_CREATE: {
+        handle made = NULL;
+        if (blas_handle_count == MAX_BLAS_HANDLES) return reply(h, BLAS_ALLOC_FAILED, NULL, 0);
+        status = blas.create(&made);
+        if (status == 0 && made == NULL) status = BLAS_NOT_INITIALIZED;
+        if (status != 0) return reply(h, status, NULL, 0);
+        blas_handles[blas_handle_count++] = (struct blas_handle){(uintptr_t)made, 0};
+        uint64_t out = (uintptr_t)made;
+        return reply(h, 0, &out, sizeof out);
+    }
+    case OP_CUBLAS_DESTROY:
+        status = blas.destroy((handle)(uintptr_t)owner->value);
+        *owner = blas_handles[--blas_handle_count]; /* gone from this client either way */
+        return reply(h, status, NULL, 0);
+    case OP_CUBLAS_SET_STREAM:
+        if (length < 16 || !known(U64(8), KIND_STREAM)) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        return reply(h, BLAS_CALL(blas.set_stream, (handle)(uintptr_t)owner->value, H(8)), NULL, 0);
+    case OP_CUBLAS_SET_MODE:
+        if (length < 16) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        if (U32(8) == REMOTE_BLAS_POINTER_MODE) {
+            int mode = (int)U32(12);
+            if (mode != 0 && mode != 1) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+            status = BLAS_CALL(blas.set_pointer_mode, (handle)(uintptr_t)owner->value, mode);
+            if (status == 0) owner->device_scalars = mode;
+            return reply(h, status, NULL, 0);
+        }
+        if (U32(8) != REMOTE_BLAS_MATH_MODE) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        return reply(h, BLAS_CALL(blas.set_math_mode, (handle)(uintptr_t)owner->value, (int)U32(12)), NULL, 0);
+    case OP_CUBLAS_SET_WORKSPACE:
+        if (length < 24 || (U64(16) > 0 && !inside_allocation(U64(8), U64(16))))
+            return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        return reply(h, BLAS_CALL(blas.set_workspace, (handle)(uintptr_t)owner->value, (void *)(uintptr_t)U64(8),
+                                  (size_t)U64(16)), NULL, 0);
+    case OP_CUBLAS_PROPERTY: {
+        int value = 0;
+        if (length < 4 || (int)U32(0) < 0 || (int)U32(0) > 2) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        status = BLAS_CALL(blas.get_property, (int)U32(0), &value);
+        return reply(h, status, &value, status == 0 ? sizeof value : 0);
+    }
+    case OP_CUBLAS_GEMM: return blas_gemm(h, payload, length);
+    default: return blas_vector(h, payload, length);
+    }
+}
+
+/* The client's handles, destroyed when it leaves (its process ends next). */
+static void release_blas(void) {
+    while (blas_handle_count > 0) blas.destroy((handle)(uintptr_t)blas_handles[--blas_handle_count].value);
+}
+
 static int serve_request(const struct remote_header *h, const unsigned char *payload, size_t length,
                          unsigned char *chunk) {
     int value = 0;
@@ -888,6 +1217,14 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
     case OP_OCCUPANCY_BLOCKS: return occupancy_blocks(h, payload, length);
     case OP_OCCUPANCY_BLOCK_SIZE: return occupancy_block_size(h, payload, length);
     case OP_LAUNCH: return launch(h, payload, length);
+    case OP_CUBLAS_CREATE:
+    case OP_CUBLAS_DESTROY:
+    case OP_CUBLAS_SET_STREAM:
+    case OP_CUBLAS_SET_MODE:
+    case OP_CUBLAS_SET_WORKSPACE:
+    case OP_CUBLAS_PROPERTY:
+    case OP_CUBLAS_GEMM:
+    case OP_CUBLAS_VECTOR: return serve_blas(h, payload, length);
     case OP_STREAM_CREATE:
     case OP_EVENT_CREATE:
         NEED(4);
@@ -1183,6 +1520,8 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) listen_address = argv[++i];
         else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) clients_path = argv[++i];
         else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) driver_path = argv[++i];
+        else if (strcmp(argv[i], "--cublas") == 0 && i + 1 < argc) /* the executor inherits it */
+            setenv("GPUPOOL_REMOTE_CUBLAS", argv[++i], 1);
         else if (strcmp(argv[i], "--allow-plain") == 0) allow_plain = 1;
         else if (strcmp(argv[i], "--shim") == 0 && i + 1 < argc) shim_path = argv[++i];
         else if (strcmp(argv[i], "--executor") == 0 && i + 1 < argc) executor_fd = atoi(argv[++i]);
@@ -1196,7 +1535,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: gpupool-remote-server --listen HOST:PORT --clients FILE [--driver PATH] "
                             "[--allow-plain] [--max-clients N] [--tls-cert PEM --tls-key PEM] [--shim LIBRARY] "
-                            "[--status-dir DIR]\n");
+                            "[--status-dir DIR] [--cublas PATH]\n");
             return 2;
         }
     }
@@ -1208,6 +1547,7 @@ int main(int argc, char **argv) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         sock = executor_fd;
         serve_client();
+        release_blas();
         return 0;
     }
     if (listen_address == NULL || clients_path == NULL) {
@@ -1255,6 +1595,7 @@ int main(int argc, char **argv) {
             setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
             setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
             serve_client();
+            release_blas();
             mark_gone();
             _exit(0);
         }

@@ -1,0 +1,184 @@
+"""gpupool's cuBLAS (gpupool/shim/src/remote/cublas.c, a libcublas.so.12 that forwards the cuBLAS
+API to the GPU server, which runs the node's own libcublas; docs/remote-gpu.md, "cuBLAS"): a
+program on gpupool's runtime and cuBLAS, through a server on the stand-in driver with the stand-in
+cuBLAS (gpupool/shim/src/standin/cublas.c, a CPU GEMM over the stand-in's device memory), gets
+every carried call's result right against its own CPU reference; a refused function is
+CUBLAS_STATUS_NOT_SUPPORTED with one stderr line; another client's handle and memory outside the
+client's allocations are refused without harm to the server or other clients; a server without a
+loadable cuBLAS answers CUBLAS_STATUS_NOT_INITIALIZED; a killed client's handles are destroyed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gpupool.shim.build import STANDIN_DIR, find_compiler
+from gpupool.shim.remote_build import BLAS_SONAME, REMOTE_DIR
+from tests.remote.remote_support import Programs, Server, build_programs, client, probe_env, running_server, token
+
+PROBE_SOURCE = Path(__file__).with_name("cublas_probe.c")
+SUCCESS, NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED = 0, 1, 7, 15
+BLAS_CASES = ("version", "math_mode", "workspace", "status_name", "sgemm_nn", "sgemm_tt", "dgemm_nt", "dgemm_tn",
+              "gemmex", "sgemm_strided", "dgemm_strided", "gemmex_strided", "stream", "sgemm_on_stream", "sgemv_n",
+              "sgemv_t", "dgemv", "saxpy", "sscal", "sdot_host", "sdot_device", "sgemv_device_scalars",
+              "setget_matrix", "setget_vector", "destroy")
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    return build_programs(tmp_path_factory.mktemp("remote-programs"))
+
+
+def build_standin_cublas(programs: Programs, out: Path) -> Path:
+    """The stand-in cuBLAS as ``libcublas.so.12``, linked to the stand-in driver."""
+    library = out / BLAS_SONAME
+    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-O1",
+                    "-fPIC", "-shared", "-fvisibility=hidden", f"-Wl,-soname,{BLAS_SONAME}", "-o", str(library),
+                    str(STANDIN_DIR / "cublas.c"), f"-L{programs.standin}", "-lcuda"], check=True, timeout=120)
+    return library
+
+
+@pytest.fixture(scope="module")
+def standin_cublas(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_standin_cublas(programs, tmp_path_factory.mktemp("standin-cublas"))
+
+
+@pytest.fixture(scope="module")
+def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/remote/cublas_probe.c linked to gpupool's libcublas.so.12 and libcudart.so.12."""
+    out = tmp_path_factory.mktemp("cublas-probe") / "cublas_probe"
+    assert (programs.client / BLAS_SONAME).is_file(), "gpupool's cuBLAS was not built beside the client"
+    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out),
+                    str(PROBE_SOURCE), f"-L{programs.client}", "-lcublas", "-lcudart", "-lm",
+                    f"-Wl,-rpath,{programs.client}"], check=True, timeout=120)
+    return out
+
+
+@contextmanager
+def blas_server(programs: Programs, workdir: Path, library: Path | None,
+                letters: str = "a") -> Iterator[tuple[Server, Path]]:
+    """A server whose cuBLAS is ``library`` (None: a path that loads nothing); yields it and the
+    stand-in cuBLAS's log of handles."""
+    log = workdir / "cublas.log"
+    env = {"GPUPOOL_REMOTE_CUBLAS": str(library or workdir / "missing" / BLAS_SONAME),
+           "GPUPOOL_STANDIN_CUBLAS_LOG": str(log)}
+    with running_server(programs, workdir, [client(letter) for letter in letters], card=env) as server:
+        yield server, log
+
+
+def run(programs: Programs, probe: Path, port: int, *args: str, letter: str = "a") -> subprocess.CompletedProcess[str]:
+    env = probe_env(programs, f"127.0.0.1:{port}", token(letter))
+    return subprocess.run([str(probe), *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_every_carried_call_gives_the_cpu_references_result(programs: Programs, probe: Path, standin_cublas: Path,
+                                                            tmp_path: Path) -> None:
+    """SGEMM and DGEMM with both transposes and leading dimensions above m, GemmEx, the three strided
+    batched forms, SGEMV (both transposes, increments of 2), DGEMV, SAXPY, SSCAL, SDOT into host and
+    device memory, GEMV with alpha and beta in device memory, a SGEMM on a stream set on the handle
+    (GetStream gives it back, and the server's cuBLAS got it), Set/GetMatrix with leading dimensions
+    and Set/GetVector with increments, the version, math mode and a workspace of the program's own
+    memory: each status 0 and each result the probe's CPU reference's; nothing on stderr."""
+    with blas_server(programs, tmp_path, standin_cublas) as (server, log):
+        done = run(programs, probe, server.port, "blas")
+    assert done.returncode == 0, done.stdout + done.stderr
+    words = done.stdout.split()
+    assert words[:2] == ["blas", f"create={SUCCESS}"], done.stdout
+    assert words[2:] == [f"{name}={SUCCESS}:ok" for name in BLAS_CASES], done.stdout
+    assert done.stderr == ""
+    lines = log.read_text().splitlines()
+    assert [line.split()[1] for line in lines] == ["create", "stream", "destroy"], lines
+    assert lines[1].split()[3] != "(nil)"  # the program's stream, not the default one
+
+
+@pytest.mark.slow
+def test_a_refused_function_says_so_once(programs: Programs, probe: Path, standin_cublas: Path,
+                                         tmp_path: Path) -> None:
+    """cublasSrot_v2 is not carried: CUBLAS_STATUS_NOT_SUPPORTED twice, one stderr line naming it."""
+    with blas_server(programs, tmp_path, standin_cublas) as (server, _):
+        done = run(programs, probe, server.port, "refused")
+    assert done.stdout.strip() == f"refused {NOT_SUPPORTED} {NOT_SUPPORTED}"
+    assert done.stderr.splitlines() == [
+        "gpupool cuBLAS: cublasSrot_v2 is not carried to the GPU: CUBLAS_STATUS_NOT_SUPPORTED"]
+
+
+@pytest.mark.slow
+def test_another_clients_handle_and_memory_outside_the_allocations_are_refused(
+        programs: Programs, probe: Path, standin_cublas: Path, tmp_path: Path) -> None:
+    """Client b naming client a's live handle gets CUBLAS_STATUS_NOT_INITIALIZED (the server knows
+    only handles it made for b) and its own SGEMM still works; a C past its allocation's end, a C a
+    MiB past it, an A at an address b never allocated and a device alpha outside its memory are
+    CUBLAS_STATUS_INVALID_VALUE, never handed to cuBLAS; a's process and the server go on."""
+    with blas_server(programs, tmp_path, standin_cublas, letters="ab") as (server, _):
+        env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"))
+        holder = subprocess.Popen([str(probe), "hold"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None
+            line = holder.stdout.readline().split()
+            assert line[0] == "handle", line
+            forged = run(programs, probe, server.port, "forged", line[1], letter="b")
+            outside = run(programs, probe, server.port, "outside", letter="b")
+            assert holder.poll() is None
+            again = run(programs, probe, server.port, "blas", letter="b")
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+    assert forged.stdout.splitlines() == [f"forged {NOT_INITIALIZED}", f"own {SUCCESS}:ok"], forged.stderr
+    assert outside.stdout.splitlines() == [f"outside {INVALID_VALUE} {INVALID_VALUE} {INVALID_VALUE} {SUCCESS} "
+                                           f"{INVALID_VALUE}", f"after {SUCCESS}:ok"], outside.stderr
+    assert again.stdout.split()[2:] == [f"{name}={SUCCESS}:ok" for name in BLAS_CASES]
+
+
+@pytest.mark.slow
+def test_a_server_without_cublas_says_not_initialized(programs: Programs, probe: Path, tmp_path: Path) -> None:
+    """The server cannot load its cuBLAS: cublasCreate is CUBLAS_STATUS_NOT_INITIALIZED with one
+    stderr line saying why (after the program's copies, which the driver calls carried), and so it
+    is for the next client too."""
+    with blas_server(programs, tmp_path, None) as (server, _):
+        done = run(programs, probe, server.port, "create")
+        again = run(programs, probe, server.port, "create")
+    assert done.stdout.strip() == f"create {NOT_INITIALIZED}"
+    assert done.stderr.splitlines() == [
+        "gpupool cuBLAS: the GPU server cannot load cuBLAS (libcublas.so.12): CUBLAS_STATUS_NOT_INITIALIZED"]
+    assert again.stdout.strip() == f"create {NOT_INITIALIZED}"
+
+
+@pytest.mark.slow
+def test_a_killed_clients_handles_are_destroyed(programs: Programs, probe: Path, standin_cublas: Path,
+                                                tmp_path: Path) -> None:
+    """A client killed while it holds a handle: its server process destroys the handle as it ends."""
+    with blas_server(programs, tmp_path, standin_cublas) as (server, log):
+        env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"))
+        holder = subprocess.Popen([str(probe), "hold"], env=env, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("handle ")
+        holder.kill()
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while "destroy" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = log.read_text().splitlines()
+    assert [line.split()[1] for line in lines] == ["create", "destroy"], lines
+    assert lines[0].split()[2] == lines[1].split()[2]
+
+
+def defined_functions(library: Path) -> set[str]:
+    table = subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True, timeout=60)
+    return {fields[-1] for fields in (line.split() for line in table.stdout.splitlines())
+            if len(fields) >= 7 and fields[3] == ".text"}
+
+
+def test_the_library_exports_the_carried_and_the_refused_functions(programs: Programs) -> None:
+    """Every name of cublas_refused.h and every carried function is exported at libcublas.so.12's
+    version; none is both carried and refused."""
+    refused = set(re.findall(r"^REFUSED\((\w+)\)$", (REMOTE_DIR / "cublas_refused.h").read_text(), re.MULTILINE))
+    carried = set(re.findall(r"^API [^(]*?\b(cublas\w+)\(", (REMOTE_DIR / "cublas.c").read_text(), re.MULTILINE))
+    assert len(carried) == 28 and not carried & refused
+    assert defined_functions(programs.client / BLAS_SONAME) == carried | refused
