@@ -31,8 +31,9 @@ def client_path_cmd() -> None:
 
 @remote_gpu.command("install-client")
 @click.option("--into", "into", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to copy the GPU client to as libcuda.so.1 and gpupool's CUDA runtime as "
-                   "libcudart.so.12 (the pod's volume its GPU container preloads both from).")
+              help="Directory to copy the GPU client to as libcuda.so.1, gpupool's CUDA runtime as "
+                   "libcudart.so.12 and gpupool's cuBLAS as libcublas.so.12 (the pod's volume its GPU "
+                   "container preloads them from).")
 @click.option("--grant", "grant", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the pod's grant Secret is mounted: waited for until it holds remote_endpoint and "
                    "remote_token.")

@@ -4,18 +4,21 @@ asking for a remote share (:mod:`gpupool.extender.remote_injection`).
 It runs on the pod's node after the bind, so it knows what the webhook could not: whether the share
 was booked on another node's card (the pod's ``remote-share-v1``, handed in by the downward API) or
 on the pod's own node (none: a local share, the node's driver serves it).
-For a local share it puts the local-share placeholder, an empty shared object, where the client
-and gpupool's CUDA runtime would be: the webhook's ``LD_PRELOAD`` names both paths whatever the
+For a local share it puts the local-share placeholder, an empty shared object, where the client,
+gpupool's CUDA runtime and its cuBLAS would be: the webhook's ``LD_PRELOAD`` names the three paths whatever the
 share turns out to be, and a path naming no file makes the dynamic loader print "cannot be
 preloaded" at every program start. The placeholder defines nothing, so the program's
 ``libcuda.so.1`` is still the node's driver (or the interception library the node's
-``/etc/ld.so.preload`` loads in front of it) and its ``libcudart.so.12`` NVIDIA's. For a remote
-share it copies the GPU client (``libcuda.so.1``) and gpupool's CUDA runtime (``libcudart.so.12``,
-which a program on the CUDA runtime needs: NVIDIA's cannot start on the client) into the pod's
+``/etc/ld.so.preload`` loads in front of it) and its ``libcudart.so.12`` and ``libcublas.so.12``
+NVIDIA's. For a remote share it copies the GPU client (``libcuda.so.1``), gpupool's CUDA runtime
+(``libcudart.so.12``, which a program on the CUDA runtime needs: NVIDIA's cannot start on the
+client) and gpupool's cuBLAS (``libcublas.so.12``, which forwards cuBLAS calls to the GPU server:
+NVIDIA's cannot run on the client either) into the pod's
 volume that the GPU container preloads, then waits until the grant Secret's endpoint and token are
 in the mounted directory, so the GPU container never starts without them (the Secret volume is
 optional, kubelet fills it in when the GPU node's agent has written it). Preloaded, gpupool's
-runtime answers a program's ``libcudart.so.12`` whatever copy the program's RPATH or RUNPATH names.
+runtime and cuBLAS answer a program's ``libcudart.so.12`` and ``libcublas.so.12`` whatever copy the
+program's RPATH or RUNPATH names (a Python wheel's, say).
 
 With ``check_server_name`` (the extender signs GPU nodes' own certificates) it also writes the
 share's server node beside the client (``remote_server_name``): the client then requires the
@@ -36,6 +39,8 @@ from gpupool.files.replace import replace_file
 CLIENT_NAME = "libcuda.so.1"
 RUNTIME_NAME = "libcudart.so.12"
 """gpupool's CUDA runtime, beside the client in the client's directory and in the pod's."""
+BLAS_NAME = "libcublas.so.12"
+"""gpupool's cuBLAS, beside the client in the client's directory and in the pod's."""
 SERVER_NAME_FILE = "remote_server_name"
 """Beside the client: the GPU node its certificate must name (read by the client library)."""
 GRANT_KEYS = ("remote_endpoint", "remote_token")
@@ -71,7 +76,7 @@ def install_placeholder(placeholder: Path | None, into: Path) -> str:
     if placeholder is None:
         return f"{local}; no local-share placeholder in this image, nothing installed"
     try:
-        installed = [copy_client(placeholder, into, name) for name in (CLIENT_NAME, RUNTIME_NAME)]
+        installed = [copy_client(placeholder, into, name) for name in (CLIENT_NAME, RUNTIME_NAME, BLAS_NAME)]
     except OSError as exc:
         return f"{local}; the local-share placeholder could not be installed ({exc})"
     return f"{local}; installed the local-share placeholder (loads nothing) as {' and '.join(map(str, installed))}"
@@ -80,12 +85,23 @@ def install_placeholder(placeholder: Path | None, into: Path) -> str:
 def install_runtime(source: Path, into: Path, placeholder: Path | None) -> str:
     """gpupool's CUDA runtime from beside the client ``source``; an image built before it had one
     gets the placeholder there (the program then keeps NVIDIA's runtime, as before)."""
-    runtime = source.parent / RUNTIME_NAME
-    if runtime.is_file():
-        return f"gpupool's CUDA runtime as {copy_client(runtime, into, RUNTIME_NAME)}"
+    return install_beside(source, into, placeholder, RUNTIME_NAME, "CUDA runtime")
+
+
+def install_blas(source: Path, into: Path, placeholder: Path | None) -> str:
+    """gpupool's cuBLAS from beside the client ``source``, as :func:`install_runtime` does."""
+    return install_beside(source, into, placeholder, BLAS_NAME, "cuBLAS")
+
+
+def install_beside(source: Path, into: Path, placeholder: Path | None, name: str, what: str) -> str:
+    """A library of gpupool's named ``name`` from beside the client ``source``; the placeholder in
+    its place when the image has none."""
+    library = source.parent / name
+    if library.is_file():
+        return f"gpupool's {what} as {copy_client(library, into, name)}"
     if placeholder is not None:
-        return f"no CUDA runtime beside the client, the placeholder as {copy_client(placeholder, into, RUNTIME_NAME)}"
-    return f"no CUDA runtime beside the client at {runtime}"
+        return f"no {what} beside the client, the placeholder as {copy_client(placeholder, into, name)}"
+    return f"no {what} beside the client at {library}"
 
 
 def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s: float = DEFAULT_WAIT_S,
@@ -99,6 +115,7 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
         return install_placeholder(placeholder, into)
     installed = copy_client(source, into)
     runtime = install_runtime(source, into, placeholder)
+    blas = install_blas(source, into, placeholder)
     if check_server_name:
         try:
             server = decode_remote_share(share).server
@@ -113,4 +130,4 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
                                "agent writes them in the Secret <pod>-gpupool-remote (is it running with "
                                "--remote-gpu-server?)")
         sleep(poll_s)
-    return f"installed the GPU client as {installed} and {runtime}; the grant is in {grant}"
+    return f"installed the GPU client as {installed}, {runtime} and {blas}; the grant is in {grant}"

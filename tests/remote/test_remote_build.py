@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from gpupool.cli.main import cli
 from gpupool.shim import remote_build
 from gpupool.shim.remote_build import (
+    BLAS_SONAME,
     CLIENT_SONAME,
     PLACEHOLDER_NAME,
     RUNTIME_SONAME,
@@ -67,6 +68,9 @@ def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pyte
     runtime = subprocess.run(["readelf", "-d", str(client / RUNTIME_SONAME)], capture_output=True, text=True)
     assert runtime.returncode != 0 or f"[{RUNTIME_SONAME}]" in runtime.stdout  # gpupool's CUDA runtime beside it
     assert (client / "libcudart.so").resolve() == (client / RUNTIME_SONAME).resolve()  # what -lcudart finds
+    blas = subprocess.run(["readelf", "-d", str(client / BLAS_SONAME)], capture_output=True, text=True)
+    assert blas.returncode != 0 or f"[{BLAS_SONAME}]" in blas.stdout  # gpupool's cuBLAS beside it
+    assert (client / "libcublas.so").resolve() == (client / BLAS_SONAME).resolve()  # what -lcublas finds
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
     assert server_program() == server and client_directory() == client
     assert placeholder_library() == client / PLACEHOLDER_NAME  # what a local share's init container copies
