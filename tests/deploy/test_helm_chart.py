@@ -360,6 +360,27 @@ def test_with_node_certificates_the_certificate_job_makes_the_signers_ca() -> No
     assert not [d for d in no_job if d["kind"] in ("Job", "CronJob") or d["metadata"]["name"] == "gpupool-certs"]
 
 
+def test_the_certificate_jobs_name_changes_whenever_its_pod_template_does() -> None:
+    """A Job's pod template cannot change, so a `helm upgrade` that changes it under the same name is
+    refused. Before, the name digested the image, the pull settings and the remote GPU CA's container
+    only: turning the claim-groups webhook on or off changed the Job's args under the same name."""
+    variants: list[dict[str, object]] = [
+        {}, {"webhooks.claimGroups.enabled": True},
+        {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.nodeCertificates": True},
+        {"webhooks.claimGroups.enabled": True, "nodeAgent.remoteGpu.enabled": True,
+         "nodeAgent.remoteGpu.nodeCertificates": True},
+        {"image.pullPolicy": "Always"}, {"imagePullSecrets[0].name": "registry"},
+        {"nodeAgent.remoteGpu.enabled": True},  # the shared Secret: the same Job as the default
+    ]
+    templates: dict[str, list[object]] = {}
+    for values in variants:
+        (job,) = [d for d in render(values) if d["kind"] == "Job"]
+        templates.setdefault(job["metadata"]["name"], []).append(job["spec"]["template"])
+    assert all(all(t == same[0] for t in same) for same in templates.values()), "one name, two templates"
+    distinct = {json.dumps(t, sort_keys=True) for same in templates.values() for t in same}
+    assert len(templates) == len(distinct) == len(variants) - 1
+
+
 def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_later_mounts() -> None:
     values = {"nodeAgent.lending": True, "nodeAgent.checkpointDir": "/mnt/gpupool-checkpoints"}
     assert "--checkpoint-dir=/mnt/gpupool-checkpoints" in agent_args(values)
