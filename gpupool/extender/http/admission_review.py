@@ -52,6 +52,7 @@ from gpupool.extender.claim_group_admission import ClaimGroupAdmission
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
 from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
+from gpupool.extender.http.json_body import UnreadableJsonError, load_json_body
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.remote_injection import RemoteInjection
 from gpupool.extender.request_admission import RequestAdmission
@@ -255,9 +256,9 @@ class AdmissionApi:
         try:
             async with self.bodies.body(request) as raw:
                 try:
-                    review = parse_review(orjson.loads(raw))
-                except orjson.JSONDecodeError as exc:
-                    raise ReviewError(f"malformed JSON: {exc}") from None
+                    review = parse_review(load_json_body(raw))
+                except UnreadableJsonError as exc:
+                    raise ReviewError(str(exc)) from None
             verdict = await asyncio.to_thread(judge, review) if blocking else judge(review)
             body: dict[str, Any] = review_response(review, verdict)
             if not verdict.allowed:

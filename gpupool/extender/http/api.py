@@ -6,9 +6,10 @@ and, under leader election, leading), ``/syncz`` (the cache has synced) and ``/m
 Why these status codes: kube-scheduler discards the body of a non-200 answer, so every answer about
 a *pod* (it does not fit, its annotation is broken, the cache is not ready, this replica is not the
 leader) is a 200 with ``Error`` set, which kube-scheduler shows in the pod's events. Only a request
-that is not an extender document at all (malformed JSON, missing fields) or that carries a value the
-apiserver itself refuses (a quantity such as ``inf``, ``NaN`` or thousands of digits; it never came
-from a cluster) gets a 400, a body past the size cap a 413 and one past the in-flight budget a 503
+that is not an extender document at all (malformed JSON, nested past 64 levels:
+:mod:`gpupool.extender.http.json_body`; missing fields) or that carries a value the apiserver itself
+refuses (a quantity such as ``inf``, ``NaN`` or thousands of digits; it never came from a cluster)
+gets a 400, a body past the size cap a 413 and one past the in-flight budget a 503
 (:mod:`gpupool.extender.http.body`), and a bug gets a 500; all carry a JSON ``Error``. No input can
 crash the server.
 
@@ -43,6 +44,7 @@ from gpupool.core.model import PodRequest
 from gpupool.extender.claim_pods import ClaimPodRequests
 from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, BodiesBusyError, BodyReader, BodyTooLargeError
 from gpupool.extender.http.host_records import RecordsForLayout
+from gpupool.extender.http.json_body import UnreadableJsonError, load_json_body
 from gpupool.extender.http.wire import (
     ExtenderArgs,
     FilterResult,
@@ -262,9 +264,9 @@ class ExtenderApi:
             try:
                 async with self.bodies.body(request) as raw:
                     try:
-                        doc = orjson.loads(raw)
-                    except orjson.JSONDecodeError as exc:
-                        raise WireError(f"malformed JSON: {exc}") from None
+                        doc = load_json_body(raw)
+                    except UnreadableJsonError as exc:
+                        raise WireError(str(exc)) from None
                     body, outcome = await handler(doc)
             except WireError as exc:
                 status, outcome = 400, "bad_request"
