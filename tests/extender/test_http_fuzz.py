@@ -39,7 +39,7 @@ HOSTILE_QUANTITIES = ("inf", "-inf", "+Inf", "Infinity", "NaN", "nan", "sNaN", "
                       "-1e999999999", "1e-999999999", "9e18", "8Ei", "1_000", " 1", "１", "0x10", "1.5", "-1",
                       "", "1e", "e9", "1ki", "10000", "101", "4097")
 VALID = {"Pod": pod("ok", container(mib=8138)), "NodeNames": ["N1", "N2", "N3"]}
-FUZZ_THREAD_STACK = 64 * 1024 * 1024
+FUZZ_THREAD_STACK = 256 * 1024
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
                       st.text(max_size=20))
@@ -105,11 +105,13 @@ class Server:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        # The server's thread gets a stack of its own size: three fresh-clone CI runs on 2026-11-29 died
-        # here with SIGSEGV and no faulthandler traceback, the mark of a C stack overflow in a thread
-        # other than the main one (faulthandler's alternate stack is the main thread's); this example
-        # set reproduces it only with thread stacks of 192 KiB or less, not with the default 8 MiB, and
-        # not outside the full CI. The extender itself serves from the main thread.
+        # The server's thread gets a small stack, so a body that sends a parser recursing in C crashes
+        # here at depths the strategies draw (a few thousand levels), not only past the ~130,000 an
+        # 8 MiB stack survives: three fresh-clone CI runs on 2026-11-29 died here with SIGSEGV when
+        # Hypothesis drew 179,571 nested [ and ] (it draws integer constants from every imported
+        # module, so the full suite's examples differ from this module's alone) and orjson 3.8
+        # recursed into them; the extender now refuses bodies nested past 64 levels unparsed
+        # (gpupool/extender/http/json_body.py).
         previous = threading.stack_size(FUZZ_THREAD_STACK)
         try:
             self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-server", daemon=True)
