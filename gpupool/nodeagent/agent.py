@@ -38,6 +38,7 @@ from gpupool.nodeagent.types import (
     PodResourcesSnapshot,
     PodSource,
     PodView,
+    StartRefused,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,15 @@ RefusalReporter = Callable[[PodKey, str], Coroutine[None, None, None]]
 """Tells a pod why its grant was refused (a Warning event; see :mod:`.schedule_check`)."""
 ClaimsGranted = Callable[[], list[PodView]]
 """Grants made beside the device plugin on the same cards, as pods (the DRA driver's prepared claims)."""
+
+
+def holder_of(snapshot: PodResourcesSnapshot, resource: str, device_ids: frozenset[str]) -> PodKey | None:
+    """The pod kubelet lists with ``device_ids`` of ``resource`` in one of its containers (a device
+    ID is held by one container at a time)."""
+    for key, containers in snapshot.items():
+        if any(devices.get(resource, frozenset()) & device_ids for devices in containers.values()):
+            return key
+    return None
 
 
 class LentCapacity(Protocol):
@@ -68,6 +78,11 @@ class LentCapacity(Protocol):
     def on_loan(self, pod: PodView) -> bool:
         """Whether a granted pod holds lent capacity: it counts against its loan, not against what
         owners are booked on its cards, so it never refuses an owner's grant."""
+        ...
+
+    def start_refusal(self, pod: PodView) -> str | None:
+        """Why no container of ``pod`` may start now (its GPU is being or was reclaimed), or ``None``:
+        asked before each container start, so kubelet does not restart a reclaimed pod's container."""
         ...
 
 
@@ -332,9 +347,20 @@ class NodeAgent:
                    if resource in self.resources)
 
     async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
-        """Before a container starts its device IDs are in PodResources: check who holds them."""
-        snapshot, _ = await self._refresh()
+        """Before a container starts (each start, restarts too) its device IDs are in PodResources:
+        check who holds them, and refuse the start of a container whose pod's GPU the lending side
+        is reclaiming or reclaimed (:class:`StartRefused`; kubelet retries it with its back-off until
+        the eviction reaches it)."""
+        snapshot, views = await self._refresh()
         self._reconcile(snapshot)
+        if self.lent is None or not device_ids:
+            return
+        holder = holder_of(snapshot, resource, frozenset(device_ids))
+        view = views.get(holder) if holder is not None else None
+        reason = self.lent.start_refusal(view) if view is not None else None
+        if view is not None and reason is not None:
+            log.warning("refusing to start a container of %s/%s: %s", view.namespace, view.name, reason)
+            raise StartRefused(f"gpupool: pod {view.namespace}/{view.name}: {reason}")
 
     # ------------------------------------------------------------------ annotations
     def _note_served(self, key: PodKey, record: ServedRecord, resource: str, count: int) -> None:

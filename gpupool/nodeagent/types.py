@@ -101,6 +101,11 @@ is not listed), its native sidecars (init containers with ``restartPolicy: Alway
 containers; regular init containers are never listed (kubelet 1.35-1.37, docs/allocate-mapping.md)."""
 
 
+class StartRefused(Exception):
+    """The node agent refuses a container's start (the device plugin's PreStartContainer fails, and
+    kubelet reports the message on the pod and retries with its back-off)."""
+
+
 class PodSource(Protocol):
     """Pods bound to this node, from a watch cache or the API (tests: an in-memory fake)."""
 

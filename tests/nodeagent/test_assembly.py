@@ -156,6 +156,9 @@ class OneLentDevice:
     def on_loan(self, pod: PodView) -> bool:
         return pod.name == "borrower"
 
+    def start_refusal(self, pod: PodView) -> str | None:
+        return None
+
 
 def test_the_agent_lists_the_lent_devices_of_the_part_it_was_built_with() -> None:
     from gpupool.nodeagent.agent import NodeAgent

@@ -117,6 +117,9 @@ class FirstBorrows:
     def on_loan(self, pod: PodView) -> bool:
         return pod.name == "first"
 
+    def start_refusal(self, pod: PodView) -> str | None:
+        return None
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first_borrows", [pytest.param(False, id="two-owners-over-commit"),

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import grpc
 
 from gpupool.nodeagent.deviceplugin.api import HEALTHY, UNHEALTHY, pb, pb_grpc
-from gpupool.nodeagent.types import ContainerGrant
+from gpupool.nodeagent.types import ContainerGrant, StartRefused
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class AllocationHandler(Protocol):
         ...
 
     async def pre_start(self, resource: str, device_ids: Sequence[str]) -> None:
-        """Called before each container start; used to verify and reconcile."""
+        """Called before each container start; used to verify and reconcile. Raises
+        :class:`StartRefused` to keep the container from starting."""
         ...
 
 
@@ -96,7 +97,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(self, request: Any, context: Any) -> Any:
-        await self.handler.pre_start(self.resource, list(request.devices_ids))
+        try:
+            await self.handler.pre_start(self.resource, list(request.devices_ids))
+        except StartRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.PreStartContainerResponse()
 
 

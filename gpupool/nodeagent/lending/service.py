@@ -57,7 +57,7 @@ import threading
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, Priority
+from gpupool.api.lending import DEFAULT_CHECKPOINT_DEADLINE_S, RECLAIMED_REASON, Priority
 from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
@@ -160,6 +160,25 @@ class LendingService:
     def reclaiming(self) -> frozenset[PodKey]:
         with self._lock:
             return frozenset(self._reclaiming)
+
+    def start_refusal(self, pod: PodKey, uid: str = "") -> str | None:
+        """Why a container of ``pod`` (UID ``uid``, when known) must not start now, or ``None``.
+
+        From the moment its reclaim is decided until the pod leaves the node, none of its containers
+        starts again. kubelet restarts a container that exited after writing its checkpoint before
+        the eviction reaches it, and the restart runs with the first Allocate's environment (no
+        ``GPUPOOL_RESUME_FROM``): it starts the task over, and the eviction's SIGTERM has it write a
+        checkpoint of that fresh count, newer than the reclaim's, which the task's next pod would
+        resume from (issue 26). The device plugin's PreStartContainer asks this."""
+        with self._lock:
+            in_flight, finished = pod in self._reclaiming, bool(uid) and uid in self._reclaimed
+        evicted = f"({RECLAIMED_REASON}): it is evicted and none of its containers starts again"
+        if finished:
+            return f"its GPU was reclaimed {evicted}"
+        record = self.journal.get(pod) if in_flight else None
+        if in_flight and (not uid or record is None or not record.uid or record.uid == uid):
+            return f"its GPU is being reclaimed {evicted}"
+        return None
 
     def device_list(self, resource: str) -> list[tuple[str, bool]]:
         """The lent devices of ``resource`` now (the device plugin adds them to the card's own)."""

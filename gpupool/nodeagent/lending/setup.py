@@ -91,6 +91,9 @@ class LoanedCapacity:
         known = self._pods.get(pod.key)
         return known is not None and known.borrowed
 
+    def start_refusal(self, pod: PodView) -> str | None:
+        return self.service.start_refusal(pod.key, pod.uid)
+
     def start(self) -> None:
         """Resume the previous agent's loans and hook the rules into the monitor (on the running loop)."""
         self.service.start(asyncio.get_running_loop())
