@@ -1,18 +1,19 @@
 """Cost of the extender's nesting check on request bodies, beside orjson's parse of the same body.
 
 Every body the extender's verbs and admission webhooks read is first measured for nesting depth
-(:func:`gpupool.extender.http.json_body.nests_deeper_than`), then parsed. Timed here: kube-scheduler
+(:func:`gpupool.extender.http.body.nests_deeper_than`), then parsed. Timed here: kube-scheduler
 shaped bodies (the latency benchmark's filter of 5,000 names; a filter whose pod holds 160 objects,
 as managedFields do; 10,000 names of 253 characters; a preempt of 1,000 nodes x 110 victims) and
 hostile 16 MB ones, which are only checked (the deep one would crash orjson before 3.9.15). Medians
 of ``--repeats`` repeats, in milliseconds; docs/extender.md ("Limits and errors") quotes them.
 
-    python3 bench/json_nesting.py [--repeats 7]
+    python3 bench/json_nesting.py [--repeats 7] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import timeit
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson
 
 from bench.extender_cluster import SHAPES, pod_json
-from gpupool.extender.http.json_body import MAX_NESTING, nests_deeper_than
+from gpupool.extender.http.body import MAX_NESTING, nests_deeper_than
 from tests.kube.builders import container, pod
 
 MB = 1_000_000
@@ -58,15 +59,25 @@ def median_ms(call: Callable[[], object], size: int, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="one JSON line: per body, its size and both times")
     args = parser.parse_args()
+    results: dict[str, dict[str, Any]] = {}
     for name, raw in bodies().items():
-        check = median_ms(lambda: nests_deeper_than(raw, MAX_NESTING), len(raw), args.repeats)  # noqa: B023
-        line = (f"{name}: {len(raw) / MB:.2f} MB, {raw.count(b'[') + raw.count(b'{')} [ and {{, "
-                f"deeper than {MAX_NESTING}: {nests_deeper_than(raw, MAX_NESTING)}, check {check:.3f} ms")
+        row: dict[str, Any] = {
+            "mb": round(len(raw) / MB, 2), "brackets": raw.count(b"[") + raw.count(b"{"),
+            "deeper_than_bound": nests_deeper_than(raw, MAX_NESTING),
+            "check_ms": round(median_ms(lambda: nests_deeper_than(raw, MAX_NESTING), len(raw), args.repeats), 3)}  # noqa: B023
         if not name.startswith("hostile"):
-            line += f", orjson.loads {median_ms(lambda: orjson.loads(raw), len(raw), args.repeats):.3f} ms"  # noqa: B023
-        print(line, flush=True)
-
+            row["orjson_loads_ms"] = round(median_ms(lambda: orjson.loads(raw), len(raw), args.repeats), 3)  # noqa: B023
+        results[name] = row
+        if not args.json:
+            line = (f"{name}: {row['mb']:.2f} MB, {row['brackets']} [ and {{, deeper than {MAX_NESTING}: "
+                    f"{row['deeper_than_bound']}, check {row['check_ms']:.3f} ms")
+            if "orjson_loads_ms" in row:
+                line += f", orjson.loads {row['orjson_loads_ms']:.3f} ms"
+            print(line, flush=True)
+    if args.json:
+        print(json.dumps({"bench": "json_nesting", "max_nesting": MAX_NESTING, "bodies": results}))
 
 if __name__ == "__main__":
     main()

@@ -111,7 +111,7 @@ class Server:
         # Hypothesis drew 179,571 nested [ and ] (it draws integer constants from every imported
         # module, so the full suite's examples differ from this module's alone) and orjson 3.8
         # recursed into them; the extender now refuses bodies nested past 64 levels unparsed
-        # (gpupool/extender/http/json_body.py).
+        # (gpupool/extender/http/body.py).
         previous = threading.stack_size(FUZZ_THREAD_STACK)
         try:
             self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-server", daemon=True)

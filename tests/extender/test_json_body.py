@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.extender.http import json_body
-from gpupool.extender.http.json_body import MAX_NESTING, UnreadableJsonError, load_json_body, nests_deeper_than
+from gpupool.extender.http import body as json_body
+from gpupool.extender.http.body import MAX_NESTING, UnreadableJsonError, load_json_body, nests_deeper_than
 
 # Text rich in what could confuse a scan: brackets, quotes, backslashes and escapes of each.
 tricky_text = st.text(st.sampled_from(list('[]{}"\\/ab\n\u00e9\u2028\U0001f600')), max_size=12)

@@ -51,8 +51,13 @@ from gpupool.extender.admission import ALLOWED, QuotaAdmission, Verdict
 from gpupool.extender.claim_group_admission import ClaimGroupAdmission
 from gpupool.extender.group_subjects import GroupSubjectAdmission
 from gpupool.extender.group_writes import GroupWriteAdmission
-from gpupool.extender.http.body import BodiesBusyError, BodyReader, BodyTooLargeError
-from gpupool.extender.http.json_body import UnreadableJsonError, load_json_body
+from gpupool.extender.http.body import (
+    BodiesBusyError,
+    BodyReader,
+    BodyTooLargeError,
+    UnreadableJsonError,
+    load_json_body,
+)
 from gpupool.extender.metrics import ExtenderMetrics
 from gpupool.extender.remote_injection import RemoteInjection
 from gpupool.extender.request_admission import RequestAdmission

@@ -7,7 +7,7 @@ Why these status codes: kube-scheduler discards the body of a non-200 answer, so
 a *pod* (it does not fit, its annotation is broken, the cache is not ready, this replica is not the
 leader) is a 200 with ``Error`` set, which kube-scheduler shows in the pod's events. Only a request
 that is not an extender document at all (malformed JSON, nested past 64 levels:
-:mod:`gpupool.extender.http.json_body`; missing fields) or that carries a value the apiserver itself
+:mod:`gpupool.extender.http.body`; missing fields) or that carries a value the apiserver itself
 refuses (a quantity such as ``inf``, ``NaN`` or thousands of digits; it never came from a cluster)
 gets a 400, a body past the size cap a 413 and one past the in-flight budget a 503
 (:mod:`gpupool.extender.http.body`), and a bug gets a 500; all carry a JSON ``Error``. No input can
@@ -42,9 +42,15 @@ from gpupool.api.names import ResourceNames
 from gpupool.api.tenancy import TenancyNames
 from gpupool.core.model import PodRequest
 from gpupool.extender.claim_pods import ClaimPodRequests
-from gpupool.extender.http.body import DEFAULT_MAX_BODY_BYTES, BodiesBusyError, BodyReader, BodyTooLargeError
+from gpupool.extender.http.body import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodiesBusyError,
+    BodyReader,
+    BodyTooLargeError,
+    UnreadableJsonError,
+    load_json_body,
+)
 from gpupool.extender.http.host_records import RecordsForLayout
-from gpupool.extender.http.json_body import UnreadableJsonError, load_json_body
 from gpupool.extender.http.wire import (
     ExtenderArgs,
     FilterResult,
