@@ -9,18 +9,24 @@ loadable cuBLAS answers CUBLAS_STATUS_NOT_INITIALIZED; a killed client's handles
 
 from __future__ import annotations
 
+import os
+import random
 import re
+import socket
+import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from gpupool.remotegpu.serve import mirror_text
 from gpupool.shim.build import STANDIN_DIR, find_compiler
-from gpupool.shim.remote_build import BLAS_SONAME, REMOTE_DIR
+from gpupool.shim.remote_build import BLAS_SONAME, REMOTE_DIR, build_server
 from tests.remote.remote_support import Programs, Server, build_programs, client, probe_env, running_server, token
+from tests.remote.test_wire_protocol import frame, hello, receive
 
 PROBE_SOURCE = Path(__file__).with_name("cublas_probe.c")
 SUCCESS, NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED = 0, 1, 7, 15
@@ -61,14 +67,14 @@ def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def blas_server(programs: Programs, workdir: Path, library: Path | None,
-                letters: str = "a") -> Iterator[tuple[Server, Path]]:
+def blas_server(programs: Programs, workdir: Path, library: Path | None, letters: str = "a",
+                extra: Sequence[str] = ()) -> Iterator[tuple[Server, Path]]:
     """A server whose cuBLAS is ``library`` (None: a path that loads nothing); yields it and the
     stand-in cuBLAS's log of handles."""
     log = workdir / "cublas.log"
     env = {"GPUPOOL_REMOTE_CUBLAS": str(library or workdir / "missing" / BLAS_SONAME),
            "GPUPOOL_STANDIN_CUBLAS_LOG": str(log)}
-    with running_server(programs, workdir, [client(letter) for letter in letters], card=env) as server:
+    with running_server(programs, workdir, [client(letter) for letter in letters], card=env, extra=extra) as server:
         yield server, log
 
 
@@ -78,15 +84,17 @@ def run(programs: Programs, probe: Path, port: int, *args: str, letter: str = "a
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--enforce-compute"]], ids=["direct", "executor"])
 def test_every_carried_call_gives_the_cpu_references_result(programs: Programs, probe: Path, standin_cublas: Path,
-                                                            tmp_path: Path) -> None:
+                                                            tmp_path: Path, extra: list[str]) -> None:
     """SGEMM and DGEMM with both transposes and leading dimensions above m, GemmEx, the three strided
     batched forms, SGEMV (both transposes, increments of 2), DGEMV, SAXPY, SSCAL, SDOT into host and
     device memory, GEMV with alpha and beta in device memory, a SGEMM on a stream set on the handle
     (GetStream gives it back, and the server's cuBLAS got it), Set/GetMatrix with leading dimensions
     and Set/GetVector with increments, the version, math mode and a workspace of the program's own
-    memory: each status 0 and each result the probe's CPU reference's; nothing on stderr."""
-    with blas_server(programs, tmp_path, standin_cublas) as (server, log):
+    memory: each status 0 and each result the probe's CPU reference's; nothing on stderr. The same
+    under --enforce-compute, where the executor (the interception library loaded) runs cuBLAS."""
+    with blas_server(programs, tmp_path, standin_cublas, extra=extra) as (server, log):
         done = run(programs, probe, server.port, "blas")
     assert done.returncode == 0, done.stdout + done.stderr
     words = done.stdout.split()
@@ -182,3 +190,85 @@ def test_the_library_exports_the_carried_and_the_refused_functions(programs: Pro
     carried = set(re.findall(r"^API [^(]*?\b(cublas\w+)\(", (REMOTE_DIR / "cublas.c").read_text(), re.MULTILINE))
     assert len(carried) == 28 and not carried & refused
     assert defined_functions(programs.client / BLAS_SONAME) == carried | refused
+
+
+OP_MEM_ALLOC, OP_PING = 8, 2
+OP_CUBLAS_CREATE, OP_CUBLAS_DESTROY, OP_CUBLAS_GEMM, OP_CUBLAS_VECTOR = 45, 46, 51, 52
+GEMM = struct.Struct("<Q16i3q5Q16s16s")  # struct remote_gemm (protocol.h)
+VECTOR = struct.Struct("<Q8i6Q16s16s")  # struct remote_vector
+
+
+@pytest.fixture
+def wire(programs: Programs, standin_cublas: Path, tmp_path: Path) -> Iterator[socket.socket]:
+    """A connection to the C server (stand-in driver and cuBLAS) after its hello; the server must
+    outlive what the test sends."""
+    (tmp_path / "clients.tab").write_text(mirror_text([client("a", memory_mib=64)]))
+    env = {**os.environ, "GPUPOOL_STANDIN_STATE": str(tmp_path / "standin.state"),
+           "GPUPOOL_REMOTE_CUBLAS": str(standin_cublas)}
+    server = subprocess.Popen([str(build_server(werror=True)), "--listen", "127.0.0.1:0", "--clients",
+                               str(tmp_path / "clients.tab"), "--driver", str(programs.standin / "libcuda.so.1")],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert server.stdout is not None
+        connection, status = hello(int(server.stdout.readline().split()[-1]), token("a"))
+        assert status == 0
+        yield connection
+        connection.close()
+        assert server.poll() is None, "the server itself must survive every client"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def ask(connection: socket.socket, op: int, call: int, payload: bytes) -> tuple[int, bytes]:
+    connection.sendall(frame(op, call, payload))
+    _, answered, status, body = receive(connection)
+    assert answered == call
+    return status, body
+
+
+def gemm(handle: int, pointer: int, **fields: int) -> bytes:
+    """A SGEMM request (kind 0) of 2x2 matrices at pointer, fields overriding any int field."""
+    names = ("kind", "transa", "transb", "m", "n", "k", "a_type", "b_type", "c_type", "compute_type", "algo", "lda",
+             "ldb", "ldc", "batch", "unused")
+    ints = {**dict.fromkeys(names, 0), "m": 2, "n": 2, "k": 2, "compute_type": 68, "algo": -1, "lda": 2, "ldb": 2,
+            "ldc": 2, "batch": 1, **fields}
+    strides = [fields.get(f"stride_{x}", 0) for x in "abc"]
+    return GEMM.pack(handle, *(ints[n] for n in names), *strides, pointer, pointer, pointer, 0, 0,
+                     struct.pack("<f", 1.0), struct.pack("<f", 0.0))
+
+
+@pytest.mark.slow
+def test_hostile_cublas_frames_cost_nothing(wire: socket.socket) -> None:
+    """Short payloads, unknown kinds and transposes, shapes whose reach overflows 64 bits, a
+    destroyed handle, and 300 random cuBLAS frames: each answered with a cuBLAS status (or refused),
+    the connection still served, the server alive."""
+    status, body = ask(wire, OP_MEM_ALLOC, 1, struct.pack("<Q", 1 << 20))
+    assert status == 0
+    pointer = struct.unpack("<Q", body)[0]
+    status, body = ask(wire, OP_CUBLAS_CREATE, 2, b"")
+    assert status == SUCCESS
+    handle = struct.unpack("<Q", body)[0]
+    for op in range(46, 53):
+        assert ask(wire, op, 3, b"\x01")[0] == INVALID_VALUE, op  # too short
+    assert ask(wire, OP_CUBLAS_GEMM, 4, gemm(handle, pointer))[0] == SUCCESS
+    big = 2**31 - 1
+    for case in ({"kind": 99}, {"transa": 5}, {"m": -1}, {"lda": 1}, {"a_type": 1234},
+                 {"m": big, "n": big, "k": big, "lda": big, "ldb": big, "ldc": big},
+                 {"kind": 3, "batch": big, "stride_a": 2**62, "stride_b": 2**62, "stride_c": 2**62},
+                 {"kind": 3, "batch": 2, "stride_c": -4}, {"compute_type": 0}):
+        assert ask(wire, OP_CUBLAS_GEMM, 5, gemm(handle, pointer, **case))[0] == INVALID_VALUE, case
+    vector = VECTOR.pack(handle, 2, 0, 0, big, 0, big, 1, 0, pointer, pointer, pointer, 0, 0, 0, b"", b"")
+    assert ask(wire, OP_CUBLAS_VECTOR, 6, vector)[0] == INVALID_VALUE  # a SAXPY reaching 8 GiB
+    assert ask(wire, OP_CUBLAS_DESTROY, 7, struct.pack("<Q", handle))[0] == SUCCESS
+    assert ask(wire, OP_CUBLAS_DESTROY, 8, struct.pack("<Q", handle))[0] == NOT_INITIALIZED
+    assert ask(wire, OP_CUBLAS_GEMM, 9, gemm(handle, pointer))[0] == NOT_INITIALIZED
+    rng = random.Random(25)
+    for call in range(10, 310):
+        op = rng.randrange(45, 53)
+        payload = bytes(rng.randrange(256) for _ in range(rng.choice((0, 4, 8, 16, 24, 120, 168, 200))))
+        if op == OP_CUBLAS_GEMM and len(payload) >= GEMM.size and rng.random() < 0.5:  # mostly valid, pointers random
+            payload = gemm(handle, rng.choice((pointer, pointer + (1 << 20), rng.randrange(2**64))))
+        status, _ = ask(wire, op, call, payload)
+        assert status in (SUCCESS, NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED), (op, status)
+    assert ask(wire, OP_PING, 400, b"")[0] == 0
