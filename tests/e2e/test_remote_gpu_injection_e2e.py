@@ -78,6 +78,7 @@ INSTALLER = """#!/bin/sh
 if [ -z "$GPUPOOL_REMOTE_SHARE" ]; then echo "local share: nothing installed"; exit 0; fi
 cp /opt/gpupool/libcuda.so.1 "$4/libcuda.so.1" || exit 1
 cp /opt/gpupool/libcudart.so.12 "$4/libcudart.so.12" || exit 1
+cp /opt/gpupool/libcublas.so.12 "$4/libcublas.so.12" || exit 1
 i=0
 until [ -s "$6/remote_token" ] && [ -s "$6/remote_endpoint" ]; do
   i=$((i + 1)); [ "$i" -gt 300 ] && { echo "no grant in $6"; exit 1; }; sleep 1
@@ -147,7 +148,8 @@ def webhook_extender(control_plane: ControlPlane, kube_api_client: client.ApiCli
         pytest.skip(f"cannot build the GPU client here: {exc}")
     init_image = build_image("remote-inject-gpupool", {"/usr/local/bin/gpupool": write_installer(tmp_path),
                                                        "/opt/gpupool/libcuda.so.1": client_dir / "libcuda.so.1",
-                                                       "/opt/gpupool/libcudart.so.12": client_dir / "libcudart.so.12"})
+                                                       "/opt/gpupool/libcudart.so.12": client_dir / "libcudart.so.12",
+                                                       "/opt/gpupool/libcublas.so.12": client_dir / "libcublas.so.12"})
     containerd_kubelet.import_image(init_image)
     ca = issue_ca("e2e-remote-inject-ca")
     server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
