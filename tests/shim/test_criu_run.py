@@ -508,3 +508,118 @@ def test_a_tool_that_cannot_run_is_said_once_and_the_dump_goes_on(
     assert rc == 0 and (tmp_path / "checkpoint" / "criu-1").is_dir(), out
     told = [line for line in out.splitlines() if "cannot run" in line]
     assert told == [f"criu-run: cannot run {tool} (No such file or directory): CUDA processes are not suspended"]
+
+
+#: A stand-in CRIU that both restores (a detached sleep, as RESTORING_CRIU) and dumps (as FAKE_CRIU;
+#: with DUMP_FAILS the dump fails and the restored sleep goes on).
+RESTORING_AND_DUMPING_CRIU = r"""#!/bin/sh
+echo "$XDG_RUNTIME_DIR|$*" >> "$CALLS"
+action=$1
+while [ $# -gt 0 ]; do
+  case "$1" in --pidfile) pidfile=$2; shift;; -t) pid=$2; shift;; -D) dir=$2; shift;; esac; shift
+done
+if [ "$action" = restore ]; then
+  setsid sleep 30 </dev/null >/dev/null 2>&1 &
+  echo $! > "$pidfile"
+  exit 0
+fi
+[ -n "$DUMP_FAILS" ] && exit 1
+printf 'inv' > "$dir/inventory.img"
+kill -9 "$pid"
+"""
+
+
+def finished_dump(checkpoints: Path, name: str, age_s: float = 60) -> Path:
+    """A dump as criu-run leaves it (``inventory.img`` in it), last changed ``age_s`` ago."""
+    dump = checkpoints / name
+    dump.mkdir(parents=True)
+    (dump / "inventory.img").write_bytes(b"inv")
+    (dump / "pages-1.img").write_bytes(b"p" * 4096)
+    aged(dump, age_s)
+    return dump
+
+
+def aged(path: Path, age_s: float) -> None:
+    when = time.time() - age_s
+    os.utime(path, (when, when), follow_symlinks=False)
+
+
+def restored_then_signalled(wrapper: Path, criu: Path, tmp_path: Path, resume: Path,
+                            **env: str) -> tuple[int, str]:
+    """criu-run restored from ``resume``, then given the checkpoint signal: its exit and output."""
+    criu.write_text(RESTORING_AND_DUMPING_CRIU)
+    process = start(wrapper, criu, tmp_path, "echo afresh", GPUPOOL_RESUME_FROM=str(resume), **env)
+    deadline = time.monotonic() + 10
+    while not any(c.split("|")[1].startswith("restore") for c in calls(tmp_path)) or not any(
+            (p / "root.pid").exists() for p in (tmp_path / "checkpoint").glob(".criu-restore-*")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.02)
+    time.sleep(0.2)  # the restore's log is older than the dump, also where timestamps are coarse
+    process.send_signal(signal.SIGUSR1)
+    out, _ = process.communicate(timeout=20)
+    return process.returncode, out
+
+
+def test_a_new_dump_removes_older_dumps_dumps_cut_short_and_restore_logs_once_it_is_in_place(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    """Each dump is the workload's memory: the task's directory keeps the newest alone. The one it
+    was restored from goes too, once the new one is complete; the workload's own files and a link
+    (never followed) stay."""
+    checkpoints = tmp_path / "checkpoint"
+    finished_dump(checkpoints, "criu-1", age_s=120)
+    restored_from = finished_dump(checkpoints, "criu-2")
+    finished_dump(checkpoints, ".criu-3").joinpath("inventory.img").unlink()  # a dump cut short
+    aged(checkpoints / ".criu-3", 60)
+    outside = finished_dump(tmp_path, "outside")
+    (checkpoints / "criu-4").symlink_to(outside)
+    log = checkpoints / ".criu-restore-100"
+    log.mkdir()
+    (log / "restore.log").write_text("old\n")
+    aged(log, 60)
+    (checkpoints / "ckpt-9").write_text("9\n")
+    (checkpoints / "criu-notes").mkdir()
+    rc, out = restored_then_signalled(wrapper, fake_criu, tmp_path, restored_from)
+    assert rc == 0 and "restored process" in out, out
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-9", "criu-4", "criu-5", "criu-notes"], out
+    assert (outside / "inventory.img").exists() and (checkpoints / "criu-4").is_symlink()
+    assert f"removed 3 older dump(s) and 2 restore log(s) from {checkpoints}" in out, out
+    assert newest_checkpoint(str(checkpoints)) == "criu-5"
+
+
+def test_a_failed_dump_removes_nothing_not_even_what_it_was_restored_from(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoint"
+    finished_dump(checkpoints, "criu-1", age_s=120)
+    restored_from = finished_dump(checkpoints, "criu-2")
+    rc, out = restored_then_signalled(wrapper, fake_criu, tmp_path, restored_from, DUMP_FAILS="1")
+    assert rc == 128 + signal.SIGUSR1 and "passing the signal on" in out and "removed" not in out, out
+    names = sorted(p.name for p in checkpoints.iterdir())
+    assert names[0] == ".criu-3" and names[1].startswith(".criu-restore-") and names[2:] == ["criu-1", "criu-2"], names
+    assert (restored_from / "pages-1.img").exists()
+
+
+@pytest.mark.parametrize(("keep", "left"), [("2", ["criu-3", "criu-4"]),
+                                            ("junk", ["criu-1", "criu-2", "criu-3", "criu-4"]),
+                                            ("0", ["criu-1", "criu-2", "criu-3", "criu-4"])])
+def test_gpupool_criu_keep_keeps_the_newest_n_finished_dumps(
+        wrapper: Path, fake_criu: Path, tmp_path: Path, keep: str, left: list[str]) -> None:
+    checkpoints = tmp_path / "checkpoint"
+    for n in (3, 1, 2):
+        finished_dump(checkpoints, f"criu-{n}", age_s=100 - n)
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, tmp_path, LOOP, GPUPOOL_CRIU_KEEP=keep)
+    assert rc == 0 and sorted(p.name for p in checkpoints.iterdir()) == left, out
+    if keep != "2":
+        assert f"criu-run: GPUPOOL_CRIU_KEEP={keep} is not a count of 1 or more: no older dump is removed" in out
+
+
+def test_what_changed_after_the_dump_began_is_left_to_its_writer(
+        wrapper: Path, fake_criu: Path, tmp_path: Path) -> None:
+    """On storage every node shares, a dump another writer is making (its directory changed after
+    this dump began) is not this dump's to remove, finished or not."""
+    checkpoints = tmp_path / "checkpoint"
+    finished_dump(checkpoints, "criu-1", age_s=-3600)
+    finished_dump(checkpoints, ".criu-2", age_s=-3600).joinpath("inventory.img").unlink()
+    aged(checkpoints / ".criu-2", -3600)
+    rc, out = checkpointed(wrapper, fake_criu, tmp_path, tmp_path, LOOP)
+    assert rc == 0 and sorted(p.name for p in checkpoints.iterdir()) == [".criu-2", "criu-1", "criu-3"], out
+    assert "removed" not in out

@@ -11,6 +11,13 @@
  * name and is never resumed from) and exits 0. Where the dump fails, the tree is still running
  * (CRIU resumes it) and the signal is passed on to CMD, which may write its own checkpoint.
  *
+ * Each dump is as large as the workload's memory, so once a new one is renamed into place the
+ * directory keeps only it (or the newest $GPUPOOL_CRIU_KEEP finished dumps, 1 when unset): older
+ * criu-<n> directories, .criu-<n> dumps cut short and .criu-restore-* logs go, but only those
+ * older than the new dump (lower numbered, and last changed before it was begun: nothing another
+ * writer touched meanwhile). A failed dump removes nothing, so the dump a pod was restored from
+ * stays until a newer one is complete. The workload's own checkpoints (other names) are its own.
+ *
  * Started with $GPUPOOL_RESUME_FROM naming a criu-<n> directory, it runs `criu restore` instead of
  * CMD: the restored tree becomes its child (--restore-sibling) with the process ids it had, and is
  * waited for as CMD would have been. Those ids must be free, so criu itself is started with an id
@@ -37,6 +44,7 @@
  * ignores a signal it has no handler for, even the runtime's SIGTERM, but a blocked one is queued.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +74,10 @@
 #define MAX_CUDA 256
 #define CANNOT_RUN "criu-run: cannot run cuda-checkpoint: " /* what its child says when exec fails */
 #define MAX_PROCESSES 4096 /* of the namespace, read from /proc for a tree */
+#define RESTORE_LOGS ".criu-restore-"
+#define KEEP_ENV "GPUPOOL_CRIU_KEEP"
+#define MAX_KEEP 64
+#define MAX_DEPTH 32 /* of a directory removed: CRIU's images are flat, deeper is not ours */
 
 static const char *criu_path = DEFAULT_CRIU;
 static char cuda_tool[PATH_MAX]; /* empty: no cuda-checkpoint, nothing toggled */
@@ -454,6 +466,145 @@ static int cuda_suspend(pid_t root, pid_t *toggled, int *count)
 	return 0;
 }
 
+/* Remove `name` in the directory `parent` (a directory with everything in it, never following a
+ * link); 0 when it is gone. An entry gone meanwhile (another remover) is no failure. */
+static int remove_entry(int parent, const char *name, int depth)
+{
+	struct stat st;
+	struct dirent *e;
+	DIR *d;
+	int fd, failed = 0;
+	if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -1;
+	if (!S_ISDIR(st.st_mode))
+		return unlinkat(parent, name, 0) < 0 && errno != ENOENT ? -1 : 0;
+	if (depth >= MAX_DEPTH) {
+		errno = ELOOP;
+		return -1;
+	}
+	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -1;
+	d = fdopendir(fd);
+	if (d == NULL) {
+		close(fd);
+		return -1;
+	}
+	while ((e = readdir(d)) != NULL)
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+		    remove_entry(dirfd(d), e->d_name, depth + 1) < 0)
+			failed = 1;
+	closedir(d);
+	if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		return -1;
+	return failed ? -1 : 0;
+}
+
+/* The number of a dump's name ("criu-<n>", or ".criu-<n>" with `dot`), or 0 when it is no such name. */
+static unsigned long dump_number(const char *name, int dot)
+{
+	char *end;
+	unsigned long n;
+	if (dot && *name++ != '.')
+		return 0;
+	if (strncmp(name, PREFIX, strlen(PREFIX)) != 0 || !isdigit((unsigned char)name[strlen(PREFIX)]))
+		return 0;
+	n = strtoul(name + strlen(PREFIX), &end, 10);
+	return *end == '\0' ? n : 0;
+}
+
+static int older(const struct stat *st, const struct timespec *than)
+{
+	return st->st_mtim.tv_sec < than->tv_sec ||
+	       (st->st_mtim.tv_sec == than->tv_sec && st->st_mtim.tv_nsec < than->tv_nsec);
+}
+
+/* How many finished dumps to keep ($GPUPOOL_CRIU_KEEP, 1 when unset); 0: remove none (a bad value). */
+static int dumps_to_keep(void)
+{
+	const char *said = getenv(KEEP_ENV);
+	char *end;
+	long n;
+	if (said == NULL || *said == '\0')
+		return 1;
+	n = strtol(said, &end, 10);
+	if (*end != '\0' || n < 1) {
+		say(KEEP_ENV "=%s is not a count of 1 or more: no older dump is removed", said);
+		return 0;
+	}
+	return n > MAX_KEEP ? MAX_KEEP : (int)n;
+}
+
+/* After dir/criu-<kept> is in place (begun at `began`, the mtime its directory was created with):
+ * remove what is older than it. Finished dumps beyond the newest `keep` (counting it), dumps cut
+ * short and restore logs go; only entries numbered below it and last changed before `began`. */
+static void remove_older(const char *dir, unsigned long kept, const struct timespec *began)
+{
+	unsigned long newest[MAX_KEEP];
+	int keep = dumps_to_keep(), kept_more = 0, dumps = 0, logs = 0, fd;
+	DIR *d;
+	struct dirent *e;
+	if (keep == 0)
+		return;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || (d = fdopendir(fd)) == NULL) {
+		if (fd >= 0)
+			close(fd);
+		say("cannot read %s to remove older dumps: %s", dir, strerror(errno));
+		return;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		/* pass 0: the keep - 1 highest older finished dumps; pass 1: remove the rest */
+		rewinddir(d);
+		while ((e = readdir(d)) != NULL) {
+			unsigned long n = dump_number(e->d_name, 0), cut = dump_number(e->d_name, 1);
+			int log = strncmp(e->d_name, RESTORE_LOGS, strlen(RESTORE_LOGS)) == 0;
+			char inventory[NAME_MAX + 32];
+			struct stat st, inv;
+			int finished, lowest = 0;
+			if ((n == 0 || n >= kept) && (cut == 0 || cut >= kept) && !log)
+				continue;
+			if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) || !older(&st, began))
+				continue;
+			snprintf(inventory, sizeof(inventory), "%s/inventory.img", e->d_name);
+			finished = n != 0 && fstatat(fd, inventory, &inv, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(inv.st_mode) &&
+				   inv.st_size > 0;
+			if (pass == 0) {
+				if (!finished || keep == 1)
+					continue;
+				if (kept_more < keep - 1) {
+					newest[kept_more++] = n;
+					continue;
+				}
+				for (int i = 1; i < kept_more; i++)
+					if (newest[i] < newest[lowest])
+						lowest = i;
+				if (n > newest[lowest])
+					newest[lowest] = n;
+				continue;
+			}
+			if (finished) {
+				int spared = 0;
+				for (int i = 0; i < kept_more && !spared; i++)
+					spared = newest[i] == n;
+				if (spared)
+					continue;
+			}
+			if (remove_entry(fd, e->d_name, 0) < 0)
+				say("cannot remove %s/%s: %s", dir, e->d_name, strerror(errno));
+			else if (log)
+				logs++;
+			else
+				dumps++;
+		}
+	}
+	closedir(d);
+	if (dumps + logs > 0) {
+		fsync_dir(dir);
+		say("removed %d older dump(s) and %d restore log(s) from %s", dumps, logs, dir);
+	}
+}
+
 /* Dump the tree rooted at `child` into dir/criu-<n>; 0 when it is there (the tree is gone). */
 static int dump(pid_t child, const char *dir)
 {
@@ -462,10 +613,11 @@ static int dump(pid_t child, const char *dir)
 	unsigned long n = next_number(dir);
 	long highest = highest_pid();
 	pid_t toggled[MAX_CUDA];
+	struct stat created;
 	int rc, cuda = 0;
 	snprintf(work, sizeof(work), "%s/." PREFIX "%lu", dir, n);
 	snprintf(done, sizeof(done), "%s/" PREFIX "%lu", dir, n);
-	if (mkdir(work, 0755) < 0) {
+	if (mkdir(work, 0755) < 0 || stat(work, &created) < 0) {
 		say("cannot create %s: %s", work, strerror(errno));
 		return -1;
 	}
@@ -517,6 +669,7 @@ static int dump(pid_t child, const char *dir)
 	}
 	fsync_dir(dir);
 	say("dumped process %d and its children into %s", (int)child, done);
+	remove_older(dir, n, &created.st_mtim);
 	return 0;
 }
 
