@@ -120,12 +120,16 @@ def clients_text(shares: Iterable[ServedShare], tokens: Mapping[str, str]) -> st
 
 def write_clients_file(path: Path, text: str) -> bool:
     """Replace ``path`` with ``text`` atomically, mode 0600; False (nothing written) when it holds
-    ``text`` already."""
+    ``text`` already.
+
+    A missing directory (a fresh ``--state-dir`` on a host, where no hostPath mount made it) is
+    created, 0700 as the file holds tokens: without it the first write failed and took the whole
+    agent down with it."""
     try:
         if path.read_text() == text:
             return False
     except FileNotFoundError:
-        pass
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     replace_file(path, text, mode=0o600)  # the tokens are secrets
     return True
 

@@ -56,6 +56,17 @@ def test_the_clients_file_lists_each_pod_with_its_own_token_and_is_private(tmp_p
     assert not clients.event("MODIFIED", remote_pod("a"))  # same contents: not rewritten
 
 
+def test_the_clients_file_is_written_into_a_state_directory_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """A fresh --state-dir: the agent's first write used to fail (FileNotFoundError) and stop the agent."""
+    path = tmp_path / "state" / "remote" / "clients.json"
+    clients = RemoteClients("gpu", NAMES, path)
+    assert clients.apply()
+    assert json.loads(path.read_text())["clients"] == []
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert clients.replace([remote_pod("a")])
+    assert [c["pod"] for c in json.loads(path.read_text())["clients"]] == ["ns/a"]
+
+
 def test_a_pod_that_ends_leaves_the_file_and_its_successor_gets_a_new_token(tmp_path: Path) -> None:
     path = tmp_path / "clients.json"
     clients = RemoteClients("gpu", NAMES, path)
