@@ -40,6 +40,7 @@ from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.options import HAMI_FAMILY, AgentOptions, AgentOptionsError, RiskOptions
 from gpupool.nodeagent.risk.findings import RiskAction
 from gpupool.nodeagent.risk.setup import ACTIONS
+from gpupool.nodeagent.termination import run_until_terminated
 
 if TYPE_CHECKING:
     from gpupool.nodeagent.remote_setup import RemoteGpuOptions
@@ -307,7 +308,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     except AgentOptionsError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
     try:
-        asyncio.run(run_agent(options))
+        asyncio.run(run_until_terminated(run_agent(options)))  # SIGTERM cleans up as Ctrl-C does
     except AgentOptionsError as exc:  # a part that cannot be built: its flag named, not a traceback
         if exc.option is None:
             raise click.ClickException(str(exc)) from None

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from dataclasses import replace
 
 import pytest
@@ -66,3 +69,30 @@ def test_infrastructure_namespaces_are_none_by_default_and_a_list_of_namespace_n
     assert options.monitor is not None and options.monitor.infrastructure_namespaces == ("gpu-operator", "nvidia-dcgm")
     result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1", "--infrastructure-namespaces", "GPU_Operator"])
     assert result.exit_code == 2 and "--infrastructure-namespaces" in result.output and "namespace" in result.output
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_agent_with_its_clean_ups_run_and_exit_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM cancels the agent (gpupool/nodeagent/termination.py): its parts' ``finally`` runs (the
+    remote GPU server is stopped there) and the command exits 0, instead of the process dying with
+    its programs left running."""
+    cleaned: list[str] = []
+
+    async def run(_options: AgentOptions) -> None:
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(5)
+            cleaned.append("ran on after SIGTERM")
+        finally:
+            cleaned.append("parts stopped")
+
+    monkeypatch.setattr(node_agent_cmd, "run_agent", run)
+    monkeypatch.setattr(node_agent_cmd, "packaged_library", lambda: None)
+    monkeypatch.setattr(cluster_options, "read_with_client", lambda _kubeconfig: lambda _where: ClusterSettings())
+    unhandled: list[int] = []  # without the agent's handler: recorded here, not pytest killed
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: unhandled.append(signum))
+    try:
+        result = CliRunner().invoke(cli, ["node-agent", "--node-name", "n1"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (result.exit_code, cleaned, unhandled) == (0, ["parts stopped"], []), result.output
