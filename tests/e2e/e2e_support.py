@@ -146,6 +146,11 @@ class ExtenderProcess:
         """Where ``/readyz`` answers (a TLS extender serves it on its plain health port)."""
         return f"{self.url}/readyz"
 
+    @property
+    def metrics_url(self) -> str:
+        """Where ``/metrics`` answers (a TLS extender serves it on its plain health port too)."""
+        return f"{self.url}/metrics"
+
     def serving_args(self) -> tuple[str, ...]:
         """Flags that choose how the extender serves (none: plain HTTP on ``port``)."""
         return ()
@@ -182,7 +187,7 @@ class ExtenderProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of ``/metrics`` (0 when absent)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
             text = resp.read().decode()
         wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         for line in text.splitlines():

@@ -20,19 +20,17 @@ copied (and gpupool's CUDA runtime beside it, which this driver API program load
 The pod uses the host's network to reach the server on loopback (``hostNetwork``: test plumbing, the
 server's address is 127.0.0.1). The bind is the extender's binder called by the test (the webhook
 sends the pod to gpupool's scheduler, which this test does not run:
-tests/e2e/test_remote_share_e2e.py covers the scheduler's path). The init container's image holds,
-instead of gpupool and Python, a shell stand-in for ``gpupool remote-gpu install-client`` (copy the
-client and the runtime when ``GPUPOOL_REMOTE_SHARE`` is set, wait for the token), which
-tests/remote/test_install_client.py tests as shipped.
+tests/e2e/test_remote_gpu_whole_path_e2e.py runs it, the extender and the agent as programs). The
+init container's image holds, instead of gpupool and Python, a shell stand-in for
+``gpupool remote-gpu install-client`` (copy the client and the runtime when ``GPUPOOL_REMOTE_SHARE``
+is set, wait for the token), which tests/remote/test_install_client.py tests as shipped
+(tests/e2e/remote_e2e_support.py builds both images).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -43,48 +41,35 @@ import pytest
 from kubernetes import client
 
 from gpupool.api.annotations import Inventory, encode_inventory
-from gpupool.api.names import ResourceNames
 from gpupool.api.remote_share import decode_remote_share
-from gpupool.core.model import GpuCard
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.http.certificates import issue_ca, issue_leaf
 from gpupool.extender.remote_injection import INIT_CONTAINER
 from gpupool.extender.scheduler_steering import GPUPOOL_SCHEDULER
 from gpupool.kube.podapi import KubePodApi
 from gpupool.nodeagent.remote_setup import RemoteGpuOptions, run_remote_gpu
-from gpupool.shim.build import ShimBuildError, build_standin, find_compiler
-from gpupool.shim.remote_build import build_client
+from gpupool.shim.build import build_standin
 from gpupool.testenv.controlplane import ControlPlane
-from gpupool.testenv.images import build_image
 from gpupool.testenv.kubelet import Kubelet
 from tests.e2e import real_containers
 from tests.e2e.e2e_support import MakeNode, free_port, log_tail, wait_for
-from tests.e2e.shipped_scheduler import write_files
-from tests.e2e.test_own_scheduler_e2e import SELECTOR_KEY, webhook_configuration
-from tests.e2e.trust_support import FlaggedExtender
-from tests.remote.remote_support import PROBE_SOURCE, REPO
+from tests.e2e.remote_e2e_support import (
+    CARD,
+    INSTALLED,
+    NAMES,
+    PROBE,
+    PROBE_RESULT,
+    WebhookExtender,
+    app_image,
+    injected,
+    listening,
+    stand_in_server,
+    webhook_extender,
+)
 
 pytestmark = pytest.mark.e2e
 
 containerd_kubelet = real_containers.containerd_kubelet  # the module's node (a fixture)
-
-NAMES = ResourceNames()
-PROBE = "/usr/local/bin/remote_probe"
-CARD = GpuCard(index=0, uuid="GPU-standin-0", model="Tesla-T4", memory_mib=16384)
-INSTALLER = """#!/bin/sh
-# Stands in for `gpupool remote-gpu install-client --into DIR --grant DIR` (this image has no Python).
-[ "$1 $2 $3 $5" = "remote-gpu install-client --into --grant" ] || { echo "unexpected: $*"; exit 2; }
-if [ -z "$GPUPOOL_REMOTE_SHARE" ]; then echo "local share: nothing installed"; exit 0; fi
-cp /opt/gpupool/libcuda.so.1 "$4/libcuda.so.1" || exit 1
-cp /opt/gpupool/libcudart.so.12 "$4/libcudart.so.12" || exit 1
-cp /opt/gpupool/libcublas.so.12 "$4/libcublas.so.12" || exit 1
-i=0
-until [ -s "$6/remote_token" ] && [ -s "$6/remote_endpoint" ]; do
-  i=$((i + 1)); [ "$i" -gt 300 ] && { echo "no grant in $6"; exit 1; }; sleep 1
-done
-echo "installed $4/libcuda.so.1"
-"""
 
 
 def app_pod(image: str) -> dict[str, Any]:
@@ -97,16 +82,6 @@ def app_pod(image: str) -> dict[str, Any]:
                                      "command": [PROBE, "vector_add", "100000"],
                                      "env": [{"name": "GPUPOOL_REMOTE_DEADLINE_MS", "value": "20000"}],
                                      "resources": {"limits": {NAMES.gpu_mem: "16"}}}]}}
-
-
-def stand_in_server(standin: Path, state: Path) -> tuple[str, ...]:
-    """The agent's ``program`` running ``gpupool remote-gpu serve`` from this tree on the stand-in
-    driver (the agent appends ``remote-gpu serve --listen ... --clients ...``)."""
-    driver = standin / "libcuda.so.1"
-    run = f"import sys; from gpupool.cli.main import main; sys.argv += ['--driver', '{driver}']; main()"
-    return ("env", f"GPUPOOL_STANDIN_STATE={state}", "GPUPOOL_STANDIN_SHARED_MEMORY=1",
-            f"GPUPOOL_STANDIN_MEMORY_MIB={CARD.memory_mib}", "GPUPOOL_STANDIN_KERNEL_US=1", f"PYTHONPATH={REPO}",
-            f"LD_LIBRARY_PATH={standin}", sys.executable, "-c", run)
 
 
 class AgentThread:
@@ -137,71 +112,25 @@ class AgentThread:
 
 
 @pytest.fixture
-def webhook_extender(control_plane: ControlPlane, kube_api_client: client.ApiClient, core_v1: client.CoreV1Api,
-                     namespace: str, containerd_kubelet: Kubelet,
-                     tmp_path: Path) -> Iterator[tuple[FlaggedExtender, str]]:
-    """The extender serving the pod-scheduler webhook with --remote-client-image (an image imported
-    into the node), registered for ``namespace``; yields it and that image's reference."""
-    try:
-        client_dir = build_client()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the GPU client here: {exc}")
-    init_image = build_image("remote-inject-gpupool", {"/usr/local/bin/gpupool": write_installer(tmp_path),
-                                                       "/opt/gpupool/libcuda.so.1": client_dir / "libcuda.so.1",
-                                                       "/opt/gpupool/libcudart.so.12": client_dir / "libcudart.so.12",
-                                                       "/opt/gpupool/libcublas.so.12": client_dir / "libcublas.so.12"})
-    containerd_kubelet.import_image(init_image)
-    ca = issue_ca("e2e-remote-inject-ca")
-    server = issue_leaf(ca, "gpupool-extender", server=True, hosts=("127.0.0.1",))
-    serving = write_files(tmp_path / "serving", {"tls.crt": server.cert_pem, "tls.key": server.key_pem,
-                                                 "ca.crt": ca.cert_pem})
-    port = free_port()
-    extender = FlaggedExtender(control_plane.kubeconfig, tmp_path / "extender.log", tls=True, extra_args=(
-        "--tls-cert-file", str(serving / "tls.crt"), "--tls-private-key-file", str(serving / "tls.key"),
-        "--client-ca-file", str(serving / "ca.crt"), "--admission-port", str(port),
-        "--remote-client-image", init_image.ref))
-    value = uuid.uuid4().hex[:8]
-    core_v1.patch_namespace(namespace, {"metadata": {"labels": {SELECTOR_KEY: value}}})
-    admission = client.AdmissionregistrationV1Api(kube_api_client)
-    name = f"gpupool-remote-inject-{value}"
-    extender.start()
-    admission.create_mutating_webhook_configuration(webhook_configuration(
-        name, f"https://127.0.0.1:{port}/admission/pod-scheduler", ca.cert_pem, value))
-    try:
-        yield extender, init_image.ref
-    finally:
-        admission.delete_mutating_webhook_configuration(name)
-        extender.kill()
-
-
-def write_installer(directory: Path) -> Path:
-    path = directory / "gpupool-installer.sh"
-    path.write_text(INSTALLER)
-    path.chmod(0o755)
-    return path
+def injecting(control_plane: ControlPlane, kube_api_client: client.ApiClient, namespace: str,
+              containerd_kubelet: Kubelet, tmp_path: Path) -> Iterator[WebhookExtender]:
+    """The extender serving the pod-scheduler webhook with --remote-client-image, for ``namespace``."""
+    with webhook_extender(control_plane, kube_api_client, namespace, containerd_kubelet, tmp_path) as serving:
+        yield serving
 
 
 def test_a_generate_name_pod_computes_on_a_remote_share_with_only_the_request_in_its_spec(
         core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode, containerd_kubelet: Kubelet,
-        webhook_extender: tuple[FlaggedExtender, str], tmp_path: Path) -> None:
-    try:
-        compiler = find_compiler()
-    except ShimBuildError as exc:
-        pytest.skip(f"cannot build the GPU client here: {exc}")
-    extender, init_ref = webhook_extender
-    client_dir = build_client()
-    probe = tmp_path / "remote_probe"
-    subprocess.run([*compiler, "-O1", "-o", str(probe), str(PROBE_SOURCE), f"-L{client_dir}", "-lcuda"],
-                   check=True, timeout=120)
-    app_image = build_image("remote-inject-app", {PROBE: probe})  # no libcuda.so.1 in it
-    containerd_kubelet.import_image(app_image)
+        injecting: WebhookExtender, tmp_path: Path) -> None:
+    extender, init_ref = injecting.extender, injecting.init_ref
+    image = app_image(containerd_kubelet, tmp_path)  # no libcuda.so.1 in it
     gpu = make_node(name=f"e2e-gpu-{uuid.uuid4().hex[:6]}",
                     annotations={NAMES.inventory: encode_inventory(Inventory((CARD,)))})
     cpu = containerd_kubelet.node_name
 
-    body = app_pod(app_image.ref)
+    body = app_pod(image)
     # the apiserver's webhook informer takes a moment: dry-run until the webhook injects
-    wait_for(lambda: _injected(core_v1.create_namespaced_pod(namespace, body, dry_run="All")), timeout=60,
+    wait_for(lambda: injected(core_v1.create_namespaced_pod(namespace, body, dry_run="All")), timeout=60,
              what=f"the webhook to inject a dry-run pod\n{log_tail(extender.log_path)}")
     created: Any = core_v1.create_namespaced_pod(namespace, body)
     name = str(created.metadata.name)
@@ -217,7 +146,7 @@ def test_a_generate_name_pod_computes_on_a_remote_share_with_only_the_request_in
     agent = AgentThread(gpu, options, core_v1)
     try:
         # the GPU node's server is up before the pod is bound (as on a node whose agent runs already)
-        wait_for(lambda: _listening(port), timeout=120, what="the GPU node's server to listen")
+        wait_for(lambda: listening(port), timeout=120, what="the GPU node's server to listen")
         cache = ClusterCache(policy="binpack")
         nodes = json.loads(core_v1.list_node(_preload_content=False).data)["items"]
         cache.replace_nodes([n for n in nodes if n["metadata"]["name"] in (gpu, cpu)])
@@ -237,19 +166,8 @@ def test_a_generate_name_pod_computes_on_a_remote_share_with_only_the_request_in
     finally:
         agent.stop()
     assert agent.error is None, agent.error
-    assert (phase, main.strip()) == ("Succeeded", "ok vector_add 100000 c[99999]=149998"), (phase, main, init)
-    assert init.strip() == "installed /var/run/gpupool-remote/lib/libcuda.so.1"
+    assert (phase, main.strip()) == ("Succeeded", PROBE_RESULT), (phase, main, init)
+    assert init.strip() == INSTALLED
     share = decode_remote_share(pod.metadata.annotations[NAMES.remote_share])
     assert (share.server, share.card.uuid, pod.spec.node_name) == (gpu, CARD.uuid, cpu)
 
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-def _injected(pod: Any) -> bool:
-    return any(c.name == INIT_CONTAINER for c in pod.spec.init_containers or [])

@@ -35,6 +35,10 @@ class FlaggedExtender(ExtenderProcess):
     def ready_url(self) -> str:
         return f"http://127.0.0.1:{self.health_port}/readyz"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}/metrics"
+
     def serving_args(self) -> tuple[str, ...]:
         return ("--health-port", str(self.health_port)) if self.tls else ()
 
