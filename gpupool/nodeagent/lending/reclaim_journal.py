@@ -4,16 +4,24 @@ A reclaim is written here before any process of the pod is signalled, and each s
 written again: ``recorded`` (decided, nothing sent yet), ``signalled`` (the checkpoint signal went
 out, with the wall-clock time, so the restarted agent keeps the pod's deadline instead of granting
 a new one or signalling twice), ``deadline-passed`` (what is left is killed next), ``stopped`` (no
-process left; the lent devices are withdrawn next), ``evicted`` (the API was asked). The record is
-removed when the reclaim is done. Without it, an agent killed between the owner's return and the
-end of the reclaim came back with the loan gone (or still in ``lending.json``) and nothing left to
-stop the borrower, which kept running beside the owner while the card was lent again.
+process left; the lent devices are withdrawn next), ``evicted`` (the API was asked). Without the
+journal, an agent killed between the owner's return and the end of the reclaim came back with the
+loan gone (or still in ``lending.json``) and nothing left to stop the borrower, which kept running
+beside the owner while the card was lent again.
+
+When the reclaim is done its record leaves the reclaims in progress, and the pod (namespace, name,
+UID) is kept in a second list, ``reclaimed``, until the pod watch no longer lists it: an evicted pod
+stays on the node until kubelet has stopped it and it is deleted (a bare pod stays ``Failed`` until
+someone deletes it), and meanwhile none of its containers may start again and it is never reclaimed
+a second time, also after a restart of the agent (issue 26).
 
 The file (``reclaims.json`` next to ``lending.json``) is written atomically
 (:mod:`~gpupool.nodeagent.lending.durable`). A file that cannot be read is reported once as
 unreadable (the service then lends nothing it cannot vouch for: docs/lending.md, Faults), never a
 crash; a record that cannot be read is dropped from the result with its reason and the whole load
-is marked unreadable, since the card it named is unknown.
+is marked unreadable, since the card it named is unknown. An entry of ``reclaimed`` that cannot be
+read is dropped and logged, but marks nothing unreadable: it names no card and no reclaim left to
+finish (at worst that pod's restarts are no longer refused). An agent older than the list ignores it.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -95,6 +103,8 @@ class JournalLoad:
     records: tuple[ReclaimRecord, ...] = ()
     unreadable: str = ""
     """Why (part of) the file could not be read; empty when it was read whole or was absent."""
+    reclaimed: Mapping[PodKey, str] = field(default_factory=dict)
+    """Pods whose reclaim finished, still on the node when the file was written: pod → UID."""
 
 
 class ReclaimJournal:
@@ -104,17 +114,19 @@ class ReclaimJournal:
         self.path = path
         self._lock = threading.Lock()
         self._records: dict[PodKey, ReclaimRecord] = {}
+        self._reclaimed: dict[PodKey, str] = {}
 
     def load(self) -> JournalLoad:
         """Read the previous agent's file and keep its readable records (they are this journal's now)."""
-        records, problems = self._read()
+        records, problems, reclaimed = self._read()
         with self._lock:
             self._records = {r.pod: r for r in records}
+            self._reclaimed = dict(reclaimed)
         unreadable = "; ".join(problems)
         if unreadable:
             log.error("the reclaim journal %s is unreadable in part or whole (%s); %d reclaim(s) read", self.path,
                       unreadable, len(records))
-        return JournalLoad(tuple(records), unreadable)
+        return JournalLoad(tuple(records), unreadable, dict(reclaimed))
 
     def records(self) -> list[ReclaimRecord]:
         with self._lock:
@@ -147,35 +159,56 @@ class ReclaimJournal:
             self._save()
 
     def finish(self, pod: PodKey) -> ReclaimRecord | None:
-        """The reclaim is done: forget it; returns its record."""
+        """The reclaim is done: it leaves the reclaims in progress, and the pod (when its UID is known)
+        is kept among the reclaimed until :meth:`keep_reclaimed` no longer finds it; returns its record."""
         with self._lock:
             record = self._records.pop(pod, None)
             if record is not None:
+                if record.uid:
+                    self._reclaimed[pod] = record.uid
                 self._save()
             return record
 
+    def reclaimed(self) -> dict[PodKey, str]:
+        """Pods whose reclaim finished and that may still be on the node: pod → UID."""
+        with self._lock:
+            return dict(self._reclaimed)
+
+    def keep_reclaimed(self, listed: Mapping[PodKey, str]) -> None:
+        """Forget the reclaimed pods that left the node: those ``listed`` (every pod the watch has,
+        pod → UID, after a full list) does not name with the same UID (a new pod of the same name is
+        another pod)."""
+        with self._lock:
+            kept = {pod: uid for pod, uid in self._reclaimed.items() if listed.get(pod) == uid}
+            if kept != self._reclaimed:
+                self._reclaimed = kept
+                self._save()
+
     def _save(self) -> None:
         doc = {"version": JOURNAL_VERSION,
-               "reclaims": [r.to_json() for r in sorted(self._records.values(), key=lambda r: r.pod)]}
+               "reclaims": [r.to_json() for r in sorted(self._records.values(), key=lambda r: r.pod)],
+               "reclaimed": [{"namespace": ns, "pod": name, "uid": uid}
+                             for (ns, name), uid in sorted(self._reclaimed.items())]}
         try:
             write_json_atomically(self.path, doc)
         except OSError as exc:  # the reclaim goes on; only a restart in this state loses it
             log.error("cannot write the reclaim journal %s: %s", self.path, exc)
 
-    def _read(self) -> tuple[list[ReclaimRecord], list[str]]:
+    def _read(self) -> tuple[list[ReclaimRecord], list[str], dict[PodKey, str]]:
         try:
             with open(self.path, encoding="utf-8") as fh:
                 doc = json.load(fh)
         except FileNotFoundError:
-            return [], []
+            return [], [], {}
         except (OSError, ValueError) as exc:
-            return [], [f"{type(exc).__name__}: {exc}"]
+            return [], [f"{type(exc).__name__}: {exc}"], {}
         if not isinstance(doc, dict) or doc.get("version") != JOURNAL_VERSION:
             version = doc.get("version") if isinstance(doc, dict) else None
-            return [], [f"not a version {JOURNAL_VERSION} journal (version {version!r})"]
+            return [], [f"not a version {JOURNAL_VERSION} journal (version {version!r})"], {}
+        reclaimed = self._read_reclaimed(doc.get("reclaimed", []))
         raw = doc.get("reclaims")
         if not isinstance(raw, list):
-            return [], ["no list of reclaims"]
+            return [], ["no list of reclaims"], reclaimed
         records, problems = [], []
         for i, item in enumerate(raw):
             try:
@@ -184,4 +217,23 @@ class ReclaimJournal:
                 records.append(ReclaimRecord.from_json(item))
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"reclaim {i}: {type(exc).__name__}: {exc}")
-        return records, problems
+        return records, problems, reclaimed
+
+    def _read_reclaimed(self, raw: Any) -> dict[PodKey, str]:
+        """The ``reclaimed`` list; what cannot be read is logged and left out (see the module)."""
+        if not isinstance(raw, list):
+            log.error("the reclaim journal %s: 'reclaimed' is not a list; ignored", self.path)
+            return {}
+        found: dict[PodKey, str] = {}
+        for i, item in enumerate(raw):
+            try:
+                if not isinstance(item, dict):
+                    raise TypeError("not an object")
+                namespace, name, uid = (item[k] for k in ("namespace", "pod", "uid"))
+                if not all(isinstance(v, str) and v for v in (namespace, name, uid)):
+                    raise ValueError("namespace, pod and uid must be non-empty strings")
+                found[(namespace, name)] = uid
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("the reclaim journal %s: reclaimed pod %d unreadable (%s: %s); ignored", self.path, i,
+                          type(exc).__name__, exc)
+        return found

@@ -20,8 +20,9 @@ their own next open ends the loan. An owner booked on a lent card whose share th
 (:mod:`~gpupool.nodeagent.lending.bookings`: it was placed there, or had not started, when the loan
 began or grew smaller for it) never conflicts with that loan's borrowers either way: the loan it
 shrank is what they hold, and those past it are reclaimed by the loan's size, not at this open
-(:mod:`~gpupool.nodeagent.lending.over_loan`). A container whose pod is being reclaimed is refused
-every open and is never reclaimed a second time.
+(:mod:`~gpupool.nodeagent.lending.over_loan`). A container whose pod is being reclaimed, or was
+reclaimed and is still on the node (the service passes both as ``reclaiming``), is refused every
+open and is never reclaimed a second time.
 """
 
 from __future__ import annotations
@@ -138,9 +139,10 @@ def decide_open(asker: Occupant, holders: Iterable[Occupant], *, dormant: frozen
     ``dormant``: the owners of the card's loan that have not opened it since it was lent;
     ``left_out``: the containers booked on the card whose share the loan leaves out (neither they nor
     the loan's borrowers are judged against the other);
-    ``reclaiming``: pods whose reclaim is in flight (refused, never reclaimed twice, and their
-    holds no longer count). Any refusal wins (the asker is reclaimed, nobody else is); otherwise
-    the open is allowed and every low holder a high asker met is reclaimed.
+    ``reclaiming``: pods whose reclaim is in flight, or finished while the pod is still listed
+    (refused, never reclaimed twice, and their holds no longer count). Any refusal wins (the asker
+    is reclaimed, nobody else is); otherwise the open is allowed and every low holder a high asker
+    met is reclaimed.
     """
     recorded = Priority.LOW if asker.claim is Claim.BORROWED else asker.priority
     if asker.pod in reclaiming:

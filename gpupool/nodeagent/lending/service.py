@@ -33,6 +33,11 @@ borrower still holding a card as if it had just opened it: a borrower beside an 
 no longer lent is stopped, whatever the journal said (the safety net for a journal that could not
 be read).
 
+A pod whose reclaim finished stays in the journal's ``reclaimed`` list until the pod watch no longer
+lists it (deleted, or absent from a full list): until then none of its containers starts again
+(:meth:`LendingService.start_refusal`) and the rules count it as being reclaimed (refused every open,
+its holds bar no one, never reclaimed a second time), also across a restart of the agent.
+
 DRA claims (``--dra``): a container that uses a prepared claim is booked on the claim's cards
 (:mod:`~gpupool.nodeagent.lending.pods`), so the rules, the owners, their activity and their waits
 treat it as an assignment's container; a claim no holder or owner uses is kept out of the loans,
@@ -139,9 +144,6 @@ class LendingService:
         not lent again until the monitor has seen them busy (loop thread only)."""
         self.regions = RegionControl(config.shim_state_dir, pods.get) if config.shim_state_dir else None
         """Owners' wait bounds and borrowers' freezes in the library's regions (``None``: no library)."""
-        self._reclaimed: set[str] = set()
-        """UIDs of pods whose reclaim finished while the watch may still list them (an evicted pod stays
-        until it is deleted): not counted among a loan's borrowers again (memory only; pruned each step)."""
         self._waiting: dict[int, frozenset[ContainerKey]] = {}
         """Card → the owners whose allocations on it wait for room now (their regions say so)."""
         self._waits_lock = threading.Lock()
@@ -171,7 +173,8 @@ class LendingService:
         checkpoint of that fresh count, newer than the reclaim's, which the task's next pod would
         resume from (issue 26). The device plugin's PreStartContainer asks this."""
         with self._lock:
-            in_flight, finished = pod in self._reclaiming, bool(uid) and uid in self._reclaimed
+            in_flight = pod in self._reclaiming
+        finished = bool(uid) and self.journal.reclaimed().get(pod) == uid
         evicted = f"({RECLAIMED_REASON}): it is evicted and none of its containers starts again"
         if finished:
             return f"its GPU was reclaimed {evicted}"
@@ -240,12 +243,27 @@ class LendingService:
         an owner never is refused: facing its borrowers it is rule 1."""
         return self._judge_askers()[0]
 
+    def _reclaimed_here(self, pods: Iterable[LendingPod] | None = None) -> frozenset[PodKey]:
+        """The pods whose reclaim finished that are still on the node (``pods``, else the watch's, lists
+        them with the same UID): the rules count them as being reclaimed until they leave, so they are
+        refused every open, their holds bar no one, and they are never reclaimed a second time (no
+        second checkpoint signal, eviction or ``GpuReclaimed`` event)."""
+        done = self.journal.reclaimed()
+        if not done:
+            return frozenset()
+        if pods is None:
+            listed = {key: p.uid for key in done if (p := self.pods.get(key)) is not None}
+        else:
+            listed = {p.key: p.uid for p in pods if p.key in done}
+        return frozenset(key for key, uid in done.items() if listed.get(key) == uid)
+
     def _judge_askers(self) -> tuple[dict[str, set[str]], dict[PodKey, tuple[int, str]]]:
         """:meth:`refusals`, and the pods refused by rule 3 (with a card and why): the rules reclaim a
         refused asker, and behind the gate its open never reaches the monitor."""
         state, pods = self.monitor.state, self.pods.all()
+        reclaimed = self._reclaimed_here(pods)
         with self._lock:
-            loans, reclaiming = dict(self._loans), frozenset(self._reclaiming)
+            loans, reclaiming = dict(self._loans), frozenset(self._reclaiming) | reclaimed
         out: dict[str, set[str]] = {}
         doomed: dict[PodKey, tuple[int, str]] = {}
         for path, card in self.monitor.cards.items():
@@ -284,8 +302,10 @@ class LendingService:
     def _reclaim_refused(self, doomed: dict[PodKey, tuple[int, str]]) -> None:
         """Reclaim the askers the gate refuses by rule 3 (the rules reclaim a refused asker; its open
         never succeeds, so the monitor would never record it): a borrower whose loan ended goes."""
+        reclaimed = self._reclaimed_here()
         with self._lock:
-            new = [(pod, card, why) for pod, (card, why) in doomed.items() if pod not in self._reclaiming]
+            new = [(pod, card, why) for pod, (card, why) in doomed.items()
+                   if pod not in self._reclaiming and pod not in reclaimed]
             self._reclaiming.update(pod for pod, _, _ in new)
         if not new:
             return
@@ -314,16 +334,17 @@ class LendingService:
         device = self.monitor.state.device(path)
         holders = [o for o in (self._occupant(self._identity(h), path) for h in (device.holders if device else ()))
                    if o is not None]
+        reclaimed = self._reclaimed_here()
         with self._lock:
             loan = self._loans.get(card)
             dormant = loan.owners if loan is not None else frozenset()
             spared = self._left_out(loan, (asker, *holders))
-            decision = decide_open(asker, holders, dormant=dormant, reclaiming=frozenset(self._reclaiming),
-                                   left_out=spared)
+            leaving = frozenset(self._reclaiming) | reclaimed
+            decision = decide_open(asker, holders, dormant=dormant, reclaiming=leaving, left_out=spared)
             ended = None
             if decision.verdict is Verdict.ALLOW and asker.container in dormant:
                 ended = self._loans.pop(card)  # the owner is back: the card returns to it
-            new = [p for p in decision.reclaim if p not in self._reclaiming]
+            new = [p for p in decision.reclaim if p not in leaving]
             self._reclaiming.update(new)
         if self.regions is not None:  # at once: a borrower being reclaimed allocates nothing more
             for pod in new:
@@ -406,11 +427,9 @@ class LendingService:
             if not task.cancelled():
                 log.error("the reclaim of %s/%s failed (%r); it is tried again", *pod, task.exception())
             return
-        record = self.journal.finish(pod)
+        record = self.journal.finish(pod)  # kept among the reclaimed until the pod leaves the node
         with self._lock:
             self._reclaiming.discard(pod)
-            if record is not None and record.uid:
-                self._reclaimed.add(record.uid)
         if record is not None and record.returned and record.card is not None:
             self._returned.add(record.card)  # lent again only once its owner was seen using it and idle
 
@@ -455,6 +474,8 @@ class LendingService:
             self._owner_back(loan, owner)
         self._returned = {c for c in self._returned if any(
             self.monitor.cards.get(d.path) == c and d.state is DeviceState.IDLE for d in state.devices)}
+        if self.pods.synced:  # before the first full list an absent pod may merely be unknown yet
+            self.journal.keep_reclaimed({p.key: p.uid for p in self.pods.all()})
         with self._lock:
             gone = [c for c, x in self._loans.items() if self.pods.synced
                     and all(self.pods.get((ns, pod)) is None for ns, pod, _ in x.owners)]
@@ -462,7 +483,6 @@ class LendingService:
                 log.info("card %d: its owners left the node; the loan ends", card)
                 del self._loans[card]
             claims, pods = self.pods.claim_shares(), self.pods.all()
-            self._reclaimed &= {p.uid for p in pods}
             shrunk = self._keep_new_claims(claims, state)
             booked = self._keep_new_bookings(pods, list(self._loans))
             over = self._over_loans(pods, state, list(self._loans))
@@ -511,7 +531,7 @@ class LendingService:
             if loan is None or not loan.kept_bookings:
                 continue
             device = state.device(loan.path)
-            leaving = self._reclaiming | {p.key for p in pods if p.uid in self._reclaimed}
+            leaving = self._reclaiming | self._reclaimed_here(pods)
             borrowers = borrowers_booked(card, pods, device.holders if device else (), leaving)
             chosen = reclaim_to_fit(borrowers, loan.memory_mib, loan.compute_percent * PER_MILLE_PER_PERCENT)
             if not chosen:

@@ -6,7 +6,8 @@ restart ran with the first Allocate's environment (no ``GPUPOOL_RESUME_FROM``), 
 the eviction's SIGTERM had it write ``ckpt-1``, newer than ``ckpt-8``, which the task's next pod
 then resumed from. The node agent now refuses the start of every container of a pod whose reclaim
 was decided (the device plugin's PreStartContainer, asked before each start, restarts included)
-until the pod leaves the node.
+until the pod leaves the node, an agent restarted meanwhile too (the reclaim journal keeps the
+finished reclaim's pod until then).
 
 Here kubelet is a stand-in that does what it did there: when the eviction is posted it restarts the
 exited container (asking the agent's ``pre_start`` first, as kubelet does), then, the eviction
@@ -124,7 +125,8 @@ def node(world: World, workers: Workers) -> tuple[Kubelet, Any]:
     return kubelet, lend
 
 
-@pytest.mark.parametrize("restart", ["while-the-reclaim-evicts", "after-the-reclaim-before-the-eviction-lands"])
+@pytest.mark.parametrize("restart", ["while-the-reclaim-evicts", "after-the-reclaim-before-the-eviction-lands",
+                                     "after-the-agent-restarted-before-the-eviction-lands"])
 def test_a_reclaimed_borrowers_restarted_container_never_sets_its_tasks_checkpoint_back(
         tmp_path: Path, restart: str) -> None:
     task = tmp_path / "task"
@@ -144,6 +146,8 @@ def test_a_reclaimed_borrowers_restarted_container_never_sets_its_tasks_checkpoi
         assert service.decide(open_(101)) is Verdict.ALLOW  # the owner is back: the borrower is reclaimed
         await settle(service)
         assert workers.sent[0] == (200, "SIGUSR1") and kubelet.evicted == [BORROWER]
+        if "agent-restarted" in restart:  # a new agent on the same files: what it refuses was on disk
+            lend()
         if not kubelet.restart_when_evicted:
             await kubelet.restart_exited()
         kubelet.terminate()

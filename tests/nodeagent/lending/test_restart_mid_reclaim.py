@@ -26,7 +26,7 @@ from gpupool.nodeagent.monitor.usage_state import DeviceState
 from gpupool.nodeagent.pod_view import pod_view_from_json
 from gpupool.nodeagent.risk.detector import NodeView, detect, grants_of
 from tests.nodeagent.lending.restart_driver import DONE, PidProcesses, alive
-from tests.nodeagent.lending.support import NAMES, holder
+from tests.nodeagent.lending.support import NAMES, decoded, holder
 from tests.nodeagent.lending.world import CARD0, PODS, World, run, settle
 
 # Slow, so scripts/test-all runs it and a plain pytest does not: each case kills and restarts an agent mid-reclaim
@@ -157,7 +157,8 @@ def test_an_unreadable_journal_is_logged_resumes_no_loan_and_stops_a_borrower_le
                for r in caplog.records), caplog.text
 
 
-def test_the_journal_is_written_before_the_borrower_is_signalled_and_emptied_when_done(tmp_path: Path) -> None:
+def test_the_journal_is_written_before_the_borrower_is_signalled_and_emptied_once_the_pod_left(
+        tmp_path: Path) -> None:
     world = World(tmp_path, PODS)
     seen: list[list[str]] = []
 
@@ -176,8 +177,13 @@ def test_the_journal_is_written_before_the_borrower_is_signalled_and_emptied_whe
         assert [r.step for r in service.journal.records()] == [ReclaimStep.RECORDED]  # on the deciding thread
         await settle(service)
         assert world.api.evicted == [("ns", "borrower")]
+        done = json.loads((tmp_path / JOURNAL_FILE).read_text())
+        assert done == {"version": 1, "reclaims": [],
+                        "reclaimed": [{"namespace": "ns", "pod": "borrower", "uid": "uid-borrower"}]}
+        world.pods.on_event("DELETED", *decoded(PODS[1]))  # the eviction landed: the pod left the node
+        await service.step()
 
     run(body)
     assert seen == [["recorded"]]
-    assert json.loads((tmp_path / JOURNAL_FILE).read_text()) == {"version": 1, "reclaims": []}
+    assert json.loads((tmp_path / JOURNAL_FILE).read_text()) == {"version": 1, "reclaims": [], "reclaimed": []}
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(TEMP_SUFFIX)]  # no temporary file left
