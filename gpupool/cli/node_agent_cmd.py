@@ -34,7 +34,12 @@ from gpupool.nodeagent.isolation.backends import (
 )
 from gpupool.nodeagent.isolation.setup import IsolationConfig
 from gpupool.nodeagent.isolation.shim_socket import RegistrationLimits
-from gpupool.nodeagent.lending.options import ActivityThresholds, LendingOptions
+from gpupool.nodeagent.lending.options import (
+    DEFAULT_CHECKPOINT_RETENTION,
+    ActivityThresholds,
+    LendingOptions,
+    parse_retention,
+)
 from gpupool.nodeagent.monitor.scripted_usage import parse_duration
 from gpupool.nodeagent.monitor.service import MonitorConfig
 from gpupool.nodeagent.options import HAMI_FAMILY, AgentOptions, AgentOptionsError, RiskOptions
@@ -161,6 +166,9 @@ def _names(value: str) -> tuple[str, ...]:
 @click.option("--criu-dir", default=_LENDING.criu_tools_dir, show_default=True, type=click.Path(file_okay=False),
               help="Host directory the agent fills with CRIU, criu-run and CRIU's kernel cache for those pods (--criu; "
                    "a tmpfs keeps the cache, with which they need only the CHECKPOINT_RESTORE capability).")
+@click.option("--checkpoint-retention", default=DEFAULT_CHECKPOINT_RETENTION, show_default=True, metavar="DURATION",
+              help="A task's checkpoint directory whose newest change is older than this (e.g. 7d, 12h, seconds) is "
+                   "removed, unless a pod on this node has it (--lending; 0: never; docs/lending.md).")
 @click.option("--registration-timeout", default=_ISOLATION.registration.read_timeout_s, show_default=True,
               type=click.FloatRange(min=0, min_open=True),
               help="Seconds a connection to the registration socket has to send its request line "
@@ -229,7 +237,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                risk_grace: str, risk_memory_tolerance: int, lending: bool,
                checkpoint_dir: str, checkpoint_deadline: float, owner_active_percent: int, owner_active_memory: int,
                owner_active_samples: int, cuda_checkpoint_timeout: float, criu: str | None, criu_dir: str,
-               registration_timeout: float,
+               checkpoint_retention: str, registration_timeout: float,
                registration_max_connections: int, registration_heartbeat: int, dra: bool, dra_kubelet_dir: str,
                cdi_dir: str,
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
@@ -290,8 +298,13 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     cluster = cluster_flags.resolve(cluster_options.read_with_client(kubeconfig))
     logging.getLogger(__name__).info("cluster settings: %s", describe(cluster, cluster_flags))
     activity = ActivityThresholds(owner_active_percent, owner_active_memory, owner_active_samples)
+    try:
+        retention_s = parse_retention(checkpoint_retention)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--checkpoint-retention") from None
     lend = LendingOptions(checkpoint_dir, checkpoint_deadline, cluster.high_priority_threshold, activity,
-                          cuda_checkpoint_timeout, state_dir, criu=criu, criu_tools_dir=criu_dir) if lending else None
+                          cuda_checkpoint_timeout, state_dir, criu=criu, criu_tools_dir=criu_dir,
+                          checkpoint_retention_s=retention_s) if lending else None
     remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir,
                              RemoteServerFlags(remote_gpu_tls_cert, remote_gpu_tls_key, remote_gpu_tls_ca,
                                                remote_gpu_enforce_compute, remote_gpu_allow_plain,

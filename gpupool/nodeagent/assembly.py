@@ -91,7 +91,7 @@ class AgentParts:
                 if self.risk is not None:
                     group.create_task(self.risk.run())
                 if self.lending is not None:
-                    group.create_task(self.lending.service.run())
+                    group.create_task(self.lending.run())  # its loop and the checkpoint retention sweep
                 if remote is not None:  # remote shares booked on this node's cards (docs/remote-gpu.md)
                     from gpupool.nodeagent.remote_setup import run_remote_gpu
                     from gpupool.nodeagent.start_annotations import kube_core_v1 as core_v1_of

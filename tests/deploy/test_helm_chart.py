@@ -393,6 +393,13 @@ def test_a_checkpoint_directory_is_the_agents_flag_and_a_host_mount_that_sees_la
     assert not [a for a in agent_args({"nodeAgent.lending": True}) if a.startswith("--checkpoint-dir")]
 
 
+def test_a_checkpoint_retention_is_the_agents_flag_only_when_set() -> None:
+    assert "--checkpoint-retention=36h" in agent_args({"nodeAgent.lending": True,
+                                                      "nodeAgent.checkpointRetention": "36h"})
+    assert "--checkpoint-retention=0" in agent_args({"nodeAgent.lending": True, "nodeAgent.checkpointRetention": "0"})
+    assert not [a for a in agent_args({"nodeAgent.lending": True}) if a.startswith("--checkpoint-retention")]
+
+
 def test_infrastructure_holders_are_the_agents_flag_only_when_set() -> None:
     assert not [a for a in agent_args() if a.startswith("--infrastructure-holders")]  # the agent's default
     assert "--infrastructure-holders=" in agent_args({"nodeAgent.infrastructureHolders": []})  # none
@@ -503,6 +510,10 @@ def test_fake_gpus_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
     pytest.param({"nodeAgent.remoteGpu.port": 0}, "'/nodeAgent/remoteGpu/port'", id="remote-gpu-port"),
     pytest.param({"nodeAgent.checkpointDir": "checkpoints"}, "'/nodeAgent/checkpointDir'",
                  id="relative-checkpoint-dir"),
+    pytest.param({"nodeAgent.checkpointRetention": "a week"}, "'/nodeAgent/checkpointRetention'",
+                 id="checkpoint-retention-not-a-duration"),
+    pytest.param({"nodeAgent.checkpointRetention": 0}, "'/nodeAgent/checkpointRetention'",
+                 id="checkpoint-retention-a-number-not-a-string"),
     pytest.param({"nodeAgent.infrastructureHolders": ["/usr/bin/nvidia-persistenced"]},
                  "'/nodeAgent/infrastructureHolders/0'", id="infrastructure-holder-with-a-directory"),
     pytest.param({"nodeAgent.infrastructureNamespaces": ["GPU Operator"]},

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 
 from gpupool.api import lending as contract
@@ -85,15 +86,27 @@ class CheckpointStore:
     def __init__(self, root: str, deadline_s: float = contract.DEFAULT_CHECKPOINT_DEADLINE_S) -> None:
         self.root = root
         self.deadline_s = deadline_s
+        self.lock = threading.Lock()
+        """Held while a directory is handed out, and by the retention sweep while it moves one aside
+        or removes an empty namespace directory (:mod:`~gpupool.nodeagent.lending.checkpoint_retention`)."""
 
     def directory(self, namespace: str, key: str) -> str:
-        """The host directory of task ``key`` of ``namespace`` (created, with its parents' modes)."""
-        os.makedirs(self.root, mode=PRIVATE_MODE, exist_ok=True)
+        """The host directory of task ``key`` of ``namespace`` (created, with its parents' modes), its
+        modification time set to now: the task is live, for every agent's retention sweep."""
         parent = os.path.join(self.root, namespace_dir_name(namespace))
-        _own_dir(parent, PRIVATE_MODE)
         path = os.path.join(parent, task_dir_name(key))
-        _own_dir(path, TASK_MODE)
+        with self.lock:
+            try:
+                self._make(parent, path)
+            except FileNotFoundError:  # another node's sweep removed the namespace directory it emptied
+                self._make(parent, path)
         return path
+
+    def _make(self, parent: str, path: str) -> None:
+        os.makedirs(self.root, mode=PRIVATE_MODE, exist_ok=True)
+        _own_dir(parent, PRIVATE_MODE)
+        _own_dir(path, TASK_MODE)
+        os.utime(path, follow_symlinks=False)
 
     @staticmethod
     def newest(directory: str) -> str | None:

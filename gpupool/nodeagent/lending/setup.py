@@ -21,8 +21,15 @@ from gpupool.nodeagent.containers.container_gate import ContainerGate
 from gpupool.nodeagent.device_layout import DeviceLayout
 from gpupool.nodeagent.gpu_inventory import GpuInventory
 from gpupool.nodeagent.isolation.backends import Enforcement
-from gpupool.nodeagent.lending.checkpoint import CheckpointEnforcement, CheckpointStore, find_cuda_checkpoint
+from gpupool.nodeagent.lending.checkpoint import (
+    CheckpointEnforcement,
+    CheckpointStore,
+    find_cuda_checkpoint,
+    namespace_dir_name,
+    task_dir_name,
+)
 from gpupool.nodeagent.lending.checkpoint_location import describe as describe_checkpoint_location
+from gpupool.nodeagent.lending.checkpoint_retention import CheckpointRetention
 from gpupool.nodeagent.lending.claims import PreparedClaims
 from gpupool.nodeagent.lending.criu_tools import prepare_criu_tools
 from gpupool.nodeagent.lending.cuda_suspend import CudaCheckpoint
@@ -32,6 +39,7 @@ from gpupool.nodeagent.lending.pods import LendingPods
 from gpupool.nodeagent.lending.processes import ProcfsProcesses
 from gpupool.nodeagent.lending.publisher import LendablePublisher
 from gpupool.nodeagent.lending.reclaim import Reclaimer, StoppedHook
+from gpupool.nodeagent.lending.rules import PodKey
 from gpupool.nodeagent.lending.service import LendingConfig, LendingService
 from gpupool.nodeagent.monitor.service import UsageMonitor
 from gpupool.nodeagent.schedule_check import check_borrower
@@ -70,8 +78,10 @@ class LoanedCapacity:
     (:meth:`run`) and starts (:meth:`start`) of lending."""
 
     def __init__(self, node: str, service: LendingService, pods: LendingPods, inventory: Callable[[], GpuInventory],
-                 listed: Callable[[], list[PodView]]) -> None:
+                 listed: Callable[[], list[PodView]], retention: CheckpointRetention | None = None) -> None:
         self.service = service
+        self.retention = retention
+        """The sweep of idle task checkpoint directories (``None``: none, as in tests of the service alone)."""
         self._pods = pods
         self._vouch = borrower_check(node, inventory, listed, self.on_loan,
                                      lambda: [loan.offer() for loan in service.loans.values()])
@@ -97,6 +107,13 @@ class LoanedCapacity:
     def start(self) -> None:
         """Resume the previous agent's loans and hook the rules into the monitor (on the running loop)."""
         self.service.start(asyncio.get_running_loop())
+
+    async def run(self) -> None:
+        """The lending loop and the checkpoint retention sweep, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.service.run())
+            if self.retention is not None:
+                group.create_task(self.retention.run())
 
 
 class LendingSetup:
@@ -148,4 +165,18 @@ class LendingSetup:
                                  monitor.resolver(), gate)
         if self.enforcement is not None:  # an owner granted a share of a lent card: its loan shrinks, it waits
             self.enforcement.granted = service.owner_granted
-        return LoanedCapacity(node, service, self.pods, inventory, listed)
+        retention = CheckpointRetention(self.store, self.options.checkpoint_retention_s,
+                                        lambda: task_dirs_in_use(self.pods, service.reclaiming))
+        return LoanedCapacity(node, service, self.pods, inventory, listed, retention)
+
+
+def task_dirs_in_use(pods: LendingPods, reclaiming: Iterable[PodKey]) -> set[tuple[str, str]] | None:
+    """The checkpoint directories (namespace directory, task directory) of this node's pods and of the
+    reclaims in progress, which the retention sweep keeps; ``None`` until the pods were listed whole."""
+    if not pods.synced:
+        return None
+    tasks = {(p.namespace, p.checkpoint_key) for p in pods.all()}
+    for namespace, name in reclaiming:  # a pod gone from the list whose reclaim still runs
+        known = pods.get((namespace, name))
+        tasks.add((namespace, known.checkpoint_key if known is not None else f"{namespace}/{name}"))
+    return {(namespace_dir_name(namespace), task_dir_name(key)) for namespace, key in tasks}
