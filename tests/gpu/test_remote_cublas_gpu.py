@@ -15,35 +15,19 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpupool.api.remote_gpu import RemoteClient, encode_clients
 from gpupool.shim.build import ShimBuildError, find_compiler
 from gpupool.shim.remote_build import build_client
+from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = Path(__file__).with_name("programs") / "cublas_sgemm.c"
 TOKEN = "c" * 43
 N = 1024
-WHEEL_DIRS = {"libcublas.so.12": ("nvidia", "cublas", "lib"), "libcudart.so.12": ("nvidia", "cuda_runtime", "lib")}
-
-
-def nvidia_library(soname: str) -> Path | None:
-    """NVIDIA's ``soname``: the one ldconfig knows, else a wheel's in site-packages."""
-    listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
-    for line in listing.splitlines():
-        if line.strip().startswith(f"{soname} ") and "=>" in line:
-            return Path(line.split("=>")[1].strip())
-    for directory in sys.path:
-        candidate = Path(directory, *WHEEL_DIRS.get(soname, ("-",)), soname)
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def why_not() -> str | None:
@@ -80,32 +64,9 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """``gpupool remote-gpu serve`` on NVIDIA's driver and cuBLAS, for the first card; yields its port."""
-    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    workdir = tmp_path_factory.mktemp("cublas-server")
-    clients = workdir / "clients.json"
-    clients.write_text(encode_clients([RemoteClient(TOKEN, "ns/cublas-probe", uuid, 8192, 0)]))
-    command = [sys.executable, "-c", "from gpupool.cli.main import main; main()", "remote-gpu", "serve",
-               "--listen", "127.0.0.1:0", "--clients", str(clients), "--driver", str(nvidia_library("libcuda.so.1"))]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUPOOL_REMOTE_CUBLAS": str(nvidia_library("libcublas.so.12"))}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               start_new_session=True, cwd=REPO)
-    assert process.stdout is not None
-    port, log = 0, []
-    deadline = time.monotonic() + 180
-    while port == 0 and time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        log.append(line)
-        if line.startswith("listening on port "):
-            port = int(line.split()[-1])
-    try:
-        assert port, f"the server did not start: {''.join(log)}"
+    with serving_first_card(tmp_path_factory.mktemp("cublas-server"), TOKEN, "ns/cublas-probe",
+                            env={"GPUPOOL_REMOTE_CUBLAS": str(nvidia_library("libcublas.so.12"))}) as port:
         yield port
-    finally:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=30)
 
 
 def sgemm(program: Path, out: Path, library_path: str, extra: dict[str, str]) -> tuple[list[float], str]:

@@ -9,22 +9,19 @@ Prints the round trip, copy and launch figures of both paths for docs/remote-gpu
 
 from __future__ import annotations
 
-import ctypes.util
 import glob
 import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpupool.api.remote_gpu import RemoteClient, encode_clients
 from gpupool.shim.build import find_compiler
 from gpupool.shim.remote_build import build_client
+from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "bench" / "remote_probe.c"
@@ -33,20 +30,10 @@ TOKEN = "g" * 43
 N = 1_000_000
 
 
-def _driver() -> str | None:
-    found = ctypes.util.find_library("cuda")
-    if found is None:
-        return None
-    for line in subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout.splitlines():
-        if "libcuda.so.1 " in line and "=>" in line:
-            return line.split("=>")[1].strip()
-    return found
-
-
 def _why_not() -> str | None:
     if not glob.glob("/dev/nvidia[0-9]*"):
         return "no NVIDIA GPU on this machine (/dev/nvidia0 missing)"
-    if _driver() is None:
+    if nvidia_library("libcuda.so.1") is None:
         return "no libcuda.so.1 (NVIDIA's driver library) found"
     if shutil.which("nvidia-smi") is None:
         return "nvidia-smi not found (the card's UUID is read with it)"
@@ -70,31 +57,8 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """``gpupool remote-gpu serve`` on NVIDIA's driver, for the first card; yields its port."""
-    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    workdir = tmp_path_factory.mktemp("remote-server")
-    clients = workdir / "clients.json"
-    clients.write_text(encode_clients([RemoteClient(TOKEN, "ns/remote-probe", uuid, 8192, 0)]))
-    command = [sys.executable, "-c", "from gpupool.cli.main import main; main()", "remote-gpu", "serve",
-               "--listen", "127.0.0.1:0", "--clients", str(clients), "--driver", str(_driver())]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True, cwd=REPO)
-    assert process.stdout is not None
-    port, log = 0, []
-    deadline = time.monotonic() + 180
-    while port == 0 and time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        log.append(line)
-        if line.startswith("listening on port "):
-            port = int(line.split()[-1])
-    try:
-        assert port, f"the server did not start: {''.join(log)}"
+    with serving_first_card(tmp_path_factory.mktemp("remote-server"), TOKEN, "ns/remote-probe") as port:
         yield port
-    finally:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=10)
 
 
 def run(program: Path, env: dict[str, str], *args: str) -> str:

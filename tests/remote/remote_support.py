@@ -96,6 +96,29 @@ class Server:
         self.process.wait(timeout=10)
 
 
+def start_serve(command: Sequence[str], env: dict[str, str],
+                timeout: float) -> tuple[subprocess.Popen[str], int, list[str]]:
+    """A started ``gpupool remote-gpu serve`` (in a session of its own), the port it reported and its
+    output so far; AssertionError with that output when it reports none within ``timeout``."""
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True, cwd=REPO)
+    assert process.stdout is not None
+    port = 0
+    log: list[str] = []
+    deadline = time.monotonic() + timeout
+    while port == 0 and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        log.append(line)
+        if line.startswith("listening on port "):
+            port = int(line.split()[-1])
+    if port == 0:
+        process.kill()
+        raise AssertionError(f"the server did not start: {''.join(log)}")
+    return process, port, log
+
+
 @contextmanager
 def running_server(programs: Programs, workdir: Path, clients: Sequence[RemoteClient], *,
                    listen: str = "127.0.0.1:0", prefix: Sequence[str] = (), extra: Sequence[str] = (),
@@ -109,22 +132,7 @@ def running_server(programs: Programs, workdir: Path, clients: Sequence[RemoteCl
            "LD_LIBRARY_PATH": str(programs.standin), **(card or {})}
     command = [*prefix, *SERVE, "--listen", listen, "--clients", str(clients_file),
                "--driver", str(programs.standin / "libcuda.so.1"), *extra]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               start_new_session=True, cwd=REPO)
-    assert process.stdout is not None
-    port = 0
-    log: list[str] = []
-    deadline = time.monotonic() + 120  # the first run compiles the server
-    while port == 0 and time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        log.append(line)
-        if line.startswith("listening on port "):
-            port = int(line.split()[-1])
-    if port == 0:
-        process.kill()
-        raise AssertionError(f"the server did not start: {''.join(log)}")
+    process, port, log = start_serve(command, env, timeout=120)  # the first run compiles the server
     server = Server(process, port, clients_file, log)
     try:
         yield server
