@@ -106,8 +106,12 @@ def build_cmd(directory: Path) -> None:
 @click.option("--status", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Keep this file (JSON, no tokens) listing the clients connected now, per pod and card "
                    "[default: remote-gpu-connections.json beside --clients].")
+@click.option("--cublas", default=None, metavar="PATH",
+              help="NVIDIA's libcublas.so.12 (libcublasLt.so.12 beside it) that runs the clients' cuBLAS calls "
+                   "[default: $GPUPOOL_REMOTE_CUBLAS, else the nvidia-cublas-cu12 wheel's in this Python, else "
+                   "libcublas.so.12 on the library path; the log says which, or that none was found].")
 def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | None, tls_key: Path | None,
-              enforce_compute: bool, allow_plain: bool, status: Path | None) -> None:
+              enforce_compute: bool, allow_plain: bool, status: Path | None, cublas: str | None) -> None:
     """Serve the CUDA driver of this node to the remote clients the clients file names."""
     from gpupool.remotegpu.serve import RemoteServeError, TlsFiles, serve
 
@@ -117,7 +121,7 @@ def serve_cmd(listen: str, clients_file: Path, driver: str, tls_cert: Path | Non
     tls = TlsFiles(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     try:
         code = serve(listen, clients_file, driver=driver, allow_plain=allow_plain, tls=tls,
-                     enforce_compute=enforce_compute, status=status)
+                     enforce_compute=enforce_compute, status=status, cublas=cublas)
     except (RemoteServeError, ShimBuildError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)

@@ -45,6 +45,7 @@ from types import FrameType
 from gpupool.api.remote_connections import CONNECTIONS_FILE, ClientConnections, encode_connections
 from gpupool.api.remote_gpu import ClientsFileError, RemoteClient, decode_clients, parse_endpoint
 from gpupool.files.replace import replace_file
+from gpupool.remotegpu.cublas_lookup import find_cublas
 from gpupool.shim.build import library_path
 from gpupool.shim.region import MAX_DEVICES, RegionFormatError, read_region
 from gpupool.shim.remote_build import server_program
@@ -298,15 +299,19 @@ class ConnectionsReport:
 
 
 def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allow_plain: bool = False,
-          tls: TlsFiles | None = None, enforce_compute: bool = False, status: Path | None = None) -> int:
+          tls: TlsFiles | None = None, enforce_compute: bool = False, status: Path | None = None,
+          cublas: str | None = None) -> int:
     """Run the GPU server until it exits or this process is told to stop; returns its exit code.
 
     ``enforce_compute``: each client's calls run in a process under the interception library with
     the client's memory and compute share (``compute_percent``) as its limits. ``status``: the
     connections file kept up to date (see the module docstring; None: :data:`CONNECTIONS_FILE`
-    beside ``clients_file``)."""
+    beside ``clients_file``). ``cublas``: NVIDIA's ``libcublas.so.12`` for the clients' cuBLAS
+    calls; None: looked for (:func:`gpupool.remotegpu.cublas_lookup.find_cublas`), which is logged."""
     check_listen(listen, allow_plain, tls)
     program = server_program()
+    blas = find_cublas(cublas)
+    log.log(logging.INFO if blas.path is not None and not blas.problems() else logging.WARNING, "%s", blas.describe())
     shim = [] if not enforce_compute else ["--shim", str(library_path())]
     private = Path(tempfile.mkdtemp(prefix="gpupool-remote-gpu-"))
     stopping: list[int] = []
@@ -329,6 +334,7 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
         report.refresh(None)
         command = [str(program), "--listen", listen, "--clients", str(mirror.mirror), "--driver", driver,
                    *(["--allow-plain"] if allow_plain else []), *shim, "--status-dir", str(report.directory),
+                   *(["--cublas", blas.server_argument] if blas.server_argument else []),
                    *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
         with subprocess.Popen(command) as server:
             while server.poll() is None and not stopping:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -22,10 +23,20 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.remotegpu.cublas_lookup import BLAS_LT_SONAME
 from gpupool.remotegpu.serve import mirror_text
 from gpupool.shim.build import STANDIN_DIR, find_compiler
 from gpupool.shim.remote_build import BLAS_SONAME, REMOTE_DIR, build_server
-from tests.remote.remote_support import Programs, Server, build_programs, client, probe_env, running_server, token
+from tests.remote.remote_support import (
+    REPO,
+    Programs,
+    Server,
+    build_programs,
+    client,
+    probe_env,
+    running_server,
+    token,
+)
 from tests.remote.test_wire_protocol import frame, hello, receive
 
 PROBE_SOURCE = Path(__file__).with_name("cublas_probe.c")
@@ -104,6 +115,33 @@ def test_every_carried_call_gives_the_cpu_references_result(programs: Programs, 
     lines = log.read_text().splitlines()
     assert [line.split()[1] for line in lines] == ["create", "stream", "destroy"], lines
     assert lines[1].split()[3] != "(nil)"  # the program's stream, not the default one
+
+
+@pytest.mark.slow
+def test_serve_finds_the_wheels_cublas_in_its_python_and_says_so(programs: Programs, probe: Path,
+                                                                  standin_cublas: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --cublas and no GPUPOOL_REMOTE_CUBLAS: `gpupool remote-gpu serve` finds the nvidia-cublas-cu12
+    wheel's nvidia/cublas/lib/libcublas.so.12 in the Python it runs in (here the stand-in cuBLAS laid
+    out as the wheel in a site directory on PYTHONPATH), logs it at start and hands it to the C server,
+    whose cuBLAS then answers the program's calls."""
+    monkeypatch.delenv("GPUPOOL_REMOTE_CUBLAS", raising=False)
+    site = tmp_path / "site"
+    wheel_lib = site / "nvidia" / "cublas" / "lib"
+    wheel_lib.mkdir(parents=True)
+    (site / "nvidia" / "cublas" / "__init__.py").write_text("")
+    shutil.copy(standin_cublas, wheel_lib / BLAS_SONAME)
+    shutil.copy(standin_cublas, wheel_lib / BLAS_LT_SONAME)  # beside it, as in the wheel (unused here)
+    log = tmp_path / "cublas.log"
+    card = {"PYTHONPATH": f"{REPO}:{site}", "GPUPOOL_STANDIN_CUBLAS_LOG": str(log)}
+    with running_server(programs, tmp_path, [client("a")], card=card) as server:
+        done = run(programs, probe, server.port, "blas")
+    said = [line for line in server.log if "cuBLAS" in line]
+    assert len(said) == 1 and said[0].rstrip().endswith(
+        f"remote GPU: cuBLAS calls run on {wheel_lib / BLAS_SONAME} (the nvidia-cublas-cu12 wheel)"), server.log
+    assert done.returncode == 0 and done.stdout.split()[:2] == ["blas", f"create={SUCCESS}"], done.stdout + done.stderr
+    assert done.stdout.split()[2:] == [f"{name}={SUCCESS}:ok" for name in BLAS_CASES], done.stdout
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["create", "stream", "destroy"]
 
 
 @pytest.mark.slow
