@@ -214,6 +214,10 @@ def _names(value: str) -> tuple[str, ...]:
               help="Hold each remote client to its compute share (its calls run under the interception library).")
 @click.option("--remote-gpu-allow-plain", is_flag=True,
               help="Serve remote clients plain TCP off loopback (tokens and data cross the network in the clear).")
+@click.option("--remote-gpu-cublas", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="NVIDIA's libcublas.so.12 (libcublasLt.so.12 beside it) on which --remote-gpu-server runs the "
+                   "clients' cuBLAS calls (its --cublas). Default: the server looks for one "
+                   "(docs/remote-gpu.md, \"cuBLAS\").")
 @click.option("--check", "check_only", is_flag=True,
               help="Check this node with these options (GPUs, kubelet's directories, enforcement, usage monitor, "
                    "refusal at open, checkpoints, DRA, remote GPUs), print one line per check and exit: 1 if one "
@@ -243,6 +247,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
                dra_checkpoint: str | None, remote_listen: str | None, remote_gpu_endpoint: str | None,
                remote_gpu_tls_cert: str | None, remote_gpu_tls_key: str | None, remote_gpu_tls_ca: str | None,
                remote_gpu_tls_from_cluster: bool, remote_gpu_enforce_compute: bool, remote_gpu_allow_plain: bool,
+               remote_gpu_cublas: str | None,
                check_only: bool,
                exit_on_failed_check: bool, verbose: bool, server_limits: ServerLimits,
                cluster_flags: ClusterFlags) -> None:
@@ -308,7 +313,7 @@ def node_agent(node_name: str, fake_gpus: str | None, plugin_dir: str, pod_resou
     remote = _remote_options(remote_listen, remote_gpu_endpoint, state_dir,
                              RemoteServerFlags(remote_gpu_tls_cert, remote_gpu_tls_key, remote_gpu_tls_ca,
                                                remote_gpu_enforce_compute, remote_gpu_allow_plain,
-                                               remote_gpu_tls_from_cluster))
+                                               remote_gpu_tls_from_cluster, remote_gpu_cublas))
     try:
         options = AgentOptions(
             node_name, fake_gpus=fake_gpus, plugin_dir=plugin_dir, pod_resources_socket=pod_resources_socket,
@@ -338,6 +343,7 @@ class RemoteServerFlags:
     enforce_compute: bool = False
     allow_plain: bool = False
     tls_from_cluster: bool = False
+    cublas: str | None = None
 
     def given(self) -> list[str]:
         """The flags set, spelled as on the command line."""
@@ -345,7 +351,8 @@ class RemoteServerFlags:
                                          ("--remote-gpu-tls-key", self.tls_key), ("--remote-gpu-tls-ca", self.tls_ca),
                                          ("--remote-gpu-tls-from-cluster", self.tls_from_cluster),
                                          ("--remote-gpu-enforce-compute", self.enforce_compute),
-                                         ("--remote-gpu-allow-plain", self.allow_plain)) if value]
+                                         ("--remote-gpu-allow-plain", self.allow_plain),
+                                         ("--remote-gpu-cublas", self.cublas)) if value]
 
 
 def _library_verdict(choice: BackendChoice) -> str:
@@ -441,7 +448,8 @@ def _remote_options(listen: str | None, endpoint: str | None, state_dir: str,
                                  "--remote-gpu-allow-plain"))
         return RemoteGpuOptions(listen, host_port(endpoint or listen, "--remote-gpu-endpoint"),
                                 Path(state_dir) / CLIENTS_FILE, tls=tls, client_ca=client_ca,
-                                enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain)
+                                enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain,
+                                cublas=flags.cublas)
     except RemoteServeError as exc:
         raise click.BadParameter(str(exc), param_hint="--remote-gpu-server") from None
     except ValueError as exc:
@@ -474,7 +482,7 @@ def _own_certificate_options(listen: str, endpoint: str | None, state_dir: str,
     return RemoteGpuOptions(listen, dialled, Path(state_dir) / CLIENTS_FILE,
                             client_ca=_read_ca(flags.tls_ca) if flags.tls_ca is not None else None,
                             enforce_compute=flags.enforce_compute, allow_plain=flags.allow_plain,
-                            own_certificate=(address,))
+                            own_certificate=(address,), cublas=flags.cublas)
 
 
 def _read_ca(path: str) -> str:

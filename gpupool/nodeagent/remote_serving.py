@@ -31,10 +31,11 @@ STOP_GRACE_S = 5.0
 
 def server_command(listen: str, clients: Path, program: Sequence[str] = ("gpupool",), *,
                    tls: tuple[Path, Path] | None = None, enforce_compute: bool = False,
-                   allow_plain: bool = False) -> list[str]:
+                   allow_plain: bool = False, cublas: str | None = None) -> list[str]:
     """The data plane's server command line for ``listen`` (``HOST:PORT``) and the clients file;
     ``tls`` is the certificate chain and key it speaks TLS with, ``enforce_compute`` holds each
-    client to its compute share, ``allow_plain`` lets it serve plain TCP off loopback."""
+    client to its compute share, ``allow_plain`` lets it serve plain TCP off loopback, ``cublas``
+    names NVIDIA's ``libcublas.so.12`` (None: the server looks for one itself)."""
     argv = [*program, "remote-gpu", "serve", "--listen", listen, "--clients", str(clients)]
     if tls is not None:
         argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
@@ -42,6 +43,8 @@ def server_command(listen: str, clients: Path, program: Sequence[str] = ("gpupoo
         argv.append("--enforce-compute")
     if allow_plain:
         argv.append("--allow-plain")
+    if cublas is not None:
+        argv += ["--cublas", cublas]
     return argv
 
 

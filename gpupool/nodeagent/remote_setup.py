@@ -86,6 +86,8 @@ class RemoteGpuOptions:
     """This node's IP addresses: the agent asks the cluster's signer for the node's own certificate
     naming them (:mod:`gpupool.nodeagent.remote_certificate`, key and certificate in the clients
     file's directory) and serves TLS with it instead of ``tls``."""
+    cublas: str | None = None
+    """NVIDIA's ``libcublas.so.12`` for the server (``--cublas``); None: the server looks for one."""
 
     @property
     def certificate_dir(self) -> Path:
@@ -97,7 +99,8 @@ class RemoteGpuOptions:
         if self.own_certificate:
             tls = (self.certificate_dir / CERT_FILE, self.certificate_dir / KEY_FILE)
         return server_command(self.listen, self.clients_file, self.program, tls=tls,
-                              enforce_compute=self.enforce_compute, allow_plain=self.allow_plain)
+                              enforce_compute=self.enforce_compute, allow_plain=self.allow_plain,
+                              cublas=self.cublas)
 
 
 def write_secret(core_v1: Any, manifest: dict[str, Any]) -> None:

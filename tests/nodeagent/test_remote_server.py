@@ -192,6 +192,30 @@ def test_the_server_is_off_unless_asked_and_its_flags_are_checked(monkeypatch: p
 
 
 @pytest.mark.slow  # imports the CLI / the kubernetes client, or waits for restarts
+def test_the_agents_cublas_reaches_the_servers_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--remote-gpu-cublas PATH becomes `gpupool remote-gpu serve --cublas PATH` (a flag serve
+    declares), with the node's own certificate too; without it serve gets none and looks for one
+    itself; it needs --remote-gpu-server."""
+    from gpupool.cli.remote_gpu_cmd import serve_cmd
+
+    library = "/opt/nvidia-cublas/libcublas.so.12"
+    code, output, remote = agent_remote(monkeypatch, "--remote-gpu-server", "127.0.0.1:9420",
+                                        "--remote-gpu-cublas", library)
+    assert code == 0, output
+    command = remote.command()
+    assert command[-2:] == ["--cublas", library]
+    assert serve_cmd.make_context("serve", command[3:]).params["cublas"] == library
+    _, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "127.0.0.1:9420")
+    assert "--cublas" not in remote.command()
+    assert serve_cmd.make_context("serve", remote.command()[3:]).params["cublas"] is None
+    _, _, remote = agent_remote(monkeypatch, "--remote-gpu-server", "127.0.0.1:9420", "--remote-gpu-endpoint",
+                                "10.0.0.7:9420", "--remote-gpu-tls-from-cluster", "--remote-gpu-cublas", library)
+    assert remote.own_certificate == ("10.0.0.7",) and remote.command()[-2:] == ["--cublas", library]
+    code, output, _ = agent_remote(monkeypatch, "--remote-gpu-cublas", library)
+    assert code == 2 and "needs --remote-gpu-server" in output and "--remote-gpu-cublas" in output
+
+
+@pytest.mark.slow  # imports the CLI / the kubernetes client, or waits for restarts
 def test_an_existing_secret_is_patched(monkeypatch: pytest.MonkeyPatch) -> None:
     from kubernetes.client import exceptions
 
