@@ -11,11 +11,22 @@
 # build stage (gcc, OpenSSL's headers) and shipped prebuilt in the package, where `gpupool shim path`
 # and `gpupool remote-gpu serve|client-path` find them, so the runtime stage needs no compiler
 # either (the server links libssl.so.3, which the Python base image carries).
+#
+# NVIDIA's cuBLAS for the remote GPU server (docs/remote-gpu.md, "cuBLAS") is opt-in, as it adds
+# some hundreds of MB: `docker build --build-arg REMOTE_GPU_CUBLAS=1 .` installs the pinned
+# nvidia-cublas-cu12 wheel (libcublas.so.12 and libcublasLt.so.12) into the image's Python, where
+# `gpupool remote-gpu serve` finds it without any flag. Installed before the sources are copied, so
+# a rebuild after a code change reuses its layer.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
+ARG REMOTE_GPU_CUBLAS=0
+ARG NVIDIA_CUBLAS_VERSION=12.6.4.1
+RUN if [ "$REMOTE_GPU_CUBLAS" = 1 ]; then \
+      pip install --prefix=/install "nvidia-cublas-cu12==${NVIDIA_CUBLAS_VERSION}"; \
+    fi
 WORKDIR /src
 # Only what `pip install .` reads: the project file, the readme it names, the package.
 COPY pyproject.toml README.md ./

@@ -50,6 +50,8 @@ OPTIONAL_PARTS: dict[str, dict[str, Any]] = {
     "remote-gpu": {"nodeAgent.remoteGpu.enabled": True},
     "remote-gpu-plain": {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.tlsSecret": "",
                          "nodeAgent.remoteGpu.allowPlain": True, "nodeAgent.remoteGpu.enforceCompute": False},
+    "remote-gpu-cublas": {"nodeAgent.remoteGpu.enabled": True,
+                          "nodeAgent.remoteGpu.cublas.hostPath": "/usr/local/cuda-12.6/lib64"},
     "no-lending": {"extender.lending": False},
     "isolation-shim": {"nodeAgent.isolation": "shim"},
     "isolation-mps": {"nodeAgent.isolation": "mps"},
@@ -306,6 +308,28 @@ def test_remote_gpu_serving_passes_tls_to_the_server_and_grants_only_token_secre
                         "nodeAgent.remoteGpu.allowPlain": True})
     assert "--remote-gpu-allow-plain" in plain and not [a for a in plain if a.startswith("--remote-gpu-tls")]
 
+
+
+def test_remote_gpu_cublas_mounts_the_host_directory_read_only_and_names_its_library() -> None:
+    """nodeAgent.remoteGpu.cublas.hostPath: the directory (a CUDA toolkit's lib64) mounted read-only
+    into the agent, whose server gets its libcublas.so.12 as --remote-gpu-cublas; empty by default,
+    and nothing without remoteGpu.enabled."""
+    values = {"nodeAgent.remoteGpu.enabled": True, "nodeAgent.remoteGpu.cublas.hostPath": "/usr/local/cuda-12.6/lib64"}
+    spec = pod_spec(find(render(values), "DaemonSet", "gpupool-node-agent"))
+    assert spec is not None
+    agent = spec["containers"][0]
+    assert "--remote-gpu-cublas=/opt/nvidia-cublas/libcublas.so.12" in agent["args"]
+    assert {"name": "remote-gpu-cublas", "mountPath": "/opt/nvidia-cublas", "readOnly": True} in agent["volumeMounts"]
+    assert {"name": "remote-gpu-cublas",
+            "hostPath": {"path": "/usr/local/cuda-12.6/lib64", "type": "Directory"}} in spec["volumes"]
+    for unset in ({"nodeAgent.remoteGpu.enabled": True},
+                  {"nodeAgent.remoteGpu.cublas.hostPath": "/usr/local/cuda/lib64"}):
+        spec = pod_spec(find(render(unset), "DaemonSet", "gpupool-node-agent"))
+        assert spec is not None
+        assert not [a for a in spec["containers"][0]["args"] if a.startswith("--remote-gpu-cublas")]
+        assert "remote-gpu-cublas" not in [v["name"] for v in spec["volumes"]]
+        assert "remote-gpu-cublas" not in [m["name"] for m in spec["containers"][0]["volumeMounts"]]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["nodeAgent"]["remoteGpu"]["cublas"] == {"hostPath": ""}
 
 
 def test_remote_gpu_node_certificates_replace_the_shared_secret_and_grant_the_signer() -> None:
