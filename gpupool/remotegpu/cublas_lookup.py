@@ -11,9 +11,10 @@ wheel's ``nvidia/cublas/lib/libcublas.so.12`` in this Python environment (found 
 :func:`importlib.util.find_spec`, which imports nothing of CUDA: the wheel's packages hold no code);
 the soname on the library path (``LD_LIBRARY_PATH``, the loader's cache, the default directories).
 A chosen file is handed to the C server as ``--cublas``; for the soname the server's own ``dlopen``
-finds the same file. ``libcublas.so.12`` needs ``libcublasLt.so.12``, which the loader finds
-beside it through its RUNPATH ``$ORIGIN`` (the wheel's copy has it), so a chosen file without one
-beside it is warned about.
+finds the same file. ``libcublas.so.12`` needs ``libcublasLt.so.12``: the C server runs with the
+chosen file's directory first on its ``LD_LIBRARY_PATH`` (:meth:`CublasChoice.server_environment`),
+so the one beside it is found whether or not the copy carries a RUNPATH, and a chosen file without
+one beside it is warned about.
 """
 
 from __future__ import annotations
@@ -55,8 +56,19 @@ class CublasChoice:
         if not library.is_file():
             return [f"{library} does not exist"]
         if not (library.parent / BLAS_LT_SONAME).exists():
-            return [f"no {BLAS_LT_SONAME} beside it: the loader must find one on LD_LIBRARY_PATH"]
+            return [f"no {BLAS_LT_SONAME} beside it: the loader must find one elsewhere on the library path"]
         return []
+
+    def server_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The C server's environment: ``environ`` with the chosen file's directory first on
+        ``LD_LIBRARY_PATH``, so the loader finds the ``libcublasLt.so.12`` beside it whether or not
+        that copy carries a RUNPATH (a CUDA toolkit's ``lib64`` mounted from the host may not)."""
+        env = dict(environ)
+        if self.path is not None and "/" in self.path:
+            directory = str(Path(self.path).parent)
+            rest = env.get("LD_LIBRARY_PATH", "")
+            env["LD_LIBRARY_PATH"] = f"{directory}:{rest}" if rest else directory
+        return env
 
     def describe(self) -> str:
         """The one line the server logs at start."""

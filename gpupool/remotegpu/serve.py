@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -336,7 +337,7 @@ def serve(listen: str, clients_file: Path, *, driver: str = "libcuda.so.1", allo
                    *(["--allow-plain"] if allow_plain else []), *shim, "--status-dir", str(report.directory),
                    *(["--cublas", blas.server_argument] if blas.server_argument else []),
                    *(["--tls-cert", str(tls.certificate), "--tls-key", str(tls.key)] if tls is not None else [])]
-        with subprocess.Popen(command) as server:
+        with subprocess.Popen(command, env=blas.server_environment(os.environ)) as server:
             while server.poll() is None and not stopping:
                 if reloads:  # the C server reloads its TLS files for new connections
                     reloads.clear()

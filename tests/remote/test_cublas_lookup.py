@@ -119,5 +119,18 @@ def test_what_keeps_a_named_file_from_loading_is_said(tmp_path: Path) -> None:
     assert CublasChoice(str(missing), "--cublas").describe().endswith(f"; {missing} does not exist")
     alone = cublas_dir(tmp_path / "alone", with_lt=False)
     assert CublasChoice(str(alone), "--cublas").problems() == [
-        "no libcublasLt.so.12 beside it: the loader must find one on LD_LIBRARY_PATH"]
+        "no libcublasLt.so.12 beside it: the loader must find one elsewhere on the library path"]
     assert CublasChoice(BLAS_SONAME, "GPUPOOL_REMOTE_CUBLAS").problems() == []  # a soname: the loader's to find
+
+
+def test_the_servers_library_path_starts_with_the_chosen_cublas_directory(tmp_path: Path) -> None:
+    """cuBLASLt beside a chosen cuBLAS is found by the C server's loader whether or not that copy
+    carries a RUNPATH: its directory comes first on the server's LD_LIBRARY_PATH."""
+    named = str(tmp_path / "cuda" / "libcublas.so.12")
+    chosen = CublasChoice(named, "--cublas", named)
+    assert chosen.server_environment({"LD_LIBRARY_PATH": "/opt/x", "A": "1"}) == {
+        "LD_LIBRARY_PATH": f"{tmp_path / 'cuda'}:/opt/x", "A": "1"}
+    assert chosen.server_environment({})["LD_LIBRARY_PATH"] == str(tmp_path / "cuda")
+    by_soname = CublasChoice("libcublas.so.12", "the library path")
+    assert by_soname.server_environment({"LD_LIBRARY_PATH": "/opt/x"}) == {"LD_LIBRARY_PATH": "/opt/x"}
+    assert CublasChoice(None, "none").server_environment({}) == {}

@@ -144,6 +144,29 @@ def test_serve_finds_the_wheels_cublas_in_its_python_and_says_so(programs: Progr
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["create", "stream", "destroy"]
 
 
+def test_a_host_directorys_cublas_finds_cublaslt_beside_it_without_a_runpath(programs: Programs, probe: Path,
+                                                                              tmp_path: Path) -> None:
+    """A CUDA toolkit's lib64 mounted from the host: its libcublas.so.12 needs libcublasLt.so.12 and
+    may carry no RUNPATH. The server runs with the chosen file's directory first on its library path,
+    so the cuBLASLt beside it is found; before, the dlopen failed and every create answered 1."""
+    toolkit = tmp_path / "lib64"
+    toolkit.mkdir()
+    lt_source = tmp_path / "lt.c"
+    lt_source.write_text("int gpupool_test_cublaslt_marker(void) { return 1; }\n")
+    subprocess.run([*find_compiler(), "-fPIC", "-shared", f"-Wl,-soname,{BLAS_LT_SONAME}", "-o",
+                    str(toolkit / BLAS_LT_SONAME), str(lt_source)], check=True, timeout=120)
+    library = toolkit / BLAS_SONAME
+    subprocess.run([*find_compiler(), "-std=gnu11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden",
+                    f"-Wl,-soname,{BLAS_SONAME}", "-Wl,--no-as-needed", "-o", str(library),
+                    str(STANDIN_DIR / "cublas.c"), f"-L{toolkit}", f"-l:{BLAS_LT_SONAME}", f"-L{programs.standin}",
+                    "-lcuda"], check=True, timeout=120)
+    needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    assert f"[{BLAS_LT_SONAME}]" in needed and "RUNPATH" not in needed and "RPATH" not in needed
+    with blas_server(programs, tmp_path, library) as (server, _):
+        done = run(programs, probe, server.port, "blas")
+    assert done.returncode == 0 and done.stdout.split()[:2] == ["blas", f"create={SUCCESS}"], done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_a_refused_function_says_so_once(programs: Programs, probe: Path, standin_cublas: Path,
                                          tmp_path: Path) -> None:
