@@ -36,6 +36,19 @@
  *                             wrapper whose data is NULL (registered, launched, unregistered), a
  *                             pop with nothing pushed: "hostile shared=<status> nulldata=<status>
  *                             pop=<status>"
+ *   runtime_probe pytorch     what PyTorch asks before its first kernel besides the common calls
+ *                             (docs/remote-gpu.md, "PyTorch"): stream capture status of a stream
+ *                             and of the legacy stream by cudaStreamIsCapturing and the three
+ *                             forms of cudaStreamGetCaptureInfo (status, id, graph, dependencies),
+ *                             the thread's capture mode exchanged (and a bad one), a stream's
+ *                             priority, and driver entry points: cuMemGetInfo's called (the
+ *                             share's total), cuMemCreate's (not carried) called:
+ *                             "pytorch capturing=<status>,<value>,<status>,<value> info=<status>,
+ *                             <value>,<id>,<graph null>,<deps null>,<count> old=<status>,<value>,<id>
+ *                             v3=<status>,<value>,<edges null> mode=<status>,<previous>,<status>,
+ *                             <previous>,<bad status> priority=<status>,<value> entry=<status>,
+ *                             <found>,<call status>,<total MiB> byversion=<status>,<found>,<call
+ *                             status> refused=<status>,<found>,<call status>"
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
  */
@@ -360,6 +373,62 @@ static int hostile(void) {
     return 0;
 }
 
+/* The CUDA 11 form of cudaStreamGetCaptureInfo (three arguments), which the 12 headers hide behind
+ * the _v2 name: NVIDIA's library still exports it. */
+extern cudaError_t capture_info_of_cuda_11(cudaStream_t stream, enum cudaStreamCaptureStatus *status,
+                                           unsigned long long *id) __asm__("cudaStreamGetCaptureInfo");
+
+typedef int (*mem_get_info_fn)(size_t *free_bytes, size_t *total);
+typedef int (*mem_create_fn)(void *handle, size_t size, const void *properties, unsigned long long flags);
+
+static int pytorch(void) {
+    cudaStream_t stream = NULL;
+    cudaError_t made = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, 0);
+    if (made != cudaSuccess) return printf("pytorch stream %d\n", (int)made), 1;
+    enum cudaStreamCaptureStatus on_stream = 7, on_legacy = 7;
+    cudaError_t a = cudaStreamIsCapturing(stream, &on_stream), b = cudaStreamIsCapturing(cudaStreamLegacy, &on_legacy);
+    printf("pytorch capturing=%d,%d,%d,%d", (int)a, (int)on_stream, (int)b, (int)on_legacy);
+    enum cudaStreamCaptureStatus info = 7;
+    unsigned long long id = 99;
+    cudaGraph_t graph = (cudaGraph_t)&id;
+    const cudaGraphNode_t *dependencies = (const cudaGraphNode_t *)&id;
+    size_t count = 5;
+    cudaError_t c = cudaStreamGetCaptureInfo(stream, &info, &id, &graph, &dependencies, &count);
+    printf(" info=%d,%d,%llu,%d,%d,%zu", (int)c, (int)info, id, graph == NULL, dependencies == NULL, count);
+    info = 7, id = 99;
+    c = capture_info_of_cuda_11(stream, &info, &id);
+    printf(" old=%d,%d,%llu", (int)c, (int)info, id);
+    const cudaGraphEdgeData *edges = (const cudaGraphEdgeData *)&id;
+    info = 7;
+    c = cudaStreamGetCaptureInfo_v3(stream, &info, NULL, NULL, NULL, &edges, NULL);
+    printf(" v3=%d,%d,%d", (int)c, (int)info, edges == NULL);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t d = cudaThreadExchangeStreamCaptureMode(&mode);
+    enum cudaStreamCaptureMode first = mode;
+    cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+    enum cudaStreamCaptureMode bad = (enum cudaStreamCaptureMode)7;
+    printf(" mode=%d,%d,%d,%d,%d", (int)d, (int)first, (int)e, (int)mode, (int)cudaThreadExchangeStreamCaptureMode(&bad));
+    int priority = 7;
+    cudaError_t f = cudaStreamGetPriority(stream, &priority);
+    printf(" priority=%d,%d", (int)f, priority);
+    void *entry = NULL;
+    enum cudaDriverEntryPointQueryResult found = (enum cudaDriverEntryPointQueryResult)7;
+    cudaError_t g = cudaGetDriverEntryPoint("cuMemGetInfo", &entry, cudaEnableDefault, &found);
+    size_t free_bytes = 0, total = 0;
+    int called = entry != NULL ? ((mem_get_info_fn)entry)(&free_bytes, &total) : -1;
+    printf(" entry=%d,%d,%d,%zu", (int)g, (int)found, called, total >> 20);
+    entry = NULL, found = (enum cudaDriverEntryPointQueryResult)7;
+    g = cudaGetDriverEntryPointByVersion("cuMemGetInfo", &entry, 12000, cudaEnableDefault, &found);
+    called = entry != NULL ? ((mem_get_info_fn)entry)(&free_bytes, &total) : -1;
+    printf(" byversion=%d,%d,%d", (int)g, (int)found, called);
+    entry = NULL, found = (enum cudaDriverEntryPointQueryResult)7;
+    g = cudaGetDriverEntryPoint("cuMemCreate", &entry, cudaEnableDefault, &found);
+    called = entry != NULL ? ((mem_create_fn)entry)(NULL, 0, NULL, 0) : -1;
+    printf(" refused=%d,%d,%d\n", (int)g, (int)found, called);
+    cudaStreamDestroy(stream);
+    return 0;
+}
+
 static int refused(void) {
     void *managed = NULL;
     cudaError_t first = cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal);
@@ -379,7 +448,8 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "functions") == 0) return functions();
     if (argc == 2 && strcmp(argv[1], "reset") == 0) return reset();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
+    if (argc == 2 && strcmp(argv[1], "pytorch") == 0) return pytorch();
     if (argc == 2 && strcmp(argv[1], "hostile") == 0) return hostile();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused | hostile\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused | pytorch | hostile\n");
     return 2;
 }

@@ -198,6 +198,25 @@ def test_an_unregistered_kernel_and_a_call_outside_the_subset_fail_cleanly(progr
         "gpupool CUDA runtime: cudaMallocManaged is not carried to the GPU: cudaErrorNotSupported"]
 
 
+@pytest.mark.slow
+def test_what_pytorch_asks_before_its_first_kernel(programs: Programs, runtime_probe: Path, tmp_path: Path) -> None:
+    """The calls PyTorch 2.8 makes beside the common ones (docs/remote-gpu.md, "PyTorch"; its first
+    CUDA call, torch.cuda.get_device_properties, stopped on cudaStreamIsCapturing): no stream is
+    ever capturing (capture is refused), by cudaStreamIsCapturing and each form of
+    cudaStreamGetCaptureInfo, their other outputs zeroed; the thread's capture mode is exchanged
+    (Global, then the Relaxed given back) and a bad one is cudaErrorInvalidValue; a stream's priority
+    is 0; driver entry points are the client's: cuMemGetInfo's gives the share's total, a call the
+    client does not carry is found and returns CUDA_ERROR_NOT_SUPPORTED. Nothing on stderr."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "pytorch")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "pytorch", "capturing=0,0,0,0", "info=0,0,0,1,1,0", "old=0,0,0", "v3=0,0,1",
+        f"mode=0,0,0,2,{INVALID_VALUE}", "priority=0,0", f"entry=0,0,0,{SHARE_MIB}", "byversion=0,0,0",
+        f"refused=0,0,{NOT_SUPPORTED}"]
+    assert done.stderr == ""
+
+
 def test_hostile_sizes_and_a_wrapper_without_data_are_refused(programs: Programs, runtime_probe: Path,
                                                               tmp_path: Path) -> None:
     """A launch asking more dynamic shared memory than the driver's 32-bit parameter holds is

@@ -14,7 +14,9 @@
  * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
  * its parameter layout is the driver client's, which the server's driver answers) and of device
  * variables (the symbol calls copy to and from the module's global), kernels' attributes and
- * occupancy (the client forwards the driver's), and a device reset of what it made. Every other
+ * occupancy (the client forwards the driver's), a device reset of what it made, stream capture
+ * status (never capturing: capture is refused), stream priority (0) and driver entry points (the
+ * client's cuGetProcAddress), which PyTorch asks. Every other
  * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
  * cudaErrorNotSupported, saying so once per function on stderr.
  *
@@ -949,6 +951,77 @@ API cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
     if (least != NULL) *least = 0;
     if (greatest != NULL) *greatest = 0;
     return cudaSuccess;
+}
+
+/* A stream's priority: 0, the only one (cudaDeviceGetStreamPriorityRange's [0, 0]). */
+API cudaError_t cudaStreamGetPriority(cudaStream_t stream, int *priority) {
+    if (priority == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    *priority = 0;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------------- stream capture */
+/* Capture (cudaStreamBeginCapture and the graph calls) is refused, so no stream is ever capturing:
+ * asked, every stream answers cudaStreamCaptureStatusNone (0). PyTorch asks at its CUDA start
+ * (at::cuda::assertNotCapturing, making its default random generator) and stops there without an
+ * answer. The out values beside the status are zeroed. */
+#define CAPTURE_STATUS_NONE 0
+static cudaError_t not_capturing(int *status) {
+    if (status == NULL) return done(cudaErrorInvalidValue);
+    READY();
+    *status = CAPTURE_STATUS_NONE;
+    return cudaSuccess;
+}
+API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, int *status) { return not_capturing(status); }
+/* The CUDA 11 form (the 12 headers name the six-argument _v2 cudaStreamGetCaptureInfo). */
+API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, int *status, unsigned long long *id) {
+    if (id != NULL) *id = 0;
+    return not_capturing(status);
+}
+API cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t stream, int *status, unsigned long long *id, void **graph,
+                                            const void **dependencies, size_t *dependency_count) {
+    if (id != NULL) *id = 0;
+    if (graph != NULL) *graph = NULL;
+    if (dependencies != NULL) *dependencies = NULL;
+    if (dependency_count != NULL) *dependency_count = 0;
+    return not_capturing(status);
+}
+API cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t stream, int *status, unsigned long long *id, void **graph,
+                                            const void **dependencies, const void **edges, size_t *dependency_count) {
+    if (edges != NULL) *edges = NULL;
+    return cudaStreamGetCaptureInfo_v2(stream, status, id, graph, dependencies, dependency_count);
+}
+
+/* The calling thread's capture mode: kept and exchanged as NVIDIA's runtime does (it only matters
+ * while some stream captures, which none does here). */
+static __thread int capture_mode; /* cudaStreamCaptureModeGlobal (0), Relaxed (2), ThreadLocal (1) */
+API cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode) {
+    if (mode == NULL || *mode < 0 || *mode > 2) return done(cudaErrorInvalidValue);
+    int previous = capture_mode;
+    capture_mode = *mode;
+    *mode = previous;
+    return cudaSuccess;
+}
+
+/* ----------------------------------------------------------------------- driver entry points */
+/* The driver's entry points are the GPU client's (cuGetProcAddress_v2): a forwarded call's, or one
+ * that returns CUDA_ERROR_NOT_SUPPORTED for a call the client does not carry. The runtime's flags
+ * and query results have the driver's values. */
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *symbol_status);
+API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **function, unsigned int version,
+                                                 unsigned long long flags, int *query_status) {
+    if (symbol == NULL || function == NULL) return done(cudaErrorInvalidValue);
+    CUresult status = driver();
+    if (status != 0) return done(status);
+    int found = 0;
+    status = cuGetProcAddress_v2(symbol, function, (int)version, flags, &found);
+    if (query_status != NULL) *query_status = found;
+    return done(status);
+}
+API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **function, unsigned long long flags,
+                                        int *query_status) {
+    return cudaGetDriverEntryPointByVersion(symbol, function, RUNTIME_VERSION, flags, query_status);
 }
 
 /* A kernel's handle (cudaKernel_t) is its host stub's address here: nvcc's newer host code asks
