@@ -12,6 +12,12 @@ everything it held on the card is released. A token is the only credential a cli
 it must be long and random; the codec refuses short tokens and duplicates (two clients with one
 token would share a booking). ``compute_percent`` 0 means no compute limit, as in local grants.
 
+A client booked on several cards of the node (``gpu-shared: n`` with a remote share: the same
+slice on each) is written with ``"card_uuids": ["GPU-a", "GPU-b"]`` instead of ``"card_uuid"``,
+in the order its devices are numbered; ``memory_mib`` and ``compute_percent`` hold on each card.
+A one-card client is still written with ``"card_uuid"``, so files written before several cards
+(and servers reading them) are unchanged; this reader takes either form.
+
 The client side reads two keys of the node's grant file
 (:class:`gpupool.api.shim_contract.NodeGrant`): ``remote_endpoint=host:port`` and
 ``remote_token=<token>``. See docs/remote-gpu.md.
@@ -33,6 +39,8 @@ _TOKEN = re.compile(rf"^[A-Za-z0-9_-]{{{MIN_TOKEN_CHARS},{MAX_TOKEN_CHARS}}}$")
 _POD = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CARD_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 MAX_MEMORY_MIB = 1 << 30
+MAX_CARDS = 16
+"""The most cards one client may be booked on (as ``remote-share-v1``'s limit)."""
 
 
 class ClientsFileError(ValueError):
@@ -41,15 +49,23 @@ class ClientsFileError(ValueError):
 
 @dataclass(frozen=True)
 class RemoteClient:
-    """One client the GPU server serves: its token, pod, card and booked share."""
+    """One client the GPU server serves: its token, pod, card(s) and booked share (per card)."""
 
     token: str
     pod: str
     """``namespace/name``."""
     card_uuid: str
+    """The first card: the client's device 0."""
     memory_mib: int
     compute_percent: int
     """0 to 100; 0 is no compute limit."""
+    more_card_uuids: tuple[str, ...] = ()
+    """The client's devices 1, 2, ...: further cards of this node holding the same slice."""
+
+    @property
+    def card_uuids(self) -> tuple[str, ...]:
+        """Every card of the client, in the order of its devices."""
+        return (self.card_uuid, *self.more_card_uuids)
 
     def __post_init__(self) -> None:
         check_client(self)
@@ -63,8 +79,13 @@ def check_client(client: RemoteClient) -> None:
                                "URL-safe characters (A-Z a-z 0-9 - _)")
     if not isinstance(client.pod, str) or not _POD.match(client.pod):
         raise ClientsFileError(f"client pod {client.pod!r}: expected namespace/name")
-    if not isinstance(client.card_uuid, str) or not _CARD_UUID.match(client.card_uuid):
-        raise ClientsFileError(f"client {client.pod}: card_uuid {client.card_uuid!r} is not a card UUID")
+    if not isinstance(client.more_card_uuids, tuple) or len(client.more_card_uuids) >= MAX_CARDS:
+        raise ClientsFileError(f"client {client.pod}: at most {MAX_CARDS} cards")
+    for uuid in client.card_uuids:
+        if not isinstance(uuid, str) or not _CARD_UUID.match(uuid):
+            raise ClientsFileError(f"client {client.pod}: card_uuid {uuid!r} is not a card UUID")
+    if len(set(client.card_uuids)) != len(client.card_uuids):
+        raise ClientsFileError(f"client {client.pod}: a card is listed twice")
     for key, value, high in (("memory_mib", client.memory_mib, MAX_MEMORY_MIB),
                              ("compute_percent", client.compute_percent, 100)):
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
@@ -77,8 +98,9 @@ def encode_clients(clients: Iterable[RemoteClient]) -> str:
     """The clients file's text (sorted keys, one trailing newline)."""
     listed = list(clients)
     _check_unique(listed)
-    body = [{"token": c.token, "pod": c.pod, "card_uuid": c.card_uuid, "memory_mib": c.memory_mib,
-             "compute_percent": c.compute_percent} for c in listed]
+    body = [{"token": c.token, "pod": c.pod, "memory_mib": c.memory_mib, "compute_percent": c.compute_percent,
+             **({"card_uuids": list(c.card_uuids)} if c.more_card_uuids else {"card_uuid": c.card_uuid})}
+            for c in listed]
     return json.dumps({"version": CLIENTS_FILE_VERSION, "clients": body}, indent=1, sort_keys=True) + "\n"
 
 
@@ -103,11 +125,17 @@ def decode_clients(text: str) -> list[RemoteClient]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ClientsFileError(f"clients[{index}] must be an object")
-        missing = [k for k in ("token", "pod", "card_uuid", "memory_mib", "compute_percent") if k not in entry]
+        missing = [k for k in ("token", "pod", "memory_mib", "compute_percent") if k not in entry]
+        if ("card_uuid" in entry) == ("card_uuids" in entry):
+            missing.append("card_uuid (or card_uuids, not both)")
         if missing:
             raise ClientsFileError(f"clients[{index}]: missing {', '.join(missing)}")
-        found.append(RemoteClient(token=entry["token"], pod=entry["pod"], card_uuid=entry["card_uuid"],
-                                  memory_mib=entry["memory_mib"], compute_percent=entry["compute_percent"]))
+        uuids = entry["card_uuids"] if "card_uuids" in entry else [entry["card_uuid"]]
+        if not isinstance(uuids, list) or not uuids:
+            raise ClientsFileError(f"clients[{index}]: card_uuids must be a list of card UUIDs")
+        found.append(RemoteClient(token=entry["token"], pod=entry["pod"], card_uuid=uuids[0],
+                                  more_card_uuids=tuple(uuids[1:]), memory_mib=entry["memory_mib"],
+                                  compute_percent=entry["compute_percent"]))
     _check_unique(found)
     return found
 

@@ -56,6 +56,8 @@ class ServedShare:
     memory_mib: int
     compute_percent: int
     """Per cent of the card's compute, rounded down (0: no compute limit, a memory-only share)."""
+    more_card_uuids: tuple[str, ...] = ()
+    """A share of several cards: the client's devices 1, 2, ... (the same slice on each)."""
 
 
 def served_shares(pods: Iterable[Mapping[str, Any]], node: str, names: ResourceNames) -> list[ServedShare]:
@@ -79,7 +81,8 @@ def served_shares(pods: Iterable[Mapping[str, Any]], node: str, names: ResourceN
             continue  # another node's, another pod's, or no memory (refused at the request: never written)
         found.append(ServedShare(pod=f"{meta.get('namespace')}/{meta.get('name')}", pod_uid=uid,
                                  card_uuid=share.card.uuid, memory_mib=share.card.memory_mib,
-                                 compute_percent=share.card.compute // 10))
+                                 compute_percent=share.card.compute // 10,
+                                 more_card_uuids=tuple(c.uuid for c in share.more_cards)))
     return sorted(found, key=lambda s: s.pod)
 
 
@@ -114,7 +117,8 @@ def clients_text(shares: Iterable[ServedShare], tokens: Mapping[str, str]) -> st
     """The clients file of the GPU server (:func:`gpupool.api.remote_gpu.encode_clients`), one
     entry per share."""
     return encode_clients(RemoteClient(token=tokens[s.pod_uid], pod=s.pod, card_uuid=s.card_uuid,
-                                       memory_mib=s.memory_mib, compute_percent=s.compute_percent)
+                                       memory_mib=s.memory_mib, compute_percent=s.compute_percent,
+                                       more_card_uuids=s.more_card_uuids)
                           for s in shares)
 
 

@@ -73,13 +73,16 @@ def remote_client_rows(clients_file: Path | None, inventory: GpuInventory) -> tu
     rows = []
     for client in clients:
         namespace, _, name = client.pod.partition("/")
+        # The server names a connection by its client's first card (the connection serves them all).
         entry = None if live is None else live.get((client.pod, client.card_uuid))
         count = None if live is None else entry.connections if entry is not None else 0
-        rows.append(RemoteClientRow(namespace, name, index.get(client.card_uuid, UNKNOWN_CARD), client.card_uuid,
-                                    client.memory_mib, client.compute_percent, count,
-                                    memory_used_bytes=entry.memory_used_bytes if entry is not None else None,
-                                    connected_since=entry.connected_since if entry is not None else None,
-                                    sm_percent=entry.sm_percent if entry is not None else None))
+        for uuid in client.card_uuids:  # a client of several cards: a row per card, each booked the share
+            said = entry if uuid == client.card_uuid else None  # what it uses: all its cards, on the first
+            rows.append(RemoteClientRow(namespace, name, index.get(uuid, UNKNOWN_CARD), uuid,
+                                        client.memory_mib, client.compute_percent, count,
+                                        memory_used_bytes=said.memory_used_bytes if said is not None else None,
+                                        connected_since=said.connected_since if said is not None else None,
+                                        sm_percent=said.sm_percent if said is not None else None))
     return tuple(sorted(rows, key=lambda r: (r.namespace, r.pod, r.card)))
 
 

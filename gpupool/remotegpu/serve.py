@@ -62,8 +62,10 @@ class RemoteServeError(RuntimeError):
 
 
 def mirror_text(clients: Sequence[RemoteClient]) -> str:
-    """The C server's clients file (the codec already refused tabs and line breaks in the fields)."""
-    return "".join(f"{c.token}\t{c.pod}\t{c.card_uuid}\t{c.memory_mib}\t{c.compute_percent}\n" for c in clients)
+    """The C server's clients file (the codec already refused tabs, commas and line breaks in the
+    fields): a client of several cards has their UUIDs comma-separated, in its devices' order."""
+    return "".join(f"{c.token}\t{c.pod}\t{','.join(c.card_uuids)}\t{c.memory_mib}\t{c.compute_percent}\n"
+                   for c in clients)
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,40 @@ def test_grant_carries_the_remote_endpoint_and_token() -> None:
     text = encode_grant(remote)
     assert f"remote_endpoint=10.0.0.7:7000\nremote_token={TOKEN}\n" in text
     assert decode_grant(text) == remote
+
+
+def test_a_client_of_two_cards_is_written_with_card_uuids_and_reads_back() -> None:
+    two = client(more_card_uuids=("GPU-5678",))
+    [entry] = json.loads(encode_clients([two]))["clients"]
+    assert entry["card_uuids"] == ["GPU-1234", "GPU-5678"] and "card_uuid" not in entry
+    assert decode_clients(encode_clients([two, client("b" * 40)])) == [two, client("b" * 40)]
+    assert two.card_uuids == ("GPU-1234", "GPU-5678")
+
+
+def test_a_one_card_entry_of_before_still_reads_and_is_written_the_same() -> None:
+    """The exact file a node agent wrote before several cards: its reader takes it unchanged."""
+    text = ('{\n "clients": [\n  {\n   "card_uuid": "GPU-1234",\n   "compute_percent": 30,\n   "memory_mib": 4096,\n'
+            f'   "pod": "ns/pod-1",\n   "token": "{TOKEN}"\n  }}\n ],\n "version": 1\n}}\n')
+    assert decode_clients(text) == [client()] and client().card_uuids == ("GPU-1234",)
+    assert encode_clients([client()]) == text
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"card_uuids": ["GPU-1", "GPU-2"]}, "card_uuid \\(or card_uuids, not both\\)"),
+    ({"card_uuid": None, "card_uuids": []}, "must be a list of card UUIDs"),
+    ({"card_uuid": None, "card_uuids": ["GPU-1", "GPU-1"]}, "a card is listed twice"),
+    ({"card_uuid": None, "card_uuids": ["GPU-1", "GPU,2"]}, "is not a card UUID"),
+    ({"card_uuid": None, "card_uuids": [f"GPU-{i}" for i in range(17)]}, "at most 16 cards"),
+])
+def test_bad_lists_of_cards_refused(changes: dict[str, object], reason: str) -> None:
+    entry: dict[str, object] = {"token": TOKEN, "pod": "ns/p", "card_uuid": "GPU-1", "memory_mib": 1,
+                                "compute_percent": 0, **changes}
+    entry = {k: v for k, v in entry.items() if v is not None}
+    with pytest.raises(ClientsFileError, match=reason):
+        decode_clients(json.dumps({"version": 1, "clients": [entry]}))
+
+
+def test_the_c_servers_mirror_lists_a_clients_cards_comma_separated() -> None:
+    from gpupool.remotegpu.serve import mirror_text
+    assert mirror_text([client(more_card_uuids=("GPU-5678",)), client("b" * 40)]) == (
+        f"{TOKEN}\tns/pod-1\tGPU-1234,GPU-5678\t4096\t30\n{'b' * 40}\tns/pod-1\tGPU-1234\t4096\t30\n")

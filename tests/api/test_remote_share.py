@@ -37,10 +37,54 @@ def test_the_share_survives_its_round_trip_and_reads_as_an_assignment_of_the_ser
     assert RemoteShare.from_assignment(SHARE.as_assignment()) == SHARE
 
 
-def test_an_assignment_of_several_cards_is_no_remote_share() -> None:
-    two = Assignment(node="g", time=WHEN, containers=(ContainerCards("main", (SHARE.card, SHARE.card)),))
-    with pytest.raises(ValueError, match="one card of one container"):
-        RemoteShare.from_assignment(two)
+def test_an_assignment_of_two_containers_or_no_card_is_no_remote_share() -> None:
+    two = Assignment(node="g", time=WHEN, containers=(ContainerCards("main", (SHARE.card,)),
+                                                      ContainerCards("side", (SHARE.card,))))
+    none = Assignment(node="g", time=WHEN, containers=(ContainerCards("main", ()),))
+    for assignment in (two, none):
+        with pytest.raises(ValueError, match="one container's cards"):
+            RemoteShare.from_assignment(assignment)
+
+
+SECOND = CardRef(index=3, uuid="GPU-7-3", memory_mib=8192, compute=300)
+TWO = RemoteShare(server="gpu-7", time=WHEN, container="main", pod_uid="uid-1", card=SHARE.card,
+                  more_cards=(SECOND,))
+
+
+def test_a_one_card_share_written_before_several_cards_decodes_the_same() -> None:
+    """The exact text the one-card bind wrote (and still writes): no "cards", the same share."""
+    written = ('{"v":1,"server":"gpu-7","time":"2026-11-28T17:00:00.000000Z","podUID":"uid-1","container":"main",'
+               '"card":{"index":1,"uuid":"GPU-7-1","memoryMiB":8192,"computeMilli":300,"exclusive":false}}')
+    assert decode_remote_share(written) == SHARE
+    assert SHARE.cards == (SHARE.card,) and SHARE.more_cards == ()
+    assert encode_remote_share(SHARE) == written
+
+
+def test_a_share_of_two_cards_lists_them_in_device_order_and_books_both_on_the_server() -> None:
+    value = encode_remote_share(TWO)
+    doc = json.loads(value)
+    assert "card" not in doc and [c["uuid"] for c in doc["cards"]] == ["GPU-7-1", "GPU-7-3"]
+    assert decode_remote_share(value) == TWO and TWO.cards == (SHARE.card, SECOND)
+    assert TWO.as_assignment().containers == (ContainerCards("main", (SHARE.card, SECOND)),)
+    assert RemoteShare.from_assignment(TWO.as_assignment()) == TWO
+
+
+def two_doc(**changes: object) -> str:
+    base: dict[str, object] = json.loads(encode_remote_share(TWO))
+    base.update(changes)
+    return json.dumps(base)
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    (two_doc(card=json.loads(encode_remote_share(SHARE))["card"]), "both card and cards"),
+    (two_doc(cards=[json.loads(encode_remote_share(SHARE))["card"]]), "2 to 16 cards"),
+    (two_doc(cards=[json.loads(encode_remote_share(SHARE))["card"]] * 2), "each card once"),
+    (two_doc(cards=[1, 2]), r"cards\[0\] must be an object"),
+    (two_doc(cards="GPU-7-1"), "cards: expected"),
+])
+def test_a_malformed_list_of_cards_is_refused_naming_the_field(value: str, words: str) -> None:
+    with pytest.raises(AnnotationError, match=words):
+        decode_remote_share(value)
 
 
 def doc(**changes: object) -> str:

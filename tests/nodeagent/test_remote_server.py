@@ -295,3 +295,26 @@ def test_the_publish_loop_stops_when_cancelled_as_a_change_arrives() -> None:
         return task.cancelled(), len(published)
 
     assert asyncio.run(main()) == (True, 0)
+
+
+def two_card_pod(name: str) -> dict[str, Any]:
+    share = RemoteShare(server="gpu", time=WHEN, container="main", pod_uid=f"uid-{name}",
+                        card=CardRef(1, "GPU-gpu-1", 4000, 300), more_cards=(CardRef(3, "GPU-gpu-3", 4000, 300),))
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": {NAMES.remote_share: encode_remote_share(share)}},
+            "spec": {"nodeName": "cpu"}, "status": {"phase": "Running"}}
+
+
+def test_a_two_card_pod_is_one_client_with_both_cards_in_device_order_and_one_token(tmp_path: Path) -> None:
+    path = tmp_path / "clients.json"
+    clients = RemoteClients("gpu", NAMES, path)
+    assert clients.replace([two_card_pod("pair"), remote_pod("one")])
+    doc = json.loads(path.read_text())
+    by_pod = {c["pod"]: c for c in doc["clients"]}
+    assert by_pod["ns/pair"]["card_uuids"] == ["GPU-gpu-1", "GPU-gpu-3"] and "card_uuid" not in by_pod["ns/pair"]
+    assert (by_pod["ns/pair"]["memory_mib"], by_pod["ns/pair"]["compute_percent"]) == (4000, 30)
+    assert by_pod["ns/one"]["card_uuid"] == "GPU-gpu-0" and "card_uuids" not in by_pod["ns/one"]
+    assert len({c["token"] for c in doc["clients"]}) == 2
+    restarted = RemoteClients("gpu", NAMES, path)  # an agent restart keeps the two-card pod's token
+    restarted.replace([two_card_pod("pair"), remote_pod("one")])
+    assert json.loads(path.read_text()) == doc

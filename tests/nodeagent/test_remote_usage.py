@@ -79,6 +79,20 @@ def test_rows_name_pod_card_and_share_ordered_and_without_tokens(tmp_path: Path)
     assert [r.connections for r in remote_client_rows(clients_file(tmp_path), INVENTORY)] == [None] * 3
 
 
+def test_a_client_of_two_cards_has_a_row_on_each_and_books_both(tmp_path: Path) -> None:
+    """The server names the connection by the client's first card and says what it uses on all its
+    cards together: that goes on the first card's row, the connections on both."""
+    path = tmp_path / "remote-gpu-clients.json"
+    path.write_text(encode_clients([RemoteClient(TOKENS[0], "ml/pair", "GPU-1", 4096, 25,
+                                                 more_card_uuids=("GPU-0",))]))
+    (tmp_path / CONNECTIONS_FILE).write_text(encode_connections([
+        ClientConnections("ml/pair", "GPU-1", 1, 3 * MIB, SINCE, None)]))
+    rows = remote_client_rows(path, INVENTORY)
+    assert rows == (RemoteClientRow("ml", "pair", 0, "GPU-0", 4096, 25, 1),
+                    RemoteClientRow("ml", "pair", 1, "GPU-1", 4096, 25, 1, 3 * MIB, SINCE, None))
+    assert remote_booked(rows) == {0: RemoteBooked(1, 4096, 250), 1: RemoteBooked(1, 4096, 250)}
+
+
 def test_an_absent_unset_or_broken_file_reports_no_client(tmp_path: Path) -> None:
     assert remote_client_rows(None, INVENTORY) == ()
     assert remote_client_rows(tmp_path / "absent.json", INVENTORY) == ()
