@@ -210,12 +210,60 @@ static CUresult flush(uint64_t deadline) {
 
 static int answered; /* the last call's reply came (its status is the server's, not the connection's) */
 
+/* A share of several cards (docs/remote-gpu.md, "Several cards"): the client sees one device per
+ * booked card, ordinal i being the i-th card of its share. A context names its device in its handle
+ * (CONTEXT_BASE + CONTEXTS_PER_SERIAL * serial + device; serial 0 is the device's primary
+ * context), and before a call the server is told, with OP_SET_DEVICE, the device of the calling
+ * thread's current context when it is not the one the server runs on now. With one card nothing
+ * is ever sent for it, so servers from before several cards serve one-card clients unchanged. */
+#define CONTEXT_BASE ((uintptr_t)0x6770000)
+#define CONTEXTS_PER_SERIAL 64u
+static int device_total = 1;   /* from the hello: the share's cards */
+static int server_device;      /* the device the server runs calls on now */
+static __thread CUcontext current;
+
+static int device_of(CUcontext context) {
+    uintptr_t value = (uintptr_t)context;
+    if (value < CONTEXT_BASE) return 0; /* none current: device 0 */
+    return (int)((value - CONTEXT_BASE) % CONTEXTS_PER_SERIAL);
+}
+
+static int valid_device(CUdevice device) { return device >= 0 && device < device_total; }
+
+static CUresult exchange(uint16_t op, uint16_t flags, const void *payload, size_t length, const void *data,
+                         size_t data_length, void *answer, size_t capacity, size_t *got);
+
+/* Make the server run the next calls on device (under the lock); 0, or why not. */
+static CUresult select_device(int device) {
+    if (device == server_device || device_total == 1) return 0;
+    uint32_t which = (uint32_t)device;
+    CUresult status = exchange(OP_SET_DEVICE, REMOTE_FLAG_NO_REPLY, &which, 4, NULL, 0, NULL, 0, NULL);
+    if (status == 0) server_device = device;
+    return status;
+}
+
+/* A call on the calling thread's current device (every call but the hello and a device query). */
+static CUresult call(uint16_t op, uint16_t flags, const void *payload, size_t length, const void *data,
+                     size_t data_length, void *answer, size_t capacity, size_t *got) {
+    CUresult status = op == OP_HELLO ? 0 : select_device(device_of(current));
+    if (status != 0) return status;
+    return exchange(op, flags, payload, length, data, data_length, answer, capacity, got);
+}
+
+/* A call about device (its name, attributes, UUID), whichever device is current. */
+static CUresult call_on(int device, uint16_t op, const void *payload, size_t length, void *answer, size_t capacity,
+                        size_t *got) {
+    CUresult status = select_device(device);
+    if (status != 0) return status;
+    return exchange(op, 0, payload, length, NULL, 0, answer, capacity, got);
+}
+
 /*
  * One call: the request (payload, then data from the caller's memory), and unless it wants no
  * reply, the reply's payload into answer (at most capacity bytes; *got says how many came).
  */
-static CUresult call(uint16_t op, uint16_t flags, const void *payload, size_t length, const void *data,
-                     size_t data_length, void *answer, size_t capacity, size_t *got) {
+static CUresult exchange(uint16_t op, uint16_t flags, const void *payload, size_t length, const void *data,
+                         size_t data_length, void *answer, size_t capacity, size_t *got) {
     if (sock < 0) return broken ? REMOTE_ERROR_DEVICE_UNAVAILABLE : CUDA_ERROR_NOT_INITIALIZED;
     uint64_t deadline = now_ms() + deadline_ms;
     struct remote_header h = {.length = (uint32_t)(length + data_length), .op = op, .flags = flags,
@@ -448,13 +496,15 @@ static CUresult open_connection(void) {
     uint32_t version = REMOTE_PROTOCOL_VERSION;
     memcpy(hello, &version, 4);
     memcpy(hello + 4, token, strlen(token));
-    uint64_t answer[2] = {0, 0};
-    status = call(OP_HELLO, 0, hello, 4 + strlen(token), NULL, 0, answer, sizeof answer, NULL);
+    uint64_t answer[3] = {0, 0, 1}; /* a server from before several cards answers two words: one card */
+    status = call(OP_HELLO, REMOTE_FLAG_HELLO_DEVICES, hello, 4 + strlen(token), NULL, 0, answer, sizeof answer, NULL);
     if (status != 0) {
         fprintf(stderr, "gpupool remote GPU: the server at %s refused this client: CUDA error %d\n", endpoint, status);
         return hang_up(status);
     }
     booked_bytes = answer[1];
+    if (answer[2] < 1 || answer[2] > REMOTE_MAX_DEVICES) return hang_up(REMOTE_ERROR_DEVICE_UNAVAILABLE);
+    device_total = (int)answer[2];
     return 0;
 }
 
@@ -490,82 +540,92 @@ API CUresult cuDriverGetVersion(int *version) {
     return simple(OP_DRIVER_VERSION, NULL, 0, version, sizeof *version);
 }
 
-/* The client sees one device, ordinal 0: its share of the server's card. */
+/* The client sees one device per card of its share, ordinal i the i-th card (one card: ordinal 0). */
 API CUresult cuDeviceGetCount(int *count) {
     if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
     READY();
-    *count = 1;
+    *count = device_total;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
     READY();
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
     return CUDA_SUCCESS;
+}
+
+static CUresult device_call(int device, uint16_t op, const void *payload, size_t length, void *answer,
+                            size_t capacity, size_t *got) {
+    pthread_mutex_lock(&lock);
+    CUresult status = call_on(device, op, payload, length, answer, capacity, got);
+    pthread_mutex_unlock(&lock);
+    return status;
 }
 
 API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
     if (name == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     char got[256];
     size_t n = 0;
-    pthread_mutex_lock(&lock);
-    CUresult status = call(OP_DEVICE_NAME, 0, NULL, 0, NULL, 0, got, sizeof got - 1, &n);
-    pthread_mutex_unlock(&lock);
+    CUresult status = device_call(device, OP_DEVICE_NAME, NULL, 0, got, sizeof got - 1, &n);
     if (status == 0) got[n] = '\0', snprintf(name, (size_t)length, "%s", got);
     return status;
 }
 
 API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     uint32_t which = (uint32_t)attribute;
-    return simple(OP_DEVICE_ATTRIBUTE, &which, 4, value, sizeof *value);
+    return device_call(device, OP_DEVICE_ATTRIBUTE, &which, 4, value, sizeof *value, NULL);
 }
 
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
     if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
-    *bytes = booked_bytes; /* the share, not the card */
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = booked_bytes; /* the share on each card, not the card */
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) {
     if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
-    return simple(OP_DEVICE_UUID, NULL, 0, uuid->bytes, sizeof uuid->bytes);
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    return device_call(device, OP_DEVICE_UUID, NULL, 0, uuid->bytes, sizeof uuid->bytes, NULL);
 }
 API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) { return cuDeviceGetUuid(uuid, device); }
 
 /* ------------------------------------------------------------------------------------- contexts */
-/* The server holds one context per client; the contexts a program makes here are names for it. */
-#define PRIMARY ((CUcontext)(uintptr_t)0x6770000)
-static __thread CUcontext current;
+/* The server holds one context per card of the client (each card's primary context); the contexts a
+ * program makes here are names for the one of their device. */
 static __thread CUcontext stack[16];
 static __thread int depth;
-static uintptr_t next_context = 0x6770001;
+static uintptr_t next_serial = 1;
+
+static CUresult device_ready(CUdevice device) {
+    CUresult status = ready();
+    return status != 0 ? status : valid_device(device) ? 0 : CUDA_ERROR_INVALID_DEVICE;
+}
 
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
     if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
-    *context = PRIMARY;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    *context = (CUcontext)(CONTEXT_BASE + (uintptr_t)device);
     return CUDA_SUCCESS;
 }
-API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) { return device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready(); }
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) { return device_ready(device); }
 API CUresult cuDevicePrimaryCtxRelease(CUdevice device) { return cuDevicePrimaryCtxRelease_v2(device); }
 API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
-    return (void)flags, device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready();
+    return (void)flags, device_ready(device);
 }
-API CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) { return device != 0 ? CUDA_ERROR_INVALID_DEVICE : ready(); }
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) { return device_ready(device); }
 API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *active) {
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (ready() == 0 && !valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     if (flags != NULL) *flags = 0;
     if (active != NULL) *active = 1;
     return ready();
@@ -574,10 +634,10 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, in
 API CUresult cuCtxCreate_v2(CUcontext *context, unsigned int flags, CUdevice device) {
     (void)flags;
     if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     READY();
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&lock);
-    *context = (CUcontext)next_context++;
+    *context = (CUcontext)(CONTEXT_BASE + CONTEXTS_PER_SERIAL * next_serial++ + (uintptr_t)device);
     pthread_mutex_unlock(&lock);
     current = *context;
     return CUDA_SUCCESS;
@@ -617,7 +677,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *context) {
 API CUresult cuCtxGetDevice(CUdevice *device) {
     if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = 0;
+    *device = device_of(current);
     return ready();
 }
 
@@ -1020,36 +1080,41 @@ API CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule 
 
 /* ------------------------------------------------------------------ attributes and occupancy */
 /* Answered by the server's driver for the handle (a function, a library's kernel cast to one, or a
- * kernel on the client's one device), synchronously: a refused value is the caller's error. */
-static CUresult handle_call(uint16_t op, uint64_t handle, uint32_t first, uint32_t second, size_t length, int *value) {
+ * kernel on one of the client's devices: on_device, else -1), synchronously: a refused value is the
+ * caller's error. */
+static CUresult handle_call(uint16_t op, uint64_t handle, uint32_t first, uint32_t second, size_t length, int *value,
+                            int on_device) {
     READY();
     unsigned char request[16];
     memcpy(request, &handle, 8), memcpy(request + 8, &first, 4), memcpy(request + 12, &second, 4);
+    if (on_device >= 0) return device_call(on_device, op, request, length, value, value != NULL ? sizeof *value : 0, NULL);
     return simple(op, request, length, value, value != NULL ? sizeof *value : 0);
 }
 
 API CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function) {
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return handle_call(OP_FUNCTION_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, 0, 12, value);
+    return handle_call(OP_FUNCTION_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, 0, 12, value, -1);
 }
 API CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value) {
-    return handle_call(OP_FUNCTION_SET_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, (uint32_t)value, 16, NULL);
+    return handle_call(OP_FUNCTION_SET_ATTRIBUTE, (uintptr_t)function, (uint32_t)attribute, (uint32_t)value, 16, NULL,
+                       -1);
 }
 API CUresult cuFuncSetCacheConfig(CUfunction function, int config) {
-    return handle_call(OP_FUNCTION_CACHE_CONFIG, (uintptr_t)function, (uint32_t)config, 0, 12, NULL);
+    return handle_call(OP_FUNCTION_CACHE_CONFIG, (uintptr_t)function, (uint32_t)config, 0, 12, NULL, -1);
 }
 API CUresult cuKernelGetAttribute(int *value, int attribute, CUkernel kernel, CUdevice device) {
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-    return handle_call(OP_KERNEL_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, 0, 12, value);
+    if (ready() == 0 && !valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, 0, 12, value, device);
 }
 API CUresult cuKernelSetAttribute(int attribute, int value, CUkernel kernel, CUdevice device) {
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-    return handle_call(OP_KERNEL_SET_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, (uint32_t)value, 16, NULL);
+    if (ready() == 0 && !valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_SET_ATTRIBUTE, (uintptr_t)kernel, (uint32_t)attribute, (uint32_t)value, 16, NULL,
+                       device);
 }
 API CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice device) {
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-    return handle_call(OP_KERNEL_CACHE_CONFIG, (uintptr_t)kernel, (uint32_t)config, 0, 12, NULL);
+    if (ready() == 0 && !valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    return handle_call(OP_KERNEL_CACHE_CONFIG, (uintptr_t)kernel, (uint32_t)config, 0, 12, NULL, device);
 }
 
 API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction function, int block_size,

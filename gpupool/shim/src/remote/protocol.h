@@ -19,11 +19,13 @@
 
 #define REMOTE_PROTOCOL_VERSION 1u
 #define REMOTE_FLAG_NO_REPLY 1u
+#define REMOTE_FLAG_HELLO_DEVICES 2u /* on a hello: this client reads the hello's third word, its device count */
 #define REMOTE_MAX_SMALL_PAYLOAD (16u << 20) /* any payload but a copy's data and a module's or library's image */
 #define REMOTE_MAX_MODULE (256u << 20) /* a module's or a library's image */
 #define REMOTE_MAX_COPY (1u << 30)         /* a larger copy is sent as several */
 #define REMOTE_MAX_TOKEN 256
 #define REMOTE_MAX_PARAM_BYTES 32764u    /* CUDA's limit on a kernel's parameters (12.1+) */
+#define REMOTE_MAX_DEVICES 16            /* cards of one share (the client's devices) the server takes */
 
 struct remote_header {
     uint32_t length; /* payload bytes after the header */
@@ -35,7 +37,8 @@ struct remote_header {
 _Static_assert(sizeof(struct remote_header) == 16, "the header is 16 bytes on the wire");
 
 enum remote_op {
-    OP_HELLO = 1,           /* u32 version, token bytes -> u32 version, u64 booked bytes */
+    OP_HELLO = 1,           /* u32 version, token bytes -> u64 version, u64 booked bytes (per card), and with
+                               REMOTE_FLAG_HELLO_DEVICES u64 cards (a server from before answers two words) */
     OP_PING = 2,            /* -> nothing: a round trip */
     OP_DRIVER_VERSION = 3,  /* -> i32 */
     OP_DEVICE_NAME = 4,     /* -> name bytes */
@@ -93,7 +96,9 @@ enum remote_op {
     OP_CUBLAS_PROPERTY = 50,        /* i32 property (0 major, 1 minor, 2 patch) -> i32 */
     OP_CUBLAS_GEMM = 51,            /* struct remote_gemm */
     OP_CUBLAS_VECTOR = 52,          /* struct remote_vector -> a host result: f64 (dot) */
-    OP_LAST = 52,
+    /* Shares of several cards of one GPU node (64 up: operations of shares of several cards). */
+    OP_SET_DEVICE = 64,             /* u32 the client's device (0 .. cards-1): later calls run on that card */
+    OP_LAST = 64,
 };
 #define REMOTE_BLAS_POINTER_MODE 0u
 #define REMOTE_BLAS_MATH_MODE 1u

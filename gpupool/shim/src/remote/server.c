@@ -152,7 +152,7 @@ static int load_driver(const char *path) {
 struct client_entry {
     char token[REMOTE_MAX_TOKEN + 1];
     char pod[512];
-    char card[128];
+    char card[128 * REMOTE_MAX_DEVICES]; /* one UUID, or a share of several cards': their UUIDs, comma-separated */
     unsigned long long memory_mib;
     int compute_percent;
 };
@@ -174,7 +174,7 @@ static int same_token(const char *a, size_t a_length, const char *b) {
 static int find_client(const char *token, size_t length, struct client_entry *out) {
     FILE *file = fopen(clients_path, "re");
     if (file == NULL) return -1;
-    char line[2048];
+    char line[2048 + 128 * REMOTE_MAX_DEVICES];
     int found = 0;
     while (fgets(line, sizeof line, file) != NULL) {
         struct client_entry entry = {0};
@@ -375,11 +375,19 @@ static int reply(const struct remote_header *request, CUresult status, const voi
 struct allocation {
     CUdeviceptr pointer;
     unsigned long long bytes;
+    int card; /* the index, among the client's cards, of the card it was made on */
 };
 
+/* A share of several cards of this node (docs/remote-gpu.md, "Several cards"): the client's device
+ * i is card i of its entry; OP_SET_DEVICE makes card i's primary context current here. The booked
+ * memory holds on each card, counted against what the client holds on that card. */
 static struct client_entry me;
-static int device;
-static unsigned long long booked, held;
+static char first_card[128]; /* the status line names the client's first card, as the agent keys it */
+static int device; /* the driver's ordinal of the current card */
+static int cards = 1, card_now;
+static int ordinals[REMOTE_MAX_DEVICES];
+static handle card_contexts[REMOTE_MAX_DEVICES];
+static unsigned long long booked, held, held_on[REMOTE_MAX_DEVICES];
 static struct allocation *allocations;
 static size_t allocation_count, allocation_capacity;
 static CUresult pending; /* the first error of a call nobody waited for */
@@ -432,7 +440,7 @@ static void write_status(void) {
     snprintf(staged, sizeof staged, "%.*s.%d", directory, status_file, (int)getpid());
     const char *shim_dir = executor_mode ? getenv("GPUPOOL_SHIM_DIR") : NULL;
     FILE *file = fopen(staged, "we");
-    int written = file != NULL && fprintf(file, "%s\t%s\t%lld\t%llu\t%d\t%s%s\n", me.pod, me.card, connected_since,
+    int written = file != NULL && fprintf(file, "%s\t%s\t%lld\t%llu\t%d\t%s%s\n", me.pod, first_card, connected_since,
                                           held, shim_dir != NULL ? device : -1, shim_dir != NULL ? shim_dir : "",
                                           shim_dir != NULL ? "/memory.region" : "") > 0;
     if (file == NULL || fclose(file) != 0 || !written || rename(staged, status_file) != 0) {
@@ -619,7 +627,8 @@ static int copy_to_host(const struct remote_header *h, const unsigned char *payl
 }
 
 static int mem_alloc(const struct remote_header *h, uint64_t bytes) {
-    if (bytes == 0 || bytes > booked || held > booked - bytes) return answer(h, 2 /* OUT_OF_MEMORY */, NULL, 0);
+    if (bytes == 0 || bytes > booked || held_on[card_now] > booked - bytes)
+        return answer(h, 2 /* OUT_OF_MEMORY */, NULL, 0);
     CUdeviceptr pointer = 0;
     CUresult status = CALL(cu.mem_alloc, &pointer, (size_t)bytes);
     if (status == 0 && allocation_count == allocation_capacity) {
@@ -628,7 +637,9 @@ static int mem_alloc(const struct remote_header *h, uint64_t bytes) {
         if (grown == NULL) cu.mem_free(pointer), status = 2;
         else allocations = grown, allocation_capacity = capacity;
     }
-    if (status == 0) allocations[allocation_count++] = (struct allocation){pointer, bytes}, held += bytes;
+    if (status == 0)
+        allocations[allocation_count++] = (struct allocation){pointer, bytes, card_now}, held += bytes,
+        held_on[card_now] += bytes;
     uint64_t out = pointer;
     return answer(h, status, &out, status == 0 ? sizeof out : 0);
 }
@@ -637,7 +648,9 @@ static int mem_free(const struct remote_header *h, uint64_t pointer) {
     for (size_t i = 0; i < allocation_count; i++) {
         if (allocations[i].pointer != pointer) continue;
         CUresult status = CALL(cu.mem_free, pointer);
-        if (status == 0) held -= allocations[i].bytes, allocations[i] = allocations[--allocation_count];
+        if (status == 0)
+            held -= allocations[i].bytes, held_on[allocations[i].card] -= allocations[i].bytes,
+                allocations[i] = allocations[--allocation_count];
         return answer(h, status, NULL, 0);
     }
     return answer(h, 1 /* not one of this client's allocations */, NULL, 0);
@@ -1157,7 +1170,13 @@ static int serve_request(const struct remote_header *h, const unsigned char *pay
     case OP_CTX_SYNCHRONIZE: return answer(h, CALL(cu.ctx_synchronize), NULL, 0);
     case OP_MEM_ALLOC: NEED(8); return mem_alloc(h, U64(0));
     case OP_MEM_FREE: NEED(8); return mem_free(h, U64(0));
-    case OP_MEM_INFO: wide[0] = booked - held, wide[1] = booked; return answer(h, 0, wide, sizeof wide);
+    case OP_MEM_INFO: wide[0] = booked - held_on[card_now], wide[1] = booked; return answer(h, 0, wide, sizeof wide);
+    case OP_SET_DEVICE:
+        NEED(4);
+        if (U32(0) >= (uint32_t)cards) return answer(h, 101 /* CUDA_ERROR_INVALID_DEVICE */, NULL, 0);
+        status = cu.ctx_set_current(card_contexts[U32(0)]);
+        if (status == 0) card_now = (int)U32(0), device = ordinals[card_now];
+        return answer(h, status, NULL, 0);
     case OP_COPY_TO_HOST: return copy_to_host(h, payload, length, chunk);
     case OP_COPY_ON_DEVICE:
         NEED(32);
@@ -1286,6 +1305,26 @@ static int read_hello(struct remote_header *h, uint32_t *version, char *token, s
     return 0;
 }
 
+/* The client's cards (its entry's comma-separated UUIDs): their ordinals and primary contexts, the
+ * first current; REMOTE_ERROR_NO_DEVICE when this node lacks one of them or lists one twice. */
+static CUresult open_cards(void) {
+    char list[sizeof me.card];
+    snprintf(list, sizeof list, "%s", me.card);
+    char *cursor = list, *uuid;
+    cards = 0;
+    while ((uuid = strsep(&cursor, ",")) != NULL) {
+        if (cards == REMOTE_MAX_DEVICES || (ordinals[cards] = card_ordinal(uuid)) < 0) return REMOTE_ERROR_NO_DEVICE;
+        for (int i = 0; i < cards; i++)
+            if (ordinals[i] == ordinals[cards]) return REMOTE_ERROR_NO_DEVICE;
+        if (cards == 0) snprintf(first_card, sizeof first_card, "%s", uuid);
+        CUresult status = cu.primary_retain(&card_contexts[cards], ordinals[cards]);
+        if (status != 0) return status;
+        cards++;
+    }
+    device = ordinals[0], card_now = 0;
+    return cards > 0 ? 0 : REMOTE_ERROR_NO_DEVICE;
+}
+
 /* The first frame: the client's token, checked against the clients file. */
 static int hello(void) {
     struct remote_header h;
@@ -1297,17 +1336,18 @@ static int hello(void) {
     int found = find_client(token, length, &me);
     if (version != REMOTE_PROTOCOL_VERSION) status = 801;
     else if (found != 1) status = REMOTE_ERROR_NOT_PERMITTED;
-    else if ((status = cu.init(0)) == 0 && (device = card_ordinal(me.card)) < 0) status = REMOTE_ERROR_NO_DEVICE;
-    handle context = NULL;
-    if (status == 0) status = cu.primary_retain(&context, device);
-    if (status == 0) status = cu.ctx_set_current(context);
+    else if ((status = cu.init(0)) == 0) status = open_cards();
+    if (status == 0) status = cu.ctx_set_current(card_contexts[0]);
     booked = me.memory_mib << 20;
-    uint64_t out[2] = {REMOTE_PROTOCOL_VERSION, booked};
+    /* The third word (the client's device count) only for a client that asks for it: a client from
+     * before gets the two words it knows (and its device 0 is the share's first card). */
+    uint64_t out[3] = {REMOTE_PROTOCOL_VERSION, booked, (uint64_t)cards};
+    size_t words = h.flags & REMOTE_FLAG_HELLO_DEVICES ? 3 : 2;
     if (status != 0)
         fprintf(stderr, "gpupool-remote-server: client refused (%s): CUDA error %d\n",
                 found == 1 ? me.pod : "unknown token", status);
     h.flags = 0;
-    if (reply(&h, status, out, sizeof out) != 0 || flush_out() != 0) return -1;
+    if (reply(&h, status, out, words * sizeof *out) != 0 || flush_out() != 0) return -1;
     return status == 0 ? 0 : -1;
 }
 
@@ -1423,7 +1463,8 @@ static void serve_client(void) {
     }
     if (hello() != 0) return;
     mark_connected();
-    fprintf(stderr, "gpupool-remote-server: serving %s on card %s (%llu MiB)\n", me.pod, me.card, me.memory_mib);
+    fprintf(stderr, "gpupool-remote-server: serving %s on card%s %s (%llu MiB%s)\n", me.pod, cards > 1 ? "s" : "",
+            me.card, me.memory_mib, cards > 1 ? " each" : "");
     for (;;) {
         int ready = waiting_request(0);
         if (ready == 0) { /* nothing more queued: send what is gathered, then wait */
