@@ -1,13 +1,18 @@
 """Where a remote share goes: the pod's own node, else a GPU node behind its switch, else any.
 
-A pod that asks for a remote share (``PodRequest.remote``) may run on a node without GPUs; its one
-GPU slice is booked on a card of a GPU node and reached over the network. The order follows the
+A pod that asks for a remote share (``PodRequest.remote``) may run on a node without GPUs; its GPU
+slice (or the same slice on ``count`` cards: ``gpu-shared: n``, or ``n`` whole cards) is booked on
+cards of one GPU node and reached over the network, through one server and one connection. The order follows the
 Chengyun patent's matching rules (seed 003, rules 61-68): a worker's own GPUs first (no network at
 all), then GPU nodes that reach it without crossing a switch, then the rest. Within a tier the node
 whose best fitting card is the tightest wins (best fit, then the node name, so the choice is
 repeatable); on that node the cards are chosen by the core's card choice
-(:func:`gpupool.core.cards.assign_on_node`), so the one card rule decides which card may take the
-slice and the ledger books it as any other placement.
+(:func:`gpupool.core.cards.assign_on_node`), so the one card rule decides which cards may take the
+slices, exactly as for a local pod of the same request, and the ledger books it as any other
+placement. A node is a server only with ``count`` cards that take a slice now; cards of several
+nodes are never combined (the seed's rules 62 and 67, left), nor is one card presented as several
+devices for a remote share (rules 61 and 66: the virtual cards of
+:mod:`gpupool.core.virtual_cards` are local only).
 
 What the pod holds in the ledger: a local share is an ordinary placement on its node (CPU, memory
 and the slice). A remote share is a placement on the *server* node with the slice only (no CPU or
@@ -33,7 +38,7 @@ from enum import IntEnum
 import numpy as np
 
 from gpupool.core.cards import SharedCardChooser, assign_on_node
-from gpupool.core.feasibility import card_fit_mask, explain_cards, node_resources_problem, node_room_mask
+from gpupool.core.feasibility import explain_cards, node_resources_problem, node_room_mask, request_fit
 from gpupool.core.fragmentation import FloatArray
 from gpupool.core.model import ContainerRequest, GpuRequest, NodeSpec, Placement, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
@@ -47,6 +52,17 @@ SERVER_TRIES = 8
 """Server nodes (best first) on which the card choice is tried before the share is refused."""
 
 NO_SERVER = "no GPU node of the cluster has a card that can hold the remote share now"
+MAX_REMOTE_CARDS = 16
+"""The most cards one remote share may ask for: the GPU server serves a client at most this many
+devices (``REMOTE_MAX_DEVICES`` of the wire protocol; ``remote-share-v1`` holds as many)."""
+
+
+def no_server(count: int) -> str:
+    """Why no GPU node can hold a share of ``count`` cards now."""
+    if count == 1:
+        return NO_SERVER
+    return (f"no GPU node of the cluster has {count} cards that can each hold a slice of the remote share now "
+            "(a remote share's cards are all on one GPU node)")
 
 
 class Tier(IntEnum):
@@ -107,15 +123,20 @@ def _layout(state: ClusterState) -> _Layout:
 
 def remote_shape_problem(pod: PodRequest) -> str | None:
     """Why ``pod`` cannot take a remote share (None when it can): exactly one app container asks for
-    GPUs, for one card (a slice with memory, or one whole card), and no init container does."""
+    GPUs (a slice with memory on 1 to :data:`MAX_REMOTE_CARDS` cards, or as many whole cards, not
+    as virtual cards), and no init container does."""
     if any(c.gpu is not None for c in pod.init_containers):
         return "a remote share is for app containers only; an init container asks for GPUs"
     gpu = pod.gpu_containers
     if len(gpu) != 1:
         return f"a remote share is one container's; {len(gpu)} containers ask for GPUs"
     request = gpu[0].gpu
-    if request is not None and request.count != 1:
-        return f"a remote share is one card; container {gpu[0].name} asks for {request.count}"
+    if request is not None and not 1 <= request.count <= MAX_REMOTE_CARDS:
+        return (f"a remote share is 1 to {MAX_REMOTE_CARDS} cards of one GPU node; container {gpu[0].name} asks for "
+                f"{request.count}")
+    if request is not None and request.virtual is not None and request.count > 1:
+        return (f"a remote share has no virtual cards (one card presented as several devices); container "
+                f"{gpu[0].name} asks for {request.count} of them")
     if request is not None and request.memory_mib == 0 and request.memory_share is None and not request.exclusive:
         return (f"a remote share needs GPU memory (the server books memory per client); container {gpu[0].name} "
                 "asks for compute only")
@@ -139,10 +160,10 @@ def share_alone(pod: PodRequest) -> PodRequest:
 def _fitting_rows(state: ClusterState, request: GpuRequest,
                   servers: IntArray | None = None) -> tuple[IntArray, BoolArray]:
     """Present rows (of ``servers`` when given: rows known to fit, e.g. from the scheduler's shape
-    cache) with a card that takes the slice now, and their card masks."""
+    cache) with ``request.count`` cards that take a slice now (the core's rule for a local pod of
+    the same request), and their card masks."""
     rows = np.flatnonzero(state.present[:state.size]).astype(np.int64) if servers is None else servers
-    fits = card_fit_mask(state, request, rows)
-    has = fits.any(axis=1)
+    has, fits = request_fit(state, request, rows)
     return rows[has], fits[has]
 
 
@@ -188,7 +209,13 @@ def client_problem(state: ClusterState, pod: PodRequest, row: int,
         local = explain_cards(state, row, request) or "its cards cannot hold the share"
         return (f"{local}; a node with GPUs runs a remote-share pod only on its own cards (its device "
                 "plugin would be asked for them)")
-    return None if len(servers) else NO_SERVER
+    if len(servers):
+        return None
+    most = int(state.card_count[:state.size][state.present[:state.size]].max(initial=0))
+    if request.count > most:
+        return (f"a remote share of {request.count} cards needs one GPU node with that many; the largest GPU node "
+                f"of the cluster has {most}")
+    return no_server(request.count)
 
 
 def server_order(state: ClusterState, pod: PodRequest, client_row: int, most: int | None = None,
@@ -224,7 +251,7 @@ def place_share(state: ClusterState, pod: PodRequest, client_row: int,
     if isinstance(local, Placement):
         return RemoteChoice(local, Tier.LOCAL)
     alone = share_alone(pod)  # the pod's CPU and memory stay on its own node
-    last = NO_SERVER
+    last = no_server(request.count)
     for row, tier in server_order(state, pod, client_row, SERVER_TRIES, fitting):
         result = assign_on_node(state, row, alone, chooser)
         if isinstance(result, Placement):

@@ -278,7 +278,11 @@ class _Replay:
     def _remote_shape(self, shape: int, position: int) -> bool:
         known = self.remote_shapes_ok.get(shape)
         if known is None:
-            known = self.remote_shapes_ok[shape] = remote_shape_problem(self.pods[position].request) is None
+            request = self.pods[position].request
+            # One card only: the replay's remote borrowers (and docs/lending.md's figures of them) are
+            # of one-card shares; the extender's shares of several cards of one node are not replayed.
+            known = self.remote_shapes_ok[shape] = remote_shape_problem(request) is None and all(
+                c.gpu is None or c.gpu.count == 1 for c in request.containers)
         return known
 
     def _place_remote(self, request: PodRequest) -> tuple[Placement, Placement] | None:

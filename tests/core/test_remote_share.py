@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gpupool.core.model import ContainerRequest, GpuRequest, NodeSpec, PodRequest
+from gpupool.core.cards import assign_on_node
+from gpupool.core.model import ContainerRequest, GpuRequest, NodeSpec, PodRequest, VirtualCards
 from gpupool.core.policies import make_policy
 from gpupool.core.remote_share import (
     NO_SERVER,
@@ -20,6 +21,7 @@ from gpupool.core.remote_share import (
     client_scores,
     place_share,
     remote_shape_problem,
+    share_alone,
 )
 from gpupool.core.scheduler import Scheduler, Unschedulable
 from gpupool.core.state import ClusterState
@@ -34,10 +36,10 @@ def on_switch(spec: NodeSpec, switch: str) -> NodeSpec:
     return labelled(spec, **{SWITCH_LABEL: switch})
 
 
-def remote_pod(key: str = "ns/p", mib: int = 4_000, *, cpu: int = 1_000) -> PodRequest:
+def remote_pod(key: str = "ns/p", mib: int = 4_000, *, cpu: int = 1_000, cards: int = 1) -> PodRequest:
     return PodRequest(key=key, remote=True,
                       containers=(ContainerRequest("main", cpu_milli=cpu, memory_mib=512,
-                                                   gpu=GpuRequest(memory_mib=mib, compute=300)),))
+                                                   gpu=GpuRequest(count=cards, memory_mib=mib, compute=300)),))
 
 
 def cpu_node(name: str, switch: str | None = None, *, cpu: int = 64_000) -> NodeSpec:
@@ -134,13 +136,16 @@ def test_filter_scores_follow_the_tiers() -> None:
     (PodRequest(key="ns/p", remote=True, containers=(
         ContainerRequest("a", gpu=GpuRequest(memory_mib=1)), ContainerRequest("b", gpu=GpuRequest(memory_mib=1)))),
      "2 containers ask for GPUs"),
-    (PodRequest(key="ns/p", remote=True, containers=(ContainerRequest("a", gpu=GpuRequest(count=2, memory_mib=1)),)),
-     "asks for 2"),
+    (PodRequest(key="ns/p", remote=True, containers=(ContainerRequest("a", gpu=GpuRequest(count=17, memory_mib=1)),)),
+     "1 to 16 cards of one GPU node; container a asks for 17"),
+    (PodRequest(key="ns/p", remote=True, containers=(ContainerRequest("a", gpu=GpuRequest(
+        count=2, memory_mib=1, virtual=VirtualCards.SHARED)),)),
+     "has no virtual cards"),
     (PodRequest(key="ns/p", remote=True, containers=(ContainerRequest("a", gpu=GpuRequest(memory_mib=1)),),
                 init_containers=(ContainerRequest("i", gpu=GpuRequest(memory_mib=1)),)),
      "init container"),
 ])
-def test_only_one_card_of_one_app_container_can_be_remote(pod: PodRequest, words: str) -> None:
+def test_only_one_app_container_on_at_most_16_real_cards_can_be_remote(pod: PodRequest, words: str) -> None:
     problem = remote_shape_problem(pod)
     assert problem is not None and words in problem
 
@@ -187,3 +192,63 @@ def test_a_compute_only_share_cannot_be_remote() -> None:
     proportional = PodRequest(key="ns/p", remote=True,
                               containers=(ContainerRequest("a", gpu=GpuRequest.fraction(300)),))
     assert remote_shape_problem(proportional) is None
+
+
+# ------------------------------------------------------------------ several cards of one GPU node
+def test_a_share_of_two_cards_is_booked_on_two_cards_of_one_node_as_a_local_pod_would_be() -> None:
+    """gpu-shared: 2 remote: two distinct cards of one server, chosen by the core's card choice (the
+    same cards assign_on_node gives the pod's GPU container as a local pod of that node)."""
+    state = ClusterState([gpu_node("g", "s1", [16_000, 8_000, 16_000, 6_000]), cpu_node("cpu", "s1")])
+    book_slice(state, "other", "g", 2, memory=10_000)
+    choice = choose(state, remote_pod(cards=2), "cpu")
+    assert choice.tier == Tier.SAME_SWITCH and choice.placement.node == "g"
+    [container] = choice.placement.containers
+    cards = [s.card for s in container.slices]
+    assert len(set(cards)) == 2
+    local = assign_on_node(state, state.index["g"], share_alone(remote_pod(cards=2)))
+    assert not isinstance(local, str)
+    assert cards == [s.card for s in local.containers[0].slices]
+    before = [c.memory_free for c in state.card_usage("g")]
+    state.apply(choice.placement)
+    after = [c.memory_free for c in state.card_usage("g")]
+    assert {i for i, free in enumerate(before) if after[i] != free} == set(cards)
+
+
+def test_two_cards_go_to_a_node_behind_the_switch_before_one_elsewhere_and_never_across_nodes() -> None:
+    state = ClusterState([gpu_node("far", "s2", 2), gpu_node("near-one", "s1", 1), gpu_node("near-two", "s1", 2),
+                          cpu_node("cpu", "s1")])
+    choice = choose(state, remote_pod(cards=2), "cpu")
+    assert (choice.placement.node, choice.tier) == ("near-two", Tier.SAME_SWITCH)
+    state = ClusterState([gpu_node("far", "s2", 2), gpu_node("near-a", "s1", 1), gpu_node("near-b", "s1", 1),
+                          cpu_node("cpu", "s1")])
+    choice = choose(state, remote_pod(cards=2), "cpu")  # two one-card nodes behind the switch are not combined
+    assert (choice.placement.node, choice.tier) == ("far", Tier.OTHER)
+
+
+def test_no_node_with_two_cards_with_room_is_unschedulable_with_the_reason() -> None:
+    state = ClusterState([gpu_node("g", "s1", 2), gpu_node("h", "s1", 2), cpu_node("cpu", "s1")])
+    book_slice(state, "ns/g", "g", 0, memory=14_000)
+    book_slice(state, "ns/h", "h", 1, memory=14_000)
+    refused = place_share(state, remote_pod(cards=2), state.index["cpu"])
+    assert refused == ("no GPU node of the cluster has 2 cards that can each hold a slice of the remote share now "
+                       "(a remote share's cards are all on one GPU node)")
+    scheduler = Scheduler(state, make_policy("binpack"))
+    explained = scheduler.explain(remote_pod(cards=2), np.arange(state.size))
+    assert explained["cpu"] == refused
+
+
+def test_more_cards_than_the_largest_gpu_node_has_is_refused_saying_so() -> None:
+    state = ClusterState([gpu_node("g", "s1", 2), gpu_node("h", "s2", 3), cpu_node("cpu", "s1")])
+    problem = client_problem(state, remote_pod(cards=4), state.index["cpu"])
+    assert problem == ("a remote share of 4 cards needs one GPU node with that many; the largest GPU node of the "
+                       "cluster has 3")
+    assert choose(state, remote_pod(cards=3), "cpu").placement.node == "h"
+
+
+def test_the_scheduler_assigns_a_two_card_remote_share_and_books_both_cards() -> None:
+    state = ClusterState([gpu_node("g", "s1", 2), cpu_node("cpu", "s1")])
+    scheduler = Scheduler(state, make_policy("binpack"))
+    assigned = scheduler.assign(remote_pod(cards=2), "cpu")
+    assert not isinstance(assigned, Unschedulable) and assigned.node == "g"
+    state.apply(assigned)
+    assert sorted(c.memory_free for c in state.card_usage("g")) == [16_384 - 4_000] * 2

@@ -122,3 +122,44 @@ def test_a_remote_share_pod_preempts_nobody() -> None:
     service = ExtenderService(cache, binder)
     request = pod_request(remote_pod(mib=16000), cache.names)
     assert service.preempt(request, {"cpu": [], "near": ["uid-default-low"]}) == ({}, "")
+
+
+def two_card_pod(name: str = "pair", cards: int = 2) -> dict[str, Any]:
+    limits: dict[str, str | int] = {"gpupool.io/gpu-shared": cards, "gpu_mem": 16, "cpu": "1"}
+    return pod(name, container("main", **limits),
+               annotations={"gpupool.io/remote-gpu": "true"})
+
+
+def two_card_cluster() -> list[dict[str, Any]]:
+    """``far`` (other switch) has two cards; behind the pod's switch ``one`` has one, ``two`` two."""
+    return [on_switch(node("far", [16276, 16276]), "s2"), on_switch(node("one", [16276]), "s1"),
+            on_switch(node("two", [16276, 16276]), "s1"), on_switch(node("cpu"), "s1")]
+
+
+def test_a_slice_on_two_cards_is_booked_on_two_cards_of_one_node_behind_the_switch_and_read_back() -> None:
+    api, cache, binder = world(two_card_cluster())
+    created = api.create_pod(two_card_pod())
+    assert binder.bind("default", "pair", created["metadata"]["uid"], "cpu").ok
+    share = decode_remote_share(api.get_pod("default", "pair")["metadata"]["annotations"][REMOTE_SHARE])
+    assert share.server == "two" and sorted(c.index for c in share.cards) == [0, 1]
+    assert {c.memory_mib for c in share.cards} == {4096}
+    assert free_mib(cache, "two") == [12180, 12180] and free_mib(cache, "one") == [16276]
+    _, restarted, _ = world(two_card_cluster())  # an extender started afresh books it from the annotation
+    restarted.replace_pods(api.list_pods())
+    assert free_mib(restarted, "two") == [12180, 12180]
+    api.delete_pod("default", "pair")
+    assert free_mib(cache, "two") == [16276, 16276]
+
+
+def test_a_share_of_more_cards_than_any_one_node_has_is_refused_with_the_reason() -> None:
+    api, cache, binder = world(two_card_cluster())
+    service = ExtenderService(cache, binder, settings=ExtenderSettings(filter_best_only=False))
+    three = service.filter(pod_request(two_card_pod("three", cards=3), cache.names), ["far", "one", "two", "cpu"])
+    assert three.passed == []
+    assert three.failed["cpu"] == "container main asks for 3 cards; the largest node has 2"
+    for name in ("far", "two"):  # a card on each node taken: two free cards exist, never on one node
+        api.create_pod(pod(f"fill-{name}", container(mib=16276, cpu="1")))
+        assert binder.bind("default", f"fill-{name}", f"uid-default-fill-{name}", name).ok
+    created = api.create_pod(two_card_pod())
+    result = binder.bind("default", "pair", created["metadata"]["uid"], "cpu")
+    assert not result.ok and "no GPU node of the cluster has 2 cards" in str(result)

@@ -131,3 +131,19 @@ def test_random_workloads_with_remote_borrowers_never_overbook(
     assert outcome.finished <= len(pods)
     assert outcome.remote_gpu_hours * REMOTE_RATE <= outcome.borrowed_gpu_hours + 1e-3  # both rounded to 1e-3
     assert outcome.remote_gpu_hours <= 30 * 3 + 1e-6 and HOUR > 0
+
+
+def test_a_borrower_of_two_cards_never_runs_remotely_in_the_replay() -> None:
+    """The extender books remote shares of several cards of one node; the replay's remote borrowers
+    stay one-card (docs/lending.md's figures): the two-card waiter waits for the owners."""
+    import dataclasses
+
+    from gpupool.core.model import GpuRequest
+
+    owners = [pod(f"owner-{i}", 0, 4, cpu=15_000, lendable_h=((1, 3),)) for i in range(2)]
+    waiter = pod("waiter", 0.5, 1, cpu=8_000)
+    two = dataclasses.replace(waiter.request.containers[0], gpu=GpuRequest.whole(2))
+    waiter = dataclasses.replace(waiter, request=dataclasses.replace(waiter.request, containers=(two,)), gpus=2)
+    outcome = replay([node("gpu", cards=2, cpu=32_000), cpu_node("cpu")], [*owners, waiter], "gpupool",
+                     lending=True, hours=10, remote_borrow=True)
+    assert outcome.remote_starts == 0
