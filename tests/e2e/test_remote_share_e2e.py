@@ -86,12 +86,13 @@ def test_kube_scheduler_and_the_extender_place_a_remote_share_pod_on_a_node_with
         core_v1: client.CoreV1Api, namespace: str, make_node: MakeNode, start_kubelet: StartKubelet,
         extender: FlaggedExtender) -> None:
     """The whole path: kube-scheduler leaves gpu-mem to the extender (ignoredByScheduler), the
-    extender's filter passes the node without GPUs, its bind writes the share, kubelet runs the pod."""
+    extender's filter passes the node without GPUs, its bind writes the share, kubelet runs the pod.
+    Then a pod of gpu-shared: 2: its slice booked on both cards of the GPU node."""
     suffix = uuid.uuid4().hex[:6]
     gpu = f"e2e-gpu-{suffix}"
-    card = GpuCard(index=0, uuid=f"GPU-{gpu}-0", model="Tesla-T4", memory_mib=15360)
+    card, second = (GpuCard(index=i, uuid=f"GPU-{gpu}-{i}", model="Tesla-T4", memory_mib=15360) for i in range(2))
     make_node(name=gpu, labels={SWITCH_LABEL: f"sw-{suffix}"},
-              annotations={"gpupool.io/inventory-v1": encode_inventory(Inventory((card,)))})
+              annotations={"gpupool.io/inventory-v1": encode_inventory(Inventory((card, second)))})
     cpu = f"e2e-cpu-{suffix}"
     start_kubelet(cpu, labels={SWITCH_LABEL: f"sw-{suffix}", "gpupool.io/e2e-remote": suffix})
     manifest = pod_manifest("remote", limits={"gpupool.io/gpu-mem": "16"},
@@ -102,7 +103,18 @@ def test_kube_scheduler_and_the_extender_place_a_remote_share_pod_on_a_node_with
     running = wait_for(lambda: _running(core_v1, namespace, "remote"), timeout=90, what="remote pod Running")
     assert running.spec.node_name == cpu
     share = decode_remote_share(running.metadata.annotations[REMOTE_SHARE])
-    assert (share.server, share.card.uuid, share.card.memory_mib) == (gpu, card.uuid, 4096)
+    assert (share.server, share.card.memory_mib) == (gpu, 4096) and share.more_cards == ()
+
+    pair = pod_manifest("remote-pair", limits={"gpupool.io/gpu-shared": "2", "gpupool.io/gpu-mem": "8"},
+                        node_selector={"gpupool.io/e2e-remote": suffix})
+    pair["metadata"]["annotations"] = {"gpupool.io/remote-gpu": "true"}
+    core_v1.create_namespaced_pod(namespace, pair)
+    running = wait_for(lambda: _running(core_v1, namespace, "remote-pair"), timeout=90,
+                       what="two-card remote pod Running")
+    assert running.spec.node_name == cpu
+    share = decode_remote_share(running.metadata.annotations[REMOTE_SHARE])
+    assert share.server == gpu and sorted(c.uuid for c in share.cards) == [card.uuid, second.uuid]
+    assert {c.memory_mib for c in share.cards} == {2048}
 
 
 def _running(core_v1: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
