@@ -54,7 +54,8 @@ def agent_with_monitor(tmp_path: Path, node: str = NODE) -> tuple[NodeAgent, Usa
 
     monitor = UsageMonitor(node, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
                            MonitorConfig(str(tmp_path / "state.json")), choose=choose, processes=processes,
-                           identify=lambda pid: WHO[pid], clock=lambda: 50.0)
+                           identify=lambda pid: WHO[pid], clock=lambda: 50.0,
+                           ignore_pids=())  # pid 100 or 300 may be this process's own
     monitor.start()
     for pid, path in ((100, "/dev/nvidia0"), (300, "/dev/nvidia1")):
         processes.spawn(pid, path)

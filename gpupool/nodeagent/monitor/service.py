@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpupool.nodeagent.containers.container_directory import InMemoryContainerDirectory
@@ -105,7 +105,11 @@ class UsageMonitor:
                  choose: Callable[[Sequence[str]], SourceChoice] = choose_source,
                  processes: ProcessTable | None = None, identify: IdentityResolver | None = None,
                  on_change: StateListener | None = None, clock: Callable[[], float] = time.time,
-                 decide: OpenDecider = allow_every_open) -> None:
+                 decide: OpenDecider = allow_every_open, ignore_pids: Iterable[int] | None = None) -> None:
+        """``ignore_pids``: processes whose opens are never recorded; by default the agent's own (its
+        NVML calls open the cards, and that is not a tenant's use). A test that scripts opens by
+        made-up pids passes ``()``: one of them may be the test process's own pid, which the default
+        would silently drop."""
         self.node = node
         self.cards = dict(cards)
         """Card device path → card index."""
@@ -126,6 +130,7 @@ class UsageMonitor:
                                       identify=identify or self.resolver(),
                                       clock=clock,
                                       decide=decide,
+                                      ignore_pids=ignore_pids,
                                       undecided=PodListWait(lambda: self.directory.listed,
                                                             frozenset(config.infrastructure_namespaces),
                                                             deadline_s=config.pod_list_wait_s, clock=clock))

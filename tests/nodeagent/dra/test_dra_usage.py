@@ -110,7 +110,8 @@ async def dra_node(tmp: Path, opened: bool = True) -> tuple[NodeAgent, UsageMoni
 
     monitor = UsageMonitor(NODE, card_paths(backend.inventory()), CONTROL_DEVICES, BackendSampler(backend),
                            MonitorConfig(str(tmp / "state.json")), choose=choose, processes=processes,
-                           identify=lambda pid: WHO[pid], clock=lambda: 50.0)
+                           identify=lambda pid: WHO[pid], clock=lambda: 50.0,
+                           ignore_pids=())  # pid 400 may be this process's own
     monitor.start()
     for pid, path in ((300, "/dev/nvidia1"), (301, "/dev/nvidia1"), (400, "/dev/nvidia0")) if opened else ():
         processes.spawn(pid, path)

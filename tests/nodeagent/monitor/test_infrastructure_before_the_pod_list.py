@@ -89,7 +89,8 @@ class World:
         config = MonitorConfig(str(self.state_path), 600.0, infrastructure_namespaces=namespaces,
                                pod_list_wait_s=WAIT_S)
         self.monitor = UsageMonitor("n1", CARDS, (), sampler, config, directory=self.directory, choose=choose,
-                                    processes=self.processes, identify=resolver, clock=self.clock)
+                                    processes=self.processes, identify=resolver, clock=self.clock,
+                                    ignore_pids=())  # a scripted pid may be this process's own
         STARTED.append(self)
 
     def list_pods(self, *pods: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ never makes a held card free or idle."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,8 @@ class Sampler:
 
 
 class World:
-    def __init__(self, tmp_path: Path, source: ScriptedSource | None = None) -> None:
+    def __init__(self, tmp_path: Path, source: ScriptedSource | None = None,
+                 ignore_pids: Iterable[int] | None = ()) -> None:
         self.clock = Clock()
         self.sampler = Sampler(self.clock)
         self.processes = FakeProcesses()
@@ -64,7 +66,8 @@ class World:
         self.monitor = UsageMonitor(
             "n1", {GPU0: 0, GPU1: 1}, (CTL,), self.sampler, MonitorConfig(str(self.state_path), IDLE_AFTER),
             choose=choose, processes=self.processes, clock=self.clock, on_change=listen,
-            identify=lambda pid: ProcessIdentity(f"c{pid}", "train", "job-0", "ml"))
+            identify=lambda pid: ProcessIdentity(f"c{pid}", "train", "job-0", "ml"),
+            ignore_pids=ignore_pids)  # (): a scripted pid may be this process's own
 
     def open(self, pid: int, path: str = GPU0) -> None:
         self.processes.spawn(pid, path)
@@ -82,6 +85,20 @@ def test_the_recorder_registers_before_the_source_starts(tmp_path: Path) -> None
     world.monitor.start()
     world.monitor.stop()
     assert world.source.calls == ["register", "start", "stop"]
+
+
+def test_the_agents_own_opens_are_not_recorded_unless_the_monitor_is_told_otherwise(tmp_path: Path) -> None:
+    """By default the agent's own pid is ignored (its NVML calls open the cards). A test scripting
+    opens by made-up pids passes ``ignore_pids=()``: before, the monitor had no such setting and a
+    scripted pid that happened to be the test process's own (pids wrap to 300 after pid_max) was
+    silently not recorded (issue 24: test_dra_usage's pid 400 used nothing)."""
+    for name, ignore, recorded in (("default", None, []), ("scripted", (), [os.getpid()])):
+        (tmp_path / name).mkdir()
+        world = World(tmp_path / name, ignore_pids=ignore)
+        world.monitor.start()
+        world.open(os.getpid())
+        world.monitor.stop()
+        assert [h.pid for h in world.monitor.state.device(GPU0).holders] == recorded, name  # type: ignore[union-attr]
 
 
 def test_busy_and_idle_changes_reach_the_listener_with_the_holding_pod(tmp_path: Path) -> None:
