@@ -3,7 +3,8 @@
 A cluster of ``--nodes`` nodes, every other one with ``--cards`` 16 GiB cards, 40 nodes per
 switch. Timed with the core's scheduler (what the extender's filter and bind call), median of
 ``--rounds``: the filter over every node and the bind's choice for a node without GPUs, for a
-remote-share pod asking 4,000 MiB and 30 percent, beside the same pod asking a local share.
+remote-share pod asking 4,000 MiB and 30 percent, the same slice on two cards (``gpu-shared: 2``,
+booked on two cards of one GPU node), and the one-card pod asking a local share.
 
     python3 bench/remote_placement.py [--nodes 5000 --cards 8 --rounds 100 --json]
 """
@@ -63,11 +64,15 @@ def measure(count: int, cards: int, rounds: int) -> dict[str, float | int]:
     remote = PodRequest(key="ns/p", remote=True, containers=(ContainerRequest(
         "main", cpu_milli=1000, memory_mib=512, gpu=GpuRequest(memory_mib=4000, compute=300)),))
     local = dataclasses.replace(remote, remote=False)
+    pair = dataclasses.replace(remote, key="ns/pair", containers=(dataclasses.replace(
+        remote.containers[0], gpu=GpuRequest(count=2, memory_mib=4000, compute=300)),))
     rows = np.arange(count, dtype=np.int64)
     return {
         "nodes": count, "gpu_nodes": len(range(0, count, 2)), "cards_per_gpu_node": cards,
         "remote_filter_ms": _median_ms(lambda: scheduler.filter_and_score(remote, rows), rounds),
         "remote_bind_choice_ms": _median_ms(lambda: scheduler.assign(remote, "n1"), rounds),
+        "two_card_remote_filter_ms": _median_ms(lambda: scheduler.filter_and_score(pair, rows), rounds),
+        "two_card_remote_bind_choice_ms": _median_ms(lambda: scheduler.assign(pair, "n1"), rounds),
         "local_filter_ms": _median_ms(lambda: scheduler.filter_and_score(local, rows), rounds),
         "local_bind_choice_ms": _median_ms(lambda: scheduler.assign(local, "n0"), rounds),
     }
