@@ -32,8 +32,8 @@ def client_path_cmd() -> None:
 @remote_gpu.command("install-client")
 @click.option("--into", "into", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to copy the GPU client to as libcuda.so.1, gpupool's CUDA runtime as "
-                   "libcudart.so.12 and gpupool's cuBLAS as libcublas.so.12 (the pod's volume its GPU "
-                   "container preloads them from).")
+                   "libcudart.so.12, gpupool's cuBLAS as libcublas.so.12 and its cuBLASLt as "
+                   "libcublasLt.so.12 (the pod's volume its GPU container preloads them from).")
 @click.option("--grant", "grant", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the pod's grant Secret is mounted: waited for until it holds remote_endpoint and "
                    "remote_token.")
@@ -73,8 +73,8 @@ def _placeholder(find: Callable[[], Path]) -> Path | None:
 
 @remote_gpu.command("build")
 @click.option("--into", "directory", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to write gpupool-remote-server, remote-client/libcuda.so.1 and the local-share "
-                   "placeholder beside it to; the package's "
+              help="Directory to write gpupool-remote-server, remote-client/libcuda.so.1, gpupool's libcudart.so.12, "
+                   "libcublas.so.12 and libcublasLt.so.12 and the local-share placeholder beside it to; the package's "
                    "gpupool/shim/lib makes them the installation's (what the image does).")
 def build_cmd(directory: Path) -> None:
     """Build the GPU server and client (needs a C compiler and OpenSSL 3's headers) into a directory."""

@@ -6,10 +6,11 @@ The two things the pod needs on its node, which may be a node without GPUs and w
 agent (docs/remote-gpu.md, "What the webhook injects"):
 
 * **the GPU client library** (``libcuda.so.1`` of the GPU client), gpupool's CUDA runtime
-  (``libcudart.so.12``, for programs on the CUDA runtime) and gpupool's cuBLAS
-  (``libcublas.so.12``, forwarding cuBLAS calls): an init container of gpupool's image
+  (``libcudart.so.12``, for programs on the CUDA runtime), gpupool's cuBLAS
+  (``libcublas.so.12``, forwarding cuBLAS calls) and gpupool's cuBLASLt (``libcublasLt.so.12``,
+  refusing cuBLASLt's matmul calls cleanly): an init container of gpupool's image
   (``gpupool remote-gpu install-client``) copies them into an ``emptyDir`` and the GPU container
-  preloads the three (``LD_PRELOAD``). The init container reads the pod's ``remote-share-v1``
+  preloads the four (``LD_PRELOAD``). The init container reads the pod's ``remote-share-v1``
   (downward API, resolved when it starts, after the bind): for a share booked on the pod's own
   node (a local share, the bind's first tier) it copies an empty placeholder library to the paths
   instead, so the node's driver is used and the loader finds the preloaded files. ``LD_PRELOAD`` is
@@ -54,9 +55,10 @@ LIBRARY_DIR = "/var/run/gpupool-remote/lib"
 CLIENT_LIBRARY = f"{LIBRARY_DIR}/libcuda.so.1"
 RUNTIME_LIBRARY = f"{LIBRARY_DIR}/libcudart.so.12"
 BLAS_LIBRARY = f"{LIBRARY_DIR}/libcublas.so.12"
-PRELOAD = f"{CLIENT_LIBRARY}:{RUNTIME_LIBRARY}:{BLAS_LIBRARY}"
+BLAS_LT_LIBRARY = f"{LIBRARY_DIR}/libcublasLt.so.12"
+PRELOAD = f"{CLIENT_LIBRARY}:{RUNTIME_LIBRARY}:{BLAS_LIBRARY}:{BLAS_LT_LIBRARY}"
 """The client first: the runtime's and cuBLAS's ``libcuda.so.1`` is then the client, whatever else
-is on the path."""
+is on the path; cuBLASLt after the cuBLAS it is linked to."""
 SHARE_ENV = "GPUPOOL_REMOTE_SHARE"
 """The init container's copy of the pod's ``remote-share-v1`` (empty for a local share)."""
 INIT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "10m", "memory": "32Mi"},

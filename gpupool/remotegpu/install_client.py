@@ -5,19 +5,22 @@ It runs on the pod's node after the bind, so it knows what the webhook could not
 was booked on another node's card (the pod's ``remote-share-v1``, handed in by the downward API) or
 on the pod's own node (none: a local share, the node's driver serves it).
 For a local share it puts the local-share placeholder, an empty shared object, where the client,
-gpupool's CUDA runtime and its cuBLAS would be: the webhook's ``LD_PRELOAD`` names the three paths whatever the
+gpupool's CUDA runtime, its cuBLAS and its cuBLASLt would be: the webhook's ``LD_PRELOAD`` names the four paths
+whatever the
 share turns out to be, and a path naming no file makes the dynamic loader print "cannot be
 preloaded" at every program start. The placeholder defines nothing, so the program's
 ``libcuda.so.1`` is still the node's driver (or the interception library the node's
-``/etc/ld.so.preload`` loads in front of it) and its ``libcudart.so.12`` and ``libcublas.so.12``
-NVIDIA's. For a remote share it copies the GPU client (``libcuda.so.1``), gpupool's CUDA runtime
+``/etc/ld.so.preload`` loads in front of it) and its ``libcudart.so.12``, ``libcublas.so.12`` and
+``libcublasLt.so.12`` NVIDIA's. For a remote share it copies the GPU client (``libcuda.so.1``), gpupool's CUDA runtime
 (``libcudart.so.12``, which a program on the CUDA runtime needs: NVIDIA's cannot start on the
-client) and gpupool's cuBLAS (``libcublas.so.12``, which forwards cuBLAS calls to the GPU server:
-NVIDIA's cannot run on the client either) into the pod's
+client), gpupool's cuBLAS (``libcublas.so.12``, which forwards cuBLAS calls to the GPU server:
+NVIDIA's cannot run on the client either) and gpupool's cuBLASLt (``libcublasLt.so.12``, which
+refuses cuBLASLt's matmul calls: NVIDIA's would crash the program) into the pod's
 volume that the GPU container preloads, then waits until the grant Secret's endpoint and token are
 in the mounted directory, so the GPU container never starts without them (the Secret volume is
 optional, kubelet fills it in when the GPU node's agent has written it). Preloaded, gpupool's
-runtime and cuBLAS answer a program's ``libcudart.so.12`` and ``libcublas.so.12`` whatever copy the
+runtime, cuBLAS and cuBLASLt answer a program's ``libcudart.so.12``, ``libcublas.so.12`` and
+``libcublasLt.so.12`` whatever copy the
 program's RPATH or RUNPATH names (a Python wheel's, say).
 
 With ``check_server_name`` (the extender signs GPU nodes' own certificates) it also writes the
@@ -41,6 +44,8 @@ RUNTIME_NAME = "libcudart.so.12"
 """gpupool's CUDA runtime, beside the client in the client's directory and in the pod's."""
 BLAS_NAME = "libcublas.so.12"
 """gpupool's cuBLAS, beside the client in the client's directory and in the pod's."""
+BLAS_LT_NAME = "libcublasLt.so.12"
+"""gpupool's cuBLASLt, beside the client in the client's directory and in the pod's."""
 SERVER_NAME_FILE = "remote_server_name"
 """Beside the client: the GPU node its certificate must name (read by the client library)."""
 GRANT_KEYS = ("remote_endpoint", "remote_token")
@@ -76,7 +81,8 @@ def install_placeholder(placeholder: Path | None, into: Path) -> str:
     if placeholder is None:
         return f"{local}; no local-share placeholder in this image, nothing installed"
     try:
-        installed = [copy_client(placeholder, into, name) for name in (CLIENT_NAME, RUNTIME_NAME, BLAS_NAME)]
+        names = (CLIENT_NAME, RUNTIME_NAME, BLAS_NAME, BLAS_LT_NAME)
+        installed = [copy_client(placeholder, into, name) for name in names]
     except OSError as exc:
         return f"{local}; the local-share placeholder could not be installed ({exc})"
     return f"{local}; installed the local-share placeholder (loads nothing) as {' and '.join(map(str, installed))}"
@@ -91,6 +97,11 @@ def install_runtime(source: Path, into: Path, placeholder: Path | None) -> str:
 def install_blas(source: Path, into: Path, placeholder: Path | None) -> str:
     """gpupool's cuBLAS from beside the client ``source``, as :func:`install_runtime` does."""
     return install_beside(source, into, placeholder, BLAS_NAME, "cuBLAS")
+
+
+def install_blas_lt(source: Path, into: Path, placeholder: Path | None) -> str:
+    """gpupool's cuBLASLt from beside the client ``source``, as :func:`install_runtime` does."""
+    return install_beside(source, into, placeholder, BLAS_LT_NAME, "cuBLASLt")
 
 
 def install_beside(source: Path, into: Path, placeholder: Path | None, name: str, what: str) -> str:
@@ -116,6 +127,7 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
     installed = copy_client(source, into)
     runtime = install_runtime(source, into, placeholder)
     blas = install_blas(source, into, placeholder)
+    blas_lt = install_blas_lt(source, into, placeholder)
     if check_server_name:
         try:
             server = decode_remote_share(share).server
@@ -130,4 +142,4 @@ def install_client(share: str, source: Path, into: Path, grant: Path, *, wait_s:
                                "agent writes them in the Secret <pod>-gpupool-remote (is it running with "
                                "--remote-gpu-server?)")
         sleep(poll_s)
-    return f"installed the GPU client as {installed}, {runtime} and {blas}; the grant is in {grant}"
+    return f"installed the GPU client as {installed}, {runtime}, {blas} and {blas_lt}; the grant is in {grant}"

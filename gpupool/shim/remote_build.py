@@ -6,7 +6,8 @@
   nodes without GPUs, and beside it gpupool's CUDA runtime, a ``libcudart.so.12`` that implements
   part of the CUDA runtime API on the driver API (NVIDIA's runtime cannot start on the client), and
   gpupool's ``libcublas.so.12``, which forwards cuBLAS calls to the server's own cuBLAS (NVIDIA's
-  cannot run on the client either);
+  cannot run on the client either), and gpupool's ``libcublasLt.so.12``, which refuses cuBLASLt's
+  matmul calls cleanly (NVIDIA's crashes a client process: it is handed gpupool's cuBLAS handles);
 * the local-share placeholder, an empty shared object the GPU client's init container installs in
   the client's place when the pod's share is on its own node (the webhook's ``LD_PRELOAD`` names
   the client's path before the bind decides; a missing file there makes the loader complain at
@@ -53,6 +54,12 @@ BLAS_FILES = ("cublas_refused.h", "cublas.map")
 BLAS_SONAME = "libcublas.so.12"
 BLAS_LINK = "libcublas.so"
 """What ``-lcublas`` finds, for programs linked against gpupool's cuBLAS."""
+BLAS_LT_SOURCES = ("cublaslt.c",)
+BLAS_LT_FILES = ("cublaslt.map",)
+"""cublaslt.c's version script (the soname as the symbols' version, as cublas.map)."""
+BLAS_LT_SONAME = "libcublasLt.so.12"
+BLAS_LT_LINK = "libcublasLt.so"
+"""What ``-lcublasLt`` finds, for programs linked against gpupool's cuBLASLt."""
 PLACEHOLDER_SOURCES = ("local_share.c",)
 PLACEHOLDER_NAME = "libgpupool-local-share.so"
 """The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
@@ -91,7 +98,9 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     sources = _files(CLIENT_SOURCES)
     runtime_sources = _files(RUNTIME_SOURCES)
     blas_sources = _files(BLAS_SOURCES)
-    built_from = sources + runtime_sources + blas_sources + _files(HEADERS) + _files(RUNTIME_FILES) + _files(BLAS_FILES)
+    blas_lt_sources = _files(BLAS_LT_SOURCES)
+    built_from = (sources + runtime_sources + blas_sources + blas_lt_sources + _files(HEADERS) + _files(RUNTIME_FILES)
+                  + _files(BLAS_FILES) + _files(BLAS_LT_FILES))
     directory = cache_dir() / f"remote-client-{flavour.name}-{_digest(compiler, flags, built_from)}"
     target = directory / CLIENT_SONAME
     if not target.is_file():
@@ -112,6 +121,13 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     blas_link = directory / BLAS_LINK
     if not blas_link.exists():
         blas_link.symlink_to(BLAS_SONAME)
+    blas_lt = directory / BLAS_LT_SONAME
+    if not blas_lt.is_file():  # linked to gpupool's cuBLAS beside it (the server's version, the status names)
+        _compile(compiler, [*_library_flags(flavour, werror, BLAS_LT_SONAME, "cublaslt.map"), f"-L{directory}",
+                            "-lcublas"], blas_lt_sources, blas_lt)
+    blas_lt_link = directory / BLAS_LT_LINK
+    if not blas_lt_link.exists():
+        blas_lt_link.symlink_to(BLAS_LT_SONAME)
     return directory
 
 
@@ -175,9 +191,9 @@ def placeholder_library() -> Path:
 
 def build_into(directory: Path) -> tuple[Path, Path]:
     """Build the programs and copy them into ``directory`` as an installation keeps them
-    (``gpupool-remote-server``, ``remote-client/libcuda.so.1``, gpupool's ``libcudart.so.12`` and
-    ``libcublas.so.12`` and the local-share placeholder beside the client); returns the server's path and the client's
-    directory."""
+    (``gpupool-remote-server``, ``remote-client/libcuda.so.1``, gpupool's ``libcudart.so.12``,
+    ``libcublas.so.12`` and ``libcublasLt.so.12`` and the local-share placeholder beside the
+    client); returns the server's path and the client's directory."""
     import shutil
 
     server, client, placeholder = build_server(), build_client(), build_placeholder()
@@ -189,8 +205,10 @@ def build_into(directory: Path) -> tuple[Path, Path]:
     shutil.copy2(client / CLIENT_SONAME, client_target / CLIENT_SONAME)
     shutil.copy2(client / RUNTIME_SONAME, client_target / RUNTIME_SONAME)
     shutil.copy2(client / BLAS_SONAME, client_target / BLAS_SONAME)
+    shutil.copy2(client / BLAS_LT_SONAME, client_target / BLAS_LT_SONAME)
     shutil.copy2(placeholder, client_target / PLACEHOLDER_NAME)
-    for link_name, target in (("libcuda.so", CLIENT_SONAME), (RUNTIME_LINK, RUNTIME_SONAME), (BLAS_LINK, BLAS_SONAME)):
+    for link_name, target in (("libcuda.so", CLIENT_SONAME), (RUNTIME_LINK, RUNTIME_SONAME), (BLAS_LINK, BLAS_SONAME),
+                              (BLAS_LT_LINK, BLAS_LT_SONAME)):
         link = client_target / link_name
         if not link.is_symlink():
             link.symlink_to(target)

@@ -53,6 +53,7 @@ if [ -z "$GPUPOOL_REMOTE_SHARE" ]; then echo "local share: nothing installed"; e
 cp /opt/gpupool/libcuda.so.1 "$4/libcuda.so.1" || exit 1
 cp /opt/gpupool/libcudart.so.12 "$4/libcudart.so.12" || exit 1
 cp /opt/gpupool/libcublas.so.12 "$4/libcublas.so.12" || exit 1
+cp /opt/gpupool/libcublasLt.so.12 "$4/libcublasLt.so.12" || exit 1
 i=0
 until [ -s "$6/remote_token" ] && [ -s "$6/remote_endpoint" ]; do
   i=$((i + 1)); [ "$i" -gt 300 ] && { echo "no grant in $6"; exit 1; }; sleep 1
@@ -82,7 +83,8 @@ def init_image(kubelet: Kubelet, workdir: Path) -> str:
     image = build_image("remote-inject-gpupool", {"/usr/local/bin/gpupool": installer,
                                                   "/opt/gpupool/libcuda.so.1": client_dir / "libcuda.so.1",
                                                   "/opt/gpupool/libcudart.so.12": client_dir / "libcudart.so.12",
-                                                  "/opt/gpupool/libcublas.so.12": client_dir / "libcublas.so.12"})
+                                                  "/opt/gpupool/libcublas.so.12": client_dir / "libcublas.so.12",
+                                                  "/opt/gpupool/libcublasLt.so.12": client_dir / "libcublasLt.so.12"})
     kubelet.import_image(image)
     return image.ref
 

@@ -15,6 +15,7 @@ from gpupool.api.names import ResourceNames
 from gpupool.extender.admission import Verdict
 from gpupool.extender.remote_injection import (
     BLAS_LIBRARY,
+    BLAS_LT_LIBRARY,
     CLIENT_LIBRARY,
     GRANT_DIR,
     GRANT_VOLUME,
@@ -89,9 +90,11 @@ def test_a_generate_name_pod_gets_a_name_the_client_library_and_its_grant_by_tha
     assert log == {"name": "log", "image": "busybox"}  # only the GPU container gets the client
     assert main["env"] == [{"name": "GPUPOOL_REMOTE_DIR", "value": GRANT_DIR},
                            {"name": "LD_PRELOAD", "value": PRELOAD}]
-    # the client, then gpupool's CUDA runtime and cuBLAS (whose libcuda.so.1 is then the client)
-    assert PRELOAD.split(":") == [CLIENT_LIBRARY, RUNTIME_LIBRARY, BLAS_LIBRARY] == [
-        f"{LIBRARY_DIR}/libcuda.so.1", f"{LIBRARY_DIR}/libcudart.so.12", f"{LIBRARY_DIR}/libcublas.so.12"]
+    # the client, then gpupool's CUDA runtime and cuBLAS (whose libcuda.so.1 is then the client), then
+    # its cuBLASLt (so NVIDIA's, which crashes on gpupool's cuBLAS handles, is never loaded)
+    assert PRELOAD.split(":") == [CLIENT_LIBRARY, RUNTIME_LIBRARY, BLAS_LIBRARY, BLAS_LT_LIBRARY] == [
+        f"{LIBRARY_DIR}/libcuda.so.1", f"{LIBRARY_DIR}/libcudart.so.12", f"{LIBRARY_DIR}/libcublas.so.12",
+        f"{LIBRARY_DIR}/libcublasLt.so.12"]
     assert main["volumeMounts"] == [{"name": GRANT_VOLUME, "mountPath": GRANT_DIR, "readOnly": True},
                                     {"name": LIBRARY_VOLUME, "mountPath": LIBRARY_DIR, "readOnly": True}]
     assert injection().verdict(out) == Verdict(True)  # called again (reinvocation): nothing more

@@ -17,22 +17,23 @@ SHARE = '{"v": 1, "server": "gpu-7"}'
 
 
 def client_file(tmp_path: Path, runtime: bool = True) -> Path:
-    """The client's directory as the build leaves it: the client, and gpupool's CUDA runtime and cuBLAS
-    beside it (``runtime`` False: an image built before either)."""
+    """The client's directory as the build leaves it: the client, and gpupool's CUDA runtime, cuBLAS
+    and cuBLASLt beside it (``runtime`` False: an image built before any of them)."""
     source = tmp_path / "built" / "libcuda.so.1"
     source.parent.mkdir()
     source.write_bytes(b"\x7fELF the client")
     if runtime:
         (source.parent / "libcudart.so.12").write_bytes(b"\x7fELF the runtime")
         (source.parent / "libcublas.so.12").write_bytes(b"\x7fELF the cuBLAS")
+        (source.parent / "libcublasLt.so.12").write_bytes(b"\x7fELF the cuBLASLt")
     return source
 
 
 def test_a_local_share_gets_the_placeholder_at_the_clients_path_and_waits_for_nothing(tmp_path: Path) -> None:
-    """The webhook's LD_PRELOAD names lib/libcuda.so.1, lib/libcudart.so.12 and lib/libcublas.so.12
-    whatever the share turns out to be: a local share finds the placeholder at all three (tests/remote/
-    test_local_share_placeholder.py runs programs with them), not the client and gpupool's runtime
-    and cuBLAS, and no grant is waited for."""
+    """The webhook's LD_PRELOAD names lib/libcuda.so.1, lib/libcudart.so.12, lib/libcublas.so.12 and
+    lib/libcublasLt.so.12 whatever the share turns out to be: a local share finds the placeholder at
+    all four (tests/remote/test_local_share_placeholder.py runs programs with them), not the client
+    and gpupool's runtime, cuBLAS and cuBLASLt, and no grant is waited for."""
     placeholder = tmp_path / "built" / "libgpupool-local-share.so"
     placeholder.parent.mkdir()
     placeholder.write_bytes(b"\x7fELF the placeholder")
@@ -42,9 +43,10 @@ def test_a_local_share_gets_the_placeholder_at_the_clients_path_and_waits_for_no
     assert installed.read_bytes() == b"\x7fELF the placeholder" and installed.stat().st_mode & 0o777 == 0o755
     assert runtime.read_bytes() == b"\x7fELF the placeholder" and runtime.stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "lib" / "libcublas.so.12").read_bytes() == b"\x7fELF the placeholder"
+    assert (tmp_path / "lib" / "libcublasLt.so.12").read_bytes() == b"\x7fELF the placeholder"
     assert "local-share placeholder" in said and str(installed) in said and str(runtime) in said
-    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["libcublas.so.12", "libcuda.so.1",
-                                                                   "libcudart.so.12"]
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["libcublas.so.12", "libcublasLt.so.12",
+                                                                   "libcuda.so.1", "libcudart.so.12"]
 
 
 def test_a_local_share_still_starts_without_a_placeholder(tmp_path: Path) -> None:
@@ -75,9 +77,11 @@ def test_a_remote_share_gets_the_client_once_the_grant_is_mounted(tmp_path: Path
     assert waits == [0.5] and str(installed) in said and f"gpupool's CUDA runtime as {runtime}" in said
     blas = tmp_path / "lib" / "libcublas.so.12"
     assert blas.read_bytes() == b"\x7fELF the cuBLAS" and f"gpupool's cuBLAS as {blas}" in said
+    blas_lt = tmp_path / "lib" / "libcublasLt.so.12"
+    assert blas_lt.read_bytes() == b"\x7fELF the cuBLASLt" and f"gpupool's cuBLASLt as {blas_lt}" in said
     # no staging file left
-    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["libcublas.so.12", "libcuda.so.1",
-                                                                   "libcudart.so.12"]
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["libcublas.so.12", "libcublasLt.so.12",
+                                                                   "libcuda.so.1", "libcudart.so.12"]
 
 
 def test_a_client_built_without_the_runtime_gets_the_placeholder_in_its_place(tmp_path: Path) -> None:
@@ -95,6 +99,8 @@ def test_a_client_built_without_the_runtime_gets_the_placeholder_in_its_place(tm
     assert "no CUDA runtime beside the client, the placeholder as" in said
     assert (tmp_path / "lib" / "libcublas.so.12").read_bytes() == b"\x7fELF the placeholder"
     assert "no cuBLAS beside the client, the placeholder as" in said
+    assert (tmp_path / "lib" / "libcublasLt.so.12").read_bytes() == b"\x7fELF the placeholder"
+    assert "no cuBLASLt beside the client, the placeholder as" in said
 
 
 def test_a_grant_that_never_comes_fails_with_the_reason(tmp_path: Path) -> None:
@@ -132,6 +138,7 @@ def test_the_command_reads_the_share_from_the_downward_apis_variable(tmp_path: P
     assert (tmp_path / "lib" / "libcuda.so.1").read_bytes() == source.read_bytes()
     assert (tmp_path / "lib" / "libcudart.so.12").read_bytes() == b"\x7fELF the runtime"
     assert (tmp_path / "lib" / "libcublas.so.12").read_bytes() == b"\x7fELF the cuBLAS"
+    assert (tmp_path / "lib" / "libcublasLt.so.12").read_bytes() == b"\x7fELF the cuBLASLt"
 
 
 def test_check_server_name_writes_the_scheduled_node_beside_the_client(tmp_path: Path) -> None:

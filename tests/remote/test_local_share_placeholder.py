@@ -49,10 +49,11 @@ def pod_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pod_preload(pod_library: Path) -> str:
-    """The webhook's LD_PRELOAD, with the init container's files at its paths (the placeholder thrice)."""
+    """The webhook's LD_PRELOAD, with the init container's files at its paths (the placeholder at all four)."""
     runtime, blas = pod_library.with_name("libcudart.so.12"), pod_library.with_name("libcublas.so.12")
-    assert runtime.read_bytes() == pod_library.read_bytes() == blas.read_bytes()
-    return f"{pod_library}:{runtime}:{blas}"
+    blas_lt = pod_library.with_name("libcublasLt.so.12")
+    assert runtime.read_bytes() == pod_library.read_bytes() == blas.read_bytes() == blas_lt.read_bytes()
+    return f"{pod_library}:{runtime}:{blas}:{blas_lt}"
 
 
 def run(program: list[str], preload: str) -> subprocess.CompletedProcess[str]:

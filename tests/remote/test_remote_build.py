@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from gpupool.cli.main import cli
 from gpupool.shim import remote_build
 from gpupool.shim.remote_build import (
+    BLAS_LT_SONAME,
     BLAS_SONAME,
     CLIENT_SONAME,
     PLACEHOLDER_NAME,
@@ -71,6 +72,10 @@ def test_build_into_writes_what_serve_and_client_path_then_use(monkeypatch: pyte
     blas = subprocess.run(["readelf", "-d", str(client / BLAS_SONAME)], capture_output=True, text=True)
     assert blas.returncode != 0 or f"[{BLAS_SONAME}]" in blas.stdout  # gpupool's cuBLAS beside it
     assert (client / "libcublas.so").resolve() == (client / BLAS_SONAME).resolve()  # what -lcublas finds
+    blas_lt = subprocess.run(["readelf", "-d", str(client / BLAS_LT_SONAME)], capture_output=True, text=True)
+    assert blas_lt.returncode != 0 or (f"[{BLAS_LT_SONAME}]" in blas_lt.stdout  # gpupool's cuBLASLt beside it,
+                                       and f"[{BLAS_SONAME}]" in blas_lt.stdout)  # linked to gpupool's cuBLAS
+    assert (client / "libcublasLt.so").resolve() == (client / BLAS_LT_SONAME).resolve()  # what -lcublasLt finds
     monkeypatch.setattr(remote_build, "PACKAGED_DIR", tmp_path / "lib")
     assert server_program() == server and client_directory() == client
     assert placeholder_library() == client / PLACEHOLDER_NAME  # what a local share's init container copies
