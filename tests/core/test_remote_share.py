@@ -252,3 +252,11 @@ def test_the_scheduler_assigns_a_two_card_remote_share_and_books_both_cards() ->
     assert not isinstance(assigned, Unschedulable) and assigned.node == "g"
     state.apply(assigned)
     assert sorted(c.memory_free for c in state.card_usage("g")) == [16_384 - 4_000] * 2
+
+
+def test_the_pods_own_node_with_two_cards_with_room_gets_a_plain_local_share_of_two() -> None:
+    state = ClusterState([gpu_node("own", "s1", 2), gpu_node("near", "s1", 2)])
+    choice = choose(state, remote_pod(cards=2), "own")
+    assert (choice.placement.node, choice.tier) == ("own", Tier.LOCAL)
+    assert sorted(s.card for s in choice.placement.containers[0].slices) == [0, 1]
+    assert choice.placement.cpu_milli == 1_000  # a local share: the pod's CPU on its node too
