@@ -79,9 +79,12 @@ def served_shares(pods: Iterable[Mapping[str, Any]], node: str, names: ResourceN
         uid = str(meta.get("uid") or "")
         if share.server != node or not uid or (share.pod_uid and share.pod_uid != uid) or not share.card.memory_mib:
             continue  # another node's, another pod's, or no memory (refused at the request: never written)
+        # The clients file holds one limit for all of a client's cards: the smallest booking (a share
+        # proportional to cards of different sizes is booked differently on each), never more than
+        # any card holds for it.
         found.append(ServedShare(pod=f"{meta.get('namespace')}/{meta.get('name')}", pod_uid=uid,
-                                 card_uuid=share.card.uuid, memory_mib=share.card.memory_mib,
-                                 compute_percent=share.card.compute // 10,
+                                 card_uuid=share.card.uuid, memory_mib=min(c.memory_mib for c in share.cards),
+                                 compute_percent=min(c.compute for c in share.cards) // 10,
                                  more_card_uuids=tuple(c.uuid for c in share.more_cards)))
     return sorted(found, key=lambda s: s.pod)
 

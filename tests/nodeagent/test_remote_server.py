@@ -318,3 +318,16 @@ def test_a_two_card_pod_is_one_client_with_both_cards_in_device_order_and_one_to
     restarted = RemoteClients("gpu", NAMES, path)  # an agent restart keeps the two-card pod's token
     restarted.replace([two_card_pod("pair"), remote_pod("one")])
     assert json.loads(path.read_text()) == doc
+
+
+def test_cards_booked_differently_are_served_the_smallest_booking_on_each() -> None:
+    """A compute share with proportional memory on a 16 GiB and an 8 GiB card books 4,000 and 2,000
+    MiB: the server holds the client to 2,000 MiB on both, never more than a card holds for it."""
+    share = RemoteShare(server="gpu", time=WHEN, container="main", pod_uid="uid-p",
+                        card=CardRef(0, "GPU-gpu-0", 4000, 250), more_cards=(CardRef(1, "GPU-gpu-1", 2000, 250),))
+    raw = {"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p",
+                        "annotations": {NAMES.remote_share: encode_remote_share(share)}},
+           "spec": {"nodeName": "cpu"}, "status": {"phase": "Running"}}
+    assert served_shares([raw], "gpu", NAMES) == [
+        ServedShare(pod="ns/p", pod_uid="uid-p", card_uuid="GPU-gpu-0", memory_mib=2000, compute_percent=25,
+                    more_card_uuids=("GPU-gpu-1",))]
