@@ -64,7 +64,8 @@ PLACEHOLDER_SOURCES = ("local_share.c",)
 PLACEHOLDER_NAME = "libgpupool-local-share.so"
 """The placeholder's file name and soname: anything but ``libcuda.so.1``, so the loader never
 answers a program's ``libcuda.so.1`` with it (it is installed under that name in the pod)."""
-HEADERS = ("protocol.h",)
+HEADERS = ("protocol.h", "blas_checks.h")
+"""Included by the server and the libraries: the wire format; the cuBLAS argument checks both apply."""
 WARNINGS = ("-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter")
 CLIENT_SONAME = "libcuda.so.1"
 SERVER_LIBRARIES = ("-Wl,--no-as-needed", "-lssl", "-lcrypto")

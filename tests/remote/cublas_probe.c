@@ -10,6 +10,10 @@
  *   cublas_probe forged H    a SGEMM on handle H (another client's): "forged <status>", then a SGEMM
  *                            on its own handle: "own <status>:ok|BAD"
  *   cublas_probe outside     SGEMMs naming memory outside its allocations: "outside <status> ..."
+ *                            (run with GPUPOOL_REMOTE_BLAS_SYNC=1: each call answered)
+ *   cublas_probe late        the same sent without a reply: each call's status, then the status of
+ *                            the synchronisation after it; the calls refused in the client at once:
+ *                            "late <status> ...", then "after <status>:ok|BAD"
  */
 #include <math.h>
 #include <stdint.h>
@@ -375,6 +379,39 @@ int main(int argc, char **argv) {
         status = small_gemm(handle, a, b, c, 2);
         cudaMemcpy(result, c, sizeof result, TO_HOST);
         printf("after %d:%s\n", status, result[0] == 7 && result[3] == 22 ? "ok" : "BAD");
+        return 0;
+    }
+    if (strcmp(mode, "late") == 0) {
+        float *stray = (float *)((char *)c + (1 << 20));
+        float alpha = 1, beta = 0;
+        int beyond = small_gemm(handle, a, b, stray, 2);         /* sent: no answer yet */
+        int device_sync = cudaDeviceSynchronize();               /* its fault */
+        int clean_sync = cudaDeviceSynchronize();                /* reported once */
+        int past_end = small_gemm(handle, a, b, c, 3);
+        int stream_sync = cudaStreamSynchronize(NULL);
+        int unknown = small_gemm(handle, (float *)0x1000, b, c, 2);
+        int blas_after = cublasSetMathMode(handle, 0);           /* an answered cuBLAS call: not run */
+        /* refused at once, in the client, as cuBLAS does: nothing is sent */
+        int negative = cublasSgemm_v2(handle, N_OP, N_OP, -1, 2, 2, &alpha, a, 2, b, 2, &beta, c, 2);
+        int transpose = cublasSgemm_v2(handle, 5, N_OP, 2, 2, 2, &alpha, a, 2, b, 2, &beta, c, 2);
+        int leading = cublasSgemm_v2(handle, N_OP, N_OP, 2, 2, 2, &alpha, a, 1, b, 2, &beta, c, 2);
+        int increment = cublasSgemv_v2(handle, N_OP, 2, 2, &alpha, a, 2, b, 0, &beta, c, 1);
+        int never = small_gemm((cublasHandle_t)(uintptr_t)0x1234, a, b, c, 2);
+        cublasHandle_t gone = NULL;
+        cublasCreate_v2(&gone);
+        cublasDestroy_v2(gone);
+        int destroyed = small_gemm(gone, a, b, c, 2);
+        int quiet_sync = cudaDeviceSynchronize();
+        int device_mode = cublasSetPointerMode_v2(handle, 1);
+        int scal = cublasSscal_v2(handle, 2, stray, a, 1);       /* device alpha outside */
+        int scal_sync = cudaDeviceSynchronize();
+        cublasSetPointerMode_v2(handle, 0);
+        printf("late %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", beyond, device_sync, clean_sync, past_end,
+               stream_sync, unknown, blas_after, negative, transpose, leading, increment, never, destroyed, quiet_sync,
+               device_mode, scal, scal_sync);
+        status = small_gemm(handle, a, b, c, 2);
+        int copied = cudaMemcpy(result, c, sizeof result, TO_HOST);
+        printf("after %d:%s\n", status | copied, result[0] == 7 && result[3] == 22 ? "ok" : "BAD");
         return 0;
     }
     printf("unknown mode %s\n", mode);

@@ -89,24 +89,31 @@ def blas_server(programs: Programs, workdir: Path, library: Path | None, letters
         yield server, log
 
 
-def run(programs: Programs, probe: Path, port: int, *args: str, letter: str = "a") -> subprocess.CompletedProcess[str]:
+def run(programs: Programs, probe: Path, port: int, *args: str, letter: str = "a",
+        answered: bool = False) -> subprocess.CompletedProcess[str]:
+    """The probe as client ``letter``; ``answered``: with GPUPOOL_REMOTE_BLAS_SYNC=1 (every call answered)."""
     env = probe_env(programs, f"127.0.0.1:{port}", token(letter))
+    if answered:
+        env["GPUPOOL_REMOTE_BLAS_SYNC"] = "1"
     return subprocess.run([str(probe), *args], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], ["--enforce-compute"]], ids=["direct", "executor"])
+@pytest.mark.parametrize(("extra", "answered"), [([], False), (["--enforce-compute"], False), ([], True)],
+                         ids=["direct", "executor", "answered"])
 def test_every_carried_call_gives_the_cpu_references_result(programs: Programs, probe: Path, standin_cublas: Path,
-                                                            tmp_path: Path, extra: list[str]) -> None:
+                                                            tmp_path: Path, extra: list[str], answered: bool) -> None:
     """SGEMM and DGEMM with both transposes and leading dimensions above m, GemmEx, the three strided
     batched forms, SGEMV (both transposes, increments of 2), DGEMV, SAXPY, SSCAL, SDOT into host and
     device memory, GEMV with alpha and beta in device memory, a SGEMM on a stream set on the handle
     (GetStream gives it back, and the server's cuBLAS got it), Set/GetMatrix with leading dimensions
     and Set/GetVector with increments, the version, math mode and a workspace of the program's own
     memory: each status 0 and each result the probe's CPU reference's; nothing on stderr. The same
-    under --enforce-compute, where the executor (the interception library loaded) runs cuBLAS."""
+    under --enforce-compute, where the executor (the interception library loaded) runs cuBLAS, and
+    with GPUPOOL_REMOTE_BLAS_SYNC=1 (every call answered instead of the GEMMs, GEMV, AXPY, SCAL and
+    the device SDOT sent without a reply)."""
     with blas_server(programs, tmp_path, standin_cublas, extra=extra) as (server, log):
-        done = run(programs, probe, server.port, "blas")
+        done = run(programs, probe, server.port, "blas", answered=answered)
     assert done.returncode == 0, done.stdout + done.stderr
     words = done.stdout.split()
     assert words[:2] == ["blas", f"create={SUCCESS}"], done.stdout
@@ -182,9 +189,10 @@ def test_a_refused_function_says_so_once(programs: Programs, probe: Path, standi
 def test_another_clients_handle_and_memory_outside_the_allocations_are_refused(
         programs: Programs, probe: Path, standin_cublas: Path, tmp_path: Path) -> None:
     """Client b naming client a's live handle gets CUBLAS_STATUS_NOT_INITIALIZED (the server knows
-    only handles it made for b) and its own SGEMM still works; a C past its allocation's end, a C a
-    MiB past it, an A at an address b never allocated and a device alpha outside its memory are
-    CUBLAS_STATUS_INVALID_VALUE, never handed to cuBLAS; a's process and the server go on."""
+    only handles it made for b; here gpupool's cuBLAS refuses it before sending) and its own SGEMM
+    still works; with every call answered (GPUPOOL_REMOTE_BLAS_SYNC=1) a C past its allocation's
+    end, a C a MiB past it, an A at an address b never allocated and a device alpha outside its
+    memory are CUBLAS_STATUS_INVALID_VALUE, never handed to cuBLAS; a's process and the server go on."""
     with blas_server(programs, tmp_path, standin_cublas, letters="ab") as (server, _):
         env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"))
         holder = subprocess.Popen([str(probe), "hold"], env=env, stdout=subprocess.PIPE, text=True)
@@ -193,7 +201,7 @@ def test_another_clients_handle_and_memory_outside_the_allocations_are_refused(
             line = holder.stdout.readline().split()
             assert line[0] == "handle", line
             forged = run(programs, probe, server.port, "forged", line[1], letter="b")
-            outside = run(programs, probe, server.port, "outside", letter="b")
+            outside = run(programs, probe, server.port, "outside", letter="b", answered=True)
             assert holder.poll() is None
             again = run(programs, probe, server.port, "blas", letter="b")
         finally:
@@ -202,6 +210,43 @@ def test_another_clients_handle_and_memory_outside_the_allocations_are_refused(
     assert forged.stdout.splitlines() == [f"forged {NOT_INITIALIZED}", f"own {SUCCESS}:ok"], forged.stderr
     assert outside.stdout.splitlines() == [f"outside {INVALID_VALUE} {INVALID_VALUE} {INVALID_VALUE} {SUCCESS} "
                                            f"{INVALID_VALUE}", f"after {SUCCESS}:ok"], outside.stderr
+    assert again.stdout.split()[2:] == [f"{name}={SUCCESS}:ok" for name in BLAS_CASES]
+
+
+ILLEGAL_ADDRESS, EXECUTION_FAILED = 700, 13
+
+
+@pytest.mark.slow
+def test_memory_outside_the_allocations_is_an_asynchronous_error(programs: Programs, probe: Path,
+                                                                  standin_cublas: Path, tmp_path: Path) -> None:
+    """Sent without a reply, a SGEMM whose C lies a MiB past b's memory returns 0 and the next
+    cudaDeviceSynchronize returns cudaErrorIllegalAddress (700), once; so does cudaStreamSynchronize
+    after a C past its allocation's end; after an A at an address b never allocated, the next
+    answered cuBLAS call (cublasSetMathMode) gets CUBLAS_STATUS_EXECUTION_FAILED (13). A negative m,
+    a transpose of 5, lda 1 for 2 rows, an increment of 0 (INVALID_VALUE) and a handle never made or
+    destroyed (NOT_INITIALIZED) are still refused at once, and send nothing (the synchronisation
+    after them is clean). A device alpha outside b's memory: the SSCAL returns 0, the sync 700.
+    b's own SGEMM is then right; a, holding its handle meanwhile, and then a full run of every call
+    by a are unaffected, and the server goes on."""
+    with blas_server(programs, tmp_path, standin_cublas, letters="ab") as (server, _):
+        env = probe_env(programs, f"127.0.0.1:{server.port}", token("a"))
+        holder = subprocess.Popen([str(probe), "hold"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().startswith("handle ")
+            late = run(programs, probe, server.port, "late", letter="b")
+            assert holder.poll() is None
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+        again = run(programs, probe, server.port, "blas", letter="a")
+    assert late.stdout.splitlines() == [
+        "late " + " ".join(str(status) for status in (
+            SUCCESS, ILLEGAL_ADDRESS, SUCCESS, SUCCESS, ILLEGAL_ADDRESS, SUCCESS, EXECUTION_FAILED, INVALID_VALUE,
+            INVALID_VALUE, INVALID_VALUE, INVALID_VALUE, NOT_INITIALIZED, NOT_INITIALIZED, SUCCESS, SUCCESS, SUCCESS,
+            ILLEGAL_ADDRESS)),
+        f"after {SUCCESS}:ok"], late.stdout + late.stderr
+    assert late.stderr == ""
     assert again.stdout.split()[2:] == [f"{name}={SUCCESS}:ok" for name in BLAS_CASES]
 
 
@@ -333,3 +378,51 @@ def test_hostile_cublas_frames_cost_nothing(wire: socket.socket) -> None:
         status, _ = ask(wire, op, call, payload)
         assert status in (SUCCESS, NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED), (op, status)
     assert ask(wire, OP_PING, 400, b"")[0] == 0
+
+
+OP_CTX_SYNCHRONIZE, NO_REPLY = 7, 1
+
+
+@pytest.mark.slow
+def test_hostile_cublas_frames_without_a_reply_leave_a_cuda_error(wire: socket.socket) -> None:
+    """cuBLAS frames sent without a reply get none; what they leave comes with the next answered
+    call: a GEMM outside the client's memory CUDA_ERROR_ILLEGAL_ADDRESS (700), on a handle not the
+    client's CUDA_ERROR_INVALID_HANDLE (400), of a refused shape or short CUDA_ERROR_INVALID_VALUE
+    (1), a host-result dot CUDA_ERROR_INVALID_VALUE (it needs its reply); the first error is kept,
+    an answered cuBLAS call gets CUBLAS_STATUS_EXECUTION_FAILED (13) without being run; 300 random
+    unanswered frames then leave one of those errors and the connection and the server serve on."""
+    status, body = ask(wire, OP_MEM_ALLOC, 1, struct.pack("<Q", 1 << 20))
+    assert status == 0
+    pointer = struct.unpack("<Q", body)[0]
+    status, body = ask(wire, OP_CUBLAS_CREATE, 2, b"")
+    handle = struct.unpack("<Q", body)[0]
+
+    def late(op: int, payload: bytes) -> None:
+        wire.sendall(frame(op, 99, payload, NO_REPLY))
+
+    late(OP_CUBLAS_GEMM, gemm(handle, pointer))
+    assert ask(wire, OP_PING, 3, b"")[0] == 0
+    late(OP_CUBLAS_GEMM, gemm(handle, pointer + (1 << 20)))
+    late(OP_CUBLAS_GEMM, gemm(handle + 8, pointer))  # the first error is the one kept
+    assert ask(wire, OP_CTX_SYNCHRONIZE, 4, b"")[0] == ILLEGAL_ADDRESS
+    assert ask(wire, OP_PING, 5, b"")[0] == 0
+    late(OP_CUBLAS_GEMM, gemm(handle + 8, pointer))
+    assert ask(wire, OP_PING, 6, b"")[0] == 400
+    for payload in (gemm(handle, pointer, m=-1), gemm(handle, pointer, transa=5), b"\x01"):
+        late(OP_CUBLAS_GEMM, payload)
+        assert ask(wire, OP_PING, 7, b"")[0] == 1, payload[:16]
+    late(OP_CUBLAS_VECTOR, VECTOR.pack(handle, 4, 0, 0, 2, 0, 1, 1, 0, 0, pointer, pointer, 0, 0, 0, b"", b""))
+    assert ask(wire, OP_PING, 8, b"")[0] == 1
+    late(OP_CUBLAS_GEMM, gemm(handle, 0x1000))
+    assert ask(wire, OP_CUBLAS_DESTROY, 9, struct.pack("<Q", handle))[0] == EXECUTION_FAILED
+    assert ask(wire, OP_CUBLAS_GEMM, 10, gemm(handle, pointer))[0] == SUCCESS  # the handle was not destroyed
+    rng = random.Random(2525)
+    for _ in range(300):
+        op = rng.choice((OP_CUBLAS_GEMM, OP_CUBLAS_VECTOR))
+        payload = bytes(rng.randrange(256) for _ in range(rng.choice((0, 8, 120, 168, 200))))
+        if op == OP_CUBLAS_GEMM and rng.random() < 0.5:
+            payload = gemm(handle, rng.choice((pointer, pointer + (1 << 20), rng.randrange(2**64))))
+        late(op, payload)
+    assert ask(wire, OP_PING, 11, b"")[0] in (0, 1, 2, 400, 700, 719, 801)
+    assert ask(wire, OP_PING, 12, b"")[0] == 0
+    assert ask(wire, OP_CUBLAS_GEMM, 13, gemm(handle, pointer))[0] == SUCCESS

@@ -6,9 +6,15 @@
  *
  * Carried: handles (create, destroy, version, property, stream, pointer mode, math mode,
  * workspace), SGEMM, DGEMM, GemmEx, their strided batched forms, SGEMV, DGEMV, SAXPY, SSCAL,
- * SDOT, the status names, and Set/Get Vector/Matrix (here, as the client's copies). Each call is
- * one answered request on the client's connection (gpupoolRemoteCall), so its status is the
- * server's cuBLAS's, or the server's refusal. Host pointer mode: alpha and beta travel by value
+ * SDOT, the status names, and Set/Get Vector/Matrix (here, as the client's copies). The calls that
+ * answer nothing to the host (the GEMMs, GEMV, AXPY, SCAL, and SDOT into device memory) are sent
+ * without a reply (gpupoolRemoteSend), gathered with launches and copies, as cuBLAS runs them
+ * asynchronously on their stream: what cuBLAS would refuse at once (blas_checks.h, the server's own
+ * rule; a handle this process did not make) is refused here at once, and what only the server can
+ * judge (memory outside the client's allocations) comes back as a CUDA error at the next answered
+ * call, as a kernel's fault does. GPUPOOL_REMOTE_BLAS_SYNC=1 sends every call answered (debugging).
+ * Every other call is one answered request (gpupoolRemoteCall), so its status is the server's
+ * cuBLAS's, or the server's refusal. Host pointer mode: alpha and beta travel by value
  * (their size from the compute type); device pointer mode: their device pointers. The stream,
  * pointer mode and math mode a handle was given are kept here as well, for the Get calls.
  *
@@ -22,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_checks.h"
 #include "protocol.h"
 
 #define API __attribute__((visibility("default")))
@@ -37,6 +44,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 CUresult gpupoolRemoteCall(uint16_t op, const void *payload, size_t length, void *answer, size_t capacity,
                            size_t *got, int32_t *status);
+CUresult gpupoolRemoteSend(uint16_t op, const void *payload, size_t length);
 
 enum {
     CUBLAS_STATUS_SUCCESS = 0,
@@ -53,18 +61,11 @@ enum {
 #define CUDA_ERROR_NOT_INITIALIZED_ 3
 #define CUDA_R_32F 0
 #define CUDA_R_64F 1
-#define CUDA_C_32F 4
-#define CUDA_C_64F 5
-#define CUDA_C_16F 6
-#define CUDA_C_8I 7
-#define CUDA_C_8U 9
-#define CUDA_C_32I 11
-#define CUDA_C_16BF 15
 #define STREAM_LEGACY ((cudaStream_t)0x1)
 #define STREAM_PER_THREAD ((cudaStream_t)0x2)
 
 /* ------------------------------------------------------------------------- handles, as set here */
-#define MAX_HANDLES 256
+#define MAX_HANDLES REMOTE_MAX_BLAS_HANDLES /* as many as the server makes for one client */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct handle_state {
     uint64_t handle; /* the server's; 0: a free slot */
@@ -79,6 +80,16 @@ static struct handle_state state_of(cublasHandle_t handle) {
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < MAX_HANDLES; i++)
         if (handles[i].handle != 0 && handles[i].handle == (uintptr_t)handle) found = handles[i];
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+/* Whether handle is one this process made (and has not destroyed): cuBLAS answers any other
+ * CUBLAS_STATUS_NOT_INITIALIZED, which a call sent without a reply must get here. */
+static int made_here(cublasHandle_t handle) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < MAX_HANDLES && !found; i++) found = handles[i].handle != 0 && handles[i].handle == (uintptr_t)handle;
     pthread_mutex_unlock(&lock);
     return found;
 }
@@ -110,6 +121,27 @@ static cublasStatus_t forward(uint16_t op, const void *payload, size_t length, v
     if (result == CUDA_ERROR_NOT_INITIALIZED_) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (result != 0) return CUBLAS_STATUS_EXECUTION_FAILED;
     return status;
+}
+
+/* Whether every call is sent answered: GPUPOOL_REMOTE_BLAS_SYNC=1 (read once), for debugging. */
+static int every_call_answered(void) {
+    static int decided = -1;
+    int value = __atomic_load_n(&decided, __ATOMIC_RELAXED);
+    if (value < 0) {
+        const char *named = getenv("GPUPOOL_REMOTE_BLAS_SYNC");
+        value = named != NULL && strcmp(named, "1") == 0;
+        __atomic_store_n(&decided, value, __ATOMIC_RELAXED);
+    }
+    return value;
+}
+
+/* A call that answers nothing to the host: sent without a reply (its error, if the server finds
+ * one, comes with a later answered call), or answered under GPUPOOL_REMOTE_BLAS_SYNC=1. */
+static cublasStatus_t send_later(uint16_t op, const void *payload, size_t length) {
+    if (every_call_answered()) return forward(op, payload, length, NULL, 0, NULL);
+    CUresult result = gpupoolRemoteSend(op, payload, length);
+    if (result == CUDA_ERROR_NOT_INITIALIZED_) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return result == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
@@ -255,22 +287,6 @@ API const char *cublasGetStatusString(cublasStatus_t status) {
 }
 
 /* ------------------------------------------------------------------------------------ scalars */
-/* The bytes of one scalar of a compute type (cublasComputeType_t), complex when the output type is:
- * 0 for a type this library does not know (the call is refused with CUBLAS_STATUS_INVALID_VALUE). */
-static size_t scalar_bytes(int compute_type, int c_type) {
-    size_t real;
-    switch (compute_type) {
-    case 64: case 65: real = 2; break;                               /* CUBLAS_COMPUTE_16F(_PEDANTIC) */
-    case 68: case 69: case 74: case 75: case 77: real = 4; break;    /* 32F and its fast forms */
-    case 70: case 71: real = 8; break;                               /* 64F */
-    case 72: case 73: real = 4; break;                               /* 32I */
-    default: return 0;
-    }
-    int complex = c_type == CUDA_C_32F || c_type == CUDA_C_64F || c_type == CUDA_C_16F || c_type == CUDA_C_8I ||
-                  c_type == CUDA_C_8U || c_type == CUDA_C_32I || c_type == CUDA_C_16BF;
-    return complex ? 2 * real : real;
-}
-
 /* alpha and beta into a request: copied from the program's memory (host pointer mode) or their
  * pointers (device pointer mode). beta may be NULL (axpy, scal). */
 static int put_scalars(int device_mode, const void *alpha, const void *beta, size_t bytes, unsigned char *alpha_out,
@@ -298,11 +314,13 @@ static cublasStatus_t gemm(int kind, cublasHandle_t handle, int transa, int tran
     request.algo = algo, request.lda = lda, request.ldb = ldb, request.ldc = ldc, request.batch = batch;
     request.stride_a = stride_a, request.stride_b = stride_b, request.stride_c = stride_c;
     request.a = (uintptr_t)a, request.b = (uintptr_t)b, request.c = (uintptr_t)c;
-    if (beta == NULL ||
-        put_scalars(state_of(handle).pointer_mode, alpha, beta, scalar_bytes(compute_type, c_type), request.alpha,
-                    request.beta, &request.alpha_pointer, &request.beta_pointer) != 0)
+    struct blas_reach reach;
+    if (!made_here(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (blas_check_gemm(&request, &reach) != 0 || beta == NULL ||
+        put_scalars(state_of(handle).pointer_mode, alpha, beta, (size_t)blas_scalar_bytes(compute_type, c_type),
+                    request.alpha, request.beta, &request.alpha_pointer, &request.beta_pointer) != 0)
         return CUBLAS_STATUS_INVALID_VALUE;
-    return forward(OP_CUBLAS_GEMM, &request, sizeof request, NULL, 0, NULL);
+    return send_later(OP_CUBLAS_GEMM, &request, sizeof request);
 }
 
 
@@ -362,6 +380,9 @@ static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, in
     request.kind = kind, request.trans = trans, request.m = m, request.n = n, request.lda = lda;
     request.incx = incx, request.incy = incy;
     request.a = (uintptr_t)a, request.x = (uintptr_t)x, request.y = (uintptr_t)y, request.result = (uintptr_t)result;
+    struct blas_reach reach;
+    if (!made_here(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (blas_check_vector(&request, &reach) != 0) return CUBLAS_STATUS_INVALID_VALUE;
     int device_mode = state_of(handle).pointer_mode;
     if (kind == VECTOR_SDOT) {
         if (result == NULL) return CUBLAS_STATUS_INVALID_VALUE;
@@ -370,7 +391,8 @@ static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, in
                            &request.beta_pointer) != 0) {
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    double value = 0;
+    if (kind != VECTOR_SDOT || device_mode) return send_later(OP_CUBLAS_VECTOR, &request, sizeof request);
+    double value = 0; /* a dot into host memory waits for its value */
     size_t got = 0;
     cublasStatus_t status = forward(OP_CUBLAS_VECTOR, &request, sizeof request, &value, sizeof value, &got);
     if (status == CUBLAS_STATUS_SUCCESS && kind == VECTOR_SDOT && !device_mode) {

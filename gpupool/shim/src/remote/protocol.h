@@ -87,7 +87,9 @@ enum remote_op {
                                        1..count (count 0: no callback) -> i32 min grid, i32 block size */
     OP_MODULE_GLOBAL = 44,          /* u64 module, name -> u64 pointer, u64 bytes */
     /* cuBLAS, run by the server's libcublas (docs/remote-gpu.md, "cuBLAS"): every reply's status is a
-     * cublasStatus_t, never a CUDA error, and each call is answered (none is gathered). */
+     * cublasStatus_t, never a CUDA error. GEMM and VECTOR may come with REMOTE_FLAG_NO_REPLY (a
+     * VECTOR dot only into device memory): their error is then kept as a CUDA error for the next
+     * answered call, and an answered cuBLAS call that finds one gets CUBLAS_STATUS_EXECUTION_FAILED. */
     OP_CUBLAS_CREATE = 45,          /* -> u64 handle; refused for want of a library: status 1, u32 1 */
     OP_CUBLAS_DESTROY = 46,         /* u64 handle */
     OP_CUBLAS_SET_STREAM = 47,      /* u64 handle, u64 stream */

@@ -37,6 +37,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include "blas_checks.h"
 #include "protocol.h"
 
 #define CHECK_MS 100
@@ -823,12 +824,19 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
  * anything else is refused before cuBLAS sees it. cuBLAS's own workspace (the default one, which
  * it allocates at a handle's first calls) is outside the client's share; one the client gives with
  * cublasSetWorkspace_v2 is its own memory, counted. A handle's pointer mode is kept here: it decides
- * whether the scalars come by value or as device pointers. */
+ * whether the scalars come by value or as device pointers.
+ *
+ * A GEMM, gemv, axpy, scal or a dot into device memory may come without a reply
+ * (REMOTE_FLAG_NO_REPLY): its refusal or cuBLAS's failure is then kept as the connection's pending
+ * CUDA error (blas_late_error), as a fault of an asynchronous kernel is, and the next answered call
+ * gets it: a driver call the CUDA error itself, an answered cuBLAS call
+ * CUBLAS_STATUS_EXECUTION_FAILED, without being run. */
 #define BLAS_NOT_INITIALIZED 1
 #define BLAS_ALLOC_FAILED 3
 #define BLAS_INVALID_VALUE 7
 #define BLAS_NOT_SUPPORTED 15
-#define MAX_BLAS_HANDLES 1024
+#define BLAS_EXECUTION_FAILED 13
+#define MAX_BLAS_HANDLES REMOTE_MAX_BLAS_HANDLES
 typedef int blas_status;
 static struct {
     blas_status (*create)(handle *);
@@ -922,49 +930,7 @@ static int inside_allocation(uint64_t pointer, uint64_t bytes) {
     return 0;
 }
 
-/* The bytes a column-major rows x cols matrix of leading dimension ld reaches, over batch matrices
- * stride elements apart; -1 when the shape is invalid or would overflow. */
-static long long matrix_bytes(long long rows, long long cols, long long ld, long long stride, long long batch,
-                              long long element) {
-    long long reach, extent;
-    if (rows < 0 || cols < 0 || batch < 0 || stride < 0 || ld < (rows > 1 ? rows : 1)) return -1;
-    if (rows == 0 || cols == 0 || batch == 0) return 0;
-    if (__builtin_mul_overflow(cols - 1, ld, &reach) || __builtin_add_overflow(reach, rows, &reach) ||
-        __builtin_mul_overflow(batch - 1, stride, &extent) || __builtin_add_overflow(extent, reach, &extent) ||
-        __builtin_mul_overflow(extent, element, &extent))
-        return -1;
-    return extent;
-}
-
-/* A vector of n elements inc apart (a negative inc walks the same memory backwards). */
-static long long vector_bytes(long long n, long long inc, long long element) {
-    return n <= 0 ? 0 : matrix_bytes(1, n, inc < 0 ? -inc : (inc == 0 ? 1 : inc), 0, 1, element);
-}
-
 static int device_range(uint64_t pointer, long long bytes) { return bytes >= 0 && inside_allocation(pointer, (uint64_t)bytes); }
-
-/* Bytes per element of a cudaDataType; 0 for one not known here. */
-static long long type_bytes(int type) {
-    switch (type) {
-    case 2: case 14: case 7: case 9: return 2; /* R_16F, R_16BF, C_8I, C_8U */
-    case 3: case 8: case 28: case 29: return 1; /* R_8I, R_8U, R_8F_E4M3, R_8F_E5M2 */
-    case 0: case 10: case 6: case 15: return 4; /* R_32F, R_32I, C_16F, C_16BF */
-    case 1: case 4: case 11: return 8;         /* R_64F, C_32F, C_32I */
-    case 5: return 16;                         /* C_64F */
-    default: return 0;
-    }
-}
-
-/* The bytes of a scalar of a compute type, complex when the output type is (cublas.c's rule). */
-static long long blas_scalar_bytes(int compute, int c_type) {
-    long long real = compute == 64 || compute == 65 ? 2
-                     : compute == 70 || compute == 71 ? 8
-                     : (compute >= 68 && compute <= 77 && compute != 70 && compute != 71 && compute != 76) ? 4
-                                                                                                           : 0;
-    int complex = c_type == 4 || c_type == 5 || c_type == 6 || c_type == 7 || c_type == 9 || c_type == 11 ||
-                  c_type == 15;
-    return complex ? 2 * real : real;
-}
 
 /* The scalars a call uses: the request's bytes (host pointer mode, copied to aligned memory) or its
  * device pointers, each inside the client's memory (device pointer mode). */
@@ -983,34 +949,48 @@ static int blas_scalars(const struct blas_handle *owner, const unsigned char alp
     return 0;
 }
 
+/* The CUDA error a cuBLAS call sent without a reply leaves for the next answered call: memory
+ * outside the client's allocations is CUDA_ERROR_ILLEGAL_ADDRESS (700), as a kernel's stray access
+ * is found at the next synchronisation on a GPU; a handle not the client's CUDA_ERROR_INVALID_HANDLE
+ * (400); a refused argument CUDA_ERROR_INVALID_VALUE (1); cuBLAS's own failures the nearest CUDA
+ * error (a missing function 801, memory 2, anything else CUDA_ERROR_LAUNCH_FAILED 719). */
+#define BLAS_OUTSIDE (-1) /* not a cublasStatus_t: a range outside the client's memory */
+static CUresult blas_late_error(blas_status status) {
+    switch (status) {
+    case BLAS_OUTSIDE: return 700;
+    case BLAS_NOT_INITIALIZED: return INVALID_HANDLE;
+    case BLAS_INVALID_VALUE: return 1;
+    case BLAS_ALLOC_FAILED: return 2;
+    case BLAS_NOT_SUPPORTED: return 801;
+    default: return 719;
+    }
+}
+
+/* The end of a GEMM or level 1/2 call: its reply, or (sent without one) its error kept as pending.
+ * Answered, a range outside the client's memory is CUBLAS_STATUS_INVALID_VALUE, as before. */
+static int blas_done(const struct remote_header *h, blas_status status, const void *payload, size_t bytes) {
+    if (h->flags & REMOTE_FLAG_NO_REPLY) {
+        if (status != 0 && pending == 0) pending = blas_late_error(status);
+        return 0;
+    }
+    return reply(h, status == BLAS_OUTSIDE ? BLAS_INVALID_VALUE : status, payload, bytes);
+}
+
 static int blas_gemm(const struct remote_header *h, const unsigned char *payload, size_t length) {
     struct remote_gemm g;
-    if (length < sizeof g) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    struct blas_reach reach;
+    if (length < sizeof g) return blas_done(h, BLAS_INVALID_VALUE, NULL, 0);
     memcpy(&g, payload, sizeof g);
     struct blas_handle *owner = blas_handle_of(g.handle);
-    if (owner == NULL) return reply(h, BLAS_NOT_INITIALIZED, NULL, 0);
-    int strided = g.kind == GEMM_S_STRIDED || g.kind == GEMM_D_STRIDED || g.kind == GEMM_EX_STRIDED;
-    long long batch = strided ? g.batch : 1;
-    if (g.kind < 0 || g.kind >= GEMM_KINDS || g.transa < 0 || g.transa > 2 || g.transb < 0 || g.transb > 2 ||
-        g.m < 0 || g.n < 0 || g.k < 0 || batch < 0)
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
-    long long a_rows = g.transa == 0 ? g.m : g.k, a_cols = g.transa == 0 ? g.k : g.m;
-    long long b_rows = g.transb == 0 ? g.k : g.n, b_cols = g.transb == 0 ? g.n : g.k;
-    long long a_size = type_bytes(g.a_type), b_size = type_bytes(g.b_type), c_size = type_bytes(g.c_type);
-    long long inner = g.k == 0 ? 0 : 1; /* with k 0, A and B are not read */
-    long long a_bytes = matrix_bytes(a_rows * inner, a_cols * inner, g.lda, strided ? g.stride_a : 0, batch, a_size);
-    long long b_bytes = matrix_bytes(b_rows * inner, b_cols * inner, g.ldb, strided ? g.stride_b : 0, batch, b_size);
-    long long c_bytes = matrix_bytes(g.m, g.n, g.ldc, strided ? g.stride_c : 0, batch, c_size);
-    if (a_size == 0 || b_size == 0 || c_size == 0 || g.lda < (a_rows > 1 ? a_rows : 1) ||
-        g.ldb < (b_rows > 1 ? b_rows : 1) || a_bytes < 0 || b_bytes < 0 || c_bytes < 0)
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
-    if (!device_range(g.a, a_bytes) || !device_range(g.b, b_bytes) || !device_range(g.c, c_bytes))
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    if (owner == NULL) return blas_done(h, BLAS_NOT_INITIALIZED, NULL, 0);
+    if (blas_check_gemm(&g, &reach) != 0) return blas_done(h, BLAS_INVALID_VALUE, NULL, 0);
+    if (!device_range(g.a, reach.a) || !device_range(g.b, reach.b) || !device_range(g.c, reach.c))
+        return blas_done(h, BLAS_OUTSIDE, NULL, 0);
     long double alpha_value, beta_value; /* 16 aligned bytes each */
     const void *alpha, *beta;
     if (blas_scalars(owner, g.alpha, g.beta, g.alpha_pointer, g.beta_pointer, blas_scalar_bytes(g.compute_type, g.c_type),
                      1, &alpha_value, &beta_value, &alpha, &beta) != 0)
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        return blas_done(h, BLAS_OUTSIDE, NULL, 0); /* the size is checked: device scalars outside */
     handle on = (handle)(uintptr_t)g.handle;
     const void *a = (const void *)(uintptr_t)g.a, *b = (const void *)(uintptr_t)g.b;
     void *c = (void *)(uintptr_t)g.c;
@@ -1035,33 +1015,28 @@ static int blas_gemm(const struct remote_header *h, const unsigned char *payload
                            g.stride_a, b, g.b_type, g.ldb, g.stride_b, beta, c, g.c_type, g.ldc, g.stride_c, g.batch,
                            g.compute_type, g.algo);
     }
-    return reply(h, status, NULL, 0);
+    return blas_done(h, status, NULL, 0);
 }
 
 static int blas_vector(const struct remote_header *h, const unsigned char *payload, size_t length) {
     struct remote_vector v;
-    if (length < sizeof v) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    struct blas_reach reach;
+    if (length < sizeof v) return blas_done(h, BLAS_INVALID_VALUE, NULL, 0);
     memcpy(&v, payload, sizeof v);
     struct blas_handle *owner = blas_handle_of(v.handle);
-    if (owner == NULL) return reply(h, BLAS_NOT_INITIALIZED, NULL, 0);
-    if (v.kind < 0 || v.kind >= VECTOR_KINDS || v.n < 0 || v.m < 0) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
-    long long element = v.kind == VECTOR_DGEMV ? 8 : 4, x_length = v.n, y_length = v.n;
+    if (owner == NULL) return blas_done(h, BLAS_NOT_INITIALIZED, NULL, 0);
+    if (blas_check_vector(&v, &reach) != 0) return blas_done(h, BLAS_INVALID_VALUE, NULL, 0);
     int gemv = v.kind == VECTOR_SGEMV || v.kind == VECTOR_DGEMV;
-    if (gemv) {
-        if (v.trans < 0 || v.trans > 2 || v.incx == 0 || v.incy == 0 || v.lda < (v.m > 1 ? v.m : 1))
-            return reply(h, BLAS_INVALID_VALUE, NULL, 0);
-        x_length = v.trans == 0 ? v.n : v.m, y_length = v.trans == 0 ? v.m : v.n;
-        if (!device_range(v.a, matrix_bytes(v.m, v.n, v.lda, 0, 1, element)))
-            return reply(h, BLAS_INVALID_VALUE, NULL, 0);
-    }
-    if (!device_range(v.x, vector_bytes(x_length, v.incx, element)) ||
-        (v.kind != VECTOR_SSCAL && !device_range(v.y, vector_bytes(y_length, v.incy, element))))
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+    long long element = v.kind == VECTOR_DGEMV ? 8 : 4;
+    if (!device_range(v.a, reach.a) || !device_range(v.x, reach.b) || !device_range(v.y, reach.c))
+        return blas_done(h, BLAS_OUTSIDE, NULL, 0);
+    if (v.kind == VECTOR_SDOT && !owner->device_scalars && (h->flags & REMOTE_FLAG_NO_REPLY))
+        return blas_done(h, BLAS_INVALID_VALUE, NULL, 0); /* a host result needs its reply */
     long double alpha_value, beta_value;
     const void *alpha = NULL, *beta = NULL;
     if (v.kind != VECTOR_SDOT && blas_scalars(owner, v.alpha, v.beta, v.alpha_pointer, v.beta_pointer, element, gemv,
                                               &alpha_value, &beta_value, &alpha, &beta) != 0)
-        return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        return blas_done(h, BLAS_OUTSIDE, NULL, 0);
     handle on = (handle)(uintptr_t)v.handle;
     const void *a = (const void *)(uintptr_t)v.a, *x = (const void *)(uintptr_t)v.x;
     void *y = (void *)(uintptr_t)v.y;
@@ -1073,17 +1048,22 @@ static int blas_vector(const struct remote_header *h, const unsigned char *paylo
     case VECTOR_SAXPY: status = BLAS_CALL(blas.saxpy, on, v.n, alpha, x, v.incx, y, v.incy); break;
     case VECTOR_SSCAL: status = BLAS_CALL(blas.sscal, on, v.n, alpha, (void *)(uintptr_t)v.x, v.incx); break;
     default:
-        if (owner->device_scalars && !device_range(v.result, 4)) return reply(h, BLAS_INVALID_VALUE, NULL, 0);
+        if (owner->device_scalars && !device_range(v.result, 4)) return blas_done(h, BLAS_OUTSIDE, NULL, 0);
         status = BLAS_CALL(blas.sdot, on, v.n, x, v.incx, y, v.incy,
                            owner->device_scalars ? (void *)(uintptr_t)v.result : (void *)&dot);
     }
     double value = dot;
     int host_result = v.kind == VECTOR_SDOT && !owner->device_scalars && status == 0;
-    return reply(h, status, &value, host_result ? sizeof value : 0);
+    return blas_done(h, status, &value, host_result ? sizeof value : 0);
 }
 
 static int serve_blas(const struct remote_header *h, const unsigned char *payload, size_t length) {
+    if (!(h->flags & REMOTE_FLAG_NO_REPLY) && pending != 0) { /* an earlier call's fault: not run */
+        pending = 0;
+        return reply(h, BLAS_EXECUTION_FAILED, NULL, 0);
+    }
     if (load_blas() != 0) {
+        if (h->flags & REMOTE_FLAG_NO_REPLY) return blas_done(h, BLAS_NOT_INITIALIZED, NULL, 0);
         uint32_t why = REMOTE_BLAS_NO_LIBRARY;
         return reply(h, BLAS_NOT_INITIALIZED, &why, h->op == OP_CUBLAS_CREATE ? sizeof why : 0);
     }
