@@ -27,13 +27,12 @@ import orjson
 
 from bench.extender_cluster import SHAPES, pod_json
 from gpupool.extender.http.body import MAX_NESTING, nests_deeper_than
-from tests.kube.builders import container, pod
 
 MB = 1_000_000
 
 
 def bodies() -> dict[str, bytes]:
-    plain = pod("p", container(mib=8138))
+    plain = pod_json("p", {"gpupool.io/gpu-mem": "32"})  # a GPU pod as kube-scheduler sends it
     managed: dict[str, Any] = dict(plain, metadata=dict(plain["metadata"], managedFields=[{"fieldsV1": {
         f"f:k{i}": {"f:a": {}, "f:b": {"f:c": {}}} for i in range(40)}}]))
     names = [f"node-{i:05d}" for i in range(5000)]
