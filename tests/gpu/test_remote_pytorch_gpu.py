@@ -1,6 +1,6 @@
 """PyTorch through the GPU server on a real GPU (docs/remote-gpu.md, "PyTorch"): the server on
 NVIDIA's driver with NVIDIA's libcublas.so.12, and a 1024 x 1024 float32 matmul
-(tests/gpu/programs/torch_matmul.py) run with gpupool's client, runtime and cuBLAS preloaded (what
+(tests/gpu/programs/torch_matmul.py) run with gpupool's client, runtime, cuBLAS and cuBLASLt preloaded (what
 the webhook's LD_PRELOAD gives a pod) and on the machine itself: the two products agree within float
 tolerance, and the remote run's mem_get_info reports the booked share; then one of PyTorch's own
 kernels (its fatbin loaded on the server's driver), which the stand-in driver cannot run. Prints
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.shim.build import ShimBuildError, find_compiler
-from gpupool.shim.remote_build import BLAS_SONAME, CLIENT_SONAME, RUNTIME_SONAME, build_client
+from gpupool.shim.remote_build import BLAS_LT_SONAME, BLAS_SONAME, CLIENT_SONAME, RUNTIME_SONAME, build_client
 from gpupool.testing.gpu_presence import why_no_torch_gpu
 from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card
 
@@ -76,7 +76,7 @@ def runs(server: int, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     """The program on the GPU here and through the GPU client: its directory and both reports."""
     out = tmp_path_factory.mktemp("pytorch-runs")
     client = build_client(grant_path=str(out / "grant"))  # the environment names the server
-    preload = ":".join(str(client / name) for name in (CLIENT_SONAME, RUNTIME_SONAME, BLAS_SONAME))
+    preload = ":".join(str(client / name) for name in (CLIENT_SONAME, RUNTIME_SONAME, BLAS_SONAME, BLAS_LT_SONAME))
     local = matmul(out / "local.pt", {})
     remote = matmul(out / "remote.pt", {"LD_PRELOAD": preload, "GPUPOOL_REMOTE_ENDPOINT": f"127.0.0.1:{server}",
                                         "GPUPOOL_REMOTE_TOKEN": TOKEN})

@@ -818,7 +818,7 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
 
 /* ------------------------------------------------------------------------------------------ cuBLAS */
 /* The client's cuBLAS calls (docs/remote-gpu.md, "cuBLAS"), run by the real libcublas, loaded at
- * the first one (GPUPOOL_REMOTE_CUBLAS, else --cublas, else the soname). Replies carry a
+ * the first one (--cublas, else GPUPOOL_REMOTE_CUBLAS, else the soname). Replies carry a
  * cublasStatus_t. Every device pointer a call names must lie, with all it reaches, inside one of the
  * client's allocations, every stream be the client's and every handle one made for this client:
  * anything else is refused before cuBLAS sees it. cuBLAS's own workspace (the default one, which
