@@ -221,8 +221,10 @@ def handle(answer: tuple[int, bytes]) -> int:
 
 
 def test_a_function_got_through_two_owners_outlives_one(port: int) -> None:
-    """The stand-in gives a module's function and a library kernel's function the same handle:
-    unloading the module leaves the library's way to it valid."""
+    """The stand-in gives a library's module's function and the library kernel's function the same
+    handle (known to the server once per owner); a module loaded from the same image has functions
+    of its own, gone with it, and unloading it leaves the library's function valid until the
+    library goes."""
     connection, status = hello(port, token("a"))
     assert status == 0
     image = b"gpupool-standin-module\nscale\n"
@@ -231,14 +233,23 @@ def test_a_function_got_through_two_owners_outlives_one(port: int) -> None:
     from_module = handle(call(connection, OP_MODULE_FUNCTION, 4, struct.pack("<Q", module) + b"scale"))
     kernel = handle(call(connection, OP_LIBRARY_KERNEL, 5, struct.pack("<Q", library) + b"scale"))
     from_kernel = handle(call(connection, OP_KERNEL_FUNCTION, 6, struct.pack("<Q", kernel)))
-    assert from_module == from_kernel
-    assert call(connection, OP_MODULE_UNLOAD, 7, struct.pack("<Q", module))[0] == 0
-    launch = struct.pack("<Q7IQ", from_kernel, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", 0, 1.0, 0)
-    connection.sendall(frame(OP_LAUNCH, 8, launch, flags=NO_REPLY) + frame(OP_PING, 9))
-    assert receive(connection)[1:3] == (9, 0)
-    assert call(connection, OP_LIBRARY_UNLOAD, 10, struct.pack("<Q", library))[0] == 0
-    connection.sendall(frame(OP_LAUNCH, 11, launch, flags=NO_REPLY) + frame(OP_PING, 12))
-    assert receive(connection)[1:3] == (12, INVALID_HANDLE)
+    library_module = handle(call(connection, OP_LIBRARY_MODULE, 7, struct.pack("<Q", library)))
+    from_library_module = handle(call(connection, OP_MODULE_FUNCTION, 8,
+                                      struct.pack("<Q", library_module) + b"scale"))
+    assert from_library_module == from_kernel != from_module
+    assert call(connection, OP_MODULE_UNLOAD, 9, struct.pack("<Q", module))[0] == 0
+
+    def launched(function: int, number: int) -> int:
+        launch = struct.pack("<Q7IQ", function, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QfI", 0, 1.0, 0)
+        connection.sendall(frame(OP_LAUNCH, number, launch, flags=NO_REPLY) + frame(OP_PING, number + 1))
+        _, ping, status = receive(connection)[:3]
+        assert ping == number + 1
+        return int(status)
+
+    assert launched(from_kernel, 10) == 0
+    assert launched(from_module, 12) == INVALID_HANDLE
+    assert call(connection, OP_LIBRARY_UNLOAD, 14, struct.pack("<Q", library))[0] == 0
+    assert launched(from_kernel, 15) == INVALID_HANDLE
     connection.close()
 
 

@@ -24,6 +24,16 @@
  * built-in's maximum dynamic shared memory and carveout (for every handle of it: a process's
  * modules share their built-ins). Occupancy follows a card of STANDIN_SM_* limits per
  * multiprocessor, 8 multiprocessors (cuDeviceGetAttribute's), warps of 32 threads.
+ *
+ * Contexts, as strictly as a real driver: a module belongs to the card whose context was current
+ * when it loaded, and each module has functions of its own. cuModuleGetFunction and
+ * cuModuleGetGlobal_v2 of a module, and cuLaunchKernel, cuFuncGetAttribute, cuFuncSetAttribute,
+ * cuFuncSetCacheConfig, cuFuncGetParamInfo and the occupancy calls of its function, answer
+ * CUDA_ERROR_INVALID_HANDLE (400) while another card's context is current, as a real driver answers
+ * a function used in another context than its module's (after cudaSetDevice, "invalid resource
+ * handle"). A library's module and kernels, and cuKernelGetFunction's function (its module's),
+ * belong to no card: CUDA 12 libraries are context-independent. cuModuleUnload takes a module from
+ * any context.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -86,11 +96,19 @@ struct global {
     uint64_t bytes;
 };
 
+/* A module's function: which built-in it runs (NULL: the module has no such kernel). */
+struct function {
+    const struct builtin *builtin;
+};
+
 struct module {
     int has[BUILTINS];
     int of_library; /* a library's module: unloaded with it, never by cuModuleUnload */
+    int device;     /* the card of the context it loaded in; -1: a library's, of every context */
+    struct function functions[BUILTINS];
     struct global globals[MAX_GLOBALS];
     int global_count;
+    struct module *next;
 };
 
 struct kernel {
@@ -105,6 +123,26 @@ struct library {
 
 static pthread_mutex_t libraries_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct library *libraries; /* loaded, so that a stale or made-up handle is refused */
+static struct module *modules;     /* loaded (a library's too), so that a function handle is known */
+
+/* A module taken into the loaded ones, or out of them (forget: 0, -1 when it was not loaded). */
+static void remember_module(struct module *module) {
+    pthread_mutex_lock(&libraries_lock);
+    module->next = modules, modules = module;
+    pthread_mutex_unlock(&libraries_lock);
+}
+static int forget_module(struct module *module) {
+    pthread_mutex_lock(&libraries_lock);
+    struct module **link = &modules;
+    while (*link != NULL && *link != module) link = &(*link)->next;
+    int found = *link != NULL;
+    if (found) *link = module->next;
+    pthread_mutex_unlock(&libraries_lock);
+    return found ? 0 : -1;
+}
+
+/* Whether a handle of a card's context is used while another card's context is current. */
+static int foreign(int device) { return device >= 0 && device != standin_current_device(); }
 
 struct backing {
     uint64_t base, bytes;
@@ -224,6 +262,7 @@ static CUresult parse_image(const char *text, struct module *module) {
             global->bytes = bytes;
         } else if (length > 0) {
             module->has[i] = 1;
+            module->functions[i].builtin = &builtins[i];
         }
         line += length;
     }
@@ -258,6 +297,8 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
         free(loaded);
         return status;
     }
+    loaded->device = standin_current_device();
+    remember_module(loaded);
     *module = (CUmodule)loaded;
     return CUDA_SUCCESS;
 }
@@ -268,6 +309,7 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
 
 CUresult cuModuleUnload(CUmodule module) {
     if (module == NULL || ((struct module *)module)->of_library) return CUDA_ERROR_INVALID_HANDLE;
+    if (forget_module((struct module *)module) != 0) return CUDA_ERROR_INVALID_HANDLE;
     release_globals((struct module *)module);
     free(module);
     return CUDA_SUCCESS;
@@ -275,9 +317,11 @@ CUresult cuModuleUnload(CUmodule module) {
 
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
     if (function == NULL || module == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct module *loaded = (struct module *)module;
+    if (foreign(loaded->device)) return CUDA_ERROR_INVALID_HANDLE;
     for (size_t i = 0; i < BUILTINS; i++) {
-        if (!((struct module *)module)->has[i] || strcmp(builtins[i].name, name) != 0) continue;
-        *function = (CUfunction)(uintptr_t)&builtins[i];
+        if (!loaded->has[i] || strcmp(builtins[i].name, name) != 0) continue;
+        *function = (CUfunction)&loaded->functions[i];
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_NOT_FOUND;
@@ -301,11 +345,35 @@ static const struct builtin *kernel_builtin(const void *handle) {
     return found;
 }
 
-/* A built-in's function, or a library's kernel launched as one (CUDA 12 runtimes cast it). */
+/* A loaded module's function's built-in and its module's card (-1: of every context), NULL when
+ * the handle is none such. */
+static const struct builtin *module_function(const void *handle, int *device) {
+    const struct builtin *found = NULL;
+    pthread_mutex_lock(&libraries_lock);
+    for (struct module *module = modules; module != NULL && found == NULL; module = module->next)
+        for (size_t i = 0; i < BUILTINS && found == NULL; i++)
+            if (handle == (const void *)&module->functions[i])
+                found = module->functions[i].builtin, *device = module->device;
+    pthread_mutex_unlock(&libraries_lock);
+    return found;
+}
+
+/* The built-in of a function (a module's, a library's module's, or a library's kernel launched as
+ * one: CUDA 12 runtimes cast it) usable in the current context; NULL for a made-up or stale handle
+ * (*foreign_context 0) or a function of another card's context (*foreign_context 1). */
+static const struct builtin *builtin_in(CUfunction function, int *foreign_context) {
+    int device = -1;
+    *foreign_context = 0;
+    const struct builtin *found = module_function(function, &device);
+    if (found == NULL) return kernel_builtin(function);
+    if (foreign(device)) return *foreign_context = 1, NULL;
+    return found;
+}
+
+/* The built-in of a function usable in the current context, NULL for any other handle. */
 static const struct builtin *builtin_of(CUfunction function) {
-    for (size_t i = 0; i < BUILTINS; i++)
-        if ((const void *)function == (const void *)&builtins[i]) return &builtins[i];
-    return kernel_builtin(function);
+    int foreign_context;
+    return builtin_in(function, &foreign_context);
 }
 
 CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size) {
@@ -330,6 +398,7 @@ static CUresult module_global(const struct module *module, const char *name, CUd
 
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name) {
     if (module == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (foreign(((const struct module *)module)->device)) return CUDA_ERROR_INVALID_HANDLE;
     return module_global((const struct module *)module, name, pointer, bytes);
 }
 
@@ -346,12 +415,14 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_optio
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     loaded->module->of_library = 1;
+    loaded->module->device = -1;
     CUresult status = load_module(loaded->module, code);
     if (status != CUDA_SUCCESS) {
         free(loaded->module);
         free(loaded);
         return status;
     }
+    remember_module(loaded->module);
     for (size_t i = 0; i < BUILTINS; i++) loaded->kernels[i].builtin = loaded->module->has[i] ? &builtins[i] : NULL;
     pthread_mutex_lock(&libraries_lock);
     loaded->next = libraries, libraries = loaded;
@@ -382,6 +453,7 @@ CUresult cuLibraryUnload(CUlibrary library) {
     if (gone != NULL) *link = gone->next;
     pthread_mutex_unlock(&libraries_lock);
     if (gone == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    forget_module(gone->module);
     release_globals(gone->module);
     free(gone->module);
     free(gone);
@@ -424,13 +496,22 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *bytes, CUlibrary libra
     return status;
 }
 
+/* A library kernel's function: its library's module's (what cuModuleGetFunction gives from
+ * cuLibraryGetModule's module), of every context as the library is. */
 CUresult cuKernelGetFunction(CUfunction *function, CUkernel kernel) {
     if (function == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (standin_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    const struct builtin *builtin = kernel_builtin(kernel);
-    if (builtin == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    *function = (CUfunction)(uintptr_t)builtin;
-    return CUDA_SUCCESS;
+    CUresult status = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&libraries_lock);
+    for (struct library *library = libraries; library != NULL && status != CUDA_SUCCESS; library = library->next)
+        for (size_t i = 0; i < BUILTINS; i++)
+            if ((const void *)kernel == (const void *)&library->kernels[i] && library->kernels[i].builtin != NULL) {
+                *function = (CUfunction)&library->module->functions[i];
+                status = CUDA_SUCCESS;
+                break;
+            }
+    pthread_mutex_unlock(&libraries_lock);
+    return status;
 }
 
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, size_t *size) {
@@ -602,7 +683,9 @@ static const void *param(const struct builtin *kernel, int i, void **params, voi
 }
 
 CUresult standin_run_builtin(CUfunction function, void **params, void **extra) {
-    const struct builtin *kernel = builtin_of(function);
+    int foreign_context;
+    const struct builtin *kernel = builtin_in(function, &foreign_context);
+    if (foreign_context) return CUDA_ERROR_INVALID_HANDLE;
     if (kernel == NULL) return CUDA_SUCCESS; /* a made-up handle of the interception library's tests */
     const void *values[MAX_PARAMS];
     for (int i = 0; i < kernel->params; i++)
