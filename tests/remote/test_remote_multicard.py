@@ -116,18 +116,40 @@ def test_the_hello_gives_the_device_count_only_to_a_client_that_asks(programs: t
                 assert receive(connection)[2] == CUDA_ERROR_INVALID_DEVICE
 
 
-def test_gpupools_cuda_runtime_sets_each_of_the_two_devices(programs: tuple[Programs, Path], tmp_path: Path) -> None:
-    """cudaGetDeviceCount 2, cudaSetDevice over both (2 refused: cudaErrorInvalidDevice), the whole
-    share allocated on each, cudaMemGetInfo of the device set."""
-    built, _ = programs
+def run_runtime_probe(built: Programs, tmp_path: Path, argument: str) -> str:
+    """multicard_runtime_probe.c linked to gpupool's runtime, run with argument against a server of
+    the two-card share."""
     runtime_probe = tmp_path / "multicard_runtime_probe"
     subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(runtime_probe),
                     str(RUNTIME_PROBE), f"-L{built.client}", "-lcudart"], check=True, timeout=120)
     with running_server(built, tmp_path, [two_card_client()], card_mib=300, card=TWO_CARDS) as server:
-        out = subprocess.run([str(runtime_probe), "256"], env=probe_env(built, f"127.0.0.1:{server.port}", token("a")),
-                             capture_output=True, text=True, timeout=60, check=False).stdout
+        return subprocess.run([str(runtime_probe), argument],
+                              env=probe_env(built, f"127.0.0.1:{server.port}", token("a")),
+                              capture_output=True, text=True, timeout=60, check=False).stdout
+
+
+def test_gpupools_cuda_runtime_sets_each_of_the_two_devices(programs: tuple[Programs, Path], tmp_path: Path) -> None:
+    """cudaGetDeviceCount 2, cudaSetDevice over both (2 refused: cudaErrorInvalidDevice), the whole
+    share allocated on each, cudaMemGetInfo of the device set."""
+    out = run_runtime_probe(programs[0], tmp_path, "256")
     assert out == ("count 0 2\n"
                    "set 2: 101\n"
                    f"device 0: set 0 get 0 malloc 0 info 0 free 0 total {256 * MIB}\n"
                    f"device 1: set 0 get 0 malloc 0 info 0 free 0 total {256 * MIB}\n"
                    "one more on device 0: 2\n")
+
+
+def test_gpupools_cuda_runtime_loads_a_registered_fatbin_on_each_device_it_is_used_on(
+        programs: tuple[Programs, Path], tmp_path: Path) -> None:
+    """A kernel registered as nvcc registers it runs on device 0 and, after cudaSetDevice(1), on
+    device 1 (from device 1's own module: the stand-in, as a real driver, refuses a function of
+    device 0's context there with 400), a registered variable is copied to and read back on each
+    device and is two globals, the kernel runs on device 0 again; cudaDeviceReset of device 1 leaves
+    device 0's memory and module, and device 1 loads its module again at its next use."""
+    out = run_runtime_probe(programs[0], tmp_path, "kernels")
+    assert out == ("device 0: add 0 ok 1 table 1 attributes 0 regs 32\n"
+                   "device 1: add 0 ok 1 table 1 attributes 0 regs 32\n"
+                   "tables distinct 1\n"
+                   "device 0 again: add 0 ok 1 table kept 1\n"
+                   "reset device 1: 0; device 0 after: add 0 ok 1 table kept 1\n"
+                   "device 1 after: add 0 ok 1 table 1\n")

@@ -11,7 +11,8 @@
  * versions, device memory, host memory, copies of every kind (cudaMemcpyDefault decided by this
  * library's own record of cudaMalloc's allocations), memsets, memory info, streams, events,
  * synchronisation, errors, and the registration ABI nvcc's host code calls (a fatbin is loaded with
- * cuModuleLoadData at its first launch, a kernel found by the device name it was registered with;
+ * cuModuleLoadData at its first use on each device, in that device's context, as a driver's module
+ * belongs to one context; a kernel found by the device name it was registered with;
  * its parameter layout is the driver client's, which the server's driver answers) and of device
  * variables (the symbol calls copy to and from the module's global), kernels' attributes and
  * occupancy (the client forwards the driver's), a device reset of what it made, stream capture
@@ -61,6 +62,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device);
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device);
 CUresult cuCtxSetCurrent(CUcontext context);
+CUresult cuCtxGetCurrent(CUcontext *context);
 CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes);
 CUresult cuMemFree_v2(CUdeviceptr pointer);
@@ -419,6 +421,7 @@ struct allocation {
     CUdeviceptr base;
     size_t bytes;
     int of_module; /* a module's global (a device variable's), not cudaMalloc's */
+    int device;    /* the device it is on (cudaDeviceReset frees the current device's) */
 };
 static struct allocation *allocations;
 static size_t allocation_count, allocation_room;
@@ -434,14 +437,14 @@ static int on_device(const void *pointer) {
 }
 
 /* Keep an allocation in the record (with lock held); 0, or -1 when no memory was left for it. */
-static int remember(CUdeviceptr base, size_t bytes, int of_module) {
+static int remember(CUdeviceptr base, size_t bytes, int of_module, int device) {
     if (allocation_count == allocation_room) {
         size_t room = allocation_room ? 2 * allocation_room : 64;
         struct allocation *grown = realloc(allocations, room * sizeof *grown);
         if (grown == NULL) return -1;
         allocations = grown, allocation_room = room;
     }
-    allocations[allocation_count++] = (struct allocation){base, bytes, of_module};
+    allocations[allocation_count++] = (struct allocation){base, bytes, of_module, device};
     return 0;
 }
 
@@ -463,7 +466,7 @@ API cudaError_t cudaMalloc(void **pointer, size_t bytes) {
     CUresult status = cuMemAlloc_v2(&got, bytes);
     if (status != 0) return done(status);
     pthread_mutex_lock(&lock);
-    int kept = remember(got, bytes, 0);
+    int kept = remember(got, bytes, 0, chosen);
     pthread_mutex_unlock(&lock);
     if (kept != 0) return cuMemFree_v2(got), done(cudaErrorMemoryAllocation);
     *pointer = (void *)(uintptr_t)got;
@@ -608,11 +611,12 @@ struct fatbin_wrapper { /* what nvcc's host code hands __cudaRegisterFatBinary *
     const void *unused;
 };
 
-/* A registered fatbin: its image, loaded on the current device at its first launch. */
+/* A registered fatbin: its image, loaded on each device at its first use there (a module belongs
+ * to the context it was loaded in: device 1's launch needs device 1's module). */
 struct image {
     const void *data;
-    CUmodule module;
-    CUresult load_status; /* -1: not tried */
+    CUmodule module[MAX_DEVICES];
+    CUresult load_status[MAX_DEVICES]; /* per device; -1: not tried */
 };
 
 /* A registered kernel: the host function nvcc's stub passes to cudaLaunchKernel, its device name. */
@@ -620,7 +624,7 @@ struct kernel {
     const void *host;
     struct image *image;
     char *name;
-    CUfunction function;
+    CUfunction function[MAX_DEVICES]; /* per device, from its module */
     struct kernel *next;
 };
 static struct kernel *kernels;
@@ -632,17 +636,33 @@ struct variable {
     struct image *image;
     char *name;
     size_t bytes;
-    CUdeviceptr address; /* 0: not asked yet */
+    CUdeviceptr address[MAX_DEVICES]; /* per device, its module's global; 0: not asked yet */
     struct variable *next;
 };
 static struct variable *variables;
+
+/* Unload a registered fatbin's module on a device, if loaded there; its next use there loads it
+ * again. Unloaded with that device's context current (a module is its context's), then the
+ * thread's own context again (both local to the client: no round trip). Called with lock held. */
+static CUresult unload(struct image *image, int device) {
+    CUresult status = 0;
+    if (image->load_status[device] == 0) {
+        CUcontext was = NULL;
+        int switched = cuCtxGetCurrent(&was) == 0 && primary[device] != NULL && was != primary[device] &&
+                       cuCtxSetCurrent(primary[device]) == 0;
+        status = cuModuleUnload(image->module[device]);
+        if (switched) cuCtxSetCurrent(was);
+    }
+    image->load_status[device] = -1, image->module[device] = NULL;
+    return status;
+}
 
 API void **__cudaRegisterFatBinary(void *wrapper) {
     struct image *image = calloc(1, sizeof *image);
     if (image == NULL) return NULL;
     const struct fatbin_wrapper *w = wrapper;
     image->data = w != NULL && w->magic == FATBIN_WRAPPER_MAGIC ? w->data : wrapper;
-    image->load_status = -1;
+    for (int d = 0; d < MAX_DEVICES; d++) image->load_status[d] = -1;
     return (void **)image;
 }
 
@@ -668,12 +688,11 @@ API void __cudaUnregisterFatBinary(void **handle) {
         }
         struct variable *gone = *v;
         *v = gone->next;
-        forget(gone->address);
+        for (int d = 0; d < MAX_DEVICES; d++) forget(gone->address[d]);
         free(gone->name), free(gone);
     }
-    CUmodule module = image->load_status == 0 ? image->module : NULL;
+    for (int d = 0; d < MAX_DEVICES; d++) unload(image, d); /* the server also drops them when the connection ends */
     pthread_mutex_unlock(&lock);
-    if (module != NULL) cuModuleUnload(module); /* the server also drops it when the program's connection ends */
     free(image);
 }
 
@@ -728,22 +747,25 @@ API cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shar
     return cudaSuccess;
 }
 
-/* The driver's function of a registered kernel: its fatbin loaded at the first launch of any of its
- * kernels (the load's error is kept, and every launch of them returns it). Called with lock held. */
+/* A registered fatbin's module on the chosen device (whose context ready() made current): loaded at
+ * the first use of any of its kernels or variables there (the load's error is kept per device, and
+ * every use of them on that device returns it). Called with lock held. */
 static CUresult loaded(struct image *image) {
-    if (image->load_status == -1) image->load_status = cuModuleLoadData(&image->module, image->data);
-    return image->load_status;
+    if (image->load_status[chosen] == -1)
+        image->load_status[chosen] = cuModuleLoadData(&image->module[chosen], image->data);
+    return image->load_status[chosen];
 }
 
+/* The driver's function of a registered kernel on the chosen device, from that device's module. */
 static CUresult function_of(const void *host, CUfunction *function) {
     struct kernel *kernel = kernels;
     while (kernel != NULL && kernel->host != host) kernel = kernel->next;
     if (kernel == NULL) return cudaErrorInvalidDeviceFunction;
-    if (kernel->function != NULL) return *function = kernel->function, 0;
+    if (kernel->function[chosen] != NULL) return *function = kernel->function[chosen], 0;
     CUresult status = loaded(kernel->image);
     if (status != 0) return status;
-    status = cuModuleGetFunction(&kernel->function, kernel->image->module, kernel->name);
-    if (status == 0) *function = kernel->function;
+    status = cuModuleGetFunction(&kernel->function[chosen], kernel->image->module[chosen], kernel->name);
+    if (status == 0) *function = kernel->function[chosen];
     return status;
 }
 
@@ -767,8 +789,8 @@ API cudaError_t cudaLaunchKernel(const void *host, dim3 grid, dim3 block, void *
                                native(stream), args, NULL));
 }
 
-/* The device address and size of a registered variable, named by its host shadow's address: its
- * fatbin loaded, the module's global asked once, and kept in the record of allocations so that
+/* The device address and size of a registered variable on the chosen device, named by its host
+ * shadow's address: its fatbin loaded there, that module's global asked once, and kept in the record of allocations so that
  * cudaMemcpyDefault knows it for the device's. */
 static CUresult symbol_of(const void *host, CUdeviceptr *address, size_t *bytes) {
     CUresult status = ready();
@@ -776,15 +798,16 @@ static CUresult symbol_of(const void *host, CUdeviceptr *address, size_t *bytes)
     pthread_mutex_lock(&lock);
     struct variable *variable = variables;
     while (variable != NULL && variable->host != host) variable = variable->next;
+    CUdeviceptr *on_chosen = variable != NULL ? &variable->address[chosen] : NULL;
     if (variable == NULL) status = cudaErrorInvalidSymbol;
-    else if (variable->address == 0 && (status = loaded(variable->image)) == 0) {
+    else if (*on_chosen == 0 && (status = loaded(variable->image)) == 0) {
         size_t size = 0;
-        status = cuModuleGetGlobal_v2(&variable->address, &size, variable->image->module, variable->name);
+        status = cuModuleGetGlobal_v2(on_chosen, &size, variable->image->module[chosen], variable->name);
         if (status == 0 && size > 0) variable->bytes = size;
-        if (status == 0 && remember(variable->address, variable->bytes, 1) != 0) status = cudaErrorMemoryAllocation;
-        if (status != 0) variable->address = 0;
+        if (status == 0 && remember(*on_chosen, variable->bytes, 1, chosen) != 0) status = cudaErrorMemoryAllocation;
+        if (status != 0) *on_chosen = 0;
     }
-    if (status == 0) *address = variable->address, *bytes = variable->bytes;
+    if (status == 0) *address = *on_chosen, *bytes = variable->bytes;
     pthread_mutex_unlock(&lock);
     return status == 500 /* CUDA_ERROR_NOT_FOUND: the image has no such global */ ? cudaErrorInvalidSymbol : status;
 }
@@ -909,22 +932,16 @@ API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const
     return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, host, block_size, dynamic_shared, 0);
 }
 
-/* Unload a registered fatbin's module, if loaded; the next launch loads it again (lock held). */
-static CUresult unload(struct image *image) {
-    CUresult status = image->load_status == 0 ? cuModuleUnload(image->module) : 0;
-    image->load_status = -1, image->module = NULL;
-    return status;
-}
-
-/* What this runtime made on the device, undone: cudaMalloc's memory freed, the modules of registered
- * fatbins unloaded (loaded again at their next use). Streams and events made before are not
- * tracked: they stay until the program's connection ends. */
+/* What this runtime made on the current device, undone, as NVIDIA's reset is of the current device
+ * only: cudaMalloc's memory there freed, the registered fatbins' modules there unloaded (loaded
+ * again at their next use there); other devices' memory and modules stay. Streams and events made
+ * before are not tracked: they stay until the program's connection ends. */
 API cudaError_t cudaDeviceReset(void) {
     READY();
     CUresult status = cuCtxSynchronize(), step;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < allocation_count;) {
-        if (allocations[i].of_module) {
+        if (allocations[i].of_module || allocations[i].device != chosen) {
             i++;
             continue;
         }
@@ -932,13 +949,13 @@ API cudaError_t cudaDeviceReset(void) {
         allocations[i] = allocations[--allocation_count];
     }
     for (struct variable *v = variables; v != NULL; v = v->next) {
-        forget(v->address);
-        v->address = 0;
-        if ((step = unload(v->image)) != 0 && status == 0) status = step;
+        forget(v->address[chosen]);
+        v->address[chosen] = 0;
+        if ((step = unload(v->image, chosen)) != 0 && status == 0) status = step;
     }
     for (struct kernel *k = kernels; k != NULL; k = k->next) {
-        k->function = NULL;
-        if ((step = unload(k->image)) != 0 && status == 0) status = step;
+        k->function[chosen] = NULL;
+        if ((step = unload(k->image, chosen)) != 0 && status == 0) status = step;
     }
     pthread_mutex_unlock(&lock);
     return done(status);
