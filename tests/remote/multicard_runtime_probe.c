@@ -5,6 +5,10 @@
  * Argument "kernels": a fatbin registered as nvcc's host code registers it (the stand-in's image:
  * vector_add and a 64-byte global "table") used on device 0, then on device 1, then on device 0
  * again, and a reset of device 1 (docs/remote-gpu.md: loaded per device).
+ * Argument "pointers": cudaPointerGetAttributes, with device 0 current, of device 1's cudaMalloc
+ * memory, of cudaMallocHost memory made while device 1 was current and of a registered variable's
+ * address on device 1: "pointers <what> <status> <type> <device> ..." (NVIDIA's rule: device memory
+ * is of its device, host memory of the device current at its allocation).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +27,13 @@ cudaError_t cudaMemcpyFromSymbol(void *, const void *, size_t, size_t, int);
 cudaError_t cudaGetSymbolAddress(void **, const void *);
 cudaError_t cudaFuncGetAttributes(void *, const void *);
 cudaError_t cudaDeviceReset(void);
+cudaError_t cudaMallocHost(void **, size_t);
+cudaError_t cudaFreeHost(void *);
+struct pointer_attributes { /* struct cudaPointerAttributes of CUDA 12 */
+    int type, device;
+    void *device_pointer, *host_pointer;
+};
+cudaError_t cudaPointerGetAttributes(struct pointer_attributes *, const void *);
 typedef struct {
     unsigned x, y, z;
 } dim3;
@@ -116,8 +127,36 @@ static int kernels(void) {
     return 0;
 }
 
+static void attributes_of(const char *what, const void *pointer) {
+    struct pointer_attributes a = {7, 7, NULL, NULL};
+    cudaError_t s = cudaPointerGetAttributes(&a, pointer);
+    printf(" %s %d %d %d", what, s, a.type, a.device);
+}
+
+static int pointers(void) {
+    void **fatbin = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterVar(fatbin, table_shadow, table_shadow, "table", 0, sizeof table_shadow, 0, 0);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    void *device = NULL, *host = NULL, *variable = NULL;
+    cudaError_t s = cudaSetDevice(1);
+    if (s == 0) s = cudaMalloc(&device, 4096);
+    if (s == 0) s = cudaMallocHost(&host, 4096);
+    if (s == 0) s = cudaGetSymbolAddress(&variable, table_shadow);
+    if (s == 0) s = cudaSetDevice(0);
+    if (s != 0) return printf("pointers setup %d\n", s), 1;
+    printf("pointers");
+    attributes_of("device1", (char *)device + 100);
+    attributes_of("host1", (char *)host + 100);
+    attributes_of("variable1", variable);
+    printf("\n");
+    cudaFreeHost(host), cudaFree(device);
+    __cudaUnregisterFatBinary(fatbin);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "kernels") == 0) return kernels();
+    if (argc > 1 && strcmp(argv[1], "pointers") == 0) return pointers();
     size_t booked = (size_t)(argc > 1 ? atol(argv[1]) : 256) << 20, free_bytes = 0, total = 0;
     int count = 0, device = -1;
     void *whole[2] = {NULL, NULL};

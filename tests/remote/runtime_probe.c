@@ -49,6 +49,12 @@
  *                             <previous>,<bad status> priority=<status>,<value> entry=<status>,
  *                             <found>,<call status>,<total MiB> byversion=<status>,<found>,<call
  *                             status> refused=<status>,<found>,<call status>"
+ *   runtime_probe pointers    cudaPointerGetAttributes (PyTorch's is_pinned) of a cudaMalloc
+ *                             allocation's start and inside, cudaMallocHost and cudaHostAlloc
+ *                             memory inside, a registered variable's device address, malloc and
+ *                             stack memory, freed host and device memory; each
+ *                             "<what>=<status>,<type>,<device>,<devicePointer: p/null/other>,
+ *                             <hostPointer: p/null/other>", and nullattributes=<status>
  *   runtime_probe refused     cudaMallocManaged twice and cudaGetLastError:
  *                             "refused <status> <status> <last> <name>"
  */
@@ -429,6 +435,43 @@ static int pytorch(void) {
     return 0;
 }
 
+static void attributes_of(const char *what, const void *pointer) {
+    struct cudaPointerAttributes a;
+    memset(&a, 0x5a, sizeof a); /* every field must be written */
+    cudaError_t status = cudaPointerGetAttributes(&a, pointer);
+    const char *device = a.devicePointer == pointer ? "p" : a.devicePointer == NULL ? "null" : "other";
+    const char *host = a.hostPointer == pointer ? "p" : a.hostPointer == NULL ? "null" : "other";
+    printf(" %s=%d,%d,%d,%s,%s", what, (int)status, (int)a.type, a.device, device, host);
+}
+
+static int pointers(void) {
+    char *device = NULL, *pinned = NULL, *allocated = NULL;
+    if (cudaMalloc((void **)&device, 256) != cudaSuccess || cudaMallocHost((void **)&pinned, 128) != cudaSuccess ||
+        cudaHostAlloc((void **)&allocated, 64, cudaHostAllocDefault) != cudaSuccess)
+        return printf("pointers allocation failed\n"), 1;
+    printf("pointers");
+    attributes_of("device", device);
+    attributes_of("inside", device + 255);
+    attributes_of("pinned", pinned + 64);
+    attributes_of("hostalloc", allocated);
+    void **fatbin = __cudaRegisterFatBinary(&globals_wrapper);
+    __cudaRegisterVar(fatbin, table_shadow, table_shadow, "table", 0, sizeof table_shadow, 0, 0);
+    __cudaRegisterFatBinaryEnd(fatbin);
+    void *variable = NULL;
+    if (cudaGetSymbolAddress(&variable, table_shadow) != cudaSuccess) return printf(" variable failed\n"), 1;
+    attributes_of("variable", (char *)variable + 8);
+    char *heap = malloc(32), stack[16];
+    attributes_of("heap", heap);
+    attributes_of("stack", stack);
+    cudaFreeHost(pinned), cudaFree(device);
+    attributes_of("freedhost", pinned + 64);
+    attributes_of("freed", device);
+    printf(" nullattributes=%d\n", (int)cudaPointerGetAttributes(NULL, heap));
+    free(heap), cudaFreeHost(allocated);
+    __cudaUnregisterFatBinary(fatbin);
+    return 0;
+}
+
 static int refused(void) {
     void *managed = NULL;
     cudaError_t first = cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal);
@@ -449,7 +492,8 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "reset") == 0) return reset();
     if (argc == 2 && strcmp(argv[1], "refused") == 0) return refused();
     if (argc == 2 && strcmp(argv[1], "pytorch") == 0) return pytorch();
+    if (argc == 2 && strcmp(argv[1], "pointers") == 0) return pointers();
     if (argc == 2 && strcmp(argv[1], "hostile") == 0) return hostile();
-    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused | pytorch | hostile\n");
+    fprintf(stderr, "usage: runtime_probe properties | copies | kernel N | handle N | symbols | functions | reset | unknown | refused | pytorch | pointers | hostile\n");
     return 2;
 }

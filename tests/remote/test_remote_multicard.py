@@ -153,3 +153,13 @@ def test_gpupools_cuda_runtime_loads_a_registered_fatbin_on_each_device_it_is_us
                    "device 0 again: add 0 ok 1 table kept 1\n"
                    "reset device 1: 0; device 0 after: add 0 ok 1 table kept 1\n"
                    "device 1 after: add 0 ok 1 table 1\n")
+
+
+def test_pointer_attributes_name_the_device_of_the_allocation(programs: tuple[Programs, Path],
+                                                              tmp_path: Path) -> None:
+    """cudaPointerGetAttributes with device 0 current: device 1's cudaMalloc memory and a registered
+    variable's address on device 1 are device memory (2) of device 1, cudaMallocHost memory made
+    while device 1 was current is host memory (1) of device 1 (NVIDIA's rule: the device current at
+    its allocation), not the current device's."""
+    out = run_runtime_probe(programs[0], tmp_path, "pointers")
+    assert out == "pointers device1 0 2 1 host1 0 1 1 variable1 0 2 1\n"

@@ -217,6 +217,27 @@ def test_what_pytorch_asks_before_its_first_kernel(programs: Programs, runtime_p
     assert done.stderr == ""
 
 
+def test_pointer_attributes_come_from_the_runtimes_records(programs: Programs, runtime_probe: Path,
+                                                          tmp_path: Path) -> None:
+    """cudaPointerGetAttributes (PyTorch's Tensor.is_pinned and pinned-memory checks ask it) answers
+    every pointer, field by field, as NVIDIA's CUDA 12 runtime does where this runtime can know:
+    inside a cudaMalloc allocation or a registered variable on device 0, device memory of device 0
+    (devicePointer the pointer, hostPointer NULL); inside cudaMallocHost or cudaHostAlloc memory,
+    host memory of the device current then (hostPointer the pointer, devicePointer NULL: mapped host
+    memory is refused); heap, stack and freed memory unregistered (device cudaInvalidDeviceId -2,
+    hostPointer the pointer, devicePointer NULL) with cudaSuccess; NULL attributes
+    cudaErrorInvalidValue. Refused before (801 for each). Nothing on stderr."""
+    with running_server(programs, tmp_path, [client("a", SHARE_MIB)]) as server:
+        done = run(programs, runtime_probe, server.port, "pointers")
+    assert done.returncode == 0, done.stderr
+    device, host, unregistered = "0,2,0,p,null", "0,1,0,null,p", "0,0,-2,null,p"
+    assert done.stdout.split() == [
+        "pointers", f"device={device}", f"inside={device}", f"pinned={host}", f"hostalloc={host}",
+        f"variable={device}", f"heap={unregistered}", f"stack={unregistered}", f"freedhost={unregistered}",
+        f"freed={unregistered}", f"nullattributes={INVALID_VALUE}"]
+    assert done.stderr == ""
+
+
 def test_hostile_sizes_and_a_wrapper_without_data_are_refused(programs: Programs, runtime_probe: Path,
                                                               tmp_path: Path) -> None:
     """A launch asking more dynamic shared memory than the driver's 32-bit parameter holds is

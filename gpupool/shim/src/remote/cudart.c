@@ -16,8 +16,9 @@
  * its parameter layout is the driver client's, which the server's driver answers) and of device
  * variables (the symbol calls copy to and from the module's global), kernels' attributes and
  * occupancy (the client forwards the driver's), a device reset of what it made, stream capture
- * status (never capturing: capture is refused), stream priority (0) and driver entry points (the
- * client's cuGetProcAddress), which PyTorch asks. Every other
+ * status (never capturing: capture is refused), stream priority (0), driver entry points (the
+ * client's cuGetProcAddress) and pointer attributes (from this library's records of device and
+ * page-locked memory), which PyTorch asks. Every other
  * function of NVIDIA's libcudart.so.12 is exported (cudart_refused.h) and returns
  * cudaErrorNotSupported, saying so once per function on stderr.
  *
@@ -415,8 +416,8 @@ API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *properties, int d
 }
 
 /* ------------------------------------------------------------------------------------ memory */
-/* cudaMalloc's allocations, so that cudaMemcpyDefault can tell a device pointer from a host one
- * (over the network no driver can: the pointers are the server's). */
+/* cudaMalloc's allocations, so that cudaMemcpyDefault and cudaPointerGetAttributes can tell a
+ * device pointer from a host one (over the network no driver can: the pointers are the server's). */
 struct allocation {
     CUdeviceptr base;
     size_t bytes;
@@ -486,19 +487,105 @@ API cudaError_t cudaFree(void *pointer) {
     return cudaSuccess;
 }
 
+/* Page-locked host memory (cudaMallocHost, cudaHostAlloc), so that cudaPointerGetAttributes can
+ * tell it from a program's own memory: its start, size and the device current when it was made. */
+struct host_allocation {
+    const char *base;
+    size_t bytes;
+    int device;
+};
+static struct host_allocation *host_allocations;
+static size_t host_allocation_count, host_allocation_room;
+
+/* Keep page-locked memory the driver gave in the record; 0, or -1 when no memory was left for it. */
+static int remember_host(void *base, size_t bytes) {
+    int kept = 0;
+    pthread_mutex_lock(&lock);
+    if (host_allocation_count == host_allocation_room) {
+        size_t room = host_allocation_room ? 2 * host_allocation_room : 16;
+        struct host_allocation *grown = realloc(host_allocations, room * sizeof *grown);
+        if (grown == NULL) kept = -1;
+        else host_allocations = grown, host_allocation_room = room;
+    }
+    if (kept == 0) host_allocations[host_allocation_count++] = (struct host_allocation){base, bytes, chosen};
+    pthread_mutex_unlock(&lock);
+    return kept;
+}
+
+static cudaError_t host_allocated(void **pointer, size_t bytes, CUresult status) {
+    if (status != 0 || *pointer == NULL) return done(status);
+    if (remember_host(*pointer, bytes) != 0) return cuMemFreeHost(*pointer), *pointer = NULL, done(cudaErrorMemoryAllocation);
+    return cudaSuccess;
+}
+
 API cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
     if (pointer == NULL) return done(cudaErrorInvalidValue);
     READY();
-    return done(cuMemAllocHost_v2(pointer, bytes));
+    return host_allocated(pointer, bytes, cuMemAllocHost_v2(pointer, bytes));
 }
 API cudaError_t cudaHostAlloc(void **pointer, size_t bytes, unsigned int flags) {
     if (pointer == NULL) return done(cudaErrorInvalidValue);
     READY();
-    return done(cuMemHostAlloc(pointer, bytes, flags)); /* cudaHostAlloc* flags are the driver's */
+    /* cudaHostAlloc* flags are the driver's */
+    return host_allocated(pointer, bytes, cuMemHostAlloc(pointer, bytes, flags));
 }
 API cudaError_t cudaFreeHost(void *pointer) {
     READY();
-    return done(cuMemFreeHost(pointer));
+    CUresult status = cuMemFreeHost(pointer);
+    if (status != 0 || pointer == NULL) return done(status);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < host_allocation_count; i++)
+        if (host_allocations[i].base == pointer) {
+            host_allocations[i] = host_allocations[--host_allocation_count];
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return cudaSuccess;
+}
+
+/* struct cudaPointerAttributes of CUDA 12 (driver_types.h of the 12.x runtime wheel the tests build
+ * against: type, device, devicePointer, hostPointer, nothing after). */
+struct cudaPointerAttributes {
+    int type; /* enum cudaMemoryType */
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
+_Static_assert(sizeof(struct cudaPointerAttributes) == 24, "struct cudaPointerAttributes of CUDA 12 is 24 bytes");
+enum { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2 };
+#define INVALID_DEVICE_ID (-2) /* driver_types.h's cudaInvalidDeviceId */
+
+/* Answered from this runtime's own records, asking the server nothing. What NVIDIA documents
+ * (cuda_runtime_api.h 12.x, the note on cudaPointerGetAttributes): since CUDA 11 a host pointer
+ * CUDA does not know is answered with success and type cudaMemoryTypeUnregistered, not an error;
+ * for host memory, device is the device that was current when it was allocated; devicePointer and
+ * hostPointer are NULL when no such access exists (driver_types.h also warns that for unregistered
+ * memory hostPointer may be an invalid pointer: it is the pointer passed, unchecked). So:
+ *  - inside a cudaMalloc allocation or a registered variable on a device: device memory of that
+ *    device, devicePointer the pointer, hostPointer NULL;
+ *  - inside cudaMallocHost/cudaHostAlloc memory: host memory of the device current at its
+ *    allocation, hostPointer the pointer, devicePointer NULL (NVIDIA's gives the device alias;
+ *    here page-locked memory is the client's, which the remote GPU cannot read: mapped host memory
+ *    is refused);
+ *  - anything else: unregistered, device cudaInvalidDeviceId, devicePointer NULL, hostPointer the
+ *    pointer, cudaSuccess. */
+API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *pointer) {
+    if (attributes == NULL) return done(cudaErrorInvalidValue);
+    struct cudaPointerAttributes found = {cudaMemoryTypeUnregistered, INVALID_DEVICE_ID, NULL, (void *)pointer};
+    CUdeviceptr address = (CUdeviceptr)(uintptr_t)pointer;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < allocation_count; i++)
+        if (address >= allocations[i].base && address - allocations[i].base < allocations[i].bytes) {
+            found = (struct cudaPointerAttributes){cudaMemoryTypeDevice, allocations[i].device, (void *)pointer, NULL};
+            break;
+        }
+    for (size_t i = 0; found.type == cudaMemoryTypeUnregistered && i < host_allocation_count; i++)
+        if ((uintptr_t)pointer >= (uintptr_t)host_allocations[i].base &&
+            (uintptr_t)pointer - (uintptr_t)host_allocations[i].base < host_allocations[i].bytes)
+            found = (struct cudaPointerAttributes){cudaMemoryTypeHost, host_allocations[i].device, NULL, (void *)pointer};
+    pthread_mutex_unlock(&lock);
+    *attributes = found;
+    return cudaSuccess;
 }
 
 API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
