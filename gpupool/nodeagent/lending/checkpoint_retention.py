@@ -118,9 +118,10 @@ class CheckpointRetention:
         except OSError as exc:
             log.warning("checkpoint retention: cannot open %s: %s", root, exc)
             return None
+        used = set(in_use)
         try:
             for namespace in _directories(root_fd):
-                self._sweep_namespace(root_fd, namespace, set(in_use), done)
+                self._sweep_namespace(root_fd, namespace, used, done)
         finally:
             os.close(root_fd)
         if done.removed or done.failed:
@@ -201,27 +202,13 @@ def _directories(dir_fd: int, dot_names: bool = False) -> list[str]:
 
 def _newest_top(parent_fd: int, name: str) -> float:
     """The newest modification time of directory ``name`` and its entries (not followed); +inf when unreadable."""
-    try:
-        newest = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mtime
-        fd = os.open(name, _DIRECTORY, dir_fd=parent_fd)
-    except OSError:
-        return float("inf")
-    try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-                except OSError:
-                    continue
-    except OSError:
-        return float("inf")
-    finally:
-        os.close(fd)
-    return newest
+    newest = _newest_in_tree(parent_fd, name, levels=0)
+    return float("inf") if newest is None else newest
 
 
-def _newest_in_tree(parent_fd: int, name: str, depth: int = 0) -> float | None:
-    """The newest modification time anywhere in the tree ``name`` (links not followed); ``None``: unreadable."""
+def _newest_in_tree(parent_fd: int, name: str, levels: int = MAX_DEPTH) -> float | None:
+    """The newest modification time in the tree ``name`` down to ``levels`` directories below it (links
+    not followed; a directory deeper counts by its own time); ``None``: unreadable."""
     try:
         newest = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mtime
         fd = os.open(name, _DIRECTORY, dir_fd=parent_fd)
@@ -230,8 +217,8 @@ def _newest_in_tree(parent_fd: int, name: str, depth: int = 0) -> float | None:
     try:
         with os.scandir(fd) as entries:
             for entry in entries:
-                if depth < MAX_DEPTH and entry.is_dir(follow_symlinks=False):
-                    inner = _newest_in_tree(fd, entry.name, depth + 1)
+                if levels > 0 and entry.is_dir(follow_symlinks=False):
+                    inner = _newest_in_tree(fd, entry.name, levels - 1)
                     if inner is not None:
                         newest = max(newest, inner)
                     continue
