@@ -4,6 +4,7 @@ NVIDIA's driver for the first card."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpupool.api.remote_gpu import RemoteClient, encode_clients
+from gpupool.shim.build import ShimBuildError, find_compiler
 from tests.remote.remote_support import SERVE, start_serve
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL_DIRS = {"libcublas.so.12": ("nvidia", "cublas", "lib"), "libcudart.so.12": ("nvidia", "cuda_runtime", "lib")}
 """Where NVIDIA's pip wheels put a library under site-packages (PyTorch's CUDA wheels depend on them)."""
+WHEELS = {"libcublas.so.12": "nvidia-cublas-cu12", "libcudart.so.12": "nvidia-cuda-runtime-cu12"}
+"""The pip wheel that holds each of WHEEL_DIRS' libraries, for skip reasons."""
 
 
 def nvidia_library(soname: str) -> Path | None:
@@ -29,6 +33,24 @@ def nvidia_library(soname: str) -> Path | None:
         candidate = Path(directory, *WHEEL_DIRS.get(soname, ("-",)), soname)
         if candidate.is_file():
             return candidate
+    return None
+
+
+def why_not_serve(*libraries: str) -> str | None:
+    """Why this machine, its GPU present, cannot run ``serving_first_card`` and a compiled program on
+    NVIDIA's ``libraries`` (sonames of WHEELS): NVIDIA's driver library, nvidia-smi, one of the
+    libraries or a C compiler missing; None when nothing is."""
+    if nvidia_library("libcuda.so.1") is None:
+        return "no libcuda.so.1 (NVIDIA's driver library) found by ldconfig"
+    if shutil.which("nvidia-smi") is None:
+        return "nvidia-smi not found (the card's UUID is read with it)"
+    for soname in libraries:
+        if nvidia_library(soname) is None:
+            return f"no NVIDIA {soname} (neither ldconfig nor the {WHEELS[soname]} wheel in site-packages has one)"
+    try:
+        find_compiler()
+    except ShimBuildError as exc:
+        return f"no C compiler: {exc}"
     return None
 
 

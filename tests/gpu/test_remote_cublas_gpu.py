@@ -13,16 +13,15 @@ from __future__ import annotations
 import array
 import glob
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import ShimBuildError, find_compiler
+from gpupool.shim.build import find_compiler
 from gpupool.shim.remote_build import build_client
-from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card
+from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card, why_not_serve
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = Path(__file__).with_name("programs") / "cublas_sgemm.c"
@@ -33,18 +32,7 @@ N = 1024
 def why_not() -> str | None:
     if not glob.glob("/dev/nvidia[0-9]*"):
         return "no NVIDIA GPU on this machine (/dev/nvidia0 missing)"
-    if nvidia_library("libcuda.so.1") is None:
-        return "no libcuda.so.1 (NVIDIA's driver library) found by ldconfig"
-    if shutil.which("nvidia-smi") is None:
-        return "nvidia-smi not found (the card's UUID is read with it)"
-    for soname, wheel in (("libcublas.so.12", "nvidia-cublas-cu12"), ("libcudart.so.12", "nvidia-cuda-runtime-cu12")):
-        if nvidia_library(soname) is None:
-            return f"no NVIDIA {soname} (neither ldconfig nor the {wheel} wheel in site-packages has one)"
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        return f"no C compiler: {exc}"
-    return None
+    return why_not_serve("libcublas.so.12", "libcudart.so.12")
 
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import ShimBuildError, find_compiler
 from gpupool.shim.remote_build import BLAS_LT_SONAME, BLAS_SONAME, CLIENT_SONAME, RUNTIME_SONAME, build_client
 from gpupool.testing.gpu_presence import why_no_torch_gpu
-from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card
+from tests.gpu.remote_gpu_support import nvidia_library, serving_first_card, why_not_serve
 
 PROGRAM = Path(__file__).with_name("programs") / "torch_matmul.py"
 TOKEN = "p" * 43
@@ -38,17 +36,7 @@ def why_not() -> str | None:
     reason = why_no_torch_gpu()
     if reason is not None:
         return reason
-    if nvidia_library("libcuda.so.1") is None:
-        return "no libcuda.so.1 (NVIDIA's driver library) found by ldconfig"
-    if shutil.which("nvidia-smi") is None:
-        return "nvidia-smi not found (the card's UUID is read with it)"
-    if nvidia_library("libcublas.so.12") is None:
-        return "no NVIDIA libcublas.so.12 (neither ldconfig nor the nvidia-cublas-cu12 wheel in site-packages has one)"
-    try:
-        find_compiler()
-    except ShimBuildError as exc:
-        return f"no C compiler: {exc}"
-    return None
+    return why_not_serve("libcublas.so.12")
 
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
