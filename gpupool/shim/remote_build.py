@@ -109,33 +109,25 @@ def build_client(*, flavour: Flavour = RELEASE, werror: bool = False, grant_path
     link = directory / "libcuda.so"
     if not link.exists():
         link.symlink_to(CLIENT_SONAME)
-    runtime = directory / RUNTIME_SONAME
-    if not runtime.is_file():
-        _compile(compiler, [*_runtime_flags(flavour, werror), f"-L{directory}"], runtime_sources, runtime)
-    runtime_link = directory / RUNTIME_LINK
-    if not runtime_link.exists():
-        runtime_link.symlink_to(RUNTIME_SONAME)
-    blas = directory / BLAS_SONAME
-    if not blas.is_file():
-        _compile(compiler, [*_library_flags(flavour, werror, BLAS_SONAME, "cublas.map"), f"-L{directory}"],
-                 blas_sources, blas)
-    blas_link = directory / BLAS_LINK
-    if not blas_link.exists():
-        blas_link.symlink_to(BLAS_SONAME)
-    blas_lt = directory / BLAS_LT_SONAME
-    if not blas_lt.is_file():  # linked to gpupool's cuBLAS beside it (the server's version, the status names)
-        _compile(compiler, [*_library_flags(flavour, werror, BLAS_LT_SONAME, "cublaslt.map"), f"-L{directory}",
-                            "-lcublas"], blas_lt_sources, blas_lt)
-    blas_lt_link = directory / BLAS_LT_LINK
-    if not blas_lt_link.exists():
-        blas_lt_link.symlink_to(BLAS_LT_SONAME)
+    _build_beside(compiler, flavour, werror, directory, runtime_sources, RUNTIME_SONAME, "cudart.map", RUNTIME_LINK)
+    _build_beside(compiler, flavour, werror, directory, blas_sources, BLAS_SONAME, "cublas.map", BLAS_LINK)
+    # cuBLASLt is linked to gpupool's cuBLAS beside it (the server's version, the status names)
+    _build_beside(compiler, flavour, werror, directory, blas_lt_sources, BLAS_LT_SONAME, "cublaslt.map",
+                  BLAS_LT_LINK, "-lcublas")
     return directory
 
 
-def _runtime_flags(flavour: Flavour, werror: bool) -> list[str]:
-    """gpupool's libcudart.so.12: NVIDIA's soname and symbol version, linked to the driver
-    (``libcuda.so.1``, looked for beside it first: the client's directory)."""
-    return _library_flags(flavour, werror, RUNTIME_SONAME, "cudart.map")
+def _build_beside(compiler: list[str], flavour: Flavour, werror: bool, directory: Path, sources: list[Path],
+                  soname: str, version_script: str, link_name: str, *libraries: str) -> None:
+    """Compile a library of gpupool's into the client's ``directory`` unless it is there, and the
+    ``-l`` link to it (``link_name``) beside it."""
+    library = directory / soname
+    if not library.is_file():
+        _compile(compiler, [*_library_flags(flavour, werror, soname, version_script), f"-L{directory}", *libraries],
+                 sources, library)
+    link = directory / link_name
+    if not link.exists():
+        link.symlink_to(soname)
 
 
 def _library_flags(flavour: Flavour, werror: bool, soname: str, version_script: str) -> list[str]:
