@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
+from gpupool.shim.remote_build import BLAS_LT_SONAME as BLAS_LT_SONAME  # cuBLAS needs it: beside it or on the path
 from gpupool.shim.remote_build import BLAS_SONAME
 
-BLAS_LT_SONAME = "libcublasLt.so.12"
-"""cuBLASLt, which cuBLAS needs: it must be found beside it or on the library path."""
 CUBLAS_ENV = "GPUPOOL_REMOTE_CUBLAS"
 WHEEL_PACKAGE = "nvidia.cublas"
 """The package of NVIDIA's ``nvidia-cublas-cu12`` wheel; its libraries are in ``lib/``."""
