@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.api.remote_share import MAX_REMOTE_CARDS
+
 CLIENTS_FILE_VERSION = 1
 MIN_TOKEN_CHARS = 32
 MAX_TOKEN_CHARS = 256
@@ -39,8 +41,8 @@ _TOKEN = re.compile(rf"^[A-Za-z0-9_-]{{{MIN_TOKEN_CHARS},{MAX_TOKEN_CHARS}}}$")
 _POD = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CARD_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 MAX_MEMORY_MIB = 1 << 30
-MAX_CARDS = 16
-"""The most cards one client may be booked on (as ``remote-share-v1``'s limit)."""
+MAX_CARDS = MAX_REMOTE_CARDS
+"""The most cards one client may be booked on: ``remote-share-v1``'s limit."""
 
 
 class ClientsFileError(ValueError):
