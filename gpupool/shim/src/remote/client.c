@@ -330,22 +330,17 @@ API CUresult gpupoolRemoteCall(uint16_t op, const void *payload, size_t length, 
     return 0;
 }
 
-/* For gpupool's cuBLAS (cublas.c): one call of op sent without a reply (REMOTE_FLAG_NO_REPLY),
- * gathered with the launches and copies; its error, if any, comes with the next answered call.
- * Returns 0, or the CUresult why it could not be sent. Not part of the driver API. */
-API CUresult gpupoolRemoteSend(uint16_t op, const void *payload, size_t length) {
-    pthread_mutex_lock(&lock);
-    CUresult status = call(op, REMOTE_FLAG_NO_REPLY, payload, length, NULL, 0, NULL, 0, NULL);
-    pthread_mutex_unlock(&lock);
-    return status;
-}
-
 static CUresult later(uint16_t op, const void *payload, size_t length) {
     pthread_mutex_lock(&lock);
     CUresult status = call(op, REMOTE_FLAG_NO_REPLY, payload, length, NULL, 0, NULL, 0, NULL);
     pthread_mutex_unlock(&lock);
     return status;
 }
+
+/* For gpupool's cuBLAS (cublas.c): one call of op sent without a reply (REMOTE_FLAG_NO_REPLY),
+ * gathered with the launches and copies; its error, if any, comes with the next answered call.
+ * Returns 0, or the CUresult why it could not be sent. Not part of the driver API. */
+API CUresult gpupoolRemoteSend(uint16_t op, const void *payload, size_t length) { return later(op, payload, length); }
 
 /* The value of key from, in order: the environment's variable; the directory GPUPOOL_REMOTE_DIR
  * names (the pod's mounted grant Secret: a file per key, its first line; remote_tls_ca is the path of
