@@ -73,24 +73,24 @@ static struct handle_state {
     int pointer_mode, math_mode;
 } handles[MAX_HANDLES];
 
-/* What this process set on handle (a copy; defaults for a handle it did not make here, which the
- * server then refuses). */
-static struct handle_state state_of(cublasHandle_t handle) {
-    struct handle_state found = {(uintptr_t)handle, NULL, 0, 0};
+/* Whether handle is one this process made (and has not destroyed): cuBLAS answers any other
+ * CUBLAS_STATUS_NOT_INITIALIZED, which a call sent without a reply must get here. *state: what
+ * this process set on it (a copy; defaults for a handle it did not make here). */
+static int made_here(cublasHandle_t handle, struct handle_state *state) {
+    int found = 0;
+    *state = (struct handle_state){(uintptr_t)handle, NULL, 0, 0};
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < MAX_HANDLES; i++)
-        if (handles[i].handle != 0 && handles[i].handle == (uintptr_t)handle) found = handles[i];
+    for (size_t i = 0; i < MAX_HANDLES && !found; i++)
+        if ((found = handles[i].handle != 0 && handles[i].handle == (uintptr_t)handle)) *state = handles[i];
     pthread_mutex_unlock(&lock);
     return found;
 }
 
-/* Whether handle is one this process made (and has not destroyed): cuBLAS answers any other
- * CUBLAS_STATUS_NOT_INITIALIZED, which a call sent without a reply must get here. */
-static int made_here(cublasHandle_t handle) {
-    int found = 0;
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < MAX_HANDLES && !found; i++) found = handles[i].handle != 0 && handles[i].handle == (uintptr_t)handle;
-    pthread_mutex_unlock(&lock);
+/* What this process set on handle (defaults for a handle it did not make here, which the server
+ * then refuses). */
+static struct handle_state state_of(cublasHandle_t handle) {
+    struct handle_state found;
+    made_here(handle, &found);
     return found;
 }
 
@@ -315,9 +315,10 @@ static cublasStatus_t gemm(int kind, cublasHandle_t handle, int transa, int tran
     request.stride_a = stride_a, request.stride_b = stride_b, request.stride_c = stride_c;
     request.a = (uintptr_t)a, request.b = (uintptr_t)b, request.c = (uintptr_t)c;
     struct blas_reach reach;
-    if (!made_here(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    struct handle_state state;
+    if (!made_here(handle, &state)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (blas_check_gemm(&request, &reach) != 0 || beta == NULL ||
-        put_scalars(state_of(handle).pointer_mode, alpha, beta, (size_t)blas_scalar_bytes(compute_type, c_type),
+        put_scalars(state.pointer_mode, alpha, beta, (size_t)blas_scalar_bytes(compute_type, c_type),
                     request.alpha, request.beta, &request.alpha_pointer, &request.beta_pointer) != 0)
         return CUBLAS_STATUS_INVALID_VALUE;
     return send_later(OP_CUBLAS_GEMM, &request, sizeof request);
@@ -381,9 +382,10 @@ static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, in
     request.incx = incx, request.incy = incy;
     request.a = (uintptr_t)a, request.x = (uintptr_t)x, request.y = (uintptr_t)y, request.result = (uintptr_t)result;
     struct blas_reach reach;
-    if (!made_here(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    struct handle_state state;
+    if (!made_here(handle, &state)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (blas_check_vector(&request, &reach) != 0) return CUBLAS_STATUS_INVALID_VALUE;
-    int device_mode = state_of(handle).pointer_mode;
+    int device_mode = state.pointer_mode;
     if (kind == VECTOR_SDOT) {
         if (result == NULL) return CUBLAS_STATUS_INVALID_VALUE;
         if (!device_mode) request.result = 0; /* the value comes back in the reply */
