@@ -427,12 +427,18 @@ struct allocation {
 static struct allocation *allocations;
 static size_t allocation_count, allocation_room;
 
-static int on_device(const void *pointer) {
+/* The recorded allocation pointer lies inside, NULL for none (with lock held). */
+static const struct allocation *allocation_at(const void *pointer) {
     CUdeviceptr address = (CUdeviceptr)(uintptr_t)pointer;
-    int found = 0;
+    for (size_t i = 0; i < allocation_count; i++)
+        if (address >= allocations[i].base && address - allocations[i].base < allocations[i].bytes)
+            return &allocations[i];
+    return NULL;
+}
+
+static int on_device(const void *pointer) {
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < allocation_count && !found; i++)
-        found = address >= allocations[i].base && address - allocations[i].base < allocations[i].bytes;
+    int found = allocation_at(pointer) != NULL;
     pthread_mutex_unlock(&lock);
     return found;
 }
@@ -572,13 +578,10 @@ enum { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDev
 API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *pointer) {
     if (attributes == NULL) return done(cudaErrorInvalidValue);
     struct cudaPointerAttributes found = {cudaMemoryTypeUnregistered, INVALID_DEVICE_ID, NULL, (void *)pointer};
-    CUdeviceptr address = (CUdeviceptr)(uintptr_t)pointer;
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < allocation_count; i++)
-        if (address >= allocations[i].base && address - allocations[i].base < allocations[i].bytes) {
-            found = (struct cudaPointerAttributes){cudaMemoryTypeDevice, allocations[i].device, (void *)pointer, NULL};
-            break;
-        }
+    const struct allocation *allocation = allocation_at(pointer);
+    if (allocation != NULL)
+        found = (struct cudaPointerAttributes){cudaMemoryTypeDevice, allocation->device, (void *)pointer, NULL};
     for (size_t i = 0; found.type == cudaMemoryTypeUnregistered && i < host_allocation_count; i++)
         if ((uintptr_t)pointer >= (uintptr_t)host_allocations[i].base &&
             (uintptr_t)pointer - (uintptr_t)host_allocations[i].base < host_allocations[i].bytes)
