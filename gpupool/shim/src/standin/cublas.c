@@ -153,6 +153,14 @@ static size_t span(long long rows, long long cols, long long ld, long long strid
     return (size_t)(((batch - 1) * stride + (cols - 1) * ld + rows) * (type == R_64F ? 8 : 4));
 }
 
+/* GPUPOOL_STANDIN_CUBLAS_NO_MATH=1 (read once): a GEMM or GEMV checks its arguments and returns. */
+static int no_math(void) {
+    static int value = -1;
+    if (value < 0) value = getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH") != NULL &&
+                           strcmp(getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH"), "1") == 0;
+    return value;
+}
+
 /* C = alpha op(A) op(B) + beta C over batch matrices, in double, on copies of the device's bytes. */
 static int gemm(void *h, int ta, int tb, int m, int n, int k, const void *alpha_at, const void *a, int lda,
                 long long sa, const void *b, int ldb, long long sb, const void *beta_at, void *c, int ldc, long long sc,
@@ -164,10 +172,7 @@ static int gemm(void *h, int ta, int tb, int m, int n, int k, const void *alpha_
     if (m < 0 || n < 0 || k < 0 || batch < 0 || ta < 0 || ta > 2 || tb < 0 || tb > 2) return INVALID_VALUE;
     if ((status = scalar(handle, alpha_at, type, &alpha)) != 0 || (status = scalar(handle, beta_at, type, &beta)) != 0)
         return status;
-    static int no_math = -1;
-    if (no_math < 0) no_math = getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH") != NULL &&
-                               strcmp(getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH"), "1") == 0;
-    if (no_math) return SUCCESS;
+    if (no_math()) return SUCCESS;
     size_t a_bytes = span(ta == 0 ? m : k, ta == 0 ? k : m, lda, sa, batch, type);
     size_t b_bytes = span(tb == 0 ? k : n, tb == 0 ? n : k, ldb, sb, batch, type);
     size_t c_bytes = span(m, n, ldc, sc, batch, type);
@@ -241,10 +246,7 @@ static int gemv(void *h, int trans, int m, int n, const void *alpha_at, const vo
     if (m < 0 || n < 0 || incx <= 0 || incy <= 0) return INVALID_VALUE;
     if ((status = scalar(handle, alpha_at, type, &alpha)) != 0 || (status = scalar(handle, beta_at, type, &beta)) != 0)
         return status;
-    static int no_math = -1;
-    if (no_math < 0) no_math = getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH") != NULL &&
-                               strcmp(getenv("GPUPOOL_STANDIN_CUBLAS_NO_MATH"), "1") == 0;
-    if (no_math) return SUCCESS;
+    if (no_math()) return SUCCESS;
     int rows = trans == 0 ? m : n, cols = trans == 0 ? n : m; /* y has rows elements, x cols */
     void *ha = fetch(a, span(m, n, lda, 0, 1, type)), *hx = fetch(x, span(1, cols, incx, 0, 1, type));
     void *hy = fetch(y, span(1, rows, incy, 0, 1, type));
