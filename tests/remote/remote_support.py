@@ -60,11 +60,12 @@ def build_programs(out: Path) -> Programs:
     return Programs(standin, client_dir, probe)
 
 
-def build_client_program(source: Path, out: Path, programs: Programs) -> Path:
-    """A probe program ``source`` compiled strictly into ``out`` and linked against the GPU client's
-    ``libcuda.so`` (run it with the client's or the stand-in driver's directory first)."""
+def build_client_program(source: Path, out: Path, programs: Programs, link: Sequence[str] = ("-lcuda",)) -> Path:
+    """A probe program ``source`` compiled strictly into ``out`` and linked with ``link`` against the
+    GPU client's directory (by default its ``libcuda.so``: run it with the client's or the stand-in
+    driver's directory first; the probes of gpupool's runtime and cuBLAS link those instead)."""
     subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out),
-                    str(source), f"-L{programs.client}", "-lcuda"], check=True, timeout=120)
+                    str(source), f"-L{programs.client}", *link], check=True, timeout=120)
     return out
 
 

@@ -31,6 +31,7 @@ from tests.remote.remote_support import (
     REPO,
     Programs,
     Server,
+    build_client_program,
     build_programs,
     client,
     probe_env,
@@ -71,10 +72,8 @@ def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/remote/cublas_probe.c linked to gpupool's libcublas.so.12 and libcudart.so.12."""
     out = tmp_path_factory.mktemp("cublas-probe") / "cublas_probe"
     assert (programs.client / BLAS_SONAME).is_file(), "gpupool's cuBLAS was not built beside the client"
-    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out),
-                    str(PROBE_SOURCE), f"-L{programs.client}", "-lcublas", "-lcudart", "-lm",
-                    f"-Wl,-rpath,{programs.client}"], check=True, timeout=120)
-    return out
+    return build_client_program(PROBE_SOURCE, out, programs,
+                                ("-lcublas", "-lcudart", "-lm", f"-Wl,-rpath,{programs.client}"))
 
 
 @contextmanager

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.shim.build import find_compiler
 from gpupool.shim.remote_build import BLAS_LT_SONAME, BLAS_SONAME
-from tests.remote.remote_support import Programs, build_programs
+from tests.remote.remote_support import Programs, build_client_program, build_programs
 from tests.remote.test_remote_cublas import blas_server, build_standin_cublas, defined_functions, run
 
 PROBE_SOURCE = Path(__file__).with_name("cublaslt_probe.c")
@@ -57,10 +56,8 @@ def probe(programs: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/remote/cublaslt_probe.c linked to gpupool's libcublasLt.so.12 and libcublas.so.12."""
     out = tmp_path_factory.mktemp("cublaslt-probe") / "cublaslt_probe"
     assert (programs.client / BLAS_LT_SONAME).is_file(), "gpupool's cuBLASLt was not built beside the client"
-    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out),
-                    str(PROBE_SOURCE), f"-L{programs.client}", "-lcublasLt", "-lcublas", "-lcudart",
-                    f"-Wl,-rpath,{programs.client}"], check=True, timeout=120)
-    return out
+    return build_client_program(PROBE_SOURCE, out, programs,
+                                ("-lcublasLt", "-lcublas", "-lcudart", f"-Wl,-rpath,{programs.client}"))
 
 
 def refusal(name: str) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from gpupool.api.remote_gpu import RemoteClient
-from gpupool.shim.build import find_compiler
 from tests.remote.remote_support import (
     Programs,
     build_client_program,
@@ -119,9 +118,7 @@ def test_the_hello_gives_the_device_count_only_to_a_client_that_asks(programs: t
 def run_runtime_probe(built: Programs, tmp_path: Path, argument: str) -> str:
     """multicard_runtime_probe.c linked to gpupool's runtime, run with argument against a server of
     the two-card share."""
-    runtime_probe = tmp_path / "multicard_runtime_probe"
-    subprocess.run([*find_compiler(), "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(runtime_probe),
-                    str(RUNTIME_PROBE), f"-L{built.client}", "-lcudart"], check=True, timeout=120)
+    runtime_probe = build_client_program(RUNTIME_PROBE, tmp_path / "multicard_runtime_probe", built, ("-lcudart",))
     with running_server(built, tmp_path, [two_card_client()], card_mib=300, card=TWO_CARDS) as server:
         return subprocess.run([str(runtime_probe), argument],
                               env=probe_env(built, f"127.0.0.1:{server.port}", token("a")),
