@@ -374,7 +374,7 @@ API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, int transa,
 /* ------------------------------------------------------------------------------ levels 1 and 2 */
 static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, int m, int n, const void *alpha,
                                   const void *a, int lda, const void *x, int incx, const void *beta, void *y, int incy,
-                                  void *result, size_t scalar, size_t result_bytes) {
+                                  void *result, size_t scalar) {
     struct remote_vector request;
     memset(&request, 0, sizeof request);
     request.handle = (uintptr_t)handle;
@@ -397,10 +397,10 @@ static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, in
     double value = 0; /* a dot into host memory waits for its value */
     size_t got = 0;
     cublasStatus_t status = forward(OP_CUBLAS_VECTOR, &request, sizeof request, &value, sizeof value, &got);
-    if (status == CUBLAS_STATUS_SUCCESS && kind == VECTOR_SDOT && !device_mode) {
+    if (status == CUBLAS_STATUS_SUCCESS) { /* only a dot into host memory comes here */
         if (got != sizeof value) return CUBLAS_STATUS_INTERNAL_ERROR;
         float single = (float)value;
-        memcpy(result, &single, result_bytes);
+        memcpy(result, &single, sizeof single);
     }
     return status;
 }
@@ -408,29 +408,29 @@ static cublasStatus_t vector_call(int kind, cublasHandle_t handle, int trans, in
 API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, int trans, int m, int n, const float *alpha, const float *a,
                                   int lda, const float *x, int incx, const float *beta, float *y, int incy) {
     if (beta == NULL) return CUBLAS_STATUS_INVALID_VALUE;
-    return vector_call(VECTOR_SGEMV, handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy, NULL, 4, 0);
+    return vector_call(VECTOR_SGEMV, handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy, NULL, 4);
 }
 
 API cublasStatus_t cublasDgemv_v2(cublasHandle_t handle, int trans, int m, int n, const double *alpha,
                                   const double *a, int lda, const double *x, int incx, const double *beta, double *y,
                                   int incy) {
     if (beta == NULL) return CUBLAS_STATUS_INVALID_VALUE;
-    return vector_call(VECTOR_DGEMV, handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy, NULL, 8, 0);
+    return vector_call(VECTOR_DGEMV, handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy, NULL, 8);
 }
 
 API cublasStatus_t cublasSaxpy_v2(cublasHandle_t handle, int n, const float *alpha, const float *x, int incx, float *y,
                                   int incy) {
-    return vector_call(VECTOR_SAXPY, handle, 0, 0, n, alpha, NULL, 0, x, incx, NULL, y, incy, NULL, 4, 0);
+    return vector_call(VECTOR_SAXPY, handle, 0, 0, n, alpha, NULL, 0, x, incx, NULL, y, incy, NULL, 4);
 }
 
 API cublasStatus_t cublasSscal_v2(cublasHandle_t handle, int n, const float *alpha, float *x, int incx) {
-    return vector_call(VECTOR_SSCAL, handle, 0, 0, n, alpha, NULL, 0, x, incx, NULL, NULL, 0, NULL, 4, 0);
+    return vector_call(VECTOR_SSCAL, handle, 0, 0, n, alpha, NULL, 0, x, incx, NULL, NULL, 0, NULL, 4);
 }
 
 API cublasStatus_t cublasSdot_v2(cublasHandle_t handle, int n, const float *x, int incx, const float *y, int incy,
                                  float *result) {
     return vector_call(VECTOR_SDOT, handle, 0, 0, n, NULL, NULL, 0, x, incx, NULL, (void *)(uintptr_t)y, incy, result,
-                       4, sizeof(float));
+                       4);
 }
 
 /* ------------------------------------------------------------------------- host <-> device copies */
