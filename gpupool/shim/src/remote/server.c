@@ -833,10 +833,9 @@ static int launch(const struct remote_header *h, const unsigned char *payload, s
  * CUBLAS_STATUS_EXECUTION_FAILED, without being run. */
 #define BLAS_NOT_INITIALIZED 1
 #define BLAS_ALLOC_FAILED 3
-#define BLAS_INVALID_VALUE 7
+#define BLAS_INVALID_VALUE BLAS_CHECK_INVALID_VALUE
 #define BLAS_NOT_SUPPORTED 15
 #define BLAS_EXECUTION_FAILED 13
-#define MAX_BLAS_HANDLES REMOTE_MAX_BLAS_HANDLES
 typedef int blas_status;
 static struct {
     blas_status (*create)(handle *);
@@ -873,7 +872,7 @@ static const char *blas_path = "libcublas.so.12";
 static struct blas_handle {
     uint64_t value;
     int device_scalars; /* CUBLAS_POINTER_MODE_DEVICE */
-} blas_handles[MAX_BLAS_HANDLES];
+} blas_handles[REMOTE_MAX_BLAS_HANDLES];
 static size_t blas_handle_count;
 
 /* 0 when cuBLAS is loaded (now or before); said once on stderr when it cannot be. */
@@ -1077,7 +1076,7 @@ static int serve_blas(const struct remote_header *h, const unsigned char *payloa
     switch (h->op) {
     case OP_CUBLAS_CREATE: {
         handle made = NULL;
-        if (blas_handle_count == MAX_BLAS_HANDLES) return reply(h, BLAS_ALLOC_FAILED, NULL, 0);
+        if (blas_handle_count == REMOTE_MAX_BLAS_HANDLES) return reply(h, BLAS_ALLOC_FAILED, NULL, 0);
         status = blas.create(&made);
         if (status == 0 && made == NULL) status = BLAS_NOT_INITIALIZED;
         if (status != 0) return reply(h, status, NULL, 0);
